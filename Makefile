@@ -1,0 +1,38 @@
+# Headwater: `make demo` runs the main job, `make test` the suite. Both set up what they need.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: demo test test-all bench bench-storage lint clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,compression]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+demo: venv
+	$(PY) -m headwater.demo.tour
+
+test: venv
+	$(VENV)/bin/lint-imports --no-cache
+	$(PY) -m pytest -q
+
+test-all: venv
+	$(VENV)/bin/lint-imports --no-cache
+	$(PY) -m pytest -q -m ''
+
+bench: bench-storage
+
+bench-storage: venv
+	$(PY) -m bench.storage
+
+lint: venv
+	$(VENV)/bin/lint-imports --no-cache
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis demo-data bench/results

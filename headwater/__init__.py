@@ -1,0 +1,59 @@
+"""Headwater: a persistent, partitioned message queue for Python, embedded or served.
+
+>>> import headwater, tempfile
+>>> with headwater.open(tempfile.mkdtemp()) as hw:
+...     _ = hw.admin.create_queue("events", partitions=2)
+...     mid = hw.send("events", b"hello", key=b"user-1", tag="greeting")
+...     [r.body for r in hw.scanner("events", tags="greeting")]
+[b'hello']
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from headwater.client import Admin, BatchReceipt, Client, Producer, Scanner
+from headwater.errors import *  # noqa: F403 - the error tree is public API
+from headwater.errors import __all__ as _errors_all
+from headwater.model import Message, MessageId, PartitionInfo, QueueConfig, QueueInfo, Record
+from headwater.storage import StoreConfig
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "open",
+    "Admin",
+    "BatchReceipt",
+    "Client",
+    "Message",
+    "MessageId",
+    "PartitionInfo",
+    "Producer",
+    "QueueConfig",
+    "QueueInfo",
+    "Record",
+    "Scanner",
+    "StoreConfig",
+    "__version__",
+    *_errors_all,
+]
+
+
+def open(path: str | Path, config: StoreConfig | None = None, *,  # noqa: A001 - like io.open
+         clock: Callable[[], float] = time.time, **settings) -> Client:
+    """Open (or create) a data directory and return a client bound to an in-process broker.
+
+    ``settings`` are :class:`StoreConfig` fields, e.g. ``flush="sync"``.
+    """
+    from headwater.broker import Broker
+
+    if settings:
+        if config is not None:
+            raise TypeError("pass either config or keyword settings, not both")
+        try:
+            config = StoreConfig(**settings)
+        except TypeError as e:
+            raise InvalidArgumentError(f"{e}; valid settings: {', '.join(StoreConfig.__struct_fields__)}") from None  # noqa: F405
+    return Client(Broker.open(path, config, clock=clock))

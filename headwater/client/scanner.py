@@ -1,0 +1,168 @@
+"""Scanner: read-only range reads over a queue, as HQueue's three scanners.
+
+One scanner reads the whole queue, one partition, or a chosen set of partitions, each in
+offset order, one partition after the other. Bounds are offsets, message ids or times;
+tags filter on the broker (whole batches skipped by their tag mask) and again here
+(message by message). A scanner keeps no state on the broker: closing it is only a
+courtesy, and a scanner that runs to the end closes itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime
+
+from headwater.errors import CorruptDataError, InvalidArgumentError, InvalidBatchError
+from headwater.model.batch import check_batch, decode_records, tags_mask
+from headwater.model.config import QueueInfo
+from headwater.model.message import MessageId, Record, to_epoch_ms
+from headwater.model.service import BrokerService
+
+__all__ = ["Scanner", "Bound"]
+
+Bound = int | MessageId | str | Mapping[int, int] | None
+
+FETCH_BYTES_DEFAULT = 1024 * 1024
+
+
+def decode_stored(batch: bytes | memoryview, queue: str, **kw) -> list[Record]:
+    """Records of a fetched batch after checking both checksums (damage is never served)."""
+    try:
+        h = check_batch(batch)
+    except InvalidBatchError as e:
+        raise CorruptDataError(
+            f"a stored batch of queue {queue!r} failed its checks ({e}); run "
+            f"'headwater check --data DIR' to cut the damaged part"
+        ) from e
+    return decode_records(batch, queue, header=h, **kw)
+
+
+class Scanner(Iterator[Record]):
+    """Iterate records of a queue in a range. Use as an iterator and a context manager."""
+
+    def __init__(self, service: BrokerService, queue: str, *, partitions: int | Iterable[int] | None = None,
+                 start: Bound = None, stop: Bound = None,
+                 start_time: datetime | int | None = None, end_time: datetime | int | None = None,
+                 tags: str | Iterable[str] | None = None, fetch_bytes: int = FETCH_BYTES_DEFAULT) -> None:
+        self._service = service
+        self.queue = queue
+        info = service.describe_queue(queue)
+        self._info = info
+        start_id, stop_id = _as_id(start, "start"), _as_id(stop, "stop")
+        parts = self._choose_partitions(info, partitions, start_id or stop_id)
+        for mid in (start_id, stop_id):
+            if mid is not None and mid.queue_id != info.queue_id:
+                raise InvalidArgumentError(f"message id {mid} is not of queue {queue!r}")
+        if isinstance(tags, str):
+            tags = [tags]
+        self._tags = None if tags is None or "*" in tags else frozenset(tags)
+        if self._tags is not None and not all(isinstance(t, str) and t for t in self._tags):
+            raise InvalidArgumentError("tags are non-empty strings")
+        self._mask = tags_mask(self._tags) if self._tags else 0
+        self._fetch_bytes = fetch_bytes
+        start_ms = to_epoch_ms(start_time, "start_time")
+        end_ms = to_epoch_ms(end_time, "end_time")
+        self._ranges: list[tuple[int, int, int]] = []
+        for p in parts:
+            pi = info.partitions[p]
+            lo = _bound(start_id or start, p, pi.start_offset)
+            hi = _bound(stop_id or stop, p, pi.end_offset)
+            if start_ms is not None:
+                lo = max(lo, service.offset_for_time(queue, p, start_ms))
+            if end_ms is not None:
+                hi = min(hi, service.offset_for_time(queue, p, end_ms))
+            if lo < hi:
+                self._ranges.append((p, lo, hi))
+        self._gen: Iterator[Record] | None = self._run()
+
+    @staticmethod
+    def _choose_partitions(info: QueueInfo, partitions: int | Iterable[int] | None,
+                           pinned: MessageId | None) -> list[int]:
+        n = len(info.partitions)
+        if partitions is None:
+            parts = [pinned.partition] if pinned is not None else list(range(n))
+        elif isinstance(partitions, int) and not isinstance(partitions, bool):
+            parts = [partitions]
+        else:
+            parts = sorted(set(partitions))
+        for p in parts:
+            if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < n:
+                from headwater.errors import PartitionOutOfRangeError
+
+                raise PartitionOutOfRangeError(
+                    f"queue {info.name!r} has partitions 0..{n - 1}; there is no partition {p!r}"
+                )
+        if pinned is not None and parts != [pinned.partition]:
+            raise InvalidArgumentError(
+                f"a message id bound belongs to partition {pinned.partition}; scan that partition alone"
+            )
+        return parts
+
+    def _run(self) -> Iterator[Record]:
+        svc, queue, tags, mask = self._service, self.queue, self._tags, self._mask
+        for p, lo, hi in self._ranges:
+            cur = lo
+            while cur < hi:
+                res = svc.fetch(queue, p, cur, max_bytes=self._fetch_bytes, tag_mask=mask, end_offset=hi)
+                cur = max(cur, res.start_offset)
+                for b in res.batches:
+                    recs = decode_stored(b, queue, start_offset=cur, end_offset=hi, tags=tags)
+                    if recs:
+                        yield from recs
+                if res.next_offset <= cur and not res.batches:
+                    break  # nothing more to read
+                cur = max(cur, res.next_offset)
+
+    def __next__(self) -> Record:
+        if self._gen is None:
+            raise StopIteration
+        try:
+            return next(self._gen)
+        except StopIteration:
+            self._gen = None
+            raise
+
+    def __iter__(self) -> Scanner:
+        return self
+
+    def close(self) -> None:
+        if self._gen is not None:
+            self._gen.close()  # type: ignore[attr-defined]
+            self._gen = None
+
+    def __enter__(self) -> Scanner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _as_id(bound: Bound, what: str) -> MessageId | None:
+    if isinstance(bound, MessageId):
+        return bound
+    if isinstance(bound, str):
+        return MessageId.parse(bound)
+    return None
+
+
+def _bound(bound: Bound, partition: int, default: int) -> int:
+    if bound is None:
+        return default
+    if isinstance(bound, MessageId):
+        return bound.offset
+    if isinstance(bound, str):
+        return MessageId.parse(bound).offset
+    if isinstance(bound, bool):
+        raise InvalidArgumentError("an offset bound is an int, a message id or {partition: offset}")
+    if isinstance(bound, int):
+        if bound < 0:
+            raise InvalidArgumentError(f"an offset cannot be negative, got {bound}")
+        return bound
+    if isinstance(bound, Mapping):
+        v = bound.get(partition, default)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise InvalidArgumentError(f"offset for partition {partition} must be an int >= 0, got {v!r}")
+        return v
+    raise InvalidArgumentError(
+        f"an offset bound is an int, a message id or {{partition: offset}}, got {type(bound).__name__}"
+    )

@@ -1,0 +1,426 @@
+"""Record batch: the unit a producer sends, the broker appends and a reader fetches.
+
+A batch travels and is stored as one byte string; the broker patches the fields it owns
+(queue id, partition, base offset, append time) and writes the batch as is. Layout, all
+integers little-endian::
+
+    offset size field            owner     notes
+     0      4   length           producer  bytes after this field (header rest + payload)
+     4      4   header_crc       broker    CRC32C of bytes [8, 40): the broker-owned fields
+     8      4   queue_id         broker
+    12      4   partition        broker
+    16      8   base_offset      broker    offset of the first message in its partition
+    24      8   timestamp_ms     broker    append time, never decreasing within a store
+    32      8   broker_reserved  broker    0; room for a leader epoch
+    40      4   crc              producer  CRC32C of bytes [44, end): the producer's content
+    44      1   magic            producer  format version, 1
+    45      1   flags            producer  see FLAG_*; bits 0-1 compression codec
+    46      2   header_size      producer  96; readers skip to header_size for the payload
+    48      4   count            producer  messages in the batch (>= 1)
+    52      4   payload_size     producer  bytes of payload as stored (compressed or not)
+    56      8   deliver_at_ms    producer  0, or the time a delayed batch becomes visible
+    64      8   producer_id      producer  -1, or the idempotent producer's id
+    72      4   base_sequence    producer  -1, or the producer's sequence of the first message
+    76      2   producer_epoch   producer  -1, or the producer's epoch
+    78      2   reserved         producer  0
+    80      8   tag_mask         producer  OR of 1 << (crc32c(tag) & 63) over the batch's tags
+    88      8   transaction_id   producer  0, or the transaction this batch belongs to
+    96      -   payload          producer  msgpack array: [bodies, keys, tags, properties]
+
+The payload is columnar: ``bodies`` is a list of byte strings; ``keys``, ``tags`` and
+``properties`` are each either nil (no message has one) or a list as long as ``bodies``
+with nil for the messages without one. Columns keep encoding and decoding in C (msgspec)
+and let a reader skip what it does not need.
+
+Thread-safety: pure functions over immutable bytes. Crash policy: a batch whose ``length``
+runs past the end of its file, or whose checksums disagree, is damaged and never served.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+import crc32c as _crc32c
+import msgspec
+
+from headwater.errors import InvalidArgumentError, InvalidBatchError, MessageTooLargeError
+from headwater.model.message import Message, Record
+
+__all__ = [
+    "HEADER",
+    "HEADER_SIZE",
+    "MAGIC",
+    "BatchHeader",
+    "BatchPayload",
+    "encode_batch",
+    "decode_header",
+    "decode_payload",
+    "decode_records",
+    "patch_batch",
+    "broker_prefix",
+    "check_batch",
+    "validate_batch",
+    "tag_bit",
+    "tags_mask",
+    "crc32c",
+    "COMPRESSION_NONE",
+    "COMPRESSION_ZSTD",
+    "COMPRESSION_LZ4",
+    "FLAG_HAS_KEYS",
+    "FLAG_HAS_TAGS",
+    "FLAG_HAS_PROPERTIES",
+    "FLAG_TRANSACTIONAL",
+    "FLAG_CONTROL",
+]
+
+crc32c = _crc32c.crc32c
+
+MAGIC = 1
+HEADER = struct.Struct("<IIIIqqqIBBHIIqqihHQq")
+HEADER_SIZE = HEADER.size
+assert HEADER_SIZE == 96
+_BROKER = struct.Struct("<IIqqq")  # queue_id, partition, base_offset, timestamp_ms, reserved
+_U32 = struct.Struct("<I")
+
+COMPRESSION_MASK = 0x03
+COMPRESSION_NONE = 0
+COMPRESSION_ZSTD = 1
+COMPRESSION_LZ4 = 2
+FLAG_HAS_KEYS = 0x04
+FLAG_HAS_TAGS = 0x08
+FLAG_HAS_PROPERTIES = 0x10
+FLAG_TRANSACTIONAL = 0x20
+FLAG_CONTROL = 0x40
+_KNOWN_FLAGS = 0x7F
+
+BATCH_BYTES_MAX = 64 * 1024 * 1024
+
+
+class BatchPayload(msgspec.Struct, array_like=True, gc=False):
+    bodies: list[bytes]
+    keys: list[bytes | None] | None = None
+    tags: list[str | None] | None = None
+    properties: list[dict[str, str] | None] | None = None
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(BatchPayload)
+
+
+class BatchHeader(NamedTuple):
+    length: int
+    header_crc: int
+    queue_id: int
+    partition: int
+    base_offset: int
+    timestamp_ms: int
+    broker_reserved: int
+    crc: int
+    magic: int
+    flags: int
+    header_size: int
+    count: int
+    payload_size: int
+    deliver_at_ms: int
+    producer_id: int
+    base_sequence: int
+    producer_epoch: int
+    reserved: int
+    tag_mask: int
+    transaction_id: int
+
+    @property
+    def size(self) -> int:
+        """Bytes the whole batch occupies."""
+        return 4 + self.length
+
+    @property
+    def end_offset(self) -> int:
+        return self.base_offset + self.count
+
+
+def tag_bit(tag: str) -> int:
+    return 1 << (crc32c(tag.encode()) & 63)
+
+
+def tags_mask(tags: Iterable[str]) -> int:
+    """The mask a filter on these tags tests batches against (0 means: no filter)."""
+    mask = 0
+    for t in tags:
+        mask |= tag_bit(t)
+    return mask
+
+
+def _compress(codec: int, data: bytes) -> bytes:
+    if codec == COMPRESSION_ZSTD:
+        import zstandard
+
+        return zstandard.ZstdCompressor(level=3).compress(data)
+    if codec == COMPRESSION_LZ4:
+        import lz4.frame
+
+        return lz4.frame.compress(data)
+    return data
+
+
+def _decompress(codec: int, data: bytes | memoryview) -> bytes | memoryview:
+    try:
+        if codec == COMPRESSION_ZSTD:
+            import zstandard
+
+            return zstandard.ZstdDecompressor().decompress(bytes(data), max_output_size=BATCH_BYTES_MAX)
+        if codec == COMPRESSION_LZ4:
+            import lz4.frame
+
+            return lz4.frame.decompress(bytes(data))
+    except ImportError as e:
+        raise InvalidBatchError(
+            f"the batch is compressed with a codec whose library is missing ({e.name}); "
+            f"install headwater[compression]"
+        ) from e
+    except Exception as e:  # noqa: BLE001 - any codec failure means a damaged batch
+        raise InvalidBatchError(f"the batch payload does not decompress: {e}") from e
+    return data
+
+
+_CODECS = {None: COMPRESSION_NONE, "none": COMPRESSION_NONE, "zstd": COMPRESSION_ZSTD,
+           "lz4": COMPRESSION_LZ4}
+
+
+def encode_batch(
+    messages: Sequence[Message | bytes],
+    *,
+    compression: str | None = None,
+    deliver_at_ms: int = 0,
+    producer_id: int = -1,
+    base_sequence: int = -1,
+    producer_epoch: int = -1,
+    transaction_id: int = 0,
+    extra_flags: int = 0,
+    message_bytes_max: int | None = None,
+) -> bytes:
+    """Encode messages (``Message`` objects or plain ``bytes`` bodies) into one batch.
+
+    >>> b = encode_batch([b"a", Message(b"b", key=b"k", tag="t")])
+    >>> [r.body for r in decode_records(b, "q")]
+    [b'a', b'b']
+    """
+    n = len(messages)
+    if n == 0:
+        raise InvalidArgumentError("a batch needs at least one message")
+    keys = tags = props = None
+    flags = extra_flags
+    if set(map(type, messages)) == {bytes}:  # the fast path: plain bodies, checked in C
+        bodies = list(messages)
+    else:
+        bodies = []
+        for m in messages:
+            if type(m) is bytes:
+                bodies.append(m)
+            elif isinstance(m, Message):
+                bodies.append(m.body)
+            elif isinstance(m, (bytearray, memoryview)):
+                bodies.append(bytes(m))
+            else:
+                raise InvalidArgumentError(
+                    f"a message is a Message or bytes, got {type(m).__name__}"
+                    + (" (encode text first, e.g. 'text'.encode())" if isinstance(m, str) else "")
+                )
+        msgs = [m for m in messages if isinstance(m, Message)]
+        if any(m.key is not None for m in msgs):
+            keys = [m.key if isinstance(m, Message) else None for m in messages]
+            flags |= FLAG_HAS_KEYS
+        if any(m.tag is not None for m in msgs):
+            tags = [m.tag if isinstance(m, Message) else None for m in messages]
+            flags |= FLAG_HAS_TAGS
+        if any(m.properties for m in msgs):
+            props = [(m.properties or None) if isinstance(m, Message) else None for m in messages]
+            flags |= FLAG_HAS_PROPERTIES
+        _check_types(bodies, keys, tags, props)
+    if message_bytes_max is not None:
+        biggest = max(map(len, bodies))
+        if biggest > message_bytes_max:
+            raise MessageTooLargeError(
+                f"a message body is {biggest} bytes; this queue's limit is {message_bytes_max} "
+                f"(setting message_bytes_max)"
+            )
+    mask = tags_mask({t for t in tags if t is not None}) if tags is not None else 0
+    payload = _encoder.encode(BatchPayload(bodies, keys, tags, props))
+    codec = _CODECS.get(compression)
+    if codec is None:
+        raise InvalidArgumentError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
+    if codec:
+        payload = _compress(codec, payload)
+        flags |= codec
+    if len(payload) + HEADER_SIZE > BATCH_BYTES_MAX:
+        raise MessageTooLargeError(
+            f"the batch is {len(payload) + HEADER_SIZE} bytes; the limit is {BATCH_BYTES_MAX}: "
+            f"send fewer messages at once"
+        )
+    head = HEADER.pack(
+        HEADER_SIZE - 4 + len(payload), 0, 0, 0, 0, 0, 0, 0,
+        MAGIC, flags, HEADER_SIZE, n, len(payload), deliver_at_ms, producer_id,
+        base_sequence, producer_epoch, 0, mask, transaction_id,
+    )
+    body = head[44:] + payload
+    return head[:40] + _U32.pack(crc32c(body)) + body
+
+
+def _check_types(bodies: list, keys: list | None, tags: list | None, props: list | None) -> None:
+    for b in bodies:
+        if type(b) is not bytes:
+            raise InvalidArgumentError(
+                f"a message body is bytes, got {type(b).__name__}"
+                + (" (encode text first, e.g. 'text'.encode())" if isinstance(b, str) else "")
+            )
+    if keys is not None:
+        for k in keys:
+            if k is not None and type(k) is not bytes:
+                raise InvalidArgumentError(f"a message key is bytes or None, got {type(k).__name__}")
+    if tags is not None:
+        for t in tags:
+            if t is not None and (type(t) is not str or not t):
+                raise InvalidArgumentError(f"a message tag is a non-empty str or None, got {t!r}")
+    if props is not None:
+        for p in props:
+            if p is None:
+                continue
+            if not isinstance(p, dict) or not all(
+                type(k) is str and type(v) is str for k, v in p.items()
+            ):
+                raise InvalidArgumentError("message properties map str to str")
+
+
+def decode_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
+    """The header of the batch at ``pos``; raises :class:`InvalidBatchError` if too short."""
+    if len(buf) - pos < HEADER_SIZE:
+        raise InvalidBatchError(f"a batch header is {HEADER_SIZE} bytes, got {len(buf) - pos}")
+    return BatchHeader._make(HEADER.unpack_from(buf, pos))
+
+
+def header_crc_of(buf: bytes | memoryview, pos: int = 0) -> int:
+    return crc32c(buf[pos + 8 : pos + 40])
+
+
+def check_batch(buf: bytes | memoryview, pos: int = 0, *, broker_fields: bool = True) -> BatchHeader:
+    """Verify the layout and checksums of the batch at ``pos``; return its header.
+
+    Raises :class:`InvalidBatchError` naming what is wrong. ``broker_fields=False`` skips
+    the broker checksum (a batch fresh from a producer has none yet).
+    """
+    h = decode_header(buf, pos)
+    if h.magic != MAGIC:
+        raise InvalidBatchError(f"unknown batch format version {h.magic} (this reader knows {MAGIC})")
+    if h.header_size != HEADER_SIZE:
+        raise InvalidBatchError(f"batch header_size is {h.header_size}, expected {HEADER_SIZE}")
+    if h.length != HEADER_SIZE - 4 + h.payload_size:
+        raise InvalidBatchError(
+            f"batch length {h.length} disagrees with payload_size {h.payload_size}"
+        )
+    if len(buf) - pos < h.size:
+        raise InvalidBatchError(f"batch is truncated: {len(buf) - pos} of {h.size} bytes present")
+    if h.count < 1:
+        raise InvalidBatchError("a batch must hold at least one message")
+    if h.flags & ~_KNOWN_FLAGS or (h.flags & COMPRESSION_MASK) == 3:
+        raise InvalidBatchError(f"unknown batch flags {h.flags:#x}")
+    if crc32c(buf[pos + 44 : pos + h.size]) != h.crc:
+        raise InvalidBatchError("batch checksum mismatch: the batch was damaged")
+    if broker_fields and header_crc_of(buf, pos) != h.header_crc:
+        raise InvalidBatchError("batch header checksum mismatch: the batch was damaged")
+    return h
+
+
+def decode_payload(buf: bytes | memoryview, h: BatchHeader, pos: int = 0) -> BatchPayload:
+    start = pos + HEADER_SIZE
+    raw = _decompress(h.flags & COMPRESSION_MASK, buf[start : start + h.payload_size])
+    try:
+        p = _decoder.decode(raw)
+    except msgspec.DecodeError as e:
+        raise InvalidBatchError(f"batch payload is malformed: {e}") from e
+    n = len(p.bodies)
+    if n != h.count or any(
+        col is not None and len(col) != n for col in (p.keys, p.tags, p.properties)
+    ):
+        raise InvalidBatchError(f"batch payload columns disagree with count {h.count}")
+    return p
+
+
+def validate_batch(
+    buf: bytes | memoryview, *, message_bytes_max: int | None = None
+) -> tuple[BatchHeader, BatchPayload]:
+    """Everything the broker checks of a producer's batch before appending it."""
+    h = check_batch(buf, 0, broker_fields=False)
+    if h.size != len(buf):
+        raise InvalidBatchError(f"{len(buf) - h.size} stray bytes after the batch")
+    p = decode_payload(buf, h)
+    if message_bytes_max is not None:
+        biggest = max(map(len, p.bodies))
+        if biggest > message_bytes_max:
+            raise MessageTooLargeError(
+                f"a message body is {biggest} bytes; this queue's limit is {message_bytes_max}"
+            )
+    want = 0
+    if p.tags is not None:
+        if any(t == "" for t in p.tags):
+            raise InvalidBatchError("a message tag cannot be empty")
+        want = tags_mask({t for t in p.tags if t is not None})
+    if want != h.tag_mask:
+        raise InvalidBatchError("batch tag_mask does not match the tags inside")
+    return h, p
+
+
+def patch_batch(
+    buf: bytes | bytearray | memoryview, queue_id: int, partition: int, base_offset: int,
+    timestamp_ms: int,
+) -> bytearray:
+    """A copy of the batch with the broker's fields set and their checksum computed."""
+    out = bytearray(buf)
+    _BROKER.pack_into(out, 8, queue_id, partition, base_offset, timestamp_ms, 0)
+    _U32.pack_into(out, 4, crc32c(out[8:40]))
+    return out
+
+
+def broker_prefix(length: int, queue_id: int, partition: int, base_offset: int, timestamp_ms: int) -> bytes:
+    """The first 40 bytes of a stored batch: its length and the broker's fields, checksummed.
+
+    The broker writes this prefix followed by the producer's bytes from offset 40 on, so
+    appending never copies the batch."""
+    fields = _BROKER.pack(queue_id, partition, base_offset, timestamp_ms, 0)
+    return _U32.pack(length) + _U32.pack(crc32c(fields)) + fields
+
+
+def decode_records(
+    buf: bytes | memoryview,
+    queue: str,
+    pos: int = 0,
+    *,
+    start_offset: int = 0,
+    end_offset: int | None = None,
+    tags: frozenset[str] | None = None,
+    header: BatchHeader | None = None,
+) -> list[Record]:
+    """The records of the stored batch at ``pos``, limited to ``[start_offset, end_offset)``
+    and to messages whose tag is in ``tags`` (when given)."""
+    h = header if header is not None else decode_header(buf, pos)
+    p = decode_payload(buf, h, pos)
+    base, qid, part, ts = h.base_offset, h.queue_id, h.partition, h.timestamp_ms
+    lo = max(start_offset - base, 0)
+    hi = h.count if end_offset is None else min(end_offset - base, h.count)
+    bodies = p.bodies
+    if p.keys is None and p.tags is None and p.properties is None:
+        if tags is not None:
+            return []
+        return [
+            Record(queue, part, base + i, ts, bodies[i], None, None, None, qid)
+            for i in range(lo, hi)
+        ]
+    keys = p.keys or [None] * h.count
+    tgs = p.tags or [None] * h.count
+    props = p.properties or [None] * h.count
+    return [
+        Record(queue, part, base + i, ts, bodies[i], keys[i], tgs[i], props[i], qid)
+        for i in range(lo, hi)
+        if tags is None or tgs[i] in tags
+    ]

@@ -1,0 +1,121 @@
+"""Queue and store settings, validated at the edge so the layers below can trust them."""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from typing import Any
+
+import msgspec
+
+from headwater.errors import InvalidArgumentError, InvalidQueueNameError
+
+__all__ = [
+    "FlushPolicy",
+    "QueueConfig",
+    "QueueInfo",
+    "PartitionInfo",
+    "validate_queue_name",
+    "QUEUE_NAME_MAX",
+    "PARTITIONS_MAX",
+]
+
+QUEUE_NAME_MAX = 200
+PARTITIONS_MAX = 100_000
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class FlushPolicy(str, Enum):
+    """When an append is acknowledged.
+
+    ``sync``: after the bytes are on disk (fdatasync); concurrent appends share one fsync.
+    ``async``: after the bytes are in the operating system's page cache; a background thread
+    fsyncs every ``flush_interval_ms``. A killed process loses nothing; a power loss loses at
+    most the appends of the last interval.
+    """
+
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+def validate_queue_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise InvalidQueueNameError(f"a queue name is a string, got {type(name).__name__}")
+    if not name:
+        raise InvalidQueueNameError("a queue name cannot be empty")
+    if len(name) > QUEUE_NAME_MAX:
+        raise InvalidQueueNameError(
+            f"queue name is {len(name)} characters long; the limit is {QUEUE_NAME_MAX}"
+        )
+    if not _NAME_RE.match(name):
+        raise InvalidQueueNameError(
+            f"invalid queue name {name!r}: use letters, digits, '.', '_' and '-', "
+            f"starting with a letter or digit"
+        )
+    return name
+
+
+class QueueConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Settings of one queue, fixed at creation (partitions can grow later).
+
+    >>> QueueConfig(partitions=8, ttl_s=7 * 86400, flush="sync")
+    QueueConfig(partitions=8, ttl_s=604800, flush='sync', message_bytes_max=1048576, settings={})
+    """
+
+    partitions: int = 1
+    ttl_s: int | None = 7 * 86400
+    flush: str | None = None  # None: the store's default policy
+    message_bytes_max: int = 1024 * 1024
+    settings: dict[str, str] = {}
+
+    def validated(self) -> QueueConfig:
+        p = self.partitions
+        if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= PARTITIONS_MAX:
+            raise InvalidArgumentError(
+                f"partitions must be a whole number from 1 to {PARTITIONS_MAX}, got {p!r}"
+            )
+        t = self.ttl_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t <= 0):
+            raise InvalidArgumentError(
+                f"ttl_s must be a positive whole number of seconds or None (keep forever), "
+                f"got {t!r}"
+            )
+        if self.flush is not None and self.flush not in ("sync", "async"):
+            raise InvalidArgumentError(f"flush must be 'sync', 'async' or None, got {self.flush!r}")
+        m = self.message_bytes_max
+        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= 64 * 1024 * 1024:
+            raise InvalidArgumentError(
+                f"message_bytes_max must be from 1 to 67108864 bytes, got {m!r}"
+            )
+        if not isinstance(self.settings, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.settings.items()
+        ):
+            raise InvalidArgumentError("settings must map strings to strings")
+        return self
+
+    def replace(self, **changes: Any) -> QueueConfig:
+        return msgspec.structs.replace(self, **changes)
+
+
+class PartitionInfo(msgspec.Struct, frozen=True):
+    """Retained offsets of one partition: ``start_offset`` (first kept) to ``end_offset``
+    (next to be written)."""
+
+    partition: int
+    start_offset: int
+    end_offset: int
+
+
+class QueueInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``describe`` tells about a queue."""
+
+    name: str
+    queue_id: int
+    config: QueueConfig
+    enabled: bool
+    created_ms: int
+    partitions: list[PartitionInfo] = []
+
+    @property
+    def message_count(self) -> int:
+        return sum(p.end_offset - p.start_offset for p in self.partitions)

@@ -1,0 +1,112 @@
+"""Messages as produced (:class:`Message`) and as stored and read back (:class:`Record`).
+
+A message id names a stored message: ``(queue_id, partition, offset)``. ``queue_id`` is a
+number the store gives a queue at creation and never reuses, so an id of a deleted queue
+never names a message of a later queue with the same name. Printed as three fixed-width hex
+fields, ids sort as strings in the same order as their messages within a partition::
+
+    >>> mid = MessageId(42, 3, 123456)
+    >>> str(mid)
+    '0000002a-00000003-000000000001e240'
+    >>> MessageId.parse(str(mid)) == mid
+    True
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from typing import NamedTuple
+
+import msgspec
+
+from headwater.errors import InvalidMessageIdError
+
+__all__ = ["Message", "MessageId", "Record", "to_epoch_ms"]
+
+_ID_RE = re.compile(r"^([0-9a-f]{8})-([0-9a-f]{8})-([0-9a-f]{16})$")
+
+
+class MessageId(NamedTuple):
+    """Where a message lives: queue id, partition, offset. Tuple order = log order."""
+
+    queue_id: int
+    partition: int
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.queue_id:08x}-{self.partition:08x}-{self.offset:016x}"
+
+    @classmethod
+    def parse(cls, text: str | MessageId) -> MessageId:
+        """Parse a printed id; raises :class:`InvalidMessageIdError` naming the problem."""
+        if isinstance(text, MessageId):
+            return text
+        if not isinstance(text, str):
+            raise InvalidMessageIdError(
+                f"a message id is a string like '0000002a-00000003-000000000001e240', "
+                f"got {type(text).__name__}"
+            )
+        m = _ID_RE.match(text.strip().lower())
+        if m is None:
+            raise InvalidMessageIdError(
+                f"{text!r} is not a message id: expected three hex fields "
+                f"8-8-16 characters long, like '0000002a-00000003-000000000001e240'"
+            )
+        return cls(int(m[1], 16), int(m[2], 16), int(m[3], 16))
+
+
+class Message(msgspec.Struct, frozen=True, gc=False):
+    """A message to send: the body and the optional key, tag and properties.
+
+    >>> Message(b"order 17 paid", key=b"order-17", tag="paid", properties={"source": "web"})
+    Message(body=b'order 17 paid', key=b'order-17', tag='paid', properties={'source': 'web'})
+    """
+
+    body: bytes
+    key: bytes | None = None
+    tag: str | None = None
+    properties: dict[str, str] | None = None
+
+
+class Record(msgspec.Struct, frozen=True, gc=False):
+    """A stored message as read back: where it lives, when it was appended, what it holds.
+
+    ``timestamp_ms`` is the broker's append time in milliseconds since the epoch; it never
+    decreases along a partition, which is what makes time lookups exact.
+    """
+
+    queue: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    body: bytes
+    key: bytes | None = None
+    tag: str | None = None
+    properties: dict[str, str] | None = None
+    queue_id: int = 0
+
+    @property
+    def message_id(self) -> MessageId:
+        return MessageId(self.queue_id, self.partition, self.offset)
+
+    @property
+    def timestamp(self) -> datetime:
+        return datetime.fromtimestamp(self.timestamp_ms / 1000, tz=timezone.utc)
+
+
+def to_epoch_ms(value: datetime | int | float | None, what: str = "time") -> int | None:
+    """A point in time as epoch milliseconds: datetimes (naive means UTC), or a number of ms."""
+    from headwater.errors import InvalidArgumentError
+
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return int(value.timestamp() * 1000)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentError(
+            f"{what} must be a datetime or epoch milliseconds, got {type(value).__name__}"
+        )
+    return int(value)

@@ -1,0 +1,89 @@
+"""Catalog: the store's identity and its queues, in one JSON file (``headwater.json``).
+
+The file doubles as the marker that a directory is a Headwater store. It is small and
+changes only on admin operations and retention, so it is rewritten whole: temp file, fsync,
+rename, fsync the folder. A crash leaves either the old or the new version, never a mix.
+
+Thread-safety: mutated only under the store's lock.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import msgspec
+
+from headwater.errors import NotADataDirectoryError, UnsupportedFormatError
+from headwater.model.config import QueueConfig
+from headwater.storage.segment import fsync_dir
+
+__all__ = ["Catalog", "QueueEntry", "CATALOG_FILE", "FORMAT_NAME", "FORMAT_VERSION"]
+
+CATALOG_FILE = "headwater.json"
+FORMAT_NAME = "headwater-store"
+FORMAT_VERSION = 1
+
+
+class QueueEntry(msgspec.Struct, kw_only=True):
+    name: str
+    queue_id: int
+    config: QueueConfig
+    enabled: bool = True
+    created_ms: int
+    # first retained offset of each partition (moved by truncate and by retention)
+    start_offsets: list[int]
+
+
+class Catalog(msgspec.Struct, kw_only=True):
+    format: str = FORMAT_NAME
+    version: int = FORMAT_VERSION
+    store_id: str
+    created_ms: int
+    next_queue_id: int = 1
+    queues: dict[str, QueueEntry] = {}
+
+    @property
+    def store_id_bytes(self) -> bytes:
+        return uuid.UUID(self.store_id).bytes
+
+    @classmethod
+    def new(cls, created_ms: int) -> Catalog:
+        return cls(store_id=str(uuid.uuid4()), created_ms=created_ms)
+
+    @classmethod
+    def load(cls, path: Path) -> Catalog:
+        raw = path.read_bytes()
+        try:
+            probe = msgspec.json.decode(raw)
+        except msgspec.DecodeError as e:
+            raise NotADataDirectoryError(
+                f"{path} is not a Headwater catalog (not JSON: {e}); is this directory "
+                f"someone else's?"
+            ) from e
+        if not isinstance(probe, dict) or probe.get("format") != FORMAT_NAME:
+            raise NotADataDirectoryError(
+                f"{path} is not a Headwater catalog; choose an empty or new data directory"
+            )
+        if probe.get("version") != FORMAT_VERSION:
+            raise UnsupportedFormatError(
+                f"{path.parent} was written in store format {probe.get('version')}; this "
+                f"Headwater reads format {FORMAT_VERSION}"
+            )
+        try:
+            return msgspec.json.decode(raw, type=cls)
+        except msgspec.ValidationError as e:
+            raise UnsupportedFormatError(f"{path} does not match the catalog format: {e}") from e
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        data = msgspec.json.format(msgspec.json.encode(self), indent=2)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)

@@ -1,0 +1,42 @@
+"""An exclusive lock on a data directory, so two processes never write one store.
+
+``flock`` on ``<dir>/.lock``: the kernel drops it when the process dies, even by SIGKILL,
+so a crashed owner never leaves a stale lock behind.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from headwater.errors import DataDirectoryLockedError
+
+__all__ = ["DirectoryLock"]
+
+
+class DirectoryLock:
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / ".lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise DataDirectoryLockedError(
+                f"{self.path.parent} is in use by another process (pid {owner}); stop it, or "
+                f"use the network client to reach the broker that owns it"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

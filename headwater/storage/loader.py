@@ -1,0 +1,119 @@
+"""LogLoader: open a store's segments after a clean stop, a crash or a power loss.
+
+Crash policy:
+
+* Sealed segments were fsynced before their index was written, so a sealed segment whose
+  ``.idx`` passes its checksums and matches the segment's size is trusted as is
+  (``verify="all"`` re-reads them anyway).
+* The last segment is always read batch by batch, checking both checksums and that
+  offsets never go backwards. At the first bad batch it is cut: a torn write or damage ends
+  the log there, and the bytes after it are removed, never served. The cut is logged with
+  its position and reason.
+* A sealed segment without a valid index is read the same way, cut where damaged, and
+  gets a fresh index. Later segments are kept: they hold acknowledged data of their own,
+  so a partition may show a gap where the damaged bytes were.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from headwater.errors import CorruptDataError, InvalidBatchError
+from headwater.model.batch import FLAG_HAS_KEYS, check_batch, crc32c, decode_payload
+from headwater.storage.segment import SEGMENT_HEADER_SIZE, LogSegment, segment_name
+from headwater.storage.segment_index import SegmentIndex
+
+__all__ = ["load_segments", "scan_segment", "key_hashes"]
+
+log = logging.getLogger("headwater.storage")
+
+
+def key_hashes(keys: list[bytes | None]) -> list[int]:
+    return [crc32c(k) if k is not None else 0 for k in keys]
+
+
+def scan_segment(seg: LogSegment, ends: dict[tuple[int, int], int]) -> tuple[SegmentIndex, str | None]:
+    """Index a segment by reading every batch; stop at the first damaged one.
+
+    Returns the index (``segment_size`` = bytes of good data) and what stopped it, if
+    anything. ``ends`` carries each partition's next offset across segments.
+    """
+    idx = SegmentIndex(seg.base_position)
+    problem = None
+    with seg.reading():
+        data = memoryview(seg.read(seg.base_position, seg.size))
+    pos = SEGMENT_HEADER_SIZE
+    size = len(data)
+    while pos < size:
+        try:
+            h = check_batch(data, pos)
+            key = (h.queue_id, h.partition)
+            if h.base_offset < ends.get(key, 0):
+                raise InvalidBatchError(
+                    f"offset {h.base_offset} of partition {key} goes back from {ends[key]}"
+                )
+            hashes = None
+            if h.flags & FLAG_HAS_KEYS:
+                payload = decode_payload(data, h, pos)
+                if payload.keys is not None:
+                    hashes = key_hashes(payload.keys)
+        except InvalidBatchError as e:
+            problem = f"{e} (at byte {pos} of {size})"
+            break
+        idx.add_batch(h, seg.base_position + pos, hashes)
+        ends[key] = h.base_offset + h.count
+        pos += h.size
+    data.release()
+    idx.segment_size = pos
+    return idx, problem
+
+
+def _cut(seg: LogSegment, idx: SegmentIndex, problem: str) -> None:
+    lost = seg.size - idx.segment_size
+    log.warning("cutting %d bytes from %s: %s", lost, seg.path.name, problem)
+    seg.truncate(seg.base_position + idx.segment_size)
+
+
+def load_segments(
+    log_dir: Path, store_id: bytes, *, verify_all: bool = False
+) -> list[tuple[LogSegment, SegmentIndex]]:
+    """Open every segment in order, recovering as the crash policy above says."""
+    for stray in log_dir.glob("*.tmp"):
+        stray.unlink()
+    paths = sorted(log_dir.glob("*.log"))
+    # a crash while creating the newest segment can leave it shorter than its header
+    if paths and paths[-1].stat().st_size < SEGMENT_HEADER_SIZE:
+        log.warning("removing %s: created but never written (crash during roll)", paths[-1].name)
+        paths.pop().unlink()
+    out: list[tuple[LogSegment, SegmentIndex]] = []
+    ends: dict[tuple[int, int], int] = {}
+    for n, path in enumerate(paths):
+        seg = LogSegment.open(path, store_id)
+        last = n == len(paths) - 1
+        idx_path = log_dir / segment_name(seg.base_position, ".idx")
+        idx = None
+        if not last and not verify_all and idx_path.exists():
+            try:
+                idx = SegmentIndex.read(idx_path)
+                if idx.segment_size != seg.size or idx.segment_base != seg.base_position:
+                    log.warning("index %s does not match its segment; rebuilding", idx_path.name)
+                    idx = None
+            except CorruptDataError as e:
+                log.warning("index %s is damaged (%s); rebuilding", idx_path.name, e)
+                idx = None
+            if idx is not None:
+                for key, pe in idx.partitions.items():
+                    ends[key] = max(ends.get(key, 0), pe.end_offset)
+        if idx is None:
+            idx, problem = scan_segment(seg, ends)
+            if problem is not None:
+                _cut(seg, idx, problem)
+            if not last:
+                idx.write(idx_path)
+        elif last:  # pragma: no cover - the last segment is always scanned
+            raise AssertionError
+        if out and out[-1][0].end_position > seg.base_position:
+            raise CorruptDataError(f"segments overlap at {path.name}")
+        out.append((seg, idx))
+    return out

@@ -1,0 +1,226 @@
+"""LogSegment: one file of the store's commit log.
+
+Every queue and partition of a store appends to one sequential commit log (as RocketMQ
+does), cut into segment files named by the global position of their first byte. Layout::
+
+    offset size field
+     0      8   magic          b"HWLOG001"
+     8      2   version        1
+    10      2   reserved
+    12      4   reserved
+    16      8   base_position  global position of byte 0 of this file
+    24      8   created_ms
+    32     16   store_id       the store this segment belongs to (uuid bytes)
+    48     12   reserved
+    60      4   crc            CRC32C of bytes [0, 60)
+    64      -   record batches, back to back (see headwater.model.batch)
+
+A batch's *position* is ``base_position + its byte offset in the file``; positions grow
+across segments, so they order every batch of the store.
+
+Thread-safety: ``append``, ``truncate`` and ``sync`` are called under the store's lock;
+``read`` (pread) is safe from any thread while the segment holds an open descriptor, which
+callers guarantee with ``reading()``. Crash policy: the file may end in a torn batch; the
+loader finds it by checksum and cuts it (see headwater.storage.loader).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from headwater.errors import CorruptDataError, StorageError
+from headwater.model.batch import crc32c
+
+__all__ = ["LogSegment", "SEGMENT_HEADER_SIZE", "segment_name", "fsync_dir"]
+
+_HEADER = struct.Struct("<8sHHIQq16s12sI")
+SEGMENT_HEADER_SIZE = _HEADER.size
+assert SEGMENT_HEADER_SIZE == 64
+_MAGIC = b"HWLOG001"
+
+
+def segment_name(base_position: int, suffix: str) -> str:
+    return f"{base_position:020d}{suffix}"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LogSegment:
+    """A segment file: appends go to its end, reads go anywhere by position."""
+
+    def __init__(self, path: Path, base_position: int, size: int) -> None:
+        self.path = path
+        self.base_position = base_position
+        self.size = size  # bytes in the file, header included
+        self._fd: int | None = None
+        self._readers = 0
+        self._lock = threading.Lock()
+        self.deleted = False
+
+    # -- life cycle -------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, path: Path, base_position: int, store_id: bytes, created_ms: int) -> LogSegment:
+        head = _HEADER.pack(_MAGIC, 1, 0, 0, base_position, created_ms, store_id, b"", 0)
+        head = head[:60] + struct.pack("<I", crc32c(head[:60]))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, head)
+            os.fsync(fd)
+        except OSError as e:
+            os.close(fd)
+            raise StorageError(f"cannot create segment {path}: {e}") from e
+        fsync_dir(path.parent)
+        seg = cls(path, base_position, SEGMENT_HEADER_SIZE)
+        seg._fd = fd
+        return seg
+
+    @classmethod
+    def open(cls, path: Path, store_id: bytes) -> LogSegment:
+        """Open an existing segment and check its header."""
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as e:
+            raise StorageError(f"cannot open segment {path}: {e}") from e
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, SEGMENT_HEADER_SIZE, 0)
+        if len(head) < SEGMENT_HEADER_SIZE:
+            os.close(fd)
+            raise CorruptDataError(f"segment {path} is shorter than its header ({size} bytes)")
+        magic, version, _, _, base, _, sid, _, crc = _HEADER.unpack(head)
+        if magic != _MAGIC or crc32c(head[:60]) != crc:
+            os.close(fd)
+            raise CorruptDataError(f"segment {path} has a damaged header")
+        if version != 1:
+            os.close(fd)
+            raise CorruptDataError(f"segment {path} has unknown version {version}")
+        if sid != store_id:
+            os.close(fd)
+            raise CorruptDataError(f"segment {path} belongs to another store")
+        expected = int(path.name.split(".")[0])
+        if base != expected:
+            os.close(fd)
+            raise CorruptDataError(f"segment {path} says its base is {base}, its name {expected}")
+        seg = cls(path, base, size)
+        seg._fd = fd
+        return seg
+
+    @property
+    def end_position(self) -> int:
+        return self.base_position + self.size
+
+    @property
+    def data_bytes(self) -> int:
+        return self.size - SEGMENT_HEADER_SIZE
+
+    def _ensure_open(self) -> int:
+        if self._fd is None:
+            if self.deleted:
+                raise StorageError(f"segment {self.path} was deleted")
+            self._fd = os.open(self.path, os.O_RDWR)
+        return self._fd
+
+    @property
+    def is_open(self) -> bool:
+        return self._fd is not None
+
+    def close_if_idle(self) -> bool:
+        """Close the descriptor unless a reader holds it; True when closed (or already)."""
+        with self._lock:
+            if self._readers:
+                return False
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            return True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def delete(self) -> None:
+        """Unlink the file; the descriptor closes when the last reader lets go."""
+        with self._lock:
+            self.deleted = True
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            if self._readers == 0 and self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[LogSegment]:
+        with self._lock:
+            self._ensure_open()
+            self._readers += 1
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._readers -= 1
+                if self.deleted and self._readers == 0 and self._fd is not None:
+                    os.close(self._fd)
+                    self._fd = None
+
+    # -- I/O --------------------------------------------------------------------------
+
+    def append(self, parts: list[bytes | bytearray | memoryview]) -> int:
+        """Write the parts at the end; return the global position where they start."""
+        fd = self._ensure_open()
+        pos = self.base_position + self.size
+        total = sum(len(p) for p in parts)
+        try:
+            written = os.pwritev(fd, parts, self.size)
+            while written < total:  # rare: a short write; finish it from where it stopped
+                rest = b"".join(bytes(p) for p in parts)[written:]
+                written += os.pwrite(fd, rest, self.size + written)
+        except OSError as e:
+            # leave no half batch behind: cut back to where this append began
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, self.size)
+            raise StorageError(f"cannot write to {self.path}: {e}") from e
+        self.size += total
+        return pos
+
+    def read(self, position: int, length: int) -> bytes:
+        """Read ``length`` bytes at global ``position`` (call inside ``reading()``)."""
+        fd = self._fd
+        assert fd is not None, "read() outside reading()"
+        try:
+            data = os.pread(fd, length, position - self.base_position)
+        except OSError as e:
+            raise StorageError(f"cannot read {self.path}: {e}") from e
+        if len(data) != length:
+            raise CorruptDataError(
+                f"{self.path} ends before position {position + length} (file shorter than its index)"
+            )
+        return data
+
+    def sync(self) -> None:
+        fd = self._ensure_open()
+        try:
+            os.fdatasync(fd)
+        except OSError as e:
+            raise StorageError(f"cannot fsync {self.path}: {e}") from e
+
+    def truncate(self, position: int) -> None:
+        """Cut the file at global ``position`` (the first byte not kept)."""
+        fd = self._ensure_open()
+        keep = position - self.base_position
+        assert SEGMENT_HEADER_SIZE <= keep <= self.size
+        os.ftruncate(fd, keep)
+        os.fsync(fd)
+        self.size = keep

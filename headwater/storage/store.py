@@ -1,0 +1,722 @@
+"""LogStore: every queue and partition of one data directory, over one commit log.
+
+Directory layout::
+
+    DATA/headwater.json                catalog: store id, queues, settings, start offsets
+    DATA/.lock                         flock held while a process has the store open
+    DATA/log/<position:020d>.log       commit log segments (headwater.storage.segment)
+    DATA/log/<position:020d>.idx       index of each sealed segment (segment_index)
+
+Why one commit log per store (RocketMQ) rather than one log per partition (Kafka): the
+number of open files and the write pattern do not depend on the number of partitions, so
+10,000 partitions write as fast as one, and one fsync makes every queue's appends durable
+at once (group commit across queues). docs/design/storage.md has the measurements and the
+price (space of an expired queue is reclaimed only when its segment holds nothing live).
+
+File descriptors: the active segment, plus at most ``open_segments_max`` sealed segments
+open for reading (least recently read are closed first), plus the lock file.
+
+Thread-safety: one lock guards the catalog, the partition tables and the active segment;
+appends hold it only to assign offsets and write, reads only to plan which byte ranges to
+read (the reads themselves happen outside it), fsyncs never.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from bisect import bisect_left, bisect_right
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+from headwater.errors import (
+    ClosedError,
+    InvalidArgumentError,
+    MessageNotFoundError,
+    NotADataDirectoryError,
+    PartitionOutOfRangeError,
+    QueueDisabledError,
+    QueueExistsError,
+    QueueNotFoundError,
+    StorageError,
+)
+from headwater.model.batch import broker_prefix, crc32c, validate_batch
+from headwater.model.config import (
+    PARTITIONS_MAX,
+    PartitionInfo,
+    QueueConfig,
+    QueueInfo,
+    validate_queue_name,
+)
+from headwater.model.service import FetchResult, ProduceResult
+from headwater.storage.catalog import CATALOG_FILE, Catalog, QueueEntry
+from headwater.storage.dirlock import DirectoryLock
+from headwater.storage.flusher import Flusher, GroupCommit
+from headwater.storage.loader import key_hashes, load_segments
+from headwater.storage.segment import LogSegment, segment_name
+from headwater.storage.segment_index import SegmentIndex
+
+__all__ = ["LogStore", "StoreConfig"]
+
+log = logging.getLogger("headwater.storage")
+
+
+class StoreConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Settings of a store (one data directory)."""
+
+    flush: str = "async"  # default flush policy of queues that name none
+    flush_interval_ms: int = 200  # async: the longest a write waits for its fsync
+    segment_bytes_max: int = 128 * 1024 * 1024
+    open_segments_max: int = 64  # sealed segments kept open for reading
+    index_cache_segments: int = 16  # sealed segment indexes kept in memory
+    retention_interval_ms: int = 10_000
+    verify: str = "tail"  # "tail": check the last segment on open; "all": every segment
+
+    def validated(self) -> StoreConfig:
+        if self.flush not in ("sync", "async"):
+            raise InvalidArgumentError(f"flush must be 'sync' or 'async', got {self.flush!r}")
+        if self.verify not in ("tail", "all"):
+            raise InvalidArgumentError(f"verify must be 'tail' or 'all', got {self.verify!r}")
+        if not 1 <= self.flush_interval_ms <= 3_600_000:
+            raise InvalidArgumentError("flush_interval_ms must be from 1 to 3600000")
+        if not 64 * 1024 <= self.segment_bytes_max <= 2**31:
+            raise InvalidArgumentError("segment_bytes_max must be from 64 KiB to 2 GiB")
+        if self.open_segments_max < 1 or self.index_cache_segments < 1:
+            raise InvalidArgumentError("open_segments_max and index_cache_segments must be >= 1")
+        return self
+
+
+class _Span:
+    """A partition's batches inside one segment."""
+
+    __slots__ = ("segment_base", "first_offset", "end_offset", "first_ts", "last_ts")
+
+    def __init__(self, segment_base: int, first_offset: int, end_offset: int, first_ts: int, last_ts: int):
+        self.segment_base = segment_base
+        self.first_offset = first_offset
+        self.end_offset = end_offset
+        self.first_ts = first_ts
+        self.last_ts = last_ts
+
+
+class _Partition:
+    __slots__ = ("start_offset", "end_offset", "spans")
+
+    def __init__(self, start_offset: int) -> None:
+        self.start_offset = start_offset
+        self.end_offset = start_offset
+        self.spans: list[_Span] = []
+
+
+class _Queue:
+    __slots__ = ("entry", "partitions")
+
+    def __init__(self, entry: QueueEntry) -> None:
+        self.entry = entry
+        self.partitions = [_Partition(s) for s in entry.start_offsets]
+
+
+class LogStore:
+    """The storage engine of one data directory. Use :meth:`open`; close when done."""
+
+    def __init__(self, path: str | Path, config: StoreConfig | None = None, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(path)
+        self.config = (config or StoreConfig()).validated()
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._closed = False
+        self._dir_lock = DirectoryLock(self._prepare_directory())
+        self._dir_lock.acquire()
+        try:
+            self._open()
+        except BaseException:
+            self._dir_lock.release()
+            raise
+        self._append_listeners: list[Callable[[str, int, int], None]] = []
+        self._commit = GroupCommit(self._sync_active, durable=self._active.end_position)
+        self._flusher = Flusher("headwater-flush", self.config.flush_interval_ms, self._commit.sync_now)
+        self._retention = Flusher("headwater-retention", self.config.retention_interval_ms,
+                                  self.enforce_retention)
+        self._flusher.start()
+        self._retention.start()
+
+    # -- opening ----------------------------------------------------------------------
+
+    def _prepare_directory(self) -> Path:
+        p = self.path
+        if p.exists() and not p.is_dir():
+            raise NotADataDirectoryError(f"{p} is a file; a data directory must be a directory")
+        p.mkdir(parents=True, exist_ok=True)
+        if not (p / CATALOG_FILE).exists():
+            foreign = sorted(x.name for x in p.iterdir() if x.name not in (".lock", "log"))
+            if foreign:
+                shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+                raise NotADataDirectoryError(
+                    f"{p} is not empty and is not a Headwater data directory (found {shown}); "
+                    f"choose an empty or new directory"
+                )
+        return p
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _open(self) -> None:
+        cat_path = self.path / CATALOG_FILE
+        self._log_dir = self.path / "log"
+        if cat_path.exists():
+            self._catalog = Catalog.load(cat_path)
+        else:
+            self._catalog = Catalog.new(self._now_ms())
+            self._log_dir.mkdir(exist_ok=True)
+            self._catalog.save(cat_path)
+        self._log_dir.mkdir(exist_ok=True)
+        self._store_id = self._catalog.store_id_bytes
+        self._queues: dict[str, _Queue] = {}
+        self._by_id: dict[int, _Queue] = {}
+        for entry in self._catalog.queues.values():
+            q = _Queue(entry)
+            self._queues[entry.name] = q
+            self._by_id[entry.queue_id] = q
+        loaded = load_segments(self._log_dir, self._store_id, verify_all=self.config.verify == "all")
+        self._segments: dict[int, LogSegment] = {}
+        self._index_cache: OrderedDict[int, SegmentIndex] = OrderedDict()
+        self._open_lru: OrderedDict[int, LogSegment] = OrderedDict()
+        self._last_ts = 0
+        for seg, idx in loaded:
+            self._segments[seg.base_position] = seg
+            self._add_spans(idx)
+            self._last_ts = max(self._last_ts, idx.max_ts)
+        for seg, idx in loaded[:-1]:
+            seg.close()
+            self._cache_index(idx)
+        if loaded:
+            self._active, self._active_index = loaded[-1]
+        else:
+            self._active = LogSegment.create(
+                self._log_dir / segment_name(0, ".log"), 0, self._store_id, self._now_ms()
+            )
+            self._segments[0] = self._active
+            self._active_index = SegmentIndex(0)
+        self._bases = sorted(self._segments)
+        for q in self._queues.values():
+            for pl in q.partitions:
+                if pl.spans:
+                    pl.end_offset = max(pl.end_offset, pl.spans[-1].end_offset)
+
+    def _add_spans(self, idx: SegmentIndex) -> None:
+        for (qid, part), pe in idx.partitions.items():
+            q = self._by_id.get(qid)
+            if q is None or part >= len(q.partitions):
+                continue  # data of a deleted queue: dead, reclaimed by retention
+            q.partitions[part].spans.append(
+                _Span(idx.segment_base, pe.first_offset, pe.end_offset, pe.timestamps[0], pe.timestamps[-1])
+            )
+
+    # -- small helpers ----------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"the store at {self.path} is closed")
+
+    def _queue(self, name: str) -> _Queue:
+        q = self._queues.get(name)
+        if q is None:
+            if not isinstance(name, str):
+                raise InvalidArgumentError(f"a queue name is a string, got {type(name).__name__}")
+            raise QueueNotFoundError(f"queue {name!r} does not exist; create it first")
+        return q
+
+    def _usable_queue(self, name: str) -> _Queue:
+        q = self._queue(name)
+        if not q.entry.enabled:
+            raise QueueDisabledError(f"queue {name!r} is disabled; enable it to read or write")
+        return q
+
+    @staticmethod
+    def _partition(q: _Queue, partition: int) -> _Partition:
+        if isinstance(partition, bool) or not isinstance(partition, int):
+            raise InvalidArgumentError(f"a partition is an int, got {type(partition).__name__}")
+        if not 0 <= partition < len(q.partitions):
+            raise PartitionOutOfRangeError(
+                f"queue {q.entry.name!r} has partitions 0..{len(q.partitions) - 1}; "
+                f"there is no partition {partition}"
+            )
+        return q.partitions[partition]
+
+    def _index(self, base: int) -> SegmentIndex:
+        if base == self._active.base_position:
+            return self._active_index
+        idx = self._index_cache.get(base)
+        if idx is None:
+            idx = SegmentIndex.read(self._log_dir / segment_name(base, ".idx"))
+            self._cache_index(idx)
+        else:
+            self._index_cache.move_to_end(base)
+        return idx
+
+    def _cache_index(self, idx: SegmentIndex) -> None:
+        self._index_cache[idx.segment_base] = idx
+        while len(self._index_cache) > self.config.index_cache_segments:
+            self._index_cache.popitem(last=False)
+
+    def _touch_segment(self, seg: LogSegment) -> None:
+        if seg is self._active:
+            return
+        self._open_lru[seg.base_position] = seg
+        self._open_lru.move_to_end(seg.base_position)
+        while len(self._open_lru) > self.config.open_segments_max:
+            for base, old in list(self._open_lru.items()):
+                if old.close_if_idle():
+                    del self._open_lru[base]
+                    break
+            else:
+                break  # every open one is being read; let them finish
+
+    def _ttl_cutoff(self, q: _Queue, now_ms: int) -> int | None:
+        ttl = q.entry.config.ttl_s
+        return None if ttl is None else now_ms - ttl * 1000
+
+    def _effective_start(self, q: _Queue, part: int, now_ms: int) -> int:
+        """First offset a reader may see: past truncation, retention and TTL expiry."""
+        cutoff = self._ttl_cutoff(q, now_ms)
+        if cutoff is None:
+            return q.partitions[part].start_offset
+        return self._offset_for_time_locked(q, part, cutoff)
+
+    def _offset_for_time_locked(self, q: _Queue, part: int, ts: int) -> int:
+        pl = q.partitions[part]
+        spans = pl.spans
+        i = bisect_left(spans, ts, key=lambda s: s.last_ts)
+        while i < len(spans):
+            sp = spans[i]
+            if sp.end_offset > pl.start_offset:
+                pe = self._index(sp.segment_base).partitions[(q.entry.queue_id, part)]
+                j = pe.index_of_time(ts)
+                if j < len(pe):
+                    return max(pe.offsets[j], pl.start_offset)
+            i += 1
+        return pl.end_offset
+
+    def _save_catalog(self) -> None:
+        for q in self._queues.values():
+            q.entry.start_offsets = [pl.start_offset for pl in q.partitions]
+        self._catalog.save(self.path / CATALOG_FILE)
+
+    def _info(self, q: _Queue, now_ms: int) -> QueueInfo:
+        e = q.entry
+        parts = [
+            PartitionInfo(i, self._effective_start(q, i, now_ms), pl.end_offset)
+            for i, pl in enumerate(q.partitions)
+        ]
+        return QueueInfo(name=e.name, queue_id=e.queue_id, config=e.config, enabled=e.enabled,
+                         created_ms=e.created_ms, partitions=parts)
+
+    # -- admin ------------------------------------------------------------------------
+
+    def create_queue(self, name: str, config: QueueConfig) -> QueueInfo:
+        validate_queue_name(name)
+        if not isinstance(config, QueueConfig):
+            raise InvalidArgumentError(f"config must be a QueueConfig, got {type(config).__name__}")
+        config.validated()
+        with self._lock:
+            self._check_open()
+            if name in self._queues:
+                raise QueueExistsError(f"queue {name!r} already exists")
+            now = self._now_ms()
+            entry = QueueEntry(name=name, queue_id=self._catalog.next_queue_id, config=config,
+                               created_ms=now, start_offsets=[0] * config.partitions)
+            self._catalog.next_queue_id += 1
+            self._catalog.queues[name] = entry
+            q = _Queue(entry)
+            self._queues[name] = q
+            self._by_id[entry.queue_id] = q
+            self._save_catalog()
+            log.info("created queue %s (id %d, %d partitions)", name, entry.queue_id, config.partitions)
+            return self._info(q, now)
+
+    def describe_queue(self, name: str) -> QueueInfo:
+        with self._lock:
+            self._check_open()
+            return self._info(self._queue(name), self._now_ms())
+
+    def list_queues(self) -> list[QueueInfo]:
+        with self._lock:
+            self._check_open()
+            now = self._now_ms()
+            return [self._info(q, now) for _, q in sorted(self._queues.items())]
+
+    def delete_queue(self, name: str) -> None:
+        with self._lock:
+            self._check_open()
+            q = self._queue(name)
+            del self._queues[name]
+            del self._by_id[q.entry.queue_id]
+            del self._catalog.queues[name]
+            self._save_catalog()
+            log.info("deleted queue %s (id %d)", name, q.entry.queue_id)
+
+    def truncate_queue(self, name: str) -> QueueInfo:
+        with self._lock:
+            self._check_open()
+            q = self._queue(name)
+            for pl in q.partitions:
+                pl.start_offset = pl.end_offset
+            self._save_catalog()
+            return self._info(q, self._now_ms())
+
+    def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo:
+        with self._lock:
+            self._check_open()
+            q = self._queue(name)
+            q.entry.enabled = bool(enabled)
+            self._save_catalog()
+            return self._info(q, self._now_ms())
+
+    def add_partitions(self, name: str, partitions: int) -> QueueInfo:
+        """Grow the queue to ``partitions`` partitions (never shrink: keys would move)."""
+        with self._lock:
+            self._check_open()
+            q = self._queue(name)
+            now_n = len(q.partitions)
+            if isinstance(partitions, bool) or not isinstance(partitions, int) or not (
+                now_n < partitions <= PARTITIONS_MAX
+            ):
+                raise InvalidArgumentError(
+                    f"queue {name!r} has {now_n} partitions; the new count must be larger "
+                    f"(up to {PARTITIONS_MAX}), got {partitions!r}"
+                )
+            q.entry.config = q.entry.config.replace(partitions=partitions)
+            q.partitions.extend(_Partition(0) for _ in range(partitions - now_n))
+            self._save_catalog()
+            return self._info(q, self._now_ms())
+
+    # -- appending --------------------------------------------------------------------
+
+    def add_append_listener(self, fn: Callable[[str, int, int], None]) -> None:
+        """Call ``fn(queue, partition, end_offset)`` after every append (keep it quick)."""
+        self._append_listeners.append(fn)
+
+    def append(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
+        """Validate a producer's batch, append it, and return where it landed.
+
+        Returns once the batch is durable under the queue's flush policy.
+        """
+        q = self._usable_queue(queue)
+        self._partition(q, partition)
+        h, payload = validate_batch(batch, message_bytes_max=q.entry.config.message_bytes_max)
+        hashes = key_hashes(payload.keys) if payload.keys is not None else None
+        with self._lock:
+            self._check_open()
+            if self._queues.get(queue) is not q:  # deleted (or re-created) meanwhile
+                q = self._usable_queue(queue)
+                self._partition(q, partition)
+            pl = q.partitions[partition]
+            qid = q.entry.queue_id
+            now = self._now_ms()
+            ts = now if now > self._last_ts else self._last_ts
+            self._last_ts = ts
+            seg = self._active
+            if seg.data_bytes > 0 and seg.size + h.size > self.config.segment_bytes_max:
+                seg = self._roll()
+            base = pl.end_offset
+            prefix = broker_prefix(h.length, qid, partition, base, ts)
+            pos = seg.append([prefix, memoryview(batch)[40:]])
+            stored = h._replace(queue_id=qid, partition=partition, base_offset=base, timestamp_ms=ts)
+            self._active_index.add_batch(stored, pos, hashes)
+            end = base + h.count
+            pl.end_offset = end
+            spans = pl.spans
+            if spans and spans[-1].segment_base == seg.base_position:
+                sp = spans[-1]
+                sp.end_offset = end
+                sp.last_ts = ts
+            else:
+                spans.append(_Span(seg.base_position, base, end, ts, ts))
+            end_pos = pos + h.size
+        for fn in self._append_listeners:
+            fn(queue, partition, end)
+        if (q.entry.config.flush or self.config.flush) == "sync":
+            self._commit.wait_durable(end_pos)
+        return ProduceResult(qid, partition, base, h.count, ts)
+
+    def _roll(self) -> LogSegment:
+        """Seal the active segment (fsync, write its index) and start a new one."""
+        old, idx = self._active, self._active_index
+        old.sync()
+        idx.segment_size = old.size
+        idx.write(self._log_dir / segment_name(old.base_position, ".idx"))
+        self._cache_index(idx)
+        base = old.end_position
+        new = LogSegment.create(self._log_dir / segment_name(base, ".log"), base, self._store_id,
+                                self._now_ms())
+        self._segments[base] = new
+        self._bases.append(base)
+        self._active, self._active_index = new, SegmentIndex(base)
+        self._commit.durable = max(self._commit.durable, base)
+        self._touch_segment(old)
+        return new
+
+    def _sync_active(self) -> int:
+        with self._lock:
+            seg = self._active
+            covered = seg.end_position
+        if seg.deleted:
+            return covered
+        with seg.reading():
+            seg.sync()
+        return covered
+
+    def flush(self) -> None:
+        """Make everything appended so far durable (fsync)."""
+        self._check_open()
+        with self._lock:
+            end = self._active.end_position
+        self._commit.wait_durable(end)
+
+    # -- reading ----------------------------------------------------------------------
+
+    def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int = 1024 * 1024,
+              tag_mask: int = 0, end_offset: int | None = None) -> FetchResult:
+        """Whole stored batches of a partition from ``offset`` on, about ``max_bytes`` of them.
+
+        Offsets below the retained start are read from the start; batches whose tag mask
+        shares no bit with ``tag_mask`` (when non-zero) are skipped without being read.
+        """
+        if isinstance(offset, bool) or not isinstance(offset, int):
+            raise InvalidArgumentError(f"an offset is an int, got {type(offset).__name__}")
+        for _attempt in range(3):
+            q = self._usable_queue(queue)
+            pl = self._partition(q, partition)
+            plan, nxt, start, end = self._plan_fetch(q, pl, partition, offset, max_bytes, tag_mask, end_offset)
+            try:
+                return FetchResult(self._read_plan(plan), nxt, start, end)
+            except StorageError:
+                if not any(seg.deleted for seg, _ in plan):
+                    raise
+                # retention removed a segment under us: plan again from the new start
+        raise StorageError("retention kept removing the segments being read; try again")
+
+    def _plan_fetch(self, q: _Queue, pl: _Partition, partition: int, offset: int, max_bytes: int,
+                    tag_mask: int, end_offset: int | None):
+        key = (q.entry.queue_id, partition)
+        plan: list[tuple[LogSegment, list[tuple[int, int]]]] = []
+        with self._lock:
+            self._check_open()
+            start = self._effective_start(q, partition, self._now_ms())
+            end = pl.end_offset
+            stop = end if end_offset is None else min(end_offset, end)
+            cur = max(offset, start)
+            total = 0
+            spans = pl.spans
+            si = bisect_right(spans, cur, key=lambda s: s.end_offset)
+            while si < len(spans) and cur < stop and total < max_bytes:
+                sp = spans[si]
+                pe = self._index(sp.segment_base).partitions[key]
+                i = pe.index_of_offset(cur)
+                ranges: list[tuple[int, int]] = []
+                n = len(pe)
+                while i < n and total < max_bytes:
+                    bo, cnt, pos, size, _ts, mask = pe.entry(i)
+                    if bo >= stop:
+                        break
+                    cur = max(cur, bo + cnt)
+                    i += 1
+                    if tag_mask and not mask & tag_mask:
+                        continue
+                    ranges.append((pos, size))
+                    total += size
+                if ranges:
+                    seg = self._segments[sp.segment_base]
+                    self._touch_segment(seg)
+                    plan.append((seg, ranges))
+                if i >= n:
+                    si += 1
+        return plan, cur, start, end
+
+    @staticmethod
+    def _read_plan(plan: list[tuple[LogSegment, list[tuple[int, int]]]]) -> list[bytes]:
+        out: list[bytes] = []
+        for seg, ranges in plan:
+            with seg.reading():
+                i = 0
+                while i < len(ranges):
+                    pos, size = ranges[i]
+                    j = i + 1
+                    run_end = pos + size
+                    # coalesce batches that lie back to back into one read
+                    while j < len(ranges) and ranges[j][0] == run_end and run_end - pos < 8 << 20:
+                        run_end += ranges[j][1]
+                        j += 1
+                    data = seg.read(pos, run_end - pos)
+                    if j == i + 1:
+                        out.append(data)
+                    else:
+                        mv = memoryview(data)
+                        for p, s in ranges[i:j]:
+                            out.append(mv[p - pos : p - pos + s])
+                    i = j
+        return out
+
+    def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
+        """The first offset appended at or after ``timestamp_ms`` (the end offset if none)."""
+        q = self._usable_queue(queue)
+        pl = self._partition(q, partition)
+        with self._lock:
+            self._check_open()
+            now = self._now_ms()
+            return max(self._offset_for_time_locked(q, partition, timestamp_ms),
+                       self._effective_start(q, partition, now))
+
+    def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
+        """(queue name, the stored batch holding the message) for a message id."""
+        q = self._by_id.get(queue_id)
+        if q is None:
+            raise MessageNotFoundError(f"no queue has id {queue_id} (was it deleted?)")
+        name = q.entry.name
+        q = self._usable_queue(name)
+        pl = self._partition(q, partition)
+        with self._lock:
+            start = self._effective_start(q, partition, self._now_ms())
+            if not start <= offset < pl.end_offset:
+                raise MessageNotFoundError(
+                    f"offset {offset} of {name}[{partition}] is not retained (retained: "
+                    f"{start}..{pl.end_offset - 1})" if start < pl.end_offset else
+                    f"offset {offset} of {name}[{partition}] is not retained (the partition is empty)"
+                )
+            plan, _, _, _ = self._plan_fetch(q, pl, partition, offset, 1, 0, offset + 1)
+        batches = self._read_plan(plan)
+        if not batches:
+            raise MessageNotFoundError(f"offset {offset} of {name}[{partition}] is in a gap left by damage")
+        return name, bytes(batches[0])
+
+    def lookup_key(self, queue: str, key: bytes, start_ms: int | None = None,
+                   end_ms: int | None = None, limit: int = 1000) -> list[bytes]:
+        """Stored batches that may hold messages with ``key`` appended in [start_ms, end_ms).
+
+        Found through key hashes: the caller keeps the messages whose key is exactly ``key``.
+        """
+        if not isinstance(key, bytes):
+            raise InvalidArgumentError(f"a key is bytes, got {type(key).__name__}")
+        q = self._usable_queue(queue)
+        qid = q.entry.queue_id
+        h = crc32c(key)
+        lo = start_ms if start_ms is not None else -(2**62)
+        hi = end_ms if end_ms is not None else 2**62
+        plan: list[tuple[LogSegment, list[tuple[int, int]]]] = []
+        with self._lock:
+            self._check_open()
+            now = self._now_ms()
+            starts = [self._effective_start(q, i, now) for i in range(len(q.partitions))]
+            found = 0
+            for base in list(self._bases):
+                idx = self._index(base)
+                if idx.max_ts < lo or idx.min_ts >= hi:
+                    continue
+                ranges: list[tuple[int, int]] = []
+                seen: set[int] = set()
+                for kq, kp, off in idx.find_key(h):
+                    if kq != qid or kp >= len(starts) or off < starts[kp]:
+                        continue
+                    pe = idx.partitions[(kq, kp)]
+                    i = pe.index_of_offset(off)
+                    bo, cnt, pos, size, ts, _m = pe.entry(i)
+                    if pos in seen or not lo <= ts < hi:
+                        continue
+                    seen.add(pos)
+                    ranges.append((pos, size))
+                if ranges:
+                    ranges.sort()
+                    seg = self._segments[base]
+                    self._touch_segment(seg)
+                    plan.append((seg, ranges[: limit - found]))
+                    found += len(ranges)
+                    if found >= limit:
+                        break
+        return [bytes(b) for b in self._read_plan(plan)]
+
+    # -- retention --------------------------------------------------------------------
+
+    def enforce_retention(self) -> int:
+        """Delete sealed segments that hold nothing live any more; return how many."""
+        deleted = 0
+        with self._lock:
+            if self._closed:
+                return 0
+            now = self._now_ms()
+            doomed: list[tuple[int, SegmentIndex]] = []
+            for base in self._bases[:-1]:
+                idx = self._index(base)
+                if all(self._dead(key, pe.end_offset, pe.timestamps[-1], now)
+                       for key, pe in idx.partitions.items()):
+                    doomed.append((base, idx))
+            if not doomed:
+                return 0
+            for base, idx in doomed:
+                for (qid, part), pe in idx.partitions.items():
+                    q = self._by_id.get(qid)
+                    if q is None or part >= len(q.partitions):
+                        continue
+                    pl = q.partitions[part]
+                    pl.start_offset = max(pl.start_offset, pe.end_offset)
+                    pl.spans = [s for s in pl.spans if s.segment_base != base]
+            self._save_catalog()  # start offsets first: offsets are never reused after a crash
+            for base, _idx in doomed:
+                seg = self._segments.pop(base)
+                self._bases.remove(base)
+                self._index_cache.pop(base, None)
+                self._open_lru.pop(base, None)
+                seg.delete()
+                (self._log_dir / segment_name(base, ".idx")).unlink(missing_ok=True)
+                deleted += 1
+        if deleted:
+            log.info("retention deleted %d segment(s)", deleted)
+        return deleted
+
+    def _dead(self, key: tuple[int, int], end_offset: int, last_ts: int, now: int) -> bool:
+        q = self._by_id.get(key[0])
+        if q is None or key[1] >= len(q.partitions):
+            return True
+        if end_offset <= q.partitions[key[1]].start_offset:
+            return True
+        cutoff = self._ttl_cutoff(q, now)
+        return cutoff is not None and last_ts < cutoff
+
+    # -- stats and closing --------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "segments": len(self._segments),
+                "bytes": sum(s.size for s in self._segments.values()),
+                "open_segments": sum(1 for s in self._segments.values() if s.is_open),
+                "queues": len(self._queues),
+                "partitions": sum(len(q.partitions) for q in self._queues.values()),
+                "fsyncs": self._commit.fsyncs,
+            }
+
+    def close(self) -> None:
+        """Flush, stop the background threads, close every file, release the directory."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._flusher.stop()
+        self._retention.stop()
+        try:
+            self._active.sync()
+        finally:
+            for seg in self._segments.values():
+                seg.close()
+            self._dir_lock.release()
+
+    def __enter__(self) -> LogStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
