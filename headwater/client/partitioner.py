@@ -25,6 +25,11 @@ PartitionFn = Callable[[Message, int], int]
 
 def key_partition(key: bytes, partitions: int) -> int:
     """The partition a key maps to: ``crc32c(key) % partitions``."""
+    if type(key) is not bytes:
+        raise InvalidArgumentError(
+            f"a message key is bytes, got {type(key).__name__}"
+            + (" (encode it first, e.g. key.encode())" if isinstance(key, str) else "")
+        )
     return crc32c(key) % partitions
 
 
