@@ -25,8 +25,14 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture
-def hw(tmp_path, clock):
-    client = headwater.open(tmp_path / "data", clock=clock, segment_bytes_max=256 * 1024)
+@pytest.fixture(params=["embedded", "memory"])
+def hw(request, tmp_path, clock):
+    """A client; every test using it runs against the real store and the in-memory fake."""
+    if request.param == "memory":
+        from headwater.testing import open_memory
+
+        client = open_memory(clock=clock)
+    else:
+        client = headwater.open(tmp_path / "data", clock=clock, segment_bytes_max=256 * 1024)
     yield client
     client.close()

@@ -1,0 +1,38 @@
+"""The public names of ``headwater``: adding one is a decision, removing one breaks users."""
+
+import headwater
+import headwater.errors
+
+EXPECTED = {
+    "open", "Admin", "BatchReceipt", "Client", "Message", "MessageId", "PartitionInfo",
+    "Producer", "QueueConfig", "QueueInfo", "Record", "Scanner", "StoreConfig", "__version__",
+    *headwater.errors.__all__,
+}
+
+
+def test_all_is_pinned():
+    assert set(headwater.__all__) == EXPECTED
+    assert len(headwater.__all__) == len(set(headwater.__all__))
+    for name in headwater.__all__:
+        assert hasattr(headwater, name), name
+
+
+def test_error_codes_are_unique_and_stable():
+    from headwater.errors import HeadwaterError, error_for_code
+
+    seen = {}
+    for name in headwater.errors.__all__:
+        cls = getattr(headwater.errors, name)
+        if isinstance(cls, type) and issubclass(cls, HeadwaterError):
+            assert cls.code not in seen, (name, seen.get(cls.code))
+            seen[cls.code] = name
+            assert error_for_code(cls.code) is cls
+    assert seen[7] == "QueueNotFoundError" and seen[40] == "UnavailableError"
+    assert error_for_code(9999) is HeadwaterError
+
+
+def test_every_public_name_has_a_docstring():
+    for name in headwater.__all__:
+        obj = getattr(headwater, name)
+        if callable(obj) and not name.endswith("Error"):
+            assert obj.__doc__, name
