@@ -69,22 +69,28 @@ def scan_segment(seg: LogSegment, ends: dict[tuple[int, int], int]) -> tuple[Seg
     return idx, problem
 
 
-def _cut(seg: LogSegment, idx: SegmentIndex, problem: str) -> None:
+def _cut(seg: LogSegment, idx: SegmentIndex, problem: str, report: list[str]) -> None:
     lost = seg.size - idx.segment_size
     log.warning("cutting %d bytes from %s: %s", lost, seg.path.name, problem)
+    report.append(f"cut {lost} bytes from {seg.path.name}: {problem}")
     seg.truncate(seg.base_position + idx.segment_size)
 
 
 def load_segments(
-    log_dir: Path, store_id: bytes, *, verify_all: bool = False
+    log_dir: Path, store_id: bytes, *, verify_all: bool = False, report: list[str] | None = None
 ) -> list[tuple[LogSegment, SegmentIndex]]:
-    """Open every segment in order, recovering as the crash policy above says."""
+    """Open every segment in order, recovering as the crash policy above says.
+
+    What recovery had to do (cuts, rebuilt indexes) is appended to ``report``.
+    """
+    report = [] if report is None else report
     for stray in log_dir.glob("*.tmp"):
         stray.unlink()
     paths = sorted(log_dir.glob("*.log"))
     # a crash while creating the newest segment can leave it shorter than its header
     if paths and paths[-1].stat().st_size < SEGMENT_HEADER_SIZE:
         log.warning("removing %s: created but never written (crash during roll)", paths[-1].name)
+        report.append(f"removed {paths[-1].name}: created but never written")
         paths.pop().unlink()
     out: list[tuple[LogSegment, SegmentIndex]] = []
     ends: dict[tuple[int, int], int] = {}
@@ -98,9 +104,11 @@ def load_segments(
                 idx = SegmentIndex.read(idx_path)
                 if idx.segment_size != seg.size or idx.segment_base != seg.base_position:
                     log.warning("index %s does not match its segment; rebuilding", idx_path.name)
+                    report.append(f"rebuilt {idx_path.name}: it did not match its segment")
                     idx = None
             except CorruptDataError as e:
                 log.warning("index %s is damaged (%s); rebuilding", idx_path.name, e)
+                report.append(f"rebuilt {idx_path.name}: {e}")
                 idx = None
             if idx is not None:
                 for key, pe in idx.partitions.items():
@@ -108,7 +116,7 @@ def load_segments(
         if idx is None:
             idx, problem = scan_segment(seg, ends)
             if problem is not None:
-                _cut(seg, idx, problem)
+                _cut(seg, idx, problem, report)
             if not last:
                 idx.write(idx_path)
         elif last:  # pragma: no cover - the last segment is always scanned

@@ -130,6 +130,7 @@ class LogStore:
         self._clock = clock
         self._lock = threading.RLock()
         self._closed = False
+        self._files_closed = False
         self._dir_lock = DirectoryLock(self._prepare_directory())
         self._dir_lock.acquire()
         try:
@@ -182,7 +183,9 @@ class LogStore:
             q = _Queue(entry)
             self._queues[entry.name] = q
             self._by_id[entry.queue_id] = q
-        loaded = load_segments(self._log_dir, self._store_id, verify_all=self.config.verify == "all")
+        self.recovery_report: list[str] = []  # what opening had to repair, for `headwater check`
+        loaded = load_segments(self._log_dir, self._store_id, verify_all=self.config.verify == "all",
+                               report=self.recovery_report)
         self._segments: dict[int, LogSegment] = {}
         self._index_cache: OrderedDict[int, SegmentIndex] = OrderedDict()
         self._open_lru: OrderedDict[int, LogSegment] = OrderedDict()
@@ -465,6 +468,8 @@ class LogStore:
         with self._lock:
             seg = self._active
             covered = seg.end_position
+            if self._files_closed:  # close() made everything durable before closing files
+                return covered
         if seg.deleted:
             return covered
         with seg.reading():
@@ -708,10 +713,12 @@ class LogStore:
         self._flusher.stop()
         self._retention.stop()
         try:
-            self._active.sync()
+            self._commit.wait_durable(self._active.end_position)
         finally:
-            for seg in self._segments.values():
-                seg.close()
+            with self._lock:
+                self._files_closed = True
+                for seg in self._segments.values():
+                    seg.close()
             self._dir_lock.release()
 
     def __enter__(self) -> LogStore:
