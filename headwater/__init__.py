@@ -20,7 +20,7 @@ from headwater.errors import __all__ as _errors_all
 from headwater.model import Message, MessageId, PartitionInfo, QueueConfig, QueueInfo, Record
 from headwater.storage import StoreConfig
 
-__version__ = "0.1.0"
+from headwater._version import __version__
 
 __all__ = [
     "open",

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from headwater._version import __version__
 from headwater.model.config import QueueConfig, QueueInfo
 from headwater.model.service import FetchResult, ProduceResult
 from headwater.storage.store import LogStore, StoreConfig
@@ -23,6 +24,7 @@ class Broker:
 
     def __init__(self, store: LogStore) -> None:
         self.store = store
+        self._started = time.monotonic()
 
     @classmethod
     def open(cls, path: str | Path, config: StoreConfig | None = None, *,
@@ -71,6 +73,16 @@ class Broker:
 
     def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
         return self.store.offset_for_time(queue, partition, timestamp_ms)
+
+    def status(self) -> dict[str, object]:
+        return {
+            "version": __version__,
+            "mode": "embedded",
+            "data_dir": str(self.store.path),
+            "uptime_s": round(time.monotonic() - self._started, 3),
+            **self.store.stats(),
+            "recovery": list(self.store.recovery_report),
+        }
 
     def flush(self) -> None:
         self.store.flush()

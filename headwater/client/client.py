@@ -136,6 +136,10 @@ class Client:
         """The first offset of ``partition`` appended at or after ``when``."""
         return self._service.offset_for_time(queue, partition, to_epoch_ms(when, "when"))
 
+    def status(self) -> dict[str, object]:
+        """Facts about the broker: version, uptime, storage figures, recovery repairs."""
+        return self._service.status()
+
     def close(self) -> None:
         self._service.close()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 
-from headwater.errors import CorruptDataError, InvalidArgumentError, InvalidBatchError
+from headwater.errors import CorruptDataError, InvalidArgumentError, InvalidBatchError, QueueDisabledError
 from headwater.model.batch import check_batch, decode_records, tags_mask
 from headwater.model.config import QueueInfo
 from headwater.model.message import MessageId, Record, to_epoch_ms
@@ -47,8 +47,15 @@ class Scanner(Iterator[Record]):
         self._service = service
         self.queue = queue
         info = service.describe_queue(queue)
+        if not info.enabled:
+            raise QueueDisabledError(f"queue {queue!r} is disabled; enable it to read or write")
         self._info = info
         start_id, stop_id = _as_id(start, "start"), _as_id(stop, "stop")
+        if start_id is not None and stop_id is not None and start_id.partition != stop_id.partition:
+            raise InvalidArgumentError(
+                f"start id {start_id} and stop id {stop_id} are in different partitions "
+                f"({start_id.partition} and {stop_id.partition}); id bounds pin one partition"
+            )
         parts = self._choose_partitions(info, partitions, start_id or stop_id)
         for mid in (start_id, stop_id):
             if mid is not None and mid.queue_id != info.queue_id:

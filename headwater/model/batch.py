@@ -167,19 +167,40 @@ def _compress(codec: int, data: bytes) -> bytes:
 
 def _decompress(codec: int, data: bytes | memoryview) -> bytes | memoryview:
     try:
+        # Bound the output by BATCH_BYTES_MAX, so a small batch cannot make the broker
+        # allocate gigabytes (a decompression bomb). Both libraries trust a size the frame
+        # states (zstd ignores max_output_size then; lz4 has no limit), and check that the
+        # content matches it, so refuse a stated size over the limit and cap the unstated.
         if codec == COMPRESSION_ZSTD:
             import zstandard
 
-            return zstandard.ZstdDecompressor().decompress(bytes(data), max_output_size=BATCH_BYTES_MAX)
+            raw = bytes(data)
+            if zstandard.frame_content_size(raw) > BATCH_BYTES_MAX:
+                raise InvalidBatchError(f"the batch payload expands beyond {BATCH_BYTES_MAX} bytes")
+            return zstandard.ZstdDecompressor().decompress(raw, max_output_size=BATCH_BYTES_MAX)
         if codec == COMPRESSION_LZ4:
             import lz4.frame
 
-            return lz4.frame.decompress(bytes(data))
+            raw = bytes(data)
+            stated = lz4.frame.get_frame_info(raw)["content_size"]  # 0: not stated
+            if stated > BATCH_BYTES_MAX:
+                raise InvalidBatchError(f"the batch payload expands beyond {BATCH_BYTES_MAX} bytes")
+            if stated:
+                return lz4.frame.decompress(raw)
+            d = lz4.frame.LZ4FrameDecompressor()
+            out = d.decompress(raw, max_length=BATCH_BYTES_MAX + 1)
+            if len(out) > BATCH_BYTES_MAX or not d.eof:
+                raise InvalidBatchError(
+                    f"the batch payload expands beyond {BATCH_BYTES_MAX} bytes or is cut short"
+                )
+            return out
     except ImportError as e:
         raise InvalidBatchError(
             f"the batch is compressed with a codec whose library is missing ({e.name}); "
             f"install headwater[compression]"
         ) from e
+    except InvalidBatchError:
+        raise
     except Exception as e:  # noqa: BLE001 - any codec failure means a damaged batch
         raise InvalidBatchError(f"the batch payload does not decompress: {e}") from e
     return data

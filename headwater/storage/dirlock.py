@@ -28,8 +28,8 @@ class DirectoryLock:
             owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise DataDirectoryLockedError(
-                f"{self.path.parent} is in use by another process (pid {owner}); stop it, or "
-                f"use the network client to reach the broker that owns it"
+                f"{self.path.parent} is in use by another process (pid {owner}); stop it "
+                f"first (one process owns a data directory at a time)"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

@@ -94,34 +94,43 @@ def load_segments(
         paths.pop().unlink()
     out: list[tuple[LogSegment, SegmentIndex]] = []
     ends: dict[tuple[int, int], int] = {}
-    for n, path in enumerate(paths):
-        seg = LogSegment.open(path, store_id)
-        last = n == len(paths) - 1
-        idx_path = log_dir / segment_name(seg.base_position, ".idx")
-        idx = None
-        if not last and not verify_all and idx_path.exists():
-            try:
-                idx = SegmentIndex.read(idx_path)
-                if idx.segment_size != seg.size or idx.segment_base != seg.base_position:
-                    log.warning("index %s does not match its segment; rebuilding", idx_path.name)
-                    report.append(f"rebuilt {idx_path.name}: it did not match its segment")
+    seg: LogSegment | None = None
+    try:
+        for n, path in enumerate(paths):
+            seg = LogSegment.open(path, store_id)
+            last = n == len(paths) - 1
+            idx_path = log_dir / segment_name(seg.base_position, ".idx")
+            idx = None
+            if not last and not verify_all and idx_path.exists():
+                try:
+                    idx = SegmentIndex.read(idx_path)
+                    if idx.segment_size != seg.size or idx.segment_base != seg.base_position:
+                        log.warning("index %s does not match its segment; rebuilding", idx_path.name)
+                        report.append(f"rebuilt {idx_path.name}: it did not match its segment")
+                        idx = None
+                except CorruptDataError as e:
+                    log.warning("index %s is damaged (%s); rebuilding", idx_path.name, e)
+                    report.append(f"rebuilt {idx_path.name}: {e}")
                     idx = None
-            except CorruptDataError as e:
-                log.warning("index %s is damaged (%s); rebuilding", idx_path.name, e)
-                report.append(f"rebuilt {idx_path.name}: {e}")
-                idx = None
-            if idx is not None:
-                for key, pe in idx.partitions.items():
-                    ends[key] = max(ends.get(key, 0), pe.end_offset)
-        if idx is None:
-            idx, problem = scan_segment(seg, ends)
-            if problem is not None:
-                _cut(seg, idx, problem, report)
-            if not last:
-                idx.write(idx_path)
-        elif last:  # pragma: no cover - the last segment is always scanned
-            raise AssertionError
-        if out and out[-1][0].end_position > seg.base_position:
-            raise CorruptDataError(f"segments overlap at {path.name}")
-        out.append((seg, idx))
+                if idx is not None:
+                    for key, pe in idx.partitions.items():
+                        ends[key] = max(ends.get(key, 0), pe.end_offset)
+            if idx is None:
+                idx, problem = scan_segment(seg, ends)
+                if problem is not None:
+                    _cut(seg, idx, problem, report)
+                if not last:
+                    idx.write(idx_path)
+            elif last:  # pragma: no cover - the last segment is always scanned
+                raise AssertionError
+            if out and out[-1][0].end_position > seg.base_position:
+                raise CorruptDataError(f"segments overlap at {path.name}")
+            out.append((seg, idx))
+    except BaseException:
+        # a failed open must not leak the descriptors of the segments opened so far
+        for s, _ in out:
+            s.close()
+        if seg is not None:
+            seg.close()
+        raise
     return out

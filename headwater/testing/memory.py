@@ -237,6 +237,13 @@ class MemoryBroker:
             found = p.bases[i] if i < len(p.bases) else p.end
             return max(found, self._start(q, p, self._now()))
 
+    def status(self) -> dict[str, object]:
+        with self._lock:
+            return {"version": "memory", "mode": "memory", "queues": len(self._queues),
+                    "partitions": sum(len(q.parts) for q in self._queues.values()),
+                    "bytes": sum(len(b) for q in self._queues.values() for p in q.parts for b in p.batches),
+                    "recovery": []}
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

@@ -1,0 +1,10 @@
+"""The ``headwater`` command-line interface (typer + rich).
+
+Layout: :mod:`~headwater.cli.main` holds the root command, the global options and the
+error handling; :mod:`~headwater.cli.queues` the ``queue`` commands;
+:mod:`~headwater.cli.records` ``produce``, ``scan``, ``get`` and ``find``;
+:mod:`~headwater.cli.output` tables and JSON lines; :mod:`~headwater.cli.parse` the
+parsing of times, positions and lists; :mod:`~headwater.cli.context` the one function that
+opens a client (:func:`~headwater.cli.context.open_client`). The user guide is
+``docs/cli.md``.
+"""

@@ -1,0 +1,102 @@
+"""What every command shares: the global options, the one way to get a Client, the consoles.
+
+Commands never call :func:`headwater.open` themselves; they call :func:`open_client`, so
+the day the network client lands, ``--server`` is handled here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+import headwater
+from headwater.client import Client
+from headwater.errors import NotADataDirectoryError, UsageError
+
+__all__ = ["CliState", "open_client", "out_console", "err_console", "stdin_is_tty"]
+
+DATA_DIR_DEFAULT = "./headwater-data"
+
+
+@dataclass
+class CliState:
+    """The global options, kept on the root context (``ctx.obj``)."""
+
+    data_dir: Path = field(default_factory=lambda: Path(DATA_DIR_DEFAULT))
+    server: str | None = None
+    client: Client | None = None
+
+
+def _state(ctx: typer.Context) -> CliState:
+    state = ctx.find_object(CliState)
+    if state is None:  # a command invoked without the root callback (only in odd embeddings)
+        state = ctx.find_root().ensure_object(CliState)
+    return state
+
+
+def open_client(ctx: typer.Context, *, create: bool = False) -> Client:
+    """The Client for this invocation, opened on first use and closed when the command ends.
+
+    ``create``: make the data directory if it does not exist (only ``queue create`` does;
+    every other command reports a missing directory instead of silently making an empty one,
+    which is what a mistyped ``--data`` would otherwise do).
+    """
+    state = _state(ctx)
+    if state.client is not None:
+        return state.client
+    if state.server is not None:
+        raise UsageError(
+            f"--server {state.server}: the network client is not available yet; run the command "
+            f"where the data directory is and pass --data DIR (or set HEADWATER_DATA)"
+        )
+    path = state.data_dir
+    if not create and not path.exists():
+        raise NotADataDirectoryError(
+            f"there is no data directory at {str(path)!r}; pass --data DIR or set HEADWATER_DATA "
+            f"to an existing one, or create a queue there first with 'headwater queue create NAME'"
+        )
+    client = headwater.open(path)
+    state.client = client
+    ctx.find_root().call_on_close(_closer(state))
+    return client
+
+
+def _closer(state: CliState):
+    def close() -> None:
+        client, state.client = state.client, None
+        if client is not None:
+            client.close()
+
+    return close
+
+
+TABLE_WIDTH_PIPED = 200  # columns of a table written to a pipe or file (a terminal has its own)
+
+
+def out_console() -> Console:
+    """Rich console on stdout. Made per call: tests swap ``sys.stdout`` between runs."""
+    console = Console(file=sys.stdout, highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = TABLE_WIDTH_PIPED  # rich would assume 80 and squeeze the value column
+    return console
+
+
+def err_console() -> Console:
+    """Rich console on stderr, for errors, hints and progress bars.
+
+    Soft wrap: an error stays one line in a log file, however narrow rich thinks it is.
+    """
+    return Console(file=sys.stderr, highlight=False, soft_wrap=True)
+
+
+def stdin_is_tty() -> bool:
+    """Whether a person can answer a prompt (a function so tests can pretend)."""
+    try:
+        return os.isatty(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False

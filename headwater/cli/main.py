@@ -1,0 +1,161 @@
+"""The ``headwater`` command: global options, command table, and how errors are shown.
+
+Errors Headwater raises on purpose (:class:`~headwater.errors.HeadwaterError`) and
+operating-system errors (a permission denied on the data directory) are printed as one red
+``error: <message>`` line on stderr, sometimes followed by a hint, with exit code 1. Usage
+errors found by the parser (an unknown option, a missing argument) keep typer's format and
+exit code 2. Anything else is a bug and shows its traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+from typing import Annotated, Optional
+
+import click
+import typer
+from rich.text import Text
+from typer.core import TyperGroup
+
+import headwater
+from headwater.cli import records
+from headwater.cli.check import check
+from headwater.cli.context import DATA_DIR_DEFAULT, CliState, err_console
+from headwater.cli.queues import queue_app
+from headwater.errors import (
+    HeadwaterError,
+    MessageNotFoundError,
+    NotADataDirectoryError,
+    PartitionOutOfRangeError,
+    QueueDisabledError,
+    QueueExistsError,
+    QueueNotFoundError,
+)
+
+__all__ = ["app", "main"]
+
+_HINTS: list[tuple[type[HeadwaterError], str]] = [
+    (QueueNotFoundError, "see the queues with 'headwater queue list'"),
+    (QueueExistsError, "see it with 'headwater queue describe NAME', or pick another name"),
+    (QueueDisabledError, "enable it with 'headwater queue enable NAME'"),
+    (PartitionOutOfRangeError, "see the partitions with 'headwater queue describe NAME'"),
+    (MessageNotFoundError, "it may have expired (ttl), been truncated or deleted; "
+                           "'headwater scan QUEUE' shows what is kept"),
+    (NotADataDirectoryError, "point --data (or HEADWATER_DATA) at a Headwater data directory"),
+]
+
+
+def hint_for(error: HeadwaterError) -> str | None:
+    """A next step for the user, unless the message already names one."""
+    for cls, hint in _HINTS:
+        if isinstance(error, cls):
+            text = str(error)
+            return None if "headwater " in text or "--data" in text else hint
+    return None
+
+
+def report_error(message: str, hint: str | None = None) -> None:
+    console = err_console()
+    console.print(Text(f"error: {message}", style="red"))
+    if hint:
+        console.print(Text(f"hint: {hint}", style="dim"))
+
+
+class HeadwaterGroup(TyperGroup):
+    """The root group: turns expected errors into one readable line and exit code 1."""
+
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except HeadwaterError as e:
+            report_error(str(e), hint_for(e))
+            raise typer.Exit(1) from None
+        except OSError as e:
+            if e.errno == errno.EPIPE:
+                raise  # typer ends quietly when the reader of stdout went away (| head)
+            where = f": {e.filename}" if e.filename else ""
+            report_error(f"{e.strerror or e}{where}")
+            raise typer.Exit(1) from None
+
+
+app = typer.Typer(
+    cls=HeadwaterGroup,
+    name="headwater",
+    help=(
+        "Headwater: a persistent, partitioned message queue.\n\n"
+        "Works on a local data directory (--data, or HEADWATER_DATA; default "
+        f"{DATA_DIR_DEFAULT}). Global options go before the command.\n\n"
+        "Examples:\n\n"
+        "```\n"
+        "headwater queue create orders --partitions 4\n"
+        "headwater produce orders 'order 17 paid'\n"
+        "seq 1000 | headwater produce orders --quiet\n"
+        "headwater scan orders --from -15m\n"
+        "headwater --data /var/lib/headwater queue list\n"
+        "```"
+    ),
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+    pretty_exceptions_enable=False,  # only bugs reach here: a plain traceback pastes best
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"headwater {headwater.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    data: Annotated[
+        str,
+        typer.Option(
+            "--data",
+            "-d",
+            envvar="HEADWATER_DATA",
+            metavar="DIR",
+            help="The data directory to work on.",
+        ),
+    ] = DATA_DIR_DEFAULT,
+    server: Annotated[
+        Optional[str],
+        typer.Option(
+            "--server",
+            envvar="HEADWATER_SERVER",
+            metavar="HOST:PORT",
+            help="Talk to a running broker instead of a data directory (not available yet).",
+            show_default=False,
+        ),
+    ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
+    ctx.obj = CliState(data_dir=Path(data), server=server)
+
+
+app.add_typer(queue_app, name="queue")
+app.command("produce")(records.produce)
+app.command("scan")(records.scan)
+app.command("get")(records.get)
+app.command("find")(records.find)
+app.command("check")(check)
+
+
+def main() -> None:
+    """Console-script entry point (``headwater = headwater.cli.main:main``)."""
+    app(prog_name="headwater")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""``headwater queue ...``: create, inspect and change queues."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+from headwater.cli.context import err_console, open_client, out_console, stdin_is_tty
+from headwater.cli.output import format_ttl, print_json, queue_detail, queue_json, queues_table
+from headwater.cli.parse import parse_pairs, parse_ttl
+from headwater.errors import UsageError
+
+__all__ = ["queue_app"]
+
+queue_app = typer.Typer(
+    name="queue",
+    help="Create, list, describe, truncate, disable, enable and delete queues.",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+)
+
+NameArg = Annotated[str, typer.Argument(
+    metavar="NAME", show_default=False, help="Queue name: letters, digits, '.', '_' and '-'.",
+)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+class Flush(str, Enum):
+    sync = "sync"
+    async_ = "async"
+
+
+def _done(message: str) -> None:
+    out_console().print(message, style="green")
+
+
+@queue_app.command("create")
+def create(
+    ctx: typer.Context,
+    name: NameArg,
+    partitions: Annotated[
+        int,
+        typer.Option(
+            "--partitions",
+            "-p",
+            metavar="N",
+            min=1,
+            help="Number of partitions (can grow later with 'queue add-partitions').",
+        ),
+    ] = 1,
+    ttl: Annotated[
+        str,
+        typer.Option(
+            "--ttl",
+            metavar="DURATION",
+            help="How long messages are kept: seconds, or with a unit (30m, 12h, 7d, 2w); "
+                 "0 or 'forever' keeps them forever.",
+        ),
+    ] = "7d",
+    flush: Annotated[
+        Optional[Flush],
+        typer.Option(
+            "--flush",
+            case_sensitive=False,
+            help="sync: acknowledge after fsync; async: fsync on an interval. Default: the store's policy.",
+            show_default=False,
+        ),
+    ] = None,
+    message_bytes_max: Annotated[
+        int,
+        typer.Option(
+            "--message-bytes-max",
+            metavar="BYTES",
+            min=1,
+            help="Largest message body accepted, in bytes.",
+        ),
+    ] = 1024 * 1024,
+    settings: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--set",
+            metavar="KEY=VALUE",
+            help="A queue setting key=value (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Create a queue (and the data directory, if it does not exist yet).
+
+    Examples:
+
+    ```
+    headwater queue create orders --partitions 8
+    headwater queue create audit --partitions 2 --ttl forever --flush sync
+    headwater queue create clicks --ttl 12h --set owner=web-team
+    ```
+    """
+    hw = open_client(ctx, create=True)
+    info = hw.admin.create_queue(
+        name, partitions=partitions, ttl_s=parse_ttl(ttl), flush=None if flush is None else flush.value,
+        message_bytes_max=message_bytes_max, settings=parse_pairs(settings or [], "--set"),
+    )
+    _done(f"created queue {info.name!r} with {len(info.partitions)} partition(s), "
+          f"ttl {format_ttl(info.config.ttl_s)}")
+
+
+@queue_app.command("list")
+def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """List the queues: name, partitions, messages, ttl, flush policy, enabled.
+
+    Examples:
+
+    ```
+    headwater queue list
+    headwater queue list --json
+    ```
+    """
+    infos = sorted(open_client(ctx).admin.list_queues(), key=lambda q: q.name)
+    if as_json:
+        print_json([queue_json(q) for q in infos])
+    elif not infos:
+        out_console().print("no queues yet; create one with 'headwater queue create NAME'")
+    else:
+        out_console().print(queues_table(infos))
+
+
+@queue_app.command("describe")
+def describe(ctx: typer.Context, name: NameArg, as_json: JsonOpt = False) -> None:
+    """Show a queue's settings and each partition's retained offsets (start to end).
+
+    Examples:
+
+    ```
+    headwater queue describe orders
+    headwater queue describe orders --json
+    ```
+    """
+    info = open_client(ctx).admin.describe_queue(name)
+    if as_json:
+        print_json(queue_json(info))
+    else:
+        out_console().print(queue_detail(info))
+
+
+@queue_app.command("truncate")
+def truncate(ctx: typer.Context, name: NameArg) -> None:
+    """Drop every message of a queue; keep the queue and its settings.
+
+    Offsets keep counting up from where they were, so old message ids never name new messages.
+
+    Example:
+
+    ```
+    headwater queue truncate orders
+    ```
+    """
+    info = open_client(ctx).admin.truncate_queue(name)
+    _done(f"truncated queue {info.name!r}")
+
+
+@queue_app.command("delete")
+def delete(
+    ctx: typer.Context,
+    name: NameArg,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes",
+            "-y",
+            help="Delete without asking (required when there is no terminal to ask on).",
+        ),
+    ] = False,
+) -> None:
+    """Delete a queue and all its messages. Asks first unless --yes is given.
+
+    Examples:
+
+    ```
+    headwater queue delete orders
+    headwater queue delete orders --yes
+    ```
+    """
+    hw = open_client(ctx)
+    info = hw.admin.describe_queue(name)  # a missing queue fails before any question
+    if not yes:
+        if not stdin_is_tty():
+            raise UsageError(
+                f"refusing to delete queue {name!r} without confirmation: there is no terminal to "
+                f"ask on; pass --yes to delete it"
+            )
+        question = f"Delete queue {name!r} and its {info.message_count:,} message(s)? This cannot be undone."
+        if not typer.confirm(question, default=False, err=True):
+            err_console().print("not deleted")
+            raise typer.Exit(1)
+    hw.admin.delete_queue(name)
+    _done(f"deleted queue {name!r}")
+
+
+@queue_app.command("disable")
+def disable(ctx: typer.Context, name: NameArg) -> None:
+    """Disable a queue: reads and writes fail until it is enabled again.
+
+    Example:
+
+    ```
+    headwater queue disable orders
+    ```
+    """
+    open_client(ctx).admin.disable_queue(name)
+    _done(f"disabled queue {name!r}; enable it with 'headwater queue enable {name}'")
+
+
+@queue_app.command("enable")
+def enable(ctx: typer.Context, name: NameArg) -> None:
+    """Enable a disabled queue again.
+
+    Example:
+
+    ```
+    headwater queue enable orders
+    ```
+    """
+    open_client(ctx).admin.enable_queue(name)
+    _done(f"enabled queue {name!r}")
+
+
+@queue_app.command("add-partitions")
+def add_partitions(
+    ctx: typer.Context,
+    name: NameArg,
+    to: Annotated[
+        int,
+        typer.Option(
+            "--to",
+            metavar="N",
+            min=1,
+            help="The new total number of partitions (larger than now).",
+            show_default=False,
+        ),
+    ],
+) -> None:
+    """Grow a queue to a larger total number of partitions.
+
+    Messages already stored stay where they are; keys may map to other partitions from now on.
+
+    Example:
+
+    ```
+    headwater queue add-partitions orders --to 16
+    ```
+    """
+    info = open_client(ctx).admin.add_partitions(name, to)
+    _done(f"queue {info.name!r} now has {len(info.partitions)} partitions")

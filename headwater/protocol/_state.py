@@ -1,0 +1,99 @@
+"""The connection's states and every legal transition, in one table.
+
+A connection is in one of five states. Each frame sent or received is classified into a
+:class:`Kind`; ``TRANSITIONS[role, state, direction, kind]`` is the state after it, and a
+missing entry means the protocol forbids that frame now (a :class:`LocalProtocolError` when
+sending, a :class:`RemoteProtocolError` when receiving). ``ERROR`` is entered only on
+receiving garbage, outside this table, and never left: the stream cannot be trusted any
+more. A refused ``send`` leaves the state as it was (nothing went out).
+
+::
+
+    AWAIT_HANDSHAKE --Handshake--> AWAIT_ACCEPT --HandshakeAccepted--> READY
+          |                              |                              |  requests,
+          +--------- fatal error or EOF -+------------------------------+  responses
+                                         v                                 and errors
+                                       CLOSED                              stay READY
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+__all__ = ["Role", "State", "Kind", "Direction", "TRANSITIONS", "transition"]
+
+
+class Role(Enum):
+    CLIENT = "CLIENT"
+    SERVER = "SERVER"
+
+
+class State(Enum):
+    AWAIT_HANDSHAKE = "AWAIT_HANDSHAKE"  # client: must send the handshake; server: waits for it
+    AWAIT_ACCEPT = "AWAIT_ACCEPT"  # the handshake crossed; the server owes its answer
+    READY = "READY"  # requests and responses flow, many in flight
+    CLOSED = "CLOSED"  # ended cleanly: EOF, a connection-level error frame, or closed here
+    ERROR = "ERROR"  # the peer broke the protocol; close the transport
+
+
+class Kind(Enum):
+    """What a frame or event is, as far as the state machine cares."""
+
+    HANDSHAKE = "HANDSHAKE"
+    ACCEPT = "ACCEPT"
+    REQUEST = "REQUEST"
+    RESPONSE = "RESPONSE"
+    ERROR = "ERROR"  # an error response to one request (request id != 0)
+    FATAL = "FATAL"  # a connection-level error (request id 0); its sender closes
+    CLOSE = "CLOSE"  # end of stream: EOF received, or ConnectionClosed sent
+
+
+class Direction(Enum):
+    SEND = "SEND"
+    RECEIVE = "RECEIVE"
+
+
+C, S = Role.CLIENT, Role.SERVER
+SEND, RECV = Direction.SEND, Direction.RECEIVE
+AWAIT_HANDSHAKE, AWAIT_ACCEPT, READY, CLOSED, ERROR = (
+    State.AWAIT_HANDSHAKE, State.AWAIT_ACCEPT, State.READY, State.CLOSED, State.ERROR,
+)
+
+TRANSITIONS: dict[tuple[Role, State, Direction, Kind], State] = {
+    # client: handshake first, then wait for the answer before any request
+    (C, AWAIT_HANDSHAKE, SEND, Kind.HANDSHAKE): AWAIT_ACCEPT,
+    (C, AWAIT_HANDSHAKE, RECV, Kind.FATAL): CLOSED,  # refused at once (e.g. overloaded)
+    (C, AWAIT_ACCEPT, RECV, Kind.ACCEPT): READY,
+    (C, AWAIT_ACCEPT, RECV, Kind.FATAL): CLOSED,  # e.g. unsupported version
+    (C, READY, SEND, Kind.REQUEST): READY,
+    (C, READY, RECV, Kind.RESPONSE): READY,
+    (C, READY, RECV, Kind.ERROR): READY,
+    (C, READY, SEND, Kind.FATAL): CLOSED,
+    (C, READY, RECV, Kind.FATAL): CLOSED,
+    # server: the mirror image
+    (S, AWAIT_HANDSHAKE, RECV, Kind.HANDSHAKE): AWAIT_ACCEPT,
+    (S, AWAIT_HANDSHAKE, SEND, Kind.FATAL): CLOSED,
+    (S, AWAIT_ACCEPT, SEND, Kind.ACCEPT): READY,
+    (S, AWAIT_ACCEPT, SEND, Kind.FATAL): CLOSED,
+    (S, READY, RECV, Kind.REQUEST): READY,
+    (S, READY, SEND, Kind.RESPONSE): READY,
+    (S, READY, SEND, Kind.ERROR): READY,
+    (S, READY, SEND, Kind.FATAL): CLOSED,
+    (S, READY, RECV, Kind.FATAL): CLOSED,
+}
+
+for _role in Role:
+    # after garbage, a last error frame may still explain why before the transport closes
+    TRANSITIONS[_role, ERROR, SEND, Kind.FATAL] = ERROR
+    TRANSITIONS[_role, ERROR, SEND, Kind.CLOSE] = ERROR
+    TRANSITIONS[_role, CLOSED, SEND, Kind.CLOSE] = CLOSED
+    for _state in (AWAIT_HANDSHAKE, AWAIT_ACCEPT, READY):
+        # either side may end the stream at any time; in-flight requests are then lost
+        TRANSITIONS[_role, _state, SEND, Kind.CLOSE] = CLOSED
+        TRANSITIONS[_role, _state, RECV, Kind.CLOSE] = CLOSED
+del _role, _state
+
+
+def transition(role: Role, state: State, direction: Direction, kind: Kind) -> State | None:
+    """The state after ``kind`` goes in ``direction``, or None if the protocol forbids it."""
+    return TRANSITIONS.get((role, state, direction, kind))

@@ -1,0 +1,225 @@
+"""Frames: the length-prefixed, checksummed unit of the wire protocol.
+
+Every frame, in both directions, is a 20-byte header and a body. All integers are
+little-endian, like the record batch format, so one byte order holds from disk to wire::
+
+    offset size field       notes
+     0      4   length      bytes after this field: 16 + body size
+     4      4   crc         CRC32C (Castagnoli) of bytes [8, 4 + length): all that follows
+     8      1   frame_type  see FrameType
+     9      1   flags       0 in protocol version 1; any other value is an error
+    10      2   api_key     the operation (REQUEST, RESPONSE, ERROR); 0 otherwise
+    12      4   request_id  chosen by the client, echoed in the answer; 0: the connection
+    16      4   data_size   bytes of record batch data at the end of the body
+    20      -   body        head: one msgpack array (16 + body - data_size - 16 bytes),
+                            then data: record batches exactly as stored (data_size bytes)
+
+The whole frame (``4 + length`` bytes) may not exceed the receiver's ``frame_bytes_max``;
+a reader rejects an oversized frame from its first four bytes, before buffering the body.
+Record batches travel after the head, outside msgpack, so the broker appends a produced
+batch and serves stored batches without re-encoding them, and a sender can hand the
+transport a list of buffers (:func:`encode_frame`) instead of one joined copy.
+
+Thread-safety: :class:`FrameReader` is for one connection in one thread; the functions
+are pure.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+from enum import IntEnum
+from typing import NamedTuple, Union
+
+import crc32c as _crc32c
+
+from headwater.protocol.errors import FrameTooLargeError, RemoteProtocolError
+
+__all__ = [
+    "HEADER",
+    "HEADER_SIZE",
+    "FRAME_BYTES_MAX_DEFAULT",
+    "FRAME_BYTES_MIN",
+    "FrameType",
+    "FrameHeader",
+    "Frame",
+    "FrameReader",
+    "encode_frame",
+    "Buffer",
+]
+
+Buffer = Union[bytes, bytearray, memoryview]
+
+HEADER = struct.Struct("<IIBBHII")  # length, crc, frame_type, flags, api_key, request_id, data_size
+HEADER_SIZE = HEADER.size
+assert HEADER_SIZE == 20
+_AFTER_LENGTH = HEADER_SIZE - 4  # header bytes counted by ``length``
+_CRC_START = 8  # the crc covers everything from here to the end of the frame
+_U32_MAX = 2**32 - 1
+_LENGTH = struct.Struct("<I")
+
+#: Default bound on a whole frame: the largest record batch (64 MiB) plus room for the
+#: header and the msgpack head around it.
+FRAME_BYTES_MAX_DEFAULT = 64 * 1024 * 1024 + 64 * 1024
+#: No peer may announce a limit below this: every handshake and error frame must fit.
+FRAME_BYTES_MIN = 4096
+
+
+class FrameType(IntEnum):
+    HANDSHAKE = 1  # client -> server, first frame of a connection
+    HANDSHAKE_ACCEPTED = 2  # server -> client, answer to the handshake
+    REQUEST = 3  # client -> server
+    RESPONSE = 4  # server -> client, the answer to one request
+    ERROR = 5  # an error answer to one request, or (request id 0) to the whole connection
+    PUSH = 6  # reserved for server-pushed deliveries (subscriptions); not sent in version 1
+
+
+class FrameHeader(NamedTuple):
+    length: int
+    crc: int
+    frame_type: int
+    flags: int
+    api_key: int
+    request_id: int
+    data_size: int
+
+    @property
+    def size(self) -> int:
+        """Bytes of the whole frame."""
+        return 4 + self.length
+
+    @property
+    def head_size(self) -> int:
+        """Bytes of the msgpack head of the body."""
+        return self.length - _AFTER_LENGTH - self.data_size
+
+
+class Frame(NamedTuple):
+    """One received frame: its header, its msgpack head and its batch data."""
+
+    header: FrameHeader
+    head: memoryview
+    data: bytes
+
+
+def encode_frame(
+    frame_type: int, api_key: int, request_id: int, head: bytes, data: Sequence[Buffer] = ()
+) -> list[Buffer]:
+    """The frame as a list of buffers to write in order: header, head, then each data buffer.
+
+    The data buffers are not copied; their checksum is computed in place.
+    """
+    data_size = sum(memoryview(d).nbytes for d in data)
+    length = _AFTER_LENGTH + len(head) + data_size
+    if length > _U32_MAX - 4:
+        raise OverflowError(f"a frame of {length + 4} bytes cannot be framed")
+    fixed = HEADER.pack(length, 0, frame_type, 0, api_key, request_id, data_size)
+    crc = _crc32c.crc32c(fixed[_CRC_START:])
+    crc = _crc32c.crc32c(head, crc)
+    for d in data:
+        crc = _crc32c.crc32c(d, crc)
+    header = bytearray(fixed)
+    _LENGTH.pack_into(header, 4, crc)
+    return [bytes(header), head, *data]
+
+
+class FrameReader:
+    """Cuts a byte stream into frames, checking each header as soon as it is complete.
+
+    ``check_header`` is called with every complete header before its body is buffered; it
+    raises :class:`RemoteProtocolError` to refuse the frame. Partial input is not an error:
+    :meth:`next_frame` returns None until a whole frame is there. Only the buffered tail of
+    one frame plus what the caller fed since is ever held.
+    """
+
+    def __init__(self, frame_bytes_max: int, check_header: Callable[[FrameHeader], None]) -> None:
+        self.frame_bytes_max = frame_bytes_max
+        self._check_header = check_header
+        self._buf = bytearray()
+        self._header: FrameHeader | None = None  # the checked header of the frame in progress
+        self.eof = False
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: Buffer) -> None:
+        if data:
+            self._buf += data
+        else:
+            self.eof = True
+
+    def next_frame(self) -> Frame | None:
+        """The next whole frame, or None if more bytes are needed (or the stream ended
+        cleanly between frames: see :attr:`eof`). Raises :class:`RemoteProtocolError`."""
+        buf = self._buf
+        h = self._header
+        if h is None:
+            if len(buf) >= 4:
+                self._check_length(_LENGTH.unpack_from(buf, 0)[0])
+            if len(buf) < HEADER_SIZE:
+                return self._need(HEADER_SIZE)
+            h = FrameHeader._make(HEADER.unpack_from(buf, 0))
+            _check_structure(h)
+            self._check_header(h)
+            self._header = h
+        if len(buf) < h.size:
+            return self._need(h.size)
+        with memoryview(buf) as mv:
+            crc = _crc32c.crc32c(mv[_CRC_START : h.size])
+            if crc != h.crc:
+                raise RemoteProtocolError(
+                    f"frame checksum mismatch (header says {h.crc:#010x}, the bytes give "
+                    f"{crc:#010x}): the stream is damaged or out of step"
+                )
+            body = mv[HEADER_SIZE : h.size].tobytes()
+        del buf[: h.size]
+        self._header = None
+        view = memoryview(body)
+        return Frame(h, view[: h.head_size], body[h.head_size :] if h.data_size else b"")
+
+    def _check_length(self, length: int) -> None:
+        if length < _AFTER_LENGTH + 1:
+            raise RemoteProtocolError(
+                f"frame length {length} is too small: a frame holds at least a "
+                f"{HEADER_SIZE}-byte header and a one-byte head"
+            )
+        if length + 4 > self.frame_bytes_max:
+            raise FrameTooLargeError(
+                f"a frame of {length + 4} bytes was announced; the limit is "
+                f"{self.frame_bytes_max} bytes (setting frame_bytes_max)"
+            )
+
+    def _need(self, size: int) -> None:
+        if self.eof and self._buf:
+            raise RemoteProtocolError(
+                f"the connection closed in the middle of a frame ({len(self._buf)} of "
+                f"{size} bytes received)"
+            )
+        return None
+
+
+def _check_structure(h: FrameHeader) -> None:
+    """What a header alone must satisfy, whatever the connection's state."""
+    try:
+        ftype = FrameType(h.frame_type)
+    except ValueError:
+        raise RemoteProtocolError(f"unknown frame type {h.frame_type}") from None
+    if ftype is FrameType.PUSH:
+        raise RemoteProtocolError("push frames are reserved; protocol version 1 never sends them")
+    if h.flags:
+        raise RemoteProtocolError(f"unknown frame flags {h.flags:#04x} (version 1 defines none)")
+    if h.head_size < 1:
+        raise RemoteProtocolError(
+            f"data_size {h.data_size} leaves no room for the msgpack head in a body of "
+            f"{h.length - _AFTER_LENGTH} bytes"
+        )
+    connection_level = ftype in (FrameType.HANDSHAKE, FrameType.HANDSHAKE_ACCEPTED)
+    if connection_level and (h.api_key or h.request_id):
+        raise RemoteProtocolError(f"{ftype.name} frames have api key 0 and request id 0")
+    if ftype is FrameType.ERROR and h.request_id == 0 and h.api_key:
+        raise RemoteProtocolError("a connection-level error frame (request id 0) has api key 0")
+    if (connection_level or ftype is FrameType.ERROR) and h.data_size:
+        raise RemoteProtocolError(f"{ftype.name} frames carry no batch data (data_size {h.data_size})")
+    if ftype in (FrameType.REQUEST, FrameType.RESPONSE) and h.request_id == 0:
+        raise RemoteProtocolError(f"{ftype.name} frames need a request id other than 0")
