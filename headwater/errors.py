@@ -16,7 +16,9 @@ from "something outside misbehaved" (:class:`StorageError`, :class:`UnavailableE
     │   ├── QueueDisabledError            9   no    enable the queue first
     │   ├── InvalidBatchError            10   no    a record batch failed validation
     │   ├── MessageNotFoundError         11   no    the id names nothing retained
-    │   └── ClosedError                  12   no    the broker or client was closed
+    │   ├── ClosedError                  12   no    the broker or client was closed
+    │   ├── OutOfOrderSequenceError      13   no    an idempotent producer skipped or replayed
+    │   └── ProducerFencedError          14   no    a newer instance of the producer took over
     ├── DataDirectoryError               20   no    the data directory cannot be used
     │   ├── NotADataDirectoryError       21   no    the directory holds something else
     │   ├── DataDirectoryLockedError     22   no    another process has it open
@@ -45,6 +47,8 @@ __all__ = [
     "InvalidBatchError",
     "MessageNotFoundError",
     "ClosedError",
+    "OutOfOrderSequenceError",
+    "ProducerFencedError",
     "DataDirectoryError",
     "NotADataDirectoryError",
     "DataDirectoryLockedError",
@@ -115,6 +119,18 @@ class ClosedError(UsageError):
     code = 12
 
 
+class OutOfOrderSequenceError(UsageError):
+    """An idempotent producer's batch is not the next in its sequence (a gap, or a stale retry)."""
+
+    code = 13
+
+
+class ProducerFencedError(UsageError):
+    """A newer instance of this producer id (a higher epoch) has taken over."""
+
+    code = 14
+
+
 class DataDirectoryError(HeadwaterError):
     """The data directory cannot be used as given."""
 
@@ -165,5 +181,12 @@ _BY_CODE = _all_error_classes()
 
 
 def error_for_code(code: int) -> type[HeadwaterError]:
-    """The error class for a numeric code; unknown codes map to :class:`HeadwaterError`."""
-    return _BY_CODE.get(code, HeadwaterError)
+    """The error class for a numeric code; unknown codes map to :class:`HeadwaterError`.
+
+    Subclasses defined in other modules (the protocol's errors) are found too.
+    """
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        _BY_CODE.update(_all_error_classes())
+        cls = _BY_CODE.get(code, HeadwaterError)
+    return cls

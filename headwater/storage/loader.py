@@ -20,11 +20,19 @@ import logging
 from pathlib import Path
 
 from headwater.errors import CorruptDataError, InvalidBatchError
-from headwater.model.batch import FLAG_HAS_KEYS, check_batch, crc32c, decode_payload
+from headwater.model.batch import (
+    FLAG_HAS_KEYS,
+    HEADER_SIZE,
+    BatchHeader,
+    check_batch,
+    crc32c,
+    decode_header,
+    decode_payload,
+)
 from headwater.storage.segment import SEGMENT_HEADER_SIZE, LogSegment, segment_name
 from headwater.storage.segment_index import SegmentIndex
 
-__all__ = ["load_segments", "scan_segment", "key_hashes"]
+__all__ = ["load_segments", "scan_segment", "key_hashes", "walk_headers"]
 
 log = logging.getLogger("headwater.storage")
 
@@ -67,6 +75,20 @@ def scan_segment(seg: LogSegment, ends: dict[tuple[int, int], int]) -> tuple[Seg
     data.release()
     idx.segment_size = pos
     return idx, problem
+
+
+def walk_headers(seg: LogSegment) -> list[BatchHeader]:
+    """The headers of every batch of a segment already recovered (no checks: used to
+    replay state such as producer sequences)."""
+    with seg.reading():
+        data = seg.read(seg.base_position, seg.size)
+    out = []
+    pos = SEGMENT_HEADER_SIZE
+    while pos + HEADER_SIZE <= len(data):
+        h = decode_header(data, pos)
+        out.append(h)
+        pos += h.size
+    return out
 
 
 def _cut(seg: LogSegment, idx: SegmentIndex, problem: str, report: list[str]) -> None:

@@ -35,6 +35,7 @@ import msgspec
 
 from headwater.errors import (
     ClosedError,
+    CorruptDataError,
     InvalidArgumentError,
     MessageNotFoundError,
     NotADataDirectoryError,
@@ -44,7 +45,7 @@ from headwater.errors import (
     QueueNotFoundError,
     StorageError,
 )
-from headwater.model.batch import broker_prefix, crc32c, validate_batch
+from headwater.model.batch import BatchHeader, broker_prefix, crc32c, validate_batch
 from headwater.model.config import (
     PARTITIONS_MAX,
     PartitionInfo,
@@ -56,7 +57,8 @@ from headwater.model.service import FetchResult, ProduceResult
 from headwater.storage.catalog import CATALOG_FILE, Catalog, QueueEntry
 from headwater.storage.dirlock import DirectoryLock
 from headwater.storage.flusher import Flusher, GroupCommit
-from headwater.storage.loader import key_hashes, load_segments
+from headwater.storage.loader import key_hashes, load_segments, walk_headers
+from headwater.storage.producer_state import ProducerStateTable
 from headwater.storage.segment import LogSegment, segment_name
 from headwater.storage.segment_index import SegmentIndex
 
@@ -75,6 +77,7 @@ class StoreConfig(msgspec.Struct, frozen=True, kw_only=True):
     index_cache_segments: int = 16  # sealed segment indexes kept in memory
     retention_interval_ms: int = 10_000
     verify: str = "tail"  # "tail": check the last segment on open; "all": every segment
+    producer_expiry_ms: int = 7 * 86_400_000  # idempotence state of an idle producer is dropped
 
     def validated(self) -> StoreConfig:
         if self.flush not in ("sync", "async"):
@@ -209,10 +212,31 @@ class LogStore:
             self._segments[0] = self._active
             self._active_index = SegmentIndex(0)
         self._bases = sorted(self._segments)
+        self._producers = self._load_producer_state()
         for q in self._queues.values():
             for pl in q.partitions:
                 if pl.spans:
                     pl.end_offset = max(pl.end_offset, pl.spans[-1].end_offset)
+
+    def _load_producer_state(self) -> ProducerStateTable:
+        """The newest snapshot of a sealed segment, then every later batch replayed."""
+        expiry = self.config.producer_expiry_ms
+        table, after = ProducerStateTable(expiry), -1
+        for base in reversed(self._bases[:-1]):
+            path = self._log_dir / segment_name(base, ".producers")
+            if path.exists():
+                try:
+                    table, after = ProducerStateTable.read(path, expiry), base
+                    break
+                except CorruptDataError as e:
+                    log.warning("%s; using an older snapshot", e)
+        for base in self._bases:
+            if base <= after:
+                continue
+            for h in walk_headers(self._segments[base]):
+                if h.producer_id >= 0:
+                    table.record(h, h.queue_id, h.partition, h.base_offset, h.timestamp_ms)
+        return table
 
     def _add_spans(self, idx: SegmentIndex) -> None:
         for (qid, part), pe in idx.partitions.items():
@@ -410,7 +434,8 @@ class LogStore:
     def append(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
         """Validate a producer's batch, append it, and return where it landed.
 
-        Returns once the batch is durable under the queue's flush policy.
+        Returns once the batch is durable under the queue's flush policy. A retry of a batch
+        an idempotent producer already appended returns the original placement.
         """
         q = self._usable_queue(queue)
         self._partition(q, partition)
@@ -421,40 +446,54 @@ class LogStore:
             if self._queues.get(queue) is not q:  # deleted (or re-created) meanwhile
                 q = self._usable_queue(queue)
                 self._partition(q, partition)
-            pl = q.partitions[partition]
-            qid = q.entry.queue_id
-            now = self._now_ms()
-            ts = now if now > self._last_ts else self._last_ts
-            self._last_ts = ts
-            seg = self._active
-            if seg.data_bytes > 0 and seg.size + h.size > self.config.segment_bytes_max:
-                seg = self._roll()
-            base = pl.end_offset
-            prefix = broker_prefix(h.length, qid, partition, base, ts)
-            pos = seg.append([prefix, memoryview(batch)[40:]])
-            stored = h._replace(queue_id=qid, partition=partition, base_offset=base, timestamp_ms=ts)
-            self._active_index.add_batch(stored, pos, hashes)
-            end = base + h.count
-            pl.end_offset = end
-            spans = pl.spans
-            if spans and spans[-1].segment_base == seg.base_position:
-                sp = spans[-1]
-                sp.end_offset = end
-                sp.last_ts = ts
-            else:
-                spans.append(_Span(seg.base_position, base, end, ts, ts))
-            end_pos = pos + h.size
-        for fn in self._append_listeners:
-            fn(queue, partition, end)
+            dup = self._producers.check(h, q.entry.queue_id, partition)
+            if dup is None:
+                result, end_pos = self._append_locked(q, partition, h, batch, hashes)
+            else:  # a retry: already appended, maybe not yet durable
+                result, end_pos = dup, self._active.end_position
+        if dup is None:
+            for fn in self._append_listeners:
+                fn(queue, partition, result.base_offset + result.count)
         if (q.entry.config.flush or self.config.flush) == "sync":
             self._commit.wait_durable(end_pos)
-        return ProduceResult(qid, partition, base, h.count, ts)
+        return result
+
+    def _append_locked(self, q: _Queue, partition: int, h: BatchHeader, batch: bytes,
+                       hashes: list[int] | None) -> tuple[ProduceResult, int]:
+        pl = q.partitions[partition]
+        qid = q.entry.queue_id
+        now = self._now_ms()
+        ts = now if now > self._last_ts else self._last_ts
+        self._last_ts = ts
+        seg = self._active
+        if seg.data_bytes > 0 and seg.size + h.size > self.config.segment_bytes_max:
+            seg = self._roll()
+        base = pl.end_offset
+        prefix = broker_prefix(h.length, qid, partition, base, ts)
+        pos = seg.append([prefix, memoryview(batch)[40:]])
+        stored = h._replace(queue_id=qid, partition=partition, base_offset=base, timestamp_ms=ts)
+        self._active_index.add_batch(stored, pos, hashes)
+        self._producers.record(h, qid, partition, base, ts)
+        end = base + h.count
+        pl.end_offset = end
+        spans = pl.spans
+        if spans and spans[-1].segment_base == seg.base_position:
+            sp = spans[-1]
+            sp.end_offset = end
+            sp.last_ts = ts
+        else:
+            spans.append(_Span(seg.base_position, base, end, ts, ts))
+        return ProduceResult(qid, partition, base, h.count, ts), pos + h.size
 
     def _roll(self) -> LogSegment:
         """Seal the active segment (fsync, write its index) and start a new one."""
         old, idx = self._active, self._active_index
         old.sync()
         idx.segment_size = old.size
+        self._producers.expire(self._now_ms())
+        self._producers.write(self._log_dir / segment_name(old.base_position, ".producers"))
+        for stale in self._bases[:-2]:  # keep the two newest snapshots
+            (self._log_dir / segment_name(stale, ".producers")).unlink(missing_ok=True)
         idx.write(self._log_dir / segment_name(old.base_position, ".idx"))
         self._cache_index(idx)
         base = old.end_position
@@ -684,6 +723,7 @@ class LogStore:
                 self._open_lru.pop(base, None)
                 seg.delete()
                 (self._log_dir / segment_name(base, ".idx")).unlink(missing_ok=True)
+                (self._log_dir / segment_name(base, ".producers")).unlink(missing_ok=True)
                 deleted += 1
         if deleted:
             log.info("retention deleted %d segment(s)", deleted)
