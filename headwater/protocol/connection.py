@@ -43,7 +43,10 @@ Invariants: garbage from the peer raises :class:`RemoteProtocolError` (and nothi
 and leaves the connection in ``ERROR``; partial input yields :data:`NEED_DATA`, never a
 wait. ``send`` is all or nothing: it returns the bytes and advances the state, or raises
 (:class:`LocalProtocolError`, or :class:`MessageTooLargeError` for a frame above the peer's
-limit) and changes nothing. Thread-safety: none; one connection belongs to one task.
+limit) and changes nothing. When a connection ends (``ConnectionClosed``, an
+``ErrorResponse`` with request id 0, or ``RemoteProtocolError``), the requests still in
+:attr:`Connection.in_flight` will never be answered: fail them. Thread-safety: none; one
+connection belongs to one task.
 """
 
 from __future__ import annotations

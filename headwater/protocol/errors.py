@@ -14,10 +14,9 @@ state ``ERROR`` and must be closed). A code names the failure as seen by the sid
 detected it: a server that closes a connection because the client sent garbage reports
 code 52 in its last error frame.
 
-:func:`headwater.errors.error_for_code` builds its table when :mod:`headwater.errors` is
-imported, before these classes exist, so it maps codes 50-54 to :class:`HeadwaterError`.
-Use :func:`error_for_code` from this module: it knows these codes and defers to
-:mod:`headwater.errors` for every other one.
+:func:`headwater.errors.error_for_code` finds these classes too (it rescans the tree when
+a code is missing), but only once this module has been imported; :func:`error_for_code`
+here is the same lookup with that import guaranteed.
 """
 
 from __future__ import annotations
