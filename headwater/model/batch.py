@@ -221,7 +221,7 @@ def encode_batch(
     transaction_id: int = 0,
     extra_flags: int = 0,
     message_bytes_max: int | None = None,
-) -> bytes:
+) -> bytearray:
     """Encode messages (``Message`` objects or plain ``bytes`` bodies) into one batch.
 
     >>> b = encode_batch([b"a", Message(b"b", key=b"k", tag="t")])
@@ -268,25 +268,29 @@ def encode_batch(
                 f"(setting message_bytes_max)"
             )
     mask = tags_mask({t for t in tags if t is not None}) if tags is not None else 0
-    payload = _encoder.encode(BatchPayload(bodies, keys, tags, props))
     codec = _CODECS.get(compression)
     if codec is None:
         raise InvalidArgumentError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
+    columns = BatchPayload(bodies, keys, tags, props)
     if codec:
-        payload = _compress(codec, payload)
+        buf = bytearray(HEADER_SIZE) + _compress(codec, _encoder.encode(columns))
         flags |= codec
-    if len(payload) + HEADER_SIZE > BATCH_BYTES_MAX:
+    else:  # encode straight after the header: one buffer, no copies of the payload
+        buf = bytearray(HEADER_SIZE)
+        _encoder.encode_into(columns, buf, HEADER_SIZE)
+    payload_size = len(buf) - HEADER_SIZE
+    if len(buf) > BATCH_BYTES_MAX:
         raise MessageTooLargeError(
-            f"the batch is {len(payload) + HEADER_SIZE} bytes; the limit is {BATCH_BYTES_MAX}: "
-            f"send fewer messages at once"
+            f"the batch is {len(buf)} bytes; the limit is {BATCH_BYTES_MAX}: send fewer messages at once"
         )
-    head = HEADER.pack(
-        HEADER_SIZE - 4 + len(payload), 0, 0, 0, 0, 0, 0, 0,
-        MAGIC, flags, HEADER_SIZE, n, len(payload), deliver_at_ms, producer_id,
+    HEADER.pack_into(
+        buf, 0, HEADER_SIZE - 4 + payload_size, 0, 0, 0, 0, 0, 0, 0,
+        MAGIC, flags, HEADER_SIZE, n, payload_size, deliver_at_ms, producer_id,
         base_sequence, producer_epoch, 0, mask, transaction_id,
     )
-    body = head[44:] + payload
-    return head[:40] + _U32.pack(crc32c(body)) + body
+    with memoryview(buf) as mv:
+        _U32.pack_into(buf, 40, crc32c(mv[44:]))
+    return buf
 
 
 def _check_types(bodies: list, keys: list | None, tags: list | None, props: list | None) -> None:
@@ -346,8 +350,9 @@ def check_batch(buf: bytes | memoryview, pos: int = 0, *, broker_fields: bool = 
         raise InvalidBatchError("a batch must hold at least one message")
     if h.flags & ~_KNOWN_FLAGS or (h.flags & COMPRESSION_MASK) == 3:
         raise InvalidBatchError(f"unknown batch flags {h.flags:#x}")
-    if crc32c(buf[pos + 44 : pos + h.size]) != h.crc:
-        raise InvalidBatchError("batch checksum mismatch: the batch was damaged")
+    with memoryview(buf) as mv:
+        if crc32c(mv[pos + 44 : pos + h.size]) != h.crc:
+            raise InvalidBatchError("batch checksum mismatch: the batch was damaged")
     if broker_fields and header_crc_of(buf, pos) != h.header_crc:
         raise InvalidBatchError("batch header checksum mismatch: the batch was damaged")
     return h
@@ -355,11 +360,15 @@ def check_batch(buf: bytes | memoryview, pos: int = 0, *, broker_fields: bool = 
 
 def decode_payload(buf: bytes | memoryview, h: BatchHeader, pos: int = 0) -> BatchPayload:
     start = pos + HEADER_SIZE
-    raw = _decompress(h.flags & COMPRESSION_MASK, buf[start : start + h.payload_size])
-    try:
-        p = _decoder.decode(raw)
-    except msgspec.DecodeError as e:
-        raise InvalidBatchError(f"batch payload is malformed: {e}") from e
+    with memoryview(buf) as mv:
+        raw = _decompress(h.flags & COMPRESSION_MASK, mv[start : start + h.payload_size])
+        try:
+            p = _decoder.decode(raw)
+        except msgspec.DecodeError as e:
+            raise InvalidBatchError(f"batch payload is malformed: {e}") from e
+        finally:
+            if isinstance(raw, memoryview):
+                raw.release()
     n = len(p.bodies)
     if n != h.count or any(
         col is not None and len(col) != n for col in (p.keys, p.tags, p.properties)

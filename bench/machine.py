@@ -1,0 +1,151 @@
+"""The machine's own limits, measured the way the store uses the disk.
+
+Every storage figure is reported as a ratio to these, so a result reads the same on a
+laptop and on a server:
+
+- raw sequential write bandwidth: write one large file in 1 MiB chunks with ``os.write``,
+  then one ``fdatasync``; bytes over the time of both. This is the ceiling for an
+  append-only log that is made durable (the log writes with ``pwritev`` and syncs with
+  ``fdatasync`` too).
+- fsync latency: append 4 KiB and ``fdatasync``, one after the other, ~200 times; p50 and
+  p99. A single appender under sync flush cannot beat one of these per send.
+
+Units: MB is 10**6 bytes (as ``dd`` prints), MiB is 2**20. Files are written under the
+directory given (a temporary one under /tmp) and removed before returning.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+
+__all__ = ["write_bandwidth", "fsync_latency", "facts"]
+
+MB = 1_000_000
+MIB = 1 << 20
+
+
+def write_bandwidth(directory: str | Path, *, total_bytes: int = 1 << 30,
+                    chunk_bytes: int = MIB) -> dict[str, float]:
+    """Sequential write + one fdatasync of a ``total_bytes`` file; MB/s over both.
+
+    The chunk is random (a virtual disk may compress or deduplicate zeros).
+    """
+    path = Path(directory) / "hw-bench-raw-write.bin"
+    chunk = os.urandom(chunk_bytes)
+    chunks = max(1, total_bytes // chunk_bytes)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        start = time.perf_counter()
+        for _ in range(chunks):
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view):]
+        written_s = time.perf_counter() - start
+        os.fdatasync(fd)
+        elapsed_s = time.perf_counter() - start
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    size = chunks * chunk_bytes
+    return {
+        "bytes": size,
+        "elapsed_s": elapsed_s,
+        "write_only_s": written_s,
+        "mb_per_s": size / elapsed_s / MB,
+    }
+
+
+def fsync_latency(directory: str | Path, *, samples: int = 200, write_bytes: int = 4096,
+                  warmup: int = 10) -> dict[str, float]:
+    """Latency of appending ``write_bytes`` and fdatasync-ing, in ms (p50, p99, mean)."""
+    path = Path(directory) / "hw-bench-fsync.bin"
+    block = os.urandom(write_bytes)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    times_ms: list[float] = []
+    try:
+        for i in range(warmup + samples):
+            start = time.perf_counter()
+            os.write(fd, block)
+            os.fdatasync(fd)
+            if i >= warmup:
+                times_ms.append((time.perf_counter() - start) * 1000)
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    times_ms.sort()
+    return {
+        "samples": samples,
+        "p50_ms": _percentile(times_ms, 50),
+        "p99_ms": _percentile(times_ms, 99),
+        "mean_ms": sum(times_ms) / len(times_ms),
+        "max_ms": times_ms[-1],
+    }
+
+
+def _percentile(sorted_values: list[float], pct: float) -> float:
+    """Nearest-rank percentile of already sorted values."""
+    rank = max(1, min(len(sorted_values), round(pct / 100 * len(sorted_values) + 0.5)))
+    return sorted_values[rank - 1]
+
+
+def facts(directory: str | Path) -> dict[str, object]:
+    """What the machine is: CPUs, memory, the disk under ``directory``, load right now."""
+    directory = Path(directory)
+    mount, device, fstype = _mount_of(directory)
+    dev_name = Path(device).name
+    rotational = _read(f"/sys/block/{dev_name}/queue/rotational")
+    usage = shutil.disk_usage(directory)
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "memory_gib": round(_meminfo_kib("MemTotal") / MIB, 1),
+        "disk_device": device,
+        "disk_mount": mount,
+        "disk_fs": fstype,
+        "disk_size_gib": round(usage.total / (1 << 30), 1),
+        "disk_rotational_flag": rotational,  # as the kernel reports it; virtio often says 1
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def _cpu_model() -> str | None:
+    text = _read("/proc/cpuinfo") or ""
+    for line in text.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or None
+
+
+def _meminfo_kib(field: str) -> int:
+    for line in (_read("/proc/meminfo") or "").splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _mount_of(path: Path) -> tuple[str, str, str]:
+    """(mount point, device, filesystem) of the longest mount prefix of ``path``."""
+    best = ("/", "?", "?")
+    resolved = str(path.resolve())
+    for line in (_read("/proc/mounts") or "").splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        device, mount, fstype = parts[0], parts[1], parts[2]
+        inside = resolved == mount or resolved.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best[0]):
+            best = (mount, device, fstype)
+    return best
