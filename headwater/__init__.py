@@ -24,6 +24,7 @@ from headwater._version import __version__
 
 __all__ = [
     "open",
+    "connect",
     "Admin",
     "BatchReceipt",
     "Client",
@@ -39,6 +40,18 @@ __all__ = [
     "__version__",
     *_errors_all,
 ]
+
+
+def connect(address: str, *, connect_timeout_s: float = 10.0, request_timeout_s: float = 60.0) -> Client:
+    """Connect to a broker (``headwater serve``) at ``"host:port"``; the same Client as
+    :func:`open` returns, over the network.
+
+    Raises :class:`UnavailableError` if nothing answers within ``connect_timeout_s``.
+    """
+    from headwater.client.remote import RemoteService
+
+    return Client(RemoteService(address, connect_timeout_s=connect_timeout_s,
+                                request_timeout_s=request_timeout_s))
 
 
 def open(path: str | Path, config: StoreConfig | None = None, *,  # noqa: A001 - like io.open

@@ -1,6 +1,10 @@
-"""Shared fixtures: a controllable clock and a fresh embedded broker per test."""
+"""Shared fixtures: a controllable clock, and a client that every queue test gets three ways:
+the embedded broker, the in-memory fake, and the network client over loopback TCP."""
 
 from __future__ import annotations
+
+import asyncio
+import threading
 
 import pytest
 
@@ -25,14 +29,49 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=["embedded", "memory"])
+class ServerThread:
+    """A real BrokerServer on 127.0.0.1 in a thread of this process (so tests keep their clock)."""
+
+    def __init__(self, path, clock, **store_settings) -> None:
+        from headwater.broker import Broker
+        from headwater.broker.server import BrokerServer, ServerConfig
+        from headwater.storage import StoreConfig
+
+        self.loop = asyncio.new_event_loop()
+        self.broker = Broker.open(path, StoreConfig(**store_settings), clock=clock)
+        self.server = BrokerServer(self.broker, ServerConfig(port=0))
+        started = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.server.start())
+            started.set()
+            self.loop.run_until_complete(self.server.serve_until_stopped())
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert started.wait(10)
+        self.address = f"127.0.0.1:{self.server.port}"
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.request_stop)
+        self.thread.join(15)
+
+
+@pytest.fixture(params=["embedded", "memory", "network"])
 def hw(request, tmp_path, clock):
-    """A client; every test using it runs against the real store and the in-memory fake."""
+    """A client; every test using it runs against the store, the fake and the network."""
+    server = None
     if request.param == "memory":
         from headwater.testing import open_memory
 
         client = open_memory(clock=clock)
+    elif request.param == "network":
+        server = ServerThread(tmp_path / "data", clock, segment_bytes_max=256 * 1024)
+        client = headwater.connect(server.address)
     else:
         client = headwater.open(tmp_path / "data", clock=clock, segment_bytes_max=256 * 1024)
     yield client
     client.close()
+    if server is not None:
+        server.stop()

@@ -327,11 +327,17 @@ def test_data_directory_locked(cli, q):
         assert "in use by another process" in cli.error("queue", "list")
 
 
-def test_data_from_environment_and_server_not_yet(cli, q):
+def test_data_from_environment_and_unreachable_server(cli, q, monkeypatch):
     result = cli.runner.invoke(app, ["queue", "list", "--json"], env={**ENV, "HEADWATER_DATA": str(cli.data)})
     assert result.exit_code == 0 and json.loads(result.stdout)[0]["name"] == q
-    err = cli.error("--server", "localhost:7070", "queue", "list", data=False)
-    assert "network client is not available yet" in err
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HEADWATER_CONNECT_TIMEOUT_S", "0.5")
+    err = cli.error("--server", f"127.0.0.1:{port}", "queue", "list", data=False)
+    assert "cannot reach the broker" in err and "headwater serve" in err
 
 
 def test_help_everywhere(cli):

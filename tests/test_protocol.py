@@ -79,7 +79,7 @@ from headwater.protocol import (
 )
 from headwater.protocol._state import TRANSITIONS, Direction, Kind
 from headwater.protocol.frames import HEADER, encode_frame
-from headwater.protocol.messages import HandshakeAcceptedBody, HandshakeBody, encode_body
+from headwater.protocol.messages import HandshakeAcceptedBody, HandshakeBody, StatusRequest, StatusResponse, encode_body
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 
@@ -112,6 +112,7 @@ SAMPLES = [
     (LookupKeyRequest("orders", b"k1", None, 1_900_000_000_000, 10),
      LookupKeyResponse([STORED, STORED2])),
     (OffsetForTimeRequest("orders", 1, 1_800_000_000_000), OffsetForTimeResponse(1000)),
+    (StatusRequest(), StatusResponse({"version": "0.1.0", "uptime_s": 1.5, "recovery": []})),
 ]
 
 
@@ -246,7 +247,7 @@ class FakeService:
             "delete_queue": None, "truncate_queue": INFO, "set_queue_enabled": INFO,
             "add_partitions": INFO, "produce": ProduceResult(7, 1, 1000, 2, 5),
             "fetch": FetchResult([STORED], 1003, 0, 1003), "lookup_id": ("orders", STORED),
-            "lookup_key": [STORED, STORED2], "offset_for_time": 42,
+            "lookup_key": [STORED, STORED2], "offset_for_time": 42, "status": {"version": "x"},
         }
         if name not in results:
             raise AttributeError(name)
@@ -303,6 +304,7 @@ def test_every_service_method_crosses_the_wire():
         (LookupIdRequest(7, 1, 1001), lambda s: s.lookup_id(7, 1, 1001)),
         (LookupKeyRequest("orders", b"k", 1, None, 5), lambda s: s.lookup_key("orders", b"k", 1, None, 5)),
         (OffsetForTimeRequest("orders", 1, 99), lambda s: s.offset_for_time("orders", 1, 99)),
+        (StatusRequest(), lambda s: s.status()),
     ]
     for body, direct in cases:
         assert remote.call(body) == direct(local)

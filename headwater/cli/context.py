@@ -16,7 +16,7 @@ from rich.console import Console
 
 import headwater
 from headwater.client import Client
-from headwater.errors import NotADataDirectoryError, UsageError
+from headwater.errors import NotADataDirectoryError
 
 __all__ = ["CliState", "open_client", "out_console", "err_console", "stdin_is_tty"]
 
@@ -50,10 +50,11 @@ def open_client(ctx: typer.Context, *, create: bool = False) -> Client:
     if state.client is not None:
         return state.client
     if state.server is not None:
-        raise UsageError(
-            f"--server {state.server}: the network client is not available yet; run the command "
-            f"where the data directory is and pass --data DIR (or set HEADWATER_DATA)"
-        )
+        timeout = float(os.environ.get("HEADWATER_CONNECT_TIMEOUT_S", "5"))
+        client = headwater.connect(state.server, connect_timeout_s=timeout)
+        state.client = client
+        ctx.find_root().call_on_close(_closer(state))
+        return client
     path = state.data_dir
     if not create and not path.exists():
         raise NotADataDirectoryError(

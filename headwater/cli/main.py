@@ -21,6 +21,7 @@ from typer.core import TyperGroup
 import headwater
 from headwater.cli import records
 from headwater.cli.check import check
+from headwater.cli.serve import serve
 from headwater.cli.context import DATA_DIR_DEFAULT, CliState, err_console
 from headwater.cli.queues import queue_app
 from headwater.errors import (
@@ -85,7 +86,8 @@ app = typer.Typer(
     help=(
         "Headwater: a persistent, partitioned message queue.\n\n"
         "Works on a local data directory (--data, or HEADWATER_DATA; default "
-        f"{DATA_DIR_DEFAULT}). Global options go before the command.\n\n"
+        f"{DATA_DIR_DEFAULT}) or on a running broker (--server HOST:PORT, or "
+        "HEADWATER_SERVER). Global options go before the command.\n\n"
         "Examples:\n\n"
         "```\n"
         "headwater queue create orders --partitions 4\n"
@@ -127,7 +129,7 @@ def root(
             "--server",
             envvar="HEADWATER_SERVER",
             metavar="HOST:PORT",
-            help="Talk to a running broker instead of a data directory (not available yet).",
+            help="Talk to a running broker (headwater serve) instead of a data directory.",
             show_default=False,
         ),
     ] = None,
@@ -150,6 +152,7 @@ app.command("scan")(records.scan)
 app.command("get")(records.get)
 app.command("find")(records.find)
 app.command("check")(check)
+app.command("serve")(serve)
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from headwater.errors import InvalidArgumentError, MessageNotFoundError
-from headwater.model.config import QueueConfig, QueueInfo
+from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
 from headwater.model.message import Message, MessageId, Record, to_epoch_ms
 from headwater.model.service import BrokerService
 from headwater.client.partitioner import PartitionFn
@@ -32,6 +32,7 @@ class Admin:
         ``ttl_s``: seconds a message is kept (default 7 days; ``None`` keeps forever).
         ``flush``: ``"sync"`` or ``"async"`` (default: the broker's policy).
         """
+        validate_queue_name(name)
         kw = {} if ttl_s is _UNSET else {"ttl_s": ttl_s}
         config = QueueConfig(partitions=partitions, flush=flush, message_bytes_max=message_bytes_max,
                              settings=dict(settings or {}), **kw).validated()

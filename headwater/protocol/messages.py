@@ -66,6 +66,8 @@ __all__ = [
     "LookupKeyResponse",
     "OffsetForTimeRequest",
     "OffsetForTimeResponse",
+    "StatusRequest",
+    "StatusResponse",
     "spec_for",
     "invoke",
 ]
@@ -96,6 +98,8 @@ class ApiKey(IntEnum):
     LOOKUP_ID = 22
     LOOKUP_KEY = 23
     OFFSET_FOR_TIME = 24
+    # status and metrics
+    STATUS = 90
 
 
 #: Key ranges held for later features, so their numbers never collide.
@@ -109,7 +113,7 @@ RESERVED_API_KEYS: dict[range, str] = {
     range(60, 70): "push subscriptions: subscribe, unsubscribe, checkpoint (PUSH frames)",
     range(70, 80): "delayed messages",
     range(80, 90): "transactions: prepare, commit, roll back, check back",
-    range(90, 100): "status and metrics",
+    range(91, 100): "more status and metrics",
     range(100, 200): "cluster: brokers, partition locations, replication",
     range(0x8000, 0x10000): "private extensions, never assigned by Headwater",
 }
@@ -398,6 +402,24 @@ DATA_FIELDS: dict[type[msgspec.Struct], dict[str, bool]] = {
 }
 
 
+class StatusRequest(RequestBody, frozen=True, array_like=True):
+    """Facts about the broker for operators (``headwater status``)."""
+
+    api = ApiKey.STATUS
+
+
+class StatusResponse(ResponseBody, frozen=True, array_like=True):
+    api = ApiKey.STATUS
+    status: dict[str, Any]
+
+    def result(self) -> dict[str, Any]:
+        return dict(self.status)
+
+    @classmethod
+    def from_result(cls, value: dict[str, Any]) -> ResponseBody:
+        return cls(dict(value))
+
+
 class _Codec(NamedTuple):
     """How one body type goes to and from a head (msgpack) plus data buffers."""
 
@@ -500,6 +522,7 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
         ApiSpec(ApiKey.LOOKUP_KEY, LookupKeyRequest, LookupKeyResponse, "lookup_key"),
         ApiSpec(ApiKey.OFFSET_FOR_TIME, OffsetForTimeRequest, OffsetForTimeResponse,
                 "offset_for_time"),
+        ApiSpec(ApiKey.STATUS, StatusRequest, StatusResponse, "status"),
     )
 }
 

@@ -1,0 +1,343 @@
+"""BrokerServer: the broker behind TCP, speaking headwater.protocol over asyncio.
+
+One task reads each connection and turns frames into requests; each request runs as its own
+task, so a connection can pipeline many (responses go out as they finish, matched by id).
+Blocking broker calls (appends that wait for fsync, admin operations that rewrite the
+catalog) run on a bounded thread pool; fetches run on the event loop, and a fetch that finds
+nothing waits up to its ``max_wait_ms`` for an append to that partition (long polling).
+
+Every queue and buffer is bounded: requests in flight per connection, bytes of fetches in
+flight per connection, frame size, connections, and the time a connection may take to
+handshake or sit idle. When a bound is reached the server stops reading that connection,
+and TCP pushes back on the client; other connections are not affected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import msgspec
+
+from headwater._version import __version__
+from headwater.broker.broker import Broker
+from headwater.errors import HeadwaterError, InvalidArgumentError
+from headwater.protocol import (
+    NEED_DATA,
+    SERVER,
+    ApiKey,
+    Connection,
+    ConnectionClosed,
+    ErrorResponse,
+    FetchRequest,
+    FetchResponse,
+    Handshake,
+    HandshakeAccepted,
+    ProtocolError,
+    RemoteProtocolError,
+    Request,
+    Response,
+    UnsupportedVersionError,
+    choose_version,
+    invoke,
+)
+from headwater.protocol.messages import StatusResponse
+
+__all__ = ["BrokerServer", "ServerConfig"]
+
+log = logging.getLogger("headwater.server")
+
+
+class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Settings of the network server (flags, environment HEADWATER_*, or a TOML file)."""
+
+    host: str = "127.0.0.1"
+    port: int = 7070
+    connections_max: int = 20_000
+    requests_in_flight_max: int = 256  # per connection
+    fetch_bytes_in_flight_max: int = 64 * 1024 * 1024  # per connection
+    fetch_bytes_max: int = 16 * 1024 * 1024  # one fetch response
+    fetch_wait_ms_max: int = 30_000
+    frame_bytes_max: int = 64 * 1024 * 1024 + 64 * 1024
+    handshake_timeout_s: float = 10.0
+    idle_timeout_s: float = 600.0
+    worker_threads: int = 32
+    read_bytes: int = 256 * 1024
+    shutdown_grace_s: float = 10.0
+
+    def validated(self) -> ServerConfig:
+        for name in ("connections_max", "requests_in_flight_max", "fetch_bytes_in_flight_max",
+                     "fetch_bytes_max", "frame_bytes_max", "worker_threads", "read_bytes"):
+            if getattr(self, name) < 1:
+                raise InvalidArgumentError(f"{name} must be at least 1")
+        if not 0 <= self.port <= 65535:
+            raise InvalidArgumentError(f"port must be from 0 to 65535, got {self.port}")
+        return self
+
+
+class _PartitionWaiters:
+    """Fetches parked until their partition grows past an offset (long polling).
+
+    ``notify`` is called from the threads that append; it only crosses into the event loop
+    when someone waits on that partition, so appends nobody waits for cost a dict lookup.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiting: dict[tuple[str, int], list[tuple[int, asyncio.Future[None]]]] = {}
+
+    def wait(self, queue: str, partition: int, offset: int) -> asyncio.Future[None]:
+        fut = self._loop.create_future()
+        self._waiting.setdefault((queue, partition), []).append((offset, fut))
+        return fut
+
+    def discard(self, queue: str, partition: int, fut: asyncio.Future[None]) -> None:
+        lst = self._waiting.get((queue, partition))
+        if lst:
+            lst[:] = [(o, f) for o, f in lst if f is not fut]
+            if not lst:
+                del self._waiting[(queue, partition)]
+
+    def notify(self, queue: str, partition: int, end_offset: int) -> None:
+        if (queue, partition) in self._waiting:
+            self._loop.call_soon_threadsafe(self._wake, queue, partition, end_offset)
+
+    def _wake(self, queue: str, partition: int, end_offset: int) -> None:
+        lst = self._waiting.get((queue, partition))
+        if not lst:
+            return
+        keep = []
+        for offset, fut in lst:
+            if end_offset > offset:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                keep.append((offset, fut))
+        if keep:
+            lst[:] = keep
+        else:
+            del self._waiting[(queue, partition)]
+
+
+class _ConnState:
+    __slots__ = ("conn", "writer", "peer", "slots", "fetch_bytes", "fetch_cond", "tasks")
+
+    def __init__(self, conn: Connection, writer: asyncio.StreamWriter, peer: str, slots: int) -> None:
+        self.conn = conn
+        self.writer = writer
+        self.peer = peer
+        self.slots = asyncio.Semaphore(slots)
+        self.fetch_bytes = 0
+        self.fetch_cond = asyncio.Condition()
+        self.tasks: set[asyncio.Task] = set()
+
+
+class BrokerServer:
+    """Serve a :class:`Broker` on TCP. ``await start()``, then ``await serve_until_stopped()``."""
+
+    def __init__(self, broker: Broker, config: ServerConfig | None = None) -> None:
+        self.broker = broker
+        self.config = (config or ServerConfig()).validated()
+        self._pool = ThreadPoolExecutor(self.config.worker_threads, thread_name_prefix="headwater-worker")
+        self._server: asyncio.base_events.Server | None = None
+        self._conns: set[_ConnState] = set()
+        self._stopping: asyncio.Event | None = None
+        self._started = time.monotonic()
+        self.requests = 0
+        self.connections_total = 0
+        self.port = self.config.port
+
+    async def start(self) -> int:
+        """Listen; return the port (useful with port 0)."""
+        loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self._waiters = _PartitionWaiters(loop)
+        self.broker.store.add_append_listener(self._waiters.notify)
+        _raise_fd_limit(self.config.connections_max + 256)
+        self._server = await asyncio.start_server(
+            self._handle, self.config.host, self.config.port, limit=self.config.read_bytes,
+            backlog=4096,
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("headwater %s serving %s on %s:%d", __version__, self.broker.store.path,
+                 self.config.host, self.port)
+        return self.port
+
+    def request_stop(self) -> None:
+        """Begin a graceful stop (safe to call from a signal handler in the loop)."""
+        if self._stopping is not None:
+            self._stopping.set()
+
+    async def serve_until_stopped(self) -> None:
+        assert self._stopping is not None, "start() first"
+        await self._stopping.wait()
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight requests finish (up to the grace), close, flush."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        tasks = [t for c in self._conns for t in c.tasks]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.config.shutdown_grace_s)
+        for c in list(self._conns):
+            c.writer.close()
+        await asyncio.sleep(0)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._pool.shutdown, True)
+        await loop.run_in_executor(None, self.broker.close)
+        log.info("headwater stopped cleanly")
+
+    # -- connections ------------------------------------------------------------------
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = "%s:%s" % (writer.get_extra_info("peername") or ("?", "?"))[:2]
+        if len(self._conns) >= self.config.connections_max:
+            log.warning("refusing %s: %d connections open (connections_max)", peer, len(self._conns))
+            writer.close()
+            return
+        self.connections_total += 1
+        cfg = self.config
+        conn = Connection(SERVER, frame_bytes_max=cfg.frame_bytes_max,
+                          requests_in_flight_max=cfg.requests_in_flight_max)
+        st = _ConnState(conn, writer, peer, cfg.requests_in_flight_max)
+        self._conns.add(st)
+        try:
+            await self._read_loop(st, reader)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except Exception:  # noqa: BLE001 - a bug must not take the server down
+            log.exception("connection %s failed", peer)
+        finally:
+            self._conns.discard(st)
+            for t in list(st.tasks):
+                t.cancel()
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _read_loop(self, st: _ConnState, reader: asyncio.StreamReader) -> None:
+        conn, cfg = st.conn, self.config
+        handshaken = False
+        while True:
+            try:
+                ev = conn.next_event()
+            except ProtocolError as e:
+                log.warning("closing %s: %s", st.peer, e)
+                with contextlib.suppress(ProtocolError):
+                    st.writer.write(conn.send(ErrorResponse.from_exception(0, e)))
+                return
+            if ev is NEED_DATA:
+                timeout = cfg.idle_timeout_s if handshaken else cfg.handshake_timeout_s
+                try:
+                    data = await asyncio.wait_for(reader.read(cfg.read_bytes), timeout)
+                except asyncio.TimeoutError:
+                    log.info("closing %s: %s", st.peer,
+                             "idle too long" if handshaken else "no handshake in time")
+                    return
+                conn.receive_data(data)
+                continue
+            if isinstance(ev, Handshake):
+                try:
+                    version = choose_version(ev)
+                except UnsupportedVersionError as e:
+                    st.writer.write(conn.send(ErrorResponse.from_exception(0, e)))
+                    log.warning("closing %s: %s", st.peer, e)
+                    return
+                st.writer.write(conn.send(HandshakeAccepted(version, f"headwater/{__version__}")))
+                handshaken = True
+            elif isinstance(ev, Request):
+                await st.slots.acquire()  # bound on requests in flight: stop reading when full
+                task = asyncio.create_task(self._serve_request(st, ev))
+                st.tasks.add(task)
+                task.add_done_callback(st.tasks.discard)
+            elif isinstance(ev, ConnectionClosed):
+                if st.tasks:
+                    await asyncio.wait(list(st.tasks))
+                return
+            else:
+                return
+
+    async def _serve_request(self, st: _ConnState, ev: Request) -> None:
+        self.requests += 1
+        body = ev.body
+        try:
+            try:
+                if body.api is ApiKey.FETCH:
+                    result = await self._fetch(st, body)
+                elif body.api is ApiKey.STATUS:
+                    result = StatusResponse.from_result(await self._status())
+                else:
+                    loop = asyncio.get_running_loop()
+                    result = await loop.run_in_executor(self._pool, invoke, self.broker, body)
+                out = st.conn.send_chunks(Response(ev.request_id, result))
+            except HeadwaterError as e:
+                out = st.conn.send_chunks(ErrorResponse.from_exception(ev.request_id, e))
+            except Exception as e:  # noqa: BLE001 - answer, log, keep serving
+                log.exception("request %s from %s failed", body.api.name, st.peer)
+                err = HeadwaterError(f"internal error in {body.api.name}: {e}")
+                out = st.conn.send_chunks(ErrorResponse.from_exception(ev.request_id, err))
+            st.writer.writelines(out)
+            await st.writer.drain()
+        except (ConnectionError, ProtocolError):
+            pass
+        finally:
+            st.slots.release()
+
+    async def _fetch(self, st: _ConnState, req: FetchRequest) -> FetchResponse:
+        cfg = self.config
+        want = max(1, min(req.max_bytes, cfg.fetch_bytes_max, st.conn.peer_frame_bytes_max - 4096))
+        async with st.fetch_cond:  # bound the bytes of fetches in flight on this connection
+            await st.fetch_cond.wait_for(lambda: st.fetch_bytes + want <= cfg.fetch_bytes_in_flight_max
+                                         or st.fetch_bytes == 0)
+            st.fetch_bytes += want
+        try:
+            deadline = time.monotonic() + min(req.max_wait_ms, cfg.fetch_wait_ms_max) / 1000
+            while True:
+                res = self.broker.fetch(req.queue, req.partition, req.offset, max_bytes=want,
+                                        tag_mask=req.tag_mask, end_offset=req.end_offset)
+                remaining = deadline - time.monotonic()
+                if res.batches or res.next_offset != req.offset or remaining <= 0 or (
+                    req.end_offset is not None and req.offset >= req.end_offset
+                ):
+                    return FetchResponse.from_result(res)
+                fut = self._waiters.wait(req.queue, req.partition, max(req.offset, res.end_offset - 1))
+                try:
+                    # re-check after registering: an append may have landed in between
+                    if self.broker.store.end_offset(req.queue, req.partition) > req.offset:
+                        continue
+                    await asyncio.wait_for(fut, remaining)
+                except asyncio.TimeoutError:
+                    pass
+                finally:
+                    self._waiters.discard(req.queue, req.partition, fut)
+        finally:
+            async with st.fetch_cond:
+                st.fetch_bytes -= want
+                st.fetch_cond.notify_all()
+
+    async def _status(self) -> dict[str, object]:
+        loop = asyncio.get_running_loop()
+        status = await loop.run_in_executor(self._pool, self.broker.status)
+        status.update(
+            mode="server",
+            address=f"{self.config.host}:{self.port}",
+            uptime_s=round(time.monotonic() - self._started, 3),
+            connections=len(self._conns),
+            connections_total=self.connections_total,
+            requests_total=self.requests,
+        )
+        return status
+
+
+def _raise_fd_limit(wanted: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))

@@ -1,0 +1,117 @@
+"""``headwater serve``: run a broker over a data directory.
+
+Settings come from, in rising priority: defaults, a TOML file (``--config``), environment
+variables ``HEADWATER_<SETTING>`` (e.g. ``HEADWATER_PORT=7171``, ``HEADWATER_FLUSH=sync``),
+and flags. The TOML file has a ``[server]`` table (ServerConfig) and a ``[store]`` table
+(StoreConfig); any of their settings may also be given as ``--set name=value``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import msgspec
+import typer
+
+from headwater.broker.run import run_server
+from headwater.broker.server import ServerConfig
+from headwater.cli.context import _state, err_console
+from headwater.cli.parse import parse_pairs
+from headwater.errors import InvalidArgumentError
+from headwater import StoreConfig
+
+__all__ = ["serve", "load_settings"]
+
+
+def _coerce(cls: type[msgspec.Struct], name: str, raw: Any, where: str) -> Any:
+    typ = cls.__annotations__[name]
+    if isinstance(raw, str) and typ in ("int", "float", int, float):
+        try:
+            return (float if typ in ("float", float) else int)(raw)
+        except ValueError:
+            raise InvalidArgumentError(f"{where}: {name} must be a number, got {raw!r}") from None
+    return raw
+
+
+def load_settings(config_file: Path | None, env: dict[str, str], overrides: dict[str, Any]
+                  ) -> tuple[ServerConfig, StoreConfig]:
+    """Merge defaults, the TOML file, HEADWATER_* variables and flags, in that order."""
+    values: dict[type, dict[str, Any]] = {ServerConfig: {}, StoreConfig: {}}
+    if config_file is not None:
+        try:
+            doc = tomllib.loads(config_file.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise InvalidArgumentError(f"cannot read the config file {config_file}: {e}") from None
+        for table, cls in (("server", ServerConfig), ("store", StoreConfig)):
+            for k, v in doc.get(table, {}).items():
+                if k not in cls.__struct_fields__:
+                    raise InvalidArgumentError(
+                        f"{config_file}: unknown setting [{table}] {k}; known: {', '.join(cls.__struct_fields__)}"
+                    )
+                values[cls][k] = v
+        unknown = set(doc) - {"server", "store"}
+        if unknown:
+            raise InvalidArgumentError(f"{config_file}: unknown table(s) {sorted(unknown)}; use [server] and [store]")
+    for source, items in (("environment", {k[10:].lower(): v for k, v in env.items()
+                                            if k.startswith("HEADWATER_")}), ("flags", overrides)):
+        for k, v in items.items():
+            if v is None:
+                continue
+            for cls in (ServerConfig, StoreConfig):
+                if k in cls.__struct_fields__:
+                    values[cls][k] = _coerce(cls, k, v, source)
+                    break
+            else:
+                if source == "flags":
+                    raise InvalidArgumentError(
+                        f"unknown setting {k!r}; known: "
+                        f"{', '.join(ServerConfig.__struct_fields__ + StoreConfig.__struct_fields__)}"
+                    )
+    try:
+        server = msgspec.convert(values[ServerConfig], ServerConfig).validated()
+        store = msgspec.convert(values[StoreConfig], StoreConfig).validated()
+    except msgspec.ValidationError as e:
+        raise InvalidArgumentError(f"bad setting: {e}") from None
+    return server, store
+
+
+def serve(
+    ctx: typer.Context,
+    host: Annotated[Optional[str], typer.Option(help="Address to listen on.", show_default="127.0.0.1")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Port to listen on (0: any free port).", show_default="7070")] = None,
+    flush: Annotated[Optional[str], typer.Option(help="Default flush policy: sync or async.", show_default="async")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", help="A TOML file with [server] and [store] tables.")] = None,
+    settings: Annotated[Optional[list[str]], typer.Option("--set", metavar="NAME=VALUE",
+                                                          help="Any server or store setting, repeatable.")] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Run a broker over the data directory (--data) until SIGTERM or Ctrl-C.
+
+    On SIGTERM it stops accepting connections, finishes requests in flight, flushes and
+    closes; a restart over the same directory continues where it stopped.
+
+    Examples:
+
+    ```
+    headwater --data /var/lib/headwater serve --port 7070
+    headwater --data ./data serve --flush sync --set flush_interval_ms=50
+    HEADWATER_PORT=7171 headwater --data ./data serve --config headwater.toml
+    ```
+    """
+    state = _state(ctx)
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides: dict[str, Any] = {"host": host, "port": port, "flush": flush}
+    overrides.update(parse_pairs(settings or [], "--set"))
+    server_cfg, store_cfg = load_settings(config, dict(os.environ), overrides)
+
+    def ready(bound: int) -> None:
+        err_console().print(f"headwater serving {state.data_dir} on {server_cfg.host}:{bound}")
+        print(f"listening {server_cfg.host}:{bound}", flush=True)
+
+    run_server(state.data_dir, store_cfg, server_cfg, on_ready=ready)
