@@ -573,7 +573,7 @@ class LogStore:
                         # Nothing lies in [cur, stop): a gap left by a cut sealed segment.
                         # Without moving cur to stop this loop spun forever on the same batch
                         # (a lookup or a bounded scan of an offset inside the gap hung).
-                        pass  # TEMP
+                        cur = stop
                         break
                     cur = max(cur, bo + cnt)
                     i += 1
@@ -612,6 +612,10 @@ class LogStore:
                             out.append(mv[p - pos : p - pos + s])
                     i = j
         return out
+
+    def end_offset(self, queue: str, partition: int) -> int:
+        """The next offset the partition will assign (cheap: no lock, no I/O)."""
+        return self._partition(self._queue(queue), partition).end_offset
 
     def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
         """The first offset appended at or after ``timestamp_ms`` (the end offset if none)."""
