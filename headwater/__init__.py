@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from headwater.client import Admin, BatchReceipt, Client, Producer, Scanner
+from headwater.client import Admin, BatchReceipt, Client, Consumer, Producer, Scanner
 from headwater.errors import *  # noqa: F403 - the error tree is public API
 from headwater.errors import __all__ as _errors_all
 from headwater.model import Message, MessageId, PartitionInfo, QueueConfig, QueueInfo, Record
@@ -28,6 +28,7 @@ __all__ = [
     "Admin",
     "BatchReceipt",
     "Client",
+    "Consumer",
     "Message",
     "MessageId",
     "PartitionInfo",

@@ -11,6 +11,7 @@ MODULES = [
     "headwater.model.config",
     "headwater.model.batch",
     "headwater.client.producer",
+    "headwater.client.consumer",
     "headwater.testing",
 ]
 

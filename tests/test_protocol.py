@@ -79,7 +79,17 @@ from headwater.protocol import (
 )
 from headwater.protocol._state import TRANSITIONS, Direction, Kind
 from headwater.protocol.frames import HEADER, encode_frame
-from headwater.protocol.messages import HandshakeAcceptedBody, HandshakeBody, StatusRequest, StatusResponse, encode_body
+from headwater.protocol.messages import (
+    CommitOffsetsRequest,
+    CommitOffsetsResponse,
+    FetchOffsetsRequest,
+    FetchOffsetsResponse,
+    HandshakeAcceptedBody,
+    HandshakeBody,
+    StatusRequest,
+    StatusResponse,
+    encode_body,
+)
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 
@@ -113,6 +123,8 @@ SAMPLES = [
      LookupKeyResponse([STORED, STORED2])),
     (OffsetForTimeRequest("orders", 1, 1_800_000_000_000), OffsetForTimeResponse(1000)),
     (StatusRequest(), StatusResponse({"version": "0.1.0", "uptime_s": 1.5, "recovery": []})),
+    (CommitOffsetsRequest("billing", "orders", {0: 17, 3: 2}), CommitOffsetsResponse()),
+    (FetchOffsetsRequest("billing", "orders"), FetchOffsetsResponse({0: 17, 3: 2})),
 ]
 
 
@@ -247,7 +259,7 @@ class FakeService:
             "delete_queue": None, "truncate_queue": INFO, "set_queue_enabled": INFO,
             "add_partitions": INFO, "produce": ProduceResult(7, 1, 1000, 2, 5),
             "fetch": FetchResult([STORED], 1003, 0, 1003), "lookup_id": ("orders", STORED),
-            "lookup_key": [STORED, STORED2], "offset_for_time": 42, "status": {"version": "x"},
+            "lookup_key": [STORED, STORED2], "offset_for_time": 42, "status": {"version": "x"}, "commit_offsets": None, "fetch_offsets": {1: 5},
         }
         if name not in results:
             raise AttributeError(name)
@@ -305,6 +317,8 @@ def test_every_service_method_crosses_the_wire():
         (LookupKeyRequest("orders", b"k", 1, None, 5), lambda s: s.lookup_key("orders", b"k", 1, None, 5)),
         (OffsetForTimeRequest("orders", 1, 99), lambda s: s.offset_for_time("orders", 1, 99)),
         (StatusRequest(), lambda s: s.status()),
+        (CommitOffsetsRequest("g", "orders", {1: 5}), lambda s: s.commit_offsets("g", "orders", {1: 5})),
+        (FetchOffsetsRequest("g", "orders"), lambda s: s.fetch_offsets("g", "orders")),
     ]
     for body, direct in cases:
         assert remote.call(body) == direct(local)
@@ -523,7 +537,7 @@ def test_unknown_api_key():
     _, server = pair()
     raises_remote(server, raw(FrameType.REQUEST, 999, 1, PingRequest())[:HEADER_SIZE], "unknown api key 999")
     _, server = pair()
-    raises_remote(server, raw(FrameType.REQUEST, 30, 1, PingRequest()), "unknown api key 30")  # reserved
+    raises_remote(server, raw(FrameType.REQUEST, 32, 1, PingRequest()), "unknown api key 32")  # reserved
 
 
 def test_truncated_frame_needs_data_then_eof_is_an_error():

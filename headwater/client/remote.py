@@ -111,6 +111,19 @@ class RemoteService:
     def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
         return self._call(m.OffsetForTimeRequest(queue, partition, timestamp_ms))
 
+    def commit_offsets(self, group: str, queue: str, offsets: dict[int, int]) -> None:
+        self._call(m.CommitOffsetsRequest(group, queue, dict(offsets)))
+
+    def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
+        return self._call(m.FetchOffsetsRequest(group, queue))
+
+    def fetch_async(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
+                    end_offset: int | None = None, max_wait_ms: int = 0) -> concurrent.futures.Future:
+        """Fetch without waiting; the future holds the FetchResult."""
+        timeout = self.transport.request_timeout_s + max_wait_ms / 1000
+        return self._submit(m.FetchRequest(queue, partition, offset, max_bytes, tag_mask, end_offset,
+                                           max_wait_ms), timeout)
+
     def status(self) -> dict[str, object]:
         return self._call(m.StatusRequest())
 

@@ -66,6 +66,10 @@ __all__ = [
     "LookupKeyResponse",
     "OffsetForTimeRequest",
     "OffsetForTimeResponse",
+    "CommitOffsetsRequest",
+    "CommitOffsetsResponse",
+    "FetchOffsetsRequest",
+    "FetchOffsetsResponse",
     "StatusRequest",
     "StatusResponse",
     "spec_for",
@@ -98,6 +102,9 @@ class ApiKey(IntEnum):
     LOOKUP_ID = 22
     LOOKUP_KEY = 23
     OFFSET_FOR_TIME = 24
+    # consumer group offsets
+    COMMIT_OFFSETS = 30
+    FETCH_OFFSETS = 31
     # status and metrics
     STATUS = 90
 
@@ -107,7 +114,7 @@ RESERVED_API_KEYS: dict[range, str] = {
     range(2, 10): "connection: authentication, metadata",
     range(17, 20): "more queue administration (subscribers)",
     range(25, 30): "more data operations",
-    range(30, 40): "consumer group offsets: commit, fetch",
+    range(32, 40): "more consumer group offsets",
     range(40, 50): "consumer group membership: join, sync, heartbeat, leave",
     range(50, 60): "shared delivery: lease, ack, nack, dead letters",
     range(60, 70): "push subscriptions: subscribe, unsubscribe, checkpoint (PUSH frames)",
@@ -402,6 +409,37 @@ DATA_FIELDS: dict[type[msgspec.Struct], dict[str, bool]] = {
 }
 
 
+class CommitOffsetsRequest(RequestBody, frozen=True, array_like=True):
+    """Store a consumer group's positions: ``{partition: offset}`` (next offset to read)."""
+
+    api = ApiKey.COMMIT_OFFSETS
+    group: str
+    queue: str
+    offsets: dict[int, int]
+
+
+class CommitOffsetsResponse(_NoResult, frozen=True, array_like=True):
+    api = ApiKey.COMMIT_OFFSETS
+
+
+class FetchOffsetsRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.FETCH_OFFSETS
+    group: str
+    queue: str
+
+
+class FetchOffsetsResponse(ResponseBody, frozen=True, array_like=True):
+    api = ApiKey.FETCH_OFFSETS
+    offsets: dict[int, int]
+
+    def result(self) -> dict[int, int]:
+        return dict(self.offsets)
+
+    @classmethod
+    def from_result(cls, value: dict[int, int]) -> ResponseBody:
+        return cls(dict(value))
+
+
 class StatusRequest(RequestBody, frozen=True, array_like=True):
     """Facts about the broker for operators (``headwater status``)."""
 
@@ -522,6 +560,8 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
         ApiSpec(ApiKey.LOOKUP_KEY, LookupKeyRequest, LookupKeyResponse, "lookup_key"),
         ApiSpec(ApiKey.OFFSET_FOR_TIME, OffsetForTimeRequest, OffsetForTimeResponse,
                 "offset_for_time"),
+        ApiSpec(ApiKey.COMMIT_OFFSETS, CommitOffsetsRequest, CommitOffsetsResponse, "commit_offsets"),
+        ApiSpec(ApiKey.FETCH_OFFSETS, FetchOffsetsRequest, FetchOffsetsResponse, "fetch_offsets"),
         ApiSpec(ApiKey.STATUS, StatusRequest, StatusResponse, "status"),
     )
 }

@@ -348,8 +348,15 @@ class LogStore:
 
     # -- admin ------------------------------------------------------------------------
 
-    def create_queue(self, name: str, config: QueueConfig) -> QueueInfo:
-        validate_queue_name(name)
+    def create_queue(self, name: str, config: QueueConfig, *, internal: bool = False) -> QueueInfo:
+        """Create a queue. ``internal`` queues (the broker's own, named ``__...``) are hidden
+        from :meth:`list_queues`."""
+        if internal:
+            if not (isinstance(name, str) and name.startswith("__")):
+                raise InvalidArgumentError(f"internal queue names start with '__', got {name!r}")
+            validate_queue_name(name[2:])
+        else:
+            validate_queue_name(name)
         if not isinstance(config, QueueConfig):
             raise InvalidArgumentError(f"config must be a QueueConfig, got {type(config).__name__}")
         config.validated()
@@ -374,11 +381,26 @@ class LogStore:
             self._check_open()
             return self._info(self._queue(name), self._now_ms())
 
-    def list_queues(self) -> list[QueueInfo]:
+    def list_queues(self, *, include_internal: bool = False) -> list[QueueInfo]:
         with self._lock:
             self._check_open()
             now = self._now_ms()
-            return [self._info(q, now) for _, q in sorted(self._queues.items())]
+            return [self._info(q, now) for name, q in sorted(self._queues.items())
+                    if include_internal or not name.startswith("__")]
+
+    def delete_before(self, queue: str, partition: int, offset: int) -> None:
+        """Move the partition's start to ``offset`` (Kafka's DeleteRecords): the records
+        before it are no longer served and their space comes back with retention."""
+        with self._lock:
+            self._check_open()
+            q = self._queue(queue)
+            pl = self._partition(q, partition)
+            if not pl.start_offset <= offset <= pl.end_offset:
+                raise InvalidArgumentError(
+                    f"offset {offset} is outside {queue}[{partition}] ({pl.start_offset}..{pl.end_offset})"
+                )
+            pl.start_offset = offset
+            self._save_catalog()
 
     def delete_queue(self, name: str) -> None:
         with self._lock:

@@ -7,6 +7,7 @@ disable and lookups with the same rules. What it does not do is persist anything
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from bisect import bisect_left, bisect_right
@@ -26,6 +27,8 @@ from headwater.model.config import PARTITIONS_MAX, PartitionInfo, QueueConfig, Q
 from headwater.model.service import FetchResult, ProduceResult
 
 __all__ = ["MemoryBroker"]
+
+_GROUP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 
 class _Part:
@@ -58,6 +61,8 @@ class MemoryBroker:
         self._next_id = 1
         self._last_ts = 0
         self._closed = False
+        self._appended = threading.Condition()
+        self._offsets: dict[tuple[str, int, int], int] = {}
 
     def _now(self) -> int:
         return int(self._clock() * 1000)
@@ -168,12 +173,28 @@ class MemoryBroker:
             p.batches.append(stored)
             base = p.end
             p.end += h.count
-            return ProduceResult(q.qid, partition, base, h.count, ts)
+        with self._appended:
+            self._appended.notify_all()
+        return ProduceResult(q.qid, partition, base, h.count, ts)
 
     def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
-              end_offset: int | None = None) -> FetchResult:
+              end_offset: int | None = None, max_wait_ms: int = 0) -> FetchResult:
         if isinstance(offset, bool) or not isinstance(offset, int):
             raise InvalidArgumentError(f"an offset is an int, got {type(offset).__name__}")
+        deadline = time.monotonic() + max_wait_ms / 1000
+        while True:
+            res = self._fetch_now(queue, partition, offset, max_bytes, tag_mask, end_offset)
+            remaining = deadline - time.monotonic()
+            if res.batches or res.next_offset != offset or remaining <= 0 or (
+                end_offset is not None and offset >= end_offset
+            ):
+                return res
+            with self._appended:
+                if self._q(queue).parts[partition].end <= offset:
+                    self._appended.wait(remaining)
+
+    def _fetch_now(self, queue: str, partition: int, offset: int, max_bytes: int, tag_mask: int,
+                   end_offset: int | None) -> FetchResult:
         with self._lock:
             q = self._q(queue, usable=True)
             p = self._p(q, partition)
@@ -236,6 +257,33 @@ class MemoryBroker:
             i = bisect_left(p.timestamps, timestamp_ms)
             found = p.bases[i] if i < len(p.bases) else p.end
             return max(found, self._start(q, p, self._now()))
+
+    def commit_offsets(self, group: str, queue: str, offsets: dict[int, int]) -> None:
+        if not isinstance(group, str) or not _GROUP_RE.match(group):
+            raise InvalidArgumentError(f"invalid group name {group!r}")
+        if not isinstance(offsets, dict) or not offsets:
+            raise InvalidArgumentError("offsets is a non-empty {partition: offset} mapping")
+        with self._lock:
+            q = self._q(queue)
+            now = self._now()
+            for part, off in offsets.items():
+                p = self._p(q, part)
+                if isinstance(off, bool) or not isinstance(off, int):
+                    raise InvalidArgumentError(f"an offset is an int, got {type(off).__name__}")
+                if off > p.end:
+                    raise InvalidArgumentError(f"cannot commit offset {off} for {queue}[{part}]: beyond the log end {p.end}")
+                if off < self._start(q, p, now):
+                    raise InvalidArgumentError(f"cannot commit offset {off} for {queue}[{part}]: before the log start")
+            for part, off in offsets.items():
+                self._offsets[(group, q.qid, part)] = off
+
+    def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
+        if not isinstance(group, str) or not _GROUP_RE.match(group):
+            raise InvalidArgumentError(f"invalid group name {group!r}")
+        with self._lock:
+            q = self._q(queue)
+            return {p: self._offsets[(group, q.qid, p)] for p in range(len(q.parts))
+                    if (group, q.qid, p) in self._offsets}
 
     def status(self) -> dict[str, object]:
         with self._lock:
