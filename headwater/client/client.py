@@ -10,6 +10,7 @@ from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
 from headwater.model.message import Message, MessageId, Record, to_epoch_ms
 from headwater.model.service import BrokerService
 from headwater.client.partitioner import PartitionFn
+from headwater.client.consumer import Consumer
 from headwater.client.producer import Producer
 from headwater.client.scanner import Bound, Scanner, decode_stored
 
@@ -83,6 +84,13 @@ class Client:
                  compression: str | None = None) -> Producer:
         """A producer; see :class:`~headwater.client.producer.Producer`."""
         return Producer(self._service, partitioner=partitioner, compression=compression)
+
+    def consumer(self, *, group: str | None = None, auto_offset_reset: str = "earliest",
+                 fetch_bytes: int = 1024 * 1024, max_poll_messages: int = 500,
+                 tags: str | Iterable[str] | None = None) -> Consumer:
+        """A consumer of partitions you assign; see :class:`~headwater.client.consumer.Consumer`."""
+        return Consumer(self._service, group=group, auto_offset_reset=auto_offset_reset,
+                        fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages, tags=tags)
 
     def _producer(self) -> Producer:
         if self._default_producer is None:
