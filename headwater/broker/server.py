@@ -124,16 +124,19 @@ class _PartitionWaiters:
 
 
 class _ConnState:
-    __slots__ = ("conn", "writer", "peer", "slots", "fetch_bytes", "fetch_cond", "tasks")
+    __slots__ = ("conn", "writer", "peer", "slots", "fetch_bytes", "fetch_cond", "tasks", "write_lock")
 
     def __init__(self, conn: Connection, writer: asyncio.StreamWriter, peer: str, slots: int) -> None:
         self.conn = conn
         self.writer = writer
         self.peer = peer
         self.slots = asyncio.Semaphore(slots)
-        self.fetch_bytes = 0
+        self.fetch_bytes = 0  # bytes of fetch responses reserved until they are written
         self.fetch_cond = asyncio.Condition()
         self.tasks: set[asyncio.Task] = set()
+        # one response is written (and drained) at a time, so a client that stops reading
+        # holds at most the responses in flight, never an unbounded transport buffer
+        self.write_lock = asyncio.Lock()
 
 
 class BrokerServer:
@@ -145,6 +148,7 @@ class BrokerServer:
         self._pool = ThreadPoolExecutor(self.config.worker_threads, thread_name_prefix="headwater-worker")
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[_ConnState] = set()
+        self._handlers: set[asyncio.Task] = set()
         self._stopping: asyncio.Event | None = None
         self._started = time.monotonic()
         self.requests = 0
@@ -187,7 +191,12 @@ class BrokerServer:
             await asyncio.wait(tasks, timeout=self.config.shutdown_grace_s)
         for c in list(self._conns):
             c.writer.close()
-        await asyncio.sleep(0)
+        # whatever is still stuck (a client that stopped reading) is cancelled, not abandoned
+        stuck = [t for t in self._handlers if not t.done()] + [t for c in self._conns for t in c.tasks]
+        for t in stuck:
+            t.cancel()
+        if stuck:
+            await asyncio.gather(*stuck, return_exceptions=True)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._pool.shutdown, True)
         await loop.run_in_executor(None, self.broker.close)
@@ -202,6 +211,10 @@ class BrokerServer:
             writer.close()
             return
         self.connections_total += 1
+        me = asyncio.current_task()
+        if me is not None:
+            self._handlers.add(me)
+            me.add_done_callback(self._handlers.discard)
         cfg = self.config
         conn = Connection(SERVER, frame_bytes_max=cfg.frame_bytes_max,
                           requests_in_flight_max=cfg.requests_in_flight_max)
@@ -266,10 +279,12 @@ class BrokerServer:
     async def _serve_request(self, st: _ConnState, ev: Request) -> None:
         self.requests += 1
         body = ev.body
+        reserved = 0
         try:
             try:
                 if body.api is ApiKey.FETCH:
-                    result = await self._fetch(st, body)
+                    reserved = await self._reserve_fetch(st, body)
+                    result = await self._fetch(body, reserved)
                 elif body.api is ApiKey.STATUS:
                     result = StatusResponse.from_result(await self._status())
                 else:
@@ -282,44 +297,49 @@ class BrokerServer:
                 log.exception("request %s from %s failed", body.api.name, st.peer)
                 err = HeadwaterError(f"internal error in {body.api.name}: {e}")
                 out = st.conn.send_chunks(ErrorResponse.from_exception(ev.request_id, err))
-            st.writer.writelines(out)
-            await st.writer.drain()
+            async with st.write_lock:
+                st.writer.writelines(out)
+                await st.writer.drain()
         except (ConnectionError, ProtocolError):
             pass
         finally:
+            if reserved:
+                async with st.fetch_cond:
+                    st.fetch_bytes -= reserved
+                    st.fetch_cond.notify_all()
             st.slots.release()
 
-    async def _fetch(self, st: _ConnState, req: FetchRequest) -> FetchResponse:
+    async def _reserve_fetch(self, st: _ConnState, req: FetchRequest) -> int:
+        """Reserve the bytes a fetch may return, held until its response is written."""
         cfg = self.config
         want = max(1, min(req.max_bytes, cfg.fetch_bytes_max, st.conn.peer_frame_bytes_max - 4096))
-        async with st.fetch_cond:  # bound the bytes of fetches in flight on this connection
+        async with st.fetch_cond:
             await st.fetch_cond.wait_for(lambda: st.fetch_bytes + want <= cfg.fetch_bytes_in_flight_max
                                          or st.fetch_bytes == 0)
             st.fetch_bytes += want
-        try:
-            deadline = time.monotonic() + min(req.max_wait_ms, cfg.fetch_wait_ms_max) / 1000
-            while True:
-                res = self.broker.fetch(req.queue, req.partition, req.offset, max_bytes=want,
-                                        tag_mask=req.tag_mask, end_offset=req.end_offset)
-                remaining = deadline - time.monotonic()
-                if res.batches or res.next_offset != req.offset or remaining <= 0 or (
-                    req.end_offset is not None and req.offset >= req.end_offset
-                ):
-                    return FetchResponse.from_result(res)
-                fut = self._waiters.wait(req.queue, req.partition, max(req.offset, res.end_offset - 1))
-                try:
-                    # re-check after registering: an append may have landed in between
-                    if self.broker.store.end_offset(req.queue, req.partition) > req.offset:
-                        continue
-                    await asyncio.wait_for(fut, remaining)
-                except asyncio.TimeoutError:
-                    pass
-                finally:
-                    self._waiters.discard(req.queue, req.partition, fut)
-        finally:
-            async with st.fetch_cond:
-                st.fetch_bytes -= want
-                st.fetch_cond.notify_all()
+        return want
+
+    async def _fetch(self, req: FetchRequest, want: int) -> FetchResponse:
+        """Fetch; when nothing is there, park until an append or ``max_wait_ms`` passes."""
+        deadline = time.monotonic() + min(req.max_wait_ms, self.config.fetch_wait_ms_max) / 1000
+        while True:
+            res = self.broker.fetch(req.queue, req.partition, req.offset, max_bytes=want,
+                                    tag_mask=req.tag_mask, end_offset=req.end_offset)
+            remaining = deadline - time.monotonic()
+            if res.batches or res.next_offset != req.offset or remaining <= 0 or (
+                req.end_offset is not None and req.offset >= req.end_offset
+            ):
+                return FetchResponse.from_result(res)
+            fut = self._waiters.wait(req.queue, req.partition, req.offset)
+            try:
+                # re-check after registering: an append may have landed in between
+                if self.broker.store.end_offset(req.queue, req.partition) > req.offset:
+                    continue
+                await asyncio.wait_for(fut, remaining)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                self._waiters.discard(req.queue, req.partition, fut)
 
     async def _status(self) -> dict[str, object]:
         loop = asyncio.get_running_loop()

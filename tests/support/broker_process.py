@@ -1,0 +1,67 @@
+"""A real broker process (``headwater serve``) for tests: start, address, SIGKILL, SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HEADWATER = str(Path(sys.executable).with_name("headwater"))
+
+
+class BrokerProcess:
+    def __init__(self, data: Path, *args: str, port: int = 0) -> None:
+        self.data = data
+        self.args = args
+        self.port = port
+        self.proc: subprocess.Popen | None = None
+        self.log = data.parent / f"{data.name}-broker.log"
+
+    def start(self, timeout_s: float = 20.0) -> BrokerProcess:
+        logf = open(self.log, "ab")
+        self.proc = subprocess.Popen(
+            [HEADWATER, "--data", str(self.data), "serve", "--port", str(self.port), *self.args],
+            stdout=subprocess.PIPE, stderr=logf, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        deadline = time.monotonic() + timeout_s
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline().decode()
+            if line.startswith("listening "):
+                self.port = int(line.rsplit(":", 1)[1])
+                return self
+            if not line and self.proc.poll() is not None:
+                break
+        raise RuntimeError(f"broker did not start; log:\n{self.log.read_text()[-3000:]}")
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def kill(self) -> None:
+        """SIGKILL: no flush, no goodbye."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def terminate(self, timeout_s: float = 20.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None

@@ -1,0 +1,176 @@
+"""Bad peers never hurt the broker or its other clients (a real broker process)."""
+
+from __future__ import annotations
+
+import resource
+import socket
+import struct
+import time
+
+import pytest
+
+import headwater
+from headwater.protocol import CLIENT, Connection, Handshake, Request
+from headwater.protocol.messages import FetchRequest, PingRequest
+from tests.support.broker_process import BrokerProcess
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    b = BrokerProcess(tmp_path_factory.mktemp("robust") / "data",
+                      "--set", "handshake_timeout_s=1").start()
+    yield b
+    if b.alive():
+        assert b.terminate() == 0
+    print(b.log.read_text()[-2000:])
+
+
+def healthy(broker: BrokerProcess) -> None:
+    """A well-behaved client can still do real work, quickly."""
+    assert broker.alive()
+    t0 = time.monotonic()
+    with headwater.connect(broker.address) as hw:
+        try:
+            hw.admin.create_queue("health", partitions=1)
+        except headwater.QueueExistsError:
+            pass
+        mid = hw.send("health", b"ok")
+        assert hw.get(mid).body == b"ok"
+    assert time.monotonic() - t0 < 3
+
+
+def raw_conn(broker: BrokerProcess, handshake: bool = True) -> tuple[socket.socket, Connection]:
+    s = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
+    conn = Connection(CLIENT)
+    if handshake:
+        s.sendall(conn.send(Handshake("bad-peer")))
+        s.settimeout(5)
+        while True:
+            conn.receive_data(s.recv(65536))
+            ev = conn.next_event()
+            if ev is not None and type(ev).__name__ == "HandshakeAccepted":
+                break
+    return s, conn
+
+
+def closed_by_peer(s: socket.socket, timeout_s: float = 5.0) -> bool:
+    s.settimeout(timeout_s)
+    try:
+        while True:
+            data = s.recv(65536)
+            if not data:
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+@pytest.mark.parametrize("junk", [
+    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"\x00" * 64,
+    b"\xff\xff\xff\xff" + b"x" * 100,           # a frame claiming 4 GiB
+    struct.pack("<I", 100) + b"\x01" * 100,     # right length, bad checksum
+])
+def test_garbage_before_handshake_is_refused(broker, junk):
+    s = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
+    s.sendall(junk)
+    assert closed_by_peer(s)
+    healthy(broker)
+
+
+def test_garbage_after_handshake_and_unknown_api(broker):
+    s, conn = raw_conn(broker)
+    s.sendall(b"\x10\x00\x00\x00" + b"\x00" * 16)  # a short frame with a wrong checksum
+    assert closed_by_peer(s)
+    from tests.test_protocol import raw
+    from headwater.protocol import FrameType
+
+    s, conn = raw_conn(broker)
+    s.sendall(raw(FrameType.REQUEST, 999, 1, PingRequest()))
+    assert closed_by_peer(s)
+    healthy(broker)
+
+
+def test_truncated_frame_then_silence_is_closed(broker):
+    s, conn = raw_conn(broker)
+    frame = conn.send(Request(conn.next_request_id(), PingRequest()))
+    s.sendall(frame[:7])
+    s.shutdown(socket.SHUT_WR)
+    assert closed_by_peer(s)
+    healthy(broker)
+
+
+def test_wrong_protocol_version(broker):
+    from headwater.protocol.messages import HandshakeBody
+    from headwater.protocol.frames import encode_frame
+    from headwater.protocol import FrameType
+    import msgspec
+
+    s = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
+    head = msgspec.msgpack.encode(HandshakeBody("headwater", 7, 9, "future-client", 1 << 20))
+    s.sendall(b"".join(encode_frame(FrameType.HANDSHAKE, 0, 0, head, [])))
+    s.settimeout(5)
+    reply = s.recv(65536)
+    assert b"version" in reply  # an error frame that names the problem
+    assert closed_by_peer(s)
+    healthy(broker)
+
+
+def test_client_that_never_sends_is_dropped(broker):
+    s = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
+    t0 = time.monotonic()
+    assert closed_by_peer(s, timeout_s=10)
+    assert time.monotonic() - t0 < 5  # handshake_timeout_s=1 here
+    healthy(broker)
+
+
+def test_ten_thousand_idle_connections(broker):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 10_500:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 12_000), hard))
+    hello = Connection(CLIENT).send(Handshake("idle-client"))
+    socks = []
+    try:
+        for _ in range(10_000):  # connected, handshaken, then silent
+            s = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
+            s.sendall(hello)
+            socks.append(s)
+        with headwater.connect(broker.address) as hw:
+            deadline = time.monotonic() + 30
+            while hw.status()["connections"] < 10_001 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert hw.status()["connections"] >= 10_001
+            healthy(broker)
+            for _ in range(200):  # real work goes on while they idle (speed: see bench/)
+                hw.send_batch("health", [b"x" * 100] * 100)
+            assert sum(1 for _ in hw.scanner("health")) >= 20_000
+    finally:
+        for s in socks:
+            s.close()
+    healthy(broker)
+
+
+def test_client_that_stops_reading_does_not_stall_others(broker):
+    with headwater.connect(broker.address) as hw:
+        hw.admin.create_queue("big", partitions=1, ttl_s=None)
+        for _ in range(20):
+            hw.send_batch("big", [b"y" * 1000] * 1000, partition=0)
+    rss_before = broker.rss_bytes()
+    s, conn = raw_conn(broker)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.setblocking(False)
+    sent = 0
+    try:
+        for _ in range(2000):  # ask for ~1 MiB each, never read the answers
+            data = conn.send(Request(conn.next_request_id(), FetchRequest("big", 0, 0, 1 << 20)))
+            s.send(data)
+            sent += 1
+    except (BlockingIOError, ValueError, headwater.HeadwaterError):
+        pass  # the broker stopped reading us: backpressure, as intended
+    time.sleep(1)
+    healthy(broker)
+    grown = broker.rss_bytes() - rss_before
+    assert grown < 400 * 1024 * 1024, f"broker grew {grown / 1e6:.0f} MB for one slow reader"
+    s.close()
+    healthy(broker)
