@@ -175,14 +175,14 @@ def test_partitioners(tmp_path, clock):
             by_key.send("q", b"no key")
 
         rr = hw.producer(partitioner="round_robin")
-        parts = [rr.send("q", b"x").partition for _ in range(8)]
+        parts = [rr.send_and_wait("q", b"x").partition for _ in range(8)]
         assert parts[4:] == parts[:4] and sorted(parts[:4]) == [0, 1, 2, 3]
 
         rnd = hw.producer(partitioner="random")
-        assert {rnd.send("q", b"x").partition for _ in range(60)} == {0, 1, 2, 3}
+        assert {rnd.send_and_wait("q", b"x").partition for _ in range(60)} == {0, 1, 2, 3}
 
         custom = hw.producer(partitioner=lambda m, n: len(m.body) % n)
-        assert custom.send("q", b"abc").partition == 3
+        assert custom.send_and_wait("q", b"abc").partition == 3
         bad = hw.producer(partitioner=lambda m, n: 99)
         with pytest.raises(InvalidArgumentError, match="partitioner returned 99"):
             bad.send("q", b"x")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
@@ -75,15 +76,27 @@ class Client:
         self._service = service
         self.admin = Admin(service)
         self._default_producer: Producer | None = None
+        self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()  # flushed by close()
 
     @property
     def service(self) -> BrokerService:
         return self._service
 
-    def producer(self, *, partitioner: str | PartitionFn = "default",
-                 compression: str | None = None) -> Producer:
-        """A producer; see :class:`~headwater.client.producer.Producer`."""
-        return Producer(self._service, partitioner=partitioner, compression=compression)
+    def producer(self, *, partitioner: str | PartitionFn = "default", compression: str | None = None,
+                 linger_ms: int = 0, batch_bytes_max: int = 1 << 20, retries: int = 5,
+                 retry_backoff_ms: int = 100, delivery_timeout_ms: int = 120_000,
+                 idempotent: bool = True, **settings) -> Producer:
+        """A producer; see :class:`~headwater.client.producer.Producer` for every setting
+        (``settings`` takes the rest: ``buffer_bytes_max``, ``max_block_ms``, ...).
+
+        Closing the client closes its producers first, which sends what they hold.
+        """
+        p = Producer(self._service, partitioner=partitioner, compression=compression,
+                     linger_ms=linger_ms, batch_bytes_max=batch_bytes_max, retries=retries,
+                     retry_backoff_ms=retry_backoff_ms, delivery_timeout_ms=delivery_timeout_ms,
+                     idempotent=idempotent, **settings)
+        self._producers.add(p)
+        return p
 
     def consumer(self, *, group: str | None = None, auto_offset_reset: str = "earliest",
                  fetch_bytes: int = 1024 * 1024, max_poll_messages: int = 500,
@@ -98,8 +111,10 @@ class Client:
         return self._default_producer
 
     def send(self, queue: str, body: bytes | Message, **kw) -> MessageId:
-        """Send one message with the default producer (key hash, else round robin)."""
-        return self._producer().send(queue, body, **kw)
+        """Send one message with the default producer (key hash, else round robin) and
+        return its id once stored: :meth:`Producer.send_and_wait`. For many messages,
+        ``send_batch`` or a producer's ``send()`` is much faster."""
+        return self._producer().send_and_wait(queue, body, **kw)
 
     def send_batch(self, queue: str, messages: Sequence[Message | bytes], **kw) -> Sequence[MessageId]:
         return self._producer().send_batch(queue, messages, **kw)
@@ -150,6 +165,8 @@ class Client:
         return self._service.status()
 
     def close(self) -> None:
+        for p in list(self._producers):
+            p.close()
         self._service.close()
 
     def __enter__(self) -> Client:

@@ -1,11 +1,24 @@
 """Choosing a partition for each message.
 
 Strategies, by name: ``"default"`` (the key's hash when the message has a key, otherwise
-round robin), ``"key"`` (a key is required), ``"round_robin"``, ``"random"``; or any callable
-``(message, partition_count) -> int``. Round robin and random choose one partition per
-``send_batch`` call, not per message (as Kafka's sticky partitioner does): a batch stays one
-unit on the wire and on disk. The key hash is CRC32C of the key bytes modulo the partition
+a sticky partition), ``"key"`` (a key is required), ``"round_robin"``, ``"random"``; or any
+callable ``(message, partition_count) -> int``.
+
+Messages without a key under ``"default"``, ``"round_robin"`` and ``"random"`` go to one
+partition per batch, not one per message (Kafka's sticky partitioner): a ``send_batch`` call
+goes to one partition, and ``send()`` calls stick to one partition of the queue until the
+batch they form there is sent; the next batch goes to the next partition (round robin) or to
+a random one (``"random"``). So a batch stays one unit on the wire and on disk, and the
+partitions still fill evenly. The key hash is CRC32C of the key bytes modulo the partition
 count, stable across processes, machines and versions.
+
+>>> p = Partitioner("round_robin")
+>>> first = p.sticky("orders", 4)
+>>> p.sticky("orders", 4) == first     # sticks until its batch is sent
+True
+>>> p.batch_sent("orders", first)
+>>> p.sticky("orders", 4) == (first + 1) % 4
+True
 """
 
 from __future__ import annotations
@@ -18,7 +31,7 @@ from headwater.errors import InvalidArgumentError
 from headwater.model.batch import crc32c
 from headwater.model.message import Message
 
-__all__ = ["Partitioner", "PartitionFn", "key_partition", "make_partitioner"]
+__all__ = ["Partitioner", "PartitionFn", "key_partition"]
 
 PartitionFn = Callable[[Message, int], int]
 
@@ -34,7 +47,8 @@ def key_partition(key: bytes, partitions: int) -> int:
 
 
 class Partitioner:
-    """Applies one strategy; thread-safe."""
+    """Applies one strategy. Thread-safe: its state is a counter and a dict of sticky
+    partitions, each changed by single operations."""
 
     STRATEGIES = ("default", "key", "round_robin", "random")
 
@@ -47,6 +61,7 @@ class Partitioner:
         self.strategy = strategy
         self._counter = itertools.count()
         self._rng = rng or random.Random()
+        self._sticky: dict[str, int] = {}
 
     @property
     def per_message(self) -> bool:
@@ -54,14 +69,27 @@ class Partitioner:
         return callable(self.strategy) or self.strategy in ("default", "key")
 
     def for_batch(self, partitions: int) -> int:
-        """The partition of a whole batch under round robin or random."""
+        """A fresh partition for a batch of unkeyed messages: the next one, or a random one."""
         if self.strategy == "random":
             return self._rng.randrange(partitions)
         return next(self._counter) % partitions
 
-    def for_message(self, message: Message | bytes, partitions: int) -> int:
+    def sticky(self, queue: str, partitions: int) -> int:
+        """The partition unkeyed messages of ``queue`` go to now."""
+        p = self._sticky.get(queue)
+        if p is None or p >= partitions:
+            p = self._sticky[queue] = self.for_batch(partitions)
+        return p
+
+    def batch_sent(self, queue: str, partition: int) -> None:
+        """A batch of ``queue`` left for ``partition``: if that was the sticky one, move on."""
+        if self._sticky.get(queue) == partition:
+            self._sticky.pop(queue, None)
+
+    def for_message(self, message: Message | bytes, partitions: int) -> int | None:
+        """The partition of one message; None means "the sticky partition" (no key, and a
+        strategy that does not need one)."""
         s = self.strategy
-        key = message.key if isinstance(message, Message) else None
         if callable(s):
             msg = message if isinstance(message, Message) else Message(message)
             p = s(msg, partitions)
@@ -70,8 +98,11 @@ class Partitioner:
                     f"the partitioner returned {p!r}; it must return an int from 0 to {partitions - 1}"
                 )
             return p
+        if not self.per_message:
+            return None  # round robin and random ignore keys
+        key = message.key if isinstance(message, Message) else None
         if key is not None:
             return key_partition(key, partitions)
         if s == "key":
             raise InvalidArgumentError("the 'key' partitioner needs every message to have a key")
-        return self.for_batch(partitions)
+        return None

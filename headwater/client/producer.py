@@ -1,149 +1,857 @@
-"""Producer: turns messages into record batches and sends them to a partition.
+"""Producer: turns messages into record batches and sends them to partitions.
 
 Encoding happens here, in the caller's process, so a broker only validates and appends.
+
+How a message travels (the user guide is ``docs/producing.md``):
+
+- ``send()`` validates the message, picks its partition and appends it to that partition's
+  *open batch* in the accumulator, then returns a future. A background thread, the sender
+  ("headwater-producer"), seals a partition's open batch when it reaches
+  ``batch_bytes_max``, when ``linger_ms`` has passed since its first message, or at once
+  with ``linger_ms=0`` as soon as the partition has no batch in flight, and sends it.
+- ``send_batch()`` and ``send_and_wait()`` block. When their partition is idle they encode
+  and send in the caller's thread (the fast path: no thread hand-off); otherwise their
+  messages join the partition's open batch and the caller waits for it.
+- Every path goes through one slot per (queue, partition): at most one batch of this
+  producer is in flight per partition, because a broker serves the requests of a connection
+  concurrently and two batches in flight could be appended out of order. Parallelism comes
+  from partitions.
+- Idempotence: the producer has a random id and an epoch; each batch carries the sequence
+  number of its first message, counted per (queue, partition) and assigned when the batch
+  is encoded, in the slot. A retry re-sends the same bytes, so the broker recognises it and
+  answers with the original offsets. When a batch fails for good after it may have reached
+  the broker, the epoch is bumped, so the broker accepts later batches from sequence 0
+  instead of refusing them as out of order.
+
+Thread-safety: every method may be called from any thread. One lock guards the accumulator
+(open batches, slots, the buffer count); encoding and network calls run outside it. Send
+callbacks run in the sender thread, one at a time, in send order within a partition: keep
+them quick, and do not call the blocking methods (``send_and_wait``, ``send_batch``,
+``flush``, ``close``) from them.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import heapq
+import itertools
+import logging
+import random
+import secrets
 import threading
 import time
-from collections.abc import Iterator, Sequence
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
 
-from headwater.errors import InvalidArgumentError, PartitionOutOfRangeError
-from headwater.model.batch import encode_batch
+from headwater.errors import (
+    ClosedError,
+    InvalidArgumentError,
+    MessageTooLargeError,
+    OutOfOrderSequenceError,
+    PartitionOutOfRangeError,
+    QueueNotFoundError,
+    UnavailableError,
+    UsageError,
+)
+from headwater.model.batch import BATCH_BYTES_MAX, encode_batch
 from headwater.model.config import QueueInfo
 from headwater.model.message import Message, MessageId
 from headwater.model.service import BrokerService, ProduceResult
+from headwater.client.batching import (
+    COMPRESSIONS,
+    EPOCH_MAX,
+    MESSAGE_OVERHEAD_BYTES,
+    SEQUENCE_MOD,
+    BatchReceipt,
+    check_message,
+    check_messages,
+    int_setting,
+    may_be_appended,
+    too_large,
+)
 from headwater.client.partitioner import Partitioner, PartitionFn
+from headwater.client.send_future import SendFuture
 
-__all__ = ["Producer", "BatchReceipt"]
+__all__ = ["Producer", "BatchReceipt", "SendCallback"]
+
+log = logging.getLogger("headwater.producer")
+
+SendCallback = Callable[[MessageId | None, BaseException | None], None]
+
+SENDER_IDLE_EXIT_S = 5.0  # an idle sender thread ends; the next send() starts another
+
+# The asyncio producer imports these from here.
+_check_message, _int_setting, _may_be_appended, _too_large = check_message, int_setting, may_be_appended, too_large
 
 
-class BatchReceipt(Sequence[MessageId]):
-    """The ids of one appended batch, made on demand (a batch of 500 makes no 500 objects)."""
+class _Partition:
+    """The accumulator's state of one (queue, partition): the open batch, sealed batches
+    waiting, the slot (the one batch in flight), and the idempotence sequence."""
 
-    __slots__ = ("result",)
+    __slots__ = ("queue", "partition", "key", "open", "ready", "in_flight", "identity", "next_sequence")
 
-    def __init__(self, result: ProduceResult) -> None:
-        self.result = result
+    def __init__(self, queue: str, partition: int) -> None:
+        self.queue, self.partition, self.key = queue, partition, (queue, partition)
+        self.open: _Batch | None = None
+        self.ready: deque[_Batch] = deque()
+        self.in_flight: _Batch | None = None
+        self.identity: tuple[int, int] | None = None  # (producer id, epoch) of next_sequence
+        self.next_sequence = 0
 
-    def __len__(self) -> int:
-        return self.result.count
 
-    def __getitem__(self, i):  # type: ignore[override]
-        r = self.result
-        if isinstance(i, slice):
-            return [MessageId(r.queue_id, r.partition, r.base_offset + j) for j in range(r.count)[i]]
-        if i < 0:
-            i += r.count
-        if not 0 <= i < r.count:
-            raise IndexError(i)
-        return MessageId(r.queue_id, r.partition, r.base_offset + i)
+class _Batch:
+    """Messages bound for one partition and the futures waiting for them.
 
-    def __iter__(self) -> Iterator[MessageId]:
-        r = self.result
-        for j in range(r.count):
-            yield MessageId(r.queue_id, r.partition, r.base_offset + j)
+    ``futures`` runs beside ``messages``: the future of each ``send()``, None for messages
+    of a blocking call, whose one future is in ``groups`` as ``(index, count, future)`` and
+    gets the ProduceResult of their range. ``callbacks`` are ``(index, callback)``."""
 
-    def __repr__(self) -> str:
-        r = self.result
-        return f"<BatchReceipt partition={r.partition} offsets={r.base_offset}..{r.base_offset + r.count - 1}>"
+    __slots__ = ("part", "messages", "futures", "groups", "callbacks", "size_bytes", "buffered_bytes",
+                 "created_s", "urgent", "encoded", "identity", "base_sequence", "attempts", "is_async", "done")
+
+    def __init__(self, part: _Partition, created_s: float, messages: list | Sequence | None = None) -> None:
+        self.part = part
+        self.messages = [] if messages is None else messages
+        self.futures: list[SendFuture | None] = []
+        self.groups: list[tuple[int, int, SendFuture]] | None = None
+        self.callbacks: list[tuple[int, SendCallback]] | None = None
+        self.size_bytes = 0
+        self.buffered_bytes = 0  # the part of size_bytes that counts against buffer_bytes_max
+        self.created_s = created_s
+        self.urgent = False  # a blocking caller waits: do not linger
+        self.encoded: bytearray | None = None
+        self.identity: tuple[int, int] | None = None
+        self.base_sequence = -1
+        self.attempts = 0
+        self.is_async = False  # sent by the sender thread (not inline by a caller)
+        self.done = False
 
 
 class Producer:
     """Sends messages to queues. Thread-safe; one producer can serve a whole application.
 
+    Get one from a client: ``hw.producer(...)`` (embedded or over the network, the same).
+    ``send()`` queues a message and returns a future; ``send_and_wait()`` and ``send_batch()``
+    block until stored; ``flush()`` waits for everything sent so far; ``close()`` flushes and
+    stops the sender thread.
+
     >>> import headwater, tempfile
     >>> hw = headwater.open(tempfile.mkdtemp())
     >>> _ = hw.admin.create_queue("orders", partitions=4)
-    >>> p = hw.producer(partitioner="key")
-    >>> mid = p.send("orders", b"paid", key=b"order-17", tag="paid")
-    >>> hw.get(mid).body
+    >>> p = hw.producer(partitioner="key", linger_ms=5)
+    >>> fut = p.send("orders", b"paid", key=b"order-17", tag="paid")
+    >>> hw.get(fut.result()).body
     b'paid'
+    >>> mid = p.send_and_wait("orders", b"shipped", key=b"order-17")
+    >>> mid.partition == fut.result().partition       # one key, one partition
+    True
+    >>> done = []
+    >>> _ = p.send("orders", b"late", key=b"order-9", callback=lambda mid, exc: done.append(exc))
+    >>> p.flush()
+    >>> done
+    [None]
+    >>> p.close()
     >>> hw.close()
+
+    Options (all keyword-only; ``docs/producing.md`` explains each with an example):
+
+    - ``partitioner``: ``"default"``, ``"key"``, ``"round_robin"``, ``"random"`` or a function
+      ``(message, partition_count) -> partition`` (see :mod:`headwater.client.partitioner`).
+    - ``compression``: ``None``, ``"zstd"`` or ``"lz4"`` (the ``compression`` extra).
+    - ``linger_ms``: how long a partition's batch waits for more messages; 0 sends as soon
+      as the partition has no batch in flight (messages arriving meanwhile form the next one).
+    - ``batch_bytes_max``: a batch is sent when its messages reach this size.
+    - ``retries``, ``retry_backoff_ms``, ``retry_backoff_max_ms``: a batch failing with a
+      retriable error is sent again up to ``retries`` times, after
+      ``retry_backoff_ms * 2**n`` (capped, with jitter).
+    - ``delivery_timeout_ms``: the longest a message may take from ``send()`` to its outcome
+      (lingering, waiting for its partition, retries); then its future fails.
+    - ``idempotent``: stamp batches with a producer id and sequence, so retries are stored
+      once.
+    - ``buffer_bytes_max``, ``max_block_ms``: the memory queued messages may use; ``send()``
+      blocks up to ``max_block_ms`` for room, then raises ``UnavailableError``.
+    - ``send_threads``: threads that call an in-process broker (embedded mode only; over the
+      network, batches of several partitions are pipelined on one connection).
+    - ``metadata_max_age_ms``: how long a queue's partition count and limits are cached.
+    - ``rng``: the randomness of the backoff jitter and of the ``"random"`` partitioner.
     """
 
     def __init__(self, service: BrokerService, *, partitioner: str | PartitionFn = "default",
-                 compression: str | None = None, metadata_max_age_ms: int = 5000) -> None:
-        self._service = service
-        self._partitioner = Partitioner(partitioner)
-        if compression not in (None, "zstd", "lz4"):
+                 compression: str | None = None, linger_ms: int = 0, batch_bytes_max: int = 1 << 20,
+                 retries: int = 5, retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
+                 delivery_timeout_ms: int = 120_000, idempotent: bool = True,
+                 buffer_bytes_max: int = 32 << 20, max_block_ms: int = 60_000, send_threads: int = 4,
+                 metadata_max_age_ms: int = 5000, rng: random.Random | None = None) -> None:
+        if compression not in COMPRESSIONS:
             raise InvalidArgumentError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
+        if not isinstance(idempotent, bool):
+            raise InvalidArgumentError(f"idempotent is True or False, got {idempotent!r}")
+        self._rng = rng or random.Random()
+        self._partitioner = Partitioner(partitioner, rng=self._rng)
+        self._service = service
         self.compression = compression
+        self.linger_ms = int_setting("linger_ms", linger_ms, 0, 3_600_000)
+        self.batch_bytes_max = int_setting("batch_bytes_max", batch_bytes_max, 1, BATCH_BYTES_MAX // 2)
+        self.retries = int_setting("retries", retries, 0, 1_000_000)
+        self.retry_backoff_ms = int_setting("retry_backoff_ms", retry_backoff_ms, 0, 3_600_000)
+        self.retry_backoff_max_ms = int_setting("retry_backoff_max_ms", retry_backoff_max_ms, 0, 3_600_000)
+        self.delivery_timeout_ms = int_setting("delivery_timeout_ms", delivery_timeout_ms, 1, 86_400_000)
+        self.idempotent = idempotent
+        self.buffer_bytes_max = int_setting("buffer_bytes_max", buffer_bytes_max, 1, 1 << 40)
+        self.max_block_ms = int_setting("max_block_ms", max_block_ms, 0, 86_400_000)
+        self.send_threads = int_setting("send_threads", send_threads, 1, 256)
+        int_setting("metadata_max_age_ms", metadata_max_age_ms, 0, 86_400_000)
         self._metadata: dict[str, tuple[float, QueueInfo]] = {}
         self._metadata_max_age_s = metadata_max_age_ms / 1000
-        self._lock = threading.Lock()
+        self._linger_s = linger_ms / 1000
+        self._delivery_timeout_s = delivery_timeout_ms / 1000
+        # (producer id, epoch): a random 62-bit id, so two producers never share one.
+        self._identity: tuple[int, int] | None = (secrets.randbits(62), 0) if idempotent else None
+        self._produce_async = getattr(service, "produce_async", None)
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
-    def _queue_info(self, queue: str, *, refresh: bool = False) -> QueueInfo:
-        now = time.monotonic()
-        got = self._metadata.get(queue)
-        if refresh or got is None or now - got[0] > self._metadata_max_age_s:
-            info = self._service.describe_queue(queue)
-            with self._lock:
-                self._metadata[queue] = (now, info)
-            return info
-        return got[1]
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)  # the sender waits on it
+        self._space = threading.Condition(self._lock)  # send() waits on it for buffer room
+        self._finished = threading.Condition(self._lock)  # flush() waits on it
+        self._parts: dict[tuple[str, int], _Partition] = {}
+        self._sendable: dict[tuple[str, int], _Partition] = {}  # have batches, no batch in flight
+        self._completions: deque[tuple[_Batch, concurrent.futures.Future]] = deque()
+        self._retry_heap: list[tuple[float, int, _Batch]] = []
+        self._tiebreak = itertools.count()
+        self._async_in_flight = 0  # batches the sender dispatched and has not finished
+        self._buffered_bytes = 0
+        self._space_waiters = 0
+        self._flushing = 0
+        self._sender: threading.Thread | None = None
+        self._closed = False
+        self._aborting = False
+
+    # -- public API -----------------------------------------------------------------------
+
+    @property
+    def producer_id(self) -> int | None:
+        """The id batches carry (None unless idempotent); changes only after 32767 epochs."""
+        return None if self._identity is None else self._identity[0]
+
+    @property
+    def producer_epoch(self) -> int | None:
+        """The epoch batches carry; bumped when a batch fails after it may have been stored."""
+        return None if self._identity is None else self._identity[1]
 
     def send(self, queue: str, body: bytes | Message, *, key: bytes | None = None,
              tag: str | None = None, properties: dict[str, str] | None = None,
-             partition: int | None = None) -> MessageId:
-        """Send one message; return its id once it is stored."""
-        if isinstance(body, Message):
-            if key is not None or tag is not None or properties is not None:
-                raise InvalidArgumentError("pass key, tag and properties inside the Message, not beside it")
-            msg: Message | bytes = body
-        elif key is None and tag is None and not properties:
-            msg = body
-        else:
-            msg = Message(body, key, tag, properties)
-        return self.send_batch(queue, [msg], partition=partition)[0]
+             partition: int | None = None, callback: SendCallback | None = None,
+             ) -> concurrent.futures.Future[MessageId]:
+        """Queue one message; return a future of its id.
+
+        ``callback(message_id, error)`` is called once when the outcome is known, with
+        exactly one of the two None, in the producer's sender thread. Invalid input (a wrong
+        type, a body over the queue's ``message_bytes_max``, a partition out of range, an
+        unknown queue, the ``"key"`` partitioner without a key) raises here, before anything
+        is queued. A full buffer blocks up to ``max_block_ms``, then raises
+        :class:`UnavailableError`.
+        """
+        return self._enqueue(queue, body, key, tag, properties, partition, callback, False)
+
+    def send_and_wait(self, queue: str, body: bytes | Message, *, key: bytes | None = None,
+                      tag: str | None = None, properties: dict[str, str] | None = None,
+                      partition: int | None = None, callback: SendCallback | None = None) -> MessageId:
+        """Send one message and return its id once it is stored.
+
+        It does not linger: when its partition is idle the message is sent at once from the
+        calling thread; otherwise it joins the partition's next batch.
+        """
+        if callback is not None:  # the callback runs in the sender thread, as for send()
+            return self._enqueue(queue, body, key, tag, properties, partition, callback, True).result()
+        info, msg, size = self._prepare(queue, body, key, tag, properties)
+        p = self._choose_partition(queue, info, msg, partition)
+        r = self._send_sync(queue, p, info, [msg], size)
+        return MessageId(r.queue_id, r.partition, r.base_offset)
 
     def send_batch(self, queue: str, messages: Sequence[Message | bytes], *,
                    partition: int | None = None) -> Sequence[MessageId]:
         """Send messages as one batch per partition; return their ids in the given order.
 
-        With ``partition`` every message goes there; otherwise the producer's partitioner
-        decides (see :mod:`headwater.client.partitioner`).
+        Blocks until they are stored. With ``partition`` every message goes there; otherwise
+        the producer's partitioner decides (see :mod:`headwater.client.partitioner`). When
+        messages go to several partitions and one fails, the others may be stored.
         """
         if isinstance(messages, (bytes, Message)):
             raise InvalidArgumentError("send_batch takes a list of messages; use send() for one")
         if len(messages) == 0:
             raise InvalidArgumentError("send_batch needs at least one message")
         info = self._queue_info(queue)
-        n = len(info.partitions)
-        cap = info.config.message_bytes_max
         if partition is not None:
-            if isinstance(partition, bool) or not isinstance(partition, int):
-                raise InvalidArgumentError(f"a partition is an int, got {type(partition).__name__}")
-            if not 0 <= partition < n:
-                info = self._queue_info(queue, refresh=True)  # it may have grown
-                n = len(info.partitions)
-                if not 0 <= partition < n:
-                    raise PartitionOutOfRangeError(
-                        f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {partition}"
-                    )
-            return self._send_one(queue, partition, messages, cap)
+            info = self._check_partition(queue, info, partition)
+            return BatchReceipt(self._send_sync(queue, partition, info, messages, None))
         part = self._partitioner
         keyed = part.per_message and any(isinstance(m, Message) and m.key is not None for m in messages)
         if not keyed and not callable(part.strategy):
             if part.strategy == "key":
-                part.for_message(messages[0], n)  # raises: a key is required
-            return self._send_one(queue, part.for_batch(n), messages, cap)
-        sticky = part.for_batch(n)
-        groups: dict[int, list[int]] = {}
+                part.for_message(messages[0], 1)  # raises: a key is required
+            return BatchReceipt(self._send_sync(queue, None, info, messages, None))
+        n = len(info.partitions)
+        groups: dict[int | None, list[int]] = {}
         for i, m in enumerate(messages):
-            has_key = isinstance(m, Message) and m.key is not None
-            p = part.for_message(m, n) if has_key or callable(part.strategy) or part.strategy == "key" else sticky
-            groups.setdefault(p, []).append(i)
+            groups.setdefault(part.for_message(m, n), []).append(i)
         if len(groups) == 1:
-            return self._send_one(queue, next(iter(groups)), messages, cap)
+            return BatchReceipt(self._send_sync(queue, next(iter(groups)), info, messages, None))
+        results = self._send_groups(queue, info, {p: [messages[i] for i in idxs] for p, idxs in groups.items()})
         ids: list[MessageId | None] = [None] * len(messages)
         for p, idxs in groups.items():
-            receipt = self._send_one(queue, p, [messages[i] for i in idxs], cap)
-            for i, mid in zip(idxs, receipt):
+            for i, mid in zip(idxs, BatchReceipt(results[p]), strict=True):
                 ids[i] = mid
         return ids  # type: ignore[return-value]
 
-    def _send_one(self, queue: str, partition: int, messages: Sequence[Message | bytes], cap: int) -> BatchReceipt:
-        batch = encode_batch(messages, compression=self.compression, message_bytes_max=cap)
-        return BatchReceipt(self._service.produce(queue, partition, batch))
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Send what is queued now, without lingering, and wait until every message sent so
+        far is acknowledged or has failed (see the futures for which).
+
+        Raises :class:`UnavailableError` if that takes longer than ``timeout_s``.
+        """
+        self._refuse_in_sender("flush()")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._lock:
+            pending = [b for ps in self._parts.values() for b in (ps.in_flight, *ps.ready, ps.open)
+                       if b is not None]
+            if not pending:
+                return
+            self._flushing += 1
+            self._wake_locked()
+            try:
+                for b in pending:
+                    while not b.done:
+                        remaining = None if deadline is None else deadline - time.monotonic()
+                        if remaining is not None and remaining <= 0:
+                            left = sum(not x.done for x in pending)
+                            raise UnavailableError(f"flush: {left} batches still unacknowledged after {timeout_s} s")
+                        self._finished.wait(remaining)
+            finally:
+                self._flushing -= 1
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Flush, then stop the sender thread. Later sends raise :class:`ClosedError`.
+
+        If the flush takes longer than ``timeout_s``, messages not yet sent fail with
+        :class:`ClosedError` and batches in flight are left to finish on their own.
+        """
+        self._refuse_in_sender("close()")
+        with self._lock:
+            self._closed = True
+            self._space.notify_all()
+        try:
+            self.flush(timeout_s)
+            aborted = False
+        except UnavailableError:
+            aborted = True
+        unsent: list[tuple[_Batch, BaseException]] = []
+        with self._lock:
+            if aborted:
+                self._aborting = True
+                for ps in self._parts.values():
+                    unsent.extend((b, ClosedError("the producer was closed before this message was sent"))
+                                  for b in (*ps.ready, ps.open) if b is not None)
+                    ps.ready.clear()
+                    ps.open = None
+                self._sendable.clear()
+                while self._retry_heap:  # their slots are released when they are failed below
+                    _, _, b = heapq.heappop(self._retry_heap)
+                    unsent.append((b, UnavailableError("the producer was closed while this batch waited to be retried")))
+            sender = self._sender
+            self._wake_locked(start=False)
+        for b, exc in unsent:
+            self._finish(b, None, exc, holds_slot=b.part.in_flight is b)
+        if sender is not None and sender is not threading.current_thread():
+            sender.join(None if not aborted else 1.0)
+        if self._pool is not None:
+            self._pool.shutdown(wait=not aborted)
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _enqueue(self, queue: str, body: object, key: object, tag: object, properties: object,
+                 partition: int | None, callback: SendCallback | None, urgent: bool) -> SendFuture:
+        """send(): check, pick the partition, append to its open batch (``urgent``: it must
+        not linger)."""
+        if type(body) is bytes and key is None and tag is None and properties is None:  # the common case
+            info = self._queue_info(queue)
+            if len(body) > info.config.message_bytes_max:
+                raise too_large(len(body), info.config.message_bytes_max)
+            msg: Message | bytes = body
+            size = len(body) + MESSAGE_OVERHEAD_BYTES
+        else:
+            info, msg, size = self._prepare(queue, body, key, tag, properties)
+        if callback is not None and not callable(callback):
+            raise InvalidArgumentError(f"callback must be callable, got {type(callback).__name__}")
+        p = self._choose_partition(queue, info, msg, partition)
+        fut = SendFuture()
+        with self._lock:
+            self._check_open()
+            if self._buffered_bytes + size > self.buffer_bytes_max:
+                self._wait_for_space_locked(size)
+            if p is None:
+                p = self._partitioner.sticky(queue, len(info.partitions))
+            ps = self._parts.get((queue, p)) or self._new_partition_locked(queue, p)
+            b = ps.open
+            if b is None or b.size_bytes + size > self.batch_bytes_max:
+                b = self._new_batch_locked(ps)
+            if callback is not None:
+                if b.callbacks is None:
+                    b.callbacks = []
+                b.callbacks.append((len(b.messages), callback))
+            b.messages.append(msg)
+            b.futures.append(fut)
+            b.size_bytes += size
+            b.buffered_bytes += size
+            self._buffered_bytes += size
+            if urgent:
+                b.urgent = True
+            if b.size_bytes >= self.batch_bytes_max:
+                self._seal_locked(ps)
+            elif not urgent:
+                return fut
+            if ps.in_flight is None:
+                self._wake_locked()
+        return fut
+
+    # -- validation and partitions --------------------------------------------------------
+
+    def _queue_info(self, queue: str, *, refresh: bool = False) -> QueueInfo:
+        now = time.monotonic()
+        got = self._metadata.get(queue)
+        if refresh or got is None or now - got[0] > self._metadata_max_age_s:
+            info = self._service.describe_queue(queue)
+            self._metadata[queue] = (now, info)
+            return info
+        return got[1]
+
+    def _prepare(self, queue: str, body: object, key: object, tag: object,
+                 properties: object) -> tuple[QueueInfo, Message | bytes, int]:
+        if isinstance(body, Message):
+            if key is not None or tag is not None or properties is not None:
+                raise InvalidArgumentError("pass key, tag and properties inside the Message, not beside it")
+            msg: Message | bytes = body
+        elif isinstance(body, (bytearray, memoryview)):
+            body = bytes(body)
+        if type(body) is bytes:
+            msg = body if key is None and tag is None and not properties else Message(body, key, tag, properties or None)  # type: ignore[arg-type]
+        elif not isinstance(body, Message):
+            msg = body  # type: ignore[assignment]  # _check_message names the problem
+        if self._closed:
+            raise ClosedError("the producer is closed")
+        info = self._queue_info(queue)
+        return info, msg, check_message(msg, info.config.message_bytes_max)
+
+    def _check_partition(self, queue: str, info: QueueInfo, partition: object) -> QueueInfo:
+        if isinstance(partition, bool) or not isinstance(partition, int):
+            raise InvalidArgumentError(f"a partition is an int, got {type(partition).__name__}")
+        n = len(info.partitions)
+        if not 0 <= partition < n:
+            info = self._queue_info(queue, refresh=True)  # it may have grown
+            n = len(info.partitions)
+            if not 0 <= partition < n:
+                raise PartitionOutOfRangeError(
+                    f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {partition}"
+                )
+        return info
+
+    def _choose_partition(self, queue: str, info: QueueInfo, msg: Message | bytes,
+                          partition: int | None) -> int | None:
+        """The message's partition; None for the queue's sticky partition."""
+        if partition is not None:
+            self._check_partition(queue, info, partition)
+            return partition
+        return self._partitioner.for_message(msg, len(info.partitions))
+
+    # -- the accumulator ------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the producer is closed")
+
+    def _refuse_in_sender(self, what: str) -> None:
+        if threading.current_thread() is self._sender:
+            raise UsageError(f"{what} waits for the sender thread, so a send callback cannot call it")
+
+    def _new_partition_locked(self, queue: str, partition: int) -> _Partition:
+        ps = self._parts[(queue, partition)] = _Partition(queue, partition)
+        return ps
+
+    def _wait_for_space_locked(self, size: int) -> None:
+        if size > self.buffer_bytes_max:
+            raise MessageTooLargeError(
+                f"a message of {size} bytes does not fit in the producer's buffer_bytes_max={self.buffer_bytes_max}"
+            )
+        if threading.current_thread() is self._sender:  # only the sender makes room: never wait
+            raise UnavailableError("producer buffer full (a send callback cannot wait for room)")
+        deadline = time.monotonic() + self.max_block_ms / 1000
+        self._space_waiters += 1
+        self._wake_locked()  # batches lingering should go now
+        try:
+            while self._buffered_bytes + size > self.buffer_bytes_max:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise UnavailableError(
+                        f"producer buffer full: {self._buffered_bytes} bytes queued (buffer_bytes_max="
+                        f"{self.buffer_bytes_max}) for max_block_ms={self.max_block_ms}; the broker is slow "
+                        f"or unreachable"
+                    )
+                self._space.wait(remaining)
+                self._check_open()
+        finally:
+            self._space_waiters -= 1
+
+    def _new_batch_locked(self, ps: _Partition) -> _Batch:
+        """Open a batch for ``ps``, sealing the open one (it is full); wake the sender."""
+        if ps.open is not None:
+            self._seal_locked(ps)
+        b = ps.open = _Batch(ps, time.monotonic())
+        if ps.in_flight is None:
+            self._sendable[ps.key] = ps
+            self._wake_locked()
+        return b
+
+    def _append_group_locked(self, ps: _Partition, msgs: Sequence[Message | bytes], size: int,
+                             fut: SendFuture) -> None:
+        """Add a blocking call's messages to the open batch of ``ps``; it leaves without
+        lingering, as soon as the partition's slot is free."""
+        b = ps.open
+        if b is None or (b.messages and b.size_bytes + size > self.batch_bytes_max):
+            b = self._new_batch_locked(ps)
+        if b.groups is None:
+            b.groups = []
+        b.groups.append((len(b.messages), len(msgs), fut))
+        b.messages.extend(msgs)
+        b.futures.extend([None] * len(msgs))
+        b.size_bytes += size
+        b.urgent = True
+        if b.size_bytes >= self.batch_bytes_max:
+            self._seal_locked(ps)
+        if ps.in_flight is None:
+            self._sendable[ps.key] = ps
+            self._wake_locked()
+
+    def _seal_locked(self, ps: _Partition) -> None:
+        ps.ready.append(ps.open)  # type: ignore[arg-type]
+        ps.open = None
+        self._partitioner.batch_sent(ps.queue, ps.partition)
+
+    def _wake_locked(self, start: bool = True) -> None:
+        if self._sender is not None:
+            self._wakeup.notify()
+        elif start and (self._sendable or self._completions or self._retry_heap):
+            self._sender = threading.Thread(target=self._run_sender, name="headwater-producer", daemon=True)
+            self._sender.start()
+
+    # -- blocking sends -------------------------------------------------------------------
+
+    def _send_sync(self, queue: str, partition: int | None, info: QueueInfo,
+                   messages: Sequence[Message | bytes], size: int | None) -> ProduceResult:
+        """Send ``messages`` to one partition and wait: inline when the partition is idle,
+        else as part of its next batch. ``size`` is None when they are not validated yet."""
+        cap = info.config.message_bytes_max
+        with self._lock:
+            self._check_open()
+            p = partition if partition is not None else self._partitioner.sticky(queue, len(info.partitions))
+            ps = self._parts.get((queue, p)) or self._new_partition_locked(queue, p)
+            if ps.in_flight is None and ps.open is None and not ps.ready:
+                b = ps.in_flight = _Batch(ps, time.monotonic(), messages)
+                self._partitioner.batch_sent(queue, p)
+            else:
+                b = None
+        if b is not None:
+            return self._send_inline(b, cap)
+        self._refuse_in_sender("a blocking send")
+        if size is None:
+            size = self._check_all(messages, cap)
+        fut = SendFuture()
+        with self._lock:
+            self._check_open()
+            self._append_group_locked(ps, messages, size, fut)
+        return fut.result()
+
+    def _send_groups(self, queue: str, info: QueueInfo,
+                     groups: dict[int | None, list[Message | bytes]]) -> dict[int | None, ProduceResult]:
+        """Send each group to its partition (None: the sticky one) in parallel; wait for all."""
+        self._refuse_in_sender("a blocking send")
+        cap = info.config.message_bytes_max
+        sizes = {p: self._check_all(msgs, cap) for p, msgs in groups.items()}  # all valid, or none sent
+        futs: dict[int | None, concurrent.futures.Future] = {}
+        with self._lock:
+            self._check_open()
+            for p, msgs in groups.items():
+                q = p if p is not None else self._partitioner.sticky(queue, len(info.partitions))
+                ps = self._parts.get((queue, q)) or self._new_partition_locked(queue, q)
+                futs[p] = SendFuture()
+                self._append_group_locked(ps, msgs, sizes[p], futs[p])
+        concurrent.futures.wait(futs.values())
+        for f in futs.values():
+            if f.exception() is not None:
+                raise f.exception()  # type: ignore[misc]
+        return {p: f.result() for p, f in futs.items()}
+
+    _check_all = staticmethod(check_messages)  # the asyncio producer calls it by this name
+
+    def _send_inline(self, b: _Batch, cap: int) -> ProduceResult:
+        """Encode and send a batch that holds its partition's slot, from the caller's thread."""
+        try:
+            self._encode(b, cap)
+        except BaseException as e:
+            self._finish(b, None, e)
+            raise
+        ps = b.part
+        while True:
+            if b.encoded is None:  # to be sent under a new epoch
+                self._encode(b, None)
+            b.attempts += 1
+            try:
+                result = self._service.produce(ps.queue, ps.partition, b.encoded)  # type: ignore[arg-type]
+            except BaseException as e:
+                delay = self._retry_delay(b, e)
+                if delay is None:
+                    exc = self._final_error(b, e)
+                    self._finish(b, None, exc)
+                    raise exc  # noqa: B904 - e itself, or an error whose __cause__ is e
+                time.sleep(delay)
+                continue
+            self._finish(b, result, None)
+            return result
+
+    # -- the sender thread ----------------------------------------------------------------
+
+    def _run_sender(self) -> None:
+        while True:
+            with self._lock:
+                work = self._await_work_locked()
+                if work is None:
+                    return
+                completions, batches = work
+            for b, f in completions:
+                self._on_completed(b, f)
+            for b in batches:
+                self._dispatch(b)
+
+    def _await_work_locked(self) -> tuple[list, list[_Batch]] | None:
+        """Wait for completions or batches to send; None when the thread should end."""
+        idle_since: float | None = None
+        while True:
+            completions = list(self._completions)
+            self._completions.clear()
+            now = time.monotonic()
+            batches, wake_at = self._collect_locked(now)
+            if completions or batches:
+                return completions, batches
+            if not (self._sendable or self._async_in_flight or self._retry_heap):
+                if self._closed or (idle_since is not None and now - idle_since >= SENDER_IDLE_EXIT_S):
+                    self._sender = None
+                    return None
+                idle_since = idle_since or now
+                timeout: float | None = SENDER_IDLE_EXIT_S
+            else:
+                idle_since = None
+                timeout = None if wake_at is None else max(wake_at - now, 0.0)
+            self._wakeup.wait(timeout)
+
+    def _collect_locked(self, now: float) -> tuple[list[_Batch], float | None]:
+        """Take the batches due now, each taking its partition's slot; and the time of the
+        next one due (a lingering batch or a retry)."""
+        batches: list[_Batch] = []
+        heap = self._retry_heap
+        while heap and heap[0][0] <= now:
+            batches.append(heapq.heappop(heap)[2])
+        wake_at = heap[0][0] if heap else None
+        if self._sendable:
+            hurry = not self._linger_s or self._flushing or self._space_waiters or self._closed
+            for key, ps in list(self._sendable.items()):
+                if ps.ready:
+                    b = ps.ready.popleft()
+                elif ps.open is None:  # nothing left (a closing producer dropped it)
+                    del self._sendable[key]
+                    continue
+                else:
+                    b = ps.open  # type: ignore[assignment]
+                    if not (hurry or b.urgent):
+                        due = b.created_s + self._linger_s
+                        if due > now:
+                            wake_at = due if wake_at is None else min(wake_at, due)
+                            continue
+                    ps.open = None
+                    self._partitioner.batch_sent(ps.queue, ps.partition)
+                del self._sendable[key]
+                ps.in_flight = b
+                b.is_async = True
+                self._async_in_flight += 1
+                batches.append(b)
+        return batches, wake_at
+
+    def _dispatch(self, b: _Batch) -> None:
+        """Send a batch that holds its slot (first attempt or retry) without waiting."""
+        ps = b.part
+        if b.encoded is None:
+            if self._aborting:
+                self._finish(b, None, ClosedError("the producer was closed before this message was sent"))
+                return
+            if time.monotonic() - b.created_s > self._delivery_timeout_s:
+                self._finish(b, None, UnavailableError(
+                    f"the batch waited longer than delivery_timeout_ms={self.delivery_timeout_ms} to be sent"))
+                return
+            try:
+                self._encode(b, None)  # messages were checked when queued
+            except Exception as e:  # noqa: BLE001 - it belongs to the batch's futures
+                self._finish(b, None, e)
+                return
+        b.attempts += 1
+        try:
+            if self._produce_async is not None:
+                fut = self._produce_async(ps.queue, ps.partition, b.encoded)
+            else:
+                fut = self._embedded_pool().submit(self._service.produce, ps.queue, ps.partition, b.encoded)
+        except Exception as e:  # noqa: BLE001 - a closed service, a stopped pool
+            fut = concurrent.futures.Future()
+            fut.set_exception(e)
+        fut.add_done_callback(lambda f, b=b: self._on_response(b, f))
+
+    def _embedded_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(self.send_threads,
+                                                               thread_name_prefix="headwater-producer-send")
+            weakref.finalize(self, self._pool.shutdown, wait=False)
+        return self._pool
+
+    def _on_response(self, b: _Batch, f: concurrent.futures.Future) -> None:
+        """Runs in whichever thread finished the request: hand it to the sender."""
+        with self._lock:
+            self._completions.append((b, f))
+            self._wake_locked()
+
+    def _on_completed(self, b: _Batch, f: concurrent.futures.Future) -> None:
+        try:
+            result = f.result()
+        except BaseException as e:  # noqa: BLE001 - the request's error, judged below
+            delay = self._retry_delay(b, e)
+            if delay is None:
+                self._finish(b, None, self._final_error(b, e))
+            else:
+                with self._lock:
+                    heapq.heappush(self._retry_heap, (time.monotonic() + delay, next(self._tiebreak), b))
+            return
+        self._finish(b, result, None)
+
+    # -- encoding, retries, outcomes ------------------------------------------------------
+
+    def _encode(self, b: _Batch, cap: int | None) -> None:
+        """Encode in the slot: the batch's sequence follows what its partition acknowledged."""
+        ps = b.part
+        ident = self._identity
+        if ident is None:
+            pid = seq = epoch = -1
+        else:
+            if ps.identity != ident:  # first batch, or a new epoch: sequences start afresh
+                ps.identity, ps.next_sequence = ident, 0
+            pid, epoch = ident
+            seq = ps.next_sequence
+        b.encoded = encode_batch(b.messages, compression=self.compression, producer_id=pid,
+                                 base_sequence=seq, producer_epoch=epoch, message_bytes_max=cap)
+        b.identity, b.base_sequence = ident, seq
+
+    def _retry_delay(self, b: _Batch, exc: BaseException) -> float | None:
+        """Seconds to wait before sending ``b`` again, or None if ``exc`` is final."""
+        if b.attempts > self.retries or self._aborting:
+            return None
+        if isinstance(exc, OutOfOrderSequenceError) and b.identity is not None:
+            # The broker refused the batch (it stores nothing out of order): it has lost our
+            # earlier batches, as a crash under async flush can make it. Nothing of this one is
+            # stored, so send it again, encoded under a new epoch whose sequences start afresh.
+            with self._lock:
+                if b.identity == self._identity:
+                    self._bump_epoch_locked()
+            b.encoded = None
+            return 0.0
+        if not getattr(exc, "retriable", False):
+            return None
+        cap_ms = max(self.retry_backoff_max_ms, self.retry_backoff_ms)
+        backoff_ms = min(self.retry_backoff_ms * 2 ** min(b.attempts - 1, 30), cap_ms)
+        delay = backoff_ms / 1000 * (0.8 + 0.4 * self._rng.random())  # +-20% jitter
+        if time.monotonic() + delay - b.created_s > self._delivery_timeout_s:
+            return None
+        return delay
+
+    def _final_error(self, b: _Batch, exc: BaseException) -> BaseException:
+        if getattr(exc, "retriable", False) and b.attempts <= self.retries and not self._aborting:
+            err = UnavailableError(
+                f"not acknowledged within delivery_timeout_ms={self.delivery_timeout_ms} "
+                f"({b.attempts} attempts); last error: {exc}"
+            )
+            err.__cause__ = exc
+            return err
+        return exc
+
+    def _finish(self, b: _Batch, result: ProduceResult | None, exc: BaseException | None,
+                *, holds_slot: bool = True) -> None:
+        """Release the batch's slot and buffer room, then resolve its futures and callbacks."""
+        ps = b.part
+        with self._lock:
+            if result is not None:
+                if b.identity is not None and b.identity == ps.identity:
+                    ps.next_sequence = (b.base_sequence + result.count) % SEQUENCE_MOD
+            else:
+                assert exc is not None
+                if b.attempts and b.identity is not None and b.identity == self._identity and may_be_appended(exc):
+                    self._bump_epoch_locked()
+                if isinstance(exc, (QueueNotFoundError, PartitionOutOfRangeError)):
+                    self._metadata.pop(ps.queue, None)
+            if holds_slot:
+                ps.in_flight = None
+                if b.is_async:
+                    self._async_in_flight -= 1
+                if ps.open is not None or ps.ready:
+                    self._sendable[ps.key] = ps
+                    self._wake_locked()
+            if b.buffered_bytes:
+                self._buffered_bytes -= b.buffered_bytes
+                if self._space_waiters:
+                    self._space.notify_all()
+        if result is not None:
+            self._resolve(b, result)
+        else:
+            self._reject(b, exc)  # type: ignore[arg-type]
+        b.done = True
+        if self._flushing:
+            with self._lock:
+                self._finished.notify_all()
+
+    def _bump_epoch_locked(self) -> None:
+        pid, epoch = self._identity  # type: ignore[misc]
+        self._identity = (secrets.randbits(62), 0) if epoch >= EPOCH_MAX else (pid, epoch + 1)
+        log.info("producer %d: epoch bumped to %d after a failed batch", pid, epoch + 1)
+
+    def _resolve(self, b: _Batch, r: ProduceResult) -> None:
+        qid, part, base = r.queue_id, r.partition, r.base_offset
+        for i, fut in enumerate(b.futures):
+            if fut is not None:
+                fut.set_result(MessageId(qid, part, base + i))
+        for i, count, fut in b.groups or ():
+            fut.set_result(ProduceResult(qid, part, base + i, count, r.timestamp_ms))
+        for i, callback in b.callbacks or ():
+            self._call_back(callback, MessageId(qid, part, base + i), None)
+
+    def _reject(self, b: _Batch, exc: BaseException) -> None:
+        for fut in b.futures:
+            if fut is not None:
+                fut.set_exception(exc)
+        for _, _, fut in b.groups or ():
+            fut.set_exception(exc)
+        for _, callback in b.callbacks or ():
+            self._call_back(callback, None, exc)
+
+    @staticmethod
+    def _call_back(callback: SendCallback, mid: MessageId | None, exc: BaseException | None) -> None:
+        try:
+            callback(mid, exc)
+        except Exception:  # noqa: BLE001 - a user's bug must not stop the sender
+            log.exception("a send callback raised")
