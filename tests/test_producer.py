@@ -96,12 +96,6 @@ class Wrapped:
         return out
 
 
-def dedupes(hw) -> bool:
-    from headwater.testing import MemoryBroker
-
-    return not isinstance(hw.service, MemoryBroker)
-
-
 def stored(hw, queue: str, partition: int | None = None) -> list:
     return list(hw.scanner(queue, partitions=partition))
 
@@ -421,8 +415,6 @@ def test_full_buffer_blocks_then_raises(hw):
 
 
 def test_retries_store_each_message_once_and_return_original_ids(hw):
-    if not dedupes(hw):
-        pytest.skip("the in-memory fake does not dedupe idempotent batches")
     hw.admin.create_queue("q", partitions=2)
     svc = Wrapped(hw.service, plan=["after", "before", None, "after", "after", None, "before", "after"])
     p = Producer(svc, retry_backoff_ms=5, linger_ms=2)
@@ -443,8 +435,6 @@ def test_retries_store_each_message_once_and_return_original_ids(hw):
 
 
 def test_inline_send_retries_a_lost_answer(hw):
-    if not dedupes(hw):
-        pytest.skip("the in-memory fake does not dedupe idempotent batches")
     hw.admin.create_queue("q")
     svc = Wrapped(hw.service, plan=["after", "after"])
     p = Producer(svc, retry_backoff_ms=1)
@@ -454,8 +444,6 @@ def test_inline_send_retries_a_lost_answer(hw):
 
 
 def test_exhausted_retries_fail_and_bump_the_epoch(hw):
-    if not dedupes(hw):
-        pytest.skip("the in-memory fake does not dedupe idempotent batches")
     hw.admin.create_queue("q")
     svc = Wrapped(hw.service, plan=["after", "after", "after"])
     p = Producer(svc, retries=2, retry_backoff_ms=1)
@@ -547,8 +535,6 @@ def test_compression_round_trip(hw, codec, flag):
 
 
 def test_mixed_calls_from_threads_with_faults_keep_order_and_store_once(hw):
-    if not dedupes(hw):
-        pytest.skip("the in-memory fake does not dedupe idempotent batches")
     import random
 
     hw.admin.create_queue("q", partitions=3)

@@ -58,7 +58,7 @@ from headwater.storage.catalog import CATALOG_FILE, Catalog, QueueEntry
 from headwater.storage.dirlock import DirectoryLock
 from headwater.storage.flusher import Flusher, GroupCommit
 from headwater.storage.loader import key_hashes, load_segments, walk_headers
-from headwater.storage.producer_state import ProducerStateTable
+from headwater.storage.producer_state import ProducerStateTable, read_snapshot, write_snapshot
 from headwater.storage.segment import LogSegment, segment_name
 from headwater.storage.segment_index import SegmentIndex
 
@@ -226,7 +226,7 @@ class LogStore:
             path = self._log_dir / segment_name(base, ".producers")
             if path.exists():
                 try:
-                    table, after = ProducerStateTable.read(path, expiry), base
+                    table, after = read_snapshot(path, expiry), base
                     break
                 except CorruptDataError as e:
                     log.warning("%s; using an older snapshot", e)
@@ -513,7 +513,7 @@ class LogStore:
         old.sync()
         idx.segment_size = old.size
         self._producers.expire(self._now_ms())
-        self._producers.write(self._log_dir / segment_name(old.base_position, ".producers"))
+        write_snapshot(self._producers, self._log_dir / segment_name(old.base_position, ".producers"))
         for stale in self._bases[:-2]:  # keep the two newest snapshots
             (self._log_dir / segment_name(stale, ".producers")).unlink(missing_ok=True)
         idx.write(self._log_dir / segment_name(old.base_position, ".idx"))

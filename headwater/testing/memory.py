@@ -24,6 +24,7 @@ from headwater.errors import (
 )
 from headwater.model.batch import broker_prefix, decode_records, validate_batch
 from headwater.model.config import PARTITIONS_MAX, PartitionInfo, QueueConfig, QueueInfo, validate_queue_name
+from headwater.model.producer_state import ProducerStateTable
 from headwater.model.service import FetchResult, ProduceResult
 
 __all__ = ["MemoryBroker"]
@@ -63,6 +64,7 @@ class MemoryBroker:
         self._closed = False
         self._appended = threading.Condition()
         self._offsets: dict[tuple[str, int, int], int] = {}
+        self._producers = ProducerStateTable()
 
     def _now(self) -> int:
         return int(self._clock() * 1000)
@@ -164,6 +166,9 @@ class MemoryBroker:
         with self._lock:
             q = self._q(queue, usable=True)
             p = self._p(q, partition)
+            dup = self._producers.check(h, q.qid, partition)
+            if dup is not None:  # an idempotent retry: the original placement
+                return dup
             ts = max(self._now(), self._last_ts)
             self._last_ts = ts
             stored = broker_prefix(h.length, q.qid, partition, p.end, ts) + bytes(batch[40:])
@@ -173,6 +178,7 @@ class MemoryBroker:
             p.batches.append(stored)
             base = p.end
             p.end += h.count
+            self._producers.record(h, q.qid, partition, base, ts)
         with self._appended:
             self._appended.notify_all()
         return ProduceResult(q.qid, partition, base, h.count, ts)
