@@ -56,6 +56,7 @@ class ServerThread:
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.server.request_stop)
         self.thread.join(15)
+        self.loop.close()
 
 
 @pytest.fixture(params=["embedded", "memory", "network"])

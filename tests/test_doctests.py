@@ -13,6 +13,7 @@ MODULES = [
     "headwater.client.producer",
     "headwater.client.consumer",
     "headwater.testing",
+    "headwater.aio",
 ]
 
 

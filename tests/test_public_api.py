@@ -36,3 +36,11 @@ def test_every_public_name_has_a_docstring():
         obj = getattr(headwater, name)
         if callable(obj) and not name.endswith("Error"):
             assert obj.__doc__, name
+
+
+def test_aio_all_is_pinned():
+    import headwater.aio
+
+    assert set(headwater.aio.__all__) == {
+        "connect", "open", "AsyncAdmin", "AsyncClient", "AsyncConsumer", "AsyncProducer", "AsyncScanner",
+    }

@@ -54,6 +54,7 @@ def raw_conn(broker: BrokerProcess, handshake: bool = True) -> tuple[socket.sock
 
 
 def closed_by_peer(s: socket.socket, timeout_s: float = 5.0) -> bool:
+    """True when the broker closes the connection within the timeout; closes ours too."""
     s.settimeout(timeout_s)
     try:
         while True:
@@ -64,6 +65,8 @@ def closed_by_peer(s: socket.socket, timeout_s: float = 5.0) -> bool:
         return True
     except socket.timeout:
         return False
+    finally:
+        s.close()
 
 
 @pytest.mark.parametrize("junk", [

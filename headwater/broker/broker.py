@@ -50,6 +50,11 @@ class Broker:
             store.close()
             raise
 
+    def add_append_listener(self, fn: Callable[[str, int, int], None]) -> None:
+        """Call ``fn(queue, partition, end_offset)`` after every append, from the appending
+        thread (keep it quick: hand work to another thread or loop)."""
+        self.store.add_append_listener(fn)
+
     def _on_append(self, queue: str, partition: int, end_offset: int) -> None:
         if self._waiting:  # appends nobody waits for cost one attribute read
             with self._appended:

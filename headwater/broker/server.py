@@ -102,6 +102,14 @@ class _PartitionWaiters:
             if not lst:
                 del self._waiting[(queue, partition)]
 
+    def wake_all(self) -> None:
+        """Answer every parked fetch now (the server is stopping)."""
+        for lst in self._waiting.values():
+            for _, fut in lst:
+                if not fut.done():
+                    fut.set_result(None)
+        self._waiting.clear()
+
     def notify(self, queue: str, partition: int, end_offset: int) -> None:
         if (queue, partition) in self._waiting:
             self._loop.call_soon_threadsafe(self._wake, queue, partition, end_offset)
@@ -149,6 +157,7 @@ class BrokerServer:
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[_ConnState] = set()
         self._handlers: set[asyncio.Task] = set()
+        self._closing = False
         self._stopping: asyncio.Event | None = None
         self._started = time.monotonic()
         self.requests = 0
@@ -160,7 +169,7 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self._waiters = _PartitionWaiters(loop)
-        self.broker.store.add_append_listener(self._waiters.notify)
+        self.broker.add_append_listener(self._waiters.notify)
         _raise_fd_limit(self.config.connections_max + 256)
         self._server = await asyncio.start_server(
             self._handle, self.config.host, self.config.port, limit=self.config.read_bytes,
@@ -186,6 +195,8 @@ class BrokerServer:
         if self._server is not None:
             self._server.close()
             self._server = None
+        self._closing = True
+        self._waiters.wake_all()  # parked long polls answer now, with what there is
         tasks = [t for c in self._conns for t in c.tasks]
         if tasks:
             await asyncio.wait(tasks, timeout=self.config.shutdown_grace_s)
@@ -270,8 +281,10 @@ class BrokerServer:
                 st.tasks.add(task)
                 task.add_done_callback(st.tasks.discard)
             elif isinstance(ev, ConnectionClosed):
+                # the peer is gone: answers it may still read are finished briefly; parked
+                # long polls would only hold resources for nobody, so they are cancelled
                 if st.tasks:
-                    await asyncio.wait(list(st.tasks))
+                    await asyncio.wait(list(st.tasks), timeout=1.0)
                 return
             else:
                 return
@@ -326,7 +339,7 @@ class BrokerServer:
             res = self.broker.fetch(req.queue, req.partition, req.offset, max_bytes=want,
                                     tag_mask=req.tag_mask, end_offset=req.end_offset)
             remaining = deadline - time.monotonic()
-            if res.batches or res.next_offset != req.offset or remaining <= 0 or (
+            if res.batches or res.next_offset != req.offset or remaining <= 0 or self._closing or (
                 req.end_offset is not None and req.offset >= req.end_offset
             ):
                 return FetchResponse.from_result(res)

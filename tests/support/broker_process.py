@@ -21,11 +21,11 @@ class BrokerProcess:
         self.log = data.parent / f"{data.name}-broker.log"
 
     def start(self, timeout_s: float = 20.0) -> BrokerProcess:
-        logf = open(self.log, "ab")
-        self.proc = subprocess.Popen(
-            [HEADWATER, "--data", str(self.data), "serve", "--port", str(self.port), *self.args],
-            stdout=subprocess.PIPE, stderr=logf, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        with open(self.log, "ab") as logf:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [HEADWATER, "--data", str(self.data), "serve", "--port", str(self.port), *self.args],
+                stdout=subprocess.PIPE, stderr=logf, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
         deadline = time.monotonic() + timeout_s
         assert self.proc.stdout is not None
         while time.monotonic() < deadline:
@@ -57,11 +57,19 @@ class BrokerProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
+        self._close_pipe()
 
     def terminate(self, timeout_s: float = 20.0) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout_s)
+        try:
+            return self.proc.wait(timeout_s)
+        finally:
+            self._close_pipe()
+
+    def _close_pipe(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

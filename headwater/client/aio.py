@@ -1,0 +1,197 @@
+"""AsyncClient and AsyncAdmin: the :class:`~headwater.client.client.Client` shape for asyncio.
+
+Every name of the sync client is here with the same arguments; what waits for the broker is
+a coroutine, what only builds an object (``producer()``, ``consumer()``, ``scanner()``) is a
+plain call. Get one with ``await headwater.aio.connect("host:port")`` or
+``await headwater.aio.open(path)``; the errors are the sync client's classes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+from headwater.errors import InvalidArgumentError, MessageNotFoundError
+from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
+from headwater.model.message import Message, MessageId, Record, to_epoch_ms
+from headwater.client.aio_consumer import AsyncConsumer
+from headwater.client.aio_producer import AsyncProducer
+from headwater.client.aio_scanner import AsyncScanner
+from headwater.client.aio_service import AsyncBrokerService
+from headwater.client.partitioner import PartitionFn
+from headwater.client.scanner import Bound, decode_stored
+
+__all__ = ["AsyncAdmin", "AsyncClient"]
+
+_UNSET = object()
+
+
+class AsyncAdmin:
+    """Create, inspect and change queues; the methods of :class:`~headwater.Admin`, awaitable."""
+
+    def __init__(self, service: AsyncBrokerService) -> None:
+        self._service = service
+
+    async def create_queue(self, name: str, *, partitions: int = 1, ttl_s: int | None | object = _UNSET,
+                           flush: str | None = None, message_bytes_max: int = 1024 * 1024,
+                           settings: dict[str, str] | None = None) -> QueueInfo:
+        """Create a queue.
+
+        ``ttl_s``: seconds a message is kept (default 7 days; ``None`` keeps forever).
+        ``flush``: ``"sync"`` or ``"async"`` (default: the broker's policy).
+        """
+        validate_queue_name(name)
+        kw = {} if ttl_s is _UNSET else {"ttl_s": ttl_s}
+        config = QueueConfig(partitions=partitions, flush=flush, message_bytes_max=message_bytes_max,
+                             settings=dict(settings or {}), **kw).validated()
+        return await self._service.create_queue(name, config)
+
+    async def describe_queue(self, name: str) -> QueueInfo:
+        return await self._service.describe_queue(name)
+
+    async def list_queues(self) -> list[QueueInfo]:
+        return await self._service.list_queues()
+
+    async def delete_queue(self, name: str) -> None:
+        await self._service.delete_queue(name)
+
+    async def truncate_queue(self, name: str) -> QueueInfo:
+        """Drop every message, keep the queue and its settings. Offsets keep counting up."""
+        return await self._service.truncate_queue(name)
+
+    async def disable_queue(self, name: str) -> QueueInfo:
+        """Refuse reads and writes (with QueueDisabledError) until enabled again."""
+        return await self._service.set_queue_enabled(name, False)
+
+    async def enable_queue(self, name: str) -> QueueInfo:
+        return await self._service.set_queue_enabled(name, True)
+
+    async def add_partitions(self, name: str, partitions: int) -> QueueInfo:
+        """Grow the queue to ``partitions`` partitions in total."""
+        return await self._service.add_partitions(name, partitions)
+
+
+class AsyncClient:
+    """Admin, producing, consuming, scanning and lookups over one broker, for asyncio.
+
+    ``async with`` (or ``await close()``) closes the producers and consumers it made, then
+    the connection or the embedded broker.
+    """
+
+    def __init__(self, service: AsyncBrokerService) -> None:
+        self._service = service
+        self.admin = AsyncAdmin(service)
+        self._default_producer: AsyncProducer | None = None
+        # open producers and consumers, held until closed: one the application dropped may
+        # still have work in flight, which close() must finish
+        self._children: set[AsyncProducer | AsyncConsumer] = set()
+        self._closed = False
+
+    @property
+    def service(self) -> AsyncBrokerService:
+        return self._service
+
+    def producer(self, *, partitioner: str | PartitionFn = "default", compression: str | None = None,
+                 linger_ms: int = 0, batch_bytes_max: int = 1 << 20, retries: int = 5,
+                 retry_backoff_ms: int = 100, delivery_timeout_ms: int = 120_000,
+                 idempotent: bool = True, **settings) -> AsyncProducer:
+        """A producer; see :class:`~headwater.client.aio_producer.AsyncProducer` for every
+        setting (``settings`` takes the rest: ``buffer_bytes_max``, ``metadata_max_age_ms``, ...).
+
+        Closing the client closes its producers first, which sends what they hold.
+        """
+        p = AsyncProducer(self._service, partitioner=partitioner, compression=compression,
+                          linger_ms=linger_ms, batch_bytes_max=batch_bytes_max, retries=retries,
+                          retry_backoff_ms=retry_backoff_ms, delivery_timeout_ms=delivery_timeout_ms,
+                          idempotent=idempotent, **settings)
+        self._adopt(p)
+        return p
+
+    def consumer(self, *, group: str | None = None, auto_offset_reset: str = "earliest",
+                 fetch_bytes: int = 1024 * 1024, max_poll_messages: int = 500,
+                 tags: str | Iterable[str] | None = None) -> AsyncConsumer:
+        """A consumer of partitions you assign; see :class:`~headwater.client.aio_consumer.AsyncConsumer`."""
+        c = AsyncConsumer(self._service, group=group, auto_offset_reset=auto_offset_reset,
+                          fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages, tags=tags)
+        self._adopt(c)
+        return c
+
+    def _adopt(self, child: AsyncProducer | AsyncConsumer) -> None:
+        self._children = {c for c in self._children if not c.closed}
+        self._children.add(child)
+
+    def scanner(self, queue: str, *, partitions: int | Iterable[int] | None = None,
+                start: Bound = None, stop: Bound = None,
+                start_time: datetime | int | None = None, end_time: datetime | int | None = None,
+                tags: str | Iterable[str] | None = None) -> AsyncScanner:
+        """Scan a queue, one partition or several: ``async for r in hw.scanner("q")``.
+
+        ``start`` is inclusive and ``stop`` exclusive; each is an offset for every partition,
+        ``{partition: offset}``, or a message id (which pins the scan to its partition).
+        ``start_time``/``end_time`` bound by append time, ``end_time`` exclusive.
+        """
+        return AsyncScanner(self._service, queue, partitions=partitions, start=start, stop=stop,
+                            start_time=start_time, end_time=end_time, tags=tags)
+
+    def _producer(self) -> AsyncProducer:
+        if self._default_producer is None:
+            self._default_producer = self.producer()
+        return self._default_producer
+
+    async def send(self, queue: str, body: bytes | Message, **kw) -> MessageId:
+        """Send one message with the default producer and return its id once stored."""
+        return await self._producer().send(queue, body, **kw)
+
+    async def send_batch(self, queue: str, messages: Sequence[Message | bytes], **kw) -> Sequence[MessageId]:
+        """Send messages with the default producer; their ids in the given order."""
+        return await self._producer().send_batch(queue, messages, **kw)
+
+    async def get(self, message_id: MessageId | str) -> Record:
+        """The message with this id; :class:`MessageNotFoundError` if it is not retained."""
+        mid = MessageId.parse(message_id)
+        name, batch = await self._service.lookup_id(mid.queue_id, mid.partition, mid.offset)
+        recs = decode_stored(batch, name, start_offset=mid.offset, end_offset=mid.offset + 1)
+        if not recs:
+            raise MessageNotFoundError(f"message {mid} is not retained")
+        return recs[0]
+
+    async def find(self, queue: str, key: bytes, *, start_time: datetime | int | None = None,
+                   end_time: datetime | int | None = None, limit: int = 1000) -> list[Record]:
+        """Messages of ``queue`` whose key is ``key``, appended in [start_time, end_time),
+        oldest first."""
+        if isinstance(key, str):
+            raise InvalidArgumentError("a key is bytes; encode it first, e.g. key.encode()")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidArgumentError(f"limit must be a positive int, got {limit!r}")
+        lo, hi = to_epoch_ms(start_time, "start_time"), to_epoch_ms(end_time, "end_time")
+        out: list[Record] = []
+        for b in await self._service.lookup_key(queue, key, lo, hi, limit):
+            out.extend(r for r in decode_stored(b, queue) if r.key == key)
+        out.sort(key=lambda r: (r.timestamp_ms, r.partition, r.offset))
+        return out[:limit]
+
+    async def offset_for_time(self, queue: str, partition: int, when: datetime | int) -> int:
+        """The first offset of ``partition`` appended at or after ``when``."""
+        return await self._service.offset_for_time(queue, partition, to_epoch_ms(when, "when"))  # type: ignore[arg-type]
+
+    async def status(self) -> dict[str, object]:
+        """Facts about the broker: version, uptime, storage figures, recovery repairs."""
+        return await self._service.status()
+
+    async def close(self) -> None:
+        """Close the producers (flushing them) and consumers made here, then the service."""
+        if self._closed:
+            return
+        self._closed = True
+        outcomes = await asyncio.gather(*(c.close() for c in list(self._children)), return_exceptions=True)
+        await self._service.close()
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

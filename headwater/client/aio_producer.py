@@ -1,0 +1,683 @@
+"""AsyncProducer: the :class:`~headwater.client.producer.Producer` for asyncio.
+
+The same batching, routing and idempotence, on the event loop instead of a sender thread:
+
+- ``send_nowait()`` checks a message, picks its partition and appends it to that
+  partition's *open batch*, then returns an ``asyncio.Future`` of its id (the async
+  analogue of the sync ``send()``). A partition's open batch is sent when it reaches
+  ``batch_bytes_max``, when ``linger_ms`` has passed since its first message, or, with
+  ``linger_ms=0``, as soon as the partition has no batch in flight (messages arriving
+  meanwhile form the next batch). When the queue's metadata is not cached, the message
+  waits for it (in send order) and errors that need the metadata go to the future.
+- ``await send()`` and ``await send_batch()`` do the same without lingering and return once
+  the broker acknowledged. Cancelling the caller does not take the messages back.
+- One *drainer* task per partition sends its batches, holding the partition's slot (an
+  ``asyncio.Lock``): at most one batch of this producer is in flight per partition, because
+  the broker serves a connection's requests concurrently and two batches in flight could be
+  appended out of order. Parallelism comes from partitions.
+- Idempotence as in the sync producer: a random 62-bit producer id and an epoch; each batch
+  carries the sequence of its first message, counted per (queue, partition) and assigned
+  when the batch is encoded, in the slot. A retriable error re-sends the same bytes after a
+  backoff, so the broker recognises a retry and answers with the original offsets. When a
+  batch fails for good after it may have reached the broker, the epoch is bumped.
+
+Use from one event loop. Nothing here blocks; the pure helpers (message checks, the
+partitioner, receipts) are shared with the sync producer
+(:mod:`headwater.client.batching`, :mod:`headwater.client.partitioner`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import secrets
+import sys
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from headwater.errors import (
+    ClosedError,
+    InvalidArgumentError,
+    MessageTooLargeError,
+    PartitionOutOfRangeError,
+    QueueNotFoundError,
+    UnavailableError,
+)
+from headwater.model.batch import BATCH_BYTES_MAX, encode_batch
+from headwater.model.config import QueueInfo
+from headwater.model.message import Message, MessageId
+from headwater.model.service import ProduceResult
+from headwater.client.aio_service import AsyncBrokerService
+from headwater.client.batching import (
+    COMPRESSIONS,
+    EPOCH_MAX,
+    SEQUENCE_MOD,
+    BatchReceipt,
+    check_message,
+    check_messages,
+    int_setting,
+    may_be_appended,
+    too_large,
+)
+from headwater.client.partitioner import Partitioner, PartitionFn
+
+__all__ = ["AsyncProducer"]
+
+log = logging.getLogger("headwater.producer")
+
+_NO_CAP = sys.maxsize  # checking types before the queue's message_bytes_max is known
+
+
+class _Partition:
+    """One (queue, partition): its open batch, sealed batches waiting, the slot and the
+    drainer that holds it, the linger timer, and the idempotence sequence."""
+
+    __slots__ = ("queue", "partition", "open", "ready", "in_flight", "slot", "drainer", "timer",
+                 "identity", "next_sequence")
+
+    def __init__(self, queue: str, partition: int) -> None:
+        self.queue, self.partition = queue, partition
+        self.open: _Batch | None = None
+        self.ready: deque[_Batch] = deque()
+        self.in_flight: _Batch | None = None
+        self.slot = asyncio.Lock()  # held while a batch is in flight
+        self.drainer: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.identity: tuple[int, int] | None = None  # (producer id, epoch) of next_sequence
+        self.next_sequence = 0
+
+
+class _Batch:
+    """Messages bound for one partition and the futures waiting for them.
+
+    ``entries`` are ``(index, count, future)``: ``count == 0`` is one message (its future
+    gets a MessageId), ``count > 0`` a ``send_batch`` group (its future gets the
+    ProduceResult of that range)."""
+
+    __slots__ = ("part", "messages", "entries", "size_bytes", "buffered_bytes", "created_s", "urgent",
+                 "encoded", "identity", "base_sequence", "attempts", "done")
+
+    def __init__(self, part: _Partition, created_s: float) -> None:
+        self.part = part
+        self.messages: list[Message | bytes] = []
+        self.entries: list[tuple[int, int, asyncio.Future[Any]]] = []
+        self.size_bytes = 0
+        self.buffered_bytes = 0  # the part of size_bytes that counts against buffer_bytes_max
+        self.created_s = created_s
+        self.urgent = False  # someone awaits it: do not linger
+        self.encoded: bytearray | None = None
+        self.identity: tuple[int, int] | None = None
+        self.base_sequence = -1
+        self.attempts = 0
+        self.done = False
+
+
+class _Parked(NamedTuple):
+    """A ``send_nowait`` message waiting for its queue's metadata."""
+
+    msg: Message | bytes
+    size: int
+    partition: int | None
+    fut: asyncio.Future[MessageId]
+
+
+class AsyncProducer:
+    """Sends messages to queues from asyncio code. One producer can serve a whole application.
+
+    Get one from a client: ``hw.producer(...)``. ``await send()`` returns a message's id once
+    it is stored; ``send_nowait()`` returns a future at once, for many messages in flight;
+    ``await flush()`` waits for everything sent so far; ``await close()`` flushes and stops.
+
+    Options are the sync :class:`~headwater.client.producer.Producer`'s: ``partitioner``,
+    ``compression``, ``linger_ms``, ``batch_bytes_max``, ``retries``, ``retry_backoff_ms``,
+    ``retry_backoff_max_ms``, ``delivery_timeout_ms``, ``idempotent``, ``buffer_bytes_max``
+    (the bytes ``send_nowait`` messages may hold unacknowledged; past it ``send_nowait``
+    raises :class:`UnavailableError` instead of blocking), ``metadata_max_age_ms`` and
+    ``rng``.
+    """
+
+    def __init__(self, service: AsyncBrokerService, *, partitioner: str | PartitionFn = "default",
+                 compression: str | None = None, linger_ms: int = 0, batch_bytes_max: int = 1 << 20,
+                 retries: int = 5, retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
+                 delivery_timeout_ms: int = 120_000, idempotent: bool = True,
+                 buffer_bytes_max: int = 32 << 20, metadata_max_age_ms: int = 5000,
+                 rng: random.Random | None = None) -> None:
+        if compression not in COMPRESSIONS:
+            raise InvalidArgumentError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
+        if not isinstance(idempotent, bool):
+            raise InvalidArgumentError(f"idempotent is True or False, got {idempotent!r}")
+        self._rng = rng or random.Random()
+        self._partitioner = Partitioner(partitioner, rng=self._rng)
+        self._service = service
+        self.compression = compression
+        self.linger_ms = int_setting("linger_ms", linger_ms, 0, 3_600_000)
+        self.batch_bytes_max = int_setting("batch_bytes_max", batch_bytes_max, 1, BATCH_BYTES_MAX // 2)
+        self.retries = int_setting("retries", retries, 0, 1_000_000)
+        self.retry_backoff_ms = int_setting("retry_backoff_ms", retry_backoff_ms, 0, 3_600_000)
+        self.retry_backoff_max_ms = int_setting("retry_backoff_max_ms", retry_backoff_max_ms,
+                                                 retry_backoff_ms, 3_600_000)
+        self.delivery_timeout_ms = int_setting("delivery_timeout_ms", delivery_timeout_ms, 1, 86_400_000)
+        self.idempotent = idempotent
+        self.buffer_bytes_max = int_setting("buffer_bytes_max", buffer_bytes_max, 1, 1 << 40)
+        self._metadata_max_age_s = int_setting("metadata_max_age_ms", metadata_max_age_ms, 0, 86_400_000) / 1000
+        self._linger_s = linger_ms / 1000
+        self._delivery_timeout_s = delivery_timeout_ms / 1000
+        self._identity: tuple[int, int] | None = (secrets.randbits(62), 0) if idempotent else None
+        self._metadata: dict[str, tuple[float, QueueInfo]] = {}
+        self._parts: dict[tuple[str, int], _Partition] = {}
+        self._parked: dict[str, list[_Parked]] = {}  # by queue, in send order
+        self._metadata_tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # drainers and metadata tasks, for close()
+        self._batch_done = asyncio.Event()  # set whenever a batch finishes (flush waits on it)
+        self._buffered_bytes = 0
+        self._flushing = 0
+        self._closed = False
+        self._aborting = False
+
+    # -- public API -----------------------------------------------------------------------
+
+    @property
+    def producer_id(self) -> int | None:
+        """The id batches carry (None unless idempotent); changes only after 32767 epochs."""
+        return None if self._identity is None else self._identity[0]
+
+    @property
+    def producer_epoch(self) -> int | None:
+        """The epoch batches carry; bumped when a batch fails after it may have been stored."""
+        return None if self._identity is None else self._identity[1]
+
+    @property
+    def closed(self) -> bool:
+        """True once close() began: sends are refused."""
+        return self._closed
+
+    def send_nowait(self, queue: str, body: bytes | Message, *, key: bytes | None = None,
+                    tag: str | None = None, properties: dict[str, str] | None = None,
+                    partition: int | None = None) -> asyncio.Future[MessageId]:
+        """Queue one message; return a future of its id (call from the event loop).
+
+        Wrong types raise here. When the queue's metadata is cached, so do a body over the
+        queue's ``message_bytes_max``, a partition out of range and an unknown queue;
+        otherwise those arrive through the future. Raises :class:`UnavailableError` when
+        ``buffer_bytes_max`` bytes already wait (``await flush()`` or ``await send()`` then).
+        Cancelling the future does not take the message back.
+        """
+        self._check_open()
+        msg = _as_message(body, key, tag, properties)
+        size = check_message(msg, _NO_CAP)
+        _check_partition_type(partition)
+        if self._buffered_bytes + size > self.buffer_bytes_max:
+            if size > self.buffer_bytes_max:
+                raise MessageTooLargeError(f"a message of {size} bytes does not fit in the producer's "
+                                           f"buffer_bytes_max={self.buffer_bytes_max}")
+            raise UnavailableError(
+                f"producer buffer full: {self._buffered_bytes} bytes wait for acknowledgement "
+                f"(buffer_bytes_max={self.buffer_bytes_max}); await flush() or send() to wait for room"
+            )
+        fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        info = self._cached_info(queue, partition)
+        if info is None:
+            self._park(queue, _Parked(msg, size, partition, fut))
+        else:
+            self._route(queue, info, msg, size, partition, fut, urgent=False, buffered=True)
+        self._buffered_bytes += size
+        return fut
+
+    async def send(self, queue: str, body: bytes | Message, *, key: bytes | None = None,
+                   tag: str | None = None, properties: dict[str, str] | None = None,
+                   partition: int | None = None) -> MessageId:
+        """Send one message and return its id once it is stored. It does not linger."""
+        self._check_open()
+        msg = _as_message(body, key, tag, properties)
+        size = check_message(msg, _NO_CAP)
+        info = await self._info_for(queue, partition)
+        self._check_open()
+        fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        self._route(queue, info, msg, size, partition, fut, urgent=True, buffered=False)
+        return await asyncio.shield(fut)
+
+    send_and_wait = send  # the sync producer's name for a send that waits
+
+    async def send_batch(self, queue: str, messages: Sequence[Message | bytes], *,
+                         partition: int | None = None) -> Sequence[MessageId]:
+        """Send messages as one batch per partition; return their ids in the given order.
+
+        With ``partition`` every message goes there; otherwise the partitioner decides.
+        Every message is checked before any is queued. When messages go to several
+        partitions and one fails, the others may be stored.
+        """
+        if isinstance(messages, (bytes, Message)):
+            raise InvalidArgumentError("send_batch takes a list of messages; use send() for one")
+        if len(messages) == 0:
+            raise InvalidArgumentError("send_batch needs at least one message")
+        self._check_open()
+        info = await self._info_for(queue, partition)
+        n = len(info.partitions)
+        part = self._partitioner
+        groups: dict[int | None, list[int]]
+        if partition is not None:
+            groups = {partition: list(range(len(messages)))}
+        elif not callable(part.strategy) and not (
+                part.per_message and any(isinstance(m, Message) and m.key is not None for m in messages)):
+            if part.strategy == "key":
+                part.for_message(messages[0], n)  # raises: a key is required
+            groups = {None: list(range(len(messages)))}
+        else:
+            groups = {}
+            for i, m in enumerate(messages):
+                groups.setdefault(part.for_message(m, n), []).append(i)
+        cap = info.config.message_bytes_max
+        msgs = {p: [messages[i] for i in idxs] for p, idxs in groups.items()}
+        sizes = {p: check_messages(ms, cap) for p, ms in msgs.items()}  # all valid, or none sent
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        futs: dict[int | None, asyncio.Future[ProduceResult]] = {}
+        for p, ms in msgs.items():
+            ps = self._partition_state(queue, p if p is not None else part.sticky(queue, n))
+            futs[p] = loop.create_future()
+            self._enqueue(ps, ms, sizes[p], (len(ms), futs[p]), urgent=True)
+        results = await asyncio.shield(asyncio.gather(*futs.values()))
+        if len(groups) == 1:
+            return BatchReceipt(results[0])
+        ids: list[MessageId | None] = [None] * len(messages)
+        for (p, idxs), result in zip(groups.items(), results):
+            for i, mid in zip(idxs, BatchReceipt(result)):
+                ids[i] = mid
+        return ids  # type: ignore[return-value]
+
+    async def flush(self, timeout_s: float | None = None) -> None:
+        """Send what is queued now, without lingering, and wait until every message sent so
+        far is acknowledged or has failed (see the futures for which).
+
+        Raises :class:`UnavailableError` if that takes longer than ``timeout_s``.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        if self._metadata_tasks:  # messages waiting for metadata take their places first
+            tasks = list(self._metadata_tasks.values())
+            _, late = await asyncio.wait(tasks, timeout=_left(loop, deadline))
+            if late:
+                raise UnavailableError(f"flush: queue metadata still unknown after {timeout_s} s")
+        pending = [b for ps in self._parts.values() for b in (ps.in_flight, *ps.ready, ps.open) if b is not None]
+        if not pending:
+            return
+        self._flushing += 1
+        try:
+            for ps in self._parts.values():
+                if ps.open is not None or ps.ready:
+                    self._kick(ps)
+            for b in pending:
+                while not b.done:
+                    remaining = _left(loop, deadline)
+                    if remaining is not None and remaining <= 0:
+                        left = sum(not x.done for x in pending)
+                        raise UnavailableError(f"flush: {left} batches still unacknowledged after {timeout_s} s")
+                    self._batch_done.clear()
+                    try:
+                        await asyncio.wait_for(self._batch_done.wait(), remaining)
+                    except asyncio.TimeoutError:
+                        pass
+        finally:
+            self._flushing -= 1
+
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Flush, then stop. Later sends raise :class:`ClosedError`.
+
+        If the flush takes longer than ``timeout_s``, messages not yet acknowledged fail with
+        :class:`ClosedError` (one in flight may still have been stored). Every task of the
+        producer has ended when this returns.
+        """
+        self._closed = True
+        try:
+            await self.flush(timeout_s)
+        except UnavailableError:
+            self._abort()
+        for ps in self._parts.values():
+            if ps.timer is not None:
+                ps.timer.cancel()
+                ps.timer = None
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- metadata and routing -------------------------------------------------------------
+
+    async def _queue_info(self, queue: str, *, refresh: bool = False) -> QueueInfo:
+        now = asyncio.get_running_loop().time()
+        got = self._metadata.get(queue)
+        if refresh or got is None or now - got[0] > self._metadata_max_age_s:
+            info = await self._service.describe_queue(queue)
+            self._metadata[queue] = (now, info)
+            return info
+        return got[1]
+
+    def _cached_info(self, queue: str, partition: int | None) -> QueueInfo | None:
+        """The queue's metadata if ``send_nowait`` may route with it now; None if the message
+        must wait (unknown or stale, an explicit partition beyond it, or earlier messages of
+        the queue still waiting)."""
+        got = self._metadata.get(queue)
+        if got is None or queue in self._parked:
+            return None
+        at, info = got
+        if asyncio.get_running_loop().time() - at > self._metadata_max_age_s:
+            return None
+        if partition is not None and partition >= len(info.partitions):
+            return None  # the queue may have grown: refresh before refusing
+        return info
+
+    async def _info_for(self, queue: str, partition: int | None) -> QueueInfo:
+        """Metadata for a waiting send, after earlier ``send_nowait`` messages took their places."""
+        task = self._metadata_tasks.get(queue)
+        if task is not None:
+            await asyncio.wait([task])
+        info = await self._queue_info(queue)
+        _check_partition_type(partition)
+        if partition is not None and not 0 <= partition < len(info.partitions):
+            info = await self._queue_info(queue, refresh=True)  # it may have grown
+            n = len(info.partitions)
+            if not 0 <= partition < n:
+                raise PartitionOutOfRangeError(
+                    f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {partition}")
+        return info
+
+    def _park(self, queue: str, item: _Parked) -> None:
+        self._parked.setdefault(queue, []).append(item)
+        if queue not in self._metadata_tasks:
+            task = asyncio.get_running_loop().create_task(self._route_parked(queue),
+                                                          name=f"headwater-producer-metadata-{queue}")
+            self._metadata_tasks[queue] = task
+            self._track(task)
+
+    async def _route_parked(self, queue: str) -> None:
+        """Fetch the queue's metadata, then route the messages that waited for it, in order."""
+        try:
+            try:
+                info: QueueInfo | None = await self._queue_info(queue, refresh=True)
+                error: BaseException | None = None
+            except Exception as e:  # noqa: BLE001 - it belongs to the waiting futures
+                info, error = None, e
+            for item in self._parked.pop(queue, []):
+                failure = error
+                if info is not None:
+                    try:
+                        self._route(queue, info, item.msg, item.size, item.partition, item.fut,
+                                    urgent=False, buffered=True)
+                    except Exception as e:  # noqa: BLE001 - this message's own failure
+                        failure = e
+                if failure is not None:
+                    self._buffered_bytes -= item.size
+                    _fail(item.fut, failure)
+        finally:
+            self._metadata_tasks.pop(queue, None)
+
+    def _route(self, queue: str, info: QueueInfo, msg: Message | bytes, size: int, partition: int | None,
+               fut: asyncio.Future[MessageId], *, urgent: bool, buffered: bool) -> None:
+        """Check the message against the queue and append it to its partition's open batch."""
+        cap = info.config.message_bytes_max
+        body_len = len(msg) if type(msg) is bytes else len(msg.body)  # type: ignore[union-attr,arg-type]
+        if body_len > cap:
+            raise too_large(body_len, cap)
+        n = len(info.partitions)
+        if partition is not None:
+            if not 0 <= partition < n:
+                raise PartitionOutOfRangeError(
+                    f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {partition}")
+            p = partition
+        else:
+            chosen = self._partitioner.for_message(msg, n)
+            p = chosen if chosen is not None else self._partitioner.sticky(queue, n)
+        ps = self._partition_state(queue, p)
+        self._enqueue(ps, msg, size, (0, fut), urgent=urgent, buffered=size if buffered else 0)
+
+    def _partition_state(self, queue: str, partition: int) -> _Partition:
+        ps = self._parts.get((queue, partition))
+        if ps is None:
+            ps = self._parts[(queue, partition)] = _Partition(queue, partition)
+        return ps
+
+    # -- the accumulator ------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the producer is closed")
+
+    def _enqueue(self, ps: _Partition, msgs: Message | bytes | list[Message | bytes], size: int,
+                 entry: tuple[int, asyncio.Future[Any]], *, urgent: bool, buffered: int = 0) -> None:
+        """Add one message (``entry[0] == 0``) or a ``send_batch`` group to the open batch of
+        ``ps``; seal it when full; start the drainer when there is something to send."""
+        b = ps.open
+        if b is not None and b.size_bytes + size > self.batch_bytes_max:
+            self._seal(ps)  # would overflow: the newcomer starts the next batch
+            b = None
+        new = b is None
+        if b is None:
+            b = ps.open = _Batch(ps, asyncio.get_running_loop().time())
+        count, fut = entry
+        b.entries.append((len(b.messages), count, fut))
+        if count:
+            b.messages.extend(msgs)  # type: ignore[arg-type]
+        else:
+            b.messages.append(msgs)  # type: ignore[arg-type]
+        b.size_bytes += size
+        b.buffered_bytes += buffered
+        if urgent:
+            b.urgent = True
+        sealed = b.size_bytes >= self.batch_bytes_max
+        if sealed:
+            self._seal(ps)
+        if new or sealed or urgent:
+            self._kick(ps)
+
+    def _seal(self, ps: _Partition) -> None:
+        ps.ready.append(ps.open)  # type: ignore[arg-type]
+        ps.open = None
+        self._partitioner.batch_sent(ps.queue, ps.partition)
+
+    def _kick(self, ps: _Partition) -> None:
+        """Make sure the partition's drainer runs (it sends what is due, then ends)."""
+        if ps.drainer is None:
+            ps.drainer = asyncio.get_running_loop().create_task(
+                self._drain(ps), name=f"headwater-producer-{ps.queue}-{ps.partition}")
+            self._track(ps.drainer)
+
+    def _linger_ended(self, ps: _Partition) -> None:
+        ps.timer = None
+        self._kick(ps)
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._task_ended)
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a producer task failed", exc_info=task.exception())
+
+    async def _drain(self, ps: _Partition) -> None:
+        """Send the partition's due batches one at a time, each holding the slot."""
+        try:
+            while True:
+                async with ps.slot:
+                    b = self._take_due(ps)
+                    if b is None:
+                        return
+                    ps.in_flight = b
+                    try:
+                        await self._deliver(b)
+                    finally:
+                        ps.in_flight = None
+        finally:
+            ps.drainer = None
+
+    def _take_due(self, ps: _Partition) -> _Batch | None:
+        """The next batch to send now; None if there is none, or the open one still lingers
+        (then a timer restarts the drainer when it is due)."""
+        if ps.ready:
+            return ps.ready.popleft()
+        b = ps.open
+        if b is None:
+            return None
+        if not (b.urgent or not self._linger_s or self._flushing or self._closed):
+            loop = asyncio.get_running_loop()
+            due = b.created_s + self._linger_s
+            if due > loop.time():
+                if ps.timer is None:
+                    ps.timer = loop.call_at(due, self._linger_ended, ps)
+                return None
+        ps.open = None
+        self._partitioner.batch_sent(ps.queue, ps.partition)
+        return b
+
+    async def _deliver(self, b: _Batch) -> None:
+        """Encode (first attempt) and send a batch, retrying retriable errors; settle it."""
+        ps = b.part
+        loop = asyncio.get_running_loop()
+        try:
+            if b.encoded is None:
+                if self._aborting:
+                    self._finish(b, None, ClosedError("the producer was closed before this message was sent"))
+                    return
+                if loop.time() - b.created_s > self._delivery_timeout_s:
+                    self._finish(b, None, UnavailableError(
+                        f"the batch waited longer than delivery_timeout_ms={self.delivery_timeout_ms} to be sent"))
+                    return
+                try:
+                    self._encode(b)
+                except Exception as e:  # noqa: BLE001 - it belongs to the batch's futures
+                    self._finish(b, None, e)
+                    return
+            while True:
+                b.attempts += 1
+                try:
+                    result = await self._service.produce(ps.queue, ps.partition, b.encoded)  # type: ignore[arg-type]
+                except Exception as e:  # noqa: BLE001 - judged below: retry or settle
+                    delay = self._retry_delay(b, e)
+                    if delay is None:
+                        self._finish(b, None, self._final_error(b, e))
+                        return
+                    await asyncio.sleep(delay)
+                    continue
+                self._finish(b, result, None)
+                return
+        except asyncio.CancelledError:  # close() gave up waiting
+            if not b.done:
+                self._finish(b, None, ClosedError("the producer was closed before this batch was acknowledged"))
+            raise
+
+    def _encode(self, b: _Batch) -> None:
+        """Encode in the slot: the batch's sequence follows what its partition acknowledged."""
+        ps = b.part
+        ident = self._identity
+        if ident is None:
+            pid = seq = epoch = -1
+        else:
+            if ps.identity != ident:  # first batch, or a new epoch: sequences start afresh
+                ps.identity, ps.next_sequence = ident, 0
+            pid, epoch = ident
+            seq = ps.next_sequence
+        # messages were checked against the queue's limit when queued
+        b.encoded = encode_batch(b.messages, compression=self.compression, producer_id=pid,
+                                 base_sequence=seq, producer_epoch=epoch)
+        b.identity, b.base_sequence = ident, seq
+
+    def _retry_delay(self, b: _Batch, exc: BaseException) -> float | None:
+        """Seconds to wait before sending ``b`` again, or None if ``exc`` is final."""
+        if not getattr(exc, "retriable", False) or b.attempts > self.retries or self._aborting:
+            return None
+        backoff_ms = min(self.retry_backoff_ms * 2 ** min(b.attempts - 1, 30), self.retry_backoff_max_ms)
+        delay = backoff_ms / 1000 * (0.8 + 0.4 * self._rng.random())  # +-20% jitter
+        if asyncio.get_running_loop().time() + delay - b.created_s > self._delivery_timeout_s:
+            return None
+        return delay
+
+    def _final_error(self, b: _Batch, exc: BaseException) -> BaseException:
+        if getattr(exc, "retriable", False) and b.attempts <= self.retries and not self._aborting:
+            err = UnavailableError(
+                f"not acknowledged within delivery_timeout_ms={self.delivery_timeout_ms} "
+                f"({b.attempts} attempts); last error: {exc}"
+            )
+            err.__cause__ = exc
+            return err
+        return exc
+
+    def _finish(self, b: _Batch, result: ProduceResult | None, exc: BaseException | None) -> None:
+        """Settle a batch: advance or reset the sequence, free its buffer room, resolve its futures."""
+        ps = b.part
+        if result is not None:
+            if b.identity is not None and b.identity == ps.identity:
+                ps.next_sequence = (b.base_sequence + result.count) % SEQUENCE_MOD
+            qid, part, base = result.queue_id, result.partition, result.base_offset
+            for index, count, fut in b.entries:
+                if not fut.done():  # the caller may have cancelled its future
+                    fut.set_result(ProduceResult(qid, part, base + index, count, result.timestamp_ms)
+                                   if count else MessageId(qid, part, base + index))
+        else:
+            assert exc is not None
+            if b.attempts and b.identity is not None and b.identity == self._identity and may_be_appended(exc):
+                self._bump_epoch()
+            if isinstance(exc, (QueueNotFoundError, PartitionOutOfRangeError)):
+                self._metadata.pop(ps.queue, None)
+            for _, _, fut in b.entries:
+                _fail(fut, exc)
+        self._buffered_bytes -= b.buffered_bytes
+        b.buffered_bytes = 0
+        b.done = True
+        self._batch_done.set()
+
+    def _bump_epoch(self) -> None:
+        pid, epoch = self._identity  # type: ignore[misc]
+        self._identity = (secrets.randbits(62), 0) if epoch >= EPOCH_MAX else (pid, epoch + 1)
+        log.info("producer %d: epoch bumped to %d after a failed batch", pid, epoch + 1)
+
+    def _abort(self) -> None:
+        """close() gave up on the flush: fail what is unsent, stop what is in flight."""
+        self._aborting = True
+        closed = ClosedError("the producer was closed before this message was sent")
+        for queue in list(self._parked):
+            for item in self._parked.pop(queue):
+                self._buffered_bytes -= item.size
+                _fail(item.fut, closed)
+        for ps in self._parts.values():
+            for b in (*ps.ready, ps.open):
+                if b is not None:
+                    self._finish(b, None, closed)
+            ps.ready.clear()
+            ps.open = None
+        for task in self._tasks:
+            task.cancel()
+
+
+def _as_message(body: object, key: object, tag: object, properties: object) -> Message | bytes:
+    if isinstance(body, Message):
+        if key is not None or tag is not None or properties is not None:
+            raise InvalidArgumentError("pass key, tag and properties inside the Message, not beside it")
+        return body
+    if isinstance(body, (bytearray, memoryview)):
+        body = bytes(body)
+    if type(body) is bytes and key is None and tag is None and not properties:
+        return body
+    if type(body) is bytes:
+        return Message(body, key, tag, properties or None)  # type: ignore[arg-type]
+    return body  # type: ignore[return-value]  # _check_message names the problem
+
+
+def _check_partition_type(partition: object) -> None:
+    if partition is not None and (isinstance(partition, bool) or not isinstance(partition, int)):
+        raise InvalidArgumentError(f"a partition is an int, got {type(partition).__name__}")
+    if isinstance(partition, int) and partition < 0:
+        raise PartitionOutOfRangeError(f"there is no partition {partition}: partitions count from 0")
+
+
+def _fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+def _left(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - loop.time())

@@ -1,0 +1,612 @@
+"""headwater.aio: the asyncio client, against a real server over TCP and the embedded broker.
+
+Every test runs its coroutine with :func:`run`, which also checks that closing was clean: no
+task left running, no "Task was destroyed but it is pending" or "exception was never
+retrieved", no unclosed transport or socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import doctest
+import gc
+import random
+import re
+import time
+import warnings
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from conftest import ServerThread
+
+import headwater
+import headwater.aio
+from headwater import Message, MessageId
+from headwater.errors import (
+    ClosedError,
+    InvalidArgumentError,
+    InvalidQueueNameError,
+    MessageNotFoundError,
+    MessageTooLargeError,
+    PartitionOutOfRangeError,
+    QueueDisabledError,
+    QueueExistsError,
+    QueueNotFoundError,
+    UnavailableError,
+)
+
+Test = Callable[[headwater.aio.AsyncClient], Awaitable[None]]
+
+
+class Target:
+    """Where a test's client connects: a real server in a thread, or an embedded broker."""
+
+    def __init__(self, kind: str, tmp_path, clock) -> None:
+        self.kind, self.clock = kind, clock
+        self.server = ServerThread(tmp_path / "data", clock, segment_bytes_max=256 * 1024) if kind == "network" else None
+        self.path = tmp_path / "data"
+
+    async def open(self) -> headwater.aio.AsyncClient:
+        if self.server is not None:
+            return await headwater.aio.connect(self.server.address)
+        return await headwater.aio.open(self.path, clock=self.clock, segment_bytes_max=256 * 1024)
+
+
+@pytest.fixture(params=["network", "embedded"])
+def target(request, tmp_path, clock):
+    t = Target(request.param, tmp_path, clock)
+    yield t
+    if t.server is not None:
+        t.server.stop()
+        if not t.server.thread.is_alive():
+            t.server.loop.close()  # ServerThread leaves its loop open; close it here
+
+
+def run(target: Target, test: Test) -> None:
+    """Run ``test(client)`` in a fresh event loop; fail on anything left unclean."""
+    problems: list[str] = []
+
+    async def main() -> None:
+        hw = await target.open()
+        try:
+            await test(hw)
+        finally:
+            writer = getattr(getattr(hw.service, "transport", None), "_writer", None)
+            await hw.close()
+        assert writer is None or writer.is_closing()
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert not left, f"tasks still running after close: {left}"
+
+    def on_error(loop, ctx) -> None:
+        problems.append(f"{ctx['message']}: {ctx.get('future') or ctx.get('exception')!r}")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()  # earlier tests' garbage is not this test's problem
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        with asyncio.Runner() as runner:
+            loop = runner.get_loop()
+            loop.set_exception_handler(on_error)
+            runner.run(main())
+        gc.collect()
+    # ours: the loop, its transports, and client sockets (the test server's own leaks are not)
+    client_ports = {target.server.server.port} if target.server is not None else set()
+    for w in caught:
+        if issubclass(w.category, ResourceWarning) and (
+            w.source is loop or getattr(w.source, "_loop", None) is loop
+            or str(w.message).startswith("unclosed <StreamWriter")
+            or any(f", {port})>" in str(w.message) for port in client_ports)  # raddr=(host, port)
+        ):
+            problems.append(str(w.message))
+    assert not problems
+
+
+async def scan(hw, queue: str, **kw) -> list:
+    return [r async for r in hw.scanner(queue, **kw)]
+
+
+async def drain(c, expect: int, timeout_s: float = 5.0) -> list:
+    out: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(out) < expect and time.monotonic() < deadline:
+        out.extend(await c.poll(timeout_ms=200))
+    return out
+
+
+# -- admin --------------------------------------------------------------------------------
+
+
+def test_admin_round_trip(target):
+    async def test(hw):
+        a = hw.admin
+        info = await a.create_queue("orders", partitions=3, ttl_s=3600, flush="sync", settings={"owner": "b"})
+        assert info.name == "orders" and len(info.partitions) == 3
+        assert info.config.ttl_s == 3600 and info.config.settings == {"owner": "b"}
+        await a.create_queue("audit")
+        assert [q.name for q in await a.list_queues()] == ["audit", "orders"]
+        assert (await a.describe_queue("audit")).config.ttl_s == 7 * 86400
+        with pytest.raises(QueueExistsError):
+            await a.create_queue("audit")
+        with pytest.raises(InvalidQueueNameError):
+            await a.create_queue("a b")
+        with pytest.raises(InvalidArgumentError):
+            await a.create_queue("ok", partitions=0)
+
+        await hw.send_batch("orders", [b"1", b"2"], partition=0)
+        info = await a.truncate_queue("orders")
+        assert info.message_count == 0 and info.config.settings == {"owner": "b"}
+        assert (await hw.send("orders", b"3", partition=0)).offset == 2  # offsets move on
+
+        assert (await a.disable_queue("orders")).enabled is False
+        with pytest.raises(QueueDisabledError):
+            await hw.send("orders", b"x")
+        with pytest.raises(QueueDisabledError):
+            await scan(hw, "orders")
+        assert (await a.enable_queue("orders")).enabled is True
+
+        assert len((await a.add_partitions("orders", 5)).partitions) == 5
+        assert (await hw.send("orders", b"p4", partition=4)).partition == 4  # metadata refreshed
+        with pytest.raises(InvalidArgumentError):
+            await a.add_partitions("orders", 2)
+
+        await a.delete_queue("audit")
+        for call in (a.describe_queue("audit"), a.delete_queue("audit"), a.truncate_queue("audit")):
+            with pytest.raises(QueueNotFoundError, match="audit"):
+                await call
+        status = await hw.status()
+        assert status["mode"] == ("server" if target.kind == "network" else "embedded")
+
+    run(target, test)
+
+
+# -- producing ----------------------------------------------------------------------------
+
+
+def test_send_send_batch_send_nowait_flush(target):
+    async def test(hw):
+        await hw.admin.create_queue("q", partitions=2)
+        mid = await hw.send("q", b"one", key=b"k", tag="t", properties={"a": "b"}, partition=1)
+        got = await hw.get(mid)
+        assert (got.body, got.key, got.tag, got.properties) == (b"one", b"k", "t", {"a": "b"})
+        ids = await hw.send_batch("q", [b"a", Message(b"b", tag="x"), b"c"], partition=1)
+        assert [i.offset for i in ids] == [1, 2, 3] and {i.partition for i in ids} == {1}
+
+        p = hw.producer(linger_ms=200, idempotent=True)
+        calls = []
+        produce = hw.service.produce
+
+        async def counting(*args):
+            calls.append(args[1])
+            return await produce(*args)
+
+        hw.service.produce = counting
+        futs = [p.send_nowait("q", b"n%d" % i, partition=0) for i in range(100)]
+        assert not any(f.done() for f in futs)  # lingering
+        await p.flush()
+        mids = [f.result() for f in futs]
+        assert [m.offset for m in mids] == list(range(100))
+        assert len(calls) <= 2  # one batch (two if the metadata lookup split them)
+        assert p.producer_id is not None and p.producer_epoch == 0
+        lone = p.send_nowait("q", b"lone", partition=1)
+        await asyncio.wait_for(lone, 2)  # linger_ms passed: sent without a flush
+        assert [r.body for r in await scan(hw, "q", partitions=0)] == [b"n%d" % i for i in range(100)]
+
+        # keyed messages stay on their key's partition, sent as one batch per partition
+        keyed = await p.send_batch("q", [Message(b"%d" % i, key=b"k%d" % (i % 3)) for i in range(30)])
+        by_key: dict[bytes, set[int]] = {}
+        for r in await scan(hw, "q"):
+            if r.key is not None and r.key.startswith(b"k"):
+                by_key.setdefault(r.key, set()).add(r.partition)
+        assert all(len(v) == 1 for v in by_key.values())
+        assert [(await hw.get(m)).body for m in keyed[:3]] == [b"0", b"1", b"2"]
+        await p.close()
+        with pytest.raises(ClosedError):
+            p.send_nowait("q", b"late")
+        with pytest.raises(ClosedError):
+            await p.send("q", b"late")
+
+    run(target, test)
+
+
+def test_send_nowait_reports_metadata_errors_through_the_future(target):
+    async def test(hw):
+        p = hw.producer()
+        fut = p.send_nowait("nope", b"x")  # metadata unknown: the error arrives in the future
+        with pytest.raises(QueueNotFoundError):
+            await fut
+        await hw.admin.create_queue("q", partitions=2, message_bytes_max=10)
+        with pytest.raises(PartitionOutOfRangeError):
+            await p.send_nowait("q", b"x", partition=7)
+        assert (await p.send_nowait("q", b"x", partition=1)).partition == 1
+        # now the metadata is cached: bad input raises at once, before anything is queued
+        with pytest.raises(MessageTooLargeError):
+            p.send_nowait("q", b"x" * 11)
+        with pytest.raises(InvalidArgumentError, match="encode"):
+            p.send_nowait("q", "text")  # type: ignore[arg-type]
+        with pytest.raises(PartitionOutOfRangeError):
+            p.send_nowait("q", b"x", partition=-1)
+        small = hw.producer(buffer_bytes_max=200)
+        futs = [small.send_nowait("q", b"x" * 10, partition=0) for _ in range(5)]
+        with pytest.raises(UnavailableError, match="buffer full"):
+            for _ in range(20):
+                futs.append(small.send_nowait("q", b"x" * 10, partition=0))
+        await small.flush()  # room again
+        futs.append(small.send_nowait("q", b"y", partition=0))
+        await asyncio.gather(*futs)
+
+    run(target, test)
+
+
+def test_retries_resend_the_same_bytes_and_store_once(target):
+    async def test(hw):
+        await hw.admin.create_queue("q")
+        produce = hw.service.produce
+        sent: list[bytes] = []
+        lose = {"answers": 2}
+
+        async def flaky(queue, partition, batch):
+            sent.append(bytes(batch))
+            result = await produce(queue, partition, batch)
+            if lose["answers"]:
+                lose["answers"] -= 1
+                raise UnavailableError("the answer was lost")  # stored, but the client never hears
+            return result
+
+        hw.service.produce = flaky
+        p = hw.producer(retry_backoff_ms=10)
+        mid = await p.send("q", b"once")
+        assert len(sent) == 3 and len(set(sent)) == 1  # the same bytes every time
+        assert mid.offset == 0
+        assert await p.send("q", b"twice") == MessageId(mid.queue_id, 0, 1)
+        assert [r.body for r in await scan(hw, "q")] == [b"once", b"twice"]
+
+        async def refusing(queue, partition, batch):
+            raise UnavailableError("down")
+
+        hw.service.produce = refusing
+        p2 = hw.producer(retries=2, retry_backoff_ms=1)
+        with pytest.raises(UnavailableError, match="down"):
+            await p2.send("q", b"never")
+        assert p2.producer_epoch == 1  # it may have been stored: later batches use a new epoch
+        hw.service.produce = produce
+        await p2.send("q", b"after")
+        assert [r.body for r in await scan(hw, "q")] == [b"once", b"twice", b"after"]
+
+    run(target, test)
+
+
+def test_retries_under_concurrency_store_each_message_once_in_order(target):
+    """Answers lost after the append and refusals before it, at random (seeded), while 50
+    tasks send with linger: every message is stored exactly once, in order per key."""
+    seed = 7
+
+    async def test(hw):
+        rng = random.Random(seed)
+        await hw.admin.create_queue("q", partitions=3)
+        produce = hw.service.produce
+
+        async def flaky(queue, partition, batch):
+            r = rng.random()
+            if r < 0.15:
+                raise UnavailableError("refused before the append")
+            result = await produce(queue, partition, batch)
+            if r < 0.3:
+                raise UnavailableError("the answer was lost after the append")
+            return result
+
+        hw.service.produce = flaky
+        p = hw.producer(linger_ms=3, retries=50, retry_backoff_ms=1, retry_backoff_max_ms=5, batch_bytes_max=2000)
+
+        async def worker(t: int) -> None:
+            futs = []
+            for i in range(30):
+                if rng.random() < 0.5:
+                    futs.append(p.send_nowait("q", b"%d-%d" % (t, i), key=b"k%d" % t))
+                else:
+                    await asyncio.gather(*futs)
+                    futs = []
+                    await p.send("q", b"%d-%d" % (t, i), key=b"k%d" % t)
+            await asyncio.gather(*futs)
+
+        await asyncio.gather(*(worker(t) for t in range(50)))
+        hw.service.produce = produce
+        seen: dict[int, list[int]] = {}
+        async for r in hw.scanner("q"):
+            t, i = map(int, r.body.split(b"-"))
+            seen.setdefault(t, []).append(i)
+        assert len(seen) == 50, f"seed {seed}"
+        assert all(v == list(range(30)) for v in seen.values()), f"seed {seed}"
+
+    run(target, test)
+
+
+def test_200_concurrent_tasks_keep_per_partition_order(target):
+    async def test(hw):
+        await hw.admin.create_queue("q", partitions=4)
+        p = hw.producer()
+
+        async def worker(t: int) -> None:
+            for i in range(5):
+                await hw.send("q", b"%d-%d" % (t, i), key=b"w%d" % t)
+            futs = [p.send_nowait("q", b"%d-%d" % (t, i), key=b"w%d" % t) for i in range(5, 10)]
+            await asyncio.gather(*futs)
+
+        await asyncio.gather(*(worker(t) for t in range(200)))
+        seen: dict[int, list[int]] = {}
+        for r in await scan(hw, "q"):
+            t, i = map(int, r.body.split(b"-"))
+            seen.setdefault(t, []).append(i)
+        assert len(seen) == 200
+        assert all(v == list(range(10)) for v in seen.values())
+
+    run(target, test)
+
+
+# -- reading ------------------------------------------------------------------------------
+
+
+def test_scanner_bounds_tags_and_errors(target):
+    async def test(hw):
+        clock = target.clock
+        await hw.admin.create_queue("q", partitions=3)
+        ids = await hw.send_batch("q", [b"a%d" % i for i in range(10)], partition=0)
+        clock.advance(10)
+        t_mid = int(clock.now * 1000)
+        await hw.send_batch("q", [Message(b"b%d" % i, tag="even" if i % 2 == 0 else "odd")
+                                  for i in range(6)], partition=1)
+        assert len(await scan(hw, "q")) == 16
+        assert [r.body for r in await scan(hw, "q", partitions=0, start=3, stop=6)] == [b"a3", b"a4", b"a5"]
+        assert [r.offset for r in await scan(hw, "q", start=ids[7])] == [7, 8, 9]
+        assert [r.offset for r in await scan(hw, "q", start=str(ids[2]), stop=ids[4])] == [2, 3]
+        assert [r.body for r in await scan(hw, "q", start={0: 9, 1: 5})] == [b"a9", b"b5"]
+        assert [r.body for r in await scan(hw, "q", tags="even")] == [b"b0", b"b2", b"b4"]
+        assert len(await scan(hw, "q", start_time=t_mid)) == 6
+        assert len(await scan(hw, "q", end_time=t_mid)) == 10
+        async with hw.scanner("q", partitions=[0, 1]) as s:
+            first = [await s.__anext__() for _ in range(2)]
+        assert [r.body for r in first] == [b"a0", b"a1"]
+        assert [r async for r in s] == []  # closed by async with
+
+        with pytest.raises(QueueNotFoundError):
+            await scan(hw, "nope")
+        with pytest.raises(PartitionOutOfRangeError):
+            await scan(hw, "q", partitions=3)
+        with pytest.raises(InvalidArgumentError, match="different partitions"):
+            hw.scanner("q", start=ids[0], stop=MessageId(ids[0].queue_id, 1, 3))
+
+    run(target, test)
+
+
+def test_get_and_find(target):
+    async def test(hw):
+        await hw.admin.create_queue("q", partitions=2)
+        ids = await hw.send_batch("q", [Message(b"x%d" % i, key=b"user-%d" % (i % 2)) for i in range(6)])
+        rec = await hw.get(ids[3])
+        assert rec.body == b"x3" and rec.message_id == ids[3]
+        assert (await hw.get(str(ids[4]))).body == b"x4"
+        found = await hw.find("q", b"user-1")
+        assert [r.body for r in found] == [b"x1", b"x3", b"x5"]
+        assert len(await hw.find("q", b"user-0", limit=2)) == 2
+        with pytest.raises(InvalidArgumentError, match="encode"):
+            await hw.find("q", "user-1")  # type: ignore[arg-type]
+        with pytest.raises(QueueNotFoundError):
+            await hw.find("nope", b"k")
+        assert await hw.offset_for_time("q", ids[0].partition, 0) == 0
+        await hw.admin.truncate_queue("q")
+        with pytest.raises(MessageNotFoundError):
+            await hw.get(ids[0])
+        with pytest.raises(InvalidArgumentError):
+            await hw.get("not-an-id")
+
+    run(target, test)
+
+
+def test_consumer_long_poll_returns_soon_after_data_arrives(target):
+    async def test(hw):
+        await hw.admin.create_queue("q", partitions=2)
+        c = hw.consumer()
+        await c.assign("q")
+        assert await c.poll(timeout_ms=100) == []
+
+        async def later() -> None:
+            await asyncio.sleep(0.3)
+            await hw.send("q", b"late", partition=1)
+
+        task = asyncio.create_task(later())
+        t0 = time.monotonic()
+        got = await c.poll(timeout_ms=2500)
+        waited = time.monotonic() - t0
+        await task
+        assert [r.body for r in got] == [b"late"]
+        assert 0.2 < waited < 2.0
+        assert c.position("q", 1) == 1
+
+    run(target, test)
+
+
+def test_long_polls_on_many_partitions_do_not_starve_other_calls(target):
+    async def test(hw):
+        await hw.admin.create_queue("wide", partitions=40)
+        c = hw.consumer()
+        await c.assign("wide")
+        poll = asyncio.create_task(c.poll(timeout_ms=2500))  # 40 long polls in flight
+        await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+        await hw.send("wide", b"x", partition=17)
+        assert time.monotonic() - t0 < 1.0
+        assert [r.partition for r in await poll] == [17]
+
+    run(target, test)
+
+
+def test_threaded_service_without_append_notifications_still_long_polls(clock):
+    """Any sync BrokerService can back the asyncio client (here the in-memory fake, which
+    cannot notify appends): long polls then poll it in short slices."""
+    from headwater.client.aio_service import ThreadedService
+    from headwater.testing import open_memory
+
+    async def main() -> None:
+        async with headwater.aio.AsyncClient(ThreadedService(open_memory(clock=clock).service)) as hw:
+            await hw.admin.create_queue("q", partitions=2)
+            c = hw.consumer()
+            await c.assign("q")
+
+            async def later() -> None:
+                await asyncio.sleep(0.3)
+                await hw.send("q", b"late", partition=0)
+
+            task = asyncio.create_task(later())
+            t0 = time.monotonic()
+            assert [r.body for r in await c.poll(timeout_ms=2000)] == [b"late"]
+            assert 0.2 < time.monotonic() - t0 < 1.0
+            await task
+
+    asyncio.run(main())
+
+
+def test_consumer_commit_and_resume(target):
+    async def test(hw):
+        await hw.admin.create_queue("q", partitions=2)
+        await hw.send_batch("q", [b"a%d" % i for i in range(10)], partition=0)
+        await hw.send_batch("q", [b"b%d" % i for i in range(10)], partition=1)
+        c1 = hw.consumer(group="billing")
+        await c1.assign("q")
+        got = await c1.poll(max_messages=6, timeout_ms=1000)
+        assert len(got) == 6
+        await c1.commit()
+        assert await c1.committed("q", got[0].partition) == got[-1].offset + 1
+        await c1.close()
+        with pytest.raises(ClosedError):
+            await c1.poll()
+        async with hw.consumer(group="billing") as c2:
+            await c2.assign("q")
+            rest = await drain(c2, 14)
+        assert sorted(r.body for r in got + rest) == sorted(
+            [b"a%d" % i for i in range(10)] + [b"b%d" % i for i in range(10)])
+        other = hw.consumer(group="audit", max_poll_messages=3)
+        await other.assign("q")
+        assert len(await drain(other, 20)) == 20
+        c3 = hw.consumer()
+        await c3.assign("q")
+        with pytest.raises(InvalidArgumentError, match="group"):
+            await c3.commit()
+
+    run(target, test)
+
+
+def test_consumer_seeks_and_async_iteration(target):
+    async def test(hw):
+        clock = target.clock
+        await hw.admin.create_queue("q")
+        ids = await hw.send_batch("q", [b"old%d" % i for i in range(5)], partition=0)
+        c = hw.consumer(group="g", auto_offset_reset="latest")
+        await c.assign("q")
+        assert await c.poll(timeout_ms=50) == []
+        clock.advance(10)
+        await hw.send("q", b"new", partition=0)
+        assert [r.body for r in await drain(c, 1)] == [b"new"]
+        c.seek("q", 0, 2)  # plain calls: they only move local positions
+        assert [r.body for r in await drain(c, 4)] == [b"old2", b"old3", b"old4", b"new"]
+        c.seek_to_id(ids[4])
+        assert c.position("q", 0) == 4
+        await c.seek_to_beginning("q")
+        got = []
+        async for r in c:
+            got.append(r.body)
+            if len(got) == 3:
+                break
+        assert got == [b"old0", b"old1", b"old2"]
+        await c.commit()
+        assert await c.committed("q", 0) == 3  # exactly what the loop has seen
+        await c.seek_to_time("q", int((clock.now - 5) * 1000))
+        assert [r.body for r in await drain(c, 1)] == [b"new"]
+        await c.seek_to_end("q")
+        assert await c.poll(timeout_ms=50) == []
+        with pytest.raises(InvalidArgumentError, match="not assigned"):
+            c.seek("q", 3, 0)
+
+    run(target, test)
+
+
+def test_errors_are_the_sync_clients_classes(target):
+    async def test(hw):
+        await hw.admin.create_queue("q", partitions=2, message_bytes_max=100)
+        with pytest.raises(QueueNotFoundError):
+            await hw.send("nope", b"x")
+        with pytest.raises(QueueNotFoundError):
+            await hw.consumer().assign("nope")
+        with pytest.raises(PartitionOutOfRangeError, match="0..1"):
+            await hw.send("q", b"x", partition=2)
+        with pytest.raises(PartitionOutOfRangeError):
+            await hw.send_batch("q", [b"x"], partition=5)
+        with pytest.raises(PartitionOutOfRangeError):
+            await hw.consumer().assign("q", [5])
+        with pytest.raises(MessageTooLargeError, match="100"):
+            await hw.send("q", b"x" * 101)
+        with pytest.raises(InvalidArgumentError):
+            await hw.send_batch("q", [])
+        with pytest.raises(InvalidArgumentError):
+            await hw.send("q", b"x", key="str")  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError, match="key"):
+            await hw.producer(partitioner="key").send("q", b"no key")
+        with pytest.raises(InvalidArgumentError):
+            hw.consumer(auto_offset_reset="middle")
+        with pytest.raises(InvalidArgumentError):
+            hw.producer(linger_ms=-1)
+        assert [r.body for r in await scan(hw, "q")] == []  # nothing was stored
+
+    run(target, test)
+
+
+def test_close_with_work_in_flight_is_clean(target):
+    async def test(hw):
+        await hw.admin.create_queue("q", partitions=2)
+        p = hw.producer(linger_ms=60_000)
+        futs = [p.send_nowait("q", b"%d" % i) for i in range(10)]
+        c = hw.consumer()
+        await c.assign("q")
+        poll = asyncio.create_task(c.poll(timeout_ms=1500))  # long polls in flight
+        await asyncio.sleep(0.05)
+        poll.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await poll
+        c.seek("q", 0, 0)  # drops a fetch in flight
+        # closing the client flushes the lingering producer and ends the consumer's fetches
+        await hw.close()
+        assert all(f.done() and f.exception() is None for f in futs)
+        with pytest.raises(ClosedError):
+            await c.poll()
+
+    run(target, test)
+
+
+# -- module -------------------------------------------------------------------------------
+
+
+def test_connect_to_nothing_fails_fast():
+    async def main() -> None:
+        with pytest.raises(UnavailableError, match="cannot reach"):
+            await headwater.aio.connect("127.0.0.1:1", connect_timeout_s=0.3)
+
+    asyncio.run(main())
+
+
+def test_public_names_and_docstring_example():
+    assert headwater.aio.__all__ == [
+        "connect", "open", "AsyncAdmin", "AsyncClient", "AsyncConsumer", "AsyncProducer", "AsyncScanner",
+    ]
+    for name in headwater.aio.__all__:
+        assert getattr(headwater.aio, name).__doc__, name
+    result = doctest.testmod(headwater.aio, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_the_guide_examples_run(capsys):
+    guide = Path(__file__).parent.parent / "docs" / "asyncio.md"
+    blocks = re.findall(r"```python\n(.*?)```", guide.read_text(), re.S)
+    assert len(blocks) >= 4
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"docs/asyncio.md example {i + 1}", "exec"), {})
+    assert "[b'late']" in capsys.readouterr().out
