@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-all bench bench-storage lint clean venv
+.PHONY: demo test test-all bench bench-storage bench-network lint clean venv
 
 venv: $(STAMP)
 
@@ -26,10 +26,14 @@ test-all: venv
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -m ''
 
-bench: bench-storage
+bench: bench-storage bench-network
 
 bench-storage: venv
 	$(PY) -m bench.storage
+
+bench-network: venv
+	$(PY) -m pip install --quiet -r bench/requirements.txt
+	$(PY) -m bench.network
 
 lint: venv
 	$(VENV)/bin/lint-imports --no-cache

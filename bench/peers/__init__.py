@@ -1,0 +1,29 @@
+"""Drivers for the network benchmark (``python -m bench.network``): Headwater and its peers.
+
+One module per system, each a :class:`~bench.peers.base.Driver` with the same small interface:
+``setup()`` installs the server from Debian's packages if missing and starts it on a free
+127.0.0.1 port with its data under /tmp; ``use_mode`` / ``reset`` prepare a workload;
+``produce`` / ``consume`` / ``latency`` measure it (all timed by the shared loops in
+:mod:`bench.peers.base`); ``teardown()`` stops the server.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from bench.peers.base import Driver, Mode, Unavailable
+
+__all__ = ["SYSTEMS", "Driver", "Mode", "Unavailable", "driver_class"]
+
+# name on the command line -> (module, class)
+SYSTEMS: dict[str, tuple[str, str]] = {
+    "headwater": ("bench.peers.headwater_net", "HeadwaterNet"),
+    "redis": ("bench.peers.redis_streams", "RedisStreams"),
+    "nats": ("bench.peers.nats_jetstream", "NatsJetStream"),
+    "rabbitmq": ("bench.peers.rabbitmq", "RabbitMQ"),
+}
+
+
+def driver_class(name: str) -> type[Driver]:
+    module, cls = SYSTEMS[name]
+    return getattr(importlib.import_module(module), cls)

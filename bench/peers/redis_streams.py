@@ -1,0 +1,182 @@
+"""Redis Streams with an append-only file: ``redis-server`` from Debian, driven by redis-py.
+
+Modes (one server; ``CONFIG SET appendfsync`` switches between them):
+
+- ``everysec``: a reply follows the write(2) to the AOF; fsync once a second in the background,
+  so a power loss can lose about a second of acknowledged messages.
+- ``always``: Redis fsyncs the AOF before it sends the replies of an event-loop iteration
+  (one fsync covers a whole pipeline), so an acknowledged message is on disk.
+
+Client: redis-py with the hiredis parser. A batch is a non-transactional pipeline of XADDs
+(one round trip); reading is XREAD COUNT 500 from the last id seen (BLOCK for the latency run).
+Stream i is the key ``bench-i``; ``reset`` deletes them. Snapshots (RDB) are off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+from bench.peers.base import HOST, INFLIGHT_MAX, Driver, Mode, Unavailable, dist_version, ensure_debian_packages, \
+    free_port, package_version, wait_until
+
+__all__ = ["RedisStreams"]
+
+READ_COUNT = 500
+
+
+class RedisStreams(Driver):
+    system = "redis"
+    modes = (
+        Mode("redis everysec", "everysec", False, "after write(2) to the AOF; fsync every 1 s"),
+        Mode("redis always", "always", True, "after fsync of the AOF (one per event-loop pass)"),
+    )
+
+    def setup(self) -> None:
+        ensure_debian_packages({"redis-server": "redis-server"}, self.log)
+        try:
+            import redis  # noqa: F401
+        except ImportError as e:
+            raise Unavailable("Python client missing: pip install -r bench/requirements.txt") from e
+        self.port = free_port()
+        data = self.workdir / "redis-data"
+        data.mkdir()
+        server = self.start_server("redis", [
+            shutil.which("redis-server") or "redis-server", "--bind", HOST, "--port", str(self.port),
+            "--dir", str(data), "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+            "--protected-mode", "yes", "--daemonize", "no", "--logfile", "",
+        ])
+        wait_until(lambda: self._client().ping(), timeout_s=20, what="redis-server", alive=server.alive)
+
+    def version(self) -> str:
+        return f"redis-server {package_version('redis-server')} (Debian), redis-py {dist_version('redis')}"
+
+    def _client(self):
+        import redis
+
+        return redis.Redis(host=HOST, port=self.port, socket_timeout=30)
+
+    def use_mode(self, mode: Mode) -> None:
+        self._client().config_set("appendfsync", mode.key)
+
+    def reset(self, mode: Mode, streams: int) -> None:
+        r = self._client()
+        keys = r.keys("bench-*")
+        if keys:
+            r.delete(*keys)
+        r.config_set("appendfsync", mode.key)
+
+    @contextlib.contextmanager
+    def producer(self, mode: Mode, stream: int) -> Iterator:
+        r = self._client()
+        key = f"bench-{stream}"
+
+        def send_batch(bodies: Sequence[bytes]) -> None:
+            pipe = r.pipeline(transaction=False)
+            for body in bodies:
+                pipe.xadd(key, {"d": body})
+            pipe.execute()
+
+        try:
+            yield send_batch
+        finally:
+            r.close()
+
+    @contextlib.contextmanager
+    def sender(self, mode: Mode, stream: int) -> Iterator:
+        sender = _PipelinedSender(self.port, f"bench-{stream}")
+        try:
+            yield sender
+        finally:
+            sender.close()
+
+    @contextlib.contextmanager
+    def consumer(self, mode: Mode, stream: int) -> Iterator:
+        r = self._client()
+        key = f"bench-{stream}"
+        last = ["0-0"]
+
+        def poll(timeout_s: float) -> list[bytes]:
+            got = r.xread({key: last[0]}, count=READ_COUNT, block=max(1, int(timeout_s * 1000)))
+            if not got:
+                return []
+            entries = got[0][1]
+            last[0] = entries[-1][0]
+            return [fields[b"d"] for _id, fields in entries]
+
+        try:
+            yield poll
+        finally:
+            r.close()
+
+
+
+class _PipelinedSender:
+    """XADDs written on one connection as they come, replies read by a second thread.
+
+    redis-py has no asynchronous send on one connection; this is what its pipeline does,
+    spread over time: commands go out without waiting, replies are matched in order.
+    """
+
+    def __init__(self, port: int, key: str) -> None:
+        from redis.connection import Connection
+
+        self._conn = Connection(host=HOST, port=port, socket_timeout=60)
+        self._conn.connect()
+        self._key = key
+        self._sent = self._acked = 0
+        self._closing = False
+        self._error: BaseException | None = None
+        self._cv = threading.Condition()
+        self._reader = threading.Thread(target=self._read_replies, name="redis-replies", daemon=True)
+        self._reader.start()
+
+    def _read_replies(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while self._acked >= self._sent and not self._closing:
+                        self._cv.wait()
+                    if self._acked >= self._sent:
+                        return
+                reply = self._conn.read_response()
+                if isinstance(reply, Exception):
+                    raise reply
+                with self._cv:
+                    self._acked += 1
+                    self._cv.notify_all()
+        except BaseException as e:  # noqa: BLE001 - surfaced by send / wait_acked
+            with self._cv:
+                self._error = e
+                self._cv.notify_all()
+
+    def send(self, body: bytes) -> None:
+        with self._cv:
+            while self._sent - self._acked >= INFLIGHT_MAX and self._error is None:
+                self._cv.wait()
+            if self._error is not None:
+                raise self._error
+            self._sent += 1
+            self._cv.notify_all()
+        self._conn.send_command("XADD", self._key, "*", "d", body)
+
+    def wait_acked(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while self._acked < self._sent and self._error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{self._sent - self._acked} XADDs unanswered")
+                self._cv.wait(left)
+            if self._error is not None:
+                raise self._error
+
+    def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        self._reader.join(timeout=5)
+        self._conn.disconnect()
