@@ -88,6 +88,13 @@ class Broker:
     def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
         return self.store.append(_user_queue(queue), partition, batch)
 
+    def produce_nowait(self, queue: str, partition: int, batch: bytes) -> tuple[ProduceResult, int | None]:
+        """Append without waiting for the fsync; see :meth:`LogStore.append_nowait`."""
+        return self.store.append_nowait(_user_queue(queue), partition, batch)
+
+    def wait_durable(self, position: int) -> None:
+        self.store.wait_durable(position)
+
     def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
               end_offset: int | None = None, max_wait_ms: int = 0) -> FetchResult:
         """Batches from ``offset`` on; with ``max_wait_ms`` wait that long for data to arrive."""

@@ -71,6 +71,7 @@ class AsyncTransport:
         self._reader_task: asyncio.Task | None = None
         self._pending: dict[int, asyncio.Future] = {}
         self._connecting: asyncio.Lock | None = None
+        self._slots: asyncio.Semaphore | None = None
         self._closed = False
         self.server_name = ""
 
@@ -169,7 +170,15 @@ class AsyncTransport:
                 fut.set_exception(why)
 
     async def call(self, body: RequestBody, *, timeout_s: float | None = None) -> Any:
-        """Send one request and return its result (raises the broker's error, if any)."""
+        """Send one request and return its result (raises the broker's error, if any).
+
+        Past ``requests_in_flight_max`` calls in flight, a call waits for a free slot."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(Connection(CLIENT).requests_in_flight_max)
+        async with self._slots:
+            return await self._call(body, timeout_s)
+
+    async def _call(self, body: RequestBody, timeout_s: float | None) -> Any:
         conn = await self._ensure_connected()
         rid = conn.next_request_id()
         try:

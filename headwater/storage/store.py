@@ -196,9 +196,12 @@ class LogStore:
         self._index_cache: OrderedDict[int, SegmentIndex] = OrderedDict()
         self._open_lru: OrderedDict[int, LogSegment] = OrderedDict()
         self._last_ts = 0
+        # per sealed segment, what retention needs: (partition key, end offset, last time)
+        self._summaries: dict[int, list[tuple[tuple[int, int], int, int]]] = {}
         for seg, idx in loaded:
             self._segments[seg.base_position] = seg
             self._add_spans(idx)
+            self._summaries[seg.base_position] = _summary(idx)
             self._last_ts = max(self._last_ts, idx.max_ts)
         for seg, idx in loaded[:-1]:
             seg.close()
@@ -459,6 +462,18 @@ class LogStore:
         Returns once the batch is durable under the queue's flush policy. A retry of a batch
         an idempotent producer already appended returns the original placement.
         """
+        result, durable_at = self.append_nowait(queue, partition, batch)
+        if durable_at is not None:
+            self._commit.wait_durable(durable_at)
+        return result
+
+    def wait_durable(self, position: int) -> None:
+        """Block until everything up to ``position`` is fsynced (shares fsyncs: group commit)."""
+        self._commit.wait_durable(position)
+
+    def append_nowait(self, queue: str, partition: int, batch: bytes) -> tuple[ProduceResult, int | None]:
+        """Like :meth:`append` without waiting for the fsync: returns the placement and, under
+        sync flush, the position to pass to :meth:`wait_durable` before acknowledging."""
         q = self._usable_queue(queue)
         self._partition(q, partition)
         h, payload = validate_batch(batch, message_bytes_max=q.entry.config.message_bytes_max)
@@ -476,9 +491,8 @@ class LogStore:
         if dup is None:
             for fn in self._append_listeners:
                 fn(queue, partition, result.base_offset + result.count)
-        if (q.entry.config.flush or self.config.flush) == "sync":
-            self._commit.wait_durable(end_pos)
-        return result
+        sync = (q.entry.config.flush or self.config.flush) == "sync"
+        return result, (end_pos if sync else None)
 
     def _append_locked(self, q: _Queue, partition: int, h: BatchHeader, batch: bytes,
                        hashes: list[int] | None) -> tuple[ProduceResult, int]:
@@ -518,6 +532,7 @@ class LogStore:
             (self._log_dir / segment_name(stale, ".producers")).unlink(missing_ok=True)
         idx.write(self._log_dir / segment_name(old.base_position, ".idx"))
         self._cache_index(idx)
+        self._summaries[old.base_position] = _summary(idx)
         base = old.end_position
         new = LogSegment.create(self._log_dir / segment_name(base, ".log"), base, self._store_id,
                                 self._now_ms())
@@ -725,24 +740,23 @@ class LogStore:
             if self._closed:
                 return 0
             now = self._now_ms()
-            doomed: list[tuple[int, SegmentIndex]] = []
-            for base in self._bases[:-1]:
-                idx = self._index(base)
-                if all(self._dead(key, pe.end_offset, pe.timestamps[-1], now)
-                       for key, pe in idx.partitions.items()):
-                    doomed.append((base, idx))
+            # decided from the in-memory summaries: no index is read while the lock is held
+            doomed = [base for base in self._bases[:-1]
+                      if all(self._dead(key, end, last_ts, now)
+                             for key, end, last_ts in self._summaries[base])]
             if not doomed:
                 return 0
-            for base, idx in doomed:
-                for (qid, part), pe in idx.partitions.items():
+            for base in doomed:
+                for (qid, part), end, _last_ts in self._summaries[base]:
                     q = self._by_id.get(qid)
                     if q is None or part >= len(q.partitions):
                         continue
                     pl = q.partitions[part]
-                    pl.start_offset = max(pl.start_offset, pe.end_offset)
+                    pl.start_offset = max(pl.start_offset, end)
                     pl.spans = [s for s in pl.spans if s.segment_base != base]
             self._save_catalog()  # start offsets first: offsets are never reused after a crash
-            for base, _idx in doomed:
+            for base in doomed:
+                del self._summaries[base]
                 seg = self._segments.pop(base)
                 self._bases.remove(base)
                 self._index_cache.pop(base, None)
@@ -800,3 +814,6 @@ class LogStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+def _summary(idx: SegmentIndex) -> list[tuple[tuple[int, int], int, int]]:
+    return [(key, pe.end_offset, pe.timestamps[-1]) for key, pe in idx.partitions.items()]
