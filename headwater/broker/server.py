@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import resource
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -90,6 +91,7 @@ class _PartitionWaiters:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self._loop_thread = threading.get_ident()  # created on the loop's thread
         self._waiting: dict[tuple[str, int], list[tuple[int, asyncio.Future[None]]]] = {}
 
     def wait(self, queue: str, partition: int, offset: int) -> asyncio.Future[None]:
@@ -114,7 +116,10 @@ class _PartitionWaiters:
 
     def notify(self, queue: str, partition: int, end_offset: int) -> None:
         if (queue, partition) in self._waiting:
-            self._loop.call_soon_threadsafe(self._wake, queue, partition, end_offset)
+            if threading.get_ident() == self._loop_thread:  # appended on the loop: wake now
+                self._wake(queue, partition, end_offset)
+            else:
+                self._loop.call_soon_threadsafe(self._wake, queue, partition, end_offset)
 
     def _wake(self, queue: str, partition: int, end_offset: int) -> None:
         lst = self._waiting.get((queue, partition))
