@@ -18,7 +18,7 @@ import headwater
 from headwater.client import Client
 from headwater.errors import NotADataDirectoryError
 
-__all__ = ["CliState", "open_client", "out_console", "err_console", "stdin_is_tty"]
+__all__ = ["CliState", "open_client", "close_client", "out_console", "err_console", "stdin_is_tty"]
 
 DATA_DIR_DEFAULT = "./headwater-data"
 
@@ -30,6 +30,9 @@ class CliState:
     data_dir: Path = field(default_factory=lambda: Path(DATA_DIR_DEFAULT))
     server: str | None = None
     client: Client | None = None
+    # The shell runs many commands on one state: the client it opens outlives each command
+    # and is closed by the shell when the session ends, not by the command that opened it.
+    keep_open: bool = False
 
 
 def _state(ctx: typer.Context) -> CliState:
@@ -40,7 +43,8 @@ def _state(ctx: typer.Context) -> CliState:
 
 
 def open_client(ctx: typer.Context, *, create: bool = False) -> Client:
-    """The Client for this invocation, opened on first use and closed when the command ends.
+    """The Client for this invocation, opened on first use and closed when the command ends
+    (in the shell, where ``state.keep_open`` is set, when the session ends).
 
     ``create``: make the data directory if it does not exist (only ``queue create`` does;
     every other command reports a missing directory instead of silently making an empty one,
@@ -49,31 +53,35 @@ def open_client(ctx: typer.Context, *, create: bool = False) -> Client:
     state = _state(ctx)
     if state.client is not None:
         return state.client
+    client = _open(state, create=create)
+    state.client = client
+    if not state.keep_open:
+        ctx.find_root().call_on_close(_closer(state))
+    return client
+
+
+def _open(state: CliState, *, create: bool) -> Client:
     if state.server is not None:
         timeout = float(os.environ.get("HEADWATER_CONNECT_TIMEOUT_S", "5"))
-        client = headwater.connect(state.server, connect_timeout_s=timeout)
-        state.client = client
-        ctx.find_root().call_on_close(_closer(state))
-        return client
+        return headwater.connect(state.server, connect_timeout_s=timeout)
     path = state.data_dir
     if not create and not path.exists():
         raise NotADataDirectoryError(
             f"there is no data directory at {str(path)!r}; pass --data DIR or set HEADWATER_DATA "
             f"to an existing one, or create a queue there first with 'headwater queue create NAME'"
         )
-    client = headwater.open(path)
-    state.client = client
-    ctx.find_root().call_on_close(_closer(state))
-    return client
+    return headwater.open(path)
+
+
+def close_client(state: CliState) -> None:
+    """Close the state's client, if one is open (the next :func:`open_client` reopens)."""
+    client, state.client = state.client, None
+    if client is not None:
+        client.close()
 
 
 def _closer(state: CliState):
-    def close() -> None:
-        client, state.client = state.client, None
-        if client is not None:
-            client.close()
-
-    return close
+    return lambda: close_client(state)
 
 
 TABLE_WIDTH_PIPED = 200  # columns of a table written to a pipe or file (a terminal has its own)

@@ -21,7 +21,10 @@ from typer.core import TyperGroup
 import headwater
 from headwater.cli import records
 from headwater.cli.check import check
+from headwater.cli.consume import consume
 from headwater.cli.serve import serve
+from headwater.cli.shell import shell
+from headwater.cli.status import status
 from headwater.cli.context import DATA_DIR_DEFAULT, CliState, err_console
 from headwater.cli.queues import queue_app
 from headwater.errors import (
@@ -32,6 +35,7 @@ from headwater.errors import (
     QueueDisabledError,
     QueueExistsError,
     QueueNotFoundError,
+    UsageError,
 )
 
 __all__ = ["app", "main"]
@@ -143,6 +147,14 @@ def root(
         ),
     ] = False,
 ) -> None:
+    if isinstance(ctx.obj, CliState) and ctx.obj.keep_open:
+        # a line typed in 'headwater shell': the session's state and client stay as they are
+        for name in ("data", "server"):
+            source = ctx.get_parameter_source(name)
+            if source is not None and source.name == "COMMANDLINE":
+                raise UsageError(f"--{name} is a global option of the shell itself; start "
+                                 f"another 'headwater --{name} ... shell' to change it")
+        return
     ctx.obj = CliState(data_dir=Path(data), server=server)
 
 
@@ -151,8 +163,11 @@ app.command("produce")(records.produce)
 app.command("scan")(records.scan)
 app.command("get")(records.get)
 app.command("find")(records.find)
+app.command("consume")(consume)
+app.command("status")(status)
 app.command("check")(check)
 app.command("serve")(serve)
+app.command("shell")(shell)
 
 
 def main() -> None:

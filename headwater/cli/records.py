@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from headwater.cli.context import err_console, open_client, out_console, stdin_is_tty
+from headwater.cli.context import _state, err_console, open_client, out_console, stdin_is_tty
 from headwater.cli.output import record_detail, records_table, write_json_lines
 from headwater.cli.parse import (
     parse_message_id,
@@ -23,7 +23,7 @@ from headwater.cli.parse import (
     parse_time,
 )
 from headwater.client import Client
-from headwater.errors import HeadwaterError, InvalidArgumentError, QueueDisabledError
+from headwater.errors import HeadwaterError, InvalidArgumentError, QueueDisabledError, UsageError
 from headwater.model.message import Message, Record
 
 __all__ = ["produce", "scan", "get", "find", "BATCH_SIZE_DEFAULT", "TABLE_ROWS_DEFAULT"]
@@ -158,6 +158,8 @@ def produce(
     headwater produce orders --partition 3 < messages.txt
     ```
     """
+    if not messages and _state(ctx).keep_open:
+        raise UsageError("in the shell, give the messages as arguments: produce QUEUE 'message' ...")
     hw = open_client(ctx)
     _require_enabled(hw, queue)
     props = parse_pairs(properties or [], "--property") or None

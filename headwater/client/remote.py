@@ -130,11 +130,21 @@ class RemoteService:
     def ping(self) -> None:
         self._call(m.PingRequest())
 
+    async def _shutdown(self) -> None:
+        """Close the transport, then cancel and await every task left on the loop, so none
+        is destroyed while pending when the loop stops."""
+        await self.transport.close()
+        me = asyncio.current_task()
+        rest = [t for t in asyncio.all_tasks() if t is not me]
+        for t in rest:
+            t.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        fut = asyncio.run_coroutine_threadsafe(self.transport.close(), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
         try:
             fut.result(timeout=5)
         except Exception:  # noqa: BLE001 - closing: nothing left to tell anyone

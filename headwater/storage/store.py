@@ -786,8 +786,9 @@ class LogStore:
                 "segments": len(self._segments),
                 "bytes": sum(s.size for s in self._segments.values()),
                 "open_segments": sum(1 for s in self._segments.values() if s.is_open),
-                "queues": len(self._queues),
-                "partitions": sum(len(q.partitions) for q in self._queues.values()),
+                "queues": sum(1 for n in self._queues if not n.startswith("__")),
+                "partitions": sum(len(q.partitions) for n, q in self._queues.items() if not n.startswith("__")),
+                "internal_queues": sum(1 for n in self._queues if n.startswith("__")),
                 "fsyncs": self._commit.fsyncs,
             }
 

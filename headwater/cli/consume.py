@@ -1,0 +1,237 @@
+"""``headwater consume``: follow a queue, printing messages as they arrive.
+
+Unlike ``scan``, which reads a fixed range and stops, ``consume`` long-polls for new
+messages until Ctrl-C, ``--limit`` or ``--timeout``. With ``--group`` it commits its
+position after every printed batch, so the next run of the same group goes on from there.
+
+Stopping is careful about what was printed: Ctrl-C only sets a flag, the batch in hand is
+printed whole and committed, and then the command ends. (A second Ctrl-C stops at once.)
+``--limit`` never polls more messages than it may still print (the consumer keeps the
+rest of what it fetched for a later poll), so the committed position is right after the
+last printed message, never past it.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.table import Table
+
+from headwater.cli.context import err_console, open_client, out_console
+from headwater.cli.output import records_table, write_json_lines
+from headwater.cli.parse import parse_partitions, parse_time
+from headwater.client import Consumer
+from headwater.errors import QueueDisabledError
+from headwater.model.message import Record
+
+__all__ = ["consume", "POLL_MESSAGES_MAX", "POLL_WAIT_MS"]
+
+POLL_MESSAGES_MAX = 500  # messages per poll, and so per printed batch and per commit
+POLL_WAIT_MS = 1000  # longest wait of one poll: also how soon Ctrl-C and --timeout are noticed
+
+JSON_HELP = (
+    "Print JSON lines instead of table rows, one object per message, with the same keys as "
+    "'headwater scan --json'."
+)
+
+
+class _Stop:
+    """Set by the first Ctrl-C; the consume loop checks it between polls."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+
+@contextmanager
+def _ctrl_c_stops(stop: _Stop) -> Iterator[None]:
+    """Turn the first SIGINT into a stop request; a second one interrupts as usual."""
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.requested:
+            raise KeyboardInterrupt
+        stop.requested = True
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread (an embedding): Ctrl-C keeps its usual meaning
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class _Rows:
+    """Table rows printed batch after batch, lined up as one table as far as possible.
+
+    Each batch is a :func:`records_table` (the rows of ``scan``); the header is printed
+    with the first batch and again whenever the columns change (say, the first tagged
+    message arrives). Columns whose width varies keep the widest width seen so far.
+    """
+
+    def __init__(self) -> None:
+        self._columns: tuple[str, ...] | None = None
+        self._widths: dict[str, int] = {}
+
+    def print(self, records: list[Record]) -> None:
+        console = out_console()
+        table: Table = records_table(records, console.width)
+        columns = tuple(str(c.header) for c in table.columns)
+        table.show_header = columns != self._columns
+        self._columns = columns
+        for col in table.columns[:-1]:  # the value, last, may take whatever is left
+            name = str(col.header)
+            cells = [len(str(c)) for c in col.cells]
+            width = max([len(name), self._widths.get(name, 0), *cells])
+            self._widths[name] = col.min_width = min(width, 60)
+        console.print(table)
+
+
+def consume(
+    ctx: typer.Context,
+    queue: Annotated[str, typer.Argument(metavar="QUEUE", help="Queue name.", show_default=False)],
+    group: Annotated[
+        Optional[str],
+        typer.Option(
+            "--group",
+            "-g",
+            metavar="NAME",
+            help="Consumer group: start where it last committed, and commit after every printed batch.",
+            show_default=False,
+        ),
+    ] = None,
+    from_: Annotated[
+        str,
+        typer.Option(
+            "--from",
+            metavar="earliest|latest|TIME",
+            help="earliest or latest: where to start a partition the group has not committed "
+                 "(without --group: every partition). A time (ISO-8601 such as "
+                 "2026-11-21T10:00:00Z, or -15m, -2h, -1d, now): start at the first message "
+                 "appended then, whatever the group committed.",
+        ),
+    ] = "latest",
+    partitions: Annotated[
+        Optional[str],
+        typer.Option(
+            "--partitions",
+            metavar="LIST",
+            help="Partitions to follow, e.g. 0,2,5 or 0-3 (default: all).",
+            show_default=False,
+        ),
+    ] = None,
+    tags: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--tag",
+            "-t",
+            metavar="TAG",
+            help="Only messages with this tag (repeatable: any of them), filtered on the broker. "
+                 "The others are passed over, and the position a group commits moves past them.",
+            show_default=False,
+        ),
+    ] = None,
+    limit: Annotated[
+        Optional[int],
+        typer.Option(
+            "--limit",
+            "-n",
+            metavar="N",
+            min=1,
+            help="Stop after printing N messages.",
+            show_default=False,
+        ),
+    ] = None,
+    timeout: Annotated[
+        Optional[float],
+        typer.Option(
+            "--timeout",
+            metavar="SECONDS",
+            min=0,
+            help="Stop when no message was printed for this long. Default: follow until Ctrl-C.",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+) -> None:
+    """Follow a queue: print messages as they arrive, until Ctrl-C, --limit or --timeout.
+
+    Rows look like those of 'headwater scan'; --json prints the same JSON lines as
+    'scan --json'. A group starts where it last committed; a partition it has not
+    committed (every partition, without --group) starts at --from: latest unless said
+    otherwise, so only what arrives from now on is shown.
+
+    Examples:
+
+    ```
+    headwater consume orders
+    headwater consume orders --from earliest --limit 10
+    headwater consume orders --group billing --from earliest --json
+    headwater consume orders --from -15m --tag paid --timeout 5
+    ```
+    """
+    start_ms: int | None = None
+    reset = from_.strip().lower()
+    if reset not in ("earliest", "latest"):
+        start_ms = parse_time(from_, "--from")
+        reset = "latest"
+    parts = parse_partitions(partitions)
+    hw = open_client(ctx)
+    if not hw.admin.describe_queue(queue).enabled:  # fail now, not at the first poll
+        raise QueueDisabledError(f"queue {queue!r} is disabled; enable it to read or write")
+    consumer = hw.consumer(group=group, auto_offset_reset=reset, tags=tags or None)
+    stop = _Stop()
+    try:
+        consumer.assign(queue, partitions=parts)
+        if start_ms is not None:
+            consumer.seek_to_time(queue, start_ms, partitions=parts)
+        if err_console().is_terminal:
+            err_console().print(f"following {queue!r}; Ctrl-C to stop", style="dim")
+        with _ctrl_c_stops(stop):
+            printed = _follow(consumer, stop, rows=None if as_json else _Rows(), limit=limit,
+                              idle_s_max=timeout)
+        if group is not None:
+            # also when nothing was printed: a new group then starts here next time, not at
+            # whatever is latest by then
+            consumer.commit()
+    finally:
+        consumer.close()
+    if err_console().is_terminal or stop.requested:
+        err_console().print(f"consumed {printed:,} message(s)", style="dim")
+
+
+def _follow(consumer: Consumer, stop: _Stop, *, rows: _Rows | None, limit: int | None,
+            idle_s_max: float | None) -> int:
+    """Poll and print until stopped, ``limit`` printed or ``idle_s_max`` without a message;
+    commit after every printed batch when the consumer has a group. Returns how many were
+    printed."""
+    printed = 0
+    idle_since = time.monotonic()
+    while not stop.requested and (limit is None or printed < limit):
+        wait_ms = POLL_WAIT_MS
+        if idle_s_max is not None:
+            left_s = idle_s_max - (time.monotonic() - idle_since)
+            if left_s <= 0:
+                break
+            wait_ms = max(1, min(wait_ms, int(left_s * 1000)))
+        want = POLL_MESSAGES_MAX if limit is None else min(POLL_MESSAGES_MAX, limit - printed)
+        batch = consumer.poll(max_messages=want, timeout_ms=wait_ms)
+        if not batch:
+            continue
+        if rows is None:
+            write_json_lines(batch)
+        else:
+            rows.print(batch)
+            sys.stdout.flush()
+        printed += len(batch)
+        idle_since = time.monotonic()
+        if consumer.group is not None:
+            consumer.commit()
+    return printed

@@ -1,0 +1,230 @@
+"""``headwater status``: what the broker is, how long it has run, and how busy it is.
+
+The broker reports counters (requests served, each partition's end offset), not rates: the
+rates are measured here, from two samples ``--interval`` seconds apart. A sample is one
+``status`` request and one ``list_queues`` request; those two requests of our own are taken
+out of the request rate, so an idle broker shows 0 requests/s.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+from rich.console import Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from headwater.cli.context import open_client, out_console
+from headwater.cli.output import print_json
+from headwater.client import Client
+from headwater.errors import InvalidArgumentError
+
+__all__ = ["status", "Sample", "take_sample", "measure_rates", "STATUS_INTERVAL_S_DEFAULT"]
+
+STATUS_INTERVAL_S_DEFAULT = 1.0
+OWN_REQUESTS_PER_SAMPLE = 2  # the status and list_queues requests a sample itself sends
+BUSIEST_QUEUES_SHOWN = 10  # rows of the per-queue rate table (JSON carries every queue)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The broker's counters at one moment, as far as rates need them."""
+
+    at_s: float  # monotonic clock of this process when the sample was complete
+    status: dict[str, Any]
+    end_offsets: dict[tuple[int, int], int]  # (queue id, partition) -> end offset
+    queue_names: dict[int, str]  # queue id -> name
+
+
+def take_sample(hw: Client, *, clock: Callable[[], float] = time.monotonic) -> Sample:
+    """One status request and one list_queues request, in that order (see the module doc)."""
+    st = dict(hw.status())
+    infos = hw.admin.list_queues()
+    ends = {(q.queue_id, p.partition): p.end_offset for q in infos for p in q.partitions}
+    return Sample(clock(), st, ends, {q.queue_id: q.name for q in infos})
+
+
+def measure_rates(before: Sample, after: Sample) -> dict[str, Any]:
+    """Messages appended and requests served per second between two samples.
+
+    End offsets only grow (truncating keeps them counting), so the difference per partition
+    is what was appended; a partition or queue that appeared in between counts from 0, one
+    that was deleted drops out. ``requests_per_s`` is None for an embedded broker, which
+    serves no requests.
+    """
+    dt = after.at_s - before.at_s
+    if dt <= 0:
+        raise InvalidArgumentError("the samples of a rate must be taken one after the other")
+    per_queue: dict[str, float] = {}
+    total = 0
+    for key, end in after.end_offsets.items():
+        appended = max(0, end - before.end_offsets.get(key, 0))
+        if appended:
+            name = after.queue_names[key[0]]
+            per_queue[name] = per_queue.get(name, 0) + appended
+            total += appended
+    requests_per_s = None
+    r0, r1 = before.status.get("requests_total"), after.status.get("requests_total")
+    if isinstance(r0, int) and isinstance(r1, int):
+        requests_per_s = round(max(0, r1 - r0 - OWN_REQUESTS_PER_SAMPLE) / dt, 1)
+    return {
+        "interval_s": round(dt, 3),
+        "messages_in_per_s": round(total / dt, 1),
+        "requests_per_s": requests_per_s,
+        "queues_in_per_s": {name: round(n / dt, 1) for name, n in sorted(per_queue.items())},
+    }
+
+
+def _duration(seconds: float) -> str:
+    """``3d 04h 05m``, ``2h 03m 10s``, ``42s``: the largest units, at most three."""
+    s = int(seconds)
+    parts = [(s // 86400, "d"), (s // 3600 % 24, "h"), (s // 60 % 60, "m"), (s % 60, "s")]
+    while len(parts) > 1 and parts[0][0] == 0:
+        parts.pop(0)
+    first, *rest = parts[:3]
+    return " ".join([f"{first[0]}{first[1]}", *(f"{n:02d}{u}" for n, u in rest)])
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1024 or unit == "TB":
+            return f"{n:,} B" if unit == "B" else f"{size:,.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def render_status(sample: Sample, rates: dict[str, Any] | None) -> RenderableType:
+    """The facts, one per row, then the busiest queues when rates were measured.
+
+    Queues and partitions are counted from the queue list, the way 'queue list' shows
+    them: the broker's own count also includes its internal queues (committed offsets).
+    """
+    st = sample.status
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold", no_wrap=True)
+    head.add_column(overflow="fold")
+    head.add_row("version", str(st.get("version", "?")))
+    where = f"at {st['address']}" if st.get("address") else "(this process)"
+    head.add_row("mode", f"{st.get('mode', '?')} {where}")
+    head.add_row("data directory", str(st.get("data_dir", "?")))
+    head.add_row("uptime", _duration(float(st.get("uptime_s", 0))))
+    if "connections" in st:
+        head.add_row("connections", f"{st['connections']:,} open, {st.get('connections_total', 0):,} since start")
+    if "requests_total" in st:
+        head.add_row("requests", f"{st['requests_total']:,} since start")
+    head.add_row("queues", f"{len(sample.queue_names):,} ({len(sample.end_offsets):,} partitions)")
+    head.add_row("storage", f"{_bytes(int(st.get('bytes', 0)))} in {st.get('segments', 0):,} segments "
+                            f"({st.get('open_segments', 0):,} open), {st.get('fsyncs', 0):,} fsyncs")
+    if rates is not None:
+        every = f"over {rates['interval_s']:g} s"
+        head.add_row("messages in", f"{rates['messages_in_per_s']:,.1f}/s {every}")
+        if rates["requests_per_s"] is not None:
+            head.add_row("requests", f"{rates['requests_per_s']:,.1f}/s {every}")
+    recovery = st.get("recovery") or []
+    head.add_row("recovery", "\n".join(recovery) if recovery else Text("nothing repaired", "dim"))
+    busiest = sorted((rates or {}).get("queues_in_per_s", {}).items(), key=lambda kv: -kv[1])
+    if not busiest:
+        return head
+    table = Table(show_edge=False, header_style="bold")
+    table.add_column("queue")
+    table.add_column("messages in/s", justify="right")
+    for name, rate in busiest[:BUSIEST_QUEUES_SHOWN]:
+        table.add_row(name, f"{rate:,.1f}")
+    if len(busiest) > BUSIEST_QUEUES_SHOWN:
+        table.caption = f"and {len(busiest) - BUSIEST_QUEUES_SHOWN} more (--json shows all)"
+    return Group(head, Text(""), table)
+
+
+def _json_doc(sample: Sample, rates: dict[str, Any] | None) -> dict[str, Any]:
+    doc = dict(sample.status)
+    if rates is not None:
+        doc["rates"] = rates
+    return doc
+
+
+def status(
+    ctx: typer.Context,
+    interval: Annotated[
+        float,
+        typer.Option(
+            "--interval",
+            "-i",
+            metavar="SECONDS",
+            min=0,
+            help="Measure rates over this many seconds (0: show the counters at once, no rates).",
+        ),
+    ] = STATUS_INTERVAL_S_DEFAULT,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            "-w",
+            help="Refresh every --interval seconds until Ctrl-C (into a pipe or with --json: "
+                 "one report after another).",
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print the broker's status as JSON, with the measured rates under \"rates\".",
+        ),
+    ] = False,
+) -> None:
+    """Show the broker: version, uptime, connections, queues, storage, and current rates.
+
+    Rates (messages appended per second, requests per second, and per queue) are measured
+    between two samples taken --interval seconds apart. Works on a running broker
+    (--server) and on a data directory (an embedded broker serves no requests).
+
+    Examples:
+
+    ```
+    headwater --server 127.0.0.1:7070 status
+    headwater --server 127.0.0.1:7070 status --watch --interval 2
+    headwater status --interval 0 --json
+    ```
+    """
+    if watch and interval <= 0:
+        raise InvalidArgumentError("--watch needs an --interval greater than 0")
+    hw = open_client(ctx)
+    before = take_sample(hw)
+    if interval <= 0:
+        _show(before, None, as_json=as_json)
+        return
+    time.sleep(interval)
+    after = take_sample(hw)
+    if not watch:
+        _show(after, measure_rates(before, after), as_json=as_json)
+        return
+    try:
+        if as_json or not out_console().is_terminal:  # a pipe or a file: one report after another
+            while True:
+                _show(after, measure_rates(before, after), as_json=as_json)
+                if not as_json:
+                    out_console().print()  # a blank line between reports
+                time.sleep(interval)
+                before, after = after, take_sample(hw)
+        with Live(render_status(after, measure_rates(before, after)), console=out_console(),
+                  auto_refresh=False) as live:
+            while True:
+                time.sleep(interval)
+                before, after = after, take_sample(hw)
+                live.update(render_status(after, measure_rates(before, after)), refresh=True)
+    except KeyboardInterrupt:
+        pass  # the way to stop watching: not an error
+
+
+def _show(sample: Sample, rates: dict[str, Any] | None, *, as_json: bool) -> None:
+    if as_json:
+        print_json(_json_doc(sample, rates))
+    else:
+        out_console().print(render_status(sample, rates))
+    sys.stdout.flush()

@@ -1,0 +1,429 @@
+"""The command line over the network: every command against a real ``headwater serve``
+process (``--server``), the same output as on a data directory (``--data``), and the two
+commands that only make sense against a live broker: ``status`` and ``consume``.
+
+Commands run in-process (typer's CliRunner) when only their output matters, and as real
+subprocesses when a test needs them running while it does something else (follow, Ctrl-C).
+Every broker is stopped with SIGTERM at the end of its test and must exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import headwater
+from headwater.cli.main import app
+from headwater.cli.status import OWN_REQUESTS_PER_SAMPLE, Sample, measure_rates
+from support.broker_process import BrokerProcess
+
+HEADWATER = str(Path(sys.executable).with_name("headwater"))
+ENV = {
+    # a wide, colourless, predictable console whatever the developer's shell exports
+    "COLUMNS": "200",
+    "FORCE_COLOR": None,
+    "TTY_COMPATIBLE": None,
+    "HEADWATER_DATA": None,
+    "HEADWATER_SERVER": None,
+}
+TIMESTAMP_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+
+
+@pytest.fixture
+def broker(tmp_path) -> Iterator[BrokerProcess]:
+    b = BrokerProcess(tmp_path / "served").start()
+    yield b
+    assert b.terminate() == 0, b.log.read_text()[-2000:]
+
+
+class Cli:
+    """``headwater <global options> ...`` in-process; returns (exit code, stdout, stderr)."""
+
+    def __init__(self, *global_options: str) -> None:
+        self.global_options = list(global_options)
+        self.runner = CliRunner(env=ENV)
+
+    def run(self, *args: str, input: str | None = None) -> tuple[int, str, str]:
+        result = self.runner.invoke(app, [*self.global_options, *args], input=input)
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception
+        assert "Traceback" not in result.output
+        return result.exit_code, result.stdout, result.stderr
+
+    def __call__(self, *args: str, input: str | None = None) -> str:
+        code, out, err = self.run(*args, input=input)
+        assert code == 0, (args, code, out, err)
+        return out
+
+    def error(self, *args: str) -> str:
+        code, _, err = self.run(*args)
+        assert code == 1 and err.startswith("error: "), (args, code, err)
+        return err
+
+    def records(self, *args: str) -> list[dict]:
+        return [json.loads(line) for line in self(*args, "--json").splitlines()]
+
+
+def subprocess_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEADWATER_") and k != "FORCE_COLOR"}
+    return {**env, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+
+
+class Follower:
+    """``headwater ... consume`` as a subprocess whose JSON lines are read as they come."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([HEADWATER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=subprocess_env())
+        self.records: list[dict] = []
+        self._lines: queue.Queue[bytes] = queue.Queue()
+        self._reader = threading.Thread(target=self._read_lines, daemon=True)
+        self._reader.start()
+
+    def _read_lines(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(b"")  # the end
+
+    def read(self, n: int, timeout_s: float = 10.0) -> list[dict]:
+        """Wait for ``n`` more records."""
+        want = len(self.records) + n
+        deadline = time.monotonic() + timeout_s
+        while len(self.records) < want:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.proc.kill()
+                raise AssertionError(f"only {len(self.records)} record(s) after {timeout_s} s; "
+                                     f"stderr: {self.finish()[1]}") from None
+            if not line:
+                raise AssertionError(f"consume ended early: {self.finish()}")
+            self.records.append(json.loads(line))
+        return self.records[want - n:]
+
+    def finish(self, timeout_s: float = 10.0) -> tuple[int, str]:
+        """Wait for the end; return the exit code and stderr."""
+        try:
+            code = self.proc.wait(timeout_s)
+        finally:
+            self.proc.kill()
+        self._reader.join(timeout_s)
+        while (line := self._lines.get_nowait() if not self._lines.empty() else b""):
+            self.records.append(json.loads(line))
+        assert self.proc.stderr is not None
+        return code, self.proc.stderr.read().decode()
+
+
+def normalized(text: str) -> str:
+    return TIMESTAMP_RE.sub("<time>", text)
+
+
+# --- the foundation commands, both ways ---------------------------------------------------
+
+
+FIRST_ID = "00000001-00000000-0000000000000000"
+MISSING_ID = "00000001-00000001-0000000000000063"
+
+SEQUENCE: list[tuple[list[str], str | None]] = [
+    (["queue", "list"], None),
+    (["queue", "create", "orders", "--partitions", "3", "--ttl", "1d", "--set", "owner=web"], None),
+    (["queue", "create", "audit", "--flush", "sync", "--ttl", "forever"], None),
+    (["queue", "create", "orders"], None),
+    (["queue", "list", "--json"], None),
+    (["queue", "list"], None),
+    (["queue", "describe", "orders", "--json"], None),
+    (["queue", "describe", "orders"], None),
+    (["produce", "orders", "a", "b", "c"], None),
+    (["produce", "orders", "--key", "k1", "--tag", "paid", "--property", "src=web", "order 1 paid"], None),
+    (["produce", "orders", "--partition", "2", "--quiet", "x", "y"], None),
+    (["produce", "orders"], "line 1\nline 2\n\nline 4\n"),
+    (["produce", "orders", "--partition", "7", "z"], None),
+    (["scan", "orders", "--json"], None),
+    (["scan", "orders"], None),
+    (["scan", "orders", "--partitions", "2", "--from", "1", "--json"], None),
+    (["scan", "orders", "--tag", "paid", "--json"], None),
+    (["scan", "orders", "--from", "-1h", "--to", "now", "--limit", "2", "--json"], None),
+    (["scan", "orders", "--from", FIRST_ID, "--limit", "2", "--json"], None),
+    (["get", FIRST_ID, "--json"], None),
+    (["get", FIRST_ID], None),
+    (["get", MISSING_ID], None),
+    (["find", "orders", "--key", "k1", "--json"], None),
+    (["find", "orders", "--key", "nobody", "--from", "-1d"], None),
+    (["queue", "add-partitions", "orders", "--to", "4"], None),
+    (["queue", "add-partitions", "orders", "--to", "2"], None),
+    (["queue", "disable", "orders"], None),
+    (["scan", "orders"], None),
+    (["produce", "orders", "no"], None),
+    (["queue", "enable", "orders"], None),
+    (["queue", "truncate", "orders"], None),
+    (["scan", "orders", "--json"], None),
+    (["queue", "describe", "orders", "--json"], None),
+    (["queue", "delete", "audit"], None),
+    (["queue", "delete", "audit", "--yes"], None),
+    (["queue", "list", "--json"], None),
+    (["scan", "nope"], None),
+    (["status", "--interval", "0", "--json"], None),  # differs: checked for keys only
+]
+
+
+def _outcomes(cli: Cli) -> list[tuple[int, str, str]]:
+    out = []
+    for args, stdin in SEQUENCE:
+        code, stdout, stderr = cli.run(*args, input=stdin)
+        out.append((code, normalized(stdout), stderr.splitlines()[0] if stderr else ""))
+    return out
+
+
+def test_every_foundation_command_gives_the_same_output_over_the_network(broker, tmp_path):
+    (tmp_path / "local").mkdir()  # an empty directory: like a broker with no queues yet
+    local = _outcomes(Cli("--data", str(tmp_path / "local")))
+    remote = _outcomes(Cli("--server", broker.address))
+    for (args, _), here, there in zip(SEQUENCE[:-1], local, remote):
+        assert here == there, args
+    # the sequence does fail where it should, the same way both times
+    codes = {" ".join(args): code for (args, _), (code, _, _) in zip(SEQUENCE, remote)}
+    assert codes["queue create orders"] == 1 and codes["get " + MISSING_ID] == 1
+    assert codes["scan nope"] == 1 and codes["produce orders no"] == 1
+    # status says where it ran
+    local_status, remote_status = json.loads(local[-1][1]), json.loads(remote[-1][1])
+    assert local_status["mode"] == "embedded" and "connections" not in local_status
+    assert remote_status["mode"] == "server" and remote_status["address"] == broker.address
+
+
+def test_unreachable_server_is_one_error_line(monkeypatch):
+    monkeypatch.setenv("HEADWATER_CONNECT_TIMEOUT_S", "0.3")
+    err = Cli("--server", "127.0.0.1:9").error("queue", "list")
+    assert "cannot reach the broker at 127.0.0.1:9" in err
+
+
+# --- status ---------------------------------------------------------------------------
+
+
+def test_status_shows_version_uptime_connections_and_rates(broker):
+    cli = Cli("--server", broker.address)
+    cli("queue", "create", "s", "--partitions", "2")
+    doc = json.loads(cli("status", "--json", "--interval", "0.2"))
+    assert doc["version"] == headwater.__version__
+    assert doc["uptime_s"] > 0 and doc["connections"] >= 1 and doc["connections_total"] >= 2
+    assert doc["queues"] >= 1 and doc["partitions"] >= 2  # the broker counts its internal queues too
+    rates = doc["rates"]
+    assert 0.15 < rates["interval_s"] < 5
+    assert rates["messages_in_per_s"] == 0 and rates["requests_per_s"] == 0  # its own are not counted
+    table = cli("status", "--interval", "0.1")
+    for word in ("version", headwater.__version__, "uptime", "connections", f"server at {broker.address}",
+                 "1 (2 partitions)", "messages in", "requests", "recovery"):
+        assert word in table, word
+
+
+def test_status_rates_see_messages_arriving(broker):
+    cli = Cli("--server", broker.address)
+    cli("queue", "create", "busy")
+    stop = threading.Event()
+
+    def produce() -> None:
+        with headwater.connect(broker.address) as hw:
+            while not stop.is_set():
+                hw.send_batch("busy", [b"m"] * 50)
+                time.sleep(0.01)
+
+    t = threading.Thread(target=produce)
+    t.start()
+    try:
+        doc = json.loads(cli("status", "--json", "--interval", "0.3"))
+    finally:
+        stop.set()
+        t.join()
+    assert doc["rates"]["messages_in_per_s"] > 0 and doc["rates"]["requests_per_s"] > 0
+    assert set(doc["rates"]["queues_in_per_s"]) == {"busy"}
+
+
+def _sample(at_s: float, ends: dict[tuple[int, int], int], names: dict[int, str],
+            requests: int | None = None) -> Sample:
+    st = {} if requests is None else {"requests_total": requests}
+    return Sample(at_s, st, ends, names)
+
+
+def test_measure_rates_counts_appends_new_partitions_and_ignores_deleted_queues():
+    before = _sample(10.0, {(1, 0): 100, (1, 1): 50, (2, 0): 7}, {1: "a", 2: "gone"}, requests=1000)
+    after = _sample(12.0, {(1, 0): 160, (1, 1): 50, (1, 2): 20, (3, 0): 4}, {1: "a", 3: "new"},
+                    requests=1000 + 40 + OWN_REQUESTS_PER_SAMPLE)
+    rates = measure_rates(before, after)
+    assert rates == {"interval_s": 2.0, "messages_in_per_s": 42.0, "requests_per_s": 20.0,
+                     "queues_in_per_s": {"a": 40.0, "new": 2.0}}
+    embedded = measure_rates(_sample(0.0, {}, {}), _sample(1.0, {}, {}))
+    assert embedded["requests_per_s"] is None and embedded["messages_in_per_s"] == 0
+
+
+def test_status_on_a_data_directory_and_its_errors(tmp_path):
+    cli = Cli("--data", str(tmp_path / "d"))
+    cli("queue", "create", "q")
+    doc = json.loads(cli("status", "--interval", "0", "--json"))
+    assert doc["mode"] == "embedded" and "rates" not in doc
+    table = cli("status", "--interval", "0")
+    assert "(this process)" in table and "connections" not in table
+    assert "--interval" in cli.error("status", "--watch", "--interval", "0")
+    assert "no data directory" in Cli("--data", str(tmp_path / "none")).error("status")
+
+
+def test_status_watch_until_ctrl_c(broker):
+    proc = subprocess.Popen([HEADWATER, "--server", broker.address, "status", "--watch", "--json",
+                             "--interval", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=subprocess_env())
+    assert proc.stdout is not None
+    docs = [json.loads(proc.stdout.readline()) for _ in range(3)]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert all("rates" in d for d in docs) and docs[0]["uptime_s"] < docs[2]["uptime_s"]
+    # into a pipe, the tables follow one another (a terminal gets one table, redrawn)
+    proc = subprocess.Popen([HEADWATER, "--server", broker.address, "status", "--watch", "--interval", "0.1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env())
+    assert proc.stdout is not None
+    reports = 0
+    while reports < 2:
+        line = proc.stdout.readline().decode()
+        assert line, proc.stderr.read().decode() if proc.stderr else ""
+        reports += line.startswith("uptime")
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=10)
+    assert proc.returncode == 0
+
+
+# --- consume --------------------------------------------------------------------------
+
+
+def test_consume_follows_new_messages(broker):
+    cli = Cli("--server", broker.address)
+    cli("queue", "create", "f", "--partitions", "2")
+    cli("produce", "f", "old-1", "old-2")
+    follower = Follower("--server", broker.address, "consume", "f", "--from", "earliest", "--json",
+                        "--limit", "5")
+    assert [r["value"] for r in follower.read(2)] == ["old-1", "old-2"]
+    cli("produce", "f", "new-1")  # produced while it waits: long polling hands them over
+    cli("produce", "f", "new-2", "new-3")
+    code, _ = follower.finish()
+    assert code == 0
+    assert sorted(r["value"] for r in follower.records) == ["new-1", "new-2", "new-3", "old-1", "old-2"]
+    assert set(follower.records[0]) == {"message_id", "partition", "offset", "timestamp", "key", "tag",
+                                        "properties", "value"}  # the keys of scan --json
+
+
+def test_consume_from_latest_skips_old_messages(broker):
+    cli = Cli("--server", broker.address)
+    cli("queue", "create", "l")
+    cli("produce", "l", "old-1", "old-2")
+    follower = Follower("--server", broker.address, "consume", "l", "--from", "latest", "--json",
+                        "--limit", "1")
+    with headwater.connect(broker.address) as hw:
+        i = 0
+        while follower.proc.poll() is None and i < 200:  # until it has started and seen one
+            hw.send("l", f"new-{i}".encode())
+            i += 1
+            time.sleep(0.05)
+    code, _ = follower.finish()
+    assert code == 0
+    assert len(follower.records) == 1 and follower.records[0]["value"].startswith("new-")
+
+
+def test_consume_group_resumes_where_it_committed(broker):
+    cli = Cli("--server", broker.address)
+    cli("queue", "create", "g")
+    cli("produce", "g", *[f"m{i}" for i in range(5)])
+    first = cli.records("consume", "g", "--group", "workers", "--from", "earliest", "--limit", "3")
+    assert [r["value"] for r in first] == ["m0", "m1", "m2"]
+    # --from earliest applies only where the group has committed nothing: it resumes
+    rest = cli.records("consume", "g", "--group", "workers", "--from", "earliest", "--timeout", "0.3")
+    assert [r["value"] for r in rest] == ["m3", "m4"]
+    assert cli.records("consume", "g", "--group", "workers", "--timeout", "0.2") == []
+    cli("produce", "g", "m5")
+    assert [r["value"] for r in cli.records("consume", "g", "--group", "workers", "--timeout", "0.3")] == ["m5"]
+    # another group has its own position
+    other = cli.records("consume", "g", "--group", "audit", "--from", "earliest", "--timeout", "0.3")
+    assert len(other) == 6
+
+
+def test_consume_new_group_from_latest_commits_its_start(broker):
+    cli = Cli("--server", broker.address)
+    cli("queue", "create", "n")
+    cli("produce", "n", "before")
+    assert cli.records("consume", "n", "--group", "late", "--timeout", "0.2") == []
+    cli("produce", "n", "while-away")
+    # the first run committed where it started, so what came meanwhile is not lost
+    assert [r["value"] for r in cli.records("consume", "n", "--group", "late", "--timeout", "0.3")] == ["while-away"]
+
+
+def test_consume_ctrl_c_commits_what_was_printed(broker):
+    cli = Cli("--server", broker.address)
+    cli("queue", "create", "c")
+    cli("produce", "c", "a", "b", "c")
+    follower = Follower("--server", broker.address, "consume", "c", "--group", "g", "--from", "earliest",
+                        "--json")
+    follower.read(3)
+    follower.proc.send_signal(signal.SIGINT)
+    code, err = follower.finish()
+    assert code == 0, err
+    assert "consumed 3 message(s)" in err
+    cli("produce", "c", "d")
+    assert [r["value"] for r in cli.records("consume", "c", "--group", "g", "--timeout", "0.3")] == ["d"]
+
+
+def test_consume_from_a_time_partitions_tags_and_table(broker):
+    cli = Cli("--server", broker.address)
+    cli("queue", "create", "t", "--partitions", "2")
+    cli("produce", "t", "--partition", "0", "old")
+    time.sleep(0.02)
+    cli("produce", "t", "--partition", "0", "--tag", "paid", "new-paid")
+    cli("produce", "t", "--partition", "1", "--tag", "paid", "other-partition")
+    cli("produce", "t", "--partition", "0", "--tag", "refunded", "new-refunded")
+    since = cli.records("scan", "t", "--partitions", "0")[1]["timestamp"]
+    got = cli.records("consume", "t", "--from", since, "--partitions", "0", "--timeout", "0.3")
+    assert [r["value"] for r in got] == ["new-paid", "new-refunded"]
+    got = cli.records("consume", "t", "--from", "earliest", "--tag", "paid", "--timeout", "0.3")
+    assert sorted(r["value"] for r in got) == ["new-paid", "other-partition"]
+    # a group that starts at a time, whatever it committed before
+    cli("consume", "t", "--group", "g", "--from", "earliest", "--timeout", "0.2")
+    got = cli.records("consume", "t", "--group", "g", "--from", since, "--partitions", "0", "--timeout", "0.3")
+    assert [r["value"] for r in got] == ["new-paid", "new-refunded"]
+    table = cli("consume", "t", "--from", "earliest", "--timeout", "0.3")
+    assert "message id" in table and "new-refunded" in table and "refunded" in table
+
+
+def test_consume_on_a_data_directory(tmp_path):
+    cli = Cli("--data", str(tmp_path / "d"))
+    cli("queue", "create", "e", "--partitions", "3")
+    cli("produce", "e", "--key", "k", "one", "two")
+    got = cli.records("consume", "e", "--from", "earliest", "--group", "g", "--timeout", "0.2")
+    assert [r["value"] for r in got] == ["one", "two"]
+    assert cli.records("consume", "e", "--group", "g", "--timeout", "0.1") == []
+
+
+def test_consume_errors(broker):
+    cli = Cli("--server", broker.address)
+    cli("queue", "create", "x", "--partitions", "2")
+    assert "does not exist" in cli.error("consume", "nope", "--timeout", "0")
+    assert "--from" in cli.error("consume", "x", "--from", "yesterday-ish")
+    assert "partition" in cli.error("consume", "x", "--partitions", "5", "--timeout", "0")
+    cli("queue", "disable", "x")
+    assert "disabled" in cli.error("consume", "x", "--timeout", "0")
+
+
+def test_new_commands_have_help_with_examples():
+    cli = Cli()
+    for words in (["consume"], ["status"], ["shell"]):
+        out = cli(*words, "--help")
+        assert "Usage: headwater" in out and "Example" in out, words
+    top = cli("--help")
+    assert all(name in top for name in ("consume", "status", "shell"))
