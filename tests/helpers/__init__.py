@@ -1,0 +1,1 @@
+"""Helpers of the crash and damage tests: child-process scripts and expected content."""

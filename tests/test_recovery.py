@@ -1,0 +1,569 @@
+"""Crash recovery and damage: SIGKILLed writers, cut, flipped and padded files, lost indexes,
+and the data directory lock, all against real files and real processes.
+
+The promise under test (DESIGN.md, "Model and storage"): every acknowledged message is
+readable after a restart, exactly once and in order; a torn or damaged tail is detected by
+checksum and cut, never served; the store keeps working afterwards.
+
+Positions and sizes are drawn from a seed printed in every failure message; rerun one with
+``HEADWATER_SEED=<seed> pytest tests/test_recovery.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from itertools import zip_longest
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+import headwater
+from headwater import MessageId
+from headwater.errors import CorruptDataError, DataDirectoryLockedError, MessageNotFoundError
+from headwater.storage.segment_index import SegmentIndex
+from helpers.crashdata import (
+    BatchLoc,
+    expected_tuple,
+    message_for,
+    parse_acks,
+    read_layout,
+    record_tuple,
+)
+
+SEED = int(os.environ.get("HEADWATER_SEED") or random.randrange(2**32))
+HELPERS = Path(__file__).parent / "helpers"
+SEGMENT_BYTES = 64 * 1024  # the smallest allowed: every test crosses many segment rolls
+HEADER = 64  # bytes of a segment file's header
+
+
+def _ctx(**kw) -> str:
+    where = " ".join(f"{k}={v}" for k, v in kw.items())
+    return f"seed={SEED} (rerun with HEADWATER_SEED={SEED}) {where}"
+
+
+@contextlib.contextmanager
+def storage_warnings():
+    """Collect the warnings the storage engine logs inside the block."""
+    got: list[logging.LogRecord] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            got.append(record)
+
+    logger = logging.getLogger("headwater.storage")
+    handler = _Collect(level=logging.WARNING)
+    old_level = logger.level
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.WARNING:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield got
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
+def assert_partition(hw, partition: int, want, ctx: str, *, start: int = 0) -> int:
+    """Stream-compare the records of ``partition`` from ``start`` with ``want`` (an iterable
+    of expected tuples); return how many matched."""
+    def show(t):
+        return None if t is None else (t[0], f"{len(t[1])} bytes", t[1][:16], t[2], t[3])
+
+    n = 0
+    scan = hw.scanner("q", partitions=partition, start=start)
+    for got_r, want_t in zip_longest(scan, want):
+        got_t = None if got_r is None else record_tuple(got_r)
+        if got_t != want_t:
+            pytest.fail(f"partition {partition}, record #{n} after offset {start}: served "
+                        f"{show(got_t)}, expected {show(want_t)}; {ctx}")
+        n += 1
+    return n
+
+
+# -- SIGKILL of a writer -------------------------------------------------------------------
+
+
+class KillRig:
+    """Rounds of: start a writer child, SIGKILL it at a random moment, reopen, check.
+
+    ``verified[p]`` is the end offset of partition ``p`` the last check saw, every message
+    below it having been compared byte for byte; a full check re-reads from offset 0.
+    """
+
+    def __init__(self, tmp: Path, *, partitions: int, threads: int, seed: int) -> None:
+        self.tmp = tmp
+        self.data = tmp / "data"
+        self.partitions = partitions
+        self.threads = threads
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.verified = [0] * partitions
+        self.acked_total = 0
+        self.unacked_kept = 0
+        self.cuts = 0
+        with headwater.open(self.data, flush="sync", segment_bytes_max=SEGMENT_BYTES) as hw:
+            hw.admin.create_queue("q", partitions=partitions, ttl_s=None)
+
+    def _wait_ready(self, child: subprocess.Popen, acks: Path, ctx: str) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if acks.exists() and acks.read_bytes().startswith(b"ready\n"):
+                return
+            if child.poll() is not None:
+                break
+            time.sleep(0.005)
+        pytest.fail(f"the writer never became ready (exit {child.poll()}): {self._stderr(ctx)}")
+
+    def _stderr(self, ctx: str) -> str:
+        err = self.tmp / "child.err"
+        return f"{ctx}; child stderr: {err.read_text()[-3000:] if err.exists() else ''}"
+
+    def round(self, r: int, *, full_check: bool) -> None:
+        acks = self.tmp / f"acks-{r}.txt"
+        early = self.rng.random() < 0.2  # kill at any moment, start-up and recovery included
+        delay = self.rng.uniform(0.05, 0.5)
+        ctx = _ctx(round=r, early=early, delay=f"{delay:.3f}", threads=self.threads)
+        with (self.tmp / "child.err").open("wb") as err:
+            child = subprocess.Popen(
+                [sys.executable, str(HELPERS / "appender.py"), str(self.data), str(acks),
+                 f"{self.seed}:{r}", str(self.threads), str(SEGMENT_BYTES)],
+                stdout=err, stderr=err,
+            )
+        try:
+            if not early:
+                self._wait_ready(child, acks, ctx)
+            time.sleep(delay)
+            if child.poll() is not None:
+                pytest.fail(f"the writer exited by itself with {child.returncode}: {self._stderr(ctx)}")
+            os.kill(child.pid, signal.SIGKILL)
+        finally:
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+        _, got = parse_acks(acks.read_text() if acks.exists() else "")
+        acked_end = list(self.verified)
+        for p, base, n in got:
+            # the child saw exactly what the last check saw, then appended contiguously
+            assert base == acked_end[p], (
+                f"partition {p}: acked base {base}, expected {acked_end[p]}; {ctx}")
+            acked_end[p] = base + n
+            self.acked_total += n
+        self.check(acked_end, full=full_check, verify="all" if r % 4 == 3 else "tail", ctx=ctx)
+
+    def check(self, acked_end: list[int], *, full: bool, verify: str, ctx: str) -> None:
+        with storage_warnings() as warns:
+            hw = headwater.open(self.data, flush="sync", segment_bytes_max=SEGMENT_BYTES, verify=verify)
+        self.cuts += len(warns)
+        try:
+            info = hw.admin.describe_queue("q")
+            for p, pi in enumerate(info.partitions):
+                assert pi.start_offset == 0, ctx
+                assert pi.end_offset >= acked_end[p], (
+                    f"partition {p} ends at {pi.end_offset}: acknowledged messages up to "
+                    f"{acked_end[p]} are lost; {ctx}")
+                assert pi.end_offset >= self.verified[p], (
+                    f"partition {p} ends at {pi.end_offset}, below {self.verified[p]} seen by the "
+                    f"previous check (after a clean close); {ctx}")
+                start = 0 if full else self.verified[p]
+                # whatever lies beyond the acks must be what the writer was writing, intact
+                n = assert_partition(hw, p, (expected_tuple(p, o) for o in range(start, pi.end_offset)),
+                                     f"{ctx} verify={verify}", start=start)
+                assert n == pi.end_offset - start
+                self.unacked_kept += pi.end_offset - acked_end[p]
+                self.verified[p] = pi.end_offset
+        finally:
+            hw.close()
+
+
+def _kill_rounds(tmp_path: Path, *, rounds: int, partitions: int, threads: int, full_every: int) -> None:
+    rig = KillRig(tmp_path, partitions=partitions, threads=threads, seed=SEED)
+    for r in range(rounds):
+        rig.round(r, full_check=r % full_every == 0 or r == rounds - 1)
+    assert rig.acked_total > 0, "no round acknowledged anything: the test proved nothing"
+    print(f"\n{rounds} rounds, {threads} thread(s): {rig.acked_total} messages acknowledged, "
+          f"{rig.unacked_kept} unacknowledged ones kept intact, {rig.cuts} recovery cut(s); {_ctx()}")
+
+
+@pytest.mark.timeout(300)
+def test_sigkill_loses_no_acknowledged_message(tmp_path):
+    _kill_rounds(tmp_path, rounds=15, partitions=4, threads=1, full_every=1)
+
+
+@pytest.mark.timeout(300)
+def test_sigkill_with_concurrent_appenders(tmp_path):
+    """Several threads share fsyncs (group commit); each owns some partitions."""
+    _kill_rounds(tmp_path, rounds=8, partitions=8, threads=4, full_every=1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_sigkill_soak(tmp_path):
+    _kill_rounds(tmp_path, rounds=200, partitions=4, threads=1, full_every=25)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_sigkill_soak_concurrent(tmp_path):
+    _kill_rounds(tmp_path, rounds=100, partitions=8, threads=4, full_every=25)
+
+
+# -- damage to the files of a closed store -------------------------------------------------
+
+PARTS = 3
+
+
+class Pristine(NamedTuple):
+    data: Path
+    queue_id: int
+    segments: list[str]  # file names, in order
+    batches: list[BatchLoc]
+
+    def sizes(self) -> list[int]:
+        return [(self.data / "log" / s).stat().st_size for s in self.segments]
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Pristine:
+    """A closed store of ~10 segments: 3 partitions, plain and compressed batches."""
+    data = tmp_path_factory.mktemp("pristine") / "data"
+    with headwater.open(data, segment_bytes_max=SEGMENT_BYTES) as hw:
+        queue_id = hw.admin.create_queue("q", partitions=PARTS, ttl_s=None).queue_id
+        producers = [hw.producer(), hw.producer(compression="zstd"), hw.producer(compression="lz4")]
+        rng = random.Random(20240601)  # fixed: the layout is the same every run
+        nxt = [0] * PARTS
+        for _ in range(90):
+            p, k = rng.randrange(PARTS), rng.randint(1, 20)
+            msgs = [message_for(p, nxt[p] + i) for i in range(k)]
+            rng.choice(producers).send_batch("q", msgs, partition=p)
+            nxt[p] += k
+    paths, batches = read_layout(data / "log")
+    assert len(paths) >= 6, "the pristine store should span several segments"
+    assert all((data / "log" / p.name).with_suffix(".idx").exists() for p in paths[:-1])
+    return Pristine(data, queue_id, [p.name for p in paths], batches)
+
+
+def _expected(survivors, gen_tail: dict[int, list[tuple]] | None = None) -> dict[int, list[tuple]]:
+    out: dict[int, list[tuple]] = {p: [] for p in range(PARTS)}
+    for b in sorted(survivors, key=lambda b: (b.partition, b.base_offset)):
+        offsets = range(b.base_offset, b.base_offset + b.count)
+        out[b.partition].extend(expected_tuple(b.partition, o) for o in offsets)
+    for p, extra in (gen_tail or {}).items():
+        out[p].extend(extra)
+    return out
+
+
+def _assert_store(hw, want: dict[int, list[tuple]], ctx: str) -> None:
+    info = hw.admin.describe_queue("q")
+    for p in range(PARTS):
+        end = want[p][-1][0] + 1 if want[p] else 0
+        assert info.partitions[p].end_offset == end, f"partition {p}: {info.partitions[p]}; {ctx}"
+        assert_partition(hw, p, want[p], ctx)
+
+
+def check_recovered(data: Path, survivors, ctx: str, *, warned: bool, verify: str = "tail") -> dict:
+    """Open a damaged copy and check the promise; then append, close, reopen, check again."""
+    with storage_warnings() as warns:
+        hw = headwater.open(data, segment_bytes_max=SEGMENT_BYTES, verify=verify)
+    try:
+        assert bool(warns) == warned, (
+            f"warnings {[w.getMessage() for w in warns]}, expected {warned}; {ctx}")
+        want = _expected(survivors)
+        _assert_store(hw, want, ctx)
+        # the store keeps working: append a new generation after what survived
+        prod = hw.producer()
+        for p in range(PARTS):
+            for _ in range(2):
+                start = want[p][-1][0] + 1 if want[p] else 0
+                prod.send_batch("q", [message_for(p, start + i, 1) for i in range(5)], partition=p)
+                want[p].extend(expected_tuple(p, start + i, 1) for i in range(5))
+        _assert_store(hw, want, ctx + " after appending")
+    finally:
+        hw.close()
+    with storage_warnings() as warns:
+        hw = headwater.open(data, segment_bytes_max=SEGMENT_BYTES, verify=verify)
+    try:
+        assert not warns, f"a second open still cut something: {[w.getMessage() for w in warns]}; {ctx}"
+        _assert_store(hw, want, ctx + " after reopening")
+    finally:
+        hw.close()
+    return want
+
+
+def _copy(pristine: Pristine, dest: Path) -> Path:
+    shutil.copytree(pristine.data, dest)
+    (dest / ".lock").unlink(missing_ok=True)
+    return dest
+
+
+def _flip(path: Path, positions: list[int], rng: random.Random) -> None:
+    with path.open("r+b") as f:
+        for pos in positions:
+            f.seek(pos)
+            b = f.read(1)[0]
+            f.seek(pos)
+            f.write(bytes([b ^ rng.randint(1, 255)]))
+
+
+CASES = 12  # per damage kind in the default run
+CASES_SLOW = 150  # per damage kind in test_damage_soak
+
+
+def _truncate_last(tmp_path: Path, pristine: Pristine, cases: int) -> None:
+    rng = random.Random(SEED)
+    last = len(pristine.segments) - 1
+    size = pristine.sizes()[last]
+    in_last = [b for b in pristine.batches if b.segment == last]
+    boundaries = {HEADER} | {b.end for b in in_last}
+    for case in range(cases):
+        if case == 0:
+            cut = rng.randrange(0, HEADER)  # shorter than the header: a segment torn at birth
+        elif rng.random() < 0.4:
+            b = rng.choice(in_last)
+            cut = max(0, min(size - 1, rng.choice([b.start, b.end]) + rng.choice([-1, 0, 1])))
+        else:
+            cut = rng.randrange(0, size)
+        ctx = _ctx(case=case, damage=f"truncate last segment to {cut} of {size} bytes")
+        data = _copy(pristine, tmp_path / f"case{case}")
+        os.truncate(data / "log" / pristine.segments[last], cut)
+        survivors = [b for b in pristine.batches if b.segment < last or b.end <= cut]
+        check_recovered(data, survivors, ctx, warned=cut not in boundaries)
+
+
+def test_truncated_last_segment(tmp_path, pristine):
+    _truncate_last(tmp_path, pristine, CASES)
+
+
+def _flip_last(tmp_path: Path, pristine: Pristine, cases: int) -> None:
+    rng = random.Random(SEED + 1)
+    last = len(pristine.segments) - 1
+    size = pristine.sizes()[last]
+    for case in range(cases):
+        positions = sorted(rng.randrange(HEADER, size) for _ in range(rng.randint(1, 4)))
+        ctx = _ctx(case=case, damage=f"flip bytes {positions} of the last segment ({size} bytes)")
+        data = _copy(pristine, tmp_path / f"case{case}")
+        _flip(data / "log" / pristine.segments[last], positions, rng)
+        bad = next(b for b in pristine.batches if b.segment == last and b.start <= positions[0] < b.end)
+        survivors = [b for b in pristine.batches if b.segment < last or b.end <= bad.start]
+        check_recovered(data, survivors, ctx, warned=True)
+
+
+def test_flipped_bytes_in_last_segment(tmp_path, pristine):
+    _flip_last(tmp_path, pristine, CASES)
+
+
+def _flip_sealed(tmp_path: Path, pristine: Pristine, cases: int) -> None:
+    rng = random.Random(SEED + 2)
+    sizes = pristine.sizes()
+    for case in range(cases):
+        seg = rng.randrange(0, len(pristine.segments) - 1)
+        positions = sorted(rng.randrange(HEADER, sizes[seg]) for _ in range(rng.randint(1, 3)))
+        ctx = _ctx(case=case, damage=f"flip bytes {positions} of sealed segment #{seg}")
+        data = _copy(pristine, tmp_path / f"case{case}")
+        _flip(data / "log" / pristine.segments[seg], positions, rng)
+        damaged = [b for b in pristine.batches
+                   if b.segment == seg and any(b.start <= x < b.end for x in positions)]
+        bad = damaged[0]
+
+        # verify="tail" trusts the sealed segment's index: the damage is found by the reader,
+        # which refuses it (CorruptDataError) after serving only intact records
+        with storage_warnings() as warns:
+            hw = headwater.open(data, segment_bytes_max=SEGMENT_BYTES)
+        try:
+            assert not warns, ctx
+            want = _expected(pristine.batches)
+            for p in range(PARTS):
+                served = []
+                try:
+                    served.extend(record_tuple(r) for r in hw.scanner("q", partitions=p))
+                except CorruptDataError:
+                    assert any(b.partition == p for b in damaged), (
+                        f"partition {p} wrongly refused; {ctx}")
+                else:
+                    assert not any(b.partition == p for b in damaged), (
+                        f"damage in partition {p} served; {ctx}")
+                assert served == want[p][: len(served)], f"partition {p}; {ctx}"
+        finally:
+            hw.close()
+
+        # verify="all" re-reads every segment and cuts the damaged one at its first bad batch;
+        # later segments keep their (acknowledged) data, so the partition has a gap
+        survivors = [b for b in pristine.batches if b.segment != seg or b.end <= bad.start]
+        want = check_recovered(data, survivors, ctx, warned=True, verify="all")
+        # offsets inside the gap (below data of later segments) name nothing: a lookup says
+        # so and a scan bounded inside the gap ends, instead of spinning
+        kept_end = max((b.base_offset + b.count for b in survivors if b.partition == bad.partition),
+                       default=0)
+        gap = [o for b in pristine.batches if b.segment == seg and b.start >= bad.start
+               and b.partition == bad.partition
+               for o in range(b.base_offset, b.base_offset + b.count) if o < kept_end]
+        if not gap:
+            continue  # the cut took the partition's tail: its offsets were reused by new appends
+        o = rng.choice(gap)
+        with headwater.open(data, segment_bytes_max=SEGMENT_BYTES) as hw:
+            with pytest.raises(MessageNotFoundError):
+                hw.get(MessageId(pristine.queue_id, bad.partition, o))
+            below = [record_tuple(r) for r in hw.scanner("q", partitions=bad.partition, stop=o + 1)]
+            assert below == [t for t in want[bad.partition] if t[0] < o], ctx
+
+
+@pytest.mark.timeout(30)  # a hang here is the bug this test found
+def test_flipped_bytes_in_sealed_segment(tmp_path, pristine):
+    _flip_sealed(tmp_path, pristine, CASES)
+
+
+def _damage_index(tmp_path: Path, pristine: Pristine, cases: int) -> None:
+    rng = random.Random(SEED + 3)
+    modes = ["delete", "truncate", "flip", "wrong size", "other segment's", "garbage"]
+    for case in range(max(cases, len(modes))):
+        seg = rng.randrange(0, len(pristine.segments) - 1)
+        mode = modes[case % len(modes)]
+        ctx = _ctx(case=case, damage=f"{mode} index of sealed segment #{seg}")
+        data = _copy(pristine, tmp_path / f"case{case}")
+        idx_path = (data / "log" / pristine.segments[seg]).with_suffix(".idx")
+        original = idx_path.read_bytes()
+        if mode == "delete":
+            idx_path.unlink()
+        elif mode == "truncate":
+            os.truncate(idx_path, rng.randrange(0, len(original)))
+        elif mode == "flip":
+            _flip(idx_path, [rng.randrange(0, len(original))], rng)
+        elif mode == "wrong size":  # checksums fine, but it describes another length
+            idx = SegmentIndex.from_bytes(original)
+            idx.segment_size += rng.choice([-1, 1])
+            idx_path.write_bytes(idx.to_bytes())
+        elif mode == "other segment's":
+            other = (seg + 1) % (len(pristine.segments) - 1)
+            other_path = (data / "log" / pristine.segments[other]).with_suffix(".idx")
+            if other == seg:
+                continue
+            shutil.copyfile(other_path, idx_path)
+        else:
+            idx_path.write_bytes(rng.randbytes(rng.randrange(1, 4000)))
+        check_recovered(data, pristine.batches, ctx, warned=mode != "delete")
+        # the rebuilt index says exactly what the lost one said
+        assert SegmentIndex.read(idx_path).to_bytes() == original, ctx
+
+
+def test_damaged_or_missing_index_is_rebuilt(tmp_path, pristine):
+    _damage_index(tmp_path, pristine, CASES)
+
+
+def _junk_after_last(tmp_path: Path, pristine: Pristine, cases: int) -> None:
+    rng = random.Random(SEED + 4)
+    last = len(pristine.segments) - 1
+    last_batch = [b for b in pristine.batches if b.segment == last][-1]
+    kinds = ["random", "zeros", "torn copy", "whole copy"]
+    for case in range(cases):
+        kind = kinds[case % len(kinds)]
+        path = pristine.data / "log" / pristine.segments[last]
+        batch = path.read_bytes()[last_batch.start : last_batch.end]
+        if kind == "random":
+            junk = rng.randbytes(rng.randint(1, 3000))
+        elif kind == "zeros":
+            junk = bytes(rng.randint(1, 3000))
+        elif kind == "torn copy":  # a batch whose write stopped part way
+            junk = batch[: rng.randrange(1, len(batch))]
+        else:  # a valid batch that repeats offsets already stored
+            junk = batch
+        ctx = _ctx(case=case, damage=f"{kind} junk of {len(junk)} bytes after the last batch")
+        data = _copy(pristine, tmp_path / f"case{case}")
+        with (data / "log" / pristine.segments[last]).open("ab") as f:
+            f.write(junk)
+        check_recovered(data, pristine.batches, ctx, warned=True)
+
+
+def test_junk_after_last_segment(tmp_path, pristine):
+    _junk_after_last(tmp_path, pristine, CASES)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_damage_soak(tmp_path, pristine):
+    for i, fn in enumerate([_truncate_last, _flip_last, _flip_sealed, _damage_index, _junk_after_last]):
+        d = tmp_path / f"kind{i}"
+        d.mkdir()
+        fn(d, pristine, CASES_SLOW)
+
+
+def test_crash_during_segment_roll(tmp_path, pristine):
+    """A crash right after creating the next segment file leaves it shorter than a header;
+    a crash while writing an index leaves a temp file. Both are removed; nothing is lost."""
+    rng = random.Random(SEED + 5)
+    for case in range(4):
+        data = _copy(pristine, tmp_path / f"case{case}")
+        last = data / "log" / pristine.segments[-1]
+        next_base = int(last.stem) + last.stat().st_size
+        torn = rng.randrange(0, HEADER)
+        (data / "log" / f"{next_base:020d}.log").write_bytes(rng.randbytes(torn))
+        (last.with_suffix(".idx.tmp")).write_bytes(rng.randbytes(100))
+        ctx = _ctx(case=case, damage=f"next segment torn at {torn} bytes")
+        check_recovered(data, pristine.batches, ctx, warned=True)
+        assert not list((data / "log").glob("*.tmp")), ctx
+
+
+def test_damaged_segment_header_refuses_to_open(tmp_path, pristine):
+    """A segment whose header fails its checksum is not silently dropped with its data:
+    opening fails loudly, naming the file, and leaves the directory unlocked."""
+    rng = random.Random(SEED + 6)
+    for case in range(4):
+        data = _copy(pristine, tmp_path / f"case{case}")
+        seg = rng.randrange(len(pristine.segments))
+        path = data / "log" / pristine.segments[seg]
+        _flip(path, [rng.randrange(0, HEADER)], rng)
+        fds = len(os.listdir("/proc/self/fd"))
+        for _ in range(2):  # the second try must not find the directory still locked
+            with pytest.raises(CorruptDataError, match=path.name):
+                headwater.open(data, segment_bytes_max=SEGMENT_BYTES)
+        assert len(os.listdir("/proc/self/fd")) == fds, (
+            f"a failed open leaked file descriptors; {_ctx(case=case)}")
+
+
+def test_crash_while_creating_a_store(tmp_path):
+    """Killed during the very first open, after the catalog's temp file was written but
+    before it was renamed: the directory holds only our own files and must open."""
+    data = tmp_path / "data"
+    (data / "log").mkdir(parents=True)
+    (data / ".lock").write_text("12345\n")
+    (data / "headwater.json.tmp").write_bytes(b'{"format": "headwater-st')
+    with headwater.open(data) as hw:
+        hw.admin.create_queue("q", ttl_s=None)
+        hw.send("q", b"x")
+    with headwater.open(data) as hw:
+        assert [r.body for r in hw.scanner("q")] == [b"x"]
+
+
+# -- the directory lock --------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_second_process_is_locked_out_until_the_owner_dies(tmp_path):
+    data, ready = tmp_path / "data", tmp_path / "ready"
+    with (tmp_path / "child.err").open("wb") as err:
+        child = subprocess.Popen([sys.executable, str(HELPERS / "holder.py"), str(data), str(ready)],
+                                 stdout=err, stderr=err)
+    try:
+        deadline = time.monotonic() + 30
+        while not (ready.exists() and ready.read_text().endswith("\n")):
+            assert child.poll() is None, (tmp_path / "child.err").read_text()
+            assert time.monotonic() < deadline, "the holder never became ready"
+            time.sleep(0.01)
+        with pytest.raises(DataDirectoryLockedError, match=f"pid {child.pid}"):
+            headwater.open(data)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    # the kernel released the flock with the process: no stale lock to clean up by hand
+    with headwater.open(data) as hw:
+        assert [r.body for r in hw.scanner("q")] == [b"held"]
