@@ -1,0 +1,41 @@
+"""`headwater serve` settings: defaults < TOML file < HEADWATER_* environment < flags."""
+
+import pytest
+
+from headwater.cli.serve import load_settings
+from headwater.errors import InvalidArgumentError
+
+
+def test_precedence(tmp_path):
+    f = tmp_path / "headwater.toml"
+    f.write_text('[server]\nport = 7100\nhost = "127.0.0.1"\n[store]\nflush = "sync"\nflush_interval_ms = 50\n')
+    server, store = load_settings(f, {}, {})
+    assert (server.port, store.flush, store.flush_interval_ms) == (7100, "sync", 50)
+    server, store = load_settings(f, {"HEADWATER_PORT": "7200", "HEADWATER_FLUSH": "async"}, {})
+    assert (server.port, store.flush) == (7200, "async")
+    server, store = load_settings(f, {"HEADWATER_PORT": "7200"}, {"port": 7300, "flush": None})
+    assert (server.port, store.flush) == (7300, "sync")  # None flags leave the lower layers alone
+    server, store = load_settings(None, {"HEADWATER_DATA": "/x", "HEADWATER_SERVER": "h:1"}, {})
+    assert server.port == 7070 and store.flush == "async"  # other HEADWATER_ variables are not settings
+
+
+@pytest.mark.parametrize("text, match", [
+    ("[server]\nprot = 1\n", "unknown setting \\[server\\] prot"),
+    ("[sever]\n", "unknown table"),
+    ("[server\n", "cannot read the config file"),
+    ("[store]\nflush = 'never'\n", "flush"),
+])
+def test_bad_files(tmp_path, text, match):
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(InvalidArgumentError, match=match):
+        load_settings(f, {}, {})
+
+
+def test_bad_env_and_flags():
+    with pytest.raises(InvalidArgumentError, match="port must be a number"):
+        load_settings(None, {"HEADWATER_PORT": "seventy"}, {})
+    with pytest.raises(InvalidArgumentError, match="unknown setting 'colour'"):
+        load_settings(None, {}, {"colour": "blue"})
+    with pytest.raises(InvalidArgumentError, match="port"):
+        load_settings(None, {}, {"port": 70000})
