@@ -11,7 +11,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,compression,server]'
+	$(PY) -m pip install --quiet -e '.[dev,compression,server,spark]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

@@ -1,0 +1,392 @@
+"""The write path of a Spark task: Arrow record batches in, idempotent record batches out.
+
+Rows are routed to a partition (the ``partition`` column, else the key's hash, else a
+sticky partition per batch, as the producer does), gathered per partition, and sent as
+record batches of up to ``maxBatchBytes``.
+
+Exactly once. Every record batch a task sends is an idempotent batch whose producer id,
+epoch and sequence are derived from what identifies that piece of output::
+
+    producer id = blake2b(write id, task's partition id, queue id, partition, chunk // 5)
+    epoch       = the micro-batch id modulo 32768 (0 for a batch write)
+    sequence    = messages the same producer id sent before, in this micro-batch
+
+The write id is ``<query id>/<micro-batch id // 32768>`` for a streaming query (the query id
+is kept in the checkpoint; the micro-batch id is the number Spark replays a batch under) and
+a random id drawn once on the driver for a batch write. The broker keeps, per producer id
+and partition, its epoch and its last 5 batches (:mod:`headwater.model.producer_state`):
+
+- a batch it already holds (same epoch, sequence and count) is answered with its original
+  placement and not appended again: a retried task or a replayed micro-batch writes only
+  what its first run did not;
+- a higher epoch starts the id afresh: the next micro-batch reuses the same producer ids,
+  so the broker holds one entry per (query, task, partition) rather than one per
+  micro-batch; a lower epoch is refused (a checkpoint older than what was written);
+- an id sends at most 5 batches per micro-batch (the broker's window), after which the next
+  chunk group of the partition gets an id of its own.
+
+The guarantee rests on the replay producing the same rows per task. Within one record
+batch the order does not matter (the broker compares sequences and counts, not contents);
+when a task sends more than ``maxBatchBytes`` to one partition, the split into batches
+follows row order, so that order must repeat too, which holds for deterministic queries
+over a replayable source (Headwater's own source replays the same offsets in the same
+order). A replay whose batches differ in size is refused rather than written twice. The
+broker forgets a producer id after its producer expiry (7 days by default) and remembers a
+batch exactly as durably as it keeps it: see docs/spark.md for the limits.
+
+Thread-safety: one :class:`TaskWriter` per Spark task, used by one thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from bisect import bisect_left
+from collections.abc import Iterable
+from concurrent.futures import Future
+from itertools import accumulate
+from typing import NamedTuple
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from headwater.errors import (
+    InvalidArgumentError,
+    OutOfOrderSequenceError,
+    PartitionOutOfRangeError,
+    ProducerFencedError,
+    UnavailableError,
+)
+from headwater.model.batch import crc32c, encode_batch
+from headwater.model.config import QueueInfo
+from headwater.model.message import Message
+from headwater.model.producer_state import RECENT_BATCHES
+from headwater.spark.connection import connect, describe, unavailable_means, with_retries
+from headwater.spark.options import WriteOptions
+from headwater.spark.schema import WriteColumns
+
+__all__ = ["TaskWriter", "WriteSummary", "producer_id_for", "EPOCHS", "PENDING_BYTES_MAX"]
+
+PENDING_BYTES_MAX = 64 * 1024 * 1024  # all partitions' unsent rows of one task, together
+IN_FLIGHT_MAX = 4  # batches of one task sent and not yet answered
+EPOCHS = 2**15  # a producer epoch is a signed 16-bit number
+CHUNKS_PER_PRODUCER = RECENT_BATCHES  # batches the broker remembers per producer id
+_PID_MASK = (1 << 62) - 1  # producer ids are 62-bit, like the producer's random ones
+
+
+def producer_id_for(write_id: str, task: int, queue_id: int, partition: int, group: int) -> int:
+    """The producer id of a task's output to one partition; the same inputs, the same id."""
+    digest = hashlib.blake2b(f"headwater-spark/{write_id}/{task}/{queue_id}/{partition}/{group}".encode(),
+                             digest_size=8).digest()
+    return int.from_bytes(digest, "big") & _PID_MASK
+
+
+@dataclass
+class WriteSummary:
+    """What one task wrote: messages per (queue, partition). Travels back to the driver."""
+
+    messages: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.messages.values())
+
+
+class _Pending:
+    __slots__ = ("messages", "bytes", "chunks", "sequence")
+
+    def __init__(self) -> None:
+        self.messages: list[Message | bytes] = []
+        self.bytes = 0
+        self.chunks = 0  # batches sent so far to this partition by this task
+        self.sequence = 0  # messages sent so far under the current producer id
+
+
+class _Sent(NamedTuple):
+    """A batch on its way to the broker."""
+
+    key: tuple[str, int]
+    batch: bytes
+    count: int
+    chunk: int
+    future: Future | None
+
+
+class _Queue:
+    """What a task knows of one destination queue."""
+
+    def __init__(self, info: QueueInfo, sticky_seed: int) -> None:
+        self.info = info
+        self.partitions = len(info.partitions)
+        self.sticky = sticky_seed % self.partitions
+        self.turns = 0
+
+
+class TaskWriter:
+    """Writes one Spark task's rows; ``write_id``, ``epoch`` and ``task`` make its batches' ids."""
+
+    def __init__(self, opts: WriteOptions, columns: WriteColumns, write_id: str, task: int,
+                 epoch: int = 0) -> None:
+        assert 0 <= epoch < EPOCHS, epoch
+        self.opts = opts
+        self.columns = columns
+        self.write_id = write_id
+        self.epoch = epoch
+        self.task = task
+        self.summary = WriteSummary()
+        self._client = connect(opts.servers, connect_timeout_s=opts.connect_timeout_s,
+                               request_timeout_s=opts.request_timeout_s)
+        self._queues: dict[str, _Queue] = {}
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._pending_bytes = 0
+        self._in_flight: dict[tuple[str, int], _Sent] = {}  # oldest first
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- routing ----------------------------------------------------------------------
+
+    def _queue(self, name: str) -> _Queue:
+        q = self._queues.get(name)
+        if q is None:
+            with unavailable_means(f"asking {self.opts.servers} about queue {name!r}"):
+                info = describe(self._client, name, self.opts.servers)
+            seed = f"{self.write_id}/{self.epoch}/{self.task}/{name}".encode()
+            q = self._queues[name] = _Queue(info, crc32c(seed))
+        return q
+
+    def _sticky_moved(self, q: _Queue) -> None:
+        """The sticky partition's batch was sent: unkeyed rows go elsewhere next."""
+        q.turns += 1
+        if self.opts.partitioner == "random":
+            seed = f"{self.write_id}/{self.epoch}/{self.task}/{q.info.name}/{q.turns}".encode()
+            q.sticky = crc32c(seed) % q.partitions
+        else:
+            q.sticky = (q.sticky + 1) % q.partitions
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        n = batch.num_rows
+        if n == 0:
+            return
+        cols = self.columns
+
+        def column(name: str) -> list | None:
+            """The column's values, or None when it is absent or null in every row."""
+            if name not in cols:
+                return None
+            arr = batch.column(cols.names[name])
+            return None if arr.null_count == n else arr.to_pylist()
+
+        if "deliver_at" in cols:
+            at = batch.column(cols.names["deliver_at"])
+            if at.null_count < n:
+                raise InvalidArgumentError(
+                    "column 'deliver_at' sets a delivery time, but delayed messages are not "
+                    "supported yet (they come with delay messages); leave deliver_at null or "
+                    "drop the column"
+                )
+        values = batch.column(cols.names["value"])
+        if values.null_count:
+            raise InvalidArgumentError(
+                "a row has a null 'value'; every message needs a body (use b'' for an empty one, "
+                "or filter the rows out)"
+            )
+        bodies = values.to_pylist()
+        keys = column("key")
+        if keys is not None and cols.key_is_string:
+            keys = [k.encode() if k is not None else None for k in keys]
+        tags = column("tag")
+        props = column("properties")
+        parts = column("partition")
+        queues = None
+        if self.opts.queue is None:
+            queues = column("queue")
+            if queues is None or None in queues:
+                raise InvalidArgumentError(
+                    "a row has a null 'queue'; name a queue in every row or set option queue")
+        if self.opts.partitioner == "key" and (keys is None or None in keys):
+            raise InvalidArgumentError(
+                "partitioner 'key' needs a key in every row; a row has none (use "
+                "partitioner 'default' to send keyless rows round robin)"
+            )
+        if queues is None and keys is None and tags is None and props is None and parts is None:
+            self._add_bodies(self.opts.queue, bodies)  # type: ignore[arg-type]
+            return
+        messages = _messages(bodies, keys, tags, props)
+        if keys is None:
+            sizes = list(map(len, bodies))
+        else:
+            sizes = [len(b) + (len(k) if k is not None else 0) for b, k in zip(bodies, keys)]
+        if queues is None:
+            q = self._queue(self.opts.queue)  # type: ignore[arg-type]
+            self._add_rows(q, messages, sizes, self._destinations(q, n, keys, parts))
+            return
+        for i, name in enumerate(queues):  # rows for several queues: one at a time
+            q = self._queue(name)
+            dest = self._destinations(q, 1, None if keys is None else keys[i:i + 1],
+                                      None if parts is None else parts[i:i + 1])
+            self._add_rows(q, messages[i:i + 1], sizes[i:i + 1], dest)
+
+    def _destinations(self, q: _Queue, rows: int, keys: list | None, parts: list | None) -> list[int]:
+        """Each row's partition: its ``partition``, else its key's hash, else -1 (sticky)."""
+        n = q.partitions
+        if parts is not None:
+            bad = [p for p in parts if p is not None and not 0 <= p < n]
+            if bad:
+                raise PartitionOutOfRangeError(
+                    f"a row's partition is {bad[0]}, but queue {q.info.name!r} has partitions 0..{n - 1}"
+                )
+        if keys is not None and self.opts.partitioner in ("default", "key"):
+            dest = [crc32c(k) % n if k is not None else -1 for k in keys]
+        else:
+            dest = [-1] * rows
+        if parts is not None:
+            dest = [d if p is None else p for p, d in zip(parts, dest)]
+        return dest
+
+    def _add_rows(self, q: _Queue, messages: list, sizes: list[int], dest: list[int]) -> None:
+        name, pendings, limit = q.info.name, self._pending, self.opts.batch_bytes_max
+        for message, size, p in zip(messages, sizes, dest):
+            if p < 0:
+                p = q.sticky
+            pending = pendings.get((name, p)) or self._pending_of(name, p)
+            pending.messages.append(message)
+            pending.bytes += size
+            self._pending_bytes += size
+            if pending.bytes >= limit or self._pending_bytes >= PENDING_BYTES_MAX:
+                self._flush_some(name, p, pending)
+
+    def _add_bodies(self, name: str, bodies: list[bytes]) -> None:
+        """Unkeyed plain bodies go to the sticky partition in runs: the same batches as
+        adding them one by one (:meth:`_add_rows`), without a Python call per row."""
+        q = self._queue(name)
+        ends = list(accumulate(map(len, bodies)))  # ends[j]: bytes of bodies[0..j]
+        i, n = 0, len(bodies)
+        while i < n:
+            pending = self._pending_of(q.info.name, q.sticky)
+            before = ends[i - 1] if i else 0
+            # the first row at which the batch reaches its size, as _add would find it
+            j = min(bisect_left(ends, before + self.opts.batch_bytes_max - pending.bytes, lo=i) + 1, n)
+            pending.messages += bodies[i:j]
+            self._grew(q.info.name, q.sticky, pending, ends[j - 1] - before)
+            i = j
+
+    def _pending_of(self, name: str, partition: int) -> _Pending:
+        pending = self._pending.get((name, partition))
+        if pending is None:
+            pending = self._pending[(name, partition)] = _Pending()
+        return pending
+
+    def _grew(self, name: str, partition: int, pending: _Pending, size: int) -> None:
+        pending.bytes += size
+        self._pending_bytes += size
+        self._flush_some(name, partition, pending)
+
+    def _flush_some(self, name: str, partition: int, pending: _Pending) -> None:
+        """Send the partition's batch once it is full, or the biggest one when the task
+        holds too much altogether."""
+        if pending.bytes >= self.opts.batch_bytes_max:
+            self._send((name, partition), pending)
+        elif self._pending_bytes >= PENDING_BYTES_MAX:
+            biggest = max(self._pending, key=lambda k: (self._pending[k].bytes, k))
+            self._send(biggest, self._pending[biggest])
+
+    # -- sending ----------------------------------------------------------------------
+
+    def _send(self, key: tuple[str, int], pending: _Pending) -> None:
+        """Encode the partition's pending rows as the next batch and send it without waiting;
+        its answer is awaited before the partition's next batch goes out (the broker wants a
+        producer id's sequences in order), or when too many are in flight."""
+        name, partition = key
+        if not pending.messages:
+            return
+        q = self._queues[name]
+        group, first_of_group = divmod(pending.chunks, CHUNKS_PER_PRODUCER)
+        if first_of_group == 0:
+            pending.sequence = 0
+        pid = producer_id_for(self.write_id, self.task, q.info.queue_id, partition, group)
+        batch = bytes(encode_batch(pending.messages, compression=self.opts.compression,
+                                   producer_id=pid, producer_epoch=self.epoch,
+                                   base_sequence=pending.sequence,
+                                   message_bytes_max=q.info.config.message_bytes_max))
+        earlier = self._in_flight.pop(key, None)
+        if earlier is not None:
+            self._settle(earlier)
+        while len(self._in_flight) >= IN_FLIGHT_MAX:
+            self._settle(self._in_flight.pop(next(iter(self._in_flight))))
+        send_async = getattr(self._client.service, "produce_async", None)
+        future = send_async(name, partition, batch) if send_async is not None else None
+        self._in_flight[key] = _Sent(key, batch, len(pending.messages), pending.chunks, future)
+        count = len(pending.messages)
+        self._pending_bytes -= pending.bytes
+        pending.messages = []
+        pending.bytes = 0
+        pending.chunks += 1
+        pending.sequence += count
+        if q.sticky == partition:
+            self._sticky_moved(q)
+
+    def _settle(self, sent: _Sent) -> None:
+        """Wait for a sent batch's answer; send it again while the broker is unavailable
+        (an idempotent batch lands once however often it is sent)."""
+        name, partition = sent.key
+        try:
+            try:
+                if sent.future is None:
+                    raise UnavailableError("not sent yet")
+                sent.future.result()
+            except UnavailableError:
+                with_retries(lambda: self._client.service.produce(name, partition, sent.batch),
+                             what=f"writing to partition {partition} of queue {name!r} at {self.opts.servers}")
+        except OutOfOrderSequenceError as e:
+            raise InvalidArgumentError(
+                f"this task's output for partition {partition} of queue {name!r} differs from "
+                f"what an earlier attempt of the same task wrote (write {self.write_id}, epoch "
+                f"{self.epoch}, task {self.task}, batch {sent.chunk} of that partition), so "
+                f"exactly-once cannot hold: the query is not deterministic (e.g. it uses rand(), "
+                f"now() or a source that does not replay the same rows). Broker said: {e}"
+            ) from e
+        except ProducerFencedError as e:
+            raise InvalidArgumentError(
+                f"partition {partition} of queue {name!r} already holds output of a later "
+                f"micro-batch of this query than the one running now (epoch {self.epoch}): the "
+                f"checkpoint is older than what the query wrote (restored from a copy?). Start "
+                f"the query with a new checkpointLocation. Broker said: {e}"
+            ) from e
+        self.summary.messages[sent.key] = self.summary.messages.get(sent.key, 0) + sent.count
+
+    def finish(self) -> WriteSummary:
+        """Send everything still pending (in partition order, so replays match), wait for
+        every answer, and close."""
+        try:
+            for key in sorted(self._pending):
+                self._send(key, self._pending[key])
+            while self._in_flight:
+                self._settle(self._in_flight.pop(next(iter(self._in_flight))))
+        finally:
+            self.close()
+        return self.summary
+
+
+def _messages(bodies: list[bytes], keys: list | None, tags: list | None,
+              props: list | None) -> list[Message | bytes]:
+    """Plain bodies where a row has nothing else (the batch encoder's fast path), else
+    Messages."""
+    if tags is None and props is None:
+        if keys is None:
+            return bodies
+        return [b if k is None else Message(b, k) for b, k in zip(bodies, keys)]
+    n = len(bodies)
+    keys = keys if keys is not None else [None] * n
+    tags = tags if tags is not None else [None] * n
+    props = props if props is not None else [None] * n
+    return [b if k is None and t is None and not p else Message(b, k, t, _as_dict(p))
+            for b, k, t, p in zip(bodies, keys, tags, props)]
+
+
+def _as_dict(prop: Iterable | None) -> dict[str, str] | None:
+    if not prop:
+        return None
+    out = dict(prop)
+    if any(v is None for v in out.values()):
+        raise InvalidArgumentError("a row's properties map a key to null; property values are strings")
+    return out
