@@ -18,7 +18,18 @@ from "something outside misbehaved" (:class:`StorageError`, :class:`UnavailableE
     │   ├── MessageNotFoundError         11   no    the id names nothing retained
     │   ├── ClosedError                  12   no    the broker or client was closed
     │   ├── OutOfOrderSequenceError      13   no    an idempotent producer skipped or replayed
-    │   └── ProducerFencedError          14   no    a newer instance of the producer took over
+    │   ├── ProducerFencedError          14   no    a newer instance of the producer took over
+    │   ├── SubscriberNotFoundError      18   no    no subscriber of that name on the queue
+    │   ├── SubscriberExistsError        19   no    a subscriber of that name is already there
+    │   └── GroupError                   60   no    a consumer group refused a member's call
+    │       ├── UnknownMemberError       61   no    not a member (left, or missed heartbeats): join again
+    │       ├── StaleGenerationError     62   no    the group rebalanced since: heartbeat, then retry
+    │       ├── PartitionNotAssignedError 63  no    the partition is not this member's now
+    │       ├── GroupNotEmptyError       64   no    the group has live members (reset, plain commit)
+    │       ├── GroupNotFoundError       65   no    no members and no committed offsets
+    │       └── LeaseError               70   no    a shared group refused to act on a lease
+    │           ├── LeaseExpiredError    71   no    expired, delivered again, or already finished
+    │           └── LeaseNotOwnedError   72   no    the lease belongs to another member
     ├── DataDirectoryError               20   no    the data directory cannot be used
     │   ├── NotADataDirectoryError       21   no    the directory holds something else
     │   ├── DataDirectoryLockedError     22   no    another process has it open
@@ -49,6 +60,17 @@ __all__ = [
     "ClosedError",
     "OutOfOrderSequenceError",
     "ProducerFencedError",
+    "SubscriberNotFoundError",
+    "SubscriberExistsError",
+    "GroupError",
+    "UnknownMemberError",
+    "StaleGenerationError",
+    "PartitionNotAssignedError",
+    "GroupNotEmptyError",
+    "GroupNotFoundError",
+    "LeaseError",
+    "LeaseExpiredError",
+    "LeaseNotOwnedError",
     "DataDirectoryError",
     "NotADataDirectoryError",
     "DataDirectoryLockedError",
@@ -129,6 +151,78 @@ class ProducerFencedError(UsageError):
     """A newer instance of this producer id (a higher epoch) has taken over."""
 
     code = 14
+
+
+class SubscriberNotFoundError(UsageError, LookupError):
+    """No subscriber of that name on the queue (``headwater subscriber add`` makes one)."""
+
+    code = 18
+
+
+class SubscriberExistsError(UsageError):
+    """A subscriber of that name is already registered on the queue; its checkpoint is kept."""
+
+    code = 19
+
+
+class GroupError(UsageError):
+    """A consumer group's coordinator refused a member's call; the group is unchanged."""
+
+    code = 60
+
+
+class UnknownMemberError(GroupError):
+    """The member is not in the group: it left, or missed heartbeats for its session
+    timeout and was removed (its partitions went to others). Join again."""
+
+    code = 61
+
+
+class StaleGenerationError(GroupError):
+    """The call names a generation the group has left behind: it rebalanced since. A commit
+    from a stale generation is refused so a member that was paused cannot overwrite the
+    progress of the partition's new owner."""
+
+    code = 62
+
+
+class PartitionNotAssignedError(GroupError):
+    """The member committed a partition it does not hold in the current generation."""
+
+    code = 63
+
+
+class GroupNotEmptyError(GroupError):
+    """The operation needs a group without live members (resetting offsets, committing
+    without a member id)."""
+
+    code = 64
+
+
+class GroupNotFoundError(GroupError, LookupError):
+    """No such group: it has neither members nor committed offsets."""
+
+    code = 65
+
+
+class LeaseError(GroupError):
+    """A shared group could not act on a lease (ack, nack, extend); the message is unchanged."""
+
+    code = 70
+
+
+class LeaseExpiredError(LeaseError):
+    """The lease is over: its visibility timeout passed (the message was released or
+    delivered again), or the message is already acknowledged or dead-lettered. Whoever
+    holds the current lease acks it; do not ack twice."""
+
+    code = 71
+
+
+class LeaseNotOwnedError(LeaseError):
+    """The lease was given to another member of the group; only that member may act on it."""
+
+    code = 72
 
 
 class DataDirectoryError(HeadwaterError):

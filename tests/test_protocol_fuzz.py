@@ -24,10 +24,12 @@ from headwater.protocol import (
     LookupKeyRequest,
     PingRequest,
     ProduceRequest,
+    Push,
     RemoteProtocolError,
     Request,
     Response,
     State,
+    SubscriptionPush,
     choose_version,
 )
 from headwater.protocol.frames import encode_frame
@@ -258,3 +260,51 @@ def test_fetch_round_trip(queue, partition, offset, max_bytes, tag_mask, end_off
     assert pump(server, chunked(client.send(req), cuts), eof=False) == [req]
     resp = Response(7, FetchResponse(batches, offset, partition, max_bytes))
     assert pump(client, chunked(server.send(resp), cuts), eof=False) == [resp]
+
+
+# push frames (server to client) -------------------------------------------------------------
+
+PUSH_HEADS = [
+    [3, 0, [5], 8, 9],
+    [3, 0, [5, 3], 8, 9, "", 0],
+    [3, 0, [5], 8, 9, "taken over", 1, [[2, 4, 6]]],
+    [0, 0, [], 0, 0, "ended", 40],
+]
+
+
+@st.composite
+def near_push_frames(draw) -> bytes:
+    values = list(draw(st.sampled_from(PUSH_HEADS)))
+    if draw(st.booleans()):
+        values[draw(st.integers(0, len(values) - 1))] = draw(msgpack_values)
+    if draw(st.booleans()):
+        values.append(draw(msgpack_values))
+    data = draw(st.lists(st.binary(max_size=8), max_size=3))
+    api = draw(st.sampled_from([int(ApiKey.SUBSCRIBE), int(ApiKey.SUBSCRIBE), 0, 11, 61, 65535]))
+    rid = draw(st.sampled_from([0, 0, 0, 1, 7]))
+    return b"".join(encode_frame(FrameType.PUSH, api, rid, msgspec.msgpack.encode(values), data))
+
+
+@FUZZ
+@given(frames=st.lists(near_push_frames(), min_size=1, max_size=4), cuts=st.lists(st.integers(0, 400), max_size=6),
+       role=st.sampled_from([CLIENT, SERVER]))
+def test_push_frames_near_the_schema(frames, cuts, role):
+    """Damaged pushes give a client Push events or a protocol error; a server refuses them all."""
+    client, server = handshaken()
+    conn = client if role is CLIENT else server
+    events = pump(conn, chunked(b"".join(frames), cuts), eof=False)
+    if role is SERVER:
+        assert events == []
+    for ev in events:
+        assert isinstance(ev, Push) and isinstance(ev.body, SubscriptionPush)
+
+
+@settings(max_examples=150, deadline=None)
+@given(sid=st.integers(0, 2**32 - 1), partition=i64, next_offset=i64, end_offset=i64,
+       batches=st.lists(st.binary(max_size=100), max_size=4), ended=st.text(max_size=20),
+       code=st.integers(0, 2**32 - 1), cuts=st.lists(st.integers(0, 600), max_size=5), with_sel=st.booleans())
+def test_push_round_trip(sid, partition, next_offset, end_offset, batches, ended, code, cuts, with_sel):
+    client, server = handshaken()
+    selections = [[i, i + 2] for i in range(len(batches))] if with_sel else []
+    ev = Push(SubscriptionPush(sid, partition, batches, next_offset, end_offset, ended, code, selections))
+    assert pump(client, chunked(server.send(ev), cuts), eof=False) == [ev]

@@ -136,6 +136,7 @@ class Terminal:
         os.close(slave)
         self.fd = master
         self.seen = ""
+        self.log = ""
 
     def expect(self, pattern: str, timeout_s: float = 15.0) -> re.Match:
         """Read until ``pattern`` (a regex) appears in what was printed since the last match."""
@@ -147,7 +148,8 @@ class Terminal:
                 return m
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"{pattern!r} not seen; the terminal shows:\n{self.seen[-3000:]}")
+                raise AssertionError(f"{pattern!r} not seen; the terminal shows:\n{self.seen[-3000:]}\n"
+                                     f"--- the whole session so far ---\n{self.log[-3000:]}")
             ready, _, _ = select.select([self.fd], [], [], left)
             if ready:
                 try:
@@ -157,9 +159,14 @@ class Terminal:
                 if not chunk:
                     raise AssertionError(f"{pattern!r} not seen before the end:\n{self.seen[-3000:]}")
                 # drop colour and cursor sequences, keep the text
-                self.seen += re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", chunk.decode(errors="replace"))
+                text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", chunk.decode(errors="replace"))
+                self.seen += text
+                self.log += text
 
     def type(self, text: str) -> None:
+        # a person never types in the same millisecond the prompt appears; keystrokes sent
+        # before readline has taken the terminal would be seen by the tty driver instead
+        time.sleep(0.15)
         os.write(self.fd, text.encode())
 
     def close(self) -> int:
@@ -258,8 +265,8 @@ def session(tmp_path):
 
 def test_completion_of_commands_subcommands_options_and_queues(session):
     c = session.completions
-    assert c("", "") == sorted(["queue", "produce", "scan", "get", "find", "consume", "status",
-                                "exit", "quit", "help"])  # shell, serve and check are not offered
+    assert c("", "") == sorted(["queue", "produce", "scan", "get", "find", "consume", "status", "delay",
+                                "subscriber", "group", "exit", "quit", "help"])  # shell, serve and check are not offered
     assert c("", "q") == ["queue", "quit"]
     assert c("queue ", "d") == ["delete", "describe", "disable"]
     assert c("queue ", "add") == ["add-partitions"]

@@ -13,10 +13,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 from headwater._version import __version__
+from headwater.broker.delay import DelayService, DelayTicket
+from headwater.broker.groups import GroupCoordinator
+from headwater.broker.keyed import KeyedGroups
+from headwater.broker.subscriptions import SubscriberRegistry
 from headwater.broker.offsets import OffsetStore
+from headwater.broker.shared import SharedGroups
 from headwater.errors import InvalidArgumentError
 from headwater.model.config import QueueConfig, QueueInfo
+from headwater.model.delay import DELAYED_PARTITION_BIT, DelayStats, peek_deliver_at
+from headwater.model.filtering import TagMaskFilter, filter_batches
+from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
+from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
+from headwater.model.subscription import SubscriberInfo
 from headwater.model.service import FetchResult, ProduceResult
+from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.storage.store import LogStore, StoreConfig
 
 __all__ = ["Broker"]
@@ -31,21 +42,33 @@ def _user_queue(name: str) -> str:
 class Broker:
     """Serves one data directory. Thread-safe."""
 
-    def __init__(self, store: LogStore) -> None:
+    def __init__(self, store: LogStore, *, group_clock: Callable[[], float] = time.monotonic,
+                 shared_clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self._started = time.monotonic()
         self.offsets = OffsetStore(store)
+        # consumer group membership (in memory) over the durable offsets; group_clock times sessions
+        self.groups = GroupCoordinator(store, self.offsets, clock=group_clock)
+        # shared groups: leases and acks, durable in __shared; shared_clock (wall time) times leases
+        self.shared = SharedGroups(store, shared_clock)
+        # keyed groups (durable in __keyed) and push subscribers (durable in __subscribers)
+        self.keyed = KeyedGroups(store)
+        self.subscribers = SubscriberRegistry(store, clock=shared_clock)
         # long polling in-process: fetchers wait on this until an append wakes them
         self._appended = threading.Condition()
         self._waiting = 0
         store.add_append_listener(self._on_append)
+        # delayed messages (headwater.broker.delay): schedule files, dispatcher thread
+        self.clock = store.clock  # producers in this process turn delay= into times with it
+        self.delay = DelayService(store, clock=store.clock, report=store.recovery_report)
 
     @classmethod
     def open(cls, path: str | Path, config: StoreConfig | None = None, *,
              clock: Callable[[], float] = time.time) -> Broker:
         store = LogStore(path, config, clock=clock)
         try:
-            return cls(store)
+            # sessions use a monotonic clock, unless a test passed its own clock
+            return cls(store, group_clock=time.monotonic if clock is time.time else clock, shared_clock=clock)
         except BaseException:
             store.close()
             raise
@@ -86,14 +109,27 @@ class Broker:
 
     # data
     def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
-        return self.store.append(_user_queue(queue), partition, batch)
+        result, durable_at = self.produce_nowait(queue, partition, batch)
+        if durable_at is not None:
+            self.wait_durable(durable_at)
+        return result
 
-    def produce_nowait(self, queue: str, partition: int, batch: bytes) -> tuple[ProduceResult, int | None]:
-        """Append without waiting for the fsync; see :meth:`LogStore.append_nowait`."""
-        return self.store.append_nowait(_user_queue(queue), partition, batch)
+    def produce_nowait(self, queue: str, partition: int, batch: bytes) -> tuple[ProduceResult, int | DelayTicket | None]:
+        """Append without waiting for the fsync; see :meth:`LogStore.append_nowait`. A batch
+        with a deliver time goes to the delay service instead (when the time is not in the
+        future, to be delivered at once: its producer's sequences count in the delayed space
+        whatever the clocks say); its answer holds a delayed id, and the token to wait for
+        is a :class:`DelayTicket`."""
+        _user_queue(queue)
+        if peek_deliver_at(batch):
+            return self.delay.accept(queue, partition, batch)
+        return self.store.append_nowait(queue, partition, batch)
 
-    def wait_durable(self, position: int) -> None:
-        self.store.wait_durable(position)
+    def wait_durable(self, position: int | DelayTicket) -> None:
+        if isinstance(position, DelayTicket):
+            self.delay.wait_durable(position)
+        else:
+            self.store.wait_durable(position)
 
     def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
               end_offset: int | None = None, max_wait_ms: int = 0) -> FetchResult:
@@ -103,6 +139,10 @@ class Broker:
         while True:
             res = self.store.fetch(queue, partition, offset, max_bytes=max_bytes, tag_mask=tag_mask,
                                    end_offset=end_offset)
+            if tag_mask and res.batches:  # the store skipped whole batches; drop the rest here
+                res = FetchResult(filter_batches(res.batches, TagMaskFilter(tag_mask),
+                                                 start_offset=max(offset, res.start_offset), end_offset=end_offset),
+                                  res.next_offset, res.start_offset, res.end_offset)
             remaining = deadline - time.monotonic()
             if res.batches or res.next_offset != offset or remaining <= 0 or (
                 end_offset is not None and offset >= end_offset
@@ -117,6 +157,8 @@ class Broker:
                     self._waiting -= 1
 
     def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
+        if isinstance(partition, int) and partition & DELAYED_PARTITION_BIT:
+            return self.delay.lookup(queue_id, partition, offset)
         name, batch = self.store.lookup_id(queue_id, partition, offset)
         _user_queue(name)
         return name, batch
@@ -129,11 +171,113 @@ class Broker:
         return self.store.offset_for_time(_user_queue(queue), partition, timestamp_ms)
 
     # consumer offsets
-    def commit_offsets(self, group: str, queue: str, offsets: dict[int, int]) -> None:
-        self.offsets.commit(group, _user_queue(queue), offsets)
+    def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
+                       member_id: str | None = None, generation: int | None = None) -> None:
+        self.groups.commit_offsets(group, _user_queue(queue), offsets, member_id, generation)
 
     def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
         return self.offsets.fetch(group, _user_queue(queue))
+
+    # consumer groups (headwater.broker.groups)
+    def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str], mode: str,
+                   strategy: str, session_timeout_ms: int) -> GroupAssignment:
+        return self.groups.join_group(group, member_id, client_id, queues, mode, strategy, session_timeout_ms)
+
+    def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
+        return self.groups.heartbeat_group(group, member_id, generation)
+
+    def leave_group(self, group: str, member_id: str) -> None:
+        self.groups.leave_group(group, member_id)
+
+    def describe_group(self, group: str) -> GroupDescription:
+        return self.groups.describe_group(group)
+
+    def list_groups(self) -> list[GroupSummary]:
+        return self.groups.list_groups()
+
+    # shared groups (headwater.broker.shared)
+    def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
+                       visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
+                       settings: dict[str, int | float] | None = None, max_wait_ms: int = 0) -> SharedDeliveries:
+        return self.shared.receive(group, _user_queue(queue), member, max_messages, visibility_timeout_ms,
+                                   at_most_once, settings, max_wait_ms)
+
+    def shared_receive_now(self, group: str, queue: str, member: str, max_messages: int,
+                           visibility_timeout_ms: int, at_most_once: bool,
+                           settings: dict[str, int | float] | None) -> tuple[SharedDeliveries, int | None]:
+        """A receive that never waits, plus when to try again (the server's long polling)."""
+        return self.shared.receive_now(group, _user_queue(queue), member, max_messages, visibility_timeout_ms,
+                                       at_most_once, settings)
+
+    def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
+        return self.shared.ack(group, _user_queue(queue), member, lease_ids)
+
+    def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
+                    delay_ms: int | None = None) -> list[LeaseRefusal]:
+        return self.shared.nack(group, _user_queue(queue), member, lease_ids, reason, delay_ms)
+
+    def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
+                      visibility_timeout_ms: int) -> list[LeaseRefusal]:
+        return self.shared.extend(group, _user_queue(queue), member, lease_ids, visibility_timeout_ms)
+
+    def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
+        return self.shared.describe(group, _user_queue(queue))
+
+    # keyed groups (headwater.broker.keyed)
+    def keyed_group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
+                    start: str = "earliest") -> KeyedGroupInfo:
+        return self.keyed.group(_user_queue(queue), group, key, size, start)
+
+    def keyed_fetch(self, queue: str, group: str, member: int, generation: int, partition: int,
+                    offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> KeyedFetchResult:
+        """The member's messages from ``offset`` on; with ``max_wait_ms`` wait for some."""
+        _user_queue(queue)
+        deadline = time.monotonic() + max_wait_ms / 1000
+        while True:
+            res = self.keyed.fetch_now(queue, group, member, generation, partition, offset, max_bytes)
+            remaining = deadline - time.monotonic()
+            if res.batches or res.next_offset != offset or remaining <= 0 or (
+                res.stop_offset is not None and offset >= res.stop_offset
+            ):
+                return res
+            with self._appended:
+                self._waiting += 1
+                try:
+                    if self.store.end_offset(queue, partition) <= offset:
+                        self._appended.wait(remaining)
+                finally:
+                    self._waiting -= 1
+
+    def keyed_commit(self, queue: str, group: str, member: int, generation: int,
+                     offsets: dict[int, int]) -> KeyedGroupInfo:
+        return self.keyed.commit(_user_queue(queue), group, member, generation, offsets)
+
+    def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
+        return self.keyed.resize(_user_queue(queue), group, size)
+
+    # push subscribers (headwater.broker.subscriptions; delivery: headwater.broker.push)
+    def add_subscriber(self, queue: str, name: str, partitions: list[int] | None = None,
+                       tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo:
+        return self.subscribers.add(_user_queue(queue), name, partitions, tags, start)
+
+    def delete_subscriber(self, queue: str, name: str) -> None:
+        self.subscribers.delete(_user_queue(queue), name)
+
+    def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
+        return self.subscribers.list(None if queue is None else _user_queue(queue))
+
+    def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo:
+        return self.subscribers.describe(_user_queue(queue), name)
+
+    def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int]) -> None:
+        self.subscribers.checkpoint(_user_queue(queue), name, offsets)
+
+    # delayed messages (headwater.broker.delay)
+    def cancel_delayed(self, queue_id: int, partition: int, offset: int) -> None:
+        self.delay.cancel(queue_id, partition, offset)
+
+    def delay_stats(self) -> DelayStats:
+        return self.delay.stats()
 
     # operations
     def status(self) -> dict[str, object]:
@@ -143,6 +287,7 @@ class Broker:
             "data_dir": str(self.store.path),
             "uptime_s": round(time.monotonic() - self._started, 3),
             **self.store.stats(),
+            **self.delay.summary(),
             "recovery": list(self.store.recovery_report),
         }
 
@@ -150,4 +295,7 @@ class Broker:
         self.store.flush()
 
     def close(self) -> None:
-        self.store.close()
+        try:
+            self.delay.close()  # its dispatcher appends to the store: stop it first
+        finally:
+            self.store.close()

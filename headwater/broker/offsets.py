@@ -119,6 +119,35 @@ class OffsetStore:
                     out[part] = off
         return out
 
+    def fetch_group(self, group: str) -> dict[str, dict[int, int]]:
+        """Every committed offset of ``group``: ``{queue name: {partition: offset}}`` (queues
+        deleted since are left out)."""
+        validate_group(group)
+        prefix = f"{group}\x00".encode()
+        names = {q.queue_id: q.name for q in self._store.list_queues()}
+        out: dict[str, dict[int, int]] = {}
+        with self._lock:
+            items = [(k, v) for k, v in self._offsets.items() if k.startswith(prefix)]
+        for k, v in items:
+            _, qid, part = k.split(b"\x00")
+            name = names.get(int(qid))
+            if name is not None:
+                out.setdefault(name, {})[int(part)] = v
+        return {q: dict(sorted(o.items())) for q, o in sorted(out.items())}
+
+    def group_queues(self) -> dict[str, set[str]]:
+        """``{group: names of the queues it has committed offsets on}``, for every group."""
+        names = {q.queue_id: q.name for q in self._store.list_queues()}
+        out: dict[str, set[str]] = {}
+        with self._lock:
+            keys = list(self._offsets)
+        for k in keys:
+            group, qid, _ = k.split(b"\x00")
+            name = names.get(int(qid))
+            if name is not None:
+                out.setdefault(group.decode(), set()).add(name)
+        return out
+
     def _compact(self) -> None:
         live = {q.queue_id for q in self._store.list_queues()}
         table = {k: v for k, v in self._offsets.items() if int(k.split(b"\x00")[1]) in live}

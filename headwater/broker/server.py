@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import resource
 import threading
@@ -26,6 +27,7 @@ import msgspec
 
 from headwater._version import __version__
 from headwater.broker.broker import Broker
+from headwater.broker.push import PUSH_APIS, PushService
 from headwater.errors import HeadwaterError, InvalidArgumentError
 from headwater.protocol import (
     NEED_DATA,
@@ -48,7 +50,9 @@ from headwater.protocol import (
     choose_version,
     invoke,
 )
-from headwater.protocol.messages import StatusResponse
+from headwater.broker.shared import SharedWaiters
+from headwater.protocol.messages import KeyedFetchRequest, KeyedFetchResponse
+from headwater.protocol.messages import SharedReceiveRequest, SharedReceiveResponse, StatusResponse
 
 __all__ = ["BrokerServer", "ServerConfig"]
 
@@ -62,7 +66,8 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     port: int = 7070
     connections_max: int = 20_000
     requests_in_flight_max: int = 256  # per connection
-    fetch_bytes_in_flight_max: int = 64 * 1024 * 1024  # per connection
+    connection_bytes_in_flight_max: int = 64 * 1024 * 1024  # requests + responses, per connection
+    bytes_in_flight_max: int = 512 * 1024 * 1024  # the same, for the whole server
     fetch_bytes_max: int = 16 * 1024 * 1024  # one fetch response
     fetch_wait_ms_max: int = 30_000
     frame_bytes_max: int = 64 * 1024 * 1024 + 64 * 1024
@@ -71,9 +76,12 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     worker_threads: int = 32
     read_bytes: int = 256 * 1024
     shutdown_grace_s: float = 10.0
+    push_bytes_max: int = 1024 * 1024  # one PUSH frame of a subscription stream
+    push_streams_max: int = 64  # subscription streams per connection
 
     def validated(self) -> ServerConfig:
-        for name in ("connections_max", "requests_in_flight_max", "fetch_bytes_in_flight_max",
+        for name in ("connections_max", "requests_in_flight_max", "connection_bytes_in_flight_max",
+                     "bytes_in_flight_max",
                      "fetch_bytes_max", "frame_bytes_max", "worker_threads", "read_bytes"):
             if getattr(self, name) < 1:
                 raise InvalidArgumentError(f"{name} must be at least 1")
@@ -138,16 +146,35 @@ class _PartitionWaiters:
             del self._waiting[(queue, partition)]
 
 
+class _ByteBudget:
+    """Bytes in flight, bounded: ``acquire`` waits until they fit (one oversized request is
+    let through alone, so nothing waits forever)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._cond = asyncio.Condition()
+
+    async def acquire(self, n: int) -> None:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.used + n <= self.limit or self.used == 0)
+            self.used += n
+
+    async def release(self, n: int) -> None:
+        async with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+
 class _ConnState:
-    __slots__ = ("conn", "writer", "peer", "slots", "fetch_bytes", "fetch_cond", "tasks", "write_lock")
+    __slots__ = ("conn", "writer", "peer", "slots", "budget", "tasks", "write_lock")
 
     def __init__(self, conn: Connection, writer: asyncio.StreamWriter, peer: str, slots: int) -> None:
         self.conn = conn
         self.writer = writer
         self.peer = peer
         self.slots = asyncio.Semaphore(slots)
-        self.fetch_bytes = 0  # bytes of fetch responses reserved until they are written
-        self.fetch_cond = asyncio.Condition()
+        self.budget: _ByteBudget | None = None  # produce batches and fetch responses in flight
         self.tasks: set[asyncio.Task] = set()
         # one response is written (and drained) at a time, so a client that stops reading
         # holds at most the responses in flight, never an unbounded transport buffer
@@ -176,7 +203,13 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self._waiters = _PartitionWaiters(loop)
+        self._budget = _ByteBudget(self.config.bytes_in_flight_max)
         self.broker.add_append_listener(self._waiters.notify)
+        self.broker.groups.hold_grants_after_restart()  # members from before a restart may still read
+        self._shared_waiters = SharedWaiters(loop)
+        self.broker.shared.add_listener(self._shared_waiters.notify)
+        self._push = PushService(self.broker, self._pool, push_bytes_max=self.config.push_bytes_max,
+                                 streams_per_connection_max=self.config.push_streams_max)
         _raise_fd_limit(self.config.connections_max + 256)
         self._server = await asyncio.start_server(
             self._handle, self.config.host, self.config.port, limit=self.config.read_bytes,
@@ -204,6 +237,8 @@ class BrokerServer:
             self._server = None
         self._closing = True
         self._waiters.wake_all()  # parked long polls answer now, with what there is
+        self._shared_waiters.wake_all()
+        await self._push.stop()  # each subscriber hears why its stream ended
         tasks = [t for c in self._conns for t in c.tasks]
         if tasks:
             await asyncio.wait(tasks, timeout=self.config.shutdown_grace_s)
@@ -237,6 +272,7 @@ class BrokerServer:
         conn = Connection(SERVER, frame_bytes_max=cfg.frame_bytes_max,
                           requests_in_flight_max=cfg.requests_in_flight_max)
         st = _ConnState(conn, writer, peer, cfg.requests_in_flight_max)
+        st.budget = _ByteBudget(cfg.connection_bytes_in_flight_max)
         self._conns.add(st)
         try:
             await self._read_loop(st, reader)
@@ -246,6 +282,7 @@ class BrokerServer:
             log.exception("connection %s failed", peer)
         finally:
             self._conns.discard(st)
+            self._push.connection_closed(st)
             for t in list(st.tasks):
                 t.cancel()
             writer.close()
@@ -285,7 +322,11 @@ class BrokerServer:
                 handshaken = True
             elif isinstance(ev, Request):
                 await st.slots.acquire()  # bound on requests in flight: stop reading when full
-                task = asyncio.create_task(self._serve_request(st, ev))
+                cost = self._cost(st, ev.body)
+                if cost:  # bytes of batches and responses in flight: per connection, then in all
+                    await st.budget.acquire(cost)
+                    await self._budget.acquire(cost)
+                task = asyncio.create_task(self._serve_request(st, ev, cost))
                 st.tasks.add(task)
                 task.add_done_callback(st.tasks.discard)
             elif isinstance(ev, ConnectionClosed):
@@ -297,17 +338,21 @@ class BrokerServer:
             else:
                 return
 
-    async def _serve_request(self, st: _ConnState, ev: Request) -> None:
+    async def _serve_request(self, st: _ConnState, ev: Request, cost: int = 0) -> None:
         self.requests += 1
         body = ev.body
-        reserved = 0
         try:
             try:
                 if body.api is ApiKey.FETCH:
-                    reserved = await self._reserve_fetch(st, body)
-                    result = await self._fetch(body, reserved)
+                    result, cost = await self._fetch(st, body)
                 elif body.api is ApiKey.STATUS:
                     result = StatusResponse.from_result(await self._status())
+                elif body.api is ApiKey.SHARED_RECEIVE:
+                    result = await self._shared_receive(body)
+                elif body.api is ApiKey.KEYED_FETCH:
+                    result = await self._keyed_fetch(body)
+                elif body.api in PUSH_APIS:
+                    result = await self._push.handle(st, body)
                 elif body.api is ApiKey.PRODUCE:
                     result = await self._produce(body)
                 else:
@@ -326,10 +371,8 @@ class BrokerServer:
         except (ConnectionError, ProtocolError):
             pass
         finally:
-            if reserved:
-                async with st.fetch_cond:
-                    st.fetch_bytes -= reserved
-                    st.fetch_cond.notify_all()
+            if cost:
+                await self._release(st, cost)
             st.slots.release()
 
     async def _produce(self, req: ProduceRequest) -> ProduceResponse:
@@ -341,27 +384,41 @@ class BrokerServer:
             await asyncio.get_running_loop().run_in_executor(self._pool, self.broker.wait_durable, durable_at)
         return ProduceResponse.from_result(result)
 
-    async def _reserve_fetch(self, st: _ConnState, req: FetchRequest) -> int:
-        """Reserve the bytes a fetch may return, held until its response is written."""
-        cfg = self.config
-        want = max(1, min(req.max_bytes, cfg.fetch_bytes_max, st.conn.peer_frame_bytes_max - 4096))
-        async with st.fetch_cond:
-            await st.fetch_cond.wait_for(lambda: st.fetch_bytes + want <= cfg.fetch_bytes_in_flight_max
-                                         or st.fetch_bytes == 0)
-            st.fetch_bytes += want
-        return want
+    def _fetch_want(self, st: _ConnState, req: FetchRequest) -> int:
+        """The most bytes a fetch may return: its ask, the server's cap, the peer's frame limit."""
+        return max(1, min(req.max_bytes, self.config.fetch_bytes_max, st.conn.peer_frame_bytes_max - 4096))
 
-    async def _fetch(self, req: FetchRequest, want: int) -> FetchResponse:
-        """Fetch; when nothing is there, park until an append or ``max_wait_ms`` passes."""
+    def _cost(self, st: _ConnState, body: object) -> int:
+        """Bytes a request holds from the moment it is read: a produced batch. (A fetch
+        reserves its response's bytes only while it reads; a parked long poll holds none.)"""
+        if isinstance(body, ProduceRequest):
+            return len(body.batch)
+        return 0
+
+    async def _fetch(self, st: _ConnState, req: FetchRequest) -> tuple[FetchResponse, int]:
+        """Fetch; when nothing is there, park until an append or ``max_wait_ms`` passes.
+
+        Returns the response and the bytes it holds of the budgets (released by the caller
+        once the response is written)."""
+        want = self._fetch_want(st, req)
         deadline = time.monotonic() + min(req.max_wait_ms, self.config.fetch_wait_ms_max) / 1000
         while True:
-            res = self.broker.fetch(req.queue, req.partition, req.offset, max_bytes=want,
-                                    tag_mask=req.tag_mask, end_offset=req.end_offset)
+            await st.budget.acquire(want)
+            await self._budget.acquire(want)
+            try:
+                res = self.broker.fetch(req.queue, req.partition, req.offset, max_bytes=want,
+                                        tag_mask=req.tag_mask, end_offset=req.end_offset)
+            except BaseException:
+                await self._release(st, want)
+                raise
             remaining = deadline - time.monotonic()
-            if res.batches or res.next_offset != req.offset or remaining <= 0 or self._closing or (
+            if res.batches:
+                return FetchResponse.from_result(res), want
+            await self._release(st, want)  # nothing read: hold nothing while parked
+            if res.next_offset != req.offset or remaining <= 0 or self._closing or (
                 req.end_offset is not None and req.offset >= req.end_offset
             ):
-                return FetchResponse.from_result(res)
+                return FetchResponse.from_result(res), 0
             fut = self._waiters.wait(req.queue, req.partition, req.offset)
             try:
                 # re-check after registering: an append may have landed in between
@@ -373,6 +430,58 @@ class BrokerServer:
             finally:
                 self._waiters.discard(req.queue, req.partition, fut)
 
+    async def _release(self, st: _ConnState, n: int) -> None:
+        await st.budget.release(n)
+        await self._budget.release(n)
+
+    async def _keyed_fetch(self, req: KeyedFetchRequest) -> KeyedFetchResponse:
+        """A keyed member's fetch (filtering runs in a worker); when nothing is there, park on
+        the loop until an append to the partition or ``max_wait_ms`` passes."""
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + min(max(req.max_wait_ms, 0), self.config.fetch_wait_ms_max) / 1000
+        want = max(1, min(req.max_bytes, self.config.fetch_bytes_max))
+        while True:
+            fut = self._waiters.wait(req.queue, req.partition, req.offset)  # before reading: no lost wake
+            try:
+                res = await loop.run_in_executor(
+                    self._pool, functools.partial(
+                        self.broker.keyed_fetch, req.queue, req.group, req.member, req.generation,
+                        req.partition, req.offset, max_bytes=want))
+                remaining = deadline - time.monotonic()
+                if res.batches or res.next_offset != req.offset or remaining <= 0 or self._closing or (
+                    res.stop_offset is not None and req.offset >= res.stop_offset
+                ):
+                    return KeyedFetchResponse.from_result(res)
+                try:
+                    await asyncio.wait_for(fut, remaining)
+                except asyncio.TimeoutError:
+                    pass
+            finally:
+                self._waiters.discard(req.queue, req.partition, fut)
+
+    async def _shared_receive(self, req: SharedReceiveRequest) -> SharedReceiveResponse:
+        """A shared receive; when nothing can be leased, park on the loop (no thread held)
+        until an append or an ack on the queue, a lease expiry or backoff end, or
+        ``max_wait_ms``."""
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + min(max(req.max_wait_ms, 0), self.config.fetch_wait_ms_max) / 1000
+        while True:
+            woken = self._shared_waiters.wait(req.queue)  # before trying: a change in between wakes it
+            try:
+                res, hint_ms = await loop.run_in_executor(
+                    self._pool, self.broker.shared_receive_now, req.group, req.queue, req.member,
+                    req.max_messages, req.visibility_timeout_ms, req.at_most_once, req.settings)
+                remaining = deadline - time.monotonic()
+                if res.leases or remaining <= 0 or self._closing:
+                    return SharedReceiveResponse.from_result(res)
+                timeout = remaining if hint_ms is None else min(remaining, hint_ms / 1000)
+                try:
+                    await asyncio.wait_for(woken, timeout)
+                except asyncio.TimeoutError:
+                    pass
+            finally:
+                self._shared_waiters.discard(req.queue, woken)
+
     async def _status(self) -> dict[str, object]:
         loop = asyncio.get_running_loop()
         status = await loop.run_in_executor(self._pool, self.broker.status)
@@ -383,6 +492,7 @@ class BrokerServer:
             connections=len(self._conns),
             connections_total=self.connections_total,
             requests_total=self.requests,
+            **self._push.stats(),
         )
         return status
 

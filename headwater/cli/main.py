@@ -22,12 +22,16 @@ import headwater
 from headwater.cli import records
 from headwater.cli.check import check
 from headwater.cli.consume import consume
+from headwater.cli.groups import group_app, queue_lag
+from headwater.cli.delay import delay_app
 from headwater.cli.serve import serve
 from headwater.cli.shell import shell
 from headwater.cli.status import status
 from headwater.cli.context import DATA_DIR_DEFAULT, CliState, err_console
 from headwater.cli.queues import queue_app
+from headwater.cli.subscribers import subscriber_app
 from headwater.errors import (
+    GroupNotFoundError,
     HeadwaterError,
     MessageNotFoundError,
     NotADataDirectoryError,
@@ -35,6 +39,7 @@ from headwater.errors import (
     QueueDisabledError,
     QueueExistsError,
     QueueNotFoundError,
+    SubscriberExistsError,
     UsageError,
 )
 
@@ -48,6 +53,8 @@ _HINTS: list[tuple[type[HeadwaterError], str]] = [
     (MessageNotFoundError, "it may have expired (ttl), been truncated or deleted; "
                            "'headwater scan QUEUE' shows what is kept"),
     (NotADataDirectoryError, "point --data (or HEADWATER_DATA) at a Headwater data directory"),
+    (GroupNotFoundError, "see the groups with 'headwater group list'"),
+    (SubscriberExistsError, "see it with 'headwater subscriber describe QUEUE NAME'"),
 ]
 
 
@@ -158,7 +165,11 @@ def root(
     ctx.obj = CliState(data_dir=Path(data), server=server)
 
 
+queue_app.command("lag")(queue_lag)
 app.add_typer(queue_app, name="queue")
+app.add_typer(group_app, name="group")
+app.add_typer(subscriber_app, name="subscriber")
+app.add_typer(delay_app, name="delay")
 app.command("produce")(records.produce)
 app.command("scan")(records.scan)
 app.command("get")(records.get)

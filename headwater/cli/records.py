@@ -14,7 +14,8 @@ import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from headwater.cli.context import _state, err_console, open_client, out_console, stdin_is_tty
-from headwater.cli.output import record_detail, records_table, write_json_lines
+from headwater.cli.delay import deliver_at_option
+from headwater.cli.output import iso_utc, record_detail, records_table, write_json_lines
 from headwater.cli.parse import (
     parse_message_id,
     parse_pairs,
@@ -142,6 +143,25 @@ def produce(
             help="Stdin lines sent per batch.",
         ),
     ] = BATCH_SIZE_DEFAULT,
+    delay: Annotated[
+        Optional[str],
+        typer.Option(
+            "--delay",
+            metavar="DURATION",
+            help="Deliver the messages this much later (e.g. 90, 15m, 1h30m, 2d); they are "
+                 "kept by the broker until then and get delayed ids.",
+            show_default=False,
+        ),
+    ] = None,
+    at: Annotated[
+        Optional[str],
+        typer.Option(
+            "--at",
+            metavar="TIME",
+            help="Deliver the messages at this time: ISO-8601 (no zone means UTC) or +DURATION.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Send messages to a queue and print their ids, one per line.
 
@@ -156,6 +176,8 @@ def produce(
     headwater produce orders --key order-17 --tag paid --property source=web 'paid'
     seq 100000 | headwater produce orders --quiet
     headwater produce orders --partition 3 < messages.txt
+    headwater produce reminders --delay 15m 'call the customer back'
+    headwater produce reminders --at 2026-12-24T18:00:00Z 'ring the bell'
     ```
     """
     if not messages and _state(ctx).keep_open:
@@ -163,6 +185,7 @@ def produce(
     hw = open_client(ctx)
     _require_enabled(hw, queue)
     props = parse_pairs(properties or [], "--property") or None
+    when = deliver_at_option(delay, at)
     key_b = None if key is None else _arg_bytes(key)
     plain = key_b is None and tag is None and props is None
     from_stdin = not messages
@@ -184,7 +207,7 @@ def produce(
         for chunk in chunks:
             batch = chunk if plain else [Message(b, key_b, tag, props) for b in chunk]
             try:
-                ids = producer.send_batch(queue, batch, partition=partition)
+                ids = producer.send_batch(queue, batch, partition=partition, **when)
             except HeadwaterError as e:
                 if total:  # say what already went out, so a rerun does not send it twice
                     raise type(e)(f"{e} (the {total:,} message(s) before this batch were sent)") from e
@@ -358,6 +381,9 @@ def get(
         write_json_lines([rec])
     else:
         out_console().print(record_detail(rec))
+        if rec.scheduled_ms is not None:  # a delayed message: when it is (or was) due
+            state = "waiting for it" if rec.message_id.is_delayed else "delivered at the timestamp above"
+            out_console().print(f"scheduled   {iso_utc(rec.scheduled_ms)} ({state})")
 
 
 def find(

@@ -14,11 +14,14 @@ from datetime import datetime
 
 from headwater.errors import InvalidArgumentError, MessageNotFoundError
 from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
+from headwater.model.delay import DelayStats
 from headwater.model.message import Message, MessageId, Record, to_epoch_ms
 from headwater.client.aio_consumer import AsyncConsumer
+from headwater.client.aio_group_consumer import AsyncGroupConsumer
 from headwater.client.aio_producer import AsyncProducer
 from headwater.client.aio_scanner import AsyncScanner
 from headwater.client.aio_service import AsyncBrokerService
+from headwater.client.aio_shared_consumer import AsyncSharedConsumer
 from headwater.client.partitioner import PartitionFn
 from headwater.client.scanner import Bound, decode_stored
 
@@ -108,13 +111,41 @@ class AsyncClient:
         self._adopt(p)
         return p
 
-    def consumer(self, *, group: str | None = None, auto_offset_reset: str = "earliest",
-                 fetch_bytes: int = 1024 * 1024, max_poll_messages: int = 500,
-                 tags: str | Iterable[str] | None = None) -> AsyncConsumer:
-        """A consumer of partitions you assign; see :class:`~headwater.client.aio_consumer.AsyncConsumer`."""
-        c = AsyncConsumer(self._service, group=group, auto_offset_reset=auto_offset_reset,
-                          fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages, tags=tags)
+    def consumer(self, *, group: str | None = None, subscribe: str | Iterable[str] | None = None,
+                 auto_offset_reset: str = "earliest", fetch_bytes: int = 1024 * 1024,
+                 max_poll_messages: int = 500, tags: str | Iterable[str] | None = None,
+                 **group_settings) -> AsyncConsumer:
+        """A consumer of partitions you assign (:class:`~headwater.client.aio_consumer.AsyncConsumer`),
+        or with ``subscribe`` a member of consumer group ``group``
+        (:class:`~headwater.client.aio_group_consumer.AsyncGroupConsumer`, joining on its first
+        ``poll``, ``start()`` or ``async with``); ``group_settings`` as for the sync client."""
+        if subscribe is None:
+            if group_settings:
+                raise InvalidArgumentError(
+                    f"{', '.join(sorted(group_settings))} need subscribe=[queues]: they configure a "
+                    f"group member, not a consumer of assigned partitions"
+                )
+            c = AsyncConsumer(self._service, group=group, auto_offset_reset=auto_offset_reset,
+                              fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages, tags=tags)
+        else:
+            if group is None:
+                raise InvalidArgumentError("subscribe= makes a group member: name its group with group='name'")
+            c = AsyncGroupConsumer(self._service, group=group, subscribe=subscribe,
+                                   auto_offset_reset=auto_offset_reset, fetch_bytes=fetch_bytes,
+                                   max_poll_messages=max_poll_messages, tags=tags, **group_settings)
         self._adopt(c)
+        return c
+
+    def shared_consumer(self, group: str, queue: str, *, visibility_timeout_ms: int = 30_000,
+                        max_attempts: int = 5, backoff_ms: int = 1_000, at_most_once: bool = False,
+                        **settings) -> AsyncSharedConsumer:
+        """A member of shared group ``group`` on ``queue``
+        (:class:`~headwater.client.aio_shared_consumer.AsyncSharedConsumer`); the arguments
+        are the sync client's ``shared_consumer``."""
+        c = AsyncSharedConsumer(self._service, group, queue, visibility_timeout_ms=visibility_timeout_ms,
+                                max_attempts=max_attempts, backoff_ms=backoff_ms, at_most_once=at_most_once,
+                                **settings)
+        self._adopt(c)  # type: ignore[arg-type]
         return c
 
     def _adopt(self, child: AsyncProducer | AsyncConsumer) -> None:
@@ -151,7 +182,10 @@ class AsyncClient:
         """The message with this id; :class:`MessageNotFoundError` if it is not retained."""
         mid = MessageId.parse(message_id)
         name, batch = await self._service.lookup_id(mid.queue_id, mid.partition, mid.offset)
-        recs = decode_stored(batch, name, start_offset=mid.offset, end_offset=mid.offset + 1)
+        if mid.is_delayed:  # the broker answers a batch of just this message (see Client.get)
+            recs = decode_stored(batch, name)
+        else:
+            recs = decode_stored(batch, name, start_offset=mid.offset, end_offset=mid.offset + 1)
         if not recs:
             raise MessageNotFoundError(f"message {mid} is not retained")
         return recs[0]
@@ -174,6 +208,15 @@ class AsyncClient:
     async def offset_for_time(self, queue: str, partition: int, when: datetime | int) -> int:
         """The first offset of ``partition`` appended at or after ``when``."""
         return await self._service.offset_for_time(queue, partition, to_epoch_ms(when, "when"))  # type: ignore[arg-type]
+
+    async def cancel(self, message_id: MessageId | str) -> None:
+        """Cancel a delayed message not delivered yet (see :meth:`Client.cancel`)."""
+        mid = MessageId.parse(message_id)
+        await self._service.cancel_delayed(mid.queue_id, mid.partition, mid.offset)
+
+    async def delay_stats(self) -> DelayStats:
+        """The broker's schedule of delayed messages (see :meth:`Client.delay_stats`)."""
+        return await self._service.delay_stats()
 
     async def status(self) -> dict[str, object]:
         """Facts about the broker: version, uptime, storage figures, recovery repairs."""

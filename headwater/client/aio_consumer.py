@@ -64,6 +64,9 @@ class AsyncConsumer:
         self._queue_ids: dict[str, int] = {}
         self._rotation = itertools.count()
         self._closed = False
+        # a future a subclass may complete to end a waiting poll early (the group consumer
+        # does, when its assignment changes)
+        self._wakeup: asyncio.Future[None] | None = None
 
     # -- assignment and positions -----------------------------------------------------
 
@@ -82,7 +85,7 @@ class AsyncConsumer:
         for p in parts:
             if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < n:
                 raise PartitionOutOfRangeError(f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {p!r}")
-        committed = await self._service.fetch_offsets(self.group, queue) if self.group else {}
+        committed = await self._committed_offsets(queue, info.queue_id)
         self._queue_ids[queue] = info.queue_id
         for p in parts:
             pi = info.partitions[p]
@@ -92,9 +95,17 @@ class AsyncConsumer:
                 pos = pi.start_offset if self.auto_offset_reset == "earliest" else pi.end_offset
             self._set_position((queue, p), pos)
 
+    async def _committed_offsets(self, queue: str, queue_id: int) -> dict[int, int]:
+        """Where ``assign`` starts: the group's committed offsets (the broadcast consumer
+        keeps its own)."""
+        return await self._service.fetch_offsets(self.group, queue) if self.group else {}
+
     def unassign(self, queue: str | None = None) -> None:
         """Stop reading ``queue`` (every queue when None)."""
-        for tp in [tp for tp in self._fetch_pos if queue is None or tp[0] == queue]:
+        self._forget([tp for tp in self._fetch_pos if queue is None or tp[0] == queue])
+
+    def _forget(self, tps: Iterable[TP]) -> None:
+        for tp in tps:
             for d in (self._fetch_pos, self._consumed, self._buffers):
                 d.pop(tp, None)
             self._drop_fetch(tp)
@@ -199,11 +210,13 @@ class AsyncConsumer:
             if out or not self._fetch_pos:
                 return out
             self._launch_fetches(max(0, int(remaining * 1000)))
-            tasks = [t for _, t in self._inflight.values()]
+            tasks: list[asyncio.Future] = [t for _, t in self._inflight.values()]
+            if self._wakeup is not None:
+                tasks.append(self._wakeup)
             if remaining > 0 and tasks:
                 await asyncio.wait(tasks, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
             got = self._collect()
-            if not got and remaining <= 0:
+            if not got and (remaining <= 0 or (self._wakeup is not None and self._wakeup.done())):
                 return []
 
     def _launch_fetches(self, wait_ms: int) -> None:

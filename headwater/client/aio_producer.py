@@ -34,7 +34,9 @@ import random
 import secrets
 import sys
 from collections import deque
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from headwater.errors import (
@@ -47,6 +49,7 @@ from headwater.errors import (
 )
 from headwater.model.batch import BATCH_BYTES_MAX, encode_batch
 from headwater.model.config import QueueInfo
+from headwater.model.delay import DELAYED_PARTITION_BIT, joins_batch, resolve_deliver_at
 from headwater.model.message import Message, MessageId
 from headwater.model.service import ProduceResult
 from headwater.client.aio_service import AsyncBrokerService
@@ -74,11 +77,12 @@ class _Partition:
     """One (queue, partition): its open batch, sealed batches waiting, the slot and the
     drainer that holds it, the linger timer, and the idempotence sequence."""
 
-    __slots__ = ("queue", "partition", "open", "ready", "in_flight", "slot", "drainer", "timer",
+    __slots__ = ("queue", "partition", "delayed", "open", "ready", "in_flight", "slot", "drainer", "timer",
                  "identity", "next_sequence")
 
-    def __init__(self, queue: str, partition: int) -> None:
-        self.queue, self.partition = queue, partition
+    def __init__(self, queue: str, partition: int, delayed: bool = False) -> None:
+        # delayed messages of a partition have a state of their own (see the sync producer)
+        self.queue, self.partition, self.delayed = queue, partition, delayed
         self.open: _Batch | None = None
         self.ready: deque[_Batch] = deque()
         self.in_flight: _Batch | None = None
@@ -97,7 +101,7 @@ class _Batch:
     ProduceResult of that range)."""
 
     __slots__ = ("part", "messages", "entries", "size_bytes", "buffered_bytes", "created_s", "urgent",
-                 "encoded", "identity", "base_sequence", "attempts", "done")
+                 "encoded", "identity", "base_sequence", "attempts", "done", "deliver_times")
 
     def __init__(self, part: _Partition, created_s: float) -> None:
         self.part = part
@@ -112,6 +116,8 @@ class _Batch:
         self.base_sequence = -1
         self.attempts = 0
         self.done = False
+        # delayed batches: each message's deliver time (rising, within PRODUCER_SPAN_MS)
+        self.deliver_times: list[int] | None = None
 
 
 class _Parked(NamedTuple):
@@ -121,6 +127,7 @@ class _Parked(NamedTuple):
     size: int
     partition: int | None
     fut: asyncio.Future[MessageId]
+    deliver_at_ms: int = 0
 
 
 class AsyncProducer:
@@ -134,8 +141,9 @@ class AsyncProducer:
     ``compression``, ``linger_ms``, ``batch_bytes_max``, ``retries``, ``retry_backoff_ms``,
     ``retry_backoff_max_ms``, ``delivery_timeout_ms``, ``idempotent``, ``buffer_bytes_max``
     (the bytes ``send_nowait`` messages may hold unacknowledged; past it ``send_nowait``
-    raises :class:`UnavailableError` instead of blocking), ``metadata_max_age_ms`` and
-    ``rng``.
+    raises :class:`UnavailableError` instead of blocking), ``metadata_max_age_ms``, ``rng``
+    and ``clock``. Every send takes ``deliver_at=`` or ``delay=`` for a delayed message, as
+    the sync producer's do.
     """
 
     def __init__(self, service: AsyncBrokerService, *, partitioner: str | PartitionFn = "default",
@@ -143,12 +151,14 @@ class AsyncProducer:
                  retries: int = 5, retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
                  delivery_timeout_ms: int = 120_000, idempotent: bool = True,
                  buffer_bytes_max: int = 32 << 20, metadata_max_age_ms: int = 5000,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, clock: Callable[[], float] | None = None) -> None:
         if compression not in COMPRESSIONS:
             raise InvalidArgumentError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
         if not isinstance(idempotent, bool):
             raise InvalidArgumentError(f"idempotent is True or False, got {idempotent!r}")
         self._rng = rng or random.Random()
+        # turns delay= into a deliver time; an embedded broker's own (injected) clock by default
+        self._clock = clock or getattr(getattr(service, "service", service), "clock", None) or time.time
         self._partitioner = Partitioner(partitioner, rng=self._rng)
         self._service = service
         self.compression = compression
@@ -195,8 +205,10 @@ class AsyncProducer:
 
     def send_nowait(self, queue: str, body: bytes | Message, *, key: bytes | None = None,
                     tag: str | None = None, properties: dict[str, str] | None = None,
-                    partition: int | None = None) -> asyncio.Future[MessageId]:
+                    partition: int | None = None, deliver_at: datetime | int | None = None,
+                    delay: timedelta | float | None = None) -> asyncio.Future[MessageId]:
         """Queue one message; return a future of its id (call from the event loop).
+        ``deliver_at``/``delay`` make it a delayed message (see ``Producer.send``).
 
         Wrong types raise here. When the queue's metadata is cached, so do a body over the
         queue's ``message_bytes_max``, a partition out of range and an unknown queue;
@@ -208,6 +220,7 @@ class AsyncProducer:
         msg = _as_message(body, key, tag, properties)
         size = check_message(msg, _NO_CAP)
         _check_partition_type(partition)
+        at = self._deliver_at(deliver_at, delay)
         if self._buffered_bytes + size > self.buffer_bytes_max:
             if size > self.buffer_bytes_max:
                 raise MessageTooLargeError(f"a message of {size} bytes does not fit in the producer's "
@@ -219,29 +232,33 @@ class AsyncProducer:
         fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         info = self._cached_info(queue, partition)
         if info is None:
-            self._park(queue, _Parked(msg, size, partition, fut))
+            self._park(queue, _Parked(msg, size, partition, fut, at))
         else:
-            self._route(queue, info, msg, size, partition, fut, urgent=False, buffered=True)
+            self._route(queue, info, msg, size, partition, fut, urgent=False, buffered=True, deliver_at_ms=at)
         self._buffered_bytes += size
         return fut
 
     async def send(self, queue: str, body: bytes | Message, *, key: bytes | None = None,
                    tag: str | None = None, properties: dict[str, str] | None = None,
-                   partition: int | None = None) -> MessageId:
-        """Send one message and return its id once it is stored. It does not linger."""
+                   partition: int | None = None, deliver_at: datetime | int | None = None,
+                   delay: timedelta | float | None = None) -> MessageId:
+        """Send one message and return its id once it is stored (a delayed one: scheduled).
+        It does not linger."""
         self._check_open()
         msg = _as_message(body, key, tag, properties)
         size = check_message(msg, _NO_CAP)
+        at = self._deliver_at(deliver_at, delay)
         info = await self._info_for(queue, partition)
         self._check_open()
         fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        self._route(queue, info, msg, size, partition, fut, urgent=True, buffered=False)
+        self._route(queue, info, msg, size, partition, fut, urgent=True, buffered=False, deliver_at_ms=at)
         return await asyncio.shield(fut)
 
     send_and_wait = send  # the sync producer's name for a send that waits
 
     async def send_batch(self, queue: str, messages: Sequence[Message | bytes], *,
-                         partition: int | None = None) -> Sequence[MessageId]:
+                         partition: int | None = None, deliver_at: datetime | int | None = None,
+                         delay: timedelta | float | None = None) -> Sequence[MessageId]:
         """Send messages as one batch per partition; return their ids in the given order.
 
         With ``partition`` every message goes there; otherwise the partitioner decides.
@@ -253,6 +270,7 @@ class AsyncProducer:
         if len(messages) == 0:
             raise InvalidArgumentError("send_batch needs at least one message")
         self._check_open()
+        at = self._deliver_at(deliver_at, delay)
         info = await self._info_for(queue, partition)
         n = len(info.partitions)
         part = self._partitioner
@@ -275,9 +293,9 @@ class AsyncProducer:
         loop = asyncio.get_running_loop()
         futs: dict[int | None, asyncio.Future[ProduceResult]] = {}
         for p, ms in msgs.items():
-            ps = self._partition_state(queue, p if p is not None else part.sticky(queue, n))
+            ps = self._partition_state(queue, p if p is not None else part.sticky(queue, n), at)
             futs[p] = loop.create_future()
-            self._enqueue(ps, ms, sizes[p], (len(ms), futs[p]), urgent=True)
+            self._enqueue(ps, ms, sizes[p], (len(ms), futs[p]), urgent=True, deliver_at_ms=at)
         results = await asyncio.shield(asyncio.gather(*futs.values()))
         if len(groups) == 1:
             return BatchReceipt(results[0])
@@ -407,7 +425,7 @@ class AsyncProducer:
                 if info is not None:
                     try:
                         self._route(queue, info, item.msg, item.size, item.partition, item.fut,
-                                    urgent=False, buffered=True)
+                                    urgent=False, buffered=True, deliver_at_ms=item.deliver_at_ms)
                     except Exception as e:  # noqa: BLE001 - this message's own failure
                         failure = e
                 if failure is not None:
@@ -417,7 +435,7 @@ class AsyncProducer:
             self._metadata_tasks.pop(queue, None)
 
     def _route(self, queue: str, info: QueueInfo, msg: Message | bytes, size: int, partition: int | None,
-               fut: asyncio.Future[MessageId], *, urgent: bool, buffered: bool) -> None:
+               fut: asyncio.Future[MessageId], *, urgent: bool, buffered: bool, deliver_at_ms: int = 0) -> None:
         """Check the message against the queue and append it to its partition's open batch."""
         cap = info.config.message_bytes_max
         body_len = len(msg) if type(msg) is bytes else len(msg.body)  # type: ignore[union-attr,arg-type]
@@ -432,14 +450,25 @@ class AsyncProducer:
         else:
             chosen = self._partitioner.for_message(msg, n)
             p = chosen if chosen is not None else self._partitioner.sticky(queue, n)
-        ps = self._partition_state(queue, p)
-        self._enqueue(ps, msg, size, (0, fut), urgent=urgent, buffered=size if buffered else 0)
+        ps = self._partition_state(queue, p, deliver_at_ms)
+        self._enqueue(ps, msg, size, (0, fut), urgent=urgent, buffered=size if buffered else 0,
+                      deliver_at_ms=deliver_at_ms)
 
-    def _partition_state(self, queue: str, partition: int) -> _Partition:
-        ps = self._parts.get((queue, partition))
+    def _partition_state(self, queue: str, partition: int, deliver_at_ms: int = 0) -> _Partition:
+        key = (queue, partition | DELAYED_PARTITION_BIT) if deliver_at_ms else (queue, partition)
+        ps = self._parts.get(key)
         if ps is None:
-            ps = self._parts[(queue, partition)] = _Partition(queue, partition)
+            ps = self._parts[key] = _Partition(queue, partition, bool(deliver_at_ms))
         return ps
+
+    def _deliver_at(self, deliver_at: object, delay: object) -> int:
+        """The batch's deliver_at_ms for a send's ``deliver_at``/``delay`` (0: at once)."""
+        if deliver_at is None and delay is None:
+            return 0
+        now_ms = int(self._clock() * 1000)
+        if type(deliver_at) is int and delay is None and -10**15 < deliver_at < 10**15:  # the common case
+            return deliver_at if deliver_at > now_ms else 0
+        return resolve_deliver_at(deliver_at, delay, now_ms=now_ms)
 
     # -- the accumulator ------------------------------------------------------------------
 
@@ -448,17 +477,21 @@ class AsyncProducer:
             raise ClosedError("the producer is closed")
 
     def _enqueue(self, ps: _Partition, msgs: Message | bytes | list[Message | bytes], size: int,
-                 entry: tuple[int, asyncio.Future[Any]], *, urgent: bool, buffered: int = 0) -> None:
+                 entry: tuple[int, asyncio.Future[Any]], *, urgent: bool, buffered: int = 0,
+                 deliver_at_ms: int = 0) -> None:
         """Add one message (``entry[0] == 0``) or a ``send_batch`` group to the open batch of
         ``ps``; seal it when full; start the drainer when there is something to send."""
         b = ps.open
-        if b is not None and b.size_bytes + size > self.batch_bytes_max:
-            self._seal(ps)  # would overflow: the newcomer starts the next batch
+        if b is not None and (b.size_bytes + size > self.batch_bytes_max
+                              or not joins_batch(b.deliver_times, deliver_at_ms)):
+            self._seal(ps)  # would overflow, or an earlier deliver time: the newcomer starts the next batch
             b = None
         new = b is None
         if b is None:
             b = ps.open = _Batch(ps, asyncio.get_running_loop().time())
         count, fut = entry
+        if deliver_at_ms:
+            b.deliver_times = (b.deliver_times or []) + [deliver_at_ms] * (count or 1)
         b.entries.append((len(b.messages), count, fut))
         if count:
             b.messages.extend(msgs)  # type: ignore[arg-type]
@@ -583,7 +616,7 @@ class AsyncProducer:
             seq = ps.next_sequence
         # messages were checked against the queue's limit when queued
         b.encoded = encode_batch(b.messages, compression=self.compression, producer_id=pid,
-                                 base_sequence=seq, producer_epoch=epoch)
+                                 base_sequence=seq, producer_epoch=epoch, deliver_times=b.deliver_times)
         b.identity, b.base_sequence = ident, seq
 
     def _retry_delay(self, b: _Batch, exc: BaseException) -> float | None:

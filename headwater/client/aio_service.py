@@ -25,7 +25,12 @@ from typing import Any, Protocol
 
 from headwater.errors import ClosedError, UnavailableError
 from headwater.model.config import QueueConfig, QueueInfo
+from headwater.model.delay import DelayStats
+from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
 from headwater.model.service import BrokerService, FetchResult, ProduceResult
+from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
+from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
+from headwater.model.subscription import SubscriberInfo
 from headwater.protocol import messages as m
 from headwater.client.transport import AsyncTransport
 
@@ -52,8 +57,40 @@ class AsyncBrokerService(Protocol):
     async def lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None,
                          limit: int) -> list[bytes]: ...
     async def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int: ...
-    async def commit_offsets(self, group: str, queue: str, offsets: dict[int, int]) -> None: ...
+    async def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
+                             member_id: str | None = None, generation: int | None = None) -> None: ...
     async def fetch_offsets(self, group: str, queue: str) -> dict[int, int]: ...
+    async def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str],
+                         mode: str, strategy: str, session_timeout_ms: int) -> GroupAssignment: ...
+    async def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment: ...
+    async def leave_group(self, group: str, member_id: str) -> None: ...
+    async def describe_group(self, group: str) -> GroupDescription: ...
+    async def list_groups(self) -> list[GroupSummary]: ...
+    async def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
+                             visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
+                             settings: dict[str, int | float] | None = None,
+                             max_wait_ms: int = 0) -> SharedDeliveries: ...
+    async def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]: ...
+    async def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
+                          delay_ms: int | None = None) -> list[LeaseRefusal]: ...
+    async def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
+                            visibility_timeout_ms: int) -> list[LeaseRefusal]: ...
+    async def shared_describe(self, group: str, queue: str) -> SharedGroupInfo: ...
+    async def cancel_delayed(self, queue_id: int, partition: int, offset: int) -> None: ...
+    async def delay_stats(self) -> DelayStats: ...
+    async def keyed_group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
+                          start: str = "earliest") -> KeyedGroupInfo: ...
+    async def keyed_fetch(self, queue: str, group: str, member: int, generation: int, partition: int,
+                          offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> KeyedFetchResult: ...
+    async def keyed_commit(self, queue: str, group: str, member: int, generation: int,
+                           offsets: dict[int, int]) -> KeyedGroupInfo: ...
+    async def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo: ...
+    async def add_subscriber(self, queue: str, name: str, partitions: list[int] | None = None,
+                             tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo: ...
+    async def delete_subscriber(self, queue: str, name: str) -> None: ...
+    async def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]: ...
+    async def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo: ...
+    async def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int]) -> None: ...
     async def status(self) -> dict[str, object]: ...
     async def ping(self) -> None: ...
     async def close(self) -> None: ...
@@ -122,11 +159,97 @@ class AsyncService:
     async def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
         return await self._call(m.OffsetForTimeRequest(queue, partition, timestamp_ms))
 
-    async def commit_offsets(self, group: str, queue: str, offsets: dict[int, int]) -> None:
-        await self._call(m.CommitOffsetsRequest(group, queue, dict(offsets)))
+    async def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
+                             member_id: str | None = None, generation: int | None = None) -> None:
+        await self._call(m.CommitOffsetsRequest(group, queue, dict(offsets), member_id, generation))
 
     async def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
         return await self._call(m.FetchOffsetsRequest(group, queue))
+
+    async def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str],
+                         mode: str, strategy: str, session_timeout_ms: int) -> GroupAssignment:
+        return await self._call(m.JoinGroupRequest(group, member_id, client_id, list(queues), mode, strategy,
+                                                   session_timeout_ms), retry=False)
+
+    async def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
+        return await self._call(m.HeartbeatGroupRequest(group, member_id, generation))
+
+    async def leave_group(self, group: str, member_id: str) -> None:
+        await self._call(m.LeaveGroupRequest(group, member_id))
+
+    async def describe_group(self, group: str) -> GroupDescription:
+        return await self._call(m.DescribeGroupRequest(group))
+
+    async def list_groups(self) -> list[GroupSummary]:
+        return await self._call(m.ListGroupsRequest())
+
+    # shared groups: nothing that changes leases is retried (see RemoteService)
+    async def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
+                             visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
+                             settings: dict[str, int | float] | None = None,
+                             max_wait_ms: int = 0) -> SharedDeliveries:
+        timeout = None if not max_wait_ms else self.transport.request_timeout_s + max_wait_ms / 1000
+        return await self._call(m.SharedReceiveRequest(group, queue, member, max_messages, visibility_timeout_ms,
+                                                       at_most_once, dict(settings or {}), max_wait_ms),
+                                retry=False, timeout_s=timeout)
+
+    async def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
+        return await self._call(m.SharedAckRequest(group, queue, member, list(lease_ids)), retry=False)
+
+    async def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
+                          delay_ms: int | None = None) -> list[LeaseRefusal]:
+        return await self._call(m.SharedNackRequest(group, queue, member, list(lease_ids), reason, delay_ms),
+                                retry=False)
+
+    async def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
+                            visibility_timeout_ms: int) -> list[LeaseRefusal]:
+        return await self._call(m.SharedExtendRequest(group, queue, member, list(lease_ids),
+                                                      visibility_timeout_ms), retry=False)
+
+    async def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
+        return await self._call(m.SharedDescribeRequest(group, queue))
+
+    async def cancel_delayed(self, queue_id: int, partition: int, offset: int) -> None:
+        await self._call(m.CancelDelayedRequest(queue_id, partition, offset))  # idempotent: retried
+
+    async def delay_stats(self) -> DelayStats:
+        return await self._call(m.DelayStatsRequest())
+
+    # keyed groups and push subscribers (see RemoteService for what is retried)
+    async def keyed_group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
+                          start: str = "earliest") -> KeyedGroupInfo:
+        return await self._call(m.KeyedGroupRequest(queue, group, key, size, start))
+
+    async def keyed_fetch(self, queue: str, group: str, member: int, generation: int, partition: int,
+                          offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> KeyedFetchResult:
+        timeout = None if not max_wait_ms else self.transport.request_timeout_s + max_wait_ms / 1000
+        return await self._call(m.KeyedFetchRequest(queue, group, member, generation, partition, offset,
+                                                    max_bytes, max_wait_ms), timeout_s=timeout)
+
+    async def keyed_commit(self, queue: str, group: str, member: int, generation: int,
+                           offsets: dict[int, int]) -> KeyedGroupInfo:
+        return await self._call(m.KeyedCommitRequest(queue, group, member, generation, dict(offsets)))
+
+    async def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
+        return await self._call(m.KeyedResizeRequest(queue, group, size))
+
+    async def add_subscriber(self, queue: str, name: str, partitions: list[int] | None = None,
+                             tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo:
+        return await self._call(m.AddSubscriberRequest(
+            queue, name, None if partitions is None else list(partitions), None if tags is None else list(tags),
+            start), retry=False)
+
+    async def delete_subscriber(self, queue: str, name: str) -> None:
+        await self._call(m.DeleteSubscriberRequest(queue, name), retry=False)
+
+    async def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
+        return await self._call(m.ListSubscribersRequest(queue))
+
+    async def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo:
+        return await self._call(m.DescribeSubscriberRequest(queue, name))
+
+    async def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int]) -> None:
+        await self._call(m.CheckpointSubscriberRequest(queue, name, dict(offsets)))
 
     async def status(self) -> dict[str, object]:
         return await self._call(m.StatusRequest())
@@ -240,11 +363,108 @@ class ThreadedService:
     async def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
         return await self._run(self.service.offset_for_time, queue, partition, timestamp_ms)
 
-    async def commit_offsets(self, group: str, queue: str, offsets: dict[int, int]) -> None:
-        await self._run(self.service.commit_offsets, group, queue, dict(offsets))
+    async def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
+                             member_id: str | None = None, generation: int | None = None) -> None:
+        await self._run(self.service.commit_offsets, group, queue, dict(offsets), member_id, generation)
 
     async def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
         return await self._run(self.service.fetch_offsets, group, queue)
+
+    async def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str],
+                         mode: str, strategy: str, session_timeout_ms: int) -> GroupAssignment:
+        return await self._run(self.service.join_group, group, member_id, client_id, list(queues), mode,
+                               strategy, session_timeout_ms)
+
+    async def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
+        return await self._run(self.service.heartbeat_group, group, member_id, generation)
+
+    async def leave_group(self, group: str, member_id: str) -> None:
+        await self._run(self.service.leave_group, group, member_id)
+
+    async def describe_group(self, group: str) -> GroupDescription:
+        return await self._run(self.service.describe_group, group)
+
+    async def list_groups(self) -> list[GroupSummary]:
+        return await self._run(self.service.list_groups)
+
+    async def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
+                             visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
+                             settings: dict[str, int | float] | None = None,
+                             max_wait_ms: int = 0) -> SharedDeliveries:
+        # a long poll holds a thread at most FETCH_WAIT_SLICE_MS at a time, like fetch without
+        # append notifications: the default executor has few threads
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max_wait_ms / 1000
+        while True:
+            remaining_ms = max(0, int((deadline - loop.time()) * 1000))
+            res = await self._run(self.service.shared_receive, group, queue, member, max_messages,
+                                  visibility_timeout_ms, at_most_once, settings,
+                                  min(remaining_ms, FETCH_WAIT_SLICE_MS))
+            if res.leases or remaining_ms <= FETCH_WAIT_SLICE_MS:
+                return res
+
+    async def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
+        return await self._run(self.service.shared_ack, group, queue, member, list(lease_ids))
+
+    async def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
+                          delay_ms: int | None = None) -> list[LeaseRefusal]:
+        return await self._run(self.service.shared_nack, group, queue, member, list(lease_ids), reason, delay_ms)
+
+    async def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
+                            visibility_timeout_ms: int) -> list[LeaseRefusal]:
+        return await self._run(self.service.shared_extend, group, queue, member, list(lease_ids),
+                               visibility_timeout_ms)
+
+    async def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
+        return await self._run(self.service.shared_describe, group, queue)
+
+    async def cancel_delayed(self, queue_id: int, partition: int, offset: int) -> None:
+        await self._run(self.service.cancel_delayed, queue_id, partition, offset)
+
+    async def delay_stats(self) -> DelayStats:
+        return await self._run(self.service.delay_stats)
+
+    # keyed groups and push subscribers
+    async def keyed_group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
+                          start: str = "earliest") -> KeyedGroupInfo:
+        return await self._run(self.service.keyed_group, queue, group, key, size, start)
+
+    async def keyed_fetch(self, queue: str, group: str, member: int, generation: int, partition: int,
+                          offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> KeyedFetchResult:
+        # a long poll holds a thread at most FETCH_WAIT_SLICE_MS at a time
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max_wait_ms / 1000
+        while True:
+            remaining_ms = int((deadline - loop.time()) * 1000)
+            res = await self._run(functools.partial(
+                self.service.keyed_fetch, queue, group, member, generation, partition, offset,
+                max_bytes=max_bytes, max_wait_ms=max(0, min(remaining_ms, FETCH_WAIT_SLICE_MS))))
+            stopped = res.stop_offset is not None and offset >= res.stop_offset
+            if res.batches or res.next_offset != offset or stopped or remaining_ms <= FETCH_WAIT_SLICE_MS:
+                return res
+
+    async def keyed_commit(self, queue: str, group: str, member: int, generation: int,
+                           offsets: dict[int, int]) -> KeyedGroupInfo:
+        return await self._run(self.service.keyed_commit, queue, group, member, generation, dict(offsets))
+
+    async def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
+        return await self._run(self.service.keyed_resize, queue, group, size)
+
+    async def add_subscriber(self, queue: str, name: str, partitions: list[int] | None = None,
+                             tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo:
+        return await self._run(self.service.add_subscriber, queue, name, partitions, tags, start)
+
+    async def delete_subscriber(self, queue: str, name: str) -> None:
+        await self._run(self.service.delete_subscriber, queue, name)
+
+    async def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
+        return await self._run(self.service.list_subscribers, queue)
+
+    async def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo:
+        return await self._run(self.service.describe_subscriber, queue, name)
+
+    async def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int]) -> None:
+        await self._run(self.service.checkpoint_subscriber, queue, name, dict(offsets))
 
     async def status(self) -> dict[str, object]:
         return await self._run(self.service.status)

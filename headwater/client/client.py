@@ -8,12 +8,19 @@ from datetime import datetime
 
 from headwater.errors import InvalidArgumentError, MessageNotFoundError
 from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
+from headwater.model.delay import DelayStats
 from headwater.model.message import Message, MessageId, Record, to_epoch_ms
 from headwater.model.service import BrokerService
+from headwater.model.keyed import KeyedGroupInfo
+from headwater.model.subscription import SubscriberInfo
 from headwater.client.partitioner import PartitionFn
 from headwater.client.consumer import Consumer
+from headwater.client.keyed_consumer import KeyedConsumer
+from headwater.client.subscriber import Listener, Subscriber
+from headwater.client.group_consumer import GroupConsumer
 from headwater.client.producer import Producer
 from headwater.client.scanner import Bound, Scanner, decode_stored
+from headwater.client.shared_consumer import SharedConsumer
 
 __all__ = ["Admin", "Client"]
 
@@ -64,6 +71,51 @@ class Admin:
         """Grow the queue to ``partitions`` partitions in total."""
         return self._service.add_partitions(name, partitions)
 
+    # keyed groups (headwater.client.keyed_consumer)
+    def describe_keyed_group(self, group: str, queue: str) -> KeyedGroupInfo:
+        """A keyed group's size, key, generation, positions and any resize under way."""
+        return self._service.keyed_group(queue, group)
+
+    def resize_keyed_group(self, group: str, queue: str, size: int) -> KeyedGroupInfo:
+        """Change a keyed group's number of members, safely for per-key order: members of
+        the current size drain up to a barrier (the end offsets now), then the new size
+        applies from it. Returns at once; ``describe_keyed_group`` shows the progress.
+        Resizing to 0 is an error; to the current size, nothing."""
+        return self._service.keyed_resize(queue, group, size)
+
+    # push subscribers (headwater.client.subscriber)
+    def add_subscriber(self, queue: str, name: str, *, partitions: int | Iterable[int] | None = None,
+                       tags: str | Iterable[str] | None = None,
+                       start: str | datetime | int = "latest") -> SubscriberInfo:
+        """Register subscriber ``name`` on ``queue``; processes attach with ``client.subscribe``.
+
+        ``partitions``: the ones followed (all, and those added later, by default).
+        ``tags``: the ones delivered (every message by default, or ``"*"``).
+        ``start``: ``"latest"`` (what is appended from now on), ``"earliest"``, a time
+        (datetime or epoch ms: the first message appended at or after it), or
+        ``"offset:N"`` (that offset in each partition, kept within what it holds).
+        :class:`SubscriberExistsError` if the name is taken.
+        """
+        if isinstance(start, (datetime, int)) and not isinstance(start, bool):
+            start = f"time:{to_epoch_ms(start, 'start')}"
+        if isinstance(partitions, int) and not isinstance(partitions, bool):
+            partitions = [partitions]
+        if isinstance(tags, str):
+            tags = [tags]
+        return self._service.add_subscriber(queue, name, None if partitions is None else sorted(set(partitions)),
+                                            None if tags is None else list(tags), start)
+
+    def delete_subscriber(self, queue: str, name: str) -> None:
+        """Remove a subscriber and its checkpoint; a process attached to it stops."""
+        self._service.delete_subscriber(queue, name)
+
+    def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
+        """The subscribers of ``queue``, or of every queue."""
+        return self._service.list_subscribers(queue)
+
+    def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo:
+        return self._service.describe_subscriber(queue, name)
+
 
 class Client:
     """Admin, producing, scanning and lookups over one broker.
@@ -77,6 +129,8 @@ class Client:
         self.admin = Admin(service)
         self._default_producer: Producer | None = None
         self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()  # flushed by close()
+        self._members: weakref.WeakSet[GroupConsumer] = weakref.WeakSet()  # leave their groups on close()
+        self._subscribers: weakref.WeakSet[Subscriber] = weakref.WeakSet()  # stopped by close()
 
     @property
     def service(self) -> BrokerService:
@@ -98,12 +152,72 @@ class Client:
         self._producers.add(p)
         return p
 
-    def consumer(self, *, group: str | None = None, auto_offset_reset: str = "earliest",
-                 fetch_bytes: int = 1024 * 1024, max_poll_messages: int = 500,
-                 tags: str | Iterable[str] | None = None) -> Consumer:
-        """A consumer of partitions you assign; see :class:`~headwater.client.consumer.Consumer`."""
-        return Consumer(self._service, group=group, auto_offset_reset=auto_offset_reset,
-                        fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages, tags=tags)
+    def consumer(self, *, group: str | None = None, subscribe: str | Iterable[str] | None = None,
+                 auto_offset_reset: str = "earliest", fetch_bytes: int = 1024 * 1024,
+                 max_poll_messages: int = 500, tags: str | Iterable[str] | None = None,
+                 **group_settings) -> Consumer:
+        """A consumer.
+
+        Without ``subscribe``: the simple form, reading the partitions you ``assign()``
+        (:class:`~headwater.client.consumer.Consumer`); ``group`` only names where ``commit``
+        stores positions.
+
+        With ``subscribe`` (a queue or a list): a member of consumer group ``group``
+        (:class:`~headwater.client.group_consumer.GroupConsumer`) whose partitions come from
+        the group. ``group_settings``: ``mode`` (``"clustering"``, the default, or
+        ``"broadcast"``), ``strategy`` (``"average"`` or ``"sticky"``),
+        ``session_timeout_ms`` (10000), ``heartbeat_interval_ms``, ``max_poll_interval_ms``,
+        ``on_assign``, ``on_revoke``, ``commit_on_revoke``, ``offsets_path`` (broadcast),
+        ``client_id``. See docs/consumer-groups.md.
+        """
+        if subscribe is None:
+            if group_settings:
+                raise InvalidArgumentError(
+                    f"{', '.join(sorted(group_settings))} need subscribe=[queues]: they configure a "
+                    f"group member, not a consumer of assigned partitions"
+                )
+            return Consumer(self._service, group=group, auto_offset_reset=auto_offset_reset,
+                            fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages, tags=tags)
+        if group is None:
+            raise InvalidArgumentError("subscribe= makes a group member: name its group with group='name'")
+        member = GroupConsumer(self._service, group=group, subscribe=subscribe, auto_offset_reset=auto_offset_reset,
+                               fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages, tags=tags,
+                               **group_settings)
+        self._members.add(member)
+        return member
+
+    def shared_consumer(self, group: str, queue: str, *, visibility_timeout_ms: int = 30_000,
+                        max_attempts: int = 5, backoff_ms: int = 1_000, at_most_once: bool = False,
+                        **settings) -> SharedConsumer:
+        """A member of shared group ``group`` on ``queue``: messages from any partition,
+        each leased for ``visibility_timeout_ms``, acked or nacked one by one, dead-lettered
+        to ``<queue>.dlq`` after ``max_attempts``; see
+        :class:`~headwater.client.shared_consumer.SharedConsumer` (``settings`` takes
+        ``backoff_multiplier``, ``backoff_max_ms``, ``in_flight_max``, ``member``)."""
+        return SharedConsumer(self._service, group, queue, visibility_timeout_ms=visibility_timeout_ms,
+                              max_attempts=max_attempts, backoff_ms=backoff_ms, at_most_once=at_most_once,
+                              **settings)
+
+    def keyed_consumer(self, group: str, queue: str, *, member: int, size: int, key: str = "key",
+                       start: str = "earliest", **settings) -> KeyedConsumer:
+        """Member ``member`` of keyed group ``group`` of ``size`` members on ``queue``: it
+        receives exactly the messages whose ``key`` (``"key"``, or ``"property:NAME"``)
+        hashes to it, in order per key; see :class:`~headwater.client.keyed_consumer.KeyedConsumer`
+        (``settings``: ``fetch_bytes``, ``max_poll_messages``, ``refresh_ms``) and
+        docs/keyed-groups.md."""
+        return KeyedConsumer(self._service, group, queue, member=member, size=size, key=key, start=start,
+                             **settings)
+
+    def subscribe(self, queue: str, name: str, listeners: Iterable[Listener] = (), **settings) -> Subscriber:
+        """Attach to subscriber ``name`` of ``queue`` (added with ``admin.add_subscriber`` or
+        ``headwater subscriber add``) and start calling ``listeners``, in order, for each
+        record; the broker pushes new messages as they arrive. See
+        :class:`~headwater.client.subscriber.Subscriber` (``settings``: ``credit_messages``,
+        ``credit_bytes``, ``checkpoint_interval_ms``, ``on_error``, ``start``) and
+        docs/subscriptions.md."""
+        sub = Subscriber(self._service, queue, name, listeners, **settings)
+        self._subscribers.add(sub)
+        return sub
 
     def _producer(self) -> Producer:
         if self._default_producer is None:
@@ -113,7 +227,11 @@ class Client:
     def send(self, queue: str, body: bytes | Message, **kw) -> MessageId:
         """Send one message with the default producer (key hash, else round robin) and
         return its id once stored: :meth:`Producer.send_and_wait`. For many messages,
-        ``send_batch`` or a producer's ``send()`` is much faster."""
+        ``send_batch`` or a producer's ``send()`` is much faster.
+
+        ``deliver_at=`` (datetime or epoch ms) or ``delay=`` (timedelta or seconds) delay
+        the message; the id returned is then its delayed id, good for :meth:`cancel` and
+        :meth:`get` (docs/producing.md, "Delayed messages")."""
         return self._producer().send_and_wait(queue, body, **kw)
 
     def send_batch(self, queue: str, messages: Sequence[Message | bytes], **kw) -> Sequence[MessageId]:
@@ -133,10 +251,18 @@ class Client:
                        start_time=start_time, end_time=end_time, tags=tags)
 
     def get(self, message_id: MessageId | str) -> Record:
-        """The message with this id; :class:`MessageNotFoundError` if it is not retained."""
+        """The message with this id; :class:`MessageNotFoundError` if it is not retained.
+
+        For a delayed id: the message while it waits (its ``partition`` has the delayed
+        bit, ``timestamp_ms`` is when it was accepted), and once delivered, the message as
+        stored in its partition (with its own id there), while the broker keeps its
+        schedule (until the bucket of its deliver time is reclaimed)."""
         mid = MessageId.parse(message_id)
         name, batch = self._service.lookup_id(mid.queue_id, mid.partition, mid.offset)
-        recs = decode_stored(batch, name, start_offset=mid.offset, end_offset=mid.offset + 1)
+        if mid.is_delayed:  # the broker answers a batch of just this message
+            recs = decode_stored(batch, name)
+        else:
+            recs = decode_stored(batch, name, start_offset=mid.offset, end_offset=mid.offset + 1)
         if not recs:
             raise MessageNotFoundError(f"message {mid} is not retained")
         return recs[0]
@@ -160,11 +286,41 @@ class Client:
         """The first offset of ``partition`` appended at or after ``when``."""
         return self._service.offset_for_time(queue, partition, to_epoch_ms(when, "when"))
 
+    def cancel(self, message_id: MessageId | str) -> None:
+        """Cancel a delayed message that is not delivered yet, by the id its send returned.
+
+        Cancelling it again is fine. Raises :class:`MessageNotFoundError` if no delayed
+        message has that id or it was already delivered (the error names its id in the
+        queue); an id of a message in a partition's log cannot be cancelled.
+
+        >>> import headwater, tempfile
+        >>> hw = headwater.open(tempfile.mkdtemp())
+        >>> _ = hw.admin.create_queue("reminders")
+        >>> mid = hw.send("reminders", b"call back", delay=3600)
+        >>> mid.is_delayed
+        True
+        >>> hw.cancel(mid)
+        >>> hw.delay_stats().pending_messages
+        0
+        >>> hw.close()
+        """
+        mid = MessageId.parse(message_id)
+        self._service.cancel_delayed(mid.queue_id, mid.partition, mid.offset)
+
+    def delay_stats(self) -> DelayStats:
+        """The broker's schedule of delayed messages: pending per bucket, next due time,
+        deliveries per second and their lateness (``headwater delay stats``)."""
+        return self._service.delay_stats()
+
     def status(self) -> dict[str, object]:
         """Facts about the broker: version, uptime, storage figures, recovery repairs."""
         return self._service.status()
 
     def close(self) -> None:
+        for c in list(self._members):
+            c.close()  # commits (commit_on_revoke) and leaves while the connection is up
+        for s in list(self._subscribers):
+            s.stop()  # their last checkpoints go out before the connection closes
         for p in list(self._producers):
             p.close()
         self._service.close()

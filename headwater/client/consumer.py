@@ -72,6 +72,9 @@ class Consumer:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._fetch_threads_max = fetch_threads_max
         self._closed = False
+        # a future a subclass may complete from another thread to end a waiting poll early
+        # (the group consumer does, when its assignment changes)
+        self._wakeup: concurrent.futures.Future | None = None
 
     # -- assignment and positions -----------------------------------------------------
 
@@ -92,7 +95,7 @@ class Consumer:
                 from headwater.errors import PartitionOutOfRangeError
 
                 raise PartitionOutOfRangeError(f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {p!r}")
-        committed = self._service.fetch_offsets(self.group, queue) if self.group else {}
+        committed = self._committed_offsets(queue, info.queue_id)
         self._queue_ids[queue] = info.queue_id
         for p in parts:
             pi = info.partitions[p]
@@ -102,8 +105,16 @@ class Consumer:
                 pos = pi.start_offset if self.auto_offset_reset == "earliest" else pi.end_offset
             self._set_position((queue, p), pos)
 
+    def _committed_offsets(self, queue: str, queue_id: int) -> dict[int, int]:
+        """Where ``assign`` starts: the group's committed offsets (the broadcast consumer
+        keeps its own)."""
+        return self._service.fetch_offsets(self.group, queue) if self.group else {}
+
     def unassign(self, queue: str | None = None) -> None:
-        for tp in [tp for tp in self._fetch_pos if queue is None or tp[0] == queue]:
+        self._forget([tp for tp in self._fetch_pos if queue is None or tp[0] == queue])
+
+    def _forget(self, tps: Iterable[TP]) -> None:
+        for tp in tps:
             for d in (self._fetch_pos, self._consumed, self._buffers, self._inflight):
                 d.pop(tp, None)
 
@@ -182,10 +193,12 @@ class Consumer:
             wait_ms = max(0, int(remaining * 1000))
             self._launch_fetches(wait_ms)
             futures = [f for _, f in self._inflight.values()]
+            if self._wakeup is not None:
+                futures.append(self._wakeup)
             if remaining > 0:
                 concurrent.futures.wait(futures, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
             got = self._collect()
-            if not got and remaining <= 0:
+            if not got and (remaining <= 0 or (self._wakeup is not None and self._wakeup.done())):
                 return []
 
     def _launch_fetches(self, wait_ms: int) -> None:

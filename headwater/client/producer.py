@@ -43,6 +43,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 
 from headwater.errors import (
     ClosedError,
@@ -56,6 +57,7 @@ from headwater.errors import (
 )
 from headwater.model.batch import BATCH_BYTES_MAX, encode_batch
 from headwater.model.config import QueueInfo
+from headwater.model.delay import DELAYED_PARTITION_BIT, joins_batch, resolve_deliver_at
 from headwater.model.message import Message, MessageId
 from headwater.model.service import BrokerService, ProduceResult
 from headwater.client.batching import (
@@ -87,12 +89,17 @@ _check_message, _int_setting, _may_be_appended, _too_large = check_message, int_
 
 class _Partition:
     """The accumulator's state of one (queue, partition): the open batch, sealed batches
-    waiting, the slot (the one batch in flight), and the idempotence sequence."""
+    waiting, the slot (the one batch in flight), and the idempotence sequence.
+
+    Delayed messages of a partition have a state of their own, keyed
+    ``(queue, 0x80000000 | partition)``: the broker counts their sequences apart (it
+    schedules them instead of appending them), and they do not wait behind plain batches."""
 
     __slots__ = ("queue", "partition", "key", "open", "ready", "in_flight", "identity", "next_sequence")
 
-    def __init__(self, queue: str, partition: int) -> None:
-        self.queue, self.partition, self.key = queue, partition, (queue, partition)
+    def __init__(self, queue: str, partition: int, delayed: bool = False) -> None:
+        self.queue, self.partition = queue, partition
+        self.key = (queue, partition | DELAYED_PARTITION_BIT if delayed else partition)
         self.open: _Batch | None = None
         self.ready: deque[_Batch] = deque()
         self.in_flight: _Batch | None = None
@@ -108,7 +115,8 @@ class _Batch:
     gets the ProduceResult of their range. ``callbacks`` are ``(index, callback)``."""
 
     __slots__ = ("part", "messages", "futures", "groups", "callbacks", "size_bytes", "buffered_bytes",
-                 "created_s", "urgent", "encoded", "identity", "base_sequence", "attempts", "is_async", "done")
+                 "created_s", "urgent", "encoded", "identity", "base_sequence", "attempts", "is_async", "done",
+                 "deliver_times")
 
     def __init__(self, part: _Partition, created_s: float, messages: list | Sequence | None = None) -> None:
         self.part = part
@@ -126,6 +134,8 @@ class _Batch:
         self.attempts = 0
         self.is_async = False  # sent by the sender thread (not inline by a caller)
         self.done = False
+        # delayed batches: each message's deliver time (rising, within PRODUCER_SPAN_MS)
+        self.deliver_times: list[int] | None = None
 
 
 class Producer:
@@ -175,6 +185,8 @@ class Producer:
       network, batches of several partitions are pipelined on one connection).
     - ``metadata_max_age_ms``: how long a queue's partition count and limits are cached.
     - ``rng``: the randomness of the backoff jitter and of the ``"random"`` partitioner.
+    - ``clock``: seconds since the epoch, for ``delay=`` (default: the embedded broker's
+      clock, else ``time.time``).
     """
 
     def __init__(self, service: BrokerService, *, partitioner: str | PartitionFn = "default",
@@ -182,12 +194,15 @@ class Producer:
                  retries: int = 5, retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
                  delivery_timeout_ms: int = 120_000, idempotent: bool = True,
                  buffer_bytes_max: int = 32 << 20, max_block_ms: int = 60_000, send_threads: int = 4,
-                 metadata_max_age_ms: int = 5000, rng: random.Random | None = None) -> None:
+                 metadata_max_age_ms: int = 5000, rng: random.Random | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
         if compression not in COMPRESSIONS:
             raise InvalidArgumentError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
         if not isinstance(idempotent, bool):
             raise InvalidArgumentError(f"idempotent is True or False, got {idempotent!r}")
         self._rng = rng or random.Random()
+        # turns delay= into a deliver time; an embedded broker's own (injected) clock by default
+        self._clock = clock or getattr(service, "clock", None) or time.time
         self._partitioner = Partitioner(partitioner, rng=self._rng)
         self._service = service
         self.compression = compression
@@ -243,8 +258,16 @@ class Producer:
     def send(self, queue: str, body: bytes | Message, *, key: bytes | None = None,
              tag: str | None = None, properties: dict[str, str] | None = None,
              partition: int | None = None, callback: SendCallback | None = None,
+             deliver_at: datetime | int | None = None, delay: timedelta | float | None = None,
              ) -> concurrent.futures.Future[MessageId]:
         """Queue one message; return a future of its id.
+
+        ``deliver_at`` (a datetime, naive meaning UTC, or epoch ms) or ``delay`` (a
+        timedelta or seconds) make it a delayed message: the broker keeps it and appends it
+        to its partition at that time; its id until then is a delayed id
+        (``MessageId.is_delayed``), which ``Client.cancel`` takes. A time not in the future
+        sends it at once. Beyond the broker's ``delay_max_s`` the future fails with
+        :class:`InvalidArgumentError`.
 
         ``callback(message_id, error)`` is called once when the outcome is known, with
         exactly one of the two None, in the producer's sender thread. Invalid input (a wrong
@@ -253,52 +276,61 @@ class Producer:
         is queued. A full buffer blocks up to ``max_block_ms``, then raises
         :class:`UnavailableError`.
         """
-        return self._enqueue(queue, body, key, tag, properties, partition, callback, False)
+        at = self._deliver_at(deliver_at, delay)
+        return self._enqueue(queue, body, key, tag, properties, partition, callback, False, at)
 
     def send_and_wait(self, queue: str, body: bytes | Message, *, key: bytes | None = None,
                       tag: str | None = None, properties: dict[str, str] | None = None,
-                      partition: int | None = None, callback: SendCallback | None = None) -> MessageId:
-        """Send one message and return its id once it is stored.
+                      partition: int | None = None, callback: SendCallback | None = None,
+                      deliver_at: datetime | int | None = None, delay: timedelta | float | None = None,
+                      ) -> MessageId:
+        """Send one message and return its id once it is stored (a delayed one: once it is
+        scheduled, durably; ``deliver_at`` and ``delay`` as for :meth:`send`).
 
         It does not linger: when its partition is idle the message is sent at once from the
         calling thread; otherwise it joins the partition's next batch.
         """
+        at = self._deliver_at(deliver_at, delay)
         if callback is not None:  # the callback runs in the sender thread, as for send()
-            return self._enqueue(queue, body, key, tag, properties, partition, callback, True).result()
+            return self._enqueue(queue, body, key, tag, properties, partition, callback, True, at).result()
         info, msg, size = self._prepare(queue, body, key, tag, properties)
         p = self._choose_partition(queue, info, msg, partition)
-        r = self._send_sync(queue, p, info, [msg], size)
+        r = self._send_sync(queue, p, info, [msg], size, at)
         return MessageId(r.queue_id, r.partition, r.base_offset)
 
     def send_batch(self, queue: str, messages: Sequence[Message | bytes], *,
-                   partition: int | None = None) -> Sequence[MessageId]:
+                   partition: int | None = None, deliver_at: datetime | int | None = None,
+                   delay: timedelta | float | None = None) -> Sequence[MessageId]:
         """Send messages as one batch per partition; return their ids in the given order.
 
         Blocks until they are stored. With ``partition`` every message goes there; otherwise
         the producer's partitioner decides (see :mod:`headwater.client.partitioner`). When
         messages go to several partitions and one fails, the others may be stored.
+        ``deliver_at`` or ``delay`` (as for :meth:`send`) delay every message of the call.
         """
         if isinstance(messages, (bytes, Message)):
             raise InvalidArgumentError("send_batch takes a list of messages; use send() for one")
         if len(messages) == 0:
             raise InvalidArgumentError("send_batch needs at least one message")
+        at = self._deliver_at(deliver_at, delay)
         info = self._queue_info(queue)
         if partition is not None:
             info = self._check_partition(queue, info, partition)
-            return BatchReceipt(self._send_sync(queue, partition, info, messages, None))
+            return BatchReceipt(self._send_sync(queue, partition, info, messages, None, at))
         part = self._partitioner
         keyed = part.per_message and any(isinstance(m, Message) and m.key is not None for m in messages)
         if not keyed and not callable(part.strategy):
             if part.strategy == "key":
                 part.for_message(messages[0], 1)  # raises: a key is required
-            return BatchReceipt(self._send_sync(queue, None, info, messages, None))
+            return BatchReceipt(self._send_sync(queue, None, info, messages, None, at))
         n = len(info.partitions)
         groups: dict[int | None, list[int]] = {}
         for i, m in enumerate(messages):
             groups.setdefault(part.for_message(m, n), []).append(i)
         if len(groups) == 1:
-            return BatchReceipt(self._send_sync(queue, next(iter(groups)), info, messages, None))
-        results = self._send_groups(queue, info, {p: [messages[i] for i in idxs] for p, idxs in groups.items()})
+            return BatchReceipt(self._send_sync(queue, next(iter(groups)), info, messages, None, at))
+        results = self._send_groups(queue, info, {p: [messages[i] for i in idxs] for p, idxs in groups.items()},
+                                    at)
         ids: list[MessageId | None] = [None] * len(messages)
         for p, idxs in groups.items():
             for i, mid in zip(idxs, BatchReceipt(results[p]), strict=True):
@@ -375,9 +407,10 @@ class Producer:
         self.close()
 
     def _enqueue(self, queue: str, body: object, key: object, tag: object, properties: object,
-                 partition: int | None, callback: SendCallback | None, urgent: bool) -> SendFuture:
+                 partition: int | None, callback: SendCallback | None, urgent: bool,
+                 deliver_at_ms: int = 0) -> SendFuture:
         """send(): check, pick the partition, append to its open batch (``urgent``: it must
-        not linger)."""
+        not linger). A delayed message joins an open batch only of its own deliver time."""
         if type(body) is bytes and key is None and tag is None and properties is None:  # the common case
             info = self._queue_info(queue)
             if len(body) > info.config.message_bytes_max:
@@ -396,10 +429,15 @@ class Producer:
                 self._wait_for_space_locked(size)
             if p is None:
                 p = self._partitioner.sticky(queue, len(info.partitions))
-            ps = self._parts.get((queue, p)) or self._new_partition_locked(queue, p)
+            ps = self._part_locked(queue, p, deliver_at_ms)
             b = ps.open
-            if b is None or b.size_bytes + size > self.batch_bytes_max:
+            if b is None or b.size_bytes + size > self.batch_bytes_max or not joins_batch(b.deliver_times,
+                                                                                            deliver_at_ms):
                 b = self._new_batch_locked(ps)
+            if deliver_at_ms:
+                if b.deliver_times is None:
+                    b.deliver_times = []
+                b.deliver_times.append(deliver_at_ms)
             if callback is not None:
                 if b.callbacks is None:
                     b.callbacks = []
@@ -478,9 +516,24 @@ class Producer:
         if threading.current_thread() is self._sender:
             raise UsageError(f"{what} waits for the sender thread, so a send callback cannot call it")
 
-    def _new_partition_locked(self, queue: str, partition: int) -> _Partition:
-        ps = self._parts[(queue, partition)] = _Partition(queue, partition)
+    def _new_partition_locked(self, queue: str, partition: int, delayed: bool = False) -> _Partition:
+        ps = _Partition(queue, partition, delayed)
+        self._parts[ps.key] = ps
         return ps
+
+    def _part_locked(self, queue: str, partition: int, deliver_at_ms: int) -> _Partition:
+        """The state of the partition, or of its delayed messages."""
+        key = (queue, partition | DELAYED_PARTITION_BIT) if deliver_at_ms else (queue, partition)
+        return self._parts.get(key) or self._new_partition_locked(queue, partition, bool(deliver_at_ms))
+
+    def _deliver_at(self, deliver_at: object, delay: object) -> int:
+        """The batch's deliver_at_ms for a send's ``deliver_at``/``delay`` (0: at once)."""
+        if deliver_at is None and delay is None:
+            return 0
+        now_ms = int(self._clock() * 1000)
+        if type(deliver_at) is int and delay is None and -10**15 < deliver_at < 10**15:  # the common case
+            return deliver_at if deliver_at > now_ms else 0
+        return resolve_deliver_at(deliver_at, delay, now_ms=now_ms)
 
     def _wait_for_space_locked(self, size: int) -> None:
         if size > self.buffer_bytes_max:
@@ -517,12 +570,16 @@ class Producer:
         return b
 
     def _append_group_locked(self, ps: _Partition, msgs: Sequence[Message | bytes], size: int,
-                             fut: SendFuture) -> None:
+                             fut: SendFuture, deliver_at_ms: int = 0) -> None:
         """Add a blocking call's messages to the open batch of ``ps``; it leaves without
         lingering, as soon as the partition's slot is free."""
         b = ps.open
-        if b is None or (b.messages and b.size_bytes + size > self.batch_bytes_max):
+        if b is None or (b.messages and b.size_bytes + size > self.batch_bytes_max) or (
+            b.messages and not joins_batch(b.deliver_times, deliver_at_ms)
+        ):
             b = self._new_batch_locked(ps)
+        if deliver_at_ms:
+            b.deliver_times = (b.deliver_times or []) + [deliver_at_ms] * len(msgs)
         if b.groups is None:
             b.groups = []
         b.groups.append((len(b.messages), len(msgs), fut))
@@ -551,16 +608,18 @@ class Producer:
     # -- blocking sends -------------------------------------------------------------------
 
     def _send_sync(self, queue: str, partition: int | None, info: QueueInfo,
-                   messages: Sequence[Message | bytes], size: int | None) -> ProduceResult:
+                   messages: Sequence[Message | bytes], size: int | None, deliver_at_ms: int = 0) -> ProduceResult:
         """Send ``messages`` to one partition and wait: inline when the partition is idle,
         else as part of its next batch. ``size`` is None when they are not validated yet."""
         cap = info.config.message_bytes_max
         with self._lock:
             self._check_open()
             p = partition if partition is not None else self._partitioner.sticky(queue, len(info.partitions))
-            ps = self._parts.get((queue, p)) or self._new_partition_locked(queue, p)
+            ps = self._part_locked(queue, p, deliver_at_ms)
             if ps.in_flight is None and ps.open is None and not ps.ready:
                 b = ps.in_flight = _Batch(ps, time.monotonic(), messages)
+                if deliver_at_ms:
+                    b.deliver_times = [deliver_at_ms] * len(messages)
                 self._partitioner.batch_sent(queue, p)
             else:
                 b = None
@@ -572,11 +631,11 @@ class Producer:
         fut = SendFuture()
         with self._lock:
             self._check_open()
-            self._append_group_locked(ps, messages, size, fut)
+            self._append_group_locked(ps, messages, size, fut, deliver_at_ms)
         return fut.result()
 
-    def _send_groups(self, queue: str, info: QueueInfo,
-                     groups: dict[int | None, list[Message | bytes]]) -> dict[int | None, ProduceResult]:
+    def _send_groups(self, queue: str, info: QueueInfo, groups: dict[int | None, list[Message | bytes]],
+                     deliver_at_ms: int = 0) -> dict[int | None, ProduceResult]:
         """Send each group to its partition (None: the sticky one) in parallel; wait for all."""
         self._refuse_in_sender("a blocking send")
         cap = info.config.message_bytes_max
@@ -586,9 +645,9 @@ class Producer:
             self._check_open()
             for p, msgs in groups.items():
                 q = p if p is not None else self._partitioner.sticky(queue, len(info.partitions))
-                ps = self._parts.get((queue, q)) or self._new_partition_locked(queue, q)
+                ps = self._part_locked(queue, q, deliver_at_ms)
                 futs[p] = SendFuture()
-                self._append_group_locked(ps, msgs, sizes[p], futs[p])
+                self._append_group_locked(ps, msgs, sizes[p], futs[p], deliver_at_ms)
         concurrent.futures.wait(futs.values())
         for f in futs.values():
             if f.exception() is not None:
@@ -756,7 +815,8 @@ class Producer:
             pid, epoch = ident
             seq = ps.next_sequence
         b.encoded = encode_batch(b.messages, compression=self.compression, producer_id=pid,
-                                 base_sequence=seq, producer_epoch=epoch, message_bytes_max=cap)
+                                 base_sequence=seq, producer_epoch=epoch, message_bytes_max=cap,
+                                 deliver_times=b.deliver_times)
         b.identity, b.base_sequence = ident, seq
 
     def _retry_delay(self, b: _Batch, exc: BaseException) -> float | None:

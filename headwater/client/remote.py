@@ -16,11 +16,17 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from headwater.errors import UnavailableError
 from headwater.model.config import QueueConfig, QueueInfo
+from headwater.model.delay import DelayStats
+from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
 from headwater.model.service import FetchResult, ProduceResult
+from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
+from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
+from headwater.model.subscription import SubscriberInfo
 from headwater.protocol import messages as m
 from headwater.client.transport import AsyncTransport
 
@@ -111,11 +117,30 @@ class RemoteService:
     def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
         return self._call(m.OffsetForTimeRequest(queue, partition, timestamp_ms))
 
-    def commit_offsets(self, group: str, queue: str, offsets: dict[int, int]) -> None:
-        self._call(m.CommitOffsetsRequest(group, queue, dict(offsets)))
+    def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
+                       member_id: str | None = None, generation: int | None = None) -> None:
+        self._call(m.CommitOffsetsRequest(group, queue, dict(offsets), member_id, generation))
 
     def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
         return self._call(m.FetchOffsetsRequest(group, queue))
+
+    # consumer groups: a join is not retried (a lost answer leaves a member that expires)
+    def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str], mode: str,
+                   strategy: str, session_timeout_ms: int) -> GroupAssignment:
+        return self._call(m.JoinGroupRequest(group, member_id, client_id, list(queues), mode, strategy,
+                                             session_timeout_ms), retry=False)
+
+    def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
+        return self._call(m.HeartbeatGroupRequest(group, member_id, generation))
+
+    def leave_group(self, group: str, member_id: str) -> None:
+        self._call(m.LeaveGroupRequest(group, member_id))
+
+    def describe_group(self, group: str) -> GroupDescription:
+        return self._call(m.DescribeGroupRequest(group))
+
+    def list_groups(self) -> list[GroupSummary]:
+        return self._call(m.ListGroupsRequest())
 
     def fetch_async(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
                     end_offset: int | None = None, max_wait_ms: int = 0) -> concurrent.futures.Future:
@@ -123,6 +148,116 @@ class RemoteService:
         timeout = self.transport.request_timeout_s + max_wait_ms / 1000
         return self._submit(m.FetchRequest(queue, partition, offset, max_bytes, tag_mask, end_offset,
                                            max_wait_ms), timeout)
+
+    # shared groups: nothing that changes leases is retried (an ack answered but lost would
+    # come back refused, and a lost receive's leases simply expire); the caller decides
+    def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
+                       visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
+                       settings: dict[str, int | float] | None = None, max_wait_ms: int = 0) -> SharedDeliveries:
+        timeout = None if not max_wait_ms else self.transport.request_timeout_s + max_wait_ms / 1000
+        return self._call(m.SharedReceiveRequest(group, queue, member, max_messages, visibility_timeout_ms,
+                                                 at_most_once, dict(settings or {}), max_wait_ms),
+                          retry=False, timeout_s=timeout)
+
+    def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
+        return self._call(m.SharedAckRequest(group, queue, member, list(lease_ids)), retry=False)
+
+    def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
+                    delay_ms: int | None = None) -> list[LeaseRefusal]:
+        return self._call(m.SharedNackRequest(group, queue, member, list(lease_ids), reason, delay_ms), retry=False)
+
+    def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
+                      visibility_timeout_ms: int) -> list[LeaseRefusal]:
+        return self._call(m.SharedExtendRequest(group, queue, member, list(lease_ids), visibility_timeout_ms),
+                          retry=False)
+
+    def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
+        return self._call(m.SharedDescribeRequest(group, queue))
+
+    def cancel_delayed(self, queue_id: int, partition: int, offset: int) -> None:
+        self._call(m.CancelDelayedRequest(queue_id, partition, offset))  # idempotent: retried
+
+    def delay_stats(self) -> DelayStats:
+        return self._call(m.DelayStatsRequest())
+
+    # keyed groups
+    def keyed_group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
+                    start: str = "earliest") -> KeyedGroupInfo:
+        return self._call(m.KeyedGroupRequest(queue, group, key, size, start))
+
+    def keyed_fetch(self, queue: str, group: str, member: int, generation: int, partition: int,
+                    offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> KeyedFetchResult:
+        timeout = None if not max_wait_ms else self.transport.request_timeout_s + max_wait_ms / 1000
+        return self._call(m.KeyedFetchRequest(queue, group, member, generation, partition, offset, max_bytes,
+                                              max_wait_ms), timeout_s=timeout)
+
+    def keyed_fetch_async(self, queue: str, group: str, member: int, generation: int, partition: int,
+                          offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> concurrent.futures.Future:
+        """A keyed fetch without waiting; the future holds the KeyedFetchResult."""
+        timeout = self.transport.request_timeout_s + max_wait_ms / 1000
+        return self._submit(m.KeyedFetchRequest(queue, group, member, generation, partition, offset, max_bytes,
+                                                max_wait_ms), timeout)
+
+    def keyed_commit(self, queue: str, group: str, member: int, generation: int,
+                     offsets: dict[int, int]) -> KeyedGroupInfo:
+        return self._call(m.KeyedCommitRequest(queue, group, member, generation, dict(offsets)))
+
+    def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
+        return self._call(m.KeyedResizeRequest(queue, group, size))
+
+    # push subscribers: adding and deleting are not retried (a lost answer would come back
+    # as "exists" or "not found"); the rest is idempotent
+    def add_subscriber(self, queue: str, name: str, partitions: list[int] | None = None,
+                       tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo:
+        return self._call(m.AddSubscriberRequest(queue, name, None if partitions is None else list(partitions),
+                                                 None if tags is None else list(tags), start), retry=False)
+
+    def delete_subscriber(self, queue: str, name: str) -> None:
+        self._call(m.DeleteSubscriberRequest(queue, name), retry=False)
+
+    def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
+        return self._call(m.ListSubscribersRequest(queue))
+
+    def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo:
+        return self._call(m.DescribeSubscriberRequest(queue, name))
+
+    def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int]) -> None:
+        self._call(m.CheckpointSubscriberRequest(queue, name, dict(offsets)))
+
+    # push streams (headwater.client.subscriber drives them)
+    def open_push_stream(self, queue: str, name: str, handler: Callable[[m.PushBody | None], None], *,
+                         credit_messages: int, credit_bytes: int) -> tuple[int, SubscriberInfo]:
+        """Open a push stream of subscriber ``name``: its id and the subscriber as it starts.
+
+        ``handler`` gets each PUSH body, on the client's event loop thread (keep it quick),
+        and None once if the connection is lost."""
+        async def open_() -> tuple[int, SubscriberInfo]:
+            sid = self.transport.register_push(handler)
+            try:
+                info = await self.transport.call(m.SubscribeRequest(sid, queue, name, credit_messages, credit_bytes))
+            except BaseException:
+                self.transport.unregister_push(sid)
+                raise
+            return sid, info
+
+        return asyncio.run_coroutine_threadsafe(open_(), self._loop).result()
+
+    def ack_push_stream(self, stream_id: int, offsets: dict[int, int], credit_messages: int,
+                        credit_bytes: int) -> concurrent.futures.Future:
+        """Grant a stream more credit and checkpoint ``offsets`` (if any), without waiting."""
+        return self._submit(m.SubscriptionAckRequest(stream_id, dict(offsets), credit_messages, credit_bytes))
+
+    def close_push_stream(self, stream_id: int) -> None:
+        """Stop routing the stream's pushes here and ask the broker to end it."""
+        async def close_() -> None:
+            self.transport.unregister_push(stream_id)
+            await self.transport.call(m.UnsubscribeRequest(stream_id))
+
+        if not self._closed:
+            try:
+                asyncio.run_coroutine_threadsafe(close_(), self._loop).result(timeout=10)
+            except UnavailableError:
+                pass  # the connection is gone, and the stream with it
 
     def status(self) -> dict[str, object]:
         return self._call(m.StatusRequest())

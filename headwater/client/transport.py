@@ -5,6 +5,11 @@ for the response with the same id, while any number of other calls are in flight
 same connection. A lost connection fails every call in flight with
 :class:`~headwater.errors.UnavailableError` (retriable); the next call reconnects, with
 backoff, until ``connect_timeout_s`` passes.
+
+PUSH frames (deliveries of a push subscription's stream) are routed by their stream id to
+the handler registered with :meth:`AsyncTransport.register_push`, called on the loop (keep
+it quick: hand the body to another thread). When the connection is lost, every handler is
+called once with None and dropped: the streams died with the connection.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections.abc import Callable
 from typing import Any
 
 from headwater._version import __version__
@@ -27,10 +33,11 @@ from headwater.protocol import (
     HandshakeAccepted,
     LocalProtocolError,
     ProtocolError,
+    Push,
     Request,
     Response,
 )
-from headwater.protocol.messages import RequestBody
+from headwater.protocol.messages import PushBody, RequestBody
 
 __all__ = ["AsyncTransport", "parse_address"]
 
@@ -74,6 +81,8 @@ class AsyncTransport:
         self._slots: asyncio.Semaphore | None = None
         self._closed = False
         self.server_name = ""
+        self._push_handlers: dict[int, Callable[[PushBody | None], None]] = {}
+        self._next_stream_id = 1
 
     async def _ensure_connected(self) -> Connection:
         if self._conn is not None:
@@ -146,6 +155,10 @@ class AsyncTransport:
                     elif ev.request_id == 0:
                         why = UnavailableError(f"the broker closed the connection: {ev.message}")
                         break
+                elif isinstance(ev, Push):
+                    handler = self._push_handlers.get(getattr(ev.body, "subscription_id", 0))
+                    if handler is not None:  # else: a stream closed here, a push already in flight
+                        handler(ev.body)
                 elif isinstance(ev, ConnectionClosed):
                     break
         except ProtocolError as e:
@@ -168,6 +181,22 @@ class AsyncTransport:
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(why)
+        if self._conn is None:  # not when a newer connection already carries new streams
+            handlers, self._push_handlers = self._push_handlers, {}
+            for handler in handlers.values():
+                handler(None)
+
+    def register_push(self, handler: Callable[[PushBody | None], None]) -> int:
+        """A new stream id whose PUSH frames go to ``handler`` (None: the connection was lost)."""
+        sid = self._next_stream_id
+        while sid in self._push_handlers:
+            sid = sid % (2**32 - 1) + 1
+        self._next_stream_id = sid % (2**32 - 1) + 1
+        self._push_handlers[sid] = handler
+        return sid
+
+    def unregister_push(self, stream_id: int) -> None:
+        self._push_handlers.pop(stream_id, None)
 
     async def call(self, body: RequestBody, *, timeout_s: float | None = None) -> Any:
         """Send one request and return its result (raises the broker's error, if any).

@@ -11,7 +11,8 @@ integers little-endian::
     12      4   partition        broker
     16      8   base_offset      broker    offset of the first message in its partition
     24      8   timestamp_ms     broker    append time, never decreasing within a store
-    32      8   broker_reserved  broker    0; room for a leader epoch
+    32      8   broker_reserved  broker    0, or for a batch the delay service delivered, its
+                                           delay stamp (headwater.model.delay)
     40      4   crc              producer  CRC32C of bytes [44, end): the producer's content
     44      1   magic            producer  format version, 1
     45      1   flags            producer  see FLAG_*; bits 0-1 compression codec
@@ -31,6 +32,12 @@ The payload is columnar: ``bodies`` is a list of byte strings; ``keys``, ``tags`
 ``properties`` are each either nil (no message has one) or a list as long as ``bodies``
 with nil for the messages without one. Columns keep encoding and decoding in C (msgspec)
 and let a reader skip what it does not need.
+
+A delayed batch whose messages are due at different times (flag ``FLAG_DELIVER_TIMES``)
+has a fifth column, ``deliver_offsets``: per message, milliseconds after ``deliver_at_ms``
+(the earliest), never decreasing along the batch. Readers that know only four columns
+ignore it; such batches reach only the broker's delay service, which delivers each run of
+equal times as a batch of its own (headwater.model.delay).
 
 Thread-safety: pure functions over immutable bytes. Crash policy: a batch whose ``length``
 runs past the end of its file, or whose checksums disagree, is damaged and never served.
@@ -73,6 +80,9 @@ __all__ = [
     "FLAG_HAS_PROPERTIES",
     "FLAG_TRANSACTIONAL",
     "FLAG_CONTROL",
+    "FLAG_DELIVER_TIMES",
+    "DELIVER_SPAN_MS_MAX",
+    "decode_deliver_offsets",
 ]
 
 crc32c = _crc32c.crc32c
@@ -93,7 +103,9 @@ FLAG_HAS_TAGS = 0x08
 FLAG_HAS_PROPERTIES = 0x10
 FLAG_TRANSACTIONAL = 0x20
 FLAG_CONTROL = 0x40
-_KNOWN_FLAGS = 0x7F
+FLAG_DELIVER_TIMES = 0x80  # a fifth payload column: per-message deliver offsets
+_KNOWN_FLAGS = 0xFF
+DELIVER_SPAN_MS_MAX = 60_000  # the messages of one batch are due within this of each other
 
 BATCH_BYTES_MAX = 64 * 1024 * 1024
 
@@ -105,8 +117,19 @@ class BatchPayload(msgspec.Struct, array_like=True, gc=False):
     properties: list[dict[str, str] | None] | None = None
 
 
+class _TimedPayload(msgspec.Struct, array_like=True, gc=False):
+    """The payload of a batch with ``FLAG_DELIVER_TIMES``: the four columns and the offsets."""
+
+    bodies: list[bytes]
+    keys: list[bytes | None] | None = None
+    tags: list[str | None] | None = None
+    properties: list[dict[str, str] | None] | None = None
+    deliver_offsets: list[int] | None = None
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(BatchPayload)
+_timed_decoder = msgspec.msgpack.Decoder(_TimedPayload)
 
 
 class BatchHeader(NamedTuple):
@@ -221,8 +244,12 @@ def encode_batch(
     transaction_id: int = 0,
     extra_flags: int = 0,
     message_bytes_max: int | None = None,
+    deliver_times: Sequence[int] | None = None,
 ) -> bytearray:
     """Encode messages (``Message`` objects or plain ``bytes`` bodies) into one batch.
+
+    ``deliver_times`` (epoch ms, one per message, never decreasing) makes a delayed batch
+    whose messages are due at different times; ``deliver_at_ms`` is then ignored.
 
     >>> b = encode_batch([b"a", Message(b"b", key=b"k", tag="t")])
     >>> [r.body for r in decode_records(b, "q")]
@@ -233,6 +260,14 @@ def encode_batch(
         raise InvalidArgumentError("a batch needs at least one message")
     keys = tags = props = None
     flags = extra_flags
+    offsets = None
+    if deliver_times is not None:
+        if len(deliver_times) != n:
+            raise InvalidArgumentError("deliver_times needs one time per message")
+        deliver_at_ms = deliver_times[0]
+        if deliver_times[-1] != deliver_at_ms:
+            offsets = [t - deliver_at_ms for t in deliver_times]
+            flags |= FLAG_DELIVER_TIMES
     if set(map(type, messages)) == {bytes}:  # the fast path: plain bodies, checked in C
         bodies = list(messages)
     else:
@@ -271,7 +306,8 @@ def encode_batch(
     codec = _CODECS.get(compression)
     if codec is None:
         raise InvalidArgumentError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
-    columns = BatchPayload(bodies, keys, tags, props)
+    columns = BatchPayload(bodies, keys, tags, props) if offsets is None else \
+        _TimedPayload(bodies, keys, tags, props, offsets)
     if codec:
         buf = bytearray(HEADER_SIZE) + _compress(codec, _encoder.encode(columns))
         flags |= codec
@@ -363,7 +399,8 @@ def decode_payload(buf: bytes | memoryview, h: BatchHeader, pos: int = 0) -> Bat
     with memoryview(buf) as mv:
         raw = _decompress(h.flags & COMPRESSION_MASK, mv[start : start + h.payload_size])
         try:
-            p = _decoder.decode(raw)
+            # a batch with deliver times decodes its fifth column too (the same four first)
+            p = (_timed_decoder if h.flags & FLAG_DELIVER_TIMES else _decoder).decode(raw)
         except msgspec.DecodeError as e:
             raise InvalidBatchError(f"batch payload is malformed: {e}") from e
         finally:
@@ -375,6 +412,26 @@ def decode_payload(buf: bytes | memoryview, h: BatchHeader, pos: int = 0) -> Bat
     ):
         raise InvalidBatchError(f"batch payload columns disagree with count {h.count}")
     return p
+
+
+def decode_deliver_offsets(buf: bytes | memoryview, h: BatchHeader, pos: int = 0,
+                           payload: BatchPayload | None = None) -> list[int] | None:
+    """The per-message deliver offsets of a batch with ``FLAG_DELIVER_TIMES`` (None for any
+    other batch), checked: one per message, starting at 0, never decreasing, within
+    ``DELIVER_SPAN_MS_MAX``. ``payload``: the batch's, already decoded."""
+    if not h.flags & FLAG_DELIVER_TIMES:
+        return None
+    p = payload if payload is not None else decode_payload(buf, h, pos)
+    offsets = getattr(p, "deliver_offsets", None)
+    if offsets is None or len(offsets) != h.count or h.deliver_at_ms <= 0:
+        raise InvalidBatchError("a batch flagged with deliver times needs deliver_at_ms and one offset per message")
+    if offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise InvalidBatchError("deliver offsets must start at 0 and never decrease along the batch")
+    if offsets[-1] > DELIVER_SPAN_MS_MAX:
+        raise InvalidBatchError(
+            f"the messages of one batch must be due within {DELIVER_SPAN_MS_MAX} ms of each other"
+        )
+    return offsets
 
 
 def validate_batch(
@@ -398,6 +455,8 @@ def validate_batch(
         want = tags_mask({t for t in p.tags if t is not None})
     if want != h.tag_mask:
         raise InvalidBatchError("batch tag_mask does not match the tags inside")
+    if h.flags & FLAG_DELIVER_TIMES:
+        decode_deliver_offsets(buf, h, payload=p)
     return h, p
 
 
@@ -412,12 +471,13 @@ def patch_batch(
     return out
 
 
-def broker_prefix(length: int, queue_id: int, partition: int, base_offset: int, timestamp_ms: int) -> bytes:
+def broker_prefix(length: int, queue_id: int, partition: int, base_offset: int, timestamp_ms: int,
+                  broker_reserved: int = 0) -> bytes:
     """The first 40 bytes of a stored batch: its length and the broker's fields, checksummed.
 
     The broker writes this prefix followed by the producer's bytes from offset 40 on, so
     appending never copies the batch."""
-    fields = _BROKER.pack(queue_id, partition, base_offset, timestamp_ms, 0)
+    fields = _BROKER.pack(queue_id, partition, base_offset, timestamp_ms, broker_reserved)
     return _U32.pack(length) + _U32.pack(crc32c(fields)) + fields
 
 
@@ -436,6 +496,12 @@ def decode_records(
     h = header if header is not None else decode_header(buf, pos)
     p = decode_payload(buf, h, pos)
     base, qid, part, ts = h.base_offset, h.queue_id, h.partition, h.timestamp_ms
+    sched = h.deliver_at_ms or None
+    if h.flags & FLAG_DELIVER_TIMES:  # a delayed batch read back before delivery
+        offs = decode_deliver_offsets(buf, h, pos) or []
+        return [r if r.scheduled_ms is None else msgspec.structs.replace(r, scheduled_ms=r.scheduled_ms + offs[r.offset - base])
+                for r in decode_records(buf, queue, pos, start_offset=start_offset, end_offset=end_offset, tags=tags,
+                                        header=h._replace(flags=h.flags & ~FLAG_DELIVER_TIMES))]
     lo = max(start_offset - base, 0)
     hi = h.count if end_offset is None else min(end_offset - base, h.count)
     bodies = p.bodies
@@ -443,14 +509,14 @@ def decode_records(
         if tags is not None:
             return []
         return [
-            Record(queue, part, base + i, ts, bodies[i], None, None, None, qid)
+            Record(queue, part, base + i, ts, bodies[i], None, None, None, qid, sched)
             for i in range(lo, hi)
         ]
     keys = p.keys or [None] * h.count
     tgs = p.tags or [None] * h.count
     props = p.properties or [None] * h.count
     return [
-        Record(queue, part, base + i, ts, bodies[i], keys[i], tgs[i], props[i], qid)
+        Record(queue, part, base + i, ts, bodies[i], keys[i], tgs[i], props[i], qid, sched)
         for i in range(lo, hi)
         if tags is None or tgs[i] in tags
     ]

@@ -10,6 +10,15 @@ fields, ids sort as strings in the same order as their messages within a partiti
     '0000002a-00000003-000000000001e240'
     >>> MessageId.parse(str(mid)) == mid
     True
+
+A delayed message that is accepted but not yet delivered has an id of its own: the high
+bit of the partition field is set (``0x80000000 | partition``) and the offset names its
+place in the delay service's schedule (see :mod:`headwater.model.delay`), not in the
+partition's log. Such ids print, parse and compare like any other; once the message is
+delivered it also gets an ordinary id in its partition::
+
+    >>> MessageId(42, 0x80000003, 1).is_delayed, MessageId(42, 0x80000003, 1).target_partition
+    (True, 3)
 """
 
 from __future__ import annotations
@@ -33,6 +42,16 @@ class MessageId(NamedTuple):
     queue_id: int
     partition: int
     offset: int
+
+    @property
+    def is_delayed(self) -> bool:
+        """True for the id of a delayed message while it waits (partition's high bit set)."""
+        return bool(self.partition & 0x80000000)
+
+    @property
+    def target_partition(self) -> int:
+        """The partition the message is (or will be, when delayed) stored in."""
+        return self.partition & 0x7FFFFFFF
 
     def __str__(self) -> str:
         return f"{self.queue_id:08x}-{self.partition:08x}-{self.offset:016x}"
@@ -73,7 +92,11 @@ class Record(msgspec.Struct, frozen=True, gc=False):
     """A stored message as read back: where it lives, when it was appended, what it holds.
 
     ``timestamp_ms`` is the broker's append time in milliseconds since the epoch; it never
-    decreases along a partition, which is what makes time lookups exact.
+    decreases along a partition, which is what makes time lookups exact. For a delayed
+    message that is its delivery time, and ``scheduled_ms`` the time it was scheduled for
+    (None for messages sent without a delay); ``timestamp_ms - scheduled_ms`` is how late
+    it was delivered. A delayed message read back before delivery (``client.get`` of its
+    delayed id) has the acceptance time as ``timestamp_ms``.
     """
 
     queue: str
@@ -85,6 +108,7 @@ class Record(msgspec.Struct, frozen=True, gc=False):
     tag: str | None = None
     properties: dict[str, str] | None = None
     queue_id: int = 0
+    scheduled_ms: int | None = None
 
     @property
     def message_id(self) -> MessageId:
@@ -93,6 +117,13 @@ class Record(msgspec.Struct, frozen=True, gc=False):
     @property
     def timestamp(self) -> datetime:
         return datetime.fromtimestamp(self.timestamp_ms / 1000, tz=timezone.utc)
+
+    @property
+    def scheduled(self) -> datetime | None:
+        """``scheduled_ms`` as a datetime (None for a message sent without a delay)."""
+        if self.scheduled_ms is None:
+            return None
+        return datetime.fromtimestamp(self.scheduled_ms / 1000, tz=timezone.utc)
 
 
 def to_epoch_ms(value: datetime | int | float | None, what: str = "time") -> int | None:

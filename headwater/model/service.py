@@ -13,6 +13,11 @@ from typing import Protocol
 import msgspec
 
 from headwater.model.config import QueueConfig, QueueInfo
+from headwater.model.delay import DelayStats
+from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
+from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
+from headwater.model.subscription import SubscriberInfo
+from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
 
 __all__ = ["BrokerService", "ProduceResult", "FetchResult"]
 
@@ -67,12 +72,107 @@ class BrokerService(Protocol):
     ) -> list[bytes]: ...
     def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int: ...
     # consumer offsets
-    def commit_offsets(self, group: str, queue: str, offsets: dict[int, int]) -> None:
-        """Store ``{partition: offset}`` for ``group`` (durably; survives restarts)."""
+    def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
+                       member_id: str | None = None, generation: int | None = None) -> None:
+        """Store ``{partition: offset}`` for ``group`` (durably; survives restarts).
+
+        A member of a clustering group passes its ``member_id`` and ``generation``: the commit
+        is refused unless both are current and it holds the partitions. Without them the
+        commit is refused while the group has members (see ``headwater.model.groups``)."""
         ...
 
     def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
         """The offsets ``group`` committed on ``queue`` (partitions without one are absent)."""
+        ...
+
+    # consumer groups (membership; the rules are headwater.model.groups)
+    def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str], mode: str,
+                   strategy: str, session_timeout_ms: int) -> GroupAssignment:
+        """Join ``group`` (``member_id`` None: as a new member) subscribed to ``queues``; the
+        group rebalances and the answer carries the member's id, generation and partitions."""
+        ...
+
+    def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
+        """Stay a member; ``generation`` is the newest one whose assignment the member applied."""
+        ...
+
+    def leave_group(self, group: str, member_id: str) -> None: ...
+    def describe_group(self, group: str) -> GroupDescription: ...
+    def list_groups(self) -> list[GroupSummary]: ...
+
+    # keyed groups (headwater.model.keyed)
+    def keyed_group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
+                    start: str = "earliest") -> KeyedGroupInfo:
+        """The keyed group; with ``key`` and ``size``, create it if absent (its members
+        starting at the ``start``, ``"earliest"`` or ``"latest"``, offsets) or check that
+        it agrees. Without them, :class:`GroupNotFoundError` if absent."""
+        ...
+
+    def keyed_fetch(self, queue: str, group: str, member: int, generation: int, partition: int,
+                    offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> KeyedFetchResult:
+        """Like :meth:`fetch`, only ``member``'s messages, stopping at a resize's barrier."""
+        ...
+
+    def keyed_commit(self, queue: str, group: str, member: int, generation: int,
+                     offsets: dict[int, int]) -> KeyedGroupInfo:
+        """Store ``member``'s positions; a resize completes when its last member commits."""
+        ...
+
+    def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
+        """Begin changing the group's size (pause, drain up to a barrier, resume)."""
+        ...
+
+    # push subscriptions (headwater.model.subscription)
+    def add_subscriber(self, queue: str, name: str, partitions: list[int] | None = None,
+                       tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo:
+        """Register a subscriber; :class:`SubscriberExistsError` if the name is taken."""
+        ...
+
+    def delete_subscriber(self, queue: str, name: str) -> None: ...
+    def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]: ...
+    def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo: ...
+    def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int]) -> None:
+        """Store ``{partition: next offset to deliver}`` (durably)."""
+        ...
+
+    # shared groups (the state machine is headwater.model.shared_state)
+    def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
+                       visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
+                       settings: dict[str, int | float] | None = None, max_wait_ms: int = 0) -> SharedDeliveries:
+        """Lease up to ``max_messages`` from any partition to ``member`` of the shared
+        ``group`` for ``visibility_timeout_ms`` (``at_most_once``: finished on delivery, no
+        lease); ``settings`` become the group's. Waits up to ``max_wait_ms`` for some."""
+        ...
+
+    def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
+        """Finish leased messages (durably); returns the leases refused (expired, another
+        member's), whose messages are unchanged."""
+        ...
+
+    def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
+                    delay_ms: int | None = None) -> list[LeaseRefusal]:
+        """Give leased messages back for redelivery after ``delay_ms`` (None: the group's
+        backoff), or to the dead-letter queue once their attempts are used up."""
+        ...
+
+    def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
+                      visibility_timeout_ms: int) -> list[LeaseRefusal]:
+        """Make leases run ``visibility_timeout_ms`` from now."""
+        ...
+
+    def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
+        """The group's settings and each partition's window and leases."""
+        ...
+
+    # delayed messages (headwater.model.delay; a delayed send is a produce whose batch has
+    # a deliver_at_ms in the future: its answer holds the delayed id)
+    def cancel_delayed(self, queue_id: int, partition: int, offset: int) -> None:
+        """Cancel a delayed message not delivered yet (by its delayed id); cancelling twice
+        is fine, an unknown or already delivered one is :class:`MessageNotFoundError`."""
+        ...
+
+    def delay_stats(self) -> DelayStats:
+        """The schedule: pending per bucket, next due, delivery rate and lateness."""
         ...
 
     def status(self) -> dict[str, object]:

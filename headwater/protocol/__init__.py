@@ -31,6 +31,7 @@ from headwater.protocol.events import (
     Handshake,
     HandshakeAccepted,
     NeedData,
+    Push,
     Request,
     Response,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "Response",
     "ErrorResponse",
     "ConnectionClosed",
+    "Push",
     "ProtocolError",
     "LocalProtocolError",
     "RemoteProtocolError",

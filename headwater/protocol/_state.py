@@ -14,6 +14,9 @@ more. A refused ``send`` leaves the state as it was (nothing went out).
           +--------- fatal error or EOF -+------------------------------+  responses
                                          v                                 and errors
                                        CLOSED                              stay READY
+
+In READY the server may also send PUSH frames (deliveries of a push subscription the client
+opened); the client receives them, never sends them.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class Kind(Enum):
     RESPONSE = "RESPONSE"
     ERROR = "ERROR"  # an error response to one request (request id != 0)
     FATAL = "FATAL"  # a connection-level error (request id 0); its sender closes
+    PUSH = "PUSH"  # a server-pushed delivery (request id 0), on a stream the client opened
     CLOSE = "CLOSE"  # end of stream: EOF received, or ConnectionClosed sent
 
 
@@ -68,6 +72,7 @@ TRANSITIONS: dict[tuple[Role, State, Direction, Kind], State] = {
     (C, READY, SEND, Kind.REQUEST): READY,
     (C, READY, RECV, Kind.RESPONSE): READY,
     (C, READY, RECV, Kind.ERROR): READY,
+    (C, READY, RECV, Kind.PUSH): READY,
     (C, READY, SEND, Kind.FATAL): CLOSED,
     (C, READY, RECV, Kind.FATAL): CLOSED,
     # server: the mirror image
@@ -78,6 +83,7 @@ TRANSITIONS: dict[tuple[Role, State, Direction, Kind], State] = {
     (S, READY, RECV, Kind.REQUEST): READY,
     (S, READY, SEND, Kind.RESPONSE): READY,
     (S, READY, SEND, Kind.ERROR): READY,
+    (S, READY, SEND, Kind.PUSH): READY,
     (S, READY, SEND, Kind.FATAL): CLOSED,
     (S, READY, RECV, Kind.FATAL): CLOSED,
 }

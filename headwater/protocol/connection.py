@@ -72,6 +72,7 @@ from headwater.protocol.events import (
     Handshake,
     HandshakeAccepted,
     NeedData,
+    Push,
     Request,
     Response,
 )
@@ -93,10 +94,12 @@ from headwater.protocol.messages import (
     ErrorBody,
     HandshakeAcceptedBody,
     HandshakeBody,
+    PushBody,
     RequestBody,
     ResponseBody,
     decode_body,
     encode_body,
+    push_spec_for,
     spec_for,
 )
 
@@ -121,12 +124,14 @@ _KIND_OF_FRAME = {
     FrameType.HANDSHAKE_ACCEPTED: Kind.ACCEPT,
     FrameType.REQUEST: Kind.REQUEST,
     FrameType.RESPONSE: Kind.RESPONSE,
+    FrameType.PUSH: Kind.PUSH,
 }
 _KIND_OF_EVENT = {
     Handshake: Kind.HANDSHAKE,
     HandshakeAccepted: Kind.ACCEPT,
     Request: Kind.REQUEST,
     Response: Kind.RESPONSE,
+    Push: Kind.PUSH,
     ConnectionClosed: Kind.CLOSE,
 }
 # msgspec raises DecodeError/ValidationError (ValueErrors); the rest guard odd corners
@@ -272,6 +277,13 @@ class Connection:
         """Refuse a frame from its header alone, before its body is buffered."""
         kind = self._kind_of_frame(h)
         self._receive_transition(kind, FrameType(h.frame_type).name + " frame")
+        if kind is Kind.PUSH:
+            assert self.version is not None  # READY implies a handshake
+            if push_spec_for(h.api_key, self.version) is None:
+                raise RemoteProtocolError(
+                    f"api key {h.api_key} has no PUSH frames in protocol version {self.version}"
+                )
+            return
         if kind not in (Kind.REQUEST, Kind.RESPONSE, Kind.ERROR):
             return
         assert self.version is not None  # READY implies a handshake
@@ -348,6 +360,10 @@ class Connection:
             b = decode_body(ErrorBody, frame.head, frame.data)
             return ErrorResponse(h.request_id, b.code, b.retriable, b.message)
         assert self.version is not None
+        if kind is Kind.PUSH:
+            push_type = push_spec_for(h.api_key, self.version)
+            assert push_type is not None  # checked with the header
+            return Push(decode_body(push_type, frame.head, frame.data))
         spec = spec_for(h.api_key, self.version)
         assert spec is not None  # checked with the header
         if kind is Kind.REQUEST:
@@ -419,6 +435,12 @@ class Connection:
             return FrameType.HANDSHAKE_ACCEPTED, 0, 0, body
         if kind is Kind.FATAL:
             return FrameType.ERROR, 0, 0, _error_body(event)
+        if kind is Kind.PUSH:
+            body = event.body
+            assert self.version is not None
+            if not isinstance(body, PushBody) or push_spec_for(body.api, self.version) is not type(body):
+                raise LocalProtocolError(f"a push body is a PushBody of version {self.version}, got {body!r}")
+            return FrameType.PUSH, int(body.api), 0, body
         rid = event.request_id
         if kind is Kind.REQUEST:
             if not isinstance(event.body, RequestBody):

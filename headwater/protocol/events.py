@@ -13,7 +13,14 @@ import msgspec
 
 from headwater.errors import HeadwaterError
 from headwater.protocol.errors import error_for_code
-from headwater.protocol.messages import VERSION_MAX, VERSION_MIN, ApiKey, RequestBody, ResponseBody
+from headwater.protocol.messages import (
+    VERSION_MAX,
+    VERSION_MIN,
+    ApiKey,
+    PushBody,
+    RequestBody,
+    ResponseBody,
+)
 
 __all__ = [
     "Event",
@@ -23,6 +30,7 @@ __all__ = [
     "Response",
     "ErrorResponse",
     "ConnectionClosed",
+    "Push",
     "NEED_DATA",
     "NeedData",
 ]
@@ -126,8 +134,19 @@ class ErrorResponse(msgspec.Struct, frozen=True):
         return exc
 
 
+class Push(msgspec.Struct, frozen=True):
+    """A delivery the server pushes on a stream the client opened (e.g. SUBSCRIBE); the
+    body names the stream. Server to client only, in state READY."""
+
+    body: PushBody
+
+    @property
+    def api(self) -> ApiKey:
+        return self.body.api
+
+
 class ConnectionClosed(msgspec.Struct, frozen=True):
     """The stream ended: received as EOF, or sent to close this side (``send`` returns b"")."""
 
 
-Event = Union[Handshake, HandshakeAccepted, Request, Response, ErrorResponse, ConnectionClosed]
+Event = Union[Handshake, HandshakeAccepted, Request, Response, ErrorResponse, Push, ConnectionClosed]

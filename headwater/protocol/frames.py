@@ -71,7 +71,7 @@ class FrameType(IntEnum):
     REQUEST = 3  # client -> server
     RESPONSE = 4  # server -> client, the answer to one request
     ERROR = 5  # an error answer to one request, or (request id 0) to the whole connection
-    PUSH = 6  # reserved for server-pushed deliveries (subscriptions); not sent in version 1
+    PUSH = 6  # server -> client, a delivery on a stream the client opened (subscriptions)
 
 
 class FrameHeader(NamedTuple):
@@ -205,8 +205,10 @@ def _check_structure(h: FrameHeader) -> None:
         ftype = FrameType(h.frame_type)
     except ValueError:
         raise RemoteProtocolError(f"unknown frame type {h.frame_type}") from None
-    if ftype is FrameType.PUSH:
-        raise RemoteProtocolError("push frames are reserved; protocol version 1 never sends them")
+    if ftype is FrameType.PUSH and (h.request_id or not h.api_key):
+        raise RemoteProtocolError(
+            "PUSH frames have request id 0 and the api key of the operation that opened the stream"
+        )
     if h.flags:
         raise RemoteProtocolError(f"unknown frame flags {h.flags:#04x} (version 1 defines none)")
     if h.head_size < 1:

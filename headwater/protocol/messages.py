@@ -25,7 +25,12 @@ from typing import Annotated, Any, ClassVar, NamedTuple
 import msgspec
 
 from headwater.model.config import QueueConfig, QueueInfo
+from headwater.model.delay import DelayStats
+from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
+from headwater.model.subscription import SubscriberInfo
+from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
 from headwater.model.service import BrokerService, FetchResult, ProduceResult
+from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo, SharedLease
 
 __all__ = [
     "ApiKey",
@@ -72,6 +77,58 @@ __all__ = [
     "FetchOffsetsResponse",
     "StatusRequest",
     "StatusResponse",
+    "JoinGroupRequest",
+    "JoinGroupResponse",
+    "HeartbeatGroupRequest",
+    "HeartbeatGroupResponse",
+    "LeaveGroupRequest",
+    "LeaveGroupResponse",
+    "DescribeGroupRequest",
+    "DescribeGroupResponse",
+    "ListGroupsRequest",
+    "ListGroupsResponse",
+    "KeyedGroupRequest",
+    "KeyedGroupResponse",
+    "KeyedFetchRequest",
+    "KeyedFetchResponse",
+    "KeyedCommitRequest",
+    "KeyedCommitResponse",
+    "KeyedResizeRequest",
+    "KeyedResizeResponse",
+    "SubscribeRequest",
+    "SubscribeResponse",
+    "UnsubscribeRequest",
+    "UnsubscribeResponse",
+    "SubscriptionAckRequest",
+    "SubscriptionAckResponse",
+    "AddSubscriberRequest",
+    "AddSubscriberResponse",
+    "DeleteSubscriberRequest",
+    "DeleteSubscriberResponse",
+    "ListSubscribersRequest",
+    "ListSubscribersResponse",
+    "DescribeSubscriberRequest",
+    "DescribeSubscriberResponse",
+    "CheckpointSubscriberRequest",
+    "CheckpointSubscriberResponse",
+    "PushBody",
+    "SubscriptionPush",
+    "PUSH_SPECS",
+    "push_spec_for",
+    "SharedReceiveRequest",
+    "SharedReceiveResponse",
+    "SharedAckRequest",
+    "SharedAckResponse",
+    "SharedNackRequest",
+    "SharedNackResponse",
+    "SharedExtendRequest",
+    "SharedExtendResponse",
+    "SharedDescribeRequest",
+    "SharedDescribeResponse",
+    "CancelDelayedRequest",
+    "CancelDelayedResponse",
+    "DelayStatsRequest",
+    "DelayStatsResponse",
     "spec_for",
     "invoke",
 ]
@@ -105,6 +162,35 @@ class ApiKey(IntEnum):
     # consumer group offsets
     COMMIT_OFFSETS = 30
     FETCH_OFFSETS = 31
+    # consumer group membership
+    JOIN_GROUP = 40
+    HEARTBEAT_GROUP = 41
+    LEAVE_GROUP = 42
+    DESCRIBE_GROUP = 43
+    LIST_GROUPS = 44
+    # keyed groups (46-49 of the membership range)
+    KEYED_GROUP = 46
+    KEYED_FETCH = 47
+    KEYED_COMMIT = 48
+    KEYED_RESIZE = 49
+    # push subscriptions
+    SUBSCRIBE = 60
+    UNSUBSCRIBE = 61
+    SUBSCRIPTION_ACK = 62
+    ADD_SUBSCRIBER = 63
+    DELETE_SUBSCRIBER = 64
+    LIST_SUBSCRIBERS = 65
+    DESCRIBE_SUBSCRIBER = 66
+    CHECKPOINT_SUBSCRIBER = 67
+    # shared groups: leases, acks, redelivery, dead letters
+    SHARED_RECEIVE = 50
+    SHARED_ACK = 51
+    SHARED_NACK = 52
+    SHARED_EXTEND = 53
+    SHARED_DESCRIBE = 54
+    # delayed messages
+    CANCEL_DELAYED = 70
+    DELAY_STATS = 71
     # status and metrics
     STATUS = 90
 
@@ -112,13 +198,13 @@ class ApiKey(IntEnum):
 #: Key ranges held for later features, so their numbers never collide.
 RESERVED_API_KEYS: dict[range, str] = {
     range(2, 10): "connection: authentication, metadata",
-    range(17, 20): "more queue administration (subscribers)",
+    range(17, 20): "more queue administration",
     range(25, 30): "more data operations",
     range(32, 40): "more consumer group offsets",
-    range(40, 50): "consumer group membership: join, sync, heartbeat, leave",
-    range(50, 60): "shared delivery: lease, ack, nack, dead letters",
-    range(60, 70): "push subscriptions: subscribe, unsubscribe, checkpoint (PUSH frames)",
-    range(70, 80): "delayed messages",
+    range(45, 46): "more consumer group membership",
+    range(55, 60): "more shared delivery",
+    range(68, 70): "more push subscriptions",
+    range(72, 80): "more delayed messages",
     range(80, 90): "transactions: prepare, commit, roll back, check back",
     range(91, 100): "more status and metrics",
     range(100, 200): "cluster: brokers, partition locations, replication",
@@ -398,6 +484,248 @@ class OffsetForTimeResponse(ResponseBody, frozen=True, array_like=True):
         return cls(value)
 
 
+# keyed groups ----------------------------------------------------------------------------
+
+
+class _KeyedGroupResult(ResponseBody, frozen=True, array_like=True):
+    group: KeyedGroupInfo
+
+    def result(self) -> KeyedGroupInfo:
+        return self.group
+
+    @classmethod
+    def from_result(cls, value: KeyedGroupInfo) -> ResponseBody:
+        return cls(value)
+
+
+class KeyedGroupRequest(RequestBody, frozen=True, array_like=True):
+    """Look up a keyed group; with ``key`` and ``size``, create it if absent or check it."""
+
+    api = ApiKey.KEYED_GROUP
+    queue: str
+    group: str
+    key: str | None = None
+    size: int | None = None
+    start: str = "earliest"
+
+
+class KeyedGroupResponse(_KeyedGroupResult, frozen=True, array_like=True):
+    api = ApiKey.KEYED_GROUP
+
+
+class KeyedFetchRequest(RequestBody, frozen=True, array_like=True):
+    """A keyed member's fetch: only the messages whose key hashes to ``member``."""
+
+    api = ApiKey.KEYED_FETCH
+    queue: str
+    group: str
+    member: int
+    generation: int
+    partition: int
+    offset: int
+    max_bytes: int
+    max_wait_ms: int = 0
+
+
+class KeyedFetchResponse(ResponseBody, frozen=True, array_like=True):
+    api = ApiKey.KEYED_FETCH
+    batches: list[bytes]  # data section
+    next_offset: int
+    start_offset: int
+    end_offset: int
+    generation: int
+    stop_offset: int | None = None
+    selections: list[list[int]] = []  # per batch: the offsets of a selection, [] for a stored batch
+
+    def result(self) -> KeyedFetchResult:
+        return KeyedFetchResult(list(self.batches), self.next_offset, self.start_offset,
+                                self.end_offset, self.generation, self.stop_offset, list(self.selections))
+
+    @classmethod
+    def from_result(cls, value: KeyedFetchResult) -> ResponseBody:
+        return cls(list(value.batches), value.next_offset, value.start_offset, value.end_offset,
+                   value.generation, value.stop_offset, list(value.selections))
+
+
+class KeyedCommitRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.KEYED_COMMIT
+    queue: str
+    group: str
+    member: int
+    generation: int
+    offsets: dict[int, int]
+
+
+class KeyedCommitResponse(_KeyedGroupResult, frozen=True, array_like=True):
+    api = ApiKey.KEYED_COMMIT
+
+
+class KeyedResizeRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.KEYED_RESIZE
+    queue: str
+    group: str
+    size: int
+
+
+class KeyedResizeResponse(_KeyedGroupResult, frozen=True, array_like=True):
+    api = ApiKey.KEYED_RESIZE
+
+
+# push subscriptions ------------------------------------------------------------------------
+
+
+class _SubscriberResult(ResponseBody, frozen=True, array_like=True):
+    subscriber: SubscriberInfo
+
+    def result(self) -> SubscriberInfo:
+        return self.subscriber
+
+    @classmethod
+    def from_result(cls, value: SubscriberInfo) -> ResponseBody:
+        return cls(value)
+
+
+class SubscribeRequest(RequestBody, frozen=True, array_like=True):
+    """Open a push stream of subscriber ``name`` on this connection.
+
+    ``subscription_id`` (chosen by the client, unique among its open streams on the
+    connection) names the stream in PUSH frames. The broker pushes from the subscriber's
+    checkpoints while the stream has credit: ``credit_messages`` messages and
+    ``credit_bytes`` bytes to begin with, more with each SUBSCRIPTION_ACK.
+    """
+
+    api = ApiKey.SUBSCRIBE
+    subscription_id: U32
+    queue: str
+    name: str
+    credit_messages: U32
+    credit_bytes: U32
+
+
+class SubscribeResponse(_SubscriberResult, frozen=True, array_like=True):
+    """The subscriber as the stream starts (its checkpoints are where pushes begin)."""
+
+    api = ApiKey.SUBSCRIBE
+
+
+class UnsubscribeRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.UNSUBSCRIBE
+    subscription_id: U32
+
+
+class UnsubscribeResponse(_NoResult, frozen=True, array_like=True):
+    api = ApiKey.UNSUBSCRIBE
+
+
+class SubscriptionAckRequest(RequestBody, frozen=True, array_like=True):
+    """Give a stream more credit and, when ``offsets`` is not empty, checkpoint it durably
+    (``{partition: next offset to deliver}``) before answering."""
+
+    api = ApiKey.SUBSCRIPTION_ACK
+    subscription_id: U32
+    offsets: dict[int, int]
+    credit_messages: U32
+    credit_bytes: U32
+
+
+class SubscriptionAckResponse(_NoResult, frozen=True, array_like=True):
+    api = ApiKey.SUBSCRIPTION_ACK
+
+
+class AddSubscriberRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.ADD_SUBSCRIBER
+    queue: str
+    name: str
+    partitions: list[int] | None = None
+    tags: list[str] | None = None
+    start: str = "latest"
+
+
+class AddSubscriberResponse(_SubscriberResult, frozen=True, array_like=True):
+    api = ApiKey.ADD_SUBSCRIBER
+
+
+class DeleteSubscriberRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.DELETE_SUBSCRIBER
+    queue: str
+    name: str
+
+
+class DeleteSubscriberResponse(_NoResult, frozen=True, array_like=True):
+    api = ApiKey.DELETE_SUBSCRIBER
+
+
+class ListSubscribersRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.LIST_SUBSCRIBERS
+    queue: str | None = None
+
+
+class ListSubscribersResponse(ResponseBody, frozen=True, array_like=True):
+    api = ApiKey.LIST_SUBSCRIBERS
+    subscribers: list[SubscriberInfo]
+
+    def result(self) -> list[SubscriberInfo]:
+        return list(self.subscribers)
+
+    @classmethod
+    def from_result(cls, value: list[SubscriberInfo]) -> ResponseBody:
+        return cls(list(value))
+
+
+class DescribeSubscriberRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.DESCRIBE_SUBSCRIBER
+    queue: str
+    name: str
+
+
+class DescribeSubscriberResponse(_SubscriberResult, frozen=True, array_like=True):
+    api = ApiKey.DESCRIBE_SUBSCRIBER
+
+
+class CheckpointSubscriberRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.CHECKPOINT_SUBSCRIBER
+    queue: str
+    name: str
+    offsets: dict[int, int]
+
+
+class CheckpointSubscriberResponse(_NoResult, frozen=True, array_like=True):
+    api = ApiKey.CHECKPOINT_SUBSCRIBER
+
+
+class PushBody(msgspec.Struct, frozen=True, array_like=True):
+    """Base of PUSH frame bodies; ``api`` is the operation that opened the stream."""
+
+    api: ClassVar[ApiKey]
+
+
+class SubscriptionPush(PushBody, frozen=True, array_like=True):
+    """Messages of one partition for the stream ``subscription_id`` (server to client).
+
+    ``batches`` are stored batches or selections of one (only matching messages: the broker
+    filters; ``selections`` as in KEYED_FETCH), from the stream's position on;
+    ``next_offset`` is where the stream continues in ``partition``
+    (past messages it skipped), ``end_offset`` the partition's end when read. A non-empty
+    ``ended`` ends the stream (the reason, e.g. another connection took it over) and
+    ``ended_code`` is the error code of that reason (its class tells whether subscribing again
+    may help: UnavailableError when the broker stops); no push follows for it.
+    """
+
+    api = ApiKey.SUBSCRIBE
+    subscription_id: U32
+    partition: int
+    batches: list[bytes]  # data section
+    next_offset: int
+    end_offset: int
+    ended: str = ""
+    ended_code: U32 = 0
+    selections: list[list[int]] = []
+
+
+#: The body of a PUSH frame, by the api key in its header.
+PUSH_SPECS: dict[ApiKey, type[PushBody]] = {ApiKey.SUBSCRIBE: SubscriptionPush}
+
+
 # the table ---------------------------------------------------------------------------
 
 #: Fields that travel in the data section: name -> True for a list of batches, False for one.
@@ -406,6 +734,8 @@ DATA_FIELDS: dict[type[msgspec.Struct], dict[str, bool]] = {
     FetchResponse: {"batches": True},
     LookupIdResponse: {"batch": False},
     LookupKeyResponse: {"batches": True},
+    KeyedFetchResponse: {"batches": True},
+    SubscriptionPush: {"batches": True},
 }
 
 
@@ -416,6 +746,8 @@ class CommitOffsetsRequest(RequestBody, frozen=True, array_like=True):
     group: str
     queue: str
     offsets: dict[int, int]
+    member_id: str | None = None  # a clustering group's member: its id and generation
+    generation: int | None = None
 
 
 class CommitOffsetsResponse(_NoResult, frozen=True, array_like=True):
@@ -438,6 +770,224 @@ class FetchOffsetsResponse(ResponseBody, frozen=True, array_like=True):
     @classmethod
     def from_result(cls, value: dict[int, int]) -> ResponseBody:
         return cls(dict(value))
+
+
+class JoinGroupRequest(RequestBody, frozen=True, array_like=True):
+    """Join a consumer group; the answer carries the assignment (no second round trip)."""
+
+    api = ApiKey.JOIN_GROUP
+    group: str
+    member_id: str | None  # None: a new member
+    client_id: str
+    queues: list[str]
+    mode: str  # "clustering" or "broadcast"
+    strategy: str  # "average" or "sticky"
+    session_timeout_ms: int
+
+
+class _GroupAssignmentResult(ResponseBody, frozen=True, array_like=True):
+    assignment: GroupAssignment
+
+    def result(self) -> GroupAssignment:
+        return self.assignment
+
+    @classmethod
+    def from_result(cls, value: GroupAssignment) -> ResponseBody:
+        return cls(value)
+
+
+class JoinGroupResponse(_GroupAssignmentResult, frozen=True, array_like=True):
+    api = ApiKey.JOIN_GROUP
+
+
+class HeartbeatGroupRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.HEARTBEAT_GROUP
+    group: str
+    member_id: str
+    generation: int  # the newest generation whose assignment the member has applied
+
+
+class HeartbeatGroupResponse(_GroupAssignmentResult, frozen=True, array_like=True):
+    api = ApiKey.HEARTBEAT_GROUP
+
+
+class LeaveGroupRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.LEAVE_GROUP
+    group: str
+    member_id: str
+
+
+class LeaveGroupResponse(_NoResult, frozen=True, array_like=True):
+    api = ApiKey.LEAVE_GROUP
+
+
+class DescribeGroupRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.DESCRIBE_GROUP
+    group: str
+
+
+class DescribeGroupResponse(ResponseBody, frozen=True, array_like=True):
+    api = ApiKey.DESCRIBE_GROUP
+    group: GroupDescription
+
+    def result(self) -> GroupDescription:
+        return self.group
+
+    @classmethod
+    def from_result(cls, value: GroupDescription) -> ResponseBody:
+        return cls(value)
+
+
+class ListGroupsRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.LIST_GROUPS
+
+
+class ListGroupsResponse(ResponseBody, frozen=True, array_like=True):
+    api = ApiKey.LIST_GROUPS
+    groups: list[GroupSummary]
+
+    def result(self) -> list[GroupSummary]:
+        return list(self.groups)
+
+    @classmethod
+    def from_result(cls, value: list[GroupSummary]) -> ResponseBody:
+        return cls(list(value))
+
+
+class SharedReceiveRequest(RequestBody, frozen=True, array_like=True):
+    """Lease up to ``max_messages`` of ``queue`` from any partition to ``member`` of the
+    shared ``group``; ``settings`` (SharedGroupSettings names) become the group's. When none
+    can be had the server may hold the request up to ``max_wait_ms`` (long polling)."""
+
+    api = ApiKey.SHARED_RECEIVE
+    group: str
+    queue: str
+    member: str
+    max_messages: int
+    visibility_timeout_ms: int
+    at_most_once: bool = False
+    settings: dict[str, int | float] = {}
+    max_wait_ms: int = 0
+
+
+class SharedReceiveResponse(ResponseBody, frozen=True, array_like=True):
+    api = ApiKey.SHARED_RECEIVE
+    batches: list[bytes]  # data section: stored batches holding the leased messages
+    leases: list[SharedLease]
+
+    def result(self) -> SharedDeliveries:
+        return SharedDeliveries(list(self.batches), list(self.leases))
+
+    @classmethod
+    def from_result(cls, value: SharedDeliveries) -> ResponseBody:
+        return cls(list(value.batches), list(value.leases))
+
+
+class _LeaseRefusals(ResponseBody, frozen=True, array_like=True):
+    refused: list[LeaseRefusal]  # the leases not acted on; the rest were
+
+    def result(self) -> list[LeaseRefusal]:
+        return list(self.refused)
+
+    @classmethod
+    def from_result(cls, value: list[LeaseRefusal]) -> ResponseBody:
+        return cls(list(value))
+
+
+class SharedAckRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.SHARED_ACK
+    group: str
+    queue: str
+    member: str
+    lease_ids: list[str]
+
+
+class SharedAckResponse(_LeaseRefusals, frozen=True, array_like=True):
+    api = ApiKey.SHARED_ACK
+
+
+class SharedNackRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.SHARED_NACK
+    group: str
+    queue: str
+    member: str
+    lease_ids: list[str]
+    reason: str = ""
+    delay_ms: int | None = None  # None: the group's backoff
+
+
+class SharedNackResponse(_LeaseRefusals, frozen=True, array_like=True):
+    api = ApiKey.SHARED_NACK
+
+
+class SharedExtendRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.SHARED_EXTEND
+    group: str
+    queue: str
+    member: str
+    lease_ids: list[str]
+    visibility_timeout_ms: int
+
+
+class SharedExtendResponse(_LeaseRefusals, frozen=True, array_like=True):
+    api = ApiKey.SHARED_EXTEND
+
+
+class SharedDescribeRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.SHARED_DESCRIBE
+    group: str
+    queue: str
+
+
+class SharedDescribeResponse(ResponseBody, frozen=True, array_like=True):
+    api = ApiKey.SHARED_DESCRIBE
+    info: SharedGroupInfo
+
+    def result(self) -> SharedGroupInfo:
+        return self.info
+
+    @classmethod
+    def from_result(cls, value: SharedGroupInfo) -> ResponseBody:
+        return cls(value)
+
+
+DATA_FIELDS[SharedReceiveResponse] = {"batches": True}
+
+
+# delayed messages ----------------------------------------------------------------------
+
+
+class CancelDelayedRequest(RequestBody, frozen=True, array_like=True):
+    """Cancel one delayed message not delivered yet, named by its delayed id (the partition
+    field has its high bit set). Cancelling twice is not an error; an unknown id, or a
+    message already delivered, is ``MessageNotFoundError``."""
+
+    api = ApiKey.CANCEL_DELAYED
+    queue_id: int
+    partition: int
+    offset: int
+
+
+class CancelDelayedResponse(_NoResult, frozen=True, array_like=True):
+    api = ApiKey.CANCEL_DELAYED
+
+
+class DelayStatsRequest(RequestBody, frozen=True, array_like=True):
+    """The schedule of delayed messages, deliveries and their lateness (``headwater delay stats``)."""
+
+    api = ApiKey.DELAY_STATS
+
+
+class DelayStatsResponse(ResponseBody, frozen=True, array_like=True):
+    api = ApiKey.DELAY_STATS
+    stats: DelayStats
+
+    def result(self) -> DelayStats:
+        return self.stats
+
+    @classmethod
+    def from_result(cls, value: DelayStats) -> ResponseBody:
+        return cls(value)
 
 
 class StatusRequest(RequestBody, frozen=True, array_like=True):
@@ -522,6 +1072,8 @@ def _codec(body_type: type[msgspec.Struct]) -> _Codec:
             fields.append((name, list[Size] if data[name] else Size))
         elif info.default is not msgspec.NODEFAULT:
             fields.append((name, info.type, info.default))
+        elif info.default_factory is not msgspec.NODEFAULT:  # a mutable default, e.g. []
+            fields.append((name, info.type, msgspec.field(default_factory=info.default_factory)))
         else:
             fields.append((name, info.type))
     head_type = msgspec.defstruct(
@@ -562,6 +1114,36 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
                 "offset_for_time"),
         ApiSpec(ApiKey.COMMIT_OFFSETS, CommitOffsetsRequest, CommitOffsetsResponse, "commit_offsets"),
         ApiSpec(ApiKey.FETCH_OFFSETS, FetchOffsetsRequest, FetchOffsetsResponse, "fetch_offsets"),
+        ApiSpec(ApiKey.JOIN_GROUP, JoinGroupRequest, JoinGroupResponse, "join_group"),
+        ApiSpec(ApiKey.HEARTBEAT_GROUP, HeartbeatGroupRequest, HeartbeatGroupResponse, "heartbeat_group"),
+        ApiSpec(ApiKey.LEAVE_GROUP, LeaveGroupRequest, LeaveGroupResponse, "leave_group"),
+        ApiSpec(ApiKey.DESCRIBE_GROUP, DescribeGroupRequest, DescribeGroupResponse, "describe_group"),
+        ApiSpec(ApiKey.LIST_GROUPS, ListGroupsRequest, ListGroupsResponse, "list_groups"),
+        ApiSpec(ApiKey.SHARED_RECEIVE, SharedReceiveRequest, SharedReceiveResponse, "shared_receive"),
+        ApiSpec(ApiKey.SHARED_ACK, SharedAckRequest, SharedAckResponse, "shared_ack"),
+        ApiSpec(ApiKey.SHARED_NACK, SharedNackRequest, SharedNackResponse, "shared_nack"),
+        ApiSpec(ApiKey.SHARED_EXTEND, SharedExtendRequest, SharedExtendResponse, "shared_extend"),
+        ApiSpec(ApiKey.SHARED_DESCRIBE, SharedDescribeRequest, SharedDescribeResponse, "shared_describe"),
+        ApiSpec(ApiKey.KEYED_GROUP, KeyedGroupRequest, KeyedGroupResponse, "keyed_group"),
+        ApiSpec(ApiKey.KEYED_FETCH, KeyedFetchRequest, KeyedFetchResponse, "keyed_fetch"),
+        ApiSpec(ApiKey.KEYED_COMMIT, KeyedCommitRequest, KeyedCommitResponse, "keyed_commit"),
+        ApiSpec(ApiKey.KEYED_RESIZE, KeyedResizeRequest, KeyedResizeResponse, "keyed_resize"),
+        # SUBSCRIBE, UNSUBSCRIBE and SUBSCRIPTION_ACK act on the connection's push streams:
+        # the server handles them itself
+        ApiSpec(ApiKey.SUBSCRIBE, SubscribeRequest, SubscribeResponse, None),
+        ApiSpec(ApiKey.UNSUBSCRIBE, UnsubscribeRequest, UnsubscribeResponse, None),
+        ApiSpec(ApiKey.SUBSCRIPTION_ACK, SubscriptionAckRequest, SubscriptionAckResponse, None),
+        ApiSpec(ApiKey.ADD_SUBSCRIBER, AddSubscriberRequest, AddSubscriberResponse, "add_subscriber"),
+        ApiSpec(ApiKey.DELETE_SUBSCRIBER, DeleteSubscriberRequest, DeleteSubscriberResponse,
+                "delete_subscriber"),
+        ApiSpec(ApiKey.LIST_SUBSCRIBERS, ListSubscribersRequest, ListSubscribersResponse,
+                "list_subscribers"),
+        ApiSpec(ApiKey.DESCRIBE_SUBSCRIBER, DescribeSubscriberRequest, DescribeSubscriberResponse,
+                "describe_subscriber"),
+        ApiSpec(ApiKey.CHECKPOINT_SUBSCRIBER, CheckpointSubscriberRequest, CheckpointSubscriberResponse,
+                "checkpoint_subscriber"),
+        ApiSpec(ApiKey.CANCEL_DELAYED, CancelDelayedRequest, CancelDelayedResponse, "cancel_delayed"),
+        ApiSpec(ApiKey.DELAY_STATS, DelayStatsRequest, DelayStatsResponse, "delay_stats"),
         ApiSpec(ApiKey.STATUS, StatusRequest, StatusResponse, "status"),
     )
 }
@@ -578,6 +1160,7 @@ _CODECS: dict[type[msgspec.Struct], _Codec] = {
         ErrorBody,
         *(s.request for s in API_SPECS.values()),
         *(s.response for s in API_SPECS.values()),
+        *PUSH_SPECS.values(),
     )
 }
 _encoder = msgspec.msgpack.Encoder()
@@ -590,6 +1173,18 @@ def spec_for(api: int, version: int) -> ApiSpec | None:
     except ValueError:
         return None
     return spec if spec.since_version <= version else None
+
+
+def push_spec_for(api: int, version: int) -> type[PushBody] | None:
+    """The body type of PUSH frames with key ``api`` in protocol ``version``, or None."""
+    try:
+        key = ApiKey(api)
+    except ValueError:
+        return None
+    spec = API_SPECS.get(key)
+    if spec is None or spec.since_version > version:
+        return None
+    return PUSH_SPECS.get(key)
 
 
 def encode_body(body: msgspec.Struct) -> tuple[bytes, list[Any]]:
@@ -615,8 +1210,12 @@ def invoke(service: BrokerService, request: RequestBody) -> ResponseBody:
     """
     spec = API_SPECS[request.api]
     if spec.method is None:
+        if spec.key in PUSH_SPECS or spec.key in (ApiKey.UNSUBSCRIBE, ApiKey.SUBSCRIPTION_ACK):
+            from headwater.errors import UsageError
+
+            raise UsageError(f"{spec.key.name} acts on a connection's push streams: only a server serves it")
         return spec.response.from_result(None)
     args = msgspec.structs.asdict(request)
-    if spec.key is ApiKey.FETCH:
+    if spec.key is ApiKey.FETCH or spec.key is ApiKey.KEYED_FETCH:
         del args["max_wait_ms"]
     return spec.response.from_result(getattr(service, spec.method)(**args))

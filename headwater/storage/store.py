@@ -45,7 +45,7 @@ from headwater.errors import (
     QueueNotFoundError,
     StorageError,
 )
-from headwater.model.batch import BatchHeader, broker_prefix, crc32c, validate_batch
+from headwater.model.batch import HEADER_SIZE, BatchHeader, broker_prefix, crc32c, decode_header, validate_batch
 from headwater.model.config import (
     PARTITIONS_MAX,
     PartitionInfo,
@@ -59,7 +59,7 @@ from headwater.storage.dirlock import DirectoryLock
 from headwater.storage.flusher import Flusher, GroupCommit
 from headwater.storage.loader import key_hashes, load_segments, walk_headers
 from headwater.storage.producer_state import ProducerStateTable, read_snapshot, write_snapshot
-from headwater.storage.segment import LogSegment, segment_name
+from headwater.storage.segment import SEGMENT_HEADER_SIZE, LogSegment, segment_name
 from headwater.storage.segment_index import SegmentIndex
 
 __all__ = ["LogStore", "StoreConfig"]
@@ -78,6 +78,8 @@ class StoreConfig(msgspec.Struct, frozen=True, kw_only=True):
     retention_interval_ms: int = 10_000
     verify: str = "tail"  # "tail": check the last segment on open; "all": every segment
     producer_expiry_ms: int = 7 * 86_400_000  # idempotence state of an idle producer is dropped
+    delay_max_s: int = 2 * 366 * 86_400  # a delayed message may be due at most this far ahead
+    delay_bucket_s: int = 3600  # span of one schedule file of delayed messages (whole minutes)
 
     def validated(self) -> StoreConfig:
         if self.flush not in ("sync", "async"):
@@ -90,6 +92,14 @@ class StoreConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise InvalidArgumentError("segment_bytes_max must be from 64 KiB to 2 GiB")
         if self.open_segments_max < 1 or self.index_cache_segments < 1:
             raise InvalidArgumentError("open_segments_max and index_cache_segments must be >= 1")
+        d = self.delay_max_s
+        if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 100 * 366 * 86_400:
+            raise InvalidArgumentError(f"delay_max_s must be whole seconds from 1 to 100 years, got {d!r}")
+        b = self.delay_bucket_s
+        if isinstance(b, bool) or not isinstance(b, int) or not 60 <= b <= 86_400 or b % 60:
+            raise InvalidArgumentError(
+                f"delay_bucket_s must be a whole number of minutes from 60 to 86400 seconds, got {b!r}"
+            )
         return self
 
 
@@ -495,7 +505,7 @@ class LogStore:
         return result, (end_pos if sync else None)
 
     def _append_locked(self, q: _Queue, partition: int, h: BatchHeader, batch: bytes,
-                       hashes: list[int] | None) -> tuple[ProduceResult, int]:
+                       hashes: list[int] | None, broker_reserved: int = 0) -> tuple[ProduceResult, int]:
         pl = q.partitions[partition]
         qid = q.entry.queue_id
         now = self._now_ms()
@@ -505,9 +515,10 @@ class LogStore:
         if seg.data_bytes > 0 and seg.size + h.size > self.config.segment_bytes_max:
             seg = self._roll()
         base = pl.end_offset
-        prefix = broker_prefix(h.length, qid, partition, base, ts)
+        prefix = broker_prefix(h.length, qid, partition, base, ts, broker_reserved)
         pos = seg.append([prefix, memoryview(batch)[40:]])
-        stored = h._replace(queue_id=qid, partition=partition, base_offset=base, timestamp_ms=ts)
+        stored = h._replace(queue_id=qid, partition=partition, base_offset=base, timestamp_ms=ts,
+                            broker_reserved=broker_reserved)
         self._active_index.add_batch(stored, pos, hashes)
         self._producers.record(h, qid, partition, base, ts)
         end = base + h.count
@@ -520,6 +531,87 @@ class LogStore:
         else:
             spans.append(_Span(seg.base_position, base, end, ts, ts))
         return ProduceResult(qid, partition, base, h.count, ts), pos + h.size
+
+    # -- for the broker's delay service ------------------------------------------------
+
+    def produce_target(self, queue: str, partition: int) -> tuple[int, int, bool]:
+        """``(queue id, message_bytes_max, sync flush?)`` of a partition a batch may be
+        appended to; raises as an append would (unknown or disabled queue, bad partition)."""
+        q = self._usable_queue(queue)
+        self._partition(q, partition)
+        cfg = q.entry.config
+        return q.entry.queue_id, cfg.message_bytes_max, (cfg.flush or self.config.flush) == "sync"
+
+    def queue_name(self, queue_id: int) -> str | None:
+        """The name of the queue with this id, or None if it no longer exists."""
+        q = self._by_id.get(queue_id)
+        return None if q is None else q.entry.name
+
+    def append_stamped(self, queue_id: int, partition: int, batch: bytes | bytearray,
+                       broker_reserved: int) -> tuple[ProduceResult, int]:
+        """Append a batch the broker produces itself (a delayed batch coming due) to the
+        queue with this id, with its ``broker_reserved`` field set, and return the placement
+        and the end position to pass to :meth:`wait_durable`. The batch must carry no
+        producer id: the broker checked idempotence when it accepted it."""
+        q = self._by_id.get(queue_id)
+        if q is None:
+            raise QueueNotFoundError(f"no queue has id {queue_id} (was it deleted?)")
+        name = q.entry.name
+        q = self._usable_queue(name)
+        self._partition(q, partition)
+        h, payload = validate_batch(batch, message_bytes_max=q.entry.config.message_bytes_max)
+        if h.producer_id >= 0:
+            raise InvalidArgumentError("a batch the broker appends itself carries no producer id")
+        hashes = key_hashes(payload.keys) if payload.keys is not None else None
+        with self._lock:
+            self._check_open()
+            if self._by_id.get(queue_id) is not q:
+                raise QueueNotFoundError(f"no queue has id {queue_id} (was it deleted?)")
+            result, end_pos = self._append_locked(q, partition, h, batch, hashes, broker_reserved)
+        for fn in self._append_listeners:
+            fn(name, partition, result.base_offset + result.count)
+        return result, end_pos
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The wall clock this store times appends with (injected by tests)."""
+        return self._clock
+
+    @property
+    def store_id(self) -> bytes:
+        """The 16 bytes that tie this directory's files to it."""
+        return self._store_id
+
+    @property
+    def end_position(self) -> int:
+        """The log position the next append will take (every batch so far lies before it)."""
+        with self._lock:
+            return self._active.end_position
+
+    def stamped_batches(self, since_position: int) -> list[BatchHeader]:
+        """Headers of the batches at or after ``since_position`` (a position some append
+        ended at) whose ``broker_reserved`` field is set, in log order. Reads headers only."""
+        with self._lock:
+            self._check_open()
+            segs = [self._segments[b] for b in self._bases]
+            end = self._active.end_position
+        out: list[BatchHeader] = []
+        for seg in segs:
+            stop = min(seg.end_position, end)
+            pos = max(since_position, seg.base_position + SEGMENT_HEADER_SIZE)
+            if pos >= stop:
+                continue
+            try:
+                with seg.reading():
+                    while pos + HEADER_SIZE <= stop:
+                        h = decode_header(seg.read(pos, HEADER_SIZE))
+                        if h.broker_reserved:
+                            out.append(h)
+                        pos += h.size
+            except StorageError:
+                if not seg.deleted:
+                    raise  # retention deleting a segment under us is no error: nothing live was in it
+        return out
 
     def _roll(self) -> LogSegment:
         """Seal the active segment (fsync, write its index) and start a new one."""

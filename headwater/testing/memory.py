@@ -13,8 +13,13 @@ import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 
+import msgspec
+
 from headwater.errors import (
     ClosedError,
+    GroupNotFoundError,
+    SubscriberExistsError,
+    SubscriberNotFoundError,
     InvalidArgumentError,
     MessageNotFoundError,
     PartitionOutOfRangeError,
@@ -24,8 +29,23 @@ from headwater.errors import (
 )
 from headwater.model.batch import broker_prefix, decode_records, validate_batch
 from headwater.model.config import PARTITIONS_MAX, PartitionInfo, QueueConfig, QueueInfo, validate_queue_name
+from headwater.model.delay import DELAYED_PARTITION_BIT, DelayStats, peek_deliver_at
+from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary, Membership
 from headwater.model.producer_state import ProducerStateTable
 from headwater.model.service import FetchResult, ProduceResult
+from headwater.model.shared_groups import SharedGroupsCore
+from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
+from headwater.model.filtering import TagMaskFilter, filter_batches, select_batches
+from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo, KeyedGroupState, KeyHashFilter, parse_key_spec
+from headwater.model.subscription import (
+    SubscriberInfo,
+    check_checkpoint,
+    normalize_partitions,
+    normalize_tags,
+    resolve_start,
+    validate_subscriber_name,
+)
+from headwater.testing.memory_delay import MemoryDelay
 
 __all__ = ["MemoryBroker"]
 
@@ -56,6 +76,9 @@ class MemoryBroker:
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
+        # sessions on a monotonic clock, unless a test passed its own (as the broker does)
+        self._group_clock = time.monotonic if clock is time.time else clock
+        self._groups = Membership(self._partition_count, incarnation="mem")
         self._lock = threading.RLock()
         self._queues: dict[str, _Q] = {}
         self._by_id: dict[int, _Q] = {}
@@ -65,6 +88,11 @@ class MemoryBroker:
         self._appended = threading.Condition()
         self._offsets: dict[tuple[str, int, int], int] = {}
         self._producers = ProducerStateTable()
+        self._keyed: dict[tuple[int, str], KeyedGroupInfo] = {}
+        self._subscribers: dict[tuple[int, str], SubscriberInfo] = {}
+        self._shared = _MemoryShared(self)  # shared groups: the broker's operations, state in memory
+        self.clock = clock  # producers in this process turn delay= into times with it
+        self._delay = MemoryDelay(self)  # delayed messages (headwater.testing.memory_delay)
 
     def _now(self) -> int:
         return int(self._clock() * 1000)
@@ -118,6 +146,7 @@ class MemoryBroker:
             return self._info(q)
 
     def describe_queue(self, name: str) -> QueueInfo:
+        self._delay.deliver_due()
         with self._lock:
             return self._info(self._q(name))
 
@@ -162,6 +191,8 @@ class MemoryBroker:
     def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
         q = self._q(queue, usable=True)
         self._p(q, partition)
+        if peek_deliver_at(batch):  # a delayed message: scheduled, not appended (see Broker)
+            return self._delay.accept(q, partition, batch)
         h, _ = validate_batch(batch, message_bytes_max=q.config.message_bytes_max)
         with self._lock:
             q = self._q(queue, usable=True)
@@ -181,6 +212,7 @@ class MemoryBroker:
             self._producers.record(h, q.qid, partition, base, ts)
         with self._appended:
             self._appended.notify_all()
+        self._shared.notify(queue)
         return ProduceResult(q.qid, partition, base, h.count, ts)
 
     def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
@@ -188,6 +220,7 @@ class MemoryBroker:
         if isinstance(offset, bool) or not isinstance(offset, int):
             raise InvalidArgumentError(f"an offset is an int, got {type(offset).__name__}")
         deadline = time.monotonic() + max_wait_ms / 1000
+        self._delay.deliver_due()
         while True:
             res = self._fetch_now(queue, partition, offset, max_bytes, tag_mask, end_offset)
             remaining = deadline - time.monotonic()
@@ -221,9 +254,14 @@ class MemoryBroker:
                     continue
                 out.append(b)
                 total += len(b)
+            if tag_mask and out:  # whole batches were skipped above; drop the rest of the misses
+                out = filter_batches(out, TagMaskFilter(tag_mask), start_offset=max(offset, start),
+                                     end_offset=end_offset)
             return FetchResult(out, cur, start, p.end)
 
     def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
+        if isinstance(partition, int) and partition & DELAYED_PARTITION_BIT:
+            return self._delay.lookup(queue_id, partition, offset)
         with self._lock:
             q = self._by_id.get(queue_id)
             if q is None:
@@ -264,12 +302,14 @@ class MemoryBroker:
             found = p.bases[i] if i < len(p.bases) else p.end
             return max(found, self._start(q, p, self._now()))
 
-    def commit_offsets(self, group: str, queue: str, offsets: dict[int, int]) -> None:
+    def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
+                       member_id: str | None = None, generation: int | None = None) -> None:
         if not isinstance(group, str) or not _GROUP_RE.match(group):
             raise InvalidArgumentError(f"invalid group name {group!r}")
         if not isinstance(offsets, dict) or not offsets:
             raise InvalidArgumentError("offsets is a non-empty {partition: offset} mapping")
         with self._lock:
+            self._groups.check_commit(group, member_id, generation, queue, list(offsets), self._group_now())
             q = self._q(queue)
             now = self._now()
             for part, off in offsets.items():
@@ -291,6 +331,238 @@ class MemoryBroker:
             return {p: self._offsets[(group, q.qid, p)] for p in range(len(q.parts))
                     if (group, q.qid, p) in self._offsets}
 
+    # consumer groups: the same state machine as the broker's coordinator
+    def _group_now(self) -> float:
+        return self._group_clock() * 1000.0
+
+    def _partition_count(self, queue: str) -> int:
+        q = self._queues.get(queue)
+        return 0 if q is None else len(q.parts)
+
+    def _group_offsets(self, group: str) -> dict[str, dict[int, int]]:
+        out: dict[str, dict[int, int]] = {}
+        for (g, qid, part), off in sorted(self._offsets.items()):
+            q = self._by_id.get(qid)
+            if g == group and q is not None:
+                out.setdefault(q.name, {})[part] = off
+        return dict(sorted(out.items()))
+
+    def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str], mode: str,
+                   strategy: str, session_timeout_ms: int) -> GroupAssignment:
+        with self._lock:
+            self._q_open()
+            return self._groups.join(group, member_id=member_id, client_id=client_id, queues=queues, mode=mode,
+                                     strategy=strategy, session_timeout_ms=session_timeout_ms,
+                                     now_ms=self._group_now())
+
+    def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
+        with self._lock:
+            self._q_open()
+            return self._groups.heartbeat(group, member_id, generation, self._group_now())
+
+    def leave_group(self, group: str, member_id: str) -> None:
+        with self._lock:
+            self._q_open()
+            self._groups.leave(group, member_id, self._group_now())
+
+    def describe_group(self, group: str) -> GroupDescription:
+        with self._lock:
+            self._q_open()
+            if not isinstance(group, str) or not _GROUP_RE.match(group):
+                raise InvalidArgumentError(f"invalid group name {group!r}")
+            return self._groups.describe(group, self._group_now(), self._group_offsets(group))
+
+    def list_groups(self) -> list[GroupSummary]:
+        with self._lock:
+            self._q_open()
+            queues: dict[str, set[str]] = {}
+            for (g, qid, _) in self._offsets:
+                if qid in self._by_id:
+                    queues.setdefault(g, set()).add(self._by_id[qid].name)
+            return self._groups.summaries(self._group_now(), queues)
+
+    def _q_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the in-memory broker is closed")
+
+    # shared groups: the same operations and state machine as the broker (not durable)
+    def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
+                       visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
+                       settings: dict[str, int | float] | None = None, max_wait_ms: int = 0) -> SharedDeliveries:
+        return self._shared.receive(group, queue, member, max_messages, visibility_timeout_ms, at_most_once,
+                                    settings, max_wait_ms)
+
+    def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
+        return self._shared.ack(group, queue, member, lease_ids)
+
+    def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
+                    delay_ms: int | None = None) -> list[LeaseRefusal]:
+        return self._shared.nack(group, queue, member, lease_ids, reason, delay_ms)
+
+    def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
+                      visibility_timeout_ms: int) -> list[LeaseRefusal]:
+        return self._shared.extend(group, queue, member, lease_ids, visibility_timeout_ms)
+
+    def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
+        return self._shared.describe(group, queue)
+
+    # keyed groups: the model's state machine, held in a dict (headwater.model.keyed)
+    def _keyed_state(self, q: _Q, group: str) -> KeyedGroupInfo:
+        info = self._keyed.get((q.qid, group))
+        if info is None:
+            raise GroupNotFoundError(
+                f"queue {q.name!r} has no keyed group {group!r}; a member creates it "
+                f"(client.keyed_consumer(..., size=N))"
+            )
+        return info
+
+    def _ranges(self, q: _Q) -> dict[int, tuple[int, int]]:
+        return {pi.partition: (pi.start_offset, pi.end_offset) for pi in self._info(q).partitions}
+
+    def keyed_group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
+                    start: str = "earliest") -> KeyedGroupInfo:
+        _check_group(group)
+        if (key is None) != (size is None):
+            raise InvalidArgumentError("declare a keyed group with both key and size, or neither to look it up")
+        with self._lock:
+            q = self._q(queue)
+            info = self._keyed.get((q.qid, group))
+            if info is None:
+                if key is None:
+                    self._keyed_state(q, group)  # raises GroupNotFoundError
+                st = KeyedGroupState.create(queue, group, key, size, start, self._ranges(q))  # type: ignore[arg-type]
+            else:
+                st = KeyedGroupState(info)
+                st.check_declared(key, size)
+                st.try_complete({p: lo for p, (lo, _) in self._ranges(q).items()})
+            self._keyed[(q.qid, group)] = st.info
+            return st.info
+
+    def keyed_fetch(self, queue: str, group: str, member: int, generation: int, partition: int,
+                    offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> KeyedFetchResult:
+        _check_group(group)
+        deadline = time.monotonic() + max_wait_ms / 1000
+        while True:
+            with self._lock:
+                st = KeyedGroupState(self._keyed_state(self._q(queue), group))
+                st.check_member(member, generation)
+                stop = st.stop_offset(partition)
+                res = self._fetch_now(queue, partition, offset, max_bytes, 0, stop)
+            flt = KeyHashFilter(parse_key_spec(st.info.key), st.info.size, member)
+            batches, selections = select_batches(res.batches, flt, start_offset=max(offset, res.start_offset),
+                                                 end_offset=stop)
+            remaining = deadline - time.monotonic()
+            if batches or res.next_offset != offset or remaining <= 0 or (stop is not None and offset >= stop):
+                return KeyedFetchResult(batches, res.next_offset, res.start_offset, res.end_offset,
+                                        st.info.generation, stop, selections)
+            with self._appended:
+                if self._q(queue).parts[partition].end <= offset:
+                    self._appended.wait(remaining)
+
+    def keyed_commit(self, queue: str, group: str, member: int, generation: int,
+                     offsets: dict[int, int]) -> KeyedGroupInfo:
+        _check_group(group)
+        with self._lock:
+            q = self._q(queue)
+            st = KeyedGroupState(self._keyed_state(q, group))
+            ranges = self._ranges(q)
+            st.commit(member, generation, offsets, ranges)
+            st.try_complete({p: lo for p, (lo, _) in ranges.items()})
+            self._keyed[(q.qid, group)] = st.info
+            return st.info
+
+    def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
+        _check_group(group)
+        with self._lock:
+            q = self._q(queue)
+            st = KeyedGroupState(self._keyed_state(q, group))
+            ranges = self._ranges(q)
+            st.resize(size, ranges)
+            st.try_complete({p: lo for p, (lo, _) in ranges.items()})
+            self._keyed[(q.qid, group)] = st.info
+            return st.info
+
+    # push subscribers: the registry (delivery over the fake is the client's pull loop)
+    def _subscriber(self, q: _Q, name: str) -> SubscriberInfo:
+        validate_subscriber_name(name)
+        info = self._subscribers.get((q.qid, name))
+        if info is None:
+            raise SubscriberNotFoundError(
+                f"queue {q.name!r} has no subscriber {name!r}; add it with "
+                f"'headwater subscriber add {q.name} {name}'"
+            )
+        return info
+
+    def add_subscriber(self, queue: str, name: str, partitions: list[int] | None = None,
+                       tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo:
+        validate_subscriber_name(name)
+        tag_list = normalize_tags(tags)
+        with self._lock:
+            q = self._q(queue)
+            qi = self._info(q)
+            parts = normalize_partitions(partitions, len(q.parts), queue)
+            if (q.qid, name) in self._subscribers:
+                raise SubscriberExistsError(
+                    f"queue {queue!r} already has a subscriber {name!r} (its checkpoint is kept); "
+                    f"delete it first to start over, or pick another name"
+                )
+            following = parts if parts is not None else list(range(len(q.parts)))
+            checkpoints = resolve_start(start, qi, following,
+                                        lambda p, ms: self.offset_for_time(queue, p, ms))
+            info = SubscriberInfo(queue=queue, name=name, partitions=parts, tags=tag_list,
+                                  created_ms=self._now(), checkpoints=checkpoints)
+            self._subscribers[(q.qid, name)] = info
+            return info
+
+    def delete_subscriber(self, queue: str, name: str) -> None:
+        with self._lock:
+            q = self._q(queue)
+            self._subscriber(q, name)
+            del self._subscribers[(q.qid, name)]
+
+    def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
+        with self._lock:
+            qids = {self._q(queue).qid} if queue is not None else set(self._by_id)
+            return sorted((s for (qid, _), s in self._subscribers.items() if qid in qids),
+                          key=lambda s: (s.queue, s.name))
+
+    def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo:
+        with self._lock:
+            return self._subscriber(self._q(queue), name)
+
+    def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int]) -> None:
+        with self._lock:
+            q = self._q(queue)
+            info = self._subscriber(q, name)
+            checkpoints = check_checkpoint(info, offsets, self._ranges(q))
+            self._subscribers[(q.qid, name)] = msgspec.structs.replace(info, checkpoints=checkpoints)
+
+    # delayed messages (headwater.testing.memory_delay)
+    def _append_stamped(self, queue_id: int, partition: int, batch: bytes | bytearray, stamp: int) -> ProduceResult:
+        """Append a delivered delayed batch (lock held; the caller notifies readers)."""
+        q = self._by_id.get(queue_id)
+        if q is None:
+            raise QueueNotFoundError(f"no queue has id {queue_id} (was it deleted?)")
+        if not q.enabled:
+            raise QueueDisabledError(f"queue {q.name!r} is disabled; enable it to read or write")
+        p = self._p(q, partition)
+        h, _ = validate_batch(batch, message_bytes_max=q.config.message_bytes_max)
+        ts = max(self._now(), self._last_ts)
+        self._last_ts = ts
+        p.bases.append(p.end)
+        p.counts.append(h.count)
+        p.timestamps.append(ts)
+        p.batches.append(broker_prefix(h.length, q.qid, partition, p.end, ts, stamp) + bytes(batch[40:]))
+        base = p.end
+        p.end += h.count
+        return ProduceResult(q.qid, partition, base, h.count, ts)
+
+    def cancel_delayed(self, queue_id: int, partition: int, offset: int) -> None:
+        self._delay.cancel(queue_id, partition, offset)
+
+    def delay_stats(self) -> DelayStats:
+        return self._delay.stats()
+
     def status(self) -> dict[str, object]:
         with self._lock:
             return {"version": "memory", "mode": "memory", "queues": len(self._queues),
@@ -299,5 +571,47 @@ class MemoryBroker:
                     "recovery": []}
 
     def close(self) -> None:
+        self._delay.close()
         with self._lock:
             self._closed = True
+
+
+class _MemoryShared(SharedGroupsCore):
+    """Shared groups over the in-memory queues: the core's operations, nothing durable."""
+
+    def __init__(self, broker: MemoryBroker) -> None:
+        super().__init__(broker._clock)
+        self._broker = broker
+
+    def _queue_info(self, queue: str) -> QueueInfo:
+        return self._broker.describe_queue(queue)
+
+    def _fetch(self, queue: str, partition: int, offset: int, end_offset: int) -> list[bytes]:
+        out: list[bytes] = []
+        while offset < end_offset:
+            res = self._broker._fetch_now(queue, partition, offset, 16 << 20, 0, end_offset)
+            out.extend(res.batches)
+            if res.next_offset <= offset:
+                break
+            offset = res.next_offset
+        return out
+
+    def _append_dead_letters(self, dlq: str, like: QueueConfig, partition: int, batch: bytes) -> None:
+        try:
+            info = self._broker.describe_queue(dlq)
+        except QueueNotFoundError:
+            try:
+                info = self._broker.create_queue(dlq, like)
+            except QueueExistsError:
+                info = self._broker.describe_queue(dlq)
+        if not info.enabled:
+            self._broker.set_queue_enabled(dlq, True)  # a dead letter must not be dropped
+        self._broker.produce(dlq, partition % len(info.partitions), batch)
+
+
+def _check_group(group: object) -> None:
+    if not isinstance(group, str) or not _GROUP_RE.match(group):
+        raise InvalidArgumentError(
+            f"invalid group name {group!r}: use 1-200 letters, digits, '.', '_' and '-', "
+            f"starting with a letter or digit"
+        )

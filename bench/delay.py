@@ -1,0 +1,197 @@
+"""Delay benchmark: 200,000 messages due within the same 10 seconds.
+
+Run ``python -m bench.delay`` from the repository root (about a minute). A broker process
+(``headwater serve``, async flush unless ``--flush sync``) runs on a free 127.0.0.1 port
+with its data under /tmp (removed afterwards); this process produces and consumes over TCP.
+
+1. Plain sends: ``--messages`` messages of 100 B with ``Producer.send`` (linger 5 ms,
+   ``--partitions`` partitions, round robin), timed to the end of ``flush()``: messages/s.
+2. Delayed sends: the same number, the same way, each with ``deliver_at``; all due within
+   one 10 s window that starts ``--lead-s`` after the sends begin (by default long enough
+   for every send to be accepted first). Message *i* is due at ``start + 10 s * i / n``:
+   the times rise with the send order, as with traffic sent with a fixed delay, so messages
+   sent in the same millisecond share a time and a batch. ``--spread random`` shuffles the
+   times instead (almost every message its own batch: the worst case for batching).
+   Acceptance rate: messages/s to the end of ``flush()``, and its ratio to (1). Target >= 50%.
+3. Delivery: a consumer (this process) long-polls every partition from before the window
+   until it has every message. *Delivery lateness* = the record's append time
+   (``timestamp_ms``, the broker's clock when the dispatcher appended it) minus its due time
+   (``scheduled_ms``): p50 / p99 / max. Target p99 <= 100 ms. *Seen lateness* adds the
+   consumer's side: the wall clock when this process got it minus its due time. Both clocks
+   are this machine's ``CLOCK_REALTIME``. The broker's own view (``delay stats``) is
+   printed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import headwater
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADWATER = str(Path(sys.executable).with_name("headwater"))
+BODY = b"x" * 100
+WINDOW_S = 10.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_broker(data: Path, flush: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    proc = subprocess.Popen([HEADWATER, "--data", str(data), "serve", "--port", str(port), "--flush", flush,
+                             "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline().decode()
+        if line.startswith("listening "):
+            return proc, f"127.0.0.1:{port}"
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise RuntimeError("the broker did not start")
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(int(q * len(s)), len(s) - 1)]
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _send(hw, queue: str, n: int, partitions: int, times: list[int] | None, cpu: dict | None = None,
+          broker_pid: int = 0) -> float:
+    """Send n messages (with deliver times when given); seconds to the end of flush()."""
+    p = hw.producer(linger_ms=5, partitioner="round_robin")
+    c0, b0 = time.process_time(), _cpu_s(broker_pid) if broker_pid else 0.0
+    t = time.perf_counter()
+    if times is None:
+        for _ in range(n):
+            p.send(queue, BODY)
+    else:
+        for i in range(n):
+            p.send(queue, BODY, partition=i % partitions, deliver_at=times[i])
+    p.flush()
+    took = time.perf_counter() - t
+    if cpu is not None:
+        cpu["client_cpu_s"] = round(time.process_time() - c0, 2)
+        cpu["broker_cpu_s"] = round(_cpu_s(broker_pid) - b0, 2) if broker_pid else None
+    p.close()
+    return took
+
+
+def run(n: int, partitions: int, flush: str, spread: str, lead_s: float | None) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="hw-bench-delay-"))
+    proc, address = _start_broker(tmp / "data", flush)
+    try:
+        with headwater.connect(address) as hw:
+            hw.admin.create_queue("plain", partitions=partitions, ttl_s=None)
+            hw.admin.create_queue("delayed", partitions=partitions, ttl_s=None)
+            plain_cpu: dict = {}
+            delayed_cpu: dict = {}
+            plain_s = _send(hw, "plain", n, partitions, None, plain_cpu, proc.pid)
+            # the window opens once every send is surely accepted (3x the plain time, >= 5 s)
+            lead = lead_s if lead_s is not None else max(5.0, 3 * plain_s + 2)
+            start_ms = int((time.time() + lead) * 1000)
+            times = [start_ms + int(WINDOW_S * 1000 * i / n) for i in range(n)]
+            if spread == "random":
+                random.Random(3).shuffle(times)
+            cons = hw.consumer(fetch_bytes=4 << 20, max_poll_messages=5000)
+            cons.assign("delayed")
+            delayed_s = _send(hw, "delayed", n, partitions, times, delayed_cpu, proc.pid)
+            accepted_at = time.time()
+            late_ms: list[int] = []
+            seen_ms: list[float] = []
+            got = 0
+            deadline = time.monotonic() + lead + WINDOW_S + 60
+            while got < n and time.monotonic() < deadline:
+                recs = cons.poll(timeout_ms=200)
+                now = time.time() * 1000
+                for r in recs:
+                    late_ms.append(r.timestamp_ms - r.scheduled_ms)
+                    seen_ms.append(now - r.scheduled_ms)
+                got += len(recs)
+            cons.close()
+            stats = hw.delay_stats()
+        return {
+            "messages": n, "partitions": partitions, "flush": flush, "spread": spread,
+            "plain_msgs_per_s": round(n / plain_s), "delayed_msgs_per_s": round(n / delayed_s),
+            "acceptance_ratio": round(plain_s / delayed_s, 3),
+            "cpu_s": {"plain": plain_cpu, "delayed": delayed_cpu},
+            "accepted_before_window_s": round(start_ms / 1000 - accepted_at, 2),
+            "delivered": got,
+            "lateness_ms": {"p50": _pct(late_ms, 0.5), "p99": _pct(late_ms, 0.99), "max": max(late_ms),
+                            "mean": round(statistics.fmean(late_ms), 1)} if late_ms else None,
+            "seen_lateness_ms": {"p50": round(_pct(seen_ms, 0.5), 1), "p99": round(_pct(seen_ms, 0.99), 1),
+                                 "max": round(max(seen_ms), 1)} if seen_ms else None,
+            "broker_stats": {"delivered_total": stats.delivered_total, "lateness_p50_ms": stats.lateness_p50_ms,
+                             "lateness_p99_ms": stats.lateness_p99_ms, "lateness_max_ms": stats.lateness_max_ms},
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _print(r: dict) -> None:
+    lat, seen = r["lateness_ms"], r["seen_lateness_ms"]
+    print(f"delay benchmark: {r['messages']:,} messages of 100 B due within {WINDOW_S:g} s, "
+          f"{r['partitions']} partitions, {r['flush']} flush, {r['spread']} times")
+    print(f"  plain sends     {r['plain_msgs_per_s']:>10,} msgs/s")
+    print(f"  delayed sends   {r['delayed_msgs_per_s']:>10,} msgs/s   = {r['acceptance_ratio']:.0%} of plain "
+          f"(target >= 50%)")
+    c = r["cpu_s"]
+    print(f"  CPU seconds while sending: plain client {c['plain']['client_cpu_s']}, broker "
+          f"{c['plain']['broker_cpu_s']}; delayed client {c['delayed']['client_cpu_s']}, broker "
+          f"{c['delayed']['broker_cpu_s']}")
+    print(f"  all accepted {r['accepted_before_window_s']} s before the window opened; delivered "
+          f"{r['delivered']:,} of {r['messages']:,}")
+    if lat:
+        print(f"  delivery lateness (append time - due)   p50 {lat['p50']} ms  p99 {lat['p99']} ms  "
+              f"max {lat['max']} ms   (target p99 <= 100 ms)")
+        print(f"  seen lateness (consumer got it - due)   p50 {seen['p50']} ms  p99 {seen['p99']} ms  "
+              f"max {seen['max']} ms")
+    b = r["broker_stats"]
+    print(f"  broker's delay stats: delivered {b['delivered_total']:,}, lateness p50 {b['lateness_p50_ms']} ms, "
+          f"p99 {b['lateness_p99_ms']} ms, max {b['lateness_max_ms']} ms")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.delay", description=__doc__.splitlines()[0])
+    ap.add_argument("--messages", type=int, default=200_000)
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--flush", choices=("async", "sync"), default="async")
+    ap.add_argument("--spread", choices=("rising", "random"), default="rising")
+    ap.add_argument("--lead-s", type=float, default=None, help="seconds from the sends to the window")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    args = ap.parse_args(argv)
+    r = run(args.messages, args.partitions, args.flush, args.spread, args.lead_s)
+    _print(r)
+    if args.json:
+        args.json.write_text(json.dumps(r, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

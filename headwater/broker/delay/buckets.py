@@ -1,0 +1,170 @@
+"""Buckets of the schedule in memory: a summary for every bucket file, the batches of the
+buckets that come due soon ("loaded"), and how records of a file rebuild them.
+
+A batch whose messages are due at several times (``FLAG_DELIVER_TIMES``) is delivered run
+by run: an :class:`Entry` holds one :class:`Run` per deliver time, each with its own state
+(headwater.broker.delay.lifecycle). A batch of one deliver time has one run.
+
+Memory: a :class:`Bucket` costs about 300 bytes whether loaded or not (a year of hourly
+buckets: about 2.6 MB). A loaded bucket adds an :class:`Entry` per batch (about 500 bytes
+with one run and its heap item, about 150 more per further run), delivered ones included
+until the bucket file is deleted. Only the buckets due within the lookahead are loaded, so
+entries are bounded by the batches due in about two bucket spans (docs/design/delay.md).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+
+from headwater.broker.delay.lifecycle import State, move
+from headwater.model.delay import delivery_groups
+from headwater.storage.schedule import CANCELLED, DELIVERED, DROPPED, SCHEDULE, ScheduleFile, ScheduleRecord
+
+__all__ = ["Bucket", "Entry", "Run", "replay", "OPEN"]
+
+OPEN = (State.PENDING, State.DISPATCHING)  # a run in these states is still to be delivered
+
+
+class Run:
+    """Messages ``[first, end)`` of a batch, due at ``due_ms``."""
+
+    __slots__ = ("due_ms", "first", "end", "state", "attempt_ms", "delivered_offset")
+
+    def __init__(self, due_ms: int, first: int, end: int) -> None:
+        self.due_ms = due_ms
+        self.first = first
+        self.end = end
+        self.state = State.PENDING
+        self.attempt_ms = due_ms  # when the dispatcher takes it next (retries move it)
+        self.delivered_offset = -1
+
+
+class Entry:
+    """One accepted batch: where its record lies, its runs and what became of them."""
+
+    __slots__ = ("number", "count", "queue_id", "partition", "accepted_ms", "position", "size",
+                 "runs", "cancelled", "accept_seq", "producer", "open_runs")
+
+    def __init__(self, r: ScheduleRecord) -> None:
+        self.number = r.number
+        self.count = r.count
+        self.queue_id = r.queue_id
+        self.partition = r.partition
+        self.accepted_ms = r.value
+        self.position = r.batch_position
+        self.size = r.batch_size
+        self.runs = [Run(*g) for g in delivery_groups(r.time_ms, r.count, r.offsets)]
+        self.open_runs = len(self.runs)  # runs PENDING or DISPATCHING; see close_run
+        self.cancelled: set[int] | None = None  # indexes of cancelled messages
+        self.accept_seq = r.accept_seq
+        self.producer = r.producer
+
+    def run_of(self, index: int) -> Run:
+        runs = self.runs
+        if len(runs) == 1:
+            return runs[0]
+        return runs[bisect.bisect_right([g.first for g in runs], index) - 1]
+
+    def run_at(self, first: int) -> Run | None:
+        return next((g for g in self.runs if g.first == first), None)
+
+    def live(self, g: Run) -> int:
+        """Messages of run ``g`` not cancelled."""
+        if not self.cancelled:
+            return g.end - g.first
+        return sum(1 for i in range(g.first, g.end) if i not in self.cancelled)
+
+    @property
+    def is_open(self) -> bool:
+        return self.open_runs > 0
+
+    def close_run(self, g: Run, state: State) -> None:
+        """Move an open run to a final state (DELIVERED, DROPPED or CANCELLED)."""
+        assert g.state in OPEN and state not in OPEN
+        g.state = state
+        self.open_runs -= 1
+
+    @property
+    def pending_messages(self) -> int:
+        return sum(self.live(g) for g in self.runs if g.state in OPEN)
+
+    def cancel(self, index: int) -> None:
+        if self.cancelled is None:
+            self.cancelled = set()
+        self.cancelled.add(index)
+        g = self.run_of(index)
+        if g.state == State.PENDING and self.live(g) == 0:
+            self.close_run(g, move(g.state, "cancel_all"))
+
+    def log_offset(self, index: int) -> int:
+        """The offset message ``index`` got in its partition (its run DELIVERED; cancelled
+        messages were left out of the run)."""
+        g = self.run_of(index)
+        before = sum(1 for c in self.cancelled or () if g.first <= c < index)
+        return g.delivered_offset + index - g.first - before
+
+
+class Bucket:
+    """One bucket file: its span, its counters, and (when loaded) its batches."""
+
+    __slots__ = ("start_ms", "end_ms", "file", "next_number", "pending_messages", "pending_batches",
+                 "loaded", "loading", "entries", "numbers", "in_flight")
+
+    def __init__(self, file: ScheduleFile) -> None:
+        self.start_ms = file.bucket_start_ms
+        self.end_ms = file.bucket_end_ms
+        self.file = file
+        self.next_number = 0
+        self.pending_messages = 0
+        self.pending_batches = 0  # batches with a run PENDING or DISPATCHING
+        self.loaded = False
+        self.loading = False
+        self.entries: dict[int, Entry] | None = None  # number -> entry, when loaded
+        self.numbers: list[int] = []  # the keys of entries, ascending (for lookups by id)
+        self.in_flight = 0  # runs being dispatched
+
+    def set_summary(self, entries: Iterable[Entry]) -> None:
+        self.pending_messages = self.pending_batches = 0
+        for e in entries:
+            self.next_number = max(self.next_number, e.number + e.count)
+            if e.is_open:
+                self.pending_batches += 1
+                self.pending_messages += e.pending_messages
+
+    def find(self, number: int) -> Entry | None:
+        """The loaded entry holding message ``number``, if any."""
+        assert self.entries is not None
+        return find_entry(self.entries, self.numbers, number)
+
+
+def find_entry(entries: dict[int, Entry], numbers: list[int], number: int) -> Entry | None:
+    i = bisect.bisect_right(numbers, number) - 1
+    if i < 0:
+        return None
+    e = entries[numbers[i]]
+    return e if number < e.number + e.count else None
+
+
+def replay(records: Iterable[ScheduleRecord], entries: dict[int, Entry], numbers: list[int]) -> None:
+    """Apply a file's records, in file order, to ``entries`` (and their ascending keys)."""
+    for r in records:
+        if r.kind == SCHEDULE:
+            entries[r.number] = Entry(r)
+            numbers.append(r.number)
+            continue
+        e = entries.get(r.number)
+        if e is None:
+            continue  # names a batch cut away with a damaged tail before it: nothing to do
+        if r.kind == CANCELLED:
+            if 0 <= r.count < e.count and e.run_of(r.count).state in (State.PENDING, State.CANCELLED):
+                e.cancel(r.count)
+            continue
+        g = e.run_at(r.count)
+        if g is None or g.state not in OPEN:
+            continue
+        if r.kind == DELIVERED:
+            e.close_run(g, State.DELIVERED)
+            g.delivered_offset = r.value
+        elif r.kind == DROPPED:
+            e.close_run(g, State.DROPPED)

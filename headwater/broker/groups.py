@@ -1,0 +1,141 @@
+"""GroupCoordinator: consumer group membership on the broker, over the model's state machine.
+
+The rules (joins, heartbeats, generations, who holds which partition, which commits are
+refused) are :class:`headwater.model.groups.Membership`, shared with the in-memory fake;
+this module adds what the broker has and the model must not: a clock, locks, the partition
+counts of the store, and the committed offsets of :class:`~headwater.broker.offsets.OffsetStore`.
+
+Membership is kept in memory (a broker restart makes members join again, with new ids);
+committed offsets are durable. Members whose session ran out are removed lazily, by the
+next call that touches their group (a survivor's heartbeat, a describe, a commit), never by
+a timer: nobody can observe a group without such a call, and survivors only learn of a
+rebalance through their own heartbeats anyway.
+
+Locking: one lock serialises the state machine (every call on it is short, no I/O). A
+member's commit is checked and written under a second lock of its group (striped), which
+every membership change of that group also takes, so no rebalance slips in between the
+check and the write: a commit accepted for a partition is written before anyone else can
+be given the partition.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from headwater.broker.offsets import OffsetStore
+from headwater.errors import QueueNotFoundError
+from headwater.model.groups import (
+    GroupAssignment,
+    GroupDescription,
+    GroupSummary,
+    Membership,
+    validate_group_name,
+)
+from headwater.storage.store import LogStore
+
+__all__ = ["GroupCoordinator"]
+
+#: After a broker (re)start, groups that have committed offsets (so may have members from
+#: before, still reading until their next heartbeat) get no partitions for this long. It
+#: must exceed the members' heartbeat interval (1 s by default).
+RESTART_GRACE_MS = 3000
+PARTITION_COUNTS_TTL_S = 1.0  # how stale a cached partition count may be (add_partitions shows up after this)
+COMMIT_LOCK_STRIPES = 64
+
+
+class GroupCoordinator:
+    """The groups of one broker. Thread-safe.
+
+    ``clock``: seconds on a monotonic scale (session timeouts); tests pass a fake one.
+    """
+
+    def __init__(self, store: LogStore, offsets: OffsetStore, *,
+                 clock: Callable[[], float] = time.monotonic, members_max: int = 10_000) -> None:
+        self._store = store
+        self._offsets = offsets
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._stripes = [threading.Lock() for _ in range(COMMIT_LOCK_STRIPES)]
+        self._counts: dict[str, tuple[int, float]] = {}
+        self._membership = Membership(self._partitions_of, incarnation=secrets.token_hex(3),
+                                      members_max=members_max)
+
+    def hold_grants_after_restart(self, grace_ms: float = RESTART_GRACE_MS) -> None:
+        """Called when the broker starts serving the network: see :data:`RESTART_GRACE_MS`.
+        (An embedded broker needs no grace: its members lived in the process that stopped.)"""
+        groups = self._offsets.group_queues()
+        with self._lock:
+            self._membership.hold_grants(groups, self._now_ms() + grace_ms)
+
+    def _now_ms(self) -> float:
+        return self._clock() * 1000.0
+
+    def _stripe(self, group: str) -> threading.Lock:
+        return self._stripes[hash(group) % COMMIT_LOCK_STRIPES]
+
+    def _partitions_of(self, queue: str) -> int:
+        """A queue's partition count (0: no such queue); positive counts are cached briefly,
+        so heartbeats do not describe every subscribed queue each time."""
+        now = time.monotonic()
+        hit = self._counts.get(queue)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        try:
+            n = len(self._store.describe_queue(queue).partitions)
+        except QueueNotFoundError:
+            self._counts.pop(queue, None)
+            return 0
+        self._counts[queue] = (n, now + PARTITION_COUNTS_TTL_S)
+        return n
+
+    # -- membership ----------------------------------------------------------------------
+
+    def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str], mode: str,
+                   strategy: str, session_timeout_ms: int) -> GroupAssignment:
+        validate_group_name(group)
+        with self._stripe(group), self._lock:
+            return self._membership.join(group, member_id=member_id, client_id=client_id, queues=queues,
+                                         mode=mode, strategy=strategy, session_timeout_ms=session_timeout_ms,
+                                         now_ms=self._now_ms())
+
+    def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
+        validate_group_name(group)
+        with self._stripe(group), self._lock:
+            return self._membership.heartbeat(group, member_id, generation, self._now_ms())
+
+    def leave_group(self, group: str, member_id: str) -> None:
+        validate_group_name(group)
+        with self._stripe(group), self._lock:
+            self._membership.leave(group, member_id, self._now_ms())
+
+    def describe_group(self, group: str) -> GroupDescription:
+        validate_group_name(group)
+        offsets = self._offsets.fetch_group(group)
+        with self._stripe(group), self._lock:
+            return self._membership.describe(group, self._now_ms(), offsets)
+
+    def list_groups(self) -> list[GroupSummary]:
+        offset_queues = self._offsets.group_queues()
+        with self._lock:
+            names = self._membership.groups()
+        for name in names:  # expiring changes a group: under its stripe, like every change
+            with self._stripe(name), self._lock:
+                self._membership.expire(self._now_ms(), name)
+        with self._lock:
+            return self._membership.summaries(self._now_ms(), offset_queues, expire=False)
+
+    # -- offsets -------------------------------------------------------------------------
+
+    def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
+                       member_id: str | None = None, generation: int | None = None) -> None:
+        """Check the commit against the group's membership, then write it, with no
+        rebalance of the group in between."""
+        validate_group_name(group)
+        parts: Iterable[int] = offsets.keys() if isinstance(offsets, dict) else ()
+        with self._stripe(group):
+            with self._lock:
+                self._membership.check_commit(group, member_id, generation, queue, list(parts), self._now_ms())
+            self._offsets.commit(group, queue, offsets)

@@ -1,0 +1,221 @@
+"""SharedGroups: shared groups' delivery state, kept durably in the store itself.
+
+The operations are :class:`~headwater.model.shared_groups.SharedGroupsCore`'s; this class
+supplies the storage. Every operation that changes a group's state appends one record to
+the internal queue ``__shared`` (one partition, no TTL, sync flush) before it answers::
+
+    key   "<group>\\0<queue id>"
+    body  msgpack [replace: bool, settings: SharedGroupSettings map or nil,
+                   parts: {partition: [floor, next, dead_lettered, {offset: [state, attempts, due_ms, reason]}]}]
+
+A change record (``replace`` false) holds the offsets the operation changed and the
+partition's new floor and next; a snapshot (``replace`` true) holds a group's whole window.
+On open the queue is replayed in order into the in-memory state; then every lease that was
+running is void (its member cannot know whether the broker kept it) and its message is
+available again at once, its delivery counted as an attempt. Acknowledged offsets are never
+delivered again: their change record was durable before the ack was answered.
+
+Dead letters are appended to ``<queue>.dlq`` before the change record that marks them
+dead, in the same commit log: waiting for the record's fsync covers the copy too, and a
+crash in between copies a message twice rather than losing it.
+
+Compaction: when the log holds many more records than groups, a snapshot of every group
+is appended (and fsynced), then the queue's start is moved to it, so replay stays short
+and a crash at any point leaves either the old or the new records readable. Groups of
+deleted queues are dropped then (keys use the queue id, never reused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+
+import msgspec
+
+from headwater.errors import QueueExistsError, QueueNotFoundError
+from headwater.model.batch import decode_records, encode_batch
+from headwater.model.config import QueueConfig, QueueInfo
+from headwater.model.message import Message
+from headwater.model.shared_groups import SharedGroupsCore
+from headwater.model.shared import SharedGroupSettings
+from headwater.model.shared_state import Changes, PartitionImage, SharedQueueState
+from headwater.storage.store import LogStore
+
+__all__ = ["SharedGroups", "SharedWaiters", "SHARED_QUEUE"]
+
+log = logging.getLogger("headwater.shared")
+
+SHARED_QUEUE = "__shared"
+RESTART_REASON = "lease lost in a broker restart"
+
+
+class _Record(msgspec.Struct, array_like=True):
+    replace: bool
+    settings: SharedGroupSettings | None
+    parts: dict[int, PartitionImage]
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(_Record)
+
+
+def _key(group: str, queue_id: int) -> bytes:
+    return f"{group}\x00{queue_id}".encode()
+
+
+class SharedGroups(SharedGroupsCore):
+    """Shared groups over a :class:`LogStore`. Thread-safe."""
+
+    def __init__(self, store: LogStore, clock: Callable[[], float], *, compact_ratio: int = 4,
+                 compact_min: int = 10_000) -> None:
+        super().__init__(clock)
+        self._store = store
+        self._compact_ratio = compact_ratio
+        self._compact_min = compact_min
+        try:
+            store.describe_queue(SHARED_QUEUE)
+        except QueueNotFoundError:  # first start of this store
+            store.create_queue(SHARED_QUEUE, QueueConfig(partitions=1, ttl_s=None, flush="sync"), internal=True)
+        self._load()
+        store.add_append_listener(self._on_append)
+
+    def _on_append(self, queue: str, partition: int, end_offset: int) -> None:
+        if not queue.startswith("__"):
+            self.notify(queue)
+
+    # -- loading --------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        offset = self._store.describe_queue(SHARED_QUEUE).partitions[0].start_offset
+        first = offset
+        while True:
+            res = self._store.fetch(SHARED_QUEUE, 0, offset, max_bytes=4 << 20)
+            for b in res.batches:
+                for r in decode_records(b, SHARED_QUEUE, start_offset=offset):
+                    self._replay(r.key, r.body)
+            if res.next_offset <= offset:
+                break
+            offset = res.next_offset
+        self._appended = self._store.end_offset(SHARED_QUEUE, 0) - first
+        live = {q.queue_id for q in self._store.list_queues()}
+        released = 0
+        for key in [k for k in self._groups if k[1] not in live]:
+            del self._groups[key]
+        for st in self._groups.values():
+            released += st.release_all(RESTART_REASON)
+        if self._groups:
+            log.info("shared groups: %d group(s) loaded, %d lease(s) released by the restart",
+                     len(self._groups), released)
+
+    def _replay(self, key: bytes | None, body: bytes) -> None:
+        if key is None:
+            return
+        group, _, qid = key.decode().rpartition("\x00")
+        rec = _decoder.decode(body)
+        st = self._state(group, int(qid))
+        if rec.settings is not None:
+            st.settings = rec.settings
+        st.load(rec.parts, rec.replace)
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def _queue_info(self, queue: str) -> QueueInfo:
+        return self._store.describe_queue(queue)
+
+    def _fetch(self, queue: str, partition: int, offset: int, end_offset: int) -> list[bytes]:
+        out: list[bytes] = []
+        while offset < end_offset:
+            res = self._store.fetch(queue, partition, offset, max_bytes=16 << 20, end_offset=end_offset)
+            out.extend(res.batches)
+            if res.next_offset <= offset:
+                break
+            offset = res.next_offset
+        return out
+
+    def _append_dead_letters(self, dlq: str, like: QueueConfig, partition: int, batch: bytes) -> None:
+        try:
+            info = self._store.describe_queue(dlq)
+        except QueueNotFoundError:
+            try:
+                info = self._store.create_queue(dlq, like)
+                log.info("created dead-letter queue %s", dlq)
+            except QueueExistsError:
+                info = self._store.describe_queue(dlq)
+        if not info.enabled:  # a dead letter must not be dropped
+            log.warning("dead-letter queue %s was disabled; enabling it to store a dead letter", dlq)
+            self._store.set_queue_enabled(dlq, True)
+        self._store.append_nowait(dlq, partition % len(info.partitions), batch)
+
+    def _persist(self, st: SharedQueueState, changes: Changes) -> int | None:
+        rec = _Record(False, st.settings if changes.settings_changed else None, st.images(changes))
+        msg = Message(_encoder.encode(rec), key=_key(st.group, st.queue_id))
+        _, durable_at = self._store.append_nowait(SHARED_QUEUE, 0, encode_batch([msg]))
+        self._appended += 1
+        if self._appended > max(self._compact_min, self._compact_ratio * len(self._groups)):
+            self._compact()
+            return None  # compaction waited for everything appended so far
+        return durable_at
+
+    def _wait_durable(self, token: int | None) -> None:
+        if token is not None:
+            self._store.wait_durable(token)
+
+    def _compact(self) -> None:
+        """Snapshot every group, fsync, then drop the records before the snapshots.
+        Runs under the lock, so no change lands between a snapshot and its group's state."""
+        live = {q.queue_id for q in self._store.list_queues()}
+        for key in [k for k in self._groups if k[1] not in live]:
+            del self._groups[key]
+        snapshot_at = self._store.end_offset(SHARED_QUEUE, 0)
+        msgs = [Message(_encoder.encode(_Record(True, st.settings, st.images())), key=_key(st.group, st.queue_id))
+                for st in self._groups.values()]
+        for i in range(0, len(msgs), 1000):
+            self._store.append(SHARED_QUEUE, 0, encode_batch(msgs[i : i + 1000]))  # waits for the fsync
+        self._store.delete_before(SHARED_QUEUE, 0, snapshot_at)
+        self._appended = len(msgs)
+
+
+class SharedWaiters:
+    """Receives parked on an event loop until their queue may have more (the server's long
+    polling of SHARED_RECEIVE). ``notify`` may be called from any thread; it crosses into
+    the loop only when someone waits on that queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._loop_thread = threading.get_ident()  # created on the loop's thread
+        self._waiting: dict[str, list[asyncio.Future[None]]] = {}
+
+    def wait(self, queue: str) -> asyncio.Future[None]:
+        fut = self._loop.create_future()
+        self._waiting.setdefault(queue, []).append(fut)
+        return fut
+
+    def discard(self, queue: str, fut: asyncio.Future[None]) -> None:
+        lst = self._waiting.get(queue)
+        if lst and fut in lst:
+            lst.remove(fut)
+            if not lst:
+                del self._waiting[queue]
+
+    def notify(self, queue: str) -> None:
+        if queue in self._waiting:
+            if threading.get_ident() == self._loop_thread:
+                self._wake(queue)
+            else:
+                try:
+                    self._loop.call_soon_threadsafe(self._wake, queue)
+                except RuntimeError:  # the loop is closed: nobody is left to wake
+                    pass
+
+    def _wake(self, queue: str) -> None:
+        for fut in self._waiting.get(queue, ()):
+            if not fut.done():
+                fut.set_result(None)
+
+    def wake_all(self) -> None:
+        for lst in self._waiting.values():
+            for fut in lst:
+                if not fut.done():
+                    fut.set_result(None)

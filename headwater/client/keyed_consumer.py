@@ -1,0 +1,301 @@
+"""KeyedConsumer: one member of a keyed group (CDAP's groups that partition by their own key).
+
+Member ``i`` of a group of ``n`` receives exactly the messages whose key hashes to ``i``
+(:func:`headwater.model.keyed.member_of`), from every partition of the queue, in offset order
+per partition and so in order per key. The broker does the filtering: other members'
+messages never reach this process. Positions are kept on the broker per (member, partition)
+and stored by :meth:`KeyedConsumer.commit`.
+
+Resizing (``client.admin.resize_keyed_group``) is followed without restarts:
+
+- a member of the old size reads up to the resize's barrier, and once the application has
+  handed back everything before it (called :meth:`~KeyedConsumer.poll` again after the last
+  records, or :meth:`~KeyedConsumer.commit`), its position is committed at the barrier;
+- when every old member got there, the new size applies: members below it continue from
+  the barrier, members at or above it are **retired** (:attr:`~KeyedConsumer.retired`; their
+  ``poll`` returns nothing), and new members (started with the new size) begin.
+
+So a key that moves to another member is read by it only after its old member committed
+everything of that key before the barrier: order per key holds across the change. A member
+that keeps running through a resize commits at the barrier by itself; one that stopped before
+reaching it holds the resize until it is run again.
+
+Delivery is at least once: after a crash a member resumes from its last commit.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import time
+from collections import deque
+
+from headwater.errors import ClosedError, InvalidArgumentError, StaleGenerationError
+from headwater.model.filtering import decode_selection
+from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo, key_of, member_of, parse_key_spec
+from headwater.model.message import Record
+from headwater.model.service import BrokerService
+
+__all__ = ["KeyedConsumer"]
+
+_PARTITIONS_CHECK_S = 5.0  # how often an active member looks for partitions added to the queue
+_FETCH_THREADS_MAX = 16  # threads fetching at once when the service has no asynchronous fetch
+
+
+class KeyedConsumer:
+    """Member ``member`` of keyed group ``group`` on ``queue``. Use from one thread.
+
+    ``size`` and ``key`` declare the group: the first member creates it (its members start
+    at the queue's ``start``, ``"earliest"`` or ``"latest"``); later members must agree
+    (``size`` may also be the size a resize is heading to).
+
+    >>> import headwater, tempfile
+    >>> hw = headwater.open(tempfile.mkdtemp())
+    >>> _ = hw.admin.create_queue("clicks")
+    >>> _ = hw.send_batch("clicks", [headwater.Message(b"x", key=b"user-%d" % i) for i in range(9)])
+    >>> m0 = hw.keyed_consumer("counters", "clicks", member=0, size=2)
+    >>> m1 = hw.keyed_consumer("counters", "clicks", member=1, size=2)
+    >>> got0, got1 = m0.poll(timeout_ms=200), m1.poll(timeout_ms=200)
+    >>> len(got0) + len(got1), sorted({r.key for r in got0}) == sorted({r.key for r in got1})
+    (9, False)
+    >>> m0.commit(); m1.commit(); hw.close()
+    """
+
+    def __init__(self, service: BrokerService, group: str, queue: str, *, member: int, size: int,
+                 key: str = "key", start: str = "earliest", fetch_bytes: int = 1024 * 1024,
+                 max_poll_messages: int = 500, refresh_ms: int = 100) -> None:
+        if isinstance(member, bool) or not isinstance(member, int) or member < 0:
+            raise InvalidArgumentError(f"member is an index from 0, got {member!r}")
+        if isinstance(size, int) and not isinstance(size, bool) and member >= size > 0:
+            raise InvalidArgumentError(f"member {member} is not in a group of {size} (members 0..{size - 1})")
+        if not isinstance(max_poll_messages, int) or max_poll_messages < 1:
+            raise InvalidArgumentError("max_poll_messages must be a positive int")
+        self._property = parse_key_spec(key)
+        self._service = service
+        self.group = group
+        self.queue = queue
+        self.member = member
+        self.max_poll_messages = max_poll_messages
+        self._fetch_bytes = fetch_bytes
+        self._refresh_s = refresh_ms / 1000
+        self._fetch_async = getattr(service, "keyed_fetch_async", None)
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._rotation = itertools.count()
+        self._closed = False
+        self._fetch_pos: dict[int, int] = {}
+        self._consumed: dict[int, int] = {}
+        self._buffers: dict[int, deque[Record]] = {}
+        self._inflight: dict[int, tuple[int, concurrent.futures.Future]] = {}
+        self._committed: dict[int, int] = {}
+        self._next_partitions_check = 0.0
+        self._adopt(service.keyed_group(queue, group, key, size, start))
+
+    # -- the group ------------------------------------------------------------------------
+
+    @property
+    def info(self) -> KeyedGroupInfo:
+        """The group as this member last saw it."""
+        return self._info
+
+    @property
+    def generation(self) -> int:
+        return self._info.generation
+
+    @property
+    def role(self) -> str:
+        """``"active"``, ``"draining"`` (a resize is under way: reading up to its barrier),
+        ``"waiting"`` (new in a resize: it starts once the old members drained) or
+        ``"retired"`` (the group shrank below this member)."""
+        return self._info.role(self.member)
+
+    @property
+    def retired(self) -> bool:
+        return self.role == "retired"
+
+    def _adopt(self, info: KeyedGroupInfo) -> None:
+        """Take the group's state: positions restart from it when the generation changed."""
+        old = getattr(self, "_info", None)
+        self._info = info
+        if old is not None and old.generation == info.generation:
+            return  # same members, same positions (a resize may have begun: see _stop)
+        self._fetch_pos.clear()
+        self._consumed.clear()
+        self._buffers.clear()
+        self._inflight.clear()
+        self._committed.clear()
+        if info.role(self.member) in ("active", "draining"):
+            self._add_partitions()
+
+    def _add_partitions(self) -> None:
+        qi = self._service.describe_queue(self.queue)
+        for pi in qi.partitions:
+            if pi.partition not in self._fetch_pos:
+                pos = self._info.position(self.member, pi.partition, pi.start_offset)
+                self._fetch_pos[pi.partition] = self._consumed[pi.partition] = pos
+                self._committed[pi.partition] = pos
+                self._buffers[pi.partition] = deque()
+        self._next_partitions_check = time.monotonic() + _PARTITIONS_CHECK_S
+
+    def refresh(self) -> KeyedGroupInfo:
+        """Ask the broker where the group stands now (and follow it)."""
+        self._adopt(self._service.keyed_group(self.queue, self.group))
+        return self._info
+
+    def _stop(self, partition: int) -> int | None:
+        if self._info.resizing_to is None:
+            return None
+        return self._info.barrier.get(partition, 0)
+
+    def _drained(self) -> bool:
+        return all(
+            not self._buffers[p] and self._consumed[p] >= (self._stop(p) or 0) for p in self._fetch_pos
+        )
+
+    # -- polling ----------------------------------------------------------------------------
+
+    def poll(self, max_messages: int | None = None, timeout_ms: int = 1000) -> list[Record]:
+        """Up to ``max_messages`` of this member's records, waiting up to ``timeout_ms``.
+
+        Calling it again means the records it returned before are processed: a draining
+        member commits at the barrier then, by itself."""
+        self._check_open()
+        limit = max_messages or self.max_poll_messages
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            out = self._drain_buffers(limit)
+            if out:
+                return out
+            remaining = deadline - time.monotonic()
+            role = self.role
+            if role == "retired":
+                return []
+            if role == "draining" and self._drained() and self._committed != self._consumed:
+                self.commit()
+                continue
+            if role == "waiting" or (role == "draining" and self._drained()):
+                if remaining <= 0:
+                    return []
+                time.sleep(min(self._refresh_s, remaining))
+                self.refresh()
+                continue
+            if role == "active" and time.monotonic() >= self._next_partitions_check:
+                self._add_partitions()
+            self._launch_fetches(max(0, int(remaining * 1000)))
+            futures = [f for _, f in self._inflight.values()]
+            if remaining > 0 and futures:
+                concurrent.futures.wait(futures, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
+            got = self._collect()
+            if not got and remaining <= 0:
+                return []
+
+    def _launch_fetches(self, wait_ms: int) -> None:
+        parts = list(self._fetch_pos)
+        if not parts:
+            return
+        if self._fetch_async is None and len(parts) > _FETCH_THREADS_MAX:
+            wait_ms = min(wait_ms, 50)  # let the threads cycle over many partitions
+        start = next(self._rotation) % len(parts)
+        for p in parts[start:] + parts[:start]:
+            stop = self._stop(p)
+            pos = self._fetch_pos[p]
+            if p in self._inflight or len(self._buffers[p]) >= self.max_poll_messages or (
+                stop is not None and pos >= stop
+            ):
+                continue
+            args = (self.queue, self.group, self.member, self._info.generation, p, pos)
+            kw = dict(max_bytes=self._fetch_bytes, max_wait_ms=wait_ms)
+            if self._fetch_async is not None:
+                fut = self._fetch_async(*args, **kw)
+            else:
+                if self._pool is None:
+                    self._pool = concurrent.futures.ThreadPoolExecutor(_FETCH_THREADS_MAX,
+                                                                       thread_name_prefix="headwater-keyed")
+                fut = self._pool.submit(self._service.keyed_fetch, *args, **kw)
+            self._inflight[p] = (pos, fut)
+
+    def _collect(self) -> int:
+        got = 0
+        stale = False
+        for p, (pos, fut) in list(self._inflight.items()):
+            if not fut.done():
+                continue
+            del self._inflight[p]
+            try:
+                res: KeyedFetchResult = fut.result()
+            except StaleGenerationError:
+                stale = True
+                continue
+            if res.generation != self._info.generation or (
+                res.stop_offset is not None and self._info.resizing_to is None
+            ):
+                stale = True  # the group moved on (a resize began or ended): look again
+            if self._fetch_pos.get(p) != pos or res.generation != self._info.generation:
+                continue
+            start = max(pos, res.start_offset)
+            buf = self._buffers[p]
+            for i, b in enumerate(res.batches):
+                offsets = res.selections[i] if res.selections else ()
+                for r in decode_selection(b, offsets, self.queue, start_offset=start, end_offset=res.stop_offset):
+                    # the broker filtered by key hash; check again, as a reader checks tags
+                    if member_of(key_of(self._property, r.key, r.properties), self._info.size) == self.member:
+                        buf.append(r)
+                        got += 1
+            nxt = max(start, res.next_offset)
+            self._fetch_pos[p] = nxt
+            if not buf:
+                self._consumed[p] = nxt
+        if stale:
+            self.refresh()
+        return got
+
+    def _drain_buffers(self, limit: int) -> list[Record]:
+        out: list[Record] = []
+        for p, buf in self._buffers.items():
+            while buf and len(out) < limit:
+                r = buf.popleft()
+                out.append(r)
+                self._consumed[p] = r.offset + 1
+            if not buf:
+                self._consumed[p] = self._fetch_pos[p]
+            if len(out) >= limit:
+                break
+        return out
+
+    # -- positions --------------------------------------------------------------------------
+
+    def position(self, partition: int) -> int:
+        """The offset after the last record of ``partition`` that :meth:`poll` returned."""
+        if partition not in self._consumed:
+            raise InvalidArgumentError(f"member {self.member} reads no partition {partition} now ({self.role})")
+        return self._consumed[partition]
+
+    def commit(self) -> None:
+        """Store the positions of what :meth:`poll` returned, on the broker, durably."""
+        self._check_open()
+        if self.role not in ("active", "draining") or not self._consumed:
+            return
+        try:
+            info = self._service.keyed_commit(self.queue, self.group, self.member, self._info.generation,
+                                              dict(self._consumed))
+        except StaleGenerationError:
+            self.refresh()  # the group moved on without these positions: they no longer count
+            return
+        self._committed = dict(self._consumed)
+        self._adopt(info)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this keyed consumer is closed")
+
+    def close(self) -> None:
+        """Stop (positions not committed are not stored)."""
+        self._closed = True
+        self._inflight.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> KeyedConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

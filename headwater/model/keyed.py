@@ -1,0 +1,324 @@
+"""Keyed groups (CDAP's consumer groups that partition a queue by their own key), pure logic.
+
+A keyed group declares a **key** — the message key (``"key"``) or a named property
+(``"property:NAME"``) — and a **size** n. Member i (0 <= i < n) receives exactly the messages
+whose key hashes to i: ``crc32c(key) % n``, a message without the key counting as the empty
+key (member 0). Every member reads every partition of the queue, so this holds whatever the
+queue's partition count; the broker drops the other members' messages before sending
+(:class:`KeyHashFilter`). Order per key follows: one key lives in one partition (producers
+route by key) and is read by one member, in offset order.
+
+Resizing is coordinated so per-key order holds across the change (pause, drain, resume)::
+
+    STABLE(gen g, size n) --resize(m)--> RESIZING(gen g, size n, target m, barrier B)
+          ^                                     |
+          +------- every member of gen g ------+
+                  committed up to B: gen g+1, size m, members start at B
+
+``resize`` records a **barrier** B: every partition's end offset at that moment. Members of
+generation g keep reading, but only up to B (the broker stops their fetches there), and commit.
+Once each of the n members' committed position is at or past B in every partition, generation
+g+1 begins with size m and all its members start from B. A key that moves from member i to
+member j is therefore read by j only after i has committed everything of it before B.
+Members of generation g+1 that were not in g wait (they have nothing to read yet); members in
+both finish g first. A member that is not running stalls the resize: run it until it drains.
+
+Positions are kept per (member, partition) for the current generation; a partition without
+one starts at the generation's ``base`` (the barrier it began at, or what the group was
+created with), and a partition absent from ``base`` (added to the queue later) at its
+retained start.
+
+:class:`KeyedGroupState` holds one group and checks every transition before making it: a
+refused call leaves the state as it was. The broker persists it after each change; the
+in-memory fake keeps it in a dict. Thread-safety: none; callers hold their own lock.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import msgspec
+
+from headwater.errors import InvalidArgumentError, StaleGenerationError, UsageError
+from headwater.model.batch import BatchHeader, crc32c
+from headwater.model.filtering import Columns
+
+__all__ = [
+    "KeyedGroupInfo",
+    "KeyedFetchResult",
+    "KeyedGroupState",
+    "KeyHashFilter",
+    "parse_key_spec",
+    "key_of",
+    "member_of",
+    "KEYED_SIZE_MAX",
+]
+
+#: The most members a keyed group may have.
+KEYED_SIZE_MAX = 10_000
+_PROPERTY_RE = re.compile(r"^property:(.{1,200})$", re.S)
+_START_FORMS = ("earliest", "latest")
+
+
+def parse_key_spec(spec: object) -> str | None:
+    """``"key"`` -> None (the message key); ``"property:NAME"`` -> ``"NAME"``.
+
+    >>> parse_key_spec("key"), parse_key_spec("property:user")
+    (None, 'user')
+    """
+    if spec == "key":
+        return None
+    m = _PROPERTY_RE.match(spec) if isinstance(spec, str) else None
+    if m is None:
+        raise InvalidArgumentError(
+            f"a keyed group's key is 'key' (the message key) or 'property:NAME' (a message "
+            f"property), got {spec!r}"
+        )
+    return m[1]
+
+
+def key_of(property_name: str | None, key: bytes | None, properties: Mapping[str, str] | None) -> bytes:
+    """The bytes a keyed group hashes for one message (empty when it has none)."""
+    if property_name is None:
+        return key or b""
+    v = properties.get(property_name) if properties else None
+    return v.encode() if v else b""
+
+
+def member_of(key: bytes, size: int) -> int:
+    """The member of a group of ``size`` that receives ``key``: ``crc32c(key) % size``.
+
+    >>> member_of(b"user-17", 4), member_of(b"", 4)
+    (1, 0)
+    """
+    return crc32c(key) % size if key else 0
+
+
+def _check_size(size: object, what: str = "size") -> int:
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= KEYED_SIZE_MAX:
+        zero = " (a group needs at least one member)" if size == 0 else ""
+        raise InvalidArgumentError(
+            f"a keyed group's {what} is a whole number from 1 to {KEYED_SIZE_MAX}, got {size!r}{zero}"
+        )
+    return size
+
+
+class KeyHashFilter:
+    """The broker-side filter of member ``member`` of ``size``: see :func:`member_of`."""
+
+    __slots__ = ("property", "size", "member")
+
+    def __init__(self, property_name: str | None, size: int, member: int) -> None:
+        assert 0 <= member < size
+        self.property = property_name
+        self.size = size
+        self.member = member
+
+    def batch_may_match(self, h: BatchHeader) -> bool:
+        return True
+
+    def batch_all_match(self, h: BatchHeader) -> bool:
+        return self.size == 1
+
+    def matches(self, cols: Columns, count: int) -> list[bool]:
+        size, member = self.size, self.member
+        if self.property is None:
+            keys = cols.keys
+            if keys is None:
+                return [member == 0] * count
+            return [(crc32c(k) % size if k else 0) == member for k in keys]
+        props, name = cols.properties, self.property
+        if props is None:
+            return [member == 0] * count
+        out = []
+        for p in props:
+            v = p.get(name) if p else None
+            out.append((crc32c(v.encode()) % size if v else 0) == member)
+        return out
+
+
+class KeyedGroupInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A keyed group as the broker holds it (a map on the wire).
+
+    ``positions[member][partition]``: committed positions of the current generation.
+    ``resizing_to`` and ``barrier`` are set while a resize drains.
+    """
+
+    queue: str
+    group: str
+    key: str
+    size: int
+    generation: int = 1
+    base: dict[int, int] = {}
+    positions: dict[int, dict[int, int]] = {}
+    resizing_to: int | None = None
+    barrier: dict[int, int] = {}
+
+    def position(self, member: int, partition: int, start_offset: int) -> int:
+        """Where ``member`` continues in ``partition`` (its commit, else the base, else the start)."""
+        off = self.positions.get(member, {}).get(partition)
+        if off is None:
+            off = self.base.get(partition, start_offset)
+        return max(off, start_offset)
+
+    def draining(self, starts: Mapping[int, int]) -> list[int]:
+        """Members of the current generation not yet at the barrier (while resizing).
+
+        ``starts``: each partition's retained start offset (what expired counts as read).
+        """
+        if self.resizing_to is None:
+            return []
+        return [
+            m for m in range(self.size)
+            if any(self.position(m, p, starts.get(p, 0)) < b for p, b in self.barrier.items())
+        ]
+
+    def role(self, member: int) -> str:
+        """What ``member`` does now: ``"active"`` (read), ``"draining"`` (read up to the
+        barrier), ``"waiting"`` (new in a resize: wait for it) or ``"retired"`` (not in the
+        group any more)."""
+        if self.resizing_to is not None:
+            return "draining" if member < self.size else (
+                "waiting" if member < self.resizing_to else "retired")
+        return "active" if member < self.size else "retired"
+
+
+class KeyedFetchResult(msgspec.Struct, frozen=True, array_like=True):
+    """A keyed member's fetch: only its messages, and where the group stands.
+
+    ``batches``, ``next_offset``, ``start_offset`` and ``end_offset`` mean what they mean in
+    :class:`~headwater.model.service.FetchResult`, except that a batch may be a **selection**
+    of a stored batch's messages: ``selections[i]`` then lists the true offsets of batch
+    ``i``'s messages (``[]`` for a stored batch; the whole list is empty when there is no
+    selection; :func:`headwater.model.filtering.decode_selection` reads both). ``generation``
+    is the group's; ``stop_offset`` the barrier of this partition while a resize drains (the
+    member reads no further), else None.
+    """
+
+    batches: list[bytes]
+    next_offset: int
+    start_offset: int
+    end_offset: int
+    generation: int
+    stop_offset: int | None = None
+    selections: list[list[int]] = []
+
+
+class KeyedGroupState:
+    """One keyed group's state and its transitions (see the module docstring)."""
+
+    def __init__(self, info: KeyedGroupInfo) -> None:
+        self.info = info
+
+    @classmethod
+    def create(cls, queue: str, group: str, key: str, size: int, start: str,
+               ranges: Mapping[int, tuple[int, int]]) -> KeyedGroupState:
+        """A new group; ``start`` ``"earliest"`` or ``"latest"`` picks its members' first
+        position in each partition (``ranges``: partition -> (start, end) offsets)."""
+        parse_key_spec(key)
+        _check_size(size)
+        if start not in _START_FORMS:
+            raise InvalidArgumentError(f"start is 'earliest' or 'latest', got {start!r}")
+        base = {p: (lo if start == "earliest" else hi) for p, (lo, hi) in ranges.items()}
+        return cls(KeyedGroupInfo(queue=queue, group=group, key=key, size=size, base=base))
+
+    def check_declared(self, key: str | None, size: int | None) -> None:
+        """A member's declaration must agree with the group (``None``: no opinion)."""
+        i = self.info
+        if key is not None and key != i.key:
+            parse_key_spec(key)
+            raise InvalidArgumentError(
+                f"keyed group {i.group!r} of queue {i.queue!r} is keyed by {i.key!r}, not {key!r}"
+            )
+        if size is not None:
+            _check_size(size)
+            if size not in (i.size, i.resizing_to):
+                now = f"{i.size} members" + (f", resizing to {i.resizing_to}" if i.resizing_to else "")
+                raise InvalidArgumentError(
+                    f"keyed group {i.group!r} of queue {i.queue!r} has {now}, not {size}; change "
+                    f"its size with a resize (admin.resize_keyed_group)"
+                )
+
+    def check_member(self, member: int, generation: int) -> None:
+        """Refuse a fetch or commit from outside the current generation."""
+        i = self.info
+        if isinstance(member, bool) or not isinstance(member, int) or member < 0:
+            raise InvalidArgumentError(f"a member index is an int >= 0, got {member!r}")
+        if generation != i.generation:
+            raise StaleGenerationError(
+                f"keyed group {i.group!r} is at generation {i.generation} (size {i.size}); "
+                f"member {member} called for generation {generation}: refresh and continue "
+                f"from the group's positions"
+            )
+        if member >= i.size:
+            what = (f"it joins when the resize to {i.resizing_to} completes"
+                    if i.resizing_to is not None and member < i.resizing_to else "it is not in the group")
+            raise StaleGenerationError(
+                f"keyed group {i.group!r} generation {i.generation} has members 0..{i.size - 1}; "
+                f"member {member}: {what}"
+            )
+
+    def stop_offset(self, partition: int) -> int | None:
+        """Where a member of the current generation must stop reading ``partition``."""
+        if self.info.resizing_to is None:
+            return None
+        return self.info.barrier.get(partition, 0)
+
+    def commit(self, member: int, generation: int, offsets: Mapping[int, int],
+               ranges: Mapping[int, tuple[int, int]]) -> None:
+        """Record ``member``'s positions; ``ranges``: partition -> (start, end) offsets."""
+        self.check_member(member, generation)
+        if not isinstance(offsets, Mapping) or not offsets:
+            raise InvalidArgumentError("offsets is a non-empty {partition: offset} mapping")
+        i = self.info
+        for part, off in offsets.items():
+            if isinstance(part, bool) or not isinstance(part, int) or part not in ranges:
+                from headwater.errors import PartitionOutOfRangeError
+
+                raise PartitionOutOfRangeError(
+                    f"queue {i.queue!r} has partitions 0..{len(ranges) - 1}; there is no partition {part!r}"
+                )
+            if isinstance(off, bool) or not isinstance(off, int):
+                raise InvalidArgumentError(f"an offset is an int, got {type(off).__name__}")
+            lo, hi = ranges[part]
+            stop = self.stop_offset(part)
+            if stop is not None and off > max(stop, lo):
+                raise InvalidArgumentError(
+                    f"cannot commit offset {off} for {i.queue}[{part}]: keyed group {i.group!r} is "
+                    f"resizing and generation {i.generation} stops at the barrier {stop}"
+                )
+            if off > hi:
+                raise InvalidArgumentError(f"cannot commit offset {off} for {i.queue}[{part}]: beyond the log end {hi}")
+            if off < lo:
+                raise InvalidArgumentError(f"cannot commit offset {off} for {i.queue}[{part}]: before the log start {lo}")
+        positions = {m: dict(p) for m, p in i.positions.items()}
+        positions.setdefault(member, {}).update(offsets)
+        self.info = msgspec.structs.replace(i, positions=positions)
+
+    def resize(self, size: int, ranges: Mapping[int, tuple[int, int]]) -> None:
+        """Begin a resize to ``size`` members with the barrier at the end offsets now."""
+        _check_size(size, "new size")
+        i = self.info
+        if i.resizing_to is not None:
+            if size == i.resizing_to:
+                return  # asked again (a retry): already under way
+            raise UsageError(
+                f"keyed group {i.group!r} is already resizing from {i.size} to {i.resizing_to} "
+                f"members; wait until its members reach the barrier"
+            )
+        if size == i.size:
+            return
+        barrier = {p: hi for p, (lo, hi) in ranges.items()}
+        self.info = msgspec.structs.replace(i, resizing_to=size, barrier=barrier)
+
+    def try_complete(self, starts: Mapping[int, int]) -> bool:
+        """Finish a resize whose members all reached the barrier; True if it finished."""
+        i = self.info
+        if i.resizing_to is None or i.draining(starts):
+            return False
+        self.info = msgspec.structs.replace(
+            i, size=i.resizing_to, generation=i.generation + 1, base=dict(i.barrier), positions={},
+            resizing_to=None, barrier={},
+        )
+        return True

@@ -1,0 +1,306 @@
+"""SharedGroupsCore: the shared-group operations, over storage hooks a subclass supplies.
+
+The broker (``headwater.broker.shared.SharedGroups``: durable, over the log store) and the
+in-memory fake (``headwater.testing.memory``) both subclass this, so validation, the order
+of steps, the errors and the results are the same code. Each operation runs under one
+lock: the partitions' retained ranges are applied, expired leases end, the operation runs
+on :class:`~headwater.model.shared_state.SharedQueueState`, dead letters are written, and
+the changes are handed to :meth:`_persist`. The caller is answered only after
+:meth:`_wait_durable`, so an acknowledged change survives a crash. Message data is read
+outside the lock.
+
+Hooks (storage): :meth:`_queue_info`, :meth:`_fetch`, :meth:`_append_dead_letters`,
+:meth:`_persist`, :meth:`_wait_durable`. Appends to the queue must call :meth:`notify` so
+receivers waiting for messages wake up.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from headwater.errors import (
+    GroupNotFoundError,
+    HeadwaterError,
+    InvalidArgumentError,
+    LeaseExpiredError,
+    QueueDisabledError,
+)
+from headwater.model.batch import decode_records, encode_batch
+from headwater.model.config import QueueConfig, QueueInfo
+from headwater.model.message import Message, Record
+from headwater.model.shared import (
+    DELAY_MS_MAX,
+    DeadLetter,
+    LeaseId,
+    LeaseRefusal,
+    SharedDeliveries,
+    SharedGroupInfo,
+    SharedGroupSettings,
+    SharedLease,
+    dead_letter_message,
+    dead_letter_queue_name,
+    parse_lease_ids,
+    validate_group,
+    validate_member,
+    validate_receive,
+)
+from headwater.model.shared_state import Changes, SharedQueueState
+
+__all__ = ["SharedGroupsCore"]
+
+log = logging.getLogger("headwater.shared")
+
+RECEIVE_WAIT_MS_MAX = 300_000
+
+
+class SharedGroupsCore:
+    """Shared groups of one broker. Thread-safe."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._groups: dict[tuple[str, int], SharedQueueState] = {}
+        # long polling: receivers wait here until a change or an append may let them have more
+        self._wake = threading.Condition()
+        self._version = 0
+        self._waiting = 0
+        self._listeners: list[Callable[[str], None]] = []
+
+    # -- hooks --------------------------------------------------------------------------
+
+    def _queue_info(self, queue: str) -> QueueInfo:
+        """The queue's description (QueueNotFoundError when there is none)."""
+        raise NotImplementedError
+
+    def _fetch(self, queue: str, partition: int, offset: int, end_offset: int) -> list[bytes]:
+        """Every stored batch holding an offset of [offset, end_offset) that is retained."""
+        raise NotImplementedError
+
+    def _append_dead_letters(self, dlq: str, like: QueueConfig, partition: int, batch: bytes) -> None:
+        """Append to the dead-letter queue ``dlq``, creating it (settings ``like``) if needed."""
+        raise NotImplementedError
+
+    def _persist(self, st: SharedQueueState, changes: Changes) -> Any:
+        """Record the changes; return what :meth:`_wait_durable` needs (None: nothing)."""
+        return None
+
+    def _wait_durable(self, token: Any) -> None:
+        return None
+
+    # -- waking receivers --------------------------------------------------------------
+
+    def add_listener(self, fn: Callable[[str], None]) -> None:
+        """Call ``fn(queue)`` whenever a receive on ``queue`` may find more (an append, an
+        ack, a nack). Called from the thread that made the change: keep it quick."""
+        self._listeners.append(fn)
+
+    def notify(self, queue: str) -> None:
+        if self._waiting:
+            with self._wake:
+                self._version += 1
+                self._wake.notify_all()
+        for fn in self._listeners:
+            fn(queue)
+
+    # -- operations ---------------------------------------------------------------------
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def receive(self, group: str, queue: str, member: str, max_messages: int = 32,
+                visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
+                settings: Mapping[str, Any] | None = None, max_wait_ms: int = 0) -> SharedDeliveries:
+        """Lease up to ``max_messages``; when none can be had, wait up to ``max_wait_ms``."""
+        if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, int) or not 0 <= max_wait_ms <= RECEIVE_WAIT_MS_MAX:
+            raise InvalidArgumentError(f"max_wait_ms must be from 0 to {RECEIVE_WAIT_MS_MAX}, got {max_wait_ms!r}")
+        deadline = time.monotonic() + max_wait_ms / 1000
+        while True:
+            with self._wake:
+                self._waiting += 1
+                seen = self._version
+            try:
+                res, hint_ms = self.receive_now(group, queue, member, max_messages, visibility_timeout_ms,
+                                                at_most_once, settings)
+                remaining = deadline - time.monotonic()
+                if res.leases or remaining <= 0:
+                    return res
+                timeout = remaining if hint_ms is None else min(remaining, hint_ms / 1000)
+                with self._wake:
+                    if self._version == seen:
+                        self._wake.wait(timeout)
+            finally:
+                with self._wake:
+                    self._waiting -= 1
+
+    def receive_now(self, group: str, queue: str, member: str, max_messages: int,
+                    visibility_timeout_ms: int, at_most_once: bool,
+                    settings: Mapping[str, Any] | None) -> tuple[SharedDeliveries, int | None]:
+        """Lease what can be had now. Also returns, when nothing could, in how many ms a
+        lease expires or a backoff ends (None: only an append or an ack can help)."""
+        validate_group(group)
+        validate_member(member)
+        validate_receive(max_messages, visibility_timeout_ms)
+        if not isinstance(at_most_once, bool):
+            raise InvalidArgumentError(f"at_most_once is a bool, got {type(at_most_once).__name__}")
+        SharedGroupSettings.from_mapping(settings)  # unknown names and bad values fail here, first
+        info = self._usable(queue)
+        with self._lock:
+            st = self._state(group, info.queue_id)
+            changes = Changes()
+            if settings:
+                st.set_settings(SharedGroupSettings.from_mapping(settings, st.settings), changes)
+            now = self._now_ms()
+            self._bound(st, info, changes)
+            dead = st.expire(now, changes)
+            leases, spent = st.receive(member, max_messages, visibility_timeout_ms, at_most_once, now, changes)
+            token = self._commit(group, info, st, changes, dead + spent)
+            hint = None
+            if not leases:
+                due = st.next_due_ms()
+                hint = None if due is None else max(1, due - now)
+        batches = self._read_leased(queue, leases) if leases else []
+        self._wait_durable(token)
+        return SharedDeliveries(batches, leases), hint
+
+    def ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
+        """Finish the leased messages. Returns the leases refused (expired, not the
+        member's), whose messages are unchanged; the others are acknowledged durably."""
+        def op(st: SharedQueueState, leases: list[LeaseId], now: int, changes: Changes):
+            return st.ack(member, leases, now, changes), []
+        return self._lease_op(group, queue, member, lease_ids, op)
+
+    def nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
+             delay_ms: int | None = None) -> list[LeaseRefusal]:
+        """Give the messages back: delivered again after ``delay_ms`` (None: the group's
+        backoff), or dead-lettered with ``reason`` when their attempts are used up."""
+        if not isinstance(reason, str):
+            raise InvalidArgumentError(f"reason is a str, got {type(reason).__name__}")
+        if delay_ms is not None and (isinstance(delay_ms, bool) or not isinstance(delay_ms, int)
+                                     or not 0 <= delay_ms <= DELAY_MS_MAX):
+            raise InvalidArgumentError(f"delay_ms must be None or from 0 to {DELAY_MS_MAX}, got {delay_ms!r}")
+
+        def op(st: SharedQueueState, leases: list[LeaseId], now: int, changes: Changes):
+            return st.nack(member, leases, reason, delay_ms, now, changes)
+        return self._lease_op(group, queue, member, lease_ids, op)
+
+    def extend(self, group: str, queue: str, member: str, lease_ids: list[str],
+               visibility_timeout_ms: int) -> list[LeaseRefusal]:
+        """Make the leases run ``visibility_timeout_ms`` from now."""
+        validate_receive(1, visibility_timeout_ms)
+
+        def op(st: SharedQueueState, leases: list[LeaseId], now: int, changes: Changes):
+            return st.extend(member, leases, visibility_timeout_ms, now, changes), []
+        return self._lease_op(group, queue, member, lease_ids, op)
+
+    def describe(self, group: str, queue: str) -> SharedGroupInfo:
+        """The group's settings and, per partition, its window: committed floor, delivered
+        offset, leases (per member), messages awaiting a retry, dead letters."""
+        validate_group(group)
+        info = self._queue_info(queue)
+        with self._lock:
+            st = self._groups.get((group, info.queue_id))
+            if st is None:
+                raise GroupNotFoundError(f"shared group {group!r} has received nothing from queue {queue!r}")
+            changes = Changes()
+            self._bound(st, info, changes)
+            dead = st.expire(self._now_ms(), changes)
+            token = self._commit(group, info, st, changes, dead)
+            parts = st.describe({p.partition: p.start_offset for p in info.partitions},
+                                {p.partition: p.end_offset for p in info.partitions})
+            settings = st.settings
+        self._wait_durable(token)
+        return SharedGroupInfo(group=group, queue=queue, settings=settings,
+                               dead_letter_queue=dead_letter_queue_name(queue), partitions=parts)
+
+    # -- steps --------------------------------------------------------------------------
+
+    def _usable(self, queue: str) -> QueueInfo:
+        info = self._queue_info(queue)
+        if not info.enabled:
+            raise QueueDisabledError(f"queue {queue!r} is disabled; enable it to read or write")
+        return info
+
+    def _state(self, group: str, queue_id: int) -> SharedQueueState:
+        st = self._groups.get((group, queue_id))
+        if st is None:
+            st = self._groups[(group, queue_id)] = SharedQueueState(group, queue_id)
+        return st
+
+    @staticmethod
+    def _bound(st: SharedQueueState, info: QueueInfo, changes: Changes) -> None:
+        for p in info.partitions:
+            st.bound(p.partition, p.start_offset, p.end_offset, changes)
+
+    def _lease_op(self, group: str, queue: str, member: str, lease_ids: list[str],
+                  op: Callable[..., tuple[list[LeaseRefusal], list[DeadLetter]]]) -> list[LeaseRefusal]:
+        validate_group(group)
+        validate_member(member)
+        leases = parse_lease_ids(lease_ids)
+        info = self._queue_info(queue)
+        with self._lock:
+            st = self._groups.get((group, info.queue_id))
+            if st is None:
+                return [LeaseRefusal(str(x), LeaseExpiredError.code,
+                                     f"lease {x}: shared group {group!r} has received nothing from queue {queue!r}")
+                        for x in leases]
+            changes = Changes()
+            now = self._now_ms()
+            dead = st.expire(now, changes)
+            refused, spent = op(st, leases, now, changes)
+            token = self._commit(group, info, st, changes, dead + spent)
+        self._wait_durable(token)
+        if len(refused) < len(leases):
+            self.notify(queue)  # a finished or released message may let a waiting receiver in
+        return refused
+
+    def _commit(self, group: str, info: QueueInfo, st: SharedQueueState, changes: Changes,
+                dead: list[DeadLetter]) -> Any:
+        """Write dead letters, then the changes (in this order: a crash in between copies a
+        message to the dead-letter queue twice rather than losing it)."""
+        if dead:
+            self._dead_letter(group, info, dead)
+        return self._persist(st, changes) if changes else None
+
+    def _dead_letter(self, group: str, info: QueueInfo, dead: list[DeadLetter]) -> None:
+        by_part: dict[int, list[Message]] = {}
+        for d in dead:
+            rec = self._record(info.name, d.partition, d.offset)
+            if rec is None:
+                log.warning("%s[%d] offset %d of shared group %s is not retained any more: nothing to "
+                            "dead-letter (%s)", info.name, d.partition, d.offset, group, d.reason)
+                continue
+            by_part.setdefault(d.partition, []).append(dead_letter_message(rec, group, d.attempts, d.reason))
+        dlq = dead_letter_queue_name(info.name)
+        for p, msgs in by_part.items():
+            self._append_dead_letters(dlq, info.config, p, bytes(encode_batch(msgs)))
+
+    def _record(self, queue: str, partition: int, offset: int) -> Record | None:
+        try:
+            for b in self._fetch(queue, partition, offset, offset + 1):
+                for r in decode_records(b, queue, start_offset=offset, end_offset=offset + 1):
+                    return r
+        except HeadwaterError as e:
+            log.warning("cannot read %s[%d] offset %d for the dead-letter queue: %s", queue, partition, offset, e)
+        return None
+
+    def _read_leased(self, queue: str, leases: list[SharedLease]) -> list[bytes]:
+        """The stored batches holding the leased offsets, each once."""
+        runs: list[tuple[int, int, int]] = []  # (partition, first, end)
+        for lease in sorted(leases, key=lambda x: (x.partition, x.offset)):
+            if runs and runs[-1][0] == lease.partition and runs[-1][2] == lease.offset:
+                runs[-1] = (lease.partition, runs[-1][1], lease.offset + 1)
+            else:
+                runs.append((lease.partition, lease.offset, lease.offset + 1))
+        out: list[bytes] = []
+        seen: set[tuple[int, int]] = set()
+        for p, lo, hi in runs:
+            for b in self._fetch(queue, p, lo, hi):
+                key = (p, int.from_bytes(b[16:24], "little"))  # base offset (model.batch layout)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(b)
+        return out
