@@ -14,7 +14,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from headwater.client import Admin, BatchReceipt, Client, Consumer, Producer, Scanner
+from headwater.client import (
+    Admin,
+    BatchReceipt,
+    Client,
+    Consumer,
+    Delivery,
+    GroupConsumer,
+    KeyedConsumer,
+    Producer,
+    Scanner,
+    SharedConsumer,
+    Subscriber,
+)
 from headwater.errors import *  # noqa: F403 - the error tree is public API
 from headwater.errors import __all__ as _errors_all
 from headwater.model import Message, MessageId, PartitionInfo, QueueConfig, QueueInfo, Record
@@ -29,6 +41,11 @@ __all__ = [
     "BatchReceipt",
     "Client",
     "Consumer",
+    "Delivery",
+    "GroupConsumer",
+    "KeyedConsumer",
+    "SharedConsumer",
+    "Subscriber",
     "Message",
     "MessageId",
     "PartitionInfo",

@@ -4,7 +4,8 @@ import headwater
 import headwater.errors
 
 EXPECTED = {
-    "open", "connect", "Admin", "BatchReceipt", "Client", "Consumer", "Message", "MessageId", "PartitionInfo",
+    "open", "connect", "Admin", "BatchReceipt", "Client", "Consumer", "Delivery", "GroupConsumer",
+    "KeyedConsumer", "SharedConsumer", "Subscriber", "Message", "MessageId", "PartitionInfo",
     "Producer", "QueueConfig", "QueueInfo", "Record", "Scanner", "StoreConfig", "__version__",
     *headwater.errors.__all__,
 }

@@ -24,6 +24,7 @@ from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.aio_shared_consumer import AsyncSharedConsumer
 from headwater.client.partitioner import PartitionFn
 from headwater.client.scanner import Bound, decode_stored
+from headwater.client.consumer import POLL_MESSAGES_DEFAULT
 
 __all__ = ["AsyncAdmin", "AsyncClient"]
 
@@ -113,7 +114,7 @@ class AsyncClient:
 
     def consumer(self, *, group: str | None = None, subscribe: str | Iterable[str] | None = None,
                  auto_offset_reset: str = "earliest", fetch_bytes: int = 1024 * 1024,
-                 max_poll_messages: int = 500, tags: str | Iterable[str] | None = None,
+                 max_poll_messages: int = POLL_MESSAGES_DEFAULT, tags: str | Iterable[str] | None = None,
                  **group_settings) -> AsyncConsumer:
         """A consumer of partitions you assign (:class:`~headwater.client.aio_consumer.AsyncConsumer`),
         or with ``subscribe`` a member of consumer group ``group``

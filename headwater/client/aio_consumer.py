@@ -24,6 +24,7 @@ from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.service import FetchResult
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.scanner import decode_stored
+from headwater.client.consumer import POLL_MESSAGES_DEFAULT
 
 __all__ = ["AsyncConsumer"]
 
@@ -42,7 +43,7 @@ class AsyncConsumer:
 
     def __init__(self, service: AsyncBrokerService, *, group: str | None = None,
                  auto_offset_reset: str = "earliest", fetch_bytes: int = 1024 * 1024,
-                 max_poll_messages: int = 500, tags: str | Iterable[str] | None = None) -> None:
+                 max_poll_messages: int = POLL_MESSAGES_DEFAULT, tags: str | Iterable[str] | None = None) -> None:
         if auto_offset_reset not in ("earliest", "latest"):
             raise InvalidArgumentError(f"auto_offset_reset is 'earliest' or 'latest', got {auto_offset_reset!r}")
         if isinstance(max_poll_messages, bool) or not isinstance(max_poll_messages, int) or max_poll_messages < 1:

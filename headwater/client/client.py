@@ -21,6 +21,7 @@ from headwater.client.group_consumer import GroupConsumer
 from headwater.client.producer import Producer
 from headwater.client.scanner import Bound, Scanner, decode_stored
 from headwater.client.shared_consumer import SharedConsumer
+from headwater.client.consumer import POLL_MESSAGES_DEFAULT
 
 __all__ = ["Admin", "Client"]
 
@@ -154,7 +155,7 @@ class Client:
 
     def consumer(self, *, group: str | None = None, subscribe: str | Iterable[str] | None = None,
                  auto_offset_reset: str = "earliest", fetch_bytes: int = 1024 * 1024,
-                 max_poll_messages: int = 500, tags: str | Iterable[str] | None = None,
+                 max_poll_messages: int = POLL_MESSAGES_DEFAULT, tags: str | Iterable[str] | None = None,
                  **group_settings) -> Consumer:
         """A consumer.
 

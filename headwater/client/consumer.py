@@ -26,7 +26,10 @@ from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.service import BrokerService, FetchResult
 from headwater.client.scanner import decode_stored
 
-__all__ = ["Consumer"]
+__all__ = ["Consumer", "POLL_MESSAGES_DEFAULT"]
+
+#: Records one poll returns at most, unless told otherwise: 32, as EQueue's batch pull.
+POLL_MESSAGES_DEFAULT = 32
 
 TP = tuple[str, int]
 
@@ -47,7 +50,7 @@ class Consumer:
 
     def __init__(self, service: BrokerService, *, group: str | None = None,
                  auto_offset_reset: str = "earliest", fetch_bytes: int = 1024 * 1024,
-                 max_poll_messages: int = 500, tags: str | Iterable[str] | None = None,
+                 max_poll_messages: int = POLL_MESSAGES_DEFAULT, tags: str | Iterable[str] | None = None,
                  fetch_threads_max: int = 16) -> None:
         if auto_offset_reset not in ("earliest", "latest"):
             raise InvalidArgumentError(f"auto_offset_reset is 'earliest' or 'latest', got {auto_offset_reset!r}")

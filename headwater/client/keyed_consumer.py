@@ -35,6 +35,7 @@ from headwater.model.filtering import decode_selection
 from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo, key_of, member_of, parse_key_spec
 from headwater.model.message import Record
 from headwater.model.service import BrokerService
+from headwater.client.consumer import POLL_MESSAGES_DEFAULT
 
 __all__ = ["KeyedConsumer"]
 
@@ -63,7 +64,7 @@ class KeyedConsumer:
 
     def __init__(self, service: BrokerService, group: str, queue: str, *, member: int, size: int,
                  key: str = "key", start: str = "earliest", fetch_bytes: int = 1024 * 1024,
-                 max_poll_messages: int = 500, refresh_ms: int = 100) -> None:
+                 max_poll_messages: int = POLL_MESSAGES_DEFAULT, refresh_ms: int = 100) -> None:
         if isinstance(member, bool) or not isinstance(member, int) or member < 0:
             raise InvalidArgumentError(f"member is an index from 0, got {member!r}")
         if isinstance(size, int) and not isinstance(size, bool) and member >= size > 0:
