@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-all bench bench-storage bench-network lint clean venv
+.PHONY: demo tour test test-all bench bench-storage bench-network bench-spark lint clean venv
 
 venv: $(STAMP)
 
@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 demo: venv
+	$(PY) -m headwater.demo.pipeline
+
+tour: venv
 	$(PY) -m headwater.demo.tour
 
 test: venv
@@ -26,7 +29,7 @@ test-all: venv
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -m ''
 
-bench: bench-storage bench-network
+bench: bench-storage bench-network bench-spark
 
 bench-storage: venv
 	$(PY) -m bench.storage
@@ -34,6 +37,9 @@ bench-storage: venv
 bench-network: venv
 	$(PY) -m pip install --quiet -r bench/requirements.txt
 	$(PY) -m bench.network
+
+bench-spark: venv
+	$(PY) -m bench.spark
 
 lint: venv
 	$(VENV)/bin/lint-imports --no-cache

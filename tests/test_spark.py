@@ -419,6 +419,7 @@ def run_available_now(spark, broker, source, sink, checkpoint, **options):
     query = (stream_reader(spark, broker, source, startingOffsets="earliest", **options)
              .select("key", "value", "tag", "properties")
              .writeStream.format("headwater").option("servers", broker.address).option("queue", sink)
+             .queryName(f"to_{sink}".replace("-", "_"))  # Spark passes the name to the sink too
              .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
     query.awaitTermination(120)
     if query.exception() is not None:

@@ -44,7 +44,7 @@ CONNECT_TIMEOUT_MS_DEFAULT = 10_000
 REQUEST_TIMEOUT_MS_DEFAULT = 60_000
 
 # Spark adds these itself; they are accepted and not ours to judge.
-_SPARK_OWNED = {"checkpointlocation"}
+_SPARK_OWNED = {"checkpointlocation", "queryname"}
 
 _COMMON = ("servers", "queue", "connectTimeoutMs", "requestTimeoutMs")
 READ_OPTIONS = _COMMON + (
