@@ -178,7 +178,9 @@ def test_produce_quiet_summary_key_tag_properties(cli, q):
 def test_scan_json_keys_and_values(cli, q):
     [mid] = cli("produce", q, "-p", "2", "-k", "k", "-t", "t", "-P", "s=web", "héllo").stdout.split()
     [rec] = cli.json_lines("scan", q)
-    assert list(rec) == ["message_id", "partition", "offset", "timestamp", "key", "tag", "properties", "value"]
+    assert list(rec) == ["message_id", "partition", "offset", "timestamp", "key", "tag", "properties", "value",
+                         "scheduled"]  # the keys of before, in their places, and 'scheduled' last
+    assert rec["scheduled"] is None  # sent without a delay
     assert rec["message_id"] == mid and rec["partition"] == 2 and rec["offset"] == 0
     assert rec["key"] == "k" and rec["tag"] == "t" and rec["properties"] == {"s": "web"}
     assert rec["value"] == "héllo"
@@ -266,6 +268,63 @@ def test_get(cli, q):
     assert "no queue has id 255" in cli.error("get", "000000ff" + mid[8:])
 
 
+def _delivered(cli: Cli, q: str, value: str, timeout_s: float = 10.0) -> dict:
+    """The JSON line of the delayed message ``value`` once a run of the CLI delivered it (a
+    data directory delivers what came due when it is opened)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = [r for r in cli.json_lines("scan", q) if r["value"] == value]
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"{value!r} was not delivered in {timeout_s} s")
+
+
+def test_delayed_messages_show_their_scheduled_time(cli, q):
+    cli("produce", q, "-p", "1", "plain")
+    [delayed_id] = cli("produce", q, "-p", "1", "--delay", "300ms", "late").stdout.split()
+    waiting = cli("get", delayed_id).stdout
+    assert "1 (once delivered)" in waiting and "(waiting for it)" in waiting and "(accepted)" in waiting
+    [pending] = cli.json_lines("get", delayed_id)
+    assert pending["scheduled"].endswith("Z") and pending["scheduled"] > pending["timestamp"]
+
+    rec = _delivered(cli, q, "late")
+    assert rec["scheduled"] == pending["scheduled"] and rec["timestamp"] >= rec["scheduled"]
+    assert list(rec)[-1] == "scheduled" and rec["partition"] == 1
+    [plain] = [r for r in cli.json_lines("scan", q) if r["value"] == "plain"]
+    assert plain["scheduled"] is None
+    for args in (["scan", q], ["consume", q, "--from", "earliest", "--timeout", "0"]):
+        table = cli(*args).stdout
+        assert "scheduled (UTC)" in table, args
+        late_row = next(line for line in table.splitlines() if "late" in line)
+        assert rec["scheduled"] in late_row and rec["timestamp"] in late_row
+    assert rec["scheduled"] in cli("get", rec["message_id"]).stdout
+    assert "ms after it" in cli("get", rec["message_id"]).stdout
+    assert "ms after it" in cli("get", delayed_id).stdout  # the delayed id now finds the delivered message
+    # JSON of get and find carry it too; a table without delayed messages has no such column
+    assert cli.json_lines("get", rec["message_id"])[0]["scheduled"] == rec["scheduled"]
+    cli("produce", q, "-p", "0", "-k", "k", "keyed")
+    assert cli.json_lines("find", q, "-k", "k")[0]["scheduled"] is None
+    assert "scheduled" not in cli("scan", q, "--partitions", "0").stdout
+
+
+def test_records_table_drops_repeated_columns_first_on_a_narrow_terminal():
+    from headwater.cli.output import records_table
+    from headwater.model.message import Record
+
+    recs = [Record("q", 0, 5, 1_000_000, b"v", scheduled_ms=999_000),
+            Record("q", 0, 6, 1_000_000, b"w")]
+
+    def headers(width: int) -> list[str]:
+        return [str(c.header) for c in records_table(recs, width).columns]
+
+    assert headers(200) == ["message id", "p", "offset", "timestamp (UTC)", "scheduled (UTC)", "value"]
+    assert headers(120) == ["message id", "timestamp (UTC)", "scheduled (UTC)", "value"]  # p, offset: in the id
+    assert headers(90) == ["message id", "timestamp (UTC)", "value"]
+    assert headers(60) == ["message id", "value"]
+    assert "scheduled (UTC)" not in [str(c.header) for c in records_table(recs[1:], 200).columns]
+
+
 def test_find(cli, q):
     cli("produce", q, "-k", "order-17", "placed")
     cli("produce", q, "-k", "order-18", "other")
@@ -340,17 +399,30 @@ def test_data_from_environment_and_unreachable_server(cli, q, monkeypatch):
     assert "cannot reach the broker" in err and "headwater serve" in err
 
 
+def _command_paths(command, words=()) -> list[tuple[list[str], object]]:
+    """Every command and group under ``command``, with the words that name it."""
+    out = [(list(words), command)]
+    for name, sub in getattr(command, "commands", {}).items():
+        out += _command_paths(sub, (*words, name))
+    return out
+
+
 def test_help_everywhere(cli):
-    commands = [[], ["queue"], ["queue", "create"], ["queue", "list"], ["queue", "describe"],
-                ["queue", "truncate"], ["queue", "delete"], ["queue", "disable"], ["queue", "enable"],
-                ["queue", "add-partitions"], ["produce"], ["scan"], ["get"], ["find"]]
-    for words in commands:
+    import typer.main
+
+    paths = _command_paths(typer.main.get_command(app))
+    assert len(paths) > 25  # the walk did find the subcommands
+    for words, command in paths:
         out = cli(*words, "--help", data=False).stdout
         assert "Usage:" in out and "headwater" in out, words
-        if words and words != ["queue"]:
-            assert "Example" in out, words
+        assert (command.help or "").strip(), f"{words}: no help text"
+        if hasattr(command, "commands"):
+            continue  # a group: its help lists the commands, each with its line
+        assert "Example" in out, f"{words}: no examples"
+        for param in command.params:
+            assert getattr(param, "help", None), f"{words}: {param.name} has no help"
     scan_help = cli("scan", "--help", data=False).stdout
-    assert "value_encoding" in scan_help and "base64" in scan_help
+    assert "value_encoding" in scan_help and "base64" in scan_help and "scheduled" in scan_help
     assert headwater.__version__ in cli("--version", data=False).stdout
 
 

@@ -218,7 +218,7 @@ def test_status_shows_version_uptime_connections_and_rates(broker):
     doc = json.loads(cli("status", "--json", "--interval", "0.2"))
     assert doc["version"] == headwater.__version__
     assert doc["uptime_s"] > 0 and doc["connections"] >= 1 and doc["connections_total"] >= 2
-    assert doc["queues"] >= 1 and doc["partitions"] >= 2  # the broker counts its internal queues too
+    assert doc["queues"] == 1 and doc["partitions"] == 2 and doc["internal_queues"] >= 1
     rates = doc["rates"]
     assert 0.15 < rates["interval_s"] < 5
     assert rates["messages_in_per_s"] == 0 and rates["requests_per_s"] == 0  # its own are not counted
@@ -226,6 +226,46 @@ def test_status_shows_version_uptime_connections_and_rates(broker):
     for word in ("version", headwater.__version__, "uptime", "connections", f"server at {broker.address}",
                  "1 (2 partitions)", "messages in", "requests", "recovery"):
         assert word in table, word
+
+
+def test_status_shows_delayed_messages_and_push_subscribers(broker):
+    cli = Cli("--server", broker.address)
+    cli("queue", "create", "later")
+    cli("produce", "later", "--delay", "1h", "a", "b")
+    cli("subscriber", "add", "later", "audit")
+    with headwater.connect(broker.address) as hw:
+        sub = hw.subscribe("later", "audit", listeners=[lambda record: None])
+        try:
+            deadline = time.monotonic() + 10
+            while json.loads(cli("status", "--interval", "0", "--json"))["push_streams"] < 1:
+                assert time.monotonic() < deadline, "the subscriber's stream never opened"
+                time.sleep(0.05)
+            doc = json.loads(cli("status", "--interval", "0", "--json"))
+            table = cli("status", "--interval", "0")
+        finally:
+            sub.stop()
+    # --json passes the broker's figures through as they are
+    assert doc["delay_pending"] == 2 and doc["delay_delivered_total"] == 0 and doc["delay_buckets"] >= 1
+    assert doc["delay_next_due_ms"] > time.time() * 1000 and doc["push_streams"] == 1 and "pushes_total" in doc
+    rows = {line.split("  ")[0]: line for line in table.splitlines()}
+    assert "2 pending in" in rows["delayed"] and re.search(r"next due \S+Z \(in (59|60)\.\dm\)", rows["delayed"])
+    assert "0 delivered since start" in rows["delayed"]
+    assert "1 subscriber stream(s) open" in rows["push"] and "pushes since start" in rows["push"]
+    assert "internal (the broker's own state)" in rows["queues"]
+
+
+def test_status_table_of_an_idle_embedded_broker():
+    from rich.console import Console
+
+    from headwater.cli.status import render_status
+
+    st = {"version": "1", "mode": "embedded", "queues": 0, "internal_queues": 0, "delay_pending": 0,
+          "delay_next_due_ms": None, "delay_buckets": 0, "delay_delivered_total": 3}
+    console = Console(width=200, record=True)
+    console.print(render_status(Sample(0.0, st, {}, {}), None, now_ms=0))
+    text = console.export_text()
+    assert "none pending, 3 delivered since start" in text
+    assert "push" not in text and "internal" not in text  # no server, no internal queues yet
 
 
 def test_status_rates_see_messages_arriving(broker):
@@ -302,6 +342,60 @@ def test_status_watch_until_ctrl_c(broker):
     assert proc.returncode == 0
 
 
+# --- groups ---------------------------------------------------------------------------
+
+
+def test_group_list_and_describe_every_kind(broker, tmp_path):
+    cli = Cli("--server", broker.address)
+    cli("queue", "create", "jobs", "--partitions", "2")
+    with headwater.connect(broker.address) as hw:
+        for i in range(12):
+            hw.send("jobs", f"job {i}".encode(), key=f"k{i}".encode())
+        billing = hw.consumer(group="billing", subscribe="jobs", client_id="biller")
+        audit = hw.consumer(group="audit", subscribe="jobs", mode="broadcast", client_id="auditor",
+                            offsets_path=str(tmp_path / "audit-offsets"))
+        for member in (billing, audit):
+            member.poll(timeout_ms=200)
+        shared = hw.shared_consumer("mailers", "jobs", member="w1")
+        assert len(shared.receive(max_messages=3, timeout_ms=2000)) == 3  # leased, not acked
+        keyed = hw.keyed_consumer("mailers", "jobs", member=0, size=2)
+        keyed.poll(timeout_ms=200)
+        keyed.commit()
+
+        listed = json.loads(cli("group", "list", "--json"))
+        assert {g["group"]: g["kind"] for g in listed} == {"audit": "broadcast", "billing": "clustering"}
+        table = cli("group", "list")
+        assert "kind" in table.splitlines()[0] and "broadcast" in table
+        assert "shared and keyed groups are not listed" in table and "group describe NAME" in table
+
+        docs = [json.loads(line) for line in cli("group", "describe", "mailers", "--json").splitlines()]
+        by_kind = {d["kind"]: d for d in docs}
+        assert len(docs) == 2 and set(by_kind) == {"shared", "keyed"}
+        sh = by_kind["shared"]
+        assert sh["queue"] == "jobs" and sh["pending_leases"] == 3 and sh["dead_letter_queue"] == "jobs.dlq"
+        assert sum(p["pending_leases"] for p in sh["partitions"]) == 3
+        assert {m for p in sh["partitions"] for m in p["leases_by_member"]} == {"w1"}
+        assert sum(p["lag"] for p in sh["partitions"]) == 12
+        ky = by_kind["keyed"]
+        assert (ky["key"], ky["size"], ky["resizing_to"]) == ("key", 2, None)
+        assert sorted((r["member"], r["partition"]) for r in ky["partitions"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        assert all(r["committed"] is None for r in ky["partitions"] if r["member"] == 1)
+
+        text = cli("group", "describe", "mailers", "--queue", "jobs")
+        assert "pending leases" in text and "w1 (" in text and "jobs.dlq" in text
+        assert "keyed" in text and "position" in text and "offsets behind" in text
+        billing_doc = json.loads(cli("group", "describe", "billing", "--json"))  # one group: one line
+        assert billing_doc["kind"] == "clustering" and billing_doc["members"][0]["client_id"] == "biller"
+        assert all(r["pending_leases"] is None for r in billing_doc["partitions"])
+        assert json.loads(cli("group", "describe", "audit", "--json"))["kind"] == "broadcast"
+        assert "no group 'nobody'" in cli.error("group", "describe", "nobody")
+        assert "does not exist" in cli.error("group", "describe", "mailers", "--queue", "nope")
+        err = cli.error("group", "describe", "billing-x", "--queue", "jobs")
+        assert "no shared or keyed group on queue 'jobs'" in err
+        for c in (billing, audit, shared, keyed):
+            c.close()
+
+
 # --- consume --------------------------------------------------------------------------
 
 
@@ -317,8 +411,8 @@ def test_consume_follows_new_messages(broker):
     code, _ = follower.finish()
     assert code == 0
     assert sorted(r["value"] for r in follower.records) == ["new-1", "new-2", "new-3", "old-1", "old-2"]
-    assert set(follower.records[0]) == {"message_id", "partition", "offset", "timestamp", "key", "tag",
-                                        "properties", "value"}  # the keys of scan --json
+    assert list(follower.records[0]) == ["message_id", "partition", "offset", "timestamp", "key", "tag",
+                                         "properties", "value", "scheduled"]  # the keys of scan --json
 
 
 def test_consume_from_latest_skips_old_messages(broker):
@@ -408,6 +502,26 @@ def test_consume_on_a_data_directory(tmp_path):
     got = cli.records("consume", "e", "--from", "earliest", "--group", "g", "--timeout", "0.2")
     assert [r["value"] for r in got] == ["one", "two"]
     assert cli.records("consume", "e", "--group", "g", "--timeout", "0.1") == []
+    got = cli.records("consume", "e", "--from", "earliest", "--timeout", "0")
+    assert [r["value"] for r in got] == ["one", "two"]
+
+
+def test_consume_timeout_0_prints_what_is_there_and_stops(broker):
+    cli = Cli("--server", broker.address)
+    cli("queue", "create", "z", "--partitions", "3")
+    lines = [f"m{i}" for i in range(1200)]  # more than one poll's worth
+    cli("produce", "z", "--quiet", input="\n".join(lines) + "\n")
+    got = cli.records("consume", "z", "--from", "earliest", "--group", "g", "--timeout", "0")
+    assert sorted(r["value"] for r in got) == sorted(lines)
+    assert cli.records("consume", "z", "--group", "g", "--timeout", "0") == []  # all committed
+    cli("produce", "z", "--partition", "1", "new")
+    assert [r["value"] for r in cli.records("consume", "z", "--group", "g", "--timeout", "0")] == ["new"]
+    assert len(cli.records("consume", "z", "--from", "earliest", "--timeout", "0", "--limit", "7")) == 7
+    started = time.monotonic()
+    assert cli.records("consume", "z", "--from", "earliest", "--tag", "nope", "--timeout", "0") == []
+    assert cli.records("consume", "z", "--timeout", "0") == []  # from latest: nothing is there
+    assert time.monotonic() - started < 5  # neither waited for messages to come
+    assert "m0" in cli("consume", "z", "--from", "earliest", "--partitions", "0", "--timeout", "0")
 
 
 def test_consume_errors(broker):

@@ -283,6 +283,29 @@ def test_completion_of_commands_subcommands_options_and_queues(session):
     assert c("nonsense ", "") == [] and c("'open quote ", "") == []
 
 
+def test_completion_knows_every_command_and_option(session):
+    """Whatever command is added, Tab offers it, its subcommands and its options."""
+    from headwater.cli.shell import NOT_IN_SHELL
+
+    def walk(command, words):
+        if hasattr(command, "commands"):
+            offered = session.completions(" ".join(words) + (" " if words else ""), "")
+            expected = {n for n in command.commands if not (not words and n in NOT_IN_SHELL)}
+            assert expected <= set(offered), (words, expected - set(offered))
+            for name, sub in command.commands.items():
+                if words or name not in NOT_IN_SHELL:
+                    walk(sub, [*words, name])
+            return
+        options = {o for p in command.params if p.param_type_name == "option" for o in p.opts
+                   if o.startswith("--")}
+        assert options | {"--help"} == set(session.completions(" ".join(words) + " ", "--")), words
+
+    walk(session.root, [])
+    assert "delay" in session.completions("", "d") and "cancel" in session.completions("delay ", "")
+    assert session.completions("subscriber ", "") == ["add", "delete", "describe", "list"]
+    assert "--queue" in session.completions("group describe g ", "--q")
+
+
 def test_completion_refreshes_queue_names_after_queue_commands(session):
     assert "fresh" not in session.completions("scan ", "")
     assert session.run_line(["queue", "create", "fresh"]) == 0

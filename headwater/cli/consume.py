@@ -1,8 +1,9 @@
 """``headwater consume``: follow a queue, printing messages as they arrive.
 
 Unlike ``scan``, which reads a fixed range and stops, ``consume`` long-polls for new
-messages until Ctrl-C, ``--limit`` or ``--timeout``. With ``--group`` it commits its
-position after every printed batch, so the next run of the same group goes on from there.
+messages until Ctrl-C, ``--limit`` or ``--timeout`` (``--timeout 0``: what is there when
+it starts, then stop). With ``--group`` it commits its position after every printed batch,
+so the next run of the same group goes on from there.
 
 Stopping is careful about what was printed: Ctrl-C only sets a flag, the batch in hand is
 printed whole and committed, and then the command ends. (A second Ctrl-C stops at once.)
@@ -34,6 +35,7 @@ __all__ = ["consume", "POLL_MESSAGES_MAX", "POLL_WAIT_MS"]
 
 POLL_MESSAGES_MAX = 500  # messages per poll, and so per printed batch and per commit
 POLL_WAIT_MS = 1000  # longest wait of one poll: also how soon Ctrl-C and --timeout are noticed
+DRAIN_POLL_MS = 100  # longest wait of one poll under --timeout 0, which waits for nothing new
 
 JSON_HELP = (
     "Print JSON lines instead of table rows, one object per message, with the same keys as "
@@ -155,7 +157,8 @@ def consume(
             "--timeout",
             metavar="SECONDS",
             min=0,
-            help="Stop when no message was printed for this long. Default: follow until Ctrl-C.",
+            help="Stop when no message was printed for this long; 0: print what is there now, "
+                 "without waiting for more, and stop. Default: follow until Ctrl-C.",
             show_default=False,
         ),
     ] = None,
@@ -166,7 +169,8 @@ def consume(
     Rows look like those of 'headwater scan'; --json prints the same JSON lines as
     'scan --json'. A group starts where it last committed; a partition it has not
     committed (every partition, without --group) starts at --from: latest unless said
-    otherwise, so only what arrives from now on is shown.
+    otherwise, so only what arrives from now on is shown. --timeout 0 prints what is
+    there now and stops without waiting for more.
 
     Examples:
 
@@ -175,6 +179,7 @@ def consume(
     headwater consume orders --from earliest --limit 10
     headwater consume orders --group billing --from earliest --json
     headwater consume orders --from -15m --tag paid --timeout 5
+    headwater consume orders --group billing --from earliest --timeout 0
     ```
     """
     start_ms: int | None = None
@@ -184,7 +189,8 @@ def consume(
         reset = "latest"
     parts = parse_partitions(partitions)
     hw = open_client(ctx)
-    if not hw.admin.describe_queue(queue).enabled:  # fail now, not at the first poll
+    info = hw.admin.describe_queue(queue)
+    if not info.enabled:  # fail now, not at the first poll
         raise QueueDisabledError(f"queue {queue!r} is disabled; enable it to read or write")
     consumer = hw.consumer(group=group, auto_offset_reset=reset, tags=tags or None)
     stop = _Stop()
@@ -194,9 +200,14 @@ def consume(
             consumer.seek_to_time(queue, start_ms, partitions=parts)
         if err_console().is_terminal:
             err_console().print(f"following {queue!r}; Ctrl-C to stop", style="dim")
+        rows = None if as_json else _Rows()
         with _ctrl_c_stops(stop):
-            printed = _follow(consumer, stop, rows=None if as_json else _Rows(), limit=limit,
-                              idle_s_max=timeout)
+            if timeout == 0:
+                ends = {(queue, p.partition): p.end_offset for p in info.partitions
+                        if parts is None or p.partition in parts}
+                printed = _drain(consumer, stop, rows=rows, limit=limit, ends=ends)
+            else:
+                printed = _follow(consumer, stop, rows=rows, limit=limit, idle_s_max=timeout)
         if group is not None:
             # also when nothing was printed: a new group then starts here next time, not at
             # whatever is latest by then
@@ -221,17 +232,49 @@ def _follow(consumer: Consumer, stop: _Stop, *, rows: _Rows | None, limit: int |
             if left_s <= 0:
                 break
             wait_ms = max(1, min(wait_ms, int(left_s * 1000)))
-        want = POLL_MESSAGES_MAX if limit is None else min(POLL_MESSAGES_MAX, limit - printed)
-        batch = consumer.poll(max_messages=want, timeout_ms=wait_ms)
+        batch = consumer.poll(max_messages=_want(limit, printed), timeout_ms=wait_ms)
         if not batch:
             continue
-        if rows is None:
-            write_json_lines(batch)
-        else:
-            rows.print(batch)
-            sys.stdout.flush()
-        printed += len(batch)
+        printed += _print(consumer, batch, rows)
         idle_since = time.monotonic()
-        if consumer.group is not None:
-            consumer.commit()
     return printed
+
+
+def _drain(consumer: Consumer, stop: _Stop, *, rows: _Rows | None, limit: int | None,
+           ends: dict[tuple[str, int], int]) -> int:
+    """``--timeout 0``: print what the partitions held when the command started (``ends``),
+    without waiting for anything newer. Polls once even when there is nothing, and then
+    while some partition is behind its end; such a poll waits at most ``DRAIN_POLL_MS`` (the
+    broker answers at once: the messages are there). Passing over messages (--tag) moves the
+    positions without printing anything; ``POLL_WAIT_MS`` without any progress ends it too."""
+    printed = 0
+    progress_at = time.monotonic()
+    while not stop.requested and (limit is None or printed < limit):
+        before = {tp: consumer.position(*tp) for tp in ends}
+        behind = any(before[tp] < end for tp, end in ends.items())
+        batch = consumer.poll(max_messages=_want(limit, printed), timeout_ms=DRAIN_POLL_MS if behind else 0)
+        if batch:
+            printed += _print(consumer, batch, rows)
+        if all(consumer.position(*tp) >= end for tp, end in ends.items()):
+            break
+        if batch or any(consumer.position(*tp) != pos for tp, pos in before.items()):
+            progress_at = time.monotonic()
+        elif time.monotonic() - progress_at >= POLL_WAIT_MS / 1000:
+            break  # a partition that stays behind (a broker that does not answer in time)
+    return printed
+
+
+def _want(limit: int | None, printed: int) -> int:
+    return POLL_MESSAGES_MAX if limit is None else min(POLL_MESSAGES_MAX, limit - printed)
+
+
+def _print(consumer: Consumer, batch: list[Record], rows: _Rows | None) -> int:
+    """Print one polled batch, then commit it when the consumer has a group."""
+    if rows is None:
+        write_json_lines(batch)
+    else:
+        rows.print(batch)
+        sys.stdout.flush()
+    if consumer.group is not None:
+        consumer.commit()
+    return len(batch)

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from headwater.cli.context import open_client, out_console
-from headwater.cli.output import iso_utc, print_json
+from headwater.cli.output import format_from_now, format_when, iso_utc, print_json
 from headwater.cli.parse import parse_message_id, parse_time
 from headwater.errors import InvalidArgumentError, MessageNotFoundError
 from headwater.model.delay import DelayStats
@@ -76,21 +76,6 @@ def deliver_at_option(delay: str | None, at: str | None, *,
     return {}
 
 
-def _when(ms: int | None, now_ms: int) -> str:
-    if ms is None:
-        return "-"
-    left = (ms - now_ms) / 1000
-    rel = f"in {_span(left)}" if left >= 0 else f"{_span(-left)} ago"
-    return f"{iso_utc(ms)} ({rel})"
-
-
-def _span(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.1f}s"
-
-
 def stats_view(s: DelayStats) -> Group:
     """The stats as a summary table and a table of the first buckets."""
     head = Table(show_header=False, box=None, pad_edge=False)
@@ -100,7 +85,7 @@ def stats_view(s: DelayStats) -> Group:
            if s.lateness_p50_ms is not None else "-")
     for k, v in (
         ("pending", f"{s.pending_messages:,} messages in {s.pending_batches:,} batches"),
-        ("next due", _when(s.next_due_ms, s.now_ms)),
+        ("next due", format_when(s.next_due_ms, s.now_ms)),
         ("delivered", f"{s.delivered_total:,} ({s.delivered_per_s:g}/s over the last 10 s)"),
         ("lateness", lat),
         ("accepted", f"{s.accepted_total:,}"),
@@ -111,11 +96,11 @@ def stats_view(s: DelayStats) -> Group:
         head.add_row(k, v)
     table = Table(title="pending by bucket", title_justify="left")
     table.add_column("bucket start (UTC)")
-    table.add_column("due", justify="right")
+    table.add_column("when", justify="right")  # the bucket start, from now
     table.add_column("pending", justify="right")
     table.add_column("in memory")
     for b in s.buckets[:BUCKETS_SHOWN]:
-        table.add_row(iso_utc(b.start_ms), _when(b.start_ms, s.now_ms).split(" (")[1].rstrip(")"),
+        table.add_row(iso_utc(b.start_ms), format_from_now(b.start_ms, s.now_ms),
                       f"{b.pending_messages:,}", "yes" if b.loaded else "")
     parts: list = [head, table]
     if len(s.buckets) > BUCKETS_SHOWN:

@@ -1,32 +1,52 @@
 """``headwater group ...`` and ``headwater queue lag``: consumer groups for operators.
 
-Live membership is kept by the broker that serves the queues, so ``group list`` and
-``group describe`` show members only with ``--server``; on a data directory they show what
-is durable: committed offsets and lag.
+Four kinds of group read a queue, and the broker knows each differently:
+
+- **clustering** groups share a queue's partitions among members; the broker keeps their
+  membership (while it runs) and their committed offsets (durably);
+- **broadcast** groups give every member every partition; members keep their own offsets,
+  so the broker knows such a group only while it has live members;
+- **shared** groups lease single messages from any partition (per queue; the broker keeps
+  each partition's window and leases);
+- **keyed** groups split a queue by a key hash among a fixed number of members (per queue;
+  the broker keeps each member's positions).
+
+The broker lists clustering and broadcast groups (``list_groups``) but keeps no list of
+shared and keyed groups: it answers for one name on one queue (``shared_describe``,
+``keyed_group``). So ``group list`` shows the first two kinds, and ``group describe NAME``
+looks the name up as each kind, on every queue unless ``--queue`` says which.
+
+Live membership is kept by the broker that serves the queues, so members show only with
+``--server``; on a data directory these commands show what is durable.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any, Optional
 
+import msgspec
 import typer
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from headwater.cli.context import open_client, out_console
-from headwater.cli.output import print_json
+from headwater.cli.output import format_from_now, iso_utc, print_json
 from headwater.cli.parse import parse_partitions, parse_time
 from headwater.client import Client
-from headwater.errors import GroupNotEmptyError, InvalidArgumentError, QueueNotFoundError
+from headwater.errors import GroupNotEmptyError, GroupNotFoundError, InvalidArgumentError, QueueNotFoundError
 from headwater.model.config import QueueInfo
-from headwater.model.groups import GroupDescription
+from headwater.model.groups import GroupDescription, GroupSummary
+from headwater.model.keyed import KeyedGroupInfo
+from headwater.model.shared import SharedGroupInfo
 
 __all__ = ["group_app", "queue_lag"]
 
 group_app = typer.Typer(
     name="group",
-    help="Consumer groups: list them, describe members, assignment and lag, reset offsets.",
+    help="Consumer groups (clustering, broadcast, shared, keyed): list them, describe members, "
+         "positions, lag and leases, reset offsets.",
     no_args_is_help=True,
     rich_markup_mode="markdown",
 )
@@ -59,7 +79,7 @@ def _partition_rows(hw: Client, d: GroupDescription) -> list[dict[str, Any]]:
                 "queue": q, "partition": pi.partition, "member": holders.get((q, pi.partition)),
                 "committed": c, "end_offset": pi.end_offset,
                 "lag": None if c is None else max(0, pi.end_offset - max(c, pi.start_offset)),
-                "pending_leases": None,  # shared groups report theirs with 'headwater shared describe'
+                "pending_leases": None,  # only shared groups lease messages (see _shared_doc)
             })
     return rows
 
@@ -68,9 +88,33 @@ def _cell(v: object) -> str:
     return NONE if v is None else f"{v:,}" if isinstance(v, int) else str(v)
 
 
+def _grid() -> Table:
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold", no_wrap=True)
+    head.add_column()
+    return head
+
+
+def _columns(table: Table, columns: tuple[tuple[str, str], ...]) -> Table:
+    for name, justify in columns:
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    return table
+
+
+def kind_of(g: GroupSummary | GroupDescription) -> str:
+    """``clustering`` or ``broadcast``: a group without members is known by its committed
+    offsets, which only clustering groups keep on the broker."""
+    return g.mode or "clustering"
+
+
 @group_app.command("list")
 def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """List the consumer groups: those with live members (on a server) or committed offsets.
+    """List the consumer groups the broker keeps a list of: clustering groups (with live
+    members on a server, or committed offsets) and broadcast groups (while they have live
+    members: their offsets are the members' own).
+
+    Shared and keyed groups are not listed: the broker keeps no list of them. See one with
+    'headwater group describe NAME'.
 
     Examples:
 
@@ -81,53 +125,45 @@ def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """
     groups = open_client(ctx).service.list_groups()
     if as_json:
-        print_json([{"group": g.group, "state": g.state, "mode": g.mode, "strategy": g.strategy,
-                     "generation": g.generation, "members": g.members, "queues": g.queues} for g in groups])
+        print_json([{"group": g.group, "kind": kind_of(g), "state": g.state, "mode": g.mode,
+                     "strategy": g.strategy, "generation": g.generation, "members": g.members,
+                     "queues": g.queues} for g in groups])
         return
+    console = out_console()
     if not groups:
-        out_console().print("no consumer groups yet")
-        return
-    table = Table(show_edge=False, header_style="bold")
-    for name, justify in (("group", "left"), ("state", "left"), ("mode", "left"), ("strategy", "left"),
-                          ("generation", "right"), ("members", "right"), ("queues", "left")):
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-    for g in groups:
-        table.add_row(g.group, g.state, g.mode or NONE, g.strategy or NONE, str(g.generation),
-                      str(g.members), ", ".join(g.queues))
-    out_console().print(table)
+        console.print("no consumer groups yet")
+    else:
+        table = _columns(Table(show_edge=False, header_style="bold"), (
+            ("group", "left"), ("kind", "left"), ("state", "left"), ("strategy", "left"),
+            ("generation", "right"), ("members", "right"), ("queues", "left")))
+        for g in groups:
+            table.add_row(g.group, kind_of(g), g.state, g.strategy or NONE, str(g.generation),
+                          str(g.members), ", ".join(g.queues))
+        console.print(table)
+    console.print("shared and keyed groups are not listed (the broker keeps no list of them); "
+                  "see one with 'headwater group describe NAME'", style="dim")
 
 
-@group_app.command("describe")
-def describe(ctx: typer.Context, group: GroupArg, as_json: JsonOpt = False) -> None:
-    """Show a group: its members, which partitions each holds, and per partition the committed
-    offset, the end of the log and the lag between them.
+# clustering and broadcast groups -------------------------------------------------------------
 
-    Examples:
 
-    ```
-    headwater --server localhost:7070 group describe billing
-    headwater group describe billing --json
-    ```
-    """
-    hw = open_client(ctx)
-    d = hw.service.describe_group(group)
-    rows = _partition_rows(hw, d)
-    if as_json:
-        print_json({
-            "group": d.group, "state": d.state, "mode": d.mode, "strategy": d.strategy, "generation": d.generation,
-            "members": [{"member_id": m.member_id, "client_id": m.client_id, "state": m.state, "queues": m.queues,
-                         "assignment": m.assignment, "pending": m.pending, "revoking": m.revoking,
-                         "heartbeat_age_ms": m.heartbeat_age_ms, "session_timeout_ms": m.session_timeout_ms}
-                        for m in d.members],
-            "partitions": rows,
-        })
-        return
-    head = Table.grid(padding=(0, 2))
-    head.add_column(style="bold", no_wrap=True)
-    head.add_column()
+def _consumer_doc(d: GroupDescription, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "group": d.group, "kind": kind_of(d), "state": d.state, "mode": d.mode, "strategy": d.strategy,
+        "generation": d.generation,
+        "members": [{"member_id": m.member_id, "client_id": m.client_id, "state": m.state, "queues": m.queues,
+                     "assignment": m.assignment, "pending": m.pending, "revoking": m.revoking,
+                     "heartbeat_age_ms": m.heartbeat_age_ms, "session_timeout_ms": m.session_timeout_ms}
+                    for m in d.members],
+        "partitions": rows,
+    }
+
+
+def _consumer_view(d: GroupDescription, rows: list[dict[str, Any]], *, on_server: bool) -> list[Any]:
+    head = _grid()
     head.add_row("group", d.group)
+    head.add_row("kind", kind_of(d))
     head.add_row("state", d.state)
-    head.add_row("mode", d.mode or NONE)
     head.add_row("strategy", d.strategy or NONE)
     head.add_row("generation", str(d.generation))
     head.add_row("members", str(len(d.members)))
@@ -140,16 +176,201 @@ def describe(ctx: typer.Context, group: GroupArg, as_json: JsonOpt = False) -> N
             held = ", ".join(f"{q}{ps}" for q, ps in m.assignment.items()) or NONE
             members.add_row(m.member_id, m.client_id, m.state, held, f"{m.heartbeat_age_ms} ms ago")
         parts += [members, Text("")]
-    table = Table(show_edge=False, header_style="bold")
-    for name, justify in (("queue", "left"), ("partition", "right"), ("member", "left"), ("committed", "right"),
-                          ("end offset", "right"), ("lag", "right"), ("pending leases", "right")):
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    table = _columns(Table(show_edge=False, header_style="bold"), (
+        ("queue", "left"), ("partition", "right"), ("member", "left"), ("committed", "right"),
+        ("end offset", "right"), ("lag", "right"), ("pending leases", "right")))
     for r in rows:
         table.add_row(r["queue"], str(r["partition"]), r["member"] or NONE, _cell(r["committed"]),
                       _cell(r["end_offset"]), _cell(r["lag"]), _cell(r["pending_leases"]))
     parts.append(table if rows else Text("no partitions: the group reads no queue and has no offsets", "dim"))
-    if d.mode is None and ctx.find_root().params.get("server") is None:
+    if d.mode is None and not on_server:
         parts += [Text(""), Text("live members are kept by a running broker: use --server to see them", "dim")]
+    return parts
+
+
+# shared groups -------------------------------------------------------------------------------
+
+
+def _shared_doc(info: SharedGroupInfo) -> dict[str, Any]:
+    return {
+        "group": info.group, "kind": "shared", "queue": info.queue,
+        "settings": msgspec.to_builtins(info.settings), "dead_letter_queue": info.dead_letter_queue,
+        "pending_leases": info.leased, "lag": info.lag,
+        "partitions": [{
+            "queue": info.queue, "partition": p.partition, "committed": p.committed_offset,
+            "delivered_offset": p.delivered_offset, "end_offset": p.end_offset, "lag": p.lag,
+            "pending_leases": p.leased, "leases_by_member": dict(p.members),
+            "next_lease_deadline": None if p.next_lease_deadline_ms is None else iso_utc(p.next_lease_deadline_ms),
+            "awaiting_retry": p.awaiting_retry, "acked_ahead": p.acked_ahead, "dead_lettered": p.dead_lettered,
+        } for p in info.partitions],
+    }
+
+
+def _shared_view(info: SharedGroupInfo, now_ms: int) -> list[Any]:
+    st = info.settings
+    head = _grid()
+    head.add_row("group", info.group)
+    head.add_row("kind", "shared")
+    head.add_row("queue", info.queue)
+    head.add_row("pending leases", f"{info.leased:,}")
+    head.add_row("lag", f"{info.lag:,} (messages not yet acknowledged)")
+    head.add_row("attempts", f"{st.max_attempts} at most, then to {info.dead_letter_queue!r}")
+    head.add_row("backoff", f"{st.backoff_ms:,} ms, x{st.backoff_multiplier:g} per attempt, "
+                            f"at most {st.backoff_max_ms:,} ms")
+    head.add_row("in flight", f"{st.in_flight_max:,} at most per partition")
+    # the queue is in the head; two-line headers keep the table within a terminal
+    table = _columns(Table(show_edge=False, header_style="bold"), (
+        ("partition", "right"), ("committed", "right"), ("end\noffset", "right"), ("lag", "right"),
+        ("pending\nleases", "right"), ("leased\nto", "left"), ("next lease\nends", "right"),
+        ("awaiting\nretry", "right"), ("acked\nahead", "right"), ("dead-\nlettered", "right")))
+    table.columns[5].no_wrap = False
+    for p in info.partitions:
+        members = ", ".join(f"{m} ({n})" for m, n in sorted(p.members.items())) or NONE
+        ends = NONE if p.next_lease_deadline_ms is None else format_from_now(p.next_lease_deadline_ms, now_ms)
+        table.add_row(str(p.partition), _cell(p.committed_offset), _cell(p.end_offset), _cell(p.lag), _cell(p.leased),
+                      members, ends, _cell(p.awaiting_retry), _cell(p.acked_ahead), _cell(p.dead_lettered))
+    table.caption = "committed: every offset below it is acknowledged"
+    return [head, Text(""), table]
+
+
+# keyed groups --------------------------------------------------------------------------------
+
+
+def _keyed_rows(info: KeyedGroupInfo, qi: QueueInfo) -> list[dict[str, Any]]:
+    members = range(max(info.size, info.resizing_to or 0))
+    rows = []
+    for m in members:
+        for pi in qi.partitions:
+            pos = info.position(m, pi.partition, pi.start_offset)
+            rows.append({"queue": info.queue, "partition": pi.partition, "member": m, "role": info.role(m),
+                         "committed": info.positions.get(m, {}).get(pi.partition), "position": pos,
+                         "end_offset": pi.end_offset, "offsets_behind": max(0, pi.end_offset - pos),
+                         "barrier": info.barrier.get(pi.partition)})
+    return rows
+
+
+def _keyed_doc(info: KeyedGroupInfo, qi: QueueInfo) -> dict[str, Any]:
+    starts = {p.partition: p.start_offset for p in qi.partitions}
+    return {"group": info.group, "kind": "keyed", "queue": info.queue, "key": info.key, "size": info.size,
+            "generation": info.generation, "resizing_to": info.resizing_to, "draining": info.draining(starts),
+            "partitions": _keyed_rows(info, qi)}
+
+
+def _keyed_view(info: KeyedGroupInfo, qi: QueueInfo) -> list[Any]:
+    doc = _keyed_doc(info, qi)
+    head = _grid()
+    head.add_row("group", info.group)
+    head.add_row("kind", "keyed")
+    head.add_row("queue", info.queue)
+    head.add_row("key", info.key)
+    head.add_row("members", str(info.size))
+    head.add_row("generation", str(info.generation))
+    if info.resizing_to is not None:
+        waiting = ", ".join(map(str, doc["draining"])) or "none"
+        head.add_row("resizing", f"to {info.resizing_to} members; still draining up to the barrier: {waiting}")
+    columns = [("member", "right"), ("role", "left"), ("partition", "right"), ("position", "right"),
+               ("end offset", "right"), ("offsets behind", "right")]
+    if info.resizing_to is not None:
+        columns.append(("barrier", "right"))
+    table = _columns(Table(show_edge=False, header_style="bold"), tuple(columns))
+    for r in doc["partitions"]:
+        cells = [str(r["member"]), r["role"], str(r["partition"]), _cell(r["position"]), _cell(r["end_offset"]),
+                 _cell(r["offsets_behind"])]
+        if info.resizing_to is not None:
+            cells.append(_cell(r["barrier"]))
+        table.add_row(*cells)
+    table.caption = "position: its commit, else where the generation began"
+    return [head, Text(""), table]
+
+
+# describe ------------------------------------------------------------------------------------
+
+
+def _find(hw: Client, group: str, queue: str | None) -> list[tuple[str, Any]]:
+    """Every group named ``group``: the consumer group, then shared and keyed groups per
+    queue (on ``queue`` only, when given), as (kind, description) pairs."""
+    found: list[tuple[str, Any]] = []
+    try:
+        found.append(("consumer", hw.service.describe_group(group)))
+    except GroupNotFoundError:
+        pass
+    names = [queue] if queue is not None else [q.name for q in hw.admin.list_queues()]
+    for name in names:
+        for kind, look_up in (("shared", hw.service.shared_describe), ("keyed", hw.admin.describe_keyed_group)):
+            try:
+                found.append((kind, look_up(group, name)))
+            except GroupNotFoundError:
+                pass
+            except QueueNotFoundError:
+                if queue is not None:
+                    raise
+                break  # deleted since it was listed
+    return found
+
+
+@group_app.command("describe")
+def describe(
+    ctx: typer.Context,
+    group: GroupArg,
+    queue: Annotated[Optional[str], typer.Option(
+        "--queue", "-q", metavar="QUEUE", show_default=False,
+        help="Look for a shared or keyed group of this name on this queue only (default: every queue).",
+    )] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a group, whatever its kind, with its position in every partition it reads.
+
+    A clustering or broadcast group: its members, which partitions each holds, and per
+    partition the committed offset, the end of the log and the lag between them. A shared
+    group (one per queue): per partition the committed floor, the lag, the pending leases
+    and whose they are, messages awaiting a retry and dead-lettered. A keyed group (one per
+    queue): its key, its members and each one's position per partition, and a resize under
+    way. A name used by several kinds, or on several queues, shows each.
+
+    With --json: one JSON object per line, one per group found, each with a "kind".
+
+    Examples:
+
+    ```
+    headwater --server localhost:7070 group describe billing
+    headwater group describe billing --json
+    headwater group describe mailers --queue jobs
+    ```
+    """
+    hw = open_client(ctx)
+    found = _find(hw, group, queue)
+    if not found:
+        where = f"queue {queue!r}" if queue is not None else "any queue"
+        raise GroupNotFoundError(f"no group {group!r}: no consumer group has that name, and no shared or "
+                                 f"keyed group on {where}")
+    queues: dict[str, QueueInfo] = {}
+
+    def queue_info(name: str) -> QueueInfo:
+        if name not in queues:
+            queues[name] = hw.admin.describe_queue(name)
+        return queues[name]
+
+    if as_json:
+        for kind, x in found:
+            if kind == "consumer":
+                print_json(_consumer_doc(x, _partition_rows(hw, x)))
+            elif kind == "shared":
+                print_json(_shared_doc(x))
+            else:
+                print_json(_keyed_doc(x, queue_info(x.queue)))
+        return
+    on_server = ctx.find_root().params.get("server") is not None
+    now_ms = int(time.time() * 1000)
+    parts: list[Any] = []
+    for kind, x in found:
+        if parts:
+            parts.append(Text(""))
+        if kind == "consumer":
+            parts += _consumer_view(x, _partition_rows(hw, x), on_server=on_server)
+        elif kind == "shared":
+            parts += _shared_view(x, now_ms)
+        else:
+            parts += _keyed_view(x, queue_info(x.queue))
     out_console().print(Group(*parts))
 
 
@@ -227,6 +448,9 @@ def queue_lag(
 ) -> None:
     """How far behind each consumer group is on a queue: committed offset, end of the log, and
     the lag (messages not yet consumed) per partition, with each group's total.
+
+    Covers the groups that commit offsets on the broker (clustering groups, consume --group).
+    A shared or keyed group's lag: 'headwater group describe NAME --queue QUEUE'.
 
     Examples:
 

@@ -10,10 +10,14 @@ JSON lines (one object per record, ``--json``) carry exactly these keys::
     tag         the tag, or null
     properties  an object of string -> string ({} when there are none)
     value       the body as text
+    scheduled   for a delayed message, the time it was scheduled for (ISO-8601 UTC, like
+                timestamp, which is then its delivery time); null for any other message
 
-Bytes (``value``, ``key``) are written as UTF-8 text when they decode as UTF-8; otherwise
-they are base64 and the record gains ``"value_encoding": "base64"`` (or
-``"key_encoding": "base64"``). Decode with ``base64.b64decode`` when that key is present.
+The keys come in this order; ``scheduled`` was added last so that the others kept their
+places. Bytes (``value``, ``key``) are written as UTF-8 text when they decode as UTF-8;
+otherwise they are base64 and the record gains ``"value_encoding": "base64"`` (or
+``"key_encoding": "base64"``), after the keys above. Decode with ``base64.b64decode`` when
+that key is present.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ __all__ = [
     "queue_json",
     "format_ttl",
     "iso_utc",
+    "format_when",
+    "format_from_now",
     "print_json",
 ]
 
@@ -52,6 +58,26 @@ def iso_utc(epoch_ms: int) -> str:
     """``2026-11-21T10:00:00.000Z``: ISO-8601, UTC, millisecond precision."""
     dt = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.1f}s"
+
+
+def format_from_now(epoch_ms: int, now_ms: int) -> str:
+    """``in 14.5m`` or ``3.0s ago``: how far ``epoch_ms`` is from ``now_ms``."""
+    left_s = (epoch_ms - now_ms) / 1000
+    return f"in {_span(left_s)}" if left_s >= 0 else f"{_span(-left_s)} ago"
+
+
+def format_when(epoch_ms: int | None, now_ms: int) -> str:
+    """``2026-11-21T10:15:00.000Z (in 14.5m)`` or ``... (3.0s ago)``; ``-`` for None."""
+    if epoch_ms is None:
+        return "-"
+    return f"{iso_utc(epoch_ms)} ({format_from_now(epoch_ms, now_ms)})"
 
 
 def _text_or_base64(data: bytes) -> tuple[str, bool]:
@@ -83,6 +109,7 @@ def record_json(rec: Record) -> dict[str, Any]:
         "tag": rec.tag,
         "properties": dict(rec.properties or {}),
         "value": value,
+        "scheduled": None if rec.scheduled_ms is None else iso_utc(rec.scheduled_ms),
     }
     if key_b64:
         out["key_encoding"] = "base64"
@@ -120,9 +147,10 @@ def _props(props: dict[str, str] | None) -> str:
 def records_table(records: list[Record], width: int) -> Table:
     """A table of records that fits ``width`` columns.
 
-    The key, tag and properties columns appear when any record has one. On a narrow
-    terminal the columns that repeat what the id already says go first (partition and
-    offset, then the timestamp), so the value keeps room to be read.
+    The key, tag and properties columns appear when any record has one, and the scheduled
+    time when any record is a delayed message. On a narrow terminal the columns that repeat
+    what the id already says go first (partition and offset), then the scheduled time, then
+    the timestamp, so the value keeps room to be read.
     """
     with_key = any(r.key is not None for r in records)
     with_tag = any(r.tag is not None for r in records)
@@ -130,7 +158,10 @@ def records_table(records: list[Record], width: int) -> Table:
     # a column costs its content plus 3 for the separator and padding
     room = width - 37 - 20 - 13 * with_key - 10 * with_tag - 16 * with_props
     with_time = room >= 27
-    with_position = room - 27 * with_time >= 14
+    room -= 27 * with_time
+    with_scheduled = room >= 27 and any(r.scheduled_ms is not None for r in records)
+    room -= 27 * with_scheduled
+    with_position = room >= 14
     table = Table(show_edge=False, header_style="bold")
     table.add_column("message id", no_wrap=True, style="cyan")
     if with_position:
@@ -138,6 +169,8 @@ def records_table(records: list[Record], width: int) -> Table:
         table.add_column("offset", justify="right", no_wrap=True)
     if with_time:
         table.add_column("timestamp (UTC)", no_wrap=True)
+    if with_scheduled:
+        table.add_column("scheduled (UTC)", no_wrap=True)
     if with_key:
         table.add_column("key", overflow="fold")
     if with_tag:
@@ -151,6 +184,8 @@ def records_table(records: list[Record], width: int) -> Table:
             row += [str(r.partition), str(r.offset)]
         if with_time:
             row.append(iso_utc(r.timestamp_ms))
+        if with_scheduled:
+            row.append("" if r.scheduled_ms is None else iso_utc(r.scheduled_ms))
         if with_key:
             row.append(_cell(r.key, 60))
         if with_tag:
@@ -163,15 +198,32 @@ def records_table(records: list[Record], width: int) -> Table:
 
 
 def record_detail(rec: Record) -> Table:
-    """One record, field by field (``headwater get``); the value is shown whole."""
+    """One record, field by field (``headwater get``); the value is shown whole.
+
+    A delayed message still waiting (its id is a delayed id) has no place in its partition
+    yet: its timestamp is when the broker accepted it. Once delivered, the timestamp is the
+    delivery time and ``scheduled`` says how late that was.
+    """
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     table.add_row("message id", str(rec.message_id))
     table.add_row("queue", rec.queue)
-    table.add_row("partition", str(rec.partition))
-    table.add_row("offset", str(rec.offset))
-    table.add_row("timestamp", iso_utc(rec.timestamp_ms))
+    mid = rec.message_id
+    if mid.is_delayed:
+        table.add_row("partition", f"{mid.target_partition} (once delivered)")
+        table.add_row("offset", Text("(given when delivered)", "dim"))
+        table.add_row("timestamp", f"{iso_utc(rec.timestamp_ms)} (accepted)")
+    else:
+        table.add_row("partition", str(rec.partition))
+        table.add_row("offset", str(rec.offset))
+        table.add_row("timestamp", iso_utc(rec.timestamp_ms))
+    if rec.scheduled_ms is not None:
+        if mid.is_delayed:
+            state = "waiting for it"
+        else:
+            state = f"delivered {max(0, rec.timestamp_ms - rec.scheduled_ms):,} ms after it"
+        table.add_row("scheduled", f"{iso_utc(rec.scheduled_ms)} ({state})")
     table.add_row("key", _cell(rec.key, 10**9) if rec.key is not None else Text("(none)", "dim"))
     table.add_row("tag", rec.tag if rec.tag is not None else Text("(none)", "dim"))
     table.add_row("properties", _props(rec.properties) or Text("(none)", "dim"))

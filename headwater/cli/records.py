@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from headwater.cli.context import _state, err_console, open_client, out_console, stdin_is_tty
 from headwater.cli.delay import deliver_at_option
-from headwater.cli.output import iso_utc, record_detail, records_table, write_json_lines
+from headwater.cli.output import record_detail, records_table, write_json_lines
 from headwater.cli.parse import (
     parse_message_id,
     parse_pairs,
@@ -35,8 +35,9 @@ TABLE_ROWS_DEFAULT = 100  # a table is built in memory; --json streams without a
 
 JSON_HELP = (
     "Print JSON lines instead of a table, one object per message with the keys message_id, "
-    "partition, offset, timestamp (ISO-8601 UTC), key, tag, properties, value. A value or key "
-    "that is not UTF-8 is base64 and adds value_encoding / key_encoding: \"base64\"."
+    "partition, offset, timestamp (ISO-8601 UTC), key, tag, properties, value and scheduled "
+    "(when a delayed message was due, else null). A value or key that is not UTF-8 is base64 "
+    "and adds value_encoding / key_encoding: \"base64\"."
 )
 QueueArg = Annotated[str, typer.Argument(metavar="QUEUE", help="Queue name.", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
@@ -334,9 +335,11 @@ def scan(
     Times select by append time.
 
     With --json, each message is one line of JSON with exactly the keys message_id,
-    partition, offset, timestamp (ISO-8601 UTC), key, tag, properties and value. A value
-    or key that is not valid UTF-8 is printed as base64 and the line gets the extra key
-    "value_encoding": "base64" (or "key_encoding": "base64").
+    partition, offset, timestamp (ISO-8601 UTC), key, tag, properties, value and
+    scheduled (for a message sent with a delay, the time it was due, and timestamp is
+    when it was delivered; null otherwise). A value or key that is not valid UTF-8 is
+    printed as base64 and the line gets the extra key "value_encoding": "base64" (or
+    "key_encoding": "base64").
 
     Examples:
 
@@ -369,6 +372,9 @@ def get(
 ) -> None:
     """Show one message by its id.
 
+    A delayed id (as produce --delay or --at printed it) shows the message while it waits,
+    with the time it is scheduled for, and the delivered message once it was delivered.
+
     Examples:
 
     ```
@@ -381,9 +387,6 @@ def get(
         write_json_lines([rec])
     else:
         out_console().print(record_detail(rec))
-        if rec.scheduled_ms is not None:  # a delayed message: when it is (or was) due
-            state = "waiting for it" if rec.message_id.is_delayed else "delivered at the timestamp above"
-            out_console().print(f"scheduled   {iso_utc(rec.scheduled_ms)} ({state})")
 
 
 def find(

@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from headwater.cli.context import open_client, out_console
-from headwater.cli.output import print_json
+from headwater.cli.output import format_when, print_json
 from headwater.client import Client
 from headwater.errors import InvalidArgumentError
 
@@ -100,13 +100,27 @@ def _bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def render_status(sample: Sample, rates: dict[str, Any] | None) -> RenderableType:
+def _delayed(st: dict[str, Any], now_ms: int) -> str:
+    pending = int(st.get("delay_pending") or 0)
+    delivered = f"{int(st.get('delay_delivered_total') or 0):,} delivered since start"
+    if not pending:
+        return f"none pending, {delivered}"
+    buckets = int(st.get("delay_buckets") or 0)
+    return (f"{pending:,} pending in {buckets:,} bucket(s), next due "
+            f"{format_when(st.get('delay_next_due_ms'), now_ms)}, {delivered}")
+
+
+def render_status(sample: Sample, rates: dict[str, Any] | None, *, now_ms: int | None = None) -> RenderableType:
     """The facts, one per row, then the busiest queues when rates were measured.
 
     Queues and partitions are counted from the queue list, the way 'queue list' shows
-    them: the broker's own count also includes its internal queues (committed offsets).
+    them, so they agree with the rates; the broker's internal queues (where it keeps
+    committed offsets, keyed and shared groups, subscribers) are counted apart.
+    ``now_ms`` (default: this machine's clock) is what "next due in ..." counts from.
     """
     st = sample.status
+    if now_ms is None:
+        now_ms = int(time.time() * 1000)
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold", no_wrap=True)
     head.add_column(overflow="fold")
@@ -119,9 +133,17 @@ def render_status(sample: Sample, rates: dict[str, Any] | None) -> RenderableTyp
         head.add_row("connections", f"{st['connections']:,} open, {st.get('connections_total', 0):,} since start")
     if "requests_total" in st:
         head.add_row("requests", f"{st['requests_total']:,} since start")
-    head.add_row("queues", f"{len(sample.queue_names):,} ({len(sample.end_offsets):,} partitions)")
+    queues = f"{len(sample.queue_names):,} ({len(sample.end_offsets):,} partitions)"
+    if st.get("internal_queues"):
+        queues += f", plus {st['internal_queues']:,} internal (the broker's own state)"
+    head.add_row("queues", queues)
     head.add_row("storage", f"{_bytes(int(st.get('bytes', 0)))} in {st.get('segments', 0):,} segments "
                             f"({st.get('open_segments', 0):,} open), {st.get('fsyncs', 0):,} fsyncs")
+    if "delay_pending" in st:
+        head.add_row("delayed", _delayed(st, now_ms))
+    if "push_streams" in st:
+        head.add_row("push", f"{st['push_streams']:,} subscriber stream(s) open, "
+                             f"{st.get('pushes_total', 0):,} pushes since start")
     if rates is not None:
         every = f"over {rates['interval_s']:g} s"
         head.add_row("messages in", f"{rates['messages_in_per_s']:,.1f}/s {every}")
@@ -178,7 +200,8 @@ def status(
         ),
     ] = False,
 ) -> None:
-    """Show the broker: version, uptime, connections, queues, storage, and current rates.
+    """Show the broker: version, uptime, connections, queues, storage, delayed messages,
+    push subscribers, and current rates.
 
     Rates (messages appended per second, requests per second, and per queue) are measured
     between two samples taken --interval seconds apart. Works on a running broker
