@@ -847,16 +847,21 @@ class LogStore:
                     pl.start_offset = max(pl.start_offset, end)
                     pl.spans = [s for s in pl.spans if s.segment_base != base]
             self._save_catalog()  # start offsets first: offsets are never reused after a crash
+            gone = []
             for base in doomed:
                 del self._summaries[base]
-                seg = self._segments.pop(base)
+                gone.append(self._segments.pop(base))
                 self._bases.remove(base)
                 self._index_cache.pop(base, None)
                 self._open_lru.pop(base, None)
-                seg.delete()
-                (self._log_dir / segment_name(base, ".idx")).unlink(missing_ok=True)
-                (self._log_dir / segment_name(base, ".producers")).unlink(missing_ok=True)
-                deleted += 1
+        # Unlinking large files can take a while: do it with the lock released, so appends
+        # and reads never wait for it (nothing refers to these segments any more; a reader
+        # that planned a read before keeps its descriptor until it is done).
+        for seg in gone:
+            seg.delete()
+            (self._log_dir / segment_name(seg.base_position, ".idx")).unlink(missing_ok=True)
+            (self._log_dir / segment_name(seg.base_position, ".producers")).unlink(missing_ok=True)
+            deleted += 1
         if deleted:
             log.info("retention deleted %d segment(s)", deleted)
         return deleted
