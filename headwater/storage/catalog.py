@@ -9,7 +9,6 @@ Thread-safety: mutated only under the store's lock.
 
 from __future__ import annotations
 
-import os
 import uuid
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import msgspec
 
 from headwater.errors import NotADataDirectoryError, UnsupportedFormatError
 from headwater.model.config import QueueConfig
-from headwater.storage.segment import fsync_dir
+from headwater.storage.segment import write_atomically
 
 __all__ = ["Catalog", "QueueEntry", "CATALOG_FILE", "FORMAT_NAME", "FORMAT_VERSION"]
 
@@ -77,13 +76,4 @@ class Catalog(msgspec.Struct, kw_only=True):
             raise UnsupportedFormatError(f"{path} does not match the catalog format: {e}") from e
 
     def save(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        data = msgspec.json.format(msgspec.json.encode(self), indent=2)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        write_atomically(path, msgspec.json.format(msgspec.json.encode(self), indent=2))

@@ -7,25 +7,16 @@ open the store loads the newest snapshot and replays the batches of later segmen
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from headwater.model.producer_state import RECENT_BATCHES, ProducerStateTable
-from headwater.storage.segment import fsync_dir
+from headwater.storage.segment import write_atomically
 
 __all__ = ["ProducerStateTable", "RECENT_BATCHES", "write_snapshot", "read_snapshot"]
 
 
 def write_snapshot(table: ProducerStateTable, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, table.to_bytes())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    write_atomically(path, table.to_bytes())
 
 
 def read_snapshot(path: Path, expiry_ms: int) -> ProducerStateTable:

@@ -61,7 +61,7 @@ from typing import NamedTuple
 
 from headwater.errors import CorruptDataError, StorageError
 from headwater.model.batch import FLAG_DELIVER_TIMES, crc32c, decode_deliver_offsets, decode_header
-from headwater.storage.segment import fsync_dir
+from headwater.storage.segment import fsync_dir, write_atomically
 
 __all__ = [
     "ScheduleFile",
@@ -371,16 +371,8 @@ def write_checkpoint(path: Path, ckpt: DispatchCheckpoint) -> None:
     body = _CKPT.pack(_CKPT_MAGIC, ckpt.log_position, ckpt.floor_ms, ckpt.accept_seq,
                       len(ckpt.producers)) + ckpt.producers
     data = body + struct.pack("<I", crc32c(body))
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        write_atomically(path, data)
     except OSError as e:
         raise StorageError(f"cannot write {path}: {e}") from e
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from headwater.errors import CorruptDataError, StorageError
 from headwater.model.batch import crc32c
 
-__all__ = ["LogSegment", "SEGMENT_HEADER_SIZE", "segment_name", "fsync_dir"]
+__all__ = ["LogSegment", "SEGMENT_HEADER_SIZE", "segment_name", "fsync_dir", "write_atomically"]
 
 _HEADER = struct.Struct("<8sHHIQq16s12sI")
 SEGMENT_HEADER_SIZE = _HEADER.size
@@ -54,6 +54,23 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves the old file or the new one,
+    never a mix: write ``<name>.tmp``, fsync it, rename it over ``path``, fsync the folder.
+    (Opening a store removes stray ``*.tmp`` files.)"""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 class LogSegment:

@@ -37,7 +37,6 @@ checksums or disagrees with its segment's size is ignored and rebuilt from the s
 
 from __future__ import annotations
 
-import os
 import struct
 from array import array
 from bisect import bisect_left, bisect_right
@@ -46,7 +45,7 @@ from pathlib import Path
 
 from headwater.errors import CorruptDataError
 from headwater.model.batch import BatchHeader, crc32c
-from headwater.storage.segment import fsync_dir
+from headwater.storage.segment import write_atomically
 
 __all__ = ["PartitionEntries", "SegmentIndex"]
 
@@ -211,16 +210,7 @@ class SegmentIndex:
 
     def write(self, path: Path) -> None:
         """Write the index beside its segment: temp file, fsync, rename, fsync the folder."""
-        tmp = path.with_suffix(".idx.tmp")
-        data = self.to_bytes()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        write_atomically(path, self.to_bytes())
 
     @classmethod
     def read(cls, path: Path) -> SegmentIndex:
