@@ -358,10 +358,30 @@ def test_dataframes_without_a_binary_value_are_refused(spark, broker, hw):
         write(spark.createDataFrame([(b"x", 1)], "value binary, payload int"))
     with pytest.raises(Exception, match="null 'value'"):
         write(spark.createDataFrame([(None,)], "value binary"))
-    with pytest.raises(Exception, match="deliver_at.*not supported yet"):
-        write(spark.sql("select cast('x' as binary) as value, current_timestamp() as deliver_at"))
     write(spark.sql("select cast('x' as binary) as value, cast(null as timestamp) as deliver_at"))
     assert [r.body for r in scan(hw, q)] == [b"x"]
+
+
+def test_deliver_at_column_schedules_messages(spark, broker, hw):
+    q = fresh("later")
+    hw.admin.create_queue(q, partitions=2)
+    df = spark.sql(
+        "select cast(concat('m', id) as binary) as value, cast(id % 2 as int) as partition, "
+        "case when id < 4 then current_timestamp() "
+        "when id < 8 then current_timestamp() + interval 3 seconds end as deliver_at "
+        "from range(10)")
+    t0 = time.time()
+    df.write.format("headwater").mode("append").option("servers", broker.address).option("queue", q).save()
+    deadline = time.time() + 30
+    while len(scan(hw, q)) < 10 and time.time() < deadline:
+        time.sleep(0.2)
+    got = {r.body: r for r in scan(hw, q)}
+    assert sorted(got) == sorted(b"m%d" % i for i in range(10))  # each row once
+    assert all(got[b"m%d" % i].partition == i % 2 for i in range(10))
+    assert all(got[b"m%d" % i].scheduled_ms is None for i in (8, 9))  # no deliver_at: plain
+    later = [got[b"m%d" % i] for i in range(4, 8)]
+    assert all(r.scheduled_ms is not None and r.timestamp_ms >= r.scheduled_ms for r in later)
+    assert min(r.timestamp_ms for r in later) >= (t0 + 2) * 1000  # not delivered early
 
 
 def test_offsets_outside_the_retained_range(spark, broker, hw):

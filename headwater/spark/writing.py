@@ -57,6 +57,8 @@ from headwater.errors import (
     UnavailableError,
 )
 from headwater.model.batch import crc32c, encode_batch
+from headwater.model.delay import DELAYED_PARTITION_BIT
+from headwater.model.message import to_epoch_ms
 from headwater.model.config import QueueInfo
 from headwater.model.message import Message
 from headwater.model.producer_state import RECENT_BATCHES
@@ -92,13 +94,14 @@ class WriteSummary:
 
 
 class _Pending:
-    __slots__ = ("messages", "bytes", "chunks", "sequence")
+    __slots__ = ("messages", "bytes", "chunks", "sequence", "deliver_ms")
 
     def __init__(self) -> None:
         self.messages: list[Message | bytes] = []
         self.bytes = 0
         self.chunks = 0  # batches sent so far to this partition by this task
         self.sequence = 0  # messages sent so far under the current producer id
+        self.deliver_ms = 0  # delayed streams: the deliver time of the rows pending
 
 
 class _Sent(NamedTuple):
@@ -176,14 +179,7 @@ class TaskWriter:
             arr = batch.column(cols.names[name])
             return None if arr.null_count == n else arr.to_pylist()
 
-        if "deliver_at" in cols:
-            at = batch.column(cols.names["deliver_at"])
-            if at.null_count < n:
-                raise InvalidArgumentError(
-                    "column 'deliver_at' sets a delivery time, but delayed messages are not "
-                    "supported yet (they come with delay messages); leave deliver_at null or "
-                    "drop the column"
-                )
+        delays = column("deliver_at")
         values = batch.column(cols.names["value"])
         if values.null_count:
             raise InvalidArgumentError(
@@ -208,7 +204,8 @@ class TaskWriter:
                 "partitioner 'key' needs a key in every row; a row has none (use "
                 "partitioner 'default' to send keyless rows round robin)"
             )
-        if queues is None and keys is None and tags is None and props is None and parts is None:
+        if (queues is None and keys is None and tags is None and props is None and parts is None
+                and delays is None):
             self._add_bodies(self.opts.queue, bodies)  # type: ignore[arg-type]
             return
         messages = _messages(bodies, keys, tags, props)
@@ -216,15 +213,33 @@ class TaskWriter:
             sizes = list(map(len, bodies))
         else:
             sizes = [len(b) + (len(k) if k is not None else 0) for b, k in zip(bodies, keys)]
-        if queues is None:
+        times = None if delays is None else [None if d is None else to_epoch_ms(d) for d in delays]
+        if queues is None and times is None:
             q = self._queue(self.opts.queue)  # type: ignore[arg-type]
             self._add_rows(q, messages, sizes, self._destinations(q, n, keys, parts))
             return
-        for i, name in enumerate(queues):  # rows for several queues: one at a time
-            q = self._queue(name)
+        for i in range(n):  # rows for several queues, or delayed rows: one at a time
+            q = self._queue(self.opts.queue if queues is None else queues[i])  # type: ignore[arg-type]
             dest = self._destinations(q, 1, None if keys is None else keys[i:i + 1],
                                       None if parts is None else parts[i:i + 1])
-            self._add_rows(q, messages[i:i + 1], sizes[i:i + 1], dest)
+            if times is None or times[i] is None:
+                self._add_rows(q, messages[i:i + 1], sizes[i:i + 1], dest)
+            else:
+                self._add_delayed(q, messages[i], sizes[i], dest[0], times[i])
+
+    def _add_delayed(self, q: _Queue, message: Message | bytes, size: int, partition: int,
+                     deliver_ms: int) -> None:
+        """A row with a deliver time: it goes to the partition's delayed stream (the broker
+        counts its sequences apart, under the partition's delayed bit). A batch holds rows of
+        one deliver time, so a replayed task sends the very same batches."""
+        p = q.sticky if partition < 0 else partition
+        key = (q.info.name, p | DELAYED_PARTITION_BIT)
+        pending = self._pending_of(*key)
+        if pending.messages and pending.deliver_ms != deliver_ms:
+            self._send(key, pending)
+        pending.deliver_ms = deliver_ms
+        pending.messages.append(message)
+        self._grew(key[0], key[1], pending, size)
 
     def _destinations(self, q: _Queue, rows: int, keys: list | None, parts: list | None) -> list[int]:
         """Each row's partition: its ``partition``, else its key's hash, else -1 (sticky)."""
@@ -300,13 +315,14 @@ class TaskWriter:
         if not pending.messages:
             return
         q = self._queues[name]
+        deliver_ms = pending.deliver_ms if partition & DELAYED_PARTITION_BIT else 0
         group, first_of_group = divmod(pending.chunks, CHUNKS_PER_PRODUCER)
         if first_of_group == 0:
             pending.sequence = 0
         pid = producer_id_for(self.write_id, self.task, q.info.queue_id, partition, group)
         batch = bytes(encode_batch(pending.messages, compression=self.opts.compression,
                                    producer_id=pid, producer_epoch=self.epoch,
-                                   base_sequence=pending.sequence,
+                                   base_sequence=pending.sequence, deliver_at_ms=deliver_ms,
                                    message_bytes_max=q.info.config.message_bytes_max))
         earlier = self._in_flight.pop(key, None)
         if earlier is not None:
@@ -314,7 +330,8 @@ class TaskWriter:
         while len(self._in_flight) >= IN_FLIGHT_MAX:
             self._settle(self._in_flight.pop(next(iter(self._in_flight))))
         send_async = getattr(self._client.service, "produce_async", None)
-        future = send_async(name, partition, batch) if send_async is not None else None
+        target = partition & ~DELAYED_PARTITION_BIT  # the delayed bit only names the stream
+        future = send_async(name, target, batch) if send_async is not None else None
         self._in_flight[key] = _Sent(key, batch, len(pending.messages), pending.chunks, future)
         count = len(pending.messages)
         self._pending_bytes -= pending.bytes
@@ -329,6 +346,7 @@ class TaskWriter:
         """Wait for a sent batch's answer; send it again while the broker is unavailable
         (an idempotent batch lands once however often it is sent)."""
         name, partition = sent.key
+        partition &= ~DELAYED_PARTITION_BIT
         try:
             try:
                 if sent.future is None:
