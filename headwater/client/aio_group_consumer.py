@@ -84,6 +84,7 @@ class AsyncGroupConsumer(AsyncConsumer):
         self._started = False
         self._start_lock = asyncio.Lock()
         self._beat = asyncio.Event()  # heartbeat now
+        self._stopping = False  # close() has begun
         self._heartbeats: asyncio.Task[None] | None = None
         self._last_poll = 0.0
 
@@ -165,7 +166,9 @@ class AsyncGroupConsumer(AsyncConsumer):
         False), leave the group, stop."""
         if self._closed:
             return
+        self._stopping = True  # the heartbeat loop ends even if its cancellation were lost
         if self._heartbeats is not None:
+            self._beat.set()
             self._heartbeats.cancel()
             await asyncio.gather(self._heartbeats, return_exceptions=True)
         try:
@@ -299,12 +302,18 @@ class AsyncGroupConsumer(AsyncConsumer):
 
     async def _heartbeat_loop(self) -> None:
         loop = asyncio.get_running_loop()
-        while not self._closed:
+        while not self._closed and not self._stopping:
             interval = HEARTBEAT_WAITING_MS if self._view.waiting else self.settings.heartbeat_interval_ms
             try:
-                await asyncio.wait_for(self._beat.wait(), interval / 1000)
-            except asyncio.TimeoutError:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the
+                # cancellation close() sends when the wait ends at the same moment, and this
+                # loop would then run on forever
+                async with asyncio.timeout(interval / 1000):
+                    await self._beat.wait()
+            except TimeoutError:
                 pass
+            if self._stopping:
+                break
             self._beat.clear()
             member = self._view.member()
             if member is None:

@@ -333,9 +333,10 @@ class AsyncProducer:
                         left = sum(not x.done for x in pending)
                         raise UnavailableError(f"flush: {left} batches still unacknowledged after {timeout_s} s")
                     self._batch_done.clear()
-                    try:
-                        await asyncio.wait_for(self._batch_done.wait(), remaining)
-                    except asyncio.TimeoutError:
+                    try:  # asyncio.timeout: wait_for may swallow a cancellation on Python 3.11
+                        async with asyncio.timeout(remaining):
+                            await self._batch_done.wait()
+                    except TimeoutError:
                         pass
         finally:
             self._flushing -= 1

@@ -492,9 +492,10 @@ class ThreadedService:
                 remaining = deadline - loop.time()
                 if _answers(res, offset, end_offset) or remaining <= 0:
                     return res
-                try:
-                    await asyncio.wait_for(woken, remaining)
-                except asyncio.TimeoutError:
+                try:  # asyncio.timeout: wait_for may swallow a cancellation on Python 3.11
+                    async with asyncio.timeout(remaining):
+                        await woken
+                except TimeoutError:
                     pass
             finally:
                 waiters.discard(queue, partition, woken)
