@@ -340,6 +340,8 @@ def test_lookups_by_id_and_key(filled, clock):
     assert len(hw.find("q", b"k1", limit=3)) == 3
     with pytest.raises(InvalidArgumentError):
         hw.find("q", "str")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="limit"):
+        hw.find("q", b"k1", limit=True)  # a bool is not a count (the sync and async clients agree)
 
 
 def test_bad_ids(filled):

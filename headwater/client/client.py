@@ -6,7 +6,7 @@ import weakref
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from headwater.errors import InvalidArgumentError, MessageNotFoundError
+from headwater.errors import InvalidArgumentError
 from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
 from headwater.model.delay import DelayStats
 from headwater.model.message import Message, MessageId, Record, to_epoch_ms
@@ -19,7 +19,8 @@ from headwater.client.keyed_consumer import KeyedConsumer
 from headwater.client.subscriber import Listener, Subscriber
 from headwater.client.group_consumer import GroupConsumer
 from headwater.client.producer import Producer
-from headwater.client.scanner import Bound, Scanner, decode_stored
+from headwater.client.lookups import find_bounds, record_for_id, records_with_key
+from headwater.client.scanner import Bound, Scanner
 from headwater.client.shared_consumer import SharedConsumer
 from headwater.client.consumer import POLL_MESSAGES_DEFAULT
 
@@ -260,28 +261,14 @@ class Client:
         schedule (until the bucket of its deliver time is reclaimed)."""
         mid = MessageId.parse(message_id)
         name, batch = self._service.lookup_id(mid.queue_id, mid.partition, mid.offset)
-        if mid.is_delayed:  # the broker answers a batch of just this message
-            recs = decode_stored(batch, name)
-        else:
-            recs = decode_stored(batch, name, start_offset=mid.offset, end_offset=mid.offset + 1)
-        if not recs:
-            raise MessageNotFoundError(f"message {mid} is not retained")
-        return recs[0]
+        return record_for_id(mid, name, batch)
 
     def find(self, queue: str, key: bytes, *, start_time: datetime | int | None = None,
              end_time: datetime | int | None = None, limit: int = 1000) -> list[Record]:
         """Messages of ``queue`` whose key is ``key``, appended in [start_time, end_time),
         oldest first."""
-        if isinstance(key, str):
-            raise InvalidArgumentError("a key is bytes; encode it first, e.g. key.encode()")
-        if not isinstance(limit, int) or limit < 1:
-            raise InvalidArgumentError(f"limit must be a positive int, got {limit!r}")
-        lo, hi = to_epoch_ms(start_time, "start_time"), to_epoch_ms(end_time, "end_time")
-        out: list[Record] = []
-        for b in self._service.lookup_key(queue, key, lo, hi, limit):
-            out.extend(r for r in decode_stored(b, queue) if r.key == key)
-        out.sort(key=lambda r: (r.timestamp_ms, r.partition, r.offset))
-        return out[:limit]
+        lo, hi = find_bounds(key, limit, start_time, end_time)
+        return records_with_key(self._service.lookup_key(queue, key, lo, hi, limit), queue, key, limit)
 
     def offset_for_time(self, queue: str, partition: int, when: datetime | int) -> int:
         """The first offset of ``partition`` appended at or after ``when``."""

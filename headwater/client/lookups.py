@@ -1,0 +1,48 @@
+"""What ``get`` and ``find`` do with the broker's answers, without I/O.
+
+The sync :class:`~headwater.client.client.Client` and the asyncio one make the same calls
+and then share these functions, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from headwater.errors import InvalidArgumentError, MessageNotFoundError
+from headwater.model.message import MessageId, Record, to_epoch_ms
+from headwater.client.scanner import decode_stored
+
+__all__ = ["record_for_id", "find_bounds", "records_with_key"]
+
+
+def record_for_id(mid: MessageId, queue: str, batch: bytes) -> Record:
+    """The record ``mid`` names in the batch the broker answered for it."""
+    if mid.is_delayed:  # the broker answers a batch of just this message
+        recs = decode_stored(batch, queue)
+    else:
+        recs = decode_stored(batch, queue, start_offset=mid.offset, end_offset=mid.offset + 1)
+    if not recs:
+        raise MessageNotFoundError(f"message {mid} is not retained")
+    return recs[0]
+
+
+def find_bounds(key: object, limit: object, start_time: datetime | int | None,
+                end_time: datetime | int | None) -> tuple[int | None, int | None]:
+    """Check ``find``'s arguments; the time range in epoch ms."""
+    if not isinstance(key, bytes):
+        raise InvalidArgumentError(
+            "a key is bytes" + ("; encode it first, e.g. key.encode()" if isinstance(key, str) else "")
+        )
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidArgumentError(f"limit must be a positive int, got {limit!r}")
+    return to_epoch_ms(start_time, "start_time"), to_epoch_ms(end_time, "end_time")
+
+
+def records_with_key(batches: Iterable[bytes], queue: str, key: bytes, limit: int) -> list[Record]:
+    """The records of ``batches`` whose key is exactly ``key``, oldest first, at most ``limit``."""
+    out: list[Record] = []
+    for b in batches:
+        out.extend(r for r in decode_stored(b, queue) if r.key == key)
+    out.sort(key=lambda r: (r.timestamp_ms, r.partition, r.offset))
+    return out[:limit]
