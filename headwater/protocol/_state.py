@@ -23,15 +23,23 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["Role", "State", "Kind", "Direction", "TRANSITIONS", "transition"]
+__all__ = ["Role", "State", "Kind", "Direction", "TRANSITIONS", "transition", "table_for"]
 
 
-class Role(Enum):
+class _IdentityHashEnum(Enum):
+    """An Enum hashed by identity: Enum's own ``__hash__`` is Python code (it hashes the
+    member's name), and these members key the transition table, looked up for every frame.
+    Members are singletons compared by identity, so identity hashing keeps dicts correct."""
+
+    __hash__ = object.__hash__
+
+
+class Role(_IdentityHashEnum):
     CLIENT = "CLIENT"
     SERVER = "SERVER"
 
 
-class State(Enum):
+class State(_IdentityHashEnum):
     AWAIT_HANDSHAKE = "AWAIT_HANDSHAKE"  # client: must send the handshake; server: waits for it
     AWAIT_ACCEPT = "AWAIT_ACCEPT"  # the handshake crossed; the server owes its answer
     READY = "READY"  # requests and responses flow, many in flight
@@ -39,7 +47,7 @@ class State(Enum):
     ERROR = "ERROR"  # the peer broke the protocol; close the transport
 
 
-class Kind(Enum):
+class Kind(_IdentityHashEnum):
     """What a frame or event is, as far as the state machine cares."""
 
     HANDSHAKE = "HANDSHAKE"
@@ -52,7 +60,7 @@ class Kind(Enum):
     CLOSE = "CLOSE"  # end of stream: EOF received, or ConnectionClosed sent
 
 
-class Direction(Enum):
+class Direction(_IdentityHashEnum):
     SEND = "SEND"
     RECEIVE = "RECEIVE"
 
@@ -103,3 +111,9 @@ del _role, _state
 def transition(role: Role, state: State, direction: Direction, kind: Kind) -> State | None:
     """The state after ``kind`` goes in ``direction``, or None if the protocol forbids it."""
     return TRANSITIONS.get((role, state, direction, kind))
+
+
+def table_for(role: Role, direction: Direction) -> dict[tuple[State, Kind], State]:
+    """The rows of :data:`TRANSITIONS` for one role and direction, keyed by (state, kind):
+    what a connection looks up for each frame, without building the four-part key."""
+    return {(s, k): new for (r, s, d, k), new in TRANSITIONS.items() if r is role and d is direction}

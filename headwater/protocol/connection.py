@@ -53,12 +53,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from functools import cache
+from typing import Any, NamedTuple
 
 import msgspec
 
 from headwater.errors import InvalidArgumentError, MessageTooLargeError
-from headwater.protocol._state import Direction, Kind, Role, State, transition
+from headwater.protocol._state import Direction, Kind, Role, State, table_for
 from headwater.protocol.errors import (
     LocalProtocolError,
     RemoteProtocolError,
@@ -84,22 +85,24 @@ from headwater.protocol.frames import (
     FrameHeader,
     FrameReader,
     FrameType,
-    encode_frame,
+    encode_frame_sized,
 )
 from headwater.protocol.messages import (
     PROTOCOL_MAGIC,
     VERSION_MAX,
     VERSION_MIN,
     ApiKey,
+    BodyCodec,
     ErrorBody,
     HandshakeAcceptedBody,
     HandshakeBody,
+    PUSH_SPECS,
     PushBody,
     RequestBody,
     ResponseBody,
+    body_codec,
     decode_body,
     encode_body,
-    push_spec_for,
     spec_for,
 )
 
@@ -119,13 +122,18 @@ REQUESTS_IN_FLIGHT_MAX_DEFAULT = 256
 ERROR_MESSAGE_CHARS_MAX = 900
 _REQUEST_ID_MAX = 2**32 - 1
 
-_KIND_OF_FRAME = {
-    FrameType.HANDSHAKE: Kind.HANDSHAKE,
-    FrameType.HANDSHAKE_ACCEPTED: Kind.ACCEPT,
-    FrameType.REQUEST: Kind.REQUEST,
-    FrameType.RESPONSE: Kind.RESPONSE,
-    FrameType.PUSH: Kind.PUSH,
-}
+# The per-frame path below avoids Enum calls (``FrameType(x)``, ``ApiKey(x)``) and Python-
+# level hashing: frame types and api keys stay plain ints, and module constants stand for
+# the members it compares against.
+_HANDSHAKE_T, _ACCEPTED_T, _REQUEST_T, _RESPONSE_T, _ERROR_T, _PUSH_T = (int(t) for t in FrameType)
+_K_HANDSHAKE, _K_ACCEPT, _K_REQUEST, _K_RESPONSE = Kind.HANDSHAKE, Kind.ACCEPT, Kind.REQUEST, Kind.RESPONSE
+_K_ERROR, _K_FATAL, _K_PUSH, _K_CLOSE = Kind.ERROR, Kind.FATAL, Kind.PUSH, Kind.CLOSE
+_S_CLOSED, _S_ERROR = State.CLOSED, State.ERROR
+#: the Kind of a frame, indexed by frame type (ERROR frames: FATAL or ERROR by request id)
+_KIND_OF_FRAME: tuple[Kind | None, ...] = (
+    None, _K_HANDSHAKE, _K_ACCEPT, _K_REQUEST, _K_RESPONSE, None, _K_PUSH,
+)
+assert all(_KIND_OF_FRAME[t] is not None for t in FrameType if t is not FrameType.ERROR)
 _KIND_OF_EVENT = {
     Handshake: Kind.HANDSHAKE,
     HandshakeAccepted: Kind.ACCEPT,
@@ -136,6 +144,28 @@ _KIND_OF_EVENT = {
 }
 # msgspec raises DecodeError/ValidationError (ValueErrors); the rest guard odd corners
 _DECODE_ERRORS = (msgspec.MsgspecError, ValueError, TypeError, OverflowError, UnicodeError)
+
+
+class _Api(NamedTuple):
+    """One operation of a protocol version, as the connection needs it for each frame."""
+
+    key: ApiKey
+    request: BodyCodec
+    response: BodyCodec
+    push: BodyCodec | None  # None: the operation has no PUSH frames
+
+
+@cache  # one table per protocol version, shared by every connection speaking it
+def _apis_of_version(version: int) -> dict[int, _Api]:
+    """The operations of ``version``, keyed by api key as a plain int."""
+    table = {}
+    for key in ApiKey:
+        spec = spec_for(key, version)
+        if spec is not None:
+            push = PUSH_SPECS.get(key)
+            table[int(key)] = _Api(key, body_codec(spec.request), body_codec(spec.response),
+                                   None if push is None else body_codec(push))
+    return table
 
 
 def choose_version(handshake: Handshake) -> int:
@@ -184,6 +214,9 @@ class Connection:
         self._state = State.AWAIT_HANDSHAKE
         self._reader = FrameReader(frame_bytes_max, self._check_header)
         self._in_flight: dict[int, ApiKey] = {}
+        self._receive_next = table_for(role, Direction.RECEIVE)  # (state, kind) -> state
+        self._send_next = table_for(role, Direction.SEND)
+        self._apis: dict[int, _Api] = {}  # the operations of self.version, once agreed
         self._next_id = 1
         self._offered: tuple[int, int] = (VERSION_MIN, VERSION_MAX)
         self._error: RemoteProtocolError | None = None
@@ -225,7 +258,8 @@ class Connection:
 
     def receive_data(self, data: Buffer) -> None:
         """Bytes read from the transport; ``b""`` means the peer closed (EOF)."""
-        if self._state in (State.CLOSED, State.ERROR):
+        state = self._state
+        if state is _S_CLOSED or state is _S_ERROR:
             return  # nobody will read them; the transport is being closed
         if self._reader.eof and data:
             raise LocalProtocolError("data received after EOF")
@@ -237,16 +271,17 @@ class Connection:
         Raises :class:`RemoteProtocolError` (and only that) when the peer broke the
         protocol; the connection is then in state ERROR and must be closed.
         """
-        if self._state is State.ERROR:
+        state = self._state
+        if state is _S_ERROR:
             raise RemoteProtocolError(f"the connection already failed: {self._error}")
-        if self._state is State.CLOSED:
+        if state is _S_CLOSED:
             return ConnectionClosed()
         try:
             frame = self._reader.next_frame()
             if frame is None:
                 if not self._reader.eof:
                     return NEED_DATA
-                self._state = self._receive_transition(Kind.CLOSE, "end of stream")
+                self._state = self._receive_transition(_K_CLOSE, None)
                 return ConnectionClosed()
             return self._receive_frame(frame)
         except RemoteProtocolError as e:
@@ -254,14 +289,11 @@ class Connection:
             self._state = State.ERROR
             raise
 
-    def _kind_of_frame(self, h: FrameHeader) -> Kind:
-        if h.frame_type == FrameType.ERROR:
-            return Kind.FATAL if h.request_id == 0 else Kind.ERROR
-        return _KIND_OF_FRAME[FrameType(h.frame_type)]
-
-    def _receive_transition(self, kind: Kind, what: str) -> State:
-        new = transition(self.role, self._state, Direction.RECEIVE, kind)
+    def _receive_transition(self, kind: Kind, frame_type: int | None) -> State:
+        """The state after receiving ``kind`` (a frame of ``frame_type``, or None: EOF)."""
+        new = self._receive_next.get((self._state, kind))
         if new is None:
+            what = "end of stream" if frame_type is None else FrameType(frame_type).name + " frame"
             hint = ""
             if self._state is State.AWAIT_HANDSHAKE and self.role is SERVER:
                 hint = ": the first frame of a connection is a HANDSHAKE"
@@ -275,25 +307,25 @@ class Connection:
 
     def _check_header(self, h: FrameHeader) -> None:
         """Refuse a frame from its header alone, before its body is buffered."""
-        kind = self._kind_of_frame(h)
-        self._receive_transition(kind, FrameType(h.frame_type).name + " frame")
-        if kind is Kind.PUSH:
-            assert self.version is not None  # READY implies a handshake
-            if push_spec_for(h.api_key, self.version) is None:
+        _, _, ftype, _, api_key, rid, _ = h
+        kind = _KIND_OF_FRAME[ftype] or (_K_FATAL if rid == 0 else _K_ERROR)
+        self._receive_transition(kind, ftype)
+        if kind is _K_PUSH:
+            api = self._apis.get(api_key)
+            if api is None or api.push is None:
                 raise RemoteProtocolError(
-                    f"api key {h.api_key} has no PUSH frames in protocol version {self.version}"
+                    f"api key {api_key} has no PUSH frames in protocol version {self.version}"
                 )
             return
-        if kind not in (Kind.REQUEST, Kind.RESPONSE, Kind.ERROR):
+        if kind is not _K_REQUEST and kind is not _K_RESPONSE and kind is not _K_ERROR:
             return
-        assert self.version is not None  # READY implies a handshake
-        if spec_for(h.api_key, self.version) is None:
+        api = self._apis.get(api_key)
+        if api is None:
             raise RemoteProtocolError(
-                f"unknown api key {h.api_key} (frame type {FrameType(h.frame_type).name}, "
+                f"unknown api key {api_key} (frame type {FrameType(ftype).name}, "
                 f"protocol version {self.version})"
             )
-        rid = h.request_id
-        if kind is Kind.REQUEST:
+        if kind is _K_REQUEST:
             if rid in self._in_flight:
                 raise RemoteProtocolError(f"request id {rid} is already in flight")
             if len(self._in_flight) >= self._in_flight_max:
@@ -302,36 +334,51 @@ class Connection:
                     f"requests_in_flight_max, announced in the handshake)"
                 )
         else:
-            api = self._in_flight.get(rid)
-            if api is None:
+            sent = self._in_flight.get(rid)
+            if sent is None:
                 raise RemoteProtocolError(f"a response to request id {rid}, which is not in flight")
-            if api != h.api_key:
+            if sent != api_key:
                 raise RemoteProtocolError(
-                    f"the response to request {rid} has api key {h.api_key}; the request had "
-                    f"{int(api)} ({api.name})"
+                    f"the response to request {rid} has api key {api_key}; the request had "
+                    f"{int(sent)} ({sent.name})"
                 )
 
     def _receive_frame(self, frame: Frame) -> Event:
-        h = frame.header
-        kind = self._kind_of_frame(h)
-        new_state = self._receive_transition(kind, FrameType(h.frame_type).name + " frame")
+        """The event of a frame whose header passed :meth:`_check_header`."""
+        h, head, data = frame
+        ftype, rid = h[2], h[5]
+        kind = _KIND_OF_FRAME[ftype] or (_K_FATAL if rid == 0 else _K_ERROR)
+        new_state = self._receive_transition(kind, ftype)
         try:
-            event = self._decode(kind, frame)
+            # requests and responses first: nearly every frame is one
+            if kind is _K_REQUEST:
+                api = self._apis[h[4]]
+                event = Request(rid, api.request.decode(head, data))
+                self._in_flight[rid] = api.key
+            elif kind is _K_RESPONSE:
+                event = Response(rid, self._apis[h[4]].response.decode(head, data))
+                del self._in_flight[rid]
+            else:
+                event = self._decode(kind, frame)
+                if kind is _K_ERROR:
+                    del self._in_flight[rid]
         except _DECODE_ERRORS as e:
             raise RemoteProtocolError(
-                f"malformed body (frame type {FrameType(h.frame_type).name}, api key "
-                f"{h.api_key}, request id {h.request_id}): {e}"
+                f"malformed body (frame type {FrameType(ftype).name}, api key "
+                f"{h.api_key}, request id {rid}): {e}"
             ) from e
-        if kind is Kind.REQUEST:
-            self._in_flight[h.request_id] = ApiKey(h.api_key)
-        elif kind in (Kind.RESPONSE, Kind.ERROR):
-            del self._in_flight[h.request_id]
         self._state = new_state
         return event
 
     def _decode(self, kind: Kind, frame: Frame) -> Event:
+        """The event of a frame other than a request or a response."""
         h = frame.header
-        if kind is Kind.HANDSHAKE:
+        if kind is _K_PUSH:
+            return Push(self._apis[h.api_key].push.decode(frame.head, frame.data))
+        if kind is _K_ERROR or kind is _K_FATAL:
+            b = decode_body(ErrorBody, frame.head, frame.data)
+            return ErrorResponse(h.request_id, b.code, b.retriable, b.message)
+        if kind is _K_HANDSHAKE:
             b = decode_body(HandshakeBody, frame.head, frame.data)
             if b.magic != PROTOCOL_MAGIC:
                 raise RemoteProtocolError(f"not a Headwater client: handshake magic {b.magic!r}")
@@ -342,33 +389,24 @@ class Connection:
             self.peer_name = b.client_name
             self.peer_frame_bytes_max = b.frame_bytes_max
             return Handshake(b.client_name, b.version_min, b.version_max, b.frame_bytes_max)
-        if kind is Kind.ACCEPT:
-            b = decode_body(HandshakeAcceptedBody, frame.head, frame.data)
-            lo, hi = self._offered
-            if not max(lo, VERSION_MIN) <= b.version <= min(hi, VERSION_MAX):
-                raise RemoteProtocolError(
-                    f"the server chose protocol version {b.version}, outside the {lo} to {hi} offered"
-                )
-            _check_peer_limit("frame_bytes_max", b.frame_bytes_max, FRAME_BYTES_MIN)
-            _check_peer_limit("requests_in_flight_max", b.requests_in_flight_max, 1)
-            self.version = b.version
-            self.peer_name = b.server_name
-            self.peer_frame_bytes_max = b.frame_bytes_max
-            self._in_flight_max = min(self._own_in_flight_max, b.requests_in_flight_max)
-            return HandshakeAccepted(b.version, b.server_name, b.frame_bytes_max, b.requests_in_flight_max)
-        if kind in (Kind.ERROR, Kind.FATAL):
-            b = decode_body(ErrorBody, frame.head, frame.data)
-            return ErrorResponse(h.request_id, b.code, b.retriable, b.message)
-        assert self.version is not None
-        if kind is Kind.PUSH:
-            push_type = push_spec_for(h.api_key, self.version)
-            assert push_type is not None  # checked with the header
-            return Push(decode_body(push_type, frame.head, frame.data))
-        spec = spec_for(h.api_key, self.version)
-        assert spec is not None  # checked with the header
-        if kind is Kind.REQUEST:
-            return Request(h.request_id, decode_body(spec.request, frame.head, frame.data))
-        return Response(h.request_id, decode_body(spec.response, frame.head, frame.data))
+        assert kind is _K_ACCEPT, kind
+        b = decode_body(HandshakeAcceptedBody, frame.head, frame.data)
+        lo, hi = self._offered
+        if not max(lo, VERSION_MIN) <= b.version <= min(hi, VERSION_MAX):
+            raise RemoteProtocolError(
+                f"the server chose protocol version {b.version}, outside the {lo} to {hi} offered"
+            )
+        _check_peer_limit("frame_bytes_max", b.frame_bytes_max, FRAME_BYTES_MIN)
+        _check_peer_limit("requests_in_flight_max", b.requests_in_flight_max, 1)
+        self._agree_version(b.version)
+        self.peer_name = b.server_name
+        self.peer_frame_bytes_max = b.frame_bytes_max
+        self._in_flight_max = min(self._own_in_flight_max, b.requests_in_flight_max)
+        return HandshakeAccepted(b.version, b.server_name, b.frame_bytes_max, b.requests_in_flight_max)
+
+    def _agree_version(self, version: int) -> None:
+        self.version = version
+        self._apis = _apis_of_version(version)
 
     # sending ---------------------------------------------------------------------------
 
@@ -381,26 +419,25 @@ class Connection:
         """Like :meth:`send`, as a list of buffers to write in order (``writelines``):
         record batches are not copied into one frame."""
         kind = _KIND_OF_EVENT.get(type(event))
-        if isinstance(event, ErrorResponse):
-            kind = Kind.FATAL if event.request_id == 0 else Kind.ERROR
         if kind is None:
-            raise LocalProtocolError(f"not a protocol event: {event!r}")
-        new_state = transition(self.role, self._state, Direction.SEND, kind)
+            if not isinstance(event, ErrorResponse):
+                raise LocalProtocolError(f"not a protocol event: {event!r}")
+            kind = _K_FATAL if event.request_id == 0 else _K_ERROR
+        new_state = self._send_next.get((self._state, kind))
         if new_state is None:
             raise LocalProtocolError(
                 f"the {self.role.name.lower()} cannot send {type(event).__name__} in state "
                 f"{self._state.name}"
             )
-        if kind is Kind.CLOSE:
+        if kind is _K_CLOSE:
             self._state = new_state
             return []
         ftype, api, rid, body = self._outgoing(kind, event)
         try:
             head, data = encode_body(body)
-            chunks = encode_frame(ftype, api, rid, head, data)
+            chunks, size = encode_frame_sized(ftype, api, rid, head, data)
         except (msgspec.MsgspecError, ValueError, TypeError, OverflowError) as e:
             raise LocalProtocolError(f"cannot encode {type(event).__name__}: {e}") from e
-        size = sum(memoryview(c).nbytes for c in chunks)
         if size > self.peer_frame_bytes_max:
             raise MessageTooLargeError(
                 f"a {type(event).__name__} frame of {size} bytes exceeds the peer's limit of "
@@ -409,45 +446,17 @@ class Connection:
         self._commit_send(kind, event, new_state)
         return chunks
 
-    def _outgoing(self, kind: Kind, event: Any) -> tuple[FrameType, int, int, msgspec.Struct]:
+    def _outgoing(self, kind: Kind, event: Any) -> tuple[int, int, int, msgspec.Struct]:
         """Check an event against the connection; its frame type, api key, request id, body."""
-        if kind is Kind.HANDSHAKE:
-            _check_own("frame_bytes_max", event.frame_bytes_max, self.frame_bytes_max)
-            if not (isinstance(event.version_min, int) and isinstance(event.version_max, int)
-                    and 0 < event.version_min <= event.version_max < 2**32):
-                raise LocalProtocolError(
-                    f"invalid version range {event.version_min!r} to {event.version_max!r}"
-                )
-            body = HandshakeBody(PROTOCOL_MAGIC, event.version_min, event.version_max,
-                                 event.client_name, self.frame_bytes_max)
-            return FrameType.HANDSHAKE, 0, 0, body
-        if kind is Kind.ACCEPT:
-            _check_own("frame_bytes_max", event.frame_bytes_max, self.frame_bytes_max)
-            _check_own("requests_in_flight_max", event.requests_in_flight_max, self._own_in_flight_max)
-            lo, hi = self._offered
-            if not (isinstance(event.version, int)
-                    and max(lo, VERSION_MIN) <= event.version <= min(hi, VERSION_MAX)):
-                raise LocalProtocolError(
-                    f"version {event.version!r} is not one both sides speak; use choose_version()"
-                )
-            body = HandshakeAcceptedBody(event.version, event.server_name, self.frame_bytes_max,
-                                         self._own_in_flight_max)
-            return FrameType.HANDSHAKE_ACCEPTED, 0, 0, body
-        if kind is Kind.FATAL:
-            return FrameType.ERROR, 0, 0, _error_body(event)
-        if kind is Kind.PUSH:
+        if kind is _K_REQUEST:
+            rid = event.request_id
             body = event.body
+            if not isinstance(body, RequestBody):
+                raise LocalProtocolError(f"a request body is a RequestBody, got {type(body).__name__}")
+            api = body.api
             assert self.version is not None
-            if not isinstance(body, PushBody) or push_spec_for(body.api, self.version) is not type(body):
-                raise LocalProtocolError(f"a push body is a PushBody of version {self.version}, got {body!r}")
-            return FrameType.PUSH, int(body.api), 0, body
-        rid = event.request_id
-        if kind is Kind.REQUEST:
-            if not isinstance(event.body, RequestBody):
-                raise LocalProtocolError(f"a request body is a RequestBody, got {type(event.body).__name__}")
-            assert self.version is not None
-            if spec_for(event.api, self.version) is None:
-                raise LocalProtocolError(f"{event.api.name} is not in protocol version {self.version}")
+            if api not in self._apis:
+                raise LocalProtocolError(f"{api.name} is not in protocol version {self.version}")
             if isinstance(rid, bool) or not isinstance(rid, int) or not 0 < rid <= _REQUEST_ID_MAX:
                 raise LocalProtocolError(f"a request id is from 1 to 2**32 - 1, got {rid!r}")
             if rid in self._in_flight:
@@ -457,28 +466,62 @@ class Connection:
                     f"{len(self._in_flight)} requests are in flight, the most this connection "
                     f"allows (requests_in_flight_max); wait for a response first"
                 )
-            return FrameType.REQUEST, int(event.api), rid, event.body
-        api = self._in_flight.get(rid)
-        if api is None:
-            raise LocalProtocolError(f"no request with id {rid!r} is waiting for an answer")
-        if kind is Kind.ERROR:
-            return FrameType.ERROR, int(api), rid, _error_body(event)
-        if not isinstance(event.body, ResponseBody) or event.api is not api:
+            return _REQUEST_T, api, rid, body
+        if kind is _K_RESPONSE or kind is _K_ERROR:
+            rid = event.request_id
+            api = self._in_flight.get(rid)
+            if api is None:
+                raise LocalProtocolError(f"no request with id {rid!r} is waiting for an answer")
+            if kind is _K_ERROR:
+                return _ERROR_T, api, rid, _error_body(event)
+            body = event.body
+            if not isinstance(body, ResponseBody) or body.api is not api:
+                raise LocalProtocolError(
+                    f"request {rid} was {api.name}; it cannot be answered with "
+                    f"{type(body).__name__}"
+                )
+            return _RESPONSE_T, api, rid, body
+        if kind is _K_PUSH:
+            body = event.body
+            assert self.version is not None
+            entry = self._apis.get(body.api) if isinstance(body, PushBody) else None
+            if entry is None or entry.push is None or entry.push.type is not type(body):
+                raise LocalProtocolError(f"a push body is a PushBody of version {self.version}, got {body!r}")
+            return _PUSH_T, body.api, 0, body
+        if kind is _K_FATAL:
+            return _ERROR_T, 0, 0, _error_body(event)
+        if kind is _K_HANDSHAKE:
+            _check_own("frame_bytes_max", event.frame_bytes_max, self.frame_bytes_max)
+            if not (isinstance(event.version_min, int) and isinstance(event.version_max, int)
+                    and 0 < event.version_min <= event.version_max < 2**32):
+                raise LocalProtocolError(
+                    f"invalid version range {event.version_min!r} to {event.version_max!r}"
+                )
+            body = HandshakeBody(PROTOCOL_MAGIC, event.version_min, event.version_max,
+                                 event.client_name, self.frame_bytes_max)
+            return _HANDSHAKE_T, 0, 0, body
+        assert kind is _K_ACCEPT, kind
+        _check_own("frame_bytes_max", event.frame_bytes_max, self.frame_bytes_max)
+        _check_own("requests_in_flight_max", event.requests_in_flight_max, self._own_in_flight_max)
+        lo, hi = self._offered
+        if not (isinstance(event.version, int)
+                and max(lo, VERSION_MIN) <= event.version <= min(hi, VERSION_MAX)):
             raise LocalProtocolError(
-                f"request {rid} was {api.name}; it cannot be answered with "
-                f"{type(event.body).__name__}"
+                f"version {event.version!r} is not one both sides speak; use choose_version()"
             )
-        return FrameType.RESPONSE, int(api), rid, event.body
+        body = HandshakeAcceptedBody(event.version, event.server_name, self.frame_bytes_max,
+                                     self._own_in_flight_max)
+        return _ACCEPTED_T, 0, 0, body
 
     def _commit_send(self, kind: Kind, event: Any, new_state: State) -> None:
-        if kind is Kind.HANDSHAKE:
-            self._offered = (event.version_min, event.version_max)
-        elif kind is Kind.ACCEPT:
-            self.version = event.version
-        elif kind is Kind.REQUEST:
-            self._in_flight[event.request_id] = event.api
-        elif kind in (Kind.RESPONSE, Kind.ERROR):
+        if kind is _K_REQUEST:
+            self._in_flight[event.request_id] = event.body.api
+        elif kind is _K_RESPONSE or kind is _K_ERROR:
             del self._in_flight[event.request_id]
+        elif kind is _K_HANDSHAKE:
+            self._offered = (event.version_min, event.version_max)
+        elif kind is _K_ACCEPT:
+            self._agree_version(event.version)
         self._state = new_state
 
     def __repr__(self) -> str:

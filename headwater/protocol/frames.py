@@ -45,6 +45,7 @@ __all__ = [
     "Frame",
     "FrameReader",
     "encode_frame",
+    "encode_frame_sized",
     "Buffer",
 ]
 
@@ -98,8 +99,18 @@ class Frame(NamedTuple):
     """One received frame: its header, its msgpack head and its batch data."""
 
     header: FrameHeader
-    head: memoryview
+    head: bytes
     data: bytes
+
+
+# plain ints for the per-frame checks: constructing or comparing FrameType members is slower
+_HANDSHAKE, _HANDSHAKE_ACCEPTED, _REQUEST, _RESPONSE, _ERROR, _PUSH = (int(t) for t in FrameType)
+assert (_HANDSHAKE, _PUSH) == (1, 6) and len(FrameType) == 6
+_TAIL = struct.Struct("<BBHII")  # the header after length and crc: what the crc starts with
+#: Frames up to this size are copied out of the buffer in one piece, which costs less than
+#: the memoryviews that spare bigger frames (record batches) a second copy.
+_SMALL_FRAME_BYTES = 1024
+_new_header = tuple.__new__  # FrameHeader._make without its Python-level length check
 
 
 def encode_frame(
@@ -109,18 +120,26 @@ def encode_frame(
 
     The data buffers are not copied; their checksum is computed in place.
     """
-    data_size = sum(memoryview(d).nbytes for d in data)
+    return encode_frame_sized(frame_type, api_key, request_id, head, data)[0]
+
+
+def encode_frame_sized(
+    frame_type: int, api_key: int, request_id: int, head: bytes, data: Sequence[Buffer] = ()
+) -> tuple[list[Buffer], int]:
+    """:func:`encode_frame`, and the size of the whole frame in bytes."""
+    data_size = 0
+    for d in data:
+        # len() is the byte count only for bytes and bytearray
+        data_size += len(d) if type(d) is bytes or type(d) is bytearray else memoryview(d).nbytes
     length = _AFTER_LENGTH + len(head) + data_size
     if length > _U32_MAX - 4:
         raise OverflowError(f"a frame of {length + 4} bytes cannot be framed")
-    fixed = HEADER.pack(length, 0, frame_type, 0, api_key, request_id, data_size)
-    crc = _crc32c.crc32c(fixed[_CRC_START:])
+    crc = _crc32c.crc32c(_TAIL.pack(frame_type, 0, api_key, request_id, data_size))
     crc = _crc32c.crc32c(head, crc)
     for d in data:
         crc = _crc32c.crc32c(d, crc)
-    header = bytearray(fixed)
-    _LENGTH.pack_into(header, 4, crc)
-    return [bytes(header), head, *data]
+    header = HEADER.pack(length, crc, frame_type, 0, api_key, request_id, data_size)
+    return [header, head, *data], length + 4
 
 
 class FrameReader:
@@ -153,30 +172,44 @@ class FrameReader:
         """The next whole frame, or None if more bytes are needed (or the stream ended
         cleanly between frames: see :attr:`eof`). Raises :class:`RemoteProtocolError`."""
         buf = self._buf
+        if not buf:
+            return None  # the usual answer after the last frame; not even EOF is an error here
         h = self._header
         if h is None:
-            if len(buf) >= 4:
-                self._check_length(_LENGTH.unpack_from(buf, 0)[0])
             if len(buf) < HEADER_SIZE:
+                if len(buf) >= 4:
+                    self._check_length(_LENGTH.unpack_from(buf, 0)[0])
                 return self._need(HEADER_SIZE)
-            h = FrameHeader._make(HEADER.unpack_from(buf, 0))
+            h = _new_header(FrameHeader, HEADER.unpack_from(buf, 0))
+            self._check_length(h[0])
             _check_structure(h)
             self._check_header(h)
             self._header = h
-        if len(buf) < h.size:
-            return self._need(h.size)
-        with memoryview(buf) as mv:
-            crc = _crc32c.crc32c(mv[_CRC_START : h.size])
-            if crc != h.crc:
-                raise RemoteProtocolError(
-                    f"frame checksum mismatch (header says {h.crc:#010x}, the bytes give "
-                    f"{crc:#010x}): the stream is damaged or out of step"
-                )
-            body = mv[HEADER_SIZE : h.size].tobytes()
-        del buf[: h.size]
+        length, crc_expected, _, _, _, _, data_size = h
+        size = 4 + length
+        if len(buf) < size:
+            return self._need(size)
+        head_end = size - data_size
+        if size <= _SMALL_FRAME_BYTES:
+            covered = bytes(buf[_CRC_START:size])
+            crc = _crc32c.crc32c(covered)
+            if crc == crc_expected:
+                head = covered[HEADER_SIZE - _CRC_START : head_end - _CRC_START]
+                data = covered[head_end - _CRC_START :] if data_size else b""
+        else:
+            with memoryview(buf) as mv:
+                crc = _crc32c.crc32c(mv[_CRC_START:size])
+                if crc == crc_expected:
+                    head = mv[HEADER_SIZE:head_end].tobytes()
+                    data = mv[head_end:size].tobytes() if data_size else b""
+        if crc != crc_expected:
+            raise RemoteProtocolError(
+                f"frame checksum mismatch (header says {crc_expected:#010x}, the bytes give "
+                f"{crc:#010x}): the stream is damaged or out of step"
+            )
+        del buf[:size]
         self._header = None
-        view = memoryview(body)
-        return Frame(h, view[: h.head_size], body[h.head_size :] if h.data_size else b"")
+        return Frame(h, head, data)
 
     def _check_length(self, length: int) -> None:
         if length < _AFTER_LENGTH + 1:
@@ -201,27 +234,26 @@ class FrameReader:
 
 def _check_structure(h: FrameHeader) -> None:
     """What a header alone must satisfy, whatever the connection's state."""
-    try:
-        ftype = FrameType(h.frame_type)
-    except ValueError:
-        raise RemoteProtocolError(f"unknown frame type {h.frame_type}") from None
-    if ftype is FrameType.PUSH and (h.request_id or not h.api_key):
+    length, _, ftype, flags, api_key, request_id, data_size = h
+    if not _HANDSHAKE <= ftype <= _PUSH:
+        raise RemoteProtocolError(f"unknown frame type {ftype}")
+    if ftype == _PUSH and (request_id or not api_key):
         raise RemoteProtocolError(
             "PUSH frames have request id 0 and the api key of the operation that opened the stream"
         )
-    if h.flags:
-        raise RemoteProtocolError(f"unknown frame flags {h.flags:#04x} (version 1 defines none)")
-    if h.head_size < 1:
+    if flags:
+        raise RemoteProtocolError(f"unknown frame flags {flags:#04x} (version 1 defines none)")
+    if length - _AFTER_LENGTH - data_size < 1:
         raise RemoteProtocolError(
-            f"data_size {h.data_size} leaves no room for the msgpack head in a body of "
-            f"{h.length - _AFTER_LENGTH} bytes"
+            f"data_size {data_size} leaves no room for the msgpack head in a body of "
+            f"{length - _AFTER_LENGTH} bytes"
         )
-    connection_level = ftype in (FrameType.HANDSHAKE, FrameType.HANDSHAKE_ACCEPTED)
-    if connection_level and (h.api_key or h.request_id):
-        raise RemoteProtocolError(f"{ftype.name} frames have api key 0 and request id 0")
-    if ftype is FrameType.ERROR and h.request_id == 0 and h.api_key:
+    connection_level = ftype <= _HANDSHAKE_ACCEPTED
+    if connection_level and (api_key or request_id):
+        raise RemoteProtocolError(f"{FrameType(ftype).name} frames have api key 0 and request id 0")
+    if ftype == _ERROR and request_id == 0 and api_key:
         raise RemoteProtocolError("a connection-level error frame (request id 0) has api key 0")
-    if (connection_level or ftype is FrameType.ERROR) and h.data_size:
-        raise RemoteProtocolError(f"{ftype.name} frames carry no batch data (data_size {h.data_size})")
-    if ftype in (FrameType.REQUEST, FrameType.RESPONSE) and h.request_id == 0:
-        raise RemoteProtocolError(f"{ftype.name} frames need a request id other than 0")
+    if (connection_level or ftype == _ERROR) and data_size:
+        raise RemoteProtocolError(f"{FrameType(ftype).name} frames carry no batch data (data_size {data_size})")
+    if (ftype == _REQUEST or ftype == _RESPONSE) and request_id == 0:
+        raise RemoteProtocolError(f"{FrameType(ftype).name} frames need a request id other than 0")

@@ -1008,7 +1008,7 @@ class StatusResponse(ResponseBody, frozen=True, array_like=True):
         return cls(dict(value))
 
 
-class _Codec(NamedTuple):
+class BodyCodec(NamedTuple):
     """How one body type goes to and from a head (msgpack) plus data buffers."""
 
     type: type[msgspec.Struct]
@@ -1030,6 +1030,10 @@ class _Codec(NamedTuple):
                 values[pos] = _nbytes(value)
                 buffers.append(value)
         return values, buffers
+
+    def decode(self, head: bytes | memoryview, data: bytes) -> Any:
+        """The body from a frame's head and data; raises msgspec.DecodeError or ValueError."""
+        return self.join(self.decoder.decode(head), data)
 
     def join(self, head: Any, data: bytes) -> msgspec.Struct:
         """The body from a decoded head and the frame's data (raises ValueError)."""
@@ -1061,11 +1065,11 @@ def _nbytes(b: Any) -> int:
     return memoryview(b).nbytes
 
 
-def _codec(body_type: type[msgspec.Struct]) -> _Codec:
+def _codec(body_type: type[msgspec.Struct]) -> BodyCodec:
     data = DATA_FIELDS.get(body_type, {})
     names = body_type.__struct_fields__
     if not data:
-        return _Codec(body_type, msgspec.msgpack.Decoder(body_type), ())
+        return BodyCodec(body_type, msgspec.msgpack.Decoder(body_type), ())
     fields = []
     for name, info in zip(names, msgspec.structs.fields(body_type)):
         if name in data:
@@ -1080,7 +1084,7 @@ def _codec(body_type: type[msgspec.Struct]) -> _Codec:
         body_type.__name__ + "Head", fields, array_like=True, frozen=True
     )
     positions = tuple((names.index(n), many) for n, many in data.items())
-    return _Codec(body_type, msgspec.msgpack.Decoder(head_type), positions)
+    return BodyCodec(body_type, msgspec.msgpack.Decoder(head_type), positions)
 
 
 class ApiSpec(NamedTuple):
@@ -1152,7 +1156,7 @@ for _s in API_SPECS.values():
     assert _s.request.api is _s.key and _s.response.api is _s.key, _s
 del _s
 
-_CODECS: dict[type[msgspec.Struct], _Codec] = {
+_CODECS: dict[type[msgspec.Struct], BodyCodec] = {
     t: _codec(t)
     for t in (
         HandshakeBody,
@@ -1166,25 +1170,29 @@ _CODECS: dict[type[msgspec.Struct], _Codec] = {
 _encoder = msgspec.msgpack.Encoder()
 
 
+# keyed by plain int: looked up with the api key of every frame, where ApiKey(api) would
+# cost an Enum call (and an exception for an unknown key)
+_SPECS_BY_INT: dict[int, ApiSpec] = {int(k): s for k, s in API_SPECS.items()}
+
+
 def spec_for(api: int, version: int) -> ApiSpec | None:
     """The operation with key ``api`` in protocol ``version``, or None if it has none."""
     try:
-        spec = API_SPECS[ApiKey(api)]
-    except ValueError:
+        spec = _SPECS_BY_INT.get(api)
+    except TypeError:  # unhashable: no api key
         return None
-    return spec if spec.since_version <= version else None
+    return spec if spec is not None and spec.since_version <= version else None
 
 
 def push_spec_for(api: int, version: int) -> type[PushBody] | None:
     """The body type of PUSH frames with key ``api`` in protocol ``version``, or None."""
-    try:
-        key = ApiKey(api)
-    except ValueError:
-        return None
-    spec = API_SPECS.get(key)
-    if spec is None or spec.since_version > version:
-        return None
-    return PUSH_SPECS.get(key)
+    spec = spec_for(api, version)
+    return None if spec is None else PUSH_SPECS.get(spec.key)
+
+
+def body_codec(body_type: type[msgspec.Struct]) -> BodyCodec:
+    """How a frame body type goes to and from a head plus data (``decode(head, data)``)."""
+    return _CODECS[body_type]
 
 
 def encode_body(body: msgspec.Struct) -> tuple[bytes, list[Any]]:
@@ -1197,10 +1205,9 @@ def encode_body(body: msgspec.Struct) -> tuple[bytes, list[Any]]:
     return head, data
 
 
-def decode_body(body_type: type[msgspec.Struct], head: memoryview, data: bytes) -> Any:
+def decode_body(body_type: type[msgspec.Struct], head: bytes | memoryview, data: bytes) -> Any:
     """The body from a frame's head and data; raises msgspec.DecodeError or ValueError."""
-    codec = _CODECS[body_type]
-    return codec.join(codec.decoder.decode(head), data)
+    return _CODECS[body_type].decode(head, data)
 
 
 def invoke(service: BrokerService, request: RequestBody) -> ResponseBody:
