@@ -24,6 +24,7 @@ import headwater
 import headwater.aio
 from headwater import Message, MessageId
 from headwater.errors import (
+    OutOfOrderSequenceError,
     ClosedError,
     InvalidArgumentError,
     InvalidQueueNameError,
@@ -273,6 +274,33 @@ def test_retries_resend_the_same_bytes_and_store_once(target):
         hw.service.produce = produce
         await p2.send("q", b"after")
         assert [r.body for r in await scan(hw, "q")] == [b"once", b"twice", b"after"]
+
+    run(target, test)
+
+
+def test_a_batch_refused_as_out_of_order_is_sent_again_under_a_new_epoch(target):
+    """A broker that lost the producer's earlier batches (a crash under async flush) refuses
+    the next one as out of order, storing nothing; the producer sends it again from
+    sequence 0 of a new epoch, and the next batches follow it."""
+    async def test(hw):
+        await hw.admin.create_queue("q")
+        produce = hw.service.produce
+        refuse = {"left": 1}
+
+        async def forgetful(queue, partition, batch):
+            if refuse["left"]:
+                refuse["left"] -= 1
+                raise OutOfOrderSequenceError("expected sequence 0")  # nothing stored
+            return await produce(queue, partition, batch)
+
+        p = hw.producer()
+        await p.send("q", b"first")
+        hw.service.produce = forgetful
+        assert (await p.send("q", b"second")).offset == 1
+        assert p.producer_epoch == 1
+        hw.service.produce = produce
+        await p.send("q", b"third")
+        assert [r.body for r in await scan(hw, "q")] == [b"first", b"second", b"third"]
 
     run(target, test)
 

@@ -48,3 +48,20 @@ def test_dedupe_survives_restart_and_segment_rolls(tmp_path):
     with headwater.open(d, segment_bytes_max=64 * 1024) as hw:
         hw.service.produce("q", 0, batch(3000, pid=5))
         assert hw.admin.describe_queue("q").partitions[0].end_offset == 3003
+
+
+def test_a_first_batch_must_start_at_sequence_zero(tmp_path):
+    """A batch that arrives first for its producer id (or epoch) but does not start at 0
+    follows a lost batch: storing it would put it ahead of that batch's retry."""
+    with headwater.open(tmp_path / "d") as hw:
+        hw.admin.create_queue("q")
+        svc = hw.service
+        with pytest.raises(OutOfOrderSequenceError, match="first batch has sequence 0"):
+            svc.produce("q", 0, batch(3, pid=9))
+        assert hw.admin.describe_queue("q").partitions[0].end_offset == 0  # nothing stored
+        svc.produce("q", 0, batch(0, pid=9))
+        svc.produce("q", 0, batch(3, pid=9))
+        with pytest.raises(OutOfOrderSequenceError, match="new epoch"):
+            svc.produce("q", 0, batch(3, pid=9, epoch=1))
+        svc.produce("q", 0, batch(0, pid=9, epoch=1))
+        assert [r.body for r in hw.scanner("q")] == [f"s{i}".encode() for i in (0, 1, 2, 3, 4, 5, 0, 1, 2)]

@@ -572,3 +572,137 @@ def test_mixed_calls_from_threads_with_faults_keep_order_and_store_once(hw):
     for t in range(6):
         mine = [b for b in bodies if b.startswith(f"{t}-")]
         assert mine == [f"{t}-{i}" for i in range(60)]  # in order (one key: one partition)
+
+
+# -- pipelining ---------------------------------------------------------------------------
+
+
+class Held:
+    """A service whose ``produce_async`` holds each request until :meth:`release`, then
+    runs it against the real service in arrival order (as a broker appends a connection's
+    requests); call numbers in ``fail`` fail without reaching the broker."""
+
+    def __init__(self, inner, fail=()) -> None:
+        self.inner = inner
+        self.fail = set(fail)
+        self.calls = 0
+        self.sizes: list[int] = []
+        self._held: list[tuple] = []
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def produce_async(self, queue, partition, batch):
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            self.calls += 1
+            self.sizes.append(decode_header(batch).count)
+            self._held.append((self.calls, queue, partition, bytes(batch), fut))
+        return fut
+
+    def held(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def release(self, n: int | None = None) -> None:
+        with self._lock:
+            n = len(self._held) if n is None else n
+            items, self._held = self._held[:n], self._held[n:]
+        for call, queue, partition, batch, fut in items:
+            if call in self.fail:
+                fut.set_exception(UnavailableError(f"injected: call {call} lost"))
+                continue
+            try:
+                fut.set_result(self.inner.produce(queue, partition, batch))
+            except Exception as e:  # noqa: BLE001 - the broker's answer
+                fut.set_exception(e)
+
+
+def wait_for(cond, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
+
+
+def test_batches_of_a_partition_are_pipelined_up_to_max_in_flight(hw):
+    hw.admin.create_queue("q")
+    svc = Held(hw.service)
+    p = Producer(svc)  # idempotent, linger_ms=0: five in flight
+    assert p.max_in_flight == 5
+    futs = [p.send("q", f"m{i}".encode()) for i in range(8)]
+    wait_for(lambda: svc.held() == 5)
+    time.sleep(0.05)
+    assert svc.sizes == [1] * 5  # each left at once; the last three wait for room
+    svc.release(1)
+    wait_for(lambda: svc.calls == 6)
+    svc.release()
+    wait_for(lambda: all(f.done() for f in futs))
+    assert svc.sizes == [1] * 5 + [3]  # what waited left as one batch
+    assert [f.result().offset for f in futs] == list(range(8))
+    assert [r.body for r in stored(hw, "q")] == [f"m{i}".encode() for i in range(8)]
+    p.close()
+
+
+def test_max_in_flight_one_keeps_one_request_per_partition(hw):
+    hw.admin.create_queue("q", partitions=2)
+    svc = Held(hw.service)
+    p = Producer(svc, max_in_flight=1)
+    futs = [p.send("q", b"x", partition=i % 2) for i in range(6)]
+    wait_for(lambda: svc.held() == 2)
+    time.sleep(0.05)
+    assert svc.calls == 2  # one per partition
+    while not all(f.done() for f in futs):
+        svc.release()
+        time.sleep(0.01)
+    assert sorted(f.result().offset for f in futs) == [0, 0, 1, 1, 2, 2]
+    p.close()
+    with pytest.raises(InvalidArgumentError, match="max_in_flight"):
+        Producer(svc, max_in_flight=6)
+    assert Producer(svc, idempotent=False).max_in_flight == 1
+
+
+@pytest.mark.parametrize("lost", [[1], [2], [3, 4], [1, 2, 3, 4, 5]])
+def test_a_lost_batch_in_a_pipeline_is_retried_before_the_batches_after_it(hw, lost):
+    """Five batches in flight, some lost before reaching the broker: the broker refuses
+    those after a gap (out of order, nothing stored), the producer sends them all again in
+    order, and every message is stored once, in send order."""
+    hw.admin.create_queue("q")
+    svc = Held(hw.service, fail=lost)
+    p = Producer(svc, retry_backoff_ms=1)
+    futs = [p.send("q", f"m{i}".encode()) for i in range(5)]
+    wait_for(lambda: svc.held() == 5)
+    futs += [p.send("q", f"m{i}".encode()) for i in range(5, 9)]
+    while not all(f.done() for f in futs):
+        svc.release()
+        time.sleep(0.005)
+    assert [r.body for r in stored(hw, "q")] == [f"m{i}".encode() for i in range(9)]
+    assert [f.result().offset for f in futs] == list(range(9))
+    p.close()
+
+
+def test_a_batch_after_an_epoch_bump_waits_for_the_old_epochs_batches(hw):
+    """A bump (here: a batch of another partition failing for good after it may have been
+    stored) must not let a new-epoch batch overtake an old-epoch one still in flight: if
+    that one failed and were sent again, the broker would refuse it as fenced."""
+    hw.admin.create_queue("q", partitions=2)
+    svc = Held(hw.service, fail=[1, 2])
+    p = Producer(svc, retries=0)
+    doomed = p.send("q", b"doomed", partition=1)  # call 1: fails for good, bumps the epoch
+    kept = p.send("q", b"a", partition=0)  # call 2: lost, retried
+    wait_for(lambda: svc.held() == 2)
+    svc.release(1)
+    wait_for(lambda: doomed.done())
+    assert p.producer_epoch == 1
+    later = p.send("q", b"b", partition=0)  # new epoch: waits until "a" is through
+    time.sleep(0.05)
+    assert svc.calls == 2
+    p.retries = 3
+    while not later.done():
+        svc.release()
+        time.sleep(0.005)
+    with pytest.raises(UnavailableError):
+        doomed.result()
+    assert [r.body for r in stored(hw, "q", 0)] == [b"a", b"b"]
+    p.close()

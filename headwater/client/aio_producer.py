@@ -12,14 +12,15 @@ The same batching, routing and idempotence, on the event loop instead of a sende
 - ``await send()`` and ``await send_batch()`` do the same without lingering and return once
   the broker acknowledged. Cancelling the caller does not take the messages back.
 - One *drainer* task per partition sends its batches, holding the partition's slot (an
-  ``asyncio.Lock``): at most one batch of this producer is in flight per partition, because
-  the broker serves a connection's requests concurrently and two batches in flight could be
-  appended out of order. Parallelism comes from partitions.
+  ``asyncio.Lock``): at most one batch of this producer is in flight per partition
+  (the sync producer pipelines up to ``max_in_flight``; this one does not yet).
+  Parallelism comes from partitions.
 - Idempotence as in the sync producer: a random 62-bit producer id and an epoch; each batch
   carries the sequence of its first message, counted per (queue, partition) and assigned
   when the batch is encoded, in the slot. A retriable error re-sends the same bytes after a
   backoff, so the broker recognises a retry and answers with the original offsets. When a
-  batch fails for good after it may have reached the broker, the epoch is bumped.
+  batch fails for good after it may have reached the broker, the epoch is bumped; a batch
+  refused as out of order (the broker lost earlier ones) is sent again under a new epoch.
 
 Use from one event loop. Nothing here blocks; the pure helpers (message checks, the
 partitioner, receipts) are shared with the sync producer
@@ -43,6 +44,7 @@ from headwater.errors import (
     ClosedError,
     InvalidArgumentError,
     MessageTooLargeError,
+    OutOfOrderSequenceError,
     PartitionOutOfRangeError,
     QueueNotFoundError,
     UnavailableError,
@@ -587,6 +589,8 @@ class AsyncProducer:
                     self._finish(b, None, e)
                     return
             while True:
+                if b.encoded is None:  # refused as out of order: sent again under a new epoch
+                    self._encode(b)
                 b.attempts += 1
                 try:
                     result = await self._service.produce(ps.queue, ps.partition, b.encoded)  # type: ignore[arg-type]
@@ -622,7 +626,16 @@ class AsyncProducer:
 
     def _retry_delay(self, b: _Batch, exc: BaseException) -> float | None:
         """Seconds to wait before sending ``b`` again, or None if ``exc`` is final."""
-        if not getattr(exc, "retriable", False) or b.attempts > self.retries or self._aborting:
+        if b.attempts > self.retries or self._aborting:
+            return None
+        if isinstance(exc, OutOfOrderSequenceError) and b.identity is not None:
+            # the broker stored nothing of it and lost (or forgot) our earlier batches, as a
+            # crash under async flush can make it: send it again under a new epoch, from 0
+            if b.identity == self._identity:
+                self._bump_epoch()
+            b.encoded = None
+            return 0.0
+        if not getattr(exc, "retriable", False):
             return None
         backoff_ms = min(self.retry_backoff_ms * 2 ** min(b.attempts - 1, 30), self.retry_backoff_max_ms)
         delay = backoff_ms / 1000 * (0.8 + 0.4 * self._rng.random())  # +-20% jitter

@@ -8,23 +8,32 @@ How a message travels (the user guide is ``docs/producing.md``):
   *open batch* in the accumulator, then returns a future. A background thread, the sender
   ("headwater-producer"), seals a partition's open batch when it reaches
   ``batch_bytes_max``, when ``linger_ms`` has passed since its first message, or at once
-  with ``linger_ms=0`` as soon as the partition has no batch in flight, and sends it.
+  with ``linger_ms=0``, and sends it. With ``linger_ms=0`` over the network, ``send()``
+  sends the batch itself when the partition has room in flight (no thread hand-off).
+- Pipelining: up to ``max_in_flight`` batches of a partition are in flight at once (5, the
+  broker's window of remembered batches, by default for an idempotent producer over the
+  network). Order holds because every batch is encoded and handed to the connection under
+  one lock, in sequence order, and the broker appends a connection's batches in the order
+  they arrive. When a batch fails and will be retried, its partition *recovers*: nothing new
+  is sent until the batches in flight are through, then the failed ones are sent again one
+  at a time, in their original order. In embedded mode (no connection to keep the order)
+  one batch is in flight per partition.
 - ``send_batch()`` and ``send_and_wait()`` block. When their partition is idle they encode
-  and send in the caller's thread (the fast path: no thread hand-off); otherwise their
-  messages join the partition's open batch and the caller waits for it.
-- Every path goes through one slot per (queue, partition): at most one batch of this
-  producer is in flight per partition, because a broker serves the requests of a connection
-  concurrently and two batches in flight could be appended out of order. Parallelism comes
-  from partitions.
+  and send in the caller's thread (the fast path: no thread hand-off), alone in flight;
+  otherwise their messages join the partition's open batch and the caller waits for it.
 - Idempotence: the producer has a random id and an epoch; each batch carries the sequence
   number of its first message, counted per (queue, partition) and assigned when the batch
-  is encoded, in the slot. A retry re-sends the same bytes, so the broker recognises it and
-  answers with the original offsets. When a batch fails for good after it may have reached
-  the broker, the epoch is bumped, so the broker accepts later batches from sequence 0
-  instead of refusing them as out of order.
+  is encoded. A retry re-sends the same bytes, so the broker recognises it (it remembers a
+  producer's last five batches per partition) and answers with the original offsets. When
+  a batch fails for good after it may have reached the broker, the epoch is bumped, so the
+  broker accepts later batches from sequence 0 instead of refusing them as out of order;
+  a batch refused as out of order (the broker lost earlier ones) is re-encoded under a new
+  epoch and sent again.
 
 Thread-safety: every method may be called from any thread. One lock guards the accumulator
-(open batches, slots, the buffer count); encoding and network calls run outside it. Send
+(open batches, batches in flight, the buffer count); a second one, taken while holding the
+first, orders encoding and hand-off to the connection, so the first is not held while a
+batch is encoded. Send
 callbacks run in the sender thread, one at a time, in send order within a partition: keep
 them quick, and do not call the blocking methods (``send_and_wait``, ``send_batch``,
 ``flush``, ``close``) from them.
@@ -33,7 +42,7 @@ them quick, and do not call the blocking methods (``send_and_wait``, ``send_batc
 from __future__ import annotations
 
 import concurrent.futures
-import heapq
+import functools
 import itertools
 import logging
 import random
@@ -59,6 +68,7 @@ from headwater.model.batch import BATCH_BYTES_MAX, encode_batch
 from headwater.model.config import QueueInfo
 from headwater.model.delay import DELAYED_PARTITION_BIT, joins_batch, resolve_deliver_at
 from headwater.model.message import Message, MessageId
+from headwater.model.producer_state import RECENT_BATCHES
 from headwater.model.service import BrokerService, ProduceResult
 from headwater.client.batching import (
     COMPRESSIONS,
@@ -89,20 +99,31 @@ _check_message, _int_setting, _may_be_appended, _too_large = check_message, int_
 
 class _Partition:
     """The accumulator's state of one (queue, partition): the open batch, sealed batches
-    waiting, the slot (the one batch in flight), and the idempotence sequence.
+    waiting, the batches in flight (in sequence order), the batches waiting to be sent
+    again, and the idempotence sequence.
+
+    ``recovering``: a batch failed and will be sent again; until every batch of the
+    partition is through, nothing new is sent and the retries go one at a time, in their
+    original order, so the broker still appends them in sequence. ``exclusive``: a blocking
+    call's batch is in flight, retried from the caller's thread; nothing else is sent
+    meanwhile.
 
     Delayed messages of a partition have a state of their own, keyed
     ``(queue, 0x80000000 | partition)``: the broker counts their sequences apart (it
     schedules them instead of appending them), and they do not wait behind plain batches."""
 
-    __slots__ = ("queue", "partition", "key", "open", "ready", "in_flight", "identity", "next_sequence")
+    __slots__ = ("queue", "partition", "key", "open", "ready", "in_flight", "retry", "recovering", "exclusive",
+                 "identity", "next_sequence")
 
     def __init__(self, queue: str, partition: int, delayed: bool = False) -> None:
         self.queue, self.partition = queue, partition
         self.key = (queue, partition | DELAYED_PARTITION_BIT if delayed else partition)
         self.open: _Batch | None = None
         self.ready: deque[_Batch] = deque()
-        self.in_flight: _Batch | None = None
+        self.in_flight: deque[_Batch] = deque()
+        self.retry: deque[_Batch] = deque()  # failed, to be sent again: in their original order
+        self.recovering = False
+        self.exclusive = False
         self.identity: tuple[int, int] | None = None  # (producer id, epoch) of next_sequence
         self.next_sequence = 0
 
@@ -116,7 +137,7 @@ class _Batch:
 
     __slots__ = ("part", "messages", "futures", "groups", "callbacks", "size_bytes", "buffered_bytes",
                  "created_s", "urgent", "encoded", "identity", "base_sequence", "attempts", "is_async", "done",
-                 "deliver_times")
+                 "deliver_times", "order", "retry_at", "send_identity")
 
     def __init__(self, part: _Partition, created_s: float, messages: list | Sequence | None = None) -> None:
         self.part = part
@@ -132,10 +153,14 @@ class _Batch:
         self.identity: tuple[int, int] | None = None
         self.base_sequence = -1
         self.attempts = 0
-        self.is_async = False  # sent by the sender thread (not inline by a caller)
+        self.is_async = False  # sent without waiting (by the sender or send()), not by a blocking call
         self.done = False
         # delayed batches: each message's deliver time (rising, within PRODUCER_SPAN_MS)
         self.deliver_times: list[int] | None = None
+        self.order = 0  # when it first left: retries of a partition go in this order
+        self.retry_at = 0.0  # monotonic time of its next attempt, while in its partition's retry
+        # the (producer id, epoch) to encode it under: the producer's when it went into flight
+        self.send_identity: tuple[int, int] | None = None
 
 
 class Producer:
@@ -169,8 +194,11 @@ class Producer:
     - ``partitioner``: ``"default"``, ``"key"``, ``"round_robin"``, ``"random"`` or a function
       ``(message, partition_count) -> partition`` (see :mod:`headwater.client.partitioner`).
     - ``compression``: ``None``, ``"zstd"`` or ``"lz4"`` (the ``compression`` extra).
-    - ``linger_ms``: how long a partition's batch waits for more messages; 0 sends as soon
-      as the partition has no batch in flight (messages arriving meanwhile form the next one).
+    - ``linger_ms``: how long a partition's batch waits for more messages; 0 sends at once
+      while the partition has room in flight (messages arriving meanwhile form the next one).
+    - ``max_in_flight``: batches of one partition in flight at once, 1 to 5 (default 5 for
+      an idempotent producer, whose retries keep their order; 1 otherwise). Embedded
+      producers always use 1.
     - ``batch_bytes_max``: a batch is sent when its messages reach this size.
     - ``retries``, ``retry_backoff_ms``, ``retry_backoff_max_ms``: a batch failing with a
       retriable error is sent again up to ``retries`` times, after
@@ -194,8 +222,8 @@ class Producer:
                  retries: int = 5, retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
                  delivery_timeout_ms: int = 120_000, idempotent: bool = True,
                  buffer_bytes_max: int = 32 << 20, max_block_ms: int = 60_000, send_threads: int = 4,
-                 metadata_max_age_ms: int = 5000, rng: random.Random | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+                 metadata_max_age_ms: int = 5000, max_in_flight: int | None = None,
+                 rng: random.Random | None = None, clock: Callable[[], float] | None = None) -> None:
         if compression not in COMPRESSIONS:
             raise InvalidArgumentError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
         if not isinstance(idempotent, bool):
@@ -224,18 +252,23 @@ class Producer:
         # (producer id, epoch): a random 62-bit id, so two producers never share one.
         self._identity: tuple[int, int] | None = (secrets.randbits(62), 0) if idempotent else None
         self._produce_async = getattr(service, "produce_async", None)
+        self.max_in_flight = (RECENT_BATCHES if idempotent else 1) if max_in_flight is None else \
+            int_setting("max_in_flight", max_in_flight, 1, RECENT_BATCHES)
+        # embedded: batches go through a thread pool, which keeps no order, so one at a time
+        self._pipeline = self.max_in_flight if self._produce_async is not None else 1
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
         self._lock = threading.Lock()
+        self._wire = threading.Lock()  # taken under _lock: batches are encoded and sent in this order
         self._wakeup = threading.Condition(self._lock)  # the sender waits on it
         self._space = threading.Condition(self._lock)  # send() waits on it for buffer room
         self._finished = threading.Condition(self._lock)  # flush() waits on it
         self._parts: dict[tuple[str, int], _Partition] = {}
-        self._sendable: dict[tuple[str, int], _Partition] = {}  # have batches, no batch in flight
+        self._sendable: dict[tuple[str, int], _Partition] = {}  # have batches and room in flight
+        self._recovering: dict[tuple[str, int], _Partition] = {}  # have batches to send again
         self._completions: deque[tuple[_Batch, concurrent.futures.Future]] = deque()
-        self._retry_heap: list[tuple[float, int, _Batch]] = []
-        self._tiebreak = itertools.count()
-        self._async_in_flight = 0  # batches the sender dispatched and has not finished
+        self._order = itertools.count(1)
+        self._async_in_flight = 0  # batches dispatched without waiting and not finished
         self._buffered_bytes = 0
         self._space_waiters = 0
         self._flushing = 0
@@ -346,7 +379,7 @@ class Producer:
         self._refuse_in_sender("flush()")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
-            pending = [b for ps in self._parts.values() for b in (ps.in_flight, *ps.ready, ps.open)
+            pending = [b for ps in self._parts.values() for b in (*ps.in_flight, *ps.retry, *ps.ready, ps.open)
                        if b is not None]
             if not pending:
                 return
@@ -387,14 +420,13 @@ class Producer:
                                   for b in (*ps.ready, ps.open) if b is not None)
                     ps.ready.clear()
                     ps.open = None
+                    unsent.extend((b, UnavailableError("the producer was closed while this batch waited to be retried"))
+                                  for b in ps.retry)  # they leave the retry list when failed below
                 self._sendable.clear()
-                while self._retry_heap:  # their slots are released when they are failed below
-                    _, _, b = heapq.heappop(self._retry_heap)
-                    unsent.append((b, UnavailableError("the producer was closed while this batch waited to be retried")))
             sender = self._sender
             self._wake_locked(start=False)
         for b, exc in unsent:
-            self._finish(b, None, exc, holds_slot=b.part.in_flight is b)
+            self._finish(b, None, exc)
         if sender is not None and sender is not threading.current_thread():
             sender.join(None if not aborted else 1.0)
         if self._pool is not None:
@@ -430,10 +462,11 @@ class Producer:
             if p is None:
                 p = self._partitioner.sticky(queue, len(info.partitions))
             ps = self._part_locked(queue, p, deliver_at_ms)
+            lingers = bool(self._linger_s) and not urgent
             b = ps.open
             if b is None or b.size_bytes + size > self.batch_bytes_max or not joins_batch(b.deliver_times,
                                                                                             deliver_at_ms):
-                b = self._new_batch_locked(ps)
+                b = self._new_batch_locked(ps, notify=lingers)
             if deliver_at_ms:
                 if b.deliver_times is None:
                     b.deliver_times = []
@@ -451,10 +484,15 @@ class Producer:
                 b.urgent = True
             if b.size_bytes >= self.batch_bytes_max:
                 self._seal_locked(ps)
-            elif not urgent:
-                return fut
-            if ps.in_flight is None:
-                self._wake_locked()
+            elif lingers:
+                return fut  # the sender sends it when its linger ends
+            if not self._can_send_locked(ps):
+                return fut  # it leaves when a batch in flight is through
+            batches = self._take_locked(ps, time.monotonic(), True)  # sent from this thread: no hand-off
+            if batches:
+                self._wire.acquire()
+        if batches:
+            self._send_all(batches)
         return fut
 
     # -- validation and partitions --------------------------------------------------------
@@ -559,15 +597,60 @@ class Producer:
         finally:
             self._space_waiters -= 1
 
-    def _new_batch_locked(self, ps: _Partition) -> _Batch:
-        """Open a batch for ``ps``, sealing the open one (it is full); wake the sender."""
+    def _new_batch_locked(self, ps: _Partition, *, notify: bool = True) -> _Batch:
+        """Open a batch for ``ps``, sealing the open one (it is full); with ``notify``, tell
+        the sender (which times lingering batches)."""
         if ps.open is not None:
             self._seal_locked(ps)
         b = ps.open = _Batch(ps, time.monotonic())
-        if ps.in_flight is None:
+        if notify and self._can_send_locked(ps):
             self._sendable[ps.key] = ps
             self._wake_locked()
         return b
+
+    def _can_send_locked(self, ps: _Partition) -> bool:
+        """Whether another batch of ``ps`` may leave now."""
+        if ps.recovering or ps.exclusive or len(ps.in_flight) >= self._pipeline:
+            return False
+        # after an epoch bump, batches under the new epoch wait until the old epoch's are
+        # through: one of those may still fail and need a retry, which must land first
+        return not ps.in_flight or ps.in_flight[-1].send_identity == self._identity
+
+    def _take_locked(self, ps: _Partition, now: float, hurry: bool) -> list[_Batch]:
+        """Move the batches of ``ps`` due now into flight, as many as there is room for, in
+        order: sealed ones first, then the open one unless it lingers (``hurry``: it does not)."""
+        taken: list[_Batch] = []
+        while self._can_send_locked(ps):
+            if ps.ready:
+                b = ps.ready.popleft()
+            elif ps.open is not None and (hurry or ps.open.urgent or ps.open.created_s + self._linger_s <= now):
+                b = ps.open
+                ps.open = None
+                self._partitioner.batch_sent(ps.queue, ps.partition)
+            else:
+                break
+            b.order = next(self._order)
+            self._fly_locked(b)
+            taken.append(b)
+        return taken
+
+    def _fly_locked(self, b: _Batch) -> None:
+        if b.encoded is None:
+            b.send_identity = self._identity
+        b.part.in_flight.append(b)
+        b.is_async = True
+        self._async_in_flight += 1
+
+    def _land_locked(self, b: _Batch) -> None:
+        """``b`` is no longer in flight (answered, failed, or never sent)."""
+        ps = b.part
+        if b.is_async:
+            if b in ps.in_flight:
+                ps.in_flight.remove(b)
+                self._async_in_flight -= 1
+        elif ps.in_flight and ps.in_flight[0] is b:  # a blocking call's batch, alone in flight
+            ps.in_flight.popleft()
+            ps.exclusive = False
 
     def _append_group_locked(self, ps: _Partition, msgs: Sequence[Message | bytes], size: int,
                              fut: SendFuture, deliver_at_ms: int = 0) -> None:
@@ -589,7 +672,7 @@ class Producer:
         b.urgent = True
         if b.size_bytes >= self.batch_bytes_max:
             self._seal_locked(ps)
-        if ps.in_flight is None:
+        if self._can_send_locked(ps):
             self._sendable[ps.key] = ps
             self._wake_locked()
 
@@ -601,7 +684,7 @@ class Producer:
     def _wake_locked(self, start: bool = True) -> None:
         if self._sender is not None:
             self._wakeup.notify()
-        elif start and (self._sendable or self._completions or self._retry_heap):
+        elif start and (self._sendable or self._completions or self._recovering):
             self._sender = threading.Thread(target=self._run_sender, name="headwater-producer", daemon=True)
             self._sender.start()
 
@@ -616,8 +699,12 @@ class Producer:
             self._check_open()
             p = partition if partition is not None else self._partitioner.sticky(queue, len(info.partitions))
             ps = self._part_locked(queue, p, deliver_at_ms)
-            if ps.in_flight is None and ps.open is None and not ps.ready:
-                b = ps.in_flight = _Batch(ps, time.monotonic(), messages)
+            if not ps.in_flight and not ps.recovering and not ps.exclusive and ps.open is None and not ps.ready:
+                b = _Batch(ps, time.monotonic(), messages)
+                b.order = next(self._order)
+                b.send_identity = self._identity
+                ps.in_flight.append(b)
+                ps.exclusive = True
                 if deliver_at_ms:
                     b.deliver_times = [deliver_at_ms] * len(messages)
                 self._partitioner.batch_sent(queue, p)
@@ -666,6 +753,7 @@ class Producer:
         ps = b.part
         while True:
             if b.encoded is None:  # to be sent under a new epoch
+                b.send_identity = self._identity
                 self._encode(b, None)
             b.attempts += 1
             try:
@@ -690,10 +778,12 @@ class Producer:
                 if work is None:
                     return
                 completions, batches = work
+                if batches:
+                    self._wire.acquire()
+            if batches:
+                self._send_all(batches)
             for b, f in completions:
                 self._on_completed(b, f)
-            for b in batches:
-                self._dispatch(b)
 
     def _await_work_locked(self) -> tuple[list, list[_Batch]] | None:
         """Wait for completions or batches to send; None when the thread should end."""
@@ -705,7 +795,7 @@ class Producer:
             batches, wake_at = self._collect_locked(now)
             if completions or batches:
                 return completions, batches
-            if not (self._sendable or self._async_in_flight or self._retry_heap):
+            if not (self._sendable or self._async_in_flight or self._recovering):
                 if self._closed or (idle_since is not None and now - idle_since >= SENDER_IDLE_EXIT_S):
                     self._sender = None
                     return None
@@ -717,63 +807,74 @@ class Producer:
             self._wakeup.wait(timeout)
 
     def _collect_locked(self, now: float) -> tuple[list[_Batch], float | None]:
-        """Take the batches due now, each taking its partition's slot; and the time of the
-        next one due (a lingering batch or a retry)."""
+        """Take the batches due now into flight; and the time of the next one due (a
+        lingering batch or a retry)."""
         batches: list[_Batch] = []
-        heap = self._retry_heap
-        while heap and heap[0][0] <= now:
-            batches.append(heapq.heappop(heap)[2])
-        wake_at = heap[0][0] if heap else None
+        wake_at: float | None = None
+        for key, ps in list(self._recovering.items()):
+            if ps.in_flight:
+                continue  # a retry waits until everything in flight before it is through
+            if not ps.retry:
+                ps.recovering = False
+                del self._recovering[key]
+                if ps.open is not None or ps.ready:
+                    self._sendable[key] = ps
+                continue
+            b = ps.retry[0]
+            if b.retry_at <= now:
+                ps.retry.popleft()
+                self._fly_locked(b)
+                batches.append(b)
+            else:
+                wake_at = b.retry_at if wake_at is None else min(wake_at, b.retry_at)
         if self._sendable:
             hurry = not self._linger_s or self._flushing or self._space_waiters or self._closed
             for key, ps in list(self._sendable.items()):
-                if ps.ready:
-                    b = ps.ready.popleft()
-                elif ps.open is None:  # nothing left (a closing producer dropped it)
-                    del self._sendable[key]
-                    continue
+                batches.extend(self._take_locked(ps, now, bool(hurry)))
+                if ps.open is not None and not ps.ready and self._can_send_locked(ps):
+                    due = ps.open.created_s + self._linger_s  # it lingers
+                    wake_at = due if wake_at is None else min(wake_at, due)
                 else:
-                    b = ps.open  # type: ignore[assignment]
-                    if not (hurry or b.urgent):
-                        due = b.created_s + self._linger_s
-                        if due > now:
-                            wake_at = due if wake_at is None else min(wake_at, due)
-                            continue
-                    ps.open = None
-                    self._partitioner.batch_sent(ps.queue, ps.partition)
-                del self._sendable[key]
-                ps.in_flight = b
-                b.is_async = True
-                self._async_in_flight += 1
-                batches.append(b)
+                    del self._sendable[key]  # nothing left, or no room: _finish puts it back
         return batches, wake_at
 
-    def _dispatch(self, b: _Batch) -> None:
-        """Send a batch that holds its slot (first attempt or retry) without waiting."""
+    def _send_all(self, batches: list[_Batch]) -> None:
+        """Encode and hand ``batches`` to the connection, in order; the caller holds
+        ``_wire`` (taken under ``_lock`` when the batches went into flight), released here."""
+        try:
+            sent = [(b, *self._dispatch(b)) for b in batches]
+        finally:
+            self._wire.release()
+        for b, fut, exc in sent:
+            if fut is None:
+                self._finish(b, None, exc)
+            else:
+                fut.add_done_callback(functools.partial(self._on_response, b))
+
+    def _dispatch(self, b: _Batch) -> tuple[concurrent.futures.Future | None, BaseException | None]:
+        """Send a batch in flight (first attempt or retry) without waiting: its response's
+        future, or the error that stopped it before it left. Runs under ``_wire`` only, so it
+        finishes nothing itself (that takes ``_lock``)."""
         ps = b.part
         if b.encoded is None:
             if self._aborting:
-                self._finish(b, None, ClosedError("the producer was closed before this message was sent"))
-                return
+                return None, ClosedError("the producer was closed before this message was sent")
             if time.monotonic() - b.created_s > self._delivery_timeout_s:
-                self._finish(b, None, UnavailableError(
-                    f"the batch waited longer than delivery_timeout_ms={self.delivery_timeout_ms} to be sent"))
-                return
+                return None, UnavailableError(
+                    f"the batch waited longer than delivery_timeout_ms={self.delivery_timeout_ms} to be sent")
             try:
                 self._encode(b, None)  # messages were checked when queued
             except Exception as e:  # noqa: BLE001 - it belongs to the batch's futures
-                self._finish(b, None, e)
-                return
+                return None, e
         b.attempts += 1
         try:
             if self._produce_async is not None:
-                fut = self._produce_async(ps.queue, ps.partition, b.encoded)
-            else:
-                fut = self._embedded_pool().submit(self._service.produce, ps.queue, ps.partition, b.encoded)
+                return self._produce_async(ps.queue, ps.partition, b.encoded), None
+            return self._embedded_pool().submit(self._service.produce, ps.queue, ps.partition, b.encoded), None
         except Exception as e:  # noqa: BLE001 - a closed service, a stopped pool
-            fut = concurrent.futures.Future()
-            fut.set_exception(e)
-        fut.add_done_callback(lambda f, b=b: self._on_response(b, f))
+            fut: concurrent.futures.Future = concurrent.futures.Future()
+            fut.set_exception(e)  # judged like a failed request: retried if retriable
+            return fut, None
 
     def _embedded_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._pool is None:
@@ -795,18 +896,29 @@ class Producer:
             delay = self._retry_delay(b, e)
             if delay is None:
                 self._finish(b, None, self._final_error(b, e))
-            else:
+            else:  # its partition recovers: the batches in flight finish, then retries go in order
                 with self._lock:
-                    heapq.heappush(self._retry_heap, (time.monotonic() + delay, next(self._tiebreak), b))
+                    ps = b.part
+                    self._land_locked(b)
+                    b.retry_at = time.monotonic() + delay
+                    i = len(ps.retry)
+                    while i and ps.retry[i - 1].order > b.order:
+                        i -= 1
+                    ps.retry.insert(i, b)
+                    ps.recovering = True
+                    self._recovering[ps.key] = ps
+                    self._sendable.pop(ps.key, None)
+                    self._wake_locked()
             return
         self._finish(b, result, None)
 
     # -- encoding, retries, outcomes ------------------------------------------------------
 
     def _encode(self, b: _Batch, cap: int | None) -> None:
-        """Encode in the slot: the batch's sequence follows what its partition acknowledged."""
+        """Encode under the batch's send identity; its sequence follows the partition's
+        batch sent before it (encodes run in sending order, under ``_wire``)."""
         ps = b.part
-        ident = self._identity
+        ident = b.send_identity
         if ident is None:
             pid = seq = epoch = -1
         else:
@@ -814,6 +926,7 @@ class Producer:
                 ps.identity, ps.next_sequence = ident, 0
             pid, epoch = ident
             seq = ps.next_sequence
+            ps.next_sequence = (seq + len(b.messages)) % SEQUENCE_MOD  # the next batch may leave before the answer
         b.encoded = encode_batch(b.messages, compression=self.compression, producer_id=pid,
                                  base_sequence=seq, producer_epoch=epoch, message_bytes_max=cap,
                                  deliver_times=b.deliver_times)
@@ -851,27 +964,31 @@ class Producer:
             return err
         return exc
 
-    def _finish(self, b: _Batch, result: ProduceResult | None, exc: BaseException | None,
-                *, holds_slot: bool = True) -> None:
-        """Release the batch's slot and buffer room, then resolve its futures and callbacks."""
+    def _finish(self, b: _Batch, result: ProduceResult | None, exc: BaseException | None) -> None:
+        """Take the batch out of flight, release its buffer room, then resolve its futures
+        and callbacks."""
         ps = b.part
         with self._lock:
-            if result is not None:
-                if b.identity is not None and b.identity == ps.identity:
-                    ps.next_sequence = (b.base_sequence + result.count) % SEQUENCE_MOD
-            else:
+            if result is None:
                 assert exc is not None
                 if b.attempts and b.identity is not None and b.identity == self._identity and may_be_appended(exc):
                     self._bump_epoch_locked()
+                elif b.identity is not None:
+                    with self._wire:  # not stored: give its sequence back, if nothing took the next one
+                        if ps.identity == b.identity and \
+                                ps.next_sequence == (b.base_sequence + len(b.messages)) % SEQUENCE_MOD:
+                            ps.next_sequence = b.base_sequence
                 if isinstance(exc, (QueueNotFoundError, PartitionOutOfRangeError)):
                     self._metadata.pop(ps.queue, None)
-            if holds_slot:
-                ps.in_flight = None
-                if b.is_async:
-                    self._async_in_flight -= 1
-                if ps.open is not None or ps.ready:
-                    self._sendable[ps.key] = ps
-                    self._wake_locked()
+            self._land_locked(b)
+            if ps.retry and b in ps.retry:
+                ps.retry.remove(b)
+            if ps.recovering:
+                if not ps.in_flight:
+                    self._wake_locked()  # the next retry, or the end of recovery
+            elif (ps.open is not None or ps.ready) and self._can_send_locked(ps):
+                self._sendable[ps.key] = ps
+                self._wake_locked()
             if b.buffered_bytes:
                 self._buffered_bytes -= b.buffered_bytes
                 if self._space_waiters:

@@ -5,7 +5,9 @@ of the batch's first message, counted per (queue, partition). For every
 (producer id, queue id, partition) the table keeps the epoch, the last sequence appended, and
 the last ``RECENT_BATCHES`` batches with the offsets they got. A batch whose sequence range
 equals one of those is a retry of an appended batch: the store returns the original
-placement instead of appending it again. A batch that skips ahead or falls behind is refused.
+placement instead of appending it again. A batch that skips ahead or falls behind is refused,
+and so is a first batch (of a producer id new to the partition, or of a new epoch) that does
+not start at sequence 0: its predecessor was lost, and the producer must send that first.
 
 Persistence is the store's business (headwater.storage.producer_snapshots): the table
 only turns itself into bytes and back. The in-memory test broker uses the same table, so
@@ -64,15 +66,23 @@ class ProducerStateTable:
         if h.base_sequence < 0 or h.producer_epoch < 0:
             raise InvalidArgumentError("an idempotent batch needs a sequence and an epoch >= 0")
         e = self._entries.get((pid, queue_id, partition))
-        if e is None:
-            return None  # a producer new to this partition (or expired) starts anywhere
+        if e is None or h.producer_epoch > e.epoch:
+            # a producer new to this partition (or forgotten), or a new epoch, starts at 0:
+            # a later batch arriving first means the first was lost, and storing it would
+            # put it ahead of that batch's retry
+            if h.base_sequence != 0:
+                raise OutOfOrderSequenceError(
+                    f"producer {pid} epoch {h.producer_epoch} sent sequence {h.base_sequence} to "
+                    f"partition {partition} of queue id {queue_id}, which knows no batch of it yet "
+                    f"(new, forgotten after the producer expiry, or a new epoch): its first batch "
+                    f"has sequence 0 (an earlier batch was lost; send it first)"
+                )
+            return None
         if h.producer_epoch < e.epoch:
             raise ProducerFencedError(
                 f"producer {pid} epoch {h.producer_epoch} was fenced by epoch {e.epoch}; "
                 f"a newer instance of this producer is running"
             )
-        if h.producer_epoch > e.epoch:
-            return None  # a new instance: its sequences start afresh
         for base_seq, count, base_offset, ts in e.recent:
             if base_seq == h.base_sequence and count == h.count:
                 return ProduceResult(queue_id, partition, base_offset, count, ts)
