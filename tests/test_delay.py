@@ -8,7 +8,6 @@ the injected clock of tests/conftest.py. Times are given as ``deliver_at`` from 
 
 from __future__ import annotations
 
-import os
 import random
 import struct
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import headwater
-from headwater.errors import InvalidArgumentError, MessageNotFoundError, QueueDisabledError
+from headwater.errors import InvalidArgumentError, MessageNotFoundError
 from headwater.model.delay import split_delay_offset
 from headwater.model.message import Message, MessageId
 from tests.support.broker_process import BrokerProcess
@@ -387,7 +386,7 @@ def test_pending_messages_survive_a_restart(tmp_path, clock):
         assert s.pending_messages == 7
         assert hw.get(ids[5]).body == b"r5"
         clock.now = (t0 + 11 * 600_000) / 1000
-        recs = wait_for(lambda: count_is(hw, "r", 9), what="the rest")
+        wait_for(lambda: count_is(hw, "r", 9), what="the rest")
         time.sleep(0.3)
         assert sorted(r.body for r in scan_all(hw, "r")) == sorted(f"r{i}".encode() for i in range(10) if i != 3)
 
@@ -411,7 +410,7 @@ def test_idempotent_retries_of_delayed_batches_are_scheduled_once(tmp_path, cloc
     plain = encode_batch([b"plain"], producer_id=77, base_sequence=0, producer_epoch=0)
     assert hw.service.produce("i", 0, plain).base_offset == 0
     clock.advance(61)
-    recs = wait_for(lambda: count_is(hw, "i", 3), what="delivery")
+    wait_for(lambda: count_is(hw, "i", 3), what="delivery")
     time.sleep(0.3)
     assert sorted(r.body for r in scan_all(hw, "i")) == [b"next", b"once", b"plain"]
     hw.close()

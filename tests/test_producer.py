@@ -704,5 +704,6 @@ def test_a_batch_after_an_epoch_bump_waits_for_the_old_epochs_batches(hw):
         time.sleep(0.005)
     with pytest.raises(UnavailableError):
         doomed.result()
+    assert kept.result().offset == 0 and later.result().offset == 1
     assert [r.body for r in stored(hw, "q", 0)] == [b"a", b"b"]
     p.close()

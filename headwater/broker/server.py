@@ -1,15 +1,20 @@
 """BrokerServer: the broker behind TCP, speaking headwater.protocol over asyncio.
 
-One task reads each connection and turns frames into requests; each request runs as its own
-task, so a connection can pipeline many (responses go out as they finish, matched by id).
-Blocking broker calls (appends that wait for fsync, admin operations that rewrite the
-catalog) run on a bounded thread pool; fetches run on the event loop, and a fetch that finds
-nothing waits up to its ``max_wait_ms`` for an append to that partition (long polling).
+Each connection is an :class:`asyncio.Protocol`: bytes read go to the sans-IO
+:class:`Connection`, and its requests are served right there, in the order they arrive. A
+request that needs no wait (a produce with async flush, a fetch that finds data, a ping) is
+answered inline, with no task; only one that must wait gets a task, so a connection can
+pipeline many (responses go out as they finish, matched by id). Blocking broker calls (the
+wait for the fsync of sync flush, admin operations that rewrite the catalog) run on a bounded
+thread pool; a fetch that finds nothing waits up to its ``max_wait_ms`` for an append to that
+partition (long polling). Produces are appended inline, so those of one connection reach the
+log in the order it sent them.
 
 Every queue and buffer is bounded: requests in flight per connection, bytes of fetches in
-flight per connection, frame size, connections, and the time a connection may take to
-handshake or sit idle. When a bound is reached the server stops reading that connection,
-and TCP pushes back on the client; other connections are not affected.
+flight per connection and in all, answers buffered for a peer that does not read them,
+frame size, connections, and the time a connection may take to handshake or sit idle. When
+a bound is reached the server stops reading that connection, and TCP pushes back on the
+client; other connections are not affected.
 """
 
 from __future__ import annotations
@@ -21,42 +26,41 @@ import logging
 import resource
 import threading
 import time
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 
 from headwater._version import __version__
 from headwater.broker.broker import Broker
+from headwater.broker.connection import CLOSE_LINGER_S, ByteBudget, ClientConnection
 from headwater.broker.push import PUSH_APIS, PushService
 from headwater.errors import HeadwaterError, InvalidArgumentError
 from headwater.protocol import (
-    NEED_DATA,
-    SERVER,
     ApiKey,
-    Connection,
-    ConnectionClosed,
     ErrorResponse,
     FetchRequest,
     FetchResponse,
-    Handshake,
-    ProduceRequest,
     ProduceResponse,
-    HandshakeAccepted,
     ProtocolError,
-    RemoteProtocolError,
     Request,
     Response,
-    UnsupportedVersionError,
-    choose_version,
     invoke,
 )
 from headwater.broker.shared import SharedWaiters
 from headwater.protocol.messages import KeyedFetchRequest, KeyedFetchResponse
-from headwater.protocol.messages import SharedReceiveRequest, SharedReceiveResponse, StatusResponse
+from headwater.protocol.messages import (
+    PingResponse,
+    SharedReceiveRequest,
+    SharedReceiveResponse,
+    StatusResponse,
+)
 
 __all__ = ["BrokerServer", "ServerConfig"]
 
 log = logging.getLogger("headwater.server")
+
+_PING = PingResponse()
 
 
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,7 +78,8 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     handshake_timeout_s: float = 10.0
     idle_timeout_s: float = 600.0
     worker_threads: int = 32
-    read_bytes: int = 256 * 1024
+    read_bytes: int = 256 * 1024  # unused since reads are the event loop's (256 KiB at most)
+    write_buffer_bytes_max: int = 256 * 1024  # answers a peer has not taken: past this, stop reading it
     shutdown_grace_s: float = 10.0
     push_bytes_max: int = 1024 * 1024  # one PUSH frame of a subscription stream
     push_streams_max: int = 64  # subscription streams per connection
@@ -82,7 +87,8 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     def validated(self) -> ServerConfig:
         for name in ("connections_max", "requests_in_flight_max", "connection_bytes_in_flight_max",
                      "bytes_in_flight_max",
-                     "fetch_bytes_max", "frame_bytes_max", "worker_threads", "read_bytes"):
+                     "fetch_bytes_max", "frame_bytes_max", "worker_threads", "read_bytes",
+                     "write_buffer_bytes_max"):
             if getattr(self, name) < 1:
                 raise InvalidArgumentError(f"{name} must be at least 1")
         if not 0 <= self.port <= 65535:
@@ -146,41 +152,6 @@ class _PartitionWaiters:
             del self._waiting[(queue, partition)]
 
 
-class _ByteBudget:
-    """Bytes in flight, bounded: ``acquire`` waits until they fit (one oversized request is
-    let through alone, so nothing waits forever)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._cond = asyncio.Condition()
-
-    async def acquire(self, n: int) -> None:
-        async with self._cond:
-            await self._cond.wait_for(lambda: self.used + n <= self.limit or self.used == 0)
-            self.used += n
-
-    async def release(self, n: int) -> None:
-        async with self._cond:
-            self.used -= n
-            self._cond.notify_all()
-
-
-class _ConnState:
-    __slots__ = ("conn", "writer", "peer", "slots", "budget", "tasks", "write_lock")
-
-    def __init__(self, conn: Connection, writer: asyncio.StreamWriter, peer: str, slots: int) -> None:
-        self.conn = conn
-        self.writer = writer
-        self.peer = peer
-        self.slots = asyncio.Semaphore(slots)
-        self.budget: _ByteBudget | None = None  # produce batches and fetch responses in flight
-        self.tasks: set[asyncio.Task] = set()
-        # one response is written (and drained) at a time, so a client that stops reading
-        # holds at most the responses in flight, never an unbounded transport buffer
-        self.write_lock = asyncio.Lock()
-
-
 class BrokerServer:
     """Serve a :class:`Broker` on TCP. ``await start()``, then ``await serve_until_stopped()``."""
 
@@ -189,10 +160,11 @@ class BrokerServer:
         self.config = (config or ServerConfig()).validated()
         self._pool = ThreadPoolExecutor(self.config.worker_threads, thread_name_prefix="headwater-worker")
         self._server: asyncio.base_events.Server | None = None
-        self._conns: set[_ConnState] = set()
-        self._handlers: set[asyncio.Task] = set()
+        self._conns: set[ClientConnection] = set()
         self._closing = False
         self._stopping: asyncio.Event | None = None
+        self._all_closed: asyncio.Future[None] | None = None  # set by stop(): the last one went
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._started = time.monotonic()
         self.requests = 0
         self.connections_total = 0
@@ -200,10 +172,10 @@ class BrokerServer:
 
     async def start(self) -> int:
         """Listen; return the port (useful with port 0)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self._waiters = _PartitionWaiters(loop)
-        self._budget = _ByteBudget(self.config.bytes_in_flight_max)
+        self._budget = ByteBudget(self.config.bytes_in_flight_max)
         self.broker.add_append_listener(self._waiters.notify)
         self.broker.groups.hold_grants_after_restart()  # members from before a restart may still read
         self._shared_waiters = SharedWaiters(loop)
@@ -211,9 +183,8 @@ class BrokerServer:
         self._push = PushService(self.broker, self._pool, push_bytes_max=self.config.push_bytes_max,
                                  streams_per_connection_max=self.config.push_streams_max)
         _raise_fd_limit(self.config.connections_max + 256)
-        self._server = await asyncio.start_server(
-            self._handle, self.config.host, self.config.port, limit=self.config.read_bytes,
-            backlog=4096,
+        self._server = await loop.create_server(
+            lambda: ClientConnection(self), self.config.host, self.config.port, backlog=4096,
         )
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("headwater %s serving %s on %s:%d", __version__, self.broker.store.path,
@@ -239,200 +210,209 @@ class BrokerServer:
         self._waiters.wake_all()  # parked long polls answer now, with what there is
         self._shared_waiters.wake_all()
         await self._push.stop()  # each subscriber hears why its stream ended
-        tasks = [t for c in self._conns for t in c.tasks]
-        if tasks:
-            await asyncio.wait(tasks, timeout=self.config.shutdown_grace_s)
-        for c in list(self._conns):
-            c.writer.close()
-        # whatever is still stuck (a client that stopped reading) is cancelled, not abandoned
-        stuck = [t for t in self._handlers if not t.done()] + [t for c in self._conns for t in c.tasks]
-        for t in stuck:
-            t.cancel()
-        if stuck:
-            await asyncio.gather(*stuck, return_exceptions=True)
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.shutdown_grace_s
+        while (tasks := [t for c in self._conns for t in c.tasks]) and loop.time() < deadline:
+            await asyncio.wait(tasks, timeout=deadline - loop.time())
+        if self._conns:  # closing sends what is written; a peer that does not read is cut off
+            self._all_closed = loop.create_future()
+            for c in list(self._conns):
+                c.close()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLOSE_LINGER_S + 1):
+                    await self._all_closed
+        for c in list(self._conns):
+            c.transport.abort()
+        stuck = [t for c in self._conns for t in c.tasks]
+        if stuck:  # cancelled by close(); wait for them to unwind
+            await asyncio.gather(*stuck, return_exceptions=True)
         await loop.run_in_executor(None, self._pool.shutdown, True)
         await loop.run_in_executor(None, self.broker.close)
         log.info("headwater stopped cleanly")
 
-    # -- connections ------------------------------------------------------------------
+    # -- requests ------------------------------------------------------------------------
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = "%s:%s" % (writer.get_extra_info("peername") or ("?", "?"))[:2]
-        if len(self._conns) >= self.config.connections_max:
-            log.warning("refusing %s: %d connections open (connections_max)", peer, len(self._conns))
-            writer.close()
-            return
-        self.connections_total += 1
-        me = asyncio.current_task()
-        if me is not None:
-            self._handlers.add(me)
-            me.add_done_callback(self._handlers.discard)
-        cfg = self.config
-        conn = Connection(SERVER, frame_bytes_max=cfg.frame_bytes_max,
-                          requests_in_flight_max=cfg.requests_in_flight_max)
-        st = _ConnState(conn, writer, peer, cfg.requests_in_flight_max)
-        st.budget = _ByteBudget(cfg.connection_bytes_in_flight_max)
-        self._conns.add(st)
-        try:
-            await self._read_loop(st, reader)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        except Exception:  # noqa: BLE001 - a bug must not take the server down
-            log.exception("connection %s failed", peer)
-        finally:
-            self._conns.discard(st)
-            self._push.connection_closed(st)
-            for t in list(st.tasks):
-                t.cancel()
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    async def _read_loop(self, st: _ConnState, reader: asyncio.StreamReader) -> None:
-        conn, cfg = st.conn, self.config
-        handshaken = False
-        while True:
-            try:
-                ev = conn.next_event()
-            except ProtocolError as e:
-                log.warning("closing %s: %s", st.peer, e)
-                with contextlib.suppress(ProtocolError):
-                    st.writer.write(conn.send(ErrorResponse.from_exception(0, e)))
-                return
-            if ev is NEED_DATA:
-                timeout = cfg.idle_timeout_s if handshaken else cfg.handshake_timeout_s
-                try:
-                    async with asyncio.timeout(timeout):  # no extra task per read, unlike wait_for
-                        data = await reader.read(cfg.read_bytes)
-                except TimeoutError:
-                    log.info("closing %s: %s", st.peer,
-                             "idle too long" if handshaken else "no handshake in time")
-                    return
-                conn.receive_data(data)
-                continue
-            if isinstance(ev, Handshake):
-                try:
-                    version = choose_version(ev)
-                except UnsupportedVersionError as e:
-                    st.writer.write(conn.send(ErrorResponse.from_exception(0, e)))
-                    log.warning("closing %s: %s", st.peer, e)
-                    return
-                st.writer.write(conn.send(HandshakeAccepted(version, f"headwater/{__version__}")))
-                handshaken = True
-            elif isinstance(ev, Request):
-                await st.slots.acquire()  # bound on requests in flight: stop reading when full
-                cost = self._cost(st, ev.body)
-                if cost:  # bytes of batches and responses in flight: per connection, then in all
-                    await st.budget.acquire(cost)
-                    await self._budget.acquire(cost)
-                task = asyncio.create_task(self._serve_request(st, ev, cost))
-                st.tasks.add(task)
-                task.add_done_callback(st.tasks.discard)
-            elif isinstance(ev, ConnectionClosed):
-                # the peer is gone: answers it may still read are finished briefly; parked
-                # long polls would only hold resources for nobody, so they are cancelled
-                if st.tasks:
-                    await asyncio.wait(list(st.tasks), timeout=1.0)
-                return
-            else:
-                return
-
-    async def _serve_request(self, st: _ConnState, ev: Request, cost: int = 0) -> None:
-        self.requests += 1
+    def _serve(self, st: ClientConnection, ev: Request) -> bool:
+        """Serve a request read from ``st``: answer it now if it needs no wait, else start a
+        task. False (nothing done) when the byte budget is short: serve it again later."""
         body = ev.body
+        api = body.api
+        try:
+            if api is ApiKey.PRODUCE:
+                n = len(body.batch)
+                if not self._take(st, n):
+                    return False
+                try:  # the append, inline: this is what keeps a connection's produces in order
+                    result, durable_at = self.broker.produce_nowait(body.queue, body.partition, body.batch)
+                finally:
+                    self._release(st, n)  # appended: the batch is no longer held
+                if durable_at is not None:  # sync flush: answer once the fsync is done
+                    self._spawn(st, ev, self._wait_durable(result, durable_at))
+                    return True
+                answer: object = ProduceResponse.from_result(result)
+            elif api is ApiKey.FETCH:
+                want = self._fetch_want(st, body)
+                if not self._take(st, want):
+                    return False
+                try:
+                    res = self.broker.fetch(body.queue, body.partition, body.offset, max_bytes=want,
+                                            tag_mask=body.tag_mask, end_offset=body.end_offset)
+                except BaseException:
+                    self._release(st, want)
+                    raise
+                if res.batches:
+                    held = self._hold_read(st, want, res)
+                    try:
+                        chunks = st.conn.send_chunks(Response(ev.request_id, FetchResponse.from_result(res)))
+                    except BaseException:
+                        self._release(st, held)
+                        raise
+                    self.requests += 1
+                    st.out += chunks
+                    st.unsent += held  # released once the answer is out
+                    return True
+                self._release(st, want)
+                if self._fetch_parks(body, res):
+                    self._spawn(st, ev, self._fetch(st, body))
+                    return True
+                answer = FetchResponse.from_result(res)
+            elif api is ApiKey.PING:
+                answer = _PING
+            else:
+                self._spawn(st, ev, self._serve_waiting(st, body))
+                return True
+            chunks = st.conn.send_chunks(Response(ev.request_id, answer))
+        except Exception as e:  # noqa: BLE001 - answer, log, keep serving
+            chunks = self._error_chunks(st, ev, e)
+        self.requests += 1
+        st.out += chunks
+        return True
+
+    def _spawn(self, st: ClientConnection, ev: Request, work: Coroutine[object, object, object]) -> None:
+        task = self._loop.create_task(self._serve_task(st, ev, work))
+        st.tasks.add(task)
+        task.add_done_callback(st.task_done)
+
+    async def _serve_task(self, st: ClientConnection, ev: Request, work: Coroutine[object, object, object]) -> None:
+        """Await ``work`` (a response body, or a fetch's (body, budget bytes held)), answer."""
+        self.requests += 1
+        charge = 0
         try:
             try:
-                if body.api is ApiKey.FETCH:
-                    result, cost = await self._fetch(st, body)
-                elif body.api is ApiKey.STATUS:
-                    result = StatusResponse.from_result(await self._status())
-                elif body.api is ApiKey.SHARED_RECEIVE:
-                    result = await self._shared_receive(body)
-                elif body.api is ApiKey.KEYED_FETCH:
-                    result = await self._keyed_fetch(body)
-                elif body.api in PUSH_APIS:
-                    result = await self._push.handle(st, body)
-                elif body.api is ApiKey.PRODUCE:
-                    result = await self._produce(body)
-                else:
-                    loop = asyncio.get_running_loop()
-                    result = await loop.run_in_executor(self._pool, invoke, self.broker, body)
-                out = st.conn.send_chunks(Response(ev.request_id, result))
-            except HeadwaterError as e:
-                out = st.conn.send_chunks(ErrorResponse.from_exception(ev.request_id, e))
+                result = await work
+                if type(result) is tuple:
+                    result, charge = result
+                chunks = st.conn.send_chunks(Response(ev.request_id, result))
             except Exception as e:  # noqa: BLE001 - answer, log, keep serving
-                log.exception("request %s from %s failed", body.api.name, st.peer)
-                err = HeadwaterError(f"internal error in {body.api.name}: {e}")
-                out = st.conn.send_chunks(ErrorResponse.from_exception(ev.request_id, err))
-            async with st.write_lock:
-                st.writer.writelines(out)
-                await st.writer.drain()
+                chunks = self._error_chunks(st, ev, e)
+            charge, held = 0, charge
+            st.send(chunks, held)  # the budget held goes with the answer
         except (ConnectionError, ProtocolError):
             pass
         finally:
-            if cost:
-                await self._release(st, cost)
-            st.slots.release()
+            work.close()  # a task cancelled before its first step never started it
+            if charge:
+                self._release(st, charge)
 
-    async def _produce(self, req: ProduceRequest) -> ProduceResponse:
-        """Append on the event loop (a validation and a pwritev: short, never waits on the
-        disk); only the wait for the fsync of sync flush goes to a worker thread, where
+    def _error_chunks(self, st: ClientConnection, ev: Request, e: Exception) -> list:
+        if not isinstance(e, HeadwaterError):
+            log.error("request %s from %s failed", ev.body.api.name, st.peer, exc_info=e)
+            e = HeadwaterError(f"internal error in {ev.body.api.name}: {e}")
+        return st.conn.send_chunks(ErrorResponse.from_exception(ev.request_id, e))
+
+    async def _serve_waiting(self, st: ClientConnection, body: object) -> object:
+        """The requests that wait (on a worker thread, a long poll, a push stream)."""
+        api = body.api
+        if api is ApiKey.STATUS:
+            return StatusResponse.from_result(await self._status())
+        if api is ApiKey.SHARED_RECEIVE:
+            return await self._shared_receive(body)
+        if api is ApiKey.KEYED_FETCH:
+            return await self._keyed_fetch(body)
+        if api in PUSH_APIS:
+            return await self._push.handle(st, body)
+        return await self._loop.run_in_executor(self._pool, invoke, self.broker, body)
+
+    async def _wait_durable(self, result: object, durable_at: object) -> ProduceResponse:
+        """Sync flush: the append is done; wait for its fsync on a worker thread, where
         concurrent appends share one fsync."""
-        result, durable_at = self.broker.produce_nowait(req.queue, req.partition, req.batch)
-        if durable_at is not None:
-            await asyncio.get_running_loop().run_in_executor(self._pool, self.broker.wait_durable, durable_at)
+        await self._loop.run_in_executor(self._pool, self.broker.wait_durable, durable_at)
         return ProduceResponse.from_result(result)
 
-    def _fetch_want(self, st: _ConnState, req: FetchRequest) -> int:
+    def _take(self, st: ClientConnection, n: int) -> bool:
+        """Take ``n`` bytes of the connection's budget and the server's, or neither (then
+        ``st`` is woken when bytes are released)."""
+        if not st.budget.take(n):
+            st.budget.wait(st._wake)
+            return False
+        if not self._budget.take(n):
+            st.budget.untake(n)
+            self._budget.wait(st._wake)
+            return False
+        return True
+
+    async def _acquire(self, st: ClientConnection, n: int) -> None:
+        await st.budget.acquire(n)
+        try:
+            await self._budget.acquire(n)
+        except BaseException:
+            st.budget.release(n)
+            raise
+
+    def _release(self, st: ClientConnection, n: int) -> None:
+        st.budget.release(n)
+        self._budget.release(n)
+
+    def _fetch_want(self, st: ClientConnection, req: FetchRequest) -> int:
         """The most bytes a fetch may return: its ask, the server's cap, the peer's frame limit."""
         return max(1, min(req.max_bytes, self.config.fetch_bytes_max, st.conn.peer_frame_bytes_max - 4096))
 
-    def _cost(self, st: _ConnState, body: object) -> int:
-        """Bytes a request holds from the moment it is read: a produced batch. (A fetch
-        reserves its response's bytes only while it reads; a parked long poll holds none.)"""
-        if isinstance(body, ProduceRequest):
-            return len(body.batch)
-        return 0
+    def _hold_read(self, st: ClientConnection, want: int, res: object) -> int:
+        """The budget a read holds: the ``want`` taken becomes the size read (the store may go
+        one batch past the ask; the excess is counted even above the limit, so the next
+        request waits)."""
+        size = sum(len(b) for b in res.batches)
+        if size < want:
+            self._release(st, want - size)
+        elif size > want:
+            st.budget.charge(size - want)
+            self._budget.charge(size - want)
+        return size
 
-    async def _fetch(self, st: _ConnState, req: FetchRequest) -> tuple[FetchResponse, int]:
-        """Fetch; when nothing is there, park until an append or ``max_wait_ms`` passes.
+    def _fetch_parks(self, req: FetchRequest, res: object) -> bool:
+        """Whether a fetch that read nothing waits for an append (long polling)."""
+        return not (res.next_offset != req.offset or min(req.max_wait_ms, self.config.fetch_wait_ms_max) <= 0
+                    or self._closing or (req.end_offset is not None and req.offset >= req.end_offset))
 
-        Returns the response and the bytes it holds of the budgets (released by the caller
-        once the response is written)."""
+    async def _fetch(self, st: ClientConnection, req: FetchRequest) -> tuple[FetchResponse, int] | FetchResponse:
+        """A fetch that found nothing: park until an append or ``max_wait_ms`` passes.
+
+        Returns the response, with the bytes it holds of the budgets when it holds any
+        (released once the response is out)."""
         want = self._fetch_want(st, req)
         deadline = time.monotonic() + min(req.max_wait_ms, self.config.fetch_wait_ms_max) / 1000
         while True:
-            await st.budget.acquire(want)
-            await self._budget.acquire(want)
-            try:
-                res = self.broker.fetch(req.queue, req.partition, req.offset, max_bytes=want,
-                                        tag_mask=req.tag_mask, end_offset=req.end_offset)
-            except BaseException:
-                await self._release(st, want)
-                raise
-            remaining = deadline - time.monotonic()
-            if res.batches:
-                return FetchResponse.from_result(res), want
-            await self._release(st, want)  # nothing read: hold nothing while parked
-            if res.next_offset != req.offset or remaining <= 0 or self._closing or (
-                req.end_offset is not None and req.offset >= req.end_offset
-            ):
-                return FetchResponse.from_result(res), 0
             fut = self._waiters.wait(req.queue, req.partition, req.offset)
             try:
-                # re-check after registering: an append may have landed in between
-                if self.broker.store.end_offset(req.queue, req.partition) > req.offset:
-                    continue
-                await asyncio.wait_for(fut, remaining)
+                # check after registering: an append may have landed since the first read
+                if self.broker.store.end_offset(req.queue, req.partition) <= req.offset:
+                    await asyncio.wait_for(fut, deadline - time.monotonic())
             except asyncio.TimeoutError:
                 pass
             finally:
                 self._waiters.discard(req.queue, req.partition, fut)
-
-    async def _release(self, st: _ConnState, n: int) -> None:
-        await st.budget.release(n)
-        await self._budget.release(n)
+            await self._acquire(st, want)
+            try:
+                res = self.broker.fetch(req.queue, req.partition, req.offset, max_bytes=want,
+                                        tag_mask=req.tag_mask, end_offset=req.end_offset)
+            except BaseException:
+                self._release(st, want)
+                raise
+            if res.batches:
+                return FetchResponse.from_result(res), self._hold_read(st, want, res)
+            self._release(st, want)  # nothing read: hold nothing while parked
+            if time.monotonic() >= deadline or not self._fetch_parks(req, res):
+                return FetchResponse.from_result(res)
 
     async def _keyed_fetch(self, req: KeyedFetchRequest) -> KeyedFetchResponse:
         """A keyed member's fetch (filtering runs in a worker); when nothing is there, park on

@@ -18,7 +18,6 @@ version, negotiated in the handshake.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from enum import IntEnum
 from typing import Annotated, Any, ClassVar, NamedTuple
 

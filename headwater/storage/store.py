@@ -749,7 +749,7 @@ class LogStore:
     def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
         """The first offset appended at or after ``timestamp_ms`` (the end offset if none)."""
         q = self._usable_queue(queue)
-        pl = self._partition(q, partition)
+        self._partition(q, partition)  # raises for a partition out of range
         with self._lock:
             self._check_open()
             now = self._now_ms()

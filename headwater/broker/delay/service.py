@@ -55,7 +55,6 @@ from headwater.storage.schedule import (
     CANCELLED,
     CHECKPOINT_FILE,
     DELIVERED,
-    REC_HEAD_SIZE,
     DROPPED,
     SCHEDULE,
     DispatchCheckpoint,

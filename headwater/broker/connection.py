@@ -1,0 +1,397 @@
+"""One client connection of the broker's server, as an :class:`asyncio.Protocol`.
+
+Bytes read go to the sans-IO :class:`~headwater.protocol.Connection`, and its requests are
+served from ``data_received``, in arrival order, by the :class:`BrokerServer` that owns the
+connection (``BrokerServer._serve``). This module holds the transport side: bounds
+(byte budgets, answers the peer has not taken), pausing and resuming reading, timeouts and
+closing. See :mod:`headwater.broker.server` for the whole picture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from headwater._version import __version__
+from headwater.protocol import (
+    NEED_DATA,
+    SERVER,
+    Connection,
+    ConnectionClosed,
+    ErrorResponse,
+    Handshake,
+    HandshakeAccepted,
+    ProtocolError,
+    Request,
+    UnsupportedVersionError,
+    choose_version,
+)
+
+if TYPE_CHECKING:
+    from headwater.broker.server import BrokerServer
+
+__all__ = ["ByteBudget", "ClientConnection", "CLOSE_LINGER_S"]
+
+log = logging.getLogger("headwater.server")
+
+_SERVER_NAME = f"headwater/{__version__}"
+_EOF_LINGER_S = 1.0  # after the peer's EOF, how long its unfinished requests may still answer
+CLOSE_LINGER_S = 5.0  # after close, how long a peer may take to read the last bytes
+_REQUESTS_PER_TURN = 64  # served from one connection before other connections get the loop
+
+
+class ByteBudget:
+    """Bytes in flight, bounded. ``take`` takes them when they fit (one oversized request is
+    let through alone, so nothing waits forever); otherwise the caller waits for a release:
+    a connection with a callback (``wait``), a task with ``await acquire``."""
+
+    __slots__ = ("limit", "used", "_waiters")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiters: list[Callable[[], None]] = []
+
+    def take(self, n: int) -> bool:
+        if self.used + n <= self.limit or self.used == 0:
+            self.used += n
+            return True
+        return False
+
+    def charge(self, n: int) -> None:
+        """Count bytes already held, even past the limit (takers then wait for releases)."""
+        self.used += n
+
+    def untake(self, n: int) -> None:
+        """Give back bytes just taken, before anyone could have waited for them."""
+        self.used -= n
+
+    def release(self, n: int) -> None:
+        self.used -= n
+        if self._waiters:  # everyone retries (they may fit now); who still does not waits again
+            waiters, self._waiters = self._waiters, []
+            for wake in waiters:
+                wake()
+
+    def wait(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` (once) at the next release; it must not take bytes itself."""
+        self._waiters.append(wake)
+
+    def forget(self, wake: Callable[[], None]) -> None:
+        if wake in self._waiters:
+            self._waiters = [w for w in self._waiters if w != wake]
+
+    async def acquire(self, n: int) -> None:
+        while not self.take(n):
+            fut = asyncio.get_running_loop().create_future()
+
+            def wake(fut: asyncio.Future[None] = fut) -> None:
+                if not fut.done():
+                    fut.set_result(None)
+
+            self.wait(wake)
+            try:
+                await fut
+            finally:
+                self.forget(wake)
+
+
+class ClientConnection(asyncio.Protocol):
+    """One client connection: the transport, its sans-IO :class:`Connection`, what it holds.
+
+    Bytes read go to the Connection, and its events are served at once, in order, from
+    ``data_received``: a request that needs no wait (a produce with async flush, a fetch
+    that finds data, a ping) is answered inline; one that must wait runs as a task. Since
+    every produce is appended inline, in the order read, a connection's produces reach the
+    log in the order it sent them (pipelined batches and idempotent sequences rely on it).
+
+    When a bound is reached (byte budget, or more than ``write_buffer_bytes_max`` of answers
+    not yet taken by the peer) serving stops and reading pauses; TCP pushes back on the
+    client. The event that did not fit is kept in ``held`` and served first on resume.
+
+    The transport's write buffer limits are 0/0, so ``pause_writing``/``resume_writing``
+    say exactly "bytes are buffered"/"all bytes went out": the budget held by answers
+    written is released when they are out. ``writer``, ``write_lock`` and ``conn`` are what
+    :class:`PushService` uses to send PUSH frames (``writelines``, ``await drain()``).
+    """
+
+    __slots__ = ("srv", "loop", "transport", "conn", "peer", "budget", "tasks", "write_lock", "out",
+                 "unsent", "held", "blocked", "wake_scheduled", "write_paused", "drain_waiters",
+                 "handshaken", "last_data_s", "timer", "closing", "lost", "eof", "counted")
+
+    def __init__(self, srv: BrokerServer) -> None:
+        cfg = srv.config
+        self.srv = srv
+        self.loop = srv._loop
+        self.transport: asyncio.Transport | None = None
+        self.conn = Connection(SERVER, frame_bytes_max=cfg.frame_bytes_max,
+                               requests_in_flight_max=cfg.requests_in_flight_max)
+        self.peer = "?"
+        self.budget = ByteBudget(cfg.connection_bytes_in_flight_max)  # batches and answers in flight
+        self.tasks: set[asyncio.Task] = set()
+        self.write_lock = asyncio.Lock()  # PUSH frames: one stream writes (and drains) at a time
+        self.out: list = []  # answers served inline, written once the events read are served
+        self.unsent = 0  # budget bytes held by answers written but perhaps not sent yet
+        self.held: Request | None = None  # the request that waits for budget
+        self.blocked = False  # serving stopped at a bound; reading paused
+        self.wake_scheduled = False
+        self.write_paused = False  # the transport holds bytes not sent yet
+        self.drain_waiters: list[asyncio.Future[None]] = []
+        self.handshaken = False
+        self.last_data_s = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.closing = False
+        self.lost = False
+        self.eof = False
+        self.counted = False  # in the server's connections (not refused)
+
+    @property
+    def writer(self) -> ClientConnection:
+        return self  # writelines and drain, as on a StreamWriter
+
+    # -- transport callbacks -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.transport = transport  # an asyncio.Transport (uvloop's is not a subclass)
+        srv = self.srv
+        self.peer = "%s:%s" % (transport.get_extra_info("peername") or ("?", "?"))[:2]
+        if len(srv._conns) >= srv.config.connections_max or srv._closing:
+            if not srv._closing:
+                log.warning("refusing %s: %d connections open (connections_max)", self.peer, len(srv._conns))
+            self.closing = True
+            transport.close()
+            return
+        srv.connections_total += 1
+        srv._conns.add(self)
+        self.counted = True
+        transport.set_write_buffer_limits(high=0, low=0)
+        self.last_data_s = self.loop.time()
+        self.timer = self.loop.call_later(srv.config.handshake_timeout_s, self._on_timer)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_data_s = self.loop.time()
+        self.conn.receive_data(data)
+        if not self.blocked and not self.closing:
+            self._serve_events()
+
+    def eof_received(self) -> bool:
+        self.conn.receive_data(b"")
+        if not self.blocked and not self.closing:
+            self._serve_events()
+        return True  # answers still being served go out; we close once they are
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.unsent:
+            n, self.unsent = self.unsent, 0
+            self.srv._release(self, n)
+        if self.drain_waiters:
+            waiters, self.drain_waiters = self.drain_waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+        self._wake()  # may be called from inside a write: never serve from here directly
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = self.closing = True
+        if not self.counted:
+            return
+        srv = self.srv
+        srv._conns.discard(self)
+        srv._push.connection_closed(self)
+        if self.timer is not None:
+            self.timer.cancel()
+        for t in self.tasks:
+            t.cancel()
+        self.budget.forget(self._wake)
+        srv._budget.forget(self._wake)
+        if self.unsent:  # the bytes will never go out: their budget is free
+            n, self.unsent = self.unsent, 0
+            srv._release(self, n)
+        self.out.clear()
+        self.resume_writing()  # wakes drain() waiters, which then see the connection lost
+        if srv._all_closed is not None and not srv._conns and not srv._all_closed.done():
+            srv._all_closed.set_result(None)
+
+    # -- serving -------------------------------------------------------------------------
+
+    def _serve_events(self) -> None:
+        """Serve the events the Connection holds, in order, until it needs data or a bound
+        is reached; then write the answers served inline, in one go."""
+        conn, srv = self.conn, self.srv
+        write_max = srv.config.write_buffer_bytes_max
+        turn = _REQUESTS_PER_TURN
+        try:
+            while not self.closing:
+                if not turn:  # a long pipelined burst: let other connections in, go on soon
+                    self._block()
+                    self.wake_scheduled = True
+                    self.loop.call_soon(self._unblock)
+                    break
+                if self.write_paused and self.transport.get_write_buffer_size() > write_max:
+                    self._block()  # the peer is not taking its answers: read no more from it
+                    break
+                ev = self.held
+                if ev is not None:
+                    self.held = None
+                else:
+                    try:
+                        ev = conn.next_event()
+                    except ProtocolError as e:
+                        log.warning("closing %s: %s", self.peer, e)
+                        with contextlib.suppress(ProtocolError):
+                            self.out += conn.send_chunks(ErrorResponse.from_exception(0, e))
+                        self.close()
+                        break
+                    if ev is NEED_DATA:
+                        break
+                kind = type(ev)
+                if kind is Request:
+                    turn -= 1
+                    if not srv._serve(self, ev):
+                        self.held = ev
+                        self._block()
+                        break
+                elif kind is Handshake:
+                    if not self._accept(ev):
+                        break
+                elif kind is ConnectionClosed:
+                    self._peer_closed()
+                    break
+                else:  # the state machine lets nothing else through; be safe
+                    self.close()
+                    break
+        except Exception:  # noqa: BLE001 - a bug must not take the server down
+            log.exception("connection %s failed", self.peer)
+            self.close()
+        self._flush()
+
+    def _accept(self, ev: Handshake) -> bool:
+        try:
+            version = choose_version(ev)
+        except UnsupportedVersionError as e:
+            self.out += self.conn.send_chunks(ErrorResponse.from_exception(0, e))
+            log.warning("closing %s: %s", self.peer, e)
+            self.close()
+            return False
+        self.out += self.conn.send_chunks(HandshakeAccepted(version, _SERVER_NAME))
+        self.handshaken = True
+        if self.timer is not None:  # from now on the idle timeout applies
+            self.timer.cancel()
+        self.timer = self.loop.call_later(self.srv.config.idle_timeout_s, self._on_timer)
+        return True
+
+    def _flush(self) -> None:
+        out = self.out
+        if out and not self.lost:
+            self.transport.writelines(out)
+            out.clear()
+            if self.unsent and not self.write_paused:  # all went out at once
+                n, self.unsent = self.unsent, 0
+                self.srv._release(self, n)
+
+    def send(self, chunks: list, charge: int = 0) -> None:
+        """Write one answer from a task; ``charge`` (budget bytes it holds) is released once
+        the answer is out."""
+        if self.lost or self.closing:
+            if charge:
+                self.srv._release(self, charge)
+            raise ConnectionResetError("the connection closed")
+        self.unsent += charge
+        self.out += chunks
+        self._flush()
+
+    def writelines(self, chunks: list) -> None:
+        """Write a PUSH frame (see :class:`PushService`)."""
+        self.send(chunks)
+
+    async def drain(self) -> None:
+        """Wait until the peer has taken most of what was written (PUSH flow control)."""
+        if self.write_paused and not self.lost and (
+            self.transport.get_write_buffer_size() > self.srv.config.write_buffer_bytes_max
+        ):
+            fut = self.loop.create_future()
+            self.drain_waiters.append(fut)
+            await fut
+        if self.lost:
+            raise ConnectionResetError("the connection closed")
+
+    def task_done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if self.eof and not self.tasks:
+            self.close()
+
+    # -- bounds, timeouts, closing ------------------------------------------------------
+
+    def _block(self) -> None:
+        self.blocked = True
+        self.transport.pause_reading()
+
+    def _wake(self) -> None:
+        """Serve again soon (a bound may have cleared); never inline, so a release made while
+        serving another connection, or a write, does not recurse into serving."""
+        if self.blocked and not self.wake_scheduled and not self.closing:
+            self.wake_scheduled = True
+            self.loop.call_soon(self._unblock)
+
+    def _unblock(self) -> None:
+        self.wake_scheduled = False
+        if self.closing or not self.blocked:
+            return
+        self.blocked = False
+        self.transport.resume_reading()
+        self._serve_events()
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        if self.lost:
+            return
+        if self.closing:  # closed, but the peer does not take the last bytes: drop them
+            self.transport.abort()
+            return
+        cfg = self.srv.config
+        if not self.handshaken:
+            log.info("closing %s: no handshake in time", self.peer)
+            self.close()
+            return
+        left = self.last_data_s + cfg.idle_timeout_s - self.loop.time()
+        if left > 0:
+            self.timer = self.loop.call_later(left, self._on_timer)
+        elif self.held is not None and not self.write_paused:
+            # it waits for the server's budget, not for the peer: that is not idleness
+            self.timer = self.loop.call_later(cfg.idle_timeout_s, self._on_timer)
+        else:
+            log.info("closing %s: idle too long", self.peer)
+            self.close()
+
+    def _peer_closed(self) -> None:
+        """The peer sent EOF: answers it may still read are finished briefly; parked long
+        polls would only hold resources for nobody, so they are cancelled after that."""
+        self.eof = True
+        if not self.tasks:
+            self.close()
+        else:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = self.loop.call_later(_EOF_LINGER_S, self.close)
+
+    def close(self) -> None:
+        """Write what is served, close (the transport sends what it holds first), cancel the
+        tasks; a peer that does not take the last bytes is cut off after a while."""
+        if self.closing:
+            return
+        self._flush()
+        self.closing = True
+        for t in self.tasks:
+            t.cancel()
+        if self.transport is not None:
+            self.transport.close()
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_later(CLOSE_LINGER_S, self._on_timer)

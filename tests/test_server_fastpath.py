@@ -1,0 +1,278 @@
+"""The server's inline serving: order, bounds and clean stops, seen from a raw socket."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import pytest
+
+from headwater.broker import Broker
+from headwater.broker.server import BrokerServer, ServerConfig
+from headwater.model.batch import encode_batch
+from headwater.model.config import QueueConfig
+from headwater.protocol import (
+    CLIENT,
+    NEED_DATA,
+    Connection,
+    ErrorResponse,
+    FrameType,
+    Handshake,
+    HandshakeAccepted,
+    Request,
+    Response,
+)
+from headwater.protocol.frames import FrameReader
+from headwater.protocol.messages import (
+    ApiKey,
+    CreateQueueRequest,
+    FetchRequest,
+    PingRequest,
+    ProduceRequest,
+)
+from headwater.storage import StoreConfig
+from tests.support.broker_process import BrokerProcess
+
+
+class InProcessServer:
+    """A BrokerServer with its own settings on an event loop in a thread."""
+
+    def __init__(self, path, **settings) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.broker = Broker.open(path, StoreConfig())
+        self.server = BrokerServer(self.broker, ServerConfig(port=0, **settings))
+        started = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.server.start())
+            started.set()
+            self.loop.run_until_complete(self.server.serve_until_stopped())
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert started.wait(10)
+        self.port = self.server.port
+
+    def call(self, fn):
+        """Run ``fn()`` on the server's loop; its result."""
+        done = threading.Event()
+        out = []
+        self.loop.call_soon_threadsafe(lambda: (out.append(fn()), done.set()))
+        assert done.wait(5)
+        return out[0]
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.request_stop)
+        self.thread.join(15)
+        self.loop.close()
+
+
+class RawClient:
+    """A blocking socket speaking the protocol, pipelining as the test says."""
+
+    def __init__(self, port: int, rcvbuf: int | None = None) -> None:
+        self.sock = socket.socket()
+        if rcvbuf is not None:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(10)
+        self.sock.connect(("127.0.0.1", port))
+        self.conn = Connection(CLIENT)
+        self.sock.sendall(self.conn.send(Handshake("fastpath-test")))
+        assert isinstance(self.next_event(), HandshakeAccepted)
+
+    def next_event(self):
+        while (ev := self.conn.next_event()) is NEED_DATA:
+            data = self.sock.recv(1 << 20)
+            assert data, "the server closed the connection"
+            self.conn.receive_data(data)
+        return ev
+
+    def send(self, body) -> int:
+        rid = self.conn.next_request_id()
+        self.sock.sendall(self.conn.send(Request(rid, body)))
+        return rid
+
+    def call(self, body):
+        self.send(body)
+        ev = self.next_event()
+        assert isinstance(ev, Response), ev
+        return ev.body
+
+    def answers(self, n: int) -> dict[int, object]:
+        out = {}
+        while len(out) < n:
+            ev = self.next_event()
+            assert isinstance(ev, (Response, ErrorResponse)), ev
+            out[ev.request_id] = ev
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = InProcessServer(tmp_path / "data")
+    yield s
+    s.stop()
+
+
+def idempotent_batch(i: int, size: int) -> bytearray:
+    """Batch number ``i`` of a producer whose batches all hold ``size`` messages."""
+    return encode_batch([b"m%d" % i] * size, producer_id=77, producer_epoch=0, base_sequence=i * size)
+
+
+@pytest.mark.parametrize("flush", ["async", "sync"])
+def test_pipelined_produces_are_appended_in_send_order(server, flush):
+    c = RawClient(server.port)
+    c.call(CreateQueueRequest("q", QueueConfig(partitions=1, flush=flush)))
+    n, size = 200, 3  # below requests_in_flight_max: all in flight at once
+    rids = [c.send(ProduceRequest("q", 0, idempotent_batch(i, size))) for i in range(n)]
+    got = c.answers(n)
+    offsets = []
+    for rid in rids:
+        ev = got[rid]
+        assert isinstance(ev, Response), ev  # an out-of-order sequence would be refused
+        offsets.append(ev.body.base_offset)
+    assert offsets == [i * size for i in range(n)]
+    c.close()
+
+
+def test_produces_fetches_and_pings_interleaved_keep_their_order(server):
+    c = RawClient(server.port)
+    c.call(CreateQueueRequest("q", QueueConfig(partitions=1)))
+    sent = []
+    for i in range(60):
+        sent.append(("produce", i, c.send(ProduceRequest("q", 0, idempotent_batch(i, 1)))))
+        sent.append(("fetch", i, c.send(FetchRequest("q", 0, i, 1 << 16))))
+        sent.append(("ping", i, c.send(PingRequest())))
+    got = c.answers(len(sent))
+    for kind, i, rid in sent:
+        body = got[rid].body
+        if kind == "produce":
+            assert body.base_offset == i
+        elif kind == "fetch":  # the fetch follows its produce: it sees that message
+            assert body.next_offset == i + 1
+    c.close()
+
+
+def test_long_poll_is_woken_by_a_produce_of_the_same_connection(server):
+    c = RawClient(server.port)
+    c.call(CreateQueueRequest("q", QueueConfig(partitions=1)))
+    t0 = time.monotonic()
+    fetch = c.send(FetchRequest("q", 0, 0, 1 << 16, max_wait_ms=5000))
+    produce = c.send(ProduceRequest("q", 0, encode_batch([b"wake"])))
+    got = c.answers(2)
+    assert got[produce].body.base_offset == 0
+    assert got[fetch].body.next_offset == 1
+    assert time.monotonic() - t0 < 2
+    c.close()
+
+
+def test_a_peer_that_does_not_read_is_paused_not_buffered(tmp_path):
+    s = InProcessServer(tmp_path / "data", write_buffer_bytes_max=16 * 1024,
+                        connection_bytes_in_flight_max=256 * 1024)
+    try:
+        c = RawClient(s.port, rcvbuf=4096)
+        c.call(CreateQueueRequest("big", QueueConfig(partitions=1)))
+        for i in range(50):
+            c.call(ProduceRequest("big", 0, encode_batch([b"y" * 1000] * 64)))
+        # fetches of ~64 KiB and produces, pipelined, none of the answers read for now
+        sent = []
+        for i in range(120):
+            sent.append(("fetch", c.send(FetchRequest("big", 0, 0, 64 * 1024))))
+            sent.append(("produce", c.send(ProduceRequest("big", 0, encode_batch([b"z%d" % i])))))
+        time.sleep(0.5)
+
+        def held() -> tuple[int, int, int]:
+            (st,) = s.server._conns
+            return st.transport.get_write_buffer_size(), st.budget.used, s.server._budget.used
+
+        buffered, conn_used, all_used = s.call(held)
+        assert buffered < 16 * 1024 + 256 * 1024  # the bound, plus at most one fetch answer
+        assert conn_used <= 256 * 1024 and all_used == conn_used
+        got = c.answers(len(sent))  # reading again: the server goes on where it stopped
+        produced = [got[rid].body.base_offset for kind, rid in sent if kind == "produce"]
+        assert produced == list(range(50 * 64, 50 * 64 + 120))
+        assert all(len(got[rid].body.batches) > 0 for kind, rid in sent if kind == "fetch")
+        deadline = time.monotonic() + 2
+        while s.call(lambda: s.server._budget.used) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert s.call(lambda: s.server._budget.used) == 0  # everything went out: nothing held
+        c.close()
+    finally:
+        s.stop()
+
+
+def test_pings_from_a_peer_that_never_reads_are_bounded(tmp_path):
+    s = InProcessServer(tmp_path / "data", write_buffer_bytes_max=8 * 1024)
+    try:
+        c = RawClient(s.port, rcvbuf=4096)
+        # inline answers leave nothing in flight, so any number may be pipelined; the frames
+        # are built by hand (the client side would refuse more than 256 in flight)
+        from tests.test_protocol import raw
+
+        frames = b"".join(raw(FrameType.REQUEST, ApiKey.PING, rid, PingRequest()) for rid in range(1, 20_001))
+        c.sock.setblocking(False)
+        sent = 0
+        deadline = time.monotonic() + 3
+        while sent < len(frames) and time.monotonic() < deadline:
+            try:
+                sent += c.sock.send(frames[sent:])
+            except BlockingIOError:
+                time.sleep(0.01)
+        (buffered,) = s.call(lambda: [st.transport.get_write_buffer_size() for st in s.server._conns])
+        assert buffered < 8 * 1024 + 512 * 1024  # the bound plus the answers of one read
+        c.sock.setblocking(True)
+        c.sock.settimeout(10)
+        c.sock.sendall(frames[sent:])
+        reader = FrameReader(1 << 20, lambda h: None)
+        answers = 0
+        while answers < 20_000:
+            data = c.sock.recv(1 << 20)
+            assert data
+            reader.feed(data)
+            while reader.next_frame() is not None:
+                answers += 1
+        c.close()
+    finally:
+        s.stop()
+
+
+def test_idle_connection_is_closed(tmp_path):
+    s = InProcessServer(tmp_path / "data", idle_timeout_s=0.5)
+    try:
+        c = RawClient(s.port)
+        c.call(PingRequest())
+        t0 = time.monotonic()
+        assert c.sock.recv(100) == b""
+        assert 0.3 < time.monotonic() - t0 < 3
+        c.close()
+    finally:
+        s.stop()
+
+
+def test_sigterm_with_clients_connected_stops_cleanly(tmp_path):
+    b = BrokerProcess(tmp_path / "data").start()
+    try:
+        c = RawClient(b.port)
+        c.call(CreateQueueRequest("q", QueueConfig(partitions=1)))
+        parked = c.send(FetchRequest("q", 0, 0, 1 << 16, max_wait_ms=30_000))
+        idle = RawClient(b.port)
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        assert b.terminate() == 0
+        assert time.monotonic() - t0 < 5
+        answer = c.answers(1)[parked]  # the parked long poll was answered before the close
+        assert isinstance(answer, Response) and answer.body.batches == []
+        c.close()
+        idle.close()
+    finally:
+        if b.alive():
+            b.kill()
+    log = b.log.read_text()
+    assert "ERROR" not in log and "Traceback" not in log, log[-3000:]
+    assert "stopped cleanly" in log
