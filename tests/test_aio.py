@@ -73,9 +73,9 @@ def run(target: Target, test: Test) -> None:
         try:
             await test(hw)
         finally:
-            writer = getattr(getattr(hw.service, "transport", None), "_writer", None)
+            link = getattr(getattr(hw.service, "transport", None), "_link", None)
             await hw.close()
-        assert writer is None or writer.is_closing()
+        assert link is None or link.sock.fileno() == -1  # the socket is closed
         left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         assert not left, f"tasks still running after close: {left}"
 

@@ -19,16 +19,16 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from headwater.errors import UnavailableError
+from headwater.client.transport import AsyncTransport
+from headwater.errors import ClosedError, UnavailableError
 from headwater.model.config import QueueConfig, QueueInfo
 from headwater.model.delay import DelayStats
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
+from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
 from headwater.model.service import FetchResult, ProduceResult
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
-from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
 from headwater.model.subscription import SubscriberInfo
 from headwater.protocol import messages as m
-from headwater.client.transport import AsyncTransport
 
 __all__ = ["RemoteService", "new_event_loop"]
 
@@ -43,6 +43,36 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
+class _Waiter:
+    """The sink of one blocking call: a lock its caller waits on, released with the outcome
+    (a concurrent.futures.Future costs a Condition and its lock besides)."""
+
+    __slots__ = ("_error", "_lock", "_result")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return not self._lock.locked()
+
+    def set_result(self, result: Any) -> None:
+        self._result = result
+        self._lock.release()
+
+    def set_exception(self, error: BaseException) -> None:
+        self._error = error
+        self._lock.release()
+
+    def wait(self) -> Any:
+        self._lock.acquire()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
 class RemoteService:
     """A BrokerService over TCP. Thread-safe."""
 
@@ -52,20 +82,31 @@ class RemoteService:
         self._thread = threading.Thread(target=self._loop.run_forever, name="headwater-client", daemon=True)
         self._thread.start()
         self.transport = AsyncTransport(address, connect_timeout_s=connect_timeout_s,
-                                        request_timeout_s=request_timeout_s)
+                                        request_timeout_s=request_timeout_s, loop=self._loop)
         self.address = self.transport.address
         self._retries = retries
         self._closed = False
         self._call(m.PingRequest())  # fail fast, with a clear error, if nobody is there
 
     def _submit(self, body: m.RequestBody, timeout_s: float | None = None) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(self.transport.call(body, timeout_s=timeout_s), self._loop)
+        # no task and no hop to the loop: this thread writes the request (in submission
+        # order) and the loop's reader settles the future
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        if self._closed:
+            fut.set_exception(ClosedError(f"the client of {self.address} is closed"))
+            return fut
+        self.transport.submit(body, fut, timeout_s)
+        return fut
 
     def _call(self, body: m.RequestBody, *, retry: bool = True, timeout_s: float | None = None) -> Any:
         attempts = self._retries if retry else 0
         while True:
             try:
-                return self._submit(body, timeout_s).result()
+                if self._closed:
+                    raise ClosedError(f"the client of {self.address} is closed")
+                waiter = _Waiter()
+                self.transport.submit(body, waiter, timeout_s)
+                return waiter.wait()
             except UnavailableError:
                 if attempts <= 0 or self._closed:
                     raise

@@ -1,28 +1,70 @@
 """The network transport: one TCP connection speaking headwater.protocol, pipelined.
 
-:class:`AsyncTransport` is the asyncio core: ``await call(body)`` sends a request and waits
-for the response with the same id, while any number of other calls are in flight on the
-same connection. A lost connection fails every call in flight with
-:class:`~headwater.errors.UnavailableError` (retriable); the next call reconnects, with
-backoff, until ``connect_timeout_s`` passes.
+:class:`AsyncTransport` sends requests and settles their futures when the answers come,
+with any number of requests in flight on the one connection. ``await call(body)`` is the
+asyncio face; :meth:`AsyncTransport.submit` is the thread-safe one the sync client uses.
+
+Threads. The event loop reads the socket (``add_reader``) and owns everything that waits:
+connecting, the deadlines, the PUSH handlers. Writing is a plain call from any thread: the
+caller encodes its request and sends it on the non-blocking socket itself, under one lock
+that also guards the sans-IO :class:`~headwater.protocol.Connection`. So a request costs
+no task and no hop to the loop's thread: on a small machine each hop (a wake-up of the
+loop, then of the caller) costs about what the request's own work does. Futures are
+settled and handlers called outside the lock, since they run the caller's callbacks.
+
+Order. Requests are written in the order they are submitted. One that cannot be written
+at once (no connection yet, ``requests_in_flight_max`` answers outstanding, or
+``WRITE_BUFFER_BYTES_MAX`` unsent bytes) waits in a FIFO backlog, and while the backlog
+holds anything every later request queues behind it; the loop writes the backlog as room
+appears. So what one thread or task submits reaches the wire in submission order (a
+producer pipelining batches of a partition relies on it). The backlog holds only requests
+whose callers wait on them, so the callers bound it (the producer: ``max_in_flight``
+batches of a partition).
+
+Failures. Each request has a deadline, ``request_timeout_s`` (or its own ``timeout_s``)
+after it is written or queued on a live connection; a reconnection is bounded by
+``connect_timeout_s`` instead. Past it the call fails with
+:class:`~headwater.errors.UnavailableError`. The loop checks deadlines in one timer armed
+for the earliest of them (at least every ``DEADLINE_SWEEP_S`` while connected), so
+submitting from a thread does not touch the loop. A lost connection fails every call
+written to it or waiting for it with :class:`~headwater.errors.UnavailableError`
+(retriable): nothing submitted before the loss is carried over to the next connection,
+where it could overtake a retry. The next call reconnects, with backoff, until
+``connect_timeout_s`` passes.
 
 PUSH frames (deliveries of a push subscription's stream) are routed by their stream id to
 the handler registered with :meth:`AsyncTransport.register_push`, called on the loop (keep
 it quick: hand the body to another thread). When the connection is lost, every handler is
 called once with None and dropped: the streams died with the connection.
+
+The loop must support ``add_reader`` (asyncio's and uvloop's loops on Unix do).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import ipaddress
+import itertools
 import logging
+import math
+import os
 import random
+import socket
+import threading
+import time
+from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from headwater._version import __version__
-from headwater.errors import InvalidArgumentError, UnavailableError
+from headwater.errors import (
+    ClosedError,
+    HeadwaterError,
+    InvalidArgumentError,
+    UnavailableError,
+)
 from headwater.protocol import (
     CLIENT,
     NEED_DATA,
@@ -39,9 +81,23 @@ from headwater.protocol import (
 )
 from headwater.protocol.messages import PushBody, RequestBody
 
-__all__ = ["AsyncTransport", "parse_address"]
+__all__ = ["AsyncTransport", "Sink", "parse_address"]
 
 log = logging.getLogger("headwater.client")
+
+#: Bytes asked of each recv(). Kept under glibc's mmap threshold (128 KiB): a bigger
+#: buffer makes every read, however small, map fresh pages (15 µs a read instead of 3).
+READ_BYTES = 64 * 1024
+#: Unsent bytes past which new requests wait in the backlog instead of being written.
+WRITE_BUFFER_BYTES_MAX = 256 * 1024
+#: Buffers handed to one sendmsg() (Linux's IOV_MAX is 1024).
+SEND_BUFFERS_MAX = 512
+#: While connected, the longest the loop goes without looking for missed deadlines.
+DEADLINE_SWEEP_S = 1.0
+#: How long close() lets unsent requests go out before it drops the connection.
+CLOSE_FLUSH_S = 1.0
+
+_INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -61,130 +117,535 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, p
 
 
+class Sink(Protocol):
+    """Where a request's outcome goes: a ``concurrent.futures.Future``, or an
+    ``asyncio.Future`` of the transport's loop."""
+
+    def done(self) -> bool: ...
+    def set_result(self, result: Any) -> None: ...
+    def set_exception(self, exception: BaseException) -> None: ...
+
+
+def _settle(sink: Sink, result: Any) -> None:
+    try:
+        sink.set_result(result)
+    except _INVALID_STATE:  # its caller cancelled it
+        pass
+
+
+def _fail(sink: Sink, exc: BaseException) -> None:
+    try:
+        sink.set_exception(exc)
+    except _INVALID_STATE:
+        pass
+
+
+class _Call:
+    """One request, from its submission to its answer or its deadline."""
+
+    __slots__ = ("body", "dead", "deadline", "sink", "timeout_s")
+
+    def __init__(self, body: RequestBody, sink: Sink, timeout_s: float) -> None:
+        self.body = body
+        self.sink = sink
+        self.timeout_s = timeout_s
+        self.deadline = 0.0  # time.monotonic() past which it fails; 0 until it counts
+        self.dead = False  # failed by its deadline while in the backlog: never write it
+
+
+class _Link:
+    """One TCP connection: a non-blocking socket, its protocol state, the calls written
+    to it and the bytes not sent yet. Guarded by the transport's lock."""
+
+    __slots__ = (
+        "accepted",
+        "broken",
+        "conn",
+        "fd",
+        "flushed",
+        "lost",
+        "out",
+        "out_bytes",
+        "pending",
+        "sock",
+        "why",
+        "writing",
+    )
+
+    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.conn = Connection(CLIENT)
+        self.pending: dict[int, _Call] = {}
+        self.out: deque[memoryview] = deque()  # written but not sent, in order
+        self.out_bytes = 0
+        self.writing = False  # the loop waits for the socket to take ``out``
+        self.broken = False  # a write failed; the loop drops the link soon
+        self.lost = False  # dropped: the socket is closed
+        self.why: BaseException | None = None
+        #: The handshake's outcome: set when the server accepts it, failed when it does not.
+        self.accepted: asyncio.Future[None] = loop.create_future()
+        self.flushed: asyncio.Future[None] | None = None  # close() waits for ``out`` to go
+
+    def can_send(self) -> bool:
+        conn = self.conn
+        return (not self.broken and self.out_bytes < WRITE_BUFFER_BYTES_MAX
+                and len(conn.in_flight) < conn.requests_in_flight_max)
+
+
 class AsyncTransport:
-    """A pipelined connection to one broker. Use from one event loop."""
+    """A pipelined connection to one broker. ``call`` from the loop it runs on, ``submit``
+    from any thread; ``loop`` is that loop (default: the running loop of the first call)."""
 
     def __init__(self, address: str, *, client_name: str = f"headwater-python/{__version__}",
                  connect_timeout_s: float = 10.0, request_timeout_s: float = 60.0,
-                 read_bytes: int = 256 * 1024) -> None:
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.host, self.port = parse_address(address)
         self.address = f"{self.host}:{self.port}"
         self.client_name = client_name
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
-        self._read_bytes = read_bytes
-        self._conn: Connection | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task | None = None
-        self._pending: dict[int, asyncio.Future] = {}
-        self._connecting: asyncio.Lock | None = None
-        self._slots: asyncio.Semaphore | None = None
-        self._closed = False
         self.server_name = ""
+        self._loop = loop
+        self._lock = threading.Lock()
+        # guarded by _lock:
+        self._link: _Link | None = None  # the connection in use, once its handshake is accepted
+        self._backlog: deque[_Call] = deque()
+        self._connect_wanted = False  # a connection is being made, or the loop was asked to
+        self._closed = False
+        self._sweep_at = math.inf  # when the deadline timer should fire next
+        # loop only:
+        self._connecting: asyncio.Task[None] | None = None
+        self._sweep_timer: asyncio.TimerHandle | None = None
+        self._sweep_timer_at = math.inf
         self._push_handlers: dict[int, Callable[[PushBody | None], None]] = {}
         self._next_stream_id = 1
 
-    async def _ensure_connected(self) -> Connection:
-        if self._conn is not None:
-            return self._conn
-        if self._closed:
-            from headwater.errors import ClosedError
+    # submitting ------------------------------------------------------------------------
 
-            raise ClosedError(f"the client of {self.address} is closed")
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:
-            if self._conn is not None:
-                return self._conn
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.connect_timeout_s
-            delay = 0.05
-            while True:
-                try:
-                    return await asyncio.wait_for(self._connect_once(), max(0.01, deadline - loop.time()))
-                except (OSError, asyncio.TimeoutError, UnavailableError) as e:
-                    if loop.time() + delay >= deadline:
-                        raise UnavailableError(
-                            f"cannot reach the broker at {self.address} ({_describe(e)}); is "
-                            f"'headwater serve' running there?"
-                        ) from e
-                    await asyncio.sleep(delay * (0.5 + random.random()))
-                    delay = min(delay * 2, 1.0)
+    async def call(self, body: RequestBody, *, timeout_s: float | None = None) -> Any:
+        """Send one request and return its result (raises the broker's error, if any).
 
-    async def _connect_once(self) -> Connection:
-        reader, writer = await asyncio.open_connection(self.host, self.port, limit=self._read_bytes)
-        conn = Connection(CLIENT)
-        writer.write(conn.send(Handshake(self.client_name)))
-        while True:
-            ev = conn.next_event()
-            if ev is NEED_DATA:
-                data = await reader.read(self._read_bytes)
-                if not data:
-                    writer.close()
-                    raise UnavailableError("the broker closed the connection during the handshake")
-                conn.receive_data(data)
-                continue
-            if isinstance(ev, HandshakeAccepted):
-                self.server_name = ev.server_name
-                break
-            writer.close()
-            if isinstance(ev, ErrorResponse):
-                raise ev.exception()
-            raise UnavailableError(f"unexpected answer to the handshake: {ev!r}")
-        self._conn, self._writer = conn, writer
-        self._reader_task = asyncio.create_task(self._read_loop(conn, reader))
-        return conn
+        Past ``requests_in_flight_max`` calls in flight, a call waits, in order, for a free slot."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self.submit(body, fut, timeout_s)
+        return await fut
 
-    async def _read_loop(self, conn: Connection, reader: asyncio.StreamReader) -> None:
-        why: BaseException = UnavailableError(f"the connection to {self.address} was lost")
+    def submit(self, body: RequestBody, sink: Sink, timeout_s: float | None = None) -> None:
+        """Send one request now, or queue it behind those waiting; ``sink`` gets its outcome.
+
+        Thread-safe. Requests submitted one after another are written in that order."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        call = _Call(body, sink, timeout_s or self.request_timeout_s)
+        error: BaseException | None = None
+        with self._lock:
+            link = self._link
+            if self._closed:
+                error = ClosedError(f"the client of {self.address} is closed")
+            elif link is not None and not self._backlog and link.can_send():
+                error = self._send_locked(link, call)
+            else:
+                self._backlog.append(call)
+                if link is not None:  # waiting on a live connection counts towards the deadline
+                    self._set_deadline_locked(call)
+                elif not self._connect_wanted:
+                    self._connect_wanted = True
+                    self._loop.call_soon_threadsafe(self._start_connecting)
+        if error is not None:
+            _fail(sink, error)
+
+    def _send_locked(self, link: _Link, call: _Call) -> BaseException | None:
+        """Encode and write one request; the error that fails it instead, if any."""
+        conn = link.conn
+        rid = conn.next_request_id()
         try:
-            while True:
-                ev = conn.next_event()
-                if ev is NEED_DATA:
-                    data = await reader.read(self._read_bytes)
-                    conn.receive_data(data)
-                    continue
-                if isinstance(ev, Response):
-                    fut = self._pending.pop(ev.request_id, None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(ev.result())
-                elif isinstance(ev, ErrorResponse):
-                    fut = self._pending.pop(ev.request_id, None)
-                    if fut is not None and not fut.done():
-                        fut.set_exception(ev.exception())
-                    elif ev.request_id == 0:
-                        why = UnavailableError(f"the broker closed the connection: {ev.message}")
-                        break
-                elif isinstance(ev, Push):
-                    handler = self._push_handlers.get(getattr(ev.body, "subscription_id", 0))
-                    if handler is not None:  # else: a stream closed here, a push already in flight
-                        handler(ev.body)
-                elif isinstance(ev, ConnectionClosed):
-                    break
-        except ProtocolError as e:
-            why = UnavailableError(f"protocol error from {self.address}: {e}")
-            log.warning("%s", why)
-        except (ConnectionError, OSError) as e:
-            why = UnavailableError(f"the connection to {self.address} was lost: {e}")
-        except asyncio.CancelledError:
-            why = UnavailableError(f"the client of {self.address} was closed")
-        finally:
-            self._drop(conn, why)
+            chunks = conn.send_chunks(Request(rid, call.body))
+        except LocalProtocolError as e:  # an argument of the wrong type: the caller's mistake
+            return InvalidArgumentError(f"{call.body.api.name.lower()}: {e}")
+        except HeadwaterError as e:  # e.g. a frame past the broker's frame_bytes_max
+            return e
+        link.pending[rid] = call
+        if not call.deadline:
+            self._set_deadline_locked(call)
+        self._write_locked(link, chunks)
+        return None
 
-    def _drop(self, conn: Connection, why: BaseException) -> None:
-        if self._conn is conn:
-            self._conn = None
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
-        pending, self._pending = self._pending, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(why)
-        if self._conn is None:  # not when a newer connection already carries new streams
-            handlers, self._push_handlers = self._push_handlers, {}
-            for handler in handlers.values():
+    def _write_locked(self, link: _Link, chunks: list) -> None:
+        """Send ``chunks`` as far as the socket takes them now; the loop sends the rest."""
+        if link.broken:
+            return
+        if not link.out:
+            try:
+                if len(chunks) == 1:
+                    sent = link.sock.send(chunks[0])
+                else:
+                    sent = link.sock.sendmsg(chunks[:SEND_BUFFERS_MAX])
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as e:
+                self._break_locked(link, e)
+                return
+        else:
+            sent = 0
+        for chunk in chunks:
+            size = len(chunk) if type(chunk) is bytes else memoryview(chunk).nbytes
+            if sent >= size:
+                sent -= size
+                continue
+            # keep a copy of what the caller could change or resize (a bytearray) meanwhile
+            view = memoryview(chunk if type(chunk) is bytes else bytes(chunk))
+            if sent:
+                view, sent = view[sent:], 0
+            link.out.append(view)
+            link.out_bytes += view.nbytes
+        if link.out and not link.writing:
+            link.writing = True
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._wait_writable, link)
+
+    def _break_locked(self, link: _Link, e: OSError) -> None:
+        link.broken = True
+        link.why = UnavailableError(f"the connection to {self.address} was lost: {e}")
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._drop, link, link.why)
+
+    def _drain_locked(self, link: _Link, outcomes: list) -> None:
+        """Write what waits in the backlog, in order, as far as the connection allows."""
+        backlog = self._backlog
+        while backlog and link.can_send():
+            call = backlog.popleft()
+            if call.dead or call.sink.done():  # past its deadline, or its caller gave up
+                continue
+            error = self._send_locked(link, call)
+            if error is not None:
+                outcomes.append((call.sink, error))
+
+    # the loop: writing what the socket did not take ---------------------------------------
+
+    def _wait_writable(self, link: _Link) -> None:
+        if not link.lost:
+            assert self._loop is not None
+            self._loop.add_writer(link.fd, self._writable, link)
+
+    def _writable(self, link: _Link) -> None:
+        outcomes: list = []
+        with self._lock:
+            if link.lost:
+                return
+            out = link.out
+            while out:
+                views = list(itertools.islice(out, SEND_BUFFERS_MAX))
+                try:
+                    sent = link.sock.sendmsg(views)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as e:
+                    self._break_locked(link, e)
+                    break
+                link.out_bytes -= sent
+                full = sent < sum(v.nbytes for v in views)
+                while sent:
+                    view = out[0]
+                    if sent < view.nbytes:
+                        out[0] = view[sent:]
+                        break
+                    sent -= view.nbytes
+                    out.popleft()
+                if full:
+                    break
+            if out and not link.broken:
+                return  # the loop calls again when the socket has room
+            assert self._loop is not None
+            self._loop.remove_writer(link.fd)
+            link.writing = False
+            if self._link is link:
+                self._drain_locked(link, outcomes)
+        if link.flushed is not None and not link.flushed.done():
+            link.flushed.set_result(None)
+        _deliver(outcomes)
+
+    # the loop: deadlines -----------------------------------------------------------------
+
+    def _set_deadline_locked(self, call: _Call) -> None:
+        call.deadline = deadline = time.monotonic() + call.timeout_s
+        if deadline < self._sweep_at:  # rare: the timer is armed for the earliest deadline
+            self._sweep_at = deadline
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._arm_sweep)
+
+    def _arm_sweep(self) -> None:
+        at = self._sweep_at
+        if self._sweep_timer is not None:
+            if self._sweep_timer_at <= at:
+                return
+            self._sweep_timer.cancel()
+            self._sweep_timer = None
+        if at < math.inf:
+            assert self._loop is not None
+            self._sweep_timer = self._loop.call_later(max(0.0, at - time.monotonic()), self._sweep)
+            self._sweep_timer_at = at
+
+    def _sweep(self) -> None:
+        """Fail the calls past their deadline; arm the timer for the next deadline."""
+        self._sweep_timer, self._sweep_timer_at = None, math.inf
+        now = time.monotonic()
+        expired: list[_Call] = []
+        with self._lock:
+            following = math.inf
+            link = self._link
+            if link is not None:
+                following = now + DEADLINE_SWEEP_S
+                late = [rid for rid, call in link.pending.items() if call.deadline <= now]
+                for rid in late:
+                    expired.append(link.pending.pop(rid))
+                for call in link.pending.values():
+                    following = min(following, call.deadline)
+            for call in self._backlog:
+                if call.deadline and not call.dead:
+                    if call.deadline <= now:
+                        call.dead = True
+                        expired.append(call)
+                    else:
+                        following = min(following, call.deadline)
+            self._sweep_at = following
+        self._arm_sweep()
+        for call in expired:
+            _fail(call.sink, UnavailableError(
+                f"{call.body.api.name} to {self.address} got no answer in {call.timeout_s} s"))
+
+    # the loop: connecting ----------------------------------------------------------------
+
+    def _start_connecting(self) -> None:
+        if self._connecting is not None:
+            return
+        if self._closed:
+            self._fail_backlog(ClosedError(f"the client of {self.address} is closed"))
+            return
+        assert self._loop is not None
+        self._connecting = self._loop.create_task(self._connect())
+
+    async def _connect(self) -> None:
+        """Connect (with backoff), then write the backlog; or fail the backlog."""
+        try:
+            link = await self._connect_with_backoff()
+        except BaseException as e:
+            self._connecting = None
+            if isinstance(e, asyncio.CancelledError):
+                why: BaseException = UnavailableError(f"the client of {self.address} was closed")
+            else:
+                why = e
+            self._fail_backlog(why)
+            if not isinstance(e, Exception):
+                raise
+            return
+        self._connecting = None
+        outcomes: list = []
+        with self._lock:
+            usable = not self._closed and not link.lost
+            if usable:
+                self._link = link
+                self._connect_wanted = False
+                now = time.monotonic()
+                self._sweep_at = now + DEADLINE_SWEEP_S
+                for call in self._backlog:  # their deadlines start now
+                    call.deadline = now + call.timeout_s
+                    self._sweep_at = min(self._sweep_at, call.deadline)
+                self._drain_locked(link, outcomes)
+        if not usable:
+            if self._closed:
+                self._drop(link, UnavailableError(f"the client of {self.address} was closed"))
+                why = ClosedError(f"the client of {self.address} is closed")
+            else:  # lost right after its handshake
+                assert link.why is not None
+                why = link.why
+            self._fail_backlog(why)
+            return
+        self._arm_sweep()
+        _deliver(outcomes)
+
+    def _fail_backlog(self, why: BaseException) -> None:
+        with self._lock:
+            calls = [c for c in self._backlog if not c.dead]
+            self._backlog.clear()
+            self._connect_wanted = False
+        for call in calls:
+            _fail(call.sink, why)
+
+    async def _connect_with_backoff(self) -> _Link:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.connect_timeout_s
+        delay = 0.05
+        while True:
+            try:
+                return await asyncio.wait_for(self._connect_once(), max(0.01, deadline - loop.time()))
+            except (TimeoutError, OSError, UnavailableError) as e:
+                if self._closed:
+                    raise ClosedError(f"the client of {self.address} is closed") from e
+                if loop.time() + delay >= deadline:
+                    raise UnavailableError(
+                        f"cannot reach the broker at {self.address} ({_describe(e)}); is "
+                        f"'headwater serve' running there?"
+                    ) from e
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 1.0)
+
+    async def _connect_once(self) -> _Link:
+        loop = asyncio.get_running_loop()
+        sock = await self._open_socket(loop)
+        link = _Link(sock, loop)
+        try:
+            loop.add_reader(link.fd, self._readable, link)
+            with self._lock:
+                self._write_locked(link, link.conn.send_chunks(Handshake(self.client_name)))
+            await link.accepted
+        except BaseException:
+            link.accepted.cancel()  # nobody waits for it any more
+            self._drop(link, UnavailableError(f"no handshake with {self.address}"))
+            raise
+        return link
+
+    async def _open_socket(self, loop: asyncio.AbstractEventLoop) -> socket.socket:
+        """A connected non-blocking TCP socket, trying each address of the host in turn."""
+        try:
+            ip = ipaddress.ip_address(self.host)
+        except ValueError:
+            infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM,
+                                           proto=socket.IPPROTO_TCP)
+        else:  # no resolver thread for an address
+            family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+            infos = [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (self.host, self.port))]
+        error: OSError | None = None
+        for family, kind, proto, _, addr in infos:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                await loop.sock_connect(sock, addr)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except BaseException as e:
+                sock.close()
+                if not isinstance(e, OSError):
+                    raise
+                error = e
+                continue
+            return sock
+        raise error or OSError(f"{self.host} has no address")
+
+    def _handshake(self, link: _Link, data: bytes) -> None:
+        """Bytes before the handshake is accepted: accept it, or fail it."""
+        conn = link.conn
+        conn.receive_data(data)
+        try:
+            ev = conn.next_event()
+        except ProtocolError as e:
+            ev = e
+        if ev is NEED_DATA:
+            return
+        if isinstance(ev, HandshakeAccepted):
+            self.server_name = ev.server_name
+            link.accepted.set_result(None)
+            return
+        if isinstance(ev, ErrorResponse):
+            exc: BaseException = ev.exception()
+        elif isinstance(ev, ConnectionClosed):
+            exc = UnavailableError("the broker closed the connection during the handshake")
+        elif isinstance(ev, ProtocolError):
+            exc = UnavailableError(f"protocol error from {self.address} during the handshake: {ev}")
+        else:
+            exc = UnavailableError(f"unexpected answer to the handshake: {ev!r}")
+        link.accepted.set_exception(exc)
+        self._drop(link, exc)
+
+    # the loop: reading -------------------------------------------------------------------
+
+    def _readable(self, link: _Link) -> None:
+        try:
+            data = link.sock.recv(READ_BYTES)  # b"" at EOF: the connection then says how it ended
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._drop(link, UnavailableError(f"the connection to {self.address} was lost: {e}"))
+            return
+        if not link.accepted.done():
+            self._handshake(link, data)
+            return
+        outcomes: list = []
+        why: BaseException | None = None
+        with self._lock:
+            if link.lost:
+                return
+            conn = link.conn
+            pending = link.pending
+            try:
+                conn.receive_data(data)
+                while True:
+                    ev = conn.next_event()
+                    if ev is NEED_DATA:
+                        break
+                    cls = type(ev)
+                    if cls is Response or cls is ErrorResponse:
+                        call = pending.pop(ev.request_id, None)
+                        if call is not None:  # else it timed out: the answer came too late
+                            outcomes.append((call.sink, ev))
+                        elif ev.request_id == 0:  # the broker's last word before it closes
+                            why = UnavailableError(f"the broker closed the connection: {ev.message}")
+                            break
+                    elif cls is Push:
+                        outcomes.append((None, ev.body))
+                    else:  # ConnectionClosed
+                        why = UnavailableError(f"the connection to {self.address} was lost")
+                        break
+            except ProtocolError as e:
+                why = UnavailableError(f"protocol error from {self.address}: {e}")
+                log.warning("%s", why)
+            if why is None and self._backlog and self._link is link:
+                self._drain_locked(link, outcomes)
+        _deliver(outcomes, self._push_handlers)
+        if why is not None:
+            self._drop(link, why)
+
+    def _drop(self, link: _Link, why: BaseException) -> None:
+        """Close ``link``, failing its calls; if it was the connection in use, also what
+        waited for it, and end the push streams."""
+        calls: list[_Call] = []
+        handlers: dict[int, Callable[[PushBody | None], None]] = {}
+        with self._lock:
+            if link.lost:
+                return
+            link.lost = True
+            if link.why is None:
+                link.why = why
+            why = link.why
+            assert self._loop is not None
+            self._loop.remove_reader(link.fd)
+            if link.writing:
+                self._loop.remove_writer(link.fd)
+            link.sock.close()
+            calls.extend(link.pending.values())
+            link.pending = {}
+            link.out.clear()
+            if self._link is link:
+                self._link = None
+                calls.extend(c for c in self._backlog if not c.dead)
+                self._backlog.clear()
+                self._sweep_at = math.inf
+                handlers, self._push_handlers = self._push_handlers, {}
+        if not link.accepted.done():
+            link.accepted.set_exception(why)
+        if link.flushed is not None and not link.flushed.done():
+            link.flushed.set_result(None)
+        for call in calls:
+            _fail(call.sink, why)
+        for handler in handlers.values():
+            try:
                 handler(None)
+            except Exception:
+                log.exception("a push handler failed")
+
+    # push streams (loop only) -----------------------------------------------------------
 
     def register_push(self, handler: Callable[[PushBody | None], None]) -> int:
         """A new stream id whose PUSH frames go to ``handler`` (None: the connection was lost)."""
@@ -198,50 +659,54 @@ class AsyncTransport:
     def unregister_push(self, stream_id: int) -> None:
         self._push_handlers.pop(stream_id, None)
 
-    async def call(self, body: RequestBody, *, timeout_s: float | None = None) -> Any:
-        """Send one request and return its result (raises the broker's error, if any).
-
-        Past ``requests_in_flight_max`` calls in flight, a call waits for a free slot."""
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(Connection(CLIENT).requests_in_flight_max)
-        async with self._slots:
-            return await self._call(body, timeout_s)
-
-    async def _call(self, body: RequestBody, timeout_s: float | None) -> Any:
-        conn = await self._ensure_connected()
-        rid = conn.next_request_id()
-        try:
-            chunks = conn.send_chunks(Request(rid, body))
-        except LocalProtocolError as e:  # an argument of the wrong type: the caller's mistake
-            raise InvalidArgumentError(f"{body.api.name.lower()}: {e}") from e
-        fut = asyncio.get_running_loop().create_future()
-        self._pending[rid] = fut
-        writer = self._writer
-        assert writer is not None
-        writer.writelines(chunks)
-        try:
-            await writer.drain()
-            return await asyncio.wait_for(fut, timeout_s or self.request_timeout_s)
-        except asyncio.TimeoutError:
-            self._pending.pop(rid, None)
-            raise UnavailableError(
-                f"{body.api.name} to {self.address} got no answer in {timeout_s or self.request_timeout_s} s"
-            ) from None
-        except (ConnectionError, OSError) as e:
-            self._drop(conn, UnavailableError(f"the connection to {self.address} was lost: {e}"))
-            raise UnavailableError(f"the connection to {self.address} was lost: {e}") from e
-
     async def close(self) -> None:
-        self._closed = True
-        if self._reader_task is not None:
-            self._reader_task.cancel()
+        """Fail every call in flight or waiting, and close the connection (on the loop)."""
+        with self._lock:
+            self._closed = True
+            link = self._link
+        if self._connecting is not None:
+            self._connecting.cancel()
             with contextlib.suppress(BaseException):
-                await self._reader_task
-        if self._writer is not None:
-            self._writer.close()
+                await self._connecting
+        if link is not None:
+            if link.out and not link.lost:  # let what is written go out, briefly
+                link.flushed = asyncio.get_running_loop().create_future()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(link.flushed), CLOSE_FLUSH_S)
+            self._drop(link, UnavailableError(f"the client of {self.address} was closed"))
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+            self._sweep_timer = None
+        self._fail_backlog(ClosedError(f"the client of {self.address} is closed"))
+
+
+def _deliver(outcomes: list, handlers: dict[int, Callable[[PushBody | None], None]] | None = None) -> None:
+    """Settle futures and call push handlers, in the order their frames came, outside the lock."""
+    for sink, what in outcomes:
+        if sink is None:  # a push body
+            handler = handlers.get(getattr(what, "subscription_id", 0)) if handlers else None
+            if handler is not None:  # else: a stream closed here, a push already in flight
+                try:
+                    handler(what)
+                except Exception:
+                    log.exception("a push handler failed")
+        elif type(what) is Response:
+            try:
+                result = what.result()
+            except Exception as e:  # noqa: BLE001 - that call's problem, not the connection's
+                _fail(sink, e)
+            else:
+                _settle(sink, result)
+        elif type(what) is ErrorResponse:
+            _fail(sink, what.exception())
+        else:  # an exception that failed the request before it was written
+            _fail(sink, what)
 
 
 def _describe(e: BaseException) -> str:
     if isinstance(e, asyncio.TimeoutError):
         return "timed out"
+    # "Connection refused", not sock_connect's "Connect call failed ('host', port)"
+    if type(e) is not socket.gaierror and isinstance(e, OSError) and (e.errno or 0) > 0:
+        return f"[Errno {e.errno}] {os.strerror(e.errno)}"
     return str(e) or type(e).__name__

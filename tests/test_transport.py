@@ -1,0 +1,355 @@
+"""The network transport (headwater.client.transport) and the sync RemoteService over it.
+
+Against a real server: requests reach the wire in submission order (the producer's
+pipelining relies on it), with back-to-back calls, big batches that overflow the socket's
+buffer, calls from many threads and asyncio tasks. Against a hand-driven fake broker:
+deadlines, a lost connection, a late answer, the in-flight limit, close().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import socket
+import threading
+import time
+
+import pytest
+from conftest import ServerThread
+
+import headwater.aio
+from headwater.client.remote import RemoteService
+from headwater.client.transport import AsyncTransport
+from headwater.errors import ClosedError, UnavailableError
+from headwater.model.batch import encode_batch
+from headwater.model.config import QueueConfig
+from headwater.protocol import (
+    NEED_DATA,
+    SERVER,
+    Connection,
+    ConnectionClosed,
+    Handshake,
+    HandshakeAccepted,
+    Request,
+    Response,
+    choose_version,
+)
+from headwater.protocol import messages as m
+
+
+@pytest.fixture
+def server(tmp_path, clock):
+    s = ServerThread(tmp_path / "data", clock)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def remote(server):
+    svc = RemoteService(server.address)
+    svc.create_queue("q", QueueConfig(partitions=1))
+    yield svc
+    svc.close()
+
+
+class FakeBroker:
+    """A broker stand-in on 127.0.0.1, driven by hand: it accepts the handshake, then
+    answers pings and hands every other request to ``answer`` (None: no answer), which it
+    sends ``answer_delay_s`` later, one thread per connection. ``requests`` lists
+    (connection number, request body) in arrival order."""
+
+    def __init__(self, answer=lambda body: None, *, requests_in_flight_max: int = 256,
+                 answer_delay_s: float = 0.0, port: int = 0) -> None:
+        self.answer = answer
+        self.requests_in_flight_max = requests_in_flight_max
+        self.answer_delay_s = answer_delay_s
+        self.requests: list[tuple[int, m.RequestBody]] = []
+        self.errors: list[BaseException] = []
+        self.conns: list[socket.socket] = []
+        self.listener = socket.create_server(("127.0.0.1", port))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                s, _ = self.listener.accept()
+            except OSError:
+                return
+            self.conns.append(s)
+            threading.Thread(target=self._serve, args=(s, len(self.conns)), daemon=True).start()
+
+    def _serve(self, s: socket.socket, number: int) -> None:
+        conn = Connection(SERVER, requests_in_flight_max=self.requests_in_flight_max)
+        try:
+            while True:
+                data = s.recv(65536)
+                conn.receive_data(data)
+                while (ev := conn.next_event()) is not NEED_DATA:
+                    if isinstance(ev, Handshake):
+                        s.sendall(conn.send(HandshakeAccepted(choose_version(ev), "fake")))
+                    elif isinstance(ev, Request):
+                        self.requests.append((number, ev.body))
+                        if isinstance(ev.body, m.PingRequest):
+                            body = m.PingResponse()
+                        else:
+                            body = self.answer(ev.body)
+                            time.sleep(self.answer_delay_s)
+                        if body is not None:
+                            s.sendall(conn.send(Response(ev.request_id, body)))
+                    elif isinstance(ev, ConnectionClosed):
+                        return
+        except OSError:
+            return  # dropped by the test
+        except Exception as e:  # noqa: BLE001 - the test looks at them
+            self.errors.append(e)
+            s.close()
+
+    def drop_connections(self) -> None:
+        for s in self.conns:
+            with_suppress(s.shutdown, socket.SHUT_RDWR)
+            s.close()
+
+    def close(self) -> None:
+        with_suppress(self.listener.shutdown, socket.SHUT_RDWR)  # wakes the accept()
+        self.listener.close()
+        self.drop_connections()
+
+
+def with_suppress(fn, *args) -> None:
+    try:
+        fn(*args)
+    except OSError:
+        pass
+
+
+@pytest.fixture
+def fake():
+    brokers: list[FakeBroker] = []
+
+    def make(*args, **kw) -> FakeBroker:
+        brokers.append(FakeBroker(*args, **kw))
+        return brokers[-1]
+
+    yield make
+    for b in brokers:
+        b.close()
+
+
+def produced(offset: int) -> m.ProduceResponse:
+    return m.ProduceResponse(1, 0, offset, 1, 0)
+
+
+# order on the wire -----------------------------------------------------------------------
+
+
+def test_produce_async_back_to_back_lands_in_submission_order(remote):
+    batch = encode_batch([b"x" * 100])
+    futures = [remote.produce_async("q", 0, batch) for _ in range(2000)]
+    offsets = [f.result(timeout=30).base_offset for f in futures]
+    assert offsets == list(range(2000))
+
+
+def test_big_batches_past_the_socket_buffer_keep_their_order(remote):
+    """About 32 MB at once: the socket takes part, the rest waits, requests queue behind it."""
+    batches = [encode_batch([bytes([i % 256]) * 256 * 1024]) for i in range(128)]
+    futures = [remote.produce_async("q", 0, b) for b in batches]
+    assert [f.result(timeout=60).base_offset for f in futures] == list(range(128))
+    fetched = remote.fetch("q", 0, 0, max_bytes=1024)
+    assert fetched is not None
+    # and the connection is in a sane state afterwards
+    remote.ping()
+
+
+def test_each_thread_sees_its_own_submissions_in_order(remote):
+    batch = encode_batch([b"y"])
+    results: dict[int, list[int]] = {}
+
+    def run(n: int) -> None:
+        futures = [remote.produce_async("q", 0, batch) for _ in range(300)]
+        results[n] = [f.result(timeout=30).base_offset for f in futures]
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    all_offsets = sorted(o for offs in results.values() for o in offs)
+    assert all_offsets == list(range(6 * 300))
+    for offs in results.values():
+        assert offs == sorted(offs)
+
+
+def test_blocking_calls_from_many_threads(remote):
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for _ in range(200):
+                remote.ping()
+                remote.describe_queue("q")
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+
+
+def test_asyncio_tasks_keep_creation_order(server):
+    async def main() -> list[int]:
+        hw = await headwater.aio.connect(server.address)
+        try:
+            await hw.service.create_queue("q", QueueConfig(partitions=1))
+            batch = encode_batch([b"z"])
+            results = await asyncio.gather(*(hw.service.produce("q", 0, batch) for _ in range(1000)))
+            return [r.base_offset for r in results]
+        finally:
+            await hw.close()
+
+    assert asyncio.run(main()) == list(range(1000))
+
+
+def test_the_in_flight_limit_holds_and_the_excess_waits_in_order(fake):
+    offsets = iter(range(10**6))
+    broker = fake(lambda body: produced(next(offsets)), requests_in_flight_max=2, answer_delay_s=0.002)
+    svc = RemoteService(broker.address)
+    try:
+        futures = [svc.produce_async("q", 0, encode_batch([str(i).encode()])) for i in range(100)]
+        assert [f.result(timeout=30).base_offset for f in futures] == list(range(100))
+    finally:
+        svc.close()
+    assert not broker.errors  # the fake's Connection refuses a third request in flight
+    sent = [b for _, b in broker.requests if isinstance(b, m.ProduceRequest)]
+    assert [bytes(b.batch) for b in sent] == [encode_batch([str(i).encode()]) for i in range(100)]
+
+
+# deadlines and failures --------------------------------------------------------------------
+
+
+def test_a_call_without_an_answer_fails_at_its_deadline(fake):
+    broker = fake()  # answers pings only
+    svc = RemoteService(broker.address, request_timeout_s=0.3)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(UnavailableError, match=r"PRODUCE to 127\.0\.0\.1:\d+ got no answer in 0\.3 s"):
+            svc.produce("q", 0, encode_batch([b"x"]))
+        assert 0.25 < time.monotonic() - t0 < 3
+        futures = [svc.produce_async("q", 0, encode_batch([b"x"])) for _ in range(5)]
+        for f in futures:
+            with pytest.raises(UnavailableError, match="got no answer"):
+                f.result(timeout=5)
+        svc.ping()  # the connection still works
+    finally:
+        svc.close()
+
+
+def test_a_late_answer_is_ignored(fake):
+    broker = fake(lambda body: produced(7), answer_delay_s=0.5)
+    svc = RemoteService(broker.address, request_timeout_s=0.2)
+    try:
+        with pytest.raises(UnavailableError, match="got no answer in 0.2 s"):
+            svc.produce("q", 0, encode_batch([b"x"]))
+        time.sleep(0.5)
+        svc.ping()
+    finally:
+        svc.close()
+
+
+def test_a_lost_connection_fails_every_call_in_flight_then_reconnects(fake):
+    broker = fake()  # answers pings only
+    svc = RemoteService(broker.address, request_timeout_s=60)
+    try:
+        futures = [svc.produce_async("q", 0, encode_batch([b"x"])) for _ in range(5)]
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(broker.requests) < 6:  # the ping, then 5 produces
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        broker.drop_connections()
+        for f in futures:
+            with pytest.raises(UnavailableError, match="lost"):
+                f.result(timeout=5)
+        assert time.monotonic() - t0 < 5
+        svc.ping()  # the next call reconnects
+        assert len(broker.conns) == 2
+    finally:
+        svc.close()
+
+
+def test_a_call_made_while_the_broker_is_down_waits_for_it_to_come_back(fake):
+    """The next call reconnects, with backoff, until the broker listens again."""
+    first = fake()
+    svc = RemoteService(first.address, connect_timeout_s=10)
+    try:
+        first.close()  # down: the connection and the listener are gone
+        port = int(first.address.rsplit(":", 1)[1])
+        time.sleep(0.2)  # the client sees its connection end
+        back: list[FakeBroker] = []
+        threading.Timer(0.5, lambda: back.append(fake(port=port))).start()
+        t0 = time.monotonic()
+        svc.ping()
+        assert 0.4 < time.monotonic() - t0 < 5
+        assert len(back) == 1 and len(back[0].conns) == 1
+    finally:
+        svc.close()
+
+
+def test_nobody_listening_fails_within_connect_timeout():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    t0 = time.monotonic()
+    with pytest.raises(UnavailableError, match="cannot reach the broker"):
+        RemoteService(address, connect_timeout_s=0.5)
+    assert time.monotonic() - t0 < 3
+
+
+def test_close_fails_what_is_in_flight_and_refuses_what_follows(fake):
+    broker = fake()  # answers pings only
+    svc = RemoteService(broker.address)
+    futures = [svc.produce_async("q", 0, encode_batch([b"x"])) for _ in range(3)]
+    svc.close()
+    for f in futures:
+        with pytest.raises(UnavailableError, match="closed"):
+            f.result(timeout=5)
+    with pytest.raises(ClosedError):
+        svc.ping()
+
+
+def test_asyncio_call_deadline_and_close(fake):
+    broker = fake()  # answers pings only
+
+    async def main() -> None:
+        transport = AsyncTransport(broker.address, request_timeout_s=0.2)
+        await transport.call(m.PingRequest())
+        with pytest.raises(UnavailableError, match="got no answer in 0.2 s"):
+            await transport.call(m.ProduceRequest("q", 0, encode_batch([b"x"])))
+        produce = m.ProduceRequest("q", 0, encode_batch([b"x"]))
+        pending = asyncio.ensure_future(transport.call(produce, timeout_s=30))
+        await asyncio.sleep(0.05)
+        await transport.close()
+        with pytest.raises(UnavailableError, match="closed"):
+            await pending
+        with pytest.raises(ClosedError):
+            await transport.call(m.PingRequest())
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_future_does_not_break_the_connection(fake):
+    broker = fake(lambda body: produced(1), answer_delay_s=0.05)
+    svc = RemoteService(broker.address)
+    try:
+        f = svc.produce_async("q", 0, encode_batch([b"x"]))
+        assert f.cancel()
+        time.sleep(0.2)  # its answer comes, for nobody
+        svc.ping()
+        assert svc.produce_async("q", 0, encode_batch([b"x"])).result(timeout=5).base_offset == 1
+        with pytest.raises(concurrent.futures.CancelledError):
+            f.result()
+    finally:
+        svc.close()
