@@ -34,6 +34,8 @@ import msgspec
 from headwater._version import __version__
 from headwater.broker.broker import Broker
 from headwater.broker.connection import CLOSE_LINGER_S, ByteBudget, ClientConnection
+from headwater.broker.delay import DelayTicket
+from headwater.broker.durable_acks import DurableAcks
 from headwater.broker.push import PUSH_APIS, PushService
 from headwater.errors import HeadwaterError, InvalidArgumentError
 from headwater.protocol import (
@@ -176,6 +178,7 @@ class BrokerServer:
         self._stopping = asyncio.Event()
         self._waiters = _PartitionWaiters(loop)
         self._budget = ByteBudget(self.config.bytes_in_flight_max)
+        self._acks = DurableAcks(loop, self.broker.wait_durable)
         self.broker.add_append_listener(self._waiters.notify)
         self.broker.groups.hold_grants_after_restart()  # members from before a restart may still read
         self._shared_waiters = SharedWaiters(loop)
@@ -214,6 +217,8 @@ class BrokerServer:
         deadline = loop.time() + self.config.shutdown_grace_s
         while (tasks := [t for c in self._conns for t in c.tasks]) and loop.time() < deadline:
             await asyncio.wait(tasks, timeout=deadline - loop.time())
+        await self._acks.drain(max(0.1, deadline - loop.time()))
+        await loop.run_in_executor(None, self._acks.stop)
         if self._conns:  # closing sends what is written; a peer that does not read is cut off
             self._all_closed = loop.create_future()
             for c in list(self._conns):
@@ -246,7 +251,10 @@ class BrokerServer:
                     result, durable_at = self.broker.produce_nowait(body.queue, body.partition, body.batch)
                 finally:
                     self._release(st, n)  # appended: the batch is no longer held
-                if durable_at is not None:  # sync flush: answer once the fsync is done
+                if type(durable_at) is int:  # sync flush: answered once the fsync is done
+                    self._acks.add(durable_at, functools.partial(self._answer_durable, st, ev, result))
+                    return True
+                if durable_at is not None:  # a delayed batch: once its schedule is durable
                     self._spawn(st, ev, self._wait_durable(result, durable_at))
                     return True
                 answer: object = ProduceResponse.from_result(result)
@@ -333,9 +341,23 @@ class BrokerServer:
             return await self._push.handle(st, body)
         return await self._loop.run_in_executor(self._pool, invoke, self.broker, body)
 
-    async def _wait_durable(self, result: object, durable_at: object) -> ProduceResponse:
-        """Sync flush: the append is done; wait for its fsync on a worker thread, where
-        concurrent appends share one fsync."""
+    def _answer_durable(self, st: ClientConnection, ev: Request, result: object,
+                        error: BaseException | None) -> None:
+        """A sync-flush produce's fsync is done (or failed): answer it."""
+        self.requests += 1
+        try:
+            if error is None:
+                chunks = st.conn.send_chunks(Response(ev.request_id, ProduceResponse.from_result(result)))
+            else:
+                chunks = self._error_chunks(st, ev, error if isinstance(error, Exception) else
+                                            HeadwaterError(f"fsync failed: {error!r}"))
+            st.send(chunks)
+        except (ConnectionError, ProtocolError):
+            pass  # the client is gone; the message is stored all the same
+
+    async def _wait_durable(self, result: object, durable_at: DelayTicket) -> ProduceResponse:
+        """A delayed batch under sync flush: wait on a worker thread until its schedule is
+        durable."""
         await self._loop.run_in_executor(self._pool, self.broker.wait_durable, durable_at)
         return ProduceResponse.from_result(result)
 

@@ -884,7 +884,15 @@ class Producer:
         return self._pool
 
     def _on_response(self, b: _Batch, f: concurrent.futures.Future) -> None:
-        """Runs in whichever thread finished the request: hand it to the sender."""
+        """Runs in whichever thread finished the request (the client's I/O thread over the
+        network). A batch stored, with no send callbacks and nobody's done-callbacks on its
+        futures, is settled right here, which spares a thread hand-off per request; the rest
+        (callbacks, errors, retries) goes to the sender thread."""
+        if not b.callbacks and f.exception() is None and not any(
+            fut is not None and fut._lazy is not None and fut._lazy[2] for fut in b.futures
+        ):
+            self._finish(b, f.result(), None)
+            return
         with self._lock:
             self._completions.append((b, f))
             self._wake_locked()
