@@ -30,6 +30,7 @@ import contextlib
 import os
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +38,23 @@ from headwater.errors import CorruptDataError, StorageError
 from headwater.model.batch import crc32c
 
 __all__ = ["LogSegment", "SEGMENT_HEADER_SIZE", "segment_name", "fsync_dir", "write_atomically"]
+
+FREE_CHUNK_BYTES = 8 << 20  # freed at a time when a deleted segment is let go
+FREE_PAUSE_S = 0.002  # between two chunks: lets the file system's journal commit others' fsyncs
+
+
+def free_gently(fd: int, chunk_bytes: int = FREE_CHUNK_BYTES, pause_s: float = FREE_PAUSE_S) -> None:
+    """Free an unlinked file's blocks by truncating it from the end a chunk at a time."""
+    try:
+        size = os.fstat(fd).st_size
+        while size > chunk_bytes:
+            size -= chunk_bytes
+            os.ftruncate(fd, size)
+            time.sleep(pause_s)
+        os.ftruncate(fd, 0)
+    except OSError:
+        pass  # closing the descriptor frees the rest at once
+
 
 _HEADER = struct.Struct("<8sHHIQq16s12sI")
 SEGMENT_HEADER_SIZE = _HEADER.size
@@ -169,14 +187,27 @@ class LogSegment:
                 self._fd = None
 
     def delete(self) -> None:
-        """Unlink the file; the descriptor closes when the last reader lets go."""
+        """Unlink the file; the descriptor closes when the last reader lets go.
+
+        With no reader, the file's blocks are freed a few MiB at a time (``free_gently``):
+        freeing a large file at once stalls every fsync on the file system for tens of
+        milliseconds (ext4 with discard: one 1 GiB unlink, 28 ms), which sync-flush appends
+        would wait for."""
+        fd = None
         with self._lock:
             self.deleted = True
+            if self._readers == 0:
+                fd, self._fd = self._fd, None
+                if fd is None:
+                    with contextlib.suppress(OSError):
+                        fd = os.open(self.path, os.O_RDWR)
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
-            if self._readers == 0 and self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+        if fd is not None:
+            try:
+                free_gently(fd)
+            finally:
+                os.close(fd)
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[LogSegment]:
