@@ -276,3 +276,56 @@ def test_sigterm_with_clients_connected_stops_cleanly(tmp_path):
     log = b.log.read_text()
     assert "ERROR" not in log and "Traceback" not in log, log[-3000:]
     assert "stopped cleanly" in log
+
+
+def test_parked_fetches_wake_on_append_and_leave_nothing_behind(server):
+    """Long polls park without a task: an append answers them from the appending
+    connection's turn, a deadline answers them empty, and a client that goes away while
+    parked leaves no waiter behind."""
+    c = RawClient(server.port)
+    c.call(CreateQueueRequest("q", QueueConfig(partitions=1)))
+    readers = [RawClient(server.port) for _ in range(3)]
+    rids = [r.send(FetchRequest("q", 0, 0, 1 << 20, 0, None, 10_000)) for r in readers]
+    timed = RawClient(server.port)
+    timed.send(FetchRequest("q", 0, 0, 1 << 20, 0, None, 50))
+    ev = timed.next_event()
+    assert isinstance(ev, Response) and ev.body.batches == []  # its deadline: answered empty
+    gone = RawClient(server.port)
+    gone.send(FetchRequest("q", 0, 0, 1 << 20, 0, None, 10_000))
+    deadline = time.monotonic() + 5
+    while server.call(lambda: sum(len(v) for v in server.server._waiters._waiting.values())) < 4:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    gone.close()
+    while server.call(lambda: sum(len(v) for v in server.server._waiters._waiting.values())) > 3:
+        assert time.monotonic() < deadline, "a closed connection's parked fetch was not dropped"
+        time.sleep(0.01)
+    c.call(ProduceRequest("q", 0, encode_batch([b"hello"])))
+    for r, rid in zip(readers, rids):
+        ev = r.next_event()
+        assert isinstance(ev, Response) and ev.request_id == rid
+        assert len(ev.body.batches) == 1
+    assert server.call(lambda: server.server._waiters._waiting) == {}
+
+
+def test_a_parked_fetch_woken_while_the_budget_is_short_waits_for_it(tmp_path):
+    s = InProcessServer(tmp_path / "data", connection_bytes_in_flight_max=4096)
+    try:
+        c = RawClient(s.port)
+        c.call(CreateQueueRequest("q", QueueConfig(partitions=1)))
+        r = RawClient(s.port)
+        rid = r.send(FetchRequest("q", 0, 0, 1 << 20, 0, None, 10_000))
+        deadline = time.monotonic() + 5
+        while not (parked := s.call(lambda: [st for st in s.server._conns if st.parked])):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        reader = parked[0]
+        s.call(lambda: reader.budget.charge(4096))  # the reader's connection budget, all taken
+        c.call(ProduceRequest("q", 0, encode_batch([b"x" * 100])))
+        time.sleep(0.1)
+        assert s.call(lambda: len(reader.tasks)) == 1  # woken, it waits for budget in a task
+        s.call(lambda: reader.budget.release(4096))
+        ev = r.next_event()
+        assert isinstance(ev, Response) and ev.request_id == rid and len(ev.body.batches) == 1
+    finally:
+        s.stop()

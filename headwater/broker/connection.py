@@ -118,7 +118,7 @@ class ClientConnection(asyncio.Protocol):
     :class:`PushService` uses to send PUSH frames (``writelines``, ``await drain()``).
     """
 
-    __slots__ = ("srv", "loop", "transport", "conn", "peer", "budget", "tasks", "write_lock", "out",
+    __slots__ = ("srv", "loop", "transport", "conn", "peer", "budget", "tasks", "parked", "write_lock", "out",
                  "unsent", "held", "blocked", "wake_scheduled", "write_paused", "drain_waiters",
                  "handshaken", "last_data_s", "timer", "closing", "lost", "eof", "counted")
 
@@ -132,6 +132,7 @@ class ClientConnection(asyncio.Protocol):
         self.peer = "?"
         self.budget = ByteBudget(cfg.connection_bytes_in_flight_max)  # batches and answers in flight
         self.tasks: set[asyncio.Task] = set()
+        self.parked: set = set()  # fetches parked without a task (the server's _ParkedFetch)
         self.write_lock = asyncio.Lock()  # PUSH frames: one stream writes (and drains) at a time
         self.out: list = []  # answers served inline, written once the events read are served
         self.unsent = 0  # budget bytes held by answers written but perhaps not sent yet
@@ -209,6 +210,9 @@ class ClientConnection(asyncio.Protocol):
             self.timer.cancel()
         for t in self.tasks:
             t.cancel()
+        for pf in list(self.parked):
+            pf.drop()
+        self.parked.clear()
         self.budget.forget(self._wake)
         srv._budget.forget(self._wake)
         if self.unsent:  # the bytes will never go out: their budget is free

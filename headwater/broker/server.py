@@ -122,13 +122,19 @@ class _PartitionWaiters:
             if not lst:
                 del self._waiting[(queue, partition)]
 
+    def park(self, queue: str, partition: int, offset: int, parked: _ParkedFetch) -> None:
+        """Like :meth:`wait`, for a fetch parked without a task: ``parked.wake()`` is called."""
+        self._waiting.setdefault((queue, partition), []).append((offset, parked))
+
     def wake_all(self) -> None:
         """Answer every parked fetch now (the server is stopping)."""
-        for lst in self._waiting.values():
-            for _, fut in lst:
-                if not fut.done():
-                    fut.set_result(None)
-        self._waiting.clear()
+        waiting, self._waiting = self._waiting, {}
+        for lst in waiting.values():
+            for _, w in lst:
+                if type(w) is _ParkedFetch:
+                    w.wake()
+                elif not w.done():
+                    w.set_result(None)
 
     def notify(self, queue: str, partition: int, end_offset: int) -> None:
         if (queue, partition) in self._waiting:
@@ -142,16 +148,47 @@ class _PartitionWaiters:
         if not lst:
             return
         keep = []
-        for offset, fut in lst:
+        woken = []
+        for offset, w in lst:
             if end_offset > offset:
-                if not fut.done():
-                    fut.set_result(None)
+                if type(w) is _ParkedFetch:
+                    woken.append(w)
+                elif not w.done():
+                    w.set_result(None)
             else:
-                keep.append((offset, fut))
+                keep.append((offset, w))
         if keep:
             lst[:] = keep
         else:
             del self._waiting[(queue, partition)]
+        for w in woken:  # after the list is settled: a wake may park again
+            w.wake()
+
+
+class _ParkedFetch:
+    """A fetch that found nothing, waiting without a task: an append to its partition (or
+    its deadline) calls :meth:`wake`, which reads and answers right there, on the loop (the
+    appending connection's turn), or parks it again. When the byte budget is short it
+    falls back to a task that waits for it."""
+
+    __slots__ = ("srv", "st", "ev", "deadline", "timer", "done")
+
+    def __init__(self, srv: BrokerServer, st: ClientConnection, ev: Request, deadline: float) -> None:
+        self.srv, self.st, self.ev, self.deadline = srv, st, ev, deadline
+        self.timer: asyncio.TimerHandle | None = None
+        self.done = False
+
+    def wake(self) -> None:
+        if not self.done:
+            self.srv._unpark(self)
+
+    def drop(self) -> None:
+        """The connection is gone: forget the fetch, answer nothing."""
+        self.done = True
+        if self.timer is not None:
+            self.timer.cancel()
+        req = self.ev.body
+        self.srv._waiters.discard(req.queue, req.partition, self)
 
 
 class BrokerServer:
@@ -281,7 +318,7 @@ class BrokerServer:
                     return True
                 self._release(st, want)
                 if self._fetch_parks(body, res):
-                    self._spawn(st, ev, self._fetch(st, body))
+                    self._park(st, ev)
                     return True
                 answer = FetchResponse.from_result(res)
             elif api is ApiKey.PING:
@@ -406,7 +443,68 @@ class BrokerServer:
         return not (res.next_offset != req.offset or min(req.max_wait_ms, self.config.fetch_wait_ms_max) <= 0
                     or self._closing or (req.end_offset is not None and req.offset >= req.end_offset))
 
-    async def _fetch(self, st: ClientConnection, req: FetchRequest) -> tuple[FetchResponse, int] | FetchResponse:
+    def _park(self, st: ClientConnection, ev: Request, pf: _ParkedFetch | None = None) -> None:
+        """Park a fetch that found nothing until an append to its partition or its deadline."""
+        req = ev.body
+        loop = self._loop
+        if pf is None:
+            wait_s = min(req.max_wait_ms, self.config.fetch_wait_ms_max) / 1000
+            pf = _ParkedFetch(self, st, ev, loop.time() + wait_s)
+            st.parked.add(pf)
+        pf.timer = loop.call_at(pf.deadline, pf.wake)
+        self._waiters.park(req.queue, req.partition, req.offset, pf)
+        # appends from other threads (delayed messages) notify only registered waiters: one
+        # that landed between the read and the registration must not be missed
+        if self.broker.store.end_offset(req.queue, req.partition) > req.offset:
+            pf.wake()
+
+    def _unpark(self, pf: _ParkedFetch) -> None:
+        """An append (or the deadline) woke a parked fetch: read and answer, or park again."""
+        st, ev = pf.st, pf.ev
+        req = ev.body
+        pf.drop()
+        st.parked.discard(pf)
+        if st.lost or st.closing:
+            return
+        want = self._fetch_want(st, req)
+        if not (st.budget.used + want <= st.budget.limit or st.budget.used == 0) or \
+                not (self._budget.used + want <= self._budget.limit or self._budget.used == 0):
+            self._spawn(st, ev, self._fetch(st, req, parked=False))  # waits for budget in a task
+            return
+        self._take(st, want)
+        try:
+            try:
+                res = self.broker.fetch(req.queue, req.partition, req.offset, max_bytes=want,
+                                        tag_mask=req.tag_mask, end_offset=req.end_offset)
+            except BaseException:
+                self._release(st, want)
+                raise
+            held = 0
+            if res.batches:
+                held = self._hold_read(st, want, res)
+            else:
+                self._release(st, want)
+                if self._loop.time() < pf.deadline and self._fetch_parks(req, res):
+                    pf.done = False
+                    st.parked.add(pf)
+                    self._park(st, ev, pf)
+                    return
+            try:
+                chunks = st.conn.send_chunks(Response(ev.request_id, FetchResponse.from_result(res)))
+            except BaseException:
+                if held:
+                    self._release(st, held)
+                raise
+        except Exception as e:  # noqa: BLE001 - answer, log, keep serving
+            held, chunks = 0, self._error_chunks(st, ev, e)
+        self.requests += 1
+        try:
+            st.send(chunks, held)  # the budget held goes with the answer
+        except (ConnectionError, ProtocolError):
+            pass
+
+    async def _fetch(self, st: ClientConnection, req: FetchRequest,
+                     parked: bool = True) -> tuple[FetchResponse, int] | FetchResponse:
         """A fetch that found nothing: park until an append or ``max_wait_ms`` passes.
 
         Returns the response, with the bytes it holds of the budgets when it holds any
@@ -417,12 +515,13 @@ class BrokerServer:
             fut = self._waiters.wait(req.queue, req.partition, req.offset)
             try:
                 # check after registering: an append may have landed since the first read
-                if self.broker.store.end_offset(req.queue, req.partition) <= req.offset:
+                if parked and self.broker.store.end_offset(req.queue, req.partition) <= req.offset:
                     await asyncio.wait_for(fut, deadline - time.monotonic())
             except asyncio.TimeoutError:
                 pass
             finally:
                 self._waiters.discard(req.queue, req.partition, fut)
+            parked = True
             await self._acquire(st, want)
             try:
                 res = self.broker.fetch(req.queue, req.partition, req.offset, max_bytes=want,
