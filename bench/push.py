@@ -5,8 +5,7 @@ half). Two parts:
 
 - **latency**: ``headwater serve`` in a subprocess (fresh data directory under /tmp, removed
   afterwards), one producer process sending 2,000 msgs/s of 100 B one at a time on a fixed
-  schedule (``Producer.send``, ``linger_ms=0``, acks awaited in the background, as
-  bench/network does), and one subscriber process (``client.subscribe``) whose listener
+  schedule (``Producer.send``, ``linger_ms=0``, a send callback stamping each ack), and one subscriber process (``client.subscribe``) whose listener
   stamps each message. Latency = time the listener got it - time it was scheduled to be
   sent, CLOCK_MONOTONIC on both sides; the first 200 messages are not counted. Run for
   ``flush`` async and sync, and once more with a tag filter (the subscriber wants one tag
@@ -92,11 +91,16 @@ def _producer(address: str, total: int, rate: int, size: int, tagged: bool, read
         clock = time.monotonic_ns
         t0 = clock() + 50_000_000
         late = 0
-        futures = []
         acked: list[tuple[int, int]] = []  # (scheduled, acknowledged) ns, for the producer's share
+        failed: list[BaseException] = []
 
         def on_ack(sched: int) -> Any:
-            return lambda _f: acked.append((sched, clock()))
+            def done(_mid: Any, exc: BaseException | None) -> None:
+                if exc is not None:
+                    failed.append(exc)
+                elif sched:
+                    acked.append((sched, clock()))
+            return done
 
         for seq in range(total):
             sched = t0 + seq * interval
@@ -109,13 +113,14 @@ def _producer(address: str, total: int, rate: int, size: int, tagged: bool, read
                 late += 1
             # tagged: every fourth message carries the subscribed tag, the others the rest
             tag = TAGS[seq % 4] if tagged else None
-            f = p.send(QUEUE, headwater.Message(STAMP.pack(sched, seq) + pad, tag=tag), partition=0)
-            if seq >= WARMUP:
-                f.add_done_callback(on_ack(sched))
-            futures.append(f)
+            # a callback rather than kept futures: 10,000 futures held to the end made the
+            # producer's garbage collections long enough to delay its sends
+            p.send(QUEUE, headwater.Message(STAMP.pack(sched, seq) + pad, tag=tag), partition=0,
+                   callback=on_ack(sched if seq >= WARMUP else 0))
         end = clock()
-        for f in futures:
-            f.result(60)
+        p.flush(60)
+        if failed:
+            raise failed[0]
         p.close()
         hw.close()
         ack = sorted((a - s) / 1e6 for s, a in acked)
