@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import threading
 import time
 
 import pytest
+from conftest import ServerThread
 
-from headwater.broker import Broker
-from headwater.broker.server import BrokerServer, ServerConfig
 from headwater.model.batch import encode_batch
 from headwater.model.config import QueueConfig
 from headwater.protocol import (
@@ -32,42 +29,14 @@ from headwater.protocol.messages import (
     PingRequest,
     ProduceRequest,
 )
-from headwater.storage import StoreConfig
 from tests.support.broker_process import BrokerProcess
 
 
-class InProcessServer:
+class InProcessServer(ServerThread):
     """A BrokerServer with its own settings on an event loop in a thread."""
 
     def __init__(self, path, **settings) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.broker = Broker.open(path, StoreConfig())
-        self.server = BrokerServer(self.broker, ServerConfig(port=0, **settings))
-        started = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.loop.run_until_complete(self.server.start())
-            started.set()
-            self.loop.run_until_complete(self.server.serve_until_stopped())
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        assert started.wait(10)
-        self.port = self.server.port
-
-    def call(self, fn):
-        """Run ``fn()`` on the server's loop; its result."""
-        done = threading.Event()
-        out = []
-        self.loop.call_soon_threadsafe(lambda: (out.append(fn()), done.set()))
-        assert done.wait(5)
-        return out[0]
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.server.request_stop)
-        self.thread.join(15)
-        self.loop.close()
+        super().__init__(path, server_settings=settings)
 
 
 class RawClient:

@@ -38,6 +38,7 @@ from headwater.broker.delay import DelayTicket
 from headwater.broker.durable_acks import DurableAcks
 from headwater.broker.push import PUSH_APIS, PushService
 from headwater.errors import HeadwaterError, InvalidArgumentError
+from headwater.model.service import FetchResult
 from headwater.protocol import (
     ApiKey,
     ErrorResponse,
@@ -299,12 +300,7 @@ class BrokerServer:
                 want = self._fetch_want(st, body)
                 if not self._take(st, want):
                     return False
-                try:
-                    res = self.broker.fetch(body.queue, body.partition, body.offset, max_bytes=want,
-                                            tag_mask=body.tag_mask, end_offset=body.end_offset)
-                except BaseException:
-                    self._release(st, want)
-                    raise
+                res = self._read(st, body, want)
                 if res.batches:
                     held = self._hold_read(st, want, res)
                     try:
@@ -422,6 +418,15 @@ class BrokerServer:
         st.budget.release(n)
         self._budget.release(n)
 
+    def _read(self, st: ClientConnection, req: FetchRequest, want: int) -> FetchResult:
+        """Read for a fetch whose ``want`` bytes of budget are taken (given back if it fails)."""
+        try:
+            return self.broker.fetch(req.queue, req.partition, req.offset, max_bytes=want,
+                                     tag_mask=req.tag_mask, end_offset=req.end_offset)
+        except BaseException:
+            self._release(st, want)
+            raise
+
     def _fetch_want(self, st: ClientConnection, req: FetchRequest) -> int:
         """The most bytes a fetch may return: its ask, the server's cap, the peer's frame limit."""
         return max(1, min(req.max_bytes, self.config.fetch_bytes_max, st.conn.peer_frame_bytes_max - 4096))
@@ -473,12 +478,7 @@ class BrokerServer:
             return
         self._take(st, want)
         try:
-            try:
-                res = self.broker.fetch(req.queue, req.partition, req.offset, max_bytes=want,
-                                        tag_mask=req.tag_mask, end_offset=req.end_offset)
-            except BaseException:
-                self._release(st, want)
-                raise
+            res = self._read(st, req, want)
             held = 0
             if res.batches:
                 held = self._hold_read(st, want, res)
@@ -523,12 +523,7 @@ class BrokerServer:
                 self._waiters.discard(req.queue, req.partition, fut)
             parked = True
             await self._acquire(st, want)
-            try:
-                res = self.broker.fetch(req.queue, req.partition, req.offset, max_bytes=want,
-                                        tag_mask=req.tag_mask, end_offset=req.end_offset)
-            except BaseException:
-                self._release(st, want)
-                raise
+            res = self._read(st, req, want)
             if res.batches:
                 return FetchResponse.from_result(res), self._hold_read(st, want, res)
             self._release(st, want)  # nothing read: hold nothing while parked
