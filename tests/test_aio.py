@@ -22,6 +22,7 @@ from conftest import ServerThread
 
 import headwater
 import headwater.aio
+from headwater.model.batch import decode_header
 from headwater import Message, MessageId
 from headwater.errors import (
     OutOfOrderSequenceError,
@@ -119,6 +120,14 @@ async def drain(c, expect: int, timeout_s: float = 5.0) -> list:
 # -- admin --------------------------------------------------------------------------------
 
 
+def patch_produce(hw, fn) -> None:
+    """Put ``fn`` in place of the service's produce, for one-at-a-time and pipelined sends
+    alike (a pipelined send starts it at once, in order, as the network service does)."""
+    hw.service.produce = fn
+    if hasattr(type(hw.service), "produce_nowait"):
+        hw.service.produce_nowait = lambda queue, partition, batch: asyncio.ensure_future(fn(queue, partition, batch))
+
+
 def test_admin_round_trip(target):
     async def test(hw):
         a = hw.admin
@@ -182,7 +191,7 @@ def test_send_send_batch_send_nowait_flush(target):
             calls.append(args[1])
             return await produce(*args)
 
-        hw.service.produce = counting
+        patch_produce(hw, counting)
         futs = [p.send_nowait("q", b"n%d" % i, partition=0) for i in range(100)]
         assert not any(f.done() for f in futs)  # lingering
         await p.flush()
@@ -255,7 +264,7 @@ def test_retries_resend_the_same_bytes_and_store_once(target):
                 raise UnavailableError("the answer was lost")  # stored, but the client never hears
             return result
 
-        hw.service.produce = flaky
+        patch_produce(hw, flaky)
         p = hw.producer(retry_backoff_ms=10)
         mid = await p.send("q", b"once")
         assert len(sent) == 3 and len(set(sent)) == 1  # the same bytes every time
@@ -266,12 +275,12 @@ def test_retries_resend_the_same_bytes_and_store_once(target):
         async def refusing(queue, partition, batch):
             raise UnavailableError("down")
 
-        hw.service.produce = refusing
+        patch_produce(hw, refusing)
         p2 = hw.producer(retries=2, retry_backoff_ms=1)
         with pytest.raises(UnavailableError, match="down"):
             await p2.send("q", b"never")
         assert p2.producer_epoch == 1  # it may have been stored: later batches use a new epoch
-        hw.service.produce = produce
+        patch_produce(hw, produce)
         await p2.send("q", b"after")
         assert [r.body for r in await scan(hw, "q")] == [b"once", b"twice", b"after"]
 
@@ -295,10 +304,10 @@ def test_a_batch_refused_as_out_of_order_is_sent_again_under_a_new_epoch(target)
 
         p = hw.producer()
         await p.send("q", b"first")
-        hw.service.produce = forgetful
+        patch_produce(hw, forgetful)
         assert (await p.send("q", b"second")).offset == 1
         assert p.producer_epoch == 1
-        hw.service.produce = produce
+        patch_produce(hw, produce)
         await p.send("q", b"third")
         assert [r.body for r in await scan(hw, "q")] == [b"first", b"second", b"third"]
 
@@ -324,7 +333,7 @@ def test_retries_under_concurrency_store_each_message_once_in_order(target):
                 raise UnavailableError("the answer was lost after the append")
             return result
 
-        hw.service.produce = flaky
+        patch_produce(hw, flaky)
         p = hw.producer(linger_ms=3, retries=50, retry_backoff_ms=1, retry_backoff_max_ms=5, batch_bytes_max=2000)
 
         async def worker(t: int) -> None:
@@ -339,7 +348,7 @@ def test_retries_under_concurrency_store_each_message_once_in_order(target):
             await asyncio.gather(*futs)
 
         await asyncio.gather(*(worker(t) for t in range(50)))
-        hw.service.produce = produce
+        patch_produce(hw, produce)
         seen: dict[int, list[int]] = {}
         async for r in hw.scanner("q"):
             t, i = map(int, r.body.split(b"-"))
@@ -638,3 +647,97 @@ def test_the_guide_examples_run(capsys):
     for i, block in enumerate(blocks):
         exec(compile(block, f"docs/asyncio.md example {i + 1}", "exec"), {})
     assert "[b'late']" in capsys.readouterr().out
+
+
+# -- pipelining (over the network) --------------------------------------------------------
+
+
+class HeldSends:
+    """The network service's ``produce_nowait``, each request held until :meth:`release`
+    runs it against the broker in arrival order; call numbers in ``lose`` fail first."""
+
+    def __init__(self, hw, lose=()) -> None:
+        self.produce = hw.service.produce
+        self.lose = set(lose)
+        self.calls = 0
+        self.sizes: list[int] = []
+        self.held: list[tuple] = []
+        hw.service.produce_nowait = self.produce_nowait
+
+    def produce_nowait(self, queue, partition, batch):
+        fut = asyncio.get_running_loop().create_future()
+        self.calls += 1
+        self.sizes.append(decode_header(batch).count)
+        self.held.append((self.calls, queue, partition, bytes(batch), fut))
+        return fut
+
+    async def release(self, n: int | None = None) -> None:
+        items = self.held[: len(self.held) if n is None else n]
+        del self.held[: len(items)]
+        for call, queue, partition, batch, fut in items:
+            if call in self.lose:
+                fut.set_exception(UnavailableError(f"injected: call {call} lost"))
+                continue
+            try:
+                fut.set_result(await self.produce(queue, partition, batch))
+            except Exception as e:  # noqa: BLE001 - the broker's answer
+                fut.set_exception(e)
+
+
+@pytest.fixture
+def network(tmp_path, clock):
+    t = Target("network", tmp_path, clock)
+    yield t
+    t.server.stop()
+    if not t.server.thread.is_alive():
+        t.server.loop.close()
+
+
+def test_batches_of_a_partition_are_pipelined_over_the_network(network):
+    async def test(hw):
+        await hw.admin.create_queue("q")
+        p = hw.producer()
+        assert p.max_in_flight == 5
+        await p.send("q", b"m0", partition=0)  # the queue's metadata is cached from here on
+        held = HeldSends(hw)
+        try:
+            futs = []
+            for i in range(1, 9):  # one at a time: each may leave before the next is sent
+                futs.append(p.send_nowait("q", f"m{i}".encode(), partition=0))
+                await asyncio.sleep(0.005)
+            assert held.sizes == [1] * 5  # each left at once; three wait for room
+            await held.release(1)
+            await asyncio.sleep(0.05)
+            assert held.sizes == [1] * 5 + [3]  # what waited left as one batch
+        finally:
+            await held.release()
+        assert [(await f).offset for f in futs] == list(range(1, 9))
+        assert [r.body for r in await scan(hw, "q")] == [f"m{i}".encode() for i in range(9)]
+        await p.close()
+
+    run(network, test)
+
+
+@pytest.mark.parametrize("lost", [[1], [2], [3, 4], [1, 2, 3, 4, 5]])
+def test_a_lost_pipelined_batch_is_retried_before_the_ones_after_it(network, lost):
+    async def test(hw):
+        await hw.admin.create_queue("q")
+        p = hw.producer(retry_backoff_ms=1)
+        await hw.admin.describe_queue("q")
+        await p.send("q", b"m0", partition=0)  # metadata cached; calls below count from 1
+        held = HeldSends(hw, lose=lost)
+        futs = []
+        for i in range(1, 6):
+            futs.append(p.send_nowait("q", f"m{i}".encode(), partition=0))
+            await asyncio.sleep(0.005)
+        assert held.sizes == [1] * 5
+        futs += [p.send_nowait("q", f"m{i}".encode(), partition=0) for i in range(6, 10)]
+        async with asyncio.timeout(20):
+            while not all(f.done() for f in futs):
+                await held.release()
+                await asyncio.sleep(0.005)
+        assert [r.body for r in await scan(hw, "q")] == [f"m{i}".encode() for i in range(10)]
+        assert [f.result().offset for f in futs] == list(range(1, 10))
+        await p.close()
+
+    run(network, test)

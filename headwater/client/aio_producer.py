@@ -12,9 +12,11 @@ The same batching, routing and idempotence, on the event loop instead of a sende
 - ``await send()`` and ``await send_batch()`` do the same without lingering and return once
   the broker acknowledged. Cancelling the caller does not take the messages back.
 - One *drainer* task per partition sends its batches, holding the partition's slot (an
-  ``asyncio.Lock``): at most one batch of this producer is in flight per partition
-  (the sync producer pipelines up to ``max_in_flight``; this one does not yet).
-  Parallelism comes from partitions.
+  ``asyncio.Lock``). Over the network it pipelines up to ``max_in_flight`` batches (5 for
+  an idempotent producer, as the sync producer does): it sends them in order and settles
+  their answers in that order; after a failure to retry, the partition sends nothing new
+  until what is in flight is settled, then sends the failed batches again one at a time, in
+  order. Embedded (calls on threads keep no order) it sends one batch at a time.
 - Idempotence as in the sync producer: a random 62-bit producer id and an epoch; each batch
   carries the sequence of its first message, counted per (queue, partition) and assigned
   when the batch is encoded, in the slot. A retriable error re-sends the same bytes after a
@@ -53,6 +55,7 @@ from headwater.model.batch import BATCH_BYTES_MAX, encode_batch
 from headwater.model.config import QueueInfo
 from headwater.model.delay import DELAYED_PARTITION_BIT, joins_batch, resolve_deliver_at
 from headwater.model.message import Message, MessageId
+from headwater.model.producer_state import RECENT_BATCHES
 from headwater.model.service import ProduceResult
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.batching import (
@@ -79,7 +82,8 @@ class _Partition:
     """One (queue, partition): its open batch, sealed batches waiting, the slot and the
     drainer that holds it, the linger timer, and the idempotence sequence."""
 
-    __slots__ = ("queue", "partition", "delayed", "open", "ready", "in_flight", "slot", "drainer", "timer",
+    __slots__ = ("queue", "partition", "delayed", "open", "ready", "in_flight", "flying", "retry", "slot",
+                 "drainer", "timer",
                  "identity", "next_sequence")
 
     def __init__(self, queue: str, partition: int, delayed: bool = False) -> None:
@@ -87,8 +91,10 @@ class _Partition:
         self.queue, self.partition, self.delayed = queue, partition, delayed
         self.open: _Batch | None = None
         self.ready: deque[_Batch] = deque()
-        self.in_flight: _Batch | None = None
-        self.slot = asyncio.Lock()  # held while a batch is in flight
+        self.in_flight: list[_Batch] = []  # sent and not settled, in sending order (retries too)
+        self.flying: deque[tuple[_Batch, asyncio.Future[ProduceResult]]] = deque()  # pipelined, answer awaited
+        self.retry: list[tuple[_Batch, float]] = []  # failed while pipelined: (batch, backoff), in order
+        self.slot = asyncio.Lock()  # held while batches are in flight
         self.drainer: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.identity: tuple[int, int] | None = None  # (producer id, epoch) of next_sequence
@@ -143,8 +149,8 @@ class AsyncProducer:
     ``compression``, ``linger_ms``, ``batch_bytes_max``, ``retries``, ``retry_backoff_ms``,
     ``retry_backoff_max_ms``, ``delivery_timeout_ms``, ``idempotent``, ``buffer_bytes_max``
     (the bytes ``send_nowait`` messages may hold unacknowledged; past it ``send_nowait``
-    raises :class:`UnavailableError` instead of blocking), ``metadata_max_age_ms``, ``rng``
-    and ``clock``. Every send takes ``deliver_at=`` or ``delay=`` for a delayed message, as
+    raises :class:`UnavailableError` instead of blocking), ``metadata_max_age_ms``,
+    ``max_in_flight``, ``rng`` and ``clock``. Every send takes ``deliver_at=`` or ``delay=`` for a delayed message, as
     the sync producer's do.
     """
 
@@ -153,7 +159,8 @@ class AsyncProducer:
                  retries: int = 5, retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
                  delivery_timeout_ms: int = 120_000, idempotent: bool = True,
                  buffer_bytes_max: int = 32 << 20, metadata_max_age_ms: int = 5000,
-                 rng: random.Random | None = None, clock: Callable[[], float] | None = None) -> None:
+                 max_in_flight: int | None = None, rng: random.Random | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
         if compression not in COMPRESSIONS:
             raise InvalidArgumentError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
         if not isinstance(idempotent, bool):
@@ -177,6 +184,10 @@ class AsyncProducer:
         self._linger_s = linger_ms / 1000
         self._delivery_timeout_s = delivery_timeout_ms / 1000
         self._identity: tuple[int, int] | None = (secrets.randbits(62), 0) if idempotent else None
+        self.max_in_flight = (RECENT_BATCHES if idempotent else 1) if max_in_flight is None else \
+            int_setting("max_in_flight", max_in_flight, 1, RECENT_BATCHES)
+        # only a connection keeps the sending order (an embedded broker's calls run on threads)
+        self._pipeline = self.max_in_flight if hasattr(service, "produce_nowait") else 1
         self._metadata: dict[str, tuple[float, QueueInfo]] = {}
         self._parts: dict[tuple[str, int], _Partition] = {}
         self._parked: dict[str, list[_Parked]] = {}  # by queue, in send order
@@ -320,7 +331,7 @@ class AsyncProducer:
             _, late = await asyncio.wait(tasks, timeout=_left(loop, deadline))
             if late:
                 raise UnavailableError(f"flush: queue metadata still unknown after {timeout_s} s")
-        pending = [b for ps in self._parts.values() for b in (ps.in_flight, *ps.ready, ps.open) if b is not None]
+        pending = [b for ps in self._parts.values() for b in (*ps.in_flight, *ps.ready, ps.open) if b is not None]
         if not pending:
             return
         self._flushing += 1
@@ -516,8 +527,11 @@ class AsyncProducer:
         self._partitioner.batch_sent(ps.queue, ps.partition)
 
     def _kick(self, ps: _Partition) -> None:
-        """Make sure the partition's drainer runs (it sends what is due, then ends)."""
-        if ps.drainer is None:
+        """Make sure the partition's drainer runs (it sends what is due, then ends); a
+        pipelining drainer that is waiting for an answer sends what is due now, from here."""
+        if ps.drainer is not None and ps.flying:
+            self._pump(ps)
+        elif ps.drainer is None:
             ps.drainer = asyncio.get_running_loop().create_task(
                 self._drain(ps), name=f"headwater-producer-{ps.queue}-{ps.partition}")
             self._track(ps.drainer)
@@ -536,20 +550,97 @@ class AsyncProducer:
             log.error("a producer task failed", exc_info=task.exception())
 
     async def _drain(self, ps: _Partition) -> None:
-        """Send the partition's due batches one at a time, each holding the slot."""
+        """Send the partition's due batches, holding the slot: one at a time, or pipelined."""
         try:
-            while True:
-                async with ps.slot:
-                    b = self._take_due(ps)
-                    if b is None:
-                        return
-                    ps.in_flight = b
+            async with ps.slot:
+                if self._pipeline > 1:
+                    await self._drain_pipelined(ps)
+                    return
+                while (b := self._take_due(ps)) is not None:
+                    ps.in_flight.append(b)
                     try:
                         await self._deliver(b)
                     finally:
-                        ps.in_flight = None
+                        ps.in_flight.remove(b)
         finally:
             ps.drainer = None
+
+    async def _drain_pipelined(self, ps: _Partition) -> None:
+        """Up to ``max_in_flight`` batches in flight, sent in order and settled in that order,
+        so a failure is seen before any answer to a batch sent after it. Then the partition
+        recovers: nothing new leaves, the batches still in flight are settled, and those to
+        retry are sent again one at a time, in their order."""
+        flying, retry = ps.flying, ps.retry
+        try:
+            while True:
+                self._pump(ps)
+                if not flying:
+                    if not retry:
+                        return
+                    for b, delay in retry:
+                        await asyncio.sleep(delay)
+                        await self._deliver(b)
+                        ps.in_flight.remove(b)
+                    retry.clear()
+                    continue
+                b, fut = flying[0]
+                try:
+                    result = await fut
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - judged below: retry or settle
+                    flying.popleft()
+                    delay = self._retry_delay(b, e)
+                    if delay is None:
+                        ps.in_flight.remove(b)
+                        self._finish(b, None, self._final_error(b, e))
+                    else:
+                        retry.append((b, delay))
+                    continue
+                flying.popleft()
+                ps.in_flight.remove(b)
+                self._finish(b, result, None)
+        except asyncio.CancelledError:  # close() gave up waiting
+            for b in ps.in_flight:
+                if not b.done:
+                    self._finish(b, None, ClosedError("the producer was closed before this batch was acknowledged"))
+            ps.in_flight.clear()
+            flying.clear()
+            retry.clear()
+            raise
+
+    def _pump(self, ps: _Partition) -> None:
+        """Send the partition's due batches while there is room in flight, in order."""
+        flying = ps.flying
+        while not ps.retry and len(flying) < self._pipeline and (
+            not flying or flying[-1][0].identity == self._identity  # an old epoch's go first
+        ):
+            b = self._take_due(ps)
+            if b is None:
+                break
+            fut = self._start(b)
+            if fut is not None:
+                ps.in_flight.append(b)
+                flying.append((b, fut))
+
+    def _start(self, b: _Batch) -> asyncio.Future[ProduceResult] | None:
+        """Encode (first attempt) and send a batch without waiting; None if it was settled
+        instead (the producer is closing, the batch waited too long, it does not encode)."""
+        if b.encoded is None:
+            if self._aborting:
+                self._finish(b, None, ClosedError("the producer was closed before this message was sent"))
+                return None
+            if asyncio.get_running_loop().time() - b.created_s > self._delivery_timeout_s:
+                self._finish(b, None, UnavailableError(
+                    f"the batch waited longer than delivery_timeout_ms={self.delivery_timeout_ms} to be sent"))
+                return None
+            try:
+                self._encode(b)
+            except Exception as e:  # noqa: BLE001 - it belongs to the batch's futures
+                self._finish(b, None, e)
+                return None
+        b.attempts += 1
+        return self._service.produce_nowait(b.part.queue, b.part.partition, b.encoded)  # type: ignore[attr-defined]
 
     def _take_due(self, ps: _Partition) -> _Batch | None:
         """The next batch to send now; None if there is none, or the open one still lingers
@@ -619,6 +710,7 @@ class AsyncProducer:
                 ps.identity, ps.next_sequence = ident, 0
             pid, epoch = ident
             seq = ps.next_sequence
+            ps.next_sequence = (seq + len(b.messages)) % SEQUENCE_MOD  # the next may leave before the answer
         # messages were checked against the queue's limit when queued
         b.encoded = encode_batch(b.messages, compression=self.compression, producer_id=pid,
                                  base_sequence=seq, producer_epoch=epoch, deliver_times=b.deliver_times)
@@ -657,8 +749,6 @@ class AsyncProducer:
         """Settle a batch: advance or reset the sequence, free its buffer room, resolve its futures."""
         ps = b.part
         if result is not None:
-            if b.identity is not None and b.identity == ps.identity:
-                ps.next_sequence = (b.base_sequence + result.count) % SEQUENCE_MOD
             qid, part, base = result.queue_id, result.partition, result.base_offset
             for index, count, fut in b.entries:
                 if not fut.done():  # the caller may have cancelled its future
@@ -668,6 +758,9 @@ class AsyncProducer:
             assert exc is not None
             if b.attempts and b.identity is not None and b.identity == self._identity and may_be_appended(exc):
                 self._bump_epoch()
+            elif b.identity is not None and ps.identity == b.identity and \
+                    ps.next_sequence == (b.base_sequence + len(b.messages)) % SEQUENCE_MOD:
+                ps.next_sequence = b.base_sequence  # not stored, and nothing took the next: give it back
             if isinstance(exc, (QueueNotFoundError, PartitionOutOfRangeError)):
                 self._metadata.pop(ps.queue, None)
             for _, _, fut in b.entries:

@@ -142,6 +142,13 @@ class AsyncService:
     async def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
         return await self._call(m.ProduceRequest(queue, partition, batch), retry=False)
 
+    def produce_nowait(self, queue: str, partition: int, batch: bytes) -> asyncio.Future[ProduceResult]:
+        """Send a batch now, after everything submitted before it, without waiting; the
+        future holds the ProduceResult (the asyncio producer pipelines with it)."""
+        fut: asyncio.Future[ProduceResult] = asyncio.get_running_loop().create_future()
+        self.transport.submit(m.ProduceRequest(queue, partition, batch), fut)
+        return fut
+
     async def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
                     end_offset: int | None = None, max_wait_ms: int = 0) -> FetchResult:
         # a long poll may rightly take max_wait_ms longer than any other request
