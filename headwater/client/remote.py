@@ -59,10 +59,14 @@ class _Waiter:
         return not self._lock.locked()
 
     def set_result(self, result: Any) -> None:
+        if not self._lock.locked():  # settled already: as a Future would, refuse
+            raise concurrent.futures.InvalidStateError("this call has its outcome already")
         self._result = result
         self._lock.release()
 
     def set_exception(self, error: BaseException) -> None:
+        if not self._lock.locked():
+            raise concurrent.futures.InvalidStateError("this call has its outcome already")
         self._error = error
         self._lock.release()
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["Role", "State", "Kind", "Direction", "TRANSITIONS", "transition", "table_for"]
+__all__ = ["Role", "State", "Kind", "Direction", "TRANSITIONS", "table_for"]
 
 
 class _IdentityHashEnum(Enum):
@@ -106,11 +106,6 @@ for _role in Role:
         TRANSITIONS[_role, _state, SEND, Kind.CLOSE] = CLOSED
         TRANSITIONS[_role, _state, RECV, Kind.CLOSE] = CLOSED
 del _role, _state
-
-
-def transition(role: Role, state: State, direction: Direction, kind: Kind) -> State | None:
-    """The state after ``kind`` goes in ``direction``, or None if the protocol forbids it."""
-    return TRANSITIONS.get((role, state, direction, kind))
 
 
 def table_for(role: Role, direction: Direction) -> dict[tuple[State, Kind], State]:
