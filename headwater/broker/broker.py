@@ -148,13 +148,18 @@ class Broker:
                 end_offset is not None and offset >= end_offset
             ):
                 return res
-            with self._appended:
-                self._waiting += 1
-                try:
-                    if self.store.end_offset(queue, partition) <= offset:
-                        self._appended.wait(remaining)
-                finally:
-                    self._waiting -= 1
+            self._wait_for_append(queue, partition, offset, remaining)
+
+    def _wait_for_append(self, queue: str, partition: int, offset: int, timeout_s: float) -> None:
+        """Block until the partition grows past ``offset`` or ``timeout_s`` passes (a long
+        poll of the embedded broker)."""
+        with self._appended:
+            self._waiting += 1
+            try:
+                if self.store.end_offset(queue, partition) <= offset:
+                    self._appended.wait(timeout_s)
+            finally:
+                self._waiting -= 1
 
     def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
         if isinstance(partition, int) and partition & DELAYED_PARTITION_BIT:
@@ -240,13 +245,7 @@ class Broker:
                 res.stop_offset is not None and offset >= res.stop_offset
             ):
                 return res
-            with self._appended:
-                self._waiting += 1
-                try:
-                    if self.store.end_offset(queue, partition) <= offset:
-                        self._appended.wait(remaining)
-                finally:
-                    self._waiting -= 1
+            self._wait_for_append(queue, partition, offset, remaining)
 
     def keyed_commit(self, queue: str, group: str, member: int, generation: int,
                      offsets: dict[int, int]) -> KeyedGroupInfo:

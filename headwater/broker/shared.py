@@ -38,6 +38,7 @@ from headwater.errors import QueueExistsError, QueueNotFoundError
 from headwater.model.batch import decode_records, encode_batch
 from headwater.model.config import QueueConfig, QueueInfo
 from headwater.model.message import Message
+from headwater.model.service import FetchResult
 from headwater.model.shared_groups import SharedGroupsCore
 from headwater.model.shared import SharedGroupSettings
 from headwater.model.shared_state import Changes, PartitionImage, SharedQueueState
@@ -124,15 +125,8 @@ class SharedGroups(SharedGroupsCore):
     def _queue_info(self, queue: str) -> QueueInfo:
         return self._store.describe_queue(queue)
 
-    def _fetch(self, queue: str, partition: int, offset: int, end_offset: int) -> list[bytes]:
-        out: list[bytes] = []
-        while offset < end_offset:
-            res = self._store.fetch(queue, partition, offset, max_bytes=16 << 20, end_offset=end_offset)
-            out.extend(res.batches)
-            if res.next_offset <= offset:
-                break
-            offset = res.next_offset
-        return out
+    def _read(self, queue: str, partition: int, offset: int, end_offset: int) -> FetchResult:
+        return self._store.fetch(queue, partition, offset, max_bytes=16 << 20, end_offset=end_offset)
 
     def _append_dead_letters(self, dlq: str, like: QueueConfig, partition: int, batch: bytes) -> None:
         try:

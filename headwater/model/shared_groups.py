@@ -32,6 +32,7 @@ from headwater.errors import (
 from headwater.model.batch import decode_records, encode_batch
 from headwater.model.config import QueueConfig, QueueInfo
 from headwater.model.message import Message, Record
+from headwater.model.service import FetchResult
 from headwater.model.shared import (
     DELAY_MS_MAX,
     DeadLetter,
@@ -76,9 +77,20 @@ class SharedGroupsCore:
         """The queue's description (QueueNotFoundError when there is none)."""
         raise NotImplementedError
 
+    def _read(self, queue: str, partition: int, offset: int, end_offset: int) -> FetchResult:
+        """One read of stored batches from ``offset``, stopping before ``end_offset``."""
+        raise NotImplementedError
+
     def _fetch(self, queue: str, partition: int, offset: int, end_offset: int) -> list[bytes]:
         """Every stored batch holding an offset of [offset, end_offset) that is retained."""
-        raise NotImplementedError
+        out: list[bytes] = []
+        while offset < end_offset:
+            res = self._read(queue, partition, offset, end_offset)
+            out.extend(res.batches)
+            if res.next_offset <= offset:
+                break
+            offset = res.next_offset
+        return out
 
     def _append_dead_letters(self, dlq: str, like: QueueConfig, partition: int, batch: bytes) -> None:
         """Append to the dead-letter queue ``dlq``, creating it (settings ``like``) if needed."""

@@ -586,15 +586,8 @@ class _MemoryShared(SharedGroupsCore):
     def _queue_info(self, queue: str) -> QueueInfo:
         return self._broker.describe_queue(queue)
 
-    def _fetch(self, queue: str, partition: int, offset: int, end_offset: int) -> list[bytes]:
-        out: list[bytes] = []
-        while offset < end_offset:
-            res = self._broker._fetch_now(queue, partition, offset, 16 << 20, 0, end_offset)
-            out.extend(res.batches)
-            if res.next_offset <= offset:
-                break
-            offset = res.next_offset
-        return out
+    def _read(self, queue: str, partition: int, offset: int, end_offset: int) -> FetchResult:
+        return self._broker._fetch_now(queue, partition, offset, 16 << 20, 0, end_offset)
 
     def _append_dead_letters(self, dlq: str, like: QueueConfig, partition: int, batch: bytes) -> None:
         try:
