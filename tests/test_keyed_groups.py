@@ -25,7 +25,7 @@ from headwater.errors import (
 from headwater.model.batch import decode_records
 from headwater.model.keyed import KeyedGroupState, key_of, member_of
 
-from tests.support.broker_process import BrokerProcess
+from tests.support.broker_process import BrokerProcess, kill_all
 
 KEYS = [f"user-{i}".encode() for i in range(24)]
 
@@ -344,11 +344,7 @@ def test_processes_keep_order_per_key_through_resizes(tmp_path):
             assert p.wait(30) == 0
         hw.close()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        broker.kill()
+        kill_all(procs, broker)
 
 
 def wait_resized(hw, size: int, timeout_s: float = 60.0) -> None:

@@ -55,8 +55,11 @@ class ByteBudget:
         self.used = 0
         self._waiters: list[Callable[[], None]] = []
 
+    def fits(self, n: int) -> bool:
+        return self.used + n <= self.limit or self.used == 0
+
     def take(self, n: int) -> bool:
-        if self.used + n <= self.limit or self.used == 0:
+        if self.fits(n):
             self.used += n
             return True
         return False

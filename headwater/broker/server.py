@@ -472,8 +472,7 @@ class BrokerServer:
         if st.lost or st.closing:
             return
         want = self._fetch_want(st, req)
-        if not (st.budget.used + want <= st.budget.limit or st.budget.used == 0) or \
-                not (self._budget.used + want <= self._budget.limit or self._budget.used == 0):
+        if not (st.budget.fits(want) and self._budget.fits(want)):
             self._spawn(st, ev, self._fetch(st, req, parked=False))  # waits for budget in a task
             return
         self._take(st, want)

@@ -889,7 +889,7 @@ class Producer:
         futures, is settled right here, which spares a thread hand-off per request; the rest
         (callbacks, errors, retries) goes to the sender thread."""
         if not b.callbacks and f.exception() is None and not any(
-            fut is not None and fut._lazy is not None and fut._lazy[2] for fut in b.futures
+            fut is not None and fut.has_done_callbacks() for fut in b.futures
         ):
             self._finish(b, f.result(), None)
             return

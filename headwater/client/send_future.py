@@ -52,6 +52,11 @@ class SendFuture(concurrent.futures.Future):
     _waiters = property(lambda self: self._materialize()[1])
     _done_callbacks = property(lambda self: self._materialize()[2])
 
+    def has_done_callbacks(self) -> bool:
+        """Whether anyone added a done-callback (without making the lazy parts)."""
+        lazy = self._lazy
+        return lazy is not None and bool(lazy[2])
+
     def cancel(self) -> bool:
         return False
 

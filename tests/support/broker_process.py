@@ -73,3 +73,14 @@ class BrokerProcess:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+def kill_all(procs, broker: BrokerProcess | None = None) -> None:
+    """Tear down a multi-process test: SIGKILL every helper process still running, then the
+    broker."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    if broker is not None:
+        broker.kill()
