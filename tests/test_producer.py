@@ -534,6 +534,19 @@ def test_compression_round_trip(hw, codec, flag):
         assert h.flags & COMPRESSION_MASK == flag and h.payload_size < 40 * h.count
 
 
+def test_a_retry_behind_one_refused_as_out_of_order_goes_under_the_new_epoch_too(hw):
+    """Two batches in flight: the broker refuses the first as out of order (so it stored
+    neither), the second never arrives. The first goes again under a new epoch; the second,
+    behind it, must too: under its old epoch the broker would refuse it as fenced."""
+    hw.admin.create_queue("q")
+    svc = Wrapped(hw.service, plan=["gap", "before"])
+    p = Producer(svc, retry_backoff_ms=1, linger_ms=50, batch_bytes_max=64)
+    futs = [p.send("q", b"first" * 10), p.send("q", b"second" * 10)]
+    assert [f.result(timeout=30).offset for f in futs] == [0, 1]
+    assert [r.body for r in stored(hw, "q")] == [b"first" * 10, b"second" * 10]
+    p.close()
+
+
 def test_mixed_calls_from_threads_with_faults_keep_order_and_store_once(hw):
     import random
 

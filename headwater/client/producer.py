@@ -28,7 +28,8 @@ How a message travels (the user guide is ``docs/producing.md``):
   a batch fails for good after it may have reached the broker, the epoch is bumped, so the
   broker accepts later batches from sequence 0 instead of refusing them as out of order;
   a batch refused as out of order (the broker lost earlier ones) is re-encoded under a new
-  epoch and sent again.
+  epoch and sent again, and so are the batches of its partition waiting behind it to be
+  sent again.
 
 Thread-safety: every method may be called from any thread. One lock guards the accumulator
 (open batches, batches in flight, the buffer count); a second one, taken while holding the
@@ -823,6 +824,12 @@ class Producer:
             b = ps.retry[0]
             if b.retry_at <= now:
                 ps.retry.popleft()
+                if b.identity is not None and ps.identity != b.identity:
+                    # a batch before it went again under a new epoch, the broker having refused
+                    # it as out of order; so the broker stored nothing after it under the old
+                    # epoch, this one included, and would now refuse that epoch as fenced:
+                    # encode this one anew too, after that batch
+                    b.encoded = None
                 self._fly_locked(b)
                 batches.append(b)
             else:
