@@ -353,3 +353,125 @@ def test_a_cancelled_future_does_not_break_the_connection(fake):
             f.result()
     finally:
         svc.close()
+
+
+# a blocking caller reading for itself (AsyncTransport.lead) ----------------------------------
+
+
+def wait_for(predicate, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_a_polling_consumer_reads_its_answers_on_its_own_thread(server):
+    """The consumer's fetches are answered on the polling thread, not handed over from the
+    client's loop thread (each hand-over is a wake-up of both threads)."""
+    hw = headwater.connect(server.address)
+    try:
+        hw.admin.create_queue("q", partitions=1)
+        producer = hw.producer(linger_ms=0)
+        consumer = hw.consumer()
+        consumer.assign("q", partitions=[0])
+        settled_on: list[int] = []
+        fetch_async = hw.service.fetch_async
+
+        def recording_fetch_async(*args, **kw):
+            fut = fetch_async(*args, **kw)
+            fut.add_done_callback(lambda f: settled_on.append(threading.get_ident()))
+            return fut
+
+        consumer._fetch_async = recording_fetch_async
+        got: list[bytes] = []
+        for i in range(20):
+            producer.send_and_wait("q", b"m%d" % i)
+            while len(got) <= i:
+                got += [r.body for r in consumer.poll(timeout_ms=2000)]
+        assert got == [b"m%d" % i for i in range(20)]
+        assert settled_on and set(settled_on) == {threading.get_ident()}
+    finally:
+        hw.close()
+
+
+def test_while_one_thread_leads_the_others_get_their_answers(remote):
+    """A long poll leads; a blocking call from another thread is answered at once (the leader
+    reads it), and an async produce's callback still runs on the loop's thread."""
+    end = remote.describe_queue("q").partitions[0].end_offset
+    results: list = []
+    leader = threading.Thread(target=lambda: results.append(
+        remote.fetch("q", 0, end, max_bytes=1 << 20, max_wait_ms=5000)))
+    leader.start()
+    assert wait_for(lambda: remote.transport._leader is not None)
+    t0 = time.monotonic()
+    assert remote.describe_queue("q").name == "q"
+    assert time.monotonic() - t0 < 1.0
+    callback_threads: list[str] = []
+    fut = remote.produce_async("q", 0, encode_batch([b"hello"]))
+    fut.add_done_callback(lambda f: callback_threads.append(threading.current_thread().name))
+    assert fut.result(timeout=5).base_offset == end
+    leader.join(5)
+    assert not leader.is_alive()
+    assert [len(r.batches) for r in results] == [1]  # the long poll ended with the message
+    assert wait_for(lambda: callback_threads == ["headwater-client"])
+
+
+def test_polls_without_waiting_still_receive(server):
+    """poll(timeout_ms=0) never blocks, yet reads the answers that came meanwhile."""
+    hw = headwater.connect(server.address)
+    try:
+        hw.admin.create_queue("q", partitions=1)
+        consumer = hw.consumer()
+        consumer.assign("q", partitions=[0])
+        assert consumer.poll(timeout_ms=0) == []
+        hw.producer().send_and_wait("q", b"late")
+        got: list = []
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            got = consumer.poll(timeout_ms=0)
+            time.sleep(0.001)
+        assert [r.body for r in got] == [b"late"]
+    finally:
+        hw.close()
+
+
+def test_a_connection_left_unread_is_checked_before_it_is_written_to(fake):
+    """After led calls the loop stops reading; a broker that closed the connection meanwhile
+    is seen before the next request is written, which then goes to a new connection."""
+    broker = fake(lambda body: produced(7))
+    svc = RemoteService(broker.address)
+    try:
+        for _ in range(3):
+            svc.ping()
+        assert wait_for(lambda: svc.transport._link.paused)
+        broker.drop_connections()
+        time.sleep(0.2)
+        assert svc.produce("q", 0, encode_batch([b"x"])).base_offset == 7  # not retried: a new connection
+        assert len(broker.conns) == 2
+    finally:
+        svc.close()
+
+
+def test_closing_the_client_ends_a_leading_poll_at_once(server):
+    hw = headwater.connect(server.address)
+    hw.admin.create_queue("q", partitions=1)
+    consumer = hw.consumer()
+    consumer.assign("q", partitions=[0])
+    outcome: list = []
+
+    def poll() -> None:
+        try:
+            outcome.append(consumer.poll(timeout_ms=10_000))
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            outcome.append(e)
+
+    t = threading.Thread(target=poll)
+    t.start()
+    assert wait_for(lambda: hw.service.transport._leader is not None)
+    t0 = time.monotonic()
+    hw.close()
+    t.join(5)
+    assert not t.is_alive() and time.monotonic() - t0 < 2
+    assert len(outcome) == 1 and isinstance(outcome[0], (UnavailableError, ClosedError, list))

@@ -72,6 +72,7 @@ class Consumer:
         self._queue_ids: dict[str, int] = {}
         self._rotation = itertools.count()
         self._fetch_async = getattr(service, "fetch_async", None)
+        self._lead = getattr(service, "lead", None)  # over the network: read answers on this thread
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._fetch_threads_max = fetch_threads_max
         self._closed = False
@@ -198,11 +199,23 @@ class Consumer:
             futures = [f for _, f in self._inflight.values()]
             if self._wakeup is not None:
                 futures.append(self._wakeup)
-            if remaining > 0:
-                concurrent.futures.wait(futures, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
+            self._wait_any(futures, remaining)
             got = self._collect()
             if not got and (remaining <= 0 or (self._wakeup is not None and self._wakeup.done())):
                 return []
+
+    def _wait_any(self, futures: list[concurrent.futures.Future], timeout_s: float) -> None:
+        """Wait until one of ``futures`` is done or ``timeout_s`` passes. Over the network
+        this thread reads the answers itself (see ``RemoteService.lead``); with nothing to
+        wait for (``timeout_s`` <= 0) it still takes what has come, without blocking."""
+        deadline = time.monotonic() + timeout_s
+        if self._lead is not None:
+            # a wake-up future is completed by another thread, which cannot interrupt poll():
+            # look at it often
+            self._lead(futures, max(0.0, timeout_s), slice_s=None if self._wakeup is None else 0.02)
+        remaining = deadline - time.monotonic()
+        if remaining > 0 and not any(f.done() for f in futures):
+            concurrent.futures.wait(futures, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def _launch_fetches(self, wait_ms: int) -> None:
         tps = list(self._fetch_pos)
@@ -216,7 +229,9 @@ class Consumer:
                 continue
             pos = self._fetch_pos[tp]
             kwargs = dict(max_bytes=self._fetch_bytes, tag_mask=self._mask, max_wait_ms=wait_ms)
-            if self._fetch_async is not None:
+            if self._lead is not None:
+                fut = self._fetch_async(tp[0], tp[1], pos, lead=True, **kwargs)
+            elif self._fetch_async is not None:
                 fut = self._fetch_async(tp[0], tp[1], pos, **kwargs)
             else:
                 if self._pool is None:

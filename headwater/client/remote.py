@@ -92,15 +92,25 @@ class RemoteService:
         self._closed = False
         self._call(m.PingRequest())  # fail fast, with a clear error, if nobody is there
 
-    def _submit(self, body: m.RequestBody, timeout_s: float | None = None) -> concurrent.futures.Future:
+    def _submit(self, body: m.RequestBody, timeout_s: float | None = None, *,
+                lead: bool = False) -> concurrent.futures.Future:
         # no task and no hop to the loop: this thread writes the request (in submission
-        # order) and the loop's reader settles the future
+        # order) and the loop's reader settles the future (or this thread, if it leads)
         fut: concurrent.futures.Future = concurrent.futures.Future()
         if self._closed:
             fut.set_exception(ClosedError(f"the client of {self.address} is closed"))
             return fut
-        self.transport.submit(body, fut, timeout_s)
+        self.transport.submit(body, fut, timeout_s, lead=lead)
         return fut
+
+    def lead(self, futures: list, timeout_s: float | None, *, slice_s: float | None = None) -> None:
+        """Read the connection on this thread until one of ``futures`` is done or
+        ``timeout_s`` passes, if no other thread reads it (see :meth:`AsyncTransport.lead`);
+        then wait on the futures as usual. For callers that asked ``lead=True``."""
+        if slice_s is None:
+            self.transport.lead(futures, timeout_s)
+        else:
+            self.transport.lead(futures, timeout_s, slice_s=slice_s)
 
     def _call(self, body: m.RequestBody, *, retry: bool = True, timeout_s: float | None = None) -> Any:
         attempts = self._retries if retry else 0
@@ -109,7 +119,8 @@ class RemoteService:
                 if self._closed:
                     raise ClosedError(f"the client of {self.address} is closed")
                 waiter = _Waiter()
-                self.transport.submit(body, waiter, timeout_s)
+                self.transport.submit(body, waiter, timeout_s, lead=True)
+                self.transport.lead([waiter])  # read the answer on this thread when nobody else reads
                 return waiter.wait()
             except UnavailableError:
                 if attempts <= 0 or self._closed:
@@ -188,11 +199,13 @@ class RemoteService:
         return self._call(m.ListGroupsRequest())
 
     def fetch_async(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
-                    end_offset: int | None = None, max_wait_ms: int = 0) -> concurrent.futures.Future:
-        """Fetch without waiting; the future holds the FetchResult."""
+                    end_offset: int | None = None, max_wait_ms: int = 0,
+                    lead: bool = False) -> concurrent.futures.Future:
+        """Fetch without waiting; the future holds the FetchResult. ``lead=True``: the caller
+        will call :meth:`lead` for it (a consumer's poll does)."""
         timeout = self.transport.request_timeout_s + max_wait_ms / 1000
         return self._submit(m.FetchRequest(queue, partition, offset, max_bytes, tag_mask, end_offset,
-                                           max_wait_ms), timeout)
+                                           max_wait_ms), timeout, lead=lead)
 
     # shared groups: nothing that changes leases is retried (an ack answered but lost would
     # come back refused, and a lost receive's leases simply expire); the caller decides
