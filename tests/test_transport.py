@@ -418,6 +418,27 @@ def test_while_one_thread_leads_the_others_get_their_answers(remote):
     assert wait_for(lambda: callback_threads == ["headwater-client"])
 
 
+def test_a_caller_that_found_another_leading_gets_its_answer_after_that_one_is_done(remote):
+    """B's call starts while A leads, and its answer comes after A is done: the loop must
+    read it (B waits on its sink, it does not lead)."""
+    end = remote.describe_queue("q").partitions[0].end_offset
+    took: dict[str, float] = {}
+
+    def call(name: str, wait_ms: int) -> None:
+        t0 = time.monotonic()
+        remote.fetch("q", 0, end, max_bytes=1024, max_wait_ms=wait_ms)
+        took[name] = time.monotonic() - t0
+
+    a = threading.Thread(target=call, args=("a", 300))
+    a.start()
+    assert wait_for(lambda: remote.transport._leader is not None)
+    b = threading.Thread(target=call, args=("b", 800))
+    b.start()
+    a.join(10)
+    b.join(10)
+    assert not b.is_alive() and 0.7 < took["b"] < 3, took
+
+
 def test_polls_without_waiting_still_receive(server):
     """poll(timeout_ms=0) never blocks, yet reads the answers that came meanwhile."""
     hw = headwater.connect(server.address)

@@ -38,12 +38,15 @@ sync client's blocking calls and its consumer's polls) read and parse the frames
 own thread, so its answer costs no wake-up of the loop and no hand-off back to the caller
 (on a small machine, about half of a sync consumer's latency). One thread leads at a time,
 chosen under the lock; every read happens under the lock too, so the byte stream is never
-split between two readers. While a thread leads, the loop's reader stands aside (it removes
-itself the first time the socket is readable under a leader); answers for other callers and
-PUSH frames that the leader reads are handed to the loop, which settles them in order as if
-it had read them. When the leader is done, the loop reads again if anyone else waits for an
-answer; otherwise the socket stays unread until the next leader, or until a request whose
-caller will not lead (``submit(..., lead=False)``, the default) wakes the loop's reader.
+split between two readers. The answer of a call submitted with ``lead=True`` is settled
+under the lock by whichever thread reads it; other answers (their futures may have
+callbacks) and PUSH frames that a leader reads are handed to the loop, which settles them
+in order, as if it had read them. The loop's reader stands aside (removes itself) when the
+socket is readable while a thread leads, or was read by one and nobody waits for anything.
+It reads again once a leader is done while any call waits for its answer (a caller that
+found another thread leading waits for the loop, or the leader, to read it), or when a
+request is submitted with ``lead=False`` (the default). A connection that went unread meanwhile is
+read by the next submitter before it writes, so a broker that closed it is seen first.
 
 PUSH frames (deliveries of a push subscription's stream) are routed by their stream id to
 the handler registered with :meth:`AsyncTransport.register_push`, called on the loop (keep
@@ -637,7 +640,7 @@ class AsyncTransport:
             try:
                 data = link.sock.recv(READ_BYTES)  # b"" at EOF: the connection then says how it ended
             except (BlockingIOError, InterruptedError):
-                if not self._loop_needed_locked(link):  # a leader read it, and only leaders wait
+                if not self._loop_needed_locked(link):  # a leader read it, and nobody waits
                     self._stand_aside_locked(link)
                 return
             except OSError as e:
@@ -698,8 +701,10 @@ class AsyncTransport:
         return why
 
     def _loop_needed_locked(self, link: _Link) -> bool:
-        """Whether someone who does not lead waits for what the connection brings."""
-        return bool(self._backlog or self._push_handlers or any(not c.lead for c in link.pending.values()))
+        """Whether anyone waits for what the connection brings. Once no thread leads, that
+        includes callers who meant to lead but found another thread leading: they wait on
+        their sinks, and only the loop would read their answers."""
+        return bool(link.pending or self._backlog or self._push_handlers)
 
     def _stand_aside_locked(self, link: _Link) -> None:
         """The loop stops reading ``link`` (on the loop): its callers read for themselves."""
