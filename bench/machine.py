@@ -9,6 +9,11 @@ laptop and on a server:
   ``fdatasync`` too).
 - fsync latency: append 4 KiB and ``fdatasync``, one after the other, ~200 times; p50 and
   p99. A single appender under sync flush cannot beat one of these per send.
+- timer lateness: one thread, alone, keeps a fixed schedule (2,000 ticks a second, sleeping
+  then spinning to each tick, as the latency benchmarks' producers do) and records how late
+  it got to each tick. Nothing of any system under test runs; what it shows is the machine's
+  own scheduling noise (other tenants of a virtual machine's host, for one), the floor under
+  every end-to-end latency figure of the same run.
 
 Units: MB is 10**6 bytes (as ``dd`` prints), MiB is 2**20. Files are written under the
 directory given (a temporary one under /tmp) and removed before returning.
@@ -22,7 +27,7 @@ import shutil
 import time
 from pathlib import Path
 
-__all__ = ["write_bandwidth", "fsync_latency", "facts"]
+__all__ = ["write_bandwidth", "fsync_latency", "timer_lateness", "facts"]
 
 MB = 1_000_000
 MIB = 1 << 20
@@ -83,6 +88,33 @@ def fsync_latency(directory: str | Path, *, samples: int = 200, write_bytes: int
         "p99_ms": _percentile(times_ms, 99),
         "mean_ms": sum(times_ms) / len(times_ms),
         "max_ms": times_ms[-1],
+    }
+
+
+def timer_lateness(*, rate: int = 2000, seconds: float = 2.0, spin_ns: int = 150_000) -> dict[str, float]:
+    """How late one thread, alone, gets to the ticks of a fixed ``rate``, in ms: p50, p99,
+    max, and the share of ticks more than 1 ms late. It sleeps until ``spin_ns`` before each
+    tick, then spins."""
+    clock = time.monotonic_ns
+    interval = 1_000_000_000 // rate
+    ticks = max(1, int(rate * seconds))
+    late_ms: list[float] = []
+    t0 = clock() + 10_000_000
+    for i in range(ticks):
+        tick = t0 + i * interval
+        ahead = tick - clock()
+        if ahead > spin_ns:
+            time.sleep((ahead - spin_ns) / 1e9)
+        while clock() < tick:
+            pass
+        late_ms.append((clock() - tick) / 1e6)
+    late_ms.sort()
+    return {
+        "ticks": ticks,
+        "p50_ms": _percentile(late_ms, 50),
+        "p99_ms": _percentile(late_ms, 99),
+        "max_ms": late_ms[-1],
+        "over_1ms_share": sum(1 for x in late_ms if x > 1.0) / ticks,
     }
 
 

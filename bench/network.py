@@ -22,7 +22,8 @@ Headwater's ratio to the best peer: ``headwater async`` is compared with the bes
 mode, ``headwater sync`` with the best peer among the modes that fsync before acknowledging
 (a peer is never held to a weaker guarantee than the Headwater figure it is compared with).
 For latency the ratio is Headwater ÷ best (lower is better); for throughput higher is better.
-The machine's own limits (raw sequential write, fsync latency; :mod:`bench.machine`) are
+The machine's own limits (raw sequential write, fsync latency, the lateness of a lone thread keeping
+the latency schedule; :mod:`bench.machine`) are
 measured at the start and the end of the run.
 """
 
@@ -39,7 +40,7 @@ from typing import Any
 
 from bench import machine
 from bench.peers import SYSTEMS, Mode, Unavailable, driver_class
-from bench.peers.base import install_signal_handlers, temp_workdir
+from bench.peers.base import SPIN_NS, install_signal_handlers, temp_workdir
 
 __all__ = ["Settings", "FULL", "QUICK", "TARGETS", "main"]
 
@@ -163,7 +164,8 @@ def _brief(res: dict[str, Any]) -> str:
 def measure_machine(settings: Settings) -> dict[str, Any]:
     with temp_workdir("hw-bench-machine-") as d:
         return {"write": machine.write_bandwidth(d, total_bytes=settings.raw_write_bytes),
-                "fsync": machine.fsync_latency(d, samples=settings.fsync_samples)}
+                "fsync": machine.fsync_latency(d, samples=settings.fsync_samples),
+                "timer": machine.timer_lateness(rate=LATENCY_RATE, spin_ns=SPIN_NS)}
 
 
 # --------------------------------------------------------------------------- figures
@@ -479,8 +481,13 @@ def _render_saved(path: Path, *, markdown_too: bool) -> int:
 
 
 def _limits_line(label: str, lim: dict[str, Any]) -> str:
-    return (f"{label}: raw sequential write {lim['write']['mb_per_s']:,.1f} MB/s, fsync 4 KiB "
+    line = (f"{label}: raw sequential write {lim['write']['mb_per_s']:,.1f} MB/s, fsync 4 KiB "
             f"p50 {lim['fsync']['p50_ms']:.2f} ms / p99 {lim['fsync']['p99_ms']:.2f} ms")
+    timer = lim.get("timer")  # runs saved before it was measured have none
+    if timer:
+        line += (f", a lone {LATENCY_RATE:,}/s schedule p99 {timer['p99_ms']:.2f} ms late "
+                 f"({timer['over_1ms_share']:.1%} of ticks >1 ms late)")
+    return line
 
 
 if __name__ == "__main__":

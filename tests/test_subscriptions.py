@@ -402,6 +402,7 @@ def test_a_subscriber_process_killed_mid_stream_resumes_without_gaps(tmp_path):
     stop = threading.Event()
     sent = Counter()
     runs: list[tuple[Path, dict[int, int]]] = []  # (log, the checkpoints it started from)
+    procs: list[subprocess.Popen] = []
     try:
         hw = headwater.connect(broker.address)
         hw.admin.create_queue("q", partitions=2)
@@ -421,6 +422,7 @@ def test_a_subscriber_process_killed_mid_stream_resumes_without_gaps(tmp_path):
             runs.append((log, hw.admin.describe_subscriber("q", "s").checkpoints))
             proc = subprocess.Popen([sys.executable, SUBSCRIBER, broker.address, "q", "s", str(log)],
                                     stdout=subprocess.PIPE)
+            procs.append(proc)
             assert proc.stdout.readline().startswith(b"subscribed")
             return proc
 
@@ -462,6 +464,11 @@ def test_a_subscriber_process_killed_mid_stream_resumes_without_gaps(tmp_path):
         hw.close()
     finally:
         stop.set()
+        for proc in procs:  # a failed run must not leave its subscribers running
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
         broker.kill()
 
 
