@@ -212,7 +212,7 @@ class Consumer:
         if self._lead is not None:
             # a wake-up future is completed by another thread, which cannot interrupt poll():
             # look at it often
-            self._lead(futures, max(0.0, timeout_s), slice_s=None if self._wakeup is None else 0.02)
+            self._lead(futures, max(0.0, timeout_s), slice_s=None if self._wakeup is None else 0.1)
         remaining = deadline - time.monotonic()
         if remaining > 0 and not any(f.done() for f in futures):
             concurrent.futures.wait(futures, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
