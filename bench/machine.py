@@ -27,7 +27,10 @@ import shutil
 import time
 from pathlib import Path
 
-__all__ = ["write_bandwidth", "fsync_latency", "timer_lateness", "facts"]
+__all__ = ["write_bandwidth", "fsync_latency", "timer_lateness", "sleep_until_ns", "facts"]
+
+#: How close to a tick ``sleep_until_ns`` stops sleeping and spins (sleep() overshoots by ~0.1 ms).
+SPIN_NS = 150_000
 
 MB = 1_000_000
 MIB = 1 << 20
@@ -91,7 +94,17 @@ def fsync_latency(directory: str | Path, *, samples: int = 200, write_bytes: int
     }
 
 
-def timer_lateness(*, rate: int = 2000, seconds: float = 2.0, spin_ns: int = 150_000) -> dict[str, float]:
+def sleep_until_ns(tick_ns: int, spin_ns: int = SPIN_NS) -> None:
+    """Wait until ``time.monotonic_ns()`` reaches ``tick_ns``: sleep until ``spin_ns`` before
+    it (which lets other threads of the process run), then spin the rest."""
+    ahead = tick_ns - time.monotonic_ns()
+    if ahead > spin_ns:
+        time.sleep((ahead - spin_ns) / 1e9)
+    while time.monotonic_ns() < tick_ns:
+        pass
+
+
+def timer_lateness(*, rate: int = 2000, seconds: float = 2.0, spin_ns: int = SPIN_NS) -> dict[str, float]:
     """How late one thread, alone, gets to the ticks of a fixed ``rate``, in ms: p50, p99,
     max, and the share of ticks more than 1 ms late. It sleeps until ``spin_ns`` before each
     tick, then spins."""
@@ -102,11 +115,7 @@ def timer_lateness(*, rate: int = 2000, seconds: float = 2.0, spin_ns: int = 150
     t0 = clock() + 10_000_000
     for i in range(ticks):
         tick = t0 + i * interval
-        ahead = tick - clock()
-        if ahead > spin_ns:
-            time.sleep((ahead - spin_ns) / 1e9)
-        while clock() < tick:
-            pass
+        sleep_until_ns(tick, spin_ns)
         late_ms.append((clock() - tick) / 1e6)
     late_ms.sort()
     return {

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.machine import SPIN_NS, sleep_until_ns
 from bench.peers.base import HOST, STAMP, ServerProcess, free_port, percentile, port_open, wait_until
 
 __all__ = ["main"]
@@ -44,7 +45,6 @@ SIZE = 100
 WARMUP = 200
 TARGET_P99_MS = 5.0
 QUEUE = "bench"
-SPIN_NS = 150_000
 TAGS = ["a", "b", "c", "d"]
 
 
@@ -104,11 +104,7 @@ def _producer(address: str, total: int, rate: int, size: int, tagged: bool, read
 
         for seq in range(total):
             sched = t0 + seq * interval
-            ahead = sched - clock()
-            if ahead > SPIN_NS:
-                time.sleep((ahead - SPIN_NS) / 1e9)
-            while clock() < sched:
-                pass
+            sleep_until_ns(sched, SPIN_NS)
             if clock() - sched > 1_000_000:
                 late += 1
             # tagged: every fourth message carries the subscribed tag, the others the rest

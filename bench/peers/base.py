@@ -47,6 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from bench import machine
+from bench.machine import sleep_until_ns
+
 __all__ = ["Mode", "Driver", "Unavailable", "ServerProcess", "free_port", "wait_until",
            "ensure_debian_packages", "package_version", "dist_version", "port_open", "STAMP",
            "BlockingSender", "FutureSender", "LoopThread", "close_loop"]
@@ -57,7 +60,7 @@ POOL_BATCHES = 4  # distinct lists of random bodies the produce loop rotates thr
 BARRIER_TIMEOUT_S = 120.0  # producers that cannot connect within this fail the run
 JOIN_SLACK_S = 60.0  # beyond the planned time before a worker is declared hung and killed
 LATENCY_WARMUP = 200  # first messages of a latency run, not counted (connections warming up)
-SPIN_NS = 150_000  # the latency producer sleeps until this close to a send time, then spins
+SPIN_NS = machine.SPIN_NS  # the latency producer sleeps until this close to a send time, then spins
 INFLIGHT_MAX = 5000  # sends awaiting their ack in the latency producer
 
 
@@ -499,11 +502,7 @@ def _latency_producer(driver: Driver, mode: Mode, total: int, rate: int, size: i
             t0 = clock() + 50_000_000  # 50 ms from now
             for seq in range(total):
                 sched = t0 + seq * interval_ns
-                ahead = sched - clock()
-                if ahead > SPIN_NS:
-                    time.sleep((ahead - SPIN_NS) / 1e9)  # releases the GIL for the client's threads
-                while clock() < sched:  # spin the rest: sleep() overshoots by ~0.1 ms
-                    pass
+                sleep_until_ns(sched, SPIN_NS)  # sleeping lets the client's threads run
                 if clock() - sched > 1_000_000:
                     late += 1
                 sender.send(STAMP.pack(sched, seq) + pad)
