@@ -621,14 +621,11 @@ class AsyncTransport:
 
     def _readable(self, link: _Link) -> None:
         if not link.accepted.done():
-            try:
-                data = link.sock.recv(READ_BYTES)  # b"" at EOF: the connection says how it ended
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:
-                self._drop(link, UnavailableError(f"the connection to {self.address} was lost: {e}"))
-                return
-            self._handshake(link, data)
+            got = self._recv(link)
+            if isinstance(got, BaseException):
+                self._drop(link, got)
+            elif got is not None:
+                self._handshake(link, got)
             return
         outcomes: list = []
         with self._lock:
@@ -637,29 +634,32 @@ class AsyncTransport:
             if self._leader is not None:  # a caller reads for itself: stand aside until it is done
                 self._stand_aside_locked(link)
                 return
-            try:
-                data = link.sock.recv(READ_BYTES)  # b"" at EOF: the connection then says how it ended
-            except (BlockingIOError, InterruptedError):
-                if not self._loop_needed_locked(link):  # a leader read it, and nobody waits
+            got = self._recv(link)
+            if got is None:  # nothing to read: a leader took it
+                if not self._loop_needed_locked(link):  # and nobody waits for more
                     self._stand_aside_locked(link)
                 return
-            except OSError as e:
-                why: BaseException | None = UnavailableError(f"the connection to {self.address} was lost: {e}")
-            else:
-                why = self._parse_locked(link, data, outcomes)
+            why = got if isinstance(got, BaseException) else self._parse_locked(link, got, outcomes)
         _deliver(outcomes, self._push_handlers)
         if why is not None:
             self._drop(link, why)
 
-    def _read_locked(self, link: _Link, outcomes: list) -> BaseException | None:
-        """Read what the socket holds, if anything, and parse it (see :meth:`_parse_locked`)."""
+    def _recv(self, link: _Link) -> bytes | BaseException | None:
+        """What the socket holds (b"" at EOF: the connection then says how it ended), the
+        error that lost the connection, or None when there is nothing to read yet."""
         try:
-            data = link.sock.recv(READ_BYTES)  # b"" at EOF: the connection then says how it ended
+            return link.sock.recv(READ_BYTES)
         except (BlockingIOError, InterruptedError):
             return None
         except OSError as e:
             return UnavailableError(f"the connection to {self.address} was lost: {e}")
-        return self._parse_locked(link, data, outcomes)
+
+    def _read_locked(self, link: _Link, outcomes: list) -> BaseException | None:
+        """Read what the socket holds, if anything, and parse it (see :meth:`_parse_locked`)."""
+        got = self._recv(link)
+        if got is None or isinstance(got, BaseException):
+            return got
+        return self._parse_locked(link, got, outcomes)
 
     def _parse_locked(self, link: _Link, data: bytes, outcomes: list) -> BaseException | None:
         """Parse ``data`` into ``outcomes`` (then write what the backlog may now send); the
