@@ -473,7 +473,7 @@ class BrokerServer:
             return
         want = self._fetch_want(st, req)
         if not (st.budget.fits(want) and self._budget.fits(want)):
-            self._spawn(st, ev, self._fetch(st, req, parked=False))  # waits for budget in a task
+            self._spawn(st, ev, self._fetch_in_task(st, req, pf.deadline))  # waits for budget
             return
         self._take(st, want)
         try:
@@ -502,32 +502,33 @@ class BrokerServer:
         except (ConnectionError, ProtocolError):
             pass
 
-    async def _fetch(self, st: ClientConnection, req: FetchRequest,
-                     parked: bool = True) -> tuple[FetchResponse, int] | FetchResponse:
-        """A fetch that found nothing: park until an append or ``max_wait_ms`` passes.
+    async def _fetch_in_task(self, st: ClientConnection, req: FetchRequest,
+                             deadline: float) -> tuple[FetchResponse, int] | FetchResponse:
+        """A woken parked fetch whose read did not fit the byte budgets: wait for them in a
+        task, read, and while nothing is there wait for an append until ``deadline`` (the
+        parked fetch's, loop time).
 
         Returns the response, with the bytes it holds of the budgets when it holds any
         (released once the response is out)."""
         want = self._fetch_want(st, req)
-        deadline = time.monotonic() + min(req.max_wait_ms, self.config.fetch_wait_ms_max) / 1000
         while True:
-            fut = self._waiters.wait(req.queue, req.partition, req.offset)
-            try:
-                # check after registering: an append may have landed since the first read
-                if parked and self.broker.store.end_offset(req.queue, req.partition) <= req.offset:
-                    await asyncio.wait_for(fut, deadline - time.monotonic())
-            except asyncio.TimeoutError:
-                pass
-            finally:
-                self._waiters.discard(req.queue, req.partition, fut)
-            parked = True
             await self._acquire(st, want)
             res = self._read(st, req, want)
             if res.batches:
                 return FetchResponse.from_result(res), self._hold_read(st, want, res)
             self._release(st, want)  # nothing read: hold nothing while parked
-            if time.monotonic() >= deadline or not self._fetch_parks(req, res):
+            if self._loop.time() >= deadline or not self._fetch_parks(req, res):
                 return FetchResponse.from_result(res)
+            fut = self._waiters.wait(req.queue, req.partition, req.offset)
+            try:
+                # check after registering: an append may have landed since the read
+                if self.broker.store.end_offset(req.queue, req.partition) <= req.offset:
+                    async with asyncio.timeout_at(deadline):
+                        await fut
+            except TimeoutError:
+                pass
+            finally:
+                self._waiters.discard(req.queue, req.partition, fut)
 
     async def _keyed_fetch(self, req: KeyedFetchRequest) -> KeyedFetchResponse:
         """A keyed member's fetch (filtering runs in a worker); when nothing is there, park on
