@@ -496,3 +496,32 @@ def test_closing_the_client_ends_a_leading_poll_at_once(server):
     t.join(5)
     assert not t.is_alive() and time.monotonic() - t0 < 2
     assert len(outcome) == 1 and isinstance(outcome[0], (UnavailableError, ClosedError, list))
+
+
+def test_an_interrupt_from_another_thread_ends_a_lead_at_once(remote, monkeypatch):
+    import headwater.client.transport as transport
+
+    monkeypatch.setattr(transport, "LEAD_SLICE_S", 30.0)  # only a poke can end the wait early
+    end = remote.describe_queue("q").partitions[0].end_offset
+    fetch = remote.fetch_async("q", 0, end, max_bytes=1024, max_wait_ms=20_000, lead=True)
+    interrupt: concurrent.futures.Future = concurrent.futures.Future()
+    threading.Timer(0.2, interrupt.set_result, (None,)).start()
+    t0 = time.monotonic()
+    remote.lead([fetch, interrupt], 20.0, interrupt=interrupt)
+    assert interrupt.done() and not fetch.done()
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_deadline_ends_a_leading_call_at_once(fake, monkeypatch):
+    import headwater.client.transport as transport
+
+    monkeypatch.setattr(transport, "LEAD_SLICE_S", 30.0)  # only a poke can end the wait early
+    broker = fake()  # answers pings only
+    svc = RemoteService(broker.address, request_timeout_s=0.3)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(UnavailableError, match="got no answer in 0.3 s"):
+            svc.produce("q", 0, encode_batch([b"x"]))
+        assert time.monotonic() - t0 < 5
+    finally:
+        svc.close()

@@ -209,10 +209,8 @@ class Consumer:
         this thread reads the answers itself (see ``RemoteService.lead``); with nothing to
         wait for (``timeout_s`` <= 0) it still takes what has come, without blocking."""
         deadline = time.monotonic() + timeout_s
-        if self._lead is not None:
-            # a wake-up future is completed by another thread, which cannot interrupt poll():
-            # look at it often
-            self._lead(futures, max(0.0, timeout_s), slice_s=None if self._wakeup is None else 0.1)
+        if self._lead is not None:  # a wake-up from another thread ends the wait at once
+            self._lead(futures, max(0.0, timeout_s), interrupt=self._wakeup)
         remaining = deadline - time.monotonic()
         if remaining > 0 and not any(f.done() for f in futures):
             concurrent.futures.wait(futures, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)

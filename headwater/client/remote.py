@@ -103,14 +103,12 @@ class RemoteService:
         self.transport.submit(body, fut, timeout_s, lead=lead)
         return fut
 
-    def lead(self, futures: list, timeout_s: float | None, *, slice_s: float | None = None) -> None:
+    def lead(self, futures: list, timeout_s: float | None, *,
+             interrupt: concurrent.futures.Future | None = None) -> None:
         """Read the connection on this thread until one of ``futures`` is done or
         ``timeout_s`` passes, if no other thread reads it (see :meth:`AsyncTransport.lead`);
         then wait on the futures as usual. For callers that asked ``lead=True``."""
-        if slice_s is None:
-            self.transport.lead(futures, timeout_s)
-        else:
-            self.transport.lead(futures, timeout_s, slice_s=slice_s)
+        self.transport.lead(futures, timeout_s, interrupt=interrupt)
 
     def _call(self, body: m.RequestBody, *, retry: bool = True, timeout_s: float | None = None) -> Any:
         attempts = self._retries if retry else 0

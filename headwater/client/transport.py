@@ -113,8 +113,9 @@ SEND_BUFFERS_MAX = 512
 DEADLINE_SWEEP_S = 1.0
 #: How long close() lets unsent requests go out before it drops the connection.
 CLOSE_FLUSH_S = 1.0
-#: The longest a leading caller blocks in poll() before it looks at its answers again
-#: (settled meanwhile by the loop: a deadline, a lost connection).
+#: The longest a leading caller blocks in poll() before it looks at its answers again. The
+#: loop wakes a leader when it fails a call (a deadline, a lost connection), and so does a
+#: caller's ``interrupt``; this bounds the wait for anything else that settles an answer.
 LEAD_SLICE_S = 0.25
 
 _INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
@@ -238,6 +239,7 @@ class AsyncTransport:
         self._closed = False
         self._sweep_at = math.inf  # when the deadline timer should fire next
         self._leader: int | None = None  # the thread reading the connection for itself, if any
+        self._wake_pair: tuple[socket.socket, socket.socket] | None = None  # pokes a leader's poll()
         self._loop_thread: int | None = None  # set on the loop when it first connects
         # loop only:
         self._connecting: asyncio.Task[None] | None = None
@@ -473,6 +475,8 @@ class AsyncTransport:
         for call in expired:
             _fail(call.sink, UnavailableError(
                 f"{call.body.api.name} to {self.address} got no answer in {call.timeout_s} s"))
+        if expired:
+            self._poke_leader()  # it may wait for one of them
 
     # the loop: connecting ----------------------------------------------------------------
 
@@ -725,14 +729,15 @@ class AsyncTransport:
 
     # a blocking caller reading for itself ------------------------------------------------
 
-    def lead(self, sinks: list, timeout_s: float | None = None, *, slice_s: float = LEAD_SLICE_S) -> None:
+    def lead(self, sinks: list, timeout_s: float | None = None, *,
+             interrupt: concurrent.futures.Future | None = None) -> None:
         """Read the connection on this thread until one of ``sinks`` is done or ``timeout_s``
         passes (None: no limit; 0: read what is there, without blocking), if nobody else
         reads it; return at once otherwise. Either way the caller then waits on its sinks
         as usual: what this thread did not read, the loop or the current leader does.
 
-        ``slice_s`` bounds each blocking poll(): a sink settled elsewhere (a deadline, a
-        lost connection, or one the caller completes itself) is noticed that late."""
+        ``interrupt``: a future another thread completes to end the wait at once (a group
+        consumer's new assignment); it is one of ``sinks`` too."""
         me = threading.get_ident()
         with self._lock:
             link = self._link
@@ -740,27 +745,40 @@ class AsyncTransport:
                     or me == self._loop_thread or self._closed):
                 return
             self._leader = me
+            if self._wake_pair is None:
+                self._wake_pair = socket.socketpair()
+                for end in self._wake_pair:
+                    end.setblocking(False)
+        if interrupt is not None:
+            interrupt.add_done_callback(self._poke_leader)
         try:
-            self._lead(link, sinks, timeout_s, slice_s)
+            self._lead(link, sinks, timeout_s)
         finally:
             with self._lock:
                 self._leader = None
                 if link.paused and not link.lost and self._loop_needed_locked(link):
                     self._resume_reading_locked(link)  # others wait for answers: the loop reads
 
-    def _lead(self, link: _Link, sinks: list, timeout_s: float | None, slice_s: float) -> None:
+    def _lead(self, link: _Link, sinks: list, timeout_s: float | None) -> None:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        assert self._wake_pair is not None
+        wake = self._wake_pair[0]
         poller = select.poll()
         poller.register(link.fd, select.POLLIN)
+        poller.register(wake.fileno(), select.POLLIN)
         while True:
             for sink in sinks:
                 if sink.done():
                     return
-            wait_s = slice_s
+            wait_s = LEAD_SLICE_S
             if deadline is not None:
                 wait_s = min(wait_s, deadline - time.monotonic())
-            ready = poller.poll(max(0, int(wait_s * 1000 + 0.999)))  # ms, rounded up
-            if ready:
+            for fd, _ in poller.poll(max(0, int(wait_s * 1000 + 0.999))):  # ms, rounded up
+                if fd != link.fd:  # poked: look at the sinks again
+                    with contextlib.suppress(OSError):
+                        while wake.recv(64):
+                            pass
+                    continue
                 outcomes: list = []
                 with self._lock:
                     if link.lost or self._link is not link:
@@ -775,6 +793,13 @@ class AsyncTransport:
                     return
             if deadline is not None and time.monotonic() >= deadline:
                 return
+
+    def _poke_leader(self, _: object = None) -> None:
+        """Wake the leading caller from poll(), to look at its sinks (any thread)."""
+        pair = self._wake_pair
+        if pair is not None and self._leader is not None:
+            with contextlib.suppress(OSError):  # full (a poke is pending) or closed
+                pair[1].send(b"\0")
 
     def _deliver_read(self, outcomes: list) -> None:
         _deliver(outcomes, self._push_handlers)
@@ -853,6 +878,13 @@ class AsyncTransport:
             self._sweep_timer.cancel()
             self._sweep_timer = None
         self._fail_backlog(ClosedError(f"the client of {self.address} is closed"))
+        with self._lock:
+            pair, leading = self._wake_pair, self._leader is not None
+            if not leading:
+                self._wake_pair = None
+        if pair is not None and not leading:  # a leader still polling it leaves it to the GC
+            for end in pair:
+                end.close()
 
 
 def _deliver(outcomes: list, handlers: dict[int, Callable[[PushBody | None], None]] | None = None) -> None:
