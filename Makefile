@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo tour test test-all bench bench-storage bench-network bench-spark lint clean venv
+.PHONY: demo tour test test-all bench bench-storage bench-network bench-latency bench-spark lint clean venv
 
 venv: $(STAMP)
 
@@ -29,7 +29,7 @@ test-all: venv
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -m ''
 
-bench: bench-storage bench-network bench-spark
+bench: bench-storage bench-network bench-latency bench-spark
 
 bench-storage: venv
 	$(PY) -m bench.storage
@@ -37,6 +37,10 @@ bench-storage: venv
 bench-network: venv
 	$(PY) -m pip install --quiet -r bench/requirements.txt
 	$(PY) -m bench.network
+
+bench-latency: venv
+	$(PY) -m pip install --quiet -r bench/requirements.txt
+	$(PY) -m bench.latency
 
 bench-spark: venv
 	$(PY) -m bench.spark

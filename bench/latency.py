@@ -1,0 +1,191 @@
+"""End-to-end latency in alternating rounds: every system under the same noise.
+
+``python -m bench.network`` measures each system's latency once, one system after another, so
+a few seconds of a noisy host (another tenant's burst, a stolen vCPU) land on whichever
+system happens to run then. This benchmark runs the same latency workload (2,000 msgs/s of
+100 B, sent one at a time, :meth:`bench.peers.base.Driver.latency`) in short rounds, and in
+every round it runs every chosen system and mode once, in a rotating order, right after a
+check of the machine's own scheduling noise. The comparison that counts is per round: the
+systems of one round ran within the same half minute.
+
+Run ``python -m bench.latency`` from the repository root (about 4 minutes with the default
+systems; ``--rounds`` and ``--seconds`` change that). It prints every round, then per system
+and mode the median, best and worst of the rounds' p99, and per round Headwater's p99 over
+the best peer's (async against every peer mode, sync against the peer modes that fsync before
+acknowledging, as in :mod:`bench.network`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import machine
+from bench.network import LATENCY_RATE, LATENCY_SIZE
+from bench.peers import SYSTEMS, Unavailable, driver_class
+from bench.peers.base import SPIN_NS, install_signal_handlers, temp_workdir
+
+__all__ = ["main", "run_rounds", "summarize"]
+
+DEFAULT_SYSTEMS = "headwater,redis"
+
+
+def run_rounds(entries: list[tuple[str, Any, Any]], *, rounds: int, seconds: float,
+               log=print) -> list[dict[str, Any]]:
+    """``entries``: (label, driver, mode), drivers set up. One dict per round: the timer
+    check and each label's latency result."""
+    out: list[dict[str, Any]] = []
+    for r in range(rounds):
+        timer = machine.timer_lateness(rate=LATENCY_RATE, seconds=1.0, spin_ns=SPIN_NS)
+        shift = r % len(entries)
+        order = entries[shift:] + entries[:shift]  # nobody always runs first or last
+        results: dict[str, Any] = {}
+        for label, driver, mode in order:
+            try:
+                driver.use_mode(mode)
+                driver.reset(mode, 1)
+                results[label] = driver.latency(mode, rate=LATENCY_RATE, seconds=seconds, size=LATENCY_SIZE)
+            except Exception as e:  # noqa: BLE001 - reported in the table
+                results[label] = {"error": f"{type(e).__name__}: {e}"}
+        out.append({"round": r + 1, "timer": timer, "order": [label for label, _, _ in order],
+                    "results": results})
+        log(_round_line(out[-1]))
+    return out
+
+
+def _round_line(rnd: dict[str, Any]) -> str:
+    parts = [f"round {rnd['round']}: lone timer {rnd['timer']['over_1ms_share']:.1%} of ticks >1 ms late"]
+    for label in rnd["order"]:
+        res = rnd["results"][label]
+        if "error" in res:
+            parts.append(f"{label}: {res['error'][:60]}")
+        else:
+            parts.append(f"{label}: p50 {res['p50_ms']:.2f} p99 {res['p99_ms']:.2f} ms "
+                         f"({res['late_sends']} sent >1 ms late)")
+    return " | ".join(parts)
+
+
+def summarize(rounds: list[dict[str, Any]], modes: dict[str, Any]) -> dict[str, Any]:
+    """Per label the rounds' p99 (median, min, max); per Headwater label and round, its p99
+    over the best comparable peer's in that round."""
+    labels = list(modes)
+    per_label: dict[str, dict[str, float]] = {}
+    for label in labels:
+        p99s = [r["results"][label]["p99_ms"] for r in rounds if "p99_ms" in r["results"].get(label, {})]
+        if p99s:
+            per_label[label] = {"median": statistics.median(p99s), "min": min(p99s), "max": max(p99s),
+                                "rounds": len(p99s)}
+    ratios: dict[str, list[float | None]] = {}
+    for hw in (lb for lb in labels if lb.startswith("headwater")):
+        peers = [lb for lb in labels if not lb.startswith("headwater")
+                 and (modes[lb].fsync_before_ack or not modes[hw].fsync_before_ack)]
+        series: list[float | None] = []
+        for r in rounds:
+            mine = r["results"].get(hw, {}).get("p99_ms")
+            theirs = [r["results"][p]["p99_ms"] for p in peers if "p99_ms" in r["results"].get(p, {})]
+            series.append(mine / min(theirs) if mine is not None and theirs else None)
+        ratios[hw] = series
+    return {"p99": per_label, "ratio_to_best_peer": ratios}
+
+
+def render(console, rounds: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"p99 of end-to-end latency per round ({LATENCY_RATE:,} msgs/s of {LATENCY_SIZE} B), ms")
+    t.add_column("round")
+    t.add_column("lone timer\n>1 ms late", justify="right")
+    labels = list(rounds[0]["results"]) if rounds else []
+    for label in labels:
+        t.add_column(label, justify="right")
+    for hw in summary["ratio_to_best_peer"]:
+        t.add_column(f"{hw}\n÷ best peer", justify="right")
+    for i, r in enumerate(rounds):
+        cells = [str(r["round"]), f"{r['timer']['over_1ms_share']:.1%}"]
+        for label in labels:
+            res = r["results"][label]
+            cells.append(f"{res['p99_ms']:.2f}" if "p99_ms" in res else "error")
+        for series in summary["ratio_to_best_peer"].values():
+            cells.append(f"{series[i]:.2f}" if series[i] is not None else "-")
+        t.add_row(*cells)
+    console.print(t)
+    s = Table(title="p99 over the rounds, ms")
+    for h in ("system / mode", "median", "best", "worst", "rounds"):
+        s.add_column(h, justify="left" if h == "system / mode" else "right")
+    for label, v in summary["p99"].items():
+        s.add_row(label, f"{v['median']:.2f}", f"{v['min']:.2f}", f"{v['max']:.2f}", str(v["rounds"]))
+    console.print(s)
+    for hw, series in summary["ratio_to_best_peer"].items():
+        got = [x for x in series if x is not None]
+        if got:
+            console.print(f"{hw} ÷ best peer, per round: median {statistics.median(got):.2f} "
+                          f"(best {min(got):.2f}, worst {max(got):.2f})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.latency",
+        description="End-to-end latency at 2,000 msgs/s in alternating rounds: every chosen system "
+                    "and mode runs once per round, in a rotating order, so they share the host's "
+                    "noise. Servers are set up as in bench.network.")
+    parser.add_argument("--systems", metavar="LIST", default=DEFAULT_SYSTEMS,
+                        help=f"comma-separated systems (default: {DEFAULT_SYSTEMS}; "
+                             f"choose from {', '.join(SYSTEMS)})")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds to run (default: 5)")
+    parser.add_argument("--seconds", type=float, default=5.0,
+                        help="counted seconds of each latency run (default: 5)")
+    parser.add_argument("--json", metavar="PATH", help="also save the rounds as JSON to PATH")
+    args = parser.parse_args(argv)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown:
+        parser.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+    if args.rounds < 1 or args.seconds <= 0:
+        parser.error("--rounds must be at least 1 and --seconds above 0")
+    install_signal_handlers()
+
+    from rich.console import Console
+
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    command = "python -m bench.latency " + " ".join(argv if argv is not None else sys.argv[1:])
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    console.print(f"[bold]{command.strip()}[/]  ({started})")
+    with contextlib.ExitStack() as stack:
+        entries: list[tuple[str, Any, Any]] = []
+        modes: dict[str, Any] = {}
+        for name in systems:
+            cls = driver_class(name)
+            workdir = stack.enter_context(temp_workdir(f"hw-bench-latency-{name}-"))
+            driver = cls(workdir, log=lambda msg, name=name: console.log(f"{name}: {msg}"))
+            stack.callback(driver.teardown)
+            try:
+                driver.setup()
+            except Unavailable as e:
+                console.log(f"[yellow]{name}: skipped: {e}[/]")
+                continue
+            console.log(f"{name}: {driver.version()} ready")
+            for mode in cls.modes:
+                entries.append((mode.label, driver, mode))
+                modes[mode.label] = mode
+        if not entries:
+            console.print("[red]no system could be set up[/]")
+            return 1
+        rounds = run_rounds(entries, rounds=args.rounds, seconds=args.seconds, log=console.log)
+    summary = summarize(rounds, modes)
+    render(console, rounds, summary)
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"command": command.strip(), "started": started, "rounds": rounds,
+                                    "summary": summary}, indent=1, default=str))
+        console.print(f"saved {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

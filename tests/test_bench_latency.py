@@ -1,0 +1,44 @@
+"""The alternating-rounds latency benchmark's arithmetic (the runs themselves need servers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.latency import summarize
+from bench.peers.base import Mode
+
+MODES = {
+    "headwater async": Mode("headwater async", "async", False, ""),
+    "headwater sync": Mode("headwater sync", "sync", True, ""),
+    "redis everysec": Mode("redis everysec", "everysec", False, ""),
+    "redis always": Mode("redis always", "always", True, ""),
+}
+
+
+def rnd(n: int, **p99: float | None) -> dict:
+    results = {label.replace("_", " "): ({"p99_ms": v} if v is not None else {"error": "boom"})
+               for label, v in p99.items()}
+    return {"round": n, "results": results}
+
+
+def test_each_round_compares_headwater_with_that_rounds_best_comparable_peer():
+    rounds = [
+        rnd(1, headwater_async=2.0, headwater_sync=3.0, redis_everysec=1.0, redis_always=2.0),
+        rnd(2, headwater_async=1.0, headwater_sync=1.5, redis_everysec=4.0, redis_always=0.5),
+    ]
+    s = summarize(rounds, MODES)
+    # async is held to every peer mode; sync only to those that fsync before acknowledging
+    assert s["ratio_to_best_peer"]["headwater async"] == pytest.approx([2.0, 2.0])
+    assert s["ratio_to_best_peer"]["headwater sync"] == pytest.approx([1.5, 3.0])
+    assert s["p99"]["redis everysec"] == {"median": 2.5, "min": 1.0, "max": 4.0, "rounds": 2}
+
+
+def test_a_failed_run_counts_in_no_median_and_leaves_its_rounds_ratio_empty():
+    rounds = [
+        rnd(1, headwater_async=None, headwater_sync=2.0, redis_everysec=1.0, redis_always=None),
+        rnd(2, headwater_async=3.0, headwater_sync=2.0, redis_everysec=1.5, redis_always=1.0),
+    ]
+    s = summarize(rounds, MODES)
+    assert s["p99"]["headwater async"]["rounds"] == 1
+    assert s["ratio_to_best_peer"]["headwater async"] == [None, pytest.approx(3.0)]
+    assert s["ratio_to_best_peer"]["headwater sync"] == [None, pytest.approx(2.0)]  # no durable peer in round 1
