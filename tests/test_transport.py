@@ -396,6 +396,35 @@ def test_a_polling_consumer_reads_its_answers_on_its_own_thread(server):
         hw.close()
 
 
+def test_a_keyed_consumer_reads_its_answers_on_its_own_thread(server):
+    """The same for a keyed group's member: its keyed fetches are answered on the polling
+    thread. (One partition: with more, a fetch still waiting when poll() returns is read by
+    the loop thread, as nobody else is reading then.)"""
+    hw = headwater.connect(server.address)
+    try:
+        hw.admin.create_queue("q", partitions=1)
+        producer = hw.producer(linger_ms=0, partitioner="key")
+        member = hw.keyed_consumer("g", "q", member=0, size=1)
+        settled_on: list[int] = []
+        fetch_async = member._fetch_async
+
+        def recording_fetch_async(*args, **kw):
+            fut = fetch_async(*args, **kw)
+            fut.add_done_callback(lambda f: settled_on.append(threading.get_ident()))
+            return fut
+
+        member._fetch_async = recording_fetch_async
+        got: list[bytes] = []
+        for i in range(20):
+            producer.send_and_wait("q", b"m%d" % i, key=b"k%d" % (i % 3))
+            while len(got) <= i:
+                got += [r.body for r in member.poll(timeout_ms=2000)]
+        assert sorted(got) == sorted(b"m%d" % i for i in range(20))
+        assert settled_on and set(settled_on) == {threading.get_ident()}
+    finally:
+        hw.close()
+
+
 def test_while_one_thread_leads_the_others_get_their_answers(remote):
     """A long poll leads; a blocking call from another thread is answered at once (the leader
     reads it), and an async produce's callback still runs on the loop's thread."""

@@ -23,6 +23,7 @@ from headwater.model.batch import tags_mask
 from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.service import FetchResult
 from headwater.client.aio_service import AsyncBrokerService
+from headwater.client.polling import drain_buffers
 from headwater.client.scanner import decode_stored
 from headwater.client.consumer import POLL_MESSAGES_DEFAULT
 
@@ -206,7 +207,7 @@ class AsyncConsumer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
         while True:
-            out = self._drain_buffers(limit)
+            out = drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit)
             remaining = deadline - loop.time()
             if out or not self._fetch_pos:
                 return out
@@ -251,19 +252,6 @@ class AsyncConsumer:
             if not buf:
                 self._consumed[tp] = nxt
         return got
-
-    def _drain_buffers(self, limit: int) -> list[Record]:
-        out: list[Record] = []
-        for tp, buf in self._buffers.items():
-            while buf and len(out) < limit:
-                r = buf.popleft()
-                out.append(r)
-                self._consumed[tp] = r.offset + 1
-            if not buf:  # everything before the fetch position has been handed out or skipped
-                self._consumed[tp] = self._fetch_pos[tp]
-            if len(out) >= limit:
-                break
-        return out
 
     def __aiter__(self) -> AsyncConsumer:
         """Records one at a time, forever (until :meth:`close`): ``async for r in consumer``.

@@ -24,6 +24,7 @@ from headwater.errors import ClosedError, InvalidArgumentError
 from headwater.model.batch import tags_mask
 from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.service import BrokerService, FetchResult
+from headwater.client.polling import drain_buffers, wait_any
 from headwater.client.scanner import decode_stored
 
 __all__ = ["Consumer", "POLL_MESSAGES_DEFAULT"]
@@ -190,7 +191,7 @@ class Consumer:
         limit = max_messages or self.max_poll_messages
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
-            out = self._drain_buffers(limit)
+            out = drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit)
             remaining = deadline - time.monotonic()
             if out or not self._fetch_pos:
                 return out
@@ -199,21 +200,10 @@ class Consumer:
             futures = [f for _, f in self._inflight.values()]
             if self._wakeup is not None:
                 futures.append(self._wakeup)
-            self._wait_any(futures, remaining)
+            wait_any(futures, remaining, lead=self._lead, interrupt=self._wakeup)  # see polling.wait_any
             got = self._collect()
             if not got and (remaining <= 0 or (self._wakeup is not None and self._wakeup.done())):
                 return []
-
-    def _wait_any(self, futures: list[concurrent.futures.Future], timeout_s: float) -> None:
-        """Wait until one of ``futures`` is done or ``timeout_s`` passes. Over the network
-        this thread reads the answers itself (see ``RemoteService.lead``); with nothing to
-        wait for (``timeout_s`` <= 0) it still takes what has come, without blocking."""
-        deadline = time.monotonic() + timeout_s
-        if self._lead is not None:  # a wake-up from another thread ends the wait at once
-            self._lead(futures, max(0.0, timeout_s), interrupt=self._wakeup)
-        remaining = deadline - time.monotonic()
-        if remaining > 0 and not any(f.done() for f in futures):
-            concurrent.futures.wait(futures, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def _launch_fetches(self, wait_ms: int) -> None:
         tps = list(self._fetch_pos)
@@ -258,19 +248,6 @@ class Consumer:
             if not buf:
                 self._consumed[tp] = nxt
         return got
-
-    def _drain_buffers(self, limit: int) -> list[Record]:
-        out: list[Record] = []
-        for tp, buf in self._buffers.items():
-            while buf and len(out) < limit:
-                r = buf.popleft()
-                out.append(r)
-                self._consumed[tp] = r.offset + 1
-            if not buf:  # everything before the fetch position has been handed out or skipped
-                self._consumed[tp] = self._fetch_pos[tp]
-            if len(out) >= limit:
-                break
-        return out
 
     def __iter__(self) -> Iterator[Record]:
         """Records forever (until :meth:`close`), polling as needed."""

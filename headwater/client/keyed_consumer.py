@@ -36,6 +36,7 @@ from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo, key_of, memb
 from headwater.model.message import Record
 from headwater.model.service import BrokerService
 from headwater.client.consumer import POLL_MESSAGES_DEFAULT
+from headwater.client.polling import drain_buffers, wait_any
 
 __all__ = ["KeyedConsumer"]
 
@@ -80,6 +81,8 @@ class KeyedConsumer:
         self._fetch_bytes = fetch_bytes
         self._refresh_s = refresh_ms / 1000
         self._fetch_async = getattr(service, "keyed_fetch_async", None)
+        # over the network: this thread reads the answers to its fetches (RemoteService.lead)
+        self._lead = getattr(service, "lead", None) if self._fetch_async is not None else None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._rotation = itertools.count()
         self._closed = False
@@ -163,7 +166,7 @@ class KeyedConsumer:
         limit = max_messages or self.max_poll_messages
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
-            out = self._drain_buffers(limit)
+            out = drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit)
             if out:
                 return out
             remaining = deadline - time.monotonic()
@@ -183,8 +186,8 @@ class KeyedConsumer:
                 self._add_partitions()
             self._launch_fetches(max(0, int(remaining * 1000)))
             futures = [f for _, f in self._inflight.values()]
-            if remaining > 0 and futures:
-                concurrent.futures.wait(futures, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
+            if futures:
+                wait_any(futures, remaining, lead=self._lead)  # over the network: reads on this thread
             got = self._collect()
             if not got and remaining <= 0:
                 return []
@@ -205,7 +208,9 @@ class KeyedConsumer:
                 continue
             args = (self.queue, self.group, self.member, self._info.generation, p, pos)
             kw = dict(max_bytes=self._fetch_bytes, max_wait_ms=wait_ms)
-            if self._fetch_async is not None:
+            if self._lead is not None:
+                fut = self._fetch_async(*args, lead=True, **kw)
+            elif self._fetch_async is not None:
                 fut = self._fetch_async(*args, **kw)
             else:
                 if self._pool is None:
@@ -248,19 +253,6 @@ class KeyedConsumer:
         if stale:
             self.refresh()
         return got
-
-    def _drain_buffers(self, limit: int) -> list[Record]:
-        out: list[Record] = []
-        for p, buf in self._buffers.items():
-            while buf and len(out) < limit:
-                r = buf.popleft()
-                out.append(r)
-                self._consumed[p] = r.offset + 1
-            if not buf:
-                self._consumed[p] = self._fetch_pos[p]
-            if len(out) >= limit:
-                break
-        return out
 
     # -- positions --------------------------------------------------------------------------
 

@@ -248,11 +248,13 @@ class RemoteService:
                                               max_wait_ms), timeout_s=timeout)
 
     def keyed_fetch_async(self, queue: str, group: str, member: int, generation: int, partition: int,
-                          offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> concurrent.futures.Future:
-        """A keyed fetch without waiting; the future holds the KeyedFetchResult."""
+                          offset: int, *, max_bytes: int, max_wait_ms: int = 0,
+                          lead: bool = False) -> concurrent.futures.Future:
+        """A keyed fetch without waiting; the future holds the KeyedFetchResult. ``lead=True``:
+        the caller will call :meth:`lead` for it (a keyed consumer's poll does)."""
         timeout = self.transport.request_timeout_s + max_wait_ms / 1000
         return self._submit(m.KeyedFetchRequest(queue, group, member, generation, partition, offset, max_bytes,
-                                                max_wait_ms), timeout)
+                                                max_wait_ms), timeout, lead=lead)
 
     def keyed_commit(self, queue: str, group: str, member: int, generation: int,
                      offsets: dict[int, int]) -> KeyedGroupInfo:

@@ -1,0 +1,54 @@
+"""What the blocking consumers' ``poll()`` loops share: waiting for fetches, handing out records.
+
+A consumer keeps, per partition, a buffer of fetched records, the position its next fetch
+starts from, and the position it has consumed up to (what a commit stores). ``poll()``
+hands out buffered records first; when there are none it launches fetches and waits for the
+first answer. Over the network the waiting thread reads the answers itself (see
+``RemoteService.lead``); embedded, it waits on the futures.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from headwater.model.message import Record
+
+__all__ = ["Lead", "drain_buffers", "wait_any"]
+
+Lead = Callable[..., None]  # RemoteService.lead(futures, timeout_s, *, interrupt=None)
+
+
+def wait_any(futures: list[concurrent.futures.Future], timeout_s: float, *, lead: Lead | None = None,
+             interrupt: concurrent.futures.Future | None = None) -> None:
+    """Wait until one of ``futures`` is done or ``timeout_s`` passes. With ``lead`` this
+    thread reads the answers itself; with nothing to wait for (``timeout_s`` <= 0) it still
+    takes what has come, without blocking. ``interrupt`` (one of ``futures``): a future
+    another thread completes to end the wait at once."""
+    deadline = time.monotonic() + timeout_s
+    if lead is not None:
+        lead(futures, max(0.0, timeout_s), interrupt=interrupt)
+    remaining = deadline - time.monotonic()
+    if remaining > 0 and not any(f.done() for f in futures):
+        concurrent.futures.wait(futures, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
+
+
+def drain_buffers(buffers: dict[Any, deque[Record]], fetch_pos: dict[Any, int],
+                  consumed: dict[Hashable, int], limit: int) -> list[Record]:
+    """Up to ``limit`` buffered records, partition after partition, moving ``consumed`` past
+    each; a partition whose buffer empties is consumed up to its fetch position (the records
+    between were skipped: filtered out, or expired)."""
+    out: list[Record] = []
+    for part, buf in buffers.items():
+        while buf and len(out) < limit:
+            r = buf.popleft()
+            out.append(r)
+            consumed[part] = r.offset + 1
+        if not buf:
+            consumed[part] = fetch_pos[part]
+        if len(out) >= limit:
+            break
+    return out
