@@ -39,3 +39,16 @@ def test_bad_env_and_flags():
         load_settings(None, {}, {"colour": "blue"})
     with pytest.raises(InvalidArgumentError, match="port"):
         load_settings(None, {}, {"port": 70000})
+
+
+def test_a_retired_setting_is_ignored_with_a_warning_wherever_it_is_set(tmp_path, caplog):
+    """``read_bytes`` did something once; files and environments that still set it load."""
+    cfg = tmp_path / "headwater.toml"
+    cfg.write_text("[server]\nread_bytes = 65536\nport = 7171\n")
+    with caplog.at_level("WARNING", logger="headwater.server"):
+        server, _ = load_settings(cfg, {"HEADWATER_READ_BYTES": "1024"}, {"read_bytes": 5})
+    assert server.port == 7171
+    assert not hasattr(server, "read_bytes")
+    warned = [r.getMessage() for r in caplog.records if "read_bytes" in r.getMessage()]
+    assert len(warned) == 3 and all("no longer used" in w for w in warned)
+    assert str(cfg) in warned[0] and "environment" in warned[1] and "flags" in warned[2]

@@ -81,7 +81,6 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     handshake_timeout_s: float = 10.0
     idle_timeout_s: float = 600.0
     worker_threads: int = 32
-    read_bytes: int = 256 * 1024  # unused since reads are the event loop's (256 KiB at most)
     write_buffer_bytes_max: int = 256 * 1024  # answers a peer has not taken: past this, stop reading it
     shutdown_grace_s: float = 10.0
     push_bytes_max: int = 1024 * 1024  # one PUSH frame of a subscription stream
@@ -90,7 +89,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     def validated(self) -> ServerConfig:
         for name in ("connections_max", "requests_in_flight_max", "connection_bytes_in_flight_max",
                      "bytes_in_flight_max",
-                     "fetch_bytes_max", "frame_bytes_max", "worker_threads", "read_bytes",
+                     "fetch_bytes_max", "frame_bytes_max", "worker_threads",
                      "write_buffer_bytes_max"):
             if getattr(self, name) < 1:
                 raise InvalidArgumentError(f"{name} must be at least 1")

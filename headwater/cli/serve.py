@@ -27,6 +27,21 @@ from headwater import StoreConfig
 
 __all__ = ["serve", "load_settings"]
 
+log = logging.getLogger("headwater.server")
+
+# settings that once did something and are now accepted, with a warning, and ignored, so
+# that config files and environments written for an older broker still start it
+RETIRED = {
+    "read_bytes": "the event loop reads each connection (up to 256 KiB at a time); remove it",
+}
+
+
+def _retired(name: str, where: str) -> bool:
+    why = RETIRED.get(name)
+    if why is not None:
+        log.warning("%s: the setting %s is no longer used (%s)", where, name, why)
+    return why is not None
+
 
 def _coerce(cls: type[msgspec.Struct], name: str, raw: Any, where: str) -> Any:
     typ = cls.__annotations__[name]
@@ -49,6 +64,8 @@ def load_settings(config_file: Path | None, env: dict[str, str], overrides: dict
             raise InvalidArgumentError(f"cannot read the config file {config_file}: {e}") from None
         for table, cls in (("server", ServerConfig), ("store", StoreConfig)):
             for k, v in doc.get(table, {}).items():
+                if table == "server" and _retired(k, str(config_file)):
+                    continue
                 if k not in cls.__struct_fields__:
                     raise InvalidArgumentError(
                         f"{config_file}: unknown setting [{table}] {k}; known: {', '.join(cls.__struct_fields__)}"
@@ -60,7 +77,7 @@ def load_settings(config_file: Path | None, env: dict[str, str], overrides: dict
     for source, items in (("environment", {k[10:].lower(): v for k, v in env.items()
                                             if k.startswith("HEADWATER_")}), ("flags", overrides)):
         for k, v in items.items():
-            if v is None:
+            if v is None or _retired(k, source):
                 continue
             for cls in (ServerConfig, StoreConfig):
                 if k in cls.__struct_fields__:
