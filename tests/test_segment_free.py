@@ -44,3 +44,30 @@ def test_retention_deletes_segment_files(tmp_path):
         assert hw.service.store.enforce_retention() >= 1
         after = len(list((tmp_path / "d" / "log").glob("*.log")))
         assert after < before
+
+
+def test_a_segment_deleted_while_read_is_freed_gently_when_the_last_reader_lets_go(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from headwater.storage import segment as seg_mod
+
+    freed: list[tuple[int, str]] = []
+    real = seg_mod.free_gently
+
+    def spy(fd, *a, **kw):
+        freed.append((os.fstat(fd).st_size, threading.current_thread().name))
+        real(fd, *a, **kw)
+
+    monkeypatch.setattr(seg_mod, "free_gently", spy)
+    seg = seg_mod.LogSegment.create(tmp_path / "s.log", 0, b"\0" * 16, 0)
+    seg.append([os.urandom(1 << 20)])
+    with seg.reading():
+        seg.delete()
+        assert freed == [] and not (tmp_path / "s.log").exists()  # a reader holds it
+        assert len(seg.read(seg_mod.SEGMENT_HEADER_SIZE, 10)) == 10
+    deadline = time.monotonic() + 5
+    while not freed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(freed) == 1 and freed[0][0] >= 1 << 20  # the whole file, a chunk at a time
+    assert freed[0][1] != threading.current_thread().name  # not on the reader's thread

@@ -56,6 +56,13 @@ def free_gently(fd: int, chunk_bytes: int = FREE_CHUNK_BYTES, pause_s: float = F
         pass  # closing the descriptor frees the rest at once
 
 
+def _free_and_close(fd: int) -> None:
+    try:
+        free_gently(fd)
+    finally:
+        os.close(fd)
+
+
 _HEADER = struct.Struct("<8sHHIQq16s12sI")
 SEGMENT_HEADER_SIZE = _HEADER.size
 assert SEGMENT_HEADER_SIZE == 64
@@ -189,8 +196,9 @@ class LogSegment:
     def delete(self) -> None:
         """Unlink the file; the descriptor closes when the last reader lets go.
 
-        With no reader, the file's blocks are freed a few MiB at a time (``free_gently``):
-        freeing a large file at once stalls every fsync on the file system for tens of
+        The file's blocks are then freed a few MiB at a time (``free_gently``): at once when
+        nobody reads it, else by a thread of its own when the last reader lets go. Freeing a
+        large file at once stalls every fsync on the file system for tens of
         milliseconds (ext4 with discard: one 1 GiB unlink, 28 ms), which sync-flush appends
         would wait for."""
         fd = None
@@ -204,10 +212,7 @@ class LogSegment:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
         if fd is not None:
-            try:
-                free_gently(fd)
-            finally:
-                os.close(fd)
+            _free_and_close(fd)
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[LogSegment]:
@@ -217,11 +222,14 @@ class LogSegment:
         try:
             yield self
         finally:
+            fd = None
             with self._lock:
                 self._readers -= 1
                 if self.deleted and self._readers == 0 and self._fd is not None:
-                    os.close(self._fd)
-                    self._fd = None
+                    fd, self._fd = self._fd, None
+            if fd is not None:  # deleted while read: free it as delete() would, off this thread
+                threading.Thread(target=_free_and_close, args=(fd,), name="headwater-free-segment",
+                                 daemon=True).start()
 
     # -- I/O --------------------------------------------------------------------------
 
