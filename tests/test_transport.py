@@ -373,6 +373,20 @@ def loop_stood_aside(svc: RemoteService) -> bool:
     return wait_for(lambda: (svc.ping(), svc.transport._link.paused)[1])
 
 
+def record_settling_threads(consumer) -> list[int]:
+    """Wrap a consumer's fetches: the list fills with the thread that settled each answer."""
+    settled_on: list[int] = []
+    fetch_async = consumer._fetch_async
+
+    def recording_fetch_async(*args, **kw):
+        fut = fetch_async(*args, **kw)
+        fut.add_done_callback(lambda f: settled_on.append(threading.get_ident()))
+        return fut
+
+    consumer._fetch_async = recording_fetch_async
+    return settled_on
+
+
 def test_a_polling_consumer_reads_its_answers_on_its_own_thread(server):
     """The consumer's fetches are answered on the polling thread, not handed over from the
     client's loop thread (each hand-over is a wake-up of both threads)."""
@@ -382,15 +396,7 @@ def test_a_polling_consumer_reads_its_answers_on_its_own_thread(server):
         producer = hw.producer(linger_ms=0)
         consumer = hw.consumer()
         consumer.assign("q", partitions=[0])
-        settled_on: list[int] = []
-        fetch_async = hw.service.fetch_async
-
-        def recording_fetch_async(*args, **kw):
-            fut = fetch_async(*args, **kw)
-            fut.add_done_callback(lambda f: settled_on.append(threading.get_ident()))
-            return fut
-
-        consumer._fetch_async = recording_fetch_async
+        settled_on = record_settling_threads(consumer)
         assert loop_stood_aside(hw.service)
         got: list[bytes] = []
         for i in range(20):
@@ -412,15 +418,7 @@ def test_a_keyed_consumer_reads_its_answers_on_its_own_thread(server):
         hw.admin.create_queue("q", partitions=1)
         producer = hw.producer(linger_ms=0, partitioner="key")
         member = hw.keyed_consumer("g", "q", member=0, size=1)
-        settled_on: list[int] = []
-        fetch_async = member._fetch_async
-
-        def recording_fetch_async(*args, **kw):
-            fut = fetch_async(*args, **kw)
-            fut.add_done_callback(lambda f: settled_on.append(threading.get_ident()))
-            return fut
-
-        member._fetch_async = recording_fetch_async
+        settled_on = record_settling_threads(member)
         assert loop_stood_aside(hw.service)
         got: list[bytes] = []
         for i in range(20):
