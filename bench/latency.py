@@ -8,7 +8,7 @@ every round it runs every chosen system and mode once, in a rotating order, righ
 check of the machine's own scheduling noise. The comparison that counts is per round: the
 systems of one round ran within the same half minute.
 
-Run ``python -m bench.latency`` from the repository root (about 4 minutes with the default
+Run ``python -m bench.latency`` from the repository root (about 3 minutes with the default
 systems; ``--rounds`` and ``--seconds`` change that). It prints every round, then per system
 and mode the median, best and worst of the rounds' p99, and per round Headwater's p99 over
 the best peer's (async against every peer mode, sync against the peer modes that fsync before
@@ -82,16 +82,18 @@ def summarize(rounds: list[dict[str, Any]], modes: dict[str, Any]) -> dict[str, 
             per_label[label] = {"median": statistics.median(p99s), "min": min(p99s), "max": max(p99s),
                                 "rounds": len(p99s)}
     ratios: dict[str, list[float | None]] = {}
+    compared: dict[str, list[str]] = {}
     for hw in (lb for lb in labels if lb.startswith("headwater")):
         peers = [lb for lb in labels if not lb.startswith("headwater")
                  and (modes[lb].fsync_before_ack or not modes[hw].fsync_before_ack)]
+        compared[hw] = peers
         series: list[float | None] = []
         for r in rounds:
             mine = r["results"].get(hw, {}).get("p99_ms")
             theirs = [r["results"][p]["p99_ms"] for p in peers if "p99_ms" in r["results"].get(p, {})]
             series.append(mine / min(theirs) if mine is not None and theirs else None)
         ratios[hw] = series
-    return {"p99": per_label, "ratio_to_best_peer": ratios}
+    return {"p99": per_label, "ratio_to_best_peer": ratios, "peers_compared": compared}
 
 
 def render(console, rounds: list[dict[str, Any]], summary: dict[str, Any]) -> None:
@@ -123,7 +125,8 @@ def render(console, rounds: list[dict[str, Any]], summary: dict[str, Any]) -> No
     for hw, series in summary["ratio_to_best_peer"].items():
         got = [x for x in series if x is not None]
         if got:
-            console.print(f"{hw} ÷ best peer, per round: median {statistics.median(got):.2f} "
+            peers = ", ".join(summary["peers_compared"][hw])
+            console.print(f"{hw} ÷ best peer ({peers}), per round: median {statistics.median(got):.2f} "
                           f"(best {min(got):.2f}, worst {max(got):.2f})")
 
 

@@ -30,6 +30,8 @@ def test_each_round_compares_headwater_with_that_rounds_best_comparable_peer():
     # async is held to every peer mode; sync only to those that fsync before acknowledging
     assert s["ratio_to_best_peer"]["headwater async"] == pytest.approx([2.0, 2.0])
     assert s["ratio_to_best_peer"]["headwater sync"] == pytest.approx([1.5, 3.0])
+    assert s["peers_compared"] == {"headwater async": ["redis everysec", "redis always"],
+                                   "headwater sync": ["redis always"]}
     assert s["p99"]["redis everysec"] == {"median": 2.5, "min": 1.0, "max": 4.0, "rounds": 2}
 
 

@@ -1,10 +1,11 @@
-"""What the blocking consumers' ``poll()`` loops share: waiting for fetches, handing out records.
+"""What the consumers' ``poll()`` loops share: waiting for fetches, handing out records.
 
 A consumer keeps, per partition, a buffer of fetched records, the position its next fetch
 starts from, and the position it has consumed up to (what a commit stores). ``poll()``
 hands out buffered records first; when there are none it launches fetches and waits for the
 first answer. Over the network the waiting thread reads the answers itself (see
-``RemoteService.lead``); embedded, it waits on the futures.
+``RemoteService.lead``); embedded, it waits on the futures. (The asyncio consumer awaits its
+fetches instead, and shares only :func:`drain_buffers`.)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any
 
 from headwater.model.message import Record
@@ -37,7 +38,7 @@ def wait_any(futures: list[concurrent.futures.Future], timeout_s: float, *, lead
 
 
 def drain_buffers(buffers: dict[Any, deque[Record]], fetch_pos: dict[Any, int],
-                  consumed: dict[Hashable, int], limit: int) -> list[Record]:
+                  consumed: dict[Any, int], limit: int) -> list[Record]:
     """Up to ``limit`` buffered records, partition after partition, moving ``consumed`` past
     each; a partition whose buffer empties is consumed up to its fetch position (the records
     between were skipped: filtered out, or expired)."""
