@@ -66,9 +66,16 @@ def _round_line(rnd: dict[str, Any]) -> str:
         if "error" in res:
             parts.append(f"{label}: {res['error'][:60]}")
         else:
+            cpu = res.get("cpu_us_per_msg") or {}
             parts.append(f"{label}: p50 {res['p50_ms']:.2f} p99 {res['p99_ms']:.2f} ms "
-                         f"({res['late_sends']} sent >1 ms late)")
+                         f"({res['late_sends']} sent >1 ms late; CPU µs/msg server "
+                         f"{_us(cpu.get('server'))}, consumer {_us(cpu.get('consumer'))}, producer "
+                         f"{_us(cpu.get('producer'))} incl. spin {_us(cpu.get('producer_spin'))})")
     return " | ".join(parts)
+
+
+def _us(x: float | None) -> str:
+    return "?" if x is None else f"{x:,.0f}"
 
 
 def summarize(rounds: list[dict[str, Any]], modes: dict[str, Any]) -> dict[str, Any]:

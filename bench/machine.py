@@ -94,14 +94,18 @@ def fsync_latency(directory: str | Path, *, samples: int = 200, write_bytes: int
     }
 
 
-def sleep_until_ns(tick_ns: int, spin_ns: int = SPIN_NS) -> None:
+def sleep_until_ns(tick_ns: int, spin_ns: int = SPIN_NS) -> int:
     """Wait until ``time.monotonic_ns()`` reaches ``tick_ns``: sleep until ``spin_ns`` before
-    it (which lets other threads of the process run), then spin the rest."""
-    ahead = tick_ns - time.monotonic_ns()
+    it (which lets other threads of the process run), then spin the rest. Returns the ns
+    spent spinning (CPU the caller burned waiting)."""
+    clock = time.monotonic_ns
+    ahead = tick_ns - clock()
     if ahead > spin_ns:
         time.sleep((ahead - spin_ns) / 1e9)
-    while time.monotonic_ns() < tick_ns:
+    spin_from = clock()
+    while clock() < tick_ns:
         pass
+    return max(0, clock() - spin_from)
 
 
 def timer_lateness(*, rate: int = 2000, seconds: float = 2.0, spin_ns: int = SPIN_NS) -> dict[str, float]:

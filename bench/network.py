@@ -16,7 +16,8 @@ Workloads, for every mode of every system (a mode is a durability setting, see
   consumer reads them all; messages per second.
 - latency: 2,000 msgs/s of 100 B sent one at a time on a fixed schedule (acks awaited in the
   background) to one consumer in another process; p50 / p99 / max of (time the consumer got
-  it - time it was scheduled), CLOCK_MONOTONIC on both sides.
+  it - time it was scheduled), CLOCK_MONOTONIC on both sides; and the CPU per message of the
+  server, the consumer process and the producer process.
 
 Headwater's ratio to the best peer: ``headwater async`` is compared with the best peer in any
 mode, ``headwater sync`` with the best peer among the modes that fsync before acknowledging
@@ -152,12 +153,21 @@ def run_mode(driver, mode: Mode, settings: Settings, console) -> dict[str, Any]:
     return results
 
 
+def cpu_note(cpu: dict[str, float | None]) -> str:
+    """The CPU a latency run used per message, each side (see :mod:`bench.peers.base`)."""
+    def us(x: float | None) -> str:
+        return "?" if x is None else f"{x:,.0f}"
+    return (f"CPU µs/msg: server {us(cpu['server'])}, consumer {us(cpu['consumer'])}, "
+            f"producer {us(cpu['producer'])} (of it the benchmark's spin {us(cpu['producer_spin'])})")
+
+
 def _brief(res: dict[str, Any]) -> str:
     if "error" in res:
         return f"[red]{res['error']}[/]"
     if "p99_ms" in res:
         return (f"p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms, max {res['max_ms']:.2f} ms "
-                f"({res['counted']:,} msgs, {res['late_sends']:,} sent >1 ms late)")
+                f"({res['counted']:,} msgs, {res['late_sends']:,} sent >1 ms late"
+                + (f"; {cpu_note(res['cpu_us_per_msg'])}" if res.get("cpu_us_per_msg") else "") + ")")
     return f"{res['msgs_per_s']:,.0f} msgs/s, {res['mb_per_s']:,.1f} MB/s ({res['msgs']:,} msgs)"
 
 
@@ -332,6 +342,8 @@ def _notes(res: dict[str, Any], mode_label: str, cols: list[Column]) -> str:
             notes.append(f"{key}: {r['error']}")
         elif key == LATENCY_KEY and r:
             notes.append(f"{r['late_sends']:,} of {r['sent']:,} sent >1 ms late; {r['achieved_rate']:,.0f}/s")
+            if r.get("cpu_us_per_msg"):
+                notes.append(cpu_note(r["cpu_us_per_msg"]))
         elif key == CONSUME_KEY and r:
             notes.append(f"{r['msgs']:,} msgs read" + (f"; {r['note']}" if r.get("note") else ""))
     return "; ".join(notes)

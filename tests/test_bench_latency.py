@@ -44,3 +44,28 @@ def test_a_failed_run_counts_in_no_median_and_leaves_its_rounds_ratio_empty():
     assert s["p99"]["headwater async"]["rounds"] == 1
     assert s["ratio_to_best_peer"]["headwater async"] == [None, pytest.approx(3.0)]
     assert s["ratio_to_best_peer"]["headwater sync"] == [None, pytest.approx(2.0)]  # no durable peer in round 1
+
+
+def test_the_cpu_of_a_process_group_is_counted_and_nobody_elses():
+    import subprocess
+    import sys
+    import time
+
+    from bench.peers.base import process_group_cpu_s
+
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                             "while time.process_time() - t < 0.5: pass\ntime.sleep(30)"],
+                            start_new_session=True)
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while process_group_cpu_s(busy.pid) < 0.45 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert 0.45 <= process_group_cpu_s(busy.pid) < 5
+        assert process_group_cpu_s(idle.pid) < 0.3  # its start-up only
+        assert process_group_cpu_s(2 ** 22 + 12345) == 0  # no such group
+    finally:
+        busy.kill()
+        idle.kill()
+        busy.wait()
+        idle.wait()

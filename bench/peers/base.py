@@ -18,7 +18,11 @@ once, so every system is measured by the same loop:
   background, at most ``INFLIGHT_MAX`` outstanding, and all of them at the end). Each body
   starts with the *scheduled* send time, so a producer that falls behind shows as latency
   rather than hiding it (no coordinated omission). The consumer stamps each message when its
-  client hands it over; the first ``LATENCY_WARMUP`` messages are not counted.
+  client hands it over; the first ``LATENCY_WARMUP`` messages are not counted. Over the
+  counted messages the run also reports the CPU each side used per message: the server's
+  process group (from /proc, between the first and the last counted send), the consumer
+  process and the producer process (``getrusage``, all threads), and how much of the
+  producer's was this loop's own spinning before each send.
 
 Servers run in their own session (process group) and are stopped by that group's id on
 ``teardown``, at exit (``atexit``) and on SIGTERM; they bind 127.0.0.1 only and keep data
@@ -35,6 +39,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import random
+import resource
 import shutil
 import signal
 import socket
@@ -357,12 +362,20 @@ class Driver:
         ctx = mp.get_context("spawn")
         results = ctx.Queue()
         ready = ctx.Event()
+        window = (ctx.Event(), ctx.Event())  # the producer's counted sends begin, end
         total = LATENCY_WARMUP + int(rate * seconds)
         consumer = ctx.Process(target=_latency_consumer, daemon=True,
                                args=(self, mode, total, ready, seconds + 30, results))
         producer = ctx.Process(target=_latency_producer, daemon=True,
-                               args=(self, mode, total, rate, size, ready, results))
+                               args=(self, mode, total, rate, size, ready, window, results))
+        server_cpu: list[float] = []
+        watcher = threading.Thread(target=self._watch_server_cpu, args=(window, server_cpu, seconds + 90),
+                                   daemon=True)
+        watcher.start()
         outs = _run_workers([consumer, producer], results, timeout_s=seconds + 90 + JOIN_SLACK_S)
+        for ev in window:  # a failed run: let the watcher go
+            ev.set()
+        watcher.join(timeout=5)
         errors = [o["error"] for o in outs if "error" in o]
         if errors:
             return {"error": errors[0]}
@@ -371,12 +384,47 @@ class Driver:
         lat_ms = sorted((r - s) / 1e6 for s, seq, r in recv["stamps"] if seq >= LATENCY_WARMUP)
         if not lat_ms:
             return {"error": f"no message received of {total} sent"}
+        counted = total - LATENCY_WARMUP
+        cpu = {"server": (server_cpu[1] - server_cpu[0]) * 1e6 / counted if len(server_cpu) == 2 else None,
+               "consumer": recv["cpu_us_per_msg"], "producer": sent["cpu_us_per_msg"],
+               "producer_spin": sent["spin_us_per_msg"]}
         return {
             "sent": sent["sent"], "received": len(recv["stamps"]), "counted": len(lat_ms),
             "achieved_rate": sent["achieved_rate"], "late_sends": sent["late_sends"],
             "p50_ms": percentile(lat_ms, 50), "p99_ms": percentile(lat_ms, 99), "max_ms": lat_ms[-1],
-            "mean_ms": sum(lat_ms) / len(lat_ms),
+            "mean_ms": sum(lat_ms) / len(lat_ms), "cpu_us_per_msg": cpu,
         }
+
+    def _watch_server_cpu(self, window, out: list[float], timeout_s: float) -> None:
+        """CPU seconds of the servers' process groups when the counted sends begin and end."""
+        for ev in window:
+            if not ev.wait(timeout_s):
+                return
+            out.append(sum(process_group_cpu_s(s.pgid) for s in self._servers))
+
+
+def process_cpu_s() -> float:
+    """CPU seconds (user + system) this process has used, all its threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def process_group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) the live processes of group ``pgid`` have used (Linux
+    /proc; clock ticks, 10 ms on most kernels)."""
+    ticks = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        fields = data[data.rindex(b")") + 2:].split()  # from field 3 (state) on
+        if int(fields[2]) == pgid:  # field 5: process group
+            ticks += int(fields[11]) + int(fields[12])  # fields 14, 15: utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(sorted_values: Sequence[float], pct: float) -> float:
@@ -473,6 +521,8 @@ def _consume_worker(driver: Driver, mode: Mode, size: int, batch: int, n: int,
 def _latency_consumer(driver: Driver, mode: Mode, total: int, ready, timeout_s: float, results) -> None:
     try:
         stamps: list[tuple[int, int, int]] = []
+        cpu_from: tuple[float, int] | None = None  # (CPU s, messages) at the first counted one
+        cpu_to: tuple[float, int] | None = None
         with driver.consumer(mode, 0) as poll:
             poll(0.05)  # subscribe before the producer starts
             ready.set()
@@ -484,17 +534,26 @@ def _latency_consumer(driver: Driver, mode: Mode, total: int, ready, timeout_s: 
                 for body in bodies:
                     sched, seq = STAMP.unpack_from(body)
                     stamps.append((sched, seq, now))
-        results.put({"role": "consumer", "stamps": stamps})
+                if cpu_from is None and stamps and stamps[-1][1] >= LATENCY_WARMUP:
+                    cpu_from = (process_cpu_s(), len(stamps))
+                elif cpu_from is not None:
+                    cpu_to = (process_cpu_s(), len(stamps))
+        cpu_us = None
+        if cpu_from is not None and cpu_to is not None and cpu_to[1] > cpu_from[1]:
+            cpu_us = (cpu_to[0] - cpu_from[0]) * 1e6 / (cpu_to[1] - cpu_from[1])
+        results.put({"role": "consumer", "stamps": stamps, "cpu_us_per_msg": cpu_us})
     except BaseException as e:  # noqa: BLE001
         ready.set()
         results.put({"role": "consumer", "error": f"{type(e).__name__}: {e}"[:300]})
 
 
-def _latency_producer(driver: Driver, mode: Mode, total: int, rate: int, size: int, ready, results) -> None:
+def _latency_producer(driver: Driver, mode: Mode, total: int, rate: int, size: int, ready, window,
+                      results) -> None:
     try:
         pad = os.urandom(max(0, size - STAMP.size))
         interval_ns = 1_000_000_000 // rate
         late = 0
+        spun_ns = 0  # of the counted sends: CPU this loop burns waiting, not the client's
         with driver.sender(mode, 0) as sender:
             if not ready.wait(timeout=60):
                 raise TimeoutError("consumer not ready within 60 s")
@@ -502,14 +561,24 @@ def _latency_producer(driver: Driver, mode: Mode, total: int, rate: int, size: i
             t0 = clock() + 50_000_000  # 50 ms from now
             for seq in range(total):
                 sched = t0 + seq * interval_ns
-                sleep_until_ns(sched, SPIN_NS)  # sleeping lets the client's threads run
+                spun = sleep_until_ns(sched, SPIN_NS)  # sleeping lets the client's threads run
+                if seq == LATENCY_WARMUP:
+                    window[0].set()
+                    cpu_from = process_cpu_s()
+                elif seq > LATENCY_WARMUP:
+                    spun_ns += spun
                 if clock() - sched > 1_000_000:
                     late += 1
                 sender.send(STAMP.pack(sched, seq) + pad)
             end = clock()
+            cpu_to = process_cpu_s()
+            window[1].set()
             sender.wait_acked(timeout_s=60)
+        counted = total - LATENCY_WARMUP
         results.put({"role": "producer", "sent": total, "late_sends": late,
-                     "achieved_rate": total / ((end - t0) / 1e9)})
+                     "achieved_rate": total / ((end - t0) / 1e9),
+                     "cpu_us_per_msg": (cpu_to - cpu_from) * 1e6 / counted,
+                     "spin_us_per_msg": spun_ns / 1e3 / counted})
     except BaseException as e:  # noqa: BLE001
         results.put({"role": "producer", "error": f"{type(e).__name__}: {e}"[:300]})
 
