@@ -217,9 +217,9 @@ class Consumer:
                 continue
             pos = self._fetch_pos[tp]
             kwargs = dict(max_bytes=self._fetch_bytes, tag_mask=self._mask, max_wait_ms=wait_ms)
-            if self._lead is not None:
-                fut = self._fetch_async(tp[0], tp[1], pos, lead=True, **kwargs)
-            elif self._fetch_async is not None:
+            if self._fetch_async is not None:
+                if self._lead is not None:
+                    kwargs["lead"] = True  # this thread reads the answer (polling.wait_any)
                 fut = self._fetch_async(tp[0], tp[1], pos, **kwargs)
             else:
                 if self._pool is None:

@@ -208,9 +208,9 @@ class KeyedConsumer:
                 continue
             args = (self.queue, self.group, self.member, self._info.generation, p, pos)
             kw = dict(max_bytes=self._fetch_bytes, max_wait_ms=wait_ms)
-            if self._lead is not None:
-                fut = self._fetch_async(*args, lead=True, **kw)
-            elif self._fetch_async is not None:
+            if self._fetch_async is not None:
+                if self._lead is not None:
+                    kw["lead"] = True  # this thread reads the answer (polling.wait_any)
                 fut = self._fetch_async(*args, **kw)
             else:
                 if self._pool is None:
