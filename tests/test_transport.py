@@ -508,6 +508,36 @@ def test_a_connection_left_unread_is_checked_before_it_is_written_to(fake):
         svc.close()
 
 
+def test_a_connection_read_a_moment_ago_is_written_to_without_reading_it_again(fake, monkeypatch):
+    """The check above costs a recv() per request; a caller that read the socket within
+    UNREAD_CHECK_S (a polling consumer, calls one after another) is spared it."""
+    import headwater.client.transport as transport
+
+    broker = fake(lambda body: produced(7))
+    svc = RemoteService(broker.address)
+    checks: list[int] = []
+    check = svc.transport._check_unread_locked
+
+    def counting(link, outcomes):
+        checks.append(1)
+        return check(link, outcomes)
+
+    monkeypatch.setattr(svc.transport, "_check_unread_locked", counting)
+    try:
+        assert loop_stood_aside(svc)
+        monkeypatch.setattr(transport, "UNREAD_CHECK_S", 30.0)
+        checks.clear()
+        for _ in range(20):
+            svc.ping()
+        assert checks == []
+        monkeypatch.setattr(transport, "UNREAD_CHECK_S", 0.0)
+        for _ in range(20):
+            svc.ping()
+        assert len(checks) == 20
+    finally:
+        svc.close()
+
+
 def test_closing_the_client_ends_a_leading_poll_at_once(server):
     hw = headwater.connect(server.address)
     hw.admin.create_queue("q", partitions=1)

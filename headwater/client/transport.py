@@ -45,8 +45,9 @@ in order, as if it had read them. The loop's reader stands aside (removes itself
 socket is readable while a thread leads, or was read by one and nobody waits for anything.
 It reads again once a leader is done while any call waits for its answer (a caller that
 found another thread leading waits for the loop, or the leader, to read it), or when a
-request is submitted with ``lead=False`` (the default). A connection that went unread meanwhile is
-read by the next submitter before it writes, so a broker that closed it is seen first.
+request is submitted with ``lead=False`` (the default). A connection that went unread for
+``UNREAD_CHECK_S`` is read by the next submitter before it writes, so a broker that closed it
+meanwhile is seen first.
 
 PUSH frames (deliveries of a push subscription's stream) are routed by their stream id to
 the handler registered with :meth:`AsyncTransport.register_push`, called on the loop (keep
@@ -117,6 +118,10 @@ CLOSE_FLUSH_S = 1.0
 #: loop wakes a leader when it fails a call (a deadline, a lost connection), and so does a
 #: caller's ``interrupt``; this bounds the wait for anything else that settles an answer.
 LEAD_SLICE_S = 0.25
+#: A connection nobody has read for this long is read before the next request is written to
+#: it (a broker that closed it meanwhile is then seen first); one read within it is recent
+#: enough, which spares a steadily polling consumer a recv() per request.
+UNREAD_CHECK_S = 0.1
 
 _INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
@@ -190,6 +195,7 @@ class _Link:
         "out_bytes",
         "paused",
         "pending",
+        "read_at",
         "sock",
         "why",
         "writing",
@@ -204,6 +210,7 @@ class _Link:
         self.out_bytes = 0
         self.writing = False  # the loop waits for the socket to take ``out``
         self.paused = False  # the loop's reader stood aside for a leading caller
+        self.read_at = 0.0  # time.monotonic() of the last read of the socket, by anyone
         self.broken = False  # a write failed; the loop drops the link soon
         self.lost = False  # dropped: the socket is closed
         self.why: BaseException | None = None
@@ -275,7 +282,8 @@ class AsyncTransport:
         unread: list = []
         with self._lock:
             link = self._link
-            if link is not None and link.paused and self._leader is None:
+            if (link is not None and link.paused and self._leader is None
+                    and time.monotonic() - link.read_at >= UNREAD_CHECK_S):
                 link = self._check_unread_locked(link, unread)
             if self._closed:
                 error = ClosedError(f"the client of {self.address} is closed")
@@ -652,11 +660,14 @@ class AsyncTransport:
         """What the socket holds (b"" at EOF: the connection then says how it ended), the
         error that lost the connection, or None when there is nothing to read yet."""
         try:
-            return link.sock.recv(READ_BYTES)
+            data = link.sock.recv(READ_BYTES)
         except (BlockingIOError, InterruptedError):
+            link.read_at = time.monotonic()
             return None
         except OSError as e:
             return UnavailableError(f"the connection to {self.address} was lost: {e}")
+        link.read_at = time.monotonic()
+        return data
 
     def _read_locked(self, link: _Link, outcomes: list) -> BaseException | None:
         """Read what the socket holds, if anything, and parse it (see :meth:`_parse_locked`)."""
