@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import machine
-from bench.network import LATENCY_RATE, LATENCY_SIZE
+from bench.network import LATENCY_RATE, LATENCY_SIZE, cpu_note, parse_systems
 from bench.peers import SYSTEMS, Unavailable, driver_class
 from bench.peers.base import SPIN_NS, install_signal_handlers, temp_workdir
 
@@ -66,16 +66,10 @@ def _round_line(rnd: dict[str, Any]) -> str:
         if "error" in res:
             parts.append(f"{label}: {res['error'][:60]}")
         else:
-            cpu = res.get("cpu_us_per_msg") or {}
+            cpu = f"; {cpu_note(res['cpu_us_per_msg'])}" if res.get("cpu_us_per_msg") else ""
             parts.append(f"{label}: p50 {res['p50_ms']:.2f} p99 {res['p99_ms']:.2f} ms "
-                         f"({res['late_sends']} sent >1 ms late; CPU µs/msg server "
-                         f"{_us(cpu.get('server'))}, consumer {_us(cpu.get('consumer'))}, producer "
-                         f"{_us(cpu.get('producer'))} incl. spin {_us(cpu.get('producer_spin'))})")
+                         f"({res['late_sends']} sent >1 ms late{cpu})")
     return " | ".join(parts)
-
-
-def _us(x: float | None) -> str:
-    return "?" if x is None else f"{x:,.0f}"
 
 
 def summarize(rounds: list[dict[str, Any]], modes: dict[str, Any]) -> dict[str, Any]:
@@ -151,10 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="counted seconds of each latency run (default: 5)")
     parser.add_argument("--json", metavar="PATH", help="also save the rounds as JSON to PATH")
     args = parser.parse_args(argv)
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = [s for s in systems if s not in SYSTEMS]
-    if unknown:
-        parser.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+    systems = parse_systems(parser, args.systems)
     if args.rounds < 1 or args.seconds <= 0:
         parser.error("--rounds must be at least 1 and --seconds above 0")
     install_signal_handlers()

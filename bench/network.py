@@ -153,6 +153,15 @@ def run_mode(driver, mode: Mode, settings: Settings, console) -> dict[str, Any]:
     return results
 
 
+def parse_systems(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """The systems of a comma-separated ``--systems`` value; an unknown one is a usage error."""
+    systems = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown:
+        parser.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+    return systems
+
+
 def cpu_note(cpu: dict[str, float | None]) -> str:
     """The CPU a latency run used per message, each side (see :mod:`bench.peers.base`)."""
     def us(x: float | None) -> str:
@@ -427,10 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.render:
         return _render_saved(Path(args.render), markdown_too=args.markdown)
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = [s for s in systems if s not in SYSTEMS]
-    if unknown:
-        parser.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+    systems = parse_systems(parser, args.systems)
     settings = QUICK if args.quick else FULL
     install_signal_handlers()
 
