@@ -22,24 +22,11 @@ from headwater.errors import InvalidArgumentError, MessageNotFoundError
 from headwater.model.delay import split_delay_offset
 from headwater.model.message import Message, MessageId
 from tests.support.broker_process import BrokerProcess
-
-WAIT_S = 10.0
+from tests.support.waiting import wait_for
 
 
 def now_ms(clock) -> int:
     return int(clock() * 1000)
-
-
-def wait_for(cond, timeout_s: float = WAIT_S, what: str = "condition"):
-    """Poll ``cond`` (real time) until it returns something truthy."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def scan_all(hw, queue: str) -> list:

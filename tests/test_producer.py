@@ -26,6 +26,7 @@ from headwater.errors import (
     UsageError,
 )
 from headwater.model.batch import COMPRESSION_LZ4, COMPRESSION_MASK, COMPRESSION_ZSTD, decode_header
+from tests.support.waiting import wait_for
 
 
 class Wrapped:
@@ -630,13 +631,6 @@ class Held:
                 fut.set_result(self.inner.produce(queue, partition, batch))
             except Exception as e:  # noqa: BLE001 - the broker's answer
                 fut.set_exception(e)
-
-
-def wait_for(cond, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.002)
 
 
 def test_batches_of_a_partition_are_pipelined_up_to_max_in_flight(hw):

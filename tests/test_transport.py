@@ -35,6 +35,7 @@ from headwater.protocol import (
     choose_version,
 )
 from headwater.protocol import messages as m
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture
@@ -356,15 +357,6 @@ def test_a_cancelled_future_does_not_break_the_connection(fake):
 
 
 # a blocking caller reading for itself (AsyncTransport.lead) ----------------------------------
-
-
-def wait_for(predicate, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 def loop_stood_aside(svc: RemoteService) -> bool:

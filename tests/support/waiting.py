@@ -1,0 +1,23 @@
+"""Waiting, in real time, for something another thread or process makes true."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(cond: Callable[[], T], timeout_s: float = 10.0, what: str = "condition",
+             interval_s: float = 0.005) -> T:
+    """Call ``cond`` every ``interval_s`` until it returns something truthy, and return that;
+    raise AssertionError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
