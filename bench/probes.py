@@ -1,0 +1,222 @@
+"""Small probes behind the explanations in docs/benchmarks.md: where a message's CPU goes.
+
+Run ``python -m bench.probes PROBE`` from the repository root; each prints its figures:
+
+- ``codec``: in one process, without sockets, the protocol work of one consumer round trip
+  (a FETCH encoded by the client, parsed and answered by the server, the answer parsed and
+  its record decoded by the client) and the store's work for one message (an append of a
+  one-message batch, a fetch of it, an empty fetch at the end of the log); µs each.
+- ``ping``: a ``headwater serve`` subprocess answering PINGs from a raw client at about
+  1,700 a second; the broker's CPU per request and answer (/proc), so the fixed cost of a
+  request on this machine.
+- ``send``: the time of one loopback TCP ``send()`` of 1 byte to a process blocked in
+  ``recv()``, every 0.5 ms: what the kernel charges the sender to hand over and wake.
+- ``disk``: the machine check's write bandwidth (1 GiB, one fdatasync), three times in a
+  row, then 2 GiB in 8 MiB writes with an fdatasync every 256 MiB, each window timed: how
+  far a burst and a sustained write differ on this disk, right now.
+- ``produce``: three back-to-back runs of the network benchmark's 1 KiB producer workload
+  (batches of 500, 3 s) against one broker (async flush).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from bench import machine
+from bench.peers.base import free_port, port_open, process_group_cpu_s, wait_until
+
+__all__ = ["main"]
+
+
+def codec(n: int = 20_000) -> None:
+    from headwater.client.scanner import decode_stored
+    from headwater.model.batch import encode_batch
+    from headwater.model.config import QueueConfig
+    from headwater.protocol import CLIENT, SERVER, Connection, Handshake, HandshakeAccepted, Request, Response
+    from headwater.protocol.messages import FetchRequest, FetchResponse
+    from headwater.storage.store import LogStore, StoreConfig
+
+    with tempfile.TemporaryDirectory(prefix="hw-probe-") as d:
+        store = LogStore(d, StoreConfig())
+        try:
+            store.create_queue("q", QueueConfig(partitions=1))
+            batches = [encode_batch([os.urandom(100)]) for _ in range(n)]
+            t0 = time.perf_counter()
+            for b in batches:
+                store.append_nowait("q", 0, b)
+            t1 = time.perf_counter()
+            for _ in range(n):
+                store.fetch("q", 0, n - 1, max_bytes=1 << 20)
+            t2 = time.perf_counter()
+            for _ in range(n):
+                store.fetch("q", 0, n, max_bytes=1 << 20)
+            t3 = time.perf_counter()
+            stored = store.fetch("q", 0, n - 1, max_bytes=1 << 20)
+        finally:
+            store.close()
+    print(f"store: append of a 1-message batch {(t1 - t0) / n * 1e6:.1f} µs, fetch of it "
+          f"{(t2 - t1) / n * 1e6:.1f} µs, empty fetch {(t3 - t2) / n * 1e6:.1f} µs")
+
+    cli, srv = Connection(CLIENT), Connection(SERVER)
+    srv.receive_data(cli.send(Handshake("probe")))
+    srv.next_event()
+    cli.receive_data(b"".join(srv.send_chunks(HandshakeAccepted(1, "probe"))))
+    cli.next_event()
+    enc = parse = answer = 0.0
+    clock = time.perf_counter
+    for i in range(n):
+        a = clock()
+        chunks = cli.send_chunks(Request(cli.next_request_id(), FetchRequest("q", 0, i, 1 << 20, 0, None, 500)))
+        b = clock()
+        srv.receive_data(b"".join(chunks))
+        ev = srv.next_event()
+        srv.next_event()
+        out = b"".join(srv.send_chunks(Response(ev.request_id, FetchResponse(stored.batches, 1, 0, 1))))
+        c = clock()
+        cli.receive_data(out)
+        res = cli.next_event().body.result()
+        cli.next_event()
+        decode_stored(res.batches[0], "q", start_offset=0, tags=None)
+        d = clock()
+        enc, parse, answer = enc + b - a, parse + c - b, answer + d - c
+    print(f"protocol: client encodes a FETCH {enc / n * 1e6:.1f} µs; server parses it and encodes the "
+          f"answer {parse / n * 1e6:.1f} µs; client parses the answer and decodes its record "
+          f"{answer / n * 1e6:.1f} µs")
+
+
+def ping(n: int = 6000) -> None:
+    from headwater.protocol import CLIENT, NEED_DATA, Connection, Handshake, Request
+    from headwater.protocol.messages import PingRequest
+
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="hw-probe-") as d:
+        broker = subprocess.Popen([sys.executable, "-m", "headwater.cli.main", "--data", d, "serve", "--port",
+                                   str(port), "--log-level", "warning"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            wait_until(lambda: port_open(port), timeout_s=30, what="headwater serve")
+            s = socket.create_connection(("127.0.0.1", port))
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            c = Connection(CLIENT)
+            s.sendall(c.send(Handshake("probe")))
+            while c.next_event() is NEED_DATA:
+                c.receive_data(s.recv(65536))
+            cpu0, t0 = process_group_cpu_s(broker.pid), time.monotonic()
+            for _ in range(n):
+                s.sendall(c.send(Request(c.next_request_id(), PingRequest())))
+                while c.next_event() is NEED_DATA:
+                    c.receive_data(s.recv(65536))
+                time.sleep(0.0004)
+            cpu1, t1 = process_group_cpu_s(broker.pid), time.monotonic()
+            s.close()
+        finally:
+            broker.terminate()
+            broker.wait(timeout=30)
+    print(f"ping: the broker used {(cpu1 - cpu0) / n * 1e6:.0f} µs of CPU per request and answer "
+          f"at {n / (t1 - t0):,.0f}/s")
+
+
+def _receiver(port: int, n: int, listening) -> None:
+    with socket.create_server(("127.0.0.1", port)) as srv:
+        listening.set()
+        conn, _ = srv.accept()
+        got = 0
+        while got < n:
+            data = conn.recv(100)
+            if not data:
+                break
+            got += len(data)
+
+
+def send(n: int = 4000) -> None:
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    listening = ctx.Event()
+    p = ctx.Process(target=_receiver, args=(port, n, listening))
+    p.start()
+    if not listening.wait(30):
+        raise RuntimeError("the receiver did not start listening within 30 s")
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    took: list[int] = []
+    for _ in range(n):
+        t = time.perf_counter_ns()
+        s.send(b"x")
+        took.append(time.perf_counter_ns() - t)
+        time.sleep(0.0005)
+    s.close()
+    p.join(timeout=30)
+    took.sort()
+    print(f"send: a 1-byte loopback send() to a blocked receiver took p50 {took[n // 2] / 1e3:.1f} µs, "
+          f"mean {sum(took) / n / 1e3:.1f} µs")
+
+
+def disk() -> None:
+    with tempfile.TemporaryDirectory(prefix="hw-probe-") as d:
+        bursts = [machine.write_bandwidth(d)["mb_per_s"] for _ in range(3)]
+        print("disk: 1 GiB then one fdatasync, three times: " + ", ".join(f"{x:,.0f}" for x in bursts) + " MB/s")
+        path = os.path.join(d, "sustained.bin")
+        chunk = os.urandom(8 << 20)
+        rates = []
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for _ in range(8):
+                t = time.perf_counter()
+                for _ in range(32):
+                    os.write(fd, chunk)
+                os.fdatasync(fd)
+                rates.append((256 << 20) / (time.perf_counter() - t) / 1e6)
+        finally:
+            os.close(fd)
+        print("disk: 2 GiB in 8 MiB writes, fdatasync every 256 MiB, each window: "
+              + ", ".join(f"{x:,.0f}" for x in rates) + " MB/s")
+
+
+def produce() -> None:
+    from bench.network import BATCH, FULL
+    from bench.peers import driver_class
+    from bench.peers.base import temp_workdir
+
+    with temp_workdir("hw-probe-") as wd:
+        driver = driver_class("headwater")(wd, log=lambda msg: None)
+        driver.setup()
+        try:
+            mode = driver.modes[0]
+            driver.use_mode(mode)
+            figures = []
+            for _ in range(3):
+                driver.reset(mode, 1)
+                r = driver.produce(mode, producers=1, size=1024, batch=BATCH, n=FULL.produce_msgs_max,
+                                   seconds=FULL.produce_s)
+                figures.append(r.get("mb_per_s"))
+        finally:
+            driver.teardown()
+    print(f"produce: 1 KiB x {BATCH}, async, back to back against one broker: "
+          + ", ".join("error" if x is None else f"{x:,.1f}" for x in figures) + " MB/s")
+
+
+PROBES = {"codec": codec, "ping": ping, "send": send, "disk": disk, "produce": produce}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.probes", description=__doc__.split("\n\n")[0])
+    parser.add_argument("probes", nargs="*", metavar="PROBE",
+                        help=f"which to run ({', '.join(PROBES)}; default: all)")
+    args = parser.parse_args(argv)
+    unknown = [p for p in args.probes if p not in PROBES]
+    if unknown:
+        parser.error(f"unknown probe(s) {', '.join(unknown)}; choose from {', '.join(PROBES)}")
+    for name in args.probes or PROBES:
+        PROBES[name]()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
