@@ -138,6 +138,13 @@ from headwater.protocol.messages import (
     ListSubscribersRequest,
     ListSubscribersResponse,
     SubscribeRequest,
+    FetchStreamRequest,
+    FetchStreamResponse,
+    StreamCreditRequest,
+    StreamCreditResponse,
+    CloseStreamRequest,
+    CloseStreamResponse,
+    StreamPush,
     SubscribeResponse,
     SubscriptionAckRequest,
     SubscriptionAckResponse,
@@ -240,6 +247,9 @@ SAMPLES = [
      KeyedFetchResponse([STORED, STORED2], 1003, 0, 1003, 7, 1010)),
     (KeyedCommitRequest("orders", "billing", 2, 7, {0: 5, 1: 1003}), KeyedCommitResponse(KEYED)),
     (KeyedResizeRequest("orders", "billing", 4), KeyedResizeResponse(KEYED)),
+    (FetchStreamRequest(4, "orders", {0: 10, 1: 1003}, 1 << 22, 0b101, 1 << 16), FetchStreamResponse()),
+    (StreamCreditRequest(4, 1 << 21), StreamCreditResponse()),
+    (CloseStreamRequest(4), CloseStreamResponse()),
     (SubscribeRequest(3, "orders", "audit", 1000, 1 << 22), SubscribeResponse(SUBSCRIBER)),
     (UnsubscribeRequest(3), UnsubscribeResponse()),
     (SubscriptionAckRequest(3, {0: 5}, 10, 4096), SubscriptionAckResponse()),
@@ -834,6 +844,18 @@ def test_push_frames_reach_the_client_whole_and_split():
     assert ev.body == ended and ev.api is ApiKey.SUBSCRIBE
 
 
+def test_fetch_stream_pushes_carry_their_batches_in_the_data_section():
+    client, server = pair()
+    push = StreamPush(4, 1, [STORED, STORED2], 1003, 5, 1010)
+    data = server.send(Push(push))
+    _, _, ftype, _, api, rid, data_size = HEADER.unpack_from(data)
+    assert (ftype, api, rid, data_size) == (FrameType.PUSH, 25, 0, len(STORED) + len(STORED2))
+    assert feed(client, data) == [Push(push)]
+    ended = StreamPush(4, 0, [], 5, 0, 5, ended="queue 'orders' was deleted", ended_code=7)
+    [ev] = feed(client, server.send(Push(ended)))
+    assert ev.body == ended and ev.api is ApiKey.FETCH_STREAM
+
+
 def test_pushes_interleave_with_responses():
     client, server = pair()
     rid = client.next_request_id()
@@ -891,6 +913,9 @@ def test_bad_push_frames():
 def test_server_handled_apis_are_not_invoked_on_a_service():
     with pytest.raises(HeadwaterError, match="only a server serves it"):
         invoke(FakeService(), SubscribeRequest(1, "q", "s", 10, 10))
+    for body in (FetchStreamRequest(1, "q", {0: 0}, 10), StreamCreditRequest(1, 10), CloseStreamRequest(1)):
+        with pytest.raises(HeadwaterError, match="only a server serves it"):
+            invoke(FakeService(), body)
     assert invoke(FakeService(), PingRequest()) == PingResponse()
 
 

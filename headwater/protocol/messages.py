@@ -112,6 +112,14 @@ __all__ = [
     "CheckpointSubscriberResponse",
     "PushBody",
     "SubscriptionPush",
+    "StreamPush",
+    "FetchStreamRequest",
+    "FetchStreamResponse",
+    "StreamCreditRequest",
+    "StreamCreditResponse",
+    "CloseStreamRequest",
+    "CloseStreamResponse",
+    "STREAM_APIS",
     "PUSH_SPECS",
     "push_spec_for",
     "SharedReceiveRequest",
@@ -158,6 +166,10 @@ class ApiKey(IntEnum):
     LOOKUP_ID = 22
     LOOKUP_KEY = 23
     OFFSET_FOR_TIME = 24
+    # fetch streams: a consumer's partitions pushed as they grow
+    FETCH_STREAM = 25
+    STREAM_CREDIT = 26
+    CLOSE_STREAM = 27
     # consumer group offsets
     COMMIT_OFFSETS = 30
     FETCH_OFFSETS = 31
@@ -198,7 +210,7 @@ class ApiKey(IntEnum):
 RESERVED_API_KEYS: dict[range, str] = {
     range(2, 10): "connection: authentication, metadata",
     range(17, 20): "more queue administration",
-    range(25, 30): "more data operations",
+    range(28, 30): "more data operations",
     range(32, 40): "more consumer group offsets",
     range(45, 46): "more consumer group membership",
     range(55, 60): "more shared delivery",
@@ -584,6 +596,54 @@ class _SubscriberResult(ResponseBody, frozen=True, array_like=True):
         return cls(value)
 
 
+class FetchStreamRequest(RequestBody, frozen=True, array_like=True):
+    """Open a fetch stream on this connection: the broker pushes the stored batches of
+    ``queue``'s partitions from ``positions`` (``{partition: offset}``) on, as FETCH would
+    return them, as soon as they are appended, while the stream has credit.
+
+    ``stream_id`` (chosen by the client, unique among its open streams on the connection,
+    subscriptions' included) names the stream in PUSH frames. ``credit_bytes``: the batch
+    bytes the broker may push before more credit comes (STREAM_CREDIT); a push may overshoot
+    by one batch. ``tag_mask`` as in FETCH; ``push_bytes_max``: about the most one PUSH
+    carries.
+    """
+
+    api = ApiKey.FETCH_STREAM
+    stream_id: U32
+    queue: str
+    positions: dict[int, int]
+    credit_bytes: U32
+    tag_mask: int = 0
+    push_bytes_max: U32 = 1 << 20
+
+
+class FetchStreamResponse(_NoResult, frozen=True, array_like=True):
+    api = ApiKey.FETCH_STREAM
+
+
+class StreamCreditRequest(RequestBody, frozen=True, array_like=True):
+    """Let a fetch stream push ``credit_bytes`` more bytes."""
+
+    api = ApiKey.STREAM_CREDIT
+    stream_id: U32
+    credit_bytes: U32
+
+
+class StreamCreditResponse(_NoResult, frozen=True, array_like=True):
+    api = ApiKey.STREAM_CREDIT
+
+
+class CloseStreamRequest(RequestBody, frozen=True, array_like=True):
+    """End a fetch stream (an id that is not open is not an error)."""
+
+    api = ApiKey.CLOSE_STREAM
+    stream_id: U32
+
+
+class CloseStreamResponse(_NoResult, frozen=True, array_like=True):
+    api = ApiKey.CLOSE_STREAM
+
+
 class SubscribeRequest(RequestBody, frozen=True, array_like=True):
     """Open a push stream of subscriber ``name`` on this connection.
 
@@ -721,8 +781,30 @@ class SubscriptionPush(PushBody, frozen=True, array_like=True):
     selections: list[list[int]] = []
 
 
+class StreamPush(PushBody, frozen=True, array_like=True):
+    """Batches of one partition for the fetch stream ``stream_id`` (server to client).
+
+    ``batches``, ``next_offset``, ``start_offset`` and ``end_offset`` mean what they mean in
+    a FETCH answer read at the stream's position in ``partition``: stored batches, whose
+    records before that position (or not matching the tag mask) the client skips; where the
+    stream continues; the partition's first and end offsets when read. A non-empty ``ended``
+    ends the stream (the reason, e.g. the queue was deleted or the broker stops) and
+    ``ended_code`` is that reason's error code; no push follows for it.
+    """
+
+    api = ApiKey.FETCH_STREAM
+    stream_id: U32
+    partition: int
+    batches: list[bytes]  # data section
+    next_offset: int
+    start_offset: int
+    end_offset: int
+    ended: str = ""
+    ended_code: U32 = 0
+
+
 #: The body of a PUSH frame, by the api key in its header.
-PUSH_SPECS: dict[ApiKey, type[PushBody]] = {ApiKey.SUBSCRIBE: SubscriptionPush}
+PUSH_SPECS: dict[ApiKey, type[PushBody]] = {ApiKey.SUBSCRIBE: SubscriptionPush, ApiKey.FETCH_STREAM: StreamPush}
 
 
 # the table ---------------------------------------------------------------------------
@@ -735,6 +817,7 @@ DATA_FIELDS: dict[type[msgspec.Struct], dict[str, bool]] = {
     LookupKeyResponse: {"batches": True},
     KeyedFetchResponse: {"batches": True},
     SubscriptionPush: {"batches": True},
+    StreamPush: {"batches": True},
 }
 
 
@@ -1133,6 +1216,9 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
         ApiSpec(ApiKey.KEYED_RESIZE, KeyedResizeRequest, KeyedResizeResponse, "keyed_resize"),
         # SUBSCRIBE, UNSUBSCRIBE and SUBSCRIPTION_ACK act on the connection's push streams:
         # the server handles them itself
+        ApiSpec(ApiKey.FETCH_STREAM, FetchStreamRequest, FetchStreamResponse, None),
+        ApiSpec(ApiKey.STREAM_CREDIT, StreamCreditRequest, StreamCreditResponse, None),
+        ApiSpec(ApiKey.CLOSE_STREAM, CloseStreamRequest, CloseStreamResponse, None),
         ApiSpec(ApiKey.SUBSCRIBE, SubscribeRequest, SubscribeResponse, None),
         ApiSpec(ApiKey.UNSUBSCRIBE, UnsubscribeRequest, UnsubscribeResponse, None),
         ApiSpec(ApiKey.SUBSCRIPTION_ACK, SubscriptionAckRequest, SubscriptionAckResponse, None),
@@ -1150,6 +1236,11 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
         ApiSpec(ApiKey.STATUS, StatusRequest, StatusResponse, "status"),
     )
 }
+
+#: The requests that act on a connection's push streams (subscriptions' and fetch streams'):
+#: only a server serves them.
+STREAM_APIS = frozenset({ApiKey.FETCH_STREAM, ApiKey.STREAM_CREDIT, ApiKey.CLOSE_STREAM, ApiKey.SUBSCRIBE,
+                         ApiKey.UNSUBSCRIBE, ApiKey.SUBSCRIPTION_ACK})
 
 for _s in API_SPECS.values():
     assert _s.request.api is _s.key and _s.response.api is _s.key, _s
@@ -1216,7 +1307,7 @@ def invoke(service: BrokerService, request: RequestBody) -> ResponseBody:
     """
     spec = API_SPECS[request.api]
     if spec.method is None:
-        if spec.key in PUSH_SPECS or spec.key in (ApiKey.UNSUBSCRIBE, ApiKey.SUBSCRIPTION_ACK):
+        if spec.key in PUSH_SPECS or spec.key in STREAM_APIS:
             from headwater.errors import UsageError
 
             raise UsageError(f"{spec.key.name} acts on a connection's push streams: only a server serves it")
