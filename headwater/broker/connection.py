@@ -192,6 +192,9 @@ class ClientConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        streams = self.srv._streams
+        if streams.has_streams(self):  # fetch streams held back by this peer go on (not from inside a write)
+            self.loop.call_soon(streams.resumed, self)
         if self.unsent:
             n, self.unsent = self.unsent, 0
             self.srv._release(self, n)
@@ -209,6 +212,7 @@ class ClientConnection(asyncio.Protocol):
         srv = self.srv
         srv._conns.discard(self)
         srv._push.connection_closed(self)
+        srv._streams.connection_closed(self)
         if self.timer is not None:
             self.timer.cancel()
         for t in self.tasks:

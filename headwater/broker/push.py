@@ -117,6 +117,9 @@ class PushService:
         self._by_name: dict[tuple[str, str], _Stream] = {}
         self._by_conn: dict[Any, dict[int, _Stream]] = {}
         self.pushes = 0
+        #: whether a fetch stream uses an id on a connection (the server sets it): ids are
+        #: unique among a connection's streams of both kinds
+        self.stream_ids_taken: Any = lambda st, sid: False
         broker.add_append_listener(self._on_append)
         broker.subscribers.add_delete_listener(self._on_delete)
 
@@ -136,7 +139,7 @@ class PushService:
 
     async def _subscribe(self, st: Any, req: SubscribeRequest) -> ResponseBody:
         streams = self._by_conn.get(st, {})
-        if req.subscription_id in streams:
+        if req.subscription_id in streams or self.stream_ids_taken(st, req.subscription_id):
             raise InvalidArgumentError(f"stream {req.subscription_id} is already open on this connection")
         if len(streams) >= self.streams_per_connection_max:
             raise UsageError(
@@ -318,6 +321,10 @@ class PushService:
             st.writer.writelines(chunks)
             await st.writer.drain()
         self.pushes += 1
+
+    def has_stream(self, st: Any, sub_id: int) -> bool:
+        """Whether connection ``st`` has a push stream ``sub_id`` open."""
+        return sub_id in self._by_conn.get(st, {})
 
     def stats(self) -> dict[str, int]:
         return {"push_streams": len(self._by_name), "pushes_total": self.pushes}

@@ -27,6 +27,7 @@ import resource
 import threading
 import time
 from collections.abc import Coroutine
+from typing import Any
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
@@ -37,6 +38,7 @@ from headwater.broker.connection import CLOSE_LINGER_S, ByteBudget, ClientConnec
 from headwater.broker.delay import DelayTicket
 from headwater.broker.durable_acks import DurableAcks
 from headwater.broker.push import PUSH_APIS, PushService
+from headwater.broker.streams import FETCH_STREAM_APIS, FetchStreams
 from headwater.errors import HeadwaterError, InvalidArgumentError
 from headwater.model.service import FetchResult
 from headwater.protocol import (
@@ -98,6 +100,9 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         return self
 
 
+_FUTURE = asyncio.Future  # what loop.create_future() makes (uvloop's loop too)
+
+
 class _PartitionWaiters:
     """Fetches parked until their partition grows past an offset (long polling).
 
@@ -122,8 +127,9 @@ class _PartitionWaiters:
             if not lst:
                 del self._waiting[(queue, partition)]
 
-    def park(self, queue: str, partition: int, offset: int, parked: _ParkedFetch) -> None:
-        """Like :meth:`wait`, for a fetch parked without a task: ``parked.wake()`` is called."""
+    def park(self, queue: str, partition: int, offset: int, parked: Any) -> None:
+        """Like :meth:`wait`, without a future: ``parked.wake()`` is called (a parked fetch,
+        a fetch stream's partition)."""
         self._waiting.setdefault((queue, partition), []).append((offset, parked))
 
     def wake_all(self) -> None:
@@ -131,7 +137,7 @@ class _PartitionWaiters:
         waiting, self._waiting = self._waiting, {}
         for lst in waiting.values():
             for _, w in lst:
-                if type(w) is _ParkedFetch:
+                if type(w) is not _FUTURE:
                     w.wake()
                 elif not w.done():
                     w.set_result(None)
@@ -151,7 +157,7 @@ class _PartitionWaiters:
         woken = []
         for offset, w in lst:
             if end_offset > offset:
-                if type(w) is _ParkedFetch:
+                if type(w) is not _FUTURE:  # a parked fetch, a fetch stream's partition
                     woken.append(w)
                 elif not w.done():
                     w.set_result(None)
@@ -222,6 +228,10 @@ class BrokerServer:
         self.broker.shared.add_listener(self._shared_waiters.notify)
         self._push = PushService(self.broker, self._pool, push_bytes_max=self.config.push_bytes_max,
                                  streams_per_connection_max=self.config.push_streams_max)
+        self._streams = FetchStreams(self.broker.store, self._waiters, push_bytes_max=self.config.push_bytes_max,
+                                     streams_per_connection_max=self.config.push_streams_max,
+                                     taken=self._push.has_stream)
+        self._push.stream_ids_taken = self._streams.has_stream
         _raise_fd_limit(self.config.connections_max + 256)
         self._server = await loop.create_server(
             lambda: ClientConnection(self), self.config.host, self.config.port, backlog=4096,
@@ -247,6 +257,7 @@ class BrokerServer:
             self._server.close()
             self._server = None
         self._closing = True
+        self._streams.stop()  # each fetch stream's client hears why it ended
         self._waiters.wake_all()  # parked long polls answer now, with what there is
         self._shared_waiters.wake_all()
         await self._push.stop()  # each subscriber hears why its stream ended
@@ -318,6 +329,8 @@ class BrokerServer:
                 answer = FetchResponse.from_result(res)
             elif api is ApiKey.PING:
                 answer = _PING
+            elif api in FETCH_STREAM_APIS:
+                answer = self._streams.serve(st, body)
             else:
                 self._spawn(st, ev, self._serve_waiting(st, body))
                 return True
@@ -588,6 +601,7 @@ class BrokerServer:
             connections_total=self.connections_total,
             requests_total=self.requests,
             **self._push.stats(),
+            **self._streams.stats(),
         )
         return status
 
