@@ -386,7 +386,7 @@ def test_a_polling_consumer_reads_its_answers_on_its_own_thread(server):
     try:
         hw.admin.create_queue("q", partitions=1)
         producer = hw.producer(linger_ms=0)
-        consumer = hw.consumer()
+        consumer = hw.consumer(stream=False)
         consumer.assign("q", partitions=[0])
         settled_on = record_settling_threads(consumer)
         assert loop_stood_aside(hw.service)
@@ -397,6 +397,36 @@ def test_a_polling_consumer_reads_its_answers_on_its_own_thread(server):
                 got += [r.body for r in consumer.poll(timeout_ms=2000)]
         assert got == [b"m%d" % i for i in range(20)]
         assert settled_on and set(settled_on) == {threading.get_ident()}
+    finally:
+        hw.close()
+
+
+def test_a_streaming_consumer_takes_its_pushes_on_its_own_thread(server):
+    """A fetch stream's pushes are handled by the thread that polls, as it reads them: not
+    handed over from the client's loop thread, which does not read for the stream at all."""
+    hw = headwater.connect(server.address)
+    try:
+        hw.admin.create_queue("q", partitions=1)
+        consumer = hw.consumer()  # streams over the network
+        consumer.assign("q", partitions=[0])
+        assert consumer.poll(timeout_ms=50) == []  # opens the stream
+        handled_on: list[int] = []
+        on_push = consumer._streams._on_push
+        consumer._streams._on_push = lambda s, push: (handled_on.append(threading.get_ident()), on_push(s, push))
+        assert loop_stood_aside(hw.service)
+        other = headwater.connect(server.address)
+        producer = other.producer(linger_ms=0)
+        try:
+            got: list[bytes] = []
+            for i in range(20):
+                producer.send_and_wait("q", b"m%d" % i)
+                while len(got) <= i:
+                    got += [r.body for r in consumer.poll(timeout_ms=2000)]
+                time.sleep(0.01)  # the push waits in the socket: the loop must not take it
+            assert got == [b"m%d" % i for i in range(20)]
+        finally:
+            other.close()
+        assert handled_on and set(handled_on) == {threading.get_ident()}
     finally:
         hw.close()
 

@@ -10,7 +10,8 @@ fresh data directory for each mode):
 Client: ``headwater.connect("127.0.0.1:PORT")``. A batch is ``Producer.send_batch(queue,
 bodies, partition=i)`` (returns when acknowledged); the latency run uses ``Producer.send``
 (a future per message, ``linger_ms=0``); reading is the simple consumer
-(``Client.consumer().assign(queue, partitions=[i])`` then ``poll``). Stream i is partition i of
+(``Client.consumer().assign(queue, partitions=[i])`` then ``poll``), which over the network
+reads through a fetch stream (the broker pushes new batches; docs/design/client.md). Stream i is partition i of
 the queue ``bench``; ``reset`` deletes and re-creates the queue with as many partitions.
 
 Until the network client exists (``headwater.connect``), ``setup`` raises Unavailable and the

@@ -157,12 +157,15 @@ class Client:
     def consumer(self, *, group: str | None = None, subscribe: str | Iterable[str] | None = None,
                  auto_offset_reset: str = "earliest", fetch_bytes: int = 1024 * 1024,
                  max_poll_messages: int = POLL_MESSAGES_DEFAULT, tags: str | Iterable[str] | None = None,
-                 **group_settings) -> Consumer:
+                 stream: bool = True, **group_settings) -> Consumer:
         """A consumer.
 
         Without ``subscribe``: the simple form, reading the partitions you ``assign()``
         (:class:`~headwater.client.consumer.Consumer`); ``group`` only names where ``commit``
-        stores positions.
+        stores positions. ``stream=True`` (over the network): the broker pushes the
+        partitions' new batches as they are appended (a fetch stream) instead of answering a
+        FETCH per batch: less work per message on both sides and the lowest latency; see
+        docs/design/client.md. Embedded, it changes nothing.
 
         With ``subscribe`` (a queue or a list): a member of consumer group ``group``
         (:class:`~headwater.client.group_consumer.GroupConsumer`) whose partitions come from
@@ -179,7 +182,7 @@ class Client:
                     f"group member, not a consumer of assigned partitions"
                 )
             return Consumer(self._service, group=group, auto_offset_reset=auto_offset_reset,
-                            fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages, tags=tags)
+                            fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages, tags=tags, stream=stream)
         if group is None:
             raise InvalidArgumentError("subscribe= makes a group member: name its group with group='name'")
         member = GroupConsumer(self._service, group=group, subscribe=subscribe, auto_offset_reset=auto_offset_reset,

@@ -24,6 +24,7 @@ from headwater.errors import ClosedError, InvalidArgumentError
 from headwater.model.batch import tags_mask
 from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.service import BrokerService, FetchResult
+from headwater.client.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams
 from headwater.client.polling import drain_buffers, wait_any
 from headwater.client.scanner import decode_stored
 
@@ -52,7 +53,8 @@ class Consumer:
     def __init__(self, service: BrokerService, *, group: str | None = None,
                  auto_offset_reset: str = "earliest", fetch_bytes: int = 1024 * 1024,
                  max_poll_messages: int = POLL_MESSAGES_DEFAULT, tags: str | Iterable[str] | None = None,
-                 fetch_threads_max: int = 16) -> None:
+                 fetch_threads_max: int = 16, stream: bool = True,
+                 stream_window_bytes: int = STREAM_WINDOW_BYTES) -> None:
         if auto_offset_reset not in ("earliest", "latest"):
             raise InvalidArgumentError(f"auto_offset_reset is 'earliest' or 'latest', got {auto_offset_reset!r}")
         if not isinstance(max_poll_messages, int) or max_poll_messages < 1:
@@ -77,6 +79,14 @@ class Consumer:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._fetch_threads_max = fetch_threads_max
         self._closed = False
+        # over the network, with stream=True: the broker pushes the partitions' batches
+        # (fetch streams) instead of answering a FETCH per batch; embedded, it changes nothing
+        self._streams: FetchStreams | None = None
+        if stream and hasattr(service, "open_fetch_stream"):
+            if not isinstance(stream_window_bytes, int) or stream_window_bytes < 1:
+                raise InvalidArgumentError("stream_window_bytes must be a positive int")
+            self._streams = FetchStreams(service, window_bytes=stream_window_bytes, push_bytes=fetch_bytes,
+                                         tag_mask=self._mask)
         # a future a subclass may complete from another thread to end a waiting poll early
         # (the group consumer does, when its assignment changes)
         self._wakeup: concurrent.futures.Future | None = None
@@ -122,6 +132,8 @@ class Consumer:
         for tp in tps:
             for d in (self._fetch_pos, self._consumed, self._buffers, self._inflight):
                 d.pop(tp, None)
+            if self._streams is not None:
+                self._streams.reset(tp[0])
 
     def assignment(self) -> list[TP]:
         return sorted(self._fetch_pos)
@@ -141,6 +153,8 @@ class Consumer:
         self._consumed[tp] = offset
         self._buffers[tp] = deque()
         self._inflight.pop(tp, None)
+        if self._streams is not None:
+            self._streams.reset(tp[0])  # the next poll streams from here
 
     def _parts(self, queue: str, partitions: int | Iterable[int] | None) -> list[TP]:
         if partitions is None:
@@ -195,6 +209,12 @@ class Consumer:
             remaining = deadline - time.monotonic()
             if out or not self._fetch_pos:
                 return out
+            if self._streams is not None:
+                if not self._await_pushes(remaining) and remaining <= 0:
+                    return []
+                if self._wakeup is not None and self._wakeup.done():
+                    return drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit)
+                continue
             wait_ms = max(0, int(remaining * 1000))
             self._launch_fetches(wait_ms)
             futures = [f for _, f in self._inflight.values()]
@@ -227,6 +247,39 @@ class Consumer:
                         self._fetch_threads_max, thread_name_prefix="headwater-consumer")
                 fut = self._pool.submit(self._service.fetch, tp[0], tp[1], pos, **kwargs)
             self._inflight[tp] = (pos, fut)
+
+    def _await_pushes(self, remaining: float) -> int:
+        """Stream mode: take what was pushed; if nothing, open the streams missing and wait
+        up to ``remaining`` seconds for a push. The records taken."""
+        streams = self._streams
+        assert streams is not None
+        got = streams.take(self._take_push)
+        if got:
+            return got
+        streams.ensure_open(self._fetch_pos)
+        arrived = streams.arrived = concurrent.futures.Future()
+        if not streams.pending():
+            futures = [arrived] if self._wakeup is None else [arrived, self._wakeup]
+            wait_any(futures, max(0.0, remaining), lead=self._lead, interrupt=self._wakeup)
+        streams.arrived = None
+        return streams.take(self._take_push)
+
+    def _take_push(self, tp: TP, push: object) -> int:
+        """A fetch stream's push for ``tp``, into its buffer; the records it held."""
+        pos = self._fetch_pos.get(tp)
+        if pos is None:
+            return 0  # no longer assigned (its stream is being closed)
+        buf = self._buffers[tp]
+        got = 0
+        for b in push.batches:
+            recs = decode_stored(b, tp[0], start_offset=pos, tags=self._tags)
+            buf.extend(recs)
+            got += len(recs)
+        nxt = max(pos, push.next_offset)
+        self._fetch_pos[tp] = nxt
+        if not buf:
+            self._consumed[tp] = nxt
+        return got
 
     def _collect(self) -> int:
         got = 0
@@ -282,6 +335,8 @@ class Consumer:
     def close(self) -> None:
         self._closed = True
         self._inflight.clear()
+        if self._streams is not None:
+            self._streams.close()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -316,6 +317,40 @@ class RemoteService:
                 asyncio.run_coroutine_threadsafe(close_(), self._loop).result(timeout=10)
             except UnavailableError:
                 pass  # the connection is gone, and the stream with it
+
+    # fetch streams (headwater.client.fetch_stream drives them)
+    def open_fetch_stream(self, queue: str, positions: dict[int, int], handler: Callable[[m.PushBody | None], None],
+                          *, credit_bytes: int, tag_mask: int = 0, push_bytes_max: int = 1 << 20) -> int:
+        """Open a fetch stream over ``positions`` (``{partition: offset}``) of ``queue``; its id.
+
+        ``handler`` gets each PUSH body, on the thread that reads the connection (the client's
+        event loop, or a caller that leads: keep it quick and thread-safe), and None once if
+        the connection is lost."""
+        async def open_() -> int:
+            sid = self.transport.register_push(handler, any_thread=True)
+            try:
+                await self.transport.call(m.FetchStreamRequest(sid, queue, dict(positions), credit_bytes, tag_mask,
+                                                               push_bytes_max))
+            except BaseException:
+                self.transport.unregister_push(sid)
+                raise
+            return sid
+
+        if self._closed:
+            raise ClosedError(f"the client of {self.address} is closed")
+        return asyncio.run_coroutine_threadsafe(open_(), self._loop).result()
+
+    def credit_fetch_stream(self, stream_id: int, credit_bytes: int) -> concurrent.futures.Future:
+        """Let a fetch stream push ``credit_bytes`` more, without waiting."""
+        return self._submit(m.StreamCreditRequest(stream_id, credit_bytes))
+
+    def close_fetch_stream(self, stream_id: int) -> None:
+        """Stop routing the stream's pushes here and ask the broker to end it, without waiting."""
+        if self._closed:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: so is the connection
+            self._loop.call_soon_threadsafe(self.transport.unregister_push, stream_id)
+        self._submit(m.CloseStreamRequest(stream_id))  # the answer says nothing worth waiting for
 
     def status(self) -> dict[str, object]:
         return self._call(m.StatusRequest())

@@ -74,7 +74,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from headwater._version import __version__
 from headwater.errors import (
@@ -97,7 +97,7 @@ from headwater.protocol import (
     Request,
     Response,
 )
-from headwater.protocol.messages import PushBody, RequestBody
+from headwater.protocol.messages import PushBody, RequestBody, StreamPush
 
 __all__ = ["AsyncTransport", "Sink", "parse_address"]
 
@@ -253,6 +253,7 @@ class AsyncTransport:
         self._sweep_timer: asyncio.TimerHandle | None = None
         self._sweep_timer_at = math.inf
         self._push_handlers: dict[int, Callable[[PushBody | None], None]] = {}
+        self._push_anywhere: set[int] = set()  # streams whose handler runs on whichever thread reads
         self._next_stream_id = 1
 
     # submitting ------------------------------------------------------------------------
@@ -313,7 +314,12 @@ class AsyncTransport:
         if why is None:
             return link
         self._lose_locked(link, why)
-        self._link = None
+        if self._link is link:  # its push streams end with it (_drop will not see it current)
+            self._link = None
+            handlers, self._push_handlers = self._push_handlers, {}
+            self._push_anywhere = set()
+            for handler in handlers.values():
+                outcomes.append((None, _LinkLost(handler)))
         return None
 
     def _lose_locked(self, link: _Link, why: BaseException) -> None:
@@ -704,7 +710,14 @@ class AsyncTransport:
                         why = UnavailableError(f"the broker closed the connection: {ev.message}")
                         break
                 elif cls is Push:
-                    outcomes.append((None, ev.body))
+                    body = ev.body
+                    sid = _stream_of(body)
+                    if sid in self._push_anywhere:  # handled on this thread, as it comes
+                        handler = self._push_handlers.get(sid)
+                        if handler is not None:
+                            _call_push_handler(handler, body)
+                    else:
+                        outcomes.append((None, body))
                 else:  # ConnectionClosed
                     why = UnavailableError(f"the connection to {self.address} was lost")
                     break
@@ -718,8 +731,10 @@ class AsyncTransport:
     def _loop_needed_locked(self, link: _Link) -> bool:
         """Whether anyone waits for what the connection brings. Once no thread leads, that
         includes callers who meant to lead but found another thread leading: they wait on
-        their sinks, and only the loop would read their answers."""
-        return bool(link.pending or self._backlog or self._push_handlers)
+        their sinks, and only the loop would read their answers. Streams whose pushes any
+        thread may take (a consumer's fetch streams) do not count: their consumer reads them
+        when it polls, and until then they wait in the socket (their credit bounds them)."""
+        return bool(link.pending or self._backlog or len(self._push_handlers) > len(self._push_anywhere))
 
     def _stand_aside_locked(self, link: _Link) -> None:
         """The loop stops reading ``link`` (on the loop): its callers read for themselves."""
@@ -844,6 +859,7 @@ class AsyncTransport:
                 self._backlog.clear()
                 self._sweep_at = math.inf
                 handlers, self._push_handlers = self._push_handlers, {}
+                self._push_anywhere = set()
         if not link.accepted.done():
             link.accepted.set_exception(why)
         if link.flushed is not None and not link.flushed.done():
@@ -858,17 +874,22 @@ class AsyncTransport:
 
     # push streams (loop only) -----------------------------------------------------------
 
-    def register_push(self, handler: Callable[[PushBody | None], None]) -> int:
-        """A new stream id whose PUSH frames go to ``handler`` (None: the connection was lost)."""
+    def register_push(self, handler: Callable[[PushBody | None], None], *, any_thread: bool = False) -> int:
+        """A new stream id whose PUSH frames go to ``handler`` (None: the connection was lost),
+        on the loop; with ``any_thread``, on whichever thread reads them (a caller that leads
+        too), as they are parsed: the handler must then be quick and thread-safe."""
         sid = self._next_stream_id
         while sid in self._push_handlers:
             sid = sid % (2**32 - 1) + 1
         self._next_stream_id = sid % (2**32 - 1) + 1
         self._push_handlers[sid] = handler
+        if any_thread:
+            self._push_anywhere.add(sid)
         return sid
 
     def unregister_push(self, stream_id: int) -> None:
         self._push_handlers.pop(stream_id, None)
+        self._push_anywhere.discard(stream_id)
 
     async def close(self) -> None:
         """Fail every call in flight or waiting, and close the connection (on the loop)."""
@@ -901,13 +922,12 @@ class AsyncTransport:
 def _deliver(outcomes: list, handlers: dict[int, Callable[[PushBody | None], None]] | None = None) -> None:
     """Settle futures and call push handlers, in the order their frames came, outside the lock."""
     for sink, what in outcomes:
-        if sink is None:  # a push body
-            handler = handlers.get(getattr(what, "subscription_id", 0)) if handlers else None
+        if sink is None and type(what) is _LinkLost:
+            _call_push_handler(what.handler, None)
+        elif sink is None:  # a push body
+            handler = handlers.get(_stream_of(what)) if handlers else None
             if handler is not None:  # else: a stream closed here, a push already in flight
-                try:
-                    handler(what)
-                except Exception:
-                    log.exception("a push handler failed")
+                _call_push_handler(handler, what)
         elif type(what) is Response:
             try:
                 result = what.result()
@@ -919,6 +939,24 @@ def _deliver(outcomes: list, handlers: dict[int, Callable[[PushBody | None], Non
             _fail(sink, what.exception())
         else:  # an exception that failed the request before it was written
             _fail(sink, what)
+
+
+class _LinkLost(NamedTuple):
+    """In a list of outcomes: tell a push stream's handler its connection is gone."""
+
+    handler: Callable[[PushBody | None], None]
+
+
+def _stream_of(push: PushBody) -> int:
+    """The stream a PUSH body belongs to (a fetch stream's or a subscription's)."""
+    return push.stream_id if type(push) is StreamPush else getattr(push, "subscription_id", 0)
+
+
+def _call_push_handler(handler: Callable[[PushBody | None], None], body: PushBody | None) -> None:
+    try:
+        handler(body)
+    except Exception:
+        log.exception("a push handler failed")
 
 
 def _describe(e: BaseException) -> str:
