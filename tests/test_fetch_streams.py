@@ -307,3 +307,32 @@ def test_a_consumer_can_still_fetch_instead(server):
         assert server.call(lambda: server.server._streams.stats()["fetch_streams"]) == 0
     finally:
         hw.close()
+
+
+def test_a_streaming_consumer_waiting_behind_another_reader_gets_its_pushes_promptly(server):
+    """Another thread reads the connection (its blocking call leads) when the consumer's
+    poll begins: once that call is done, the consumer takes the reading over, rather than
+    its pushes waiting in the socket until its poll times out."""
+    hw = headwater.connect(server.address)
+    other = headwater.connect(server.address)
+    try:
+        hw.admin.create_queue("q", partitions=1)
+        hw.admin.create_queue("empty", partitions=1)
+        c = hw.consumer()
+        c.assign("q")
+        assert c.poll(timeout_ms=50) == []  # opens the stream
+        for i in range(3):
+            # a long poll on an empty queue: this thread reads the connection for 300 ms
+            reader = threading.Thread(target=hw.service.fetch, args=("empty", 0, 0),
+                                      kwargs=dict(max_bytes=1000, max_wait_ms=300))
+            reader.start()
+            wait_for(lambda: hw.service.transport._leader is not None, what="the other thread to read")
+            threading.Timer(0.5, other.send_batch, args=("q", [b"%d" % i]), kwargs=dict(partition=0)).start()
+            t = time.monotonic()
+            got = c.poll(timeout_ms=5000)
+            assert [r.body for r in got] == [b"%d" % i]
+            assert time.monotonic() - t < 2.0  # not the poll's whole 5 s
+            reader.join()
+    finally:
+        other.close()
+        hw.close()

@@ -20,18 +20,27 @@ from headwater.model.message import Record
 
 __all__ = ["Lead", "drain_buffers", "wait_any"]
 
-Lead = Callable[..., None]  # RemoteService.lead(futures, timeout_s, *, interrupt=None)
+Lead = Callable[..., "concurrent.futures.Future | None"]  # RemoteService.lead(futures, timeout_s, *, interrupt=None)
 
 
 def wait_any(futures: list[concurrent.futures.Future], timeout_s: float, *, lead: Lead | None = None,
              interrupt: concurrent.futures.Future | None = None) -> None:
     """Wait until one of ``futures`` is done or ``timeout_s`` passes. With ``lead`` this
-    thread reads the answers itself; with nothing to wait for (``timeout_s`` <= 0) it still
-    takes what has come, without blocking. ``interrupt`` (one of ``futures``): a future
+    thread reads the answers itself (once another thread that reads stops, if one does);
+    with nothing to wait for (``timeout_s`` <= 0) it still takes what has come, without
+    blocking. ``interrupt`` (one of ``futures``): a future
     another thread completes to end the wait at once."""
     deadline = time.monotonic() + timeout_s
-    if lead is not None:
-        lead(futures, max(0.0, timeout_s), interrupt=interrupt)
+    while lead is not None:
+        free = lead(futures, max(0.0, deadline - time.monotonic()), interrupt=interrupt)
+        remaining = deadline - time.monotonic()
+        if free is None or remaining <= 0 or any(f.done() for f in futures):
+            break
+        # another thread reads the connection: wait for an answer, or for it to stop reading,
+        # then read for ourselves (nobody else reads a fetch stream's pushes)
+        concurrent.futures.wait([*futures, free], timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
+        if any(f.done() for f in futures):
+            return
     remaining = deadline - time.monotonic()
     if remaining > 0 and not any(f.done() for f in futures):
         concurrent.futures.wait(futures, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)

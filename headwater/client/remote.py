@@ -105,11 +105,11 @@ class RemoteService:
         return fut
 
     def lead(self, futures: list, timeout_s: float | None, *,
-             interrupt: concurrent.futures.Future | None = None) -> None:
+             interrupt: concurrent.futures.Future | None = None) -> concurrent.futures.Future | None:
         """Read the connection on this thread until one of ``futures`` is done or
         ``timeout_s`` passes, if no other thread reads it (see :meth:`AsyncTransport.lead`);
         then wait on the futures as usual. For callers that asked ``lead=True``."""
-        self.transport.lead(futures, timeout_s, interrupt=interrupt)
+        return self.transport.lead(futures, timeout_s, interrupt=interrupt)
 
     def _call(self, body: m.RequestBody, *, retry: bool = True, timeout_s: float | None = None) -> Any:
         attempts = self._retries if retry else 0

@@ -246,6 +246,7 @@ class AsyncTransport:
         self._closed = False
         self._sweep_at = math.inf  # when the deadline timer should fire next
         self._leader: int | None = None  # the thread reading the connection for itself, if any
+        self._lead_free: concurrent.futures.Future | None = None  # done when the leader stops
         self._wake_pair: tuple[socket.socket, socket.socket] | None = None  # pokes a leader's poll()
         self._loop_thread: int | None = None  # set on the loop when it first connects
         # loop only:
@@ -756,11 +757,15 @@ class AsyncTransport:
     # a blocking caller reading for itself ------------------------------------------------
 
     def lead(self, sinks: list, timeout_s: float | None = None, *,
-             interrupt: concurrent.futures.Future | None = None) -> None:
+             interrupt: concurrent.futures.Future | None = None) -> concurrent.futures.Future | None:
         """Read the connection on this thread until one of ``sinks`` is done or ``timeout_s``
         passes (None: no limit; 0: read what is there, without blocking), if nobody else
         reads it; return at once otherwise. Either way the caller then waits on its sinks
         as usual: what this thread did not read, the loop or the current leader does.
+
+        Returns None, or, when another thread leads, a future done once that thread stops
+        leading: a caller whose sinks nobody else reads for (a fetch stream's pushes) waits
+        on it too, and leads then (see ``polling.wait_any``).
 
         ``interrupt``: a future another thread completes to end the wait at once (a group
         consumer's new assignment); it is one of ``sinks`` too."""
@@ -769,7 +774,12 @@ class AsyncTransport:
             link = self._link
             if (link is None or link.lost or link.broken or self._leader is not None
                     or me == self._loop_thread or self._closed):
-                return
+                if (self._leader is None or self._leader == me or me == self._loop_thread or link is None
+                        or self._closed):
+                    return None
+                if self._lead_free is None:
+                    self._lead_free = concurrent.futures.Future()
+                return self._lead_free
             self._leader = me
             if self._wake_pair is None:
                 self._wake_pair = socket.socketpair()
@@ -782,8 +792,12 @@ class AsyncTransport:
         finally:
             with self._lock:
                 self._leader = None
+                free, self._lead_free = self._lead_free, None
                 if link.paused and not link.lost and self._loop_needed_locked(link):
                     self._resume_reading_locked(link)  # others wait for answers: the loop reads
+            if free is not None:
+                free.set_result(None)  # callers waiting to lead may now
+        return None
 
     def _lead(self, link: _Link, sinks: list, timeout_s: float | None) -> None:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
