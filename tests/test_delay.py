@@ -120,6 +120,9 @@ def test_send_forms_take_deliver_at_and_delay(hw, clock):
     clock.advance(61)
     recs = wait_for(lambda: count_is(hw, "forms", 7), what="delivery")
     assert sorted(r.body for r in recs) == [b"b1", b"b2", b"b3", b"cb", b"dt", b"ms", b"sw"]
+    # delivered: appended, then recorded once the round's fsync is done; until then the
+    # delayed id still finds the pending copy
+    wait_for(lambda: hw.delay_stats().delivered_total == 7, what="the deliveries to be recorded")
     got = hw.get(c[1])  # once delivered, the delayed id finds the message as stored
     assert not got.message_id.is_delayed and got.body == b"b2" and got.partition == 1
     assert got.timestamp_ms >= got.scheduled_ms == t0 + 60_000
