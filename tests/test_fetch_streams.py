@@ -336,3 +336,54 @@ def test_a_streaming_consumer_waiting_behind_another_reader_gets_its_pushes_prom
     finally:
         other.close()
         hw.close()
+
+
+# the asyncio consumer ------------------------------------------------------------------------
+
+
+def test_the_asyncio_consumer_streams_too(server):
+    import asyncio
+
+    import headwater.aio
+
+    async def apoll_until(c, n: int) -> list[bytes]:
+        got: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while len(got) < n and time.monotonic() < deadline:
+            got += [r.body for r in await c.poll(timeout_ms=200)]
+        return got
+
+    def open_streams() -> int:
+        return server.call(lambda: server.server._streams.stats()["fetch_streams"])
+
+    async def main() -> None:
+        hw = await headwater.aio.connect(server.address)
+        try:
+            await hw.admin.create_queue("q", partitions=2)
+            await hw.send_batch("q", [b"a0", b"a1"], partition=0)
+            c = hw.consumer(group="g", tags=None)
+            assert c._streams is not None
+            await c.assign("q")
+            assert await apoll_until(c, 2) == [b"a0", b"a1"]
+            assert open_streams() == 1
+            p = hw.producer(linger_ms=0)
+            t = time.monotonic()
+            await p.send_and_wait("q", b"b0", partition=1)
+            assert await apoll_until(c, 1) == [b"b0"]
+            assert time.monotonic() - t < 2
+            c.seek("q", 0, 1)
+            assert await apoll_until(c, 1) == [b"a1"]
+            assert c.position("q", 0) == 2 and c.position("q", 1) == 1
+            await c.commit()
+            await c.close()
+            await asyncio.sleep(0.1)
+            assert open_streams() == 0  # closing the consumer closed its stream
+            f = hw.consumer(stream=False)
+            assert f._streams is None
+            await f.assign("q")
+            assert sorted(await apoll_until(f, 3)) == [b"a0", b"a1", b"b0"]
+            await f.close()
+        finally:
+            await hw.close()
+
+    asyncio.run(main())

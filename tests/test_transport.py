@@ -411,8 +411,8 @@ def test_a_streaming_consumer_takes_its_pushes_on_its_own_thread(server):
         consumer.assign("q", partitions=[0])
         assert consumer.poll(timeout_ms=50) == []  # opens the stream
         handled_on: list[int] = []
-        on_push = consumer._streams._on_push
-        consumer._streams._on_push = lambda s, push: (handled_on.append(threading.get_ident()), on_push(s, push))
+        notify = consumer._streams._notify  # called by the stream's handler after each push
+        consumer._streams._notify = lambda: (handled_on.append(threading.get_ident()), notify())
         assert loop_stood_aside(hw.service)
         other = headwater.connect(server.address)
         producer = other.producer(linger_ms=0)

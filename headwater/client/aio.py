@@ -116,11 +116,12 @@ class AsyncClient:
     def consumer(self, *, group: str | None = None, subscribe: str | Iterable[str] | None = None,
                  auto_offset_reset: str = "earliest", fetch_bytes: int = 1024 * 1024,
                  max_poll_messages: int = POLL_MESSAGES_DEFAULT, tags: str | Iterable[str] | None = None,
-                 **group_settings) -> AsyncConsumer:
+                 stream: bool = True, **group_settings) -> AsyncConsumer:
         """A consumer of partitions you assign (:class:`~headwater.client.aio_consumer.AsyncConsumer`),
         or with ``subscribe`` a member of consumer group ``group``
         (:class:`~headwater.client.aio_group_consumer.AsyncGroupConsumer`, joining on its first
-        ``poll``, ``start()`` or ``async with``); ``group_settings`` as for the sync client."""
+        ``poll``, ``start()`` or ``async with``); ``stream`` and ``group_settings`` as for the
+        sync client."""
         if subscribe is None:
             if group_settings:
                 raise InvalidArgumentError(
@@ -128,13 +129,15 @@ class AsyncClient:
                     f"group member, not a consumer of assigned partitions"
                 )
             c = AsyncConsumer(self._service, group=group, auto_offset_reset=auto_offset_reset,
-                              fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages, tags=tags)
+                              fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages, tags=tags,
+                              stream=stream)
         else:
             if group is None:
                 raise InvalidArgumentError("subscribe= makes a group member: name its group with group='name'")
             c = AsyncGroupConsumer(self._service, group=group, subscribe=subscribe,
                                    auto_offset_reset=auto_offset_reset, fetch_bytes=fetch_bytes,
-                                   max_poll_messages=max_poll_messages, tags=tags, **group_settings)
+                                   max_poll_messages=max_poll_messages, tags=tags, stream=stream,
+                                   **group_settings)
         self._adopt(c)
         return c
 

@@ -1,8 +1,10 @@
 """AsyncConsumer: the :class:`~headwater.client.consumer.Consumer` for asyncio.
 
-The same positions and the same long polling: two positions per partition (where the next
-fetch starts, and what the application has consumed), one fetch in flight per partition as
-a task, so the next batch is on its way while the application works on this one.
+The same positions and the same reading: two positions per partition (where the next
+fetch starts, and what the application has consumed); over the network a fetch stream per
+queue (the broker pushes new batches, see docs/design/client.md), else one long-polling
+fetch in flight per partition as a task, so the next batch is on its way while the
+application works on this one.
 
 What waits is a coroutine (``assign``, ``poll``, ``commit``, ``committed``, the seeks that
 ask the broker where the beginning, end or a time is, ``close``); what only moves local
@@ -13,6 +15,7 @@ state is a plain method (``seek``, ``seek_to_id``, ``position``, ``assignment``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections import deque
 from collections.abc import Iterable
@@ -23,6 +26,7 @@ from headwater.model.batch import tags_mask
 from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.service import FetchResult
 from headwater.client.aio_service import AsyncBrokerService
+from headwater.client.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams, log_grant_failure, take_push
 from headwater.client.polling import drain_buffers
 from headwater.client.scanner import decode_stored
 from headwater.client.consumer import POLL_MESSAGES_DEFAULT
@@ -44,7 +48,8 @@ class AsyncConsumer:
 
     def __init__(self, service: AsyncBrokerService, *, group: str | None = None,
                  auto_offset_reset: str = "earliest", fetch_bytes: int = 1024 * 1024,
-                 max_poll_messages: int = POLL_MESSAGES_DEFAULT, tags: str | Iterable[str] | None = None) -> None:
+                 max_poll_messages: int = POLL_MESSAGES_DEFAULT, tags: str | Iterable[str] | None = None,
+                 stream: bool = True, stream_window_bytes: int = STREAM_WINDOW_BYTES) -> None:
         if auto_offset_reset not in ("earliest", "latest"):
             raise InvalidArgumentError(f"auto_offset_reset is 'earliest' or 'latest', got {auto_offset_reset!r}")
         if isinstance(max_poll_messages, bool) or not isinstance(max_poll_messages, int) or max_poll_messages < 1:
@@ -69,6 +74,15 @@ class AsyncConsumer:
         # a future a subclass may complete to end a waiting poll early (the group consumer
         # does, when its assignment changes)
         self._wakeup: asyncio.Future[None] | None = None
+        # over the network, with stream=True: the broker pushes the partitions' batches
+        # (fetch streams) instead of answering a FETCH per batch; embedded, it changes nothing
+        self._streams: FetchStreams | None = None
+        self._pushed: asyncio.Future[None] | None = None  # done by the next push
+        if stream and hasattr(service, "open_fetch_stream"):
+            if isinstance(stream_window_bytes, bool) or not isinstance(stream_window_bytes, int) \
+                    or stream_window_bytes < 1:
+                raise InvalidArgumentError("stream_window_bytes must be a positive int")
+            self._streams = FetchStreams(window_bytes=stream_window_bytes, notify=self._push_arrived)
 
     # -- assignment and positions -----------------------------------------------------
 
@@ -111,6 +125,8 @@ class AsyncConsumer:
             for d in (self._fetch_pos, self._consumed, self._buffers):
                 d.pop(tp, None)
             self._drop_fetch(tp)
+            if self._streams is not None:
+                self._close_streams(tp[0])
 
     def assignment(self) -> list[TP]:
         return sorted(self._fetch_pos)
@@ -177,6 +193,8 @@ class AsyncConsumer:
         self._consumed[tp] = offset
         self._buffers[tp] = deque()
         self._drop_fetch(tp)
+        if self._streams is not None:
+            self._close_streams(tp[0])  # the next poll streams from here
 
     def _drop_fetch(self, tp: TP) -> None:
         """Forget the partition's fetch in flight: its answer is for an old position."""
@@ -211,6 +229,11 @@ class AsyncConsumer:
             remaining = deadline - loop.time()
             if out or not self._fetch_pos:
                 return out
+            if self._streams is not None:
+                got = await self._await_pushes(remaining)
+                if not got and (remaining <= 0 or (self._wakeup is not None and self._wakeup.done())):
+                    return []
+                continue
             self._launch_fetches(max(0, int(remaining * 1000)))
             tasks: list[asyncio.Future] = [t for _, t in self._inflight.values()]
             if self._wakeup is not None:
@@ -220,6 +243,53 @@ class AsyncConsumer:
             got = self._collect()
             if not got and (remaining <= 0 or (self._wakeup is not None and self._wakeup.done())):
                 return []
+
+    # -- fetch streams (stream mode, over the network) ------------------------------------
+
+    async def _await_pushes(self, remaining: float) -> int:
+        """Take what was pushed; if nothing, open the streams missing and wait up to
+        ``remaining`` seconds for a push. The records taken."""
+        streams = self._streams
+        assert streams is not None
+        got = self._take_pushes()
+        if got:
+            return got
+        for queue, offsets in streams.to_open(self._fetch_pos).items():
+            handler = streams.handler_for(queue)
+            try:
+                sid = await self._service.open_fetch_stream(queue, offsets, handler, credit_bytes=streams.window_bytes,
+                                                            tag_mask=self._mask, push_bytes_max=self._fetch_bytes)
+            except BaseException:
+                streams.failed(queue)
+                raise
+            streams.opened(queue, sid)
+        if remaining > 0 and not streams.pending():
+            pushed = self._pushed = asyncio.get_running_loop().create_future()
+            waits: list[asyncio.Future] = [pushed] if self._wakeup is None else [pushed, self._wakeup]
+            try:
+                await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                self._pushed = None
+        return self._take_pushes()
+
+    def _push_arrived(self) -> None:
+        """A push came (on the loop): end the wait for one."""
+        pushed = self._pushed
+        if pushed is not None and not pushed.done():
+            pushed.set_result(None)
+
+    def _take_pushes(self) -> int:
+        assert self._streams is not None
+        got, grants = self._streams.take(
+            lambda tp, push: take_push(tp, push, self._fetch_pos, self._consumed, self._buffers, self._tags))
+        for sid, n in grants:
+            self._service.credit_fetch_stream(sid, n).add_done_callback(log_grant_failure)
+        return got
+
+    def _close_streams(self, queue: str | None = None) -> None:
+        assert self._streams is not None
+        for sid in self._streams.reset(queue):
+            self._service.close_fetch_stream(sid)
 
     def _launch_fetches(self, wait_ms: int) -> None:
         tps = list(self._fetch_pos)
@@ -299,6 +369,9 @@ class AsyncConsumer:
     async def close(self) -> None:
         """Stop: fetches in flight are cancelled and awaited, so no task outlives the consumer."""
         self._closed = True
+        if self._streams is not None:
+            with contextlib.suppress(Exception):  # the client may be closed already
+                self._close_streams()
         tasks = [t for _, t in self._inflight.values()] + list(self._stale)
         self._inflight.clear()
         for t in tasks:

@@ -159,6 +159,36 @@ class AsyncService:
     async def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
         return await self._call(m.LookupIdRequest(queue_id, partition, offset))
 
+    # fetch streams (the asyncio consumer drives them; see headwater.client.fetch_stream)
+    async def open_fetch_stream(self, queue: str, positions: dict[int, int], handler: Any, *, credit_bytes: int,
+                                tag_mask: int = 0, push_bytes_max: int = 1 << 20) -> int:
+        """Open a fetch stream over ``positions`` (``{partition: offset}``) of ``queue``; its
+        id. ``handler`` gets each PUSH body on the event loop, and None once if the
+        connection is lost."""
+        sid = self.transport.register_push(handler)
+        try:
+            await self.transport.call(m.FetchStreamRequest(sid, queue, dict(positions), credit_bytes, tag_mask,
+                                                           push_bytes_max))
+        except BaseException:
+            self.transport.unregister_push(sid)
+            raise
+        return sid
+
+    def credit_fetch_stream(self, stream_id: int, credit_bytes: int) -> asyncio.Future[None]:
+        """Let a fetch stream push ``credit_bytes`` more, without waiting."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.transport.submit(m.StreamCreditRequest(stream_id, credit_bytes), fut)
+        return fut
+
+    def close_fetch_stream(self, stream_id: int) -> None:
+        """Stop routing the stream's pushes here and ask the broker to end it, without waiting."""
+        self.transport.unregister_push(stream_id)
+        if self._closed:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.transport.submit(m.CloseStreamRequest(stream_id), fut)
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nothing worth waiting for
+
     async def lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None,
                          limit: int) -> list[bytes]:
         return await self._call(m.LookupKeyRequest(queue, key, start_ms, end_ms, limit))

@@ -162,10 +162,11 @@ class Client:
 
         Without ``subscribe``: the simple form, reading the partitions you ``assign()``
         (:class:`~headwater.client.consumer.Consumer`); ``group`` only names where ``commit``
-        stores positions. ``stream=True`` (over the network): the broker pushes the
-        partitions' new batches as they are appended (a fetch stream) instead of answering a
-        FETCH per batch: less work per message on both sides and the lowest latency; see
-        docs/design/client.md. Embedded, it changes nothing.
+        stores positions. ``stream`` (True, for both forms; over the network): the broker
+        pushes the partitions' new batches as they are appended (a fetch stream) instead of
+        answering a FETCH per batch: less work per message on both sides and the lowest
+        latency; ``stream=False`` fetches. See docs/design/client.md. Embedded, it changes
+        nothing.
 
         With ``subscribe`` (a queue or a list): a member of consumer group ``group``
         (:class:`~headwater.client.group_consumer.GroupConsumer`) whose partitions come from
@@ -187,7 +188,7 @@ class Client:
             raise InvalidArgumentError("subscribe= makes a group member: name its group with group='name'")
         member = GroupConsumer(self._service, group=group, subscribe=subscribe, auto_offset_reset=auto_offset_reset,
                                fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages, tags=tags,
-                               **group_settings)
+                               stream=stream, **group_settings)
         self._members.add(member)
         return member
 

@@ -14,6 +14,7 @@ application works on this one.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import time
 from collections import deque
@@ -24,7 +25,7 @@ from headwater.errors import ClosedError, InvalidArgumentError
 from headwater.model.batch import tags_mask
 from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.service import BrokerService, FetchResult
-from headwater.client.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams
+from headwater.client.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams, log_grant_failure, take_push
 from headwater.client.polling import drain_buffers, wait_any
 from headwater.client.scanner import decode_stored
 
@@ -82,11 +83,12 @@ class Consumer:
         # over the network, with stream=True: the broker pushes the partitions' batches
         # (fetch streams) instead of answering a FETCH per batch; embedded, it changes nothing
         self._streams: FetchStreams | None = None
+        self._arrived: concurrent.futures.Future | None = None  # done by the next push
         if stream and hasattr(service, "open_fetch_stream"):
-            if not isinstance(stream_window_bytes, int) or stream_window_bytes < 1:
+            if isinstance(stream_window_bytes, bool) or not isinstance(stream_window_bytes, int) \
+                    or stream_window_bytes < 1:
                 raise InvalidArgumentError("stream_window_bytes must be a positive int")
-            self._streams = FetchStreams(service, window_bytes=stream_window_bytes, push_bytes=fetch_bytes,
-                                         tag_mask=self._mask)
+            self._streams = FetchStreams(window_bytes=stream_window_bytes, notify=self._push_arrived)
         # a future a subclass may complete from another thread to end a waiting poll early
         # (the group consumer does, when its assignment changes)
         self._wakeup: concurrent.futures.Future | None = None
@@ -133,7 +135,7 @@ class Consumer:
             for d in (self._fetch_pos, self._consumed, self._buffers, self._inflight):
                 d.pop(tp, None)
             if self._streams is not None:
-                self._streams.reset(tp[0])
+                self._close_streams(tp[0])
 
     def assignment(self) -> list[TP]:
         return sorted(self._fetch_pos)
@@ -154,7 +156,7 @@ class Consumer:
         self._buffers[tp] = deque()
         self._inflight.pop(tp, None)
         if self._streams is not None:
-            self._streams.reset(tp[0])  # the next poll streams from here
+            self._close_streams(tp[0])  # the next poll streams from here
 
     def _parts(self, queue: str, partitions: int | Iterable[int] | None) -> list[TP]:
         if partitions is None:
@@ -248,38 +250,51 @@ class Consumer:
                 fut = self._pool.submit(self._service.fetch, tp[0], tp[1], pos, **kwargs)
             self._inflight[tp] = (pos, fut)
 
+    # -- fetch streams (stream mode, over the network) ------------------------------------
+
     def _await_pushes(self, remaining: float) -> int:
-        """Stream mode: take what was pushed; if nothing, open the streams missing and wait
-        up to ``remaining`` seconds for a push. The records taken."""
+        """Take what was pushed; if nothing, open the streams missing and wait up to
+        ``remaining`` seconds for a push. The records taken."""
         streams = self._streams
         assert streams is not None
-        got = streams.take(self._take_push)
+        got = self._take_pushes()
         if got:
             return got
-        streams.ensure_open(self._fetch_pos)
-        arrived = streams.arrived = concurrent.futures.Future()
+        for queue, offsets in streams.to_open(self._fetch_pos).items():
+            handler = streams.handler_for(queue)
+            try:
+                sid = self._service.open_fetch_stream(queue, offsets, handler, credit_bytes=streams.window_bytes,
+                                                      tag_mask=self._mask, push_bytes_max=self._fetch_bytes)
+            except BaseException:
+                streams.failed(queue)
+                raise
+            streams.opened(queue, sid)
+        arrived = self._arrived = concurrent.futures.Future()
         if not streams.pending():
             futures = [arrived] if self._wakeup is None else [arrived, self._wakeup]
             wait_any(futures, max(0.0, remaining), lead=self._lead, interrupt=self._wakeup)
-        streams.arrived = None
-        return streams.take(self._take_push)
+        self._arrived = None
+        return self._take_pushes()
 
-    def _take_push(self, tp: TP, push: object) -> int:
-        """A fetch stream's push for ``tp``, into its buffer; the records it held."""
-        pos = self._fetch_pos.get(tp)
-        if pos is None:
-            return 0  # no longer assigned (its stream is being closed)
-        buf = self._buffers[tp]
-        got = 0
-        for b in push.batches:
-            recs = decode_stored(b, tp[0], start_offset=pos, tags=self._tags)
-            buf.extend(recs)
-            got += len(recs)
-        nxt = max(pos, push.next_offset)
-        self._fetch_pos[tp] = nxt
-        if not buf:
-            self._consumed[tp] = nxt
+    def _push_arrived(self) -> None:
+        """A push came (any thread): end the wait for one."""
+        waiter = self._arrived
+        if waiter is not None:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                waiter.set_result(None)
+
+    def _take_pushes(self) -> int:
+        assert self._streams is not None
+        got, grants = self._streams.take(
+            lambda tp, push: take_push(tp, push, self._fetch_pos, self._consumed, self._buffers, self._tags))
+        for sid, n in grants:
+            self._service.credit_fetch_stream(sid, n).add_done_callback(log_grant_failure)
         return got
+
+    def _close_streams(self, queue: str | None = None) -> None:
+        assert self._streams is not None
+        for sid in self._streams.reset(queue):
+            self._service.close_fetch_stream(sid)
 
     def _collect(self) -> int:
         got = 0
@@ -336,7 +351,8 @@ class Consumer:
         self._closed = True
         self._inflight.clear()
         if self._streams is not None:
-            self._streams.close()
+            with contextlib.suppress(Exception):  # the client may be closed already
+                self._close_streams()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 

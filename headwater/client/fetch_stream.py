@@ -1,33 +1,35 @@
-"""FetchStreams: the client side of fetch streams, for a consumer that reads over the network.
+"""FetchStreams: the client side of fetch streams, for the consumers that read over the network.
 
-Instead of a FETCH per answer, the consumer opens one stream per queue over the partitions
-it reads, at its positions, and the broker pushes each partition's new batches as they are
-appended (docs/protocol.md, 7.5.5). Pushes arrive on whichever thread reads the connection:
-the consumer's own while its ``poll()`` waits (it leads, see ``RemoteService.lead``), the
-client's event loop otherwise. They are queued here as they come and decoded by ``poll()``.
+Instead of a FETCH per answer, a consumer opens one stream per queue over the partitions it
+reads, at its positions, and the broker pushes each partition's new batches as they are
+appended (docs/protocol.md, 7.5.5). This class keeps a consumer's streams and what they
+pushed; it does no I/O itself, so the blocking consumer and the asyncio one share it and do
+their own calls (open, grant credit, close) with what it tells them.
 
-Flow control is by byte credit: a stream is opened with ``window_bytes`` of credit, and the
-consumer grants back the bytes of the pushes it has decoded once they add up to half the
-window, so at most about one window is buffered (plus one push of at most ``fetch_bytes``).
+Pushes arrive on whichever thread reads the connection: the blocking consumer's own while
+its ``poll()`` waits (it leads, see ``RemoteService.lead``), the asyncio consumer's event
+loop. They are queued here as they come (``notify`` is called after each) and decoded by
+the consumer's ``poll()`` through :meth:`take`.
 
-Positions stay the consumer's: a seek, an assignment change or a lost connection ends the
-queue's stream (``reset``), and the next ``poll()`` opens another where the consumer is.
-A stream the broker ends (the queue was deleted, the broker stops) raises its reason from
-that ``poll()``.
+Flow control is by byte credit: a stream is opened with ``window_bytes`` of credit, and
+:meth:`take` asks to grant back the bytes of the pushes decoded once they add up to half the
+window. Positions stay the consumer's: a seek, an assignment change or a lost connection ends
+the queue's stream (:meth:`reset`), and the next poll opens another where the consumer is. A
+stream the broker ends (the queue was deleted, the broker stops) raises its reason from
+:meth:`take`.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from headwater.client.scanner import decode_stored
 from headwater.errors import UnavailableError, error_for_code
 
-__all__ = ["FetchStreams", "STREAM_WINDOW_BYTES"]
+__all__ = ["FetchStreams", "STREAM_WINDOW_BYTES", "log_grant_failure", "take_push"]
 
 log = logging.getLogger("headwater.client")
 
@@ -35,6 +37,7 @@ log = logging.getLogger("headwater.client")
 STREAM_WINDOW_BYTES = 4 << 20
 
 TP = tuple[str, int]
+Handler = Callable[[Any], None]
 
 
 class _Stream:
@@ -42,62 +45,62 @@ class _Stream:
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
-        self.sid = 0  # known once opened
+        self.sid: int | None = None  # known once opened
         self.pushes: deque = deque()  # StreamPush bodies as they came (any thread appends)
         self.lost = False  # the connection went: open again
         self.undecoded = 0  # bytes decoded since the last credit grant
 
 
 class FetchStreams:
-    """The fetch streams of one consumer (one per queue it reads). Use from the consumer's
-    thread; only :meth:`_on_push` runs on others."""
+    """The fetch streams of one consumer, one per queue it reads. Used from the consumer's
+    thread (or task); only the handlers run elsewhere, and call ``notify`` after each push."""
 
-    def __init__(self, service: Any, *, window_bytes: int = STREAM_WINDOW_BYTES, push_bytes: int = 1 << 20,
-                 tag_mask: int = 0) -> None:
-        self._service = service
+    def __init__(self, *, window_bytes: int = STREAM_WINDOW_BYTES, notify: Callable[[], None] = lambda: None) -> None:
         self.window_bytes = window_bytes
-        self._push_bytes = push_bytes
-        self._tag_mask = tag_mask
+        self._notify = notify
         self._streams: dict[str, _Stream] = {}
-        self.arrived: concurrent.futures.Future | None = None  # set by the next push
 
-    def ensure_open(self, positions: dict[TP, int]) -> None:
-        """Open a stream for each queue in ``positions`` that has none (or lost its own)."""
-        by_queue: dict[str, dict[int, int]] = {}
+    def to_open(self, positions: dict[TP, int]) -> dict[str, dict[int, int]]:
+        """``{queue: {partition: offset}}`` for each queue in ``positions`` without a live
+        stream; call :meth:`handler_for`, open it, then :meth:`opened` (or :meth:`failed`)."""
+        want: dict[str, dict[int, int]] = {}
         for (queue, partition), offset in positions.items():
-            by_queue.setdefault(queue, {})[partition] = offset
-        for queue, offsets in by_queue.items():
             s = self._streams.get(queue)
-            if s is not None and not s.lost:
-                continue
-            if s is not None:
-                self.reset(queue)
-            s = _Stream(queue)
-            s.sid = self._service.open_fetch_stream(
-                queue, offsets, lambda push, s=s: self._on_push(s, push), credit_bytes=self.window_bytes,
-                tag_mask=self._tag_mask, push_bytes_max=self._push_bytes)
-            self._streams[queue] = s
+            if s is None or s.lost:
+                want.setdefault(queue, {})[partition] = offset
+        return want
 
-    def _on_push(self, s: _Stream, push: Any) -> None:
-        """A push (None: the connection was lost), on the thread that read it."""
-        if push is None:
-            s.lost = True
-        else:
-            s.pushes.append(push)
-        waiter = self.arrived
-        if waiter is not None:
-            with contextlib.suppress(concurrent.futures.InvalidStateError):
-                waiter.set_result(None)
+    def handler_for(self, queue: str) -> Handler:
+        """The push handler of the stream about to be opened for ``queue``."""
+        s = self._streams[queue] = _Stream(queue)
+
+        def handle(push: Any, s: _Stream = s) -> None:  # any thread: a push, or None when the connection is lost
+            if push is None:
+                s.lost = True
+            else:
+                s.pushes.append(push)
+            self._notify()
+
+        return handle
+
+    def opened(self, queue: str, sid: int) -> None:
+        self._streams[queue].sid = sid
+
+    def failed(self, queue: str) -> None:
+        """Opening the stream of ``queue`` failed: forget it (the next poll tries again)."""
+        self._streams.pop(queue, None)
 
     def pending(self) -> bool:
         """Whether a push (or the news of a lost connection) is waiting to be taken."""
         return any(s.pushes or s.lost for s in self._streams.values())
 
-    def take(self, decode: Callable[[TP, Any], int]) -> int:
+    def take(self, decode: Callable[[TP, Any], int]) -> tuple[int, list[tuple[int, int]]]:
         """Hand each waiting push to ``decode(tp, push)`` (which returns its records
-        counted), grant credit back as it adds up; the records counted. Raises the reason
-        of a stream the broker ended; forgets a stream whose connection was lost."""
+        counted): the records counted, and the credit to grant, ``[(stream id, bytes)]``.
+        Raises the reason of a stream the broker ended; forgets a stream whose connection
+        was lost."""
         got = 0
+        grants: list[tuple[int, int]] = []
         for queue, s in list(self._streams.items()):
             while s.pushes:
                 push = s.pushes.popleft()
@@ -111,26 +114,47 @@ class FetchStreams:
             if s.lost:
                 self._streams.pop(queue, None)
                 continue
-            if s.undecoded >= self.window_bytes // 2:
-                n, s.undecoded = s.undecoded, 0
-                fut = self._service.credit_fetch_stream(s.sid, n)
-                fut.add_done_callback(_log_failure)
-        return got
+            if s.undecoded >= self.window_bytes // 2 and s.sid is not None:
+                grants.append((s.sid, s.undecoded))
+                s.undecoded = 0
+        return got, grants
 
-    def reset(self, queue: str | None = None) -> None:
-        """End the stream of ``queue`` (of every queue when None) and drop what it pushed;
-        the next :meth:`ensure_open` opens it again from the consumer's positions."""
+    def reset(self, queue: str | None = None) -> list[int]:
+        """Forget the stream of ``queue`` (of every queue when None) and what it pushed; the
+        ids of the streams to close on the broker."""
+        ids = []
         for q in [queue] if queue is not None else list(self._streams):
             s = self._streams.pop(q, None)
-            if s is not None and not s.lost:
-                self._service.close_fetch_stream(s.sid)
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.reset()
+            if s is not None and not s.lost and s.sid is not None:
+                ids.append(s.sid)
+        return ids
 
 
-def _log_failure(fut: concurrent.futures.Future) -> None:
+def take_push(tp: TP, push: Any, fetch_pos: dict, consumed: dict, buffers: dict,
+              tags: frozenset[str] | None) -> int:
+    """A consumer's share of a push for ``tp``: its records from the consumer's position on
+    (and matching ``tags``) into the partition's buffer, the position moved past it; the
+    records it held. A partition no longer assigned takes nothing."""
+    pos = fetch_pos.get(tp)
+    if pos is None:
+        return 0
+    buf = buffers[tp]
+    got = 0
+    for b in push.batches:
+        recs = decode_stored(b, tp[0], start_offset=pos, tags=tags)
+        buf.extend(recs)
+        got += len(recs)
+    nxt = max(pos, push.next_offset)
+    fetch_pos[tp] = nxt
+    if not buf:
+        consumed[tp] = nxt
+    return got
+
+
+def log_grant_failure(fut: Any) -> None:
+    """Done-callback of a credit grant sent without waiting."""
+    if fut.cancelled():
+        return
     e = fut.exception()
     if e is not None and not isinstance(e, UnavailableError):  # a lost connection ends the stream anyway
         log.warning("granting a fetch stream more credit failed: %s", e)
