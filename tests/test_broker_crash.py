@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -13,15 +12,9 @@ from pathlib import Path
 import pytest
 
 import headwater
-from tests.support.broker_process import BrokerProcess
+from tests.support.broker_process import BrokerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def crash_round(tmp: Path, seed: int, producers: int = 3, batches: int = 150, kills: int = 2) -> None:

@@ -23,7 +23,7 @@ from headwater.errors import (
 from headwater.model.batch import encode_batch
 from headwater.model.config import QueueConfig
 from headwater.protocol import messages as m
-from tests.support.broker_process import BrokerProcess
+from tests.support.broker_process import BrokerProcess, free_port
 from tests.support.waiting import wait_for
 
 
@@ -267,11 +267,7 @@ def test_a_streaming_consumer_with_tags_gets_only_those(server):
 
 
 def test_a_streaming_consumer_goes_on_after_the_broker_restarts(tmp_path):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     broker = BrokerProcess(tmp_path / "data", "--flush", "sync", port=port).start()
     try:
         hw = headwater.connect(broker.address, request_timeout_s=5)

@@ -31,7 +31,7 @@ from headwater.errors import (
 from headwater.model.assignment import assign_average, assign_sticky, sticky_moves_lower_bound
 from headwater.model.groups import TRANSITIONS, Event, GroupState, Membership
 
-from support.broker_process import BrokerProcess, kill_all
+from support.broker_process import BrokerProcess, free_port, kill_all
 
 # strategies --------------------------------------------------------------------------------
 
@@ -930,11 +930,7 @@ def test_broadcast_member_processes_each_see_everything(tmp_path):
 
 @pytest.mark.slow
 def test_a_broker_restart_makes_members_join_again_and_keeps_offsets(tmp_path):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     broker = BrokerProcess(tmp_path / "data", "--flush", "sync", port=port).start()
     try:
         hw = headwater.connect(broker.address, request_timeout_s=5)

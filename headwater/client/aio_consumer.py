@@ -26,7 +26,7 @@ from headwater.model.batch import tags_mask
 from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.service import FetchResult
 from headwater.client.aio_service import AsyncBrokerService
-from headwater.client.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams, log_grant_failure, take_push
+from headwater.client.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams
 from headwater.client.polling import drain_buffers
 from headwater.client.scanner import decode_stored
 from headwater.client.consumer import POLL_MESSAGES_DEFAULT
@@ -82,7 +82,7 @@ class AsyncConsumer:
             if isinstance(stream_window_bytes, bool) or not isinstance(stream_window_bytes, int) \
                     or stream_window_bytes < 1:
                 raise InvalidArgumentError("stream_window_bytes must be a positive int")
-            self._streams = FetchStreams(window_bytes=stream_window_bytes, notify=self._push_arrived)
+            self._streams = FetchStreams(service, window_bytes=stream_window_bytes, notify=self._push_arrived)
 
     # -- assignment and positions -----------------------------------------------------
 
@@ -126,7 +126,7 @@ class AsyncConsumer:
                 d.pop(tp, None)
             self._drop_fetch(tp)
             if self._streams is not None:
-                self._close_streams(tp[0])
+                self._streams.close(tp[0])
 
     def assignment(self) -> list[TP]:
         return sorted(self._fetch_pos)
@@ -194,7 +194,7 @@ class AsyncConsumer:
         self._buffers[tp] = deque()
         self._drop_fetch(tp)
         if self._streams is not None:
-            self._close_streams(tp[0])  # the next poll streams from here
+            self._streams.close(tp[0])  # the next poll streams from here
 
     def _drop_fetch(self, tp: TP) -> None:
         """Forget the partition's fetch in flight: its answer is for an old position."""
@@ -251,7 +251,7 @@ class AsyncConsumer:
         ``remaining`` seconds for a push. The records taken."""
         streams = self._streams
         assert streams is not None
-        got = self._take_pushes()
+        got = self._streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
         if got:
             return got
         for queue, offsets in streams.to_open(self._fetch_pos).items():
@@ -270,26 +270,13 @@ class AsyncConsumer:
                 await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 self._pushed = None
-        return self._take_pushes()
+        return self._streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
 
     def _push_arrived(self) -> None:
         """A push came (on the loop): end the wait for one."""
         pushed = self._pushed
         if pushed is not None and not pushed.done():
             pushed.set_result(None)
-
-    def _take_pushes(self) -> int:
-        assert self._streams is not None
-        got, grants = self._streams.take(
-            lambda tp, push: take_push(tp, push, self._fetch_pos, self._consumed, self._buffers, self._tags))
-        for sid, n in grants:
-            self._service.credit_fetch_stream(sid, n).add_done_callback(log_grant_failure)
-        return got
-
-    def _close_streams(self, queue: str | None = None) -> None:
-        assert self._streams is not None
-        for sid in self._streams.reset(queue):
-            self._service.close_fetch_stream(sid)
 
     def _launch_fetches(self, wait_ms: int) -> None:
         tps = list(self._fetch_pos)
@@ -371,7 +358,7 @@ class AsyncConsumer:
         self._closed = True
         if self._streams is not None:
             with contextlib.suppress(Exception):  # the client may be closed already
-                self._close_streams()
+                self._streams.close()
         tasks = [t for _, t in self._inflight.values()] + list(self._stale)
         self._inflight.clear()
         for t in tasks:

@@ -25,7 +25,7 @@ from headwater.errors import ClosedError, InvalidArgumentError
 from headwater.model.batch import tags_mask
 from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.service import BrokerService, FetchResult
-from headwater.client.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams, log_grant_failure, take_push
+from headwater.client.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams
 from headwater.client.polling import drain_buffers, wait_any
 from headwater.client.scanner import decode_stored
 
@@ -88,7 +88,7 @@ class Consumer:
             if isinstance(stream_window_bytes, bool) or not isinstance(stream_window_bytes, int) \
                     or stream_window_bytes < 1:
                 raise InvalidArgumentError("stream_window_bytes must be a positive int")
-            self._streams = FetchStreams(window_bytes=stream_window_bytes, notify=self._push_arrived)
+            self._streams = FetchStreams(service, window_bytes=stream_window_bytes, notify=self._push_arrived)
         # a future a subclass may complete from another thread to end a waiting poll early
         # (the group consumer does, when its assignment changes)
         self._wakeup: concurrent.futures.Future | None = None
@@ -135,7 +135,7 @@ class Consumer:
             for d in (self._fetch_pos, self._consumed, self._buffers, self._inflight):
                 d.pop(tp, None)
             if self._streams is not None:
-                self._close_streams(tp[0])
+                self._streams.close(tp[0])
 
     def assignment(self) -> list[TP]:
         return sorted(self._fetch_pos)
@@ -156,7 +156,7 @@ class Consumer:
         self._buffers[tp] = deque()
         self._inflight.pop(tp, None)
         if self._streams is not None:
-            self._close_streams(tp[0])  # the next poll streams from here
+            self._streams.close(tp[0])  # the next poll streams from here
 
     def _parts(self, queue: str, partitions: int | Iterable[int] | None) -> list[TP]:
         if partitions is None:
@@ -257,7 +257,7 @@ class Consumer:
         ``remaining`` seconds for a push. The records taken."""
         streams = self._streams
         assert streams is not None
-        got = self._take_pushes()
+        got = self._streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
         if got:
             return got
         for queue, offsets in streams.to_open(self._fetch_pos).items():
@@ -274,7 +274,7 @@ class Consumer:
             futures = [arrived] if self._wakeup is None else [arrived, self._wakeup]
             wait_any(futures, max(0.0, remaining), lead=self._lead, interrupt=self._wakeup)
         self._arrived = None
-        return self._take_pushes()
+        return self._streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
 
     def _push_arrived(self) -> None:
         """A push came (any thread): end the wait for one."""
@@ -282,19 +282,6 @@ class Consumer:
         if waiter is not None:
             with contextlib.suppress(concurrent.futures.InvalidStateError):
                 waiter.set_result(None)
-
-    def _take_pushes(self) -> int:
-        assert self._streams is not None
-        got, grants = self._streams.take(
-            lambda tp, push: take_push(tp, push, self._fetch_pos, self._consumed, self._buffers, self._tags))
-        for sid, n in grants:
-            self._service.credit_fetch_stream(sid, n).add_done_callback(log_grant_failure)
-        return got
-
-    def _close_streams(self, queue: str | None = None) -> None:
-        assert self._streams is not None
-        for sid in self._streams.reset(queue):
-            self._service.close_fetch_stream(sid)
 
     def _collect(self) -> int:
         got = 0
@@ -352,7 +339,7 @@ class Consumer:
         self._inflight.clear()
         if self._streams is not None:
             with contextlib.suppress(Exception):  # the client may be closed already
-                self._close_streams()
+                self._streams.close()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 

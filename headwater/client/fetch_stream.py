@@ -3,8 +3,10 @@
 Instead of a FETCH per answer, a consumer opens one stream per queue over the partitions it
 reads, at its positions, and the broker pushes each partition's new batches as they are
 appended (docs/protocol.md, 7.5.5). This class keeps a consumer's streams and what they
-pushed; it does no I/O itself, so the blocking consumer and the asyncio one share it and do
-their own calls (open, grant credit, close) with what it tells them.
+pushed, for the blocking consumer and the asyncio one alike: it only sends what needs no
+answer (credit grants, closes; ``service.credit_fetch_stream`` and ``close_fetch_stream``
+return at once on both), and leaves opening a stream, which waits, to the consumer
+(:meth:`to_open`, :meth:`handler_for`, then :meth:`opened`).
 
 Pushes arrive on whichever thread reads the connection: the blocking consumer's own while
 its ``poll()`` waits (it leads, see ``RemoteService.lead``), the asyncio consumer's event
@@ -12,9 +14,9 @@ loop. They are queued here as they come (``notify`` is called after each) and de
 the consumer's ``poll()`` through :meth:`take`.
 
 Flow control is by byte credit: a stream is opened with ``window_bytes`` of credit, and
-:meth:`take` asks to grant back the bytes of the pushes decoded once they add up to half the
+:meth:`take` grants back the bytes of the pushes it decoded once they add up to half the
 window. Positions stay the consumer's: a seek, an assignment change or a lost connection ends
-the queue's stream (:meth:`reset`), and the next poll opens another where the consumer is. A
+the queue's stream (:meth:`close`), and the next poll opens another where the consumer is. A
 stream the broker ends (the queue was deleted, the broker stops) raises its reason from
 :meth:`take`.
 """
@@ -29,7 +31,7 @@ from typing import Any
 from headwater.client.scanner import decode_stored
 from headwater.errors import UnavailableError, error_for_code
 
-__all__ = ["FetchStreams", "STREAM_WINDOW_BYTES", "log_grant_failure", "take_push"]
+__all__ = ["FetchStreams", "STREAM_WINDOW_BYTES", "take_push"]
 
 log = logging.getLogger("headwater.client")
 
@@ -55,7 +57,9 @@ class FetchStreams:
     """The fetch streams of one consumer, one per queue it reads. Used from the consumer's
     thread (or task); only the handlers run elsewhere, and call ``notify`` after each push."""
 
-    def __init__(self, *, window_bytes: int = STREAM_WINDOW_BYTES, notify: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, service: Any, *, window_bytes: int = STREAM_WINDOW_BYTES,
+                 notify: Callable[[], None] = lambda: None) -> None:
+        self._service = service
         self.window_bytes = window_bytes
         self._notify = notify
         self._streams: dict[str, _Stream] = {}
@@ -94,13 +98,11 @@ class FetchStreams:
         """Whether a push (or the news of a lost connection) is waiting to be taken."""
         return any(s.pushes or s.lost for s in self._streams.values())
 
-    def take(self, decode: Callable[[TP, Any], int]) -> tuple[int, list[tuple[int, int]]]:
-        """Hand each waiting push to ``decode(tp, push)`` (which returns its records
-        counted): the records counted, and the credit to grant, ``[(stream id, bytes)]``.
-        Raises the reason of a stream the broker ended; forgets a stream whose connection
-        was lost."""
+    def take(self, fetch_pos: dict, consumed: dict, buffers: dict, tags: frozenset[str] | None) -> int:
+        """Decode each waiting push into the consumer's ``buffers`` (see :func:`take_push`)
+        and grant its bytes back as they add up; the records taken. Raises the reason of a
+        stream the broker ended; forgets a stream whose connection was lost."""
         got = 0
-        grants: list[tuple[int, int]] = []
         for queue, s in list(self._streams.items()):
             while s.pushes:
                 push = s.pushes.popleft()
@@ -109,25 +111,23 @@ class FetchStreams:
                 if push.ended:
                     self._streams.pop(queue, None)
                     raise error_for_code(push.ended_code)(f"reading {queue!r}: {push.ended}")
-                got += decode((queue, push.partition), push)
+                got += take_push((queue, push.partition), push, fetch_pos, consumed, buffers, tags)
                 s.undecoded += sum(len(b) for b in push.batches)
             if s.lost:
                 self._streams.pop(queue, None)
                 continue
             if s.undecoded >= self.window_bytes // 2 and s.sid is not None:
-                grants.append((s.sid, s.undecoded))
+                self._service.credit_fetch_stream(s.sid, s.undecoded).add_done_callback(_log_grant_failure)
                 s.undecoded = 0
-        return got, grants
+        return got
 
-    def reset(self, queue: str | None = None) -> list[int]:
-        """Forget the stream of ``queue`` (of every queue when None) and what it pushed; the
-        ids of the streams to close on the broker."""
-        ids = []
+    def close(self, queue: str | None = None) -> None:
+        """End the stream of ``queue`` (of every queue when None) and drop what it pushed;
+        the next poll opens it again from the consumer's positions."""
         for q in [queue] if queue is not None else list(self._streams):
             s = self._streams.pop(q, None)
             if s is not None and not s.lost and s.sid is not None:
-                ids.append(s.sid)
-        return ids
+                self._service.close_fetch_stream(s.sid)
 
 
 def take_push(tp: TP, push: Any, fetch_pos: dict, consumed: dict, buffers: dict,
@@ -151,7 +151,7 @@ def take_push(tp: TP, push: Any, fetch_pos: dict, consumed: dict, buffers: dict,
     return got
 
 
-def log_grant_failure(fut: Any) -> None:
+def _log_grant_failure(fut: Any) -> None:
     """Done-callback of a credit grant sent without waiting."""
     if fut.cancelled():
         return

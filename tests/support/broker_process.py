@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 HEADWATER = str(Path(sys.executable).with_name("headwater"))
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now (to restart a broker on the same one)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class BrokerProcess:
