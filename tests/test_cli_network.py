@@ -247,6 +247,7 @@ def test_status_shows_delayed_messages_and_push_subscribers(broker):
     # --json passes the broker's figures through as they are
     assert doc["delay_pending"] == 2 and doc["delay_delivered_total"] == 0 and doc["delay_buckets"] >= 1
     assert doc["delay_next_due_ms"] > time.time() * 1000 and doc["push_streams"] == 1 and "pushes_total" in doc
+    assert doc["fetch_streams"] == 0 and "stream_pushes_total" in doc
     rows = {line.split("  ")[0]: line for line in table.splitlines()}
     assert "2 pending in" in rows["delayed"] and re.search(r"next due \S+Z \(in (59|60)\.\dm\)", rows["delayed"])
     assert "0 delivered since start" in rows["delayed"]

@@ -85,8 +85,8 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     worker_threads: int = 32
     write_buffer_bytes_max: int = 256 * 1024  # answers a peer has not taken: past this, stop reading it
     shutdown_grace_s: float = 10.0
-    push_bytes_max: int = 1024 * 1024  # one PUSH frame of a subscription stream
-    push_streams_max: int = 64  # subscription streams per connection
+    push_bytes_max: int = 1024 * 1024  # one PUSH frame of a subscription or fetch stream
+    push_streams_max: int = 64  # subscription streams per connection; fetch streams likewise
 
     def validated(self) -> ServerConfig:
         for name in ("connections_max", "requests_in_flight_max", "connection_bytes_in_flight_max",

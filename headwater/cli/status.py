@@ -144,6 +144,9 @@ def render_status(sample: Sample, rates: dict[str, Any] | None, *, now_ms: int |
     if "push_streams" in st:
         head.add_row("push", f"{st['push_streams']:,} subscriber stream(s) open, "
                              f"{st.get('pushes_total', 0):,} pushes since start")
+    if "fetch_streams" in st:
+        head.add_row("fetch streams", f"{st['fetch_streams']:,} consumer stream(s) open, "
+                                      f"{st.get('stream_pushes_total', 0):,} pushes since start")
     if rates is not None:
         every = f"over {rates['interval_s']:g} s"
         head.add_row("messages in", f"{rates['messages_in_per_s']:,.1f}/s {every}")
