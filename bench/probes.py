@@ -16,6 +16,9 @@ Run ``python -m bench.probes PROBE`` from the repository root; each prints its f
   far a burst and a sustained write differ on this disk, right now.
 - ``produce``: three back-to-back runs of the network benchmark's 1 KiB producer workload
   (batches of 500, 3 s) against one broker (async flush).
+- ``consume``: one broker holding 1.5 million messages of 100 B; a fresh consumer reads them
+  all, through a fetch stream and then with a FETCH per batch (``stream=False``), three
+  times each, alternating: what the fetch streams change for reading a backlog.
 """
 
 from __future__ import annotations
@@ -202,7 +205,42 @@ def produce() -> None:
           + ", ".join("error" if x is None else f"{x:,.1f}" for x in figures) + " MB/s")
 
 
-PROBES = {"codec": codec, "ping": ping, "send": send, "disk": disk, "produce": produce}
+def consume(n: int = 1_500_000) -> None:
+    import headwater
+
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="hw-probe-") as d:
+        server = subprocess.Popen([sys.executable, "-m", "headwater.cli.main", "--data", d, "serve", "--host",
+                                   "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            wait_until(lambda: port_open(port), timeout_s=30, what="headwater serve")
+            hw = headwater.connect(f"127.0.0.1:{port}")
+            hw.admin.create_queue("q", partitions=1)
+            p = hw.producer(linger_ms=5, batch_bytes_max=1 << 20)
+            bodies = [os.urandom(100) for _ in range(500)]
+            for _ in range(n // 500):
+                p.send_batch("q", bodies, partition=0)
+            rates: dict[bool, list[float]] = {True: [], False: []}
+            for _ in range(3):
+                for stream in (True, False):
+                    c = hw.consumer(stream=stream, max_poll_messages=500)
+                    c.assign("q", partitions=[0])
+                    got, t0 = 0, time.perf_counter()
+                    while got < n:
+                        got += len(c.poll(max_messages=500, timeout_ms=1000))
+                    rates[stream].append(n / (time.perf_counter() - t0))
+                    c.close()
+            hw.close()
+        finally:
+            server.terminate()
+            server.wait(30)
+    print(f"consume: {n:,} x 100 B, one consumer: fetch stream "
+          + ", ".join(f"{x:,.0f}" for x in rates[True]) + " msgs/s; a FETCH per batch "
+          + ", ".join(f"{x:,.0f}" for x in rates[False]) + " msgs/s")
+
+
+PROBES = {"codec": codec, "ping": ping, "send": send, "disk": disk, "produce": produce, "consume": consume}
 
 
 def main(argv: list[str] | None = None) -> int:
