@@ -221,7 +221,8 @@ class FetchStreams:
             self._end(s, UnavailableError(f"internal error in the broker's fetch stream: {e}; open it again"))
             return
         nxt = max(p.offset, res.next_offset)
-        if res.batches or nxt != p.offset:
+        moved = bool(res.batches) or nxt != p.offset
+        if moved:
             push = StreamPush(s.sid, p.partition, res.batches, nxt, res.start_offset, res.end_offset)
             try:
                 st.send(st.conn.send_chunks(Push(push)))
@@ -231,18 +232,18 @@ class FetchStreams:
             self.pushes += 1
             p.offset = nxt
             s.credit -= sum(len(b) for b in res.batches)
-        if nxt < res.end_offset:  # more to read: after the others had their turn
+        if moved and nxt < res.end_offset:  # more to read: after the others had their turn
             self._loop.call_soon(self._pump, p)
-        else:
-            self._park(p)
+        else:  # (a read that moved nothing waits for the next append, rather than spinning)
+            self._park(p, recheck=moved)
 
-    def _park(self, p: _Part) -> None:
+    def _park(self, p: _Part, recheck: bool = True) -> None:
         s = p.stream
         p.parked = True
         self._waiters.park(s.queue, p.partition, p.offset, p)
         # an append from another thread (a delayed message) notifies only registered
         # waiters: one that landed between the read and the registration must not be missed
-        if self._store.end_offset(s.queue, p.partition) > p.offset:
+        if recheck and self._store.end_offset(s.queue, p.partition) > p.offset:
             self._waiters.discard(s.queue, p.partition, p)
             p.parked = False
             self._loop.call_soon(self._pump, p)
