@@ -4,11 +4,18 @@ the embedded broker, the in-memory fake, and the network client over loopback TC
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 
 import pytest
 
 import headwater
+
+# A suite started as a background job (`make test &`) inherits SIGINT ignored, and so would
+# every process it starts; the tests that press Ctrl-C on a child (the shell, `status
+# --watch`, the demo) need it to reach them, as it does on a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class FakeClock:
