@@ -8,7 +8,9 @@ pipeline many (responses go out as they finish, matched by id). Blocking broker 
 wait for the fsync of sync flush, admin operations that rewrite the catalog) run on a bounded
 thread pool; a fetch that finds nothing waits up to its ``max_wait_ms`` for an append to that
 partition (long polling). Produces are appended inline, so those of one connection reach the
-log in the order it sent them.
+log in the order it sent them. Fetch streams (:mod:`headwater.broker.streams`) and push
+subscriptions (:mod:`headwater.broker.push`) send PUSH frames on the connection that opened
+them, without a request per answer.
 
 Every queue and buffer is bounded: requests in flight per connection, bytes of fetches in
 flight per connection and in all, answers buffered for a peer that does not read them,
