@@ -75,6 +75,14 @@ class ServerThread:
         self.loop.close()
 
 
+@pytest.fixture
+def server(tmp_path, clock):
+    """A broker serving on a free port of 127.0.0.1 from a thread of this process."""
+    s = ServerThread(tmp_path / "data", clock)
+    yield s
+    s.stop()
+
+
 @pytest.fixture(params=["embedded", "memory", "network"])
 def hw(request, tmp_path, clock):
     """A client; every test using it runs against the store, the fake and the network."""

@@ -27,13 +27,6 @@ from tests.support.broker_process import BrokerProcess, free_port
 from tests.support.waiting import wait_for
 
 
-@pytest.fixture
-def server(tmp_path, clock):
-    s = ServerThread(tmp_path / "data", clock)
-    yield s
-    s.stop()
-
-
 class Pushes:
     """A stream handler that keeps what it gets, from any thread."""
 

@@ -15,7 +15,6 @@ import threading
 import time
 
 import pytest
-from conftest import ServerThread
 
 import headwater.aio
 from headwater.client.remote import RemoteService
@@ -36,13 +35,6 @@ from headwater.protocol import (
 )
 from headwater.protocol import messages as m
 from tests.support.waiting import wait_for
-
-
-@pytest.fixture
-def server(tmp_path, clock):
-    s = ServerThread(tmp_path / "data", clock)
-    yield s
-    s.stop()
 
 
 @pytest.fixture
