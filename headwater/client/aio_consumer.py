@@ -27,8 +27,7 @@ from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.service import FetchResult
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams
-from headwater.client.polling import drain_buffers
-from headwater.client.scanner import decode_stored
+from headwater.client.polling import drain_buffers, take_batches
 from headwater.client.consumer import POLL_MESSAGES_DEFAULT
 
 __all__ = ["AsyncConsumer"]
@@ -251,7 +250,7 @@ class AsyncConsumer:
         ``remaining`` seconds for a push. The records taken."""
         streams = self._streams
         assert streams is not None
-        got = self._streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
+        got = streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
         if got:
             return got
         for queue, offsets in streams.to_open(self._fetch_pos).items():
@@ -270,7 +269,7 @@ class AsyncConsumer:
                 await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 self._pushed = None
-        return self._streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
+        return streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
 
     def _push_arrived(self) -> None:
         """A push came (on the loop): end the wait for one."""
@@ -299,15 +298,8 @@ class AsyncConsumer:
             del self._inflight[tp]
             res = task.result()  # a fetch's error is this poll's error
             start = max(pos, res.start_offset)  # records before start expired: skip them
-            buf = self._buffers[tp]
-            for b in res.batches:
-                recs = decode_stored(b, tp[0], start_offset=start, tags=self._tags)
-                buf.extend(recs)
-                got += len(recs)
-            nxt = max(start, res.next_offset)
-            self._fetch_pos[tp] = nxt
-            if not buf:
-                self._consumed[tp] = nxt
+            got += take_batches(tp, res.batches, start, res.next_offset, self._fetch_pos, self._consumed,
+                                self._buffers, self._tags)
         return got
 
     def __aiter__(self) -> AsyncConsumer:

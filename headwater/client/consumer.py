@@ -26,8 +26,7 @@ from headwater.model.batch import tags_mask
 from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.service import BrokerService, FetchResult
 from headwater.client.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams
-from headwater.client.polling import drain_buffers, wait_any
-from headwater.client.scanner import decode_stored
+from headwater.client.polling import drain_buffers, take_batches, wait_any
 
 __all__ = ["Consumer", "POLL_MESSAGES_DEFAULT"]
 
@@ -212,10 +211,9 @@ class Consumer:
             if out or not self._fetch_pos:
                 return out
             if self._streams is not None:
-                if not self._await_pushes(remaining) and remaining <= 0:
+                got = self._await_pushes(remaining)
+                if not got and (remaining <= 0 or (self._wakeup is not None and self._wakeup.done())):
                     return []
-                if self._wakeup is not None and self._wakeup.done():
-                    return drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit)
                 continue
             wait_ms = max(0, int(remaining * 1000))
             self._launch_fetches(wait_ms)
@@ -257,7 +255,7 @@ class Consumer:
         ``remaining`` seconds for a push. The records taken."""
         streams = self._streams
         assert streams is not None
-        got = self._streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
+        got = streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
         if got:
             return got
         for queue, offsets in streams.to_open(self._fetch_pos).items():
@@ -274,7 +272,7 @@ class Consumer:
             futures = [arrived] if self._wakeup is None else [arrived, self._wakeup]
             wait_any(futures, max(0.0, remaining), lead=self._lead, interrupt=self._wakeup)
         self._arrived = None
-        return self._streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
+        return streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
 
     def _push_arrived(self) -> None:
         """A push came (any thread): end the wait for one."""
@@ -293,15 +291,8 @@ class Consumer:
             if self._fetch_pos.get(tp) != pos:
                 continue  # the application seeked meanwhile: this answer is stale
             start = max(pos, res.start_offset)  # records before start expired: skip them
-            buf = self._buffers[tp]
-            for b in res.batches:
-                recs = decode_stored(b, tp[0], start_offset=start, tags=self._tags)
-                buf.extend(recs)
-                got += len(recs)
-            nxt = max(start, res.next_offset)
-            self._fetch_pos[tp] = nxt
-            if not buf:
-                self._consumed[tp] = nxt
+            got += take_batches(tp, res.batches, start, res.next_offset, self._fetch_pos, self._consumed,
+                                self._buffers, self._tags)
         return got
 
     def __iter__(self) -> Iterator[Record]:

@@ -28,10 +28,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from headwater.client.scanner import decode_stored
+from headwater.client.polling import take_batches
 from headwater.errors import UnavailableError, error_for_code
 
-__all__ = ["FetchStreams", "STREAM_WINDOW_BYTES", "take_push"]
+__all__ = ["FetchStreams", "STREAM_WINDOW_BYTES"]
 
 log = logging.getLogger("headwater.client")
 
@@ -99,7 +99,7 @@ class FetchStreams:
         return any(s.pushes or s.lost for s in self._streams.values())
 
     def take(self, fetch_pos: dict, consumed: dict, buffers: dict, tags: frozenset[str] | None) -> int:
-        """Decode each waiting push into the consumer's ``buffers`` (see :func:`take_push`)
+        """Decode each waiting push into the consumer's ``buffers`` (``polling.take_batches``)
         and grant its bytes back as they add up; the records taken. Raises the reason of a
         stream the broker ended; forgets a stream whose connection was lost."""
         got = 0
@@ -111,7 +111,11 @@ class FetchStreams:
                 if push.ended:
                     self._streams.pop(queue, None)
                     raise error_for_code(push.ended_code)(f"reading {queue!r}: {push.ended}")
-                got += take_push((queue, push.partition), push, fetch_pos, consumed, buffers, tags)
+                tp = (queue, push.partition)
+                pos = fetch_pos.get(tp)
+                if pos is not None:  # else no longer assigned (its stream is being closed)
+                    got += take_batches(tp, push.batches, max(pos, push.start_offset), push.next_offset, fetch_pos,
+                                        consumed, buffers, tags)
                 s.undecoded += sum(len(b) for b in push.batches)
             if s.lost:
                 self._streams.pop(queue, None)
@@ -128,27 +132,6 @@ class FetchStreams:
             s = self._streams.pop(q, None)
             if s is not None and not s.lost and s.sid is not None:
                 self._service.close_fetch_stream(s.sid)
-
-
-def take_push(tp: TP, push: Any, fetch_pos: dict, consumed: dict, buffers: dict,
-              tags: frozenset[str] | None) -> int:
-    """A consumer's share of a push for ``tp``: its records from the consumer's position on
-    (and matching ``tags``) into the partition's buffer, the position moved past it; the
-    records it held. A partition no longer assigned takes nothing."""
-    pos = fetch_pos.get(tp)
-    if pos is None:
-        return 0
-    buf = buffers[tp]
-    got = 0
-    for b in push.batches:
-        recs = decode_stored(b, tp[0], start_offset=pos, tags=tags)
-        buf.extend(recs)
-        got += len(recs)
-    nxt = max(pos, push.next_offset)
-    fetch_pos[tp] = nxt
-    if not buf:
-        consumed[tp] = nxt
-    return got
 
 
 def _log_grant_failure(fut: Any) -> None:

@@ -1,11 +1,12 @@
-"""What the consumers' ``poll()`` loops share: waiting for fetches, handing out records.
+"""What the consumers' ``poll()`` loops share: waiting for reads, taking and handing out records.
 
-A consumer keeps, per partition, a buffer of fetched records, the position its next fetch
+A consumer keeps, per partition, a buffer of read records, the position its next read
 starts from, and the position it has consumed up to (what a commit stores). ``poll()``
-hands out buffered records first; when there are none it launches fetches and waits for the
-first answer. Over the network the waiting thread reads the answers itself (see
-``RemoteService.lead``); embedded, it waits on the futures. (The asyncio consumer awaits its
-fetches instead, and shares only :func:`drain_buffers`.)
+hands out buffered records first; when there are none it waits for the next read (an answer
+to its fetches, or a fetch stream's push) and takes its records (:func:`take_batches`). Over
+the network the waiting thread reads the connection itself (see ``RemoteService.lead``);
+embedded, it waits on the futures. (The asyncio consumer awaits instead, and shares
+:func:`take_batches` and :func:`drain_buffers`.)
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from headwater.client.scanner import decode_stored
 from headwater.model.message import Record
 
-__all__ = ["Lead", "drain_buffers", "wait_any"]
+__all__ = ["Lead", "drain_buffers", "take_batches", "wait_any"]
 
 Lead = Callable[..., "concurrent.futures.Future | None"]  # RemoteService.lead(futures, timeout_s, *, interrupt=None)
 
@@ -44,6 +46,24 @@ def wait_any(futures: list[concurrent.futures.Future], timeout_s: float, *, lead
     remaining = deadline - time.monotonic()
     if remaining > 0 and not any(f.done() for f in futures):
         concurrent.futures.wait(futures, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
+
+
+def take_batches(tp: Any, batches: list, start: int, next_offset: int, fetch_pos: dict[Any, int],
+                 consumed: dict[Any, int], buffers: dict[Any, deque[Record]], tags: frozenset[str] | None) -> int:
+    """Stored ``batches`` read for partition ``tp`` (a fetch's answer, a push): their records
+    from ``start`` on (and matching ``tags``) into its buffer, its read position moved to
+    ``next_offset``; the records taken. ``tp`` is ``(queue, partition)``."""
+    buf = buffers[tp]
+    got = 0
+    for b in batches:
+        recs = decode_stored(b, tp[0], start_offset=start, tags=tags)
+        buf.extend(recs)
+        got += len(recs)
+    nxt = max(start, next_offset)
+    fetch_pos[tp] = nxt
+    if not buf:  # nothing to hand out: consumed up to where reading goes on
+        consumed[tp] = nxt
+    return got
 
 
 def drain_buffers(buffers: dict[Any, deque[Record]], fetch_pos: dict[Any, int],
