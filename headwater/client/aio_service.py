@@ -165,13 +165,9 @@ class AsyncService:
         """Open a fetch stream over ``positions`` (``{partition: offset}``) of ``queue``; its
         id. ``handler`` gets each PUSH body on the event loop, and None once if the
         connection is lost."""
-        sid = self.transport.register_push(handler)
-        try:
-            await self.transport.call(m.FetchStreamRequest(sid, queue, dict(positions), credit_bytes, tag_mask,
-                                                           push_bytes_max))
-        except BaseException:
-            self.transport.unregister_push(sid)
-            raise
+        sid, _ = await self.transport.open_stream(
+            lambda sid: m.FetchStreamRequest(sid, queue, dict(positions), credit_bytes, tag_mask, push_bytes_max),
+            handler)
         return sid
 
     def credit_fetch_stream(self, stream_id: int, credit_bytes: int) -> asyncio.Future[None]:

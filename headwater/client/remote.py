@@ -290,16 +290,10 @@ class RemoteService:
 
         ``handler`` gets each PUSH body, on the client's event loop thread (keep it quick),
         and None once if the connection is lost."""
-        async def open_() -> tuple[int, SubscriberInfo]:
-            sid = self.transport.register_push(handler)
-            try:
-                info = await self.transport.call(m.SubscribeRequest(sid, queue, name, credit_messages, credit_bytes))
-            except BaseException:
-                self.transport.unregister_push(sid)
-                raise
-            return sid, info
+        def request(sid: int) -> m.RequestBody:
+            return m.SubscribeRequest(sid, queue, name, credit_messages, credit_bytes)
 
-        return asyncio.run_coroutine_threadsafe(open_(), self._loop).result()
+        return asyncio.run_coroutine_threadsafe(self.transport.open_stream(request, handler), self._loop).result()
 
     def ack_push_stream(self, stream_id: int, offsets: dict[int, int], credit_messages: int,
                         credit_bytes: int) -> concurrent.futures.Future:
@@ -326,19 +320,13 @@ class RemoteService:
         ``handler`` gets each PUSH body, on the thread that reads the connection (the client's
         event loop, or a caller that leads: keep it quick and thread-safe), and None once if
         the connection is lost."""
-        async def open_() -> int:
-            sid = self.transport.register_push(handler, any_thread=True)
-            try:
-                await self.transport.call(m.FetchStreamRequest(sid, queue, dict(positions), credit_bytes, tag_mask,
-                                                               push_bytes_max))
-            except BaseException:
-                self.transport.unregister_push(sid)
-                raise
-            return sid
-
         if self._closed:
             raise ClosedError(f"the client of {self.address} is closed")
-        return asyncio.run_coroutine_threadsafe(open_(), self._loop).result()
+        def request(sid: int) -> m.RequestBody:
+            return m.FetchStreamRequest(sid, queue, dict(positions), credit_bytes, tag_mask, push_bytes_max)
+
+        opening = self.transport.open_stream(request, handler, any_thread=True)
+        return asyncio.run_coroutine_threadsafe(opening, self._loop).result()[0]
 
     def credit_fetch_stream(self, stream_id: int, credit_bytes: int) -> concurrent.futures.Future:
         """Let a fetch stream push ``credit_bytes`` more, without waiting."""

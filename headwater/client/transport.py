@@ -49,10 +49,13 @@ request is submitted with ``lead=False`` (the default). A connection that went u
 ``UNREAD_CHECK_S`` is read by the next submitter before it writes, so a broker that closed it
 meanwhile is seen first.
 
-PUSH frames (deliveries of a push subscription's stream) are routed by their stream id to
-the handler registered with :meth:`AsyncTransport.register_push`, called on the loop (keep
-it quick: hand the body to another thread). When the connection is lost, every handler is
-called once with None and dropped: the streams died with the connection.
+PUSH frames (a push subscription's or a fetch stream's deliveries) are routed by their
+stream id to the handler registered with :meth:`AsyncTransport.register_push` (or
+:meth:`AsyncTransport.open_stream`), called on the loop (keep it quick: hand the body to
+another thread), or, registered ``any_thread``, on whichever thread reads them as they are
+parsed; the loop does not read for those (their consumer reads when it polls). When the
+connection is lost, every handler is called once with None and dropped: the streams died
+with the connection.
 
 The loop must support ``add_reader`` (asyncio's and uvloop's loops on Unix do).
 """
@@ -772,14 +775,14 @@ class AsyncTransport:
         me = threading.get_ident()
         with self._lock:
             link = self._link
-            if (link is None or link.lost or link.broken or self._leader is not None
-                    or me == self._loop_thread or self._closed):
-                if (self._leader is None or self._leader == me or me == self._loop_thread or link is None
-                        or self._closed):
-                    return None
+            if link is None or self._closed or me == self._loop_thread or self._leader == me:
+                return None
+            if self._leader is not None:  # another thread reads: the caller may lead once it stops
                 if self._lead_free is None:
                     self._lead_free = concurrent.futures.Future()
                 return self._lead_free
+            if link.lost or link.broken:
+                return None
             self._leader = me
             if self._wake_pair is None:
                 self._wake_pair = socket.socketpair()
@@ -904,6 +907,18 @@ class AsyncTransport:
     def unregister_push(self, stream_id: int) -> None:
         self._push_handlers.pop(stream_id, None)
         self._push_anywhere.discard(stream_id)
+
+    async def open_stream(self, request: Callable[[int], RequestBody], handler: Callable[[PushBody | None], None],
+                          *, any_thread: bool = False) -> tuple[int, Any]:
+        """Open a push stream (on the loop): register ``handler`` under a new id, send
+        ``request(id)`` (SUBSCRIBE, FETCH_STREAM) and return the id and the answer's result;
+        the handler is dropped again if the request fails."""
+        sid = self.register_push(handler, any_thread=any_thread)
+        try:
+            return sid, await self.call(request(sid))
+        except BaseException:
+            self.unregister_push(sid)
+            raise
 
     async def close(self) -> None:
         """Fail every call in flight or waiting, and close the connection (on the loop)."""
