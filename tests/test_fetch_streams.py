@@ -136,6 +136,16 @@ def test_a_stream_id_in_use_is_refused(remote):
         remote._call(m.FetchStreamRequest(sid, "q", {1: 0}, 100), retry=False)
 
 
+def test_stream_ids_are_unique_among_subscriptions_and_fetch_streams(remote):
+    remote.add_subscriber("q", "audit")
+    sub_id, _ = remote.open_push_stream("q", "audit", Pushes(), credit_messages=10, credit_bytes=1000)
+    with pytest.raises(InvalidArgumentError, match=f"stream {sub_id} is already open"):
+        remote._call(m.FetchStreamRequest(sub_id, "q", {0: 0}, 100), retry=False)
+    sid = remote.open_fetch_stream("q", {0: 0}, Pushes(), credit_bytes=100)
+    with pytest.raises(InvalidArgumentError, match=f"stream {sid} is already open"):
+        remote._call(m.SubscribeRequest(sid, "q", "other", 10, 100), retry=False)
+
+
 def test_deleting_the_queue_ends_its_streams(remote):
     pushes = Pushes()
     remote.open_fetch_stream("q", {0: 0}, pushes, credit_bytes=1 << 20)

@@ -105,7 +105,7 @@ class PushService:
     """Push streams of every connection of one server. Create it on the server's loop."""
 
     def __init__(self, broker: Any, pool: Executor, *, push_bytes_max: int = 1 << 20,
-                 streams_per_connection_max: int = 64) -> None:
+                 streams_per_connection_max: int = 64, taken: Any = lambda st, sid: False) -> None:
         self._broker = broker
         self._store = broker.store
         self._pool = pool
@@ -117,9 +117,9 @@ class PushService:
         self._by_name: dict[tuple[str, str], _Stream] = {}
         self._by_conn: dict[Any, dict[int, _Stream]] = {}
         self.pushes = 0
-        #: whether a fetch stream uses an id on a connection (the server sets it): ids are
-        #: unique among a connection's streams of both kinds
-        self.stream_ids_taken: Any = lambda st, sid: False
+        # taken(st, sid): whether a fetch stream uses that id on the connection (ids are unique
+        # among a connection's streams of both kinds)
+        self._taken = taken
         broker.add_append_listener(self._on_append)
         broker.subscribers.add_delete_listener(self._on_delete)
 
@@ -139,7 +139,7 @@ class PushService:
 
     async def _subscribe(self, st: Any, req: SubscribeRequest) -> ResponseBody:
         streams = self._by_conn.get(st, {})
-        if req.subscription_id in streams or self.stream_ids_taken(st, req.subscription_id):
+        if req.subscription_id in streams or self._taken(st, req.subscription_id):
             raise InvalidArgumentError(f"stream {req.subscription_id} is already open on this connection")
         if len(streams) >= self.streams_per_connection_max:
             raise UsageError(

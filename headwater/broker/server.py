@@ -29,8 +29,8 @@ import resource
 import threading
 import time
 from collections.abc import Coroutine
-from typing import Any
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import msgspec
 
@@ -102,9 +102,6 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         return self
 
 
-_FUTURE = asyncio.Future  # what loop.create_future() makes (uvloop's loop too)
-
-
 class _PartitionWaiters:
     """Fetches parked until their partition grows past an offset (long polling).
 
@@ -139,7 +136,7 @@ class _PartitionWaiters:
         waiting, self._waiting = self._waiting, {}
         for lst in waiting.values():
             for _, w in lst:
-                if type(w) is not _FUTURE:
+                if not isinstance(w, asyncio.Future):  # a parked fetch, a fetch stream's partition
                     w.wake()
                 elif not w.done():
                     w.set_result(None)
@@ -159,7 +156,7 @@ class _PartitionWaiters:
         woken = []
         for offset, w in lst:
             if end_offset > offset:
-                if type(w) is not _FUTURE:  # a parked fetch, a fetch stream's partition
+                if not isinstance(w, asyncio.Future):  # a parked fetch, a fetch stream's partition
                     woken.append(w)
                 elif not w.done():
                     w.set_result(None)
@@ -228,12 +225,13 @@ class BrokerServer:
         self.broker.groups.hold_grants_after_restart()  # members from before a restart may still read
         self._shared_waiters = SharedWaiters(loop)
         self.broker.shared.add_listener(self._shared_waiters.notify)
+        # a connection's stream ids are unique among its subscriptions and fetch streams
         self._push = PushService(self.broker, self._pool, push_bytes_max=self.config.push_bytes_max,
-                                 streams_per_connection_max=self.config.push_streams_max)
+                                 streams_per_connection_max=self.config.push_streams_max,
+                                 taken=lambda st, sid: self._streams.has_stream(st, sid))
         self._streams = FetchStreams(self.broker.store, self._waiters, push_bytes_max=self.config.push_bytes_max,
                                      streams_per_connection_max=self.config.push_streams_max,
                                      taken=self._push.has_stream)
-        self._push.stream_ids_taken = self._streams.has_stream
         _raise_fd_limit(self.config.connections_max + 256)
         self._server = await loop.create_server(
             lambda: ClientConnection(self), self.config.host, self.config.port, backlog=4096,

@@ -300,14 +300,19 @@ class FetchStreams:
         self._check = None
         if not self._by_conn:
             return
+        ids: dict[str, int | HeadwaterError] = {}  # each queue looked up once
         for streams in list(self._by_conn.values()):
             for s in list(streams.values()):
-                try:
-                    info = self._store.describe_queue(s.queue)
-                    if info.queue_id != s.queue_id:
-                        raise QueueNotFoundError(f"queue {s.queue!r} was deleted (and created again)")
-                except HeadwaterError as e:
-                    self._end(s, e)
+                if s.queue not in ids:
+                    try:
+                        ids[s.queue] = self._store.describe_queue(s.queue).queue_id
+                    except HeadwaterError as e:
+                        ids[s.queue] = e
+                got = ids[s.queue]
+                if isinstance(got, HeadwaterError):
+                    self._end(s, got)
+                elif got != s.queue_id:
+                    self._end(s, QueueNotFoundError(f"queue {s.queue!r} was deleted (and created again)"))
         if self._by_conn and not self._stopping:
             self._check = self._loop.call_later(_QUEUE_CHECK_S, self._check_queues)
 

@@ -1214,8 +1214,8 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
         ApiSpec(ApiKey.KEYED_FETCH, KeyedFetchRequest, KeyedFetchResponse, "keyed_fetch"),
         ApiSpec(ApiKey.KEYED_COMMIT, KeyedCommitRequest, KeyedCommitResponse, "keyed_commit"),
         ApiSpec(ApiKey.KEYED_RESIZE, KeyedResizeRequest, KeyedResizeResponse, "keyed_resize"),
-        # SUBSCRIBE, UNSUBSCRIBE and SUBSCRIPTION_ACK act on the connection's push streams:
-        # the server handles them itself
+        # the fetch streams' and subscriptions' requests act on the connection's push streams
+        # (STREAM_APIS): the server handles them itself
         ApiSpec(ApiKey.FETCH_STREAM, FetchStreamRequest, FetchStreamResponse, None),
         ApiSpec(ApiKey.STREAM_CREDIT, StreamCreditRequest, StreamCreditResponse, None),
         ApiSpec(ApiKey.CLOSE_STREAM, CloseStreamRequest, CloseStreamResponse, None),
@@ -1307,7 +1307,7 @@ def invoke(service: BrokerService, request: RequestBody) -> ResponseBody:
     """
     spec = API_SPECS[request.api]
     if spec.method is None:
-        if spec.key in PUSH_SPECS or spec.key in STREAM_APIS:
+        if spec.key in STREAM_APIS:
             from headwater.errors import UsageError
 
             raise UsageError(f"{spec.key.name} acts on a connection's push streams: only a server serves it")
