@@ -60,6 +60,14 @@ def remote(server):
     svc.close()
 
 
+@pytest.fixture
+def net(server):
+    """A network client of ``server``."""
+    client = headwater.connect(server.address)
+    yield client
+    client.close()
+
+
 def reading(svc: RemoteService, cond, what: str):
     """``wait_for(cond)`` while this thread reads the connection: a fetch stream's pushes
     are read by the thread that polls (the client's loop does not read for them)."""
@@ -207,66 +215,54 @@ def poll_until(consumer, n: int, timeout_s: float = 10.0) -> list[bytes]:
     return got
 
 
-def test_a_streaming_consumer_reads_seeks_and_changes_its_assignment(server):
-    hw = headwater.connect(server.address)
-    try:
-        hw.admin.create_queue("q", partitions=2)
-        hw.admin.create_queue("other", partitions=1)
-        hw.send_batch("q", [b"a0", b"a1"], partition=0)
-        hw.send_batch("q", [b"b0"], partition=1)
-        c = hw.consumer(group="g")
-        assert c._streams is not None  # over the network it streams
-        c.assign("q")
-        assert sorted(poll_until(c, 3)) == [b"a0", b"a1", b"b0"]
-        hw.send_batch("q", [b"a2"], partition=0)
-        assert poll_until(c, 1) == [b"a2"]
-        c.seek("q", 0, 1)
-        assert poll_until(c, 2) == [b"a1", b"a2"]
-        assert c.position("q", 0) == 3
-        c.commit()
-        assert hw.service.fetch_offsets("g", "q") == {0: 3, 1: 1}
-        c.unassign("q")
-        c.assign("other")
-        hw.send_batch("q", [b"not mine"], partition=0)
-        hw.send_batch("other", [b"o0"], partition=0)
-        assert poll_until(c, 1) == [b"o0"]
-        assert c.poll(timeout_ms=100) == []
-        c.close()
-    finally:
-        hw.close()
+def test_a_streaming_consumer_reads_seeks_and_changes_its_assignment(net):
+    net.admin.create_queue("q", partitions=2)
+    net.admin.create_queue("other", partitions=1)
+    net.send_batch("q", [b"a0", b"a1"], partition=0)
+    net.send_batch("q", [b"b0"], partition=1)
+    c = net.consumer(group="g")
+    assert c._streams is not None  # over the network it streams
+    c.assign("q")
+    assert sorted(poll_until(c, 3)) == [b"a0", b"a1", b"b0"]
+    net.send_batch("q", [b"a2"], partition=0)
+    assert poll_until(c, 1) == [b"a2"]
+    c.seek("q", 0, 1)
+    assert poll_until(c, 2) == [b"a1", b"a2"]
+    assert c.position("q", 0) == 3
+    c.commit()
+    assert net.service.fetch_offsets("g", "q") == {0: 3, 1: 1}
+    c.unassign("q")
+    c.assign("other")
+    net.send_batch("q", [b"not mine"], partition=0)
+    net.send_batch("other", [b"o0"], partition=0)
+    assert poll_until(c, 1) == [b"o0"]
+    assert c.poll(timeout_ms=100) == []
+    c.close()
 
 
-def test_a_small_window_still_delivers_everything_in_order(server):
-    hw = headwater.connect(server.address)
-    try:
-        hw.admin.create_queue("q", partitions=1)
-        c = Consumer(hw.service, stream_window_bytes=2000, fetch_bytes=500)
-        c.assign("q")
-        sent = [b"%05d" % i + bytes(100) for i in range(2000)]
-        p = hw.producer(linger_ms=1)
-        for body in sent:
-            p.send("q", body)
-        p.flush()
-        assert poll_until(c, len(sent), timeout_s=30) == sent
-    finally:
-        hw.close()
+def test_a_small_window_still_delivers_everything_in_order(net):
+    net.admin.create_queue("q", partitions=1)
+    c = Consumer(net.service, stream_window_bytes=2000, fetch_bytes=500)
+    c.assign("q")
+    sent = [b"%05d" % i + bytes(100) for i in range(2000)]
+    p = net.producer(linger_ms=1)
+    for body in sent:
+        p.send("q", body)
+    p.flush()
+    assert poll_until(c, len(sent), timeout_s=30) == sent
 
 
-def test_a_streaming_consumer_with_tags_gets_only_those(server):
-    hw = headwater.connect(server.address)
-    try:
-        hw.admin.create_queue("q", partitions=1)
-        c = hw.consumer(tags=["keep"])
-        c.assign("q")
-        assert c.poll(timeout_ms=50) == []
-        p = hw.producer(linger_ms=0)
-        for i in range(10):
-            p.send("q", headwater.Message(b"%d" % i, tag="keep" if i % 2 else "drop"))
-        p.flush()
-        assert poll_until(c, 5) == [b"1", b"3", b"5", b"7", b"9"]
-        assert c.position("q", 0) == 10
-    finally:
-        hw.close()
+def test_a_streaming_consumer_with_tags_gets_only_those(net):
+    net.admin.create_queue("q", partitions=1)
+    c = net.consumer(tags=["keep"])
+    c.assign("q")
+    assert c.poll(timeout_ms=50) == []
+    p = net.producer(linger_ms=0)
+    for i in range(10):
+        p.send("q", headwater.Message(b"%d" % i, tag="keep" if i % 2 else "drop"))
+    p.flush()
+    assert poll_until(c, 5) == [b"1", b"3", b"5", b"7", b"9"]
+    assert c.position("q", 0) == 10
 
 
 def test_a_streaming_consumer_goes_on_after_the_broker_restarts(tmp_path):
@@ -295,37 +291,32 @@ def test_a_streaming_consumer_goes_on_after_the_broker_restarts(tmp_path):
         broker.kill()
 
 
-def test_a_consumer_can_still_fetch_instead(server):
-    hw = headwater.connect(server.address)
-    try:
-        hw.admin.create_queue("q", partitions=1)
-        hw.send_batch("q", [b"x"], partition=0)
-        c = hw.consumer(stream=False)
-        c.assign("q")
-        assert c._streams is None and poll_until(c, 1) == [b"x"]
-        assert server.call(lambda: server.server._streams.stats()["fetch_streams"]) == 0
-    finally:
-        hw.close()
+def test_a_consumer_can_still_fetch_instead(server, net):
+    net.admin.create_queue("q", partitions=1)
+    net.send_batch("q", [b"x"], partition=0)
+    c = net.consumer(stream=False)
+    c.assign("q")
+    assert c._streams is None and poll_until(c, 1) == [b"x"]
+    assert server.call(lambda: server.server._streams.stats()["fetch_streams"]) == 0
 
 
-def test_a_streaming_consumer_waiting_behind_another_reader_gets_its_pushes_promptly(server):
+def test_a_streaming_consumer_waiting_behind_another_reader_gets_its_pushes_promptly(server, net):
     """Another thread reads the connection (its blocking call leads) when the consumer's
     poll begins: once that call is done, the consumer takes the reading over, rather than
     its pushes waiting in the socket until its poll times out."""
-    hw = headwater.connect(server.address)
     other = headwater.connect(server.address)
     try:
-        hw.admin.create_queue("q", partitions=1)
-        hw.admin.create_queue("empty", partitions=1)
-        c = hw.consumer()
+        net.admin.create_queue("q", partitions=1)
+        net.admin.create_queue("empty", partitions=1)
+        c = net.consumer()
         c.assign("q")
         assert c.poll(timeout_ms=50) == []  # opens the stream
         for i in range(3):
             # a long poll on an empty queue: this thread reads the connection for 300 ms
-            reader = threading.Thread(target=hw.service.fetch, args=("empty", 0, 0),
+            reader = threading.Thread(target=net.service.fetch, args=("empty", 0, 0),
                                       kwargs=dict(max_bytes=1000, max_wait_ms=300))
             reader.start()
-            wait_for(lambda: hw.service.transport._leader is not None, what="the other thread to read")
+            wait_for(lambda: net.service.transport._leader is not None, what="the other thread to read")
             threading.Timer(0.5, other.send_batch, args=("q", [b"%d" % i]), kwargs=dict(partition=0)).start()
             t = time.monotonic()
             got = c.poll(timeout_ms=5000)
@@ -334,7 +325,6 @@ def test_a_streaming_consumer_waiting_behind_another_reader_gets_its_pushes_prom
             reader.join()
     finally:
         other.close()
-        hw.close()
 
 
 # the asyncio consumer ------------------------------------------------------------------------
