@@ -9,7 +9,8 @@ check of the machine's own scheduling noise. The comparison that counts is per r
 systems of one round ran within the same half minute.
 
 Run ``python -m bench.latency`` from the repository root (about 3 minutes with the default
-systems; ``--rounds`` and ``--seconds`` change that). It prints every round, then per system
+systems; ``--rounds`` and ``--seconds`` change that; ``--rate`` runs another schedule, to see
+how much of the tail follows the load). It prints every round, then per system
 and mode the median, best and worst of the rounds' p99, and per round Headwater's p99 over
 the best peer's (async against every peer mode, sync against the peer modes that fsync before
 acknowledging, as in :mod:`bench.network`).
@@ -36,13 +37,13 @@ __all__ = ["main", "run_rounds", "summarize"]
 DEFAULT_SYSTEMS = "headwater,redis"
 
 
-def run_rounds(entries: list[tuple[str, Any, Any]], *, rounds: int, seconds: float,
+def run_rounds(entries: list[tuple[str, Any, Any]], *, rounds: int, seconds: float, rate: int = LATENCY_RATE,
                log=print) -> list[dict[str, Any]]:
     """``entries``: (label, driver, mode), drivers set up. One dict per round: the timer
-    check and each label's latency result."""
+    check (on the same schedule) and each label's latency result at ``rate`` msgs/s."""
     out: list[dict[str, Any]] = []
     for r in range(rounds):
-        timer = machine.timer_lateness(rate=LATENCY_RATE, seconds=1.0, spin_ns=SPIN_NS)
+        timer = machine.timer_lateness(rate=rate, seconds=1.0, spin_ns=SPIN_NS)
         shift = r % len(entries)
         order = entries[shift:] + entries[:shift]  # nobody always runs first or last
         results: dict[str, Any] = {}
@@ -50,7 +51,7 @@ def run_rounds(entries: list[tuple[str, Any, Any]], *, rounds: int, seconds: flo
             try:
                 driver.use_mode(mode)
                 driver.reset(mode, 1)
-                results[label] = driver.latency(mode, rate=LATENCY_RATE, seconds=seconds, size=LATENCY_SIZE)
+                results[label] = driver.latency(mode, rate=rate, seconds=seconds, size=LATENCY_SIZE)
             except Exception as e:  # noqa: BLE001 - reported in the table
                 results[label] = {"error": f"{type(e).__name__}: {e}"}
         out.append({"round": r + 1, "timer": timer, "order": [label for label, _, _ in order],
@@ -97,10 +98,10 @@ def summarize(rounds: list[dict[str, Any]], modes: dict[str, Any]) -> dict[str, 
     return {"p99": per_label, "ratio_to_best_peer": ratios, "peers_compared": compared}
 
 
-def render(console, rounds: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+def render(console, rounds: list[dict[str, Any]], summary: dict[str, Any], rate: int = LATENCY_RATE) -> None:
     from rich.table import Table
 
-    t = Table(title=f"p99 of end-to-end latency per round ({LATENCY_RATE:,} msgs/s of {LATENCY_SIZE} B), ms")
+    t = Table(title=f"p99 of end-to-end latency per round ({rate:,} msgs/s of {LATENCY_SIZE} B), ms")
     t.add_column("round")
     t.add_column("lone timer\n>1 ms late", justify="right")
     labels = list(rounds[0]["results"]) if rounds else []
@@ -134,7 +135,7 @@ def render(console, rounds: list[dict[str, Any]], summary: dict[str, Any]) -> No
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.latency",
-        description="End-to-end latency at 2,000 msgs/s in alternating rounds: every chosen system "
+        description="End-to-end latency at 2,000 msgs/s (or --rate) in alternating rounds: every chosen system "
                     "and mode runs once per round, in a rotating order, so they share the host's "
                     "noise. Servers are set up as in bench.network.")
     parser.add_argument("--systems", metavar="LIST", default=DEFAULT_SYSTEMS,
@@ -143,11 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="rounds to run (default: 5)")
     parser.add_argument("--seconds", type=float, default=5.0,
                         help="counted seconds of each latency run (default: 5)")
+    parser.add_argument("--rate", type=int, default=LATENCY_RATE,
+                        help=f"messages per second (default: {LATENCY_RATE:,}, the issue's workload)")
     parser.add_argument("--json", metavar="PATH", help="also save the rounds as JSON to PATH")
     args = parser.parse_args(argv)
     systems = parse_systems(parser, args.systems)
-    if args.rounds < 1 or args.seconds <= 0:
-        parser.error("--rounds must be at least 1 and --seconds above 0")
+    if args.rounds < 1 or args.seconds <= 0 or args.rate < 1:
+        parser.error("--rounds and --rate must be at least 1 and --seconds above 0")
     install_signal_handlers()
 
     from rich.console import Console
@@ -176,9 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         if not entries:
             console.print("[red]no system could be set up[/]")
             return 1
-        rounds = run_rounds(entries, rounds=args.rounds, seconds=args.seconds, log=console.log)
+        rounds = run_rounds(entries, rounds=args.rounds, seconds=args.seconds, rate=args.rate, log=console.log)
     summary = summarize(rounds, modes)
-    render(console, rounds, summary)
+    render(console, rounds, summary, args.rate)
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
