@@ -69,3 +69,25 @@ def test_the_cpu_of_a_process_group_is_counted_and_nobody_elses():
         idle.kill()
         busy.wait()
         idle.wait()
+
+
+def test_the_rounds_run_at_the_rate_asked_for():
+    from bench.latency import main, run_rounds
+
+    class Driver:
+        def __init__(self) -> None:
+            self.rates: list[int] = []
+
+        def use_mode(self, mode) -> None: ...
+
+        def reset(self, mode, streams: int) -> None: ...
+
+        def latency(self, mode, *, rate: int, seconds: float, size: int) -> dict:
+            self.rates.append(rate)
+            return {"p50_ms": 0.1, "p99_ms": 0.2, "late_sends": 0}
+
+    d = Driver()
+    rounds = run_rounds([("x", d, None)], rounds=2, seconds=0.1, rate=500, log=lambda line: None)
+    assert d.rates == [500, 500] and len(rounds) == 2
+    with pytest.raises(SystemExit):
+        main(["--rate", "0"])
