@@ -512,3 +512,39 @@ def test_sync_flush_shares_fsyncs(tmp_path):
         fsyncs = store.stats()["fsyncs"] - before
         assert hw.admin.describe_queue("q").message_count == 320
         assert 0 < fsyncs < 320  # group commit: fewer fsyncs than acknowledged sends
+
+
+def test_a_read_of_the_last_batch_is_served_from_memory_as_the_file_holds_it(tmp_path, clock, monkeypatch):
+    """A reader at the end of a partition (a fetch stream, a woken long poll) gets the batch
+    just appended from the store's copy: the same bytes and offsets as the file gives."""
+    from headwater.model.batch import encode_batch, tags_mask
+    from headwater.model.config import QueueConfig
+    from headwater.storage import LogStore
+    from headwater.storage.segment import LogSegment
+
+    store = LogStore(tmp_path / "d", clock=clock)
+    store.create_queue("q", QueueConfig(partitions=1, ttl_s=60))
+    store.append("q", 0, encode_batch([b"a", b"b"]))
+    clock.advance(1)
+    store.append("q", 0, encode_batch([Message(b"c", tag="t"), Message(b"d", tag="t")]))
+    reads = []
+    real_read = LogSegment.read
+    monkeypatch.setattr(LogSegment, "read", lambda self, *a: reads.append(a) or real_read(self, *a))
+    from_memory = [store.fetch("q", 0, off) for off in (2, 3)]
+    assert reads == [], "the last batch was read back from the file"
+    assert store.fetch("q", 0, 2, tag_mask=tags_mask(["other"])).batches == []  # filtered: as before
+    store.fetch("q", 0, 1)  # an earlier batch: from the file
+    assert len(reads) == 1
+    store.close()
+
+    store = LogStore(tmp_path / "d", clock=clock)  # reopened: no copy in memory, all from the file
+    assert [store.fetch("q", 0, off) for off in (2, 3)] == from_memory
+    store.append("q", 0, encode_batch([b"e"]))
+    clock.advance(120)  # every batch expired: the copy must not bring the last one back
+    res = store.fetch("q", 0, 4)
+    assert (res.batches, res.start_offset) == ([], 5)
+    store.append("q", 0, encode_batch([b"f"]))
+    store.truncate_queue("q")
+    res = store.fetch("q", 0, 5)
+    assert (res.batches, res.next_offset, res.start_offset) == ([], 6, 6)
+    store.close()

@@ -116,13 +116,32 @@ class _Span:
         self.last_ts = last_ts
 
 
+class _Tail:
+    """A copy of the last small batch appended to a partition, as stored, so that a reader
+    following the partition's end (a fetch stream's push, a woken long poll) gets it without
+    reading the file back. Valid while it is still the partition's last batch."""
+
+    __slots__ = ("base_offset", "end_offset", "timestamp_ms", "tag_mask", "data")
+
+    def __init__(self, base_offset: int, end_offset: int, timestamp_ms: int, tag_mask: int, data: bytes) -> None:
+        self.base_offset = base_offset
+        self.end_offset = end_offset
+        self.timestamp_ms = timestamp_ms
+        self.tag_mask = tag_mask
+        self.data = data
+
+
+_TAIL_BYTES_MAX = 16 * 1024  # larger batches are read back from the segment file
+
+
 class _Partition:
-    __slots__ = ("start_offset", "end_offset", "spans")
+    __slots__ = ("start_offset", "end_offset", "spans", "tail")
 
     def __init__(self, start_offset: int) -> None:
         self.start_offset = start_offset
         self.end_offset = start_offset
         self.spans: list[_Span] = []
+        self.tail: _Tail | None = None
 
 
 class _Queue:
@@ -516,13 +535,15 @@ class LogStore:
             seg = self._roll()
         base = pl.end_offset
         prefix = broker_prefix(h.length, qid, partition, base, ts, broker_reserved)
-        pos = seg.append([prefix, memoryview(batch)[40:]])
+        body = memoryview(batch)[40:]
+        pos = seg.append([prefix, body])
         stored = h._replace(queue_id=qid, partition=partition, base_offset=base, timestamp_ms=ts,
                             broker_reserved=broker_reserved)
         self._active_index.add_batch(stored, pos, hashes)
         self._producers.record(h, qid, partition, base, ts)
         end = base + h.count
         pl.end_offset = end
+        pl.tail = _Tail(base, end, ts, h.tag_mask, prefix + body) if h.size <= _TAIL_BYTES_MAX else None
         spans = pl.spans
         if spans and spans[-1].segment_base == seg.base_position:
             sp = spans[-1]
@@ -668,6 +689,12 @@ class LogStore:
         for _attempt in range(3):
             q = self._usable_queue(queue)
             pl = self._partition(q, partition)
+            tail = pl.tail
+            if (tail is not None and tail.base_offset <= offset < tail.end_offset and end_offset is None
+                    and (not tag_mask or tail.tag_mask & tag_mask)):
+                hit = self._fetch_tail(q, pl, partition, tail)
+                if hit is not None:
+                    return hit
             plan, nxt, start, end = self._plan_fetch(q, pl, partition, offset, max_bytes, tag_mask, end_offset)
             try:
                 return FetchResult(self._read_plan(plan), nxt, start, end)
@@ -676,6 +703,18 @@ class LogStore:
                     raise
                 # retention removed a segment under us: plan again from the new start
         raise StorageError("retention kept removing the segments being read; try again")
+
+    def _fetch_tail(self, q: _Queue, pl: _Partition, partition: int, tail: _Tail) -> FetchResult | None:
+        """The fetch of an offset inside the partition's last batch, from its copy in memory;
+        None when that batch is no longer the last or no longer readable (read the file)."""
+        with self._lock:
+            self._check_open()
+            if pl.tail is not tail or pl.end_offset != tail.end_offset:
+                return None
+            start = self._effective_start(q, partition, self._now_ms())
+            if start > tail.base_offset:  # truncated or expired: the plan skips what is gone
+                return None
+            return FetchResult([tail.data], tail.end_offset, start, tail.end_offset)
 
     def _plan_fetch(self, q: _Queue, pl: _Partition, partition: int, offset: int, max_bytes: int,
                     tag_mask: int, end_offset: int | None):
