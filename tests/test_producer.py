@@ -389,9 +389,11 @@ def test_invalid_input_raises_before_anything_is_queued(hw):
     p.flush()
     assert stored(hw, "q") == []
     for name, value in (("linger_ms", -1), ("batch_bytes_max", 0), ("retries", 1.5), ("idempotent", 1),
-                        ("compression", "gzip"), ("buffer_bytes_max", True)):
+                        ("compression", "gzip"), ("buffer_bytes_max", True), ("delivery_timeout_ms", 0)):
         with pytest.raises(InvalidArgumentError, match=name if name != "compression" else "compression"):
             hw.producer(**{name: value})
+    with pytest.raises(InvalidArgumentError, match="retry_backoff_max_ms must be an int from 500"):
+        Producer(hw.service, retry_backoff_ms=500, retry_backoff_max_ms=100)  # the cap below the first wait
 
 
 def test_full_buffer_blocks_then_raises(hw):
@@ -705,7 +707,7 @@ def test_a_batch_after_an_epoch_bump_waits_for_the_old_epochs_batches(hw):
     later = p.send("q", b"b", partition=0)  # new epoch: waits until "a" is through
     time.sleep(0.05)
     assert svc.calls == 2
-    p.retries = 3
+    p._retry.retries = 3  # from here on "a" is retried (the settings are read-only)
     while not later.done():
         svc.release()
         time.sleep(0.005)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import secrets
 import sys
 from collections import deque
 import time
@@ -53,20 +52,25 @@ from headwater.errors import (
 )
 from headwater.model.batch import BATCH_BYTES_MAX, encode_batch
 from headwater.model.config import QueueInfo
-from headwater.model.delay import DELAYED_PARTITION_BIT, joins_batch, resolve_deliver_at
+from headwater.model.delay import DELAYED_PARTITION_BIT, joins_batch
 from headwater.model.message import Message, MessageId
 from headwater.model.producer_state import RECENT_BATCHES
 from headwater.model.service import ProduceResult
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.batching import (
     COMPRESSIONS,
-    EPOCH_MAX,
-    SEQUENCE_MOD,
     BatchReceipt,
+    RetryPolicy,
+    RetrySettings,
     check_message,
     check_messages,
+    deliver_at_ms,
+    give_back_sequence,
     int_setting,
     may_be_appended,
+    new_identity,
+    next_epoch,
+    take_sequence,
     too_large,
 )
 from headwater.client.partitioner import Partitioner, PartitionFn
@@ -138,7 +142,7 @@ class _Parked(NamedTuple):
     deliver_at_ms: int = 0
 
 
-class AsyncProducer:
+class AsyncProducer(RetrySettings):
     """Sends messages to queues from asyncio code. One producer can serve a whole application.
 
     Get one from a client: ``hw.producer(...)``. ``await send()`` returns a message's id once
@@ -173,17 +177,13 @@ class AsyncProducer:
         self.compression = compression
         self.linger_ms = int_setting("linger_ms", linger_ms, 0, 3_600_000)
         self.batch_bytes_max = int_setting("batch_bytes_max", batch_bytes_max, 1, BATCH_BYTES_MAX // 2)
-        self.retries = int_setting("retries", retries, 0, 1_000_000)
-        self.retry_backoff_ms = int_setting("retry_backoff_ms", retry_backoff_ms, 0, 3_600_000)
-        self.retry_backoff_max_ms = int_setting("retry_backoff_max_ms", retry_backoff_max_ms,
-                                                 retry_backoff_ms, 3_600_000)
-        self.delivery_timeout_ms = int_setting("delivery_timeout_ms", delivery_timeout_ms, 1, 86_400_000)
+        self._retry = RetryPolicy(retries=retries, backoff_ms=retry_backoff_ms, backoff_max_ms=retry_backoff_max_ms,
+                                  delivery_timeout_ms=delivery_timeout_ms, rng=self._rng)
         self.idempotent = idempotent
         self.buffer_bytes_max = int_setting("buffer_bytes_max", buffer_bytes_max, 1, 1 << 40)
         self._metadata_max_age_s = int_setting("metadata_max_age_ms", metadata_max_age_ms, 0, 86_400_000) / 1000
         self._linger_s = linger_ms / 1000
-        self._delivery_timeout_s = delivery_timeout_ms / 1000
-        self._identity: tuple[int, int] | None = (secrets.randbits(62), 0) if idempotent else None
+        self._identity = new_identity(idempotent)  # (producer id, epoch)
         self.max_in_flight = (RECENT_BATCHES if idempotent else 1) if max_in_flight is None else \
             int_setting("max_in_flight", max_in_flight, 1, RECENT_BATCHES)
         # only a connection keeps the sending order (an embedded broker's calls run on threads)
@@ -476,13 +476,7 @@ class AsyncProducer:
         return ps
 
     def _deliver_at(self, deliver_at: object, delay: object) -> int:
-        """The batch's deliver_at_ms for a send's ``deliver_at``/``delay`` (0: at once)."""
-        if deliver_at is None and delay is None:
-            return 0
-        now_ms = int(self._clock() * 1000)
-        if type(deliver_at) is int and delay is None and -10**15 < deliver_at < 10**15:  # the common case
-            return deliver_at if deliver_at > now_ms else 0
-        return resolve_deliver_at(deliver_at, delay, now_ms=now_ms)
+        return deliver_at_ms(self._clock, deliver_at, delay)
 
     # -- the accumulator ------------------------------------------------------------------
 
@@ -626,19 +620,8 @@ class AsyncProducer:
     def _start(self, b: _Batch) -> asyncio.Future[ProduceResult] | None:
         """Encode (first attempt) and send a batch without waiting; None if it was settled
         instead (the producer is closing, the batch waited too long, it does not encode)."""
-        if b.encoded is None:
-            if self._aborting:
-                self._finish(b, None, ClosedError("the producer was closed before this message was sent"))
-                return None
-            if asyncio.get_running_loop().time() - b.created_s > self._delivery_timeout_s:
-                self._finish(b, None, UnavailableError(
-                    f"the batch waited longer than delivery_timeout_ms={self.delivery_timeout_ms} to be sent"))
-                return None
-            try:
-                self._encode(b)
-            except Exception as e:  # noqa: BLE001 - it belongs to the batch's futures
-                self._finish(b, None, e)
-                return None
+        if b.encoded is None and not self._encode_first(b):
+            return None
         b.attempts += 1
         return self._service.produce_nowait(b.part.queue, b.part.partition, b.encoded)  # type: ignore[attr-defined]
 
@@ -664,21 +647,9 @@ class AsyncProducer:
     async def _deliver(self, b: _Batch) -> None:
         """Encode (first attempt) and send a batch, retrying retriable errors; settle it."""
         ps = b.part
-        loop = asyncio.get_running_loop()
         try:
-            if b.encoded is None:
-                if self._aborting:
-                    self._finish(b, None, ClosedError("the producer was closed before this message was sent"))
-                    return
-                if loop.time() - b.created_s > self._delivery_timeout_s:
-                    self._finish(b, None, UnavailableError(
-                        f"the batch waited longer than delivery_timeout_ms={self.delivery_timeout_ms} to be sent"))
-                    return
-                try:
-                    self._encode(b)
-                except Exception as e:  # noqa: BLE001 - it belongs to the batch's futures
-                    self._finish(b, None, e)
-                    return
+            if b.encoded is None and not self._encode_first(b):
+                return
             while True:
                 if b.encoded is None:  # refused as out of order: sent again under a new epoch
                     self._encode(b)
@@ -699,18 +670,26 @@ class AsyncProducer:
                 self._finish(b, None, ClosedError("the producer was closed before this batch was acknowledged"))
             raise
 
+    def _encode_first(self, b: _Batch) -> bool:
+        """Encode a batch for its first attempt; False if it was settled instead (the
+        producer is closing, the batch waited too long to be sent, it does not encode)."""
+        if self._aborting:
+            self._finish(b, None, ClosedError("the producer was closed before this message was sent"))
+            return False
+        if self._retry.expired(b.created_s, asyncio.get_running_loop().time()):
+            self._finish(b, None, self._retry.unsent_error())
+            return False
+        try:
+            self._encode(b)
+        except Exception as e:  # noqa: BLE001 - it belongs to the batch's futures
+            self._finish(b, None, e)
+            return False
+        return True
+
     def _encode(self, b: _Batch) -> None:
         """Encode in the slot: the batch's sequence follows what its partition acknowledged."""
-        ps = b.part
         ident = self._identity
-        if ident is None:
-            pid = seq = epoch = -1
-        else:
-            if ps.identity != ident:  # first batch, or a new epoch: sequences start afresh
-                ps.identity, ps.next_sequence = ident, 0
-            pid, epoch = ident
-            seq = ps.next_sequence
-            ps.next_sequence = (seq + len(b.messages)) % SEQUENCE_MOD  # the next may leave before the answer
+        pid, seq, epoch = take_sequence(b.part, ident, len(b.messages))
         # messages were checked against the queue's limit when queued
         b.encoded = encode_batch(b.messages, compression=self.compression, producer_id=pid,
                                  base_sequence=seq, producer_epoch=epoch, deliver_times=b.deliver_times)
@@ -718,7 +697,7 @@ class AsyncProducer:
 
     def _retry_delay(self, b: _Batch, exc: BaseException) -> float | None:
         """Seconds to wait before sending ``b`` again, or None if ``exc`` is final."""
-        if b.attempts > self.retries or self._aborting:
+        if self._retry.gives_up(b.attempts, self._aborting):
             return None
         if isinstance(exc, OutOfOrderSequenceError) and b.identity is not None:
             # the broker stored nothing of it and lost (or forgot) our earlier batches, as a
@@ -729,21 +708,10 @@ class AsyncProducer:
             return 0.0
         if not getattr(exc, "retriable", False):
             return None
-        backoff_ms = min(self.retry_backoff_ms * 2 ** min(b.attempts - 1, 30), self.retry_backoff_max_ms)
-        delay = backoff_ms / 1000 * (0.8 + 0.4 * self._rng.random())  # +-20% jitter
-        if asyncio.get_running_loop().time() + delay - b.created_s > self._delivery_timeout_s:
-            return None
-        return delay
+        return self._retry.backoff_s(b.attempts, b.created_s, asyncio.get_running_loop().time())
 
     def _final_error(self, b: _Batch, exc: BaseException) -> BaseException:
-        if getattr(exc, "retriable", False) and b.attempts <= self.retries and not self._aborting:
-            err = UnavailableError(
-                f"not acknowledged within delivery_timeout_ms={self.delivery_timeout_ms} "
-                f"({b.attempts} attempts); last error: {exc}"
-            )
-            err.__cause__ = exc
-            return err
-        return exc
+        return self._retry.final_error(exc, b.attempts, self._aborting)
 
     def _finish(self, b: _Batch, result: ProduceResult | None, exc: BaseException | None) -> None:
         """Settle a batch: advance or reset the sequence, free its buffer room, resolve its futures."""
@@ -758,9 +726,8 @@ class AsyncProducer:
             assert exc is not None
             if b.attempts and b.identity is not None and b.identity == self._identity and may_be_appended(exc):
                 self._bump_epoch()
-            elif b.identity is not None and ps.identity == b.identity and \
-                    ps.next_sequence == (b.base_sequence + len(b.messages)) % SEQUENCE_MOD:
-                ps.next_sequence = b.base_sequence  # not stored, and nothing took the next: give it back
+            else:  # not stored: give its sequence back, if nothing took the next one
+                give_back_sequence(ps, b.identity, b.base_sequence, len(b.messages))
             if isinstance(exc, (QueueNotFoundError, PartitionOutOfRangeError)):
                 self._metadata.pop(ps.queue, None)
             for _, _, fut in b.entries:
@@ -771,9 +738,7 @@ class AsyncProducer:
         self._batch_done.set()
 
     def _bump_epoch(self) -> None:
-        pid, epoch = self._identity  # type: ignore[misc]
-        self._identity = (secrets.randbits(62), 0) if epoch >= EPOCH_MAX else (pid, epoch + 1)
-        log.info("producer %d: epoch bumped to %d after a failed batch", pid, epoch + 1)
+        self._identity = next_epoch(self._identity)  # type: ignore[arg-type]
 
     def _abort(self) -> None:
         """close() gave up on the flush: fail what is unsent, stop what is in flight."""
@@ -804,7 +769,7 @@ def _as_message(body: object, key: object, tag: object, properties: object) -> M
         return body
     if type(body) is bytes:
         return Message(body, key, tag, properties or None)  # type: ignore[arg-type]
-    return body  # type: ignore[return-value]  # _check_message names the problem
+    return body  # type: ignore[return-value]  # check_message names the problem
 
 
 def _check_partition_type(partition: object) -> None:

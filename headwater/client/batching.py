@@ -1,6 +1,6 @@
 """What the thread-based and the asyncio producers share, and that does no I/O: the limits
-of the idempotence fields, checks of settings and messages, size estimates, the receipt of
-a batch.
+of the idempotence fields and the sequences batches take, the retry policy, checks of
+settings and messages, size estimates, deliver times, the receipt of a batch.
 
 >>> check_message(Message(b"body", key=b"k", tag="t"), 1000)  # 4 + 1 + 1 + overhead
 22
@@ -11,16 +11,22 @@ a batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import logging
+import random
+import secrets
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 from headwater.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
     OutOfOrderSequenceError,
     ProducerFencedError,
+    UnavailableError,
     UsageError,
 )
 from headwater.model.batch import BATCH_BYTES_MAX, HEADER_SIZE
+from headwater.model.delay import resolve_deliver_at
 from headwater.model.message import Message, MessageId
 from headwater.model.service import ProduceResult
 
@@ -30,6 +36,14 @@ __all__ = [
     "MESSAGE_OVERHEAD_BYTES",
     "COMPRESSIONS",
     "BatchReceipt",
+    "RetryPolicy",
+    "RetrySettings",
+    "Sequenced",
+    "new_identity",
+    "next_epoch",
+    "take_sequence",
+    "give_back_sequence",
+    "deliver_at_ms",
     "int_setting",
     "too_large",
     "check_message",
@@ -41,6 +55,8 @@ SEQUENCE_MOD = 2**31  # the broker counts sequences modulo this (a signed 32-bit
 EPOCH_MAX = 2**15 - 1  # the epoch is a signed 16-bit field; past it, a new producer id
 MESSAGE_OVERHEAD_BYTES = 16  # added to a message's size in the buffer and batch estimates
 COMPRESSIONS = (None, "zstd", "lz4")
+
+log = logging.getLogger("headwater.producer")
 
 
 class BatchReceipt(Sequence[MessageId]):
@@ -145,3 +161,152 @@ def check_messages(messages: Sequence[Message | bytes], cap: int) -> int:
             f"the batch is about {size} bytes; the limit is {BATCH_BYTES_MAX}: send fewer messages at once"
         )
     return size
+
+
+class RetryPolicy:
+    """When a producer sends a failed batch again, and what the batch's futures get when it
+    does not: the ``retries``, ``retry_backoff_ms``, ``retry_backoff_max_ms`` and
+    ``delivery_timeout_ms`` settings, checked. Times are the caller's monotonic seconds.
+
+    >>> p = RetryPolicy(retries=3, backoff_ms=100, backoff_max_ms=300, delivery_timeout_ms=5000,
+    ...                 rng=random.Random(7))
+    >>> waits = [p.backoff_s(n, created_s=0.0, now_s=0.0) for n in (1, 2, 3, 4)]
+    >>> all(0.8 * b <= w <= 1.2 * b for w, b in zip(waits, (0.1, 0.2, 0.3, 0.3)))  # doubling, capped, +-20 %
+    True
+    >>> p.backoff_s(1, created_s=0.0, now_s=4.99) is None  # it would end past delivery_timeout_ms
+    True
+    >>> p.gives_up(attempts=4, aborting=False), p.gives_up(attempts=3, aborting=False)
+    (True, False)
+    """
+
+    __slots__ = ("retries", "backoff_ms", "backoff_max_ms", "delivery_timeout_ms", "_timeout_s", "_rng")
+
+    def __init__(self, *, retries: int, backoff_ms: int, backoff_max_ms: int, delivery_timeout_ms: int,
+                 rng: random.Random) -> None:
+        self.retries = int_setting("retries", retries, 0, 1_000_000)
+        self.backoff_ms = int_setting("retry_backoff_ms", backoff_ms, 0, 3_600_000)
+        self.backoff_max_ms = int_setting("retry_backoff_max_ms", backoff_max_ms, self.backoff_ms, 3_600_000)
+        self.delivery_timeout_ms = int_setting("delivery_timeout_ms", delivery_timeout_ms, 1, 86_400_000)
+        self._timeout_s = delivery_timeout_ms / 1000
+        self._rng = rng
+
+    def gives_up(self, attempts: int, aborting: bool) -> bool:
+        """No more attempts: ``attempts`` used up the retries, or the producer is closing."""
+        return attempts > self.retries or aborting
+
+    def backoff_s(self, attempts: int, created_s: float, now_s: float) -> float | None:
+        """Seconds to wait before attempt ``attempts + 1`` of a batch made at ``created_s``;
+        None when that would end past the delivery timeout."""
+        backoff_ms = min(self.backoff_ms * 2 ** min(attempts - 1, 30), self.backoff_max_ms)
+        delay = backoff_ms / 1000 * (0.8 + 0.4 * self._rng.random())  # +-20% jitter
+        if now_s + delay - created_s > self._timeout_s:
+            return None
+        return delay
+
+    def expired(self, created_s: float, now_s: float) -> bool:
+        """A batch made at ``created_s`` waited past the delivery timeout to be sent."""
+        return now_s - created_s > self._timeout_s
+
+    def unsent_error(self) -> UnavailableError:
+        return UnavailableError(
+            f"the batch waited longer than delivery_timeout_ms={self.delivery_timeout_ms} to be sent")
+
+    def final_error(self, exc: BaseException, attempts: int, aborting: bool) -> BaseException:
+        """What a batch failing with ``exc`` after ``attempts`` fails with: a retriable error
+        that ran out of time says so (the error is its cause); any other is itself."""
+        if getattr(exc, "retriable", False) and not self.gives_up(attempts, aborting):
+            err = UnavailableError(
+                f"not acknowledged within delivery_timeout_ms={self.delivery_timeout_ms} "
+                f"({attempts} attempts); last error: {exc}"
+            )
+            err.__cause__ = exc
+            return err
+        return exc
+
+
+class RetrySettings:
+    """A producer's retry settings, read-only, as its :class:`RetryPolicy` (``_retry``) holds them."""
+
+    __slots__ = ()
+    _retry: RetryPolicy
+
+    @property
+    def retries(self) -> int:
+        return self._retry.retries
+
+    @property
+    def retry_backoff_ms(self) -> int:
+        return self._retry.backoff_ms
+
+    @property
+    def retry_backoff_max_ms(self) -> int:
+        return self._retry.backoff_max_ms
+
+    @property
+    def delivery_timeout_ms(self) -> int:
+        return self._retry.delivery_timeout_ms
+
+
+class Sequenced(Protocol):
+    """A partition's sequence state, in either producer: the (producer id, epoch) its
+    ``next_sequence`` counts under."""
+
+    identity: tuple[int, int] | None
+    next_sequence: int
+
+
+def new_identity(idempotent: bool) -> tuple[int, int] | None:
+    """A fresh (producer id, epoch): a random 62-bit id, so two producers never share one."""
+    return (secrets.randbits(62), 0) if idempotent else None
+
+
+def next_epoch(identity: tuple[int, int]) -> tuple[int, int]:
+    """The identity after a batch failed once it may have been stored: the next epoch, whose
+    sequences start afresh (a new id past ``EPOCH_MAX``).
+
+    >>> next_epoch((5, 0)), next_epoch((5, EPOCH_MAX))[0] != 5
+    ((5, 1), True)
+    """
+    pid, epoch = identity
+    log.info("producer %d: epoch bumped to %d after a failed batch", pid, epoch + 1)
+    return (secrets.randbits(62), 0) if epoch >= EPOCH_MAX else (pid, epoch + 1)
+
+
+def take_sequence(part: Sequenced, identity: tuple[int, int] | None, count: int) -> tuple[int, int, int]:
+    """(producer id, base sequence, epoch) to encode a batch of ``count`` messages with; the
+    partition's next batch follows it, before this one's answer. ``-1``s when not idempotent.
+
+    >>> class P: identity, next_sequence = None, 0
+    >>> part = P()
+    >>> take_sequence(part, (9, 0), 3), take_sequence(part, (9, 0), 2), take_sequence(part, (9, 1), 1)
+    ((9, 0, 0), (9, 3, 0), (9, 0, 1))
+    """
+    if identity is None:
+        return -1, -1, -1
+    if part.identity != identity:  # first batch, or a new epoch: sequences start afresh
+        part.identity, part.next_sequence = identity, 0
+    seq = part.next_sequence
+    part.next_sequence = (seq + count) % SEQUENCE_MOD
+    return identity[0], seq, identity[1]
+
+
+def give_back_sequence(part: Sequenced, identity: tuple[int, int] | None, base_sequence: int, count: int) -> None:
+    """A batch encoded at ``base_sequence`` was not stored: its range is free again, unless a
+    later batch already took the next one (then the broker will say what is missing)."""
+    if identity is not None and part.identity == identity and \
+            part.next_sequence == (base_sequence + count) % SEQUENCE_MOD:
+        part.next_sequence = base_sequence
+
+
+def deliver_at_ms(clock: Callable[[], float], deliver_at: object, delay: object) -> int:
+    """The batch's deliver_at_ms for a send's ``deliver_at``/``delay`` (0: at once).
+
+    >>> deliver_at_ms(lambda: 1000.0, None, 2.5), deliver_at_ms(lambda: 1000.0, 999_000, None)
+    (1002500, 0)
+    """
+    if deliver_at is None and delay is None:
+        return 0
+    now_ms = int(clock() * 1000)
+    if type(deliver_at) is int and delay is None and -10**15 < deliver_at < 10**15:  # the common case
+        return deliver_at if deliver_at > now_ms else 0
+    return resolve_deliver_at(deliver_at, delay, now_ms=now_ms)

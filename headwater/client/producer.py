@@ -47,7 +47,6 @@ import functools
 import itertools
 import logging
 import random
-import secrets
 import threading
 import time
 import weakref
@@ -67,20 +66,25 @@ from headwater.errors import (
 )
 from headwater.model.batch import BATCH_BYTES_MAX, encode_batch
 from headwater.model.config import QueueInfo
-from headwater.model.delay import DELAYED_PARTITION_BIT, joins_batch, resolve_deliver_at
+from headwater.model.delay import DELAYED_PARTITION_BIT, joins_batch
 from headwater.model.message import Message, MessageId
 from headwater.model.producer_state import RECENT_BATCHES
 from headwater.model.service import BrokerService, ProduceResult
 from headwater.client.batching import (
     COMPRESSIONS,
-    EPOCH_MAX,
     MESSAGE_OVERHEAD_BYTES,
-    SEQUENCE_MOD,
     BatchReceipt,
+    RetryPolicy,
+    RetrySettings,
     check_message,
     check_messages,
+    deliver_at_ms,
+    give_back_sequence,
     int_setting,
     may_be_appended,
+    new_identity,
+    next_epoch,
+    take_sequence,
     too_large,
 )
 from headwater.client.partitioner import Partitioner, PartitionFn
@@ -93,9 +97,6 @@ log = logging.getLogger("headwater.producer")
 SendCallback = Callable[[MessageId | None, BaseException | None], None]
 
 SENDER_IDLE_EXIT_S = 5.0  # an idle sender thread ends; the next send() starts another
-
-# The asyncio producer imports these from here.
-_check_message, _int_setting, _may_be_appended, _too_large = check_message, int_setting, may_be_appended, too_large
 
 
 class _Partition:
@@ -164,7 +165,7 @@ class _Batch:
         self.send_identity: tuple[int, int] | None = None
 
 
-class Producer:
+class Producer(RetrySettings):
     """Sends messages to queues. Thread-safe; one producer can serve a whole application.
 
     Get one from a client: ``hw.producer(...)`` (embedded or over the network, the same).
@@ -237,10 +238,8 @@ class Producer:
         self.compression = compression
         self.linger_ms = int_setting("linger_ms", linger_ms, 0, 3_600_000)
         self.batch_bytes_max = int_setting("batch_bytes_max", batch_bytes_max, 1, BATCH_BYTES_MAX // 2)
-        self.retries = int_setting("retries", retries, 0, 1_000_000)
-        self.retry_backoff_ms = int_setting("retry_backoff_ms", retry_backoff_ms, 0, 3_600_000)
-        self.retry_backoff_max_ms = int_setting("retry_backoff_max_ms", retry_backoff_max_ms, 0, 3_600_000)
-        self.delivery_timeout_ms = int_setting("delivery_timeout_ms", delivery_timeout_ms, 1, 86_400_000)
+        self._retry = RetryPolicy(retries=retries, backoff_ms=retry_backoff_ms, backoff_max_ms=retry_backoff_max_ms,
+                                  delivery_timeout_ms=delivery_timeout_ms, rng=self._rng)
         self.idempotent = idempotent
         self.buffer_bytes_max = int_setting("buffer_bytes_max", buffer_bytes_max, 1, 1 << 40)
         self.max_block_ms = int_setting("max_block_ms", max_block_ms, 0, 86_400_000)
@@ -249,9 +248,7 @@ class Producer:
         self._metadata: dict[str, tuple[float, QueueInfo]] = {}
         self._metadata_max_age_s = metadata_max_age_ms / 1000
         self._linger_s = linger_ms / 1000
-        self._delivery_timeout_s = delivery_timeout_ms / 1000
-        # (producer id, epoch): a random 62-bit id, so two producers never share one.
-        self._identity: tuple[int, int] | None = (secrets.randbits(62), 0) if idempotent else None
+        self._identity = new_identity(idempotent)  # (producer id, epoch)
         self._produce_async = getattr(service, "produce_async", None)
         self.max_in_flight = (RECENT_BATCHES if idempotent else 1) if max_in_flight is None else \
             int_setting("max_in_flight", max_in_flight, 1, RECENT_BATCHES)
@@ -518,7 +515,7 @@ class Producer:
         if type(body) is bytes:
             msg = body if key is None and tag is None and not properties else Message(body, key, tag, properties or None)  # type: ignore[arg-type]
         elif not isinstance(body, Message):
-            msg = body  # type: ignore[assignment]  # _check_message names the problem
+            msg = body  # type: ignore[assignment]  # check_message names the problem
         if self._closed:
             raise ClosedError("the producer is closed")
         info = self._queue_info(queue)
@@ -566,13 +563,7 @@ class Producer:
         return self._parts.get(key) or self._new_partition_locked(queue, partition, bool(deliver_at_ms))
 
     def _deliver_at(self, deliver_at: object, delay: object) -> int:
-        """The batch's deliver_at_ms for a send's ``deliver_at``/``delay`` (0: at once)."""
-        if deliver_at is None and delay is None:
-            return 0
-        now_ms = int(self._clock() * 1000)
-        if type(deliver_at) is int and delay is None and -10**15 < deliver_at < 10**15:  # the common case
-            return deliver_at if deliver_at > now_ms else 0
-        return resolve_deliver_at(deliver_at, delay, now_ms=now_ms)
+        return deliver_at_ms(self._clock, deliver_at, delay)
 
     def _wait_for_space_locked(self, size: int) -> None:
         if size > self.buffer_bytes_max:
@@ -866,9 +857,8 @@ class Producer:
         if b.encoded is None:
             if self._aborting:
                 return None, ClosedError("the producer was closed before this message was sent")
-            if time.monotonic() - b.created_s > self._delivery_timeout_s:
-                return None, UnavailableError(
-                    f"the batch waited longer than delivery_timeout_ms={self.delivery_timeout_ms} to be sent")
+            if self._retry.expired(b.created_s, time.monotonic()):
+                return None, self._retry.unsent_error()
             try:
                 self._encode(b, None)  # messages were checked when queued
             except Exception as e:  # noqa: BLE001 - it belongs to the batch's futures
@@ -932,16 +922,8 @@ class Producer:
     def _encode(self, b: _Batch, cap: int | None) -> None:
         """Encode under the batch's send identity; its sequence follows the partition's
         batch sent before it (encodes run in sending order, under ``_wire``)."""
-        ps = b.part
         ident = b.send_identity
-        if ident is None:
-            pid = seq = epoch = -1
-        else:
-            if ps.identity != ident:  # first batch, or a new epoch: sequences start afresh
-                ps.identity, ps.next_sequence = ident, 0
-            pid, epoch = ident
-            seq = ps.next_sequence
-            ps.next_sequence = (seq + len(b.messages)) % SEQUENCE_MOD  # the next batch may leave before the answer
+        pid, seq, epoch = take_sequence(b.part, ident, len(b.messages))
         b.encoded = encode_batch(b.messages, compression=self.compression, producer_id=pid,
                                  base_sequence=seq, producer_epoch=epoch, message_bytes_max=cap,
                                  deliver_times=b.deliver_times)
@@ -949,7 +931,7 @@ class Producer:
 
     def _retry_delay(self, b: _Batch, exc: BaseException) -> float | None:
         """Seconds to wait before sending ``b`` again, or None if ``exc`` is final."""
-        if b.attempts > self.retries or self._aborting:
+        if self._retry.gives_up(b.attempts, self._aborting):
             return None
         if isinstance(exc, OutOfOrderSequenceError) and b.identity is not None:
             # The broker refused the batch (it stores nothing out of order): it has lost our
@@ -962,22 +944,10 @@ class Producer:
             return 0.0
         if not getattr(exc, "retriable", False):
             return None
-        cap_ms = max(self.retry_backoff_max_ms, self.retry_backoff_ms)
-        backoff_ms = min(self.retry_backoff_ms * 2 ** min(b.attempts - 1, 30), cap_ms)
-        delay = backoff_ms / 1000 * (0.8 + 0.4 * self._rng.random())  # +-20% jitter
-        if time.monotonic() + delay - b.created_s > self._delivery_timeout_s:
-            return None
-        return delay
+        return self._retry.backoff_s(b.attempts, b.created_s, time.monotonic())
 
     def _final_error(self, b: _Batch, exc: BaseException) -> BaseException:
-        if getattr(exc, "retriable", False) and b.attempts <= self.retries and not self._aborting:
-            err = UnavailableError(
-                f"not acknowledged within delivery_timeout_ms={self.delivery_timeout_ms} "
-                f"({b.attempts} attempts); last error: {exc}"
-            )
-            err.__cause__ = exc
-            return err
-        return exc
+        return self._retry.final_error(exc, b.attempts, self._aborting)
 
     def _finish(self, b: _Batch, result: ProduceResult | None, exc: BaseException | None) -> None:
         """Take the batch out of flight, release its buffer room, then resolve its futures
@@ -990,9 +960,7 @@ class Producer:
                     self._bump_epoch_locked()
                 elif b.identity is not None:
                     with self._wire:  # not stored: give its sequence back, if nothing took the next one
-                        if ps.identity == b.identity and \
-                                ps.next_sequence == (b.base_sequence + len(b.messages)) % SEQUENCE_MOD:
-                            ps.next_sequence = b.base_sequence
+                        give_back_sequence(ps, b.identity, b.base_sequence, len(b.messages))
                 if isinstance(exc, (QueueNotFoundError, PartitionOutOfRangeError)):
                     self._metadata.pop(ps.queue, None)
             self._land_locked(b)
@@ -1018,9 +986,7 @@ class Producer:
                 self._finished.notify_all()
 
     def _bump_epoch_locked(self) -> None:
-        pid, epoch = self._identity  # type: ignore[misc]
-        self._identity = (secrets.randbits(62), 0) if epoch >= EPOCH_MAX else (pid, epoch + 1)
-        log.info("producer %d: epoch bumped to %d after a failed batch", pid, epoch + 1)
+        self._identity = next_epoch(self._identity)  # type: ignore[arg-type]
 
     def _resolve(self, b: _Batch, r: ProduceResult) -> None:
         qid, part, base = r.queue_id, r.partition, r.base_offset
