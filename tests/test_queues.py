@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from datetime import datetime, timezone
 
 import pytest
@@ -548,3 +549,35 @@ def test_a_read_of_the_last_batch_is_served_from_memory_as_the_file_holds_it(tmp
     res = store.fetch("q", 0, 5)
     assert (res.batches, res.next_offset, res.start_offset) == ([], 6, 6)
     store.close()
+
+
+def test_async_flush_fsyncs_on_its_interval_once_flush_bytes_are_written_and_never_idle(tmp_path):
+    """The flusher fsyncs when ``flush_bytes`` are written since its last kick, without
+    waiting for its interval; an interval with nothing new written fsyncs nothing."""
+    with headwater.open(tmp_path / "d", flush_interval_ms=3_600_000, flush_bytes=64 * 1024) as hw:
+        hw.admin.create_queue("q")
+        store = hw.service.store
+        before = store.stats()["fsyncs"]
+        hw.send_batch("q", [b"x" * 1000] * 100)  # about 100 KB: past flush_bytes
+        deadline = time.monotonic() + 5
+        while store.stats()["fsyncs"] == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.stats()["fsyncs"] == before + 1, "no fsync, an hour before the interval's end"
+        hw.send("q", b"small")  # under flush_bytes: waits for the interval
+        time.sleep(0.2)
+        assert store.stats()["fsyncs"] == before + 1
+    with headwater.open(tmp_path / "d", flush_interval_ms=10) as hw:
+        store = hw.service.store
+        time.sleep(0.1)  # ten ticks with nothing written since the store opened
+        assert store.stats()["fsyncs"] == 0
+        hw.send("q", b"y")
+        deadline = time.monotonic() + 5
+        while store.stats()["fsyncs"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        assert store.stats()["fsyncs"] == 1  # one for the write, none for the ticks after it
+
+
+def test_flush_bytes_is_checked(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="flush_bytes"):
+        headwater.open(tmp_path / "d", flush_bytes=1000)

@@ -72,6 +72,7 @@ class StoreConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     flush: str = "async"  # default flush policy of queues that name none
     flush_interval_ms: int = 200  # async: the longest a write waits for its fsync
+    flush_bytes: int = 8 * 1024 * 1024  # async: fsync sooner once this much is written since the last
     segment_bytes_max: int = 128 * 1024 * 1024
     open_segments_max: int = 64  # sealed segments kept open for reading
     index_cache_segments: int = 16  # sealed segment indexes kept in memory
@@ -88,6 +89,8 @@ class StoreConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise InvalidArgumentError(f"verify must be 'tail' or 'all', got {self.verify!r}")
         if not 1 <= self.flush_interval_ms <= 3_600_000:
             raise InvalidArgumentError("flush_interval_ms must be from 1 to 3600000")
+        if not 64 * 1024 <= self.flush_bytes <= 2**40:
+            raise InvalidArgumentError("flush_bytes must be from 64 KiB to 1 TiB")
         if not 64 * 1024 <= self.segment_bytes_max <= 2**31:
             raise InvalidArgumentError("segment_bytes_max must be from 64 KiB to 2 GiB")
         if self.open_segments_max < 1 or self.index_cache_segments < 1:
@@ -172,6 +175,7 @@ class LogStore:
             raise
         self._append_listeners: list[Callable[[str, int, int], None]] = []
         self._commit = GroupCommit(self._sync_active, durable=self._active.end_position)
+        self._flush_kick_at = self._active.end_position + self.config.flush_bytes
         self._flusher = Flusher("headwater-flush", self.config.flush_interval_ms, self._commit.sync_now)
         self._retention = Flusher("headwater-retention", self.config.retention_interval_ms,
                                   self.enforce_retention)
@@ -551,7 +555,11 @@ class LogStore:
             sp.last_ts = ts
         else:
             spans.append(_Span(seg.base_position, base, end, ts, ts))
-        return ProduceResult(qid, partition, base, h.count, ts), pos + h.size
+        end_pos = pos + h.size
+        if end_pos >= self._flush_kick_at:  # much written since the last fsync: one big fsync stalls writers
+            self._flush_kick_at = end_pos + self.config.flush_bytes
+            self._flusher.kick()
+        return ProduceResult(qid, partition, base, h.count, ts), end_pos
 
     # -- for the broker's delay service ------------------------------------------------
 
@@ -660,7 +668,7 @@ class LogStore:
         with self._lock:
             seg = self._active
             covered = seg.end_position
-            if self._files_closed:  # close() made everything durable before closing files
+            if self._files_closed or covered <= self._commit.durable:  # nothing new to make durable
                 return covered
         if seg.deleted:
             return covered
