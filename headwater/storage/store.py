@@ -122,7 +122,9 @@ class _Span:
 class _Tail:
     """A copy of the last small batch appended to a partition, as stored, so that a reader
     following the partition's end (a fetch stream's push, a woken long poll) gets it without
-    reading the file back. Valid while it is still the partition's last batch."""
+    reading the file back. Valid while it is still the partition's last batch. The store
+    keeps them by (queue id, partition), the most recently appended last, within
+    ``_TAILS_BYTES_MAX`` in all."""
 
     __slots__ = ("base_offset", "end_offset", "timestamp_ms", "tag_mask", "data")
 
@@ -135,16 +137,16 @@ class _Tail:
 
 
 _TAIL_BYTES_MAX = 16 * 1024  # larger batches are read back from the segment file
+_TAILS_BYTES_MAX = 16 * 1024 * 1024  # the copies of all partitions; past it the oldest go
 
 
 class _Partition:
-    __slots__ = ("start_offset", "end_offset", "spans", "tail")
+    __slots__ = ("start_offset", "end_offset", "spans")
 
     def __init__(self, start_offset: int) -> None:
         self.start_offset = start_offset
         self.end_offset = start_offset
         self.spans: list[_Span] = []
-        self.tail: _Tail | None = None
 
 
 class _Queue:
@@ -166,6 +168,8 @@ class LogStore:
         self._lock = threading.RLock()
         self._closed = False
         self._files_closed = False
+        self._tails: dict[tuple[int, int], _Tail] = {}  # by (queue id, partition), oldest first
+        self._tails_bytes = 0
         self._dir_lock = DirectoryLock(self._prepare_directory())
         self._dir_lock.acquire()
         try:
@@ -547,7 +551,8 @@ class LogStore:
         self._producers.record(h, qid, partition, base, ts)
         end = base + h.count
         pl.end_offset = end
-        pl.tail = _Tail(base, end, ts, h.tag_mask, prefix + body) if h.size <= _TAIL_BYTES_MAX else None
+        self._keep_tail((qid, partition), _Tail(base, end, ts, h.tag_mask, prefix + body)
+                        if h.size <= _TAIL_BYTES_MAX else None)
         spans = pl.spans
         if spans and spans[-1].segment_base == seg.base_position:
             sp = spans[-1]
@@ -697,7 +702,7 @@ class LogStore:
         for _attempt in range(3):
             q = self._usable_queue(queue)
             pl = self._partition(q, partition)
-            tail = pl.tail
+            tail = self._tails.get((q.entry.queue_id, partition))
             if (tail is not None and tail.base_offset <= offset < tail.end_offset and end_offset is None
                     and (not tag_mask or tail.tag_mask & tag_mask)):
                 hit = self._fetch_tail(q, pl, partition, tail)
@@ -712,12 +717,25 @@ class LogStore:
                 # retention removed a segment under us: plan again from the new start
         raise StorageError("retention kept removing the segments being read; try again")
 
+    def _keep_tail(self, key: tuple[int, int], tail: _Tail | None) -> None:
+        """Replace the copy of a partition's last batch (None: keep none), then drop the
+        least recently appended copies while they hold more than ``_TAILS_BYTES_MAX``."""
+        tails = self._tails
+        old = tails.pop(key, None)
+        if old is not None:
+            self._tails_bytes -= len(old.data)
+        if tail is not None:
+            tails[key] = tail
+            self._tails_bytes += len(tail.data)
+            while self._tails_bytes > _TAILS_BYTES_MAX:
+                self._tails_bytes -= len(tails.pop(next(iter(tails))).data)
+
     def _fetch_tail(self, q: _Queue, pl: _Partition, partition: int, tail: _Tail) -> FetchResult | None:
         """The fetch of an offset inside the partition's last batch, from its copy in memory;
         None when that batch is no longer the last or no longer readable (read the file)."""
         with self._lock:
             self._check_open()
-            if pl.tail is not tail or pl.end_offset != tail.end_offset:
+            if self._tails.get((q.entry.queue_id, partition)) is not tail or pl.end_offset != tail.end_offset:
                 return None
             start = self._effective_start(q, partition, self._now_ms())
             if start > tail.base_offset:  # truncated or expired: the plan skips what is gone
