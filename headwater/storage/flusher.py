@@ -9,9 +9,10 @@ acknowledged appends grows with concurrency instead of being one fsync per appen
 ``async`` flush: ``Flusher`` calls the same fsync every ``interval_ms`` from a thread, and
 sooner when the store kicks it (``flush_bytes`` written since its last kick), so the bytes at
 risk of a power loss are those written in the last interval, at most about ``flush_bytes``
-(plus the fsync under way). Bounding them also bounds each fsync: one that writes back
-hundreds of megabytes at once stalls the appends behind it (seen on ext4 here). Bytes are written to the file with ``pwritev`` before the append returns, so a
-killed *process* loses nothing either way.
+(plus the fsync under way). Bounding them also bounds each fsync, which keeps a fast
+producer's appends from slowing while one writes back a large backlog (docs/design/storage.md
+has the measurement). Bytes are written to the file with ``pwritev`` before the append
+returns, so a killed *process* loses nothing either way.
 """
 
 from __future__ import annotations

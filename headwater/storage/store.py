@@ -126,12 +126,11 @@ class _Tail:
     keeps them by (queue id, partition), the most recently appended last, within
     ``_TAILS_BYTES_MAX`` in all."""
 
-    __slots__ = ("base_offset", "end_offset", "timestamp_ms", "tag_mask", "data")
+    __slots__ = ("base_offset", "end_offset", "tag_mask", "data")
 
-    def __init__(self, base_offset: int, end_offset: int, timestamp_ms: int, tag_mask: int, data: bytes) -> None:
+    def __init__(self, base_offset: int, end_offset: int, tag_mask: int, data: bytes) -> None:
         self.base_offset = base_offset
         self.end_offset = end_offset
-        self.timestamp_ms = timestamp_ms
         self.tag_mask = tag_mask
         self.data = data
 
@@ -551,7 +550,7 @@ class LogStore:
         self._producers.record(h, qid, partition, base, ts)
         end = base + h.count
         pl.end_offset = end
-        self._keep_tail((qid, partition), _Tail(base, end, ts, h.tag_mask, prefix + body)
+        self._keep_tail((qid, partition), _Tail(base, end, h.tag_mask, prefix + body)
                         if h.size <= _TAIL_BYTES_MAX else None)
         spans = pl.spans
         if spans and spans[-1].segment_base == seg.base_position:
@@ -561,7 +560,7 @@ class LogStore:
         else:
             spans.append(_Span(seg.base_position, base, end, ts, ts))
         end_pos = pos + h.size
-        if end_pos >= self._flush_kick_at:  # much written since the last fsync: one big fsync stalls writers
+        if end_pos >= self._flush_kick_at:  # flush_bytes written since the last kick: fsync now, not all at once later
             self._flush_kick_at = end_pos + self.config.flush_bytes
             self._flusher.kick()
         return ProduceResult(qid, partition, base, h.count, ts), end_pos
