@@ -12,10 +12,17 @@ Run ``python -m bench.probes PROBE`` from the repository root; each prints its f
 - ``send``: the time of one loopback TCP ``send()`` of 1 byte to a process blocked in
   ``recv()``, every 0.5 ms: what the kernel charges the sender to hand over and wake.
 - ``disk``: the machine check's write bandwidth (1 GiB, one fdatasync), three times in a
-  row, then 2 GiB in 8 MiB writes with an fdatasync every 256 MiB, each window timed: how
-  far a burst and a sustained write differ on this disk, right now.
+  row, then 4 GiB in 8 MiB writes with an fdatasync every 256 MiB, each window timed, twice:
+  leaving the page cache to the kernel, then dropping the fsynced bytes more than 1 GiB
+  behind from it (what the store's ``page_cache_keep_bytes`` does): how far a burst and a
+  sustained write differ on this machine right now, and how much of that is the memory
+  the page cache takes rather than the disk.
 - ``produce``: three back-to-back runs of the network benchmark's 1 KiB producer workload
   (batches of 500, 3 s) against one broker (async flush).
+- ``memory``: a broker with the defaults and one with ``page_cache_keep_bytes=0`` and
+  ``allocator_cache_bytes=0`` (the page cache and glibc's allocator left as they are),
+  alternately, three times each: a 1 KiB x 500 producer for 10 s against each, its MB/s and
+  the broker's user and system CPU seconds per GB written.
 - ``consume``: one broker holding 1.5 million messages of 100 B; a fresh consumer reads them
   all, through a fetch stream and then with a FETCH per batch (``stream=False``), three
   times each, alternating: what the fetch streams change for reading a backlog.
@@ -165,21 +172,45 @@ def disk() -> None:
     with tempfile.TemporaryDirectory(prefix="hw-probe-") as d:
         bursts = [machine.write_bandwidth(d)["mb_per_s"] for _ in range(3)]
         print("disk: 1 GiB then one fdatasync, three times: " + ", ".join(f"{x:,.0f}" for x in bursts) + " MB/s")
-        path = os.path.join(d, "sustained.bin")
-        chunk = os.urandom(8 << 20)
-        rates = []
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            for _ in range(8):
+        for keep in (None, 1 << 30):
+            rates, reads = _sustained_write(os.path.join(d, "sustained.bin"), keep)
+            how = ("the page cache left to the kernel" if keep is None else
+                   f"fsynced bytes over {keep >> 20:,} MiB behind dropped from the page cache")
+            print(f"disk: 4 GiB in 8 MiB writes, fdatasync every 256 MiB, {how}, each window: "
+                  + ", ".join(f"{x:,.0f}" for x in rates) + " MB/s")
+            if reads:
+                print("disk: read back in 1 MiB reads: the first 1 GiB (dropped) {:,.0f} MB/s, "
+                      "the last 1 GiB (cached) {:,.0f} MB/s".format(*reads))
+
+
+def _sustained_write(path: str, keep_bytes: int | None) -> tuple[list[float], list[float]]:
+    """MB/s of each 256 MiB window; with ``keep_bytes``, as the store's
+    ``page_cache_keep_bytes`` does, fsynced pages further behind are dropped after each fsync,
+    and the file's first and last GiB are then read back (MB/s each)."""
+    chunk = os.urandom(8 << 20)
+    rates, reads = [], []
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        written = 0
+        for _ in range(16):
+            t = time.perf_counter()
+            for _ in range(32):
+                os.write(fd, chunk)
+            os.fdatasync(fd)
+            written += 256 << 20
+            if keep_bytes is not None and written > keep_bytes:
+                os.posix_fadvise(fd, 0, written - keep_bytes, os.POSIX_FADV_DONTNEED)
+            rates.append((256 << 20) / (time.perf_counter() - t) / 1e6)
+        if keep_bytes is not None:
+            for start in (0, written - (1 << 30)):
                 t = time.perf_counter()
-                for _ in range(32):
-                    os.write(fd, chunk)
-                os.fdatasync(fd)
-                rates.append((256 << 20) / (time.perf_counter() - t) / 1e6)
-        finally:
-            os.close(fd)
-        print("disk: 2 GiB in 8 MiB writes, fdatasync every 256 MiB, each window: "
-              + ", ".join(f"{x:,.0f}" for x in rates) + " MB/s")
+                for pos in range(start, start + (1 << 30), 1 << 20):
+                    os.pread(fd, 1 << 20, pos)
+                reads.append((1 << 30) / (time.perf_counter() - t) / 1e6)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return rates, reads
 
 
 def produce() -> None:
@@ -240,7 +271,53 @@ def consume(n: int = 1_500_000) -> None:
           + ", ".join(f"{x:,.0f}" for x in rates[False]) + " msgs/s")
 
 
-PROBES = {"codec": codec, "ping": ping, "send": send, "disk": disk, "produce": produce, "consume": consume}
+def memory(rounds: int = 3, seconds: float = 10.0) -> None:
+    import headwater
+
+    settings = {"defaults": {}, "off": {"HEADWATER_PAGE_CACHE_KEEP_BYTES": "0",
+                                        "HEADWATER_ALLOCATOR_CACHE_BYTES": "0"}}
+    figures: dict[str, list[str]] = {name: [] for name in settings}
+    bodies = [os.urandom(1024) for _ in range(500)]
+    for _ in range(rounds):
+        for name, env in settings.items():
+            port = free_port()
+            with tempfile.TemporaryDirectory(prefix="hw-probe-") as d:
+                server = subprocess.Popen(
+                    [sys.executable, "-m", "headwater.cli.main", "--data", d, "serve", "--host", "127.0.0.1",
+                     "--port", str(port), "--log-level", "warning"], env={**os.environ, **env},
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                try:
+                    wait_until(lambda: port_open(port), timeout_s=30, what="headwater serve")
+                    hw = headwater.connect(f"127.0.0.1:{port}")
+                    hw.admin.create_queue("q", partitions=1)
+                    p = hw.producer()
+                    cpu0, t0, sent = _user_sys_s(server.pid), time.perf_counter(), 0
+                    while time.perf_counter() - t0 < seconds:
+                        p.send_batch("q", bodies, partition=0)
+                        sent += len(bodies)
+                    elapsed, cpu1 = time.perf_counter() - t0, _user_sys_s(server.pid)
+                    hw.close()
+                finally:
+                    server.terminate()
+                    server.wait(30)
+            gb = sent * 1024 / 1e9
+            figures[name].append(f"{gb * 1e3 / elapsed:,.0f} MB/s (broker CPU s/GB: user "
+                                 f"{(cpu1[0] - cpu0[0]) / gb:.2f}, system {(cpu1[1] - cpu0[1]) / gb:.2f})")
+    for name, env in settings.items():
+        how = ("the store's and the broker's defaults" if not env else
+               "page cache and allocator left alone (" + " ".join(f"{k}={v}" for k, v in env.items()) + ")")
+        print(f"memory: 1 KiB x 500 for {seconds:.0f} s, {how}: " + "; ".join(figures[name]))
+
+
+def _user_sys_s(pid: int) -> tuple[float, float]:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+PROBES = {"codec": codec, "ping": ping, "send": send, "disk": disk, "produce": produce, "consume": consume,
+          "memory": memory}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+from headwater.broker.allocator import keep_freed_memory
 from headwater.broker.broker import Broker
 from headwater.broker.server import BrokerServer, ServerConfig
 from headwater.storage.store import StoreConfig
@@ -21,6 +22,7 @@ def run_server(data: str | Path, store: StoreConfig, server: ServerConfig, *,
                on_ready: Callable[[int], None] | None = None) -> None:
     """Open the data directory and serve it until SIGTERM or SIGINT, then stop cleanly:
     stop accepting, finish requests in flight, flush, close."""
+    keep_freed_memory(server.allocator_cache_bytes)
     try:
         import uvloop
 

@@ -89,6 +89,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     shutdown_grace_s: float = 10.0
     push_bytes_max: int = 1024 * 1024  # one PUSH frame of a subscription or fetch stream
     push_streams_max: int = 64  # subscription streams per connection; fetch streams likewise
+    allocator_cache_bytes: int = 128 * 1024 * 1024  # freed memory kept for reuse (headwater.broker.allocator); 0: off
 
     def validated(self) -> ServerConfig:
         for name in ("connections_max", "requests_in_flight_max", "connection_bytes_in_flight_max",
@@ -99,6 +100,8 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
                 raise InvalidArgumentError(f"{name} must be at least 1")
         if not 0 <= self.port <= 65535:
             raise InvalidArgumentError(f"port must be from 0 to 65535, got {self.port}")
+        if not 0 <= self.allocator_cache_bytes < 2**31:
+            raise InvalidArgumentError("allocator_cache_bytes must be from 0 (leave the allocator alone) to 2 GiB")
         return self
 
 

@@ -20,13 +20,15 @@ across segments, so they order every batch of the store.
 
 Thread-safety: ``append``, ``truncate`` and ``sync`` are called under the store's lock;
 ``read`` (pread) is safe from any thread while the segment holds an open descriptor, which
-callers guarantee with ``reading()``. Crash policy: the file may end in a torn batch; the
+callers guarantee with ``reading()``; ``drop_cached`` from any thread (it holds the
+segment's own lock). Crash policy: the file may end in a torn batch; the
 loader finds it by checksum and cuts it (see headwater.storage.loader).
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import struct
 import threading
@@ -41,6 +43,7 @@ __all__ = ["LogSegment", "SEGMENT_HEADER_SIZE", "segment_name", "fsync_dir", "wr
 
 FREE_CHUNK_BYTES = 8 << 20  # freed at a time when a deleted segment is let go
 FREE_PAUSE_S = 0.002  # between two chunks: lets the file system's journal commit others' fsyncs
+_PAGE_BYTES = mmap.PAGESIZE
 
 
 def free_gently(fd: int, chunk_bytes: int = FREE_CHUNK_BYTES, pause_s: float = FREE_PAUSE_S) -> None:
@@ -271,6 +274,22 @@ class LogSegment:
             os.fdatasync(fd)
         except OSError as e:
             raise StorageError(f"cannot fsync {self.path}: {e}") from e
+
+    def drop_cached(self, start: int, end: int) -> None:
+        """Advise the kernel to drop global positions [start, end) from the page cache.
+
+        For durable bytes only: everything before ``end`` must be fsynced, since the page
+        holding ``start`` is included whole (a page partly covered at ``end`` stays, for the
+        next call to take). Later reads of these bytes go to the disk. A hint: skipped when
+        the file is closed or the platform has no ``posix_fadvise``."""
+        if not hasattr(os, "posix_fadvise"):
+            return
+        first = (start - self.base_position) // _PAGE_BYTES * _PAGE_BYTES
+        with self._lock:
+            if self._fd is None or self.deleted:
+                return
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(self._fd, first, end - self.base_position - first, os.POSIX_FADV_DONTNEED)
 
     def truncate(self, position: int) -> None:
         """Cut the file at global ``position`` (the first byte not kept)."""

@@ -73,6 +73,7 @@ class StoreConfig(msgspec.Struct, frozen=True, kw_only=True):
     flush: str = "async"  # default flush policy of queues that name none
     flush_interval_ms: int = 200  # async: the longest a write waits for its fsync
     flush_bytes: int = 8 * 1024 * 1024  # async: fsync sooner once this much is written since the last
+    page_cache_keep_bytes: int = 256 * 1024 * 1024  # the newest log left in the OS page cache (0: all of it)
     segment_bytes_max: int = 128 * 1024 * 1024
     open_segments_max: int = 64  # sealed segments kept open for reading
     index_cache_segments: int = 16  # sealed segment indexes kept in memory
@@ -91,6 +92,8 @@ class StoreConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise InvalidArgumentError("flush_interval_ms must be from 1 to 3600000")
         if not 64 * 1024 <= self.flush_bytes <= 2**40:
             raise InvalidArgumentError("flush_bytes must be from 64 KiB to 1 TiB")
+        if not (self.page_cache_keep_bytes == 0 or 1024 * 1024 <= self.page_cache_keep_bytes <= 2**40):
+            raise InvalidArgumentError("page_cache_keep_bytes must be 0 (keep all) or from 1 MiB to 1 TiB")
         if not 64 * 1024 <= self.segment_bytes_max <= 2**31:
             raise InvalidArgumentError("segment_bytes_max must be from 64 KiB to 2 GiB")
         if self.open_segments_max < 1 or self.index_cache_segments < 1:
@@ -137,6 +140,7 @@ class _Tail:
 
 _TAIL_BYTES_MAX = 16 * 1024  # larger batches are read back from the segment file
 _TAILS_BYTES_MAX = 16 * 1024 * 1024  # the copies of all partitions; past it the oldest go
+_UNCACHE_CHUNK_BYTES = 8 * 1024 * 1024  # the page cache is let go of this much at a time, or more
 
 
 class _Partition:
@@ -177,6 +181,7 @@ class LogStore:
             self._dir_lock.release()
             raise
         self._append_listeners: list[Callable[[str, int, int], None]] = []
+        self._uncached_upto = self._active.end_position  # what an earlier run wrote is left to the kernel
         self._commit = GroupCommit(self._sync_active, durable=self._active.end_position)
         self._flush_kick_at = self._active.end_position + self.config.flush_bytes
         self._flusher = Flusher("headwater-flush", self.config.flush_interval_ms, self._commit.sync_now)
@@ -678,7 +683,25 @@ class LogStore:
             return covered
         with seg.reading():
             seg.sync()
+        self._uncache_behind(covered)
         return covered
+
+    def _uncache_behind(self, durable: int) -> None:
+        """Let the OS page cache drop the fsynced log more than ``page_cache_keep_bytes``
+        behind ``durable``, so writing reuses the memory it freed instead of taking fresh
+        pages (docs/design/storage.md, "The page cache"). Called by ``_sync_active`` only,
+        which the group commit runs one at a time."""
+        keep = self.config.page_cache_keep_bytes
+        start, end = self._uncached_upto, durable - keep
+        if not keep or end - start < _UNCACHE_CHUNK_BYTES:
+            return
+        with self._lock:
+            first = max(bisect_right(self._bases, start) - 1, 0)
+            last = bisect_left(self._bases, end)
+            segs = [self._segments[b] for b in self._bases[first:last]]
+        for seg in segs:
+            seg.drop_cached(max(start, seg.base_position), min(end, seg.end_position))
+        self._uncached_upto = end
 
     def flush(self) -> None:
         """Make everything appended so far durable (fsync)."""
