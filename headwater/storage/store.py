@@ -139,7 +139,7 @@ class _Tail:
 
 
 _TAIL_BYTES_MAX = 16 * 1024  # larger batches are read back from the segment file
-_TAILS_BYTES_MAX = 16 * 1024 * 1024  # the copies of all partitions; past it the oldest go
+_TAILS_BYTES_MAX = 4 * 1024 * 1024  # the copies of all partitions; past it the oldest go
 _UNCACHE_CHUNK_BYTES = 8 * 1024 * 1024  # the page cache is let go of this much at a time, or more
 
 
@@ -171,7 +171,9 @@ class LogStore:
         self._lock = threading.RLock()
         self._closed = False
         self._files_closed = False
-        self._tails: dict[tuple[int, int], _Tail] = {}  # by (queue id, partition), oldest first
+        # by (queue id, partition), the least recently appended first (an OrderedDict: a plain
+        # dict would skip over every entry deleted at its front to find its first one)
+        self._tails: OrderedDict[tuple[int, int], _Tail] = OrderedDict()
         self._tails_bytes = 0
         self._dir_lock = DirectoryLock(self._prepare_directory())
         self._dir_lock.acquire()
@@ -750,7 +752,7 @@ class LogStore:
             tails[key] = tail
             self._tails_bytes += len(tail.data)
             while self._tails_bytes > _TAILS_BYTES_MAX:
-                self._tails_bytes -= len(tails.pop(next(iter(tails))).data)
+                self._tails_bytes -= len(tails.popitem(last=False)[1].data)
 
     def _fetch_tail(self, q: _Queue, pl: _Partition, partition: int, tail: _Tail) -> FetchResult | None:
         """The fetch of an offset inside the partition's last batch, from its copy in memory;
