@@ -691,8 +691,8 @@ class LogStore:
     def _uncache_behind(self, durable: int) -> None:
         """Let the OS page cache drop the fsynced log more than ``page_cache_keep_bytes``
         behind ``durable``, so writing reuses the memory it freed instead of taking fresh
-        pages (docs/design/storage.md, "The page cache"). Called by ``_sync_active`` only,
-        which the group commit runs one at a time."""
+        pages (docs/design/storage.md, "The page cache and the allocator"). Called by
+        ``_sync_active`` only, which the group commit runs one at a time."""
         keep = self.config.page_cache_keep_bytes
         start, end = self._uncached_upto, durable - keep
         if not keep or end - start < _UNCACHE_CHUNK_BYTES:
