@@ -583,20 +583,21 @@ def test_flush_bytes_is_checked(tmp_path):
         headwater.open(tmp_path / "d", flush_bytes=1000)
 
 
-def test_the_copies_of_last_batches_stay_within_their_bound(tmp_path, clock, monkeypatch):
+def test_the_copies_of_last_batches_stay_within_their_bound(tmp_path, clock):
     """Each partition's last small batch is kept in memory, but all of them together within a
     bound: the least recently appended go first, and a read of theirs goes to the file."""
     from headwater.model.batch import encode_batch
     from headwater.model.config import QueueConfig
-    from headwater.storage import LogStore, store as store_module
+    from headwater.storage import LogStore
+    from headwater.storage.last_batches import LastBatches
 
-    monkeypatch.setattr(store_module, "_TAILS_BYTES_MAX", 4000)
     store = LogStore(tmp_path / "d", clock=clock)
+    store._last = LastBatches(bytes_max=4000)
     store.create_queue("q", QueueConfig(partitions=40))
     for p in range(40):
         store.append("q", p, encode_batch([b"%03d" % p * 100]))  # about 400 bytes stored each
-    assert store._tails_bytes <= 4000 and len(store._tails) < 40
-    kept = sorted(p for _qid, p in store._tails)
+    assert store._last.bytes <= 4000 and len(store._last.keys()) < 40
+    kept = sorted(p for _qid, p in store._last.keys())
     assert kept == list(range(40 - len(kept), 40)), "the most recently appended are kept"
     for p in (0, 39):  # one from the file, one from memory: the same answer
         assert b"%03d" % p * 100 in store.fetch("q", p, 0).batches[0]

@@ -57,6 +57,7 @@ from headwater.model.service import FetchResult, ProduceResult
 from headwater.storage.catalog import CATALOG_FILE, Catalog, QueueEntry
 from headwater.storage.dirlock import DirectoryLock
 from headwater.storage.flusher import Flusher, GroupCommit
+from headwater.storage.last_batches import LastBatches, Tail
 from headwater.storage.loader import key_hashes, load_segments, walk_headers
 from headwater.storage.producer_state import ProducerStateTable, read_snapshot, write_snapshot
 from headwater.storage.segment import SEGMENT_HEADER_SIZE, LogSegment, segment_name
@@ -122,24 +123,6 @@ class _Span:
         self.last_ts = last_ts
 
 
-class _Tail:
-    """A copy of the last small batch appended to a partition, as stored, so that a reader
-    following the partition's end (a fetch stream's push, a woken long poll) gets it without
-    reading the file back. Valid while it is still the partition's last batch. The store
-    keeps them by (queue id, partition), the most recently appended last, within
-    ``_TAILS_BYTES_MAX`` in all."""
-
-    __slots__ = ("base_offset", "end_offset", "tag_mask", "data")
-
-    def __init__(self, base_offset: int, end_offset: int, tag_mask: int, data: bytes) -> None:
-        self.base_offset = base_offset
-        self.end_offset = end_offset
-        self.tag_mask = tag_mask
-        self.data = data
-
-
-_TAIL_BYTES_MAX = 16 * 1024  # larger batches are read back from the segment file
-_TAILS_BYTES_MAX = 4 * 1024 * 1024  # the copies of all partitions; past it the oldest go
 _UNCACHE_CHUNK_BYTES = 8 * 1024 * 1024  # the page cache is let go of this much at a time, or more
 
 
@@ -171,10 +154,7 @@ class LogStore:
         self._lock = threading.RLock()
         self._closed = False
         self._files_closed = False
-        # by (queue id, partition), the least recently appended first (an OrderedDict: a plain
-        # dict would skip over every entry deleted at its front to find its first one)
-        self._tails: OrderedDict[tuple[int, int], _Tail] = OrderedDict()
-        self._tails_bytes = 0
+        self._last = LastBatches()  # copies of partitions' last batches, for readers at the end
         self._dir_lock = DirectoryLock(self._prepare_directory())
         self._dir_lock.acquire()
         try:
@@ -557,8 +537,7 @@ class LogStore:
         self._producers.record(h, qid, partition, base, ts)
         end = base + h.count
         pl.end_offset = end
-        self._keep_tail((qid, partition), _Tail(base, end, h.tag_mask, prefix + body)
-                        if h.size <= _TAIL_BYTES_MAX else None)
+        self._last.keep((qid, partition), base, end, h.tag_mask, prefix, body)
         spans = pl.spans
         if spans and spans[-1].segment_base == seg.base_position:
             sp = spans[-1]
@@ -726,7 +705,7 @@ class LogStore:
         for _attempt in range(3):
             q = self._usable_queue(queue)
             pl = self._partition(q, partition)
-            tail = self._tails.get((q.entry.queue_id, partition))
+            tail = self._last.get((q.entry.queue_id, partition))
             if (tail is not None and tail.base_offset <= offset < tail.end_offset and end_offset is None
                     and (not tag_mask or tail.tag_mask & tag_mask)):
                 hit = self._fetch_tail(q, pl, partition, tail)
@@ -741,25 +720,12 @@ class LogStore:
                 # retention removed a segment under us: plan again from the new start
         raise StorageError("retention kept removing the segments being read; try again")
 
-    def _keep_tail(self, key: tuple[int, int], tail: _Tail | None) -> None:
-        """Replace the copy of a partition's last batch (None: keep none), then drop the
-        least recently appended copies while they hold more than ``_TAILS_BYTES_MAX``."""
-        tails = self._tails
-        old = tails.pop(key, None)
-        if old is not None:
-            self._tails_bytes -= len(old.data)
-        if tail is not None:
-            tails[key] = tail
-            self._tails_bytes += len(tail.data)
-            while self._tails_bytes > _TAILS_BYTES_MAX:
-                self._tails_bytes -= len(tails.popitem(last=False)[1].data)
-
-    def _fetch_tail(self, q: _Queue, pl: _Partition, partition: int, tail: _Tail) -> FetchResult | None:
+    def _fetch_tail(self, q: _Queue, pl: _Partition, partition: int, tail: Tail) -> FetchResult | None:
         """The fetch of an offset inside the partition's last batch, from its copy in memory;
         None when that batch is no longer the last or no longer readable (read the file)."""
         with self._lock:
             self._check_open()
-            if self._tails.get((q.entry.queue_id, partition)) is not tail or pl.end_offset != tail.end_offset:
+            if self._last.get((q.entry.queue_id, partition)) is not tail or pl.end_offset != tail.end_offset:
                 return None
             start = self._effective_start(q, partition, self._now_ms())
             if start > tail.base_offset:  # truncated or expired: the plan skips what is gone
