@@ -1,7 +1,8 @@
 """Network benchmark: Headwater's broker against Redis Streams, NATS JetStream and RabbitMQ.
 
 Run ``python -m bench.network`` from the repository root (about 3 minutes; ``--quick`` about
-1.5). ``--render saved.json --markdown`` prints the tables of a saved run again, as markdown too. Every system runs in the same invocation, on this machine, each server on a free
+1.5). ``--render saved.json --markdown`` prints the tables of a saved run again, as markdown
+too. Every system runs in the same invocation, on this machine, each server on a free
 127.0.0.1 port with its data in a temporary directory under /tmp (removed afterwards), each
 driven by its usual Python client from a separate process. Missing servers are installed from
 Debian's packages (``apt-get``); missing clients are listed in ``bench/requirements.txt``.

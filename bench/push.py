@@ -5,19 +5,20 @@ half). Two parts:
 
 - **latency**: ``headwater serve`` in a subprocess (fresh data directory under /tmp, removed
   afterwards), one producer process sending 2,000 msgs/s of 100 B one at a time on a fixed
-  schedule (``Producer.send``, ``linger_ms=0``, a send callback stamping each ack), and one subscriber process (``client.subscribe``) whose listener
-  stamps each message. Latency = time the listener got it - time it was scheduled to be
-  sent, CLOCK_MONOTONIC on both sides; the first 200 messages are not counted. Run for
-  ``flush`` async and sync, and once more with a tag filter (the subscriber wants one tag
-  of four: only a quarter of the messages are pushed). Target: p99 <= 5 ms. Two shares
-  are reported beside it: the producer's acknowledgements (scheduled send to ack, the
-  produce path alone), and append to listener (the broker's append time, a whole-ms wall
-  clock stamp, to the listener's wall clock: the push path alone, ±1 ms).
-- **filter**: the broker's filter alone, in this process, on stored batches of 100
-  messages (tags drawn from four; keys from 1,000): time per batch and bytes out for no
-  filter, a tag filter taking a quarter, a keyed filter (member 1 of 4), both as
-  *selections* (push frames, keyed fetches) and as *runs* (FETCH with a tag mask), for
-  16 B, 100 B and 1 KiB bodies. Bytes out are given relative to the stored bytes.
+  schedule (``Producer.send``, ``linger_ms=0``, a send callback stamping each ack), and one
+  subscriber process (``client.subscribe``) whose listener stamps each message. Latency =
+  time the listener got it - time it was scheduled to be sent, CLOCK_MONOTONIC on both
+  sides; the first 200 messages are not counted. Run for ``flush`` async and sync, and once
+  more with a tag filter (the subscriber wants one tag of four: only a quarter of the
+  messages are pushed). Target: p99 <= 5 ms. Two shares are reported beside it: the
+  producer's acknowledgements (scheduled send to ack, the produce path alone), and append to
+  listener (the broker's append time, a whole-ms wall clock stamp, to the listener's wall
+  clock: the push path alone, ±1 ms).
+- **filter**: the broker's filter alone, in this process, on stored batches of 100 messages
+  (tags drawn from four; keys from 1,000): time per batch and bytes out for no filter, a tag
+  filter taking a quarter, a keyed filter (member 1 of 4), both as *selections* (push
+  frames, keyed fetches) and as *runs* (FETCH with a tag mask), for 16 B, 100 B and 1 KiB
+  bodies. Bytes out are given relative to the stored bytes.
 
 ``--json FILE`` saves the figures.
 """

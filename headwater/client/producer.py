@@ -513,7 +513,8 @@ class Producer(RetrySettings):
         elif isinstance(body, (bytearray, memoryview)):
             body = bytes(body)
         if type(body) is bytes:
-            msg = body if key is None and tag is None and not properties else Message(body, key, tag, properties or None)  # type: ignore[arg-type]
+            plain = key is None and tag is None and not properties
+            msg = body if plain else Message(body, key, tag, properties or None)  # type: ignore[arg-type]
         elif not isinstance(body, Message):
             msg = body  # type: ignore[assignment]  # check_message names the problem
         if self._closed:

@@ -33,7 +33,8 @@ subscriber reads with long polling instead, with the same listeners, checkpoints
 
 A listener that raises stops the subscriber (``on_error="stop"``, the default) before the
 checkpoint passes that record, so a restart retries it; ``on_error="skip"`` logs the error
-and goes on with the next record (the listeners after the failing one do not see this one). :meth:`Subscriber.wait` re-raises what stopped it.
+and goes on with the next record (the listeners after the failing one do not see this one).
+:meth:`Subscriber.wait` re-raises what stopped it.
 """
 
 from __future__ import annotations
