@@ -52,3 +52,23 @@ def test_a_retired_setting_is_ignored_with_a_warning_wherever_it_is_set(tmp_path
     warned = [r.getMessage() for r in caplog.records if "read_bytes" in r.getMessage()]
     assert len(warned) == 3 and all("no longer used" in w for w in warned)
     assert str(cfg) in warned[0] and "environment" in warned[1] and "flags" in warned[2]
+
+
+def test_every_setting_is_described_and_listed():
+    """`headwater serve --settings` lists each field of both tables with its meaning; a new
+    setting without one fails here."""
+    from typer.testing import CliRunner
+
+    from headwater.broker.server import ServerConfig
+    from headwater.cli.main import app
+    from headwater.cli.settings import MEANINGS, settings_rows
+    from headwater.storage import StoreConfig
+
+    fields = list(ServerConfig.__struct_fields__) + list(StoreConfig.__struct_fields__)
+    assert sorted(MEANINGS) == sorted(fields), "describe new settings in headwater/cli/settings.py"
+    assert all(row.meaning for row in settings_rows())
+    result = CliRunner(env={"COLUMNS": "250", "HEADWATER_DATA": None}).invoke(app, ["serve", "--settings"])
+    assert result.exit_code == 0, result.output
+    for name in fields:
+        assert f" {name} " in result.stdout and f"HEADWATER_{name.upper()}" in result.stdout
+    assert "[server]" in result.stdout and "[store]" in result.stdout and "8,388,608" in result.stdout

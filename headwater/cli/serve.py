@@ -17,11 +17,14 @@ from typing import Annotated, Any, Optional
 
 import msgspec
 import typer
+from rich.markup import escape
+from rich.table import Table
 
 from headwater.broker.run import run_server
 from headwater.broker.server import ServerConfig
-from headwater.cli.context import _state, err_console
+from headwater.cli.context import _state, err_console, out_console
 from headwater.cli.parse import parse_pairs
+from headwater.cli.settings import settings_rows
 from headwater.errors import InvalidArgumentError
 from headwater import StoreConfig
 
@@ -106,6 +109,8 @@ def serve(
     settings: Annotated[Optional[list[str]], typer.Option("--set", metavar="NAME=VALUE",
                                                           help="Any server or store setting, repeatable.")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    list_settings: Annotated[bool, typer.Option("--settings", help="List every setting (meaning, default, "
+                                                "environment variable) and exit.")] = False,
 ) -> None:
     """Run a broker over the data directory (--data) until SIGTERM or Ctrl-C.
 
@@ -118,8 +123,12 @@ def serve(
     headwater --data /var/lib/headwater serve --port 7070
     headwater --data ./data serve --flush sync --set flush_interval_ms=50
     HEADWATER_PORT=7171 headwater --data ./data serve --config headwater.toml
+    headwater serve --settings
     ```
     """
+    if list_settings:
+        _print_settings()
+        return
     state = _state(ctx)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -132,3 +141,13 @@ def serve(
         print(f"listening {server_cfg.host}:{bound}", flush=True)
 
     run_server(state.data_dir, store_cfg, server_cfg, on_ready=ready)
+
+
+def _print_settings() -> None:
+    table = Table(title=escape("headwater serve settings: --set NAME=VALUE, HEADWATER_NAME, or [server] / [store] "
+                               "in --config"), title_justify="left")
+    for column in ("table", "setting", "default", "environment", "meaning"):
+        table.add_column(column, justify="right" if column == "default" else "left")
+    for row in settings_rows():
+        table.add_row(escape(f"[{row.table}]"), row.name, row.default, row.variable, escape(row.meaning))
+    out_console().print(table)
