@@ -166,7 +166,7 @@ class LogStore:
         self._uncached_upto = self._active.end_position  # what an earlier run wrote is left to the kernel
         self._commit = GroupCommit(self._sync_active, durable=self._active.end_position)
         self._flush_kick_at = self._active.end_position + self.config.flush_bytes
-        self._flusher = Flusher("headwater-flush", self.config.flush_interval_ms, self._commit.sync_now)
+        self._flusher = Flusher("headwater-flush", self.config.flush_interval_ms, self._flush_tick)
         self._retention = Flusher("headwater-retention", self.config.retention_interval_ms,
                                   self.enforce_retention)
         self._flusher.start()
@@ -664,14 +664,20 @@ class LogStore:
             return covered
         with seg.reading():
             seg.sync()
-        self._uncache_behind(covered)
         return covered
+
+    def _flush_tick(self) -> None:
+        """The flusher's work: fsync what is written (async flush), then let go of the page
+        cache behind it, here rather than in the fsync so sync-flush acknowledgements never
+        wait for it (dropping 8 MiB takes the kernel about a millisecond)."""
+        self._commit.sync_now()
+        self._uncache_behind(self._commit.durable)
 
     def _uncache_behind(self, durable: int) -> None:
         """Let the OS page cache drop the fsynced log more than ``page_cache_keep_bytes``
         behind ``durable``, so writing reuses the memory it freed instead of taking fresh
-        pages (docs/design/storage.md, "The page cache and the allocator"). Called by
-        ``_sync_active`` only, which the group commit runs one at a time."""
+        pages (docs/design/storage.md, "The page cache and the allocator"). Called by the
+        flusher thread only."""
         keep = self.config.page_cache_keep_bytes
         start, end = self._uncached_upto, durable - keep
         if not keep or end - start < _UNCACHE_CHUNK_BYTES:
