@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from headwater.broker.server import ServerConfig
-from headwater.storage import StoreConfig
+from headwater import StoreConfig
 
 __all__ = ["MEANINGS", "Row", "settings_rows"]
 
