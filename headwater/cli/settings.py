@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from headwater.broker.server import ServerConfig
 from headwater import StoreConfig
+from headwater.broker.server import ServerConfig
 
 __all__ = ["MEANINGS", "Row", "settings_rows"]
 
