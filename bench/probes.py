@@ -21,8 +21,9 @@ Run ``python -m bench.probes PROBE`` from the repository root; each prints its f
   (batches of 500, 3 s) against one broker (async flush).
 - ``memory``: a broker with the defaults and one with ``page_cache_keep_bytes=0`` and
   ``allocator_cache_bytes=0`` (the page cache and glibc's allocator left as they are),
-  alternately, three times each: a 1 KiB x 500 producer for 10 s against each, its MB/s and
-  the broker's user and system CPU seconds per GB written.
+  alternately, three times each: a 1 KiB x 500 producer for 10 s against each, its MB/s, the
+  broker's user and system CPU seconds per GB written, its peak resident memory, and how much
+  the machine's page cache grew meanwhile.
 - ``consume``: one broker holding 1.5 million messages of 100 B; a fresh consumer reads them
   all, through a fetch stream and then with a FETCH per batch (``stream=False``), three
   times each, alternating: what the fetch streams change for reading a backlog.
@@ -291,22 +292,36 @@ def memory(rounds: int = 3, seconds: float = 10.0) -> None:
                     hw = headwater.connect(f"127.0.0.1:{port}")
                     hw.admin.create_queue("q", partitions=1)
                     p = hw.producer()
+                    cached0 = _meminfo_kib("Cached")
                     cpu0, t0, sent = _user_sys_s(server.pid), time.perf_counter(), 0
                     while time.perf_counter() - t0 < seconds:
                         p.send_batch("q", bodies, partition=0)
                         sent += len(bodies)
                     elapsed, cpu1 = time.perf_counter() - t0, _user_sys_s(server.pid)
+                    grown_mib = (_meminfo_kib("Cached") - cached0) / 1024
+                    peak_mib = _status_kib(server.pid, "VmHWM") / 1024
                     hw.close()
                 finally:
                     server.terminate()
                     server.wait(30)
             gb = sent * 1024 / 1e9
             figures[name].append(f"{gb * 1e3 / elapsed:,.0f} MB/s (broker CPU s/GB: user "
-                                 f"{(cpu1[0] - cpu0[0]) / gb:.2f}, system {(cpu1[1] - cpu0[1]) / gb:.2f})")
+                                 f"{(cpu1[0] - cpu0[0]) / gb:.2f}, system {(cpu1[1] - cpu0[1]) / gb:.2f}; "
+                                 f"broker peak RSS {peak_mib:,.0f} MiB; page cache grew {grown_mib:,.0f} MiB)")
     for name, env in settings.items():
         how = ("the store's and the broker's defaults" if not env else
                "page cache and allocator left alone (" + " ".join(f"{k}={v}" for k, v in env.items()) + ")")
         print(f"memory: 1 KiB x 500 for {seconds:.0f} s, {how}: " + "; ".join(figures[name]))
+
+
+def _meminfo_kib(field: str) -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def _status_kib(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
 def _user_sys_s(pid: int) -> tuple[float, float]:
