@@ -19,7 +19,7 @@ glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="tunes glib
 # allocate and free 1 MiB buffers (a big batch's size); report whether each was mmapped
 PROBE = """
 import ctypes, json, sys
-from headwater.broker.allocator import keep_freed_memory
+from headwater.broker.allocator import keep_freed_memory, kept_bytes
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in
@@ -34,7 +34,7 @@ for _ in range(20):
     buf = bytearray(1 << 20)
     mapped.append(libc.mallinfo2().hblks - before)
     del buf
-print(json.dumps({"tuned": tuned, "mapped": mapped}))
+print(json.dumps({"tuned": tuned, "mapped": mapped, "kept": kept_bytes()}))
 """
 
 
@@ -51,7 +51,7 @@ def test_big_buffers_come_from_the_heap_once_tuned():
     # the control: glibc mmaps the first 1 MiB block (then raises its threshold past it)
     assert before["mapped"][0] == 1
     after = probe(128 * 1024 * 1024)
-    assert after["tuned"]
+    assert after["tuned"] and after["kept"] == 128 * 1024 * 1024 and before["kept"] == 0
     assert max(after["mapped"]) == 0, f"1 MiB blocks were still mmapped: {after['mapped']}"
 
 

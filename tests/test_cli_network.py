@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import queue
 import re
 import signal
@@ -219,12 +220,17 @@ def test_status_shows_version_uptime_connections_and_rates(broker):
     assert doc["version"] == headwater.__version__
     assert doc["uptime_s"] > 0 and doc["connections"] >= 1 and doc["connections_total"] >= 2
     assert doc["queues"] == 1 and doc["partitions"] == 2 and doc["internal_queues"] >= 1
+    assert doc["page_cache_keep_bytes"] == 256 * 2**20 and doc["uncached_bytes"] == 0
+    assert 1 << 20 < doc["memory_rss_bytes"] <= doc["memory_peak_bytes"] < 4 << 30
+    tuned = platform.libc_ver()[0] == "glibc" and not any(k.startswith(("MALLOC_", "GLIBC_")) for k in os.environ)
+    assert doc["allocator_cache_bytes"] == (128 * 2**20 if tuned else 0)  # the broker process tuned its allocator
     rates = doc["rates"]
     assert 0.15 < rates["interval_s"] < 5
     assert rates["messages_in_per_s"] == 0 and rates["requests_per_s"] == 0  # its own are not counted
     table = cli("status", "--interval", "0.1")
     for word in ("version", headwater.__version__, "uptime", "connections", f"server at {broker.address}",
-                 "1 (2 partitions)", "messages in", "requests", "recovery"):
+                 "1 (2 partitions)", "messages in", "requests", "recovery", "the newest 256.0 MB of the log kept",
+                 "resident, peak"):
         assert word in table, word
 
 
@@ -261,12 +267,13 @@ def test_status_table_of_an_idle_embedded_broker():
     from headwater.cli.status import render_status
 
     st = {"version": "1", "mode": "embedded", "queues": 0, "internal_queues": 0, "delay_pending": 0,
-          "delay_next_due_ms": None, "delay_buckets": 0, "delay_delivered_total": 3}
+          "delay_next_due_ms": None, "delay_buckets": 0, "delay_delivered_total": 3, "page_cache_keep_bytes": 0}
     console = Console(width=200, record=True)
     console.print(render_status(Sample(0.0, st, {}, {}), None, now_ms=0))
     text = console.export_text()
     assert "none pending, 3 delivered since start" in text
     assert "push" not in text and "internal" not in text  # no server, no internal queues yet
+    assert "all of the log left to the kernel" in text and "memory" not in text  # the process is the caller's
 
 
 def test_status_rates_see_messages_arriving(broker):

@@ -28,7 +28,7 @@ import os
 import platform
 from collections.abc import Mapping
 
-__all__ = ["keep_freed_memory", "MMAP_THRESHOLD_BYTES"]
+__all__ = ["keep_freed_memory", "kept_bytes", "memory_usage", "MMAP_THRESHOLD_BYTES"]
 
 log = logging.getLogger("headwater.server")
 
@@ -36,6 +36,7 @@ MMAP_THRESHOLD_BYTES = 16 * 1024 * 1024  # blocks smaller than this come from th
 _M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
 _OPERATOR_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+_kept = 0  # the allocator is the process's: so is what this module did to it
 
 
 def keep_freed_memory(cache_bytes: int, environ: Mapping[str, str] | None = None) -> bool:
@@ -58,4 +59,27 @@ def keep_freed_memory(cache_bytes: int, environ: Mapping[str, str] | None = None
     done = mallopt(_M_TRIM_THRESHOLD, min(cache_bytes, 2**31 - 1)) == 1 and done
     if not done:
         log.warning("could not tune the allocator (mallopt refused); freed memory goes back to the OS")
+    global _kept
+    _kept = min(cache_bytes, 2**31 - 1) if done else 0
     return done
+
+
+def kept_bytes() -> int:
+    """The freed memory this process's allocator keeps, as tuned here (0: not tuned)."""
+    return _kept
+
+
+def memory_usage() -> dict[str, int]:
+    """This process's resident memory now and at its peak, in bytes (``/proc/self/status``;
+    on systems without it, only the peak, from ``getrusage``)."""
+    try:
+        with open("/proc/self/status") as f:
+            kib = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f)
+                   if k in ("VmRSS", "VmHWM")}
+        return {"memory_rss_bytes": kib["VmRSS"] * 1024, "memory_peak_bytes": kib["VmHWM"] * 1024}
+    except (OSError, KeyError, ValueError):
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        return {"memory_peak_bytes": peak if sys.platform == "darwin" else peak * 1024}

@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 
 from headwater._version import __version__
+from headwater.broker.allocator import kept_bytes, memory_usage
 from headwater.broker.broker import Broker
 from headwater.broker.connection import CLOSE_LINGER_S, ByteBudget, ClientConnection
 from headwater.broker.delay import DelayTicket
@@ -605,6 +606,8 @@ class BrokerServer:
             requests_total=self.requests,
             **self._push.stats(),
             **self._streams.stats(),
+            **memory_usage(),
+            allocator_cache_bytes=kept_bytes(),
         )
         return status
 

@@ -139,6 +139,19 @@ def render_status(sample: Sample, rates: dict[str, Any] | None, *, now_ms: int |
     head.add_row("queues", queues)
     head.add_row("storage", f"{_bytes(int(st.get('bytes', 0)))} in {st.get('segments', 0):,} segments "
                             f"({st.get('open_segments', 0):,} open), {st.get('fsyncs', 0):,} fsyncs")
+    if "page_cache_keep_bytes" in st:
+        keep = int(st["page_cache_keep_bytes"])
+        head.add_row("page cache", (f"the newest {_bytes(keep)} of the log kept, "
+                                    f"{_bytes(int(st.get('uncached_bytes', 0)))} let go since start")
+                     if keep else "all of the log left to the kernel (page_cache_keep_bytes=0)")
+    if "memory_peak_bytes" in st:
+        memory = f"peak {_bytes(int(st['memory_peak_bytes']))}"
+        if "memory_rss_bytes" in st:
+            memory = f"{_bytes(int(st['memory_rss_bytes']))} resident, {memory}"
+        kept = int(st.get("allocator_cache_bytes", 0))
+        memory += (f"; the allocator keeps up to {_bytes(kept)} freed for reuse" if kept
+                   else "; the allocator's own defaults")
+        head.add_row("memory", memory)
     if "delay_pending" in st:
         head.add_row("delayed", _delayed(st, now_ms))
     if "push_streams" in st:

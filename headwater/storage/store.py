@@ -164,6 +164,7 @@ class LogStore:
             raise
         self._append_listeners: list[Callable[[str, int, int], None]] = []
         self._uncached_upto = self._active.end_position  # what an earlier run wrote is left to the kernel
+        self._uncached_total = 0  # bytes let go of since the store opened
         self._commit = GroupCommit(self._sync_active, durable=self._active.end_position)
         self._flush_kick_at = self._active.end_position + self.config.flush_bytes
         self._flusher = Flusher("headwater-flush", self.config.flush_interval_ms, self._flush_tick)
@@ -688,6 +689,7 @@ class LogStore:
             segs = [self._segments[b] for b in self._bases[first:last]]
         for seg in segs:
             seg.drop_cached(max(start, seg.base_position), min(end, seg.end_position))
+        self._uncached_total += end - start
         self._uncached_upto = end
 
     def flush(self) -> None:
@@ -948,6 +950,8 @@ class LogStore:
                 "partitions": sum(len(q.partitions) for n, q in self._queues.items() if not n.startswith("__")),
                 "internal_queues": sum(1 for n in self._queues if n.startswith("__")),
                 "fsyncs": self._commit.fsyncs,
+                "page_cache_keep_bytes": self.config.page_cache_keep_bytes,
+                "uncached_bytes": self._uncached_total,
             }
 
     def close(self) -> None:
