@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import socket
@@ -38,6 +37,7 @@ import time
 from pathlib import Path
 
 import headwater
+from bench import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADWATER = str(Path(sys.executable).with_name("headwater"))
@@ -74,8 +74,7 @@ def _pct(values: list[float], q: float) -> float:
 
 def _cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(machine.process_cpu_times(pid))
 
 
 def _send(hw, queue: str, n: int, partitions: int, times: list[int] | None, cpu: dict | None = None,

@@ -27,7 +27,8 @@ import shutil
 import time
 from pathlib import Path
 
-__all__ = ["write_bandwidth", "fsync_latency", "timer_lateness", "sleep_until_ns", "facts"]
+__all__ = ["write_bandwidth", "fsync_latency", "timer_lateness", "sleep_until_ns", "facts", "meminfo_kib",
+           "process_cpu_times"]
 
 #: How close to a tick ``sleep_until_ns`` stops sleeping and spins (sleep() overshoots by ~0.1 ms).
 SPIN_NS = 150_000
@@ -147,7 +148,7 @@ def facts(directory: str | Path) -> dict[str, object]:
     return {
         "nproc": os.cpu_count(),
         "cpu_model": _cpu_model(),
-        "memory_gib": round(_meminfo_kib("MemTotal") / MIB, 1),
+        "memory_gib": round(meminfo_kib("MemTotal") / MIB, 1),
         "disk_device": device,
         "disk_mount": mount,
         "disk_fs": fstype,
@@ -174,11 +175,19 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def _meminfo_kib(field: str) -> int:
+def meminfo_kib(field: str) -> int:
+    """A field of /proc/meminfo in KiB (``MemTotal``, ``Cached``, ...); 0 when unknown."""
     for line in (_read("/proc/meminfo") or "").splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])
     return 0
+
+
+def process_cpu_times(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds a live process has used so far (Linux /proc; clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick  # fields 14 and 15: utime, stime
 
 
 def _mount_of(path: Path) -> tuple[str, str, str]:

@@ -292,13 +292,13 @@ def memory(rounds: int = 3, seconds: float = 10.0) -> None:
                     hw = headwater.connect(f"127.0.0.1:{port}")
                     hw.admin.create_queue("q", partitions=1)
                     p = hw.producer()
-                    cached0 = _meminfo_kib("Cached")
-                    cpu0, t0, sent = _user_sys_s(server.pid), time.perf_counter(), 0
+                    cached0 = machine.meminfo_kib("Cached")
+                    cpu0, t0, sent = machine.process_cpu_times(server.pid), time.perf_counter(), 0
                     while time.perf_counter() - t0 < seconds:
                         p.send_batch("q", bodies, partition=0)
                         sent += len(bodies)
-                    elapsed, cpu1 = time.perf_counter() - t0, _user_sys_s(server.pid)
-                    grown_mib = (_meminfo_kib("Cached") - cached0) / 1024
+                    elapsed, cpu1 = time.perf_counter() - t0, machine.process_cpu_times(server.pid)
+                    grown_mib = (machine.meminfo_kib("Cached") - cached0) / 1024
                     peak_mib = _status_kib(server.pid, "VmHWM") / 1024
                     hw.close()
                 finally:
@@ -314,21 +314,9 @@ def memory(rounds: int = 3, seconds: float = 10.0) -> None:
         print(f"memory: 1 KiB x 500 for {seconds:.0f} s, {how}: " + "; ".join(figures[name]))
 
 
-def _meminfo_kib(field: str) -> int:
-    with open("/proc/meminfo") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-
-
 def _status_kib(pid: int, field: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-
-
-def _user_sys_s(pid: int) -> tuple[float, float]:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 PROBES = {"codec": codec, "ping": ping, "send": send, "disk": disk, "produce": produce, "consume": consume,

@@ -35,12 +35,10 @@ def resident_pages(path: Path) -> list[bool]:
     with path.open("rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as m:
         pages = (size + PAGE - 1) // PAGE
         vec = (ctypes.c_ubyte * pages)()
+        # the c_char view is a temporary: its export of the mapping ends before the mapping closes
         addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
-        try:
-            if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
-                raise OSError(ctypes.get_errno(), "mincore failed")
-        finally:
-            del addr  # the buffer export must end before the mapping closes
+        if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
+            raise OSError(ctypes.get_errno(), "mincore failed")
         return [bool(v & 1) for v in vec]
 
 

@@ -669,8 +669,8 @@ class LogStore:
 
     def _flush_tick(self) -> None:
         """The flusher's work: fsync what is written (async flush), then let go of the page
-        cache behind it, here rather than in the fsync so sync-flush acknowledgements never
-        wait for it (dropping 8 MiB takes the kernel about a millisecond)."""
+        cache behind it, here rather than in the fsync so that sync-flush acknowledgements
+        never wait for the kernel to free pages."""
         self._commit.sync_now()
         self._uncache_behind(self._commit.durable)
 
