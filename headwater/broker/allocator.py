@@ -54,13 +54,14 @@ def keep_freed_memory(cache_bytes: int, environ: Mapping[str, str] | None = None
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    keep = min(cache_bytes, 2**31 - 1)  # mallopt takes an int
     # mallopt returns 1 on success, 0 for a value out of range
     done = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
-    done = mallopt(_M_TRIM_THRESHOLD, min(cache_bytes, 2**31 - 1)) == 1 and done
+    done = mallopt(_M_TRIM_THRESHOLD, keep) == 1 and done
     if not done:
         log.warning("could not tune the allocator (mallopt refused); freed memory goes back to the OS")
     global _kept
-    _kept = min(cache_bytes, 2**31 - 1) if done else 0
+    _kept = keep if done else 0
     return done
 
 

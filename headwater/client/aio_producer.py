@@ -64,6 +64,7 @@ from headwater.client.batching import (
     RetrySettings,
     check_message,
     check_messages,
+    closed_unsent,
     deliver_at_ms,
     give_back_sequence,
     int_setting,
@@ -673,11 +674,9 @@ class AsyncProducer(RetrySettings):
     def _encode_first(self, b: _Batch) -> bool:
         """Encode a batch for its first attempt; False if it was settled instead (the
         producer is closing, the batch waited too long to be sent, it does not encode)."""
-        if self._aborting:
-            self._finish(b, None, ClosedError("the producer was closed before this message was sent"))
-            return False
-        if self._retry.expired(b.created_s, asyncio.get_running_loop().time()):
-            self._finish(b, None, self._retry.unsent_error())
+        refused = self._retry.refuse_first_send(b.created_s, asyncio.get_running_loop().time(), self._aborting)
+        if refused is not None:
+            self._finish(b, None, refused)
             return False
         try:
             self._encode(b)
@@ -743,7 +742,7 @@ class AsyncProducer(RetrySettings):
     def _abort(self) -> None:
         """close() gave up on the flush: fail what is unsent, stop what is in flight."""
         self._aborting = True
-        closed = ClosedError("the producer was closed before this message was sent")
+        closed = closed_unsent()
         for queue in list(self._parked):
             for item in self._parked.pop(queue):
                 self._buffered_bytes -= item.size

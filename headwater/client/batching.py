@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from headwater.errors import (
+    ClosedError,
     InvalidArgumentError,
     MessageTooLargeError,
     OutOfOrderSequenceError,
@@ -39,6 +40,7 @@ __all__ = [
     "RetryPolicy",
     "RetrySettings",
     "Sequenced",
+    "closed_unsent",
     "new_identity",
     "next_epoch",
     "take_sequence",
@@ -203,13 +205,15 @@ class RetryPolicy:
             return None
         return delay
 
-    def expired(self, created_s: float, now_s: float) -> bool:
-        """A batch made at ``created_s`` waited past the delivery timeout to be sent."""
-        return now_s - created_s > self._timeout_s
-
-    def unsent_error(self) -> UnavailableError:
-        return UnavailableError(
-            f"the batch waited longer than delivery_timeout_ms={self.delivery_timeout_ms} to be sent")
+    def refuse_first_send(self, created_s: float, now_s: float, aborting: bool) -> BaseException | None:
+        """Why a batch made at ``created_s`` must not go out for its first attempt (the
+        producer is closing, or the batch waited past the delivery timeout); None when it may."""
+        if aborting:
+            return closed_unsent()
+        if now_s - created_s > self._timeout_s:
+            return UnavailableError(
+                f"the batch waited longer than delivery_timeout_ms={self.delivery_timeout_ms} to be sent")
+        return None
 
     def final_error(self, exc: BaseException, attempts: int, aborting: bool) -> BaseException:
         """What a batch failing with ``exc`` after ``attempts`` fails with: a retriable error
@@ -253,6 +257,11 @@ class Sequenced(Protocol):
 
     identity: tuple[int, int] | None
     next_sequence: int
+
+
+def closed_unsent() -> ClosedError:
+    """What a message still unsent when its producer closed fails with."""
+    return ClosedError("the producer was closed before this message was sent")
 
 
 def new_identity(idempotent: bool) -> tuple[int, int] | None:

@@ -78,6 +78,7 @@ from headwater.client.batching import (
     RetrySettings,
     check_message,
     check_messages,
+    closed_unsent,
     deliver_at_ms,
     give_back_sequence,
     int_setting,
@@ -414,8 +415,7 @@ class Producer(RetrySettings):
             if aborted:
                 self._aborting = True
                 for ps in self._parts.values():
-                    unsent.extend((b, ClosedError("the producer was closed before this message was sent"))
-                                  for b in (*ps.ready, ps.open) if b is not None)
+                    unsent.extend((b, closed_unsent()) for b in (*ps.ready, ps.open) if b is not None)
                     ps.ready.clear()
                     ps.open = None
                     unsent.extend((b, UnavailableError("the producer was closed while this batch waited to be retried"))
@@ -856,10 +856,9 @@ class Producer(RetrySettings):
         finishes nothing itself (that takes ``_lock``)."""
         ps = b.part
         if b.encoded is None:
-            if self._aborting:
-                return None, ClosedError("the producer was closed before this message was sent")
-            if self._retry.expired(b.created_s, time.monotonic()):
-                return None, self._retry.unsent_error()
+            refused = self._retry.refuse_first_send(b.created_s, time.monotonic(), self._aborting)
+            if refused is not None:
+                return None, refused
             try:
                 self._encode(b, None)  # messages were checked when queued
             except Exception as e:  # noqa: BLE001 - it belongs to the batch's futures

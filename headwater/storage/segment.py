@@ -20,8 +20,8 @@ across segments, so they order every batch of the store.
 
 Thread-safety: ``append``, ``truncate`` and ``sync`` are called under the store's lock;
 ``read`` (pread) is safe from any thread while the segment holds an open descriptor, which
-callers guarantee with ``reading()``; ``drop_cached`` from any thread (it holds the
-segment's own lock). Crash policy: the file may end in a torn batch; the
+callers guarantee with ``reading()``; ``drop_cached`` from any thread (it counts as a
+reader, and skips a closed file). Crash policy: the file may end in a torn batch; the
 loader finds it by checksum and cuts it (see headwater.storage.loader).
 """
 
@@ -225,14 +225,19 @@ class LogSegment:
         try:
             yield self
         finally:
-            fd = None
-            with self._lock:
-                self._readers -= 1
-                if self.deleted and self._readers == 0 and self._fd is not None:
-                    fd, self._fd = self._fd, None
-            if fd is not None:  # deleted while read: free it as delete() would, off this thread
-                threading.Thread(target=_free_and_close, args=(fd,), name="headwater-free-segment",
-                                 daemon=True).start()
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """A reader is done; the last one out of a deleted segment frees it, as delete()
+        would, off this thread."""
+        fd = None
+        with self._lock:
+            self._readers -= 1
+            if self.deleted and self._readers == 0 and self._fd is not None:
+                fd, self._fd = self._fd, None
+        if fd is not None:
+            threading.Thread(target=_free_and_close, args=(fd,), name="headwater-free-segment",
+                             daemon=True).start()
 
     # -- I/O --------------------------------------------------------------------------
 
@@ -285,11 +290,16 @@ class LogSegment:
         if not hasattr(os, "posix_fadvise"):
             return
         first = (start - self.base_position) // _PAGE_BYTES * _PAGE_BYTES
-        with self._lock:
+        with self._lock:  # held as a reader, not under the lock: readers never wait for the kernel
             if self._fd is None or self.deleted:
                 return
+            fd = self._fd
+            self._readers += 1
+        try:
             with contextlib.suppress(OSError):
-                os.posix_fadvise(self._fd, first, end - self.base_position - first, os.POSIX_FADV_DONTNEED)
+                os.posix_fadvise(fd, first, end - self.base_position - first, os.POSIX_FADV_DONTNEED)
+        finally:
+            self._let_go()
 
     def truncate(self, position: int) -> None:
         """Cut the file at global ``position`` (the first byte not kept)."""

@@ -163,8 +163,8 @@ class LogStore:
             self._dir_lock.release()
             raise
         self._append_listeners: list[Callable[[str, int, int], None]] = []
-        self._uncached_upto = self._active.end_position  # what an earlier run wrote is left to the kernel
-        self._uncached_total = 0  # bytes let go of since the store opened
+        # the page cache below _uncached_upto was let go of (what an earlier run wrote is left to the kernel)
+        self._uncached_from = self._uncached_upto = self._active.end_position
         self._commit = GroupCommit(self._sync_active, durable=self._active.end_position)
         self._flush_kick_at = self._active.end_position + self.config.flush_bytes
         self._flusher = Flusher("headwater-flush", self.config.flush_interval_ms, self._flush_tick)
@@ -689,7 +689,6 @@ class LogStore:
             segs = [self._segments[b] for b in self._bases[first:last]]
         for seg in segs:
             seg.drop_cached(max(start, seg.base_position), min(end, seg.end_position))
-        self._uncached_total += end - start
         self._uncached_upto = end
 
     def flush(self) -> None:
@@ -951,7 +950,7 @@ class LogStore:
                 "internal_queues": sum(1 for n in self._queues if n.startswith("__")),
                 "fsyncs": self._commit.fsyncs,
                 "page_cache_keep_bytes": self.config.page_cache_keep_bytes,
-                "uncached_bytes": self._uncached_total,
+                "uncached_bytes": self._uncached_upto - self._uncached_from,
             }
 
     def close(self) -> None:
