@@ -183,6 +183,24 @@ def meminfo_kib(field: str) -> int:
     return 0
 
 
+def host_cpu_ticks() -> tuple[int, ...]:
+    """The machine's CPU time so far, all CPUs, in clock ticks, as /proc/stat's first line
+    counts it: (user, nice, system, idle, iowait, irq, softirq, steal); zeros when unknown."""
+    first = (_read("/proc/stat") or "").split("\n", 1)[0].split()
+    if not first or first[0] != "cpu":
+        return (0,) * 8
+    return tuple(int(x) for x in (first[1:9] + ["0"] * 8)[:8])
+
+
+def steal_share(before: tuple[int, ...], after: tuple[int, ...]) -> float | None:
+    """The share of CPU time the hypervisor gave to other guests between two
+    :func:`host_cpu_ticks` readings (a virtual CPU waiting to run: "steal"); None when
+    nothing was counted."""
+    spent = [b - a for a, b in zip(before, after)]
+    total = sum(spent)
+    return spent[7] / total if total > 0 else None
+
+
 def process_cpu_times(pid: int) -> tuple[float, float]:
     """(user, system) CPU seconds a live process has used so far (Linux /proc; clock ticks)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -171,12 +171,19 @@ def cpu_note(cpu: dict[str, float | None]) -> str:
             f"producer {us(cpu['producer'])} (of it the benchmark's spin {us(cpu['producer_spin'])})")
 
 
+def steal_note(res: dict[str, Any]) -> str:
+    """"; host steal 0.4%": the share of the machine's CPU time the hypervisor gave to other
+    guests during a latency run (a stolen moment stalls whichever process was running)."""
+    share = res.get("steal_share")
+    return "" if share is None else f"; host steal {share:.1%}"
+
+
 def _brief(res: dict[str, Any]) -> str:
     if "error" in res:
         return f"[red]{res['error']}[/]"
     if "p99_ms" in res:
         return (f"p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms, max {res['max_ms']:.2f} ms "
-                f"({res['counted']:,} msgs, {res['late_sends']:,} sent >1 ms late"
+                f"({res['counted']:,} msgs, {res['late_sends']:,} sent >1 ms late" + steal_note(res)
                 + (f"; {cpu_note(res['cpu_us_per_msg'])}" if res.get("cpu_us_per_msg") else "") + ")")
     return f"{res['msgs_per_s']:,.0f} msgs/s, {res['mb_per_s']:,.1f} MB/s ({res['msgs']:,} msgs)"
 
@@ -351,7 +358,8 @@ def _notes(res: dict[str, Any], mode_label: str, cols: list[Column]) -> str:
         if "error" in r:
             notes.append(f"{key}: {r['error']}")
         elif key == LATENCY_KEY and r:
-            notes.append(f"{r['late_sends']:,} of {r['sent']:,} sent >1 ms late; {r['achieved_rate']:,.0f}/s")
+            notes.append(f"{r['late_sends']:,} of {r['sent']:,} sent >1 ms late; {r['achieved_rate']:,.0f}/s"
+                         + steal_note(r))
             if r.get("cpu_us_per_msg"):
                 notes.append(cpu_note(r["cpu_us_per_msg"]))
         elif key == CONSUME_KEY and r:

@@ -32,7 +32,8 @@ def test_each_round_compares_headwater_with_that_rounds_best_comparable_peer():
     assert s["ratio_to_best_peer"]["headwater sync"] == pytest.approx([1.5, 3.0])
     assert s["peers_compared"] == {"headwater async": ["redis everysec", "redis always"],
                                    "headwater sync": ["redis always"]}
-    assert s["p99"]["redis everysec"] == {"median": 2.5, "min": 1.0, "max": 4.0, "rounds": 2}
+    assert s["p99"]["redis everysec"] == {"median": 2.5, "min": 1.0, "max": 4.0, "rounds": 2,
+                                          "quiet_median": None, "quiet_rounds": 0}
 
 
 def test_a_failed_run_counts_in_no_median_and_leaves_its_rounds_ratio_empty():
@@ -44,6 +45,30 @@ def test_a_failed_run_counts_in_no_median_and_leaves_its_rounds_ratio_empty():
     assert s["p99"]["headwater async"]["rounds"] == 1
     assert s["ratio_to_best_peer"]["headwater async"] == [None, pytest.approx(3.0)]
     assert s["ratio_to_best_peer"]["headwater sync"] == [None, pytest.approx(2.0)]  # no durable peer in round 1
+
+
+def test_quiet_runs_are_those_the_hypervisor_took_little_from():
+    def run(p99: float, steal: float | None) -> dict:
+        return {"p99_ms": p99, "steal_share": steal}
+
+    rounds = [{"round": 1, "results": {"headwater async": run(3.0, 0.02)}},
+              {"round": 2, "results": {"headwater async": run(0.8, 0.0)}},
+              {"round": 3, "results": {"headwater async": run(0.9, 0.002)}},
+              {"round": 4, "results": {"headwater async": run(0.5, None)}}]  # steal unknown: not quiet
+    p99 = summarize(rounds, MODES)["p99"]["headwater async"]
+    assert p99["median"] == pytest.approx(0.85)
+    assert p99["quiet_median"] == pytest.approx(0.85) and p99["quiet_rounds"] == 2
+
+
+def test_the_steal_share_is_the_hypervisors_part_of_the_cpu_time_between_two_readings():
+    from bench.machine import host_cpu_ticks, steal_share
+
+    before = (100, 0, 50, 800, 0, 0, 0, 10)
+    after = (200, 0, 100, 1640, 0, 0, 0, 20)  # 1,000 ticks in all, 10 of them stolen
+    assert steal_share(before, after) == pytest.approx(0.01)
+    assert steal_share(before, before) is None
+    now = host_cpu_ticks()
+    assert len(now) == 8 and sum(now) > 0  # Linux: the machine has run
 
 
 def test_the_cpu_of_a_process_group_is_counted_and_nobody_elses():

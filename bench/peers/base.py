@@ -369,7 +369,8 @@ class Driver:
         producer = ctx.Process(target=_latency_producer, daemon=True,
                                args=(self, mode, total, rate, size, ready, window, results))
         server_cpu: list[float] = []
-        watcher = threading.Thread(target=self._watch_server_cpu, args=(window, server_cpu, seconds + 90),
+        host: list[tuple[int, ...]] = []
+        watcher = threading.Thread(target=self._watch_server_cpu, args=(window, server_cpu, host, seconds + 90),
                                    daemon=True)
         watcher.start()
         outs = _run_workers([consumer, producer], results, timeout_s=seconds + 90 + JOIN_SLACK_S)
@@ -393,14 +394,17 @@ class Driver:
             "achieved_rate": sent["achieved_rate"], "late_sends": sent["late_sends"],
             "p50_ms": percentile(lat_ms, 50), "p99_ms": percentile(lat_ms, 99), "max_ms": lat_ms[-1],
             "mean_ms": sum(lat_ms) / len(lat_ms), "cpu_us_per_msg": cpu,
+            "steal_share": machine.steal_share(*host) if len(host) == 2 else None,
         }
 
-    def _watch_server_cpu(self, window, out: list[float], timeout_s: float) -> None:
-        """CPU seconds of the servers' process groups when the counted sends begin and end."""
+    def _watch_server_cpu(self, window, out: list[float], host: list[tuple[int, ...]], timeout_s: float) -> None:
+        """CPU seconds of the servers' process groups, and the machine's CPU ticks (for the
+        share stolen by the hypervisor), when the counted sends begin and end."""
         for ev in window:
             if not ev.wait(timeout_s):
                 return
             out.append(sum(process_group_cpu_s(s.pgid) for s in self._servers))
+            host.append(machine.host_cpu_ticks())
 
 
 def process_cpu_s() -> float:
