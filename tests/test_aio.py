@@ -46,7 +46,8 @@ class Target:
 
     def __init__(self, kind: str, tmp_path, clock) -> None:
         self.kind, self.clock = kind, clock
-        self.server = ServerThread(tmp_path / "data", clock, segment_bytes_max=256 * 1024) if kind == "network" else None
+        self.server = (ServerThread(tmp_path / "data", clock, segment_bytes_max=256 * 1024)
+                       if kind == "network" else None)
         self.path = tmp_path / "data"
 
     async def open(self) -> headwater.aio.AsyncClient:
@@ -245,6 +246,51 @@ def test_send_nowait_reports_metadata_errors_through_the_future(target):
         await small.flush()  # room again
         futs.append(small.send_nowait("q", b"y", partition=0))
         await asyncio.gather(*futs)
+
+    run(target, test)
+
+
+def hold_describe(hw) -> tuple[list[str], asyncio.Event]:
+    """Hold the service's describe_queue until the returned event is set; the list names
+    the queues asked for."""
+    asked: list[str] = []
+    gate = asyncio.Event()
+    real = hw.service.describe_queue
+
+    async def describe(name):
+        asked.append(name)
+        await gate.wait()
+        return await real(name)
+
+    hw.service.describe_queue = describe
+    return asked, gate
+
+
+def test_sends_go_on_with_stale_metadata_while_a_task_refreshes_it(target):
+    async def test(hw):
+        await hw.admin.create_queue("grow", partitions=1)
+        p = hw.producer(partitioner="round_robin", metadata_max_age_ms=50)
+        await p.send("grow", b"first")  # an unknown queue: its metadata is awaited
+        await hw.admin.add_partitions("grow", 3)
+        asked, gate = hold_describe(hw)
+        await asyncio.sleep(0.1)  # the copy is stale now
+        ids = ([await asyncio.wait_for(p.send_nowait("grow", b"x"), 5) for _ in range(3)]
+               + [await asyncio.wait_for(p.send("grow", b"y"), 5) for _ in range(3)])
+        assert asked == ["grow"]  # one refresh, held, and nobody waited for it
+        assert {m.partition for m in ids} == {0}
+        gate.set()
+        for _ in range(100):
+            ids = [await p.send("grow", b"z") for _ in range(3)]
+            if {m.partition for m in ids} == {0, 1, 2}:
+                break
+            await asyncio.sleep(0.01)
+        assert {m.partition for m in ids} == {0, 1, 2}
+        asked.clear()
+        gate.clear()
+        await asyncio.sleep(0.1)
+        await p.send("grow", b"last")
+        assert asked == ["grow"]  # a refresh held when the producer closes: close ends it
+        await p.close()
 
     run(target, test)
 

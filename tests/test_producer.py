@@ -414,6 +414,102 @@ def test_full_buffer_blocks_then_raises(hw):
     p.close()
 
 
+# -- queue metadata -----------------------------------------------------------------------
+
+
+class HeldDescribe:
+    """A BrokerService in front of the real one that can ask for metadata in the background
+    (as the network service does), each of those requests held until :meth:`answer`; it
+    counts the requests the producer waited for."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.waited_for = 0
+        self.held: list[tuple[str, concurrent.futures.Future]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def describe_queue(self, name):
+        self.waited_for += 1
+        return self.inner.describe_queue(name)
+
+    def describe_queue_async(self, name):
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self.held.append((name, fut))
+        return fut
+
+    def answer(self, error: BaseException | None = None) -> None:
+        held, self.held = self.held, []
+        for name, fut in held:
+            if error is None:
+                fut.set_result(self.inner.describe_queue(name))
+            else:
+                fut.set_exception(error)
+
+
+def test_sends_go_on_with_stale_metadata_while_a_fresh_copy_is_asked_for(hw):
+    hw.admin.create_queue("grow", partitions=1)
+    svc = HeldDescribe(hw.service)
+    p = Producer(svc, partitioner="round_robin", metadata_max_age_ms=50)
+    p.send_and_wait("grow", b"first")  # an unknown queue: its metadata is waited for
+    assert svc.waited_for == 1
+    hw.admin.add_partitions("grow", 3)
+    time.sleep(0.1)  # the copy is stale now
+    ids = [p.send("grow", b"x").result(timeout=10) for _ in range(6)]
+    assert svc.waited_for == 1 and len(svc.held) == 1  # one refresh asked for, none waited for
+    assert {m.partition for m in ids} == {0}  # the old copy still routes: one partition
+    svc.answer()
+    ids = [p.send("grow", b"y").result(timeout=10) for _ in range(6)]
+    assert {m.partition for m in ids} == {0, 1, 2}  # the fresh copy: three
+    assert svc.waited_for == 1
+    p.close()
+
+
+def test_over_the_network_the_refresh_is_a_request_nobody_waits_for(server):
+    client = headwater.connect(server.address)
+    try:
+        client.admin.create_queue("grow", partitions=1)
+        svc = client.service
+        waited: list[str] = []
+        real_describe = svc.describe_queue
+        svc.describe_queue = lambda name: waited.append(name) or real_describe(name)
+        p = Producer(svc, partitioner="round_robin", metadata_max_age_ms=50)
+        p.send_and_wait("grow", b"first")
+        client.admin.add_partitions("grow", 4)
+        time.sleep(0.1)
+        parts: set[int] = set()
+        deadline = time.monotonic() + 10
+        while len(parts) < 4 and time.monotonic() < deadline:  # the answer comes in the background
+            parts.add(p.send("grow", b"x").result(timeout=10).partition)
+        assert parts == {0, 1, 2, 3}
+        assert waited == ["grow"]  # only the first, for a queue not known yet
+        p.close()
+    finally:
+        client.close()
+
+
+def test_a_failed_refresh_keeps_the_old_copy_and_is_tried_again_later(hw):
+    from headwater.client.batching import METADATA_RETRY_S
+
+    hw.admin.create_queue("q", partitions=2)
+    svc = HeldDescribe(hw.service)
+    p = Producer(svc, metadata_max_age_ms=50)
+    p.send_and_wait("q", b"first")
+    time.sleep(0.1)
+    p.send("q", b"a").result(timeout=10)
+    assert len(svc.held) == 1
+    svc.answer(UnavailableError("injected: the broker is restarting"))
+    for _ in range(5):  # not asked for again at every send
+        p.send("q", b"b").result(timeout=10)
+    assert svc.held == []
+    time.sleep(METADATA_RETRY_S + 0.1)
+    p.send("q", b"c").result(timeout=10)
+    assert len(svc.held) == 1 and svc.waited_for == 1
+    svc.answer()
+    p.close()
+
+
 # -- retries, idempotence, timeouts -------------------------------------------------------
 
 

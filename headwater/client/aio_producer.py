@@ -8,7 +8,8 @@ The same batching, routing and idempotence, on the event loop instead of a sende
   ``batch_bytes_max``, when ``linger_ms`` has passed since its first message, or, with
   ``linger_ms=0``, as soon as the partition has no batch in flight (messages arriving
   meanwhile form the next batch). When the queue's metadata is not cached, the message
-  waits for it (in send order) and errors that need the metadata go to the future.
+  waits for it (in send order) and errors that need the metadata go to the future; a
+  cached copy past ``metadata_max_age_ms`` is used while a task refreshes it.
 - ``await send()`` and ``await send_batch()`` do the same without lingering and return once
   the broker acknowledged. Cancelling the caller does not take the messages back.
 - One *drainer* task per partition sends its batches, holding the partition's slot (an
@@ -71,6 +72,7 @@ from headwater.client.batching import (
     may_be_appended,
     new_identity,
     next_epoch,
+    store_refreshed,
     take_sequence,
     too_large,
 )
@@ -193,6 +195,7 @@ class AsyncProducer(RetrySettings):
         self._parts: dict[tuple[str, int], _Partition] = {}
         self._parked: dict[str, list[_Parked]] = {}  # by queue, in send order
         self._metadata_tasks: dict[str, asyncio.Task[None]] = {}
+        self._refreshes: dict[str, asyncio.Task[None]] = {}  # background refreshes of stale metadata
         self._tasks: set[asyncio.Task[None]] = set()  # drainers and metadata tasks, for close()
         self._batch_done = asyncio.Event()  # set whenever a batch finishes (flush waits on it)
         self._buffered_bytes = 0
@@ -371,6 +374,8 @@ class AsyncProducer(RetrySettings):
             if ps.timer is not None:
                 ps.timer.cancel()
                 ps.timer = None
+        for task in list(self._refreshes.values()):  # nobody needs them now
+            task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def __aenter__(self) -> AsyncProducer:
@@ -382,27 +387,47 @@ class AsyncProducer(RetrySettings):
     # -- metadata and routing -------------------------------------------------------------
 
     async def _queue_info(self, queue: str, *, refresh: bool = False) -> QueueInfo:
+        """The queue's metadata: asked for, and awaited, when unknown or ``refresh``; a
+        copy older than ``metadata_max_age_ms`` is still used while a refresh task asks for a
+        fresh one (as in the sync producer)."""
         now = asyncio.get_running_loop().time()
         got = self._metadata.get(queue)
-        if refresh or got is None or now - got[0] > self._metadata_max_age_s:
+        if refresh or got is None:
             info = await self._service.describe_queue(queue)
             self._metadata[queue] = (now, info)
             return info
+        self._refresh_if_stale(queue, got[0], now)
         return got[1]
 
     def _cached_info(self, queue: str, partition: int | None) -> QueueInfo | None:
         """The queue's metadata if ``send_nowait`` may route with it now; None if the message
-        must wait (unknown or stale, an explicit partition beyond it, or earlier messages of
-        the queue still waiting)."""
+        must wait (unknown, an explicit partition beyond it, or earlier messages of the
+        queue still waiting)."""
         got = self._metadata.get(queue)
         if got is None or queue in self._parked:
             return None
         at, info = got
-        if asyncio.get_running_loop().time() - at > self._metadata_max_age_s:
-            return None
+        self._refresh_if_stale(queue, at, asyncio.get_running_loop().time())
         if partition is not None and partition >= len(info.partitions):
             return None  # the queue may have grown: refresh before refusing
         return info
+
+    def _refresh_if_stale(self, queue: str, at: float, now: float) -> None:
+        if now - at > self._metadata_max_age_s and queue not in self._refreshes:
+            task = asyncio.get_running_loop().create_task(self._refresh(queue, now),
+                                                          name=f"headwater-producer-refresh-{queue}")
+            self._refreshes[queue] = task
+            self._track(task)
+
+    async def _refresh(self, queue: str, asked_at: float) -> None:
+        try:
+            outcome: QueueInfo | BaseException = await self._service.describe_queue(queue)
+        except Exception as e:  # noqa: BLE001 - kept by store_refreshed
+            outcome = e
+        finally:
+            self._refreshes.pop(queue, None)
+        store_refreshed(self._metadata, queue, asked_at, outcome, max_age_s=self._metadata_max_age_s,
+                        now=asyncio.get_running_loop().time())
 
     async def _info_for(self, queue: str, partition: int | None) -> QueueInfo:
         """Metadata for a waiting send, after earlier ``send_nowait`` messages took their places."""

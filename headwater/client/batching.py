@@ -23,10 +23,12 @@ from headwater.errors import (
     MessageTooLargeError,
     OutOfOrderSequenceError,
     ProducerFencedError,
+    QueueNotFoundError,
     UnavailableError,
     UsageError,
 )
 from headwater.model.batch import BATCH_BYTES_MAX, HEADER_SIZE
+from headwater.model.config import QueueInfo
 from headwater.model.delay import resolve_deliver_at
 from headwater.model.message import Message, MessageId
 from headwater.model.service import ProduceResult
@@ -35,12 +37,14 @@ __all__ = [
     "SEQUENCE_MOD",
     "EPOCH_MAX",
     "MESSAGE_OVERHEAD_BYTES",
+    "METADATA_RETRY_S",
     "COMPRESSIONS",
     "BatchReceipt",
     "RetryPolicy",
     "RetrySettings",
     "Sequenced",
     "closed_unsent",
+    "store_refreshed",
     "new_identity",
     "next_epoch",
     "take_sequence",
@@ -56,6 +60,7 @@ __all__ = [
 SEQUENCE_MOD = 2**31  # the broker counts sequences modulo this (a signed 32-bit field)
 EPOCH_MAX = 2**15 - 1  # the epoch is a signed 16-bit field; past it, a new producer id
 MESSAGE_OVERHEAD_BYTES = 16  # added to a message's size in the buffer and batch estimates
+METADATA_RETRY_S = 0.5  # a background refresh of a queue's metadata that failed is tried again after this
 COMPRESSIONS = (None, "zstd", "lz4")
 
 log = logging.getLogger("headwater.producer")
@@ -257,6 +262,35 @@ class Sequenced(Protocol):
 
     identity: tuple[int, int] | None
     next_sequence: int
+
+
+def store_refreshed(cache: dict[str, tuple[float, QueueInfo]], queue: str, asked_at: float,
+                    outcome: QueueInfo | BaseException, *, max_age_s: float, now: float) -> None:
+    """Keep what a background refresh of ``queue``'s metadata brought, in ``cache`` (queue:
+    (when asked, metadata)): new metadata, stamped when it was asked for, unless a newer copy
+    arrived meanwhile; for a queue that no longer exists, nothing (the next send asks again
+    and fails with the broker's error); after any other failure, the old copy, stale again
+    in ``METADATA_RETRY_S``.
+
+    >>> cache = {"q": (0.0, "old")}
+    >>> store_refreshed(cache, "q", 10.0, UnavailableError("down"), max_age_s=5.0, now=12.0)
+    >>> cache["q"]  # due again at 12.5
+    (7.5, 'old')
+    >>> store_refreshed(cache, "q", 13.0, "new", max_age_s=5.0, now=13.1)
+    >>> cache["q"]
+    (13.0, 'new')
+    >>> store_refreshed(cache, "q", 14.0, QueueNotFoundError("gone"), max_age_s=5.0, now=14.1)
+    >>> cache
+    {}
+    """
+    got = cache.get(queue)
+    if isinstance(outcome, QueueNotFoundError):
+        cache.pop(queue, None)
+    elif isinstance(outcome, BaseException):
+        if got is not None:
+            cache[queue] = (max(got[0], now - max_age_s + METADATA_RETRY_S), got[1])
+    elif got is None or got[0] <= asked_at:
+        cache[queue] = (asked_at, outcome)
 
 
 def closed_unsent() -> ClosedError:

@@ -110,7 +110,8 @@ class Consumer:
             if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < n:
                 from headwater.errors import PartitionOutOfRangeError
 
-                raise PartitionOutOfRangeError(f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {p!r}")
+                raise PartitionOutOfRangeError(
+                    f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {p!r}")
         committed = self._committed_offsets(queue, info.queue_id)
         self._queue_ids[queue] = info.queue_id
         for p in parts:

@@ -85,6 +85,7 @@ from headwater.client.batching import (
     may_be_appended,
     new_identity,
     next_epoch,
+    store_refreshed,
     take_sequence,
     too_large,
 )
@@ -214,7 +215,8 @@ class Producer(RetrySettings):
       blocks up to ``max_block_ms`` for room, then raises ``UnavailableError``.
     - ``send_threads``: threads that call an in-process broker (embedded mode only; over the
       network, batches of several partitions are pipelined on one connection).
-    - ``metadata_max_age_ms``: how long a queue's partition count and limits are cached.
+    - ``metadata_max_age_ms``: how long a queue's partition count and limits are cached;
+      an older copy is refreshed in the background while sends go on with it.
     - ``rng``: the randomness of the backoff jitter and of the ``"random"`` partitioner.
     - ``clock``: seconds since the epoch, for ``delay=`` (default: the embedded broker's
       clock, else ``time.time``).
@@ -248,6 +250,8 @@ class Producer(RetrySettings):
         int_setting("metadata_max_age_ms", metadata_max_age_ms, 0, 86_400_000)
         self._metadata: dict[str, tuple[float, QueueInfo]] = {}
         self._metadata_max_age_s = metadata_max_age_ms / 1000
+        self._describe_async = getattr(service, "describe_queue_async", None)
+        self._refreshing: set[str] = set()  # queues whose metadata is being asked for in the background
         self._linger_s = linger_ms / 1000
         self._identity = new_identity(idempotent)  # (producer id, epoch)
         self._produce_async = getattr(service, "produce_async", None)
@@ -496,13 +500,40 @@ class Producer(RetrySettings):
     # -- validation and partitions --------------------------------------------------------
 
     def _queue_info(self, queue: str, *, refresh: bool = False) -> QueueInfo:
+        """The queue's metadata: asked for, and waited for, when unknown or ``refresh``.
+        A copy older than ``metadata_max_age_ms`` is still used while a fresh one is asked
+        for in the background, over the network, so that no send waits for that round trip
+        (in process, asking costs no round trip: it is asked for at once)."""
         now = time.monotonic()
         got = self._metadata.get(queue)
-        if refresh or got is None or now - got[0] > self._metadata_max_age_s:
+        if refresh or got is None or (now - got[0] > self._metadata_max_age_s and self._describe_async is None):
             info = self._service.describe_queue(queue)
             self._metadata[queue] = (now, info)
             return info
+        if now - got[0] > self._metadata_max_age_s and queue not in self._refreshing:
+            self._refresh_later(queue, now)
         return got[1]
+
+    def _refresh_later(self, queue: str, now: float) -> None:
+        self._refreshing.add(queue)
+        try:
+            fut = self._describe_async(queue)  # type: ignore[misc]
+        except Exception as e:  # noqa: BLE001 - a closed client: the send finds out itself
+            self._refreshed(queue, now, e)
+            return
+        fut.add_done_callback(functools.partial(self._on_refresh, queue, now))
+
+    def _on_refresh(self, queue: str, asked_at: float, fut: concurrent.futures.Future) -> None:
+        try:
+            outcome: QueueInfo | BaseException = fut.result()
+        except BaseException as e:  # noqa: BLE001 - kept by _refreshed
+            outcome = e
+        self._refreshed(queue, asked_at, outcome)
+
+    def _refreshed(self, queue: str, asked_at: float, outcome: QueueInfo | BaseException) -> None:
+        store_refreshed(self._metadata, queue, asked_at, outcome, max_age_s=self._metadata_max_age_s,
+                        now=time.monotonic())
+        self._refreshing.discard(queue)
 
     def _prepare(self, queue: str, body: object, key: object, tag: object,
                  properties: object) -> tuple[QueueInfo, Message | bytes, int]:

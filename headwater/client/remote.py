@@ -133,6 +133,10 @@ class RemoteService:
     def describe_queue(self, name: str) -> QueueInfo:
         return self._call(m.DescribeQueueRequest(name))
 
+    def describe_queue_async(self, name: str) -> concurrent.futures.Future:
+        """Ask for a queue's metadata without waiting; the future holds the QueueInfo."""
+        return self._submit(m.DescribeQueueRequest(name))
+
     def list_queues(self) -> list[QueueInfo]:
         return self._call(m.ListQueuesRequest())
 
