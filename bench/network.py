@@ -172,10 +172,15 @@ def cpu_note(cpu: dict[str, float | None]) -> str:
 
 
 def steal_note(res: dict[str, Any]) -> str:
-    """"; host steal 0.4%": the share of the machine's CPU time the hypervisor gave to other
-    guests during a latency run (a stolen moment stalls whichever process was running)."""
+    """"; from the send call p99 1.03 ms; host steal 0.4%": of a latency run, the p99 of the
+    time from the producer's send call to the consumer (without the producer's lateness),
+    and the share of the machine's CPU time the hypervisor gave to other guests during the
+    run (a stolen moment stalls whichever process was running)."""
+    out = ""
+    if res.get("transit_p99_ms") is not None:
+        out += f"; from the send call p99 {res['transit_p99_ms']:.2f} ms"
     share = res.get("steal_share")
-    return "" if share is None else f"; host steal {share:.1%}"
+    return out if share is None else out + f"; host steal {share:.1%}"
 
 
 def _brief(res: dict[str, Any]) -> str:

@@ -71,6 +71,21 @@ def test_the_steal_share_is_the_hypervisors_part_of_the_cpu_time_between_two_rea
     assert len(now) == 8 and sum(now) > 0  # Linux: the machine has run
 
 
+def test_a_latency_splits_into_the_producers_lateness_and_the_transit_from_the_send_call():
+    from bench.peers.base import LATENCY_WARMUP, latency_figures
+
+    ms = 1_000_000
+    stamps = [(0, LATENCY_WARMUP - 1, 50 * ms, 0)]  # warm-up: not counted
+    # 99 messages sent on time, 0.2 ms in transit; one sent 4 ms late, then 0.3 ms in transit
+    stamps += [(i * ms, LATENCY_WARMUP + i, i * ms + ms // 5, i * ms) for i in range(99)]
+    stamps += [(99 * ms, LATENCY_WARMUP + 99, 103 * ms + 3 * ms // 10, 103 * ms)]
+    f = latency_figures(stamps)
+    assert f["counted"] == 100
+    assert f["p50_ms"] == pytest.approx(0.2) and f["p99_ms"] == pytest.approx(4.3)  # the 100th of 100
+    assert f["transit_p50_ms"] == pytest.approx(0.2) and f["transit_p99_ms"] == pytest.approx(0.3)
+    assert latency_figures(stamps[:1]) is None
+
+
 def test_the_cpu_of_a_process_group_is_counted_and_nobody_elses():
     import subprocess
     import sys

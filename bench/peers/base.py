@@ -17,8 +17,10 @@ once, so every system is measured by the same loop:
   path: a send does not wait for the previous message's ack (acks are awaited in the
   background, at most ``INFLIGHT_MAX`` outstanding, and all of them at the end). Each body
   starts with the *scheduled* send time, so a producer that falls behind shows as latency
-  rather than hiding it (no coordinated omission). The consumer stamps each message when its
-  client hands it over; the first ``LATENCY_WARMUP`` messages are not counted. Over the
+  rather than hiding it (no coordinated omission); after it, the time the send call began,
+  which splits each latency into the producer's lateness (the host did not run it on time)
+  and the transit from the send call to the consumer. The consumer stamps each message when
+  its client hands it over; the first ``LATENCY_WARMUP`` messages are not counted. Over the
   counted messages the run also reports the CPU each side used per message: the server's
   process group (from /proc, between the first and the last counted send), the consumer
   process and the producer process (``getrusage``, all threads), and how much of the
@@ -56,11 +58,12 @@ from bench import machine
 from bench.machine import sleep_until_ns
 
 __all__ = ["Mode", "Driver", "Unavailable", "ServerProcess", "free_port", "wait_until",
-           "ensure_debian_packages", "package_version", "dist_version", "port_open", "STAMP",
+           "ensure_debian_packages", "package_version", "dist_version", "port_open", "STAMP", "SENT",
            "BlockingSender", "FutureSender", "LoopThread", "close_loop"]
 
 HOST = "127.0.0.1"
 STAMP = struct.Struct("<qq")  # (scheduled send time ns, sequence) at the head of a latency body
+SENT = struct.Struct("<q")  # then, in a latency run's body, when the send call began (ns)
 POOL_BATCHES = 4  # distinct lists of random bodies the produce loop rotates through
 BARRIER_TIMEOUT_S = 120.0  # producers that cannot connect within this fail the run
 JOIN_SLACK_S = 60.0  # beyond the planned time before a worker is declared hung and killed
@@ -382,18 +385,16 @@ class Driver:
             return {"error": errors[0]}
         recv = next(o for o in outs if o["role"] == "consumer")
         sent = next(o for o in outs if o["role"] == "producer")
-        lat_ms = sorted((r - s) / 1e6 for s, seq, r in recv["stamps"] if seq >= LATENCY_WARMUP)
-        if not lat_ms:
+        figures = latency_figures(recv["stamps"])
+        if figures is None:
             return {"error": f"no message received of {total} sent"}
         counted = total - LATENCY_WARMUP
         cpu = {"server": (server_cpu[1] - server_cpu[0]) * 1e6 / counted if len(server_cpu) == 2 else None,
                "consumer": recv["cpu_us_per_msg"], "producer": sent["cpu_us_per_msg"],
                "producer_spin": sent["spin_us_per_msg"]}
         return {
-            "sent": sent["sent"], "received": len(recv["stamps"]), "counted": len(lat_ms),
-            "achieved_rate": sent["achieved_rate"], "late_sends": sent["late_sends"],
-            "p50_ms": percentile(lat_ms, 50), "p99_ms": percentile(lat_ms, 99), "max_ms": lat_ms[-1],
-            "mean_ms": sum(lat_ms) / len(lat_ms), "cpu_us_per_msg": cpu,
+            "sent": sent["sent"], "received": len(recv["stamps"]), **figures,
+            "achieved_rate": sent["achieved_rate"], "late_sends": sent["late_sends"], "cpu_us_per_msg": cpu,
             "steal_share": machine.steal_share(*host) if len(host) == 2 else None,
         }
 
@@ -429,6 +430,25 @@ def process_group_cpu_s(pgid: int) -> float:
         if int(fields[2]) == pgid:  # field 5: process group
             ticks += int(fields[11]) + int(fields[12])  # fields 14, 15: utime, stime
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def latency_figures(stamps: Sequence[tuple[int, int, int, int]]) -> dict[str, Any] | None:
+    """From a latency run's (scheduled, sequence, received, send began) stamps, in ns, of the
+    messages past the warm-up: end-to-end latency (from the scheduled time) p50 / p99 / max /
+    mean, and p50 / p99 of the transit from the send call on, in ms; None if none arrived.
+
+    >>> f = latency_figures([(0, 200, 3_000_000, 2_000_000), (0, 201, 1_000_000, 0)])
+    >>> f["counted"], f["p99_ms"], f["transit_p99_ms"]
+    (2, 3.0, 1.0)
+    """
+    counted = [st for st in stamps if st[1] >= LATENCY_WARMUP]
+    if not counted:
+        return None
+    lat_ms = sorted((r - s) / 1e6 for s, _, r, _ in counted)
+    transit_ms = sorted((r - began) / 1e6 for _, _, r, began in counted)
+    return {"counted": len(lat_ms), "p50_ms": percentile(lat_ms, 50), "p99_ms": percentile(lat_ms, 99),
+            "max_ms": lat_ms[-1], "mean_ms": sum(lat_ms) / len(lat_ms),
+            "transit_p50_ms": percentile(transit_ms, 50), "transit_p99_ms": percentile(transit_ms, 99)}
 
 
 def percentile(sorted_values: Sequence[float], pct: float) -> float:
@@ -524,7 +544,7 @@ def _consume_worker(driver: Driver, mode: Mode, size: int, batch: int, n: int,
 
 def _latency_consumer(driver: Driver, mode: Mode, total: int, ready, timeout_s: float, results) -> None:
     try:
-        stamps: list[tuple[int, int, int]] = []
+        stamps: list[tuple[int, int, int, int]] = []  # (scheduled, sequence, received, send began)
         cpu_from: tuple[float, int] | None = None  # (CPU s, messages) at the first counted one
         cpu_to: tuple[float, int] | None = None
         with driver.consumer(mode, 0) as poll:
@@ -537,7 +557,7 @@ def _latency_consumer(driver: Driver, mode: Mode, total: int, ready, timeout_s: 
                 now = clock()
                 for body in bodies:
                     sched, seq = STAMP.unpack_from(body)
-                    stamps.append((sched, seq, now))
+                    stamps.append((sched, seq, now, SENT.unpack_from(body, STAMP.size)[0]))
                 if cpu_from is None and stamps and stamps[-1][1] >= LATENCY_WARMUP:
                     cpu_from = (process_cpu_s(), len(stamps))
                 elif cpu_from is not None:
@@ -554,7 +574,7 @@ def _latency_consumer(driver: Driver, mode: Mode, total: int, ready, timeout_s: 
 def _latency_producer(driver: Driver, mode: Mode, total: int, rate: int, size: int, ready, window,
                       results) -> None:
     try:
-        pad = os.urandom(max(0, size - STAMP.size))
+        pad = os.urandom(max(0, size - STAMP.size - SENT.size))
         interval_ns = 1_000_000_000 // rate
         late = 0
         spun_ns = 0  # of the counted sends: CPU this loop burns waiting, not the client's
@@ -573,7 +593,7 @@ def _latency_producer(driver: Driver, mode: Mode, total: int, rate: int, size: i
                     spun_ns += spun
                 if clock() - sched > 1_000_000:
                     late += 1
-                sender.send(STAMP.pack(sched, seq) + pad)
+                sender.send(STAMP.pack(sched, seq) + SENT.pack(clock()) + pad)
             end = clock()
             cpu_to = process_cpu_s()
             window[1].set()
