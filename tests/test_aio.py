@@ -273,12 +273,14 @@ def test_sends_go_on_with_stale_metadata_while_a_task_refreshes_it(target):
         await p.send("grow", b"first")  # an unknown queue: its metadata is awaited
         await hw.admin.add_partitions("grow", 3)
         asked, gate = hold_describe(hw)
-        await asyncio.sleep(0.1)  # the copy is stale now
-        ids = ([await asyncio.wait_for(p.send_nowait("grow", b"x"), 5) for _ in range(3)]
-               + [await asyncio.wait_for(p.send("grow", b"y"), 5) for _ in range(3)])
-        assert asked == ["grow"]  # one refresh, held, and nobody waited for it
-        assert {m.partition for m in ids} == {0}
-        gate.set()
+        try:
+            await asyncio.sleep(0.1)  # the copy is stale now
+            ids = ([await asyncio.wait_for(p.send_nowait("grow", b"x"), 5) for _ in range(3)]
+                   + [await asyncio.wait_for(p.send("grow", b"y"), 5) for _ in range(3)])
+            assert asked == ["grow"]  # one refresh, held, and nobody waited for it
+            assert {m.partition for m in ids} == {0}
+        finally:
+            gate.set()
         for _ in range(100):
             ids = [await p.send("grow", b"z") for _ in range(3)]
             if {m.partition for m in ids} == {0, 1, 2}:
