@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import machine
-from bench.network import LATENCY_RATE, LATENCY_SIZE, cpu_note, parse_systems, steal_note
+from bench.network import LATENCY_RATE, LATENCY_SIZE, cpu_note, latency_note, parse_systems
 from bench.peers import SYSTEMS, Unavailable, driver_class
 from bench.peers.base import SPIN_NS, install_signal_handlers, temp_workdir
 
@@ -72,7 +72,7 @@ def _round_line(rnd: dict[str, Any]) -> str:
         else:
             cpu = f"; {cpu_note(res['cpu_us_per_msg'])}" if res.get("cpu_us_per_msg") else ""
             parts.append(f"{label}: p50 {res['p50_ms']:.2f} p99 {res['p99_ms']:.2f} ms "
-                         f"({res['late_sends']} sent >1 ms late{steal_note(res)}{cpu})")
+                         f"({res['late_sends']} sent >1 ms late{latency_note(res)}{cpu})")
     return " | ".join(parts)
 
 

@@ -171,7 +171,7 @@ def cpu_note(cpu: dict[str, float | None]) -> str:
             f"producer {us(cpu['producer'])} (of it the benchmark's spin {us(cpu['producer_spin'])})")
 
 
-def steal_note(res: dict[str, Any]) -> str:
+def latency_note(res: dict[str, Any]) -> str:
     """"; from the send call p99 1.03 ms; host steal 0.4%": of a latency run, the p99 of the
     time from the producer's send call to the consumer (without the producer's lateness),
     and the share of the machine's CPU time the hypervisor gave to other guests during the
@@ -188,7 +188,7 @@ def _brief(res: dict[str, Any]) -> str:
         return f"[red]{res['error']}[/]"
     if "p99_ms" in res:
         return (f"p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms, max {res['max_ms']:.2f} ms "
-                f"({res['counted']:,} msgs, {res['late_sends']:,} sent >1 ms late" + steal_note(res)
+                f"({res['counted']:,} msgs, {res['late_sends']:,} sent >1 ms late" + latency_note(res)
                 + (f"; {cpu_note(res['cpu_us_per_msg'])}" if res.get("cpu_us_per_msg") else "") + ")")
     return f"{res['msgs_per_s']:,.0f} msgs/s, {res['mb_per_s']:,.1f} MB/s ({res['msgs']:,} msgs)"
 
@@ -364,7 +364,7 @@ def _notes(res: dict[str, Any], mode_label: str, cols: list[Column]) -> str:
             notes.append(f"{key}: {r['error']}")
         elif key == LATENCY_KEY and r:
             notes.append(f"{r['late_sends']:,} of {r['sent']:,} sent >1 ms late; {r['achieved_rate']:,.0f}/s"
-                         + steal_note(r))
+                         + latency_note(r))
             if r.get("cpu_us_per_msg"):
                 notes.append(cpu_note(r["cpu_us_per_msg"]))
         elif key == CONSUME_KEY and r:
