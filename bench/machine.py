@@ -201,11 +201,20 @@ def steal_share(before: tuple[int, ...], after: tuple[int, ...]) -> float | None
     return spent[7] / total if total > 0 else None
 
 
+def proc_stat(pid: int | str) -> list[bytes]:
+    """Fields 3 (state) on of ``/proc/<pid>/stat``: index 2 is field 5 (process group),
+    11 and 12 are fields 14 and 15 (user and system CPU, in clock ticks). Raises OSError
+    when the process is gone."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    return data[data.rindex(b")") + 2:].split()  # the command name may hold spaces
+
+
 def process_cpu_times(pid: int) -> tuple[float, float]:
     """(user, system) CPU seconds a live process has used so far (Linux /proc; clock ticks)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = proc_stat(pid)
     tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick  # fields 14 and 15: utime, stime
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def _mount_of(path: Path) -> tuple[str, str, str]:

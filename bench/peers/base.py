@@ -422,13 +422,11 @@ def process_group_cpu_s(pgid: int) -> float:
         if not entry.name.isdigit():
             continue
         try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                data = f.read()
+            fields = machine.proc_stat(entry.name)
         except OSError:
             continue  # gone meanwhile
-        fields = data[data.rindex(b")") + 2:].split()  # from field 3 (state) on
-        if int(fields[2]) == pgid:  # field 5: process group
-            ticks += int(fields[11]) + int(fields[12])  # fields 14, 15: utime, stime
+        if int(fields[2]) == pgid:
+            ticks += int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
