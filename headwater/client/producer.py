@@ -506,11 +506,12 @@ class Producer(RetrySettings):
         (in process, asking costs no round trip: it is asked for at once)."""
         now = time.monotonic()
         got = self._metadata.get(queue)
-        if refresh or got is None or (now - got[0] > self._metadata_max_age_s and self._describe_async is None):
+        stale = got is not None and now - got[0] > self._metadata_max_age_s
+        if refresh or got is None or (stale and self._describe_async is None):
             info = self._service.describe_queue(queue)
             self._metadata[queue] = (now, info)
             return info
-        if now - got[0] > self._metadata_max_age_s and queue not in self._refreshing:
+        if stale and queue not in self._refreshing:
             self._refresh_later(queue, now)
         return got[1]
 
