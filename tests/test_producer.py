@@ -699,6 +699,7 @@ class Held:
         self.fail = set(fail)
         self.calls = 0
         self.sizes: list[int] = []
+        self.threads: list[str] = []  # the thread that made each call
         self._held: list[tuple] = []
         self._lock = threading.Lock()
 
@@ -710,6 +711,7 @@ class Held:
         with self._lock:
             self.calls += 1
             self.sizes.append(decode_header(batch).count)
+            self.threads.append(threading.current_thread().name)
             self._held.append((self.calls, queue, partition, bytes(batch), fut))
         return fut
 
@@ -747,6 +749,40 @@ def test_batches_of_a_partition_are_pipelined_up_to_max_in_flight(hw):
     assert svc.sizes == [1] * 5 + [3]  # what waited left as one batch
     assert [f.result().offset for f in futs] == list(range(8))
     assert [r.body for r in stored(hw, "q")] == [f"m{i}".encode() for i in range(8)]
+    p.close()
+
+
+def test_a_batch_that_waited_for_room_leaves_from_the_thread_that_made_room(hw):
+    # over the network that thread is the client's I/O thread, which read the answer: sending
+    # from there spares a wake-up of the sender thread per batch when a pipeline is full
+    hw.admin.create_queue("q")
+    svc = Held(hw.service)
+    p = Producer(svc)
+    futs = [p.send("q", f"m{i}".encode()) for i in range(7)]
+    assert svc.held() == 5 and p._sender is None  # send() sent them itself; two wait for room
+    svc.release(1)  # settles the first answer on this thread
+    assert svc.calls == 6 and svc.sizes[-1] == 2  # the two left at once, as one batch
+    assert svc.threads[-1] == threading.current_thread().name
+    assert p._sender is None  # no sender thread was needed
+    svc.release()
+    wait_for(lambda: all(f.done() for f in futs))
+    assert [f.result().offset for f in futs] == list(range(7))
+    assert [r.body for r in stored(hw, "q")] == [f"m{i}".encode() for i in range(7)]
+    p.close()
+
+
+def test_a_lingering_batch_waits_for_its_linger_after_room_is_made(hw):
+    hw.admin.create_queue("q")
+    svc = Held(hw.service)
+    p = Producer(svc, linger_ms=200, max_in_flight=1)
+    first = p.send("q", b"a")
+    wait_for(lambda: svc.held() == 1)  # left when its linger ended
+    second = p.send("q", b"b")  # lingers, and would wait for room anyway
+    svc.release(1)
+    assert svc.calls == 1  # room alone does not cut its linger short
+    wait_for(lambda: svc.calls == 2)
+    svc.release()
+    assert first.result(5).offset == 0 and second.result(5).offset == 1
     p.close()
 
 

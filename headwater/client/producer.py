@@ -9,7 +9,9 @@ How a message travels (the user guide is ``docs/producing.md``):
   ("headwater-producer"), seals a partition's open batch when it reaches
   ``batch_bytes_max``, when ``linger_ms`` has passed since its first message, or at once
   with ``linger_ms=0``, and sends it. With ``linger_ms=0`` over the network, ``send()``
-  sends the batch itself when the partition has room in flight (no thread hand-off).
+  sends the batch itself when the partition has room in flight (no thread hand-off); a
+  batch that waited for room leaves from the thread that settles the answer making it
+  (the client's I/O thread over the network), again without waking the sender.
 - Pipelining: up to ``max_in_flight`` batches of a partition are in flight at once (5, the
   broker's window of remembered batches, by default for an idempotent producer over the
   network). Order holds because every batch is encoded and handed to the connection under
@@ -859,15 +861,19 @@ class Producer(RetrySettings):
             else:
                 wake_at = b.retry_at if wake_at is None else min(wake_at, b.retry_at)
         if self._sendable:
-            hurry = not self._linger_s or self._flushing or self._space_waiters or self._closed
+            hurry = self._hurry_locked()
             for key, ps in list(self._sendable.items()):
-                batches.extend(self._take_locked(ps, now, bool(hurry)))
+                batches.extend(self._take_locked(ps, now, hurry))
                 if ps.open is not None and not ps.ready and self._can_send_locked(ps):
                     due = ps.open.created_s + self._linger_s  # it lingers
                     wake_at = due if wake_at is None else min(wake_at, due)
                 else:
                     del self._sendable[key]  # nothing left, or no room: _finish puts it back
         return batches, wake_at
+
+    def _hurry_locked(self) -> bool:
+        """Whether open batches leave now rather than when their linger ends."""
+        return bool(not self._linger_s or self._flushing or self._space_waiters or self._closed)
 
     def _send_all(self, batches: list[_Batch]) -> None:
         """Encode and hand ``batches`` to the connection, in order; the caller holds
@@ -985,6 +991,7 @@ class Producer(RetrySettings):
         """Take the batch out of flight, release its buffer room, then resolve its futures
         and callbacks."""
         ps = b.part
+        batches: list[_Batch] = []
         with self._lock:
             if result is None:
                 assert exc is not None
@@ -1002,12 +1009,20 @@ class Producer(RetrySettings):
                 if not ps.in_flight:
                     self._wake_locked()  # the next retry, or the end of recovery
             elif (ps.open is not None or ps.ready) and self._can_send_locked(ps):
-                self._sendable[ps.key] = ps
-                self._wake_locked()
+                # what waited for this slot leaves from this thread, as send() sends: no
+                # hand-off to the sender, which only times what still lingers
+                batches = self._take_locked(ps, time.monotonic(), self._hurry_locked())
+                if batches:
+                    self._wire.acquire()
+                if (ps.open is not None or ps.ready) and self._can_send_locked(ps):
+                    self._sendable[ps.key] = ps
+                    self._wake_locked()
             if b.buffered_bytes:
                 self._buffered_bytes -= b.buffered_bytes
                 if self._space_waiters:
                     self._space.notify_all()
+        if batches:
+            self._send_all(batches)
         if result is not None:
             self._resolve(b, result)
         else:
