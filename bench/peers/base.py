@@ -371,10 +371,8 @@ class Driver:
                                args=(self, mode, total, ready, seconds + 30, results))
         producer = ctx.Process(target=_latency_producer, daemon=True,
                                args=(self, mode, total, rate, size, ready, window, results))
-        server_cpu: list[float] = []
-        host: list[tuple[int, ...]] = []
-        watcher = threading.Thread(target=self._watch_server_cpu, args=(window, server_cpu, host, seconds + 90),
-                                   daemon=True)
+        marks: list[tuple[float, tuple[int, ...]]] = []  # (servers' CPU s, host CPU ticks) at begin, end
+        watcher = threading.Thread(target=self._mark_window, args=(window, marks, seconds + 90), daemon=True)
         watcher.start()
         outs = _run_workers([consumer, producer], results, timeout_s=seconds + 90 + JOIN_SLACK_S)
         for ev in window:  # a failed run: let the watcher go
@@ -389,23 +387,23 @@ class Driver:
         if figures is None:
             return {"error": f"no message received of {total} sent"}
         counted = total - LATENCY_WARMUP
-        cpu = {"server": (server_cpu[1] - server_cpu[0]) * 1e6 / counted if len(server_cpu) == 2 else None,
+        whole = len(marks) == 2  # the watcher saw the counted sends begin and end
+        cpu = {"server": (marks[1][0] - marks[0][0]) * 1e6 / counted if whole else None,
                "consumer": recv["cpu_us_per_msg"], "producer": sent["cpu_us_per_msg"],
                "producer_spin": sent["spin_us_per_msg"]}
         return {
             "sent": sent["sent"], "received": len(recv["stamps"]), **figures,
             "achieved_rate": sent["achieved_rate"], "late_sends": sent["late_sends"], "cpu_us_per_msg": cpu,
-            "steal_share": machine.steal_share(*host) if len(host) == 2 else None,
+            "steal_share": machine.steal_share(marks[0][1], marks[1][1]) if whole else None,
         }
 
-    def _watch_server_cpu(self, window, out: list[float], host: list[tuple[int, ...]], timeout_s: float) -> None:
-        """CPU seconds of the servers' process groups, and the machine's CPU ticks (for the
-        share stolen by the hypervisor), when the counted sends begin and end."""
+    def _mark_window(self, window, marks: list[tuple[float, tuple[int, ...]]], timeout_s: float) -> None:
+        """When the counted sends begin and when they end: the CPU seconds of the servers'
+        process groups, and the machine's CPU ticks (for the share stolen by the hypervisor)."""
         for ev in window:
             if not ev.wait(timeout_s):
                 return
-            out.append(sum(process_group_cpu_s(s.pgid) for s in self._servers))
-            host.append(machine.host_cpu_ticks())
+            marks.append((sum(process_group_cpu_s(s.pgid) for s in self._servers), machine.host_cpu_ticks()))
 
 
 def process_cpu_s() -> float:
