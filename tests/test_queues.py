@@ -8,6 +8,9 @@ import time
 from datetime import datetime, timezone
 
 import pytest
+from conftest import FakeClock
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 import headwater
 from headwater import Message, MessageId
@@ -384,6 +387,45 @@ def test_ttl_hides_expired_messages_on_every_read_path(hw, clock):
     assert hw.get(new).body == b"new"
     assert hw.admin.describe_queue("q").partitions[0].start_offset == 1
     assert hw.offset_for_time("q", 0, 0) == 1
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(st.tuples(st.just("append"), st.integers(1, 3)),
+                          st.tuples(st.just("advance"), st.integers(-90_000, 90_000)),
+                          st.tuples(st.just("truncate"), st.just(0))), max_size=40))
+@example(ops=[("append", 1), ("advance", 61_000), ("advance", -30_000)])  # the clock steps back
+def test_the_first_unexpired_offset_follows_the_clock_appends_and_truncation(tmp_path_factory, ops):
+    """The store remembers a partition's first unexpired offset between reads: whatever
+    happens in between (appends, time passing or going back, a truncation), every read
+    sees what a search of the whole partition would find."""
+    from headwater.model.batch import encode_batch
+    from headwater.model.config import QueueConfig
+    from headwater.storage import LogStore, StoreConfig
+
+    clock = FakeClock()
+    store = LogStore(tmp_path_factory.mktemp("d"), StoreConfig(segment_bytes_max=64 * 1024), clock=clock)
+    try:
+        store.create_queue("q", QueueConfig(partitions=1, ttl_s=60))
+        batches: list[tuple[int, int, int]] = []  # (base offset, end offset, timestamp ms)
+        start = end = last_ts = 0
+        for op, arg in ops:
+            if op == "append":
+                now = int(clock() * 1000)
+                last_ts = max(now, last_ts)
+                store.append("q", 0, encode_batch([os.urandom(2000) for _ in range(arg)]))
+                batches.append((end, end + arg, last_ts))
+                end += arg
+            elif op == "advance":
+                clock.advance(arg / 1000)
+            else:
+                store.truncate_queue("q")
+                start = end
+            cutoff = int(clock() * 1000) - 60_000
+            want = next((max(b, start) for b, e, ts in batches if e > start and ts >= cutoff), end)
+            assert store.describe_queue("q").partitions[0].start_offset == want
+            assert store.fetch("q", 0, 0).start_offset == want
+    finally:
+        store.close()
 
 
 def test_ttl_reclaims_disk_by_whole_segments(tmp_path, clock):

@@ -30,6 +30,7 @@ from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 
@@ -66,6 +67,8 @@ from headwater.storage.segment_index import SegmentIndex
 __all__ = ["LogStore", "StoreConfig"]
 
 log = logging.getLogger("headwater.storage")
+
+_TS_MAX = 2**63 - 1  # later than any timestamp
 
 
 class StoreConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -126,13 +129,28 @@ class _Span:
 _UNCACHE_CHUNK_BYTES = 8 * 1024 * 1024  # the page cache is let go of this much at a time, or more
 
 
+class _Expiry(NamedTuple):
+    """A partition's first unexpired offset, remembered: it stays ``offset`` for every TTL
+    cut-off in [``since``, ``until``] while the partition's start offset is ``start`` (and,
+    when everything had expired, its end offset is ``end``; -1 otherwise). Timestamps never
+    decrease along a partition, so a later cut-off moves the answer only once it passes the
+    timestamp of the batch the answer lies in."""
+
+    since: int
+    until: int
+    start: int
+    end: int
+    offset: int
+
+
 class _Partition:
-    __slots__ = ("start_offset", "end_offset", "spans")
+    __slots__ = ("start_offset", "end_offset", "spans", "expiry")
 
     def __init__(self, start_offset: int) -> None:
         self.start_offset = start_offset
         self.end_offset = start_offset
         self.spans: list[_Span] = []
+        self.expiry: _Expiry | None = None
 
 
 class _Queue:
@@ -339,13 +357,29 @@ class LogStore:
         return None if ttl is None else now_ms - ttl * 1000
 
     def _effective_start(self, q: _Queue, part: int, now_ms: int) -> int:
-        """First offset a reader may see: past truncation, retention and TTL expiry."""
+        """First offset a reader may see: past truncation, retention and TTL expiry.
+
+        Every fetch asks this (a fetch stream's push too), so under a TTL the answer is
+        remembered (:class:`_Expiry`) rather than searched for each time."""
+        pl = q.partitions[part]
         cutoff = self._ttl_cutoff(q, now_ms)
         if cutoff is None:
-            return q.partitions[part].start_offset
-        return self._offset_for_time_locked(q, part, cutoff)
+            return pl.start_offset
+        e = pl.expiry
+        if (e is not None and e.since <= cutoff <= e.until and e.start == pl.start_offset
+                and (e.end < 0 or e.end == pl.end_offset)):
+            return e.offset
+        offset, batch_ts = self._time_position_locked(q, part, cutoff)
+        pl.expiry = (_Expiry(cutoff, batch_ts, pl.start_offset, -1, offset) if batch_ts is not None
+                     else _Expiry(cutoff, _TS_MAX, pl.start_offset, pl.end_offset, offset))
+        return offset
 
     def _offset_for_time_locked(self, q: _Queue, part: int, ts: int) -> int:
+        return self._time_position_locked(q, part, ts)[0]
+
+    def _time_position_locked(self, q: _Queue, part: int, ts: int) -> tuple[int, int | None]:
+        """(the first offset appended at or after ``ts`` and retained, the timestamp of its
+        batch); (the end offset, None) when there is none."""
         pl = q.partitions[part]
         spans = pl.spans
         i = bisect_left(spans, ts, key=lambda s: s.last_ts)
@@ -355,9 +389,9 @@ class LogStore:
                 pe = self._index(sp.segment_base).partitions[(q.entry.queue_id, part)]
                 j = pe.index_of_time(ts)
                 if j < len(pe):
-                    return max(pe.offsets[j], pl.start_offset)
+                    return max(pe.offsets[j], pl.start_offset), pe.timestamps[j]
             i += 1
-        return pl.end_offset
+        return pl.end_offset, None
 
     def _save_catalog(self) -> None:
         for q in self._queues.values():
