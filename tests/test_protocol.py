@@ -946,6 +946,17 @@ def test_send_is_all_or_nothing():
     assert ev.result() is None
 
 
+def test_a_server_sends_its_own_bodies_unchecked_and_a_client_refuses_a_wrong_one():
+    """The client checks what it sends (the application's values); the server does not
+    decode its own answers again, and a wrong one it sent is garbage to the client."""
+    client, server = pair()
+    rid = client.next_request_id()
+    feed(server, client.send(Request(rid, DescribeQueueRequest("q"))))
+    wrong = server.send(Response(rid, DescribeQueueResponse("not a queue info")))  # type: ignore[arg-type]
+    assert server.state is State.READY and not server.in_flight
+    raises_remote(client, wrong, "malformed body .frame type RESPONSE")
+
+
 def test_after_garbage_only_a_last_error_can_be_sent():
     _, server = pair()
     with pytest.raises(RemoteProtocolError) as info:
