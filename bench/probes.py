@@ -24,6 +24,12 @@ Run ``python -m bench.probes PROBE`` from the repository root; each prints its f
   alternately, three times each: a 1 KiB x 500 producer for 10 s against each, its MB/s, the
   broker's user and system CPU seconds per GB written, its peak resident memory, and how much
   the machine's page cache grew meanwhile.
+- ``follow``: in one process, without sockets (the transports only collect the bytes), a
+  broker's server answering one-message produces while one fetch stream follows the
+  partition: the server's CPU per produce, which covers parsing the request, the append, the
+  push to the follower and the acknowledgement, and the Python function calls it takes. It runs
+  on a queue with the default TTL and on one without, alternately, three times each: the
+  work behind the server's share of an end-to-end latency run.
 - ``consume``: one broker holding 1.5 million messages of 100 B; a fresh consumer reads them
   all, through a fetch stream and then with a FETCH per batch (``stream=False``), three
   times each, alternating: what the fetch streams change for reading a backlog.
@@ -32,6 +38,7 @@ Run ``python -m bench.probes PROBE`` from the repository root; each prints its f
 from __future__ import annotations
 
 import argparse
+import asyncio
 import multiprocessing as mp
 import os
 import socket
@@ -314,12 +321,131 @@ def memory(rounds: int = 3, seconds: float = 10.0) -> None:
         print(f"memory: 1 KiB x 500 for {seconds:.0f} s, {how}: " + "; ".join(figures[name]))
 
 
+class _Collect:
+    """A transport that keeps nothing: what the follow probe's server writes, counted."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self.keep: list[bytes] | None = None
+
+    def get_extra_info(self, name, default=None):
+        return ("127.0.0.1", 0) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high=0, low=0) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def writelines(self, chunks) -> None:
+        self.writes += 1
+        if self.keep is not None:
+            self.keep.append(b"".join(bytes(c) for c in chunks))
+
+    def write(self, data) -> None:
+        self.writelines([data])
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def follow(n: int = 20_000, rounds: int = 3) -> None:
+    for r in range(rounds):
+        for ttl in (7 * 86400, None):
+            cpu_us, calls = asyncio.run(_follow(n, ttl))
+            label = "default TTL (7 days)" if ttl else "no TTL"
+            print(f"follow {r + 1}, {label}: {cpu_us:.1f} µs of server CPU per one-message produce "
+                  f"with a follower; {calls:.0f} Python calls each")
+
+
+async def _follow(n: int, ttl_s: int | None) -> tuple[float, float]:
+    """(CPU µs, Python calls) per one-message produce, answered and pushed to one follower."""
+    import cProfile
+    import pstats
+
+    from headwater.broker import Broker
+    from headwater.broker.connection import ClientConnection
+    from headwater.broker.server import BrokerServer, ServerConfig
+    from headwater.model.batch import encode_batch
+    from headwater.model.config import QueueConfig
+    from headwater.protocol import CLIENT, NEED_DATA, Connection, Handshake, Request
+    from headwater.protocol.messages import FetchStreamRequest, ProduceRequest
+    from headwater.storage import StoreConfig
+
+    def frames(conn: Connection, *events) -> bytes:
+        return b"".join(b"".join(bytes(c) for c in conn.send_chunks(e)) for e in events)
+
+    with tempfile.TemporaryDirectory(prefix="hw-probe-") as d:
+        broker = Broker.open(d, StoreConfig(flush="async"))
+        srv = BrokerServer(broker, ServerConfig(port=0))
+        await srv.start()
+        ends: list[tuple[Connection, _Collect, ClientConnection]] = []
+        try:
+            broker.create_queue("q", QueueConfig(partitions=1, ttl_s=ttl_s))
+            for name in ("follower", "producer"):
+                conn, transport = Connection(CLIENT), _Collect()
+                st = ClientConnection(srv)
+                st.connection_made(transport)
+                transport.keep = []
+                st.data_received(frames(conn, Handshake(name)))
+                conn.receive_data(transport.keep.pop())
+                conn.next_event()
+                transport.keep = None
+                ends.append((conn, transport, st))
+            (fconn, ftr, fst), (pconn, ptr, pst) = ends
+            fst.data_received(frames(fconn, Request(fconn.next_request_id(),
+                                                    FetchStreamRequest(1, "q", {0: 0}, 1 << 30))))
+            await asyncio.sleep(0.05)
+            body = os.urandom(100)
+            ptr.keep = []
+            pushes = ftr.writes
+            profile = cProfile.Profile()
+            cpu = 0.0
+            for i in range(n):
+                batch = encode_batch([body], producer_id=7, base_sequence=i, producer_epoch=0)
+                data = frames(pconn, Request(pconn.next_request_id(), ProduceRequest("q", 0, batch)))
+                measured = i % 10 != 0  # every tenth produce runs under the profiler instead
+                if not measured:
+                    profile.enable()
+                c0 = time.process_time()
+                pst.data_received(data)
+                c1 = time.process_time()
+                if measured:
+                    cpu += c1 - c0
+                else:
+                    profile.disable()
+                pconn.receive_data(ptr.keep.pop())
+                while pconn.next_event() is not NEED_DATA:
+                    pass
+            if ftr.writes - pushes != n:
+                raise RuntimeError(f"{ftr.writes - pushes} pushes for {n} produces")
+            profiled = len(range(0, n, 10))
+            calls = pstats.Stats(profile).total_calls / profiled
+            return cpu * 1e6 / (n - profiled), calls
+        finally:
+            for _, _, st in ends:
+                st.connection_lost(None)  # (stop() would wait for them to close)
+            await srv.stop()  # closes the broker too
+
+
 def _status_kib(pid: int, field: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
-PROBES = {"codec": codec, "ping": ping, "send": send, "disk": disk, "produce": produce, "consume": consume,
+PROBES = {"codec": codec, "follow": follow, "ping": ping, "send": send, "disk": disk, "produce": produce, "consume": consume,
           "memory": memory}
 
 
