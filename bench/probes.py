@@ -322,7 +322,8 @@ def memory(rounds: int = 3, seconds: float = 10.0) -> None:
 
 
 class _Collect:
-    """A transport that keeps nothing: what the follow probe's server writes, counted."""
+    """The follow probe's transport: counts the server's writes, and keeps them while
+    ``keep`` is a list (the answers the probe reads back)."""
 
     def __init__(self) -> None:
         self.writes = 0
@@ -384,9 +385,6 @@ async def _follow(n: int, ttl_s: int | None) -> tuple[float, float]:
     from headwater.protocol.messages import FetchStreamRequest, ProduceRequest
     from headwater.storage import StoreConfig
 
-    def frames(conn: Connection, *events) -> bytes:
-        return b"".join(b"".join(bytes(c) for c in conn.send_chunks(e)) for e in events)
-
     with tempfile.TemporaryDirectory(prefix="hw-probe-") as d:
         broker = Broker.open(d, StoreConfig(flush="async"))
         srv = BrokerServer(broker, ServerConfig(port=0))
@@ -399,14 +397,13 @@ async def _follow(n: int, ttl_s: int | None) -> tuple[float, float]:
                 st = ClientConnection(srv)
                 st.connection_made(transport)
                 transport.keep = []
-                st.data_received(frames(conn, Handshake(name)))
+                st.data_received(conn.send(Handshake(name)))
                 conn.receive_data(transport.keep.pop())
                 conn.next_event()
                 transport.keep = None
                 ends.append((conn, transport, st))
             (fconn, ftr, fst), (pconn, ptr, pst) = ends
-            fst.data_received(frames(fconn, Request(fconn.next_request_id(),
-                                                    FetchStreamRequest(1, "q", {0: 0}, 1 << 30))))
+            fst.data_received(fconn.send(Request(fconn.next_request_id(), FetchStreamRequest(1, "q", {0: 0}, 1 << 30))))
             await asyncio.sleep(0.05)
             body = os.urandom(100)
             ptr.keep = []
@@ -415,7 +412,7 @@ async def _follow(n: int, ttl_s: int | None) -> tuple[float, float]:
             cpu = 0.0
             for i in range(n):
                 batch = encode_batch([body], producer_id=7, base_sequence=i, producer_epoch=0)
-                data = frames(pconn, Request(pconn.next_request_id(), ProduceRequest("q", 0, batch)))
+                data = pconn.send(Request(pconn.next_request_id(), ProduceRequest("q", 0, batch)))
                 measured = i % 10 != 0  # every tenth produce runs under the profiler instead
                 if not measured:
                     profile.enable()

@@ -131,10 +131,10 @@ _UNCACHE_CHUNK_BYTES = 8 * 1024 * 1024  # the page cache is let go of this much 
 
 class _Expiry(NamedTuple):
     """A partition's first unexpired offset, remembered: it stays ``offset`` for every TTL
-    cut-off in [``since``, ``until``] while the partition's start offset is ``start`` (and,
-    when everything had expired, its end offset is ``end``; -1 otherwise). Timestamps never
-    decrease along a partition, so a later cut-off moves the answer only once it passes the
-    timestamp of the batch the answer lies in."""
+    cut-off in [``since``, ``until``] while the partition's start offset is ``start`` and,
+    when everything had expired (``offset == end``), its end offset is still ``end``.
+    Timestamps never decrease along a partition, so a later cut-off moves the answer only
+    once it passes the timestamp of the batch the answer lies in."""
 
     since: int
     until: int
@@ -367,15 +367,12 @@ class LogStore:
             return pl.start_offset
         e = pl.expiry
         if (e is not None and e.since <= cutoff <= e.until and e.start == pl.start_offset
-                and (e.end < 0 or e.end == pl.end_offset)):
+                and (e.offset < e.end or e.end == pl.end_offset)):
             return e.offset
         offset, batch_ts = self._time_position_locked(q, part, cutoff)
-        pl.expiry = (_Expiry(cutoff, batch_ts, pl.start_offset, -1, offset) if batch_ts is not None
-                     else _Expiry(cutoff, _TS_MAX, pl.start_offset, pl.end_offset, offset))
+        pl.expiry = _Expiry(cutoff, _TS_MAX if batch_ts is None else batch_ts, pl.start_offset, pl.end_offset,
+                            offset)
         return offset
-
-    def _offset_for_time_locked(self, q: _Queue, part: int, ts: int) -> int:
-        return self._time_position_locked(q, part, ts)[0]
 
     def _time_position_locked(self, q: _Queue, part: int, ts: int) -> tuple[int, int | None]:
         """(the first offset appended at or after ``ts`` and retained, the timestamp of its
@@ -849,7 +846,7 @@ class LogStore:
         with self._lock:
             self._check_open()
             now = self._now_ms()
-            return max(self._offset_for_time_locked(q, partition, timestamp_ms),
+            return max(self._time_position_locked(q, partition, timestamp_ms)[0],
                        self._effective_start(q, partition, now))
 
     def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
