@@ -8,6 +8,15 @@ every round it runs every chosen system and mode once, in a rotating order, righ
 check of the machine's own scheduling noise. The comparison that counts is per round: the
 systems of one round ran within the same half minute.
 
+Two yardsticks of the machine come with every round. The lone timer is one thread waking on
+the same schedule with nothing else to do; the share of its ticks more than 1 ms late is the
+tail a single process gets from the scheduler. ``python floor`` (system ``floor``, on by
+default) is :mod:`bench.relay`: a Python relay that writes each message to a file, pushes it
+to its subscriber and acknowledges it, with thin socket clients
+(:mod:`bench.peers.floor`). It does the least any broker written in Python must do, so its
+p99 is about the best three Python processes get here in that minute. It is no one's peer:
+the ratios leave it out.
+
 Run ``python -m bench.latency`` from the repository root (about 3 minutes with the default
 systems; ``--rounds`` and ``--seconds`` change that; ``--rate`` runs another schedule, to see
 how much of the tail follows the load). It prints every round, then per system
@@ -29,12 +38,12 @@ from typing import Any
 
 from bench import machine
 from bench.network import LATENCY_RATE, LATENCY_SIZE, cpu_note, latency_note, parse_systems
-from bench.peers import SYSTEMS, Unavailable, driver_class
+from bench.peers import REFERENCES, SYSTEMS, Unavailable, driver_class
 from bench.peers.base import SPIN_NS, install_signal_handlers, temp_workdir
 
 __all__ = ["main", "run_rounds", "summarize"]
 
-DEFAULT_SYSTEMS = "headwater,redis"
+DEFAULT_SYSTEMS = "headwater,redis,floor"
 # a run is "quiet" when the hypervisor took at most this share of the machine's CPU time
 # from it (/proc/stat's steal; counted in 10 ms ticks, so 0.2% of a 5 s run on 2 CPUs is 2)
 QUIET_STEAL_SHARE = 0.002
@@ -93,7 +102,7 @@ def summarize(rounds: list[dict[str, Any]], modes: dict[str, Any]) -> dict[str, 
     ratios: dict[str, list[float | None]] = {}
     compared: dict[str, list[str]] = {}
     for hw in (lb for lb in labels if lb.startswith("headwater")):
-        peers = [lb for lb in labels if not lb.startswith("headwater")
+        peers = [lb for lb in labels if not lb.startswith("headwater") and not getattr(modes[lb], "reference", False)
                  and (modes[lb].fsync_before_ack or not modes[hw].fsync_before_ack)]
         compared[hw] = peers
         series: list[float | None] = []
@@ -158,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                     "noise. Servers are set up as in bench.network.")
     parser.add_argument("--systems", metavar="LIST", default=DEFAULT_SYSTEMS,
                         help=f"comma-separated systems (default: {DEFAULT_SYSTEMS}; "
-                             f"choose from {', '.join(SYSTEMS)})")
+                             f"choose from {', '.join(SYSTEMS)}; and 'floor', bench.relay: the least a "
+                             f"Python broker does, a yardstick of the machine and nobody's peer)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds to run (default: 5)")
     parser.add_argument("--seconds", type=float, default=5.0,
                         help="counted seconds of each latency run (default: 5)")
@@ -166,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"messages per second (default: {LATENCY_RATE:,}, the issue's workload)")
     parser.add_argument("--json", metavar="PATH", help="also save the rounds as JSON to PATH")
     args = parser.parse_args(argv)
-    systems = parse_systems(parser, args.systems)
+    systems = parse_systems(parser, args.systems, [*SYSTEMS, *REFERENCES])
     if args.rounds < 1 or args.seconds <= 0 or args.rate < 1:
         parser.error("--rounds and --rate must be at least 1 and --seconds above 0")
     install_signal_handlers()

@@ -36,6 +36,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -154,12 +155,13 @@ def run_mode(driver, mode: Mode, settings: Settings, console) -> dict[str, Any]:
     return results
 
 
-def parse_systems(parser: argparse.ArgumentParser, text: str) -> list[str]:
-    """The systems of a comma-separated ``--systems`` value; an unknown one is a usage error."""
+def parse_systems(parser: argparse.ArgumentParser, text: str, known: Iterable[str] = SYSTEMS) -> list[str]:
+    """The systems of a comma-separated ``--systems`` value; one not in ``known`` is a usage error."""
+    known = list(known)
     systems = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in systems if s not in SYSTEMS]
+    unknown = [s for s in systems if s not in known]
     if unknown:
-        parser.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+        parser.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     return systems
 
 

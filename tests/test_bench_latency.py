@@ -131,3 +131,63 @@ def test_the_rounds_run_at_the_rate_asked_for():
     assert d.rates == [500, 500] and len(rounds) == 2
     with pytest.raises(SystemExit):
         main(["--rate", "0"])
+
+
+def test_the_python_floor_is_shown_but_is_nobodys_best_peer():
+    modes = {**MODES, "python floor": Mode("python floor", "write", False, "", reference=True)}
+    rounds = [rnd(1, headwater_async=2.0, headwater_sync=3.0, redis_everysec=1.0, redis_always=2.0, python_floor=0.5)]
+    s = summarize(rounds, modes)
+    assert s["ratio_to_best_peer"]["headwater async"] == pytest.approx([2.0])  # not 4.0
+    assert "python floor" not in s["peers_compared"]["headwater async"]
+    assert s["p99"]["python floor"]["median"] == 0.5
+
+
+def test_the_relay_pushes_every_message_in_order_acknowledges_it_and_drops_only_a_garbled_connection(tmp_path):
+    import socket
+
+    from bench.peers.base import STAMP
+    from bench.peers.floor import PythonFloor
+    from bench.relay import frame
+
+    d = PythonFloor(tmp_path, log=lambda msg: None)
+    d.setup()
+    try:
+        mode = d.modes[0]
+        with d.consumer(mode, 0) as poll:
+            assert poll(0.05) == []  # subscribed; nothing yet
+            bad = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+            bad.sendall(b"\xff\xff\xff\x7fgarbage")  # a length over the limit
+            assert bad.recv(10) == b""  # that connection closed
+            bad.close()
+            with d.sender(mode, 0) as sender:
+                bodies = [STAMP.pack(i, i) + bytes(80) for i in range(300)]
+                for b in bodies:
+                    sender.send(b)
+                got: list[bytes] = []
+                while len(got) < len(bodies):
+                    more = poll(5.0)
+                    assert more, f"only {len(got)} of {len(bodies)} pushed"
+                    got += more
+                assert got == bodies
+                sender.wait_acked(timeout_s=10)
+        assert (tmp_path / "relay-messages.bin").stat().st_size == sum(len(frame(0, b)) for b in bodies)
+    finally:
+        d.teardown()
+
+
+def test_a_latency_run_through_the_relay_counts_every_message():
+    import tempfile
+    from pathlib import Path
+
+    from bench.peers.floor import PythonFloor
+
+    with tempfile.TemporaryDirectory() as tmp:
+        d = PythonFloor(Path(tmp), log=lambda msg: None)
+        d.setup()
+        try:
+            res = d.latency(d.modes[0], rate=1000, seconds=0.5, size=100)
+        finally:
+            d.teardown()
+    assert "error" not in res, res
+    assert res["received"] == res["sent"] and res["counted"] == res["sent"] - 200
+    assert 0 < res["p50_ms"] <= res["p99_ms"] <= res["max_ms"]

@@ -13,7 +13,7 @@ import importlib
 
 from bench.peers.base import Driver, Mode, Unavailable
 
-__all__ = ["SYSTEMS", "Driver", "Mode", "Unavailable", "driver_class"]
+__all__ = ["SYSTEMS", "REFERENCES", "Driver", "Mode", "Unavailable", "driver_class"]
 
 # name on the command line -> (module, class)
 SYSTEMS: dict[str, tuple[str, str]] = {
@@ -23,7 +23,13 @@ SYSTEMS: dict[str, tuple[str, str]] = {
     "rabbitmq": ("bench.peers.rabbitmq", "RabbitMQ"),
 }
 
+# yardsticks, not systems: the latency benchmark runs them beside the systems to show what the
+# machine itself allows (their modes are marked ``reference`` and are nobody's peer)
+REFERENCES: dict[str, tuple[str, str]] = {
+    "floor": ("bench.peers.floor", "PythonFloor"),
+}
+
 
 def driver_class(name: str) -> type[Driver]:
-    module, cls = SYSTEMS[name]
+    module, cls = SYSTEMS.get(name) or REFERENCES[name]
     return getattr(importlib.import_module(module), cls)

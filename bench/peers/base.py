@@ -84,6 +84,7 @@ class Mode:
     key: str  # "everysec"
     fsync_before_ack: bool  # does an acknowledged message survive power loss?
     ack_means: str  # what an acknowledgement guarantees, in one line
+    reference: bool = False  # a yardstick of the machine (bench.peers.floor), never anyone's peer
 
 
 class SendBatch(Protocol):

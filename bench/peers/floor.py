@@ -1,0 +1,162 @@
+"""The Python floor: :mod:`bench.relay` as a subprocess, driven by plain sockets.
+
+Not a peer but a reference for the latency benchmark (``python -m bench.latency`` runs it as
+``python floor``): the relay writes each message to a file, pushes it to the subscribers and
+acknowledges it, with nothing else a broker does. Its client is as thin as its server: the
+sender writes a frame with ``sendall`` from the caller's thread and a second thread reads the
+acknowledgements (as the Redis driver's sender does), and the consumer is one thread in
+``recv``. So it shows what three Python processes on this machine need to hand a message on
+over loopback, in the same minutes as the systems measured, and a tail it shares with them
+is the host's. Only the latency workload is defined for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+from bench.peers.base import HOST, INFLIGHT_MAX, Driver, Mode, Unavailable, free_port, port_open, wait_until
+from bench.relay import ACK, MESSAGE, SUBSCRIBE, frame
+
+__all__ = ["PythonFloor"]
+
+_LEN = 4
+READ_BYTES = 1 << 16
+
+
+class PythonFloor(Driver):
+    system = "floor"
+    modes = (Mode("python floor", "write", False, "after write(2) to a file; nothing else stored",
+                  reference=True),)
+
+    def setup(self) -> None:
+        self.port = free_port()
+        server = self.start_server("relay", [sys.executable, "-m", "bench.relay", "--port", str(self.port),
+                                             "--log", str(self.workdir / "relay-messages.bin")])
+        try:
+            wait_until(lambda: port_open(self.port), timeout_s=20, what="bench.relay", alive=server.alive)
+        except Unavailable as e:
+            raise Unavailable(f"{e}; log: {server.log_tail(5)}") from None
+
+    def version(self) -> str:
+        return f"bench.relay on Python {sys.version.split()[0]}"
+
+    def reset(self, mode: Mode, streams: int) -> None:
+        """Nothing to empty: a subscriber gets the messages sent after it subscribed."""
+
+    @contextlib.contextmanager
+    def sender(self, mode: Mode, stream: int) -> Iterator:
+        sender = _Sender(self.port)
+        try:
+            yield sender
+        finally:
+            sender.close()
+
+    @contextlib.contextmanager
+    def consumer(self, mode: Mode, stream: int) -> Iterator:
+        sock = _connect(self.port)
+        sock.sendall(frame(SUBSCRIBE))
+        held = bytearray()
+
+        def poll(timeout_s: float) -> list[bytes]:
+            """The bodies of the messages sent since the subscription, as they come."""
+            sock.settimeout(max(timeout_s, 0.001))
+            out: list[bytes] = []
+            while not out:
+                try:
+                    data = sock.recv(READ_BYTES)
+                except TimeoutError:
+                    return out
+                if not data:
+                    raise ConnectionError("the relay closed the connection")
+                held.extend(data)
+                i = 0
+                while len(held) - i > _LEN:
+                    n = int.from_bytes(held[i:i + _LEN], "little")
+                    if len(held) - i - _LEN < n:
+                        break
+                    if held[i + _LEN] == MESSAGE:
+                        out.append(bytes(held[i + _LEN + 1:i + _LEN + n]))
+                    i += _LEN + n
+                del held[:i]
+            return out
+
+        try:
+            yield poll
+        finally:
+            sock.close()
+
+
+def _connect(port: int) -> socket.socket:
+    sock = socket.create_connection((HOST, port), timeout=30)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+class _Sender:
+    """Messages written as they come; a second thread counts the acknowledgements."""
+
+    def __init__(self, port: int) -> None:
+        self._sock = _connect(port)
+        self._sent = self._acked = 0
+        self._closing = False
+        self._error: BaseException | None = None
+        self._cv = threading.Condition()
+        self._reader = threading.Thread(target=self._read_acks, name="floor-acks", daemon=True)
+        self._reader.start()
+
+    def _read_acks(self) -> None:
+        ack_bytes = len(frame(ACK))
+        held = 0  # bytes of an acknowledgement read in part
+        try:
+            while True:
+                with self._cv:
+                    while self._acked >= self._sent and not self._closing:
+                        self._cv.wait()
+                    if self._acked >= self._sent:
+                        return
+                data = self._sock.recv(READ_BYTES)
+                if not data:
+                    raise ConnectionError("the relay closed the connection")
+                held += len(data)
+                with self._cv:
+                    self._acked += held // ack_bytes
+                    held %= ack_bytes
+                    self._cv.notify_all()
+        except BaseException as e:  # noqa: BLE001 - surfaced by send / wait_acked
+            with self._cv:
+                self._error = e
+                self._cv.notify_all()
+
+    def send(self, body: bytes) -> None:
+        with self._cv:
+            while self._sent - self._acked >= INFLIGHT_MAX and self._error is None:
+                self._cv.wait()
+            if self._error is not None:
+                raise self._error
+            self._sent += 1
+            self._cv.notify_all()
+        self._sock.sendall(frame(MESSAGE, body))
+
+    def wait_acked(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while self._acked < self._sent and self._error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{self._sent - self._acked} messages unacknowledged")
+                self._cv.wait(left)
+            if self._error is not None:
+                raise self._error
+
+    def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        self._sock.shutdown(socket.SHUT_RDWR)  # wakes the reader if it waits in recv
+        self._reader.join(timeout=5)
+        self._sock.close()
