@@ -22,7 +22,10 @@ systems; ``--rounds`` and ``--seconds`` change that; ``--rate`` runs another sch
 how much of the tail follows the load). It prints every round, then per system
 and mode the median, best and worst of the rounds' p99, and per round Headwater's p99 over
 the best peer's (async against every peer mode, sync against the peer modes that fsync before
-acknowledging, as in :mod:`bench.network`).
+acknowledging, as in :mod:`bench.network`). ``--pool A.json B.json ...`` runs nothing: it
+reads runs saved with ``--json`` and shows, per system and mode, the median p99 of the runs in
+each band of the host's CPU steal, so that runs of many minutes say together how each
+system's tail follows the host's.
 """
 
 from __future__ import annotations
@@ -114,6 +117,48 @@ def summarize(rounds: list[dict[str, Any]], modes: dict[str, Any]) -> dict[str, 
     return {"p99": per_label, "ratio_to_best_peer": ratios, "peers_compared": compared}
 
 
+# steal bands of --pool: each holds the runs whose steal share is below its bound
+STEAL_BANDS = (0.002, 0.01, 0.05, 0.15, 1.0)
+
+
+def pool_by_steal(saved: list[dict[str, Any]]) -> dict[str, list[list[float]]]:
+    """Per system and mode, the p99s of every run in ``saved`` (``--json`` files' contents),
+    sorted into :data:`STEAL_BANDS` by the host's steal during the run (runs whose steal is
+    unknown are left out): how each system's tail follows the host's.
+
+    >>> runs = {"rounds": [{"results": {"a": {"p99_ms": 0.9, "steal_share": 0.001},
+    ...                                 "b": {"p99_ms": 3.0, "steal_share": 0.2}}}]}
+    >>> pool_by_steal([runs])
+    {'a': [[0.9], [], [], [], []], 'b': [[], [], [], [], [3.0]]}
+    """
+    out: dict[str, list[list[float]]] = {}
+    for doc in saved:
+        for rnd in doc["rounds"]:
+            for label, res in rnd["results"].items():
+                steal = res.get("steal_share")
+                if "p99_ms" not in res or steal is None:
+                    continue
+                band = next(i for i, bound in enumerate(STEAL_BANDS) if steal < bound or bound == STEAL_BANDS[-1])
+                out.setdefault(label, [[] for _ in STEAL_BANDS])[band].append(res["p99_ms"])
+    return out
+
+
+def render_pool(console, pooled: dict[str, list[list[float]]], sources: int) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"p99 of end-to-end latency by the host's CPU steal during the run, ms: median (runs), "
+                    f"from {sources} saved run(s)")
+    t.add_column("system / mode")
+    low = 0.0
+    for bound in STEAL_BANDS:
+        head = f"< {bound:.1%}" if not low else f"{low:.1%} to {bound:.1%}" if bound < 1 else f"≥ {low:.1%}"
+        t.add_column(f"steal {head}", justify="right")
+        low = bound
+    for label, bands in pooled.items():
+        t.add_row(label, *(f"{statistics.median(b):.2f} ({len(b)})" if b else "-" for b in bands))
+    console.print(t)
+
+
 def _p99_cell(res: dict[str, Any]) -> str:
     """"2.31 (0.4%)": a run's p99 and the host's steal during it."""
     if "p99_ms" not in res:
@@ -175,7 +220,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=LATENCY_RATE,
                         help=f"messages per second (default: {LATENCY_RATE:,}, the issue's workload)")
     parser.add_argument("--json", metavar="PATH", help="also save the rounds as JSON to PATH")
+    parser.add_argument("--pool", metavar="PATH", nargs="+",
+                        help="run nothing: read runs saved with --json and show each system's p99 by the "
+                             "host's CPU steal during the run")
     args = parser.parse_args(argv)
+    if args.pool:
+        from rich.console import Console
+
+        saved = []
+        for path in args.pool:
+            try:
+                saved.append(json.loads(Path(path).read_text()))
+            except (OSError, ValueError) as e:
+                parser.error(f"cannot read {path}: {e}")
+        render_pool(Console() if sys.stdout.isatty() else Console(width=200), pool_by_steal(saved), len(saved))
+        return 0
     systems = parse_systems(parser, args.systems, [*SYSTEMS, *REFERENCES])
     if args.rounds < 1 or args.seconds <= 0 or args.rate < 1:
         parser.error("--rounds and --rate must be at least 1 and --seconds above 0")

@@ -191,3 +191,32 @@ def test_a_latency_run_through_the_relay_counts_every_message():
     assert "error" not in res, res
     assert res["received"] == res["sent"] and res["counted"] == res["sent"] - 200
     assert 0 < res["p50_ms"] <= res["p99_ms"] <= res["max_ms"]
+
+
+def test_saved_runs_pool_into_bands_of_the_hosts_steal(tmp_path, capsys):
+    import doctest
+    import json
+
+    import bench.latency
+    from bench.latency import STEAL_BANDS, main, pool_by_steal
+
+    assert doctest.testmod(bench.latency).failed == 0
+
+    def run(p99: float, steal: float | None) -> dict:
+        return {"p99_ms": p99, "steal_share": steal}
+
+    a = {"rounds": [{"results": {"headwater async": run(0.8, 0.0), "python floor": run(0.9, 0.004)}},
+                    {"results": {"headwater async": run(3.0, 0.03), "python floor": {"error": "boom"}}}]}
+    b = {"rounds": [{"results": {"headwater async": run(1.0, 0.0019), "python floor": run(40.0, 0.5)}},
+                    {"results": {"headwater async": run(9.0, None)}}]}  # steal unknown: left out
+    pooled = pool_by_steal([a, b])
+    assert len(pooled["headwater async"]) == len(STEAL_BANDS)
+    assert pooled["headwater async"] == [[0.8, 1.0], [], [3.0], [], []]
+    assert pooled["python floor"] == [[], [0.9], [], [], [40.0]]
+    paths = []
+    for i, doc in enumerate((a, b)):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(doc))
+    assert main(["--pool", *map(str, paths)]) == 0
+    out = capsys.readouterr().out
+    assert "0.90 (2)" in out and "40.00 (1)" in out and "from 2 saved run(s)" in out
