@@ -82,7 +82,7 @@ def _round_line(rnd: dict[str, Any]) -> str:
         if "error" in res:
             parts.append(f"{label}: {res['error'][:60]}")
         else:
-            cpu = f"; {cpu_note(res['cpu_us_per_msg'])}" if res.get("cpu_us_per_msg") else ""
+            cpu = f"; {cpu_note(res['cpu_us_per_msg'], res.get('achieved_rate'))}" if res.get("cpu_us_per_msg") else ""
             parts.append(f"{label}: p50 {res['p50_ms']:.2f} p99 {res['p99_ms']:.2f} ms "
                          f"({res['late_sends']} sent >1 ms late{latency_note(res)}{cpu})")
     return " | ".join(parts)

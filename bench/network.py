@@ -165,12 +165,25 @@ def parse_systems(parser: argparse.ArgumentParser, text: str, known: Iterable[st
     return systems
 
 
-def cpu_note(cpu: dict[str, float | None]) -> str:
-    """The CPU a latency run used per message, each side (see :mod:`bench.peers.base`)."""
+def cpu_note(cpu: dict[str, float | None], rate: float | None = None) -> str:
+    """The CPU a latency run used per message, each side (see :mod:`bench.peers.base`); with
+    the ``rate`` the messages went at, also how many of the machine's CPUs the three sides
+    kept busy together. A pipeline that needs most of one CPU of two cannot keep up on the
+    one left while the hypervisor takes the other, so the host's steal weighs on its tail
+    more than on a lighter one's.
+
+    >>> cpu_note({"server": 190, "consumer": 120, "producer": 230, "producer_spin": 50}, rate=2000)
+    "CPU µs/msg: server 190, consumer 120, producer 230 (of it the benchmark's spin 50); in all 540, 1.08 CPUs at 2,000/s"
+    """
     def us(x: float | None) -> str:
         return "?" if x is None else f"{x:,.0f}"
-    return (f"CPU µs/msg: server {us(cpu['server'])}, consumer {us(cpu['consumer'])}, "
-            f"producer {us(cpu['producer'])} (of it the benchmark's spin {us(cpu['producer_spin'])})")
+    out = (f"CPU µs/msg: server {us(cpu['server'])}, consumer {us(cpu['consumer'])}, "
+           f"producer {us(cpu['producer'])} (of it the benchmark's spin {us(cpu['producer_spin'])})")
+    parts = [cpu["server"], cpu["consumer"], cpu["producer"]]
+    if rate and all(x is not None for x in parts):
+        total = sum(parts)  # type: ignore[arg-type]
+        out += f"; in all {total:,.0f}, {total * rate / 1e6:.2f} CPUs at {rate:,.0f}/s"
+    return out
 
 
 def latency_note(res: dict[str, Any]) -> str:
@@ -191,7 +204,8 @@ def _brief(res: dict[str, Any]) -> str:
     if "p99_ms" in res:
         return (f"p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms, max {res['max_ms']:.2f} ms "
                 f"({res['counted']:,} msgs, {res['late_sends']:,} sent >1 ms late" + latency_note(res)
-                + (f"; {cpu_note(res['cpu_us_per_msg'])}" if res.get("cpu_us_per_msg") else "") + ")")
+                + (f"; {cpu_note(res['cpu_us_per_msg'], res.get('achieved_rate'))}" if res.get("cpu_us_per_msg")
+                   else "") + ")")
     return f"{res['msgs_per_s']:,.0f} msgs/s, {res['mb_per_s']:,.1f} MB/s ({res['msgs']:,} msgs)"
 
 
@@ -368,7 +382,7 @@ def _notes(res: dict[str, Any], mode_label: str, cols: list[Column]) -> str:
             notes.append(f"{r['late_sends']:,} of {r['sent']:,} sent >1 ms late; {r['achieved_rate']:,.0f}/s"
                          + latency_note(r))
             if r.get("cpu_us_per_msg"):
-                notes.append(cpu_note(r["cpu_us_per_msg"]))
+                notes.append(cpu_note(r["cpu_us_per_msg"], r.get("achieved_rate")))
         elif key == CONSUME_KEY and r:
             notes.append(f"{r['msgs']:,} msgs read" + (f"; {r['note']}" if r.get("note") else ""))
     return "; ".join(notes)

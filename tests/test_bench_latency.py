@@ -220,3 +220,16 @@ def test_saved_runs_pool_into_bands_of_the_hosts_steal(tmp_path, capsys):
     assert main(["--pool", *map(str, paths)]) == 0
     out = capsys.readouterr().out
     assert "0.90 (2)" in out and "40.00 (1)" in out and "from 2 saved run(s)" in out
+
+
+def test_a_latency_runs_cpu_adds_up_to_a_share_of_the_machine():
+    import doctest
+
+    import bench.network
+    from bench.network import cpu_note
+
+    assert doctest.testmod(bench.network).failed == 0
+    cpu = {"server": 100.0, "consumer": 50.0, "producer": 100.0, "producer_spin": 40.0}
+    assert cpu_note(cpu, 2000).endswith("in all 250, 0.50 CPUs at 2,000/s")
+    assert "in all" not in cpu_note(cpu)  # no rate, no share
+    assert "in all" not in cpu_note({**cpu, "server": None}, 2000)  # a side unknown
