@@ -143,11 +143,11 @@ def pool_by_steal(saved: list[dict[str, Any]]) -> dict[str, list[list[float]]]:
     return out
 
 
-def render_pool(console, pooled: dict[str, list[list[float]]], sources: int) -> None:
+def render_pool(console, pooled: dict[str, list[list[float]]], sources: list[str]) -> None:
     from rich.table import Table
 
     t = Table(title=f"p99 of end-to-end latency by the host's CPU steal during the run, ms: median (runs), "
-                    f"from {sources} saved run(s)")
+                    f"from {len(sources)} saved run(s) of code at {', '.join(sorted(set(sources)))}")
     t.add_column("system / mode")
     low = 0.0
     for bound in STEAL_BANDS:
@@ -233,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                 saved.append(json.loads(Path(path).read_text()))
             except (OSError, ValueError) as e:
                 parser.error(f"cannot read {path}: {e}")
-        render_pool(Console() if sys.stdout.isatty() else Console(width=200), pool_by_steal(saved), len(saved))
+        render_pool(Console() if sys.stdout.isatty() else Console(width=200), pool_by_steal(saved),
+                    [doc.get("revision", "unrecorded") for doc in saved])
         return 0
     systems = parse_systems(parser, args.systems, [*SYSTEMS, *REFERENCES])
     if args.rounds < 1 or args.seconds <= 0 or args.rate < 1:
@@ -245,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=200)
     command = "python -m bench.latency " + " ".join(argv if argv is not None else sys.argv[1:])
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    console.print(f"[bold]{command.strip()}[/]  ({started})")
+    rev = machine.revision()
+    console.print(f"[bold]{command.strip()}[/]  ({started}, code at {rev})")
     with contextlib.ExitStack() as stack:
         entries: list[tuple[str, Any, Any]] = []
         modes: dict[str, Any] = {}
@@ -272,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"command": command.strip(), "started": started, "rounds": rounds,
+        path.write_text(json.dumps({"command": command.strip(), "started": started, "revision": rev, "rounds": rounds,
                                     "summary": summary}, indent=1, default=str))
         console.print(f"saved {path}")
     return 0

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -230,3 +231,19 @@ def _mount_of(path: Path) -> tuple[str, str, str]:
         if inside and len(mount) >= len(best[0]):
             best = (mount, device, fstype)
     return best
+
+
+def revision() -> str:
+    """The commit of this checkout, as measured: its short hash, with " + uncommitted edits"
+    when tracked files differ from it ("unknown" outside a git checkout)."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + (" + uncommitted edits" if git("status", "--porcelain", "--untracked-files=no") else "")

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -439,15 +438,6 @@ def markdown(runs: dict[str, dict[str, Any]], judged: list[dict[str, Any]]) -> s
     return "\n".join(lines) + "\n"
 
 
-def _revision() -> str:
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
-        return done.stdout.strip()
-
-    rev = git("rev-parse", "--short", "HEAD") or "?"
-    return rev + (" + uncommitted edits" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.network",
@@ -475,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=220)
     command = "python -m bench.network " + " ".join(argv if argv is not None else sys.argv[1:])
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    console.print(f"[bold]{command.strip()}[/]  ({settings.name} run, {started}, code at {_revision()})")
+    console.print(f"[bold]{command.strip()}[/]  ({settings.name} run, {started}, code at {machine.revision()})")
     with temp_workdir("hw-bench-facts-") as d:
         facts = machine.facts(d)
     console.print(", ".join(f"{k}={v}" for k, v in facts.items()))
@@ -505,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({
             "command": command.strip(), "settings": asdict(settings), "started": started,
-            "revision": _revision(), "facts": facts, "limits": limits, "systems": runs,
+            "revision": machine.revision(), "facts": facts, "limits": limits, "systems": runs,
             "targets": judged,
         }, indent=1, default=str))
         console.print(f"saved {path}")

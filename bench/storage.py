@@ -532,7 +532,7 @@ def _run_all(args: argparse.Namespace, settings: Settings) -> int:
 
     console = Console() if sys.stdout.isatty() else Console(width=200)
     command = "python -m bench.storage" + "".join(f" {a}" for a in sys.argv[1:])
-    facts = {**machine.facts("/tmp"), "revision": _revision()}
+    facts = {**machine.facts("/tmp"), "revision": machine.revision()}
     console.print(f"[bold]{command}[/]  ({settings.name} run)")
     console.print(", ".join(f"{k}={v}" for k, v in facts.items()))
     runs: dict[str, list[dict]] = {}
@@ -568,18 +568,6 @@ def _run_all(args: argparse.Namespace, settings: Settings) -> int:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
         console.print(f"saved {args.json}")
     return 0
-
-
-def _revision() -> str:
-    """The commit measured, with "+dirty" when headwater/ has uncommitted changes."""
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--", "headwater") else "")
 
 
 def _mb(limit: dict) -> float | None:

@@ -207,7 +207,7 @@ def test_saved_runs_pool_into_bands_of_the_hosts_steal(tmp_path, capsys):
 
     a = {"rounds": [{"results": {"headwater async": run(0.8, 0.0), "python floor": run(0.9, 0.004)}},
                     {"results": {"headwater async": run(3.0, 0.03), "python floor": {"error": "boom"}}}]}
-    b = {"rounds": [{"results": {"headwater async": run(1.0, 0.0019), "python floor": run(40.0, 0.5)}},
+    b = {"revision": "abc1234", "rounds": [{"results": {"headwater async": run(1.0, 0.0019), "python floor": run(40.0, 0.5)}},
                     {"results": {"headwater async": run(9.0, None)}}]}  # steal unknown: left out
     pooled = pool_by_steal([a, b])
     assert len(pooled["headwater async"]) == len(STEAL_BANDS)
@@ -219,7 +219,8 @@ def test_saved_runs_pool_into_bands_of_the_hosts_steal(tmp_path, capsys):
         paths[-1].write_text(json.dumps(doc))
     assert main(["--pool", *map(str, paths)]) == 0
     out = capsys.readouterr().out
-    assert "0.90 (2)" in out and "40.00 (1)" in out and "from 2 saved run(s)" in out
+    assert "0.90 (2)" in out and "40.00 (1)" in out
+    assert "from 2 saved run(s)" in out and "abc1234" in out and "unrecorded" in out  # the code each run measured
 
 
 def test_a_latency_runs_cpu_adds_up_to_a_share_of_the_machine():
