@@ -105,7 +105,7 @@ def summarize(rounds: list[dict[str, Any]], modes: dict[str, Any]) -> dict[str, 
     ratios: dict[str, list[float | None]] = {}
     compared: dict[str, list[str]] = {}
     for hw in (lb for lb in labels if lb.startswith("headwater")):
-        peers = [lb for lb in labels if not lb.startswith("headwater") and not getattr(modes[lb], "reference", False)
+        peers = [lb for lb in labels if not lb.startswith("headwater") and not modes[lb].reference
                  and (modes[lb].fsync_before_ack or not modes[hw].fsync_before_ack)]
         compared[hw] = peers
         series: list[float | None] = []

@@ -46,7 +46,6 @@ from bench.peers.base import SPIN_NS, install_signal_handlers, temp_workdir
 
 __all__ = ["Settings", "FULL", "QUICK", "TARGETS", "main"]
 
-ROOT = Path(__file__).resolve().parent.parent
 BATCH = 500
 SIZES = (100, 1024)
 PRODUCERS = (1, 4)
@@ -167,9 +166,9 @@ def parse_systems(parser: argparse.ArgumentParser, text: str, known: Iterable[st
 def cpu_note(cpu: dict[str, float | None], rate: float | None = None) -> str:
     """The CPU a latency run used per message, each side (see :mod:`bench.peers.base`); with
     the ``rate`` the messages went at, also how many of the machine's CPUs the three sides
-    kept busy together. A pipeline that needs most of one CPU of two cannot keep up on the
-    one left while the hypervisor takes the other, so the host's steal weighs on its tail
-    more than on a lighter one's.
+    kept busy together. On two vCPUs, a pipeline that needs more than one CPU cannot keep up
+    on the one left while the hypervisor takes the other, so the host's steal weighs on its
+    tail more than on a lighter one's.
 
     >>> cpu_note({"server": 190, "consumer": 120, "producer": 230, "producer_spin": 50}, rate=2000)
     "CPU µs/msg: server 190, consumer 120, producer 230 (of it the benchmark's spin 50); in all 540, 1.08 CPUs at 2,000/s"

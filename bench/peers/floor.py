@@ -157,6 +157,7 @@ class _Sender:
         with self._cv:
             self._closing = True
             self._cv.notify_all()
-        self._sock.shutdown(socket.SHUT_RDWR)  # wakes the reader if it waits in recv
+        with contextlib.suppress(OSError):  # (a connection already lost)
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the reader if it waits in recv
         self._reader.join(timeout=5)
         self._sock.close()
