@@ -59,7 +59,7 @@ from bench.machine import sleep_until_ns
 
 __all__ = ["Mode", "Driver", "Unavailable", "ServerProcess", "free_port", "wait_until",
            "ensure_debian_packages", "package_version", "dist_version", "port_open", "STAMP", "SENT",
-           "BlockingSender", "FutureSender", "LoopThread", "close_loop"]
+           "BlockingSender", "FutureSender", "PipelinedSender", "LoopThread", "close_loop"]
 
 HOST = "127.0.0.1"
 STAMP = struct.Struct("<qq")  # (scheduled send time ns, sequence) at the head of a latency body
@@ -615,6 +615,83 @@ class BlockingSender:
 
     def wait_acked(self, timeout_s: float) -> None:
         pass
+
+
+class PipelinedSender:
+    """Messages written on the caller's thread as they come; a second thread reads the
+    acknowledgements, which come in order, and counts them. At most ``INFLIGHT_MAX`` are
+    outstanding. For clients that have no asynchronous send of their own (redis-py, the
+    floor's sockets); a subclass says how to write one message (:meth:`_write`), how to read
+    acknowledgements (:meth:`_read_acks`), and how to let go of the connection."""
+
+    what = "messages"  # what is acknowledged, for the error text
+
+    def __init__(self, reader_name: str) -> None:
+        self._sent = self._acked = 0
+        self._closing = False
+        self._error: BaseException | None = None
+        self._cv = threading.Condition()
+        self._reader = threading.Thread(target=self._run_reader, name=reader_name, daemon=True)
+        self._reader.start()
+
+    def _write(self, body: bytes) -> None:
+        raise NotImplementedError
+
+    def _read_acks(self) -> int:
+        """Block until acknowledgements arrive; how many (raise if the connection failed)."""
+        raise NotImplementedError
+
+    def _interrupt(self) -> None:
+        """Closing: wake the reader if it may be blocked reading (by default it is not)."""
+
+    def _disconnect(self) -> None:
+        raise NotImplementedError
+
+    def _run_reader(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while self._acked >= self._sent and not self._closing:
+                        self._cv.wait()
+                    if self._acked >= self._sent:
+                        return
+                got = self._read_acks()
+                with self._cv:
+                    self._acked += got
+                    self._cv.notify_all()
+        except BaseException as e:  # noqa: BLE001 - surfaced by send / wait_acked
+            with self._cv:
+                self._error = e
+                self._cv.notify_all()
+
+    def send(self, body: bytes) -> None:
+        with self._cv:
+            while self._sent - self._acked >= INFLIGHT_MAX and self._error is None:
+                self._cv.wait()
+            if self._error is not None:
+                raise self._error
+            self._sent += 1
+            self._cv.notify_all()
+        self._write(body)
+
+    def wait_acked(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while self._acked < self._sent and self._error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{self._sent - self._acked} {self.what} unanswered")
+                self._cv.wait(left)
+            if self._error is not None:
+                raise self._error
+
+    def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        self._interrupt()
+        self._reader.join(timeout=5)
+        self._disconnect()
 
 
 class FutureSender:

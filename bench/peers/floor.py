@@ -15,17 +15,16 @@ from __future__ import annotations
 import contextlib
 import socket
 import sys
-import threading
-import time
 from collections.abc import Iterator
 
-from bench.peers.base import HOST, INFLIGHT_MAX, Driver, Mode, Unavailable, free_port, port_open, wait_until
+from bench.peers.base import HOST, Driver, Mode, PipelinedSender, Unavailable, free_port, port_open, wait_until
 from bench.relay import ACK, MESSAGE, SUBSCRIBE, frame
 
 __all__ = ["PythonFloor"]
 
 _LEN = 4
 READ_BYTES = 1 << 16
+_ACK_BYTES = len(frame(ACK))
 
 
 class PythonFloor(Driver):
@@ -97,67 +96,27 @@ def _connect(port: int) -> socket.socket:
     return sock
 
 
-class _Sender:
+class _Sender(PipelinedSender):
     """Messages written as they come; a second thread counts the acknowledgements."""
 
     def __init__(self, port: int) -> None:
         self._sock = _connect(port)
-        self._sent = self._acked = 0
-        self._closing = False
-        self._error: BaseException | None = None
-        self._cv = threading.Condition()
-        self._reader = threading.Thread(target=self._read_acks, name="floor-acks", daemon=True)
-        self._reader.start()
+        self._held = 0  # bytes of an acknowledgement read in part
+        super().__init__("floor-acks")
 
-    def _read_acks(self) -> None:
-        ack_bytes = len(frame(ACK))
-        held = 0  # bytes of an acknowledgement read in part
-        try:
-            while True:
-                with self._cv:
-                    while self._acked >= self._sent and not self._closing:
-                        self._cv.wait()
-                    if self._acked >= self._sent:
-                        return
-                data = self._sock.recv(READ_BYTES)
-                if not data:
-                    raise ConnectionError("the relay closed the connection")
-                held += len(data)
-                with self._cv:
-                    self._acked += held // ack_bytes
-                    held %= ack_bytes
-                    self._cv.notify_all()
-        except BaseException as e:  # noqa: BLE001 - surfaced by send / wait_acked
-            with self._cv:
-                self._error = e
-                self._cv.notify_all()
+    def _read_acks(self) -> int:
+        data = self._sock.recv(READ_BYTES)
+        if not data:
+            raise ConnectionError("the relay closed the connection")
+        got, self._held = divmod(self._held + len(data), _ACK_BYTES)
+        return got
 
-    def send(self, body: bytes) -> None:
-        with self._cv:
-            while self._sent - self._acked >= INFLIGHT_MAX and self._error is None:
-                self._cv.wait()
-            if self._error is not None:
-                raise self._error
-            self._sent += 1
-            self._cv.notify_all()
+    def _write(self, body: bytes) -> None:
         self._sock.sendall(frame(MESSAGE, body))
 
-    def wait_acked(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        with self._cv:
-            while self._acked < self._sent and self._error is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"{self._sent - self._acked} messages unacknowledged")
-                self._cv.wait(left)
-            if self._error is not None:
-                raise self._error
-
-    def close(self) -> None:
-        with self._cv:
-            self._closing = True
-            self._cv.notify_all()
+    def _interrupt(self) -> None:
         with contextlib.suppress(OSError):  # (a connection already lost)
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes the reader if it waits in recv
-        self._reader.join(timeout=5)
+
+    def _disconnect(self) -> None:
         self._sock.close()

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import threading
-import time
 from collections.abc import Iterator, Sequence
 
-from bench.peers.base import HOST, INFLIGHT_MAX, Driver, Mode, Unavailable, dist_version, ensure_debian_packages, \
-    free_port, package_version, wait_until
+from bench.peers.base import HOST, Driver, Mode, PipelinedSender, Unavailable, dist_version, \
+    ensure_debian_packages, free_port, package_version, wait_until
 
 __all__ = ["RedisStreams"]
 
@@ -114,12 +112,14 @@ class RedisStreams(Driver):
 
 
 
-class _PipelinedSender:
+class _PipelinedSender(PipelinedSender):
     """XADDs written on one connection as they come, replies read by a second thread.
 
     redis-py has no asynchronous send on one connection; this is what its pipeline does,
     spread over time: commands go out without waiting, replies are matched in order.
     """
+
+    what = "XADDs"
 
     def __init__(self, port: int, key: str) -> None:
         from redis.connection import Connection
@@ -127,56 +127,16 @@ class _PipelinedSender:
         self._conn = Connection(host=HOST, port=port, socket_timeout=60)
         self._conn.connect()
         self._key = key
-        self._sent = self._acked = 0
-        self._closing = False
-        self._error: BaseException | None = None
-        self._cv = threading.Condition()
-        self._reader = threading.Thread(target=self._read_replies, name="redis-replies", daemon=True)
-        self._reader.start()
+        super().__init__("redis-replies")
 
-    def _read_replies(self) -> None:
-        try:
-            while True:
-                with self._cv:
-                    while self._acked >= self._sent and not self._closing:
-                        self._cv.wait()
-                    if self._acked >= self._sent:
-                        return
-                reply = self._conn.read_response()
-                if isinstance(reply, Exception):
-                    raise reply
-                with self._cv:
-                    self._acked += 1
-                    self._cv.notify_all()
-        except BaseException as e:  # noqa: BLE001 - surfaced by send / wait_acked
-            with self._cv:
-                self._error = e
-                self._cv.notify_all()
+    def _read_acks(self) -> int:
+        reply = self._conn.read_response()
+        if isinstance(reply, Exception):
+            raise reply
+        return 1
 
-    def send(self, body: bytes) -> None:
-        with self._cv:
-            while self._sent - self._acked >= INFLIGHT_MAX and self._error is None:
-                self._cv.wait()
-            if self._error is not None:
-                raise self._error
-            self._sent += 1
-            self._cv.notify_all()
+    def _write(self, body: bytes) -> None:
         self._conn.send_command("XADD", self._key, "*", "d", body)
 
-    def wait_acked(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        with self._cv:
-            while self._acked < self._sent and self._error is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"{self._sent - self._acked} XADDs unanswered")
-                self._cv.wait(left)
-            if self._error is not None:
-                raise self._error
-
-    def close(self) -> None:
-        with self._cv:
-            self._closing = True
-            self._cv.notify_all()
-        self._reader.join(timeout=5)
+    def _disconnect(self) -> None:
         self._conn.disconnect()
