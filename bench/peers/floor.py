@@ -47,13 +47,8 @@ class PythonFloor(Driver):
     def reset(self, mode: Mode, streams: int) -> None:
         """Nothing to empty: a subscriber gets the messages sent after it subscribed."""
 
-    @contextlib.contextmanager
-    def sender(self, mode: Mode, stream: int) -> Iterator:
-        sender = _Sender(self.port)
-        try:
-            yield sender
-        finally:
-            sender.close()
+    def sender(self, mode: Mode, stream: int) -> contextlib.closing:
+        return contextlib.closing(_Sender(self.port))
 
     @contextlib.contextmanager
     def consumer(self, mode: Mode, stream: int) -> Iterator:

@@ -83,13 +83,8 @@ class RedisStreams(Driver):
         finally:
             r.close()
 
-    @contextlib.contextmanager
-    def sender(self, mode: Mode, stream: int) -> Iterator:
-        sender = _PipelinedSender(self.port, f"bench-{stream}")
-        try:
-            yield sender
-        finally:
-            sender.close()
+    def sender(self, mode: Mode, stream: int) -> contextlib.closing:
+        return contextlib.closing(_PipelinedSender(self.port, f"bench-{stream}"))
 
     @contextlib.contextmanager
     def consumer(self, mode: Mode, stream: int) -> Iterator:
