@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import machine
-from bench.network import LATENCY_RATE, LATENCY_SIZE, cpu_note, latency_note, parse_systems
+from bench.network import LATENCY_RATE, LATENCY_SIZE, cpu_note, cpus_busy, latency_note, parse_systems
 from bench.peers import REFERENCES, SYSTEMS, Unavailable, driver_class
 from bench.peers.base import SPIN_NS, install_signal_handlers, temp_workdir
 
@@ -121,17 +121,17 @@ def summarize(rounds: list[dict[str, Any]], modes: dict[str, Any]) -> dict[str, 
 STEAL_BANDS = (0.002, 0.01, 0.05, 0.15, 1.0)
 
 
-def pool_by_steal(saved: list[dict[str, Any]]) -> dict[str, list[list[float]]]:
-    """Per system and mode, the p99s of every run in ``saved`` (``--json`` files' contents),
-    sorted into :data:`STEAL_BANDS` by the host's steal during the run (runs whose steal is
-    unknown are left out): how each system's tail follows the host's.
+def pool_by_steal(saved: list[dict[str, Any]]) -> dict[str, list[list[dict[str, Any]]]]:
+    """Per system and mode, the results of every run in ``saved`` (``--json`` files'
+    contents), sorted into :data:`STEAL_BANDS` by the host's steal during the run (failed runs
+    and runs whose steal is unknown are left out): how each system's tail follows the host's.
 
     >>> runs = {"rounds": [{"results": {"a": {"p99_ms": 0.9, "steal_share": 0.001},
     ...                                 "b": {"p99_ms": 3.0, "steal_share": 0.2}}}]}
-    >>> pool_by_steal([runs])
-    {'a': [[0.9], [], [], [], []], 'b': [[], [], [], [], [3.0]]}
+    >>> {label: [len(band) for band in bands] for label, bands in pool_by_steal([runs]).items()}
+    {'a': [1, 0, 0, 0, 0], 'b': [0, 0, 0, 0, 1]}
     """
-    out: dict[str, list[list[float]]] = {}
+    out: dict[str, list[list[dict[str, Any]]]] = {}
     for doc in saved:
         for rnd in doc["rounds"]:
             for label, res in rnd["results"].items():
@@ -139,23 +139,40 @@ def pool_by_steal(saved: list[dict[str, Any]]) -> dict[str, list[list[float]]]:
                 if "p99_ms" not in res or steal is None:
                     continue
                 band = next(i for i, bound in enumerate(STEAL_BANDS) if steal < bound or bound == STEAL_BANDS[-1])
-                out.setdefault(label, [[] for _ in STEAL_BANDS])[band].append(res["p99_ms"])
+                out.setdefault(label, [[] for _ in STEAL_BANDS])[band].append(res)
     return out
 
 
-def render_pool(console, pooled: dict[str, list[list[float]]], sources: list[str]) -> None:
+def render_pool(console, pooled: dict[str, list[list[dict[str, Any]]]], sources: list[str]) -> None:
+    """The pooled runs: p99 and p50 per band of steal (median, and in brackets the runs),
+    the p99 of each run in the quietest band, and the CPUs each pipeline kept busy."""
     from rich.table import Table
 
-    t = Table(title=f"p99 of end-to-end latency by the host's CPU steal during the run, ms: median (runs), "
-                    f"from {len(sources)} saved run(s) of code at {', '.join(sorted(set(sources)))}")
-    t.add_column("system / mode")
     low = 0.0
+    heads = []
     for bound in STEAL_BANDS:
-        head = f"< {bound:.1%}" if not low else f"{low:.1%} to {bound:.1%}" if bound < 1 else f"≥ {low:.1%}"
-        t.add_column(f"steal {head}", justify="right")
+        heads.append(f"< {bound:.1%}" if not low else f"{low:.1%} to {bound:.1%}" if bound < 1 else f"≥ {low:.1%}")
         low = bound
+    origin = f"from {len(sources)} saved run(s) of code at {', '.join(sorted(set(sources)))}"
+    for key, what in (("p99_ms", "p99"), ("p50_ms", "p50")):
+        t = Table(title=f"{what} of end-to-end latency by the host's CPU steal during the run, ms: median (runs), "
+                        f"{origin}")
+        t.add_column("system / mode")
+        for head in heads:
+            t.add_column(f"steal {head}", justify="right")
+        for label, bands in pooled.items():
+            t.add_row(label, *(f"{statistics.median(r[key] for r in b):.2f} ({len(b)})" if b else "-" for b in bands))
+        console.print(t)
+    t = Table(title="the quietest runs, and what each pipeline costs")
+    t.add_column("system / mode")
+    t.add_column(f"p99 of each run at steal {heads[0]}, ms", justify="right")
+    t.add_column("CPUs busy at the runs' rate:\nmedian (runs)", justify="right")
     for label, bands in pooled.items():
-        t.add_row(label, *(f"{statistics.median(b):.2f} ({len(b)})" if b else "-" for b in bands))
+        quiet = ", ".join(f"{r['p99_ms']:.2f}" for r in sorted(bands[0], key=lambda r: r["p99_ms"])) or "-"
+        busy = [x for b in bands for r in b
+                if (x := cpus_busy(r.get("cpu_us_per_msg") or {"server": None, "consumer": None, "producer": None},
+                                   r.get("achieved_rate"))) is not None]
+        t.add_row(label, quiet, f"{statistics.median(busy):.2f} ({len(busy)})" if busy else "-")
     console.print(t)
 
 
@@ -224,26 +241,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="run nothing: read runs saved with --json and show each system's p99 by the "
                              "host's CPU steal during the run")
     args = parser.parse_args(argv)
-    if args.pool:
-        from rich.console import Console
+    from rich.console import Console
 
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    if args.pool:
         saved = []
         for path in args.pool:
             try:
                 saved.append(json.loads(Path(path).read_text()))
             except (OSError, ValueError) as e:
                 parser.error(f"cannot read {path}: {e}")
-        render_pool(Console() if sys.stdout.isatty() else Console(width=200), pool_by_steal(saved),
-                    [doc.get("revision", "unrecorded") for doc in saved])
+        render_pool(console, pool_by_steal(saved), [doc.get("revision", "unrecorded") for doc in saved])
         return 0
     systems = parse_systems(parser, args.systems, [*SYSTEMS, *REFERENCES])
     if args.rounds < 1 or args.seconds <= 0 or args.rate < 1:
         parser.error("--rounds and --rate must be at least 1 and --seconds above 0")
     install_signal_handlers()
-
-    from rich.console import Console
-
-    console = Console() if sys.stdout.isatty() else Console(width=200)
     command = "python -m bench.latency " + " ".join(argv if argv is not None else sys.argv[1:])
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     rev = machine.revision()

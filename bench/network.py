@@ -177,11 +177,19 @@ def cpu_note(cpu: dict[str, float | None], rate: float | None = None) -> str:
         return "?" if x is None else f"{x:,.0f}"
     out = (f"CPU µs/msg: server {us(cpu['server'])}, consumer {us(cpu['consumer'])}, "
            f"producer {us(cpu['producer'])} (of it the benchmark's spin {us(cpu['producer_spin'])})")
-    parts = [cpu["server"], cpu["consumer"], cpu["producer"]]
-    if rate and all(x is not None for x in parts):
-        total = sum(parts)  # type: ignore[arg-type]
-        out += f"; in all {total:,.0f}, {total * rate / 1e6:.2f} CPUs at {rate:,.0f}/s"
+    busy = cpus_busy(cpu, rate)
+    if busy is not None:
+        out += f"; in all {busy * 1e6 / rate:,.0f}, {busy:.2f} CPUs at {rate:,.0f}/s"  # type: ignore[operator]
     return out
+
+
+def cpus_busy(cpu: dict[str, float | None], rate: float | None) -> float | None:
+    """How many CPUs the three sides of a latency run kept busy together at ``rate`` msgs/s;
+    None when a side's figure (or the rate) is unknown."""
+    parts = [cpu["server"], cpu["consumer"], cpu["producer"]]
+    if not rate or any(x is None for x in parts):
+        return None
+    return sum(parts) * rate / 1e6  # type: ignore[arg-type]
 
 
 def latency_note(res: dict[str, Any]) -> str:

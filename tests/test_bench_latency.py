@@ -202,24 +202,30 @@ def test_saved_runs_pool_into_bands_of_the_hosts_steal(tmp_path, capsys):
 
     assert doctest.testmod(bench.latency).failed == 0
 
-    def run(p99: float, steal: float | None) -> dict:
-        return {"p99_ms": p99, "steal_share": steal}
+    def run(p99: float, steal: float | None, p50: float = 0.1, server: float | None = 100.0) -> dict:
+        return {"p99_ms": p99, "p50_ms": p50, "steal_share": steal, "achieved_rate": 2000,
+                "cpu_us_per_msg": {"server": server, "consumer": 50.0, "producer": 100.0, "producer_spin": 40.0}}
 
-    a = {"rounds": [{"results": {"headwater async": run(0.8, 0.0), "python floor": run(0.9, 0.004)}},
+    a = {"rounds": [{"results": {"headwater async": run(0.8, 0.0, p50=0.3), "python floor": run(0.9, 0.004)}},
                     {"results": {"headwater async": run(3.0, 0.03), "python floor": {"error": "boom"}}}]}
-    b = {"revision": "abc1234", "rounds": [{"results": {"headwater async": run(1.0, 0.0019), "python floor": run(40.0, 0.5)}},
+    b = {"revision": "abc1234",
+         "rounds": [{"results": {"headwater async": run(1.0, 0.0019, p50=0.5, server=None),
+                                 "python floor": run(40.0, 0.5)}},
                     {"results": {"headwater async": run(9.0, None)}}]}  # steal unknown: left out
     pooled = pool_by_steal([a, b])
     assert len(pooled["headwater async"]) == len(STEAL_BANDS)
-    assert pooled["headwater async"] == [[0.8, 1.0], [], [3.0], [], []]
-    assert pooled["python floor"] == [[], [0.9], [], [], [40.0]]
+    assert [[r["p99_ms"] for r in band] for band in pooled["headwater async"]] == [[0.8, 1.0], [], [3.0], [], []]
+    assert [[r["p99_ms"] for r in band] for band in pooled["python floor"]] == [[], [0.9], [], [], [40.0]]
     paths = []
     for i, doc in enumerate((a, b)):
         paths.append(tmp_path / f"{i}.json")
         paths[-1].write_text(json.dumps(doc))
     assert main(["--pool", *map(str, paths)]) == 0
     out = capsys.readouterr().out
-    assert "0.90 (2)" in out and "40.00 (1)" in out
+    assert "0.90 (2)" in out and "40.00 (1)" in out  # p99: median (runs) per band
+    assert "0.40 (2)" in out  # p50 of the two quietest headwater runs
+    assert "0.80, 1.00" in out  # each quietest run's p99
+    assert "0.50 (2)" in out  # CPUs busy: 250 µs per message at 2,000/s, of the runs whose sides are all known
     assert "from 2 saved run(s)" in out and "abc1234" in out and "unrecorded" in out  # the code each run measured
 
 
