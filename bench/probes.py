@@ -30,6 +30,11 @@ Run ``python -m bench.probes PROBE`` from the repository root; each prints its f
   push to the follower and the acknowledgement, and the Python function calls it takes. It runs
   on a queue with the default TTL and on one without, alternately, three times each: the
   work behind the server's share of an end-to-end latency run.
+- ``hops``: a broker, a producer and a consumer, each its own process, at 2,000 one-message
+  sends a second (the latency benchmark's workload): each message's time from hop to hop
+  (send call, socket write, broker read, parse, log write, push, consumer read, hand-out),
+  p50/p90/p99 and over the slowest 1 %, with each process's CPU per message; async then
+  sync flush, twice. See ``bench/hops.py``.
 - ``consume``: one broker holding 1.5 million messages of 100 B; a fresh consumer reads them
   all, through a fetch stream and then with a FETCH per batch (``stream=False``), three
   times each, alternating: what the fetch streams change for reading a backlog.
@@ -442,8 +447,14 @@ def _status_kib(pid: int, field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
+def hops() -> None:
+    from bench.hops import hops as run_hops
+
+    run_hops()
+
+
 PROBES = {"codec": codec, "follow": follow, "ping": ping, "send": send, "disk": disk, "produce": produce, "consume": consume,
-          "memory": memory}
+          "memory": memory, "hops": hops}
 
 
 def main(argv: list[str] | None = None) -> int:

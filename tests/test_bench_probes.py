@@ -17,3 +17,25 @@ def test_the_follow_probe_measures_every_produce_pushed_to_its_follower(capsys):
                          r"with a follower; (\d+) Python calls each", line)
         assert m, line
         assert float(m[1]) > 0 and int(m[2]) > 50
+
+
+def test_the_hops_probe_stamps_every_message_at_every_hop_in_order():
+    """A short real run (three processes over loopback TCP): every counted message is stamped
+    at all eight hops, each hop no earlier than the one before it (one wall clock), and the
+    steps add up to the whole trip."""
+    import doctest
+
+    import bench.hops as hops
+
+    assert doctest.testmod(hops).failed == 0
+    res = hops.run("async", rate=500, seconds=1.0)
+    assert res["counted"] == 500
+    stamps = res["stamps"]
+    counted = range(hops.WARMUP, hops.WARMUP + res["counted"])
+    for seq in counted:
+        times = [stamps[hop][seq] for hop in hops.HOPS]
+        assert times == sorted(times), (seq, times)
+    s = hops.summarize(stamps)
+    assert s["messages"] == res["counted"]
+    assert set(res["cpu_us_per_msg"]) == {"broker", "producer", "consumer"}
+    assert all(v > 0 for v in res["cpu_us_per_msg"].values())

@@ -1,0 +1,337 @@
+"""The hops probe: where a message's end-to-end time goes, hop by hop (``python -m bench.probes hops``).
+
+A ``headwater serve`` broker, a producer and a consumer, each in its own process and
+connected over loopback TCP, run the latency benchmark's workload: one 100 B message at a
+time, 2,000 a second, paced as bench.latency paces it, read back through a fetch stream. Each
+process notes when each message passes its hops, on the wall clock the three share:
+
+=========  ==================================================================
+hop        when
+=========  ==================================================================
+sent       the producer calls ``Producer.send``
+written    its request is handed to the socket (``send``/``sendmsg``)
+read       the broker's loop gets the bytes (``data_received``)
+parsed     the broker serves the parsed request
+appended   the batch is in the log (its ``write`` done)
+pushed     the PUSH frame carrying it is handed to the consumer's socket
+received   the consumer's thread has read those bytes
+handed     ``Consumer.poll`` returns the record
+=========  ==================================================================
+
+It prints each step's p50, p90 and p99 in µs, and the mean of each step over the slowest 1 %
+of messages (where the tail comes from), with each process's CPU per message and the
+host's CPU steal during the run. The steps are measured by wrapping a handful of methods in
+the three processes (the wrappers cost a few µs, so the total is a little above what
+bench.latency sees). A message is found in the bytes by a marker in its body, so a frame that
+carries two messages stamps both.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench import machine
+
+__all__ = ["HOPS", "Stamps", "hops", "summarize"]
+
+HOPS = ("sent", "written", "read", "parsed", "appended", "pushed", "received", "handed")
+MARK = b"HOPSMARK"
+_KEY = struct.Struct(">Q")
+QUEUE = "hops"
+RATE = 2000
+SECONDS = 8.0
+WARMUP = 200  # messages sent before the counted ones (connections, caches, first pushes)
+
+
+class Stamps:
+    """When each message (by its sequence number) passed each hop, in one process."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, dict[int, int]] = {hop: {} for hop in HOPS}
+
+    def mark(self, hop: str, buf: Any, t_ns: int) -> None:
+        """Stamp ``t_ns`` on every message whose body is in ``buf`` (any bytes-like), the
+        first time each passes ``hop``.
+
+        >>> s = Stamps(); s.mark("read", body(7) + body(8), 100); s.mark("read", body(7), 200)
+        >>> s.at["read"]
+        {7: 100, 8: 100}
+        """
+        data = bytes(buf)
+        seen = self.at[hop]
+        i = data.find(MARK, _KEY.size)
+        while i >= 0:
+            seen.setdefault(_KEY.unpack_from(data, i - _KEY.size)[0], t_ns)
+            i = data.find(MARK, i + len(MARK))
+
+
+def body(seq: int, size: int = 100) -> bytes:
+    """A message body of ``size`` bytes that :meth:`Stamps.mark` finds as ``seq``."""
+    return _KEY.pack(seq) + MARK + b"x" * (size - _KEY.size - len(MARK))
+
+
+def _wrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    setattr(cls, name, make(getattr(cls, name)))
+
+
+# the three processes -------------------------------------------------------------------
+
+def _broker(data: str, flush: str, ready: Any, out: Any) -> None:
+    from headwater.broker.connection import ClientConnection
+    from headwater.broker.run import run_server
+    from headwater.broker.server import BrokerServer, ServerConfig
+    from headwater.protocol.messages import ProduceRequest
+    from headwater.storage.store import LogStore, StoreConfig
+
+    stamps, clock = Stamps(), time.time_ns
+    read_at = [0]
+
+    def data_received(orig):
+        def wrapper(self, data):
+            read_at[0] = clock()
+            stamps.mark("read", data, read_at[0])
+            return orig(self, data)
+        return wrapper
+
+    def serve(orig):
+        def wrapper(self, st, ev):
+            if type(ev.body) is ProduceRequest:
+                stamps.mark("parsed", ev.body.batch, clock())
+            return orig(self, st, ev)
+        return wrapper
+
+    def append_locked(orig):
+        def wrapper(self, q, partition, h, batch, *args):
+            result = orig(self, q, partition, h, batch, *args)
+            stamps.mark("appended", batch, clock())
+            return result
+        return wrapper
+
+    def send(orig):  # the PUSH frames (answers served inline go out by _flush)
+        def wrapper(self, chunks, *args):
+            t = clock()
+            for chunk in chunks:
+                stamps.mark("pushed", chunk, t)
+            return orig(self, chunks, *args)
+        return wrapper
+
+    _wrap(ClientConnection, "data_received", data_received)
+    _wrap(BrokerServer, "_serve", serve)
+    _wrap(LogStore, "_append_locked", append_locked)
+    _wrap(ClientConnection, "send", send)
+    run_server(data, StoreConfig(flush=flush), ServerConfig(host="127.0.0.1", port=0), on_ready=ready.put)
+    out.put(("broker", stamps.at))  # after SIGTERM's clean stop
+
+
+def _client_transport(stamps: Stamps, hop: str) -> None:
+    """Stamp ``hop`` in this process's client: the bytes written (producer) or read (consumer)."""
+    from headwater.client.transport import AsyncTransport
+
+    clock = time.time_ns
+    if hop == "written":
+        def write_locked(orig):
+            def wrapper(self, link, chunks):
+                t = clock()
+                for chunk in chunks:
+                    stamps.mark(hop, chunk, t)
+                return orig(self, link, chunks)
+            return wrapper
+        _wrap(AsyncTransport, "_write_locked", write_locked)
+    else:
+        def parse_locked(orig):
+            def wrapper(self, link, data, outcomes):
+                stamps.mark(hop, data, clock())
+                return orig(self, link, data, outcomes)
+            return wrapper
+        _wrap(AsyncTransport, "_parse_locked", parse_locked)
+
+
+def _consumer(address: str, total: int, ready: Any, out: Any) -> None:
+    import headwater
+
+    stamps = Stamps()
+    _client_transport(stamps, "received")
+    hw = headwater.connect(address)
+    try:
+        c = hw.consumer()
+        c.assign(QUEUE, partitions=[0])
+        c.poll(timeout_ms=0)  # opens the fetch stream
+        ready.put(os.getpid())
+        handed, got, deadline = stamps.at["handed"], 0, time.monotonic() + 120
+        while got < total and time.monotonic() < deadline:
+            for r in c.poll(max_messages=500, timeout_ms=1000):
+                t = time.time_ns()
+                if r.body[_KEY.size:_KEY.size + len(MARK)] == MARK:  # not the producer's warm-up message
+                    handed.setdefault(_KEY.unpack_from(r.body)[0], t)
+                    got += 1
+    finally:
+        hw.close()
+    out.put(("consumer", stamps.at))
+
+
+def _producer(address: str, rate: int, total: int, ready: Any, go: Any, out: Any) -> None:
+    import headwater
+
+    stamps = Stamps()
+    _client_transport(stamps, "written")
+    hw = headwater.connect(address)
+    try:
+        p = hw.producer(linger_ms=0)
+        p.send(QUEUE, b"warm").result(timeout=30)
+        ready.put(os.getpid())
+        go.wait()
+        sent, gap = stamps.at["sent"], 1_000_000_000 // rate
+        futures = []
+        sched = time.monotonic_ns()
+        for seq in range(total):
+            sched += gap
+            machine.sleep_until_ns(sched)
+            msg = body(seq)
+            sent[seq] = time.time_ns()
+            futures.append(p.send(QUEUE, msg))
+            if seq == WARMUP:
+                ready.put("counting")
+        ready.put("done")
+        for f in futures:
+            f.result(timeout=60)
+    finally:
+        hw.close()
+    out.put(("producer", stamps.at))
+
+
+# the parent ----------------------------------------------------------------------------
+
+def _cpu_s(pid: int) -> float:
+    user, system = machine.process_cpu_times(pid)
+    return user + system
+
+
+def run(flush: str = "async", *, rate: int = RATE, seconds: float = SECONDS) -> dict[str, Any]:
+    """One run: the three processes' stamps merged, CPU seconds per process over the counted
+    messages, and the host's steal share meanwhile."""
+    import headwater
+
+    ctx = mp.get_context("spawn")
+    total = WARMUP + int(rate * seconds)
+    with tempfile.TemporaryDirectory(prefix="hw-hops-") as d:
+        ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+        broker = ctx.Process(target=_broker, args=(d, flush, ready, out), daemon=True)
+        broker.start()
+        procs = [broker]
+        try:
+            address = f"127.0.0.1:{_get(ready, procs)}"
+            hw = headwater.connect(address)
+            try:
+                hw.admin.create_queue(QUEUE, partitions=1, ttl_s=None)
+            finally:
+                hw.close()
+            consumer = ctx.Process(target=_consumer, args=(address, total, ready, out), daemon=True)
+            consumer.start()
+            procs.append(consumer)
+            _get(ready, procs)
+            producer = ctx.Process(target=_producer, args=(address, rate, total, ready, go, out), daemon=True)
+            producer.start()
+            procs.append(producer)
+            _get(ready, procs)
+            go.set()
+            if _get(ready, procs) != "counting":
+                raise RuntimeError("the producer did not start counting")
+            pids = {"broker": broker.pid, "producer": producer.pid, "consumer": consumer.pid}
+            cpu0 = {k: _cpu_s(pid) for k, pid in pids.items()}
+            ticks0 = machine.host_cpu_ticks()
+            if _get(ready, procs, seconds + 60) != "done":
+                raise RuntimeError("the producer did not finish")
+            cpu = {k: _cpu_s(pid) - cpu0[k] for k, pid in pids.items()}
+            steal = machine.steal_share(ticks0, machine.host_cpu_ticks())
+            stamps: dict[str, dict[int, int]] = {}
+            for _ in range(2):  # consumer and producer
+                stamps.update(_take(out, procs))
+            os.kill(broker.pid, signal.SIGTERM)
+            stamps.update(_take(out, procs))
+        finally:
+            for proc in procs:
+                proc.join(timeout=30)
+                if proc.is_alive():
+                    proc.kill()
+    counted = total - WARMUP
+    return {"flush": flush, "stamps": stamps, "counted": counted,
+            "cpu_us_per_msg": {k: v * 1e6 / counted for k, v in cpu.items()}, "steal_share": steal}
+
+
+def _get(q: Any, procs: list, timeout_s: float = 90) -> Any:
+    """The next item of ``q``; raises as soon as one of ``procs`` failed (it sends nothing more)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return q.get(timeout=1)
+        except queue.Empty:
+            failed = [p.name for p in procs if p.exitcode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                raise RuntimeError(f"the hops probe's processes stalled (failed: {failed or 'none, timed out'})")
+
+
+def _take(out: Any, procs: list) -> dict[str, dict[int, int]]:
+    _, at = _get(out, procs)
+    return {hop: seen for hop, seen in at.items() if seen}
+
+
+def summarize(stamps: dict[str, dict[int, int]], first: int = WARMUP) -> dict[str, Any]:
+    """Per step between hops (and in all): p50, p90 and p99 in µs, and the mean over the
+    slowest 1 % of messages (by the whole trip), over the messages stamped at every hop from
+    sequence ``first`` on.
+
+    >>> at = {hop: {s: s * 1000 + i * 10_000 for s in range(100)} for i, hop in enumerate(HOPS)}
+    >>> at["handed"][99] += 500_000  # one slow hand-out
+    >>> r = summarize(at, first=0)
+    >>> r["messages"], r["steps"][0]["p50_us"], r["total"]["p50_us"], r["steps"][-1]["slowest_mean_us"]
+    (100, 10.0, 70.0, 510.0)
+    """
+    keys = sorted(set.intersection(*(set(stamps.get(hop, ())) for hop in HOPS)))
+    keys = [k for k in keys if k >= first]
+    if not keys:
+        raise RuntimeError("no message was stamped at every hop")
+    trip = [stamps[HOPS[-1]][k] - stamps[HOPS[0]][k] for k in keys]
+    cut = sorted(trip)[int(len(trip) * 0.99)]
+    slowest = [k for k, t in zip(keys, trip) if t >= cut]
+
+    def row(values: list[int], slow: list[int]) -> dict[str, float]:
+        s = sorted(values)
+        return {"p50_us": s[len(s) // 2] / 1e3, "p90_us": s[int(len(s) * 0.9)] / 1e3,
+                "p99_us": s[int(len(s) * 0.99)] / 1e3, "slowest_mean_us": sum(slow) / len(slow) / 1e3}
+
+    steps = []
+    for a, b in zip(HOPS, HOPS[1:]):
+        at_a, at_b = stamps[a], stamps[b]
+        steps.append({"from": a, "to": b, **row([at_b[k] - at_a[k] for k in keys],
+                                                 [at_b[k] - at_a[k] for k in slowest])})
+    total = row(trip, [stamps[HOPS[-1]][k] - stamps[HOPS[0]][k] for k in slowest])
+    return {"messages": len(keys), "steps": steps, "total": total}
+
+
+def hops(runs: int = 2) -> None:
+    for i in range(runs):
+        for flush in ("async", "sync"):
+            res = run(flush)
+            s = summarize(res["stamps"])
+            steal = res["steal_share"]
+            cpu = res["cpu_us_per_msg"]
+            print(f"hops {i + 1}, {flush} flush: {s['messages']:,} of {res['counted']:,} messages stamped at every "
+                  f"hop; host steal {'unknown' if steal is None else f'{steal:.1%}'}; CPU µs per message: "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items()) + f" (in all {sum(cpu.values()):.0f})")
+            print(f"  {'step':<22} {'p50':>6} {'p90':>6} {'p99':>6} {'slowest 1%':>11}   µs")
+            for st in [*s["steps"], {"from": "sent", "to": "handed", **s["total"]}]:
+                print(f"  {st['from'] + ' -> ' + st['to']:<22} {st['p50_us']:6.0f} {st['p90_us']:6.0f} "
+                      f"{st['p99_us']:6.0f} {st['slowest_mean_us']:11.0f}")
+
+
+if __name__ == "__main__":
+    sys.exit(hops())
