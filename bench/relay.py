@@ -25,8 +25,9 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Iterator
 
-__all__ = ["FRAME_BYTES_MAX", "MESSAGE", "SUBSCRIBE", "ACK", "frame", "main"]
+__all__ = ["FRAME_BYTES_MAX", "MESSAGE", "SUBSCRIBE", "ACK", "frame", "frames_in", "main"]
 
 MESSAGE, SUBSCRIBE, ACK = 0, 1, 2
 FRAME_BYTES_MAX = 1 << 20
@@ -38,7 +39,31 @@ def frame(kind: int, body: bytes = b"") -> bytes:
     return (len(body) + 1).to_bytes(_LEN, "little") + bytes((kind,)) + body
 
 
+def frames_in(buf: bytes | bytearray, kinds: tuple[int, ...]) -> Iterator[tuple[int, int, int]]:
+    """``(kind, start, stop)`` of each whole frame at the head of ``buf``, in order
+    (``buf[start:stop]`` is the frame, its length included); it stops at a frame not yet whole.
+    Raises ValueError at a frame whose kind is not one of ``kinds`` or whose length is out of
+    bounds: the stream is garbage from there on.
+
+    >>> buf = frame(MESSAGE, b"ab") + frame(SUBSCRIBE) + frame(MESSAGE, b"c")[:-1]
+    >>> list(frames_in(buf, (MESSAGE, SUBSCRIBE)))
+    [(0, 0, 7), (1, 7, 12)]
+    """
+    end = len(buf)
+    i = 0
+    while end - i >= _LEN + 1:
+        n = int.from_bytes(buf[i:i + _LEN], "little")
+        kind = buf[i + _LEN]
+        if not 1 <= n <= FRAME_BYTES_MAX or kind not in kinds:
+            raise ValueError(f"a frame of kind {kind} and length {n} at byte {i}")
+        if end - i - _LEN < n:
+            return
+        yield kind, i, i + _LEN + n
+        i += _LEN + n
+
+
 _ACK_FRAME = frame(ACK)
+_FROM_CLIENTS = (MESSAGE, SUBSCRIBE)
 
 
 class _Relay:
@@ -61,26 +86,22 @@ class _Peer(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         buf = self.held + data if self.held else data
-        end = len(buf)
-        i = 0
         relay = self.relay
-        while end - i >= _LEN + 1:
-            n = int.from_bytes(buf[i:i + _LEN], "little")
-            if not 1 <= n <= FRAME_BYTES_MAX or buf[i + _LEN] not in (MESSAGE, SUBSCRIBE):
-                self.transport.close()  # garbage: this connection goes, the others stay
-                return
-            if end - i - _LEN < n:
-                break
-            if buf[i + _LEN] == MESSAGE:
-                whole = buf[i:i + _LEN + n]
-                os.write(relay.fd, whole)
-                for sub in relay.subscribers:  # pushed before the ack, as headwater serve does
-                    sub.transport.write(whole)
-                self.transport.write(_ACK_FRAME)
-            else:
-                relay.subscribers.add(self)
-            i += _LEN + n
-        self.held = buf[i:]
+        taken = 0
+        try:
+            for kind, start, taken in frames_in(buf, _FROM_CLIENTS):
+                if kind == MESSAGE:
+                    whole = buf[start:taken]
+                    os.write(relay.fd, whole)
+                    for sub in relay.subscribers:  # pushed before the ack, as headwater serve does
+                        sub.transport.write(whole)
+                    self.transport.write(_ACK_FRAME)
+                else:
+                    relay.subscribers.add(self)
+        except ValueError:
+            self.transport.close()  # garbage: this connection goes, the others stay
+            return
+        self.held = buf[taken:]
 
 
 async def serve(port: int, log: str) -> None:

@@ -143,11 +143,15 @@ def test_the_python_floor_is_shown_but_is_nobodys_best_peer():
 
 
 def test_the_relay_pushes_every_message_in_order_acknowledges_it_and_drops_only_a_garbled_connection(tmp_path):
+    import doctest
     import socket
 
+    import bench.relay
     from bench.peers.base import STAMP
     from bench.peers.floor import PythonFloor
     from bench.relay import frame
+
+    assert doctest.testmod(bench.relay).failed == 0  # frames_in, which the relay and the floor's clients share
 
     d = PythonFloor(tmp_path, log=lambda msg: None)
     d.setup()

@@ -18,13 +18,13 @@ import sys
 from collections.abc import Iterator
 
 from bench.peers.base import HOST, Driver, Mode, PipelinedSender, Unavailable, free_port, port_open, wait_until
-from bench.relay import ACK, MESSAGE, SUBSCRIBE, frame
+from bench.relay import ACK, MESSAGE, SUBSCRIBE, frame, frames_in
 
 __all__ = ["PythonFloor"]
 
-_LEN = 4
 READ_BYTES = 1 << 16
 _ACK_BYTES = len(frame(ACK))
+_HEAD_BYTES = len(frame(MESSAGE))  # the length and the kind, before a message's body
 
 
 class PythonFloor(Driver):
@@ -68,15 +68,10 @@ class PythonFloor(Driver):
                 if not data:
                     raise ConnectionError("the relay closed the connection")
                 held.extend(data)
-                i = 0
-                while len(held) - i > _LEN:
-                    n = int.from_bytes(held[i:i + _LEN], "little")
-                    if len(held) - i - _LEN < n:
-                        break
-                    if held[i + _LEN] == MESSAGE:
-                        out.append(bytes(held[i + _LEN + 1:i + _LEN + n]))
-                    i += _LEN + n
-                del held[:i]
+                taken = 0
+                for _, start, taken in frames_in(held, (MESSAGE,)):
+                    out.append(bytes(held[start + _HEAD_BYTES:taken]))
+                del held[:taken]
             return out
 
         try:
