@@ -170,8 +170,7 @@ def render_pool(console, pooled: dict[str, list[list[dict[str, Any]]]], sources:
     for label, bands in pooled.items():
         quiet = ", ".join(f"{r['p99_ms']:.2f}" for r in sorted(bands[0], key=lambda r: r["p99_ms"])) or "-"
         busy = [x for b in bands for r in b
-                if (x := cpus_busy(r.get("cpu_us_per_msg") or {"server": None, "consumer": None, "producer": None},
-                                   r.get("achieved_rate"))) is not None]
+                if (x := cpus_busy(r.get("cpu_us_per_msg") or {}, r.get("achieved_rate"))) is not None]
         t.add_row(label, quiet, f"{statistics.median(busy):.2f} ({len(busy)})" if busy else "-")
     console.print(t)
 

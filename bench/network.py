@@ -186,7 +186,7 @@ def cpu_note(cpu: dict[str, float | None], rate: float | None = None) -> str:
 def cpus_busy(cpu: dict[str, float | None], rate: float | None) -> float | None:
     """How many CPUs the three sides of a latency run kept busy together at ``rate`` msgs/s;
     None when a side's figure (or the rate) is unknown."""
-    parts = [cpu["server"], cpu["consumer"], cpu["producer"]]
+    parts = [cpu.get("server"), cpu.get("consumer"), cpu.get("producer")]
     if not rate or any(x is None for x in parts):
         return None
     return sum(parts) * rate / 1e6  # type: ignore[arg-type]
