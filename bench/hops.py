@@ -93,12 +93,10 @@ def _broker(data: str, flush: str, ready: Any, out: Any) -> None:
     from headwater.storage.store import LogStore, StoreConfig
 
     stamps, clock = Stamps(), time.time_ns
-    read_at = [0]
 
     def data_received(orig):
         def wrapper(self, data):
-            read_at[0] = clock()
-            stamps.mark("read", data, read_at[0])
+            stamps.mark("read", data, clock())
             return orig(self, data)
         return wrapper
 
@@ -132,34 +130,39 @@ def _broker(data: str, flush: str, ready: Any, out: Any) -> None:
     out.put(("broker", stamps.at))  # after SIGTERM's clean stop
 
 
-def _client_transport(stamps: Stamps, hop: str) -> None:
-    """Stamp ``hop`` in this process's client: the bytes written (producer) or read (consumer)."""
+def _stamp_writes(stamps: Stamps) -> None:
+    """Stamp "written" in this process's client when a request's bytes go to the socket."""
     from headwater.client.transport import AsyncTransport
 
-    clock = time.time_ns
-    if hop == "written":
-        def write_locked(orig):
-            def wrapper(self, link, chunks):
-                t = clock()
-                for chunk in chunks:
-                    stamps.mark(hop, chunk, t)
-                return orig(self, link, chunks)
-            return wrapper
-        _wrap(AsyncTransport, "_write_locked", write_locked)
-    else:
-        def parse_locked(orig):
-            def wrapper(self, link, data, outcomes):
-                stamps.mark(hop, data, clock())
-                return orig(self, link, data, outcomes)
-            return wrapper
-        _wrap(AsyncTransport, "_parse_locked", parse_locked)
+    def write_locked(orig):
+        def wrapper(self, link, chunks):
+            t = time.time_ns()
+            for chunk in chunks:
+                stamps.mark("written", chunk, t)
+            return orig(self, link, chunks)
+        return wrapper
+
+    _wrap(AsyncTransport, "_write_locked", write_locked)
+
+
+def _stamp_reads(stamps: Stamps) -> None:
+    """Stamp "received" in this process's client when bytes read from the socket are parsed."""
+    from headwater.client.transport import AsyncTransport
+
+    def parse_locked(orig):
+        def wrapper(self, link, data, outcomes):
+            stamps.mark("received", data, time.time_ns())
+            return orig(self, link, data, outcomes)
+        return wrapper
+
+    _wrap(AsyncTransport, "_parse_locked", parse_locked)
 
 
 def _consumer(address: str, total: int, ready: Any, out: Any) -> None:
     import headwater
 
     stamps = Stamps()
-    _client_transport(stamps, "received")
+    _stamp_reads(stamps)
     hw = headwater.connect(address)
     try:
         c = hw.consumer()
@@ -182,7 +185,7 @@ def _producer(address: str, rate: int, total: int, ready: Any, go: Any, out: Any
     import headwater
 
     stamps = Stamps()
-    _client_transport(stamps, "written")
+    _stamp_writes(stamps)
     hw = headwater.connect(address)
     try:
         p = hw.producer(linger_ms=0)
@@ -257,9 +260,12 @@ def run(flush: str = "async", *, rate: int = RATE, seconds: float = SECONDS) -> 
                 stamps.update(_take(out, procs))
             os.kill(broker.pid, signal.SIGTERM)
             stamps.update(_take(out, procs))
-        finally:
+        finally:  # on success all three have ended by now; after a failure, stop the rest
             for proc in procs:
-                proc.join(timeout=30)
+                proc.join(timeout=5)
+                if proc.is_alive():
+                    proc.terminate()
+                    proc.join(timeout=10)
                 if proc.is_alive():
                     proc.kill()
     counted = total - WARMUP

@@ -29,7 +29,6 @@ def test_the_hops_probe_stamps_every_message_at_every_hop_in_order():
 
     assert doctest.testmod(hops).failed == 0
     res = hops.run("async", rate=500, seconds=1.0)
-    assert res["counted"] == 500
     stamps = res["stamps"]
     counted = range(hops.WARMUP, hops.WARMUP + res["counted"])
     for seq in counted:
