@@ -13,7 +13,7 @@ import pytest
 import headwater
 from headwater import Message, MessageId
 from headwater.client.producer import Producer
-from headwater.client.send_future import SendFuture
+from headwater.client.send_future import LazyFuture, SendFuture
 from headwater.errors import (
     ClosedError,
     InvalidArgumentError,
@@ -207,6 +207,46 @@ def test_send_future_behaves_as_a_future():
     assert len(done) == 3
     assert set(concurrent.futures.as_completed(quiet, timeout=10)) == set(quiet)
     assert "finished" in repr(quiet[0])
+    with pytest.raises(concurrent.futures.InvalidStateError):  # settled twice, nobody waiting
+        quiet[0].set_result(2)
+
+
+def test_lazy_future_calls_back_without_a_condition_and_cancels_as_a_future():
+    f = LazyFuture()
+    seen = []
+    f.add_done_callback(lambda x: seen.append(x.result()))
+    f.add_done_callback(lambda x: seen.append("second"))
+    assert f.has_done_callbacks() and not f.done()
+    f.set_result(5)
+    assert seen == [5, "second"]
+    assert f._lazy is None  # settled and called back without making a condition
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        f.set_result(6)
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        f.set_exception(ValueError("late"))
+    assert not f.cancel() and f.result() == 5
+    f.add_done_callback(lambda x: seen.append("late"))
+    assert seen == [5, "second", "late"]
+
+    g = LazyFuture()
+    called = []
+    g.add_done_callback(called.append)
+    assert g.cancel() and g.cancelled() and g.done() and called == [g]
+    assert g.cancel()  # still cancelled
+    with pytest.raises(concurrent.futures.CancelledError):
+        g.result()
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        g.set_result(1)  # the transport drops an answer that comes for nobody
+
+    h = LazyFuture()  # a thread waits first: Future's own way, on the condition
+    threading.Timer(0.05, h.cancel).start()
+    with pytest.raises(concurrent.futures.CancelledError):
+        h.result(timeout=10)
+    k = LazyFuture()
+    threading.Timer(0.05, k.set_exception, (ValueError("no"),)).start()
+    assert isinstance(k.exception(timeout=10), ValueError)
+    k.add_done_callback(called.append)
+    assert called == [g, k]
 
 
 # -- ordering and batching ----------------------------------------------------------------

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from headwater.client.send_future import LazyFuture
 from headwater.client.transport import AsyncTransport
 from headwater.errors import ClosedError, UnavailableError
 from headwater.model.config import QueueConfig, QueueInfo
@@ -94,10 +95,11 @@ class RemoteService:
         self._call(m.PingRequest())  # fail fast, with a clear error, if nobody is there
 
     def _submit(self, body: m.RequestBody, timeout_s: float | None = None, *,
-                lead: bool = False) -> concurrent.futures.Future:
+                lead: bool = False, fut: concurrent.futures.Future | None = None) -> concurrent.futures.Future:
         # no task and no hop to the loop: this thread writes the request (in submission
         # order) and the loop's reader settles the future (or this thread, if it leads)
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+        if fut is None:
+            fut = concurrent.futures.Future()
         if self._closed:
             fut.set_exception(ClosedError(f"the client of {self.address} is closed"))
             return fut
@@ -157,8 +159,10 @@ class RemoteService:
         return self._call(m.ProduceRequest(queue, partition, batch), retry=False)
 
     def produce_async(self, queue: str, partition: int, batch: bytes) -> concurrent.futures.Future:
-        """Send a batch without waiting; the future holds the ProduceResult."""
-        return self._submit(m.ProduceRequest(queue, partition, batch))
+        """Send a batch without waiting; the future holds the ProduceResult. It settles its
+        done-callbacks without a condition until a thread waits on it (``LazyFuture``): the
+        producer adds one to every request."""
+        return self._submit(m.ProduceRequest(queue, partition, batch), fut=LazyFuture())
 
     def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
               end_offset: int | None = None, max_wait_ms: int = 0) -> FetchResult:

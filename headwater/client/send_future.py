@@ -1,4 +1,5 @@
-"""SendFuture: the future ``Producer.send()`` returns.
+"""SendFuture, the future ``Producer.send()`` returns, and LazyFuture, the client's future of
+a produce request.
 
 Thread-safety: as ``concurrent.futures.Future``; its lazy parts are made under one module
 lock, which also orders a first waiter against the result being set.
@@ -10,64 +11,73 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures._base import FINISHED as _FINISHED, PENDING as _PENDING
+from concurrent.futures._base import (
+    CANCELLED as _CANCELLED,
+    CANCELLED_AND_NOTIFIED as _CANCELLED_AND_NOTIFIED,
+    FINISHED as _FINISHED,
+    PENDING as _PENDING,
+)
 
-__all__ = ["SendFuture"]
+__all__ = ["LazyFuture", "SendFuture"]
 
 log = logging.getLogger("headwater.producer")
 
-_LAZY_LOCK = threading.Lock()  # guards the lazy parts of every SendFuture
+_LAZY_LOCK = threading.Lock()  # guards the lazy parts of every LazyFuture
+_DONE = frozenset((_FINISHED, _CANCELLED, _CANCELLED_AND_NOTIFIED))
 
 
-class SendFuture(concurrent.futures.Future):
-    """The future of a send: a ``concurrent.futures.Future`` that cannot be cancelled (a
-    queued message cannot be taken back, as in Kafka) and that makes its condition and lists
-    only when a thread first waits on it or adds a done-callback.
+class LazyFuture(concurrent.futures.Future):
+    """A ``concurrent.futures.Future`` that makes its condition only when a thread first
+    waits on it, and its list of done-callbacks only when one is added. Until a thread waits,
+    settling it calls the done-callbacks without a condition.
 
-    Why: most sends are never waited on one by one (a flush, a callback, or nothing), and the
-    five objects ``Future.__init__`` makes cost more than the rest of ``send()``, in
-    allocation and in garbage-collector passes over the batches being filled. This relies on
-    Future's internal names (``_condition``, ``_waiters``, ``_done_callbacks``, ``_state``,
-    ``_result``, ``_exception``), unchanged since Python 3.2; tests/test_producer.py runs
-    ``result``, ``exception``, ``wait``, ``as_completed`` and ``add_done_callback`` on it.
+    Why: most futures of a busy client are never waited on one by one (a flush, a callback, or
+    nothing), and the five objects ``Future.__init__`` makes cost more than the rest of
+    ``send()``, in allocation and in garbage-collector passes over the batches being filled;
+    settling a plain Future runs a round of notifying nobody besides. The client's produce
+    requests use it (the producer adds one done-callback to each), and :class:`SendFuture`.
+    This relies on Future's internal names (``_condition``, ``_waiters``, ``_done_callbacks``,
+    ``_state``, ``_result``, ``_exception``), unchanged since Python 3.2;
+    tests/test_producer.py runs ``result``, ``exception``, ``wait``, ``as_completed`` and
+    ``add_done_callback`` on it.
     """
 
     def __init__(self) -> None:  # not Future.__init__: that is what this class avoids
         self._state = _PENDING
         self._result = None
         self._exception: BaseException | None = None
-        self._lazy: tuple[threading.Condition, list, list] | None = None
+        self._lazy: tuple[threading.Condition, list] | None = None  # made for the first waiter
+        self._callbacks: list | None = None  # made for the first done-callback
 
-    def _materialize(self) -> tuple[threading.Condition, list, list]:
+    def _materialize(self) -> tuple[threading.Condition, list]:
         lazy = self._lazy
         if lazy is None:
             with _LAZY_LOCK:
                 lazy = self._lazy
                 if lazy is None:
-                    lazy = self._lazy = (threading.Condition(), [], [])
+                    lazy = self._lazy = (threading.Condition(), [])
         return lazy
+
+    def _callback_list(self) -> list:
+        cbs = self._callbacks
+        if cbs is None:
+            with _LAZY_LOCK:
+                cbs = self._callbacks
+                if cbs is None:
+                    cbs = self._callbacks = []
+        return cbs
 
     # Future's own methods and concurrent.futures.wait() reach these by name.
     _condition = property(lambda self: self._materialize()[0])
     _waiters = property(lambda self: self._materialize()[1])
-    _done_callbacks = property(lambda self: self._materialize()[2])
+    _done_callbacks = property(lambda self: self._callback_list())
 
     def has_done_callbacks(self) -> bool:
         """Whether anyone added a done-callback (without making the lazy parts)."""
-        lazy = self._lazy
-        return lazy is not None and bool(lazy[2])
-
-    def cancel(self) -> bool:
-        return False
-
-    def cancelled(self) -> bool:
-        return False
-
-    def running(self) -> bool:
-        return False
+        return bool(self._callbacks)
 
     def done(self) -> bool:
-        return self._state == _FINISHED
+        return self._state in _DONE
 
     def result(self, timeout: float | None = None):  # type: ignore[no-untyped-def]
         if self._state == _FINISHED:  # set once, result before state: no lock needed
@@ -86,32 +96,75 @@ class SendFuture(concurrent.futures.Future):
         return super().exception(timeout)
 
     def add_done_callback(self, fn: Callable[[concurrent.futures.Future], object]) -> None:
-        if self._state != _FINISHED:
+        # Until a thread waits there is no condition: the module lock orders this against
+        # settling, which then calls what it finds. After, Future's own way, on the condition.
+        if self._state not in _DONE:
+            if self._lazy is None:
+                with _LAZY_LOCK:
+                    if self._lazy is None and self._state not in _DONE:
+                        cbs = self._callbacks
+                        if cbs is None:
+                            self._callbacks = [fn]
+                        else:
+                            cbs.append(fn)
+                        return
             with self._condition:
-                if self._state != _FINISHED:
+                if self._state not in _DONE:
                     self._done_callbacks.append(fn)
                     return
+        self._call(fn)
+
+    def _call(self, fn: Callable[[concurrent.futures.Future], object]) -> None:
         try:
             fn(self)
         except Exception:  # noqa: BLE001 - as Future does
             log.exception("exception calling callback for %r", self)
 
+    def cancel(self) -> bool:
+        if not self._settle(_CANCELLED, None, None):
+            return super().cancel()
+        return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)
+
     def set_result(self, result: object) -> None:
-        with _LAZY_LOCK:
-            if self._lazy is None:  # nobody waits or listens: no condition to notify
-                if self._state == _FINISHED:
-                    raise concurrent.futures.InvalidStateError(f"{self!r} is already done")
-                self._result = result
-                self._state = _FINISHED
-                return
-        super().set_result(result)
+        if not self._settle(_FINISHED, result, None):
+            super().set_result(result)
 
     def set_exception(self, exception: BaseException | None) -> None:
+        if not self._settle(_FINISHED, None, exception):
+            super().set_exception(exception)
+
+    def _settle(self, state: str, result: object, exception: BaseException | None) -> bool:
+        """Settle it here if no thread waits (there is no condition to notify), then call
+        its done-callbacks; False if a thread waits: Future's own way does it then. A
+        cancel of a future already done changes nothing; settling one raises."""
         with _LAZY_LOCK:
-            if self._lazy is None:
-                if self._state == _FINISHED:
-                    raise concurrent.futures.InvalidStateError(f"{self!r} is already done")
+            if self._lazy is not None:
+                return False
+            already = self._state in _DONE
+            if not already:
+                self._result = result
                 self._exception = exception
-                self._state = _FINISHED
-                return
-        super().set_exception(exception)
+                self._state = state
+                cbs = self._callbacks
+        if already:
+            if state == _CANCELLED:
+                return True
+            # raised out of the lock: the message's repr takes it, to make the condition
+            raise concurrent.futures.InvalidStateError(f"{self!r} is already done")
+        for fn in cbs or ():
+            self._call(fn)
+        return True
+
+
+class SendFuture(LazyFuture):
+    """The future of a send: a :class:`LazyFuture` that cannot be cancelled (a queued
+    message cannot be taken back, as in Kafka)."""
+
+    def cancel(self) -> bool:
+        return False
+
+    def cancelled(self) -> bool:
+        return False
+
+    def running(self) -> bool:
+        return False
