@@ -597,12 +597,15 @@ def test_pipelining_out_of_order():
 def test_requests_in_flight_bound():
     client, server = pair(requests_in_flight_max=3)
     assert client.requests_in_flight_max == 3  # the smaller of client's 256 and server's 3
+    assert client.request_room() == 3
     wire = b"".join(client.send(Request(client.next_request_id(), PingRequest())) for _ in range(3))
+    assert client.request_room() == 0
     with pytest.raises(LocalProtocolError, match="wait for a response"):
         client.send(Request(client.next_request_id(), PingRequest()))
     assert client.state is State.READY and len(client.in_flight) == 3  # unchanged
     reqs = feed(server, wire)
     feed(client, server.send(Response(reqs[1].request_id, PingResponse())))
+    assert client.request_room() == 1
     rid = client.next_request_id()
     assert rid not in client.in_flight
     assert feed(server, client.send(Request(rid, PingRequest())))[0].request_id == rid

@@ -251,6 +251,10 @@ class Connection:
         """Request ids sent (client) or received (server) and not answered yet."""
         return MappingProxyType(self._in_flight)
 
+    def request_room(self) -> int:
+        """How many more requests this end may send before a response comes (client side)."""
+        return self._in_flight_max - len(self._in_flight)
+
     def next_request_id(self) -> int:
         """A request id not in flight (client side), counting up and wrapping past 2**32 - 1."""
         if len(self._in_flight) >= _REQUEST_ID_MAX:  # pragma: no cover - bounded far below
@@ -316,7 +320,8 @@ class Connection:
         """Refuse a frame from its header alone, before its body is buffered."""
         _, _, ftype, _, api_key, rid, _ = h
         kind = _KIND_OF_FRAME[ftype] or (_K_FATAL if rid == 0 else _K_ERROR)
-        self._receive_transition(kind, ftype)
+        if (self._state, kind) not in self._receive_next:
+            self._receive_transition(kind, ftype)  # raises: not expected in this state
         if kind is _K_PUSH:
             api = self._apis.get(api_key)
             if api is None or api.push is None:
@@ -355,7 +360,7 @@ class Connection:
         h, head, data = frame
         ftype, rid = h[2], h[5]
         kind = _KIND_OF_FRAME[ftype] or (_K_FATAL if rid == 0 else _K_ERROR)
-        new_state = self._receive_transition(kind, ftype)
+        new_state = self._receive_next.get((self._state, kind)) or self._receive_transition(kind, ftype)
         try:
             # requests and responses first: nearly every frame is one
             if kind is _K_REQUEST:

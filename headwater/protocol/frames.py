@@ -110,7 +110,7 @@ _TAIL = struct.Struct("<BBHII")  # the header after length and crc: what the crc
 #: Frames up to this size are copied out of the buffer in one piece, which costs less than
 #: the memoryviews that spare bigger frames (record batches) a second copy.
 _SMALL_FRAME_BYTES = 1024
-_new_header = tuple.__new__  # FrameHeader._make without its Python-level length check
+_new_tuple = tuple.__new__  # FrameHeader._make, Frame(...) without their Python-level calls
 
 
 def encode_frame(
@@ -159,6 +159,14 @@ class FrameReader:
         self.eof = False
 
     @property
+    def frame_bytes_max(self) -> int:
+        return self._length_max + 4
+
+    @frame_bytes_max.setter
+    def frame_bytes_max(self, value: int) -> None:
+        self._length_max = value - 4  # the largest ``length`` field allowed
+
+    @property
     def buffered_bytes(self) -> int:
         return len(self._buf)
 
@@ -180,8 +188,9 @@ class FrameReader:
                 if len(buf) >= 4:
                     self._check_length(_LENGTH.unpack_from(buf, 0)[0])
                 return self._need(HEADER_SIZE)
-            h = _new_header(FrameHeader, HEADER.unpack_from(buf, 0))
-            self._check_length(h[0])
+            h = _new_tuple(FrameHeader, HEADER.unpack_from(buf, 0))
+            if not _AFTER_LENGTH < h[0] <= self._length_max:
+                self._check_length(h[0])
             _check_structure(h)
             self._check_header(h)
             self._header = h
@@ -209,7 +218,7 @@ class FrameReader:
             )
         del buf[:size]
         self._header = None
-        return Frame(h, head, data)
+        return _new_tuple(Frame, (h, head, data))
 
     def _check_length(self, length: int) -> None:
         if length < _AFTER_LENGTH + 1:

@@ -1106,10 +1106,10 @@ class BodyCodec(NamedTuple):
         for pos, many in self.data:
             value = values[pos]
             if many:
-                values[pos] = [_nbytes(b) for b in value]
+                values[pos] = [len(b) if type(b) in _PLAIN_BYTES else _nbytes(b) for b in value]
                 buffers.extend(value)
             else:
-                values[pos] = _nbytes(value)
+                values[pos] = len(value) if type(value) in _PLAIN_BYTES else _nbytes(value)
                 buffers.append(value)
         return values, buffers
 
@@ -1139,6 +1139,9 @@ class BodyCodec(NamedTuple):
         if at != len(data):
             raise ValueError(f"batch sizes add up to {at}, the frame carries {len(data)} bytes")
         return self.type(*values)
+
+
+_PLAIN_BYTES = frozenset((bytes, bytearray))  # whose len() is their size in bytes
 
 
 def _nbytes(b: Any) -> int:
