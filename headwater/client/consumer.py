@@ -27,6 +27,7 @@ from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.service import BrokerService, FetchResult
 from headwater.client.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams
 from headwater.client.polling import drain_buffers, take_batches, wait_any
+from headwater.client.send_future import LazyFuture
 
 __all__ = ["Consumer", "POLL_MESSAGES_DEFAULT"]
 
@@ -268,7 +269,7 @@ class Consumer:
                 streams.failed(queue)
                 raise
             streams.opened(queue, sid)
-        arrived = self._arrived = concurrent.futures.Future()
+        arrived = self._arrived = LazyFuture()  # no condition unless another thread leads
         if not streams.pending():
             futures = [arrived] if self._wakeup is None else [arrived, self._wakeup]
             wait_any(futures, max(0.0, remaining), lead=self._lead, interrupt=self._wakeup)
@@ -278,9 +279,11 @@ class Consumer:
     def _push_arrived(self) -> None:
         """A push came (any thread): end the wait for one."""
         waiter = self._arrived
-        if waiter is not None:
-            with contextlib.suppress(concurrent.futures.InvalidStateError):
+        if waiter is not None and not waiter.done():
+            try:
                 waiter.set_result(None)
+            except concurrent.futures.InvalidStateError:  # another push came first
+                pass
 
     def _collect(self) -> int:
         got = 0

@@ -96,7 +96,10 @@ class FetchStreams:
 
     def pending(self) -> bool:
         """Whether a push (or the news of a lost connection) is waiting to be taken."""
-        return any(s.pushes or s.lost for s in self._streams.values())
+        for s in self._streams.values():
+            if s.pushes or s.lost:
+                return True
+        return False
 
     def take(self, fetch_pos: dict, consumed: dict, buffers: dict, tags: frozenset[str] | None) -> int:
         """Decode each waiting push into the consumer's ``buffers`` (``polling.take_batches``)
@@ -116,7 +119,7 @@ class FetchStreams:
                 if pos is not None:  # else no longer assigned (its stream is being closed)
                     got += take_batches(tp, push.batches, max(pos, push.start_offset), push.next_offset, fetch_pos,
                                         consumed, buffers, tags)
-                s.undecoded += sum(len(b) for b in push.batches)
+                s.undecoded += sum(map(len, push.batches))
             if s.lost:
                 self._streams.pop(queue, None)
                 continue

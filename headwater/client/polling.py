@@ -35,17 +35,26 @@ def wait_any(futures: list[concurrent.futures.Future], timeout_s: float, *, lead
     deadline = time.monotonic() + timeout_s
     while lead is not None:
         free = lead(futures, max(0.0, deadline - time.monotonic()), interrupt=interrupt)
-        remaining = deadline - time.monotonic()
-        if free is None or remaining <= 0 or any(f.done() for f in futures):
+        if free is None:  # this thread read (or nobody reads: the loop does, for the futures)
             break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or _any_done(futures):
+            return
         # another thread reads the connection: wait for an answer, or for it to stop reading,
         # then read for ourselves (nobody else reads a fetch stream's pushes)
         concurrent.futures.wait([*futures, free], timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
-        if any(f.done() for f in futures):
+        if _any_done(futures):
             return
     remaining = deadline - time.monotonic()
-    if remaining > 0 and not any(f.done() for f in futures):
+    if remaining > 0 and not _any_done(futures):
         concurrent.futures.wait(futures, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
+
+
+def _any_done(futures: list[concurrent.futures.Future]) -> bool:
+    for f in futures:
+        if f.done():
+            return True
+    return False
 
 
 def take_batches(tp: Any, batches: list, start: int, next_offset: int, fetch_pos: dict[Any, int],

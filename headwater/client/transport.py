@@ -198,6 +198,7 @@ class _Link:
         "out_bytes",
         "paused",
         "pending",
+        "poller",
         "read_at",
         "sock",
         "why",
@@ -220,11 +221,12 @@ class _Link:
         #: The handshake's outcome: set when the server accepts it, failed when it does not.
         self.accepted: asyncio.Future[None] = loop.create_future()
         self.flushed: asyncio.Future[None] | None = None  # close() waits for ``out`` to go
+        self.poller: Any = None  # a leading caller's select.poll() of this socket and the wake pipe
 
     def can_send(self) -> bool:
         conn = self.conn
         return (not self.broken and self.out_bytes < WRITE_BUFFER_BYTES_MAX
-                and len(conn.in_flight) < conn.requests_in_flight_max)
+                and conn.request_room() > 0)
 
 
 class AsyncTransport:
@@ -806,9 +808,11 @@ class AsyncTransport:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         assert self._wake_pair is not None
         wake = self._wake_pair[0]
-        poller = select.poll()
-        poller.register(link.fd, select.POLLIN)
-        poller.register(wake.fileno(), select.POLLIN)
+        poller = link.poller  # made once per connection: leaders take turns, one at a time
+        if poller is None:
+            poller = link.poller = select.poll()
+            poller.register(link.fd, select.POLLIN)
+            poller.register(wake.fileno(), select.POLLIN)
         while True:
             for sink in sinks:
                 if sink.done():
