@@ -231,7 +231,7 @@ class FetchStreams:
                 return
             self.pushes += 1
             p.offset = nxt
-            s.credit -= sum(len(b) for b in res.batches)
+            s.credit -= sum(map(len, res.batches))
         if moved and nxt < res.end_offset:  # more to read: after the others had their turn
             self._loop.call_soon(self._pump, p)
         else:  # (a read that moved nothing waits for the next append, rather than spinning)

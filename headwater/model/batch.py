@@ -129,6 +129,7 @@ class _TimedPayload(msgspec.Struct, array_like=True, gc=False):
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(BatchPayload)
+_new_tuple = tuple.__new__
 _timed_decoder = msgspec.msgpack.Decoder(_TimedPayload)
 
 
@@ -358,11 +359,7 @@ def decode_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
     """The header of the batch at ``pos``; raises :class:`InvalidBatchError` if too short."""
     if len(buf) - pos < HEADER_SIZE:
         raise InvalidBatchError(f"a batch header is {HEADER_SIZE} bytes, got {len(buf) - pos}")
-    return BatchHeader._make(HEADER.unpack_from(buf, pos))
-
-
-def header_crc_of(buf: bytes | memoryview, pos: int = 0) -> int:
-    return crc32c(buf[pos + 8 : pos + 40])
+    return _new_tuple(BatchHeader, HEADER.unpack_from(buf, pos))  # _make, without its Python-level call
 
 
 def check_batch(buf: bytes | memoryview, pos: int = 0, *, broker_fields: bool = True) -> BatchHeader:
@@ -380,16 +377,17 @@ def check_batch(buf: bytes | memoryview, pos: int = 0, *, broker_fields: bool = 
         raise InvalidBatchError(
             f"batch length {h.length} disagrees with payload_size {h.payload_size}"
         )
-    if len(buf) - pos < h.size:
-        raise InvalidBatchError(f"batch is truncated: {len(buf) - pos} of {h.size} bytes present")
+    size = 4 + h.length
+    if len(buf) - pos < size:
+        raise InvalidBatchError(f"batch is truncated: {len(buf) - pos} of {size} bytes present")
     if h.count < 1:
         raise InvalidBatchError("a batch must hold at least one message")
     if h.flags & ~_KNOWN_FLAGS or (h.flags & COMPRESSION_MASK) == 3:
         raise InvalidBatchError(f"unknown batch flags {h.flags:#x}")
     with memoryview(buf) as mv:
-        if crc32c(mv[pos + 44 : pos + h.size]) != h.crc:
+        if crc32c(mv[pos + 44 : pos + size]) != h.crc:
             raise InvalidBatchError("batch checksum mismatch: the batch was damaged")
-    if broker_fields and header_crc_of(buf, pos) != h.header_crc:
+    if broker_fields and crc32c(buf[pos + 8 : pos + 40]) != h.header_crc:  # the broker's fields
         raise InvalidBatchError("batch header checksum mismatch: the batch was damaged")
     return h
 
@@ -407,8 +405,9 @@ def decode_payload(buf: bytes | memoryview, h: BatchHeader, pos: int = 0) -> Bat
             if isinstance(raw, memoryview):
                 raw.release()
     n = len(p.bodies)
-    if n != h.count or any(
-        col is not None and len(col) != n for col in (p.keys, p.tags, p.properties)
+    keys, tags, props = p.keys, p.tags, p.properties
+    if n != h.count or (keys is not None and len(keys) != n) or (tags is not None and len(tags) != n) or (
+        props is not None and len(props) != n
     ):
         raise InvalidBatchError(f"batch payload columns disagree with count {h.count}")
     return p

@@ -245,7 +245,7 @@ class LogSegment:
         """Write the parts at the end; return the global position where they start."""
         fd = self._ensure_open()
         pos = self.base_position + self.size
-        total = sum(len(p) for p in parts)
+        total = sum(map(len, parts))
         try:
             written = os.pwritev(fd, parts, self.size)
             while written < total:  # rare: a short write; finish it from where it stopped
