@@ -59,8 +59,9 @@ class ByteBudget:
         return self.used + n <= self.limit or self.used == 0
 
     def take(self, n: int) -> bool:
-        if self.fits(n):
-            self.used += n
+        used = self.used
+        if used + n <= self.limit or used == 0:  # fits(n), inline: twice per produce
+            self.used = used + n
             return True
         return False
 

@@ -78,8 +78,10 @@ class _Part:
         self.parked = False
 
     def wake(self) -> None:
+        """Records came past the offset it is parked at (``server.Waiters._wake``), or the
+        server stops (an empty read then parks it again)."""
         self.parked = False
-        self.stream.owner._pump(self)
+        self.stream.owner._pump(self, known_more=True)
 
 
 class _Stream:
@@ -193,8 +195,10 @@ class FetchStreams:
             if s.waiting and s.credit > 0:
                 self._resume(s)
 
-    def _pump(self, p: _Part) -> None:
-        """Push what partition ``p`` has past its position, then park it; or hold it back."""
+    def _pump(self, p: _Part, known_more: bool = False) -> None:
+        """Push what partition ``p`` has past its position, then park it; or hold it back.
+        ``known_more``: the caller knows the partition ends past ``p.offset`` (woken by an
+        append), so it reads without asking for the end first."""
         s = p.stream
         if s.ended or p.parked:
             return
@@ -208,7 +212,7 @@ class FetchStreams:
             return
         store = self._store
         try:
-            if store.end_offset(s.queue, p.partition) <= p.offset:
+            if not known_more and store.end_offset(s.queue, p.partition) <= p.offset:
                 self._park(p)
                 return
             want = max(1, min(s.credit, s.push_max, st.conn.peer_frame_bytes_max - 4096))

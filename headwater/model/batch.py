@@ -438,8 +438,9 @@ def validate_batch(
 ) -> tuple[BatchHeader, BatchPayload]:
     """Everything the broker checks of a producer's batch before appending it."""
     h = check_batch(buf, 0, broker_fields=False)
-    if h.size != len(buf):
-        raise InvalidBatchError(f"{len(buf) - h.size} stray bytes after the batch")
+    size = 4 + h.length  # h.size
+    if size != len(buf):
+        raise InvalidBatchError(f"{len(buf) - size} stray bytes after the batch")
     p = decode_payload(buf, h)
     if message_bytes_max is not None:
         biggest = max(map(len, p.bodies))

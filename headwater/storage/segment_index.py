@@ -127,7 +127,7 @@ class SegmentIndex:
         pe = self.partitions.get(key)
         if pe is None:
             pe = self.partitions[key] = PartitionEntries()
-        pe.add(h.base_offset, h.count, position, h.size, h.timestamp_ms, h.tag_mask)
+        pe.add(h.base_offset, h.count, position, 4 + h.length, h.timestamp_ms, h.tag_mask)  # 4 + length: h.size
         if key_hashes is not None:
             self.key_batches.append((h.queue_id, h.partition, h.base_offset, len(self.key_hashes), h.count))
             self.key_hashes.extend(key_hashes)

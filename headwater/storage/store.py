@@ -64,6 +64,8 @@ from headwater.storage.producer_state import ProducerStateTable, read_snapshot, 
 from headwater.storage.segment import SEGMENT_HEADER_SIZE, LogSegment, segment_name
 from headwater.storage.segment_index import SegmentIndex
 
+_new_tuple = tuple.__new__  # a namedtuple from a tuple, without its Python-level calls
+
 __all__ = ["LogStore", "StoreConfig"]
 
 log = logging.getLogger("headwater.storage")
@@ -557,14 +559,16 @@ class LogStore:
         ts = now if now > self._last_ts else self._last_ts
         self._last_ts = ts
         seg = self._active
-        if seg.data_bytes > 0 and seg.size + h.size > self.config.segment_bytes_max:
+        size = 4 + h.length  # the batch's bytes (BatchHeader.size)
+        if seg.data_bytes > 0 and seg.size + size > self.config.segment_bytes_max:
             seg = self._roll()
         base = pl.end_offset
         prefix = broker_prefix(h.length, qid, partition, base, ts, broker_reserved)
         body = memoryview(batch)[40:]
         pos = seg.append([prefix, body])
-        stored = h._replace(queue_id=qid, partition=partition, base_offset=base, timestamp_ms=ts,
-                            broker_reserved=broker_reserved)
+        # h._replace(queue_id=qid, partition=partition, base_offset=base, timestamp_ms=ts,
+        # broker_reserved=broker_reserved), without its two Python-level calls
+        stored = _new_tuple(BatchHeader, (*h[:2], qid, partition, base, ts, broker_reserved, *h[7:]))
         self._active_index.add_batch(stored, pos, hashes)
         self._producers.record(h, qid, partition, base, ts)
         end = base + h.count
@@ -577,7 +581,7 @@ class LogStore:
             sp.last_ts = ts
         else:
             spans.append(_Span(seg.base_position, base, end, ts, ts))
-        end_pos = pos + h.size
+        end_pos = pos + size
         if end_pos >= self._flush_kick_at:  # flush_bytes written since the last kick: fsync now, not all at once later
             self._flush_kick_at = end_pos + self.config.flush_bytes
             self._flusher.kick()
