@@ -97,6 +97,7 @@ from headwater.client.send_future import SendFuture
 __all__ = ["Producer", "BatchReceipt", "SendCallback"]
 
 log = logging.getLogger("headwater.producer")
+_new_tuple = tuple.__new__  # a namedtuple from a tuple, without its Python-level call
 
 SendCallback = Callable[[MessageId | None, BaseException | None], None]
 
@@ -314,7 +315,7 @@ class Producer(RetrySettings):
         is queued. A full buffer blocks up to ``max_block_ms``, then raises
         :class:`UnavailableError`.
         """
-        at = self._deliver_at(deliver_at, delay)
+        at = 0 if deliver_at is None and delay is None else self._deliver_at(deliver_at, delay)
         return self._enqueue(queue, body, key, tag, properties, partition, callback, False, at)
 
     def send_and_wait(self, queue: str, body: bytes | Message, *, key: bytes | None = None,
@@ -923,9 +924,7 @@ class Producer(RetrySettings):
         network). A batch stored, with no send callbacks and nobody's done-callbacks on its
         futures, is settled right here, which spares a thread hand-off per request; the rest
         (callbacks, errors, retries) goes to the sender thread."""
-        if not b.callbacks and f.exception() is None and not any(
-            fut is not None and fut.has_done_callbacks() for fut in b.futures
-        ):
+        if not b.callbacks and f.exception() is None and not _listened(b.futures):
             self._finish(b, f.result(), None)
             return
         with self._lock:
@@ -1039,7 +1038,7 @@ class Producer(RetrySettings):
         qid, part, base = r.queue_id, r.partition, r.base_offset
         for i, fut in enumerate(b.futures):
             if fut is not None:
-                fut.set_result(MessageId(qid, part, base + i))
+                fut.set_result(_new_tuple(MessageId, (qid, part, base + i)))  # MessageId(...), without a call
         for i, count, fut in b.groups or ():
             fut.set_result(ProduceResult(qid, part, base + i, count, r.timestamp_ms))
         for i, callback in b.callbacks or ():
@@ -1060,3 +1059,11 @@ class Producer(RetrySettings):
             callback(mid, exc)
         except Exception:  # noqa: BLE001 - a user's bug must not stop the sender
             log.exception("a send callback raised")
+
+
+def _listened(futures: list[SendFuture | None]) -> bool:
+    """Whether anyone added a done-callback to one of a batch's futures."""
+    for fut in futures:
+        if fut is not None and fut.has_done_callbacks():
+            return True
+    return False
