@@ -35,6 +35,10 @@ Run ``python -m bench.probes PROBE`` from the repository root; each prints its f
   (send call, socket write, broker read, parse, log write, push, consumer read, hand-out),
   p50/p90/p99 and over the slowest 1 %, with each process's CPU per message; async then
   sync flush, twice. See ``bench/hops.py``.
+- ``calls``: the hops probe's three processes, one message at a time at 500 a second: the
+  Python function calls each process (and each of its threads) makes per message, async then
+  sync flush, twice. A count, not a time: it moves only when the code does. See
+  ``bench/calls.py``.
 - ``consume``: one broker holding 1.5 million messages of 100 B; a fresh consumer reads them
   all, through a fetch stream and then with a FETCH per batch (``stream=False``), three
   times each, alternating: what the fetch streams change for reading a backlog.
@@ -453,8 +457,14 @@ def hops() -> None:
     run_hops()
 
 
+def calls() -> None:
+    from bench.calls import calls as run_calls
+
+    run_calls()
+
+
 PROBES = {"codec": codec, "follow": follow, "ping": ping, "send": send, "disk": disk, "produce": produce, "consume": consume,
-          "memory": memory, "hops": hops}
+          "memory": memory, "hops": hops, "calls": calls}
 
 
 def main(argv: list[str] | None = None) -> int:

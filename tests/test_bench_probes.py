@@ -38,3 +38,22 @@ def test_the_hops_probe_stamps_every_message_at_every_hop_in_order():
     assert s["messages"] == res["counted"]
     assert set(res["cpu_us_per_msg"]) == {"broker", "producer", "consumer"}
     assert all(v > 0 for v in res["cpu_us_per_msg"].values())
+
+
+def test_the_calls_probe_counts_each_process_and_its_threads():
+    """A short real run: the counts come from the three processes and the threads that do
+    the work (the producer's caller and its client's I/O thread, the broker's loop, the
+    consumer's caller), and one message costs each process some tens of Python calls."""
+    import doctest
+
+    import bench.calls as calls
+
+    assert doctest.testmod(calls).failed == 0
+    res = calls.run("async", messages=100)
+    counts = res["counts"]
+    assert set(counts) == {"producer", "broker", "consumer"}
+    per = {side: {name: n / 100 for name, n in threads.items()} for side, threads in counts.items()}
+    assert per["producer"]["MainThread"] > 10 and per["producer"]["headwater-client"] > 10
+    assert per["broker"]["MainThread"] > 30
+    assert per["consumer"]["MainThread"] > 10
+    assert all(sum(t.values()) < 1000 for t in per.values()), per  # per message, not in all
