@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-from bench.hops import QUEUE, _get
+from bench.hops import QUEUE, _get, follow_queue, start_broker, stop_all
 
 __all__ = ["Counter", "calls", "run"]
 
@@ -81,8 +81,11 @@ class Counter:
         return dict(out)
 
 
-def _counting(counter: Counter, start: Any, stop: Any, out: Any, side: str) -> threading.Thread:
-    """A thread that turns ``counter`` on and off when the parent says, then reports."""
+def _counted(side: str, start: Any, stop: Any, out: Any) -> threading.Thread:
+    """Count this process's calls (its threads started from now on too) while the parent
+    says so, by a thread that then reports them on ``out``; that thread."""
+    counter = Counter()
+    counter.install()
 
     def watch() -> None:
         start.wait()
@@ -101,23 +104,17 @@ def _broker(data: str, flush: str, ready: Any, start: Any, stop: Any, out: Any) 
     from headwater.broker.server import ServerConfig
     from headwater.storage.store import StoreConfig
 
-    counter = Counter()
-    counter.install()
-    _counting(counter, start, stop, out, "broker")
+    _counted("broker", start, stop, out)
     run_server(data, StoreConfig(flush=flush), ServerConfig(host="127.0.0.1", port=0), on_ready=ready.put)
 
 
 def _consumer(address: str, total: int, ready: Any, start: Any, stop: Any, out: Any, seen: Any) -> None:
     import headwater
 
-    counter = Counter()
-    counter.install()
-    watcher = _counting(counter, start, stop, out, "consumer")
+    watcher = _counted("consumer", start, stop, out)
     hw = headwater.connect(address)
     try:
-        c = hw.consumer()
-        c.assign(QUEUE, partitions=[0])
-        c.poll(timeout_ms=0)  # opens the fetch stream
+        c = follow_queue(hw)
         ready.put(os.getpid())
         got, deadline = 0, time.monotonic() + 300
         while got < total and time.monotonic() < deadline:
@@ -131,9 +128,7 @@ def _consumer(address: str, total: int, ready: Any, start: Any, stop: Any, out: 
 def _producer(address: str, total: int, ready: Any, start: Any, stop: Any, out: Any, seen: Any) -> None:
     import headwater
 
-    counter = Counter()
-    counter.install()
-    watcher = _counting(counter, start, stop, out, "producer")
+    watcher = _counted("producer", start, stop, out)
     hw = headwater.connect(address)
     try:
         p = hw.producer(linger_ms=0)
@@ -158,24 +153,15 @@ def _producer(address: str, total: int, ready: Any, start: Any, stop: Any, out: 
 
 def run(flush: str = "async", messages: int = MESSAGES) -> dict[str, Any]:
     """Python calls per counted message: ``{side: {thread name: calls}}`` and the count."""
-    import headwater
-
     ctx = mp.get_context("spawn")
     total = WARMUP + messages
     with tempfile.TemporaryDirectory(prefix="hw-calls-") as d:
         ready, out = ctx.Queue(), ctx.Queue()
         # a Value without a lock: reading it calls no Python function in the counted loops
         start, stop, seen = ctx.Event(), ctx.Event(), ctx.Value("q", 0, lock=False)
-        broker = ctx.Process(target=_broker, args=(d, flush, ready, start, stop, out), daemon=True)
-        broker.start()
-        procs = [broker]
+        procs: list = []
         try:
-            address = f"127.0.0.1:{_get(ready, procs)}"
-            hw = headwater.connect(address)
-            try:
-                hw.admin.create_queue(QUEUE, partitions=1, ttl_s=None)
-            finally:
-                hw.close()
+            broker, address = start_broker(ctx, _broker, (d, flush, ready, start, stop, out), ready, procs)
             for target in (_consumer, _producer):
                 proc = ctx.Process(target=target, args=(address, total, ready, start, stop, out, seen), daemon=True)
                 proc.start()
@@ -192,11 +178,7 @@ def run(flush: str = "async", messages: int = MESSAGES) -> dict[str, Any]:
             counts = dict(_get(out, procs) for _ in range(3))
             os.kill(broker.pid, signal.SIGTERM)
         finally:
-            for proc in procs:
-                proc.join(timeout=10)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join(timeout=10)
+            stop_all(procs)
     return {"flush": flush, "messages": messages, "counts": counts}
 
 

@@ -158,6 +158,14 @@ def _stamp_reads(stamps: Stamps) -> None:
     _wrap(AsyncTransport, "_parse_locked", parse_locked)
 
 
+def follow_queue(hw: Any) -> Any:
+    """A consumer of the probe's queue, its fetch stream open."""
+    c = hw.consumer()
+    c.assign(QUEUE, partitions=[0])
+    c.poll(timeout_ms=0)  # opens the fetch stream
+    return c
+
+
 def _consumer(address: str, total: int, ready: Any, out: Any) -> None:
     import headwater
 
@@ -165,9 +173,7 @@ def _consumer(address: str, total: int, ready: Any, out: Any) -> None:
     _stamp_reads(stamps)
     hw = headwater.connect(address)
     try:
-        c = hw.consumer()
-        c.assign(QUEUE, partitions=[0])
-        c.poll(timeout_ms=0)  # opens the fetch stream
+        c = follow_queue(hw)
         ready.put(os.getpid())
         handed, got, deadline = stamps.at["handed"], 0, time.monotonic() + 120
         while got < total and time.monotonic() < deadline:
@@ -221,22 +227,13 @@ def _cpu_s(pid: int) -> float:
 def run(flush: str = "async", *, rate: int = RATE, seconds: float = SECONDS) -> dict[str, Any]:
     """One run: the three processes' stamps merged, CPU seconds per process over the counted
     messages, and the host's steal share meanwhile."""
-    import headwater
-
     ctx = mp.get_context("spawn")
     total = WARMUP + int(rate * seconds)
     with tempfile.TemporaryDirectory(prefix="hw-hops-") as d:
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-        broker = ctx.Process(target=_broker, args=(d, flush, ready, out), daemon=True)
-        broker.start()
-        procs = [broker]
+        procs: list = []
         try:
-            address = f"127.0.0.1:{_get(ready, procs)}"
-            hw = headwater.connect(address)
-            try:
-                hw.admin.create_queue(QUEUE, partitions=1, ttl_s=None)
-            finally:
-                hw.close()
+            broker, address = start_broker(ctx, _broker, (d, flush, ready, out), ready, procs)
             consumer = ctx.Process(target=_consumer, args=(address, total, ready, out), daemon=True)
             consumer.start()
             procs.append(consumer)
@@ -261,16 +258,38 @@ def run(flush: str = "async", *, rate: int = RATE, seconds: float = SECONDS) -> 
             os.kill(broker.pid, signal.SIGTERM)
             stamps.update(_take(out, procs))
         finally:  # on success all three have ended by now; after a failure, stop the rest
-            for proc in procs:
-                proc.join(timeout=5)
-                if proc.is_alive():
-                    proc.terminate()
-                    proc.join(timeout=10)
-                if proc.is_alive():
-                    proc.kill()
+            stop_all(procs)
     counted = total - WARMUP
     return {"flush": flush, "stamps": stamps, "counted": counted,
             "cpu_us_per_msg": {k: v * 1e6 / counted for k, v in cpu.items()}, "steal_share": steal}
+
+
+def start_broker(ctx: Any, target: Callable[..., None], args: tuple, ready: Any, procs: list) -> tuple[Any, str]:
+    """Spawn the broker process (``target(*args)`` puts its port on ``ready``), add it to
+    ``procs``, and create the probe's one-partition queue on it: the process and its address."""
+    import headwater
+
+    broker = ctx.Process(target=target, args=args, daemon=True)
+    broker.start()
+    procs.append(broker)
+    address = f"127.0.0.1:{_get(ready, procs)}"
+    hw = headwater.connect(address)
+    try:
+        hw.admin.create_queue(QUEUE, partitions=1, ttl_s=None)
+    finally:
+        hw.close()
+    return broker, address
+
+
+def stop_all(procs: list) -> None:
+    """Join the probe's processes; stop those still running (after a failure)."""
+    for proc in procs:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
 
 
 def _get(q: Any, procs: list, timeout_s: float = 90) -> Any:
