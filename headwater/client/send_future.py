@@ -35,7 +35,8 @@ class LazyFuture(concurrent.futures.Future):
     nothing), and the five objects ``Future.__init__`` makes cost more than the rest of
     ``send()``, in allocation and in garbage-collector passes over the batches being filled;
     settling a plain Future runs a round of notifying nobody besides. The client's produce
-    requests use it (the producer adds one done-callback to each), and :class:`SendFuture`.
+    requests use it (the producer adds one done-callback to each), the consumer's wait for a
+    push, and :class:`SendFuture`.
     This relies on Future's internal names (``_condition``, ``_waiters``, ``_done_callbacks``,
     ``_state``, ``_result``, ``_exception``), unchanged since Python 3.2;
     tests/test_producer.py runs ``result``, ``exception``, ``wait``, ``as_completed`` and

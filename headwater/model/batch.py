@@ -129,8 +129,8 @@ class _TimedPayload(msgspec.Struct, array_like=True, gc=False):
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(BatchPayload)
-_new_tuple = tuple.__new__
 _timed_decoder = msgspec.msgpack.Decoder(_TimedPayload)
+_new_tuple = tuple.__new__  # a namedtuple from a tuple, without its Python-level call
 
 
 class BatchHeader(NamedTuple):

@@ -65,6 +65,8 @@ from headwater.storage.segment import SEGMENT_HEADER_SIZE, LogSegment, segment_n
 from headwater.storage.segment_index import SegmentIndex
 
 _new_tuple = tuple.__new__  # a namedtuple from a tuple, without its Python-level calls
+# _append_locked builds the stored header by position: the broker's fields are 2 to 6
+assert BatchHeader._fields[2:7] == ("queue_id", "partition", "base_offset", "timestamp_ms", "broker_reserved")
 
 __all__ = ["LogStore", "StoreConfig"]
 
