@@ -95,11 +95,11 @@ class RemoteService:
         self._call(m.PingRequest())  # fail fast, with a clear error, if nobody is there
 
     def _submit(self, body: m.RequestBody, timeout_s: float | None = None, *,
-                lead: bool = False, fut: concurrent.futures.Future | None = None) -> concurrent.futures.Future:
+                lead: bool = False) -> concurrent.futures.Future:
         # no task and no hop to the loop: this thread writes the request (in submission
-        # order) and the loop's reader settles the future (or this thread, if it leads)
-        if fut is None:
-            fut = concurrent.futures.Future()
+        # order) and the loop's reader settles the future (or this thread, if it leads).
+        # A LazyFuture: no condition until a thread waits on it (most never are, one by one)
+        fut = LazyFuture()
         if self._closed:
             fut.set_exception(ClosedError(f"the client of {self.address} is closed"))
             return fut
@@ -159,10 +159,8 @@ class RemoteService:
         return self._call(m.ProduceRequest(queue, partition, batch), retry=False)
 
     def produce_async(self, queue: str, partition: int, batch: bytes) -> concurrent.futures.Future:
-        """Send a batch without waiting; the future holds the ProduceResult. It settles its
-        done-callbacks without a condition until a thread waits on it (``LazyFuture``): the
-        producer adds one to every request."""
-        return self._submit(m.ProduceRequest(queue, partition, batch), fut=LazyFuture())
+        """Send a batch without waiting; the future holds the ProduceResult."""
+        return self._submit(m.ProduceRequest(queue, partition, batch))
 
     def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
               end_offset: int | None = None, max_wait_ms: int = 0) -> FetchResult:

@@ -34,9 +34,9 @@ class LazyFuture(concurrent.futures.Future):
     Why: most futures of a busy client are never waited on one by one (a flush, a callback, or
     nothing), and the five objects ``Future.__init__`` makes cost more than the rest of
     ``send()``, in allocation and in garbage-collector passes over the batches being filled;
-    settling a plain Future runs a round of notifying nobody besides. The client's produce
-    requests use it (the producer adds one done-callback to each), the consumer's wait for a
-    push, and :class:`SendFuture`.
+    settling a plain Future runs a round of notifying nobody besides. The client's requests
+    sent without waiting use it (the producer adds one done-callback to each produce), the
+    consumer's wait for a push, and :class:`SendFuture`.
     This relies on Future's internal names (``_condition``, ``_waiters``, ``_done_callbacks``,
     ``_state``, ``_result``, ``_exception``), unchanged since Python 3.2;
     tests/test_producer.py runs ``result``, ``exception``, ``wait``, ``as_completed`` and
