@@ -172,7 +172,10 @@ def run(flush: str = "async", messages: int = MESSAGES) -> dict[str, Any]:
             start.set()
             if _get(ready, procs, 300) != "done":
                 raise RuntimeError("the producer did not finish")
-            while seen.value < total:
+            deadline = time.monotonic() + 60
+            while seen.value < total:  # the consumer has the last one: stop counting
+                if time.monotonic() > deadline or any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError(f"the consumer read {seen.value} of {total} messages")
                 time.sleep(0.01)
             stop.set()
             counts = dict(_get(out, procs) for _ in range(3))

@@ -21,8 +21,8 @@ def test_the_follow_probe_measures_every_produce_pushed_to_its_follower(capsys):
 
 def test_the_hops_probe_stamps_every_message_at_every_hop_in_order():
     """A short real run (three processes over loopback TCP): every counted message is stamped
-    at all eight hops, each hop no earlier than the one before it (one wall clock), and the
-    steps add up to the whole trip."""
+    at all eight hops, each hop no earlier than the one before it (one wall clock), and each
+    process's CPU is counted."""
     import doctest
 
     import bench.hops as hops
