@@ -19,7 +19,8 @@ the ratios leave it out.
 
 Run ``python -m bench.latency`` from the repository root (about 3 minutes with the default
 systems; ``--rounds`` and ``--seconds`` change that; ``--rate`` runs another schedule, to see
-how much of the tail follows the load). It prints every round, then per system
+how much of the tail follows the load; ``--spin-us 0`` paces the producer by sleeping alone, to
+see how much of it follows the CPU the producer burns spinning to its send times). It prints every round, then per system
 and mode the median, best and worst of the rounds' p99, and per round Headwater's p99 over
 the best peer's (async against every peer mode, sync against the peer modes that fsync before
 acknowledging, as in :mod:`bench.network`). ``--pool A.json B.json ...`` runs nothing: it
@@ -53,12 +54,13 @@ QUIET_STEAL_SHARE = 0.002
 
 
 def run_rounds(entries: list[tuple[str, Any, Any]], *, rounds: int, seconds: float, rate: int = LATENCY_RATE,
-               log=print) -> list[dict[str, Any]]:
+               spin_ns: int = SPIN_NS, log=print) -> list[dict[str, Any]]:
     """``entries``: (label, driver, mode), drivers set up. One dict per round: the timer
-    check (on the same schedule) and each label's latency result at ``rate`` msgs/s."""
+    check (on the same schedule and pacing) and each label's latency result at ``rate``
+    msgs/s, its producer spinning the last ``spin_ns`` before each send (0: sleeping only)."""
     out: list[dict[str, Any]] = []
     for r in range(rounds):
-        timer = machine.timer_lateness(rate=rate, seconds=1.0, spin_ns=SPIN_NS)
+        timer = machine.timer_lateness(rate=rate, seconds=1.0, spin_ns=spin_ns)
         shift = r % len(entries)
         order = entries[shift:] + entries[:shift]  # nobody always runs first or last
         results: dict[str, Any] = {}
@@ -66,7 +68,7 @@ def run_rounds(entries: list[tuple[str, Any, Any]], *, rounds: int, seconds: flo
             try:
                 driver.use_mode(mode)
                 driver.reset(mode, 1)
-                results[label] = driver.latency(mode, rate=rate, seconds=seconds, size=LATENCY_SIZE)
+                results[label] = driver.latency(mode, rate=rate, seconds=seconds, size=LATENCY_SIZE, spin_ns=spin_ns)
             except Exception as e:  # noqa: BLE001 - reported in the table
                 results[label] = {"error": f"{type(e).__name__}: {e}"}
         out.append({"round": r + 1, "timer": timer, "order": [label for label, _, _ in order],
@@ -235,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="counted seconds of each latency run (default: 5)")
     parser.add_argument("--rate", type=int, default=LATENCY_RATE,
                         help=f"messages per second (default: {LATENCY_RATE:,}, the issue's workload)")
+    parser.add_argument("--spin-us", type=int, default=SPIN_NS // 1000, metavar="US",
+                        help=f"the producer (and the lone timer) sleeps until this close to each send time, "
+                             f"then spins (default: {SPIN_NS // 1000}); 0 sleeps only, with the kernel's timer "
+                             f"slack at 1 ns: no CPU burnt waiting, sends a little late")
     parser.add_argument("--json", metavar="PATH", help="also save the rounds as JSON to PATH")
     parser.add_argument("--pool", metavar="PATH", nargs="+",
                         help="run nothing: read runs saved with --json and show each system's p99 by the "
@@ -255,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     systems = parse_systems(parser, args.systems, [*SYSTEMS, *REFERENCES])
     if args.rounds < 1 or args.seconds <= 0 or args.rate < 1:
         parser.error("--rounds and --rate must be at least 1 and --seconds above 0")
+    if not 0 <= args.spin_us < 1_000_000 // args.rate:
+        parser.error(f"--spin-us must be from 0 to below the send interval ({1_000_000 // args.rate} µs at --rate {args.rate})")
     install_signal_handlers()
     command = "python -m bench.latency " + " ".join(argv if argv is not None else sys.argv[1:])
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
@@ -280,13 +288,15 @@ def main(argv: list[str] | None = None) -> int:
         if not entries:
             console.print("[red]no system could be set up[/]")
             return 1
-        rounds = run_rounds(entries, rounds=args.rounds, seconds=args.seconds, rate=args.rate, log=console.log)
+        rounds = run_rounds(entries, rounds=args.rounds, seconds=args.seconds, rate=args.rate,
+                            spin_ns=args.spin_us * 1000, log=console.log)
     summary = summarize(rounds, modes)
     render(console, rounds, summary, args.rate)
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"command": command.strip(), "started": started, "revision": rev, "rounds": rounds,
+        path.write_text(json.dumps({"command": command.strip(), "started": started, "revision": rev,
+                                    "spin_us": args.spin_us, "rounds": rounds,
                                     "summary": summary}, indent=1, default=str))
         console.print(f"saved {path}")
     return 0

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.latency import summarize
-from bench.peers.base import Mode
+from bench.peers.base import SPIN_NS, Mode
 
 MODES = {
     "headwater async": Mode("headwater async", "async", False, ""),
@@ -116,21 +118,39 @@ def test_the_rounds_run_at_the_rate_asked_for():
 
     class Driver:
         def __init__(self) -> None:
-            self.rates: list[int] = []
+            self.rates: list[tuple[int, int]] = []
 
         def use_mode(self, mode) -> None: ...
 
         def reset(self, mode, streams: int) -> None: ...
 
-        def latency(self, mode, *, rate: int, seconds: float, size: int) -> dict:
-            self.rates.append(rate)
+        def latency(self, mode, *, rate: int, seconds: float, size: int, spin_ns: int) -> dict:
+            self.rates.append((rate, spin_ns))
             return {"p50_ms": 0.1, "p99_ms": 0.2, "late_sends": 0}
 
     d = Driver()
     rounds = run_rounds([("x", d, None)], rounds=2, seconds=0.1, rate=500, log=lambda line: None)
-    assert d.rates == [500, 500] and len(rounds) == 2
-    with pytest.raises(SystemExit):
-        main(["--rate", "0"])
+    assert d.rates == [(500, SPIN_NS), (500, SPIN_NS)] and len(rounds) == 2
+    run_rounds([("x", d, None)], rounds=1, seconds=0.1, rate=500, spin_ns=0, log=lambda line: None)
+    assert d.rates[-1] == (500, 0)  # paced by sleeping alone
+    for bad in (["--rate", "0"], ["--spin-us", "-1"], ["--spin-us", "500"]):  # 500 µs: the whole interval at 2,000/s
+        with pytest.raises(SystemExit):
+            main(bad)
+
+
+def test_pacing_by_sleep_alone_asks_the_kernel_for_exact_wakeups():
+    import subprocess
+    import sys
+
+    code = ("from bench import machine; ok = machine.exact_sleeps(); "
+            "print(ok, open('/proc/self/timerslack_ns').read().strip())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parent.parent).stdout.split()
+    assert out == ["True", "1"]  # 50,000 ns before
+    from bench import machine
+
+    t = machine.timer_lateness(rate=2000, seconds=0.05, spin_ns=0)
+    assert t["ticks"] == 100 and 0 <= t["p50_ms"] <= t["max_ms"]
 
 
 def test_the_python_floor_is_shown_but_is_nobodys_best_peer():
@@ -190,11 +210,14 @@ def test_a_latency_run_through_the_relay_counts_every_message():
         d.setup()
         try:
             res = d.latency(d.modes[0], rate=1000, seconds=0.5, size=100)
+            slept = d.latency(d.modes[0], rate=1000, seconds=0.5, size=100, spin_ns=0)
         finally:
             d.teardown()
-    assert "error" not in res, res
-    assert res["received"] == res["sent"] and res["counted"] == res["sent"] - 200
-    assert 0 < res["p50_ms"] <= res["p99_ms"] <= res["max_ms"]
+    for r in (res, slept):
+        assert "error" not in r, r
+        assert r["received"] == r["sent"] and r["counted"] == r["sent"] - 200
+        assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
+    assert slept["cpu_us_per_msg"]["producer_spin"] < 1  # µs per message: it never spun
 
 
 def test_saved_runs_pool_into_bands_of_the_hosts_steal(tmp_path, capsys):

@@ -361,8 +361,10 @@ class Driver:
         out["mb_per_s"] = None if out["msgs_per_s"] is None else out["msgs_per_s"] * size / 1e6
         return out
 
-    def latency(self, mode: Mode, *, rate: int, seconds: float, size: int) -> dict[str, Any]:
-        """End-to-end latencies (ms) of ``rate`` msgs/s sent one at a time for ``seconds``."""
+    def latency(self, mode: Mode, *, rate: int, seconds: float, size: int, spin_ns: int = SPIN_NS) -> dict[str, Any]:
+        """End-to-end latencies (ms) of ``rate`` msgs/s sent one at a time for ``seconds``. The
+        producer sleeps until ``spin_ns`` before each send time, then spins; 0: it only sleeps
+        (with :func:`bench.machine.exact_sleeps`), burning no CPU but sending later."""
         ctx = mp.get_context("spawn")
         results = ctx.Queue()
         ready = ctx.Event()
@@ -371,7 +373,7 @@ class Driver:
         consumer = ctx.Process(target=_latency_consumer, daemon=True,
                                args=(self, mode, total, ready, seconds + 30, results))
         producer = ctx.Process(target=_latency_producer, daemon=True,
-                               args=(self, mode, total, rate, size, ready, window, results))
+                               args=(self, mode, total, rate, size, ready, window, results, spin_ns))
         marks: list[tuple[float, tuple[int, ...]]] = []  # (servers' CPU s, host CPU ticks) at begin, end
         watcher = threading.Thread(target=self._mark_window, args=(window, marks, seconds + 90), daemon=True)
         watcher.start()
@@ -569,8 +571,10 @@ def _latency_consumer(driver: Driver, mode: Mode, total: int, ready, timeout_s: 
 
 
 def _latency_producer(driver: Driver, mode: Mode, total: int, rate: int, size: int, ready, window,
-                      results) -> None:
+                      results, spin_ns: int = SPIN_NS) -> None:
     try:
+        if not spin_ns:
+            machine.exact_sleeps()
         pad = os.urandom(max(0, size - STAMP.size - SENT.size))
         interval_ns = 1_000_000_000 // rate
         late = 0
@@ -582,7 +586,7 @@ def _latency_producer(driver: Driver, mode: Mode, total: int, rate: int, size: i
             t0 = clock() + 50_000_000  # 50 ms from now
             for seq in range(total):
                 sched = t0 + seq * interval_ns
-                spun = sleep_until_ns(sched, SPIN_NS)  # sleeping lets the client's threads run
+                spun = sleep_until_ns(sched, spin_ns)  # sleeping lets the client's threads run
                 if seq == LATENCY_WARMUP:
                     window[0].set()
                     cpu_from = process_cpu_s()
