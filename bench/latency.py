@@ -19,14 +19,14 @@ the ratios leave it out.
 
 Run ``python -m bench.latency`` from the repository root (about 3 minutes with the default
 systems; ``--rounds`` and ``--seconds`` change that; ``--rate`` runs another schedule, to see
-how much of the tail follows the load; ``--spin-us 0`` paces the producer by sleeping alone, to
-see how much of it follows the CPU the producer burns spinning to its send times). It prints every round, then per system
-and mode the median, best and worst of the rounds' p99, and per round Headwater's p99 over
-the best peer's (async against every peer mode, sync against the peer modes that fsync before
-acknowledging, as in :mod:`bench.network`). ``--pool A.json B.json ...`` runs nothing: it
-reads runs saved with ``--json`` and shows, per system and mode, the median p99 of the runs in
-each band of the host's CPU steal, so that runs of many minutes say together how each
-system's tail follows the host's.
+how much of the tail follows the load; ``--spin-us 0`` paces the producer by sleeping alone,
+to see how much of it follows the CPU the producer burns spinning to its send times). It
+prints every round, then per system and mode the median, best and worst of the rounds' p99,
+and per round Headwater's p99 over the best peer's (async against every peer mode, sync
+against the peer modes that fsync before acknowledging, as in :mod:`bench.network`).
+``--pool A.json B.json ...`` runs nothing: it reads runs saved with ``--json`` and shows, per
+system and mode, the median p99 of the runs in each band of the host's CPU steal, so that runs
+of many minutes say together how each system's tail follows the host's.
 """
 
 from __future__ import annotations

@@ -123,7 +123,8 @@ def exact_sleeps() -> bool:
     import ctypes
 
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0) == 0
+        one_ns, unused = ctypes.c_ulong(1), ctypes.c_ulong(0)  # prctl(2) takes unsigned longs after the option
+        return ctypes.CDLL(None).prctl(_PR_SET_TIMERSLACK, one_ns, unused, unused, unused) == 0
     except (OSError, AttributeError):
         return False
 
