@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 __all__ = ["write_bandwidth", "fsync_latency", "timer_lateness", "sleep_until_ns", "exact_sleeps", "facts",
-           "meminfo_kib", "process_cpu_times"]
+           "meminfo_kib", "process_cpu_times", "context_switches"]
 
 #: How close to a tick ``sleep_until_ns`` stops sleeping and spins (sleep() overshoots by ~0.1 ms).
 SPIN_NS = 150_000
@@ -237,6 +237,24 @@ def process_cpu_times(pid: int) -> tuple[float, float]:
     fields = proc_stat(pid)
     tick = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def context_switches(pid: int) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches of all of a live process's threads so far
+    (Linux /proc): a thread that blocks switches voluntarily; one the scheduler takes the CPU
+    from while it could still run (a woken task preempting it), involuntarily."""
+    vol = invol = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        vol += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches:"):
+                        invol += int(line.split()[1])
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+    return vol, invol
 
 
 def _mount_of(path: Path) -> tuple[str, str, str]:

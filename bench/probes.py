@@ -6,9 +6,12 @@ Run ``python -m bench.probes PROBE`` from the repository root; each prints its f
   (a FETCH encoded by the client, parsed and answered by the server, the answer parsed and
   its record decoded by the client) and the store's work for one message (an append of a
   one-message batch, a fetch of it, an empty fetch at the end of the log); µs each.
-- ``ping``: a ``headwater serve`` subprocess answering PINGs from a raw client at about
-  1,700 a second; the broker's CPU per request and answer (/proc), so the fixed cost of a
-  request on this machine.
+- ``ping``: a ``headwater serve`` subprocess answering PINGs from a raw client, one at a
+  time every 0.4 ms, and a bare uvloop echo server (:func:`echo_server`) answering the same
+  bytes, alternately, twice each: the round trip (p50, p99), the server's CPU per request and
+  answer (/proc), and its voluntary and involuntary context switches per request; so the
+  fixed cost of a request in the broker on this machine, beside the least an event loop in
+  Python pays.
 - ``send``: the time of one loopback TCP ``send()`` of 1 byte to a process blocked in
   ``recv()``, every 0.5 ms: what the kernel charges the sender to hand over and wake.
 - ``disk``: the machine check's write bandwidth (1 GiB, one fdatasync), three times in a
@@ -28,8 +31,10 @@ Run ``python -m bench.probes PROBE`` from the repository root; each prints its f
   broker's server answering one-message produces while one fetch stream follows the
   partition: the server's CPU per produce, which covers parsing the request, the append, the
   push to the follower and the acknowledgement, and the Python function calls it takes. It runs
-  on a queue with the default TTL and on one without, alternately, three times each: the
-  work behind the server's share of an end-to-end latency run.
+  on a queue with the default TTL and on one without, and with 4 MiB copied before each
+  produce (``COLD_BYTES``: the caches as cold as the pipeline's other processes leave them
+  between two messages), in turn, three times each: the work behind the server's share of an
+  end-to-end latency run.
 - ``hops``: a broker, a producer and a consumer, each its own process, at 2,000 one-message
   sends a second (the latency benchmark's workload): each message's time from hop to hop
   (send call, socket write, broker read, parse, log write, push, consumer read, hand-out),
@@ -55,6 +60,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 from bench import machine
 from bench.peers.base import free_port, port_open, process_group_cpu_s, wait_until
@@ -118,36 +125,119 @@ def codec(n: int = 20_000) -> None:
           f"{answer / n * 1e6:.1f} µs")
 
 
-def ping(n: int = 6000) -> None:
-    from headwater.protocol import CLIENT, NEED_DATA, Connection, Handshake, Request
+def ping(n: int = 6000, rounds: int = 2) -> None:
+    """A request's fixed cost in the broker, against a bare uvloop echo server's: each answers
+    ``n`` PING frames from a raw client, one at a time every 0.4 ms; alternately, ``rounds``
+    times each."""
+    from headwater.protocol import CLIENT, Connection, Handshake, Request
     from headwater.protocol.messages import PingRequest
 
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="hw-probe-") as d:
-        broker = subprocess.Popen([sys.executable, "-m", "headwater.cli.main", "--data", d, "serve", "--port",
-                                   str(port), "--log-level", "warning"], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            wait_until(lambda: port_open(port), timeout_s=30, what="headwater serve")
-            s = socket.create_connection(("127.0.0.1", port))
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            c = Connection(CLIENT)
-            s.sendall(c.send(Handshake("probe")))
-            while c.next_event() is NEED_DATA:
-                c.receive_data(s.recv(65536))
-            cpu0, t0 = process_group_cpu_s(broker.pid), time.monotonic()
-            for _ in range(n):
-                s.sendall(c.send(Request(c.next_request_id(), PingRequest())))
-                while c.next_event() is NEED_DATA:
-                    c.receive_data(s.recv(65536))
-                time.sleep(0.0004)
-            cpu1, t1 = process_group_cpu_s(broker.pid), time.monotonic()
-            s.close()
-        finally:
-            broker.terminate()
-            broker.wait(timeout=30)
-    print(f"ping: the broker used {(cpu1 - cpu0) / n * 1e6:.0f} µs of CPU per request and answer "
-          f"at {n / (t1 - t0):,.0f}/s")
+    for _ in range(rounds):
+        for kind in ("headwater serve", "uvloop echo"):
+            port = free_port()
+            with tempfile.TemporaryDirectory(prefix="hw-probe-") as d:
+                if kind == "headwater serve":
+                    cmd = [sys.executable, "-m", "headwater.cli.main", "--data", d, "serve", "--port", str(port),
+                           "--log-level", "warning"]
+                else:
+                    cmd = [sys.executable, "-c", f"from bench.probes import echo_server; echo_server({port})"]
+                server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                          start_new_session=True)
+                try:
+                    wait_until(lambda: port_open(port), timeout_s=30, what=kind)
+                    s = socket.create_connection(("127.0.0.1", port))
+                    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    c = Connection(CLIENT)
+                    if kind == "headwater serve":
+                        s.sendall(c.send(Handshake("probe")))
+                        _ping_read(s, c)
+                        r = _ping_rounds(s, c, server.pid, n, lambda: c.send(Request(c.next_request_id(), PingRequest())))
+                    else:  # the echo writes back whatever comes: one PING frame, every time
+                        _handshake_locally(c)
+                        same = c.send(Request(c.next_request_id(), PingRequest()))
+                        r = _ping_rounds(s, None, server.pid, n, lambda: same)
+                    s.close()
+                finally:
+                    server.terminate()
+                    server.wait(timeout=30)
+            print(f"ping, {kind}: round trip p50 {r['p50_us']:.0f} µs, p99 {r['p99_us']:.0f} µs; the server used "
+                  f"{r['cpu_us']:.0f} µs of CPU and {r['voluntary']:.2f} voluntary + {r['involuntary']:.2f} "
+                  f"involuntary context switches per request and answer, at {r['rate']:,.0f}/s")
+
+
+def _handshake_locally(c: Any) -> None:
+    """Take client Connection ``c`` through its handshake with a server Connection in this
+    process, so that it can encode requests for a server that speaks no protocol."""
+    from headwater.protocol import SERVER, Connection, Handshake, HandshakeAccepted
+
+    srv = Connection(SERVER)
+    srv.receive_data(c.send(Handshake("probe")))
+    srv.next_event()
+    c.receive_data(b"".join(srv.send_chunks(HandshakeAccepted(1, "probe"))))
+    c.next_event()
+
+
+def _ping_read(s: socket.socket, c: Any) -> None:
+    """Read until ``c`` (a client Connection) has a whole event; take it."""
+    from headwater.protocol import NEED_DATA
+
+    while c.next_event() is NEED_DATA:
+        data = s.recv(65536)
+        if not data:
+            raise ConnectionError("the server closed the connection")
+        c.receive_data(data)
+
+
+def _ping_rounds(s: socket.socket, c: Any, pid: int, n: int, frame: Callable[[], bytes]) -> dict:
+    """Send ``frame()`` ``n`` times, one at a time, each once the answer to the last came
+    (read through client Connection ``c``; with None, the same bytes back from an echo
+    server): round trips and the server's cost."""
+    rtts: list[float] = []
+    cpu0, sw0, t0 = process_group_cpu_s(pid), machine.context_switches(pid), time.monotonic()
+    clock = time.perf_counter_ns
+    for _ in range(n):
+        data = frame()
+        a = clock()
+        s.sendall(data)
+        if c is None:
+            got = 0
+            while got < len(data):
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise ConnectionError("the echo server closed the connection")
+                got += len(chunk)
+        else:
+            _ping_read(s, c)
+        rtts.append((clock() - a) / 1000)
+        time.sleep(0.0004)
+    cpu1, sw1, t1 = process_group_cpu_s(pid), machine.context_switches(pid), time.monotonic()
+    rtts.sort()
+    return {"p50_us": rtts[len(rtts) // 2], "p99_us": rtts[min(len(rtts) - 1, len(rtts) * 99 // 100)],
+            "cpu_us": (cpu1 - cpu0) / n * 1e6, "voluntary": (sw1[0] - sw0[0]) / n,
+            "involuntary": (sw1[1] - sw0[1]) / n, "rate": n / (t1 - t0)}
+
+
+def echo_server(port: int) -> None:
+    """A uvloop (else asyncio) server on 127.0.0.1:``port`` writing back whatever it reads:
+    the least a Python server on an event loop does per request (``ping``'s yardstick)."""
+
+    class Echo(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            self.transport.write(data)
+
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", port)
+        await server.serve_forever()
+
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve())
+    else:
+        uvloop.run(serve())
 
 
 def _receiver(port: int, n: int, listening) -> None:
@@ -371,17 +461,27 @@ class _Collect:
         pass
 
 
+#: what ``follow`` copies between two produces to push the server's code and data out of a
+#: core's own caches, as the other processes of a pipeline do between two messages (a core's
+#: L2 is 2 MiB on the project's machines)
+COLD_BYTES = 4 << 20
+
+
 def follow(n: int = 20_000, rounds: int = 3) -> None:
     for r in range(rounds):
-        for ttl in (7 * 86400, None):
-            cpu_us, calls = asyncio.run(_follow(n, ttl))
+        for ttl, cold in ((7 * 86400, False), (None, False), (7 * 86400, True)):
+            cpu_us, calls = asyncio.run(_follow(n if not cold else n // 4, ttl, cold_bytes=COLD_BYTES if cold else 0))
             label = "default TTL (7 days)" if ttl else "no TTL"
+            if cold:
+                label += f", caches cold ({COLD_BYTES >> 20} MiB copied between produces)"
             print(f"follow {r + 1}, {label}: {cpu_us:.1f} µs of server CPU per one-message produce "
                   f"with a follower; {calls:.0f} Python calls each")
 
 
-async def _follow(n: int, ttl_s: int | None) -> tuple[float, float]:
-    """(CPU µs, Python calls) per one-message produce, answered and pushed to one follower."""
+async def _follow(n: int, ttl_s: int | None, *, cold_bytes: int = 0) -> tuple[float, float]:
+    """(CPU µs, Python calls) per one-message produce, answered and pushed to one follower;
+    with ``cold_bytes``, that many bytes are copied before each produce (not timed), so that
+    it runs with the caches as cold as another process leaves them."""
     import cProfile
     import pstats
 
@@ -419,9 +519,13 @@ async def _follow(n: int, ttl_s: int | None) -> tuple[float, float]:
             pushes = ftr.writes
             profile = cProfile.Profile()
             cpu = 0.0
+            junk = bytearray(cold_bytes)
+            fill = (bytes(cold_bytes), b"\x01" * cold_bytes)
             for i in range(n):
                 batch = encode_batch([body], producer_id=7, base_sequence=i, producer_epoch=0)
                 data = pconn.send(Request(pconn.next_request_id(), ProduceRequest("q", 0, batch)))
+                if cold_bytes:
+                    junk[:] = fill[i & 1]
                 measured = i % 10 != 0  # every tenth produce runs under the profiler instead
                 if not measured:
                     profile.enable()
