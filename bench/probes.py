@@ -128,7 +128,8 @@ def codec(n: int = 20_000) -> None:
 def ping(n: int = 6000, rounds: int = 2) -> None:
     """A request's fixed cost in the broker, against a bare uvloop echo server's: each answers
     ``n`` PING frames from a raw client, one at a time every 0.4 ms; alternately, ``rounds``
-    times each."""
+    times each. The broker's round trip includes the client parsing the answer frame; the
+    echo's ends when the bytes are back."""
     from headwater.protocol import CLIENT, Connection, Handshake, Request
     from headwater.protocol.messages import PingRequest
 
