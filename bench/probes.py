@@ -73,7 +73,7 @@ def codec(n: int = 20_000) -> None:
     from headwater.client.scanner import decode_stored
     from headwater.model.batch import encode_batch
     from headwater.model.config import QueueConfig
-    from headwater.protocol import CLIENT, SERVER, Connection, Handshake, HandshakeAccepted, Request, Response
+    from headwater.protocol import CLIENT, Connection, Request, Response
     from headwater.protocol.messages import FetchRequest, FetchResponse
     from headwater.storage.store import LogStore, StoreConfig
 
@@ -98,11 +98,8 @@ def codec(n: int = 20_000) -> None:
     print(f"store: append of a 1-message batch {(t1 - t0) / n * 1e6:.1f} µs, fetch of it "
           f"{(t2 - t1) / n * 1e6:.1f} µs, empty fetch {(t3 - t2) / n * 1e6:.1f} µs")
 
-    cli, srv = Connection(CLIENT), Connection(SERVER)
-    srv.receive_data(cli.send(Handshake("probe")))
-    srv.next_event()
-    cli.receive_data(b"".join(srv.send_chunks(HandshakeAccepted(1, "probe"))))
-    cli.next_event()
+    cli = Connection(CLIENT)
+    srv = _handshake_locally(cli)
     enc = parse = answer = 0.0
     clock = time.perf_counter
     for i in range(n):
@@ -166,9 +163,10 @@ def ping(n: int = 6000, rounds: int = 2) -> None:
                   f"involuntary context switches per request and answer, at {r['rate']:,.0f}/s")
 
 
-def _handshake_locally(c: Any) -> None:
+def _handshake_locally(c: Any) -> Any:
     """Take client Connection ``c`` through its handshake with a server Connection in this
-    process, so that it can encode requests for a server that speaks no protocol."""
+    process, so that requests can be encoded and parsed without a socket (or sent to a
+    server that speaks no protocol); that server Connection."""
     from headwater.protocol import SERVER, Connection, Handshake, HandshakeAccepted
 
     srv = Connection(SERVER)
@@ -176,6 +174,7 @@ def _handshake_locally(c: Any) -> None:
     srv.next_event()
     c.receive_data(b"".join(srv.send_chunks(HandshakeAccepted(1, "probe"))))
     c.next_event()
+    return srv
 
 
 def _ping_read(s: socket.socket, c: Any) -> None:
