@@ -33,6 +33,7 @@ import os
 import queue
 import signal
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +42,7 @@ from typing import Any
 
 from bench import machine
 
-__all__ = ["HOPS", "Stamps", "hops", "summarize"]
+__all__ = ["HOPS", "Stamps", "awake", "hops", "summarize"]
 
 HOPS = ("sent", "written", "read", "parsed", "appended", "pushed", "received", "handed")
 MARK = b"HOPSMARK"
@@ -85,7 +86,13 @@ def _wrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..
 
 # the three processes -------------------------------------------------------------------
 
-def _broker(data: str, flush: str, ready: Any, out: Any) -> None:
+def _pin(cpus: set[int] | None) -> None:
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+def _broker(data: str, flush: str, ready: Any, out: Any, cpus: set[int] | None = None) -> None:
+    _pin(cpus)
     from headwater.broker.connection import ClientConnection
     from headwater.broker.run import run_server
     from headwater.broker.server import BrokerServer, ServerConfig
@@ -166,8 +173,10 @@ def follow_queue(hw: Any) -> Any:
     return c
 
 
-def _consumer(address: str, total: int, ready: Any, out: Any) -> None:
+def _consumer(address: str, total: int, ready: Any, out: Any, cpus: set[int] | None = None) -> None:
     import headwater
+
+    _pin(cpus)
 
     stamps = Stamps()
     _stamp_reads(stamps)
@@ -187,8 +196,11 @@ def _consumer(address: str, total: int, ready: Any, out: Any) -> None:
     out.put(("consumer", stamps.at))
 
 
-def _producer(address: str, rate: int, total: int, ready: Any, go: Any, out: Any) -> None:
+def _producer(address: str, rate: int, total: int, ready: Any, go: Any, out: Any,
+              cpus: set[int] | None = None) -> None:
     import headwater
+
+    _pin(cpus)
 
     stamps = Stamps()
     _stamp_writes(stamps)
@@ -224,21 +236,26 @@ def _cpu_s(pid: int) -> float:
     return user + system
 
 
-def run(flush: str = "async", *, rate: int = RATE, seconds: float = SECONDS) -> dict[str, Any]:
+def run(flush: str = "async", *, rate: int = RATE, seconds: float = SECONDS,
+        cpus: dict[str, set[int]] | None = None) -> dict[str, Any]:
     """One run: the three processes' stamps merged, CPU seconds per process over the counted
-    messages, and the host's steal share meanwhile."""
+    messages, the host's steal share meanwhile, and the CPUs each process may run on. ``cpus``
+    pins a process (``"broker"``, ``"producer"``, ``"consumer"``) to those CPUs."""
     ctx = mp.get_context("spawn")
     total = WARMUP + int(rate * seconds)
+    cpus = cpus or {}
     with tempfile.TemporaryDirectory(prefix="hw-hops-") as d:
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         procs: list = []
         try:
-            broker, address = start_broker(ctx, _broker, (d, flush, ready, out), ready, procs)
-            consumer = ctx.Process(target=_consumer, args=(address, total, ready, out), daemon=True)
+            broker, address = start_broker(ctx, _broker, (d, flush, ready, out, cpus.get("broker")), ready, procs)
+            consumer = ctx.Process(target=_consumer, args=(address, total, ready, out, cpus.get("consumer")),
+                                   daemon=True)
             consumer.start()
             procs.append(consumer)
             _get(ready, procs)
-            producer = ctx.Process(target=_producer, args=(address, rate, total, ready, go, out), daemon=True)
+            producer = ctx.Process(target=_producer, args=(address, rate, total, ready, go, out, cpus.get("producer")),
+                                   daemon=True)
             producer.start()
             procs.append(producer)
             _get(ready, procs)
@@ -246,6 +263,7 @@ def run(flush: str = "async", *, rate: int = RATE, seconds: float = SECONDS) -> 
             if _get(ready, procs) != "counting":
                 raise RuntimeError("the producer did not start counting")
             pids = {"broker": broker.pid, "producer": producer.pid, "consumer": consumer.pid}
+            affinity = {k: sorted(os.sched_getaffinity(pid)) for k, pid in pids.items()}  # each pinned itself by now
             cpu0 = {k: _cpu_s(pid) for k, pid in pids.items()}
             ticks0 = machine.host_cpu_ticks()
             if _get(ready, procs, seconds + 60) != "done":
@@ -260,7 +278,7 @@ def run(flush: str = "async", *, rate: int = RATE, seconds: float = SECONDS) -> 
         finally:  # on success all three have ended by now; after a failure, stop the rest
             stop_all(procs)
     counted = total - WARMUP
-    return {"flush": flush, "stamps": stamps, "counted": counted,
+    return {"flush": flush, "stamps": stamps, "counted": counted, "affinity": affinity,
             "cpu_us_per_msg": {k: v * 1e6 / counted for k, v in cpu.items()}, "steal_share": steal}
 
 
@@ -345,17 +363,60 @@ def summarize(stamps: dict[str, dict[int, int]], first: int = WARMUP) -> dict[st
 def hops(runs: int = 2) -> None:
     for i in range(runs):
         for flush in ("async", "sync"):
-            res = run(flush)
-            s = summarize(res["stamps"])
-            steal = res["steal_share"]
-            cpu = res["cpu_us_per_msg"]
-            print(f"hops {i + 1}, {flush} flush: {s['messages']:,} of {res['counted']:,} messages stamped at every "
-                  f"hop; host steal {'unknown' if steal is None else f'{steal:.1%}'}; CPU µs per message: "
-                  + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items()) + f" (in all {sum(cpu.values()):.0f})")
-            print(f"  {'step':<22} {'p50':>6} {'p90':>6} {'p99':>6} {'slowest 1%':>11}   µs")
-            for st in [*s["steps"], {"from": "sent", "to": "handed", **s["total"]}]:
-                print(f"  {st['from'] + ' -> ' + st['to']:<22} {st['p50_us']:6.0f} {st['p90_us']:6.0f} "
-                      f"{st['p99_us']:6.0f} {st['slowest_mean_us']:11.0f}")
+            _report(f"hops {i + 1}, {flush} flush", run(flush))
+
+
+def _report(title: str, res: dict[str, Any]) -> None:
+    s = summarize(res["stamps"])
+    steal = res["steal_share"]
+    cpu = res["cpu_us_per_msg"]
+    print(f"{title}: {s['messages']:,} of {res['counted']:,} messages stamped at every "
+          f"hop; host steal {'unknown' if steal is None else f'{steal:.1%}'}; CPU µs per message: "
+          + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items()) + f" (in all {sum(cpu.values()):.0f})")
+    print(f"  {'step':<22} {'p50':>6} {'p90':>6} {'p99':>6} {'slowest 1%':>11}   µs")
+    for st in [*s["steps"], {"from": "sent", "to": "handed", **s["total"]}]:
+        print(f"  {st['from'] + ' -> ' + st['to']:<22} {st['p50_us']:6.0f} {st['p90_us']:6.0f} "
+              f"{st['p99_us']:6.0f} {st['slowest_mean_us']:11.0f}")
+
+
+#: Runs on CPU 0 at the lowest priority there is (SCHED_IDLE): any other task that wants the
+#: CPU preempts it at once, but the CPU itself never goes idle, so it never halts.
+_SPINNER = "import os; os.sched_setaffinity(0, {0}); os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n" \
+           "while True: pass"
+
+
+def awake(runs: int = 2) -> None:
+    """The hops probe's async run with the broker alone on CPU 0 and the producer and the
+    consumer on CPU 1, alternately as it is and with CPU 0 kept from going idle between
+    messages by a spinning process of the lowest priority (:data:`_SPINNER`): how much of
+    the broker's cost and of the tail is its CPU waking from a halt (on a virtual machine,
+    a halted vCPU gives its physical core back to the host until an interrupt wakes it)."""
+    if not {0, 1} <= os.sched_getaffinity(0):
+        print("awake: needs CPUs 0 and 1; skipped")
+        return
+    print(f"awake: guest halt polling {_halt_poll()}")
+    cpus = {"broker": {0}, "producer": {1}, "consumer": {1}}
+    for i in range(runs):
+        for spin in (False, True):
+            spinner = subprocess.Popen([sys.executable, "-c", _SPINNER]) if spin else None
+            try:
+                res = run("async", cpus=cpus)
+            finally:
+                if spinner is not None:
+                    spinner.kill()
+                    spinner.wait()
+            what = "CPU 0 kept awake by an idle-priority spinner" if spin else "CPU 0 left to halt when idle"
+            _report(f"awake {i + 1}, async flush, broker on CPU 0, clients on CPU 1, {what}", res)
+
+
+def _halt_poll() -> str:
+    """What the guest does before halting an idle vCPU (Linux's haltpoll cpuidle driver)."""
+    try:
+        with open("/sys/module/haltpoll/parameters/guest_halt_poll_ns") as f:
+            ns = int(f.read())
+    except (OSError, ValueError):
+        return "unknown (no haltpoll driver)"
+    return "off (guest_halt_poll_ns 0: an idle vCPU halts at once)" if ns == 0 else f"up to {ns:,} ns"
 
 
 if __name__ == "__main__":

@@ -40,6 +40,10 @@ Run ``python -m bench.probes PROBE`` from the repository root; each prints its f
   (send call, socket write, broker read, parse, log write, push, consumer read, hand-out),
   p50/p90/p99 and over the slowest 1 %, with each process's CPU per message; async then
   sync flush, twice. See ``bench/hops.py``.
+- ``awake``: the hops probe's async run with the broker alone on CPU 0 and the producer and
+  the consumer on CPU 1, alternately as it is and with CPU 0 kept from going idle by a
+  spinning process of the lowest priority (SCHED_IDLE), twice each: what the broker's CPU
+  waking from a halt between messages costs it and the tail. See :func:`bench.hops.awake`.
 - ``calls``: the hops probe's three processes, one message at a time at 500 a second: the
   Python function calls each process (and each of its threads) makes per message, async then
   sync flush, twice. A count, not a time: it moves only when the code does. See
@@ -561,6 +565,12 @@ def hops() -> None:
     run_hops()
 
 
+def awake() -> None:
+    from bench.hops import awake as run_awake
+
+    run_awake()
+
+
 def calls() -> None:
     from bench.calls import calls as run_calls
 
@@ -568,7 +578,7 @@ def calls() -> None:
 
 
 PROBES = {"codec": codec, "follow": follow, "ping": ping, "send": send, "disk": disk, "produce": produce, "consume": consume,
-          "memory": memory, "hops": hops, "calls": calls}
+          "memory": memory, "hops": hops, "awake": awake, "calls": calls}
 
 
 def main(argv: list[str] | None = None) -> int:

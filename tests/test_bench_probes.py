@@ -1,11 +1,15 @@
 """The probes behind docs/benchmarks.md still measure what the docs say: the follow probe
 drives the broker's server with every one-message produce answered and pushed to the
 follower; the ping probe times the broker and a bare echo server alike; the hops and calls
-probes stamp and count every message."""
+probes stamp and count every message; the awake probe pins its processes and spins at idle
+priority."""
 
 from __future__ import annotations
 
+import os
 import re
+
+import pytest
 
 from bench import probes
 
@@ -62,6 +66,33 @@ def test_the_hops_probe_stamps_every_message_at_every_hop_in_order():
     assert s["messages"] == res["counted"]
     assert set(res["cpu_us_per_msg"]) == {"broker", "producer", "consumer"}
     assert all(v > 0 for v in res["cpu_us_per_msg"].values())
+
+
+@pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs CPUs 0 and 1")
+def test_the_awake_probe_pins_the_processes_and_keeps_cpu_0_busy_at_idle_priority():
+    """The awake probe's parts: a hops run pins each process where it is told (a short real
+    run), and its spinner runs on CPU 0 only, under SCHED_IDLE, so that any other task
+    preempts it."""
+    import subprocess
+    import sys
+    import time
+
+    import bench.hops as hops
+
+    res = hops.run("async", rate=500, seconds=0.5, cpus={"broker": {0}, "producer": {1}, "consumer": {1}})
+    assert res["affinity"] == {"broker": [0], "producer": [1], "consumer": [1]}
+    assert hops.summarize(res["stamps"])["messages"] == res["counted"]
+    spinner = subprocess.Popen([sys.executable, "-c", hops._SPINNER])
+    try:
+        deadline = time.monotonic() + 10
+        while os.sched_getscheduler(spinner.pid) != os.SCHED_IDLE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert os.sched_getscheduler(spinner.pid) == os.SCHED_IDLE
+        assert os.sched_getaffinity(spinner.pid) == {0}
+        assert spinner.poll() is None  # still spinning
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def test_the_calls_probe_counts_each_process_and_its_threads():
