@@ -141,6 +141,33 @@ def test_bad_input(hw):
     assert g.committed("q", 0) == 1 and g.committed("q", 1) is None
 
 
+def test_the_sync_and_asyncio_consumers_refuse_the_same_arguments_alike(hw):
+    """Both keep their positions in one ConsumerPositions, so they check alike: the sync
+    consumer once took ``max_poll_messages=True`` for 1 and had no ``closed``, and asked the
+    broker where a queue begins before finding the partitions were not assigned."""
+    from headwater.client.aio_consumer import AsyncConsumer
+    from headwater.client.consumer import Consumer
+
+    hw.admin.create_queue("q", partitions=2)
+    for kind in (Consumer, AsyncConsumer):
+        with pytest.raises(InvalidArgumentError, match="max_poll_messages"):
+            kind(object(), max_poll_messages=True)
+        with pytest.raises(InvalidArgumentError, match="auto_offset_reset"):
+            kind(object(), auto_offset_reset="middle")
+    c = hw.consumer()
+    assert not c.closed
+    with pytest.raises(InvalidArgumentError, match="no partition of 'q' is assigned"):
+        c.seek_to_beginning("q")
+    c.assign("q", 1)
+    with pytest.raises(InvalidArgumentError, match=r"q\[0\] is not assigned"):
+        c.seek_to_end("q", 0)
+    c.seek_to_end("q", 1)
+    with pytest.raises(InvalidArgumentError, match="message id .* is not of an assigned queue"):
+        c.seek_to_id("0000002a-00000000-0000000000000000")
+    c.close()
+    assert c.closed
+
+
 def test_commits_survive_restart_and_compaction(tmp_path):
     import headwater
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 
-from headwater.errors import CorruptDataError, InvalidArgumentError, InvalidBatchError, QueueDisabledError
+from headwater.errors import CorruptDataError, InvalidArgumentError, InvalidBatchError, PartitionOutOfRangeError, \
+    QueueDisabledError
 from headwater.model.batch import check_batch, decode_records, tags_mask
 from headwater.model.config import QueueInfo
 from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.service import BrokerService
 
-__all__ = ["Scanner", "Bound"]
+__all__ = ["Scanner", "Bound", "partitions_named"]
 
 Bound = int | MessageId | str | Mapping[int, int] | None
 
@@ -35,6 +36,32 @@ def decode_stored(batch: bytes | memoryview, queue: str, **kw) -> list[Record]:
             f"'headwater check --data DIR' to cut the damaged part"
         ) from e
     return decode_records(batch, queue, header=h, **kw)
+
+
+def partitions_named(info: QueueInfo, partitions: int | Iterable[int] | None) -> list[int]:
+    """The partitions of queue ``info`` that ``partitions`` names (one, several, or all when
+    None), in order, each checked to exist.
+
+    >>> from headwater.model.config import PartitionInfo, QueueConfig
+    >>> info = QueueInfo(name="q", queue_id=1, config=QueueConfig(partitions=3), enabled=True, created_ms=0,
+    ...                  partitions=[PartitionInfo(p, 0, 0) for p in range(3)])
+    >>> partitions_named(info, None), partitions_named(info, 2), partitions_named(info, [2, 0, 2])
+    ([0, 1, 2], [2], [0, 2])
+    >>> partitions_named(info, [3])
+    Traceback (most recent call last):
+    headwater.errors.PartitionOutOfRangeError: queue 'q' has partitions 0..2; there is no partition 3
+    """
+    n = len(info.partitions)
+    if partitions is None:
+        return list(range(n))
+    if isinstance(partitions, int) and not isinstance(partitions, bool):
+        parts = [partitions]
+    else:
+        parts = sorted(set(partitions))
+    for p in parts:
+        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < n:
+            raise PartitionOutOfRangeError(f"queue {info.name!r} has partitions 0..{n - 1}; there is no partition {p!r}")
+    return parts
 
 
 class Scanner(Iterator[Record]):
@@ -85,20 +112,9 @@ class Scanner(Iterator[Record]):
     @staticmethod
     def _choose_partitions(info: QueueInfo, partitions: int | Iterable[int] | None,
                            pinned: MessageId | None) -> list[int]:
-        n = len(info.partitions)
-        if partitions is None:
-            parts = [pinned.partition] if pinned is not None else list(range(n))
-        elif isinstance(partitions, int) and not isinstance(partitions, bool):
-            parts = [partitions]
-        else:
-            parts = sorted(set(partitions))
-        for p in parts:
-            if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < n:
-                from headwater.errors import PartitionOutOfRangeError
-
-                raise PartitionOutOfRangeError(
-                    f"queue {info.name!r} has partitions 0..{n - 1}; there is no partition {p!r}"
-                )
+        if partitions is None and pinned is not None:
+            partitions = pinned.partition
+        parts = partitions_named(info, partitions)
         if pinned is not None and parts != [pinned.partition]:
             raise InvalidArgumentError(
                 f"a message id bound belongs to partition {pinned.partition}; scan that partition alone"
