@@ -367,6 +367,7 @@ def hops(runs: int = 2) -> None:
 
 
 def _report(title: str, res: dict[str, Any]) -> None:
+    """Print one run of :func:`run`: its CPU per message, then each hop's percentiles."""
     s = summarize(res["stamps"])
     steal = res["steal_share"]
     cpu = res["cpu_us_per_msg"]

@@ -20,15 +20,14 @@ from typing import Any
 from headwater.errors import ClosedError, InvalidArgumentError
 from headwater.model.batch import tags_mask
 from headwater.model.message import MessageId, Record
-from headwater.model.service import QueueInfo
+from headwater.model.config import QueueInfo
 from headwater.client.fetch_stream import FetchStreams
+from headwater.client.membership import TP, by_queue
 
 __all__ = ["ConsumerPositions", "POLL_MESSAGES_DEFAULT", "TP"]
 
 #: Records one poll returns at most, unless told otherwise: 32, as EQueue's batch pull.
 POLL_MESSAGES_DEFAULT = 32
-
-TP = tuple[str, int]
 
 
 class ConsumerPositions:
@@ -160,10 +159,7 @@ class ConsumerPositions:
         partition, or the given ``{(queue, partition): offset}``."""
         self._check_open()
         self._need_group("commit")
-        by_queue: dict[str, dict[int, int]] = {}
-        for (queue, part), off in (self._consumed if offsets is None else offsets).items():
-            by_queue.setdefault(queue, {})[part] = off
-        return by_queue
+        return by_queue(self._consumed if offsets is None else offsets)
 
     def _need_group(self, what: str) -> None:
         if not self.group:
