@@ -535,6 +535,37 @@ def test_simple_consumers_keep_working_beside_groups(hw):
     c.close()
 
 
+def test_list_groups_shows_keyed_and_shared_groups_of_the_queues_that_exist(hw, clock):
+    """Every kind is listed: clustering groups by name, then a line per keyed and shared
+    group and queue; a deleted queue's keyed and shared groups are not."""
+    hw.admin.create_queue("q", partitions=2)
+    hw.admin.create_queue("other")
+    hw.send_batch("q", [b"a", b"b"], partition=0)
+    hw.send("other", b"c", partition=0)
+    c = hw.consumer(group="plain")
+    c.assign("q")
+    assert len(c.poll(timeout_ms=500)) == 2
+    c.commit()
+    c.close()
+    svc = hw.service
+    svc.keyed_group("q", "by-user", "key", 3)
+    held = svc.shared_receive("workers", "q", "m1", 1, 30_000)
+    assert len(held.leases) == 1
+    done = svc.shared_receive("workers", "other", "m2", 1, 30_000)
+    assert svc.shared_ack("workers", "other", "m2", [lease.lease_id for lease in done.leases]) == []
+    rows = [(g.group, g.mode or "clustering", g.state, g.members, g.queues) for g in svc.list_groups()]
+    assert ("plain", "clustering", "empty", 0, ["q"]) in rows
+    assert ("by-user", "keyed", "stable", 3, ["q"]) in rows
+    assert ("workers", "shared", "stable", 1, ["q"]) in rows  # m1 holds a lease
+    assert ("workers", "shared", "empty", 0, ["other"]) in rows  # nothing leased there now
+    assert len(rows) == 4
+    clock.advance(31)  # m1's lease runs out: nobody holds one
+    assert ("workers", "shared", "empty", 0, ["q"]) in [
+        (g.group, g.mode, g.state, g.members, g.queues) for g in svc.list_groups()]
+    hw.admin.delete_queue("q")
+    assert [(g.group, g.mode, g.queues) for g in svc.list_groups()] == [("workers", "shared", ["other"])]
+
+
 # the client ------------------------------------------------------------------------------------
 
 

@@ -198,7 +198,9 @@ class Broker:
         return self.groups.describe_group(group)
 
     def list_groups(self) -> list[GroupSummary]:
-        return self.groups.list_groups()
+        """Every group: clustering and broadcast groups by name, then each queue's keyed and
+        shared groups."""
+        return self.groups.list_groups() + self.keyed.summaries() + self.shared.summaries(self.store.list_queues())
 
     # shared groups (headwater.broker.shared)
     def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,

@@ -26,6 +26,7 @@ from headwater.broker.table import DurableTable
 from headwater.errors import GroupNotFoundError, InvalidArgumentError
 from headwater.model.config import QueueInfo
 from headwater.model.filtering import select_batches
+from headwater.model.groups import GroupSummary
 from headwater.model.keyed import (
     KeyedFetchResult,
     KeyedGroupInfo,
@@ -91,6 +92,18 @@ class KeyedGroups:
         return key, info
 
     # -- calls ----------------------------------------------------------------------------
+
+    def summaries(self) -> list[GroupSummary]:
+        """A line per keyed group of a queue that exists now (see ``KeyedGroupInfo.summary``)."""
+        live = {str(q.queue_id).encode() for q in self._store.list_queues()}
+        out = []
+        with self._lock:
+            for key, _ in self._table.items(b"g\x00"):
+                if key.split(b"\x00", 2)[1] in live:
+                    info = self._get(key)
+                    if info is not None:
+                        out.append(info.summary())
+        return sorted(out, key=lambda g: (g.group, g.queues))
 
     def group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
               start: str = "earliest") -> KeyedGroupInfo:

@@ -11,9 +11,8 @@ Four kinds of group read a queue, and the broker knows each differently:
 - **keyed** groups split a queue by a key hash among a fixed number of members (per queue;
   the broker keeps each member's positions).
 
-The broker lists clustering and broadcast groups (``list_groups``) but keeps no list of
-shared and keyed groups: it answers for one name on one queue (``shared_describe``,
-``keyed_group``). So ``group list`` shows the first two kinds, and ``group describe NAME``
+The broker lists every kind (``list_groups``): clustering and broadcast groups by name, and
+each queue's keyed and shared groups (one line per group and queue). ``group describe NAME``
 looks the name up as each kind, on every queue unless ``--queue`` says which.
 
 Live membership is kept by the broker that serves the queues, so members show only with
@@ -102,19 +101,21 @@ def _columns(table: Table, columns: tuple[tuple[str, str], ...]) -> Table:
 
 
 def kind_of(g: GroupSummary | GroupDescription) -> str:
-    """``clustering`` or ``broadcast``: a group without members is known by its committed
-    offsets, which only clustering groups keep on the broker."""
+    """``clustering``, ``broadcast``, ``keyed`` or ``shared``: a group without members and
+    without a mode is known by its committed offsets, which only clustering groups keep on
+    the broker."""
     return g.mode or "clustering"
 
 
 @group_app.command("list")
 def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """List the consumer groups the broker keeps a list of: clustering groups (with live
-    members on a server, or committed offsets) and broadcast groups (while they have live
-    members: their offsets are the members' own).
+    """List the consumer groups: clustering groups (with live members on a server, or
+    committed offsets), broadcast groups (while they have live members: their offsets are the
+    members' own), and each queue's keyed groups (members: the group's size; state
+    'resizing' while a resize drains) and shared groups (members: those holding a lease
+    now; state 'stable' while any does, else 'empty').
 
-    Shared and keyed groups are not listed: the broker keeps no list of them. See one with
-    'headwater group describe NAME'.
+    See one in full with 'headwater group describe NAME'.
 
     Examples:
 
@@ -140,8 +141,6 @@ def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
             table.add_row(g.group, kind_of(g), g.state, g.strategy or NONE, str(g.generation),
                           str(g.members), ", ".join(g.queues))
         console.print(table)
-    console.print("shared and keyed groups are not listed (the broker keeps no list of them); "
-                  "see one with 'headwater group describe NAME'", style="dim")
 
 
 # clustering and broadcast groups -------------------------------------------------------------
@@ -461,7 +460,8 @@ def queue_lag(
     """
     hw = open_client(ctx)
     info = hw.admin.describe_queue(queue)
-    groups = [group] if group else [g.group for g in hw.service.list_groups() if queue in g.queues]
+    groups = [group] if group else sorted({g.group for g in hw.service.list_groups()
+                                           if queue in g.queues and kind_of(g) == "clustering"})
     rows = []
     for g in groups:
         committed = hw.service.fetch_offsets(g, queue)

@@ -43,6 +43,7 @@ import msgspec
 from headwater.errors import InvalidArgumentError, StaleGenerationError, UsageError
 from headwater.model.batch import BatchHeader, crc32c
 from headwater.model.filtering import Columns
+from headwater.model.groups import GroupSummary
 
 __all__ = [
     "KeyedGroupInfo",
@@ -154,6 +155,13 @@ class KeyedGroupInfo(msgspec.Struct, frozen=True, kw_only=True):
     positions: dict[int, dict[int, int]] = {}
     resizing_to: int | None = None
     barrier: dict[int, int] = {}
+
+    def summary(self) -> GroupSummary:
+        """Its line in the broker's list of groups: ``members`` is the group's size (its
+        members are numbered slots, not sessions the broker tracks), the state ``resizing``
+        while a resize drains, else ``stable``."""
+        return GroupSummary(group=self.group, state="resizing" if self.resizing_to is not None else "stable",
+                            mode="keyed", generation=self.generation, members=self.size, queues=[self.queue])
 
     def position(self, member: int, partition: int, start_offset: int) -> int:
         """Where ``member`` continues in ``partition`` (its commit, else the base, else the start)."""

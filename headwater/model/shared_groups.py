@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from headwater.errors import (
@@ -31,6 +31,7 @@ from headwater.errors import (
 )
 from headwater.model.batch import decode_records, encode_batch
 from headwater.model.config import QueueConfig, QueueInfo
+from headwater.model.groups import GroupState, GroupSummary
 from headwater.model.message import Message, Record
 from headwater.model.service import FetchResult
 from headwater.model.shared import (
@@ -227,6 +228,21 @@ class SharedGroupsCore:
         self._wait_durable(token)
         return SharedGroupInfo(group=group, queue=queue, settings=settings,
                                dead_letter_queue=dead_letter_queue_name(queue), partitions=parts)
+
+    def summaries(self, queues: Iterable[QueueInfo]) -> list[GroupSummary]:
+        """A line per shared group and queue (of ``queues``, the broker's queues now: the
+        state of a deleted queue's groups is not listed): ``members`` counts the members
+        holding a lease now, and the state is ``stable`` while any does, else ``empty``."""
+        names = {q.queue_id: q.name for q in queues}
+        now = self._now_ms()
+        out = []
+        with self._lock:
+            for (group, qid), st in self._groups.items():
+                if qid in names:
+                    holders = st.lease_holders(now)
+                    out.append(GroupSummary(group=group, state=(GroupState.STABLE if holders else GroupState.EMPTY).value,
+                                            mode="shared", members=len(holders), queues=[names[qid]]))
+        return sorted(out, key=lambda g: (g.group, g.queues))
 
     # -- steps --------------------------------------------------------------------------
 

@@ -490,6 +490,12 @@ class SharedQueueState:
     def window_full(self) -> bool:
         return any(c.next - c.floor >= self.settings.in_flight_max for c in self.cursors.values())
 
+    def lease_holders(self, now_ms: int) -> set[str]:
+        """The members holding a lease that has not run out by ``now_ms`` (without expiring
+        the others: a look, not an operation)."""
+        return {e.member for c in self.cursors.values() for e in c.entries.values()
+                if e.state is LEASED and e.due_ms > now_ms}
+
     def describe(self, starts: dict[int, int], ends: dict[int, int]) -> list[SharedPartitionInfo]:
         out = []
         for p in sorted(ends):

@@ -379,7 +379,11 @@ class MemoryBroker:
             for (g, qid, _) in self._offsets:
                 if qid in self._by_id:
                     queues.setdefault(g, set()).add(self._by_id[qid].name)
-            return self._groups.summaries(self._group_now(), queues)
+            keyed = sorted((info.summary() for (qid, _), info in self._keyed.items() if qid in self._by_id),
+                           key=lambda g: (g.group, g.queues))
+            live = [self._info(q) for q in self._queues.values()]
+            listed = self._groups.summaries(self._group_now(), queues) + keyed
+        return listed + self._shared.summaries(live)  # (shared groups take their own lock, never inside ours)
 
     def _q_open(self) -> None:
         if self._closed:
