@@ -287,23 +287,28 @@ def _keyed_view(info: KeyedGroupInfo, qi: QueueInfo) -> list[Any]:
 
 def _find(hw: Client, group: str, queue: str | None) -> list[tuple[str, Any]]:
     """Every group named ``group``: the consumer group, then shared and keyed groups per
-    queue (on ``queue`` only, when given), as (kind, description) pairs."""
+    queue (on ``queue`` only, when given; else on the queues the broker lists them on), as
+    (kind, description) pairs."""
     found: list[tuple[str, Any]] = []
     try:
         found.append(("consumer", hw.service.describe_group(group)))
     except GroupNotFoundError:
         pass
-    names = [queue] if queue is not None else [q.name for q in hw.admin.list_queues()]
-    for name in names:
-        for kind, look_up in (("shared", hw.service.shared_describe), ("keyed", hw.admin.describe_keyed_group)):
-            try:
-                found.append((kind, look_up(group, name)))
-            except GroupNotFoundError:
-                pass
-            except QueueNotFoundError:
-                if queue is not None:
-                    raise
-                break  # deleted since it was listed
+    look_ups = {"shared": hw.service.shared_describe, "keyed": hw.admin.describe_keyed_group}
+    if queue is not None:
+        wanted = [(kind, queue) for kind in look_ups]
+    else:  # the broker's list says which queues have a shared or keyed group of that name
+        wanted = sorted(((g.mode, name) for g in hw.service.list_groups()
+                         if g.group == group and g.mode in look_ups for name in g.queues),
+                        key=lambda kind_queue: (kind_queue[1], kind_queue[0] != "shared"))  # by queue, shared first
+    for kind, name in wanted:
+        try:
+            found.append((kind, look_ups[kind](group, name)))
+        except GroupNotFoundError:
+            pass
+        except QueueNotFoundError:
+            if queue is not None:
+                raise  # else deleted since it was listed
     return found
 
 
