@@ -125,7 +125,7 @@ class AsyncConsumer(ConsumerPositions):
             if out or not self._fetch_pos:
                 return out
             if self._streams is not None:
-                if self._gives_up(await self._await_pushes(remaining), remaining):
+                if not await self._await_pushes(remaining) and self._gives_up(remaining):
                     return []
                 continue
             self._launch_fetches(max(0, int(remaining * 1000)))
@@ -134,7 +134,7 @@ class AsyncConsumer(ConsumerPositions):
                 tasks.append(self._wakeup)
             if remaining > 0 and tasks:
                 await asyncio.wait(tasks, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            if self._gives_up(self._collect(), remaining):
+            if not self._collect() and self._gives_up(remaining):
                 return []
 
     # -- fetch streams (stream mode, over the network) ------------------------------------

@@ -110,7 +110,7 @@ class Consumer(ConsumerPositions):
             if out or not self._fetch_pos:
                 return out
             if self._streams is not None:
-                if self._gives_up(self._await_pushes(remaining), remaining):
+                if not self._await_pushes(remaining) and self._gives_up(remaining):
                     return []
                 continue
             wait_ms = max(0, int(remaining * 1000))
@@ -119,7 +119,7 @@ class Consumer(ConsumerPositions):
             if self._wakeup is not None:
                 futures.append(self._wakeup)
             wait_any(futures, remaining, lead=self._lead, interrupt=self._wakeup)  # see polling.wait_any
-            if self._gives_up(self._collect(), remaining):
+            if not self._collect() and self._gives_up(remaining):
                 return []
 
     def _launch_fetches(self, wait_ms: int) -> None:

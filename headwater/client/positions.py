@@ -148,11 +148,12 @@ class ConsumerPositions:
 
     # -- polling and committing -----------------------------------------------------------
 
-    def _gives_up(self, got: int, remaining: float) -> bool:
-        """Whether a poll that took ``got`` records returns empty-handed: its time is up, or
-        a subclass woke it (``_wakeup``)."""
+    def _gives_up(self, remaining: float) -> bool:
+        """Whether a poll whose wait took no records returns empty-handed: its time is up, or
+        a subclass woke it (``_wakeup``). (Asked only when nothing came: a poll that got
+        records goes on without the call.)"""
         wakeup = self._wakeup
-        return not got and (remaining <= 0 or (wakeup is not None and wakeup.done()))
+        return remaining <= 0 or (wakeup is not None and wakeup.done())
 
     def _to_commit(self, offsets: dict[TP, int] | None) -> dict[str, dict[int, int]]:
         """What ``commit(offsets)`` stores, by queue: the consumed positions of every assigned
