@@ -158,6 +158,10 @@ def test_the_sync_and_asyncio_consumers_refuse_the_same_arguments_alike(hw):
     assert not c.closed
     with pytest.raises(InvalidArgumentError, match="no partition of 'q' is assigned"):
         c.seek_to_beginning("q")
+    # the partitions are checked before the broker is asked: the old sync consumer said
+    # QueueNotFoundError here, from asking first
+    with pytest.raises(InvalidArgumentError, match="no partition of 'nope' is assigned"):
+        c.seek_to_end("nope")
     c.assign("q", 1)
     with pytest.raises(InvalidArgumentError, match=r"q\[0\] is not assigned"):
         c.seek_to_end("q", 0)

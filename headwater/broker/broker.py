@@ -200,7 +200,8 @@ class Broker:
     def list_groups(self) -> list[GroupSummary]:
         """Every group: clustering and broadcast groups by name, then each queue's keyed and
         shared groups."""
-        return self.groups.list_groups() + self.keyed.summaries() + self.shared.summaries(self.store.list_queues())
+        queues = self.store.list_queues()
+        return self.groups.list_groups() + self.keyed.summaries(queues) + self.shared.summaries(queues)
 
     # shared groups (headwater.broker.shared)
     def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,

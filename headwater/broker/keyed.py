@@ -18,6 +18,7 @@ offsets); fetches read an immutable snapshot of the state and then the store, un
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 
 import msgspec
 
@@ -60,8 +61,9 @@ class KeyedGroups:
         self._table = DurableTable(store, KEYED_QUEUE, keep=self._live_keys)
         self._cache: dict[bytes, KeyedGroupInfo] = {}
 
-    def _live_keys(self):  # noqa: ANN202 - the DurableTable compaction hook
-        live = {str(q.queue_id).encode() for q in self._store.list_queues()}
+    def _live_keys(self, queues: Iterable[QueueInfo] | None = None):  # noqa: ANN202 - the DurableTable compaction hook
+        """Whether a record's key is of one of ``queues`` (the store's now, when None)."""
+        live = {str(q.queue_id).encode() for q in (self._store.list_queues() if queues is None else queues)}
         return lambda key: key.split(b"\x00", 2)[1] in live
 
     @staticmethod
@@ -93,16 +95,16 @@ class KeyedGroups:
 
     # -- calls ----------------------------------------------------------------------------
 
-    def summaries(self) -> list[GroupSummary]:
-        """A line per keyed group of a queue that exists now (see ``KeyedGroupInfo.summary``)."""
-        live = {str(q.queue_id).encode() for q in self._store.list_queues()}
+    def summaries(self, queues: Iterable[QueueInfo]) -> list[GroupSummary]:
+        """A line per keyed group of ``queues`` (the store's now: a deleted queue's groups are
+        not listed; see ``KeyedGroupInfo.summary``)."""
+        live = self._live_keys(queues)
         out = []
         with self._lock:
             for key, _ in self._table.items(b"g\x00"):
-                if key.split(b"\x00", 2)[1] in live:
-                    info = self._get(key)
-                    if info is not None:
-                        out.append(info.summary())
+                info = self._get(key) if live(key) else None
+                if info is not None:
+                    out.append(info.summary())
         return sorted(out, key=lambda g: (g.group, g.queues))
 
     def group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
