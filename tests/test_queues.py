@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from conftest import FakeClock
@@ -301,6 +301,18 @@ def test_scan_bounds_by_offset_id_and_time(filled, clock):
     assert sorted({r.body.split(b"-")[0] for r in got}) == [b"10", b"11", b"12", b"13", b"14"]
     when = datetime.fromtimestamp(t0 + 100, tz=timezone.utc)
     assert hw.offset_for_time("q", 1, when) == 12  # batches 1,4,7 hold 0..11; batch 10 starts at 12
+
+
+def test_a_time_bound_finer_than_a_millisecond_rounds_up(hw, clock):
+    """Append times are whole ms: a datetime bound with a fraction of one is rounded up, so
+    a range that ends "now" (with microseconds) takes the message appended in that ms, and
+    one that starts then does not."""
+    hw.admin.create_queue("q", ttl_s=None)
+    hw.send("q", b"at T")  # stamped T = clock.now in ms
+    just_after = datetime.fromtimestamp(clock.now, tz=timezone.utc) + timedelta(microseconds=500)
+    assert [r.body for r in hw.scanner("q", end_time=just_after)] == [b"at T"]
+    assert list(hw.scanner("q", start_time=just_after)) == []
+    assert [r.body for r in hw.scanner("q", start_time=just_after - timedelta(microseconds=999))] == [b"at T"]
 
 
 def test_scan_by_tag_filters_on_the_broker(filled):

@@ -20,7 +20,7 @@ import pytest
 import headwater
 from headwater import Message
 from headwater.errors import InvalidArgumentError
-from headwater.spark.options import parse_offsets, parse_read_options, parse_write_options
+from headwater.spark.options import parse_offsets, parse_read_options, parse_timestamp_ms, parse_write_options
 from headwater.spark.planning import OffsetRange, StreamOffset, rate_limit, split_ranges
 from tests.support.broker_process import BrokerProcess
 
@@ -64,6 +64,15 @@ def test_option_values_are_checked():
     opts = parse_read_options({"servers": "127.0.0.1:7070", "path": "q", "startingtimestamp":
                                "2024-05-01T00:00:00Z", "tags": "b, a"}, streaming=False)
     assert opts.queue == "q" and opts.starting_timestamp_ms == 1714521600000 and opts.tags == ("a", "b")
+
+
+def test_timestamps_in_ms_or_iso_8601_a_fraction_of_a_ms_rounded_up():
+    assert parse_timestamp_ms("1795255200000", "startingTimestamp") == 1795255200000
+    assert parse_timestamp_ms("2026-11-21T10:00:00Z", "startingTimestamp") == 1795255200000
+    assert parse_timestamp_ms("2026-11-21T10:00:00", "startingTimestamp") == 1795255200000  # naive: UTC
+    assert parse_timestamp_ms("2026-11-21T11:00:00.000500+01:00", "endingTimestamp") == 1795255200001
+    with pytest.raises(InvalidArgumentError, match="'endingTimestamp' is milliseconds since the epoch or an ISO"):
+        parse_timestamp_ms("yesterday", "endingTimestamp")
 
 
 def test_offsets_json_in_every_accepted_form():

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timezone
 
 from headwater.errors import InvalidArgumentError, InvalidMessageIdError
-from headwater.model.message import MessageId
+from headwater.model.message import MessageId, datetime_ms
 
 __all__ = [
     "Position",
@@ -53,10 +53,13 @@ def parse_time(text: str, what: str, *, clock: Callable[[], float] = time.time) 
     """A point in time as epoch milliseconds.
 
     Accepts ISO-8601 (``2026-11-21T10:00:00Z``, ``2026-11-21T11:00:00+01:00``, a date alone
-    for midnight; no zone means UTC), relative to now (``-15m``, ``-2h``, ``-1d``) or ``now``.
+    for midnight; no zone means UTC; a fraction of a millisecond rounds up, as append times
+    are whole milliseconds), relative to now (``-15m``, ``-2h``, ``-1d``) or ``now``.
 
     >>> parse_time("2026-11-21T10:00:00Z", "--from")
     1795255200000
+    >>> parse_time("2026-11-21T10:00:00.000001Z", "--to")
+    1795255200001
     >>> parse_time("-1h", "--from", clock=lambda: 7200.0)
     3600000
     """
@@ -77,9 +80,7 @@ def parse_time(text: str, what: str, *, clock: Callable[[], float] = time.time) 
             f"{what}: {text!r} is not a time; use an ISO-8601 time (e.g. 2026-11-21T10:00:00Z "
             f"or 2026-11-21), a time relative to now (e.g. -15m, -2h, -1d) or 'now'"
         ) from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return int(dt.timestamp() * 1000)
+    return datetime_ms(dt)
 
 
 def parse_position(text: str, what: str, *, clock: Callable[[], float] = time.time) -> Position:

@@ -24,14 +24,14 @@ delivered it also gets an ordinary id in its partition::
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import NamedTuple
 
 import msgspec
 
 from headwater.errors import InvalidMessageIdError
 
-__all__ = ["Message", "MessageId", "Record", "to_epoch_ms"]
+__all__ = ["Message", "MessageId", "Record", "datetime_ms", "to_epoch_ms"]
 
 _ID_RE = re.compile(r"^([0-9a-f]{8})-([0-9a-f]{8})-([0-9a-f]{16})$")
 
@@ -126,16 +126,40 @@ class Record(msgspec.Struct, frozen=True, gc=False):
         return datetime.fromtimestamp(self.scheduled_ms / 1000, tz=timezone.utc)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_US = timedelta(microseconds=1)
+
+
+def datetime_ms(when: datetime) -> int:
+    """``when`` (naive means UTC) in epoch milliseconds, exactly, a fraction of a
+    millisecond rounded up.
+
+    Headwater keeps times in whole milliseconds, so rounding up gives a bound its exact
+    meaning: a message stamped ``T`` ms is "at or after" ``when`` exactly when ``T`` is at
+    or after the rounded value. A range that ends at ``datetime.now()`` takes every message
+    appended before that call, and a delayed message is never delivered early.
+
+    >>> datetime_ms(datetime(2026, 11, 22, 12, 0, 0, 1000))     # 1 ms past noon
+    1795348800001
+    >>> datetime_ms(datetime(2026, 11, 22, 12, 0, 0, 1001))     # and 1 µs
+    1795348800002
+    >>> datetime_ms(datetime(1969, 12, 31, 23, 59, 59, 999500, tzinfo=timezone.utc))
+    0
+    """
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return -(-((when - _EPOCH) // _US) // 1000)
+
+
 def to_epoch_ms(value: datetime | int | float | None, what: str = "time") -> int | None:
-    """A point in time as epoch milliseconds: datetimes (naive means UTC), or a number of ms."""
+    """A point in time as epoch milliseconds: datetimes (naive means UTC; see
+    :func:`datetime_ms`), or a number of ms."""
     from headwater.errors import InvalidArgumentError
 
     if value is None:
         return None
     if isinstance(value, datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
-        return int(value.timestamp() * 1000)
+        return datetime_ms(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidArgumentError(
             f"{what} must be a datetime or epoch milliseconds, got {type(value).__name__}"

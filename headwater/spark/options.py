@@ -16,11 +16,12 @@ from __future__ import annotations
 import difflib
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Mapping
 
 from headwater.errors import InvalidArgumentError
 from headwater.model.config import validate_queue_name
+from headwater.model.message import datetime_ms
 
 __all__ = [
     "EARLIEST",
@@ -275,9 +276,7 @@ def parse_timestamp_ms(raw: str, name: str) -> int:
             f"option {name!r} is milliseconds since the epoch or an ISO 8601 time like "
             f"'2024-05-01T12:00:00Z', got {raw!r}"
         ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return int(when.timestamp() * 1000)
+    return datetime_ms(when)  # naive means UTC; a fraction of a ms rounds up
 
 
 def check_read_names(options: Mapping[str, str]) -> None:
