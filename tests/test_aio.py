@@ -11,11 +11,9 @@ import asyncio
 import doctest
 import gc
 import random
-import re
 import time
 import warnings
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import pytest
 from conftest import ServerThread
@@ -686,15 +684,6 @@ def test_public_names_and_docstring_example():
         assert getattr(headwater.aio, name).__doc__, name
     result = doctest.testmod(headwater.aio, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
-
-
-def test_the_guide_examples_run(capsys):
-    guide = Path(__file__).parent.parent / "docs" / "asyncio.md"
-    blocks = re.findall(r"```python\n(.*?)```", guide.read_text(), re.S)
-    assert len(blocks) >= 4
-    for i, block in enumerate(blocks):
-        exec(compile(block, f"docs/asyncio.md example {i + 1}", "exec"), {})
-    assert "[b'late']" in capsys.readouterr().out
 
 
 # -- pipelining (over the network) --------------------------------------------------------
