@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -98,7 +99,8 @@ class AsyncBrokerService(Protocol):
 
 class AsyncService:
     """A broker over TCP, awaitable. ``retries``: how often a read or admin call that lost
-    its connection is sent again (the transport reconnects, with backoff)."""
+    its connection is sent again (the transport reconnects, with backoff); not after an
+    attempt to connect for it has given up (see :mod:`headwater.client.remote`)."""
 
     def __init__(self, transport: AsyncTransport, *, retries: int = 3) -> None:
         self.transport = transport
@@ -109,10 +111,11 @@ class AsyncService:
     async def _call(self, body: m.RequestBody, *, retry: bool = True, timeout_s: float | None = None) -> Any:
         attempts = self._retries if retry else 0
         while True:
+            sent_at = time.monotonic()
             try:
                 return await self.transport.call(body, timeout_s=timeout_s)
             except UnavailableError:
-                if attempts <= 0 or self._closed:
+                if attempts <= 0 or self._closed or self.transport.gave_up_connecting_since(sent_at):
                     raise
                 attempts -= 1
 

@@ -8,7 +8,9 @@ batches in flight.
 
 Reads and admin calls that fail because the connection was lost are retried once the
 connection is back (they change nothing twice); appends are retried by the producer, whose
-idempotent batches make a retry safe.
+idempotent batches make a retry safe. A call is not sent again once an attempt to connect
+for it has given up (nothing answered for ``connect_timeout_s``): it fails then, so a broker
+that is down costs a caller one ``connect_timeout_s``, not one per retry.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -116,6 +119,7 @@ class RemoteService:
     def _call(self, body: m.RequestBody, *, retry: bool = True, timeout_s: float | None = None) -> Any:
         attempts = self._retries if retry else 0
         while True:
+            sent_at = time.monotonic()
             try:
                 if self._closed:
                     raise ClosedError(f"the client of {self.address} is closed")
@@ -124,7 +128,7 @@ class RemoteService:
                 self.transport.lead([waiter])  # read the answer on this thread when nobody else reads
                 return waiter.wait()
             except UnavailableError:
-                if attempts <= 0 or self._closed:
+                if attempts <= 0 or self._closed or self.transport.gave_up_connecting_since(sent_at):
                     raise
                 attempts -= 1
 

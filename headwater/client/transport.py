@@ -254,6 +254,7 @@ class AsyncTransport:
         self._lead_free: concurrent.futures.Future | None = None  # done when the leader stops
         self._wake_pair: tuple[socket.socket, socket.socket] | None = None  # pokes a leader's poll()
         self._loop_thread: int | None = None  # set on the loop when it first connects
+        self._failed_connect_began = -math.inf  # time.monotonic() at the start of the last attempt given up
         # loop only:
         self._connecting: asyncio.Task[None] | None = None
         self._sweep_timer: asyncio.TimerHandle | None = None
@@ -511,6 +512,7 @@ class AsyncTransport:
 
     async def _connect(self) -> None:
         """Connect (with backoff), then write the backlog; or fail the backlog."""
+        began = time.monotonic()
         try:
             link = await self._connect_with_backoff()
         except BaseException as e:
@@ -519,6 +521,7 @@ class AsyncTransport:
                 why: BaseException = UnavailableError(f"the client of {self.address} was closed")
             else:
                 why = e
+                self._failed_connect_began = max(self._failed_connect_began, began)
             self._fail_backlog(why)
             if not isinstance(e, Exception):
                 raise
@@ -548,6 +551,12 @@ class AsyncTransport:
             return
         self._arm_sweep()
         _deliver(outcomes)
+
+    def gave_up_connecting_since(self, t: float) -> bool:
+        """Whether an attempt to connect that began at or after ``t`` (``time.monotonic()``)
+        has given up: the broker could not be reached for a whole ``connect_timeout_s``, so a
+        call that failed for it would only wait as long again if it were sent again."""
+        return self._failed_connect_began >= t
 
     def _fail_backlog(self, why: BaseException) -> None:
         with self._lock:
