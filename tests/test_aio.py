@@ -138,6 +138,8 @@ def test_admin_round_trip(target):
         assert (await a.describe_queue("audit")).config.ttl_s == 7 * 86400
         with pytest.raises(QueueExistsError):
             await a.create_queue("audit")
+        assert (await a.create_queue("audit", partitions=5, exist_ok=True)).partitions == \
+            (await a.describe_queue("audit")).partitions
         with pytest.raises(InvalidQueueNameError):
             await a.create_queue("a b")
         with pytest.raises(InvalidArgumentError):

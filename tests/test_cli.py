@@ -90,6 +90,16 @@ def test_create_list_describe(cli):
     assert "setting owner" in text and "start offset" in text and "1h (3600 s)" in text
 
 
+def test_create_if_not_exists_leaves_the_queue_there_as_it_is(cli):
+    cli("queue", "create", "orders", "-p", "4")
+    err = cli.error("queue", "create", "orders", "-p", "8")
+    assert "already exists" in err and "--if-not-exists" in err
+    out = cli("queue", "create", "orders", "-p", "8", "--if-not-exists").stdout
+    assert "queue 'orders' exists already, with 4 partition(s), ttl 7d; left as it is" in out
+    assert len(json.loads(cli("queue", "describe", "orders", "--json").stdout)["partitions"]) == 4
+    assert "created queue 'new'" in cli("queue", "create", "new", "--if-not-exists").stdout
+
+
 def test_default_ttl_is_seven_days_and_empty_list_says_how_to_start(cli):
     cli("queue", "create", "a")
     assert json.loads(cli("queue", "describe", "a", "--json").stdout)["ttl_s"] == 7 * 86400

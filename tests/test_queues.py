@@ -65,6 +65,18 @@ def test_queue_names_and_settings_are_checked(hw):
     assert [q.name for q in hw.admin.list_queues()] == ["ok"]
 
 
+def test_create_queue_exist_ok_returns_the_queue_there_as_it_is(hw):
+    made = hw.admin.create_queue("orders", partitions=2, ttl_s=60)
+    hw.send("orders", b"kept")
+    again = hw.admin.create_queue("orders", partitions=8, ttl_s=None, exist_ok=True)
+    assert again.queue_id == made.queue_id and len(again.partitions) == 2 and again.config.ttl_s == 60
+    assert [r.body for r in hw.scanner("orders")] == [b"kept"]
+    fresh = hw.admin.create_queue("audit", partitions=3, exist_ok=True)  # not there: created
+    assert len(fresh.partitions) == 3
+    with pytest.raises(InvalidArgumentError):  # the arguments are checked all the same
+        hw.admin.create_queue("orders", partitions=0, exist_ok=True)
+
+
 def test_unknown_queue_everywhere(hw):
     for call in (
         lambda: hw.admin.describe_queue("nope"),

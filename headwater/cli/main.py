@@ -47,7 +47,7 @@ __all__ = ["app", "main"]
 
 _HINTS: list[tuple[type[HeadwaterError], str]] = [
     (QueueNotFoundError, "see the queues with 'headwater queue list'"),
-    (QueueExistsError, "see it with 'headwater queue describe NAME', or pick another name"),
+    (QueueExistsError, "see it with 'headwater queue describe NAME', pick another name, or pass --if-not-exists"),
     (QueueDisabledError, "enable it with 'headwater queue enable NAME'"),
     (PartitionOutOfRangeError, "see the partitions with 'headwater queue describe NAME'"),
     (MessageNotFoundError, "it may have expired (ttl), been truncated or deleted; "

@@ -10,7 +10,7 @@ import typer
 from headwater.cli.context import err_console, open_client, out_console, stdin_is_tty
 from headwater.cli.output import format_ttl, print_json, queue_detail, queue_json, queues_table
 from headwater.cli.parse import parse_pairs, parse_ttl
-from headwater.errors import UsageError
+from headwater.errors import QueueExistsError, UsageError
 
 __all__ = ["queue_app"]
 
@@ -86,6 +86,14 @@ def create(
             show_default=False,
         ),
     ] = None,
+    if_not_exists: Annotated[
+        bool,
+        typer.Option(
+            "--if-not-exists",
+            help="A queue of that name already there is left as it is (whatever its settings), "
+                 "and the command succeeds.",
+        ),
+    ] = False,
 ) -> None:
     """Create a queue (and the data directory, if it does not exist yet).
 
@@ -95,13 +103,23 @@ def create(
     headwater queue create orders --partitions 8
     headwater queue create audit --partitions 2 --ttl forever --flush sync
     headwater queue create clicks --ttl 12h --set owner=web-team
+    headwater queue create orders --partitions 8 --if-not-exists   # in a setup script
     ```
     """
     hw = open_client(ctx, create=True)
-    info = hw.admin.create_queue(
-        name, partitions=partitions, ttl_s=parse_ttl(ttl), flush=None if flush is None else flush.value,
-        message_bytes_max=message_bytes_max, settings=parse_pairs(settings or [], "--set"),
-    )
+    pairs = parse_pairs(settings or [], "--set")
+    try:
+        info = hw.admin.create_queue(
+            name, partitions=partitions, ttl_s=parse_ttl(ttl), flush=None if flush is None else flush.value,
+            message_bytes_max=message_bytes_max, settings=pairs,
+        )
+    except QueueExistsError:
+        if not if_not_exists:
+            raise
+        info = hw.admin.describe_queue(name)
+        _done(f"queue {info.name!r} exists already, with {len(info.partitions)} partition(s), "
+              f"ttl {format_ttl(info.config.ttl_s)}; left as it is")
+        return
     _done(f"created queue {info.name!r} with {len(info.partitions)} partition(s), "
           f"ttl {format_ttl(info.config.ttl_s)}")
 

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from headwater.errors import InvalidArgumentError
+from headwater.errors import InvalidArgumentError, QueueExistsError
 from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
 from headwater.model.delay import DelayStats
 from headwater.model.message import Message, MessageId, Record, to_epoch_ms
@@ -40,17 +40,25 @@ class AsyncAdmin:
 
     async def create_queue(self, name: str, *, partitions: int = 1, ttl_s: int | None | object = _UNSET,
                            flush: str | None = None, message_bytes_max: int = 1024 * 1024,
-                           settings: dict[str, str] | None = None) -> QueueInfo:
+                           settings: dict[str, str] | None = None, exist_ok: bool = False) -> QueueInfo:
         """Create a queue.
 
         ``ttl_s``: seconds a message is kept (default 7 days; ``None`` keeps forever).
         ``flush``: ``"sync"`` or ``"async"`` (default: the broker's policy).
+        ``exist_ok``: if a queue of that name is there already, return it as it is (its
+        partitions and settings may differ from these) instead of raising
+        :class:`~headwater.errors.QueueExistsError`; Kafka's ``--if-not-exists``.
         """
         validate_queue_name(name)
         kw = {} if ttl_s is _UNSET else {"ttl_s": ttl_s}
         config = QueueConfig(partitions=partitions, flush=flush, message_bytes_max=message_bytes_max,
                              settings=dict(settings or {}), **kw).validated()
-        return await self._service.create_queue(name, config)
+        try:
+            return await self._service.create_queue(name, config)
+        except QueueExistsError:
+            if not exist_ok:
+                raise
+            return await self._service.describe_queue(name)
 
     async def describe_queue(self, name: str) -> QueueInfo:
         return await self._service.describe_queue(name)
