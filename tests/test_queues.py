@@ -377,6 +377,8 @@ def test_bad_ids(filled):
     for bad in ("", "xyz", "0000002a-00000003", 42):
         with pytest.raises(InvalidMessageIdError):
             hw.get(bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidMessageIdError, match=r"got SendFuture: .*\(\.result\(\), or await it; or use send_and_wait\)"):
+        hw.get(hw.producer().send("q", b"x"))  # type: ignore[arg-type]  (the README's slip)
     qid = hw.admin.describe_queue("q").queue_id
     with pytest.raises(MessageNotFoundError, match="not retained"):
         hw.get(MessageId(qid, 0, 10_000))

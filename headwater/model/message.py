@@ -62,9 +62,12 @@ class MessageId(NamedTuple):
         if isinstance(text, MessageId):
             return text
         if not isinstance(text, str):
+            hint = ""
+            if callable(getattr(text, "result", None)):  # the future of a send
+                hint = ": a send's future gives its id once stored (.result(), or await it; or use send_and_wait)"
             raise InvalidMessageIdError(
                 f"a message id is a string like '0000002a-00000003-000000000001e240', "
-                f"got {type(text).__name__}"
+                f"got {type(text).__name__}{hint}"
             )
         m = _ID_RE.match(text.strip().lower())
         if m is None:
