@@ -49,12 +49,18 @@ class Position:
     time_ms: int | None = None
 
 
+def _ms_up(seconds: float) -> int:
+    """Epoch seconds as milliseconds, a fraction of one (to the µs) rounded up."""
+    return -(-round(seconds * 1_000_000) // 1000)
+
+
 def parse_time(text: str, what: str, *, clock: Callable[[], float] = time.time) -> int:
     """A point in time as epoch milliseconds.
 
     Accepts ISO-8601 (``2026-11-21T10:00:00Z``, ``2026-11-21T11:00:00+01:00``, a date alone
-    for midnight; no zone means UTC; a fraction of a millisecond rounds up, as append times
-    are whole milliseconds), relative to now (``-15m``, ``-2h``, ``-1d``) or ``now``.
+    for midnight; no zone means UTC), relative to now (``-15m``, ``-2h``, ``-1d``) or
+    ``now``. A fraction of a millisecond rounds up, as append times are whole milliseconds:
+    ``--to now`` takes everything appended before it.
 
     >>> parse_time("2026-11-21T10:00:00Z", "--from")
     1795255200000
@@ -62,13 +68,15 @@ def parse_time(text: str, what: str, *, clock: Callable[[], float] = time.time) 
     1795255200001
     >>> parse_time("-1h", "--from", clock=lambda: 7200.0)
     3600000
+    >>> parse_time("now", "--to", clock=lambda: 7200.0004)
+    7200001
     """
     s = text.strip()
     if s == "now":
-        return int(clock() * 1000)
+        return _ms_up(clock())
     m = _RELATIVE_RE.match(s)
     if m:
-        return int((clock() - float(m[1]) * _UNIT_S[m[2]]) * 1000)
+        return _ms_up(clock() - float(m[1]) * _UNIT_S[m[2]])
     try:
         if len(s) == 10:  # a date alone: midnight UTC
             d = date.fromisoformat(s)
