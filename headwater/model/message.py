@@ -23,6 +23,7 @@ delivered it also gets an ordinary id in its partition::
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import datetime, timedelta, timezone
 from typing import NamedTuple
@@ -156,7 +157,14 @@ def datetime_ms(when: datetime) -> int:
 
 def to_epoch_ms(value: datetime | int | float | None, what: str = "time") -> int | None:
     """A point in time as epoch milliseconds: datetimes (naive means UTC; see
-    :func:`datetime_ms`), or a number of ms."""
+    :func:`datetime_ms`), or a number of ms (a fraction rounded up, as for datetimes).
+
+    >>> to_epoch_ms(1_795_255_200_000.25, "end_time")
+    1795255200001
+    >>> to_epoch_ms(float("nan"), "end_time")
+    Traceback (most recent call last):
+    headwater.errors.InvalidArgumentError: end_time must be a datetime or epoch milliseconds, got nan
+    """
     from headwater.errors import InvalidArgumentError
 
     if value is None:
@@ -167,4 +175,8 @@ def to_epoch_ms(value: datetime | int | float | None, what: str = "time") -> int
         raise InvalidArgumentError(
             f"{what} must be a datetime or epoch milliseconds, got {type(value).__name__}"
         )
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidArgumentError(f"{what} must be a datetime or epoch milliseconds, got {value}")
+        return math.ceil(value)
     return int(value)
