@@ -254,7 +254,6 @@ class AsyncTransport:
         self._lead_free: concurrent.futures.Future | None = None  # done when the leader stops
         self._wake_pair: tuple[socket.socket, socket.socket] | None = None  # pokes a leader's poll()
         self._loop_thread: int | None = None  # set on the loop when it first connects
-        self._failed_connect_began = -math.inf  # time.monotonic() at the start of the last attempt given up
         # loop only:
         self._connecting: asyncio.Task[None] | None = None
         self._sweep_timer: asyncio.TimerHandle | None = None
@@ -262,6 +261,8 @@ class AsyncTransport:
         self._push_handlers: dict[int, Callable[[PushBody | None], None]] = {}
         self._push_anywhere: set[int] = set()  # streams whose handler runs on whichever thread reads
         self._next_stream_id = 1
+        # written on the loop, read by any thread (one float: gave_up_connecting_since)
+        self._failed_connect_began = -math.inf  # time.monotonic() when the last attempt given up began
 
     # submitting ------------------------------------------------------------------------
 
