@@ -140,6 +140,7 @@ def test_admin_round_trip(target):
             await a.create_queue("audit")
         assert (await a.create_queue("audit", partitions=5, exist_ok=True)).partitions == \
             (await a.describe_queue("audit")).partitions
+        await a.delete_queue("no-such-queue", missing_ok=True)
         with pytest.raises(InvalidQueueNameError):
             await a.create_queue("a b")
         with pytest.raises(InvalidArgumentError):

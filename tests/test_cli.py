@@ -100,6 +100,14 @@ def test_create_if_not_exists_leaves_the_queue_there_as_it_is(cli):
     assert "created queue 'new'" in cli("queue", "create", "new", "--if-not-exists").stdout
 
 
+def test_delete_if_exists_succeeds_when_the_queue_is_not_there(cli):
+    cli("queue", "create", "scratch")
+    assert "no queue 'nope'; nothing to delete" in cli("queue", "delete", "nope", "--yes", "--if-exists").stdout
+    assert "does not exist" in cli.error("queue", "delete", "nope", "--yes")
+    assert "deleted queue 'scratch'" in cli("queue", "delete", "scratch", "--yes", "--if-exists").stdout
+    assert json.loads(cli("queue", "list", "--json").stdout) == []
+
+
 def test_default_ttl_is_seven_days_and_empty_list_says_how_to_start(cli):
     cli("queue", "create", "a")
     assert json.loads(cli("queue", "describe", "a", "--json").stdout)["ttl_s"] == 7 * 86400

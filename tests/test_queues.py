@@ -65,6 +65,15 @@ def test_queue_names_and_settings_are_checked(hw):
     assert [q.name for q in hw.admin.list_queues()] == ["ok"]
 
 
+def test_delete_queue_missing_ok(hw):
+    with pytest.raises(QueueNotFoundError):
+        hw.admin.delete_queue("nope")
+    hw.admin.delete_queue("nope", missing_ok=True)
+    hw.admin.create_queue("gone")
+    hw.admin.delete_queue("gone", missing_ok=True)  # there: deleted all the same
+    assert hw.admin.list_queues() == []
+
+
 def test_create_queue_exist_ok_returns_the_queue_there_as_it_is(hw):
     made = hw.admin.create_queue("orders", partitions=2, ttl_s=60)
     hw.send("orders", b"kept")

@@ -10,7 +10,7 @@ import typer
 from headwater.cli.context import err_console, open_client, out_console, stdin_is_tty
 from headwater.cli.output import format_ttl, print_json, queue_detail, queue_json, queues_table
 from headwater.cli.parse import parse_pairs, parse_ttl
-from headwater.errors import QueueExistsError, UsageError
+from headwater.errors import QueueExistsError, QueueNotFoundError, UsageError
 
 __all__ = ["queue_app"]
 
@@ -190,6 +190,13 @@ def delete(
             help="Delete without asking (required when there is no terminal to ask on).",
         ),
     ] = False,
+    if_exists: Annotated[
+        bool,
+        typer.Option(
+            "--if-exists",
+            help="A queue that is not there is not an error: say so and succeed.",
+        ),
+    ] = False,
 ) -> None:
     """Delete a queue and all its messages. Asks first unless --yes is given.
 
@@ -198,10 +205,17 @@ def delete(
     ```
     headwater queue delete orders
     headwater queue delete orders --yes
+    headwater queue delete scratch --yes --if-exists   # in a teardown script
     ```
     """
     hw = open_client(ctx)
-    info = hw.admin.describe_queue(name)  # a missing queue fails before any question
+    try:
+        info = hw.admin.describe_queue(name)  # a missing queue fails before any question
+    except QueueNotFoundError:
+        if not if_exists:
+            raise
+        _done(f"no queue {name!r}; nothing to delete")
+        return
     if not yes:
         if not stdin_is_tty():
             raise UsageError(
@@ -212,7 +226,7 @@ def delete(
         if not typer.confirm(question, default=False, err=True):
             err_console().print("not deleted")
             raise typer.Exit(1)
-    hw.admin.delete_queue(name)
+    hw.admin.delete_queue(name, missing_ok=if_exists)  # gone meanwhile: fine with --if-exists
     _done(f"deleted queue {name!r}")
 
 

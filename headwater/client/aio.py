@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from headwater.errors import InvalidArgumentError, QueueExistsError
+from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
 from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
 from headwater.model.delay import DelayStats
 from headwater.model.message import Message, MessageId, Record, to_epoch_ms
@@ -66,8 +66,14 @@ class AsyncAdmin:
     async def list_queues(self) -> list[QueueInfo]:
         return await self._service.list_queues()
 
-    async def delete_queue(self, name: str) -> None:
-        await self._service.delete_queue(name)
+    async def delete_queue(self, name: str, *, missing_ok: bool = False) -> None:
+        """Delete a queue and all its messages. ``missing_ok``: a queue that is not there is
+        not an error (:class:`~headwater.errors.QueueNotFoundError` otherwise)."""
+        try:
+            await self._service.delete_queue(name)
+        except QueueNotFoundError:
+            if not missing_ok:
+                raise
 
     async def truncate_queue(self, name: str) -> QueueInfo:
         """Drop every message, keep the queue and its settings. Offsets keep counting up."""
