@@ -13,7 +13,6 @@ import errno
 from pathlib import Path
 from typing import Annotated, Optional
 
-import click
 import typer
 from rich.text import Text
 from typer.core import TyperGroup
@@ -77,7 +76,7 @@ def report_error(message: str, hint: str | None = None) -> None:
 class HeadwaterGroup(TyperGroup):
     """The root group: turns expected errors into one readable line and exit code 1."""
 
-    def invoke(self, ctx: click.Context):  # type: ignore[override]
+    def invoke(self, ctx: typer.Context):  # type: ignore[override]
         try:
             return super().invoke(ctx)
         except HeadwaterError as e:
