@@ -891,3 +891,32 @@ def test_a_batch_after_an_epoch_bump_waits_for_the_old_epochs_batches(hw):
     assert kept.result().offset == 0 and later.result().offset == 1
     assert [r.body for r in stored(hw, "q", 0)] == [b"a", b"b"]
     p.close()
+
+
+def test_a_codec_whose_library_is_missing_is_refused_when_the_producer_is_made(monkeypatch, tmp_path):
+    """A plain ``pip install headwater`` has no zstandard: the producer says what to install
+    when it is made, instead of failing each batch with ModuleNotFoundError on its thread."""
+    import asyncio
+    import sys
+
+    import headwater.aio
+
+    monkeypatch.setitem(sys.modules, "zstandard", None)  # import zstandard now raises ImportError
+    hw = headwater.open(tmp_path / "data")
+    try:
+        with pytest.raises(InvalidArgumentError, match=r"compression='zstd' needs the zstandard package, "
+                                                       r"which is not installed: pip install 'headwater\[compression\]'"):
+            hw.producer(compression="zstd")
+        hw.producer(compression="lz4").close()  # installed: fine
+    finally:
+        hw.close()
+
+    async def main() -> None:
+        ahw = await headwater.aio.open(tmp_path / "data")
+        try:
+            with pytest.raises(InvalidArgumentError, match="needs the zstandard package"):
+                ahw.producer(compression="zstd")
+        finally:
+            await ahw.close()
+
+    asyncio.run(main())

@@ -11,6 +11,7 @@ settings and messages, size estimates, deliver times, the receipt of a batch.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import random
 import secrets
@@ -40,6 +41,7 @@ __all__ = [
     "METADATA_RETRY_S",
     "COMPRESSIONS",
     "BatchReceipt",
+    "check_compression",
     "RetryPolicy",
     "RetrySettings",
     "Sequenced",
@@ -62,8 +64,26 @@ EPOCH_MAX = 2**15 - 1  # the epoch is a signed 16-bit field; past it, a new prod
 MESSAGE_OVERHEAD_BYTES = 16  # added to a message's size in the buffer and batch estimates
 METADATA_RETRY_S = 0.5  # a background refresh of a queue's metadata that failed is tried again after this
 COMPRESSIONS = (None, "zstd", "lz4")
+_CODEC_MODULES = {"zstd": "zstandard", "lz4": "lz4.frame"}
 
 log = logging.getLogger("headwater.producer")
+
+
+def check_compression(compression: object) -> None:
+    """Refuse a ``compression`` setting that is not a codec, or whose library is not
+    installed (a plain ``pip install headwater`` has neither): when the producer is made,
+    not when its first batch is encoded, on its sender thread."""
+    if compression not in COMPRESSIONS:
+        raise InvalidArgumentError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
+    if compression is not None:
+        module = _CODEC_MODULES[compression]
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise InvalidArgumentError(
+                f"compression={compression!r} needs the {module.split('.')[0]} package, which is not "
+                f"installed: pip install 'headwater[compression]'"
+            ) from None
 
 
 class BatchReceipt(Sequence[MessageId]):

@@ -73,11 +73,11 @@ from headwater.model.message import Message, MessageId
 from headwater.model.producer_state import RECENT_BATCHES
 from headwater.model.service import BrokerService, ProduceResult
 from headwater.client.batching import (
-    COMPRESSIONS,
     MESSAGE_OVERHEAD_BYTES,
     BatchReceipt,
     RetryPolicy,
     RetrySettings,
+    check_compression,
     check_message,
     check_messages,
     closed_unsent,
@@ -232,8 +232,7 @@ class Producer(RetrySettings):
                  buffer_bytes_max: int = 32 << 20, max_block_ms: int = 60_000, send_threads: int = 4,
                  metadata_max_age_ms: int = 5000, max_in_flight: int | None = None,
                  rng: random.Random | None = None, clock: Callable[[], float] | None = None) -> None:
-        if compression not in COMPRESSIONS:
-            raise InvalidArgumentError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
+        check_compression(compression)
         if not isinstance(idempotent, bool):
             raise InvalidArgumentError(f"idempotent is True or False, got {idempotent!r}")
         self._rng = rng or random.Random()
