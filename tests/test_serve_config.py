@@ -72,3 +72,4 @@ def test_every_setting_is_described_and_listed():
     for name in fields:
         assert f" {name} " in result.stdout and f"HEADWATER_{name.upper()}" in result.stdout
     assert "[server]" in result.stdout and "[store]" in result.stdout and "8,388,608" in result.stdout
+    assert {(r.name, r.default) for r in settings_rows()} >= {("port", "7070"), ("connections_max", "20,000")}

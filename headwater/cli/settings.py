@@ -71,6 +71,7 @@ def settings_rows() -> list[Row]:
         defaults = cls()
         for name in cls.__struct_fields__:
             value = getattr(defaults, name)
-            shown = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+            counted = isinstance(value, int) and not isinstance(value, bool) and name != "port"  # 7070, not 7,070
+            shown = f"{value:,}" if counted else str(value)
             rows.append(Row(table, name, shown, f"HEADWATER_{name.upper()}", MEANINGS.get(name, "")))
     return rows
