@@ -81,6 +81,11 @@ def measure_rates(before: Sample, after: Sample) -> dict[str, Any]:
     }
 
 
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless one: ``1 segment``, ``2,048 segments``."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def _duration(seconds: float) -> str:
     """``3d 04h 05m``, ``2h 03m 10s``, ``42s``: the largest units, at most three."""
     s = int(seconds)
@@ -133,12 +138,12 @@ def render_status(sample: Sample, rates: dict[str, Any] | None, *, now_ms: int |
         head.add_row("connections", f"{st['connections']:,} open, {st.get('connections_total', 0):,} since start")
     if "requests_total" in st:
         head.add_row("requests", f"{st['requests_total']:,} since start")
-    queues = f"{len(sample.queue_names):,} ({len(sample.end_offsets):,} partitions)"
+    queues = f"{len(sample.queue_names):,} ({_count(len(sample.end_offsets), 'partition')})"
     if st.get("internal_queues"):
         queues += f", plus {st['internal_queues']:,} internal (the broker's own state)"
     head.add_row("queues", queues)
-    head.add_row("storage", f"{_bytes(int(st.get('bytes', 0)))} in {st.get('segments', 0):,} segments "
-                            f"({st.get('open_segments', 0):,} open), {st.get('fsyncs', 0):,} fsyncs")
+    head.add_row("storage", f"{_bytes(int(st.get('bytes', 0)))} in {_count(st.get('segments', 0), 'segment')} "
+                            f"({st.get('open_segments', 0):,} open), {_count(st.get('fsyncs', 0), 'fsync')}")
     if "page_cache_keep_bytes" in st:
         keep = int(st["page_cache_keep_bytes"])
         head.add_row("page cache", (f"the newest {_bytes(keep)} of the log kept, "
