@@ -71,8 +71,8 @@ log = logging.getLogger("headwater.producer")
 
 def check_compression(compression: object) -> None:
     """Refuse a ``compression`` setting that is not a codec, or whose library is not
-    installed (a plain ``pip install headwater`` has neither): when the producer is made,
-    not when its first batch is encoded, on its sender thread."""
+    installed (a plain ``pip install headwater`` has neither zstandard nor lz4): when the
+    producer is made, not when its first batch is encoded, on its sender thread."""
     if compression not in COMPRESSIONS:
         raise InvalidArgumentError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
     if compression is not None:
