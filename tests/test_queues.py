@@ -397,6 +397,16 @@ def test_bad_ids(filled):
         hw.get(MessageId(qid, 7, 0))
 
 
+def test_an_id_of_the_brokers_own_queues_names_no_queue(hw):
+    """Ids 1-4 are the broker's internal queues (on a real broker): a lookup says no queue has
+    that id, as for a deleted queue, without naming or reading them."""
+    mine = {q.queue_id for q in hw.admin.list_queues()}
+    for qid in sorted({1, 2, 3, 4} - mine):
+        with pytest.raises(MessageNotFoundError, match=f"no queue has id {qid}") as e:
+            hw.get(MessageId(qid, 0, 0))
+        assert "__" not in str(e.value)
+
+
 def test_message_ids_print_parse_and_sort():
     ids = [MessageId(1, 2, o) for o in (0, 9, 10, 255, 256, 2**40)]
     texts = [str(i) for i in ids]

@@ -19,7 +19,7 @@ from headwater.broker.keyed import KeyedGroups
 from headwater.broker.subscriptions import SubscriberRegistry
 from headwater.broker.offsets import OffsetStore
 from headwater.broker.shared import SharedGroups
-from headwater.errors import InvalidArgumentError
+from headwater.errors import InvalidArgumentError, MessageNotFoundError
 from headwater.model.config import QueueConfig, QueueInfo
 from headwater.model.delay import DELAYED_PARTITION_BIT, DelayStats, peek_deliver_at
 from headwater.model.filtering import TagMaskFilter, filter_batches
@@ -164,9 +164,10 @@ class Broker:
     def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
         if isinstance(partition, int) and partition & DELAYED_PARTITION_BIT:
             return self.delay.lookup(queue_id, partition, offset)
-        name, batch = self.store.lookup_id(queue_id, partition, offset)
-        _user_queue(name)
-        return name, batch
+        name = self.store.queue_name(queue_id)
+        if name is not None and name.startswith("__"):  # the broker's own: not for users to name or see
+            raise MessageNotFoundError(f"no queue has id {queue_id} (was it deleted?)")
+        return self.store.lookup_id(queue_id, partition, offset)
 
     def lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None,
                    limit: int) -> list[bytes]:
