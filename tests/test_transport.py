@@ -9,6 +9,7 @@ deadlines, a lost connection, a late answer, the in-flight limit, close().
 from __future__ import annotations
 
 import asyncio
+import re
 import concurrent.futures
 import socket
 import threading
@@ -18,8 +19,8 @@ import pytest
 
 import headwater.aio
 from headwater.client.remote import RemoteService
-from headwater.client.transport import AsyncTransport
-from headwater.errors import ClosedError, UnavailableError
+from headwater.client.transport import AsyncTransport, parse_address
+from headwater.errors import ClosedError, InvalidArgumentError, UnavailableError
 from headwater.model.batch import encode_batch
 from headwater.model.config import QueueConfig
 from headwater.protocol import (
@@ -632,3 +633,25 @@ def test_a_deadline_ends_a_leading_call_at_once(fake, monkeypatch):
         assert time.monotonic() - t0 < 5
     finally:
         svc.close()
+
+
+@pytest.mark.parametrize("address, expected", [
+    ("broker-1:7070", ("broker-1", 7070)),
+    ("7171", ("127.0.0.1", 7171)),  # a port alone: this machine
+    ("[::1]:7070", ("::1", 7070)),
+])
+def test_addresses_that_parse(address, expected):
+    assert parse_address(address) == expected
+
+
+@pytest.mark.parametrize("address, says", [
+    ("localhost", "'localhost' has no port: write 'localhost:7070'"),
+    ("[::1]", "'[::1]' has no port: write '[::1]:7070'"),
+    ("::1", "an IPv6 address goes in brackets before the port, like '[::1]:7070'"),  # was host ':', port 1
+    ("host:http", "the port must be a number"),
+    ("host:70000", "the port must be from 1 to 65535"),
+    ("", "a server address is 'host:port'"),
+])
+def test_addresses_that_do_not_parse_say_why(address, says):
+    with pytest.raises(InvalidArgumentError, match=re.escape(says)):
+        parse_address(address)

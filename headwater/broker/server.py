@@ -43,6 +43,7 @@ from headwater.broker.durable_acks import DurableAcks
 from headwater.broker.push import PUSH_APIS, PushService
 from headwater.broker.streams import FETCH_STREAM_APIS, FetchStreams
 from headwater.errors import HeadwaterError, InvalidArgumentError
+from headwater.model.config import DEFAULT_PORT
 from headwater.model.service import FetchResult
 from headwater.protocol import (
     ApiKey,
@@ -75,7 +76,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Settings of the network server (flags, environment HEADWATER_*, or a TOML file)."""
 
     host: str = "127.0.0.1"
-    port: int = 7070
+    port: int = DEFAULT_PORT
     connections_max: int = 20_000
     requests_in_flight_max: int = 256  # per connection
     connection_bytes_in_flight_max: int = 64 * 1024 * 1024  # requests + responses, per connection

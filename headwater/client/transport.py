@@ -86,6 +86,7 @@ from headwater.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
+from headwater.model.config import DEFAULT_PORT
 from headwater.protocol import (
     CLIENT,
     NEED_DATA,
@@ -130,12 +131,29 @@ _INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateErro
 
 
 def parse_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` (or ``"port"``) to a (host, port) pair, with a clear error."""
+    """``"host:port"`` (or ``"port"``, on 127.0.0.1; an IPv6 host in brackets) to a
+    (host, port) pair, with a clear error.
+
+    >>> parse_address("broker-1:7070"), parse_address("7171"), parse_address("[::1]:7070")
+    (('broker-1', 7070), ('127.0.0.1', 7171), ('::1', 7070))
+    >>> parse_address("localhost")
+    Traceback (most recent call last):
+    headwater.errors.InvalidArgumentError: 'localhost' has no port: write 'localhost:7070' (7070 is ...)
+    """
     if not isinstance(address, str) or not address:
         raise InvalidArgumentError(f"a server address is 'host:port', got {address!r}")
     host, sep, port = address.rpartition(":")
-    if not sep:
+    if not sep or (address.startswith("[") and address.endswith("]")):
+        if not address.strip().isdigit():
+            raise InvalidArgumentError(
+                f"{address!r} has no port: write '{address}:{DEFAULT_PORT}' ({DEFAULT_PORT} is where "
+                f"'headwater serve' listens by default)"
+            )
         host, port = "127.0.0.1", address
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise InvalidArgumentError(
+            f"{address!r}: an IPv6 address goes in brackets before the port, like '[::1]:{DEFAULT_PORT}'"
+        )
     host = host.strip("[]") or "127.0.0.1"
     try:
         p = int(port)

@@ -11,6 +11,7 @@ import msgspec
 from headwater.errors import InvalidArgumentError, InvalidQueueNameError
 
 __all__ = [
+    "DEFAULT_PORT",
     "FlushPolicy",
     "QueueConfig",
     "QueueInfo",
@@ -21,6 +22,7 @@ __all__ = [
 ]
 
 QUEUE_NAME_MAX = 200
+DEFAULT_PORT = 7070  # where `headwater serve` listens unless told otherwise
 PARTITIONS_MAX = 100_000
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
