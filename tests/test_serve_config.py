@@ -73,3 +73,20 @@ def test_every_setting_is_described_and_listed():
         assert f" {name} " in result.stdout and f"HEADWATER_{name.upper()}" in result.stdout
     assert "[server]" in result.stdout and "[store]" in result.stdout and "8,388,608" in result.stdout
     assert {(r.name, r.default) for r in settings_rows()} >= {("port", "7070"), ("connections_max", "20,000")}
+
+
+def test_a_port_in_use_is_one_error_line_naming_it(tmp_path):
+    import subprocess
+
+    from tests.support.broker_process import HEADWATER, BrokerProcess
+
+    first = BrokerProcess(tmp_path / "first").start()
+    try:
+        run = subprocess.run([HEADWATER, "--data", str(tmp_path / "second"), "serve", "--port", str(first.port)],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        first.terminate()
+    assert run.returncode == 1
+    assert (f"error: cannot listen on 127.0.0.1:{first.port}: the address is in use (another broker, or another "
+            f"program); choose another with --port or --host") in run.stderr
+    assert "Traceback" not in run.stderr

@@ -8,6 +8,7 @@ and flags. The TOML file has a ``[server]`` table (ServerConfig) and a ``[store]
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -140,7 +141,21 @@ def serve(
         err_console().print(f"headwater serving {state.data_dir} on {server_cfg.host}:{bound}")
         print(f"listening {server_cfg.host}:{bound}", flush=True)
 
-    run_server(state.data_dir, store_cfg, server_cfg, on_ready=ready)
+    try:
+        run_server(state.data_dir, store_cfg, server_cfg, on_ready=ready)
+    except OSError as e:
+        why = _BIND_ERRORS.get(e.errno)
+        if why is None:
+            raise
+        raise InvalidArgumentError(
+            f"cannot listen on {server_cfg.host}:{server_cfg.port}: {why}; choose another with --port or --host"
+        ) from None
+
+
+_BIND_ERRORS = {  # errors only binding the listening socket gives
+    errno.EADDRINUSE: "the address is in use (another broker, or another program)",
+    errno.EADDRNOTAVAIL: "that address is not one of this machine's",
+}
 
 
 def _print_settings() -> None:
