@@ -99,6 +99,14 @@ def test_every_package_the_code_imports_is_declared():
     assert not missing, f"imported but not declared in pyproject.toml: {missing}"
 
 
+def test_every_extra_brings_packages_the_code_imports():
+    imported = {d for m in _third_party(_imported_anywhere()) for d in _distributions(m)}
+    for extra, requirements in PYPROJECT["optional-dependencies"].items():
+        if extra != "dev":  # the test tools
+            unused = {_name(r) for r in requirements} - imported
+            assert not unused, f"the extra {extra!r} installs {sorted(unused)}, which nothing in headwater imports"
+
+
 def test_the_core_loads_only_core_dependencies():
     pytest.importorskip("packaging", reason="reads the installed packages' requirements")
     code = f"import importlib, sys; [importlib.import_module(m) for m in {CORE_ENTRY_POINTS!r}]; print(*sys.modules)"
