@@ -5,12 +5,15 @@ in an empty directory, against a real broker process of their own (a ``headwater
 free port, standing in for the guides' ``127.0.0.1:7070``); the Spark guide's start a real
 ``local[2]`` session. A guide passes when every block ran and the output shows that the
 examples did their work (the lines in ``SHOWS``), not only that nothing raised. The Spark
-scripts in examples/ start a broker of their own, as a reader runs them.
+scripts in examples/ start a broker of their own, as a reader runs them. Every
+``headwater ...`` command line of the guides, and of the commands' own ``--help``
+examples, goes through the CLI's parser: no command or option in them is unknown.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +87,103 @@ def test_the_example_scripts_run(script: Path, tmp_path: Path):
                          timeout=400)
     assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
     assert SCRIPT_SHOWS[script.name] in run.stdout, run.stdout[-4000:]
+
+
+# -- the command lines of the guides -----------------------------------------------------------
+
+_SHELL_BLOCK = re.compile(r"^```(?:sh|bash|console)?\n(.*?)^```", re.S | re.M)
+
+
+def command_lines(text: str) -> list[tuple[int, str]]:
+    """``(line, command)`` for each ``headwater ...`` command in a Markdown text's shell
+    blocks: environment assignments, ``ID=$(...)``, a pipe into it or out of it, a trailing
+    ``&`` and ``# comments`` taken off.
+
+    >>> command_lines("```sh\\nseq 3 | headwater produce q --quiet   # three\\nls\\n```\\n")
+    [(2, 'headwater produce q --quiet')]
+    """
+    found = []
+    for m in _SHELL_BLOCK.finditer(text):
+        first = text.count("\n", 0, m.start(1)) + 1
+        for i, line in enumerate(m.group(1).splitlines()):
+            s = re.sub(r"^\S+=\$\((.*)\)$", r"\1", line.strip())
+            s = re.sub(r"^(\w+=\S+\s+)+", "", s)
+            if "| headwater " in s:
+                s = "headwater " + s.split("| headwater ", 1)[1]
+            if s.startswith("headwater "):
+                found.append((first + i, re.split(r"\s+#\s", s.split(" | ")[0])[0].rstrip(" &")))
+    return found
+
+
+def _parse_error(args: list[str]) -> str | None:
+    """What the CLI's parser says of ``headwater ARGS`` (an unknown command or option, a
+    missing argument, a bad value), without running it; None when it parses."""
+    import contextlib
+    import io
+
+    import typer
+
+    from headwater.cli.main import app
+
+    root = typer.main.get_command(app)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            ctx = root.make_context("headwater", list(args))
+            command, rest = root, list(getattr(ctx, "_protected_args", [])) + ctx.args
+            while hasattr(command, "resolve_command") and rest:
+                name, command, rest = command.resolve_command(ctx, rest)
+                ctx = command.make_context(name, rest, parent=ctx)
+                rest = list(getattr(ctx, "_protected_args", [])) + ctx.args if hasattr(command, "resolve_command") else []
+        except Exception as e:  # the parser's own classes are typer's copy of click's
+            if type(e).__name__ == "Exit":  # --help, --version
+                return None
+            if hasattr(e, "format_message"):
+                return e.format_message()
+            raise
+    return None
+
+
+def test_every_command_line_in_the_guides_parses():
+    """Each ``headwater ...`` line in README.md and docs/*.md names commands and options the
+    CLI has, with the arguments they need (checked by the CLI's own parser, nothing run)."""
+    import shlex
+
+    assert command_lines("```sh\nseq 3 | headwater produce q --quiet   # three\nls\n```\n") == \
+        [(2, "headwater produce q --quiet")]
+    assert "No such option" in _parse_error(["queue", "create", "q", "--partition", "4"])  # the check can fail
+    assert _parse_error(["queue", "create", "q", "--partitions", "4"]) is None
+    errors, seen = [], 0
+    for guide in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for line, command in command_lines(guide.read_text()):
+            seen += 1
+            said = _parse_error(shlex.split(command)[1:])
+            if said:
+                errors.append(f"{guide.name}:{line}: {command}: {said}")
+    assert seen > 60 and not errors, "\n".join(errors)
+
+
+def test_every_example_in_the_commands_help_parses():
+    import shlex
+
+    import typer
+
+    from headwater.cli.main import app
+
+    def commands(command, path):
+        yield path, command
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from commands(sub, f"{path} {name}")
+
+    errors, seen = [], 0
+    for path, command in commands(typer.main.get_command(app), "headwater"):
+        for line in (command.help or "").splitlines():
+            s = re.split(r"\s+#\s", line.strip())[0]
+            s = s.split("| headwater ", 1)[-1] if "| headwater " in s else s
+            s = re.sub(r"^(\w+=\S+\s+)+", "", s)
+            if not s.startswith("headwater "):
+                continue
+            seen += 1
+            said = _parse_error(shlex.split(s.split(" | ")[0].rstrip(" &"))[1:])
+            if said:
+                errors.append(f"{path} --help: {s}: {said}")
+    assert seen > 40 and not errors, "\n".join(errors)
