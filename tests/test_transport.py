@@ -655,3 +655,33 @@ def test_addresses_that_parse(address, expected):
 def test_addresses_that_do_not_parse_say_why(address, says):
     with pytest.raises(InvalidArgumentError, match=re.escape(says)):
         parse_address(address)
+
+
+def test_a_server_that_is_not_a_broker_is_named_at_once(tmp_path):
+    """Something else on the port (a web server, Redis): the first answer is not a handshake.
+    That is said at once, with what it sent, and not retried for connect_timeout_s as if the
+    broker were restarting."""
+    from headwater.protocol import RemoteProtocolError
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+
+    def answer_like_http() -> None:
+        while True:
+            try:
+                c, _ = listener.accept()
+            except OSError:
+                return
+            with c:
+                c.recv(100)
+                c.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    threading.Thread(target=answer_like_http, daemon=True).start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RemoteProtocolError, match=r"answered, but not as a Headwater broker \(its first bytes: "
+                                                      r"b'HTTP/1.1 400 Bad Request"):
+            RemoteService(address, connect_timeout_s=10)
+        assert time.monotonic() - t0 < 5  # once, not retried until the timeout
+    finally:
+        listener.close()

@@ -98,6 +98,7 @@ from headwater.protocol import (
     LocalProtocolError,
     ProtocolError,
     Push,
+    RemoteProtocolError,
     Request,
     Response,
 )
@@ -662,8 +663,11 @@ class AsyncTransport:
             exc: BaseException = ev.exception()
         elif isinstance(ev, ConnectionClosed):
             exc = UnavailableError("the broker closed the connection during the handshake")
-        elif isinstance(ev, ProtocolError):
-            exc = UnavailableError(f"protocol error from {self.address} during the handshake: {ev}")
+        elif isinstance(ev, ProtocolError):  # not a broker, or not ours: trying again would not help
+            exc = RemoteProtocolError(
+                f"something at {self.address} answered, but not as a Headwater broker (its first bytes: "
+                f"{bytes(data[:24])!r}; {ev}); is that the broker's address and port?"
+            )
         else:
             exc = UnavailableError(f"unexpected answer to the handshake: {ev!r}")
         link.accepted.set_exception(exc)
