@@ -295,7 +295,7 @@ class LogVersusModel(RuleBasedStateMachine):
         return store
 
     def teardown(self) -> None:
-        self.store.close()
+        self.client.close()  # the broker's delay dispatcher, then the store
         shutil.rmtree(self.dir, ignore_errors=True)
 
     @initialize()
@@ -336,7 +336,7 @@ class LogVersusModel(RuleBasedStateMachine):
 
     @rule(verify=st.sampled_from(["tail", "all"]))
     def reopen(self, verify):
-        self.store.close()
+        self.client.close()  # not only the store: each Broker runs a thread of its own
         self.store = self._open(verify)
 
     @rule(queue=st.sampled_from(["a", "t"]))
