@@ -12,6 +12,7 @@ examples, goes through the CLI's parser: no command or option in them is unknown
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -94,25 +95,38 @@ def test_the_example_scripts_run(script: Path, tmp_path: Path):
 _SHELL_BLOCK = re.compile(r"^```(?:sh|bash|console)?\n(.*?)^```", re.S | re.M)
 
 
+def command_of(line: str) -> str | None:
+    """The ``headwater ...`` command of a shell line, with environment assignments,
+    ``ID=$(...)``, a pipe into it or out of it, a trailing ``&`` and a ``# comment`` taken
+    off; None when the line runs no headwater command."""
+    s = re.sub(r"^\S+=\$\((.*)\)$", r"\1", line.strip())
+    s = re.sub(r"^(\w+=\S+\s+)+", "", s)
+    if "| headwater " in s:
+        s = "headwater " + s.split("| headwater ", 1)[1]
+    if not s.startswith("headwater "):
+        return None
+    return re.split(r"\s+#\s", s.split(" | ")[0])[0].rstrip(" &")
+
+
 def command_lines(text: str) -> list[tuple[int, str]]:
     """``(line, command)`` for each ``headwater ...`` command in a Markdown text's shell
-    blocks: environment assignments, ``ID=$(...)``, a pipe into it or out of it, a trailing
-    ``&`` and ``# comments`` taken off.
-
-    >>> command_lines("```sh\\nseq 3 | headwater produce q --quiet   # three\\nls\\n```\\n")
-    [(2, 'headwater produce q --quiet')]
-    """
+    blocks (see :func:`command_of`)."""
     found = []
     for m in _SHELL_BLOCK.finditer(text):
         first = text.count("\n", 0, m.start(1)) + 1
         for i, line in enumerate(m.group(1).splitlines()):
-            s = re.sub(r"^\S+=\$\((.*)\)$", r"\1", line.strip())
-            s = re.sub(r"^(\w+=\S+\s+)+", "", s)
-            if "| headwater " in s:
-                s = "headwater " + s.split("| headwater ", 1)[1]
-            if s.startswith("headwater "):
-                found.append((first + i, re.split(r"\s+#\s", s.split(" | ")[0])[0].rstrip(" &")))
+            if (command := command_of(line)) is not None:
+                found.append((first + i, command))
     return found
+
+
+@functools.cache
+def _root_command():
+    import typer
+
+    from headwater.cli.main import app
+
+    return typer.main.get_command(app)
 
 
 def _parse_error(args: list[str]) -> str | None:
@@ -121,11 +135,7 @@ def _parse_error(args: list[str]) -> str | None:
     import contextlib
     import io
 
-    import typer
-
-    from headwater.cli.main import app
-
-    root = typer.main.get_command(app)
+    root = _root_command()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         try:
             ctx = root.make_context("headwater", list(args))
@@ -165,25 +175,18 @@ def test_every_command_line_in_the_guides_parses():
 def test_every_example_in_the_commands_help_parses():
     import shlex
 
-    import typer
-
-    from headwater.cli.main import app
-
     def commands(command, path):
         yield path, command
         for name, sub in getattr(command, "commands", {}).items():
             yield from commands(sub, f"{path} {name}")
 
     errors, seen = [], 0
-    for path, command in commands(typer.main.get_command(app), "headwater"):
+    for path, command in commands(_root_command(), "headwater"):
         for line in (command.help or "").splitlines():
-            s = re.split(r"\s+#\s", line.strip())[0]
-            s = s.split("| headwater ", 1)[-1] if "| headwater " in s else s
-            s = re.sub(r"^(\w+=\S+\s+)+", "", s)
-            if not s.startswith("headwater "):
+            if (example := command_of(line)) is None:
                 continue
             seen += 1
-            said = _parse_error(shlex.split(s.split(" | ")[0].rstrip(" &"))[1:])
+            said = _parse_error(shlex.split(example)[1:])
             if said:
-                errors.append(f"{path} --help: {s}: {said}")
+                errors.append(f"{path} --help: {example}: {said}")
     assert seen > 40 and not errors, "\n".join(errors)
