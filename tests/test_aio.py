@@ -612,6 +612,8 @@ def test_consumer_seeks_and_async_iteration(target):
         assert await c.poll(timeout_ms=50) == []
         with pytest.raises(InvalidArgumentError, match="not assigned"):
             c.seek("q", 3, 0)
+        with pytest.raises(InvalidArgumentError, match="when must be a datetime"):
+            await c.seek_to_time("q", None)  # was an AssertionError
 
     run(target, test)
 

@@ -166,6 +166,8 @@ def test_the_sync_and_asyncio_consumers_refuse_the_same_arguments_alike(hw):
     with pytest.raises(InvalidArgumentError, match=r"q\[0\] is not assigned"):
         c.seek_to_end("q", 0)
     c.seek_to_end("q", 1)
+    with pytest.raises(InvalidArgumentError, match="when must be a datetime or epoch milliseconds, got None"):
+        c.seek_to_time("q", None)  # the sync consumer asked the broker with None, the asyncio one asserted
     with pytest.raises(InvalidArgumentError, match="message id .* is not of an assigned queue"):
         c.seek_to_id("0000002a-00000000-0000000000000000")
     c.close()

@@ -20,7 +20,7 @@ import itertools
 from collections.abc import Iterable
 from datetime import datetime
 
-from headwater.model.message import Record, to_epoch_ms
+from headwater.model.message import Record
 from headwater.model.service import FetchResult
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.fetch_stream import STREAM_WINDOW_BYTES
@@ -86,8 +86,7 @@ class AsyncConsumer(ConsumerPositions):
     async def seek_to_time(self, queue: str, when: datetime | int,
                            partitions: int | Iterable[int] | None = None) -> None:
         """Continue from the first record appended at or after ``when``."""
-        ms = to_epoch_ms(when, "when")
-        assert ms is not None
+        ms = self._when_ms(when)
         for tp in self._parts(queue, partitions):
             self._set_position(tp, await self._service.offset_for_time(queue, tp[1], ms))
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 
-from headwater.model.message import Record, to_epoch_ms
+from headwater.model.message import Record
 from headwater.model.service import BrokerService, FetchResult
 from headwater.client.fetch_stream import STREAM_WINDOW_BYTES
 from headwater.client.polling import drain_buffers, take_batches, wait_any
@@ -93,7 +93,7 @@ class Consumer(ConsumerPositions):
 
     def seek_to_time(self, queue: str, when: datetime | int, partitions: int | Iterable[int] | None = None) -> None:
         """Continue from the first record appended at or after ``when``."""
-        ms = to_epoch_ms(when, "when")
+        ms = self._when_ms(when)
         for tp in self._parts(queue, partitions):
             self._set_position(tp, self._service.offset_for_time(queue, tp[1], ms))
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from headwater.errors import ClosedError, InvalidArgumentError
 from headwater.model.batch import tags_mask
-from headwater.model.message import MessageId, Record
+from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.config import QueueInfo
 from headwater.client.fetch_stream import FetchStreams
 from headwater.client.membership import TP, by_queue
@@ -116,6 +116,14 @@ class ConsumerPositions:
                 self.seek(queue, mid.partition, mid.offset)
                 return
         raise InvalidArgumentError(f"message id {mid} is not of an assigned queue")
+
+    @staticmethod
+    def _when_ms(when: object) -> int:
+        """A seek_to_time's ``when`` in epoch ms (a datetime or a number; None is refused)."""
+        ms = to_epoch_ms(when, "when")  # type: ignore[arg-type]
+        if ms is None:
+            raise InvalidArgumentError("when must be a datetime or epoch milliseconds, got None")
+        return ms
 
     def _tp(self, queue: str, partition: int) -> TP:
         tp = (queue, partition)
