@@ -5,22 +5,30 @@ in an empty directory, against a real broker process of their own (a ``headwater
 free port, standing in for the guides' ``127.0.0.1:7070``); the Spark guide's start a real
 ``local[2]`` session. A guide passes when every block ran and the output shows that the
 examples did their work (the lines in ``SHOWS``), not only that nothing raised. The Spark
-scripts in examples/ start a broker of their own, as a reader runs them. Every
-``headwater ...`` command line of the guides, and of the commands' own ``--help``
-examples, goes through the CLI's parser: no command or option in them is unknown.
+scripts in examples/ start a broker of their own, as a reader runs them.
+
+The shell examples of the guides that run ``headwater`` commands (README.md, docs/cli.md,
+docs/subscriptions.md) run too, each guide's blocks in order in one bash script, as if pasted
+into one terminal (tests/support/doc_shell.py): every line must succeed, a command the guide
+shows failing must fail with what the guide says it prints, and a command that follows until
+Ctrl-C gets one and must end cleanly. Every ``headwater ...`` command line of the guides, and
+of the commands' own ``--help`` examples, also goes through the CLI's parser: no command or
+option in them is unknown.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support import doc_shell
 from tests.support.broker_process import BrokerProcess
 from tests.support.doc_examples import examples
 
@@ -49,6 +57,16 @@ SCRIPT_SHOWS: dict[str, str] = {
     "spark_batch_write.py": "messages in clicks: 10000",
     "spark_streaming.py": "events-upper holds 1500",
 }
+
+
+def test_the_runners_own_examples():
+    import doctest
+
+    from tests.support import doc_examples
+
+    for module in (doc_examples, doc_shell):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
 
 
 def test_every_guide_and_script_is_covered():
@@ -90,35 +108,83 @@ def test_the_example_scripts_run(script: Path, tmp_path: Path):
     assert SCRIPT_SHOWS[script.name] in run.stdout, run.stdout[-4000:]
 
 
+# -- the shell examples of the guides ----------------------------------------------------------
+
+SHELL_GUIDES = sorted(p for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+                      if any(doc_shell.runs_headwater(lines) for _, lines in doc_shell.shell_blocks(p.read_text())))
+
+#: What each guide's shell examples print when they work.
+SHELL_SHOWS: dict[str, list[str]] = {
+    "README.md": ['"value": "{\\"id\\": 17}"', "listening 127.0.0.1:", "consumed 1 message(s)", "uptime"],
+    "cli.md": ["created queue 'payments' with 4 partition(s)", "no queue 'clicks'; nothing to delete",
+               "sent 100,000 message(s) to queue 'orders'", "scheduled   ", "cancelled 0000",
+               "12502 b'caf\\xe9'", "value       look me up", "consumed 100,006 message(s)",
+               "reset group 'billing' on queue 'jobs' (1 partition(s))", "leased", "worker-1 (2)", "kind        keyed",
+               "deleted subscriber 'replay' of queue 'orders'", "fetch streams", "messages           100,008"],
+    "subscriptions.md": ["added subscriber 'billing' to queue 'orders', starting at 0:0, 1:0, 2:0, 3:0",
+                         "deleted subscriber 'replay' of queue 'orders'"],
+}
+
+
+def test_every_guide_with_shell_examples_is_covered():
+    assert {g.name for g in SHELL_GUIDES} == set(SHELL_SHOWS), "add the new guide's telling output to SHELL_SHOWS"
+
+
+def _run_shell_examples(guide: Path, tmp_path: Path) -> tuple[int, str, list[str]]:
+    """Run a guide's shell examples as tests/support/doc_shell.py describes: the script's
+    exit code, what the terminal showed, and what is wrong with the failures it shows."""
+    work = tmp_path / "work"
+    work.mkdir(parents=True)
+    script, failures = doc_shell.write(guide, work)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+           "PYTHONUNBUFFERED": "1", "HW_WORK": str(work), "HW_GUIDE": guide.name,
+           "HW_FOLLOW_S": str(doc_shell.FOLLOW_S), "HEADWATER_PORT": str(doc_shell.free_port()),
+           "HEADWATER_HISTORY": str(work / ".history"), "HOME": str(work)}
+    for name in ("HEADWATER_DATA", "HEADWATER_SERVER", "HEADWATER_CONFIG"):
+        env.pop(name, None)
+    log = tmp_path / "terminal.txt"  # a file, not a pipe: the brokers started with '&' keep it open
+    with open(log, "w") as out_f:
+        proc = subprocess.Popen(["bash", "-e", "-o", "pipefail", str(script)], cwd=work, env=env,
+                                stdin=subprocess.DEVNULL, stdout=out_f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        proc.wait(timeout=400)
+    finally:  # the brokers the guide started with '&'
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, log.read_text(), doc_shell.check_failures(work, failures, guide.name)
+
+
+@pytest.mark.parametrize("guide", SHELL_GUIDES, ids=lambda p: p.name)
+def test_the_guide_shell_examples_run(guide: Path, tmp_path: Path):
+    """A guide's ``sh`` blocks, pasted into one terminal in order (tests/support/doc_shell.py):
+    every line succeeds, or fails as the guide shows it failing."""
+    code, out, wrong = _run_shell_examples(guide, tmp_path)
+    assert code == 0, out[-8000:]
+    assert not wrong, "\n".join(wrong)
+    for text in SHELL_SHOWS[guide.name]:
+        assert text in out, f"{guide.name}: expected {text!r} in\n{out[-6000:]}"
+
+
+def test_the_shell_examples_check_can_fail(tmp_path: Path):
+    """A command that fails, and a failure that prints other than the guide says, are caught,
+    each with the guide's line."""
+    broken = tmp_path / "broken.md"
+    broken.write_text("# b\n\n```sh\nheadwater --data d queue create q\nheadwater --data d queue list --bogus\n```\n")
+    code, out, _ = _run_shell_examples(broken, tmp_path / "one")
+    assert code != 0 and "[failed at broken.md:5: headwater --data d queue list --bogus]" in out, out
+    wrong_text = tmp_path / "wrong.md"
+    wrong_text.write_text("```sh\nheadwater --data d queue create q\nheadwater --data d scan nope\n"
+                          "# error: queue 'nope' is ... fine\n```\n")
+    code, out, wrong = _run_shell_examples(wrong_text, tmp_path / "two")
+    assert code == 0, out
+    assert len(wrong) == 1 and wrong[0].startswith("wrong.md:3: the guide says it prints"), wrong
+
+
 # -- the command lines of the guides -----------------------------------------------------------
-
-_SHELL_BLOCK = re.compile(r"^```(?:sh|bash|console)?\n(.*?)^```", re.S | re.M)
-
-
-def command_of(line: str) -> str | None:
-    """The ``headwater ...`` command of a shell line, with environment assignments,
-    ``ID=$(...)``, a pipe into it or out of it, a trailing ``&`` and a ``# comment`` taken
-    off; None when the line runs no headwater command."""
-    s = re.sub(r"^\S+=\$\((.*)\)$", r"\1", line.strip())
-    s = re.sub(r"^(\w+=\S+\s+)+", "", s)
-    if "| headwater " in s:
-        s = "headwater " + s.split("| headwater ", 1)[1]
-    if not s.startswith("headwater "):
-        return None
-    return re.split(r"\s+#\s", s.split(" | ")[0])[0].rstrip(" &")
-
-
-def command_lines(text: str) -> list[tuple[int, str]]:
-    """``(line, command)`` for each ``headwater ...`` command in a Markdown text's shell
-    blocks (see :func:`command_of`)."""
-    found = []
-    for m in _SHELL_BLOCK.finditer(text):
-        first = text.count("\n", 0, m.start(1)) + 1
-        for i, line in enumerate(m.group(1).splitlines()):
-            if (command := command_of(line)) is not None:
-                found.append((first + i, command))
-    return found
-
 
 @functools.cache
 def _root_command():
@@ -158,13 +224,13 @@ def test_every_command_line_in_the_guides_parses():
     CLI has, with the arguments they need (checked by the CLI's own parser, nothing run)."""
     import shlex
 
-    assert command_lines("```sh\nseq 3 | headwater produce q --quiet   # three\nls\n```\n") == \
+    assert doc_shell.command_lines("```sh\nseq 3 | headwater produce q --quiet   # three\nls\n```\n") == \
         [(2, "headwater produce q --quiet")]
     assert "No such option" in _parse_error(["queue", "create", "q", "--partition", "4"])  # the check can fail
     assert _parse_error(["queue", "create", "q", "--partitions", "4"]) is None
     errors, seen = [], 0
     for guide in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        for line, command in command_lines(guide.read_text()):
+        for line, command in doc_shell.command_lines(guide.read_text()):
             seen += 1
             said = _parse_error(shlex.split(command)[1:])
             if said:
@@ -183,7 +249,7 @@ def test_every_example_in_the_commands_help_parses():
     errors, seen = [], 0
     for path, command in commands(_root_command(), "headwater"):
         for line in (command.help or "").splitlines():
-            if (example := command_of(line)) is None:
+            if (example := doc_shell.command_of(line)) is None:
                 continue
             seen += 1
             said = _parse_error(shlex.split(example)[1:])
