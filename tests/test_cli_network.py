@@ -234,6 +234,29 @@ def test_status_shows_version_uptime_connections_and_rates(broker):
         assert word in table, word
 
 
+def _documented_status() -> tuple[list[str], set[str]]:
+    """The row labels of the sample ``status`` output in docs/cli.md, and the keys of its
+    sample ``status --json``."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    section = text[text.index("## The broker: `status`"):text.index("## The shell")]
+    sample = section[section.index("# version"):section.index("headwater --server 127.0.0.1:7070 status --watch")]
+    rows = [m.group(1) for m in re.finditer(r"^# (\w[\w ]*?)\s{2,}\S", sample, re.M)]
+    doc = json.loads(section[section.index("```json") + 7:section.index("```", section.index("```json") + 7)])
+    return rows, set(doc)
+
+
+def test_the_documented_status_shows_every_row_and_key(broker):
+    """docs/cli.md's sample ``status`` and ``status --json`` have the rows and keys a broker
+    reports, no more and no fewer."""
+    cli = Cli("--server", broker.address)
+    cli("queue", "create", "s")
+    rows, keys = _documented_status()
+    table = cli("status", "--interval", "0.1")
+    shown = [m.group(1) for m in re.finditer(r"^(\w[\w ]*?)\s{2,}\S", table, re.M)]
+    assert rows == shown[:len(rows)] and set(shown) <= set(rows), (rows, shown)
+    assert keys == set(json.loads(cli("status", "--json", "--interval", "0.1"))), keys
+
+
 def test_status_shows_delayed_messages_and_push_subscribers(broker):
     cli = Cli("--server", broker.address)
     cli("queue", "create", "later")
