@@ -33,7 +33,8 @@ from pathlib import Path
 FOLLOW_S = 3  # how long a command that follows runs before its Ctrl-C
 
 _FENCE = re.compile(r"^```\s*([\w+-]*)\s*$")
-_SHELL_LANGS = {"sh", "bash", "console", "shell", ""}
+_SCRIPT_LANGS = {"sh", "bash", "shell", ""}  # blocks of commands, run as they are
+_TRANSCRIPT_LANGS = {"console"}  # a session: '$ ' before each command, its output after
 _GUIDE_PORT = re.compile(r"(127\.0\.0\.1:|--port )(707\d)\b")
 _GUIDE_DIRS = re.compile(r"(/var/lib/headwater|/tmp/headwater-[\w.-]+)")
 
@@ -84,9 +85,10 @@ def command_of(line: str) -> str | None:
     return re.split(r"\s+#\s|\s+<", s.split(" | ")[0])[0].rstrip(" &")
 
 
-def shell_blocks(text: str) -> list[tuple[int, list[str]]]:
-    """``(line, lines)`` of each shell block (```` ```sh ````, ``bash``, ``console`` or no
-    language) of a Markdown text, ``line`` being the line of the block's first source line.
+def shell_blocks(text: str, langs: frozenset[str] | set[str] = _SCRIPT_LANGS) -> list[tuple[int, list[str]]]:
+    """``(line, lines)`` of each block of a Markdown text in one of ``langs`` (by default the
+    scripts: ```` ```sh ````, ``bash``, ``shell`` or no language), ``line`` being the line of
+    the block's first source line.
 
     >>> shell_blocks("```text\\n$ x\\n```\\nprose\\n```sh\\nls\\n```\\n")
     [(6, ['ls'])]
@@ -99,7 +101,7 @@ def shell_blocks(text: str) -> list[tuple[int, list[str]]]:
             if m:
                 lang, first, lines = m.group(1), number + 1, []
         elif m and not m.group(1):
-            if lang in _SHELL_LANGS:
+            if lang in langs:
                 blocks.append((first, lines))
             lang = None
         else:
@@ -109,9 +111,17 @@ def shell_blocks(text: str) -> list[tuple[int, list[str]]]:
 
 def command_lines(text: str) -> list[tuple[int, str]]:
     """``(line, command)`` for each ``headwater ...`` command in a Markdown text's shell
-    blocks (see :func:`command_of`)."""
-    return [(first + i, command) for first, lines in shell_blocks(text)
-            for i, line in enumerate(lines) if (command := command_of(line)) is not None]
+    blocks (see :func:`command_of`), and in its ``console`` transcripts (the lines after a
+    ``$`` prompt).
+
+    >>> command_lines("```console\\n$ headwater queue list\\nname\\n```\\n")
+    [(2, 'headwater queue list')]
+    """
+    found = [(first + i, command) for first, lines in shell_blocks(text)
+             for i, line in enumerate(lines) if (command := command_of(line)) is not None]
+    found += [(first + i, command) for first, lines in shell_blocks(text, _TRANSCRIPT_LANGS)
+              for i, line in enumerate(lines) if line.startswith("$ ") and (command := command_of(line[2:]))]
+    return sorted(found)
 
 
 def runs_headwater(lines: list[str]) -> bool:
