@@ -265,9 +265,36 @@ def test_a_streaming_consumer_with_tags_gets_only_those(net):
     assert c.position("q", 0) == 10
 
 
-def test_a_streaming_consumer_goes_on_after_the_broker_restarts(tmp_path):
-    port = free_port()
-    broker = BrokerProcess(tmp_path / "data", "--flush", "sync", port=port).start()
+class Restart(threading.Thread):
+    """Stop a broker (``terminate``: SIGTERM, it ends its streams with "the broker is
+    stopping"; ``kill``: SIGKILL), wait a second, start it again on its port, then send one
+    message, while the test's consumer goes on polling."""
+
+    def __init__(self, tmp_path, broker: BrokerProcess, stop: str) -> None:
+        super().__init__(daemon=True)
+        self.tmp_path, self.broker, self.stop = tmp_path, broker, stop
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            getattr(self.broker, self.stop)()
+            time.sleep(1.0)
+            self.broker = BrokerProcess(self.tmp_path / "data", port=self.broker.port).start()
+            with headwater.connect(self.broker.address) as hw:
+                hw.send_batch("q", [b"after"], partition=0)
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            self.error = e
+        finally:
+            self.done.set()
+
+
+@pytest.mark.parametrize("stop", ["terminate", "kill"])
+def test_a_streaming_consumer_goes_on_across_a_broker_restart(tmp_path, stop):
+    """The broker restarts while a consumer polls: its polls open the stream again and go
+    on, none of them failing (Kafka's consumer, too, rides through a broker's restart)."""
+    broker = BrokerProcess(tmp_path / "data", port=free_port()).start()
+    restart = Restart(tmp_path, broker, stop)
     try:
         hw = headwater.connect(broker.address, request_timeout_s=5)
         hw.admin.create_queue("q", partitions=1)
@@ -275,19 +302,68 @@ def test_a_streaming_consumer_goes_on_after_the_broker_restarts(tmp_path):
         c = hw.consumer()
         c.assign("q")
         assert poll_until(c, 1) == [b"before"]
-        broker.kill()
-        broker = BrokerProcess(tmp_path / "data", "--flush", "sync", port=port).start()
-        hw.send_batch("q", [b"after"], partition=0)
+        restart.start()
         got: list[bytes] = []
-        deadline = time.monotonic() + 20
-        while not got and time.monotonic() < deadline:
-            try:
-                got += [r.body for r in c.poll(timeout_ms=200)]
-            except UnavailableError:
-                continue  # the poll that found the connection gone says so; the next one reopens
-        assert got == [b"after"]
+        deadline = time.monotonic() + 30
+        while not (got and restart.done.is_set()) and time.monotonic() < deadline:
+            got += [r.body for r in c.poll(timeout_ms=200)]  # no poll may fail
+        assert restart.error is None and got == [b"after"]
         hw.close()
     finally:
+        restart.join(30)
+        restart.broker.kill()
+
+
+def test_the_asyncio_streaming_consumer_goes_on_across_a_broker_restart(tmp_path):
+    import asyncio
+
+    import headwater.aio
+
+    broker = BrokerProcess(tmp_path / "data", port=free_port()).start()
+    restart = Restart(tmp_path, broker, "terminate")
+
+    async def main() -> None:
+        hw = await headwater.aio.connect(broker.address, request_timeout_s=5)
+        try:
+            await hw.admin.create_queue("q", partitions=1)
+            await hw.send_batch("q", [b"before"], partition=0)
+            c = hw.consumer()
+            await c.assign("q")
+            assert [r.body for r in await c.poll(timeout_ms=5000)] == [b"before"]
+            restart.start()
+            got: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while not (got and restart.done.is_set()) and time.monotonic() < deadline:
+                got += [r.body for r in await c.poll(timeout_ms=200)]
+            assert restart.error is None and got == [b"after"]
+        finally:
+            await hw.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        restart.join(30)
+        restart.broker.kill()
+
+
+def test_a_streaming_consumer_reports_a_broker_gone_for_good(tmp_path):
+    """Opening the stream again is tried for the client's connect_timeout_s, then the poll
+    says the broker cannot be reached."""
+    broker = BrokerProcess(tmp_path / "data").start()
+    hw = headwater.connect(broker.address, connect_timeout_s=1, request_timeout_s=5)
+    try:
+        hw.admin.create_queue("q", partitions=1)
+        c = hw.consumer()
+        c.assign("q")
+        assert c.poll(timeout_ms=100) == []
+        broker.kill()
+        began = time.monotonic()
+        with pytest.raises(UnavailableError, match="cannot reach the broker"):
+            while time.monotonic() - began < 30:
+                c.poll(timeout_ms=200)
+        assert time.monotonic() - began < 6
+    finally:
+        hw.close()
         broker.kill()
 
 

@@ -151,9 +151,12 @@ class AsyncConsumer(ConsumerPositions):
             try:
                 sid = await self._service.open_fetch_stream(queue, offsets, handler, credit_bytes=streams.window_bytes,
                                                             tag_mask=self._mask, push_bytes_max=self._fetch_bytes)
-            except BaseException:
-                streams.failed(queue)
-                raise
+            except BaseException as e:
+                again_in_s = streams.failed(queue, e)
+                if again_in_s is None:
+                    raise
+                await asyncio.sleep(min(again_in_s, max(0.0, remaining)))  # the broker is restarting: try again
+                return 0
             streams.opened(queue, sid)
         if remaining > 0 and not streams.pending():
             pushed = self._pushed = asyncio.get_running_loop().create_future()

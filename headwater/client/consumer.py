@@ -160,9 +160,12 @@ class Consumer(ConsumerPositions):
             try:
                 sid = self._service.open_fetch_stream(queue, offsets, handler, credit_bytes=streams.window_bytes,
                                                       tag_mask=self._mask, push_bytes_max=self._fetch_bytes)
-            except BaseException:
-                streams.failed(queue)
-                raise
+            except BaseException as e:
+                again_in_s = streams.failed(queue, e)
+                if again_in_s is None:
+                    raise
+                time.sleep(min(again_in_s, max(0.0, remaining)))  # the broker is restarting: try again
+                return 0
             streams.opened(queue, sid)
         arrived = self._arrived = LazyFuture()  # no condition unless another thread leads
         if not streams.pending():

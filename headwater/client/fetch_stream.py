@@ -17,13 +17,16 @@ Flow control is by byte credit: a stream is opened with ``window_bytes`` of cred
 :meth:`take` grants back the bytes of the pushes it decoded once they add up to half the
 window. Positions stay the consumer's: a seek, an assignment change or a lost connection ends
 the queue's stream (:meth:`close`), and the next poll opens another where the consumer is. A
-stream the broker ends (the queue was deleted, the broker stops) raises its reason from
-:meth:`take`.
+stream the broker ends for good (the queue was deleted, the stream was refused) raises its
+reason from :meth:`take`; one it ends with a retriable error (the broker is stopping for a
+restart) is opened again by the next poll, as after a lost connection, so a consumer goes on
+across a broker's restart (within the client's ``connect_timeout_s``, like any call).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -63,6 +66,11 @@ class FetchStreams:
         self.window_bytes = window_bytes
         self._notify = notify
         self._streams: dict[str, _Stream] = {}
+        # opening again after the broker went away: for as long as the client waits for a
+        # connection (its connect_timeout_s), from the first failure in a row
+        self._retry_for_s: float = getattr(getattr(service, "transport", None), "connect_timeout_s", 10.0)
+        self._unavailable_since: float | None = None
+        self._unavailable_tries = 0
 
     def to_open(self, positions: dict[TP, int]) -> dict[str, dict[int, int]]:
         """``{queue: {partition: offset}}`` for each queue in ``positions`` without a live
@@ -89,10 +97,27 @@ class FetchStreams:
 
     def opened(self, queue: str, sid: int) -> None:
         self._streams[queue].sid = sid
+        self._unavailable_since = None
+        self._unavailable_tries = 0
 
-    def failed(self, queue: str) -> None:
-        """Opening the stream of ``queue`` failed: forget it (the next poll tries again)."""
+    def failed(self, queue: str, error: BaseException | None = None) -> float | None:
+        """Opening the stream of ``queue`` failed: forget it (the next poll tries again).
+
+        When ``error`` is an :class:`~headwater.errors.UnavailableError` (the broker is
+        stopping for a restart, or cannot be reached yet) and the first such failure in a row
+        was less than the client's ``connect_timeout_s`` ago: how many seconds to wait before
+        opening it again (backing off from 0.05 s to 1 s). Otherwise None: the caller raises
+        ``error``."""
         self._streams.pop(queue, None)
+        if not isinstance(error, UnavailableError):
+            return None
+        now = time.monotonic()
+        if self._unavailable_since is None:
+            self._unavailable_since = now
+        if now - self._unavailable_since >= self._retry_for_s:
+            return None
+        self._unavailable_tries += 1
+        return min(1.0, 0.05 * 2 ** (self._unavailable_tries - 1))
 
     def pending(self) -> bool:
         """Whether a push (or the news of a lost connection) is waiting to be taken."""
@@ -112,8 +137,14 @@ class FetchStreams:
                 if push.stream_id != s.sid:
                     continue  # of an earlier stream: that one is closed
                 if push.ended:
+                    error = error_for_code(push.ended_code)
+                    if error.retriable:  # the broker is stopping, say: open it again, as after a lost connection
+                        log.info("the fetch stream of %r ended (%s); opening it again", queue, push.ended)
+                        s.lost = True
+                        s.pushes.clear()
+                        break
                     self._streams.pop(queue, None)
-                    raise error_for_code(push.ended_code)(f"reading {queue!r}: {push.ended}")
+                    raise error(f"reading {queue!r}: {push.ended}")
                 tp = (queue, push.partition)
                 pos = fetch_pos.get(tp)
                 if pos is not None:  # else no longer assigned (its stream is being closed)
