@@ -448,6 +448,26 @@ def test_consume_follows_new_messages(broker):
                                          "properties", "value", "scheduled"]  # the keys of scan --json
 
 
+def test_consume_goes_on_across_a_broker_restart(tmp_path):
+    """``consume --server`` follows on when the broker stops (SIGTERM) and starts again on its
+    port: the messages sent before and after both come, and it ends at its --limit, cleanly."""
+    broker = BrokerProcess(tmp_path / "served").start()
+    try:
+        Cli("--server", broker.address)("queue", "create", "r")
+        follower = Follower("--server", broker.address, "consume", "r", "--group", "g", "--from", "earliest",
+                            "--json", "--limit", "2")
+        Cli("--server", broker.address)("produce", "r", "before")
+        assert [r["value"] for r in follower.read(1)] == ["before"]
+        assert broker.terminate() == 0
+        broker = BrokerProcess(tmp_path / "served", port=broker.port).start()
+        Cli("--server", broker.address)("produce", "r", "after")
+        code, err = follower.finish()
+        assert code == 0, err
+        assert [r["value"] for r in follower.records] == ["before", "after"]
+    finally:
+        broker.kill()
+
+
 def test_consume_from_latest_skips_old_messages(broker):
     cli = Cli("--server", broker.address)
     cli("queue", "create", "l")
