@@ -23,7 +23,7 @@ from headwater.errors import (
 from headwater.model.batch import encode_batch
 from headwater.model.config import QueueConfig
 from headwater.protocol import messages as m
-from tests.support.broker_process import BrokerProcess, free_port
+from tests.support.broker_process import BrokerProcess, Restart, free_port
 from tests.support.waiting import wait_for
 
 
@@ -265,36 +265,12 @@ def test_a_streaming_consumer_with_tags_gets_only_those(net):
     assert c.position("q", 0) == 10
 
 
-class Restart(threading.Thread):
-    """Stop a broker (``terminate``: SIGTERM, it ends its streams with "the broker is
-    stopping"; ``kill``: SIGKILL), wait a second, start it again on its port, then send one
-    message, while the test's consumer goes on polling."""
-
-    def __init__(self, tmp_path, broker: BrokerProcess, stop: str) -> None:
-        super().__init__(daemon=True)
-        self.tmp_path, self.broker, self.stop = tmp_path, broker, stop
-        self.error: BaseException | None = None
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        try:
-            getattr(self.broker, self.stop)()
-            time.sleep(1.0)
-            self.broker = BrokerProcess(self.tmp_path / "data", port=self.broker.port).start()
-            with headwater.connect(self.broker.address) as hw:
-                hw.send_batch("q", [b"after"], partition=0)
-        except BaseException as e:  # noqa: BLE001 - the test reports it
-            self.error = e
-        finally:
-            self.done.set()
-
-
 @pytest.mark.parametrize("stop", ["terminate", "kill"])
 def test_a_streaming_consumer_goes_on_across_a_broker_restart(tmp_path, stop):
     """The broker restarts while a consumer polls: its polls open the stream again and go
     on, none of them failing (Kafka's consumer, too, rides through a broker's restart)."""
     broker = BrokerProcess(tmp_path / "data", port=free_port()).start()
-    restart = Restart(tmp_path, broker, stop)
+    restart = Restart(broker, stop)
     try:
         hw = headwater.connect(broker.address, request_timeout_s=5)
         hw.admin.create_queue("q", partitions=1)
@@ -320,7 +296,7 @@ def test_the_asyncio_streaming_consumer_goes_on_across_a_broker_restart(tmp_path
     import headwater.aio
 
     broker = BrokerProcess(tmp_path / "data", port=free_port()).start()
-    restart = Restart(tmp_path, broker, "terminate")
+    restart = Restart(broker, "terminate")
 
     async def main() -> None:
         hw = await headwater.aio.connect(broker.address, request_timeout_s=5)

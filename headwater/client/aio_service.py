@@ -219,7 +219,8 @@ class AsyncService:
     async def list_groups(self) -> list[GroupSummary]:
         return await self._call(m.ListGroupsRequest())
 
-    # shared groups: nothing that changes leases is retried (see RemoteService)
+    # shared groups: a receive is retried unless at most once; acks, nacks and extends are
+    # not (see RemoteService)
     async def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
                              visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
                              settings: dict[str, int | float] | None = None,
@@ -227,7 +228,7 @@ class AsyncService:
         timeout = None if not max_wait_ms else self.transport.request_timeout_s + max_wait_ms / 1000
         return await self._call(m.SharedReceiveRequest(group, queue, member, max_messages, visibility_timeout_ms,
                                                        at_most_once, dict(settings or {}), max_wait_ms),
-                                retry=False, timeout_s=timeout)
+                                retry=not at_most_once, timeout_s=timeout)
 
     async def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
         return await self._call(m.SharedAckRequest(group, queue, member, list(lease_ids)), retry=False)

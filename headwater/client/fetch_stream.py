@@ -26,12 +26,11 @@ across a broker's restart (within the client's ``connect_timeout_s``, like any c
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from headwater.client.polling import take_batches
+from headwater.client.polling import Outage, take_batches
 from headwater.errors import UnavailableError, error_for_code
 
 __all__ = ["FetchStreams", "STREAM_WINDOW_BYTES"]
@@ -66,10 +65,7 @@ class FetchStreams:
         self.window_bytes = window_bytes
         self._notify = notify
         self._streams: dict[str, _Stream] = {}
-        # opening again after the broker went away: for as long as the client waits for a
-        # connection (its connect_timeout_s), from the first failure in a row
-        self._retry_for_s: float = getattr(getattr(service, "transport", None), "connect_timeout_s", 10.0)
-        self._unavailable_since: float | None = None
+        self._outage = Outage(service)  # opening again after the broker went away
         self._unavailable_tries = 0
 
     def to_open(self, positions: dict[TP, int]) -> dict[str, dict[int, int]]:
@@ -97,7 +93,7 @@ class FetchStreams:
 
     def opened(self, queue: str, sid: int) -> None:
         self._streams[queue].sid = sid
-        self._unavailable_since = None
+        self._outage.over()
         self._unavailable_tries = 0
 
     def failed(self, queue: str, error: BaseException | None = None) -> float | None:
@@ -109,12 +105,7 @@ class FetchStreams:
         opening it again (backing off from 0.05 s to 1 s). Otherwise None: the caller raises
         ``error``."""
         self._streams.pop(queue, None)
-        if not isinstance(error, UnavailableError):
-            return None
-        now = time.monotonic()
-        if self._unavailable_since is None:
-            self._unavailable_since = now
-        if now - self._unavailable_since >= self._retry_for_s:
+        if error is None or not self._outage.rides_out(error):
             return None
         self._unavailable_tries += 1
         return min(1.0, 0.05 * 2 ** (self._unavailable_tries - 1))

@@ -30,13 +30,13 @@ import itertools
 import time
 from collections import deque
 
-from headwater.errors import ClosedError, InvalidArgumentError, StaleGenerationError
+from headwater.errors import ClosedError, InvalidArgumentError, StaleGenerationError, UnavailableError
 from headwater.model.filtering import decode_selection
 from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo, key_of, member_of, parse_key_spec
 from headwater.model.message import Record
 from headwater.model.service import BrokerService
 from headwater.client.consumer import POLL_MESSAGES_DEFAULT
-from headwater.client.polling import drain_buffers, wait_any
+from headwater.client.polling import Outage, drain_buffers, wait_any
 
 __all__ = ["KeyedConsumer"]
 
@@ -90,6 +90,7 @@ class KeyedConsumer:
         self._consumed: dict[int, int] = {}
         self._buffers: dict[int, deque[Record]] = {}
         self._inflight: dict[int, tuple[int, concurrent.futures.Future]] = {}
+        self._outage = Outage(service)  # fetches that failed while the broker restarts are tried again
         self._committed: dict[int, int] = {}
         self._next_partitions_check = 0.0
         self._adopt(service.keyed_group(queue, group, key, size, start))
@@ -231,6 +232,11 @@ class KeyedConsumer:
             except StaleGenerationError:
                 stale = True
                 continue
+            except UnavailableError as e:
+                if not self._outage.rides_out(e):
+                    raise
+                continue  # the broker restarts: fetch again on the next turn
+            self._outage.over()
             if res.generation != self._info.generation or (
                 res.stop_offset is not None and self._info.resizing_to is None
             ):

@@ -18,11 +18,44 @@ from collections.abc import Callable
 from typing import Any
 
 from headwater.client.scanner import decode_stored
+from headwater.errors import UnavailableError
 from headwater.model.message import Record
 
-__all__ = ["Lead", "drain_buffers", "take_batches", "wait_any"]
+__all__ = ["Lead", "Outage", "drain_buffers", "take_batches", "wait_any"]
 
 Lead = Callable[..., "concurrent.futures.Future | None"]  # RemoteService.lead(futures, timeout_s, *, interrupt=None)
+
+
+class Outage:
+    """A consumer's reads through a broker's restart. A read that failed with
+    :class:`~headwater.errors.UnavailableError` (the connection was lost, or the broker is
+    stopping) is tried again, the same as the consumer's next read, for as long as the client
+    waits for a connection (its ``connect_timeout_s``) from the first failure in a row; past
+    that it is the poll's error. Embedded (no transport) nothing is tried again.
+
+    >>> o = Outage(None); o.rides_out(UnavailableError("gone"))
+    False
+    """
+
+    __slots__ = ("retry_for_s", "since")
+
+    def __init__(self, service: Any) -> None:
+        transport = getattr(service, "transport", None)
+        self.retry_for_s: float | None = getattr(transport, "connect_timeout_s", None)
+        self.since: float | None = None  # the first failure in a row
+
+    def rides_out(self, error: BaseException) -> bool:
+        """Whether a read that failed with ``error`` is to be tried again (else: raise it)."""
+        if self.retry_for_s is None or not isinstance(error, UnavailableError):
+            return False
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        return now - self.since < self.retry_for_s
+
+    def over(self) -> None:
+        """A read succeeded: the broker is back."""
+        self.since = None
 
 
 def wait_any(futures: list[concurrent.futures.Future], timeout_s: float, *, lead: Lead | None = None,

@@ -22,6 +22,7 @@ from headwater.model.batch import tags_mask
 from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.config import QueueInfo
 from headwater.client.fetch_stream import FetchStreams
+from headwater.client.polling import Outage
 from headwater.client.membership import TP, by_queue
 
 __all__ = ["ConsumerPositions", "POLL_MESSAGES_DEFAULT", "TP"]
@@ -53,6 +54,7 @@ class ConsumerPositions:
         self._consumed: dict[TP, int] = {}
         self._buffers: dict[TP, deque[Record]] = {}
         self._inflight: dict[TP, tuple[int, Any]] = {}  # a read per partition: (its position, future or task)
+        self._outage = Outage(service)  # reads that failed while the broker restarts are tried again
         self._queue_ids: dict[str, int] = {}
         self._closed = False
         # a future a subclass may complete to end a waiting poll early (the group consumers

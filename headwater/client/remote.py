@@ -216,15 +216,17 @@ class RemoteService:
         return self._submit(m.FetchRequest(queue, partition, offset, max_bytes, tag_mask, end_offset,
                                            max_wait_ms), timeout, lead=lead)
 
-    # shared groups: nothing that changes leases is retried (an ack answered but lost would
-    # come back refused, and a lost receive's leases simply expire); the caller decides
+    # shared groups: acks, nacks and extends are not retried (one answered but lost would come
+    # back refused; the caller decides). A receive is, as a fetch is, unless at most once: the
+    # leases of a receive answered but lost expire and their messages come again (at least
+    # once); at most once they would be lost, so the caller hears of it
     def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
                        visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
                        settings: dict[str, int | float] | None = None, max_wait_ms: int = 0) -> SharedDeliveries:
         timeout = None if not max_wait_ms else self.transport.request_timeout_s + max_wait_ms / 1000
         return self._call(m.SharedReceiveRequest(group, queue, member, max_messages, visibility_timeout_ms,
                                                  at_most_once, dict(settings or {}), max_wait_ms),
-                          retry=False, timeout_s=timeout)
+                          retry=not at_most_once, timeout_s=timeout)
 
     def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
         return self._call(m.SharedAckRequest(group, queue, member, list(lease_ids)), retry=False)

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -92,3 +93,31 @@ def kill_all(procs, broker: BrokerProcess | None = None) -> None:
             p.wait()
     if broker is not None:
         broker.kill()
+
+
+class Restart(threading.Thread):
+    """Stop a broker (``terminate``: SIGTERM, it ends its streams with "the broker is
+    stopping"; ``kill``: SIGKILL), wait a second, start it again on its port, then send one
+    message, ``b"after"`` to partition 0 of queue ``q`` (by default), while the test's
+    consumer goes on reading. ``broker`` is the running one once ``done`` is set."""
+
+    def __init__(self, broker: BrokerProcess, stop: str, queue: str = "q", key: bytes | None = None) -> None:
+        super().__init__(daemon=True)
+        self.broker, self.stop = broker, stop
+        self.queue, self.key = queue, key
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            getattr(self.broker, self.stop)()
+            time.sleep(1.0)
+            self.broker = BrokerProcess(self.broker.data, *self.broker.args, port=self.broker.port).start()
+            import headwater
+
+            with headwater.connect(self.broker.address) as hw:
+                hw.send_batch(self.queue, [headwater.Message(b"after", key=self.key)], partition=0)
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            self.error = e
+        finally:
+            self.done.set()

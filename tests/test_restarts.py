@@ -1,0 +1,178 @@
+"""Every kind of consumer reads on across a broker's restart, without an error.
+
+A broker process is stopped (SIGTERM, or SIGKILL) while a consumer reads in a loop, started
+again on its port a second later, and sent one more message. The consumer must get that
+message, and none of its reads may fail: a read that the restart broke (its connection lost,
+or refused by a broker that is stopping) is tried again for the client's
+``connect_timeout_s``, as Kafka's consumer rides through a broker's restart. The fetch
+streams of the simple consumer are covered in tests/test_fetch_streams.py; here are the
+consumers that fetch: ``consumer(stream=False)`` (sync and asyncio), the keyed consumer and
+the shared consumer (sync and asyncio). A broker gone for good is still reported, after
+``connect_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import pytest
+
+import headwater
+import headwater.aio
+from headwater.errors import UnavailableError
+from tests.support.broker_process import BrokerProcess, Restart, free_port
+
+READ_FOR_S = 30  # the longest a test reads, waiting for the message sent after the restart
+
+
+def read_across(restart: Restart, read: Callable[[], list[bytes]]) -> list[bytes]:
+    """Read until the restart is done and something came (no read may fail)."""
+    restart.start()
+    got: list[bytes] = []
+    deadline = time.monotonic() + READ_FOR_S
+    while not (got and restart.done.is_set()) and time.monotonic() < deadline:
+        got += read()
+    assert restart.error is None
+    return got
+
+
+@pytest.fixture
+def broker(tmp_path):
+    holder: dict[str, BrokerProcess] = {"broker": BrokerProcess(tmp_path / "data", port=free_port()).start()}
+    yield holder
+    holder["broker"].kill()
+
+
+def _restart(broker: dict, stop: str, **kw) -> Restart:
+    restart = Restart(broker["broker"], stop, **kw)
+    broker["restart"] = restart
+    return restart
+
+
+def _finish(broker: dict) -> None:
+    restart = broker.get("restart")
+    if restart is not None:
+        restart.join(30)
+        broker["broker"] = restart.broker
+
+
+@pytest.mark.parametrize("stop", ["terminate", "kill"])
+def test_a_fetching_consumer(broker, stop):
+    hw = headwater.connect(broker["broker"].address, request_timeout_s=5)
+    try:
+        hw.admin.create_queue("q", partitions=1)
+        c = hw.consumer(stream=False)
+        c.assign("q")
+        assert c.poll(timeout_ms=100) == []
+        got = read_across(_restart(broker, stop), lambda: [r.body for r in c.poll(timeout_ms=200)])
+        assert got == [b"after"]
+    finally:
+        _finish(broker)
+        hw.close()
+
+
+def test_an_asyncio_fetching_consumer(broker):
+    async def main() -> list[bytes]:
+        hw = await headwater.aio.connect(broker["broker"].address, request_timeout_s=5)
+        try:
+            await hw.admin.create_queue("q", partitions=1)
+            c = hw.consumer(stream=False)
+            await c.assign("q")
+            restart = _restart(broker, "terminate")
+            restart.start()
+            got: list[bytes] = []
+            deadline = time.monotonic() + READ_FOR_S
+            while not (got and restart.done.is_set()) and time.monotonic() < deadline:
+                got += [r.body for r in await c.poll(timeout_ms=200)]
+            assert restart.error is None
+            return got
+        finally:
+            await hw.close()
+
+    try:
+        assert asyncio.run(main()) == [b"after"]
+    finally:
+        _finish(broker)
+
+
+@pytest.mark.parametrize("stop", ["terminate", "kill"])
+def test_a_keyed_consumer(broker, stop):
+    hw = headwater.connect(broker["broker"].address, request_timeout_s=5)
+    try:
+        hw.admin.create_queue("q", partitions=1)
+        k = hw.keyed_consumer("counters", "q", member=0, size=1)
+        assert k.poll(timeout_ms=100) == []
+
+        def read() -> list[bytes]:
+            records = k.poll(timeout_ms=200)
+            k.commit()
+            return [r.body for r in records]
+
+        assert read_across(_restart(broker, stop, key=b"k"), read) == [b"after"]
+    finally:
+        _finish(broker)
+        hw.close()
+
+
+@pytest.mark.parametrize("stop", ["terminate", "kill"])
+def test_a_shared_consumer(broker, stop):
+    hw = headwater.connect(broker["broker"].address, request_timeout_s=5)
+    try:
+        hw.admin.create_queue("q", partitions=1)
+        s = hw.shared_consumer("mailers", "q", member="w1")
+        assert s.receive(timeout_ms=100) == []
+
+        def read() -> list[bytes]:
+            deliveries = s.receive(max_messages=10, timeout_ms=200)
+            for d in deliveries:
+                d.ack()
+            return [d.body for d in deliveries]
+
+        assert read_across(_restart(broker, stop), read) == [b"after"]
+    finally:
+        _finish(broker)
+        hw.close()
+
+
+def test_an_asyncio_shared_consumer(broker):
+    async def main() -> list[bytes]:
+        hw = await headwater.aio.connect(broker["broker"].address, request_timeout_s=5)
+        try:
+            await hw.admin.create_queue("q", partitions=1)
+            s = hw.shared_consumer("mailers", "q", member="w1")
+            restart = _restart(broker, "terminate")
+            restart.start()
+            got: list[bytes] = []
+            deadline = time.monotonic() + READ_FOR_S
+            while not (got and restart.done.is_set()) and time.monotonic() < deadline:
+                for d in await s.receive(max_messages=10, timeout_ms=200):
+                    await d.ack()
+                    got.append(d.body)
+            assert restart.error is None
+            return got
+        finally:
+            await hw.close()
+
+    try:
+        assert asyncio.run(main()) == [b"after"]
+    finally:
+        _finish(broker)
+
+
+def test_a_fetching_consumer_reports_a_broker_gone_for_good(broker):
+    hw = headwater.connect(broker["broker"].address, connect_timeout_s=1, request_timeout_s=5)
+    try:
+        hw.admin.create_queue("q", partitions=1)
+        c = hw.consumer(stream=False)
+        c.assign("q")
+        assert c.poll(timeout_ms=100) == []
+        broker["broker"].kill()
+        began = time.monotonic()
+        with pytest.raises(UnavailableError, match="cannot reach the broker"):
+            while time.monotonic() - began < 30:
+                c.poll(timeout_ms=200)
+        assert time.monotonic() - began < 6
+    finally:
+        hw.close()
