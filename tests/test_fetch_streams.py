@@ -322,27 +322,6 @@ def test_the_asyncio_streaming_consumer_goes_on_across_a_broker_restart(tmp_path
         restart.broker.kill()
 
 
-def test_a_streaming_consumer_reports_a_broker_gone_for_good(tmp_path):
-    """Opening the stream again is tried for the client's connect_timeout_s, then the poll
-    says the broker cannot be reached."""
-    broker = BrokerProcess(tmp_path / "data").start()
-    hw = headwater.connect(broker.address, connect_timeout_s=1, request_timeout_s=5)
-    try:
-        hw.admin.create_queue("q", partitions=1)
-        c = hw.consumer()
-        c.assign("q")
-        assert c.poll(timeout_ms=100) == []
-        broker.kill()
-        began = time.monotonic()
-        with pytest.raises(UnavailableError, match="cannot reach the broker"):
-            while time.monotonic() - began < 30:
-                c.poll(timeout_ms=200)
-        assert time.monotonic() - began < 6
-    finally:
-        hw.close()
-        broker.kill()
-
-
 def test_a_consumer_can_still_fetch_instead(server, net):
     net.admin.create_queue("q", partitions=1)
     net.send_batch("q", [b"x"], partition=0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -34,6 +34,17 @@ def read_across(restart: Restart, read: Callable[[], list[bytes]]) -> list[bytes
     deadline = time.monotonic() + READ_FOR_S
     while not (got and restart.done.is_set()) and time.monotonic() < deadline:
         got += read()
+    assert restart.error is None
+    return got
+
+
+async def aread_across(restart: Restart, read: Callable[[], Awaitable[list[bytes]]]) -> list[bytes]:
+    """:func:`read_across` for the asyncio consumers."""
+    restart.start()
+    got: list[bytes] = []
+    deadline = time.monotonic() + READ_FOR_S
+    while not (got and restart.done.is_set()) and time.monotonic() < deadline:
+        got += await read()
     assert restart.error is None
     return got
 
@@ -73,28 +84,35 @@ def test_a_fetching_consumer(broker, stop):
         hw.close()
 
 
-def test_an_asyncio_fetching_consumer(broker):
+def read_across_asyncio(broker: dict, make_read) -> list[bytes]:
+    """Connect with ``headwater.aio``, create queue ``q``, make the reader
+    (``await make_read(hw)``: an async function returning bodies) and read across a SIGTERM
+    restart."""
     async def main() -> list[bytes]:
         hw = await headwater.aio.connect(broker["broker"].address, request_timeout_s=5)
         try:
             await hw.admin.create_queue("q", partitions=1)
-            c = hw.consumer(stream=False)
-            await c.assign("q")
-            restart = _restart(broker, "terminate")
-            restart.start()
-            got: list[bytes] = []
-            deadline = time.monotonic() + READ_FOR_S
-            while not (got and restart.done.is_set()) and time.monotonic() < deadline:
-                got += [r.body for r in await c.poll(timeout_ms=200)]
-            assert restart.error is None
-            return got
+            return await aread_across(_restart(broker, "terminate"), await make_read(hw))
         finally:
             await hw.close()
 
     try:
-        assert asyncio.run(main()) == [b"after"]
+        return asyncio.run(main())
     finally:
         _finish(broker)
+
+
+def test_an_asyncio_fetching_consumer(broker):
+    async def make_read(hw):
+        c = hw.consumer(stream=False)
+        await c.assign("q")
+
+        async def read() -> list[bytes]:
+            return [r.body for r in await c.poll(timeout_ms=200)]
+
+        return read
+
+    assert read_across_asyncio(broker, make_read) == [b"after"]
 
 
 @pytest.mark.parametrize("stop", ["terminate", "kill"])
@@ -137,35 +155,28 @@ def test_a_shared_consumer(broker, stop):
 
 
 def test_an_asyncio_shared_consumer(broker):
-    async def main() -> list[bytes]:
-        hw = await headwater.aio.connect(broker["broker"].address, request_timeout_s=5)
-        try:
-            await hw.admin.create_queue("q", partitions=1)
-            s = hw.shared_consumer("mailers", "q", member="w1")
-            restart = _restart(broker, "terminate")
-            restart.start()
-            got: list[bytes] = []
-            deadline = time.monotonic() + READ_FOR_S
-            while not (got and restart.done.is_set()) and time.monotonic() < deadline:
-                for d in await s.receive(max_messages=10, timeout_ms=200):
-                    await d.ack()
-                    got.append(d.body)
-            assert restart.error is None
-            return got
-        finally:
-            await hw.close()
+    async def make_read(hw):
+        s = hw.shared_consumer("mailers", "q", member="w1")
 
-    try:
-        assert asyncio.run(main()) == [b"after"]
-    finally:
-        _finish(broker)
+        async def read() -> list[bytes]:
+            deliveries = await s.receive(max_messages=10, timeout_ms=200)
+            for d in deliveries:
+                await d.ack()
+            return [d.body for d in deliveries]
+
+        return read
+
+    assert read_across_asyncio(broker, make_read) == [b"after"]
 
 
-def test_a_fetching_consumer_reports_a_broker_gone_for_good(broker):
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "fetching"])
+def test_a_consumer_reports_a_broker_gone_for_good(broker, stream):
+    """Reading again is tried for the client's connect_timeout_s, then the poll says the
+    broker cannot be reached."""
     hw = headwater.connect(broker["broker"].address, connect_timeout_s=1, request_timeout_s=5)
     try:
         hw.admin.create_queue("q", partitions=1)
-        c = hw.consumer(stream=False)
+        c = hw.consumer(stream=stream)
         c.assign("q")
         assert c.poll(timeout_ms=100) == []
         broker["broker"].kill()
