@@ -20,7 +20,6 @@ import itertools
 from collections.abc import Iterable
 from datetime import datetime
 
-from headwater.errors import UnavailableError
 from headwater.model.message import Record
 from headwater.model.service import FetchResult
 from headwater.client.aio_service import AsyncBrokerService
@@ -193,13 +192,9 @@ class AsyncConsumer(ConsumerPositions):
             if not task.done():
                 continue
             del self._inflight[tp]
-            try:
-                res = task.result()  # a fetch's error is this poll's error
-            except UnavailableError as e:
-                if not self._outage.rides_out(e):
-                    raise
+            res = self._outage.result(task)  # a fetch's error is this poll's error...
+            if res is None:
                 continue  # ... unless the broker restarts: read again on the next turn
-            self._outage.over()
             start = max(pos, res.start_offset)  # records before start expired: skip them
             got += take_batches(tp, res.batches, start, res.next_offset, self._fetch_pos, self._consumed,
                                 self._buffers, self._tags)

@@ -20,7 +20,6 @@ import time
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 
-from headwater.errors import UnavailableError
 from headwater.model.message import Record
 from headwater.model.service import BrokerService, FetchResult
 from headwater.client.fetch_stream import STREAM_WINDOW_BYTES
@@ -190,13 +189,9 @@ class Consumer(ConsumerPositions):
             if not fut.done():
                 continue
             del self._inflight[tp]
-            try:
-                res: FetchResult = fut.result()
-            except UnavailableError as e:
-                if not self._outage.rides_out(e):
-                    raise
+            res: FetchResult | None = self._outage.result(fut)
+            if res is None:
                 continue  # the broker restarts: read again on the next turn
-            self._outage.over()
             if self._fetch_pos.get(tp) != pos:
                 continue  # the application seeked meanwhile: this answer is stale
             start = max(pos, res.start_offset)  # records before start expired: skip them

@@ -66,7 +66,6 @@ class FetchStreams:
         self._notify = notify
         self._streams: dict[str, _Stream] = {}
         self._outage = Outage(service)  # opening again after the broker went away
-        self._unavailable_tries = 0
 
     def to_open(self, positions: dict[TP, int]) -> dict[str, dict[int, int]]:
         """``{queue: {partition: offset}}`` for each queue in ``positions`` without a live
@@ -94,21 +93,17 @@ class FetchStreams:
     def opened(self, queue: str, sid: int) -> None:
         self._streams[queue].sid = sid
         self._outage.over()
-        self._unavailable_tries = 0
 
     def failed(self, queue: str, error: BaseException | None = None) -> float | None:
         """Opening the stream of ``queue`` failed: forget it (the next poll tries again).
 
-        When ``error`` is an :class:`~headwater.errors.UnavailableError` (the broker is
-        stopping for a restart, or cannot be reached yet) and the first such failure in a row
-        was less than the client's ``connect_timeout_s`` ago: how many seconds to wait before
-        opening it again (backing off from 0.05 s to 1 s). Otherwise None: the caller raises
-        ``error``."""
+        When ``error`` is to be ridden out (:class:`~headwater.client.polling.Outage`: the
+        broker is stopping for a restart, or cannot be reached yet): how many seconds to wait
+        before opening it again. Otherwise None: the caller raises ``error``."""
         self._streams.pop(queue, None)
         if error is None or not self._outage.rides_out(error):
             return None
-        self._unavailable_tries += 1
-        return min(1.0, 0.05 * 2 ** (self._unavailable_tries - 1))
+        return self._outage.backoff_s()
 
     def pending(self) -> bool:
         """Whether a push (or the news of a lost connection) is waiting to be taken."""
@@ -144,6 +139,7 @@ class FetchStreams:
                 s.undecoded += sum(map(len, push.batches))
             if s.lost:
                 self._streams.pop(queue, None)
+                self._outage.began()  # opening it again is tried until a connect attempt from now gives up
                 continue
             if s.undecoded >= self.window_bytes // 2 and s.sid is not None:
                 self._service.credit_fetch_stream(s.sid, s.undecoded).add_done_callback(_log_grant_failure)

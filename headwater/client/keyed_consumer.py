@@ -30,7 +30,7 @@ import itertools
 import time
 from collections import deque
 
-from headwater.errors import ClosedError, InvalidArgumentError, StaleGenerationError, UnavailableError
+from headwater.errors import ClosedError, InvalidArgumentError, StaleGenerationError
 from headwater.model.filtering import decode_selection
 from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo, key_of, member_of, parse_key_spec
 from headwater.model.message import Record
@@ -228,15 +228,12 @@ class KeyedConsumer:
                 continue
             del self._inflight[p]
             try:
-                res: KeyedFetchResult = fut.result()
+                res: KeyedFetchResult | None = self._outage.result(fut)
             except StaleGenerationError:
                 stale = True
                 continue
-            except UnavailableError as e:
-                if not self._outage.rides_out(e):
-                    raise
+            if res is None:
                 continue  # the broker restarts: fetch again on the next turn
-            self._outage.over()
             if res.generation != self._info.generation or (
                 res.stop_offset is not None and self._info.resizing_to is None
             ):

@@ -29,33 +29,60 @@ Lead = Callable[..., "concurrent.futures.Future | None"]  # RemoteService.lead(f
 class Outage:
     """A consumer's reads through a broker's restart. A read that failed with
     :class:`~headwater.errors.UnavailableError` (the connection was lost, or the broker is
-    stopping) is tried again, the same as the consumer's next read, for as long as the client
-    waits for a connection (its ``connect_timeout_s``) from the first failure in a row; past
-    that it is the poll's error. Embedded (no transport) nothing is tried again.
+    stopping) is tried again, like the consumer's next read, until an attempt to connect made
+    since the first failure in a row gave up (the transport's own rule for calls:
+    ``gave_up_connecting_since``, after ``connect_timeout_s``), or a broker that answers keeps
+    failing it for ``connect_timeout_s``; then it is the poll's error. Embedded (no transport)
+    nothing is tried again.
 
     >>> o = Outage(None); o.rides_out(UnavailableError("gone"))
     False
     """
 
-    __slots__ = ("retry_for_s", "since")
+    __slots__ = ("_transport", "since", "tries")
 
     def __init__(self, service: Any) -> None:
-        transport = getattr(service, "transport", None)
-        self.retry_for_s: float | None = getattr(transport, "connect_timeout_s", None)
+        self._transport = getattr(service, "transport", None)
         self.since: float | None = None  # the first failure in a row
+        self.tries = 0  # failures in a row
 
     def rides_out(self, error: BaseException) -> bool:
         """Whether a read that failed with ``error`` is to be tried again (else: raise it)."""
-        if self.retry_for_s is None or not isinstance(error, UnavailableError):
+        if self._transport is None or not isinstance(error, UnavailableError):
             return False
-        now = time.monotonic()
+        self.began()
+        self.tries += 1
+        since = self.since
+        assert since is not None
+        return (not self._transport.gave_up_connecting_since(since)
+                and time.monotonic() - since < self._transport.connect_timeout_s)
+
+    def began(self) -> None:
+        """The broker went away now (a stream's connection was lost, say), unless it had already."""
         if self.since is None:
-            self.since = now
-        return now - self.since < self.retry_for_s
+            self.since = time.monotonic()
+
+    def backoff_s(self) -> float:
+        """How long to wait before trying again: 0.05 s, doubling with each failure in a row,
+        at most 1 s (for a retry that would otherwise be answered at once)."""
+        return min(1.0, 0.05 * 2 ** max(0, self.tries - 1))
 
     def over(self) -> None:
         """A read succeeded: the broker is back."""
         self.since = None
+        self.tries = 0
+
+    def result(self, fut: Any) -> Any:
+        """The result of a read's done future; None when it failed with an error to ride out
+        (read again on the next turn). Any other error is raised."""
+        try:
+            res = fut.result()
+        except UnavailableError as e:
+            if not self.rides_out(e):
+                raise
+            return None
+        self.over()
+        return res
 
 
 def wait_any(futures: list[concurrent.futures.Future], timeout_s: float, *, lead: Lead | None = None,
