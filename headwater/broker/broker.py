@@ -20,7 +20,7 @@ from headwater.broker.subscriptions import SubscriberRegistry
 from headwater.broker.offsets import OffsetStore
 from headwater.broker.shared import SharedGroups
 from headwater.errors import InvalidArgumentError, MessageNotFoundError
-from headwater.model.config import QueueConfig, QueueInfo
+from headwater.model.config import QueueConfig, QueueInfo, is_internal_queue
 from headwater.model.delay import DELAYED_PARTITION_BIT, DelayStats, peek_deliver_at
 from headwater.model.filtering import TagMaskFilter, filter_batches
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
@@ -34,7 +34,7 @@ __all__ = ["Broker"]
 
 
 def _user_queue(name: str) -> str:
-    if isinstance(name, str) and name.startswith("__"):
+    if is_internal_queue(name):
         raise InvalidArgumentError(f"queue {name!r}: names starting with '__' belong to the broker")
     return name
 
@@ -165,7 +165,7 @@ class Broker:
         if isinstance(partition, int) and partition & DELAYED_PARTITION_BIT:
             return self.delay.lookup(queue_id, partition, offset)
         name = self.store.queue_name(queue_id)
-        if name is not None and name.startswith("__"):  # the broker's own: not for users to name or see
+        if is_internal_queue(name):  # the broker's own: not for users to name or see
             raise MessageNotFoundError(f"no queue has id {queue_id} (was it deleted?)")
         return self.store.lookup_id(queue_id, partition, offset)
 

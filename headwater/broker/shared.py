@@ -36,7 +36,7 @@ import msgspec
 
 from headwater.errors import QueueExistsError, QueueNotFoundError
 from headwater.model.batch import decode_records, encode_batch
-from headwater.model.config import QueueConfig, QueueInfo
+from headwater.model.config import QueueConfig, QueueInfo, is_internal_queue
 from headwater.model.message import Message
 from headwater.model.service import FetchResult
 from headwater.model.shared_groups import SharedGroupsCore
@@ -83,7 +83,7 @@ class SharedGroups(SharedGroupsCore):
         store.add_append_listener(self._on_append)
 
     def _on_append(self, queue: str, partition: int, end_offset: int) -> None:
-        if not queue.startswith("__"):
+        if not is_internal_queue(queue):
             self.notify(queue)
 
     # -- loading --------------------------------------------------------------------------

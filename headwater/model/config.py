@@ -12,6 +12,8 @@ from headwater.errors import InvalidArgumentError, InvalidQueueNameError
 
 __all__ = [
     "DEFAULT_PORT",
+    "INTERNAL_PREFIX",
+    "is_internal_queue",
     "FlushPolicy",
     "QueueConfig",
     "QueueInfo",
@@ -22,9 +24,20 @@ __all__ = [
 ]
 
 QUEUE_NAME_MAX = 200
+INTERNAL_PREFIX = "__"  # the broker's own queues (committed offsets, group state, subscribers)
 DEFAULT_PORT = 7070  # where `headwater serve` listens unless told otherwise
 PARTITIONS_MAX = 100_000
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def is_internal_queue(name: object) -> bool:
+    """Whether ``name`` is one of the broker's own queues (``__offsets``, ...), which users
+    neither name nor see.
+
+    >>> is_internal_queue("__offsets"), is_internal_queue("orders"), is_internal_queue(None)
+    (True, False, False)
+    """
+    return isinstance(name, str) and name.startswith(INTERNAL_PREFIX)
 
 
 class FlushPolicy(str, Enum):

@@ -52,6 +52,7 @@ from headwater.model.config import (
     PartitionInfo,
     QueueConfig,
     QueueInfo,
+    is_internal_queue,
     validate_queue_name,
 )
 from headwater.model.service import FetchResult, ProduceResult
@@ -414,7 +415,7 @@ class LogStore:
         """Create a queue. ``internal`` queues (the broker's own, named ``__...``) are hidden
         from :meth:`list_queues`."""
         if internal:
-            if not (isinstance(name, str) and name.startswith("__")):
+            if not is_internal_queue(name):
                 raise InvalidArgumentError(f"internal queue names start with '__', got {name!r}")
             validate_queue_name(name[2:])
         else:
@@ -448,7 +449,7 @@ class LogStore:
             self._check_open()
             now = self._now_ms()
             return [self._info(q, now) for name, q in sorted(self._queues.items())
-                    if include_internal or not name.startswith("__")]
+                    if include_internal or not is_internal_queue(name)]
 
     def delete_before(self, queue: str, partition: int, offset: int) -> None:
         """Move the partition's start to ``offset`` (Kafka's DeleteRecords): the records
@@ -982,9 +983,9 @@ class LogStore:
                 "segments": len(self._segments),
                 "bytes": sum(s.size for s in self._segments.values()),
                 "open_segments": sum(1 for s in self._segments.values() if s.is_open),
-                "queues": sum(1 for n in self._queues if not n.startswith("__")),
-                "partitions": sum(len(q.partitions) for n, q in self._queues.items() if not n.startswith("__")),
-                "internal_queues": sum(1 for n in self._queues if n.startswith("__")),
+                "queues": sum(1 for n in self._queues if not is_internal_queue(n)),
+                "partitions": sum(len(q.partitions) for n, q in self._queues.items() if not is_internal_queue(n)),
+                "internal_queues": sum(1 for n in self._queues if is_internal_queue(n)),
                 "fsyncs": self._commit.fsyncs,
                 "page_cache_keep_bytes": self.config.page_cache_keep_bytes,
                 "uncached_bytes": self._uncached_upto - self._uncached_from,
