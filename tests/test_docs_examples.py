@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import doc_shell
-from tests.support.broker_process import BrokerProcess
+from tests.support.broker_process import BrokerProcess, free_port
 from tests.support.doc_examples import examples
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,7 +138,7 @@ def _run_shell_examples(guide: Path, tmp_path: Path) -> tuple[int, str, list[str
     script, failures = doc_shell.write(guide, work)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
            "PYTHONUNBUFFERED": "1", "HW_WORK": str(work), "HW_GUIDE": guide.name,
-           "HW_FOLLOW_S": str(doc_shell.FOLLOW_S), "HEADWATER_PORT": str(doc_shell.free_port()),
+           "HW_FOLLOW_S": str(doc_shell.FOLLOW_S), "HEADWATER_PORT": str(free_port()),
            "HEADWATER_HISTORY": str(work / ".history"), "HOME": str(work)}
     for name in ("HEADWATER_DATA", "HEADWATER_SERVER", "HEADWATER_CONFIG"):
         env.pop(name, None)

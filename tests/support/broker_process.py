@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import headwater
+
 HEADWATER = str(Path(sys.executable).with_name("headwater"))
 
 
@@ -113,8 +115,6 @@ class Restart(threading.Thread):
             getattr(self.broker, self.stop)()
             time.sleep(1.0)
             self.broker = BrokerProcess(self.broker.data, *self.broker.args, port=self.broker.port).start()
-            import headwater
-
             with headwater.connect(self.broker.address) as hw:
                 hw.send_batch(self.queue, [headwater.Message(b"after", key=self.key)], partition=0)
         except BaseException as e:  # noqa: BLE001 - the test reports it

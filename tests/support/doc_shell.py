@@ -1,5 +1,5 @@
 """Run the shell examples of a Markdown guide as a reader would paste them into one terminal:
-``python tests/support/doc_shell.py GUIDE.md WORKDIR``.
+``python -m tests.support.doc_shell GUIDE.md WORKDIR`` writes the script for a look.
 
 Every ```` ```sh ```` block that runs a ``headwater`` command is taken, top to bottom, into one
 bash script run with ``set -e -o pipefail`` in WORKDIR: variables, ``export`` and brokers
@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import re
 import shlex
-import socket
 import sys
 from pathlib import Path
+
+from tests.support.broker_process import free_port
 
 FOLLOW_S = 4  # how long a command that follows runs before its Ctrl-C (it starts in about 0.5 s)
 
@@ -182,12 +183,6 @@ def _insert_before_headwater(line: str, word: str) -> str:
     return line[:at] + word + " " + line[at:]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def build_script(guide: Path, work: Path) -> tuple[str, dict[int, tuple[int, str]]]:
     """The bash script of a guide's shell examples, and what its expected failures must
     print: ``{n: (guide line, text)}``, ``n`` naming the ``.stderr-n`` and ``.rc-n`` files."""
@@ -239,7 +234,7 @@ def check_failures(work: Path, failures: dict[int, tuple[int, str]], guide: str)
     return wrong
 
 
-if __name__ == "__main__":  # write the script for a look: doc_shell.py GUIDE WORKDIR
+if __name__ == "__main__":  # write the script for a look: python -m tests.support.doc_shell GUIDE WORKDIR
     g, w = Path(sys.argv[1]), Path(sys.argv[2]).resolve()
     p, _ = write(g, w)
     print(p)
