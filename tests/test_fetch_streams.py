@@ -75,6 +75,13 @@ def reading(svc: RemoteService, cond, what: str):
     return wait_for(lambda: (svc.lead([never], 0.02), cond())[1], what=what)
 
 
+def open_stream(svc: RemoteService, queue: str, positions: dict[int, int], handler, **kw) -> int:
+    """Open a fetch stream and wait for the broker's answer; its id."""
+    sid, answer = svc.open_fetch_stream(queue, positions, handler, **kw)
+    assert answer.result(5) is None
+    return sid
+
+
 def produce(svc: RemoteService, partition: int, *bodies: bytes) -> None:
     svc.produce("q", partition, encode_batch(list(bodies)))
 
@@ -83,7 +90,7 @@ def test_pushes_start_at_the_positions_given_and_follow_appends(remote):
     produce(remote, 0, b"a", b"b", b"c")
     produce(remote, 1, b"x")
     pushes = Pushes()
-    sid = remote.open_fetch_stream("q", {0: 1, 1: 0}, pushes, credit_bytes=1 << 20)
+    sid = open_stream(remote, "q", {0: 1, 1: 0}, pushes, credit_bytes=1 << 20)
     # a batch may begin before the position: the client skips what is before it
     reading(remote, lambda: {p.partition for p in pushes.got} == {0, 1}, what="the first pushes")
     assert all(p.stream_id == sid for p in pushes.got)
@@ -98,7 +105,7 @@ def test_pushes_start_at_the_positions_given_and_follow_appends(remote):
 
 def test_credit_bounds_what_is_pushed_and_more_credit_resumes(remote):
     pushes = Pushes()
-    sid = remote.open_fetch_stream("q", {0: 0}, pushes, credit_bytes=1)
+    sid = open_stream(remote, "q", {0: 0}, pushes, credit_bytes=1)
     for i in range(5):
         produce(remote, 0, b"m%d" % i)
     reading(remote, lambda: pushes.got, what="the first push")
@@ -110,7 +117,7 @@ def test_credit_bounds_what_is_pushed_and_more_credit_resumes(remote):
 
 def test_a_closed_stream_pushes_no_more(server, remote):
     pushes = Pushes()
-    sid = remote.open_fetch_stream("q", {0: 0}, pushes, credit_bytes=1 << 20)
+    sid = open_stream(remote, "q", {0: 0}, pushes, credit_bytes=1 << 20)
     produce(remote, 0, b"one")
     reading(remote, lambda: pushes.bodies() == [b"one"], what="a push")
     remote.close_fetch_stream(sid)  # without waiting
@@ -139,7 +146,7 @@ def test_bad_requests_are_refused_and_the_connection_keeps_serving(remote, body,
 
 
 def test_a_stream_id_in_use_is_refused(remote):
-    sid = remote.open_fetch_stream("q", {0: 0}, Pushes(), credit_bytes=100)
+    sid = open_stream(remote, "q", {0: 0}, Pushes(), credit_bytes=100)
     with pytest.raises(InvalidArgumentError, match=f"stream {sid} is already open"):
         remote._call(m.FetchStreamRequest(sid, "q", {1: 0}, 100), retry=False)
 
@@ -149,14 +156,14 @@ def test_stream_ids_are_unique_among_subscriptions_and_fetch_streams(remote):
     sub_id, _ = remote.open_push_stream("q", "audit", Pushes(), credit_messages=10, credit_bytes=1000)
     with pytest.raises(InvalidArgumentError, match=f"stream {sub_id} is already open"):
         remote._call(m.FetchStreamRequest(sub_id, "q", {0: 0}, 100), retry=False)
-    sid = remote.open_fetch_stream("q", {0: 0}, Pushes(), credit_bytes=100)
+    sid = open_stream(remote, "q", {0: 0}, Pushes(), credit_bytes=100)
     with pytest.raises(InvalidArgumentError, match=f"stream {sid} is already open"):
         remote._call(m.SubscribeRequest(sid, "q", "other", 10, 100), retry=False)
 
 
 def test_deleting_the_queue_ends_its_streams(remote):
     pushes = Pushes()
-    remote.open_fetch_stream("q", {0: 0}, pushes, credit_bytes=1 << 20)
+    open_stream(remote, "q", {0: 0}, pushes, credit_bytes=1 << 20)
     remote.delete_queue("q")
     [last] = reading(remote, lambda: [p for p in pushes.got if p is not None and p.ended], what="the last push")
     assert last.ended_code == QueueNotFoundError.code and "q" in last.ended
@@ -168,7 +175,7 @@ def test_stopping_the_broker_ends_streams_with_a_retriable_reason(tmp_path, cloc
     try:
         svc.create_queue("q", QueueConfig(partitions=1))
         pushes = Pushes()
-        svc.open_fetch_stream("q", {0: 0}, pushes, credit_bytes=1 << 20)
+        open_stream(svc, "q", {0: 0}, pushes, credit_bytes=1 << 20)
         server.stop()
         reading(svc, lambda: None in pushes.got, what="the connection's end")
         [last] = [p for p in pushes.got if p is not None and p.ended]
@@ -238,6 +245,34 @@ def test_a_streaming_consumer_reads_seeks_and_changes_its_assignment(net):
     assert poll_until(c, 1) == [b"o0"]
     assert c.poll(timeout_ms=100) == []
     c.close()
+
+
+def test_opening_does_not_wait_and_a_refusal_is_the_polls_error(server, net):
+    """poll() sends FETCH_STREAM and takes the answer on a later turn: a poll of 0 ms opens
+    the stream, a seek while it opens closes it (one stream stays on the broker), and a
+    stream the broker refuses raises its reason from poll()."""
+    def open_streams() -> int:
+        return server.call(lambda: server.server._streams.stats()["fetch_streams"])
+
+    net.admin.create_queue("q", partitions=1)
+    net.send_batch("q", [b"a", b"b"], partition=0)
+    c = net.consumer()
+    c.assign("q")
+    assert c.poll(timeout_ms=0) == []  # the opening is on its way
+    c.seek("q", 0, 1)  # closes the stream being opened; the next poll opens another
+    assert poll_until(c, 1) == [b"b"]
+    wait_for(lambda: open_streams() == 1, what="one stream on the broker")
+    net.admin.create_queue("gone", partitions=1)
+    d = net.consumer()
+    d.assign("gone")
+    net.admin.delete_queue("gone")
+    with pytest.raises(QueueNotFoundError, match="gone"):
+        poll_until(d, 1)
+    assert poll_until(c, 0) == [] and c.poll(timeout_ms=0) == []  # the other consumer reads on
+    net.send_batch("q", [b"c"], partition=0)
+    assert poll_until(c, 1) == [b"c"]
+    c.close()
+    d.close()
 
 
 def test_a_small_window_still_delivers_everything_in_order(net):

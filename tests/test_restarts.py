@@ -187,3 +187,71 @@ def test_a_consumer_reports_a_broker_gone_for_good(broker, stream):
         assert time.monotonic() - began < 6
     finally:
         hw.close()
+
+
+def _readers(hw) -> dict[str, Callable[[], list]]:
+    hw.admin.create_queue("q", partitions=1)
+    streaming = hw.consumer()
+    streaming.assign("q")
+    fetching = hw.consumer(stream=False)
+    fetching.assign("q")
+    keyed = hw.keyed_consumer("counters", "q", member=0, size=1)
+    return {
+        "streaming": lambda: streaming.poll(timeout_ms=200),
+        "fetching": lambda: fetching.poll(timeout_ms=200),
+        "keyed": lambda: keyed.poll(timeout_ms=200),
+    }
+
+
+@pytest.mark.parametrize("kind", ["streaming", "fetching", "keyed"])
+def test_a_read_keeps_its_timeout_while_the_broker_is_down(broker, kind):
+    """While the broker is away each poll returns after its own timeout (Kafka's poll(Duration)
+    too), not after the client's connect_timeout_s; the outage is reported once that passed.
+    (A shared consumer's receive() is one call to the broker, and like any call waits up to
+    connect_timeout_s for it: docs/shared-groups.md, "Guarantees".)"""
+    hw = headwater.connect(broker["broker"].address, connect_timeout_s=3, request_timeout_s=5)
+    try:
+        read = _readers(hw)[kind]
+        assert read() == []
+        broker["broker"].kill()
+        began = time.monotonic()
+        longest = 0.0
+        with pytest.raises(UnavailableError, match="cannot reach the broker"):
+            while time.monotonic() - began < 30:
+                t0 = time.monotonic()
+                try:
+                    assert read() == []
+                finally:
+                    longest = max(longest, time.monotonic() - t0)
+        assert longest < 1.0, f"a poll of 200 ms took {longest:.2f} s"
+        assert 2 <= time.monotonic() - began < 8  # the last connect attempt gives up a little early
+    finally:
+        hw.close()
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "fetching"])
+def test_an_asyncio_read_keeps_its_timeout_while_the_broker_is_down(broker, stream):
+    async def main() -> float:
+        hw = await headwater.aio.connect(broker["broker"].address, connect_timeout_s=3, request_timeout_s=5)
+        try:
+            await hw.admin.create_queue("q", partitions=1)
+            c = hw.consumer(stream=stream)
+            await c.assign("q")
+            assert await c.poll(timeout_ms=100) == []
+            broker["broker"].kill()
+            began = time.monotonic()
+            longest = 0.0
+            with pytest.raises(UnavailableError, match="cannot reach the broker"):
+                while time.monotonic() - began < 30:
+                    t0 = time.monotonic()
+                    try:
+                        assert await c.poll(timeout_ms=200) == []
+                    finally:
+                        longest = max(longest, time.monotonic() - t0)
+            assert 2 <= time.monotonic() - began < 8
+            return longest
+        finally:
+            await hw.close()
+
+    longest = asyncio.run(main())
+    assert longest < 1.0, f"a poll of 200 ms took {longest:.2f} s"

@@ -139,30 +139,22 @@ class AsyncConsumer(ConsumerPositions):
     # -- fetch streams (stream mode, over the network) ------------------------------------
 
     async def _await_pushes(self, remaining: float) -> int:
-        """Take what was pushed; if nothing, open the streams missing and wait up to
-        ``remaining`` seconds for a push. The records taken."""
+        """Take what was pushed; if nothing, start opening the streams missing and wait up to
+        ``remaining`` seconds for a push (or an answer to an opening). The records taken."""
         streams = self._streams
         assert streams is not None
         got = streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
         if got:
             return got
-        for queue, offsets in streams.to_open(self._fetch_pos).items():
-            handler = streams.handler_for(queue)
-            try:
-                sid = await self._service.open_fetch_stream(queue, offsets, handler, credit_bytes=streams.window_bytes,
-                                                            tag_mask=self._mask, push_bytes_max=self._fetch_bytes)
-            except BaseException as e:
-                again_in_s = streams.failed(queue, e)
-                if again_in_s is None:
-                    raise
-                await asyncio.sleep(min(again_in_s, max(0.0, remaining)))  # the broker is restarting: try again
-                return 0
-            streams.opened(queue, sid)
-        if remaining > 0 and not streams.pending():
+        streams.open_missing(self._fetch_pos)
+        wait_s = streams.wait_s(remaining)
+        if wait_s > 0 and not streams.pending():
             pushed = self._pushed = asyncio.get_running_loop().create_future()
-            waits: list[asyncio.Future] = [pushed] if self._wakeup is None else [pushed, self._wakeup]
+            waits: list[asyncio.Future] = [pushed, *streams.openings()]
+            if self._wakeup is not None:
+                waits.append(self._wakeup)
             try:
-                await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(waits, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 self._pushed = None
         return streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)

@@ -163,15 +163,17 @@ class AsyncService:
         return await self._call(m.LookupIdRequest(queue_id, partition, offset))
 
     # fetch streams (the asyncio consumer drives them; see headwater.client.fetch_stream)
-    async def open_fetch_stream(self, queue: str, positions: dict[int, int], handler: Any, *, credit_bytes: int,
-                                tag_mask: int = 0, push_bytes_max: int = 1 << 20) -> int:
-        """Open a fetch stream over ``positions`` (``{partition: offset}``) of ``queue``; its
-        id. ``handler`` gets each PUSH body on the event loop, and None once if the
-        connection is lost."""
-        sid, _ = await self.transport.open_stream(
+    def open_fetch_stream(self, queue: str, positions: dict[int, int], handler: Any, *, credit_bytes: int,
+                          tag_mask: int = 0, push_bytes_max: int = 1 << 20) -> tuple[int, asyncio.Future[None]]:
+        """Start opening a fetch stream over ``positions`` (``{partition: offset}``) of
+        ``queue``, without waiting: the stream's id and the future of the broker's answer.
+        ``handler`` gets each PUSH body on the event loop, and None once if the connection is
+        lost."""
+        answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        sid = self.transport.start_stream(
             lambda sid: m.FetchStreamRequest(sid, queue, dict(positions), credit_bytes, tag_mask, push_bytes_max),
-            handler)
-        return sid
+            handler, answer)
+        return sid, answer
 
     def credit_fetch_stream(self, stream_id: int, credit_bytes: int) -> asyncio.Future[None]:
         """Let a fetch stream push ``credit_bytes`` more, without waiting."""

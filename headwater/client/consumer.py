@@ -148,29 +148,20 @@ class Consumer(ConsumerPositions):
     # -- fetch streams (stream mode, over the network) ------------------------------------
 
     def _await_pushes(self, remaining: float) -> int:
-        """Take what was pushed; if nothing, open the streams missing and wait up to
-        ``remaining`` seconds for a push. The records taken."""
+        """Take what was pushed; if nothing, start opening the streams missing and wait up to
+        ``remaining`` seconds for a push (or an answer to an opening). The records taken."""
         streams = self._streams
         assert streams is not None
         got = streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
         if got:
             return got
-        for queue, offsets in streams.to_open(self._fetch_pos).items():
-            handler = streams.handler_for(queue)
-            try:
-                sid = self._service.open_fetch_stream(queue, offsets, handler, credit_bytes=streams.window_bytes,
-                                                      tag_mask=self._mask, push_bytes_max=self._fetch_bytes)
-            except BaseException as e:
-                again_in_s = streams.failed(queue, e)
-                if again_in_s is None:
-                    raise
-                time.sleep(min(again_in_s, max(0.0, remaining)))  # the broker is restarting: try again
-                return 0
-            streams.opened(queue, sid)
+        streams.open_missing(self._fetch_pos)
         arrived = self._arrived = LazyFuture()  # no condition unless another thread leads
         if not streams.pending():
-            futures = [arrived] if self._wakeup is None else [arrived, self._wakeup]
-            wait_any(futures, max(0.0, remaining), lead=self._lead, interrupt=self._wakeup)
+            futures = [arrived, *streams.openings()]
+            if self._wakeup is not None:
+                futures.append(self._wakeup)
+            wait_any(futures, max(0.0, streams.wait_s(remaining)), lead=self._lead, interrupt=self._wakeup)
         self._arrived = None
         return streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
 

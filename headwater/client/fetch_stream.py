@@ -3,10 +3,11 @@
 Instead of a FETCH per answer, a consumer opens one stream per queue over the partitions it
 reads, at its positions, and the broker pushes each partition's new batches as they are
 appended (docs/protocol.md, 7.5.5). This class keeps a consumer's streams and what they
-pushed, for the blocking consumer and the asyncio one alike: it only sends what needs no
-answer (credit grants, closes; ``service.credit_fetch_stream`` and ``close_fetch_stream``
-return at once on both), and leaves opening a stream, which waits, to the consumer
-(:meth:`to_open`, :meth:`handler_for`, then :meth:`opened`).
+pushed, for the blocking consumer and the asyncio one alike. It waits for nothing: opening a
+stream (:meth:`open_missing`) registers its handler and sends the request, and the answer is a
+future that :meth:`take` settles on a later turn (the consumer waits on it with its pushes:
+:meth:`openings`). Credit grants and closes need no answer. So a ``poll(timeout_ms)`` keeps
+its timeout while the broker is away, as Kafka's ``poll(Duration)`` does.
 
 Pushes arrive on whichever thread reads the connection: the blocking consumer's own while
 its ``poll()`` waits (it leads, see ``RemoteService.lead``), the asyncio consumer's event
@@ -17,15 +18,17 @@ Flow control is by byte credit: a stream is opened with ``window_bytes`` of cred
 :meth:`take` grants back the bytes of the pushes it decoded once they add up to half the
 window. Positions stay the consumer's: a seek, an assignment change or a lost connection ends
 the queue's stream (:meth:`close`), and the next poll opens another where the consumer is. A
-stream the broker ends for good (the queue was deleted, the stream was refused) raises its
-reason from :meth:`take`; one it ends with a retriable error (the broker is stopping for a
-restart) is opened again by the next poll, as after a lost connection, so a consumer goes on
-across a broker's restart (within the client's ``connect_timeout_s``, like any call).
+stream the broker refuses or ends for good (the queue was deleted) raises its reason from
+:meth:`take`. One it ends with a retriable error (the broker is stopping for a restart), or
+whose connection is lost, is opened again, after a backoff, while the broker cannot be
+reached (:class:`~headwater.client.polling.Outage`: within the client's
+``connect_timeout_s``, like any call), so a consumer goes on across a broker's restart.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -45,43 +48,51 @@ Handler = Callable[[Any], None]
 
 
 class _Stream:
-    __slots__ = ("queue", "sid", "pushes", "lost", "undecoded")
+    __slots__ = ("queue", "sid", "pushes", "lost", "undecoded", "opening", "retry_at")
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
-        self.sid: int | None = None  # known once opened
+        self.sid: int | None = None  # None: opening it failed, and it is tried again at retry_at
         self.pushes: deque = deque()  # StreamPush bodies as they came (any thread appends)
         self.lost = False  # the connection went: open again
         self.undecoded = 0  # bytes decoded since the last credit grant
+        self.opening: Any = None  # the future of the broker's answer, until take() settles it
+        self.retry_at = 0.0  # when sid is None: time.monotonic() to open it again at
 
 
 class FetchStreams:
     """The fetch streams of one consumer, one per queue it reads. Used from the consumer's
     thread (or task); only the handlers run elsewhere, and call ``notify`` after each push."""
 
-    def __init__(self, service: Any, *, window_bytes: int = STREAM_WINDOW_BYTES,
-                 notify: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, service: Any, *, window_bytes: int = STREAM_WINDOW_BYTES, tag_mask: int = 0,
+                 push_bytes_max: int = 1 << 20, notify: Callable[[], None] = lambda: None) -> None:
         self._service = service
         self.window_bytes = window_bytes
+        self._tag_mask = tag_mask
+        self._push_bytes_max = push_bytes_max
         self._notify = notify
         self._streams: dict[str, _Stream] = {}
         self._outage = Outage(service)  # opening again after the broker went away
 
-    def to_open(self, positions: dict[TP, int]) -> dict[str, dict[int, int]]:
-        """``{queue: {partition: offset}}`` for each queue in ``positions`` without a live
-        stream; call :meth:`handler_for`, open it, then :meth:`opened` (or :meth:`failed`)."""
+    def open_missing(self, positions: dict[TP, int]) -> None:
+        """Start opening a stream for each queue of ``positions`` (``{(queue, partition):
+        offset}``) that has none: never opened, lost, or due to be tried again. The service
+        sends the request without waiting (``open_fetch_stream``, sync and asyncio alike);
+        :meth:`take` settles its answer."""
+        now = time.monotonic()
         want: dict[str, dict[int, int]] = {}
         for (queue, partition), offset in positions.items():
             s = self._streams.get(queue)
-            if s is None or s.lost:
+            if s is None or (s.opening is None and (s.lost or (s.sid is None and s.retry_at <= now))):
                 want.setdefault(queue, {})[partition] = offset
-        return want
+        for queue, offsets in want.items():
+            s = self._streams[queue] = _Stream(queue)
+            s.sid, s.opening = self._service.open_fetch_stream(
+                queue, offsets, self._handler(s), credit_bytes=self.window_bytes, tag_mask=self._tag_mask,
+                push_bytes_max=self._push_bytes_max)
 
-    def handler_for(self, queue: str) -> Handler:
-        """The push handler of the stream about to be opened for ``queue``."""
-        s = self._streams[queue] = _Stream(queue)
-
-        def handle(push: Any, s: _Stream = s) -> None:  # any thread: a push, or None when the connection is lost
+    def _handler(self, s: _Stream) -> Handler:
+        def handle(push: Any) -> None:  # any thread: a push, or None when the connection is lost
             if push is None:
                 s.lost = True
             else:
@@ -90,34 +101,52 @@ class FetchStreams:
 
         return handle
 
-    def opened(self, queue: str, sid: int) -> None:
-        self._streams[queue].sid = sid
-        self._outage.over()
+    def openings(self) -> list[Any]:
+        """The futures of the answers still awaited (to wait on with the pushes)."""
+        return [s.opening for s in self._streams.values() if s.opening is not None and not s.opening.done()]
 
-    def failed(self, queue: str, error: BaseException | None = None) -> float | None:
-        """Opening the stream of ``queue`` failed: forget it (the next poll tries again).
-
-        When ``error`` is to be ridden out (:class:`~headwater.client.polling.Outage`: the
-        broker is stopping for a restart, or cannot be reached yet): how many seconds to wait
-        before opening it again. Otherwise None: the caller raises ``error``."""
-        self._streams.pop(queue, None)
-        if error is None or not self._outage.rides_out(error):
-            return None
-        return self._outage.backoff_s()
+    def wait_s(self, remaining: float) -> float:
+        """How long the consumer may wait for a push: ``remaining``, or less when a stream
+        that failed to open is due to be tried again sooner."""
+        due = [s.retry_at for s in self._streams.values() if s.sid is None]
+        return min([remaining, *(t - time.monotonic() for t in due)]) if due else remaining
 
     def pending(self) -> bool:
-        """Whether a push (or the news of a lost connection) is waiting to be taken."""
+        """Whether something waits to be taken: a push, the news of a lost connection, the
+        broker's answer to an opening."""
         for s in self._streams.values():
-            if s.pushes or s.lost:
+            if (s.pushes and s.sid is not None) or (s.lost and s.opening is None):
+                return True
+            if s.opening is not None and s.opening.done():
                 return True
         return False
 
+    def _settle(self, queue: str, s: _Stream) -> None:
+        """The broker answered the opening of ``queue``'s stream: it is open, or failed."""
+        fut, s.opening = s.opening, None
+        error = fut.exception() if not fut.cancelled() else UnavailableError("opening the stream was cancelled")
+        if error is None:
+            self._outage.over()
+            if s.lost:  # its connection went between the handler's registration and the request
+                self._service.close_fetch_stream(s.sid)
+            return
+        if not self._outage.rides_out(error):
+            self._streams.pop(queue, None)
+            raise error
+        s.sid, s.lost, s.retry_at = None, False, time.monotonic() + self._outage.backoff_s()
+        s.pushes.clear()
+
     def take(self, fetch_pos: dict, consumed: dict, buffers: dict, tags: frozenset[str] | None) -> int:
-        """Decode each waiting push into the consumer's ``buffers`` (``polling.take_batches``)
-        and grant its bytes back as they add up; the records taken. Raises the reason of a
-        stream the broker ended; forgets a stream whose connection was lost."""
+        """Settle the answers to openings, decode each waiting push into the consumer's
+        ``buffers`` (``polling.take_batches``) and grant its bytes back as they add up; the
+        records taken. Raises why a stream could not be opened, or the reason of a stream the
+        broker ended; forgets a stream whose connection was lost."""
         got = 0
         for queue, s in list(self._streams.items()):
+            if s.opening is not None and s.opening.done():
+                self._settle(queue, s)
+            if s.sid is None:
+                continue  # opening it is tried again later
             while s.pushes:
                 push = s.pushes.popleft()
                 if push.stream_id != s.sid:
@@ -138,17 +167,20 @@ class FetchStreams:
                                         consumed, buffers, tags)
                 s.undecoded += sum(map(len, push.batches))
             if s.lost:
+                if s.opening is not None:
+                    continue  # its answer (a failure) is settled when it comes
                 self._streams.pop(queue, None)
                 self._outage.began()  # opening it again is tried until a connect attempt from now gives up
                 continue
-            if s.undecoded >= self.window_bytes // 2 and s.sid is not None:
+            if s.undecoded >= self.window_bytes // 2:
                 self._service.credit_fetch_stream(s.sid, s.undecoded).add_done_callback(_log_grant_failure)
                 s.undecoded = 0
         return got
 
     def close(self, queue: str | None = None) -> None:
         """End the stream of ``queue`` (of every queue when None) and drop what it pushed;
-        the next poll opens it again from the consumer's positions."""
+        the next poll opens it again from the consumer's positions. (A stream still being
+        opened is closed too: requests are written in the order they are sent.)"""
         for q in [queue] if queue is not None else list(self._streams):
             s = self._streams.pop(q, None)
             if s is not None and not s.lost and s.sid is not None:

@@ -67,7 +67,8 @@ class ConsumerPositions:
             if isinstance(stream_window_bytes, bool) or not isinstance(stream_window_bytes, int) \
                     or stream_window_bytes < 1:
                 raise InvalidArgumentError("stream_window_bytes must be a positive int")
-            self._streams = FetchStreams(service, window_bytes=stream_window_bytes, notify=on_push)
+            self._streams = FetchStreams(service, window_bytes=stream_window_bytes, tag_mask=self._mask,
+                                         push_bytes_max=fetch_bytes, notify=on_push)
 
     # -- assigning ------------------------------------------------------------------------
 

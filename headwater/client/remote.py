@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -326,8 +325,12 @@ class RemoteService:
 
     # fetch streams (headwater.client.fetch_stream drives them)
     def open_fetch_stream(self, queue: str, positions: dict[int, int], handler: Callable[[m.PushBody | None], None],
-                          *, credit_bytes: int, tag_mask: int = 0, push_bytes_max: int = 1 << 20) -> int:
-        """Open a fetch stream over ``positions`` (``{partition: offset}``) of ``queue``; its id.
+                          *, credit_bytes: int, tag_mask: int = 0,
+                          push_bytes_max: int = 1 << 20) -> tuple[int, concurrent.futures.Future]:
+        """Start opening a fetch stream over ``positions`` (``{partition: offset}``) of
+        ``queue``, without waiting (while the broker is away, the request waits for the next
+        connection): the stream's id and the future of the broker's answer (None, or the
+        reason it refused).
 
         ``handler`` gets each PUSH body, on the thread that reads the connection (the client's
         event loop, or a caller that leads: keep it quick and thread-safe), and None once if
@@ -337,8 +340,8 @@ class RemoteService:
         def request(sid: int) -> m.RequestBody:
             return m.FetchStreamRequest(sid, queue, dict(positions), credit_bytes, tag_mask, push_bytes_max)
 
-        opening = self.transport.open_stream(request, handler, any_thread=True)
-        return asyncio.run_coroutine_threadsafe(opening, self._loop).result()[0]
+        answer = LazyFuture()
+        return self.transport.start_stream(request, handler, answer, any_thread=True), answer
 
     def credit_fetch_stream(self, stream_id: int, credit_bytes: int) -> concurrent.futures.Future:
         """Let a fetch stream push ``credit_bytes`` more, without waiting."""
@@ -348,8 +351,7 @@ class RemoteService:
         """Stop routing the stream's pushes here and ask the broker to end it, without waiting."""
         if self._closed:
             return
-        with contextlib.suppress(RuntimeError):  # the loop is closed: so is the connection
-            self._loop.call_soon_threadsafe(self.transport.unregister_push, stream_id)
+        self.transport.unregister_push(stream_id)
         self._submit(m.CloseStreamRequest(stream_id))  # the answer says nothing worth waiting for
 
     def status(self) -> dict[str, object]:

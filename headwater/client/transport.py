@@ -65,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import ipaddress
 import itertools
 import logging
@@ -172,6 +173,9 @@ class Sink(Protocol):
     def done(self) -> bool: ...
     def set_result(self, result: Any) -> None: ...
     def set_exception(self, exception: BaseException) -> None: ...
+    def cancelled(self) -> bool: ...
+    def exception(self) -> BaseException | None: ...
+    def add_done_callback(self, fn: Callable[[Any], object]) -> None: ...
 
 
 def _settle(sink: Sink, result: Any) -> None:
@@ -925,36 +929,48 @@ class AsyncTransport:
             except Exception:
                 log.exception("a push handler failed")
 
-    # push streams (loop only) -----------------------------------------------------------
+    # push streams ------------------------------------------------------------------------
 
     def register_push(self, handler: Callable[[PushBody | None], None], *, any_thread: bool = False) -> int:
         """A new stream id whose PUSH frames go to ``handler`` (None: the connection was lost),
         on the loop; with ``any_thread``, on whichever thread reads them (a caller that leads
-        too), as they are parsed: the handler must then be quick and thread-safe."""
-        sid = self._next_stream_id
-        while sid in self._push_handlers:
-            sid = sid % (2**32 - 1) + 1
-        self._next_stream_id = sid % (2**32 - 1) + 1
-        self._push_handlers[sid] = handler
-        if any_thread:
-            self._push_anywhere.add(sid)
+        too), as they are parsed: the handler must then be quick and thread-safe. Thread-safe;
+        a handler registered while no connection is up waits for the next one."""
+        with self._lock:
+            sid = self._next_stream_id
+            while sid in self._push_handlers:
+                sid = sid % (2**32 - 1) + 1
+            self._next_stream_id = sid % (2**32 - 1) + 1
+            self._push_handlers[sid] = handler
+            if any_thread:
+                self._push_anywhere.add(sid)
         return sid
 
     def unregister_push(self, stream_id: int) -> None:
-        self._push_handlers.pop(stream_id, None)
-        self._push_anywhere.discard(stream_id)
+        with self._lock:
+            self._push_handlers.pop(stream_id, None)
+            self._push_anywhere.discard(stream_id)
+
+    def start_stream(self, request: Callable[[int], RequestBody], handler: Callable[[PushBody | None], None],
+                     sink: Sink, *, any_thread: bool = False) -> int:
+        """Open a push stream without waiting (any thread): register ``handler`` under a new
+        id, submit ``request(id)`` (SUBSCRIBE, FETCH_STREAM) with ``sink`` for the broker's
+        answer, and return the id. The handler is dropped again if the answer is a failure."""
+        sid = self.register_push(handler, any_thread=any_thread)
+        sink.add_done_callback(functools.partial(self._stream_answered, sid))
+        self.submit(request(sid), sink)
+        return sid
+
+    def _stream_answered(self, stream_id: int, sink: Sink) -> None:
+        if sink.cancelled() or sink.exception() is not None:
+            self.unregister_push(stream_id)
 
     async def open_stream(self, request: Callable[[int], RequestBody], handler: Callable[[PushBody | None], None],
                           *, any_thread: bool = False) -> tuple[int, Any]:
-        """Open a push stream (on the loop): register ``handler`` under a new id, send
-        ``request(id)`` (SUBSCRIBE, FETCH_STREAM) and return the id and the answer's result;
-        the handler is dropped again if the request fails."""
-        sid = self.register_push(handler, any_thread=any_thread)
-        try:
-            return sid, await self.call(request(sid))
-        except BaseException:
-            self.unregister_push(sid)
-            raise
+        """:meth:`start_stream`, on the loop, and wait: the id and the answer's result."""
+        fut = asyncio.get_running_loop().create_future()
+        sid = self.start_stream(request, handler, fut, any_thread=any_thread)
+        return sid, await fut
 
     async def close(self) -> None:
         """Fail every call in flight or waiting, and close the connection (on the loop)."""
