@@ -31,6 +31,7 @@ import time
 from collections import deque
 
 from headwater.errors import ClosedError, InvalidArgumentError, StaleGenerationError
+from headwater.model.config import QueueInfo
 from headwater.model.filtering import decode_selection
 from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo, key_of, member_of, parse_key_spec
 from headwater.model.message import Record
@@ -93,6 +94,8 @@ class KeyedConsumer:
         self._outage = Outage(service)  # fetches that failed while the broker restarts are tried again
         self._committed: dict[int, int] = {}
         self._next_partitions_check = 0.0
+        self._describe_async = getattr(service, "describe_queue_async", None)  # over the network
+        self._partitions_check: concurrent.futures.Future | None = None  # its answer, until taken
         self._adopt(service.keyed_group(queue, group, key, size, start))
 
     # -- the group ------------------------------------------------------------------------
@@ -131,8 +134,10 @@ class KeyedConsumer:
         if info.role(self.member) in ("active", "draining"):
             self._add_partitions()
 
-    def _add_partitions(self) -> None:
-        qi = self._service.describe_queue(self.queue)
+    def _add_partitions(self, qi: QueueInfo | None = None) -> None:
+        """Read the partitions of the queue (``qi``, else asked for now) this member does not yet."""
+        if qi is None:
+            qi = self._service.describe_queue(self.queue)
         for pi in qi.partitions:
             if pi.partition not in self._fetch_pos:
                 pos = self._info.position(self.member, pi.partition, pi.start_offset)
@@ -140,6 +145,26 @@ class KeyedConsumer:
                 self._committed[pi.partition] = pos
                 self._buffers[pi.partition] = deque()
         self._next_partitions_check = time.monotonic() + _PARTITIONS_CHECK_S
+
+    def _check_partitions(self) -> None:
+        """Every ``_PARTITIONS_CHECK_S``, look for partitions added to the queue. Over the
+        network the question does not wait: its answer is taken on a later poll, so a poll
+        keeps its timeout while the broker is away."""
+        fut = self._partitions_check
+        if fut is not None:
+            if fut.done():
+                self._partitions_check = None
+                qi = self._outage.result(fut)  # None: the broker restarts; ask again next time
+                if qi is not None:
+                    self._add_partitions(qi)
+            return
+        if time.monotonic() < self._next_partitions_check:
+            return
+        if self._describe_async is None:
+            self._add_partitions()
+        else:
+            self._partitions_check = self._describe_async(self.queue)
+            self._next_partitions_check = time.monotonic() + _PARTITIONS_CHECK_S
 
     def refresh(self) -> KeyedGroupInfo:
         """Ask the broker where the group stands now (and follow it)."""
@@ -183,8 +208,8 @@ class KeyedConsumer:
                 time.sleep(min(self._refresh_s, remaining))
                 self.refresh()
                 continue
-            if role == "active" and time.monotonic() >= self._next_partitions_check:
-                self._add_partitions()
+            if role == "active":
+                self._check_partitions()
             self._launch_fetches(max(0, int(remaining * 1000)))
             futures = [f for _, f in self._inflight.values()]
             if futures:
