@@ -9,17 +9,19 @@ Every broker is stopped with SIGTERM at the end of its test and must exit 0.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import queue
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -594,3 +596,98 @@ def test_new_commands_have_help_with_examples():
         assert "Usage: headwater" in out and "Example" in out, words
     top = cli("--help")
     assert all(name in top for name in ("consume", "status", "shell"))
+
+
+# the transcripts in the guides ------------------------------------------------------------
+
+
+def transcript(guide: str) -> list[tuple[str, list[str]]]:
+    """The ``console`` transcripts of ``docs/<guide>``: each ``$ headwater --server ...``
+    command line (its arguments after the address, with its comment) and the lines it shows."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / guide).read_text()
+    steps: list[tuple[str, list[str]]] = []
+    for block in text.split("```console\n")[1:]:
+        for line in block[:block.index("```")].splitlines():
+            if line.startswith("$ "):
+                steps.append((line.split("--server localhost:7070 ", 1)[1], []))
+            else:
+                steps[-1][1].append(line)
+    return steps
+
+
+def shape(lines: list[str]) -> dict[str, list]:
+    """What of a command's output must match its transcript: the cells of each table's
+    heading lines, the labels of its ``label  value`` lines, and its other lines of text
+    (messages, errors, captions), whitespace made single. Table rows (values, times, ids) and
+    the transcripts' ``...`` are left out."""
+    headings, labels, text = [], [], []
+    for line in lines:
+        if "┃" in line:
+            headings.append([cell.strip() for cell in line.split("┃")])
+        elif re.match(r"^\w[\w ]*?\s{2,}\S", line) and "│" not in line:
+            labels.append(re.split(r"\s{2,}", line)[0])
+        elif line.strip() and "│" not in line and "━" not in line and line.strip() != "...":
+            text.append(line.strip())
+    return {"headings": headings, "labels": labels, "text": " ".join(" ".join(text).split())}
+
+
+def _consumer_groups_scene(address: str, stack: contextlib.ExitStack) -> dict[str, Callable[[], None]]:
+    """docs/consumer-groups.md: group billing of two members on orders (4 partitions)."""
+    hw = stack.enter_context(headwater.connect(address))
+    hw.admin.create_queue("orders", partitions=4)
+    for p, n in enumerate([100, 110, 120, 130]):
+        hw.send_batch("orders", [b"o"] * n, partition=p)
+    members = [stack.enter_context(headwater.connect(address)).consumer(
+        group="billing", subscribe="orders", strategy="sticky", client_id=client_id)
+        for client_id in ("host-a-812", "host-b-377")]
+    deadline = time.monotonic() + 30
+    while not all(len(c.assignment()) == 2 for c in members):
+        assert time.monotonic() < deadline, "the two members never shared the partitions"
+        for c in members:
+            c.poll(max_messages=30, timeout_ms=50)
+    for c in members:
+        c.commit()
+
+    def stop_members() -> None:
+        for c in members:
+            c.close()
+
+    return {"once they stopped": stop_members}
+
+
+def _shared_groups_scene(address: str, stack: contextlib.ExitStack) -> dict[str, Callable[[], None]]:
+    """docs/shared-groups.md: keyed group by-user (3 members) and shared group mailers (one
+    member holding 2 leases) on jobs (3 partitions)."""
+    hw = stack.enter_context(headwater.connect(address))
+    hw.admin.create_queue("jobs", partitions=3)
+    hw.send_batch("jobs", [b"j"] * 5, partition=0)
+    for i in range(3):
+        hw.keyed_consumer("by-user", "jobs", member=i, size=3)
+    assert len(hw.shared_consumer("mailers", "jobs", member="w1").receive(max_messages=2, timeout_ms=1000)) == 2
+    return {}
+
+
+TRANSCRIPT_SCENES = {"consumer-groups.md": _consumer_groups_scene, "shared-groups.md": _shared_groups_scene}
+
+
+def test_every_transcript_is_checked():
+    root = Path(__file__).resolve().parent.parent
+    with_transcripts = {p.name for p in [root / "README.md", *(root / "docs").rglob("*.md")]
+                        if "```console" in p.read_text()}
+    assert with_transcripts == set(TRANSCRIPT_SCENES)
+
+
+@pytest.mark.parametrize("guide, scene", list(TRANSCRIPT_SCENES.items()))
+def test_the_transcripts_in_the_guides_match_what_the_commands_print(broker, guide, scene):
+    """Each command of the guide's transcript, run against a broker in the state the guide
+    describes, prints the same tables (headings), the same labels and the same messages."""
+    cli = Cli("--server", broker.address)
+    with contextlib.ExitStack() as stack:
+        before = scene(broker.address, stack)
+        for command, shown in transcript(guide):
+            args, _, comment = command.partition("#")
+            if comment.strip() in before:
+                before[comment.strip()]()
+            code, out, err = cli.run(*shlex.split(args))
+            assert code == (1 if any(line.startswith("error:") for line in shown) else 0), (command, out, err)
+            assert shape(shown) == shape((out + err).splitlines()), command
