@@ -100,3 +100,17 @@ def hw(request, tmp_path, clock):
     client.close()
     if server is not None:
         server.stop()
+
+
+@pytest.fixture(params=["network", "embedded"])
+def aio_target(request, tmp_path, clock):
+    """Where an asyncio test's client connects (``test_aio.Target``): a real server in a
+    thread, or an embedded broker; run the test with ``test_aio.run``."""
+    from test_aio import Target
+
+    t = Target(request.param, tmp_path, clock)
+    yield t
+    if t.server is not None:
+        t.server.stop()
+        if not t.server.thread.is_alive():
+            t.server.loop.close()

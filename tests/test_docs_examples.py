@@ -43,7 +43,7 @@ SHOWS: dict[str, list[str]] = {
     "README.md": ['b\'{"id": 17, "total": 42.5}\'', "event 999"],
     "asyncio.md": ["[b'late']"],
     "consumer-groups.md": ["now reading", "charged 300 orders", "cache-invalidation read 3"],
-    "keyed-groups.md": ["user-3 clicked 4 times", "'resizing_to': 4"],
+    "keyed-groups.md": ["user-3 clicked 4 times", "'resizing_to': 4", "shared by two members: 0"],
     "producing.md": ["10000 ids, the last 0000", "True\n", "µs from send() to poll()"],
     "shared-groups.md": ["sent 18 emails, 2 in the dead-letter queue: no such mailbox, yet"],
     "spark.md": ["rows in the ranges: 4000", "paid orders in the hour: 3", "events counted: 1000", "clicks written: 3"],

@@ -1001,18 +1001,6 @@ def test_a_broker_restart_makes_members_join_again_and_keeps_offsets(tmp_path):
 # asyncio -------------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["network", "embedded"])
-def aio_target(request, tmp_path, clock):
-    from test_aio import Target
-
-    t = Target(request.param, tmp_path, clock)
-    yield t
-    if t.server is not None:
-        t.server.stop()
-        if not t.server.thread.is_alive():
-            t.server.loop.close()
-
-
 def test_asyncio_members_share_the_work(aio_target):
     import asyncio
 

@@ -365,3 +365,69 @@ def read_logs(d: Path) -> list[tuple[int, str, int, int]]:
             if len(parts) == 4:
                 out.append((int(parts[0]), parts[1], int(parts[2]), int(parts[3])))
     return out
+
+
+# asyncio -------------------------------------------------------------------------------------
+
+
+async def adrain(consumers, expect: int, timeout_s: float = 10.0) -> dict[int, list]:
+    """:func:`drain` for asyncio members (commits after each poll that got records)."""
+    got: dict[int, list] = defaultdict(list)
+    deadline = time.monotonic() + timeout_s
+    while sum(map(len, got.values())) < expect and time.monotonic() < deadline:
+        for c in consumers:
+            recs = await c.poll(timeout_ms=20)
+            got[c.member].extend(recs)
+            if recs:
+                await c.commit()
+    return got
+
+
+def test_asyncio_members_get_their_keys_in_order_through_a_resize(aio_target):
+    """The asyncio member (AsyncKeyedConsumer): its keys only, in order per key, positions
+    committed and resumed, a resize 2 -> 3 followed without restarts, and the admin calls."""
+    from test_aio import run
+
+    async def send(hw, first: int, per_key: int) -> None:
+        await hw.send_batch("q", [Message(k + b":%d" % seq, key=k)
+                                  for seq in range(first, first + per_key) for k in KEYS])
+
+    async def test(hw):
+        await hw.admin.create_queue("q", partitions=3)
+        await send(hw, 0, 3)
+        members = [hw.keyed_consumer("g", "q", member=i, size=2) for i in range(2)]
+        with pytest.raises(InvalidArgumentError, match="not joined"):
+            members[0].info  # noqa: B018 - joining waits for the first poll (or start())
+        got = await adrain(members, len(KEYS) * 3)
+        for m, recs in got.items():
+            assert {member_of(r.key, 2) for r in recs} == {m}
+        info = await hw.admin.describe_keyed_group("g", "q")
+        assert info.size == 2 and info.positions[0] == {p: members[0].position(p) for p in range(3)}
+        await members[0].close()
+        members[0] = hw.keyed_consumer("g", "q", member=0, size=2)  # resumes from its commit
+        assert await members[0].poll(timeout_ms=100) == []
+
+        info = await hw.admin.resize_keyed_group("g", "q", 3)
+        assert info.size == 3 and info.resizing_to is None  # every member was caught up
+        async with hw.keyed_consumer("g", "q", member=2, size=3) as third:
+            members.append(third)
+            await send(hw, 3, 2)
+            more = await adrain(members, len(KEYS) * 2)
+        log = defaultdict(list)
+        for m, recs in more.items():
+            assert {member_of(r.key, 3) for r in recs} == {m}
+            for r in recs:
+                log[r.key].append(parse(r)[1])
+        assert all(seqs == [3, 4] for seqs in log.values()) and len(log) == len(KEYS)
+
+        with pytest.raises(InvalidArgumentError):  # a declaration the group does not have
+            await hw.keyed_consumer("g", "q", member=0, size=2, key="property:user").poll(timeout_ms=10)
+
+        sub = await hw.admin.add_subscriber("q", "audit", partitions=1, tags="t", start=0)
+        assert (sub.partitions, sub.tags) == ([1], ["t"])
+        assert [s.name for s in await hw.admin.list_subscribers("q")] == ["audit"]
+        assert (await hw.admin.describe_subscriber("q", "audit")).name == "audit"
+        await hw.admin.delete_subscriber("q", "audit")
+        assert await hw.admin.list_subscribers() == []
+
+    run(aio_target, test)

@@ -85,7 +85,7 @@ def test_a_fetching_consumer(broker, stop):
         hw.close()
 
 
-def read_across_asyncio(broker: dict, make_read) -> list[bytes]:
+def read_across_asyncio(broker: dict, make_read, **restart) -> list[bytes]:
     """Connect with ``headwater.aio``, create queue ``q``, make the reader
     (``await make_read(hw)``: an async function returning bodies) and read across a SIGTERM
     restart."""
@@ -93,7 +93,7 @@ def read_across_asyncio(broker: dict, make_read) -> list[bytes]:
         hw = await headwater.aio.connect(broker["broker"].address, request_timeout_s=5)
         try:
             await hw.admin.create_queue("q", partitions=1)
-            return await aread_across(_restart(broker, "terminate"), await make_read(hw))
+            return await aread_across(_restart(broker, "terminate", **restart), await make_read(hw))
         finally:
             await hw.close()
 
@@ -133,6 +133,21 @@ def test_a_keyed_consumer(broker, stop):
     finally:
         _finish(broker)
         hw.close()
+
+
+def test_an_asyncio_keyed_consumer(broker):
+    async def make_read(hw):
+        k = hw.keyed_consumer("counters", "q", member=0, size=1)
+        assert await k.poll(timeout_ms=100) == []
+
+        async def read() -> list[bytes]:
+            records = await k.poll(timeout_ms=200)
+            await k.commit()
+            return [r.body for r in records]
+
+        return read
+
+    assert read_across_asyncio(broker, make_read, key=b"k") == [b"after"]
 
 
 @pytest.mark.parametrize("stop", ["terminate", "kill"])
@@ -252,14 +267,17 @@ def test_a_read_keeps_its_timeout_while_the_broker_is_down(broker, kind):
         hw.close()
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "fetching"])
-def test_an_asyncio_read_keeps_its_timeout_while_the_broker_is_down(broker, stream):
+@pytest.mark.parametrize("kind", ["streaming", "fetching", "keyed"])
+def test_an_asyncio_read_keeps_its_timeout_while_the_broker_is_down(broker, kind):
     async def main() -> PollClock:
         hw = await headwater.aio.connect(broker["broker"].address, connect_timeout_s=3, request_timeout_s=5)
         try:
             await hw.admin.create_queue("q", partitions=1)
-            c = hw.consumer(stream=stream)
-            await c.assign("q")
+            if kind == "keyed":
+                c = hw.keyed_consumer("counters", "q", member=0, size=1)
+            else:
+                c = hw.consumer(stream=kind == "streaming")
+                await c.assign("q")
             assert await c.poll(timeout_ms=100) == []
             broker["broker"].kill()
             clock = PollClock()

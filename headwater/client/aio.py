@@ -15,9 +15,12 @@ from datetime import datetime
 from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
 from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
 from headwater.model.delay import DelayStats
+from headwater.model.keyed import KeyedGroupInfo
 from headwater.model.message import Message, MessageId, Record, to_epoch_ms
+from headwater.model.subscription import SubscriberInfo
 from headwater.client.aio_consumer import AsyncConsumer
 from headwater.client.aio_group_consumer import AsyncGroupConsumer
+from headwater.client.aio_keyed_consumer import AsyncKeyedConsumer
 from headwater.client.aio_producer import AsyncProducer
 from headwater.client.aio_scanner import AsyncScanner
 from headwater.client.aio_service import AsyncBrokerService
@@ -25,6 +28,7 @@ from headwater.client.aio_shared_consumer import AsyncSharedConsumer
 from headwater.client.partitioner import PartitionFn
 from headwater.client.lookups import find_bounds, record_for_id, records_with_key
 from headwater.client.scanner import Bound
+from headwater.client.client import subscriber_settings
 from headwater.client.consumer import POLL_MESSAGES_DEFAULT
 
 __all__ = ["AsyncAdmin", "AsyncClient"]
@@ -89,6 +93,33 @@ class AsyncAdmin:
     async def add_partitions(self, name: str, partitions: int) -> QueueInfo:
         """Grow the queue to ``partitions`` partitions in total."""
         return await self._service.add_partitions(name, partitions)
+
+    # keyed groups (headwater.client.aio_keyed_consumer)
+    async def describe_keyed_group(self, group: str, queue: str) -> KeyedGroupInfo:
+        """A keyed group's size, key, generation, positions and any resize under way."""
+        return await self._service.keyed_group(queue, group)
+
+    async def resize_keyed_group(self, group: str, queue: str, size: int) -> KeyedGroupInfo:
+        """Change a keyed group's number of members (see ``Admin.resize_keyed_group``)."""
+        return await self._service.keyed_resize(queue, group, size)
+
+    # push subscribers (attach to one with the sync client's ``subscribe``)
+    async def add_subscriber(self, queue: str, name: str, *, partitions: int | Iterable[int] | None = None,
+                             tags: str | Iterable[str] | None = None,
+                             start: str | datetime | int = "latest") -> SubscriberInfo:
+        """Register subscriber ``name`` on ``queue`` (the arguments of ``Admin.add_subscriber``)."""
+        return await self._service.add_subscriber(queue, name, *subscriber_settings(partitions, tags, start))
+
+    async def delete_subscriber(self, queue: str, name: str) -> None:
+        """Remove a subscriber and its checkpoint; a process attached to it stops."""
+        await self._service.delete_subscriber(queue, name)
+
+    async def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
+        """The subscribers of ``queue``, or of every queue."""
+        return await self._service.list_subscribers(queue)
+
+    async def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo:
+        return await self._service.describe_subscriber(queue, name)
 
 
 class AsyncClient:
@@ -164,6 +195,17 @@ class AsyncClient:
         c = AsyncSharedConsumer(self._service, group, queue, visibility_timeout_ms=visibility_timeout_ms,
                                 max_attempts=max_attempts, backoff_ms=backoff_ms, at_most_once=at_most_once,
                                 **settings)
+        self._adopt(c)  # type: ignore[arg-type]
+        return c
+
+    def keyed_consumer(self, group: str, queue: str, *, member: int, size: int, key: str = "key",
+                       start: str = "earliest", **settings) -> AsyncKeyedConsumer:
+        """Member ``member`` of keyed group ``group`` of ``size`` members on ``queue``
+        (:class:`~headwater.client.aio_keyed_consumer.AsyncKeyedConsumer`, joining on its first
+        ``poll``, ``start()`` or ``async with``); the arguments are the sync client's
+        ``keyed_consumer``."""
+        c = AsyncKeyedConsumer(self._service, group, queue, member=member, size=size, key=key, start=start,
+                               **settings)
         self._adopt(c)  # type: ignore[arg-type]
         return c
 

@@ -28,7 +28,7 @@ from headwater.client.polling import drain_buffers, take_batches
 from headwater.client.positions import POLL_MESSAGES_DEFAULT, TP, ConsumerPositions
 from headwater.client.scanner import partitions_named
 
-__all__ = ["AsyncConsumer"]
+__all__ = ["AsyncConsumer", "retrieve"]
 
 
 class AsyncConsumer(ConsumerPositions):
@@ -96,7 +96,7 @@ class AsyncConsumer(ConsumerPositions):
         if got is not None:
             task = got[1]
             if task.done():
-                _retrieve(task)
+                retrieve(task)
             else:
                 task.cancel()
                 self._stale.add(task)
@@ -104,7 +104,7 @@ class AsyncConsumer(ConsumerPositions):
 
     def _stale_ended(self, task: asyncio.Task[FetchResult]) -> None:
         self._stale.discard(task)
-        _retrieve(task)
+        retrieve(task)
 
     # -- polling ----------------------------------------------------------------------
 
@@ -238,7 +238,7 @@ class AsyncConsumer(ConsumerPositions):
         await self.close()
 
 
-def _retrieve(task: asyncio.Future) -> None:
+def retrieve(task: asyncio.Future) -> None:
     """Mark the outcome of a task nobody will await as seen (no "never retrieved" noise)."""
     if not task.cancelled():
         task.exception()

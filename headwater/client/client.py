@@ -112,14 +112,7 @@ class Admin:
         ``"offset:N"`` (that offset in each partition, kept within what it holds).
         :class:`SubscriberExistsError` if the name is taken.
         """
-        if isinstance(start, (datetime, int)) and not isinstance(start, bool):
-            start = f"time:{to_epoch_ms(start, 'start')}"
-        if isinstance(partitions, int) and not isinstance(partitions, bool):
-            partitions = [partitions]
-        if isinstance(tags, str):
-            tags = [tags]
-        return self._service.add_subscriber(queue, name, None if partitions is None else sorted(set(partitions)),
-                                            None if tags is None else list(tags), start)
+        return self._service.add_subscriber(queue, name, *subscriber_settings(partitions, tags, start))
 
     def delete_subscriber(self, queue: str, name: str) -> None:
         """Remove a subscriber and its checkpoint; a process attached to it stops."""
@@ -131,6 +124,19 @@ class Admin:
 
     def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo:
         return self._service.describe_subscriber(queue, name)
+
+
+def subscriber_settings(partitions: int | Iterable[int] | None, tags: str | Iterable[str] | None,
+                        start: str | datetime | int) -> tuple[list[int] | None, list[str] | None, str]:
+    """``add_subscriber``'s arguments as the service takes them: partitions sorted, tags a
+    list, a start time as ``"time:EPOCH_MS"``."""
+    if isinstance(start, (datetime, int)) and not isinstance(start, bool):
+        start = f"time:{to_epoch_ms(start, 'start')}"
+    if isinstance(partitions, int) and not isinstance(partitions, bool):
+        partitions = [partitions]
+    if isinstance(tags, str):
+        tags = [tags]
+    return None if partitions is None else sorted(set(partitions)), None if tags is None else list(tags), start
 
 
 class Client:

@@ -21,6 +21,10 @@ that keeps running through a resize commits at the barrier by itself; one that s
 reaching it holds the resize until it is run again.
 
 Delivery is at least once: after a crash a member resumes from its last commit.
+
+:class:`KeyedConsumerBase` holds what the blocking member and the asyncio one
+(:class:`~headwater.client.aio_keyed_consumer.AsyncKeyedConsumer`) share, without I/O: the
+group as last seen, positions, buffers, and the decoding of a fetch's answer.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import concurrent.futures
 import itertools
 import time
 from collections import deque
+from typing import Any
 
 from headwater.errors import ClosedError, InvalidArgumentError, StaleGenerationError
 from headwater.model.config import QueueInfo
@@ -39,13 +44,214 @@ from headwater.model.service import BrokerService
 from headwater.client.consumer import POLL_MESSAGES_DEFAULT
 from headwater.client.polling import Outage, drain_buffers, wait_any
 
-__all__ = ["KeyedConsumer"]
+__all__ = ["KeyedConsumer", "KeyedConsumerBase"]
 
 _PARTITIONS_CHECK_S = 5.0  # how often an active member looks for partitions added to the queue
 _FETCH_THREADS_MAX = 16  # threads fetching at once when the service has no asynchronous fetch
 
 
-class KeyedConsumer:
+class KeyedConsumerBase:
+    """The state of a keyed group's member, no I/O (see the module's docstring)."""
+
+    def __init__(self, service: object, group: str, queue: str, *, member: int, size: int,
+                 key: str = "key", start: str = "earliest", fetch_bytes: int = 1024 * 1024,
+                 max_poll_messages: int = POLL_MESSAGES_DEFAULT, refresh_ms: int = 100) -> None:
+        if isinstance(member, bool) or not isinstance(member, int) or member < 0:
+            raise InvalidArgumentError(f"member is an index from 0, got {member!r}")
+        if isinstance(size, int) and not isinstance(size, bool) and member >= size > 0:
+            raise InvalidArgumentError(f"member {member} is not in a group of {size} (members 0..{size - 1})")
+        if not isinstance(max_poll_messages, int) or max_poll_messages < 1:
+            raise InvalidArgumentError("max_poll_messages must be a positive int")
+        self._property = parse_key_spec(key)
+        self._service = service
+        self.group = group
+        self.queue = queue
+        self.member = member
+        self.max_poll_messages = max_poll_messages
+        self._fetch_bytes = fetch_bytes
+        self._refresh_s = refresh_ms / 1000
+        self._declared = (key, size, start)  # sent when joining
+        self._closed = False
+        self._rotation = itertools.count()
+        self._fetch_pos: dict[int, int] = {}
+        self._consumed: dict[int, int] = {}
+        self._buffers: dict[int, deque[Record]] = {}
+        self._inflight: dict[int, tuple[int, Any]] = {}  # a fetch per partition: (its position, future or task)
+        self._outage = Outage(service)  # fetches that failed while the broker restarts are tried again
+        self._committed: dict[int, int] = {}
+        self._next_partitions_check = 0.0
+        self._partitions_check: Any = None  # the answer to the last look for added partitions, until taken
+        self._info: KeyedGroupInfo | None = None
+
+    # -- the group ------------------------------------------------------------------------
+
+    @property
+    def info(self) -> KeyedGroupInfo:
+        """The group as this member last saw it."""
+        if self._info is None:
+            raise InvalidArgumentError("this member has not joined its group yet: poll() first")
+        return self._info
+
+    @property
+    def generation(self) -> int:
+        return self.info.generation
+
+    @property
+    def role(self) -> str:
+        """``"active"``, ``"draining"`` (a resize is under way: reading up to its barrier),
+        ``"waiting"`` (new in a resize: it starts once the old members drained) or
+        ``"retired"`` (the group shrank below this member)."""
+        return self.info.role(self.member)
+
+    @property
+    def retired(self) -> bool:
+        return self.role == "retired"
+
+    def _adopt(self, info: KeyedGroupInfo) -> bool:
+        """Take the group's state: positions restart from it when the generation changed.
+        Whether the member must now look up the queue's partitions (:meth:`_add_partitions`)."""
+        old = self._info
+        self._info = info
+        if old is not None and old.generation == info.generation:
+            return False  # same members, same positions (a resize may have begun: see _stop)
+        self._fetch_pos.clear()
+        self._consumed.clear()
+        self._buffers.clear()
+        self._drop_inflight()
+        self._committed.clear()
+        return info.role(self.member) in ("active", "draining")
+
+    def _drop_inflight(self) -> None:
+        self._inflight.clear()
+
+    def _add_partitions(self, qi: QueueInfo) -> None:
+        """Read the partitions of the queue (``qi``) this member does not read yet."""
+        info = self.info
+        for pi in qi.partitions:
+            if pi.partition not in self._fetch_pos:
+                pos = info.position(self.member, pi.partition, pi.start_offset)
+                self._fetch_pos[pi.partition] = self._consumed[pi.partition] = pos
+                self._committed[pi.partition] = pos
+                self._buffers[pi.partition] = deque()
+        self._next_partitions_check = time.monotonic() + _PARTITIONS_CHECK_S
+
+    def _checked_partitions(self) -> bool:
+        """Take the answer to the last look for added partitions, if it came; whether it is
+        time to look again (every ``_PARTITIONS_CHECK_S``)."""
+        fut = self._partitions_check
+        if fut is not None:
+            if fut.done():
+                self._partitions_check = None
+                qi = self._outage.result(fut)  # None: the broker restarts; look again next time
+                if qi is not None:
+                    self._add_partitions(qi)
+            return False
+        return time.monotonic() >= self._next_partitions_check
+
+    def _stop(self, partition: int) -> int | None:
+        info = self.info
+        if info.resizing_to is None:
+            return None
+        return info.barrier.get(partition, 0)
+
+    def _drained(self) -> bool:
+        return all(
+            not self._buffers[p] and self._consumed[p] >= (self._stop(p) or 0) for p in self._fetch_pos
+        )
+
+    def _step(self) -> str:
+        """What ``poll()`` does next, by the member's role: ``"stop"`` (retired: nothing
+        more comes), ``"commit"`` (drained to a resize's barrier: commit there), ``"wait"``
+        (for the resize to move on, then refresh) or ``"fetch"``."""
+        role = self.role
+        if role == "retired":
+            return "stop"
+        if role == "draining" and self._drained():
+            return "commit" if self._committed != self._consumed else "wait"
+        return "wait" if role == "waiting" else "fetch"
+
+    def _to_fetch(self) -> list[tuple[int, int]]:
+        """``(partition, position)`` of each partition to fetch now, in turn: none in flight,
+        room in its buffer, and short of a resize's barrier."""
+        parts = list(self._fetch_pos)
+        if not parts:
+            return []
+        start = next(self._rotation) % len(parts)
+        out = []
+        for p in parts[start:] + parts[:start]:
+            stop = self._stop(p)
+            pos = self._fetch_pos[p]
+            if p in self._inflight or len(self._buffers[p]) >= self.max_poll_messages or (
+                stop is not None and pos >= stop
+            ):
+                continue
+            out.append((p, pos))
+        return out
+
+    def _fetch_args(self, partition: int, pos: int) -> tuple:
+        return (self.queue, self.group, self.member, self.info.generation, partition, pos)
+
+    def _collect(self) -> tuple[int, bool]:
+        """Take the answers of the fetches that are done into the buffers: the records taken,
+        and whether the group moved on (then refresh)."""
+        got = 0
+        stale = False
+        for p, (pos, fut) in list(self._inflight.items()):
+            if not fut.done():
+                continue
+            del self._inflight[p]
+            try:
+                res: KeyedFetchResult | None = self._outage.result(fut)
+            except StaleGenerationError:
+                stale = True
+                continue
+            if res is None:
+                continue  # the broker restarts: fetch again on the next turn
+            info = self.info
+            if res.generation != info.generation or (res.stop_offset is not None and info.resizing_to is None):
+                stale = True  # the group moved on (a resize began or ended): look again
+            if self._fetch_pos.get(p) != pos or res.generation != info.generation:
+                continue
+            start = max(pos, res.start_offset)
+            buf = self._buffers[p]
+            for i, b in enumerate(res.batches):
+                offsets = res.selections[i] if res.selections else ()
+                for r in decode_selection(b, offsets, self.queue, start_offset=start, end_offset=res.stop_offset):
+                    # the broker filtered by key hash; check again, as a reader checks tags
+                    if member_of(key_of(self._property, r.key, r.properties), info.size) == self.member:
+                        buf.append(r)
+                        got += 1
+            nxt = max(start, res.next_offset)
+            self._fetch_pos[p] = nxt
+            if not buf:
+                self._consumed[p] = nxt
+        return got, stale
+
+    # -- positions --------------------------------------------------------------------------
+
+    def position(self, partition: int) -> int:
+        """The offset after the last record of ``partition`` that :meth:`poll` returned."""
+        if partition not in self._consumed:
+            raise InvalidArgumentError(f"member {self.member} reads no partition {partition} now ({self.role})")
+        return self._consumed[partition]
+
+    def _to_commit(self) -> dict[int, int] | None:
+        """The positions a commit stores now, or None when there is nothing to store."""
+        self._check_open()
+        if self._info is None or self.role not in ("active", "draining") or not self._consumed:
+            return None
+        return dict(self._consumed)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this keyed consumer is closed")
+
+
+class KeyedConsumer(KeyedConsumerBase):
     """Member ``member`` of keyed group ``group`` on ``queue``. Use from one thread.
 
     ``size`` and ``key`` declare the group: the first member creates it (its members start
@@ -64,122 +270,40 @@ class KeyedConsumer:
     >>> m0.commit(); m1.commit(); hw.close()
     """
 
+    _service: BrokerService
+
     def __init__(self, service: BrokerService, group: str, queue: str, *, member: int, size: int,
                  key: str = "key", start: str = "earliest", fetch_bytes: int = 1024 * 1024,
                  max_poll_messages: int = POLL_MESSAGES_DEFAULT, refresh_ms: int = 100) -> None:
-        if isinstance(member, bool) or not isinstance(member, int) or member < 0:
-            raise InvalidArgumentError(f"member is an index from 0, got {member!r}")
-        if isinstance(size, int) and not isinstance(size, bool) and member >= size > 0:
-            raise InvalidArgumentError(f"member {member} is not in a group of {size} (members 0..{size - 1})")
-        if not isinstance(max_poll_messages, int) or max_poll_messages < 1:
-            raise InvalidArgumentError("max_poll_messages must be a positive int")
-        self._property = parse_key_spec(key)
-        self._service = service
-        self.group = group
-        self.queue = queue
-        self.member = member
-        self.max_poll_messages = max_poll_messages
-        self._fetch_bytes = fetch_bytes
-        self._refresh_s = refresh_ms / 1000
+        super().__init__(service, group, queue, member=member, size=size, key=key, start=start,
+                         fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages, refresh_ms=refresh_ms)
         self._fetch_async = getattr(service, "keyed_fetch_async", None)
         # over the network: this thread reads the answers to its fetches (RemoteService.lead)
         self._lead = getattr(service, "lead", None) if self._fetch_async is not None else None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._rotation = itertools.count()
-        self._closed = False
-        self._fetch_pos: dict[int, int] = {}
-        self._consumed: dict[int, int] = {}
-        self._buffers: dict[int, deque[Record]] = {}
-        self._inflight: dict[int, tuple[int, concurrent.futures.Future]] = {}
-        self._outage = Outage(service)  # fetches that failed while the broker restarts are tried again
-        self._committed: dict[int, int] = {}
-        self._next_partitions_check = 0.0
         self._describe_async = getattr(service, "describe_queue_async", None)  # over the network
-        self._partitions_check: concurrent.futures.Future | None = None  # its answer, until taken
-        self._adopt(service.keyed_group(queue, group, key, size, start))
+        self._follow(service.keyed_group(queue, group, key, size, start))
 
-    # -- the group ------------------------------------------------------------------------
+    def _follow(self, info: KeyedGroupInfo) -> None:
+        if self._adopt(info):
+            self._add_partitions(self._service.describe_queue(self.queue))
 
-    @property
-    def info(self) -> KeyedGroupInfo:
-        """The group as this member last saw it."""
-        return self._info
-
-    @property
-    def generation(self) -> int:
-        return self._info.generation
-
-    @property
-    def role(self) -> str:
-        """``"active"``, ``"draining"`` (a resize is under way: reading up to its barrier),
-        ``"waiting"`` (new in a resize: it starts once the old members drained) or
-        ``"retired"`` (the group shrank below this member)."""
-        return self._info.role(self.member)
-
-    @property
-    def retired(self) -> bool:
-        return self.role == "retired"
-
-    def _adopt(self, info: KeyedGroupInfo) -> None:
-        """Take the group's state: positions restart from it when the generation changed."""
-        old = getattr(self, "_info", None)
-        self._info = info
-        if old is not None and old.generation == info.generation:
-            return  # same members, same positions (a resize may have begun: see _stop)
-        self._fetch_pos.clear()
-        self._consumed.clear()
-        self._buffers.clear()
-        self._inflight.clear()
-        self._committed.clear()
-        if info.role(self.member) in ("active", "draining"):
-            self._add_partitions()
-
-    def _add_partitions(self, qi: QueueInfo | None = None) -> None:
-        """Read the partitions of the queue (``qi``, else asked for now) this member does not yet."""
-        if qi is None:
-            qi = self._service.describe_queue(self.queue)
-        for pi in qi.partitions:
-            if pi.partition not in self._fetch_pos:
-                pos = self._info.position(self.member, pi.partition, pi.start_offset)
-                self._fetch_pos[pi.partition] = self._consumed[pi.partition] = pos
-                self._committed[pi.partition] = pos
-                self._buffers[pi.partition] = deque()
-        self._next_partitions_check = time.monotonic() + _PARTITIONS_CHECK_S
+    def refresh(self) -> KeyedGroupInfo:
+        """Ask the broker where the group stands now (and follow it)."""
+        self._follow(self._service.keyed_group(self.queue, self.group))
+        return self.info
 
     def _check_partitions(self) -> None:
         """Every ``_PARTITIONS_CHECK_S``, look for partitions added to the queue. Over the
         network the question does not wait: its answer is taken on a later poll, so a poll
         keeps its timeout while the broker is away."""
-        fut = self._partitions_check
-        if fut is not None:
-            if fut.done():
-                self._partitions_check = None
-                qi = self._outage.result(fut)  # None: the broker restarts; ask again next time
-                if qi is not None:
-                    self._add_partitions(qi)
-            return
-        if time.monotonic() < self._next_partitions_check:
+        if not self._checked_partitions():
             return
         if self._describe_async is None:
-            self._add_partitions()
+            self._add_partitions(self._service.describe_queue(self.queue))
         else:
             self._partitions_check = self._describe_async(self.queue)
             self._next_partitions_check = time.monotonic() + _PARTITIONS_CHECK_S
-
-    def refresh(self) -> KeyedGroupInfo:
-        """Ask the broker where the group stands now (and follow it)."""
-        self._adopt(self._service.keyed_group(self.queue, self.group))
-        return self._info
-
-    def _stop(self, partition: int) -> int | None:
-        if self._info.resizing_to is None:
-            return None
-        return self._info.barrier.get(partition, 0)
-
-    def _drained(self) -> bool:
-        return all(
-            not self._buffers[p] and self._consumed[p] >= (self._stop(p) or 0) for p in self._fetch_pos
-        )
 
     # -- polling ----------------------------------------------------------------------------
 
@@ -196,43 +320,35 @@ class KeyedConsumer:
             if out:
                 return out
             remaining = deadline - time.monotonic()
-            role = self.role
-            if role == "retired":
+            step = self._step()
+            if step == "stop":
                 return []
-            if role == "draining" and self._drained() and self._committed != self._consumed:
+            if step == "commit":
                 self.commit()
                 continue
-            if role == "waiting" or (role == "draining" and self._drained()):
+            if step == "wait":
                 if remaining <= 0:
                     return []
                 time.sleep(min(self._refresh_s, remaining))
                 self.refresh()
                 continue
-            if role == "active":
+            if self.role == "active":
                 self._check_partitions()
             self._launch_fetches(max(0, int(remaining * 1000)))
             futures = [f for _, f in self._inflight.values()]
             if futures:
                 wait_any(futures, remaining, lead=self._lead)  # over the network: reads on this thread
-            got = self._collect()
+            got, stale = self._collect()
+            if stale:
+                self.refresh()
             if not got and remaining <= 0:
                 return []
 
     def _launch_fetches(self, wait_ms: int) -> None:
-        parts = list(self._fetch_pos)
-        if not parts:
-            return
-        if self._fetch_async is None and len(parts) > _FETCH_THREADS_MAX:
+        if self._fetch_async is None and len(self._fetch_pos) > _FETCH_THREADS_MAX:
             wait_ms = min(wait_ms, 50)  # let the threads cycle over many partitions
-        start = next(self._rotation) % len(parts)
-        for p in parts[start:] + parts[:start]:
-            stop = self._stop(p)
-            pos = self._fetch_pos[p]
-            if p in self._inflight or len(self._buffers[p]) >= self.max_poll_messages or (
-                stop is not None and pos >= stop
-            ):
-                continue
-            args = (self.queue, self.group, self.member, self._info.generation, p, pos)
+        for p, pos in self._to_fetch():
+            args = self._fetch_args(p, pos)
             kw = dict(max_bytes=self._fetch_bytes, max_wait_ms=wait_ms)
             if self._fetch_async is not None:
                 if self._lead is not None:
@@ -245,68 +361,20 @@ class KeyedConsumer:
                 fut = self._pool.submit(self._service.keyed_fetch, *args, **kw)
             self._inflight[p] = (pos, fut)
 
-    def _collect(self) -> int:
-        got = 0
-        stale = False
-        for p, (pos, fut) in list(self._inflight.items()):
-            if not fut.done():
-                continue
-            del self._inflight[p]
-            try:
-                res: KeyedFetchResult | None = self._outage.result(fut)
-            except StaleGenerationError:
-                stale = True
-                continue
-            if res is None:
-                continue  # the broker restarts: fetch again on the next turn
-            if res.generation != self._info.generation or (
-                res.stop_offset is not None and self._info.resizing_to is None
-            ):
-                stale = True  # the group moved on (a resize began or ended): look again
-            if self._fetch_pos.get(p) != pos or res.generation != self._info.generation:
-                continue
-            start = max(pos, res.start_offset)
-            buf = self._buffers[p]
-            for i, b in enumerate(res.batches):
-                offsets = res.selections[i] if res.selections else ()
-                for r in decode_selection(b, offsets, self.queue, start_offset=start, end_offset=res.stop_offset):
-                    # the broker filtered by key hash; check again, as a reader checks tags
-                    if member_of(key_of(self._property, r.key, r.properties), self._info.size) == self.member:
-                        buf.append(r)
-                        got += 1
-            nxt = max(start, res.next_offset)
-            self._fetch_pos[p] = nxt
-            if not buf:
-                self._consumed[p] = nxt
-        if stale:
-            self.refresh()
-        return got
-
     # -- positions --------------------------------------------------------------------------
-
-    def position(self, partition: int) -> int:
-        """The offset after the last record of ``partition`` that :meth:`poll` returned."""
-        if partition not in self._consumed:
-            raise InvalidArgumentError(f"member {self.member} reads no partition {partition} now ({self.role})")
-        return self._consumed[partition]
 
     def commit(self) -> None:
         """Store the positions of what :meth:`poll` returned, on the broker, durably."""
-        self._check_open()
-        if self.role not in ("active", "draining") or not self._consumed:
+        positions = self._to_commit()
+        if positions is None:
             return
         try:
-            info = self._service.keyed_commit(self.queue, self.group, self.member, self._info.generation,
-                                              dict(self._consumed))
+            info = self._service.keyed_commit(self.queue, self.group, self.member, self.info.generation, positions)
         except StaleGenerationError:
             self.refresh()  # the group moved on without these positions: they no longer count
             return
-        self._committed = dict(self._consumed)
-        self._adopt(info)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError("this keyed consumer is closed")
+        self._committed = positions
+        self._follow(info)
 
     def close(self) -> None:
         """Stop (positions not committed are not stored)."""
