@@ -224,26 +224,25 @@ class PollClock:
             self.longest = max(self.longest, time.monotonic() - t0)
 
     def check(self) -> None:
-        """Each poll of 200 ms kept its timeout; the outage was reported after about the
-        client's connect_timeout_s of 3 s (the last connect attempt gives up a little early)."""
-        assert self.longest < 1.0, f"a poll of 200 ms took {self.longest:.2f} s"
+        """Each poll of 200 ms kept its timeout (within 1.5 s, for a busy machine: one that
+        waits for the reconnection takes the whole 3 s); the outage was reported after about
+        the client's connect_timeout_s of 3 s (the last connect attempt gives up a little early)."""
+        assert self.longest < 1.5, f"a poll of 200 ms took {self.longest:.2f} s"
         assert 2 <= time.monotonic() - self.began < 8
 
 
-def _readers(hw) -> dict[str, Callable[[], list]]:
+def _reader(hw, kind: str) -> Callable[[], list]:
+    """A poll of 200 ms of a consumer of queue ``q`` of that kind."""
     hw.admin.create_queue("q", partitions=1)
-    streaming = hw.consumer()
-    streaming.assign("q")
-    fetching = hw.consumer(stream=False)
-    fetching.assign("q")
-    keyed = hw.keyed_consumer("counters", "q", member=0, size=1)
-    group = hw.consumer(group="billing", subscribe="q")
-    return {
-        "group": lambda: group.poll(timeout_ms=200),
-        "streaming": lambda: streaming.poll(timeout_ms=200),
-        "fetching": lambda: fetching.poll(timeout_ms=200),
-        "keyed": lambda: keyed.poll(timeout_ms=200),
-    }
+    if kind == "keyed":
+        keyed = hw.keyed_consumer("counters", "q", member=0, size=1)
+        return lambda: keyed.poll(timeout_ms=200)
+    if kind == "group":
+        c = hw.consumer(group="billing", subscribe="q")
+    else:
+        c = hw.consumer(stream=kind == "streaming")
+        c.assign("q")
+    return lambda: c.poll(timeout_ms=200)
 
 
 @pytest.mark.parametrize("kind", ["streaming", "fetching", "keyed", "group"])
@@ -254,7 +253,7 @@ def test_a_read_keeps_its_timeout_while_the_broker_is_down(broker, kind):
     connect_timeout_s for it: docs/design/client.md.)"""
     hw = headwater.connect(broker["broker"].address, connect_timeout_s=3, request_timeout_s=5)
     try:
-        read = _readers(hw)[kind]
+        read = _reader(hw, kind)
         assert read() == []
         broker["broker"].kill()
         clock = PollClock()
