@@ -258,6 +258,24 @@ def test_a_member_that_does_not_run_holds_the_resize(hw):
     assert len(drain([a], len(KEYS))[0]) == len(KEYS)
 
 
+def test_members_read_partitions_added_while_they_run(hw, monkeypatch):
+    """An active member looks for new partitions every _PARTITIONS_CHECK_S (over the network
+    without waiting: the answer is taken on a later poll) and reads them from their start."""
+    import headwater.client.keyed_consumer as keyed_consumer
+
+    monkeypatch.setattr(keyed_consumer, "_PARTITIONS_CHECK_S", 0.05)
+    hw.admin.create_queue("q", partitions=1)
+    members = [hw.keyed_consumer("g", "q", member=i, size=2) for i in range(2)]
+    produce(hw, "q", 1)
+    drain(members, len(KEYS))
+    hw.admin.add_partitions("q", 3)
+    for p in (1, 2):
+        hw.send_batch("q", [Message(k + b":1", key=k) for k in KEYS], partition=p)
+    got = drain(members, 2 * len(KEYS))
+    assert sorted(r.partition for recs in got.values() for r in recs) == [1] * len(KEYS) + [2] * len(KEYS)
+    assert all(m.position(2) == len(KEYS) for m in members)
+
+
 def test_positions_and_resizes_survive_a_broker_restart(tmp_path):
     with headwater.open(tmp_path / "d") as hw:
         hw.admin.create_queue("q", partitions=2)
@@ -383,10 +401,13 @@ async def adrain(consumers, expect: int, timeout_s: float = 10.0) -> dict[int, l
     return got
 
 
-def test_asyncio_members_get_their_keys_in_order_through_a_resize(aio_target):
+def test_asyncio_members_get_their_keys_in_order_through_a_resize(aio_target, monkeypatch):
     """The asyncio member (AsyncKeyedConsumer): its keys only, in order per key, positions
     committed and resumed, a resize 2 -> 3 followed without restarts, and the admin calls."""
+    import headwater.client.keyed_consumer as keyed_consumer
     from test_aio import run
+
+    monkeypatch.setattr(keyed_consumer, "_PARTITIONS_CHECK_S", 0.05)
 
     async def send(hw, first: int, per_key: int) -> None:
         await hw.send_batch("q", [Message(k + b":%d" % seq, key=k)
@@ -422,6 +443,12 @@ def test_asyncio_members_get_their_keys_in_order_through_a_resize(aio_target):
 
         with pytest.raises(InvalidArgumentError):  # a declaration the group does not have
             await hw.keyed_consumer("g", "q", member=0, size=2, key="property:user").poll(timeout_ms=10)
+
+        members[2] = hw.keyed_consumer("g", "q", member=2, size=3)  # the one closed by async with, again
+        await hw.admin.add_partitions("q", 4)  # read from their start, found without waiting
+        await hw.send_batch("q", [Message(k + b":5", key=k) for k in KEYS], partition=3)
+        added = [r for recs in (await adrain(members, len(KEYS))).values() for r in recs]
+        assert len(added) == len(KEYS) and {r.partition for r in added} == {3}
 
         sub = await hw.admin.add_subscriber("q", "audit", partitions=1, tags="t", start=0)
         assert (sub.partitions, sub.tags) == ([1], ["t"])

@@ -19,7 +19,7 @@ from headwater.model.keyed import KeyedGroupInfo
 from headwater.model.message import Record
 from headwater.client.aio_consumer import retrieve
 from headwater.client.aio_service import AsyncBrokerService
-from headwater.client.keyed_consumer import _PARTITIONS_CHECK_S, KeyedConsumerBase
+from headwater.client.keyed_consumer import KeyedConsumerBase
 from headwater.client.polling import drain_buffers
 
 __all__ = ["AsyncKeyedConsumer"]
@@ -69,8 +69,7 @@ class AsyncKeyedConsumer(KeyedConsumerBase):
         """Every ``_PARTITIONS_CHECK_S``, look for partitions added to the queue, without
         waiting: the answer is taken on a later poll."""
         if self._checked_partitions():
-            self._partitions_check = asyncio.ensure_future(self._service.describe_queue(self.queue))
-            self._next_partitions_check = time.monotonic() + _PARTITIONS_CHECK_S
+            self._asked_partitions(asyncio.ensure_future(self._service.describe_queue(self.queue)))
 
     def _drop_inflight(self) -> None:
         for _, task in self._inflight.values():

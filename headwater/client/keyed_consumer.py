@@ -148,6 +148,12 @@ class KeyedConsumerBase:
             return False
         return time.monotonic() >= self._next_partitions_check
 
+    def _asked_partitions(self, answer: Any) -> None:
+        """A look for added partitions was sent; ``answer`` (a future or task) holds the
+        queue's QueueInfo, taken by :meth:`_checked_partitions` on a later poll."""
+        self._partitions_check = answer
+        self._next_partitions_check = time.monotonic() + _PARTITIONS_CHECK_S
+
     def _stop(self, partition: int) -> int | None:
         info = self.info
         if info.resizing_to is None:
@@ -302,8 +308,7 @@ class KeyedConsumer(KeyedConsumerBase):
         if self._describe_async is None:
             self._add_partitions(self._service.describe_queue(self.queue))
         else:
-            self._partitions_check = self._describe_async(self.queue)
-            self._next_partitions_check = time.monotonic() + _PARTITIONS_CHECK_S
+            self._asked_partitions(self._describe_async(self.queue))
 
     # -- polling ----------------------------------------------------------------------------
 
