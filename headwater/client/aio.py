@@ -17,7 +17,7 @@ from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
 from headwater.model.delay import DelayStats
 from headwater.model.keyed import KeyedGroupInfo
 from headwater.model.message import Message, MessageId, Record, to_epoch_ms
-from headwater.model.subscription import SubscriberInfo
+from headwater.model.subscription import SubscriberInfo, subscriber_settings
 from headwater.client.aio_consumer import AsyncConsumer
 from headwater.client.aio_group_consumer import AsyncGroupConsumer
 from headwater.client.aio_keyed_consumer import AsyncKeyedConsumer
@@ -28,7 +28,6 @@ from headwater.client.aio_shared_consumer import AsyncSharedConsumer
 from headwater.client.partitioner import PartitionFn
 from headwater.client.lookups import find_bounds, record_for_id, records_with_key
 from headwater.client.scanner import Bound
-from headwater.client.client import subscriber_settings
 from headwater.client.consumer import POLL_MESSAGES_DEFAULT
 
 __all__ = ["AsyncAdmin", "AsyncClient"]

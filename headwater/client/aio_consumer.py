@@ -24,11 +24,11 @@ from headwater.model.message import Record
 from headwater.model.service import FetchResult
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.fetch_stream import STREAM_WINDOW_BYTES
-from headwater.client.polling import drain_buffers, take_batches
+from headwater.client.polling import drain_buffers, retrieve, take_batches
 from headwater.client.positions import POLL_MESSAGES_DEFAULT, TP, ConsumerPositions
 from headwater.client.scanner import partitions_named
 
-__all__ = ["AsyncConsumer", "retrieve"]
+__all__ = ["AsyncConsumer"]
 
 
 class AsyncConsumer(ConsumerPositions):
@@ -237,8 +237,3 @@ class AsyncConsumer(ConsumerPositions):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-
-def retrieve(task: asyncio.Future) -> None:
-    """Mark the outcome of a task nobody will await as seen (no "never retrieved" noise)."""
-    if not task.cancelled():
-        task.exception()

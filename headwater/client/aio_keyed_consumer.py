@@ -17,10 +17,9 @@ from typing import Any
 from headwater.errors import StaleGenerationError
 from headwater.model.keyed import KeyedGroupInfo
 from headwater.model.message import Record
-from headwater.client.aio_consumer import retrieve
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.keyed_consumer import KeyedConsumerBase
-from headwater.client.polling import drain_buffers
+from headwater.client.polling import drain_buffers, retrieve
 
 __all__ = ["AsyncKeyedConsumer"]
 

@@ -12,7 +12,7 @@ from headwater.model.delay import DelayStats
 from headwater.model.message import Message, MessageId, Record, to_epoch_ms
 from headwater.model.service import BrokerService
 from headwater.model.keyed import KeyedGroupInfo
-from headwater.model.subscription import SubscriberInfo
+from headwater.model.subscription import SubscriberInfo, subscriber_settings
 from headwater.client.partitioner import PartitionFn
 from headwater.client.consumer import Consumer
 from headwater.client.keyed_consumer import KeyedConsumer
@@ -124,19 +124,6 @@ class Admin:
 
     def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo:
         return self._service.describe_subscriber(queue, name)
-
-
-def subscriber_settings(partitions: int | Iterable[int] | None, tags: str | Iterable[str] | None,
-                        start: str | datetime | int) -> tuple[list[int] | None, list[str] | None, str]:
-    """``add_subscriber``'s arguments as the service takes them: partitions sorted, tags a
-    list, a start time as ``"time:EPOCH_MS"``."""
-    if isinstance(start, (datetime, int)) and not isinstance(start, bool):
-        start = f"time:{to_epoch_ms(start, 'start')}"
-    if isinstance(partitions, int) and not isinstance(partitions, bool):
-        partitions = [partitions]
-    if isinstance(tags, str):
-        tags = [tags]
-    return None if partitions is None else sorted(set(partitions)), None if tags is None else list(tags), start
 
 
 class Client:

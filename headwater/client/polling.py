@@ -21,7 +21,7 @@ from headwater.client.scanner import decode_stored
 from headwater.errors import UnavailableError
 from headwater.model.message import Record
 
-__all__ = ["Lead", "Outage", "drain_buffers", "take_batches", "wait_any"]
+__all__ = ["Lead", "Outage", "drain_buffers", "retrieve", "take_batches", "wait_any"]
 
 Lead = Callable[..., "concurrent.futures.Future | None"]  # RemoteService.lead(futures, timeout_s, *, interrupt=None)
 
@@ -151,3 +151,9 @@ def drain_buffers(buffers: dict[Any, deque[Record]], fetch_pos: dict[Any, int],
         if len(out) >= limit:
             break
     return out
+
+
+def retrieve(task: Any) -> None:
+    """Mark the outcome of a task nobody will await as seen (no "never retrieved" noise)."""
+    if not task.cancelled():
+        task.exception()

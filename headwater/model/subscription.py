@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 
 import msgspec
 
 from headwater.errors import InvalidArgumentError, PartitionOutOfRangeError
 from headwater.model.config import QueueInfo
+from headwater.model.message import to_epoch_ms
 
 __all__ = [
+    "subscriber_settings",
     "SubscriberInfo",
     "validate_subscriber_name",
     "normalize_tags",
@@ -161,3 +164,16 @@ def check_checkpoint(info: SubscriberInfo, offsets: Mapping[int, int],
         if off < 0:
             raise InvalidArgumentError(f"cannot checkpoint offset {off} for {info.queue}[{part}]: offsets are >= 0")
     return {**info.checkpoints, **{p: max(o, ranges[p][0]) for p, o in offsets.items()}}
+
+
+def subscriber_settings(partitions: int | Iterable[int] | None, tags: str | Iterable[str] | None,
+                        start: str | datetime | int) -> tuple[list[int] | None, list[str] | None, str]:
+    """``add_subscriber``'s arguments as the service takes them: partitions sorted, tags a
+    list, a start time as ``"time:EPOCH_MS"``."""
+    if isinstance(start, (datetime, int)) and not isinstance(start, bool):
+        start = f"time:{to_epoch_ms(start, 'start')}"
+    if isinstance(partitions, int) and not isinstance(partitions, bool):
+        partitions = [partitions]
+    if isinstance(tags, str):
+        tags = [tags]
+    return None if partitions is None else sorted(set(partitions)), None if tags is None else list(tags), start
