@@ -258,8 +258,8 @@ def test_opening_does_not_wait_and_a_refusal_is_the_polls_error(server, net):
     net.send_batch("q", [b"a", b"b"], partition=0)
     c = net.consumer()
     c.assign("q")
-    assert c.poll(timeout_ms=0) == []  # the opening is on its way
-    c.seek("q", 0, 1)  # closes the stream being opened; the next poll opens another
+    c.poll(timeout_ms=0)  # opens the stream without waiting (on a quick machine a push may come with it)
+    c.seek("q", 0, 1)  # closes the stream (perhaps still opening); the next poll opens another
     assert poll_until(c, 1) == [b"b"]
     wait_for(lambda: open_streams() == 1, what="one stream on the broker")
     net.admin.create_queue("gone", partitions=1)
