@@ -19,8 +19,8 @@ from headwater.broker.keyed import KeyedGroups
 from headwater.broker.subscriptions import SubscriberRegistry
 from headwater.broker.offsets import OffsetStore
 from headwater.broker.shared import SharedGroups
-from headwater.errors import InvalidArgumentError, MessageNotFoundError
-from headwater.model.config import QueueConfig, QueueInfo, is_internal_queue
+from headwater.errors import MessageNotFoundError
+from headwater.model.config import QueueConfig, QueueInfo, check_user_queue, is_internal_queue
 from headwater.model.delay import DELAYED_PARTITION_BIT, DelayStats, peek_deliver_at
 from headwater.model.filtering import TagMaskFilter, filter_batches
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
@@ -31,12 +31,6 @@ from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupIn
 from headwater.storage.store import LogStore, StoreConfig
 
 __all__ = ["Broker"]
-
-
-def _user_queue(name: str) -> str:
-    if is_internal_queue(name):
-        raise InvalidArgumentError(f"queue {name!r}: names starting with '__' belong to the broker")
-    return name
 
 
 class Broker:
@@ -85,27 +79,27 @@ class Broker:
 
     # admin
     def create_queue(self, name: str, config: QueueConfig) -> QueueInfo:
-        return self.store.create_queue(_user_queue(name), config)
+        return self.store.create_queue(check_user_queue(name), config)
 
     def describe_queue(self, name: str) -> QueueInfo:
-        return self.store.describe_queue(_user_queue(name))
+        return self.store.describe_queue(check_user_queue(name))
 
     def list_queues(self) -> list[QueueInfo]:
         return self.store.list_queues()
 
     def delete_queue(self, name: str) -> None:
-        self.store.delete_queue(_user_queue(name))
+        self.store.delete_queue(check_user_queue(name))
 
     def truncate_queue(self, name: str) -> QueueInfo:
-        info = self.store.truncate_queue(_user_queue(name))
+        info = self.store.truncate_queue(check_user_queue(name))
         self.store.enforce_retention()
         return info
 
     def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo:
-        return self.store.set_queue_enabled(_user_queue(name), enabled)
+        return self.store.set_queue_enabled(check_user_queue(name), enabled)
 
     def add_partitions(self, name: str, partitions: int) -> QueueInfo:
-        return self.store.add_partitions(_user_queue(name), partitions)
+        return self.store.add_partitions(check_user_queue(name), partitions)
 
     # data
     def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
@@ -120,7 +114,7 @@ class Broker:
         future, to be delivered at once: its producer's sequences count in the delayed space
         whatever the clocks say); its answer holds a delayed id, and the token to wait for
         is a :class:`DelayTicket`."""
-        _user_queue(queue)
+        check_user_queue(queue)
         if peek_deliver_at(batch):
             return self.delay.accept(queue, partition, batch)
         return self.store.append_nowait(queue, partition, batch)
@@ -134,7 +128,7 @@ class Broker:
     def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
               end_offset: int | None = None, max_wait_ms: int = 0) -> FetchResult:
         """Batches from ``offset`` on; with ``max_wait_ms`` wait that long for data to arrive."""
-        _user_queue(queue)
+        check_user_queue(queue)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
             res = self.store.fetch(queue, partition, offset, max_bytes=max_bytes, tag_mask=tag_mask,
@@ -171,18 +165,18 @@ class Broker:
 
     def lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None,
                    limit: int) -> list[bytes]:
-        return self.store.lookup_key(_user_queue(queue), key, start_ms, end_ms, limit)
+        return self.store.lookup_key(check_user_queue(queue), key, start_ms, end_ms, limit)
 
     def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
-        return self.store.offset_for_time(_user_queue(queue), partition, timestamp_ms)
+        return self.store.offset_for_time(check_user_queue(queue), partition, timestamp_ms)
 
     # consumer offsets
     def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
                        member_id: str | None = None, generation: int | None = None) -> None:
-        self.groups.commit_offsets(group, _user_queue(queue), offsets, member_id, generation)
+        self.groups.commit_offsets(group, check_user_queue(queue), offsets, member_id, generation)
 
     def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
-        return self.offsets.fetch(group, _user_queue(queue))
+        return self.offsets.fetch(group, check_user_queue(queue))
 
     # consumer groups (headwater.broker.groups)
     def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str], mode: str,
@@ -208,39 +202,39 @@ class Broker:
     def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
                        visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
                        settings: dict[str, int | float] | None = None, max_wait_ms: int = 0) -> SharedDeliveries:
-        return self.shared.receive(group, _user_queue(queue), member, max_messages, visibility_timeout_ms,
+        return self.shared.receive(group, check_user_queue(queue), member, max_messages, visibility_timeout_ms,
                                    at_most_once, settings, max_wait_ms)
 
     def shared_receive_now(self, group: str, queue: str, member: str, max_messages: int,
                            visibility_timeout_ms: int, at_most_once: bool,
                            settings: dict[str, int | float] | None) -> tuple[SharedDeliveries, int | None]:
         """A receive that never waits, plus when to try again (the server's long polling)."""
-        return self.shared.receive_now(group, _user_queue(queue), member, max_messages, visibility_timeout_ms,
+        return self.shared.receive_now(group, check_user_queue(queue), member, max_messages, visibility_timeout_ms,
                                        at_most_once, settings)
 
     def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
-        return self.shared.ack(group, _user_queue(queue), member, lease_ids)
+        return self.shared.ack(group, check_user_queue(queue), member, lease_ids)
 
     def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
                     delay_ms: int | None = None) -> list[LeaseRefusal]:
-        return self.shared.nack(group, _user_queue(queue), member, lease_ids, reason, delay_ms)
+        return self.shared.nack(group, check_user_queue(queue), member, lease_ids, reason, delay_ms)
 
     def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
                       visibility_timeout_ms: int) -> list[LeaseRefusal]:
-        return self.shared.extend(group, _user_queue(queue), member, lease_ids, visibility_timeout_ms)
+        return self.shared.extend(group, check_user_queue(queue), member, lease_ids, visibility_timeout_ms)
 
     def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
-        return self.shared.describe(group, _user_queue(queue))
+        return self.shared.describe(group, check_user_queue(queue))
 
     # keyed groups (headwater.broker.keyed)
     def keyed_group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
                     start: str = "earliest") -> KeyedGroupInfo:
-        return self.keyed.group(_user_queue(queue), group, key, size, start)
+        return self.keyed.group(check_user_queue(queue), group, key, size, start)
 
     def keyed_fetch(self, queue: str, group: str, member: int, generation: int, partition: int,
                     offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> KeyedFetchResult:
         """The member's messages from ``offset`` on; with ``max_wait_ms`` wait for some."""
-        _user_queue(queue)
+        check_user_queue(queue)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
             res = self.keyed.fetch_now(queue, group, member, generation, partition, offset, max_bytes)
@@ -253,27 +247,27 @@ class Broker:
 
     def keyed_commit(self, queue: str, group: str, member: int, generation: int,
                      offsets: dict[int, int]) -> KeyedGroupInfo:
-        return self.keyed.commit(_user_queue(queue), group, member, generation, offsets)
+        return self.keyed.commit(check_user_queue(queue), group, member, generation, offsets)
 
     def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
-        return self.keyed.resize(_user_queue(queue), group, size)
+        return self.keyed.resize(check_user_queue(queue), group, size)
 
     # push subscribers (headwater.broker.subscriptions; delivery: headwater.broker.push)
     def add_subscriber(self, queue: str, name: str, partitions: list[int] | None = None,
                        tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo:
-        return self.subscribers.add(_user_queue(queue), name, partitions, tags, start)
+        return self.subscribers.add(check_user_queue(queue), name, partitions, tags, start)
 
     def delete_subscriber(self, queue: str, name: str) -> None:
-        self.subscribers.delete(_user_queue(queue), name)
+        self.subscribers.delete(check_user_queue(queue), name)
 
     def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
-        return self.subscribers.list(None if queue is None else _user_queue(queue))
+        return self.subscribers.list(None if queue is None else check_user_queue(queue))
 
     def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo:
-        return self.subscribers.describe(_user_queue(queue), name)
+        return self.subscribers.describe(check_user_queue(queue), name)
 
     def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int]) -> None:
-        self.subscribers.checkpoint(_user_queue(queue), name, offsets)
+        self.subscribers.checkpoint(check_user_queue(queue), name, offsets)
 
     # delayed messages (headwater.broker.delay)
     def cancel_delayed(self, queue_id: int, partition: int, offset: int) -> None:

@@ -14,6 +14,7 @@ __all__ = [
     "DEFAULT_PORT",
     "INTERNAL_PREFIX",
     "is_internal_queue",
+    "check_user_queue",
     "FlushPolicy",
     "QueueConfig",
     "QueueInfo",
@@ -38,6 +39,13 @@ def is_internal_queue(name: object) -> bool:
     (True, False, False)
     """
     return isinstance(name, str) and name.startswith(INTERNAL_PREFIX)
+
+
+def check_user_queue(name: str) -> str:
+    """``name``, unless it is one of the broker's own queues (then InvalidArgumentError)."""
+    if is_internal_queue(name):
+        raise InvalidArgumentError(f"queue {name!r}: names starting with {INTERNAL_PREFIX!r} belong to the broker")
+    return name
 
 
 class FlushPolicy(str, Enum):

@@ -59,7 +59,7 @@ from headwater.errors import (
     UnknownMemberError,
 )
 from headwater.model.assignment import STRATEGIES, TP
-from headwater.model.config import is_internal_queue, validate_queue_name
+from headwater.model.config import validate_queue_name
 
 __all__ = [
     "GroupMode",
@@ -484,9 +484,7 @@ class Membership:
         if not subs:
             raise InvalidArgumentError("a member subscribes to at least one queue")
         for q in subs:
-            validate_queue_name(q)
-            if is_internal_queue(q):
-                raise InvalidArgumentError(f"queue {q!r}: names starting with '__' belong to the broker")
+            validate_queue_name(q)  # rejects the broker's own '__' names too: a name starts with a letter or digit
         t = session_timeout_ms
         if isinstance(t, bool) or not isinstance(t, int) or not SESSION_TIMEOUT_MS_MIN <= t <= SESSION_TIMEOUT_MS_MAX:
             raise InvalidArgumentError(

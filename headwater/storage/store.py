@@ -51,6 +51,7 @@ from headwater.model.config import (
     PARTITIONS_MAX,
     PartitionInfo,
     QueueConfig,
+    INTERNAL_PREFIX,
     QueueInfo,
     is_internal_queue,
     validate_queue_name,
@@ -416,8 +417,8 @@ class LogStore:
         from :meth:`list_queues`."""
         if internal:
             if not is_internal_queue(name):
-                raise InvalidArgumentError(f"internal queue names start with '__', got {name!r}")
-            validate_queue_name(name[2:])
+                raise InvalidArgumentError(f"internal queue names start with {INTERNAL_PREFIX!r}, got {name!r}")
+            validate_queue_name(name[len(INTERNAL_PREFIX):])
         else:
             validate_queue_name(name)
         if not isinstance(config, QueueConfig):
