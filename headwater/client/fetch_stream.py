@@ -65,14 +65,15 @@ class FetchStreams:
     thread (or task); only the handlers run elsewhere, and call ``notify`` after each push."""
 
     def __init__(self, service: Any, *, window_bytes: int = STREAM_WINDOW_BYTES, tag_mask: int = 0,
-                 push_bytes_max: int = 1 << 20, notify: Callable[[], None] = lambda: None) -> None:
+                 push_bytes_max: int = 1 << 20, notify: Callable[[], None] = lambda: None,
+                 outage: Outage | None = None) -> None:
         self._service = service
         self.window_bytes = window_bytes
         self._tag_mask = tag_mask
         self._push_bytes_max = push_bytes_max
         self._notify = notify
         self._streams: dict[str, _Stream] = {}
-        self._outage = Outage(service)  # opening again after the broker went away
+        self._outage = outage or Outage(service)  # the consumer's: opening again after the broker went away
 
     def open_missing(self, positions: dict[TP, int]) -> None:
         """Start opening a stream for each queue of ``positions`` (``{(queue, partition):

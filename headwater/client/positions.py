@@ -68,7 +68,7 @@ class ConsumerPositions:
                     or stream_window_bytes < 1:
                 raise InvalidArgumentError("stream_window_bytes must be a positive int")
             self._streams = FetchStreams(service, window_bytes=stream_window_bytes, tag_mask=self._mask,
-                                         push_bytes_max=fetch_bytes, notify=on_push)
+                                         push_bytes_max=fetch_bytes, notify=on_push, outage=self._outage)
 
     # -- assigning ------------------------------------------------------------------------
 
