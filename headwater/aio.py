@@ -2,7 +2,8 @@
 
 ``await connect("host:port")`` and ``await open(path)`` return an :class:`AsyncClient` with
 the names of :class:`headwater.Client`: ``admin``, ``producer()``, ``consumer()``,
-``scanner()``, ``get``, ``find``, ``offset_for_time``, ``status``, ``send``,
+``shared_consumer()``, ``keyed_consumer()``, ``subscribe()``, ``scanner()``, ``get``,
+``find``, ``offset_for_time``, ``cancel``, ``delay_stats``, ``status``, ``send``,
 ``send_batch``, ``close``. Errors are the classes of :mod:`headwater.errors`.
 The guide is ``docs/asyncio.md``.
 

@@ -41,7 +41,7 @@ GUIDES = sorted(p for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")] i
 #: in particular, but still run every block).
 SHOWS: dict[str, list[str]] = {
     "README.md": ['b\'{"id": 17, "total": 42.5}\'', "event 999"],
-    "asyncio.md": ["[b'late']"],
+    "asyncio.md": ["[b'late']", "charged 3 orders; checkpoint stored: True"],
     "consumer-groups.md": ["now reading", "charged 300 orders", "cache-invalidation read 3"],
     "keyed-groups.md": ["user-3 clicked 4 times", "'resizing_to': 4", "shared by two members: 0"],
     "producing.md": ["10000 ids, the last 0000", "True\n", "µs from send() to poll()"],

@@ -614,3 +614,183 @@ def test_stop_finishes_the_record_in_progress_and_checkpoints_it(hw):
     assert subs[0].wait(10)
     assert seen == [b"0", b"1", b"2", b"3"]
     assert hw.admin.describe_subscriber("q", "s").checkpoints == {0: 4}
+
+
+# the asyncio subscriber (headwater.aio: pushed over TCP, long polling embedded) -----------------
+
+
+def test_an_asyncio_subscriber(aio_target, monkeypatch):
+    """AsyncSubscriber: plain and coroutine listeners in order, the checkpoint following,
+    tags, a failing listener, a stop from a listener, partitions added later, an unknown
+    subscriber, and the client's close storing the checkpoint."""
+    import asyncio
+
+    import headwater.client.subscriber as subscriber
+    from test_aio import run
+
+    monkeypatch.setattr(subscriber, "PARTITIONS_CHECK_S", 0.05)
+    import headwater.client.aio_subscriber as aio_subscriber
+    monkeypatch.setattr(aio_subscriber, "PARTITIONS_CHECK_S", 0.05)
+
+    async def test(hw):
+        await hw.admin.create_queue("q", partitions=2)
+        await hw.admin.add_subscriber("q", "s", start="earliest")
+        await hw.send_batch("q", [b"a%d" % i for i in range(20)], partition=0)
+        await hw.send_batch("q", [b"b%d" % i for i in range(20)], partition=1)
+        calls: list[tuple[str, bytes]] = []
+
+        async def later(r):
+            await asyncio.sleep(0)
+            calls.append(("g", r.body))
+
+        sub = hw.subscribe("q", "s", listeners=[lambda r: calls.append(("f", r.body)), later],
+                           checkpoint_interval_ms=10)
+        assert sub.mode == ("push" if aio_target.kind == "network" else "pull")
+        assert await sub.wait_for(lambda: len(calls) == 80)
+        for i in range(0, 80, 2):  # each record: f, then g awaited, before the next record
+            assert calls[i][0] == "f" and calls[i + 1] == ("g", calls[i][1])
+        for p in (b"a", b"b"):
+            assert [b for n, b in calls if n == "f" and b.startswith(p)] == [p + b"%d" % i for i in range(20)]
+        await hw.send("q", b"c", partition=1)
+        assert await sub.wait_for(lambda: calls[-1] == ("g", b"c"))
+
+        async def stored():
+            return (await hw.admin.describe_subscriber("q", "s")).checkpoints
+
+        deadline = time.monotonic() + 10
+        while await stored() != {0: 20, 1: 21} and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert await stored() == {0: 20, 1: 21}
+        await sub.stop()
+        assert not sub.running and sub.closed and sub.delivered == 41 and sub.positions == {0: 20, 1: 21}
+
+        # tags: filtered (on the broker when pushed) and checked again; the checkpoint passes the rest
+        await hw.admin.add_subscriber("q", "ab", start="earliest", tags=["a", "b"])
+        await hw.send_batch("q", tagged(40), partition=0)
+        got = []
+        async with hw.subscribe("q", "ab", listeners=[got.append], start=False) as tagged_sub:
+            assert await tagged_sub.wait_for(lambda: len(got) == 20 and tagged_sub.positions.get(0) == 60)
+        assert {r.tag for r in got} == {"a", "b"} and [r.offset for r in got] == sorted(r.offset for r in got)
+        assert (await hw.admin.describe_subscriber("q", "ab")).checkpoints[0] == 60
+
+        # a failing listener stops the subscriber before its record; the next one starts there
+        await hw.admin.create_queue("f")
+        await hw.admin.add_subscriber("f", "s", start="earliest")
+        await hw.send_batch("f", [b"%d" % i for i in range(10)])
+        seen = []
+
+        async def fussy(r):
+            if r.body == b"4":
+                raise RuntimeError("cannot handle 4")
+            seen.append(r.body)
+
+        failing = hw.subscribe("f", "s", listeners=[fussy])
+        with pytest.raises(RuntimeError, match="cannot handle 4"):
+            await failing.wait(10)
+        assert seen == [b"0", b"1", b"2", b"3"] and not failing.running
+        assert (await hw.admin.describe_subscriber("f", "s")).checkpoints == {0: 4}
+
+        # a stop from a listener (the subscriber's own task) returns at once; the record is checkpointed
+        again, holder = [], []
+
+        async def stop_at_6(r):
+            again.append(r.body)
+            if r.body == b"6":
+                await holder[0].stop()
+
+        holder.append(hw.subscribe("f", "s", listeners=[stop_at_6]))
+        assert await holder[0].wait(10)
+        assert again == [b"4", b"5", b"6"]
+        assert (await hw.admin.describe_subscriber("f", "s")).checkpoints == {0: 7}
+
+        # on_error="skip": the record is passed, the listeners after the failing one miss it
+        await hw.admin.add_subscriber("f", "t", start="earliest")
+        skipped = []
+        skipping = hw.subscribe("f", "t", listeners=[fussy, skipped.append], on_error="skip")
+        assert await skipping.wait_for(lambda: skipping.positions == {0: 10})
+        await skipping.stop()
+        assert len(skipped) == 9 and skipping.error is None
+
+        # partitions added while it runs are followed
+        await hw.admin.add_subscriber("q", "all")  # from the end
+        fresh = []
+        follower = hw.subscribe("q", "all", listeners=[fresh.append])
+        await asyncio.sleep(0.2)
+        await hw.admin.add_partitions("q", 3)
+        await asyncio.sleep(1.2 if aio_target.kind == "network" else 0.3)  # the broker looks every second
+        await hw.send("q", b"new", partition=2)
+        assert await follower.wait_for(lambda: [r.body for r in fresh] == [b"new"], timeout_s=10)
+
+        # an unknown subscriber stops with a clear error
+        nobody = hw.subscribe("q", "nope", listeners=[print])
+        with pytest.raises(SubscriberNotFoundError, match="no subscriber 'nope'"):
+            await nobody.wait(10)
+
+        # bad settings are refused when the subscriber is made
+        with pytest.raises(InvalidArgumentError, match="on_error"):
+            hw.subscribe("q", "s", on_error="retry")
+        with pytest.raises(InvalidArgumentError, match="credit_messages"):
+            hw.subscribe("q", "s", credit_messages=0)
+        with pytest.raises(InvalidArgumentError, match="a listener is a callable"):
+            hw.subscribe("q", "s", listeners=["not callable"])
+
+        # the client's close stops the follower and stores its checkpoint (checked below)
+        await hw.send("q", b"last", partition=0)
+        assert await follower.wait_for(lambda: len(fresh) == 2)
+        kept.append(follower)
+
+    kept: list = []
+    run(aio_target, test)
+    with headwater.open(aio_target.path) if aio_target.server is None else headwater.connect(
+            aio_target.server.address) as hw:
+        assert not kept[0].running
+        assert hw.admin.describe_subscriber("q", "all").checkpoints == kept[0].positions
+
+
+def test_an_asyncio_subscriber_is_taken_over_and_outlives_a_restart(tmp_path):
+    """Over TCP: a broker restart is survived (it subscribes again, nothing twice), a second
+    process takes the name over (the first stops with the broker's error), and deleting the
+    subscriber stops the second."""
+    import asyncio
+
+    import headwater.aio
+
+    broker = BrokerProcess(tmp_path / "data").start()
+
+    async def main() -> None:
+        nonlocal broker
+        hw = await headwater.aio.connect(broker.address)
+        other = None
+        try:
+            await hw.admin.create_queue("q")
+            await hw.admin.add_subscriber("q", "s", start="earliest")
+            await hw.send_batch("q", [b"%d" % i for i in range(10)], partition=0)
+            seen = []
+            sub = hw.subscribe("q", "s", listeners=[lambda r: seen.append(int(r.body))])
+            assert await sub.wait_for(lambda: len(seen) == 10)
+            await asyncio.to_thread(broker.terminate)
+            broker = await asyncio.to_thread(BrokerProcess(tmp_path / "data", port=broker.port).start)
+            await hw.send_batch("q", [b"%d" % i for i in range(10, 20)], partition=0)
+            assert await sub.wait_for(lambda: len(seen) == 20, timeout_s=20), seen
+            assert seen == list(range(20)) and sub.running
+
+            other = await headwater.aio.connect(broker.address)
+            second_seen = []
+            second = other.subscribe("q", "s", listeners=[second_seen.append])
+            with pytest.raises(UsageError, match="took the stream over"):
+                await sub.wait(10)
+            await hw.send("q", b"x", partition=0)
+            assert await second.wait_for(lambda: len(second_seen) == 1)
+            await hw.admin.delete_subscriber("q", "s")
+            with pytest.raises(SubscriberNotFoundError, match="was deleted"):
+                await second.wait(10)
+            assert (await hw.status())["push_streams"] == 0
+        finally:
+            if other is not None:
+                await other.close()
+            await hw.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        broker.kill()

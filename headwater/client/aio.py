@@ -25,9 +25,11 @@ from headwater.client.aio_producer import AsyncProducer
 from headwater.client.aio_scanner import AsyncScanner
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.aio_shared_consumer import AsyncSharedConsumer
+from headwater.client.aio_subscriber import AsyncSubscriber
 from headwater.client.partitioner import PartitionFn
 from headwater.client.lookups import find_bounds, record_for_id, records_with_key
 from headwater.client.scanner import Bound
+from headwater.client.subscriber import Listener
 from headwater.client.consumer import POLL_MESSAGES_DEFAULT
 
 __all__ = ["AsyncAdmin", "AsyncClient"]
@@ -102,7 +104,7 @@ class AsyncAdmin:
         """Change a keyed group's number of members (see ``Admin.resize_keyed_group``)."""
         return await self._service.keyed_resize(queue, group, size)
 
-    # push subscribers (attach to one with the sync client's ``subscribe``)
+    # push subscribers (attach to one with ``AsyncClient.subscribe``)
     async def add_subscriber(self, queue: str, name: str, *, partitions: int | Iterable[int] | None = None,
                              tags: str | Iterable[str] | None = None,
                              start: str | datetime | int = "latest") -> SubscriberInfo:
@@ -207,6 +209,17 @@ class AsyncClient:
                                **settings)
         self._adopt(c)  # type: ignore[arg-type]
         return c
+
+    def subscribe(self, queue: str, name: str, listeners: Iterable[Listener] = (), **settings) -> AsyncSubscriber:
+        """Attach to subscriber ``name`` of ``queue`` (added with ``admin.add_subscriber`` or
+        ``headwater subscriber add``) and start calling ``listeners`` (plain functions or
+        coroutine functions, awaited), in order, for each record, in a task on the running
+        loop. See :class:`~headwater.client.aio_subscriber.AsyncSubscriber` (``settings`` as
+        for the sync client's ``subscribe``) and docs/subscriptions.md. Closing the client
+        stops it, storing its checkpoint."""
+        sub = AsyncSubscriber(self._service, queue, name, listeners, **settings)
+        self._adopt(sub)  # type: ignore[arg-type]
+        return sub
 
     def _adopt(self, child: AsyncProducer | AsyncConsumer) -> None:
         self._children = {c for c in self._children if not c.closed}

@@ -190,6 +190,31 @@ class AsyncService:
         self.transport.submit(m.CloseStreamRequest(stream_id), fut)
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nothing worth waiting for
 
+    # push streams (headwater.client.aio_subscriber drives them)
+    async def open_push_stream(self, queue: str, name: str, handler: Callable[[m.PushBody | None], None], *,
+                               credit_messages: int, credit_bytes: int) -> tuple[int, SubscriberInfo]:
+        """Open a push stream of subscriber ``name``: its id and the subscriber as it starts.
+        ``handler`` gets each PUSH body on the event loop, and None once if the connection is
+        lost."""
+        return await self.transport.open_stream(
+            lambda sid: m.SubscribeRequest(sid, queue, name, credit_messages, credit_bytes), handler)
+
+    def ack_push_stream(self, stream_id: int, offsets: dict[int, int], credit_messages: int,
+                        credit_bytes: int) -> asyncio.Future[None]:
+        """Grant a stream more credit and checkpoint ``offsets`` (if any), without waiting."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.transport.submit(m.SubscriptionAckRequest(stream_id, dict(offsets), credit_messages, credit_bytes), fut)
+        return fut
+
+    async def close_push_stream(self, stream_id: int) -> None:
+        """Stop routing the stream's pushes here and ask the broker to end it."""
+        self.transport.unregister_push(stream_id)
+        if not self._closed:
+            try:
+                await self.transport.call(m.UnsubscribeRequest(stream_id))
+            except (UnavailableError, ClosedError):
+                pass  # the connection is gone, and the stream with it
+
     async def lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None,
                          limit: int) -> list[bytes]:
         return await self._call(m.LookupKeyRequest(queue, key, start_ms, end_ms, limit))

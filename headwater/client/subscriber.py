@@ -43,7 +43,7 @@ import logging
 import queue as queue_mod
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from headwater.errors import (
@@ -54,28 +54,217 @@ from headwater.errors import (
     UnavailableError,
     error_for_code,
 )
+from headwater.model.config import QueueInfo
 from headwater.model.filtering import count_messages, decode_selection
 from headwater.model.message import Record
 from headwater.model.service import BrokerService
 from headwater.model.subscription import SubscriberInfo, subscribed_partitions
 from headwater.client.consumer import Consumer
 
-__all__ = ["Subscriber", "Listener"]
+__all__ = ["Subscriber", "SubscriberBase", "Listener"]
 
 log = logging.getLogger("headwater.subscriber")
 
 Listener = Callable[[Record], Any]
 _STOP = object()  # wakes the dispatcher when stop() is called
-_RECONNECT_BACKOFF_S_MAX = 2.0
-_PARTITIONS_CHECK_S = 2.0
+RECONNECT_BACKOFF_S_MAX = 2.0
+PARTITIONS_CHECK_S = 2.0
 
 
-class _ListenerFailed(Exception):
+class ListenerFailed(Exception):
+    """A listener raised, with ``on_error="stop"``: the subscriber stops with ``error``."""
+
     def __init__(self, error: BaseException) -> None:
         self.error = error
 
 
-class Subscriber:
+class SubscriberBase:
+    """What a subscriber process is, without I/O: its settings and listeners, its positions
+    and stored checkpoints, the credit its listeners used, and the decisions on them. The
+    sync :class:`Subscriber` (a thread) and the asyncio
+    :class:`~headwater.client.aio_subscriber.AsyncSubscriber` (a task) drive it."""
+
+    def __init__(self, queue: str, name: str, listeners: Iterable[Listener], *, credit_messages: int,
+                 credit_bytes: int, checkpoint_interval_ms: int, on_error: str) -> None:
+        if on_error not in ("stop", "skip"):
+            raise InvalidArgumentError(f"on_error is 'stop' or 'skip', got {on_error!r}")
+        for name_, v in (("credit_messages", credit_messages), ("credit_bytes", credit_bytes)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 2**31:
+                raise InvalidArgumentError(f"{name_} is a whole number from 1 to 2**31 - 1, got {v!r}")
+        if isinstance(checkpoint_interval_ms, bool) or not isinstance(checkpoint_interval_ms, int) \
+                or checkpoint_interval_ms < 0:
+            raise InvalidArgumentError(f"checkpoint_interval_ms is a whole number of milliseconds, 0 or more, "
+                                       f"got {checkpoint_interval_ms!r}")
+        self.queue = queue
+        self.name = name
+        self._lock = threading.Lock()
+        self._listeners: tuple[Listener, ...] = ()
+        for fn in listeners:
+            self.add_listener(fn)
+        self.credit_messages = credit_messages
+        self.credit_bytes = credit_bytes
+        self.checkpoint_interval_s = checkpoint_interval_ms / 1000
+        self.on_error = on_error
+        self.info: SubscriberInfo | None = None
+        self.error: BaseException | None = None
+        self.delivered = 0
+        self._positions: dict[int, int] = {}  # next offset to give the listeners, per partition
+        self._stored: dict[int, int] = {}  # checkpoints known to be on the broker
+        self._last_checkpoint = time.monotonic()
+        self._tags: frozenset[str] | None = None
+        # push mode: the current stream, and what the listeners consumed of its credit
+        self._stream: tuple[int, object] | None = None
+        self._stream_pos: dict[int, int] = {}
+        self._owed_messages = 0
+        self._owed_bytes = 0
+
+    def add_listener(self, fn: Listener) -> None:
+        """Call ``fn(record)`` for every record, after the listeners added before it."""
+        if not callable(fn):
+            raise InvalidArgumentError(f"a listener is a callable taking a Record, got {fn!r}")
+        with self._lock:
+            self._listeners = (*self._listeners, fn)
+
+    @property
+    def listeners(self) -> tuple[Listener, ...]:
+        return self._listeners
+
+    @property
+    def positions(self) -> dict[int, int]:
+        """Per partition, the next offset the listeners will get (the checkpoint to be)."""
+        return dict(self._positions)
+
+    # -- delivery -------------------------------------------------------------------------------
+
+    def _fresh(self, partition: int, r: Record) -> bool:
+        """Whether ``r`` is still to be given to the listeners (not processed before a
+        reconnect: not twice in one process)."""
+        return r.offset >= self._positions.get(partition, 0)
+
+    def _listener_failed(self, fn: Listener, r: Record, e: Exception) -> None:
+        """A listener raised: stop before the record (``on_error="stop"``) or log and skip it."""
+        if self.on_error == "stop":
+            raise ListenerFailed(e) from e
+        log.exception("listener %r failed on %s; the record is skipped (on_error='skip')", fn, r.message_id)
+
+    def _passed(self, partition: int, r: Record) -> None:
+        """The listeners are done with ``r``: the position passes it."""
+        self._positions[partition] = r.offset + 1
+        self.delivered += 1
+
+    def _stopped_by(self, e: Exception) -> None:
+        """Keep what stopped the subscriber, for ``wait()`` to raise: a listener's error, the
+        broker's refusal, or (logged, as a bug) anything else."""
+        if isinstance(e, ListenerFailed):
+            self.error = e.error
+            return
+        if not isinstance(e, HeadwaterError):
+            log.exception("subscriber %s/%s failed", self.queue, self.name)
+        self.error = e
+
+    def _set_info(self, info: SubscriberInfo) -> None:
+        self.info = info
+        self._tags = frozenset(info.tags) if info.tags else None
+        for p, off in info.checkpoints.items():
+            self._stored[p] = off
+            if off > self._positions.get(p, -1):
+                self._positions[p] = off
+
+    def _due_checkpoint(self, final: bool) -> dict[int, int] | None:
+        """The positions that moved, if the interval passed (or ``final``); None if not due.
+        The caller stores them and then calls :meth:`_checkpointed`."""
+        if not final and time.monotonic() - self._last_checkpoint < self.checkpoint_interval_s:
+            return None
+        return {p: o for p, o in self._positions.items() if self._stored.get(p) != o}
+
+    def _checkpointed(self, changed: dict[int, int]) -> None:
+        self._stored.update(changed)
+        self._last_checkpoint = time.monotonic()
+
+    def _checkpoint_wait_s(self) -> float:
+        """How long the push loop may wait for a push before the next checkpoint is due."""
+        return max(0.001, self._last_checkpoint + self.checkpoint_interval_s - time.monotonic())
+
+    # -- pull (an embedded broker) ----------------------------------------------------------------
+
+    def _pull_wait_ms(self) -> int:
+        return min(100, int(self.checkpoint_interval_s * 1000) or 100)
+
+    def _new_partitions(self, qi: QueueInfo, parts: list[int]) -> tuple[list[int], dict[int, int]]:
+        """The partitions followed now, and those new since ``parts`` with where each starts."""
+        assert self.info is not None
+        now = subscribed_partitions(self.info, len(qi.partitions))
+        return now, {p: max(self._positions.get(p, 0), qi.partitions[p].start_offset) for p in now if p not in parts}
+
+    def _polled(self, records: Iterable[Record]) -> dict[int, list[Record]]:
+        by_part: dict[int, list[Record]] = {}
+        for r in records:
+            by_part.setdefault(r.partition, []).append(r)
+        return by_part
+
+    def _past_skipped(self, parts: list[int], by_part: dict[int, list[Record]], done: set[int],
+                      position: Callable[[int], int]) -> None:
+        """Move past messages the filter skipped, where nothing is left undelivered."""
+        for p in parts:
+            if p in done or p not in by_part:
+                self._positions[p] = max(self._positions.get(p, 0), position(p))
+
+    # -- push (over the network) ------------------------------------------------------------------
+
+    def _stream_opened(self, sid: int, token: object, info: SubscriberInfo) -> None:
+        self._stream = (sid, token)
+        self._owed_messages = self._owed_bytes = 0
+        self._set_info(info)
+        self._stream_pos = {p: info.checkpoints.get(p, 0) for p in info.checkpoints}
+
+    def _push_lost(self, body: Any) -> bool:
+        """Whether a push item ends the stream so that the subscriber subscribes again (the
+        connection was lost, or the broker ended it for a passing reason); raises what the
+        broker ended it with otherwise."""
+        if body is None:
+            log.info("subscriber %s/%s: connection lost; subscribing again", self.queue, self.name)
+            return True
+        if not body.ended:
+            return False
+        exc = error_for_code(body.ended_code)(body.ended)
+        if exc.retriable:
+            log.info("subscriber %s/%s: %s", self.queue, self.name, body.ended)
+            return True
+        self._stream = None  # the broker closed it already
+        raise exc
+
+    def _push_records(self, body: Any) -> Iterator[Record]:
+        """The records of a push, decoded (and their tags checked again)."""
+        start = self._positions.get(body.partition, 0)
+        sel = body.selections
+        return (r for i, b in enumerate(body.batches)
+                for r in decode_selection(b, sel[i] if sel else (), self.queue, start_offset=start, tags=self._tags))
+
+    def _pushed(self, body: Any, complete: bool) -> bool:
+        """After the listeners took a push (all of it when ``complete``): move past what the
+        broker skipped, count the credit it used; whether enough is owed to give it back."""
+        p = body.partition
+        if complete:
+            self._positions[p] = max(self._positions.get(p, 0), body.next_offset)
+        # give back the credit the broker counted for this push (never less: a stream must not starve)
+        messages, size = count_messages(body.batches, body.selections, self._stream_pos.get(p, 0), body.next_offset)
+        self._stream_pos[p] = body.next_offset
+        self._owed_messages += max(messages, 1)
+        self._owed_bytes += size
+        return self._owed_messages * 4 >= self.credit_messages or self._owed_bytes * 4 >= self.credit_bytes
+
+    def _take_owed(self) -> tuple[int, int]:
+        owed = self._owed_messages, self._owed_bytes
+        self._owed_messages = self._owed_bytes = 0
+        return owed
+
+    def _ack_done(self, fut: Any) -> None:
+        e = None if fut.cancelled() else fut.exception()
+        if e is not None and not isinstance(e, (UnavailableError, ClosedError, SubscriberNotFoundError)):
+            log.warning("subscriber %s/%s: an acknowledgement failed: %s", self.queue, self.name, e)
+
+
+class Subscriber(SubscriberBase):
     """One process attached to a registered subscriber. Thread-safe; listeners run on the
     subscriber's thread.
 
@@ -96,59 +285,18 @@ class Subscriber:
     def __init__(self, service: BrokerService, queue: str, name: str, listeners: Iterable[Listener] = (), *,
                  credit_messages: int = 1000, credit_bytes: int = 4 << 20, checkpoint_interval_ms: int = 100,
                  on_error: str = "stop", start: bool = True) -> None:
-        if on_error not in ("stop", "skip"):
-            raise InvalidArgumentError(f"on_error is 'stop' or 'skip', got {on_error!r}")
-        for name_, v in (("credit_messages", credit_messages), ("credit_bytes", credit_bytes)):
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 2**31:
-                raise InvalidArgumentError(f"{name_} is a whole number from 1 to 2**31 - 1, got {v!r}")
+        super().__init__(queue, name, listeners, credit_messages=credit_messages, credit_bytes=credit_bytes,
+                         checkpoint_interval_ms=checkpoint_interval_ms, on_error=on_error)
         self._service = service
-        self.queue = queue
-        self.name = name
-        self._lock = threading.Lock()
-        self._listeners: tuple[Listener, ...] = ()
-        for fn in listeners:
-            self.add_listener(fn)
-        self.credit_messages = credit_messages
-        self.credit_bytes = credit_bytes
-        self.checkpoint_interval_s = checkpoint_interval_ms / 1000
-        self.on_error = on_error
         self.mode = "push" if hasattr(service, "open_push_stream") else "pull"
-        self.info: SubscriberInfo | None = None
-        self.error: BaseException | None = None
-        self.delivered = 0
-        self._positions: dict[int, int] = {}  # next offset to give the listeners, per partition
-        self._stored: dict[int, int] = {}  # checkpoints known to be on the broker
-        self._last_checkpoint = time.monotonic()
-        self._tags: frozenset[str] | None = None
         self._inbox: queue_mod.SimpleQueue = queue_mod.SimpleQueue()  # bounded by the credit
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
-        # push mode: the current stream, and what the listeners consumed of its credit
-        self._stream: tuple[int, object] | None = None
-        self._stream_pos: dict[int, int] = {}
-        self._owed_messages = 0
-        self._owed_bytes = 0
         if start:
             self.start()
 
     # -- control ------------------------------------------------------------------------------
-
-    def add_listener(self, fn: Listener) -> None:
-        """Call ``fn(record)`` for every record, after the listeners added before it."""
-        if not callable(fn):
-            raise InvalidArgumentError(f"a listener is a callable taking a Record, got {fn!r}")
-        with self._lock:
-            self._listeners = (*self._listeners, fn)
-
-    @property
-    def listeners(self) -> tuple[Listener, ...]:
-        return self._listeners
-
-    @property
-    def positions(self) -> dict[int, int]:
-        """Per partition, the next offset the listeners will get (the checkpoint to be)."""
-        return dict(self._positions)
 
     @property
     def running(self) -> bool:
@@ -204,13 +352,8 @@ class Subscriber:
                 self._run_push()
             else:
                 self._run_pull()
-        except _ListenerFailed as e:
-            self.error = e.error
-        except HeadwaterError as e:
-            self.error = e
         except Exception as e:  # noqa: BLE001 - reported through wait()
-            log.exception("subscriber %s/%s failed", self.queue, self.name)
-            self.error = e
+            self._stopped_by(e)
         finally:
             try:
                 self._checkpoint(final=True)
@@ -225,41 +368,27 @@ class Subscriber:
         for r in records:
             if self._stopping.is_set():
                 return False
-            if r.offset < self._positions.get(partition, 0):
-                continue  # processed before a reconnect: not twice in one process
+            if not self._fresh(partition, r):
+                continue
             for fn in self._listeners:
                 try:
                     fn(r)
                 except Exception as e:  # noqa: BLE001 - the application's error, reported
-                    if self.on_error == "stop":
-                        raise _ListenerFailed(e) from e
-                    log.exception("listener %r failed on %s; the record is skipped (on_error='skip')",
-                                  fn, r.message_id)
+                    self._listener_failed(fn, r, e)
                     break  # the listeners after it do not see it either
-            self._positions[partition] = r.offset + 1
-            self.delivered += 1
+            self._passed(partition, r)
         return True
-
-    def _set_info(self, info: SubscriberInfo) -> None:
-        self.info = info
-        self._tags = frozenset(info.tags) if info.tags else None
-        for p, off in info.checkpoints.items():
-            self._stored[p] = off
-            if off > self._positions.get(p, -1):
-                self._positions[p] = off
 
     def _checkpoint(self, *, final: bool = False) -> None:
         """Store the positions that moved, if the interval passed (or ``final``)."""
-        now = time.monotonic()
-        if not final and now - self._last_checkpoint < self.checkpoint_interval_s:
+        changed = self._due_checkpoint(final)
+        if changed is None:
             return
-        changed = {p: o for p, o in self._positions.items() if self._stored.get(p) != o}
         if self.mode == "push":
             self._ack(changed, wait=final)
         elif changed:
             self._service.checkpoint_subscriber(self.queue, self.name, changed)
-        self._stored.update(changed)
-        self._last_checkpoint = now
+        self._checkpointed(changed)
 
     # -- pull (an embedded broker) ---------------------------------------------------------
 
@@ -272,29 +401,18 @@ class Subscriber:
             next_check = 0.0
             while not self._stopping.is_set():
                 if time.monotonic() >= next_check:
-                    parts = self._assign_new(consumer, parts)
-                    next_check = time.monotonic() + _PARTITIONS_CHECK_S
-                by_part: dict[int, list[Record]] = {}
-                for r in consumer.poll(timeout_ms=min(100, int(self.checkpoint_interval_s * 1000) or 100)):
-                    by_part.setdefault(r.partition, []).append(r)
+                    parts, new = self._new_partitions(self._service.describe_queue(self.queue), parts)
+                    if new:
+                        consumer.assign(self.queue, list(new))
+                        for p, offset in new.items():
+                            consumer.seek(self.queue, p, offset)
+                    next_check = time.monotonic() + PARTITIONS_CHECK_S
+                by_part = self._polled(consumer.poll(timeout_ms=self._pull_wait_ms()))
                 done = {p for p, recs in by_part.items() if self._deliver(p, recs)}
-                for p in parts:  # past messages the filter skipped, where nothing is left undelivered
-                    if p in done or p not in by_part:
-                        self._positions[p] = max(self._positions.get(p, 0), consumer.position(self.queue, p))
+                self._past_skipped(parts, by_part, done, lambda p: consumer.position(self.queue, p))
                 self._checkpoint()
         finally:
             consumer.close()
-
-    def _assign_new(self, consumer: Consumer, parts: list[int]) -> list[int]:
-        assert self.info is not None
-        qi = self._service.describe_queue(self.queue)
-        now = subscribed_partitions(self.info, len(qi.partitions))
-        new = [p for p in now if p not in parts]
-        if new:
-            consumer.assign(self.queue, new)
-            for p in new:
-                consumer.seek(self.queue, p, max(self._positions.get(p, 0), qi.partitions[p].start_offset))
-        return now
 
     # -- push (over the network) ----------------------------------------------------------------
 
@@ -309,13 +427,10 @@ class Subscriber:
             except UnavailableError as e:
                 log.info("subscriber %s/%s: cannot subscribe (%s); retrying", self.queue, self.name, e)
                 self._stopping.wait(backoff)
-                backoff = min(backoff * 2, _RECONNECT_BACKOFF_S_MAX)
+                backoff = min(backoff * 2, RECONNECT_BACKOFF_S_MAX)
                 continue
             backoff = 0.05
-            self._stream = (sid, token)
-            self._owed_messages = self._owed_bytes = 0
-            self._set_info(info)
-            self._stream_pos = {p: info.checkpoints.get(p, 0) for p in info.checkpoints}
+            self._stream_opened(sid, token, info)
             if self._pump(token):
                 return  # stopping: the stream stays open for the last checkpoint, then closes
             self._stream = None  # lost or ended by the broker: nothing to close
@@ -324,9 +439,8 @@ class Subscriber:
         """Deliver the stream's pushes until it is lost or ended (False), or the subscriber
         stops (True)."""
         while not self._stopping.is_set():
-            wait = max(0.001, self._last_checkpoint + self.checkpoint_interval_s - time.monotonic())
             try:
-                item = self._inbox.get(timeout=wait)
+                item = self._inbox.get(timeout=self._checkpoint_wait_s())
             except queue_mod.Empty:
                 self._checkpoint()
                 continue
@@ -335,55 +449,28 @@ class Subscriber:
             t, body = item
             if t is not token:
                 continue  # from a stream that already ended
-            if body is None:
-                log.info("subscriber %s/%s: connection lost; subscribing again", self.queue, self.name)
+            if self._push_lost(body):
                 return False
-            if body.ended:
-                exc = error_for_code(body.ended_code)(body.ended)
-                if exc.retriable:
-                    log.info("subscriber %s/%s: %s", self.queue, self.name, body.ended)
-                    return False
-                self._stream = None  # the broker closed it already
-                raise exc
-            self._on_push(body)
+            complete = not body.batches or self._deliver(body.partition, self._push_records(body))
+            if self._pushed(body, complete):
+                self._ack({}, wait=False)
             self._checkpoint()
         return True
 
-    def _on_push(self, body: Any) -> None:
-        p = body.partition
-        start = self._positions.get(p, 0)
-        sel = body.selections
-        complete = not body.batches or self._deliver(
-            p, (r for i, b in enumerate(body.batches)
-                for r in decode_selection(b, sel[i] if sel else (), self.queue, start_offset=start, tags=self._tags)))
-        if complete:  # past what the broker skipped, too
-            self._positions[p] = max(self._positions.get(p, 0), body.next_offset)
-        # give back the credit the broker counted for this push (never less: a stream must not starve)
-        messages, size = count_messages(body.batches, sel, self._stream_pos.get(p, 0), body.next_offset)
-        self._stream_pos[p] = body.next_offset
-        self._owed_messages += max(messages, 1)
-        self._owed_bytes += size
-        if self._owed_messages * 4 >= self.credit_messages or self._owed_bytes * 4 >= self.credit_bytes:
-            self._ack({}, wait=False)
-
     def _ack(self, offsets: dict[int, int], *, wait: bool) -> None:
         stream = self._stream
-        if stream is None or (not offsets and not self._owed_messages and not self._owed_bytes):
-            if offsets and stream is None:
+        if stream is None:  # the stream was lost: store the checkpoint without it
+            if offsets:
                 self._service.checkpoint_subscriber(self.queue, self.name, offsets)
             return
-        messages, size = self._owed_messages, self._owed_bytes
-        self._owed_messages = self._owed_bytes = 0
+        if not offsets and not self._owed_messages and not self._owed_bytes:
+            return
+        messages, size = self._take_owed()
         fut = self._service.ack_push_stream(stream[0], offsets, messages, size)  # type: ignore[attr-defined]
         if wait:
             fut.result(timeout=10)
         else:
             fut.add_done_callback(self._ack_done)
-
-    def _ack_done(self, fut: Any) -> None:
-        e = fut.exception()
-        if e is not None and not isinstance(e, (UnavailableError, ClosedError, SubscriberNotFoundError)):
-            log.warning("subscriber %s/%s: an acknowledgement failed: %s", self.queue, self.name, e)
 
     def _close_stream(self) -> None:
         stream, self._stream = self._stream, None
