@@ -393,7 +393,8 @@ SUBSCRIBER = str(Path(__file__).parent / "support" / "subscriber_proc.py")
 
 
 @pytest.mark.slow
-def test_a_subscriber_process_killed_mid_stream_resumes_without_gaps(tmp_path):
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_subscriber_process_killed_mid_stream_resumes_without_gaps(tmp_path, flavour):
     """A producer keeps sending; the subscriber process is SIGKILLed twice mid-stream and
     started again. Each run starts exactly at the checkpoint stored when the run before it
     died, and reads on without a gap; together the runs processed every message. What a run
@@ -420,8 +421,8 @@ def test_a_subscriber_process_killed_mid_stream_resumes_without_gaps(tmp_path):
             log = tmp_path / f"run-{len(runs)}.log"
             log.touch()
             runs.append((log, hw.admin.describe_subscriber("q", "s").checkpoints))
-            proc = subprocess.Popen([sys.executable, SUBSCRIBER, broker.address, "q", "s", str(log)],
-                                    stdout=subprocess.PIPE)
+            proc = subprocess.Popen([sys.executable, SUBSCRIBER, broker.address, "q", "s", str(log),
+                                     *(["--asyncio"] if flavour == "asyncio" else [])], stdout=subprocess.PIPE)
             procs.append(proc)
             assert proc.stdout.readline().startswith(b"subscribed")
             return proc
@@ -733,6 +734,8 @@ def test_an_asyncio_subscriber(aio_target, monkeypatch):
             hw.subscribe("q", "s", credit_messages=0)
         with pytest.raises(InvalidArgumentError, match="a listener is a callable"):
             hw.subscribe("q", "s", listeners=["not callable"])
+        with pytest.raises(InvalidArgumentError, match="checkpoint_interval_ms"):
+            hw.subscribe("q", "s", checkpoint_interval_ms=-1)
 
         # the client's close stops the follower and stores its checkpoint (checked below)
         await hw.send("q", b"last", partition=0)
