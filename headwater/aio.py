@@ -27,8 +27,12 @@ from pathlib import Path
 
 from headwater.client.aio import AsyncAdmin, AsyncClient
 from headwater.client.aio_consumer import AsyncConsumer
+from headwater.client.aio_group_consumer import AsyncGroupConsumer
+from headwater.client.aio_keyed_consumer import AsyncKeyedConsumer
 from headwater.client.aio_producer import AsyncProducer
 from headwater.client.aio_scanner import AsyncScanner
+from headwater.client.aio_shared_consumer import AsyncSharedConsumer
+from headwater.client.aio_subscriber import AsyncSubscriber
 from headwater.client.aio_service import AsyncService, ThreadedService
 from headwater.client.transport import AsyncTransport
 from headwater.storage import StoreConfig
@@ -39,8 +43,12 @@ __all__ = [
     "AsyncAdmin",
     "AsyncClient",
     "AsyncConsumer",
+    "AsyncGroupConsumer",
+    "AsyncKeyedConsumer",
     "AsyncProducer",
     "AsyncScanner",
+    "AsyncSharedConsumer",
+    "AsyncSubscriber",
 ]
 
 

@@ -43,5 +43,26 @@ def test_aio_all_is_pinned():
     import headwater.aio
 
     assert set(headwater.aio.__all__) == {
-        "connect", "open", "AsyncAdmin", "AsyncClient", "AsyncConsumer", "AsyncProducer", "AsyncScanner",
+        "connect", "open", "AsyncAdmin", "AsyncClient", "AsyncConsumer", "AsyncGroupConsumer",
+        "AsyncKeyedConsumer", "AsyncProducer", "AsyncScanner", "AsyncSharedConsumer", "AsyncSubscriber",
     }
+    for name in headwater.aio.__all__:
+        assert getattr(headwater.aio, name).__doc__, name
+
+
+def test_the_asyncio_client_has_every_name_of_the_sync_one():
+    """Each sync class of ``headwater`` and its twin in ``headwater.aio`` have the same
+    public names (a feature added to one is added to the other)."""
+    import headwater.aio
+
+    def names(cls) -> set[str]:
+        return {n for n in dir(cls) if not n.startswith("_")}
+
+    twins = {"Admin": "AsyncAdmin", "Client": "AsyncClient", "Consumer": "AsyncConsumer",
+             "GroupConsumer": "AsyncGroupConsumer", "KeyedConsumer": "AsyncKeyedConsumer",
+             "Producer": "AsyncProducer", "Scanner": "AsyncScanner", "SharedConsumer": "AsyncSharedConsumer",
+             "Subscriber": "AsyncSubscriber"}
+    assert set(twins.values()) == {n for n in headwater.aio.__all__ if n.startswith("Async")}
+    for sync_name, aio_name in twins.items():
+        sync_cls, aio_cls = getattr(headwater, sync_name), getattr(headwater.aio, aio_name)
+        assert names(sync_cls) - names(aio_cls) == set(), f"{aio_name} lacks what {sync_name} has"
