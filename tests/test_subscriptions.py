@@ -626,12 +626,10 @@ def test_an_asyncio_subscriber(aio_target, monkeypatch):
     subscriber, and the client's close storing the checkpoint."""
     import asyncio
 
-    import headwater.client.subscriber as subscriber
+    import headwater.client.aio_subscriber as aio_subscriber
     from test_aio import run
 
-    monkeypatch.setattr(subscriber, "PARTITIONS_CHECK_S", 0.05)
-    import headwater.client.aio_subscriber as aio_subscriber
-    monkeypatch.setattr(aio_subscriber, "PARTITIONS_CHECK_S", 0.05)
+    monkeypatch.setattr(aio_subscriber, "PARTITIONS_CHECK_S", 0.05)  # how often it looks, embedded
 
     async def test(hw):
         await hw.admin.create_queue("q", partitions=2)
