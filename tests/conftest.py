@@ -102,10 +102,11 @@ def hw(request, tmp_path, clock):
         server.stop()
 
 
-@pytest.fixture(params=["network", "embedded"])
+@pytest.fixture(params=["network", "embedded", "memory"])
 def aio_target(request, tmp_path, clock):
     """Where an asyncio test's client connects (``test_aio.Target``): a real server in a
-    thread, or an embedded broker; run the test with ``test_aio.run``."""
+    thread, an embedded broker, or the in-memory one (``headwater.testing``); run the test
+    with ``test_aio.run``."""
     from test_aio import Target
 
     t = Target(request.param, tmp_path, clock)

@@ -51,10 +51,14 @@ class Target:
     async def open(self) -> headwater.aio.AsyncClient:
         if self.server is not None:
             return await headwater.aio.connect(self.server.address)
+        if self.kind == "memory":
+            from headwater.testing import open_memory_async
+
+            return open_memory_async(clock=self.clock)
         return await headwater.aio.open(self.path, clock=self.clock, segment_bytes_max=256 * 1024)
 
 
-@pytest.fixture(params=["network", "embedded"])
+@pytest.fixture(params=["network", "embedded", "memory"])
 def target(request, tmp_path, clock):
     t = Target(request.param, tmp_path, clock)
     yield t
@@ -168,7 +172,7 @@ def test_admin_round_trip(target):
             with pytest.raises(QueueNotFoundError, match="audit"):
                 await call
         status = await hw.status()
-        assert status["mode"] == ("server" if target.kind == "network" else "embedded")
+        assert status["mode"] == {"network": "server", "embedded": "embedded", "memory": "memory"}[target.kind]
 
     run(target, test)
 

@@ -48,7 +48,7 @@ SHOWS: dict[str, list[str]] = {
     "shared-groups.md": ["sent 18 emails, 2 in the dead-letter queue: no such mailbox, yet"],
     "spark.md": ["rows in the ranges: 4000", "paid orders in the hour: 3", "events counted: 1000", "clicks written: 3"],
     "subscriptions.md": ["stored 5 orders"],
-    "testing.md": ["billing: ok", "retention: ok", "delay: ok"],
+    "testing.md": ["billing: ok", "retention: ok", "delay: ok", "asyncio: ok"],
 }
 
 #: The last words of each example script's work.

@@ -854,49 +854,49 @@ def test_docstring_examples(name):
     assert result.failed == 0 and result.attempted > 0
 
 
-@pytest.mark.parametrize("mode", ["embedded", "network"])
-def test_asyncio_shared_consumer(mode, tmp_path, clock):
+def test_asyncio_shared_consumer(aio_target):
+    """AsyncSharedConsumer: receive, ack, nack, extend, a lease another member cannot ack, a
+    long poll woken by a send, and the leases given back when the consumers close (with the
+    client; in memory, one by one, as nothing outlives the client there)."""
     import asyncio
 
-    import headwater.aio
-    from conftest import ServerThread
+    from test_aio import run
 
-    async def main(server) -> None:
-        hw = await (headwater.aio.connect(server.address) if server else headwater.aio.open(tmp_path / "d", clock=clock))
-        async with hw:
-            await hw.admin.create_queue("q", partitions=2)
-            await hw.send_batch("q", [b"a", b"b", b"c"], partition=0)
-            c = hw.shared_consumer("g", "q", backoff_ms=0, max_attempts=2)
-            got = await c.receive(max_messages=10, timeout_ms=500)
-            assert [d.body for d in got] == [b"a", b"b", b"c"]
-            await got[0].ack()
-            await got[1].nack("retry", delay_ms=0)
-            await c.extend(got[2:], 60_000)
-            [again] = await c.receive(timeout_ms=500)
-            assert (again.body, again.attempt) == (b"b", 2)
-            await again.nack("still bad")
-            other = hw.shared_consumer("g", "q")
-            with pytest.raises(LeaseNotOwnedError):
-                await other.ack(got[2:])  # c's lease: refused, c keeps it
-            t0 = time.monotonic()
-            waiter = asyncio.ensure_future(other.receive(timeout_ms=5000))
-            await asyncio.sleep(0.2)
-            await hw.send("q", b"late", partition=1)
-            [late] = await waiter
-            assert late.body == b"late" and time.monotonic() - t0 < 3
-            info = await c.describe()
-            assert info.partitions[0].dead_lettered == 1 and info.leased == 2
-            # closing the client closes the consumers, which give back their leases
-        async with await (headwater.aio.connect(server.address) if server
-                          else headwater.aio.open(tmp_path / "d", clock=clock)) as hw:
-            c = hw.shared_consumer("g", "q")
-            again = await c.receive(max_messages=10, timeout_ms=500)
-            assert sorted(d.body for d in again) == [b"c", b"late"]
-            await c.ack(again)
+    async def test(hw) -> None:
+        await hw.admin.create_queue("q", partitions=2)
+        await hw.send_batch("q", [b"a", b"b", b"c"], partition=0)
+        c = hw.shared_consumer("g", "q", backoff_ms=0, max_attempts=2)
+        got = await c.receive(max_messages=10, timeout_ms=500)
+        assert [d.body for d in got] == [b"a", b"b", b"c"]
+        await got[0].ack()
+        await got[1].nack("retry", delay_ms=0)
+        await c.extend(got[2:], 60_000)
+        [again] = await c.receive(timeout_ms=500)
+        assert (again.body, again.attempt) == (b"b", 2)
+        await again.nack("still bad")
+        other = hw.shared_consumer("g", "q")
+        with pytest.raises(LeaseNotOwnedError):
+            await other.ack(got[2:])  # c's lease: refused, c keeps it
+        t0 = time.monotonic()
+        waiter = asyncio.ensure_future(other.receive(timeout_ms=5000))
+        await asyncio.sleep(0.2)
+        await hw.send("q", b"late", partition=1)
+        [late] = await waiter
+        assert late.body == b"late" and time.monotonic() - t0 < 3
+        info = await c.describe()
+        assert info.partitions[0].dead_lettered == 1 and info.leased == 2
+        if aio_target.kind == "memory":
+            await c.close()
+            await other.close()
+            await after_close(hw)
+        # else closing the client closes the consumers, which give back their leases
 
-    server = ServerThread(tmp_path / "srv", clock) if mode == "network" else None
-    try:
-        asyncio.run(main(server))
-    finally:
-        if server:
-            server.stop()
+    async def after_close(hw) -> None:
+        c = hw.shared_consumer("g", "q")
+        again = await c.receive(max_messages=10, timeout_ms=500)
+        assert sorted(d.body for d in again) == [b"c", b"late"]
+        await c.ack(again)
+
+    run(aio_target, test)
+    if aio_target.kind != "memory":
+        run(aio_target, after_close)

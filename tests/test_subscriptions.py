@@ -742,10 +742,11 @@ def test_an_asyncio_subscriber(aio_target, monkeypatch):
 
     kept: list = []
     run(aio_target, test)
-    with headwater.open(aio_target.path) if aio_target.server is None else headwater.connect(
-            aio_target.server.address) as hw:
-        assert not kept[0].running
-        assert hw.admin.describe_subscriber("q", "all").checkpoints == kept[0].positions
+    assert not kept[0].running
+    if aio_target.kind != "memory":  # (nothing is kept of an in-memory broker)
+        with headwater.open(aio_target.path) if aio_target.server is None else headwater.connect(
+                aio_target.server.address) as hw:
+            assert hw.admin.describe_subscriber("q", "all").checkpoints == kept[0].positions
 
 
 def test_an_asyncio_subscriber_is_taken_over_and_outlives_a_restart(tmp_path):

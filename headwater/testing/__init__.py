@@ -17,11 +17,31 @@ import time
 from collections.abc import Callable
 
 from headwater.client import Client
+from headwater.client.aio import AsyncClient
+from headwater.client.aio_service import ThreadedService
 from headwater.testing.memory import MemoryBroker
 
-__all__ = ["MemoryBroker", "open_memory"]
+__all__ = ["MemoryBroker", "open_memory", "open_memory_async"]
 
 
 def open_memory(*, clock: Callable[[], float] = time.time) -> Client:
     """A client over a fresh in-memory broker (see :class:`MemoryBroker`)."""
     return Client(MemoryBroker(clock=clock))
+
+
+def open_memory_async(*, clock: Callable[[], float] = time.time) -> AsyncClient:
+    """An asyncio client (the :class:`~headwater.client.aio.AsyncClient` of
+    ``headwater.aio``) over a fresh in-memory broker: for testing asyncio code. A plain
+    call, as nothing waits; close it with ``await hw.close()`` or ``async with``.
+
+    >>> import asyncio
+    >>> from headwater.testing import open_memory_async
+    >>> async def main():
+    ...     async with open_memory_async() as hw:
+    ...         await hw.admin.create_queue("jobs")
+    ...         return (await hw.send("jobs", b"work")).offset
+    >>> asyncio.run(main())
+    0
+    """
+    broker = MemoryBroker(clock=clock)
+    return AsyncClient(ThreadedService(broker, subscribe_appends=broker.add_append_listener))

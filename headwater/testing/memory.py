@@ -86,6 +86,7 @@ class MemoryBroker:
         self._last_ts = 0
         self._closed = False
         self._appended = threading.Condition()
+        self._append_listeners: list[Callable[[str, int, int], None]] = []
         self._offsets: dict[tuple[str, int, int], int] = {}
         self._producers = ProducerStateTable()
         self._keyed: dict[tuple[int, str], KeyedGroupInfo] = {}
@@ -210,10 +211,24 @@ class MemoryBroker:
             base = p.end
             p.end += h.count
             self._producers.record(h, q.qid, partition, base, ts)
+        self._wake_readers({queue: {partition: base + h.count}})
+        return ProduceResult(q.qid, partition, base, h.count, ts)
+
+    def add_append_listener(self, fn: Callable[[str, int, int], None]) -> None:
+        """Call ``fn(queue, partition, end_offset)`` after every append, from the appending
+        thread (the real broker's call; ``headwater.aio`` waits on it)."""
+        self._append_listeners.append(fn)
+
+    def _wake_readers(self, ends: dict[str, dict[int, int]]) -> None:
+        """After appends (outside the lock): wake long polls, listeners and shared groups.
+        ``ends``: per queue, per partition, the end offset now."""
         with self._appended:
             self._appended.notify_all()
-        self._shared.notify(queue)
-        return ProduceResult(q.qid, partition, base, h.count, ts)
+        for queue, parts in ends.items():
+            for partition, end in parts.items():
+                for fn in self._append_listeners:
+                    fn(queue, partition, end)
+            self._shared.notify(queue)
 
     def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
               end_offset: int | None = None, max_wait_ms: int = 0) -> FetchResult:

@@ -120,7 +120,7 @@ class MemoryDelay:
         b = self._b
         if not self._heap:
             return
-        appended: set[str] = set()
+        appended: dict[str, dict[int, int]] = {}  # queue -> partition -> end offset
         with b._lock:
             if b._closed:
                 return
@@ -145,12 +145,10 @@ class MemoryDelay:
                     continue
                 it.state, it.delivered_offset = _DELIVERED, res.base_offset
                 self.counters.on_delivered(res.count, now - it.due_ms)
-                appended.add(b._by_id[it.queue_id].name)
+                ends = appended.setdefault(b._by_id[it.queue_id].name, {})
+                ends[it.partition] = res.base_offset + res.count
         if appended:  # wake readers as an append does, outside the broker's lock
-            with b._appended:
-                b._appended.notify_all()
-            for name in appended:
-                b._shared.notify(name)
+            b._wake_readers(appended)
 
     def _find_locked(self, queue_id: int, partition: int, offset: int) -> tuple[_Item, int]:
         mid = MessageId(queue_id, partition, offset)
