@@ -56,6 +56,22 @@ class AsyncSubscriber(SubscriberBase):
 
     ``await stop()`` (or leaving ``async with``) finishes the record in progress, stores the
     checkpoint and detaches; ``await wait()`` re-raises what stopped the subscriber.
+
+    >>> import asyncio, tempfile
+    >>> import headwater.aio
+    >>> async def main():
+    ...     async with await headwater.aio.open(tempfile.mkdtemp()) as hw:
+    ...         _ = await hw.admin.create_queue("orders")
+    ...         _ = await hw.admin.add_subscriber("orders", "audit", start="earliest")
+    ...         _ = await hw.send("orders", b"paid")
+    ...         seen = []
+    ...         async def store(record):
+    ...             seen.append(record.body)
+    ...         async with hw.subscribe("orders", "audit", listeners=[store]) as sub:
+    ...             await sub.wait_for(lambda: seen, timeout_s=5)
+    ...         return seen, sub.positions
+    >>> asyncio.run(main())
+    ([b'paid'], {0: 1})
     """
 
     def __init__(self, service: AsyncBrokerService, queue: str, name: str, listeners: Iterable[Listener] = (), *,
@@ -128,7 +144,7 @@ class AsyncSubscriber(SubscriberBase):
         ``timeout_s`` passes; whether it is true."""
         deadline = time.monotonic() + timeout_s
         while not condition():
-            if not self.running or time.monotonic() >= deadline:
+            if (self._task is not None and self._task.done()) or time.monotonic() >= deadline:
                 return bool(condition())
             await asyncio.sleep(0.005)
         return True
