@@ -237,6 +237,9 @@ def _reader(hw, kind: str) -> Callable[[], list]:
     if kind == "keyed":
         keyed = hw.keyed_consumer("counters", "q", member=0, size=1)
         return lambda: keyed.poll(timeout_ms=200)
+    if kind == "shared":
+        shared = hw.shared_consumer("workers", "q")
+        return lambda: shared.receive(timeout_ms=200)
     if kind == "group":
         c = hw.consumer(group="billing", subscribe="q")
     else:
@@ -245,12 +248,11 @@ def _reader(hw, kind: str) -> Callable[[], list]:
     return lambda: c.poll(timeout_ms=200)
 
 
-@pytest.mark.parametrize("kind", ["streaming", "fetching", "keyed", "group"])
+@pytest.mark.parametrize("kind", ["streaming", "fetching", "keyed", "group", "shared"])
 def test_a_read_keeps_its_timeout_while_the_broker_is_down(broker, kind):
-    """While the broker is away each poll returns after its own timeout (Kafka's poll(Duration)
-    too), not after the client's connect_timeout_s; the outage is reported once that passed.
-    (A shared consumer's receive() is one call to the broker, and like any call waits up to
-    connect_timeout_s for it: docs/design/client.md.)"""
+    """While the broker is away each poll (a shared consumer's receive) returns after its own
+    timeout (Kafka's poll(Duration) too), not after the client's connect_timeout_s; the
+    outage is reported once that passed."""
     hw = headwater.connect(broker["broker"].address, connect_timeout_s=3, request_timeout_s=5)
     try:
         read = _reader(hw, kind)
@@ -266,24 +268,33 @@ def test_a_read_keeps_its_timeout_while_the_broker_is_down(broker, kind):
         hw.close()
 
 
-@pytest.mark.parametrize("kind", ["streaming", "fetching", "keyed"])
+@pytest.mark.parametrize("kind", ["streaming", "fetching", "keyed", "shared"])
 def test_an_asyncio_read_keeps_its_timeout_while_the_broker_is_down(broker, kind):
     async def main() -> PollClock:
         hw = await headwater.aio.connect(broker["broker"].address, connect_timeout_s=3, request_timeout_s=5)
         try:
             await hw.admin.create_queue("q", partitions=1)
-            if kind == "keyed":
-                c = hw.keyed_consumer("counters", "q", member=0, size=1)
+            if kind == "shared":
+                shared = hw.shared_consumer("workers", "q")
+
+                def read():
+                    return shared.receive(timeout_ms=200)
             else:
-                c = hw.consumer(stream=kind == "streaming")
-                await c.assign("q")
-            assert await c.poll(timeout_ms=100) == []
+                if kind == "keyed":
+                    c = hw.keyed_consumer("counters", "q", member=0, size=1)
+                else:
+                    c = hw.consumer(stream=kind == "streaming")
+                    await c.assign("q")
+
+                def read():
+                    return c.poll(timeout_ms=200)
+            assert await read() == []
             broker["broker"].kill()
             clock = PollClock()
             with pytest.raises(UnavailableError, match="cannot reach the broker"):
                 while clock.going():
                     with clock.poll():
-                        assert await c.poll(timeout_ms=200) == []
+                        assert await read() == []
             return clock
         finally:
             await hw.close()

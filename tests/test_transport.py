@@ -318,6 +318,36 @@ def test_nobody_listening_fails_within_connect_timeout():
     assert asyncio.run(main()) < 1.9
 
 
+def test_a_request_waiting_for_a_connection_can_be_taken_back(fake):
+    """withdraw(): a request not written yet (the client is connecting again) is taken back
+    and never written, its future left as it was, and the give-up of that connection attempt
+    is recorded with its reason; a request already written cannot be taken back."""
+    first = fake()
+    port = int(first.address.rsplit(":", 1)[1])
+    svc = RemoteService(first.address, connect_timeout_s=1.0)
+    try:
+        written = svc._submit(m.PingRequest())
+        assert not svc.withdraw(written)  # on its way (or answered) already
+        written.result(5)
+        first.close()
+        time.sleep(0.2)  # the client sees its connection end
+        t0 = time.monotonic()
+        waiting = svc._submit(m.ListQueuesRequest())
+        time.sleep(0.1)
+        assert svc.withdraw(waiting) and not svc.withdraw(waiting)
+        deadline = time.monotonic() + 5
+        while not svc.transport.gave_up_connecting_since(t0):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert not waiting.done()  # not failed with the others: it was not there any more
+        assert "cannot reach the broker" in str(svc.transport.connect_failure)
+        back = fake(port=port)
+        svc.ping()
+        assert [type(b) for _, b in back.requests] == [m.PingRequest]  # the list never went out
+    finally:
+        svc.close()
+
+
 def test_a_broker_gone_for_good_fails_a_call_within_connect_timeout(fake):
     first = fake()
     svc = RemoteService(first.address, connect_timeout_s=1.0)

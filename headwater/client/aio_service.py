@@ -257,6 +257,21 @@ class AsyncService:
                                                        at_most_once, dict(settings or {}), max_wait_ms),
                                 retry=not at_most_once, timeout_s=timeout)
 
+    def start_shared_receive(self, group: str, queue: str, member: str, max_messages: int,
+                             visibility_timeout_ms: int, at_most_once: bool, settings: dict[str, int | float],
+                             max_wait_ms: int) -> asyncio.Future[SharedDeliveries]:
+        """Send SHARED_RECEIVE without waiting: the future of its answer; :meth:`withdraw`
+        takes it back while it is not written yet (see ``RemoteService.start_shared_receive``)."""
+        fut: asyncio.Future[SharedDeliveries] = asyncio.get_running_loop().create_future()
+        self.transport.submit(m.SharedReceiveRequest(group, queue, member, max_messages, visibility_timeout_ms,
+                                                     at_most_once, dict(settings or {}), max_wait_ms),
+                              fut, self.transport.request_timeout_s + max_wait_ms / 1000)
+        return fut
+
+    def withdraw(self, fut: asyncio.Future) -> bool:
+        """Take back a request sent with a ``start_`` call if it is not written yet (True)."""
+        return self.transport.withdraw(fut)
+
     async def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
         return await self._call(m.SharedAckRequest(group, queue, member, list(lease_ids)), retry=False)
 

@@ -9,10 +9,12 @@ talks to the broker is a coroutine (``receive``, ``ack``, ``nack``, ``extend``,
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-from headwater.errors import HeadwaterError
+from headwater.errors import HeadwaterError, UnavailableError
 from headwater.model.shared import SharedGroupInfo
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.shared_consumer import Delivery, SharedConsumerBase, deliveries_from, raise_refused
@@ -42,9 +44,32 @@ class AsyncSharedConsumer(SharedConsumerBase):
     _service: AsyncBrokerService
 
     async def receive(self, max_messages: int = 32, timeout_ms: int = 1000) -> list[AsyncDelivery]:
-        """Up to ``max_messages`` deliveries from any partition, waiting up to ``timeout_ms``."""
-        res = await self._service.shared_receive(*self._receive_args(max_messages, timeout_ms))
-        return self._track(deliveries_from(res, self.queue, self, AsyncDelivery))
+        """Up to ``max_messages`` deliveries from any partition, waiting up to ``timeout_ms``
+        (while the broker is away: nothing after ``timeout_ms``, as the sync ``receive``)."""
+        args = self._receive_args(max_messages, timeout_ms)
+        start = getattr(self._service, "start_shared_receive", None)
+        res = await (self._service.shared_receive(*args) if start is None else self._receive_remote(start, args))
+        return [] if res is None else self._track(deliveries_from(res, self.queue, self, AsyncDelivery))
+
+    async def _receive_remote(self, start: Any, args: tuple) -> Any:
+        """The sync consumer's ``_receive_remote``, awaited."""
+        timeout_s = args[-1] / 1000
+        submitted_at = time.monotonic()
+        fut = start(*args)
+        try:
+            done, _ = await asyncio.wait([fut], timeout=timeout_s)
+            if not done and self._service.withdraw(fut):  # type: ignore[attr-defined]
+                fut.cancel()
+                self._outage.unsent(submitted_at)
+                return None
+            res = await fut  # written: the broker answers by its long poll's end
+        except UnavailableError as e:  # the connection was lost, or the broker is stopping
+            if self.at_most_once or not self._outage.rides_out(e):
+                raise  # at most once: an answer lost on the way would have lost its messages
+            await asyncio.sleep(max(0.0, min(self._outage.backoff_s(), submitted_at + timeout_s - time.monotonic())))
+            return None
+        self._outage.over()
+        return res
 
     async def __aiter__(self) -> AsyncIterator[AsyncDelivery]:
         while not self._closed:

@@ -62,6 +62,21 @@ class Outage:
         if self.since is None:
             self.since = time.monotonic()
 
+    def unsent(self, submitted_at: float) -> None:
+        """A read submitted at ``submitted_at`` (``time.monotonic()``) waited its whole time
+        without being written, and was taken back: the client is connecting again. Go on
+        (the next read tries again), unless an attempt to connect made since the outage
+        began gave up; then that is the read's error."""
+        if self._transport is None:
+            return
+        if self.since is None:
+            self.since = submitted_at
+        self.tries += 1
+        if self._transport.gave_up_connecting_since(self.since):
+            failure = self._transport.connect_failure
+            raise UnavailableError(str(failure) if failure is not None else
+                                   f"cannot reach the broker at {self._transport.address}")
+
     def backoff_s(self) -> float:
         """How long to wait before trying again: 0.05 s, doubling with each failure in a row,
         at most 1 s (for a retry that would otherwise be answered at once)."""

@@ -13,12 +13,21 @@ lost if the member fails while handling it. The guide is ``docs/shared-groups.md
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import secrets
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from headwater.errors import ClosedError, HeadwaterError, InvalidArgumentError, LeaseError, error_for_code
+from headwater.errors import (
+    ClosedError,
+    HeadwaterError,
+    InvalidArgumentError,
+    LeaseError,
+    UnavailableError,
+    error_for_code,
+)
 from headwater.model.config import validate_queue_name
 from headwater.model.message import MessageId, Record
 from headwater.model.service import BrokerService
@@ -31,6 +40,7 @@ from headwater.model.shared import (
     validate_member,
     validate_receive,
 )
+from headwater.client.polling import Outage
 from headwater.client.scanner import decode_stored
 
 __all__ = ["Delivery", "SharedConsumer", "SharedConsumerBase", "deliveries_from", "raise_refused"]
@@ -130,6 +140,7 @@ class SharedConsumerBase:
         self._settings_map = self.settings.as_mapping()
         self._held: dict[str, Any] = {}  # leases received and not yet acked or nacked
         self._closed = False
+        self._outage = Outage(service)  # receives through a broker's restart (over the network)
 
     @property
     def closed(self) -> bool:
@@ -183,9 +194,38 @@ class SharedConsumer(SharedConsumerBase):
 
     def receive(self, max_messages: int = 32, timeout_ms: int = 1000) -> list[Delivery]:
         """Up to ``max_messages`` deliveries from any partition, waiting up to ``timeout_ms``
-        for the first (long polling on the broker)."""
-        res = self._service.shared_receive(*self._receive_args(max_messages, timeout_ms))
-        return self._track(deliveries_from(res, self.queue, self))
+        for the first (long polling on the broker).
+
+        While the broker is away (restarting, say) a receive returns nothing after its
+        ``timeout_ms``, as a poll does, and the client connects again meanwhile; once it
+        gave up for ``connect_timeout_s``, the receive raises :class:`UnavailableError`."""
+        args = self._receive_args(max_messages, timeout_ms)
+        start = getattr(self._service, "start_shared_receive", None)
+        res = self._service.shared_receive(*args) if start is None else self._receive_remote(start, args)
+        return [] if res is None else self._track(deliveries_from(res, self.queue, self))
+
+    def _receive_remote(self, start: Any, args: tuple) -> Any:
+        """A receive over the network: its answer, or None when the broker is away. A
+        request not written in ``timeout_ms`` is taken back (nothing was leased for it); one
+        written is waited for, as its answer holds leases."""
+        timeout_s = args[-1] / 1000
+        submitted_at = time.monotonic()
+        fut = start(*args)
+        try:
+            try:
+                res = fut.result(timeout_s)
+            except concurrent.futures.TimeoutError:
+                if self._service.withdraw(fut):
+                    self._outage.unsent(submitted_at)
+                    return None
+                res = fut.result()  # written: the broker answers by its long poll's end
+        except UnavailableError as e:  # the connection was lost, or the broker is stopping
+            if self.at_most_once or not self._outage.rides_out(e):
+                raise  # at most once: an answer lost on the way would have lost its messages
+            time.sleep(max(0.0, min(self._outage.backoff_s(), submitted_at + timeout_s - time.monotonic())))
+            return None
+        self._outage.over()
+        return res
 
     def __iter__(self) -> Iterator[Delivery]:
         """Deliveries forever (until :meth:`close`), receiving as needed."""

@@ -286,6 +286,7 @@ class AsyncTransport:
         self._next_stream_id = 1
         # written on the loop, read by any thread (one float: gave_up_connecting_since)
         self._failed_connect_began = -math.inf  # time.monotonic() when the last attempt given up began
+        self.connect_failure: UnavailableError | None = None  # why the last attempt given up gave up
 
     # submitting ------------------------------------------------------------------------
 
@@ -546,6 +547,8 @@ class AsyncTransport:
             else:
                 why = e
                 self._failed_connect_began = max(self._failed_connect_began, began)
+                if isinstance(e, UnavailableError):
+                    self.connect_failure = e
             self._fail_backlog(why)
             if not isinstance(e, Exception):
                 raise
@@ -581,6 +584,17 @@ class AsyncTransport:
         has given up: the broker could not be reached for a whole ``connect_timeout_s``, so a
         call that failed for it would only wait as long again if it were sent again."""
         return self._failed_connect_began >= t
+
+    def withdraw(self, sink: Sink) -> bool:
+        """Take back a request not written yet (waiting for a connection, or behind others):
+        True if it was still waiting, and now never will be sent (its sink is left as it is);
+        False if it was written already (its answer will come) or is over."""
+        with self._lock:
+            for call in self._backlog:
+                if call.sink is sink and not call.dead:
+                    self._backlog.remove(call)
+                    return True
+        return False
 
     def _fail_backlog(self, why: BaseException) -> None:
         with self._lock:
