@@ -10,7 +10,8 @@ half). Two parts:
   time the listener got it - time it was scheduled to be sent, CLOCK_MONOTONIC on both
   sides; the first 200 messages are not counted. Run for ``flush`` async and sync, and once
   more with a tag filter (the subscriber wants one tag of four: only a quarter of the
-  messages are pushed). Target: p99 <= 5 ms. Two shares are reported beside it: the
+  messages are pushed), and once with the asyncio subscriber (``headwater.aio``: the
+  same subscription as a task on the subscriber's event loop). Target: p99 <= 5 ms. Two shares are reported beside it: the
   producer's acknowledgements (scheduled send to ack, the produce path alone), and append to
   listener (the broker's append time, a whole-ms wall clock stamp, to the listener's wall
   clock: the push path alone, ±1 ms).
@@ -26,6 +27,7 @@ half). Two parts:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import multiprocessing as mp
 import os
@@ -52,7 +54,8 @@ TAGS = ["a", "b", "c", "d"]
 # --------------------------------------------------------------------------- latency
 
 
-def _subscriber(address: str, name: str, total: int, ready, results, timeout_s: float) -> None:
+def _subscriber(address: str, name: str, total: int, ready, results, timeout_s: float,
+                flavour: str = "sync") -> None:
     import headwater
 
     stamps: list[tuple[int, int, int, float]] = []
@@ -63,7 +66,23 @@ def _subscriber(address: str, name: str, total: int, ready, results, timeout_s: 
         # and the push's own share: the broker's append time (wall clock, whole ms) to now
         stamps.append((sched, seq, clock(), time.time() * 1000 - r.timestamp_ms))
 
+    async def subscribe_asyncio() -> None:
+        import headwater.aio
+
+        hw = await headwater.aio.connect(address)
+        sub = hw.subscribe(QUEUE, name, listeners=[stamp])
+        await asyncio.sleep(0.2)
+        ready.set()
+        await sub.wait_for(lambda: len(stamps) >= total, timeout_s=timeout_s)
+        await hw.close()  # stops the subscriber
+        if sub.error is not None:
+            raise sub.error
+
     try:
+        if flavour == "asyncio":
+            asyncio.run(subscribe_asyncio())
+            results.put({"role": "subscriber", "stamps": stamps})
+            return
         hw = headwater.connect(address)
         sub = hw.subscribe(QUEUE, name, listeners=[stamp])
         time.sleep(0.2)
@@ -127,15 +146,15 @@ def _producer(address: str, total: int, rate: int, size: int, tagged: bool, read
         results.put({"role": "producer", "error": f"{type(e).__name__}: {e}"[:300]})
 
 
-def run_latency(workdir: Path, flush: str, seconds: float, *, tagged: bool) -> dict[str, Any]:
+def run_latency(workdir: Path, flush: str, seconds: float, *, tagged: bool, flavour: str = "sync") -> dict[str, Any]:
     import headwater
 
     port = free_port()
-    data = workdir / f"data-{flush}-{int(tagged)}"
+    data = workdir / f"data-{flush}-{int(tagged)}-{flavour}"
     server = ServerProcess(f"headwater-{flush}", [
         sys.executable, "-m", "headwater.cli.main", "--data", str(data), "serve", "--host", HOST,
         "--port", str(port), "--flush", flush, "--log-level", "warning",
-    ], log_path=workdir / f"server-{flush}-{int(tagged)}.log")
+    ], log_path=workdir / f"server-{flush}-{int(tagged)}-{flavour}.log")
     try:
         wait_until(lambda: port_open(port), timeout_s=30, what="headwater serve", alive=server.alive)
         address = f"{HOST}:{port}"
@@ -147,7 +166,7 @@ def run_latency(workdir: Path, flush: str, seconds: float, *, tagged: bool) -> d
         expect = total // 4 if tagged else total
         ctx = mp.get_context("spawn")
         results, ready = ctx.Queue(), ctx.Event()
-        procs = [ctx.Process(target=_subscriber, args=(address, "bench", expect, ready, results, seconds + 60)),
+        procs = [ctx.Process(target=_subscriber, args=(address, "bench", expect, ready, results, seconds + 60, flavour)),
                  ctx.Process(target=_producer, args=(address, total, RATE, SIZE, tagged, ready, results))]
         for proc in procs:
             proc.start()
@@ -163,7 +182,7 @@ def run_latency(workdir: Path, flush: str, seconds: float, *, tagged: bool) -> d
         pushed = sorted(a for _, seq, _, a in sub["stamps"] if seq >= WARMUP)
         seqs = [seq for _, seq, _, _ in sub["stamps"]]
         return {
-            "flush": flush, "tagged": tagged, "received": len(seqs), "expected": expect,
+            "flush": flush, "tagged": tagged, "subscriber": flavour, "received": len(seqs), "expected": expect,
             "in_order": seqs == sorted(seqs), "counted": len(lat), "sent_late": prod["late"],
             "rate": prod["rate"], "ack_p50_ms": prod["ack_p50_ms"], "ack_p99_ms": prod["ack_p99_ms"],
             "append_to_listener_p50_ms": percentile(pushed, 50), "append_to_listener_p99_ms": percentile(pushed, 99),
@@ -221,10 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     seconds = 2.0 if args.quick else 5.0
     report: dict[str, Any] = {"rate": RATE, "size": SIZE, "seconds": seconds, "latency": [], "filter": []}
     with tempfile.TemporaryDirectory(prefix="hw-bench-push-", dir="/tmp") as d:
-        for flush, tagged in (("async", False), ("sync", False), ("async", True)):
-            res = run_latency(Path(d), flush, seconds, tagged=tagged)
+        for flush, tagged, flavour in (("async", False, "sync"), ("sync", False, "sync"), ("async", True, "sync"),
+                                       ("async", False, "asyncio")):
+            res = run_latency(Path(d), flush, seconds, tagged=tagged, flavour=flavour)
             report["latency"].append(res)
-            label = f"{flush}{' + tag filter' if tagged else ''}"
+            label = f"{flush}{' + tag filter' if tagged else ''}{', asyncio subscriber' if flavour == 'asyncio' else ''}"
             if "error" in res:
                 print(f"latency {label}: ERROR {res['error']}")
                 continue
