@@ -92,7 +92,8 @@ def run_one(hw, address: str, work: Path, members: int, messages: int, batch: in
     for p in procs:
         p.wait(30)
     return {"members": members, "messages": messages, "seconds": round(elapsed, 3),
-            "msgs_per_s": round(messages / elapsed), "ideal_msgs_per_s": round(members * 1000 / work_ms)}
+            "msgs_per_s": round(messages / elapsed),
+            "ideal_msgs_per_s": round(members * 1000 / work_ms) if work_ms else None}  # no work: no ceiling
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-ms", type=float, default=1.0, help="handler time per message (default 1 ms)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "shared_groups.json")
     args = parser.parse_args(argv)
+    if args.work_ms < 0 or args.batch < 1:
+        parser.error("--work-ms is 0 or more (0: no work, the broker's own pace) and --batch 1 or more")
     per_member = 600 if args.quick else 2500
 
     import headwater
@@ -129,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'members':>7} {'messages':>8} {'seconds':>8} {'msgs/s':>8} {'vs 1':>6} {'ideal':>7}")
     for r in rows:
         print(f"{r['members']:>7} {r['messages']:>8} {r['seconds']:>8.2f} {r['msgs_per_s']:>8} "
-              f"{r['msgs_per_s'] / base:>5.2f}x {r['ideal_msgs_per_s']:>7}")
+              f"{r['msgs_per_s'] / base:>5.2f}x {r['ideal_msgs_per_s'] or '-':>7}")
     rises = rows[2]["msgs_per_s"] > rows[1]["msgs_per_s"] and rows[3]["msgs_per_s"] > rows[1]["msgs_per_s"]
     print(f"throughput rises past {PARTITIONS} members (the partition count): {'yes' if rises else 'NO'}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

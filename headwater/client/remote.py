@@ -231,11 +231,12 @@ class RemoteService:
                              visibility_timeout_ms: int, at_most_once: bool, settings: dict[str, int | float],
                              max_wait_ms: int) -> concurrent.futures.Future:
         """Send SHARED_RECEIVE without waiting (at once, or when connected): the future of
-        its answer. While it is not written yet, :meth:`withdraw` takes it back, so a
-        consumer's receive keeps its own timeout while the client connects again."""
+        its answer, for the caller to :meth:`lead` on next. While it is not written yet,
+        :meth:`withdraw` takes it back, so a consumer's receive keeps its own timeout while
+        the client connects again."""
         return self._submit(m.SharedReceiveRequest(group, queue, member, max_messages, visibility_timeout_ms,
                                                    at_most_once, dict(settings or {}), max_wait_ms),
-                            self.transport.request_timeout_s + max_wait_ms / 1000)
+                            self.transport.request_timeout_s + max_wait_ms / 1000, lead=True)
 
     def withdraw(self, fut: concurrent.futures.Future) -> bool:
         """Take back a request sent with a ``start_`` call if it is not written yet (True)."""

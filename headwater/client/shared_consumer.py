@@ -13,7 +13,6 @@ lost if the member fails while handling it. The guide is ``docs/shared-groups.md
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import secrets
 import time
@@ -40,7 +39,7 @@ from headwater.model.shared import (
     validate_member,
     validate_receive,
 )
-from headwater.client.polling import Outage
+from headwater.client.polling import Outage, wait_any
 from headwater.client.scanner import decode_stored
 
 __all__ = ["Delivery", "SharedConsumer", "SharedConsumerBase", "deliveries_from", "raise_refused"]
@@ -211,14 +210,15 @@ class SharedConsumer(SharedConsumerBase):
         timeout_s = args[-1] / 1000
         submitted_at = time.monotonic()
         fut = start(*args)
+        lead = self._service.lead  # type: ignore[attr-defined]
         try:
-            try:
-                res = fut.result(timeout_s)
-            except concurrent.futures.TimeoutError:
-                if self._service.withdraw(fut):
+            wait_any([fut], timeout_s, lead=lead)  # this thread reads its answer, if nobody else reads
+            if not fut.done():
+                if self._service.withdraw(fut):  # type: ignore[attr-defined]
                     self._outage.unsent(submitted_at)
                     return None
-                res = fut.result()  # written: the broker answers by its long poll's end
+                lead([fut], None)  # written: the broker answers by its long poll's end
+            res = fut.result()
         except UnavailableError as e:  # the connection was lost, or the broker is stopping
             if self.at_most_once or not self._outage.rides_out(e):
                 raise  # at most once: an answer lost on the way would have lost its messages
