@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from headwater.client import Client
-from headwater.client.aio import AsyncClient
-from headwater.client.aio_service import ThreadedService
 from headwater.testing.memory import MemoryBroker
+
+if TYPE_CHECKING:
+    from headwater.client.aio import AsyncClient
 
 __all__ = ["MemoryBroker", "open_memory", "open_memory_async"]
 
@@ -43,5 +45,8 @@ def open_memory_async(*, clock: Callable[[], float] = time.time) -> AsyncClient:
     >>> asyncio.run(main())
     0
     """
+    from headwater.client.aio import AsyncClient  # here: sync tests need not import the asyncio client
+    from headwater.client.aio_service import ThreadedService
+
     broker = MemoryBroker(clock=clock)
     return AsyncClient(ThreadedService(broker, subscribe_appends=broker.add_append_listener))
