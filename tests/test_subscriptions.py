@@ -796,3 +796,76 @@ def test_an_asyncio_subscriber_is_taken_over_and_outlives_a_restart(tmp_path):
         asyncio.run(main())
     finally:
         broker.kill()
+
+
+def test_a_last_checkpoint_never_answered_still_stops_the_subscriber(monkeypatch):
+    """Stopping waits FINAL_ACK_TIMEOUT_S for the broker to take the last checkpoint; a
+    broker that never answers (a connection that hangs) is logged, and the subscriber still
+    stops: wait() returns. (The sync subscriber's thread used to die of the TimeoutError
+    before marking itself stopped, so wait() hung.)"""
+    import asyncio
+    import concurrent.futures
+
+    import headwater.client.subscriber as subscriber
+    from headwater.client.aio_subscriber import AsyncSubscriber
+    from headwater.client.subscriber import Subscriber
+    from headwater.model.subscription import SubscriberInfo
+
+    monkeypatch.setattr(subscriber, "FINAL_ACK_TIMEOUT_S", 0.2)
+    info = SubscriberInfo(queue="q", name="s", checkpoints={0: 0})
+
+    class Silent:
+        """Opens a push stream, then never answers an acknowledgement."""
+
+        def __init__(self, make_future) -> None:
+            self.make_future, self.closed = make_future, []
+
+        def open_push_stream(self, queue, name, handler, *, credit_messages, credit_bytes):
+            self.handler = handler
+            return 7, info
+
+        def ack_push_stream(self, stream_id, offsets, credit_messages, credit_bytes):
+            return self.make_future()
+
+        def close_push_stream(self, stream_id):
+            self.closed.append(stream_id)
+
+    from headwater.protocol import messages as m
+    from headwater.testing import open_memory
+
+    mem = open_memory()
+    mem.admin.create_queue("q")
+    mem.send("q", b"x")
+    stored = mem.service.fetch("q", 0, 0, max_bytes=1 << 20).batches  # a batch as the broker keeps it
+    mem.close()
+
+    def push(handler) -> None:
+        handler(m.SubscriptionPush(7, 0, stored, 1, 1))
+
+    svc = Silent(concurrent.futures.Future)
+    seen = []
+    sub = Subscriber(svc, "q", "s", [seen.append])
+    assert sub.wait_for(lambda: hasattr(svc, "handler"))
+    push(svc.handler)
+    assert sub.wait_for(lambda: seen)
+    sub.stop()
+    assert sub.wait(5) and svc.closed == [7]
+
+    class SilentAsync(Silent):
+        async def open_push_stream(self, *args, **kw):
+            return Silent.open_push_stream(self, *args, **kw)
+
+        async def close_push_stream(self, stream_id):
+            self.closed.append(stream_id)
+
+    async def main() -> None:
+        svc = SilentAsync(lambda: asyncio.get_running_loop().create_future())
+        seen = []
+        sub = AsyncSubscriber(svc, "q", "s", [seen.append])
+        assert await sub.wait_for(lambda: hasattr(svc, "handler"))
+        push(svc.handler)
+        assert await sub.wait_for(lambda: seen)
+        await sub.stop()
+        assert await sub.wait(5) and svc.closed == [7]
+
+    asyncio.run(main())

@@ -36,6 +36,7 @@ from headwater.errors import HeadwaterError, UnavailableError
 from headwater.model.message import Record
 from headwater.client.aio_consumer import AsyncConsumer
 from headwater.client.aio_service import AsyncBrokerService
+from headwater.client import subscriber
 from headwater.client.subscriber import (
     PARTITIONS_CHECK_S,
     RECONNECT_BACKOFF_S_MAX,
@@ -169,7 +170,7 @@ class AsyncSubscriber(SubscriberBase):
         finally:
             try:
                 await self._checkpoint(final=True)
-            except (HeadwaterError, asyncio.TimeoutError) as e:
+            except (HeadwaterError, TimeoutError) as e:
                 log.warning("subscriber %s/%s: the last checkpoint was not stored: %s", self.queue, self.name, e)
             await self._close_stream()
 
@@ -295,7 +296,7 @@ class AsyncSubscriber(SubscriberBase):
         messages, size = self._take_owed()
         fut = self._service.ack_push_stream(stream[0], offsets, messages, size)  # type: ignore[attr-defined]
         if wait:
-            await asyncio.wait_for(fut, 10)
+            await asyncio.wait_for(fut, subscriber.FINAL_ACK_TIMEOUT_S)
         else:
             fut.add_done_callback(self._ack_done)
 

@@ -69,6 +69,7 @@ Listener = Callable[[Record], Any]
 _STOP = object()  # wakes the dispatcher when stop() is called
 RECONNECT_BACKOFF_S_MAX = 2.0
 PARTITIONS_CHECK_S = 2.0
+FINAL_ACK_TIMEOUT_S = 10.0  # how long stopping waits for the broker to take the last checkpoint
 
 
 class ListenerFailed(Exception):
@@ -357,7 +358,7 @@ class Subscriber(SubscriberBase):
         finally:
             try:
                 self._checkpoint(final=True)
-            except HeadwaterError as e:
+            except (HeadwaterError, TimeoutError) as e:
                 log.warning("subscriber %s/%s: the last checkpoint was not stored: %s", self.queue, self.name, e)
             self._close_stream()
             self._stopped.set()
@@ -468,7 +469,7 @@ class Subscriber(SubscriberBase):
         messages, size = self._take_owed()
         fut = self._service.ack_push_stream(stream[0], offsets, messages, size)  # type: ignore[attr-defined]
         if wait:
-            fut.result(timeout=10)
+            fut.result(timeout=FINAL_ACK_TIMEOUT_S)
         else:
             fut.add_done_callback(self._ack_done)
 
