@@ -83,8 +83,7 @@ class AsyncSubscriber(SubscriberBase):
         self._service = service
         self.mode = "push" if hasattr(service, "open_push_stream") else "pull"
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()  # bounded by the credit
-        self._stopping = False
-        self._stop_requested: asyncio.Event | None = None
+        self._stop_requested = asyncio.Event()  # set by stop(); binds to a loop when first awaited
         self._task: asyncio.Task[None] | None = None
         if start:
             self.start()
@@ -100,25 +99,24 @@ class AsyncSubscriber(SubscriberBase):
         """Whether the subscriber was stopped, or stopped by itself (an error)."""
         return self._stopping or (self._task is not None and self._task.done())
 
+    @property
+    def _stopping(self) -> bool:
+        return self._stop_requested.is_set()
+
     def start(self) -> None:
         """Attach to the subscriber on the broker and start delivering, in a task on the
         running event loop."""
         if self._task is not None:
             return
-        self._stop_requested = asyncio.Event()
-        if self._stopping:  # stopped before it started
-            self._stop_requested.set()
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"headwater-subscriber-{self.name}")
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Finish the record in progress, store the checkpoint, detach. Idempotent. From a
         listener (the subscriber's own task) it asks for the stop and returns at once."""
-        self._stopping = True
+        self._stop_requested.set()
         task = self._task
         if task is None:
             return
-        assert self._stop_requested is not None
-        self._stop_requested.set()
         self._inbox.put_nowait(_STOP)
         if task is asyncio.current_task() or task.done():
             return
@@ -207,7 +205,6 @@ class AsyncSubscriber(SubscriberBase):
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, or less if the subscriber is stopped meanwhile."""
-        assert self._stop_requested is not None
         try:
             await asyncio.wait_for(self._stop_requested.wait(), seconds)
         except asyncio.TimeoutError:
