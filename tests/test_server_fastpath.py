@@ -298,3 +298,180 @@ def test_a_parked_fetch_woken_while_the_budget_is_short_waits_for_it(tmp_path):
         assert isinstance(ev, Response) and ev.request_id == rid and len(ev.body.batches) == 1
     finally:
         s.stop()
+
+
+def _buffered_by_server(s) -> list[int]:
+    return s.call(lambda: sorted(st.conn._reader.buffered_bytes for st in s.server._conns))
+
+
+def test_big_frames_half_sent_hold_the_byte_budget_not_unbounded_memory(tmp_path):
+    """Five peers each begin a 3 MiB produce and stop half way. The server reserves a big
+    frame's size as its length arrives: frames being received hold at most half of
+    bytes_in_flight_max, so it reads the body of one, and keeps the others' bodies in the
+    kernel (it stopped reading them). Before, it buffered every body it was sent, without
+    bound. Other clients go on meanwhile; when the peers finish, every frame is served."""
+    mib = 1024 * 1024
+    s = InProcessServer(tmp_path / "data", bytes_in_flight_max=8 * mib)
+    try:
+        healthy = RawClient(s.port)
+        healthy.call(CreateQueueRequest("big", QueueConfig(partitions=1, message_bytes_max=4 * mib)))
+        batch = encode_batch([b"x" * (3 * mib)])
+        senders = [RawClient(s.port) for _ in range(5)]
+        for c in senders:
+            c.frame = frame = c.conn.send(Request(c.conn.next_request_id(), ProduceRequest("big", 0, batch)))
+            half = len(frame) // 2 + mib // 2
+            c.sock.setblocking(False)
+            sent = 0
+            deadline = time.monotonic() + 2
+            while sent < half and time.monotonic() < deadline:  # what the kernel takes, not more
+                try:
+                    sent += c.sock.send(frame[sent:half])
+                except BlockingIOError:
+                    time.sleep(0.01)
+            c.sent = sent
+        time.sleep(0.5)
+        buffered = _buffered_by_server(s)
+        reserved = s.call(lambda: s.server._receiving)
+        assert reserved == len(senders[0].frame)  # one frame of 3 MiB fits in half of 8 MiB; a second does not
+        assert buffered[-1] > mib and sum(buffered[:-1]) <= 4 * 256 * 1024  # the others: one read each at most
+        t0 = time.monotonic()
+        healthy.call(ProduceRequest("big", 0, encode_batch([b"small"])))  # others are served meanwhile
+        healthy.call(PingRequest())
+        assert time.monotonic() - t0 < 1
+        for c in senders:
+            c.sock.setblocking(True)
+            c.sock.sendall(c.frame[c.sent:])
+        offsets = sorted(c.answers(1).popitem()[1].body.base_offset for c in senders)
+        assert offsets == [1, 2, 3, 4, 5]
+        assert s.call(lambda: (s.server._receiving, s.server._budget.used)) == (0, 0)
+        for c in [healthy, *senders]:
+            c.close()
+    finally:
+        s.stop()
+
+
+def test_a_fetch_short_of_memory_waits_alone_and_requests_behind_it_are_answered(tmp_path):
+    """A peer that reads none of its answers holds the whole server budget. Another client's
+    fetch then waits for memory in a task of its own (and gets an empty answer after a
+    second); a PING pipelined behind it is answered at once. Before, the fetch blocked its
+    whole connection until the budget came back (minutes: until the idle timeout)."""
+    s = InProcessServer(tmp_path / "data", bytes_in_flight_max=1024 * 1024, write_buffer_bytes_max=8 * 1024)
+    try:
+        healthy = RawClient(s.port)
+        healthy.call(CreateQueueRequest("q", QueueConfig(partitions=1)))
+        for _ in range(40):
+            healthy.call(ProduceRequest("q", 0, encode_batch([b"y" * 60_000])))
+        hog = RawClient(s.port, rcvbuf=4096)
+        for _ in range(16):  # the kernel's buffers take the first few answers; the rest wait in the server
+            hog.send(FetchRequest("q", 0, 0, 1024 * 1024))
+        deadline = time.monotonic() + 3
+        while s.call(lambda: s.server._budget.used) < 1024 * 1024 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert s.call(lambda: s.server._budget.used) >= 1024 * 1024
+        t0 = time.monotonic()
+        fetch = healthy.send(FetchRequest("q", 0, 0, 1024 * 1024))
+        ping = healthy.send(PingRequest())
+        first = healthy.next_event()
+        assert first.request_id == ping and time.monotonic() - t0 < 0.5
+        answer = healthy.next_event()
+        assert answer.request_id == fetch and answer.body.batches == [] and answer.body.next_offset == 0
+        assert 0.9 < time.monotonic() - t0 < 3
+        healthy.close()
+        hog.close()
+    finally:
+        s.stop()
+
+
+def test_a_peer_that_takes_none_of_its_answers_is_cut_off_after_send_timeout_s(tmp_path, caplog):
+    s = InProcessServer(tmp_path / "data", write_buffer_bytes_max=8 * 1024, send_timeout_s=0.5)
+    try:
+        healthy = RawClient(s.port)
+        healthy.call(CreateQueueRequest("q", QueueConfig(partitions=1)))
+        for _ in range(40):
+            healthy.call(ProduceRequest("q", 0, encode_batch([b"y" * 60_000])))
+        hog = RawClient(s.port, rcvbuf=4096)
+        with caplog.at_level("WARNING", logger="headwater.server"):
+            for _ in range(16):
+                hog.send(FetchRequest("q", 0, 0, 1024 * 1024))
+            deadline = time.monotonic() + 5
+            while s.call(lambda: len(s.server._conns)) > 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert s.call(lambda: (len(s.server._conns), s.server._budget.used)) == (1, 0)
+        assert any("took none of the" in r.getMessage() and "send_timeout_s" in r.getMessage()
+                   for r in caplog.records)
+        healthy.call(PingRequest())
+        healthy.close()
+    finally:
+        s.stop()
+
+
+def test_connections_over_the_limit_hear_why_and_are_logged_once(tmp_path, caplog):
+    from headwater.errors import UnavailableError
+
+    s = InProcessServer(tmp_path / "data", connections_max=2)
+    try:
+        kept = [RawClient(s.port) for _ in range(2)]
+        with caplog.at_level("WARNING", logger="headwater.server"):
+            for _ in range(30):
+                sock = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+                conn = Connection(CLIENT)
+                sock.sendall(conn.send(Handshake("one-too-many")))
+                while (ev := conn.next_event()) is NEED_DATA:
+                    data = sock.recv(65536)
+                    assert data, "closed without a word"
+                    conn.receive_data(data)
+                assert isinstance(ev, ErrorResponse) and ev.request_id == 0
+                assert isinstance(ev.exception(), UnavailableError)
+                assert "connections_max" in ev.message and "try again later" in ev.message
+                sock.close()
+        refusals = [r for r in caplog.records if "refusing" in r.getMessage()]
+        assert len(refusals) == 1  # not one line per attempt
+        for c in kept:
+            c.close()
+    finally:
+        s.stop()
+
+
+def test_tasks_cut_off_before_they_start_leave_no_warning(tmp_path):
+    """A connection closed for too many requests in flight cancels tasks that never ran:
+    their work is closed, not reported as a coroutine never awaited."""
+    import gc
+    import warnings
+
+    from tests.test_protocol import raw
+
+    s = InProcessServer(tmp_path / "data")
+    try:
+        c = RawClient(s.port)
+        from headwater.protocol.messages import ListQueuesRequest
+
+        c.call(CreateQueueRequest("q", QueueConfig(partitions=1)))
+        # pings (answered inline), long polls (parked, no task), then list_queues (a task each):
+        # the 257th request in flight comes in the same turn of 64 as the last tasks, which
+        # are cancelled before their first step
+        frames = b"".join(
+            [raw(FrameType.REQUEST, ApiKey.PING, rid, PingRequest()) for rid in range(100, 110)]
+            + [raw(FrameType.REQUEST, ApiKey.FETCH, rid, FetchRequest("q", 0, 0, 1024, max_wait_ms=10_000))
+               for rid in range(200, 450)]
+            + [raw(FrameType.REQUEST, ApiKey.LIST_QUEUES, rid, ListQueuesRequest()) for rid in range(500, 520)])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            c.sock.sendall(frames)
+            assert closed_by_server(c.sock)
+            s.call(gc.collect)
+            gc.collect()
+        assert not [w for w in caught if "never awaited" in str(w.message)]
+    finally:
+        s.stop()
+
+
+def closed_by_server(sock: socket.socket, timeout_s: float = 5.0) -> bool:
+    sock.settimeout(timeout_s)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    return True

@@ -29,6 +29,7 @@ from headwater.protocol import (
     UnsupportedVersionError,
     choose_version,
 )
+from headwater.errors import UnavailableError
 
 if TYPE_CHECKING:
     from headwater.broker.server import BrokerServer
@@ -41,6 +42,10 @@ _SERVER_NAME = f"headwater/{__version__}"
 _EOF_LINGER_S = 1.0  # after the peer's EOF, how long its unfinished requests may still answer
 CLOSE_LINGER_S = 5.0  # after close, how long a peer may take to read the last bytes
 _REQUESTS_PER_TURN = 64  # served from one connection before other connections get the loop
+# A frame bigger than this reserves its announced size of the byte budgets as soon as its length
+# is read, before its body is (smaller ones are bounded by one read per connection)
+FRAME_RESERVE_MIN_BYTES = 64 * 1024
+_REFUSALS_LOG_EVERY_S = 10.0  # refused connections are logged at most once per this, with a count
 
 
 class ByteBudget:
@@ -124,7 +129,8 @@ class ClientConnection(asyncio.Protocol):
 
     __slots__ = ("srv", "loop", "transport", "conn", "peer", "budget", "tasks", "parked", "write_lock", "out",
                  "unsent", "held", "blocked", "wake_scheduled", "write_paused", "drain_waiters",
-                 "handshaken", "last_data_s", "timer", "closing", "lost", "eof", "counted")
+                 "handshaken", "last_data_s", "timer", "closing", "lost", "eof", "counted",
+                 "reserved", "frame_held", "stall_timer", "stall_mark")
 
     def __init__(self, srv: BrokerServer) -> None:
         cfg = srv.config
@@ -152,6 +158,10 @@ class ClientConnection(asyncio.Protocol):
         self.lost = False
         self.eof = False
         self.counted = False  # in the server's connections (not refused)
+        self.reserved = 0  # budget bytes reserved for the big frame being received
+        self.frame_held = 0  # the same, once that frame is a request being served (a produce takes it)
+        self.stall_timer: asyncio.TimerHandle | None = None  # checks that a paused peer takes its answers
+        self.stall_mark = 0  # the answers buffered for it when last checked
 
     @property
     def writer(self) -> ClientConnection:
@@ -164,9 +174,15 @@ class ClientConnection(asyncio.Protocol):
         srv = self.srv
         self.peer = "%s:%s" % (transport.get_extra_info("peername") or ("?", "?"))[:2]
         if len(srv._conns) >= srv.config.connections_max or srv._closing:
-            if not srv._closing:
-                log.warning("refusing %s: %d connections open (connections_max)", self.peer, len(srv._conns))
             self.closing = True
+            if srv._closing:
+                why = "the broker is stopping"
+            else:
+                why = f"the broker has {len(srv._conns)} connections open, its limit (connections_max)"
+                srv.refused(self.peer, why)
+            with contextlib.suppress(ProtocolError):  # said before the handshake: the client reports it
+                transport.writelines(self.conn.send_chunks(
+                    ErrorResponse.from_exception(0, UnavailableError(f"{why}; try again later"))))
             transport.close()
             return
         srv.connections_total += 1
@@ -190,9 +206,15 @@ class ClientConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        if self.stall_timer is None and not self.closing:
+            self.stall_mark = self.transport.get_write_buffer_size()
+            self.stall_timer = self.loop.call_later(self.srv.config.send_timeout_s, self._check_stall)
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self.stall_timer is not None:
+            self.stall_timer.cancel()
+            self.stall_timer = None
         streams = self.srv._streams
         if streams.has_streams(self):  # fetch streams held back by this peer go on (not from inside a write)
             self.loop.call_soon(streams.resumed, self)
@@ -226,6 +248,14 @@ class ClientConnection(asyncio.Protocol):
         if self.unsent:  # the bytes will never go out: their budget is free
             n, self.unsent = self.unsent, 0
             srv._release(self, n)
+        if self.reserved:  # a big frame that will never be whole
+            n, self.reserved = self.reserved, 0
+            srv._receiving -= n
+            srv._release(self, n)
+        self._release_frame()
+        if self.stall_timer is not None:
+            self.stall_timer.cancel()
+            self.stall_timer = None
         self.out.clear()
         self.resume_writing()  # wakes drain() waiters, which then see the connection lost
         if srv._all_closed is not None and not srv._conns and not srv._all_closed.done():
@@ -262,14 +292,22 @@ class ClientConnection(asyncio.Protocol):
                         self.close()
                         break
                     if ev is NEED_DATA:
+                        if (not self.reserved and conn.frame_in_progress_bytes > FRAME_RESERVE_MIN_BYTES
+                                and not self._reserve_frame()):
+                            self._block()  # its body stays in the kernel until the budget has room
                         break
                 kind = type(ev)
                 if kind is Request:
                     turn -= 1
+                    if self.reserved:  # the big frame reserved as it came in is this request
+                        self.frame_held, self.reserved = self.reserved, 0
+                        srv._receiving -= self.frame_held
                     if not srv._serve(self, ev):
+                        self._release_frame()  # it waits for budget of its own
                         self.held = ev
                         self._block()
                         break
+                    self._release_frame()  # a produce took it over; any other request is served
                 elif kind is Handshake:
                     if not self._accept(ev):
                         break
@@ -283,6 +321,28 @@ class ClientConnection(asyncio.Protocol):
             log.exception("connection %s failed", self.peer)
             self.close()
         self._flush()
+
+    def _reserve_frame(self) -> bool:
+        """Reserve the announced size of the big frame being received, in the connection's
+        budget and the server's, before its body is read. Frames being received may hold at
+        most half the server's budget, so that a few peers sending huge frames slowly cannot
+        starve the requests already read. False (then the caller stops reading) when it does
+        not fit now; the connection is woken at the next release."""
+        n = self.conn.frame_in_progress_bytes
+        srv = self.srv
+        if srv._receiving and srv._receiving + n > srv._budget.limit // 2:
+            srv._budget.wait(self._wake)
+            return False
+        if not srv._take(self, n):
+            return False
+        self.reserved = n
+        srv._receiving += n
+        return True
+
+    def _release_frame(self) -> None:
+        if self.frame_held:
+            n, self.frame_held = self.frame_held, 0
+            self.srv._release(self, n)
 
     def _accept(self, ev: Handshake) -> bool:
         try:
@@ -359,6 +419,22 @@ class ClientConnection(asyncio.Protocol):
         self.blocked = False
         self.transport.resume_reading()
         self._serve_events()
+
+    def _check_stall(self) -> None:
+        """The peer has had answers waiting since the last check: cut it off if it took none
+        of them (it holds the server's memory and reads nothing), else look again later."""
+        self.stall_timer = None
+        if self.lost or not self.write_paused:
+            return
+        buffered = self.transport.get_write_buffer_size()
+        if buffered < self.stall_mark or self.closing:  # it takes them, slowly; or it is closing anyway
+            self.stall_mark = buffered
+            self.stall_timer = self.loop.call_later(self.srv.config.send_timeout_s, self._check_stall)
+            return
+        log.warning("closing %s: it took none of the %d bytes of answers waiting for it in %g s (send_timeout_s)",
+                    self.peer, buffered, self.srv.config.send_timeout_s)
+        self.close()
+        self.transport.abort()  # what it holds is freed now, not when it reads
 
     def _on_timer(self) -> None:
         self.timer = None

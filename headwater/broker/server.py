@@ -37,7 +37,7 @@ import msgspec
 from headwater._version import __version__
 from headwater.broker.allocator import kept_bytes, memory_usage
 from headwater.broker.broker import Broker
-from headwater.broker.connection import CLOSE_LINGER_S, ByteBudget, ClientConnection
+from headwater.broker.connection import _REFUSALS_LOG_EVERY_S, CLOSE_LINGER_S, ByteBudget, ClientConnection
 from headwater.broker.delay import DelayTicket
 from headwater.broker.durable_acks import DurableAcks
 from headwater.broker.push import PUSH_APIS, PushService
@@ -46,6 +46,7 @@ from headwater.errors import HeadwaterError, InvalidArgumentError
 from headwater.model.config import DEFAULT_PORT
 from headwater.model.service import FetchResult
 from headwater.protocol import (
+    FRAME_BYTES_MIN,
     ApiKey,
     ErrorResponse,
     FetchRequest,
@@ -70,6 +71,8 @@ __all__ = ["BrokerServer", "ServerConfig"]
 log = logging.getLogger("headwater.server")
 
 _PING = PingResponse()
+FETCH_BYTES_FLOOR = 64 * 1024  # a fetch short of memory reads what there is room for, but not less than this
+FETCH_BUDGET_WAIT_S = 1.0  # the least a fetch waits for memory before an empty answer
 
 
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,19 +95,53 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     push_bytes_max: int = 1024 * 1024  # one PUSH frame of a subscription or fetch stream
     push_streams_max: int = 64  # subscription streams per connection; fetch streams likewise
     allocator_cache_bytes: int = 128 * 1024 * 1024  # freed memory kept for reuse (headwater.broker.allocator); 0: off
+    send_timeout_s: float = 30.0  # a peer that takes none of its waiting answers for this long is cut off
 
     def validated(self) -> ServerConfig:
-        for name in ("connections_max", "requests_in_flight_max", "connection_bytes_in_flight_max",
-                     "bytes_in_flight_max",
-                     "fetch_bytes_max", "frame_bytes_max", "worker_threads",
-                     "write_buffer_bytes_max"):
-            if getattr(self, name) < 1:
-                raise InvalidArgumentError(f"{name} must be at least 1")
-        if not 0 <= self.port <= 65535:
-            raise InvalidArgumentError(f"port must be from 0 to 65535, got {self.port}")
-        if not 0 <= self.allocator_cache_bytes < 2**31:
-            raise InvalidArgumentError("allocator_cache_bytes must be from 0 (leave the allocator alone) to 2 GiB")
+        """This config, or :class:`InvalidArgumentError` naming the first setting out of range."""
+        for name, lo, hi in _WHOLE_RANGES:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                raise InvalidArgumentError(f"{name} must be a whole number from {lo:,} to {hi:,}, got {value!r}")
+        for name, lo, hi in _SECONDS_RANGES:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+                raise InvalidArgumentError(f"{name} must be a number of seconds from {lo:g} to {hi:g}, got {value!r}")
+        if self.fetch_bytes_max > self.frame_bytes_max - 4096:
+            raise InvalidArgumentError(
+                f"fetch_bytes_max ({self.fetch_bytes_max:,}) must leave room in a frame: at most "
+                f"frame_bytes_max - 4096 ({self.frame_bytes_max - 4096:,})")
+        if self.push_bytes_max > self.frame_bytes_max - 4096:
+            raise InvalidArgumentError(
+                f"push_bytes_max ({self.push_bytes_max:,}) must leave room in a frame: at most "
+                f"frame_bytes_max - 4096 ({self.frame_bytes_max - 4096:,})")
         return self
+
+
+_U32 = 2**32 - 1
+# (setting, lowest, highest) of the whole-number settings; the frame and in-flight bounds are
+# the protocol's own (headwater.protocol.Connection checks them again)
+_WHOLE_RANGES = (
+    ("port", 0, 65535),
+    ("connections_max", 1, 1_000_000),
+    ("requests_in_flight_max", 1, _U32),
+    ("connection_bytes_in_flight_max", 1, 2**40),
+    ("bytes_in_flight_max", 1, 2**40),
+    ("fetch_bytes_max", 1, _U32),
+    ("fetch_wait_ms_max", 0, 24 * 3600 * 1000),
+    ("frame_bytes_max", FRAME_BYTES_MIN, _U32),
+    ("worker_threads", 1, 1024),
+    ("write_buffer_bytes_max", 1, 2**40),
+    ("push_bytes_max", 1024, _U32),
+    ("push_streams_max", 1, 1_000_000),
+    ("allocator_cache_bytes", 0, 2**31 - 1),
+)
+_SECONDS_RANGES = (
+    ("handshake_timeout_s", 0.001, 86400.0),
+    ("idle_timeout_s", 0.001, 365 * 86400.0),
+    ("shutdown_grace_s", 0.0, 86400.0),
+    ("send_timeout_s", 0.001, 86400.0),
+)
 
 
 class _PartitionWaiters:
@@ -218,6 +255,9 @@ class BrokerServer:
         self.requests = 0
         self.connections_total = 0
         self.port = self.config.port
+        self._receiving = 0  # budget bytes reserved for big frames being received, all connections
+        self._refused = 0  # connections refused since the last line about them
+        self._refused_logged_at: float | None = None
 
     async def start(self) -> int:
         """Listen; return the port (useful with port 0)."""
@@ -245,6 +285,18 @@ class BrokerServer:
         log.info("headwater %s serving %s on %s:%d", __version__, self.broker.store.path,
                  self.config.host, self.port)
         return self.port
+
+    def refused(self, peer: str, why: str) -> None:
+        """Log a refused connection: the first at once, then at most a line per
+        ``_REFUSALS_LOG_EVERY_S`` with how many were refused meanwhile (a client retrying
+        in a loop must not flood the log)."""
+        self._refused += 1
+        now = time.monotonic()
+        if self._refused_logged_at is None or now - self._refused_logged_at >= _REFUSALS_LOG_EVERY_S:
+            more = f" ({self._refused - 1} more refused since the last report)" if self._refused > 1 else ""
+            log.warning("refusing %s: %s%s", peer, why, more)
+            self._refused_logged_at = now
+            self._refused = 0
 
     def request_stop(self) -> None:
         """Begin a graceful stop (safe to call from a signal handler in the loop)."""
@@ -297,9 +349,13 @@ class BrokerServer:
         api = body.api
         try:
             if api is ApiKey.PRODUCE:
-                n = len(body.batch)
-                if not self._take(st, n):
-                    return False
+                n = st.frame_held  # a big frame's bytes, reserved as it was read: the batch's now
+                if n:
+                    st.frame_held = 0
+                else:
+                    n = len(body.batch)
+                    if not self._take(st, n):
+                        return False
                 try:  # the append, inline: this is what keeps a connection's produces in order
                     result, durable_at = self.broker.produce_nowait(body.queue, body.partition, body.batch)
                 finally:
@@ -313,8 +369,11 @@ class BrokerServer:
                 answer: object = ProduceResponse.from_result(result)
             elif api is ApiKey.FETCH:
                 want = self._fetch_want(st, body)
-                if not self._take(st, want):
-                    return False
+                if not (st.budget.fits(want) and self._budget.fits(want)):
+                    # short of memory: it waits in a task, and the requests behind it are served
+                    self._spawn(st, ev, self._fetch_in_task(st, body, self._loop.time() + self._fetch_wait_s(body)))
+                    return True
+                self._take(st, want)
                 res = self._read(st, body, want)
                 if res.batches:
                     held = self._hold_read(st, want, res)
@@ -350,6 +409,9 @@ class BrokerServer:
         task = self._loop.create_task(self._serve_task(st, ev, work))
         st.tasks.add(task)
         task.add_done_callback(st.task_done)
+        # a task cancelled before its first step (its connection closed at once) never ran
+        # _serve_task's finally: close the work there, or it is reported as never awaited
+        task.add_done_callback(lambda _t: work.close())
 
     async def _serve_task(self, st: ClientConnection, ev: Request, work: Coroutine[object, object, object]) -> None:
         """Await ``work`` (a response body, or a fetch's (body, budget bytes held)), answer."""
@@ -445,8 +507,19 @@ class BrokerServer:
             raise
 
     def _fetch_want(self, st: ClientConnection, req: FetchRequest) -> int:
-        """The most bytes a fetch may return: its ask, the server's cap, the peer's frame limit."""
-        return max(1, min(req.max_bytes, self.config.fetch_bytes_max, st.conn.peer_frame_bytes_max - 4096))
+        """The most bytes a fetch may return: its ask, the server's cap, the peer's frame limit;
+        and when the byte budgets are short, what they have left (at least
+        ``FETCH_BYTES_FLOOR``): a fetch reads less rather than wait while there is room."""
+        want = max(1, min(req.max_bytes, self.config.fetch_bytes_max, st.conn.peer_frame_bytes_max - 4096))
+        room = min(st.budget.limit - st.budget.used, self._budget.limit - self._budget.used)
+        if room < want:
+            want = max(room, min(want, FETCH_BYTES_FLOOR))
+        return want
+
+    def _fetch_wait_s(self, req: FetchRequest) -> float:
+        """How long a fetch may wait: its long poll, and at least ``FETCH_BUDGET_WAIT_S`` for
+        the byte budgets to have room for it."""
+        return max(min(req.max_wait_ms, self.config.fetch_wait_ms_max) / 1000, FETCH_BUDGET_WAIT_S)
 
     def _hold_read(self, st: ClientConnection, want: int, res: object) -> int:
         """The budget a read holds: the ``want`` taken becomes the size read (the store may go
@@ -527,9 +600,15 @@ class BrokerServer:
 
         Returns the response, with the bytes it holds of the budgets when it holds any
         (released once the response is out)."""
-        want = self._fetch_want(st, req)
         while True:
-            await self._acquire(st, want)
+            want = self._fetch_want(st, req)
+            try:
+                async with asyncio.timeout_at(max(deadline, self._loop.time() + FETCH_BUDGET_WAIT_S)):
+                    await self._acquire(st, want)
+            except TimeoutError:  # no room all that time: an empty answer (read up to where it
+                # starts, so nothing), with the partition's range; the client asks again
+                return FetchResponse.from_result(self.broker.fetch(
+                    req.queue, req.partition, req.offset, max_bytes=1, tag_mask=req.tag_mask, end_offset=req.offset))
             res = self._read(st, req, want)
             if res.batches:
                 return FetchResponse.from_result(res), self._hold_read(st, want, res)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -47,20 +48,38 @@ def _retired(name: str, where: str) -> bool:
     return why is not None
 
 
+# HEADWATER_* variables the CLI itself reads (not broker settings)
+CLI_VARIABLES = frozenset({"HEADWATER_DATA", "HEADWATER_SERVER", "HEADWATER_CONNECT_TIMEOUT_S", "HEADWATER_HISTORY"})
+
+
 def _coerce(cls: type[msgspec.Struct], name: str, raw: Any, where: str) -> Any:
     typ = cls.__annotations__[name]
     if isinstance(raw, str) and typ in ("int", "float", int, float):
+        whole = typ in ("int", int)
         try:
-            return (float if typ in ("float", float) else int)(raw)
+            return int(raw) if whole else float(raw)
         except ValueError:
-            raise InvalidArgumentError(f"{where}: {name} must be a number, got {raw!r}") from None
+            kind = "a whole number" if whole else "a number"
+            raise InvalidArgumentError(f"{where}: {name} must be {kind}, got {raw!r}") from None
     return raw
+
+
+def _settings_from_flags(options: dict[str, Any], pairs: dict[str, Any]) -> dict[str, Any]:
+    """``--host``/``--port``/``--flush`` and ``--set`` pairs as one dict; the same setting
+    given both ways with different values is an error (neither silently wins)."""
+    merged = {k: v for k, v in options.items() if v is not None}
+    for k, v in pairs.items():
+        if k in merged and str(merged[k]) != str(v):
+            raise InvalidArgumentError(f"--{k} {merged[k]} and --set {k}={v} disagree: give one of them")
+        merged[k] = v
+    return merged
 
 
 def load_settings(config_file: Path | None, env: dict[str, str], overrides: dict[str, Any]
                   ) -> tuple[ServerConfig, StoreConfig]:
     """Merge defaults, the TOML file, HEADWATER_* variables and flags, in that order."""
     values: dict[type, dict[str, Any]] = {ServerConfig: {}, StoreConfig: {}}
+    origin: dict[str, str] = {}  # where each setting's value came from, for errors
     if config_file is not None:
         try:
             doc = tomllib.loads(config_file.read_text())
@@ -75,6 +94,7 @@ def load_settings(config_file: Path | None, env: dict[str, str], overrides: dict
                         f"{config_file}: unknown setting [{table}] {k}; known: {', '.join(cls.__struct_fields__)}"
                     )
                 values[cls][k] = v
+                origin[k] = f"{config_file} [{table}]"
         unknown = set(doc) - {"server", "store"}
         if unknown:
             raise InvalidArgumentError(f"{config_file}: unknown table(s) {sorted(unknown)}; use [server] and [store]")
@@ -83,9 +103,11 @@ def load_settings(config_file: Path | None, env: dict[str, str], overrides: dict
         for k, v in items.items():
             if v is None or _retired(k, source):
                 continue
+            where = f"HEADWATER_{k.upper()}" if source == "environment" else source
             for cls in (ServerConfig, StoreConfig):
                 if k in cls.__struct_fields__:
-                    values[cls][k] = _coerce(cls, k, v, source)
+                    values[cls][k] = _coerce(cls, k, v, where)
+                    origin[k] = where
                     break
             else:
                 if source == "flags":
@@ -93,12 +115,24 @@ def load_settings(config_file: Path | None, env: dict[str, str], overrides: dict
                         f"unknown setting {k!r}; known: "
                         f"{', '.join(ServerConfig.__struct_fields__ + StoreConfig.__struct_fields__)}"
                     )
+                if where not in CLI_VARIABLES:  # a misspelt variable would otherwise change nothing, silently
+                    log.warning("environment: %s is not a setting, and is ignored (headwater serve --settings "
+                                "lists them)", where)
     try:
         server = msgspec.convert(values[ServerConfig], ServerConfig).validated()
         store = msgspec.convert(values[StoreConfig], StoreConfig).validated()
-    except msgspec.ValidationError as e:
-        raise InvalidArgumentError(f"bad setting: {e}") from None
+    except (msgspec.ValidationError, InvalidArgumentError) as e:
+        name = _setting_named(str(e))
+        where = origin.get(name, "default") if name else None
+        raise InvalidArgumentError(f"bad setting ({where}): {e}" if where else f"bad setting: {e}") from None
     return server, store
+
+
+def _setting_named(message: str) -> str | None:
+    """The setting an error message is about: msgspec's ``at `$.name` `` or ours, which
+    begin with the name."""
+    found = re.search(r"at `\$\.(\w+)`", message) or re.match(r"(\w+) must ", message)
+    return found.group(1) if found else None
 
 
 def serve(
@@ -133,8 +167,8 @@ def serve(
     state = _state(ctx)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    overrides: dict[str, Any] = {"host": host, "port": port, "flush": flush}
-    overrides.update(parse_pairs(settings or [], "--set"))
+    overrides = _settings_from_flags({"host": host, "port": port, "flush": flush},
+                                     parse_pairs(settings or [], "--set"))
     server_cfg, store_cfg = load_settings(config, dict(os.environ), overrides)
 
     def ready(bound: int) -> None:

@@ -39,6 +39,8 @@ MEANINGS: dict[str, str] = {
     "push_streams_max": "subscription streams per connection, and fetch streams likewise",
     "allocator_cache_bytes": "freed memory glibc's allocator keeps for reuse instead of giving it back "
                              "(0: its defaults)",
+    "send_timeout_s": "a client that takes none of the answers waiting for it for this long is cut off "
+                      "(it holds the server's memory)",
     # [store]
     "flush": "default flush policy of queues that name none: sync (fsync before acknowledging) or async",
     "flush_interval_ms": "async: the longest a write waits for its fsync",

@@ -251,6 +251,12 @@ class Connection:
         """Request ids sent (client) or received (server) and not answered yet."""
         return MappingProxyType(self._in_flight)
 
+    @property
+    def frame_in_progress_bytes(self) -> int:
+        """The announced size of the frame being received, once its length is in and until it
+        is whole (0 otherwise); ask after :meth:`next_event` returned :data:`NEED_DATA`."""
+        return self._reader.frame_in_progress_bytes
+
     def request_room(self) -> int:
         """How many more requests this end may send before a response comes (client side)."""
         return self._in_flight_max - len(self._in_flight)

@@ -170,6 +170,14 @@ class FrameReader:
     def buffered_bytes(self) -> int:
         return len(self._buf)
 
+    @property
+    def frame_in_progress_bytes(self) -> int:
+        """The size its length field announces of the frame begun but not whole yet; 0 when
+        the buffer holds no frame's length (call it after :meth:`next_frame` returned None).
+        A server reserves memory for a big frame from this before its body arrives."""
+        buf = self._buf
+        return _LENGTH.unpack_from(buf, 0)[0] + 4 if len(buf) >= 4 else 0
+
     def feed(self, data: Buffer) -> None:
         if data:
             self._buf += data
