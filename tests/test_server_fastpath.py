@@ -237,6 +237,10 @@ def test_sigterm_with_clients_connected_stops_cleanly(tmp_path):
         assert time.monotonic() - t0 < 5
         answer = c.answers(1)[parked]  # the parked long poll was answered before the close
         assert isinstance(answer, Response) and answer.body.batches == []
+        for client in (c, idle):  # each hears why the connection ends: it may connect again
+            bye = client.next_event()
+            assert isinstance(bye, ErrorResponse) and bye.request_id == 0 and bye.code == 40
+            assert "the broker is stopping" in bye.message
         c.close()
         idle.close()
     finally:
@@ -244,7 +248,7 @@ def test_sigterm_with_clients_connected_stops_cleanly(tmp_path):
             b.kill()
     log = b.log.read_text()
     assert "ERROR" not in log and "Traceback" not in log, log[-3000:]
-    assert "stopped cleanly" in log
+    assert "stopping: 2 connections, 1 requests waiting" in log and "stopped cleanly" in log
 
 
 def test_parked_fetches_wake_on_append_and_leave_nothing_behind(server):

@@ -469,11 +469,15 @@ class ClientConnection(asyncio.Protocol):
                 self.timer.cancel()
             self.timer = self.loop.call_later(_EOF_LINGER_S, self.close)
 
-    def close(self) -> None:
+    def close(self, why: str | None = None) -> None:
         """Write what is served, close (the transport sends what it holds first), cancel the
-        tasks; a peer that does not take the last bytes is cut off after a while."""
+        tasks; a peer that does not take the last bytes is cut off after a while. ``why``:
+        tell the peer first (an ERROR with request id 0, code 40: it may connect again)."""
         if self.closing:
             return
+        if why is not None and self.handshaken and not self.lost:
+            with contextlib.suppress(ProtocolError):
+                self.out += self.conn.send_chunks(ErrorResponse.from_exception(0, UnavailableError(why)))
         self._flush()
         self.closing = True
         for t in self.tasks:

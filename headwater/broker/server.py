@@ -314,6 +314,8 @@ class BrokerServer:
             self._server.close()
             self._server = None
         self._closing = True
+        busy = sum(len(c.tasks) + len(c.parked) for c in self._conns)
+        log.info("stopping: %d connections, %d requests waiting; no new connections", len(self._conns), busy)
         self._streams.stop()  # each fetch stream's client hears why it ended
         self._waiters.wake_all()  # parked long polls answer now, with what there is
         self._shared_waiters.wake_all()
@@ -327,7 +329,7 @@ class BrokerServer:
         if self._conns:  # closing sends what is written; a peer that does not read is cut off
             self._all_closed = loop.create_future()
             for c in list(self._conns):
-                c.close()
+                c.close("the broker is stopping")
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CLOSE_LINGER_S + 1):
                     await self._all_closed
