@@ -4,10 +4,11 @@ The same batching, routing and idempotence, on the event loop instead of a sende
 
 - ``send_nowait()`` checks a message, picks its partition and appends it to that
   partition's *open batch*, then returns an ``asyncio.Future`` of its id (the async
-  analogue of the sync ``send()``). A partition's open batch is sent when it reaches
-  ``batch_bytes_max``, when ``linger_ms`` has passed since its first message, or, with
-  ``linger_ms=0``, as soon as the partition has no batch in flight (messages arriving
-  meanwhile form the next batch). When the queue's metadata is not cached, the message
+  analogue of the sync ``send()``; like that one's, the future cannot be cancelled: the
+  message is not taken back, and the future keeps its id). A partition's open batch is
+  sent when it reaches ``batch_bytes_max``, when ``linger_ms`` has passed since its first
+  message, or, with ``linger_ms=0``, as soon as the partition has no batch in flight
+  (messages arriving meanwhile form the next batch). When the queue's metadata is not cached, the message
   waits for it (in send order) and errors that need the metadata go to the future; a
   cached copy past ``metadata_max_age_ms`` is used while a task refreshes it.
 - ``await send()`` and ``await send_batch()`` do the same without lingering and return once
@@ -77,6 +78,7 @@ from headwater.client.batching import (
     too_large,
 )
 from headwater.client.partitioner import Partitioner, PartitionFn
+from headwater.client.send_future import AsyncSendFuture
 
 __all__ = ["AsyncProducer"]
 
@@ -230,7 +232,11 @@ class AsyncProducer(RetrySettings):
         queue's ``message_bytes_max``, a partition out of range and an unknown queue;
         otherwise those arrive through the future. Raises :class:`UnavailableError` when
         ``buffer_bytes_max`` bytes already wait (``await flush()`` or ``await send()`` then).
-        Cancelling the future does not take the message back.
+
+        The future cannot be cancelled, as the sync producer's: a queued message is not
+        taken back, so ``cancel()`` returns False and the future still gets its id. A task
+        awaiting it can be cancelled (or time out with ``asyncio.timeout``): that ends only
+        its wait (see :class:`~headwater.client.send_future.AsyncSendFuture`).
         """
         self._check_open()
         msg = _as_message(body, key, tag, properties)
@@ -245,7 +251,7 @@ class AsyncProducer(RetrySettings):
                 f"producer buffer full: {self._buffered_bytes} bytes wait for acknowledgement "
                 f"(buffer_bytes_max={self.buffer_bytes_max}); await flush() or send() to wait for room"
             )
-        fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[MessageId] = AsyncSendFuture(loop=asyncio.get_running_loop())
         info = self._cached_info(queue, partition)
         if info is None:
             self._park(queue, _Parked(msg, size, partition, fut, at))
@@ -742,7 +748,7 @@ class AsyncProducer(RetrySettings):
         if result is not None:
             qid, part, base = result.queue_id, result.partition, result.base_offset
             for index, count, fut in b.entries:
-                if not fut.done():  # the caller may have cancelled its future
+                if not fut.done():  # settled once, whatever happens
                     fut.set_result(ProduceResult(qid, part, base + index, count, result.timestamp_ms)
                                    if count else MessageId(qid, part, base + index))
         else:

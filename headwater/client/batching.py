@@ -28,7 +28,7 @@ from headwater.errors import (
     UnavailableError,
     UsageError,
 )
-from headwater.model.batch import BATCH_BYTES_MAX, HEADER_SIZE
+from headwater.model.batch import BATCH_BYTES_MAX, HEADER_SIZE, batch_too_large
 from headwater.model.config import QueueInfo
 from headwater.model.delay import resolve_deliver_at
 from headwater.model.message import Message, MessageId
@@ -62,6 +62,7 @@ __all__ = [
 SEQUENCE_MOD = 2**31  # the broker counts sequences modulo this (a signed 32-bit field)
 EPOCH_MAX = 2**15 - 1  # the epoch is a signed 16-bit field; past it, a new producer id
 MESSAGE_OVERHEAD_BYTES = 16  # added to a message's size in the buffer and batch estimates
+_ALONE_BYTES_MAX = BATCH_BYTES_MAX - HEADER_SIZE  # the estimate of a message that fills a batch alone
 METADATA_RETRY_S = 0.5  # a background refresh of a queue's metadata that failed is tried again after this
 COMPRESSIONS = (None, "zstd", "lz4")
 _CODEC_MODULES = {"zstd": "zstandard", "lz4": "lz4.frame"}
@@ -130,10 +131,15 @@ def too_large(size: int, cap: int) -> MessageTooLargeError:
 
 
 def check_message(m: Message | bytes, cap: int) -> int:
-    """Validate one message as the broker would; return its size estimate."""
+    """Validate one message as the broker would; return its size estimate. A body over
+    ``cap`` (the queue's message_bytes_max), or a message that would not fit in a batch of
+    its own (a body within the cap with a large key or properties), raises
+    :class:`MessageTooLargeError`."""
     if type(m) is bytes:
         if len(m) > cap:
             raise too_large(len(m), cap)
+        if len(m) + MESSAGE_OVERHEAD_BYTES > _ALONE_BYTES_MAX:  # a queue's cap keeps bodies below; no cap yet
+            raise batch_too_large(len(m) + MESSAGE_OVERHEAD_BYTES + HEADER_SIZE, 1)
         return len(m) + MESSAGE_OVERHEAD_BYTES
     if not isinstance(m, Message):
         raise InvalidArgumentError(
@@ -164,6 +170,8 @@ def check_message(m: Message | bytes, cap: int) -> int:
         if not isinstance(props, dict) or not all(type(k) is str and type(v) is str for k, v in props.items()):
             raise InvalidArgumentError("message properties map str to str")
         size += sum(len(k) + len(v) for k, v in props.items())
+    if size > _ALONE_BYTES_MAX:
+        raise batch_too_large(size + HEADER_SIZE, 1)
     return size
 
 
@@ -183,10 +191,8 @@ def check_messages(messages: Sequence[Message | bytes], cap: int) -> int:
         size = sum(map(len, messages)) + MESSAGE_OVERHEAD_BYTES * len(messages)  # type: ignore[arg-type]
     else:
         size = sum(check_message(m, cap) for m in messages)
-    if size + HEADER_SIZE > BATCH_BYTES_MAX:
-        raise MessageTooLargeError(
-            f"the batch is about {size} bytes; the limit is {BATCH_BYTES_MAX}: send fewer messages at once"
-        )
+    if size > _ALONE_BYTES_MAX:
+        raise batch_too_large(size + HEADER_SIZE, len(messages))
     return size
 
 

@@ -38,8 +38,10 @@ Thread-safety: every method may be called from any thread. One lock guards the a
 first, orders encoding and hand-off to the connection, so the first is not held while a
 batch is encoded. Send
 callbacks run in the sender thread, one at a time, in send order within a partition: keep
-them quick, and do not call the blocking methods (``send_and_wait``, ``send_batch``,
-``flush``, ``close``) from them.
+them quick. The blocking methods (``send_and_wait``, ``send_batch``, ``flush``, ``close``)
+raise :class:`UsageError` there, always, rather than work only while a partition is idle:
+over the network a callback can also run on the client's I/O thread (a batch refused
+before it left, settled there), where a wait for an answer would never end.
 """
 
 from __future__ import annotations
@@ -278,6 +280,7 @@ class Producer(RetrySettings):
         self._space_waiters = 0
         self._flushing = 0
         self._sender: threading.Thread | None = None
+        self._calling_back = threading.local()  # .active: this thread runs one of our send callbacks
         self._closed = False
         self._aborting = False
 
@@ -308,10 +311,11 @@ class Producer(RetrySettings):
         :class:`InvalidArgumentError`.
 
         ``callback(message_id, error)`` is called once when the outcome is known, with
-        exactly one of the two None, in the producer's sender thread. Invalid input (a wrong
-        type, a body over the queue's ``message_bytes_max``, a partition out of range, an
-        unknown queue, the ``"key"`` partitioner without a key) raises here, before anything
-        is queued. A full buffer blocks up to ``max_block_ms``, then raises
+        exactly one of the two None, in the producer's sender thread; it may call ``send()``,
+        not the methods that wait. Invalid input (a wrong type, a body over the queue's
+        ``message_bytes_max`` or a message too large for a batch of its own, a partition out
+        of range, an unknown queue, the ``"key"`` partitioner without a key) raises here,
+        before anything is queued. A full buffer blocks up to ``max_block_ms``, then raises
         :class:`UnavailableError`.
         """
         at = 0 if deliver_at is None and delay is None else self._deliver_at(deliver_at, delay)
@@ -326,8 +330,10 @@ class Producer(RetrySettings):
         scheduled, durably; ``deliver_at`` and ``delay`` as for :meth:`send`).
 
         It does not linger: when its partition is idle the message is sent at once from the
-        calling thread; otherwise it joins the partition's next batch.
+        calling thread; otherwise it joins the partition's next batch. A send callback cannot
+        call it (:class:`UsageError`): it waits.
         """
+        self._refuse_in_sender("send_and_wait()")
         at = self._deliver_at(deliver_at, delay)
         if callback is not None:  # the callback runs in the sender thread, as for send()
             return self._enqueue(queue, body, key, tag, properties, partition, callback, True, at).result()
@@ -345,11 +351,13 @@ class Producer(RetrySettings):
         the producer's partitioner decides (see :mod:`headwater.client.partitioner`). When
         messages go to several partitions and one fails, the others may be stored.
         ``deliver_at`` or ``delay`` (as for :meth:`send`) delay every message of the call.
+        A send callback cannot call it (:class:`UsageError`): it waits.
         """
         if isinstance(messages, (bytes, Message)):
             raise InvalidArgumentError("send_batch takes a list of messages; use send() for one")
         if len(messages) == 0:
             raise InvalidArgumentError("send_batch needs at least one message")
+        self._refuse_in_sender("send_batch()")
         at = self._deliver_at(deliver_at, delay)
         info = self._queue_info(queue)
         if partition is not None:
@@ -583,9 +591,19 @@ class Producer(RetrySettings):
         if self._closed:
             raise ClosedError("the producer is closed")
 
+    def _in_sender(self) -> bool:
+        """Whether this thread is the sender, or runs one of this producer's send callbacks
+        (mostly on the sender; a batch refused before it left calls them on the thread that
+        tried to send it, which can be the client's I/O thread)."""
+        return threading.current_thread() is self._sender or getattr(self._calling_back, "active", False)
+
     def _refuse_in_sender(self, what: str) -> None:
-        if threading.current_thread() is self._sender:
-            raise UsageError(f"{what} waits for the sender thread, so a send callback cannot call it")
+        if self._in_sender():
+            raise UsageError(
+                f"{what} waits, so a send callback cannot call it: the wait would hold up the "
+                f"producer's sender thread, or deadlock on the thread that reads the answers "
+                f"(use send() there)"
+            )
 
     def _new_partition_locked(self, queue: str, partition: int, delayed: bool = False) -> _Partition:
         ps = _Partition(queue, partition, delayed)
@@ -605,7 +623,7 @@ class Producer(RetrySettings):
             raise MessageTooLargeError(
                 f"a message of {size} bytes does not fit in the producer's buffer_bytes_max={self.buffer_bytes_max}"
             )
-        if threading.current_thread() is self._sender:  # only the sender makes room: never wait
+        if self._in_sender():  # only the sender (or the I/O thread) makes room: never wait
             raise UnavailableError("producer buffer full (a send callback cannot wait for room)")
         deadline = time.monotonic() + self.max_block_ms / 1000
         self._space_waiters += 1
@@ -1052,12 +1070,16 @@ class Producer(RetrySettings):
         for _, callback in b.callbacks or ():
             self._call_back(callback, None, exc)
 
-    @staticmethod
-    def _call_back(callback: SendCallback, mid: MessageId | None, exc: BaseException | None) -> None:
+    def _call_back(self, callback: SendCallback, mid: MessageId | None, exc: BaseException | None) -> None:
+        state = self._calling_back
+        outer = getattr(state, "active", False)  # nested: a callback's send() failed at once
+        state.active = True
         try:
             callback(mid, exc)
         except Exception:  # noqa: BLE001 - a user's bug must not stop the sender
             log.exception("a send callback raised")
+        finally:
+            state.active = outer
 
 
 def _listened(futures: list[SendFuture | None]) -> bool:

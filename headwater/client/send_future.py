@@ -1,12 +1,15 @@
-"""SendFuture, the future ``Producer.send()`` returns, and LazyFuture, the client's future of
-a produce request.
+"""SendFuture, the future ``Producer.send()`` returns, AsyncSendFuture, the one
+``AsyncProducer.send_nowait()`` returns, and LazyFuture, the client's future of a produce
+request.
 
 Thread-safety: as ``concurrent.futures.Future``; its lazy parts are made under one module
-lock, which also orders a first waiter against the result being set.
+lock, which also orders a first waiter against the result being set. AsyncSendFuture: as
+``asyncio.Future``, one event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import threading
@@ -18,7 +21,7 @@ from concurrent.futures._base import (
     PENDING as _PENDING,
 )
 
-__all__ = ["LazyFuture", "SendFuture"]
+__all__ = ["AsyncSendFuture", "LazyFuture", "SendFuture"]
 
 log = logging.getLogger("headwater.producer")
 
@@ -169,3 +172,28 @@ class SendFuture(LazyFuture):
 
     def running(self) -> bool:
         return False
+
+
+class AsyncSendFuture(asyncio.Future):
+    """The future of an asyncio send: an ``asyncio.Future`` that, like :class:`SendFuture`,
+    cannot be cancelled: ``cancel()`` returns False and the future still gets the message's
+    id (or its error). Kafka's producer futures refuse too; aiokafka's accept a cancel but
+    send the message anyway, and the id is lost.
+
+    Waiting for it can be given up without touching it: ``await fut`` waits through a shield,
+    so cancelling the awaiting task (``asyncio.timeout``, a task group, Python 3.12's
+    ``asyncio.wait_for``) ends that wait at once. Python 3.11's ``wait_for`` cancels the
+    future itself, which refuses, so it waits for the outcome instead.
+    """
+
+    __slots__ = ()
+
+    def cancel(self, msg: object = None) -> bool:
+        return False
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        if self.done():
+            return super().__await__()
+        return asyncio.shield(self).__await__()  # a cancelled waiter cancels only the shield
+
+    __iter__ = __await__

@@ -83,6 +83,9 @@ __all__ = [
     "FLAG_DELIVER_TIMES",
     "DELIVER_SPAN_MS_MAX",
     "decode_deliver_offsets",
+    "BATCH_BYTES_MAX",
+    "MESSAGE_ROOM_BYTES",
+    "batch_too_large",
 ]
 
 crc32c = _crc32c.crc32c
@@ -107,7 +110,13 @@ FLAG_DELIVER_TIMES = 0x80  # a fifth payload column: per-message deliver offsets
 _KNOWN_FLAGS = 0xFF
 DELIVER_SPAN_MS_MAX = 60_000  # the messages of one batch are due within this of each other
 
+#: The largest batch, header included: what a producer may encode and a broker accepts (a
+#: PRODUCE frame of it fits the default frame_bytes_max). A queue's message_bytes_max stays
+#: below it by MESSAGE_ROOM_BYTES (headwater.model.config.MESSAGE_BYTES_MAX).
 BATCH_BYTES_MAX = 64 * 1024 * 1024
+#: What a batch keeps beside the largest body a queue may allow: its header, the payload's
+#: framing, and that message's key, tag and properties.
+MESSAGE_ROOM_BYTES = 64 * 1024
 
 
 class BatchPayload(msgspec.Struct, array_like=True, gc=False):
@@ -317,9 +326,7 @@ def encode_batch(
         _encoder.encode_into(columns, buf, HEADER_SIZE)
     payload_size = len(buf) - HEADER_SIZE
     if len(buf) > BATCH_BYTES_MAX:
-        raise MessageTooLargeError(
-            f"the batch is {len(buf)} bytes; the limit is {BATCH_BYTES_MAX}: send fewer messages at once"
-        )
+        raise batch_too_large(len(buf), n)
     HEADER.pack_into(
         buf, 0, HEADER_SIZE - 4 + payload_size, 0, 0, 0, 0, 0, 0, 0,
         MAGIC, flags, HEADER_SIZE, n, payload_size, deliver_at_ms, producer_id,
@@ -433,10 +440,31 @@ def decode_deliver_offsets(buf: bytes | memoryview, h: BatchHeader, pos: int = 0
     return offsets
 
 
+def batch_too_large(size: int, count: int) -> MessageTooLargeError:
+    """The error for a batch of ``count`` messages that is ``size`` bytes (encoded or
+    estimated), over BATCH_BYTES_MAX: one message too large, or too many at once.
+
+    >>> str(batch_too_large(67_200_000, 1)).startswith("one message is 67200000 bytes")
+    True
+    """
+    if count == 1:
+        return MessageTooLargeError(
+            f"one message is {size} bytes in its batch (body, key, tag and properties, with the "
+            f"{HEADER_SIZE}-byte batch header); a batch holds at most {BATCH_BYTES_MAX}: send a "
+            f"smaller body, key or properties"
+        )
+    return MessageTooLargeError(
+        f"the batch of {count} messages is {size} bytes; the limit is {BATCH_BYTES_MAX}: "
+        f"send fewer messages at once"
+    )
+
+
 def validate_batch(
     buf: bytes | memoryview, *, message_bytes_max: int | None = None
 ) -> tuple[BatchHeader, BatchPayload]:
     """Everything the broker checks of a producer's batch before appending it."""
+    if len(buf) > BATCH_BYTES_MAX:  # as encode_batch refuses, in process and over the network
+        raise MessageTooLargeError(f"the batch is {len(buf)} bytes; the limit is {BATCH_BYTES_MAX}")
     h = check_batch(buf, 0, broker_fields=False)
     size = 4 + h.length  # h.size
     if size != len(buf):

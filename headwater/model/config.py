@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from headwater.errors import InvalidArgumentError, InvalidQueueNameError
+from headwater.model.batch import BATCH_BYTES_MAX, MESSAGE_ROOM_BYTES
 
 __all__ = [
     "DEFAULT_PORT",
@@ -22,12 +23,17 @@ __all__ = [
     "validate_queue_name",
     "QUEUE_NAME_MAX",
     "PARTITIONS_MAX",
+    "MESSAGE_BYTES_MAX",
 ]
 
 QUEUE_NAME_MAX = 200
 INTERNAL_PREFIX = "__"  # the broker's own queues (committed offsets, group state, subscribers)
 DEFAULT_PORT = 7070  # where `headwater serve` listens unless told otherwise
 PARTITIONS_MAX = 100_000
+#: The largest ``message_bytes_max`` a queue may have: 64 MiB less 64 KiB (67,043,328 bytes),
+#: so that a body of that size, with the batch header and a key, tag and properties of up to
+#: 64 KiB together, still fits in one batch (at most 64 MiB, which bounds a PRODUCE frame).
+MESSAGE_BYTES_MAX = BATCH_BYTES_MAX - MESSAGE_ROOM_BYTES
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -106,9 +112,11 @@ class QueueConfig(msgspec.Struct, frozen=True, kw_only=True):
         if self.flush is not None and self.flush not in ("sync", "async"):
             raise InvalidArgumentError(f"flush must be 'sync', 'async' or None, got {self.flush!r}")
         m = self.message_bytes_max
-        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= 64 * 1024 * 1024:
+        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= MESSAGE_BYTES_MAX:
             raise InvalidArgumentError(
-                f"message_bytes_max must be from 1 to 67108864 bytes, got {m!r}"
+                f"message_bytes_max must be from 1 to {MESSAGE_BYTES_MAX} bytes (64 MiB less the "
+                f"64 KiB a batch keeps for its header and a message's key, tag and properties), "
+                f"got {m!r}"
             )
         if not isinstance(self.settings, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.settings.items()

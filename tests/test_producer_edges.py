@@ -1,0 +1,152 @@
+"""Producer edges found by exploratory testing: what cancelling an asyncio send future does,
+the largest message a queue can take, and the waiting calls made from a send callback.
+
+Every test runs against the embedded broker, the in-memory fake and the network (the ``hw``
+and ``aio_target`` fixtures of conftest.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from test_aio import run, scan
+
+from headwater import Message
+from headwater.errors import InvalidArgumentError, MessageTooLargeError, UsageError
+from headwater.model.batch import BATCH_BYTES_MAX, encode_batch, validate_batch
+
+# -- cancelling an asyncio send future ----------------------------------------------------
+
+
+def test_cancelling_a_send_nowait_future_changes_nothing(aio_target):
+    """As the sync producer's future: cancel() says no, and the future keeps the id."""
+
+    async def test(hw):
+        await hw.admin.create_queue("cx")
+        p = hw.producer(linger_ms=500)
+        f = p.send_nowait("cx", b"cancel-me")
+        assert f.cancel() is False
+        assert not f.cancelled() and not f.done()
+        await p.flush()
+        mid = f.result()
+        assert (await hw.get(mid)).body == b"cancel-me"
+        assert [r.body for r in await scan(hw, "cx")] == [b"cancel-me"]
+        await p.close()
+
+    run(aio_target, test)
+
+
+def test_a_cancelled_wait_for_a_send_nowait_future_leaves_the_future_alone(aio_target):
+    """Giving up waiting (a timeout, a cancelled task) ends the wait at once, not the send."""
+
+    async def test(hw):
+        await hw.admin.create_queue("cx")
+        p = hw.producer(linger_ms=10_000)
+        f = p.send_nowait("cx", b"a")
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await f
+        assert asyncio.get_running_loop().time() - t0 < 5  # at its timeout, not the linger's
+        waiter = asyncio.ensure_future(_await(f))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(waiter, 1)
+        assert not f.done()
+        await p.flush()
+        assert (await hw.get(f.result())).body == b"a"
+        assert await f == f.result()  # awaiting a settled future gives its id
+        await p.close()
+
+    run(aio_target, test)
+
+
+async def _await(fut):
+    return await fut
+
+
+# -- the largest message ------------------------------------------------------------------
+
+
+def test_a_queue_cannot_allow_messages_no_batch_can_hold(hw):
+    with pytest.raises(InvalidArgumentError, match="message_bytes_max"):
+        hw.admin.create_queue("big", message_bytes_max=64 * 1024 * 1024)
+
+
+def test_the_largest_message_a_queue_allows_can_be_sent(hw):
+    from headwater.model.config import MESSAGE_BYTES_MAX
+
+    assert MESSAGE_BYTES_MAX < BATCH_BYTES_MAX
+    hw.admin.create_queue("big", message_bytes_max=MESSAGE_BYTES_MAX)
+    body = b"x" * MESSAGE_BYTES_MAX
+    mid = hw.send("big", body, key=b"k" * 1000, tag="t", properties={"p": "v" * 1000})
+    got = hw.get(mid)
+    assert len(got.body) == MESSAGE_BYTES_MAX and got.key == b"k" * 1000
+    with pytest.raises(MessageTooLargeError, match="message_bytes_max"):
+        hw.send("big", body + b"x")
+
+
+def test_one_message_too_large_for_a_batch_is_named_as_one_message(hw):
+    """A body within the queue's limit whose key makes it too large for any batch: the error
+    says it is this one message, at once from send(), with the limit that applies."""
+    from headwater.model.config import MESSAGE_BYTES_MAX
+
+    hw.admin.create_queue("big", message_bytes_max=MESSAGE_BYTES_MAX)
+    huge = Message(b"x" * MESSAGE_BYTES_MAX, key=b"k" * (100 * 1024))
+    p = hw.producer()
+    for send in (lambda: p.send("big", huge), lambda: p.send_and_wait("big", huge),
+                 lambda: p.send_batch("big", [huge])):
+        with pytest.raises(MessageTooLargeError) as e:
+            send()
+        text = str(e.value)
+        assert "one message" in text and str(BATCH_BYTES_MAX) in text and "fewer" not in text
+    p.close()
+    assert list(hw.scanner("big")) == []
+
+
+def test_encoding_names_one_message_too_large_and_many_messages_too_many():
+    with pytest.raises(MessageTooLargeError) as one:
+        encode_batch([b"x" * BATCH_BYTES_MAX])
+    assert "one message" in str(one.value) and "fewer" not in str(one.value)
+    half = b"x" * (BATCH_BYTES_MAX // 2)
+    with pytest.raises(MessageTooLargeError, match="send fewer messages at once"):
+        encode_batch([half, half])
+
+
+def test_the_broker_refuses_a_batch_over_the_limit():
+    """What encode_batch will not make, validate_batch (every broker, every mode) refuses."""
+    validate_batch(bytes(encode_batch([b"x" * 100])))
+    with pytest.raises(MessageTooLargeError, match=str(BATCH_BYTES_MAX)):
+        validate_batch(bytes(BATCH_BYTES_MAX + 1))
+
+
+# -- waiting from a send callback ---------------------------------------------------------
+
+
+def test_send_and_wait_and_send_batch_from_a_callback_are_refused(hw):
+    """Whether or not the partition is busy: a callback must not wait for the producer."""
+    hw.admin.create_queue("q", partitions=2)
+    p = hw.producer()
+    outcomes: list = []
+    done = threading.Event()
+
+    def cb(mid, exc):
+        for call in (lambda: p.send_and_wait("q", b"inline", partition=1),
+                     lambda: p.send_batch("q", [b"batch"], partition=1)):
+            try:
+                outcomes.append(call())
+            except UsageError as e:
+                outcomes.append(e)
+        p.send("q", b"queued", partition=1)  # queuing is fine
+        done.set()
+
+    p.send("q", b"x", partition=0, callback=cb)
+    assert done.wait(30)
+    p.flush()
+    assert len(outcomes) == 2 and all(isinstance(o, UsageError) for o in outcomes), outcomes
+    assert "callback" in str(outcomes[0])
+    assert [r.body for r in hw.scanner("q", partitions=1)] == [b"queued"]
+    p.close()
