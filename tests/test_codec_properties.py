@@ -406,3 +406,41 @@ def test_log_matches_model_soak():
         max_examples=400, stateful_step_count=60, deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     ))
+
+
+def _reflagged(batch: bytes, flags: int) -> bytes:
+    """The batch with its flags byte replaced and its producer checksum made right again."""
+    from headwater.model.batch import crc32c
+
+    out = bytearray(batch)
+    out[45] = flags
+    struct.pack_into("<I", out, 40, crc32c(bytes(out[44:])))
+    return bytes(out)
+
+
+@pytest.mark.parametrize("extra, match", [
+    (0x20, "reserved for transactions"),
+    (0x40, "reserved for transactions"),
+])
+def test_a_producer_cannot_set_the_transaction_flags(extra, match):
+    """Readers skip control batches: a producer setting 0x40 would store messages nobody
+    sees. Both bits wait for transactions."""
+    batch = encode_batch([b"a"])
+    validate_batch(batch)
+    with pytest.raises(InvalidBatchError, match=match):
+        validate_batch(_reflagged(batch, batch[45] | extra))
+
+
+@pytest.mark.parametrize("messages, flip, name", [
+    ([Message(b"a")], 0x04, "keys"),  # flag set, column nil
+    ([Message(b"a", key=b"k")], 0x04, "keys"),  # flag clear, column present
+    ([Message(b"a")], 0x08, "tags"),
+    ([Message(b"a", tag="t")], 0x08, "tags"),
+    ([Message(b"a")], 0x10, "properties"),
+    ([Message(b"a", properties={"p": "1"})], 0x10, "properties"),
+])
+def test_the_column_flags_must_agree_with_the_columns(messages, flip, name):
+    batch = encode_batch(messages)
+    validate_batch(batch)
+    with pytest.raises(InvalidBatchError, match=f"\\({name}\\) is .* the {name} column is"):
+        validate_batch(_reflagged(batch, batch[45] ^ flip))

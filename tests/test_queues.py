@@ -59,6 +59,10 @@ def test_queue_names_and_settings_are_checked(hw):
                {"message_bytes_max": 0}, {"settings": {"a": 1}}]:
         with pytest.raises(InvalidArgumentError):
             hw.admin.create_queue("ok", **kw)
+    # a TTL past what a 64-bit millisecond time holds was once taken embedded, and then no
+    # broker could list or describe the queue ("cannot encode Response")
+    with pytest.raises(InvalidArgumentError, match="ttl_s must be a whole number of seconds from 1 to 3,155,760,000"):
+        hw.admin.create_queue("ok", ttl_s=60_479_999_999_999_999_999_395_200)
     hw.admin.create_queue("ok")
     with pytest.raises(QueueExistsError):
         hw.admin.create_queue("ok")

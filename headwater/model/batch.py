@@ -469,7 +469,19 @@ def validate_batch(
     size = 4 + h.length  # h.size
     if size != len(buf):
         raise InvalidBatchError(f"{len(buf) - size} stray bytes after the batch")
+    if h.flags & (FLAG_TRANSACTIONAL | FLAG_CONTROL):
+        raise InvalidBatchError(
+            f"batch flags {h.flags:#x}: 0x20 (transactional) and 0x40 (control) are reserved for "
+            f"transactions, which this broker does not offer"
+        )
     p = decode_payload(buf, h)
+    for flag, column, name in ((FLAG_HAS_KEYS, p.keys, "keys"), (FLAG_HAS_TAGS, p.tags, "tags"),
+                               (FLAG_HAS_PROPERTIES, p.properties, "properties")):
+        if bool(h.flags & flag) != (column is not None):
+            raise InvalidBatchError(
+                f"batch flag {flag:#x} ({name}) is {'set' if h.flags & flag else 'clear'} but the {name} "
+                f"column is {'nil' if column is None else 'present'}: they must agree"
+            )
     if message_bytes_max is not None:
         biggest = max(map(len, p.bodies))
         if biggest > message_bytes_max:

@@ -24,10 +24,13 @@ __all__ = [
     "QUEUE_NAME_MAX",
     "PARTITIONS_MAX",
     "MESSAGE_BYTES_MAX",
+    "TTL_S_MAX",
 ]
 
 QUEUE_NAME_MAX = 200
 INTERNAL_PREFIX = "__"  # the broker's own queues (committed offsets, group state, subscribers)
+#: The longest TTL a queue may have: 100 years (a longer one is None: keep forever)
+TTL_S_MAX = 36_525 * 86_400
 DEFAULT_PORT = 7070  # where `headwater serve` listens unless told otherwise
 PARTITIONS_MAX = 100_000
 #: The largest ``message_bytes_max`` a queue may have: 64 MiB less 64 KiB (67,043,328 bytes),
@@ -104,10 +107,10 @@ class QueueConfig(msgspec.Struct, frozen=True, kw_only=True):
                 f"partitions must be a whole number from 1 to {PARTITIONS_MAX}, got {p!r}"
             )
         t = self.ttl_s
-        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t <= 0):
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or not 0 < t <= TTL_S_MAX):
             raise InvalidArgumentError(
-                f"ttl_s must be a positive whole number of seconds or None (keep forever), "
-                f"got {t!r}"
+                f"ttl_s must be a whole number of seconds from 1 to {TTL_S_MAX:,} (100 years), or None "
+                f"(keep forever), got {t!r}"
             )
         if self.flush is not None and self.flush not in ("sync", "async"):
             raise InvalidArgumentError(f"flush must be 'sync', 'async' or None, got {self.flush!r}")
