@@ -920,3 +920,16 @@ def test_a_codec_whose_library_is_missing_is_refused_when_the_producer_is_made(m
             await ahw.close()
 
     asyncio.run(main())
+
+
+def test_short_lived_producers_do_not_all_start_on_partition_0(hw):
+    """Round robin begins at a random partition: twenty producers that each send one
+    unkeyed batch and go (the CLI's produce, a cron job) spread over the queue, where they
+    all used to land on partition 0."""
+    hw.admin.create_queue("spread", partitions=8)
+    partitions = set()
+    for _ in range(20):
+        p = hw.producer()
+        partitions.add(p.send_batch("spread", [b"one"])[0].partition)
+        p.close()
+    assert len(partitions) > 1

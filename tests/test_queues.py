@@ -528,7 +528,8 @@ def test_ten_thousand_partitions_with_bounded_files(tmp_path, clock):
             p.send_batch("wide", [f"{i}".encode()])
         info = hw.admin.describe_queue("wide")
         assert all(pi.end_offset == 2 for pi in info.partitions)
-        assert [r.body for r in hw.scanner("wide", partitions=9_999)] == [b"9999", b"19999"]
+        first, second = (int(r.body) for r in hw.scanner("wide", partitions=9_999))
+        assert second == first + 10_000  # round robin (from a random first partition)
         stats = hw.service.store.stats()
         assert stats["segments"] > 1
         fds = len(os.listdir("/proc/self/fd"))

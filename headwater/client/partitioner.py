@@ -7,8 +7,9 @@ callable ``(message, partition_count) -> int``.
 Messages without a key under ``"default"``, ``"round_robin"`` and ``"random"`` go to one
 partition per batch, not one per message (Kafka's sticky partitioner): a ``send_batch`` call
 goes to one partition, and ``send()`` calls stick to one partition of the queue until the
-batch they form there is sent; the next batch goes to the next partition (round robin) or to
-a random one (``"random"``). So a batch stays one unit on the wire and on disk, and the
+batch they form there is sent; the next batch goes to the next partition (round robin,
+from a random first one, so that short-lived producers spread too) or to a random one
+(``"random"``). So a batch stays one unit on the wire and on disk, and the
 partitions still fill evenly. The key hash is CRC32C of the key bytes modulo the partition
 count, stable across processes, machines and versions.
 
@@ -59,8 +60,10 @@ class Partitioner:
                 f"function (message, partition_count) -> partition"
             )
         self.strategy = strategy
-        self._counter = itertools.count()
         self._rng = rng or random.Random()
+        # round robin from a random place: producers that send a batch or two and exit (the
+        # CLI's produce, a cron job) would otherwise all fill partition 0
+        self._counter = itertools.count(self._rng.randrange(1 << 30))
         self._sticky: dict[str, int] = {}
 
     @property
