@@ -18,8 +18,12 @@ one push per partition beyond what the peer has taken. A partition that is far b
 pushed in reads of at most ``push_bytes_max``, and gives the loop back between them.
 
 A stream ends with CLOSE_STREAM, with its connection, or with a last PUSH saying why: its
-queue was deleted (checked every second while streams are open), a read failed, or the
-broker is stopping.
+queue was deleted or disabled (checked every second while streams are open), a read failed,
+or the broker is stopping. A stream over a disabled queue is refused (QueueDisabledError, as
+a FETCH is). A partition whose position is past its end (the queue was created again, or
+the client asked for it) gets one empty push saying where it ends (``end_offset`` below
+``next_offset``), so the client can move it rather than wait for offsets that would skip
+everything before them; then it is parked there like any other.
 
 Thread-safety: everything runs on the server's event loop (appends from other threads reach
 the partition waiters with ``call_soon_threadsafe``).
@@ -35,6 +39,7 @@ from headwater.errors import (
     HeadwaterError,
     InvalidArgumentError,
     PartitionOutOfRangeError,
+    QueueDisabledError,
     QueueNotFoundError,
     SubscriberNotFoundError,
     UnavailableError,
@@ -164,6 +169,8 @@ class FetchStreams:
         if self._stopping:
             raise UnavailableError("the broker is stopping; open the stream again when it is back")
         info = self._store.describe_queue(req.queue)  # QueueNotFoundError
+        if not info.enabled:  # else it would only park: a FETCH there raises this, so does the stream
+            raise QueueDisabledError(f"queue {req.queue!r} is disabled; enable it to read or write")
         for p, offset in req.positions.items():
             if not 0 <= p < len(info.partitions):
                 raise PartitionOutOfRangeError(
@@ -212,9 +219,16 @@ class FetchStreams:
             return
         store = self._store
         try:
-            if not known_more and store.end_offset(s.queue, p.partition) <= p.offset:
-                self._park(p)
-                return
+            past_end = False
+            if not known_more:
+                end = store.end_offset(s.queue, p.partition)
+                # at the end: wait for an append. Past it (the queue was created again, or the
+                # client seeked there): tell the client, with a read there, which finds nothing
+                # and says where the partition ends; it moves the position (a new stream)
+                past_end = end < p.offset
+                if end == p.offset:
+                    self._park(p)
+                    return
             want = max(1, min(s.credit, s.push_max, st.conn.peer_frame_bytes_max - 4096))
             res = store.fetch(s.queue, p.partition, p.offset, max_bytes=want, tag_mask=s.tag_mask)
         except HeadwaterError as e:
@@ -226,7 +240,7 @@ class FetchStreams:
             return
         nxt = max(p.offset, res.next_offset)
         moved = bool(res.batches) or nxt != p.offset
-        if moved:
+        if moved or (past_end and res.end_offset < p.offset):
             push = StreamPush(s.sid, p.partition, res.batches, nxt, res.start_offset, res.end_offset)
             try:
                 st.send(st.conn.send_chunks(Push(push)))
@@ -299,24 +313,28 @@ class FetchStreams:
                 self._end(s, UnavailableError("the broker is stopping; open the stream again when it is back"))
 
     def _check_queues(self) -> None:
-        """End the streams whose queue was deleted (a parked partition of a deleted queue
-        is never woken by an append)."""
+        """End the streams whose queue was deleted or disabled (a parked partition of a
+        deleted queue is never woken by an append; one of a disabled queue only by an
+        append the queue refuses)."""
         self._check = None
         if not self._by_conn:
             return
-        ids: dict[str, int | HeadwaterError] = {}  # each queue looked up once
+        ids: dict[str, tuple[int, bool] | HeadwaterError] = {}  # each queue looked up once: (id, enabled)
         for streams in list(self._by_conn.values()):
             for s in list(streams.values()):
                 if s.queue not in ids:
                     try:
-                        ids[s.queue] = self._store.describe_queue(s.queue).queue_id
+                        info = self._store.describe_queue(s.queue)
+                        ids[s.queue] = (info.queue_id, info.enabled)
                     except HeadwaterError as e:
                         ids[s.queue] = e
                 got = ids[s.queue]
                 if isinstance(got, HeadwaterError):
                     self._end(s, got)
-                elif got != s.queue_id:
+                elif got[0] != s.queue_id:
                     self._end(s, QueueNotFoundError(f"queue {s.queue!r} was deleted (and created again)"))
+                elif not got[1]:  # disabled while streamed: as a FETCH would be refused
+                    self._end(s, QueueDisabledError(f"queue {s.queue!r} is disabled; enable it to read or write"))
         if self._by_conn and not self._stopping:
             self._check = self._loop.call_later(_QUEUE_CHECK_S, self._check_queues)
 

@@ -112,12 +112,17 @@ class AsyncConsumer(ConsumerPositions):
         """Up to ``max_messages`` records, waiting up to ``timeout_ms`` for the first ones.
 
         Fetches that find nothing wait on the broker for appends (long polling), so records
-        produced during the wait are returned as soon as they are stored.
+        produced during the wait are returned as soon as they are stored. Raises
+        :class:`~headwater.errors.InvalidArgumentError` while a position ``seek()`` set is
+        past its partition's end, :class:`~headwater.errors.QueueDisabledError` for a
+        disabled queue; see docs/consumer-groups.md ("Positions").
         """
         self._check_open()
-        limit = max_messages or self.max_poll_messages
+        limit = self._poll_limit(max_messages, timeout_ms)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
+        for queue in self._seeks_to_check():
+            self._check_seeks(queue, await self._service.describe_queue(queue))
         while True:
             out = drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit)
             remaining = deadline - loop.time()
@@ -143,7 +148,7 @@ class AsyncConsumer(ConsumerPositions):
         ``remaining`` seconds for a push (or an answer to an opening). The records taken."""
         streams = self._streams
         assert streams is not None
-        got = streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
+        got = streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags, self._reset_past_end)
         if got:
             return got
         streams.open_missing(self._fetch_pos)
@@ -157,7 +162,7 @@ class AsyncConsumer(ConsumerPositions):
                 await asyncio.wait(waits, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 self._pushed = None
-        return streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
+        return streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags, self._reset_past_end)
 
     def _push_arrived(self) -> None:
         """A push came (on the loop): end the wait for one."""
@@ -187,6 +192,9 @@ class AsyncConsumer(ConsumerPositions):
             res = self._outage.result(task)  # a fetch's error is this poll's error...
             if res is None:
                 continue  # ... unless the broker restarts: read again on the next turn
+            if pos > res.end_offset:
+                self._reset_past_end(tp, res.start_offset, res.end_offset)
+                continue
             start = max(pos, res.start_offset)  # records before start expired: skip them
             got += take_batches(tp, res.batches, start, res.next_offset, self._fetch_pos, self._consumed,
                                 self._buffers, self._tags)

@@ -100,10 +100,16 @@ class Consumer(ConsumerPositions):
     # -- polling ----------------------------------------------------------------------
 
     def poll(self, max_messages: int | None = None, timeout_ms: int = 1000) -> list[Record]:
-        """Up to ``max_messages`` records, waiting up to ``timeout_ms`` for the first ones."""
+        """Up to ``max_messages`` records, waiting up to ``timeout_ms`` for the first ones.
+
+        Raises :class:`~headwater.errors.InvalidArgumentError` while a position ``seek()``
+        set is past its partition's end, :class:`~headwater.errors.QueueDisabledError` for
+        a disabled queue; see docs/consumer-groups.md ("Positions")."""
         self._check_open()
-        limit = max_messages or self.max_poll_messages
+        limit = self._poll_limit(max_messages, timeout_ms)
         deadline = time.monotonic() + timeout_ms / 1000
+        for queue in self._seeks_to_check():
+            self._check_seeks(queue, self._service.describe_queue(queue))
         while True:
             out = drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit)
             remaining = deadline - time.monotonic()
@@ -152,7 +158,7 @@ class Consumer(ConsumerPositions):
         ``remaining`` seconds for a push (or an answer to an opening). The records taken."""
         streams = self._streams
         assert streams is not None
-        got = streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
+        got = streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags, self._reset_past_end)
         if got:
             return got
         streams.open_missing(self._fetch_pos)
@@ -163,7 +169,7 @@ class Consumer(ConsumerPositions):
                 futures.append(self._wakeup)
             wait_any(futures, max(0.0, streams.wait_s(remaining)), lead=self._lead, interrupt=self._wakeup)
         self._arrived = None
-        return streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags)
+        return streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags, self._reset_past_end)
 
     def _push_arrived(self) -> None:
         """A push came (any thread): end the wait for one."""
@@ -185,6 +191,9 @@ class Consumer(ConsumerPositions):
                 continue  # the broker restarts: read again on the next turn
             if self._fetch_pos.get(tp) != pos:
                 continue  # the application seeked meanwhile: this answer is stale
+            if pos > res.end_offset:
+                self._reset_past_end(tp, res.start_offset, res.end_offset)
+                continue
             start = max(pos, res.start_offset)  # records before start expired: skip them
             got += take_batches(tp, res.batches, start, res.next_offset, self._fetch_pos, self._consumed,
                                 self._buffers, self._tags)

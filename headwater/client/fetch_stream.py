@@ -45,6 +45,7 @@ STREAM_WINDOW_BYTES = 4 << 20
 
 TP = tuple[str, int]
 Handler = Callable[[Any], None]
+PastEnd = Callable[[TP, int, int], None]  # (tp, start_offset, end_offset): a position past the end
 
 
 class _Stream:
@@ -137,11 +138,15 @@ class FetchStreams:
         s.sid, s.lost, s.retry_at = None, False, time.monotonic() + self._outage.backoff_s()
         s.pushes.clear()
 
-    def take(self, fetch_pos: dict, consumed: dict, buffers: dict, tags: frozenset[str] | None) -> int:
+    def take(self, fetch_pos: dict, consumed: dict, buffers: dict, tags: frozenset[str] | None,
+             past_end: PastEnd | None = None) -> int:
         """Settle the answers to openings, decode each waiting push into the consumer's
         ``buffers`` (``polling.take_batches``) and grant its bytes back as they add up; the
         records taken. Raises why a stream could not be opened, or the reason of a stream the
-        broker ended; forgets a stream whose connection was lost."""
+        broker ended; forgets a stream whose connection was lost. A push saying a partition's
+        position is past its end (the broker sends one, empty, when it finds that) goes to
+        ``past_end(tp, start_offset, end_offset)``, which moves the position (closing the
+        stream: the rest of its pushes are dropped) or raises; without it, it is ignored."""
         got = 0
         for queue, s in list(self._streams.items()):
             if s.opening is not None and s.opening.done():
@@ -163,10 +168,17 @@ class FetchStreams:
                     raise error(f"reading {queue!r}: {push.ended}")
                 tp = (queue, push.partition)
                 pos = fetch_pos.get(tp)
-                if pos is not None:  # else no longer assigned (its stream is being closed)
+                if pos is not None and pos > push.end_offset:
+                    if past_end is not None:
+                        past_end(tp, push.start_offset, push.end_offset)
+                        if self._streams.get(queue) is not s:
+                            break  # it moved the position: the stream was closed, the next poll opens another
+                elif pos is not None:  # else no longer assigned (its stream is being closed)
                     got += take_batches(tp, push.batches, max(pos, push.start_offset), push.next_offset, fetch_pos,
                                         consumed, buffers, tags)
                 s.undecoded += sum(map(len, push.batches))
+            if self._streams.get(queue) is not s:
+                continue
             if s.lost:
                 if s.opening is not None:
                     continue  # its answer (a failure) is settled when it comes

@@ -30,10 +30,24 @@ def tps_of(assignment: dict[str, list[int]]) -> set[TP]:
 
 
 def by_queue(offsets: dict[TP, int]) -> dict[str, dict[int, int]]:
+    """``{(queue, partition): offset}`` as ``{queue: {partition: offset}}``; raises
+    InvalidArgumentError naming the expected shape for anything else (what a user passes
+    to ``commit(offsets)`` comes here)."""
+    if not isinstance(offsets, dict):
+        raise InvalidArgumentError(f"offsets are a dict {{(queue, partition): offset}}, got {offsets!r}")
     out: dict[str, dict[int, int]] = {}
-    for (q, p), off in offsets.items():
-        out.setdefault(q, {})[p] = off
+    for tp, off in offsets.items():
+        if not (isinstance(tp, tuple) and len(tp) == 2 and isinstance(tp[0], str) and _is_int(tp[1])
+                and _is_int(off) and off >= 0):
+            raise InvalidArgumentError(
+                f"offsets are a dict {{(queue, partition): offset}} with offsets >= 0, e.g. {{('orders', 0): 42}}; "
+                f"got the entry {tp!r}: {off!r}")
+        out.setdefault(tp[0], {})[tp[1]] = off
     return out
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class GroupSettings:

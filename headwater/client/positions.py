@@ -9,15 +9,26 @@ checking the arguments of all of these move only that state, so they live here o
 :class:`~headwater.client.aio_consumer.AsyncConsumer` add the reads: a blocking call or a
 coroutine around the same steps. Each names how it drops a read in flight for a partition
 that moved (:meth:`_drop_fetch`).
+
+Positions past a partition's end. ``seek`` only moves local state, so a seek past the end
+is found by the next ``poll``, which asks the broker where the partitions it was told to
+seek end (:meth:`_seeks_to_check`, :meth:`_check_seeks`) and raises
+:class:`~headwater.errors.InvalidArgumentError` naming the end, as long as the position
+stays there. A position the consumer finds past the end while reading (the queue was
+deleted and created again, or a committed offset lies past a new queue's end) is moved by
+``auto_offset_reset`` (:meth:`_reset_past_end`), as Kafka's consumer does on
+OffsetOutOfRange: reading on from there would skip every record up to it, silently.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from headwater.errors import ClosedError, InvalidArgumentError
+from headwater.errors import ClosedError, InvalidArgumentError, InvalidMessageIdError
 from headwater.model.batch import tags_mask
 from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.config import QueueInfo
@@ -25,10 +36,57 @@ from headwater.client.fetch_stream import FetchStreams
 from headwater.client.polling import Outage
 from headwater.client.membership import TP, by_queue
 
-__all__ = ["ConsumerPositions", "POLL_MESSAGES_DEFAULT", "TP"]
+__all__ = ["ConsumerPositions", "POLL_MESSAGES_DEFAULT", "TP", "check_poll", "check_read_settings"]
+
+log = logging.getLogger("headwater.consumer")
 
 #: Records one poll returns at most, unless told otherwise: 32, as EQueue's batch pull.
 POLL_MESSAGES_DEFAULT = 32
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def check_read_settings(*, fetch_bytes: object, max_poll_messages: object) -> None:
+    """Check the read settings every consumer kind takes (plain, group, keyed), before
+    anything is sent: a bad one would otherwise fail only at the first poll, as the
+    protocol's encoder's complaint (over the network) or not at all (embedded)."""
+    if not _positive_int(fetch_bytes):
+        raise InvalidArgumentError(f"fetch_bytes (the most one read returns) is an int >= 1, got {fetch_bytes!r}")
+    if not _positive_int(max_poll_messages):
+        raise InvalidArgumentError(f"max_poll_messages must be a positive int, got {max_poll_messages!r}")
+
+
+def check_poll(max_messages: object, timeout_ms: object, default_messages: int) -> int:
+    """The records a ``poll(max_messages, timeout_ms)`` returns at most (``default_messages``
+    when ``max_messages`` is None); raises InvalidArgumentError for arguments that are not
+    a positive int and a finite number of milliseconds >= 0. Like Kafka's ``poll(Duration)``,
+    a poll always has a bound: there is no "wait forever" (iterate the consumer for that)."""
+    if max_messages is None:
+        limit = default_messages
+    elif _positive_int(max_messages):
+        limit = max_messages  # type: ignore[assignment]
+    else:
+        raise InvalidArgumentError(f"max_messages is a positive int (or None: max_poll_messages), got {max_messages!r}")
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not 0 <= timeout_ms < math.inf:
+        raise InvalidArgumentError(
+            f"timeout_ms is how long poll() waits for records, in milliseconds: a number >= 0 "
+            f"(0: return what has come), got {timeout_ms!r}; to read without end, iterate the consumer")
+    return limit
+
+
+def _check_tags(tags: object) -> frozenset[str] | None:
+    """``tags`` as the consumer filters on them (None: every message)."""
+    if tags is None:
+        return None
+    names = [tags] if isinstance(tags, str) else tags
+    if isinstance(names, (bytes, bytearray)) or not isinstance(names, Iterable):
+        raise InvalidArgumentError(f"tags is a tag, a list of tags or None (every message), got {tags!r}")
+    names = list(names)
+    if not all(isinstance(t, str) for t in names):
+        raise InvalidArgumentError(f"tags are strings, got {tags!r}")
+    return None if "*" in names else frozenset(names)
 
 
 class ConsumerPositions:
@@ -39,19 +97,17 @@ class ConsumerPositions:
                  on_push: Callable[[], None]) -> None:
         if auto_offset_reset not in ("earliest", "latest"):
             raise InvalidArgumentError(f"auto_offset_reset is 'earliest' or 'latest', got {auto_offset_reset!r}")
-        if isinstance(max_poll_messages, bool) or not isinstance(max_poll_messages, int) or max_poll_messages < 1:
-            raise InvalidArgumentError("max_poll_messages must be a positive int")
+        check_read_settings(fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages)
         self._service = service
         self.group = group
         self.auto_offset_reset = auto_offset_reset
         self._fetch_bytes = fetch_bytes
         self.max_poll_messages = max_poll_messages
-        if isinstance(tags, str):
-            tags = [tags]
-        self._tags = None if tags is None or "*" in tags else frozenset(tags)
+        self._tags = _check_tags(tags)
         self._mask = tags_mask(self._tags) if self._tags else 0
         self._fetch_pos: dict[TP, int] = {}
         self._consumed: dict[TP, int] = {}
+        self._seeked: set[TP] = set()  # positions seek() set and poll() has not checked yet
         self._buffers: dict[TP, deque[Record]] = {}
         self._inflight: dict[TP, tuple[int, Any]] = {}  # a read per partition: (its position, future or task)
         self._outage = Outage(service)  # reads that failed while the broker restarts are tried again
@@ -78,10 +134,14 @@ class ConsumerPositions:
         self._queue_ids[queue] = info.queue_id
         for p in parts:
             pi = info.partitions[p]
-            if p in committed:
+            if p in committed and committed[p] <= pi.end_offset:
                 pos = max(committed[p], pi.start_offset)
             else:
                 pos = pi.start_offset if self.auto_offset_reset == "earliest" else pi.end_offset
+                if p in committed:  # past the end: the queue was deleted and created again, say
+                    log.warning("%s[%d]: the committed offset %d is past the end of the log (%d); starting at %d "
+                                "(auto_offset_reset=%r)", queue, p, committed[p], pi.end_offset, pos,
+                                self.auto_offset_reset)
             self._set_position((queue, p), pos)
 
     def unassign(self, queue: str | None = None) -> None:
@@ -92,6 +152,7 @@ class ConsumerPositions:
         for tp in tps:
             for d in (self._fetch_pos, self._consumed, self._buffers):
                 d.pop(tp, None)
+            self._seeked.discard(tp)
             self._drop_fetch(tp)
             if self._streams is not None:
                 self._streams.close(tp[0])
@@ -106,14 +167,25 @@ class ConsumerPositions:
         return self._consumed[self._tp(queue, partition)]
 
     def seek(self, queue: str, partition: int, offset: int) -> None:
-        """Continue ``partition`` from ``offset``."""
+        """Continue ``partition`` from ``offset``: from the partition's start if that is
+        before it; at most its end offset (where the next message goes). A seek moves only
+        local state: the next ``poll`` checks the offset, and raises
+        :class:`~headwater.errors.InvalidArgumentError` naming the end while it is past it."""
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise InvalidArgumentError(f"an offset is an int >= 0, got {offset!r}")
-        self._set_position(self._tp(queue, partition), offset)
+        tp = self._tp(queue, partition)
+        self._set_position(tp, offset)
+        self._seeked.add(tp)
 
     def seek_to_id(self, message_id: MessageId | str) -> None:
         """Continue the message's partition from that message."""
         mid = MessageId.parse(message_id)
+        if mid.is_delayed:
+            raise InvalidMessageIdError(
+                f"{mid} is a delayed message's id: it names the message's place in the delay schedule, "
+                f"not a position in partition {mid.target_partition}'s log, until it is delivered; then "
+                f"get(id) returns it as stored, with its partition's id (record.message_id) to seek to "
+                f"(or seek_to_time() its scheduled_ms)")
         for queue, qid in self._queue_ids.items():
             if qid == mid.queue_id:
                 self.seek(queue, mid.partition, mid.offset)
@@ -145,7 +217,39 @@ class ConsumerPositions:
             partitions = [partitions]
         return [self._tp(queue, p) for p in partitions]
 
+    def _seeks_to_check(self) -> list[str]:
+        """The queues with positions ``seek()`` set that ``poll()`` has not checked yet
+        (against their ends: the consumer asks the broker, then :meth:`_check_seeks`)."""
+        return sorted({q for q, _ in self._seeked})
+
+    def _check_seeks(self, queue: str, info: QueueInfo) -> None:
+        """Check the positions ``seek()`` set in ``queue`` against the partitions' ends in
+        ``info``: raise InvalidArgumentError for one past its end (it stays there, and
+        so does the error, until another seek), forget the others."""
+        for tp in sorted(tp for tp in self._seeked if tp[0] == queue):
+            self._seeked.discard(tp)
+            if tp[1] >= len(info.partitions):
+                continue  # the queue was created again, smaller: its read raises PartitionOutOfRangeError
+            end = info.partitions[tp[1]].end_offset
+            pos = self._fetch_pos[tp]
+            if pos > end:
+                self._seeked.add(tp)
+                raise InvalidArgumentError(
+                    f"{queue}[{tp[1]}]: seek() to offset {pos} is past the end of the log, {end} (the offset of the "
+                    f"next message); seek to an offset up to {end}, or seek_to_end({queue!r}, {tp[1]})")
+
+    def _reset_past_end(self, tp: TP, start_offset: int, end_offset: int) -> None:
+        """A read found the partition's position past its end: the queue was deleted and
+        created again, or lost records its broker had not flushed. Move it by
+        ``auto_offset_reset``: to ``start_offset`` or ``end_offset``."""
+        pos = start_offset if self.auto_offset_reset == "earliest" else end_offset
+        log.warning("%s[%d]: the position %d is past the end of the log (%d): the queue was created again, or "
+                    "lost records; going on from %d (auto_offset_reset=%r)", tp[0], tp[1], self._fetch_pos.get(tp),
+                    end_offset, pos, self.auto_offset_reset)
+        self._set_position(tp, pos)
+
     def _set_position(self, tp: TP, offset: int) -> None:
+        self._seeked.discard(tp)
         self._fetch_pos[tp] = offset
         self._consumed[tp] = offset
         self._buffers[tp] = deque()
@@ -172,6 +276,10 @@ class ConsumerPositions:
         self._check_open()
         self._need_group("commit")
         return by_queue(self._consumed if offsets is None else offsets)
+
+    def _poll_limit(self, max_messages: int | None, timeout_ms: int) -> int:
+        """The records this poll returns at most (its arguments checked: :func:`check_poll`)."""
+        return check_poll(max_messages, timeout_ms, self.max_poll_messages)
 
     def _need_group(self, what: str) -> None:
         if not self.group:

@@ -1,0 +1,264 @@
+"""The consumer at its edges: positions past a partition's end (a seek there, a queue created
+again under it), disabled queues, arguments it refuses, the id of a delayed message. Each
+runs embedded, in memory and over the network (fetch streams, and fetches with
+``stream=False``), sync and asyncio."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from headwater.errors import (
+    InvalidArgumentError,
+    InvalidMessageIdError,
+    QueueDisabledError,
+    QueueNotFoundError,
+)
+
+STREAM = pytest.mark.parametrize("stream", [True, False], ids=["stream", "fetch"])
+
+
+def _filled(hw, queue: str = "c", n: int = 10) -> None:
+    hw.admin.create_queue(queue, partitions=1)
+    hw.send_batch(queue, [b"m%d" % i for i in range(n)], partition=0)
+
+
+def _read_all(c, n: int) -> list[bytes]:
+    got: list[bytes] = []
+    deadline = time.monotonic() + 5
+    while len(got) < n and time.monotonic() < deadline:
+        got += [r.body for r in c.poll(timeout_ms=200)]
+    return got
+
+
+# -- positions past the end ----------------------------------------------------------------
+
+
+@STREAM
+def test_a_seek_past_the_end_makes_poll_raise_naming_the_end(hw, stream):
+    _filled(hw)
+    c = hw.consumer(stream=stream)
+    c.assign("c")
+    assert len(_read_all(c, 10)) == 10
+    c.seek("c", 0, 50)
+    hw.send("c", b"new", partition=0)
+    for _ in range(2):  # it stays an error until the position moves
+        with pytest.raises(InvalidArgumentError, match=r"c\[0\]: seek\(\) to offset 50 is past the end of the log, 11"):
+            c.poll(timeout_ms=300)
+        assert c.position("c", 0) == 50
+    c.seek("c", 0, 10)  # up to the end is fine
+    assert _read_all(c, 1) == [b"new"]
+    assert c.position("c", 0) == 11
+    c.seek("c", 0, 11)  # the end itself: the next message
+    assert c.poll(timeout_ms=50) == []
+    c.close()
+
+
+@STREAM
+@pytest.mark.parametrize("reset", ["earliest", "latest"])
+def test_a_queue_created_again_resets_positions_by_auto_offset_reset(hw, stream, reset):
+    _filled(hw)
+    c = hw.consumer(group="g", stream=stream, auto_offset_reset=reset)
+    c.assign("c")
+    c.seek_to_beginning("c")
+    assert len(_read_all(c, 10)) == 10
+    hw.admin.delete_queue("c")
+    hw.admin.create_queue("c", partitions=1)
+    hw.send("c", b"fresh", partition=0)
+    got: list[bytes] = []
+    deadline = time.monotonic() + 6
+    while c.position("c", 0) > 1 and time.monotonic() < deadline:
+        try:
+            got += [r.body for r in c.poll(timeout_ms=300)]
+        except QueueNotFoundError:  # a read in flight (or the stream) saw the queue deleted
+            pass
+    assert c.position("c", 0) <= 1, "the position past the new queue's end was never reset"
+    if reset == "earliest":
+        got += _read_all(c, 1 - len(got))
+        assert got == [b"fresh"]
+    else:
+        assert got == [] and c.position("c", 0) == 1
+        hw.send("c", b"later", partition=0)
+        assert _read_all(c, 1) == [b"later"]
+    c.commit()  # the reset position, within the new queue's log
+    assert c.committed("c", 0) == c.position("c", 0) == 2 - (reset == "earliest")
+    c.close()
+
+
+def test_a_committed_offset_past_the_end_starts_by_auto_offset_reset(hw):
+    _filled(hw)
+    info = hw.admin.describe_queue("c")
+    for reset, start in (("earliest", 0), ("latest", 10)):
+        c = hw.consumer(auto_offset_reset=reset)
+        c._start("c", info, [0], {0: 99})  # as assign() with a committed offset of another life of the queue
+        assert c.position("c", 0) == start
+        c.close()
+
+
+# -- disabled queues -----------------------------------------------------------------------
+
+
+@STREAM
+@pytest.mark.parametrize("stored", [0, 3])
+def test_polling_a_disabled_queue_raises(hw, stream, stored):
+    hw.admin.create_queue("d")
+    if stored:
+        hw.send_batch("d", [b"x"] * stored)
+    hw.admin.disable_queue("d")
+    c = hw.consumer(stream=stream)
+    c.assign("d")
+    for _ in range(2):
+        with pytest.raises(QueueDisabledError, match="queue 'd' is disabled; enable it to read or write"):
+            c.poll(timeout_ms=500)
+    hw.admin.enable_queue("d")
+    hw.send("d", b"back")
+    assert _read_all(c, stored + 1)[-1] == b"back"
+    c.close()
+
+
+@STREAM
+def test_a_queue_disabled_under_a_consumer_makes_poll_raise(hw, stream):
+    _filled(hw, "d", 2)
+    c = hw.consumer(stream=stream)
+    c.assign("d")
+    assert len(_read_all(c, 2)) == 2
+    hw.admin.disable_queue("d")
+    deadline = time.monotonic() + 6
+    with pytest.raises(QueueDisabledError, match="queue 'd' is disabled"):
+        while time.monotonic() < deadline:  # a read parked before the queue was disabled ends first
+            assert c.poll(timeout_ms=300) == []
+    c.close()
+
+
+# -- arguments -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("settings", [dict(fetch_bytes=-1), dict(fetch_bytes="1"), dict(fetch_bytes=0),
+                                      dict(fetch_bytes=True), dict(max_poll_messages=0), dict(tags=5),
+                                      dict(tags=[b"x"]), dict(tags=b"x")])
+def test_consumer_settings_are_checked_when_it_is_made(hw, settings):
+    hw.admin.create_queue("c")
+    with pytest.raises(InvalidArgumentError, match=next(iter(settings))):
+        hw.consumer(**settings)
+    with pytest.raises(InvalidArgumentError, match=next(iter(settings))):  # the group member shares the checks
+        hw.consumer(group="g", subscribe="c", **settings)
+
+
+@STREAM
+def test_poll_arguments_are_checked(hw, stream):
+    _filled(hw)
+    c = hw.consumer(stream=stream, tags="*")
+    c.assign("c")
+    for kwargs, what in ((dict(timeout_ms=None), "timeout_ms"), (dict(timeout_ms=-5), "timeout_ms"),
+                         (dict(timeout_ms="100"), "timeout_ms"), (dict(timeout_ms=float("inf")), "timeout_ms"),
+                         (dict(max_messages=-1), "max_messages"), (dict(max_messages=0), "max_messages"),
+                         (dict(max_messages=2.0), "max_messages")):
+        with pytest.raises(InvalidArgumentError, match=what):
+            c.poll(**kwargs)
+    assert len(_read_all(c, 10)) == 10  # nothing was lost to the refused calls
+    c.close()
+
+
+def test_commit_names_the_shape_of_offsets(hw):
+    _filled(hw)
+    c = hw.consumer(group="g")
+    c.assign("c")
+    for bad in ({"c": 0}, {("c",): 0}, {("c", 0): -1}, {("c", "0"): 1}, [(("c", 0), 1)]):
+        with pytest.raises(InvalidArgumentError, match=r"\{\(queue, partition\): offset\}"):
+            c.commit(bad)
+    c.commit({("c", 0): 3})
+    assert c.committed("c", 0) == 3
+    c.close()
+    m = hw.consumer(group="h", subscribe="c")
+    with pytest.raises(InvalidArgumentError, match=r"\{\(queue, partition\): offset\}"):
+        m.commit({"c": 0})
+    m.close()
+
+
+def test_seek_to_a_delayed_id_says_what_to_do(hw):
+    _filled(hw)
+    # (due at once over the network, where the broker's clock is the test's: the id is delayed all the same)
+    mid = hw.send("c", b"later", partition=0, delay=3600)
+    assert mid.is_delayed
+    c = hw.consumer()
+    c.assign("c")
+    with pytest.raises(InvalidMessageIdError, match=r"delayed message's id: .* not a position in partition 0's log"):
+        c.seek_to_id(mid)
+    c.close()
+
+
+# -- asyncio -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "fetch"])
+def test_asyncio_consumer_edges(aio_target, stream):
+    from test_aio import run
+
+    async def read_all(c, n):
+        got: list[bytes] = []
+        deadline = time.monotonic() + 5
+        while len(got) < n and time.monotonic() < deadline:
+            got += [r.body for r in await c.poll(timeout_ms=200)]
+        return got
+
+    async def test(hw):
+        await hw.admin.create_queue("c")
+        await hw.send_batch("c", [b"m%d" % i for i in range(10)], partition=0)
+        for settings in (dict(fetch_bytes=-1), dict(fetch_bytes="1"), dict(tags=5)):
+            with pytest.raises(InvalidArgumentError, match=next(iter(settings))):
+                hw.consumer(stream=stream, **settings)
+        c = hw.consumer(group="g", stream=stream)
+        await c.assign("c")
+        assert len(await read_all(c, 10)) == 10
+        for kwargs in (dict(timeout_ms=None), dict(timeout_ms=-5), dict(max_messages=-1)):
+            with pytest.raises(InvalidArgumentError, match=next(iter(kwargs))):
+                await c.poll(**kwargs)
+        with pytest.raises(InvalidArgumentError, match=r"\{\(queue, partition\): offset\}"):
+            await c.commit({"c": 0})
+
+        # a seek past the end
+        c.seek("c", 0, 50)
+        await hw.send("c", b"new", partition=0)
+        with pytest.raises(InvalidArgumentError, match=r"offset 50 is past the end of the log, 11"):
+            await c.poll(timeout_ms=300)
+        assert c.position("c", 0) == 50
+        c.seek("c", 0, 10)
+        assert await read_all(c, 1) == [b"new"]
+
+        # a delayed id (of another queue: the broker's clock is the test's, so it may be due at once)
+        await hw.admin.create_queue("e")
+        e = hw.consumer(stream=stream)
+        await e.assign("e")
+        mid = await hw.send("e", b"later", partition=0, delay=3600)
+        with pytest.raises(InvalidMessageIdError, match="delayed message's id"):
+            e.seek_to_id(mid)
+        await e.close()
+
+        # the queue created again: from its start (auto_offset_reset="earliest")
+        await hw.admin.delete_queue("c")
+        await hw.admin.create_queue("c")
+        await hw.send("c", b"fresh", partition=0)
+        got: list[bytes] = []
+        deadline = time.monotonic() + 6
+        while not got and time.monotonic() < deadline:
+            try:
+                got += [r.body for r in await c.poll(timeout_ms=300)]
+            except QueueNotFoundError:
+                pass
+        assert got == [b"fresh"]
+        await c.commit()
+        assert await c.committed("c", 0) == 1
+
+        # a disabled queue
+        await hw.admin.create_queue("d")
+        await hw.admin.disable_queue("d")
+        d = hw.consumer(stream=stream)
+        await d.assign("d")
+        for _ in range(2):
+            with pytest.raises(QueueDisabledError, match="queue 'd' is disabled; enable it to read or write"):
+                await d.poll(timeout_ms=500)
+        await d.close()
+        await c.close()
+
+    run(aio_target, test)
