@@ -262,3 +262,42 @@ def test_asyncio_consumer_edges(aio_target, stream):
         await c.close()
 
     run(aio_target, test)
+
+
+# -- every consumer kind takes the same poll arguments; a long poll past the end answers ---
+
+
+def test_group_keyed_and_shared_consumers_check_poll_arguments_alike(hw):
+    """The group member, the keyed member and the shared consumer raised TypeError for
+    ``timeout_ms=None`` (or took a negative timeout as 0, and max_messages=0 as the
+    default): each refuses what the plain consumer refuses."""
+    _filled(hw)
+    members = [hw.consumer(group="g", subscribe="c"),
+               hw.keyed_consumer("k", "c", member=0, size=1),
+               hw.shared_consumer("s", "c")]
+    try:
+        for m in members:
+            read = m.receive if hasattr(m, "receive") else m.poll
+            for kwargs, what in ((dict(timeout_ms=None), "timeout_ms"), (dict(timeout_ms=-5), "timeout_ms"),
+                                 (dict(max_messages=0), "max_messages"), (dict(max_messages=-1), "max_messages")):
+                with pytest.raises(InvalidArgumentError, match=what):
+                    read(**kwargs)
+        with pytest.raises(InvalidArgumentError, match="fetch_bytes"):
+            hw.keyed_consumer("k2", "c", member=0, size=1, fetch_bytes=0)
+    finally:
+        for m in members:
+            m.close()
+
+
+def test_a_long_poll_past_the_end_answers_at_once(hw):
+    """Waiting there would only skip the offsets before the position: the fetch answers at
+    once and the reader decides (embedded, in memory, and a FETCH over the network)."""
+    _filled(hw)
+    service = hw.service
+    t0 = time.monotonic()
+    res = service.fetch("c", 0, 50, max_bytes=1 << 16, max_wait_ms=3000)
+    assert (res.batches, res.next_offset, res.end_offset) == ([], 50, 10)
+    assert time.monotonic() - t0 < 1
+    t0 = time.monotonic()
+    res = service.fetch("c", 0, 10, max_bytes=1 << 16, max_wait_ms=300)  # at the end: it waits
+    assert res.batches == [] and time.monotonic() - t0 >= 0.25

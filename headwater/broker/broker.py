@@ -138,9 +138,7 @@ class Broker:
                                                  start_offset=max(offset, res.start_offset), end_offset=end_offset),
                                   res.next_offset, res.start_offset, res.end_offset)
             remaining = deadline - time.monotonic()
-            if res.batches or res.next_offset != offset or remaining <= 0 or (
-                end_offset is not None and offset >= end_offset
-            ):
+            if remaining <= 0 or res.settles(offset, end_offset):
                 return res
             self._wait_for_append(queue, partition, offset, remaining)
 

@@ -537,8 +537,8 @@ class BrokerServer:
 
     def _fetch_parks(self, req: FetchRequest, res: object) -> bool:
         """Whether a fetch that read nothing waits for an append (long polling)."""
-        return not (res.next_offset != req.offset or min(req.max_wait_ms, self.config.fetch_wait_ms_max) <= 0
-                    or self._closing or (req.end_offset is not None and req.offset >= req.end_offset))
+        return not (res.settles(req.offset, req.end_offset) or min(req.max_wait_ms, self.config.fetch_wait_ms_max) <= 0
+                    or self._closing)
 
     def _park(self, st: ClientConnection, ev: Request, pf: _ParkedFetch | None = None) -> None:
         """Park a fetch that found nothing until an append to its partition or its deadline."""

@@ -122,6 +122,7 @@ class AsyncGroupConsumer(AsyncConsumer):
         """Up to ``max_messages`` records of the partitions this member holds, waiting up to
         ``timeout_ms``; applies assignment changes first."""
         self._check_open()
+        self._poll_limit(max_messages, timeout_ms)  # the arguments checked before anything waits
         await self.start()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
@@ -146,6 +147,8 @@ class AsyncGroupConsumer(AsyncConsumer):
     async def commit(self, offsets: dict[TP, int] | None = None) -> None:
         """As :meth:`GroupConsumer.commit <headwater.client.group_consumer.GroupConsumer.commit>`."""
         self._check_open()
+        if offsets is not None:
+            by_queue(offsets)  # the shape checked, the same for both modes
         chosen = dict(self._consumed) if offsets is None else dict(offsets)
         if not chosen:
             return

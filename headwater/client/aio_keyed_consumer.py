@@ -20,6 +20,7 @@ from headwater.model.message import Record
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.keyed_consumer import KeyedConsumerBase
 from headwater.client.polling import drain_buffers, retrieve
+from headwater.client.positions import check_poll
 
 __all__ = ["AsyncKeyedConsumer"]
 
@@ -84,9 +85,9 @@ class AsyncKeyedConsumer(KeyedConsumerBase):
         Calling it again means the records it returned before are processed: a draining
         member commits at the barrier then, by itself."""
         self._check_open()
+        limit = check_poll(max_messages, timeout_ms, self.max_poll_messages)
         if self._info is None:
             await self.start()
-        limit = max_messages or self.max_poll_messages
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             out = drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit)

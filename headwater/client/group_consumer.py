@@ -146,6 +146,7 @@ class GroupConsumer(Consumer):
         """Up to ``max_messages`` records of the partitions this member holds, waiting up
         to ``timeout_ms``; applies assignment changes first (see the class docs)."""
         self._check_open()
+        self._poll_limit(max_messages, timeout_ms)  # the arguments checked before anything waits
         deadline = time.monotonic() + timeout_ms / 1000
         try:
             while True:
@@ -176,6 +177,8 @@ class GroupConsumer(Consumer):
         and what it polled since its last commit will be delivered again.
         """
         self._check_open()
+        if offsets is not None:
+            by_queue(offsets)  # the shape checked, the same for both modes
         chosen = dict(self._consumed) if offsets is None else dict(offsets)
         if not chosen:
             return

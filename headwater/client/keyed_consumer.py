@@ -43,6 +43,7 @@ from headwater.model.message import Record
 from headwater.model.service import BrokerService
 from headwater.client.consumer import POLL_MESSAGES_DEFAULT
 from headwater.client.polling import Outage, drain_buffers, wait_any
+from headwater.client.positions import check_poll, check_read_settings
 
 __all__ = ["KeyedConsumer", "KeyedConsumerBase"]
 
@@ -60,8 +61,7 @@ class KeyedConsumerBase:
             raise InvalidArgumentError(f"member is an index from 0, got {member!r}")
         if isinstance(size, int) and not isinstance(size, bool) and member >= size > 0:
             raise InvalidArgumentError(f"member {member} is not in a group of {size} (members 0..{size - 1})")
-        if not isinstance(max_poll_messages, int) or max_poll_messages < 1:
-            raise InvalidArgumentError("max_poll_messages must be a positive int")
+        check_read_settings(fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages)
         self._property = parse_key_spec(key)
         self._service = service
         self.group = group
@@ -318,7 +318,7 @@ class KeyedConsumer(KeyedConsumerBase):
         Calling it again means the records it returned before are processed: a draining
         member commits at the barrier then, by itself."""
         self._check_open()
-        limit = max_messages or self.max_poll_messages
+        limit = check_poll(max_messages, timeout_ms, self.max_poll_messages)
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             out = drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit)

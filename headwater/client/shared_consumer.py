@@ -40,6 +40,7 @@ from headwater.model.shared import (
     validate_receive,
 )
 from headwater.client.polling import Outage, wait_any
+from headwater.client.positions import check_poll
 from headwater.client.scanner import decode_stored
 
 __all__ = ["Delivery", "SharedConsumer", "SharedConsumerBase", "deliveries_from", "raise_refused"]
@@ -147,8 +148,9 @@ class SharedConsumerBase:
 
     def _receive_args(self, max_messages: int, timeout_ms: int) -> tuple:
         self._check_open()
+        max_messages = check_poll(max_messages, timeout_ms, 32)  # a positive int; a finite timeout >= 0
         return (self.group, self.queue, self.member, max_messages, self.visibility_timeout_ms, self.at_most_once,
-                self._settings_map, max(0, int(timeout_ms)))
+                self._settings_map, int(timeout_ms))
 
     def _track(self, out: list) -> list:
         for d in out:

@@ -46,6 +46,19 @@ class FetchResult(msgspec.Struct, frozen=True, array_like=True):
     start_offset: int
     end_offset: int
 
+    def settles(self, offset: int, end_offset: int | None = None) -> bool:
+        """Whether a fetch at ``offset`` (up to ``end_offset``) that read this answers now
+        rather than wait for an append (long polling): it found batches or moved on, reached
+        its ``end_offset``, or its position is past the partition's end (the queue was
+        created again, say: waiting there would skip what comes before it; the reader
+        decides).
+
+        >>> FetchResult([], 5, 0, 5).settles(5), FetchResult([], 9, 0, 5).settles(9)
+        (False, True)
+        """
+        return (bool(self.batches) or self.next_offset != offset or offset > self.end_offset
+                or (end_offset is not None and offset >= end_offset))
+
 
 class BrokerService(Protocol):
     # admin

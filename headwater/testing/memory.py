@@ -239,9 +239,7 @@ class MemoryBroker:
         while True:
             res = self._fetch_now(queue, partition, offset, max_bytes, tag_mask, end_offset)
             remaining = deadline - time.monotonic()
-            if res.batches or res.next_offset != offset or remaining <= 0 or (
-                end_offset is not None and offset >= end_offset
-            ):
+            if remaining <= 0 or res.settles(offset, end_offset):
                 return res
             with self._appended:
                 if self._q(queue).parts[partition].end <= offset:
