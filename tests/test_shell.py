@@ -250,6 +250,23 @@ def test_terminal_ctrl_c_stops_consume_and_keeps_the_session(broker, tmp_path):
             term.proc.kill()
 
 
+def test_terminal_ctrl_c_at_the_prompt_does_not_repeat_the_banner(broker, tmp_path):
+    term = Terminal([HEADWATER, "--server", broker.address, "shell"],
+                    env(TERM="xterm", HEADWATER_HISTORY=str(tmp_path / "history")))
+    try:
+        term.expect(r"> ")
+        for _ in range(2):
+            term.type("\x03")
+            term.expect(r"\^C")
+            term.expect(r"> ")
+        term.type("exit\n")
+        assert term.close() == 0
+    finally:
+        if term.proc.poll() is None:
+            term.proc.kill()
+    assert term.log.count("'help' lists the commands") == 1, term.log
+
+
 # --- completion, without a terminal ---------------------------------------------------
 
 

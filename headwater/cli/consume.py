@@ -2,8 +2,12 @@
 
 Unlike ``scan``, which reads a fixed range and stops, ``consume`` long-polls for new
 messages until Ctrl-C, ``--limit`` or ``--timeout`` (``--timeout 0``: what is there when
-it starts, then stop). With ``--group`` it commits its position after every printed batch,
-so the next run of the same group goes on from there.
+it starts, then stop). With ``--group`` it is a member of that consumer group, as
+kafka-console-consumer is with ``--group``: the broker divides the queue's partitions among
+the group's running members (two ``consume --group G`` print each message once between
+them), heartbeats keep it a member, and it commits its position after every printed batch
+and when it stops, so the next run of the same group goes on from there. While it runs,
+the group has a live member, so ``group reset`` refuses to move the group under it.
 
 Stopping is careful about what was printed: Ctrl-C only sets a flag, the batch in hand is
 printed whole and committed, and then the command ends. (A second Ctrl-C stops at once.)
@@ -26,9 +30,11 @@ from rich.table import Table
 
 from headwater.cli.context import err_console, open_client, out_console
 from headwater.cli.output import records_table, write_json_lines
-from headwater.cli.parse import parse_partitions, parse_time
-from headwater.client import Consumer
-from headwater.errors import QueueDisabledError
+from headwater.cli.parse import COUNT_MAX, Seconds, parse_partitions, parse_start
+from headwater.client import Client, Consumer
+from headwater.client.group_consumer import GroupConsumer
+from headwater.errors import GroupError, GroupNotEmptyError, QueueDisabledError, UsageError
+from headwater.model.config import QueueInfo
 from headwater.model.message import Record
 
 __all__ = ["consume", "POLL_MESSAGES_MAX", "POLL_WAIT_MS"]
@@ -105,7 +111,8 @@ def consume(
             "--group",
             "-g",
             metavar="NAME",
-            help="Consumer group: start where it last committed, and commit after every printed batch.",
+            help="Join this consumer group: share the queue's partitions with its other running members, "
+                 "start where it last committed, and commit after every printed batch.",
             show_default=False,
         ),
     ] = None,
@@ -117,7 +124,8 @@ def consume(
             help="earliest or latest: where to start a partition the group has not committed "
                  "(without --group: every partition). A time (ISO-8601 such as "
                  "2026-11-21T10:00:00Z, or -15m, -2h, -1d, now): start at the first message "
-                 "appended then, whatever the group committed.",
+                 "appended then; with --group, the group's offsets are moved there first, as "
+                 "'group reset' does (refused while the group has other members).",
         ),
     ] = "latest",
     partitions: Annotated[
@@ -125,7 +133,8 @@ def consume(
         typer.Option(
             "--partitions",
             metavar="LIST",
-            help="Partitions to follow, e.g. 0,2,5 or 0-3 (default: all).",
+            help="Partitions to follow, e.g. 0,2,5 or 0-3 (default: all). Not with --group, whose "
+                 "partitions the broker assigns.",
             show_default=False,
         ),
     ] = None,
@@ -147,6 +156,7 @@ def consume(
             "-n",
             metavar="N",
             min=1,
+            max=COUNT_MAX,
             help="Stop after printing N messages.",
             show_default=False,
         ),
@@ -156,7 +166,7 @@ def consume(
         typer.Option(
             "--timeout",
             metavar="SECONDS",
-            min=0,
+            parser=Seconds(),
             help="Stop when no message was printed for this long; 0: print what is there now, "
                  "without waiting for more, and stop. Default: follow until Ctrl-C.",
             show_default=False,
@@ -167,9 +177,10 @@ def consume(
     """Follow a queue: print messages as they arrive, until Ctrl-C, --limit or --timeout.
 
     Rows look like those of 'headwater scan'; --json prints the same JSON lines as
-    'scan --json'. A group starts where it last committed; a partition it has not
-    committed (every partition, without --group) starts at --from: latest unless said
-    otherwise, so only what arrives from now on is shown. --timeout 0 prints what is
+    'scan --json'. With --group it joins the group: the partitions are divided among the
+    group's running members, and each starts where the group last committed; a partition it
+    has not committed (every partition, without --group) starts at --from: latest unless
+    said otherwise, so only what arrives from now on is shown. --timeout 0 prints what is
     there now and stops without waiting for more.
 
     Examples:
@@ -182,22 +193,33 @@ def consume(
     headwater consume orders --group billing --from earliest --timeout 0
     ```
     """
-    start_ms: int | None = None
-    reset = from_.strip().lower()
-    if reset not in ("earliest", "latest"):
-        start_ms = parse_time(from_, "--from")
-        reset = "latest"
+    where = parse_start(from_, "--from", offsets=False)
+    reset = where if isinstance(where, str) else "latest"
+    start_ms = None if isinstance(where, str) else where.time_ms
     parts = parse_partitions(partitions)
+    if group is not None and parts is not None:
+        raise UsageError(
+            "--partitions and --group do not go together: the members of a group share the queue's "
+            "partitions as the broker assigns them (run several 'consume --group' to divide them); "
+            "leave out --group to read chosen partitions"
+        )
     hw = open_client(ctx)
     info = hw.admin.describe_queue(queue)
     if not info.enabled:  # fail now, not at the first poll
         raise QueueDisabledError(f"queue {queue!r} is disabled; enable it to read or write")
-    consumer = hw.consumer(group=group, auto_offset_reset=reset, tags=tags or None)
+    if group is not None and start_ms is not None:
+        _move_group_to(hw, group, info, start_ms)
+    if group is None:
+        consumer: Consumer = hw.consumer(auto_offset_reset=reset, tags=tags or None)
+    else:  # a member: the partitions are shared with the group's other members, and heartbeated
+        consumer = hw.consumer(group=group, subscribe=queue, auto_offset_reset=reset, tags=tags or None)
     stop = _Stop()
+    done = False
     try:
-        consumer.assign(queue, partitions=parts)
-        if start_ms is not None:
-            consumer.seek_to_time(queue, start_ms, partitions=parts)
+        if group is None:
+            consumer.assign(queue, partitions=parts)
+            if start_ms is not None:
+                consumer.seek_to_time(queue, start_ms, partitions=parts)
         if err_console().is_terminal:
             err_console().print(f"following {queue!r}; Ctrl-C to stop", style="dim")
         rows = None if as_json else _Rows()
@@ -211,11 +233,40 @@ def consume(
         if group is not None:
             # also when nothing was printed: a new group then starts here next time, not at
             # whatever is latest by then
-            consumer.commit()
+            _commit(consumer)
+        done = True
     finally:
-        consumer.close()
+        if isinstance(consumer, GroupConsumer):
+            consumer.close(commit=done)  # leaves the group; a second Ctrl-C commits nothing more
+        else:
+            consumer.close()
     if err_console().is_terminal or stop.requested:
         err_console().print(f"consumed {printed:,} message(s)", style="dim")
+
+
+def _move_group_to(hw: Client, group: str, info: QueueInfo, start_ms: int) -> None:
+    """``--group G --from TIME``: commit G's offsets at that time before joining, as
+    ``group reset --to TIME`` does, and refused in the same way while G has live members
+    (moving their partitions under them would make them lose or repeat messages)."""
+    offsets = {p.partition: hw.offset_for_time(info.name, p.partition, start_ms) for p in info.partitions}
+    try:
+        hw.service.commit_offsets(group, info.name, offsets)
+    except GroupNotEmptyError as e:
+        raise GroupNotEmptyError(
+            f"{e}; --from TIME moves the group's committed offsets, which is refused while it has "
+            f"members: leave out --from to join them, or stop them first "
+            f"(see them with 'headwater group describe {group}')"
+        ) from None
+
+
+def _commit(consumer: Consumer) -> None:
+    """Commit what was printed; a member the group dropped meanwhile (it missed heartbeats,
+    the broker restarted) cannot, and what it printed since its last commit will be read
+    again by the group: say so and go on, as the group consumer itself rejoins."""
+    try:
+        consumer.commit()
+    except GroupError as e:
+        err_console().print(f"warning: not committed: {e}", style="yellow")
 
 
 def _follow(consumer: Consumer, stop: _Stop, *, rows: _Rows | None, limit: int | None,
@@ -250,18 +301,25 @@ def _drain(consumer: Consumer, stop: _Stop, *, rows: _Rows | None, limit: int | 
     printed = 0
     progress_at = time.monotonic()
     while not stop.requested and (limit is None or printed < limit):
-        before = {tp: consumer.position(*tp) for tp in ends}
-        behind = any(before[tp] < end for tp, end in ends.items())
+        before = {tp: consumer.position(*tp) for tp in _held(consumer, ends)}
+        behind = any(pos < ends[tp] for tp, pos in before.items())
         batch = consumer.poll(max_messages=_want(limit, printed), timeout_ms=DRAIN_POLL_MS if behind else 0)
         if batch:
             printed += _print(consumer, batch, rows)
-        if all(consumer.position(*tp) >= end for tp, end in ends.items()):
+        held = _held(consumer, ends)
+        if all(consumer.position(*tp) >= ends[tp] for tp in held):
             break
-        if batch or any(consumer.position(*tp) != pos for tp, pos in before.items()):
+        if batch or any(consumer.position(*tp) != pos for tp, pos in before.items() if tp in held):
             progress_at = time.monotonic()
         elif time.monotonic() - progress_at >= POLL_WAIT_MS / 1000:
             break  # a partition that stays behind (a broker that does not answer in time)
     return printed
+
+
+def _held(consumer: Consumer, ends: dict[tuple[str, int], int]) -> list[tuple[str, int]]:
+    """The partitions of ``ends`` the consumer reads now (a group member's change as the
+    group rebalances)."""
+    return [tp for tp in consumer.assignment() if tp in ends]
 
 
 def _want(limit: int | None, printed: int) -> int:
@@ -276,5 +334,5 @@ def _print(consumer: Consumer, batch: list[Record], rows: _Rows | None) -> int:
         rows.print(batch)
         sys.stdout.flush()
     if consumer.group is not None:
-        consumer.commit()
+        _commit(consumer)
     return len(batch)

@@ -15,8 +15,9 @@ import typer
 from rich.console import Console
 
 import headwater
+from headwater.cli.parse import parse_seconds
 from headwater.client import Client
-from headwater.errors import NotADataDirectoryError
+from headwater.errors import InvalidArgumentError, NotADataDirectoryError
 
 __all__ = ["CliState", "open_client", "close_client", "out_console", "err_console", "stdin_is_tty"]
 
@@ -62,8 +63,7 @@ def open_client(ctx: typer.Context, *, create: bool = False) -> Client:
 
 def _open(state: CliState, *, create: bool) -> Client:
     if state.server is not None:
-        timeout = float(os.environ.get("HEADWATER_CONNECT_TIMEOUT_S", "5"))
-        return headwater.connect(state.server, connect_timeout_s=timeout)
+        return headwater.connect(state.server, connect_timeout_s=_connect_timeout_s())
     path = state.data_dir
     if not create and not path.exists():
         raise NotADataDirectoryError(
@@ -71,6 +71,15 @@ def _open(state: CliState, *, create: bool) -> Client:
             f"to an existing one, or create a queue there first with 'headwater queue create NAME'"
         )
     return headwater.open(path)
+
+
+def _connect_timeout_s() -> float:
+    text = os.environ.get("HEADWATER_CONNECT_TIMEOUT_S", "5")
+    timeout_s = parse_seconds(text, "HEADWATER_CONNECT_TIMEOUT_S")
+    if timeout_s <= 0:
+        raise InvalidArgumentError(f"HEADWATER_CONNECT_TIMEOUT_S: {text!r} is out of range; use seconds "
+                                   f"greater than 0, e.g. 5")
+    return timeout_s
 
 
 def close_client(state: CliState) -> None:

@@ -7,6 +7,7 @@ while none did is delivered as soon as one opens it.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable
@@ -22,13 +23,17 @@ from headwater.cli.context import open_client, out_console
 from headwater.cli.output import format_from_now, format_when, iso_utc, print_json
 from headwater.cli.parse import parse_message_id, parse_time
 from headwater.errors import InvalidArgumentError, MessageNotFoundError
+from headwater.model.config import TTL_S_MAX
 from headwater.model.delay import DelayStats
 
 __all__ = ["delay_app", "parse_delay", "deliver_at_option", "BUCKETS_SHOWN"]
 
 BUCKETS_SHOWN = 24  # rows of the bucket table (JSON carries every bucket)
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d|w)")
+DELAY_S_MAX = TTL_S_MAX  # what the CLI lets through; the broker's delay_max_s (2 years) bounds it further
+AT_FORMS = ("an ISO-8601 time (e.g. 2026-12-24T18:00:00Z or 2026-12-24; no zone means UTC), "
+            "+DURATION (e.g. +15m, +1h30m) or 'now'")
 
 delay_app = typer.Typer(
     name="delay",
@@ -38,15 +43,23 @@ delay_app = typer.Typer(
 )
 
 
-def parse_delay(text: str) -> float:
+def parse_delay(text: str, what: str = "--delay", *, not_a_duration: str | None = None) -> float:
     """A delay in seconds: a number of seconds, or numbers with units (ms, s, m, h, d, w).
+    ``what`` names the option in errors; ``not_a_duration``, the error for text that is no
+    duration at all (``--at +bad`` lists the forms of ``--at``).
 
     >>> parse_delay("15m"), parse_delay("1h30m"), parse_delay("90"), parse_delay("250ms")
     (900.0, 5400.0, 90.0, 0.25)
     """
     s = text.strip().lower()
-    if re.fullmatch(r"\d+(?:\.\d+)?", s):
-        return float(s)
+    seconds = float(s) if re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", s) else _units_s(text, s, what, not_a_duration)
+    if not (math.isfinite(seconds) and seconds <= DELAY_S_MAX):
+        raise InvalidArgumentError(f"{what}: {text!r} is too long; a delay is at most {DELAY_S_MAX:,} s "
+                                   f"(100 years), and the broker's delay_max_s may bound it further")
+    return seconds
+
+
+def _units_s(text: str, s: str, what: str, not_a_duration: str | None) -> float:
     pos, total_ms = 0, 0.0
     for m in _PART_RE.finditer(s):
         if m.start() != pos:
@@ -54,10 +67,10 @@ def parse_delay(text: str) -> float:
         total_ms += float(m[1]) * _UNIT_MS[m[2]]
         pos = m.end()
     if pos != len(s) or not s:
-        raise InvalidArgumentError(
-            f"--delay: {text!r} is not a duration; use seconds (e.g. 90) or numbers with units "
+        raise InvalidArgumentError(not_a_duration or (
+            f"{what}: {text!r} is not a duration; use seconds (e.g. 90) or numbers with units "
             f"ms, s, m, h, d, w (e.g. 15m, 1h30m, 2d)"
-        )
+        ))
     return total_ms / 1000
 
 
@@ -71,8 +84,8 @@ def deliver_at_option(delay: str | None, at: str | None, *,
     if at is not None:
         text = at.strip()
         if text.startswith("+"):  # '+15m': a time relative to now, like --delay
-            return {"delay": parse_delay(text[1:])}
-        return {"deliver_at": parse_time(text, "--at", clock=clock)}
+            return {"delay": parse_delay(text[1:], "--at", not_a_duration=f"--at: {at!r} is not a time; use {AT_FORMS}")}
+        return {"deliver_at": parse_time(text, "--at", clock=clock, forms=AT_FORMS)}
     return {}
 
 

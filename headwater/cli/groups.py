@@ -32,7 +32,7 @@ from rich.text import Text
 
 from headwater.cli.context import open_client, out_console
 from headwater.cli.output import format_from_now, iso_utc, print_json
-from headwater.cli.parse import parse_partitions, parse_time
+from headwater.cli.parse import parse_partitions, parse_start
 from headwater.client import Client
 from headwater.errors import GroupNotEmptyError, GroupNotFoundError, InvalidArgumentError, QueueNotFoundError
 from headwater.model.config import QueueInfo
@@ -379,6 +379,7 @@ def describe(
 
 
 def _target_offsets(hw: Client, info: QueueInfo, to: str, partitions: list[int] | None) -> dict[int, int]:
+    where = parse_start(to, "--to")
     chosen = [p.partition for p in info.partitions] if partitions is None else partitions
     by_part = {p.partition: p for p in info.partitions}
     out = {}
@@ -387,14 +388,14 @@ def _target_offsets(hw: Client, info: QueueInfo, to: str, partitions: list[int] 
             raise InvalidArgumentError(f"queue {info.name!r} has partitions 0..{len(info.partitions) - 1}; "
                                        f"there is no partition {p}")
         pi = by_part[p]
-        if to == "earliest":
+        if where == "earliest":
             out[p] = pi.start_offset
-        elif to == "latest":
+        elif where == "latest":
             out[p] = pi.end_offset
-        elif to.isdigit():
-            out[p] = int(to)
+        elif where.offset is not None:
+            out[p] = where.offset
         else:
-            out[p] = hw.offset_for_time(info.name, p, parse_time(to, "--to"))
+            out[p] = hw.offset_for_time(info.name, p, where.time_ms)
     return out
 
 
@@ -425,8 +426,7 @@ def reset(
     hw = open_client(ctx)
     info = hw.admin.describe_queue(queue)
     before = hw.service.fetch_offsets(group, queue)
-    offsets = _target_offsets(hw, info, to.strip().lower() if to.strip().isalpha() else to.strip(),
-                              parse_partitions(partitions))
+    offsets = _target_offsets(hw, info, to, parse_partitions(partitions))
     try:
         hw.service.commit_offsets(group, queue, offsets)
     except GroupNotEmptyError as e:

@@ -8,13 +8,17 @@ matters, so tests can pin it.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
+from typing import Any
+
 
 from headwater.errors import InvalidArgumentError, InvalidMessageIdError
+from headwater.model.config import PARTITIONS_MAX, TTL_S_MAX
 from headwater.model.message import MessageId, datetime_ms
 
 __all__ = [
@@ -25,19 +29,49 @@ __all__ = [
     "parse_ttl",
     "parse_partitions",
     "parse_pairs",
+    "parse_seconds",
+    "parse_start",
+    "Seconds",
     "POSITION_FORMS",
+    "TIME_FORMS",
+    "COUNT_MAX",
+    "OFFSET_MAX",
+    "WAIT_S_MAX",
 ]
+
+# Bounds of what a command line may say, so that a value too large for the wire (int64) or
+# for the OS (time_t) is refused here, with its range, the same way embedded and over
+# --server, instead of failing deep down (a traceback, or a codec error from the broker).
+OFFSET_MAX = 2**63 - 1  # offsets are int64 on the wire and on disk
+COUNT_MAX = 2**63 - 1  # --limit: "no limit" in practice, and still an int64
+WAIT_S_MAX = 365 * 86_400  # --timeout, --interval, HEADWATER_CONNECT_TIMEOUT_S: a year
+TIME_MS_MIN = datetime_ms(datetime(1, 1, 1, tzinfo=timezone.utc))  # the range ISO-8601 can say
+TIME_MS_MAX = datetime_ms(datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=timezone.utc))
 
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _RELATIVE_RE = re.compile(r"^-(\d+(?:\.\d+)?)([smhdw])$")
 _DURATION_RE = re.compile(r"^(\d+)([smhdw]?)$")
 _ID_LIKE_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{8}-[0-9a-fA-F]{16}$")
+_ASCII_INT_RE = re.compile(r"[0-9]+")  # str.isdigit() also takes '²' and '٣', which int() refuses
 
-POSITION_FORMS = (
-    "an offset (e.g. 1200), a message id (e.g. 00000001-00000000-00000000000004b0), "
+TIME_FORMS = (
     "an ISO-8601 time (e.g. 2026-11-21T10:00:00Z or 2026-11-21), a time relative to now "
     "(e.g. -15m, -2h, -1d; units s, m, h, d, w) or 'now'"
 )
+POSITION_FORMS = (
+    f"an offset (e.g. 1200), a message id (e.g. 00000001-00000000-00000000000004b0), {TIME_FORMS}"
+)
+
+
+def _is_int(text: str) -> bool:
+    return _ASCII_INT_RE.fullmatch(text) is not None
+
+
+def _offset(text: str, what: str) -> int:
+    n = int(text)
+    if n > OFFSET_MAX:
+        raise InvalidArgumentError(f"{what}: offset {text} is out of range; offsets go from 0 to {OFFSET_MAX:,}")
+    return n
 
 
 @dataclass(frozen=True)
@@ -54,13 +88,16 @@ def _ms_up(seconds: float) -> int:
     return -(-round(seconds * 1_000_000) // 1000)
 
 
-def parse_time(text: str, what: str, *, clock: Callable[[], float] = time.time) -> int:
+def parse_time(text: str, what: str, *, clock: Callable[[], float] = time.time,
+               forms: str = TIME_FORMS, noun: str = "a time") -> int:
     """A point in time as epoch milliseconds.
 
     Accepts ISO-8601 (``2026-11-21T10:00:00Z``, ``2026-11-21T11:00:00+01:00``, a date alone
     for midnight; no zone means UTC), relative to now (``-15m``, ``-2h``, ``-1d``) or
     ``now``. A fraction of a millisecond rounds up, as append times are whole milliseconds:
-    ``--to now`` takes everything appended before it.
+    ``--to now`` takes everything appended before it. ``noun`` and ``forms``: what the error
+    says the text is not, and lists as accepted (an option that takes more than times passes
+    its own). A time outside the years 1-9999 is refused.
 
     >>> parse_time("2026-11-21T10:00:00Z", "--from")
     1795255200000
@@ -76,7 +113,13 @@ def parse_time(text: str, what: str, *, clock: Callable[[], float] = time.time) 
         return _ms_up(clock())
     m = _RELATIVE_RE.match(s)
     if m:
-        return _ms_up(clock() - float(m[1]) * _UNIT_S[m[2]])
+        seconds = clock() - float(m[1]) * _UNIT_S[m[2]]
+        if not TIME_MS_MIN / 1000 <= seconds <= TIME_MS_MAX / 1000:  # also inf, from 1e400 digits
+            raise InvalidArgumentError(
+                f"{what}: {text!r} is out of range; a time goes back at most to the year 1 "
+                f"(0001-01-01T00:00:00Z)"
+            )
+        return _ms_up(seconds)
     try:
         if len(s) == 10:  # a date alone: midnight UTC
             d = date.fromisoformat(s)
@@ -84,11 +127,14 @@ def parse_time(text: str, what: str, *, clock: Callable[[], float] = time.time) 
         else:
             dt = datetime.fromisoformat(s)
     except ValueError:
-        raise InvalidArgumentError(
-            f"{what}: {text!r} is not a time; use an ISO-8601 time (e.g. 2026-11-21T10:00:00Z "
-            f"or 2026-11-21), a time relative to now (e.g. -15m, -2h, -1d) or 'now'"
-        ) from None
-    return datetime_ms(dt)
+        raise InvalidArgumentError(f"{what}: {text!r} is not {noun}; use {forms}") from None
+    try:
+        ms = datetime_ms(dt)
+    except OverflowError:  # 0001-01-01 in a zone east of UTC is before the year 1
+        ms = TIME_MS_MIN - 1
+    if not TIME_MS_MIN <= ms <= TIME_MS_MAX:
+        raise InvalidArgumentError(f"{what}: {text!r} is out of range; use a time from the year 1 to 9999")
+    return ms
 
 
 def parse_position(text: str, what: str, *, clock: Callable[[], float] = time.time) -> Position:
@@ -100,14 +146,30 @@ def parse_position(text: str, what: str, *, clock: Callable[[], float] = time.ti
     MessageId(queue_id=1, partition=2, offset=3)
     """
     s = text.strip()
-    if s.isdigit():
-        return Position(offset=int(s))
+    if _is_int(s):
+        return Position(offset=_offset(s, what))
     if _ID_LIKE_RE.match(s):
         return Position(message_id=MessageId.parse(s))
-    try:
-        return Position(time_ms=parse_time(s, what, clock=clock))
-    except InvalidArgumentError:
-        raise InvalidArgumentError(f"{what}: {text!r} is not a position; use {POSITION_FORMS}") from None
+    return Position(time_ms=parse_time(s, what, clock=clock, forms=POSITION_FORMS, noun="a position"))
+
+
+def parse_start(text: str, what: str, *, offsets: bool = True,
+                clock: Callable[[], float] = time.time) -> str | Position:
+    """Where a reader starts: ``"earliest"``, ``"latest"``, or a :class:`Position` holding
+    an offset (only with ``offsets``) or a time. The error lists exactly these forms.
+
+    >>> parse_start("Earliest", "--to"), parse_start("12", "--to")
+    ('earliest', Position(offset=12, message_id=None, time_ms=None))
+    >>> parse_start("2026-11-21", "--from", offsets=False).time_ms
+    1795219200000
+    """
+    s = text.strip()
+    if s.lower() in ("earliest", "latest"):
+        return s.lower()
+    if offsets and _is_int(s):
+        return Position(offset=_offset(s, what))
+    forms = f"'earliest', 'latest', {'an offset (e.g. 1200), ' if offsets else ''}or a time: {TIME_FORMS}"
+    return Position(time_ms=parse_time(s, what, clock=clock, forms=forms, noun="a position"))
 
 
 def parse_message_id(text: str) -> MessageId:
@@ -124,7 +186,8 @@ def parse_ttl(text: str) -> int | None:
     """Seconds to keep messages; ``None`` keeps them forever.
 
     ``0`` and ``forever`` mean forever; a bare number is seconds; a suffix s, m, h, d or w
-    picks another unit.
+    picks another unit. At most ``TTL_S_MAX`` (100 years, 36525d): a longer ttl would not
+    fit the broker's timestamps, and forever says it better.
 
     >>> parse_ttl("3600"), parse_ttl("7d"), parse_ttl("forever")
     (3600, 604800, None)
@@ -133,12 +196,18 @@ def parse_ttl(text: str) -> int | None:
     if s in ("0", "forever", "none", "infinite"):
         return None
     m = _DURATION_RE.match(s)
-    if not m:
+    if not m or not m[1].isascii():
         raise InvalidArgumentError(
             f"--ttl: {text!r} is not a duration; use seconds (e.g. 3600), a number with a unit "
             f"(e.g. 30m, 12h, 7d, 2w), or 0 / forever to keep messages forever"
         )
-    return int(m[1]) * _UNIT_S[m[2] or "s"]
+    ttl_s = int(m[1]) * _UNIT_S[m[2] or "s"]
+    if ttl_s > TTL_S_MAX:
+        raise InvalidArgumentError(
+            f"--ttl: {text!r} is too long; a ttl is from 1 s to {TTL_S_MAX:,} s (100 years, "
+            f"{TTL_S_MAX // 86400}d), or 0 / forever to keep messages forever"
+        )
+    return ttl_s
 
 
 def parse_partitions(text: str | None) -> list[int] | None:
@@ -153,8 +222,13 @@ def parse_partitions(text: str | None) -> list[int] | None:
     for part in text.split(","):
         part = part.strip()
         lo, dash, hi = part.partition("-")
-        if lo.isdigit() and (not dash or hi.isdigit()):
+        if _is_int(lo) and (not dash or _is_int(hi)):
             first, last = int(lo), int(hi) if dash else int(lo)
+            if last >= PARTITIONS_MAX:  # before range(): 0-99999999999 would fill the memory
+                raise InvalidArgumentError(
+                    f"--partitions: {text!r} names partition {last}; a queue has at most "
+                    f"{PARTITIONS_MAX:,} partitions, numbered from 0"
+                )
             if first <= last:
                 out.extend(range(first, last + 1))
                 continue
@@ -178,3 +252,35 @@ def parse_pairs(items: Iterable[str], option: str) -> dict[str, str]:
             raise InvalidArgumentError(f"{option}: {item!r} is not key=value, e.g. {option} source=web")
         out[key] = value
     return out
+
+
+def parse_seconds(text: str, what: str, *, max_s: float = WAIT_S_MAX) -> float:
+    """A number of seconds from 0 to ``max_s``: finite (``inf`` and ``nan`` are refused).
+
+    >>> parse_seconds("2.5", "--timeout")
+    2.5
+    """
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise InvalidArgumentError(f"{what}: {text!r} is not a number of seconds; use e.g. 5 or 0.5") from None
+    if not (math.isfinite(seconds) and 0 <= seconds <= max_s):
+        raise InvalidArgumentError(f"{what}: {text!r} is out of range; use seconds from 0 to {max_s:,.0f}")
+    return seconds
+
+
+class Seconds:
+    """The parser of a ``SECONDS`` option (``typer.Option(parser=Seconds())``): see
+    :func:`parse_seconds`. ``inf``, ``nan`` and values past ``max_s`` are usage errors (exit
+    2), as typer's ``min``/``max`` report other numbers out of range; typer's own float
+    range would let ``nan`` through."""
+
+    def __init__(self, max_s: float = WAIT_S_MAX) -> None:
+        self.max_s = max_s
+        self.__name__ = "seconds"  # typer names the parameter type after the parser
+
+    def __call__(self, value: Any) -> float:
+        try:
+            return parse_seconds(str(value), "", max_s=self.max_s)
+        except InvalidArgumentError as e:
+            raise ValueError(str(e).removeprefix(": ")) from None  # typer: a usage error, exit 2

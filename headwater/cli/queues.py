@@ -11,6 +11,7 @@ from headwater.cli.context import err_console, open_client, out_console, stdin_i
 from headwater.cli.output import format_ttl, print_json, queue_detail, queue_json, queues_table
 from headwater.cli.parse import parse_pairs, parse_ttl
 from headwater.errors import QueueExistsError, QueueNotFoundError, UsageError
+from headwater.model.config import MESSAGE_BYTES_MAX, PARTITIONS_MAX
 
 __all__ = ["queue_app"]
 
@@ -47,6 +48,7 @@ def create(
             "-p",
             metavar="N",
             min=1,
+            max=PARTITIONS_MAX,
             help="Number of partitions (can grow later with 'queue add-partitions').",
         ),
     ] = 1,
@@ -74,6 +76,7 @@ def create(
             "--message-bytes-max",
             metavar="BYTES",
             min=1,
+            max=MESSAGE_BYTES_MAX,
             help="Largest message body accepted, in bytes.",
         ),
     ] = 1024 * 1024,
@@ -268,6 +271,7 @@ def add_partitions(
             "--to",
             metavar="N",
             min=1,
+            max=PARTITIONS_MAX,
             help="The new total number of partitions (larger than now).",
             show_default=False,
         ),

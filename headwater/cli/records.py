@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import stat
 import sys
 from collections.abc import Iterable, Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Annotated, Any, Optional
 
 import typer
@@ -17,6 +18,7 @@ from headwater.cli.context import _state, err_console, open_client, out_console,
 from headwater.cli.delay import deliver_at_option
 from headwater.cli.output import record_detail, records_table, write_json_lines
 from headwater.cli.parse import (
+    COUNT_MAX,
     parse_message_id,
     parse_pairs,
     parse_partitions,
@@ -25,6 +27,7 @@ from headwater.cli.parse import (
 )
 from headwater.client import Client
 from headwater.errors import HeadwaterError, InvalidArgumentError, QueueDisabledError, UsageError
+from headwater.model.config import PARTITIONS_MAX
 from headwater.model.message import Message, Record
 
 __all__ = ["produce", "scan", "get", "find", "BATCH_SIZE_DEFAULT", "TABLE_ROWS_DEFAULT"]
@@ -111,6 +114,7 @@ def produce(
             "--partition",
             "-p",
             min=0,
+            max=PARTITIONS_MAX - 1,
             metavar="N",
             help="Send to this partition instead of letting the key or round robin choose.",
             show_default=False,
@@ -203,27 +207,79 @@ def produce(
     producer = hw.producer()
     total = 0
     partitions_used: set[int] = set()
-    with progress or nullcontext():
-        task = progress.add_task("produce", total=size, messages=0) if progress else None
-        for chunk in chunks:
-            batch = chunk if plain else [Message(b, key_b, tag, props) for b in chunk]
-            try:
-                ids = producer.send_batch(queue, batch, partition=partition, **when)
-            except HeadwaterError as e:
-                if total:  # say what already went out, so a rerun does not send it twice
-                    raise type(e)(f"{e} (the {total:,} message(s) before this batch were sent)") from e
-                raise
-            total += len(ids)
-            if quiet:
-                partitions_used.update(mid.partition for mid in ids)
-            else:
-                sys.stdout.write("".join(f"{mid}\n" for mid in ids))
-            if progress is not None and task is not None:
-                progress.update(task, advance=sum(len(b) + 1 for b in chunk), messages=total)
+    guard = _SendGuard()
+    try:
+        with progress or nullcontext(), guard.installed():
+            task = progress.add_task("produce", total=size, messages=0) if progress else None
+            for chunk in chunks:
+                batch = chunk if plain else [Message(b, key_b, tag, props) for b in chunk]
+                with guard.sending():  # sent, counted and printed, or not sent at all
+                    try:
+                        ids = producer.send_batch(queue, batch, partition=partition, **when)
+                    except HeadwaterError as e:
+                        if total:  # say what already went out, so a rerun does not send it twice
+                            raise type(e)(f"{e} (the {total:,} message(s) before this batch were sent)") from e
+                        raise
+                    total += len(ids)
+                    if quiet:
+                        partitions_used.update(mid.partition for mid in ids)
+                    else:
+                        sys.stdout.write("".join(f"{mid}\n" for mid in ids))
+                    if progress is not None and task is not None:
+                        progress.update(task, advance=sum(len(b) + 1 for b in chunk), messages=total)
+                guard.check()
+    except KeyboardInterrupt:
+        sys.stdout.flush()  # the ids of what was sent, every one of them
+        err_console().print(f"sent {total:,} message(s) to queue {queue!r}; stopped by Ctrl-C, the rest of "
+                            f"the input was not sent", style="dim")
+        raise typer.Exit(130) from None
     sys.stdout.flush()
     if quiet:
         where = ", ".join(str(p) for p in sorted(partitions_used)) or "-"
         out_console().print(f"sent {total:,} message(s) to queue {queue!r} (partitions {where})")
+
+
+class _SendGuard:
+    """Ctrl-C during ``produce``: while a batch is being sent, the interrupt waits until the
+    broker has answered and the batch is counted and its ids printed (so every message is
+    either acknowledged and reported, or not sent at all); while reading input, it stops at
+    once. A second Ctrl-C during a send stops at once too. Either way the
+    command says how many messages were sent."""
+
+    def __init__(self) -> None:
+        self._in_send = False
+        self._deferred = False
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        def handler(signum: int, frame: object) -> None:
+            if self._in_send and not self._deferred:
+                self._deferred = True
+                return
+            raise KeyboardInterrupt
+
+        try:
+            previous = signal.signal(signal.SIGINT, handler)
+        except ValueError:  # not the main thread (an embedding): Ctrl-C keeps its usual meaning
+            yield
+            return
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    @contextmanager
+    def sending(self) -> Iterator[None]:
+        self._in_send = True
+        try:
+            yield
+        finally:
+            self._in_send = False
+
+    def check(self) -> None:
+        """Raise the Ctrl-C that came during the send, now that it is counted."""
+        if self._deferred:
+            raise KeyboardInterrupt
 
 
 def _batched(items: Iterator[bytes], size: int) -> Iterator[list[bytes]]:
@@ -263,7 +319,7 @@ ToOpt = Annotated[Optional[str], typer.Option(
     help="Stop before here (exclusive); same forms as --from.",
 )]
 LimitOpt = Annotated[Optional[int], typer.Option(
-    "--limit", "-n", metavar="N", min=1, show_default=False,
+    "--limit", "-n", metavar="N", min=1, max=COUNT_MAX, show_default=False,
     help=f"Print at most N messages. Default: {TABLE_ROWS_DEFAULT} in a table, all with --json.",
 )]
 
@@ -428,6 +484,7 @@ def find(
             "-n",
             metavar="N",
             min=1,
+            max=COUNT_MAX,
             help="Print at most N messages (the oldest first).",
         ),
     ] = 1000,

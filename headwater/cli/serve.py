@@ -12,6 +12,8 @@ import errno
 import logging
 import os
 import re
+import shutil
+import socket
 import sys
 import tomllib
 from pathlib import Path
@@ -138,7 +140,8 @@ def _setting_named(message: str) -> str | None:
 def serve(
     ctx: typer.Context,
     host: Annotated[Optional[str], typer.Option(help="Address to listen on.", show_default="127.0.0.1")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Port to listen on (0: any free port).", show_default="7070")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Port to listen on (0: any free port).", show_default="7070",
+                                                min=0, max=65535)] = None,
     flush: Annotated[Optional[str], typer.Option(help="Default flush policy: sync or async.", show_default="async")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="A TOML file with [server] and [store] tables.")] = None,
     settings: Annotated[Optional[list[str]], typer.Option("--set", metavar="NAME=VALUE",
@@ -147,7 +150,8 @@ def serve(
     list_settings: Annotated[bool, typer.Option("--settings", help="List every setting (meaning, default, "
                                                 "environment variable) and exit.")] = False,
 ) -> None:
-    """Run a broker over the data directory (--data) until SIGTERM or Ctrl-C.
+    """Run a broker over the data directory (--data) until SIGTERM or Ctrl-C. A directory
+    that does not exist is made (and removed again if the broker cannot start).
 
     On SIGTERM it stops accepting connections, finishes requests in flight, flushes and
     closes; a restart over the same directory continues where it stopped.
@@ -171,19 +175,43 @@ def serve(
                                      parse_pairs(settings or [], "--set"))
     server_cfg, store_cfg = load_settings(config, dict(os.environ), overrides)
 
+    started = False
+
     def ready(bound: int) -> None:
+        nonlocal started
+        started = True
         err_console().print(f"headwater serving {state.data_dir} on {server_cfg.host}:{bound}")
         print(f"listening {server_cfg.host}:{bound}", flush=True)
 
+    new_directory = not state.data_dir.exists()
     try:
+        _check_listen(server_cfg.host, server_cfg.port)  # before the data directory is opened
         run_server(state.data_dir, store_cfg, server_cfg, on_ready=ready)
     except OSError as e:
-        why = _BIND_ERRORS.get(e.errno)
-        if why is None:
-            raise
-        raise InvalidArgumentError(
-            f"cannot listen on {server_cfg.host}:{server_cfg.port}: {why}; choose another with --port or --host"
-        ) from None
+        where = f"{server_cfg.host}:{server_cfg.port}"
+        if isinstance(e, socket.gaierror):
+            why = f"the host {server_cfg.host!r} is not an address of this machine nor a name it can resolve ({e.strerror})"
+        else:
+            why = _BIND_ERRORS.get(e.errno)
+            if why is None:
+                raise
+        raise InvalidArgumentError(f"cannot listen on {where}: {why}; choose another with --port or --host") from None
+    finally:
+        if new_directory and not started:
+            # serve makes a missing data directory, as queue create does; one that never
+            # served (it could not listen) is removed again, so a failed start leaves nothing
+            shutil.rmtree(state.data_dir, ignore_errors=True)
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Resolve ``host`` and bind ``port`` once, as the server will (an OSError if it cannot),
+    so that a port in use or an unknown host is reported before anything is opened or made.
+    The server binds again: this only catches what is wrong now, not a race."""
+    for family, kind, proto, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                              flags=socket.AI_PASSIVE):
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's server does
+            probe.bind(address)
 
 
 _BIND_ERRORS = {  # errors only binding the listening socket gives

@@ -347,7 +347,7 @@ def shell(ctx: typer.Context) -> None:
                     break
                 except KeyboardInterrupt:  # Ctrl-C at the prompt drops the line, as in bash
                     session.stdout.write("^C\n")
-                    intro = None
+                    intro = session.intro = None  # cmdloop(None) would show the kept intro again
         finally:
             if history is not None:
                 session.save_history(history)

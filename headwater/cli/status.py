@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from headwater.cli.context import open_client, out_console
+from headwater.cli.parse import Seconds
 from headwater.cli.output import format_when, print_json
 from headwater.client import Client
 from headwater.errors import InvalidArgumentError
@@ -200,7 +201,7 @@ def status(
             "--interval",
             "-i",
             metavar="SECONDS",
-            min=0,
+            parser=Seconds(),
             help="Measure rates over this many seconds (0: show the counters at once, no rates).",
         ),
     ] = STATUS_INTERVAL_S_DEFAULT,

@@ -13,8 +13,8 @@ from rich.table import Table
 
 from headwater.cli.context import open_client, out_console
 from headwater.cli.output import iso_utc, print_json
-from headwater.cli.parse import parse_partitions, parse_position
-from headwater.errors import InvalidArgumentError
+from headwater.cli import parse
+from headwater.cli.parse import parse_partitions
 from headwater.model.config import QueueInfo
 from headwater.model.subscription import SubscriberInfo, subscribed_partitions
 
@@ -40,18 +40,10 @@ def parse_start(text: str) -> str:
     >>> parse_start("earliest"), parse_start("42"), parse_start("2026-11-21T10:00:00Z")
     ('earliest', 'offset:42', 'time:1795255200000')
     """
-    s = text.strip()
-    if s in ("earliest", "latest"):
-        return s
-    pos = parse_position(s, "--from")
-    if pos.offset is not None:
-        return f"offset:{pos.offset}"
-    if pos.time_ms is not None:
-        return f"time:{pos.time_ms}"
-    raise InvalidArgumentError(
-        f"--from: {text!r} is a message id; a subscriber starts at 'earliest', 'latest', an offset "
-        f"(in each partition) or a time"
-    )
+    where = parse.parse_start(text, "--from")
+    if isinstance(where, str):
+        return where
+    return f"offset:{where.offset}" if where.offset is not None else f"time:{where.time_ms}"
 
 
 def _lag(info: SubscriberInfo, qi: QueueInfo) -> dict[int, tuple[int, int, int]]:

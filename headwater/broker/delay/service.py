@@ -568,10 +568,7 @@ class DelayService:
             self._clean_heap_top_locked()
             buckets = [DelayBucketStats(b.start_ms, b.end_ms, b.pending_messages, b.loaded)
                        for b in (self._buckets[s] for s in self._order)]
-            if self._heap:
-                nxt: int | None = self._heap[0][0]
-            else:  # nothing loaded is pending: the first bucket that is (due at or after its start)
-                nxt = next((x.start_ms for x in buckets if x.pending_messages), None)
+            nxt = self._next_due_locked()
             p50, p99, mx = self.counters.lateness()
             c = self.counters
             return DelayStats(
@@ -582,6 +579,28 @@ class DelayService:
                 lateness_p50_ms=p50, lateness_p99_ms=p99, lateness_max_ms=mx,
                 loaded_batches=self._loaded_batches, bucket_ms=self.bucket_ms, buckets=buckets,
             )
+
+    def _next_due_locked(self) -> int | None:
+        """The earliest time a pending message is due: the heap's top, unless a pending
+        bucket not loaded yet starts before it (the dispatcher loads buckets ahead of time,
+        but asynchronously: just after opening, the first one may still be unloaded). That
+        bucket's file is read for its earliest pending run: its start would be a time
+        already past for a message due later in it."""
+        nxt: int | None = self._heap[0][0] if self._heap else None
+        for start in self._order:
+            if nxt is not None and start >= nxt:
+                break
+            b = self._buckets[start]
+            if b.loaded or not b.pending_messages:
+                continue
+            self._touch_locked(b)
+            entries: dict[int, Entry] = {}
+            replay(b.file.scan(cut=False), entries, [])
+            due = min((g.attempt_ms for e in entries.values() for g in e.runs if g.state == State.PENDING),
+                      default=None)
+            if due is not None:
+                return due if nxt is None else min(due, nxt)
+        return nxt
 
     def summary(self) -> dict[str, object]:
         """The figures ``status`` shows."""

@@ -1,0 +1,242 @@
+"""The command line at its edges: values too large for the wire or the OS, Unicode digits,
+Ctrl-C in the middle of a produce, a broker that cannot listen, a consume that is a real
+group member. Each ends in one ``error:`` line (exit 1) or a usage error (exit 2), the
+same embedded and over ``--server``; never a traceback or the codec's wording."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import socket
+import subprocess
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+import headwater
+from headwater.cli.output import iso_utc
+from headwater.errors import GroupNotFoundError
+from support.broker_process import HEADWATER, BrokerProcess
+from test_cli_network import Cli, Follower, subprocess_env
+
+HUGE = "99999999999999999999999"
+
+
+@pytest.fixture
+def broker(tmp_path):
+    b = BrokerProcess(tmp_path / "served").start()
+    yield b
+    assert b.terminate() == 0, b.log.read_text()[-2000:]
+
+
+@pytest.fixture
+def local(tmp_path) -> Cli:
+    cli = Cli("--data", str(tmp_path / "d"))
+    cli("queue", "create", "jobs", "--partitions", "2")
+    cli("produce", "jobs", "--key", "k1", "a", "b")
+    return cli
+
+
+def _usage_error(cli: Cli, *args: str) -> str:
+    code, _, err = cli.run(*args)
+    assert code == 2, (args, code, err)
+    return err
+
+
+# -- 1. a ttl that does not fit ---------------------------------------------------------
+
+
+def test_ttl_longer_than_100_years_is_refused_with_its_range(local):
+    err = local.error("queue", "create", "tq", "--ttl", "99999999999999999999w")
+    assert "--ttl" in err and "3,155,760,000 s (100 years, 36525d)" in err
+    assert "36526d" not in local("queue", "list")
+    local.error("queue", "create", "tq", "--ttl", "36526d")
+    assert "ttl 36525d" in local("queue", "create", "tq", "--ttl", "36525d")
+    assert "tq" in local("queue", "list")  # and the store still answers
+
+
+# -- 3. numbers the CLI used to pass on until something overflowed ----------------------
+
+
+@pytest.mark.parametrize("args", [
+    ("scan", "jobs", "--limit", HUGE),
+    ("find", "jobs", "--key", "k1", "--limit", HUGE),
+    ("consume", "jobs", "--timeout", "inf", "--limit", "1"),
+    ("consume", "jobs", "--timeout", "nan", "--limit", "1"),
+    ("status", "--interval", "inf"),
+    ("produce", "jobs", "--partition", HUGE, "x"),
+    ("queue", "create", "big", "--partitions", HUGE),
+])
+def test_out_of_range_numbers_are_usage_errors(local, args):
+    err = _usage_error(local, *args)
+    assert "Invalid value" in err
+
+
+@pytest.mark.parametrize("args, words", [
+    (("scan", "jobs", "--from", "²"), "'²' is not a position"),
+    (("scan", "jobs", "--partitions", "²"), "is not a partition list"),
+    (("scan", "jobs", "--partitions", "0-99999999999"), "at most 100,000 partitions"),
+    (("scan", "jobs", "--from", "-99999999999w"), "out of range"),
+    (("scan", "jobs", "--from", "-1" + "0" * 400 + "w"), "out of range"),
+    (("scan", "jobs", "--from", HUGE), "offsets go from 0 to"),
+    (("produce", "jobs", "--delay", "1" + "0" * 400, "x"), "a delay is at most"),
+])
+def test_out_of_range_values_are_one_error_line(local, args, words):
+    assert words in local.error(*args)
+
+
+def test_a_bad_connect_timeout_is_an_error_line(monkeypatch):
+    for bad in ("abc", "inf", "0", "-1"):
+        monkeypatch.setenv("HEADWATER_CONNECT_TIMEOUT_S", bad)
+        err = Cli("--server", "127.0.0.1:9").error("queue", "list")
+        assert "HEADWATER_CONNECT_TIMEOUT_S" in err, err
+
+
+# -- 4. the same answer embedded and over the network -----------------------------------
+
+
+def test_extremes_give_the_same_answer_both_ways(local, broker):
+    remote = Cli("--server", broker.address)
+    remote("queue", "create", "jobs", "--partitions", "2")
+    remote("produce", "jobs", "--key", "k1", "a", "b")
+    for cli in (local, remote):
+        err = cli.error("scan", "jobs", "--from", "-99999999999w")
+        assert "out of range" in err and "encode" not in err
+        assert "ttl" in cli.error("queue", "create", "tq", "--ttl", "99999999999999999999w")
+        assert "Invalid value" in _usage_error(cli, "find", "jobs", "--key", "k1", "--limit", HUGE)
+        assert "offsets go from 0" in cli.error("scan", "jobs", "--from", HUGE)
+        assert len(cli.records("scan", "jobs", "--from", "-1000w")) == 2  # far back, but in range
+
+
+# -- 8. errors list the forms of the option at hand ------------------------------------
+
+
+def test_errors_list_exactly_the_forms_each_option_takes(local):
+    err = local.error("consume", "jobs", "--from", "5")
+    assert "'earliest', 'latest'" in err and "offset" not in err
+    err = local.error("group", "reset", "g", "--queue", "jobs", "--to", "bogus")
+    assert "'earliest', 'latest', an offset" in err and "a time" in err
+    err = local.error("subscriber", "add", "jobs", "s", "--from", "bogus")
+    assert "'earliest', 'latest', an offset" in err and "message id" not in err
+    err = local.error("produce", "jobs", "--at", "+bad", "x")
+    assert err.startswith("error: --at: '+bad'") and "--delay" not in err
+    err = local.error("produce", "jobs", "--at", "tomorrow", "x")
+    assert "+15m" in err and "-15m" not in err
+
+
+# -- 9. Ctrl-C in the middle of a produce ----------------------------------------------
+
+
+def test_ctrl_c_during_produce_says_how_many_were_sent(broker):
+    with headwater.connect(broker.address) as hw:
+        hw.admin.create_queue("bigq")
+        proc = subprocess.Popen([HEADWATER, "--server", broker.address, "produce", "bigq", "--quiet",
+                                 "--batch-size", "100"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=subprocess_env())
+        assert proc.stdin is not None
+        proc.stdin.write(b"".join(b"%d\n" % i for i in range(1000)))
+        proc.stdin.flush()
+        deadline = time.monotonic() + 20
+        while hw.admin.describe_queue("bigq").partitions[0].end_offset < 1000:
+            assert time.monotonic() < deadline, "the lines were not sent"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # while it waits for more input
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 130
+    assert "sent 1,000 message(s) to queue 'bigq'" in err.decode()
+
+
+# -- 10. a broker that cannot listen ---------------------------------------------------
+
+
+def test_serve_that_cannot_listen_leaves_no_new_directory(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = Cli("--data", str(tmp_path / "new")).run("serve", "--port", str(port))
+    assert code == 1 and "address is in use" in err
+    assert not (tmp_path / "new").exists()
+    code, _, err = Cli("--data", str(tmp_path / "new2")).run("serve", "--host", "999.1.1.1", "--port", "0")
+    assert code == 1 and "'999.1.1.1'" in err, err
+    assert not (tmp_path / "new2").exists()
+
+
+# -- 6. delay stats: the real next due time --------------------------------------------
+
+
+def test_delay_stats_next_due_is_the_message_time_not_its_bucket_start(local):
+    due = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(days=2, minutes=37, seconds=11)
+    local("produce", "jobs", "--at", due.strftime("%Y-%m-%dT%H:%M:%SZ"), "later")
+    stats = json.loads(local("delay", "stats", "--json"))
+    assert stats["next_due_ms"] == int(due.timestamp() * 1000)
+    assert iso_utc(stats["next_due_ms"]) in local("delay", "stats")
+
+
+# -- 2. consume --group is a member of the group ---------------------------------------
+
+
+def _members(address: str, group: str) -> int:
+    with headwater.connect(address) as hw:
+        try:
+            return len(hw.service.describe_group(group).members)
+        except GroupNotFoundError:
+            return 0
+
+
+def _take(f: Follower, timeout_s: float) -> list[str]:
+    """The next record of ``f``, if one comes within ``timeout_s`` (without killing it)."""
+    try:
+        line = f._lines.get(timeout=timeout_s)
+    except queue.Empty:
+        return []
+    if not line:
+        return []
+    f.records.append(json.loads(line))
+    return [f.records[-1]["value"]]
+
+
+def test_consume_group_is_a_member_reset_is_refused_and_members_share(broker):
+    cli = Cli("--server", broker.address)
+    cli("queue", "create", "jobs", "--partitions", "4")
+    follower = Follower("--server", broker.address, "consume", "jobs", "--group", "live", "--from",
+                        "earliest", "--json")
+    try:
+        cli("produce", "jobs", "one")
+        follower.read(1)
+        err = cli.error("group", "reset", "live", "--queue", "jobs", "--to", "earliest")
+        assert "live" in err
+        err = cli.error("consume", "jobs", "--group", "live", "--from", "-1h", "--timeout", "0")
+        assert "--from TIME" in err
+    finally:
+        follower.proc.send_signal(signal.SIGINT)
+        code, err = follower.finish()
+    assert code == 0, err
+    cli("group", "reset", "live", "--queue", "jobs", "--to", "earliest")  # no member now
+    # two members side by side print each message once between them
+    first = Follower("--server", broker.address, "consume", "jobs", "--group", "dup", "--from", "earliest", "--json")
+    second = Follower("--server", broker.address, "consume", "jobs", "--group", "dup", "--from", "earliest",
+                      "--json")
+    try:
+        deadline = time.monotonic() + 20
+        while _members(broker.address, "dup") < 2:
+            assert time.monotonic() < deadline, "the two consumes did not both join"
+            time.sleep(0.1)
+        time.sleep(1.5)  # the rebalance settles: each holds its half
+        values = [f"m{i}" for i in range(40)]
+        for v in values:
+            cli("produce", "jobs", v)
+        got: list[str] = []
+        deadline = time.monotonic() + 20
+        while len(got) < len(values) + 1 and time.monotonic() < deadline:
+            for f in (first, second):
+                got += _take(f, 0.2)
+    finally:
+        for f in (first, second):
+            if f.proc.poll() is None:
+                f.proc.send_signal(signal.SIGINT)
+        codes = [f.finish()[0] for f in (first, second)]
+    assert codes == [0, 0]
+    assert sorted(got) == sorted(["one", *values])  # once each: no member printed another's
