@@ -26,6 +26,7 @@ from headwater.client.aio_scanner import AsyncScanner
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.aio_shared_consumer import AsyncSharedConsumer
 from headwater.client.aio_subscriber import AsyncSubscriber
+from headwater.client.client import check_int_arg
 from headwater.client.partitioner import PartitionFn
 from headwater.client.lookups import find_bounds, record_for_id, records_with_key
 from headwater.client.scanner import Bound
@@ -93,6 +94,7 @@ class AsyncAdmin:
 
     async def add_partitions(self, name: str, partitions: int) -> QueueInfo:
         """Grow the queue to ``partitions`` partitions in total."""
+        check_int_arg(partitions, "a partition count")
         return await self._service.add_partitions(name, partitions)
 
     # keyed groups (headwater.client.aio_keyed_consumer)

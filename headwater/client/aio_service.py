@@ -5,9 +5,10 @@ method a coroutine (same names, same arguments, same results). Two implementatio
 
 - :class:`AsyncService`: a broker across the network, over one pipelined
   :class:`~headwater.client.transport.AsyncTransport` (``headwater.aio.connect``). It mirrors
-  :class:`~headwater.client.remote.RemoteService` method by method: reads and admin calls
-  that lose the connection are retried once it is back; appends are retried by the producer,
-  whose idempotent batches make that safe.
+  :class:`~headwater.client.remote.RemoteService` method by method, and sends a call again
+  by the same rules (:class:`~headwater.client.remote.Tries`): within one deadline, a
+  request that never left is sent again, one written before its connection was lost only
+  if doing it twice is the same as once, and one that got no answer in time never.
 - :class:`ThreadedService`: a synchronous service in this process (the embedded broker of
   ``headwater.aio.open``). Its calls may block on fsync, so each runs in a thread
   (``asyncio.to_thread``); the event loop never blocks. A long-polling fetch does not park a
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -33,6 +33,7 @@ from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupIn
 from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
 from headwater.model.subscription import SubscriberInfo
 from headwater.protocol import messages as m
+from headwater.client.remote import Tries, check_arguments
 from headwater.client.transport import AsyncTransport
 
 __all__ = ["AsyncBrokerService", "AsyncService", "ThreadedService"]
@@ -98,9 +99,9 @@ class AsyncBrokerService(Protocol):
 
 
 class AsyncService:
-    """A broker over TCP, awaitable. ``retries``: how often a read or admin call that lost
-    its connection is sent again (the transport reconnects, with backoff); not after an
-    attempt to connect for it has given up (see :mod:`headwater.client.remote`)."""
+    """A broker over TCP, awaitable. ``retries``: how often a call that lost its connection
+    may be sent again within its ``request_timeout_s`` (the transport reconnects, with
+    backoff); see :mod:`headwater.client.remote` for which calls, and when."""
 
     def __init__(self, transport: AsyncTransport, *, retries: int = 3) -> None:
         self.transport = transport
@@ -108,20 +109,30 @@ class AsyncService:
         self._retries = retries
         self._closed = False
 
-    async def _call(self, body: m.RequestBody, *, retry: bool = True, timeout_s: float | None = None) -> Any:
-        attempts = self._retries if retry else 0
+    async def _call(self, body: m.RequestBody, *, idempotent: bool = True, retry: bool = True,
+                    timeout_s: float | None = None) -> Any:
+        """Send ``body`` and await its answer, within ``timeout_s`` (default
+        ``request_timeout_s``) in all, sending it again as
+        :class:`~headwater.client.remote.Tries` allows (as ``RemoteService`` does)."""
+        check_arguments(body)
+        tries = Tries(self.transport, body, retries=self._retries, idempotent=idempotent, retry=retry,
+                      timeout_s=timeout_s)
+        loop = asyncio.get_running_loop()
         while True:
-            sent_at = time.monotonic()
+            fut = loop.create_future()
+            sent = self.transport.submit(body, fut, tries.next_timeout_s())
             try:
-                return await self.transport.call(body, timeout_s=timeout_s)
-            except UnavailableError:
-                if attempts <= 0 or self._closed or self.transport.gave_up_connecting_since(sent_at):
+                return await fut
+            except UnavailableError as e:
+                error = tries.after(e, sent.written, self._closed)
+                if error is e:
                     raise
-                attempts -= 1
+                if error is not None:
+                    raise error from e
 
     # admin
     async def create_queue(self, name: str, config: QueueConfig) -> QueueInfo:
-        return await self._call(m.CreateQueueRequest(name, config), retry=False)
+        return await self._call(m.CreateQueueRequest(name, config), idempotent=False)
 
     async def describe_queue(self, name: str) -> QueueInfo:
         return await self._call(m.DescribeQueueRequest(name))
@@ -130,16 +141,16 @@ class AsyncService:
         return await self._call(m.ListQueuesRequest())
 
     async def delete_queue(self, name: str) -> None:
-        await self._call(m.DeleteQueueRequest(name), retry=False)
+        await self._call(m.DeleteQueueRequest(name), idempotent=False)
 
     async def truncate_queue(self, name: str) -> QueueInfo:
-        return await self._call(m.TruncateQueueRequest(name))
+        return await self._call(m.TruncateQueueRequest(name), idempotent=False)
 
     async def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo:
         return await self._call(m.SetQueueEnabledRequest(name, enabled))
 
     async def add_partitions(self, name: str, partitions: int) -> QueueInfo:
-        return await self._call(m.AddPartitionsRequest(name, partitions), retry=False)
+        return await self._call(m.AddPartitionsRequest(name, partitions), idempotent=False)
 
     # data
     async def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
@@ -232,7 +243,7 @@ class AsyncService:
     async def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str],
                          mode: str, strategy: str, session_timeout_ms: int) -> GroupAssignment:
         return await self._call(m.JoinGroupRequest(group, member_id, client_id, list(queues), mode, strategy,
-                                                   session_timeout_ms), retry=False)
+                                                   session_timeout_ms), idempotent=False)
 
     async def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
         return await self._call(m.HeartbeatGroupRequest(group, member_id, generation))
@@ -246,7 +257,7 @@ class AsyncService:
     async def list_groups(self) -> list[GroupSummary]:
         return await self._call(m.ListGroupsRequest())
 
-    # shared groups: a receive is retried unless at most once; acks, nacks and extends are
+    # shared groups: a receive may be sent twice unless at most once; acks, nacks and extends
     # not (see RemoteService)
     async def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
                              visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
@@ -255,7 +266,7 @@ class AsyncService:
         timeout = None if not max_wait_ms else self.transport.request_timeout_s + max_wait_ms / 1000
         return await self._call(m.SharedReceiveRequest(group, queue, member, max_messages, visibility_timeout_ms,
                                                        at_most_once, dict(settings or {}), max_wait_ms),
-                                retry=not at_most_once, timeout_s=timeout)
+                                idempotent=not at_most_once, timeout_s=timeout)
 
     def start_shared_receive(self, group: str, queue: str, member: str, max_messages: int,
                              visibility_timeout_ms: int, at_most_once: bool, settings: dict[str, int | float],
@@ -273,17 +284,17 @@ class AsyncService:
         return self.transport.withdraw(fut)
 
     async def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
-        return await self._call(m.SharedAckRequest(group, queue, member, list(lease_ids)), retry=False)
+        return await self._call(m.SharedAckRequest(group, queue, member, list(lease_ids)), idempotent=False)
 
     async def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
                           delay_ms: int | None = None) -> list[LeaseRefusal]:
         return await self._call(m.SharedNackRequest(group, queue, member, list(lease_ids), reason, delay_ms),
-                                retry=False)
+                                idempotent=False)
 
     async def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
                             visibility_timeout_ms: int) -> list[LeaseRefusal]:
         return await self._call(m.SharedExtendRequest(group, queue, member, list(lease_ids),
-                                                      visibility_timeout_ms), retry=False)
+                                                      visibility_timeout_ms), idempotent=False)
 
     async def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
         return await self._call(m.SharedDescribeRequest(group, queue))
@@ -294,7 +305,7 @@ class AsyncService:
     async def delay_stats(self) -> DelayStats:
         return await self._call(m.DelayStatsRequest())
 
-    # keyed groups and push subscribers (see RemoteService for what is retried)
+    # keyed groups and push subscribers (see RemoteService for what is sent twice)
     async def keyed_group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
                           start: str = "earliest") -> KeyedGroupInfo:
         return await self._call(m.KeyedGroupRequest(queue, group, key, size, start))
@@ -316,10 +327,10 @@ class AsyncService:
                              tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo:
         return await self._call(m.AddSubscriberRequest(
             queue, name, None if partitions is None else list(partitions), None if tags is None else list(tags),
-            start), retry=False)
+            start), idempotent=False)
 
     async def delete_subscriber(self, queue: str, name: str) -> None:
-        await self._call(m.DeleteSubscriberRequest(queue, name), retry=False)
+        await self._call(m.DeleteSubscriberRequest(queue, name), idempotent=False)
 
     async def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
         return await self._call(m.ListSubscribersRequest(queue))

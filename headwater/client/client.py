@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
@@ -24,9 +24,36 @@ from headwater.client.scanner import Bound, Scanner
 from headwater.client.shared_consumer import SharedConsumer
 from headwater.client.consumer import POLL_MESSAGES_DEFAULT
 
-__all__ = ["Admin", "Client"]
+__all__ = ["Admin", "Client", "check_int_arg", "check_offsets_arg", "check_queue_arg"]
 
 _UNSET = object()
+
+
+# Type checks of what callers pass straight through to the broker, in the embedded broker's
+# words. Embedded, the store makes them; over the network a value of the wrong type would
+# fail in the encoder instead, in msgspec's words ("Expected int, got str - at $[2]"), so
+# the network services run these before encoding (remote.check_arguments), and the admin
+# runs the one the store words differently (a partition count), so both modes say the same.
+def check_queue_arg(name: object) -> None:
+    """InvalidArgumentError unless ``name`` is a string (whether it names a queue is the
+    broker's to say)."""
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"a queue name is a string, got {type(name).__name__}")
+
+
+def check_int_arg(value: object, what: str) -> None:
+    """InvalidArgumentError unless ``value`` is an int (not a bool): "{what} is an int"."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"{what} is an int, got {type(value).__name__}")
+
+
+def check_offsets_arg(offsets: object) -> None:
+    """InvalidArgumentError unless ``offsets`` is a ``{partition: offset}`` mapping of ints."""
+    if not isinstance(offsets, Mapping):
+        raise InvalidArgumentError(f"offsets is a {{partition: offset}} mapping, got {type(offsets).__name__}")
+    for partition, offset in offsets.items():
+        check_int_arg(partition, "a partition")
+        check_int_arg(offset, "an offset")
 
 
 class Admin:
@@ -85,6 +112,7 @@ class Admin:
 
     def add_partitions(self, name: str, partitions: int) -> QueueInfo:
         """Grow the queue to ``partitions`` partitions in total."""
+        check_int_arg(partitions, "a partition count")
         return self._service.add_partitions(name, partitions)
 
     # keyed groups (headwater.client.keyed_consumer)

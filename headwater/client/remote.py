@@ -6,11 +6,25 @@ the connection and are pipelined. ``*_async`` variants return a
 ``concurrent.futures.Future`` instead of waiting, which is how the producer keeps several
 batches in flight.
 
-Reads and admin calls that fail because the connection was lost are retried once the
-connection is back (they change nothing twice); appends are retried by the producer, whose
-idempotent batches make a retry safe. A call is not sent again once an attempt to connect
-for it has given up (nothing answered for ``connect_timeout_s``): it fails then, so a broker
-that is down costs a caller one ``connect_timeout_s``, not one per retry.
+What is sent again, and when (``docs/design/client.md``, "What a blocking call sends again"):
+
+- A call has one deadline, ``request_timeout_s`` from when it is first sent (a long poll:
+  plus its ``max_wait_ms``); its tries share it, and when it passes the call fails with
+  :class:`~headwater.errors.UnavailableError` ("got no answer in N s"). A request that
+  was written and got no answer by then is not sent again: the broker is hung or slow,
+  not gone, and would only be asked twice.
+- A request that never left this process (the connection was lost while it waited to be
+  written) is sent again on the next connection, whatever it does: the broker never saw it.
+- A request that was written when its connection was lost is sent again only if doing it
+  twice is the same as once (reads; commits and checkpoints of offsets; enabling a queue;
+  cancelling a delayed message; ...). The others (create, delete and truncate a queue, add
+  partitions, join a group, ack/nack/extend leases, add or delete a subscriber) fail with
+  an UnavailableError that says the outcome is unknown and how to look.
+- Appends are not sent again here: the producer retries them, and its idempotent batches
+  make that safe.
+- Nothing is sent again once an attempt to connect for it has given up (nothing answered
+  for ``connect_timeout_s``): a broker that is down costs a caller one
+  ``connect_timeout_s``, not one per retry.
 """
 
 from __future__ import annotations
@@ -22,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from headwater.client.client import check_int_arg, check_offsets_arg, check_queue_arg
 from headwater.client.send_future import LazyFuture
 from headwater.client.transport import AsyncTransport
 from headwater.errors import ClosedError, UnavailableError
@@ -34,7 +49,10 @@ from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupIn
 from headwater.model.subscription import SubscriberInfo
 from headwater.protocol import messages as m
 
-__all__ = ["RemoteService", "new_event_loop"]
+__all__ = ["CLOSE_TIMEOUT_S", "RemoteService", "Tries", "check_arguments", "new_event_loop"]
+
+#: The longest close() waits for the client's event loop to shut the connection down.
+CLOSE_TIMEOUT_S = 5.0
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -45,6 +63,137 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         return uvloop.new_event_loop()
     except ImportError:
         return asyncio.new_event_loop()
+
+
+def _queue_and(field: str, check: Callable[[Any], None]) -> tuple[tuple[str, Callable[[Any], None]], ...]:
+    return (("queue", check_queue_arg), (field, check))
+
+
+def _an_int(what: str) -> Callable[[Any], None]:
+    return lambda value: check_int_arg(value, what)
+
+
+#: The fields of a request that callers pass straight through, and their checks (see
+#: ``headwater.client.client``): run before encoding, so a value of the wrong type is told
+#: in the embedded broker's words, not the encoder's.
+_ARGUMENT_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], None]], ...]] = {
+    m.DescribeQueueRequest: (("name", check_queue_arg),),
+    m.DeleteQueueRequest: (("name", check_queue_arg),),
+    m.TruncateQueueRequest: (("name", check_queue_arg),),
+    m.SetQueueEnabledRequest: (("name", check_queue_arg),),
+    m.AddPartitionsRequest: (("name", check_queue_arg), ("partitions", _an_int("a partition count"))),
+    m.FetchRequest: (("queue", check_queue_arg), ("partition", _an_int("a partition")),
+                     ("offset", _an_int("an offset"))),
+    m.LookupKeyRequest: (("queue", check_queue_arg),),
+    m.OffsetForTimeRequest: _queue_and("partition", _an_int("a partition")),
+    m.CommitOffsetsRequest: _queue_and("offsets", check_offsets_arg),
+    m.FetchOffsetsRequest: (("queue", check_queue_arg),),
+    m.KeyedGroupRequest: (("queue", check_queue_arg),),
+    m.KeyedCommitRequest: _queue_and("offsets", check_offsets_arg),
+    m.KeyedResizeRequest: _queue_and("size", _an_int("a keyed group's size")),
+    m.AddSubscriberRequest: (("queue", check_queue_arg),),
+    m.DeleteSubscriberRequest: (("queue", check_queue_arg),),
+    m.DescribeSubscriberRequest: (("queue", check_queue_arg),),
+    m.CheckpointSubscriberRequest: _queue_and("offsets", check_offsets_arg),
+    m.SharedDescribeRequest: (("queue", check_queue_arg),),
+}
+
+
+def check_arguments(body: m.RequestBody) -> None:
+    """Raise InvalidArgumentError if a caller's value in ``body`` is of the wrong type, as
+    the embedded broker would (the network services, sync and asyncio, call it before
+    sending)."""
+    for field, check in _ARGUMENT_CHECKS.get(type(body), ()):
+        check(getattr(body, field))
+
+
+#: For the calls not sent twice once they may have reached the broker: why, and how to
+#: find out whether the one sent was applied.
+_HOW_TO_LOOK: dict[type, Callable[[Any], str]] = {
+    m.CreateQueueRequest: lambda b: (
+        f"admin.describe_queue({b.name!r}) tells whether the queue exists (create_queue(..., "
+        f"exist_ok=True) is safe to repeat)"),
+    m.DeleteQueueRequest: lambda b: (
+        f"a second delete could remove a queue {b.name!r} created meanwhile; admin.list_queues() "
+        f"tells whether it is still there"),
+    m.TruncateQueueRequest: lambda b: (
+        f"a second truncate would also drop what was sent to the queue since; "
+        f"admin.describe_queue({b.name!r}) tells whether it was applied: a truncated partition's "
+        f"start offset moved up to where its end offset was"),
+    m.AddPartitionsRequest: lambda b: (
+        f"admin.describe_queue({b.name!r}) tells how many partitions the queue has"),
+    m.JoinGroupRequest: lambda b: (
+        "a member it added without telling expires after its session timeout; join again"),
+    m.SharedAckRequest: lambda b: "a lease it finished would be refused a second time; a lease left unacked "
+                                  "expires and its message comes again",
+    m.SharedNackRequest: lambda b: "a lease it finished would be refused a second time; a lease left unacked "
+                                   "expires and its message comes again",
+    m.SharedReceiveRequest: lambda b: "at most once, messages it leased are not delivered again",
+    m.AddSubscriberRequest: lambda b: (
+        f"admin.describe_subscriber({b.queue!r}, {b.name!r}) tells whether it exists"),
+    m.DeleteSubscriberRequest: lambda b: (
+        f"admin.list_subscribers({b.queue!r}) tells whether {b.name!r} is still there"),
+}
+
+
+class Tries:
+    """The tries of one blocking call (:class:`RemoteService` and the asyncio
+    :class:`~headwater.client.aio_service.AsyncService` alike): the time each may take,
+    and after a failure whether to send it again, or what to raise (see the module's
+    docstring for the rules).
+
+    ``idempotent``: sending it twice is the same as once. ``retry=False``: never sent
+    again here (the producer's appends: it retries them itself).
+    """
+
+    __slots__ = ("body", "deadline", "idempotent", "left", "retry", "sent_at", "timeout_s", "transport", "tries")
+
+    def __init__(self, transport: AsyncTransport, body: m.RequestBody, *, retries: int, idempotent: bool,
+                 retry: bool, timeout_s: float | None) -> None:
+        self.transport = transport
+        self.body = body
+        self.idempotent = idempotent
+        self.retry = retry
+        self.left = retries if retry else 0
+        self.timeout_s = timeout_s or transport.request_timeout_s
+        self.sent_at = time.monotonic()
+        self.deadline = self.sent_at + self.timeout_s
+        self.tries = 0
+
+    def next_timeout_s(self) -> float:
+        """The time the next try may take: what is left of the call's."""
+        self.tries += 1
+        if self.tries == 1:
+            return self.timeout_s
+        self.sent_at = now = time.monotonic()
+        return max(0.001, self.deadline - now)
+
+    def after(self, error: UnavailableError, written: bool, closed: bool) -> UnavailableError | None:
+        """The try failed with ``error``: None to send it again, else the error to raise.
+        ``written``: the failed try may have reached the broker."""
+        if not self.retry:
+            return error
+        late = time.monotonic() >= self.deadline
+        if written and not self.idempotent:
+            return self._outcome_unknown(error, late)
+        if late:  # written in time, no answer by the deadline: the broker is hung, not gone
+            if self.tries > 1:  # the last try had what was left: say the whole wait
+                return UnavailableError(f"{self.body.api.name} to {self.transport.address} got no answer "
+                                        f"in {self.timeout_s} s")
+            return error
+        if self.left <= 0 or closed or self.transport.gave_up_connecting_since(self.sent_at):
+            return error
+        self.left -= 1
+        return None
+
+    def _outcome_unknown(self, error: UnavailableError, late: bool) -> UnavailableError:
+        body = self.body
+        why = f"got no answer in {self.timeout_s} s" if late else f"then {error}"
+        look = _HOW_TO_LOOK.get(type(body))
+        return UnavailableError(
+            f"{body.api.name} was sent to {self.transport.address} and {why}: it may or may not have been "
+            f"applied, and it is not sent again{'; ' + look(body) if look else ''}"
+        )
 
 
 class _Waiter:
@@ -115,25 +264,31 @@ class RemoteService:
         then wait on the futures as usual. For callers that asked ``lead=True``."""
         return self.transport.lead(futures, timeout_s, interrupt=interrupt)
 
-    def _call(self, body: m.RequestBody, *, retry: bool = True, timeout_s: float | None = None) -> Any:
-        attempts = self._retries if retry else 0
+    def _call(self, body: m.RequestBody, *, idempotent: bool = True, retry: bool = True,
+              timeout_s: float | None = None) -> Any:
+        """Send ``body`` and wait for its answer, within ``timeout_s`` (default
+        ``request_timeout_s``) in all, sending it again as :class:`Tries` allows."""
+        check_arguments(body)
+        tries = Tries(self.transport, body, retries=self._retries, idempotent=idempotent, retry=retry,
+                      timeout_s=timeout_s)
         while True:
-            sent_at = time.monotonic()
+            if self._closed:
+                raise ClosedError(f"the client of {self.address} is closed")
+            waiter = _Waiter()
+            sent = self.transport.submit(body, waiter, tries.next_timeout_s(), lead=True)
             try:
-                if self._closed:
-                    raise ClosedError(f"the client of {self.address} is closed")
-                waiter = _Waiter()
-                self.transport.submit(body, waiter, timeout_s, lead=True)
                 self.transport.lead([waiter])  # read the answer on this thread when nobody else reads
                 return waiter.wait()
-            except UnavailableError:
-                if attempts <= 0 or self._closed or self.transport.gave_up_connecting_since(sent_at):
+            except UnavailableError as e:
+                error = tries.after(e, sent.written, self._closed)
+                if error is e:
                     raise
-                attempts -= 1
+                if error is not None:
+                    raise error from e
 
     # admin
     def create_queue(self, name: str, config: QueueConfig) -> QueueInfo:
-        return self._call(m.CreateQueueRequest(name, config), retry=False)
+        return self._call(m.CreateQueueRequest(name, config), idempotent=False)
 
     def describe_queue(self, name: str) -> QueueInfo:
         return self._call(m.DescribeQueueRequest(name))
@@ -146,16 +301,16 @@ class RemoteService:
         return self._call(m.ListQueuesRequest())
 
     def delete_queue(self, name: str) -> None:
-        self._call(m.DeleteQueueRequest(name), retry=False)
+        self._call(m.DeleteQueueRequest(name), idempotent=False)
 
     def truncate_queue(self, name: str) -> QueueInfo:
-        return self._call(m.TruncateQueueRequest(name))
+        return self._call(m.TruncateQueueRequest(name), idempotent=False)
 
     def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo:
         return self._call(m.SetQueueEnabledRequest(name, enabled))
 
     def add_partitions(self, name: str, partitions: int) -> QueueInfo:
-        return self._call(m.AddPartitionsRequest(name, partitions), retry=False)
+        return self._call(m.AddPartitionsRequest(name, partitions), idempotent=False)
 
     # data
     def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
@@ -188,11 +343,12 @@ class RemoteService:
     def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
         return self._call(m.FetchOffsetsRequest(group, queue))
 
-    # consumer groups: a join is not retried (a lost answer leaves a member that expires)
+    # consumer groups: a join is not sent twice (a lost answer leaves a member that expires);
+    # heartbeats and leaves are (a second leave is refused, but the member is gone either way)
     def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str], mode: str,
                    strategy: str, session_timeout_ms: int) -> GroupAssignment:
         return self._call(m.JoinGroupRequest(group, member_id, client_id, list(queues), mode, strategy,
-                                             session_timeout_ms), retry=False)
+                                             session_timeout_ms), idempotent=False)
 
     def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
         return self._call(m.HeartbeatGroupRequest(group, member_id, generation))
@@ -215,9 +371,9 @@ class RemoteService:
         return self._submit(m.FetchRequest(queue, partition, offset, max_bytes, tag_mask, end_offset,
                                            max_wait_ms), timeout, lead=lead)
 
-    # shared groups: acks, nacks and extends are not retried (one answered but lost would come
-    # back refused; the caller decides). A receive is, as a fetch is, unless at most once: the
-    # leases of a receive answered but lost expire and their messages come again (at least
+    # shared groups: acks, nacks and extends are not sent twice (one answered but lost would
+    # come back refused; the caller decides). A receive is, as a fetch is, unless at most once:
+    # the leases of a receive answered but lost expire and their messages come again (at least
     # once); at most once they would be lost, so the caller hears of it
     def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
                        visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
@@ -225,7 +381,7 @@ class RemoteService:
         timeout = None if not max_wait_ms else self.transport.request_timeout_s + max_wait_ms / 1000
         return self._call(m.SharedReceiveRequest(group, queue, member, max_messages, visibility_timeout_ms,
                                                  at_most_once, dict(settings or {}), max_wait_ms),
-                          retry=not at_most_once, timeout_s=timeout)
+                          idempotent=not at_most_once, timeout_s=timeout)
 
     def start_shared_receive(self, group: str, queue: str, member: str, max_messages: int,
                              visibility_timeout_ms: int, at_most_once: bool, settings: dict[str, int | float],
@@ -243,22 +399,23 @@ class RemoteService:
         return self.transport.withdraw(fut)
 
     def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
-        return self._call(m.SharedAckRequest(group, queue, member, list(lease_ids)), retry=False)
+        return self._call(m.SharedAckRequest(group, queue, member, list(lease_ids)), idempotent=False)
 
     def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
                     delay_ms: int | None = None) -> list[LeaseRefusal]:
-        return self._call(m.SharedNackRequest(group, queue, member, list(lease_ids), reason, delay_ms), retry=False)
+        return self._call(m.SharedNackRequest(group, queue, member, list(lease_ids), reason, delay_ms),
+                          idempotent=False)
 
     def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
                       visibility_timeout_ms: int) -> list[LeaseRefusal]:
         return self._call(m.SharedExtendRequest(group, queue, member, list(lease_ids), visibility_timeout_ms),
-                          retry=False)
+                          idempotent=False)
 
     def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
         return self._call(m.SharedDescribeRequest(group, queue))
 
     def cancel_delayed(self, queue_id: int, partition: int, offset: int) -> None:
-        self._call(m.CancelDelayedRequest(queue_id, partition, offset))  # idempotent: retried
+        self._call(m.CancelDelayedRequest(queue_id, partition, offset))  # idempotent: may be sent twice
 
     def delay_stats(self) -> DelayStats:
         return self._call(m.DelayStatsRequest())
@@ -290,15 +447,15 @@ class RemoteService:
     def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
         return self._call(m.KeyedResizeRequest(queue, group, size))
 
-    # push subscribers: adding and deleting are not retried (a lost answer would come back
+    # push subscribers: adding and deleting are not sent twice (a lost answer would come back
     # as "exists" or "not found"); the rest is idempotent
     def add_subscriber(self, queue: str, name: str, partitions: list[int] | None = None,
                        tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo:
         return self._call(m.AddSubscriberRequest(queue, name, None if partitions is None else list(partitions),
-                                                 None if tags is None else list(tags), start), retry=False)
+                                                 None if tags is None else list(tags), start), idempotent=False)
 
     def delete_subscriber(self, queue: str, name: str) -> None:
-        self._call(m.DeleteSubscriberRequest(queue, name), retry=False)
+        self._call(m.DeleteSubscriberRequest(queue, name), idempotent=False)
 
     def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
         return self._call(m.ListSubscribersRequest(queue))
@@ -386,14 +543,18 @@ class RemoteService:
         await asyncio.gather(*rest, return_exceptions=True)
 
     def close(self) -> None:
+        """Fail the calls in flight and close the connection, without asking the broker
+        anything: a hung broker costs close() at most the transport's CLOSE_FLUSH_S (its wait
+        for bytes the socket has not taken); a client's event loop that does not finish
+        shutting down is given up on after CLOSE_TIMEOUT_S."""
         if self._closed:
             return
         self._closed = True
         fut = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
         try:
-            fut.result(timeout=5)
+            fut.result(timeout=CLOSE_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - closing: nothing left to tell anyone
             pass
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=CLOSE_TIMEOUT_S)
         self._loop.close()

@@ -30,7 +30,9 @@ submitting from a thread does not touch the loop. A lost connection fails every 
 written to it or waiting for it with :class:`~headwater.errors.UnavailableError`
 (retriable): nothing submitted before the loss is carried over to the next connection,
 where it could overtake a retry. The next call reconnects, with backoff, until
-``connect_timeout_s`` passes.
+``connect_timeout_s`` passes. Whether a failed request may be sent again is the caller's
+to decide (``headwater.client.remote.Tries``); :meth:`AsyncTransport.submit` tells it
+whether the request was written, and so may have reached the broker.
 
 Reading. The loop reads the socket, except while a blocking caller reads it for itself:
 :meth:`AsyncTransport.lead` lets a thread that is about to wait for its own answers (the
@@ -195,7 +197,7 @@ def _fail(sink: Sink, exc: BaseException) -> None:
 class _Call:
     """One request, from its submission to its answer or its deadline."""
 
-    __slots__ = ("body", "dead", "deadline", "lead", "sink", "timeout_s")
+    __slots__ = ("body", "dead", "deadline", "lead", "sink", "timeout_s", "written")
 
     def __init__(self, body: RequestBody, sink: Sink, timeout_s: float, lead: bool = False) -> None:
         self.body = body
@@ -204,6 +206,9 @@ class _Call:
         self.lead = lead  # its caller reads the answer itself (see AsyncTransport.lead)
         self.deadline = 0.0  # time.monotonic() past which it fails; 0 until it counts
         self.dead = False  # failed by its deadline while in the backlog: never write it
+        #: Handed to a connection (encoded, some of its bytes maybe sent): it may have reached
+        #: the broker. False: it never left this process, so sending it again is safe.
+        self.written = False
 
 
 class _Link:
@@ -302,12 +307,14 @@ class AsyncTransport:
         return await fut
 
     def submit(self, body: RequestBody, sink: Sink, timeout_s: float | None = None, *,
-               lead: bool = False) -> None:
+               lead: bool = False) -> _Call:
         """Send one request now, or queue it behind those waiting; ``sink`` gets its outcome.
 
         Thread-safe. Requests submitted one after another are written in that order.
         ``lead=True`` promises that the caller calls :meth:`lead` for ``sink`` next (else the
-        answer may wait in the socket until someone does)."""
+        answer may wait in the socket until someone does). Returns the request's record:
+        once ``sink`` failed, its ``written`` says whether the request may have reached the
+        broker (the client's retries rely on it)."""
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         call = _Call(body, sink, timeout_s or self.request_timeout_s, lead)
@@ -337,6 +344,7 @@ class AsyncTransport:
             self._loop.call_soon_threadsafe(self._deliver_read, unread)
         if error is not None:
             _fail(sink, error)
+        return call
 
     def _check_unread_locked(self, link: _Link, outcomes: list) -> _Link | None:
         """``link`` went unread since its last leader: read what came meanwhile, so a broker
@@ -374,6 +382,7 @@ class AsyncTransport:
         except HeadwaterError as e:  # e.g. a frame past the broker's frame_bytes_max
             return e
         link.pending[rid] = call
+        call.written = True
         if not call.deadline:
             self._set_deadline_locked(call)
         self._write_locked(link, chunks)

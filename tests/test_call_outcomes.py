@@ -1,0 +1,360 @@
+"""What a network call does when its answer is late, lost or never comes, and how it
+tells a wrong argument, sync and asyncio alike (headwater.client.remote.Tries, check_arguments).
+
+- A call that is not idempotent (a truncate) is never sent twice once it may have reached
+  the broker: its caller hears that the outcome is unknown, and a message another client
+  sent meanwhile is not dropped by a second truncate.
+- One call takes about ``request_timeout_s`` in all against a hung broker, not one
+  timeout per retry.
+- A wrong argument is told in the same words embedded and over the network.
+
+The broker is a real one in a thread (conftest's ``server``); between it and the client
+under test sits :class:`Proxy`, which passes bytes through and can delay the broker's
+answers, hold them back (a hung broker) or cut the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import socket
+import threading
+import time
+
+import pytest
+
+import headwater
+import headwater.aio
+from headwater.client.remote import CLOSE_TIMEOUT_S, Tries
+from headwater.errors import InvalidArgumentError, UnavailableError
+from headwater.protocol import messages as m
+
+
+class Proxy:
+    """A TCP proxy on 127.0.0.1 in front of ``upstream``. Bytes from the client go through
+    at once; the broker's bytes go ``delay_s`` late, and not at all while ``hold`` is set.
+    ``cut()`` drops every connection made so far."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.delay_s = 0.0
+        self.hold = False
+        self.socks: list[socket.socket] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            broker = socket.create_connection(self.upstream)
+            self.socks += [client, broker]
+            answers: queue.Queue = queue.Queue()
+            threading.Thread(target=self._pump, args=(client, broker, None), daemon=True).start()
+            threading.Thread(target=self._pump, args=(broker, client, answers), daemon=True).start()
+            threading.Thread(target=self._answer, args=(answers, client), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, answers: queue.Queue | None) -> None:
+        try:
+            while data := src.recv(65536):
+                if answers is None:
+                    dst.sendall(data)
+                else:
+                    answers.put((time.monotonic() + self.delay_s, data))
+        except OSError:
+            pass
+        if answers is not None:
+            answers.put(None)
+
+    def _answer(self, answers: queue.Queue, client: socket.socket) -> None:
+        while (item := answers.get()) is not None:
+            due, data = item
+            time.sleep(max(0.0, due - time.monotonic()))
+            while self.hold:
+                time.sleep(0.01)
+            try:
+                client.sendall(data)
+            except OSError:
+                return
+
+    def cut(self) -> None:
+        socks, self.socks = self.socks, []
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self) -> None:
+        self.hold = False
+        self.listener.close()
+        self.cut()
+
+
+@pytest.fixture
+def proxy(server):
+    p = Proxy(server.address)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def direct(server):
+    """Client B: straight to the broker, with a queue "t"."""
+    hw = headwater.connect(server.address)
+    hw.admin.create_queue("t")
+    yield hw
+    hw.close()
+
+
+def bodies(hw: headwater.Client, queue_name: str) -> list[bytes]:
+    return [r.body for r in hw.scanner(queue_name)]
+
+
+# 1. a call that is not idempotent is not sent twice once it may have reached the broker ---
+
+
+def truncate_while_another_client_sends(direct, truncate) -> BaseException | None:
+    """Run ``truncate()`` in a thread; 0.2 s later (after the broker truncated, before the
+    answer is in) client B sends "after", acknowledged. What ``truncate()`` raised."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            truncate()
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            outcome.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.2)
+    direct.send("t", b"after")
+    t.join(10)
+    assert not t.is_alive()
+    return outcome[0]
+
+
+def assert_outcome_unknown(error: BaseException | None) -> None:
+    assert isinstance(error, UnavailableError), error
+    text = str(error)
+    assert "TRUNCATE_QUEUE" in text and "may or may not have been applied" in text, text
+    assert "not sent again" in text and "admin.describe_queue('t')" in text, text
+
+
+def test_a_truncate_whose_answer_is_late_is_not_sent_again(server, proxy, direct):
+    direct.send("t", b"before")
+    a = headwater.connect(proxy.address, connect_timeout_s=2, request_timeout_s=0.5)
+    try:
+        proxy.delay_s = 1.0  # every answer comes after the call's deadline
+        error = truncate_while_another_client_sends(direct, lambda: a.admin.truncate_queue("t"))
+    finally:
+        proxy.delay_s = 0.0
+        a.close()
+    assert bodies(direct, "t") == [b"after"]  # acknowledged to B after the one truncate: kept
+    assert_outcome_unknown(error)
+    assert "got no answer in 0.5 s" in str(error)
+
+
+def test_a_truncate_whose_connection_is_lost_is_not_sent_again(server, proxy, direct):
+    a = headwater.connect(proxy.address, connect_timeout_s=2, request_timeout_s=5)
+    try:
+        proxy.hold = True  # the broker truncates; its answer stays in the proxy
+
+        def lose_the_answer() -> None:  # after B's send; the next connection works
+            proxy.cut()
+            proxy.hold = False
+
+        def truncate() -> None:
+            threading.Timer(0.4, lose_the_answer).start()
+            a.admin.truncate_queue("t")
+
+        error = truncate_while_another_client_sends(direct, truncate)
+        assert a.admin.describe_queue("t").name == "t"  # a read is sent again on a new connection
+    finally:
+        proxy.hold = False
+        a.close()
+    assert bodies(direct, "t") == [b"after"]
+    assert_outcome_unknown(error)
+
+
+def test_asyncio_truncate_whose_answer_is_late_is_not_sent_again(server, proxy, direct):
+    async def main() -> BaseException | None:
+        a = await headwater.aio.connect(proxy.address, connect_timeout_s=2, request_timeout_s=0.5)
+        try:
+            proxy.delay_s = 1.0
+            truncating = asyncio.ensure_future(a.admin.truncate_queue("t"))
+            await asyncio.sleep(0.2)
+            await asyncio.to_thread(direct.send, "t", b"after")
+            try:
+                await truncating
+            except UnavailableError as e:
+                return e
+            return None
+        finally:
+            proxy.delay_s = 0.0
+            await a.close()
+
+    error = asyncio.run(main())
+    assert bodies(direct, "t") == [b"after"]
+    assert_outcome_unknown(error)
+
+
+def test_only_a_request_that_never_left_or_is_idempotent_is_sent_again():
+    class Transport:
+        address = "127.0.0.1:1"
+        request_timeout_s = 30.0
+
+        def gave_up_connecting_since(self, t: float) -> bool:
+            return False
+
+    lost = UnavailableError("the connection to 127.0.0.1:1 was lost")
+    truncate = m.TruncateQueueRequest("t")
+
+    def tries(body: m.RequestBody, idempotent: bool) -> Tries:
+        t = Tries(Transport(), body, retries=3, idempotent=idempotent, retry=True,  # type: ignore[arg-type]
+                  timeout_s=None)
+        t.next_timeout_s()
+        return t
+
+    assert tries(truncate, False).after(lost, written=False, closed=False) is None  # never left: safe
+    assert "may or may not" in str(tries(truncate, False).after(lost, written=True, closed=False))
+    describe = m.DescribeQueueRequest("t")
+    assert tries(describe, True).after(lost, written=True, closed=False) is None
+    assert tries(describe, True).after(lost, written=True, closed=True) is lost
+
+
+# 2. request_timeout_s bounds a whole call, its tries together ------------------------------
+
+
+def test_a_hung_broker_costs_a_call_one_request_timeout(server, proxy, direct):
+    direct.send("t", b"x")
+    a = headwater.connect(proxy.address, connect_timeout_s=1, request_timeout_s=0.4)
+    consumer = a.consumer(group="g")
+    calls = {
+        "describe_queue": lambda: a.admin.describe_queue("t"),
+        "list_queues": a.admin.list_queues,
+        "offset_for_time": lambda: a.offset_for_time("t", 0, 0),
+        "commit": lambda: consumer.commit({("t", 0): 1}),
+        "committed": lambda: consumer.committed("t", 0),
+        "status": a.status,
+    }
+    try:
+        proxy.hold = True  # the broker reads the requests, and its answers never come
+        for name, call in calls.items():
+            t0 = time.monotonic()
+            with pytest.raises(UnavailableError, match=r"got no answer in 0\.4 s"):
+                call()
+            took = time.monotonic() - t0
+            assert 0.35 < took < 0.9, f"{name} took {took:.2f} s"
+    finally:
+        t0 = time.monotonic()
+        consumer.close()
+        a.close()
+        assert time.monotonic() - t0 < CLOSE_TIMEOUT_S + 1
+        proxy.hold = False
+
+
+def test_asyncio_hung_broker_costs_a_call_one_request_timeout(server, proxy, direct):
+    async def main() -> None:
+        a = await headwater.aio.connect(proxy.address, connect_timeout_s=1, request_timeout_s=0.4)
+        try:
+            proxy.hold = True
+            for call in (lambda: a.admin.describe_queue("t"), a.admin.list_queues, a.status):
+                t0 = time.monotonic()
+                with pytest.raises(UnavailableError, match=r"got no answer in 0\.4 s"):
+                    await call()
+                assert 0.35 < time.monotonic() - t0 < 0.9
+        finally:
+            await a.close()
+            proxy.hold = False
+
+    asyncio.run(main())
+
+
+# 3. a wrong argument is told in the same words embedded and over the network -------------
+
+
+def wrong_arguments(hw) -> dict[str, str]:
+    hw.admin.create_queue("c", exist_ok=True)
+    consumer = hw.consumer(group="g")
+    calls = {
+        "describe_queue(None)": lambda: hw.admin.describe_queue(None),
+        "add_partitions('c', '4')": lambda: hw.admin.add_partitions("c", "4"),
+        "commit({('c', 0): '3'})": lambda: consumer.commit({("c", 0): "3"}),
+        "offset_for_time('c', '0', 0)": lambda: hw.offset_for_time("c", "0", 0),
+        "truncate_queue(7)": lambda: hw.admin.truncate_queue(7),
+    }
+    said = {}
+    for name, call in calls.items():
+        with pytest.raises(InvalidArgumentError) as e:
+            call()
+        said[name] = str(e.value)
+    consumer.close()
+    return said
+
+
+def test_wrong_arguments_are_told_alike_embedded_and_over_the_network(server, tmp_path):
+    embedded = headwater.open(tmp_path / "embedded")
+    network = headwater.connect(server.address)
+    try:
+        here, there = wrong_arguments(embedded), wrong_arguments(network)
+    finally:
+        embedded.close()
+        network.close()
+    assert there == here
+    assert here["describe_queue(None)"] == "a queue name is a string, got NoneType"
+    assert here["add_partitions('c', '4')"] == "a partition count is an int, got str"
+    assert all("encode" not in said and "Expected" not in said for said in here.values()), here
+
+
+def test_asyncio_wrong_arguments_are_told_alike_embedded_and_over_the_network(server, tmp_path):
+    async def said(hw) -> dict[str, str]:
+        await hw.admin.create_queue("c")
+        out = {}
+        for name, call in {
+            "describe_queue(None)": lambda: hw.admin.describe_queue(None),
+            "add_partitions('c', '4')": lambda: hw.admin.add_partitions("c", "4"),
+            "commit": lambda: hw.consumer(group="g").commit({("c", 0): "3"}),
+        }.items():
+            with pytest.raises(InvalidArgumentError) as e:
+                await call()
+            out[name] = str(e.value)
+        await hw.close()
+        return out
+
+    async def main() -> tuple[dict[str, str], dict[str, str]]:
+        return (await said(await headwater.aio.open(tmp_path / "embedded")),
+                await said(await headwater.aio.connect(server.address)))
+
+    here, there = asyncio.run(main())
+    assert there == here
+    assert here["describe_queue(None)"] == "a queue name is a string, got NoneType"
+    assert here["add_partitions('c', '4')"] == "a partition count is an int, got str"
+    assert "encode" not in here["commit"] and "Expected" not in here["commit"]
+
+
+def test_the_network_services_check_offsets_before_encoding(server, tmp_path):
+    """What reaches the service without the consumer's own checks (the CLI, a caller of
+    ``hw.service``) is told in the embedded broker's words too."""
+    hw = headwater.connect(server.address)
+    try:
+        hw.admin.create_queue("c")
+        with pytest.raises(InvalidArgumentError, match=r"^an offset is an int, got str$"):
+            hw.service.commit_offsets("g", "c", {0: "3"})
+        with pytest.raises(InvalidArgumentError, match=r"^a partition is an int, got str$"):
+            hw.service.commit_offsets("g", "c", {"0": 3})
+    finally:
+        hw.close()
+    embedded = headwater.open(tmp_path / "embedded")
+    try:
+        embedded.admin.create_queue("c")
+        with pytest.raises(InvalidArgumentError, match=r"^an offset is an int, got str$"):
+            embedded.service.commit_offsets("g", "c", {0: "3"})
+    finally:
+        embedded.close()
