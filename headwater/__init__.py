@@ -65,6 +65,9 @@ def connect(address: str, *, connect_timeout_s: float = 10.0, request_timeout_s:
     :func:`open` returns, over the network.
 
     Raises :class:`UnavailableError` if nothing answers within ``connect_timeout_s``.
+    ``request_timeout_s`` bounds each call, the tries after a lost connection included; a
+    call is sent again only if that is safe (docs/design/client.md, "What a blocking call
+    sends again").
     """
     from headwater.client.remote import RemoteService
 

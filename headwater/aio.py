@@ -57,8 +57,10 @@ async def connect(address: str, *, connect_timeout_s: float = 10.0, request_time
     """Connect to a broker (``headwater serve``) at ``"host:port"``.
 
     Raises :class:`~headwater.errors.UnavailableError` if nothing answers within
-    ``connect_timeout_s``. ``retries``: how often a read or admin call that lost its
-    connection is sent again once it is back.
+    ``connect_timeout_s``. ``request_timeout_s`` bounds each call, its tries included.
+    ``retries``: how often a call whose connection was lost is sent again once it is back,
+    if that is safe (it never left, or repeating it changes nothing: docs/design/client.md,
+    "What a blocking call sends again").
     """
     transport = AsyncTransport(address, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s)
     service = AsyncService(transport, retries=retries)
