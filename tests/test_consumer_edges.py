@@ -301,3 +301,35 @@ def test_a_long_poll_past_the_end_answers_at_once(hw):
     t0 = time.monotonic()
     res = service.fetch("c", 0, 10, max_bytes=1 << 16, max_wait_ms=300)  # at the end: it waits
     assert res.batches == [] and time.monotonic() - t0 >= 0.25
+
+
+def test_shared_acks_take_deliveries_or_lease_ids_and_refuse_anything_else(hw):
+    """ack(["7:1:..."]) raised AttributeError ('str' object has no attribute 'lease_id')."""
+    _filled(hw, n=2)
+    c = hw.shared_consumer("s", "c")
+    try:
+        first, second = c.receive(max_messages=2, timeout_ms=2000)
+        c.ack(first.lease_id)  # a lease id, as a string
+        c.ack([second])
+        for bad in (42, [b"raw"], [None]):
+            with pytest.raises(InvalidArgumentError, match="deliveries from receive\\(\\) or their lease ids"):
+                c.ack(bad)
+        with pytest.raises(InvalidArgumentError, match=r"receive\(\): max_messages is a positive int \(or None: 32\)"):
+            c.receive(max_messages=0)
+        with pytest.raises(InvalidArgumentError, match=r"receive\(\): timeout_ms") as e:
+            c.receive(timeout_ms=-1)
+        assert "poll" not in str(e.value)
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("settings, match", [
+    # the error named heartbeat_interval_ms, which the user never set
+    (dict(session_timeout_ms=10), "session_timeout_ms must be a whole number from 100"),
+    (dict(max_poll_interval_ms=0), "max_poll_interval_ms .* must be a whole number of ms from 100"),
+    (dict(mode="broadcast", strategy="sticky"), "a broadcast group gives every member all of them"),
+])
+def test_group_settings_name_the_setting_at_fault(hw, settings, match):
+    hw.admin.create_queue("c")
+    with pytest.raises(InvalidArgumentError, match=match):
+        hw.consumer(group="g", subscribe="c", **settings)

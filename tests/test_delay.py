@@ -613,3 +613,29 @@ def test_memory_stays_bounded_with_a_million_pending_over_a_year(tmp_path):
     base, after, reopened = _rss_after_pending(tmp_path, 1_000_000, 20)
     print(f"RSS: empty {base >> 20} MB, 1M pending {after >> 20} MB, reopened {reopened >> 20} MB")
     assert after < RSS_BOUND_BYTES and reopened < RSS_BOUND_BYTES, (base, after, reopened)
+
+
+def test_a_naive_deliver_at_warns_where_local_time_is_not_utc(monkeypatch):
+    """A naive datetime is UTC in Headwater; ``datetime.now() + 30 s`` on a machine in New
+    York was then sent at once (or, east of UTC, hours late), silently."""
+    import time as _time
+    import warnings
+    from datetime import datetime, timedelta, timezone
+
+    from headwater.model.delay import resolve_deliver_at
+
+    soon = datetime.now(timezone.utc).replace(tzinfo=None) + timedelta(seconds=30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # in UTC: no warning
+        monkeypatch.setenv("TZ", "UTC")
+        _time.tzset()
+        resolve_deliver_at(soon)
+        monkeypatch.setenv("TZ", "America/New_York")
+        _time.tzset()
+        try:
+            with pytest.raises(UserWarning, match="naive datetime is taken as UTC"):
+                resolve_deliver_at(soon)
+            resolve_deliver_at(datetime.now(timezone.utc) + timedelta(seconds=30))  # aware: fine
+        finally:
+            monkeypatch.delenv("TZ")
+            _time.tzset()

@@ -869,3 +869,42 @@ def test_a_last_checkpoint_never_answered_still_stops_the_subscriber(monkeypatch
         assert await sub.wait(5) and svc.closed == [7]
 
     asyncio.run(main())
+
+
+def test_deleting_a_running_subscriber_stops_it_in_every_mode(hw):
+    """Embedded (pull) the subscriber looked only at its queue: deleted, it went on
+    delivering new messages. Now it stops before delivering another, with the same error
+    as over the network."""
+    hw.admin.create_queue("q")
+    hw.admin.add_subscriber("q", "s")
+    got: list[bytes] = []
+    sub = hw.subscribe("q", "s", listeners=[lambda r: got.append(r.body)])
+    try:
+        hw.send("q", b"before")
+        assert sub.wait_for(lambda: got == [b"before"], timeout_s=10)
+        hw.admin.delete_subscriber("q", "s")
+        hw.send("q", b"after delete")
+        with pytest.raises(SubscriberNotFoundError, match="subscriber 's' of queue 'q' was deleted"):
+            sub.wait(10)
+        assert got == [b"before"] and not sub.running
+    finally:
+        sub.stop()
+
+
+def test_deleting_a_running_asyncio_subscriber_stops_it(aio_target):
+    from test_aio import run
+
+    async def test(hw):
+        await hw.admin.create_queue("q")
+        await hw.admin.add_subscriber("q", "s")
+        got: list[bytes] = []
+        sub = hw.subscribe("q", "s", listeners=[lambda r: got.append(r.body)])
+        await hw.send("q", b"before")
+        assert await sub.wait_for(lambda: got == [b"before"], timeout_s=10)
+        await hw.admin.delete_subscriber("q", "s")
+        await hw.send("q", b"after delete")
+        with pytest.raises(SubscriberNotFoundError, match="subscriber 's' of queue 'q' was deleted"):
+            await sub.wait(10)
+        assert got == [b"before"]
+
+    run(aio_target, test)

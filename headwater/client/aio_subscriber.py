@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from headwater.errors import HeadwaterError, UnavailableError
+from headwater.errors import HeadwaterError, SubscriberNotFoundError, UnavailableError
 from headwater.model.message import Record
 from headwater.client.aio_consumer import AsyncConsumer
 from headwater.client.aio_service import AsyncBrokerService
@@ -221,6 +221,7 @@ class AsyncSubscriber(SubscriberBase):
             next_check = 0.0
             while not self._stopping:
                 if time.monotonic() >= next_check:
+                    await self._check_subscribed()
                     parts, new = self._new_partitions(await self._service.describe_queue(self.queue), parts)
                     if new:
                         await consumer.assign(self.queue, list(new))
@@ -228,11 +229,20 @@ class AsyncSubscriber(SubscriberBase):
                             consumer.seek(self.queue, p, offset)
                     next_check = time.monotonic() + PARTITIONS_CHECK_S
                 by_part = self._polled(await consumer.poll(timeout_ms=self._pull_wait_ms()))
+                if by_part:
+                    await self._check_subscribed()  # not one record for a subscriber deleted meanwhile
                 done = {p for p, recs in by_part.items() if await self._deliver(p, recs)}
                 self._past_skipped(parts, by_part, done, lambda p: consumer.position(self.queue, p))
                 await self._checkpoint()
         finally:
             await consumer.close()
+
+    async def _check_subscribed(self) -> None:
+        """Raise if the subscriber was deleted (embedded: a call in this process)."""
+        try:
+            await self._service.describe_subscriber(self.queue, self.name)
+        except SubscriberNotFoundError:
+            raise self._deleted() from None
 
     # -- push (over the network) ----------------------------------------------------------------
 

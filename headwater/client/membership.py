@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable
 
 from headwater.errors import InvalidArgumentError
-from headwater.model.groups import MODES, GroupAssignment
+from headwater.model.groups import MODES, SESSION_TIMEOUT_MS_MAX, SESSION_TIMEOUT_MS_MIN, GroupAssignment
 
 __all__ = ["MemberView", "GroupSettings", "TP", "tps_of", "by_queue", "HEARTBEAT_WAITING_MS", "COMMIT_ATTEMPTS"]
 
@@ -67,8 +67,20 @@ class GroupSettings:
             raise InvalidArgumentError(
                 f"unknown assignment strategy {strategy!r}: use one of {', '.join(STRATEGIES)}"
             )
-        if isinstance(session_timeout_ms, bool) or not isinstance(session_timeout_ms, int):
-            raise InvalidArgumentError(f"session_timeout_ms is an int, got {session_timeout_ms!r}")
+        if strategy != "average" and mode == "broadcast":  # every member gets every partition there
+            raise InvalidArgumentError(
+                f"strategy={strategy!r} divides partitions among a clustering group's members; a broadcast "
+                f"group gives every member all of them: leave strategy out")
+        t = session_timeout_ms
+        if isinstance(t, bool) or not isinstance(t, int) or not SESSION_TIMEOUT_MS_MIN <= t <= SESSION_TIMEOUT_MS_MAX:
+            raise InvalidArgumentError(
+                f"session_timeout_ms must be a whole number from {SESSION_TIMEOUT_MS_MIN} to {SESSION_TIMEOUT_MS_MAX}, "
+                f"got {t!r}")
+        m = max_poll_interval_ms
+        if isinstance(m, bool) or not isinstance(m, int) or m < SESSION_TIMEOUT_MS_MIN:
+            raise InvalidArgumentError(
+                f"max_poll_interval_ms (the longest a member may go between polls before it leaves the group) "
+                f"must be a whole number of ms from {SESSION_TIMEOUT_MS_MIN}, got {m!r}")
         if heartbeat_interval_ms is None:
             heartbeat_interval_ms = max(10, min(1000, session_timeout_ms // 3))
         if not 0 < heartbeat_interval_ms < session_timeout_ms:

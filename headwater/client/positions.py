@@ -58,21 +58,24 @@ def check_read_settings(*, fetch_bytes: object, max_poll_messages: object) -> No
         raise InvalidArgumentError(f"max_poll_messages must be a positive int, got {max_poll_messages!r}")
 
 
-def check_poll(max_messages: object, timeout_ms: object, default_messages: int) -> int:
+def check_poll(max_messages: object, timeout_ms: object, default_messages: int, *, call: str = "poll") -> int:
     """The records a ``poll(max_messages, timeout_ms)`` returns at most (``default_messages``
     when ``max_messages`` is None); raises InvalidArgumentError for arguments that are not
     a positive int and a finite number of milliseconds >= 0. Like Kafka's ``poll(Duration)``,
-    a poll always has a bound: there is no "wait forever" (iterate the consumer for that)."""
+    a poll always has a bound: there is no "wait forever" (iterate the consumer for that).
+    ``call``: the method's name in the errors (a shared consumer's ``receive``)."""
     if max_messages is None:
         limit = default_messages
     elif _positive_int(max_messages):
         limit = max_messages  # type: ignore[assignment]
     else:
-        raise InvalidArgumentError(f"max_messages is a positive int (or None: max_poll_messages), got {max_messages!r}")
+        default = "max_poll_messages" if call == "poll" else default_messages
+        raise InvalidArgumentError(f"{call}(): max_messages is a positive int (or None: {default}), got {max_messages!r}")
     if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not 0 <= timeout_ms < math.inf:
+        more = "; to read without end, iterate the consumer" if call == "poll" else ""
         raise InvalidArgumentError(
-            f"timeout_ms is how long poll() waits for records, in milliseconds: a number >= 0 "
-            f"(0: return what has come), got {timeout_ms!r}; to read without end, iterate the consumer")
+            f"{call}(): timeout_ms is how long it waits for messages, in milliseconds: a number >= 0 "
+            f"(0: return what has come), got {timeout_ms!r}{more}")
     return limit
 
 

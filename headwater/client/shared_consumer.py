@@ -148,7 +148,7 @@ class SharedConsumerBase:
 
     def _receive_args(self, max_messages: int, timeout_ms: int) -> tuple:
         self._check_open()
-        max_messages = check_poll(max_messages, timeout_ms, 32)  # a positive int; a finite timeout >= 0
+        max_messages = check_poll(max_messages, timeout_ms, 32, call="receive")  # a positive int; a finite timeout >= 0
         return (self.group, self.queue, self.member, max_messages, self.visibility_timeout_ms, self.at_most_once,
                 self._settings_map, int(timeout_ms))
 
@@ -159,10 +159,22 @@ class SharedConsumerBase:
         return out
 
     def _ids(self, deliveries: Any) -> list[str]:
+        """The lease ids of ``deliveries``: a Delivery, a lease id (str), or a list of them."""
         self._check_open()
-        if isinstance(deliveries, Delivery):
-            deliveries = [deliveries]
-        return [d.lease_id for d in deliveries if d.lease_id]
+        if isinstance(deliveries, (Delivery, str)) or not isinstance(deliveries, (list, tuple, set, frozenset)):
+            deliveries = [deliveries]  # one (anything else is refused below)
+        ids = []
+        for d in deliveries:
+            if isinstance(d, Delivery):
+                if d.lease_id:  # at most once: nothing to settle
+                    ids.append(d.lease_id)
+            elif isinstance(d, str):
+                ids.append(d)
+            else:
+                raise InvalidArgumentError(
+                    f"ack, nack and extend take deliveries from receive() or their lease ids (str), "
+                    f"one or a list; got {type(d).__name__} {d!r}")
+        return ids
 
     def _settle(self, ids: list[str]) -> None:
         for i in ids:

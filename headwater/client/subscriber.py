@@ -191,6 +191,10 @@ class SubscriberBase:
     def _pull_wait_ms(self) -> int:
         return min(100, int(self.checkpoint_interval_s * 1000) or 100)
 
+    def _deleted(self) -> SubscriberNotFoundError:
+        """What stops a subscriber whose name was deleted (the broker's push streams say the same)."""
+        return SubscriberNotFoundError(f"subscriber {self.name!r} of queue {self.queue!r} was deleted")
+
     def _new_partitions(self, qi: QueueInfo, parts: list[int]) -> tuple[list[int], dict[int, int]]:
         """The partitions followed now, and those new since ``parts`` with where each starts."""
         assert self.info is not None
@@ -402,6 +406,7 @@ class Subscriber(SubscriberBase):
             next_check = 0.0
             while not self._stopping.is_set():
                 if time.monotonic() >= next_check:
+                    self._check_subscribed()
                     parts, new = self._new_partitions(self._service.describe_queue(self.queue), parts)
                     if new:
                         consumer.assign(self.queue, list(new))
@@ -409,11 +414,20 @@ class Subscriber(SubscriberBase):
                             consumer.seek(self.queue, p, offset)
                     next_check = time.monotonic() + PARTITIONS_CHECK_S
                 by_part = self._polled(consumer.poll(timeout_ms=self._pull_wait_ms()))
+                if by_part:
+                    self._check_subscribed()  # not one record for a subscriber deleted meanwhile
                 done = {p for p, recs in by_part.items() if self._deliver(p, recs)}
                 self._past_skipped(parts, by_part, done, lambda p: consumer.position(self.queue, p))
                 self._checkpoint()
         finally:
             consumer.close()
+
+    def _check_subscribed(self) -> None:
+        """Raise if the subscriber was deleted (embedded, a call in this process)."""
+        try:
+            self._service.describe_subscriber(self.queue, self.name)
+        except SubscriberNotFoundError:
+            raise self._deleted() from None
 
     # -- push (over the network) ----------------------------------------------------------------
 

@@ -60,7 +60,7 @@ from headwater.model.batch import (
     patch_batch,
     tags_mask,
 )
-from headwater.model.message import Message, datetime_ms
+from headwater.model.message import Message, datetime_ms, warn_if_local_naive
 
 __all__ = [
     "DELAYED_PARTITION_BIT",
@@ -136,6 +136,7 @@ def resolve_deliver_at(deliver_at: object = None, delay: object = None, *, now_m
             raise InvalidArgumentError(f"delay {delay!r} is beyond any deliverable time")
         at = now + int(ms) if ms else 0
     elif isinstance(deliver_at, datetime):
+        warn_if_local_naive(deliver_at, "deliver_at")
         at = datetime_ms(deliver_at)  # a fraction of a ms rounds up: never early
     elif isinstance(deliver_at, (int, float)) and not isinstance(deliver_at, bool):
         if deliver_at != deliver_at or not -1e15 < deliver_at < 1e15:

@@ -32,7 +32,7 @@ import msgspec
 
 from headwater.errors import InvalidMessageIdError
 
-__all__ = ["Message", "MessageId", "Record", "datetime_ms", "to_epoch_ms"]
+__all__ = ["Message", "MessageId", "Record", "datetime_ms", "to_epoch_ms", "warn_if_local_naive"]
 
 _ID_RE = re.compile(r"^([0-9a-f]{8})-([0-9a-f]{8})-([0-9a-f]{16})$")
 
@@ -155,6 +155,19 @@ def datetime_ms(when: datetime) -> int:
     return -(-((when - _EPOCH) // _US) // 1000)
 
 
+def warn_if_local_naive(when: datetime, what: str) -> None:
+    """A naive datetime is taken as UTC. On a machine whose local zone is not UTC that is
+    rarely what ``datetime.now() + ...`` meant (Python's own ``timestamp()`` takes naive as
+    local time): say so, once per call site, with what to pass instead."""
+    if when.tzinfo is None and datetime.now().astimezone().utcoffset():
+        import warnings
+
+        warnings.warn(
+            f"{what}: a naive datetime is taken as UTC, and this machine's local time is not UTC "
+            f"(datetime.now() is local time); pass an aware one, e.g. datetime.now(timezone.utc) + ...",
+            UserWarning, stacklevel=4)
+
+
 def to_epoch_ms(value: datetime | int | float | None, what: str = "time") -> int | None:
     """A point in time as epoch milliseconds: datetimes (naive means UTC; see
     :func:`datetime_ms`), or a number of ms (a fraction rounded up, as for datetimes).
@@ -170,6 +183,7 @@ def to_epoch_ms(value: datetime | int | float | None, what: str = "time") -> int
     if value is None:
         return None
     if isinstance(value, datetime):
+        warn_if_local_naive(value, what)
         return datetime_ms(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidArgumentError(
