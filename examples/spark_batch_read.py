@@ -24,7 +24,8 @@ def main() -> None:
                                                tag="paid" if i % 3 else "refund")
                                        for i in range(1000)])
         middle = int(time.time() * 1000)
-        producer.send_batch("orders", [Message(b'{"id": %d}' % i, tag="paid") for i in range(1000, 1200)])
+        producer.send_batch("orders", [Message(b'{"id": %d}' % i, tag="paid") for i in range(1000, 1200)],
+                            partition=0)                    # (unkeyed: else a random partition)
 
         spark = spark_session("headwater-batch-read")
         orders = (spark.read.format("headwater")

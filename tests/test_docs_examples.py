@@ -118,7 +118,7 @@ SHELL_SHOWS: dict[str, list[str]] = {
     "README.md": ['"value": "{\\"id\\": 17}"', "listening 127.0.0.1:", "consumed 1 message(s)", "uptime"],
     "cli.md": ["created queue 'payments' with 4 partition(s)", "no queue 'clicks'; nothing to delete",
                "sent 100,000 message(s) to queue 'orders'", "scheduled   ", "cancelled 0000",
-               "12502 b'caf\\xe9'", "value       look me up", "consumed 100,006 message(s)",
+               " b'caf\\xe9'", "value       look me up", "consumed 100,006 message(s)",
                "reset group 'billing' on queue 'jobs' (1 partition(s))", "leased", "worker-1 (2)", "kind        keyed",
                "deleted subscriber 'replay' of queue 'orders'", "fetch streams", "messages           100,008"],
     "subscriptions.md": ["added subscriber 'billing' to queue 'orders', starting at 0:0, 1:0, 2:0, 3:0",
