@@ -354,6 +354,20 @@ def test_big_frames_half_sent_hold_the_byte_budget_not_unbounded_memory(tmp_path
         s.stop()
 
 
+def _a_client_and_a_hog(port: int) -> tuple[RawClient, RawClient]:
+    """A client that filled queue q (40 batches of 60 kB), and a peer with a tiny receive
+    buffer that asked for all of it 16 times over and reads nothing: the kernel's buffers
+    take the first few answers, the rest wait in the server."""
+    healthy = RawClient(port)
+    healthy.call(CreateQueueRequest("q", QueueConfig(partitions=1)))
+    for _ in range(40):
+        healthy.call(ProduceRequest("q", 0, encode_batch([b"y" * 60_000])))
+    hog = RawClient(port, rcvbuf=4096)
+    for _ in range(16):
+        hog.send(FetchRequest("q", 0, 0, 1024 * 1024))
+    return healthy, hog
+
+
 def test_a_fetch_short_of_memory_waits_alone_and_requests_behind_it_are_answered(tmp_path):
     """A peer that reads none of its answers holds the whole server budget. Another client's
     fetch then waits for memory in a task of its own (and gets an empty answer after a
@@ -361,13 +375,7 @@ def test_a_fetch_short_of_memory_waits_alone_and_requests_behind_it_are_answered
     whole connection until the budget came back (minutes: until the idle timeout)."""
     s = InProcessServer(tmp_path / "data", bytes_in_flight_max=1024 * 1024, write_buffer_bytes_max=8 * 1024)
     try:
-        healthy = RawClient(s.port)
-        healthy.call(CreateQueueRequest("q", QueueConfig(partitions=1)))
-        for _ in range(40):
-            healthy.call(ProduceRequest("q", 0, encode_batch([b"y" * 60_000])))
-        hog = RawClient(s.port, rcvbuf=4096)
-        for _ in range(16):  # the kernel's buffers take the first few answers; the rest wait in the server
-            hog.send(FetchRequest("q", 0, 0, 1024 * 1024))
+        healthy, hog = _a_client_and_a_hog(s.port)
         deadline = time.monotonic() + 3
         while s.call(lambda: s.server._budget.used) < 1024 * 1024 and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -389,14 +397,8 @@ def test_a_fetch_short_of_memory_waits_alone_and_requests_behind_it_are_answered
 def test_a_peer_that_takes_none_of_its_answers_is_cut_off_after_send_timeout_s(tmp_path, caplog):
     s = InProcessServer(tmp_path / "data", write_buffer_bytes_max=8 * 1024, send_timeout_s=0.5)
     try:
-        healthy = RawClient(s.port)
-        healthy.call(CreateQueueRequest("q", QueueConfig(partitions=1)))
-        for _ in range(40):
-            healthy.call(ProduceRequest("q", 0, encode_batch([b"y" * 60_000])))
-        hog = RawClient(s.port, rcvbuf=4096)
         with caplog.at_level("WARNING", logger="headwater.server"):
-            for _ in range(16):
-                hog.send(FetchRequest("q", 0, 0, 1024 * 1024))
+            healthy, hog = _a_client_and_a_hog(s.port)
             deadline = time.monotonic() + 5
             while s.call(lambda: len(s.server._conns)) > 1 and time.monotonic() < deadline:
                 time.sleep(0.05)

@@ -18,7 +18,6 @@ last printed message, never past it.
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from headwater.cli.context import err_console, open_client, out_console
+from headwater.cli.context import err_console, on_ctrl_c, open_client, out_console
 from headwater.cli.output import records_table, write_json_lines
 from headwater.cli.parse import COUNT_MAX, Seconds, parse_partitions, parse_start
 from headwater.client import Client, Consumer
@@ -65,15 +64,8 @@ def _ctrl_c_stops(stop: _Stop) -> Iterator[None]:
             raise KeyboardInterrupt
         stop.requested = True
 
-    try:
-        previous = signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread (an embedding): Ctrl-C keeps its usual meaning
+    with on_ctrl_c(handler):
         yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 class _Rows:

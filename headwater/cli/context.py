@@ -7,7 +7,10 @@ the day the network client lands, ``--server`` is handled here and nowhere else.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,3 +121,18 @@ def stdin_is_tty() -> bool:
         return os.isatty(sys.stdin.fileno())
     except (AttributeError, OSError, ValueError):
         return False
+
+
+@contextmanager
+def on_ctrl_c(handler: Callable[[int, object], None]) -> Iterator[None]:
+    """Call ``handler`` on SIGINT while the block runs, then restore the previous handler.
+    Outside the main thread (the CLI embedded in a program) Ctrl-C keeps its usual meaning."""
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

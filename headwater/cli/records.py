@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import signal
 import stat
 import sys
 from collections.abc import Iterable, Iterator
@@ -14,7 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from headwater.cli.context import _state, err_console, open_client, out_console, stdin_is_tty
+from headwater.cli.context import _state, err_console, on_ctrl_c, open_client, out_console, stdin_is_tty
 from headwater.cli.delay import deliver_at_option
 from headwater.cli.output import record_detail, records_table, write_json_lines
 from headwater.cli.parse import (
@@ -258,15 +257,8 @@ class _SendGuard:
                 return
             raise KeyboardInterrupt
 
-        try:
-            previous = signal.signal(signal.SIGINT, handler)
-        except ValueError:  # not the main thread (an embedding): Ctrl-C keeps its usual meaning
+        with on_ctrl_c(handler):
             yield
-            return
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
 
     @contextmanager
     def sending(self) -> Iterator[None]:
