@@ -307,7 +307,8 @@ class ClientConnection(asyncio.Protocol):
                         self.held = ev
                         self._block()
                         break
-                    self._release_frame()  # a produce took it over; any other request is served
+                    if self.frame_held:  # a produce took it over; any other request is served
+                        self._release_frame()
                 elif kind is Handshake:
                     if not self._accept(ev):
                         break
