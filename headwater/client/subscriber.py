@@ -159,7 +159,11 @@ class SubscriberBase:
         if isinstance(e, ListenerFailed):
             self.error = e.error
             return
-        if not isinstance(e, HeadwaterError):
+        if isinstance(e, RuntimeError) and "cannot schedule new futures" in str(e):
+            # the program is ending without close(): Python's executors refuse work; not a bug
+            log.info("subscriber %s/%s stopped: the program is exiting (close() the subscriber or the "
+                     "client first to store its last checkpoint)", self.queue, self.name)
+        elif not isinstance(e, HeadwaterError):
             log.exception("subscriber %s/%s failed", self.queue, self.name)
         self.error = e
 
