@@ -327,7 +327,6 @@ def test_shared_acks_take_deliveries_or_lease_ids_and_refuse_anything_else(hw):
     # the error named heartbeat_interval_ms, which the user never set
     (dict(session_timeout_ms=10), "session_timeout_ms must be a whole number from 100"),
     (dict(max_poll_interval_ms=0), "max_poll_interval_ms .* must be a whole number of ms from 100"),
-    (dict(mode="broadcast", strategy="sticky"), "a broadcast group gives every member all of them"),
 ])
 def test_group_settings_name_the_setting_at_fault(hw, settings, match):
     hw.admin.create_queue("c")

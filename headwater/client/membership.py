@@ -67,10 +67,6 @@ class GroupSettings:
             raise InvalidArgumentError(
                 f"unknown assignment strategy {strategy!r}: use one of {', '.join(STRATEGIES)}"
             )
-        if strategy != "average" and mode == "broadcast":  # every member gets every partition there
-            raise InvalidArgumentError(
-                f"strategy={strategy!r} divides partitions among a clustering group's members; a broadcast "
-                f"group gives every member all of them: leave strategy out")
         t = session_timeout_ms
         if isinstance(t, bool) or not isinstance(t, int) or not SESSION_TIMEOUT_MS_MIN <= t <= SESSION_TIMEOUT_MS_MAX:
             raise InvalidArgumentError(
