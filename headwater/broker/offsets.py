@@ -18,6 +18,7 @@ import struct
 import threading
 
 from headwater.errors import InvalidArgumentError
+from headwater.model.checks import check_int_arg
 from headwater.model.batch import decode_records, encode_batch
 from headwater.model.config import QueueConfig
 from headwater.model.message import Message
@@ -88,8 +89,7 @@ class OffsetStore:
                     f"queue {queue!r} has partitions 0..{len(info.partitions) - 1}; there is no partition {part!r}"
                 )
             pi = info.partitions[part]
-            if isinstance(off, bool) or not isinstance(off, int):
-                raise InvalidArgumentError(f"an offset is an int, got {type(off).__name__}")
+            check_int_arg(off, "an offset")
             if off > pi.end_offset:
                 raise InvalidArgumentError(
                     f"cannot commit offset {off} for {queue}[{part}]: beyond the log end {pi.end_offset}"

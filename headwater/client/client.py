@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
+from headwater.model.checks import check_int_arg
 from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
 from headwater.model.delay import DelayStats
 from headwater.model.message import Message, MessageId, Record, to_epoch_ms
@@ -24,36 +25,9 @@ from headwater.client.scanner import Bound, Scanner
 from headwater.client.shared_consumer import SharedConsumer
 from headwater.client.consumer import POLL_MESSAGES_DEFAULT
 
-__all__ = ["Admin", "Client", "check_int_arg", "check_offsets_arg", "check_queue_arg"]
+__all__ = ["Admin", "Client"]
 
 _UNSET = object()
-
-
-# Type checks of what callers pass straight through to the broker, in the embedded broker's
-# words. Embedded, the store makes them; over the network a value of the wrong type would
-# fail in the encoder instead, in msgspec's words ("Expected int, got str - at $[2]"), so
-# the network services run these before encoding (remote.check_arguments), and the admin
-# runs the one the store words differently (a partition count), so both modes say the same.
-def check_queue_arg(name: object) -> None:
-    """InvalidArgumentError unless ``name`` is a string (whether it names a queue is the
-    broker's to say)."""
-    if not isinstance(name, str):
-        raise InvalidArgumentError(f"a queue name is a string, got {type(name).__name__}")
-
-
-def check_int_arg(value: object, what: str) -> None:
-    """InvalidArgumentError unless ``value`` is an int (not a bool): "{what} is an int"."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(f"{what} is an int, got {type(value).__name__}")
-
-
-def check_offsets_arg(offsets: object) -> None:
-    """InvalidArgumentError unless ``offsets`` is a ``{partition: offset}`` mapping of ints."""
-    if not isinstance(offsets, Mapping):
-        raise InvalidArgumentError(f"offsets is a {{partition: offset}} mapping, got {type(offsets).__name__}")
-    for partition, offset in offsets.items():
-        check_int_arg(partition, "a partition")
-        check_int_arg(offset, "an offset")
 
 
 class Admin:

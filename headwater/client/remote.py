@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from headwater.client.client import check_int_arg, check_offsets_arg, check_queue_arg
+from headwater.model.checks import check_int_arg, check_offsets_arg, check_queue_arg
 from headwater.client.send_future import LazyFuture
 from headwater.client.transport import AsyncTransport
 from headwater.errors import ClosedError, UnavailableError

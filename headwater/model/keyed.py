@@ -41,6 +41,7 @@ from collections.abc import Mapping
 import msgspec
 
 from headwater.errors import InvalidArgumentError, StaleGenerationError, UsageError
+from headwater.model.checks import check_int_arg
 from headwater.model.batch import BatchHeader, crc32c
 from headwater.model.filtering import Columns
 from headwater.model.groups import GroupSummary
@@ -287,8 +288,7 @@ class KeyedGroupState:
                 raise PartitionOutOfRangeError(
                     f"queue {i.queue!r} has partitions 0..{len(ranges) - 1}; there is no partition {part!r}"
                 )
-            if isinstance(off, bool) or not isinstance(off, int):
-                raise InvalidArgumentError(f"an offset is an int, got {type(off).__name__}")
+            check_int_arg(off, "an offset")
             lo, hi = ranges[part]
             stop = self.stop_offset(part)
             if stop is not None and off > max(stop, lo):

@@ -19,6 +19,7 @@ from datetime import datetime
 import msgspec
 
 from headwater.errors import InvalidArgumentError, PartitionOutOfRangeError
+from headwater.model.checks import check_int_arg
 from headwater.model.config import QueueInfo
 from headwater.model.message import to_epoch_ms
 
@@ -154,8 +155,7 @@ def check_checkpoint(info: SubscriberInfo, offsets: Mapping[int, int],
                 f"subscriber {info.name!r} of queue {info.queue!r} follows partitions "
                 f"{sorted(parts)}; it cannot checkpoint partition {part!r}"
             )
-        if isinstance(off, bool) or not isinstance(off, int):
-            raise InvalidArgumentError(f"an offset is an int, got {type(off).__name__}")
+        check_int_arg(off, "an offset")
         lo, hi = ranges[part]
         if off > hi:
             raise InvalidArgumentError(

@@ -46,6 +46,7 @@ from headwater.errors import (
     QueueNotFoundError,
     StorageError,
 )
+from headwater.model.checks import check_int_arg, check_queue_arg
 from headwater.model.batch import HEADER_SIZE, BatchHeader, broker_prefix, crc32c, decode_header, validate_batch
 from headwater.model.config import (
     PARTITIONS_MAX,
@@ -307,8 +308,7 @@ class LogStore:
     def _queue(self, name: str) -> _Queue:
         q = self._queues.get(name)
         if q is None:
-            if not isinstance(name, str):
-                raise InvalidArgumentError(f"a queue name is a string, got {type(name).__name__}")
+            check_queue_arg(name)
             raise QueueNotFoundError(f"queue {name!r} does not exist; create it first")
         return q
 
@@ -320,8 +320,7 @@ class LogStore:
 
     @staticmethod
     def _partition(q: _Queue, partition: int) -> _Partition:
-        if isinstance(partition, bool) or not isinstance(partition, int):
-            raise InvalidArgumentError(f"a partition is an int, got {type(partition).__name__}")
+        check_int_arg(partition, "a partition")
         if not 0 <= partition < len(q.partitions):
             raise PartitionOutOfRangeError(
                 f"queue {q.entry.name!r} has partitions 0..{len(q.partitions) - 1}; "
@@ -746,8 +745,7 @@ class LogStore:
         Offsets below the retained start are read from the start; batches whose tag mask
         shares no bit with ``tag_mask`` (when non-zero) are skipped without being read.
         """
-        if isinstance(offset, bool) or not isinstance(offset, int):
-            raise InvalidArgumentError(f"an offset is an int, got {type(offset).__name__}")
+        check_int_arg(offset, "an offset")
         for _attempt in range(3):
             q = self._usable_queue(queue)
             pl = self._partition(q, partition)

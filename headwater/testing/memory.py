@@ -27,6 +27,7 @@ from headwater.errors import (
     QueueExistsError,
     QueueNotFoundError,
 )
+from headwater.model.checks import check_int_arg
 from headwater.model.batch import broker_prefix, decode_records, validate_batch
 from headwater.model.config import PARTITIONS_MAX, PartitionInfo, QueueConfig, QueueInfo, validate_queue_name
 from headwater.model.delay import DELAYED_PARTITION_BIT, DelayStats, peek_deliver_at
@@ -110,8 +111,7 @@ class MemoryBroker:
 
     @staticmethod
     def _p(q: _Q, partition: int) -> _Part:
-        if isinstance(partition, bool) or not isinstance(partition, int):
-            raise InvalidArgumentError(f"a partition is an int, got {type(partition).__name__}")
+        check_int_arg(partition, "a partition")
         if not 0 <= partition < len(q.parts):
             raise PartitionOutOfRangeError(
                 f"queue {q.name!r} has partitions 0..{len(q.parts) - 1}; there is no partition {partition}"
@@ -232,8 +232,7 @@ class MemoryBroker:
 
     def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
               end_offset: int | None = None, max_wait_ms: int = 0) -> FetchResult:
-        if isinstance(offset, bool) or not isinstance(offset, int):
-            raise InvalidArgumentError(f"an offset is an int, got {type(offset).__name__}")
+        check_int_arg(offset, "an offset")
         deadline = time.monotonic() + max_wait_ms / 1000
         self._delay.deliver_due()
         while True:
@@ -327,8 +326,7 @@ class MemoryBroker:
             now = self._now()
             for part, off in offsets.items():
                 p = self._p(q, part)
-                if isinstance(off, bool) or not isinstance(off, int):
-                    raise InvalidArgumentError(f"an offset is an int, got {type(off).__name__}")
+                check_int_arg(off, "an offset")
                 if off > p.end:
                     raise InvalidArgumentError(f"cannot commit offset {off} for {queue}[{part}]: beyond the log end {p.end}")
                 if off < self._start(q, p, now):
