@@ -223,7 +223,7 @@ class ConsumerPositions:
     def _seeks_to_check(self) -> list[str]:
         """The queues with positions ``seek()`` set that ``poll()`` has not checked yet
         (against their ends: the consumer asks the broker, then :meth:`_check_seeks`)."""
-        return sorted({q for q, _ in self._seeked})
+        return sorted({q for q, _ in self._seeked}) if self._seeked else []  # every poll asks: none, mostly
 
     def _check_seeks(self, queue: str, info: QueueInfo) -> None:
         """Check the positions ``seek()`` set in ``queue`` against the partitions' ends in
