@@ -45,7 +45,6 @@ _REQUESTS_PER_TURN = 64  # served from one connection before other connections g
 # A frame bigger than this reserves its announced size of the byte budgets as soon as its length
 # is read, before its body is (smaller ones are bounded by one read per connection)
 FRAME_RESERVE_MIN_BYTES = 64 * 1024
-_REFUSALS_LOG_EVERY_S = 10.0  # refused connections are logged at most once per this, with a count
 
 
 class ByteBudget:

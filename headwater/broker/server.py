@@ -37,7 +37,7 @@ import msgspec
 from headwater._version import __version__
 from headwater.broker.allocator import kept_bytes, memory_usage
 from headwater.broker.broker import Broker
-from headwater.broker.connection import _REFUSALS_LOG_EVERY_S, CLOSE_LINGER_S, ByteBudget, ClientConnection
+from headwater.broker.connection import CLOSE_LINGER_S, ByteBudget, ClientConnection
 from headwater.broker.delay import DelayTicket
 from headwater.broker.durable_acks import DurableAcks
 from headwater.broker.push import PUSH_APIS, PushService
@@ -72,6 +72,7 @@ log = logging.getLogger("headwater.server")
 
 _PING = PingResponse()
 FETCH_BYTES_FLOOR = 64 * 1024  # a fetch short of memory reads what there is room for, but not less than this
+_REFUSALS_LOG_EVERY_S = 10.0  # refused connections are logged at most once per this, with a count
 FETCH_BUDGET_WAIT_S = 1.0  # the least a fetch waits for memory before an empty answer
 
 
