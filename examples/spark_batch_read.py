@@ -20,7 +20,7 @@ def main() -> None:
             hw.admin.create_queue("orders", partitions=4)
         producer = hw.producer()
         producer.send_batch("orders", [Message(b'{"id": %d, "total": %d}' % (i, i * 10),
-                                               key=b"customer-%d" % (i % 5),
+                                               key=b"customer-%d" % (i % 20),
                                                tag="paid" if i % 3 else "refund")
                                        for i in range(1000)])
         middle = int(time.time() * 1000)

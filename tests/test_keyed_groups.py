@@ -459,3 +459,10 @@ def test_asyncio_members_get_their_keys_in_order_through_a_resize(aio_target, mo
         assert await hw.admin.list_subscribers() == []
 
     run(aio_target, test)
+
+
+def test_similar_keys_spread_over_the_members():
+    """Ten keys ``user-0`` .. ``user-9`` reach all four members of a keyed group (plain CRC32C,
+    the hash before, gave them to two)."""
+    assert {member_of(f"user-{i}".encode(), 4) for i in range(10)} == {0, 1, 2, 3}
+    assert len({member_of(str(i).encode(), 8) for i in range(8)}) >= 5  # CRC32C: 4

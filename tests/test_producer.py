@@ -12,6 +12,7 @@ import pytest
 
 import headwater
 from headwater import Message, MessageId
+from headwater.client import key_partition
 from headwater.client.producer import Producer
 from headwater.client.send_future import LazyFuture, SendFuture
 from headwater.errors import (
@@ -933,3 +934,31 @@ def test_short_lived_producers_do_not_all_start_on_partition_0(hw):
         partitions.add(p.send_batch("spread", [b"one"])[0].partition)
         p.close()
     assert len(partitions) > 1
+
+
+def test_similar_keys_spread_over_the_partitions(hw):
+    """Keys that differ in a character or two (``user-0`` .. ``user-9``) fill every partition.
+    The key hash used to be plain CRC32C, which is linear: those ten keys filled two of four
+    partitions, and the keys ``0`` .. ``7`` four of eight."""
+    hw.admin.create_queue("by-user", partitions=4)
+    keys = [f"user-{i}".encode() for i in range(10)]
+    p = hw.producer(partitioner="key")
+    try:
+        ids = [p.send("by-user", Message(b"x", key=k)) for k in keys]
+        p.flush()
+        partitions = [f.result().partition for f in ids]
+    finally:
+        p.close()
+    assert set(partitions) == {0, 1, 2, 3}
+    assert partitions == [key_partition(k, 4) for k in keys]
+
+
+def test_the_key_hash_spreads_families_of_keys_like_random_choices():
+    """Over many families of similar keys, the partitions a family uses are as many as random
+    choices would use (the expectation for 8 keys on 8 partitions is 5.25)."""
+    families = [[f"{prefix}{i}".encode() for i in range(start, start + 8)]
+                for prefix in ("", "user-", "k", "order:", "session/", "tenant.")
+                for start in range(0, 400, 8)]
+    used = [len({key_partition(k, 8) for k in keys}) for keys in families]
+    assert 4.9 < sum(used) / len(used) < 5.6
+    assert min(used) >= 3

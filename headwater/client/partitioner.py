@@ -10,8 +10,9 @@ goes to one partition, and ``send()`` calls stick to one partition of the queue 
 batch they form there is sent; the next batch goes to the next partition (round robin,
 from a random first one, so that short-lived producers spread too) or to a random one
 (``"random"``). So a batch stays one unit on the wire and on disk, and the
-partitions still fill evenly. The key hash is CRC32C of the key bytes modulo the partition
-count, stable across processes, machines and versions.
+partitions still fill evenly. A keyed message goes to ``key_hash(key) % partitions``
+(:mod:`headwater.model.hashing`: CRC32C mixed by MurmurHash3's finalizer), stable across
+processes, machines and versions.
 
 >>> p = Partitioner("round_robin")
 >>> first = p.sticky("orders", 4)
@@ -29,7 +30,7 @@ import random
 from collections.abc import Callable
 
 from headwater.errors import InvalidArgumentError
-from headwater.model.batch import crc32c
+from headwater.model.hashing import key_hash
 from headwater.model.message import Message
 
 __all__ = ["Partitioner", "PartitionFn", "key_partition"]
@@ -38,13 +39,13 @@ PartitionFn = Callable[[Message, int], int]
 
 
 def key_partition(key: bytes, partitions: int) -> int:
-    """The partition a key maps to: ``crc32c(key) % partitions``."""
+    """The partition a key maps to: ``key_hash(key) % partitions``."""
     if type(key) is not bytes:
         raise InvalidArgumentError(
             f"a message key is bytes, got {type(key).__name__}"
             + (" (encode it first, e.g. key.encode())" if isinstance(key, str) else "")
         )
-    return crc32c(key) % partitions
+    return key_hash(key) % partitions
 
 
 class Partitioner:

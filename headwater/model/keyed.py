@@ -2,7 +2,7 @@
 
 A keyed group declares a **key** — the message key (``"key"``) or a named property
 (``"property:NAME"``) — and a **size** n. Member i (0 <= i < n) receives exactly the messages
-whose key hashes to i: ``crc32c(key) % n``, a message without the key counting as the empty
+whose key hashes to i: ``key_hash(key) % n`` (:mod:`headwater.model.hashing`), a message without the key counting as the empty
 key (member 0). Every member reads every partition of the queue, so this holds whatever the
 queue's partition count; the broker drops the other members' messages before sending
 (:class:`KeyHashFilter`). Order per key follows: one key lives in one partition (producers
@@ -42,9 +42,10 @@ import msgspec
 
 from headwater.errors import InvalidArgumentError, StaleGenerationError, UsageError
 from headwater.model.checks import check_int_arg
-from headwater.model.batch import BatchHeader, crc32c
+from headwater.model.batch import BatchHeader
 from headwater.model.filtering import Columns
 from headwater.model.groups import GroupSummary
+from headwater.model.hashing import key_hash
 
 __all__ = [
     "KeyedGroupInfo",
@@ -89,12 +90,12 @@ def key_of(property_name: str | None, key: bytes | None, properties: Mapping[str
 
 
 def member_of(key: bytes, size: int) -> int:
-    """The member of a group of ``size`` that receives ``key``: ``crc32c(key) % size``.
+    """The member of a group of ``size`` that receives ``key``: ``key_hash(key) % size``.
 
     >>> member_of(b"user-17", 4), member_of(b"", 4)
-    (1, 0)
+    (2, 0)
     """
-    return crc32c(key) % size if key else 0
+    return key_hash(key) % size if key else 0
 
 
 def _check_size(size: object, what: str = "size") -> int:
@@ -129,14 +130,14 @@ class KeyHashFilter:
             keys = cols.keys
             if keys is None:
                 return [member == 0] * count
-            return [(crc32c(k) % size if k else 0) == member for k in keys]
+            return [(key_hash(k) % size if k else 0) == member for k in keys]
         props, name = cols.properties, self.property
         if props is None:
             return [member == 0] * count
         out = []
         for p in props:
             v = p.get(name) if p else None
-            out.append((crc32c(v.encode()) % size if v else 0) == member)
+            out.append((key_hash(v.encode()) % size if v else 0) == member)
         return out
 
 

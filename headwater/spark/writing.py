@@ -58,6 +58,7 @@ from headwater.errors import (
 )
 from headwater.model.batch import crc32c, encode_batch
 from headwater.model.delay import DELAYED_PARTITION_BIT
+from headwater.model.hashing import key_hash
 from headwater.model.message import to_epoch_ms
 from headwater.model.config import QueueInfo
 from headwater.model.message import Message
@@ -251,7 +252,7 @@ class TaskWriter:
                     f"a row's partition is {bad[0]}, but queue {q.info.name!r} has partitions 0..{n - 1}"
                 )
         if keys is not None and self.opts.partitioner in ("default", "key"):
-            dest = [crc32c(k) % n if k is not None else -1 for k in keys]
+            dest = [key_hash(k) % n if k is not None else -1 for k in keys]
         else:
             dest = [-1] * rows
         if parts is not None:
