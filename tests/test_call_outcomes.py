@@ -277,6 +277,59 @@ def test_asyncio_hung_broker_costs_a_call_one_request_timeout(server, proxy, dir
     asyncio.run(main())
 
 
+def test_a_group_member_closing_against_a_hung_broker_waits_one_request_timeout(server, proxy, direct):
+    """Its closing commit goes unanswered, so it does not try to leave as well: the member
+    expires after its session timeout instead (closing used to wait for both calls)."""
+    direct.admin.create_queue("members", exist_ok=True)
+    direct.send("members", b"x")
+    a = headwater.connect(proxy.address, connect_timeout_s=1, request_timeout_s=1)
+    c = a.consumer(group="closing", subscribe="members", session_timeout_ms=60_000, heartbeat_interval_ms=30_000)
+    try:
+        assert wait_for_records(c.poll, 1)
+        proxy.hold = True
+        t0 = time.monotonic()
+        c.close()
+        took = time.monotonic() - t0
+        assert 0.9 < took < 1.8, f"close took {took:.2f} s"
+    finally:
+        a.close()
+        proxy.hold = False
+
+
+def test_an_asyncio_group_member_closing_against_a_hung_broker_waits_one_request_timeout(server, proxy, direct):
+    direct.admin.create_queue("amembers", exist_ok=True)
+    direct.send("amembers", b"x")
+
+    async def main() -> float:
+        a = await headwater.aio.connect(proxy.address, connect_timeout_s=1, request_timeout_s=1)
+        c = a.consumer(group="aclosing", subscribe="amembers", session_timeout_ms=60_000, heartbeat_interval_ms=30_000)
+        try:
+            await c.start()
+            for _ in range(50):
+                if await c.poll(timeout_ms=100):
+                    break
+            else:
+                raise AssertionError("the member read nothing")
+            proxy.hold = True
+            t0 = time.monotonic()
+            await c.close()
+            return time.monotonic() - t0
+        finally:
+            await a.close()
+            proxy.hold = False
+
+    took = asyncio.run(main())
+    assert 0.9 < took < 1.8, f"close took {took:.2f} s"
+
+
+def wait_for_records(poll, want: int) -> list:
+    got: list = []
+    deadline = time.monotonic() + 10
+    while len(got) < want and time.monotonic() < deadline:
+        got += poll(timeout_ms=100)
+    return got
+
+
 # 3. a wrong argument is told in the same words embedded and over the network -------------
 
 

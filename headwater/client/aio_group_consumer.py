@@ -178,8 +178,12 @@ class AsyncGroupConsumer(AsyncConsumer):
             member = self._view.member()
             if member is not None:
                 held = set(self._fetch_pos)
-                if held:
-                    await self._revoke(held, commit=commit and self._commit_on_revoke)
+                # a broker that did not answer the closing commit would not answer the leave
+                # either: skip it, so that close() costs one request_timeout_s, not two
+                if held and not await self._revoke(held, commit=commit and self._commit_on_revoke):
+                    log.info("group %s: not leaving, the broker is unreachable; the member expires after "
+                             "session_timeout_ms", self.group)
+                    return
                 try:
                     await self._service.leave_group(self.group, member)
                 except HeadwaterError as e:
@@ -239,7 +243,10 @@ class AsyncGroupConsumer(AsyncConsumer):
             if added:
                 await self._call(self._on_assign, added)
 
-    async def _revoke(self, tps: set[TP], *, commit: bool) -> None:
+    async def _revoke(self, tps: set[TP], *, commit: bool) -> bool:
+        """Commit (if ``commit``), tell ``on_revoke``, forget ``tps``; False when the broker
+        could not be reached for the commit."""
+        reached = True
         if commit:
             positions = {tp: self._consumed[tp] for tp in tps if tp in self._consumed}
             try:
@@ -249,9 +256,11 @@ class AsyncGroupConsumer(AsyncConsumer):
                 elif positions:
                     await self._commit_member(positions)
             except (GroupError, UnavailableError) as e:
+                reached = not isinstance(e, UnavailableError)
                 log.warning("group %s: could not commit revoked partitions %s: %s", self.group, sorted(tps), e)
         await self._call(self._on_revoke, tps)
         self._forget(tps)
+        return reached
 
     async def _call(self, callback: Callback | None, tps: set[TP]) -> None:
         if callback is None:

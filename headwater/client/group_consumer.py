@@ -207,8 +207,12 @@ class GroupConsumer(Consumer):
                 member = self._view.member()
             if member is not None:
                 held = set(self._fetch_pos)
-                if held:
-                    self._revoke(held, commit=commit and self._commit_on_revoke)
+                # a broker that did not answer the closing commit would not answer the leave
+                # either: skip it, so that close() costs one request_timeout_s, not two
+                if held and not self._revoke(held, commit=commit and self._commit_on_revoke):
+                    log.info("group %s: not leaving, the broker is unreachable; the member expires after "
+                             "session_timeout_ms", self.group)
+                    return
                 try:
                     self._service.leave_group(self.group, member)
                 except HeadwaterError as e:  # it will expire after its session timeout instead
@@ -259,7 +263,10 @@ class GroupConsumer(Consumer):
         if added:
             self._add(added)
 
-    def _revoke(self, tps: set[TP], *, commit: bool) -> None:
+    def _revoke(self, tps: set[TP], *, commit: bool) -> bool:
+        """Commit (if ``commit``), tell ``on_revoke``, forget ``tps``; False when the broker
+        could not be reached for the commit."""
+        reached = True
         if commit:
             positions = {tp: self._consumed[tp] for tp in tps if tp in self._consumed}
             try:
@@ -269,9 +276,11 @@ class GroupConsumer(Consumer):
                 elif positions:
                     self._commit_member(positions)
             except (GroupError, UnavailableError) as e:
+                reached = not isinstance(e, UnavailableError)
                 log.warning("group %s: could not commit revoked partitions %s: %s", self.group, sorted(tps), e)
         self._call(self._on_revoke, tps)
         self._forget(tps)
+        return reached
 
     def _add(self, tps: set[TP]) -> None:
         for queue, offs in by_queue({tp: 0 for tp in tps}).items():
