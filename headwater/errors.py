@@ -37,6 +37,7 @@ from "something outside misbehaved" (:class:`StorageError`, :class:`UnavailableE
     ├── StorageError                     30   no    the disk or the files misbehaved
     │   └── CorruptDataError             31   no    a checksum or layout check failed
     └── UnavailableError                 40   yes   try again later (timeouts, restarts)
+        └── OutcomeUnknownError          41   no    sent, then no answer: it may or may not have been applied
 
 Each class carries a stable numeric ``code`` and a ``retriable`` flag; :func:`error_for_code`
 maps a code back to its class, which is how errors cross the wire.
@@ -78,6 +79,7 @@ __all__ = [
     "StorageError",
     "CorruptDataError",
     "UnavailableError",
+    "OutcomeUnknownError",
     "error_for_code",
 ]
 
@@ -258,6 +260,16 @@ class UnavailableError(HeadwaterError):
 
     code = 40
     retriable = True
+
+
+class OutcomeUnknownError(UnavailableError):
+    """A call that is not safe to repeat (a truncate, a create, a join) reached the broker,
+    or may have, and its answer never came: it may or may not have been applied. Look before
+    calling again (the message says how). Raised by the network client; never sent by a broker.
+    """
+
+    code = 41
+    retriable = False
 
 
 def _all_error_classes() -> dict[int, type[HeadwaterError]]:

@@ -26,7 +26,7 @@ import pytest
 import headwater
 import headwater.aio
 from headwater.client.remote import CLOSE_TIMEOUT_S, Tries
-from headwater.errors import InvalidArgumentError, UnavailableError
+from headwater.errors import InvalidArgumentError, OutcomeUnknownError, UnavailableError
 from headwater.protocol import messages as m
 
 
@@ -141,7 +141,8 @@ def truncate_while_another_client_sends(direct, truncate) -> BaseException | Non
 
 
 def assert_outcome_unknown(error: BaseException | None) -> None:
-    assert isinstance(error, UnavailableError), error
+    assert isinstance(error, OutcomeUnknownError) and isinstance(error, UnavailableError), error
+    assert not error.retriable  # a loop that retries what is retriable leaves it alone
     text = str(error)
     assert "TRUNCATE_QUEUE" in text and "may or may not have been applied" in text, text
     assert "not sent again" in text and "admin.describe_queue('t')" in text, text

@@ -19,7 +19,8 @@ What is sent again, and when (``docs/design/client.md``, "What a blocking call s
   twice is the same as once (reads; commits and checkpoints of offsets; enabling a queue;
   cancelling a delayed message; ...). The others (create, delete and truncate a queue, add
   partitions, join a group, ack/nack/extend leases, add or delete a subscriber) fail with
-  an UnavailableError that says the outcome is unknown and how to look.
+  :class:`~headwater.errors.OutcomeUnknownError` (an UnavailableError whose ``retriable``
+  is False), whose message says how to look.
 - Appends are not sent again here: the producer retries them, and its idempotent batches
   make that safe.
 - Nothing is sent again once an attempt to connect for it has given up (nothing answered
@@ -39,7 +40,7 @@ from typing import Any
 from headwater.model.checks import check_int_arg, check_offsets_arg, check_queue_arg
 from headwater.client.send_future import LazyFuture
 from headwater.client.transport import AsyncTransport
-from headwater.errors import ClosedError, UnavailableError
+from headwater.errors import ClosedError, OutcomeUnknownError, UnavailableError
 from headwater.model.config import QueueConfig, QueueInfo
 from headwater.model.delay import DelayStats
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
@@ -186,11 +187,11 @@ class Tries:
         self.left -= 1
         return None
 
-    def _outcome_unknown(self, error: UnavailableError, late: bool) -> UnavailableError:
+    def _outcome_unknown(self, error: UnavailableError, late: bool) -> OutcomeUnknownError:
         body = self.body
         why = f"got no answer in {self.timeout_s} s" if late else f"then {error}"
         look = _HOW_TO_LOOK.get(type(body))
-        return UnavailableError(
+        return OutcomeUnknownError(
             f"{body.api.name} was sent to {self.transport.address} and {why}: it may or may not have been "
             f"applied, and it is not sent again{'; ' + look(body) if look else ''}"
         )
