@@ -20,7 +20,9 @@ the ratios leave it out.
 Run ``python -m bench.latency`` from the repository root (about 3 minutes with the default
 systems; ``--rounds`` and ``--seconds`` change that; ``--rate`` runs another schedule, to see
 how much of the tail follows the load; ``--spin-us 0`` paces the producer by sleeping alone,
-to see how much of it follows the CPU the producer burns spinning to its send times). It
+to see how much of it follows the CPU the producer burns spinning to its send times;
+``--halt-poll-us 500`` lets idle vCPUs poll that long before they halt, for this run only, to
+see how much of it is waking halted vCPUs, for every system alike). It
 prints every round, then per system and mode the median, best and worst of the rounds' p99,
 and per round Headwater's p99 over the best peer's (async against every peer mode, sync
 against the peer modes that fsync before acknowledging, as in :mod:`bench.network`).
@@ -241,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the producer (and the lone timer) sleeps until this close to each send time, "
                              f"then spins (default: {SPIN_NS // 1000}); 0 sleeps only, with the kernel's timer "
                              f"slack at 1 ns: no CPU burnt waiting, sends a little late")
+    parser.add_argument("--halt-poll-us", type=int, metavar="US",
+                        help="for this run, let an idle vCPU poll up to US µs before it halts (the guest "
+                             "kernel's halt polling, /sys/module/haltpoll/parameters/guest_halt_poll_ns; "
+                             "root only), then put the setting back; every system gets it alike "
+                             "(default: leave the machine as it is)")
     parser.add_argument("--json", metavar="PATH", help="also save the rounds as JSON to PATH")
     parser.add_argument("--pool", metavar="PATH", nargs="+",
                         help="run nothing: read runs saved with --json and show each system's p99 by the "
@@ -263,12 +270,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds and --rate must be at least 1 and --seconds above 0")
     if not 0 <= args.spin_us < 1_000_000 // args.rate:
         parser.error(f"--spin-us must be from 0 to below the send interval ({1_000_000 // args.rate} µs at --rate {args.rate})")
+    if args.halt_poll_us is not None and not 0 <= args.halt_poll_us <= 10_000:
+        parser.error("--halt-poll-us must be from 0 to 10000")
     install_signal_handlers()
     command = "python -m bench.latency " + " ".join(argv if argv is not None else sys.argv[1:])
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     rev = machine.revision()
     console.print(f"[bold]{command.strip()}[/]  ({started}, code at {rev})")
     with contextlib.ExitStack() as stack:
+        if args.halt_poll_us is not None:
+            try:
+                before = stack.enter_context(machine.halt_polling(args.halt_poll_us * 1000))
+            except OSError as e:
+                parser.error(f"--halt-poll-us: {e}")
+            console.log(f"guest halt polling: up to {args.halt_poll_us} µs for this run (it was "
+                        f"{before // 1000} µs; put back at the end)")
         entries: list[tuple[str, Any, Any]] = []
         modes: dict[str, Any] = {}
         for name in systems:
@@ -288,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         if not entries:
             console.print("[red]no system could be set up[/]")
             return 1
+        halt_poll_ns = machine.halt_poll_ns()
         rounds = run_rounds(entries, rounds=args.rounds, seconds=args.seconds, rate=args.rate,
                             spin_ns=args.spin_us * 1000, log=console.log)
     summary = summarize(rounds, modes)
@@ -296,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"command": command.strip(), "started": started, "revision": rev,
-                                    "spin_us": args.spin_us, "rounds": rounds,
+                                    "spin_us": args.spin_us, "halt_poll_ns": halt_poll_ns, "rounds": rounds,
                                     "summary": summary}, indent=1, default=str))
         console.print(f"saved {path}")
     return 0

@@ -21,16 +21,18 @@ directory given (a temporary one under /tmp) and removed before returning.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["write_bandwidth", "fsync_latency", "timer_lateness", "sleep_until_ns", "exact_sleeps", "facts",
-           "meminfo_kib", "process_cpu_times", "context_switches"]
+           "meminfo_kib", "process_cpu_times", "context_switches", "halt_poll_ns", "halt_polling"]
 
 #: How close to a tick ``sleep_until_ns`` stops sleeping and spins (sleep() overshoots by ~0.1 ms).
 SPIN_NS = 150_000
@@ -179,7 +181,47 @@ def facts(directory: str | Path) -> dict[str, object]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "loadavg_1m": round(os.getloadavg()[0], 2),
+        "cpuidle_driver": _read("/sys/devices/system/cpu/cpuidle/current_driver"),
+        "guest_halt_poll_ns": halt_poll_ns(),
     }
+
+
+#: The guest kernel's halt polling (the ``haltpoll`` cpuidle driver of a KVM guest): an idle
+#: vCPU polls for up to this many ns before it halts and gives its core back to the host.
+HALT_POLL_PATH = "/sys/module/haltpoll/parameters/guest_halt_poll_ns"
+
+
+def halt_poll_ns(path: str = HALT_POLL_PATH) -> int | None:
+    """The guest's halt polling limit now, in ns (0: an idle vCPU halts at once); None when
+    this machine has no such setting (not a KVM guest with the haltpoll driver).
+
+    >>> import tempfile
+    >>> with tempfile.NamedTemporaryFile("w") as f:
+    ...     _ = f.write("200000\\n"); f.flush()
+    ...     halt_poll_ns(f.name), halt_poll_ns(f.name + ".absent")
+    (200000, None)
+    """
+    text = _read(path)
+    return int(text) if text is not None and text.isdigit() else None
+
+
+@contextlib.contextmanager
+def halt_polling(ns: int, path: str = HALT_POLL_PATH) -> Iterator[int]:
+    """Set the guest's halt polling limit to ``ns`` for the block, and put back what it was.
+
+    Halt polling is the kernel's way of keeping an idle vCPU from halting for a while, so that
+    the next interrupt finds it awake; every system under test gets it alike. Needs root, and
+    a guest with the haltpoll driver: raises OSError naming the file otherwise.
+    """
+    before = halt_poll_ns(path)
+    if before is None:
+        raise OSError(f"{path} is missing: this machine has no guest halt polling to set "
+                      "(the haltpoll cpuidle driver of a KVM guest)")
+    Path(path).write_text(f"{ns}\n")
+    try:
+        yield before
+    finally:
+        Path(path).write_text(f"{before}\n")
 
 
 def _read(path: str) -> str | None:

@@ -267,3 +267,26 @@ def test_a_latency_runs_cpu_adds_up_to_a_share_of_the_machine():
     assert cpu_note(cpu, 2000).endswith("in all 250, 0.50 CPUs at 2,000/s")
     assert "in all" not in cpu_note(cpu)  # no rate, no share
     assert "in all" not in cpu_note({**cpu, "server": None}, 2000)  # a side unknown
+
+
+def test_halt_polling_is_set_for_the_run_and_put_back_even_after_an_error(tmp_path):
+    from bench import machine
+
+    knob = tmp_path / "guest_halt_poll_ns"
+    knob.write_text("0\n")
+    with pytest.raises(RuntimeError):
+        with machine.halt_polling(500_000, path=str(knob)) as before:
+            assert before == 0 and machine.halt_poll_ns(str(knob)) == 500_000
+            raise RuntimeError("the run failed")
+    assert machine.halt_poll_ns(str(knob)) == 0
+    with pytest.raises(OSError, match="no guest halt polling"):
+        with machine.halt_polling(1, path=str(tmp_path / "absent")):
+            pass
+
+
+def test_halt_polling_out_of_range_is_refused_before_anything_runs(capsys):
+    from bench.latency import main
+
+    with pytest.raises(SystemExit):
+        main(["--halt-poll-us", "20000", "--systems", "floor"])
+    assert "--halt-poll-us must be from 0 to 10000" in capsys.readouterr().err
