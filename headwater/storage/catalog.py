@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from headwater.errors import NotADataDirectoryError, UnsupportedFormatError
+from headwater.errors import CorruptDataError, NotADataDirectoryError, UnsupportedFormatError
 from headwater.model.config import QueueConfig
 from headwater.storage.segment import write_atomically
 
@@ -56,7 +56,7 @@ class Catalog(msgspec.Struct, kw_only=True):
         raw = path.read_bytes()
         try:
             probe = msgspec.json.decode(raw)
-        except msgspec.DecodeError as e:
+        except (msgspec.DecodeError, UnicodeDecodeError) as e:  # (invalid UTF-8 raises the latter)
             raise NotADataDirectoryError(
                 f"{path} is not a Headwater catalog (not JSON: {e}); is this directory "
                 f"someone else's?"
@@ -71,9 +71,34 @@ class Catalog(msgspec.Struct, kw_only=True):
                 f"Headwater reads format {FORMAT_VERSION}"
             )
         try:
-            return msgspec.json.decode(raw, type=cls)
+            cat = msgspec.json.decode(raw, type=cls)
         except msgspec.ValidationError as e:
             raise UnsupportedFormatError(f"{path} does not match the catalog format: {e}") from e
+        cat._check(path)
+        return cat
+
+    def _check(self, path: Path) -> None:
+        """Refuse a catalog whose fields disagree with each other (a damaged or hand-edited
+        file) with an error naming it, rather than fail later with a bare ValueError or
+        serve partitions that are not there."""
+        try:
+            uuid.UUID(self.store_id)
+        except ValueError:
+            raise CorruptDataError(f"{path} is damaged: store_id {self.store_id!r} is not a UUID") from None
+        for name, e in self.queues.items():
+            if e.name != name or len(e.start_offsets) != e.config.partitions or min(e.start_offsets, default=0) < 0:
+                raise CorruptDataError(
+                    f"{path} is damaged: queue {name!r} disagrees with itself (name, partitions "
+                    f"or start offsets); restore the file from a backup"
+                )
+            if e.queue_id >= self.next_queue_id:
+                raise CorruptDataError(
+                    f"{path} is damaged: queue {name!r} has id {e.queue_id}, not below "
+                    f"next_queue_id {self.next_queue_id}; restore the file from a backup"
+                )
+
+    def to_bytes(self) -> bytes:
+        return msgspec.json.format(msgspec.json.encode(self), indent=2)
 
     def save(self, path: Path) -> None:
-        write_atomically(path, msgspec.json.format(msgspec.json.encode(self), indent=2))
+        write_atomically(path, self.to_bytes())

@@ -10,7 +10,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from headwater.errors import DataDirectoryLockedError
+from headwater.errors import DataDirectoryError, DataDirectoryLockedError
 
 __all__ = ["DirectoryLock"]
 
@@ -21,7 +21,13 @@ class DirectoryLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # a read-only file system or folder
+            raise DataDirectoryError(
+                f"cannot lock {self.path.parent} ({e.strerror}: {self.path}); a data directory "
+                f"must be writable, even to read it"
+            ) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

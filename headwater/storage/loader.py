@@ -17,9 +17,10 @@ Crash policy:
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
-from headwater.errors import CorruptDataError, InvalidBatchError
+from headwater.errors import CorruptDataError, DataDirectoryError, InvalidBatchError
 from headwater.model.batch import (
     FLAG_HAS_KEYS,
     HEADER_SIZE,
@@ -35,6 +36,8 @@ from headwater.storage.segment_index import SegmentIndex
 __all__ = ["load_segments", "scan_segment", "key_hashes", "walk_headers"]
 
 log = logging.getLogger("headwater.storage")
+
+_SEGMENT_NAME = re.compile(r"[0-9]{20}\.log")  # segment_name(base, ".log")
 
 
 def key_hashes(keys: list[bytes | None]) -> list[int]:
@@ -109,6 +112,14 @@ def load_segments(
     for stray in log_dir.glob("*.tmp"):
         stray.unlink()
     paths = sorted(log_dir.glob("*.log"))
+    # Only our own names: a foreign or copied file ("... (copy).log") failed with a bare
+    # ValueError, or, sorting last and short, was removed as a segment never written.
+    foreign = [p.name for p in paths if not _SEGMENT_NAME.fullmatch(p.name)]
+    if foreign:
+        raise DataDirectoryError(
+            f"{log_dir} holds files that are not segments ({', '.join(foreign[:3])}"
+            f"{', ...' if len(foreign) > 3 else ''}); move them out of that folder"
+        )
     # a crash while creating the newest segment can leave it shorter than its header
     if paths and paths[-1].stat().st_size < SEGMENT_HEADER_SIZE:
         log.warning("removing %s: created but never written (crash during roll)", paths[-1].name)

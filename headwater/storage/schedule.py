@@ -168,6 +168,8 @@ class ScheduleFile:
             os.replace(tmp, path)  # a crash never leaves a file without its header
             fsync_dir(directory)
         except OSError as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink()  # a full disk: give its space back now, not at the next open
             raise StorageError(f"cannot create schedule file {path}: {e}") from e
         f = cls(path, bucket_start_ms, bucket_end_ms, FILE_HEADER_SIZE)
         f._fd = fd

@@ -28,6 +28,7 @@ loader finds it by checksum and cuts it (see headwater.storage.loader).
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import struct
@@ -87,18 +88,28 @@ def fsync_dir(path: Path) -> None:
 def write_atomically(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves the old file or the new one,
     never a mix: write ``<name>.tmp``, fsync it, rename it over ``path``, fsync the folder.
-    (Opening a store removes stray ``*.tmp`` files.)"""
+    (Opening a store removes stray ``*.tmp`` files.)
+    A failure (a full disk) raises StorageError naming the file and removes the temp file,
+    so the space it took comes back and the old file stays in place."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise StorageError(f"cannot write {path}: {e}") from e
+    try:
+        fsync_dir(path.parent)
+    except OSError as e:
+        raise StorageError(f"cannot fsync the folder of {path}: {e}") from e
 
 
 class LogSegment:
@@ -119,14 +130,22 @@ class LogSegment:
     def create(cls, path: Path, base_position: int, store_id: bytes, created_ms: int) -> LogSegment:
         head = _HEADER.pack(_MAGIC, 1, 0, 0, base_position, created_ms, store_id, b"", 0)
         head = head[:60] + struct.pack("<I", crc32c(head[:60]))
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        # A failure (a full disk) removes the file again: left behind, it would make every
+        # later roll fail on the existing name, and no append could ever succeed again.
         try:
-            os.write(fd, head)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as e:
+            raise StorageError(f"cannot create segment {path}: {e}") from e
+        try:
+            if os.write(fd, head) != len(head):
+                raise OSError(errno.ENOSPC, "short write of the segment header")
             os.fsync(fd)
+            fsync_dir(path.parent)
         except OSError as e:
             os.close(fd)
+            with contextlib.suppress(OSError):
+                path.unlink()
             raise StorageError(f"cannot create segment {path}: {e}") from e
-        fsync_dir(path.parent)
         seg = cls(path, base_position, SEGMENT_HEADER_SIZE)
         seg._fd = fd
         return seg

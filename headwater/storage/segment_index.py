@@ -43,7 +43,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from pathlib import Path
 
-from headwater.errors import CorruptDataError
+from headwater.errors import CorruptDataError, StorageError
 from headwater.model.batch import BatchHeader, crc32c
 from headwater.storage.segment import write_atomically
 
@@ -214,4 +214,11 @@ class SegmentIndex:
 
     @classmethod
     def read(cls, path: Path) -> SegmentIndex:
-        return cls.from_bytes(path.read_bytes())
+        """The index in ``path``; errors name the file (a reader far from the open that
+        checked it gets them too, when the index left the cache and was damaged since)."""
+        try:
+            return cls.from_bytes(path.read_bytes())
+        except CorruptDataError as e:
+            raise CorruptDataError(f"{path}: {e}") from e
+        except OSError as e:
+            raise StorageError(f"cannot read the index {path}: {e.strerror}") from e

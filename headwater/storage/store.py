@@ -23,6 +23,7 @@ read (the reads themselves happen outside it), fsyncs never.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -37,6 +38,7 @@ import msgspec
 from headwater.errors import (
     ClosedError,
     CorruptDataError,
+    DataDirectoryError,
     InvalidArgumentError,
     MessageNotFoundError,
     NotADataDirectoryError,
@@ -134,6 +136,9 @@ class _Span:
 
 
 _UNCACHE_CHUNK_BYTES = 8 * 1024 * 1024  # the page cache is let go of this much at a time, or more
+# batches a fetch skips (tag filter) before it answers with what it has and where it got to:
+# the walk holds the store's lock, so appends wait for it (300,000 skipped: 0.1 s)
+_SKIP_BATCHES_MAX = 8192
 
 
 class _Expiry(NamedTuple):
@@ -204,7 +209,10 @@ class LogStore:
         p = self.path
         if p.exists() and not p.is_dir():
             raise NotADataDirectoryError(f"{p} is a file; a data directory must be a directory")
-        p.mkdir(parents=True, exist_ok=True)
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a file on the way, a read-only file system, no permission
+            raise DataDirectoryError(f"cannot create the data directory {p}: {e.strerror}") from e
         if not (p / CATALOG_FILE).exists():
             # the catalog's temp file is ours too: a crash during the very first open, before
             # the catalog was renamed into place, left it, and the directory must still open
@@ -226,6 +234,13 @@ class LogStore:
         self._log_dir = self.path / "log"
         if cat_path.exists():
             self._catalog = Catalog.load(cat_path)
+        elif any(self._log_dir.glob("*.log")):
+            # A new catalog would carry a new store id that no segment matches, and would be
+            # written before that was found out: refuse, and touch nothing.
+            raise NotADataDirectoryError(
+                f"{cat_path} is missing but {self._log_dir} holds log segments; restore "
+                f"{CATALOG_FILE} (from a backup) or move the directory aside"
+            )
         else:
             self._catalog = Catalog.new(self._now_ms())
             self._log_dir.mkdir(exist_ok=True)
@@ -400,6 +415,23 @@ class LogStore:
             q.entry.start_offsets = [pl.start_offset for pl in q.partitions]
         self._catalog.save(self.path / CATALOG_FILE)
 
+    def _save_catalog_or_undo(self, undo: Callable[[], None]) -> None:
+        """Save the catalog after an admin change; when that fails (a full disk), ``undo``
+        the change in memory and raise. Otherwise the store would act on a catalog the disk
+        does not hold: a queue created only in memory takes acknowledged messages and
+        vanishes with them at the next open, and a retry says it already exists."""
+        try:
+            self._save_catalog()
+        except BaseException:
+            path = self.path / CATALOG_FILE
+            with contextlib.suppress(OSError):  # renamed into place, only the folder's fsync failed
+                if path.read_bytes() == self._catalog.to_bytes():
+                    raise
+            undo()
+            for q in self._queues.values():
+                q.entry.start_offsets = [pl.start_offset for pl in q.partitions]
+            raise
+
     def _info(self, q: _Queue, now_ms: int) -> QueueInfo:
         e = q.entry
         parts = [
@@ -435,7 +467,11 @@ class LogStore:
             q = _Queue(entry)
             self._queues[name] = q
             self._by_id[entry.queue_id] = q
-            self._save_catalog()
+
+            def undo() -> None:
+                del self._queues[name], self._by_id[entry.queue_id], self._catalog.queues[name]
+
+            self._save_catalog_or_undo(undo)
             log.info("created queue %s (id %d, %d partitions)", name, entry.queue_id, config.partitions)
             return self._info(q, now)
 
@@ -462,8 +498,8 @@ class LogStore:
                 raise InvalidArgumentError(
                     f"offset {offset} is outside {queue}[{partition}] ({pl.start_offset}..{pl.end_offset})"
                 )
-            pl.start_offset = offset
-            self._save_catalog()
+            old, pl.start_offset = pl.start_offset, offset
+            self._save_catalog_or_undo(lambda: setattr(pl, "start_offset", old))
 
     def delete_queue(self, name: str) -> None:
         with self._lock:
@@ -472,24 +508,35 @@ class LogStore:
             del self._queues[name]
             del self._by_id[q.entry.queue_id]
             del self._catalog.queues[name]
-            self._save_catalog()
+
+            def undo() -> None:
+                self._queues[name] = self._by_id[q.entry.queue_id] = q
+                self._catalog.queues[name] = q.entry
+
+            self._save_catalog_or_undo(undo)
             log.info("deleted queue %s (id %d)", name, q.entry.queue_id)
 
     def truncate_queue(self, name: str) -> QueueInfo:
         with self._lock:
             self._check_open()
             q = self._queue(name)
+            starts = [pl.start_offset for pl in q.partitions]
             for pl in q.partitions:
                 pl.start_offset = pl.end_offset
-            self._save_catalog()
+
+            def undo() -> None:
+                for pl, start in zip(q.partitions, starts):
+                    pl.start_offset = start
+
+            self._save_catalog_or_undo(undo)
             return self._info(q, self._now_ms())
 
     def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo:
         with self._lock:
             self._check_open()
             q = self._queue(name)
-            q.entry.enabled = bool(enabled)
-            self._save_catalog()
+            was, q.entry.enabled = q.entry.enabled, bool(enabled)
+            self._save_catalog_or_undo(lambda: setattr(q.entry, "enabled", was))
             return self._info(q, self._now_ms())
 
     def add_partitions(self, name: str, partitions: int) -> QueueInfo:
@@ -505,9 +552,14 @@ class LogStore:
                     f"queue {name!r} has {now_n} partitions; the new count must be larger "
                     f"(up to {PARTITIONS_MAX}), got {partitions!r}"
                 )
-            q.entry.config = q.entry.config.replace(partitions=partitions)
+            config, q.entry.config = q.entry.config, q.entry.config.replace(partitions=partitions)
             q.partitions.extend(_Partition(0) for _ in range(partitions - now_n))
-            self._save_catalog()
+
+            def undo() -> None:
+                q.entry.config = config
+                del q.partitions[now_n:]
+
+            self._save_catalog_or_undo(undo)
             return self._info(q, self._now_ms())
 
     # -- appending --------------------------------------------------------------------
@@ -786,16 +838,16 @@ class LogStore:
             end = pl.end_offset
             stop = end if end_offset is None else min(end_offset, end)
             cur = max(offset, start)
-            total = 0
+            total = skipped = 0
             spans = pl.spans
             si = bisect_right(spans, cur, key=lambda s: s.end_offset)
-            while si < len(spans) and cur < stop and total < max_bytes:
+            while si < len(spans) and cur < stop and total < max_bytes and skipped < _SKIP_BATCHES_MAX:
                 sp = spans[si]
                 pe = self._index(sp.segment_base).partitions[key]
                 i = pe.index_of_offset(cur)
                 ranges: list[tuple[int, int]] = []
                 n = len(pe)
-                while i < n and total < max_bytes:
+                while i < n and total < max_bytes and skipped < _SKIP_BATCHES_MAX:
                     bo, cnt, pos, size, _ts, mask = pe.entry(i)
                     if bo >= stop:
                         # Nothing lies in [cur, stop): a gap left by a cut sealed segment.
@@ -806,6 +858,7 @@ class LogStore:
                     cur = max(cur, bo + cnt)
                     i += 1
                     if tag_mask and not mask & tag_mask:
+                        skipped += 1  # the reader asks again from cur
                         continue
                     ranges.append((pos, size))
                     total += size
@@ -945,7 +998,17 @@ class LogStore:
                     pl = q.partitions[part]
                     pl.start_offset = max(pl.start_offset, end)
                     pl.spans = [s for s in pl.spans if s.segment_base != base]
-            self._save_catalog()  # start offsets first: offsets are never reused after a crash
+            unsaved = None
+            try:
+                self._save_catalog()  # start offsets first: offsets are never reused after a crash
+            except StorageError as e:
+                # A full disk, which only deleting segments can cure: delete those whose loss
+                # moves no offset back even if the catalog keeps its old start offsets, then
+                # save again. (Insisting on the save first left a full disk full for good.)
+                doomed = [base for base in doomed if self._deletable_unsaved(base)]
+                if not doomed:
+                    raise
+                unsaved = e
             gone = []
             for base in doomed:
                 del self._summaries[base]
@@ -963,7 +1026,29 @@ class LogStore:
             deleted += 1
         if deleted:
             log.info("retention deleted %d segment(s)", deleted)
+        if unsaved is not None:
+            log.warning("retention deleted %d segment(s) before it could save the catalog (%s)",
+                        deleted, unsaved)
+            with self._lock:
+                if self._closed:
+                    return deleted
+                self._save_catalog()  # raises if there is still no room; the next run tries again
+            deleted += self.enforce_retention()  # the doomed segments that had to wait for it
         return deleted
+
+    def _deletable_unsaved(self, base: int) -> bool:
+        """Whether sealed segment ``base`` (doomed, its spans gone) may be deleted before the
+        catalog saves the start offsets that retention moved: whether every partition with
+        data in it has data in a later segment that stays, from which an open recomputes its
+        end offset, or belongs to a queue that is gone."""
+        for (qid, part), _end, _last_ts in self._summaries[base]:
+            q = self._by_id.get(qid)
+            if q is None or part >= len(q.partitions):
+                continue
+            spans = q.partitions[part].spans
+            if not spans or spans[-1].segment_base < base:
+                return False
+        return True
 
     def _dead(self, key: tuple[int, int], end_offset: int, last_ts: int, now: int) -> bool:
         q = self._by_id.get(key[0])

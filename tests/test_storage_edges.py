@@ -1,0 +1,278 @@
+"""The embedded storage engine at its edges: a full disk, a damaged or missing catalog.
+
+Real files on a real (small) file system: the disk-full tests mount a 2 MiB tmpfs, so they
+need root and skip without it. Every test here reopens the directory and checks that what
+was acknowledged is there, exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import headwater
+from headwater.errors import (
+    CorruptDataError,
+    DataDirectoryError,
+    NotADataDirectoryError,
+    QueueNotFoundError,
+    StorageError,
+)
+
+PAGE = 4096
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 2 MiB tmpfs, unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def fill(disk: Path, leave_pages: int = 0) -> Path:
+    """Fill the file system but ``leave_pages`` pages with a file; return it."""
+    filler = disk / f"filler{len(list(disk.glob('filler*')))}"
+    st = os.statvfs(disk)
+    left = st.f_bavail * st.f_frsize - leave_pages * PAGE
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        while left > 0:
+            left -= os.write(fd, b"\0" * min(left, 1 << 20))
+    except OSError:
+        pass  # full
+    finally:
+        os.close(fd)
+    return filler
+
+
+def bodies(hw, queue: str) -> list[bytes]:
+    return [r.body for r in hw.scanner(queue)]
+
+
+# -- a full disk ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("leave_pages", range(6))
+def test_a_disk_full_while_a_segment_rolls_leaves_the_store_writable(small_disk, leave_pages):
+    """The roll to a new segment writes a producer snapshot, an index and the new segment's
+    header; whichever of them the full disk stops, the append fails with a StorageError and
+    appends work again once space is freed. (A segment file left half created made every
+    later roll fail with FileExistsError until the store was reopened.)"""
+    data = small_disk / "data"
+    hw = headwater.open(data, flush="sync", segment_bytes_max=64 * 1024)
+    hw.admin.create_queue("q", partitions=1)
+    acked = []
+    for i in range(6):  # 6 x ~10 KiB: the next batch does not fit and rolls the segment
+        hw.send("q", b"%d|" % i + b"x" * 10_000)
+        acked.append(i)
+    assert len(list((data / "log").glob("*.log"))) == 1
+    filler = fill(small_disk, leave_pages)
+    try:
+        hw.send("q", b"6|" + b"x" * 10_000)
+        acked.append(6)
+    except StorageError as e:
+        assert "No space left" in str(e)
+    filler.unlink()
+    for i in range(7, 12):
+        hw.send("q", b"%d|" % i + b"x" * 10_000)
+        acked.append(i)
+    hw.close()
+    assert not list(data.rglob("*.tmp"))
+    with headwater.open(data) as hw:
+        assert [int(b.split(b"|")[0]) for b in bodies(hw, "q")] == acked
+
+
+def test_admin_changes_the_full_disk_refused_are_not_made(small_disk):
+    """An admin change whose catalog write fails is undone in memory too. (A queue created
+    while the disk was full existed in memory only: a retry said it already existed, it took
+    acknowledged messages, and it vanished with them at the next open.)"""
+    data = small_disk / "data"
+    hw = headwater.open(data, flush="sync")
+    hw.admin.create_queue("kept", partitions=2)
+    hw.send("kept", b"a", partition=0)
+    filler = fill(small_disk)
+    with pytest.raises(StorageError, match="headwater.json"):
+        hw.admin.create_queue("new", partitions=1)
+    with pytest.raises(QueueNotFoundError):
+        hw.admin.describe_queue("new")
+    with pytest.raises(StorageError):
+        hw.admin.truncate_queue("kept")
+    with pytest.raises(StorageError):
+        hw.admin.delete_queue("kept")
+    with pytest.raises(StorageError):
+        hw.admin.add_partitions("kept", 3)
+    info = hw.admin.describe_queue("kept")
+    assert len(info.partitions) == 2 and info.partitions[0].start_offset == 0
+    assert bodies(hw, "kept") == [b"a"]
+    filler.unlink()
+    hw.admin.create_queue("new", partitions=1)  # the retry works once there is room
+    hw.send("new", b"n")
+    hw.close()
+    assert not list(data.rglob("*.tmp"))
+    with headwater.open(data) as hw:
+        assert bodies(hw, "new") == [b"n"]
+        assert bodies(hw, "kept") == [b"a"]
+
+
+def test_retention_frees_a_full_disk_it_cannot_write_the_catalog_on(small_disk, clock):
+    """Retention saves the moved start offsets before it deletes segments; on a disk with no
+    room for the catalog that save failed, so nothing was ever deleted and the disk stayed
+    full although expired segments filled it. Now it first deletes the segments whose loss
+    moves no offset back, then saves."""
+    data = small_disk / "data"
+    hw = headwater.open(data, flush="sync", segment_bytes_max=64 * 1024, clock=clock)
+    hw.admin.create_queue("old", partitions=1, ttl_s=60)
+    hw.admin.create_queue("live", partitions=1, ttl_s=None)
+    sent = 0
+    with pytest.raises(StorageError, match="No space left"):
+        while True:
+            hw.send("old", b"x" * 20_000)
+            sent += 1
+    fill(small_disk)  # someone else takes the last pages
+    clock.advance(120)  # everything in "old" expires
+    assert hw.service.store.enforce_retention() > 0
+    hw.send("live", b"y" * 20_000)
+    hw.close()
+    with headwater.open(data, clock=clock) as hw:
+        assert hw.admin.describe_queue("old").partitions[0].end_offset == sent  # no offset goes back
+        assert bodies(hw, "old") == []
+        assert bodies(hw, "live") == [b"y" * 20_000]
+
+
+# -- the catalog ----------------------------------------------------------------------------
+
+
+def _store_with_data(path: Path) -> None:
+    with headwater.open(path) as hw:
+        hw.admin.create_queue("q", partitions=2)
+        for i in range(4):
+            hw.send("q", b"m%d" % i, partition=i % 2)
+
+
+def test_a_missing_catalog_beside_segments_is_refused_and_nothing_is_written(tmp_path):
+    """Without headwater.json the store used to write a fresh catalog (a new store id) and
+    then fail on 'segment ... belongs to another store', leaving the directory worse."""
+    data = tmp_path / "data"
+    _store_with_data(data)
+    (data / "headwater.json").unlink()
+    with pytest.raises(NotADataDirectoryError, match="headwater.json is missing"):
+        headwater.open(data)
+    assert not (data / "headwater.json").exists()
+
+
+@pytest.mark.parametrize("damage", ["invalid utf-8", "store id", "start offsets", "queue id"])
+def test_a_damaged_catalog_is_refused_with_an_error_naming_it(tmp_path, damage):
+    data = tmp_path / "data"
+    _store_with_data(data)
+    path = data / "headwater.json"
+    raw = path.read_bytes()
+    if damage == "invalid utf-8":
+        raw = raw.replace(b'"q"', b'"\xf3"', 1)
+    else:
+        cat = json.loads(raw)
+        if damage == "store id":
+            cat["store_id"] = "not-a-uuid"
+        elif damage == "start offsets":
+            cat["queues"]["q"]["start_offsets"] = [0]  # two partitions
+        else:
+            cat["queues"]["q"]["queue_id"] = cat["next_queue_id"]
+        raw = json.dumps(cat).encode()
+    path.write_bytes(raw)
+    with pytest.raises((NotADataDirectoryError, CorruptDataError), match="headwater.json"):
+        headwater.open(data)
+    shutil.rmtree(data)
+
+
+# -- the data directory ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["00000000000000000000 (copy).log", "zz-notes.log"])
+def test_a_foreign_file_among_the_segments_is_refused_and_left_alone(tmp_path, name):
+    """A copied segment failed the open with a bare ValueError; a small foreign file that
+    sorted last was deleted as 'a segment created but never written'."""
+    data = tmp_path / "data"
+    _store_with_data(data)
+    foreign = data / "log" / name
+    shutil.copy(data / "log" / "00000000000000000000.log", foreign) if "copy" in name else foreign.write_bytes(b"x")
+    with pytest.raises(DataDirectoryError, match="not segments"):
+        headwater.open(data)
+    assert foreign.exists()
+    foreign.unlink()
+    with headwater.open(data) as hw:
+        assert sorted(bodies(hw, "q")) == [b"m0", b"m1", b"m2", b"m3"]
+
+
+def test_a_data_directory_that_cannot_be_created_says_so(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DataDirectoryError, match="cannot create the data directory"):
+        headwater.open(tmp_path / "file" / "data")
+
+
+def test_a_read_only_data_directory_says_so(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    data = tmp_path / "data"
+    _store_with_data(data)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "--bind", str(data), str(ro)], check=True)
+    try:
+        if subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)]).returncode:
+            pytest.skip("cannot remount read-only")
+        with pytest.raises(DataDirectoryError, match="must be writable"):
+            headwater.open(ro)
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=True)
+
+
+# -- reading --------------------------------------------------------------------------------
+
+
+def test_a_tag_filtered_fetch_skips_a_bounded_number_of_batches_per_call(tmp_path):
+    """The walk over the index that skips batches without the wanted tags holds the store's
+    lock, so every append waited for it: 300,000 skipped batches held it for 0.1 s, and a
+    partition's whole history could be walked at once. A fetch now answers after a bounded
+    number of skipped batches with where it got to; readers ask again from there."""
+    from headwater.model import Message
+    from headwater.model.batch import encode_batch, tag_bit
+
+    with headwater.open(tmp_path / "data") as hw:
+        hw.admin.create_queue("q", partitions=1)
+        store = hw.service.store
+        common = bytes(encode_batch([Message(b"c", tag="common")]))
+        n = 20_000
+        for _ in range(n):
+            store.append("q", 0, common)
+        hw.send("q", b"needle", tag="rare", partition=0)
+        res = store.fetch("q", 0, 0, tag_mask=tag_bit("rare"))
+        assert res.batches == [] and 0 < res.next_offset < n  # moved on, not to the end at once
+        assert [r.body for r in hw.scanner("q", tags="rare")] == [b"needle"]
+        assert [r.offset for r in hw.scanner("q", tags="rare")] == [n]
+
+
+def test_an_index_damaged_after_the_open_is_named_by_the_error(tmp_path):
+    """A sealed index read again after it left the cache said only 'index header damaged'."""
+    data = tmp_path / "data"
+    with headwater.open(data, segment_bytes_max=64 * 1024, index_cache_segments=1) as hw:
+        hw.admin.create_queue("q", partitions=1)
+        for i in range(60):
+            hw.send("q", b"x" * 3000)
+        idx = data / "log" / "00000000000000000000.idx"
+        idx.write_bytes(b"\0" * 64)
+        with pytest.raises(CorruptDataError, match="00000000000000000000.idx"):
+            list(hw.scanner("q"))
