@@ -21,6 +21,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from headwater.errors import StorageError
+
 __all__ = ["GroupCommit", "Flusher"]
 
 log = logging.getLogger("headwater.storage")
@@ -30,40 +32,82 @@ class GroupCommit:
     """Acknowledge-after-fsync with one fsync shared by every concurrent waiter.
 
     ``sync_fn`` fsyncs what has been written and returns the position it covered.
+
+    A failed fsync is final (:attr:`failed`): Linux reports a write-back error once and marks
+    the pages clean, so a second fsync can succeed without the bytes ever reaching the disk
+    (PostgreSQL's "fsyncgate"). Trusting it would acknowledge what a power loss takes, so every
+    wait after the failure raises instead, until the store is opened again. ``on_fail`` is
+    told once.
     """
 
-    def __init__(self, sync_fn: Callable[[], int], durable: int = 0) -> None:
+    def __init__(self, sync_fn: Callable[[], int], durable: int = 0,
+                 on_fail: Callable[[StorageError], None] | None = None) -> None:
         self._sync_fn = sync_fn
+        self._on_fail = on_fail
         self._cond = threading.Condition()
         self._syncing = False
         self.durable = durable
         self.fsyncs = 0
+        self.failed: StorageError | None = None
 
     def wait_durable(self, position: int) -> None:
         with self._cond:
             while self.durable < position:
+                if self.failed is not None:
+                    raise self.refusal()
                 if self._syncing:
                     self._cond.wait()
                     continue
                 self._sync_locked()
 
     def sync_now(self) -> None:
-        """Fsync whatever is written (the async flusher's tick); share an fsync under way."""
+        """Fsync whatever is written (the async flusher's tick); share an fsync under way.
+        Nothing after a failed fsync (it was logged once)."""
         with self._cond:
+            if self.failed is not None:
+                return
             if self._syncing:
                 while self._syncing:
                     self._cond.wait()
                 return
             self._sync_locked()
 
+    def fail(self, error: StorageError) -> None:
+        """Record an fsync that failed outside :meth:`wait_durable` (a segment's seal)."""
+        with self._cond:
+            self._failed_locked(error)
+
+    def refusal(self) -> StorageError:
+        """The error for everything that would need an fsync after :attr:`failed`."""
+        return StorageError(
+            f"this store acknowledges nothing more since an fsync failed ({self.failed}): what was "
+            f"written after the last good fsync may not be on the disk, and the kernel will not write "
+            f"it again. Check the disk (dmesg, free space), then close the store and open it again "
+            f"(a broker: restart it); opening reads the log's tail from the disk"
+        )
+
+    def _failed_locked(self, error: StorageError) -> None:
+        if self.failed is None:
+            self.failed = error
+            log.error("an fsync failed: %s; the store acknowledges nothing more until it is opened again", error)
+            if self._on_fail is not None:
+                self._on_fail(error)
+        self._cond.notify_all()
+
     def _sync_locked(self) -> None:
         self._syncing = True
         self._cond.release()
+        error = None
         try:
             covered = self._sync_fn()
+        except StorageError as e:
+            error = e
+            raise
         finally:
             self._cond.acquire()
             self._syncing = False
+            if error is not None:
+                self._failed_locked(error)
             self._cond.notify_all()
         if covered > self.durable:  # (sync_fn fsyncs nothing when nothing new was written)
             self.fsyncs += 1

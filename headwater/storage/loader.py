@@ -17,6 +17,7 @@ Crash policy:
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -33,7 +34,12 @@ from headwater.model.batch import (
 from headwater.storage.segment import SEGMENT_HEADER_SIZE, LogSegment, segment_name
 from headwater.storage.segment_index import SegmentIndex
 
-__all__ = ["load_segments", "scan_segment", "key_hashes", "walk_headers"]
+__all__ = ["load_segments", "scan_segment", "key_hashes", "walk_headers", "FSYNC_FAILED_FILE"]
+
+#: Left in ``log/`` by a store whose fsync failed (see GroupCommit): the next open reads the
+#: last segment from the disk, not from the page cache, whose pages of it may never have
+#: reached the disk although they look written.
+FSYNC_FAILED_FILE = "FSYNC_FAILED"
 
 log = logging.getLogger("headwater.storage")
 
@@ -125,6 +131,12 @@ def load_segments(
         log.warning("removing %s: created but never written (crash during roll)", paths[-1].name)
         report.append(f"removed {paths[-1].name}: created but never written")
         paths.pop().unlink()
+    note = log_dir / FSYNC_FAILED_FILE
+    if note.exists() and paths:
+        _drop_page_cache(paths[-1])
+        log.warning("an fsync failed in the last run (%s): reading %s from the disk",
+                    note.read_text().strip(), paths[-1].name)
+        report.append(f"read {paths[-1].name} from the disk: an fsync failed in the last run")
     out: list[tuple[LogSegment, SegmentIndex]] = []
     ends: dict[tuple[int, int], int] = {}
     seg: LogSegment | None = None
@@ -166,4 +178,17 @@ def load_segments(
         if seg is not None:
             seg.close()
         raise
+    note.unlink(missing_ok=True)
     return out
+
+
+def _drop_page_cache(path: Path) -> None:
+    """Have the kernel forget its cached pages of ``path``, so that reads go to the disk.
+    Pages a failed write-back left marked clean are dropped too: that is the point."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)

@@ -64,7 +64,7 @@ from headwater.storage.catalog import CATALOG_FILE, Catalog, QueueEntry
 from headwater.storage.dirlock import DirectoryLock
 from headwater.storage.flusher import Flusher, GroupCommit
 from headwater.storage.last_batches import LastBatches, Tail
-from headwater.storage.loader import key_hashes, load_segments, walk_headers
+from headwater.storage.loader import FSYNC_FAILED_FILE, key_hashes, load_segments, walk_headers
 from headwater.storage.producer_state import ProducerStateTable, read_snapshot, write_snapshot
 from headwater.storage.segment import SEGMENT_HEADER_SIZE, LogSegment, segment_name
 from headwater.storage.segment_index import SegmentIndex
@@ -195,7 +195,8 @@ class LogStore:
         self._append_listeners: list[Callable[[str, int, int], None]] = []
         # the page cache below _uncached_upto was let go of (what an earlier run wrote is left to the kernel)
         self._uncached_from = self._uncached_upto = self._active.end_position
-        self._commit = GroupCommit(self._sync_active, durable=self._active.end_position)
+        self._commit = GroupCommit(self._sync_active, durable=self._active.end_position,
+                                   on_fail=self._mark_fsync_failed)
         self._flush_kick_at = self._active.end_position + self.config.flush_bytes
         self._flusher = Flusher("headwater-flush", self.config.flush_interval_ms, self._flush_tick)
         self._retention = Flusher("headwater-retention", self.config.retention_interval_ms,
@@ -319,6 +320,20 @@ class LogStore:
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError(f"the store at {self.path} is closed")
+
+    def _check_writable(self) -> None:
+        """Under the lock, before an append: nothing is appended after a failed fsync."""
+        if self._commit.failed is not None:
+            raise self._commit.refusal()
+
+    def _mark_fsync_failed(self, error: StorageError) -> None:
+        """Leave a note for the next open (the page cache keeps it even if the disk does not):
+        the log's tail may hold pages that look written but never reached the disk, so that
+        open reads the tail from the disk (:func:`~headwater.storage.loader.load_segments`)."""
+        try:
+            (self._log_dir / FSYNC_FAILED_FILE).write_text(f"{error}\n")
+        except OSError as e:
+            log.error("cannot leave the note %s: %s", FSYNC_FAILED_FILE, e)
 
     def _queue(self, name: str) -> _Queue:
         q = self._queues.get(name)
@@ -592,6 +607,7 @@ class LogStore:
         hashes = key_hashes(payload.keys) if payload.keys is not None else None
         with self._lock:
             self._check_open()
+            self._check_writable()
             if self._queues.get(queue) is not q:  # deleted (or re-created) meanwhile
                 q = self._usable_queue(queue)
                 self._partition(q, partition)
@@ -675,6 +691,7 @@ class LogStore:
         hashes = key_hashes(payload.keys) if payload.keys is not None else None
         with self._lock:
             self._check_open()
+            self._check_writable()
             if self._by_id.get(queue_id) is not q:
                 raise QueueNotFoundError(f"no queue has id {queue_id} (was it deleted?)")
             result, end_pos = self._append_locked(q, partition, h, batch, hashes, broker_reserved)
@@ -686,6 +703,11 @@ class LogStore:
     def clock(self) -> Callable[[], float]:
         """The wall clock this store times appends with (injected by tests)."""
         return self._clock
+
+    @property
+    def fsync_failed(self) -> bool:
+        """An fsync failed: the store appends and acknowledges nothing more until reopened."""
+        return self._commit.failed is not None
 
     @property
     def store_id(self) -> bytes:
@@ -726,7 +748,11 @@ class LogStore:
     def _roll(self) -> LogSegment:
         """Seal the active segment (fsync, write its index) and start a new one."""
         old, idx = self._active, self._active_index
-        old.sync()
+        try:
+            old.sync()
+        except StorageError as e:
+            self._commit.fail(e)
+            raise
         idx.segment_size = old.size
         self._producers.expire(self._now_ms())
         write_snapshot(self._producers, self._log_dir / segment_name(old.base_position, ".producers"))

@@ -111,7 +111,8 @@ class Dispatcher(threading.Thread):
                 log.error("dropping delayed batch %d of bucket %d: %s", e.number, b.start_ms, ex)
                 dropped.append((b, e, g))
             except Exception:  # noqa: BLE001 - the disk: try again later
-                log.exception("delivering delayed batch %d of bucket %d failed; will retry", e.number, b.start_ms)
+                if not store.fsync_failed:  # (that was logged once, and holds until a restart)
+                    log.exception("delivering delayed batch %d of bucket %d failed; will retry", e.number, b.start_ms)
                 retry.append((b, e, g))
             else:
                 delivered.append((b, e, g, res, svc.now_ms()))  # lateness by the clock, not the
