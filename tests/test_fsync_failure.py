@@ -112,3 +112,4 @@ def test_a_segment_whose_seal_failed_to_fsync_takes_no_more_appends(tmp_path, fa
         p.send_and_wait("q", body)
     with pytest.raises(StorageError):
         hw.close()
+

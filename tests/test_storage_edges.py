@@ -276,3 +276,45 @@ def test_an_index_damaged_after_the_open_is_named_by_the_error(tmp_path):
         idx.write_bytes(b"\0" * 64)
         with pytest.raises(CorruptDataError, match="00000000000000000000.idx"):
             list(hw.scanner("q"))
+
+
+# -- retention deleting a segment between a lookup's plan and its read ----------------------
+
+
+def test_lookups_racing_retention_say_not_retained_or_look_again(tmp_path, clock, monkeypatch):
+    """Retention may delete a segment after a lookup planned to read it: a lookup by key looks
+    again, and one by id says the message is no longer retained (both raised a bare
+    "segment ... was deleted" StorageError)."""
+    from headwater.errors import MessageNotFoundError
+
+    hw = headwater.open(tmp_path / "data", segment_bytes_max=64 * 1024, clock=clock)
+    store = hw.service.store
+    real = store._read_plan
+
+    def read_after_retention(plan):
+        monkeypatch.setattr(store, "_read_plan", real)
+        clock.advance(40)  # what was sent 40 s before the last message expires now, before it is read
+        assert store.enforce_retention() > 0
+        return real(plan)
+
+    def fill() -> headwater.MessageId:
+        first = p.send_and_wait("q", headwater.Message(b"x" * 20_000, key=b"k"))
+        for _ in range(6):
+            p.send_and_wait("q", headwater.Message(b"y" * 20_000, key=b"k"))
+        clock.advance(30)
+        p.send_and_wait("q", headwater.Message(b"z", key=b"k"))  # keeps the queue's tail alive
+        return first
+
+    try:
+        hw.admin.create_queue("q", ttl_s=60)
+        p = hw.producer()
+        fill()
+        monkeypatch.setattr(store, "_read_plan", read_after_retention)
+        found = [r.body for r in hw.find("q", b"k")]
+        assert found == [b"z"]  # the rest expired meanwhile
+        first = fill()
+        monkeypatch.setattr(store, "_read_plan", read_after_retention)
+        with pytest.raises(MessageNotFoundError, match="no longer retained"):
+            hw.get(first)
+    finally:
+        hw.close()

@@ -951,7 +951,14 @@ class LogStore:
                     f"offset {offset} of {name}[{partition}] is not retained (the partition is empty)"
                 )
             plan, _, _, _ = self._plan_fetch(q, pl, partition, offset, 1, 0, offset + 1)
-        batches = self._read_plan(plan)
+        try:
+            batches = self._read_plan(plan)
+        except StorageError:
+            if not any(seg.deleted for seg, _ in plan):
+                raise
+            raise MessageNotFoundError(
+                f"offset {offset} of {name}[{partition}] is no longer retained (retention removed it as it was read)"
+            ) from None
         if not batches:
             raise MessageNotFoundError(f"offset {offset} of {name}[{partition}] is in a gap left by damage")
         return name, bytes(batches[0])
@@ -964,6 +971,18 @@ class LogStore:
         """
         if not isinstance(key, bytes):
             raise InvalidArgumentError(f"a key is bytes, got {type(key).__name__}")
+        for _attempt in range(3):
+            plan = self._plan_lookup_key(queue, key, start_ms, end_ms, limit)
+            try:
+                return [bytes(b) for b in self._read_plan(plan)]
+            except StorageError:
+                if not any(seg.deleted for seg, _ in plan):
+                    raise
+                # retention removed a segment under us: what it held is gone, look again
+        raise StorageError("retention kept removing the segments being read; try again")
+
+    def _plan_lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None,
+                         limit: int) -> list[tuple[LogSegment, list[tuple[int, int]]]]:
         q = self._usable_queue(queue)
         qid = q.entry.queue_id
         h = crc32c(key)
@@ -999,7 +1018,7 @@ class LogStore:
                     found += len(ranges)
                     if found >= limit:
                         break
-        return [bytes(b) for b in self._read_plan(plan)]
+        return plan
 
     # -- retention --------------------------------------------------------------------
 
