@@ -52,6 +52,7 @@ written with one ``pwritev``; durability is the owner's ``sync`` (group commit).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import struct
 import threading
@@ -157,17 +158,17 @@ class ScheduleFile:
                                            created_ms, b"", 0))
         struct.pack_into("<I", head, 60, crc32c(head[:60]))
         tmp = path.with_name(path.name + ".tmp")
+        fd = None
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, head)
-                os.fsync(fd)
-            except OSError:
-                os.close(fd)
-                raise
+            if os.write(fd, head) != len(head):
+                raise OSError(errno.ENOSPC, "short write of the schedule file's header")
+            os.fsync(fd)
             os.replace(tmp, path)  # a crash never leaves a file without its header
             fsync_dir(directory)
         except OSError as e:
+            if fd is not None:
+                os.close(fd)
             with contextlib.suppress(OSError):
                 tmp.unlink()  # a full disk: give its space back now, not at the next open
             raise StorageError(f"cannot create schedule file {path}: {e}") from e
