@@ -13,7 +13,7 @@ from pyspark.sql.types import StructType
 
 from headwater.errors import InvalidArgumentError
 from headwater.spark.connection import connect, describe
-from headwater.spark.options import check_read_names, parse_read_options, parse_write_options
+from headwater.spark.options import check_read_options, parse_read_options, parse_write_options
 from headwater.spark.schema import READ_SCHEMA, check_write_schema
 from headwater.spark.sink import HeadwaterBatchWriter, HeadwaterStreamWriter
 from headwater.spark.source import HeadwaterBatchReader, HeadwaterStreamReader
@@ -43,7 +43,9 @@ class HeadwaterDataSource(DataSource):
         return "headwater"
 
     def schema(self) -> StructType:
-        check_read_names(self.options)
+        # load() calls this, for spark.read and spark.readStream alike: a wrong value fails
+        # there, not when the query is planned or, for a stream, in the background later
+        check_read_options(self.options)
         return READ_SCHEMA
 
     def reader(self, schema: StructType) -> HeadwaterBatchReader:

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Mapping
 
 from headwater.errors import InvalidArgumentError
-from headwater.model.config import validate_queue_name
+from headwater.model.config import PARTITIONS_MAX, validate_queue_name
 from headwater.model.message import datetime_ms
 
 __all__ = [
@@ -207,6 +207,11 @@ def parse_partitions(raw: str) -> tuple[int, ...]:
             ) from None
         if a < 0 or b < a:
             raise InvalidArgumentError(f"option 'partitions': bad range {part!r} in {raw!r}")
+        if b >= PARTITIONS_MAX:  # and a range of billions would fill the memory first
+            raise InvalidArgumentError(
+                f"option 'partitions': {part!r} in {raw!r} goes past the last partition a queue "
+                f"can have ({PARTITIONS_MAX - 1})"
+            )
         out.update(range(a, b + 1))
     if not out:
         raise InvalidArgumentError("option 'partitions' names no partition")
@@ -251,7 +256,10 @@ def parse_offsets(raw: str, name: str, queue: str, *, allow_earliest: bool = Tru
             p = int(k)
         except ValueError:
             raise InvalidArgumentError(f"option {name!r}: {k!r} is not a partition number") from None
-        if isinstance(v, bool) or not isinstance(v, int) or v < EARLIEST or p < 0:
+        if p < 0:
+            raise InvalidArgumentError(
+                f"option {name!r}: {k!r} is not a partition number (they count from 0)")
+        if isinstance(v, bool) or not isinstance(v, int) or v < EARLIEST:
             raise InvalidArgumentError(
                 f"option {name!r}: the offset of partition {k} must be an int >= 0, or -2 "
                 f"(earliest) or -1 (latest); got {v!r}"
@@ -284,10 +292,18 @@ def check_read_names(options: Mapping[str, str]) -> None:
     _canonical(options, READ_OPTIONS, "reading with")
 
 
-def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
+def check_read_options(options: Mapping[str, str]) -> None:
+    """Names and values, all but which ones belong to batch or streaming: what the data
+    source checks when ``load()`` is called, before it knows which it is. (A streaming
+    query parses its options again only once it runs, in the background, where an error
+    reaches the user late and wrapped in Spark's own.)"""
+    parse_read_options(options, streaming=None)
+
+
+def parse_read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
     """Parse and check the options of ``spark.read`` (``streaming=False``) or
-    ``spark.readStream`` (``streaming=True``)."""
-    what = "spark.readStream with" if streaming else "spark.read with"
+    ``spark.readStream`` (``streaming=True``); ``None``: either, not known yet."""
+    what = {True: "spark.readStream with", False: "spark.read with", None: "reading with"}[streaming]
     o = _canonical(options, READ_OPTIONS, what)
     queue = _required(o, "queue", "events")
     validate_queue_name(queue)
@@ -298,7 +314,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
                     f"option {batch_only!r} is for batch reads (spark.read); a streaming query "
                     f"runs on; stop it, or use Trigger.AvailableNow to stop at the data present now"
                 )
-    elif "maxOffsetsPerTrigger" in o:
+    elif streaming is False and "maxOffsetsPerTrigger" in o:
         raise InvalidArgumentError(
             "option 'maxOffsetsPerTrigger' is for streaming reads (spark.readStream); a batch "
             "read takes its range from startingOffsets/endingOffsets"

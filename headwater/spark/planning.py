@@ -24,12 +24,13 @@ from headwater.errors import (
     PartitionOutOfRangeError,
 )
 from headwater.model.config import QueueInfo
-from headwater.spark.options import EARLIEST, LATEST, ReadOptions
+from headwater.spark.options import EARLIEST, LATEST, OffsetSpec, ReadOptions
 
 __all__ = [
     "OffsetRange",
     "StreamOffset",
     "batch_ranges",
+    "check_named_partitions",
     "choose_partitions",
     "data_loss_message",
     "rate_limit",
@@ -62,6 +63,22 @@ def choose_partitions(info: QueueInfo, wanted: Sequence[int] | None) -> list[int
     return list(wanted)
 
 
+def check_named_partitions(spec: OffsetSpec, name: str, info: QueueInfo) -> None:
+    """Offsets JSON naming a partition the queue does not have is a mistake (a wrong queue,
+    a typo): refuse it rather than read other ranges than the user wrote. (A partition that
+    option 'partitions' leaves out is not read, whatever its offset.)"""
+    if spec.kind != "offsets":
+        return
+    n = len(info.partitions)
+    beyond = sorted(p for p in spec.offsets if p >= n)
+    if beyond:
+        raise PartitionOutOfRangeError(
+            f"option {name!r} names partition{'s' if len(beyond) > 1 else ''} "
+            f"{', '.join(map(str, beyond))}, but queue {info.name!r} has partitions 0..{n - 1}; "
+            f"give offsets only for partitions that exist"
+        )
+
+
 def data_loss_message(queue: str, partition: int, lost_from: int, lost_to: int,
                       retained: tuple[int, int] | None = None) -> str:
     held = ""
@@ -91,6 +108,7 @@ def start_offsets(opts: ReadOptions, info: QueueInfo, offset_for_time: Callable[
     An explicit offset before the retained range is data loss (an error unless
     failOnDataLoss=false, then the earliest retained offset); one past the end is an error.
     """
+    check_named_partitions(opts.starting, "startingOffsets", info)
     out: dict[int, int] = {}
     for p in partitions:
         pi = info.partitions[p]
@@ -122,6 +140,7 @@ def batch_ranges(opts: ReadOptions, info: QueueInfo,
     startingTimestamp and ends at the earlier of endingOffsets and endingTimestamp.
     """
     parts = choose_partitions(info, opts.partitions)
+    check_named_partitions(opts.ending, "endingOffsets", info)
     starts = start_offsets(opts, info, offset_for_time, parts)
     ranges = []
     for p in parts:
@@ -133,9 +152,12 @@ def batch_ranges(opts: ReadOptions, info: QueueInfo,
                 f"end (the next offset to be written is {pi.end_offset}); use -1 or 'latest' for "
                 f"the end"
             )
-        if opts.ending.kind == "offsets" and p in opts.ending.offsets and end < starts[p]:
+        # against the start asked for: one moved later by startingTimestamp or past offsets
+        # gone (failOnDataLoss=false) makes the range empty, not the options wrong
+        given = _resolve(opts.starting.for_partition(p), pi.start_offset, pi.end_offset)
+        if opts.ending.kind == "offsets" and p in opts.ending.offsets and end < given:
             raise InvalidArgumentError(
-                f"endingOffsets: offset {end} of partition {p} is before its start {starts[p]}"
+                f"endingOffsets: offset {end} of partition {p} is before its start {given}"
             )
         if opts.ending_timestamp_ms is not None:
             end = min(end, offset_for_time(p, opts.ending_timestamp_ms))

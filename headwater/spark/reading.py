@@ -53,6 +53,10 @@ class ReadTask:
     fetch_bytes: int
     connect_timeout_s: float
     request_timeout_s: float
+    # streaming with startingTimestamp: leave out messages appended before it (a time still
+    # in the future when the query started puts its start at the end of every partition,
+    # and what is appended there before that time must not be read)
+    not_before_ms: int | None = None
 
 
 class _Columns:
@@ -237,6 +241,10 @@ def _read(service, task: ReadTask, schema: pa.Schema) -> Iterator[pa.RecordBatch
 def _emit(cols: _Columns, task: ReadTask, schema: pa.Schema, id_prefix: str,
           wanted: pa.Array | None) -> Iterator[pa.RecordBatch]:
     batch = cols.build(task, schema, id_prefix)
+    if task.not_before_ms is not None and cols.runs[0][2] < task.not_before_ms * 1000:
+        # append times never decrease along a partition: only a first part can be early
+        batch = batch.filter(pc.greater_equal(
+            batch.column(5), pa.scalar(task.not_before_ms * 1000, batch.schema.field(5).type)))
     if wanted is not None:  # the broker skipped whole batches by tag mask; now message by message
         batch = batch.filter(pc.fill_null(pc.is_in(batch.column(6), value_set=wanted), False))
     if batch.num_rows:

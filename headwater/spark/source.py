@@ -74,21 +74,27 @@ def _check_schema(schema: StructType) -> None:
         )
 
 
-def _tasks(opts: ReadOptions, queue: str, queue_id: int,
-           ranges: list[OffsetRange]) -> list[HeadwaterPartition]:
+def _tasks(opts: ReadOptions, queue: str, queue_id: int, ranges: list[OffsetRange], *,
+           streaming: bool = False) -> list[HeadwaterPartition]:
     return [
         HeadwaterPartition(ReadTask(
             servers=opts.servers, queue=queue, queue_id=queue_id, partition=r.partition,
             start=r.start, end=r.end, tags=opts.tags, fail_on_data_loss=opts.fail_on_data_loss,
             fetch_bytes=opts.fetch_bytes, connect_timeout_s=opts.connect_timeout_s,
             request_timeout_s=opts.request_timeout_s,
+            # a batch read's ranges start at the time already; a stream's may not (a future time)
+            not_before_ms=opts.starting_timestamp_ms if streaming else None,
         ))
         for r in split_ranges(ranges, opts.min_partitions)
     ]
 
 
 def _read(partition: InputPartition, schema: StructType) -> Iterator:
-    assert isinstance(partition, HeadwaterPartition), f"not a Headwater partition: {partition!r}"
+    if not isinstance(partition, HeadwaterPartition):
+        # Spark reads a batch with no ranges (an empty queue, startingOffsets='latest') as
+        # one placeholder partition of its own: there is nothing to read in it
+        assert getattr(partition, "value", None) is None, f"not a Headwater partition: {partition!r}"
+        return iter(())
     return read_arrow(partition.task, arrow_schema(schema))
 
 
@@ -215,7 +221,7 @@ class HeadwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             )
         ranges = [OffsetRange(p, s.offsets.get(p, 0), hi) for p, hi in e.offsets.items()
                   if hi > s.offsets.get(p, 0)]
-        return list(_tasks(self.opts, e.queue, e.queue_id, ranges))
+        return list(_tasks(self.opts, e.queue, e.queue_id, ranges, streaming=True))
 
     def commit(self, end: dict) -> None:
         pass  # nothing to release: the broker keeps no state for a scan

@@ -7,32 +7,38 @@ record batches of up to ``maxBatchBytes``.
 Exactly once. Every record batch a task sends is an idempotent batch whose producer id,
 epoch and sequence are derived from what identifies that piece of output::
 
-    producer id = blake2b(write id, task's partition id, queue id, partition, chunk // 5)
+    producer id = blake2b(write id, task's partition id, queue id, partition, chunk)
     epoch       = the micro-batch id modulo 32768 (0 for a batch write)
-    sequence    = messages the same producer id sent before, in this micro-batch
+    sequence    = 0 (a producer id sends one batch per micro-batch, see below for a second)
 
-The write id is ``<query id>/<micro-batch id // 32768>`` for a streaming query (the query id
-is kept in the checkpoint; the micro-batch id is the number Spark replays a batch under) and
-a random id drawn once on the driver for a batch write. The broker keeps, per producer id
-and partition, its epoch and its last 5 batches (:mod:`headwater.model.producer_state`):
+where ``chunk`` counts the batches the task sent to the partition before. The write id is
+``<query id>/<micro-batch id // 32768>`` for a streaming query (the query id is kept in the
+checkpoint; the micro-batch id is the number Spark replays a batch under) and a random id
+drawn once on the driver for a batch write. The broker keeps, per producer id and
+partition, its epoch and its last 5 batches (:mod:`headwater.model.producer_state`):
 
 - a batch it already holds (same epoch, sequence and count) is answered with its original
   placement and not appended again: a retried task or a replayed micro-batch writes only
   what its first run did not;
 - a higher epoch starts the id afresh: the next micro-batch reuses the same producer ids,
-  so the broker holds one entry per (query, task, partition) rather than one per
+  so the broker holds one entry per (query, task, partition, chunk) rather than one per
   micro-batch; a lower epoch is refused (a checkpoint older than what was written);
-- an id sends at most 5 batches per micro-batch (the broker's window), after which the next
-  chunk group of the partition gets an id of its own.
+- a task cut short (Spark ends a task's input as if it were complete when a stage feeding
+  it fails, and the task flushes what it holds before Spark fails it) leaves a last batch
+  smaller than the retry's under the same id: the broker refuses the retry's batch and
+  names the sequence after the rows it holds, and the retry sends only the rest, as a
+  second batch of the id (:meth:`TaskWriter._continue`). A later replay of the whole batch
+  is refused the same way, naming its own size: the batch is there, in two pieces.
 
 The guarantee rests on the replay producing the same rows per task. Within one record
 batch the order does not matter (the broker compares sequences and counts, not contents);
 when a task sends more than ``maxBatchBytes`` to one partition, the split into batches
 follows row order, so that order must repeat too, which holds for deterministic queries
 over a replayable source (Headwater's own source replays the same offsets in the same
-order). A replay whose batches differ in size is refused rather than written twice. The
-broker forgets a producer id after its producer expiry (7 days by default) and remembers a
-batch exactly as durably as it keeps it: see docs/spark.md for the limits.
+order). A replay whose batch is smaller than the one written is refused rather than
+written twice (a larger one is taken for the retry of a task cut short). The broker
+forgets a producer id after its producer expiry (7 days by default) and remembers a batch
+exactly as durably as it keeps it: see docs/spark.md for the limits.
 
 Thread-safety: one :class:`TaskWriter` per Spark task, used by one thread.
 """
@@ -40,10 +46,12 @@ Thread-safety: one :class:`TaskWriter` per Spark task, used by one thread.
 from __future__ import annotations
 
 import hashlib
+import re
 from bisect import bisect_left
 from collections.abc import Iterable
 from concurrent.futures import Future
-from itertools import accumulate
+from itertools import accumulate, repeat
+from operator import add
 from typing import NamedTuple
 from dataclasses import dataclass, field
 
@@ -51,6 +59,7 @@ import pyarrow as pa
 
 from headwater.errors import (
     InvalidArgumentError,
+    MessageTooLargeError,
     OutOfOrderSequenceError,
     PartitionOutOfRangeError,
     ProducerFencedError,
@@ -62,7 +71,6 @@ from headwater.model.hashing import key_hash
 from headwater.model.message import to_epoch_ms
 from headwater.model.config import QueueInfo
 from headwater.model.message import Message
-from headwater.model.producer_state import RECENT_BATCHES
 from headwater.spark.connection import connect, describe, unavailable_means, with_retries
 from headwater.spark.options import WriteOptions
 from headwater.spark.schema import WriteColumns
@@ -70,15 +78,15 @@ from headwater.spark.schema import WriteColumns
 __all__ = ["TaskWriter", "WriteSummary", "producer_id_for", "EPOCHS", "PENDING_BYTES_MAX"]
 
 PENDING_BYTES_MAX = 64 * 1024 * 1024  # all partitions' unsent rows of one task, together
+MESSAGE_OVERHEAD = 8  # bytes a message costs in a batch besides its contents (msgpack headers)
 IN_FLIGHT_MAX = 4  # batches of one task sent and not yet answered
 EPOCHS = 2**15  # a producer epoch is a signed 16-bit number
-CHUNKS_PER_PRODUCER = RECENT_BATCHES  # batches the broker remembers per producer id
 _PID_MASK = (1 << 62) - 1  # producer ids are 62-bit, like the producer's random ones
 
 
-def producer_id_for(write_id: str, task: int, queue_id: int, partition: int, group: int) -> int:
+def producer_id_for(write_id: str, task: int, queue_id: int, partition: int, chunk: int) -> int:
     """The producer id of a task's output to one partition; the same inputs, the same id."""
-    digest = hashlib.blake2b(f"headwater-spark/{write_id}/{task}/{queue_id}/{partition}/{group}".encode(),
+    digest = hashlib.blake2b(f"headwater-spark/{write_id}/{task}/{queue_id}/{partition}/{chunk}".encode(),
                              digest_size=8).digest()
     return int.from_bytes(digest, "big") & _PID_MASK
 
@@ -95,24 +103,35 @@ class WriteSummary:
 
 
 class _Pending:
-    __slots__ = ("messages", "bytes", "chunks", "sequence", "deliver_ms")
+    __slots__ = ("messages", "bytes", "chunks", "deliver_ms")
 
     def __init__(self) -> None:
         self.messages: list[Message | bytes] = []
         self.bytes = 0
         self.chunks = 0  # batches sent so far to this partition by this task
-        self.sequence = 0  # messages sent so far under the current producer id
         self.deliver_ms = 0  # delayed streams: the deliver time of the rows pending
 
 
 class _Sent(NamedTuple):
-    """A batch on its way to the broker."""
+    """A batch on its way to the broker, with what it takes to send a part of it again."""
 
     key: tuple[str, int]
     batch: bytes
     count: int
     chunk: int
     future: Future | None
+    messages: list
+    producer_id: int
+    deliver_ms: int
+
+
+_EXPECTED = re.compile(r"; expected (\d+) \(")  # the broker's OutOfOrderSequenceError text
+
+
+def _expected_sequence(error: OutOfOrderSequenceError) -> int | None:
+    """The next sequence the broker wants from the producer id, as its refusal says."""
+    found = _EXPECTED.search(str(error))
+    return int(found.group(1)) if found else None
 
 
 class _Queue:
@@ -192,6 +211,11 @@ class TaskWriter:
         if keys is not None and cols.key_is_string:
             keys = [k.encode() if k is not None else None for k in keys]
         tags = column("tag")
+        if tags is not None and "" in tags:
+            raise InvalidArgumentError(
+                "a row's tag is '' (empty); a tag is a non-empty string, and null means none: "
+                "turn empty tags into nulls first, e.g. nullif(tag, '') as tag"
+            )
         props = column("properties")
         parts = column("partition")
         queues = None
@@ -210,10 +234,7 @@ class TaskWriter:
             self._add_bodies(self.opts.queue, bodies)  # type: ignore[arg-type]
             return
         messages = _messages(bodies, keys, tags, props)
-        if keys is None:
-            sizes = list(map(len, bodies))
-        else:
-            sizes = [len(b) + (len(k) if k is not None else 0) for b, k in zip(bodies, keys)]
+        sizes = _sizes(bodies, keys, tags, props)
         times = None if delays is None else [None if d is None else to_epoch_ms(d) for d in delays]
         if queues is None and times is None:
             q = self._queue(self.opts.queue)  # type: ignore[arg-type]
@@ -275,7 +296,7 @@ class TaskWriter:
         """Unkeyed plain bodies go to the sticky partition in runs: the same batches as
         adding them one by one (:meth:`_add_rows`), without a Python call per row."""
         q = self._queue(name)
-        ends = list(accumulate(map(len, bodies)))  # ends[j]: bytes of bodies[0..j]
+        ends = list(accumulate(map(add, map(len, bodies), repeat(MESSAGE_OVERHEAD))))  # rows 0..j
         i, n = 0, len(bodies)
         while i < n:
             pending = self._pending_of(q.info.name, q.sticky)
@@ -311,20 +332,28 @@ class TaskWriter:
     def _send(self, key: tuple[str, int], pending: _Pending) -> None:
         """Encode the partition's pending rows as the next batch and send it without waiting;
         its answer is awaited before the partition's next batch goes out (the broker wants a
-        producer id's sequences in order), or when too many are in flight."""
+        partition's rows in order), or when too many are in flight."""
         name, partition = key
         if not pending.messages:
             return
         q = self._queues[name]
         deliver_ms = pending.deliver_ms if partition & DELAYED_PARTITION_BIT else 0
-        group, first_of_group = divmod(pending.chunks, CHUNKS_PER_PRODUCER)
-        if first_of_group == 0:
-            pending.sequence = 0
-        pid = producer_id_for(self.write_id, self.task, q.info.queue_id, partition, group)
-        batch = bytes(encode_batch(pending.messages, compression=self.opts.compression,
-                                   producer_id=pid, producer_epoch=self.epoch,
-                                   base_sequence=pending.sequence, deliver_at_ms=deliver_ms,
-                                   message_bytes_max=q.info.config.message_bytes_max))
+        pid = producer_id_for(self.write_id, self.task, q.info.queue_id, partition, pending.chunks)
+        limit = q.info.config.message_bytes_max
+        try:
+            batch = bytes(encode_batch(pending.messages, compression=self.opts.compression,
+                                       producer_id=pid, producer_epoch=self.epoch,
+                                       base_sequence=0, deliver_at_ms=deliver_ms,
+                                       message_bytes_max=limit))
+        except MessageTooLargeError as e:
+            if max(len(m if type(m) is bytes else m.body) for m in pending.messages) <= limit:
+                raise MessageTooLargeError(f"{e}; lower the option maxBatchBytes") from e
+            raise MessageTooLargeError(
+                f"a row's value is too large for queue {name!r} ({e}); rows before it may be "
+                f"written already. Filter such rows out first, e.g. df.where(length('value') <= "
+                f"{limit}), or write to a queue created with a larger message_bytes_max "
+                f"('headwater queue create NAME --message-bytes-max BYTES', up to 64 MiB)"
+            ) from e
         earlier = self._in_flight.pop(key, None)
         if earlier is not None:
             self._settle(earlier)
@@ -333,13 +362,12 @@ class TaskWriter:
         send_async = getattr(self._client.service, "produce_async", None)
         target = partition & ~DELAYED_PARTITION_BIT  # the delayed bit only names the stream
         future = send_async(name, target, batch) if send_async is not None else None
-        self._in_flight[key] = _Sent(key, batch, len(pending.messages), pending.chunks, future)
-        count = len(pending.messages)
+        self._in_flight[key] = _Sent(key, batch, len(pending.messages), pending.chunks, future,
+                                     pending.messages, pid, deliver_ms)
         self._pending_bytes -= pending.bytes
         pending.messages = []
         pending.bytes = 0
         pending.chunks += 1
-        pending.sequence += count
         if q.sticky == partition:
             self._sticky_moved(q)
 
@@ -350,12 +378,15 @@ class TaskWriter:
         partition &= ~DELAYED_PARTITION_BIT
         try:
             try:
-                if sent.future is None:
-                    raise UnavailableError("not sent yet")
-                sent.future.result()
-            except UnavailableError:
-                with_retries(lambda: self._client.service.produce(name, partition, sent.batch),
-                             what=f"writing to partition {partition} of queue {name!r} at {self.opts.servers}")
+                try:
+                    if sent.future is None:
+                        raise UnavailableError("not sent yet")
+                    sent.future.result()
+                except UnavailableError:
+                    self._produce(name, partition, sent.batch)
+            except OutOfOrderSequenceError as e:
+                if not self._continue(name, partition, sent, e):
+                    raise
         except OutOfOrderSequenceError as e:
             raise InvalidArgumentError(
                 f"this task's output for partition {partition} of queue {name!r} differs from "
@@ -373,6 +404,34 @@ class TaskWriter:
             ) from e
         self.summary.messages[sent.key] = self.summary.messages.get(sent.key, 0) + sent.count
 
+    def _produce(self, name: str, partition: int, batch: bytes) -> None:
+        with_retries(lambda: self._client.service.produce(name, partition, batch),
+                     what=f"writing to partition {partition} of queue {name!r} at {self.opts.servers}")
+
+    def _continue(self, name: str, partition: int, sent: _Sent, refusal: OutOfOrderSequenceError) -> bool:
+        """Whether the refused batch was written, in part or whole, by an attempt of this task
+        that was cut short; if so, send what the broker lacks and say True.
+
+        When a stage that feeds a task fails, Spark ends the task's input as if it were
+        complete: the task flushes what it holds, its last batch to a partition smaller than
+        a full one, and Spark then fails it and runs it again. The retry's batch under that
+        producer id holds those rows and more; the broker holds the smaller batch and wants
+        the sequence after it. The rows are the same (the guarantee rests on that), so the
+        rest of the batch goes out on its own, and a later replay, which finds the batch in
+        two pieces, learns that the broker holds all of it. Any other refusal stays an
+        error: the replay differs from what was written."""
+        held = _expected_sequence(refusal)
+        if held is None or not 0 < held <= sent.count:
+            return False
+        if held < sent.count:
+            q = self._queues[name]
+            rest = encode_batch(sent.messages[held:], compression=self.opts.compression,
+                                producer_id=sent.producer_id, producer_epoch=self.epoch,
+                                base_sequence=held, deliver_at_ms=sent.deliver_ms,
+                                message_bytes_max=q.info.config.message_bytes_max)
+            self._produce(name, partition, bytes(rest))
+        return True
+
     def finish(self) -> WriteSummary:
         """Send everything still pending (in partition order, so replays match), wait for
         every answer, and close."""
@@ -384,6 +443,19 @@ class TaskWriter:
         finally:
             self.close()
         return self.summary
+
+
+def _sizes(bodies: list[bytes], keys: list | None, tags: list | None, props: list | None) -> list[int]:
+    """What each row adds to a batch: its body, key, tag and properties, and the encoding's
+    bytes per message (rows with empty bodies and large properties still fill a batch)."""
+    sizes = list(map(add, map(len, bodies), repeat(MESSAGE_OVERHEAD)))
+    for column in (keys, tags):
+        if column is not None:
+            sizes = [s if v is None else s + len(v) for s, v in zip(sizes, column)]
+    if props is not None:
+        sizes = [s if p is None else s + sum(len(k) + len(v or "") + 2 for k, v in p)
+                 for s, p in zip(sizes, props)]
+    return sizes
 
 
 def _messages(bodies: list[bytes], keys: list | None, tags: list | None,

@@ -1,0 +1,268 @@
+"""The Spark connector at its edges: empty reads, offsets that name partitions the read does
+not cover, option values checked at load(), task retries whose input was cut short, and
+batches of rows whose size is not in their bodies.
+
+One SparkSession and one broker serve the module (the fixtures of tests/test_spark.py). The
+slow test runs Spark with task retries (``local[2,3]``) in a process of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import headwater
+from headwater.errors import InvalidArgumentError
+from headwater.spark.options import parse_read_options, parse_write_options
+from tests.support.broker_process import BrokerProcess
+from tests.test_spark import broker, fresh, hw, reader, scan, spark  # noqa: F401 (fixtures)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- options: no Spark needed -------------------------------------------------------
+
+
+def test_partitions_option_stops_at_the_last_partition_a_queue_can_have():
+    base = {"servers": "127.0.0.1:7070", "queue": "q"}
+    assert parse_read_options({**base, "partitions": "0-3,99999"}, streaming=False).partitions == (0, 1, 2, 3, 99999)
+    # a typo such as 0-1000000000 used to build a set of a billion numbers in the planner
+    with pytest.raises(InvalidArgumentError, match="'partitions'.*past the last partition a queue can have"):
+        parse_read_options({**base, "partitions": "0-100000"}, streaming=False)
+
+
+def test_a_negative_partition_in_offsets_json_is_named_as_such():
+    base = {"servers": "127.0.0.1:7070", "queue": "q"}
+    with pytest.raises(InvalidArgumentError, match="'-1' is not a partition number"):
+        parse_read_options({**base, "startingOffsets": '{"-1": 3}'}, streaming=False)
+
+
+# -- reading ------------------------------------------------------------------------
+
+
+def test_a_batch_read_with_nothing_to_read_is_empty(spark, broker, hw):
+    q = fresh("empty")
+    hw.admin.create_queue(q, partitions=2)
+    assert reader(spark, broker, q).collect() == []  # an empty queue
+    hw.send_batch(q, [b"m%d" % i for i in range(10)])
+    assert reader(spark, broker, q, startingOffsets="latest").count() == 0
+    later = str(int(time.time() * 1000) + 3_600_000)
+    assert reader(spark, broker, q, startingTimestamp=later).count() == 0
+    assert reader(spark, broker, q).count() == 10
+
+
+def test_offsets_json_naming_a_partition_outside_the_read_is_refused(spark, broker, hw):
+    q = fresh("named")
+    hw.admin.create_queue(q, partitions=2)
+    for partition in range(2):
+        hw.send_batch(q, [b"m%d" % i for i in range(10)], partition=partition)
+    with pytest.raises(Exception, match=r"option 'startingOffsets' names partition 7, but queue .* has partitions 0..1"):
+        reader(spark, broker, q, startingOffsets='{"0": 1, "7": 3}').collect()
+    with pytest.raises(Exception, match=r"option 'endingOffsets' names partitions 2, 5, but queue .* has partitions 0..1"):
+        reader(spark, broker, q, endingOffsets='{"0": 1, "5": 3, "2": 1}').collect()
+    # a partition that option 'partitions' leaves out is not read, whatever its offset
+    assert reader(spark, broker, q, partitions="0", startingOffsets='{"1": 3}').count() == 10
+    with pytest.raises(Exception, match=r"option 'startingOffsets' names partition 3, but queue"):
+        (spark.readStream.format("headwater").option("servers", broker.address).option("queue", q)
+         .option("startingOffsets", '{"3": 0}').load()
+         .writeStream.format("noop").trigger(availableNow=True).start().awaitTermination(60))
+    assert reader(spark, broker, q, startingOffsets='{"1": 4}', partitions="1").count() == 6
+
+
+def test_bad_option_values_fail_at_load_for_batch_and_streaming(spark, broker, hw):
+    q = fresh("atload")
+    hw.admin.create_queue(q, partitions=1)
+    bad = {"startingOffsets": '{"0":', "minPartitions": "many", "startingTimestamp": "yesterday",
+           "partitions": "0-x", "failOnDataLoss": "yes"}
+    for name, value in bad.items():
+        for read in (spark.read, spark.readStream):
+            r = read.format("headwater").option("servers", broker.address).option("queue", q).option(name, value)
+            with pytest.raises(Exception, match=f"option '{name}'"):
+                r.load()  # not later, at collect() or in the background of a running stream
+
+
+# -- writing ------------------------------------------------------------------------
+
+
+def _task_writer(broker, queue: str, **options: str):
+    pytest.importorskip("pyarrow")
+    from headwater.spark.schema import WriteColumns
+    from headwater.spark.writing import TaskWriter
+
+    opts = parse_write_options({"servers": broker.address, "queue": queue, **options}, streaming=False)
+
+    def task(cols: dict[str, str]) -> TaskWriter:
+        return TaskWriter(opts, WriteColumns(cols, key_is_string=False), "batch-edges", task=3, epoch=0)
+
+    return task
+
+
+def test_a_task_retried_after_its_input_was_cut_short_writes_each_row_once(broker, hw):
+    """When a stage feeding a write task fails, Spark ends the task's input as if it were
+    complete: the task flushes the rows it holds (a last batch smaller than a full one) and
+    Spark runs it again. The retry's batch at that sequence is longer; it used to be refused
+    as "not deterministic", failing the job (and a streaming query at every restart)."""
+    import pyarrow as pa
+
+    q = fresh("cutshort")
+    hw.admin.create_queue(q, partitions=3)
+    task = _task_writer(broker, q, maxBatchBytes="1024")
+    rows = pa.record_batch([pa.array([b"row-%05d-" % i + b"x" * 40 for i in range(2000)])], names=["value"])
+    for cut in (700, 1300):  # two attempts cut short, at different places
+        w = task({"value": "value"})
+        w.write_batch(rows.slice(0, cut))
+        w.finish()  # what Spark's worker does when the input ends early
+    w = task({"value": "value"})
+    w.write_batch(rows)
+    assert w.finish().total == 2000
+    bodies = [r.body for r in scan(hw, q)]
+    assert sorted(bodies) == sorted(rows.column(0).to_pylist())  # each exactly once
+    again = task({"value": "value"})  # and one more retry of the whole task adds nothing
+    again.write_batch(rows)
+    again.finish()
+    assert len(scan(hw, q)) == 2000
+
+
+def test_rows_whose_size_is_not_in_the_body_still_make_batches_under_the_limit(broker, hw):
+    """Rows with empty bodies and large properties, keys or tags used to count as 0 bytes:
+    a task gathered them all into one batch, which the broker refused past 64 MiB."""
+    import pyarrow as pa
+
+    q = fresh("propsize")
+    hw.admin.create_queue(q, partitions=1)
+    task = _task_writer(broker, q)
+    n = 36_000
+    props = pa.array([[("blob", "p" * 2000)]] * n, pa.map_(pa.string(), pa.string()))
+    rows = pa.record_batch([pa.array([b""] * n), props], names=["value", "properties"])
+    w = task({"value": "value", "properties": "properties"})
+    w.write_batch(rows)
+    assert w.finish().total == n
+    assert len(scan(hw, q)) == n
+
+
+# -- retries in real Spark (own process: local mode retries only with local[N,F]) --------
+
+
+_JOB = r"""
+import sys
+from tests.support.spark_session import shared_spark
+import headwater
+from pyspark import TaskContext
+from pyspark.sql.functions import udf
+
+servers, out, src, sink, ck = sys.argv[1:6]
+spark = shared_spark(**{"spark.master": "local[2,3]", "spark.sql.execution.arrow.maxRecordsPerBatch": "100"})
+
+@udf("binary")
+def flaky(i):  # the first attempt of task 1 fails part way, after it wrote some batches
+    ctx = TaskContext.get()
+    if ctx.attemptNumber() == 0 and ctx.partitionId() == 1 and i == 8000:
+        raise RuntimeError("boom on the first attempt")
+    return b"row-%07d-" % i + b"x" * 50
+
+(spark.range(0, 10000, 1, 2).select(flaky("id").alias("value"))
+ .write.format("headwater").mode("append").option("servers", servers).option("queue", out)
+ .option("maxBatchBytes", "2048").save())
+
+@udf("binary")
+def flaky_stream(v):
+    ctx = TaskContext.get()
+    if ctx.attemptNumber() == 0 and ctx.partitionId() == 0 and int(v) > 1500 and v.endswith(b"00"):
+        raise RuntimeError("boom on the first attempt")
+    return v
+
+query = (spark.readStream.format("headwater").option("servers", servers).option("queue", src)
+         .option("startingOffsets", "earliest").load()
+         .select(flaky_stream("value").alias("value"))
+         .writeStream.format("headwater").option("servers", servers).option("queue", sink)
+         .option("maxBatchBytes", "1024").option("checkpointLocation", ck)
+         .trigger(availableNow=True).start())
+query.awaitTermination(120)
+if query.exception() is not None:
+    raise query.exception()
+spark.stop()
+"""
+
+
+@pytest.mark.slow
+def test_spark_task_retries_write_each_row_once(tmp_path):
+    b = BrokerProcess(tmp_path / "data").start()
+    client = headwater.connect(b.address)
+    try:
+        client.admin.create_queue("out", partitions=3)
+        client.admin.create_queue("src", partitions=2)
+        client.admin.create_queue("sink", partitions=3)
+        client.send_batch("src", [b"%06d" % i for i in range(6000)])
+        job = subprocess.run(
+            [sys.executable, "-c", _JOB, b.address, "out", "src", "sink", str(tmp_path / "ck")],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=300,
+        )
+        assert job.returncode == 0, job.stderr.decode()[-4000:]
+        out = [r.body for r in client.scanner("out")]
+        assert len(out) == 10_000 and len(set(out)) == 10_000
+        sink = [r.body for r in client.scanner("sink")]
+        assert sorted(sink) == [b"%06d" % i for i in range(6000)]
+    finally:
+        client.close()
+        b.terminate()
+
+
+def test_a_value_over_the_queue_limit_says_how_to_write_it(spark, broker, hw):
+    q = fresh("toolarge")
+    hw.admin.create_queue(q, partitions=1, message_bytes_max=1024)
+    df = spark.sql("select cast(repeat('x', 2000) as binary) as value")
+    with pytest.raises(Exception, match=r"a row's value is too large for queue .*length\('value'\) <= 1024.*--message-bytes-max"):
+        df.write.format("headwater").mode("append").option("servers", broker.address).option("queue", q).save()
+
+
+def test_a_stream_starting_at_a_future_time_leaves_out_what_comes_before_it(spark, broker, hw, tmp_path):
+    """A startingTimestamp past the last message put the stream's start at the end of the
+    partition, and what was appended there before that time was read."""
+    from tests.test_spark import run_available_now
+
+    src, dst = fresh("future-in"), fresh("future-out")
+    hw.admin.create_queue(src, partitions=1)
+    hw.admin.create_queue(dst, partitions=1)
+    hw.send_batch(src, [b"before"] * 3, partition=0)
+    start_ms = int(time.time() * 1000) + 10_000
+    ck = tmp_path / "ck"
+    run_available_now(spark, broker, src, dst, ck, startingTimestamp=str(start_ms))
+    hw.send_batch(src, [b"early"] * 2, partition=0)
+    assert max(r.timestamp_ms for r in scan(hw, src)) < start_ms  # appended before the start time
+    run_available_now(spark, broker, src, dst, ck, startingTimestamp=str(start_ms))
+    time.sleep(max(0.0, start_ms / 1000 - time.time()) + 0.05)
+    hw.send_batch(src, [b"on time"] * 4, partition=0)
+    run_available_now(spark, broker, src, dst, ck, startingTimestamp=str(start_ms))
+    assert [r.body for r in scan(hw, dst)] == [b"on time"] * 4
+
+
+def test_a_start_moved_past_the_end_by_a_time_or_lost_offsets_reads_nothing(spark, broker, hw):
+    """startingTimestamp after endingOffsets, or failOnDataLoss=false skipping to a retained
+    start past endingOffsets, used to fail as "endingOffsets ... is before its start"."""
+    q = fresh("moved")
+    hw.admin.create_queue(q, partitions=1)
+    hw.send_batch(q, [b"old"] * 10, partition=0)
+    hw.admin.truncate_queue(q)
+    hw.send_batch(q, [b"new"] * 5, partition=0)
+    assert reader(spark, broker, q, startingOffsets='{"0": 0}', endingOffsets='{"0": 5}',
+                  failOnDataLoss="false").count() == 0
+    later = str(max(r.timestamp_ms for r in scan(hw, q)) + 1)
+    assert reader(spark, broker, q, startingTimestamp=later, endingOffsets='{"0": 12}').count() == 0
+    with pytest.raises(Exception, match=r"endingOffsets: offset 11 of partition 0 is before its start 12"):
+        reader(spark, broker, q, startingOffsets='{"0": 12}', endingOffsets='{"0": 11}').collect()
+
+
+def test_an_empty_tag_says_how_to_write_no_tag(spark, broker, hw):
+    q = fresh("emptytag")
+    hw.admin.create_queue(q, partitions=1)
+    df = spark.sql("select cast('x' as binary) as value, '' as tag")
+    with pytest.raises(Exception, match=r"a row's tag is '' \(empty\).*nullif\(tag, ''\)"):
+        df.write.format("headwater").mode("append").option("servers", broker.address).option("queue", q).save()
+    df.selectExpr("value", "nullif(tag, '') as tag").write.format("headwater").mode("append") \
+        .option("servers", broker.address).option("queue", q).save()
+    assert [(r.body, r.tag) for r in scan(hw, q)] == [(b"x", None)]
