@@ -27,9 +27,16 @@ from headwater.errors import (
     QueueExistsError,
     QueueNotFoundError,
 )
-from headwater.model.checks import check_int_arg
+from headwater.model.checks import check_int_arg, check_queue_arg
 from headwater.model.batch import broker_prefix, decode_records, validate_batch
-from headwater.model.config import PARTITIONS_MAX, PartitionInfo, QueueConfig, QueueInfo, validate_queue_name
+from headwater.model.config import (
+    PARTITIONS_MAX,
+    PartitionInfo,
+    QueueConfig,
+    QueueInfo,
+    check_user_queue,
+    validate_queue_name,
+)
 from headwater.model.delay import DELAYED_PARTITION_BIT, DelayStats, peek_deliver_at
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary, Membership
 from headwater.model.producer_state import ProducerStateTable
@@ -100,10 +107,12 @@ class MemoryBroker:
         return int(self._clock() * 1000)
 
     def _q(self, name: str, *, usable: bool = False) -> _Q:
+        check_user_queue(name)  # the broker's own queues (__offsets, ...): not for users to name
         if self._closed:
             raise ClosedError("the in-memory broker is closed")
         q = self._queues.get(name)
         if q is None:
+            check_queue_arg(name)
             raise QueueNotFoundError(f"queue {name!r} does not exist; create it first")
         if usable and not q.enabled:
             raise QueueDisabledError(f"queue {name!r} is disabled; enable it to read or write")
@@ -134,7 +143,7 @@ class MemoryBroker:
 
     # admin
     def create_queue(self, name: str, config: QueueConfig) -> QueueInfo:
-        validate_queue_name(name)
+        validate_queue_name(check_user_queue(name))
         config.validated()
         with self._lock:
             if self._closed:
@@ -232,6 +241,7 @@ class MemoryBroker:
 
     def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
               end_offset: int | None = None, max_wait_ms: int = 0) -> FetchResult:
+        check_user_queue(queue)
         check_int_arg(offset, "an offset")
         deadline = time.monotonic() + max_wait_ms / 1000
         self._delay.deliver_due()
@@ -282,12 +292,17 @@ class MemoryBroker:
             p = self._p(q, partition)
             start = self._start(q, p, self._now())
             if not start <= offset < p.end:
-                raise MessageNotFoundError(f"offset {offset} of {q.name}[{partition}] is not retained")
+                raise MessageNotFoundError(
+                    f"offset {offset} of {q.name}[{partition}] is not retained (retained: "
+                    f"{start}..{p.end - 1})" if start < p.end else
+                    f"offset {offset} of {q.name}[{partition}] is not retained (the partition is empty)"
+                )
             i = bisect_right(p.bases, offset) - 1
             return q.name, p.batches[i]
 
     def lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None,
                    limit: int) -> list[bytes]:
+        check_user_queue(queue)
         if not isinstance(key, bytes):
             raise InvalidArgumentError(f"a key is bytes, got {type(key).__name__}")
         with self._lock:
@@ -316,27 +331,35 @@ class MemoryBroker:
 
     def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
                        member_id: str | None = None, generation: int | None = None) -> None:
-        if not isinstance(group, str) or not _GROUP_RE.match(group):
-            raise InvalidArgumentError(f"invalid group name {group!r}")
-        if not isinstance(offsets, dict) or not offsets:
-            raise InvalidArgumentError("offsets is a non-empty {partition: offset} mapping")
+        # the checks in the broker's order (Broker, GroupCoordinator, OffsetStore.commit)
+        check_user_queue(queue)
+        _check_group(group)
         with self._lock:
-            self._groups.check_commit(group, member_id, generation, queue, list(offsets), self._group_now())
+            parts = list(offsets) if isinstance(offsets, dict) else []
+            self._groups.check_commit(group, member_id, generation, queue, parts, self._group_now())
+            if not isinstance(offsets, dict) or not offsets:
+                raise InvalidArgumentError("offsets is a non-empty {partition: offset} mapping")
             q = self._q(queue)
             now = self._now()
             for part, off in offsets.items():
-                p = self._p(q, part)
+                if isinstance(part, bool) or not isinstance(part, int) or not 0 <= part < len(q.parts):
+                    raise PartitionOutOfRangeError(
+                        f"queue {queue!r} has partitions 0..{len(q.parts) - 1}; there is no partition {part!r}"
+                    )
+                p = q.parts[part]
                 check_int_arg(off, "an offset")
                 if off > p.end:
                     raise InvalidArgumentError(f"cannot commit offset {off} for {queue}[{part}]: beyond the log end {p.end}")
-                if off < self._start(q, p, now):
-                    raise InvalidArgumentError(f"cannot commit offset {off} for {queue}[{part}]: before the log start")
+                start = self._start(q, p, now)
+                if off < start:
+                    raise InvalidArgumentError(
+                        f"cannot commit offset {off} for {queue}[{part}]: before the log start {start}")
             for part, off in offsets.items():
                 self._offsets[(group, q.qid, part)] = off
 
     def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
-        if not isinstance(group, str) or not _GROUP_RE.match(group):
-            raise InvalidArgumentError(f"invalid group name {group!r}")
+        check_user_queue(queue)
+        _check_group(group)
         with self._lock:
             q = self._q(queue)
             return {p: self._offsets[(group, q.qid, p)] for p in range(len(q.parts))
@@ -379,8 +402,7 @@ class MemoryBroker:
     def describe_group(self, group: str) -> GroupDescription:
         with self._lock:
             self._q_open()
-            if not isinstance(group, str) or not _GROUP_RE.match(group):
-                raise InvalidArgumentError(f"invalid group name {group!r}")
+            _check_group(group)
             return self._groups.describe(group, self._group_now(), self._group_offsets(group))
 
     def list_groups(self) -> list[GroupSummary]:
@@ -404,21 +426,26 @@ class MemoryBroker:
     def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
                        visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
                        settings: dict[str, int | float] | None = None, max_wait_ms: int = 0) -> SharedDeliveries:
+        check_user_queue(queue)
         return self._shared.receive(group, queue, member, max_messages, visibility_timeout_ms, at_most_once,
                                     settings, max_wait_ms)
 
     def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
+        check_user_queue(queue)
         return self._shared.ack(group, queue, member, lease_ids)
 
     def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
                     delay_ms: int | None = None) -> list[LeaseRefusal]:
+        check_user_queue(queue)
         return self._shared.nack(group, queue, member, lease_ids, reason, delay_ms)
 
     def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
                       visibility_timeout_ms: int) -> list[LeaseRefusal]:
+        check_user_queue(queue)
         return self._shared.extend(group, queue, member, lease_ids, visibility_timeout_ms)
 
     def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
+        check_user_queue(queue)
         return self._shared.describe(group, queue)
 
     # keyed groups: the model's state machine, held in a dict (headwater.model.keyed)
@@ -436,6 +463,7 @@ class MemoryBroker:
 
     def keyed_group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
                     start: str = "earliest") -> KeyedGroupInfo:
+        check_user_queue(queue)
         _check_group(group)
         if (key is None) != (size is None):
             raise InvalidArgumentError("declare a keyed group with both key and size, or neither to look it up")
@@ -455,6 +483,7 @@ class MemoryBroker:
 
     def keyed_fetch(self, queue: str, group: str, member: int, generation: int, partition: int,
                     offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> KeyedFetchResult:
+        check_user_queue(queue)
         _check_group(group)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
@@ -476,6 +505,7 @@ class MemoryBroker:
 
     def keyed_commit(self, queue: str, group: str, member: int, generation: int,
                      offsets: dict[int, int]) -> KeyedGroupInfo:
+        check_user_queue(queue)
         _check_group(group)
         with self._lock:
             q = self._q(queue)
@@ -487,6 +517,7 @@ class MemoryBroker:
             return st.info
 
     def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
+        check_user_queue(queue)
         _check_group(group)
         with self._lock:
             q = self._q(queue)
@@ -510,6 +541,7 @@ class MemoryBroker:
 
     def add_subscriber(self, queue: str, name: str, partitions: list[int] | None = None,
                        tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo:
+        check_user_queue(queue)  # first, as the broker does
         validate_subscriber_name(name)
         tag_list = normalize_tags(tags)
         with self._lock:
