@@ -32,6 +32,7 @@ measured at the start and the end of the run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -460,12 +461,28 @@ def main(argv: list[str] | None = None) -> int:
                         help="also print the tables as markdown (for docs/benchmarks.md)")
     parser.add_argument("--render", metavar="JSON",
                         help="run nothing: print the tables of a run saved with --json")
+    parser.add_argument("--halt-poll-us", type=int, metavar="US",
+                        help="for this run, let an idle vCPU poll up to US µs before it halts (the guest "
+                             "kernel's halt polling; root only), then put the setting back; every system "
+                             "gets it alike (default: leave the machine as it is)")
     args = parser.parse_args(argv)
     if args.render:
         return _render_saved(Path(args.render), markdown_too=args.markdown)
     systems = parse_systems(parser, args.systems)
     settings = QUICK if args.quick else FULL
+    if args.halt_poll_us is not None and not 0 <= args.halt_poll_us <= 10_000:
+        parser.error("--halt-poll-us must be from 0 to 10000")
     install_signal_handlers()
+    with contextlib.ExitStack() as stack:
+        if args.halt_poll_us is not None:
+            try:
+                stack.enter_context(machine.halt_polling(args.halt_poll_us * 1000))
+            except OSError as e:
+                parser.error(f"--halt-poll-us: {e}")
+        return _run(args, argv, systems, settings)
+
+
+def _run(args: argparse.Namespace, argv: list[str] | None, systems: list[str], settings: Any) -> int:
 
     from rich.console import Console
 
@@ -476,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     with temp_workdir("hw-bench-facts-") as d:
         facts = machine.facts(d)
     console.print(", ".join(f"{k}={v}" for k, v in facts.items()))
+    if args.halt_poll_us is not None:
+        console.log(f"guest halt polling: up to {args.halt_poll_us} µs for this run (put back at the end)")
     limits = {"start": measure_machine(settings)}
     console.log(_limits_line("machine at start", limits["start"]))
 
@@ -516,6 +535,10 @@ def _render_saved(path: Path, *, markdown_too: bool) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=220)
     console.print(f"[bold]{saved['command']}[/]  ({saved['settings']['name']} run, {saved['started']}, "
                   f"code at {saved['revision']})")
+    halt = saved.get("facts", {}).get("guest_halt_poll_ns")
+    if halt is not None:
+        console.print(f"guest halt polling during the run: up to {halt // 1000} µs"
+                      + (" (idle vCPUs halt at once)" if halt == 0 else ""))
     render(console, saved["systems"])
     judged = render_targets(console, saved["systems"])
     console.print(_limits_line("machine limits: at start", saved["limits"]["start"]) + "; "
