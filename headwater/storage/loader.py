@@ -17,7 +17,6 @@ Crash policy:
 from __future__ import annotations
 
 import logging
-import os
 import re
 from pathlib import Path
 
@@ -132,8 +131,8 @@ def load_segments(
         report.append(f"removed {paths[-1].name}: created but never written")
         paths.pop().unlink()
     note = log_dir / FSYNC_FAILED_FILE
-    if note.exists() and paths:
-        _drop_page_cache(paths[-1])
+    reread_last = note.exists() and bool(paths)
+    if reread_last:
         log.warning("an fsync failed in the last run (%s): reading %s from the disk",
                     note.read_text().strip(), paths[-1].name)
         report.append(f"read {paths[-1].name} from the disk: an fsync failed in the last run")
@@ -161,6 +160,8 @@ def load_segments(
                     for key, pe in idx.partitions.items():
                         ends[key] = max(ends.get(key, 0), pe.end_offset)
             if idx is None:
+                if last and reread_last:  # its pages a failed write-back left marked clean go too
+                    seg.drop_cached(seg.base_position, seg.end_position)
                 idx, problem = scan_segment(seg, ends)
                 if problem is not None:
                     _cut(seg, idx, problem, report)
@@ -180,15 +181,3 @@ def load_segments(
         raise
     note.unlink(missing_ok=True)
     return out
-
-
-def _drop_page_cache(path: Path) -> None:
-    """Have the kernel forget its cached pages of ``path``, so that reads go to the disk.
-    Pages a failed write-back left marked clean are dropped too: that is the point."""
-    if not hasattr(os, "posix_fadvise"):
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
