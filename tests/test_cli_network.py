@@ -462,6 +462,9 @@ def test_consume_goes_on_across_a_broker_restart(tmp_path):
                             "--json", "--limit", "2")
         Cli("--server", broker.address)("produce", "r", "before")
         assert [r["value"] for r in follower.read(1)] == ["before"]
+        # consume prints a batch and then commits it: stop the broker only once that commit has
+        # landed, or the group rightly hands "before" out again (the case below)
+        _wait_for_commit(broker.address, "g", "r", {0: 1})
         assert broker.terminate() == 0
         broker = BrokerProcess(tmp_path / "served", port=broker.port).start()
         Cli("--server", broker.address)("produce", "r", "after")
@@ -470,6 +473,15 @@ def test_consume_goes_on_across_a_broker_restart(tmp_path):
         assert [r["value"] for r in follower.records] == ["before", "after"]
     finally:
         broker.kill()
+
+
+def _wait_for_commit(address: str, group: str, queue_name: str, offsets: dict[int, int],
+                     timeout_s: float = 10.0) -> None:
+    with headwater.connect(address) as hw:
+        deadline = time.monotonic() + timeout_s
+        while (seen := hw.service.fetch_offsets(group, queue_name)) != offsets:
+            assert time.monotonic() < deadline, f"group {group!r} committed {seen}, not {offsets}"
+            time.sleep(0.02)
 
 
 def test_consume_from_latest_skips_old_messages(broker):
