@@ -87,25 +87,10 @@ KNOWN_DIFFERENCES: list[Known] = [
     # broker in-process checks in its own order. Either error is a fair answer; only the
     # order of the checks differs.
     Known(op=r".", target="network",
-          actual=r"'InvalidArgumentError', '((a partition|an offset|a partition count) is an int|a queue name is a string), got",
+          actual=r"'InvalidArgumentError', '((a partition|an offset|a partition count) is an int|a queue name is a string"
+                 r"|offsets is a non-empty \{partition: offset\} mapping), got|'InvalidArgumentError', \"invalid subscriber name ",
           expected=r"'raised', '",
           why="the network client checks argument types before the broker looks up the queue"),
-    # N2 (network client, low; service level, not the Consumer API). RemoteService.commit_offsets
-    # does dict(offsets) before check_arguments runs, so offsets that are not a mapping
-    # (None, a list) raise a bare TypeError instead of the InvalidArgumentError
-    # "offsets is a non-empty {partition: offset} mapping" of the broker.
-    Known(op=r"^service\.commit_offsets\(.*, (None|\[.*\])\)$", target="network",
-          actual=r"'raised', '(TypeError|ValueError)'", expected=r"'raised', '(InvalidArgumentError|QueueNotFoundError)'",
-          why="RemoteService.commit_offsets calls dict(offsets) before checking it"),
-    # N3 (client, low). Client.offset_for_time(queue, p, None): to_epoch_ms lets None through
-    # (it means "no bound" elsewhere), so None reaches the broker: in process the store
-    # answers an offset for an empty partition and fails with a bare TypeError otherwise
-    # (both the store and the fake: they agree), over the network the encoder refuses it in
-    # its own words. It should be the client's InvalidArgumentError "when must be ...".
-    Known(op=r"^offset_for_time\(.*\('abs', None\)\)$", target="network",
-          actual=r"'InvalidArgumentError', 'offset_for_time: cannot encode Request: Expected `int`, got `None`",
-          expected=r".",
-          why="Client.offset_for_time passes when=None on to the broker"),
     # N4 (network client, low). An error a fetch stream ends with (the consumer's default
     # stream=True over the network) is raised with "reading 'q0': " before the broker's
     # message (fetch_stream.py, take()); embedded, in memory and with stream=False the
@@ -121,16 +106,6 @@ KNOWN_DIFFERENCES: list[Known] = [
     # [] (with 0.3 s between send and truncate all three return it). Tolerated by
     # Differential._n6_prefetched (only records no longer retained may be extra), not here:
     # telling them apart needs the queue's start offsets.
-    # N5 (network client, low). A value of the wrong type in a request that
-    # remote._ARGUMENT_CHECKS does not list (list_subscribers' queue, ...) is refused by
-    # msgspec's encoder in its own words ("list_subscribers: cannot encode Request:
-    # Expected `str | null`, got `int`") instead of the broker's ("a queue name is a
-    # string, got int"; add_subscriber(partitions="x"): PartitionOutOfRangeError "there is
-    # no partition 'x'"): an InvalidArgumentError either way, in other words. As in N1, the
-    # type is also checked before the queue is looked up (QueueNotFoundError in process).
-    Known(op=r".", target="network", actual=r"'InvalidArgumentError', '\w+: cannot encode Request: Expected",
-          expected=r"'raised', '",
-          why="requests missing from remote._ARGUMENT_CHECKS"),
 ]
 
 
@@ -749,4 +724,4 @@ def test_commit_offsets_checks_in_the_brokers_order_and_words(local) -> None:
         "queue 'q0' has partitions 0..1; there is no partition True")
     # an empty mapping is refused before the queue is looked up
     assert _raises(headwater.InvalidArgumentError, lambda: commit("g1", "nope", {})) == (
-        "offsets is a non-empty {partition: offset} mapping")
+        "offsets is a non-empty {partition: offset} mapping, got an empty one")

@@ -18,7 +18,7 @@ import struct
 import threading
 
 from headwater.errors import InvalidArgumentError
-from headwater.model.checks import check_int_arg
+from headwater.model.checks import check_int_arg, check_offsets_given
 from headwater.model.batch import decode_records, encode_batch
 from headwater.model.config import QueueConfig
 from headwater.model.message import Message
@@ -77,8 +77,7 @@ class OffsetStore:
         """Commit ``{partition: offset}``; each offset must lie within what the partition
         holds (start to end, end meaning: everything consumed)."""
         validate_group(group)
-        if not isinstance(offsets, dict) or not offsets:
-            raise InvalidArgumentError("offsets is a non-empty {partition: offset} mapping")
+        check_offsets_given(offsets)
         info = self._store.describe_queue(queue)
         msgs = []
         for part, off in offsets.items():

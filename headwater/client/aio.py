@@ -16,7 +16,7 @@ from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFou
 from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
 from headwater.model.delay import DelayStats
 from headwater.model.keyed import KeyedGroupInfo
-from headwater.model.message import Message, MessageId, Record, to_epoch_ms
+from headwater.model.message import Message, MessageId, Record, required_epoch_ms
 from headwater.model.subscription import SubscriberInfo, subscriber_settings
 from headwater.client.aio_consumer import AsyncConsumer
 from headwater.client.aio_group_consumer import AsyncGroupConsumer
@@ -268,7 +268,7 @@ class AsyncClient:
 
     async def offset_for_time(self, queue: str, partition: int, when: datetime | int) -> int:
         """The first offset of ``partition`` appended at or after ``when``."""
-        return await self._service.offset_for_time(queue, partition, to_epoch_ms(when, "when"))  # type: ignore[arg-type]
+        return await self._service.offset_for_time(queue, partition, required_epoch_ms(when, "when"))  # type: ignore[arg-type]
 
     async def cancel(self, message_id: MessageId | str) -> None:
         """Cancel a delayed message not delivered yet (see :meth:`Client.cancel`)."""

@@ -13,6 +13,7 @@ from datetime import datetime
 
 from headwater.errors import InvalidArgumentError, QueueDisabledError
 from headwater.model.batch import tags_mask
+from headwater.model.checks import tag_list_arg
 from headwater.model.message import Record, to_epoch_ms
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.scanner import FETCH_BYTES_DEFAULT, Bound, Scanner, _as_id, _bound, decode_stored
@@ -45,11 +46,8 @@ class AsyncScanner:
             )
         self._start, self._stop = start, stop
         self._partitions = partitions
-        if isinstance(tags, str):
-            tags = [tags]
+        tags = None if tags is None else tag_list_arg(tags)
         self._tags = None if tags is None or "*" in tags else frozenset(tags)
-        if self._tags is not None and not all(isinstance(t, str) and t for t in self._tags):
-            raise InvalidArgumentError("tags are non-empty strings")
         self._mask = tags_mask(self._tags) if self._tags else 0
         self._fetch_bytes = fetch_bytes
         self._start_ms = to_epoch_ms(start_time, "start_time")

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from headwater.errors import ClosedError, UnavailableError
+from headwater.model.checks import mapping_copy
 from headwater.model.config import QueueConfig, QueueInfo
 from headwater.model.delay import DelayStats
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
@@ -235,7 +236,7 @@ class AsyncService:
 
     async def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
                              member_id: str | None = None, generation: int | None = None) -> None:
-        await self._call(m.CommitOffsetsRequest(group, queue, dict(offsets), member_id, generation))
+        await self._call(m.CommitOffsetsRequest(group, queue, mapping_copy(offsets), member_id, generation))
 
     async def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
         return await self._call(m.FetchOffsetsRequest(group, queue))
@@ -318,7 +319,7 @@ class AsyncService:
 
     async def keyed_commit(self, queue: str, group: str, member: int, generation: int,
                            offsets: dict[int, int]) -> KeyedGroupInfo:
-        return await self._call(m.KeyedCommitRequest(queue, group, member, generation, dict(offsets)))
+        return await self._call(m.KeyedCommitRequest(queue, group, member, generation, mapping_copy(offsets)))
 
     async def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
         return await self._call(m.KeyedResizeRequest(queue, group, size))
@@ -339,7 +340,7 @@ class AsyncService:
         return await self._call(m.DescribeSubscriberRequest(queue, name))
 
     async def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int]) -> None:
-        await self._call(m.CheckpointSubscriberRequest(queue, name, dict(offsets)))
+        await self._call(m.CheckpointSubscriberRequest(queue, name, mapping_copy(offsets)))
 
     async def status(self) -> dict[str, object]:
         return await self._call(m.StatusRequest())
@@ -455,7 +456,7 @@ class ThreadedService:
 
     async def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
                              member_id: str | None = None, generation: int | None = None) -> None:
-        await self._run(self.service.commit_offsets, group, queue, dict(offsets), member_id, generation)
+        await self._run(self.service.commit_offsets, group, queue, mapping_copy(offsets), member_id, generation)
 
     async def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
         return await self._run(self.service.fetch_offsets, group, queue)
@@ -535,7 +536,7 @@ class ThreadedService:
 
     async def keyed_commit(self, queue: str, group: str, member: int, generation: int,
                            offsets: dict[int, int]) -> KeyedGroupInfo:
-        return await self._run(self.service.keyed_commit, queue, group, member, generation, dict(offsets))
+        return await self._run(self.service.keyed_commit, queue, group, member, generation, mapping_copy(offsets))
 
     async def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
         return await self._run(self.service.keyed_resize, queue, group, size)
@@ -554,7 +555,7 @@ class ThreadedService:
         return await self._run(self.service.describe_subscriber, queue, name)
 
     async def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int]) -> None:
-        await self._run(self.service.checkpoint_subscriber, queue, name, dict(offsets))
+        await self._run(self.service.checkpoint_subscriber, queue, name, mapping_copy(offsets))
 
     async def status(self) -> dict[str, object]:
         return await self._run(self.service.status)

@@ -10,7 +10,7 @@ from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFou
 from headwater.model.checks import check_int_arg
 from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
 from headwater.model.delay import DelayStats
-from headwater.model.message import Message, MessageId, Record, to_epoch_ms
+from headwater.model.message import Message, MessageId, Record, required_epoch_ms
 from headwater.model.service import BrokerService
 from headwater.model.keyed import KeyedGroupInfo
 from headwater.model.subscription import SubscriberInfo, subscriber_settings
@@ -285,7 +285,7 @@ class Client:
 
     def offset_for_time(self, queue: str, partition: int, when: datetime | int) -> int:
         """The first offset of ``partition`` appended at or after ``when``."""
-        return self._service.offset_for_time(queue, partition, to_epoch_ms(when, "when"))
+        return self._service.offset_for_time(queue, partition, required_epoch_ms(when, "when"))
 
     def cancel(self, message_id: MessageId | str) -> None:
         """Cancel a delayed message that is not delivered yet, by the id its send returned.

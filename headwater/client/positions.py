@@ -30,7 +30,8 @@ from typing import Any
 
 from headwater.errors import ClosedError, InvalidArgumentError, InvalidMessageIdError
 from headwater.model.batch import tags_mask
-from headwater.model.message import MessageId, Record, to_epoch_ms
+from headwater.model.checks import tag_list_arg
+from headwater.model.message import MessageId, Record, required_epoch_ms
 from headwater.model.config import QueueInfo
 from headwater.client.fetch_stream import FetchStreams
 from headwater.client.polling import Outage
@@ -83,12 +84,7 @@ def _check_tags(tags: object) -> frozenset[str] | None:
     """``tags`` as the consumer filters on them (None: every message)."""
     if tags is None:
         return None
-    names = [tags] if isinstance(tags, str) else tags
-    if isinstance(names, (bytes, bytearray)) or not isinstance(names, Iterable):
-        raise InvalidArgumentError(f"tags is a tag, a list of tags or None (every message), got {tags!r}")
-    names = list(names)
-    if not all(isinstance(t, str) for t in names):
-        raise InvalidArgumentError(f"tags are strings, got {tags!r}")
+    names = tag_list_arg(tags)
     return None if "*" in names else frozenset(names)
 
 
@@ -198,10 +194,7 @@ class ConsumerPositions:
     @staticmethod
     def _when_ms(when: object) -> int:
         """A seek_to_time's ``when`` in epoch ms (a datetime or a number; None is refused)."""
-        ms = to_epoch_ms(when, "when")  # type: ignore[arg-type]
-        if ms is None:
-            raise InvalidArgumentError("when must be a datetime or epoch milliseconds, got None")
-        return ms
+        return required_epoch_ms(when, "when")  # type: ignore[arg-type]
 
     def _tp(self, queue: str, partition: int) -> TP:
         tp = (queue, partition)

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from headwater.model.checks import check_int_arg, check_offsets_arg, check_queue_arg
+from headwater.model.checks import check_int_arg, check_offsets_arg, check_queue_arg, mapping_copy
 from headwater.client.send_future import LazyFuture
 from headwater.client.transport import AsyncTransport
 from headwater.errors import ClosedError, OutcomeUnknownError, UnavailableError
@@ -47,7 +47,7 @@ from headwater.model.groups import GroupAssignment, GroupDescription, GroupSumma
 from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
 from headwater.model.service import FetchResult, ProduceResult
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
-from headwater.model.subscription import SubscriberInfo
+from headwater.model.subscription import SubscriberInfo, validate_subscriber_name
 from headwater.protocol import messages as m
 
 __all__ = ["CLOSE_TIMEOUT_S", "RemoteService", "Tries", "check_arguments", "new_event_loop"]
@@ -74,6 +74,16 @@ def _an_int(what: str) -> Callable[[Any], None]:
     return lambda value: check_int_arg(value, what)
 
 
+def _queue_or_none(name: object) -> None:
+    if name is not None:
+        check_queue_arg(name)
+
+
+#: a request naming a subscriber: its queue, then its name (checked as the broker does)
+_SUBSCRIBER: tuple[tuple[str, Callable[[Any], None]], ...] = (
+    ("queue", check_queue_arg), ("name", validate_subscriber_name))
+
+
 #: The fields of a request that callers pass straight through, and their checks (see
 #: ``headwater.client.client``): run before encoding, so a value of the wrong type is told
 #: in the embedded broker's words, not the encoder's.
@@ -92,10 +102,11 @@ _ARGUMENT_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], None]], ...]] = {
     m.KeyedGroupRequest: (("queue", check_queue_arg),),
     m.KeyedCommitRequest: _queue_and("offsets", check_offsets_arg),
     m.KeyedResizeRequest: _queue_and("size", _an_int("a keyed group's size")),
-    m.AddSubscriberRequest: (("queue", check_queue_arg),),
-    m.DeleteSubscriberRequest: (("queue", check_queue_arg),),
-    m.DescribeSubscriberRequest: (("queue", check_queue_arg),),
-    m.CheckpointSubscriberRequest: _queue_and("offsets", check_offsets_arg),
+    m.AddSubscriberRequest: _SUBSCRIBER,
+    m.DeleteSubscriberRequest: _SUBSCRIBER,
+    m.DescribeSubscriberRequest: _SUBSCRIBER,
+    m.ListSubscribersRequest: (("queue", _queue_or_none),),
+    m.CheckpointSubscriberRequest: _SUBSCRIBER + (("offsets", check_offsets_arg),),
     m.SharedDescribeRequest: (("queue", check_queue_arg),),
 }
 
@@ -339,7 +350,7 @@ class RemoteService:
 
     def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
                        member_id: str | None = None, generation: int | None = None) -> None:
-        self._call(m.CommitOffsetsRequest(group, queue, dict(offsets), member_id, generation))
+        self._call(m.CommitOffsetsRequest(group, queue, mapping_copy(offsets), member_id, generation))
 
     def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
         return self._call(m.FetchOffsetsRequest(group, queue))
@@ -443,7 +454,7 @@ class RemoteService:
 
     def keyed_commit(self, queue: str, group: str, member: int, generation: int,
                      offsets: dict[int, int]) -> KeyedGroupInfo:
-        return self._call(m.KeyedCommitRequest(queue, group, member, generation, dict(offsets)))
+        return self._call(m.KeyedCommitRequest(queue, group, member, generation, mapping_copy(offsets)))
 
     def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
         return self._call(m.KeyedResizeRequest(queue, group, size))
@@ -465,7 +476,7 @@ class RemoteService:
         return self._call(m.DescribeSubscriberRequest(queue, name))
 
     def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int]) -> None:
-        self._call(m.CheckpointSubscriberRequest(queue, name, dict(offsets)))
+        self._call(m.CheckpointSubscriberRequest(queue, name, mapping_copy(offsets)))
 
     # push streams (headwater.client.subscriber drives them)
     def open_push_stream(self, queue: str, name: str, handler: Callable[[m.PushBody | None], None], *,

@@ -15,6 +15,7 @@ from datetime import datetime
 from headwater.errors import CorruptDataError, InvalidArgumentError, InvalidBatchError, PartitionOutOfRangeError, \
     QueueDisabledError
 from headwater.model.batch import check_batch, decode_records, tags_mask
+from headwater.model.checks import partition_list_arg, tag_list_arg
 from headwater.model.config import QueueInfo
 from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.service import BrokerService
@@ -54,12 +55,9 @@ def partitions_named(info: QueueInfo, partitions: int | Iterable[int] | None) ->
     n = len(info.partitions)
     if partitions is None:
         return list(range(n))
-    if isinstance(partitions, int) and not isinstance(partitions, bool):
-        parts = [partitions]
-    else:
-        parts = sorted(set(partitions))
+    parts = partition_list_arg(partitions)
     for p in parts:
-        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < n:
+        if not 0 <= p < n:
             raise PartitionOutOfRangeError(f"queue {info.name!r} has partitions 0..{n - 1}; there is no partition {p!r}")
     return parts
 
@@ -87,11 +85,8 @@ class Scanner(Iterator[Record]):
         for mid in (start_id, stop_id):
             if mid is not None and mid.queue_id != info.queue_id:
                 raise InvalidArgumentError(f"message id {mid} is not of queue {queue!r}")
-        if isinstance(tags, str):
-            tags = [tags]
+        tags = None if tags is None else tag_list_arg(tags)
         self._tags = None if tags is None or "*" in tags else frozenset(tags)
-        if self._tags is not None and not all(isinstance(t, str) and t for t in self._tags):
-            raise InvalidArgumentError("tags are non-empty strings")
         self._mask = tags_mask(self._tags) if self._tags else 0
         self._fetch_bytes = fetch_bytes
         start_ms = to_epoch_ms(start_time, "start_time")

@@ -10,11 +10,12 @@ headwater.errors.InvalidArgumentError: an offset is an int, got bool
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from headwater.errors import InvalidArgumentError
 
-__all__ = ["check_int_arg", "check_offsets_arg", "check_queue_arg"]
+__all__ = ["check_int_arg", "check_offsets_arg", "check_offsets_given", "check_queue_arg", "mapping_copy",
+           "partition_list_arg", "tag_list_arg"]
 
 
 def check_queue_arg(name: object) -> None:
@@ -30,10 +31,76 @@ def check_int_arg(value: object, what: str) -> None:
         raise InvalidArgumentError(f"{what} is an int, got {type(value).__name__}")
 
 
+def check_offsets_given(offsets: object) -> None:
+    """InvalidArgumentError unless ``offsets`` is a non-empty mapping (what it maps is the
+    caller's to check: whether the partitions exist, the offsets are in range)."""
+    if not isinstance(offsets, Mapping) or not offsets:
+        got = "an empty one" if isinstance(offsets, Mapping) else type(offsets).__name__
+        raise InvalidArgumentError(f"offsets is a non-empty {{partition: offset}} mapping, got {got}")
+
+
 def check_offsets_arg(offsets: object) -> None:
-    """InvalidArgumentError unless ``offsets`` is a ``{partition: offset}`` mapping of ints."""
+    """InvalidArgumentError unless ``offsets`` is a ``{partition: offset}`` mapping of ints
+    (an empty one is the broker's to refuse, in its order of checks)."""
     if not isinstance(offsets, Mapping):
-        raise InvalidArgumentError(f"offsets is a {{partition: offset}} mapping, got {type(offsets).__name__}")
+        raise InvalidArgumentError(f"offsets is a non-empty {{partition: offset}} mapping, got {type(offsets).__name__}")
     for partition, offset in offsets.items():
         check_int_arg(partition, "a partition")
         check_int_arg(offset, "an offset")
+
+
+def partition_list_arg(partitions: object) -> list[int]:
+    """``partitions`` (one int, or an iterable of ints) as a sorted list without repeats;
+    InvalidArgumentError for anything else (whether they exist is the caller's to say).
+
+    >>> partition_list_arg(3), partition_list_arg((2, 0, 2))
+    ([3], [0, 2])
+    >>> partition_list_arg(True)
+    Traceback (most recent call last):
+    headwater.errors.InvalidArgumentError: partitions is a partition number or a list of them, got bool
+    >>> partition_list_arg([0, "1"])
+    Traceback (most recent call last):
+    headwater.errors.InvalidArgumentError: a partition is an int, got str
+    """
+    if isinstance(partitions, int) and not isinstance(partitions, bool):
+        return [partitions]
+    if isinstance(partitions, (bool, str, bytes, bytearray, Mapping)) or not isinstance(partitions, Iterable):
+        raise InvalidArgumentError(
+            f"partitions is a partition number or a list of them, got {type(partitions).__name__}")
+    parts = list(partitions)
+    for p in parts:
+        check_int_arg(p, "a partition")
+    return sorted(set(parts))
+
+
+def mapping_copy(value: object) -> object:
+    """A dict copy of a mapping a caller passed, anything else as it is (for the checks that
+    follow to refuse in their words, where ``dict(value)`` would raise a bare TypeError)."""
+    return dict(value) if isinstance(value, Mapping) else value
+
+
+def tag_list_arg(tags: object, *, empty_ok: bool = False) -> list[str]:
+    """``tags`` (one tag, or an iterable of tags) as a list; InvalidArgumentError unless each
+    is a non-empty string (``empty_ok``: a string; the broker refuses an empty one, after it
+    has checked the queue). ``"*"`` (every message) is the caller's to read.
+
+    >>> tag_list_arg("billing"), tag_list_arg(("a", "b"))
+    (['billing'], ['a', 'b'])
+    >>> tag_list_arg(5)
+    Traceback (most recent call last):
+    headwater.errors.InvalidArgumentError: tags is a tag, a list of tags or '*' (every message), got int
+    >>> tag_list_arg(["a", ""])
+    Traceback (most recent call last):
+    headwater.errors.InvalidArgumentError: a tag is a non-empty string, got ''
+    """
+    if isinstance(tags, str):
+        names = [tags]
+    elif isinstance(tags, (bytes, bytearray, Mapping)) or not isinstance(tags, Iterable):
+        raise InvalidArgumentError(
+            f"tags is a tag, a list of tags or '*' (every message), got {type(tags).__name__}")
+    else:
+        names = list(tags)
+    for t in names:
+        if not isinstance(t, str) or not (t or empty_ok):
+            raise InvalidArgumentError(f"a tag is a non-empty string, got {t!r}")
+    return names

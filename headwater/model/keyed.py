@@ -41,7 +41,7 @@ from collections.abc import Mapping
 import msgspec
 
 from headwater.errors import InvalidArgumentError, StaleGenerationError, UsageError
-from headwater.model.checks import check_int_arg
+from headwater.model.checks import check_int_arg, check_offsets_given
 from headwater.model.batch import BatchHeader
 from headwater.model.filtering import Columns
 from headwater.model.groups import GroupSummary
@@ -279,8 +279,7 @@ class KeyedGroupState:
                ranges: Mapping[int, tuple[int, int]]) -> None:
         """Record ``member``'s positions; ``ranges``: partition -> (start, end) offsets."""
         self.check_member(member, generation)
-        if not isinstance(offsets, Mapping) or not offsets:
-            raise InvalidArgumentError("offsets is a non-empty {partition: offset} mapping")
+        check_offsets_given(offsets)
         i = self.info
         for part, off in offsets.items():
             if isinstance(part, bool) or not isinstance(part, int) or part not in ranges:

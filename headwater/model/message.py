@@ -32,7 +32,7 @@ import msgspec
 
 from headwater.errors import InvalidMessageIdError
 
-__all__ = ["Message", "MessageId", "Record", "datetime_ms", "to_epoch_ms", "warn_if_local_naive"]
+__all__ = ["Message", "MessageId", "Record", "datetime_ms", "required_epoch_ms", "to_epoch_ms", "warn_if_local_naive"]
 
 _ID_RE = re.compile(r"^([0-9a-f]{8})-([0-9a-f]{8})-([0-9a-f]{16})$")
 
@@ -194,3 +194,18 @@ def to_epoch_ms(value: datetime | int | float | None, what: str = "time") -> int
             raise InvalidArgumentError(f"{what} must be a datetime or epoch milliseconds, got {value}")
         return math.ceil(value)
     return int(value)
+
+
+def required_epoch_ms(value: datetime | int | float, what: str = "time") -> int:
+    """:func:`to_epoch_ms` where a time must be given (None, "no bound" elsewhere, is refused).
+
+    >>> required_epoch_ms(None, "when")
+    Traceback (most recent call last):
+    headwater.errors.InvalidArgumentError: when must be a datetime or epoch milliseconds, got None
+    """
+    ms = to_epoch_ms(value, what)
+    if ms is None:
+        from headwater.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"{what} must be a datetime or epoch milliseconds, got None")
+    return ms

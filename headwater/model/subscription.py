@@ -19,7 +19,7 @@ from datetime import datetime
 import msgspec
 
 from headwater.errors import InvalidArgumentError, PartitionOutOfRangeError
-from headwater.model.checks import check_int_arg
+from headwater.model.checks import check_int_arg, check_offsets_given, partition_list_arg, tag_list_arg
 from headwater.model.config import QueueInfo
 from headwater.model.message import to_epoch_ms
 
@@ -72,13 +72,7 @@ def normalize_tags(tags: str | Iterable[str] | None) -> list[str] | None:
     """A sorted tag list, or None for every message (``None``, ``"*"`` or a list with ``"*"``)."""
     if tags is None:
         return None
-    if isinstance(tags, str):
-        tags = [tags]
-    out = set()
-    for t in tags:
-        if not isinstance(t, str) or not t:
-            raise InvalidArgumentError(f"a tag is a non-empty str, got {t!r}")
-        out.add(t)
+    out = set(tag_list_arg(tags))
     if not out:
         raise InvalidArgumentError("tags is a non-empty list, '*' or None (every message)")
     return None if "*" in out else sorted(out)
@@ -88,13 +82,11 @@ def normalize_partitions(partitions: int | Iterable[int] | None, count: int, que
     """A sorted partition list checked against the queue's ``count``, or None for all."""
     if partitions is None:
         return None
-    if isinstance(partitions, int) and not isinstance(partitions, bool):
-        partitions = [partitions]
-    parts = sorted(set(partitions))
+    parts = partition_list_arg(partitions)
     if not parts:
         raise InvalidArgumentError("partitions is a non-empty list, or None for every partition")
     for p in parts:
-        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < count:
+        if not 0 <= p < count:
             raise PartitionOutOfRangeError(
                 f"queue {queue!r} has partitions 0..{count - 1}; there is no partition {p!r}"
             )
@@ -146,8 +138,7 @@ def check_checkpoint(info: SubscriberInfo, offsets: Mapping[int, int],
     An offset before the retained start is stored as the start: retention may remove what a
     subscriber was delivered before its checkpoint arrives, and delivery resumes there anyway.
     """
-    if not isinstance(offsets, Mapping) or not offsets:
-        raise InvalidArgumentError("offsets is a non-empty {partition: offset} mapping")
+    check_offsets_given(offsets)
     parts = set(subscribed_partitions(info, len(ranges)))
     for part, off in offsets.items():
         if isinstance(part, bool) or not isinstance(part, int) or part not in parts:
@@ -172,8 +163,5 @@ def subscriber_settings(partitions: int | Iterable[int] | None, tags: str | Iter
     list, a start time as ``"time:EPOCH_MS"``."""
     if isinstance(start, (datetime, int)) and not isinstance(start, bool):
         start = f"time:{to_epoch_ms(start, 'start')}"
-    if isinstance(partitions, int) and not isinstance(partitions, bool):
-        partitions = [partitions]
-    if isinstance(tags, str):
-        tags = [tags]
-    return None if partitions is None else sorted(set(partitions)), None if tags is None else list(tags), start
+    return (None if partitions is None else partition_list_arg(partitions),
+            None if tags is None else tag_list_arg(tags, empty_ok=True), start)

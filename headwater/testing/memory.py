@@ -27,7 +27,7 @@ from headwater.errors import (
     QueueExistsError,
     QueueNotFoundError,
 )
-from headwater.model.checks import check_int_arg, check_queue_arg
+from headwater.model.checks import check_int_arg, check_offsets_given, check_queue_arg
 from headwater.model.batch import broker_prefix, decode_records, validate_batch
 from headwater.model.config import (
     PARTITIONS_MAX,
@@ -337,8 +337,7 @@ class MemoryBroker:
         with self._lock:
             parts = list(offsets) if isinstance(offsets, dict) else []
             self._groups.check_commit(group, member_id, generation, queue, parts, self._group_now())
-            if not isinstance(offsets, dict) or not offsets:
-                raise InvalidArgumentError("offsets is a non-empty {partition: offset} mapping")
+            check_offsets_given(offsets)
             q = self._q(queue)
             now = self._now()
             for part, off in offsets.items():
