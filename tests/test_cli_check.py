@@ -31,3 +31,19 @@ def test_check_reports_intact_then_cuts_damage(tmp_path):
 def test_check_on_missing_dir(tmp_path):
     r = run("--data", str(tmp_path / "nope"), "check")
     assert r.returncode == 1 and "no data directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_check_takes_data_after_the_command_as_its_error_messages_say(tmp_path):
+    """Damaged-data errors tell users to run 'headwater check --data DIR': it works, as
+    'headwater --data DIR check' does; two different directories are refused."""
+    d = str(tmp_path / "d")
+    assert run("--data", d, "queue", "create", "q").returncode == 0
+    with open(next((tmp_path / "d" / "log").glob("*.log")), "ab") as f:
+        f.write(b"torn write")
+    cut = run("check", "--data", d)  # it checks that directory, not ./headwater-data
+    assert cut.returncode == 0 and "cut 10 bytes" in cut.stdout
+    assert run("--data", d, "check", "-d", d).returncode == 0  # the same directory twice is fine
+    both = run("--data", str(tmp_path / "other"), "check", "--data", d)
+    assert both.returncode != 0 and "--data is given twice" in both.stderr and "Traceback" not in both.stderr
+    over_network = run("--server", "127.0.0.1:1", "check", "--data", d)
+    assert over_network.returncode != 0 and "check works on a data directory" in over_network.stderr

@@ -240,3 +240,16 @@ def test_consume_group_is_a_member_reset_is_refused_and_members_share(broker):
         codes = [f.finish()[0] for f in (first, second)]
     assert codes == [0, 0]
     assert sorted(got) == sorted(["one", *values])  # once each: no member printed another's
+
+
+def test_python_dash_m_headwater_is_the_headwater_command(tmp_path):
+    """``python -m headwater`` runs the CLI where the script is not on PATH."""
+    import sys
+
+    d = str(tmp_path / "d")
+    made = subprocess.run([sys.executable, "-m", "headwater", "--data", d, "queue", "create", "q"],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    listed = subprocess.run([sys.executable, "-m", "headwater", "--data", d, "queue", "list", "--json"],
+                            capture_output=True, text=True, timeout=60)
+    assert [q["name"] for q in json.loads(listed.stdout)] == ["q"]

@@ -6,13 +6,13 @@ import typer
 from rich.table import Table
 
 import headwater
-from headwater.cli.context import _state, out_console
+from headwater.cli.context import LocalData, local_data_state, out_console
 from headwater.errors import NotADataDirectoryError, UsageError
 
 __all__ = ["check"]
 
 
-def check(ctx: typer.Context) -> None:
+def check(ctx: typer.Context, data: LocalData = None) -> None:
     """Verify every batch of every segment (both checksums, offsets) and repair the store.
 
     Damaged bytes are cut at the first bad batch of their segment and indexes that do not
@@ -22,10 +22,10 @@ def check(ctx: typer.Context) -> None:
     Example:
 
     ```
-    headwater --data /var/lib/headwater check
+    headwater check --data /var/lib/headwater
     ```
     """
-    state = _state(ctx)
+    state = local_data_state(ctx, data)
     if state.server is not None:
         raise UsageError("check works on a data directory; run it where the data is, with --data DIR")
     if not state.data_dir.exists():

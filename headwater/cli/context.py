@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -20,7 +21,7 @@ from rich.console import Console
 import headwater
 from headwater.cli.parse import parse_seconds
 from headwater.client import Client
-from headwater.errors import InvalidArgumentError, NotADataDirectoryError
+from headwater.errors import InvalidArgumentError, NotADataDirectoryError, UsageError
 
 __all__ = ["CliState", "open_client", "close_client", "out_console", "err_console", "stdin_is_tty"]
 
@@ -43,6 +44,34 @@ def _state(ctx: typer.Context) -> CliState:
     state = ctx.find_object(CliState)
     if state is None:  # a command invoked without the root callback (only in odd embeddings)
         state = ctx.find_root().ensure_object(CliState)
+    return state
+
+
+#: ``--data DIR`` after the commands that work on a data directory only (``serve``,
+#: ``check``): the global ``--data`` before the command, in the place such tools take it.
+LocalData = Annotated[
+    Optional[str],
+    typer.Option("--data", "-d", metavar="DIR", show_default=False,
+                 help="The data directory (the same as the global --data, which may come before the command)."),
+]
+
+
+def local_data_state(ctx: typer.Context, data: str | None) -> CliState:
+    """The state with ``data`` (a command's own ``--data``, see :data:`LocalData`) as its data
+    directory; a different ``--data`` also given before the command is an error."""
+    state = _state(ctx)
+    if data is None:
+        return state
+    if state.keep_open:
+        raise UsageError("--data is a global option of the shell itself; start another "
+                               "'headwater --data ... shell' to change it")
+    root = ctx.find_root()
+    source = root.get_parameter_source("data")
+    given = root.params.get("data")
+    if source is not None and source.name == "COMMANDLINE" and given is not None and Path(given) != Path(data):
+        raise UsageError(f"--data is given twice, {given!r} before the command and {data!r} after it; "
+                               f"give it once")
+    state.data_dir = Path(data)
     return state
 
 

@@ -26,7 +26,7 @@ from rich.table import Table
 
 from headwater.broker.run import run_server
 from headwater.broker.server import ServerConfig
-from headwater.cli.context import _state, err_console, out_console
+from headwater.cli.context import LocalData, err_console, local_data_state, out_console
 from headwater.cli.parse import parse_pairs
 from headwater.cli.settings import settings_rows
 from headwater.errors import InvalidArgumentError
@@ -139,6 +139,7 @@ def _setting_named(message: str) -> str | None:
 
 def serve(
     ctx: typer.Context,
+    data: LocalData = None,
     host: Annotated[Optional[str], typer.Option(help="Address to listen on.", show_default="127.0.0.1")] = None,
     port: Annotated[Optional[int], typer.Option(help="Port to listen on (0: any free port).", show_default="7070",
                                                 min=0, max=65535)] = None,
@@ -159,7 +160,7 @@ def serve(
     Examples:
 
     ```
-    headwater --data /var/lib/headwater serve --port 7070
+    headwater serve --data /var/lib/headwater --host 127.0.0.1 --port 7070
     headwater --data ./data serve --flush sync --set flush_interval_ms=50
     HEADWATER_PORT=7171 headwater --data ./data serve --config headwater.toml
     headwater serve --settings
@@ -168,7 +169,7 @@ def serve(
     if list_settings:
         _print_settings()
         return
-    state = _state(ctx)
+    state = local_data_state(ctx, data)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = _settings_from_flags({"host": host, "port": port, "flush": flush},

@@ -34,7 +34,8 @@ class BrokerProcess:
     def start(self, timeout_s: float = 20.0) -> BrokerProcess:
         with open(self.log, "ab") as logf:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
-                [HEADWATER, "--data", str(self.data), "serve", "--port", str(self.port), *self.args],
+                [HEADWATER, "serve", "--data", str(self.data), "--host", "127.0.0.1", "--port", str(self.port),
+                 *self.args],
                 stdout=subprocess.PIPE, stderr=logf, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         deadline = time.monotonic() + timeout_s
