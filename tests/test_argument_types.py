@@ -27,7 +27,7 @@ CASES = {
     "add_subscriber tags 5": (lambda hw: hw.admin.add_subscriber("q", "s", tags=5),
                               "tags is a tag, a list of tags or '*' (every message), got int"),
     "add_subscriber tags ['']": (lambda hw: hw.admin.add_subscriber("q", "s", tags=[""]),
-                                 "a tag is a non-empty string, got ''"),
+                                 "tags are non-empty strings, got ''"),
     "scanner partitions True": (lambda hw: list(hw.scanner("q", partitions=True)),
                                 "partitions is a partition number or a list of them, got bool"),
     "scanner partitions ['a']": (lambda hw: list(hw.scanner("q", partitions=["a"])),

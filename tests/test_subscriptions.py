@@ -112,7 +112,7 @@ def test_bad_input_is_refused_and_changes_nothing(hw):
         hw.admin.add_subscriber("q", "bad name!")
     with pytest.raises(PartitionOutOfRangeError):
         hw.admin.add_subscriber("q", "x", partitions=[5])
-    with pytest.raises(InvalidArgumentError, match="a tag is a non-empty str"):
+    with pytest.raises(InvalidArgumentError, match="tags are non-empty strings"):
         hw.admin.add_subscriber("q", "x", tags=[""])
     with pytest.raises(InvalidArgumentError, match="start is one of"):
         hw.admin.add_subscriber("q", "x", start="yesterday")

@@ -91,7 +91,7 @@ def tag_list_arg(tags: object, *, empty_ok: bool = False) -> list[str]:
     headwater.errors.InvalidArgumentError: tags is a tag, a list of tags or '*' (every message), got int
     >>> tag_list_arg(["a", ""])
     Traceback (most recent call last):
-    headwater.errors.InvalidArgumentError: a tag is a non-empty string, got ''
+    headwater.errors.InvalidArgumentError: tags are non-empty strings, got ''
     """
     if isinstance(tags, str):
         names = [tags]
@@ -102,5 +102,5 @@ def tag_list_arg(tags: object, *, empty_ok: bool = False) -> list[str]:
         names = list(tags)
     for t in names:
         if not isinstance(t, str) or not (t or empty_ok):
-            raise InvalidArgumentError(f"a tag is a non-empty string, got {t!r}")
+            raise InvalidArgumentError(f"tags are non-empty strings, got {t!r}")
     return names
