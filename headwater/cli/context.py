@@ -64,13 +64,13 @@ def local_data_state(ctx: typer.Context, data: str | None) -> CliState:
         return state
     if state.keep_open:
         raise UsageError("--data is a global option of the shell itself; start another "
-                               "'headwater --data ... shell' to change it")
+                         "'headwater --data ... shell' to change it")
     root = ctx.find_root()
     source = root.get_parameter_source("data")
     given = root.params.get("data")
     if source is not None and source.name == "COMMANDLINE" and given is not None and Path(given) != Path(data):
         raise UsageError(f"--data is given twice, {given!r} before the command and {data!r} after it; "
-                               f"give it once")
+                         f"give it once")
     state.data_dir = Path(data)
     return state
 
