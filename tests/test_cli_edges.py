@@ -178,12 +178,15 @@ def test_delay_stats_next_due_is_the_message_time_not_its_bucket_start(local):
 # -- 2. consume --group is a member of the group ---------------------------------------
 
 
-def _members(address: str, group: str) -> int:
+def _members(address: str, group: str, *, stable: bool = False) -> int:
+    """How many members ``group`` has (with ``stable``: 0 until every one of them holds
+    exactly its target, the rebalance settled)."""
     with headwater.connect(address) as hw:
         try:
-            return len(hw.service.describe_group(group).members)
+            d = hw.service.describe_group(group)
         except GroupNotFoundError:
             return 0
+        return 0 if stable and d.state != "stable" else len(d.members)
 
 
 def _take(f: Follower, timeout_s: float) -> list[str]:
@@ -221,10 +224,9 @@ def test_consume_group_is_a_member_reset_is_refused_and_members_share(broker):
                       "--json")
     try:
         deadline = time.monotonic() + 20
-        while _members(broker.address, "dup") < 2:
+        while _members(broker.address, "dup", stable=True) < 2:  # the rebalance settled: each holds its half
             assert time.monotonic() < deadline, "the two consumes did not both join"
             time.sleep(0.1)
-        time.sleep(1.5)  # the rebalance settles: each holds its half
         values = [f"m{i}" for i in range(40)]
         for v in values:
             cli("produce", "jobs", v)
