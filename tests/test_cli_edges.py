@@ -255,3 +255,56 @@ def test_python_dash_m_headwater_is_the_headwater_command(tmp_path):
     listed = subprocess.run([sys.executable, "-m", "headwater", "--data", d, "queue", "list", "--json"],
                             capture_output=True, text=True, timeout=60)
     assert [q["name"] for q in json.loads(listed.stdout)] == ["q"]
+
+
+def test_repeats_of_one_ctrl_c_count_once_in_the_block_and_just_after(monkeypatch):
+    """``on_ctrl_c``: SIGINTs within CTRL_C_REPEAT_S of a counted one are that one, inside the
+    block and just after it (where they would otherwise raise KeyboardInterrupt into what
+    follows); later ones count again, and once the window has passed after the block SIGINT
+    is the previous handler's again."""
+    import os
+
+    from headwater.cli import context
+
+    monkeypatch.setattr(context, "CTRL_C_REPEAT_S", 0.3)
+    calls: list[float] = []
+
+    def interrupt() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)  # the handler runs in this (the main) thread, at the next bytecode
+
+    with context.on_ctrl_c(lambda signum, frame: calls.append(time.monotonic())):
+        interrupt()
+        interrupt()  # the repeat `timeout -s INT` sends to the process group
+        assert len(calls) == 1
+        time.sleep(0.35)
+        interrupt()  # a second Ctrl-C
+        assert len(calls) == 2
+        interrupt()  # and its repeat, arriving as the block ends
+    interrupt()  # just after the block: still that Ctrl-C's repeat, dropped
+    assert len(calls) == 2
+    time.sleep(0.35)
+    with pytest.raises(KeyboardInterrupt):  # the previous handler (Python's) has SIGINT again
+        interrupt()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_process_ending_just_after_a_ctrl_c_ignores_its_repeats(monkeypatch):
+    """Python gives SIGINT its default action while it shuts down: a repeat of the Ctrl-C
+    arriving then killed a consume that had stopped cleanly (exit status -2/130). main()
+    ignores SIGINT on its way out while repeats may come, and only then."""
+    import os
+
+    from headwater.cli import context
+
+    monkeypatch.setattr(context, "CTRL_C_REPEAT_S", 0.3)
+    context.ignore_ctrl_c_repeats_at_exit()  # no Ctrl-C came: SIGINT is left as it is
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    try:
+        with context.on_ctrl_c(lambda signum, frame: None):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+        context.ignore_ctrl_c_repeats_at_exit()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

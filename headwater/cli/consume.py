@@ -10,7 +10,8 @@ and when it stops, so the next run of the same group goes on from there. While i
 the group has a live member, so ``group reset`` refuses to move the group under it.
 
 Stopping is careful about what was printed: Ctrl-C only sets a flag, the batch in hand is
-printed whole and committed, and then the command ends. (A second Ctrl-C stops at once.)
+printed whole and committed, and then the command ends. (A second Ctrl-C stops at once;
+repeats of the first within a second, as ``timeout -s INT`` sends them, are the first.)
 ``--limit`` never polls more messages than it may still print (the consumer keeps the
 rest of what it fetched for a later poll), so the committed position is right after the
 last printed message, never past it.

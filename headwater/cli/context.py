@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -152,16 +153,63 @@ def stdin_is_tty() -> bool:
         return False
 
 
+#: SIGINTs closer together than this are one Ctrl-C. ``timeout -s INT`` (and supervisors that
+#: stop a process group) signal the process and then its whole group, so it gets the signal
+#: twice, milliseconds apart, and Python may run the second handler later still (up to a
+#: blocking wait of the main thread); a person's second Ctrl-C comes after this.
+CTRL_C_REPEAT_S = 1.0
+
+
 @contextmanager
 def on_ctrl_c(handler: Callable[[int, object], None]) -> Iterator[None]:
-    """Call ``handler`` on SIGINT while the block runs, then restore the previous handler.
+    """Call ``handler`` once per Ctrl-C (SIGINT) while the block runs, then restore the
+    previous handler. A SIGINT within :data:`CTRL_C_REPEAT_S` of the one before is that same
+    Ctrl-C, also just after the block (it would otherwise interrupt what follows it).
     Outside the main thread (the CLI embedded in a program) Ctrl-C keeps its usual meaning."""
+    last: list[float] = []  # when the last Ctrl-C was counted
+
+    def once_per_ctrl_c(signum: int, frame: object) -> None:
+        now = time.monotonic()
+        if last and now - last[0] < CTRL_C_REPEAT_S:
+            return
+        last[:] = [now]
+        handler(signum, frame)
+
     try:
-        previous = signal.signal(signal.SIGINT, handler)
+        previous = signal.signal(signal.SIGINT, once_per_ctrl_c)
     except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
+        if last and time.monotonic() - last[0] < CTRL_C_REPEAT_S:
+            signal.signal(signal.SIGINT, _after_ctrl_c(previous, last[0] + CTRL_C_REPEAT_S))
+        else:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _after_ctrl_c(previous: Any, until: float) -> Callable[[int, object], None]:
+    """A SIGINT handler that drops the repeats of a Ctrl-C until ``until`` (monotonic), then
+    gives SIGINT back to ``previous`` (and the signal with it)."""
+
+    def handler(signum: int, frame: object) -> None:
+        if time.monotonic() < until:
+            return
         signal.signal(signal.SIGINT, previous)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            signal.raise_signal(signum)
+
+    handler.repeats_until = until  # type: ignore[attr-defined]
+    return handler
+
+
+def ignore_ctrl_c_repeats_at_exit() -> None:
+    """Called as the process ends: while the repeats of a Ctrl-C may still come, ignore
+    SIGINT. (Python gives SIGINT its default action while it shuts down, and a repeat
+    arriving then would kill the process, exit status 130, after a clean stop.)"""
+    handler = signal.getsignal(signal.SIGINT)
+    if getattr(handler, "repeats_until", 0.0) > time.monotonic():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

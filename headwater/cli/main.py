@@ -26,7 +26,7 @@ from headwater.cli.delay import delay_app
 from headwater.cli.serve import serve
 from headwater.cli.shell import shell
 from headwater.cli.status import status
-from headwater.cli.context import DATA_DIR_DEFAULT, CliState, err_console
+from headwater.cli.context import DATA_DIR_DEFAULT, CliState, err_console, ignore_ctrl_c_repeats_at_exit
 from headwater.cli.queues import queue_app
 from headwater.cli.subscribers import subscriber_app
 from headwater.errors import (
@@ -182,7 +182,10 @@ app.command("shell")(shell)
 
 def main() -> None:
     """Console-script entry point (``headwater = headwater.cli.main:main``)."""
-    app(prog_name="headwater")
+    try:
+        app(prog_name="headwater")
+    finally:
+        ignore_ctrl_c_repeats_at_exit()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ out of the request rate, so an idle broker shows 0 requests/s.
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from headwater.cli.context import open_client, out_console
+from headwater.cli.context import on_ctrl_c, open_client, out_console
 from headwater.cli.parse import Seconds
 from headwater.cli.output import format_when, print_json
 from headwater.client import Client
@@ -250,19 +251,20 @@ def status(
         _show(after, measure_rates(before, after), as_json=as_json)
         return
     try:
-        if as_json or not out_console().is_terminal:  # a pipe or a file: one report after another
-            while True:
-                _show(after, measure_rates(before, after), as_json=as_json)
-                if not as_json:
-                    out_console().print()  # a blank line between reports
-                time.sleep(interval)
-                before, after = after, take_sample(hw)
-        with Live(render_status(after, measure_rates(before, after)), console=out_console(),
-                  auto_refresh=False) as live:
-            while True:
-                time.sleep(interval)
-                before, after = after, take_sample(hw)
-                live.update(render_status(after, measure_rates(before, after)), refresh=True)
+        with on_ctrl_c(signal.default_int_handler):  # the repeats of one Ctrl-C are that one
+            if as_json or not out_console().is_terminal:  # a pipe or a file: one report after another
+                while True:
+                    _show(after, measure_rates(before, after), as_json=as_json)
+                    if not as_json:
+                        out_console().print()  # a blank line between reports
+                    time.sleep(interval)
+                    before, after = after, take_sample(hw)
+            with Live(render_status(after, measure_rates(before, after)), console=out_console(),
+                      auto_refresh=False) as live:
+                while True:
+                    time.sleep(interval)
+                    before, after = after, take_sample(hw)
+                    live.update(render_status(after, measure_rates(before, after)), refresh=True)
     except KeyboardInterrupt:
         pass  # the way to stop watching: not an error
 
