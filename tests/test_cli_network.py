@@ -533,17 +533,24 @@ def test_consume_ctrl_c_commits_what_was_printed(broker, repeat):
     """Ctrl-C ends consume cleanly, its batch committed. ``repeated``: ``timeout -s INT``
     signals the process and then its process group, so consume gets SIGINT twice; that is
     one Ctrl-C, where the repeat used to count as a second one (exit 130, nothing
-    committed). The test sends the two 10 ms apart: far enough for Python to run the first
-    handler before the second signal, as happened under ``timeout``."""
+    committed). The test sends the two 0.2 s apart while the broker is stopped (SIGSTOP),
+    so that consume is surely still finishing when the repeat comes."""
     cli = Cli("--server", broker.address)
     cli("queue", "create", "c")
     cli("produce", "c", "a", "b", "c")
     follower = Follower("--server", broker.address, "consume", "c", "--group", "g", "--from", "earliest",
                         "--json")
     follower.read(3)
-    follower.proc.send_signal(signal.SIGINT)
     if repeat:
-        time.sleep(0.01)
+        os.kill(broker.pid, signal.SIGSTOP)
+        try:
+            follower.proc.send_signal(signal.SIGINT)
+            time.sleep(0.2)
+            follower.proc.send_signal(signal.SIGINT)
+            time.sleep(0.2)
+        finally:
+            os.kill(broker.pid, signal.SIGCONT)
+    else:
         follower.proc.send_signal(signal.SIGINT)
     code, err = follower.finish()
     assert code == 0, err
