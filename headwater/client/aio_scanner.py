@@ -13,7 +13,7 @@ from datetime import datetime
 
 from headwater.errors import InvalidArgumentError, QueueDisabledError
 from headwater.model.batch import tags_mask
-from headwater.model.checks import tag_list_arg
+from headwater.model.checks import tag_filter_arg
 from headwater.model.message import Record, to_epoch_ms
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.scanner import FETCH_BYTES_DEFAULT, Bound, Scanner, _as_id, _bound, decode_stored
@@ -46,8 +46,7 @@ class AsyncScanner:
             )
         self._start, self._stop = start, stop
         self._partitions = partitions
-        tags = None if tags is None else tag_list_arg(tags)
-        self._tags = None if tags is None or "*" in tags else frozenset(tags)
+        self._tags = tag_filter_arg(tags)
         self._mask = tags_mask(self._tags) if self._tags else 0
         self._fetch_bytes = fetch_bytes
         self._start_ms = to_epoch_ms(start_time, "start_time")

@@ -30,7 +30,7 @@ from typing import Any
 
 from headwater.errors import ClosedError, InvalidArgumentError, InvalidMessageIdError
 from headwater.model.batch import tags_mask
-from headwater.model.checks import tag_list_arg
+from headwater.model.checks import tag_filter_arg
 from headwater.model.message import MessageId, Record, required_epoch_ms
 from headwater.model.config import QueueInfo
 from headwater.client.fetch_stream import FetchStreams
@@ -80,14 +80,6 @@ def check_poll(max_messages: object, timeout_ms: object, default_messages: int, 
     return limit
 
 
-def _check_tags(tags: object) -> frozenset[str] | None:
-    """``tags`` as the consumer filters on them (None: every message)."""
-    if tags is None:
-        return None
-    names = tag_list_arg(tags)
-    return None if "*" in names else frozenset(names)
-
-
 class ConsumerPositions:
     """The positions, buffers and settings of a consumer (see the module's docstring)."""
 
@@ -102,7 +94,7 @@ class ConsumerPositions:
         self.auto_offset_reset = auto_offset_reset
         self._fetch_bytes = fetch_bytes
         self.max_poll_messages = max_poll_messages
-        self._tags = _check_tags(tags)
+        self._tags = tag_filter_arg(tags)
         self._mask = tags_mask(self._tags) if self._tags else 0
         self._fetch_pos: dict[TP, int] = {}
         self._consumed: dict[TP, int] = {}

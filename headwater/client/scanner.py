@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 
-from headwater.errors import CorruptDataError, InvalidArgumentError, InvalidBatchError, PartitionOutOfRangeError, \
-    QueueDisabledError
+from headwater.errors import CorruptDataError, InvalidArgumentError, InvalidBatchError, QueueDisabledError
 from headwater.model.batch import check_batch, decode_records, tags_mask
-from headwater.model.checks import partition_list_arg, tag_list_arg
+from headwater.model.checks import partitions_of_queue, tag_filter_arg
 from headwater.model.config import QueueInfo
 from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.service import BrokerService
@@ -55,11 +54,7 @@ def partitions_named(info: QueueInfo, partitions: int | Iterable[int] | None) ->
     n = len(info.partitions)
     if partitions is None:
         return list(range(n))
-    parts = partition_list_arg(partitions)
-    for p in parts:
-        if not 0 <= p < n:
-            raise PartitionOutOfRangeError(f"queue {info.name!r} has partitions 0..{n - 1}; there is no partition {p!r}")
-    return parts
+    return partitions_of_queue(partitions, n, info.name)
 
 
 class Scanner(Iterator[Record]):
@@ -85,8 +80,7 @@ class Scanner(Iterator[Record]):
         for mid in (start_id, stop_id):
             if mid is not None and mid.queue_id != info.queue_id:
                 raise InvalidArgumentError(f"message id {mid} is not of queue {queue!r}")
-        tags = None if tags is None else tag_list_arg(tags)
-        self._tags = None if tags is None or "*" in tags else frozenset(tags)
+        self._tags = tag_filter_arg(tags)
         self._mask = tags_mask(self._tags) if self._tags else 0
         self._fetch_bytes = fetch_bytes
         start_ms = to_epoch_ms(start_time, "start_time")

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from headwater.errors import InvalidArgumentError
+from headwater.errors import InvalidArgumentError, PartitionOutOfRangeError
 
 __all__ = ["check_int_arg", "check_offsets_arg", "check_offsets_given", "check_queue_arg", "mapping_copy",
-           "partition_list_arg", "tag_list_arg"]
+           "partition_list_arg", "partitions_of_queue", "tag_filter_arg", "tag_list_arg"]
 
 
 def check_queue_arg(name: object) -> None:
@@ -43,7 +43,8 @@ def check_offsets_arg(offsets: object) -> None:
     """InvalidArgumentError unless ``offsets`` is a ``{partition: offset}`` mapping of ints
     (an empty one is the broker's to refuse, in its order of checks)."""
     if not isinstance(offsets, Mapping):
-        raise InvalidArgumentError(f"offsets is a non-empty {{partition: offset}} mapping, got {type(offsets).__name__}")
+        check_offsets_given(offsets)  # refuses it, in its words
+        return
     for partition, offset in offsets.items():
         check_int_arg(partition, "a partition")
         check_int_arg(offset, "an offset")
@@ -64,13 +65,23 @@ def partition_list_arg(partitions: object) -> list[int]:
     """
     if isinstance(partitions, int) and not isinstance(partitions, bool):
         return [partitions]
-    if isinstance(partitions, (bool, str, bytes, bytearray, Mapping)) or not isinstance(partitions, Iterable):
+    if isinstance(partitions, (str, bytes, bytearray, Mapping)) or not isinstance(partitions, Iterable):
         raise InvalidArgumentError(
             f"partitions is a partition number or a list of them, got {type(partitions).__name__}")
     parts = list(partitions)
     for p in parts:
         check_int_arg(p, "a partition")
     return sorted(set(parts))
+
+
+def partitions_of_queue(partitions: object, count: int, queue: str) -> list[int]:
+    """:func:`partition_list_arg`, each checked to be one of the ``count`` partitions of
+    ``queue`` (PartitionOutOfRangeError)."""
+    parts = partition_list_arg(partitions)
+    for p in parts:
+        if not 0 <= p < count:
+            raise PartitionOutOfRangeError(f"queue {queue!r} has partitions 0..{count - 1}; there is no partition {p!r}")
+    return parts
 
 
 def mapping_copy(value: object) -> object:
@@ -104,3 +115,11 @@ def tag_list_arg(tags: object, *, empty_ok: bool = False) -> list[str]:
         if not isinstance(t, str) or not (t or empty_ok):
             raise InvalidArgumentError(f"tags are non-empty strings, got {t!r}")
     return names
+
+
+def tag_filter_arg(tags: object) -> frozenset[str] | None:
+    """``tags`` as a reader filters on them: None (every message) for None or ``"*"``."""
+    if tags is None:
+        return None
+    names = tag_list_arg(tags)
+    return None if "*" in names else frozenset(names)

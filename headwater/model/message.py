@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from headwater.errors import InvalidMessageIdError
+from headwater.errors import InvalidArgumentError, InvalidMessageIdError
 
 __all__ = ["Message", "MessageId", "Record", "datetime_ms", "required_epoch_ms", "to_epoch_ms", "warn_if_local_naive"]
 
@@ -205,7 +205,5 @@ def required_epoch_ms(value: datetime | int | float, what: str = "time") -> int:
     """
     ms = to_epoch_ms(value, what)
     if ms is None:
-        from headwater.errors import InvalidArgumentError
-
         raise InvalidArgumentError(f"{what} must be a datetime or epoch milliseconds, got None")
     return ms

@@ -19,7 +19,8 @@ from datetime import datetime
 import msgspec
 
 from headwater.errors import InvalidArgumentError, PartitionOutOfRangeError
-from headwater.model.checks import check_int_arg, check_offsets_given, partition_list_arg, tag_list_arg
+from headwater.model.checks import check_int_arg, check_offsets_given, partition_list_arg, partitions_of_queue, \
+    tag_list_arg
 from headwater.model.config import QueueInfo
 from headwater.model.message import to_epoch_ms
 
@@ -82,14 +83,9 @@ def normalize_partitions(partitions: int | Iterable[int] | None, count: int, que
     """A sorted partition list checked against the queue's ``count``, or None for all."""
     if partitions is None:
         return None
-    parts = partition_list_arg(partitions)
+    parts = partitions_of_queue(partitions, count, queue)
     if not parts:
         raise InvalidArgumentError("partitions is a non-empty list, or None for every partition")
-    for p in parts:
-        if not 0 <= p < count:
-            raise PartitionOutOfRangeError(
-                f"queue {queue!r} has partitions 0..{count - 1}; there is no partition {p!r}"
-            )
     return parts
 
 
