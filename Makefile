@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo tour test test-all bench bench-storage bench-network bench-latency bench-spark lint clean venv bytecode
+.PHONY: demo tour test test-all bench bench-storage bench-network bench-latency bench-spark lint format clean venv bytecode
 
 venv: $(STAMP)
 
@@ -27,12 +27,10 @@ demo: bytecode
 tour: bytecode
 	$(PY) -m headwater.demo.tour
 
-test: bytecode
-	$(VENV)/bin/lint-imports --no-cache
+test: lint bytecode
 	$(PY) -m pytest -q
 
-test-all: bytecode
-	$(VENV)/bin/lint-imports --no-cache
+test-all: lint bytecode
 	$(PY) -m pytest -q -m ''
 
 bench: bench-storage bench-network bench-latency bench-spark
@@ -51,8 +49,15 @@ bench-latency: bytecode
 bench-spark: bytecode
 	$(PY) -m bench.spark
 
+# the layer contracts, then ruff's lint rules and its formatting (run 'make format' to apply it)
 lint: venv
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/ruff check --quiet headwater tests bench examples
+	$(VENV)/bin/ruff format --check --quiet headwater tests bench examples
+
+format: venv
+	$(VENV)/bin/ruff format --quiet headwater tests bench examples
+	$(VENV)/bin/ruff check --quiet --fix headwater tests bench examples
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis demo-data bench/results

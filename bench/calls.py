@@ -198,5 +198,9 @@ def calls(runs: int = 2) -> None:
                 total += per
                 detail = ", ".join(f"{name} {c:.0f}" for name, c in sorted(threads.items(), key=lambda kv: -kv[1]))
                 parts.append(f"{side} {per:.0f} ({detail})")
-            print(f"calls {i + 1}, {flush} flush: Python calls per message: " + "; ".join(parts)
-                  + f"; in all {total:.0f}", flush=True)
+            print(
+                f"calls {i + 1}, {flush} flush: Python calls per message: "
+                + "; ".join(parts)
+                + f"; in all {total:.0f}",
+                flush=True,
+            )

@@ -53,8 +53,11 @@ def _free_port() -> int:
 
 def _start_broker(data: Path, flush: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    proc = subprocess.Popen([HEADWATER, "--data", str(data), "serve", "--port", str(port), "--flush", flush,
-                             "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [HEADWATER, "--data", str(data), "serve", "--port", str(port), "--flush", flush, "--log-level", "warning"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     assert proc.stdout is not None
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -77,8 +80,9 @@ def _cpu_s(pid: int) -> float:
     return sum(machine.process_cpu_times(pid))
 
 
-def _send(hw, queue: str, n: int, partitions: int, times: list[int] | None, cpu: dict | None = None,
-          broker_pid: int = 0) -> float:
+def _send(
+    hw, queue: str, n: int, partitions: int, times: list[int] | None, cpu: dict | None = None, broker_pid: int = 0
+) -> float:
     """Send n messages (with deliver times when given); seconds to the end of flush()."""
     p = hw.producer(linger_ms=5, partitioner="round_robin")
     c0, b0 = time.process_time(), _cpu_s(broker_pid) if broker_pid else 0.0
@@ -132,18 +136,37 @@ def run(n: int, partitions: int, flush: str, spread: str, lead_s: float | None) 
             cons.close()
             stats = hw.delay_stats()
         return {
-            "messages": n, "partitions": partitions, "flush": flush, "spread": spread,
-            "plain_msgs_per_s": round(n / plain_s), "delayed_msgs_per_s": round(n / delayed_s),
+            "messages": n,
+            "partitions": partitions,
+            "flush": flush,
+            "spread": spread,
+            "plain_msgs_per_s": round(n / plain_s),
+            "delayed_msgs_per_s": round(n / delayed_s),
             "acceptance_ratio": round(plain_s / delayed_s, 3),
             "cpu_s": {"plain": plain_cpu, "delayed": delayed_cpu},
             "accepted_before_window_s": round(start_ms / 1000 - accepted_at, 2),
             "delivered": got,
-            "lateness_ms": {"p50": _pct(late_ms, 0.5), "p99": _pct(late_ms, 0.99), "max": max(late_ms),
-                            "mean": round(statistics.fmean(late_ms), 1)} if late_ms else None,
-            "seen_lateness_ms": {"p50": round(_pct(seen_ms, 0.5), 1), "p99": round(_pct(seen_ms, 0.99), 1),
-                                 "max": round(max(seen_ms), 1)} if seen_ms else None,
-            "broker_stats": {"delivered_total": stats.delivered_total, "lateness_p50_ms": stats.lateness_p50_ms,
-                             "lateness_p99_ms": stats.lateness_p99_ms, "lateness_max_ms": stats.lateness_max_ms},
+            "lateness_ms": {
+                "p50": _pct(late_ms, 0.5),
+                "p99": _pct(late_ms, 0.99),
+                "max": max(late_ms),
+                "mean": round(statistics.fmean(late_ms), 1),
+            }
+            if late_ms
+            else None,
+            "seen_lateness_ms": {
+                "p50": round(_pct(seen_ms, 0.5), 1),
+                "p99": round(_pct(seen_ms, 0.99), 1),
+                "max": round(max(seen_ms), 1),
+            }
+            if seen_ms
+            else None,
+            "broker_stats": {
+                "delivered_total": stats.delivered_total,
+                "lateness_p50_ms": stats.lateness_p50_ms,
+                "lateness_p99_ms": stats.lateness_p99_ms,
+                "lateness_max_ms": stats.lateness_max_ms,
+            },
         }
     finally:
         proc.terminate()
@@ -156,25 +179,39 @@ def run(n: int, partitions: int, flush: str, spread: str, lead_s: float | None) 
 
 def _print(r: dict) -> None:
     lat, seen = r["lateness_ms"], r["seen_lateness_ms"]
-    print(f"delay benchmark: {r['messages']:,} messages of 100 B due within {WINDOW_S:g} s, "
-          f"{r['partitions']} partitions, {r['flush']} flush, {r['spread']} times")
+    print(
+        f"delay benchmark: {r['messages']:,} messages of 100 B due within {WINDOW_S:g} s, "
+        f"{r['partitions']} partitions, {r['flush']} flush, {r['spread']} times"
+    )
     print(f"  plain sends     {r['plain_msgs_per_s']:>10,} msgs/s")
-    print(f"  delayed sends   {r['delayed_msgs_per_s']:>10,} msgs/s   = {r['acceptance_ratio']:.0%} of plain "
-          f"(target >= 50%)")
+    print(
+        f"  delayed sends   {r['delayed_msgs_per_s']:>10,} msgs/s   = {r['acceptance_ratio']:.0%} of plain "
+        f"(target >= 50%)"
+    )
     c = r["cpu_s"]
-    print(f"  CPU seconds while sending: plain client {c['plain']['client_cpu_s']}, broker "
-          f"{c['plain']['broker_cpu_s']}; delayed client {c['delayed']['client_cpu_s']}, broker "
-          f"{c['delayed']['broker_cpu_s']}")
-    print(f"  all accepted {r['accepted_before_window_s']} s before the window opened; delivered "
-          f"{r['delivered']:,} of {r['messages']:,}")
+    print(
+        f"  CPU seconds while sending: plain client {c['plain']['client_cpu_s']}, broker "
+        f"{c['plain']['broker_cpu_s']}; delayed client {c['delayed']['client_cpu_s']}, broker "
+        f"{c['delayed']['broker_cpu_s']}"
+    )
+    print(
+        f"  all accepted {r['accepted_before_window_s']} s before the window opened; delivered "
+        f"{r['delivered']:,} of {r['messages']:,}"
+    )
     if lat:
-        print(f"  delivery lateness (append time - due)   p50 {lat['p50']} ms  p99 {lat['p99']} ms  "
-              f"max {lat['max']} ms   (target p99 <= 100 ms)")
-        print(f"  seen lateness (consumer got it - due)   p50 {seen['p50']} ms  p99 {seen['p99']} ms  "
-              f"max {seen['max']} ms")
+        print(
+            f"  delivery lateness (append time - due)   p50 {lat['p50']} ms  p99 {lat['p99']} ms  "
+            f"max {lat['max']} ms   (target p99 <= 100 ms)"
+        )
+        print(
+            f"  seen lateness (consumer got it - due)   p50 {seen['p50']} ms  p99 {seen['p99']} ms  "
+            f"max {seen['max']} ms"
+        )
     b = r["broker_stats"]
-    print(f"  broker's delay stats: delivered {b['delivered_total']:,}, lateness p50 {b['lateness_p50_ms']} ms, "
-          f"p99 {b['lateness_p99_ms']} ms, max {b['lateness_max_ms']} ms")
+    print(
+        f"  broker's delay stats: delivered {b['delivered_total']:,}, lateness p50 {b['lateness_p50_ms']} ms, "
+        f"p99 {b['lateness_p99_ms']} ms, max {b['lateness_max_ms']} ms"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,8 +43,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.peers.base import HOST, ServerProcess, free_port, install_signal_handlers, port_open, temp_workdir, \
-    wait_until
+from bench.peers.base import (
+    HOST,
+    ServerProcess,
+    free_port,
+    install_signal_handlers,
+    port_open,
+    temp_workdir,
+    wait_until,
+)
 
 __all__ = ["main", "run_case"]
 
@@ -73,9 +80,15 @@ def member_main(argv: list[str]) -> None:
         events.append(f"{kind} {time.monotonic():.6f} {' '.join(str(p) for _, p in tps)}")
 
     events.append(f"J {time.monotonic():.6f}")
-    c = hw.consumer(group=group, subscribe=queue, strategy=strategy, session_timeout_ms=SESSION_MS,
-                    heartbeat_interval_ms=int(hb_ms), on_assign=lambda tps: note("A", tps),
-                    on_revoke=lambda tps: note("V", tps))
+    c = hw.consumer(
+        group=group,
+        subscribe=queue,
+        strategy=strategy,
+        session_timeout_ms=SESSION_MS,
+        heartbeat_interval_ms=int(hb_ms),
+        on_assign=lambda tps: note("A", tps),
+        on_revoke=lambda tps: note("V", tps),
+    )
     events.append(f"M {time.monotonic():.6f} {c.member_id}")
     while not os.path.exists(stop_path):
         recs = c.poll(timeout_ms=50)
@@ -129,8 +142,9 @@ def _holders_at(members: list[dict], t: float) -> dict[int, int]:
     return held
 
 
-def run_case(address: str, strategy: str, hb_ms: int, workdir: Path, *, steady_s: float,
-             after_s: float) -> dict[str, Any]:
+def run_case(
+    address: str, strategy: str, hb_ms: int, workdir: Path, *, steady_s: float, after_s: float
+) -> dict[str, Any]:
     import headwater
 
     name = f"rb-{strategy}-{hb_ms}"
@@ -155,8 +169,22 @@ def run_case(address: str, strategy: str, hb_ms: int, workdir: Path, *, steady_s
         p.close()
 
     def spawn(log: Path) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "bench.groups", "--member", address, name, name, strategy,
-                                 str(hb_ms), str(log), str(stop)], cwd=ROOT)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.groups",
+                "--member",
+                address,
+                name,
+                name,
+                strategy,
+                str(hb_ms),
+                str(log),
+                str(stop),
+            ],
+            cwd=ROOT,
+        )
 
     def stable(n: int) -> bool:
         try:
@@ -218,8 +246,10 @@ def run_case(address: str, strategy: str, hb_ms: int, workdir: Path, *, steady_s
 
 
 def _table(results: list[dict[str, Any]]) -> str:
-    head = ("| strategy | heartbeat | moved | group-wide pause | baseline | moved-partition pause max / median "
-            "| join answer | settled | load (1 min) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    head = (
+        "| strategy | heartbeat | moved | group-wide pause | baseline | moved-partition pause max / median "
+        "| join answer | settled | load (1 min) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
     rows = [
         f"| {r['strategy']} | {r['heartbeat_interval_ms']} ms | {r['moved']} of {PARTITIONS} | "
         f"{r['group_pause_ms']} ms | {r['baseline_pause_ms']} ms | "
@@ -248,11 +278,26 @@ def main() -> None:
                 continue
             port = free_port()
             data = workdir / f"data-{strategy}-{hb_ms}"
-            server = ServerProcess("headwater", [sys.executable, "-m", "headwater.cli.main", "--data", str(data),
-                                                 "serve", "--host", HOST, "--port", str(port), "--log-level",
-                                                 "warning"], log_path=workdir / f"server-{strategy}-{hb_ms}.log")
+            server = ServerProcess(
+                "headwater",
+                [
+                    sys.executable,
+                    "-m",
+                    "headwater.cli.main",
+                    "--data",
+                    str(data),
+                    "serve",
+                    "--host",
+                    HOST,
+                    "--port",
+                    str(port),
+                    "--log-level",
+                    "warning",
+                ],
+                log_path=workdir / f"server-{strategy}-{hb_ms}.log",
+            )
             try:
-                wait_until(lambda: port_open(port), timeout_s=30, what="headwater serve", alive=server.alive)
+                wait_until(lambda: port_open(port), timeout_s=30, what="headwater serve", alive=server.alive)  # noqa: B023 (called at once, within this iteration)
                 r = run_case(f"{HOST}:{port}", strategy, hb_ms, workdir, steady_s=steady_s, after_s=after_s)
             finally:
                 server.stop()
@@ -261,8 +306,9 @@ def main() -> None:
     print()
     print(_table(results))
     if args.json:
-        args.json.write_text(json.dumps({"rate": RATE, "partitions": PARTITIONS, "cpus": os.cpu_count(),
-                                         "results": results}, indent=1))
+        args.json.write_text(
+            json.dumps({"rate": RATE, "partitions": PARTITIONS, "cpus": os.cpu_count(), "results": results}, indent=1)
+        )
 
 
 if __name__ == "__main__":

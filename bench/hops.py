@@ -86,6 +86,7 @@ def _wrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..
 
 # the three processes -------------------------------------------------------------------
 
+
 def _pin(cpus: set[int] | None) -> None:
     if cpus:
         os.sched_setaffinity(0, cpus)
@@ -105,6 +106,7 @@ def _broker(data: str, flush: str, ready: Any, out: Any, cpus: set[int] | None =
         def wrapper(self, data):
             stamps.mark("read", data, clock())
             return orig(self, data)
+
         return wrapper
 
     def serve(orig):
@@ -112,6 +114,7 @@ def _broker(data: str, flush: str, ready: Any, out: Any, cpus: set[int] | None =
             if type(ev.body) is ProduceRequest:
                 stamps.mark("parsed", ev.body.batch, clock())
             return orig(self, st, ev)
+
         return wrapper
 
     def append_locked(orig):
@@ -119,6 +122,7 @@ def _broker(data: str, flush: str, ready: Any, out: Any, cpus: set[int] | None =
             result = orig(self, q, partition, h, batch, *args)
             stamps.mark("appended", batch, clock())
             return result
+
         return wrapper
 
     def send(orig):  # the PUSH frames (answers served inline go out by _flush)
@@ -127,6 +131,7 @@ def _broker(data: str, flush: str, ready: Any, out: Any, cpus: set[int] | None =
             for chunk in chunks:
                 stamps.mark("pushed", chunk, t)
             return orig(self, chunks, *args)
+
         return wrapper
 
     _wrap(ClientConnection, "data_received", data_received)
@@ -147,6 +152,7 @@ def _stamp_writes(stamps: Stamps) -> None:
             for chunk in chunks:
                 stamps.mark("written", chunk, t)
             return orig(self, link, chunks)
+
         return wrapper
 
     _wrap(AsyncTransport, "_write_locked", write_locked)
@@ -160,6 +166,7 @@ def _stamp_reads(stamps: Stamps) -> None:
         def wrapper(self, link, data, outcomes):
             stamps.mark("received", data, time.time_ns())
             return orig(self, link, data, outcomes)
+
         return wrapper
 
     _wrap(AsyncTransport, "_parse_locked", parse_locked)
@@ -188,7 +195,7 @@ def _consumer(address: str, total: int, ready: Any, out: Any, cpus: set[int] | N
         while got < total and time.monotonic() < deadline:
             for r in c.poll(max_messages=500, timeout_ms=1000):
                 t = time.time_ns()
-                if r.body[_KEY.size:_KEY.size + len(MARK)] == MARK:  # not the producer's warm-up message
+                if r.body[_KEY.size : _KEY.size + len(MARK)] == MARK:  # not the producer's warm-up message
                     handed.setdefault(_KEY.unpack_from(r.body)[0], t)
                     got += 1
     finally:
@@ -196,8 +203,7 @@ def _consumer(address: str, total: int, ready: Any, out: Any, cpus: set[int] | N
     out.put(("consumer", stamps.at))
 
 
-def _producer(address: str, rate: int, total: int, ready: Any, go: Any, out: Any,
-              cpus: set[int] | None = None) -> None:
+def _producer(address: str, rate: int, total: int, ready: Any, go: Any, out: Any, cpus: set[int] | None = None) -> None:
     import headwater
 
     _pin(cpus)
@@ -231,13 +237,15 @@ def _producer(address: str, rate: int, total: int, ready: Any, go: Any, out: Any
 
 # the parent ----------------------------------------------------------------------------
 
+
 def _cpu_s(pid: int) -> float:
     user, system = machine.process_cpu_times(pid)
     return user + system
 
 
-def run(flush: str = "async", *, rate: int = RATE, seconds: float = SECONDS,
-        cpus: dict[str, set[int]] | None = None) -> dict[str, Any]:
+def run(
+    flush: str = "async", *, rate: int = RATE, seconds: float = SECONDS, cpus: dict[str, set[int]] | None = None
+) -> dict[str, Any]:
     """One run: the three processes' stamps merged, CPU seconds per process over the counted
     messages, the host's steal share meanwhile, and the CPUs each process may run on. ``cpus``
     pins a process (``"broker"``, ``"producer"``, ``"consumer"``) to those CPUs."""
@@ -249,13 +257,15 @@ def run(flush: str = "async", *, rate: int = RATE, seconds: float = SECONDS,
         procs: list = []
         try:
             broker, address = start_broker(ctx, _broker, (d, flush, ready, out, cpus.get("broker")), ready, procs)
-            consumer = ctx.Process(target=_consumer, args=(address, total, ready, out, cpus.get("consumer")),
-                                   daemon=True)
+            consumer = ctx.Process(
+                target=_consumer, args=(address, total, ready, out, cpus.get("consumer")), daemon=True
+            )
             consumer.start()
             procs.append(consumer)
             _get(ready, procs)
-            producer = ctx.Process(target=_producer, args=(address, rate, total, ready, go, out, cpus.get("producer")),
-                                   daemon=True)
+            producer = ctx.Process(
+                target=_producer, args=(address, rate, total, ready, go, out, cpus.get("producer")), daemon=True
+            )
             producer.start()
             procs.append(producer)
             _get(ready, procs)
@@ -278,8 +288,14 @@ def run(flush: str = "async", *, rate: int = RATE, seconds: float = SECONDS,
         finally:  # on success all three have ended by now; after a failure, stop the rest
             stop_all(procs)
     counted = total - WARMUP
-    return {"flush": flush, "stamps": stamps, "counted": counted, "affinity": affinity,
-            "cpu_us_per_msg": {k: v * 1e6 / counted for k, v in cpu.items()}, "steal_share": steal}
+    return {
+        "flush": flush,
+        "stamps": stamps,
+        "counted": counted,
+        "affinity": affinity,
+        "cpu_us_per_msg": {k: v * 1e6 / counted for k, v in cpu.items()},
+        "steal_share": steal,
+    }
 
 
 def start_broker(ctx: Any, target: Callable[..., None], args: tuple, ready: Any, procs: list) -> tuple[Any, str]:
@@ -319,7 +335,9 @@ def _get(q: Any, procs: list, timeout_s: float = 90) -> Any:
         except queue.Empty:
             failed = [p.name for p in procs if p.exitcode not in (None, 0)]
             if failed or time.monotonic() > deadline:
-                raise RuntimeError(f"the hops probe's processes stalled (failed: {failed or 'none, timed out'})")
+                raise RuntimeError(
+                    f"the hops probe's processes stalled (failed: {failed or 'none, timed out'})"
+                ) from None
 
 
 def _take(out: Any, procs: list) -> dict[str, dict[int, int]]:
@@ -348,14 +366,19 @@ def summarize(stamps: dict[str, dict[int, int]], first: int = WARMUP) -> dict[st
 
     def row(values: list[int], slow: list[int]) -> dict[str, float]:
         s = sorted(values)
-        return {"p50_us": s[len(s) // 2] / 1e3, "p90_us": s[int(len(s) * 0.9)] / 1e3,
-                "p99_us": s[int(len(s) * 0.99)] / 1e3, "slowest_mean_us": sum(slow) / len(slow) / 1e3}
+        return {
+            "p50_us": s[len(s) // 2] / 1e3,
+            "p90_us": s[int(len(s) * 0.9)] / 1e3,
+            "p99_us": s[int(len(s) * 0.99)] / 1e3,
+            "slowest_mean_us": sum(slow) / len(slow) / 1e3,
+        }
 
     steps = []
     for a, b in zip(HOPS, HOPS[1:]):
         at_a, at_b = stamps[a], stamps[b]
-        steps.append({"from": a, "to": b, **row([at_b[k] - at_a[k] for k in keys],
-                                                 [at_b[k] - at_a[k] for k in slowest])})
+        steps.append(
+            {"from": a, "to": b, **row([at_b[k] - at_a[k] for k in keys], [at_b[k] - at_a[k] for k in slowest])}
+        )
     total = row(trip, [stamps[HOPS[-1]][k] - stamps[HOPS[0]][k] for k in slowest])
     return {"messages": len(keys), "steps": steps, "total": total}
 
@@ -371,19 +394,26 @@ def _report(title: str, res: dict[str, Any]) -> None:
     s = summarize(res["stamps"])
     steal = res["steal_share"]
     cpu = res["cpu_us_per_msg"]
-    print(f"{title}: {s['messages']:,} of {res['counted']:,} messages stamped at every "
-          f"hop; host steal {'unknown' if steal is None else f'{steal:.1%}'}; CPU µs per message: "
-          + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items()) + f" (in all {sum(cpu.values()):.0f})")
+    print(
+        f"{title}: {s['messages']:,} of {res['counted']:,} messages stamped at every "
+        f"hop; host steal {'unknown' if steal is None else f'{steal:.1%}'}; CPU µs per message: "
+        + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items())
+        + f" (in all {sum(cpu.values()):.0f})"
+    )
     print(f"  {'step':<22} {'p50':>6} {'p90':>6} {'p99':>6} {'slowest 1%':>11}   µs")
     for st in [*s["steps"], {"from": "sent", "to": "handed", **s["total"]}]:
-        print(f"  {st['from'] + ' -> ' + st['to']:<22} {st['p50_us']:6.0f} {st['p90_us']:6.0f} "
-              f"{st['p99_us']:6.0f} {st['slowest_mean_us']:11.0f}")
+        print(
+            f"  {st['from'] + ' -> ' + st['to']:<22} {st['p50_us']:6.0f} {st['p90_us']:6.0f} "
+            f"{st['p99_us']:6.0f} {st['slowest_mean_us']:11.0f}"
+        )
 
 
 #: Runs on CPU 0 at the lowest priority there is (SCHED_IDLE): any other task that wants the
 #: CPU preempts it at once, but the CPU itself never goes idle, so it never halts.
-_SPINNER = "import os; os.sched_setaffinity(0, {0}); os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n" \
-           "while True: pass"
+_SPINNER = (
+    "import os; os.sched_setaffinity(0, {0}); os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+    "while True: pass"
+)
 
 
 def awake(runs: int = 2) -> None:

@@ -55,8 +55,15 @@ DEFAULT_SYSTEMS = "headwater,redis,floor"
 QUIET_STEAL_SHARE = 0.002
 
 
-def run_rounds(entries: list[tuple[str, Any, Any]], *, rounds: int, seconds: float, rate: int = LATENCY_RATE,
-               spin_ns: int = SPIN_NS, log=print) -> list[dict[str, Any]]:
+def run_rounds(
+    entries: list[tuple[str, Any, Any]],
+    *,
+    rounds: int,
+    seconds: float,
+    rate: int = LATENCY_RATE,
+    spin_ns: int = SPIN_NS,
+    log=print,
+) -> list[dict[str, Any]]:
     """``entries``: (label, driver, mode), drivers set up. One dict per round: the timer
     check (on the same schedule and pacing) and each label's latency result at ``rate``
     msgs/s, its producer spinning the last ``spin_ns`` before each send (0: sleeping only)."""
@@ -73,8 +80,7 @@ def run_rounds(entries: list[tuple[str, Any, Any]], *, rounds: int, seconds: flo
                 results[label] = driver.latency(mode, rate=rate, seconds=seconds, size=LATENCY_SIZE, spin_ns=spin_ns)
             except Exception as e:  # noqa: BLE001 - reported in the table
                 results[label] = {"error": f"{type(e).__name__}: {e}"}
-        out.append({"round": r + 1, "timer": timer, "order": [label for label, _, _ in order],
-                    "results": results})
+        out.append({"round": r + 1, "timer": timer, "order": [label for label, _, _ in order], "results": results})
         log(_round_line(out[-1]))
     return out
 
@@ -87,8 +93,10 @@ def _round_line(rnd: dict[str, Any]) -> str:
             parts.append(f"{label}: {res['error'][:60]}")
         else:
             cpu = f"; {cpu_note(res['cpu_us_per_msg'], res.get('achieved_rate'))}" if res.get("cpu_us_per_msg") else ""
-            parts.append(f"{label}: p50 {res['p50_ms']:.2f} p99 {res['p99_ms']:.2f} ms "
-                         f"({res['late_sends']} sent >1 ms late{latency_note(res)}{cpu})")
+            parts.append(
+                f"{label}: p50 {res['p50_ms']:.2f} p99 {res['p99_ms']:.2f} ms "
+                f"({res['late_sends']} sent >1 ms late{latency_note(res)}{cpu})"
+            )
     return " | ".join(parts)
 
 
@@ -101,16 +109,29 @@ def summarize(rounds: list[dict[str, Any]], modes: dict[str, Any]) -> dict[str, 
         runs = [r["results"][label] for r in rounds if "p99_ms" in r["results"].get(label, {})]
         if runs:
             p99s = [res["p99_ms"] for res in runs]
-            quiet = [res["p99_ms"] for res in runs
-                     if res.get("steal_share") is not None and res["steal_share"] <= QUIET_STEAL_SHARE]
-            per_label[label] = {"median": statistics.median(p99s), "min": min(p99s), "max": max(p99s),
-                                "rounds": len(p99s), "quiet_median": statistics.median(quiet) if quiet else None,
-                                "quiet_rounds": len(quiet)}
+            quiet = [
+                res["p99_ms"]
+                for res in runs
+                if res.get("steal_share") is not None and res["steal_share"] <= QUIET_STEAL_SHARE
+            ]
+            per_label[label] = {
+                "median": statistics.median(p99s),
+                "min": min(p99s),
+                "max": max(p99s),
+                "rounds": len(p99s),
+                "quiet_median": statistics.median(quiet) if quiet else None,
+                "quiet_rounds": len(quiet),
+            }
     ratios: dict[str, list[float | None]] = {}
     compared: dict[str, list[str]] = {}
     for hw in (lb for lb in labels if lb.startswith("headwater")):
-        peers = [lb for lb in labels if not lb.startswith("headwater") and not modes[lb].reference
-                 and (modes[lb].fsync_before_ack or not modes[hw].fsync_before_ack)]
+        peers = [
+            lb
+            for lb in labels
+            if not lb.startswith("headwater")
+            and not modes[lb].reference
+            and (modes[lb].fsync_before_ack or not modes[hw].fsync_before_ack)
+        ]
         compared[hw] = peers
         series: list[float | None] = []
         for r in rounds:
@@ -159,8 +180,9 @@ def render_pool(console, pooled: dict[str, list[list[dict[str, Any]]]], sources:
         low = bound
     origin = f"from {len(sources)} saved run(s) of code at {', '.join(sorted(set(sources)))}"
     for key, what in (("p99_ms", "p99"), ("p50_ms", "p50")):
-        t = Table(title=f"{what} of end-to-end latency by the host's CPU steal during the run, ms: median (runs), "
-                        f"{origin}")
+        t = Table(
+            title=f"{what} of end-to-end latency by the host's CPU steal during the run, ms: median (runs), {origin}"
+        )
         t.add_column("system / mode")
         for head in heads:
             t.add_column(f"steal {head}", justify="right")
@@ -173,14 +195,18 @@ def render_pool(console, pooled: dict[str, list[list[dict[str, Any]]]], sources:
     t.add_column("CPUs busy at the runs' rate:\nmedian (runs)", justify="right")
     for label, bands in pooled.items():
         quiet = ", ".join(f"{r['p99_ms']:.2f}" for r in sorted(bands[0], key=lambda r: r["p99_ms"])) or "-"
-        busy = [x for b in bands for r in b
-                if (x := cpus_busy(r.get("cpu_us_per_msg") or {}, r.get("achieved_rate"))) is not None]
+        busy = [
+            x
+            for b in bands
+            for r in b
+            if (x := cpus_busy(r.get("cpu_us_per_msg") or {}, r.get("achieved_rate"))) is not None
+        ]
         t.add_row(label, quiet, f"{statistics.median(busy):.2f} ({len(busy)})" if busy else "-")
     console.print(t)
 
 
 def _p99_cell(res: dict[str, Any]) -> str:
-    """"2.31 (0.4%)": a run's p99 and the host's steal during it."""
+    """ "2.31 (0.4%)": a run's p99 and the host's steal during it."""
     if "p99_ms" not in res:
         return "error"
     share = res.get("steal_share")
@@ -190,8 +216,10 @@ def _p99_cell(res: dict[str, Any]) -> str:
 def render(console, rounds: list[dict[str, Any]], summary: dict[str, Any], rate: int = LATENCY_RATE) -> None:
     from rich.table import Table
 
-    t = Table(title=f"p99 of end-to-end latency per round ({rate:,} msgs/s of {LATENCY_SIZE} B), ms "
-                    "(in brackets: the host's CPU steal during the run)")
+    t = Table(
+        title=f"p99 of end-to-end latency per round ({rate:,} msgs/s of {LATENCY_SIZE} B), ms "
+        "(in brackets: the host's CPU steal during the run)"
+    )
     t.add_column("round")
     t.add_column("lone timer\n>1 ms late", justify="right")
     labels = list(rounds[0]["results"]) if rounds else []
@@ -220,38 +248,61 @@ def render(console, rounds: list[dict[str, Any]], summary: dict[str, Any], rate:
         got = [x for x in series if x is not None]
         if got:
             peers = ", ".join(summary["peers_compared"][hw])
-            console.print(f"{hw} ÷ best peer ({peers}), per round: median {statistics.median(got):.2f} "
-                          f"(best {min(got):.2f}, worst {max(got):.2f})")
+            console.print(
+                f"{hw} ÷ best peer ({peers}), per round: median {statistics.median(got):.2f} "
+                f"(best {min(got):.2f}, worst {max(got):.2f})"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.latency",
         description="End-to-end latency at 2,000 msgs/s (or --rate) in alternating rounds: every chosen system "
-                    "and mode runs once per round, in a rotating order, so they share the host's "
-                    "noise. Servers are set up as in bench.network.")
-    parser.add_argument("--systems", metavar="LIST", default=DEFAULT_SYSTEMS,
-                        help=f"comma-separated systems (default: {DEFAULT_SYSTEMS}; "
-                             f"choose from {', '.join(SYSTEMS)}; and 'floor', bench.relay: the least a "
-                             f"Python broker does, a yardstick of the machine and nobody's peer)")
+        "and mode runs once per round, in a rotating order, so they share the host's "
+        "noise. Servers are set up as in bench.network.",
+    )
+    parser.add_argument(
+        "--systems",
+        metavar="LIST",
+        default=DEFAULT_SYSTEMS,
+        help=f"comma-separated systems (default: {DEFAULT_SYSTEMS}; "
+        f"choose from {', '.join(SYSTEMS)}; and 'floor', bench.relay: the least a "
+        f"Python broker does, a yardstick of the machine and nobody's peer)",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="rounds to run (default: 5)")
-    parser.add_argument("--seconds", type=float, default=5.0,
-                        help="counted seconds of each latency run (default: 5)")
-    parser.add_argument("--rate", type=int, default=LATENCY_RATE,
-                        help=f"messages per second (default: {LATENCY_RATE:,}, the issue's workload)")
-    parser.add_argument("--spin-us", type=int, default=SPIN_NS // 1000, metavar="US",
-                        help=f"the producer (and the lone timer) sleeps until this close to each send time, "
-                             f"then spins (default: {SPIN_NS // 1000}); 0 sleeps only, with the kernel's timer "
-                             f"slack at 1 ns: no CPU burnt waiting, sends a little late")
-    parser.add_argument("--halt-poll-us", type=int, metavar="US",
-                        help="for this run, let an idle vCPU poll up to US µs before it halts (the guest "
-                             "kernel's halt polling, /sys/module/haltpoll/parameters/guest_halt_poll_ns; "
-                             "root only), then put the setting back; every system gets it alike "
-                             "(default: leave the machine as it is)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="counted seconds of each latency run (default: 5)")
+    parser.add_argument(
+        "--rate",
+        type=int,
+        default=LATENCY_RATE,
+        help=f"messages per second (default: {LATENCY_RATE:,}, the issue's workload)",
+    )
+    parser.add_argument(
+        "--spin-us",
+        type=int,
+        default=SPIN_NS // 1000,
+        metavar="US",
+        help=f"the producer (and the lone timer) sleeps until this close to each send time, "
+        f"then spins (default: {SPIN_NS // 1000}); 0 sleeps only, with the kernel's timer "
+        f"slack at 1 ns: no CPU burnt waiting, sends a little late",
+    )
+    parser.add_argument(
+        "--halt-poll-us",
+        type=int,
+        metavar="US",
+        help="for this run, let an idle vCPU poll up to US µs before it halts (the guest "
+        "kernel's halt polling, /sys/module/haltpoll/parameters/guest_halt_poll_ns; "
+        "root only), then put the setting back; every system gets it alike "
+        "(default: leave the machine as it is)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also save the rounds as JSON to PATH")
-    parser.add_argument("--pool", metavar="PATH", nargs="+",
-                        help="run nothing: read runs saved with --json and show each system's p99 by the "
-                             "host's CPU steal during the run")
+    parser.add_argument(
+        "--pool",
+        metavar="PATH",
+        nargs="+",
+        help="run nothing: read runs saved with --json and show each system's p99 by the "
+        "host's CPU steal during the run",
+    )
     args = parser.parse_args(argv)
     from rich.console import Console
 
@@ -269,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.seconds <= 0 or args.rate < 1:
         parser.error("--rounds and --rate must be at least 1 and --seconds above 0")
     if not 0 <= args.spin_us < 1_000_000 // args.rate:
-        parser.error(f"--spin-us must be from 0 to below the send interval ({1_000_000 // args.rate} µs at --rate {args.rate})")
+        parser.error(
+            f"--spin-us must be from 0 to below the send interval ({1_000_000 // args.rate} µs at --rate {args.rate})"
+        )
     if args.halt_poll_us is not None and not 0 <= args.halt_poll_us <= 10_000:
         parser.error("--halt-poll-us must be from 0 to 10000")
     install_signal_handlers()
@@ -283,8 +336,10 @@ def main(argv: list[str] | None = None) -> int:
                 before = stack.enter_context(machine.halt_polling(args.halt_poll_us * 1000))
             except OSError as e:
                 parser.error(f"--halt-poll-us: {e}")
-            console.log(f"guest halt polling: up to {args.halt_poll_us} µs for this run (it was "
-                        f"{before // 1000} µs; put back at the end)")
+            console.log(
+                f"guest halt polling: up to {args.halt_poll_us} µs for this run (it was "
+                f"{before // 1000} µs; put back at the end)"
+            )
         entries: list[tuple[str, Any, Any]] = []
         modes: dict[str, Any] = {}
         for name in systems:
@@ -305,16 +360,34 @@ def main(argv: list[str] | None = None) -> int:
             console.print("[red]no system could be set up[/]")
             return 1
         halt_poll_ns = machine.halt_poll_ns()
-        rounds = run_rounds(entries, rounds=args.rounds, seconds=args.seconds, rate=args.rate,
-                            spin_ns=args.spin_us * 1000, log=console.log)
+        rounds = run_rounds(
+            entries,
+            rounds=args.rounds,
+            seconds=args.seconds,
+            rate=args.rate,
+            spin_ns=args.spin_us * 1000,
+            log=console.log,
+        )
     summary = summarize(rounds, modes)
     render(console, rounds, summary, args.rate)
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"command": command.strip(), "started": started, "revision": rev,
-                                    "spin_us": args.spin_us, "halt_poll_ns": halt_poll_ns, "rounds": rounds,
-                                    "summary": summary}, indent=1, default=str))
+        path.write_text(
+            json.dumps(
+                {
+                    "command": command.strip(),
+                    "started": started,
+                    "revision": rev,
+                    "spin_us": args.spin_us,
+                    "halt_poll_ns": halt_poll_ns,
+                    "rounds": rounds,
+                    "summary": summary,
+                },
+                indent=1,
+                default=str,
+            )
+        )
         console.print(f"saved {path}")
     return 0
 

@@ -34,8 +34,9 @@ def commit_log(d: str, batches: int, payload: bytes, sync_every: int | None) -> 
     return dt
 
 
-def per_partition(d: str, partitions: int, batches: int, payload: bytes, sync_every: int | None,
-                  fd_cache: int) -> float:
+def per_partition(
+    d: str, partitions: int, batches: int, payload: bytes, sync_every: int | None, fd_cache: int
+) -> float:
     fds: dict[int, int] = {}
     touched: set[int] = set()
     t = time.perf_counter()
@@ -77,13 +78,19 @@ def main() -> None:
     rows = []
     for name, fn in [
         ("commit log, page cache", lambda d: commit_log(d, args.batches, payload, None)),
-        (f"per-partition x{args.partitions}, all fds open ({fd_all}), page cache",
-         lambda d: per_partition(d, args.partitions, args.batches, payload, None, fd_all)),
-        (f"per-partition x{args.partitions}, 1000 fds cached, page cache",
-         lambda d: per_partition(d, args.partitions, args.batches, payload, None, 1000)),
+        (
+            f"per-partition x{args.partitions}, all fds open ({fd_all}), page cache",
+            lambda d: per_partition(d, args.partitions, args.batches, payload, None, fd_all),
+        ),
+        (
+            f"per-partition x{args.partitions}, 1000 fds cached, page cache",
+            lambda d: per_partition(d, args.partitions, args.batches, payload, None, 1000),
+        ),
         ("commit log, fsync per 16 appends", lambda d: commit_log(d, args.sync_batches, payload, 16)),
-        (f"per-partition x{args.partitions}, fsync 16 files per 16 appends",
-         lambda d: per_partition(d, args.partitions, args.sync_batches, payload, 16, fd_all)),
+        (
+            f"per-partition x{args.partitions}, fsync 16 files per 16 appends",
+            lambda d: per_partition(d, args.partitions, args.sync_batches, payload, 16, fd_all),
+        ),
     ]:
         d = tempfile.mkdtemp(dir="/tmp", prefix="hw-layout-")
         try:
@@ -92,8 +99,10 @@ def main() -> None:
         finally:
             shutil.rmtree(d)
         rows.append((name, n / dt, n * args.batch_bytes / dt / 1e6))
-    t = Table(title=f"layouts: {args.batch_bytes} B batches, round robin over {args.partitions} partitions "
-                    f"(RLIMIT_NOFILE soft={soft})")
+    t = Table(
+        title=f"layouts: {args.batch_bytes} B batches, round robin over {args.partitions} partitions "
+        f"(RLIMIT_NOFILE soft={soft})"
+    )
     for c in ("layout", "batches/s", "MB/s", "vs commit log"):
         t.add_column(c, justify="right" if c != "layout" else "left")
     base = {False: rows[0][2], True: rows[3][2]}

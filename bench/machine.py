@@ -31,8 +31,19 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["write_bandwidth", "fsync_latency", "timer_lateness", "sleep_until_ns", "exact_sleeps", "facts",
-           "meminfo_kib", "process_cpu_times", "context_switches", "halt_poll_ns", "halt_polling"]
+__all__ = [
+    "write_bandwidth",
+    "fsync_latency",
+    "timer_lateness",
+    "sleep_until_ns",
+    "exact_sleeps",
+    "facts",
+    "meminfo_kib",
+    "process_cpu_times",
+    "context_switches",
+    "halt_poll_ns",
+    "halt_polling",
+]
 
 #: How close to a tick ``sleep_until_ns`` stops sleeping and spins (sleep() overshoots by ~0.1 ms).
 SPIN_NS = 150_000
@@ -42,8 +53,7 @@ MB = 1_000_000
 MIB = 1 << 20
 
 
-def write_bandwidth(directory: str | Path, *, total_bytes: int = 1 << 30,
-                    chunk_bytes: int = MIB) -> dict[str, float]:
+def write_bandwidth(directory: str | Path, *, total_bytes: int = 1 << 30, chunk_bytes: int = MIB) -> dict[str, float]:
     """Sequential write + one fdatasync of a ``total_bytes`` file; MB/s over both.
 
     The chunk is random (a virtual disk may compress or deduplicate zeros).
@@ -57,7 +67,7 @@ def write_bandwidth(directory: str | Path, *, total_bytes: int = 1 << 30,
         for _ in range(chunks):
             view = memoryview(chunk)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         written_s = time.perf_counter() - start
         os.fdatasync(fd)
         elapsed_s = time.perf_counter() - start
@@ -73,8 +83,9 @@ def write_bandwidth(directory: str | Path, *, total_bytes: int = 1 << 30,
     }
 
 
-def fsync_latency(directory: str | Path, *, samples: int = 200, write_bytes: int = 4096,
-                  warmup: int = 10) -> dict[str, float]:
+def fsync_latency(
+    directory: str | Path, *, samples: int = 200, write_bytes: int = 4096, warmup: int = 10
+) -> dict[str, float]:
     """Latency of appending ``write_bytes`` and fdatasync-ing, in ms (p50, p99, mean)."""
     path = Path(directory) / "hw-bench-fsync.bin"
     block = os.urandom(write_bytes)
@@ -215,8 +226,10 @@ def halt_polling(ns: int, path: str = HALT_POLL_PATH) -> Iterator[int]:
     """
     before = halt_poll_ns(path)
     if before is None:
-        raise OSError(f"{path} is missing: this machine has no guest halt polling to set "
-                      "(the haltpoll cpuidle driver of a KVM guest)")
+        raise OSError(
+            f"{path} is missing: this machine has no guest halt polling to set "
+            "(the haltpoll cpuidle driver of a KVM guest)"
+        )
     Path(path).write_text(f"{ns}\n")
     try:
         yield before
@@ -271,7 +284,7 @@ def proc_stat(pid: int | str) -> list[bytes]:
     when the process is gone."""
     with open(f"/proc/{pid}/stat", "rb") as f:
         data = f.read()
-    return data[data.rindex(b")") + 2:].split()  # the command name may hold spaces
+    return data[data.rindex(b")") + 2 :].split()  # the command name may hold spaces
 
 
 def process_cpu_times(pid: int) -> tuple[float, float]:
@@ -321,8 +334,7 @@ def revision() -> str:
 
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
 

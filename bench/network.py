@@ -70,12 +70,28 @@ class Settings:
     fsync_samples: int
 
 
-FULL = Settings("full", produce_s=3.0, produce_msgs_max=20_000_000, consume_msgs_max=2_000_000,
-                consume_fill_s=3.0, consume_read_s=30.0, latency_s=5.0,
-                raw_write_bytes=1 << 30, fsync_samples=200)
-QUICK = Settings("quick", produce_s=1.0, produce_msgs_max=5_000_000, consume_msgs_max=500_000,
-                 consume_fill_s=1.0, consume_read_s=15.0, latency_s=2.0,
-                 raw_write_bytes=256 * machine.MIB, fsync_samples=100)
+FULL = Settings(
+    "full",
+    produce_s=3.0,
+    produce_msgs_max=20_000_000,
+    consume_msgs_max=2_000_000,
+    consume_fill_s=3.0,
+    consume_read_s=30.0,
+    latency_s=5.0,
+    raw_write_bytes=1 << 30,
+    fsync_samples=200,
+)
+QUICK = Settings(
+    "quick",
+    produce_s=1.0,
+    produce_msgs_max=5_000_000,
+    consume_msgs_max=500_000,
+    consume_fill_s=1.0,
+    consume_read_s=15.0,
+    latency_s=2.0,
+    raw_write_bytes=256 * machine.MIB,
+    fsync_samples=100,
+)
 
 
 def produce_key(producers: int, size: int) -> str:
@@ -135,21 +151,37 @@ def run_mode(driver, mode: Mode, settings: Settings, console) -> dict[str, Any]:
 
     for producers in PRODUCERS:
         for size in SIZES:
+
             def produce(producers=producers, size=size):
                 driver.reset(mode, producers)
-                return driver.produce(mode, producers=producers, size=size, batch=BATCH,
-                                      n=settings.produce_msgs_max, seconds=settings.produce_s)
+                return driver.produce(
+                    mode,
+                    producers=producers,
+                    size=size,
+                    batch=BATCH,
+                    n=settings.produce_msgs_max,
+                    seconds=settings.produce_s,
+                )
+
             record(produce_key(producers, size), produce)
 
     def consume():
         driver.reset(mode, 1)
-        return driver.consume(mode, size=CONSUME_SIZE, batch=BATCH, n=settings.consume_msgs_max,
-                              fill_seconds=settings.consume_fill_s, seconds=settings.consume_read_s)
+        return driver.consume(
+            mode,
+            size=CONSUME_SIZE,
+            batch=BATCH,
+            n=settings.consume_msgs_max,
+            fill_seconds=settings.consume_fill_s,
+            seconds=settings.consume_read_s,
+        )
+
     record(CONSUME_KEY, consume)
 
     def latency():
         driver.reset(mode, 1)
         return driver.latency(mode, rate=LATENCY_RATE, seconds=settings.latency_s, size=LATENCY_SIZE)
+
     record(LATENCY_KEY, latency)
     return results
 
@@ -171,13 +203,19 @@ def cpu_note(cpu: dict[str, float | None], rate: float | None = None) -> str:
     on the one left while the hypervisor takes the other, so the host's steal weighs on its
     tail more than on a lighter one's.
 
-    >>> cpu_note({"server": 190, "consumer": 120, "producer": 230, "producer_spin": 50}, rate=2000)
-    "CPU µs/msg: server 190, consumer 120, producer 230 (of it the benchmark's spin 50); in all 540, 1.08 CPUs at 2,000/s"
+    >>> note = cpu_note({"server": 190, "consumer": 120, "producer": 230, "producer_spin": 50}, rate=2000)
+    >>> print(note.replace("; ", ";\n"))
+    CPU µs/msg: server 190, consumer 120, producer 230 (of it the benchmark's spin 50);
+    in all 540, 1.08 CPUs at 2,000/s
     """
+
     def us(x: float | None) -> str:
         return "?" if x is None else f"{x:,.0f}"
-    out = (f"CPU µs/msg: server {us(cpu['server'])}, consumer {us(cpu['consumer'])}, "
-           f"producer {us(cpu['producer'])} (of it the benchmark's spin {us(cpu['producer_spin'])})")
+
+    out = (
+        f"CPU µs/msg: server {us(cpu['server'])}, consumer {us(cpu['consumer'])}, "
+        f"producer {us(cpu['producer'])} (of it the benchmark's spin {us(cpu['producer_spin'])})"
+    )
     busy = cpus_busy(cpu, rate)
     if busy is not None:
         out += f"; in all {busy * 1e6 / rate:,.0f}, {busy:.2f} CPUs at {rate:,.0f}/s"  # type: ignore[operator]
@@ -194,7 +232,7 @@ def cpus_busy(cpu: dict[str, float | None], rate: float | None) -> float | None:
 
 
 def latency_note(res: dict[str, Any]) -> str:
-    """"; from the send call p99 1.03 ms; host steal 0.4%": of a latency run, the p99 of the
+    """ "; from the send call p99 1.03 ms; host steal 0.4%": of a latency run, the p99 of the
     time from the producer's send call to the consumer (without the producer's lateness),
     and the share of the machine's CPU time the hypervisor gave to other guests during the
     run (a stolen moment stalls whichever process was running)."""
@@ -209,18 +247,23 @@ def _brief(res: dict[str, Any]) -> str:
     if "error" in res:
         return f"[red]{res['error']}[/]"
     if "p99_ms" in res:
-        return (f"p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms, max {res['max_ms']:.2f} ms "
-                f"({res['counted']:,} msgs, {res['late_sends']:,} sent >1 ms late" + latency_note(res)
-                + (f"; {cpu_note(res['cpu_us_per_msg'], res.get('achieved_rate'))}" if res.get("cpu_us_per_msg")
-                   else "") + ")")
+        return (
+            f"p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms, max {res['max_ms']:.2f} ms "
+            f"({res['counted']:,} msgs, {res['late_sends']:,} sent >1 ms late"
+            + latency_note(res)
+            + (f"; {cpu_note(res['cpu_us_per_msg'], res.get('achieved_rate'))}" if res.get("cpu_us_per_msg") else "")
+            + ")"
+        )
     return f"{res['msgs_per_s']:,.0f} msgs/s, {res['mb_per_s']:,.1f} MB/s ({res['msgs']:,} msgs)"
 
 
 def measure_machine(settings: Settings) -> dict[str, Any]:
     with temp_workdir("hw-bench-machine-") as d:
-        return {"write": machine.write_bandwidth(d, total_bytes=settings.raw_write_bytes),
-                "fsync": machine.fsync_latency(d, samples=settings.fsync_samples),
-                "timer": machine.timer_lateness(rate=LATENCY_RATE, spin_ns=SPIN_NS)}
+        return {
+            "write": machine.write_bandwidth(d, total_bytes=settings.raw_write_bytes),
+            "fsync": machine.fsync_latency(d, samples=settings.fsync_samples),
+            "timer": machine.timer_lateness(rate=LATENCY_RATE, spin_ns=SPIN_NS),
+        }
 
 
 # --------------------------------------------------------------------------- figures
@@ -305,14 +348,18 @@ class Target:
 
 
 TARGETS = [
-    Target("N1", "1 producer, 100 B ×500, async ≥ 1,000,000 msgs/s and ≥ 3× best peer",
-           "headwater async", PRODUCE_COLUMNS[0], 1_000_000, 3.0),
-    Target("N2", "1 producer, 100 B ×500, sync ≥ 300,000 msgs/s", "headwater sync", PRODUCE_COLUMNS[0],
-           300_000),
+    Target(
+        "N1",
+        "1 producer, 100 B ×500, async ≥ 1,000,000 msgs/s and ≥ 3× best peer",
+        "headwater async",
+        PRODUCE_COLUMNS[0],
+        1_000_000,
+        3.0,
+    ),
+    Target("N2", "1 producer, 100 B ×500, sync ≥ 300,000 msgs/s", "headwater sync", PRODUCE_COLUMNS[0], 300_000),
     Target("N3", "1 producer, 1 KiB ×500, async ≥ 300 MB/s", "headwater async", PRODUCE_COLUMNS[1], 300),
     Target("N4", "consume 100 B ≥ 1,000,000 msgs/s", "headwater async", CONSUME_COLUMNS[0], 1_000_000),
-    Target("N5", "e2e latency at 2,000 msgs/s, async: p99 ≤ 1 ms", "headwater async",
-           LATENCY_COLUMNS[1], 1.0),
+    Target("N5", "e2e latency at 2,000 msgs/s, async: p99 ≤ 1 ms", "headwater async", LATENCY_COLUMNS[1], 1.0),
     Target("N6", "e2e latency at 2,000 msgs/s, sync: p99 ≤ 2 ms", "headwater sync", LATENCY_COLUMNS[1], 2.0),
 ]
 
@@ -320,8 +367,7 @@ TARGETS = [
 def judge(runs, t: Target) -> dict[str, Any]:
     """PASS / MISS / n/a of one target, with the figures it was judged on."""
     hw_x, ratio, peer = headwater_ratio(runs, t.col, t.mode)
-    out: dict[str, Any] = {"id": t.tid, "target": t.text, "figure": hw_x, "ratio": ratio, "peer": peer,
-                           "verdict": None}
+    out: dict[str, Any] = {"id": t.tid, "target": t.text, "figure": hw_x, "ratio": ratio, "peer": peer, "verdict": None}
     if hw_x is None:
         return out
     ok = hw_x >= t.floor if t.col.higher_is_better else hw_x <= t.floor
@@ -344,8 +390,7 @@ def render(console, runs: dict[str, dict[str, Any]]) -> None:
     groups = [
         ("Produce (batches of 500, each acknowledged before the next)", PRODUCE_COLUMNS),
         (f"Consume ({CONSUME_SIZE} B, one consumer, data written beforehand)", CONSUME_COLUMNS),
-        (f"End-to-end latency ({LATENCY_RATE:,} msgs/s of {LATENCY_SIZE} B, one at a time)",
-         LATENCY_COLUMNS),
+        (f"End-to-end latency ({LATENCY_RATE:,} msgs/s of {LATENCY_SIZE} B, one at a time)", LATENCY_COLUMNS),
     ]
     for title, cols in groups:
         table = Table(title=title, title_justify="left")
@@ -354,25 +399,29 @@ def render(console, runs: dict[str, dict[str, Any]]) -> None:
         for col in cols:
             table.add_column(col.header, justify="right")
         table.add_column("notes")
-        for name, mode, res in all_modes(runs):
+        for _name, mode, res in all_modes(runs):
             if res.get("unavailable") and not res["modes"]:
                 continue
             cells = [_fmt(figure(res, mode.label, c), c.fmt) for c in cols]
-            table.add_row(mode.label, "yes" if mode.fsync_before_ack else "no", *cells,
-                          _notes(res, mode.label, cols))
+            table.add_row(mode.label, "yes" if mode.fsync_before_ack else "no", *cells, _notes(res, mode.label, cols))
         for name, res in runs.items():
             if res.get("unavailable"):
                 table.add_row(name, "", *["—"] * len(cols), f"not run: {res['unavailable']}")
         table.add_section()
         for fsync_only, label in ((False, "best peer (any mode)"), (True, "best peer (fsync before ack)")):
             bests = [best_peer(runs, c, fsync_only=fsync_only) for c in cols]
-            table.add_row(label, "", *[_fmt(b[0], c.fmt) for b, c in zip(bests, cols)],
-                          ", ".join(sorted({b[1] for b in bests if b[1]})))
+            table.add_row(
+                label,
+                "",
+                *[_fmt(b[0], c.fmt) for b, c in zip(bests, cols)],
+                ", ".join(sorted({b[1] for b in bests if b[1]})),
+            )
         for hw_mode, vs in (("headwater async", "best peer"), ("headwater sync", "best fsync peer")):
             ratios = [headwater_ratio(runs, c, hw_mode)[1] for c in cols]
             lower = "" if cols[0].higher_is_better else " (lower is better)"
-            table.add_row(f"{hw_mode} ÷ {vs}", "", *[_fmt(r, ".2f") + ("×" if r else "") for r in ratios],
-                          lower.strip(" ()"))
+            table.add_row(
+                f"{hw_mode} ÷ {vs}", "", *[_fmt(r, ".2f") + ("×" if r else "") for r in ratios], lower.strip(" ()")
+            )
         console.print(table)
 
 
@@ -386,8 +435,9 @@ def _notes(res: dict[str, Any], mode_label: str, cols: list[Column]) -> str:
         if "error" in r:
             notes.append(f"{key}: {r['error']}")
         elif key == LATENCY_KEY and r:
-            notes.append(f"{r['late_sends']:,} of {r['sent']:,} sent >1 ms late; {r['achieved_rate']:,.0f}/s"
-                         + latency_note(r))
+            notes.append(
+                f"{r['late_sends']:,} of {r['sent']:,} sent >1 ms late; {r['achieved_rate']:,.0f}/s" + latency_note(r)
+            )
             if r.get("cpu_us_per_msg"):
                 notes.append(cpu_note(r["cpu_us_per_msg"], r.get("achieved_rate")))
         elif key == CONSUME_KEY and r:
@@ -403,10 +453,14 @@ def render_targets(console, runs) -> list[dict[str, Any]]:
     for col in ("id", "target", "Headwater", "÷ best comparable peer", "verdict"):
         table.add_column(col)
     for t, j in zip(TARGETS, judged):
-        verdict = ("[yellow]n/a[/]" if j["verdict"] is None else "[green]PASS[/]" if j["verdict"]
-                   else "[red]MISS[/]")
-        table.add_row(t.tid, t.text, _fmt(j["figure"], t.col.fmt),
-                      "—" if j["ratio"] is None else f"{j['ratio']:.2f}× ({j['peer']})", verdict)
+        verdict = "[yellow]n/a[/]" if j["verdict"] is None else "[green]PASS[/]" if j["verdict"] else "[red]MISS[/]"
+        table.add_row(
+            t.tid,
+            t.text,
+            _fmt(j["figure"], t.col.fmt),
+            "—" if j["ratio"] is None else f"{j['ratio']:.2f}× ({j['peer']})",
+            verdict,
+        )
     console.print(table)
     return judged
 
@@ -417,26 +471,41 @@ def markdown(runs: dict[str, dict[str, Any]], judged: list[dict[str, Any]]) -> s
     groups = [("Produce", PRODUCE_COLUMNS), ("Consume", CONSUME_COLUMNS), ("End-to-end latency", LATENCY_COLUMNS)]
     for title, cols in groups:
         heads = [c.header.replace("\n", " ") for c in cols]
-        lines += [f"**{title}**", "", "| system / mode | fsync before ack | " + " | ".join(heads) + " | notes |",
-                  "|---|---|" + "---:|" * len(cols) + "---|"]
-        for name, mode, res in all_modes(runs):
+        lines += [
+            f"**{title}**",
+            "",
+            "| system / mode | fsync before ack | " + " | ".join(heads) + " | notes |",
+            "|---|---|" + "---:|" * len(cols) + "---|",
+        ]
+        for _name, mode, res in all_modes(runs):
             if res.get("unavailable") and not res["modes"]:
                 continue
             cells = [_fmt(figure(res, mode.label, c), c.fmt) for c in cols]
-            lines.append(f"| {mode.label} | {'yes' if mode.fsync_before_ack else 'no'} | " + " | ".join(cells)
-                         + f" | {_notes(res, mode.label, cols)} |")
+            lines.append(
+                f"| {mode.label} | {'yes' if mode.fsync_before_ack else 'no'} | "
+                + " | ".join(cells)
+                + f" | {_notes(res, mode.label, cols)} |"
+            )
         for name, res in runs.items():
             if res.get("unavailable"):
                 lines.append(f"| {name} | | " + " | ".join("—" for _ in cols) + f" | not run: {res['unavailable']} |")
         for fsync_only, label in ((False, "best peer (any mode)"), (True, "best peer (fsync before ack)")):
             bests = [best_peer(runs, c, fsync_only=fsync_only) for c in cols]
-            lines.append(f"| *{label}* | | " + " | ".join(_fmt(b[0], c.fmt) for b, c in zip(bests, cols))
-                         + " | " + ", ".join(sorted({b[1] for b in bests if b[1]})) + " |")
+            lines.append(
+                f"| *{label}* | | "
+                + " | ".join(_fmt(b[0], c.fmt) for b, c in zip(bests, cols))
+                + " | "
+                + ", ".join(sorted({b[1] for b in bests if b[1]}))
+                + " |"
+            )
         for hw_mode, vs in (("headwater async", "best peer"), ("headwater sync", "best fsync peer")):
             ratios = [headwater_ratio(runs, c, hw_mode)[1] for c in cols]
             lower = "" if cols[0].higher_is_better else "lower is better"
-            lines.append(f"| **{hw_mode} ÷ {vs}** | | "
-                         + " | ".join(_fmt(r, ".2f") + ("×" if r else "") for r in ratios) + f" | {lower} |")
+            lines.append(
+                f"| **{hw_mode} ÷ {vs}** | | "
+                + " | ".join(_fmt(r, ".2f") + ("×" if r else "") for r in ratios)
+                + f" | {lower} |"
+            )
         lines.append("")
     lines += ["| target | Headwater | ÷ best comparable peer | verdict |", "|---|---:|---|---|"]
     for t, j in zip(TARGETS, judged):
@@ -450,21 +519,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.network",
         description="Produce, consume and end-to-end latency of Headwater's broker against Redis "
-                    "Streams, NATS JetStream and RabbitMQ, all on 127.0.0.1 with data under /tmp. "
-                    "Missing servers are installed from Debian packages (needs root); clients come "
-                    "from bench/requirements.txt.")
+        "Streams, NATS JetStream and RabbitMQ, all on 127.0.0.1 with data under /tmp. "
+        "Missing servers are installed from Debian packages (needs root); clients come "
+        "from bench/requirements.txt.",
+    )
     parser.add_argument("--quick", action="store_true", help="shorter workloads (a smoke run, not for the record)")
-    parser.add_argument("--systems", metavar="LIST", default=",".join(SYSTEMS),
-                        help=f"comma-separated systems to run (default: {','.join(SYSTEMS)})")
+    parser.add_argument(
+        "--systems",
+        metavar="LIST",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated systems to run (default: {','.join(SYSTEMS)})",
+    )
     parser.add_argument("--json", metavar="PATH", help="also save every measurement as JSON to PATH")
-    parser.add_argument("--markdown", action="store_true",
-                        help="also print the tables as markdown (for docs/benchmarks.md)")
-    parser.add_argument("--render", metavar="JSON",
-                        help="run nothing: print the tables of a run saved with --json")
-    parser.add_argument("--halt-poll-us", type=int, metavar="US",
-                        help="for this run, let an idle vCPU poll up to US µs before it halts (the guest "
-                             "kernel's halt polling; root only), then put the setting back; every system "
-                             "gets it alike (default: leave the machine as it is)")
+    parser.add_argument(
+        "--markdown", action="store_true", help="also print the tables as markdown (for docs/benchmarks.md)"
+    )
+    parser.add_argument("--render", metavar="JSON", help="run nothing: print the tables of a run saved with --json")
+    parser.add_argument(
+        "--halt-poll-us",
+        type=int,
+        metavar="US",
+        help="for this run, let an idle vCPU poll up to US µs before it halts (the guest "
+        "kernel's halt polling; root only), then put the setting back; every system "
+        "gets it alike (default: leave the machine as it is)",
+    )
     args = parser.parse_args(argv)
     if args.render:
         return _render_saved(Path(args.render), markdown_too=args.markdown)
@@ -508,9 +586,13 @@ def _run(args: argparse.Namespace, argv: list[str] | None, systems: list[str], s
 
     render(console, runs)
     judged = render_targets(console, runs)
-    console.print(_limits_line("machine limits: at start", limits["start"]) + "; "
-                  + _limits_line("at end", limits["end"]) + f"; load average (1 min) at start "
-                  f"{facts['loadavg_1m']}")
+    console.print(
+        _limits_line("machine limits: at start", limits["start"])
+        + "; "
+        + _limits_line("at end", limits["end"])
+        + f"; load average (1 min) at start "
+        f"{facts['loadavg_1m']}"
+    )
     for name, res in runs.items():
         if res.get("version"):
             console.print(f"{name}: {res['version']}")
@@ -519,11 +601,22 @@ def _run(args: argparse.Namespace, argv: list[str] | None, systems: list[str], s
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({
-            "command": command.strip(), "settings": asdict(settings), "started": started,
-            "revision": machine.revision(), "facts": facts, "limits": limits, "systems": runs,
-            "targets": judged,
-        }, indent=1, default=str))
+        path.write_text(
+            json.dumps(
+                {
+                    "command": command.strip(),
+                    "settings": asdict(settings),
+                    "started": started,
+                    "revision": machine.revision(),
+                    "facts": facts,
+                    "limits": limits,
+                    "systems": runs,
+                    "targets": judged,
+                },
+                indent=1,
+                default=str,
+            )
+        )
         console.print(f"saved {path}")
     return 0
 
@@ -533,28 +626,39 @@ def _render_saved(path: Path, *, markdown_too: bool) -> int:
 
     saved = json.loads(path.read_text())
     console = Console() if sys.stdout.isatty() else Console(width=220)
-    console.print(f"[bold]{saved['command']}[/]  ({saved['settings']['name']} run, {saved['started']}, "
-                  f"code at {saved['revision']})")
+    console.print(
+        f"[bold]{saved['command']}[/]  ({saved['settings']['name']} run, {saved['started']}, "
+        f"code at {saved['revision']})"
+    )
     halt = saved.get("facts", {}).get("guest_halt_poll_ns")
     if halt is not None:
-        console.print(f"guest halt polling during the run: up to {halt // 1000} µs"
-                      + (" (idle vCPUs halt at once)" if halt == 0 else ""))
+        console.print(
+            f"guest halt polling during the run: up to {halt // 1000} µs"
+            + (" (idle vCPUs halt at once)" if halt == 0 else "")
+        )
     render(console, saved["systems"])
     judged = render_targets(console, saved["systems"])
-    console.print(_limits_line("machine limits: at start", saved["limits"]["start"]) + "; "
-                  + _limits_line("at end", saved["limits"]["end"]))
+    console.print(
+        _limits_line("machine limits: at start", saved["limits"]["start"])
+        + "; "
+        + _limits_line("at end", saved["limits"]["end"])
+    )
     if markdown_too:
         console.print(markdown(saved["systems"], judged), markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
 def _limits_line(label: str, lim: dict[str, Any]) -> str:
-    line = (f"{label}: raw sequential write {lim['write']['mb_per_s']:,.1f} MB/s, fsync 4 KiB "
-            f"p50 {lim['fsync']['p50_ms']:.2f} ms / p99 {lim['fsync']['p99_ms']:.2f} ms")
+    line = (
+        f"{label}: raw sequential write {lim['write']['mb_per_s']:,.1f} MB/s, fsync 4 KiB "
+        f"p50 {lim['fsync']['p50_ms']:.2f} ms / p99 {lim['fsync']['p99_ms']:.2f} ms"
+    )
     timer = lim.get("timer")  # runs saved before it was measured have none
     if timer:
-        line += (f", a lone {LATENCY_RATE:,}/s schedule p99 {timer['p99_ms']:.2f} ms late "
-                 f"({timer['over_1ms_share']:.1%} of ticks >1 ms late)")
+        line += (
+            f", a lone {LATENCY_RATE:,}/s schedule p99 {timer['p99_ms']:.2f} ms late "
+            f"({timer['over_1ms_share']:.1%} of ticks >1 ms late)"
+        )
     return line
 
 

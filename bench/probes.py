@@ -99,8 +99,10 @@ def codec(n: int = 20_000) -> None:
             stored = store.fetch("q", 0, n - 1, max_bytes=1 << 20)
         finally:
             store.close()
-    print(f"store: append of a 1-message batch {(t1 - t0) / n * 1e6:.1f} µs, fetch of it "
-          f"{(t2 - t1) / n * 1e6:.1f} µs, empty fetch {(t3 - t2) / n * 1e6:.1f} µs")
+    print(
+        f"store: append of a 1-message batch {(t1 - t0) / n * 1e6:.1f} µs, fetch of it "
+        f"{(t2 - t1) / n * 1e6:.1f} µs, empty fetch {(t3 - t2) / n * 1e6:.1f} µs"
+    )
 
     cli = Connection(CLIENT)
     srv = _handshake_locally(cli)
@@ -121,9 +123,11 @@ def codec(n: int = 20_000) -> None:
         decode_stored(res.batches[0], "q", start_offset=0, tags=None)
         d = clock()
         enc, parse, answer = enc + b - a, parse + c - b, answer + d - c
-    print(f"protocol: client encodes a FETCH {enc / n * 1e6:.1f} µs; server parses it and encodes the "
-          f"answer {parse / n * 1e6:.1f} µs; client parses the answer and decodes its record "
-          f"{answer / n * 1e6:.1f} µs")
+    print(
+        f"protocol: client encodes a FETCH {enc / n * 1e6:.1f} µs; server parses it and encodes the "
+        f"answer {parse / n * 1e6:.1f} µs; client parses the answer and decodes its record "
+        f"{answer / n * 1e6:.1f} µs"
+    )
 
 
 def ping(n: int = 6000, rounds: int = 2) -> None:
@@ -139,32 +143,51 @@ def ping(n: int = 6000, rounds: int = 2) -> None:
             port = free_port()
             with tempfile.TemporaryDirectory(prefix="hw-probe-") as d:
                 if kind == "headwater serve":
-                    cmd = [sys.executable, "-m", "headwater.cli.main", "--data", d, "serve", "--port", str(port),
-                           "--log-level", "warning"]
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "headwater.cli.main",
+                        "--data",
+                        d,
+                        "serve",
+                        "--port",
+                        str(port),
+                        "--log-level",
+                        "warning",
+                    ]
                 else:
                     cmd = [sys.executable, "-c", f"from bench.probes import echo_server; echo_server({port})"]
-                server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          start_new_session=True)
+                server = subprocess.Popen(
+                    cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+                )
                 try:
-                    wait_until(lambda: port_open(port), timeout_s=30, what=kind)
+                    wait_until(lambda: port_open(port), timeout_s=30, what=kind)  # noqa: B023 (called at once, within this iteration)
                     s = socket.create_connection(("127.0.0.1", port))
                     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     c = Connection(CLIENT)
                     if kind == "headwater serve":
                         s.sendall(c.send(Handshake("probe")))
                         _ping_read(s, c)
-                        r = _ping_rounds(s, c, server.pid, n, lambda: c.send(Request(c.next_request_id(), PingRequest())))
+                        r = _ping_rounds(
+                            s,
+                            c,
+                            server.pid,
+                            n,
+                            lambda: c.send(Request(c.next_request_id(), PingRequest())),  # noqa: B023 (called at once, within this iteration)
+                        )
                     else:  # the echo writes back whatever comes: one PING frame, every time
                         _handshake_locally(c)
                         same = c.send(Request(c.next_request_id(), PingRequest()))
-                        r = _ping_rounds(s, None, server.pid, n, lambda: same)
+                        r = _ping_rounds(s, None, server.pid, n, lambda: same)  # noqa: B023 (called at once, within this iteration)
                     s.close()
                 finally:
                     server.terminate()
                     server.wait(timeout=30)
-            print(f"ping, {kind}: round trip p50 {r['p50_us']:.0f} µs, p99 {r['p99_us']:.0f} µs; the server used "
-                  f"{r['cpu_us']:.0f} µs of CPU and {r['voluntary']:.2f} voluntary + {r['involuntary']:.2f} "
-                  f"involuntary context switches per request and answer, at {r['rate']:,.0f}/s")
+            print(
+                f"ping, {kind}: round trip p50 {r['p50_us']:.0f} µs, p99 {r['p99_us']:.0f} µs; the server used "
+                f"{r['cpu_us']:.0f} µs of CPU and {r['voluntary']:.2f} voluntary + {r['involuntary']:.2f} "
+                f"involuntary context switches per request and answer, at {r['rate']:,.0f}/s"
+            )
 
 
 def _handshake_locally(c: Any) -> Any:
@@ -216,9 +239,14 @@ def _ping_rounds(s: socket.socket, c: Any, pid: int, n: int, frame: Callable[[],
         time.sleep(0.0004)
     cpu1, sw1, t1 = process_group_cpu_s(pid), machine.context_switches(pid), time.monotonic()
     rtts.sort()
-    return {"p50_us": rtts[len(rtts) // 2], "p99_us": rtts[min(len(rtts) - 1, len(rtts) * 99 // 100)],
-            "cpu_us": (cpu1 - cpu0) / n * 1e6, "voluntary": (sw1[0] - sw0[0]) / n,
-            "involuntary": (sw1[1] - sw0[1]) / n, "rate": n / (t1 - t0)}
+    return {
+        "p50_us": rtts[len(rtts) // 2],
+        "p99_us": rtts[min(len(rtts) - 1, len(rtts) * 99 // 100)],
+        "cpu_us": (cpu1 - cpu0) / n * 1e6,
+        "voluntary": (sw1[0] - sw0[0]) / n,
+        "involuntary": (sw1[1] - sw0[1]) / n,
+        "rate": n / (t1 - t0),
+    }
 
 
 def echo_server(port: int) -> None:
@@ -275,8 +303,10 @@ def send(n: int = 4000) -> None:
     s.close()
     p.join(timeout=30)
     took.sort()
-    print(f"send: a 1-byte loopback send() to a blocked receiver took p50 {took[n // 2] / 1e3:.1f} µs, "
-          f"mean {sum(took) / n / 1e3:.1f} µs")
+    print(
+        f"send: a 1-byte loopback send() to a blocked receiver took p50 {took[n // 2] / 1e3:.1f} µs, "
+        f"mean {sum(took) / n / 1e3:.1f} µs"
+    )
 
 
 def disk() -> None:
@@ -285,13 +315,21 @@ def disk() -> None:
         print("disk: 1 GiB then one fdatasync, three times: " + ", ".join(f"{x:,.0f}" for x in bursts) + " MB/s")
         for keep in (None, 1 << 30):
             rates, reads = _sustained_write(os.path.join(d, "sustained.bin"), keep)
-            how = ("the page cache left to the kernel" if keep is None else
-                   f"fsynced bytes over {keep >> 20:,} MiB behind dropped from the page cache")
-            print(f"disk: 4 GiB in 8 MiB writes, fdatasync every 256 MiB, {how}, each window: "
-                  + ", ".join(f"{x:,.0f}" for x in rates) + " MB/s")
+            how = (
+                "the page cache left to the kernel"
+                if keep is None
+                else f"fsynced bytes over {keep >> 20:,} MiB behind dropped from the page cache"
+            )
+            print(
+                f"disk: 4 GiB in 8 MiB writes, fdatasync every 256 MiB, {how}, each window: "
+                + ", ".join(f"{x:,.0f}" for x in rates)
+                + " MB/s"
+            )
             if reads:
-                print("disk: read back in 1 MiB reads: the first 1 GiB (dropped) {:,.0f} MB/s, "
-                      "the last 1 GiB (cached) {:,.0f} MB/s".format(*reads))
+                print(
+                    "disk: read back in 1 MiB reads: the first 1 GiB (dropped) {:,.0f} MB/s, "
+                    "the last 1 GiB (cached) {:,.0f} MB/s".format(*reads)
+                )
 
 
 def _sustained_write(path: str, keep_bytes: int | None) -> tuple[list[float], list[float]]:
@@ -338,13 +376,17 @@ def produce() -> None:
             figures = []
             for _ in range(3):
                 driver.reset(mode, 1)
-                r = driver.produce(mode, producers=1, size=1024, batch=BATCH, n=FULL.produce_msgs_max,
-                                   seconds=FULL.produce_s)
+                r = driver.produce(
+                    mode, producers=1, size=1024, batch=BATCH, n=FULL.produce_msgs_max, seconds=FULL.produce_s
+                )
                 figures.append(r.get("mb_per_s"))
         finally:
             driver.teardown()
-    print(f"produce: 1 KiB x {BATCH}, async, back to back against one broker: "
-          + ", ".join("error" if x is None else f"{x:,.1f}" for x in figures) + " MB/s")
+    print(
+        f"produce: 1 KiB x {BATCH}, async, back to back against one broker: "
+        + ", ".join("error" if x is None else f"{x:,.1f}" for x in figures)
+        + " MB/s"
+    )
 
 
 def consume(n: int = 1_500_000) -> None:
@@ -352,9 +394,25 @@ def consume(n: int = 1_500_000) -> None:
 
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="hw-probe-") as d:
-        server = subprocess.Popen([sys.executable, "-m", "headwater.cli.main", "--data", d, "serve", "--host",
-                                   "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "headwater.cli.main",
+                "--data",
+                d,
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             wait_until(lambda: port_open(port), timeout_s=30, what="headwater serve")
             hw = headwater.connect(f"127.0.0.1:{port}")
@@ -377,16 +435,19 @@ def consume(n: int = 1_500_000) -> None:
         finally:
             server.terminate()
             server.wait(30)
-    print(f"consume: {n:,} x 100 B, one consumer: fetch stream "
-          + ", ".join(f"{x:,.0f}" for x in rates[True]) + " msgs/s; a FETCH per batch "
-          + ", ".join(f"{x:,.0f}" for x in rates[False]) + " msgs/s")
+    print(
+        f"consume: {n:,} x 100 B, one consumer: fetch stream "
+        + ", ".join(f"{x:,.0f}" for x in rates[True])
+        + " msgs/s; a FETCH per batch "
+        + ", ".join(f"{x:,.0f}" for x in rates[False])
+        + " msgs/s"
+    )
 
 
 def memory(rounds: int = 3, seconds: float = 10.0) -> None:
     import headwater
 
-    settings = {"defaults": {}, "off": {"HEADWATER_PAGE_CACHE_KEEP_BYTES": "0",
-                                        "HEADWATER_ALLOCATOR_CACHE_BYTES": "0"}}
+    settings = {"defaults": {}, "off": {"HEADWATER_PAGE_CACHE_KEEP_BYTES": "0", "HEADWATER_ALLOCATOR_CACHE_BYTES": "0"}}
     figures: dict[str, list[str]] = {name: [] for name in settings}
     bodies = [os.urandom(1024) for _ in range(500)]
     for _ in range(rounds):
@@ -394,11 +455,27 @@ def memory(rounds: int = 3, seconds: float = 10.0) -> None:
             port = free_port()
             with tempfile.TemporaryDirectory(prefix="hw-probe-") as d:
                 server = subprocess.Popen(
-                    [sys.executable, "-m", "headwater.cli.main", "--data", d, "serve", "--host", "127.0.0.1",
-                     "--port", str(port), "--log-level", "warning"], env={**os.environ, **env},
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                    [
+                        sys.executable,
+                        "-m",
+                        "headwater.cli.main",
+                        "--data",
+                        d,
+                        "serve",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(port),
+                        "--log-level",
+                        "warning",
+                    ],
+                    env={**os.environ, **env},
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
                 try:
-                    wait_until(lambda: port_open(port), timeout_s=30, what="headwater serve")
+                    wait_until(lambda: port_open(port), timeout_s=30, what="headwater serve")  # noqa: B023 (called at once, within this iteration)
                     hw = headwater.connect(f"127.0.0.1:{port}")
                     hw.admin.create_queue("q", partitions=1)
                     p = hw.producer()
@@ -415,12 +492,17 @@ def memory(rounds: int = 3, seconds: float = 10.0) -> None:
                     server.terminate()
                     server.wait(30)
             gb = sent * 1024 / 1e9
-            figures[name].append(f"{gb * 1e3 / elapsed:,.0f} MB/s (broker CPU s/GB: user "
-                                 f"{(cpu1[0] - cpu0[0]) / gb:.2f}, system {(cpu1[1] - cpu0[1]) / gb:.2f}; "
-                                 f"broker peak RSS {peak_mib:,.0f} MiB; page cache grew {grown_mib:,.0f} MiB)")
+            figures[name].append(
+                f"{gb * 1e3 / elapsed:,.0f} MB/s (broker CPU s/GB: user "
+                f"{(cpu1[0] - cpu0[0]) / gb:.2f}, system {(cpu1[1] - cpu0[1]) / gb:.2f}; "
+                f"broker peak RSS {peak_mib:,.0f} MiB; page cache grew {grown_mib:,.0f} MiB)"
+            )
     for name, env in settings.items():
-        how = ("the store's and the broker's defaults" if not env else
-               "page cache and allocator left alone (" + " ".join(f"{k}={v}" for k, v in env.items()) + ")")
+        how = (
+            "the store's and the broker's defaults"
+            if not env
+            else "page cache and allocator left alone (" + " ".join(f"{k}={v}" for k, v in env.items()) + ")"
+        )
         print(f"memory: 1 KiB x 500 for {seconds:.0f} s, {how}: " + "; ".join(figures[name]))
 
 
@@ -478,8 +560,10 @@ def follow(n: int = 20_000, rounds: int = 3) -> None:
             label = "default TTL (7 days)" if ttl else "no TTL"
             if cold:
                 label += f", caches cold ({COLD_BYTES >> 20} MiB copied between produces)"
-            print(f"follow {r + 1}, {label}: {cpu_us:.1f} µs of server CPU per one-message produce "
-                  f"with a follower; {calls:.0f} Python calls each")
+            print(
+                f"follow {r + 1}, {label}: {cpu_us:.1f} µs of server CPU per one-message produce "
+                f"with a follower; {calls:.0f} Python calls each"
+            )
 
 
 async def _follow(n: int, ttl_s: int | None, *, cold_bytes: int = 0) -> tuple[float, float]:
@@ -577,14 +661,24 @@ def calls() -> None:
     run_calls()
 
 
-PROBES = {"codec": codec, "follow": follow, "ping": ping, "send": send, "disk": disk, "produce": produce, "consume": consume,
-          "memory": memory, "hops": hops, "awake": awake, "calls": calls}
+PROBES = {
+    "codec": codec,
+    "follow": follow,
+    "ping": ping,
+    "send": send,
+    "disk": disk,
+    "produce": produce,
+    "consume": consume,
+    "memory": memory,
+    "hops": hops,
+    "awake": awake,
+    "calls": calls,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.probes", description=__doc__.split("\n\n")[0])
-    parser.add_argument("probes", nargs="*", metavar="PROBE",
-                        help=f"which to run ({', '.join(PROBES)}; default: all)")
+    parser.add_argument("probes", nargs="*", metavar="PROBE", help=f"which to run ({', '.join(PROBES)}; default: all)")
     args = parser.parse_args(argv)
     unknown = [p for p in args.probes if p not in PROBES]
     if unknown:

@@ -11,7 +11,8 @@ half). Two parts:
   sides; the first 200 messages are not counted. Run for ``flush`` async and sync, and once
   more with a tag filter (the subscriber wants one tag of four: only a quarter of the
   messages are pushed), and once with the asyncio subscriber (``headwater.aio``: the
-  same subscription as a task on the subscriber's event loop). Target: p99 <= 5 ms. Two shares are reported beside it: the
+  same subscription as a task on the subscriber's event loop). Target: p99 <= 5 ms. Two shares
+  are reported beside it: the
   producer's acknowledgements (scheduled send to ack, the produce path alone), and append to
   listener (the broker's append time, a whole-ms wall clock stamp, to the listener's wall
   clock: the push path alone, ±1 ms).
@@ -54,8 +55,7 @@ TAGS = ["a", "b", "c", "d"]
 # --------------------------------------------------------------------------- latency
 
 
-def _subscriber(address: str, name: str, total: int, ready, results, timeout_s: float,
-                flavour: str = "sync") -> None:
+def _subscriber(address: str, name: str, total: int, ready, results, timeout_s: float, flavour: str = "sync") -> None:
     import headwater
 
     stamps: list[tuple[int, int, int, float]] = []
@@ -120,6 +120,7 @@ def _producer(address: str, total: int, rate: int, size: int, tagged: bool, read
                     failed.append(exc)
                 elif sched:
                     acked.append((sched, clock()))
+
             return done
 
         for seq in range(total):
@@ -131,8 +132,12 @@ def _producer(address: str, total: int, rate: int, size: int, tagged: bool, read
             tag = TAGS[seq % 4] if tagged else None
             # a callback rather than kept futures: 10,000 futures held to the end made the
             # producer's garbage collections long enough to delay its sends
-            p.send(QUEUE, headwater.Message(STAMP.pack(sched, seq) + pad, tag=tag), partition=0,
-                   callback=on_ack(sched if seq >= WARMUP else 0))
+            p.send(
+                QUEUE,
+                headwater.Message(STAMP.pack(sched, seq) + pad, tag=tag),
+                partition=0,
+                callback=on_ack(sched if seq >= WARMUP else 0),
+            )
         end = clock()
         p.flush(60)
         if failed:
@@ -140,8 +145,15 @@ def _producer(address: str, total: int, rate: int, size: int, tagged: bool, read
         p.close()
         hw.close()
         ack = sorted((a - s) / 1e6 for s, a in acked)
-        results.put({"role": "producer", "late": late, "rate": total / ((end - t0) / 1e9),
-                     "ack_p50_ms": percentile(ack, 50), "ack_p99_ms": percentile(ack, 99)})
+        results.put(
+            {
+                "role": "producer",
+                "late": late,
+                "rate": total / ((end - t0) / 1e9),
+                "ack_p50_ms": percentile(ack, 50),
+                "ack_p99_ms": percentile(ack, 99),
+            }
+        )
     except BaseException as e:  # noqa: BLE001
         results.put({"role": "producer", "error": f"{type(e).__name__}: {e}"[:300]})
 
@@ -151,10 +163,26 @@ def run_latency(workdir: Path, flush: str, seconds: float, *, tagged: bool, flav
 
     port = free_port()
     data = workdir / f"data-{flush}-{int(tagged)}-{flavour}"
-    server = ServerProcess(f"headwater-{flush}", [
-        sys.executable, "-m", "headwater.cli.main", "--data", str(data), "serve", "--host", HOST,
-        "--port", str(port), "--flush", flush, "--log-level", "warning",
-    ], log_path=workdir / f"server-{flush}-{int(tagged)}-{flavour}.log")
+    server = ServerProcess(
+        f"headwater-{flush}",
+        [
+            sys.executable,
+            "-m",
+            "headwater.cli.main",
+            "--data",
+            str(data),
+            "serve",
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--flush",
+            flush,
+            "--log-level",
+            "warning",
+        ],
+        log_path=workdir / f"server-{flush}-{int(tagged)}-{flavour}.log",
+    )
     try:
         wait_until(lambda: port_open(port), timeout_s=30, what="headwater serve", alive=server.alive)
         address = f"{HOST}:{port}"
@@ -166,8 +194,10 @@ def run_latency(workdir: Path, flush: str, seconds: float, *, tagged: bool, flav
         expect = total // 4 if tagged else total
         ctx = mp.get_context("spawn")
         results, ready = ctx.Queue(), ctx.Event()
-        procs = [ctx.Process(target=_subscriber, args=(address, "bench", expect, ready, results, seconds + 60, flavour)),
-                 ctx.Process(target=_producer, args=(address, total, RATE, SIZE, tagged, ready, results))]
+        procs = [
+            ctx.Process(target=_subscriber, args=(address, "bench", expect, ready, results, seconds + 60, flavour)),
+            ctx.Process(target=_producer, args=(address, total, RATE, SIZE, tagged, ready, results)),
+        ]
         for proc in procs:
             proc.start()
         outs = [results.get(timeout=seconds + 120) for _ in procs]
@@ -182,12 +212,23 @@ def run_latency(workdir: Path, flush: str, seconds: float, *, tagged: bool, flav
         pushed = sorted(a for _, seq, _, a in sub["stamps"] if seq >= WARMUP)
         seqs = [seq for _, seq, _, _ in sub["stamps"]]
         return {
-            "flush": flush, "tagged": tagged, "subscriber": flavour, "received": len(seqs), "expected": expect,
-            "in_order": seqs == sorted(seqs), "counted": len(lat), "sent_late": prod["late"],
-            "rate": prod["rate"], "ack_p50_ms": prod["ack_p50_ms"], "ack_p99_ms": prod["ack_p99_ms"],
-            "append_to_listener_p50_ms": percentile(pushed, 50), "append_to_listener_p99_ms": percentile(pushed, 99),
-            "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
-            "p999_ms": percentile(lat, 99.9), "max_ms": lat[-1],
+            "flush": flush,
+            "tagged": tagged,
+            "subscriber": flavour,
+            "received": len(seqs),
+            "expected": expect,
+            "in_order": seqs == sorted(seqs),
+            "counted": len(lat),
+            "sent_late": prod["late"],
+            "rate": prod["rate"],
+            "ack_p50_ms": prod["ack_p50_ms"],
+            "ack_p99_ms": prod["ack_p99_ms"],
+            "append_to_listener_p50_ms": percentile(pushed, 50),
+            "append_to_listener_p99_ms": percentile(pushed, 99),
+            "p50_ms": percentile(lat, 50),
+            "p99_ms": percentile(lat, 99),
+            "p999_ms": percentile(lat, 99.9),
+            "max_ms": lat[-1],
         }
     finally:
         server.stop()
@@ -205,8 +246,9 @@ def run_filter(size: int, batches: int) -> dict[str, Any]:
     rnd = random.Random(7)
     stored = []
     for i in range(batches):
-        msgs = [Message(rnd.randbytes(size), key=b"user-%d" % rnd.randrange(1000), tag=rnd.choice(TAGS))
-                for _ in range(100)]
+        msgs = [
+            Message(rnd.randbytes(size), key=b"user-%d" % rnd.randrange(1000), tag=rnd.choice(TAGS)) for _ in range(100)
+        ]
         stored.append(bytes(patch_batch(encode_batch(msgs), 1, 0, i * 100, 1_800_000_000_000)))
     total = sum(map(len, stored))
     out: dict[str, Any] = {"body_bytes": size, "batches": batches, "stored_bytes": total}
@@ -224,8 +266,11 @@ def run_filter(size: int, batches: int) -> dict[str, Any]:
             res = fn()
             times.append(time.perf_counter() - t0)
         best = min(times)
-        out[name] = {"us_per_batch": best / batches * 1e6, "stored_mb_per_s": total / best / 1e6,
-                     "bytes_out_ratio": sum(len(b) for b in res) / total}
+        out[name] = {
+            "us_per_batch": best / batches * 1e6,
+            "stored_mb_per_s": total / best / 1e6,
+            "bytes_out_ratio": sum(len(b) for b in res) / total,
+        }
     return out
 
 
@@ -240,30 +285,40 @@ def main(argv: list[str] | None = None) -> int:
     seconds = 2.0 if args.quick else 5.0
     report: dict[str, Any] = {"rate": RATE, "size": SIZE, "seconds": seconds, "latency": [], "filter": []}
     with tempfile.TemporaryDirectory(prefix="hw-bench-push-", dir="/tmp") as d:
-        for flush, tagged, flavour in (("async", False, "sync"), ("sync", False, "sync"), ("async", True, "sync"),
-                                       ("async", False, "asyncio")):
+        for flush, tagged, flavour in (
+            ("async", False, "sync"),
+            ("sync", False, "sync"),
+            ("async", True, "sync"),
+            ("async", False, "asyncio"),
+        ):
             res = run_latency(Path(d), flush, seconds, tagged=tagged, flavour=flavour)
             report["latency"].append(res)
-            label = f"{flush}{' + tag filter' if tagged else ''}{', asyncio subscriber' if flavour == 'asyncio' else ''}"
+            label = (
+                f"{flush}{' + tag filter' if tagged else ''}{', asyncio subscriber' if flavour == 'asyncio' else ''}"
+            )
             if "error" in res:
                 print(f"latency {label}: ERROR {res['error']}")
                 continue
             verdict = "PASS" if res["p99_ms"] <= TARGET_P99_MS else "MISS"
-            print(f"latency {label}: p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms, "
-                  f"p99.9 {res['p999_ms']:.2f} ms, max {res['max_ms']:.2f} ms (the producer's acks: p50 "
-                  f"{res['ack_p50_ms']:.2f}, p99 {res['ack_p99_ms']:.2f} ms; append to listener: p50 "
-                  f"{res['append_to_listener_p50_ms']:.2f}, p99 {res['append_to_listener_p99_ms']:.2f} ms, "
-                  f"±1 ms); {res['received']:,} of "
-                  f"{res['expected']:,} received, in order: {res['in_order']}, {res['sent_late']:,} sent "
-                  f">1 ms late, {res['rate']:,.0f}/s  [{verdict}: p99 <= {TARGET_P99_MS} ms]")
+            print(
+                f"latency {label}: p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms, "
+                f"p99.9 {res['p999_ms']:.2f} ms, max {res['max_ms']:.2f} ms (the producer's acks: p50 "
+                f"{res['ack_p50_ms']:.2f}, p99 {res['ack_p99_ms']:.2f} ms; append to listener: p50 "
+                f"{res['append_to_listener_p50_ms']:.2f}, p99 {res['append_to_listener_p99_ms']:.2f} ms, "
+                f"±1 ms); {res['received']:,} of "
+                f"{res['expected']:,} received, in order: {res['in_order']}, {res['sent_late']:,} sent "
+                f">1 ms late, {res['rate']:,.0f}/s  [{verdict}: p99 <= {TARGET_P99_MS} ms]"
+            )
     for size in (16, 100, 1024):
         res = run_filter(size, 200 if args.quick else 1000)
         report["filter"].append(res)
         print(f"filter, {size} B bodies, batches of 100 ({res['stored_bytes'] / 1e6:.1f} MB stored):")
         for name in ("none", "tag 1/4, selections", "tag 1/4, runs", "key member 1 of 4, selections"):
             r = res[name]
-            print(f"  {name:32s} {r['us_per_batch']:8.1f} µs/batch  {r['stored_mb_per_s']:8.1f} MB/s  "
-                  f"bytes out {r['bytes_out_ratio']:.3f} of stored")
+            print(
+                f"  {name:32s} {r['us_per_batch']:8.1f} µs/batch  {r['stored_mb_per_s']:8.1f} MB/s  "
+                f"bytes out {r['bytes_out_ratio']:.3f} of stored"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0

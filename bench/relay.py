@@ -52,7 +52,7 @@ def frames_in(buf: bytes | bytearray, kinds: tuple[int, ...]) -> Iterator[tuple[
     end = len(buf)
     i = 0
     while end - i >= _LEN + 1:
-        n = int.from_bytes(buf[i:i + _LEN], "little")
+        n = int.from_bytes(buf[i : i + _LEN], "little")
         kind = buf[i + _LEN]
         if not 1 <= n <= FRAME_BYTES_MAX or kind not in kinds:
             raise ValueError(f"a frame of kind {kind} and length {n} at byte {i}")
@@ -120,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.relay",
         description="A relay that writes each message to a file, pushes it to every subscriber and acknowledges "
-                    "it, and does nothing else: the floor of a Python broker's latency on this machine "
-                    "(python -m bench.latency runs it as 'python floor').")
+        "it, and does nothing else: the floor of a Python broker's latency on this machine "
+        "(python -m bench.latency runs it as 'python floor').",
+    )
     parser.add_argument("--port", type=int, required=True, help="port to listen on, on 127.0.0.1")
     parser.add_argument("--log", required=True, help="file each message is appended to")
     args = parser.parse_args(argv)

@@ -53,8 +53,11 @@ def member_main(address: str, group: str, queue: str, go: str, stop: str, batch:
 
 def _start_broker(data: Path) -> tuple[subprocess.Popen, str]:
     exe = str(Path(sys.executable).with_name("headwater"))
-    proc = subprocess.Popen([exe, "--data", str(data), "serve", "--port", "0"], stdout=subprocess.PIPE,
-                            stderr=open(data.parent / "broker.log", "ab"))  # noqa: SIM115
+    proc = subprocess.Popen(
+        [exe, "--data", str(data), "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=open(data.parent / "broker.log", "ab"),
+    )  # noqa: SIM115
     assert proc.stdout is not None
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -73,9 +76,25 @@ def run_one(hw, address: str, work: Path, members: int, messages: int, batch: in
         for i in range(0, messages // PARTITIONS, 500):
             hw.send_batch(queue, [BODY] * min(500, messages // PARTITIONS - i), partition=p)
     go, stop = work / f"go-{members}", work / f"stop-{members}"
-    procs = [subprocess.Popen([sys.executable, "-m", "bench.shared_groups", "--member", address, group, queue,
-                               str(go), str(stop), str(batch), str(work_ms)], cwd=ROOT)
-             for _ in range(members)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.shared_groups",
+                "--member",
+                address,
+                group,
+                queue,
+                str(go),
+                str(stop),
+                str(batch),
+                str(work_ms),
+            ],
+            cwd=ROOT,
+        )
+        for _ in range(members)
+    ]
     time.sleep(1.0 + 0.3 * members)  # let them import and connect before the clock starts
     go.touch()
     t0 = time.monotonic()
@@ -91,9 +110,13 @@ def run_one(hw, address: str, work: Path, members: int, messages: int, batch: in
     stop.touch()
     for p in procs:
         p.wait(30)
-    return {"members": members, "messages": messages, "seconds": round(elapsed, 3),
-            "msgs_per_s": round(messages / elapsed),
-            "ideal_msgs_per_s": round(members * 1000 / work_ms) if work_ms else None}  # no work: no ceiling
+    return {
+        "members": members,
+        "messages": messages,
+        "seconds": round(elapsed, 3),
+        "msgs_per_s": round(messages / elapsed),
+        "ideal_msgs_per_s": round(members * 1000 / work_ms) if work_ms else None,
+    }  # no work: no ceiling
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,19 +150,35 @@ def main(argv: list[str] | None = None) -> int:
             broker.terminate()
             broker.wait(30)
     base = rows[0]["msgs_per_s"]
-    print(f"shared group on a {PARTITIONS}-partition queue, batch {args.batch}, {args.work_ms} ms of work per "
-          f"message; fsync p50 {fsync['p50_ms']:.2f} ms")
+    print(
+        f"shared group on a {PARTITIONS}-partition queue, batch {args.batch}, {args.work_ms} ms of work per "
+        f"message; fsync p50 {fsync['p50_ms']:.2f} ms"
+    )
     print(f"{'members':>7} {'messages':>8} {'seconds':>8} {'msgs/s':>8} {'vs 1':>6} {'ideal':>7}")
     for r in rows:
-        print(f"{r['members']:>7} {r['messages']:>8} {r['seconds']:>8.2f} {r['msgs_per_s']:>8} "
-              f"{r['msgs_per_s'] / base:>5.2f}x {r['ideal_msgs_per_s'] or '-':>7}")
+        print(
+            f"{r['members']:>7} {r['messages']:>8} {r['seconds']:>8.2f} {r['msgs_per_s']:>8} "
+            f"{r['msgs_per_s'] / base:>5.2f}x {r['ideal_msgs_per_s'] or '-':>7}"
+        )
     rises = rows[2]["msgs_per_s"] > rows[1]["msgs_per_s"] and rows[3]["msgs_per_s"] > rows[1]["msgs_per_s"]
     print(f"throughput rises past {PARTITIONS} members (the partition count): {'yes' if rises else 'NO'}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M:%S"), "batch": args.batch,
-                                    "work_ms": args.work_ms, "partitions": PARTITIONS, "fsync": fsync,
-                                    "cpus": os.cpu_count(), "rows": rows, "rises_past_partitions": rises},
-                                   indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "batch": args.batch,
+                "work_ms": args.work_ms,
+                "partitions": PARTITIONS,
+                "fsync": fsync,
+                "cpus": os.cpu_count(),
+                "rows": rows,
+                "rises_past_partitions": rises,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     return 0 if rises else 1
 
 

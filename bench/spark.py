@@ -119,8 +119,12 @@ def _cpu_of_tree(root: int) -> dict[str, float]:
 
 def _cpu_snapshot(jvm_pid: int, broker_pid: int) -> dict[str, float]:
     tree = _cpu_of_tree(jvm_pid)
-    return {"jvm": tree["self"], "python_workers": tree["children"], "broker": _proc_stat(broker_pid)[1],
-            "driver": _proc_stat(os.getpid())[1]}
+    return {
+        "jvm": tree["self"],
+        "python_workers": tree["children"],
+        "broker": _proc_stat(broker_pid)[1],
+        "driver": _proc_stat(os.getpid())[1],
+    }
 
 
 # --------------------------------------------------------------------------- steps
@@ -128,10 +132,23 @@ def _cpu_snapshot(jvm_pid: int, broker_pid: int) -> dict[str, float]:
 
 def start_broker(workdir: Path) -> tuple[ServerProcess, str]:
     port = free_port()
-    server = ServerProcess("headwater", [sys.executable, "-m", "headwater.cli.main", "--data",
-                                        str(workdir / "data"), "serve", "--host", "127.0.0.1",
-                                        "--port", str(port)],
-                           log_path=workdir / "broker.log", cwd=ROOT)
+    server = ServerProcess(
+        "headwater",
+        [
+            sys.executable,
+            "-m",
+            "headwater.cli.main",
+            "--data",
+            str(workdir / "data"),
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        log_path=workdir / "broker.log",
+        cwd=ROOT,
+    )
     wait_until(lambda: port_open(port), timeout_s=30, what="headwater serve", alive=server.alive)
     return server, f"127.0.0.1:{port}"
 
@@ -155,7 +172,7 @@ def fill(servers: str, rows: int, repeat_bodies: bool = False) -> dict[str, Any]
                 n = min(FILL_BATCH, left)
                 if not repeat_bodies:
                     block = os.urandom(FILL_BATCH * SIZE)
-                producer.send_batch(SOURCE, [block[i:i + SIZE] for i in range(0, n * SIZE, SIZE)], partition=p)
+                producer.send_batch(SOURCE, [block[i : i + SIZE] for i in range(0, n * SIZE, SIZE)], partition=p)
                 left -= n
 
         t0 = time.perf_counter()
@@ -192,8 +209,9 @@ def _noop(df) -> float:
     return time.perf_counter() - t0
 
 
-def batch_reads(spark, servers: str, workdir: Path, settings: Settings, jvm_pid: int,
-                broker_pid: int, log) -> dict[str, Any]:
+def batch_reads(
+    spark, servers: str, workdir: Path, settings: Settings, jvm_pid: int, broker_pid: int, log
+) -> dict[str, Any]:
     queue_df = spark.read.format("headwater").option("servers", servers).option("queue", SOURCE).load()
     parquet_dir = workdir / "parquet"
     t0 = time.perf_counter()
@@ -221,10 +239,18 @@ def batch_reads(spark, servers: str, workdir: Path, settings: Settings, jvm_pid:
         cpu.append({k: after[k] - before[k] for k in after})
         runs["parquet"].append(_noop(parquet_df))
         runs["ceiling"].append(_noop(ceiling_df))
-        log(f"run {i + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in runs.items())
-            + f" (load {os.getloadavg()[0]:.1f})")
-    out: dict[str, Any] = {"parquet_files": len(files), "parquet_bytes": parquet_bytes,
-                           "parquet_write_s": parquet_write_s, "warmup_s": warm, "runs_s": runs}
+        log(
+            f"run {i + 1}: "
+            + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in runs.items())
+            + f" (load {os.getloadavg()[0]:.1f})"
+        )
+    out: dict[str, Any] = {
+        "parquet_files": len(files),
+        "parquet_bytes": parquet_bytes,
+        "parquet_write_s": parquet_write_s,
+        "warmup_s": warm,
+        "runs_s": runs,
+    }
     for k, v in runs.items():
         out[f"{k}_rows_per_s"] = settings.rows / statistics.median(v)
         out[f"{k}_best_rows_per_s"] = settings.rows / min(v)
@@ -258,10 +284,19 @@ def _read_partition(servers: str, partition: int, rows: int, schema):
     with headwater.connect(servers) as hw:
         info = hw.admin.describe_queue(SOURCE)
     p = info.partitions[partition]
-    task = ReadTask(servers=servers, queue=SOURCE, queue_id=info.queue_id, partition=partition,
-                    start=p.start_offset, end=min(p.end_offset, p.start_offset + rows), tags=None,
-                    fail_on_data_loss=True, fetch_bytes=4 * 1024 * 1024, connect_timeout_s=10,
-                    request_timeout_s=60)
+    task = ReadTask(
+        servers=servers,
+        queue=SOURCE,
+        queue_id=info.queue_id,
+        partition=partition,
+        start=p.start_offset,
+        end=min(p.end_offset, p.start_offset + rows),
+        tags=None,
+        fail_on_data_loss=True,
+        fetch_bytes=4 * 1024 * 1024,
+        connect_timeout_s=10,
+        request_timeout_s=60,
+    )
     return read_arrow(task, schema)
 
 
@@ -300,8 +335,10 @@ def _ceiling_source(batch):
             self.batch = batch
 
         def partitions(self):
-            return [CeilingPartition(self.rows // PARTITIONS + (1 if i < self.rows % PARTITIONS else 0))
-                    for i in range(PARTITIONS)]
+            return [
+                CeilingPartition(self.rows // PARTITIONS + (1 if i < self.rows % PARTITIONS else 0))
+                for i in range(PARTITIONS)
+            ]
 
         def read(self, partition):
             left = partition.rows
@@ -330,13 +367,20 @@ def _ceiling_source(batch):
 def streaming(spark, servers: str, workdir: Path, settings: Settings, log) -> dict[str, Any]:
     import headwater
 
-    query = (spark.readStream.format("headwater").option("servers", servers).option("queue", SOURCE)
-             .option("startingOffsets", "earliest")
-             .option("maxOffsetsPerTrigger", str(settings.stream_trigger_rows)).load()
-             .select("value", "partition")
-             .writeStream.format("headwater").option("servers", servers).option("queue", SINK)
-             .option("checkpointLocation", str(workdir / "checkpoint"))
-             .trigger(availableNow=True))
+    query = (
+        spark.readStream.format("headwater")
+        .option("servers", servers)
+        .option("queue", SOURCE)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(settings.stream_trigger_rows))
+        .load()
+        .select("value", "partition")
+        .writeStream.format("headwater")
+        .option("servers", servers)
+        .option("queue", SINK)
+        .option("checkpointLocation", str(workdir / "checkpoint"))
+        .trigger(availableNow=True)
+    )
     t0 = time.perf_counter()
     q = query.start()
     q.awaitTermination()
@@ -349,11 +393,18 @@ def streaming(spark, servers: str, workdir: Path, settings: Settings, log) -> di
     with headwater.connect(servers) as hw:
         held = hw.admin.describe_queue(SINK).message_count
     log(f"streaming: {len(batches)} micro-batches, {rows:,} rows in {wall:.1f} s; {SINK} holds {held:,}")
-    return {"rows": rows, "micro_batches": len(batches), "wall_s": wall, "rows_per_s": rows / wall,
-            "micro_batch_s": batch_s, "micro_batch_rows_per_s": rows / batch_s if batch_s else 0.0,
-            "micro_batch_rows": [p["numInputRows"] for p in batches],
-            "micro_batch_ms": [p["durationMs"]["triggerExecution"] for p in batches],
-            "output_messages": held, "exactly_once": held == settings.rows == rows}
+    return {
+        "rows": rows,
+        "micro_batches": len(batches),
+        "wall_s": wall,
+        "rows_per_s": rows / wall,
+        "micro_batch_s": batch_s,
+        "micro_batch_rows_per_s": rows / batch_s if batch_s else 0.0,
+        "micro_batch_rows": [p["numInputRows"] for p in batches],
+        "micro_batch_ms": [p["durationMs"]["triggerExecution"] for p in batches],
+        "output_messages": held,
+        "exactly_once": held == settings.rows == rows,
+    }
 
 
 # --------------------------------------------------------------------------- report
@@ -374,13 +425,24 @@ def render(result: dict[str, Any]) -> None:
         return "[bold green]PASS[/]" if ok else "[bold red]MISS[/]"
 
     pq = b["parquet_rows_per_s"]
-    table.add_row("queue, batch read", f"{b['queue_rows_per_s']:,.0f}", f"{b['queue_best_rows_per_s']:,.0f}",
-                  f"{b['ratio']:.1%}", f"≥ {TARGET_ROWS_S / 1e6:g}M rows/s",
-                  verdict(b["queue_rows_per_s"] >= TARGET_ROWS_S))
+    table.add_row(
+        "queue, batch read",
+        f"{b['queue_rows_per_s']:,.0f}",
+        f"{b['queue_best_rows_per_s']:,.0f}",
+        f"{b['ratio']:.1%}",
+        f"≥ {TARGET_ROWS_S / 1e6:g}M rows/s",
+        verdict(b["queue_rows_per_s"] >= TARGET_ROWS_S),
+    )
     table.add_row("", "", "", "", f"≥ {TARGET_RATIO:.0%} of Parquet", verdict(b["ratio"] >= TARGET_RATIO))
     table.add_row("Parquet, batch read", f"{pq:,.0f}", f"{b['parquet_best_rows_per_s']:,.0f}", "100%", "", "")
-    table.add_row("ceiling: ready Arrow", f"{b['ceiling_rows_per_s']:,.0f}",
-                  f"{b['ceiling_best_rows_per_s']:,.0f}", f"{b['ceiling_rows_per_s'] / pq:.1%}", "", "")
+    table.add_row(
+        "ceiling: ready Arrow",
+        f"{b['ceiling_rows_per_s']:,.0f}",
+        f"{b['ceiling_best_rows_per_s']:,.0f}",
+        f"{b['ceiling_rows_per_s'] / pq:.1%}",
+        "",
+        "",
+    )
     table.add_row("stream queue→queue", f"{s['rows_per_s']:,.0f}", "", "", "whole query", "")
     table.add_row("", f"{s['micro_batch_rows_per_s']:,.0f}", "", "", "micro-batches", "")
     console.print(table)
@@ -388,21 +450,29 @@ def render(result: dict[str, Any]) -> None:
     console.print(
         f"CPU per row over a queue read (median of runs): JVM {cpu['jvm']:.2f} µs, Python workers "
         f"{cpu['python_workers']:.2f} µs, broker {cpu['broker']:.2f} µs, driver {cpu['driver']:.2f} µs; "
-        f"the Python read path alone {py['cpu_us_per_row']:.2f} µs/row ({py['rows_per_s']:,.0f} rows/s on one core)")
+        f"the Python read path alone {py['cpu_us_per_row']:.2f} µs/row ({py['rows_per_s']:,.0f} rows/s on one core)"
+    )
     runs = {k: [round(x, 2) for x in v] for k, v in b["runs_s"].items()}
-    console.print(f"runs (s): queue {runs['queue']}, parquet {runs['parquet']}, ceiling {runs['ceiling']}; "
-                  f"ratio per run {[round(r, 3) for r in b['ratios_per_run']]}")
-    console.print(f"streaming: {s['micro_batches']} micro-batches {s['micro_batch_rows']}, "
-                  f"{s['micro_batch_ms']} ms; output queue holds {s['output_messages']:,} "
-                  f"({'exactly once' if s['exactly_once'] else 'NOT exactly once'})")
+    console.print(
+        f"runs (s): queue {runs['queue']}, parquet {runs['parquet']}, ceiling {runs['ceiling']}; "
+        f"ratio per run {[round(r, 3) for r in b['ratios_per_run']]}"
+    )
+    console.print(
+        f"streaming: {s['micro_batches']} micro-batches {s['micro_batch_rows']}, "
+        f"{s['micro_batch_ms']} ms; output queue holds {s['output_messages']:,} "
+        f"({'exactly once' if s['exactly_once'] else 'NOT exactly once'})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1,000,000 rows, 2 runs: a smoke run")
     ap.add_argument("--json", type=Path, help="save the figures to this file")
-    ap.add_argument("--repeat-bodies", action="store_true",
-                    help=f"{FILL_BATCH:,} different bodies per partition, repeated (default: all different)")
+    ap.add_argument(
+        "--repeat-bodies",
+        action="store_true",
+        help=f"{FILL_BATCH:,} different bodies per partition, repeated (default: all different)",
+    )
     args = ap.parse_args(argv)
     settings = QUICK if args.quick else FULL
     install_signal_handlers()
@@ -410,8 +480,10 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
-    result: dict[str, Any] = {"settings": {**settings.__dict__, "repeat_bodies": args.repeat_bodies},
-                              "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    result: dict[str, Any] = {
+        "settings": {**settings.__dict__, "repeat_bodies": args.repeat_bodies},
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     with temp_workdir("hw-bench-spark-") as workdir:
         result["machine"] = machine.facts(workdir)
         server, servers = start_broker(workdir)

@@ -71,12 +71,28 @@ class Settings:
     fsync_samples: int
 
 
-FULL = Settings("full", duration_s=3.0, scan_setup_s=2.0, scan_setup_bytes_max=768 * machine.MIB,
-                scan_min_s=2.0, partition_workloads=((32, 10), (500, 3)), partition_rounds=2,
-                raw_write_bytes=1 << 30, fsync_samples=200)
-QUICK = Settings("quick", duration_s=1.0, scan_setup_s=0.7, scan_setup_bytes_max=256 * machine.MIB,
-                 scan_min_s=0.5, partition_workloads=((32, 3),), partition_rounds=2,
-                 raw_write_bytes=256 * machine.MIB, fsync_samples=100)
+FULL = Settings(
+    "full",
+    duration_s=3.0,
+    scan_setup_s=2.0,
+    scan_setup_bytes_max=768 * machine.MIB,
+    scan_min_s=2.0,
+    partition_workloads=((32, 10), (500, 3)),
+    partition_rounds=2,
+    raw_write_bytes=1 << 30,
+    fsync_samples=200,
+)
+QUICK = Settings(
+    "quick",
+    duration_s=1.0,
+    scan_setup_s=0.7,
+    scan_setup_bytes_max=256 * machine.MIB,
+    scan_min_s=0.5,
+    partition_workloads=((32, 3),),
+    partition_rounds=2,
+    raw_write_bytes=256 * machine.MIB,
+    fsync_samples=100,
+)
 
 SIZES = (100, 1024)
 BATCHES = (1, 32, 500)
@@ -110,15 +126,26 @@ def build_cases(settings: Settings) -> list[Case]:
                 cases.append(Case(name, "append", size, batch, flush))
     for size in SIZES:
         for batch in BATCHES:
-            cases.append(Case(f"append16-{_size_label(size)}-b{batch}-sync", "append16", size, batch,
-                              "sync", appenders=APPENDERS))
+            cases.append(
+                Case(
+                    f"append16-{_size_label(size)}-b{batch}-sync", "append16", size, batch, "sync", appenders=APPENDERS
+                )
+            )
     for size in SIZES:
         for batch in BATCHES:
             cases.append(Case(f"scan-{_size_label(size)}-b{batch}", "scan", size, batch))
     for batch, per_partition in settings.partition_workloads:
         for parts in (1, MANY_PARTITIONS):
-            cases.append(Case(f"partitions{parts}-100B-b{batch}-async", "partitions", 100, batch,
-                              partitions=parts, batches_total=MANY_PARTITIONS * per_partition))
+            cases.append(
+                Case(
+                    f"partitions{parts}-100B-b{batch}-async",
+                    "partitions",
+                    100,
+                    batch,
+                    partitions=parts,
+                    batches_total=MANY_PARTITIONS * per_partition,
+                )
+            )
     return cases
 
 
@@ -137,6 +164,7 @@ def plan(settings: Settings, only: str | None = None) -> list[str]:
 
 
 # -- one case, in its own process -------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def _data_dir() -> Iterator[Path]:
@@ -197,8 +225,15 @@ def run_append(case: Case, settings: Settings) -> dict:
         fsyncs = _fsyncs(hw)
         close_s = _close_timed(hw)
         log_bytes = _log_bytes(d)
-    return {"msgs": sends * case.batch, "sends": sends, "elapsed_s": elapsed_s, "close_s": close_s,
-            "durable_elapsed_s": elapsed_s + close_s, "fsyncs": fsyncs, "log_bytes": log_bytes}
+    return {
+        "msgs": sends * case.batch,
+        "sends": sends,
+        "elapsed_s": elapsed_s,
+        "close_s": close_s,
+        "durable_elapsed_s": elapsed_s + close_s,
+        "fsyncs": fsyncs,
+        "log_bytes": log_bytes,
+    }
 
 
 def run_append16(case: Case, settings: Settings) -> dict:
@@ -241,9 +276,17 @@ def run_append16(case: Case, settings: Settings) -> dict:
     if errors:
         raise RuntimeError(f"{len(errors)} appender(s) failed: {errors[0]!r}")
     sends = sum(counts)
-    return {"msgs": sends * case.batch, "sends": sends, "elapsed_s": elapsed_s, "close_s": close_s,
-            "durable_elapsed_s": elapsed_s + close_s, "fsyncs": fsyncs, "log_bytes": log_bytes,
-            "sends_per_appender_min": min(counts), "sends_per_appender_max": max(counts)}
+    return {
+        "msgs": sends * case.batch,
+        "sends": sends,
+        "elapsed_s": elapsed_s,
+        "close_s": close_s,
+        "durable_elapsed_s": elapsed_s + close_s,
+        "fsyncs": fsyncs,
+        "log_bytes": log_bytes,
+        "sends_per_appender_min": min(counts),
+        "sends_per_appender_max": max(counts),
+    }
 
 
 def run_scan(case: Case, settings: Settings) -> dict:
@@ -276,8 +319,15 @@ def run_scan(case: Case, settings: Settings) -> dict:
         log_bytes = _log_bytes(d)
     if n != written * passes:
         raise RuntimeError(f"{passes} scans read {n} messages of the {written} written")
-    return {"msgs": n, "passes": passes, "written": written, "sends": sends, "elapsed_s": elapsed_s,
-            "open_s": open_s, "log_bytes": log_bytes}
+    return {
+        "msgs": n,
+        "passes": passes,
+        "written": written,
+        "sends": sends,
+        "elapsed_s": elapsed_s,
+        "open_s": open_s,
+        "log_bytes": log_bytes,
+    }
 
 
 def run_partitions(case: Case, settings: Settings) -> dict:
@@ -296,9 +346,16 @@ def run_partitions(case: Case, settings: Settings) -> dict:
         fsyncs = _fsyncs(hw)
         close_s = _close_timed(hw)
         log_bytes = _log_bytes(d)
-    return {"msgs": case.batches_total * case.batch, "sends": case.batches_total, "elapsed_s": elapsed_s,
-            "close_s": close_s, "durable_elapsed_s": elapsed_s + close_s, "fsyncs": fsyncs,
-            "log_bytes": log_bytes, "min_batches_per_partition": min(ends) // case.batch}
+    return {
+        "msgs": case.batches_total * case.batch,
+        "sends": case.batches_total,
+        "elapsed_s": elapsed_s,
+        "close_s": close_s,
+        "durable_elapsed_s": elapsed_s + close_s,
+        "fsyncs": fsyncs,
+        "log_bytes": log_bytes,
+        "min_batches_per_partition": min(ends) // case.batch,
+    }
 
 
 def run_machine(case: Case, settings: Settings) -> dict:
@@ -312,8 +369,13 @@ def run_machine(case: Case, settings: Settings) -> dict:
         shutil.rmtree(d, ignore_errors=True)
 
 
-RUNNERS = {"machine": run_machine, "append": run_append, "append16": run_append16, "scan": run_scan,
-           "partitions": run_partitions}
+RUNNERS = {
+    "machine": run_machine,
+    "append": run_append,
+    "append16": run_append16,
+    "scan": run_scan,
+    "partitions": run_partitions,
+}
 
 
 def run_case(name: str, settings: Settings) -> dict:
@@ -327,6 +389,7 @@ def run_case(name: str, settings: Settings) -> dict:
 
 
 # -- the parent: run every case in a subprocess, then report ---------------------------------
+
 
 def _run_child(case: Case, quick: bool) -> dict:
     cmd = [sys.executable, "-m", "bench.storage", "--case", case.name] + (["--quick"] if quick else [])
@@ -381,8 +444,10 @@ def build_rows(runs: dict[str, list[dict]], raw_mb_s: float, raw_low_mb_s: float
         elif kind == "scan":
             row = _rate_row(f"scan {_label(res)} (page cache)", res, raw_mb_s)
             if "open_s" in res:
-                row.note = (f"{res['written']:,} msgs × {res['passes']} pass(es); reopening the store "
-                            f"took {res['open_s'] * 1000:.0f} ms (not timed)")
+                row.note = (
+                    f"{res['written']:,} msgs × {res['passes']} pass(es); reopening the store "
+                    f"took {res['open_s'] * 1000:.0f} ms (not timed)"
+                )
             if res.get("body_bytes") == 100:
                 _judge(row, 4, row.msgs_per_s, 1_000_000, "≥ 1,000,000 msg/s")
             rows.append(row)
@@ -418,16 +483,17 @@ def _append_rows(name: str, res: dict, raw_mb_s: float, raw_low_mb_s: float) -> 
     written = _rate_row(f"append {label} async, written", res, raw_mb_s)
     durable = _rate_row(f"append {label} async, incl. final flush", res, raw_mb_s, durable=True)
     fsyncs = f"{res['fsyncs']} fsyncs in {res['elapsed_s']:.1f} s; " if res["fsyncs"] is not None else ""
-    written.note = (f"{fsyncs}with final flush: {durable.msgs_per_s:,.0f} msg/s, "
-                    f"{durable.mb_per_s:,.1f} MB/s (close {res['close_s'] * 1000:.0f} ms)")
+    written.note = (
+        f"{fsyncs}with final flush: {durable.msgs_per_s:,.0f} msg/s, "
+        f"{durable.mb_per_s:,.1f} MB/s (close {res['close_s'] * 1000:.0f} ms)"
+    )
     durable.note = f"close() took {res['close_s'] * 1000:.0f} ms"
     if res["body_bytes"] == 100 and res["batch"] == 500:
         _judge(written, 1, written.msgs_per_s, 1_000_000, "≥ 1,000,000 msg/s")
     if res["body_bytes"] == 1024 and res["batch"] == 500:
         _judge(durable, 2, durable.ratio, 0.5, "≥ 0.50 × raw")
         if raw_low_mb_s != raw_mb_s:
-            durable.note += (f"; {durable.mb_per_s / raw_low_mb_s:.3f} × the lower raw figure "
-                             f"({raw_low_mb_s:,.1f} MB/s)")
+            durable.note += f"; {durable.mb_per_s / raw_low_mb_s:.3f} × the lower raw figure ({raw_low_mb_s:,.1f} MB/s)"
         written.note = f"{fsyncs}T2 compares the row below"
         return [written, durable]
     return [written]
@@ -445,8 +511,13 @@ def _partition_rows(runs: dict[str, list[dict]], raw_mb_s: float) -> list[Row]:
             med = statistics.median(rates) if rates else None
             medians[parts] = med
             mb = None if med is None else med * 100 / MB
-            row = Row(f"{parts:,} partition{'s' if parts > 1 else ''} 100B ×{batch} async, median",
-                      med, mb, None if mb is None else mb / raw_mb_s, cases=[name])
+            row = Row(
+                f"{parts:,} partition{'s' if parts > 1 else ''} 100B ×{batch} async, median",
+                med,
+                mb,
+                None if mb is None else mb / raw_mb_s,
+                cases=[name],
+            )
             row.note = "runs: " + ", ".join(f"{x:,.0f}" for x in rates)
             if good:
                 row.note += f"; ≥{min(r['min_batches_per_partition'] for r in good)} batches/partition"
@@ -470,23 +541,42 @@ def render(console, rows: list[Row], raw_mb_s: float) -> None:
     from rich.table import Table
 
     table = Table(title=f"Storage engine (ratios to raw sequential write {raw_mb_s:,.1f} MB/s)")
-    for col, justify in (("case", "left"), ("msgs/s", "right"), ("MB/s", "right"), ("× raw", "right"),
-                         ("target", "left"), ("verdict", "left"), ("notes", "left")):
+    for col, justify in (
+        ("case", "left"),
+        ("msgs/s", "right"),
+        ("MB/s", "right"),
+        ("× raw", "right"),
+        ("target", "left"),
+        ("verdict", "left"),
+        ("notes", "left"),
+    ):
         table.add_column(col, justify=justify)
     for r in rows:
-        verdict = "" if r.target_id is None else (
-            "[yellow]n/a[/]" if r.verdict is None else "[green]PASS[/]" if r.verdict else "[red]MISS[/]")
-        table.add_row(r.label, _fmt(r.msgs_per_s, ",.0f"), _fmt(r.mb_per_s, ",.1f"), _fmt(r.ratio, ".3f"),
-                      r.target, verdict, r.note)
+        verdict = (
+            ""
+            if r.target_id is None
+            else ("[yellow]n/a[/]" if r.verdict is None else "[green]PASS[/]" if r.verdict else "[red]MISS[/]")
+        )
+        table.add_row(
+            r.label,
+            _fmt(r.msgs_per_s, ",.0f"),
+            _fmt(r.mb_per_s, ",.1f"),
+            _fmt(r.ratio, ".3f"),
+            r.target,
+            verdict,
+            r.note,
+        )
     console.print(table)
 
 
 def summarize(rows: list[Row]) -> list[str]:
-    names = {1: "embedded produce 100 B ×500 async ≥ 1M msg/s",
-             2: "1 KiB ×500 async ≥ 50% of raw write bandwidth (incl. final flush)",
-             3: "16 appenders, sync flush ≥ 100k msg/s",
-             4: "scan 100 B ≥ 1M msg/s",
-             5: "10,000 partitions within 20% of 1 partition"}
+    names = {
+        1: "embedded produce 100 B ×500 async ≥ 1M msg/s",
+        2: "1 KiB ×500 async ≥ 50% of raw write bandwidth (incl. final flush)",
+        3: "16 appenders, sync flush ≥ 100k msg/s",
+        4: "scan 100 B ≥ 1M msg/s",
+        5: "10,000 partitions within 20% of 1 partition",
+    }
     lines = []
     for tid, text in names.items():
         judged = [r for r in rows if r.target_id == tid]
@@ -507,14 +597,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.storage",
         description="Append and scan throughput of the embedded store, as ratios to the machine's "
-                    "raw sequential write bandwidth. Data goes to temporary directories under /tmp.")
-    parser.add_argument("--quick", action="store_true",
-                        help="shorter cases (a smoke run, not for the record)")
+        "raw sequential write bandwidth. Data goes to temporary directories under /tmp.",
+    )
+    parser.add_argument("--quick", action="store_true", help="shorter cases (a smoke run, not for the record)")
     parser.add_argument("--json", metavar="PATH", help="also save every measurement as JSON to PATH")
     parser.add_argument("--only", metavar="TEXT", help="run only the cases whose name contains TEXT")
-    parser.add_argument("--case", metavar="NAME",
-                        help="run one case in this process and print its result as JSON "
-                             "(what each subprocess runs; handy under cProfile)")
+    parser.add_argument(
+        "--case",
+        metavar="NAME",
+        help="run one case in this process and print its result as JSON "
+        "(what each subprocess runs; handy under cProfile)",
+    )
     parser.add_argument("--list", action="store_true", help="list the cases of a run and exit")
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
@@ -551,19 +644,28 @@ def _run_all(args: argparse.Namespace, settings: Settings) -> int:
         return 1
     raw_mb_s = max(raw)  # the higher makes every ratio (and target 2) the harder to meet
     fs = limits["machine-start"].get("fsync", {})
-    console.print(f"raw sequential write: start {_fmt(_mb(limits['machine-start']), ',.1f')} MB/s, "
-                  f"end {_fmt(_mb(limits['machine-end']), ',.1f')} MB/s (ratios use {raw_mb_s:,.1f}); "
-                  f"fsync 4 KiB p50 {_fmt(fs.get('p50_ms'), '.2f')} ms, "
-                  f"p99 {_fmt(fs.get('p99_ms'), '.2f')} ms")
+    console.print(
+        f"raw sequential write: start {_fmt(_mb(limits['machine-start']), ',.1f')} MB/s, "
+        f"end {_fmt(_mb(limits['machine-end']), ',.1f')} MB/s (ratios use {raw_mb_s:,.1f}); "
+        f"fsync 4 KiB p50 {_fmt(fs.get('p50_ms'), '.2f')} ms, "
+        f"p99 {_fmt(fs.get('p99_ms'), '.2f')} ms"
+    )
     rows = build_rows(runs, raw_mb_s, min(raw))
     render(console, rows, raw_mb_s)
     verdicts = summarize(rows)
     for line in verdicts:
         console.print(line)
     if args.json:
-        out = {"command": command, "settings": asdict(settings), "machine": facts, "limits": limits,
-               "raw_mb_per_s_used": raw_mb_s, "runs": runs, "rows": [asdict(r) for r in rows],
-               "targets": verdicts}
+        out = {
+            "command": command,
+            "settings": asdict(settings),
+            "machine": facts,
+            "limits": limits,
+            "raw_mb_per_s_used": raw_mb_s,
+            "runs": runs,
+            "rows": [asdict(r) for r in rows],
+            "targets": verdicts,
+        }
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
         console.print(f"saved {args.json}")

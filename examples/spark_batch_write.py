@@ -6,9 +6,10 @@ optional), then read back.
 
 from __future__ import annotations
 
-import headwater
-from pyspark.sql.functions import col, concat, create_map, lit, to_json, struct
+from pyspark.sql.functions import col, concat, create_map, lit, struct, to_json
 from spark_common import arguments, broker, spark_session
+
+import headwater
 
 
 def main() -> None:
@@ -23,21 +24,25 @@ def main() -> None:
             concat(lit("user-"), (col("id") % 97).cast("string")).alias("user"),
             concat(lit("/page/"), (col("id") % 13).cast("string")).alias("page"),
         )
-        (clicks.select(
-            to_json(struct("user", "page")).cast("binary").alias("value"),   # value must be binary
-            col("user").cast("binary").alias("key"),                         # same user, same partition
-            lit("click").alias("tag"),
-            create_map(lit("source"), lit("example")).alias("properties"),
-        ).write.format("headwater")
+        (
+            clicks.select(
+                to_json(struct("user", "page")).cast("binary").alias("value"),  # value must be binary
+                col("user").cast("binary").alias("key"),  # same user, same partition
+                lit("click").alias("tag"),
+                create_map(lit("source"), lit("example")).alias("properties"),
+            )
+            .write.format("headwater")
             .mode("append")
             .option("servers", servers)
             .option("queue", "clicks")
-            .save())
+            .save()
+        )
 
         back = spark.read.format("headwater").option("servers", servers).option("queue", "clicks").load()
         back.groupBy("partition").count().orderBy("partition").show()
-        back.selectExpr("cast(key as string) as key", "cast(value as string) as value", "tag",
-                        "properties").show(3, truncate=False)
+        back.selectExpr("cast(key as string) as key", "cast(value as string) as value", "tag", "properties").show(
+            3, truncate=False
+        )
         print("messages in clicks:", hw.admin.describe_queue("clicks").message_count)
         spark.stop()
         hw.close()

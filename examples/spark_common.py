@@ -34,8 +34,9 @@ def broker(servers: str | None) -> Iterator[str]:
         return
     data = Path(tempfile.mkdtemp(prefix="headwater-example-"))
     exe = Path(sys.executable).with_name("headwater")
-    proc = subprocess.Popen([str(exe), "--data", str(data / "data"), "serve", "--port", "0"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [str(exe), "--data", str(data / "data"), "serve", "--port", "0"], stdout=subprocess.PIPE, text=True
+    )
     try:
         for line in proc.stdout:  # type: ignore[union-attr]
             if line.startswith("listening "):
@@ -63,10 +64,13 @@ def spark_session(app: str):
 
     import headwater.spark
 
-    spark = (SparkSession.builder.appName(app).master("local[2]")
-             .config("spark.sql.shuffle.partitions", "4")
-             .config("spark.ui.showConsoleProgress", "false")
-             .getOrCreate())
+    spark = (
+        SparkSession.builder.appName(app)
+        .master("local[2]")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     headwater.spark.register(spark)
     return spark

@@ -11,25 +11,28 @@ from __future__ import annotations
 
 import tempfile
 
-import headwater
 from pyspark.sql.functions import col, upper
 from spark_common import arguments, broker, spark_session
 
+import headwater
+
 
 def run_once(spark, servers: str, checkpoint: str) -> None:
-    query = (spark.readStream.format("headwater")
-             .option("servers", servers)
-             .option("queue", "events")
-             .option("startingOffsets", "earliest")     # for the first run; then the checkpoint
-             .option("maxOffsetsPerTrigger", "500")      # at most 500 messages a micro-batch
-             .load()
-             .select("key", upper(col("value").cast("string")).cast("binary").alias("value"), "tag")
-             .writeStream.format("headwater")
-             .option("servers", servers)
-             .option("queue", "events-upper")
-             .option("checkpointLocation", checkpoint)
-             .trigger(availableNow=True)                 # process what is there, then stop
-             .start())
+    query = (
+        spark.readStream.format("headwater")
+        .option("servers", servers)
+        .option("queue", "events")
+        .option("startingOffsets", "earliest")  # for the first run; then the checkpoint
+        .option("maxOffsetsPerTrigger", "500")  # at most 500 messages a micro-batch
+        .load()
+        .select("key", upper(col("value").cast("string")).cast("binary").alias("value"), "tag")
+        .writeStream.format("headwater")
+        .option("servers", servers)
+        .option("queue", "events-upper")
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)  # process what is there, then stop
+        .start()
+    )
     query.awaitTermination()
     print("micro-batches:", [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]])
 
@@ -51,7 +54,7 @@ def main() -> None:
         print("events-upper holds", hw.admin.describe_queue("events-upper").message_count)
 
         producer.send_batch("events", [b"late event %d" % i for i in range(300)])
-        run_once(spark, servers, checkpoint)             # resumes where the checkpoint says
+        run_once(spark, servers, checkpoint)  # resumes where the checkpoint says
         print("events-upper holds", hw.admin.describe_queue("events-upper").message_count)
         print("a sample:", [r.body for r in hw.scanner("events-upper", partitions=0)][:3])
         spark.stop()

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from headwater._version import __version__
 from headwater.client import (
     Admin,
     BatchReceipt,
@@ -31,8 +32,6 @@ from headwater.errors import *  # noqa: F403 - the error tree is public API
 from headwater.errors import __all__ as _errors_all
 from headwater.model import Message, MessageId, PartitionInfo, QueueConfig, QueueInfo, Record
 from headwater.storage import StoreConfig
-
-from headwater._version import __version__
 
 __all__ = [
     "open",
@@ -71,12 +70,16 @@ def connect(address: str, *, connect_timeout_s: float = 10.0, request_timeout_s:
     """
     from headwater.client.remote import RemoteService
 
-    return Client(RemoteService(address, connect_timeout_s=connect_timeout_s,
-                                request_timeout_s=request_timeout_s))
+    return Client(RemoteService(address, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s))
 
 
-def open(path: str | Path, config: StoreConfig | None = None, *,  # noqa: A001 - like io.open
-         clock: Callable[[], float] = time.time, **settings) -> Client:
+def open(
+    path: str | Path,
+    config: StoreConfig | None = None,
+    *,  # noqa: A001 - like io.open
+    clock: Callable[[], float] = time.time,
+    **settings,
+) -> Client:
     """Open (or create) a data directory and return a client bound to an in-process broker.
 
     ``settings`` are :class:`StoreConfig` fields, e.g. ``flush="sync"``.

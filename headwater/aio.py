@@ -31,9 +31,9 @@ from headwater.client.aio_group_consumer import AsyncGroupConsumer
 from headwater.client.aio_keyed_consumer import AsyncKeyedConsumer
 from headwater.client.aio_producer import AsyncProducer
 from headwater.client.aio_scanner import AsyncScanner
+from headwater.client.aio_service import AsyncService, ThreadedService
 from headwater.client.aio_shared_consumer import AsyncSharedConsumer
 from headwater.client.aio_subscriber import AsyncSubscriber
-from headwater.client.aio_service import AsyncService, ThreadedService
 from headwater.client.transport import AsyncTransport
 from headwater.storage import StoreConfig
 
@@ -52,8 +52,9 @@ __all__ = [
 ]
 
 
-async def connect(address: str, *, connect_timeout_s: float = 10.0, request_timeout_s: float = 60.0,
-                  retries: int = 3) -> AsyncClient:
+async def connect(
+    address: str, *, connect_timeout_s: float = 10.0, request_timeout_s: float = 60.0, retries: int = 3
+) -> AsyncClient:
     """Connect to a broker (``headwater serve``) at ``"host:port"``.
 
     Raises :class:`~headwater.errors.UnavailableError` if nothing answers within
@@ -72,8 +73,13 @@ async def connect(address: str, *, connect_timeout_s: float = 10.0, request_time
     return AsyncClient(service)
 
 
-async def open(path: str | Path, config: StoreConfig | None = None, *,  # noqa: A001 - like headwater.open
-               clock: Callable[[], float] = time.time, **settings) -> AsyncClient:
+async def open(
+    path: str | Path,
+    config: StoreConfig | None = None,
+    *,  # noqa: A001 - like headwater.open
+    clock: Callable[[], float] = time.time,
+    **settings,
+) -> AsyncClient:
     """Open (or create) a data directory with an in-process broker, for asyncio code.
 
     The arguments are :func:`headwater.open`'s. The broker's calls can block (on fsync,

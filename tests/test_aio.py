@@ -20,21 +20,21 @@ from conftest import ServerThread
 
 import headwater
 import headwater.aio
-from headwater.model.batch import decode_header
 from headwater import Message, MessageId
 from headwater.errors import (
-    OutOfOrderSequenceError,
     ClosedError,
     InvalidArgumentError,
     InvalidQueueNameError,
     MessageNotFoundError,
     MessageTooLargeError,
+    OutOfOrderSequenceError,
     PartitionOutOfRangeError,
     QueueDisabledError,
     QueueExistsError,
     QueueNotFoundError,
     UnavailableError,
 )
+from headwater.model.batch import decode_header
 
 Test = Callable[[headwater.aio.AsyncClient], Awaitable[None]]
 
@@ -44,8 +44,9 @@ class Target:
 
     def __init__(self, kind: str, tmp_path, clock) -> None:
         self.kind, self.clock = kind, clock
-        self.server = (ServerThread(tmp_path / "data", clock, segment_bytes_max=256 * 1024)
-                       if kind == "network" else None)
+        self.server = (
+            ServerThread(tmp_path / "data", clock, segment_bytes_max=256 * 1024) if kind == "network" else None
+        )
         self.path = tmp_path / "data"
 
     async def open(self) -> headwater.aio.AsyncClient:
@@ -100,7 +101,8 @@ def run(target: Target, test: Test) -> None:
     client_ports = {target.server.server.port} if target.server is not None else set()
     for w in caught:
         if issubclass(w.category, ResourceWarning) and (
-            w.source is loop or getattr(w.source, "_loop", None) is loop
+            w.source is loop
+            or getattr(w.source, "_loop", None) is loop
             or str(w.message).startswith("unclosed <StreamWriter")
             or any(f", {port})>" in str(w.message) for port in client_ports)  # raddr=(host, port)
         ):
@@ -142,8 +144,9 @@ def test_admin_round_trip(target):
         assert (await a.describe_queue("audit")).config.ttl_s == 7 * 86400
         with pytest.raises(QueueExistsError):
             await a.create_queue("audit")
-        assert (await a.create_queue("audit", partitions=5, exist_ok=True)).partitions == \
-            (await a.describe_queue("audit")).partitions
+        assert (await a.create_queue("audit", partitions=5, exist_ok=True)).partitions == (
+            await a.describe_queue("audit")
+        ).partitions
         await a.delete_queue("no-such-queue", missing_ok=True)
         with pytest.raises(InvalidQueueNameError):
             await a.create_queue("a b")
@@ -280,8 +283,9 @@ def test_sends_go_on_with_stale_metadata_while_a_task_refreshes_it(target):
         asked, gate = hold_describe(hw)
         try:
             await asyncio.sleep(0.1)  # the copy is stale now
-            ids = ([await asyncio.wait_for(p.send_nowait("grow", b"x"), 5) for _ in range(3)]
-                   + [await asyncio.wait_for(p.send("grow", b"y"), 5) for _ in range(3)])
+            ids = [await asyncio.wait_for(p.send_nowait("grow", b"x"), 5) for _ in range(3)] + [
+                await asyncio.wait_for(p.send("grow", b"y"), 5) for _ in range(3)
+            ]
             assert asked == ["grow"]  # one refresh, held, and nobody waited for it
             assert {m.partition for m in ids} == {0}
         finally:
@@ -344,6 +348,7 @@ def test_a_batch_refused_as_out_of_order_is_sent_again_under_a_new_epoch(target)
     """A broker that lost the producer's earlier batches (a crash under async flush) refuses
     the next one as out of order, storing nothing; the producer sends it again from
     sequence 0 of a new epoch, and the next batches follow it."""
+
     async def test(hw):
         await hw.admin.create_queue("q")
         produce = hw.service.produce
@@ -444,8 +449,9 @@ def test_scanner_bounds_tags_and_errors(target):
         ids = await hw.send_batch("q", [b"a%d" % i for i in range(10)], partition=0)
         clock.advance(10)
         t_mid = int(clock.now * 1000)
-        await hw.send_batch("q", [Message(b"b%d" % i, tag="even" if i % 2 == 0 else "odd")
-                                  for i in range(6)], partition=1)
+        await hw.send_batch(
+            "q", [Message(b"b%d" % i, tag="even" if i % 2 == 0 else "odd") for i in range(6)], partition=1
+        )
         assert len(await scan(hw, "q")) == 16
         assert [r.body for r in await scan(hw, "q", partitions=0, start=3, stop=6)] == [b"a3", b"a4", b"a5"]
         assert [r.offset for r in await scan(hw, "q", start=ids[7])] == [7, 8, 9]
@@ -574,7 +580,8 @@ def test_consumer_commit_and_resume(target):
             await c2.assign("q")
             rest = await drain(c2, 14)
         assert sorted(r.body for r in got + rest) == sorted(
-            [b"a%d" % i for i in range(10)] + [b"b%d" % i for i in range(10)])
+            [b"a%d" % i for i in range(10)] + [b"b%d" % i for i in range(10)]
+        )
         other = hw.consumer(group="audit", max_poll_messages=3)
         await other.assign("q")
         assert len(await drain(other, 20)) == 20

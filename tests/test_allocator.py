@@ -39,8 +39,13 @@ print(json.dumps({"tuned": tuned, "mapped": mapped, "kept": kept_bytes()}))
 
 
 def probe(cache_bytes: int, environ: dict[str, str] | None = None) -> dict:
-    out = subprocess.run([sys.executable, "-c", PROBE, str(cache_bytes), json.dumps(environ or {})],
-                         capture_output=True, text=True, check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(cache_bytes), json.dumps(environ or {})],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     return json.loads(out.stdout)
 
 

@@ -6,48 +6,73 @@ deep inside, nor the wire encoder's wording. Each case here once differed on som
 from __future__ import annotations
 
 import pytest
+from test_aio import run
 
 import headwater
 from headwater.errors import InvalidArgumentError
 
-from test_aio import run
-
-SUBSCRIBER_NAME = ("invalid subscriber name 5: use 1-200 letters, digits, '.', '_' and '-', "
-                   "starting with a letter or digit")
+SUBSCRIBER_NAME = (
+    "invalid subscriber name 5: use 1-200 letters, digits, '.', '_' and '-', starting with a letter or digit"
+)
 
 CASES = {
     "list_subscribers(5)": (lambda hw: hw.admin.list_subscribers(5), "a queue name is a string, got int"),
     "add_subscriber name 5": (lambda hw: hw.admin.add_subscriber("q", 5), SUBSCRIBER_NAME),
     "describe_subscriber name 5": (lambda hw: hw.admin.describe_subscriber("q", 5), SUBSCRIBER_NAME),
     "delete_subscriber name 5": (lambda hw: hw.admin.delete_subscriber("q", 5), SUBSCRIBER_NAME),
-    "add_subscriber partitions 'x'": (lambda hw: hw.admin.add_subscriber("q", "s", partitions="x"),
-                                      "partitions is a partition number or a list of them, got str"),
-    "add_subscriber partitions [True]": (lambda hw: hw.admin.add_subscriber("q", "s", partitions=[True]),
-                                         "a partition is an int, got bool"),
-    "add_subscriber tags 5": (lambda hw: hw.admin.add_subscriber("q", "s", tags=5),
-                              "tags is a tag, a list of tags or '*' (every message), got int"),
-    "add_subscriber tags ['']": (lambda hw: hw.admin.add_subscriber("q", "s", tags=[""]),
-                                 "tags are non-empty strings, got ''"),
-    "scanner partitions True": (lambda hw: list(hw.scanner("q", partitions=True)),
-                                "partitions is a partition number or a list of them, got bool"),
-    "scanner partitions ['a']": (lambda hw: list(hw.scanner("q", partitions=["a"])),
-                                 "a partition is an int, got str"),
-    "scanner tags 5": (lambda hw: list(hw.scanner("q", tags=5)),
-                       "tags is a tag, a list of tags or '*' (every message), got int"),
-    "consumer tags 5": (lambda hw: hw.consumer(tags=5),
-                        "tags is a tag, a list of tags or '*' (every message), got int"),
-    "consumer assign partitions {}": (lambda hw: hw.consumer().assign("q", {0: 1}),
-                                      "partitions is a partition number or a list of them, got dict"),
-    "commit_offsets None": (lambda hw: hw.service.commit_offsets("g", "q", None),
-                            "offsets is a non-empty {partition: offset} mapping, got NoneType"),
-    "commit_offsets [1]": (lambda hw: hw.service.commit_offsets("g", "q", [1]),
-                           "offsets is a non-empty {partition: offset} mapping, got list"),
-    "commit_offsets {}": (lambda hw: hw.service.commit_offsets("g", "q", {}),
-                          "offsets is a non-empty {partition: offset} mapping, got an empty one"),
-    "offset_for_time None": (lambda hw: hw.offset_for_time("q", 0, None),
-                             "when must be a datetime or epoch milliseconds, got None"),
-    "offset_for_time 'x'": (lambda hw: hw.offset_for_time("q", 0, "x"),
-                            "when must be a datetime or epoch milliseconds, got str"),
+    "add_subscriber partitions 'x'": (
+        lambda hw: hw.admin.add_subscriber("q", "s", partitions="x"),
+        "partitions is a partition number or a list of them, got str",
+    ),
+    "add_subscriber partitions [True]": (
+        lambda hw: hw.admin.add_subscriber("q", "s", partitions=[True]),
+        "a partition is an int, got bool",
+    ),
+    "add_subscriber tags 5": (
+        lambda hw: hw.admin.add_subscriber("q", "s", tags=5),
+        "tags is a tag, a list of tags or '*' (every message), got int",
+    ),
+    "add_subscriber tags ['']": (
+        lambda hw: hw.admin.add_subscriber("q", "s", tags=[""]),
+        "tags are non-empty strings, got ''",
+    ),
+    "scanner partitions True": (
+        lambda hw: list(hw.scanner("q", partitions=True)),
+        "partitions is a partition number or a list of them, got bool",
+    ),
+    "scanner partitions ['a']": (lambda hw: list(hw.scanner("q", partitions=["a"])), "a partition is an int, got str"),
+    "scanner tags 5": (
+        lambda hw: list(hw.scanner("q", tags=5)),
+        "tags is a tag, a list of tags or '*' (every message), got int",
+    ),
+    "consumer tags 5": (
+        lambda hw: hw.consumer(tags=5),
+        "tags is a tag, a list of tags or '*' (every message), got int",
+    ),
+    "consumer assign partitions {}": (
+        lambda hw: hw.consumer().assign("q", {0: 1}),
+        "partitions is a partition number or a list of them, got dict",
+    ),
+    "commit_offsets None": (
+        lambda hw: hw.service.commit_offsets("g", "q", None),
+        "offsets is a non-empty {partition: offset} mapping, got NoneType",
+    ),
+    "commit_offsets [1]": (
+        lambda hw: hw.service.commit_offsets("g", "q", [1]),
+        "offsets is a non-empty {partition: offset} mapping, got list",
+    ),
+    "commit_offsets {}": (
+        lambda hw: hw.service.commit_offsets("g", "q", {}),
+        "offsets is a non-empty {partition: offset} mapping, got an empty one",
+    ),
+    "offset_for_time None": (
+        lambda hw: hw.offset_for_time("q", 0, None),
+        "when must be a datetime or epoch milliseconds, got None",
+    ),
+    "offset_for_time 'x'": (
+        lambda hw: hw.offset_for_time("q", 0, "x"),
+        "when must be a datetime or epoch milliseconds, got str",
+    ),
 }
 
 
@@ -66,11 +91,15 @@ def test_the_asyncio_client_refuses_them_alike(aio_target):
     async def test(hw: headwater.aio.AsyncClient) -> None:
         await hw.admin.create_queue("q", partitions=2)
         for call, message in (
-            (lambda: hw.service.commit_offsets("g", "q", None),
-             "offsets is a non-empty {partition: offset} mapping, got NoneType"),
+            (
+                lambda: hw.service.commit_offsets("g", "q", None),
+                "offsets is a non-empty {partition: offset} mapping, got NoneType",
+            ),
             (lambda: hw.offset_for_time("q", 0, None), "when must be a datetime or epoch milliseconds, got None"),
-            (lambda: hw.admin.add_subscriber("q", "s", tags=5),
-             "tags is a tag, a list of tags or '*' (every message), got int"),
+            (
+                lambda: hw.admin.add_subscriber("q", "s", tags=5),
+                "tags is a tag, a list of tags or '*' (every message), got int",
+            ),
             (lambda: hw.admin.list_subscribers(5), "a queue name is a string, got int"),
         ):
             with pytest.raises(InvalidArgumentError) as e:

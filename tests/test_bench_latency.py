@@ -18,8 +18,9 @@ MODES = {
 
 
 def rnd(n: int, **p99: float | None) -> dict:
-    results = {label.replace("_", " "): ({"p99_ms": v} if v is not None else {"error": "boom"})
-               for label, v in p99.items()}
+    results = {
+        label.replace("_", " "): ({"p99_ms": v} if v is not None else {"error": "boom"}) for label, v in p99.items()
+    }
     return {"round": n, "results": results}
 
 
@@ -32,10 +33,18 @@ def test_each_round_compares_headwater_with_that_rounds_best_comparable_peer():
     # async is held to every peer mode; sync only to those that fsync before acknowledging
     assert s["ratio_to_best_peer"]["headwater async"] == pytest.approx([2.0, 2.0])
     assert s["ratio_to_best_peer"]["headwater sync"] == pytest.approx([1.5, 3.0])
-    assert s["peers_compared"] == {"headwater async": ["redis everysec", "redis always"],
-                                   "headwater sync": ["redis always"]}
-    assert s["p99"]["redis everysec"] == {"median": 2.5, "min": 1.0, "max": 4.0, "rounds": 2,
-                                          "quiet_median": None, "quiet_rounds": 0}
+    assert s["peers_compared"] == {
+        "headwater async": ["redis everysec", "redis always"],
+        "headwater sync": ["redis always"],
+    }
+    assert s["p99"]["redis everysec"] == {
+        "median": 2.5,
+        "min": 1.0,
+        "max": 4.0,
+        "rounds": 2,
+        "quiet_median": None,
+        "quiet_rounds": 0,
+    }
 
 
 def test_a_failed_run_counts_in_no_median_and_leaves_its_rounds_ratio_empty():
@@ -53,10 +62,12 @@ def test_quiet_runs_are_those_the_hypervisor_took_little_from():
     def run(p99: float, steal: float | None) -> dict:
         return {"p99_ms": p99, "steal_share": steal}
 
-    rounds = [{"round": 1, "results": {"headwater async": run(3.0, 0.02)}},
-              {"round": 2, "results": {"headwater async": run(0.8, 0.0)}},
-              {"round": 3, "results": {"headwater async": run(0.9, 0.002)}},
-              {"round": 4, "results": {"headwater async": run(0.5, None)}}]  # steal unknown: not quiet
+    rounds = [
+        {"round": 1, "results": {"headwater async": run(3.0, 0.02)}},
+        {"round": 2, "results": {"headwater async": run(0.8, 0.0)}},
+        {"round": 3, "results": {"headwater async": run(0.9, 0.002)}},
+        {"round": 4, "results": {"headwater async": run(0.5, None)}},
+    ]  # steal unknown: not quiet
     p99 = summarize(rounds, MODES)["p99"]["headwater async"]
     assert p99["median"] == pytest.approx(0.85)
     assert p99["quiet_median"] == pytest.approx(0.85) and p99["quiet_rounds"] == 2
@@ -95,9 +106,14 @@ def test_the_cpu_of_a_process_group_is_counted_and_nobody_elses():
 
     from bench.peers.base import process_group_cpu_s
 
-    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
-                             "while time.process_time() - t < 0.5: pass\ntime.sleep(30)"],
-                            start_new_session=True)
+    busy = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\ntime.sleep(30)",
+        ],
+        start_new_session=True,
+    )
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:
         deadline = time.monotonic() + 20
@@ -105,7 +121,7 @@ def test_the_cpu_of_a_process_group_is_counted_and_nobody_elses():
             time.sleep(0.05)
         assert 0.45 <= process_group_cpu_s(busy.pid) < 5
         assert process_group_cpu_s(idle.pid) < 0.3  # its start-up only
-        assert process_group_cpu_s(2 ** 22 + 12345) == 0  # no such group
+        assert process_group_cpu_s(2**22 + 12345) == 0  # no such group
     finally:
         busy.kill()
         idle.kill()
@@ -142,10 +158,17 @@ def test_pacing_by_sleep_alone_asks_the_kernel_for_exact_wakeups():
     import subprocess
     import sys
 
-    code = ("from bench import machine; ok = machine.exact_sleeps(); "
-            "print(ok, open('/proc/self/timerslack_ns').read().strip())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parent.parent).stdout.split()
+    code = (
+        "from bench import machine; ok = machine.exact_sleeps(); "
+        "print(ok, open('/proc/self/timerslack_ns').read().strip())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    ).stdout.split()
     assert out == ["True", "1"]  # 50,000 ns before
     from bench import machine
 
@@ -230,15 +253,27 @@ def test_saved_runs_pool_into_bands_of_the_hosts_steal(tmp_path, capsys):
     assert doctest.testmod(bench.latency).failed == 0
 
     def run(p99: float, steal: float | None, p50: float = 0.1, server: float | None = 100.0) -> dict:
-        return {"p99_ms": p99, "p50_ms": p50, "steal_share": steal, "achieved_rate": 2000,
-                "cpu_us_per_msg": {"server": server, "consumer": 50.0, "producer": 100.0, "producer_spin": 40.0}}
+        return {
+            "p99_ms": p99,
+            "p50_ms": p50,
+            "steal_share": steal,
+            "achieved_rate": 2000,
+            "cpu_us_per_msg": {"server": server, "consumer": 50.0, "producer": 100.0, "producer_spin": 40.0},
+        }
 
-    a = {"rounds": [{"results": {"headwater async": run(0.8, 0.0, p50=0.3), "python floor": run(0.9, 0.004)}},
-                    {"results": {"headwater async": run(3.0, 0.03), "python floor": {"error": "boom"}}}]}
-    b = {"revision": "abc1234",
-         "rounds": [{"results": {"headwater async": run(1.0, 0.0019, p50=0.5, server=None),
-                                 "python floor": run(40.0, 0.5)}},
-                    {"results": {"headwater async": run(9.0, None)}}]}  # steal unknown: left out
+    a = {
+        "rounds": [
+            {"results": {"headwater async": run(0.8, 0.0, p50=0.3), "python floor": run(0.9, 0.004)}},
+            {"results": {"headwater async": run(3.0, 0.03), "python floor": {"error": "boom"}}},
+        ]
+    }
+    b = {
+        "revision": "abc1234",
+        "rounds": [
+            {"results": {"headwater async": run(1.0, 0.0019, p50=0.5, server=None), "python floor": run(40.0, 0.5)}},
+            {"results": {"headwater async": run(9.0, None)}},
+        ],
+    }  # steal unknown: left out
     pooled = pool_by_steal([a, b])
     assert len(pooled["headwater async"]) == len(STEAL_BANDS)
     assert [[r["p99_ms"] for r in band] for band in pooled["headwater async"]] == [[0.8, 1.0], [], [3.0], [], []]

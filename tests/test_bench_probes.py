@@ -17,13 +17,19 @@ from bench import probes
 def test_the_follow_probe_measures_every_produce_pushed_to_its_follower(capsys):
     probes.follow(n=300, rounds=1)  # raises if a produce was not pushed to the follower
     lines = capsys.readouterr().out.splitlines()
-    labels = ("default TTL (7 days)", "no TTL",
-              f"default TTL (7 days), caches cold ({probes.COLD_BYTES >> 20} MiB copied between produces)")
+    labels = (
+        "default TTL (7 days)",
+        "no TTL",
+        f"default TTL (7 days), caches cold ({probes.COLD_BYTES >> 20} MiB copied between produces)",
+    )
     assert len(lines) == len(labels)
     calls = []
     for line, label in zip(lines, labels):
-        m = re.fullmatch(rf"follow 1, {re.escape(label)}: ([\d.]+) µs of server CPU per one-message produce "
-                         r"with a follower; (\d+) Python calls each", line)
+        m = re.fullmatch(
+            rf"follow 1, {re.escape(label)}: ([\d.]+) µs of server CPU per one-message produce "
+            r"with a follower; (\d+) Python calls each",
+            line,
+        )
         assert m, line
         assert float(m[1]) > 0 and int(m[2]) > 50
         calls.append(int(m[2]))
@@ -39,9 +45,12 @@ def test_the_ping_probe_times_the_broker_and_a_bare_echo_server_alike(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2
     for line, kind in zip(lines, ("headwater serve", "uvloop echo")):
-        m = re.fullmatch(rf"ping, {kind}: round trip p50 (\d+) µs, p99 (\d+) µs; the server used (\d+) µs of "
-                         r"CPU and ([\d.]+) voluntary \+ ([\d.]+) involuntary context switches per request and "
-                         r"answer, at ([\d,]+)/s", line)
+        m = re.fullmatch(
+            rf"ping, {kind}: round trip p50 (\d+) µs, p99 (\d+) µs; the server used (\d+) µs of "
+            r"CPU and ([\d.]+) voluntary \+ ([\d.]+) involuntary context switches per request and "
+            r"answer, at ([\d,]+)/s",
+            line,
+        )
         assert m, line
         assert 0 < int(m[1]) <= int(m[2])
         assert float(m[4]) >= 0.5  # the server blocks between requests: about one switch each

@@ -26,8 +26,10 @@ def crash_round(tmp: Path, seed: int, producers: int = 3, batches: int = 150, ki
         hw.admin.create_queue("crash", partitions=4, ttl_s=None)
     acks = [tmp / f"acks-{k}.txt" for k in range(producers)]
     procs = [
-        subprocess.Popen([sys.executable, "-m", "tests.support.producer_proc", broker.address, f"p{k}",
-                          str(batches), str(acks[k])], cwd=ROOT)
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.support.producer_proc", broker.address, f"p{k}", str(batches), str(acks[k])],
+            cwd=ROOT,
+        )
         for k in range(producers)
     ]
     try:

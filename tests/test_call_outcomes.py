@@ -218,8 +218,14 @@ def test_only_a_request_that_never_left_or_is_idempotent_is_sent_again():
     truncate = m.TruncateQueueRequest("t")
 
     def tries(body: m.RequestBody, idempotent: bool) -> Tries:
-        t = Tries(Transport(), body, retries=3, idempotent=idempotent, retry=True,  # type: ignore[arg-type]
-                  timeout_s=None)
+        t = Tries(
+            Transport(),
+            body,
+            retries=3,
+            idempotent=idempotent,
+            retry=True,  # type: ignore[arg-type]
+            timeout_s=None,
+        )
         t.next_timeout_s()
         return t
 
@@ -383,8 +389,10 @@ def test_asyncio_wrong_arguments_are_told_alike_embedded_and_over_the_network(se
         return out
 
     async def main() -> tuple[dict[str, str], dict[str, str]]:
-        return (await said(await headwater.aio.open(tmp_path / "embedded")),
-                await said(await headwater.aio.connect(server.address)))
+        return (
+            await said(await headwater.aio.open(tmp_path / "embedded")),
+            await said(await headwater.aio.connect(server.address)),
+        )
 
     here, there = asyncio.run(main())
     assert there == here

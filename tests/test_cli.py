@@ -72,8 +72,23 @@ def q(cli) -> str:
 
 
 def test_create_list_describe(cli):
-    out = cli("queue", "create", "orders", "-p", "4", "--ttl", "3600", "--flush", "sync",
-              "--message-bytes-max", "2048", "--set", "owner=web", "--set", "note=a=b").stdout
+    out = cli(
+        "queue",
+        "create",
+        "orders",
+        "-p",
+        "4",
+        "--ttl",
+        "3600",
+        "--flush",
+        "sync",
+        "--message-bytes-max",
+        "2048",
+        "--set",
+        "owner=web",
+        "--set",
+        "note=a=b",
+    ).stdout
     assert "created queue 'orders' with 4 partition(s), ttl 1h" in out
     cli("queue", "create", "audit", "--ttl", "forever")
     cli("queue", "create", "zero", "--ttl", "0")
@@ -165,7 +180,8 @@ def test_produce_arguments_print_ids(cli, q):
     assert len(out) == 2 and all(len(i) == ID_LEN for i in out)
     recs = cli.json_lines("scan", q)
     assert [(r["message_id"], r["partition"], r["value"]) for r in recs] == [
-        (out[0], 1, "one"), (out[1], 1, "two"),
+        (out[0], 1, "one"),
+        (out[1], 1, "two"),
     ]
 
 
@@ -181,13 +197,15 @@ def test_produce_stdin_lines_in_batches(cli, q):
 
 
 def test_produce_quiet_summary_key_tag_properties(cli, q):
-    out = cli("produce", q, "--quiet", "-k", "user-1", "-t", "greeting", "-P", "a=1", "-P", "b=x=y",
-              input="hi\nho\n").stdout
+    out = cli(
+        "produce", q, "--quiet", "-k", "user-1", "-t", "greeting", "-P", "a=1", "-P", "b=x=y", input="hi\nho\n"
+    ).stdout
     assert out.startswith("sent 2 message(s) to queue 'events' (partitions ")
     recs = cli.json_lines("scan", q)
     assert {r["partition"] for r in recs} == {headwater.client.key_partition(b"user-1", 3)}
-    assert all(r["key"] == "user-1" and r["tag"] == "greeting" and r["properties"] == {"a": "1", "b": "x=y"}
-               for r in recs)
+    assert all(
+        r["key"] == "user-1" and r["tag"] == "greeting" and r["properties"] == {"a": "1", "b": "x=y"} for r in recs
+    )
 
 
 # --- scan, get, find --------------------------------------------------------------------
@@ -196,8 +214,17 @@ def test_produce_quiet_summary_key_tag_properties(cli, q):
 def test_scan_json_keys_and_values(cli, q):
     [mid] = cli("produce", q, "-p", "2", "-k", "k", "-t", "t", "-P", "s=web", "héllo").stdout.split()
     [rec] = cli.json_lines("scan", q)
-    assert list(rec) == ["message_id", "partition", "offset", "timestamp", "key", "tag", "properties", "value",
-                         "scheduled"]  # the keys of before, in their places, and 'scheduled' last
+    assert list(rec) == [
+        "message_id",
+        "partition",
+        "offset",
+        "timestamp",
+        "key",
+        "tag",
+        "properties",
+        "value",
+        "scheduled",
+    ]  # the keys of before, in their places, and 'scheduled' last
     assert rec["scheduled"] is None  # sent without a delay
     assert rec["message_id"] == mid and rec["partition"] == 2 and rec["offset"] == 0
     assert rec["key"] == "k" and rec["tag"] == "t" and rec["properties"] == {"s": "web"}
@@ -330,8 +357,7 @@ def test_records_table_drops_repeated_columns_first_on_a_narrow_terminal():
     from headwater.cli.output import records_table
     from headwater.model.message import Record
 
-    recs = [Record("q", 0, 5, 1_000_000, b"v", scheduled_ms=999_000),
-            Record("q", 0, 6, 1_000_000, b"w")]
+    recs = [Record("q", 0, 5, 1_000_000, b"v", scheduled_ms=999_000), Record("q", 0, 6, 1_000_000, b"w")]
 
     def headers(width: int) -> list[str]:
         return [str(c.header) for c in records_table(recs, width).columns]
@@ -359,8 +385,13 @@ def test_find(cli, q):
 
 
 def test_unknown_queue(cli, q):
-    for args in (["scan", "nope"], ["produce", "nope", "x"], ["queue", "describe", "nope"],
-                 ["find", "nope", "-k", "x"], ["queue", "delete", "nope", "--yes"]):
+    for args in (
+        ["scan", "nope"],
+        ["produce", "nope", "x"],
+        ["queue", "describe", "nope"],
+        ["find", "nope", "-k", "x"],
+        ["queue", "delete", "nope", "--yes"],
+    ):
         err = cli.error(*args)
         assert "queue 'nope' does not exist" in err and "headwater queue list" in err
 

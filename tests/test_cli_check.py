@@ -9,8 +9,9 @@ HEADWATER = str(Path(sys.executable).with_name("headwater"))
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([HEADWATER, *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [HEADWATER, *args], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"}
+    )
 
 
 def test_check_reports_intact_then_cuts_damage(tmp_path):

@@ -11,15 +11,15 @@ import signal
 import socket
 import subprocess
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from support.broker_process import HEADWATER, BrokerProcess
+from test_cli_network import Cli, Follower, subprocess_env
 
 import headwater
 from headwater.cli.output import iso_utc
 from headwater.errors import GroupNotFoundError
-from support.broker_process import HEADWATER, BrokerProcess
-from test_cli_network import Cli, Follower, subprocess_env
 
 HUGE = "99999999999999999999999"
 
@@ -60,29 +60,35 @@ def test_ttl_longer_than_100_years_is_refused_with_its_range(local):
 # -- 3. numbers the CLI used to pass on until something overflowed ----------------------
 
 
-@pytest.mark.parametrize("args", [
-    ("scan", "jobs", "--limit", HUGE),
-    ("find", "jobs", "--key", "k1", "--limit", HUGE),
-    ("consume", "jobs", "--timeout", "inf", "--limit", "1"),
-    ("consume", "jobs", "--timeout", "nan", "--limit", "1"),
-    ("status", "--interval", "inf"),
-    ("produce", "jobs", "--partition", HUGE, "x"),
-    ("queue", "create", "big", "--partitions", HUGE),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("scan", "jobs", "--limit", HUGE),
+        ("find", "jobs", "--key", "k1", "--limit", HUGE),
+        ("consume", "jobs", "--timeout", "inf", "--limit", "1"),
+        ("consume", "jobs", "--timeout", "nan", "--limit", "1"),
+        ("status", "--interval", "inf"),
+        ("produce", "jobs", "--partition", HUGE, "x"),
+        ("queue", "create", "big", "--partitions", HUGE),
+    ],
+)
 def test_out_of_range_numbers_are_usage_errors(local, args):
     err = _usage_error(local, *args)
     assert "Invalid value" in err
 
 
-@pytest.mark.parametrize("args, words", [
-    (("scan", "jobs", "--from", "²"), "'²' is not a position"),
-    (("scan", "jobs", "--partitions", "²"), "is not a partition list"),
-    (("scan", "jobs", "--partitions", "0-99999999999"), "at most 100,000 partitions"),
-    (("scan", "jobs", "--from", "-99999999999w"), "out of range"),
-    (("scan", "jobs", "--from", "-1" + "0" * 400 + "w"), "out of range"),
-    (("scan", "jobs", "--from", HUGE), "offsets go from 0 to"),
-    (("produce", "jobs", "--delay", "1" + "0" * 400, "x"), "a delay is at most"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("scan", "jobs", "--from", "²"), "'²' is not a position"),
+        (("scan", "jobs", "--partitions", "²"), "is not a partition list"),
+        (("scan", "jobs", "--partitions", "0-99999999999"), "at most 100,000 partitions"),
+        (("scan", "jobs", "--from", "-99999999999w"), "out of range"),
+        (("scan", "jobs", "--from", "-1" + "0" * 400 + "w"), "out of range"),
+        (("scan", "jobs", "--from", HUGE), "offsets go from 0 to"),
+        (("produce", "jobs", "--delay", "1" + "0" * 400, "x"), "a delay is at most"),
+    ],
+)
 def test_out_of_range_values_are_one_error_line(local, args, words):
     assert words in local.error(*args)
 
@@ -132,9 +138,13 @@ def test_errors_list_exactly_the_forms_each_option_takes(local):
 def test_ctrl_c_during_produce_says_how_many_were_sent(broker):
     with headwater.connect(broker.address) as hw:
         hw.admin.create_queue("bigq")
-        proc = subprocess.Popen([HEADWATER, "--server", broker.address, "produce", "bigq", "--quiet",
-                                 "--batch-size", "100"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=subprocess_env())
+        proc = subprocess.Popen(
+            [HEADWATER, "--server", broker.address, "produce", "bigq", "--quiet", "--batch-size", "100"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=subprocess_env(),
+        )
         assert proc.stdin is not None
         proc.stdin.write(b"".join(b"%d\n" % i for i in range(1000)))
         proc.stdin.flush()
@@ -168,7 +178,7 @@ def test_serve_that_cannot_listen_leaves_no_new_directory(tmp_path):
 
 
 def test_delay_stats_next_due_is_the_message_time_not_its_bucket_start(local):
-    due = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(days=2, minutes=37, seconds=11)
+    due = datetime.now(UTC).replace(microsecond=0) + timedelta(days=2, minutes=37, seconds=11)
     local("produce", "jobs", "--at", due.strftime("%Y-%m-%dT%H:%M:%SZ"), "later")
     stats = json.loads(local("delay", "stats", "--json"))
     assert stats["next_due_ms"] == int(due.timestamp() * 1000)
@@ -204,8 +214,9 @@ def _take(f: Follower, timeout_s: float) -> list[str]:
 def test_consume_group_is_a_member_reset_is_refused_and_members_share(broker):
     cli = Cli("--server", broker.address)
     cli("queue", "create", "jobs", "--partitions", "4")
-    follower = Follower("--server", broker.address, "consume", "jobs", "--group", "live", "--from",
-                        "earliest", "--json")
+    follower = Follower(
+        "--server", broker.address, "consume", "jobs", "--group", "live", "--from", "earliest", "--json"
+    )
     try:
         cli("produce", "jobs", "one")
         follower.read(1)
@@ -220,8 +231,7 @@ def test_consume_group_is_a_member_reset_is_refused_and_members_share(broker):
     cli("group", "reset", "live", "--queue", "jobs", "--to", "earliest")  # no member now
     # two members side by side print each message once between them
     first = Follower("--server", broker.address, "consume", "jobs", "--group", "dup", "--from", "earliest", "--json")
-    second = Follower("--server", broker.address, "consume", "jobs", "--group", "dup", "--from", "earliest",
-                      "--json")
+    second = Follower("--server", broker.address, "consume", "jobs", "--group", "dup", "--from", "earliest", "--json")
     try:
         deadline = time.monotonic() + 20
         while _members(broker.address, "dup", stable=True) < 2:  # the rebalance settled: each holds its half
@@ -249,11 +259,19 @@ def test_python_dash_m_headwater_is_the_headwater_command(tmp_path):
     import sys
 
     d = str(tmp_path / "d")
-    made = subprocess.run([sys.executable, "-m", "headwater", "--data", d, "queue", "create", "q"],
-                          capture_output=True, text=True, timeout=60)
+    made = subprocess.run(
+        [sys.executable, "-m", "headwater", "--data", d, "queue", "create", "q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert made.returncode == 0, made.stderr
-    listed = subprocess.run([sys.executable, "-m", "headwater", "--data", d, "queue", "list", "--json"],
-                            capture_output=True, text=True, timeout=60)
+    listed = subprocess.run(
+        [sys.executable, "-m", "headwater", "--data", d, "queue", "list", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert [q["name"] for q in json.loads(listed.stdout)] == ["q"]
 
 

@@ -25,12 +25,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.broker_process import BrokerProcess
 from typer.testing import CliRunner
 
 import headwater
 from headwater.cli.main import app
 from headwater.cli.status import OWN_REQUESTS_PER_SAMPLE, Sample, measure_rates
-from support.broker_process import BrokerProcess
 
 HEADWATER = str(Path(sys.executable).with_name("headwater"))
 ENV = {
@@ -88,8 +88,9 @@ class Follower:
     """``headwater ... consume`` as a subprocess whose JSON lines are read as they come."""
 
     def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([HEADWATER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=subprocess_env())
+        self.proc = subprocess.Popen(
+            [HEADWATER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env()
+        )
         self.records: list[dict] = []
         self._lines: queue.Queue[bytes] = queue.Queue()
         self._reader = threading.Thread(target=self._read_lines, daemon=True)
@@ -110,12 +111,13 @@ class Follower:
                 line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 self.proc.kill()
-                raise AssertionError(f"only {len(self.records)} record(s) after {timeout_s} s; "
-                                     f"stderr: {self.finish()[1]}") from None
+                raise AssertionError(
+                    f"only {len(self.records)} record(s) after {timeout_s} s; stderr: {self.finish()[1]}"
+                ) from None
             if not line:
                 raise AssertionError(f"consume ended early: {self.finish()}")
             self.records.append(json.loads(line))
-        return self.records[want - n:]
+        return self.records[want - n :]
 
     def finish(self, timeout_s: float = 10.0) -> tuple[int, str]:
         """Wait for the end; return the exit code and stderr."""
@@ -124,7 +126,7 @@ class Follower:
         finally:
             self.proc.kill()
         self._reader.join(timeout_s)
-        while (line := self._lines.get_nowait() if not self._lines.empty() else b""):
+        while line := self._lines.get_nowait() if not self._lines.empty() else b"":
             self.records.append(json.loads(line))
         assert self.proc.stderr is not None
         return code, self.proc.stderr.read().decode()
@@ -232,9 +234,19 @@ def test_status_shows_version_uptime_connections_and_rates(broker):
     assert 0.15 < rates["interval_s"] < 5
     assert rates["messages_in_per_s"] == 0 and rates["requests_per_s"] == 0  # its own are not counted
     table = cli("status", "--interval", "0.1")
-    for word in ("version", headwater.__version__, "uptime", "connections", f"server at {broker.address}",
-                 "1 (2 partitions)", "messages in", "requests", "recovery", "the newest 256.0 MB of the log kept",
-                 "resident, peak"):
+    for word in (
+        "version",
+        headwater.__version__,
+        "uptime",
+        "connections",
+        f"server at {broker.address}",
+        "1 (2 partitions)",
+        "messages in",
+        "requests",
+        "recovery",
+        "the newest 256.0 MB of the log kept",
+        "resident, peak",
+    ):
         assert word in table, word
 
 
@@ -242,10 +254,10 @@ def _documented_status() -> tuple[list[str], set[str]]:
     """The row labels of the sample ``status`` output in docs/cli.md, and the keys of its
     sample ``status --json``."""
     text = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
-    section = text[text.index("## The broker: `status`"):text.index("## The shell")]
-    sample = section[section.index("# version"):section.index("headwater --server 127.0.0.1:7070 status --watch")]
+    section = text[text.index("## The broker: `status`") : text.index("## The shell")]
+    sample = section[section.index("# version") : section.index("headwater --server 127.0.0.1:7070 status --watch")]
     rows = [m.group(1) for m in re.finditer(r"^# (\w[\w ]*?)\s{2,}\S", sample, re.M)]
-    doc = json.loads(section[section.index("```json") + 7:section.index("```", section.index("```json") + 7)])
+    doc = json.loads(section[section.index("```json") + 7 : section.index("```", section.index("```json") + 7)])
     return rows, set(doc)
 
 
@@ -257,7 +269,7 @@ def test_the_documented_status_shows_every_row_and_key(broker):
     rows, keys = _documented_status()
     table = cli("status", "--interval", "0.1")
     shown = [m.group(1) for m in re.finditer(r"^(\w[\w ]*?)\s{2,}\S", table, re.M)]
-    assert rows == shown[:len(rows)] and set(shown) <= set(rows), (rows, shown)
+    assert rows == shown[: len(rows)] and set(shown) <= set(rows), (rows, shown)
     assert keys == set(json.loads(cli("status", "--json", "--interval", "0.1"))), keys
 
 
@@ -293,8 +305,17 @@ def test_status_table_of_an_idle_embedded_broker():
 
     from headwater.cli.status import render_status
 
-    st = {"version": "1", "mode": "embedded", "queues": 0, "internal_queues": 0, "delay_pending": 0,
-          "delay_next_due_ms": None, "delay_buckets": 0, "delay_delivered_total": 3, "page_cache_keep_bytes": 0}
+    st = {
+        "version": "1",
+        "mode": "embedded",
+        "queues": 0,
+        "internal_queues": 0,
+        "delay_pending": 0,
+        "delay_next_due_ms": None,
+        "delay_buckets": 0,
+        "delay_delivered_total": 3,
+        "page_cache_keep_bytes": 0,
+    }
     console = Console(width=200, record=True)
     console.print(render_status(Sample(0.0, st, {}, {}), None, now_ms=0))
     text = console.export_text()
@@ -325,19 +346,28 @@ def test_status_rates_see_messages_arriving(broker):
     assert set(doc["rates"]["queues_in_per_s"]) == {"busy"}
 
 
-def _sample(at_s: float, ends: dict[tuple[int, int], int], names: dict[int, str],
-            requests: int | None = None) -> Sample:
+def _sample(
+    at_s: float, ends: dict[tuple[int, int], int], names: dict[int, str], requests: int | None = None
+) -> Sample:
     st = {} if requests is None else {"requests_total": requests}
     return Sample(at_s, st, ends, names)
 
 
 def test_measure_rates_counts_appends_new_partitions_and_ignores_deleted_queues():
     before = _sample(10.0, {(1, 0): 100, (1, 1): 50, (2, 0): 7}, {1: "a", 2: "gone"}, requests=1000)
-    after = _sample(12.0, {(1, 0): 160, (1, 1): 50, (1, 2): 20, (3, 0): 4}, {1: "a", 3: "new"},
-                    requests=1000 + 40 + OWN_REQUESTS_PER_SAMPLE)
+    after = _sample(
+        12.0,
+        {(1, 0): 160, (1, 1): 50, (1, 2): 20, (3, 0): 4},
+        {1: "a", 3: "new"},
+        requests=1000 + 40 + OWN_REQUESTS_PER_SAMPLE,
+    )
     rates = measure_rates(before, after)
-    assert rates == {"interval_s": 2.0, "messages_in_per_s": 42.0, "requests_per_s": 20.0,
-                     "queues_in_per_s": {"a": 40.0, "new": 2.0}}
+    assert rates == {
+        "interval_s": 2.0,
+        "messages_in_per_s": 42.0,
+        "requests_per_s": 20.0,
+        "queues_in_per_s": {"a": 40.0, "new": 2.0},
+    }
     embedded = measure_rates(_sample(0.0, {}, {}), _sample(1.0, {}, {}))
     assert embedded["requests_per_s"] is None and embedded["messages_in_per_s"] == 0
 
@@ -354,9 +384,12 @@ def test_status_on_a_data_directory_and_its_errors(tmp_path):
 
 
 def test_status_watch_until_ctrl_c(broker):
-    proc = subprocess.Popen([HEADWATER, "--server", broker.address, "status", "--watch", "--json",
-                             "--interval", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=subprocess_env())
+    proc = subprocess.Popen(
+        [HEADWATER, "--server", broker.address, "status", "--watch", "--json", "--interval", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=subprocess_env(),
+    )
     assert proc.stdout is not None
     docs = [json.loads(proc.stdout.readline()) for _ in range(3)]
     proc.send_signal(signal.SIGINT)
@@ -364,8 +397,12 @@ def test_status_watch_until_ctrl_c(broker):
     assert proc.returncode == 0, err
     assert all("rates" in d for d in docs) and docs[0]["uptime_s"] < docs[2]["uptime_s"]
     # into a pipe, the tables follow one another (a terminal gets one table, redrawn)
-    proc = subprocess.Popen([HEADWATER, "--server", broker.address, "status", "--watch", "--interval", "0.1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env())
+    proc = subprocess.Popen(
+        [HEADWATER, "--server", broker.address, "status", "--watch", "--interval", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=subprocess_env(),
+    )
     assert proc.stdout is not None
     reports = 0
     while reports < 2:
@@ -387,8 +424,13 @@ def test_group_list_and_describe_every_kind(broker, tmp_path):
         for i in range(12):
             hw.send("jobs", f"job {i}".encode(), key=f"k{i}".encode())
         billing = hw.consumer(group="billing", subscribe="jobs", client_id="biller")
-        audit = hw.consumer(group="audit", subscribe="jobs", mode="broadcast", client_id="auditor",
-                            offsets_path=str(tmp_path / "audit-offsets"))
+        audit = hw.consumer(
+            group="audit",
+            subscribe="jobs",
+            mode="broadcast",
+            client_id="auditor",
+            offsets_path=str(tmp_path / "audit-offsets"),
+        )
         for member in (billing, audit):
             member.poll(timeout_ms=200)
         shared = hw.shared_consumer("mailers", "jobs", member="w1")
@@ -399,8 +441,11 @@ def test_group_list_and_describe_every_kind(broker, tmp_path):
 
         listed = json.loads(cli("group", "list", "--json"))
         assert sorted((g["group"], g["kind"], g["state"], g["members"], g["queues"]) for g in listed) == [
-            ("audit", "broadcast", "stable", 1, ["jobs"]), ("billing", "clustering", "stable", 1, ["jobs"]),
-            ("mailers", "keyed", "stable", 2, ["jobs"]), ("mailers", "shared", "stable", 1, ["jobs"])]
+            ("audit", "broadcast", "stable", 1, ["jobs"]),
+            ("billing", "clustering", "stable", 1, ["jobs"]),
+            ("mailers", "keyed", "stable", 2, ["jobs"]),
+            ("mailers", "shared", "stable", 1, ["jobs"]),
+        ]
         table = cli("group", "list")
         assert "kind" in table.splitlines()[0]
         assert all(kind in table for kind in ("broadcast", "clustering", "keyed", "shared"))
@@ -440,16 +485,24 @@ def test_consume_follows_new_messages(broker):
     cli = Cli("--server", broker.address)
     cli("queue", "create", "f", "--partitions", "2")
     cli("produce", "f", "old-1", "old-2")
-    follower = Follower("--server", broker.address, "consume", "f", "--from", "earliest", "--json",
-                        "--limit", "5")
+    follower = Follower("--server", broker.address, "consume", "f", "--from", "earliest", "--json", "--limit", "5")
     assert [r["value"] for r in follower.read(2)] == ["old-1", "old-2"]
     cli("produce", "f", "new-1")  # produced while it waits: long polling hands them over
     cli("produce", "f", "new-2", "new-3")
     code, _ = follower.finish()
     assert code == 0
     assert sorted(r["value"] for r in follower.records) == ["new-1", "new-2", "new-3", "old-1", "old-2"]
-    assert list(follower.records[0]) == ["message_id", "partition", "offset", "timestamp", "key", "tag",
-                                         "properties", "value", "scheduled"]  # the keys of scan --json
+    assert list(follower.records[0]) == [
+        "message_id",
+        "partition",
+        "offset",
+        "timestamp",
+        "key",
+        "tag",
+        "properties",
+        "value",
+        "scheduled",
+    ]  # the keys of scan --json
 
 
 def test_consume_goes_on_across_a_broker_restart(tmp_path):
@@ -458,8 +511,9 @@ def test_consume_goes_on_across_a_broker_restart(tmp_path):
     broker = BrokerProcess(tmp_path / "served").start()
     try:
         Cli("--server", broker.address)("queue", "create", "r")
-        follower = Follower("--server", broker.address, "consume", "r", "--group", "g", "--from", "earliest",
-                            "--json", "--limit", "2")
+        follower = Follower(
+            "--server", broker.address, "consume", "r", "--group", "g", "--from", "earliest", "--json", "--limit", "2"
+        )
         Cli("--server", broker.address)("produce", "r", "before")
         assert [r["value"] for r in follower.read(1)] == ["before"]
         # consume prints a batch and then commits it: stop the broker only once that commit has
@@ -475,8 +529,9 @@ def test_consume_goes_on_across_a_broker_restart(tmp_path):
         broker.kill()
 
 
-def _wait_for_commit(address: str, group: str, queue_name: str, offsets: dict[int, int],
-                     timeout_s: float = 10.0) -> None:
+def _wait_for_commit(
+    address: str, group: str, queue_name: str, offsets: dict[int, int], timeout_s: float = 10.0
+) -> None:
     with headwater.connect(address) as hw:
         deadline = time.monotonic() + timeout_s
         while (seen := hw.service.fetch_offsets(group, queue_name)) != offsets:
@@ -488,8 +543,7 @@ def test_consume_from_latest_skips_old_messages(broker):
     cli = Cli("--server", broker.address)
     cli("queue", "create", "l")
     cli("produce", "l", "old-1", "old-2")
-    follower = Follower("--server", broker.address, "consume", "l", "--from", "latest", "--json",
-                        "--limit", "1")
+    follower = Follower("--server", broker.address, "consume", "l", "--from", "latest", "--json", "--limit", "1")
     with headwater.connect(broker.address) as hw:
         i = 0
         while follower.proc.poll() is None and i < 200:  # until it has started and seen one
@@ -538,8 +592,7 @@ def test_consume_ctrl_c_commits_what_was_printed(broker, repeat):
     cli = Cli("--server", broker.address)
     cli("queue", "create", "c")
     cli("produce", "c", "a", "b", "c")
-    follower = Follower("--server", broker.address, "consume", "c", "--group", "g", "--from", "earliest",
-                        "--json")
+    follower = Follower("--server", broker.address, "consume", "c", "--group", "g", "--from", "earliest", "--json")
     follower.read(3)
     if repeat:
         os.kill(broker.pid, signal.SIGSTOP)
@@ -640,7 +693,7 @@ def transcript(guide: str) -> list[tuple[str, list[str]]]:
     text = (Path(__file__).resolve().parent.parent / "docs" / guide).read_text()
     steps: list[tuple[str, list[str]]] = []
     for block in text.split("```console\n")[1:]:
-        for line in block[:block.index("```")].splitlines():
+        for line in block[: block.index("```")].splitlines():
             if line.startswith("$ "):
                 steps.append((line.split("--server localhost:7070 ", 1)[1], []))
             else:
@@ -670,9 +723,12 @@ def _consumer_groups_scene(address: str, stack: contextlib.ExitStack) -> dict[st
     hw.admin.create_queue("orders", partitions=4)
     for p, n in enumerate([100, 110, 120, 130]):
         hw.send_batch("orders", [b"o"] * n, partition=p)
-    members = [stack.enter_context(headwater.connect(address)).consumer(
-        group="billing", subscribe="orders", strategy="sticky", client_id=client_id)
-        for client_id in ("host-a-812", "host-b-377")]
+    members = [
+        stack.enter_context(headwater.connect(address)).consumer(
+            group="billing", subscribe="orders", strategy="sticky", client_id=client_id
+        )
+        for client_id in ("host-a-812", "host-b-377")
+    ]
     deadline = time.monotonic() + 30
     while not all(len(c.assignment()) == 2 for c in members):
         assert time.monotonic() < deadline, "the two members never shared the partitions"
@@ -705,8 +761,9 @@ TRANSCRIPT_SCENES = {"consumer-groups.md": _consumer_groups_scene, "shared-group
 
 def test_every_transcript_is_checked():
     root = Path(__file__).resolve().parent.parent
-    with_transcripts = {p.name for p in [root / "README.md", *(root / "docs").rglob("*.md")]
-                        if "```console" in p.read_text()}
+    with_transcripts = {
+        p.name for p in [root / "README.md", *(root / "docs").rglob("*.md")] if "```console" in p.read_text()
+    }
     assert with_transcripts == set(TRANSCRIPT_SCENES)
 
 
@@ -724,4 +781,3 @@ def test_the_transcripts_in_the_guides_match_what_the_commands_print(broker, gui
             code, out, err = cli.run(*shlex.split(args))
             assert code == (1 if any(line.startswith("error:") for line in shown) else 0), (command, out, err)
             assert shape(shown) == shape((out + err).splitlines()), command
-

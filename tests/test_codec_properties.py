@@ -114,9 +114,9 @@ def test_decode_slices_and_filters(msgs, compression, fields, data):
     wanted = data.draw(st.none() | st.frozensets(st.text(min_size=1, max_size=12), max_size=3))
     recs = decode_records(stored, "q", start_offset=lo, end_offset=hi, tags=wanted)
     expect = [
-        (base + i, *_expect(m)) for i, m in enumerate(msgs)
-        if lo <= base + i and (hi is None or base + i < hi)
-        and (wanted is None or _expect(m)[2] in wanted)
+        (base + i, *_expect(m))
+        for i, m in enumerate(msgs)
+        if lo <= base + i and (hi is None or base + i < hi) and (wanted is None or _expect(m)[2] in wanted)
     ]
     assert [(r.offset, r.body, r.key, r.tag, r.properties) for r in recs] == expect
 
@@ -174,8 +174,12 @@ def test_garbage_is_refused(garbage):
 
 
 msgpack_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.binary(max_size=20)
-    | st.text(max_size=10) | st.floats(allow_nan=False),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.binary(max_size=20)
+    | st.text(max_size=10)
+    | st.floats(allow_nan=False),
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
     max_leaves=25,
 )
@@ -186,8 +190,7 @@ payload_like = st.one_of(
         st.lists(st.binary(max_size=10) | st.text(max_size=3), max_size=4),
         st.none() | st.lists(st.none() | st.binary(max_size=5) | st.integers(-9, 9), max_size=4),
         st.none() | st.lists(st.none() | st.text(max_size=5) | st.binary(max_size=2), max_size=4),
-        st.none() | st.lists(
-            st.none() | st.dictionaries(texts, texts | st.integers(-9, 9), max_size=2), max_size=4),
+        st.none() | st.lists(st.none() | st.dictionaries(texts, texts | st.integers(-9, 9), max_size=2), max_size=4),
     ).map(lambda cols: msgspec.msgpack.encode(list(cols))),
 )
 
@@ -212,8 +215,28 @@ def checksummed_garbage(draw) -> bytearray:
     length = draw(st.just((HEADER_SIZE - 4 + payload_size) % 2**32) | st.integers(0, 2**32 - 1))
     magic = draw(st.sampled_from([MAGIC, MAGIC, 0, 2, 255]))
     header_size = draw(st.sampled_from([HEADER_SIZE, HEADER_SIZE, 0, 95, 97, 65535]))
-    head = HEADER.pack(length, 0, 0, 0, 0, 0, 0, 0, magic, flags, header_size, count, payload_size,
-                       0, -1, -1, -1, 0, draw(st.integers(0, 2**64 - 1)), 0)
+    head = HEADER.pack(
+        length,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        magic,
+        flags,
+        header_size,
+        count,
+        payload_size,
+        0,
+        -1,
+        -1,
+        -1,
+        0,
+        draw(st.integers(0, 2**64 - 1)),
+        0,
+    )
     body = head[44:] + payload
     raw = head[:40] + struct.pack("<I", crc32c(body)) + body
     return patch_batch(raw, 1, 0, draw(st.integers(0, 2**40)), 0)
@@ -237,8 +260,28 @@ def test_compressed_payload_cannot_expand_past_the_batch_limit():
         (COMPRESSION_LZ4, lz4.frame.compress(big)),
         (COMPRESSION_LZ4, lz4.frame.compress(big, store_size=False)),
     ]:
-        head = HEADER.pack(HEADER_SIZE - 4 + len(payload), 0, 0, 0, 0, 0, 0, 0, MAGIC, codec,
-                           HEADER_SIZE, 1, len(payload), 0, -1, -1, -1, 0, 0, 0)
+        head = HEADER.pack(
+            HEADER_SIZE - 4 + len(payload),
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            MAGIC,
+            codec,
+            HEADER_SIZE,
+            1,
+            len(payload),
+            0,
+            -1,
+            -1,
+            -1,
+            0,
+            0,
+            0,
+        )
         body = head[44:] + payload
         batch = head[:40] + struct.pack("<I", crc32c(body)) + body
         with pytest.raises(InvalidBatchError, match="expands beyond"):
@@ -288,8 +331,7 @@ class LogVersusModel(RuleBasedStateMachine):
 
     def _open(self, verify: str) -> LogStore:
         # retention runs only when a rule says so (its thread would race the model)
-        cfg = StoreConfig(segment_bytes_max=SEGMENT_BYTES, verify=verify,
-                          retention_interval_ms=3_600_000)
+        cfg = StoreConfig(segment_bytes_max=SEGMENT_BYTES, verify=verify, retention_interval_ms=3_600_000)
         store = LogStore(self.dir / "data", cfg, clock=self.clock)
         self.client = Client(Broker(store))
         return store
@@ -304,13 +346,15 @@ class LogVersusModel(RuleBasedStateMachine):
             self.store.create_queue(name, QueueConfig(partitions=n, ttl_s=ttl))
             self.queues[name] = _QueueModel(ttl, n)
 
-    @rule(queue=st.sampled_from(["a", "t"]), pick=st.integers(0, 99), shape=sizes,
-          compression=compressions)
+    @rule(queue=st.sampled_from(["a", "t"]), pick=st.integers(0, 99), shape=sizes, compression=compressions)
     def append(self, queue, pick, shape, compression):
         self._append(queue, pick, shape, compression)
 
-    @rule(queue=st.sampled_from(["a", "t"]), picks=st.lists(st.integers(0, 99), min_size=2, max_size=8),
-          size=st.sampled_from([3000, 9000, 20000]))
+    @rule(
+        queue=st.sampled_from(["a", "t"]),
+        picks=st.lists(st.integers(0, 99), min_size=2, max_size=8),
+        size=st.sampled_from([3000, 9000, 20000]),
+    )
     def append_many(self, queue, picks, size):
         for pick in picks:
             self._append(queue, pick, [(size, pick % 6)] * 3, None)
@@ -323,10 +367,13 @@ class LogVersusModel(RuleBasedStateMachine):
             self.counter += 1
             body = (hashlib.blake2b(b"%d" % self.counter).digest() * (size // 64 + 1))[:size]
             key = b"k%d" % (self.counter % 3) if extra in (1, 3) else None
-            tag = "t%d" % (self.counter % 2) if extra in (2, 3) else None
+            tag = f"t{self.counter % 2}" if extra in (2, 3) else None
             props = {"n": str(self.counter)} if extra == 4 else None
-            msgs.append(body if key is None and tag is None and props is None
-                        else Message(body, key=key, tag=tag, properties=props))
+            msgs.append(
+                body
+                if key is None and tag is None and props is None
+                else Message(body, key=key, tag=tag, properties=props)
+            )
         res = self.store.append(queue, p, encode_batch(msgs, compression=compression))
         ts = int(self.clock.now * 1000)
         assert (res.base_offset, res.count, res.timestamp_ms) == (qm.next[p], len(msgs), ts)
@@ -382,17 +429,20 @@ class LogVersusModel(RuleBasedStateMachine):
             assert len(info.partitions) == len(qm.next)
             for p, pi in enumerate(info.partitions):
                 cutoff = None if qm.ttl_s is None else now_ms - qm.ttl_s * 1000
-                visible = [m for m in qm.msgs[p]
-                           if m[0] >= qm.start[p] and (cutoff is None or m[1] >= cutoff)]
+                visible = [m for m in qm.msgs[p] if m[0] >= qm.start[p] and (cutoff is None or m[1] >= cutoff)]
                 start = visible[0][0] if visible else qm.next[p]
                 assert (pi.start_offset, pi.end_offset) == (start, qm.next[p]), (name, p)
-                got = [(r.offset, r.timestamp_ms, r.body, r.key, r.tag, r.properties)
-                       for r in self.client.scanner(name, partitions=p)]
+                got = [
+                    (r.offset, r.timestamp_ms, r.body, r.key, r.tag, r.properties)
+                    for r in self.client.scanner(name, partitions=p)
+                ]
                 assert got == visible, (name, p)
 
 
 LogVersusModel.TestCase.settings = settings(
-    max_examples=25, stateful_step_count=30, deadline=None,
+    max_examples=25,
+    stateful_step_count=30,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_log_matches_model = LogVersusModel.TestCase
@@ -402,10 +452,15 @@ test_log_matches_model = LogVersusModel.TestCase
 def test_log_matches_model_soak():
     from hypothesis.stateful import run_state_machine_as_test
 
-    run_state_machine_as_test(LogVersusModel, settings=settings(
-        max_examples=400, stateful_step_count=60, deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    ))
+    run_state_machine_as_test(
+        LogVersusModel,
+        settings=settings(
+            max_examples=400,
+            stateful_step_count=60,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
 
 
 def _reflagged(batch: bytes, flags: int) -> bytes:
@@ -418,10 +473,13 @@ def _reflagged(batch: bytes, flags: int) -> bytes:
     return bytes(out)
 
 
-@pytest.mark.parametrize("extra, match", [
-    (0x20, "reserved for transactions"),
-    (0x40, "reserved for transactions"),
-])
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (0x20, "reserved for transactions"),
+        (0x40, "reserved for transactions"),
+    ],
+)
 def test_a_producer_cannot_set_the_transaction_flags(extra, match):
     """Readers skip control batches: a producer setting 0x40 would store messages nobody
     sees. Both bits wait for transactions."""
@@ -431,14 +489,17 @@ def test_a_producer_cannot_set_the_transaction_flags(extra, match):
         validate_batch(_reflagged(batch, batch[45] | extra))
 
 
-@pytest.mark.parametrize("messages, flip, name", [
-    ([Message(b"a")], 0x04, "keys"),  # flag set, column nil
-    ([Message(b"a", key=b"k")], 0x04, "keys"),  # flag clear, column present
-    ([Message(b"a")], 0x08, "tags"),
-    ([Message(b"a", tag="t")], 0x08, "tags"),
-    ([Message(b"a")], 0x10, "properties"),
-    ([Message(b"a", properties={"p": "1"})], 0x10, "properties"),
-])
+@pytest.mark.parametrize(
+    "messages, flip, name",
+    [
+        ([Message(b"a")], 0x04, "keys"),  # flag set, column nil
+        ([Message(b"a", key=b"k")], 0x04, "keys"),  # flag clear, column present
+        ([Message(b"a")], 0x08, "tags"),
+        ([Message(b"a", tag="t")], 0x08, "tags"),
+        ([Message(b"a")], 0x10, "properties"),
+        ([Message(b"a", properties={"p": "1"})], 0x10, "properties"),
+    ],
+)
 def test_the_column_flags_must_agree_with_the_columns(messages, flip, name):
     batch = encode_batch(messages)
     validate_batch(batch)

@@ -78,7 +78,9 @@ def test_group_commit_and_resume(hw):
     c2.assign("q")
     rest = drain(c2, 14)
     assert len(rest) == 14
-    assert sorted(r.body for r in got + rest) == sorted([b"a%d" % i for i in range(10)] + [b"b%d" % i for i in range(10)])
+    assert sorted(r.body for r in got + rest) == sorted(
+        [b"a%d" % i for i in range(10)] + [b"b%d" % i for i in range(10)]
+    )
     other = hw.consumer(group="audit")  # another group starts from the beginning
     other.assign("q")
     assert len(drain(other, 20)) == 20
@@ -200,8 +202,10 @@ def test_internal_queue_is_hidden_and_protected(tmp_path):
 
     with headwater.open(tmp_path / "d") as hw:
         assert hw.admin.list_queues() == []
-        for call in (lambda: hw.admin.delete_queue("__offsets"),
-                     lambda: hw.admin.describe_queue("__offsets"),
-                     lambda: hw.send("__offsets", b"x")):
+        for call in (
+            lambda: hw.admin.delete_queue("__offsets"),
+            lambda: hw.admin.describe_queue("__offsets"),
+            lambda: hw.send("__offsets", b"x"),
+        ):
             with pytest.raises(InvalidArgumentError, match="belong to the broker"):
                 call()

@@ -134,9 +134,19 @@ def test_a_queue_disabled_under_a_consumer_makes_poll_raise(hw, stream):
 # -- arguments -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("settings", [dict(fetch_bytes=-1), dict(fetch_bytes="1"), dict(fetch_bytes=0),
-                                      dict(fetch_bytes=True), dict(max_poll_messages=0), dict(tags=5),
-                                      dict(tags=[b"x"]), dict(tags=b"x")])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(fetch_bytes=-1),
+        dict(fetch_bytes="1"),
+        dict(fetch_bytes=0),
+        dict(fetch_bytes=True),
+        dict(max_poll_messages=0),
+        dict(tags=5),
+        dict(tags=[b"x"]),
+        dict(tags=b"x"),
+    ],
+)
 def test_consumer_settings_are_checked_when_it_is_made(hw, settings):
     hw.admin.create_queue("c")
     with pytest.raises(InvalidArgumentError, match=next(iter(settings))):
@@ -150,10 +160,15 @@ def test_poll_arguments_are_checked(hw, stream):
     _filled(hw)
     c = hw.consumer(stream=stream, tags="*")
     c.assign("c")
-    for kwargs, what in ((dict(timeout_ms=None), "timeout_ms"), (dict(timeout_ms=-5), "timeout_ms"),
-                         (dict(timeout_ms="100"), "timeout_ms"), (dict(timeout_ms=float("inf")), "timeout_ms"),
-                         (dict(max_messages=-1), "max_messages"), (dict(max_messages=0), "max_messages"),
-                         (dict(max_messages=2.0), "max_messages")):
+    for kwargs, what in (
+        (dict(timeout_ms=None), "timeout_ms"),
+        (dict(timeout_ms=-5), "timeout_ms"),
+        (dict(timeout_ms="100"), "timeout_ms"),
+        (dict(timeout_ms=float("inf")), "timeout_ms"),
+        (dict(max_messages=-1), "max_messages"),
+        (dict(max_messages=0), "max_messages"),
+        (dict(max_messages=2.0), "max_messages"),
+    ):
         with pytest.raises(InvalidArgumentError, match=what):
             c.poll(**kwargs)
     assert len(_read_all(c, 10)) == 10  # nothing was lost to the refused calls
@@ -272,14 +287,20 @@ def test_group_keyed_and_shared_consumers_check_poll_arguments_alike(hw):
     ``timeout_ms=None`` (or took a negative timeout as 0, and max_messages=0 as the
     default): each refuses what the plain consumer refuses."""
     _filled(hw)
-    members = [hw.consumer(group="g", subscribe="c"),
-               hw.keyed_consumer("k", "c", member=0, size=1),
-               hw.shared_consumer("s", "c")]
+    members = [
+        hw.consumer(group="g", subscribe="c"),
+        hw.keyed_consumer("k", "c", member=0, size=1),
+        hw.shared_consumer("s", "c"),
+    ]
     try:
         for m in members:
             read = m.receive if hasattr(m, "receive") else m.poll
-            for kwargs, what in ((dict(timeout_ms=None), "timeout_ms"), (dict(timeout_ms=-5), "timeout_ms"),
-                                 (dict(max_messages=0), "max_messages"), (dict(max_messages=-1), "max_messages")):
+            for kwargs, what in (
+                (dict(timeout_ms=None), "timeout_ms"),
+                (dict(timeout_ms=-5), "timeout_ms"),
+                (dict(max_messages=0), "max_messages"),
+                (dict(max_messages=-1), "max_messages"),
+            ):
                 with pytest.raises(InvalidArgumentError, match=what):
                     read(**kwargs)
         with pytest.raises(InvalidArgumentError, match="fetch_bytes"):
@@ -323,11 +344,14 @@ def test_shared_acks_take_deliveries_or_lease_ids_and_refuse_anything_else(hw):
         c.close()
 
 
-@pytest.mark.parametrize("settings, match", [
-    # the error named heartbeat_interval_ms, which the user never set
-    (dict(session_timeout_ms=10), "session_timeout_ms must be a whole number from 100"),
-    (dict(max_poll_interval_ms=0), "max_poll_interval_ms .* must be a whole number of ms from 100"),
-])
+@pytest.mark.parametrize(
+    "settings, match",
+    [
+        # the error named heartbeat_interval_ms, which the user never set
+        (dict(session_timeout_ms=10), "session_timeout_ms must be a whole number from 100"),
+        (dict(max_poll_interval_ms=0), "max_poll_interval_ms .* must be a whole number of ms from 100"),
+    ],
+)
 def test_group_settings_name_the_setting_at_fault(hw, settings, match):
     hw.admin.create_queue("c")
     with pytest.raises(InvalidArgumentError, match=match):

@@ -12,7 +12,7 @@ import random
 import struct
 import time
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -45,8 +45,23 @@ def test_delays_from_zero_to_hours_arrive_once_in_due_order_in_their_partition(h
     hw.admin.create_queue("jobs", partitions=4, ttl_s=None)
     t0 = now_ms(clock)
     rng = random.Random(6)
-    delays_ms = [0, 0, 1, 500, 1_000, 30_000, 59_999, 60_000, 5 * 60_000, 3_600_000 - 1, 3_600_000,
-                 3_600_000 + 1, 2 * 3_600_000 + 17, 5 * 3_600_000, 11 * 3_600_000 + 123]
+    delays_ms = [
+        0,
+        0,
+        1,
+        500,
+        1_000,
+        30_000,
+        59_999,
+        60_000,
+        5 * 60_000,
+        3_600_000 - 1,
+        3_600_000,
+        3_600_000 + 1,
+        2 * 3_600_000 + 17,
+        5 * 3_600_000,
+        11 * 3_600_000 + 123,
+    ]
     delays_ms += [rng.randrange(0, 12 * 3_600_000) for _ in range(45)]
     rng.shuffle(delays_ms)
     producer = hw.producer(partitioner="key", linger_ms=2)
@@ -56,8 +71,7 @@ def test_delays_from_zero_to_hours_arrive_once_in_due_order_in_their_partition(h
         key = f"user-{i % 7}".encode()
         body = f"m{i}".encode()
         expect[body] = (t0 + d, key)
-        futs.append(producer.send("jobs", body, key=key, tag="t", properties={"i": str(i)},
-                                  deliver_at=t0 + d))
+        futs.append(producer.send("jobs", body, key=key, tag="t", properties={"i": str(i)}, deliver_at=t0 + d))
     producer.flush()
     ids = [f.result() for f in futs]
     assert all(m.is_delayed for m, d in zip(ids, delays_ms) if d > 0)
@@ -69,8 +83,12 @@ def test_delays_from_zero_to_hours_arrive_once_in_due_order_in_their_partition(h
     for k in range(0, 12 * 60 // 7 + 3):  # step 0: what is due already, before the clock moves
         clock.now = (t0 + k * step_ms) / 1000
         due_now = {b for b, (at, _) in expect.items() if at <= t0 + k * step_ms}
-        recs = wait_for(lambda: (lambda r: r if {x.body for x in r} >= due_now else None)(scan_all(hw, "jobs")),
-                        what=f"step {k}")
+
+        def all_due(due_now=due_now):
+            records = scan_all(hw, "jobs")
+            return records if {x.body for x in records} >= due_now else None
+
+        recs = wait_for(all_due, what=f"step {k}")
         for r in recs:
             if r.body not in delivered:
                 delivered[r.body] = r
@@ -102,7 +120,7 @@ def test_delays_from_zero_to_hours_arrive_once_in_due_order_in_their_partition(h
 def test_send_forms_take_deliver_at_and_delay(hw, clock):
     hw.admin.create_queue("forms", partitions=2, ttl_s=None)
     t0 = now_ms(clock)
-    at = datetime.fromtimestamp(t0 / 1000 + 60, tz=timezone.utc)
+    at = datetime.fromtimestamp(t0 / 1000 + 60, tz=UTC)
     a = hw.send("forms", b"dt", deliver_at=at)
     b = hw.send("forms", Message(b"ms", key=b"k"), deliver_at=t0 + 60_000)
     c = hw.send_batch("forms", [b"b1", b"b2", b"b3"], deliver_at=t0 + 60_000, partition=1)
@@ -430,8 +448,10 @@ def test_a_delivery_the_schedule_did_not_record_is_found_in_the_log(tmp_path, cl
         wait_for(lambda: count_is(hw, "w", 5), what="delivery")
     # put back the schedule and checkpoint as they were before the delivery
     f.write_bytes(before)
-    write_checkpoint(data / "delay" / CHECKPOINT_FILE, DispatchCheckpoint(ckpt.log_position, ckpt.floor_ms,
-                                                                        ckpt.accept_seq, ckpt.producers))
+    write_checkpoint(
+        data / "delay" / CHECKPOINT_FILE,
+        DispatchCheckpoint(ckpt.log_position, ckpt.floor_ms, ckpt.accept_seq, ckpt.producers),
+    )
     with headwater.open(data, clock=clock) as hw:
         assert any("deliveries found in the log" in line for line in hw.status()["recovery"])
         assert hw.delay_stats().pending_messages == 0
@@ -537,8 +557,10 @@ def test_a_broker_sigkilled_while_thousands_are_due_delivers_each_exactly_once(t
         hw.admin.create_queue("k", partitions=4, ttl_s=None)
         p = hw.producer(linger_ms=5)
         start = time.time() + 4.0  # due over 5 s, starting 4 s from now
-        futs = [p.send("k", f"k{i}".encode(), partition=i % 4,
-                       deliver_at=int((start + 5.0 * i / n) * 1000)) for i in range(n)]
+        futs = [
+            p.send("k", f"k{i}".encode(), partition=i % 4, deliver_at=int((start + 5.0 * i / n) * 1000))
+            for i in range(n)
+        ]
         p.flush()
         assert all(f.result().is_delayed for f in futs)
         p.close()
@@ -620,11 +642,11 @@ def test_a_naive_deliver_at_warns_where_local_time_is_not_utc(monkeypatch):
     York was then sent at once (or, east of UTC, hours late), silently."""
     import time as _time
     import warnings
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from headwater.model.delay import resolve_deliver_at
 
-    soon = datetime.now(timezone.utc).replace(tzinfo=None) + timedelta(seconds=30)
+    soon = datetime.now(UTC).replace(tzinfo=None) + timedelta(seconds=30)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # in UTC: no warning
         monkeypatch.setenv("TZ", "UTC")
@@ -635,7 +657,7 @@ def test_a_naive_deliver_at_warns_where_local_time_is_not_utc(monkeypatch):
         try:
             with pytest.raises(UserWarning, match="naive datetime is taken as UTC"):
                 resolve_deliver_at(soon)
-            resolve_deliver_at(datetime.now(timezone.utc) + timedelta(seconds=30))  # aware: fine
+            resolve_deliver_at(datetime.now(UTC) + timedelta(seconds=30))  # aware: fine
         finally:
             monkeypatch.delenv("TZ")
             _time.tzset()

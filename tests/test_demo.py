@@ -107,15 +107,22 @@ def test_results_from_page_stats_messages_and_their_comparison():
     ]
     got, repeated = stats_of_messages(bodies)
     nine = 1741078800
-    assert got == {(nine, "/"): (5, 3), (nine, "/cart"): (2, 2), (nine, None): (7, 4),
-                   (nine + 60, "/"): (1, 1), (nine + 60, None): (1, 1)}
+    assert got == {
+        (nine, "/"): (5, 3),
+        (nine, "/cart"): (2, 2),
+        (nine, None): (7, 4),
+        (nine + 60, "/"): (1, 1),
+        (nine + 60, None): (1, 1),
+    }
     assert repeated == 0
     assert stats_of_messages(bodies + bodies[:2])[1] == 2
     assert compare(got, dict(got)) == []
     changed = {**got, (nine, "/cart"): (3, 2)}
     del changed[(nine + 60, "/")]
-    assert compare(got, changed) == ["09:00 /cart: expected 2 views/2 visitors, got 3 views/2 visitors",
-                                     "09:01 /: expected 1 views/1 visitors, got nothing"]
+    assert compare(got, changed) == [
+        "09:00 /cart: expected 2 views/2 visitors, got 3 views/2 visitors",
+        "09:01 /: expected 1 views/1 visitors, got nothing",
+    ]
     assert len(compare(got, {}, limit=2)) == 3  # two, and "... and 3 more"
     windows, top = top_pages(got, 1)
     assert windows == [nine, nine + 60] and top == [("/", 6, [5, 1])]
@@ -142,11 +149,21 @@ def test_docstring_examples():
 
 
 def test_help_and_bad_arguments_need_no_broker_or_spark():
-    run = subprocess.run([sys.executable, "-m", "headwater.demo.pipeline", "--help"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "headwater.demo.pipeline", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0 and "--events" in run.stdout and "--keep" in run.stdout
-    run = subprocess.run([sys.executable, "-m", "headwater.demo.pipeline", "--events", "10"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "headwater.demo.pipeline", "--events", "10"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2 and "too few" in run.stderr
 
 
@@ -185,8 +202,14 @@ def _alive(pids: set[int]) -> set[int]:
 def test_the_pipeline_runs_end_to_end_and_its_totals_match(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path), "COLUMNS": "100"}
     t0 = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "headwater.demo.pipeline", "--events", "20000"], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=400)
+    run = subprocess.run(
+        [sys.executable, "-m", "headwater.demo.pipeline", "--events", "20000"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     took = time.monotonic() - t0
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     passed = [line for line in run.stdout.splitlines() if line.startswith("PASS: ")]
@@ -199,8 +222,14 @@ def test_the_pipeline_runs_end_to_end_and_its_totals_match(tmp_path):
 
 def test_ctrl_c_stops_spark_and_the_broker_and_removes_the_directory(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    demo = subprocess.Popen([sys.executable, "-m", "headwater.demo.pipeline", "--events", "20000"], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "headwater.demo.pipeline", "--events", "20000"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not any(p.stat().st_size for p in tmp_path.glob("headwater-demo-*/spark.log")):
@@ -209,8 +238,9 @@ def test_ctrl_c_stops_spark_and_the_broker_and_removes_the_directory(tmp_path):
             time.sleep(0.2)
         time.sleep(3)  # the JVM and the broker are up
         family = _children(demo.pid)
-        assert any("headwater" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
-                   for p in _alive(family)), "no broker among the demo's processes"
+        assert any("headwater" in Path(f"/proc/{p}/cmdline").read_text(errors="replace") for p in _alive(family)), (
+            "no broker among the demo's processes"
+        )
         demo.send_signal(signal.SIGINT)
         out, _ = demo.communicate(timeout=120)
     finally:
@@ -229,6 +259,5 @@ def test_ctrl_c_stops_spark_and_the_broker_and_removes_the_directory(tmp_path):
 
 def test_the_demo_is_documented():
     doc = (ROOT / "docs" / "demo.md").read_text()
-    for needle in ("python -m headwater.demo.pipeline", "--events", "--keep", "PASS", "watermark",
-                   "exactly once"):
+    for needle in ("python -m headwater.demo.pipeline", "--events", "--keep", "PASS", "watermark", "exactly once"):
         assert needle in doc, needle

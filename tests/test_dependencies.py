@@ -110,8 +110,9 @@ def test_every_extra_brings_packages_the_code_imports():
 def test_the_core_loads_only_core_dependencies():
     pytest.importorskip("packaging", reason="reads the installed packages' requirements")
     code = f"import importlib, sys; [importlib.import_module(m) for m in {CORE_ENTRY_POINTS!r}]; print(*sys.modules)"
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            cwd=ROOT).stdout.split()
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.split()
     allowed = _with_their_dependencies(_declared(extras=False))
     top = _third_party({m.split(".")[0] for m in loaded})
     beyond = {m: sorted(_distributions(m)) for m in top if not _distributions(m) & allowed}

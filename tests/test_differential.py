@@ -31,12 +31,14 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 import pytest
+from conftest import FakeClock, ServerThread
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
@@ -45,8 +47,6 @@ import headwater
 from headwater import Message, MessageId
 from headwater.errors import HeadwaterError
 from headwater.testing import open_memory
-
-from conftest import FakeClock, ServerThread
 
 TARGETS = ("embedded", "memory", "network")
 SEGMENT_BYTES = 64 * 1024  # small segments: a long example rolls some
@@ -86,18 +86,27 @@ KNOWN_DIFFERENCES: list[Known] = [
     # the types before sending (remote.check_arguments), so it names the type, where the
     # broker in-process checks in its own order. Either error is a fair answer; only the
     # order of the checks differs.
-    Known(op=r".", target="network",
-          actual=r"'InvalidArgumentError', '((a partition|an offset|a partition count) is an int|a queue name is a string"
-                 r"|offsets is a non-empty \{partition: offset\} mapping), got|'InvalidArgumentError', \"invalid subscriber name ",
-          expected=r"'raised', '",
-          why="the network client checks argument types before the broker looks up the queue"),
+    Known(
+        op=r".",
+        target="network",
+        actual=r"'InvalidArgumentError', '((a partition|an offset|a partition count) is an int|a queue name is a string"
+        r"|offsets is a non-empty \{partition: offset\} mapping), got"
+        r"|'InvalidArgumentError', \"invalid subscriber name ",
+        expected=r"'raised', '",
+        why="the network client checks argument types before the broker looks up the queue",
+    ),
     # N4 (network client, low). An error a fetch stream ends with (the consumer's default
     # stream=True over the network) is raised with "reading 'q0': " before the broker's
     # message (fetch_stream.py, take()); embedded, in memory and with stream=False the
     # message is the broker's alone: "queue 'q0' does not exist; create it first".
-    Known(op=r"^poll_all\(", target="network", actual=r"'raised', '\w+', \"reading '[^']*': ",
-          expected=r"'raised', '", why="fetch streams prefix the broker's error with the queue read",
-          undo=lambda o: (o[0], o[1], re.sub(r"^reading '[^']*': ", "", o[2]))),
+    Known(
+        op=r"^poll_all\(",
+        target="network",
+        actual=r"'raised', '\w+', \"reading '[^']*': ",
+        expected=r"'raised', '",
+        why="fetch streams prefix the broker's error with the queue read",
+        undo=lambda o: (o[0], o[1], re.sub(r"^reading '[^']*': ", "", o[2])),
+    ),
     # N6 (timing, not a bug). A consumer hands out records it fetched (prefetched) before
     # the queue was truncated or they expired: embedded as well as over the network, but
     # over the network a fetch stream pushes them at once, while the in-process consumer's
@@ -225,8 +234,11 @@ TAG = st.sampled_from([None, "a", "b", "a"])
 PROPS = st.sampled_from([None, {"x": "1"}, {"x": "2", "y": ""}])
 BODY = st.binary(max_size=8)
 GROUP = st.sampled_from(["g1"] * 5 + ["g2"] * 3 + ["bad group", ""])
-WHEN = st.one_of(st.integers(-90, 5).map(lambda d: ("rel", d * 1000)), st.integers(-90, 5).map(lambda d: ("rel", d * 1000)),
-                 st.sampled_from([("abs", 0), ("abs", "x"), ("abs", None)]))
+WHEN = st.one_of(
+    st.integers(-90, 5).map(lambda d: ("rel", d * 1000)),
+    st.integers(-90, 5).map(lambda d: ("rel", d * 1000)),
+    st.sampled_from([("abs", 0), ("abs", "x"), ("abs", None)]),
+)
 
 
 def when_ms(w: tuple[str, Any]) -> Any:
@@ -260,8 +272,14 @@ class Differential(RuleBasedStateMachine):
 
     # -- running one operation on all three ----------------------------------------------------
 
-    def run(self, op: str, fn: Callable[[Side], Any], *, order_free: bool = False,
-            tolerate: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
+    def run(
+        self,
+        op: str,
+        fn: Callable[[Side], Any],
+        *,
+        order_free: bool = False,
+        tolerate: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> dict[str, Any]:
         self.step += 1
         outcomes = {s.name: outcome(s, fn) for s in self.sides}
         if order_free:
@@ -288,14 +306,20 @@ class Differential(RuleBasedStateMachine):
 
     # -- admin -------------------------------------------------------------------------------
 
-    @initialize(partitions=st.lists(st.integers(1, 3), min_size=3, max_size=3),
-                ttls=st.lists(st.sampled_from(["default", None, 60]), min_size=3, max_size=3))
+    @initialize(
+        partitions=st.lists(st.integers(1, 3), min_size=3, max_size=3),
+        ttls=st.lists(st.sampled_from(["default", None, 60]), min_size=3, max_size=3),
+    )
     def first_queues(self, partitions, ttls) -> None:
         for name, n, ttl in zip(["q0", "q1", "q2"], partitions, ttls):
             self.create_queue(name, n, ttl, False)
 
-    @rule(name=ANY_NAME, partitions=st.sampled_from([1, 1, 2, 2, 3, 0, -1, True, "2"]),
-          ttl=st.sampled_from(["default", None, 60, 0, 3.5]), exist_ok=st.booleans())
+    @rule(
+        name=ANY_NAME,
+        partitions=st.sampled_from([1, 1, 2, 2, 3, 0, -1, True, "2"]),
+        ttl=st.sampled_from(["default", None, 60, 0, 3.5]),
+        exist_ok=st.booleans(),
+    )
     def create_queue(self, name, partitions, ttl, exist_ok) -> None:
         kw = {} if ttl == "default" else {"ttl_s": ttl}
 
@@ -323,8 +347,10 @@ class Differential(RuleBasedStateMachine):
 
     @rule(name=ANY_NAME, enabled=st.booleans())
     def set_enabled(self, name, enabled) -> None:
-        self.run(f"{'en' if enabled else 'dis'}able_queue({name!r})",
-                 lambda s: (s.client.admin.enable_queue if enabled else s.client.admin.disable_queue)(name))
+        self.run(
+            f"{'en' if enabled else 'dis'}able_queue({name!r})",
+            lambda s: (s.client.admin.enable_queue if enabled else s.client.admin.disable_queue)(name),
+        )
 
     @rule(name=ANY_NAME)
     def describe_queue(self, name) -> None:
@@ -346,23 +372,33 @@ class Differential(RuleBasedStateMachine):
                 r = results[s.name]
                 s.ids.extend(r if isinstance(r, list) else [r])
 
-    @rule(name=ANY_NAME, body=BODY, key=st.sampled_from([None, None, b"k1", b"k2", b"k3", "k1"]),
-          tag=st.sampled_from([None, None, "a", "b", "", 5]), props=st.sampled_from([None, None, {"x": "1"}, {"x": 1}]),
-          partition=st.one_of(st.none(), st.none(), PARTITION))
+    @rule(
+        name=ANY_NAME,
+        body=BODY,
+        key=st.sampled_from([None, None, b"k1", b"k2", b"k3", "k1"]),
+        tag=st.sampled_from([None, None, "a", "b", "", 5]),
+        props=st.sampled_from([None, None, {"x": "1"}, {"x": 1}]),
+        partition=st.one_of(st.none(), st.none(), PARTITION),
+    )
     def send(self, name, body, key, tag, props, partition) -> None:
         results = {}
 
         def call(s: Side):
-            results[s.name] = mid = s.producer.send_and_wait(name, body, key=key, tag=tag, properties=props,
-                                                              partition=partition)
+            results[s.name] = mid = s.producer.send_and_wait(
+                name, body, key=key, tag=tag, properties=props, partition=partition
+            )
             return mid
 
-        outs = self.run(f"send({name!r}, {body!r}, key={key!r}, tag={tag!r}, properties={props!r}, "
-                        f"partition={partition!r})", call)
+        outs = self.run(
+            f"send({name!r}, {body!r}, key={key!r}, tag={tag!r}, properties={props!r}, partition={partition!r})", call
+        )
         self._sent(outs, results)
 
-    @rule(name=ANY_NAME, msgs=st.lists(st.builds(Message, BODY, key=KEY, tag=TAG, properties=PROPS), max_size=4),
-          partition=st.one_of(st.none(), PARTITION))
+    @rule(
+        name=ANY_NAME,
+        msgs=st.lists(st.builds(Message, BODY, key=KEY, tag=TAG, properties=PROPS), max_size=4),
+        partition=st.one_of(st.none(), PARTITION),
+    )
     def send_batch(self, name, msgs, partition) -> None:
         results = {}
 
@@ -388,57 +424,89 @@ class Differential(RuleBasedStateMachine):
 
         self.run(f"get(sent[{i}])", call)
 
-    @rule(queue=st.sampled_from(["Q0", "Q0", "Q1", "Q2", "Q3", "none"]), partition=st.sampled_from([0, 0, 1, 2, 5]),
-          offset=st.sampled_from([0, 1, 2, 3, 50]))
+    @rule(
+        queue=st.sampled_from(["Q0", "Q0", "Q1", "Q2", "Q3", "none"]),
+        partition=st.sampled_from([0, 0, 1, 2, 5]),
+        offset=st.sampled_from([0, 1, 2, 3, 50]),
+    )
     def get_id(self, queue, partition, offset) -> None:
-        self.run(f"get({queue}, {partition}, {offset})",
-                 lambda s: s.client.get(MessageId(s.real_qid(queue), partition, offset)))
+        self.run(
+            f"get({queue}, {partition}, {offset})",
+            lambda s: s.client.get(MessageId(s.real_qid(queue), partition, offset)),
+        )
 
     @rule(text=st.sampled_from(["nonsense", "", 5, None, "0000zz01-00000000-0000000000000000"]))
     def get_bad(self, text) -> None:
         self.run(f"get({text!r})", lambda s: s.client.get(text))
 
-    @rule(name=ANY_NAME, key=st.sampled_from([b"k1", b"k1", b"k2", b"k3", b"", None, "k1"]),
-          start=st.one_of(st.none(), WHEN), end=st.one_of(st.none(), WHEN),
-          limit=st.sampled_from([1000, 1000, 1, 2, 0, True]))
+    @rule(
+        name=ANY_NAME,
+        key=st.sampled_from([b"k1", b"k1", b"k2", b"k3", b"", None, "k1"]),
+        start=st.one_of(st.none(), WHEN),
+        end=st.one_of(st.none(), WHEN),
+        limit=st.sampled_from([1000, 1000, 1, 2, 0, True]),
+    )
     def find(self, name, key, start, end, limit) -> None:
         def call(s: Side):
-            return s.client.find(name, key, start_time=start and when_ms(start), end_time=end and when_ms(end),
-                                 limit=limit)
+            return s.client.find(
+                name, key, start_time=start and when_ms(start), end_time=end and when_ms(end), limit=limit
+            )
 
         self.run(f"find({name!r}, {key!r}, {start}, {end}, limit={limit!r})", call)
 
     @rule(name=ANY_NAME, partition=PARTITION, when=WHEN)
     def offset_for_time(self, name, partition, when) -> None:
-        self.run(f"offset_for_time({name!r}, {partition!r}, {when})",
-                 lambda s: s.client.offset_for_time(name, partition, when_ms(when)))
+        self.run(
+            f"offset_for_time({name!r}, {partition!r}, {when})",
+            lambda s: s.client.offset_for_time(name, partition, when_ms(when)),
+        )
 
-    @rule(name=ANY_NAME, partitions=st.one_of(st.none(), PARTITION, st.lists(st.integers(0, 3), max_size=3)),
-          start=st.one_of(st.none(), OFFSET, st.just({0: 1, 1: 2})), stop=st.one_of(st.none(), OFFSET),
-          start_time=st.one_of(st.none(), WHEN), end_time=st.one_of(st.none(), WHEN),
-          tags=st.sampled_from([None, "a", ["a", "b"], "*", "", ["b"]]), sent_bound=st.integers(-1, 1000))
+    @rule(
+        name=ANY_NAME,
+        partitions=st.one_of(st.none(), PARTITION, st.lists(st.integers(0, 3), max_size=3)),
+        start=st.one_of(st.none(), OFFSET, st.just({0: 1, 1: 2})),
+        stop=st.one_of(st.none(), OFFSET),
+        start_time=st.one_of(st.none(), WHEN),
+        end_time=st.one_of(st.none(), WHEN),
+        tags=st.sampled_from([None, "a", ["a", "b"], "*", "", ["b"]]),
+        sent_bound=st.integers(-1, 1000),
+    )
     def scan(self, name, partitions, start, stop, start_time, end_time, tags, sent_bound) -> None:
         def call(s: Side):
             lo = s.ids[sent_bound % len(s.ids)] if sent_bound >= 0 and s.ids else start
-            with s.client.scanner(name, partitions=partitions, start=lo, stop=stop,
-                                  start_time=start_time and when_ms(start_time),
-                                  end_time=end_time and when_ms(end_time), tags=tags) as sc:
+            with s.client.scanner(
+                name,
+                partitions=partitions,
+                start=lo,
+                stop=stop,
+                start_time=start_time and when_ms(start_time),
+                end_time=end_time and when_ms(end_time),
+                tags=tags,
+            ) as sc:
                 return list(sc)
 
-        self.run(f"scanner({name!r}, partitions={partitions!r}, start={start!r}/{sent_bound}, stop={stop!r}, "
-                 f"start_time={start_time}, end_time={end_time}, tags={tags!r})", call)
+        self.run(
+            f"scanner({name!r}, partitions={partitions!r}, start={start!r}/{sent_bound}, stop={stop!r}, "
+            f"start_time={start_time}, end_time={end_time}, tags={tags!r})",
+            call,
+        )
 
     # -- push subscribers (the registry) -----------------------------------------------------------
 
     SUB = st.sampled_from(["s1", "s1", "s2", "bad name", ""])
 
-    @rule(name=ANY_NAME, sub=SUB, partitions=st.sampled_from([None, None, 0, [0, 1], [5], "x"]),
-          tags=st.sampled_from([None, None, "a", ["a", "b"], "", 5]),
-          start=st.sampled_from(["latest", "earliest", "offset:1", "offset:-1", "soon", ("rel", -1000), ("rel", 0)]))
+    @rule(
+        name=ANY_NAME,
+        sub=SUB,
+        partitions=st.sampled_from([None, None, 0, [0, 1], [5], "x"]),
+        tags=st.sampled_from([None, None, "a", ["a", "b"], "", 5]),
+        start=st.sampled_from(["latest", "earliest", "offset:1", "offset:-1", "soon", ("rel", -1000), ("rel", 0)]),
+    )
     def add_subscriber(self, name, sub, partitions, tags, start) -> None:
         def call(s: Side):
-            return s.client.admin.add_subscriber(name, sub, partitions=partitions, tags=tags,
-                                                 start=when_ms(start) if isinstance(start, tuple) else start)
+            return s.client.admin.add_subscriber(
+                name, sub, partitions=partitions, tags=tags, start=when_ms(start) if isinstance(start, tuple) else start
+            )
 
         self.run(f"add_subscriber({name!r}, {sub!r}, partitions={partitions!r}, tags={tags!r}, start={start!r})", call)
 
@@ -448,13 +516,17 @@ class Differential(RuleBasedStateMachine):
 
     @rule(name=ANY_NAME, sub=SUB, delete=st.booleans())
     def describe_or_delete_subscriber(self, name, sub, delete) -> None:
-        self.run(f"{'delete' if delete else 'describe'}_subscriber({name!r}, {sub!r})",
-                 lambda s: (s.client.admin.delete_subscriber if delete else s.client.admin.describe_subscriber)(name, sub))
+        self.run(
+            f"{'delete' if delete else 'describe'}_subscriber({name!r}, {sub!r})",
+            lambda s: (s.client.admin.delete_subscriber if delete else s.client.admin.describe_subscriber)(name, sub),
+        )
 
     @rule(name=ANY_NAME, sub=SUB, offsets=st.sampled_from([{0: 0}, {0: 1}, {0: 3}, {1: 0}, {0: -1}, {}, {9: 0}]))
     def checkpoint_subscriber(self, name, sub, offsets) -> None:
-        self.run(f"service.checkpoint_subscriber({name!r}, {sub!r}, {offsets!r})",
-                 lambda s: s.client.service.checkpoint_subscriber(name, sub, offsets))
+        self.run(
+            f"service.checkpoint_subscriber({name!r}, {sub!r}, {offsets!r})",
+            lambda s: s.client.service.checkpoint_subscriber(name, sub, offsets),
+        )
 
     # -- consumers and group offsets -------------------------------------------------------------
 
@@ -498,8 +570,13 @@ class Differential(RuleBasedStateMachine):
     def assign(self, name, partitions) -> None:
         self.run(f"assign({name!r}, {partitions!r})", lambda s: s.consumer.assign(name, partitions))
 
-    @rule(group=st.sampled_from([None, "g1", "g1", "g2"]), name=NAMES, partitions=st.sampled_from([None, None, 0, 1]),
-          reset=st.sampled_from(["earliest", "latest"]), max_messages=st.sampled_from([None, 1, 2]))
+    @rule(
+        group=st.sampled_from([None, "g1", "g1", "g2"]),
+        name=NAMES,
+        partitions=st.sampled_from([None, None, 0, 1]),
+        reset=st.sampled_from(["earliest", "latest"]),
+        max_messages=st.sampled_from([None, 1, 2]),
+    )
     def consume(self, group, name, partitions, reset, max_messages) -> None:
         """A consumer that assigns a queue and polls what there is: the common path."""
         self.new_consumer(group, reset)
@@ -519,8 +596,12 @@ class Differential(RuleBasedStateMachine):
         self.run(f"seek({name!r}, {partition!r}, {offset!r})", lambda s: s.consumer.seek(name, partition, offset))
 
     @precondition(has_consumer)
-    @rule(name=ANY_NAME, how=st.sampled_from(["beginning", "end", "time"]), when=WHEN,
-          partitions=st.one_of(st.none(), PARTITION))
+    @rule(
+        name=ANY_NAME,
+        how=st.sampled_from(["beginning", "end", "time"]),
+        when=WHEN,
+        partitions=st.one_of(st.none(), PARTITION),
+    )
     def seek_to(self, name, how, when, partitions) -> None:
         def call(s: Side):
             c = s.consumer
@@ -597,14 +678,25 @@ class Differential(RuleBasedStateMachine):
     def committed(self, name, partition) -> None:
         self.run(f"committed({name!r}, {partition!r})", lambda s: s.consumer.committed(name, partition))
 
-    @rule(group=GROUP, name=ANY_NAME, offsets=st.one_of(
-        st.dictionaries(st.sampled_from([0] * 4 + [1] * 3 + [2, 3, -1, "0", True]),
-                        st.sampled_from(list(range(8)) * 2 + [-1, "1", None]), min_size=1, max_size=2),
-        st.dictionaries(st.integers(0, 2), st.integers(0, 8), min_size=1, max_size=2),
-        st.sampled_from([None, [1], {}])))
+    @rule(
+        group=GROUP,
+        name=ANY_NAME,
+        offsets=st.one_of(
+            st.dictionaries(
+                st.sampled_from([0] * 4 + [1] * 3 + [2, 3, -1, "0", True]),
+                st.sampled_from(list(range(8)) * 2 + [-1, "1", None]),
+                min_size=1,
+                max_size=2,
+            ),
+            st.dictionaries(st.integers(0, 2), st.integers(0, 8), min_size=1, max_size=2),
+            st.sampled_from([None, [1], {}]),
+        ),
+    )
     def commit_offsets(self, group, name, offsets) -> None:
-        self.run(f"service.commit_offsets({group!r}, {name!r}, {offsets!r})",
-                 lambda s: s.client.service.commit_offsets(group, name, offsets))
+        self.run(
+            f"service.commit_offsets({group!r}, {name!r}, {offsets!r})",
+            lambda s: s.client.service.commit_offsets(group, name, offsets),
+        )
 
     @rule(group=GROUP, name=ANY_NAME)
     def fetch_offsets(self, group, name) -> None:
@@ -622,8 +714,13 @@ class Differential(RuleBasedStateMachine):
 def _run(examples: int, steps: int) -> None:
     run_state_machine_as_test(
         Differential,
-        settings=settings(max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
-                          suppress_health_check=list(HealthCheck)),
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=steps,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        ),
     )
 
 
@@ -665,31 +762,37 @@ def _raises(exc: type, fn: Callable[[], Any]) -> str:
 @pytest.mark.parametrize("call", ["describe_group", "commit_offsets", "fetch_offsets"])
 def test_a_bad_group_name_is_refused_with_the_rules(local, call) -> None:
     local.admin.create_queue("q0")
-    fn = {"describe_group": lambda: local.service.describe_group("bad group"),
-          "commit_offsets": lambda: local.service.commit_offsets("bad group", "q0", {0: 0}),
-          "fetch_offsets": lambda: local.service.fetch_offsets("bad group", "q0")}[call]
+    fn = {
+        "describe_group": lambda: local.service.describe_group("bad group"),
+        "commit_offsets": lambda: local.service.commit_offsets("bad group", "q0", {0: 0}),
+        "fetch_offsets": lambda: local.service.fetch_offsets("bad group", "q0"),
+    }[call]
     assert _raises(headwater.InvalidArgumentError, fn) == (
-        "invalid group name 'bad group': use 1-200 letters, digits, '.', '_' and '-', starting with a letter or digit")
+        "invalid group name 'bad group': use 1-200 letters, digits, '.', '_' and '-', starting with a letter or digit"
+    )
 
 
-@pytest.mark.parametrize("call", [
-    lambda hw: hw.admin.describe_queue("__offsets"),
-    lambda hw: hw.admin.truncate_queue("__offsets"),
-    lambda hw: hw.admin.disable_queue("__offsets"),
-    lambda hw: hw.admin.delete_queue("__offsets"),
-    lambda hw: hw.admin.add_partitions("__offsets", 2),
-    lambda hw: hw.offset_for_time("__offsets", 0, 0),
-    lambda hw: hw.service.fetch_offsets("g1", "__offsets"),
-    lambda hw: hw.service.commit_offsets("g1", "__offsets", {}),
-    lambda hw: hw.service.lookup_key("__offsets", "not bytes", None, None, 10),
-    lambda hw: hw.service.create_queue("__mine", headwater.QueueConfig()),
-    # the queue is checked before anything else: a bad tag, group or offset comes second
-    lambda hw: hw.admin.add_subscriber("__offsets", "s1", tags=""),
-    lambda hw: hw.service.keyed_group("__offsets", "bad group"),
-    lambda hw: hw.service.keyed_resize("__offsets", "bad group", 2),
-    lambda hw: hw.service.fetch("__offsets", 0, "x", max_bytes=1),
-    lambda hw: hw.service.shared_describe("bad group", "__offsets"),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda hw: hw.admin.describe_queue("__offsets"),
+        lambda hw: hw.admin.truncate_queue("__offsets"),
+        lambda hw: hw.admin.disable_queue("__offsets"),
+        lambda hw: hw.admin.delete_queue("__offsets"),
+        lambda hw: hw.admin.add_partitions("__offsets", 2),
+        lambda hw: hw.offset_for_time("__offsets", 0, 0),
+        lambda hw: hw.service.fetch_offsets("g1", "__offsets"),
+        lambda hw: hw.service.commit_offsets("g1", "__offsets", {}),
+        lambda hw: hw.service.lookup_key("__offsets", "not bytes", None, None, 10),
+        lambda hw: hw.service.create_queue("__mine", headwater.QueueConfig()),
+        # the queue is checked before anything else: a bad tag, group or offset comes second
+        lambda hw: hw.admin.add_subscriber("__offsets", "s1", tags=""),
+        lambda hw: hw.service.keyed_group("__offsets", "bad group"),
+        lambda hw: hw.service.keyed_resize("__offsets", "bad group", 2),
+        lambda hw: hw.service.fetch("__offsets", 0, "x", max_bytes=1),
+        lambda hw: hw.service.shared_describe("bad group", "__offsets"),
+    ],
+)
 def test_names_starting_with_two_underscores_belong_to_the_broker(local, call) -> None:
     msg = _raises(headwater.InvalidArgumentError, lambda: call(local))
     assert re.fullmatch(r"queue '__\w+': names starting with '__' belong to the broker", msg)
@@ -697,17 +800,20 @@ def test_names_starting_with_two_underscores_belong_to_the_broker(local, call) -
 
 def test_a_queue_name_that_is_not_a_string(local) -> None:
     assert _raises(headwater.InvalidArgumentError, lambda: local.admin.describe_queue(7)) == (
-        "a queue name is a string, got int")
+        "a queue name is a string, got int"
+    )
 
 
 def test_get_of_an_offset_not_retained_says_what_is(local) -> None:
     info = local.admin.create_queue("q0")
     mid = MessageId(info.queue_id, 0, 0)
     assert _raises(headwater.MessageNotFoundError, lambda: local.get(mid)) == (
-        "offset 0 of q0[0] is not retained (the partition is empty)")
+        "offset 0 of q0[0] is not retained (the partition is empty)"
+    )
     local.send_batch("q0", [b"a", b"b"])
     assert _raises(headwater.MessageNotFoundError, lambda: local.get(MessageId(info.queue_id, 0, 5))) == (
-        "offset 5 of q0[0] is not retained (retained: 0..1)")
+        "offset 5 of q0[0] is not retained (retained: 0..1)"
+    )
 
 
 def test_commit_offsets_checks_in_the_brokers_order_and_words(local) -> None:
@@ -716,12 +822,16 @@ def test_commit_offsets_checks_in_the_brokers_order_and_words(local) -> None:
     local.admin.truncate_queue("q0")
     commit = local.service.commit_offsets
     assert _raises(headwater.InvalidArgumentError, lambda: commit("g1", "q0", {0: 1})) == (
-        "cannot commit offset 1 for q0[0]: before the log start 2")
+        "cannot commit offset 1 for q0[0]: before the log start 2"
+    )
     # a partition that is not an int is one the queue does not have
     assert _raises(headwater.PartitionOutOfRangeError, lambda: commit("g1", "q0", {"0": 2})) == (
-        "queue 'q0' has partitions 0..1; there is no partition '0'")
+        "queue 'q0' has partitions 0..1; there is no partition '0'"
+    )
     assert _raises(headwater.PartitionOutOfRangeError, lambda: commit("g1", "q0", {True: 2})) == (
-        "queue 'q0' has partitions 0..1; there is no partition True")
+        "queue 'q0' has partitions 0..1; there is no partition True"
+    )
     # an empty mapping is refused before the queue is looked up
     assert _raises(headwater.InvalidArgumentError, lambda: commit("g1", "nope", {})) == (
-        "offsets is a non-empty {partition: offset} mapping, got an empty one")
+        "offsets is a non-empty {partition: offset} mapping, got an empty one"
+    )

@@ -88,8 +88,14 @@ def test_the_guide_examples_run(guide: Path, tmp_path: Path):
     work.mkdir()
     broker = BrokerProcess(tmp_path / "broker").start()
     try:
-        run = subprocess.run([sys.executable, str(RUNNER), str(guide), broker.address], cwd=work, env=env,
-                             capture_output=True, text=True, timeout=400)
+        run = subprocess.run(
+            [sys.executable, str(RUNNER), str(guide), broker.address],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
     finally:
         broker.terminate()
     out = run.stdout + run.stderr
@@ -102,27 +108,45 @@ def test_the_guide_examples_run(guide: Path, tmp_path: Path):
 @pytest.mark.parametrize("script", [s for s in SCRIPTS if s.name in SCRIPT_SHOWS], ids=lambda p: p.name)
 def test_the_example_scripts_run(script: Path, tmp_path: Path):
     env = {**os.environ, **_spark_env(), "PYTHONUNBUFFERED": "1"}
-    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=400)
+    run = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400
+    )
     assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
     assert SCRIPT_SHOWS[script.name] in run.stdout, run.stdout[-4000:]
 
 
 # -- the shell examples of the guides ----------------------------------------------------------
 
-SHELL_GUIDES = sorted(p for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
-                      if any(doc_shell.runs_headwater(lines) for _, lines in doc_shell.shell_blocks(p.read_text())))
+SHELL_GUIDES = sorted(
+    p
+    for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    if any(doc_shell.runs_headwater(lines) for _, lines in doc_shell.shell_blocks(p.read_text()))
+)
 
 #: What each guide's shell examples print when they work.
 SHELL_SHOWS: dict[str, list[str]] = {
     "README.md": ['"value": "{\\"id\\": 17}"', "listening 127.0.0.1:", "consumed 1 message(s)", "uptime"],
-    "cli.md": ["created queue 'payments' with 4 partition(s)", "no queue 'clicks'; nothing to delete",
-               "sent 100,000 message(s) to queue 'orders'", "scheduled   ", "cancelled 0000",
-               " b'caf\\xe9'", "value       look me up", "consumed 100,006 message(s)",
-               "reset group 'billing' on queue 'jobs' (1 partition(s))", "leased", "worker-1 (2)", "kind        keyed",
-               "deleted subscriber 'replay' of queue 'orders'", "fetch streams", "messages           100,008"],
-    "subscriptions.md": ["added subscriber 'billing' to queue 'orders', starting at 0:0, 1:0, 2:0, 3:0",
-                         "deleted subscriber 'replay' of queue 'orders'"],
+    "cli.md": [
+        "created queue 'payments' with 4 partition(s)",
+        "no queue 'clicks'; nothing to delete",
+        "sent 100,000 message(s) to queue 'orders'",
+        "scheduled   ",
+        "cancelled 0000",
+        " b'caf\\xe9'",
+        "value       look me up",
+        "consumed 100,006 message(s)",
+        "reset group 'billing' on queue 'jobs' (1 partition(s))",
+        "leased",
+        "worker-1 (2)",
+        "kind        keyed",
+        "deleted subscriber 'replay' of queue 'orders'",
+        "fetch streams",
+        "messages           100,008",
+    ],
+    "subscriptions.md": [
+        "added subscriber 'billing' to queue 'orders', starting at 0:0, 1:0, 2:0, 3:0",
+        "deleted subscriber 'replay' of queue 'orders'",
+    ],
 }
 
 
@@ -136,17 +160,30 @@ def _run_shell_examples(guide: Path, tmp_path: Path) -> tuple[int, str, list[str
     work = tmp_path / "work"
     work.mkdir(parents=True)
     script, failures = doc_shell.write(guide, work)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-           "PYTHONUNBUFFERED": "1", "HW_WORK": str(work), "HW_GUIDE": guide.name,
-           "HW_FOLLOW_S": str(doc_shell.FOLLOW_S), "HEADWATER_PORT": str(free_port()),
-           "HEADWATER_HISTORY": str(work / ".history"), "HOME": str(work)}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "PYTHONUNBUFFERED": "1",
+        "HW_WORK": str(work),
+        "HW_GUIDE": guide.name,
+        "HW_FOLLOW_S": str(doc_shell.FOLLOW_S),
+        "HEADWATER_PORT": str(free_port()),
+        "HEADWATER_HISTORY": str(work / ".history"),
+        "HOME": str(work),
+    }
     for name in ("HEADWATER_DATA", "HEADWATER_SERVER", "HEADWATER_CONFIG"):
         env.pop(name, None)
     log = tmp_path / "terminal.txt"  # a file, not a pipe: the brokers started with '&' keep it open
     with open(log, "w") as out_f:
-        proc = subprocess.Popen(["bash", "-e", "-o", "pipefail", str(script)], cwd=work, env=env,
-                                stdin=subprocess.DEVNULL, stdout=out_f, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", "-e", "-o", "pipefail", str(script)],
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out_f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         proc.wait(timeout=400)
     finally:  # the brokers the guide started with '&'
@@ -177,14 +214,17 @@ def test_the_shell_examples_check_can_fail(tmp_path: Path):
     code, out, _ = _run_shell_examples(broken, tmp_path / "one")
     assert code != 0 and "[failed at broken.md:5: headwater --data d queue list --bogus]" in out, out
     wrong_text = tmp_path / "wrong.md"
-    wrong_text.write_text("```sh\nheadwater --data d queue create q\nheadwater --data d scan nope\n"
-                          "# error: queue 'nope' is ... fine\n```\n")
+    wrong_text.write_text(
+        "```sh\nheadwater --data d queue create q\nheadwater --data d scan nope\n"
+        "# error: queue 'nope' is ... fine\n```\n"
+    )
     code, out, wrong = _run_shell_examples(wrong_text, tmp_path / "two")
     assert code == 0, out
     assert len(wrong) == 1 and wrong[0].startswith("wrong.md:3: the guide says it prints"), wrong
 
 
 # -- the command lines of the guides -----------------------------------------------------------
+
 
 @functools.cache
 def _root_command():
@@ -209,7 +249,9 @@ def _parse_error(args: list[str]) -> str | None:
             while hasattr(command, "resolve_command") and rest:
                 name, command, rest = command.resolve_command(ctx, rest)
                 ctx = command.make_context(name, rest, parent=ctx)
-                rest = list(getattr(ctx, "_protected_args", [])) + ctx.args if hasattr(command, "resolve_command") else []
+                rest = (
+                    list(getattr(ctx, "_protected_args", [])) + ctx.args if hasattr(command, "resolve_command") else []
+                )
         except Exception as e:  # the parser's own classes are typer's copy of click's
             if type(e).__name__ == "Exit":  # --help, --version
                 return None
@@ -224,8 +266,9 @@ def test_every_command_line_in_the_guides_parses():
     CLI has, with the arguments they need (checked by the CLI's own parser, nothing run)."""
     import shlex
 
-    assert doc_shell.command_lines("```sh\nseq 3 | headwater produce q --quiet   # three\nls\n```\n") == \
-        [(2, "headwater produce q --quiet")]
+    assert doc_shell.command_lines("```sh\nseq 3 | headwater produce q --quiet   # three\nls\n```\n") == [
+        (2, "headwater produce q --quiet")
+    ]
     assert "No such option" in _parse_error(["queue", "create", "q", "--partition", "4"])  # the check can fail
     assert _parse_error(["queue", "create", "q", "--partitions", "4"]) is None
     errors, seen = [], 0

@@ -121,8 +121,9 @@ def test_a_closed_stream_pushes_no_more(server, remote):
     produce(remote, 0, b"one")
     reading(remote, lambda: pushes.bodies() == [b"one"], what="a push")
     remote.close_fetch_stream(sid)  # without waiting
-    wait_for(lambda: server.call(lambda: server.server._streams.stats()["fetch_streams"]) == 0,
-             what="the stream to close")
+    wait_for(
+        lambda: server.call(lambda: server.server._streams.stats()["fetch_streams"]) == 0, what="the stream to close"
+    )
     with pytest.raises(SubscriberNotFoundError, match="no fetch stream"):
         remote.credit_fetch_stream(sid, 10).result(5)
     produce(remote, 0, b"two")
@@ -130,14 +131,17 @@ def test_a_closed_stream_pushes_no_more(server, remote):
     assert pushes.bodies() == [b"one"]
 
 
-@pytest.mark.parametrize("body, error, match", [
-    (m.FetchStreamRequest(7, "nope", {0: 0}, 100), QueueNotFoundError, "nope"),
-    (m.FetchStreamRequest(7, "q", {5: 0}, 100), PartitionOutOfRangeError, "not 5"),
-    (m.FetchStreamRequest(7, "q", {0: 0}, 0), InvalidArgumentError, "needs some credit"),
-    (m.FetchStreamRequest(7, "q", {}, 100), InvalidArgumentError, "at least one partition"),
-    (m.FetchStreamRequest(7, "q", {0: -1}, 100), InvalidArgumentError, "offsets are >= 0"),
-    (m.StreamCreditRequest(99, 100), SubscriberNotFoundError, "no fetch stream 99"),
-])
+@pytest.mark.parametrize(
+    "body, error, match",
+    [
+        (m.FetchStreamRequest(7, "nope", {0: 0}, 100), QueueNotFoundError, "nope"),
+        (m.FetchStreamRequest(7, "q", {5: 0}, 100), PartitionOutOfRangeError, "not 5"),
+        (m.FetchStreamRequest(7, "q", {0: 0}, 0), InvalidArgumentError, "needs some credit"),
+        (m.FetchStreamRequest(7, "q", {}, 100), InvalidArgumentError, "at least one partition"),
+        (m.FetchStreamRequest(7, "q", {0: -1}, 100), InvalidArgumentError, "offsets are >= 0"),
+        (m.StreamCreditRequest(99, 100), SubscriberNotFoundError, "no fetch stream 99"),
+    ],
+)
 def test_bad_requests_are_refused_and_the_connection_keeps_serving(remote, body, error, match):
     with pytest.raises(error, match=match):
         remote._call(body, retry=False)
@@ -196,8 +200,9 @@ def test_a_peer_that_stops_reading_holds_about_one_push_on_the_broker(server, re
         sock.sendall(conn.send(Handshake("silent")))
         while conn.next_event() is NEED_DATA:
             conn.receive_data(sock.recv(65536))
-        sock.sendall(conn.send(Request(conn.next_request_id(),
-                                       m.FetchStreamRequest(1, "q", {0: 0}, 1 << 30, 0, 64 * 1024))))
+        sock.sendall(
+            conn.send(Request(conn.next_request_id(), m.FetchStreamRequest(1, "q", {0: 0}, 1 << 30, 0, 64 * 1024)))
+        )
         for _ in range(40):  # 40 x 256 KiB, never read
             produce(remote, 0, *[bytes(1024)] * 256)
 
@@ -252,6 +257,7 @@ def test_a_seek_while_opening_and_a_refused_opening(server, net):
     first poll closes the stream, perhaps still opening (one stream stays on the broker), and
     a stream the broker refuses raises its reason from poll(). (That a poll does not wait for
     the opening is timed in tests/test_restarts.py, with the broker away.)"""
+
     def open_streams() -> int:
         return server.call(lambda: server.server._streams.stats()["fetch_streams"])
 
@@ -380,8 +386,9 @@ def test_a_streaming_consumer_waiting_behind_another_reader_gets_its_pushes_prom
         assert c.poll(timeout_ms=50) == []  # opens the stream
         for i in range(3):
             # a long poll on an empty queue: this thread reads the connection for 300 ms
-            reader = threading.Thread(target=net.service.fetch, args=("empty", 0, 0),
-                                      kwargs=dict(max_bytes=1000, max_wait_ms=300))
+            reader = threading.Thread(
+                target=net.service.fetch, args=("empty", 0, 0), kwargs=dict(max_bytes=1000, max_wait_ms=300)
+            )
             reader.start()
             wait_for(lambda: net.service.transport._leader is not None, what="the other thread to read")
             threading.Timer(0.5, other.send_batch, args=("q", [b"%d" % i]), kwargs=dict(partition=0)).start()

@@ -58,7 +58,8 @@ def test_group_commit_refuses_every_wait_after_a_failed_fsync():
 
 
 def test_sync_flush_appends_nothing_after_a_failed_fsync_and_the_next_open_reads_the_tail_from_disk(
-        tmp_path, failing_fsync):
+    tmp_path, failing_fsync
+):
     data = tmp_path / "data"
     hw = headwater.open(data, flush="sync")
     hw.admin.create_queue("q")
@@ -112,4 +113,3 @@ def test_a_segment_whose_seal_failed_to_fsync_takes_no_more_appends(tmp_path, fa
         p.send_and_wait("q", body)
     with pytest.raises(StorageError):
         hw.close()
-

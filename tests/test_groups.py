@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.broker_process import BrokerProcess, free_port, kill_all
 
 import headwater
 from headwater.errors import (
@@ -30,8 +31,6 @@ from headwater.errors import (
 )
 from headwater.model.assignment import assign_average, assign_sticky, sticky_moves_lower_bound
 from headwater.model.groups import TRANSITIONS, Event, GroupState, Membership
-
-from support.broker_process import BrokerProcess, free_port, kill_all
 
 # strategies --------------------------------------------------------------------------------
 
@@ -113,8 +112,9 @@ def test_both_strategies_cover_and_balance_and_sticky_is_minimal(subs, counts, c
                     sizes = {sum(1 for qq, _ in t[m] if qq == q) for m in readers}
                     assert max(sizes) - min(sizes) <= 1
         sticky = assign_sticky(members, counts, prev)
-        kept_prev = {m: {tp for tp in prev.get(m, ()) if tp[0] in members[m] and tp[1] < counts[tp[0]]}
-                     for m in members}
+        kept_prev = {
+            m: {tp for tp in prev.get(m, ()) if tp[0] in members[m] and tp[1] < counts[tp[0]]} for m in members
+        }
         moved = sum(len(kept_prev[m] - sticky[m]) for m in members)
         assert moved == sticky_moves_lower_bound(members, counts, prev)
         prev = sticky
@@ -143,13 +143,29 @@ def test_the_transition_table_covers_every_reachable_pair():
 def test_after_a_restart_groups_with_offsets_wait_before_granting():
     ms = Membership(lambda q: 2, incarnation="r")
     ms.hold_grants(["old"], until_ms=3000)
-    a = ms.join("old", member_id=None, client_id="c", queues=["q"], mode="clustering", strategy="sticky",
-                session_timeout_ms=10_000, now_ms=0)
+    a = ms.join(
+        "old",
+        member_id=None,
+        client_id="c",
+        queues=["q"],
+        mode="clustering",
+        strategy="sticky",
+        session_timeout_ms=10_000,
+        now_ms=0,
+    )
     assert a.assignment == {} and a.pending  # members from before the restart may still read
     assert ms.heartbeat("old", a.member_id, a.generation, 2999).assignment == {}
     assert ms.heartbeat("old", a.member_id, a.generation, 3000).assignment == {"q": [0, 1]}
-    new = ms.join("new", member_id=None, client_id="c", queues=["q"], mode="clustering", strategy="sticky",
-                  session_timeout_ms=10_000, now_ms=0)
+    new = ms.join(
+        "new",
+        member_id=None,
+        client_id="c",
+        queues=["q"],
+        mode="clustering",
+        strategy="sticky",
+        session_timeout_ms=10_000,
+        now_ms=0,
+    )
     assert new.assignment == {"q": [0, 1]}  # a group nobody had before is not held back
 
 
@@ -184,10 +200,23 @@ class Sim:
 
     def join(self) -> str:
         queues = self.rng.choice([["a"], ["a", "b"], ["b"], ["a", "b", "c"], ["c"]])
-        answer = self.ms.join("g", member_id=None, client_id="sim", queues=queues, mode="clustering",
-                              strategy=self.strategy, session_timeout_ms=self.TIMEOUT_MS, now_ms=self.now)
-        self.members[answer.member_id] = {"queues": set(queues), "view": set(), "applied": 0, "state": "live",
-                                          "update": None}
+        answer = self.ms.join(
+            "g",
+            member_id=None,
+            client_id="sim",
+            queues=queues,
+            mode="clustering",
+            strategy=self.strategy,
+            session_timeout_ms=self.TIMEOUT_MS,
+            now_ms=self.now,
+        )
+        self.members[answer.member_id] = {
+            "queues": set(queues),
+            "view": set(),
+            "applied": 0,
+            "state": "live",
+            "update": None,
+        }
         self.apply(answer.member_id, answer)
         return answer.member_id
 
@@ -231,9 +260,12 @@ class Sim:
             for mid in self.live():
                 self.poll(mid)
             s = self.snap()
-            if s is None or all(set(t) == set(h) == self.members[mid]["view"] and mid in self.members
-                                and self.members[mid]["applied"] == s["generation"]
-                                for mid, (_, t, h, _, _) in s["members"].items()):
+            if s is None or all(
+                set(t) == set(h) == self.members[mid]["view"]
+                and mid in self.members
+                and self.members[mid]["applied"] == s["generation"]
+                for mid, (_, t, h, _, _) in s["members"].items()
+            ):
                 return
         raise AssertionError("the group did not settle in 10 rounds of heartbeats")
 
@@ -278,8 +310,10 @@ def check_sticky(sim: Sim, before, after) -> None:
     members = {mid: q for mid, (q, _, _, _, _) in after["members"].items()}
     prev = {mid: set(t) for mid, (_, t, _, _, _) in before["members"].items() if mid in members}
     counts = after["counts"]
-    kept = {mid: {tp for tp in prev.get(mid, ()) if tp[0] in members[mid] and tp[1] < counts.get(tp[0], 0)}
-            for mid in members}
+    kept = {
+        mid: {tp for tp in prev.get(mid, ()) if tp[0] in members[mid] and tp[1] < counts.get(tp[0], 0)}
+        for mid in members
+    }
     moved = sum(len(kept[mid] - set(after["members"][mid][1])) for mid in members)
     assert moved == sticky_moves_lower_bound(members, counts, prev), "sticky moved more than it had to"
 
@@ -328,8 +362,24 @@ def test_seeded_simulation_of_the_coordinator(seed):
     print(f"seed {seed} (re-run with HEADWATER_GROUP_SEED={seed})")
     rng = random.Random(seed)
     sim = Sim(rng, rng.choice(["average", "sticky"]))
-    ops = ["join", "join", "leave", "crash", "pause", "resume", "beat", "beat", "poll", "poll", "tick", "commit",
-           "commit", "resize", "settle", "bad"]
+    ops = [
+        "join",
+        "join",
+        "leave",
+        "crash",
+        "pause",
+        "resume",
+        "beat",
+        "beat",
+        "poll",
+        "poll",
+        "tick",
+        "commit",
+        "commit",
+        "resize",
+        "settle",
+        "bad",
+    ]
     for step in range(250):
         op = rng.choice(ops)
         before = sim.snap()
@@ -378,14 +428,26 @@ def test_seeded_simulation_of_the_coordinator(seed):
             elif op == "bad":
                 sim.ms.expire(sim.now, "g")
                 before = sim.snap()
-                bad = rng.choice([
-                    dict(strategy="round-robin"), dict(mode="fanout"), dict(queues=["nope"]),
-                    dict(session_timeout_ms=5), dict(strategy="average" if sim.strategy == "sticky" else "sticky"),
-                ])
+                bad = rng.choice(
+                    [
+                        dict(strategy="round-robin"),
+                        dict(mode="fanout"),
+                        dict(queues=["nope"]),
+                        dict(session_timeout_ms=5),
+                        dict(strategy="average" if sim.strategy == "sticky" else "sticky"),
+                    ]
+                )
                 if bad.get("strategy") in ("average", "sticky") and sim.snap() is None:
                     continue  # an empty group takes any strategy
-                kw = dict(member_id=None, client_id="bad", queues=["a"], mode="clustering", strategy=sim.strategy,
-                          session_timeout_ms=sim.TIMEOUT_MS, now_ms=sim.now)
+                kw = dict(
+                    member_id=None,
+                    client_id="bad",
+                    queues=["a"],
+                    mode="clustering",
+                    strategy=sim.strategy,
+                    session_timeout_ms=sim.TIMEOUT_MS,
+                    now_ms=sim.now,
+                )
                 kw.update(bad)
                 with pytest.raises((InvalidArgumentError, QueueNotFoundError)):
                     sim.ms.join("g", **kw)
@@ -561,7 +623,8 @@ def test_list_groups_shows_keyed_and_shared_groups_of_the_queues_that_exist(hw, 
     assert len(rows) == 4
     clock.advance(31)  # m1's lease runs out: nobody holds one
     assert ("workers", "shared", "empty", 0, ["q"]) in [
-        (g.group, g.mode, g.state, g.members, g.queues) for g in svc.list_groups()]
+        (g.group, g.mode, g.state, g.members, g.queues) for g in svc.list_groups()
+    ]
     hw.admin.delete_queue("q")
     assert [(g.group, g.mode, g.queues) for g in svc.list_groups()] == [("workers", "shared", ["other"])]
 
@@ -588,8 +651,9 @@ def test_clustering_members_share_the_work_once_each_in_order(hw):
         hw.send_batch("q", [f"{p}-{i}".encode() for i in range(30)], partition=p)
     events = []
     settings = dict(group="g", subscribe="q", strategy="sticky", session_timeout_ms=5000, heartbeat_interval_ms=50)
-    a = hw.consumer(**settings, on_assign=lambda tps: events.append(("a+", tps)),
-                    on_revoke=lambda tps: events.append(("a-", tps)))
+    a = hw.consumer(
+        **settings, on_assign=lambda tps: events.append(("a+", tps)), on_revoke=lambda tps: events.append(("a-", tps))
+    )
     first = a.poll(max_messages=20, timeout_ms=1000)
     a.commit()
     b = hw.consumer(**settings, on_assign=lambda tps: events.append(("b+", tps)))
@@ -737,8 +801,13 @@ def cli(*args, code=0):
 
     from headwater.cli.main import app
 
-    env = {"COLUMNS": "200", "FORCE_COLOR": None, "TTY_COMPATIBLE": None, "HEADWATER_DATA": None,
-           "HEADWATER_SERVER": None}
+    env = {
+        "COLUMNS": "200",
+        "FORCE_COLOR": None,
+        "TTY_COMPATIBLE": None,
+        "HEADWATER_DATA": None,
+        "HEADWATER_SERVER": None,
+    }
     result = CliRunner(env=env).invoke(app, list(args))
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
@@ -803,8 +872,9 @@ SESSION_MS, HEARTBEAT_MS = 3000, 300
 
 
 def spawn_member(address, group, queue, mode, log, *extra):
-    return subprocess.Popen([sys.executable, "-m", "tests.support.group_member", address, group, queue, mode,
-                             str(log), *extra], cwd=ROOT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.support.group_member", address, group, queue, mode, str(log), *extra], cwd=ROOT
+    )
 
 
 def read_log(path: Path) -> dict:
@@ -864,10 +934,28 @@ def test_four_member_processes_one_killed_every_message_processed(tmp_path):
         stop = tmp_path / "stop"
         logs = [tmp_path / f"m{i}.log" for i in range(4)]
         for log in logs:
-            procs.append(spawn_member(broker.address, "g", "work", "clustering", log, "--session-ms", str(SESSION_MS),
-                                      "--heartbeat-ms", str(HEARTBEAT_MS), "--handle-ms", "1", "--stop", str(stop)))
-        wait_for(lambda: (lambda d: len(d.members) == 4 and d.state == "stable")(hw.service.describe_group("g")),
-                 30, "four members in a stable group")
+            procs.append(
+                spawn_member(
+                    broker.address,
+                    "g",
+                    "work",
+                    "clustering",
+                    log,
+                    "--session-ms",
+                    str(SESSION_MS),
+                    "--heartbeat-ms",
+                    str(HEARTBEAT_MS),
+                    "--handle-ms",
+                    "1",
+                    "--stop",
+                    str(stop),
+                )
+            )
+        wait_for(
+            lambda: (lambda d: len(d.members) == 4 and d.state == "stable")(hw.service.describe_group("g")),
+            30,
+            "four members in a stable group",
+        )
         total = 6000
         producer = hw.producer(linger_ms=5)
 
@@ -912,8 +1000,10 @@ def test_four_member_processes_one_killed_every_message_processed(tmp_path):
         assert all(r["order_ok"] for r in runs), "a member saw a partition's offsets out of order"
         seen = Counter((p, off) for r in runs for p, off, _ in r["records"])
         assert len(seen) == total
-        print(f"reassigned {took_s:.2f} s after the kill; {sum(n - 1 for n in seen.values())} duplicate(s) "
-              f"of {total}; the killed member held {sorted(runs[0]['held'])}")
+        print(
+            f"reassigned {took_s:.2f} s after the kill; {sum(n - 1 for n in seen.values())} duplicate(s) "
+            f"of {total}; the killed member held {sorted(runs[0]['held'])}"
+        )
         dead = runs[0]
         dead_records = {(p, off) for p, off, _ in dead["records"]}
         for (p, off), n in seen.items():
@@ -939,13 +1029,24 @@ def test_broadcast_member_processes_each_see_everything(tmp_path):
         stop = tmp_path / "stop"
         logs = [tmp_path / f"b{i}.log" for i in range(3)]
         for i, log in enumerate(logs):
-            procs.append(spawn_member(broker.address, "bc", "news", "broadcast", log, "--offsets",
-                                      str(tmp_path / f"b{i}.offsets"), "--stop", str(stop)))
+            procs.append(
+                spawn_member(
+                    broker.address,
+                    "bc",
+                    "news",
+                    "broadcast",
+                    log,
+                    "--offsets",
+                    str(tmp_path / f"b{i}.offsets"),
+                    "--stop",
+                    str(stop),
+                )
+            )
         wait_for(lambda: len(hw.service.describe_group("bc").members) == 3, 30, "three broadcast members")
         total = 2000
         hw.send_batch("news", [str(i).encode() for i in range(total)])
         for log in logs:
-            wait_for(lambda: len({b for _, _, b in read_log(log)["records"]}) == total, 30, f"{log.name} to see all")
+            wait_for(lambda: len({b for _, _, b in read_log(log)["records"]}) == total, 30, f"{log.name} to see all")  # noqa: B023 (called at once, within this iteration)
         stop.touch()
         for p in procs:
             assert p.wait(30) == 0
@@ -1044,6 +1145,7 @@ def test_asyncio_members_share_the_work(aio_target):
         async def wrapped(hw):
             with pytest.raises(InvalidArgumentError, match="clustering group"):
                 await hw_test(hw)
+
         return wrapped
 
     run(aio_target, expect_refusal(test))

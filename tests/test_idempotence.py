@@ -10,8 +10,9 @@ from headwater.model.batch import encode_batch
 
 
 def batch(seq: int, n: int = 3, pid: int = 77, epoch: int = 0) -> bytes:
-    return encode_batch([f"s{seq + i}".encode() for i in range(n)], producer_id=pid,
-                        base_sequence=seq, producer_epoch=epoch)
+    return encode_batch(
+        [f"s{seq + i}".encode() for i in range(n)], producer_id=pid, base_sequence=seq, producer_epoch=epoch
+    )
 
 
 def test_retry_returns_original_placement_and_stores_once(tmp_path):

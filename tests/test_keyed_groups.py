@@ -24,7 +24,6 @@ from headwater.errors import (
 )
 from headwater.model.batch import decode_records
 from headwater.model.keyed import KeyedGroupState, key_of, member_of
-
 from tests.support.broker_process import BrokerProcess, kill_all
 
 KEYS = [f"user-{i}".encode() for i in range(24)]
@@ -404,14 +403,16 @@ async def adrain(consumers, expect: int, timeout_s: float = 10.0) -> dict[int, l
 def test_asyncio_members_get_their_keys_in_order_through_a_resize(aio_target, monkeypatch):
     """The asyncio member (AsyncKeyedConsumer): its keys only, in order per key, positions
     committed and resumed, a resize 2 -> 3 followed without restarts, and the admin calls."""
-    import headwater.client.keyed_consumer as keyed_consumer
     from test_aio import run
+
+    import headwater.client.keyed_consumer as keyed_consumer
 
     monkeypatch.setattr(keyed_consumer, "_PARTITIONS_CHECK_S", 0.05)
 
     async def send(hw, first: int, per_key: int) -> None:
-        await hw.send_batch("q", [Message(k + b":%d" % seq, key=k)
-                                  for seq in range(first, first + per_key) for k in KEYS])
+        await hw.send_batch(
+            "q", [Message(k + b":%d" % seq, key=k) for seq in range(first, first + per_key) for k in KEYS]
+        )
 
     async def test(hw):
         await hw.admin.create_queue("q", partitions=3)

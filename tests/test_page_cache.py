@@ -87,7 +87,7 @@ def test_the_fsynced_log_beyond_the_window_leaves_the_page_cache(tmp_path):
             if pos + PAGE <= end - 2 * MIB - CHUNK:  # behind the window and the last drop
                 assert not r, f"page at position {pos} of {end} still cached"
     newest = resident[max(resident)]
-    assert all(newest[-(MIB // PAGE):]), "the newest MiB was dropped: it is inside the window"
+    assert all(newest[-(MIB // PAGE) :]), "the newest MiB was dropped: it is inside the window"
     # nothing read differently: every message is back, in order, from the disk this time
     got, offset = [], 0
     while offset < store.end_offset("q", 0):

@@ -36,8 +36,9 @@ class Wrapped:
     the broker), ``"after"`` (the broker appends, the answer is lost), ``"gap"`` (the broker
     refuses the sequence, as one that lost its tail would) or None (pass)."""
 
-    def __init__(self, inner, plan=(), fail_all: bool = False, gate: threading.Event | None = None,
-                 pipelined: bool = True) -> None:
+    def __init__(
+        self, inner, plan=(), fail_all: bool = False, gate: threading.Event | None = None, pipelined: bool = True
+    ) -> None:
         self.inner = inner
         self.plan = list(plan)
         self.fail_all = fail_all
@@ -82,8 +83,11 @@ class Wrapped:
         action = self._next(batch)
         out: concurrent.futures.Future = concurrent.futures.Future()
         if action in ("before", "gap"):
-            out.set_exception(UnavailableError("injected: the broker is restarting") if action == "before"
-                              else OutOfOrderSequenceError("injected: expected sequence 0"))
+            out.set_exception(
+                UnavailableError("injected: the broker is restarting")
+                if action == "before"
+                else OutOfOrderSequenceError("injected: expected sequence 0")
+            )
             return out
 
         def done(f):
@@ -109,9 +113,16 @@ def test_send_returns_futures_and_calls_callbacks_once(hw):
     hw.admin.create_queue("q", partitions=3)
     calls: list[tuple] = []
     with hw.producer(linger_ms=5) as p:
-        futs = [p.send("q", f"m{i}".encode(), key=f"k{i % 5}".encode(), tag="t",
-                       callback=lambda mid, exc, i=i: calls.append((i, mid, exc, threading.current_thread().name)))
-                for i in range(40)]
+        futs = [
+            p.send(
+                "q",
+                f"m{i}".encode(),
+                key=f"k{i % 5}".encode(),
+                tag="t",
+                callback=lambda mid, exc, i=i: calls.append((i, mid, exc, threading.current_thread().name)),
+            )
+            for i in range(40)
+        ]
         ids = [f.result(timeout=30) for f in futs]
     assert all(isinstance(m, MessageId) for m in ids)
     assert [hw.get(m).body for m in ids] == [f"m{i}".encode() for i in range(40)]
@@ -342,7 +353,7 @@ def test_unkeyed_sends_stick_to_a_partition_per_batch(hw):
         p.flush()
     parts = [f.result().partition for f in futs]
     assert svc.batch_sizes == [10] * 8
-    assert all(len(set(parts[i:i + 10])) == 1 for i in range(0, 80, 10))  # one partition per batch
+    assert all(len(set(parts[i : i + 10])) == 1 for i in range(0, 80, 10))  # one partition per batch
     assert set(parts) == {0, 1, 2, 3}  # and the batches go round
 
 
@@ -429,8 +440,15 @@ def test_invalid_input_raises_before_anything_is_queued(hw):
     assert p._buffered_bytes == 0 and not any(ps.open or ps.ready for ps in p._parts.values())
     p.flush()
     assert stored(hw, "q") == []
-    for name, value in (("linger_ms", -1), ("batch_bytes_max", 0), ("retries", 1.5), ("idempotent", 1),
-                        ("compression", "gzip"), ("buffer_bytes_max", True), ("delivery_timeout_ms", 0)):
+    for name, value in (
+        ("linger_ms", -1),
+        ("batch_bytes_max", 0),
+        ("retries", 1.5),
+        ("idempotent", 1),
+        ("compression", "gzip"),
+        ("buffer_bytes_max", True),
+        ("delivery_timeout_ms", 0),
+    ):
         with pytest.raises(InvalidArgumentError, match=name if name != "compression" else "compression"):
             hw.producer(**{name: value})
     with pytest.raises(InvalidArgumentError, match="retry_backoff_max_ms must be an int from 500"):
@@ -610,7 +628,10 @@ def test_a_refused_sequence_is_sent_again_under_a_new_epoch(hw):
     assert p.producer_epoch == 2 and svc.calls == 2
     batches = hw.service.fetch("q", 0, 0, max_bytes=1 << 20).batches
     assert [(decode_header(b).producer_epoch, decode_header(b).base_sequence) for b in batches] == [
-        (0, 0), (1, 0), (2, 0)]
+        (0, 0),
+        (1, 0),
+        (2, 0),
+    ]
     assert [r.body for r in stored(hw, "q")] == [b"a", b"b", b"c"]
 
 
@@ -905,8 +926,11 @@ def test_a_codec_whose_library_is_missing_is_refused_when_the_producer_is_made(m
     monkeypatch.setitem(sys.modules, "zstandard", None)  # import zstandard now raises ImportError
     hw = headwater.open(tmp_path / "data")
     try:
-        with pytest.raises(InvalidArgumentError, match=r"compression='zstd' needs the zstandard package, "
-                                                       r"which is not installed: pip install 'headwater\[compression\]'"):
+        with pytest.raises(
+            InvalidArgumentError,
+            match=r"compression='zstd' needs the zstandard package, "
+            r"which is not installed: pip install 'headwater\[compression\]'",
+        ):
             hw.producer(compression="zstd")
         hw.producer(compression="lz4").close()  # installed: fine
     finally:
@@ -956,9 +980,11 @@ def test_similar_keys_spread_over_the_partitions(hw):
 def test_the_key_hash_spreads_families_of_keys_like_random_choices():
     """Over many families of similar keys, the partitions a family uses are as many as random
     choices would use (the expectation for 8 keys on 8 partitions is 5.25)."""
-    families = [[f"{prefix}{i}".encode() for i in range(start, start + 8)]
-                for prefix in ("", "user-", "k", "order:", "session/", "tenant.")
-                for start in range(0, 400, 8)]
+    families = [
+        [f"{prefix}{i}".encode() for i in range(start, start + 8)]
+        for prefix in ("", "user-", "k", "order:", "session/", "tenant.")
+        for start in range(0, 400, 8)
+    ]
     used = [len({key_partition(k, 8) for k in keys}) for keys in families]
     assert 4.9 < sum(used) / len(used) < 5.6
     assert min(used) >= 3

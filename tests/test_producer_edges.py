@@ -97,8 +97,11 @@ def test_one_message_too_large_for_a_batch_is_named_as_one_message(hw):
     hw.admin.create_queue("big", message_bytes_max=MESSAGE_BYTES_MAX)
     huge = Message(b"x" * MESSAGE_BYTES_MAX, key=b"k" * (100 * 1024))
     p = hw.producer()
-    for send in (lambda: p.send("big", huge), lambda: p.send_and_wait("big", huge),
-                 lambda: p.send_batch("big", [huge])):
+    for send in (
+        lambda: p.send("big", huge),
+        lambda: p.send_and_wait("big", huge),
+        lambda: p.send_batch("big", [huge]),
+    ):
         with pytest.raises(MessageTooLargeError) as e:
             send()
         text = str(e.value)
@@ -134,8 +137,10 @@ def test_send_and_wait_and_send_batch_from_a_callback_are_refused(hw):
     done = threading.Event()
 
     def cb(mid, exc):
-        for call in (lambda: p.send_and_wait("q", b"inline", partition=1),
-                     lambda: p.send_batch("q", [b"batch"], partition=1)):
+        for call in (
+            lambda: p.send_and_wait("q", b"inline", partition=1),
+            lambda: p.send_batch("q", [b"batch"], partition=1),
+        ):
             try:
                 outcomes.append(call())
             except UsageError as e:

@@ -22,9 +22,19 @@ from headwater.errors import (
 from headwater.model.batch import encode_batch, patch_batch
 from headwater.model.config import PartitionInfo, QueueConfig, QueueInfo
 from headwater.model.delay import DelayBucketStats, DelayStats
+from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary, MemberDescription
+from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
 from headwater.model.message import Message
 from headwater.model.service import BrokerService, FetchResult, ProduceResult
-from headwater.model.shared import SharedDeliveries
+from headwater.model.shared import (
+    LeaseRefusal,
+    SharedDeliveries,
+    SharedGroupInfo,
+    SharedGroupSettings,
+    SharedLease,
+    SharedPartitionInfo,
+)
+from headwater.model.subscription import SubscriberInfo
 from headwater.protocol import (
     API_SPECS,
     CLIENT,
@@ -39,12 +49,12 @@ from headwater.protocol import (
     ApiKey,
     CancelDelayedRequest,
     CancelDelayedResponse,
-    DelayStatsRequest,
-    DelayStatsResponse,
     Connection,
     ConnectionClosed,
     CreateQueueRequest,
     CreateQueueResponse,
+    DelayStatsRequest,
+    DelayStatsResponse,
     DeleteQueueRequest,
     DeleteQueueResponse,
     DescribeQueueRequest,
@@ -84,31 +94,47 @@ from headwater.protocol import (
     invoke,
 )
 from headwater.protocol._state import TRANSITIONS, Direction, Kind
+from headwater.protocol.events import Push
 from headwater.protocol.frames import HEADER, encode_frame
-from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary, MemberDescription
 from headwater.protocol.messages import (
+    AddSubscriberRequest,
+    AddSubscriberResponse,
+    CheckpointSubscriberRequest,
+    CheckpointSubscriberResponse,
+    CloseStreamRequest,
+    CloseStreamResponse,
+    CommitOffsetsRequest,
+    CommitOffsetsResponse,
+    DeleteSubscriberRequest,
+    DeleteSubscriberResponse,
     DescribeGroupRequest,
     DescribeGroupResponse,
+    DescribeSubscriberRequest,
+    DescribeSubscriberResponse,
+    FetchOffsetsRequest,
+    FetchOffsetsResponse,
+    FetchStreamRequest,
+    FetchStreamResponse,
+    HandshakeAcceptedBody,
+    HandshakeBody,
     HeartbeatGroupRequest,
     HeartbeatGroupResponse,
     JoinGroupRequest,
     JoinGroupResponse,
+    KeyedCommitRequest,
+    KeyedCommitResponse,
+    KeyedFetchRequest,
+    KeyedFetchResponse,
+    KeyedGroupRequest,
+    KeyedGroupResponse,
+    KeyedResizeRequest,
+    KeyedResizeResponse,
     LeaveGroupRequest,
     LeaveGroupResponse,
     ListGroupsRequest,
     ListGroupsResponse,
-)
-from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
-from headwater.model.subscription import SubscriberInfo
-from headwater.protocol.events import Push
-from headwater.model.shared import (
-    LeaseRefusal,
-    SharedGroupInfo,
-    SharedGroupSettings,
-    SharedLease,
-    SharedPartitionInfo,
-)
-from headwater.protocol.messages import (
+    ListSubscribersRequest,
+    ListSubscribersResponse,
     SharedAckRequest,
     SharedAckResponse,
     SharedDescribeRequest,
@@ -119,46 +145,18 @@ from headwater.protocol.messages import (
     SharedNackResponse,
     SharedReceiveRequest,
     SharedReceiveResponse,
-    AddSubscriberRequest,
-    AddSubscriberResponse,
-    CheckpointSubscriberRequest,
-    CheckpointSubscriberResponse,
-    DeleteSubscriberRequest,
-    DeleteSubscriberResponse,
-    DescribeSubscriberRequest,
-    DescribeSubscriberResponse,
-    KeyedCommitRequest,
-    KeyedCommitResponse,
-    KeyedFetchRequest,
-    KeyedFetchResponse,
-    KeyedGroupRequest,
-    KeyedGroupResponse,
-    KeyedResizeRequest,
-    KeyedResizeResponse,
-    ListSubscribersRequest,
-    ListSubscribersResponse,
-    SubscribeRequest,
-    FetchStreamRequest,
-    FetchStreamResponse,
+    StatusRequest,
+    StatusResponse,
     StreamCreditRequest,
     StreamCreditResponse,
-    CloseStreamRequest,
-    CloseStreamResponse,
     StreamPush,
+    SubscribeRequest,
     SubscribeResponse,
     SubscriptionAckRequest,
     SubscriptionAckResponse,
     SubscriptionPush,
     UnsubscribeRequest,
     UnsubscribeResponse,
-    CommitOffsetsRequest,
-    CommitOffsetsResponse,
-    FetchOffsetsRequest,
-    FetchOffsetsResponse,
-    HandshakeAcceptedBody,
-    HandshakeBody,
-    StatusRequest,
-    StatusResponse,
     encode_body,
 )
 
@@ -171,42 +169,104 @@ STORED = bytes(patch_batch(BATCH, 7, 1, 1000, 1_800_000_000_000))
 STORED2 = bytes(patch_batch(encode_batch([b"x" * 50]), 7, 1, 1002, 1_800_000_000_001))
 CONFIG = QueueConfig(partitions=2, ttl_s=3600, flush="sync", settings={"owner": "team-a"})
 INFO = QueueInfo(
-    name="orders", queue_id=7, config=CONFIG, enabled=True, created_ms=1_800_000_000_000,
+    name="orders",
+    queue_id=7,
+    config=CONFIG,
+    enabled=True,
+    created_ms=1_800_000_000_000,
     partitions=[PartitionInfo(0, 0, 10), PartitionInfo(1, 5, 1003)],
 )
-KEYED = KeyedGroupInfo(queue="orders", group="billing", key="property:user", size=3, generation=2,
-                       base={0: 10, 1: 1003}, positions={0: {0: 12}, 2: {1: 1003}}, resizing_to=4,
-                       barrier={0: 20, 1: 1010})
-SUBSCRIBER = SubscriberInfo(queue="orders", name="audit", partitions=[0, 1], tags=["paid"],
-                            created_ms=1_800_000_000_000, checkpoints={0: 4, 1: 1003})
-SHARED_LEASES = [SharedLease(1, 1000, 1, "7:1:3e8:1:m-1", 1_800_000_030_000),
-                 SharedLease(1, 1002, 3, "7:1:3ea:3:m-1", 1_800_000_030_000)]
+KEYED = KeyedGroupInfo(
+    queue="orders",
+    group="billing",
+    key="property:user",
+    size=3,
+    generation=2,
+    base={0: 10, 1: 1003},
+    positions={0: {0: 12}, 2: {1: 1003}},
+    resizing_to=4,
+    barrier={0: 20, 1: 1010},
+)
+SUBSCRIBER = SubscriberInfo(
+    queue="orders",
+    name="audit",
+    partitions=[0, 1],
+    tags=["paid"],
+    created_ms=1_800_000_000_000,
+    checkpoints={0: 4, 1: 1003},
+)
+SHARED_LEASES = [
+    SharedLease(1, 1000, 1, "7:1:3e8:1:m-1", 1_800_000_030_000),
+    SharedLease(1, 1002, 3, "7:1:3ea:3:m-1", 1_800_000_030_000),
+]
 SHARED_INFO = SharedGroupInfo(
-    group="workers", queue="orders", settings=SharedGroupSettings(max_attempts=3, backoff_multiplier=2.0),
+    group="workers",
+    queue="orders",
+    settings=SharedGroupSettings(max_attempts=3, backoff_multiplier=2.0),
     dead_letter_queue="orders.dlq",
-    partitions=[SharedPartitionInfo(partition=1, start_offset=5, end_offset=1003, committed_offset=990,
-                                    delivered_offset=1003, leased=2, awaiting_retry=1, acked_ahead=4,
-                                    dead_lettered=1, members={"m-1": 2}, next_lease_deadline_ms=1_800_000_030_000)],
+    partitions=[
+        SharedPartitionInfo(
+            partition=1,
+            start_offset=5,
+            end_offset=1003,
+            committed_offset=990,
+            delivered_offset=1003,
+            leased=2,
+            awaiting_retry=1,
+            acked_ahead=4,
+            dead_lettered=1,
+            members={"m-1": 2},
+            next_lease_deadline_ms=1_800_000_030_000,
+        )
+    ],
 )
 REFUSED = [LeaseRefusal("7:1:3e8:1:m-1", 71, "lease 7:1:3e8:1:m-1 expired")]
 
 GROUP_ASSIGNMENT = GroupAssignment(member_id="m-1", generation=4, assignment={"orders": [0, 1]}, pending=True)
 GROUP_DESCRIPTION = GroupDescription(
-    group="billing", state="reconciling", mode="clustering", strategy="sticky", generation=4,
-    members=[MemberDescription(member_id="m-1", client_id="host-1", queues=["orders"], state="waiting",
-                               assignment={"orders": [0, 1]}, pending={"orders": [2]}, acked_generation=4,
-                               session_timeout_ms=10_000, heartbeat_age_ms=120)],
+    group="billing",
+    state="reconciling",
+    mode="clustering",
+    strategy="sticky",
+    generation=4,
+    members=[
+        MemberDescription(
+            member_id="m-1",
+            client_id="host-1",
+            queues=["orders"],
+            state="waiting",
+            assignment={"orders": [0, 1]},
+            pending={"orders": [2]},
+            acked_generation=4,
+            session_timeout_ms=10_000,
+            heartbeat_age_ms=120,
+        )
+    ],
     offsets={"orders": {0: 17, 1: 5}},
 )
-GROUP_SUMMARY = GroupSummary(group="billing", state="stable", mode="clustering", strategy="sticky", generation=4,
-                             members=2, queues=["orders"])
+GROUP_SUMMARY = GroupSummary(
+    group="billing", state="stable", mode="clustering", strategy="sticky", generation=4, members=2, queues=["orders"]
+)
 
 DELAY_STATS = DelayStats(
-    now_ms=1_800_000_000_000, pending_messages=12, pending_batches=3, next_due_ms=1_800_000_060_000,
-    accepted_total=20, delivered_total=7, cancelled_total=1, dropped_total=0, delivered_per_s=0.7,
-    lateness_p50_ms=2.0, lateness_p99_ms=31.0, lateness_max_ms=40, loaded_batches=3, bucket_ms=3_600_000,
-    buckets=[DelayBucketStats(1_799_996_400_000, 1_800_000_000_000, 2, True),
-             DelayBucketStats(1_830_000_000_000, 1_830_003_600_000, 10, False)],
+    now_ms=1_800_000_000_000,
+    pending_messages=12,
+    pending_batches=3,
+    next_due_ms=1_800_000_060_000,
+    accepted_total=20,
+    delivered_total=7,
+    cancelled_total=1,
+    dropped_total=0,
+    delivered_per_s=0.7,
+    lateness_p50_ms=2.0,
+    lateness_p99_ms=31.0,
+    lateness_max_ms=40,
+    loaded_batches=3,
+    bucket_ms=3_600_000,
+    buckets=[
+        DelayBucketStats(1_799_996_400_000, 1_800_000_000_000, 2, True),
+        DelayBucketStats(1_830_000_000_000, 1_830_003_600_000, 10, False),
+    ],
 )
 DELAYED_OFFSET = (1_800_000_000_000 // 60_000) << 35 | 7  # a delayed id's offset (headwater.model.delay)
 
@@ -221,21 +281,26 @@ SAMPLES = [
     (SetQueueEnabledRequest("orders", False), SetQueueEnabledResponse(INFO)),
     (AddPartitionsRequest("orders", 4), AddPartitionsResponse(INFO)),
     (ProduceRequest("orders", 1, BATCH), ProduceResponse(7, 1, 1000, 2, 1_800_000_000_000)),
-    (FetchRequest("orders", 1, 1000, 1 << 20, tag_mask=1 << 63, end_offset=2000, max_wait_ms=500),
-     FetchResponse([STORED, STORED2], 1003, 0, 1003)),
+    (
+        FetchRequest("orders", 1, 1000, 1 << 20, tag_mask=1 << 63, end_offset=2000, max_wait_ms=500),
+        FetchResponse([STORED, STORED2], 1003, 0, 1003),
+    ),
     (FetchRequest("orders", 1, 0, 100), FetchResponse([], 0, 0, 0)),
     (LookupIdRequest(7, 1, 1001), LookupIdResponse("orders", STORED)),
-    (LookupKeyRequest("orders", b"k1", None, 1_900_000_000_000, 10),
-     LookupKeyResponse([STORED, STORED2])),
+    (LookupKeyRequest("orders", b"k1", None, 1_900_000_000_000, 10), LookupKeyResponse([STORED, STORED2])),
     (OffsetForTimeRequest("orders", 1, 1_800_000_000_000), OffsetForTimeResponse(1000)),
     (StatusRequest(), StatusResponse({"version": "0.1.0", "uptime_s": 1.5, "recovery": []})),
     (CommitOffsetsRequest("billing", "orders", {0: 17, 3: 2}), CommitOffsetsResponse()),
     (FetchOffsetsRequest("billing", "orders"), FetchOffsetsResponse({0: 17, 3: 2})),
     (CommitOffsetsRequest("billing", "orders", {0: 17}, "m-1", 4), CommitOffsetsResponse()),
-    (JoinGroupRequest("billing", None, "host-1", ["orders", "refunds"], "clustering", "sticky", 10_000),
-     JoinGroupResponse(GROUP_ASSIGNMENT)),
-    (JoinGroupRequest("billing", "m-1", "host-1", ["orders"], "broadcast", "average", 500),
-     JoinGroupResponse(GroupAssignment(member_id="m-1", generation=1, assignment={}))),
+    (
+        JoinGroupRequest("billing", None, "host-1", ["orders", "refunds"], "clustering", "sticky", 10_000),
+        JoinGroupResponse(GROUP_ASSIGNMENT),
+    ),
+    (
+        JoinGroupRequest("billing", "m-1", "host-1", ["orders"], "broadcast", "average", 500),
+        JoinGroupResponse(GroupAssignment(member_id="m-1", generation=1, assignment={})),
+    ),
     (HeartbeatGroupRequest("billing", "m-1", 3), HeartbeatGroupResponse(GROUP_ASSIGNMENT)),
     (LeaveGroupRequest("billing", "m-1"), LeaveGroupResponse()),
     (DescribeGroupRequest("billing"), DescribeGroupResponse(GROUP_DESCRIPTION)),
@@ -243,8 +308,10 @@ SAMPLES = [
     (ListGroupsRequest(), ListGroupsResponse([GROUP_SUMMARY, GroupSummary(group="old", state="empty")])),
     (KeyedGroupRequest("orders", "billing", "key", 3, "latest"), KeyedGroupResponse(KEYED)),
     (KeyedGroupRequest("orders", "billing"), KeyedGroupResponse(KEYED)),
-    (KeyedFetchRequest("orders", "billing", 2, 7, 1, 1000, 1 << 20, 250),
-     KeyedFetchResponse([STORED, STORED2], 1003, 0, 1003, 7, 1010)),
+    (
+        KeyedFetchRequest("orders", "billing", 2, 7, 1, 1000, 1 << 20, 250),
+        KeyedFetchResponse([STORED, STORED2], 1003, 0, 1003, 7, 1010),
+    ),
     (KeyedCommitRequest("orders", "billing", 2, 7, {0: 5, 1: 1003}), KeyedCommitResponse(KEYED)),
     (KeyedResizeRequest("orders", "billing", 4), KeyedResizeResponse(KEYED)),
     (FetchStreamRequest(4, "orders", {0: 10, 1: 1003}, 1 << 22, 0b101, 1 << 16), FetchStreamResponse()),
@@ -254,17 +321,22 @@ SAMPLES = [
     (UnsubscribeRequest(3), UnsubscribeResponse()),
     (SubscriptionAckRequest(3, {0: 5}, 10, 4096), SubscriptionAckResponse()),
     (SubscriptionAckRequest(3, {}, 1, 0), SubscriptionAckResponse()),
-    (AddSubscriberRequest("orders", "audit", [0, 1], ["paid"], "time:1800000000000"),
-     AddSubscriberResponse(SUBSCRIBER)),
+    (
+        AddSubscriberRequest("orders", "audit", [0, 1], ["paid"], "time:1800000000000"),
+        AddSubscriberResponse(SUBSCRIBER),
+    ),
     (AddSubscriberRequest("orders", "audit"), AddSubscriberResponse(SUBSCRIBER)),
     (DeleteSubscriberRequest("orders", "audit"), DeleteSubscriberResponse()),
     (ListSubscribersRequest("orders"), ListSubscribersResponse([SUBSCRIBER, SUBSCRIBER])),
     (ListSubscribersRequest(), ListSubscribersResponse([])),
     (DescribeSubscriberRequest("orders", "audit"), DescribeSubscriberResponse(SUBSCRIBER)),
     (CheckpointSubscriberRequest("orders", "audit", {1: 1003}), CheckpointSubscriberResponse()),
-    (SharedReceiveRequest("workers", "orders", "m-1", 32, 30_000, False,
-                          {"max_attempts": 3, "backoff_multiplier": 2.0}, 1000),
-     SharedReceiveResponse([STORED, STORED2], SHARED_LEASES)),
+    (
+        SharedReceiveRequest(
+            "workers", "orders", "m-1", 32, 30_000, False, {"max_attempts": 3, "backoff_multiplier": 2.0}, 1000
+        ),
+        SharedReceiveResponse([STORED, STORED2], SHARED_LEASES),
+    ),
     (SharedReceiveRequest("workers", "orders", "m-1", 1, 100, True), SharedReceiveResponse([], [])),
     (SharedAckRequest("workers", "orders", "m-1", ["7:1:3e8:1:m-1"]), SharedAckResponse(REFUSED)),
     (SharedNackRequest("workers", "orders", "m-1", ["7:1:3ea:3:m-1"], "boom", 500), SharedNackResponse([])),
@@ -273,10 +345,27 @@ SAMPLES = [
     (SharedDescribeRequest("workers", "orders"), SharedDescribeResponse(SHARED_INFO)),
     (CancelDelayedRequest(7, 0x80000001, DELAYED_OFFSET), CancelDelayedResponse()),
     (DelayStatsRequest(), DelayStatsResponse(DELAY_STATS)),
-    (DelayStatsRequest(), DelayStatsResponse(DelayStats(
-        now_ms=0, pending_messages=0, pending_batches=0, next_due_ms=None, accepted_total=0,
-        delivered_total=0, cancelled_total=0, dropped_total=0, delivered_per_s=0.0, lateness_p50_ms=None,
-        lateness_p99_ms=None, lateness_max_ms=None, loaded_batches=0, bucket_ms=60_000))),
+    (
+        DelayStatsRequest(),
+        DelayStatsResponse(
+            DelayStats(
+                now_ms=0,
+                pending_messages=0,
+                pending_batches=0,
+                next_due_ms=None,
+                accepted_total=0,
+                delivered_total=0,
+                cancelled_total=0,
+                dropped_total=0,
+                delivered_per_s=0.0,
+                lateness_p50_ms=None,
+                lateness_p99_ms=None,
+                lateness_max_ms=None,
+                loaded_batches=0,
+                bucket_ms=60_000,
+            )
+        ),
+    ),
     (LookupIdRequest(7, 0x80000001, DELAYED_OFFSET), LookupIdResponse("orders", STORED)),
 ]
 
@@ -408,21 +497,42 @@ class FakeService:
 
     def __getattr__(self, name):
         results = {
-            "create_queue": INFO, "describe_queue": INFO, "list_queues": [INFO],
-            "delete_queue": None, "truncate_queue": INFO, "set_queue_enabled": INFO,
-            "add_partitions": INFO, "produce": ProduceResult(7, 1, 1000, 2, 5),
-            "fetch": FetchResult([STORED], 1003, 0, 1003), "lookup_id": ("orders", STORED),
-            "lookup_key": [STORED, STORED2], "offset_for_time": 42, "status": {"version": "x"},
-            "commit_offsets": None, "fetch_offsets": {1: 5},
-            "join_group": GROUP_ASSIGNMENT, "heartbeat_group": GROUP_ASSIGNMENT, "leave_group": None,
-            "describe_group": GROUP_DESCRIPTION, "list_groups": [GROUP_SUMMARY],
-            "keyed_group": KEYED, "keyed_fetch": KeyedFetchResult([STORED], 1003, 0, 1003, 2, None),
-            "keyed_commit": KEYED, "keyed_resize": KEYED, "add_subscriber": SUBSCRIBER,
-            "delete_subscriber": None, "list_subscribers": [SUBSCRIBER], "describe_subscriber": SUBSCRIBER,
+            "create_queue": INFO,
+            "describe_queue": INFO,
+            "list_queues": [INFO],
+            "delete_queue": None,
+            "truncate_queue": INFO,
+            "set_queue_enabled": INFO,
+            "add_partitions": INFO,
+            "produce": ProduceResult(7, 1, 1000, 2, 5),
+            "fetch": FetchResult([STORED], 1003, 0, 1003),
+            "lookup_id": ("orders", STORED),
+            "lookup_key": [STORED, STORED2],
+            "offset_for_time": 42,
+            "status": {"version": "x"},
+            "commit_offsets": None,
+            "fetch_offsets": {1: 5},
+            "join_group": GROUP_ASSIGNMENT,
+            "heartbeat_group": GROUP_ASSIGNMENT,
+            "leave_group": None,
+            "describe_group": GROUP_DESCRIPTION,
+            "list_groups": [GROUP_SUMMARY],
+            "keyed_group": KEYED,
+            "keyed_fetch": KeyedFetchResult([STORED], 1003, 0, 1003, 2, None),
+            "keyed_commit": KEYED,
+            "keyed_resize": KEYED,
+            "add_subscriber": SUBSCRIBER,
+            "delete_subscriber": None,
+            "list_subscribers": [SUBSCRIBER],
+            "describe_subscriber": SUBSCRIBER,
             "checkpoint_subscriber": None,
-            "shared_receive": SharedDeliveries([STORED], SHARED_LEASES), "shared_ack": REFUSED,
-            "shared_nack": [], "shared_extend": REFUSED, "shared_describe": SHARED_INFO,
-            "cancel_delayed": None, "delay_stats": DELAY_STATS,
+            "shared_receive": SharedDeliveries([STORED], SHARED_LEASES),
+            "shared_ack": REFUSED,
+            "shared_nack": [],
+            "shared_extend": REFUSED,
+            "shared_describe": SHARED_INFO,
+            "cancel_delayed": None,
+            "delay_stats": DELAY_STATS,
         }
         if name not in results:
             raise AttributeError(name)
@@ -474,46 +584,68 @@ def test_every_service_method_crosses_the_wire():
         (SetQueueEnabledRequest("orders", True), lambda s: s.set_queue_enabled("orders", True)),
         (AddPartitionsRequest("orders", 3), lambda s: s.add_partitions("orders", 3)),
         (ProduceRequest("orders", 1, BATCH), lambda s: s.produce("orders", 1, BATCH)),
-        (FetchRequest("orders", 1, 5, 1000, 3, None, 250),
-         lambda s: s.fetch("orders", 1, 5, max_bytes=1000, tag_mask=3, end_offset=None)),
+        (
+            FetchRequest("orders", 1, 5, 1000, 3, None, 250),
+            lambda s: s.fetch("orders", 1, 5, max_bytes=1000, tag_mask=3, end_offset=None),
+        ),
         (LookupIdRequest(7, 1, 1001), lambda s: s.lookup_id(7, 1, 1001)),
         (LookupKeyRequest("orders", b"k", 1, None, 5), lambda s: s.lookup_key("orders", b"k", 1, None, 5)),
         (OffsetForTimeRequest("orders", 1, 99), lambda s: s.offset_for_time("orders", 1, 99)),
         (StatusRequest(), lambda s: s.status()),
         (CommitOffsetsRequest("g", "orders", {1: 5}), lambda s: s.commit_offsets("g", "orders", {1: 5})),
         (FetchOffsetsRequest("g", "orders"), lambda s: s.fetch_offsets("g", "orders")),
-        (CommitOffsetsRequest("g", "orders", {1: 5}, "m-1", 3),
-         lambda s: s.commit_offsets("g", "orders", {1: 5}, member_id="m-1", generation=3)),
-        (JoinGroupRequest("g", None, "c", ["orders"], "clustering", "sticky", 5000),
-         lambda s: s.join_group("g", None, "c", ["orders"], "clustering", "sticky", 5000)),
+        (
+            CommitOffsetsRequest("g", "orders", {1: 5}, "m-1", 3),
+            lambda s: s.commit_offsets("g", "orders", {1: 5}, member_id="m-1", generation=3),
+        ),
+        (
+            JoinGroupRequest("g", None, "c", ["orders"], "clustering", "sticky", 5000),
+            lambda s: s.join_group("g", None, "c", ["orders"], "clustering", "sticky", 5000),
+        ),
         (HeartbeatGroupRequest("g", "m-1", 2), lambda s: s.heartbeat_group("g", "m-1", 2)),
         (LeaveGroupRequest("g", "m-1"), lambda s: s.leave_group("g", "m-1")),
         (DescribeGroupRequest("g"), lambda s: s.describe_group("g")),
         (ListGroupsRequest(), lambda s: s.list_groups()),
         (KeyedGroupRequest("orders", "g", "key", 3), lambda s: s.keyed_group("orders", "g", "key", 3)),
         (KeyedGroupRequest("orders", "g"), lambda s: s.keyed_group("orders", "g")),
-        (KeyedFetchRequest("orders", "g", 1, 2, 0, 5, 1000, 250),
-         lambda s: s.keyed_fetch("orders", "g", 1, 2, 0, 5, max_bytes=1000)),
+        (
+            KeyedFetchRequest("orders", "g", 1, 2, 0, 5, 1000, 250),
+            lambda s: s.keyed_fetch("orders", "g", 1, 2, 0, 5, max_bytes=1000),
+        ),
         (KeyedCommitRequest("orders", "g", 1, 2, {0: 5}), lambda s: s.keyed_commit("orders", "g", 1, 2, {0: 5})),
         (KeyedResizeRequest("orders", "g", 4), lambda s: s.keyed_resize("orders", "g", 4)),
-        (AddSubscriberRequest("orders", "audit", [0], ["paid"], "earliest"),
-         lambda s: s.add_subscriber("orders", "audit", [0], ["paid"], "earliest")),
+        (
+            AddSubscriberRequest("orders", "audit", [0], ["paid"], "earliest"),
+            lambda s: s.add_subscriber("orders", "audit", [0], ["paid"], "earliest"),
+        ),
         (DeleteSubscriberRequest("orders", "audit"), lambda s: s.delete_subscriber("orders", "audit")),
         (ListSubscribersRequest(None), lambda s: s.list_subscribers()),
         (DescribeSubscriberRequest("orders", "audit"), lambda s: s.describe_subscriber("orders", "audit")),
-        (CheckpointSubscriberRequest("orders", "audit", {0: 3}),
-         lambda s: s.checkpoint_subscriber("orders", "audit", {0: 3})),
-        (SharedReceiveRequest("g", "orders", "m-1", 8, 500, False, {"max_attempts": 2}, 250),
-         lambda s: s.shared_receive("g", "orders", "m-1", 8, 500, False, {"max_attempts": 2}, 250)),
-        (SharedAckRequest("g", "orders", "m-1", ["7:1:3e8:1:m-1"]),
-         lambda s: s.shared_ack("g", "orders", "m-1", ["7:1:3e8:1:m-1"])),
-        (SharedNackRequest("g", "orders", "m-1", ["7:1:3e8:1:m-1"], "bad", None),
-         lambda s: s.shared_nack("g", "orders", "m-1", ["7:1:3e8:1:m-1"], "bad")),
-        (SharedExtendRequest("g", "orders", "m-1", ["7:1:3e8:1:m-1"], 9000),
-         lambda s: s.shared_extend("g", "orders", "m-1", ["7:1:3e8:1:m-1"], 9000)),
+        (
+            CheckpointSubscriberRequest("orders", "audit", {0: 3}),
+            lambda s: s.checkpoint_subscriber("orders", "audit", {0: 3}),
+        ),
+        (
+            SharedReceiveRequest("g", "orders", "m-1", 8, 500, False, {"max_attempts": 2}, 250),
+            lambda s: s.shared_receive("g", "orders", "m-1", 8, 500, False, {"max_attempts": 2}, 250),
+        ),
+        (
+            SharedAckRequest("g", "orders", "m-1", ["7:1:3e8:1:m-1"]),
+            lambda s: s.shared_ack("g", "orders", "m-1", ["7:1:3e8:1:m-1"]),
+        ),
+        (
+            SharedNackRequest("g", "orders", "m-1", ["7:1:3e8:1:m-1"], "bad", None),
+            lambda s: s.shared_nack("g", "orders", "m-1", ["7:1:3e8:1:m-1"], "bad"),
+        ),
+        (
+            SharedExtendRequest("g", "orders", "m-1", ["7:1:3e8:1:m-1"], 9000),
+            lambda s: s.shared_extend("g", "orders", "m-1", ["7:1:3e8:1:m-1"], 9000),
+        ),
         (SharedDescribeRequest("g", "orders"), lambda s: s.shared_describe("g", "orders")),
-        (CancelDelayedRequest(7, 0x80000001, DELAYED_OFFSET),
-         lambda s: s.cancel_delayed(7, 0x80000001, DELAYED_OFFSET)),
+        (
+            CancelDelayedRequest(7, 0x80000001, DELAYED_OFFSET),
+            lambda s: s.cancel_delayed(7, 0x80000001, DELAYED_OFFSET),
+        ),
         (DelayStatsRequest(), lambda s: s.delay_stats()),
     ]
     for body, direct in cases:
@@ -611,8 +743,7 @@ def test_requests_in_flight_bound():
     assert rid not in client.in_flight
     assert feed(server, client.send(Request(rid, PingRequest())))[0].request_id == rid
     # a client ignoring the announced bound is refused by the server, from the header
-    raises_remote(server, raw(FrameType.REQUEST, 1, 999, PingRequest())[:HEADER_SIZE],
-                  "more than 3 requests in flight")
+    raises_remote(server, raw(FrameType.REQUEST, 1, 999, PingRequest())[:HEADER_SIZE], "more than 3 requests in flight")
 
 
 def test_request_ids_are_unique_among_in_flight():
@@ -687,14 +818,22 @@ def test_server_refusing_before_the_handshake():
 
 
 def test_handshake_garbage():
-    raises_remote(Connection(SERVER), raw(FrameType.HANDSHAKE, 0, 0, HandshakeBody("http", 1, 1, "x", 1 << 20)),
-                  "not a Headwater client")
-    raises_remote(Connection(SERVER), raw(FrameType.HANDSHAKE, 0, 0, HandshakeBody("headwater", 3, 2, "x", 1 << 20)),
-                  "empty version range")
-    raises_remote(Connection(SERVER), raw(FrameType.HANDSHAKE, 0, 0, HandshakeBody("headwater", 1, 1, "x", 10)),
-                  "frame_bytes_max=10")
-    raises_remote(Connection(SERVER), raw(FrameType.HANDSHAKE, 0, 0, msgspec.msgpack.encode(["x"])),
-                  "malformed body")
+    raises_remote(
+        Connection(SERVER),
+        raw(FrameType.HANDSHAKE, 0, 0, HandshakeBody("http", 1, 1, "x", 1 << 20)),
+        "not a Headwater client",
+    )
+    raises_remote(
+        Connection(SERVER),
+        raw(FrameType.HANDSHAKE, 0, 0, HandshakeBody("headwater", 3, 2, "x", 1 << 20)),
+        "empty version range",
+    )
+    raises_remote(
+        Connection(SERVER),
+        raw(FrameType.HANDSHAKE, 0, 0, HandshakeBody("headwater", 1, 1, "x", 10)),
+        "frame_bytes_max=10",
+    )
+    raises_remote(Connection(SERVER), raw(FrameType.HANDSHAKE, 0, 0, msgspec.msgpack.encode(["x"])), "malformed body")
     # an HTTP client: its first four bytes read as an absurd length
     raises_remote(Connection(SERVER), b"GET / HTTP/1.1\r\n", "frame of .* bytes", FrameTooLargeError)
 
@@ -717,8 +856,11 @@ def test_request_before_handshake_is_refused_from_the_header():
 def test_client_rejects_a_version_it_did_not_offer():
     client = Connection(CLIENT)
     client.send(Handshake("c"))
-    raises_remote(client, raw(FrameType.HANDSHAKE_ACCEPTED, 0, 0, HandshakeAcceptedBody(7, "s", 1 << 20, 8)),
-                  "chose protocol version 7")
+    raises_remote(
+        client,
+        raw(FrameType.HANDSHAKE_ACCEPTED, 0, 0, HandshakeAcceptedBody(7, "s", 1 << 20, 8)),
+        "chose protocol version 7",
+    )
 
 
 # garbage from the peer -------------------------------------------------------------------
@@ -801,11 +943,15 @@ def test_body_that_does_not_match_the_schema():
     _, server = pair()
     raises_remote(server, raw(FrameType.REQUEST, 11, 1, msgspec.msgpack.encode([42])), "malformed body.*str")
     _, server = pair()
-    raises_remote(server, raw(FrameType.REQUEST, 20, 1, msgspec.msgpack.encode(["q", 0, 10]), [b"x" * 5]),
-                  "batch sizes add up")
+    raises_remote(
+        server, raw(FrameType.REQUEST, 20, 1, msgspec.msgpack.encode(["q", 0, 10]), [b"x" * 5]), "batch sizes add up"
+    )
     _, server = pair()
-    raises_remote(server, raw(FrameType.REQUEST, 11, 1, msgspec.msgpack.encode(["q"]), [b"xx"]),
-                  "batch data in a frame that carries none")
+    raises_remote(
+        server,
+        raw(FrameType.REQUEST, 11, 1, msgspec.msgpack.encode(["q"]), [b"xx"]),
+        "batch data in a frame that carries none",
+    )
 
 
 def test_extra_trailing_fields_are_ignored():
@@ -882,12 +1028,16 @@ def test_only_the_server_pushes():
     client, server = pair()
     with pytest.raises(LocalProtocolError, match="client cannot send Push"):
         client.send(Push(PUSH))
-    raises_remote(server, raw(FrameType.PUSH, 60, 0, PUSH, [STORED, STORED2]),
-                  "unexpected PUSH frame received by the server")
+    raises_remote(
+        server, raw(FrameType.PUSH, 60, 0, PUSH, [STORED, STORED2]), "unexpected PUSH frame received by the server"
+    )
     fresh = Connection(CLIENT)
     fresh.send(Handshake("c"))
-    raises_remote(fresh, raw(FrameType.PUSH, 60, 0, PUSH, [STORED, STORED2]),
-                  "unexpected PUSH frame received by the client in state AWAIT_ACCEPT")
+    raises_remote(
+        fresh,
+        raw(FrameType.PUSH, 60, 0, PUSH, [STORED, STORED2]),
+        "unexpected PUSH frame received by the client in state AWAIT_ACCEPT",
+    )
     _, early = Connection(CLIENT), Connection(SERVER)
     with pytest.raises(LocalProtocolError, match="server cannot send Push in state AWAIT_HANDSHAKE"):
         early.send(Push(PUSH))
@@ -895,19 +1045,23 @@ def test_only_the_server_pushes():
 
 def test_bad_push_frames():
     client, _ = pair()
-    raises_remote(client, raw(FrameType.PUSH, 11, 0, PUSH, [STORED, STORED2]),
-                  "api key 11 has no PUSH frames")
+    raises_remote(client, raw(FrameType.PUSH, 11, 0, PUSH, [STORED, STORED2]), "api key 11 has no PUSH frames")
     client, _ = pair()
-    raises_remote(client, raw(FrameType.PUSH, 60, 4, PUSH, [STORED, STORED2])[:HEADER_SIZE],
-                  "PUSH frames have request id 0")
+    raises_remote(
+        client, raw(FrameType.PUSH, 60, 4, PUSH, [STORED, STORED2])[:HEADER_SIZE], "PUSH frames have request id 0"
+    )
     client, _ = pair()
-    raises_remote(client, raw(FrameType.PUSH, 0, 0, PUSH, [STORED, STORED2])[:HEADER_SIZE],
-                  "PUSH frames have request id 0 and the api key")
+    raises_remote(
+        client,
+        raw(FrameType.PUSH, 0, 0, PUSH, [STORED, STORED2])[:HEADER_SIZE],
+        "PUSH frames have request id 0 and the api key",
+    )
     client, _ = pair()
     raises_remote(client, raw(FrameType.PUSH, 60, 0, msgspec.msgpack.encode(["x"])), "malformed body")
     client, _ = pair()
-    raises_remote(client, raw(FrameType.PUSH, 60, 0, msgspec.msgpack.encode([1, 0, [9], 0, 0]), [b"abc"]),
-                  "batch sizes add up")
+    raises_remote(
+        client, raw(FrameType.PUSH, 60, 0, msgspec.msgpack.encode([1, 0, [9], 0, 0]), [b"abc"]), "batch sizes add up"
+    )
     _, server = pair()
     with pytest.raises(LocalProtocolError, match="a push body is a PushBody"):
         server.send(Push(PingRequest()))  # type: ignore[arg-type]
@@ -1050,7 +1204,7 @@ def test_settings_are_validated():
 
 
 def test_state_table_shape():
-    for (role, state, direction, kind), new in TRANSITIONS.items():
+    for (_role, state, direction, kind), new in TRANSITIONS.items():
         if state is State.ERROR:
             assert direction is Direction.SEND and new is State.ERROR
         if state is State.CLOSED:

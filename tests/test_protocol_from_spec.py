@@ -39,7 +39,7 @@ def read_frame(sock: socket.socket) -> tuple[int, int, int, list, bytes]:
     length, crc, frame_type, flags, api_key, request_id, data_size = HEADER.unpack(header)
     body = _read(sock, length - 16)
     assert crc == crc32c.crc32c(header[8:] + body) and flags == 0
-    head_bytes, data = body[:len(body) - data_size], body[len(body) - data_size:]
+    head_bytes, data = body[: len(body) - data_size], body[len(body) - data_size :]
     return frame_type, api_key, request_id, unpack(head_bytes), data
 
 
@@ -64,10 +64,15 @@ def record_batch(bodies: list[bytes], tags: list[str | None]) -> bytes:
     for t in tags:
         tag_mask |= tag_bit(t) if t else 0
     flags = 0x08  # no compression, has tags
-    producer_part = struct.pack("<BBHIIqqihHQQ", 1, flags, 96, len(bodies), len(payload), 0, -1, -1, -1, 0,
-                                tag_mask, 0) + payload
-    return struct.pack("<I", 92 + len(payload)) + bytes(36) + struct.pack("<I", crc32c.crc32c(producer_part)) \
+    producer_part = (
+        struct.pack("<BBHIIqqihHQQ", 1, flags, 96, len(bodies), len(payload), 0, -1, -1, -1, 0, tag_mask, 0) + payload
+    )
+    return (
+        struct.pack("<I", 92 + len(payload))
+        + bytes(36)
+        + struct.pack("<I", crc32c.crc32c(producer_part))
         + producer_part
+    )
 
 
 @pytest.fixture
@@ -105,8 +110,10 @@ def test_a_client_written_from_the_specification(broker):
         assert (queue_id, partition, base_offset, count) == (info["queue_id"], 1, 0, 3) and timestamp_ms > 0
 
         # §5.2: two requests in flight at once, answered by id, in any order
-        sock.sendall(frame(REQUEST, FETCH, 3, ["orders", 1, 0, 1 << 20])  # defaults for fields 4-6
-                     + frame(REQUEST, DESCRIBE_QUEUE, 4, ["nope"]))
+        sock.sendall(
+            frame(REQUEST, FETCH, 3, ["orders", 1, 0, 1 << 20])  # defaults for fields 4-6
+            + frame(REQUEST, DESCRIBE_QUEUE, 4, ["nope"])
+        )
         answers = {}
         for _ in range(2):
             frame_type, api_key, request_id, head, data = read_frame(sock)

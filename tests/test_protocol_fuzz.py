@@ -108,8 +108,12 @@ def test_garbage_to_a_client_with_requests_in_flight(data, cuts):
 # frames with a valid header and checksum reach the body decoders -----------------------
 
 msgpack_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=10)
-    | st.binary(max_size=10) | st.floats(allow_nan=False),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.text(max_size=10)
+    | st.binary(max_size=10)
+    | st.floats(allow_nan=False),
     lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
     max_leaves=20,
 )
@@ -127,9 +131,12 @@ def checksummed_frames(draw) -> bytes:
 
 
 @FUZZ
-@given(frames=st.lists(checksummed_frames(), min_size=1, max_size=4),
-       cuts=st.lists(st.integers(0, 600), max_size=6), role=st.sampled_from([CLIENT, SERVER]),
-       handshake_done=st.booleans())
+@given(
+    frames=st.lists(checksummed_frames(), min_size=1, max_size=4),
+    cuts=st.lists(st.integers(0, 600), max_size=6),
+    role=st.sampled_from([CLIENT, SERVER]),
+    handshake_done=st.booleans(),
+)
 def test_checksummed_garbage_bodies(frames, cuts, role, handshake_done):
     client, server = handshaken() if handshake_done else (Connection(CLIENT), Connection(SERVER))
     conn = client if role is CLIENT else server
@@ -154,9 +161,22 @@ SAMPLE_BODIES = [
     (ApiKey.LOOKUP_KEY, ["q", b"k", None, 5, 3], []),
     (ApiKey.LOOKUP_KEY, [[2]], [b"xy"]),
     (ApiKey.LOOKUP_ID, ["q", 2], [b"xy"]),
-    (ApiKey.LIST_QUEUES, [[{"name": "q", "queue_id": 1, "config": {}, "enabled": True,
-                            "created_ms": 5, "partitions": [{"partition": 0, "start_offset": 0,
-                                                             "end_offset": 1}]}]], []),
+    (
+        ApiKey.LIST_QUEUES,
+        [
+            [
+                {
+                    "name": "q",
+                    "queue_id": 1,
+                    "config": {},
+                    "enabled": True,
+                    "created_ms": 5,
+                    "partitions": [{"partition": 0, "start_offset": 0, "end_offset": 1}],
+                }
+            ]
+        ],
+        [],
+    ),
 ]
 
 
@@ -176,13 +196,19 @@ def near_frames(draw) -> bytes:
 
 
 @FUZZ
-@given(frames=st.lists(near_frames(), min_size=1, max_size=4), cuts=st.lists(st.integers(0, 600), max_size=6),
-       role=st.sampled_from([CLIENT, SERVER]))
+@given(
+    frames=st.lists(near_frames(), min_size=1, max_size=4),
+    cuts=st.lists(st.integers(0, 600), max_size=6),
+    role=st.sampled_from([CLIENT, SERVER]),
+)
 def test_near_schema_bodies(frames, cuts, role):
     client, server = handshaken()
     if role is CLIENT:
-        for rid, body in ((1, PingRequest()), (2, FetchRequest("q", 0, 0, 1)),
-                          (3, LookupKeyRequest("q", b"k", None, None, 1))):
+        for rid, body in (
+            (1, PingRequest()),
+            (2, FetchRequest("q", 0, 0, 1)),
+            (3, LookupKeyRequest("q", b"k", None, None, 1)),
+        ):
             client.send(Request(rid, body))
     pump(client if role is CLIENT else server, chunked(b"".join(frames), cuts))
 
@@ -196,10 +222,16 @@ def valid_stream() -> bytes:
     # the requests are built on a handshaken twin so the stream is what a real client sends
     twin, _ = handshaken()
     batch = encode_batch([b"a", b"b"])
-    for rid, body in enumerate([
-        PingRequest(), DescribeQueueRequest("q"), ProduceRequest("q", 0, batch),
-        FetchRequest("q", 0, 0, 100, max_wait_ms=5), LookupKeyRequest("q", b"k", None, None, 3),
-    ], start=1):
+    for rid, body in enumerate(
+        [
+            PingRequest(),
+            DescribeQueueRequest("q"),
+            ProduceRequest("q", 0, batch),
+            FetchRequest("q", 0, 0, 100, max_wait_ms=5),
+            LookupKeyRequest("q", b"k", None, None, 3),
+        ],
+        start=1,
+    ):
         out += twin.send(Request(rid, body))
     return out
 
@@ -250,9 +282,15 @@ i64 = st.integers(-(2**63), 2**63 - 1)
 
 @settings(max_examples=150, deadline=None)
 @given(
-    queue=st.text(max_size=30), partition=i64, offset=i64, max_bytes=i64, tag_mask=u64,
-    end_offset=st.none() | i64, wait=i64,
-    batches=st.lists(st.binary(max_size=200), max_size=5), cuts=st.lists(st.integers(0, 2000), max_size=5),
+    queue=st.text(max_size=30),
+    partition=i64,
+    offset=i64,
+    max_bytes=i64,
+    tag_mask=u64,
+    end_offset=st.none() | i64,
+    wait=i64,
+    batches=st.lists(st.binary(max_size=200), max_size=5),
+    cuts=st.lists(st.integers(0, 2000), max_size=5),
 )
 def test_fetch_round_trip(queue, partition, offset, max_bytes, tag_mask, end_offset, wait, batches, cuts):
     client, server = handshaken()
@@ -286,8 +324,11 @@ def near_push_frames(draw) -> bytes:
 
 
 @FUZZ
-@given(frames=st.lists(near_push_frames(), min_size=1, max_size=4), cuts=st.lists(st.integers(0, 400), max_size=6),
-       role=st.sampled_from([CLIENT, SERVER]))
+@given(
+    frames=st.lists(near_push_frames(), min_size=1, max_size=4),
+    cuts=st.lists(st.integers(0, 400), max_size=6),
+    role=st.sampled_from([CLIENT, SERVER]),
+)
 def test_push_frames_near_the_schema(frames, cuts, role):
     """Damaged pushes give a client Push events or a protocol error; a server refuses them all."""
     client, server = handshaken()
@@ -300,9 +341,17 @@ def test_push_frames_near_the_schema(frames, cuts, role):
 
 
 @settings(max_examples=150, deadline=None)
-@given(sid=st.integers(0, 2**32 - 1), partition=i64, next_offset=i64, end_offset=i64,
-       batches=st.lists(st.binary(max_size=100), max_size=4), ended=st.text(max_size=20),
-       code=st.integers(0, 2**32 - 1), cuts=st.lists(st.integers(0, 600), max_size=5), with_sel=st.booleans())
+@given(
+    sid=st.integers(0, 2**32 - 1),
+    partition=i64,
+    next_offset=i64,
+    end_offset=i64,
+    batches=st.lists(st.binary(max_size=100), max_size=4),
+    ended=st.text(max_size=20),
+    code=st.integers(0, 2**32 - 1),
+    cuts=st.lists(st.integers(0, 600), max_size=5),
+    with_sel=st.booleans(),
+)
 def test_push_round_trip(sid, partition, next_offset, end_offset, batches, ended, code, cuts, with_sel):
     client, server = handshaken()
     selections = [[i, i + 2] for i in range(len(batches))] if with_sel else []

@@ -4,9 +4,27 @@ import headwater
 import headwater.errors
 
 EXPECTED = {
-    "open", "connect", "Admin", "BatchReceipt", "Client", "Consumer", "Delivery", "GroupConsumer",
-    "KeyedConsumer", "SharedConsumer", "Subscriber", "Message", "MessageId", "PartitionInfo",
-    "Producer", "QueueConfig", "QueueInfo", "Record", "Scanner", "StoreConfig", "__version__",
+    "open",
+    "connect",
+    "Admin",
+    "BatchReceipt",
+    "Client",
+    "Consumer",
+    "Delivery",
+    "GroupConsumer",
+    "KeyedConsumer",
+    "SharedConsumer",
+    "Subscriber",
+    "Message",
+    "MessageId",
+    "PartitionInfo",
+    "Producer",
+    "QueueConfig",
+    "QueueInfo",
+    "Record",
+    "Scanner",
+    "StoreConfig",
+    "__version__",
     *headwater.errors.__all__,
 }
 
@@ -43,8 +61,17 @@ def test_aio_all_is_pinned():
     import headwater.aio
 
     assert set(headwater.aio.__all__) == {
-        "connect", "open", "AsyncAdmin", "AsyncClient", "AsyncConsumer", "AsyncGroupConsumer",
-        "AsyncKeyedConsumer", "AsyncProducer", "AsyncScanner", "AsyncSharedConsumer", "AsyncSubscriber",
+        "connect",
+        "open",
+        "AsyncAdmin",
+        "AsyncClient",
+        "AsyncConsumer",
+        "AsyncGroupConsumer",
+        "AsyncKeyedConsumer",
+        "AsyncProducer",
+        "AsyncScanner",
+        "AsyncSharedConsumer",
+        "AsyncSubscriber",
     }
     for name in headwater.aio.__all__:
         assert getattr(headwater.aio, name).__doc__, name
@@ -58,10 +85,17 @@ def test_the_asyncio_client_has_every_name_of_the_sync_one():
     def names(cls) -> set[str]:
         return {n for n in dir(cls) if not n.startswith("_")}
 
-    twins = {"Admin": "AsyncAdmin", "Client": "AsyncClient", "Consumer": "AsyncConsumer",
-             "GroupConsumer": "AsyncGroupConsumer", "KeyedConsumer": "AsyncKeyedConsumer",
-             "Producer": "AsyncProducer", "Scanner": "AsyncScanner", "SharedConsumer": "AsyncSharedConsumer",
-             "Subscriber": "AsyncSubscriber"}
+    twins = {
+        "Admin": "AsyncAdmin",
+        "Client": "AsyncClient",
+        "Consumer": "AsyncConsumer",
+        "GroupConsumer": "AsyncGroupConsumer",
+        "KeyedConsumer": "AsyncKeyedConsumer",
+        "Producer": "AsyncProducer",
+        "Scanner": "AsyncScanner",
+        "SharedConsumer": "AsyncSharedConsumer",
+        "Subscriber": "AsyncSubscriber",
+    }
     assert set(twins.values()) == {n for n in headwater.aio.__all__ if n.startswith("Async")}
     for sync_name, aio_name in twins.items():
         sync_cls, aio_cls = getattr(headwater, sync_name), getattr(headwater.aio, aio_name)

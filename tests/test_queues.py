@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from conftest import FakeClock
@@ -39,8 +39,7 @@ def bodies(n: int, prefix: str = "m") -> list[bytes]:
 
 
 def test_create_describe_list(hw):
-    info = hw.admin.create_queue("orders", partitions=3, ttl_s=3600, flush="sync",
-                                 settings={"owner": "billing"})
+    info = hw.admin.create_queue("orders", partitions=3, ttl_s=3600, flush="sync", settings={"owner": "billing"})
     assert info.name == "orders" and len(info.partitions) == 3
     assert info.config.ttl_s == 3600 and info.config.flush == "sync"
     assert info.config.settings == {"owner": "billing"}
@@ -55,8 +54,14 @@ def test_queue_names_and_settings_are_checked(hw):
             hw.admin.create_queue(bad)
     with pytest.raises(InvalidQueueNameError):
         hw.admin.create_queue(42)  # type: ignore[arg-type]
-    for kw in [{"partitions": 0}, {"partitions": "2"}, {"ttl_s": -1}, {"flush": "sometimes"},
-               {"message_bytes_max": 0}, {"settings": {"a": 1}}]:
+    for kw in [
+        {"partitions": 0},
+        {"partitions": "2"},
+        {"ttl_s": -1},
+        {"flush": "sometimes"},
+        {"message_bytes_max": 0},
+        {"settings": {"a": 1}},
+    ]:
         with pytest.raises(InvalidArgumentError):
             hw.admin.create_queue("ok", **kw)
     # a TTL past what a 64-bit millisecond time holds was once taken embedded, and then no
@@ -183,9 +188,7 @@ def test_messages_round_trip_exactly(hw):
     ]
     ids = hw.send_batch("q", msgs, partition=2)
     got = list(hw.scanner("q"))
-    assert [(r.body, r.key, r.tag, r.properties) for r in got] == [
-        (m.body, m.key, m.tag, m.properties) for m in msgs
-    ]
+    assert [(r.body, r.key, r.tag, r.properties) for r in got] == [(m.body, m.key, m.tag, m.properties) for m in msgs]
     assert [r.message_id for r in got] == list(ids)
     assert all(r.partition == 2 and r.queue == "q" for r in got)
 
@@ -248,8 +251,7 @@ def test_broker_refuses_forged_batches(hw):
     hw.admin.create_queue("q")
     good = encode_batch([b"a", b"b"])
     svc = hw.service
-    for bad in (b"", b"junk" * 30, good[:-1], good + b"x",
-                good[:50] + bytes([good[50] ^ 1]) + good[51:]):
+    for bad in (b"", b"junk" * 30, good[:-1], good + b"x", good[:50] + bytes([good[50] ^ 1]) + good[51:]):
         with pytest.raises(InvalidBatchError):
             svc.produce("q", 0, bad)
     assert svc.produce("q", 0, good).count == 2
@@ -293,8 +295,9 @@ def filled(hw, clock):
     hw.admin.create_queue("q", partitions=3, ttl_s=None)
     for i in range(30):
         tag = ("a", "b", None)[i % 3]
-        hw.send_batch("q", [Message(f"{i}-{j}".encode(), tag=tag, key=f"k{i % 4}".encode())
-                            for j in range(4)], partition=i % 3)
+        hw.send_batch(
+            "q", [Message(f"{i}-{j}".encode(), tag=tag, key=f"k{i % 4}".encode()) for j in range(4)], partition=i % 3
+        )
         clock.advance(10)
     return hw
 
@@ -324,7 +327,7 @@ def test_scan_bounds_by_offset_id_and_time(filled, clock):
     t0 = clock.now - 300
     got = list(hw.scanner("q", start_time=int((t0 + 100) * 1000), end_time=int((t0 + 150) * 1000)))
     assert sorted({r.body.split(b"-")[0] for r in got}) == [b"10", b"11", b"12", b"13", b"14"]
-    when = datetime.fromtimestamp(t0 + 100, tz=timezone.utc)
+    when = datetime.fromtimestamp(t0 + 100, tz=UTC)
     assert hw.offset_for_time("q", 1, when) == 12  # batches 1,4,7 hold 0..11; batch 10 starts at 12
 
 
@@ -334,7 +337,7 @@ def test_a_time_bound_finer_than_a_millisecond_rounds_up(hw, clock):
     one that starts then does not."""
     hw.admin.create_queue("q", ttl_s=None)
     hw.send("q", b"at T")  # stamped T = clock.now in ms
-    just_after = datetime.fromtimestamp(clock.now, tz=timezone.utc) + timedelta(microseconds=500)
+    just_after = datetime.fromtimestamp(clock.now, tz=UTC) + timedelta(microseconds=500)
     assert [r.body for r in hw.scanner("q", end_time=just_after)] == [b"at T"]
     assert list(hw.scanner("q", start_time=just_after)) == []
     assert [r.body for r in hw.scanner("q", start_time=just_after - timedelta(microseconds=999))] == [b"at T"]
@@ -390,7 +393,9 @@ def test_bad_ids(filled):
     for bad in ("", "xyz", "0000002a-00000003", 42):
         with pytest.raises(InvalidMessageIdError):
             hw.get(bad)  # type: ignore[arg-type]
-    with pytest.raises(InvalidMessageIdError, match=r"got SendFuture: .*\(\.result\(\), or await it; or use send_and_wait\)"):
+    with pytest.raises(
+        InvalidMessageIdError, match=r"got SendFuture: .*\(\.result\(\), or await it; or use send_and_wait\)"
+    ):
         hw.get(hw.producer().send("q", b"x"))  # type: ignore[arg-type]  (the README's slip)
     qid = hw.admin.describe_queue("q").queue_id
     with pytest.raises(MessageNotFoundError, match="not retained"):
@@ -439,9 +444,16 @@ def test_ttl_hides_expired_messages_on_every_read_path(hw, clock):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.one_of(st.tuples(st.just("append"), st.integers(1, 3)),
-                          st.tuples(st.just("advance"), st.integers(-90_000, 90_000)),
-                          st.tuples(st.just("truncate"), st.just(0))), max_size=40))
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("append"), st.integers(1, 3)),
+            st.tuples(st.just("advance"), st.integers(-90_000, 90_000)),
+            st.tuples(st.just("truncate"), st.just(0)),
+        ),
+        max_size=40,
+    )
+)
 @example(ops=[("append", 1), ("advance", 61_000), ("advance", -30_000)])  # the clock steps back
 def test_the_first_unexpired_offset_follows_the_clock_appends_and_truncation(tmp_path_factory, ops):
     """The store remembers a partition's first unexpired offset between reads: whatever

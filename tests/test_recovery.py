@@ -25,11 +25,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-
-import headwater
-from headwater import MessageId
-from headwater.errors import CorruptDataError, DataDirectoryLockedError, MessageNotFoundError
-from headwater.storage.segment_index import SegmentIndex
 from helpers.crashdata import (
     BatchLoc,
     expected_tuple,
@@ -38,6 +33,11 @@ from helpers.crashdata import (
     read_layout,
     record_tuple,
 )
+
+import headwater
+from headwater import MessageId
+from headwater.errors import CorruptDataError, DataDirectoryLockedError, MessageNotFoundError
+from headwater.storage.segment_index import SegmentIndex
 
 SEED = int(os.environ.get("HEADWATER_SEED") or random.randrange(2**32))
 HELPERS = Path(__file__).parent / "helpers"
@@ -75,6 +75,7 @@ def storage_warnings():
 def assert_partition(hw, partition: int, want, ctx: str, *, start: int = 0) -> int:
     """Stream-compare the records of ``partition`` from ``start`` with ``want`` (an iterable
     of expected tuples); return how many matched."""
+
     def show(t):
         return None if t is None else (t[0], f"{len(t[1])} bytes", t[1][:16], t[2], t[3])
 
@@ -83,8 +84,10 @@ def assert_partition(hw, partition: int, want, ctx: str, *, start: int = 0) -> i
     for got_r, want_t in zip_longest(scan, want):
         got_t = None if got_r is None else record_tuple(got_r)
         if got_t != want_t:
-            pytest.fail(f"partition {partition}, record #{n} after offset {start}: served "
-                        f"{show(got_t)}, expected {show(want_t)}; {ctx}")
+            pytest.fail(
+                f"partition {partition}, record #{n} after offset {start}: served "
+                f"{show(got_t)}, expected {show(want_t)}; {ctx}"
+            )
         n += 1
     return n
 
@@ -134,9 +137,17 @@ class KillRig:
         ctx = _ctx(round=r, early=early, delay=f"{delay:.3f}", threads=self.threads)
         with (self.tmp / "child.err").open("wb") as err:
             child = subprocess.Popen(
-                [sys.executable, str(HELPERS / "appender.py"), str(self.data), str(acks),
-                 f"{self.seed}:{r}", str(self.threads), str(SEGMENT_BYTES)],
-                stdout=err, stderr=err,
+                [
+                    sys.executable,
+                    str(HELPERS / "appender.py"),
+                    str(self.data),
+                    str(acks),
+                    f"{self.seed}:{r}",
+                    str(self.threads),
+                    str(SEGMENT_BYTES),
+                ],
+                stdout=err,
+                stderr=err,
             )
         try:
             if not early:
@@ -153,8 +164,7 @@ class KillRig:
         acked_end = list(self.verified)
         for p, base, n in got:
             # the child saw exactly what the last check saw, then appended contiguously
-            assert base == acked_end[p], (
-                f"partition {p}: acked base {base}, expected {acked_end[p]}; {ctx}")
+            assert base == acked_end[p], f"partition {p}: acked base {base}, expected {acked_end[p]}; {ctx}"
             acked_end[p] = base + n
             self.acked_total += n
         self.check(acked_end, full=full_check, verify="all" if r % 4 == 3 else "tail", ctx=ctx)
@@ -168,15 +178,21 @@ class KillRig:
             for p, pi in enumerate(info.partitions):
                 assert pi.start_offset == 0, ctx
                 assert pi.end_offset >= acked_end[p], (
-                    f"partition {p} ends at {pi.end_offset}: acknowledged messages up to "
-                    f"{acked_end[p]} are lost; {ctx}")
+                    f"partition {p} ends at {pi.end_offset}: acknowledged messages up to {acked_end[p]} are lost; {ctx}"
+                )
                 assert pi.end_offset >= self.verified[p], (
                     f"partition {p} ends at {pi.end_offset}, below {self.verified[p]} seen by the "
-                    f"previous check (after a clean close); {ctx}")
+                    f"previous check (after a clean close); {ctx}"
+                )
                 start = 0 if full else self.verified[p]
                 # whatever lies beyond the acks must be what the writer was writing, intact
-                n = assert_partition(hw, p, (expected_tuple(p, o) for o in range(start, pi.end_offset)),
-                                     f"{ctx} verify={verify}", start=start)
+                n = assert_partition(
+                    hw,
+                    p,
+                    (expected_tuple(p, o) for o in range(start, pi.end_offset)),
+                    f"{ctx} verify={verify}",
+                    start=start,
+                )
                 assert n == pi.end_offset - start
                 self.unacked_kept += pi.end_offset - acked_end[p]
                 self.verified[p] = pi.end_offset
@@ -189,8 +205,10 @@ def _kill_rounds(tmp_path: Path, *, rounds: int, partitions: int, threads: int, 
     for r in range(rounds):
         rig.round(r, full_check=r % full_every == 0 or r == rounds - 1)
     assert rig.acked_total > 0, "no round acknowledged anything: the test proved nothing"
-    print(f"\n{rounds} rounds, {threads} thread(s): {rig.acked_total} messages acknowledged, "
-          f"{rig.unacked_kept} unacknowledged ones kept intact, {rig.cuts} recovery cut(s); {_ctx()}")
+    print(
+        f"\n{rounds} rounds, {threads} thread(s): {rig.acked_total} messages acknowledged, "
+        f"{rig.unacked_kept} unacknowledged ones kept intact, {rig.cuts} recovery cut(s); {_ctx()}"
+    )
 
 
 @pytest.mark.timeout(300)
@@ -274,8 +292,7 @@ def check_recovered(data: Path, survivors, ctx: str, *, warned: bool, verify: st
     with storage_warnings() as warns:
         hw = headwater.open(data, segment_bytes_max=SEGMENT_BYTES, verify=verify)
     try:
-        assert bool(warns) == warned, (
-            f"warnings {[w.getMessage() for w in warns]}, expected {warned}; {ctx}")
+        assert bool(warns) == warned, f"warnings {[w.getMessage() for w in warns]}, expected {warned}; {ctx}"
         want = _expected(survivors)
         _assert_store(hw, want, ctx)
         # the store keeps working: append a new generation after what survived
@@ -369,8 +386,7 @@ def _flip_sealed(tmp_path: Path, pristine: Pristine, cases: int) -> None:
         ctx = _ctx(case=case, damage=f"flip bytes {positions} of sealed segment #{seg}")
         data = _copy(pristine, tmp_path / f"case{case}")
         _flip(data / "log" / pristine.segments[seg], positions, rng)
-        damaged = [b for b in pristine.batches
-                   if b.segment == seg and any(b.start <= x < b.end for x in positions)]
+        damaged = [b for b in pristine.batches if b.segment == seg and any(b.start <= x < b.end for x in positions)]
         bad = damaged[0]
 
         # verify="tail" trusts the sealed segment's index: the damage is found by the reader,
@@ -385,11 +401,9 @@ def _flip_sealed(tmp_path: Path, pristine: Pristine, cases: int) -> None:
                 try:
                     served.extend(record_tuple(r) for r in hw.scanner("q", partitions=p))
                 except CorruptDataError:
-                    assert any(b.partition == p for b in damaged), (
-                        f"partition {p} wrongly refused; {ctx}")
+                    assert any(b.partition == p for b in damaged), f"partition {p} wrongly refused; {ctx}"
                 else:
-                    assert not any(b.partition == p for b in damaged), (
-                        f"damage in partition {p} served; {ctx}")
+                    assert not any(b.partition == p for b in damaged), f"damage in partition {p} served; {ctx}"
                 assert served == want[p][: len(served)], f"partition {p}; {ctx}"
         finally:
             hw.close()
@@ -400,11 +414,14 @@ def _flip_sealed(tmp_path: Path, pristine: Pristine, cases: int) -> None:
         want = check_recovered(data, survivors, ctx, warned=True, verify="all")
         # offsets inside the gap (below data of later segments) name nothing: a lookup says
         # so and a scan bounded inside the gap ends, instead of spinning
-        kept_end = max((b.base_offset + b.count for b in survivors if b.partition == bad.partition),
-                       default=0)
-        gap = [o for b in pristine.batches if b.segment == seg and b.start >= bad.start
-               and b.partition == bad.partition
-               for o in range(b.base_offset, b.base_offset + b.count) if o < kept_end]
+        kept_end = max((b.base_offset + b.count for b in survivors if b.partition == bad.partition), default=0)
+        gap = [
+            o
+            for b in pristine.batches
+            if b.segment == seg and b.start >= bad.start and b.partition == bad.partition
+            for o in range(b.base_offset, b.base_offset + b.count)
+            if o < kept_end
+        ]
         if not gap:
             continue  # the cut took the partition's tail: its offsets were reused by new appends
         o = rng.choice(gap)
@@ -523,8 +540,7 @@ def test_damaged_segment_header_refuses_to_open(tmp_path, pristine):
         for _ in range(2):  # the second try must not find the directory still locked
             with pytest.raises(CorruptDataError, match=path.name):
                 headwater.open(data, segment_bytes_max=SEGMENT_BYTES)
-        assert len(os.listdir("/proc/self/fd")) == fds, (
-            f"a failed open leaked file descriptors; {_ctx(case=case)}")
+        assert len(os.listdir("/proc/self/fd")) == fds, f"a failed open leaked file descriptors; {_ctx(case=case)}"
 
 
 def test_crash_while_creating_a_store(tmp_path):
@@ -548,8 +564,9 @@ def test_crash_while_creating_a_store(tmp_path):
 def test_second_process_is_locked_out_until_the_owner_dies(tmp_path):
     data, ready = tmp_path / "data", tmp_path / "ready"
     with (tmp_path / "child.err").open("wb") as err:
-        child = subprocess.Popen([sys.executable, str(HELPERS / "holder.py"), str(data), str(ready)],
-                                 stdout=err, stderr=err)
+        child = subprocess.Popen(
+            [sys.executable, str(HELPERS / "holder.py"), str(data), str(ready)], stdout=err, stderr=err
+        )
     try:
         deadline = time.monotonic() + 30
         while not (ready.exists() and ready.read_text().endswith("\n")):

@@ -89,6 +89,7 @@ def read_across_asyncio(broker: dict, make_read, **restart) -> list[bytes]:
     """Connect with ``headwater.aio``, create queue ``q``, make the reader
     (``await make_read(hw)``: an async function returning bodies) and read across a SIGTERM
     restart."""
+
     async def main() -> list[bytes]:
         hw = await headwater.aio.connect(broker["broker"].address, request_timeout_s=5)
         try:
@@ -288,6 +289,7 @@ def test_an_asyncio_read_keeps_its_timeout_while_the_broker_is_down(broker, kind
 
                 def read():
                     return c.poll(timeout_ms=200)
+
             assert await read() == []
             broker["broker"].kill()
             clock = PollClock()

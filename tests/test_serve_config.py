@@ -19,12 +19,15 @@ def test_precedence(tmp_path):
     assert server.port == 7070 and store.flush == "async"  # other HEADWATER_ variables are not settings
 
 
-@pytest.mark.parametrize("text, match", [
-    ("[server]\nprot = 1\n", "unknown setting \\[server\\] prot"),
-    ("[sever]\n", "unknown table"),
-    ("[server\n", "cannot read the config file"),
-    ("[store]\nflush = 'never'\n", "flush"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("[server]\nprot = 1\n", "unknown setting \\[server\\] prot"),
+        ("[sever]\n", "unknown table"),
+        ("[server\n", "cannot read the config file"),
+        ("[store]\nflush = 'never'\n", "flush"),
+    ],
+)
 def test_bad_files(tmp_path, text, match):
     f = tmp_path / "bad.toml"
     f.write_text(text)
@@ -84,32 +87,41 @@ def test_a_port_in_use_is_one_error_line_naming_it(tmp_path):
 
     first = BrokerProcess(tmp_path / "first").start()
     try:
-        run = subprocess.run([HEADWATER, "--data", str(tmp_path / "second"), "serve", "--port", str(first.port)],
-                             capture_output=True, text=True, timeout=60)
+        run = subprocess.run(
+            [HEADWATER, "--data", str(tmp_path / "second"), "serve", "--port", str(first.port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         first.terminate()
     assert run.returncode == 1
-    assert (f"error: cannot listen on 127.0.0.1:{first.port}: the address is in use (another broker, or another "
-            f"program); choose another with --port or --host") in run.stderr
+    assert (
+        f"error: cannot listen on 127.0.0.1:{first.port}: the address is in use (another broker, or another "
+        f"program); choose another with --port or --host"
+    ) in run.stderr
     assert "Traceback" not in run.stderr
 
 
-@pytest.mark.parametrize("name, value, match", [
-    # each of these used to be taken: the broker then refused every connection (frame_bytes_max,
-    # requests_in_flight_max), dropped each one at once (the timeouts) or failed on it (nan)
-    ("frame_bytes_max", 100, "frame_bytes_max must be a whole number from 4,096"),
-    ("requests_in_flight_max", 5_000_000_000, "requests_in_flight_max must be a whole number from 1 to"),
-    ("idle_timeout_s", -1, "idle_timeout_s must be a number of seconds from"),
-    ("idle_timeout_s", 0, "idle_timeout_s must be a number of seconds from"),
-    ("idle_timeout_s", float("nan"), "idle_timeout_s must be a number of seconds"),
-    ("handshake_timeout_s", 0, "handshake_timeout_s must be"),
-    ("shutdown_grace_s", -1, "shutdown_grace_s must be"),
-    ("send_timeout_s", 0, "send_timeout_s must be"),
-    ("push_bytes_max", 0, "push_bytes_max must be a whole number from 1,024"),
-    ("push_streams_max", 0, "push_streams_max must be a whole number from 1"),
-    ("fetch_wait_ms_max", -5, "fetch_wait_ms_max must be a whole number from 0"),
-    ("fetch_bytes_max", 2**31, "fetch_bytes_max .* must leave room in a frame"),
-])
+@pytest.mark.parametrize(
+    "name, value, match",
+    [
+        # each of these used to be taken: the broker then refused every connection (frame_bytes_max,
+        # requests_in_flight_max), dropped each one at once (the timeouts) or failed on it (nan)
+        ("frame_bytes_max", 100, "frame_bytes_max must be a whole number from 4,096"),
+        ("requests_in_flight_max", 5_000_000_000, "requests_in_flight_max must be a whole number from 1 to"),
+        ("idle_timeout_s", -1, "idle_timeout_s must be a number of seconds from"),
+        ("idle_timeout_s", 0, "idle_timeout_s must be a number of seconds from"),
+        ("idle_timeout_s", float("nan"), "idle_timeout_s must be a number of seconds"),
+        ("handshake_timeout_s", 0, "handshake_timeout_s must be"),
+        ("shutdown_grace_s", -1, "shutdown_grace_s must be"),
+        ("send_timeout_s", 0, "send_timeout_s must be"),
+        ("push_bytes_max", 0, "push_bytes_max must be a whole number from 1,024"),
+        ("push_streams_max", 0, "push_streams_max must be a whole number from 1"),
+        ("fetch_wait_ms_max", -5, "fetch_wait_ms_max must be a whole number from 0"),
+        ("fetch_bytes_max", 2**31, "fetch_bytes_max .* must leave room in a frame"),
+    ],
+)
 def test_a_setting_out_of_range_stops_the_broker_before_it_listens(name, value, match):
     with pytest.raises(InvalidArgumentError, match=match):
         load_settings(None, {}, {name: value})
@@ -120,7 +132,7 @@ def test_an_error_says_where_the_bad_value_came_from(tmp_path):
     f.write_text('[server]\nport = "17311"\nidle_timeout_s = 0\n')
     with pytest.raises(InvalidArgumentError, match=r"bad setting \(.*headwater.toml \[server\]\).*port"):
         load_settings(f, {}, {})
-    f.write_text('[server]\nidle_timeout_s = 0\n')
+    f.write_text("[server]\nidle_timeout_s = 0\n")
     with pytest.raises(InvalidArgumentError, match=r"\(.*headwater.toml \[server\]\): idle_timeout_s must be"):
         load_settings(f, {}, {})
     with pytest.raises(InvalidArgumentError, match=r"\(HEADWATER_IDLE_TIMEOUT_S\): idle_timeout_s must be"):
@@ -137,8 +149,9 @@ def test_a_setting_given_twice_on_the_command_line_must_agree():
 
 def test_a_misspelt_variable_is_reported_not_ignored_silently(caplog):
     with caplog.at_level("WARNING", logger="headwater.server"):
-        server, _ = load_settings(None, {"HEADWATER_IDLE_TIMEOUT": "1", "HEADWATER_DATA": "/x",
-                                         "HEADWATER_SERVER": "h:1"}, {})
+        server, _ = load_settings(
+            None, {"HEADWATER_IDLE_TIMEOUT": "1", "HEADWATER_DATA": "/x", "HEADWATER_SERVER": "h:1"}, {}
+        )
     assert server.idle_timeout_s == 600.0
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 1 and "HEADWATER_IDLE_TIMEOUT is not a setting" in warned[0]

@@ -142,12 +142,11 @@ def test_long_poll_is_woken_by_a_produce_of_the_same_connection(server):
 
 
 def test_a_peer_that_does_not_read_is_paused_not_buffered(tmp_path):
-    s = InProcessServer(tmp_path / "data", write_buffer_bytes_max=16 * 1024,
-                        connection_bytes_in_flight_max=256 * 1024)
+    s = InProcessServer(tmp_path / "data", write_buffer_bytes_max=16 * 1024, connection_bytes_in_flight_max=256 * 1024)
     try:
         c = RawClient(s.port, rcvbuf=4096)
         c.call(CreateQueueRequest("big", QueueConfig(partitions=1)))
-        for i in range(50):
+        for _ in range(50):
             c.call(ProduceRequest("big", 0, encode_batch([b"y" * 1000] * 64)))
         # fetches of ~64 KiB and produces, pipelined, none of the answers read for now
         sent = []
@@ -344,7 +343,7 @@ def test_big_frames_half_sent_hold_the_byte_budget_not_unbounded_memory(tmp_path
         assert time.monotonic() - t0 < 1
         for c in senders:
             c.sock.setblocking(True)
-            c.sock.sendall(c.frame[c.sent:])
+            c.sock.sendall(c.frame[c.sent :])
         offsets = sorted(c.answers(1).popitem()[1].body.base_offset for c in senders)
         assert offsets == [1, 2, 3, 4, 5]
         assert s.call(lambda: (s.server._receiving, s.server._budget.used)) == (0, 0)
@@ -403,8 +402,7 @@ def test_a_peer_that_takes_none_of_its_answers_is_cut_off_after_send_timeout_s(t
             while s.call(lambda: len(s.server._conns)) > 1 and time.monotonic() < deadline:
                 time.sleep(0.05)
         assert s.call(lambda: (len(s.server._conns), s.server._budget.used)) == (1, 0)
-        assert any("took none of the" in r.getMessage() and "send_timeout_s" in r.getMessage()
-                   for r in caplog.records)
+        assert any("took none of the" in r.getMessage() and "send_timeout_s" in r.getMessage() for r in caplog.records)
         healthy.call(PingRequest())
         healthy.close()
     finally:
@@ -457,9 +455,12 @@ def test_tasks_cut_off_before_they_start_leave_no_warning(tmp_path):
         # are cancelled before their first step
         frames = b"".join(
             [raw(FrameType.REQUEST, ApiKey.PING, rid, PingRequest()) for rid in range(100, 110)]
-            + [raw(FrameType.REQUEST, ApiKey.FETCH, rid, FetchRequest("q", 0, 0, 1024, max_wait_ms=10_000))
-               for rid in range(200, 450)]
-            + [raw(FrameType.REQUEST, ApiKey.LIST_QUEUES, rid, ListQueuesRequest()) for rid in range(500, 520)])
+            + [
+                raw(FrameType.REQUEST, ApiKey.FETCH, rid, FetchRequest("q", 0, 0, 1024, max_wait_ms=10_000))
+                for rid in range(200, 450)
+            ]
+            + [raw(FrameType.REQUEST, ApiKey.LIST_QUEUES, rid, ListQueuesRequest()) for rid in range(500, 520)]
+        )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             c.sock.sendall(frames)

@@ -17,8 +17,7 @@ from tests.support.broker_process import BrokerProcess
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    b = BrokerProcess(tmp_path_factory.mktemp("robust") / "data",
-                      "--set", "handshake_timeout_s=1").start()
+    b = BrokerProcess(tmp_path_factory.mktemp("robust") / "data", "--set", "handshake_timeout_s=1").start()
     yield b
     if b.alive():
         assert b.terminate() == 0
@@ -63,18 +62,21 @@ def closed_by_peer(s: socket.socket, timeout_s: float = 5.0) -> bool:
                 return True
     except (ConnectionResetError, BrokenPipeError):
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
     finally:
         s.close()
 
 
-@pytest.mark.parametrize("junk", [
-    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
-    b"\x00" * 64,
-    b"\xff\xff\xff\xff" + b"x" * 100,           # a frame claiming 4 GiB
-    struct.pack("<I", 100) + b"\x01" * 100,     # right length, bad checksum
-])
+@pytest.mark.parametrize(
+    "junk",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"\x00" * 64,
+        b"\xff\xff\xff\xff" + b"x" * 100,  # a frame claiming 4 GiB
+        struct.pack("<I", 100) + b"\x01" * 100,  # right length, bad checksum
+    ],
+)
 def test_garbage_before_handshake_is_refused(broker, junk):
     s = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
     s.sendall(junk)
@@ -86,8 +88,8 @@ def test_garbage_after_handshake_and_unknown_api(broker):
     s, conn = raw_conn(broker)
     s.sendall(b"\x10\x00\x00\x00" + b"\x00" * 16)  # a short frame with a wrong checksum
     assert closed_by_peer(s)
-    from tests.test_protocol import raw
     from headwater.protocol import FrameType
+    from tests.test_protocol import raw
 
     s, conn = raw_conn(broker)
     s.sendall(raw(FrameType.REQUEST, 999, 1, PingRequest()))
@@ -105,10 +107,11 @@ def test_truncated_frame_then_silence_is_closed(broker):
 
 
 def test_wrong_protocol_version(broker):
-    from headwater.protocol.messages import HandshakeBody
-    from headwater.protocol.frames import encode_frame
-    from headwater.protocol import FrameType
     import msgspec
+
+    from headwater.protocol import FrameType
+    from headwater.protocol.frames import encode_frame
+    from headwater.protocol.messages import HandshakeBody
 
     s = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
     head = msgspec.msgpack.encode(HandshakeBody("headwater", 7, 9, "future-client", 1 << 20))

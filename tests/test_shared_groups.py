@@ -58,8 +58,13 @@ def test_transition_table_is_complete_and_final_states_stay_final():
     AVAILABLE, LEASED, ACKED, DEAD = DeliveryState
     for spent in (False, True):
         # what can happen to a leased message, whatever its attempts
-        for ev in (DeliveryEvent.ACK, DeliveryEvent.NACK, DeliveryEvent.EXPIRE, DeliveryEvent.EXTEND,
-                   DeliveryEvent.RESTART):
+        for ev in (
+            DeliveryEvent.ACK,
+            DeliveryEvent.NACK,
+            DeliveryEvent.EXPIRE,
+            DeliveryEvent.EXTEND,
+            DeliveryEvent.RESTART,
+        ):
             assert (LEASED, ev, spent) in TRANSITIONS
         for ev in DeliveryEvent:  # nothing leaves a final state
             assert (ACKED, ev, spent) not in TRANSITIONS and (DEAD, ev, spent) not in TRANSITIONS
@@ -84,8 +89,14 @@ def test_settings_validation():
     assert SharedGroupSettings(backoff_ms=100, backoff_multiplier=10.0, backoff_max_ms=5000).backoff_for(9) == 5000
     with pytest.raises(InvalidArgumentError, match=r"unknown shared group setting 'retries'.*max_attempts"):
         SharedGroupSettings.from_mapping({"retries": 3})
-    for bad in ({"max_attempts": 0}, {"max_attempts": True}, {"backoff_ms": -1}, {"in_flight_max": 0},
-                {"backoff_multiplier": 0.5}, {"backoff_ms": 10, "backoff_max_ms": 5}):
+    for bad in (
+        {"max_attempts": 0},
+        {"max_attempts": True},
+        {"backoff_ms": -1},
+        {"in_flight_max": 0},
+        {"backoff_multiplier": 0.5},
+        {"backoff_ms": 10, "backoff_max_ms": 5},
+    ):
         with pytest.raises(InvalidArgumentError):
             SharedGroupSettings.from_mapping(bad)
 
@@ -452,8 +463,11 @@ def test_compaction_keeps_the_state(tmp_path, clock):
     sg = SharedGroups(store, clock, compact_min=20, compact_ratio=2)
     after = sg.describe("g", "q")
     for a, b in zip(before.partitions, after.partitions):
-        assert (a.committed_offset, a.delivered_offset, a.acked_ahead) == (b.committed_offset, b.delivered_offset,
-                                                                          b.acked_ahead)
+        assert (a.committed_offset, a.delivered_offset, a.acked_ahead) == (
+            b.committed_offset,
+            b.delivered_offset,
+            b.acked_ahead,
+        )
         assert b.leased == 0 and b.awaiting_retry == a.leased + a.awaiting_retry
     res = sg.receive("g", "q", "m2", 1000, 10_000)
     got = {(x.partition, x.offset) for x in res.leases}
@@ -484,8 +498,11 @@ def _simulate(seed: int, tmp_path: Path, steps: int, restarts: bool) -> None:
     now = [1_800_000_000.0]
     clock = lambda: now[0]  # noqa: E731
     max_attempts = rnd.randint(1, 4)
-    settings = {"max_attempts": max_attempts, "backoff_ms": rnd.choice([0, 100, 1000]),
-                "in_flight_max": rnd.choice([3, 10, 1000])}
+    settings = {
+        "max_attempts": max_attempts,
+        "backoff_ms": rnd.choice([0, 100, 1000]),
+        "in_flight_max": rnd.choice([3, 10, 1000]),
+    }
     parts = rnd.randint(1, 3)
     path = tmp_path / f"sim-{seed}"
     broker = Broker.open(path, clock=clock)
@@ -511,11 +528,13 @@ def _simulate(seed: int, tmp_path: Path, steps: int, restarts: bool) -> None:
             for off in range(c.floor, c.next):
                 assert off in c.entries, ("hole in the window", p, off)
             assert c.next - c.floor <= settings["in_flight_max"] or not any(
-                e.state in (DeliveryState.LEASED, DeliveryState.AVAILABLE) for e in c.entries.values())
+                e.state in (DeliveryState.LEASED, DeliveryState.AVAILABLE) for e in c.entries.values()
+            )
 
-    for step in range(steps):
-        op = rnd.choices(["produce", "receive", "ack", "nack", "time", "extend", "restart"],
-                         [2, 4, 4, 2, 2, 1, 1 if restarts else 0])[0]
+    for _step in range(steps):
+        op = rnd.choices(
+            ["produce", "receive", "ack", "nack", "time", "extend", "restart"], [2, 4, 4, 2, 2, 1, 1 if restarts else 0]
+        )[0]
         log.append(op)
         if op == "produce":
             n = rnd.randint(1, 5)
@@ -606,8 +625,10 @@ def _simulate(seed: int, tmp_path: Path, steps: int, restarts: bool) -> None:
     broker.close()
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6, 7, 8, int(os.environ.get("HEADWATER_SEED", "0")) or
-                                  random.SystemRandom().randrange(1 << 30)])
+@pytest.mark.parametrize(
+    "seed",
+    [1, 2, 3, 4, 5, 6, 7, 8, int(os.environ.get("HEADWATER_SEED", "0")) or random.SystemRandom().randrange(1 << 30)],
+)
 def test_seeded_simulation(seed, tmp_path):
     try:
         _simulate(seed, tmp_path, steps=400, restarts=True)
@@ -640,14 +661,15 @@ def test_the_fake_behaves_like_the_broker(tmp_path):
             if op == "send":
                 answers.append(hw.send_batch("q", [b"x"] * (1 + int(arg * 3)), partition=int(arg * 2)) and None)
             elif op == "recv":
-                res = svc.shared_receive("g", "q", "m", 1 + int(arg * 5), 1000, arg < 0.1, {"max_attempts": 3,
-                                                                                          "backoff_ms": 300})
+                res = svc.shared_receive(
+                    "g", "q", "m", 1 + int(arg * 5), 1000, arg < 0.1, {"max_attempts": 3, "backoff_ms": 300}
+                )
                 held[i].extend(x.lease_id for x in res.leases if x.lease_id)
                 answers.append(norm(res.leases, qids[i]))
             elif op in ("ack", "nack") and held[i]:
                 chosen = held[i][: 1 + int(arg * 3)]
                 del held[i][: len(chosen)]
-                fn = svc.shared_ack if op == "ack" else lambda *a: svc.shared_nack(*a, "r", None)
+                fn = svc.shared_ack if op == "ack" else lambda *a: svc.shared_nack(*a, "r", None)  # noqa: B023 (called at once, within this iteration)
                 answers.append(norm(fn("g", "q", "m", chosen), qids[i]))
             elif op == "time" and i == 0:
                 now[0] += arg * 2
@@ -665,11 +687,21 @@ def _start_members(broker, n: int, out_dir: Path, opts: dict, group: str = "g", 
     stop = out_dir / "stop"
     procs = []
     for i in range(n):
-        procs.append(subprocess.Popen(
-            [sys.executable, str(SUPPORT / "shared_member.py"), broker.address, group, queue,
-             str(out_dir / f"member-{i}.log"), str(stop), json.dumps(opts)],
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
-        ))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(SUPPORT / "shared_member.py"),
+                    broker.address,
+                    group,
+                    queue,
+                    str(out_dir / f"member-{i}.log"),
+                    str(stop),
+                    json.dumps(opts),
+                ],
+                env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+            )
+        )
     return procs
 
 
@@ -757,8 +789,12 @@ def test_eight_members_redeliver_nacked_and_timed_out_and_dead_letter_poison(bro
     bodies = [f"{kinds[i % len(kinds)]}:{i}".encode() for i in range(900)]
     hw.send_batch("q", bodies[0::2], partition=0)
     hw.send_batch("q", bodies[1::2], partition=1)
-    procs = _start_members(broker_process, 8, tmp_path, {"max_messages": 8, "visibility_timeout_ms": 1500,
-                                                         "max_attempts": 3, "backoff_ms": 50})
+    procs = _start_members(
+        broker_process,
+        8,
+        tmp_path,
+        {"max_messages": 8, "visibility_timeout_ms": 1500, "max_attempts": 3, "backoff_ms": 50},
+    )
     _wait_finished(hw, "g", "q", 90)
     _stop(procs, tmp_path)
     ev = _events(tmp_path)
@@ -810,8 +846,9 @@ def test_broker_sigkill_neither_loses_nor_redelivers_acknowledged_messages(broke
     for p in range(2):
         hw.send_batch("q", [b"ok:%d" % i for i in range(n // 2)], partition=p)
     hw.close()
-    procs = _start_members(broker_process, 8, tmp_path, {"max_messages": 8, "work_ms": 1,
-                                                         "visibility_timeout_ms": 5000})
+    procs = _start_members(
+        broker_process, 8, tmp_path, {"max_messages": 8, "work_ms": 1, "visibility_timeout_ms": 5000}
+    )
     _wait_events(tmp_path, "A", 300)
     broker_process.kill()
     acked_before = {(e[1], e[2]) for e in _events(tmp_path) if e[0] == "A"}

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 import typer
+from support.broker_process import BrokerProcess
 
 import headwater
 from headwater.cli.context import CliState
 from headwater.cli.main import app
 from headwater.cli.shell import ShellSession
-from support.broker_process import BrokerProcess
 
 HEADWATER = str(Path(sys.executable).with_name("headwater"))
 
@@ -41,8 +41,13 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def piped(*global_options: str, script: str, **extra_env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([HEADWATER, *global_options, "shell"], input=script.encode(), capture_output=True,
-                          env=env(**extra_env), timeout=60)
+    return subprocess.run(
+        [HEADWATER, *global_options, "shell"],
+        input=script.encode(),
+        capture_output=True,
+        env=env(**extra_env),
+        timeout=60,
+    )
 
 
 # --- commands piped in ------------------------------------------------------------------
@@ -130,9 +135,15 @@ class Terminal:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
         # a session of its own with the terminal as its controlling tty, so that Ctrl-C
         # typed on it reaches the child as SIGINT, as in a real terminal
-        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env,
-                                     start_new_session=True,
-                                     preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            start_new_session=True,
+            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+        )
         os.close(slave)
         self.fd = master
         self.seen = ""
@@ -144,12 +155,14 @@ class Terminal:
         while True:
             m = re.search(pattern, self.seen)
             if m:
-                self.seen = self.seen[m.end():]
+                self.seen = self.seen[m.end() :]
                 return m
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"{pattern!r} not seen; the terminal shows:\n{self.seen[-3000:]}\n"
-                                     f"--- the whole session so far ---\n{self.log[-3000:]}")
+                raise AssertionError(
+                    f"{pattern!r} not seen; the terminal shows:\n{self.seen[-3000:]}\n"
+                    f"--- the whole session so far ---\n{self.log[-3000:]}"
+                )
             ready, _, _ = select.select([self.fd], [], [], left)
             if ready:
                 try:
@@ -184,8 +197,7 @@ def test_terminal_prompt_completion_and_history(broker, tmp_path):
         hw.admin.create_queue("audit-log")
         hw.send("orders", b"typed on a terminal")
     history = tmp_path / "history"
-    term = Terminal([HEADWATER, "--server", broker.address, "shell"],
-                    env(TERM="xterm", HEADWATER_HISTORY=str(history)))
+    term = Terminal([HEADWATER, "--server", broker.address, "shell"], env(TERM="xterm", HEADWATER_HISTORY=str(history)))
     prompt = re.escape(f"headwater({broker.address})> ")
     try:
         term.expect(r"'help' lists the commands")
@@ -222,16 +234,23 @@ def test_terminal_prompt_completion_and_history(broker, tmp_path):
         if term.proc.poll() is None:
             term.proc.kill()
     saved = [line for line in history.read_text().splitlines() if not line.startswith("_HiStOrY_")]
-    assert saved == ["scan orders --json", "queue describe audit-log", "queue create fresh",
-                     "produce fresh x", "scan nope", "queue list --json"]
+    assert saved == [
+        "scan orders --json",
+        "queue describe audit-log",
+        "queue create fresh",
+        "produce fresh x",
+        "scan nope",
+        "queue list --json",
+    ]
 
 
 def test_terminal_ctrl_c_stops_consume_and_keeps_the_session(broker, tmp_path):
     with headwater.connect(broker.address) as hw:
         hw.admin.create_queue("q")
         hw.send("q", b"one")
-    term = Terminal([HEADWATER, "--server", broker.address, "shell"],
-                    env(TERM="xterm", HEADWATER_HISTORY=str(tmp_path / "history")))
+    term = Terminal(
+        [HEADWATER, "--server", broker.address, "shell"], env(TERM="xterm", HEADWATER_HISTORY=str(tmp_path / "history"))
+    )
     try:
         term.expect(r"> ")
         term.type("consume q --from earliest --group g --json\n")
@@ -251,8 +270,9 @@ def test_terminal_ctrl_c_stops_consume_and_keeps_the_session(broker, tmp_path):
 
 
 def test_terminal_ctrl_c_at_the_prompt_does_not_repeat_the_banner(broker, tmp_path):
-    term = Terminal([HEADWATER, "--server", broker.address, "shell"],
-                    env(TERM="xterm", HEADWATER_HISTORY=str(tmp_path / "history")))
+    term = Terminal(
+        [HEADWATER, "--server", broker.address, "shell"], env(TERM="xterm", HEADWATER_HISTORY=str(tmp_path / "history"))
+    )
     try:
         term.expect(r"> ")
         for _ in range(2):
@@ -282,8 +302,23 @@ def session(tmp_path):
 
 def test_completion_of_commands_subcommands_options_and_queues(session):
     c = session.completions
-    assert c("", "") == sorted(["queue", "produce", "scan", "get", "find", "consume", "status", "delay",
-                                "subscriber", "group", "exit", "quit", "help"])  # shell, serve and check are not offered
+    assert c("", "") == sorted(
+        [
+            "queue",
+            "produce",
+            "scan",
+            "get",
+            "find",
+            "consume",
+            "status",
+            "delay",
+            "subscriber",
+            "group",
+            "exit",
+            "quit",
+            "help",
+        ]
+    )  # shell, serve and check are not offered
     assert c("", "q") == ["queue", "quit"]
     assert c("queue ", "d") == ["delete", "describe", "disable"]
     assert c("queue ", "add") == ["add-partitions"]
@@ -313,8 +348,7 @@ def test_completion_knows_every_command_and_option(session):
                 if words or name not in NOT_IN_SHELL:
                     walk(sub, [*words, name])
             return
-        options = {o for p in command.params if p.param_type_name == "option" for o in p.opts
-                   if o.startswith("--")}
+        options = {o for p in command.params if p.param_type_name == "option" for o in p.opts if o.startswith("--")}
         assert options | {"--help"} == set(session.completions(" ".join(words) + " ", "--")), words
 
     walk(session.root, [])

@@ -40,8 +40,16 @@ def test_unknown_option_is_named_with_the_valid_ones():
         parse_read_options({"servers": "h:1", "queue": "q", "startingoffset": "earliest"}, streaming=False)
     msg = str(e.value)
     assert "'startingoffset'" in msg and "did you mean 'startingOffsets'" in msg
-    for name in ("servers", "queue", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger",
-                 "failOnDataLoss", "minPartitions", "tags"):
+    for name in (
+        "servers",
+        "queue",
+        "startingOffsets",
+        "endingOffsets",
+        "maxOffsetsPerTrigger",
+        "failOnDataLoss",
+        "minPartitions",
+        "tags",
+    ):
         assert name in msg
     with pytest.raises(InvalidArgumentError, match="partitioner"):
         parse_write_options({"servers": "h:1", "queue": "q", "partitionr": "key"}, streaming=False)
@@ -61,8 +69,10 @@ def test_option_values_are_checked():
         parse_read_options({**base, "failOnDataLoss": "yes"}, streaming=False)
     with pytest.raises(InvalidArgumentError, match="named twice"):
         parse_read_options({**base, "path": "other"}, streaming=False)
-    opts = parse_read_options({"servers": "127.0.0.1:7070", "path": "q", "startingtimestamp":
-                               "2024-05-01T00:00:00Z", "tags": "b, a"}, streaming=False)
+    opts = parse_read_options(
+        {"servers": "127.0.0.1:7070", "path": "q", "startingtimestamp": "2024-05-01T00:00:00Z", "tags": "b, a"},
+        streaming=False,
+    )
     assert opts.queue == "q" and opts.starting_timestamp_ms == 1714521600000 and opts.tags == ("a", "b")
 
 
@@ -170,8 +180,14 @@ def test_batch_read_of_an_offset_range_returns_exactly_those_rows(spark, broker,
     for part in range(3):
         for chunk in range(4):  # several stored batches per partition
             p.send_batch(q, [f"{part}:{chunk * 5 + i}".encode() for i in range(5)], partition=part)
-    df = reader(spark, broker, q, startingOffsets='{"0": 3, "1": 0, "2": 19}',
-                endingOffsets='{"0": 11, "1": -1}', partitions="0,1")
+    df = reader(
+        spark,
+        broker,
+        q,
+        startingOffsets='{"0": 3, "1": 0, "2": 19}',
+        endingOffsets='{"0": 11, "1": -1}',
+        partitions="0,1",
+    )
     got = sorted((r.partition, r.offset, bytes(r.value)) for r in df.collect())
     want = [(0, o, f"0:{o}".encode()) for o in range(3, 11)] + [(1, o, f"1:{o}".encode()) for o in range(20)]
     assert got == want
@@ -219,8 +235,9 @@ def test_batch_read_filters_by_tags_and_splits_for_min_partitions(spark, broker,
     assert both.count() == 200
     split = reader(spark, broker, q, minPartitions="7")
     assert split.rdd.getNumPartitions() >= 7
-    assert sorted((r.partition, r.offset) for r in split.select("partition", "offset").collect()) == \
-        sorted([(0, o) for o in range(300)] + [(1, o) for o in range(50)])
+    assert sorted((r.partition, r.offset) for r in split.select("partition", "offset").collect()) == sorted(
+        [(0, o) for o in range(300)] + [(1, o) for o in range(50)]
+    )
 
 
 # -- batch write --------------------------------------------------------------------
@@ -237,9 +254,14 @@ def test_batch_write_then_read_back_round_trips_bytes_keys_tags_and_properties(s
         (b"\x00" * 1000, b"k2", None, {}),
         (b"plain", None, "t2", None),
     ] + [(f"v{i}".encode(), f"key{i % 7}".encode(), None, {"i": str(i)}) for i in range(200)]
-    schema = StructType([StructField("value", BinaryType()), StructField("key", BinaryType()),
-                         StructField("tag", StringType()),
-                         StructField("properties", MapType(StringType(), StringType()))])
+    schema = StructType(
+        [
+            StructField("value", BinaryType()),
+            StructField("key", BinaryType()),
+            StructField("tag", StringType()),
+            StructField("properties", MapType(StringType(), StringType())),
+        ]
+    )
     df = spark.createDataFrame(rows, schema).repartition(3)
     df.write.format("headwater").mode("append").option("servers", broker.address).option("queue", q).save()
 
@@ -250,6 +272,7 @@ def test_batch_write_then_read_back_round_trips_bytes_keys_tags_and_properties(s
 
     assert sorted(norm(r.value, r.key, r.tag, r.properties) for r in back) == sorted(norm(*r) for r in rows)
     from headwater.client import key_partition
+
     for r in back:  # keyed rows land where the producer would put them
         if r.key is not None:
             assert r.partition == key_partition(bytes(r.key), 4)
@@ -269,17 +292,19 @@ def test_batch_write_takes_partition_and_queue_columns_and_string_keys(spark, br
     # a tag without a key: sticky partitions, tags kept
     t = fresh("tagged")
     hw.admin.create_queue(t, partitions=2)
-    spark.createDataFrame([(f"t{i}".encode(), "even" if i % 2 == 0 else None) for i in range(30)],
-                          "value binary, tag string") \
-        .write.format("headwater").mode("append").option("servers", broker.address).option("queue", t).save()
-    assert sorted((r.body, r.tag) for r in scan(hw, t)) == \
-        sorted((f"t{i}".encode(), "even" if i % 2 == 0 else None) for i in range(30))
+    spark.createDataFrame(
+        [(f"t{i}".encode(), "even" if i % 2 == 0 else None) for i in range(30)], "value binary, tag string"
+    ).write.format("headwater").mode("append").option("servers", broker.address).option("queue", t).save()
+    assert sorted((r.body, r.tag) for r in scan(hw, t)) == sorted(
+        (f"t{i}".encode(), "even" if i % 2 == 0 else None) for i in range(30)
+    )
     # the option wins over the queue column: rows read from one queue go to another as they
     # are, but for their partition number (a source partition the sink queue may not have)
     c = fresh("copy")
     hw.admin.create_queue(c, partitions=1)
-    reader(spark, broker, a).drop("partition").write.format("headwater").mode("append") \
-        .option("servers", broker.address).option("queue", c).option("partitioner", "round_robin").save()
+    reader(spark, broker, a).drop("partition").write.format("headwater").mode("append").option(
+        "servers", broker.address
+    ).option("queue", c).option("partitioner", "round_robin").save()
     assert sorted(r.body for r in scan(hw, c)) == sorted(r.body for r in scan(hw, a))
 
 
@@ -296,9 +321,13 @@ def test_a_task_written_twice_is_not_duplicated(broker, hw):
     hw.admin.create_queue(q, partitions=3)
     opts = parse_write_options({"servers": broker.address, "queue": q, "maxBatchBytes": "1024"}, streaming=True)
     cols = WriteColumns({"value": "value", "key": "key"}, key_is_string=False)
-    batch = pa.record_batch([pa.array([f"m{i:04d}".encode() * 10 for i in range(500)]),
-                             pa.array([f"k{i % 9}".encode() if i % 4 else None for i in range(500)])],
-                            names=["value", "key"])
+    batch = pa.record_batch(
+        [
+            pa.array([f"m{i:04d}".encode() * 10 for i in range(500)]),
+            pa.array([f"k{i % 9}".encode() if i % 4 else None for i in range(500)]),
+        ],
+        names=["value", "key"],
+    )
 
     def task(rows, *, epoch=7, number=0):
         w = TaskWriter(opts, cols, "query-1/0", task=number, epoch=epoch)
@@ -334,8 +363,9 @@ def test_bad_options_fail_with_the_option_named_and_the_valid_ones_listed(spark,
     hw.admin.create_queue(q)
     df = spark.createDataFrame([(b"x",)], "value binary")
     with pytest.raises(Exception, match="unknown option 'partitionr'.*valid options"):
-        df.write.format("headwater").mode("append").option("servers", broker.address) \
-            .option("queue", q).option("partitionr", "key").save()
+        df.write.format("headwater").mode("append").option("servers", broker.address).option("queue", q).option(
+            "partitionr", "key"
+        ).save()
     with pytest.raises(Exception, match="append-only"):
         df.write.format("headwater").mode("overwrite").option("servers", broker.address).option("queue", q).save()
 
@@ -345,8 +375,9 @@ def test_unknown_queue_is_a_clear_error_when_reading_and_writing(spark, broker):
         reader(spark, broker, "no-such-queue").collect()
     df = spark.createDataFrame([(b"x",)], "value binary")
     with pytest.raises(Exception, match="queue 'no-such-queue' does not exist"):
-        df.write.format("headwater").mode("append").option("servers", broker.address) \
-            .option("queue", "no-such-queue").save()
+        df.write.format("headwater").mode("append").option("servers", broker.address).option(
+            "queue", "no-such-queue"
+        ).save()
     by_column = spark.createDataFrame([(b"x", "no-such-queue")], "value binary, queue string")
     with pytest.raises(Exception, match="queue 'no-such-queue' does not exist"):  # found in a worker
         by_column.write.format("headwater").mode("append").option("servers", broker.address).save()
@@ -378,7 +409,8 @@ def test_deliver_at_column_schedules_messages(spark, broker, hw):
         "select cast(concat('m', id) as binary) as value, cast(id % 2 as int) as partition, "
         "case when id < 4 then current_timestamp() "
         "when id < 8 then current_timestamp() + interval 3 seconds end as deliver_at "
-        "from range(10)")
+        "from range(10)"
+    )
     t0 = time.time()
     df.write.format("headwater").mode("append").option("servers", broker.address).option("queue", q).save()
     deadline = time.time() + 30
@@ -411,8 +443,9 @@ def test_offsets_outside_the_retained_range(spark, broker, hw):
 
 def test_an_unreachable_broker_is_a_clear_error(spark):
     with pytest.raises(Exception, match="cannot reach the Headwater broker at servers='127.0.0.1:9'.*reachable"):
-        spark.read.format("headwater").option("servers", "127.0.0.1:9").option("queue", "q") \
-            .option("connectTimeoutMs", "300").load().collect()
+        spark.read.format("headwater").option("servers", "127.0.0.1:9").option("queue", "q").option(
+            "connectTimeoutMs", "300"
+        ).load().collect()
 
 
 # -- streaming ----------------------------------------------------------------------
@@ -432,24 +465,36 @@ def test_max_offsets_per_trigger_bounds_every_micro_batch(spark, broker, hw, tmp
     for part, n in ((0, 70), (1, 23), (2, 4)):
         p.send_batch(q, [f"{part}-{i}".encode() for i in range(n)], partition=part)
     table = q.replace("-", "_")
-    query = (stream_reader(spark, broker, q, startingOffsets="earliest", maxOffsetsPerTrigger="20")
-             .writeStream.format("memory").queryName(table)
-             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    query = (
+        stream_reader(spark, broker, q, startingOffsets="earliest", maxOffsetsPerTrigger="20")
+        .writeStream.format("memory")
+        .queryName(table)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(120)
     sizes = [pr["numInputRows"] for pr in query.recentProgress if pr["numInputRows"]]
     assert sizes and max(sizes) <= 20 and sum(sizes) == 97, sizes
     assert len(sizes) == 5  # 97 offsets, 20 a trigger
     got = spark.table(table).collect()
     assert sorted(bytes(r.value) for r in got) == sorted(
-        f"{part}-{i}".encode() for part, n in ((0, 70), (1, 23), (2, 4)) for i in range(n))
+        f"{part}-{i}".encode() for part, n in ((0, 70), (1, 23), (2, 4)) for i in range(n)
+    )
 
 
 def run_available_now(spark, broker, source, sink, checkpoint, **options):
-    query = (stream_reader(spark, broker, source, startingOffsets="earliest", **options)
-             .select("key", "value", "tag", "properties")
-             .writeStream.format("headwater").option("servers", broker.address).option("queue", sink)
-             .queryName(f"to_{sink}".replace("-", "_"))  # Spark passes the name to the sink too
-             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    query = (
+        stream_reader(spark, broker, source, startingOffsets="earliest", **options)
+        .select("key", "value", "tag", "properties")
+        .writeStream.format("headwater")
+        .option("servers", broker.address)
+        .option("queue", sink)
+        .queryName(f"to_{sink}".replace("-", "_"))  # Spark passes the name to the sink too
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(120)
     if query.exception() is not None:
         raise query.exception()
@@ -461,8 +506,9 @@ def test_streaming_restart_from_the_checkpoint_resumes_exactly(spark, broker, hw
     hw.admin.create_queue(src, partitions=2)
     hw.admin.create_queue(dst, partitions=3)
     p = hw.producer()
-    p.send_batch(src, [Message(f"a{i}".encode(), key=f"k{i}".encode(), tag="t",
-                               properties={"n": str(i)}) for i in range(50)])
+    p.send_batch(
+        src, [Message(f"a{i}".encode(), key=f"k{i}".encode(), tag="t", properties={"n": str(i)}) for i in range(50)]
+    )
     ck = tmp_path / "ck"
     run_available_now(spark, broker, src, dst, ck, maxOffsetsPerTrigger="15")
     assert len(scan(hw, dst)) == 50
@@ -473,8 +519,11 @@ def test_streaming_restart_from_the_checkpoint_resumes_exactly(spark, broker, hw
     p.send_batch(src, [Message(f"c{i}".encode()) for i in range(5)], partition=2)
     run_available_now(spark, broker, src, dst, ck)
     out = scan(hw, dst)
-    want = [f"a{i}".encode() for i in range(50)] + [f"b{i}".encode() for i in range(30)] + \
-        [f"c{i}".encode() for i in range(5)]
+    want = (
+        [f"a{i}".encode() for i in range(50)]
+        + [f"b{i}".encode() for i in range(30)]
+        + [f"c{i}".encode() for i in range(5)]
+    )
     assert sorted(r.body for r in out) == sorted(want)
     first = {r.body: r for r in out if r.body.startswith(b"a")}
     assert first[b"a7"].key == b"k7" and first[b"a7"].tag == "t" and first[b"a7"].properties == {"n": "7"}
@@ -499,8 +548,11 @@ def test_streaming_data_loss_fails_or_skips_as_asked(spark, broker, hw, tmp_path
 
 def _committed_input(checkpoint: Path) -> int:
     """Input offsets consumed by the micro-batches the checkpoint marks as committed."""
-    commits = [int(f.name) for f in (checkpoint / "commits").iterdir() if f.name.isdigit()] \
-        if (checkpoint / "commits").exists() else []
+    commits = (
+        [int(f.name) for f in (checkpoint / "commits").iterdir() if f.name.isdigit()]
+        if (checkpoint / "commits").exists()
+        else []
+    )
     if not commits:
         return 0
     last = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()[-1]
@@ -522,7 +574,10 @@ def test_streaming_query_killed_mid_batch_restarts_exactly_once(spark, broker, h
     ck = tmp_path / "ck"
     job = subprocess.Popen(
         [sys.executable, "-m", "tests.support.spark_stream_job", broker.address, src, dst, str(ck)],
-        cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=open(tmp_path / "job.log", "wb"),
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "job.log", "wb"),
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
@@ -557,12 +612,22 @@ def test_broker_gone_mid_query_fails_clearly_and_restarts_from_the_checkpoint(sp
         client.admin.create_queue("gone-out", partitions=2)
         client.producer().send_batch("gone-in", [f"m{i}".encode() for i in range(100)])
         ck = tmp_path / "ck"
-        query = (spark.readStream.format("headwater").option("servers", b.address)
-                 .option("queue", "gone-in").option("startingOffsets", "earliest")
-                 .option("connectTimeoutMs", "500").load().select("value")
-                 .writeStream.format("headwater").option("servers", b.address).option("queue", "gone-out")
-                 .option("connectTimeoutMs", "500").option("checkpointLocation", str(ck))
-                 .trigger(processingTime="200 milliseconds").start())
+        query = (
+            spark.readStream.format("headwater")
+            .option("servers", b.address)
+            .option("queue", "gone-in")
+            .option("startingOffsets", "earliest")
+            .option("connectTimeoutMs", "500")
+            .load()
+            .select("value")
+            .writeStream.format("headwater")
+            .option("servers", b.address)
+            .option("queue", "gone-out")
+            .option("connectTimeoutMs", "500")
+            .option("checkpointLocation", str(ck))
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
         deadline = time.monotonic() + 60
         while len(list(client.scanner("gone-out"))) < 100:
             assert time.monotonic() < deadline
@@ -577,10 +642,20 @@ def test_broker_gone_mid_query_fails_clearly_and_restarts_from_the_checkpoint(sp
         b.start()  # the same data directory and port
         client = headwater.connect(b.address)
         client.producer().send_batch("gone-in", [f"n{i}".encode() for i in range(40)])
-        query = (spark.readStream.format("headwater").option("servers", b.address)
-                 .option("queue", "gone-in").option("startingOffsets", "earliest").load().select("value")
-                 .writeStream.format("headwater").option("servers", b.address).option("queue", "gone-out")
-                 .option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
+        query = (
+            spark.readStream.format("headwater")
+            .option("servers", b.address)
+            .option("queue", "gone-in")
+            .option("startingOffsets", "earliest")
+            .load()
+            .select("value")
+            .writeStream.format("headwater")
+            .option("servers", b.address)
+            .option("queue", "gone-out")
+            .option("checkpointLocation", str(ck))
+            .trigger(availableNow=True)
+            .start()
+        )
         query.awaitTermination(120)
         assert query.exception() is None
         got = sorted(r.body for r in client.scanner("gone-out"))

@@ -61,24 +61,41 @@ def test_offsets_json_naming_a_partition_outside_the_read_is_refused(spark, brok
     hw.admin.create_queue(q, partitions=2)
     for partition in range(2):
         hw.send_batch(q, [b"m%d" % i for i in range(10)], partition=partition)
-    with pytest.raises(Exception, match=r"option 'startingOffsets' names partition 7, but queue .* has partitions 0..1"):
+    with pytest.raises(
+        Exception, match=r"option 'startingOffsets' names partition 7, but queue .* has partitions 0..1"
+    ):
         reader(spark, broker, q, startingOffsets='{"0": 1, "7": 3}').collect()
-    with pytest.raises(Exception, match=r"option 'endingOffsets' names partitions 2, 5, but queue .* has partitions 0..1"):
+    with pytest.raises(
+        Exception, match=r"option 'endingOffsets' names partitions 2, 5, but queue .* has partitions 0..1"
+    ):
         reader(spark, broker, q, endingOffsets='{"0": 1, "5": 3, "2": 1}').collect()
     # a partition that option 'partitions' leaves out is not read, whatever its offset
     assert reader(spark, broker, q, partitions="0", startingOffsets='{"1": 3}').count() == 10
     with pytest.raises(Exception, match=r"option 'startingOffsets' names partition 3, but queue"):
-        (spark.readStream.format("headwater").option("servers", broker.address).option("queue", q)
-         .option("startingOffsets", '{"3": 0}').load()
-         .writeStream.format("noop").trigger(availableNow=True).start().awaitTermination(60))
+        (
+            spark.readStream.format("headwater")
+            .option("servers", broker.address)
+            .option("queue", q)
+            .option("startingOffsets", '{"3": 0}')
+            .load()
+            .writeStream.format("noop")
+            .trigger(availableNow=True)
+            .start()
+            .awaitTermination(60)
+        )
     assert reader(spark, broker, q, startingOffsets='{"1": 4}', partitions="1").count() == 6
 
 
 def test_bad_option_values_fail_at_load_for_batch_and_streaming(spark, broker, hw):
     q = fresh("atload")
     hw.admin.create_queue(q, partitions=1)
-    bad = {"startingOffsets": '{"0":', "minPartitions": "many", "startingTimestamp": "yesterday",
-           "partitions": "0-x", "failOnDataLoss": "yes"}
+    bad = {
+        "startingOffsets": '{"0":',
+        "minPartitions": "many",
+        "startingTimestamp": "yesterday",
+        "partitions": "0-x",
+        "failOnDataLoss": "yes",
+    }
     for name, value in bad.items():
         for read in (spark.read, spark.readStream):
             r = read.format("headwater").option("servers", broker.address).option("queue", q).option(name, value)
@@ -200,7 +217,10 @@ def test_spark_task_retries_write_each_row_once(tmp_path):
         client.send_batch("src", [b"%06d" % i for i in range(6000)])
         job = subprocess.run(
             [sys.executable, "-c", _JOB, b.address, "out", "src", "sink", str(tmp_path / "ck")],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=300,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            timeout=300,
         )
         assert job.returncode == 0, job.stderr.decode()[-4000:]
         out = [r.body for r in client.scanner("out")]
@@ -216,7 +236,9 @@ def test_a_value_over_the_queue_limit_says_how_to_write_it(spark, broker, hw):
     q = fresh("toolarge")
     hw.admin.create_queue(q, partitions=1, message_bytes_max=1024)
     df = spark.sql("select cast(repeat('x', 2000) as binary) as value")
-    with pytest.raises(Exception, match=r"a row's value is too large for queue .*length\('value'\) <= 1024.*--message-bytes-max"):
+    with pytest.raises(
+        Exception, match=r"a row's value is too large for queue .*length\('value'\) <= 1024.*--message-bytes-max"
+    ):
         df.write.format("headwater").mode("append").option("servers", broker.address).option("queue", q).save()
 
 
@@ -249,8 +271,10 @@ def test_a_start_moved_past_the_end_by_a_time_or_lost_offsets_reads_nothing(spar
     hw.send_batch(q, [b"old"] * 10, partition=0)
     hw.admin.truncate_queue(q)
     hw.send_batch(q, [b"new"] * 5, partition=0)
-    assert reader(spark, broker, q, startingOffsets='{"0": 0}', endingOffsets='{"0": 5}',
-                  failOnDataLoss="false").count() == 0
+    assert (
+        reader(spark, broker, q, startingOffsets='{"0": 0}', endingOffsets='{"0": 5}', failOnDataLoss="false").count()
+        == 0
+    )
     later = str(max(r.timestamp_ms for r in scan(hw, q)) + 1)
     assert reader(spark, broker, q, startingTimestamp=later, endingOffsets='{"0": 12}').count() == 0
     with pytest.raises(Exception, match=r"endingOffsets: offset 11 of partition 0 is before its start 12"):
@@ -263,6 +287,7 @@ def test_an_empty_tag_says_how_to_write_no_tag(spark, broker, hw):
     df = spark.sql("select cast('x' as binary) as value, '' as tag")
     with pytest.raises(Exception, match=r"a row's tag is '' \(empty\).*nullif\(tag, ''\)"):
         df.write.format("headwater").mode("append").option("servers", broker.address).option("queue", q).save()
-    df.selectExpr("value", "nullif(tag, '') as tag").write.format("headwater").mode("append") \
-        .option("servers", broker.address).option("queue", q).save()
+    df.selectExpr("value", "nullif(tag, '') as tag").write.format("headwater").mode("append").option(
+        "servers", broker.address
+    ).option("queue", q).save()
     assert [(r.body, r.tag) for r in scan(hw, q)] == [(b"x", None)]

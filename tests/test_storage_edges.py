@@ -34,8 +34,7 @@ def small_disk(tmp_path: Path):
         pytest.skip("mounting a tmpfs needs root")
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
     if r.returncode:
         pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
     try:
@@ -270,7 +269,7 @@ def test_an_index_damaged_after_the_open_is_named_by_the_error(tmp_path):
     data = tmp_path / "data"
     with headwater.open(data, segment_bytes_max=64 * 1024, index_cache_segments=1) as hw:
         hw.admin.create_queue("q", partitions=1)
-        for i in range(60):
+        for _i in range(60):
             hw.send("q", b"x" * 3000)
         idx = data / "log" / "00000000000000000000.idx"
         idx.write_bytes(b"\0" * 64)

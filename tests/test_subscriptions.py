@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import ServerThread
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -31,11 +32,17 @@ from headwater.errors import (
     SubscriberNotFoundError,
     UsageError,
 )
-from headwater.model.batch import FLAG_CONTROL, check_batch, decode_records, encode_batch, patch_batch, tag_bit, tags_mask
+from headwater.model.batch import (
+    FLAG_CONTROL,
+    check_batch,
+    decode_records,
+    encode_batch,
+    patch_batch,
+    tag_bit,
+    tags_mask,
+)
 from headwater.model.filtering import AllOf, TagFilter, TagMaskFilter, filter_batch, message_matches
 from headwater.model.keyed import KeyHashFilter
-
-from conftest import ServerThread
 from tests.support.broker_process import BrokerProcess
 
 # tags whose bits differ, so a filter by tag hash is exact for them
@@ -70,7 +77,11 @@ def test_add_list_describe_delete(hw, clock):
     assert b.partitions == [0, 2] and b.tags == ["paid", "refunded"] and b.checkpoints == {0: 0, 2: 0}
     c = hw.admin.add_subscriber("r", "audit", tags="*")
     assert c.tags is None
-    assert [(s.queue, s.name) for s in hw.admin.list_subscribers()] == [("q", "audit"), ("q", "billing"), ("r", "audit")]
+    assert [(s.queue, s.name) for s in hw.admin.list_subscribers()] == [
+        ("q", "audit"),
+        ("q", "billing"),
+        ("r", "audit"),
+    ]
     assert [s.name for s in hw.admin.list_subscribers("q")] == ["audit", "billing"]
     assert hw.admin.describe_subscriber("q", "billing") == b
     hw.admin.delete_subscriber("q", "audit")
@@ -134,14 +145,19 @@ def test_listeners_are_called_in_order_and_the_checkpoint_follows(hw):
     hw.send_batch("q", [b"a%d" % i for i in range(20)], partition=0)
     hw.send_batch("q", [b"b%d" % i for i in range(20)], partition=1)
     calls: list[tuple[str, bytes]] = []
-    sub = hw.subscribe("q", "s", listeners=[lambda r: calls.append(("f", r.body)),
-                                            lambda r: calls.append(("g", r.body))],
-                       checkpoint_interval_ms=10)
+    sub = hw.subscribe(
+        "q",
+        "s",
+        listeners=[lambda r: calls.append(("f", r.body)), lambda r: calls.append(("g", r.body))],
+        checkpoint_interval_ms=10,
+    )
     assert sub.wait_for(lambda: len(calls) == 80)
     for i in range(0, 80, 2):  # each record: f then g
         assert calls[i][0] == "f" and calls[i + 1] == ("g", calls[i][1])
     for p in "ab":
-        assert [b for n, b in calls if n == "f" and b.startswith(p.encode())] == [b"%s%d" % (p.encode(), i) for i in range(20)]
+        assert [b for n, b in calls if n == "f" and b.startswith(p.encode())] == [
+            b"%s%d" % (p.encode(), i) for i in range(20)
+        ]
     late: list[bytes] = []
     sub.add_listener(lambda r: late.append(r.body))
     hw.send("q", b"c", partition=1)
@@ -252,8 +268,9 @@ class Wire:
         self.bodies: list = []
         self.lock = threading.Lock()
         self.hw = hw
-        self.sid, self.info = hw.service.open_push_stream(queue, name, self._got, credit_messages=credit_messages,
-                                                          credit_bytes=credit_bytes)
+        self.sid, self.info = hw.service.open_push_stream(
+            queue, name, self._got, credit_messages=credit_messages, credit_bytes=credit_bytes
+        )
 
     def _got(self, body) -> None:
         with self.lock:
@@ -306,7 +323,8 @@ def test_fetch_by_tag_mask_drops_messages_inside_batches(hw):
     assert [r.tag for r in hw.scanner("q", tags="b")] == ["b"] * 25  # and the reader agrees
     assert len(list(hw.scanner("q"))) == 100  # no filter: the stored batch, untouched
     assert hw.service.fetch("q", 0, 0, max_bytes=1 << 20).batches[0] == bytes(
-        hw.service.fetch("q", 0, 0, max_bytes=1 << 20).batches[0])
+        hw.service.fetch("q", 0, 0, max_bytes=1 << 20).batches[0]
+    )
 
 
 def test_credit_bounds_what_is_pushed(net):
@@ -421,8 +439,18 @@ def test_a_subscriber_process_killed_mid_stream_resumes_without_gaps(tmp_path, f
             log = tmp_path / f"run-{len(runs)}.log"
             log.touch()
             runs.append((log, hw.admin.describe_subscriber("q", "s").checkpoints))
-            proc = subprocess.Popen([sys.executable, SUBSCRIBER, broker.address, "q", "s", str(log),
-                                     *(["--asyncio"] if flavour == "asyncio" else [])], stdout=subprocess.PIPE)
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    SUBSCRIBER,
+                    broker.address,
+                    "q",
+                    "s",
+                    str(log),
+                    *(["--asyncio"] if flavour == "asyncio" else []),
+                ],
+                stdout=subprocess.PIPE,
+            )
             procs.append(proc)
             assert proc.stdout.readline().startswith(b"subscribed")
             return proc
@@ -433,8 +461,10 @@ def test_a_subscriber_process_killed_mid_stream_resumes_without_gaps(tmp_path, f
             proc = start_run()
             deadline = time.monotonic() + 20
             started = sum(runs[-1][1].values())
-            while len(runs[-1][0].read_text().splitlines()) < 300 or sum(
-                hw.admin.describe_subscriber("q", "s").checkpoints.values()) <= started:
+            while (
+                len(runs[-1][0].read_text().splitlines()) < 300
+                or sum(hw.admin.describe_subscriber("q", "s").checkpoints.values()) <= started
+            ):
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
             proc.kill()  # SIGKILL, mid-stream: no last checkpoint
@@ -444,8 +474,11 @@ def test_a_subscriber_process_killed_mid_stream_resumes_without_gaps(tmp_path, f
         producer.join(60)
         deadline = time.monotonic() + 60
         while True:
-            rows = [(int(p), int(o), int(b)) for log, _ in runs
-                    for p, o, b in (ln.split() for ln in log.read_text().splitlines())]
+            rows = [
+                (int(p), int(o), int(b))
+                for log, _ in runs
+                for p, o, b in (ln.split() for ln in log.read_text().splitlines())
+            ]
             if len({b for _, _, b in rows}) == sent["n"]:
                 break
             assert time.monotonic() < deadline, f"{len({b for _, _, b in rows})} of {sent['n']} processed"
@@ -482,8 +515,23 @@ def test_cli_subscriber_commands(tmp_path):
     data = str(tmp_path / "d")
     run = CliRunner().invoke
     assert run(app, ["--data", data, "queue", "create", "orders", "-p", "2"]).exit_code == 0
-    r = run(app, ["--data", data, "subscriber", "add", "orders", "audit", "--from", "earliest",
-                  "--tags", "paid,refunded", "-p", "1"])
+    r = run(
+        app,
+        [
+            "--data",
+            data,
+            "subscriber",
+            "add",
+            "orders",
+            "audit",
+            "--from",
+            "earliest",
+            "--tags",
+            "paid,refunded",
+            "-p",
+            "1",
+        ],
+    )
     assert r.exit_code == 0 and "added subscriber 'audit'" in r.output
     r = run(app, ["--data", data, "subscriber", "add", "orders", "audit"])
     assert r.exit_code == 1 and "already has a subscriber 'audit'" in r.output
@@ -503,22 +551,35 @@ def test_cli_subscriber_commands(tmp_path):
 
 # the filter itself -------------------------------------------------------------------------------
 
-msgs = st.lists(st.builds(
-    Message, st.binary(max_size=20), key=st.none() | st.sampled_from([b"k1", b"k2", b"k3", b"k4"]),
-    tag=st.none() | st.sampled_from(["a", "b", "c", "d"]),
-    properties=st.none() | st.fixed_dictionaries({"user": st.sampled_from(["u1", "u2", "u3"])}),
-), min_size=1, max_size=30)
+msgs = st.lists(
+    st.builds(
+        Message,
+        st.binary(max_size=20),
+        key=st.none() | st.sampled_from([b"k1", b"k2", b"k3", b"k4"]),
+        tag=st.none() | st.sampled_from(["a", "b", "c", "d"]),
+        properties=st.none() | st.fixed_dictionaries({"user": st.sampled_from(["u1", "u2", "u3"])}),
+    ),
+    min_size=1,
+    max_size=30,
+)
 filters = st.one_of(
     st.sets(st.sampled_from(["a", "b", "c", "d"]), min_size=1).map(lambda t: TagFilter(frozenset(t))),
     st.sets(st.sampled_from(["a", "b", "c", "d"]), min_size=1).map(lambda t: TagMaskFilter(tags_mask(t))),
-    st.integers(1, 4).flatmap(lambda n: st.builds(KeyHashFilter, st.sampled_from([None, "user"]), st.just(n),
-                                                  st.integers(0, n - 1))),
+    st.integers(1, 4).flatmap(
+        lambda n: st.builds(KeyHashFilter, st.sampled_from([None, "user"]), st.just(n), st.integers(0, n - 1))
+    ),
 )
 
 
 @settings(max_examples=300, deadline=None)
-@given(messages=msgs, flt=filters, base=st.integers(0, 1000), cut=st.integers(0, 40), end=st.integers(0, 40),
-       compression=st.sampled_from([None, "zstd"]))
+@given(
+    messages=msgs,
+    flt=filters,
+    base=st.integers(0, 1000),
+    cut=st.integers(0, 40),
+    end=st.integers(0, 40),
+    compression=st.sampled_from([None, "zstd"]),
+)
 def test_filter_keeps_exactly_the_matching_messages(messages, flt, base, cut, end, compression):
     stored = bytes(patch_batch(encode_batch(messages, compression=compression), 3, 1, base, 1_800_000_000_000))
     lo, hi = base + cut, base + cut + end
@@ -528,8 +589,9 @@ def test_filter_keeps_exactly_the_matching_messages(messages, flt, base, cut, en
     for b in out:
         check_batch(b)  # both checksums right: a reader takes it for a stored batch
         recs = decode_records(b, "q")
-        assert all(message_matches(flt, Message(r.body, key=r.key, tag=r.tag, properties=r.properties))
-                   for r in recs), "a message that does not match was kept"
+        assert all(
+            message_matches(flt, Message(r.body, key=r.key, tag=r.tag, properties=r.properties)) for r in recs
+        ), "a message that does not match was kept"
         if b is stored:
             assert all(message_matches(flt, m) for m in messages)
         got += [(r.offset, r.body) for r in recs if lo <= r.offset < hi]
@@ -573,8 +635,12 @@ def test_asyncio_services(tmp_path, kind):
             got = 0
             for m in (0, 1):
                 res = await svc.keyed_fetch("q", "g", m, g.generation, 0, 0, max_bytes=1 << 20, max_wait_ms=10)
-                got += sum(len(decode_records(b, "q")) if not res.selections or not res.selections[i]
-                           else len(res.selections[i]) for i, b in enumerate(res.batches))
+                got += sum(
+                    len(decode_records(b, "q"))
+                    if not res.selections or not res.selections[i]
+                    else len(res.selections[i])
+                    for i, b in enumerate(res.batches)
+                )
                 await svc.keyed_commit("q", "g", m, g.generation, {0: res.next_offset})
             assert got == 8
             assert (await svc.keyed_resize("q", "g", 3)).generation == 2  # everyone was at the end
@@ -626,8 +692,9 @@ def test_an_asyncio_subscriber(aio_target, monkeypatch):
     subscriber, and the client's close storing the checkpoint."""
     import asyncio
 
-    import headwater.client.aio_subscriber as aio_subscriber
     from test_aio import run
+
+    import headwater.client.aio_subscriber as aio_subscriber
 
     monkeypatch.setattr(aio_subscriber, "PARTITIONS_CHECK_S", 0.05)  # how often it looks, embedded
 
@@ -642,8 +709,9 @@ def test_an_asyncio_subscriber(aio_target, monkeypatch):
             await asyncio.sleep(0)
             calls.append(("g", r.body))
 
-        sub = hw.subscribe("q", "s", listeners=[lambda r: calls.append(("f", r.body)), later],
-                           checkpoint_interval_ms=10)
+        sub = hw.subscribe(
+            "q", "s", listeners=[lambda r: calls.append(("f", r.body)), later], checkpoint_interval_ms=10
+        )
         assert sub.mode == ("push" if aio_target.kind == "network" else "pull")
         assert await sub.wait_for(lambda: len(calls) == 80)
         for i in range(0, 80, 2):  # each record: f, then g awaited, before the next record
@@ -744,8 +812,11 @@ def test_an_asyncio_subscriber(aio_target, monkeypatch):
     run(aio_target, test)
     assert not kept[0].running
     if aio_target.kind != "memory":  # (nothing is kept of an in-memory broker)
-        with headwater.open(aio_target.path) if aio_target.server is None else headwater.connect(
-                aio_target.server.address) as hw:
+        with (
+            headwater.open(aio_target.path)
+            if aio_target.server is None
+            else headwater.connect(aio_target.server.address) as hw
+        ):
             assert hw.admin.describe_subscriber("q", "all").checkpoints == kept[0].positions
 
 
@@ -923,8 +994,10 @@ def test_a_program_that_exits_without_closing_its_subscriber_prints_no_traceback
         "hw = headwater.open(sys.argv[1]); hw.admin.create_queue('q')\n"
         "hw.admin.add_subscriber('q', 's')\n"
         "sub = hw.subscribe('q', 's', listeners=[print])\n"
-        "time.sleep(0.3)\n")
+        "time.sleep(0.3)\n"
+    )
     for i in range(4):  # the old code printed one about every other run (a race with the exit)
-        run = subprocess.run([sys.executable, str(script), str(tmp_path / f"data{i}")], capture_output=True,
-                             text=True, timeout=60)
+        run = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / f"data{i}")], capture_output=True, text=True, timeout=60
+        )
         assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr

@@ -9,8 +9,8 @@ deadlines, a lost connection, a late answer, the in-flight limit, close().
 from __future__ import annotations
 
 import asyncio
-import re
 import concurrent.futures
+import re
 import socket
 import threading
 import time
@@ -52,8 +52,9 @@ class FakeBroker:
     sends ``answer_delay_s`` later, one thread per connection. ``requests`` lists
     (connection number, request body) in arrival order."""
 
-    def __init__(self, answer=lambda body: None, *, requests_in_flight_max: int = 256,
-                 answer_delay_s: float = 0.0, port: int = 0) -> None:
+    def __init__(
+        self, answer=lambda body: None, *, requests_in_flight_max: int = 256, answer_delay_s: float = 0.0, port: int = 0
+    ) -> None:
         self.answer = answer
         self.requests_in_flight_max = requests_in_flight_max
         self.answer_delay_s = answer_delay_s
@@ -511,8 +512,9 @@ def test_while_one_thread_leads_the_others_get_their_answers(remote):
     reads it), and an async produce's callback still runs on the loop's thread."""
     end = remote.describe_queue("q").partitions[0].end_offset
     results: list = []
-    leader = threading.Thread(target=lambda: results.append(
-        remote.fetch("q", 0, end, max_bytes=1 << 20, max_wait_ms=5000)))
+    leader = threading.Thread(
+        target=lambda: results.append(remote.fetch("q", 0, end, max_bytes=1 << 20, max_wait_ms=5000))
+    )
     leader.start()
     assert wait_for(lambda: remote.transport._leader is not None)
     t0 = time.monotonic()
@@ -665,23 +667,29 @@ def test_a_deadline_ends_a_leading_call_at_once(fake, monkeypatch):
         svc.close()
 
 
-@pytest.mark.parametrize("address, expected", [
-    ("broker-1:7070", ("broker-1", 7070)),
-    ("7171", ("127.0.0.1", 7171)),  # a port alone: this machine
-    ("[::1]:7070", ("::1", 7070)),
-])
+@pytest.mark.parametrize(
+    "address, expected",
+    [
+        ("broker-1:7070", ("broker-1", 7070)),
+        ("7171", ("127.0.0.1", 7171)),  # a port alone: this machine
+        ("[::1]:7070", ("::1", 7070)),
+    ],
+)
 def test_addresses_that_parse(address, expected):
     assert parse_address(address) == expected
 
 
-@pytest.mark.parametrize("address, says", [
-    ("localhost", "'localhost' has no port: write 'localhost:7070'"),
-    ("[::1]", "'[::1]' has no port: write '[::1]:7070'"),
-    ("::1", "an IPv6 address goes in brackets before the port, like '[::1]:7070'"),  # was host ':', port 1
-    ("host:http", "the port must be a number"),
-    ("host:70000", "the port must be from 1 to 65535"),
-    ("", "a server address is 'host:port'"),
-])
+@pytest.mark.parametrize(
+    "address, says",
+    [
+        ("localhost", "'localhost' has no port: write 'localhost:7070'"),
+        ("[::1]", "'[::1]' has no port: write '[::1]:7070'"),
+        ("::1", "an IPv6 address goes in brackets before the port, like '[::1]:7070'"),  # was host ':', port 1
+        ("host:http", "the port must be a number"),
+        ("host:70000", "the port must be from 1 to 65535"),
+        ("", "a server address is 'host:port'"),
+    ],
+)
 def test_addresses_that_do_not_parse_say_why(address, says):
     with pytest.raises(InvalidArgumentError, match=re.escape(says)):
         parse_address(address)
@@ -709,8 +717,11 @@ def test_a_server_that_is_not_a_broker_is_named_at_once(tmp_path):
     threading.Thread(target=answer_like_http, daemon=True).start()
     try:
         t0 = time.monotonic()
-        with pytest.raises(RemoteProtocolError, match=r"answered, but not as a Headwater broker \(its first bytes: "
-                                                      r"b'HTTP/1.1 400 Bad Request"):
+        with pytest.raises(
+            RemoteProtocolError,
+            match=r"answered, but not as a Headwater broker \(its first bytes: "
+            r"b'HTTP/1.1 400 Bad Request",
+        ):
             RemoteService(address, connect_timeout_s=10)
         assert time.monotonic() - t0 < 5  # once, not retried until the timeout
     finally:

@@ -57,9 +57,25 @@ from typing import Any, Protocol
 from bench import machine
 from bench.machine import sleep_until_ns
 
-__all__ = ["Mode", "Driver", "Unavailable", "ServerProcess", "free_port", "wait_until",
-           "ensure_debian_packages", "package_version", "dist_version", "port_open", "STAMP", "SENT",
-           "BlockingSender", "FutureSender", "PipelinedSender", "LoopThread", "close_loop"]
+__all__ = [
+    "Mode",
+    "Driver",
+    "Unavailable",
+    "ServerProcess",
+    "free_port",
+    "wait_until",
+    "ensure_debian_packages",
+    "package_version",
+    "dist_version",
+    "port_open",
+    "STAMP",
+    "SENT",
+    "BlockingSender",
+    "FutureSender",
+    "PipelinedSender",
+    "LoopThread",
+    "close_loop",
+]
 
 HOST = "127.0.0.1"
 STAMP = struct.Struct("<qq")  # (scheduled send time ns, sequence) at the head of a latency body
@@ -113,8 +129,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(ready: Callable[[], bool], *, timeout_s: float, what: str,
-               alive: Callable[[], bool] = lambda: True, every_s: float = 0.1) -> None:
+def wait_until(
+    ready: Callable[[], bool],
+    *,
+    timeout_s: float,
+    what: str,
+    alive: Callable[[], bool] = lambda: True,
+    every_s: float = 0.1,
+) -> None:
     """Call ``ready`` until it returns true; raise Unavailable after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     last: BaseException | None = None
@@ -159,18 +181,31 @@ def install_signal_handlers() -> None:
 class ServerProcess:
     """A server in its own session, stopped by its process group id (SIGTERM, then SIGKILL)."""
 
-    def __init__(self, name: str, argv: Sequence[str], *, log_path: Path,
-                 env: dict[str, str] | None = None, cwd: Path | None = None,
-                 stop_timeout_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        stop_timeout_s: float = 15.0,
+    ) -> None:
         self.name = name
         self.log_path = log_path
         self.stop_timeout_s = stop_timeout_s
         full_env = dict(os.environ)
         full_env.update(env or {})
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(list(argv), stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=full_env, cwd=cwd,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            list(argv),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+        )
         self.pgid = self.proc.pid  # session leader: its pid is the group id
         _LIVE[self.pgid] = self
 
@@ -219,15 +254,16 @@ def ensure_debian_packages(binaries: dict[str, str], log: Callable[[str], None] 
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     if not _APT_UPDATED:
         log("apt-get update")
-        subprocess.run(["apt-get", "update", "-q"], check=False, env=env,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            ["apt-get", "update", "-q"], check=False, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         _APT_UPDATED = True
     log(f"apt-get install -y {' '.join(missing)}")
-    done = subprocess.run(["apt-get", "install", "-y", "-q", *missing], env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run(["apt-get", "install", "-y", "-q", *missing], env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        raise Unavailable(f"apt-get install {' '.join(missing)} failed: "
-                          + (done.stderr.strip().splitlines() or ["?"])[-1])
+        raise Unavailable(
+            f"apt-get install {' '.join(missing)} failed: " + (done.stderr.strip().splitlines() or ["?"])[-1]
+        )
     still = [b for b in binaries if not _which(b)]
     if still:
         raise Unavailable(f"installed {' '.join(missing)} but {', '.join(still)} not found")
@@ -248,8 +284,7 @@ def dist_version(name: str) -> str:
 
 
 def package_version(package: str) -> str:
-    done = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", package],
-                          capture_output=True, text=True)
+    done = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", package], capture_output=True, text=True)
     return done.stdout.strip() if done.returncode == 0 else "?"
 
 
@@ -327,32 +362,40 @@ class Driver:
 
     # -- workloads, in the benchmark's process (each spawns its workers)
 
-    def produce(self, mode: Mode, *, producers: int, size: int, batch: int, n: int,
-                seconds: float) -> dict[str, Any]:
+    def produce(self, mode: Mode, *, producers: int, size: int, batch: int, n: int, seconds: float) -> dict[str, Any]:
         """Throughput of ``producers`` processes sending batches of ``batch`` bodies of ``size`` B."""
         ctx = mp.get_context("spawn")
         barrier = ctx.Barrier(producers)
         results = ctx.Queue()
-        procs = [ctx.Process(target=_produce_worker, daemon=True,
-                             args=(self, mode, i, size, batch, n, seconds, barrier, results))
-                 for i in range(producers)]
+        procs = [
+            ctx.Process(
+                target=_produce_worker, daemon=True, args=(self, mode, i, size, batch, n, seconds, barrier, results)
+            )
+            for i in range(producers)
+        ]
         outs = _run_workers(procs, results, timeout_s=BARRIER_TIMEOUT_S + seconds + JOIN_SLACK_S)
         errors = [o["error"] for o in outs if "error" in o]
         if errors:
             return {"error": errors[0]}
         msgs = sum(o["msgs"] for o in outs)
         elapsed_s = (max(o["end_ns"] for o in outs) - min(o["start_ns"] for o in outs)) / 1e9
-        return {"msgs": msgs, "elapsed_s": elapsed_s, "msgs_per_s": msgs / elapsed_s,
-                "mb_per_s": msgs * size / elapsed_s / 1e6,
-                "per_producer_msgs_per_s": [o["msgs"] / ((o["end_ns"] - o["start_ns"]) / 1e9) for o in outs]}
+        return {
+            "msgs": msgs,
+            "elapsed_s": elapsed_s,
+            "msgs_per_s": msgs / elapsed_s,
+            "mb_per_s": msgs * size / elapsed_s / 1e6,
+            "per_producer_msgs_per_s": [o["msgs"] / ((o["end_ns"] - o["start_ns"]) / 1e9) for o in outs],
+        }
 
-    def consume(self, mode: Mode, *, size: int, batch: int, n: int, fill_seconds: float,
-                seconds: float) -> dict[str, Any]:
+    def consume(
+        self, mode: Mode, *, size: int, batch: int, n: int, fill_seconds: float, seconds: float
+    ) -> dict[str, Any]:
         """Fill stream 0 with up to ``n`` messages (untimed), then time reading them all back."""
         ctx = mp.get_context("spawn")
         results = ctx.Queue()
-        proc = ctx.Process(target=_consume_worker, daemon=True,
-                           args=(self, mode, size, batch, n, fill_seconds, seconds, results))
+        proc = ctx.Process(
+            target=_consume_worker, daemon=True, args=(self, mode, size, batch, n, fill_seconds, seconds, results)
+        )
         outs = _run_workers([proc], results, timeout_s=fill_seconds + seconds + JOIN_SLACK_S + 60)
         out = outs[0]
         if "error" in out:
@@ -370,10 +413,12 @@ class Driver:
         ready = ctx.Event()
         window = (ctx.Event(), ctx.Event())  # the producer's counted sends begin, end
         total = LATENCY_WARMUP + int(rate * seconds)
-        consumer = ctx.Process(target=_latency_consumer, daemon=True,
-                               args=(self, mode, total, ready, seconds + 30, results))
-        producer = ctx.Process(target=_latency_producer, daemon=True,
-                               args=(self, mode, total, rate, size, ready, window, results, spin_ns))
+        consumer = ctx.Process(
+            target=_latency_consumer, daemon=True, args=(self, mode, total, ready, seconds + 30, results)
+        )
+        producer = ctx.Process(
+            target=_latency_producer, daemon=True, args=(self, mode, total, rate, size, ready, window, results, spin_ns)
+        )
         marks: list[tuple[float, tuple[int, ...]]] = []  # (servers' CPU s, host CPU ticks) at begin, end
         watcher = threading.Thread(target=self._mark_window, args=(window, marks, seconds + 90), daemon=True)
         watcher.start()
@@ -391,12 +436,19 @@ class Driver:
             return {"error": f"no message received of {total} sent"}
         counted = total - LATENCY_WARMUP
         whole = len(marks) == 2  # the watcher saw the counted sends begin and end
-        cpu = {"server": (marks[1][0] - marks[0][0]) * 1e6 / counted if whole else None,
-               "consumer": recv["cpu_us_per_msg"], "producer": sent["cpu_us_per_msg"],
-               "producer_spin": sent["spin_us_per_msg"]}
+        cpu = {
+            "server": (marks[1][0] - marks[0][0]) * 1e6 / counted if whole else None,
+            "consumer": recv["cpu_us_per_msg"],
+            "producer": sent["cpu_us_per_msg"],
+            "producer_spin": sent["spin_us_per_msg"],
+        }
         return {
-            "sent": sent["sent"], "received": len(recv["stamps"]), **figures,
-            "achieved_rate": sent["achieved_rate"], "late_sends": sent["late_sends"], "cpu_us_per_msg": cpu,
+            "sent": sent["sent"],
+            "received": len(recv["stamps"]),
+            **figures,
+            "achieved_rate": sent["achieved_rate"],
+            "late_sends": sent["late_sends"],
+            "cpu_us_per_msg": cpu,
             "steal_share": machine.steal_share(marks[0][1], marks[1][1]) if whole else None,
         }
 
@@ -445,9 +497,15 @@ def latency_figures(stamps: Sequence[tuple[int, int, int, int]]) -> dict[str, An
         return None
     lat_ms = sorted((r - s) / 1e6 for s, _, r, _ in counted)
     transit_ms = sorted((r - began) / 1e6 for _, _, r, began in counted)
-    return {"counted": len(lat_ms), "p50_ms": percentile(lat_ms, 50), "p99_ms": percentile(lat_ms, 99),
-            "max_ms": lat_ms[-1], "mean_ms": sum(lat_ms) / len(lat_ms),
-            "transit_p50_ms": percentile(transit_ms, 50), "transit_p99_ms": percentile(transit_ms, 99)}
+    return {
+        "counted": len(lat_ms),
+        "p50_ms": percentile(lat_ms, 50),
+        "p99_ms": percentile(lat_ms, 99),
+        "max_ms": lat_ms[-1],
+        "mean_ms": sum(lat_ms) / len(lat_ms),
+        "transit_p50_ms": percentile(transit_ms, 50),
+        "transit_p99_ms": percentile(transit_ms, 99),
+    }
 
 
 def percentile(sorted_values: Sequence[float], pct: float) -> float:
@@ -489,8 +547,9 @@ def _bodies(size: int, batch: int) -> list[list[bytes]]:
     return [[rng.randbytes(size) for _ in range(batch)] for _ in range(POOL_BATCHES)]
 
 
-def _produce_worker(driver: Driver, mode: Mode, index: int, size: int, batch: int, n: int,
-                    seconds: float, barrier, results) -> None:
+def _produce_worker(
+    driver: Driver, mode: Mode, index: int, size: int, batch: int, n: int, seconds: float, barrier, results
+) -> None:
     try:
         pool = _bodies(size, batch)
         with driver.producer(mode, index) as send_batch:
@@ -514,8 +573,9 @@ def _produce_worker(driver: Driver, mode: Mode, index: int, size: int, batch: in
         results.put({"index": index, "error": f"{type(e).__name__}: {e}"[:300]})
 
 
-def _consume_worker(driver: Driver, mode: Mode, size: int, batch: int, n: int,
-                    fill_seconds: float, seconds: float, results) -> None:
+def _consume_worker(
+    driver: Driver, mode: Mode, size: int, batch: int, n: int, fill_seconds: float, seconds: float, results
+) -> None:
     try:
         pool = _bodies(size, batch)
         filled = 0
@@ -570,8 +630,9 @@ def _latency_consumer(driver: Driver, mode: Mode, total: int, ready, timeout_s: 
         results.put({"role": "consumer", "error": f"{type(e).__name__}: {e}"[:300]})
 
 
-def _latency_producer(driver: Driver, mode: Mode, total: int, rate: int, size: int, ready, window,
-                      results, spin_ns: int = SPIN_NS) -> None:
+def _latency_producer(
+    driver: Driver, mode: Mode, total: int, rate: int, size: int, ready, window, results, spin_ns: int = SPIN_NS
+) -> None:
     try:
         if not spin_ns:
             machine.exact_sleeps()
@@ -600,10 +661,16 @@ def _latency_producer(driver: Driver, mode: Mode, total: int, rate: int, size: i
             window[1].set()
             sender.wait_acked(timeout_s=60)
         counted = total - LATENCY_WARMUP
-        results.put({"role": "producer", "sent": total, "late_sends": late,
-                     "achieved_rate": total / ((end - t0) / 1e9),
-                     "cpu_us_per_msg": (cpu_to - cpu_from) * 1e6 / counted,
-                     "spin_us_per_msg": spun_ns / 1e3 / counted})
+        results.put(
+            {
+                "role": "producer",
+                "sent": total,
+                "late_sends": late,
+                "achieved_rate": total / ((end - t0) / 1e9),
+                "cpu_us_per_msg": (cpu_to - cpu_from) * 1e6 / counted,
+                "spin_us_per_msg": spun_ns / 1e3 / counted,
+            }
+        )
     except BaseException as e:  # noqa: BLE001
         results.put({"role": "producer", "error": f"{type(e).__name__}: {e}"[:300]})
 

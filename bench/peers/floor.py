@@ -29,13 +29,22 @@ _HEAD_BYTES = len(frame(MESSAGE))  # the length and the kind, before a message's
 
 class PythonFloor(Driver):
     system = "floor"
-    modes = (Mode("python floor", "write", False, "after write(2) to a file; nothing else stored",
-                  reference=True),)
+    modes = (Mode("python floor", "write", False, "after write(2) to a file; nothing else stored", reference=True),)
 
     def setup(self) -> None:
         self.port = free_port()
-        server = self.start_server("relay", [sys.executable, "-m", "bench.relay", "--port", str(self.port),
-                                             "--log", str(self.workdir / "relay-messages.bin")])
+        server = self.start_server(
+            "relay",
+            [
+                sys.executable,
+                "-m",
+                "bench.relay",
+                "--port",
+                str(self.port),
+                "--log",
+                str(self.workdir / "relay-messages.bin"),
+            ],
+        )
         try:
             wait_until(lambda: port_open(self.port), timeout_s=20, what="bench.relay", alive=server.alive)
         except Unavailable as e:
@@ -70,7 +79,7 @@ class PythonFloor(Driver):
                 held.extend(data)
                 taken = 0
                 for _, start, taken in frames_in(held, (MESSAGE,)):
-                    out.append(bytes(held[start + _HEAD_BYTES:taken]))
+                    out.append(bytes(held[start + _HEAD_BYTES : taken]))
                 del held[:taken]
             return out
 

@@ -22,8 +22,17 @@ import shutil
 import sys
 from collections.abc import Iterator, Sequence
 
-from bench.peers.base import HOST, Driver, FutureSender, Mode, Unavailable, dist_version, free_port, \
-    port_open, wait_until
+from bench.peers.base import (
+    HOST,
+    Driver,
+    FutureSender,
+    Mode,
+    Unavailable,
+    dist_version,
+    free_port,
+    port_open,
+    wait_until,
+)
 
 __all__ = ["HeadwaterNet"]
 
@@ -55,13 +64,27 @@ class HeadwaterNet(Driver):
         self.port = free_port()
         data = self.workdir / f"headwater-data-{mode.key}"
         data.mkdir()
-        server = self.start_server(f"headwater-{mode.key}", [
-            sys.executable, "-m", "headwater.cli.main", "--data", str(data), "serve",
-            "--host", HOST, "--port", str(self.port), "--flush", mode.key, "--log-level", "warning",
-        ])
+        server = self.start_server(
+            f"headwater-{mode.key}",
+            [
+                sys.executable,
+                "-m",
+                "headwater.cli.main",
+                "--data",
+                str(data),
+                "serve",
+                "--host",
+                HOST,
+                "--port",
+                str(self.port),
+                "--flush",
+                mode.key,
+                "--log-level",
+                "warning",
+            ],
+        )
         try:
-            wait_until(lambda: port_open(self.port), timeout_s=30, what="headwater serve",
-                       alive=server.alive)
+            wait_until(lambda: port_open(self.port), timeout_s=30, what="headwater serve", alive=server.alive)
             wait_until(self._ping, timeout_s=15, what="headwater serve (client)", alive=server.alive)
         except Unavailable as e:
             raise Unavailable(f"{e}; log: {server.log_tail(5)}") from None

@@ -20,8 +20,21 @@ import contextlib
 import shutil
 from collections.abc import Iterator, Sequence
 
-from bench.peers.base import HOST, Driver, FutureSender, LoopThread, Mode, Unavailable, close_loop, \
-    dist_version, ensure_debian_packages, free_port, package_version, port_open, wait_until
+from bench.peers.base import (
+    HOST,
+    Driver,
+    FutureSender,
+    LoopThread,
+    Mode,
+    Unavailable,
+    close_loop,
+    dist_version,
+    ensure_debian_packages,
+    free_port,
+    package_version,
+    port_open,
+    wait_until,
+)
 
 __all__ = ["NatsJetStream"]
 
@@ -30,8 +43,9 @@ STREAM = "BENCH"
 
 class NatsJetStream(Driver):
     system = "nats"
-    modes = (Mode("nats jetstream file", "file", False,
-                  "after write to the file store (OS buffers); fsync on a timer"),)
+    modes = (
+        Mode("nats jetstream file", "file", False, "after write to the file store (OS buffers); fsync on a timer"),
+    )
 
     def setup(self) -> None:
         ensure_debian_packages({"nats-server": "nats-server"}, self.log)
@@ -43,17 +57,16 @@ class NatsJetStream(Driver):
         store = self.workdir / "jetstream"
         store.mkdir()
         binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
-        server = self.start_server("nats", [binary, "-a", HOST, "-p", str(self.port), "-js",
-                                            "-sd", str(store)])
+        server = self.start_server("nats", [binary, "-a", HOST, "-p", str(self.port), "-js", "-sd", str(store)])
         wait_until(lambda: port_open(self.port), timeout_s=20, what="nats-server", alive=server.alive)
-        wait_until(lambda: asyncio.run(self._jetstream_ready()), timeout_s=20, what="jetstream",
-                   alive=server.alive)
+        wait_until(lambda: asyncio.run(self._jetstream_ready()), timeout_s=20, what="jetstream", alive=server.alive)
 
     async def _connect(self):
         import nats
 
-        return await nats.connect(f"nats://{HOST}:{self.port}", connect_timeout=5,
-                                  max_reconnect_attempts=0, pending_size=64 << 20)
+        return await nats.connect(
+            f"nats://{HOST}:{self.port}", connect_timeout=5, max_reconnect_attempts=0, pending_size=64 << 20
+        )
 
     async def _jetstream_ready(self) -> bool:
         nc = await self._connect()
@@ -78,8 +91,7 @@ class NatsJetStream(Driver):
             js = nc.jetstream()
             with contextlib.suppress(NotFoundError):
                 await js.delete_stream(STREAM)
-            await js.add_stream(name=STREAM, subjects=["bench.>"], storage=StorageType.FILE,
-                                num_replicas=1)
+            await js.add_stream(name=STREAM, subjects=["bench.>"], storage=StorageType.FILE, num_replicas=1)
         finally:
             await nc.close()
 
@@ -124,9 +136,13 @@ class NatsJetStream(Driver):
 
         async def subscribe():
             nc = await self._connect()
-            sub = await nc.jetstream().subscribe(f"bench.{stream}", cb=on_message, ordered_consumer=True,
-                                                 pending_msgs_limit=1_000_000,
-                                                 pending_bytes_limit=1 << 30)
+            sub = await nc.jetstream().subscribe(
+                f"bench.{stream}",
+                cb=on_message,
+                ordered_consumer=True,
+                pending_msgs_limit=1_000_000,
+                pending_bytes_limit=1 << 30,
+            )
             return nc, sub
 
         async def wait(timeout_s: float) -> None:

@@ -33,8 +33,18 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
-from bench.peers.base import HOST, Driver, Mode, Unavailable, dist_version, ensure_debian_packages, \
-    free_port, package_version, port_open, wait_until
+from bench.peers.base import (
+    HOST,
+    Driver,
+    Mode,
+    Unavailable,
+    dist_version,
+    ensure_debian_packages,
+    free_port,
+    package_version,
+    port_open,
+    wait_until,
+)
 
 __all__ = ["RabbitMQ"]
 
@@ -44,8 +54,12 @@ SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 class RabbitMQ(Driver):
     system = "rabbitmq"
     modes = (
-        Mode("rabbitmq classic", "classic", True,
-             "durable queue, persistent msg: confirm after the store's batched fsync"),
+        Mode(
+            "rabbitmq classic",
+            "classic",
+            True,
+            "durable queue, persistent msg: confirm after the store's batched fsync",
+        ),
         Mode("rabbitmq quorum", "quorum", True, "confirm after the Raft log entry is fsynced"),
     )
 
@@ -60,9 +74,8 @@ class RabbitMQ(Driver):
         self.port = free_port()
         dist_port, epmd_port = free_port(), free_port()
         (base / "rabbitmq.conf").write_text(
-            f"listeners.tcp.1 = {HOST}:{self.port}\n"
-            "log.console = false\n"
-            "log.file.level = warning\n")
+            f"listeners.tcp.1 = {HOST}:{self.port}\nlog.console = false\nlog.file.level = warning\n"
+        )
         (base / "enabled_plugins").write_text("[].\n")
         (base / "rabbitmq-env.conf").write_text("")  # instead of /etc/rabbitmq/rabbitmq-env.conf
         epmd = self.start_server("epmd", ["epmd", "-address", HOST, "-port", str(epmd_port)])
@@ -83,16 +96,20 @@ class RabbitMQ(Driver):
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
         }
         server = self.start_server("rabbitmq", [SERVER], env=env, stop_timeout_s=30)
-        wait_until(lambda: port_open(self.port), timeout_s=90, what="rabbitmq-server",
-                   alive=server.alive, every_s=0.5)
-        wait_until(self._ping, timeout_s=30, what="rabbitmq-server (AMQP)",
-                   alive=server.alive, every_s=0.5)
+        wait_until(lambda: port_open(self.port), timeout_s=90, what="rabbitmq-server", alive=server.alive, every_s=0.5)
+        wait_until(self._ping, timeout_s=30, what="rabbitmq-server (AMQP)", alive=server.alive, every_s=0.5)
 
     def _params(self):
         import pika
 
-        return pika.ConnectionParameters(host=HOST, port=self.port, credentials=pika.PlainCredentials(
-            "guest", "guest"), connection_attempts=1, socket_timeout=10, blocked_connection_timeout=60)
+        return pika.ConnectionParameters(
+            host=HOST,
+            port=self.port,
+            credentials=pika.PlainCredentials("guest", "guest"),
+            connection_attempts=1,
+            socket_timeout=10,
+            blocked_connection_timeout=60,
+        )
 
     def _ping(self) -> bool:
         import pika
@@ -101,8 +118,10 @@ class RabbitMQ(Driver):
         return True
 
     def version(self) -> str:
-        return (f"rabbitmq-server {package_version('rabbitmq-server')} (Debian), Erlang "
-                f"{package_version('erlang-base')}, pika {dist_version('pika')}")
+        return (
+            f"rabbitmq-server {package_version('rabbitmq-server')} (Debian), Erlang "
+            f"{package_version('erlang-base')}, pika {dist_version('pika')}"
+        )
 
     def reset(self, mode: Mode, streams: int) -> None:
         import pika
@@ -141,8 +160,7 @@ class RabbitMQ(Driver):
         conn = pika.BlockingConnection(self._params())
         buffer: list[bytes] = []
         channel = conn.channel()
-        channel.basic_consume(f"bench-{stream}", lambda _ch, _method, _props, body: buffer.append(body),
-                              auto_ack=True)
+        channel.basic_consume(f"bench-{stream}", lambda _ch, _method, _props, body: buffer.append(body), auto_ack=True)
 
         def poll(timeout_s: float) -> list[bytes]:
             conn.process_data_events(time_limit=0 if buffer else timeout_s)
@@ -180,9 +198,12 @@ class _Publisher:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._channel = None
-        self._conn = pika.SelectConnection(params, on_open_callback=self._on_open,
-                                           on_open_error_callback=self._on_failed,
-                                           on_close_callback=self._on_closed)
+        self._conn = pika.SelectConnection(
+            params,
+            on_open_callback=self._on_open,
+            on_open_error_callback=self._on_failed,
+            on_close_callback=self._on_closed,
+        )
         self._ioloop = self._conn.ioloop
         self._ioloop.start()  # until confirm mode is on (or it failed)
         self._raise()

@@ -18,8 +18,18 @@ import contextlib
 import shutil
 from collections.abc import Iterator, Sequence
 
-from bench.peers.base import HOST, Driver, Mode, PipelinedSender, Unavailable, dist_version, \
-    ensure_debian_packages, free_port, package_version, wait_until
+from bench.peers.base import (
+    HOST,
+    Driver,
+    Mode,
+    PipelinedSender,
+    Unavailable,
+    dist_version,
+    ensure_debian_packages,
+    free_port,
+    package_version,
+    wait_until,
+)
 
 __all__ = ["RedisStreams"]
 
@@ -42,11 +52,30 @@ class RedisStreams(Driver):
         self.port = free_port()
         data = self.workdir / "redis-data"
         data.mkdir()
-        server = self.start_server("redis", [
-            shutil.which("redis-server") or "redis-server", "--bind", HOST, "--port", str(self.port),
-            "--dir", str(data), "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-            "--protected-mode", "yes", "--daemonize", "no", "--logfile", "",
-        ])
+        server = self.start_server(
+            "redis",
+            [
+                shutil.which("redis-server") or "redis-server",
+                "--bind",
+                HOST,
+                "--port",
+                str(self.port),
+                "--dir",
+                str(data),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--save",
+                "",
+                "--protected-mode",
+                "yes",
+                "--daemonize",
+                "no",
+                "--logfile",
+                "",
+            ],
+        )
         wait_until(lambda: self._client().ping(), timeout_s=20, what="redis-server", alive=server.alive)
 
     def version(self) -> str:
@@ -104,7 +133,6 @@ class RedisStreams(Driver):
             yield poll
         finally:
             r.close()
-
 
 
 class _PipelinedSender(PipelinedSender):

@@ -75,8 +75,7 @@ def memory_usage() -> dict[str, int]:
     on systems without it, only the peak, from ``getrusage``)."""
     try:
         with open("/proc/self/status") as f:
-            kib = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f)
-                   if k in ("VmRSS", "VmHWM")}
+            kib = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f) if k in ("VmRSS", "VmHWM")}
         return {"memory_rss_bytes": kib["VmRSS"] * 1024, "memory_peak_bytes": kib["VmHWM"] * 1024}
     except (OSError, KeyError, ValueError):
         import resource

@@ -16,18 +16,18 @@ from headwater._version import __version__
 from headwater.broker.delay import DelayService, DelayTicket
 from headwater.broker.groups import GroupCoordinator
 from headwater.broker.keyed import KeyedGroups
-from headwater.broker.subscriptions import SubscriberRegistry
 from headwater.broker.offsets import OffsetStore
 from headwater.broker.shared import SharedGroups
+from headwater.broker.subscriptions import SubscriberRegistry
 from headwater.errors import MessageNotFoundError
 from headwater.model.config import QueueConfig, QueueInfo, check_user_queue, is_internal_queue
 from headwater.model.delay import DELAYED_PARTITION_BIT, DelayStats, peek_deliver_at
 from headwater.model.filtering import TagMaskFilter, filter_batches
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
 from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
-from headwater.model.subscription import SubscriberInfo
 from headwater.model.service import FetchResult, ProduceResult
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
+from headwater.model.subscription import SubscriberInfo
 from headwater.storage.store import LogStore, StoreConfig
 
 __all__ = ["Broker"]
@@ -36,8 +36,13 @@ __all__ = ["Broker"]
 class Broker:
     """Serves one data directory. Thread-safe."""
 
-    def __init__(self, store: LogStore, *, group_clock: Callable[[], float] = time.monotonic,
-                 shared_clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: LogStore,
+        *,
+        group_clock: Callable[[], float] = time.monotonic,
+        shared_clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
         self._started = time.monotonic()
         self.offsets = OffsetStore(store)
@@ -57,8 +62,9 @@ class Broker:
         self.delay = DelayService(store, clock=store.clock, report=store.recovery_report)
 
     @classmethod
-    def open(cls, path: str | Path, config: StoreConfig | None = None, *,
-             clock: Callable[[], float] = time.time) -> Broker:
+    def open(
+        cls, path: str | Path, config: StoreConfig | None = None, *, clock: Callable[[], float] = time.time
+    ) -> Broker:
         store = LogStore(path, config, clock=clock)
         try:
             # sessions use a monotonic clock, unless a test passed its own clock
@@ -108,7 +114,9 @@ class Broker:
             self.wait_durable(durable_at)
         return result
 
-    def produce_nowait(self, queue: str, partition: int, batch: bytes) -> tuple[ProduceResult, int | DelayTicket | None]:
+    def produce_nowait(
+        self, queue: str, partition: int, batch: bytes
+    ) -> tuple[ProduceResult, int | DelayTicket | None]:
         """Append without waiting for the fsync; see :meth:`LogStore.append_nowait`. A batch
         with a deliver time goes to the delay service instead (when the time is not in the
         future, to be delivered at once: its producer's sequences count in the delayed space
@@ -125,18 +133,36 @@ class Broker:
         else:
             self.store.wait_durable(position)
 
-    def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
-              end_offset: int | None = None, max_wait_ms: int = 0) -> FetchResult:
+    def fetch(
+        self,
+        queue: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        tag_mask: int = 0,
+        end_offset: int | None = None,
+        max_wait_ms: int = 0,
+    ) -> FetchResult:
         """Batches from ``offset`` on; with ``max_wait_ms`` wait that long for data to arrive."""
         check_user_queue(queue)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
-            res = self.store.fetch(queue, partition, offset, max_bytes=max_bytes, tag_mask=tag_mask,
-                                   end_offset=end_offset)
+            res = self.store.fetch(
+                queue, partition, offset, max_bytes=max_bytes, tag_mask=tag_mask, end_offset=end_offset
+            )
             if tag_mask and res.batches:  # the store skipped whole batches; drop the rest here
-                res = FetchResult(filter_batches(res.batches, TagMaskFilter(tag_mask),
-                                                 start_offset=max(offset, res.start_offset), end_offset=end_offset),
-                                  res.next_offset, res.start_offset, res.end_offset)
+                res = FetchResult(
+                    filter_batches(
+                        res.batches,
+                        TagMaskFilter(tag_mask),
+                        start_offset=max(offset, res.start_offset),
+                        end_offset=end_offset,
+                    ),
+                    res.next_offset,
+                    res.start_offset,
+                    res.end_offset,
+                )
             remaining = deadline - time.monotonic()
             if remaining <= 0 or res.settles(offset, end_offset):
                 return res
@@ -161,24 +187,37 @@ class Broker:
             raise MessageNotFoundError(f"no queue has id {queue_id} (was it deleted?)")
         return self.store.lookup_id(queue_id, partition, offset)
 
-    def lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None,
-                   limit: int) -> list[bytes]:
+    def lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None, limit: int) -> list[bytes]:
         return self.store.lookup_key(check_user_queue(queue), key, start_ms, end_ms, limit)
 
     def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
         return self.store.offset_for_time(check_user_queue(queue), partition, timestamp_ms)
 
     # consumer offsets
-    def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
-                       member_id: str | None = None, generation: int | None = None) -> None:
+    def commit_offsets(
+        self,
+        group: str,
+        queue: str,
+        offsets: dict[int, int],
+        member_id: str | None = None,
+        generation: int | None = None,
+    ) -> None:
         self.groups.commit_offsets(group, check_user_queue(queue), offsets, member_id, generation)
 
     def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
         return self.offsets.fetch(group, check_user_queue(queue))
 
     # consumer groups (headwater.broker.groups)
-    def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str], mode: str,
-                   strategy: str, session_timeout_ms: int) -> GroupAssignment:
+    def join_group(
+        self,
+        group: str,
+        member_id: str | None,
+        client_id: str,
+        queues: list[str],
+        mode: str,
+        strategy: str,
+        session_timeout_ms: int,
+    ) -> GroupAssignment:
         return self.groups.join_group(group, member_id, client_id, queues, mode, strategy, session_timeout_ms)
 
     def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
@@ -197,62 +236,109 @@ class Broker:
         return self.groups.list_groups() + self.keyed.summaries(queues) + self.shared.summaries(queues)
 
     # shared groups (headwater.broker.shared)
-    def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
-                       visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
-                       settings: dict[str, int | float] | None = None, max_wait_ms: int = 0) -> SharedDeliveries:
-        return self.shared.receive(group, check_user_queue(queue), member, max_messages, visibility_timeout_ms,
-                                   at_most_once, settings, max_wait_ms)
+    def shared_receive(
+        self,
+        group: str,
+        queue: str,
+        member: str,
+        max_messages: int = 32,
+        visibility_timeout_ms: int = 30_000,
+        at_most_once: bool = False,
+        settings: dict[str, int | float] | None = None,
+        max_wait_ms: int = 0,
+    ) -> SharedDeliveries:
+        return self.shared.receive(
+            group,
+            check_user_queue(queue),
+            member,
+            max_messages,
+            visibility_timeout_ms,
+            at_most_once,
+            settings,
+            max_wait_ms,
+        )
 
-    def shared_receive_now(self, group: str, queue: str, member: str, max_messages: int,
-                           visibility_timeout_ms: int, at_most_once: bool,
-                           settings: dict[str, int | float] | None) -> tuple[SharedDeliveries, int | None]:
+    def shared_receive_now(
+        self,
+        group: str,
+        queue: str,
+        member: str,
+        max_messages: int,
+        visibility_timeout_ms: int,
+        at_most_once: bool,
+        settings: dict[str, int | float] | None,
+    ) -> tuple[SharedDeliveries, int | None]:
         """A receive that never waits, plus when to try again (the server's long polling)."""
-        return self.shared.receive_now(group, check_user_queue(queue), member, max_messages, visibility_timeout_ms,
-                                       at_most_once, settings)
+        return self.shared.receive_now(
+            group, check_user_queue(queue), member, max_messages, visibility_timeout_ms, at_most_once, settings
+        )
 
     def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
         return self.shared.ack(group, check_user_queue(queue), member, lease_ids)
 
-    def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
-                    delay_ms: int | None = None) -> list[LeaseRefusal]:
+    def shared_nack(
+        self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "", delay_ms: int | None = None
+    ) -> list[LeaseRefusal]:
         return self.shared.nack(group, check_user_queue(queue), member, lease_ids, reason, delay_ms)
 
-    def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
-                      visibility_timeout_ms: int) -> list[LeaseRefusal]:
+    def shared_extend(
+        self, group: str, queue: str, member: str, lease_ids: list[str], visibility_timeout_ms: int
+    ) -> list[LeaseRefusal]:
         return self.shared.extend(group, check_user_queue(queue), member, lease_ids, visibility_timeout_ms)
 
     def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
         return self.shared.describe(group, check_user_queue(queue))
 
     # keyed groups (headwater.broker.keyed)
-    def keyed_group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
-                    start: str = "earliest") -> KeyedGroupInfo:
+    def keyed_group(
+        self, queue: str, group: str, key: str | None = None, size: int | None = None, start: str = "earliest"
+    ) -> KeyedGroupInfo:
         return self.keyed.group(check_user_queue(queue), group, key, size, start)
 
-    def keyed_fetch(self, queue: str, group: str, member: int, generation: int, partition: int,
-                    offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> KeyedFetchResult:
+    def keyed_fetch(
+        self,
+        queue: str,
+        group: str,
+        member: int,
+        generation: int,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        max_wait_ms: int = 0,
+    ) -> KeyedFetchResult:
         """The member's messages from ``offset`` on; with ``max_wait_ms`` wait for some."""
         check_user_queue(queue)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
             res = self.keyed.fetch_now(queue, group, member, generation, partition, offset, max_bytes)
             remaining = deadline - time.monotonic()
-            if res.batches or res.next_offset != offset or remaining <= 0 or (
-                res.stop_offset is not None and offset >= res.stop_offset
+            if (
+                res.batches
+                or res.next_offset != offset
+                or remaining <= 0
+                or (res.stop_offset is not None and offset >= res.stop_offset)
             ):
                 return res
             self._wait_for_append(queue, partition, offset, remaining)
 
-    def keyed_commit(self, queue: str, group: str, member: int, generation: int,
-                     offsets: dict[int, int]) -> KeyedGroupInfo:
+    def keyed_commit(
+        self, queue: str, group: str, member: int, generation: int, offsets: dict[int, int]
+    ) -> KeyedGroupInfo:
         return self.keyed.commit(check_user_queue(queue), group, member, generation, offsets)
 
     def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
         return self.keyed.resize(check_user_queue(queue), group, size)
 
     # push subscribers (headwater.broker.subscriptions; delivery: headwater.broker.push)
-    def add_subscriber(self, queue: str, name: str, partitions: list[int] | None = None,
-                       tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo:
+    def add_subscriber(
+        self,
+        queue: str,
+        name: str,
+        partitions: list[int] | None = None,
+        tags: list[str] | None = None,
+        start: str = "latest",
+    ) -> SubscriberInfo:
         return self.subscribers.add(check_user_queue(queue), name, partitions, tags, start)
 
     def delete_subscriber(self, queue: str, name: str) -> None:

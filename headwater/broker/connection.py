@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from headwater._version import __version__
+from headwater.errors import UnavailableError
 from headwater.protocol import (
     NEED_DATA,
     SERVER,
@@ -29,7 +30,6 @@ from headwater.protocol import (
     UnsupportedVersionError,
     choose_version,
 )
-from headwater.errors import UnavailableError
 
 if TYPE_CHECKING:
     from headwater.broker.server import BrokerServer
@@ -126,18 +126,44 @@ class ClientConnection(asyncio.Protocol):
     :class:`PushService` uses to send PUSH frames (``writelines``, ``await drain()``).
     """
 
-    __slots__ = ("srv", "loop", "transport", "conn", "peer", "budget", "tasks", "parked", "write_lock", "out",
-                 "unsent", "held", "blocked", "wake_scheduled", "write_paused", "drain_waiters",
-                 "handshaken", "last_data_s", "timer", "closing", "lost", "eof", "counted",
-                 "reserved", "frame_held", "stall_timer", "stall_mark")
+    __slots__ = (
+        "srv",
+        "loop",
+        "transport",
+        "conn",
+        "peer",
+        "budget",
+        "tasks",
+        "parked",
+        "write_lock",
+        "out",
+        "unsent",
+        "held",
+        "blocked",
+        "wake_scheduled",
+        "write_paused",
+        "drain_waiters",
+        "handshaken",
+        "last_data_s",
+        "timer",
+        "closing",
+        "lost",
+        "eof",
+        "counted",
+        "reserved",
+        "frame_held",
+        "stall_timer",
+        "stall_mark",
+    )
 
     def __init__(self, srv: BrokerServer) -> None:
         cfg = srv.config
         self.srv = srv
         self.loop = srv._loop
         self.transport: asyncio.Transport | None = None
-        self.conn = Connection(SERVER, frame_bytes_max=cfg.frame_bytes_max,
-                               requests_in_flight_max=cfg.requests_in_flight_max)
+        self.conn = Connection(
+            SERVER, frame_bytes_max=cfg.frame_bytes_max, requests_in_flight_max=cfg.requests_in_flight_max
+        )
         self.peer = "?"
         self.budget = ByteBudget(cfg.connection_bytes_in_flight_max)  # batches and answers in flight
         self.tasks: set[asyncio.Task] = set()
@@ -171,7 +197,8 @@ class ClientConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport  # an asyncio.Transport (uvloop's is not a subclass)
         srv = self.srv
-        self.peer = "%s:%s" % (transport.get_extra_info("peername") or ("?", "?"))[:2]
+        host, port = (transport.get_extra_info("peername") or ("?", "?"))[:2]
+        self.peer = f"{host}:{port}"
         if len(srv._conns) >= srv.config.connections_max or srv._closing:
             self.closing = True
             if srv._closing:
@@ -180,8 +207,9 @@ class ClientConnection(asyncio.Protocol):
                 why = f"the broker has {len(srv._conns)} connections open, its limit (connections_max)"
                 srv.refused(self.peer, why)
             with contextlib.suppress(ProtocolError):  # said before the handshake: the client reports it
-                transport.writelines(self.conn.send_chunks(
-                    ErrorResponse.from_exception(0, UnavailableError(f"{why}; try again later"))))
+                transport.writelines(
+                    self.conn.send_chunks(ErrorResponse.from_exception(0, UnavailableError(f"{why}; try again later")))
+                )
             transport.close()
             return
         srv.connections_total += 1
@@ -291,8 +319,11 @@ class ClientConnection(asyncio.Protocol):
                         self.close()
                         break
                     if ev is NEED_DATA:
-                        if (not self.reserved and conn.frame_in_progress_bytes > FRAME_RESERVE_MIN_BYTES
-                                and not self._reserve_frame()):
+                        if (
+                            not self.reserved
+                            and conn.frame_in_progress_bytes > FRAME_RESERVE_MIN_BYTES
+                            and not self._reserve_frame()
+                        ):
                             self._block()  # its body stays in the kernel until the budget has room
                         break
                 kind = type(ev)
@@ -385,8 +416,10 @@ class ClientConnection(asyncio.Protocol):
 
     async def drain(self) -> None:
         """Wait until the peer has taken most of what was written (PUSH flow control)."""
-        if self.write_paused and not self.lost and (
-            self.transport.get_write_buffer_size() > self.srv.config.write_buffer_bytes_max
+        if (
+            self.write_paused
+            and not self.lost
+            and (self.transport.get_write_buffer_size() > self.srv.config.write_buffer_bytes_max)
         ):
             fut = self.loop.create_future()
             self.drain_waiters.append(fut)
@@ -431,8 +464,12 @@ class ClientConnection(asyncio.Protocol):
             self.stall_mark = buffered
             self.stall_timer = self.loop.call_later(self.srv.config.send_timeout_s, self._check_stall)
             return
-        log.warning("closing %s: it took none of the %d bytes of answers waiting for it in %g s (send_timeout_s)",
-                    self.peer, buffered, self.srv.config.send_timeout_s)
+        log.warning(
+            "closing %s: it took none of the %d bytes of answers waiting for it in %g s (send_timeout_s)",
+            self.peer,
+            buffered,
+            self.srv.config.send_timeout_s,
+        )
         self.close()
         self.transport.abort()  # what it holds is freed now, not when it reads
 

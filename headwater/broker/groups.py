@@ -52,16 +52,21 @@ class GroupCoordinator:
     ``clock``: seconds on a monotonic scale (session timeouts); tests pass a fake one.
     """
 
-    def __init__(self, store: LogStore, offsets: OffsetStore, *,
-                 clock: Callable[[], float] = time.monotonic, members_max: int = 10_000) -> None:
+    def __init__(
+        self,
+        store: LogStore,
+        offsets: OffsetStore,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        members_max: int = 10_000,
+    ) -> None:
         self._store = store
         self._offsets = offsets
         self._clock = clock
         self._lock = threading.Lock()
         self._stripes = [threading.Lock() for _ in range(COMMIT_LOCK_STRIPES)]
         self._counts: dict[str, tuple[int, float]] = {}
-        self._membership = Membership(self._partitions_of, incarnation=secrets.token_hex(3),
-                                      members_max=members_max)
+        self._membership = Membership(self._partitions_of, incarnation=secrets.token_hex(3), members_max=members_max)
 
     def hold_grants_after_restart(self, grace_ms: float = RESTART_GRACE_MS) -> None:
         """Called when the broker starts serving the network: see :data:`RESTART_GRACE_MS`.
@@ -93,13 +98,28 @@ class GroupCoordinator:
 
     # -- membership ----------------------------------------------------------------------
 
-    def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str], mode: str,
-                   strategy: str, session_timeout_ms: int) -> GroupAssignment:
+    def join_group(
+        self,
+        group: str,
+        member_id: str | None,
+        client_id: str,
+        queues: list[str],
+        mode: str,
+        strategy: str,
+        session_timeout_ms: int,
+    ) -> GroupAssignment:
         validate_group_name(group)
         with self._stripe(group), self._lock:
-            return self._membership.join(group, member_id=member_id, client_id=client_id, queues=queues,
-                                         mode=mode, strategy=strategy, session_timeout_ms=session_timeout_ms,
-                                         now_ms=self._now_ms())
+            return self._membership.join(
+                group,
+                member_id=member_id,
+                client_id=client_id,
+                queues=queues,
+                mode=mode,
+                strategy=strategy,
+                session_timeout_ms=session_timeout_ms,
+                now_ms=self._now_ms(),
+            )
 
     def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
         validate_group_name(group)
@@ -129,8 +149,14 @@ class GroupCoordinator:
 
     # -- offsets -------------------------------------------------------------------------
 
-    def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
-                       member_id: str | None = None, generation: int | None = None) -> None:
+    def commit_offsets(
+        self,
+        group: str,
+        queue: str,
+        offsets: dict[int, int],
+        member_id: str | None = None,
+        generation: int | None = None,
+    ) -> None:
         """Check the commit against the group's membership, then write it, with no
         rebalance of the group in between."""
         validate_group_name(group)

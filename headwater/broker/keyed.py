@@ -107,8 +107,9 @@ class KeyedGroups:
                     out.append(info.summary())
         return sorted(out, key=lambda g: (g.group, g.queues))
 
-    def group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
-              start: str = "earliest") -> KeyedGroupInfo:
+    def group(
+        self, queue: str, group: str, key: str | None = None, size: int | None = None, start: str = "earliest"
+    ) -> KeyedGroupInfo:
         """Look a group up; with ``key`` and ``size``, create it if absent or check it."""
         validate_group(group)
         if (key is None) != (size is None):
@@ -129,8 +130,9 @@ class KeyedGroups:
                 self._save(k, st.info)
             return st.info
 
-    def fetch_now(self, queue: str, group: str, member: int, generation: int, partition: int,
-                  offset: int, max_bytes: int) -> KeyedFetchResult:
+    def fetch_now(
+        self, queue: str, group: str, member: int, generation: int, partition: int, offset: int, max_bytes: int
+    ) -> KeyedFetchResult:
         """The member's messages from ``offset`` on (never waits)."""
         validate_group(group)
         qi = self._store.describe_queue(queue)
@@ -140,13 +142,14 @@ class KeyedGroups:
         stop = st.stop_offset(partition)
         res = self._store.fetch(queue, partition, offset, max_bytes=max_bytes, end_offset=stop)
         flt = KeyHashFilter(parse_key_spec(info.key), info.size, member)
-        batches, selections = select_batches(res.batches, flt, start_offset=max(offset, res.start_offset),
-                                             end_offset=stop)
-        return KeyedFetchResult(batches, res.next_offset, res.start_offset, res.end_offset, info.generation, stop,
-                                selections)
+        batches, selections = select_batches(
+            res.batches, flt, start_offset=max(offset, res.start_offset), end_offset=stop
+        )
+        return KeyedFetchResult(
+            batches, res.next_offset, res.start_offset, res.end_offset, info.generation, stop, selections
+        )
 
-    def commit(self, queue: str, group: str, member: int, generation: int,
-               offsets: dict[int, int]) -> KeyedGroupInfo:
+    def commit(self, queue: str, group: str, member: int, generation: int, offsets: dict[int, int]) -> KeyedGroupInfo:
         validate_group(group)
         with self._lock:
             qi = self._store.describe_queue(queue)

@@ -18,8 +18,8 @@ import struct
 import threading
 
 from headwater.errors import InvalidArgumentError
-from headwater.model.checks import check_int_arg, check_offsets_given
 from headwater.model.batch import decode_records, encode_batch
+from headwater.model.checks import check_int_arg, check_offsets_given
 from headwater.model.config import QueueConfig
 from headwater.model.message import Message
 from headwater.storage.store import LogStore
@@ -56,8 +56,7 @@ class OffsetStore:
         try:
             store.describe_queue(OFFSETS_QUEUE)
         except Exception:  # noqa: BLE001 - first start of this store
-            store.create_queue(OFFSETS_QUEUE, QueueConfig(partitions=1, ttl_s=None, flush="sync"),
-                               internal=True)
+            store.create_queue(OFFSETS_QUEUE, QueueConfig(partitions=1, ttl_s=None, flush="sync"), internal=True)
         self._load()
 
     def _load(self) -> None:

@@ -80,11 +80,32 @@ _END_NOTICE_TIMEOUT_S = 1.0  # the longest the last PUSH of an ended stream may 
 
 
 class _Stream:
-    __slots__ = ("sub_id", "conn", "queue", "name", "info", "filter", "positions", "credit_messages",
-                 "credit_bytes", "wake", "task", "ended", "next_partitions_check", "rotation")
+    __slots__ = (
+        "sub_id",
+        "conn",
+        "queue",
+        "name",
+        "info",
+        "filter",
+        "positions",
+        "credit_messages",
+        "credit_bytes",
+        "wake",
+        "task",
+        "ended",
+        "next_partitions_check",
+        "rotation",
+    )
 
-    def __init__(self, sub_id: int, conn: Any, info: SubscriberInfo, positions: dict[int, int],
-                 credit_messages: int, credit_bytes: int) -> None:
+    def __init__(
+        self,
+        sub_id: int,
+        conn: Any,
+        info: SubscriberInfo,
+        positions: dict[int, int],
+        credit_messages: int,
+        credit_bytes: int,
+    ) -> None:
         self.sub_id = sub_id
         self.conn = conn  # the server's per-connection state: conn, writer, write_lock
         self.queue = info.queue
@@ -104,8 +125,15 @@ class _Stream:
 class PushService:
     """Push streams of every connection of one server. Create it on the server's loop."""
 
-    def __init__(self, broker: Any, pool: Executor, *, push_bytes_max: int = 1 << 20,
-                 streams_per_connection_max: int = 64, taken: Any = lambda st, sid: False) -> None:
+    def __init__(
+        self,
+        broker: Any,
+        pool: Executor,
+        *,
+        push_bytes_max: int = 1 << 20,
+        streams_per_connection_max: int = 64,
+        taken: Any = lambda st, sid: False,
+    ) -> None:
         self._broker = broker
         self._store = broker.store
         self._pool = pool
@@ -150,14 +178,26 @@ class PushService:
             raise InvalidArgumentError("a stream needs some credit: credit_messages and credit_bytes > 0")
         info = await self._loop.run_in_executor(self._pool, self._broker.describe_subscriber, req.queue, req.name)
         while (old := self._by_name.get((info.queue, info.name))) is not None:  # another may come meanwhile
-            await self._end(old, UsageError(
-                f"another connection subscribed as {info.name!r} on queue {info.queue!r} and took the "
-                f"stream over (one process per subscriber name)"))
+            await self._end(
+                old,
+                UsageError(
+                    f"another connection subscribed as {info.name!r} on queue {info.queue!r} and took the "
+                    f"stream over (one process per subscriber name)"
+                ),
+            )
         qi = self._store.describe_queue(info.queue)
-        positions = {p: info.checkpoint(p, qi.partitions[p].start_offset)
-                     for p in subscribed_partitions(info, len(qi.partitions))}
-        s = _Stream(req.subscription_id, st, info, positions, min(req.credit_messages, CREDIT_MESSAGES_MAX),
-                    min(req.credit_bytes, CREDIT_BYTES_MAX))
+        positions = {
+            p: info.checkpoint(p, qi.partitions[p].start_offset)
+            for p in subscribed_partitions(info, len(qi.partitions))
+        }
+        s = _Stream(
+            req.subscription_id,
+            st,
+            info,
+            positions,
+            min(req.credit_messages, CREDIT_MESSAGES_MAX),
+            min(req.credit_bytes, CREDIT_BYTES_MAX),
+        )
         self._by_conn.setdefault(st, {})[s.sub_id] = s
         self._by_name[(s.queue, s.name)] = s
         self._by_queue.setdefault(s.queue, set()).add(s)
@@ -169,16 +209,16 @@ class PushService:
         s = self._by_conn.get(st, {}).get(req.subscription_id)
         if s is None or s.ended:
             raise SubscriberNotFoundError(
-                f"no push stream {req.subscription_id} is open on this connection (it ended, or "
-                f"was never opened)"
+                f"no push stream {req.subscription_id} is open on this connection (it ended, or was never opened)"
             )
         # credit first: a refused checkpoint must not starve the stream
         s.credit_messages = min(s.credit_messages + req.credit_messages, CREDIT_MESSAGES_MAX)
         s.credit_bytes = min(s.credit_bytes + req.credit_bytes, CREDIT_BYTES_MAX)
         s.wake.set()
         if req.offsets:
-            await self._loop.run_in_executor(self._pool, self._broker.checkpoint_subscriber, s.queue, s.name,
-                                             dict(req.offsets))
+            await self._loop.run_in_executor(
+                self._pool, self._broker.checkpoint_subscriber, s.queue, s.name, dict(req.offsets)
+            )
         return SubscriptionAckResponse()
 
     # -- ending ----------------------------------------------------------------------------
@@ -209,8 +249,9 @@ class PushService:
             with contextlib.suppress(BaseException):
                 await s.task
         if reason is not None:
-            last = SubscriptionPush(s.sub_id, 0, [], 0, 0, ended=str(reason) or type(reason).__name__,
-                                    ended_code=reason.code)
+            last = SubscriptionPush(
+                s.sub_id, 0, [], 0, 0, ended=str(reason) or type(reason).__name__, ended_code=reason.code
+            )
             # bounded: a client that stopped reading must not hold up a takeover or a stop
             with contextlib.suppress(ConnectionError, ProtocolError, RuntimeError, TimeoutError):
                 async with asyncio.timeout(_END_NOTICE_TIMEOUT_S):
@@ -232,8 +273,10 @@ class PushService:
         def end() -> None:
             s = self._by_name.get((queue, name))
             if s is not None:
-                asyncio.ensure_future(self._end(s, SubscriberNotFoundError(
-                    f"subscriber {name!r} of queue {queue!r} was deleted")))
+                asyncio.ensure_future(
+                    self._end(s, SubscriberNotFoundError(f"subscriber {name!r} of queue {queue!r} was deleted"))
+                )
+
         self._call_on_loop(end)
 
     # -- delivery --------------------------------------------------------------------------
@@ -282,7 +325,7 @@ class PushService:
             return
         s.next_partitions_check = now + _PARTITIONS_CHECK_S
         qi = self._store.describe_queue(s.queue)
-        for pi in qi.partitions[len(s.positions):]:
+        for pi in qi.partitions[len(s.positions) :]:
             s.positions[pi.partition] = s.info.checkpoint(pi.partition, pi.start_offset)
 
     async def _push_round(self, s: _Stream) -> bool:
@@ -293,7 +336,7 @@ class PushService:
             return False
         s.rotation = (s.rotation + 1) % len(parts)
         pushed = False
-        for p in parts[s.rotation:] + parts[: s.rotation]:
+        for p in parts[s.rotation :] + parts[: s.rotation]:
             if s.ended or s.credit_messages <= 0 or s.credit_bytes <= 0:
                 break
             pos = s.positions[p]
@@ -302,8 +345,9 @@ class PushService:
             want = max(1, min(s.credit_bytes, self.push_bytes_max, s.conn.conn.peer_frame_bytes_max - 4096))
             res = self._store.fetch(s.queue, p, pos, max_bytes=want, tag_mask=s.filter.mask if s.filter else 0)
             start = max(pos, res.start_offset)
-            batches, selections, nxt = _within_credit(res.batches, s.filter, start, max(start, res.next_offset),
-                                                      s.credit_messages)
+            batches, selections, nxt = _within_credit(
+                res.batches, s.filter, start, max(start, res.next_offset), s.credit_messages
+            )
             if nxt == pos and not batches:
                 continue
             messages, size = count_messages(batches, selections, start, nxt)
@@ -330,8 +374,9 @@ class PushService:
         return {"push_streams": len(self._by_name), "pushes_total": self.pushes}
 
 
-def _within_credit(read: list, flt: TagFilter | None, start: int, nxt: int,
-                   credit_messages: int) -> tuple[list, list[list[int]], int]:
+def _within_credit(
+    read: list, flt: TagFilter | None, start: int, nxt: int, credit_messages: int
+) -> tuple[list, list[list[int]], int]:
     """The matching part of a read's stored batches, cut after the batch that uses up the
     message credit: (batches, selections, where the stream continues)."""
     batches: list = []

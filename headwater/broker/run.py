@@ -18,8 +18,9 @@ __all__ = ["run_server"]
 log = logging.getLogger("headwater.server")
 
 
-def run_server(data: str | Path, store: StoreConfig, server: ServerConfig, *,
-               on_ready: Callable[[int], None] | None = None) -> None:
+def run_server(
+    data: str | Path, store: StoreConfig, server: ServerConfig, *, on_ready: Callable[[int], None] | None = None
+) -> None:
     """Open the data directory and serve it until SIGTERM or SIGINT, then stop cleanly:
     stop accepting, finish requests in flight, flush, close."""
     keep_freed_memory(server.allocator_cache_bytes)

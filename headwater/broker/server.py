@@ -41,6 +41,7 @@ from headwater.broker.connection import CLOSE_LINGER_S, ByteBudget, ClientConnec
 from headwater.broker.delay import DelayTicket
 from headwater.broker.durable_acks import DurableAcks
 from headwater.broker.push import PUSH_APIS, PushService
+from headwater.broker.shared import SharedWaiters
 from headwater.broker.streams import FETCH_STREAM_APIS, FetchStreams
 from headwater.errors import HeadwaterError, InvalidArgumentError
 from headwater.model.config import DEFAULT_PORT
@@ -57,9 +58,9 @@ from headwater.protocol import (
     Response,
     invoke,
 )
-from headwater.broker.shared import SharedWaiters
-from headwater.protocol.messages import KeyedFetchRequest, KeyedFetchResponse
 from headwater.protocol.messages import (
+    KeyedFetchRequest,
+    KeyedFetchResponse,
     PingResponse,
     SharedReceiveRequest,
     SharedReceiveResponse,
@@ -111,11 +112,13 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         if self.fetch_bytes_max > self.frame_bytes_max - 4096:
             raise InvalidArgumentError(
                 f"fetch_bytes_max ({self.fetch_bytes_max:,}) must leave room in a frame: at most "
-                f"frame_bytes_max - 4096 ({self.frame_bytes_max - 4096:,})")
+                f"frame_bytes_max - 4096 ({self.frame_bytes_max - 4096:,})"
+            )
         if self.push_bytes_max > self.frame_bytes_max - 4096:
             raise InvalidArgumentError(
                 f"push_bytes_max ({self.push_bytes_max:,}) must leave room in a frame: at most "
-                f"frame_bytes_max - 4096 ({self.frame_bytes_max - 4096:,})")
+                f"frame_bytes_max - 4096 ({self.frame_bytes_max - 4096:,})"
+            )
         return self
 
 
@@ -272,19 +275,29 @@ class BrokerServer:
         self._shared_waiters = SharedWaiters(loop)
         self.broker.shared.add_listener(self._shared_waiters.notify)
         # a connection's stream ids are unique among its subscriptions and fetch streams
-        self._push = PushService(self.broker, self._pool, push_bytes_max=self.config.push_bytes_max,
-                                 streams_per_connection_max=self.config.push_streams_max,
-                                 taken=lambda st, sid: self._streams.has_stream(st, sid))
-        self._streams = FetchStreams(self.broker.store, self._waiters, push_bytes_max=self.config.push_bytes_max,
-                                     streams_per_connection_max=self.config.push_streams_max,
-                                     taken=self._push.has_stream)
+        self._push = PushService(
+            self.broker,
+            self._pool,
+            push_bytes_max=self.config.push_bytes_max,
+            streams_per_connection_max=self.config.push_streams_max,
+            taken=lambda st, sid: self._streams.has_stream(st, sid),
+        )
+        self._streams = FetchStreams(
+            self.broker.store,
+            self._waiters,
+            push_bytes_max=self.config.push_bytes_max,
+            streams_per_connection_max=self.config.push_streams_max,
+            taken=self._push.has_stream,
+        )
         _raise_fd_limit(self.config.connections_max + 256)
         self._server = await loop.create_server(
-            lambda: ClientConnection(self), self.config.host, self.config.port, backlog=4096,
+            lambda: ClientConnection(self),
+            self.config.host,
+            self.config.port,
+            backlog=4096,
         )
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("headwater %s serving %s on %s:%d", __version__, self.broker.store.path,
-                 self.config.host, self.port)
+        log.info("headwater %s serving %s on %s:%d", __version__, self.broker.store.path, self.config.host, self.port)
         return self.port
 
     def refused(self, peer: str, why: str) -> None:
@@ -456,16 +469,16 @@ class BrokerServer:
             return await self._push.handle(st, body)
         return await self._loop.run_in_executor(self._pool, invoke, self.broker, body)
 
-    def _answer_durable(self, st: ClientConnection, ev: Request, result: object,
-                        error: BaseException | None) -> None:
+    def _answer_durable(self, st: ClientConnection, ev: Request, result: object, error: BaseException | None) -> None:
         """A sync-flush produce's fsync is done (or failed): answer it."""
         self.requests += 1
         try:
             if error is None:
                 chunks = st.conn.send_chunks(Response(ev.request_id, ProduceResponse.from_result(result)))
             else:
-                chunks = self._error_chunks(st, ev, error if isinstance(error, Exception) else
-                                            HeadwaterError(f"fsync failed: {error!r}"))
+                chunks = self._error_chunks(
+                    st, ev, error if isinstance(error, Exception) else HeadwaterError(f"fsync failed: {error!r}")
+                )
             st.send(chunks)
         except (ConnectionError, ProtocolError):
             pass  # the client is gone; the message is stored all the same
@@ -503,8 +516,9 @@ class BrokerServer:
     def _read(self, st: ClientConnection, req: FetchRequest, want: int) -> FetchResult:
         """Read for a fetch whose ``want`` bytes of budget are taken (given back if it fails)."""
         try:
-            return self.broker.fetch(req.queue, req.partition, req.offset, max_bytes=want,
-                                     tag_mask=req.tag_mask, end_offset=req.end_offset)
+            return self.broker.fetch(
+                req.queue, req.partition, req.offset, max_bytes=want, tag_mask=req.tag_mask, end_offset=req.end_offset
+            )
         except BaseException:
             self._release(st, want)
             raise
@@ -538,8 +552,11 @@ class BrokerServer:
 
     def _fetch_parks(self, req: FetchRequest, res: object) -> bool:
         """Whether a fetch that read nothing waits for an append (long polling)."""
-        return not (res.settles(req.offset, req.end_offset) or min(req.max_wait_ms, self.config.fetch_wait_ms_max) <= 0
-                    or self._closing)
+        return not (
+            res.settles(req.offset, req.end_offset)
+            or min(req.max_wait_ms, self.config.fetch_wait_ms_max) <= 0
+            or self._closing
+        )
 
     def _park(self, st: ClientConnection, ev: Request, pf: _ParkedFetch | None = None) -> None:
         """Park a fetch that found nothing until an append to its partition or its deadline."""
@@ -595,8 +612,9 @@ class BrokerServer:
         except (ConnectionError, ProtocolError):
             pass
 
-    async def _fetch_in_task(self, st: ClientConnection, req: FetchRequest,
-                             deadline: float) -> tuple[FetchResponse, int] | FetchResponse:
+    async def _fetch_in_task(
+        self, st: ClientConnection, req: FetchRequest, deadline: float
+    ) -> tuple[FetchResponse, int] | FetchResponse:
         """A woken parked fetch whose read did not fit the byte budgets: wait for them in a
         task, read, and while nothing is there wait for an append until ``deadline`` (the
         parked fetch's, loop time).
@@ -610,8 +628,11 @@ class BrokerServer:
                     await self._acquire(st, want)
             except TimeoutError:  # no room all that time: an empty answer (read up to where it
                 # starts, so nothing), with the partition's range; the client asks again
-                return FetchResponse.from_result(self.broker.fetch(
-                    req.queue, req.partition, req.offset, max_bytes=1, tag_mask=req.tag_mask, end_offset=req.offset))
+                return FetchResponse.from_result(
+                    self.broker.fetch(
+                        req.queue, req.partition, req.offset, max_bytes=1, tag_mask=req.tag_mask, end_offset=req.offset
+                    )
+                )
             res = self._read(st, req, want)
             if res.batches:
                 return FetchResponse.from_result(res), self._hold_read(st, want, res)
@@ -639,17 +660,30 @@ class BrokerServer:
             fut = self._waiters.wait(req.queue, req.partition, req.offset)  # before reading: no lost wake
             try:
                 res = await loop.run_in_executor(
-                    self._pool, functools.partial(
-                        self.broker.keyed_fetch, req.queue, req.group, req.member, req.generation,
-                        req.partition, req.offset, max_bytes=want))
+                    self._pool,
+                    functools.partial(
+                        self.broker.keyed_fetch,
+                        req.queue,
+                        req.group,
+                        req.member,
+                        req.generation,
+                        req.partition,
+                        req.offset,
+                        max_bytes=want,
+                    ),
+                )
                 remaining = deadline - time.monotonic()
-                if res.batches or res.next_offset != req.offset or remaining <= 0 or self._closing or (
-                    res.stop_offset is not None and req.offset >= res.stop_offset
+                if (
+                    res.batches
+                    or res.next_offset != req.offset
+                    or remaining <= 0
+                    or self._closing
+                    or (res.stop_offset is not None and req.offset >= res.stop_offset)
                 ):
                     return KeyedFetchResponse.from_result(res)
                 try:
                     await asyncio.wait_for(fut, remaining)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             finally:
                 self._waiters.discard(req.queue, req.partition, fut)
@@ -664,15 +698,23 @@ class BrokerServer:
             woken = self._shared_waiters.wait(req.queue)  # before trying: a change in between wakes it
             try:
                 res, hint_ms = await loop.run_in_executor(
-                    self._pool, self.broker.shared_receive_now, req.group, req.queue, req.member,
-                    req.max_messages, req.visibility_timeout_ms, req.at_most_once, req.settings)
+                    self._pool,
+                    self.broker.shared_receive_now,
+                    req.group,
+                    req.queue,
+                    req.member,
+                    req.max_messages,
+                    req.visibility_timeout_ms,
+                    req.at_most_once,
+                    req.settings,
+                )
                 remaining = deadline - time.monotonic()
                 if res.leases or remaining <= 0 or self._closing:
                     return SharedReceiveResponse.from_result(res)
                 timeout = remaining if hint_ms is None else min(remaining, hint_ms / 1000)
                 try:
                     await asyncio.wait_for(woken, timeout)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             finally:
                 self._shared_waiters.discard(req.queue, woken)

@@ -39,8 +39,8 @@ from headwater.model.batch import decode_records, encode_batch
 from headwater.model.config import QueueConfig, QueueInfo, is_internal_queue
 from headwater.model.message import Message
 from headwater.model.service import FetchResult
-from headwater.model.shared_groups import SharedGroupsCore
 from headwater.model.shared import SharedGroupSettings
+from headwater.model.shared_groups import SharedGroupsCore
 from headwater.model.shared_state import Changes, PartitionImage, SharedQueueState
 from headwater.storage.store import LogStore
 
@@ -69,8 +69,9 @@ def _key(group: str, queue_id: int) -> bytes:
 class SharedGroups(SharedGroupsCore):
     """Shared groups over a :class:`LogStore`. Thread-safe."""
 
-    def __init__(self, store: LogStore, clock: Callable[[], float], *, compact_ratio: int = 4,
-                 compact_min: int = 10_000) -> None:
+    def __init__(
+        self, store: LogStore, clock: Callable[[], float], *, compact_ratio: int = 4, compact_min: int = 10_000
+    ) -> None:
         super().__init__(clock)
         self._store = store
         self._compact_ratio = compact_ratio
@@ -107,8 +108,9 @@ class SharedGroups(SharedGroupsCore):
         for st in self._groups.values():
             released += st.release_all(RESTART_REASON)
         if self._groups:
-            log.info("shared groups: %d group(s) loaded, %d lease(s) released by the restart",
-                     len(self._groups), released)
+            log.info(
+                "shared groups: %d group(s) loaded, %d lease(s) released by the restart", len(self._groups), released
+            )
 
     def _replay(self, key: bytes | None, body: bytes) -> None:
         if key is None:
@@ -163,8 +165,10 @@ class SharedGroups(SharedGroupsCore):
         for key in [k for k in self._groups if k[1] not in live]:
             del self._groups[key]
         snapshot_at = self._store.end_offset(SHARED_QUEUE, 0)
-        msgs = [Message(_encoder.encode(_Record(True, st.settings, st.images())), key=_key(st.group, st.queue_id))
-                for st in self._groups.values()]
+        msgs = [
+            Message(_encoder.encode(_Record(True, st.settings, st.images())), key=_key(st.group, st.queue_id))
+            for st in self._groups.values()
+        ]
         for i in range(0, len(msgs), 1000):
             self._store.append(SHARED_QUEUE, 0, encode_batch(msgs[i : i + 1000]))  # waits for the fsync
         self._store.delete_before(SHARED_QUEUE, 0, snapshot_at)

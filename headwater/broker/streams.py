@@ -90,11 +90,31 @@ class _Part:
 
 
 class _Stream:
-    __slots__ = ("owner", "sid", "st", "queue", "queue_id", "parts", "credit", "tag_mask", "push_max",
-                 "waiting", "ended")
+    __slots__ = (
+        "owner",
+        "sid",
+        "st",
+        "queue",
+        "queue_id",
+        "parts",
+        "credit",
+        "tag_mask",
+        "push_max",
+        "waiting",
+        "ended",
+    )
 
-    def __init__(self, owner: FetchStreams, sid: int, st: Any, queue: str, queue_id: int, credit: int,
-                 tag_mask: int, push_max: int) -> None:
+    def __init__(
+        self,
+        owner: FetchStreams,
+        sid: int,
+        st: Any,
+        queue: str,
+        queue_id: int,
+        credit: int,
+        tag_mask: int,
+        push_max: int,
+    ) -> None:
         self.owner = owner
         self.sid = sid
         self.st = st  # the server's ClientConnection
@@ -114,8 +134,15 @@ class FetchStreams:
     ``waiters`` is the server's partition waiters (``park``/``discard``); ``taken(st, sid)``
     says whether a push stream of another kind already uses that id on the connection."""
 
-    def __init__(self, store: Any, waiters: Any, *, push_bytes_max: int = 1 << 20,
-                 streams_per_connection_max: int = 64, taken: Any = lambda st, sid: False) -> None:
+    def __init__(
+        self,
+        store: Any,
+        waiters: Any,
+        *,
+        push_bytes_max: int = 1 << 20,
+        streams_per_connection_max: int = 64,
+        taken: Any = lambda st, sid: False,
+    ) -> None:
         self._store = store
         self._waiters = waiters
         self._loop = asyncio.get_running_loop()
@@ -142,7 +169,8 @@ class FetchStreams:
             s = self._by_conn.get(st, {}).get(body.stream_id)
             if s is None:
                 raise SubscriberNotFoundError(
-                    f"no fetch stream {body.stream_id} is open on this connection (it ended, or was never opened)")
+                    f"no fetch stream {body.stream_id} is open on this connection (it ended, or was never opened)"
+                )
             s.credit = min(s.credit + body.credit_bytes, CREDIT_BYTES_MAX)
             self._loop.call_soon(self._resume, s)  # after this answer
             return StreamCreditResponse()
@@ -161,7 +189,8 @@ class FetchStreams:
         if len(streams) >= self.streams_per_connection_max:
             raise UsageError(
                 f"{len(streams)} fetch streams are open on this connection, the most allowed "
-                f"(setting push_streams_max); close one or use another connection")
+                f"(setting push_streams_max); close one or use another connection"
+            )
         if not req.credit_bytes:
             raise InvalidArgumentError("a fetch stream needs some credit: credit_bytes > 0")
         if not req.positions:
@@ -174,12 +203,21 @@ class FetchStreams:
         for p, offset in req.positions.items():
             if not 0 <= p < len(info.partitions):
                 raise PartitionOutOfRangeError(
-                    f"queue {req.queue!r} has partitions 0-{len(info.partitions) - 1}, not {p}")
+                    f"queue {req.queue!r} has partitions 0-{len(info.partitions) - 1}, not {p}"
+                )
             if offset < 0:
                 raise InvalidArgumentError(f"the position of partition {p} is {offset}: offsets are >= 0")
         push_max = max(1, min(req.push_bytes_max or self.push_bytes_max, self.push_bytes_max))
-        s = _Stream(self, req.stream_id, st, req.queue, info.queue_id, min(req.credit_bytes, CREDIT_BYTES_MAX),
-                    req.tag_mask, push_max)
+        s = _Stream(
+            self,
+            req.stream_id,
+            st,
+            req.queue,
+            info.queue_id,
+            min(req.credit_bytes, CREDIT_BYTES_MAX),
+            req.tag_mask,
+            push_max,
+        )
         s.parts = [_Part(s, p, offset) for p, offset in sorted(req.positions.items())]
         self._by_conn.setdefault(st, {})[s.sid] = s
         s.waiting = list(s.parts)

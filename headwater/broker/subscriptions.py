@@ -66,13 +66,18 @@ class SubscriberRegistry:
         raw = self._table.get(k)
         if raw is None:
             raise SubscriberNotFoundError(
-                f"queue {qi.name!r} has no subscriber {name!r}; add it with "
-                f"'headwater subscriber add {qi.name} {name}'"
+                f"queue {qi.name!r} has no subscriber {name!r}; add it with 'headwater subscriber add {qi.name} {name}'"
             )
         return k, _decoder.decode(raw)
 
-    def add(self, queue: str, name: str, partitions: list[int] | None = None,
-            tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo:
+    def add(
+        self,
+        queue: str,
+        name: str,
+        partitions: list[int] | None = None,
+        tags: list[str] | None = None,
+        start: str = "latest",
+    ) -> SubscriberInfo:
         validate_subscriber_name(name)
         tag_list = normalize_tags(tags)
         with self._lock:
@@ -85,10 +90,15 @@ class SubscriberRegistry:
                     f"delete it first to start over, or pick another name"
                 )
             following = parts if parts is not None else list(range(len(qi.partitions)))
-            checkpoints = resolve_start(
-                start, qi, following, lambda p, ms: self._store.offset_for_time(queue, p, ms))
-            info = SubscriberInfo(queue=queue, name=name, partitions=parts, tags=tag_list,
-                                  created_ms=int(self._clock() * 1000), checkpoints=checkpoints)
+            checkpoints = resolve_start(start, qi, following, lambda p, ms: self._store.offset_for_time(queue, p, ms))
+            info = SubscriberInfo(
+                queue=queue,
+                name=name,
+                partitions=parts,
+                tags=tag_list,
+                created_ms=int(self._clock() * 1000),
+                checkpoints=checkpoints,
+            )
             self._table.put({k: _encoder.encode(info)})
             return info
 

@@ -37,9 +37,15 @@ class DurableTable:
     """key bytes -> value bytes, durable. ``keep``, when given, is called at each compaction
     and returns the test of whether a key still matters (e.g. its queue still exists)."""
 
-    def __init__(self, store: LogStore, queue: str, *,
-                 keep: Callable[[], Callable[[bytes], bool]] | None = None,
-                 compact_ratio: int = 4, compact_min: int = 2_000) -> None:
+    def __init__(
+        self,
+        store: LogStore,
+        queue: str,
+        *,
+        keep: Callable[[], Callable[[bytes], bool]] | None = None,
+        compact_ratio: int = 4,
+        compact_min: int = 2_000,
+    ) -> None:
         self._store = store
         self._queue = queue
         self._keep = keep

@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -44,8 +44,7 @@ POLL_WAIT_MS = 1000  # longest wait of one poll: also how soon Ctrl-C and --time
 DRAIN_POLL_MS = 100  # longest wait of one poll under --timeout 0, which waits for nothing new
 
 JSON_HELP = (
-    "Print JSON lines instead of table rows, one object per message, with the same keys as "
-    "'headwater scan --json'."
+    "Print JSON lines instead of table rows, one object per message, with the same keys as 'headwater scan --json'."
 )
 
 
@@ -99,13 +98,13 @@ def consume(
     ctx: typer.Context,
     queue: Annotated[str, typer.Argument(metavar="QUEUE", help="Queue name.", show_default=False)],
     group: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--group",
             "-g",
             metavar="NAME",
             help="Join this consumer group: share the queue's partitions with its other running members, "
-                 "start where it last committed, and commit after every printed batch.",
+            "start where it last committed, and commit after every printed batch.",
             show_default=False,
         ),
     ] = None,
@@ -115,35 +114,35 @@ def consume(
             "--from",
             metavar="earliest|latest|TIME",
             help="earliest or latest: where to start a partition the group has not committed "
-                 "(without --group: every partition). A time (ISO-8601 such as "
-                 "2026-11-21T10:00:00Z, or -15m, -2h, -1d, now): start at the first message "
-                 "appended then; with --group, the group's offsets are moved there first, as "
-                 "'group reset' does (refused while the group has other members).",
+            "(without --group: every partition). A time (ISO-8601 such as "
+            "2026-11-21T10:00:00Z, or -15m, -2h, -1d, now): start at the first message "
+            "appended then; with --group, the group's offsets are moved there first, as "
+            "'group reset' does (refused while the group has other members).",
         ),
     ] = "latest",
     partitions: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--partitions",
             metavar="LIST",
             help="Partitions to follow, e.g. 0,2,5 or 0-3 (default: all). Not with --group, whose "
-                 "partitions the broker assigns.",
+            "partitions the broker assigns.",
             show_default=False,
         ),
     ] = None,
     tags: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option(
             "--tag",
             "-t",
             metavar="TAG",
             help="Only messages with this tag (repeatable: any of them), filtered on the broker. "
-                 "The others are passed over, and the position a group commits moves past them.",
+            "The others are passed over, and the position a group commits moves past them.",
             show_default=False,
         ),
     ] = None,
     limit: Annotated[
-        Optional[int],
+        int | None,
         typer.Option(
             "--limit",
             "-n",
@@ -155,13 +154,13 @@ def consume(
         ),
     ] = None,
     timeout: Annotated[
-        Optional[float],
+        float | None,
         typer.Option(
             "--timeout",
             metavar="SECONDS",
             parser=Seconds(),
             help="Stop when no message was printed for this long; 0: print what is there now, "
-                 "without waiting for more, and stop. Default: follow until Ctrl-C.",
+            "without waiting for more, and stop. Default: follow until Ctrl-C.",
             show_default=False,
         ),
     ] = None,
@@ -218,8 +217,9 @@ def consume(
         rows = None if as_json else _Rows()
         with _ctrl_c_stops(stop):
             if timeout == 0:
-                ends = {(queue, p.partition): p.end_offset for p in info.partitions
-                        if parts is None or p.partition in parts}
+                ends = {
+                    (queue, p.partition): p.end_offset for p in info.partitions if parts is None or p.partition in parts
+                }
                 printed = _drain(consumer, stop, rows=rows, limit=limit, ends=ends)
             else:
                 printed = _follow(consumer, stop, rows=rows, limit=limit, idle_s_max=timeout)
@@ -262,8 +262,7 @@ def _commit(consumer: Consumer) -> None:
         err_console().print(f"warning: not committed: {e}", style="yellow")
 
 
-def _follow(consumer: Consumer, stop: _Stop, *, rows: _Rows | None, limit: int | None,
-            idle_s_max: float | None) -> int:
+def _follow(consumer: Consumer, stop: _Stop, *, rows: _Rows | None, limit: int | None, idle_s_max: float | None) -> int:
     """Poll and print until stopped, ``limit`` printed or ``idle_s_max`` without a message;
     commit after every printed batch when the consumer has a group. Returns how many were
     printed."""
@@ -284,8 +283,9 @@ def _follow(consumer: Consumer, stop: _Stop, *, rows: _Rows | None, limit: int |
     return printed
 
 
-def _drain(consumer: Consumer, stop: _Stop, *, rows: _Rows | None, limit: int | None,
-           ends: dict[tuple[str, int], int]) -> int:
+def _drain(
+    consumer: Consumer, stop: _Stop, *, rows: _Rows | None, limit: int | None, ends: dict[tuple[str, int], int]
+) -> int:
     """``--timeout 0``: print what the partitions held when the command started (``ends``),
     without waiting for anything newer. Polls once even when there is nothing, and then
     while some partition is behind its end; such a poll waits at most ``DRAIN_POLL_MS`` (the

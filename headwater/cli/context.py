@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -51,9 +51,14 @@ def _state(ctx: typer.Context) -> CliState:
 #: ``--data DIR`` after the commands that work on a data directory only (``serve``,
 #: ``check``): the global ``--data`` before the command, in the place such tools take it.
 LocalData = Annotated[
-    Optional[str],
-    typer.Option("--data", "-d", metavar="DIR", show_default=False,
-                 help="The data directory (the same as the global --data, which may come before the command)."),
+    str | None,
+    typer.Option(
+        "--data",
+        "-d",
+        metavar="DIR",
+        show_default=False,
+        help="The data directory (the same as the global --data, which may come before the command).",
+    ),
 ]
 
 
@@ -64,14 +69,14 @@ def local_data_state(ctx: typer.Context, data: str | None) -> CliState:
     if data is None:
         return state
     if state.keep_open:
-        raise UsageError("--data is a global option of the shell itself; start another "
-                         "'headwater --data ... shell' to change it")
+        raise UsageError(
+            "--data is a global option of the shell itself; start another 'headwater --data ... shell' to change it"
+        )
     root = ctx.find_root()
     source = root.get_parameter_source("data")
     given = root.params.get("data")
     if source is not None and source.name == "COMMANDLINE" and given is not None and Path(given) != Path(data):
-        raise UsageError(f"--data is given twice, {given!r} before the command and {data!r} after it; "
-                         f"give it once")
+        raise UsageError(f"--data is given twice, {given!r} before the command and {data!r} after it; give it once")
     state.data_dir = Path(data)
     return state
 
@@ -110,8 +115,9 @@ def _connect_timeout_s() -> float:
     text = os.environ.get("HEADWATER_CONNECT_TIMEOUT_S", "5")
     timeout_s = parse_seconds(text, "HEADWATER_CONNECT_TIMEOUT_S")
     if timeout_s <= 0:
-        raise InvalidArgumentError(f"HEADWATER_CONNECT_TIMEOUT_S: {text!r} is out of range; use seconds "
-                                   f"greater than 0, e.g. 5")
+        raise InvalidArgumentError(
+            f"HEADWATER_CONNECT_TIMEOUT_S: {text!r} is out of range; use seconds greater than 0, e.g. 5"
+        )
     return timeout_s
 
 

@@ -32,8 +32,10 @@ BUCKETS_SHOWN = 24  # rows of the bucket table (JSON carries every bucket)
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 _PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d|w)")
 DELAY_S_MAX = TTL_S_MAX  # what the CLI lets through; the broker's delay_max_s (2 years) bounds it further
-AT_FORMS = ("an ISO-8601 time (e.g. 2026-12-24T18:00:00Z or 2026-12-24; no zone means UTC), "
-            "+DURATION (e.g. +15m, +1h30m) or 'now'")
+AT_FORMS = (
+    "an ISO-8601 time (e.g. 2026-12-24T18:00:00Z or 2026-12-24; no zone means UTC), "
+    "+DURATION (e.g. +15m, +1h30m) or 'now'"
+)
 
 delay_app = typer.Typer(
     name="delay",
@@ -54,8 +56,10 @@ def parse_delay(text: str, what: str = "--delay", *, not_a_duration: str | None 
     s = text.strip().lower()
     seconds = float(s) if re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", s) else _units_s(text, s, what, not_a_duration)
     if not (math.isfinite(seconds) and seconds <= DELAY_S_MAX):
-        raise InvalidArgumentError(f"{what}: {text!r} is too long; a delay is at most {DELAY_S_MAX:,} s "
-                                   f"(100 years), and the broker's delay_max_s may bound it further")
+        raise InvalidArgumentError(
+            f"{what}: {text!r} is too long; a delay is at most {DELAY_S_MAX:,} s "
+            f"(100 years), and the broker's delay_max_s may bound it further"
+        )
     return seconds
 
 
@@ -67,15 +71,19 @@ def _units_s(text: str, s: str, what: str, not_a_duration: str | None) -> float:
         total_ms += float(m[1]) * _UNIT_MS[m[2]]
         pos = m.end()
     if pos != len(s) or not s:
-        raise InvalidArgumentError(not_a_duration or (
-            f"{what}: {text!r} is not a duration; use seconds (e.g. 90) or numbers with units "
-            f"ms, s, m, h, d, w (e.g. 15m, 1h30m, 2d)"
-        ))
+        raise InvalidArgumentError(
+            not_a_duration
+            or (
+                f"{what}: {text!r} is not a duration; use seconds (e.g. 90) or numbers with units "
+                f"ms, s, m, h, d, w (e.g. 15m, 1h30m, 2d)"
+            )
+        )
     return total_ms / 1000
 
 
-def deliver_at_option(delay: str | None, at: str | None, *,
-                      clock: Callable[[], float] = time.time) -> dict[str, object]:
+def deliver_at_option(
+    delay: str | None, at: str | None, *, clock: Callable[[], float] = time.time
+) -> dict[str, object]:
     """The ``deliver_at``/``delay`` keywords of a send for ``produce --delay/--at``."""
     if delay is not None and at is not None:
         raise InvalidArgumentError("give --delay or --at, not both")
@@ -84,7 +92,9 @@ def deliver_at_option(delay: str | None, at: str | None, *,
     if at is not None:
         text = at.strip()
         if text.startswith("+"):  # '+15m': a time relative to now, like --delay
-            return {"delay": parse_delay(text[1:], "--at", not_a_duration=f"--at: {at!r} is not a time; use {AT_FORMS}")}
+            return {
+                "delay": parse_delay(text[1:], "--at", not_a_duration=f"--at: {at!r} is not a time; use {AT_FORMS}")
+            }
         return {"deliver_at": parse_time(text, "--at", clock=clock, forms=AT_FORMS)}
     return {}
 
@@ -94,8 +104,11 @@ def stats_view(s: DelayStats) -> Group:
     head = Table(show_header=False, box=None, pad_edge=False)
     head.add_column(style="bold")
     head.add_column()
-    lat = (f"p50 {s.lateness_p50_ms:.0f} ms, p99 {s.lateness_p99_ms:.0f} ms, max {s.lateness_max_ms} ms"
-           if s.lateness_p50_ms is not None else "-")
+    lat = (
+        f"p50 {s.lateness_p50_ms:.0f} ms, p99 {s.lateness_p99_ms:.0f} ms, max {s.lateness_max_ms} ms"
+        if s.lateness_p50_ms is not None
+        else "-"
+    )
     for k, v in (
         ("pending", f"{s.pending_messages:,} messages in {s.pending_batches:,} batches"),
         ("next due", format_when(s.next_due_ms, s.now_ms)),
@@ -113,13 +126,22 @@ def stats_view(s: DelayStats) -> Group:
     table.add_column("pending", justify="right")
     table.add_column("in memory")
     for b in s.buckets[:BUCKETS_SHOWN]:
-        table.add_row(iso_utc(b.start_ms), format_from_now(b.start_ms, s.now_ms),
-                      f"{b.pending_messages:,}", "yes" if b.loaded else "")
+        table.add_row(
+            iso_utc(b.start_ms),
+            format_from_now(b.start_ms, s.now_ms),
+            f"{b.pending_messages:,}",
+            "yes" if b.loaded else "",
+        )
     parts: list = [head, table]
     if len(s.buckets) > BUCKETS_SHOWN:
         rest = sum(b.pending_messages for b in s.buckets[BUCKETS_SHOWN:])
-        parts.append(Text(f"... {len(s.buckets) - BUCKETS_SHOWN:,} more buckets with {rest:,} "
-                          f"pending messages (--json shows all)", style="dim"))
+        parts.append(
+            Text(
+                f"... {len(s.buckets) - BUCKETS_SHOWN:,} more buckets with {rest:,} "
+                f"pending messages (--json shows all)",
+                style="dim",
+            )
+        )
     return Group(*parts)
 
 
@@ -150,8 +172,9 @@ def cancel(
     ctx: typer.Context,
     message_ids: Annotated[
         list[str],
-        typer.Argument(metavar="MESSAGE_ID...", help="Delayed ids, as produce --delay printed them.",
-                       show_default=False),
+        typer.Argument(
+            metavar="MESSAGE_ID...", help="Delayed ids, as produce --delay printed them.", show_default=False
+        ),
     ],
 ) -> None:
     """Cancel delayed messages that are not delivered yet.

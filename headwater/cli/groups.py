@@ -22,7 +22,7 @@ Live membership is kept by the broker that serves the queues, so members show on
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import msgspec
 import typer
@@ -45,7 +45,7 @@ __all__ = ["group_app", "queue_lag"]
 group_app = typer.Typer(
     name="group",
     help="Consumer groups (clustering, broadcast, shared, keyed): list them, describe members, "
-         "positions, lag and leases, reset offsets.",
+    "positions, lag and leases, reset offsets.",
     no_args_is_help=True,
     rich_markup_mode="markdown",
 )
@@ -74,12 +74,17 @@ def _partition_rows(hw: Client, d: GroupDescription) -> list[dict[str, Any]]:
         committed = d.offsets.get(q, {})
         for pi in info.partitions:
             c = committed.get(pi.partition)
-            rows.append({
-                "queue": q, "partition": pi.partition, "member": holders.get((q, pi.partition)),
-                "committed": c, "end_offset": pi.end_offset,
-                "lag": None if c is None else max(0, pi.end_offset - max(c, pi.start_offset)),
-                "pending_leases": None,  # only shared groups lease messages (see _shared_doc)
-            })
+            rows.append(
+                {
+                    "queue": q,
+                    "partition": pi.partition,
+                    "member": holders.get((q, pi.partition)),
+                    "committed": c,
+                    "end_offset": pi.end_offset,
+                    "lag": None if c is None else max(0, pi.end_offset - max(c, pi.start_offset)),
+                    "pending_leases": None,  # only shared groups lease messages (see _shared_doc)
+                }
+            )
     return rows
 
 
@@ -126,20 +131,42 @@ def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """
     groups = open_client(ctx).service.list_groups()
     if as_json:
-        print_json([{"group": g.group, "kind": kind_of(g), "state": g.state, "mode": g.mode,
-                     "strategy": g.strategy, "generation": g.generation, "members": g.members,
-                     "queues": g.queues} for g in groups])
+        print_json(
+            [
+                {
+                    "group": g.group,
+                    "kind": kind_of(g),
+                    "state": g.state,
+                    "mode": g.mode,
+                    "strategy": g.strategy,
+                    "generation": g.generation,
+                    "members": g.members,
+                    "queues": g.queues,
+                }
+                for g in groups
+            ]
+        )
         return
     console = out_console()
     if not groups:
         console.print("no consumer groups yet")
     else:
-        table = _columns(Table(show_edge=False, header_style="bold"), (
-            ("group", "left"), ("kind", "left"), ("state", "left"), ("strategy", "left"),
-            ("generation", "right"), ("members", "right"), ("queues", "left")))
+        table = _columns(
+            Table(show_edge=False, header_style="bold"),
+            (
+                ("group", "left"),
+                ("kind", "left"),
+                ("state", "left"),
+                ("strategy", "left"),
+                ("generation", "right"),
+                ("members", "right"),
+                ("queues", "left"),
+            ),
+        )
         for g in groups:
-            table.add_row(g.group, kind_of(g), g.state, g.strategy or NONE, str(g.generation),
-                          str(g.members), ", ".join(g.queues))
+            table.add_row(
+                g.group, kind_of(g), g.state, g.strategy or NONE, str(g.generation), str(g.members), ", ".join(g.queues)
+            )
         console.print(table)
 
 
@@ -148,12 +175,26 @@ def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
 def _consumer_doc(d: GroupDescription, rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {
-        "group": d.group, "kind": kind_of(d), "state": d.state, "mode": d.mode, "strategy": d.strategy,
+        "group": d.group,
+        "kind": kind_of(d),
+        "state": d.state,
+        "mode": d.mode,
+        "strategy": d.strategy,
         "generation": d.generation,
-        "members": [{"member_id": m.member_id, "client_id": m.client_id, "state": m.state, "queues": m.queues,
-                     "assignment": m.assignment, "pending": m.pending, "revoking": m.revoking,
-                     "heartbeat_age_ms": m.heartbeat_age_ms, "session_timeout_ms": m.session_timeout_ms}
-                    for m in d.members],
+        "members": [
+            {
+                "member_id": m.member_id,
+                "client_id": m.client_id,
+                "state": m.state,
+                "queues": m.queues,
+                "assignment": m.assignment,
+                "pending": m.pending,
+                "revoking": m.revoking,
+                "heartbeat_age_ms": m.heartbeat_age_ms,
+                "session_timeout_ms": m.session_timeout_ms,
+            }
+            for m in d.members
+        ],
         "partitions": rows,
     }
 
@@ -175,12 +216,28 @@ def _consumer_view(d: GroupDescription, rows: list[dict[str, Any]], *, on_server
             held = ", ".join(f"{q}{ps}" for q, ps in m.assignment.items()) or NONE
             members.add_row(m.member_id, m.client_id, m.state, held, f"{m.heartbeat_age_ms} ms ago")
         parts += [members, Text("")]
-    table = _columns(Table(show_edge=False, header_style="bold"), (
-        ("queue", "left"), ("partition", "right"), ("member", "left"), ("committed", "right"),
-        ("end offset", "right"), ("lag", "right"), ("pending leases", "right")))
+    table = _columns(
+        Table(show_edge=False, header_style="bold"),
+        (
+            ("queue", "left"),
+            ("partition", "right"),
+            ("member", "left"),
+            ("committed", "right"),
+            ("end offset", "right"),
+            ("lag", "right"),
+            ("pending leases", "right"),
+        ),
+    )
     for r in rows:
-        table.add_row(r["queue"], str(r["partition"]), r["member"] or NONE, _cell(r["committed"]),
-                      _cell(r["end_offset"]), _cell(r["lag"]), _cell(r["pending_leases"]))
+        table.add_row(
+            r["queue"],
+            str(r["partition"]),
+            r["member"] or NONE,
+            _cell(r["committed"]),
+            _cell(r["end_offset"]),
+            _cell(r["lag"]),
+            _cell(r["pending_leases"]),
+        )
     parts.append(table if rows else Text("no partitions: the group reads no queue and has no offsets", "dim"))
     if d.mode is None and not on_server:
         parts += [Text(""), Text("live members are kept by a running broker: use --server to see them", "dim")]
@@ -192,16 +249,30 @@ def _consumer_view(d: GroupDescription, rows: list[dict[str, Any]], *, on_server
 
 def _shared_doc(info: SharedGroupInfo) -> dict[str, Any]:
     return {
-        "group": info.group, "kind": "shared", "queue": info.queue,
-        "settings": msgspec.to_builtins(info.settings), "dead_letter_queue": info.dead_letter_queue,
-        "pending_leases": info.leased, "lag": info.lag,
-        "partitions": [{
-            "queue": info.queue, "partition": p.partition, "committed": p.committed_offset,
-            "delivered_offset": p.delivered_offset, "end_offset": p.end_offset, "lag": p.lag,
-            "pending_leases": p.leased, "leases_by_member": dict(p.members),
-            "next_lease_deadline": None if p.next_lease_deadline_ms is None else iso_utc(p.next_lease_deadline_ms),
-            "awaiting_retry": p.awaiting_retry, "acked_ahead": p.acked_ahead, "dead_lettered": p.dead_lettered,
-        } for p in info.partitions],
+        "group": info.group,
+        "kind": "shared",
+        "queue": info.queue,
+        "settings": msgspec.to_builtins(info.settings),
+        "dead_letter_queue": info.dead_letter_queue,
+        "pending_leases": info.leased,
+        "lag": info.lag,
+        "partitions": [
+            {
+                "queue": info.queue,
+                "partition": p.partition,
+                "committed": p.committed_offset,
+                "delivered_offset": p.delivered_offset,
+                "end_offset": p.end_offset,
+                "lag": p.lag,
+                "pending_leases": p.leased,
+                "leases_by_member": dict(p.members),
+                "next_lease_deadline": None if p.next_lease_deadline_ms is None else iso_utc(p.next_lease_deadline_ms),
+                "awaiting_retry": p.awaiting_retry,
+                "acked_ahead": p.acked_ahead,
+                "dead_lettered": p.dead_lettered,
+            }
+            for p in info.partitions
+        ],
     }
 
 
@@ -214,20 +285,42 @@ def _shared_view(info: SharedGroupInfo, now_ms: int) -> list[Any]:
     head.add_row("pending leases", f"{info.leased:,}")
     head.add_row("lag", f"{info.lag:,} (messages not yet acknowledged)")
     head.add_row("attempts", f"{st.max_attempts} at most, then to {info.dead_letter_queue!r}")
-    head.add_row("backoff", f"{st.backoff_ms:,} ms, x{st.backoff_multiplier:g} per attempt, "
-                            f"at most {st.backoff_max_ms:,} ms")
+    head.add_row(
+        "backoff", f"{st.backoff_ms:,} ms, x{st.backoff_multiplier:g} per attempt, at most {st.backoff_max_ms:,} ms"
+    )
     head.add_row("in flight", f"{st.in_flight_max:,} at most per partition")
     # the queue is in the head; two-line headers keep the table within a terminal
-    table = _columns(Table(show_edge=False, header_style="bold"), (
-        ("partition", "right"), ("committed", "right"), ("end\noffset", "right"), ("lag", "right"),
-        ("pending\nleases", "right"), ("leased\nto", "left"), ("next lease\nends", "right"),
-        ("awaiting\nretry", "right"), ("acked\nahead", "right"), ("dead-\nlettered", "right")))
+    table = _columns(
+        Table(show_edge=False, header_style="bold"),
+        (
+            ("partition", "right"),
+            ("committed", "right"),
+            ("end\noffset", "right"),
+            ("lag", "right"),
+            ("pending\nleases", "right"),
+            ("leased\nto", "left"),
+            ("next lease\nends", "right"),
+            ("awaiting\nretry", "right"),
+            ("acked\nahead", "right"),
+            ("dead-\nlettered", "right"),
+        ),
+    )
     table.columns[5].no_wrap = False
     for p in info.partitions:
         members = ", ".join(f"{m} ({n})" for m, n in sorted(p.members.items())) or NONE
         ends = NONE if p.next_lease_deadline_ms is None else format_from_now(p.next_lease_deadline_ms, now_ms)
-        table.add_row(str(p.partition), _cell(p.committed_offset), _cell(p.end_offset), _cell(p.lag), _cell(p.leased),
-                      members, ends, _cell(p.awaiting_retry), _cell(p.acked_ahead), _cell(p.dead_lettered))
+        table.add_row(
+            str(p.partition),
+            _cell(p.committed_offset),
+            _cell(p.end_offset),
+            _cell(p.lag),
+            _cell(p.leased),
+            members,
+            ends,
+            _cell(p.awaiting_retry),
+            _cell(p.acked_ahead),
+            _cell(p.dead_lettered),
+        )
     table.caption = "committed: every offset below it is acknowledged"
     return [head, Text(""), table]
 
@@ -241,18 +334,35 @@ def _keyed_rows(info: KeyedGroupInfo, qi: QueueInfo) -> list[dict[str, Any]]:
     for m in members:
         for pi in qi.partitions:
             pos = info.position(m, pi.partition, pi.start_offset)
-            rows.append({"queue": info.queue, "partition": pi.partition, "member": m, "role": info.role(m),
-                         "committed": info.positions.get(m, {}).get(pi.partition), "position": pos,
-                         "end_offset": pi.end_offset, "offsets_behind": max(0, pi.end_offset - pos),
-                         "barrier": info.barrier.get(pi.partition)})
+            rows.append(
+                {
+                    "queue": info.queue,
+                    "partition": pi.partition,
+                    "member": m,
+                    "role": info.role(m),
+                    "committed": info.positions.get(m, {}).get(pi.partition),
+                    "position": pos,
+                    "end_offset": pi.end_offset,
+                    "offsets_behind": max(0, pi.end_offset - pos),
+                    "barrier": info.barrier.get(pi.partition),
+                }
+            )
     return rows
 
 
 def _keyed_doc(info: KeyedGroupInfo, qi: QueueInfo) -> dict[str, Any]:
     starts = {p.partition: p.start_offset for p in qi.partitions}
-    return {"group": info.group, "kind": "keyed", "queue": info.queue, "key": info.key, "size": info.size,
-            "generation": info.generation, "resizing_to": info.resizing_to, "draining": info.draining(starts),
-            "partitions": _keyed_rows(info, qi)}
+    return {
+        "group": info.group,
+        "kind": "keyed",
+        "queue": info.queue,
+        "key": info.key,
+        "size": info.size,
+        "generation": info.generation,
+        "resizing_to": info.resizing_to,
+        "draining": info.draining(starts),
+        "partitions": _keyed_rows(info, qi),
+    }
 
 
 def _keyed_view(info: KeyedGroupInfo, qi: QueueInfo) -> list[Any]:
@@ -267,14 +377,26 @@ def _keyed_view(info: KeyedGroupInfo, qi: QueueInfo) -> list[Any]:
     if info.resizing_to is not None:
         waiting = ", ".join(map(str, doc["draining"])) or "none"
         head.add_row("resizing", f"to {info.resizing_to} members; still draining up to the barrier: {waiting}")
-    columns = [("member", "right"), ("role", "left"), ("partition", "right"), ("position", "right"),
-               ("end offset", "right"), ("offsets behind", "right")]
+    columns = [
+        ("member", "right"),
+        ("role", "left"),
+        ("partition", "right"),
+        ("position", "right"),
+        ("end offset", "right"),
+        ("offsets behind", "right"),
+    ]
     if info.resizing_to is not None:
         columns.append(("barrier", "right"))
     table = _columns(Table(show_edge=False, header_style="bold"), tuple(columns))
     for r in doc["partitions"]:
-        cells = [str(r["member"]), r["role"], str(r["partition"]), _cell(r["position"]), _cell(r["end_offset"]),
-                 _cell(r["offsets_behind"])]
+        cells = [
+            str(r["member"]),
+            r["role"],
+            str(r["partition"]),
+            _cell(r["position"]),
+            _cell(r["end_offset"]),
+            _cell(r["offsets_behind"]),
+        ]
         if info.resizing_to is not None:
             cells.append(_cell(r["barrier"]))
         table.add_row(*cells)
@@ -298,9 +420,15 @@ def _find(hw: Client, group: str, queue: str | None) -> list[tuple[str, Any]]:
     if queue is not None:
         wanted = [(kind, queue) for kind in look_ups]
     else:  # the broker's list says which queues have a shared or keyed group of that name
-        wanted = sorted(((g.mode, name) for g in hw.service.list_groups()
-                         if g.group == group and g.mode in look_ups for name in g.queues),
-                        key=lambda kind_queue: (kind_queue[1], kind_queue[0] != "shared"))  # by queue, shared first
+        wanted = sorted(
+            (
+                (g.mode, name)
+                for g in hw.service.list_groups()
+                if g.group == group and g.mode in look_ups
+                for name in g.queues
+            ),
+            key=lambda kind_queue: (kind_queue[1], kind_queue[0] != "shared"),
+        )  # by queue, shared first
     for kind, name in wanted:
         try:
             found.append((kind, look_ups[kind](group, name)))
@@ -316,10 +444,16 @@ def _find(hw: Client, group: str, queue: str | None) -> list[tuple[str, Any]]:
 def describe(
     ctx: typer.Context,
     group: GroupArg,
-    queue: Annotated[Optional[str], typer.Option(
-        "--queue", "-q", metavar="QUEUE", show_default=False,
-        help="Look for a shared or keyed group of this name on this queue only (default: every queue).",
-    )] = None,
+    queue: Annotated[
+        str | None,
+        typer.Option(
+            "--queue",
+            "-q",
+            metavar="QUEUE",
+            show_default=False,
+            help="Look for a shared or keyed group of this name on this queue only (default: every queue).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Show a group, whatever its kind, with its position in every partition it reads.
@@ -345,8 +479,9 @@ def describe(
     found = _find(hw, group, queue)
     if not found:
         where = f"queue {queue!r}" if queue is not None else "any queue"
-        raise GroupNotFoundError(f"no group {group!r}: no consumer group has that name, and no shared or "
-                                 f"keyed group on {where}")
+        raise GroupNotFoundError(
+            f"no group {group!r}: no consumer group has that name, and no shared or keyed group on {where}"
+        )
     queues: dict[str, QueueInfo] = {}
 
     def queue_info(name: str) -> QueueInfo:
@@ -385,8 +520,9 @@ def _target_offsets(hw: Client, info: QueueInfo, to: str, partitions: list[int] 
     out = {}
     for p in chosen:
         if p not in by_part:
-            raise InvalidArgumentError(f"queue {info.name!r} has partitions 0..{len(info.partitions) - 1}; "
-                                       f"there is no partition {p}")
+            raise InvalidArgumentError(
+                f"queue {info.name!r} has partitions 0..{len(info.partitions) - 1}; there is no partition {p}"
+            )
         pi = by_part[p]
         if where == "earliest":
             out[p] = pi.start_offset
@@ -403,13 +539,28 @@ def _target_offsets(hw: Client, info: QueueInfo, to: str, partitions: list[int] 
 def reset(
     ctx: typer.Context,
     group: GroupArg,
-    queue: Annotated[str, typer.Option("--queue", "-q", metavar="QUEUE", show_default=False,
-                                       help="The queue whose offsets to move.")],
-    to: Annotated[str, typer.Option("--to", metavar="WHERE", show_default=False,
-                                    help="earliest, latest, an offset, or a time (ISO-8601, -15m, -2h, now).")],
-    partitions: Annotated[Optional[str], typer.Option(
-        "--partitions", "-p", metavar="LIST", show_default=False,
-        help="Only these partitions, e.g. 0,2 or 0-3 (default: all).")] = None,
+    queue: Annotated[
+        str, typer.Option("--queue", "-q", metavar="QUEUE", show_default=False, help="The queue whose offsets to move.")
+    ],
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            metavar="WHERE",
+            show_default=False,
+            help="earliest, latest, an offset, or a time (ISO-8601, -15m, -2h, now).",
+        ),
+    ],
+    partitions: Annotated[
+        str | None,
+        typer.Option(
+            "--partitions",
+            "-p",
+            metavar="LIST",
+            show_default=False,
+            help="Only these partitions, e.g. 0,2 or 0-3 (default: all).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Move a group's committed offsets on a queue. Refused while the group has members: stop
@@ -446,8 +597,16 @@ def reset(
 def queue_lag(
     ctx: typer.Context,
     queue: Annotated[str, typer.Argument(metavar="QUEUE", show_default=False, help="The queue.")],
-    group: Annotated[Optional[str], typer.Option("--group", "-g", metavar="GROUP", show_default=False,
-                                                 help="Only this group (default: every group reading it).")] = None,
+    group: Annotated[
+        str | None,
+        typer.Option(
+            "--group",
+            "-g",
+            metavar="GROUP",
+            show_default=False,
+            help="Only this group (default: every group reading it).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """How far behind each consumer group is on a queue: committed offset, end of the log, and
@@ -465,15 +624,25 @@ def queue_lag(
     """
     hw = open_client(ctx)
     info = hw.admin.describe_queue(queue)
-    groups = [group] if group else sorted({g.group for g in hw.service.list_groups()
-                                           if queue in g.queues and kind_of(g) == "clustering"})
+    groups = (
+        [group]
+        if group
+        else sorted({g.group for g in hw.service.list_groups() if queue in g.queues and kind_of(g) == "clustering"})
+    )
     rows = []
     for g in groups:
         committed = hw.service.fetch_offsets(g, queue)
         for pi in info.partitions:
             c = committed.get(pi.partition)
-            rows.append({"group": g, "partition": pi.partition, "committed": c, "end_offset": pi.end_offset,
-                         "lag": None if c is None else max(0, pi.end_offset - max(c, pi.start_offset))})
+            rows.append(
+                {
+                    "group": g,
+                    "partition": pi.partition,
+                    "committed": c,
+                    "end_offset": pi.end_offset,
+                    "lag": None if c is None else max(0, pi.end_offset - max(c, pi.start_offset)),
+                }
+            )
     if as_json:
         print_json(rows)
         return
@@ -481,8 +650,13 @@ def queue_lag(
         out_console().print(f"no consumer group has committed offsets on {queue!r}")
         return
     table = Table(show_edge=False, header_style="bold")
-    for name, justify in (("group", "left"), ("partition", "right"), ("committed", "right"),
-                          ("end offset", "right"), ("lag", "right")):
+    for name, justify in (
+        ("group", "left"),
+        ("partition", "right"),
+        ("committed", "right"),
+        ("end offset", "right"),
+        ("lag", "right"),
+    ):
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for g in groups:
         mine = [r for r in rows if r["group"] == g]

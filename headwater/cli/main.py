@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import errno
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.text import Text
@@ -21,13 +21,13 @@ import headwater
 from headwater.cli import records
 from headwater.cli.check import check
 from headwater.cli.consume import consume
-from headwater.cli.groups import group_app, queue_lag
+from headwater.cli.context import DATA_DIR_DEFAULT, CliState, err_console, ignore_ctrl_c_repeats_at_exit
 from headwater.cli.delay import delay_app
+from headwater.cli.groups import group_app, queue_lag
+from headwater.cli.queues import queue_app
 from headwater.cli.serve import serve
 from headwater.cli.shell import shell
 from headwater.cli.status import status
-from headwater.cli.context import DATA_DIR_DEFAULT, CliState, err_console, ignore_ctrl_c_repeats_at_exit
-from headwater.cli.queues import queue_app
 from headwater.cli.subscribers import subscriber_app
 from headwater.errors import (
     GroupNotFoundError,
@@ -49,8 +49,10 @@ _HINTS: list[tuple[type[HeadwaterError], str]] = [
     (QueueExistsError, "see it with 'headwater queue describe NAME', pick another name, or pass --if-not-exists"),
     (QueueDisabledError, "enable it with 'headwater queue enable NAME'"),
     (PartitionOutOfRangeError, "see the partitions with 'headwater queue describe NAME'"),
-    (MessageNotFoundError, "it may have expired (ttl), been truncated or deleted; "
-                           "'headwater scan QUEUE' shows what is kept"),
+    (
+        MessageNotFoundError,
+        "it may have expired (ttl), been truncated or deleted; 'headwater scan QUEUE' shows what is kept",
+    ),
     (NotADataDirectoryError, "point --data (or HEADWATER_DATA) at a Headwater data directory"),
     (GroupNotFoundError, "see the groups with 'headwater group list'"),
     (SubscriberExistsError, "see it with 'headwater subscriber describe QUEUE NAME'"),
@@ -134,7 +136,7 @@ def root(
         ),
     ] = DATA_DIR_DEFAULT,
     server: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--server",
             envvar="HEADWATER_SERVER",
@@ -158,8 +160,10 @@ def root(
         for name in ("data", "server"):
             source = ctx.get_parameter_source(name)
             if source is not None and source.name == "COMMANDLINE":
-                raise UsageError(f"--{name} is a global option of the shell itself; start "
-                                 f"another 'headwater --{name} ... shell' to change it")
+                raise UsageError(
+                    f"--{name} is a global option of the shell itself; start "
+                    f"another 'headwater --{name} ... shell' to change it"
+                )
         return
     ctx.obj = CliState(data_dir=Path(data), server=server)
 

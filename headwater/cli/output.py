@@ -26,7 +26,7 @@ import base64
 import json
 import sys
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Group
@@ -56,7 +56,7 @@ VALUE_CHARS_MAX = 200  # longer values are cut in tables (JSON always carries th
 
 def iso_utc(epoch_ms: int) -> str:
     """``2026-11-21T10:00:00.000Z``: ISO-8601, UTC, millisecond precision."""
-    dt = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+    dt = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
 
 
@@ -247,13 +247,20 @@ def _flush(info: QueueInfo) -> str:
 
 def queues_table(infos: list[QueueInfo]) -> Table:
     table = Table(show_edge=False, header_style="bold")
-    for name, justify in (("name", "left"), ("partitions", "right"), ("messages", "right"),
-                          ("ttl", "right"), ("flush", "left"), ("enabled", "left")):
+    for name, justify in (
+        ("name", "left"),
+        ("partitions", "right"),
+        ("messages", "right"),
+        ("ttl", "right"),
+        ("flush", "left"),
+        ("enabled", "left"),
+    ):
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for q in infos:
         enabled = Text("yes", "green") if q.enabled else Text("no", "red")
-        table.add_row(q.name, str(len(q.partitions)), f"{q.message_count:,}",
-                      format_ttl(q.config.ttl_s), _flush(q), enabled)
+        table.add_row(
+            q.name, str(len(q.partitions)), f"{q.message_count:,}", format_ttl(q.config.ttl_s), _flush(q), enabled
+        )
     return table
 
 
@@ -279,8 +286,7 @@ def queue_detail(info: QueueInfo) -> Group:
     for name in ("partition", "start offset", "end offset", "messages"):
         parts.add_column(name, justify="right", no_wrap=True)
     for p in info.partitions:
-        parts.add_row(str(p.partition), str(p.start_offset), str(p.end_offset),
-                      f"{p.end_offset - p.start_offset:,}")
+        parts.add_row(str(p.partition), str(p.start_offset), str(p.end_offset), f"{p.end_offset - p.start_offset:,}")
     return Group(head, Text(""), parts)
 
 

@@ -13,9 +13,8 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from typing import Any
-
 
 from headwater.errors import InvalidArgumentError, InvalidMessageIdError
 from headwater.model.config import PARTITIONS_MAX, TTL_S_MAX
@@ -45,8 +44,8 @@ __all__ = [
 OFFSET_MAX = 2**63 - 1  # offsets are int64 on the wire and on disk
 COUNT_MAX = 2**63 - 1  # --limit: "no limit" in practice, and still an int64
 WAIT_S_MAX = 365 * 86_400  # --timeout, --interval, HEADWATER_CONNECT_TIMEOUT_S: a year
-TIME_MS_MIN = datetime_ms(datetime(1, 1, 1, tzinfo=timezone.utc))  # the range ISO-8601 can say
-TIME_MS_MAX = datetime_ms(datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=timezone.utc))
+TIME_MS_MIN = datetime_ms(datetime(1, 1, 1, tzinfo=UTC))  # the range ISO-8601 can say
+TIME_MS_MAX = datetime_ms(datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC))
 
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _RELATIVE_RE = re.compile(r"^-(\d+(?:\.\d+)?)([smhdw])$")
@@ -58,9 +57,7 @@ TIME_FORMS = (
     "an ISO-8601 time (e.g. 2026-11-21T10:00:00Z or 2026-11-21), a time relative to now "
     "(e.g. -15m, -2h, -1d; units s, m, h, d, w) or 'now'"
 )
-POSITION_FORMS = (
-    f"an offset (e.g. 1200), a message id (e.g. 00000001-00000000-00000000000004b0), {TIME_FORMS}"
-)
+POSITION_FORMS = f"an offset (e.g. 1200), a message id (e.g. 00000001-00000000-00000000000004b0), {TIME_FORMS}"
 
 
 def _is_int(text: str) -> bool:
@@ -88,8 +85,9 @@ def _ms_up(seconds: float) -> int:
     return -(-round(seconds * 1_000_000) // 1000)
 
 
-def parse_time(text: str, what: str, *, clock: Callable[[], float] = time.time,
-               forms: str = TIME_FORMS, noun: str = "a time") -> int:
+def parse_time(
+    text: str, what: str, *, clock: Callable[[], float] = time.time, forms: str = TIME_FORMS, noun: str = "a time"
+) -> int:
     """A point in time as epoch milliseconds.
 
     Accepts ISO-8601 (``2026-11-21T10:00:00Z``, ``2026-11-21T11:00:00+01:00``, a date alone
@@ -116,14 +114,13 @@ def parse_time(text: str, what: str, *, clock: Callable[[], float] = time.time,
         seconds = clock() - float(m[1]) * _UNIT_S[m[2]]
         if not TIME_MS_MIN / 1000 <= seconds <= TIME_MS_MAX / 1000:  # also inf, from 1e400 digits
             raise InvalidArgumentError(
-                f"{what}: {text!r} is out of range; a time goes back at most to the year 1 "
-                f"(0001-01-01T00:00:00Z)"
+                f"{what}: {text!r} is out of range; a time goes back at most to the year 1 (0001-01-01T00:00:00Z)"
             )
         return _ms_up(seconds)
     try:
         if len(s) == 10:  # a date alone: midnight UTC
             d = date.fromisoformat(s)
-            dt = datetime(d.year, d.month, d.day, tzinfo=timezone.utc)
+            dt = datetime(d.year, d.month, d.day, tzinfo=UTC)
         else:
             dt = datetime.fromisoformat(s)
     except ValueError:
@@ -153,8 +150,9 @@ def parse_position(text: str, what: str, *, clock: Callable[[], float] = time.ti
     return Position(time_ms=parse_time(s, what, clock=clock, forms=POSITION_FORMS, noun="a position"))
 
 
-def parse_start(text: str, what: str, *, offsets: bool = True,
-                clock: Callable[[], float] = time.time) -> str | Position:
+def parse_start(
+    text: str, what: str, *, offsets: bool = True, clock: Callable[[], float] = time.time
+) -> str | Position:
     """Where a reader starts: ``"earliest"``, ``"latest"``, or a :class:`Position` holding
     an offset (only with ``offsets``) or a time. The error lists exactly these forms.
 
@@ -177,9 +175,7 @@ def parse_message_id(text: str) -> MessageId:
     try:
         return MessageId.parse(text)
     except InvalidMessageIdError as e:
-        raise InvalidMessageIdError(
-            f"{e}; ids are printed by 'headwater produce' and by 'headwater scan'"
-        ) from None
+        raise InvalidMessageIdError(f"{e}; ids are printed by 'headwater produce' and by 'headwater scan'") from None
 
 
 def parse_ttl(text: str) -> int | None:

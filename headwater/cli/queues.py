@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -22,9 +22,14 @@ queue_app = typer.Typer(
     rich_markup_mode="markdown",
 )
 
-NameArg = Annotated[str, typer.Argument(
-    metavar="NAME", show_default=False, help="Queue name: letters, digits, '.', '_' and '-'.",
-)]
+NameArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="NAME",
+        show_default=False,
+        help="Queue name: letters, digits, '.', '_' and '-'.",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
@@ -58,11 +63,11 @@ def create(
             "--ttl",
             metavar="DURATION",
             help="How long messages are kept: seconds, or with a unit (30m, 12h, 7d, 2w); "
-                 "0 or 'forever' keeps them forever.",
+            "0 or 'forever' keeps them forever.",
         ),
     ] = "7d",
     flush: Annotated[
-        Optional[Flush],
+        Flush | None,
         typer.Option(
             "--flush",
             case_sensitive=False,
@@ -81,7 +86,7 @@ def create(
         ),
     ] = 1024 * 1024,
     settings: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option(
             "--set",
             metavar="KEY=VALUE",
@@ -94,7 +99,7 @@ def create(
         typer.Option(
             "--if-not-exists",
             help="A queue of that name already there is left as it is (whatever its settings), "
-                 "and the command succeeds.",
+            "and the command succeeds.",
         ),
     ] = False,
 ) -> None:
@@ -113,18 +118,23 @@ def create(
     pairs = parse_pairs(settings or [], "--set")
     try:
         info = hw.admin.create_queue(
-            name, partitions=partitions, ttl_s=parse_ttl(ttl), flush=None if flush is None else flush.value,
-            message_bytes_max=message_bytes_max, settings=pairs,
+            name,
+            partitions=partitions,
+            ttl_s=parse_ttl(ttl),
+            flush=None if flush is None else flush.value,
+            message_bytes_max=message_bytes_max,
+            settings=pairs,
         )
     except QueueExistsError:
         if not if_not_exists:
             raise
         info = hw.admin.describe_queue(name)
-        _done(f"queue {info.name!r} exists already, with {len(info.partitions)} partition(s), "
-              f"ttl {format_ttl(info.config.ttl_s)}; left as it is")
+        _done(
+            f"queue {info.name!r} exists already, with {len(info.partitions)} partition(s), "
+            f"ttl {format_ttl(info.config.ttl_s)}; left as it is"
+        )
         return
-    _done(f"created queue {info.name!r} with {len(info.partitions)} partition(s), "
-          f"ttl {format_ttl(info.config.ttl_s)}")
+    _done(f"created queue {info.name!r} with {len(info.partitions)} partition(s), ttl {format_ttl(info.config.ttl_s)}")
 
 
 @queue_app.command("list")

@@ -8,7 +8,7 @@ import stat
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -39,7 +39,7 @@ JSON_HELP = (
     "Print JSON lines instead of a table, one object per message with the keys message_id, "
     "partition, offset, timestamp (ISO-8601 UTC), key, tag, properties, value and scheduled "
     "(when a delayed message was due, else null). A value or key that is not UTF-8 is base64 "
-    "and adds value_encoding / key_encoding: \"base64\"."
+    'and adds value_encoding / key_encoding: "base64".'
 )
 QueueArg = Annotated[str, typer.Argument(metavar="QUEUE", help="Queue name.", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
@@ -64,8 +64,7 @@ def _progress(total_bytes: int | None) -> Progress:
         columns += [BarColumn(), TextColumn("{task.percentage:>3.0f}%")]
     columns.append(TimeElapsedColumn())
     # stdout stays a plain stream: ids must reach a pipe, not the progress console
-    return Progress(*columns, console=err_console(), transient=True,
-                    redirect_stdout=False, redirect_stderr=False)
+    return Progress(*columns, console=err_console(), transient=True, redirect_stdout=False, redirect_stderr=False)
 
 
 def _stdin_size() -> int | None:
@@ -80,7 +79,7 @@ def produce(
     ctx: typer.Context,
     queue: QueueArg,
     messages: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Argument(
             metavar="[MESSAGE]...",
             help="Message bodies. When none are given, each line of stdin is one message.",
@@ -88,7 +87,7 @@ def produce(
         ),
     ] = None,
     key: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--key",
             "-k",
@@ -98,7 +97,7 @@ def produce(
         ),
     ] = None,
     tag: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--tag",
             "-t",
@@ -108,7 +107,7 @@ def produce(
         ),
     ] = None,
     partition: Annotated[
-        Optional[int],
+        int | None,
         typer.Option(
             "--partition",
             "-p",
@@ -120,7 +119,7 @@ def produce(
         ),
     ] = None,
     properties: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option(
             "--property",
             "-P",
@@ -148,17 +147,17 @@ def produce(
         ),
     ] = BATCH_SIZE_DEFAULT,
     delay: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--delay",
             metavar="DURATION",
             help="Deliver the messages this much later (e.g. 90, 15m, 1h30m, 2d); they are "
-                 "kept by the broker until then and get delayed ids.",
+            "kept by the broker until then and get delayed ids.",
             show_default=False,
         ),
     ] = None,
     at: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--at",
             metavar="TIME",
@@ -229,8 +228,10 @@ def produce(
                 guard.check()
     except KeyboardInterrupt:
         sys.stdout.flush()  # the ids of what was sent, every one of them
-        err_console().print(f"sent {total:,} message(s) to queue {queue!r}; stopped by Ctrl-C, the rest of "
-                            f"the input was not sent", style="dim")
+        err_console().print(
+            f"sent {total:,} message(s) to queue {queue!r}; stopped by Ctrl-C, the rest of the input was not sent",
+            style="dim",
+        )
         raise typer.Exit(130) from None
     sys.stdout.flush()
     if quiet:
@@ -300,28 +301,45 @@ def _emit(records: Iterable[Record], *, as_json: bool, limit: int | None) -> Non
         )
 
 
-FromOpt = Annotated[Optional[str], typer.Option(
-    "--from", metavar="POSITION", show_default=False,
-    help="Start here (inclusive): an offset (1200), a message id, an ISO-8601 time "
-         "(2026-11-21T10:00:00Z, 2026-11-21), a time relative to now (-15m, -2h, -1d; "
-         "units s m h d w) or now.",
-)]
-ToOpt = Annotated[Optional[str], typer.Option(
-    "--to", metavar="POSITION", show_default=False,
-    help="Stop before here (exclusive); same forms as --from.",
-)]
-LimitOpt = Annotated[Optional[int], typer.Option(
-    "--limit", "-n", metavar="N", min=1, max=COUNT_MAX, show_default=False,
-    help=f"Print at most N messages. Default: {TABLE_ROWS_DEFAULT} in a table, all with --json.",
-)]
+FromOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--from",
+        metavar="POSITION",
+        show_default=False,
+        help="Start here (inclusive): an offset (1200), a message id, an ISO-8601 time "
+        "(2026-11-21T10:00:00Z, 2026-11-21), a time relative to now (-15m, -2h, -1d; "
+        "units s m h d w) or now.",
+    ),
+]
+ToOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--to",
+        metavar="POSITION",
+        show_default=False,
+        help="Stop before here (exclusive); same forms as --from.",
+    ),
+]
+LimitOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--limit",
+        "-n",
+        metavar="N",
+        min=1,
+        max=COUNT_MAX,
+        show_default=False,
+        help=f"Print at most N messages. Default: {TABLE_ROWS_DEFAULT} in a table, all with --json.",
+    ),
+]
 
 
 def _scan_bounds(from_: str | None, to: str | None) -> dict[str, Any]:
     """Scanner keyword arguments for --from / --to, each an offset, a message id or a time."""
     bounds: dict[str, Any] = {}
     pinned: list[int] = []
-    for text, what, pos_key, time_key in ((from_, "--from", "start", "start_time"),
-                                          (to, "--to", "stop", "end_time")):
+    for text, what, pos_key, time_key in ((from_, "--from", "start", "start_time"), (to, "--to", "stop", "end_time")):
         if text is None:
             continue
         pos = parse_position(text, what)
@@ -351,19 +369,18 @@ def scan(
     ctx: typer.Context,
     queue: QueueArg,
     partitions: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--partitions",
             metavar="LIST",
-            help="Partitions to read, e.g. 0,2,5 or 0-3 (default: all; a message id in "
-                 "--from/--to picks its own).",
+            help="Partitions to read, e.g. 0,2,5 or 0-3 (default: all; a message id in --from/--to picks its own).",
             show_default=False,
         ),
     ] = None,
     from_: FromOpt = None,
     to: ToOpt = None,
     tags: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option(
             "--tag",
             "-t",
@@ -451,17 +468,16 @@ def find(
         ),
     ],
     from_: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--from",
             metavar="TIME",
-            help="Appended at or after this time: ISO-8601 (2026-11-21T10:00:00Z) or relative "
-                 "(-15m, -2h, -1d).",
+            help="Appended at or after this time: ISO-8601 (2026-11-21T10:00:00Z) or relative (-15m, -2h, -1d).",
             show_default=False,
         ),
     ] = None,
     to: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--to",
             metavar="TIME",

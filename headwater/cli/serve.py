@@ -17,20 +17,20 @@ import socket
 import sys
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import msgspec
 import typer
 from rich.markup import escape
 from rich.table import Table
 
+from headwater import StoreConfig
 from headwater.broker.run import run_server
 from headwater.broker.server import ServerConfig
 from headwater.cli.context import LocalData, err_console, local_data_state, out_console
 from headwater.cli.parse import parse_pairs
 from headwater.cli.settings import settings_rows
 from headwater.errors import InvalidArgumentError
-from headwater import StoreConfig
 
 __all__ = ["serve", "load_settings"]
 
@@ -77,8 +77,9 @@ def _settings_from_flags(options: dict[str, Any], pairs: dict[str, Any]) -> dict
     return merged
 
 
-def load_settings(config_file: Path | None, env: dict[str, str], overrides: dict[str, Any]
-                  ) -> tuple[ServerConfig, StoreConfig]:
+def load_settings(
+    config_file: Path | None, env: dict[str, str], overrides: dict[str, Any]
+) -> tuple[ServerConfig, StoreConfig]:
     """Merge defaults, the TOML file, HEADWATER_* variables and flags, in that order."""
     values: dict[type, dict[str, Any]] = {ServerConfig: {}, StoreConfig: {}}
     origin: dict[str, str] = {}  # where each setting's value came from, for errors
@@ -100,8 +101,10 @@ def load_settings(config_file: Path | None, env: dict[str, str], overrides: dict
         unknown = set(doc) - {"server", "store"}
         if unknown:
             raise InvalidArgumentError(f"{config_file}: unknown table(s) {sorted(unknown)}; use [server] and [store]")
-    for source, items in (("environment", {k[10:].lower(): v for k, v in env.items()
-                                            if k.startswith("HEADWATER_")}), ("flags", overrides)):
+    for source, items in (
+        ("environment", {k[10:].lower(): v for k, v in env.items() if k.startswith("HEADWATER_")}),
+        ("flags", overrides),
+    ):
         for k, v in items.items():
             if v is None or _retired(k, source):
                 continue
@@ -118,8 +121,10 @@ def load_settings(config_file: Path | None, env: dict[str, str], overrides: dict
                         f"{', '.join(ServerConfig.__struct_fields__ + StoreConfig.__struct_fields__)}"
                     )
                 if where not in CLI_VARIABLES:  # a misspelt variable would otherwise change nothing, silently
-                    log.warning("environment: %s is not a setting, and is ignored (headwater serve --settings "
-                                "lists them)", where)
+                    log.warning(
+                        "environment: %s is not a setting, and is ignored (headwater serve --settings lists them)",
+                        where,
+                    )
     try:
         server = msgspec.convert(values[ServerConfig], ServerConfig).validated()
         store = msgspec.convert(values[StoreConfig], StoreConfig).validated()
@@ -140,16 +145,24 @@ def _setting_named(message: str) -> str | None:
 def serve(
     ctx: typer.Context,
     data: LocalData = None,
-    host: Annotated[Optional[str], typer.Option(help="Address to listen on.", show_default="127.0.0.1")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Port to listen on (0: any free port).", show_default="7070",
-                                                min=0, max=65535)] = None,
-    flush: Annotated[Optional[str], typer.Option(help="Default flush policy: sync or async.", show_default="async")] = None,
-    config: Annotated[Optional[Path], typer.Option("--config", help="A TOML file with [server] and [store] tables.")] = None,
-    settings: Annotated[Optional[list[str]], typer.Option("--set", metavar="NAME=VALUE",
-                                                          help="Any server or store setting, repeatable.")] = None,
+    host: Annotated[str | None, typer.Option(help="Address to listen on.", show_default="127.0.0.1")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port to listen on (0: any free port).", show_default="7070", min=0, max=65535)
+    ] = None,
+    flush: Annotated[
+        str | None, typer.Option(help="Default flush policy: sync or async.", show_default="async")
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="A TOML file with [server] and [store] tables.")
+    ] = None,
+    settings: Annotated[
+        list[str] | None,
+        typer.Option("--set", metavar="NAME=VALUE", help="Any server or store setting, repeatable."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
-    list_settings: Annotated[bool, typer.Option("--settings", help="List every setting (meaning, default, "
-                                                "environment variable) and exit.")] = False,
+    list_settings: Annotated[
+        bool, typer.Option("--settings", help="List every setting (meaning, default, environment variable) and exit.")
+    ] = False,
 ) -> None:
     """Run a broker over the data directory (--data) until SIGTERM or Ctrl-C. A directory
     that does not exist is made (and removed again if the broker cannot start).
@@ -170,10 +183,10 @@ def serve(
         _print_settings()
         return
     state = local_data_state(ctx, data)
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    overrides = _settings_from_flags({"host": host, "port": port, "flush": flush},
-                                     parse_pairs(settings or [], "--set"))
+    logging.basicConfig(
+        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    overrides = _settings_from_flags({"host": host, "port": port, "flush": flush}, parse_pairs(settings or [], "--set"))
     server_cfg, store_cfg = load_settings(config, dict(os.environ), overrides)
 
     started = False
@@ -191,7 +204,10 @@ def serve(
     except OSError as e:
         where = f"{server_cfg.host}:{server_cfg.port}"
         if isinstance(e, socket.gaierror):
-            why = f"the host {server_cfg.host!r} is not an address of this machine nor a name it can resolve ({e.strerror})"
+            why = (
+                f"the host {server_cfg.host!r} is not an address of this machine nor a name it can resolve"
+                f" ({e.strerror})"
+            )
         else:
             why = _BIND_ERRORS.get(e.errno)
             if why is None:
@@ -208,8 +224,9 @@ def _check_listen(host: str, port: int) -> None:
     """Resolve ``host`` and bind ``port`` once, as the server will (an OSError if it cannot),
     so that a port in use or an unknown host is reported before anything is opened or made.
     The server binds again: this only catches what is wrong now, not a race."""
-    for family, kind, proto, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                              flags=socket.AI_PASSIVE):
+    for family, kind, proto, _, address in socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    ):
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's server does
             probe.bind(address)
@@ -222,8 +239,10 @@ _BIND_ERRORS = {  # errors only binding the listening socket gives
 
 
 def _print_settings() -> None:
-    table = Table(title=escape("headwater serve settings: --set NAME=VALUE, HEADWATER_NAME, or [server] / [store] "
-                               "in --config"), title_justify="left")
+    table = Table(
+        title=escape("headwater serve settings: --set NAME=VALUE, HEADWATER_NAME, or [server] / [store] in --config"),
+        title_justify="left",
+    )
     for column in ("table", "setting", "default", "environment", "meaning"):
         table.add_column(column, justify="right" if column == "default" else "left")
     for row in settings_rows():

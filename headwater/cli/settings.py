@@ -25,7 +25,7 @@ MEANINGS: dict[str, str] = {
     "connections_max": "open connections; more are refused",
     "requests_in_flight_max": "unanswered requests per connection (announced in the handshake)",
     "connection_bytes_in_flight_max": "bytes of requests and answers in flight per connection; past it, "
-                                      "stop reading it",
+    "stop reading it",
     "bytes_in_flight_max": "the same for the whole server",
     "fetch_bytes_max": "bytes of one fetch answer",
     "fetch_wait_ms_max": "longest a long-polling fetch may wait, whatever the client asks",
@@ -38,15 +38,15 @@ MEANINGS: dict[str, str] = {
     "push_bytes_max": "bytes of one PUSH frame of a subscription or fetch stream",
     "push_streams_max": "subscription streams per connection, and fetch streams likewise",
     "allocator_cache_bytes": "freed memory glibc's allocator keeps for reuse instead of giving it back "
-                             "(0: its defaults)",
+    "(0: its defaults)",
     "send_timeout_s": "a client that takes none of the answers waiting for it for this long is cut off "
-                      "(it holds the server's memory)",
+    "(it holds the server's memory)",
     # [store]
     "flush": "default flush policy of queues that name none: sync (fsync before acknowledging) or async",
     "flush_interval_ms": "async: the longest a write waits for its fsync",
     "flush_bytes": "async: fsync sooner once this many bytes were written since the last fsync",
     "page_cache_keep_bytes": "the newest fsynced log left in the OS page cache; older is dropped "
-                             "(0: leave it to the kernel)",
+    "(0: leave it to the kernel)",
     "segment_bytes_max": "size of a commit log segment file",
     "open_segments_max": "sealed segments kept open for reading",
     "index_cache_segments": "sealed segments whose index is kept in memory",

@@ -49,7 +49,7 @@ NOT_IN_SHELL = {
     "shell": "you are in the shell already",
     "serve": "run a broker from your system shell: headwater --data DIR serve",
     "check": "it needs the data directory to itself; run 'headwater --data DIR check' from your "
-             "system shell with every broker and shell on it stopped",
+    "system shell with every broker and shell on it stopped",
 }
 EXIT_WORDS = ("exit", "quit")
 HELP_WORDS = ("help", "?")
@@ -145,8 +145,9 @@ class ShellSession(cmd.Cmd):
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         except Exception:  # noqa: BLE001 - a bug in a command must not take the session down
             traceback.print_exc()
-            err_console().print(Text("this is a bug in headwater; please report it with the command "
-                                     "that caused it", style="red"))
+            err_console().print(
+                Text("this is a bug in headwater; please report it with the command that caused it", style="red")
+            )
             code = 1
         self._forget_answers(history_len)  # a "delete? [y/N]" answer is not a command
         if args[0] == "queue":
@@ -264,8 +265,9 @@ class ShellSession(cmd.Cmd):
                 return []
             return sorted(i.value for i in items if getattr(i, "type", "plain") == "plain")
         if text.startswith("-") and not only_positional:
-            opts = {o for p in command.params if _is_option(p)
-                    for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
+            opts = {
+                o for p in command.params if _is_option(p) for o in (*p.opts, *p.secondary_opts) if o.startswith("--")
+            }
             return sorted(o for o in opts | {"--help"} if o.startswith(text))
         arguments = [p for p in command.params if p.param_type_name == "argument"]
         if positional < len(arguments) and self._names_a_queue(command, arguments[positional]):
@@ -336,8 +338,10 @@ def shell(ctx: typer.Context) -> None:
             history = _history_path()
             session.load_history(history)
             where = state.server or str(state.data_dir)
-            intro = (f"headwater {headwater.__version__} shell on {where}; 'help' lists the "
-                     f"commands, Tab completes, 'exit' or Ctrl-D leaves")
+            intro = (
+                f"headwater {headwater.__version__} shell on {where}; 'help' lists the "
+                f"commands, Tab completes, 'exit' or Ctrl-D leaves"
+            )
         else:
             history, intro = None, None
         try:

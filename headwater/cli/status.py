@@ -22,8 +22,8 @@ from rich.table import Table
 from rich.text import Text
 
 from headwater.cli.context import on_ctrl_c, open_client, out_console
-from headwater.cli.parse import Seconds
 from headwater.cli.output import format_when, print_json
+from headwater.cli.parse import Seconds
 from headwater.client import Client
 from headwater.errors import InvalidArgumentError
 
@@ -113,8 +113,10 @@ def _delayed(st: dict[str, Any], now_ms: int) -> str:
     if not pending:
         return f"none pending, {delivered}"
     buckets = int(st.get("delay_buckets") or 0)
-    return (f"{pending:,} pending in {buckets:,} bucket(s), next due "
-            f"{format_when(st.get('delay_next_due_ms'), now_ms)}, {delivered}")
+    return (
+        f"{pending:,} pending in {buckets:,} bucket(s), next due "
+        f"{format_when(st.get('delay_next_due_ms'), now_ms)}, {delivered}"
+    )
 
 
 def render_status(sample: Sample, rates: dict[str, Any] | None, *, now_ms: int | None = None) -> RenderableType:
@@ -144,29 +146,43 @@ def render_status(sample: Sample, rates: dict[str, Any] | None, *, now_ms: int |
     if st.get("internal_queues"):
         queues += f", plus {st['internal_queues']:,} internal (the broker's own state)"
     head.add_row("queues", queues)
-    head.add_row("storage", f"{_bytes(int(st.get('bytes', 0)))} in {_count(st.get('segments', 0), 'segment')} "
-                            f"({st.get('open_segments', 0):,} open), {_count(st.get('fsyncs', 0), 'fsync')}")
+    head.add_row(
+        "storage",
+        f"{_bytes(int(st.get('bytes', 0)))} in {_count(st.get('segments', 0), 'segment')} "
+        f"({st.get('open_segments', 0):,} open), {_count(st.get('fsyncs', 0), 'fsync')}",
+    )
     if "page_cache_keep_bytes" in st:
         keep = int(st["page_cache_keep_bytes"])
-        head.add_row("page cache", (f"the newest {_bytes(keep)} of the log kept, "
-                                    f"{_bytes(int(st.get('uncached_bytes', 0)))} let go since start")
-                     if keep else "all of the log left to the kernel (page_cache_keep_bytes=0)")
+        head.add_row(
+            "page cache",
+            (
+                f"the newest {_bytes(keep)} of the log kept, "
+                f"{_bytes(int(st.get('uncached_bytes', 0)))} let go since start"
+            )
+            if keep
+            else "all of the log left to the kernel (page_cache_keep_bytes=0)",
+        )
     if "memory_peak_bytes" in st:
         memory = f"peak {_bytes(int(st['memory_peak_bytes']))}"
         if "memory_rss_bytes" in st:
             memory = f"{_bytes(int(st['memory_rss_bytes']))} resident, {memory}"
         kept = int(st.get("allocator_cache_bytes", 0))
-        memory += (f"; the allocator keeps up to {_bytes(kept)} freed for reuse" if kept
-                   else "; the allocator's own defaults")
+        memory += (
+            f"; the allocator keeps up to {_bytes(kept)} freed for reuse" if kept else "; the allocator's own defaults"
+        )
         head.add_row("memory", memory)
     if "delay_pending" in st:
         head.add_row("delayed", _delayed(st, now_ms))
     if "push_streams" in st:
-        head.add_row("push", f"{st['push_streams']:,} subscriber stream(s) open, "
-                             f"{st.get('pushes_total', 0):,} pushes since start")
+        head.add_row(
+            "push",
+            f"{st['push_streams']:,} subscriber stream(s) open, {st.get('pushes_total', 0):,} pushes since start",
+        )
     if "fetch_streams" in st:
-        head.add_row("fetch streams", f"{st['fetch_streams']:,} consumer stream(s) open, "
-                                      f"{st.get('stream_pushes_total', 0):,} pushes since start")
+        head.add_row(
+            "fetch streams",
+            f"{st['fetch_streams']:,} consumer stream(s) open, {st.get('stream_pushes_total', 0):,} pushes since start",
+        )
     if rates is not None:
         every = f"over {rates['interval_s']:g} s"
         head.add_row("messages in", f"{rates['messages_in_per_s']:,.1f}/s {every}")
@@ -212,14 +228,14 @@ def status(
             "--watch",
             "-w",
             help="Refresh every --interval seconds until Ctrl-C (into a pipe or with --json: "
-                 "one report after another).",
+            "one report after another).",
         ),
     ] = False,
     as_json: Annotated[
         bool,
         typer.Option(
             "--json",
-            help="Print the broker's status as JSON, with the measured rates under \"rates\".",
+            help='Print the broker\'s status as JSON, with the measured rates under "rates".',
         ),
     ] = False,
 ) -> None:
@@ -259,8 +275,9 @@ def status(
                         out_console().print()  # a blank line between reports
                     time.sleep(interval)
                     before, after = after, take_sample(hw)
-            with Live(render_status(after, measure_rates(before, after)), console=out_console(),
-                      auto_refresh=False) as live:
+            with Live(
+                render_status(after, measure_rates(before, after)), console=out_console(), auto_refresh=False
+            ) as live:
                 while True:
                     time.sleep(interval)
                     before, after = after, take_sample(hw)

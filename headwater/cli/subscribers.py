@@ -6,14 +6,14 @@ NAME, listeners=[...])`` and the broker pushes to it (docs/subscriptions.md).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from headwater.cli import parse
 from headwater.cli.context import open_client, out_console
 from headwater.cli.output import iso_utc, print_json
-from headwater.cli import parse
 from headwater.cli.parse import parse_partitions
 from headwater.model.config import QueueInfo
 from headwater.model.subscription import SubscriberInfo, subscribed_partitions
@@ -28,9 +28,14 @@ subscriber_app = typer.Typer(
 )
 
 QueueArg = Annotated[str, typer.Argument(metavar="QUEUE", show_default=False, help="The queue.")]
-NameArg = Annotated[str, typer.Argument(
-    metavar="NAME", show_default=False, help="Subscriber name: letters, digits, '.', '_' and '-'.",
-)]
+NameArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="NAME",
+        show_default=False,
+        help="Subscriber name: letters, digits, '.', '_' and '-'.",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
@@ -63,8 +68,10 @@ def _json(info: SubscriberInfo, qi: QueueInfo) -> dict[str, Any]:
         "partitions": info.partitions,
         "tags": info.tags,
         "created": iso_utc(info.created_ms),
-        "checkpoints": [{"partition": p, "checkpoint": cp, "end_offset": end, "lag": lag}
-                        for p, (cp, end, lag) in _lag(info, qi).items()],
+        "checkpoints": [
+            {"partition": p, "checkpoint": cp, "end_offset": end, "lag": lag}
+            for p, (cp, end, lag) in _lag(info, qi).items()
+        ],
     }
 
 
@@ -77,21 +84,35 @@ def add(
     ctx: typer.Context,
     queue: QueueArg,
     name: NameArg,
-    partitions: Annotated[Optional[str], typer.Option(
-        "--partitions", "-p", metavar="LIST",
-        help="Partitions to follow, e.g. 0,2,5 or 0-3 (default: all, and those added later).",
-        show_default=False,
-    )] = None,
-    tags: Annotated[Optional[str], typer.Option(
-        "--tags", "-t", metavar="TAGS",
-        help="Tags to deliver, comma-separated, or '*' for every message (the default).",
-        show_default=False,
-    )] = None,
-    start: Annotated[str, typer.Option(
-        "--from", metavar="POSITION",
-        help="Where delivery starts: 'latest' (what is appended from now on), 'earliest', an "
-             "offset (in each partition) or a time (2026-11-21T10:00:00Z, -15m, now).",
-    )] = "latest",
+    partitions: Annotated[
+        str | None,
+        typer.Option(
+            "--partitions",
+            "-p",
+            metavar="LIST",
+            help="Partitions to follow, e.g. 0,2,5 or 0-3 (default: all, and those added later).",
+            show_default=False,
+        ),
+    ] = None,
+    tags: Annotated[
+        str | None,
+        typer.Option(
+            "--tags",
+            "-t",
+            metavar="TAGS",
+            help="Tags to deliver, comma-separated, or '*' for every message (the default).",
+            show_default=False,
+        ),
+    ] = None,
+    start: Annotated[
+        str,
+        typer.Option(
+            "--from",
+            metavar="POSITION",
+            help="Where delivery starts: 'latest' (what is appended from now on), 'earliest', an "
+            "offset (in each partition) or a time (2026-11-21T10:00:00Z, -15m, now).",
+        ),
+    ] = "latest",
     as_json: JsonOpt = False,
 ) -> None:
     """Register a push subscriber on a queue.
@@ -106,8 +127,9 @@ def add(
     """
     tag_list = None if tags is None else [t.strip() for t in tags.split(",") if t.strip()]
     client = open_client(ctx)
-    info = client.admin.add_subscriber(queue, name, partitions=parse_partitions(partitions), tags=tag_list,
-                                       start=parse_start(start))
+    info = client.admin.add_subscriber(
+        queue, name, partitions=parse_partitions(partitions), tags=tag_list, start=parse_start(start)
+    )
     if as_json:
         print_json(_json(info, client.admin.describe_queue(queue)))
         return
@@ -132,8 +154,9 @@ def delete(ctx: typer.Context, queue: QueueArg, name: NameArg) -> None:
 @subscriber_app.command("list")
 def list_(
     ctx: typer.Context,
-    queue: Annotated[Optional[str], typer.Argument(metavar="[QUEUE]", show_default=False,
-                                                   help="Only this queue's subscribers.")] = None,
+    queue: Annotated[
+        str | None, typer.Argument(metavar="[QUEUE]", show_default=False, help="Only this queue's subscribers.")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List subscribers with what they follow and how far behind they are.
@@ -156,14 +179,21 @@ def list_(
         out_console().print(f"{where} no subscribers; add one with 'headwater subscriber add QUEUE NAME'")
         return
     table = Table(show_edge=False, header_style="bold")
-    for col, justify in (("queue", "left"), ("name", "left"), ("partitions", "left"), ("tags", "left"),
-                         ("lag", "right"), ("created", "left")):
+    for col, justify in (
+        ("queue", "left"),
+        ("name", "left"),
+        ("partitions", "left"),
+        ("tags", "left"),
+        ("lag", "right"),
+        ("created", "left"),
+    ):
         table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for s in subs:
         lag = sum(x[2] for x in _lag(s, queues[s.queue]).values())
         parts = "all" if s.partitions is None else ",".join(map(str, s.partitions))
-        table.add_row(s.queue, s.name, parts, "*" if s.tags is None else ",".join(s.tags), f"{lag:,}",
-                      iso_utc(s.created_ms))
+        table.add_row(
+            s.queue, s.name, parts, "*" if s.tags is None else ",".join(s.tags), f"{lag:,}", iso_utc(s.created_ms)
+        )
     out_console().print(table)
 
 
@@ -184,9 +214,11 @@ def describe(ctx: typer.Context, queue: QueueArg, name: NameArg, as_json: JsonOp
         print_json(_json(info, qi))
         return
     console = out_console()
-    console.print(f"[bold]subscriber[/bold] {info.name}  [bold]queue[/bold] {info.queue}  "
-                  f"[bold]tags[/bold] {'*' if info.tags is None else ','.join(info.tags)}  "
-                  f"[bold]created[/bold] {iso_utc(info.created_ms)}")
+    console.print(
+        f"[bold]subscriber[/bold] {info.name}  [bold]queue[/bold] {info.queue}  "
+        f"[bold]tags[/bold] {'*' if info.tags is None else ','.join(info.tags)}  "
+        f"[bold]created[/bold] {iso_utc(info.created_ms)}"
+    )
     table = Table(show_edge=False, header_style="bold")
     for col in ("partition", "checkpoint", "end offset", "lag"):
         table.add_column(col, justify="right", no_wrap=True)

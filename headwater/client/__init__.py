@@ -11,6 +11,17 @@ from headwater.client.shared_consumer import Delivery, SharedConsumer
 from headwater.client.subscriber import Subscriber
 
 __all__ = [
-    "Admin", "BatchReceipt", "Client", "Consumer", "Delivery", "GroupConsumer", "KeyedConsumer",
-    "Partitioner", "Producer", "Scanner", "SharedConsumer", "Subscriber", "key_partition",
+    "Admin",
+    "BatchReceipt",
+    "Client",
+    "Consumer",
+    "Delivery",
+    "GroupConsumer",
+    "KeyedConsumer",
+    "Partitioner",
+    "Producer",
+    "Scanner",
+    "SharedConsumer",
+    "Subscriber",
+    "key_partition",
 ]

@@ -12,12 +12,6 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
-from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
-from headwater.model.delay import DelayStats
-from headwater.model.keyed import KeyedGroupInfo
-from headwater.model.message import Message, MessageId, Record, required_epoch_ms
-from headwater.model.subscription import SubscriberInfo, subscriber_settings
 from headwater.client.aio_consumer import AsyncConsumer
 from headwater.client.aio_group_consumer import AsyncGroupConsumer
 from headwater.client.aio_keyed_consumer import AsyncKeyedConsumer
@@ -27,11 +21,17 @@ from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.aio_shared_consumer import AsyncSharedConsumer
 from headwater.client.aio_subscriber import AsyncSubscriber
 from headwater.client.client import check_int_arg
-from headwater.client.partitioner import PartitionFn
+from headwater.client.consumer import POLL_MESSAGES_DEFAULT
 from headwater.client.lookups import find_bounds, record_for_id, records_with_key
+from headwater.client.partitioner import PartitionFn
 from headwater.client.scanner import Bound
 from headwater.client.subscriber import Listener
-from headwater.client.consumer import POLL_MESSAGES_DEFAULT
+from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
+from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
+from headwater.model.delay import DelayStats
+from headwater.model.keyed import KeyedGroupInfo
+from headwater.model.message import Message, MessageId, Record, required_epoch_ms
+from headwater.model.subscription import SubscriberInfo, subscriber_settings
 
 __all__ = ["AsyncAdmin", "AsyncClient"]
 
@@ -44,9 +44,17 @@ class AsyncAdmin:
     def __init__(self, service: AsyncBrokerService) -> None:
         self._service = service
 
-    async def create_queue(self, name: str, *, partitions: int = 1, ttl_s: int | None | object = _UNSET,
-                           flush: str | None = None, message_bytes_max: int = 1024 * 1024,
-                           settings: dict[str, str] | None = None, exist_ok: bool = False) -> QueueInfo:
+    async def create_queue(
+        self,
+        name: str,
+        *,
+        partitions: int = 1,
+        ttl_s: int | None | object = _UNSET,
+        flush: str | None = None,
+        message_bytes_max: int = 1024 * 1024,
+        settings: dict[str, str] | None = None,
+        exist_ok: bool = False,
+    ) -> QueueInfo:
         """Create a queue.
 
         ``ttl_s``: seconds a message is kept (default 7 days; ``None`` keeps forever).
@@ -57,8 +65,9 @@ class AsyncAdmin:
         """
         validate_queue_name(name)
         kw = {} if ttl_s is _UNSET else {"ttl_s": ttl_s}
-        config = QueueConfig(partitions=partitions, flush=flush, message_bytes_max=message_bytes_max,
-                             settings=dict(settings or {}), **kw).validated()
+        config = QueueConfig(
+            partitions=partitions, flush=flush, message_bytes_max=message_bytes_max, settings=dict(settings or {}), **kw
+        ).validated()
         try:
             return await self._service.create_queue(name, config)
         except QueueExistsError:
@@ -107,9 +116,15 @@ class AsyncAdmin:
         return await self._service.keyed_resize(queue, group, size)
 
     # push subscribers (attach to one with ``AsyncClient.subscribe``)
-    async def add_subscriber(self, queue: str, name: str, *, partitions: int | Iterable[int] | None = None,
-                             tags: str | Iterable[str] | None = None,
-                             start: str | datetime | int = "latest") -> SubscriberInfo:
+    async def add_subscriber(
+        self,
+        queue: str,
+        name: str,
+        *,
+        partitions: int | Iterable[int] | None = None,
+        tags: str | Iterable[str] | None = None,
+        start: str | datetime | int = "latest",
+    ) -> SubscriberInfo:
         """Register subscriber ``name`` on ``queue`` (the arguments of ``Admin.add_subscriber``)."""
         return await self._service.add_subscriber(queue, name, *subscriber_settings(partitions, tags, start))
 
@@ -145,26 +160,51 @@ class AsyncClient:
     def service(self) -> AsyncBrokerService:
         return self._service
 
-    def producer(self, *, partitioner: str | PartitionFn = "default", compression: str | None = None,
-                 linger_ms: int = 0, batch_bytes_max: int = 1 << 20, retries: int = 5,
-                 retry_backoff_ms: int = 100, delivery_timeout_ms: int = 120_000,
-                 idempotent: bool = True, **settings) -> AsyncProducer:
+    def producer(
+        self,
+        *,
+        partitioner: str | PartitionFn = "default",
+        compression: str | None = None,
+        linger_ms: int = 0,
+        batch_bytes_max: int = 1 << 20,
+        retries: int = 5,
+        retry_backoff_ms: int = 100,
+        delivery_timeout_ms: int = 120_000,
+        idempotent: bool = True,
+        **settings,
+    ) -> AsyncProducer:
         """A producer; see :class:`~headwater.client.aio_producer.AsyncProducer` for every
         setting (``settings`` takes the rest: ``buffer_bytes_max``, ``metadata_max_age_ms``, ...).
 
         Closing the client closes its producers first, which sends what they hold.
         """
-        p = AsyncProducer(self._service, partitioner=partitioner, compression=compression,
-                          linger_ms=linger_ms, batch_bytes_max=batch_bytes_max, retries=retries,
-                          retry_backoff_ms=retry_backoff_ms, delivery_timeout_ms=delivery_timeout_ms,
-                          idempotent=idempotent, **settings)
+        p = AsyncProducer(
+            self._service,
+            partitioner=partitioner,
+            compression=compression,
+            linger_ms=linger_ms,
+            batch_bytes_max=batch_bytes_max,
+            retries=retries,
+            retry_backoff_ms=retry_backoff_ms,
+            delivery_timeout_ms=delivery_timeout_ms,
+            idempotent=idempotent,
+            **settings,
+        )
         self._adopt(p)
         return p
 
-    def consumer(self, *, group: str | None = None, subscribe: str | Iterable[str] | None = None,
-                 auto_offset_reset: str = "earliest", fetch_bytes: int = 1024 * 1024,
-                 max_poll_messages: int = POLL_MESSAGES_DEFAULT, tags: str | Iterable[str] | None = None,
-                 stream: bool = True, **group_settings) -> AsyncConsumer:
+    def consumer(
+        self,
+        *,
+        group: str | None = None,
+        subscribe: str | Iterable[str] | None = None,
+        auto_offset_reset: str = "earliest",
+        fetch_bytes: int = 1024 * 1024,
+        max_poll_messages: int = POLL_MESSAGES_DEFAULT,
+        tags: str | Iterable[str] | None = None,
+        stream: bool = True,
+        **group_settings,
+    ) -> AsyncConsumer:
         """A consumer of partitions you assign (:class:`~headwater.client.aio_consumer.AsyncConsumer`),
         or with ``subscribe`` a member of consumer group ``group``
         (:class:`~headwater.client.aio_group_consumer.AsyncGroupConsumer`, joining on its first
@@ -176,39 +216,67 @@ class AsyncClient:
                     f"{', '.join(sorted(group_settings))} need subscribe=[queues]: they configure a "
                     f"group member, not a consumer of assigned partitions"
                 )
-            c = AsyncConsumer(self._service, group=group, auto_offset_reset=auto_offset_reset,
-                              fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages, tags=tags,
-                              stream=stream)
+            c = AsyncConsumer(
+                self._service,
+                group=group,
+                auto_offset_reset=auto_offset_reset,
+                fetch_bytes=fetch_bytes,
+                max_poll_messages=max_poll_messages,
+                tags=tags,
+                stream=stream,
+            )
         else:
             if group is None:
                 raise InvalidArgumentError("subscribe= makes a group member: name its group with group='name'")
-            c = AsyncGroupConsumer(self._service, group=group, subscribe=subscribe,
-                                   auto_offset_reset=auto_offset_reset, fetch_bytes=fetch_bytes,
-                                   max_poll_messages=max_poll_messages, tags=tags, stream=stream,
-                                   **group_settings)
+            c = AsyncGroupConsumer(
+                self._service,
+                group=group,
+                subscribe=subscribe,
+                auto_offset_reset=auto_offset_reset,
+                fetch_bytes=fetch_bytes,
+                max_poll_messages=max_poll_messages,
+                tags=tags,
+                stream=stream,
+                **group_settings,
+            )
         self._adopt(c)
         return c
 
-    def shared_consumer(self, group: str, queue: str, *, visibility_timeout_ms: int = 30_000,
-                        max_attempts: int = 5, backoff_ms: int = 1_000, at_most_once: bool = False,
-                        **settings) -> AsyncSharedConsumer:
+    def shared_consumer(
+        self,
+        group: str,
+        queue: str,
+        *,
+        visibility_timeout_ms: int = 30_000,
+        max_attempts: int = 5,
+        backoff_ms: int = 1_000,
+        at_most_once: bool = False,
+        **settings,
+    ) -> AsyncSharedConsumer:
         """A member of shared group ``group`` on ``queue``
         (:class:`~headwater.client.aio_shared_consumer.AsyncSharedConsumer`); the arguments
         are the sync client's ``shared_consumer``."""
-        c = AsyncSharedConsumer(self._service, group, queue, visibility_timeout_ms=visibility_timeout_ms,
-                                max_attempts=max_attempts, backoff_ms=backoff_ms, at_most_once=at_most_once,
-                                **settings)
+        c = AsyncSharedConsumer(
+            self._service,
+            group,
+            queue,
+            visibility_timeout_ms=visibility_timeout_ms,
+            max_attempts=max_attempts,
+            backoff_ms=backoff_ms,
+            at_most_once=at_most_once,
+            **settings,
+        )
         self._adopt(c)  # type: ignore[arg-type]
         return c
 
-    def keyed_consumer(self, group: str, queue: str, *, member: int, size: int, key: str = "key",
-                       start: str = "earliest", **settings) -> AsyncKeyedConsumer:
+    def keyed_consumer(
+        self, group: str, queue: str, *, member: int, size: int, key: str = "key", start: str = "earliest", **settings
+    ) -> AsyncKeyedConsumer:
         """Member ``member`` of keyed group ``group`` of ``size`` members on ``queue``
         (:class:`~headwater.client.aio_keyed_consumer.AsyncKeyedConsumer`, joining on its first
         ``poll``, ``start()`` or ``async with``); the arguments are the sync client's
         ``keyed_consumer``."""
-        c = AsyncKeyedConsumer(self._service, group, queue, member=member, size=size, key=key, start=start,
-                               **settings)
+        c = AsyncKeyedConsumer(self._service, group, queue, member=member, size=size, key=key, start=start, **settings)
         self._adopt(c)  # type: ignore[arg-type]
         return c
 
@@ -227,18 +295,33 @@ class AsyncClient:
         self._children = {c for c in self._children if not c.closed}
         self._children.add(child)
 
-    def scanner(self, queue: str, *, partitions: int | Iterable[int] | None = None,
-                start: Bound = None, stop: Bound = None,
-                start_time: datetime | int | None = None, end_time: datetime | int | None = None,
-                tags: str | Iterable[str] | None = None) -> AsyncScanner:
+    def scanner(
+        self,
+        queue: str,
+        *,
+        partitions: int | Iterable[int] | None = None,
+        start: Bound = None,
+        stop: Bound = None,
+        start_time: datetime | int | None = None,
+        end_time: datetime | int | None = None,
+        tags: str | Iterable[str] | None = None,
+    ) -> AsyncScanner:
         """Scan a queue, one partition or several: ``async for r in hw.scanner("q")``.
 
         ``start`` is inclusive and ``stop`` exclusive; each is an offset for every partition,
         ``{partition: offset}``, or a message id (which pins the scan to its partition).
         ``start_time``/``end_time`` bound by append time, ``end_time`` exclusive.
         """
-        return AsyncScanner(self._service, queue, partitions=partitions, start=start, stop=stop,
-                            start_time=start_time, end_time=end_time, tags=tags)
+        return AsyncScanner(
+            self._service,
+            queue,
+            partitions=partitions,
+            start=start,
+            stop=stop,
+            start_time=start_time,
+            end_time=end_time,
+            tags=tags,
+        )
 
     def _producer(self) -> AsyncProducer:
         if self._default_producer is None:
@@ -259,8 +342,15 @@ class AsyncClient:
         name, batch = await self._service.lookup_id(mid.queue_id, mid.partition, mid.offset)
         return record_for_id(mid, name, batch)
 
-    async def find(self, queue: str, key: bytes, *, start_time: datetime | int | None = None,
-                   end_time: datetime | int | None = None, limit: int = 1000) -> list[Record]:
+    async def find(
+        self,
+        queue: str,
+        key: bytes,
+        *,
+        start_time: datetime | int | None = None,
+        end_time: datetime | int | None = None,
+        limit: int = 1000,
+    ) -> list[Record]:
         """Messages of ``queue`` whose key is ``key``, appended in [start_time, end_time),
         oldest first."""
         lo, hi = find_bounds(key, limit, start_time, end_time)

@@ -20,13 +20,13 @@ import itertools
 from collections.abc import Iterable
 from datetime import datetime
 
-from headwater.model.message import Record
-from headwater.model.service import FetchResult
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.fetch_stream import STREAM_WINDOW_BYTES
 from headwater.client.polling import drain_buffers, retrieve, take_batches
 from headwater.client.positions import POLL_MESSAGES_DEFAULT, TP, ConsumerPositions
 from headwater.client.scanner import partitions_named
+from headwater.model.message import Record
+from headwater.model.service import FetchResult
 
 __all__ = ["AsyncConsumer"]
 
@@ -43,13 +43,29 @@ class AsyncConsumer(ConsumerPositions):
 
     _inflight: dict[TP, tuple[int, asyncio.Task[FetchResult]]]
 
-    def __init__(self, service: AsyncBrokerService, *, group: str | None = None,
-                 auto_offset_reset: str = "earliest", fetch_bytes: int = 1024 * 1024,
-                 max_poll_messages: int = POLL_MESSAGES_DEFAULT, tags: str | Iterable[str] | None = None,
-                 stream: bool = True, stream_window_bytes: int = STREAM_WINDOW_BYTES) -> None:
-        super().__init__(service, group=group, auto_offset_reset=auto_offset_reset, fetch_bytes=fetch_bytes,
-                         max_poll_messages=max_poll_messages, tags=tags, stream=stream,
-                         stream_window_bytes=stream_window_bytes, on_push=self._push_arrived)
+    def __init__(
+        self,
+        service: AsyncBrokerService,
+        *,
+        group: str | None = None,
+        auto_offset_reset: str = "earliest",
+        fetch_bytes: int = 1024 * 1024,
+        max_poll_messages: int = POLL_MESSAGES_DEFAULT,
+        tags: str | Iterable[str] | None = None,
+        stream: bool = True,
+        stream_window_bytes: int = STREAM_WINDOW_BYTES,
+    ) -> None:
+        super().__init__(
+            service,
+            group=group,
+            auto_offset_reset=auto_offset_reset,
+            fetch_bytes=fetch_bytes,
+            max_poll_messages=max_poll_messages,
+            tags=tags,
+            stream=stream,
+            stream_window_bytes=stream_window_bytes,
+            on_push=self._push_arrived,
+        )
         self._stale: set[asyncio.Task[FetchResult]] = set()  # cancelled by a seek, not yet ended
         self._rotation = itertools.count()
         self._pushed: asyncio.Future[None] | None = None  # done by the next push (fetch streams)
@@ -83,8 +99,9 @@ class AsyncConsumer(ConsumerPositions):
         for tp in tps:
             self._set_position(tp, info.partitions[tp[1]].end_offset)
 
-    async def seek_to_time(self, queue: str, when: datetime | int,
-                           partitions: int | Iterable[int] | None = None) -> None:
+    async def seek_to_time(
+        self, queue: str, when: datetime | int, partitions: int | Iterable[int] | None = None
+    ) -> None:
         """Continue from the first record appended at or after ``when``."""
         ms = self._when_ms(when)
         for tp in self._parts(queue, partitions):
@@ -179,8 +196,11 @@ class AsyncConsumer(ConsumerPositions):
             if tp in self._inflight or len(self._buffers[tp]) >= self.max_poll_messages:
                 continue
             pos = self._fetch_pos[tp]
-            task = asyncio.ensure_future(self._service.fetch(
-                tp[0], tp[1], pos, max_bytes=self._fetch_bytes, tag_mask=self._mask, max_wait_ms=wait_ms))
+            task = asyncio.ensure_future(
+                self._service.fetch(
+                    tp[0], tp[1], pos, max_bytes=self._fetch_bytes, tag_mask=self._mask, max_wait_ms=wait_ms
+                )
+            )
             self._inflight[tp] = (pos, task)
 
     def _collect(self) -> int:
@@ -196,8 +216,9 @@ class AsyncConsumer(ConsumerPositions):
                 self._reset_past_end(tp, res.start_offset, res.end_offset)
                 continue
             start = max(pos, res.start_offset)  # records before start expired: skip them
-            got += take_batches(tp, res.batches, start, res.next_offset, self._fetch_pos, self._consumed,
-                                self._buffers, self._tags)
+            got += take_batches(
+                tp, res.batches, start, res.next_offset, self._fetch_pos, self._consumed, self._buffers, self._tags
+            )
         return got
 
     def __aiter__(self) -> AsyncConsumer:
@@ -244,4 +265,3 @@ class AsyncConsumer(ConsumerPositions):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-

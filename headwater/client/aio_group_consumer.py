@@ -20,17 +20,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from headwater.errors import (
-    ClosedError,
-    GroupError,
-    HeadwaterError,
-    InvalidArgumentError,
-    StaleGenerationError,
-    UnavailableError,
-    UnknownMemberError,
-)
-from headwater.model.groups import GroupAssignment
-from headwater.model.message import Record
 from headwater.client.aio_consumer import AsyncConsumer
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.local_offsets import LocalOffsets
@@ -42,6 +31,17 @@ from headwater.client.membership import (
     MemberView,
     by_queue,
 )
+from headwater.errors import (
+    ClosedError,
+    GroupError,
+    HeadwaterError,
+    InvalidArgumentError,
+    StaleGenerationError,
+    UnavailableError,
+    UnknownMemberError,
+)
+from headwater.model.groups import GroupAssignment
+from headwater.model.message import Record
 
 __all__ = ["AsyncGroupConsumer"]
 
@@ -62,17 +62,35 @@ class AsyncGroupConsumer(AsyncConsumer):
                 await c.commit()
     """
 
-    def __init__(self, service: AsyncBrokerService, *, group: str, subscribe: str | Iterable[str],
-                 mode: str = "clustering", strategy: str = "average", session_timeout_ms: int = 10_000,
-                 heartbeat_interval_ms: int | None = None, max_poll_interval_ms: int = 300_000,
-                 on_assign: Callback | None = None, on_revoke: Callback | None = None,
-                 commit_on_revoke: bool = True, offsets_path: str | os.PathLike[str] | None = None,
-                 client_id: str | None = None, **consumer_settings) -> None:
-        self.settings = GroupSettings(group=group, subscribe=subscribe, mode=mode, strategy=strategy,
-                                      session_timeout_ms=session_timeout_ms,
-                                      heartbeat_interval_ms=heartbeat_interval_ms,
-                                      max_poll_interval_ms=max_poll_interval_ms, offsets_path=offsets_path,
-                                      client_id=client_id)
+    def __init__(
+        self,
+        service: AsyncBrokerService,
+        *,
+        group: str,
+        subscribe: str | Iterable[str],
+        mode: str = "clustering",
+        strategy: str = "average",
+        session_timeout_ms: int = 10_000,
+        heartbeat_interval_ms: int | None = None,
+        max_poll_interval_ms: int = 300_000,
+        on_assign: Callback | None = None,
+        on_revoke: Callback | None = None,
+        commit_on_revoke: bool = True,
+        offsets_path: str | os.PathLike[str] | None = None,
+        client_id: str | None = None,
+        **consumer_settings,
+    ) -> None:
+        self.settings = GroupSettings(
+            group=group,
+            subscribe=subscribe,
+            mode=mode,
+            strategy=strategy,
+            session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            max_poll_interval_ms=max_poll_interval_ms,
+            offsets_path=offsets_path,
+            client_id=client_id,
+        )
         super().__init__(service, group=group, **consumer_settings)
         self.mode = mode
         self._on_assign = on_assign
@@ -181,8 +199,10 @@ class AsyncGroupConsumer(AsyncConsumer):
                 # a broker that did not answer the closing commit would not answer the leave
                 # either: skip it, so that close() costs one request_timeout_s, not two
                 if held and not await self._revoke(held, commit=commit and self._commit_on_revoke):
-                    log.info("group %s: not leaving, the broker is unreachable; the member expires after "
-                             "session_timeout_ms", self.group)
+                    log.info(
+                        "group %s: not leaving, the broker is unreachable; the member expires after session_timeout_ms",
+                        self.group,
+                    )
                     return
                 try:
                     await self._service.leave_group(self.group, member)
@@ -203,8 +223,9 @@ class AsyncGroupConsumer(AsyncConsumer):
 
     async def _join(self) -> None:
         s = self.settings
-        a = await self._service.join_group(s.group, None, s.client_id, s.queues, s.mode, s.strategy,
-                                           s.session_timeout_ms)
+        a = await self._service.join_group(
+            s.group, None, s.client_id, s.queues, s.mode, s.strategy, s.session_timeout_ms
+        )
         self._view.joined(a)
         await self._apply(a)
 
@@ -213,8 +234,12 @@ class AsyncGroupConsumer(AsyncConsumer):
         if rejoin:
             if self._fetch_pos and self.mode != "broadcast":
                 held = set(self._fetch_pos)
-                log.warning("group %s: member %s was removed from the group; dropping %d partition(s) and "
-                            "joining again", self.group, self._view.member_id, len(held))
+                log.warning(
+                    "group %s: member %s was removed from the group; dropping %d partition(s) and joining again",
+                    self.group,
+                    self._view.member_id,
+                    len(held),
+                )
                 await self._call(self._on_revoke, held)
                 self._forget(held)
             try:
@@ -299,8 +324,9 @@ class AsyncGroupConsumer(AsyncConsumer):
         for queue, offs in by_queue(offsets).items():
             for attempt in range(COMMIT_ATTEMPTS):
                 try:
-                    await self._service.commit_offsets(self.group, queue, offs, member_id=member,
-                                                       generation=self._view.known_generation)
+                    await self._service.commit_offsets(
+                        self.group, queue, offs, member_id=member, generation=self._view.known_generation
+                    )
                     break
                 except StaleGenerationError:
                     if attempt == COMMIT_ATTEMPTS - 1:
@@ -332,8 +358,12 @@ class AsyncGroupConsumer(AsyncConsumer):
                 continue
             try:
                 if loop.time() - self._last_poll > self.settings.max_poll_interval_ms / 1000:
-                    log.warning("group %s: poll() was not called for max_poll_interval_ms (%d ms); leaving the "
-                                "group; the next poll() joins again", self.group, self.settings.max_poll_interval_ms)
+                    log.warning(
+                        "group %s: poll() was not called for max_poll_interval_ms (%d ms); leaving the "
+                        "group; the next poll() joins again",
+                        self.group,
+                        self.settings.max_poll_interval_ms,
+                    )
                     self._view.lost(member)
                     await self._service.leave_group(self.group, member)
                     continue

@@ -14,13 +14,13 @@ import asyncio
 import time
 from typing import Any
 
-from headwater.errors import StaleGenerationError
-from headwater.model.keyed import KeyedGroupInfo
-from headwater.model.message import Record
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.keyed_consumer import KeyedConsumerBase
 from headwater.client.polling import drain_buffers, retrieve
 from headwater.client.positions import check_poll
+from headwater.errors import StaleGenerationError
+from headwater.model.keyed import KeyedGroupInfo
+from headwater.model.message import Record
 
 __all__ = ["AsyncKeyedConsumer"]
 
@@ -110,8 +110,11 @@ class AsyncKeyedConsumer(KeyedConsumerBase):
                 self._check_partitions()
             wait_ms = max(0, int(remaining * 1000))
             for p, pos in self._to_fetch():
-                task = asyncio.ensure_future(self._service.keyed_fetch(
-                    *self._fetch_args(p, pos), max_bytes=self._fetch_bytes, max_wait_ms=wait_ms))
+                task = asyncio.ensure_future(
+                    self._service.keyed_fetch(
+                        *self._fetch_args(p, pos), max_bytes=self._fetch_bytes, max_wait_ms=wait_ms
+                    )
+                )
                 self._inflight[p] = (pos, task)
             tasks = [t for _, t in self._inflight.values()]
             if tasks and remaining > 0:
@@ -130,8 +133,9 @@ class AsyncKeyedConsumer(KeyedConsumerBase):
         if positions is None:
             return
         try:
-            info = await self._service.keyed_commit(self.queue, self.group, self.member, self.info.generation,
-                                                    positions)
+            info = await self._service.keyed_commit(
+                self.queue, self.group, self.member, self.info.generation, positions
+            )
         except StaleGenerationError:
             await self.refresh()  # the group moved on without these positions: they no longer count
             return
@@ -153,4 +157,3 @@ class AsyncKeyedConsumer(KeyedConsumerBase):
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
-

@@ -37,27 +37,12 @@ import asyncio
 import logging
 import random
 import sys
-from collections import deque
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from headwater.errors import (
-    ClosedError,
-    InvalidArgumentError,
-    MessageTooLargeError,
-    OutOfOrderSequenceError,
-    PartitionOutOfRangeError,
-    QueueNotFoundError,
-    UnavailableError,
-)
-from headwater.model.batch import BATCH_BYTES_MAX, encode_batch
-from headwater.model.config import QueueInfo
-from headwater.model.delay import DELAYED_PARTITION_BIT, joins_batch
-from headwater.model.message import Message, MessageId
-from headwater.model.producer_state import RECENT_BATCHES
-from headwater.model.service import ProduceResult
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.batching import (
     BatchReceipt,
@@ -79,6 +64,21 @@ from headwater.client.batching import (
 )
 from headwater.client.partitioner import Partitioner, PartitionFn
 from headwater.client.send_future import AsyncSendFuture
+from headwater.errors import (
+    ClosedError,
+    InvalidArgumentError,
+    MessageTooLargeError,
+    OutOfOrderSequenceError,
+    PartitionOutOfRangeError,
+    QueueNotFoundError,
+    UnavailableError,
+)
+from headwater.model.batch import BATCH_BYTES_MAX, encode_batch
+from headwater.model.config import QueueInfo
+from headwater.model.delay import DELAYED_PARTITION_BIT, joins_batch
+from headwater.model.message import Message, MessageId
+from headwater.model.producer_state import RECENT_BATCHES
+from headwater.model.service import ProduceResult
 
 __all__ = ["AsyncProducer"]
 
@@ -91,9 +91,21 @@ class _Partition:
     """One (queue, partition): its open batch, sealed batches waiting, the slot and the
     drainer that holds it, the linger timer, and the idempotence sequence."""
 
-    __slots__ = ("queue", "partition", "delayed", "open", "ready", "in_flight", "flying", "retry", "slot",
-                 "drainer", "timer",
-                 "identity", "next_sequence")
+    __slots__ = (
+        "queue",
+        "partition",
+        "delayed",
+        "open",
+        "ready",
+        "in_flight",
+        "flying",
+        "retry",
+        "slot",
+        "drainer",
+        "timer",
+        "identity",
+        "next_sequence",
+    )
 
     def __init__(self, queue: str, partition: int, delayed: bool = False) -> None:
         # delayed messages of a partition have a state of their own (see the sync producer)
@@ -117,8 +129,21 @@ class _Batch:
     gets a MessageId), ``count > 0`` a ``send_batch`` group (its future gets the
     ProduceResult of that range)."""
 
-    __slots__ = ("part", "messages", "entries", "size_bytes", "buffered_bytes", "created_s", "urgent",
-                 "encoded", "identity", "base_sequence", "attempts", "done", "deliver_times")
+    __slots__ = (
+        "part",
+        "messages",
+        "entries",
+        "size_bytes",
+        "buffered_bytes",
+        "created_s",
+        "urgent",
+        "encoded",
+        "identity",
+        "base_sequence",
+        "attempts",
+        "done",
+        "deliver_times",
+    )
 
     def __init__(self, part: _Partition, created_s: float) -> None:
         self.part = part
@@ -163,13 +188,25 @@ class AsyncProducer(RetrySettings):
     the sync producer's do.
     """
 
-    def __init__(self, service: AsyncBrokerService, *, partitioner: str | PartitionFn = "default",
-                 compression: str | None = None, linger_ms: int = 0, batch_bytes_max: int = 1 << 20,
-                 retries: int = 5, retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
-                 delivery_timeout_ms: int = 120_000, idempotent: bool = True,
-                 buffer_bytes_max: int = 32 << 20, metadata_max_age_ms: int = 5000,
-                 max_in_flight: int | None = None, rng: random.Random | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        service: AsyncBrokerService,
+        *,
+        partitioner: str | PartitionFn = "default",
+        compression: str | None = None,
+        linger_ms: int = 0,
+        batch_bytes_max: int = 1 << 20,
+        retries: int = 5,
+        retry_backoff_ms: int = 100,
+        retry_backoff_max_ms: int = 1000,
+        delivery_timeout_ms: int = 120_000,
+        idempotent: bool = True,
+        buffer_bytes_max: int = 32 << 20,
+        metadata_max_age_ms: int = 5000,
+        max_in_flight: int | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         check_compression(compression)
         if not isinstance(idempotent, bool):
             raise InvalidArgumentError(f"idempotent is True or False, got {idempotent!r}")
@@ -181,15 +218,23 @@ class AsyncProducer(RetrySettings):
         self.compression = compression
         self.linger_ms = int_setting("linger_ms", linger_ms, 0, 3_600_000)
         self.batch_bytes_max = int_setting("batch_bytes_max", batch_bytes_max, 1, BATCH_BYTES_MAX // 2)
-        self._retry = RetryPolicy(retries=retries, backoff_ms=retry_backoff_ms, backoff_max_ms=retry_backoff_max_ms,
-                                  delivery_timeout_ms=delivery_timeout_ms, rng=self._rng)
+        self._retry = RetryPolicy(
+            retries=retries,
+            backoff_ms=retry_backoff_ms,
+            backoff_max_ms=retry_backoff_max_ms,
+            delivery_timeout_ms=delivery_timeout_ms,
+            rng=self._rng,
+        )
         self.idempotent = idempotent
         self.buffer_bytes_max = int_setting("buffer_bytes_max", buffer_bytes_max, 1, 1 << 40)
         self._metadata_max_age_s = int_setting("metadata_max_age_ms", metadata_max_age_ms, 0, 86_400_000) / 1000
         self._linger_s = linger_ms / 1000
         self._identity = new_identity(idempotent)  # (producer id, epoch)
-        self.max_in_flight = (RECENT_BATCHES if idempotent else 1) if max_in_flight is None else \
-            int_setting("max_in_flight", max_in_flight, 1, RECENT_BATCHES)
+        self.max_in_flight = (
+            (RECENT_BATCHES if idempotent else 1)
+            if max_in_flight is None
+            else int_setting("max_in_flight", max_in_flight, 1, RECENT_BATCHES)
+        )
         # only a connection keeps the sending order (an embedded broker's calls run on threads)
         self._pipeline = self.max_in_flight if hasattr(service, "produce_nowait") else 1
         self._metadata: dict[str, tuple[float, QueueInfo]] = {}
@@ -221,10 +266,18 @@ class AsyncProducer(RetrySettings):
         """True once close() began: sends are refused."""
         return self._closed
 
-    def send_nowait(self, queue: str, body: bytes | Message, *, key: bytes | None = None,
-                    tag: str | None = None, properties: dict[str, str] | None = None,
-                    partition: int | None = None, deliver_at: datetime | int | None = None,
-                    delay: timedelta | float | None = None) -> asyncio.Future[MessageId]:
+    def send_nowait(
+        self,
+        queue: str,
+        body: bytes | Message,
+        *,
+        key: bytes | None = None,
+        tag: str | None = None,
+        properties: dict[str, str] | None = None,
+        partition: int | None = None,
+        deliver_at: datetime | int | None = None,
+        delay: timedelta | float | None = None,
+    ) -> asyncio.Future[MessageId]:
         """Queue one message; return a future of its id (call from the event loop).
         ``deliver_at``/``delay`` make it a delayed message (see ``Producer.send``).
 
@@ -245,8 +298,9 @@ class AsyncProducer(RetrySettings):
         at = self._deliver_at(deliver_at, delay)
         if self._buffered_bytes + size > self.buffer_bytes_max:
             if size > self.buffer_bytes_max:
-                raise MessageTooLargeError(f"a message of {size} bytes does not fit in the producer's "
-                                           f"buffer_bytes_max={self.buffer_bytes_max}")
+                raise MessageTooLargeError(
+                    f"a message of {size} bytes does not fit in the producer's buffer_bytes_max={self.buffer_bytes_max}"
+                )
             raise UnavailableError(
                 f"producer buffer full: {self._buffered_bytes} bytes wait for acknowledgement "
                 f"(buffer_bytes_max={self.buffer_bytes_max}); await flush() or send() to wait for room"
@@ -260,10 +314,18 @@ class AsyncProducer(RetrySettings):
         self._buffered_bytes += size
         return fut
 
-    async def send(self, queue: str, body: bytes | Message, *, key: bytes | None = None,
-                   tag: str | None = None, properties: dict[str, str] | None = None,
-                   partition: int | None = None, deliver_at: datetime | int | None = None,
-                   delay: timedelta | float | None = None) -> MessageId:
+    async def send(
+        self,
+        queue: str,
+        body: bytes | Message,
+        *,
+        key: bytes | None = None,
+        tag: str | None = None,
+        properties: dict[str, str] | None = None,
+        partition: int | None = None,
+        deliver_at: datetime | int | None = None,
+        delay: timedelta | float | None = None,
+    ) -> MessageId:
         """Send one message and return its id once it is stored (a delayed one: scheduled).
         It does not linger."""
         self._check_open()
@@ -278,9 +340,15 @@ class AsyncProducer(RetrySettings):
 
     send_and_wait = send  # the sync producer's name for a send that waits
 
-    async def send_batch(self, queue: str, messages: Sequence[Message | bytes], *,
-                         partition: int | None = None, deliver_at: datetime | int | None = None,
-                         delay: timedelta | float | None = None) -> Sequence[MessageId]:
+    async def send_batch(
+        self,
+        queue: str,
+        messages: Sequence[Message | bytes],
+        *,
+        partition: int | None = None,
+        deliver_at: datetime | int | None = None,
+        delay: timedelta | float | None = None,
+    ) -> Sequence[MessageId]:
         """Send messages as one batch per partition; return their ids in the given order.
 
         With ``partition`` every message goes there; otherwise the partitioner decides.
@@ -300,7 +368,8 @@ class AsyncProducer(RetrySettings):
         if partition is not None:
             groups = {partition: list(range(len(messages)))}
         elif not callable(part.strategy) and not (
-                part.per_message and any(isinstance(m, Message) and m.key is not None for m in messages)):
+            part.per_message and any(isinstance(m, Message) and m.key is not None for m in messages)
+        ):
             if part.strategy == "key":
                 part.for_message(messages[0], n)  # raises: a key is required
             groups = {None: list(range(len(messages)))}
@@ -322,7 +391,7 @@ class AsyncProducer(RetrySettings):
         if len(groups) == 1:
             return BatchReceipt(results[0])
         ids: list[MessageId | None] = [None] * len(messages)
-        for (p, idxs), result in zip(groups.items(), results):
+        for idxs, result in zip(groups.values(), results):
             for i, mid in zip(idxs, BatchReceipt(result)):
                 ids[i] = mid
         return ids  # type: ignore[return-value]
@@ -419,8 +488,9 @@ class AsyncProducer(RetrySettings):
 
     def _refresh_if_stale(self, queue: str, at: float, now: float) -> None:
         if now - at > self._metadata_max_age_s and queue not in self._refreshes:
-            task = asyncio.get_running_loop().create_task(self._refresh(queue, now),
-                                                          name=f"headwater-producer-refresh-{queue}")
+            task = asyncio.get_running_loop().create_task(
+                self._refresh(queue, now), name=f"headwater-producer-refresh-{queue}"
+            )
             self._refreshes[queue] = task
             self._track(task)
 
@@ -431,8 +501,14 @@ class AsyncProducer(RetrySettings):
             outcome = e
         finally:
             self._refreshes.pop(queue, None)
-        store_refreshed(self._metadata, queue, asked_at, outcome, max_age_s=self._metadata_max_age_s,
-                        now=asyncio.get_running_loop().time())
+        store_refreshed(
+            self._metadata,
+            queue,
+            asked_at,
+            outcome,
+            max_age_s=self._metadata_max_age_s,
+            now=asyncio.get_running_loop().time(),
+        )
 
     async def _info_for(self, queue: str, partition: int | None) -> QueueInfo:
         """Metadata for a waiting send, after earlier ``send_nowait`` messages took their places."""
@@ -446,14 +522,16 @@ class AsyncProducer(RetrySettings):
             n = len(info.partitions)
             if not 0 <= partition < n:
                 raise PartitionOutOfRangeError(
-                    f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {partition}")
+                    f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {partition}"
+                )
         return info
 
     def _park(self, queue: str, item: _Parked) -> None:
         self._parked.setdefault(queue, []).append(item)
         if queue not in self._metadata_tasks:
-            task = asyncio.get_running_loop().create_task(self._route_parked(queue),
-                                                          name=f"headwater-producer-metadata-{queue}")
+            task = asyncio.get_running_loop().create_task(
+                self._route_parked(queue), name=f"headwater-producer-metadata-{queue}"
+            )
             self._metadata_tasks[queue] = task
             self._track(task)
 
@@ -469,8 +547,17 @@ class AsyncProducer(RetrySettings):
                 failure = error
                 if info is not None:
                     try:
-                        self._route(queue, info, item.msg, item.size, item.partition, item.fut,
-                                    urgent=False, buffered=True, deliver_at_ms=item.deliver_at_ms)
+                        self._route(
+                            queue,
+                            info,
+                            item.msg,
+                            item.size,
+                            item.partition,
+                            item.fut,
+                            urgent=False,
+                            buffered=True,
+                            deliver_at_ms=item.deliver_at_ms,
+                        )
                     except Exception as e:  # noqa: BLE001 - this message's own failure
                         failure = e
                 if failure is not None:
@@ -479,8 +566,19 @@ class AsyncProducer(RetrySettings):
         finally:
             self._metadata_tasks.pop(queue, None)
 
-    def _route(self, queue: str, info: QueueInfo, msg: Message | bytes, size: int, partition: int | None,
-               fut: asyncio.Future[MessageId], *, urgent: bool, buffered: bool, deliver_at_ms: int = 0) -> None:
+    def _route(
+        self,
+        queue: str,
+        info: QueueInfo,
+        msg: Message | bytes,
+        size: int,
+        partition: int | None,
+        fut: asyncio.Future[MessageId],
+        *,
+        urgent: bool,
+        buffered: bool,
+        deliver_at_ms: int = 0,
+    ) -> None:
         """Check the message against the queue and append it to its partition's open batch."""
         cap = info.config.message_bytes_max
         body_len = len(msg) if type(msg) is bytes else len(msg.body)  # type: ignore[union-attr,arg-type]
@@ -490,14 +588,16 @@ class AsyncProducer(RetrySettings):
         if partition is not None:
             if not 0 <= partition < n:
                 raise PartitionOutOfRangeError(
-                    f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {partition}")
+                    f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {partition}"
+                )
             p = partition
         else:
             chosen = self._partitioner.for_message(msg, n)
             p = chosen if chosen is not None else self._partitioner.sticky(queue, n)
         ps = self._partition_state(queue, p, deliver_at_ms)
-        self._enqueue(ps, msg, size, (0, fut), urgent=urgent, buffered=size if buffered else 0,
-                      deliver_at_ms=deliver_at_ms)
+        self._enqueue(
+            ps, msg, size, (0, fut), urgent=urgent, buffered=size if buffered else 0, deliver_at_ms=deliver_at_ms
+        )
 
     def _partition_state(self, queue: str, partition: int, deliver_at_ms: int = 0) -> _Partition:
         key = (queue, partition | DELAYED_PARTITION_BIT) if deliver_at_ms else (queue, partition)
@@ -515,14 +615,23 @@ class AsyncProducer(RetrySettings):
         if self._closed:
             raise ClosedError("the producer is closed")
 
-    def _enqueue(self, ps: _Partition, msgs: Message | bytes | list[Message | bytes], size: int,
-                 entry: tuple[int, asyncio.Future[Any]], *, urgent: bool, buffered: int = 0,
-                 deliver_at_ms: int = 0) -> None:
+    def _enqueue(
+        self,
+        ps: _Partition,
+        msgs: Message | bytes | list[Message | bytes],
+        size: int,
+        entry: tuple[int, asyncio.Future[Any]],
+        *,
+        urgent: bool,
+        buffered: int = 0,
+        deliver_at_ms: int = 0,
+    ) -> None:
         """Add one message (``entry[0] == 0``) or a ``send_batch`` group to the open batch of
         ``ps``; seal it when full; start the drainer when there is something to send."""
         b = ps.open
-        if b is not None and (b.size_bytes + size > self.batch_bytes_max
-                              or not joins_batch(b.deliver_times, deliver_at_ms)):
+        if b is not None and (
+            b.size_bytes + size > self.batch_bytes_max or not joins_batch(b.deliver_times, deliver_at_ms)
+        ):
             self._seal(ps)  # would overflow, or an earlier deliver time: the newcomer starts the next batch
             b = None
         new = b is None
@@ -558,7 +667,8 @@ class AsyncProducer(RetrySettings):
             self._pump(ps)
         elif ps.drainer is None:
             ps.drainer = asyncio.get_running_loop().create_task(
-                self._drain(ps), name=f"headwater-producer-{ps.queue}-{ps.partition}")
+                self._drain(ps), name=f"headwater-producer-{ps.queue}-{ps.partition}"
+            )
             self._track(ps.drainer)
 
     def _linger_ended(self, ps: _Partition) -> None:
@@ -637,8 +747,12 @@ class AsyncProducer(RetrySettings):
     def _pump(self, ps: _Partition) -> None:
         """Send the partition's due batches while there is room in flight, in order."""
         flying = ps.flying
-        while not ps.retry and len(flying) < self._pipeline and (
-            not flying or flying[-1][0].identity == self._identity  # an old epoch's go first
+        while (
+            not ps.retry
+            and len(flying) < self._pipeline
+            and (
+                not flying or flying[-1][0].identity == self._identity  # an old epoch's go first
+            )
         ):
             b = self._take_due(ps)
             if b is None:
@@ -720,8 +834,14 @@ class AsyncProducer(RetrySettings):
         ident = self._identity
         pid, seq, epoch = take_sequence(b.part, ident, len(b.messages))
         # messages were checked against the queue's limit when queued
-        b.encoded = encode_batch(b.messages, compression=self.compression, producer_id=pid,
-                                 base_sequence=seq, producer_epoch=epoch, deliver_times=b.deliver_times)
+        b.encoded = encode_batch(
+            b.messages,
+            compression=self.compression,
+            producer_id=pid,
+            base_sequence=seq,
+            producer_epoch=epoch,
+            deliver_times=b.deliver_times,
+        )
         b.identity, b.base_sequence = ident, seq
 
     def _retry_delay(self, b: _Batch, exc: BaseException) -> float | None:
@@ -749,8 +869,11 @@ class AsyncProducer(RetrySettings):
             qid, part, base = result.queue_id, result.partition, result.base_offset
             for index, count, fut in b.entries:
                 if not fut.done():  # settled once, whatever happens
-                    fut.set_result(ProduceResult(qid, part, base + index, count, result.timestamp_ms)
-                                   if count else MessageId(qid, part, base + index))
+                    fut.set_result(
+                        ProduceResult(qid, part, base + index, count, result.timestamp_ms)
+                        if count
+                        else MessageId(qid, part, base + index)
+                    )
         else:
             assert exc is not None
             if b.attempts and b.identity is not None and b.identity == self._identity and may_be_appended(exc):

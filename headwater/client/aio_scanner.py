@@ -11,12 +11,12 @@ from collections import deque
 from collections.abc import Iterable
 from datetime import datetime
 
+from headwater.client.aio_service import AsyncBrokerService
+from headwater.client.scanner import FETCH_BYTES_DEFAULT, Bound, Scanner, _as_id, _bound, decode_stored
 from headwater.errors import InvalidArgumentError, QueueDisabledError
 from headwater.model.batch import tags_mask
 from headwater.model.checks import tag_filter_arg
 from headwater.model.message import Record, to_epoch_ms
-from headwater.client.aio_service import AsyncBrokerService
-from headwater.client.scanner import FETCH_BYTES_DEFAULT, Bound, Scanner, _as_id, _bound, decode_stored
 
 __all__ = ["AsyncScanner"]
 
@@ -30,16 +30,28 @@ class AsyncScanner:
     :class:`QueueDisabledError`, a partition out of range) are raised when iteration starts.
     """
 
-    def __init__(self, service: AsyncBrokerService, queue: str, *,
-                 partitions: int | Iterable[int] | None = None, start: Bound = None, stop: Bound = None,
-                 start_time: datetime | int | None = None, end_time: datetime | int | None = None,
-                 tags: str | Iterable[str] | None = None, fetch_bytes: int = FETCH_BYTES_DEFAULT) -> None:
+    def __init__(
+        self,
+        service: AsyncBrokerService,
+        queue: str,
+        *,
+        partitions: int | Iterable[int] | None = None,
+        start: Bound = None,
+        stop: Bound = None,
+        start_time: datetime | int | None = None,
+        end_time: datetime | int | None = None,
+        tags: str | Iterable[str] | None = None,
+        fetch_bytes: int = FETCH_BYTES_DEFAULT,
+    ) -> None:
         self._service = service
         self.queue = queue
         # what can be checked without the broker is checked now
         self._start_id, self._stop_id = _as_id(start, "start"), _as_id(stop, "stop")
-        if (self._start_id is not None and self._stop_id is not None
-                and self._start_id.partition != self._stop_id.partition):
+        if (
+            self._start_id is not None
+            and self._stop_id is not None
+            and self._start_id.partition != self._stop_id.partition
+        ):
             raise InvalidArgumentError(
                 f"start id {self._start_id} and stop id {self._stop_id} are in different partitions "
                 f"({self._start_id.partition} and {self._stop_id.partition}); id bounds pin one partition"

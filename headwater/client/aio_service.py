@@ -24,18 +24,18 @@ import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from headwater.client.remote import Tries, check_arguments
+from headwater.client.transport import AsyncTransport
 from headwater.errors import ClosedError, UnavailableError
 from headwater.model.checks import mapping_copy
 from headwater.model.config import QueueConfig, QueueInfo
 from headwater.model.delay import DelayStats
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
+from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
 from headwater.model.service import BrokerService, FetchResult, ProduceResult
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
-from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
 from headwater.model.subscription import SubscriberInfo
 from headwater.protocol import messages as m
-from headwater.client.remote import Tries, check_arguments
-from headwater.client.transport import AsyncTransport
 
 __all__ = ["AsyncBrokerService", "AsyncService", "ThreadedService"]
 
@@ -54,42 +54,93 @@ class AsyncBrokerService(Protocol):
     async def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo: ...
     async def add_partitions(self, name: str, partitions: int) -> QueueInfo: ...
     async def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult: ...
-    async def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
-                    end_offset: int | None = None, max_wait_ms: int = 0) -> FetchResult: ...
+    async def fetch(
+        self,
+        queue: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        tag_mask: int = 0,
+        end_offset: int | None = None,
+        max_wait_ms: int = 0,
+    ) -> FetchResult: ...
     async def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]: ...
-    async def lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None,
-                         limit: int) -> list[bytes]: ...
+    async def lookup_key(
+        self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None, limit: int
+    ) -> list[bytes]: ...
     async def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int: ...
-    async def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
-                             member_id: str | None = None, generation: int | None = None) -> None: ...
+    async def commit_offsets(
+        self,
+        group: str,
+        queue: str,
+        offsets: dict[int, int],
+        member_id: str | None = None,
+        generation: int | None = None,
+    ) -> None: ...
     async def fetch_offsets(self, group: str, queue: str) -> dict[int, int]: ...
-    async def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str],
-                         mode: str, strategy: str, session_timeout_ms: int) -> GroupAssignment: ...
+    async def join_group(
+        self,
+        group: str,
+        member_id: str | None,
+        client_id: str,
+        queues: list[str],
+        mode: str,
+        strategy: str,
+        session_timeout_ms: int,
+    ) -> GroupAssignment: ...
     async def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment: ...
     async def leave_group(self, group: str, member_id: str) -> None: ...
     async def describe_group(self, group: str) -> GroupDescription: ...
     async def list_groups(self) -> list[GroupSummary]: ...
-    async def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
-                             visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
-                             settings: dict[str, int | float] | None = None,
-                             max_wait_ms: int = 0) -> SharedDeliveries: ...
+    async def shared_receive(
+        self,
+        group: str,
+        queue: str,
+        member: str,
+        max_messages: int = 32,
+        visibility_timeout_ms: int = 30_000,
+        at_most_once: bool = False,
+        settings: dict[str, int | float] | None = None,
+        max_wait_ms: int = 0,
+    ) -> SharedDeliveries: ...
     async def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]: ...
-    async def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
-                          delay_ms: int | None = None) -> list[LeaseRefusal]: ...
-    async def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
-                            visibility_timeout_ms: int) -> list[LeaseRefusal]: ...
+    async def shared_nack(
+        self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "", delay_ms: int | None = None
+    ) -> list[LeaseRefusal]: ...
+    async def shared_extend(
+        self, group: str, queue: str, member: str, lease_ids: list[str], visibility_timeout_ms: int
+    ) -> list[LeaseRefusal]: ...
     async def shared_describe(self, group: str, queue: str) -> SharedGroupInfo: ...
     async def cancel_delayed(self, queue_id: int, partition: int, offset: int) -> None: ...
     async def delay_stats(self) -> DelayStats: ...
-    async def keyed_group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
-                          start: str = "earliest") -> KeyedGroupInfo: ...
-    async def keyed_fetch(self, queue: str, group: str, member: int, generation: int, partition: int,
-                          offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> KeyedFetchResult: ...
-    async def keyed_commit(self, queue: str, group: str, member: int, generation: int,
-                           offsets: dict[int, int]) -> KeyedGroupInfo: ...
+    async def keyed_group(
+        self, queue: str, group: str, key: str | None = None, size: int | None = None, start: str = "earliest"
+    ) -> KeyedGroupInfo: ...
+    async def keyed_fetch(
+        self,
+        queue: str,
+        group: str,
+        member: int,
+        generation: int,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        max_wait_ms: int = 0,
+    ) -> KeyedFetchResult: ...
+    async def keyed_commit(
+        self, queue: str, group: str, member: int, generation: int, offsets: dict[int, int]
+    ) -> KeyedGroupInfo: ...
     async def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo: ...
-    async def add_subscriber(self, queue: str, name: str, partitions: list[int] | None = None,
-                             tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo: ...
+    async def add_subscriber(
+        self,
+        queue: str,
+        name: str,
+        partitions: list[int] | None = None,
+        tags: list[str] | None = None,
+        start: str = "latest",
+    ) -> SubscriberInfo: ...
     async def delete_subscriber(self, queue: str, name: str) -> None: ...
     async def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]: ...
     async def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo: ...
@@ -110,14 +161,16 @@ class AsyncService:
         self._retries = retries
         self._closed = False
 
-    async def _call(self, body: m.RequestBody, *, idempotent: bool = True, retry: bool = True,
-                    timeout_s: float | None = None) -> Any:
+    async def _call(
+        self, body: m.RequestBody, *, idempotent: bool = True, retry: bool = True, timeout_s: float | None = None
+    ) -> Any:
         """Send ``body`` and await its answer, within ``timeout_s`` (default
         ``request_timeout_s``) in all, sending it again as
         :class:`~headwater.client.remote.Tries` allows (as ``RemoteService`` does)."""
         check_arguments(body)
-        tries = Tries(self.transport, body, retries=self._retries, idempotent=idempotent, retry=retry,
-                      timeout_s=timeout_s)
+        tries = Tries(
+            self.transport, body, retries=self._retries, idempotent=idempotent, retry=retry, timeout_s=timeout_s
+        )
         loop = asyncio.get_running_loop()
         while True:
             fut = loop.create_future()
@@ -164,19 +217,37 @@ class AsyncService:
         self.transport.submit(m.ProduceRequest(queue, partition, batch), fut)
         return fut
 
-    async def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
-                    end_offset: int | None = None, max_wait_ms: int = 0) -> FetchResult:
+    async def fetch(
+        self,
+        queue: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        tag_mask: int = 0,
+        end_offset: int | None = None,
+        max_wait_ms: int = 0,
+    ) -> FetchResult:
         # a long poll may rightly take max_wait_ms longer than any other request
         timeout = None if not max_wait_ms else self.transport.request_timeout_s + max_wait_ms / 1000
-        return await self._call(m.FetchRequest(queue, partition, offset, max_bytes, tag_mask, end_offset,
-                                               max_wait_ms), timeout_s=timeout)
+        return await self._call(
+            m.FetchRequest(queue, partition, offset, max_bytes, tag_mask, end_offset, max_wait_ms), timeout_s=timeout
+        )
 
     async def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
         return await self._call(m.LookupIdRequest(queue_id, partition, offset))
 
     # fetch streams (the asyncio consumer drives them; see headwater.client.fetch_stream)
-    def open_fetch_stream(self, queue: str, positions: dict[int, int], handler: Any, *, credit_bytes: int,
-                          tag_mask: int = 0, push_bytes_max: int = 1 << 20) -> tuple[int, asyncio.Future[None]]:
+    def open_fetch_stream(
+        self,
+        queue: str,
+        positions: dict[int, int],
+        handler: Any,
+        *,
+        credit_bytes: int,
+        tag_mask: int = 0,
+        push_bytes_max: int = 1 << 20,
+    ) -> tuple[int, asyncio.Future[None]]:
         """Start opening a fetch stream over ``positions`` (``{partition: offset}``) of
         ``queue``, without waiting: the stream's id and the future of the broker's answer.
         ``handler`` gets each PUSH body on the event loop, and None once if the connection is
@@ -184,7 +255,9 @@ class AsyncService:
         answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         sid = self.transport.start_stream(
             lambda sid: m.FetchStreamRequest(sid, queue, dict(positions), credit_bytes, tag_mask, push_bytes_max),
-            handler, answer)
+            handler,
+            answer,
+        )
         return sid, answer
 
     def credit_fetch_stream(self, stream_id: int, credit_bytes: int) -> asyncio.Future[None]:
@@ -203,16 +276,25 @@ class AsyncService:
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nothing worth waiting for
 
     # push streams (headwater.client.aio_subscriber drives them)
-    async def open_push_stream(self, queue: str, name: str, handler: Callable[[m.PushBody | None], None], *,
-                               credit_messages: int, credit_bytes: int) -> tuple[int, SubscriberInfo]:
+    async def open_push_stream(
+        self,
+        queue: str,
+        name: str,
+        handler: Callable[[m.PushBody | None], None],
+        *,
+        credit_messages: int,
+        credit_bytes: int,
+    ) -> tuple[int, SubscriberInfo]:
         """Open a push stream of subscriber ``name``: its id and the subscriber as it starts.
         ``handler`` gets each PUSH body on the event loop, and None once if the connection is
         lost."""
         return await self.transport.open_stream(
-            lambda sid: m.SubscribeRequest(sid, queue, name, credit_messages, credit_bytes), handler)
+            lambda sid: m.SubscribeRequest(sid, queue, name, credit_messages, credit_bytes), handler
+        )
 
-    def ack_push_stream(self, stream_id: int, offsets: dict[int, int], credit_messages: int,
-                        credit_bytes: int) -> asyncio.Future[None]:
+    def ack_push_stream(
+        self, stream_id: int, offsets: dict[int, int], credit_messages: int, credit_bytes: int
+    ) -> asyncio.Future[None]:
         """Grant a stream more credit and checkpoint ``offsets`` (if any), without waiting."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.transport.submit(m.SubscriptionAckRequest(stream_id, dict(offsets), credit_messages, credit_bytes), fut)
@@ -227,24 +309,41 @@ class AsyncService:
             except (UnavailableError, ClosedError):
                 pass  # the connection is gone, and the stream with it
 
-    async def lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None,
-                         limit: int) -> list[bytes]:
+    async def lookup_key(
+        self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None, limit: int
+    ) -> list[bytes]:
         return await self._call(m.LookupKeyRequest(queue, key, start_ms, end_ms, limit))
 
     async def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
         return await self._call(m.OffsetForTimeRequest(queue, partition, timestamp_ms))
 
-    async def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
-                             member_id: str | None = None, generation: int | None = None) -> None:
+    async def commit_offsets(
+        self,
+        group: str,
+        queue: str,
+        offsets: dict[int, int],
+        member_id: str | None = None,
+        generation: int | None = None,
+    ) -> None:
         await self._call(m.CommitOffsetsRequest(group, queue, mapping_copy(offsets), member_id, generation))
 
     async def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
         return await self._call(m.FetchOffsetsRequest(group, queue))
 
-    async def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str],
-                         mode: str, strategy: str, session_timeout_ms: int) -> GroupAssignment:
-        return await self._call(m.JoinGroupRequest(group, member_id, client_id, list(queues), mode, strategy,
-                                                   session_timeout_ms), idempotent=False)
+    async def join_group(
+        self,
+        group: str,
+        member_id: str | None,
+        client_id: str,
+        queues: list[str],
+        mode: str,
+        strategy: str,
+        session_timeout_ms: int,
+    ) -> GroupAssignment:
+        return await self._call(
+            m.JoinGroupRequest(group, member_id, client_id, list(queues), mode, strategy, session_timeout_ms),
+            idempotent=False,
+        )
 
     async def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
         return await self._call(m.HeartbeatGroupRequest(group, member_id, generation))
@@ -260,24 +359,61 @@ class AsyncService:
 
     # shared groups: a receive may be sent twice unless at most once; acks, nacks and extends
     # not (see RemoteService)
-    async def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
-                             visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
-                             settings: dict[str, int | float] | None = None,
-                             max_wait_ms: int = 0) -> SharedDeliveries:
+    async def shared_receive(
+        self,
+        group: str,
+        queue: str,
+        member: str,
+        max_messages: int = 32,
+        visibility_timeout_ms: int = 30_000,
+        at_most_once: bool = False,
+        settings: dict[str, int | float] | None = None,
+        max_wait_ms: int = 0,
+    ) -> SharedDeliveries:
         timeout = None if not max_wait_ms else self.transport.request_timeout_s + max_wait_ms / 1000
-        return await self._call(m.SharedReceiveRequest(group, queue, member, max_messages, visibility_timeout_ms,
-                                                       at_most_once, dict(settings or {}), max_wait_ms),
-                                idempotent=not at_most_once, timeout_s=timeout)
+        return await self._call(
+            m.SharedReceiveRequest(
+                group,
+                queue,
+                member,
+                max_messages,
+                visibility_timeout_ms,
+                at_most_once,
+                dict(settings or {}),
+                max_wait_ms,
+            ),
+            idempotent=not at_most_once,
+            timeout_s=timeout,
+        )
 
-    def start_shared_receive(self, group: str, queue: str, member: str, max_messages: int,
-                             visibility_timeout_ms: int, at_most_once: bool, settings: dict[str, int | float],
-                             max_wait_ms: int) -> asyncio.Future[SharedDeliveries]:
+    def start_shared_receive(
+        self,
+        group: str,
+        queue: str,
+        member: str,
+        max_messages: int,
+        visibility_timeout_ms: int,
+        at_most_once: bool,
+        settings: dict[str, int | float],
+        max_wait_ms: int,
+    ) -> asyncio.Future[SharedDeliveries]:
         """Send SHARED_RECEIVE without waiting: the future of its answer; :meth:`withdraw`
         takes it back while it is not written yet (see ``RemoteService.start_shared_receive``)."""
         fut: asyncio.Future[SharedDeliveries] = asyncio.get_running_loop().create_future()
-        self.transport.submit(m.SharedReceiveRequest(group, queue, member, max_messages, visibility_timeout_ms,
-                                                     at_most_once, dict(settings or {}), max_wait_ms),
-                              fut, self.transport.request_timeout_s + max_wait_ms / 1000)
+        self.transport.submit(
+            m.SharedReceiveRequest(
+                group,
+                queue,
+                member,
+                max_messages,
+                visibility_timeout_ms,
+                at_most_once,
+                dict(settings or {}),
+                max_wait_ms,
+            ),
+            fut,
+            self.transport.request_timeout_s + max_wait_ms / 1000,
+        )
         return fut
 
     def withdraw(self, fut: asyncio.Future) -> bool:
@@ -287,15 +423,19 @@ class AsyncService:
     async def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
         return await self._call(m.SharedAckRequest(group, queue, member, list(lease_ids)), idempotent=False)
 
-    async def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
-                          delay_ms: int | None = None) -> list[LeaseRefusal]:
-        return await self._call(m.SharedNackRequest(group, queue, member, list(lease_ids), reason, delay_ms),
-                                idempotent=False)
+    async def shared_nack(
+        self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "", delay_ms: int | None = None
+    ) -> list[LeaseRefusal]:
+        return await self._call(
+            m.SharedNackRequest(group, queue, member, list(lease_ids), reason, delay_ms), idempotent=False
+        )
 
-    async def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
-                            visibility_timeout_ms: int) -> list[LeaseRefusal]:
-        return await self._call(m.SharedExtendRequest(group, queue, member, list(lease_ids),
-                                                      visibility_timeout_ms), idempotent=False)
+    async def shared_extend(
+        self, group: str, queue: str, member: str, lease_ids: list[str], visibility_timeout_ms: int
+    ) -> list[LeaseRefusal]:
+        return await self._call(
+            m.SharedExtendRequest(group, queue, member, list(lease_ids), visibility_timeout_ms), idempotent=False
+        )
 
     async def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
         return await self._call(m.SharedDescribeRequest(group, queue))
@@ -307,28 +447,55 @@ class AsyncService:
         return await self._call(m.DelayStatsRequest())
 
     # keyed groups and push subscribers (see RemoteService for what is sent twice)
-    async def keyed_group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
-                          start: str = "earliest") -> KeyedGroupInfo:
+    async def keyed_group(
+        self, queue: str, group: str, key: str | None = None, size: int | None = None, start: str = "earliest"
+    ) -> KeyedGroupInfo:
         return await self._call(m.KeyedGroupRequest(queue, group, key, size, start))
 
-    async def keyed_fetch(self, queue: str, group: str, member: int, generation: int, partition: int,
-                          offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> KeyedFetchResult:
+    async def keyed_fetch(
+        self,
+        queue: str,
+        group: str,
+        member: int,
+        generation: int,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        max_wait_ms: int = 0,
+    ) -> KeyedFetchResult:
         timeout = None if not max_wait_ms else self.transport.request_timeout_s + max_wait_ms / 1000
-        return await self._call(m.KeyedFetchRequest(queue, group, member, generation, partition, offset,
-                                                    max_bytes, max_wait_ms), timeout_s=timeout)
+        return await self._call(
+            m.KeyedFetchRequest(queue, group, member, generation, partition, offset, max_bytes, max_wait_ms),
+            timeout_s=timeout,
+        )
 
-    async def keyed_commit(self, queue: str, group: str, member: int, generation: int,
-                           offsets: dict[int, int]) -> KeyedGroupInfo:
+    async def keyed_commit(
+        self, queue: str, group: str, member: int, generation: int, offsets: dict[int, int]
+    ) -> KeyedGroupInfo:
         return await self._call(m.KeyedCommitRequest(queue, group, member, generation, mapping_copy(offsets)))
 
     async def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
         return await self._call(m.KeyedResizeRequest(queue, group, size))
 
-    async def add_subscriber(self, queue: str, name: str, partitions: list[int] | None = None,
-                             tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo:
-        return await self._call(m.AddSubscriberRequest(
-            queue, name, None if partitions is None else list(partitions), None if tags is None else list(tags),
-            start), idempotent=False)
+    async def add_subscriber(
+        self,
+        queue: str,
+        name: str,
+        partitions: list[int] | None = None,
+        tags: list[str] | None = None,
+        start: str = "latest",
+    ) -> SubscriberInfo:
+        return await self._call(
+            m.AddSubscriberRequest(
+                queue,
+                name,
+                None if partitions is None else list(partitions),
+                None if tags is None else list(tags),
+                start,
+            ),
+            idempotent=False,
+        )
 
     async def delete_subscriber(self, queue: str, name: str) -> None:
         await self._call(m.DeleteSubscriberRequest(queue, name), idempotent=False)
@@ -406,8 +573,12 @@ class ThreadedService:
     it they poll the service, holding a thread at most ``FETCH_WAIT_SLICE_MS`` at a time.
     """
 
-    def __init__(self, service: BrokerService, *,
-                 subscribe_appends: Callable[[Callable[[str, int, int], None]], None] | None = None) -> None:
+    def __init__(
+        self,
+        service: BrokerService,
+        *,
+        subscribe_appends: Callable[[Callable[[str, int, int], None]], None] | None = None,
+    ) -> None:
         self.service = service
         self._subscribe = subscribe_appends
         self._waiters: _AppendWaiters | None = None
@@ -447,24 +618,40 @@ class ThreadedService:
     async def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
         return await self._run(self.service.lookup_id, queue_id, partition, offset)
 
-    async def lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None,
-                         limit: int) -> list[bytes]:
+    async def lookup_key(
+        self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None, limit: int
+    ) -> list[bytes]:
         return await self._run(self.service.lookup_key, queue, key, start_ms, end_ms, limit)
 
     async def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
         return await self._run(self.service.offset_for_time, queue, partition, timestamp_ms)
 
-    async def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
-                             member_id: str | None = None, generation: int | None = None) -> None:
+    async def commit_offsets(
+        self,
+        group: str,
+        queue: str,
+        offsets: dict[int, int],
+        member_id: str | None = None,
+        generation: int | None = None,
+    ) -> None:
         await self._run(self.service.commit_offsets, group, queue, mapping_copy(offsets), member_id, generation)
 
     async def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
         return await self._run(self.service.fetch_offsets, group, queue)
 
-    async def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str],
-                         mode: str, strategy: str, session_timeout_ms: int) -> GroupAssignment:
-        return await self._run(self.service.join_group, group, member_id, client_id, list(queues), mode,
-                               strategy, session_timeout_ms)
+    async def join_group(
+        self,
+        group: str,
+        member_id: str | None,
+        client_id: str,
+        queues: list[str],
+        mode: str,
+        strategy: str,
+        session_timeout_ms: int,
+    ) -> GroupAssignment:
+        return await self._run(
+            self.service.join_group, group, member_id, client_id, list(queues), mode, strategy, session_timeout_ms
+        )
 
     async def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
         return await self._run(self.service.heartbeat_group, group, member_id, generation)
@@ -478,33 +665,49 @@ class ThreadedService:
     async def list_groups(self) -> list[GroupSummary]:
         return await self._run(self.service.list_groups)
 
-    async def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
-                             visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
-                             settings: dict[str, int | float] | None = None,
-                             max_wait_ms: int = 0) -> SharedDeliveries:
+    async def shared_receive(
+        self,
+        group: str,
+        queue: str,
+        member: str,
+        max_messages: int = 32,
+        visibility_timeout_ms: int = 30_000,
+        at_most_once: bool = False,
+        settings: dict[str, int | float] | None = None,
+        max_wait_ms: int = 0,
+    ) -> SharedDeliveries:
         # a long poll holds a thread at most FETCH_WAIT_SLICE_MS at a time, like fetch without
         # append notifications: the default executor has few threads
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_ms / 1000
         while True:
             remaining_ms = max(0, int((deadline - loop.time()) * 1000))
-            res = await self._run(self.service.shared_receive, group, queue, member, max_messages,
-                                  visibility_timeout_ms, at_most_once, settings,
-                                  min(remaining_ms, FETCH_WAIT_SLICE_MS))
+            res = await self._run(
+                self.service.shared_receive,
+                group,
+                queue,
+                member,
+                max_messages,
+                visibility_timeout_ms,
+                at_most_once,
+                settings,
+                min(remaining_ms, FETCH_WAIT_SLICE_MS),
+            )
             if res.leases or remaining_ms <= FETCH_WAIT_SLICE_MS:
                 return res
 
     async def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
         return await self._run(self.service.shared_ack, group, queue, member, list(lease_ids))
 
-    async def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
-                          delay_ms: int | None = None) -> list[LeaseRefusal]:
+    async def shared_nack(
+        self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "", delay_ms: int | None = None
+    ) -> list[LeaseRefusal]:
         return await self._run(self.service.shared_nack, group, queue, member, list(lease_ids), reason, delay_ms)
 
-    async def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
-                            visibility_timeout_ms: int) -> list[LeaseRefusal]:
-        return await self._run(self.service.shared_extend, group, queue, member, list(lease_ids),
-                               visibility_timeout_ms)
+    async def shared_extend(
+        self, group: str, queue: str, member: str, lease_ids: list[str], visibility_timeout_ms: int
+    ) -> list[LeaseRefusal]:
+        return await self._run(self.service.shared_extend, group, queue, member, list(lease_ids), visibility_timeout_ms)
 
     async def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
         return await self._run(self.service.shared_describe, group, queue)
@@ -516,33 +719,61 @@ class ThreadedService:
         return await self._run(self.service.delay_stats)
 
     # keyed groups and push subscribers
-    async def keyed_group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
-                          start: str = "earliest") -> KeyedGroupInfo:
+    async def keyed_group(
+        self, queue: str, group: str, key: str | None = None, size: int | None = None, start: str = "earliest"
+    ) -> KeyedGroupInfo:
         return await self._run(self.service.keyed_group, queue, group, key, size, start)
 
-    async def keyed_fetch(self, queue: str, group: str, member: int, generation: int, partition: int,
-                          offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> KeyedFetchResult:
+    async def keyed_fetch(
+        self,
+        queue: str,
+        group: str,
+        member: int,
+        generation: int,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        max_wait_ms: int = 0,
+    ) -> KeyedFetchResult:
         # a long poll holds a thread at most FETCH_WAIT_SLICE_MS at a time
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_ms / 1000
         while True:
             remaining_ms = int((deadline - loop.time()) * 1000)
-            res = await self._run(functools.partial(
-                self.service.keyed_fetch, queue, group, member, generation, partition, offset,
-                max_bytes=max_bytes, max_wait_ms=max(0, min(remaining_ms, FETCH_WAIT_SLICE_MS))))
+            res = await self._run(
+                functools.partial(
+                    self.service.keyed_fetch,
+                    queue,
+                    group,
+                    member,
+                    generation,
+                    partition,
+                    offset,
+                    max_bytes=max_bytes,
+                    max_wait_ms=max(0, min(remaining_ms, FETCH_WAIT_SLICE_MS)),
+                )
+            )
             stopped = res.stop_offset is not None and offset >= res.stop_offset
             if res.batches or res.next_offset != offset or stopped or remaining_ms <= FETCH_WAIT_SLICE_MS:
                 return res
 
-    async def keyed_commit(self, queue: str, group: str, member: int, generation: int,
-                           offsets: dict[int, int]) -> KeyedGroupInfo:
+    async def keyed_commit(
+        self, queue: str, group: str, member: int, generation: int, offsets: dict[int, int]
+    ) -> KeyedGroupInfo:
         return await self._run(self.service.keyed_commit, queue, group, member, generation, mapping_copy(offsets))
 
     async def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
         return await self._run(self.service.keyed_resize, queue, group, size)
 
-    async def add_subscriber(self, queue: str, name: str, partitions: list[int] | None = None,
-                             tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo:
+    async def add_subscriber(
+        self,
+        queue: str,
+        name: str,
+        partitions: list[int] | None = None,
+        tags: list[str] | None = None,
+        start: str = "latest",
+    ) -> SubscriberInfo:
         return await self._run(self.service.add_subscriber, queue, name, partitions, tags, start)
 
     async def delete_subscriber(self, queue: str, name: str) -> None:
@@ -560,10 +791,20 @@ class ThreadedService:
     async def status(self) -> dict[str, object]:
         return await self._run(self.service.status)
 
-    async def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
-                    end_offset: int | None = None, max_wait_ms: int = 0) -> FetchResult:
-        fetch = functools.partial(self.service.fetch, queue, partition, offset, max_bytes=max_bytes,
-                                  tag_mask=tag_mask, end_offset=end_offset)
+    async def fetch(
+        self,
+        queue: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        tag_mask: int = 0,
+        end_offset: int | None = None,
+        max_wait_ms: int = 0,
+    ) -> FetchResult:
+        fetch = functools.partial(
+            self.service.fetch, queue, partition, offset, max_bytes=max_bytes, tag_mask=tag_mask, end_offset=end_offset
+        )
         if not max_wait_ms:
             return await self._run(fetch)
         loop = asyncio.get_running_loop()

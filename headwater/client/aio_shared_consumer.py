@@ -14,10 +14,10 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-from headwater.errors import HeadwaterError, UnavailableError
-from headwater.model.shared import SharedGroupInfo
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.shared_consumer import Delivery, SharedConsumerBase, deliveries_from, raise_refused
+from headwater.errors import HeadwaterError, UnavailableError
+from headwater.model.shared import SharedGroupInfo
 
 __all__ = ["AsyncDelivery", "AsyncSharedConsumer"]
 
@@ -107,8 +107,9 @@ class AsyncSharedConsumer(SharedConsumerBase):
         self._held.clear()
         if held:
             try:
-                await self._service.shared_nack(self.group, self.queue, self.member, held,
-                                                "released: consumer closed", 0)
+                await self._service.shared_nack(
+                    self.group, self.queue, self.member, held, "released: consumer closed", 0
+                )
             except HeadwaterError:
                 pass  # they run out by themselves
         self._closed = True

@@ -32,17 +32,17 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from headwater.errors import HeadwaterError, SubscriberNotFoundError, UnavailableError
-from headwater.model.message import Record
+from headwater.client import subscriber
 from headwater.client.aio_consumer import AsyncConsumer
 from headwater.client.aio_service import AsyncBrokerService
-from headwater.client import subscriber
 from headwater.client.subscriber import (
     PARTITIONS_CHECK_S,
     RECONNECT_BACKOFF_S_MAX,
     Listener,
     SubscriberBase,
 )
+from headwater.errors import HeadwaterError, SubscriberNotFoundError, UnavailableError
+from headwater.model.message import Record
 
 __all__ = ["AsyncSubscriber"]
 
@@ -75,11 +75,28 @@ class AsyncSubscriber(SubscriberBase):
     ([b'paid'], {0: 1})
     """
 
-    def __init__(self, service: AsyncBrokerService, queue: str, name: str, listeners: Iterable[Listener] = (), *,
-                 credit_messages: int = 1000, credit_bytes: int = 4 << 20, checkpoint_interval_ms: int = 100,
-                 on_error: str = "stop", start: bool = True) -> None:
-        super().__init__(queue, name, listeners, credit_messages=credit_messages, credit_bytes=credit_bytes,
-                         checkpoint_interval_ms=checkpoint_interval_ms, on_error=on_error)
+    def __init__(
+        self,
+        service: AsyncBrokerService,
+        queue: str,
+        name: str,
+        listeners: Iterable[Listener] = (),
+        *,
+        credit_messages: int = 1000,
+        credit_bytes: int = 4 << 20,
+        checkpoint_interval_ms: int = 100,
+        on_error: str = "stop",
+        start: bool = True,
+    ) -> None:
+        super().__init__(
+            queue,
+            name,
+            listeners,
+            credit_messages=credit_messages,
+            credit_bytes=credit_bytes,
+            checkpoint_interval_ms=checkpoint_interval_ms,
+            on_error=on_error,
+        )
         self._service = service
         self.mode = "push" if hasattr(service, "open_push_stream") else "pull"
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()  # bounded by the credit
@@ -207,7 +224,7 @@ class AsyncSubscriber(SubscriberBase):
         """Sleep, or less if the subscriber is stopped meanwhile."""
         try:
             await asyncio.wait_for(self._stop_requested.wait(), seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     # -- pull (an embedded broker) ---------------------------------------------------------
@@ -252,8 +269,12 @@ class AsyncSubscriber(SubscriberBase):
             token = object()
             try:
                 sid, info = await self._service.open_push_stream(  # type: ignore[attr-defined]
-                    self.queue, self.name, lambda body, t=token: self._inbox.put_nowait((t, body)),
-                    credit_messages=self.credit_messages, credit_bytes=self.credit_bytes)
+                    self.queue,
+                    self.name,
+                    lambda body, t=token: self._inbox.put_nowait((t, body)),
+                    credit_messages=self.credit_messages,
+                    credit_bytes=self.credit_bytes,
+                )
             except UnavailableError as e:
                 log.info("subscriber %s/%s: cannot subscribe (%s); retrying", self.queue, self.name, e)
                 await self._pause(backoff)
@@ -273,7 +294,7 @@ class AsyncSubscriber(SubscriberBase):
             if inbox.empty():
                 try:
                     item = await asyncio.wait_for(inbox.get(), self._checkpoint_wait_s())
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     await self._checkpoint()
                     continue
             else:

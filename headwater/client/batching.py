@@ -214,8 +214,9 @@ class RetryPolicy:
 
     __slots__ = ("retries", "backoff_ms", "backoff_max_ms", "delivery_timeout_ms", "_timeout_s", "_rng")
 
-    def __init__(self, *, retries: int, backoff_ms: int, backoff_max_ms: int, delivery_timeout_ms: int,
-                 rng: random.Random) -> None:
+    def __init__(
+        self, *, retries: int, backoff_ms: int, backoff_max_ms: int, delivery_timeout_ms: int, rng: random.Random
+    ) -> None:
         self.retries = int_setting("retries", retries, 0, 1_000_000)
         self.backoff_ms = int_setting("retry_backoff_ms", backoff_ms, 0, 3_600_000)
         self.backoff_max_ms = int_setting("retry_backoff_max_ms", backoff_max_ms, self.backoff_ms, 3_600_000)
@@ -243,7 +244,8 @@ class RetryPolicy:
             return closed_unsent()
         if now_s - created_s > self._timeout_s:
             return UnavailableError(
-                f"the batch waited longer than delivery_timeout_ms={self.delivery_timeout_ms} to be sent")
+                f"the batch waited longer than delivery_timeout_ms={self.delivery_timeout_ms} to be sent"
+            )
         return None
 
     def final_error(self, exc: BaseException, attempts: int, aborting: bool) -> BaseException:
@@ -290,8 +292,15 @@ class Sequenced(Protocol):
     next_sequence: int
 
 
-def store_refreshed(cache: dict[str, tuple[float, QueueInfo]], queue: str, asked_at: float,
-                    outcome: QueueInfo | BaseException, *, max_age_s: float, now: float) -> None:
+def store_refreshed(
+    cache: dict[str, tuple[float, QueueInfo]],
+    queue: str,
+    asked_at: float,
+    outcome: QueueInfo | BaseException,
+    *,
+    max_age_s: float,
+    now: float,
+) -> None:
     """Keep what a background refresh of ``queue``'s metadata brought, in ``cache`` (queue:
     (when asked, metadata)): new metadata, stamped when it was asked for, unless a newer copy
     arrived meanwhile; for a queue that no longer exists, nothing (the next send asks again
@@ -362,8 +371,11 @@ def take_sequence(part: Sequenced, identity: tuple[int, int] | None, count: int)
 def give_back_sequence(part: Sequenced, identity: tuple[int, int] | None, base_sequence: int, count: int) -> None:
     """A batch encoded at ``base_sequence`` was not stored: its range is free again, unless a
     later batch already took the next one (then the broker will say what is missing)."""
-    if identity is not None and part.identity == identity and \
-            part.next_sequence == (base_sequence + count) % SEQUENCE_MOD:
+    if (
+        identity is not None
+        and part.identity == identity
+        and part.next_sequence == (base_sequence + count) % SEQUENCE_MOD
+    ):
         part.next_sequence = base_sequence
 
 
@@ -376,6 +388,6 @@ def deliver_at_ms(clock: Callable[[], float], deliver_at: object, delay: object)
     if deliver_at is None and delay is None:
         return 0
     now_ms = int(clock() * 1000)
-    if type(deliver_at) is int and delay is None and -10**15 < deliver_at < 10**15:  # the common case
+    if type(deliver_at) is int and delay is None and -(10**15) < deliver_at < 10**15:  # the common case
         return deliver_at if deliver_at > now_ms else 0
     return resolve_deliver_at(deliver_at, delay, now_ms=now_ms)

@@ -6,24 +6,23 @@ import weakref
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from headwater.client.consumer import POLL_MESSAGES_DEFAULT, Consumer
+from headwater.client.group_consumer import GroupConsumer
+from headwater.client.keyed_consumer import KeyedConsumer
+from headwater.client.lookups import find_bounds, record_for_id, records_with_key
+from headwater.client.partitioner import PartitionFn
+from headwater.client.producer import Producer
+from headwater.client.scanner import Bound, Scanner
+from headwater.client.shared_consumer import SharedConsumer
+from headwater.client.subscriber import Listener, Subscriber
 from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
 from headwater.model.checks import check_int_arg
 from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
 from headwater.model.delay import DelayStats
+from headwater.model.keyed import KeyedGroupInfo
 from headwater.model.message import Message, MessageId, Record, required_epoch_ms
 from headwater.model.service import BrokerService
-from headwater.model.keyed import KeyedGroupInfo
 from headwater.model.subscription import SubscriberInfo, subscriber_settings
-from headwater.client.partitioner import PartitionFn
-from headwater.client.consumer import Consumer
-from headwater.client.keyed_consumer import KeyedConsumer
-from headwater.client.subscriber import Listener, Subscriber
-from headwater.client.group_consumer import GroupConsumer
-from headwater.client.producer import Producer
-from headwater.client.lookups import find_bounds, record_for_id, records_with_key
-from headwater.client.scanner import Bound, Scanner
-from headwater.client.shared_consumer import SharedConsumer
-from headwater.client.consumer import POLL_MESSAGES_DEFAULT
 
 __all__ = ["Admin", "Client"]
 
@@ -36,9 +35,17 @@ class Admin:
     def __init__(self, service: BrokerService) -> None:
         self._service = service
 
-    def create_queue(self, name: str, *, partitions: int = 1, ttl_s: int | None | object = _UNSET,
-                     flush: str | None = None, message_bytes_max: int = 1024 * 1024,
-                     settings: dict[str, str] | None = None, exist_ok: bool = False) -> QueueInfo:
+    def create_queue(
+        self,
+        name: str,
+        *,
+        partitions: int = 1,
+        ttl_s: int | None | object = _UNSET,
+        flush: str | None = None,
+        message_bytes_max: int = 1024 * 1024,
+        settings: dict[str, str] | None = None,
+        exist_ok: bool = False,
+    ) -> QueueInfo:
         """Create a queue.
 
         ``ttl_s``: seconds a message is kept (default 7 days; ``None`` keeps forever).
@@ -49,8 +56,9 @@ class Admin:
         """
         validate_queue_name(name)
         kw = {} if ttl_s is _UNSET else {"ttl_s": ttl_s}
-        config = QueueConfig(partitions=partitions, flush=flush, message_bytes_max=message_bytes_max,
-                             settings=dict(settings or {}), **kw).validated()
+        config = QueueConfig(
+            partitions=partitions, flush=flush, message_bytes_max=message_bytes_max, settings=dict(settings or {}), **kw
+        ).validated()
         try:
             return self._service.create_queue(name, config)
         except QueueExistsError:
@@ -102,9 +110,15 @@ class Admin:
         return self._service.keyed_resize(queue, group, size)
 
     # push subscribers (headwater.client.subscriber)
-    def add_subscriber(self, queue: str, name: str, *, partitions: int | Iterable[int] | None = None,
-                       tags: str | Iterable[str] | None = None,
-                       start: str | datetime | int = "latest") -> SubscriberInfo:
+    def add_subscriber(
+        self,
+        queue: str,
+        name: str,
+        *,
+        partitions: int | Iterable[int] | None = None,
+        tags: str | Iterable[str] | None = None,
+        start: str | datetime | int = "latest",
+    ) -> SubscriberInfo:
         """Register subscriber ``name`` on ``queue``; processes attach with ``client.subscribe``.
 
         ``partitions``: the ones followed (all, and those added later, by default).
@@ -147,26 +161,51 @@ class Client:
     def service(self) -> BrokerService:
         return self._service
 
-    def producer(self, *, partitioner: str | PartitionFn = "default", compression: str | None = None,
-                 linger_ms: int = 0, batch_bytes_max: int = 1 << 20, retries: int = 5,
-                 retry_backoff_ms: int = 100, delivery_timeout_ms: int = 120_000,
-                 idempotent: bool = True, **settings) -> Producer:
+    def producer(
+        self,
+        *,
+        partitioner: str | PartitionFn = "default",
+        compression: str | None = None,
+        linger_ms: int = 0,
+        batch_bytes_max: int = 1 << 20,
+        retries: int = 5,
+        retry_backoff_ms: int = 100,
+        delivery_timeout_ms: int = 120_000,
+        idempotent: bool = True,
+        **settings,
+    ) -> Producer:
         """A producer; see :class:`~headwater.client.producer.Producer` for every setting
         (``settings`` takes the rest: ``buffer_bytes_max``, ``max_block_ms``, ...).
 
         Closing the client closes its producers first, which sends what they hold.
         """
-        p = Producer(self._service, partitioner=partitioner, compression=compression,
-                     linger_ms=linger_ms, batch_bytes_max=batch_bytes_max, retries=retries,
-                     retry_backoff_ms=retry_backoff_ms, delivery_timeout_ms=delivery_timeout_ms,
-                     idempotent=idempotent, **settings)
+        p = Producer(
+            self._service,
+            partitioner=partitioner,
+            compression=compression,
+            linger_ms=linger_ms,
+            batch_bytes_max=batch_bytes_max,
+            retries=retries,
+            retry_backoff_ms=retry_backoff_ms,
+            delivery_timeout_ms=delivery_timeout_ms,
+            idempotent=idempotent,
+            **settings,
+        )
         self._producers.add(p)
         return p
 
-    def consumer(self, *, group: str | None = None, subscribe: str | Iterable[str] | None = None,
-                 auto_offset_reset: str = "earliest", fetch_bytes: int = 1024 * 1024,
-                 max_poll_messages: int = POLL_MESSAGES_DEFAULT, tags: str | Iterable[str] | None = None,
-                 stream: bool = True, **group_settings) -> Consumer:
+    def consumer(
+        self,
+        *,
+        group: str | None = None,
+        subscribe: str | Iterable[str] | None = None,
+        auto_offset_reset: str = "earliest",
+        fetch_bytes: int = 1024 * 1024,
+        max_poll_messages: int = POLL_MESSAGES_DEFAULT,
+        tags: str | Iterable[str] | None = None,
+        stream: bool = True,
+        **group_settings,
+    ) -> Consumer:
         """A consumer.
 
         Without ``subscribe``: the simple form, reading the partitions you ``assign()``
@@ -191,37 +230,67 @@ class Client:
                     f"{', '.join(sorted(group_settings))} need subscribe=[queues]: they configure a "
                     f"group member, not a consumer of assigned partitions"
                 )
-            return Consumer(self._service, group=group, auto_offset_reset=auto_offset_reset,
-                            fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages, tags=tags, stream=stream)
+            return Consumer(
+                self._service,
+                group=group,
+                auto_offset_reset=auto_offset_reset,
+                fetch_bytes=fetch_bytes,
+                max_poll_messages=max_poll_messages,
+                tags=tags,
+                stream=stream,
+            )
         if group is None:
             raise InvalidArgumentError("subscribe= makes a group member: name its group with group='name'")
-        member = GroupConsumer(self._service, group=group, subscribe=subscribe, auto_offset_reset=auto_offset_reset,
-                               fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages, tags=tags,
-                               stream=stream, **group_settings)
+        member = GroupConsumer(
+            self._service,
+            group=group,
+            subscribe=subscribe,
+            auto_offset_reset=auto_offset_reset,
+            fetch_bytes=fetch_bytes,
+            max_poll_messages=max_poll_messages,
+            tags=tags,
+            stream=stream,
+            **group_settings,
+        )
         self._members.add(member)
         return member
 
-    def shared_consumer(self, group: str, queue: str, *, visibility_timeout_ms: int = 30_000,
-                        max_attempts: int = 5, backoff_ms: int = 1_000, at_most_once: bool = False,
-                        **settings) -> SharedConsumer:
+    def shared_consumer(
+        self,
+        group: str,
+        queue: str,
+        *,
+        visibility_timeout_ms: int = 30_000,
+        max_attempts: int = 5,
+        backoff_ms: int = 1_000,
+        at_most_once: bool = False,
+        **settings,
+    ) -> SharedConsumer:
         """A member of shared group ``group`` on ``queue``: messages from any partition,
         each leased for ``visibility_timeout_ms``, acked or nacked one by one, dead-lettered
         to ``<queue>.dlq`` after ``max_attempts``; see
         :class:`~headwater.client.shared_consumer.SharedConsumer` (``settings`` takes
         ``backoff_multiplier``, ``backoff_max_ms``, ``in_flight_max``, ``member``)."""
-        return SharedConsumer(self._service, group, queue, visibility_timeout_ms=visibility_timeout_ms,
-                              max_attempts=max_attempts, backoff_ms=backoff_ms, at_most_once=at_most_once,
-                              **settings)
+        return SharedConsumer(
+            self._service,
+            group,
+            queue,
+            visibility_timeout_ms=visibility_timeout_ms,
+            max_attempts=max_attempts,
+            backoff_ms=backoff_ms,
+            at_most_once=at_most_once,
+            **settings,
+        )
 
-    def keyed_consumer(self, group: str, queue: str, *, member: int, size: int, key: str = "key",
-                       start: str = "earliest", **settings) -> KeyedConsumer:
+    def keyed_consumer(
+        self, group: str, queue: str, *, member: int, size: int, key: str = "key", start: str = "earliest", **settings
+    ) -> KeyedConsumer:
         """Member ``member`` of keyed group ``group`` of ``size`` members on ``queue``: it
         receives exactly the messages whose ``key`` (``"key"``, or ``"property:NAME"``)
         hashes to it, in order per key; see :class:`~headwater.client.keyed_consumer.KeyedConsumer`
         (``settings``: ``fetch_bytes``, ``max_poll_messages``, ``refresh_ms``) and
         docs/keyed-groups.md."""
-        return KeyedConsumer(self._service, group, queue, member=member, size=size, key=key, start=start,
-                             **settings)
+        return KeyedConsumer(self._service, group, queue, member=member, size=size, key=key, start=start, **settings)
 
     def subscribe(self, queue: str, name: str, listeners: Iterable[Listener] = (), **settings) -> Subscriber:
         """Attach to subscriber ``name`` of ``queue`` (added with ``admin.add_subscriber`` or
@@ -252,18 +321,33 @@ class Client:
     def send_batch(self, queue: str, messages: Sequence[Message | bytes], **kw) -> Sequence[MessageId]:
         return self._producer().send_batch(queue, messages, **kw)
 
-    def scanner(self, queue: str, *, partitions: int | Iterable[int] | None = None,
-                start: Bound = None, stop: Bound = None,
-                start_time: datetime | int | None = None, end_time: datetime | int | None = None,
-                tags: str | Iterable[str] | None = None) -> Scanner:
+    def scanner(
+        self,
+        queue: str,
+        *,
+        partitions: int | Iterable[int] | None = None,
+        start: Bound = None,
+        stop: Bound = None,
+        start_time: datetime | int | None = None,
+        end_time: datetime | int | None = None,
+        tags: str | Iterable[str] | None = None,
+    ) -> Scanner:
         """Scan a queue, one partition or several; see :class:`~headwater.client.scanner.Scanner`.
 
         ``start`` is inclusive and ``stop`` exclusive; each is an offset for every partition,
         ``{partition: offset}``, or a message id (which pins the scan to its partition).
         ``start_time``/``end_time`` bound by append time, ``end_time`` exclusive.
         """
-        return Scanner(self._service, queue, partitions=partitions, start=start, stop=stop,
-                       start_time=start_time, end_time=end_time, tags=tags)
+        return Scanner(
+            self._service,
+            queue,
+            partitions=partitions,
+            start=start,
+            stop=stop,
+            start_time=start_time,
+            end_time=end_time,
+            tags=tags,
+        )
 
     def get(self, message_id: MessageId | str) -> Record:
         """The message with this id; :class:`MessageNotFoundError` if it is not retained.
@@ -276,8 +360,15 @@ class Client:
         name, batch = self._service.lookup_id(mid.queue_id, mid.partition, mid.offset)
         return record_for_id(mid, name, batch)
 
-    def find(self, queue: str, key: bytes, *, start_time: datetime | int | None = None,
-             end_time: datetime | int | None = None, limit: int = 1000) -> list[Record]:
+    def find(
+        self,
+        queue: str,
+        key: bytes,
+        *,
+        start_time: datetime | int | None = None,
+        end_time: datetime | int | None = None,
+        limit: int = 1000,
+    ) -> list[Record]:
         """Messages of ``queue`` whose key is ``key``, appended in [start_time, end_time),
         oldest first."""
         lo, hi = find_bounds(key, limit, start_time, end_time)

@@ -20,13 +20,13 @@ import time
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 
-from headwater.model.message import Record
-from headwater.model.service import BrokerService, FetchResult
 from headwater.client.fetch_stream import STREAM_WINDOW_BYTES
 from headwater.client.polling import drain_buffers, take_batches, wait_any
 from headwater.client.positions import POLL_MESSAGES_DEFAULT, TP, ConsumerPositions
 from headwater.client.scanner import partitions_named
 from headwater.client.send_future import LazyFuture
+from headwater.model.message import Record
+from headwater.model.service import BrokerService, FetchResult
 
 __all__ = ["Consumer", "POLL_MESSAGES_DEFAULT"]
 
@@ -47,14 +47,30 @@ class Consumer(ConsumerPositions):
 
     _inflight: dict[TP, tuple[int, concurrent.futures.Future]]
 
-    def __init__(self, service: BrokerService, *, group: str | None = None,
-                 auto_offset_reset: str = "earliest", fetch_bytes: int = 1024 * 1024,
-                 max_poll_messages: int = POLL_MESSAGES_DEFAULT, tags: str | Iterable[str] | None = None,
-                 fetch_threads_max: int = 16, stream: bool = True,
-                 stream_window_bytes: int = STREAM_WINDOW_BYTES) -> None:
-        super().__init__(service, group=group, auto_offset_reset=auto_offset_reset, fetch_bytes=fetch_bytes,
-                         max_poll_messages=max_poll_messages, tags=tags, stream=stream,
-                         stream_window_bytes=stream_window_bytes, on_push=self._push_arrived)
+    def __init__(
+        self,
+        service: BrokerService,
+        *,
+        group: str | None = None,
+        auto_offset_reset: str = "earliest",
+        fetch_bytes: int = 1024 * 1024,
+        max_poll_messages: int = POLL_MESSAGES_DEFAULT,
+        tags: str | Iterable[str] | None = None,
+        fetch_threads_max: int = 16,
+        stream: bool = True,
+        stream_window_bytes: int = STREAM_WINDOW_BYTES,
+    ) -> None:
+        super().__init__(
+            service,
+            group=group,
+            auto_offset_reset=auto_offset_reset,
+            fetch_bytes=fetch_bytes,
+            max_poll_messages=max_poll_messages,
+            tags=tags,
+            stream=stream,
+            stream_window_bytes=stream_window_bytes,
+            on_push=self._push_arrived,
+        )
         self._rotation = itertools.count()
         self._fetch_async = getattr(service, "fetch_async", None)
         self._lead = getattr(service, "lead", None)  # over the network: read answers on this thread
@@ -147,7 +163,8 @@ class Consumer(ConsumerPositions):
             else:
                 if self._pool is None:
                     self._pool = concurrent.futures.ThreadPoolExecutor(
-                        self._fetch_threads_max, thread_name_prefix="headwater-consumer")
+                        self._fetch_threads_max, thread_name_prefix="headwater-consumer"
+                    )
                 fut = self._pool.submit(self._service.fetch, tp[0], tp[1], pos, **kwargs)
             self._inflight[tp] = (pos, fut)
 
@@ -195,8 +212,9 @@ class Consumer(ConsumerPositions):
                 self._reset_past_end(tp, res.start_offset, res.end_offset)
                 continue
             start = max(pos, res.start_offset)  # records before start expired: skip them
-            got += take_batches(tp, res.batches, start, res.next_offset, self._fetch_pos, self._consumed,
-                                self._buffers, self._tags)
+            got += take_batches(
+                tp, res.batches, start, res.next_offset, self._fetch_pos, self._consumed, self._buffers, self._tags
+            )
         return got
 
     def __iter__(self) -> Iterator[Record]:

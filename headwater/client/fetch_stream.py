@@ -65,9 +65,16 @@ class FetchStreams:
     """The fetch streams of one consumer, one per queue it reads. Used from the consumer's
     thread (or task); only the handlers run elsewhere, and call ``notify`` after each push."""
 
-    def __init__(self, service: Any, *, window_bytes: int = STREAM_WINDOW_BYTES, tag_mask: int = 0,
-                 push_bytes_max: int = 1 << 20, notify: Callable[[], None] = lambda: None,
-                 outage: Outage | None = None) -> None:
+    def __init__(
+        self,
+        service: Any,
+        *,
+        window_bytes: int = STREAM_WINDOW_BYTES,
+        tag_mask: int = 0,
+        push_bytes_max: int = 1 << 20,
+        notify: Callable[[], None] = lambda: None,
+        outage: Outage | None = None,
+    ) -> None:
         self._service = service
         self.window_bytes = window_bytes
         self._tag_mask = tag_mask
@@ -90,8 +97,13 @@ class FetchStreams:
         for queue, offsets in want.items():
             s = self._streams[queue] = _Stream(queue)
             s.sid, s.opening = self._service.open_fetch_stream(
-                queue, offsets, self._handler(s), credit_bytes=self.window_bytes, tag_mask=self._tag_mask,
-                push_bytes_max=self._push_bytes_max)
+                queue,
+                offsets,
+                self._handler(s),
+                credit_bytes=self.window_bytes,
+                tag_mask=self._tag_mask,
+                push_bytes_max=self._push_bytes_max,
+            )
 
     def _handler(self, s: _Stream) -> Handler:
         def handle(push: Any) -> None:  # any thread: a push, or None when the connection is lost
@@ -138,8 +150,14 @@ class FetchStreams:
         s.sid, s.lost, s.retry_at = None, False, time.monotonic() + self._outage.backoff_s()
         s.pushes.clear()
 
-    def take(self, fetch_pos: dict, consumed: dict, buffers: dict, tags: frozenset[str] | None,
-             past_end: PastEnd | None = None) -> int:
+    def take(
+        self,
+        fetch_pos: dict,
+        consumed: dict,
+        buffers: dict,
+        tags: frozenset[str] | None,
+        past_end: PastEnd | None = None,
+    ) -> int:
         """Settle the answers to openings, decode each waiting push into the consumer's
         ``buffers`` (``polling.take_batches``) and grant its bytes back as they add up; the
         records taken. Raises why a stream could not be opened, or the reason of a stream the
@@ -174,8 +192,16 @@ class FetchStreams:
                         if self._streams.get(queue) is not s:
                             break  # it moved the position: the stream was closed, the next poll opens another
                 elif pos is not None:  # else no longer assigned (its stream is being closed)
-                    got += take_batches(tp, push.batches, max(pos, push.start_offset), push.next_offset, fetch_pos,
-                                        consumed, buffers, tags)
+                    got += take_batches(
+                        tp,
+                        push.batches,
+                        max(pos, push.start_offset),
+                        push.next_offset,
+                        fetch_pos,
+                        consumed,
+                        buffers,
+                        tags,
+                    )
                 s.undecoded += sum(map(len, push.batches))
             if self._streams.get(queue) is not s:
                 continue

@@ -40,6 +40,16 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from headwater.client.consumer import Consumer
+from headwater.client.local_offsets import LocalOffsets
+from headwater.client.membership import (
+    COMMIT_ATTEMPTS,
+    HEARTBEAT_WAITING_MS,
+    TP,
+    GroupSettings,
+    MemberView,
+    by_queue,
+)
 from headwater.errors import (
     ClosedError,
     GroupError,
@@ -52,16 +62,6 @@ from headwater.errors import (
 from headwater.model.groups import GroupAssignment
 from headwater.model.message import Record
 from headwater.model.service import BrokerService
-from headwater.client.consumer import Consumer
-from headwater.client.local_offsets import LocalOffsets
-from headwater.client.membership import (
-    COMMIT_ATTEMPTS,
-    HEARTBEAT_WAITING_MS,
-    TP,
-    GroupSettings,
-    MemberView,
-    by_queue,
-)
 
 __all__ = ["GroupConsumer"]
 
@@ -95,16 +95,35 @@ class GroupConsumer(Consumer):
     commit.
     """
 
-    def __init__(self, service: BrokerService, *, group: str, subscribe: str | Iterable[str],
-                 mode: str = "clustering", strategy: str = "average", session_timeout_ms: int = 10_000,
-                 heartbeat_interval_ms: int | None = None, max_poll_interval_ms: int = 300_000,
-                 on_assign: Callback | None = None, on_revoke: Callback | None = None,
-                 commit_on_revoke: bool = True, offsets_path: str | os.PathLike[str] | None = None,
-                 client_id: str | None = None, **consumer_settings) -> None:
-        settings = GroupSettings(group=group, subscribe=subscribe, mode=mode, strategy=strategy,
-                                 session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms,
-                                 max_poll_interval_ms=max_poll_interval_ms, offsets_path=offsets_path,
-                                 client_id=client_id)
+    def __init__(
+        self,
+        service: BrokerService,
+        *,
+        group: str,
+        subscribe: str | Iterable[str],
+        mode: str = "clustering",
+        strategy: str = "average",
+        session_timeout_ms: int = 10_000,
+        heartbeat_interval_ms: int | None = None,
+        max_poll_interval_ms: int = 300_000,
+        on_assign: Callback | None = None,
+        on_revoke: Callback | None = None,
+        commit_on_revoke: bool = True,
+        offsets_path: str | os.PathLike[str] | None = None,
+        client_id: str | None = None,
+        **consumer_settings,
+    ) -> None:
+        settings = GroupSettings(
+            group=group,
+            subscribe=subscribe,
+            mode=mode,
+            strategy=strategy,
+            session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            max_poll_interval_ms=max_poll_interval_ms,
+            offsets_path=offsets_path,
+            client_id=client_id,
+        )
         super().__init__(service, group=group, **consumer_settings)
         self.settings = settings
         self.mode = mode
@@ -118,8 +137,7 @@ class GroupConsumer(Consumer):
         self._beat = threading.Event()  # heartbeat now
         self._stopping = threading.Event()
         self._join()
-        self._thread = threading.Thread(target=self._heartbeat_loop, name=f"headwater-heartbeat-{group}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._heartbeat_loop, name=f"headwater-heartbeat-{group}", daemon=True)
         self._thread.start()
 
     # -- what the application sees ----------------------------------------------------
@@ -210,8 +228,10 @@ class GroupConsumer(Consumer):
                 # a broker that did not answer the closing commit would not answer the leave
                 # either: skip it, so that close() costs one request_timeout_s, not two
                 if held and not self._revoke(held, commit=commit and self._commit_on_revoke):
-                    log.info("group %s: not leaving, the broker is unreachable; the member expires after "
-                             "session_timeout_ms", self.group)
+                    log.info(
+                        "group %s: not leaving, the broker is unreachable; the member expires after session_timeout_ms",
+                        self.group,
+                    )
                     return
                 try:
                     self._service.leave_group(self.group, member)
@@ -298,8 +318,13 @@ class GroupConsumer(Consumer):
         if self.mode == "broadcast":
             return
         held = set(self._fetch_pos)
-        log.warning("group %s: member %s was removed from the group (missed heartbeats or left); "
-                    "dropping %d partition(s) and joining again", self.group, self._view.member_id, len(held))
+        log.warning(
+            "group %s: member %s was removed from the group (missed heartbeats or left); "
+            "dropping %d partition(s) and joining again",
+            self.group,
+            self._view.member_id,
+            len(held),
+        )
         self._call(self._on_revoke, held)
         self._forget(held)
 
@@ -377,9 +402,12 @@ class GroupConsumer(Consumer):
         if member is None:
             return
         if time.monotonic() - self._last_poll > self.settings.max_poll_interval_ms / 1000:
-            log.warning("group %s: poll() was not called for max_poll_interval_ms (%d ms); leaving the group "
-                        "so others take its partitions; the next poll() joins again",
-                        self.group, self.settings.max_poll_interval_ms)
+            log.warning(
+                "group %s: poll() was not called for max_poll_interval_ms (%d ms); leaving the group "
+                "so others take its partitions; the next poll() joins again",
+                self.group,
+                self.settings.max_poll_interval_ms,
+            )
             with self._lock:
                 self._view.lost(member)
             try:

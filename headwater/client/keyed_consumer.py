@@ -35,15 +35,15 @@ import time
 from collections import deque
 from typing import Any
 
+from headwater.client.consumer import POLL_MESSAGES_DEFAULT
+from headwater.client.polling import Outage, drain_buffers, wait_any
+from headwater.client.positions import check_poll, check_read_settings
 from headwater.errors import ClosedError, InvalidArgumentError, StaleGenerationError
 from headwater.model.config import QueueInfo
 from headwater.model.filtering import decode_selection
 from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo, key_of, member_of, parse_key_spec
 from headwater.model.message import Record
 from headwater.model.service import BrokerService
-from headwater.client.consumer import POLL_MESSAGES_DEFAULT
-from headwater.client.polling import Outage, drain_buffers, wait_any
-from headwater.client.positions import check_poll, check_read_settings
 
 __all__ = ["KeyedConsumer", "KeyedConsumerBase"]
 
@@ -54,9 +54,20 @@ _FETCH_THREADS_MAX = 16  # threads fetching at once when the service has no asyn
 class KeyedConsumerBase:
     """The state of a keyed group's member, no I/O (see the module's docstring)."""
 
-    def __init__(self, service: object, group: str, queue: str, *, member: int, size: int,
-                 key: str = "key", start: str = "earliest", fetch_bytes: int = 1024 * 1024,
-                 max_poll_messages: int = POLL_MESSAGES_DEFAULT, refresh_ms: int = 100) -> None:
+    def __init__(
+        self,
+        service: object,
+        group: str,
+        queue: str,
+        *,
+        member: int,
+        size: int,
+        key: str = "key",
+        start: str = "earliest",
+        fetch_bytes: int = 1024 * 1024,
+        max_poll_messages: int = POLL_MESSAGES_DEFAULT,
+        refresh_ms: int = 100,
+    ) -> None:
         if isinstance(member, bool) or not isinstance(member, int) or member < 0:
             raise InvalidArgumentError(f"member is an index from 0, got {member!r}")
         if isinstance(size, int) and not isinstance(size, bool) and member >= size > 0:
@@ -161,9 +172,7 @@ class KeyedConsumerBase:
         return info.barrier.get(partition, 0)
 
     def _drained(self) -> bool:
-        return all(
-            not self._buffers[p] and self._consumed[p] >= (self._stop(p) or 0) for p in self._fetch_pos
-        )
+        return all(not self._buffers[p] and self._consumed[p] >= (self._stop(p) or 0) for p in self._fetch_pos)
 
     def _step(self) -> str:
         """What ``poll()`` does next, by the member's role: ``"stop"`` (retired: nothing
@@ -187,8 +196,10 @@ class KeyedConsumerBase:
         for p in parts[start:] + parts[:start]:
             stop = self._stop(p)
             pos = self._fetch_pos[p]
-            if p in self._inflight or len(self._buffers[p]) >= self.max_poll_messages or (
-                stop is not None and pos >= stop
+            if (
+                p in self._inflight
+                or len(self._buffers[p]) >= self.max_poll_messages
+                or (stop is not None and pos >= stop)
             ):
                 continue
             out.append((p, pos))
@@ -278,11 +289,32 @@ class KeyedConsumer(KeyedConsumerBase):
 
     _service: BrokerService
 
-    def __init__(self, service: BrokerService, group: str, queue: str, *, member: int, size: int,
-                 key: str = "key", start: str = "earliest", fetch_bytes: int = 1024 * 1024,
-                 max_poll_messages: int = POLL_MESSAGES_DEFAULT, refresh_ms: int = 100) -> None:
-        super().__init__(service, group, queue, member=member, size=size, key=key, start=start,
-                         fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages, refresh_ms=refresh_ms)
+    def __init__(
+        self,
+        service: BrokerService,
+        group: str,
+        queue: str,
+        *,
+        member: int,
+        size: int,
+        key: str = "key",
+        start: str = "earliest",
+        fetch_bytes: int = 1024 * 1024,
+        max_poll_messages: int = POLL_MESSAGES_DEFAULT,
+        refresh_ms: int = 100,
+    ) -> None:
+        super().__init__(
+            service,
+            group,
+            queue,
+            member=member,
+            size=size,
+            key=key,
+            start=start,
+            fetch_bytes=fetch_bytes,
+            max_poll_messages=max_poll_messages,
+            refresh_ms=refresh_ms,
+        )
         self._fetch_async = getattr(service, "keyed_fetch_async", None)
         # over the network: this thread reads the answers to its fetches (RemoteService.lead)
         self._lead = getattr(service, "lead", None) if self._fetch_async is not None else None
@@ -361,8 +393,9 @@ class KeyedConsumer(KeyedConsumerBase):
                 fut = self._fetch_async(*args, **kw)
             else:
                 if self._pool is None:
-                    self._pool = concurrent.futures.ThreadPoolExecutor(_FETCH_THREADS_MAX,
-                                                                       thread_name_prefix="headwater-keyed")
+                    self._pool = concurrent.futures.ThreadPoolExecutor(
+                        _FETCH_THREADS_MAX, thread_name_prefix="headwater-keyed"
+                    )
                 fut = self._pool.submit(self._service.keyed_fetch, *args, **kw)
             self._inflight[p] = (pos, fut)
 

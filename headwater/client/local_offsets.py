@@ -70,8 +70,10 @@ class LocalOffsets:
         doc = {
             "format": FORMAT,
             "group": self.group,
-            "queues": {q: {"queue_id": v["queue_id"], "offsets": {str(p): o for p, o in sorted(v["offsets"].items())}}
-                       for q, v in sorted(self._queues.items())},
+            "queues": {
+                q: {"queue_id": v["queue_id"], "offsets": {str(p): o for p, o in sorted(v["offsets"].items())}}
+                for q, v in sorted(self._queues.items())
+            },
         }
         data = json.dumps(doc, indent=1).encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,7 +84,7 @@ class LocalOffsets:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)

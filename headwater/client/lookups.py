@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
+from headwater.client.scanner import decode_stored
 from headwater.errors import InvalidArgumentError, MessageNotFoundError
 from headwater.model.message import MessageId, Record, to_epoch_ms
-from headwater.client.scanner import decode_stored
 
 __all__ = ["record_for_id", "find_bounds", "records_with_key"]
 
@@ -27,8 +27,9 @@ def record_for_id(mid: MessageId, queue: str, batch: bytes) -> Record:
     return recs[0]
 
 
-def find_bounds(key: object, limit: object, start_time: datetime | int | None,
-                end_time: datetime | int | None) -> tuple[int | None, int | None]:
+def find_bounds(
+    key: object, limit: object, start_time: datetime | int | None, end_time: datetime | int | None
+) -> tuple[int | None, int | None]:
     """Check ``find``'s arguments; the time range in epoch ms."""
     if not isinstance(key, bytes):
         raise InvalidArgumentError(

@@ -37,11 +37,18 @@ def by_queue(offsets: dict[TP, int]) -> dict[str, dict[int, int]]:
         raise InvalidArgumentError(f"offsets are a dict {{(queue, partition): offset}}, got {offsets!r}")
     out: dict[str, dict[int, int]] = {}
     for tp, off in offsets.items():
-        if not (isinstance(tp, tuple) and len(tp) == 2 and isinstance(tp[0], str) and _is_int(tp[1])
-                and _is_int(off) and off >= 0):
+        if not (
+            isinstance(tp, tuple)
+            and len(tp) == 2
+            and isinstance(tp[0], str)
+            and _is_int(tp[1])
+            and _is_int(off)
+            and off >= 0
+        ):
             raise InvalidArgumentError(
                 f"offsets are a dict {{(queue, partition): offset}} with offsets >= 0, e.g. {{('orders', 0): 42}}; "
-                f"got the entry {tp!r}: {off!r}")
+                f"got the entry {tp!r}: {off!r}"
+            )
         out.setdefault(tp[0], {})[tp[1]] = off
     return out
 
@@ -53,9 +60,19 @@ def _is_int(value: object) -> bool:
 class GroupSettings:
     """A member's settings, checked before anything is sent (the broker checks them again)."""
 
-    def __init__(self, *, group: str | None, subscribe: str | Iterable[str], mode: str, strategy: str,
-                 session_timeout_ms: int, heartbeat_interval_ms: int | None, max_poll_interval_ms: int,
-                 offsets_path: object, client_id: str | None) -> None:
+    def __init__(
+        self,
+        *,
+        group: str | None,
+        subscribe: str | Iterable[str],
+        mode: str,
+        strategy: str,
+        session_timeout_ms: int,
+        heartbeat_interval_ms: int | None,
+        max_poll_interval_ms: int,
+        offsets_path: object,
+        client_id: str | None,
+    ) -> None:
         if not group:
             raise InvalidArgumentError("a group consumer needs a group name: group='name'")
         queues = [subscribe] if isinstance(subscribe, str) else list(subscribe)
@@ -64,19 +81,19 @@ class GroupSettings:
         if mode not in MODES:
             raise InvalidArgumentError(f"unknown group mode {mode!r}: use one of {', '.join(MODES)}")
         if strategy not in STRATEGIES:
-            raise InvalidArgumentError(
-                f"unknown assignment strategy {strategy!r}: use one of {', '.join(STRATEGIES)}"
-            )
+            raise InvalidArgumentError(f"unknown assignment strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
         t = session_timeout_ms
         if isinstance(t, bool) or not isinstance(t, int) or not SESSION_TIMEOUT_MS_MIN <= t <= SESSION_TIMEOUT_MS_MAX:
             raise InvalidArgumentError(
                 f"session_timeout_ms must be a whole number from {SESSION_TIMEOUT_MS_MIN} to {SESSION_TIMEOUT_MS_MAX}, "
-                f"got {t!r}")
+                f"got {t!r}"
+            )
         m = max_poll_interval_ms
         if isinstance(m, bool) or not isinstance(m, int) or m < SESSION_TIMEOUT_MS_MIN:
             raise InvalidArgumentError(
                 f"max_poll_interval_ms (the longest a member may go between polls before it leaves the group) "
-                f"must be a whole number of ms from {SESSION_TIMEOUT_MS_MIN}, got {m!r}")
+                f"must be a whole number of ms from {SESSION_TIMEOUT_MS_MIN}, got {m!r}"
+            )
         if heartbeat_interval_ms is None:
             heartbeat_interval_ms = max(10, min(1000, session_timeout_ms // 3))
         if not 0 < heartbeat_interval_ms < session_timeout_ms:

@@ -54,8 +54,10 @@ class Outage:
         self.tries += 1
         since = self.since
         assert since is not None
-        return (not self._transport.gave_up_connecting_since(since)
-                and time.monotonic() - since < self._transport.connect_timeout_s)
+        return (
+            not self._transport.gave_up_connecting_since(since)
+            and time.monotonic() - since < self._transport.connect_timeout_s
+        )
 
     def began(self) -> None:
         """The broker went away now (a stream's connection was lost, say), unless it had already."""
@@ -74,8 +76,9 @@ class Outage:
         self.tries += 1
         if self._transport.gave_up_connecting_since(self.since):
             failure = self._transport.connect_failure
-            raise UnavailableError(str(failure) if failure is not None else
-                                   f"cannot reach the broker at {self._transport.address}")
+            raise UnavailableError(
+                str(failure) if failure is not None else f"cannot reach the broker at {self._transport.address}"
+            )
 
     def backoff_s(self) -> float:
         """How long to wait before trying again: 0.05 s, doubling with each failure in a row,
@@ -100,8 +103,13 @@ class Outage:
         return res
 
 
-def wait_any(futures: list[concurrent.futures.Future], timeout_s: float, *, lead: Lead | None = None,
-             interrupt: concurrent.futures.Future | None = None) -> None:
+def wait_any(
+    futures: list[concurrent.futures.Future],
+    timeout_s: float,
+    *,
+    lead: Lead | None = None,
+    interrupt: concurrent.futures.Future | None = None,
+) -> None:
     """Wait until one of ``futures`` is done or ``timeout_s`` passes. With ``lead`` this
     thread reads the answers itself (once another thread that reads stops, if one does);
     with nothing to wait for (``timeout_s`` <= 0) it still takes what has come, without
@@ -132,8 +140,16 @@ def _any_done(futures: list[concurrent.futures.Future]) -> bool:
     return False
 
 
-def take_batches(tp: Any, batches: list, start: int, next_offset: int, fetch_pos: dict[Any, int],
-                 consumed: dict[Any, int], buffers: dict[Any, deque[Record]], tags: frozenset[str] | None) -> int:
+def take_batches(
+    tp: Any,
+    batches: list,
+    start: int,
+    next_offset: int,
+    fetch_pos: dict[Any, int],
+    consumed: dict[Any, int],
+    buffers: dict[Any, deque[Record]],
+    tags: frozenset[str] | None,
+) -> int:
     """Stored ``batches`` read for partition ``tp`` (a fetch's answer, a push): their records
     from ``start`` on (and matching ``tags``) into its buffer, its read position moved to
     ``next_offset``; the records taken. ``tp`` is ``(queue, partition)``."""
@@ -150,8 +166,9 @@ def take_batches(tp: Any, batches: list, start: int, next_offset: int, fetch_pos
     return got
 
 
-def drain_buffers(buffers: dict[Any, deque[Record]], fetch_pos: dict[Any, int],
-                  consumed: dict[Any, int], limit: int) -> list[Record]:
+def drain_buffers(
+    buffers: dict[Any, deque[Record]], fetch_pos: dict[Any, int], consumed: dict[Any, int], limit: int
+) -> list[Record]:
     """Up to ``limit`` buffered records, partition after partition, moving ``consumed`` past
     each; a partition whose buffer empties is consumed up to its fetch position (the records
     between were skipped: filtered out, or expired)."""

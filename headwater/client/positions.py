@@ -28,14 +28,14 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from headwater.client.fetch_stream import FetchStreams
+from headwater.client.membership import TP, by_queue
+from headwater.client.polling import Outage
 from headwater.errors import ClosedError, InvalidArgumentError, InvalidMessageIdError
 from headwater.model.batch import tags_mask
 from headwater.model.checks import tag_filter_arg
-from headwater.model.message import MessageId, Record, required_epoch_ms
 from headwater.model.config import QueueInfo
-from headwater.client.fetch_stream import FetchStreams
-from headwater.client.polling import Outage
-from headwater.client.membership import TP, by_queue
+from headwater.model.message import MessageId, Record, required_epoch_ms
 
 __all__ = ["ConsumerPositions", "POLL_MESSAGES_DEFAULT", "TP", "check_poll", "check_read_settings"]
 
@@ -71,21 +71,34 @@ def check_poll(max_messages: object, timeout_ms: object, default_messages: int, 
         limit = max_messages  # type: ignore[assignment]
     else:
         default = "max_poll_messages" if call == "poll" else default_messages
-        raise InvalidArgumentError(f"{call}(): max_messages is a positive int (or None: {default}), got {max_messages!r}")
+        raise InvalidArgumentError(
+            f"{call}(): max_messages is a positive int (or None: {default}), got {max_messages!r}"
+        )
     if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not 0 <= timeout_ms < math.inf:
         more = "; to read without end, iterate the consumer" if call == "poll" else ""
         raise InvalidArgumentError(
             f"{call}(): timeout_ms is how long it waits for messages, in milliseconds: a number >= 0 "
-            f"(0: return what has come), got {timeout_ms!r}{more}")
+            f"(0: return what has come), got {timeout_ms!r}{more}"
+        )
     return limit
 
 
 class ConsumerPositions:
     """The positions, buffers and settings of a consumer (see the module's docstring)."""
 
-    def __init__(self, service: Any, *, group: str | None, auto_offset_reset: str, fetch_bytes: int,
-                 max_poll_messages: int, tags: str | Iterable[str] | None, stream: bool, stream_window_bytes: int,
-                 on_push: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        service: Any,
+        *,
+        group: str | None,
+        auto_offset_reset: str,
+        fetch_bytes: int,
+        max_poll_messages: int,
+        tags: str | Iterable[str] | None,
+        stream: bool,
+        stream_window_bytes: int,
+        on_push: Callable[[], None],
+    ) -> None:
         if auto_offset_reset not in ("earliest", "latest"):
             raise InvalidArgumentError(f"auto_offset_reset is 'earliest' or 'latest', got {auto_offset_reset!r}")
         check_read_settings(fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages)
@@ -111,11 +124,20 @@ class ConsumerPositions:
         # (fetch streams) instead of answering a FETCH per batch; embedded, it changes nothing
         self._streams: FetchStreams | None = None
         if stream and hasattr(service, "open_fetch_stream"):
-            if isinstance(stream_window_bytes, bool) or not isinstance(stream_window_bytes, int) \
-                    or stream_window_bytes < 1:
+            if (
+                isinstance(stream_window_bytes, bool)
+                or not isinstance(stream_window_bytes, int)
+                or stream_window_bytes < 1
+            ):
                 raise InvalidArgumentError("stream_window_bytes must be a positive int")
-            self._streams = FetchStreams(service, window_bytes=stream_window_bytes, tag_mask=self._mask,
-                                         push_bytes_max=fetch_bytes, notify=on_push, outage=self._outage)
+            self._streams = FetchStreams(
+                service,
+                window_bytes=stream_window_bytes,
+                tag_mask=self._mask,
+                push_bytes_max=fetch_bytes,
+                notify=on_push,
+                outage=self._outage,
+            )
 
     # -- assigning ------------------------------------------------------------------------
 
@@ -130,9 +152,16 @@ class ConsumerPositions:
             else:
                 pos = pi.start_offset if self.auto_offset_reset == "earliest" else pi.end_offset
                 if p in committed:  # past the end: the queue was deleted and created again, say
-                    log.warning("%s[%d]: the committed offset %d is past the end of the log (%d); starting at %d "
-                                "(auto_offset_reset=%r)", queue, p, committed[p], pi.end_offset, pos,
-                                self.auto_offset_reset)
+                    log.warning(
+                        "%s[%d]: the committed offset %d is past the end of the log (%d); starting at %d "
+                        "(auto_offset_reset=%r)",
+                        queue,
+                        p,
+                        committed[p],
+                        pi.end_offset,
+                        pos,
+                        self.auto_offset_reset,
+                    )
             self._set_position((queue, p), pos)
 
     def unassign(self, queue: str | None = None) -> None:
@@ -176,7 +205,8 @@ class ConsumerPositions:
                 f"{mid} is a delayed message's id: it names the message's place in the delay schedule, "
                 f"not a position in partition {mid.target_partition}'s log, until it is delivered; then "
                 f"get(id) returns it as stored, with its partition's id (record.message_id) to seek to "
-                f"(or seek_to_time() its scheduled_ms)")
+                f"(or seek_to_time() its scheduled_ms)"
+            )
         for queue, qid in self._queue_ids.items():
             if qid == mid.queue_id:
                 self.seek(queue, mid.partition, mid.offset)
@@ -224,16 +254,24 @@ class ConsumerPositions:
                 self._seeked.add(tp)
                 raise InvalidArgumentError(
                     f"{queue}[{tp[1]}]: seek() to offset {pos} is past the end of the log, {end} (the offset of the "
-                    f"next message); seek to an offset up to {end}, or seek_to_end({queue!r}, {tp[1]})")
+                    f"next message); seek to an offset up to {end}, or seek_to_end({queue!r}, {tp[1]})"
+                )
 
     def _reset_past_end(self, tp: TP, start_offset: int, end_offset: int) -> None:
         """A read found the partition's position past its end: the queue was deleted and
         created again, or lost records its broker had not flushed. Move it by
         ``auto_offset_reset``: to ``start_offset`` or ``end_offset``."""
         pos = start_offset if self.auto_offset_reset == "earliest" else end_offset
-        log.warning("%s[%d]: the position %d is past the end of the log (%d): the queue was created again, or "
-                    "lost records; going on from %d (auto_offset_reset=%r)", tp[0], tp[1], self._fetch_pos.get(tp),
-                    end_offset, pos, self.auto_offset_reset)
+        log.warning(
+            "%s[%d]: the position %d is past the end of the log (%d): the queue was created again, or "
+            "lost records; going on from %d (auto_offset_reset=%r)",
+            tp[0],
+            tp[1],
+            self._fetch_pos.get(tp),
+            end_offset,
+            pos,
+            self.auto_offset_reset,
+        )
         self._set_position(tp, pos)
 
     def _set_position(self, tp: TP, offset: int) -> None:

@@ -58,22 +58,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
-from headwater.errors import (
-    ClosedError,
-    InvalidArgumentError,
-    MessageTooLargeError,
-    OutOfOrderSequenceError,
-    PartitionOutOfRangeError,
-    QueueNotFoundError,
-    UnavailableError,
-    UsageError,
-)
-from headwater.model.batch import BATCH_BYTES_MAX, encode_batch
-from headwater.model.config import QueueInfo
-from headwater.model.delay import DELAYED_PARTITION_BIT, joins_batch
-from headwater.model.message import Message, MessageId
-from headwater.model.producer_state import RECENT_BATCHES
-from headwater.model.service import BrokerService, ProduceResult
 from headwater.client.batching import (
     MESSAGE_OVERHEAD_BYTES,
     BatchReceipt,
@@ -95,6 +79,22 @@ from headwater.client.batching import (
 )
 from headwater.client.partitioner import Partitioner, PartitionFn
 from headwater.client.send_future import SendFuture
+from headwater.errors import (
+    ClosedError,
+    InvalidArgumentError,
+    MessageTooLargeError,
+    OutOfOrderSequenceError,
+    PartitionOutOfRangeError,
+    QueueNotFoundError,
+    UnavailableError,
+    UsageError,
+)
+from headwater.model.batch import BATCH_BYTES_MAX, encode_batch
+from headwater.model.config import QueueInfo
+from headwater.model.delay import DELAYED_PARTITION_BIT, joins_batch
+from headwater.model.message import Message, MessageId
+from headwater.model.producer_state import RECENT_BATCHES
+from headwater.model.service import BrokerService, ProduceResult
 
 __all__ = ["Producer", "BatchReceipt", "SendCallback"]
 
@@ -121,8 +121,19 @@ class _Partition:
     ``(queue, 0x80000000 | partition)``: the broker counts their sequences apart (it
     schedules them instead of appending them), and they do not wait behind plain batches."""
 
-    __slots__ = ("queue", "partition", "key", "open", "ready", "in_flight", "retry", "recovering", "exclusive",
-                 "identity", "next_sequence")
+    __slots__ = (
+        "queue",
+        "partition",
+        "key",
+        "open",
+        "ready",
+        "in_flight",
+        "retry",
+        "recovering",
+        "exclusive",
+        "identity",
+        "next_sequence",
+    )
 
     def __init__(self, queue: str, partition: int, delayed: bool = False) -> None:
         self.queue, self.partition = queue, partition
@@ -144,9 +155,27 @@ class _Batch:
     of a blocking call, whose one future is in ``groups`` as ``(index, count, future)`` and
     gets the ProduceResult of their range. ``callbacks`` are ``(index, callback)``."""
 
-    __slots__ = ("part", "messages", "futures", "groups", "callbacks", "size_bytes", "buffered_bytes",
-                 "created_s", "urgent", "encoded", "identity", "base_sequence", "attempts", "is_async", "done",
-                 "deliver_times", "order", "retry_at", "send_identity")
+    __slots__ = (
+        "part",
+        "messages",
+        "futures",
+        "groups",
+        "callbacks",
+        "size_bytes",
+        "buffered_bytes",
+        "created_s",
+        "urgent",
+        "encoded",
+        "identity",
+        "base_sequence",
+        "attempts",
+        "is_async",
+        "done",
+        "deliver_times",
+        "order",
+        "retry_at",
+        "send_identity",
+    )
 
     def __init__(self, part: _Partition, created_s: float, messages: list | Sequence | None = None) -> None:
         self.part = part
@@ -227,13 +256,27 @@ class Producer(RetrySettings):
       clock, else ``time.time``).
     """
 
-    def __init__(self, service: BrokerService, *, partitioner: str | PartitionFn = "default",
-                 compression: str | None = None, linger_ms: int = 0, batch_bytes_max: int = 1 << 20,
-                 retries: int = 5, retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
-                 delivery_timeout_ms: int = 120_000, idempotent: bool = True,
-                 buffer_bytes_max: int = 32 << 20, max_block_ms: int = 60_000, send_threads: int = 4,
-                 metadata_max_age_ms: int = 5000, max_in_flight: int | None = None,
-                 rng: random.Random | None = None, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        service: BrokerService,
+        *,
+        partitioner: str | PartitionFn = "default",
+        compression: str | None = None,
+        linger_ms: int = 0,
+        batch_bytes_max: int = 1 << 20,
+        retries: int = 5,
+        retry_backoff_ms: int = 100,
+        retry_backoff_max_ms: int = 1000,
+        delivery_timeout_ms: int = 120_000,
+        idempotent: bool = True,
+        buffer_bytes_max: int = 32 << 20,
+        max_block_ms: int = 60_000,
+        send_threads: int = 4,
+        metadata_max_age_ms: int = 5000,
+        max_in_flight: int | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         check_compression(compression)
         if not isinstance(idempotent, bool):
             raise InvalidArgumentError(f"idempotent is True or False, got {idempotent!r}")
@@ -245,8 +288,13 @@ class Producer(RetrySettings):
         self.compression = compression
         self.linger_ms = int_setting("linger_ms", linger_ms, 0, 3_600_000)
         self.batch_bytes_max = int_setting("batch_bytes_max", batch_bytes_max, 1, BATCH_BYTES_MAX // 2)
-        self._retry = RetryPolicy(retries=retries, backoff_ms=retry_backoff_ms, backoff_max_ms=retry_backoff_max_ms,
-                                  delivery_timeout_ms=delivery_timeout_ms, rng=self._rng)
+        self._retry = RetryPolicy(
+            retries=retries,
+            backoff_ms=retry_backoff_ms,
+            backoff_max_ms=retry_backoff_max_ms,
+            delivery_timeout_ms=delivery_timeout_ms,
+            rng=self._rng,
+        )
         self.idempotent = idempotent
         self.buffer_bytes_max = int_setting("buffer_bytes_max", buffer_bytes_max, 1, 1 << 40)
         self.max_block_ms = int_setting("max_block_ms", max_block_ms, 0, 86_400_000)
@@ -259,8 +307,11 @@ class Producer(RetrySettings):
         self._linger_s = linger_ms / 1000
         self._identity = new_identity(idempotent)  # (producer id, epoch)
         self._produce_async = getattr(service, "produce_async", None)
-        self.max_in_flight = (RECENT_BATCHES if idempotent else 1) if max_in_flight is None else \
-            int_setting("max_in_flight", max_in_flight, 1, RECENT_BATCHES)
+        self.max_in_flight = (
+            (RECENT_BATCHES if idempotent else 1)
+            if max_in_flight is None
+            else int_setting("max_in_flight", max_in_flight, 1, RECENT_BATCHES)
+        )
         # embedded: batches go through a thread pool, which keeps no order, so one at a time
         self._pipeline = self.max_in_flight if self._produce_async is not None else 1
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -296,11 +347,19 @@ class Producer(RetrySettings):
         """The epoch batches carry; bumped when a batch fails after it may have been stored."""
         return None if self._identity is None else self._identity[1]
 
-    def send(self, queue: str, body: bytes | Message, *, key: bytes | None = None,
-             tag: str | None = None, properties: dict[str, str] | None = None,
-             partition: int | None = None, callback: SendCallback | None = None,
-             deliver_at: datetime | int | None = None, delay: timedelta | float | None = None,
-             ) -> concurrent.futures.Future[MessageId]:
+    def send(
+        self,
+        queue: str,
+        body: bytes | Message,
+        *,
+        key: bytes | None = None,
+        tag: str | None = None,
+        properties: dict[str, str] | None = None,
+        partition: int | None = None,
+        callback: SendCallback | None = None,
+        deliver_at: datetime | int | None = None,
+        delay: timedelta | float | None = None,
+    ) -> concurrent.futures.Future[MessageId]:
         """Queue one message; return a future of its id.
 
         ``deliver_at`` (a datetime, naive meaning UTC, or epoch ms) or ``delay`` (a
@@ -321,11 +380,19 @@ class Producer(RetrySettings):
         at = 0 if deliver_at is None and delay is None else self._deliver_at(deliver_at, delay)
         return self._enqueue(queue, body, key, tag, properties, partition, callback, False, at)
 
-    def send_and_wait(self, queue: str, body: bytes | Message, *, key: bytes | None = None,
-                      tag: str | None = None, properties: dict[str, str] | None = None,
-                      partition: int | None = None, callback: SendCallback | None = None,
-                      deliver_at: datetime | int | None = None, delay: timedelta | float | None = None,
-                      ) -> MessageId:
+    def send_and_wait(
+        self,
+        queue: str,
+        body: bytes | Message,
+        *,
+        key: bytes | None = None,
+        tag: str | None = None,
+        properties: dict[str, str] | None = None,
+        partition: int | None = None,
+        callback: SendCallback | None = None,
+        deliver_at: datetime | int | None = None,
+        delay: timedelta | float | None = None,
+    ) -> MessageId:
         """Send one message and return its id once it is stored (a delayed one: once it is
         scheduled, durably; ``deliver_at`` and ``delay`` as for :meth:`send`).
 
@@ -342,9 +409,15 @@ class Producer(RetrySettings):
         r = self._send_sync(queue, p, info, [msg], size, at)
         return MessageId(r.queue_id, r.partition, r.base_offset)
 
-    def send_batch(self, queue: str, messages: Sequence[Message | bytes], *,
-                   partition: int | None = None, deliver_at: datetime | int | None = None,
-                   delay: timedelta | float | None = None) -> Sequence[MessageId]:
+    def send_batch(
+        self,
+        queue: str,
+        messages: Sequence[Message | bytes],
+        *,
+        partition: int | None = None,
+        deliver_at: datetime | int | None = None,
+        delay: timedelta | float | None = None,
+    ) -> Sequence[MessageId]:
         """Send messages as one batch per partition; return their ids in the given order.
 
         Blocks until they are stored. With ``partition`` every message goes there; otherwise
@@ -375,8 +448,7 @@ class Producer(RetrySettings):
             groups.setdefault(part.for_message(m, n), []).append(i)
         if len(groups) == 1:
             return BatchReceipt(self._send_sync(queue, next(iter(groups)), info, messages, None, at))
-        results = self._send_groups(queue, info, {p: [messages[i] for i in idxs] for p, idxs in groups.items()},
-                                    at)
+        results = self._send_groups(queue, info, {p: [messages[i] for i in idxs] for p, idxs in groups.items()}, at)
         ids: list[MessageId | None] = [None] * len(messages)
         for p, idxs in groups.items():
             for i, mid in zip(idxs, BatchReceipt(results[p]), strict=True):
@@ -392,8 +464,12 @@ class Producer(RetrySettings):
         self._refuse_in_sender("flush()")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
-            pending = [b for ps in self._parts.values() for b in (*ps.in_flight, *ps.retry, *ps.ready, ps.open)
-                       if b is not None]
+            pending = [
+                b
+                for ps in self._parts.values()
+                for b in (*ps.in_flight, *ps.retry, *ps.ready, ps.open)
+                if b is not None
+            ]
             if not pending:
                 return
             self._flushing += 1
@@ -432,8 +508,10 @@ class Producer(RetrySettings):
                     unsent.extend((b, closed_unsent()) for b in (*ps.ready, ps.open) if b is not None)
                     ps.ready.clear()
                     ps.open = None
-                    unsent.extend((b, UnavailableError("the producer was closed while this batch waited to be retried"))
-                                  for b in ps.retry)  # they leave the retry list when failed below
+                    unsent.extend(
+                        (b, UnavailableError("the producer was closed while this batch waited to be retried"))
+                        for b in ps.retry
+                    )  # they leave the retry list when failed below
                 self._sendable.clear()
             sender = self._sender
             self._wake_locked(start=False)
@@ -450,9 +528,18 @@ class Producer(RetrySettings):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _enqueue(self, queue: str, body: object, key: object, tag: object, properties: object,
-                 partition: int | None, callback: SendCallback | None, urgent: bool,
-                 deliver_at_ms: int = 0) -> SendFuture:
+    def _enqueue(
+        self,
+        queue: str,
+        body: object,
+        key: object,
+        tag: object,
+        properties: object,
+        partition: int | None,
+        callback: SendCallback | None,
+        urgent: bool,
+        deliver_at_ms: int = 0,
+    ) -> SendFuture:
         """send(): check, pick the partition, append to its open batch (``urgent``: it must
         not linger). A delayed message joins an open batch only of its own deliver time."""
         if type(body) is bytes and key is None and tag is None and properties is None:  # the common case
@@ -476,8 +563,11 @@ class Producer(RetrySettings):
             ps = self._part_locked(queue, p, deliver_at_ms)
             lingers = bool(self._linger_s) and not urgent
             b = ps.open
-            if b is None or b.size_bytes + size > self.batch_bytes_max or not joins_batch(b.deliver_times,
-                                                                                            deliver_at_ms):
+            if (
+                b is None
+                or b.size_bytes + size > self.batch_bytes_max
+                or not joins_batch(b.deliver_times, deliver_at_ms)
+            ):
                 b = self._new_batch_locked(ps, notify=lingers)
             if deliver_at_ms:
                 if b.deliver_times is None:
@@ -542,12 +632,14 @@ class Producer(RetrySettings):
         self._refreshed(queue, asked_at, outcome)
 
     def _refreshed(self, queue: str, asked_at: float, outcome: QueueInfo | BaseException) -> None:
-        store_refreshed(self._metadata, queue, asked_at, outcome, max_age_s=self._metadata_max_age_s,
-                        now=time.monotonic())
+        store_refreshed(
+            self._metadata, queue, asked_at, outcome, max_age_s=self._metadata_max_age_s, now=time.monotonic()
+        )
         self._refreshing.discard(queue)
 
-    def _prepare(self, queue: str, body: object, key: object, tag: object,
-                 properties: object) -> tuple[QueueInfo, Message | bytes, int]:
+    def _prepare(
+        self, queue: str, body: object, key: object, tag: object, properties: object
+    ) -> tuple[QueueInfo, Message | bytes, int]:
         if isinstance(body, Message):
             if key is not None or tag is not None or properties is not None:
                 raise InvalidArgumentError("pass key, tag and properties inside the Message, not beside it")
@@ -577,8 +669,7 @@ class Producer(RetrySettings):
                 )
         return info
 
-    def _choose_partition(self, queue: str, info: QueueInfo, msg: Message | bytes,
-                          partition: int | None) -> int | None:
+    def _choose_partition(self, queue: str, info: QueueInfo, msg: Message | bytes, partition: int | None) -> int | None:
         """The message's partition; None for the queue's sticky partition."""
         if partition is not None:
             self._check_partition(queue, info, partition)
@@ -697,13 +788,16 @@ class Producer(RetrySettings):
             ps.in_flight.popleft()
             ps.exclusive = False
 
-    def _append_group_locked(self, ps: _Partition, msgs: Sequence[Message | bytes], size: int,
-                             fut: SendFuture, deliver_at_ms: int = 0) -> None:
+    def _append_group_locked(
+        self, ps: _Partition, msgs: Sequence[Message | bytes], size: int, fut: SendFuture, deliver_at_ms: int = 0
+    ) -> None:
         """Add a blocking call's messages to the open batch of ``ps``; it leaves without
         lingering, as soon as the partition's slot is free."""
         b = ps.open
-        if b is None or (b.messages and b.size_bytes + size > self.batch_bytes_max) or (
-            b.messages and not joins_batch(b.deliver_times, deliver_at_ms)
+        if (
+            b is None
+            or (b.messages and b.size_bytes + size > self.batch_bytes_max)
+            or (b.messages and not joins_batch(b.deliver_times, deliver_at_ms))
         ):
             b = self._new_batch_locked(ps)
         if deliver_at_ms:
@@ -735,8 +829,15 @@ class Producer(RetrySettings):
 
     # -- blocking sends -------------------------------------------------------------------
 
-    def _send_sync(self, queue: str, partition: int | None, info: QueueInfo,
-                   messages: Sequence[Message | bytes], size: int | None, deliver_at_ms: int = 0) -> ProduceResult:
+    def _send_sync(
+        self,
+        queue: str,
+        partition: int | None,
+        info: QueueInfo,
+        messages: Sequence[Message | bytes],
+        size: int | None,
+        deliver_at_ms: int = 0,
+    ) -> ProduceResult:
         """Send ``messages`` to one partition and wait: inline when the partition is idle,
         else as part of its next batch. ``size`` is None when they are not validated yet."""
         cap = info.config.message_bytes_max
@@ -766,8 +867,9 @@ class Producer(RetrySettings):
             self._append_group_locked(ps, messages, size, fut, deliver_at_ms)
         return fut.result()
 
-    def _send_groups(self, queue: str, info: QueueInfo, groups: dict[int | None, list[Message | bytes]],
-                     deliver_at_ms: int = 0) -> dict[int | None, ProduceResult]:
+    def _send_groups(
+        self, queue: str, info: QueueInfo, groups: dict[int | None, list[Message | bytes]], deliver_at_ms: int = 0
+    ) -> dict[int | None, ProduceResult]:
         """Send each group to its partition (None: the sticky one) in parallel; wait for all."""
         self._refuse_in_sender("a blocking send")
         cap = info.config.message_bytes_max
@@ -931,8 +1033,9 @@ class Producer(RetrySettings):
 
     def _embedded_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(self.send_threads,
-                                                               thread_name_prefix="headwater-producer-send")
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self.send_threads, thread_name_prefix="headwater-producer-send"
+            )
             weakref.finalize(self, self._pool.shutdown, wait=False)
         return self._pool
 
@@ -978,9 +1081,15 @@ class Producer(RetrySettings):
         batch sent before it (encodes run in sending order, under ``_wire``)."""
         ident = b.send_identity
         pid, seq, epoch = take_sequence(b.part, ident, len(b.messages))
-        b.encoded = encode_batch(b.messages, compression=self.compression, producer_id=pid,
-                                 base_sequence=seq, producer_epoch=epoch, message_bytes_max=cap,
-                                 deliver_times=b.deliver_times)
+        b.encoded = encode_batch(
+            b.messages,
+            compression=self.compression,
+            producer_id=pid,
+            base_sequence=seq,
+            producer_epoch=epoch,
+            message_bytes_max=cap,
+            deliver_times=b.deliver_times,
+        )
         b.identity, b.base_sequence = ident, seq
 
     def _retry_delay(self, b: _Batch, exc: BaseException) -> float | None:

@@ -37,10 +37,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from headwater.model.checks import check_int_arg, check_offsets_arg, check_queue_arg, mapping_copy
 from headwater.client.send_future import LazyFuture
 from headwater.client.transport import AsyncTransport
 from headwater.errors import ClosedError, OutcomeUnknownError, UnavailableError
+from headwater.model.checks import check_int_arg, check_offsets_arg, check_queue_arg, mapping_copy
 from headwater.model.config import QueueConfig, QueueInfo
 from headwater.model.delay import DelayStats
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
@@ -81,7 +81,9 @@ def _queue_or_none(name: object) -> None:
 
 #: a request naming a subscriber: its queue, then its name (checked as the broker does)
 _SUBSCRIBER: tuple[tuple[str, Callable[[Any], None]], ...] = (
-    ("queue", check_queue_arg), ("name", validate_subscriber_name))
+    ("queue", check_queue_arg),
+    ("name", validate_subscriber_name),
+)
 
 
 #: The fields of a request that callers pass straight through, and their checks (see
@@ -93,8 +95,11 @@ _ARGUMENT_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], None]], ...]] = {
     m.TruncateQueueRequest: (("name", check_queue_arg),),
     m.SetQueueEnabledRequest: (("name", check_queue_arg),),
     m.AddPartitionsRequest: (("name", check_queue_arg), ("partitions", _an_int("a partition count"))),
-    m.FetchRequest: (("queue", check_queue_arg), ("partition", _an_int("a partition")),
-                     ("offset", _an_int("an offset"))),
+    m.FetchRequest: (
+        ("queue", check_queue_arg),
+        ("partition", _an_int("a partition")),
+        ("offset", _an_int("an offset")),
+    ),
     m.LookupKeyRequest: (("queue", check_queue_arg),),
     m.OffsetForTimeRequest: _queue_and("partition", _an_int("a partition")),
     m.CommitOffsetsRequest: _queue_and("offsets", check_offsets_arg),
@@ -124,27 +129,28 @@ def check_arguments(body: m.RequestBody) -> None:
 _HOW_TO_LOOK: dict[type, Callable[[Any], str]] = {
     m.CreateQueueRequest: lambda b: (
         f"admin.describe_queue({b.name!r}) tells whether the queue exists (create_queue(..., "
-        f"exist_ok=True) is safe to repeat)"),
+        f"exist_ok=True) is safe to repeat)"
+    ),
     m.DeleteQueueRequest: lambda b: (
         f"a second delete could remove a queue {b.name!r} created meanwhile; admin.list_queues() "
-        f"tells whether it is still there"),
+        f"tells whether it is still there"
+    ),
     m.TruncateQueueRequest: lambda b: (
         f"a second truncate would also drop what was sent to the queue since; "
         f"admin.describe_queue({b.name!r}) tells whether it was applied: a truncated partition's "
-        f"start offset moved up to where its end offset was"),
-    m.AddPartitionsRequest: lambda b: (
-        f"admin.describe_queue({b.name!r}) tells how many partitions the queue has"),
-    m.JoinGroupRequest: lambda b: (
-        "a member it added without telling expires after its session timeout; join again"),
-    m.SharedAckRequest: lambda b: "a lease it finished would be refused a second time; a lease left unacked "
-                                  "expires and its message comes again",
-    m.SharedNackRequest: lambda b: "a lease it finished would be refused a second time; a lease left unacked "
-                                   "expires and its message comes again",
+        f"start offset moved up to where its end offset was"
+    ),
+    m.AddPartitionsRequest: lambda b: f"admin.describe_queue({b.name!r}) tells how many partitions the queue has",
+    m.JoinGroupRequest: lambda b: "a member it added without telling expires after its session timeout; join again",
+    m.SharedAckRequest: lambda b: (
+        "a lease it finished would be refused a second time; a lease left unacked expires and its message comes again"
+    ),
+    m.SharedNackRequest: lambda b: (
+        "a lease it finished would be refused a second time; a lease left unacked expires and its message comes again"
+    ),
     m.SharedReceiveRequest: lambda b: "at most once, messages it leased are not delivered again",
-    m.AddSubscriberRequest: lambda b: (
-        f"admin.describe_subscriber({b.queue!r}, {b.name!r}) tells whether it exists"),
-    m.DeleteSubscriberRequest: lambda b: (
-        f"admin.list_subscribers({b.queue!r}) tells whether {b.name!r} is still there"),
+    m.AddSubscriberRequest: lambda b: f"admin.describe_subscriber({b.queue!r}, {b.name!r}) tells whether it exists",
+    m.DeleteSubscriberRequest: lambda b: f"admin.list_subscribers({b.queue!r}) tells whether {b.name!r} is still there",
 }
 
 
@@ -160,8 +166,16 @@ class Tries:
 
     __slots__ = ("body", "deadline", "idempotent", "left", "retry", "sent_at", "timeout_s", "transport", "tries")
 
-    def __init__(self, transport: AsyncTransport, body: m.RequestBody, *, retries: int, idempotent: bool,
-                 retry: bool, timeout_s: float | None) -> None:
+    def __init__(
+        self,
+        transport: AsyncTransport,
+        body: m.RequestBody,
+        *,
+        retries: int,
+        idempotent: bool,
+        retry: bool,
+        timeout_s: float | None,
+    ) -> None:
         self.transport = transport
         self.body = body
         self.idempotent = idempotent
@@ -190,8 +204,9 @@ class Tries:
             return self._outcome_unknown(error, late)
         if late:  # written in time, no answer by the deadline: the broker is hung, not gone
             if self.tries > 1:  # the last try had what was left: say the whole wait
-                return UnavailableError(f"{self.body.api.name} to {self.transport.address} got no answer "
-                                        f"in {self.timeout_s} s")
+                return UnavailableError(
+                    f"{self.body.api.name} to {self.transport.address} got no answer in {self.timeout_s} s"
+                )
             return error
         if self.left <= 0 or closed or self.transport.gave_up_connecting_since(self.sent_at):
             return error
@@ -245,20 +260,23 @@ class _Waiter:
 class RemoteService:
     """A BrokerService over TCP. Thread-safe."""
 
-    def __init__(self, address: str, *, connect_timeout_s: float = 10.0,
-                 request_timeout_s: float = 60.0, retries: int = 3) -> None:
+    def __init__(
+        self, address: str, *, connect_timeout_s: float = 10.0, request_timeout_s: float = 60.0, retries: int = 3
+    ) -> None:
         self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="headwater-client", daemon=True)
         self._thread.start()
-        self.transport = AsyncTransport(address, connect_timeout_s=connect_timeout_s,
-                                        request_timeout_s=request_timeout_s, loop=self._loop)
+        self.transport = AsyncTransport(
+            address, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s, loop=self._loop
+        )
         self.address = self.transport.address
         self._retries = retries
         self._closed = False
         self._call(m.PingRequest())  # fail fast, with a clear error, if nobody is there
 
-    def _submit(self, body: m.RequestBody, timeout_s: float | None = None, *,
-                lead: bool = False) -> concurrent.futures.Future:
+    def _submit(
+        self, body: m.RequestBody, timeout_s: float | None = None, *, lead: bool = False
+    ) -> concurrent.futures.Future:
         # no task and no hop to the loop: this thread writes the request (in submission
         # order) and the loop's reader settles the future (or this thread, if it leads).
         # A LazyFuture: no condition until a thread waits on it (most never are, one by one)
@@ -269,20 +287,23 @@ class RemoteService:
         self.transport.submit(body, fut, timeout_s, lead=lead)
         return fut
 
-    def lead(self, futures: list, timeout_s: float | None, *,
-             interrupt: concurrent.futures.Future | None = None) -> concurrent.futures.Future | None:
+    def lead(
+        self, futures: list, timeout_s: float | None, *, interrupt: concurrent.futures.Future | None = None
+    ) -> concurrent.futures.Future | None:
         """Read the connection on this thread until one of ``futures`` is done or
         ``timeout_s`` passes, if no other thread reads it (see :meth:`AsyncTransport.lead`);
         then wait on the futures as usual. For callers that asked ``lead=True``."""
         return self.transport.lead(futures, timeout_s, interrupt=interrupt)
 
-    def _call(self, body: m.RequestBody, *, idempotent: bool = True, retry: bool = True,
-              timeout_s: float | None = None) -> Any:
+    def _call(
+        self, body: m.RequestBody, *, idempotent: bool = True, retry: bool = True, timeout_s: float | None = None
+    ) -> Any:
         """Send ``body`` and wait for its answer, within ``timeout_s`` (default
         ``request_timeout_s``) in all, sending it again as :class:`Tries` allows."""
         check_arguments(body)
-        tries = Tries(self.transport, body, retries=self._retries, idempotent=idempotent, retry=retry,
-                      timeout_s=timeout_s)
+        tries = Tries(
+            self.transport, body, retries=self._retries, idempotent=idempotent, retry=retry, timeout_s=timeout_s
+        )
         while True:
             if self._closed:
                 raise ClosedError(f"the client of {self.address} is closed")
@@ -332,24 +353,39 @@ class RemoteService:
         """Send a batch without waiting; the future holds the ProduceResult."""
         return self._submit(m.ProduceRequest(queue, partition, batch))
 
-    def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
-              end_offset: int | None = None, max_wait_ms: int = 0) -> FetchResult:
+    def fetch(
+        self,
+        queue: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        tag_mask: int = 0,
+        end_offset: int | None = None,
+        max_wait_ms: int = 0,
+    ) -> FetchResult:
         timeout = None if not max_wait_ms else self.transport.request_timeout_s + max_wait_ms / 1000
-        return self._call(m.FetchRequest(queue, partition, offset, max_bytes, tag_mask, end_offset,
-                                          max_wait_ms), timeout_s=timeout)
+        return self._call(
+            m.FetchRequest(queue, partition, offset, max_bytes, tag_mask, end_offset, max_wait_ms), timeout_s=timeout
+        )
 
     def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
         return self._call(m.LookupIdRequest(queue_id, partition, offset))
 
-    def lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None,
-                   limit: int) -> list[bytes]:
+    def lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None, limit: int) -> list[bytes]:
         return self._call(m.LookupKeyRequest(queue, key, start_ms, end_ms, limit))
 
     def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
         return self._call(m.OffsetForTimeRequest(queue, partition, timestamp_ms))
 
-    def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
-                       member_id: str | None = None, generation: int | None = None) -> None:
+    def commit_offsets(
+        self,
+        group: str,
+        queue: str,
+        offsets: dict[int, int],
+        member_id: str | None = None,
+        generation: int | None = None,
+    ) -> None:
         self._call(m.CommitOffsetsRequest(group, queue, mapping_copy(offsets), member_id, generation))
 
     def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
@@ -357,10 +393,20 @@ class RemoteService:
 
     # consumer groups: a join is not sent twice (a lost answer leaves a member that expires);
     # heartbeats and leaves are (a second leave is refused, but the member is gone either way)
-    def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str], mode: str,
-                   strategy: str, session_timeout_ms: int) -> GroupAssignment:
-        return self._call(m.JoinGroupRequest(group, member_id, client_id, list(queues), mode, strategy,
-                                             session_timeout_ms), idempotent=False)
+    def join_group(
+        self,
+        group: str,
+        member_id: str | None,
+        client_id: str,
+        queues: list[str],
+        mode: str,
+        strategy: str,
+        session_timeout_ms: int,
+    ) -> GroupAssignment:
+        return self._call(
+            m.JoinGroupRequest(group, member_id, client_id, list(queues), mode, strategy, session_timeout_ms),
+            idempotent=False,
+        )
 
     def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
         return self._call(m.HeartbeatGroupRequest(group, member_id, generation))
@@ -374,37 +420,85 @@ class RemoteService:
     def list_groups(self) -> list[GroupSummary]:
         return self._call(m.ListGroupsRequest())
 
-    def fetch_async(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
-                    end_offset: int | None = None, max_wait_ms: int = 0,
-                    lead: bool = False) -> concurrent.futures.Future:
+    def fetch_async(
+        self,
+        queue: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        tag_mask: int = 0,
+        end_offset: int | None = None,
+        max_wait_ms: int = 0,
+        lead: bool = False,
+    ) -> concurrent.futures.Future:
         """Fetch without waiting; the future holds the FetchResult. ``lead=True``: the caller
         will call :meth:`lead` for it (a consumer's poll does)."""
         timeout = self.transport.request_timeout_s + max_wait_ms / 1000
-        return self._submit(m.FetchRequest(queue, partition, offset, max_bytes, tag_mask, end_offset,
-                                           max_wait_ms), timeout, lead=lead)
+        return self._submit(
+            m.FetchRequest(queue, partition, offset, max_bytes, tag_mask, end_offset, max_wait_ms), timeout, lead=lead
+        )
 
     # shared groups: acks, nacks and extends are not sent twice (one answered but lost would
     # come back refused; the caller decides). A receive is, as a fetch is, unless at most once:
     # the leases of a receive answered but lost expire and their messages come again (at least
     # once); at most once they would be lost, so the caller hears of it
-    def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
-                       visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
-                       settings: dict[str, int | float] | None = None, max_wait_ms: int = 0) -> SharedDeliveries:
+    def shared_receive(
+        self,
+        group: str,
+        queue: str,
+        member: str,
+        max_messages: int = 32,
+        visibility_timeout_ms: int = 30_000,
+        at_most_once: bool = False,
+        settings: dict[str, int | float] | None = None,
+        max_wait_ms: int = 0,
+    ) -> SharedDeliveries:
         timeout = None if not max_wait_ms else self.transport.request_timeout_s + max_wait_ms / 1000
-        return self._call(m.SharedReceiveRequest(group, queue, member, max_messages, visibility_timeout_ms,
-                                                 at_most_once, dict(settings or {}), max_wait_ms),
-                          idempotent=not at_most_once, timeout_s=timeout)
+        return self._call(
+            m.SharedReceiveRequest(
+                group,
+                queue,
+                member,
+                max_messages,
+                visibility_timeout_ms,
+                at_most_once,
+                dict(settings or {}),
+                max_wait_ms,
+            ),
+            idempotent=not at_most_once,
+            timeout_s=timeout,
+        )
 
-    def start_shared_receive(self, group: str, queue: str, member: str, max_messages: int,
-                             visibility_timeout_ms: int, at_most_once: bool, settings: dict[str, int | float],
-                             max_wait_ms: int) -> concurrent.futures.Future:
+    def start_shared_receive(
+        self,
+        group: str,
+        queue: str,
+        member: str,
+        max_messages: int,
+        visibility_timeout_ms: int,
+        at_most_once: bool,
+        settings: dict[str, int | float],
+        max_wait_ms: int,
+    ) -> concurrent.futures.Future:
         """Send SHARED_RECEIVE without waiting (at once, or when connected): the future of
         its answer, for the caller to :meth:`lead` on next. While it is not written yet,
         :meth:`withdraw` takes it back, so a consumer's receive keeps its own timeout while
         the client connects again."""
-        return self._submit(m.SharedReceiveRequest(group, queue, member, max_messages, visibility_timeout_ms,
-                                                   at_most_once, dict(settings or {}), max_wait_ms),
-                            self.transport.request_timeout_s + max_wait_ms / 1000, lead=True)
+        return self._submit(
+            m.SharedReceiveRequest(
+                group,
+                queue,
+                member,
+                max_messages,
+                visibility_timeout_ms,
+                at_most_once,
+                dict(settings or {}),
+                max_wait_ms,
+            ),
+            self.transport.request_timeout_s + max_wait_ms / 1000,
+            lead=True,
+        )
 
     def withdraw(self, fut: concurrent.futures.Future) -> bool:
         """Take back a request sent with a ``start_`` call if it is not written yet (True)."""
@@ -413,15 +507,19 @@ class RemoteService:
     def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
         return self._call(m.SharedAckRequest(group, queue, member, list(lease_ids)), idempotent=False)
 
-    def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
-                    delay_ms: int | None = None) -> list[LeaseRefusal]:
-        return self._call(m.SharedNackRequest(group, queue, member, list(lease_ids), reason, delay_ms),
-                          idempotent=False)
+    def shared_nack(
+        self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "", delay_ms: int | None = None
+    ) -> list[LeaseRefusal]:
+        return self._call(
+            m.SharedNackRequest(group, queue, member, list(lease_ids), reason, delay_ms), idempotent=False
+        )
 
-    def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
-                      visibility_timeout_ms: int) -> list[LeaseRefusal]:
-        return self._call(m.SharedExtendRequest(group, queue, member, list(lease_ids), visibility_timeout_ms),
-                          idempotent=False)
+    def shared_extend(
+        self, group: str, queue: str, member: str, lease_ids: list[str], visibility_timeout_ms: int
+    ) -> list[LeaseRefusal]:
+        return self._call(
+            m.SharedExtendRequest(group, queue, member, list(lease_ids), visibility_timeout_ms), idempotent=False
+        )
 
     def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
         return self._call(m.SharedDescribeRequest(group, queue))
@@ -433,27 +531,54 @@ class RemoteService:
         return self._call(m.DelayStatsRequest())
 
     # keyed groups
-    def keyed_group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
-                    start: str = "earliest") -> KeyedGroupInfo:
+    def keyed_group(
+        self, queue: str, group: str, key: str | None = None, size: int | None = None, start: str = "earliest"
+    ) -> KeyedGroupInfo:
         return self._call(m.KeyedGroupRequest(queue, group, key, size, start))
 
-    def keyed_fetch(self, queue: str, group: str, member: int, generation: int, partition: int,
-                    offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> KeyedFetchResult:
+    def keyed_fetch(
+        self,
+        queue: str,
+        group: str,
+        member: int,
+        generation: int,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        max_wait_ms: int = 0,
+    ) -> KeyedFetchResult:
         timeout = None if not max_wait_ms else self.transport.request_timeout_s + max_wait_ms / 1000
-        return self._call(m.KeyedFetchRequest(queue, group, member, generation, partition, offset, max_bytes,
-                                              max_wait_ms), timeout_s=timeout)
+        return self._call(
+            m.KeyedFetchRequest(queue, group, member, generation, partition, offset, max_bytes, max_wait_ms),
+            timeout_s=timeout,
+        )
 
-    def keyed_fetch_async(self, queue: str, group: str, member: int, generation: int, partition: int,
-                          offset: int, *, max_bytes: int, max_wait_ms: int = 0,
-                          lead: bool = False) -> concurrent.futures.Future:
+    def keyed_fetch_async(
+        self,
+        queue: str,
+        group: str,
+        member: int,
+        generation: int,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        max_wait_ms: int = 0,
+        lead: bool = False,
+    ) -> concurrent.futures.Future:
         """A keyed fetch without waiting; the future holds the KeyedFetchResult. ``lead=True``:
         the caller will call :meth:`lead` for it (a keyed consumer's poll does)."""
         timeout = self.transport.request_timeout_s + max_wait_ms / 1000
-        return self._submit(m.KeyedFetchRequest(queue, group, member, generation, partition, offset, max_bytes,
-                                                max_wait_ms), timeout, lead=lead)
+        return self._submit(
+            m.KeyedFetchRequest(queue, group, member, generation, partition, offset, max_bytes, max_wait_ms),
+            timeout,
+            lead=lead,
+        )
 
-    def keyed_commit(self, queue: str, group: str, member: int, generation: int,
-                     offsets: dict[int, int]) -> KeyedGroupInfo:
+    def keyed_commit(
+        self, queue: str, group: str, member: int, generation: int, offsets: dict[int, int]
+    ) -> KeyedGroupInfo:
         return self._call(m.KeyedCommitRequest(queue, group, member, generation, mapping_copy(offsets)))
 
     def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
@@ -461,10 +586,24 @@ class RemoteService:
 
     # push subscribers: adding and deleting are not sent twice (a lost answer would come back
     # as "exists" or "not found"); the rest is idempotent
-    def add_subscriber(self, queue: str, name: str, partitions: list[int] | None = None,
-                       tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo:
-        return self._call(m.AddSubscriberRequest(queue, name, None if partitions is None else list(partitions),
-                                                 None if tags is None else list(tags), start), idempotent=False)
+    def add_subscriber(
+        self,
+        queue: str,
+        name: str,
+        partitions: list[int] | None = None,
+        tags: list[str] | None = None,
+        start: str = "latest",
+    ) -> SubscriberInfo:
+        return self._call(
+            m.AddSubscriberRequest(
+                queue,
+                name,
+                None if partitions is None else list(partitions),
+                None if tags is None else list(tags),
+                start,
+            ),
+            idempotent=False,
+        )
 
     def delete_subscriber(self, queue: str, name: str) -> None:
         self._call(m.DeleteSubscriberRequest(queue, name), idempotent=False)
@@ -479,24 +618,34 @@ class RemoteService:
         self._call(m.CheckpointSubscriberRequest(queue, name, mapping_copy(offsets)))
 
     # push streams (headwater.client.subscriber drives them)
-    def open_push_stream(self, queue: str, name: str, handler: Callable[[m.PushBody | None], None], *,
-                         credit_messages: int, credit_bytes: int) -> tuple[int, SubscriberInfo]:
+    def open_push_stream(
+        self,
+        queue: str,
+        name: str,
+        handler: Callable[[m.PushBody | None], None],
+        *,
+        credit_messages: int,
+        credit_bytes: int,
+    ) -> tuple[int, SubscriberInfo]:
         """Open a push stream of subscriber ``name``: its id and the subscriber as it starts.
 
         ``handler`` gets each PUSH body, on the client's event loop thread (keep it quick),
         and None once if the connection is lost."""
+
         def request(sid: int) -> m.RequestBody:
             return m.SubscribeRequest(sid, queue, name, credit_messages, credit_bytes)
 
         return asyncio.run_coroutine_threadsafe(self.transport.open_stream(request, handler), self._loop).result()
 
-    def ack_push_stream(self, stream_id: int, offsets: dict[int, int], credit_messages: int,
-                        credit_bytes: int) -> concurrent.futures.Future:
+    def ack_push_stream(
+        self, stream_id: int, offsets: dict[int, int], credit_messages: int, credit_bytes: int
+    ) -> concurrent.futures.Future:
         """Grant a stream more credit and checkpoint ``offsets`` (if any), without waiting."""
         return self._submit(m.SubscriptionAckRequest(stream_id, dict(offsets), credit_messages, credit_bytes))
 
     def close_push_stream(self, stream_id: int) -> None:
         """Stop routing the stream's pushes here and ask the broker to end it."""
+
         async def close_() -> None:
             self.transport.unregister_push(stream_id)
             await self.transport.call(m.UnsubscribeRequest(stream_id))
@@ -508,9 +657,16 @@ class RemoteService:
                 pass  # the connection is gone, and the stream with it
 
     # fetch streams (headwater.client.fetch_stream drives them)
-    def open_fetch_stream(self, queue: str, positions: dict[int, int], handler: Callable[[m.PushBody | None], None],
-                          *, credit_bytes: int, tag_mask: int = 0,
-                          push_bytes_max: int = 1 << 20) -> tuple[int, concurrent.futures.Future]:
+    def open_fetch_stream(
+        self,
+        queue: str,
+        positions: dict[int, int],
+        handler: Callable[[m.PushBody | None], None],
+        *,
+        credit_bytes: int,
+        tag_mask: int = 0,
+        push_bytes_max: int = 1 << 20,
+    ) -> tuple[int, concurrent.futures.Future]:
         """Start opening a fetch stream over ``positions`` (``{partition: offset}``) of
         ``queue``, without waiting (while the broker is away, the request waits for the next
         connection): the stream's id and the future of the broker's answer (None, or the
@@ -521,6 +677,7 @@ class RemoteService:
         the connection is lost."""
         if self._closed:
             raise ClosedError(f"the client of {self.address} is closed")
+
         def request(sid: int) -> m.RequestBody:
             return m.FetchStreamRequest(sid, queue, dict(positions), credit_bytes, tag_mask, push_bytes_max)
 

@@ -60,10 +60,19 @@ def partitions_named(info: QueueInfo, partitions: int | Iterable[int] | None) ->
 class Scanner(Iterator[Record]):
     """Iterate records of a queue in a range. Use as an iterator and a context manager."""
 
-    def __init__(self, service: BrokerService, queue: str, *, partitions: int | Iterable[int] | None = None,
-                 start: Bound = None, stop: Bound = None,
-                 start_time: datetime | int | None = None, end_time: datetime | int | None = None,
-                 tags: str | Iterable[str] | None = None, fetch_bytes: int = FETCH_BYTES_DEFAULT) -> None:
+    def __init__(
+        self,
+        service: BrokerService,
+        queue: str,
+        *,
+        partitions: int | Iterable[int] | None = None,
+        start: Bound = None,
+        stop: Bound = None,
+        start_time: datetime | int | None = None,
+        end_time: datetime | int | None = None,
+        tags: str | Iterable[str] | None = None,
+        fetch_bytes: int = FETCH_BYTES_DEFAULT,
+    ) -> None:
         self._service = service
         self.queue = queue
         info = service.describe_queue(queue)
@@ -99,8 +108,9 @@ class Scanner(Iterator[Record]):
         self._gen: Iterator[Record] | None = self._run()
 
     @staticmethod
-    def _choose_partitions(info: QueueInfo, partitions: int | Iterable[int] | None,
-                           pinned: MessageId | None) -> list[int]:
+    def _choose_partitions(
+        info: QueueInfo, partitions: int | Iterable[int] | None, pinned: MessageId | None
+    ) -> list[int]:
         if partitions is None and pinned is not None:
             partitions = pinned.partition
         parts = partitions_named(info, partitions)

@@ -16,8 +16,14 @@ import threading
 from collections.abc import Callable
 from concurrent.futures._base import (
     CANCELLED as _CANCELLED,
+)
+from concurrent.futures._base import (
     CANCELLED_AND_NOTIFIED as _CANCELLED_AND_NOTIFIED,
+)
+from concurrent.futures._base import (
     FINISHED as _FINISHED,
+)
+from concurrent.futures._base import (
     PENDING as _PENDING,
 )
 

@@ -19,6 +19,9 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from headwater.client.polling import Outage, wait_any
+from headwater.client.positions import check_poll
+from headwater.client.scanner import decode_stored
 from headwater.errors import (
     ClosedError,
     HeadwaterError,
@@ -39,9 +42,6 @@ from headwater.model.shared import (
     validate_member,
     validate_receive,
 )
-from headwater.client.polling import Outage, wait_any
-from headwater.client.positions import check_poll
-from headwater.client.scanner import decode_stored
 
 __all__ = ["Delivery", "SharedConsumer", "SharedConsumerBase", "deliveries_from", "raise_refused"]
 
@@ -98,8 +98,11 @@ def deliveries_from(res: SharedDeliveries, queue: str, consumer: Any, cls: type 
         for r in decode_stored(b, queue):
             if (r.partition, r.offset) in wanted:
                 records[(r.partition, r.offset)] = r
-    return [cls(records[(x.partition, x.offset)], x.attempt, x.lease_id, x.deadline_ms, consumer)
-            for x in res.leases if (x.partition, x.offset) in records]
+    return [
+        cls(records[(x.partition, x.offset)], x.attempt, x.lease_id, x.deadline_ms, consumer)
+        for x in res.leases
+        if (x.partition, x.offset) in records
+    ]
 
 
 def raise_refused(refused: list[LeaseRefusal], what: str) -> None:
@@ -121,16 +124,27 @@ class SharedConsumerBase:
     """What the sync and the asyncio shared consumers share, no I/O: settings checked up
     front, the member id, and the leases received and not yet settled."""
 
-    def __init__(self, service: Any, group: str, queue: str, *, visibility_timeout_ms: int = 30_000,
-                 max_attempts: int = 5, backoff_ms: int = 1_000, at_most_once: bool = False,
-                 member: str | None = None, **settings: Any) -> None:
+    def __init__(
+        self,
+        service: Any,
+        group: str,
+        queue: str,
+        *,
+        visibility_timeout_ms: int = 30_000,
+        max_attempts: int = 5,
+        backoff_ms: int = 1_000,
+        at_most_once: bool = False,
+        member: str | None = None,
+        **settings: Any,
+    ) -> None:
         validate_group(group)
         validate_queue_name(queue)
         validate_receive(1, visibility_timeout_ms)
         if not isinstance(at_most_once, bool):
             raise InvalidArgumentError(f"at_most_once is a bool, got {type(at_most_once).__name__}")
         self.settings = SharedGroupSettings.from_mapping(
-            {"max_attempts": max_attempts, "backoff_ms": backoff_ms, **settings})
+            {"max_attempts": max_attempts, "backoff_ms": backoff_ms, **settings}
+        )
         self._service = service
         self.group = group
         self.queue = queue
@@ -149,8 +163,16 @@ class SharedConsumerBase:
     def _receive_args(self, max_messages: int, timeout_ms: int) -> tuple:
         self._check_open()
         max_messages = check_poll(max_messages, timeout_ms, 32, call="receive")  # a positive int; a finite timeout >= 0
-        return (self.group, self.queue, self.member, max_messages, self.visibility_timeout_ms, self.at_most_once,
-                self._settings_map, int(timeout_ms))
+        return (
+            self.group,
+            self.queue,
+            self.member,
+            max_messages,
+            self.visibility_timeout_ms,
+            self.at_most_once,
+            self._settings_map,
+            int(timeout_ms),
+        )
 
     def _track(self, out: list) -> list:
         for d in out:
@@ -173,7 +195,8 @@ class SharedConsumerBase:
             else:
                 raise InvalidArgumentError(
                     f"ack, nack and extend take deliveries from receive() or their lease ids (str), "
-                    f"one or a list; got {type(d).__name__} {d!r}")
+                    f"one or a list; got {type(d).__name__} {d!r}"
+                )
         return ids
 
     def _settle(self, ids: list[str]) -> None:

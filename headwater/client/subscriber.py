@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from headwater.client.consumer import Consumer
 from headwater.errors import (
     ClosedError,
     HeadwaterError,
@@ -59,7 +60,6 @@ from headwater.model.filtering import count_messages, decode_selection
 from headwater.model.message import Record
 from headwater.model.service import BrokerService
 from headwater.model.subscription import SubscriberInfo, subscribed_partitions
-from headwater.client.consumer import Consumer
 
 __all__ = ["Subscriber", "SubscriberBase", "Listener"]
 
@@ -85,17 +85,30 @@ class SubscriberBase:
     sync :class:`Subscriber` (a thread) and the asyncio
     :class:`~headwater.client.aio_subscriber.AsyncSubscriber` (a task) drive it."""
 
-    def __init__(self, queue: str, name: str, listeners: Iterable[Listener], *, credit_messages: int,
-                 credit_bytes: int, checkpoint_interval_ms: int, on_error: str) -> None:
+    def __init__(
+        self,
+        queue: str,
+        name: str,
+        listeners: Iterable[Listener],
+        *,
+        credit_messages: int,
+        credit_bytes: int,
+        checkpoint_interval_ms: int,
+        on_error: str,
+    ) -> None:
         if on_error not in ("stop", "skip"):
             raise InvalidArgumentError(f"on_error is 'stop' or 'skip', got {on_error!r}")
         for name_, v in (("credit_messages", credit_messages), ("credit_bytes", credit_bytes)):
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 2**31:
                 raise InvalidArgumentError(f"{name_} is a whole number from 1 to 2**31 - 1, got {v!r}")
-        if isinstance(checkpoint_interval_ms, bool) or not isinstance(checkpoint_interval_ms, int) \
-                or checkpoint_interval_ms < 0:
-            raise InvalidArgumentError(f"checkpoint_interval_ms is a whole number of milliseconds, 0 or more, "
-                                       f"got {checkpoint_interval_ms!r}")
+        if (
+            isinstance(checkpoint_interval_ms, bool)
+            or not isinstance(checkpoint_interval_ms, int)
+            or checkpoint_interval_ms < 0
+        ):
+            raise InvalidArgumentError(
+                f"checkpoint_interval_ms is a whole number of milliseconds, 0 or more, got {checkpoint_interval_ms!r}"
+            )
         self.queue = queue
         self.name = name
         self._lock = threading.Lock()
@@ -161,8 +174,12 @@ class SubscriberBase:
             return
         if isinstance(e, RuntimeError) and "cannot schedule new futures" in str(e):
             # the program is ending without close(): Python's executors refuse work; not a bug
-            log.info("subscriber %s/%s stopped: the program is exiting (close() the subscriber or the "
-                     "client first to store its last checkpoint)", self.queue, self.name)
+            log.info(
+                "subscriber %s/%s stopped: the program is exiting (close() the subscriber or the "
+                "client first to store its last checkpoint)",
+                self.queue,
+                self.name,
+            )
         elif not isinstance(e, HeadwaterError):
             log.exception("subscriber %s/%s failed", self.queue, self.name)
         self.error = e
@@ -211,8 +228,9 @@ class SubscriberBase:
             by_part.setdefault(r.partition, []).append(r)
         return by_part
 
-    def _past_skipped(self, parts: list[int], by_part: dict[int, list[Record]], done: set[int],
-                      position: Callable[[int], int]) -> None:
+    def _past_skipped(
+        self, parts: list[int], by_part: dict[int, list[Record]], done: set[int], position: Callable[[int], int]
+    ) -> None:
         """Move past messages the filter skipped, where nothing is left undelivered."""
         for p in parts:
             if p in done or p not in by_part:
@@ -246,8 +264,11 @@ class SubscriberBase:
         """The records of a push, decoded (and their tags checked again)."""
         start = self._positions.get(body.partition, 0)
         sel = body.selections
-        return (r for i, b in enumerate(body.batches)
-                for r in decode_selection(b, sel[i] if sel else (), self.queue, start_offset=start, tags=self._tags))
+        return (
+            r
+            for i, b in enumerate(body.batches)
+            for r in decode_selection(b, sel[i] if sel else (), self.queue, start_offset=start, tags=self._tags)
+        )
 
     def _pushed(self, body: Any, complete: bool) -> bool:
         """After the listeners took a push (all of it when ``complete``): move past what the
@@ -291,11 +312,28 @@ class Subscriber(SubscriberBase):
     >>> hw.close()
     """
 
-    def __init__(self, service: BrokerService, queue: str, name: str, listeners: Iterable[Listener] = (), *,
-                 credit_messages: int = 1000, credit_bytes: int = 4 << 20, checkpoint_interval_ms: int = 100,
-                 on_error: str = "stop", start: bool = True) -> None:
-        super().__init__(queue, name, listeners, credit_messages=credit_messages, credit_bytes=credit_bytes,
-                         checkpoint_interval_ms=checkpoint_interval_ms, on_error=on_error)
+    def __init__(
+        self,
+        service: BrokerService,
+        queue: str,
+        name: str,
+        listeners: Iterable[Listener] = (),
+        *,
+        credit_messages: int = 1000,
+        credit_bytes: int = 4 << 20,
+        checkpoint_interval_ms: int = 100,
+        on_error: str = "stop",
+        start: bool = True,
+    ) -> None:
+        super().__init__(
+            queue,
+            name,
+            listeners,
+            credit_messages=credit_messages,
+            credit_bytes=credit_bytes,
+            checkpoint_interval_ms=checkpoint_interval_ms,
+            on_error=on_error,
+        )
         self._service = service
         self.mode = "push" if hasattr(service, "open_push_stream") else "pull"
         self._inbox: queue_mod.SimpleQueue = queue_mod.SimpleQueue()  # bounded by the credit
@@ -316,8 +354,7 @@ class Subscriber(SubscriberBase):
         with self._lock:
             if self._thread is not None:
                 return
-            self._thread = threading.Thread(target=self._run, name=f"headwater-subscriber-{self.name}",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._run, name=f"headwater-subscriber-{self.name}", daemon=True)
             self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -441,8 +478,12 @@ class Subscriber(SubscriberBase):
             token = object()
             try:
                 sid, info = self._service.open_push_stream(  # type: ignore[attr-defined]
-                    self.queue, self.name, lambda body, t=token: self._inbox.put((t, body)),
-                    credit_messages=self.credit_messages, credit_bytes=self.credit_bytes)
+                    self.queue,
+                    self.name,
+                    lambda body, t=token: self._inbox.put((t, body)),
+                    credit_messages=self.credit_messages,
+                    credit_bytes=self.credit_bytes,
+                )
             except UnavailableError as e:
                 log.info("subscriber %s/%s: cannot subscribe (%s); retrying", self.queue, self.name, e)
                 self._stopping.wait(backoff)

@@ -253,17 +253,22 @@ class _Link:
 
     def can_send(self) -> bool:
         conn = self.conn
-        return (not self.broken and self.out_bytes < WRITE_BUFFER_BYTES_MAX
-                and conn.request_room() > 0)
+        return not self.broken and self.out_bytes < WRITE_BUFFER_BYTES_MAX and conn.request_room() > 0
 
 
 class AsyncTransport:
     """A pipelined connection to one broker. ``call`` from the loop it runs on, ``submit``
     from any thread; ``loop`` is that loop (default: the running loop of the first call)."""
 
-    def __init__(self, address: str, *, client_name: str = f"headwater-python/{__version__}",
-                 connect_timeout_s: float = 10.0, request_timeout_s: float = 60.0,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        client_name: str = f"headwater-python/{__version__}",
+        connect_timeout_s: float = 10.0,
+        request_timeout_s: float = 60.0,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         self.host, self.port = parse_address(address)
         self.address = f"{self.host}:{self.port}"
         self.client_name = client_name
@@ -306,8 +311,7 @@ class AsyncTransport:
         self.submit(body, fut, timeout_s)
         return await fut
 
-    def submit(self, body: RequestBody, sink: Sink, timeout_s: float | None = None, *,
-               lead: bool = False) -> _Call:
+    def submit(self, body: RequestBody, sink: Sink, timeout_s: float | None = None, *, lead: bool = False) -> _Call:
         """Send one request now, or queue it behind those waiting; ``sink`` gets its outcome.
 
         Thread-safe. Requests submitted one after another are written in that order.
@@ -322,8 +326,12 @@ class AsyncTransport:
         unread: list = []
         with self._lock:
             link = self._link
-            if (link is not None and link.paused and self._leader is None
-                    and time.monotonic() - link.read_at >= UNREAD_CHECK_S):
+            if (
+                link is not None
+                and link.paused
+                and self._leader is None
+                and time.monotonic() - link.read_at >= UNREAD_CHECK_S
+            ):
                 link = self._check_unread_locked(link, unread)
             if self._closed:
                 error = ClosedError(f"the client of {self.address} is closed")
@@ -528,8 +536,10 @@ class AsyncTransport:
             self._sweep_at = following
         self._arm_sweep()
         for call in expired:
-            _fail(call.sink, UnavailableError(
-                f"{call.body.api.name} to {self.address} got no answer in {call.timeout_s} s"))
+            _fail(
+                call.sink,
+                UnavailableError(f"{call.body.api.name} to {self.address} got no answer in {call.timeout_s} s"),
+            )
         if expired:
             self._poke_leader()  # it may wait for one of them
 
@@ -651,8 +661,7 @@ class AsyncTransport:
         try:
             ip = ipaddress.ip_address(self.host)
         except ValueError:
-            infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM,
-                                           proto=socket.IPPROTO_TCP)
+            infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
         else:  # no resolver thread for an address
             family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
             infos = [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (self.host, self.port))]
@@ -820,8 +829,9 @@ class AsyncTransport:
 
     # a blocking caller reading for itself ------------------------------------------------
 
-    def lead(self, sinks: list, timeout_s: float | None = None, *,
-             interrupt: concurrent.futures.Future | None = None) -> concurrent.futures.Future | None:
+    def lead(
+        self, sinks: list, timeout_s: float | None = None, *, interrupt: concurrent.futures.Future | None = None
+    ) -> concurrent.futures.Future | None:
         """Read the connection on this thread until one of ``sinks`` is done or ``timeout_s``
         passes (None: no limit; 0: read what is there, without blocking), if nobody else
         reads it; return at once otherwise. Either way the caller then waits on its sinks
@@ -974,8 +984,14 @@ class AsyncTransport:
             self._push_handlers.pop(stream_id, None)
             self._push_anywhere.discard(stream_id)
 
-    def start_stream(self, request: Callable[[int], RequestBody], handler: Callable[[PushBody | None], None],
-                     sink: Sink, *, any_thread: bool = False) -> int:
+    def start_stream(
+        self,
+        request: Callable[[int], RequestBody],
+        handler: Callable[[PushBody | None], None],
+        sink: Sink,
+        *,
+        any_thread: bool = False,
+    ) -> int:
         """Open a push stream without waiting (any thread): register ``handler`` under a new
         id, submit ``request(id)`` (SUBSCRIBE, FETCH_STREAM) with ``sink`` for the broker's
         answer, and return the id. The handler is dropped again if the answer is a failure."""
@@ -988,8 +1004,13 @@ class AsyncTransport:
         if sink.cancelled() or sink.exception() is not None:
             self.unregister_push(stream_id)
 
-    async def open_stream(self, request: Callable[[int], RequestBody], handler: Callable[[PushBody | None], None],
-                          *, any_thread: bool = False) -> tuple[int, Any]:
+    async def open_stream(
+        self,
+        request: Callable[[int], RequestBody],
+        handler: Callable[[PushBody | None], None],
+        *,
+        any_thread: bool = False,
+    ) -> tuple[int, Any]:
         """:meth:`start_stream`, on the loop, and wait: the id and the answer's result."""
         fut = asyncio.get_running_loop().create_future()
         sid = self.start_stream(request, handler, fut, any_thread=any_thread)

@@ -36,11 +36,11 @@ import random
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 __all__ = ["LogLine", "Truth", "generate", "check_settings", "START", "TAIL_S", "LATENESS_S_MAX", "WINDOW_S"]
 
-START = datetime(2025, 3, 4, 9, 0, tzinfo=timezone.utc)  # a Tuesday morning
+START = datetime(2025, 3, 4, 9, 0, tzinfo=UTC)  # a Tuesday morning
 WINDOW_S = 60  # the pipeline's windows: one minute of event time
 LATENESS_S_MAX = 8  # a line is written at most this long after its own timestamp
 TAIL_S = 150  # health checks only, after the traffic: moves event time past the last window
@@ -67,17 +67,55 @@ _CRAWLERS = (
 )
 _HEALTH_CHECKERS = ("10.0.0.11", "10.0.0.12")
 _HEALTH_AGENT = "ELB-HealthChecker/2.0"
-_ASSETS = ("/static/app.4f9c2e.js", "/static/app.4f9c2e.css", "/static/vendor.91ab03.js",
-           "/img/logo.svg", "/img/hero-spring.jpg", "/favicon.ico", "/static/fonts/inter.woff2")
+_ASSETS = (
+    "/static/app.4f9c2e.js",
+    "/static/app.4f9c2e.css",
+    "/static/vendor.91ab03.js",
+    "/img/logo.svg",
+    "/img/hero-spring.jpg",
+    "/favicon.ico",
+    "/static/fonts/inter.woff2",
+)
 _SEARCHES = ("boots", "rain+jacket", "sneakers", "wool+socks", "backpack", "sale", "gift+card", "sandals")
-_WORDS = ("alpine", "harbor", "meadow", "summit", "river", "canyon", "cedar", "coastal", "granite",
-          "prairie", "tundra", "willow", "aurora", "basalt", "delta", "fjord")
-_ITEMS = ("boots", "jacket", "socks", "backpack", "tent", "gloves", "scarf", "sneakers", "hat",
-          "bottle", "lamp", "vest", "shorts", "hoodie", "sandals", "poncho")
+_WORDS = (
+    "alpine",
+    "harbor",
+    "meadow",
+    "summit",
+    "river",
+    "canyon",
+    "cedar",
+    "coastal",
+    "granite",
+    "prairie",
+    "tundra",
+    "willow",
+    "aurora",
+    "basalt",
+    "delta",
+    "fjord",
+)
+_ITEMS = (
+    "boots",
+    "jacket",
+    "socks",
+    "backpack",
+    "tent",
+    "gloves",
+    "scarf",
+    "sneakers",
+    "hat",
+    "bottle",
+    "lamp",
+    "vest",
+    "shorts",
+    "hoodie",
+    "sandals",
+    "poncho",
+)
 
 # Kinds of line, with their share of the traffic; only "view" is a page view.
-_KINDS = (("view", 0.74), ("asset", 0.13), ("post", 0.03), ("missing", 0.025), ("error", 0.005),
-          ("crawler", 0.07))
+_KINDS = (("view", 0.74), ("asset", 0.13), ("post", 0.03), ("missing", 0.025), ("error", 0.005), ("crawler", 0.07))
 
 
 @dataclass(frozen=True)
@@ -131,7 +169,7 @@ class Truth:
 
 
 def _zipf_cumulative(n: int, s: float) -> list[float]:
-    return list(itertools.accumulate(1.0 / (rank ** s) for rank in range(1, n + 1)))
+    return list(itertools.accumulate(1.0 / (rank**s) for rank in range(1, n + 1)))
 
 
 def _catalog(rng: random.Random) -> list[str]:
@@ -141,8 +179,7 @@ def _catalog(rng: random.Random) -> list[str]:
     categories = [f"/category/{item}" for item in _ITEMS]
     blog = [f"/blog/{a}-{b}-guide" for a, b in zip(_WORDS, rng.sample(_ITEMS, len(_WORDS)))]
     head = ["/", "/search", "/products/alpine-boots", "/cart", "/category/jackets", "/account"]
-    tail = [p for p in products + categories + blog + ["/help/returns", "/help/shipping", "/about"]
-            if p not in head]
+    tail = [p for p in products + categories + blog + ["/help/returns", "/help/shipping", "/about"] if p not in head]
     rng.shuffle(tail)
     return head + tail[:2] + ["/checkout"] + tail[2:]
 
@@ -183,7 +220,7 @@ def _burst(t: int, seconds: int) -> float:
 @functools.lru_cache(maxsize=64)
 def _clf_time(epoch_s: int) -> str:
     """``04/Mar/2025:09:00:00 +0000``, the combined log format's time."""
-    d = datetime.fromtimestamp(epoch_s, timezone.utc)
+    d = datetime.fromtimestamp(epoch_s, UTC)
     return f"{d.day:02d}/{_MONTHS[d.month - 1]}/{d.year}:{d.hour:02d}:{d.minute:02d}:{d.second:02d} +0000"
 
 
@@ -194,8 +231,9 @@ def check_settings(events: int, minutes: int) -> int:
         raise ValueError("minutes must be at least 1")
     checks = len(range(0, minutes * 60 + TAIL_S, HEALTH_CHECK_EVERY_S)) * len(_HEALTH_CHECKERS)
     if events < checks + minutes * 60:
-        raise ValueError(f"{events} events are too few for {minutes} minutes of traffic "
-                         f"(at least {checks + minutes * 60})")
+        raise ValueError(
+            f"{events} events are too few for {minutes} minutes of traffic (at least {checks + minutes * 60})"
+        )
     return checks
 
 
@@ -256,8 +294,7 @@ class _Shop:
         return ip, _line(ip, at, method, target, status, size, referer, self.agents[ip]), at, page
 
 
-def generate(events: int, *, minutes: int = 10, seed: int = 5,
-             truth: Truth | None = None) -> Iterator[list[LogLine]]:
+def generate(events: int, *, minutes: int = 10, seed: int = 5, truth: Truth | None = None) -> Iterator[list[LogLine]]:
     """The lines of the log, one list per second of it, ``events`` lines in all (health
     checks included); ``truth`` counts them as they are made."""
     checks = check_settings(events, minutes)
@@ -284,7 +321,8 @@ def generate(events: int, *, minutes: int = 10, seed: int = 5,
             yield chunk
 
 
-def _line(ip: str, at: int, method: str, target: str, status: int, size: int, referer: str,
-          agent: str) -> str:
-    return (f'{ip} - - [{_clf_time(at)}] "{method} {target} HTTP/1.1" {status} '
-            f'{size if size else "-"} "{referer}" "{agent}"')
+def _line(ip: str, at: int, method: str, target: str, status: int, size: int, referer: str, agent: str) -> str:
+    return (
+        f'{ip} - - [{_clf_time(at)}] "{method} {target} HTTP/1.1" {status} '
+        f'{size if size else "-"} "{referer}" "{agent}"'
+    )

@@ -29,8 +29,7 @@ from headwater.demo.stats import (
     Stats,
 )
 
-__all__ = ["start_spark", "parse", "start_streaming", "batch_stats", "SOURCE", "SINK",
-           "WATERMARK", "SPARK_CONF"]
+__all__ = ["start_spark", "parse", "start_streaming", "batch_stats", "SOURCE", "SINK", "WATERMARK", "SPARK_CONF"]
 
 SOURCE = "access-log"
 SINK = "page-stats"
@@ -116,14 +115,19 @@ def parse(lines):
     )
     path, agent = F.col("path"), F.lower("agent")
     robot = functools.reduce(operator.or_, [agent.contains(w) for w in ROBOT_WORDS])
-    view = ((F.col("method") == "GET") & (F.col("status") == "200") & (path != HEALTH_PATH)
-            & ~path.rlike(ASSET_PATTERN) & ~robot)
-    return fields.select(F.try_to_timestamp("time", F.lit(TIME_FORMAT_SPARK)).alias("time"),
-                         "visitor", F.when(view, path).alias("page"))
+    view = (
+        (F.col("method") == "GET")
+        & (F.col("status") == "200")
+        & (path != HEALTH_PATH)
+        & ~path.rlike(ASSET_PATTERN)
+        & ~robot
+    )
+    return fields.select(
+        F.try_to_timestamp("time", F.lit(TIME_FORMAT_SPARK)).alias("time"), "visitor", F.when(view, path).alias("page")
+    )
 
 
-def start_streaming(spark, servers: str, checkpoint: str, *, max_offsets_per_trigger: int,
-                    trigger_s: float = 1.0):
+def start_streaming(spark, servers: str, checkpoint: str, *, max_offsets_per_trigger: int, trigger_s: float = 1.0):
     """Start the streaming query ``access-log`` -> ``page-stats`` and return it.
 
     Results per (minute, page) and per minute are computed in one stateful aggregation
@@ -133,31 +137,50 @@ def start_streaming(spark, servers: str, checkpoint: str, *, max_offsets_per_tri
     event time, because Spark pushes filters below the watermark."""
     from pyspark.sql import functions as F
 
-    lines = (spark.readStream.format("headwater")
-             .option("servers", servers)
-             .option("queue", SOURCE)
-             .option("startingOffsets", "earliest")
-             .option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-             .load())
-    events = (parse(lines).withWatermark("time", WATERMARK)
-              .select(F.window("time", WINDOW).alias("window"), "visitor", "page"))
-    results = (events.groupingSets([["window", "page"], ["window"]], "window", "page")
-               .agg(F.count("page").alias("views"),
-                    F.size(F.collect_set(F.when(F.col("page").isNotNull(), F.col("visitor")))).alias("users"))
-               .where("views > 0"))
+    lines = (
+        spark.readStream.format("headwater")
+        .option("servers", servers)
+        .option("queue", SOURCE)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+        .load()
+    )
+    events = (
+        parse(lines)
+        .withWatermark("time", WATERMARK)
+        .select(F.window("time", WINDOW).alias("window"), "visitor", "page")
+    )
+    results = (
+        events.groupingSets([["window", "page"], ["window"]], "window", "page")
+        .agg(
+            F.count("page").alias("views"),
+            F.size(F.collect_set(F.when(F.col("page").isNotNull(), F.col("visitor")))).alias("users"),
+        )
+        .where("views > 0")
+    )
     messages = results.select(
         F.col("page").alias("key"),
-        F.to_json(F.struct(F.date_format("window.start", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("window_start"),
-                           "page", "views", "users")).cast("binary").alias("value"),
+        F.to_json(
+            F.struct(
+                F.date_format("window.start", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("window_start"),
+                "page",
+                "views",
+                "users",
+            )
+        )
+        .cast("binary")
+        .alias("value"),
         F.when(F.col("page").isNull(), "window").otherwise("page").alias("tag"),
     )
-    return (messages.writeStream.format("headwater")
-            .option("servers", servers)
-            .option("queue", SINK)
-            .option("checkpointLocation", checkpoint)
-            .outputMode("append")
-            .trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds")
-            .start())
+    return (
+        messages.writeStream.format("headwater")
+        .option("servers", servers)
+        .option("queue", SINK)
+        .option("checkpointLocation", checkpoint)
+        .outputMode("append")
+        .trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds")
+        .start()
+    )
 
 
 def batch_stats(spark, servers: str, start_ms: int, end_ms: int) -> tuple[Stats, int]:
@@ -166,21 +189,26 @@ def batch_stats(spark, servers: str, start_ms: int, end_ms: int) -> tuple[Stats,
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    lines = (spark.read.format("headwater")
-             .option("servers", servers)
-             .option("queue", SOURCE)
-             .option("startingTimestamp", str(start_ms))
-             .option("endingTimestamp", str(end_ms))
-             .load())
+    lines = (
+        spark.read.format("headwater")
+        .option("servers", servers)
+        .option("queue", SOURCE)
+        .option("startingTimestamp", str(start_ms))
+        .option("endingTimestamp", str(end_ms))
+        .load()
+    )
     parsed = parse(lines).persist(StorageLevel.MEMORY_ONLY)
     try:
         read = parsed.count()
         views = parsed.where(F.col("page").isNotNull()).select(
-            F.unix_timestamp(F.window("time", WINDOW).start).alias("window_s"), "page", "visitor")
+            F.unix_timestamp(F.window("time", WINDOW).start).alias("window_s"), "page", "visitor"
+        )
         per_page = views.groupBy("window_s", "page").agg(
-            F.count("*").alias("views"), F.countDistinct("visitor").alias("users"))
+            F.count("*").alias("views"), F.countDistinct("visitor").alias("users")
+        )
         per_window = views.groupBy("window_s").agg(
-            F.count("*").alias("views"), F.countDistinct("visitor").alias("users"))
+            F.count("*").alias("views"), F.countDistinct("visitor").alias("users")
+        )
         rows = per_page.unionByName(per_window.withColumn("page", F.lit(None).cast("string"))).collect()
     finally:
         parsed.unpersist()

@@ -95,8 +95,11 @@ class LocalBroker:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [*cmd, "--data", str(self.data), "serve", "--port", "0"],
-                stdout=subprocess.PIPE, stderr=log, start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
         assert self.proc.stdout is not None
         found: list[str] = []
 
@@ -156,8 +159,9 @@ class SparkSide:
         t0 = time.monotonic()
         try:
             self.spark = jobs.start_spark(self.work / "spark.log")
-            self.query = jobs.start_streaming(self.spark, self.servers, str(self.work / "checkpoint"),
-                                              max_offsets_per_trigger=MAX_OFFSETS_PER_TRIGGER)
+            self.query = jobs.start_streaming(
+                self.spark, self.servers, str(self.work / "checkpoint"), max_offsets_per_trigger=MAX_OFFSETS_PER_TRIGGER
+            )
         except BaseException as e:  # reported by wait()
             self.error = e
         finally:
@@ -167,8 +171,10 @@ class SparkSide:
     def wait(self) -> None:
         self.ready.wait()
         if self.error is not None:
-            raise DemoError(f"Spark did not start: {self.error}\nSpark's log ({self.work / 'spark.log'}):\n"
-                            f"{_tail(self.work / 'spark.log')}") from self.error
+            raise DemoError(
+                f"Spark did not start: {self.error}\nSpark's log ({self.work / 'spark.log'}):\n"
+                f"{_tail(self.work / 'spark.log')}"
+            ) from self.error
 
     def catch_up(self, timeout_s: float) -> None:
         """Wait until the query has read everything in the queue and closed what the
@@ -242,8 +248,9 @@ class StreamWatch:
         self.batches = int(progress["batchId"]) + 1
         written = self._client.admin.describe_queue(jobs.SINK).message_count
         wm = "" if not watermark or watermark.startswith("1970") else f" wm {watermark[11:16]},"
-        self._progress.update(self._task, completed=read,
-                              description=f"stream: {self.batches} batches,{wm} {written:,} results")
+        self._progress.update(
+            self._task, completed=read, description=f"stream: {self.batches} batches,{wm} {written:,} results"
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -273,12 +280,21 @@ class Pipeline:
             self._start_broker()
             self.spark_side = SparkSide(self.work, self.servers)
             self.spark_side.start()
-            columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=12),
-                       MofNCompleteColumn(), TimeElapsedColumn())
+            columns = (
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(bar_width=12),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+            )
             with Progress(*columns, console=self.console) as progress:
                 write = progress.add_task(f"write {jobs.SOURCE}", total=self.settings.events)
-                watch = StreamWatch(self.spark_side, self.servers, progress,
-                                    progress.add_task("stream: Spark starting", total=self.settings.events))
+                watch = StreamWatch(
+                    self.spark_side,
+                    self.servers,
+                    progress,
+                    progress.add_task("stream: Spark starting", total=self.settings.events),
+                )
                 watch.start()
                 try:
                     start_ms, end_ms = self._write_log(progress, write)
@@ -305,9 +321,11 @@ class Pipeline:
         self.hw.admin.create_queue(jobs.SOURCE, partitions=SOURCE_PARTITIONS)
         self.hw.admin.create_queue(jobs.SINK, partitions=SINK_PARTITIONS)
         self._stage("broker", t0)
-        self.console.print(f"broker [bold]{self.servers}[/] (pid {self.broker.proc.pid}), data in "
-                           f"{self.work}; queues [cyan]{jobs.SOURCE}[/] ({SOURCE_PARTITIONS} partitions), "
-                           f"[cyan]{jobs.SINK}[/] ({SINK_PARTITIONS})")
+        self.console.print(
+            f"broker [bold]{self.servers}[/] (pid {self.broker.proc.pid}), data in "
+            f"{self.work}; queues [cyan]{jobs.SOURCE}[/] ({SOURCE_PARTITIONS} partitions), "
+            f"[cyan]{jobs.SINK}[/] ({SINK_PARTITIONS})"
+        )
 
     def _write_log(self, progress: Progress, task: TaskID) -> tuple[int, int]:
         """Write the log into ``access-log`` with the network producer; returns the
@@ -390,10 +408,14 @@ class Pipeline:
             self.console.print(
                 f"PASS: {truth.total_views:,} page views in {windows} one-minute windows; generator = "
                 f"streaming = batch for all {len(expected):,} results; {len(bodies):,} messages in "
-                f"{jobs.SINK}, none repeated; {total_s:.1f} s", style="bold green", highlight=False)
+                f"{jobs.SINK}, none repeated; {total_s:.1f} s",
+                style="bold green",
+                highlight=False,
+            )
             return 0
-        self.console.print("FAIL: " + "; ".join(what for what, ok, _ in checks if not ok),
-                           style="bold red", highlight=False)
+        self.console.print(
+            "FAIL: " + "; ".join(what for what, ok, _ in checks if not ok), style="bold red", highlight=False
+        )
         return 1
 
 
@@ -401,21 +423,33 @@ def _hms(ms: int) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(ms / 1000))
 
 
-def _checks(truth: accesslog.Truth, expected: Stats, streamed: Stats, repeated: int, batch: Stats,
-            lines_read: int, messages: int) -> list[tuple[str, bool, str]]:
+def _checks(
+    truth: accesslog.Truth,
+    expected: Stats,
+    streamed: Stats,
+    repeated: int,
+    batch: Stats,
+    lines_read: int,
+    messages: int,
+) -> list[tuple[str, bool, str]]:
     """(check, passed, detail) for every cross-check of the run."""
     rows = []
     d = compare(expected, streamed)
-    rows.append(("streaming = generator", not d,
-                 "; ".join(d) or f"all {len(expected):,} results, {truth.total_views:,} views"))
+    rows.append(
+        ("streaming = generator", not d, "; ".join(d) or f"all {len(expected):,} results, {truth.total_views:,} views")
+    )
     d = compare(expected, batch)
     rows.append(("batch = generator", not d, "; ".join(d) or f"all {len(batch):,} results"))
     d = compare(batch, streamed)
     rows.append(("streaming = batch", not d, "; ".join(d) or "every minute, every page"))
-    rows.append(("batch read its time range", lines_read == truth.lines,
-                 f"{lines_read:,} of {truth.lines:,} lines"))
-    rows.append(("page-stats: each result once", repeated == 0 and messages == len(streamed),
-                 f"{messages:,} messages, {repeated} repeated"))
+    rows.append(("batch read its time range", lines_read == truth.lines, f"{lines_read:,} of {truth.lines:,} lines"))
+    rows.append(
+        (
+            "page-stats: each result once",
+            repeated == 0 and messages == len(streamed),
+            f"{messages:,} messages, {repeated} repeated",
+        )
+    )
     return rows
 
 
@@ -423,14 +457,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m headwater.demo.pipeline",
         description="The demo pipeline: an access log through Headwater and Spark (streaming and "
-                    "batch), cross-checked against the generator's own counts. See docs/demo.md.")
-    ap.add_argument("--events", type=int, default=EVENTS_DEFAULT,
-                    help=f"access-log lines to write (default {EVENTS_DEFAULT:,})")
+        "batch), cross-checked against the generator's own counts. See docs/demo.md.",
+    )
+    ap.add_argument(
+        "--events", type=int, default=EVENTS_DEFAULT, help=f"access-log lines to write (default {EVENTS_DEFAULT:,})"
+    )
     ap.add_argument("--minutes", type=int, default=10, help="minutes of event time they span (default 10)")
     ap.add_argument("--seed", type=int, default=5, help="seed of the generator (default 5)")
-    ap.add_argument("--keep", type=Path, metavar="DIR",
-                    help="keep the broker's data, the checkpoint and the logs in DIR (default: a "
-                         "temporary directory, removed at the end)")
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="keep the broker's data, the checkpoint and the logs in DIR (default: a "
+        "temporary directory, removed at the end)",
+    )
     args = ap.parse_args(argv)
     settings = Settings(events=args.events, minutes=args.minutes, seed=args.seed)
     console = Console()

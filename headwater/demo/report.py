@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from rich.table import Table
 from rich.text import Text
@@ -27,7 +27,7 @@ def sparkline(values: list[int]) -> str:
 
 
 def _hhmm(epoch_s: int) -> str:
-    return datetime.fromtimestamp(epoch_s, timezone.utc).strftime("%H:%M")
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%H:%M")
 
 
 def top_pages_table(stats: Stats, n: int = 10) -> Table:
@@ -44,8 +44,14 @@ def top_pages_table(stats: Stats, n: int = 10) -> Table:
     table.add_column("peak minute", justify="right", no_wrap=True)
     for rank, (page, views, series) in enumerate(top, 1):
         peak = max(range(len(series)), key=lambda i: series[i])
-        table.add_row(str(rank), page, f"{views:,}", f"{views / total:.1%}" if total else "-",
-                      sparkline(series), f"{_hhmm(windows[peak])} ({series[peak]:,})")
+        table.add_row(
+            str(rank),
+            page,
+            f"{views:,}",
+            f"{views / total:.1%}" if total else "-",
+            sparkline(series),
+            f"{_hhmm(windows[peak])} ({series[peak]:,})",
+        )
     return table
 
 

@@ -24,12 +24,21 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import NamedTuple
 
 __all__ = [
-    "LINE_PATTERN", "ASSET_PATTERN", "ROBOT_WORDS", "HEALTH_PATH", "Stats", "Parsed",
-    "parse_line", "stats_of_truth", "stats_of_messages", "compare", "top_pages",
+    "LINE_PATTERN",
+    "ASSET_PATTERN",
+    "ROBOT_WORDS",
+    "HEALTH_PATH",
+    "Stats",
+    "Parsed",
+    "parse_line",
+    "stats_of_truth",
+    "stats_of_messages",
+    "compare",
+    "top_pages",
 ]
 
 # Apache combined log format:
@@ -73,8 +82,13 @@ def parse_line(text: str) -> Parsed | None:
     client, when, method, target, status, agent = m.groups()
     time_s = int(datetime.strptime(when, TIME_FORMAT_PYTHON).timestamp())
     path = target.split("?", 1)[0]
-    view = (method == "GET" and status == "200" and path != HEALTH_PATH
-            and _asset.search(path) is None and not any(w in agent.lower() for w in ROBOT_WORDS))
+    view = (
+        method == "GET"
+        and status == "200"
+        and path != HEALTH_PATH
+        and _asset.search(path) is None
+        and not any(w in agent.lower() for w in ROBOT_WORDS)
+    )
     return Parsed(time_s, client, path if view else None)
 
 
@@ -106,7 +120,7 @@ def compare(expected: Stats, got: Stats, *, limit: int = 5) -> list[str]:
     for key in sorted(expected.keys() | got.keys(), key=lambda k: (k[0], k[1] or "")):
         want, have = expected.get(key), got.get(key)
         if want != have:
-            when = datetime.fromtimestamp(key[0], timezone.utc).strftime("%H:%M")
+            when = datetime.fromtimestamp(key[0], UTC).strftime("%H:%M")
             diffs.append(f"{when} {key[1] or '(all pages)'}: expected {_vu(want)}, got {_vu(have)}")
     if len(diffs) > limit:
         diffs = diffs[:limit] + [f"... and {len(diffs) - limit} more"]
@@ -117,8 +131,10 @@ def _vu(v: tuple[int, int] | None) -> str:
     return "nothing" if v is None else f"{v[0]} views/{v[1]} visitors"
 
 
-def top_pages(stats: Mapping[tuple[int, str | None], tuple[int, int]], n: int = 10,
-              ) -> tuple[list[int], list[tuple[str, int, list[int]]]]:
+def top_pages(
+    stats: Mapping[tuple[int, str | None], tuple[int, int]],
+    n: int = 10,
+) -> tuple[list[int], list[tuple[str, int, list[int]]]]:
     """The windows in order, and the ``n`` most viewed pages: (page, views, views per window).
 
     >>> windows, top = top_pages({(0, "/"): (5, 3), (60, "/"): (2, 2), (60, "/cart"): (4, 1),

@@ -44,8 +44,9 @@ def run(messages: int, data: Path, console: Console) -> dict[str, object]:
         first_ids = []
         t0 = time.perf_counter()
         marks: list[int] = []
-        with Progress(TextColumn("[bold]producing"), BarColumn(), MofNCompleteColumn(),
-                      TimeRemainingColumn(), console=console) as bar:
+        with Progress(
+            TextColumn("[bold]producing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
+        ) as bar:
             task = bar.add_task("produce", total=messages)
             for start in range(0, messages, batch):
                 n = min(batch, messages - start)
@@ -82,9 +83,7 @@ def run(messages: int, data: Path, console: Console) -> dict[str, object]:
             f"{sorted({r.partition for r in mine})}"
         )
         info = hw.admin.describe_queue("access-log")
-        summary["partitions (messages each)"] = ", ".join(
-            str(p.end_offset - p.start_offset) for p in info.partitions
-        )
+        summary["partitions (messages each)"] = ", ".join(str(p.end_offset - p.start_offset) for p in info.partitions)
         return summary
 
 

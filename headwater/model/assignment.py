@@ -41,8 +41,9 @@ def _queues(members: Members, counts: Mapping[str, int]) -> list[str]:
     return sorted({q for qs in members.values() for q in qs if counts.get(q, 0) > 0})
 
 
-def assign_average(members: Members, counts: Mapping[str, int],
-                   previous: Mapping[str, set[TP]] | None = None) -> dict[str, set[TP]]:
+def assign_average(
+    members: Members, counts: Mapping[str, int], previous: Mapping[str, set[TP]] | None = None
+) -> dict[str, set[TP]]:
     """EQueue's average allocation, queue by queue (``previous`` is ignored).
 
     >>> t = assign_average({"a": {"q"}, "b": {"q"}, "c": {"q"}}, {"q": 8})
@@ -70,8 +71,9 @@ def _quotas(subs: list[str], n: int, held_count: Mapping[str, int], load: Mappin
     return {m: size + (1 if i < extra else 0) for i, m in enumerate(ranked)}
 
 
-def assign_sticky(members: Members, counts: Mapping[str, int],
-                  previous: Mapping[str, set[TP]] | None = None) -> dict[str, set[TP]]:
+def assign_sticky(
+    members: Members, counts: Mapping[str, int], previous: Mapping[str, set[TP]] | None = None
+) -> dict[str, set[TP]]:
     """Balanced per queue, keeping every partition where it was when balance allows.
 
     >>> before = assign_average({"a": {"q"}, "b": {"q"}}, {"q": 6})
@@ -85,9 +87,7 @@ def assign_sticky(members: Members, counts: Mapping[str, int],
     for q in _queues(members, counts):
         subs = _subscribers(members, q)
         n = counts[q]
-        kept: dict[str, list[int]] = {
-            m: sorted(p for qq, p in previous.get(m, ()) if qq == q and p < n) for m in subs
-        }
+        kept: dict[str, list[int]] = {m: sorted(p for qq, p in previous.get(m, ()) if qq == q and p < n) for m in subs}
         quota = _quotas(subs, n, {m: len(ps) for m, ps in kept.items()}, load)
         free = set(range(n))
         have: dict[str, int] = {}
@@ -106,8 +106,7 @@ def assign_sticky(members: Members, counts: Mapping[str, int],
     return out
 
 
-def sticky_moves_lower_bound(members: Members, counts: Mapping[str, int],
-                             previous: Mapping[str, set[TP]]) -> int:
+def sticky_moves_lower_bound(members: Members, counts: Mapping[str, int], previous: Mapping[str, set[TP]]) -> int:
     """The fewest partitions any balanced assignment must take from a member that still
     reads their queue: per queue, the surplus above quota when the larger quotas go to the
     members holding the most (partitions of departed members are not counted: they move

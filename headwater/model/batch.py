@@ -223,14 +223,11 @@ def _decompress(codec: int, data: bytes | memoryview) -> bytes | memoryview:
             d = lz4.frame.LZ4FrameDecompressor()
             out = d.decompress(raw, max_length=BATCH_BYTES_MAX + 1)
             if len(out) > BATCH_BYTES_MAX or not d.eof:
-                raise InvalidBatchError(
-                    f"the batch payload expands beyond {BATCH_BYTES_MAX} bytes or is cut short"
-                )
+                raise InvalidBatchError(f"the batch payload expands beyond {BATCH_BYTES_MAX} bytes or is cut short")
             return out
     except ImportError as e:
         raise InvalidBatchError(
-            f"the batch is compressed with a codec whose library is missing ({e.name}); "
-            f"install headwater[compression]"
+            f"the batch is compressed with a codec whose library is missing ({e.name}); install headwater[compression]"
         ) from e
     except InvalidBatchError:
         raise
@@ -239,8 +236,7 @@ def _decompress(codec: int, data: bytes | memoryview) -> bytes | memoryview:
     return data
 
 
-_CODECS = {None: COMPRESSION_NONE, "none": COMPRESSION_NONE, "zstd": COMPRESSION_ZSTD,
-           "lz4": COMPRESSION_LZ4}
+_CODECS = {None: COMPRESSION_NONE, "none": COMPRESSION_NONE, "zstd": COMPRESSION_ZSTD, "lz4": COMPRESSION_LZ4}
 
 
 def encode_batch(
@@ -316,8 +312,11 @@ def encode_batch(
     codec = _CODECS.get(compression)
     if codec is None:
         raise InvalidArgumentError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
-    columns = BatchPayload(bodies, keys, tags, props) if offsets is None else \
-        _TimedPayload(bodies, keys, tags, props, offsets)
+    columns = (
+        BatchPayload(bodies, keys, tags, props)
+        if offsets is None
+        else _TimedPayload(bodies, keys, tags, props, offsets)
+    )
     if codec:
         buf = bytearray(HEADER_SIZE) + _compress(codec, _encoder.encode(columns))
         flags |= codec
@@ -328,9 +327,28 @@ def encode_batch(
     if len(buf) > BATCH_BYTES_MAX:
         raise batch_too_large(len(buf), n)
     HEADER.pack_into(
-        buf, 0, HEADER_SIZE - 4 + payload_size, 0, 0, 0, 0, 0, 0, 0,
-        MAGIC, flags, HEADER_SIZE, n, payload_size, deliver_at_ms, producer_id,
-        base_sequence, producer_epoch, 0, mask, transaction_id,
+        buf,
+        0,
+        HEADER_SIZE - 4 + payload_size,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        MAGIC,
+        flags,
+        HEADER_SIZE,
+        n,
+        payload_size,
+        deliver_at_ms,
+        producer_id,
+        base_sequence,
+        producer_epoch,
+        0,
+        mask,
+        transaction_id,
     )
     with memoryview(buf) as mv:
         _U32.pack_into(buf, 40, crc32c(mv[44:]))
@@ -356,9 +374,7 @@ def _check_types(bodies: list, keys: list | None, tags: list | None, props: list
         for p in props:
             if p is None:
                 continue
-            if not isinstance(p, dict) or not all(
-                type(k) is str and type(v) is str for k, v in p.items()
-            ):
+            if not isinstance(p, dict) or not all(type(k) is str and type(v) is str for k, v in p.items()):
                 raise InvalidArgumentError("message properties map str to str")
 
 
@@ -381,9 +397,7 @@ def check_batch(buf: bytes | memoryview, pos: int = 0, *, broker_fields: bool = 
     if h.header_size != HEADER_SIZE:
         raise InvalidBatchError(f"batch header_size is {h.header_size}, expected {HEADER_SIZE}")
     if h.length != HEADER_SIZE - 4 + h.payload_size:
-        raise InvalidBatchError(
-            f"batch length {h.length} disagrees with payload_size {h.payload_size}"
-        )
+        raise InvalidBatchError(f"batch length {h.length} disagrees with payload_size {h.payload_size}")
     size = 4 + h.length
     if len(buf) - pos < size:
         raise InvalidBatchError(f"batch is truncated: {len(buf) - pos} of {size} bytes present")
@@ -413,15 +427,19 @@ def decode_payload(buf: bytes | memoryview, h: BatchHeader, pos: int = 0) -> Bat
                 raw.release()
     n = len(p.bodies)
     keys, tags, props = p.keys, p.tags, p.properties
-    if n != h.count or (keys is not None and len(keys) != n) or (tags is not None and len(tags) != n) or (
-        props is not None and len(props) != n
+    if (
+        n != h.count
+        or (keys is not None and len(keys) != n)
+        or (tags is not None and len(tags) != n)
+        or (props is not None and len(props) != n)
     ):
         raise InvalidBatchError(f"batch payload columns disagree with count {h.count}")
     return p
 
 
-def decode_deliver_offsets(buf: bytes | memoryview, h: BatchHeader, pos: int = 0,
-                           payload: BatchPayload | None = None) -> list[int] | None:
+def decode_deliver_offsets(
+    buf: bytes | memoryview, h: BatchHeader, pos: int = 0, payload: BatchPayload | None = None
+) -> list[int] | None:
     """The per-message deliver offsets of a batch with ``FLAG_DELIVER_TIMES`` (None for any
     other batch), checked: one per message, starting at 0, never decreasing, within
     ``DELIVER_SPAN_MS_MAX``. ``payload``: the batch's, already decoded."""
@@ -434,9 +452,7 @@ def decode_deliver_offsets(buf: bytes | memoryview, h: BatchHeader, pos: int = 0
     if offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])):
         raise InvalidBatchError("deliver offsets must start at 0 and never decrease along the batch")
     if offsets[-1] > DELIVER_SPAN_MS_MAX:
-        raise InvalidBatchError(
-            f"the messages of one batch must be due within {DELIVER_SPAN_MS_MAX} ms of each other"
-        )
+        raise InvalidBatchError(f"the messages of one batch must be due within {DELIVER_SPAN_MS_MAX} ms of each other")
     return offsets
 
 
@@ -454,8 +470,7 @@ def batch_too_large(size: int, count: int) -> MessageTooLargeError:
             f"smaller body, key or properties"
         )
     return MessageTooLargeError(
-        f"the batch of {count} messages is {size} bytes; the limit is {BATCH_BYTES_MAX}: "
-        f"send fewer messages at once"
+        f"the batch of {count} messages is {size} bytes; the limit is {BATCH_BYTES_MAX}: send fewer messages at once"
     )
 
 
@@ -475,8 +490,11 @@ def validate_batch(
             f"transactions, which this broker does not offer"
         )
     p = decode_payload(buf, h)
-    for flag, column, name in ((FLAG_HAS_KEYS, p.keys, "keys"), (FLAG_HAS_TAGS, p.tags, "tags"),
-                               (FLAG_HAS_PROPERTIES, p.properties, "properties")):
+    for flag, column, name in (
+        (FLAG_HAS_KEYS, p.keys, "keys"),
+        (FLAG_HAS_TAGS, p.tags, "tags"),
+        (FLAG_HAS_PROPERTIES, p.properties, "properties"),
+    ):
         if bool(h.flags & flag) != (column is not None):
             raise InvalidBatchError(
                 f"batch flag {flag:#x} ({name}) is {'set' if h.flags & flag else 'clear'} but the {name} "
@@ -485,9 +503,7 @@ def validate_batch(
     if message_bytes_max is not None:
         biggest = max(map(len, p.bodies))
         if biggest > message_bytes_max:
-            raise MessageTooLargeError(
-                f"a message body is {biggest} bytes; this queue's limit is {message_bytes_max}"
-            )
+            raise MessageTooLargeError(f"a message body is {biggest} bytes; this queue's limit is {message_bytes_max}")
     want = 0
     if p.tags is not None:
         if any(t == "" for t in p.tags):
@@ -501,7 +517,10 @@ def validate_batch(
 
 
 def patch_batch(
-    buf: bytes | bytearray | memoryview, queue_id: int, partition: int, base_offset: int,
+    buf: bytes | bytearray | memoryview,
+    queue_id: int,
+    partition: int,
+    base_offset: int,
     timestamp_ms: int,
 ) -> bytearray:
     """A copy of the batch with the broker's fields set and their checksum computed."""
@@ -511,8 +530,9 @@ def patch_batch(
     return out
 
 
-def broker_prefix(length: int, queue_id: int, partition: int, base_offset: int, timestamp_ms: int,
-                  broker_reserved: int = 0) -> bytes:
+def broker_prefix(
+    length: int, queue_id: int, partition: int, base_offset: int, timestamp_ms: int, broker_reserved: int = 0
+) -> bytes:
     """The first 40 bytes of a stored batch: its length and the broker's fields, checksummed.
 
     The broker writes this prefix followed by the producer's bytes from offset 40 on, so
@@ -539,19 +559,27 @@ def decode_records(
     sched = h.deliver_at_ms or None
     if h.flags & FLAG_DELIVER_TIMES:  # a delayed batch read back before delivery
         offs = decode_deliver_offsets(buf, h, pos) or []
-        return [r if r.scheduled_ms is None else msgspec.structs.replace(r, scheduled_ms=r.scheduled_ms + offs[r.offset - base])
-                for r in decode_records(buf, queue, pos, start_offset=start_offset, end_offset=end_offset, tags=tags,
-                                        header=h._replace(flags=h.flags & ~FLAG_DELIVER_TIMES))]
+        return [
+            r
+            if r.scheduled_ms is None
+            else msgspec.structs.replace(r, scheduled_ms=r.scheduled_ms + offs[r.offset - base])
+            for r in decode_records(
+                buf,
+                queue,
+                pos,
+                start_offset=start_offset,
+                end_offset=end_offset,
+                tags=tags,
+                header=h._replace(flags=h.flags & ~FLAG_DELIVER_TIMES),
+            )
+        ]
     lo = max(start_offset - base, 0)
     hi = h.count if end_offset is None else min(end_offset - base, h.count)
     bodies = p.bodies
     if p.keys is None and p.tags is None and p.properties is None:
         if tags is not None:
             return []
-        return [
-            Record(queue, part, base + i, ts, bodies[i], None, None, None, qid, sched)
-            for i in range(lo, hi)
-        ]
+        return [Record(queue, part, base + i, ts, bodies[i], None, None, None, qid, sched) for i in range(lo, hi)]
     keys = p.keys or [None] * h.count
     tgs = p.tags or [None] * h.count
     props = p.properties or [None] * h.count

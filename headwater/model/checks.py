@@ -14,8 +14,17 @@ from collections.abc import Iterable, Mapping
 
 from headwater.errors import InvalidArgumentError, PartitionOutOfRangeError
 
-__all__ = ["check_int_arg", "check_offsets_arg", "check_offsets_given", "check_queue_arg", "mapping_copy",
-           "partition_list_arg", "partitions_of_queue", "tag_filter_arg", "tag_list_arg"]
+__all__ = [
+    "check_int_arg",
+    "check_offsets_arg",
+    "check_offsets_given",
+    "check_queue_arg",
+    "mapping_copy",
+    "partition_list_arg",
+    "partitions_of_queue",
+    "tag_filter_arg",
+    "tag_list_arg",
+]
 
 
 def check_queue_arg(name: object) -> None:
@@ -67,7 +76,8 @@ def partition_list_arg(partitions: object) -> list[int]:
         return [partitions]
     if isinstance(partitions, (str, bytes, bytearray, Mapping)) or not isinstance(partitions, Iterable):
         raise InvalidArgumentError(
-            f"partitions is a partition number or a list of them, got {type(partitions).__name__}")
+            f"partitions is a partition number or a list of them, got {type(partitions).__name__}"
+        )
     parts = list(partitions)
     for p in parts:
         check_int_arg(p, "a partition")
@@ -80,7 +90,9 @@ def partitions_of_queue(partitions: object, count: int, queue: str) -> list[int]
     parts = partition_list_arg(partitions)
     for p in parts:
         if not 0 <= p < count:
-            raise PartitionOutOfRangeError(f"queue {queue!r} has partitions 0..{count - 1}; there is no partition {p!r}")
+            raise PartitionOutOfRangeError(
+                f"queue {queue!r} has partitions 0..{count - 1}; there is no partition {p!r}"
+            )
     return parts
 
 
@@ -107,8 +119,7 @@ def tag_list_arg(tags: object, *, empty_ok: bool = False) -> list[str]:
     if isinstance(tags, str):
         names = [tags]
     elif isinstance(tags, (bytes, bytearray, Mapping)) or not isinstance(tags, Iterable):
-        raise InvalidArgumentError(
-            f"tags is a tag, a list of tags or '*' (every message), got {type(tags).__name__}")
+        raise InvalidArgumentError(f"tags is a tag, a list of tags or '*' (every message), got {type(tags).__name__}")
     else:
         names = list(tags)
     for t in names:

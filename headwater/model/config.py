@@ -76,13 +76,10 @@ def validate_queue_name(name: object) -> str:
     if not name:
         raise InvalidQueueNameError("a queue name cannot be empty")
     if len(name) > QUEUE_NAME_MAX:
-        raise InvalidQueueNameError(
-            f"queue name is {len(name)} characters long; the limit is {QUEUE_NAME_MAX}"
-        )
+        raise InvalidQueueNameError(f"queue name is {len(name)} characters long; the limit is {QUEUE_NAME_MAX}")
     if not _NAME_RE.match(name):
         raise InvalidQueueNameError(
-            f"invalid queue name {name!r}: use letters, digits, '.', '_' and '-', "
-            f"starting with a letter or digit"
+            f"invalid queue name {name!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit"
         )
     return name
 
@@ -103,9 +100,7 @@ class QueueConfig(msgspec.Struct, frozen=True, kw_only=True):
     def validated(self) -> QueueConfig:
         p = self.partitions
         if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= PARTITIONS_MAX:
-            raise InvalidArgumentError(
-                f"partitions must be a whole number from 1 to {PARTITIONS_MAX}, got {p!r}"
-            )
+            raise InvalidArgumentError(f"partitions must be a whole number from 1 to {PARTITIONS_MAX}, got {p!r}")
         t = self.ttl_s
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or not 0 < t <= TTL_S_MAX):
             raise InvalidArgumentError(

@@ -34,7 +34,7 @@ import bisect
 import time
 from collections import deque
 from collections.abc import Iterable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import msgspec
 
@@ -127,9 +127,7 @@ def resolve_deliver_at(deliver_at: object = None, delay: object = None, *, now_m
         elif isinstance(delay, (int, float)) and not isinstance(delay, bool):
             ms = delay * 1000
         else:
-            raise InvalidArgumentError(
-                f"delay is a timedelta or a number of seconds, got {type(delay).__name__}"
-            )
+            raise InvalidArgumentError(f"delay is a timedelta or a number of seconds, got {type(delay).__name__}")
         if ms != ms or ms < 0:  # NaN or negative
             raise InvalidArgumentError(f"delay must be zero or positive, got {delay!r}")
         if ms > 1e15:
@@ -143,9 +141,7 @@ def resolve_deliver_at(deliver_at: object = None, delay: object = None, *, now_m
             raise InvalidArgumentError(f"deliver_at {deliver_at!r} is not a time")
         at = int(deliver_at)
     else:
-        raise InvalidArgumentError(
-            f"deliver_at is a datetime or epoch milliseconds, got {type(deliver_at).__name__}"
-        )
+        raise InvalidArgumentError(f"deliver_at is a datetime or epoch milliseconds, got {type(deliver_at).__name__}")
     return at if at > now else 0
 
 
@@ -160,8 +156,11 @@ def joins_batch(times: list[int] | None, deliver_at_ms: int) -> bool:
 def check_deliver_at(deliver_at_ms: int, now_ms: int, delay_max_s: int) -> None:
     """Refuse a deliver time beyond the broker's bound (setting ``delay_max_s``)."""
     if deliver_at_ms - now_ms > delay_max_s * 1000:
-        when = datetime.fromtimestamp(deliver_at_ms / 1000, tz=timezone.utc).isoformat(timespec="seconds") \
-            if deliver_at_ms < 253402300799000 else f"{deliver_at_ms} ms"
+        when = (
+            datetime.fromtimestamp(deliver_at_ms / 1000, tz=UTC).isoformat(timespec="seconds")
+            if deliver_at_ms < 253402300799000
+            else f"{deliver_at_ms} ms"
+        )
         raise InvalidArgumentError(
             f"deliver time {when} is more than delay_max_s={delay_max_s} seconds "
             f"({delay_max_s / 86400:g} days) ahead; the broker's bound is the setting delay_max_s"
@@ -198,8 +197,14 @@ def delivery_groups(deliver_at_ms: int, count: int, offsets: list[int] | None) -
     return out
 
 
-def prepare_delivery(batch: bytes | memoryview, cancelled: Iterable[int] = (), first: int = 0,
-                     end: int | None = None, *, payload: BatchPayload | None = None) -> bytearray | None:
+def prepare_delivery(
+    batch: bytes | memoryview,
+    cancelled: Iterable[int] = (),
+    first: int = 0,
+    end: int | None = None,
+    *,
+    payload: BatchPayload | None = None,
+) -> bytearray | None:
     """Messages ``[first, end)`` of a producer's delayed batch as they are appended at
     delivery, or None if every one of them was cancelled.
 
@@ -234,6 +239,7 @@ def prepare_delivery(batch: bytes | memoryview, cancelled: Iterable[int] = (), f
 
 def _encode_subset(p: BatchPayload, idx: list[int], deliver_at_ms: int, codec: int) -> bytearray:
     """The messages ``idx`` of a decoded payload as a batch of their own (no producer)."""
+
     def column(col: list | None) -> list | None:
         if col is None:
             return None
@@ -243,24 +249,57 @@ def _encode_subset(p: BatchPayload, idx: list[int], deliver_at_ms: int, codec: i
     bodies = [p.bodies[i] for i in idx]
     keys, tags, props = column(p.keys), column(p.tags), column(p.properties)
     if codec:  # rare: compressed delayed batches take the general path
-        msgs = [Message(b, None if keys is None else keys[j], None if tags is None else tags[j],
-                        None if props is None else props[j]) for j, b in enumerate(bodies)]
+        msgs = [
+            Message(
+                b,
+                None if keys is None else keys[j],
+                None if tags is None else tags[j],
+                None if props is None else props[j],
+            )
+            for j, b in enumerate(bodies)
+        ]
         return encode_batch(msgs, compression=_CODEC_NAMES.get(codec), deliver_at_ms=deliver_at_ms)
-    flags = (FLAG_HAS_KEYS if keys is not None else 0) | (FLAG_HAS_TAGS if tags is not None else 0) | (
-        FLAG_HAS_PROPERTIES if props is not None else 0)
+    flags = (
+        (FLAG_HAS_KEYS if keys is not None else 0)
+        | (FLAG_HAS_TAGS if tags is not None else 0)
+        | (FLAG_HAS_PROPERTIES if props is not None else 0)
+    )
     mask = tags_mask({t for t in tags if t is not None}) if tags is not None else 0
     buf = bytearray(HEADER_SIZE)
     _encoder.encode_into(BatchPayload(bodies, keys, tags, props), buf, HEADER_SIZE)
     size = len(buf) - HEADER_SIZE
-    HEADER.pack_into(buf, 0, HEADER_SIZE - 4 + size, 0, 0, 0, 0, 0, 0, 0, MAGIC, flags, HEADER_SIZE,
-                     len(bodies), size, deliver_at_ms, -1, -1, -1, 0, mask, 0)
+    HEADER.pack_into(
+        buf,
+        0,
+        HEADER_SIZE - 4 + size,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        MAGIC,
+        flags,
+        HEADER_SIZE,
+        len(bodies),
+        size,
+        deliver_at_ms,
+        -1,
+        -1,
+        -1,
+        0,
+        mask,
+        0,
+    )
     with memoryview(buf) as mv:
         buf[40:44] = crc32c(mv[44:]).to_bytes(4, "little")
     return buf
 
 
-def single_message_batch(batch: bytes | memoryview, index: int, queue_id: int, partition: int,
-                         offset: int, timestamp_ms: int) -> bytearray:
+def single_message_batch(
+    batch: bytes | memoryview, index: int, queue_id: int, partition: int, offset: int, timestamp_ms: int
+) -> bytearray:
     """A stored batch holding only message ``index`` of ``batch``, placed at ``offset``:
     how the broker answers a lookup of a delayed id (one message, whatever its batch)."""
     h = decode_header(batch)

@@ -254,7 +254,10 @@ def select_batch(
 
 
 def select_batches(
-    batches: Sequence[bytes | memoryview], flt: MessageFilter | None, *, start_offset: int = 0,
+    batches: Sequence[bytes | memoryview],
+    flt: MessageFilter | None,
+    *,
+    start_offset: int = 0,
     end_offset: int | None = None,
 ) -> tuple[list[bytes | memoryview], list[list[int]]]:
     """:func:`select_batch` over a read's batches: the batches, and their offsets lists
@@ -272,17 +275,22 @@ def select_batches(
     return out, [o or [] for o in offsets]
 
 
-def decode_selection(buf: bytes | memoryview, offsets: Sequence[int], queue: str, *, start_offset: int = 0,
-                     end_offset: int | None = None, tags: frozenset[str] | None = None) -> list[Record]:
+def decode_selection(
+    buf: bytes | memoryview,
+    offsets: Sequence[int],
+    queue: str,
+    *,
+    start_offset: int = 0,
+    end_offset: int | None = None,
+    tags: frozenset[str] | None = None,
+) -> list[Record]:
     """The records of a batch and its offsets list (empty: a stored batch, its own offsets),
     limited to ``[start_offset, end_offset)`` and ``tags``. Checks both checksums and that the
     offsets fit the batch (:class:`InvalidBatchError` otherwise)."""
     h = check_batch(buf)
     if not offsets:
         return decode_records(buf, queue, header=h, start_offset=start_offset, end_offset=end_offset, tags=tags)
-    if len(offsets) != h.count or offsets[0] != h.base_offset or any(
-        b <= a for a, b in zip(offsets, offsets[1:])
-    ):
+    if len(offsets) != h.count or offsets[0] != h.base_offset or any(b <= a for a, b in zip(offsets, offsets[1:])):
         raise InvalidBatchError(
             f"a selection of {h.count} messages from offset {h.base_offset} came with offsets "
             f"{list(offsets)[:8]}: they must start there and increase"
@@ -297,8 +305,9 @@ def decode_selection(buf: bytes | memoryview, offsets: Sequence[int], queue: str
     return out
 
 
-def count_messages(batches: Sequence[bytes | memoryview], selections: Sequence[Sequence[int]], lo: int,
-                   hi: int) -> tuple[int, int]:
+def count_messages(
+    batches: Sequence[bytes | memoryview], selections: Sequence[Sequence[int]], lo: int, hi: int
+) -> tuple[int, int]:
     """Messages of ``batches`` (with their ``selections``) inside ``[lo, hi)``, and the
     batches' bytes: what a push costs of a stream's credit, counted alike on both ends."""
     messages = size = 0
@@ -314,7 +323,10 @@ def count_messages(batches: Sequence[bytes | memoryview], selections: Sequence[S
 
 
 def filter_batches(
-    batches: Sequence[bytes | memoryview], flt: MessageFilter | None, *, start_offset: int = 0,
+    batches: Sequence[bytes | memoryview],
+    flt: MessageFilter | None,
+    *,
+    start_offset: int = 0,
     end_offset: int | None = None,
 ) -> list[bytes | memoryview]:
     """:func:`filter_batch` over a fetch's batches (``flt`` None: the batches unchanged)."""
@@ -367,9 +379,28 @@ def encode_selection(h: BatchHeader, p: BatchPayload, indexes: Sequence[int]) ->
     payload_size = len(buf) - HEADER_SIZE
     seq = h.base_sequence + lo if h.base_sequence >= 0 else h.base_sequence
     HEADER.pack_into(
-        buf, 0, HEADER_SIZE - 4 + payload_size, 0, h.queue_id, h.partition, h.base_offset + lo,
-        h.timestamp_ms, h.broker_reserved, 0, MAGIC, flags, HEADER_SIZE, n, payload_size,
-        h.deliver_at_ms, h.producer_id, seq, h.producer_epoch, 0, mask, h.transaction_id,
+        buf,
+        0,
+        HEADER_SIZE - 4 + payload_size,
+        0,
+        h.queue_id,
+        h.partition,
+        h.base_offset + lo,
+        h.timestamp_ms,
+        h.broker_reserved,
+        0,
+        MAGIC,
+        flags,
+        HEADER_SIZE,
+        n,
+        payload_size,
+        h.deliver_at_ms,
+        h.producer_id,
+        seq,
+        h.producer_epoch,
+        0,
+        mask,
+        h.transaction_id,
     )
     with memoryview(buf) as mv:
         _U32.pack_into(buf, 40, crc32c(mv[44:]))

@@ -266,8 +266,9 @@ class Membership:
     ``now_ms`` arguments are a monotonic clock in milliseconds.
     """
 
-    def __init__(self, partitions_of: Callable[[str], int], *, incarnation: str = "0",
-                 members_max: int = 10_000) -> None:
+    def __init__(
+        self, partitions_of: Callable[[str], int], *, incarnation: str = "0", members_max: int = 10_000
+    ) -> None:
         self._partitions_of = partitions_of
         self._incarnation = incarnation
         self._groups: dict[str, _Group] = {}
@@ -291,8 +292,18 @@ class Membership:
 
     # -- events ----------------------------------------------------------------------------
 
-    def join(self, group: str, *, member_id: str | None, client_id: str, queues: Iterable[str],
-             mode: str, strategy: str, session_timeout_ms: int, now_ms: float) -> GroupAssignment:
+    def join(
+        self,
+        group: str,
+        *,
+        member_id: str | None,
+        client_id: str,
+        queues: Iterable[str],
+        mode: str,
+        strategy: str,
+        session_timeout_ms: int,
+        now_ms: float,
+    ) -> GroupAssignment:
         """Add a member (or re-subscribe an existing one) and rebalance; the member's
         assignment at once (no second round trip)."""
         validate_group_name(group)
@@ -322,8 +333,9 @@ class Membership:
         if m is None:
             self._member_ids += 1
             cid = _CLIENT_ID_BAD.sub("_", client_id)[:CLIENT_ID_CHARS_MAX] or "member"
-            m = _Member(f"{cid}-{self._incarnation}-{self._member_ids}", client_id, subs, timeout,
-                        now_ms + timeout, now_ms)
+            m = _Member(
+                f"{cid}-{self._incarnation}-{self._member_ids}", client_id, subs, timeout, now_ms + timeout, now_ms
+            )
             g.members[m.member_id] = m
         else:
             m.queues, m.session_timeout_ms = subs, timeout
@@ -360,8 +372,15 @@ class Membership:
         self._remove(g, m)
         self._after_removal(g, t)
 
-    def check_commit(self, group: str, member_id: str | None, generation: int | None, queue: str,
-                     partitions: Iterable[int], now_ms: float) -> None:
+    def check_commit(
+        self,
+        group: str,
+        member_id: str | None,
+        generation: int | None,
+        queue: str,
+        partitions: Iterable[int],
+        now_ms: float,
+    ) -> None:
         """Raise unless a commit of these partitions is allowed now (the state is unchanged
         either way, apart from expiring members whose session ran out)."""
         validate_group_name(group)
@@ -373,10 +392,13 @@ class Membership:
             if generation is not None:
                 raise InvalidArgumentError("a commit with a generation must also name its member_id")
             n = len(g.members) if g is not None else 0
-            self._fire(g, Event.PLAIN_COMMIT,
-                       f"group {group!r} has {n} live member(s): only they commit its offsets "
-                       f"(with their member id and generation); stop them first, or wait for their "
-                       f"session timeout to pass after they stopped")
+            self._fire(
+                g,
+                Event.PLAIN_COMMIT,
+                f"group {group!r} has {n} live member(s): only they commit its offsets "
+                f"(with their member id and generation); stop them first, or wait for their "
+                f"session timeout to pass after they stopped",
+            )
             return
         m = self._member(g, group, member_id, Event.MEMBER_COMMIT)
         assert g is not None
@@ -424,26 +446,38 @@ class Membership:
         g = self._live_group(group, now_ms, missing_ok=True)
         if g is None:
             if not offsets:
-                raise GroupNotFoundError(
-                    f"there is no group {group!r}: it has no members and no committed offsets"
-                )
-            return GroupDescription(group=group, state=GroupState.EMPTY.value,
-                                    offsets={q: dict(o) for q, o in offsets.items()})
+                raise GroupNotFoundError(f"there is no group {group!r}: it has no members and no committed offsets")
+            return GroupDescription(
+                group=group, state=GroupState.EMPTY.value, offsets={q: dict(o) for q, o in offsets.items()}
+            )
         members = [
             MemberDescription(
-                member_id=m.member_id, client_id=m.client_id, queues=sorted(m.queues),
-                state=m.state().value, assignment=_by_queue(m.held), pending=_by_queue(m.target - m.held),
-                revoking=_by_queue(m.held - m.target), acked_generation=m.acked_generation,
-                session_timeout_ms=m.session_timeout_ms, heartbeat_age_ms=int(now_ms - m.last_seen_ms),
+                member_id=m.member_id,
+                client_id=m.client_id,
+                queues=sorted(m.queues),
+                state=m.state().value,
+                assignment=_by_queue(m.held),
+                pending=_by_queue(m.target - m.held),
+                revoking=_by_queue(m.held - m.target),
+                acked_generation=m.acked_generation,
+                session_timeout_ms=m.session_timeout_ms,
+                heartbeat_age_ms=int(now_ms - m.last_seen_ms),
             )
             for m in sorted(g.members.values(), key=lambda m: m.member_id)
         ]
-        return GroupDescription(group=group, state=g.state().value, mode=g.mode.value, strategy=g.strategy,
-                                generation=g.generation, members=members,
-                                offsets={q: dict(o) for q, o in offsets.items()})
+        return GroupDescription(
+            group=group,
+            state=g.state().value,
+            mode=g.mode.value,
+            strategy=g.strategy,
+            generation=g.generation,
+            members=members,
+            offsets={q: dict(o) for q, o in offsets.items()},
+        )
 
-    def summaries(self, now_ms: float, offset_queues: Mapping[str, Iterable[str]], *,
-                  expire: bool = True) -> list[GroupSummary]:
+    def summaries(
+        self, now_ms: float, offset_queues: Mapping[str, Iterable[str]], *, expire: bool = True
+    ) -> list[GroupSummary]:
         """Every group with members or committed offsets (``offset_queues``: group -> queues
         it has offsets on), by name. ``expire=False``: the caller expired them already."""
         if expire:
@@ -458,8 +492,17 @@ class Membership:
                 continue
             for m in g.members.values():
                 queues |= m.queues
-            out.append(GroupSummary(group=name, state=g.state().value, mode=g.mode.value, strategy=g.strategy,
-                                    generation=g.generation, members=len(g.members), queues=sorted(queues)))
+            out.append(
+                GroupSummary(
+                    group=name,
+                    state=g.state().value,
+                    mode=g.mode.value,
+                    strategy=g.strategy,
+                    generation=g.generation,
+                    members=len(g.members),
+                    queues=sorted(queues),
+                )
+            )
         return out
 
     def has_members(self, group: str, now_ms: float) -> bool:
@@ -468,8 +511,9 @@ class Membership:
     # -- internals -------------------------------------------------------------------------
 
     @staticmethod
-    def _validate_join(client_id: object, queues: object, mode: object, strategy: object,
-                       session_timeout_ms: object) -> tuple[GroupMode, frozenset[str], int]:
+    def _validate_join(
+        client_id: object, queues: object, mode: object, strategy: object, session_timeout_ms: object
+    ) -> tuple[GroupMode, frozenset[str], int]:
         if mode not in MODES:
             raise InvalidArgumentError(f"unknown group mode {mode!r}: use one of {', '.join(MODES)}")
         if strategy not in STRATEGIES:
@@ -586,8 +630,12 @@ class Membership:
                 if tp not in g.holder:
                     g.holder[tp] = m.member_id
                     m.held.add(tp)
-        return GroupAssignment(member_id=m.member_id, generation=g.generation,
-                               assignment=_by_queue(m.held & m.target), pending=bool(m.target - m.held))
+        return GroupAssignment(
+            member_id=m.member_id,
+            generation=g.generation,
+            assignment=_by_queue(m.held & m.target),
+            pending=bool(m.target - m.held),
+        )
 
     # -- for tests and operators ---------------------------------------------------------------
 
@@ -600,8 +648,13 @@ class Membership:
         if g is None:
             return None
         return {
-            "generation": g.generation, "mode": g.mode, "strategy": g.strategy, "counts": dict(g.counts),
+            "generation": g.generation,
+            "mode": g.mode,
+            "strategy": g.strategy,
+            "counts": dict(g.counts),
             "holder": dict(g.holder),
-            "members": {k: (m.queues, sorted(m.target), sorted(m.held), m.acked_generation, m.deadline_ms)
-                        for k, m in g.members.items()},
+            "members": {
+                k: (m.queues, sorted(m.target), sorted(m.held), m.acked_generation, m.deadline_ms)
+                for k, m in g.members.items()
+            },
         }

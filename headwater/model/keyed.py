@@ -2,11 +2,11 @@
 
 A keyed group declares a **key** — the message key (``"key"``) or a named property
 (``"property:NAME"``) — and a **size** n. Member i (0 <= i < n) receives exactly the messages
-whose key hashes to i: ``key_hash(key) % n`` (:mod:`headwater.model.hashing`), a message without the key counting as the empty
-key (member 0). Every member reads every partition of the queue, so this holds whatever the
-queue's partition count; the broker drops the other members' messages before sending
-(:class:`KeyHashFilter`). Order per key follows: one key lives in one partition (producers
-route by key) and is read by one member, in offset order.
+whose key hashes to i: ``key_hash(key) % n`` (:mod:`headwater.model.hashing`), a message
+without the key counting as the empty key (member 0). Every member reads every partition of
+the queue, so this holds whatever the queue's partition count; the broker drops the other
+members' messages before sending (:class:`KeyHashFilter`). Order per key follows: one key
+lives in one partition (producers route by key) and is read by one member, in offset order.
 
 Resizing is coordinated so per-key order holds across the change (pause, drain, resume)::
 
@@ -41,8 +41,8 @@ from collections.abc import Mapping
 import msgspec
 
 from headwater.errors import InvalidArgumentError, StaleGenerationError, UsageError
-from headwater.model.checks import check_int_arg, check_offsets_given
 from headwater.model.batch import BatchHeader
+from headwater.model.checks import check_int_arg, check_offsets_given
 from headwater.model.filtering import Columns
 from headwater.model.groups import GroupSummary
 from headwater.model.hashing import key_hash
@@ -75,8 +75,7 @@ def parse_key_spec(spec: object) -> str | None:
     m = _PROPERTY_RE.match(spec) if isinstance(spec, str) else None
     if m is None:
         raise InvalidArgumentError(
-            f"a keyed group's key is 'key' (the message key) or 'property:NAME' (a message "
-            f"property), got {spec!r}"
+            f"a keyed group's key is 'key' (the message key) or 'property:NAME' (a message property), got {spec!r}"
         )
     return m[1]
 
@@ -162,8 +161,14 @@ class KeyedGroupInfo(msgspec.Struct, frozen=True, kw_only=True):
         """Its line in the broker's list of groups: ``members`` is the group's size (its
         members are numbered slots, not sessions the broker tracks), the state ``resizing``
         while a resize drains, else ``stable``."""
-        return GroupSummary(group=self.group, state="resizing" if self.resizing_to is not None else "stable",
-                            mode="keyed", generation=self.generation, members=self.size, queues=[self.queue])
+        return GroupSummary(
+            group=self.group,
+            state="resizing" if self.resizing_to is not None else "stable",
+            mode="keyed",
+            generation=self.generation,
+            members=self.size,
+            queues=[self.queue],
+        )
 
     def position(self, member: int, partition: int, start_offset: int) -> int:
         """Where ``member`` continues in ``partition`` (its commit, else the base, else the start)."""
@@ -180,7 +185,8 @@ class KeyedGroupInfo(msgspec.Struct, frozen=True, kw_only=True):
         if self.resizing_to is None:
             return []
         return [
-            m for m in range(self.size)
+            m
+            for m in range(self.size)
             if any(self.position(m, p, starts.get(p, 0)) < b for p, b in self.barrier.items())
         ]
 
@@ -189,8 +195,7 @@ class KeyedGroupInfo(msgspec.Struct, frozen=True, kw_only=True):
         barrier), ``"waiting"`` (new in a resize: wait for it) or ``"retired"`` (not in the
         group any more)."""
         if self.resizing_to is not None:
-            return "draining" if member < self.size else (
-                "waiting" if member < self.resizing_to else "retired")
+            return "draining" if member < self.size else ("waiting" if member < self.resizing_to else "retired")
         return "active" if member < self.size else "retired"
 
 
@@ -222,8 +227,9 @@ class KeyedGroupState:
         self.info = info
 
     @classmethod
-    def create(cls, queue: str, group: str, key: str, size: int, start: str,
-               ranges: Mapping[int, tuple[int, int]]) -> KeyedGroupState:
+    def create(
+        cls, queue: str, group: str, key: str, size: int, start: str, ranges: Mapping[int, tuple[int, int]]
+    ) -> KeyedGroupState:
         """A new group; ``start`` ``"earliest"`` or ``"latest"`` picks its members' first
         position in each partition (``ranges``: partition -> (start, end) offsets)."""
         parse_key_spec(key)
@@ -262,8 +268,11 @@ class KeyedGroupState:
                 f"from the group's positions"
             )
         if member >= i.size:
-            what = (f"it joins when the resize to {i.resizing_to} completes"
-                    if i.resizing_to is not None and member < i.resizing_to else "it is not in the group")
+            what = (
+                f"it joins when the resize to {i.resizing_to} completes"
+                if i.resizing_to is not None and member < i.resizing_to
+                else "it is not in the group"
+            )
             raise StaleGenerationError(
                 f"keyed group {i.group!r} generation {i.generation} has members 0..{i.size - 1}; "
                 f"member {member}: {what}"
@@ -275,8 +284,9 @@ class KeyedGroupState:
             return None
         return self.info.barrier.get(partition, 0)
 
-    def commit(self, member: int, generation: int, offsets: Mapping[int, int],
-               ranges: Mapping[int, tuple[int, int]]) -> None:
+    def commit(
+        self, member: int, generation: int, offsets: Mapping[int, int], ranges: Mapping[int, tuple[int, int]]
+    ) -> None:
         """Record ``member``'s positions; ``ranges``: partition -> (start, end) offsets."""
         self.check_member(member, generation)
         check_offsets_given(offsets)
@@ -299,7 +309,9 @@ class KeyedGroupState:
             if off > hi:
                 raise InvalidArgumentError(f"cannot commit offset {off} for {i.queue}[{part}]: beyond the log end {hi}")
             if off < lo:
-                raise InvalidArgumentError(f"cannot commit offset {off} for {i.queue}[{part}]: before the log start {lo}")
+                raise InvalidArgumentError(
+                    f"cannot commit offset {off} for {i.queue}[{part}]: before the log start {lo}"
+                )
         positions = {m: dict(p) for m, p in i.positions.items()}
         positions.setdefault(member, {}).update(offsets)
         self.info = msgspec.structs.replace(i, positions=positions)
@@ -326,7 +338,12 @@ class KeyedGroupState:
         if i.resizing_to is None or i.draining(starts):
             return False
         self.info = msgspec.structs.replace(
-            i, size=i.resizing_to, generation=i.generation + 1, base=dict(i.barrier), positions={},
-            resizing_to=None, barrier={},
+            i,
+            size=i.resizing_to,
+            generation=i.generation + 1,
+            base=dict(i.barrier),
+            positions={},
+            resizing_to=None,
+            barrier={},
         )
         return True

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
 import msgspec
@@ -67,8 +67,7 @@ class MessageId(NamedTuple):
             if callable(getattr(text, "result", None)):  # the future of a send
                 hint = ": a send's future gives its id once stored (.result(), or await it; or use send_and_wait)"
             raise InvalidMessageIdError(
-                f"a message id is a string like '0000002a-00000003-000000000001e240', "
-                f"got {type(text).__name__}{hint}"
+                f"a message id is a string like '0000002a-00000003-000000000001e240', got {type(text).__name__}{hint}"
             )
         m = _ID_RE.match(text.strip().lower())
         if m is None:
@@ -120,17 +119,17 @@ class Record(msgspec.Struct, frozen=True, gc=False):
 
     @property
     def timestamp(self) -> datetime:
-        return datetime.fromtimestamp(self.timestamp_ms / 1000, tz=timezone.utc)
+        return datetime.fromtimestamp(self.timestamp_ms / 1000, tz=UTC)
 
     @property
     def scheduled(self) -> datetime | None:
         """``scheduled_ms`` as a datetime (None for a message sent without a delay)."""
         if self.scheduled_ms is None:
             return None
-        return datetime.fromtimestamp(self.scheduled_ms / 1000, tz=timezone.utc)
+        return datetime.fromtimestamp(self.scheduled_ms / 1000, tz=UTC)
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
 
 
@@ -151,7 +150,7 @@ def datetime_ms(when: datetime) -> int:
     0
     """
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     return -(-((when - _EPOCH) // _US) // 1000)
 
 
@@ -165,7 +164,9 @@ def warn_if_local_naive(when: datetime, what: str) -> None:
         warnings.warn(
             f"{what}: a naive datetime is taken as UTC, and this machine's local time is not UTC "
             f"(datetime.now() is local time); pass an aware one, e.g. datetime.now(timezone.utc) + ...",
-            UserWarning, stacklevel=4)
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def to_epoch_ms(value: datetime | int | float | None, what: str = "time") -> int | None:
@@ -186,9 +187,7 @@ def to_epoch_ms(value: datetime | int | float | None, what: str = "time") -> int
         warn_if_local_naive(value, what)
         return datetime_ms(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidArgumentError(
-            f"{what} must be a datetime or epoch milliseconds, got {type(value).__name__}"
-        )
+        raise InvalidArgumentError(f"{what} must be a datetime or epoch milliseconds, got {type(value).__name__}")
     if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidArgumentError(f"{what} must be a datetime or epoch milliseconds, got {value}")

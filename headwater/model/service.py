@@ -14,10 +14,10 @@ import msgspec
 
 from headwater.model.config import QueueConfig, QueueInfo
 from headwater.model.delay import DelayStats
-from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
-from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
-from headwater.model.subscription import SubscriberInfo
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
+from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
+from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
+from headwater.model.subscription import SubscriberInfo
 
 __all__ = ["BrokerService", "ProduceResult", "FetchResult"]
 
@@ -56,8 +56,12 @@ class FetchResult(msgspec.Struct, frozen=True, array_like=True):
         >>> FetchResult([], 5, 0, 5).settles(5), FetchResult([], 9, 0, 5).settles(9)
         (False, True)
         """
-        return (bool(self.batches) or self.next_offset != offset or offset > self.end_offset
-                or (end_offset is not None and offset >= end_offset))
+        return (
+            bool(self.batches)
+            or self.next_offset != offset
+            or offset > self.end_offset
+            or (end_offset is not None and offset >= end_offset)
+        )
 
 
 class BrokerService(Protocol):
@@ -73,20 +77,34 @@ class BrokerService(Protocol):
     # data
     def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult: ...
     def fetch(
-        self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
-        end_offset: int | None = None, max_wait_ms: int = 0,
+        self,
+        queue: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        tag_mask: int = 0,
+        end_offset: int | None = None,
+        max_wait_ms: int = 0,
     ) -> FetchResult:
         """Batches from ``offset`` on; when there are none yet, wait up to ``max_wait_ms``
         for some to arrive (long polling)."""
         ...
+
     def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]: ...
     def lookup_key(
         self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None, limit: int
     ) -> list[bytes]: ...
     def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int: ...
     # consumer offsets
-    def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
-                       member_id: str | None = None, generation: int | None = None) -> None:
+    def commit_offsets(
+        self,
+        group: str,
+        queue: str,
+        offsets: dict[int, int],
+        member_id: str | None = None,
+        generation: int | None = None,
+    ) -> None:
         """Store ``{partition: offset}`` for ``group`` (durably; survives restarts).
 
         A member of a clustering group passes its ``member_id`` and ``generation``: the commit
@@ -99,8 +117,16 @@ class BrokerService(Protocol):
         ...
 
     # consumer groups (membership; the rules are headwater.model.groups)
-    def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str], mode: str,
-                   strategy: str, session_timeout_ms: int) -> GroupAssignment:
+    def join_group(
+        self,
+        group: str,
+        member_id: str | None,
+        client_id: str,
+        queues: list[str],
+        mode: str,
+        strategy: str,
+        session_timeout_ms: int,
+    ) -> GroupAssignment:
         """Join ``group`` (``member_id`` None: as a new member) subscribed to ``queues``; the
         group rebalances and the answer carries the member's id, generation and partitions."""
         ...
@@ -114,20 +140,32 @@ class BrokerService(Protocol):
     def list_groups(self) -> list[GroupSummary]: ...
 
     # keyed groups (headwater.model.keyed)
-    def keyed_group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
-                    start: str = "earliest") -> KeyedGroupInfo:
+    def keyed_group(
+        self, queue: str, group: str, key: str | None = None, size: int | None = None, start: str = "earliest"
+    ) -> KeyedGroupInfo:
         """The keyed group; with ``key`` and ``size``, create it if absent (its members
         starting at the ``start``, ``"earliest"`` or ``"latest"``, offsets) or check that
         it agrees. Without them, :class:`GroupNotFoundError` if absent."""
         ...
 
-    def keyed_fetch(self, queue: str, group: str, member: int, generation: int, partition: int,
-                    offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> KeyedFetchResult:
+    def keyed_fetch(
+        self,
+        queue: str,
+        group: str,
+        member: int,
+        generation: int,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        max_wait_ms: int = 0,
+    ) -> KeyedFetchResult:
         """Like :meth:`fetch`, only ``member``'s messages, stopping at a resize's barrier."""
         ...
 
-    def keyed_commit(self, queue: str, group: str, member: int, generation: int,
-                     offsets: dict[int, int]) -> KeyedGroupInfo:
+    def keyed_commit(
+        self, queue: str, group: str, member: int, generation: int, offsets: dict[int, int]
+    ) -> KeyedGroupInfo:
         """Store ``member``'s positions; a resize completes when its last member commits."""
         ...
 
@@ -136,8 +174,14 @@ class BrokerService(Protocol):
         ...
 
     # push subscriptions (headwater.model.subscription)
-    def add_subscriber(self, queue: str, name: str, partitions: list[int] | None = None,
-                       tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo:
+    def add_subscriber(
+        self,
+        queue: str,
+        name: str,
+        partitions: list[int] | None = None,
+        tags: list[str] | None = None,
+        start: str = "latest",
+    ) -> SubscriberInfo:
         """Register a subscriber; :class:`SubscriberExistsError` if the name is taken."""
         ...
 
@@ -149,9 +193,17 @@ class BrokerService(Protocol):
         ...
 
     # shared groups (the state machine is headwater.model.shared_state)
-    def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
-                       visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
-                       settings: dict[str, int | float] | None = None, max_wait_ms: int = 0) -> SharedDeliveries:
+    def shared_receive(
+        self,
+        group: str,
+        queue: str,
+        member: str,
+        max_messages: int = 32,
+        visibility_timeout_ms: int = 30_000,
+        at_most_once: bool = False,
+        settings: dict[str, int | float] | None = None,
+        max_wait_ms: int = 0,
+    ) -> SharedDeliveries:
         """Lease up to ``max_messages`` from any partition to ``member`` of the shared
         ``group`` for ``visibility_timeout_ms`` (``at_most_once``: finished on delivery, no
         lease); ``settings`` become the group's. Waits up to ``max_wait_ms`` for some."""
@@ -162,14 +214,16 @@ class BrokerService(Protocol):
         member's), whose messages are unchanged."""
         ...
 
-    def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
-                    delay_ms: int | None = None) -> list[LeaseRefusal]:
+    def shared_nack(
+        self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "", delay_ms: int | None = None
+    ) -> list[LeaseRefusal]:
         """Give leased messages back for redelivery after ``delay_ms`` (None: the group's
         backoff), or to the dead-letter queue once their attempts are used up."""
         ...
 
-    def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
-                      visibility_timeout_ms: int) -> list[LeaseRefusal]:
+    def shared_extend(
+        self, group: str, queue: str, member: str, lease_ids: list[str], visibility_timeout_ms: int
+    ) -> list[LeaseRefusal]:
         """Make leases run ``visibility_timeout_ms`` from now."""
         ...
 

@@ -72,8 +72,9 @@ class SharedGroupSettings(msgspec.Struct, frozen=True, kw_only=True):
     in_flight_max: int = 2_000
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None, base: SharedGroupSettings | None = None
-                     ) -> SharedGroupSettings:
+    def from_mapping(
+        cls, values: Mapping[str, Any] | None, base: SharedGroupSettings | None = None
+    ) -> SharedGroupSettings:
         """Settings from ``{name: value}`` over ``base`` (defaults when None), validated.
         An unknown name is an error that lists the known ones."""
         if values is None:
@@ -133,8 +134,7 @@ def validate_group(group: object) -> str:
 def validate_member(member: object) -> str:
     if not isinstance(member, str) or not _MEMBER_RE.match(member):
         raise InvalidArgumentError(
-            f"invalid member id {member!r}: use 1-64 letters, digits, '.', '_' and '-', "
-            f"starting with a letter or digit"
+            f"invalid member id {member!r}: use 1-64 letters, digits, '.', '_' and '-', starting with a letter or digit"
         )
     return member
 
@@ -153,14 +153,16 @@ def dead_letter_message(record: Record, group: str, attempts: int, reason: str) 
     """The copy of ``record`` for the dead-letter queue: the same body, key and tag, its
     properties plus why and after how many deliveries it failed, and where it came from."""
     props = dict(record.properties or {})
-    props.update({
-        "dlq.reason": reason,
-        "dlq.attempts": str(attempts),
-        "dlq.group": group,
-        "dlq.source_queue": record.queue,
-        "dlq.source_id": str(record.message_id),
-        "dlq.source_timestamp_ms": str(record.timestamp_ms),
-    })
+    props.update(
+        {
+            "dlq.reason": reason,
+            "dlq.attempts": str(attempts),
+            "dlq.group": group,
+            "dlq.source_queue": record.queue,
+            "dlq.source_id": str(record.message_id),
+            "dlq.source_timestamp_ms": str(record.timestamp_ms),
+        }
+    )
     return Message(record.body, key=record.key, tag=record.tag, properties=props)
 
 

@@ -124,11 +124,23 @@ class SharedGroupsCore:
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    def receive(self, group: str, queue: str, member: str, max_messages: int = 32,
-                visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
-                settings: Mapping[str, Any] | None = None, max_wait_ms: int = 0) -> SharedDeliveries:
+    def receive(
+        self,
+        group: str,
+        queue: str,
+        member: str,
+        max_messages: int = 32,
+        visibility_timeout_ms: int = 30_000,
+        at_most_once: bool = False,
+        settings: Mapping[str, Any] | None = None,
+        max_wait_ms: int = 0,
+    ) -> SharedDeliveries:
         """Lease up to ``max_messages``; when none can be had, wait up to ``max_wait_ms``."""
-        if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, int) or not 0 <= max_wait_ms <= RECEIVE_WAIT_MS_MAX:
+        if (
+            isinstance(max_wait_ms, bool)
+            or not isinstance(max_wait_ms, int)
+            or not 0 <= max_wait_ms <= RECEIVE_WAIT_MS_MAX
+        ):
             raise InvalidArgumentError(f"max_wait_ms must be from 0 to {RECEIVE_WAIT_MS_MAX}, got {max_wait_ms!r}")
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
@@ -136,8 +148,9 @@ class SharedGroupsCore:
                 self._waiting += 1
                 seen = self._version
             try:
-                res, hint_ms = self.receive_now(group, queue, member, max_messages, visibility_timeout_ms,
-                                                at_most_once, settings)
+                res, hint_ms = self.receive_now(
+                    group, queue, member, max_messages, visibility_timeout_ms, at_most_once, settings
+                )
                 remaining = deadline - time.monotonic()
                 if res.leases or remaining <= 0:
                     return res
@@ -149,9 +162,16 @@ class SharedGroupsCore:
                 with self._wake:
                     self._waiting -= 1
 
-    def receive_now(self, group: str, queue: str, member: str, max_messages: int,
-                    visibility_timeout_ms: int, at_most_once: bool,
-                    settings: Mapping[str, Any] | None) -> tuple[SharedDeliveries, int | None]:
+    def receive_now(
+        self,
+        group: str,
+        queue: str,
+        member: str,
+        max_messages: int,
+        visibility_timeout_ms: int,
+        at_most_once: bool,
+        settings: Mapping[str, Any] | None,
+    ) -> tuple[SharedDeliveries, int | None]:
         """Lease what can be had now. Also returns, when nothing could, in how many ms a
         lease expires or a backoff ends (None: only an append or an ack can help)."""
         validate_group(group)
@@ -182,31 +202,38 @@ class SharedGroupsCore:
     def ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
         """Finish the leased messages. Returns the leases refused (expired, not the
         member's), whose messages are unchanged; the others are acknowledged durably."""
+
         def op(st: SharedQueueState, leases: list[LeaseId], now: int, changes: Changes):
             return st.ack(member, leases, now, changes), []
+
         return self._lease_op(group, queue, member, lease_ids, op)
 
-    def nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
-             delay_ms: int | None = None) -> list[LeaseRefusal]:
+    def nack(
+        self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "", delay_ms: int | None = None
+    ) -> list[LeaseRefusal]:
         """Give the messages back: delivered again after ``delay_ms`` (None: the group's
         backoff), or dead-lettered with ``reason`` when their attempts are used up."""
         if not isinstance(reason, str):
             raise InvalidArgumentError(f"reason is a str, got {type(reason).__name__}")
-        if delay_ms is not None and (isinstance(delay_ms, bool) or not isinstance(delay_ms, int)
-                                     or not 0 <= delay_ms <= DELAY_MS_MAX):
+        if delay_ms is not None and (
+            isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or not 0 <= delay_ms <= DELAY_MS_MAX
+        ):
             raise InvalidArgumentError(f"delay_ms must be None or from 0 to {DELAY_MS_MAX}, got {delay_ms!r}")
 
         def op(st: SharedQueueState, leases: list[LeaseId], now: int, changes: Changes):
             return st.nack(member, leases, reason, delay_ms, now, changes)
+
         return self._lease_op(group, queue, member, lease_ids, op)
 
-    def extend(self, group: str, queue: str, member: str, lease_ids: list[str],
-               visibility_timeout_ms: int) -> list[LeaseRefusal]:
+    def extend(
+        self, group: str, queue: str, member: str, lease_ids: list[str], visibility_timeout_ms: int
+    ) -> list[LeaseRefusal]:
         """Make the leases run ``visibility_timeout_ms`` from now."""
         validate_receive(1, visibility_timeout_ms)
 
         def op(st: SharedQueueState, leases: list[LeaseId], now: int, changes: Changes):
             return st.extend(member, leases, visibility_timeout_ms, now, changes), []
+
         return self._lease_op(group, queue, member, lease_ids, op)
 
     def describe(self, group: str, queue: str) -> SharedGroupInfo:
@@ -222,12 +249,19 @@ class SharedGroupsCore:
             self._bound(st, info, changes)
             dead = st.expire(self._now_ms(), changes)
             token = self._commit(group, info, st, changes, dead)
-            parts = st.describe({p.partition: p.start_offset for p in info.partitions},
-                                {p.partition: p.end_offset for p in info.partitions})
+            parts = st.describe(
+                {p.partition: p.start_offset for p in info.partitions},
+                {p.partition: p.end_offset for p in info.partitions},
+            )
             settings = st.settings
         self._wait_durable(token)
-        return SharedGroupInfo(group=group, queue=queue, settings=settings,
-                               dead_letter_queue=dead_letter_queue_name(queue), partitions=parts)
+        return SharedGroupInfo(
+            group=group,
+            queue=queue,
+            settings=settings,
+            dead_letter_queue=dead_letter_queue_name(queue),
+            partitions=parts,
+        )
 
     def summaries(self, queues: Iterable[QueueInfo]) -> list[GroupSummary]:
         """A line per shared group and queue (of ``queues``, the broker's queues now: the
@@ -240,8 +274,15 @@ class SharedGroupsCore:
             for (group, qid), st in self._groups.items():
                 if qid in names:
                     holders = st.lease_holders(now)
-                    out.append(GroupSummary(group=group, state=(GroupState.STABLE if holders else GroupState.EMPTY).value,
-                                            mode="shared", members=len(holders), queues=[names[qid]]))
+                    out.append(
+                        GroupSummary(
+                            group=group,
+                            state=(GroupState.STABLE if holders else GroupState.EMPTY).value,
+                            mode="shared",
+                            members=len(holders),
+                            queues=[names[qid]],
+                        )
+                    )
         return sorted(out, key=lambda g: (g.group, g.queues))
 
     # -- steps --------------------------------------------------------------------------
@@ -263,8 +304,14 @@ class SharedGroupsCore:
         for p in info.partitions:
             st.bound(p.partition, p.start_offset, p.end_offset, changes)
 
-    def _lease_op(self, group: str, queue: str, member: str, lease_ids: list[str],
-                  op: Callable[..., tuple[list[LeaseRefusal], list[DeadLetter]]]) -> list[LeaseRefusal]:
+    def _lease_op(
+        self,
+        group: str,
+        queue: str,
+        member: str,
+        lease_ids: list[str],
+        op: Callable[..., tuple[list[LeaseRefusal], list[DeadLetter]]],
+    ) -> list[LeaseRefusal]:
         validate_group(group)
         validate_member(member)
         leases = parse_lease_ids(lease_ids)
@@ -272,9 +319,14 @@ class SharedGroupsCore:
         with self._lock:
             st = self._groups.get((group, info.queue_id))
             if st is None:
-                return [LeaseRefusal(str(x), LeaseExpiredError.code,
-                                     f"lease {x}: shared group {group!r} has received nothing from queue {queue!r}")
-                        for x in leases]
+                return [
+                    LeaseRefusal(
+                        str(x),
+                        LeaseExpiredError.code,
+                        f"lease {x}: shared group {group!r} has received nothing from queue {queue!r}",
+                    )
+                    for x in leases
+                ]
             changes = Changes()
             now = self._now_ms()
             dead = st.expire(now, changes)
@@ -285,8 +337,9 @@ class SharedGroupsCore:
             self.notify(queue)  # a finished or released message may let a waiting receiver in
         return refused
 
-    def _commit(self, group: str, info: QueueInfo, st: SharedQueueState, changes: Changes,
-                dead: list[DeadLetter]) -> Any:
+    def _commit(
+        self, group: str, info: QueueInfo, st: SharedQueueState, changes: Changes, dead: list[DeadLetter]
+    ) -> Any:
         """Write dead letters, then the changes (in this order: a crash in between copies a
         message to the dead-letter queue twice rather than losing it)."""
         if dead:
@@ -298,8 +351,14 @@ class SharedGroupsCore:
         for d in dead:
             rec = self._record(info.name, d.partition, d.offset)
             if rec is None:
-                log.warning("%s[%d] offset %d of shared group %s is not retained any more: nothing to "
-                            "dead-letter (%s)", info.name, d.partition, d.offset, group, d.reason)
+                log.warning(
+                    "%s[%d] offset %d of shared group %s is not retained any more: nothing to dead-letter (%s)",
+                    info.name,
+                    d.partition,
+                    d.offset,
+                    group,
+                    d.reason,
+                )
                 continue
             by_part.setdefault(d.partition, []).append(dead_letter_message(rec, group, d.attempts, d.reason))
         dlq = dead_letter_queue_name(info.name)

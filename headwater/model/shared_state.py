@@ -96,7 +96,7 @@ _ROWS: list[tuple[DeliveryState, DeliveryEvent, str, DeliveryState]] = [
 
 TRANSITIONS: dict[tuple[DeliveryState, DeliveryEvent, bool], DeliveryState] = {}
 for _state, _event, _guard, _to in _ROWS:
-    for _spent in ((False, True) if _guard == _ANY else (_guard == _SPENT,)):
+    for _spent in (False, True) if _guard == _ANY else (_guard == _SPENT,):
         TRANSITIONS[(_state, _event, _spent)] = _to
 del _state, _event, _guard, _to, _spent
 
@@ -325,15 +325,23 @@ class SharedQueueState:
         dead: list[DeadLetter] = []
         for p, c in self.cursors.items():
             while (off := c.expired_lease(now_ms)) is not None:
-                d = self._fail(p, c, off, DeliveryEvent.EXPIRE, "lease expired (visibility timeout)", None,
-                               now_ms, changes)
+                d = self._fail(
+                    p, c, off, DeliveryEvent.EXPIRE, "lease expired (visibility timeout)", None, now_ms, changes
+                )
                 if d is not None:
                     dead.append(d)
             c.advance_floor()
         return dead
 
-    def receive(self, member: str, max_messages: int, visibility_timeout_ms: int, at_most_once: bool,
-                now_ms: int, changes: Changes) -> tuple[list[SharedLease], list[DeadLetter]]:
+    def receive(
+        self,
+        member: str,
+        max_messages: int,
+        visibility_timeout_ms: int,
+        at_most_once: bool,
+        now_ms: int,
+        changes: Changes,
+    ) -> tuple[list[SharedLease], list[DeadLetter]]:
         """Lease up to ``max_messages``: redeliveries whose backoff is over first, then new
         messages, from any partition (starting from a different one each call)."""
         out: list[SharedLease] = []
@@ -345,7 +353,7 @@ class SharedQueueState:
         event = DeliveryEvent.DELIVER_AT_MOST_ONCE if at_most_once else DeliveryEvent.DELIVER
         deadline = 0 if at_most_once else now_ms + visibility_timeout_ms
         max_attempts = self.settings.max_attempts
-        for p in parts[self._rotation:] + parts[: self._rotation]:
+        for p in parts[self._rotation :] + parts[: self._rotation]:
             c = self.cursor(p)
             while len(out) < max_messages and (off := c.due_retry(now_ms)) is not None:
                 e = c.entries[off]
@@ -388,8 +396,9 @@ class SharedQueueState:
         self._advance(leases)
         return refused
 
-    def nack(self, member: str, leases: list[LeaseId], reason: str, delay_ms: int | None, now_ms: int,
-             changes: Changes) -> tuple[list[LeaseRefusal], list[DeadLetter]]:
+    def nack(
+        self, member: str, leases: list[LeaseId], reason: str, delay_ms: int | None, now_ms: int, changes: Changes
+    ) -> tuple[list[LeaseRefusal], list[DeadLetter]]:
         refused, dead = [], []
         reason = (reason or "nacked")[:REASON_CHARS_MAX]
         for lease in leases:
@@ -404,8 +413,9 @@ class SharedQueueState:
         self._advance(leases)
         return refused, dead
 
-    def extend(self, member: str, leases: list[LeaseId], visibility_timeout_ms: int, now_ms: int,
-               changes: Changes) -> list[LeaseRefusal]:
+    def extend(
+        self, member: str, leases: list[LeaseId], visibility_timeout_ms: int, now_ms: int, changes: Changes
+    ) -> list[LeaseRefusal]:
         refused = []
         for lease in leases:
             try:
@@ -429,8 +439,17 @@ class SharedQueueState:
                     n += 1
         return n
 
-    def _fail(self, p: int, c: PartitionCursor, off: int, event: DeliveryEvent, reason: str,
-              delay_ms: int | None, now_ms: int, changes: Changes) -> DeadLetter | None:
+    def _fail(
+        self,
+        p: int,
+        c: PartitionCursor,
+        off: int,
+        event: DeliveryEvent,
+        reason: str,
+        delay_ms: int | None,
+        now_ms: int,
+        changes: Changes,
+    ) -> DeadLetter | None:
         e = c.entries[off]
         spent = e.attempts >= self.settings.max_attempts
         state = next_state(e.state, event, spent)
@@ -457,8 +476,7 @@ class SharedQueueState:
         e = c.entries.get(lease.offset)
         if e is None:
             raise LeaseExpiredError(
-                f"lease {lease}: the message is already finished (acknowledged, dead-lettered or "
-                f"no longer retained)"
+                f"lease {lease}: the message is already finished (acknowledged, dead-lettered or no longer retained)"
             )
         if e.attempts != lease.attempt:
             raise LeaseExpiredError(
@@ -493,8 +511,12 @@ class SharedQueueState:
     def lease_holders(self, now_ms: int) -> set[str]:
         """The members holding a lease that has not run out by ``now_ms`` (without expiring
         the others: a look, not an operation)."""
-        return {e.member for c in self.cursors.values() for e in c.entries.values()
-                if e.state is LEASED and e.due_ms > now_ms}
+        return {
+            e.member
+            for c in self.cursors.values()
+            for e in c.entries.values()
+            if e.state is LEASED and e.due_ms > now_ms
+        }
 
     def describe(self, starts: dict[int, int], ends: dict[int, int]) -> list[SharedPartitionInfo]:
         out = []
@@ -503,18 +525,26 @@ class SharedQueueState:
             counts = {s: 0 for s in DeliveryState}
             members: dict[str, int] = {}
             deadline = None
-            for off, e in c.entries.items():
+            for _off, e in c.entries.items():
                 counts[e.state] += 1
                 if e.state is LEASED:
                     members[e.member] = members.get(e.member, 0) + 1
                     deadline = e.due_ms if deadline is None else min(deadline, e.due_ms)
-            out.append(SharedPartitionInfo(
-                partition=p, start_offset=starts[p], end_offset=ends[p],
-                committed_offset=max(c.floor, starts[p]), delivered_offset=max(c.next, starts[p]),
-                leased=counts[LEASED], awaiting_retry=counts[AVAILABLE],
-                acked_ahead=counts[ACKED] + counts[DEAD], dead_lettered=c.dead_lettered,
-                members=members, next_lease_deadline_ms=deadline,
-            ))
+            out.append(
+                SharedPartitionInfo(
+                    partition=p,
+                    start_offset=starts[p],
+                    end_offset=ends[p],
+                    committed_offset=max(c.floor, starts[p]),
+                    delivered_offset=max(c.next, starts[p]),
+                    leased=counts[LEASED],
+                    awaiting_retry=counts[AVAILABLE],
+                    acked_ahead=counts[ACKED] + counts[DEAD],
+                    dead_lettered=c.dead_lettered,
+                    members=members,
+                    next_lease_deadline_ms=deadline,
+                )
+            )
         return out
 
     def images(self, changes: Changes | None = None) -> dict[int, PartitionImage]:

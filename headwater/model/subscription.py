@@ -19,8 +19,13 @@ from datetime import datetime
 import msgspec
 
 from headwater.errors import InvalidArgumentError, PartitionOutOfRangeError
-from headwater.model.checks import check_int_arg, check_offsets_given, partition_list_arg, partitions_of_queue, \
-    tag_list_arg
+from headwater.model.checks import (
+    check_int_arg,
+    check_offsets_given,
+    partition_list_arg,
+    partitions_of_queue,
+    tag_list_arg,
+)
 from headwater.model.config import QueueInfo
 from headwater.model.message import to_epoch_ms
 
@@ -96,8 +101,9 @@ def subscribed_partitions(info: SubscriberInfo, count: int) -> list[int]:
     return [p for p in info.partitions if p < count]
 
 
-def resolve_start(start: str, queue: QueueInfo, partitions: list[int],
-                  offset_for_time: Callable[[int, int], int]) -> dict[int, int]:
+def resolve_start(
+    start: str, queue: QueueInfo, partitions: list[int], offset_for_time: Callable[[int, int], int]
+) -> dict[int, int]:
     """The first checkpoint of each partition for ``start`` (see :data:`START_FORMS`).
 
     ``offset:N`` is clamped into each partition's retained range; ``time:MS`` is the first
@@ -126,8 +132,9 @@ def resolve_start(start: str, queue: QueueInfo, partitions: list[int],
     return out
 
 
-def check_checkpoint(info: SubscriberInfo, offsets: Mapping[int, int],
-                     ranges: Mapping[int, tuple[int, int]]) -> dict[int, int]:
+def check_checkpoint(
+    info: SubscriberInfo, offsets: Mapping[int, int], ranges: Mapping[int, tuple[int, int]]
+) -> dict[int, int]:
     """Validate a checkpoint of ``{partition: next offset}`` against the subscriber and the
     partitions' (start, end) ``ranges``; the checkpoints after it.
 
@@ -153,11 +160,15 @@ def check_checkpoint(info: SubscriberInfo, offsets: Mapping[int, int],
     return {**info.checkpoints, **{p: max(o, ranges[p][0]) for p, o in offsets.items()}}
 
 
-def subscriber_settings(partitions: int | Iterable[int] | None, tags: str | Iterable[str] | None,
-                        start: str | datetime | int) -> tuple[list[int] | None, list[str] | None, str]:
+def subscriber_settings(
+    partitions: int | Iterable[int] | None, tags: str | Iterable[str] | None, start: str | datetime | int
+) -> tuple[list[int] | None, list[str] | None, str]:
     """``add_subscriber``'s arguments as the service takes them: partitions sorted, tags a
     list, a start time as ``"time:EPOCH_MS"``."""
     if isinstance(start, (datetime, int)) and not isinstance(start, bool):
         start = f"time:{to_epoch_ms(start, 'start')}"
-    return (None if partitions is None else partition_list_arg(partitions),
-            None if tags is None else tag_list_arg(tags, empty_ok=True), start)
+    return (
+        None if partitions is None else partition_list_arg(partitions),
+        None if tags is None else tag_list_arg(tags, empty_ok=True),
+        start,
+    )

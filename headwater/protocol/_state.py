@@ -68,7 +68,11 @@ class Direction(_IdentityHashEnum):
 C, S = Role.CLIENT, Role.SERVER
 SEND, RECV = Direction.SEND, Direction.RECEIVE
 AWAIT_HANDSHAKE, AWAIT_ACCEPT, READY, CLOSED, ERROR = (
-    State.AWAIT_HANDSHAKE, State.AWAIT_ACCEPT, State.READY, State.CLOSED, State.ERROR,
+    State.AWAIT_HANDSHAKE,
+    State.AWAIT_ACCEPT,
+    State.READY,
+    State.CLOSED,
+    State.ERROR,
 )
 
 TRANSITIONS: dict[tuple[Role, State, Direction, Kind], State] = {

@@ -54,8 +54,8 @@ connection belongs to one task.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 from functools import cache
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import msgspec
@@ -91,6 +91,7 @@ from headwater.protocol.frames import (
 )
 from headwater.protocol.messages import (
     PROTOCOL_MAGIC,
+    PUSH_SPECS,
     VERSION_MAX,
     VERSION_MIN,
     ApiKey,
@@ -98,7 +99,6 @@ from headwater.protocol.messages import (
     ErrorBody,
     HandshakeAcceptedBody,
     HandshakeBody,
-    PUSH_SPECS,
     PushBody,
     RequestBody,
     ResponseBody,
@@ -133,7 +133,13 @@ _K_ERROR, _K_FATAL, _K_PUSH, _K_CLOSE = Kind.ERROR, Kind.FATAL, Kind.PUSH, Kind.
 _S_CLOSED, _S_ERROR = State.CLOSED, State.ERROR
 #: the Kind of a frame, indexed by frame type (ERROR frames: FATAL or ERROR by request id)
 _KIND_OF_FRAME: tuple[Kind | None, ...] = (
-    None, _K_HANDSHAKE, _K_ACCEPT, _K_REQUEST, _K_RESPONSE, None, _K_PUSH,
+    None,
+    _K_HANDSHAKE,
+    _K_ACCEPT,
+    _K_REQUEST,
+    _K_RESPONSE,
+    None,
+    _K_PUSH,
 )
 assert all(_KIND_OF_FRAME[t] is not None for t in FrameType if t is not FrameType.ERROR)
 _KIND_OF_EVENT = {
@@ -165,8 +171,9 @@ def _apis_of_version(version: int) -> dict[int, _Api]:
         spec = spec_for(key, version)
         if spec is not None:
             push = PUSH_SPECS.get(key)
-            table[int(key)] = _Api(key, body_codec(spec.request), body_codec(spec.response),
-                                   None if push is None else body_codec(push))
+            table[int(key)] = _Api(
+                key, body_codec(spec.request), body_codec(spec.response), None if push is None else body_codec(push)
+            )
     return table
 
 
@@ -317,8 +324,7 @@ class Connection:
             elif self._state is State.AWAIT_ACCEPT and self.role is SERVER:
                 hint = ": the client must wait for HANDSHAKE_ACCEPTED before sending requests"
             raise RemoteProtocolError(
-                f"unexpected {what} received by the {self.role.name.lower()} in state "
-                f"{self._state.name}{hint}"
+                f"unexpected {what} received by the {self.role.name.lower()} in state {self._state.name}{hint}"
             )
         return new
 
@@ -331,17 +337,14 @@ class Connection:
         if kind is _K_PUSH:
             api = self._apis.get(api_key)
             if api is None or api.push is None:
-                raise RemoteProtocolError(
-                    f"api key {api_key} has no PUSH frames in protocol version {self.version}"
-                )
+                raise RemoteProtocolError(f"api key {api_key} has no PUSH frames in protocol version {self.version}")
             return
         if kind is not _K_REQUEST and kind is not _K_RESPONSE and kind is not _K_ERROR:
             return
         api = self._apis.get(api_key)
         if api is None:
             raise RemoteProtocolError(
-                f"unknown api key {api_key} (frame type {FrameType(ftype).name}, "
-                f"protocol version {self.version})"
+                f"unknown api key {api_key} (frame type {FrameType(ftype).name}, protocol version {self.version})"
             )
         if kind is _K_REQUEST:
             if rid in self._in_flight:
@@ -357,8 +360,7 @@ class Connection:
                 raise RemoteProtocolError(f"a response to request id {rid}, which is not in flight")
             if sent != api_key:
                 raise RemoteProtocolError(
-                    f"the response to request {rid} has api key {api_key}; the request had "
-                    f"{int(sent)} ({sent.name})"
+                    f"the response to request {rid} has api key {api_key}; the request had {int(sent)} ({sent.name})"
                 )
 
     def _receive_frame(self, frame: Frame) -> Event:
@@ -382,8 +384,7 @@ class Connection:
                     del self._in_flight[rid]
         except _DECODE_ERRORS as e:
             raise RemoteProtocolError(
-                f"malformed body (frame type {FrameType(ftype).name}, api key "
-                f"{h.api_key}, request id {rid}): {e}"
+                f"malformed body (frame type {FrameType(ftype).name}, api key {h.api_key}, request id {rid}): {e}"
             ) from e
         self._state = new_state
         return event
@@ -444,8 +445,7 @@ class Connection:
         new_state = self._send_next.get((self._state, kind))
         if new_state is None:
             raise LocalProtocolError(
-                f"the {self.role.name.lower()} cannot send {type(event).__name__} in state "
-                f"{self._state.name}"
+                f"the {self.role.name.lower()} cannot send {type(event).__name__} in state {self._state.name}"
             )
         if kind is _K_CLOSE:
             self._state = new_state
@@ -495,8 +495,7 @@ class Connection:
             body = event.body
             if not isinstance(body, ResponseBody) or body.api is not api:
                 raise LocalProtocolError(
-                    f"request {rid} was {api.name}; it cannot be answered with "
-                    f"{type(body).__name__}"
+                    f"request {rid} was {api.name}; it cannot be answered with {type(body).__name__}"
                 )
             return _RESPONSE_T, api, rid, body
         if kind is _K_PUSH:
@@ -510,25 +509,23 @@ class Connection:
             return _ERROR_T, 0, 0, _error_body(event)
         if kind is _K_HANDSHAKE:
             _check_own("frame_bytes_max", event.frame_bytes_max, self.frame_bytes_max)
-            if not (isinstance(event.version_min, int) and isinstance(event.version_max, int)
-                    and 0 < event.version_min <= event.version_max < 2**32):
-                raise LocalProtocolError(
-                    f"invalid version range {event.version_min!r} to {event.version_max!r}"
-                )
-            body = HandshakeBody(PROTOCOL_MAGIC, event.version_min, event.version_max,
-                                 event.client_name, self.frame_bytes_max)
+            if not (
+                isinstance(event.version_min, int)
+                and isinstance(event.version_max, int)
+                and 0 < event.version_min <= event.version_max < 2**32
+            ):
+                raise LocalProtocolError(f"invalid version range {event.version_min!r} to {event.version_max!r}")
+            body = HandshakeBody(
+                PROTOCOL_MAGIC, event.version_min, event.version_max, event.client_name, self.frame_bytes_max
+            )
             return _HANDSHAKE_T, 0, 0, body
         assert kind is _K_ACCEPT, kind
         _check_own("frame_bytes_max", event.frame_bytes_max, self.frame_bytes_max)
         _check_own("requests_in_flight_max", event.requests_in_flight_max, self._own_in_flight_max)
         lo, hi = self._offered
-        if not (isinstance(event.version, int)
-                and max(lo, VERSION_MIN) <= event.version <= min(hi, VERSION_MAX)):
-            raise LocalProtocolError(
-                f"version {event.version!r} is not one both sides speak; use choose_version()"
-            )
-        body = HandshakeAcceptedBody(event.version, event.server_name, self.frame_bytes_max,
-                                     self._own_in_flight_max)
+        if not (isinstance(event.version, int) and max(lo, VERSION_MIN) <= event.version <= min(hi, VERSION_MAX)):
+            raise LocalProtocolError(f"version {event.version!r} is not one both sides speak; use choose_version()")
+        body = HandshakeAcceptedBody(event.version, event.server_name, self.frame_bytes_max, self._own_in_flight_max)
         return _ACCEPTED_T, 0, 0, body
 
     def _commit_send(self, kind: Kind, event: Any, new_state: State) -> None:
@@ -544,8 +541,7 @@ class Connection:
 
     def __repr__(self) -> str:
         return (
-            f"<Connection {self.role.name} {self._state.name} version={self.version} "
-            f"in_flight={len(self._in_flight)}>"
+            f"<Connection {self.role.name} {self._state.name} version={self.version} in_flight={len(self._in_flight)}>"
         )
 
 
@@ -558,9 +554,7 @@ def _error_body(event: ErrorResponse) -> ErrorBody:
 
 def _check_own(name: str, given: int | None, own: int) -> None:
     if given is not None and given != own:
-        raise LocalProtocolError(
-            f"{name}={given} differs from this connection's setting {own}; leave it None"
-        )
+        raise LocalProtocolError(f"{name}={given} differs from this connection's setting {own}; leave it None")
 
 
 def _check_peer_limit(name: str, value: int, lo: int) -> None:

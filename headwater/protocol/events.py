@@ -7,7 +7,7 @@ immutable values; the connection fills in what only it knows (limits, version ra
 from __future__ import annotations
 
 from enum import Enum
-from typing import Literal, Union
+from typing import Literal
 
 import msgspec
 
@@ -149,4 +149,4 @@ class ConnectionClosed(msgspec.Struct, frozen=True):
     """The stream ended: received as EOF, or sent to close this side (``send`` returns b"")."""
 
 
-Event = Union[Handshake, HandshakeAccepted, Request, Response, ErrorResponse, Push, ConnectionClosed]
+Event = Handshake | HandshakeAccepted | Request | Response | ErrorResponse | Push | ConnectionClosed

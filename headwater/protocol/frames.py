@@ -29,7 +29,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Sequence
 from enum import IntEnum
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
 import crc32c as _crc32c
 
@@ -49,7 +49,7 @@ __all__ = [
     "Buffer",
 ]
 
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 
 HEADER = struct.Struct("<IIBBHII")  # length, crc, frame_type, flags, api_key, request_id, data_size
 HEADER_SIZE = HEADER.size
@@ -243,8 +243,7 @@ class FrameReader:
     def _need(self, size: int) -> None:
         if self.eof and self._buf:
             raise RemoteProtocolError(
-                f"the connection closed in the middle of a frame ({len(self._buf)} of "
-                f"{size} bytes received)"
+                f"the connection closed in the middle of a frame ({len(self._buf)} of {size} bytes received)"
             )
         return None
 
@@ -262,8 +261,7 @@ def _check_structure(h: FrameHeader) -> None:
         raise RemoteProtocolError(f"unknown frame flags {flags:#04x} (version 1 defines none)")
     if length - _AFTER_LENGTH - data_size < 1:
         raise RemoteProtocolError(
-            f"data_size {data_size} leaves no room for the msgpack head in a body of "
-            f"{length - _AFTER_LENGTH} bytes"
+            f"data_size {data_size} leaves no room for the msgpack head in a body of {length - _AFTER_LENGTH} bytes"
         )
     connection_level = ftype <= _HANDSHAKE_ACCEPTED
     if connection_level and (api_key or request_id):

@@ -25,11 +25,11 @@ import msgspec
 
 from headwater.model.config import QueueConfig, QueueInfo
 from headwater.model.delay import DelayStats
-from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
-from headwater.model.subscription import SubscriberInfo
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
+from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
 from headwater.model.service import BrokerService, FetchResult, ProduceResult
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo, SharedLease
+from headwater.model.subscription import SubscriberInfo
 
 __all__ = [
     "ApiKey",
@@ -549,13 +549,27 @@ class KeyedFetchResponse(ResponseBody, frozen=True, array_like=True):
     selections: list[list[int]] = []  # per batch: the offsets of a selection, [] for a stored batch
 
     def result(self) -> KeyedFetchResult:
-        return KeyedFetchResult(list(self.batches), self.next_offset, self.start_offset,
-                                self.end_offset, self.generation, self.stop_offset, list(self.selections))
+        return KeyedFetchResult(
+            list(self.batches),
+            self.next_offset,
+            self.start_offset,
+            self.end_offset,
+            self.generation,
+            self.stop_offset,
+            list(self.selections),
+        )
 
     @classmethod
     def from_result(cls, value: KeyedFetchResult) -> ResponseBody:
-        return cls(list(value.batches), value.next_offset, value.start_offset, value.end_offset,
-                   value.generation, value.stop_offset, list(value.selections))
+        return cls(
+            list(value.batches),
+            value.next_offset,
+            value.start_offset,
+            value.end_offset,
+            value.generation,
+            value.stop_offset,
+            list(value.selections),
+        )
 
 
 class KeyedCommitRequest(RequestBody, frozen=True, array_like=True):
@@ -1133,9 +1147,7 @@ class BodyCodec(NamedTuple):
             parts = []
             for size in sizes:
                 if at + size > len(data):
-                    raise ValueError(
-                        f"batch sizes add up to more than the {len(data)} bytes of batch data"
-                    )
+                    raise ValueError(f"batch sizes add up to more than the {len(data)} bytes of batch data")
                 parts.append(data[at : at + size])
                 at += size
             values[pos] = parts if many else parts[0]
@@ -1168,9 +1180,7 @@ def _codec(body_type: type[msgspec.Struct]) -> BodyCodec:
             fields.append((name, info.type, msgspec.field(default_factory=info.default_factory)))
         else:
             fields.append((name, info.type))
-    head_type = msgspec.defstruct(
-        body_type.__name__ + "Head", fields, array_like=True, frozen=True
-    )
+    head_type = msgspec.defstruct(body_type.__name__ + "Head", fields, array_like=True, frozen=True)
     positions = tuple((names.index(n), many) for n, many in data.items())
     return BodyCodec(body_type, msgspec.msgpack.Decoder(head_type), positions)
 
@@ -1195,15 +1205,13 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
         ApiSpec(ApiKey.LIST_QUEUES, ListQueuesRequest, ListQueuesResponse, "list_queues"),
         ApiSpec(ApiKey.DELETE_QUEUE, DeleteQueueRequest, DeleteQueueResponse, "delete_queue"),
         ApiSpec(ApiKey.TRUNCATE_QUEUE, TruncateQueueRequest, TruncateQueueResponse, "truncate_queue"),
-        ApiSpec(ApiKey.SET_QUEUE_ENABLED, SetQueueEnabledRequest, SetQueueEnabledResponse,
-                "set_queue_enabled"),
+        ApiSpec(ApiKey.SET_QUEUE_ENABLED, SetQueueEnabledRequest, SetQueueEnabledResponse, "set_queue_enabled"),
         ApiSpec(ApiKey.ADD_PARTITIONS, AddPartitionsRequest, AddPartitionsResponse, "add_partitions"),
         ApiSpec(ApiKey.PRODUCE, ProduceRequest, ProduceResponse, "produce"),
         ApiSpec(ApiKey.FETCH, FetchRequest, FetchResponse, "fetch"),
         ApiSpec(ApiKey.LOOKUP_ID, LookupIdRequest, LookupIdResponse, "lookup_id"),
         ApiSpec(ApiKey.LOOKUP_KEY, LookupKeyRequest, LookupKeyResponse, "lookup_key"),
-        ApiSpec(ApiKey.OFFSET_FOR_TIME, OffsetForTimeRequest, OffsetForTimeResponse,
-                "offset_for_time"),
+        ApiSpec(ApiKey.OFFSET_FOR_TIME, OffsetForTimeRequest, OffsetForTimeResponse, "offset_for_time"),
         ApiSpec(ApiKey.COMMIT_OFFSETS, CommitOffsetsRequest, CommitOffsetsResponse, "commit_offsets"),
         ApiSpec(ApiKey.FETCH_OFFSETS, FetchOffsetsRequest, FetchOffsetsResponse, "fetch_offsets"),
         ApiSpec(ApiKey.JOIN_GROUP, JoinGroupRequest, JoinGroupResponse, "join_group"),
@@ -1229,14 +1237,17 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
         ApiSpec(ApiKey.UNSUBSCRIBE, UnsubscribeRequest, UnsubscribeResponse, None),
         ApiSpec(ApiKey.SUBSCRIPTION_ACK, SubscriptionAckRequest, SubscriptionAckResponse, None),
         ApiSpec(ApiKey.ADD_SUBSCRIBER, AddSubscriberRequest, AddSubscriberResponse, "add_subscriber"),
-        ApiSpec(ApiKey.DELETE_SUBSCRIBER, DeleteSubscriberRequest, DeleteSubscriberResponse,
-                "delete_subscriber"),
-        ApiSpec(ApiKey.LIST_SUBSCRIBERS, ListSubscribersRequest, ListSubscribersResponse,
-                "list_subscribers"),
-        ApiSpec(ApiKey.DESCRIBE_SUBSCRIBER, DescribeSubscriberRequest, DescribeSubscriberResponse,
-                "describe_subscriber"),
-        ApiSpec(ApiKey.CHECKPOINT_SUBSCRIBER, CheckpointSubscriberRequest, CheckpointSubscriberResponse,
-                "checkpoint_subscriber"),
+        ApiSpec(ApiKey.DELETE_SUBSCRIBER, DeleteSubscriberRequest, DeleteSubscriberResponse, "delete_subscriber"),
+        ApiSpec(ApiKey.LIST_SUBSCRIBERS, ListSubscribersRequest, ListSubscribersResponse, "list_subscribers"),
+        ApiSpec(
+            ApiKey.DESCRIBE_SUBSCRIBER, DescribeSubscriberRequest, DescribeSubscriberResponse, "describe_subscriber"
+        ),
+        ApiSpec(
+            ApiKey.CHECKPOINT_SUBSCRIBER,
+            CheckpointSubscriberRequest,
+            CheckpointSubscriberResponse,
+            "checkpoint_subscriber",
+        ),
         ApiSpec(ApiKey.CANCEL_DELAYED, CancelDelayedRequest, CancelDelayedResponse, "cancel_delayed"),
         ApiSpec(ApiKey.DELAY_STATS, DelayStatsRequest, DelayStatsResponse, "delay_stats"),
         ApiSpec(ApiKey.STATUS, StatusRequest, StatusResponse, "status"),
@@ -1245,8 +1256,16 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
 
 #: The requests that act on a connection's push streams (subscriptions' and fetch streams'):
 #: only a server serves them.
-STREAM_APIS = frozenset({ApiKey.FETCH_STREAM, ApiKey.STREAM_CREDIT, ApiKey.CLOSE_STREAM, ApiKey.SUBSCRIBE,
-                         ApiKey.UNSUBSCRIBE, ApiKey.SUBSCRIPTION_ACK})
+STREAM_APIS = frozenset(
+    {
+        ApiKey.FETCH_STREAM,
+        ApiKey.STREAM_CREDIT,
+        ApiKey.CLOSE_STREAM,
+        ApiKey.SUBSCRIBE,
+        ApiKey.UNSUBSCRIBE,
+        ApiKey.SUBSCRIPTION_ACK,
+    }
+)
 
 for _s in API_SPECS.values():
     assert _s.request.api is _s.key and _s.response.api is _s.key, _s

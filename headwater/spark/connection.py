@@ -24,14 +24,12 @@ __all__ = ["connect", "describe", "unavailable_means", "with_retries"]
 T = TypeVar("T")
 
 
-def connect(servers: str, *, connect_timeout_s: float, request_timeout_s: float,
-            where: str = "a Spark task") -> Client:
+def connect(servers: str, *, connect_timeout_s: float, request_timeout_s: float, where: str = "a Spark task") -> Client:
     """A network client to the first of ``servers`` that answers."""
     errors = []
     for address in (a.strip() for a in servers.split(",")):
         try:
-            return headwater.connect(address, connect_timeout_s=connect_timeout_s,
-                                     request_timeout_s=request_timeout_s)
+            return headwater.connect(address, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s)
         except UnavailableError as e:
             errors.append(str(e))
     raise UnavailableError(
@@ -67,8 +65,7 @@ def unavailable_means(what: str) -> Iterator[None]:
         ) from e
 
 
-def with_retries(call: Callable[[], T], *, attempts: int = 3, backoff_s: float = 0.2,
-                 what: str) -> T:
+def with_retries(call: Callable[[], T], *, attempts: int = 3, backoff_s: float = 0.2, what: str) -> T:
     """Run ``call``, retrying while the broker is unavailable (a restart, a lost connection).
 
     For calls the client does not retry itself and that are safe to repeat: idempotent
@@ -80,5 +77,5 @@ def with_retries(call: Callable[[], T], *, attempts: int = 3, backoff_s: float =
             if attempt == attempts - 1:
                 with unavailable_means(what):
                     raise
-            time.sleep(backoff_s * (2 ** attempt))
+            time.sleep(backoff_s * (2**attempt))
     raise AssertionError("unreachable")

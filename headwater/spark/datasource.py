@@ -59,8 +59,12 @@ class HeadwaterDataSource(DataSource):
         opts = parse_write_options(self.options, streaming=False)
         columns = check_write_schema(schema, queue_option=opts.queue)
         if opts.queue is not None:  # fail now, on the driver, rather than in every task
-            client = connect(opts.servers, connect_timeout_s=opts.connect_timeout_s,
-                             request_timeout_s=opts.request_timeout_s, where="the Spark driver")
+            client = connect(
+                opts.servers,
+                connect_timeout_s=opts.connect_timeout_s,
+                request_timeout_s=opts.request_timeout_s,
+                where="the Spark driver",
+            )
             try:
                 describe(client, opts.queue, opts.servers)
             finally:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Mapping
 
 from headwater.errors import InvalidArgumentError
 from headwater.model.config import PARTITIONS_MAX, validate_queue_name
@@ -49,8 +49,16 @@ _SPARK_OWNED = {"checkpointlocation", "queryname"}
 
 _COMMON = ("servers", "queue", "connectTimeoutMs", "requestTimeoutMs")
 READ_OPTIONS = _COMMON + (
-    "partitions", "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp",
-    "tags", "minPartitions", "maxOffsetsPerTrigger", "failOnDataLoss", "fetchBytes",
+    "partitions",
+    "startingOffsets",
+    "endingOffsets",
+    "startingTimestamp",
+    "endingTimestamp",
+    "tags",
+    "minPartitions",
+    "maxOffsetsPerTrigger",
+    "failOnDataLoss",
+    "fetchBytes",
 )
 WRITE_OPTIONS = _COMMON + ("partitioner", "maxBatchBytes", "compression")
 PARTITIONERS = ("default", "key", "round_robin", "random")
@@ -136,8 +144,7 @@ def _canonical(options: Mapping[str, str], valid: tuple[str, ...], what: str) ->
     if path is not None:
         if out.setdefault("queue", path) != path:
             raise InvalidArgumentError(
-                f"the queue is named twice: load/save({path!r}) and option queue "
-                f"{out['queue']!r}; give one of them"
+                f"the queue is named twice: load/save({path!r}) and option queue {out['queue']!r}; give one of them"
             )
     return out
 
@@ -154,9 +161,7 @@ def _servers(opts: Mapping[str, str]) -> str:
     for address in value.split(","):
         host, sep, port = address.strip().rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise InvalidArgumentError(
-                f"option 'servers' is 'host:port' (several separated by commas), got {value!r}"
-            )
+            raise InvalidArgumentError(f"option 'servers' is 'host:port' (several separated by commas), got {value!r}")
     return value
 
 
@@ -218,8 +223,15 @@ def parse_partitions(raw: str) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def parse_offsets(raw: str, name: str, queue: str, *, allow_earliest: bool = True,
-                  allow_latest: bool = True, default: str = "earliest") -> OffsetSpec:
+def parse_offsets(
+    raw: str,
+    name: str,
+    queue: str,
+    *,
+    allow_earliest: bool = True,
+    allow_latest: bool = True,
+    default: str = "earliest",
+) -> OffsetSpec:
     """``"earliest"``, ``"latest"``, or JSON: ``{"0": 42, "1": -2}`` (-2 earliest, -1 latest),
     Kafka's ``{"<queue>": {"0": 42}}``, or an offset as a streaming checkpoint stores it.
 
@@ -245,7 +257,7 @@ def parse_offsets(raw: str, name: str, queue: str, *, allow_earliest: bool = Tru
             raise InvalidArgumentError(f"option {name!r} is for queue {doc['queue']!r}, not {queue!r}")
         doc = doc["offsets"]
     elif isinstance(doc, dict) and len(doc) == 1 and isinstance(next(iter(doc.values())), dict):
-        (q, doc), = doc.items()  # Kafka's {"topic": {"0": 42}}
+        ((q, doc),) = doc.items()  # Kafka's {"topic": {"0": 42}}
         if q != queue:
             raise InvalidArgumentError(f"option {name!r} is for queue {q!r}, not {queue!r}")
     if not isinstance(doc, dict) or not doc:
@@ -257,8 +269,7 @@ def parse_offsets(raw: str, name: str, queue: str, *, allow_earliest: bool = Tru
         except ValueError:
             raise InvalidArgumentError(f"option {name!r}: {k!r} is not a partition number") from None
         if p < 0:
-            raise InvalidArgumentError(
-                f"option {name!r}: {k!r} is not a partition number (they count from 0)")
+            raise InvalidArgumentError(f"option {name!r}: {k!r} is not a partition number (they count from 0)")
         if isinstance(v, bool) or not isinstance(v, int) or v < EARLIEST:
             raise InvalidArgumentError(
                 f"option {name!r}: the offset of partition {k} must be an int >= 0, or -2 "
@@ -320,17 +331,20 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool | None) ->
             "read takes its range from startingOffsets/endingOffsets"
         )
     default_start = "latest" if streaming else "earliest"
-    starting = (parse_offsets(o["startingOffsets"], "startingOffsets", queue, default=default_start)
-                if "startingOffsets" in o else OffsetSpec(default_start))
-    ending = (parse_offsets(o["endingOffsets"], "endingOffsets", queue, allow_earliest=False,
-                            default="latest")
-              if "endingOffsets" in o else OffsetSpec("latest"))
+    starting = (
+        parse_offsets(o["startingOffsets"], "startingOffsets", queue, default=default_start)
+        if "startingOffsets" in o
+        else OffsetSpec(default_start)
+    )
+    ending = (
+        parse_offsets(o["endingOffsets"], "endingOffsets", queue, allow_earliest=False, default="latest")
+        if "endingOffsets" in o
+        else OffsetSpec("latest")
+    )
     start_ms = parse_timestamp_ms(o["startingTimestamp"], "startingTimestamp") if "startingTimestamp" in o else None
     end_ms = parse_timestamp_ms(o["endingTimestamp"], "endingTimestamp") if "endingTimestamp" in o else None
     if start_ms is not None and end_ms is not None and end_ms < start_ms:
-        raise InvalidArgumentError(
-            f"endingTimestamp {end_ms} is before startingTimestamp {start_ms}"
-        )
+        raise InvalidArgumentError(f"endingTimestamp {end_ms} is before startingTimestamp {start_ms}")
     tags = None
     if "tags" in o:
         tags = tuple(sorted({t.strip() for t in o["tags"].split(",") if t.strip()}))
@@ -377,9 +391,7 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool) -> Write
         raise InvalidArgumentError(f"option 'compression' is none, zstd or lz4, got {o['compression']!r}")
     batch_bytes = _int(o, "maxBatchBytes", BATCH_BYTES_MAX_DEFAULT, minimum=1024)
     if batch_bytes > BATCH_BYTES_LIMIT:  # type: ignore[operator]
-        raise InvalidArgumentError(
-            f"option 'maxBatchBytes' can be at most {BATCH_BYTES_LIMIT}, got {batch_bytes}"
-        )
+        raise InvalidArgumentError(f"option 'maxBatchBytes' can be at most {BATCH_BYTES_LIMIT}, got {batch_bytes}")
     return WriteOptions(
         servers=_servers(o),
         queue=queue,

@@ -79,12 +79,16 @@ def check_named_partitions(spec: OffsetSpec, name: str, info: QueueInfo) -> None
         )
 
 
-def data_loss_message(queue: str, partition: int, lost_from: int, lost_to: int,
-                      retained: tuple[int, int] | None = None) -> str:
+def data_loss_message(
+    queue: str, partition: int, lost_from: int, lost_to: int, retained: tuple[int, int] | None = None
+) -> str:
     held = ""
     if retained is not None:
-        held = (f" (the partition now holds {retained[0]}..{retained[1]})" if retained[0] <= retained[1]
-                else f" (the partition is empty; its next offset is {retained[0]})")
+        held = (
+            f" (the partition now holds {retained[0]}..{retained[1]})"
+            if retained[0] <= retained[1]
+            else f" (the partition is empty; its next offset is {retained[0]})"
+        )
     return (
         f"offsets {lost_from}..{lost_to - 1} of partition {partition} of queue {queue!r} are no "
         f"longer retained{held}: the queue's TTL or a truncate removed them before they were "
@@ -101,8 +105,9 @@ def _resolve(spec_value: int, lo: int, hi: int) -> int:
     return spec_value
 
 
-def start_offsets(opts: ReadOptions, info: QueueInfo, offset_for_time: Callable[[int, int], int],
-                  partitions: Sequence[int]) -> dict[int, int]:
+def start_offsets(
+    opts: ReadOptions, info: QueueInfo, offset_for_time: Callable[[int, int], int], partitions: Sequence[int]
+) -> dict[int, int]:
     """Where reading starts in each partition, from startingOffsets and startingTimestamp.
 
     An explicit offset before the retained range is data loss (an error unless
@@ -116,9 +121,8 @@ def start_offsets(opts: ReadOptions, info: QueueInfo, offset_for_time: Callable[
         if start < pi.start_offset:
             if opts.fail_on_data_loss:
                 raise MessageNotFoundError(
-                    "startingOffsets: " + data_loss_message(
-                        info.name, p, start, pi.start_offset, (pi.start_offset, pi.end_offset - 1)
-                    )
+                    "startingOffsets: "
+                    + data_loss_message(info.name, p, start, pi.start_offset, (pi.start_offset, pi.end_offset - 1))
                 )
             start = pi.start_offset
         if start > pi.end_offset:
@@ -132,8 +136,7 @@ def start_offsets(opts: ReadOptions, info: QueueInfo, offset_for_time: Callable[
     return out
 
 
-def batch_ranges(opts: ReadOptions, info: QueueInfo,
-                 offset_for_time: Callable[[int, int], int]) -> list[OffsetRange]:
+def batch_ranges(opts: ReadOptions, info: QueueInfo, offset_for_time: Callable[[int, int], int]) -> list[OffsetRange]:
     """The range of each partition a batch read covers; empty ranges are left out.
 
     Offsets and times both bound the range: it starts at the later of startingOffsets and
@@ -156,9 +159,7 @@ def batch_ranges(opts: ReadOptions, info: QueueInfo,
         # gone (failOnDataLoss=false) makes the range empty, not the options wrong
         given = _resolve(opts.starting.for_partition(p), pi.start_offset, pi.end_offset)
         if opts.ending.kind == "offsets" and p in opts.ending.offsets and end < given:
-            raise InvalidArgumentError(
-                f"endingOffsets: offset {end} of partition {p} is before its start {given}"
-            )
+            raise InvalidArgumentError(f"endingOffsets: offset {end} of partition {p} is before its start {given}")
         if opts.ending_timestamp_ms is not None:
             end = min(end, offset_for_time(p, opts.ending_timestamp_ms))
         if end > starts[p]:
@@ -226,16 +227,18 @@ class StreamOffset:
     offsets: Mapping[int, int]
 
     def to_json(self) -> dict:
-        return {"queue": self.queue, "queue_id": self.queue_id,
-                "offsets": {str(p): self.offsets[p] for p in sorted(self.offsets)}}
+        return {
+            "queue": self.queue,
+            "queue_id": self.queue_id,
+            "offsets": {str(p): self.offsets[p] for p in sorted(self.offsets)},
+        }
 
     @classmethod
     def from_json(cls, doc: Mapping | str) -> StreamOffset:
         if isinstance(doc, str):
             doc = json.loads(doc)
         try:
-            return cls(str(doc["queue"]), int(doc["queue_id"]),
-                       {int(p): int(o) for p, o in doc["offsets"].items()})
+            return cls(str(doc["queue"]), int(doc["queue_id"]), {int(p): int(o) for p, o in doc["offsets"].items()})
         except (KeyError, TypeError, ValueError, AttributeError):
             raise InvalidArgumentError(
                 f"the checkpoint holds an offset this connector did not write: {doc!r}; use a new "
@@ -254,4 +257,3 @@ class StreamOffset:
                 f"was written (queue id {self.queue_id}, now {info.queue_id}); its offsets do not "
                 f"apply to the new queue: start the query with a new checkpointLocation"
             )
-

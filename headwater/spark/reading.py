@@ -140,15 +140,16 @@ def _message_ids(offsets: pa.Array, prefix: str, string_type: pa.DataType) -> pa
     n = len(offsets)
     width = len(prefix) + 16
     be = array("q")
-    be.frombytes(offsets.buffers()[1].to_pybytes()[offsets.offset * 8:(offsets.offset + n) * 8])
+    be.frombytes(offsets.buffers()[1].to_pybytes()[offsets.offset * 8 : (offsets.offset + n) * 8])
     if not _BIG_ENDIAN:
         be.byteswap()
     text = prefix + be.tobytes().hex("|", 8).replace("|", prefix) if n else ""
     positions = _positions.get(width)
     if positions is None or len(positions) < n + 1:
         positions = _positions[width] = array("i", range(0, width * (max(n, ROWS_PER_BATCH) + 1), width))
-    return pa.Array.from_buffers(string_type, n, [None, pa.py_buffer(positions)[: 4 * (n + 1)],
-                                                   pa.py_buffer(text.encode("ascii"))])
+    return pa.Array.from_buffers(
+        string_type, n, [None, pa.py_buffer(positions)[: 4 * (n + 1)], pa.py_buffer(text.encode("ascii"))]
+    )
 
 
 def _check(batch: bytes, queue: str):
@@ -174,14 +175,19 @@ class _Fetcher:
     def _sync(self, offset: int) -> FetchResult:
         t = self._task
         with unavailable_means(f"reading partition {t.partition} of queue {t.queue!r} from {t.servers}"):
-            return self._service.fetch(t.queue, t.partition, offset, max_bytes=t.fetch_bytes,
-                                       tag_mask=self._mask, end_offset=t.end)
+            return self._service.fetch(
+                t.queue, t.partition, offset, max_bytes=t.fetch_bytes, tag_mask=self._mask, end_offset=t.end
+            )
 
     def prefetch(self, offset: int) -> None:
         if self._async is not None:
             t = self._task
-            self._pending = (offset, self._async(t.queue, t.partition, offset, max_bytes=t.fetch_bytes,
-                                                 tag_mask=self._mask, end_offset=t.end))
+            self._pending = (
+                offset,
+                self._async(
+                    t.queue, t.partition, offset, max_bytes=t.fetch_bytes, tag_mask=self._mask, end_offset=t.end
+                ),
+            )
 
     def get(self, offset: int) -> FetchResult:
         pending, self._pending = self._pending, None
@@ -195,8 +201,7 @@ class _Fetcher:
 
 def read_arrow(task: ReadTask, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The rows of ``task`` as Arrow record batches matching ``schema`` (the read schema)."""
-    client = connect(task.servers, connect_timeout_s=task.connect_timeout_s,
-                     request_timeout_s=task.request_timeout_s)
+    client = connect(task.servers, connect_timeout_s=task.connect_timeout_s, request_timeout_s=task.request_timeout_s)
     try:
         yield from _read(client.service, task, schema)
     finally:
@@ -213,9 +218,15 @@ def _read(service, task: ReadTask, schema: pa.Schema) -> Iterator[pa.RecordBatch
         res = fetcher.get(cur)
         if res.start_offset > cur:
             if task.fail_on_data_loss:
-                raise MessageNotFoundError(data_loss_message(
-                    task.queue, task.partition, cur, min(res.start_offset, end),
-                    (res.start_offset, res.end_offset - 1)))
+                raise MessageNotFoundError(
+                    data_loss_message(
+                        task.queue,
+                        task.partition,
+                        cur,
+                        min(res.start_offset, end),
+                        (res.start_offset, res.end_offset - 1),
+                    )
+                )
             cur = min(res.start_offset, end)
         nxt = max(cur, res.next_offset)
         if nxt < end and (res.batches or nxt > cur):
@@ -238,13 +249,15 @@ def _read(service, task: ReadTask, schema: pa.Schema) -> Iterator[pa.RecordBatch
         yield from _emit(cols, task, schema, id_prefix, wanted)
 
 
-def _emit(cols: _Columns, task: ReadTask, schema: pa.Schema, id_prefix: str,
-          wanted: pa.Array | None) -> Iterator[pa.RecordBatch]:
+def _emit(
+    cols: _Columns, task: ReadTask, schema: pa.Schema, id_prefix: str, wanted: pa.Array | None
+) -> Iterator[pa.RecordBatch]:
     batch = cols.build(task, schema, id_prefix)
     if task.not_before_ms is not None and cols.runs[0][2] < task.not_before_ms * 1000:
         # append times never decrease along a partition: only a first part can be early
-        batch = batch.filter(pc.greater_equal(
-            batch.column(5), pa.scalar(task.not_before_ms * 1000, batch.schema.field(5).type)))
+        batch = batch.filter(
+            pc.greater_equal(batch.column(5), pa.scalar(task.not_before_ms * 1000, batch.schema.field(5).type))
+        )
     if wanted is not None:  # the broker skipped whole batches by tag mask; now message by message
         batch = batch.filter(pc.fill_null(pc.is_in(batch.column(6), value_set=wanted), False))
     if batch.num_rows:

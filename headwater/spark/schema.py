@@ -40,17 +40,19 @@ from headwater.errors import InvalidArgumentError
 
 __all__ = ["READ_SCHEMA", "READ_SCHEMA_DDL", "arrow_schema", "check_write_schema", "WriteColumns"]
 
-READ_SCHEMA = StructType([
-    StructField("key", BinaryType(), True),
-    StructField("value", BinaryType(), True),
-    StructField("queue", StringType(), True),
-    StructField("partition", IntegerType(), True),
-    StructField("offset", LongType(), True),
-    StructField("timestamp", TimestampType(), True),
-    StructField("tag", StringType(), True),
-    StructField("properties", MapType(StringType(), StringType(), True), True),
-    StructField("message_id", StringType(), True),
-])
+READ_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType(), True),
+        StructField("value", BinaryType(), True),
+        StructField("queue", StringType(), True),
+        StructField("partition", IntegerType(), True),
+        StructField("offset", LongType(), True),
+        StructField("timestamp", TimestampType(), True),
+        StructField("tag", StringType(), True),
+        StructField("properties", MapType(StringType(), StringType(), True), True),
+        StructField("message_id", StringType(), True),
+    ]
+)
 READ_SCHEMA_DDL = READ_SCHEMA.simpleString()
 
 _READ_ONLY = ("offset", "timestamp", "message_id")
@@ -90,8 +92,9 @@ def check_write_schema(schema: StructType, *, queue_option: str | None) -> Write
             f"the dataframe has no 'value' column (columns: {', '.join(schema.fieldNames()) or 'none'}); "
             f"a message needs a body: select one as value, e.g. df.select(col('payload').alias('value'))"
         )
-    unknown = [f.name for f in schema.fields
-               if f.name.lower() not in _WRITE_COLUMNS and f.name.lower() not in _READ_ONLY]
+    unknown = [
+        f.name for f in schema.fields if f.name.lower() not in _WRITE_COLUMNS and f.name.lower() not in _READ_ONLY
+    ]
     if unknown:
         raise InvalidArgumentError(
             f"the dataframe has column{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
@@ -102,36 +105,59 @@ def check_write_schema(schema: StructType, *, queue_option: str | None) -> Write
     def expect(name: str, ok: bool, want: str, fix: str) -> None:
         if not ok:
             raise InvalidArgumentError(
-                f"column {name!r} is {_type_name(by_name[name].dataType)}, but Headwater writes it as "
-                f"{want}; {fix}"
+                f"column {name!r} is {_type_name(by_name[name].dataType)}, but Headwater writes it as {want}; {fix}"
             )
 
-    expect("value", isinstance(by_name["value"].dataType, BinaryType), "binary",
-           "cast it, e.g. col('value').cast('binary') (a string becomes its UTF-8 bytes), "
-           "or serialize structured data first, e.g. to_json(...).cast('binary')")
+    expect(
+        "value",
+        isinstance(by_name["value"].dataType, BinaryType),
+        "binary",
+        "cast it, e.g. col('value').cast('binary') (a string becomes its UTF-8 bytes), "
+        "or serialize structured data first, e.g. to_json(...).cast('binary')",
+    )
     key_is_string = False
     if "key" in by_name:
         t = by_name["key"].dataType
         key_is_string = isinstance(t, StringType)
-        expect("key", isinstance(t, (BinaryType, StringType)), "binary (or string, sent as UTF-8)",
-               "cast it, e.g. col('key').cast('binary')")
+        expect(
+            "key",
+            isinstance(t, (BinaryType, StringType)),
+            "binary (or string, sent as UTF-8)",
+            "cast it, e.g. col('key').cast('binary')",
+        )
     if "tag" in by_name:
-        expect("tag", isinstance(by_name["tag"].dataType, StringType), "string",
-               "cast it, e.g. col('tag').cast('string')")
+        expect(
+            "tag", isinstance(by_name["tag"].dataType, StringType), "string", "cast it, e.g. col('tag').cast('string')"
+        )
     if "queue" in by_name:
-        expect("queue", isinstance(by_name["queue"].dataType, StringType), "string",
-               "cast it, e.g. col('queue').cast('string')")
+        expect(
+            "queue",
+            isinstance(by_name["queue"].dataType, StringType),
+            "string",
+            "cast it, e.g. col('queue').cast('string')",
+        )
     if "partition" in by_name:
-        expect("partition", isinstance(by_name["partition"].dataType, _INTEGERS), "an integer",
-               "cast it, e.g. col('partition').cast('int')")
+        expect(
+            "partition",
+            isinstance(by_name["partition"].dataType, _INTEGERS),
+            "an integer",
+            "cast it, e.g. col('partition').cast('int')",
+        )
     if "properties" in by_name:
         t = by_name["properties"].dataType
-        expect("properties", isinstance(t, MapType) and isinstance(t.keyType, StringType)
-               and isinstance(t.valueType, StringType), "map<string,string>",
-               "build it with create_map(lit('k'), col('v').cast('string'), ...)")
+        expect(
+            "properties",
+            isinstance(t, MapType) and isinstance(t.keyType, StringType) and isinstance(t.valueType, StringType),
+            "map<string,string>",
+            "build it with create_map(lit('k'), col('v').cast('string'), ...)",
+        )
     if "deliver_at" in by_name:
-        expect("deliver_at", isinstance(by_name["deliver_at"].dataType, (TimestampType, TimestampNTZType)),
-               "a timestamp", "cast it, e.g. col('deliver_at').cast('timestamp')")
+        expect(
+            "deliver_at",
+            isinstance(by_name["deliver_at"].dataType, (TimestampType, TimestampNTZType)),
+            "a timestamp",
+            "cast it, e.g. col('deliver_at').cast('timestamp')",
+        )
     if queue_option is None and "queue" not in by_name:
         raise InvalidArgumentError(
             "no queue to write to: set .option('queue', 'events'), or add a string column "

@@ -41,8 +41,9 @@ class HeadwaterCommitMessage(WriterCommitMessage):
         self.summary = summary
 
 
-def _write(opts: WriteOptions, columns: WriteColumns, write_id: str, epoch: int,
-           batches: Iterator) -> HeadwaterCommitMessage:
+def _write(
+    opts: WriteOptions, columns: WriteColumns, write_id: str, epoch: int, batches: Iterator
+) -> HeadwaterCommitMessage:
     ctx = TaskContext.get()
     task = ctx.partitionId() if ctx is not None else 0
     writer = TaskWriter(opts, columns, write_id, task, epoch)

@@ -74,17 +74,27 @@ def _check_schema(schema: StructType) -> None:
         )
 
 
-def _tasks(opts: ReadOptions, queue: str, queue_id: int, ranges: list[OffsetRange], *,
-           streaming: bool = False) -> list[HeadwaterPartition]:
+def _tasks(
+    opts: ReadOptions, queue: str, queue_id: int, ranges: list[OffsetRange], *, streaming: bool = False
+) -> list[HeadwaterPartition]:
     return [
-        HeadwaterPartition(ReadTask(
-            servers=opts.servers, queue=queue, queue_id=queue_id, partition=r.partition,
-            start=r.start, end=r.end, tags=opts.tags, fail_on_data_loss=opts.fail_on_data_loss,
-            fetch_bytes=opts.fetch_bytes, connect_timeout_s=opts.connect_timeout_s,
-            request_timeout_s=opts.request_timeout_s,
-            # a batch read's ranges start at the time already; a stream's may not (a future time)
-            not_before_ms=opts.starting_timestamp_ms if streaming else None,
-        ))
+        HeadwaterPartition(
+            ReadTask(
+                servers=opts.servers,
+                queue=queue,
+                queue_id=queue_id,
+                partition=r.partition,
+                start=r.start,
+                end=r.end,
+                tags=opts.tags,
+                fail_on_data_loss=opts.fail_on_data_loss,
+                fetch_bytes=opts.fetch_bytes,
+                connect_timeout_s=opts.connect_timeout_s,
+                request_timeout_s=opts.request_timeout_s,
+                # a batch read's ranges start at the time already; a stream's may not (a future time)
+                not_before_ms=opts.starting_timestamp_ms if streaming else None,
+            )
+        )
         for r in split_ranges(ranges, opts.min_partitions)
     ]
 
@@ -109,8 +119,12 @@ class HeadwaterBatchReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         opts = self.opts
-        client = connect(opts.servers, connect_timeout_s=opts.connect_timeout_s,
-                         request_timeout_s=opts.request_timeout_s, where="the Spark driver")
+        client = connect(
+            opts.servers,
+            connect_timeout_s=opts.connect_timeout_s,
+            request_timeout_s=opts.request_timeout_s,
+            where="the Spark driver",
+        )
         try:
             info = describe(client, opts.queue, opts.servers)
             ranges = batch_ranges(opts, info, lambda p, ms: client.offset_for_time(opts.queue, p, ms))
@@ -147,8 +161,12 @@ class HeadwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def _info(self) -> QueueInfo:
         opts = self.opts
         if self._client is None:
-            self._client = connect(opts.servers, connect_timeout_s=opts.connect_timeout_s,
-                                   request_timeout_s=opts.request_timeout_s, where="the Spark driver")
+            self._client = connect(
+                opts.servers,
+                connect_timeout_s=opts.connect_timeout_s,
+                request_timeout_s=opts.request_timeout_s,
+                where="the Spark driver",
+            )
         with unavailable_means(f"the Spark driver asking {opts.servers} about queue {opts.queue!r}"):
             return describe(self._client, opts.queue, opts.servers)
 
@@ -158,8 +176,7 @@ class HeadwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def initialOffset(self) -> dict:
         info = self._info()
         parts = choose_partitions(info, self.opts.partitions)
-        starts = start_offsets(self.opts, info,
-                               lambda p, ms: self._client.offset_for_time(info.name, p, ms), parts)
+        starts = start_offsets(self.opts, info, lambda p, ms: self._client.offset_for_time(info.name, p, ms), parts)
         return self._position(info, starts)
 
     def _start_of(self, start: StreamOffset, info: QueueInfo) -> dict[int, int]:
@@ -179,8 +196,9 @@ class HeadwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             pi = info.partitions[p]
             if s < pi.start_offset:
                 if self.opts.fail_on_data_loss:
-                    raise MessageNotFoundError(data_loss_message(
-                        info.name, p, s, pi.start_offset, (pi.start_offset, pi.end_offset - 1)))
+                    raise MessageNotFoundError(
+                        data_loss_message(info.name, p, s, pi.start_offset, (pi.start_offset, pi.end_offset - 1))
+                    )
                 s = pi.start_offset
             effective[p] = s
             end = pi.end_offset
@@ -194,8 +212,11 @@ class HeadwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         # A partition with nothing new keeps its offset as it was (not the skipped-to one),
         # and a new partition appears only once it has data: "no new data" must compare
         # equal to the start, or Spark runs empty micro-batches.
-        out = {p: (ends[p] if ends[p] > effective[p] else starts[p]) for p in starts
-               if p in pos.offsets or ends[p] > effective[p]}
+        out = {
+            p: (ends[p] if ends[p] > effective[p] else starts[p])
+            for p in starts
+            if p in pos.offsets or ends[p] > effective[p]
+        }
         return self._position(info, out)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -204,8 +225,7 @@ class HeadwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def prepareForTriggerAvailableNow(self) -> None:
         info = self._info()
-        self._target = {p: info.partitions[p].end_offset
-                        for p in choose_partitions(info, self.opts.partitions)}
+        self._target = {p: info.partitions[p].end_offset for p in choose_partitions(info, self.opts.partitions)}
 
     def reportLatestOffset(self) -> dict | None:
         info = self._info()
@@ -219,8 +239,7 @@ class HeadwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 f"queue {e.queue!r} was deleted and created again during the query; start it "
                 f"with a new checkpointLocation"
             )
-        ranges = [OffsetRange(p, s.offsets.get(p, 0), hi) for p, hi in e.offsets.items()
-                  if hi > s.offsets.get(p, 0)]
+        ranges = [OffsetRange(p, s.offsets.get(p, 0), hi) for p, hi in e.offsets.items() if hi > s.offsets.get(p, 0)]
         return list(_tasks(self.opts, e.queue, e.queue_id, ranges, streaming=True))
 
     def commit(self, end: dict) -> None:

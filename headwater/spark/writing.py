@@ -50,10 +50,10 @@ import re
 from bisect import bisect_left
 from collections.abc import Iterable
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from itertools import accumulate, repeat
 from operator import add
 from typing import NamedTuple
-from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -66,11 +66,10 @@ from headwater.errors import (
     UnavailableError,
 )
 from headwater.model.batch import crc32c, encode_batch
+from headwater.model.config import QueueInfo
 from headwater.model.delay import DELAYED_PARTITION_BIT
 from headwater.model.hashing import key_hash
-from headwater.model.message import to_epoch_ms
-from headwater.model.config import QueueInfo
-from headwater.model.message import Message
+from headwater.model.message import Message, to_epoch_ms
 from headwater.spark.connection import connect, describe, unavailable_means, with_retries
 from headwater.spark.options import WriteOptions
 from headwater.spark.schema import WriteColumns
@@ -86,8 +85,9 @@ _PID_MASK = (1 << 62) - 1  # producer ids are 62-bit, like the producer's random
 
 def producer_id_for(write_id: str, task: int, queue_id: int, partition: int, chunk: int) -> int:
     """The producer id of a task's output to one partition; the same inputs, the same id."""
-    digest = hashlib.blake2b(f"headwater-spark/{write_id}/{task}/{queue_id}/{partition}/{chunk}".encode(),
-                             digest_size=8).digest()
+    digest = hashlib.blake2b(
+        f"headwater-spark/{write_id}/{task}/{queue_id}/{partition}/{chunk}".encode(), digest_size=8
+    ).digest()
     return int.from_bytes(digest, "big") & _PID_MASK
 
 
@@ -147,8 +147,7 @@ class _Queue:
 class TaskWriter:
     """Writes one Spark task's rows; ``write_id``, ``epoch`` and ``task`` make its batches' ids."""
 
-    def __init__(self, opts: WriteOptions, columns: WriteColumns, write_id: str, task: int,
-                 epoch: int = 0) -> None:
+    def __init__(self, opts: WriteOptions, columns: WriteColumns, write_id: str, task: int, epoch: int = 0) -> None:
         assert 0 <= epoch < EPOCHS, epoch
         self.opts = opts
         self.columns = columns
@@ -156,8 +155,9 @@ class TaskWriter:
         self.epoch = epoch
         self.task = task
         self.summary = WriteSummary()
-        self._client = connect(opts.servers, connect_timeout_s=opts.connect_timeout_s,
-                               request_timeout_s=opts.request_timeout_s)
+        self._client = connect(
+            opts.servers, connect_timeout_s=opts.connect_timeout_s, request_timeout_s=opts.request_timeout_s
+        )
         self._queues: dict[str, _Queue] = {}
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._pending_bytes = 0
@@ -222,15 +222,13 @@ class TaskWriter:
         if self.opts.queue is None:
             queues = column("queue")
             if queues is None or None in queues:
-                raise InvalidArgumentError(
-                    "a row has a null 'queue'; name a queue in every row or set option queue")
+                raise InvalidArgumentError("a row has a null 'queue'; name a queue in every row or set option queue")
         if self.opts.partitioner == "key" and (keys is None or None in keys):
             raise InvalidArgumentError(
                 "partitioner 'key' needs a key in every row; a row has none (use "
                 "partitioner 'default' to send keyless rows round robin)"
             )
-        if (queues is None and keys is None and tags is None and props is None and parts is None
-                and delays is None):
+        if queues is None and keys is None and tags is None and props is None and parts is None and delays is None:
             self._add_bodies(self.opts.queue, bodies)  # type: ignore[arg-type]
             return
         messages = _messages(bodies, keys, tags, props)
@@ -242,15 +240,15 @@ class TaskWriter:
             return
         for i in range(n):  # rows for several queues, or delayed rows: one at a time
             q = self._queue(self.opts.queue if queues is None else queues[i])  # type: ignore[arg-type]
-            dest = self._destinations(q, 1, None if keys is None else keys[i:i + 1],
-                                      None if parts is None else parts[i:i + 1])
+            dest = self._destinations(
+                q, 1, None if keys is None else keys[i : i + 1], None if parts is None else parts[i : i + 1]
+            )
             if times is None or times[i] is None:
-                self._add_rows(q, messages[i:i + 1], sizes[i:i + 1], dest)
+                self._add_rows(q, messages[i : i + 1], sizes[i : i + 1], dest)
             else:
                 self._add_delayed(q, messages[i], sizes[i], dest[0], times[i])
 
-    def _add_delayed(self, q: _Queue, message: Message | bytes, size: int, partition: int,
-                     deliver_ms: int) -> None:
+    def _add_delayed(self, q: _Queue, message: Message | bytes, size: int, partition: int, deliver_ms: int) -> None:
         """A row with a deliver time: it goes to the partition's delayed stream (the broker
         counts its sequences apart, under the partition's delayed bit). A batch holds rows of
         one deliver time, so a replayed task sends the very same batches."""
@@ -341,10 +339,17 @@ class TaskWriter:
         pid = producer_id_for(self.write_id, self.task, q.info.queue_id, partition, pending.chunks)
         limit = q.info.config.message_bytes_max
         try:
-            batch = bytes(encode_batch(pending.messages, compression=self.opts.compression,
-                                       producer_id=pid, producer_epoch=self.epoch,
-                                       base_sequence=0, deliver_at_ms=deliver_ms,
-                                       message_bytes_max=limit))
+            batch = bytes(
+                encode_batch(
+                    pending.messages,
+                    compression=self.opts.compression,
+                    producer_id=pid,
+                    producer_epoch=self.epoch,
+                    base_sequence=0,
+                    deliver_at_ms=deliver_ms,
+                    message_bytes_max=limit,
+                )
+            )
         except MessageTooLargeError as e:
             if max(len(m if type(m) is bytes else m.body) for m in pending.messages) <= limit:
                 raise MessageTooLargeError(f"{e}; lower the option maxBatchBytes") from e
@@ -362,8 +367,9 @@ class TaskWriter:
         send_async = getattr(self._client.service, "produce_async", None)
         target = partition & ~DELAYED_PARTITION_BIT  # the delayed bit only names the stream
         future = send_async(name, target, batch) if send_async is not None else None
-        self._in_flight[key] = _Sent(key, batch, len(pending.messages), pending.chunks, future,
-                                     pending.messages, pid, deliver_ms)
+        self._in_flight[key] = _Sent(
+            key, batch, len(pending.messages), pending.chunks, future, pending.messages, pid, deliver_ms
+        )
         self._pending_bytes -= pending.bytes
         pending.messages = []
         pending.bytes = 0
@@ -405,8 +411,10 @@ class TaskWriter:
         self.summary.messages[sent.key] = self.summary.messages.get(sent.key, 0) + sent.count
 
     def _produce(self, name: str, partition: int, batch: bytes) -> None:
-        with_retries(lambda: self._client.service.produce(name, partition, batch),
-                     what=f"writing to partition {partition} of queue {name!r} at {self.opts.servers}")
+        with_retries(
+            lambda: self._client.service.produce(name, partition, batch),
+            what=f"writing to partition {partition} of queue {name!r} at {self.opts.servers}",
+        )
 
     def _continue(self, name: str, partition: int, sent: _Sent, refusal: OutOfOrderSequenceError) -> bool:
         """Whether the refused batch was written, in part or whole, by an attempt of this task
@@ -425,10 +433,15 @@ class TaskWriter:
             return False
         if held < sent.count:
             q = self._queues[name]
-            rest = encode_batch(sent.messages[held:], compression=self.opts.compression,
-                                producer_id=sent.producer_id, producer_epoch=self.epoch,
-                                base_sequence=held, deliver_at_ms=sent.deliver_ms,
-                                message_bytes_max=q.info.config.message_bytes_max)
+            rest = encode_batch(
+                sent.messages[held:],
+                compression=self.opts.compression,
+                producer_id=sent.producer_id,
+                producer_epoch=self.epoch,
+                base_sequence=held,
+                deliver_at_ms=sent.deliver_ms,
+                message_bytes_max=q.info.config.message_bytes_max,
+            )
             self._produce(name, partition, bytes(rest))
         return True
 
@@ -453,13 +466,11 @@ def _sizes(bodies: list[bytes], keys: list | None, tags: list | None, props: lis
         if column is not None:
             sizes = [s if v is None else s + len(v) for s, v in zip(sizes, column)]
     if props is not None:
-        sizes = [s if p is None else s + sum(len(k) + len(v or "") + 2 for k, v in p)
-                 for s, p in zip(sizes, props)]
+        sizes = [s if p is None else s + sum(len(k) + len(v or "") + 2 for k, v in p) for s, p in zip(sizes, props)]
     return sizes
 
 
-def _messages(bodies: list[bytes], keys: list | None, tags: list | None,
-              props: list | None) -> list[Message | bytes]:
+def _messages(bodies: list[bytes], keys: list | None, tags: list | None, props: list | None) -> list[Message | bytes]:
     """Plain bodies where a row has nothing else (the batch encoder's fast path), else
     Messages."""
     if tags is None and props is None:
@@ -470,8 +481,10 @@ def _messages(bodies: list[bytes], keys: list | None, tags: list | None,
     keys = keys if keys is not None else [None] * n
     tags = tags if tags is not None else [None] * n
     props = props if props is not None else [None] * n
-    return [b if k is None and t is None and not p else Message(b, k, t, _as_dict(p))
-            for b, k, t, p in zip(bodies, keys, tags, props)]
+    return [
+        b if k is None and t is None and not p else Message(b, k, t, _as_dict(p))
+        for b, k, t, p in zip(bodies, keys, tags, props)
+    ]
 
 
 def _as_dict(prop: Iterable | None) -> dict[str, str] | None:

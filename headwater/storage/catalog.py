@@ -58,13 +58,10 @@ class Catalog(msgspec.Struct, kw_only=True):
             probe = msgspec.json.decode(raw)
         except (msgspec.DecodeError, UnicodeDecodeError) as e:  # (invalid UTF-8 raises the latter)
             raise NotADataDirectoryError(
-                f"{path} is not a Headwater catalog (not JSON: {e}); is this directory "
-                f"someone else's?"
+                f"{path} is not a Headwater catalog (not JSON: {e}); is this directory someone else's?"
             ) from e
         if not isinstance(probe, dict) or probe.get("format") != FORMAT_NAME:
-            raise NotADataDirectoryError(
-                f"{path} is not a Headwater catalog; choose an empty or new data directory"
-            )
+            raise NotADataDirectoryError(f"{path} is not a Headwater catalog; choose an empty or new data directory")
         if probe.get("version") != FORMAT_VERSION:
             raise UnsupportedFormatError(
                 f"{path.parent} was written in store format {probe.get('version')}; this "

@@ -40,8 +40,9 @@ class GroupCommit:
     told once.
     """
 
-    def __init__(self, sync_fn: Callable[[], int], durable: int = 0,
-                 on_fail: Callable[[StorageError], None] | None = None) -> None:
+    def __init__(
+        self, sync_fn: Callable[[], int], durable: int = 0, on_fail: Callable[[StorageError], None] | None = None
+    ) -> None:
         self._sync_fn = sync_fn
         self._on_fail = on_fail
         self._cond = threading.Condition()

@@ -58,8 +58,9 @@ class LastBatches:
         self._tails: OrderedDict[Key, Tail] = OrderedDict()  # least recently appended first
         self.bytes = 0
 
-    def keep(self, key: Key, base_offset: int, end_offset: int, tag_mask: int,
-             head: bytes, rest: bytes | memoryview) -> None:
+    def keep(
+        self, key: Key, base_offset: int, end_offset: int, tag_mask: int, head: bytes, rest: bytes | memoryview
+    ) -> None:
         """The partition's new last batch is ``head + rest``: copy it when it is small, else
         forget the old copy; then drop the oldest copies past ``bytes_max``."""
         tails = self._tails

@@ -66,9 +66,7 @@ def scan_segment(seg: LogSegment, ends: dict[tuple[int, int], int]) -> tuple[Seg
             h = check_batch(data, pos)
             key = (h.queue_id, h.partition)
             if h.base_offset < ends.get(key, 0):
-                raise InvalidBatchError(
-                    f"offset {h.base_offset} of partition {key} goes back from {ends[key]}"
-                )
+                raise InvalidBatchError(f"offset {h.base_offset} of partition {key} goes back from {ends[key]}")
             hashes = None
             if h.flags & FLAG_HAS_KEYS:
                 payload = decode_payload(data, h, pos)
@@ -133,8 +131,9 @@ def load_segments(
     note = log_dir / FSYNC_FAILED_FILE
     reread_last = note.exists() and bool(paths)
     if reread_last:
-        log.warning("an fsync failed in the last run (%s): reading %s from the disk",
-                    note.read_text().strip(), paths[-1].name)
+        log.warning(
+            "an fsync failed in the last run (%s): reading %s from the disk", note.read_text().strip(), paths[-1].name
+        )
         report.append(f"read {paths[-1].name} from the disk: an fsync failed in the last run")
     out: list[tuple[LogSegment, SegmentIndex]] = []
     ends: dict[tuple[int, int], int] = {}

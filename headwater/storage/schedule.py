@@ -124,12 +124,34 @@ class ScheduleRecord(NamedTuple):
         return self.position + REC_HEAD_SIZE
 
 
-def encode_record(kind: int, queue_id: int, partition: int, count: int, number: int, time_ms: int,
-                  value: int = 0, accept_seq: int = 0, batch: bytes | bytearray | memoryview = b"") -> list:
+def encode_record(
+    kind: int,
+    queue_id: int,
+    partition: int,
+    count: int,
+    number: int,
+    time_ms: int,
+    value: int = 0,
+    accept_seq: int = 0,
+    batch: bytes | bytearray | memoryview = b"",
+) -> list:
     """The parts of one record, ready for :meth:`ScheduleFile.append` (``batch`` is not copied)."""
     head = bytearray(REC_HEAD_SIZE)
-    _REC.pack_into(head, 0, REC_HEAD_SIZE - 4 + len(batch), 0, kind, b"", queue_id, partition, count,
-                   number, time_ms, value, accept_seq)
+    _REC.pack_into(
+        head,
+        0,
+        REC_HEAD_SIZE - 4 + len(batch),
+        0,
+        kind,
+        b"",
+        queue_id,
+        partition,
+        count,
+        number,
+        time_ms,
+        value,
+        accept_seq,
+    )
     crc = crc32c(memoryview(head)[8:])
     if batch:
         crc = crc32c(batch, crc)
@@ -151,11 +173,13 @@ class ScheduleFile:
         self._lock = threading.Lock()
 
     @classmethod
-    def create(cls, directory: Path, bucket_start_ms: int, bucket_end_ms: int, store_id: bytes,
-               created_ms: int) -> ScheduleFile:
+    def create(
+        cls, directory: Path, bucket_start_ms: int, bucket_end_ms: int, store_id: bytes, created_ms: int
+    ) -> ScheduleFile:
         path = directory / bucket_file_name(bucket_start_ms)
-        head = bytearray(_FILE_HEADER.pack(_MAGIC, 1, b"", bucket_start_ms, bucket_end_ms, store_id,
-                                           created_ms, b"", 0))
+        head = bytearray(
+            _FILE_HEADER.pack(_MAGIC, 1, b"", bucket_start_ms, bucket_end_ms, store_id, created_ms, b"", 0)
+        )
         struct.pack_into("<I", head, 60, crc32c(head[:60]))
         tmp = path.with_name(path.name + ".tmp")
         fd = None
@@ -284,8 +308,14 @@ class ScheduleFile:
                 self.unsynced = True
                 raise StorageError(f"cannot fsync {self.path}: {e}") from e
 
-    def scan(self, *, start: int = FILE_HEADER_SIZE, end: int | None = None, cut: bool = True,
-             problems: list[str] | None = None) -> Iterator[ScheduleRecord]:
+    def scan(
+        self,
+        *,
+        start: int = FILE_HEADER_SIZE,
+        end: int | None = None,
+        cut: bool = True,
+        problems: list[str] | None = None,
+    ) -> Iterator[ScheduleRecord]:
         """Every good record in ``[start, end)`` (``end``: the size now), in file order.
 
         At the first torn or damaged record the scan stops; with ``cut`` the file is cut
@@ -306,8 +336,11 @@ class ScheduleFile:
                 break
             length, crc, kind, _, qid, part, count, number, time_ms, value, seq = _REC.unpack_from(buf, rel)
             total = 4 + length
-            if kind not in _KINDS or length < REC_HEAD_SIZE - 4 or total > _RECORD_BYTES_MAX or (
-                kind != SCHEDULE and total != REC_HEAD_SIZE
+            if (
+                kind not in _KINDS
+                or length < REC_HEAD_SIZE - 4
+                or total > _RECORD_BYTES_MAX
+                or (kind != SCHEDULE and total != REC_HEAD_SIZE)
             ):
                 problem = f"a damaged record at byte {pos} of {end}"
                 break
@@ -328,8 +361,9 @@ class ScheduleFile:
                 if total - REC_HEAD_SIZE >= 96 and buf[b + 45] & FLAG_DELIVER_TIMES:
                     with memoryview(buf) as mv:  # checked when accepted; the checksum held since
                         offsets = decode_deliver_offsets(mv[b : rel + total], decode_header(mv, b))
-            yield ScheduleRecord(kind, qid, part, count, number, time_ms, value, seq, pos,
-                                 total - REC_HEAD_SIZE, producer, offsets)
+            yield ScheduleRecord(
+                kind, qid, part, count, number, time_ms, value, seq, pos, total - REC_HEAD_SIZE, producer, offsets
+            )
             pos += total
         if problem is not None and cut:
             lost = self.size - pos
@@ -371,8 +405,9 @@ class DispatchCheckpoint(NamedTuple):
 
 
 def write_checkpoint(path: Path, ckpt: DispatchCheckpoint) -> None:
-    body = _CKPT.pack(_CKPT_MAGIC, ckpt.log_position, ckpt.floor_ms, ckpt.accept_seq,
-                      len(ckpt.producers)) + ckpt.producers
+    body = (
+        _CKPT.pack(_CKPT_MAGIC, ckpt.log_position, ckpt.floor_ms, ckpt.accept_seq, len(ckpt.producers)) + ckpt.producers
+    )
     data = body + struct.pack("<I", crc32c(body))
     try:
         write_atomically(path, data)

@@ -97,7 +97,7 @@ def write_atomically(path: Path, data: bytes) -> None:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -255,8 +255,7 @@ class LogSegment:
             if self.deleted and self._readers == 0 and self._fd is not None:
                 fd, self._fd = self._fd, None
         if fd is not None:
-            threading.Thread(target=_free_and_close, args=(fd,), name="headwater-free-segment",
-                             daemon=True).start()
+            threading.Thread(target=_free_and_close, args=(fd,), name="headwater-free-segment", daemon=True).start()
 
     # -- I/O --------------------------------------------------------------------------
 

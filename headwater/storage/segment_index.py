@@ -106,8 +106,14 @@ class PartitionEntries:
 
     def entry(self, i: int) -> tuple[int, int, int, int, int, int]:
         """(base_offset, count, position, size, timestamp, tag_mask) of batch ``i``."""
-        return (self.offsets[i], self.counts[i], self.positions[i], self.sizes[i],
-                self.timestamps[i], self.tag_masks[i])
+        return (
+            self.offsets[i],
+            self.counts[i],
+            self.positions[i],
+            self.sizes[i],
+            self.timestamps[i],
+            self.tag_masks[i],
+        )
 
 
 class SegmentIndex:
@@ -167,9 +173,17 @@ class SegmentIndex:
         body = b"".join(table) + b"".join(c.tobytes() for c in cols)
         body += b"".join(_KEYB.pack(*kb) for kb in self.key_batches) + self.key_hashes.tobytes()
         head = _HEADER.pack(
-            _MAGIC, self.segment_base, self.segment_size, len(self.partitions), start,
-            len(self.key_batches), len(self.key_hashes), self.min_ts, self.max_ts,
-            crc32c(body), 0,
+            _MAGIC,
+            self.segment_base,
+            self.segment_size,
+            len(self.partitions),
+            start,
+            len(self.key_batches),
+            len(self.key_hashes),
+            self.min_ts,
+            self.max_ts,
+            crc32c(body),
+            0,
         )
         head = head[:60] + struct.pack("<I", crc32c(head[:60]))
         return head + body
@@ -178,9 +192,7 @@ class SegmentIndex:
     def from_bytes(cls, data: bytes) -> SegmentIndex:
         if len(data) < _HEADER.size:
             raise CorruptDataError("index file shorter than its header")
-        magic, base, size, pcount, ecount, kbcount, khcount, min_ts, max_ts, bcrc, hcrc = (
-            _HEADER.unpack_from(data)
-        )
+        magic, base, size, pcount, ecount, kbcount, khcount, min_ts, max_ts, bcrc, hcrc = _HEADER.unpack_from(data)
         if magic != _MAGIC or crc32c(data[:60]) != hcrc:
             raise CorruptDataError("index header damaged")
         body = memoryview(data)[_HEADER.size :]

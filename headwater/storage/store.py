@@ -48,13 +48,13 @@ from headwater.errors import (
     QueueNotFoundError,
     StorageError,
 )
-from headwater.model.checks import check_int_arg, check_queue_arg
 from headwater.model.batch import HEADER_SIZE, BatchHeader, broker_prefix, crc32c, decode_header, validate_batch
+from headwater.model.checks import check_int_arg, check_queue_arg
 from headwater.model.config import (
+    INTERNAL_PREFIX,
     PARTITIONS_MAX,
     PartitionInfo,
     QueueConfig,
-    INTERNAL_PREFIX,
     QueueInfo,
     is_internal_queue,
     validate_queue_name,
@@ -176,8 +176,9 @@ class _Queue:
 class LogStore:
     """The storage engine of one data directory. Use :meth:`open`; close when done."""
 
-    def __init__(self, path: str | Path, config: StoreConfig | None = None, *,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, path: str | Path, config: StoreConfig | None = None, *, clock: Callable[[], float] = time.time
+    ) -> None:
         self.path = Path(path)
         self.config = (config or StoreConfig()).validated()
         self._clock = clock
@@ -195,12 +196,12 @@ class LogStore:
         self._append_listeners: list[Callable[[str, int, int], None]] = []
         # the page cache below _uncached_upto was let go of (what an earlier run wrote is left to the kernel)
         self._uncached_from = self._uncached_upto = self._active.end_position
-        self._commit = GroupCommit(self._sync_active, durable=self._active.end_position,
-                                   on_fail=self._mark_fsync_failed)
+        self._commit = GroupCommit(
+            self._sync_active, durable=self._active.end_position, on_fail=self._mark_fsync_failed
+        )
         self._flush_kick_at = self._active.end_position + self.config.flush_bytes
         self._flusher = Flusher("headwater-flush", self.config.flush_interval_ms, self._flush_tick)
-        self._retention = Flusher("headwater-retention", self.config.retention_interval_ms,
-                                  self.enforce_retention)
+        self._retention = Flusher("headwater-retention", self.config.retention_interval_ms, self.enforce_retention)
         self._flusher.start()
         self._retention.start()
 
@@ -255,8 +256,9 @@ class LogStore:
             self._queues[entry.name] = q
             self._by_id[entry.queue_id] = q
         self.recovery_report: list[str] = []  # what opening had to repair, for `headwater check`
-        loaded = load_segments(self._log_dir, self._store_id, verify_all=self.config.verify == "all",
-                               report=self.recovery_report)
+        loaded = load_segments(
+            self._log_dir, self._store_id, verify_all=self.config.verify == "all", report=self.recovery_report
+        )
         self._segments: dict[int, LogSegment] = {}
         self._index_cache: OrderedDict[int, SegmentIndex] = OrderedDict()
         self._open_lru: OrderedDict[int, LogSegment] = OrderedDict()
@@ -274,9 +276,7 @@ class LogStore:
         if loaded:
             self._active, self._active_index = loaded[-1]
         else:
-            self._active = LogSegment.create(
-                self._log_dir / segment_name(0, ".log"), 0, self._store_id, self._now_ms()
-            )
+            self._active = LogSegment.create(self._log_dir / segment_name(0, ".log"), 0, self._store_id, self._now_ms())
             self._segments[0] = self._active
             self._active_index = SegmentIndex(0)
         self._bases = sorted(self._segments)
@@ -353,8 +353,7 @@ class LogStore:
         check_int_arg(partition, "a partition")
         if not 0 <= partition < len(q.partitions):
             raise PartitionOutOfRangeError(
-                f"queue {q.entry.name!r} has partitions 0..{len(q.partitions) - 1}; "
-                f"there is no partition {partition}"
+                f"queue {q.entry.name!r} has partitions 0..{len(q.partitions) - 1}; there is no partition {partition}"
             )
         return q.partitions[partition]
 
@@ -401,12 +400,15 @@ class LogStore:
         if cutoff is None:
             return pl.start_offset
         e = pl.expiry
-        if (e is not None and e.since <= cutoff <= e.until and e.start == pl.start_offset
-                and (e.offset < e.end or e.end == pl.end_offset)):
+        if (
+            e is not None
+            and e.since <= cutoff <= e.until
+            and e.start == pl.start_offset
+            and (e.offset < e.end or e.end == pl.end_offset)
+        ):
             return e.offset
         offset, batch_ts = self._time_position_locked(q, part, cutoff)
-        pl.expiry = _Expiry(cutoff, _TS_MAX if batch_ts is None else batch_ts, pl.start_offset, pl.end_offset,
-                            offset)
+        pl.expiry = _Expiry(cutoff, _TS_MAX if batch_ts is None else batch_ts, pl.start_offset, pl.end_offset, offset)
         return offset
 
     def _time_position_locked(self, q: _Queue, part: int, ts: int) -> tuple[int, int | None]:
@@ -450,11 +452,16 @@ class LogStore:
     def _info(self, q: _Queue, now_ms: int) -> QueueInfo:
         e = q.entry
         parts = [
-            PartitionInfo(i, self._effective_start(q, i, now_ms), pl.end_offset)
-            for i, pl in enumerate(q.partitions)
+            PartitionInfo(i, self._effective_start(q, i, now_ms), pl.end_offset) for i, pl in enumerate(q.partitions)
         ]
-        return QueueInfo(name=e.name, queue_id=e.queue_id, config=e.config, enabled=e.enabled,
-                         created_ms=e.created_ms, partitions=parts)
+        return QueueInfo(
+            name=e.name,
+            queue_id=e.queue_id,
+            config=e.config,
+            enabled=e.enabled,
+            created_ms=e.created_ms,
+            partitions=parts,
+        )
 
     # -- admin ------------------------------------------------------------------------
 
@@ -464,7 +471,7 @@ class LogStore:
         if internal:
             if not is_internal_queue(name):
                 raise InvalidArgumentError(f"internal queue names start with {INTERNAL_PREFIX!r}, got {name!r}")
-            validate_queue_name(name[len(INTERNAL_PREFIX):])
+            validate_queue_name(name[len(INTERNAL_PREFIX) :])
         else:
             validate_queue_name(name)
         if not isinstance(config, QueueConfig):
@@ -475,8 +482,13 @@ class LogStore:
             if name in self._queues:
                 raise QueueExistsError(f"queue {name!r} already exists")
             now = self._now_ms()
-            entry = QueueEntry(name=name, queue_id=self._catalog.next_queue_id, config=config,
-                               created_ms=now, start_offsets=[0] * config.partitions)
+            entry = QueueEntry(
+                name=name,
+                queue_id=self._catalog.next_queue_id,
+                config=config,
+                created_ms=now,
+                start_offsets=[0] * config.partitions,
+            )
             self._catalog.next_queue_id += 1
             self._catalog.queues[name] = entry
             q = _Queue(entry)
@@ -499,8 +511,11 @@ class LogStore:
         with self._lock:
             self._check_open()
             now = self._now_ms()
-            return [self._info(q, now) for name, q in sorted(self._queues.items())
-                    if include_internal or not is_internal_queue(name)]
+            return [
+                self._info(q, now)
+                for name, q in sorted(self._queues.items())
+                if include_internal or not is_internal_queue(name)
+            ]
 
     def delete_before(self, queue: str, partition: int, offset: int) -> None:
         """Move the partition's start to ``offset`` (Kafka's DeleteRecords): the records
@@ -560,8 +575,10 @@ class LogStore:
             self._check_open()
             q = self._queue(name)
             now_n = len(q.partitions)
-            if isinstance(partitions, bool) or not isinstance(partitions, int) or not (
-                now_n < partitions <= PARTITIONS_MAX
+            if (
+                isinstance(partitions, bool)
+                or not isinstance(partitions, int)
+                or not (now_n < partitions <= PARTITIONS_MAX)
             ):
                 raise InvalidArgumentError(
                     f"queue {name!r} has {now_n} partitions; the new count must be larger "
@@ -622,8 +639,15 @@ class LogStore:
         sync = (q.entry.config.flush or self.config.flush) == "sync"
         return result, (end_pos if sync else None)
 
-    def _append_locked(self, q: _Queue, partition: int, h: BatchHeader, batch: bytes,
-                       hashes: list[int] | None, broker_reserved: int = 0) -> tuple[ProduceResult, int]:
+    def _append_locked(
+        self,
+        q: _Queue,
+        partition: int,
+        h: BatchHeader,
+        batch: bytes,
+        hashes: list[int] | None,
+        broker_reserved: int = 0,
+    ) -> tuple[ProduceResult, int]:
         pl = q.partitions[partition]
         qid = q.entry.queue_id
         now = self._now_ms()
@@ -673,8 +697,9 @@ class LogStore:
         q = self._by_id.get(queue_id)
         return None if q is None else q.entry.name
 
-    def append_stamped(self, queue_id: int, partition: int, batch: bytes | bytearray,
-                       broker_reserved: int) -> tuple[ProduceResult, int]:
+    def append_stamped(
+        self, queue_id: int, partition: int, batch: bytes | bytearray, broker_reserved: int
+    ) -> tuple[ProduceResult, int]:
         """Append a batch the broker produces itself (a delayed batch coming due) to the
         queue with this id, with its ``broker_reserved`` field set, and return the placement
         and the end position to pass to :meth:`wait_durable`. The batch must carry no
@@ -762,8 +787,7 @@ class LogStore:
         self._cache_index(idx)
         self._summaries[old.base_position] = _summary(idx)
         base = old.end_position
-        new = LogSegment.create(self._log_dir / segment_name(base, ".log"), base, self._store_id,
-                                self._now_ms())
+        new = LogSegment.create(self._log_dir / segment_name(base, ".log"), base, self._store_id, self._now_ms())
         self._segments[base] = new
         self._bases.append(base)
         self._active, self._active_index = new, SegmentIndex(base)
@@ -816,8 +840,16 @@ class LogStore:
 
     # -- reading ----------------------------------------------------------------------
 
-    def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int = 1024 * 1024,
-              tag_mask: int = 0, end_offset: int | None = None) -> FetchResult:
+    def fetch(
+        self,
+        queue: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int = 1024 * 1024,
+        tag_mask: int = 0,
+        end_offset: int | None = None,
+    ) -> FetchResult:
         """Whole stored batches of a partition from ``offset`` on, about ``max_bytes`` of them.
 
         Offsets below the retained start are read from the start; batches whose tag mask
@@ -828,8 +860,12 @@ class LogStore:
             q = self._usable_queue(queue)
             pl = self._partition(q, partition)
             tail = self._last.get((q.entry.queue_id, partition))
-            if (tail is not None and tail.base_offset <= offset < tail.end_offset and end_offset is None
-                    and (not tag_mask or tail.tag_mask & tag_mask)):
+            if (
+                tail is not None
+                and tail.base_offset <= offset < tail.end_offset
+                and end_offset is None
+                and (not tag_mask or tail.tag_mask & tag_mask)
+            ):
                 hit = self._fetch_tail(q, pl, partition, tail)
                 if hit is not None:
                     return hit
@@ -854,8 +890,16 @@ class LogStore:
                 return None
             return FetchResult([tail.data], tail.end_offset, start, tail.end_offset)
 
-    def _plan_fetch(self, q: _Queue, pl: _Partition, partition: int, offset: int, max_bytes: int,
-                    tag_mask: int, end_offset: int | None):
+    def _plan_fetch(
+        self,
+        q: _Queue,
+        pl: _Partition,
+        partition: int,
+        offset: int,
+        max_bytes: int,
+        tag_mask: int,
+        end_offset: int | None,
+    ):
         key = (q.entry.queue_id, partition)
         plan: list[tuple[LogSegment, list[tuple[int, int]]]] = []
         with self._lock:
@@ -931,8 +975,9 @@ class LogStore:
         with self._lock:
             self._check_open()
             now = self._now_ms()
-            return max(self._time_position_locked(q, partition, timestamp_ms)[0],
-                       self._effective_start(q, partition, now))
+            return max(
+                self._time_position_locked(q, partition, timestamp_ms)[0], self._effective_start(q, partition, now)
+            )
 
     def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
         """(queue name, the stored batch holding the message) for a message id."""
@@ -946,9 +991,9 @@ class LogStore:
             start = self._effective_start(q, partition, self._now_ms())
             if not start <= offset < pl.end_offset:
                 raise MessageNotFoundError(
-                    f"offset {offset} of {name}[{partition}] is not retained (retained: "
-                    f"{start}..{pl.end_offset - 1})" if start < pl.end_offset else
-                    f"offset {offset} of {name}[{partition}] is not retained (the partition is empty)"
+                    f"offset {offset} of {name}[{partition}] is not retained (retained: {start}..{pl.end_offset - 1})"
+                    if start < pl.end_offset
+                    else f"offset {offset} of {name}[{partition}] is not retained (the partition is empty)"
                 )
             plan, _, _, _ = self._plan_fetch(q, pl, partition, offset, 1, 0, offset + 1)
         try:
@@ -963,8 +1008,9 @@ class LogStore:
             raise MessageNotFoundError(f"offset {offset} of {name}[{partition}] is in a gap left by damage")
         return name, bytes(batches[0])
 
-    def lookup_key(self, queue: str, key: bytes, start_ms: int | None = None,
-                   end_ms: int | None = None, limit: int = 1000) -> list[bytes]:
+    def lookup_key(
+        self, queue: str, key: bytes, start_ms: int | None = None, end_ms: int | None = None, limit: int = 1000
+    ) -> list[bytes]:
         """Stored batches that may hold messages with ``key`` appended in [start_ms, end_ms).
 
         Found through key hashes: the caller keeps the messages whose key is exactly ``key``.
@@ -981,8 +1027,9 @@ class LogStore:
                 # retention removed a segment under us: what it held is gone, look again
         raise StorageError("retention kept removing the segments being read; try again")
 
-    def _plan_lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None,
-                         limit: int) -> list[tuple[LogSegment, list[tuple[int, int]]]]:
+    def _plan_lookup_key(
+        self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None, limit: int
+    ) -> list[tuple[LogSegment, list[tuple[int, int]]]]:
         q = self._usable_queue(queue)
         qid = q.entry.queue_id
         h = crc32c(key)
@@ -1030,9 +1077,11 @@ class LogStore:
                 return 0
             now = self._now_ms()
             # decided from the in-memory summaries: no index is read while the lock is held
-            doomed = [base for base in self._bases[:-1]
-                      if all(self._dead(key, end, last_ts, now)
-                             for key, end, last_ts in self._summaries[base])]
+            doomed = [
+                base
+                for base in self._bases[:-1]
+                if all(self._dead(key, end, last_ts, now) for key, end, last_ts in self._summaries[base])
+            ]
             if not doomed:
                 return 0
             for base in doomed:
@@ -1072,8 +1121,7 @@ class LogStore:
         if deleted:
             log.info("retention deleted %d segment(s)", deleted)
         if unsaved is not None:
-            log.warning("retention deleted %d segment(s) before it could save the catalog (%s)",
-                        deleted, unsaved)
+            log.warning("retention deleted %d segment(s) before it could save the catalog (%s)", deleted, unsaved)
             with self._lock:
                 if self._closed:
                     return deleted

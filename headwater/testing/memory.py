@@ -18,17 +18,17 @@ import msgspec
 from headwater.errors import (
     ClosedError,
     GroupNotFoundError,
-    SubscriberExistsError,
-    SubscriberNotFoundError,
     InvalidArgumentError,
     MessageNotFoundError,
     PartitionOutOfRangeError,
     QueueDisabledError,
     QueueExistsError,
     QueueNotFoundError,
+    SubscriberExistsError,
+    SubscriberNotFoundError,
 )
-from headwater.model.checks import check_int_arg, check_offsets_given, check_queue_arg
 from headwater.model.batch import broker_prefix, decode_records, validate_batch
+from headwater.model.checks import check_int_arg, check_offsets_given, check_queue_arg
 from headwater.model.config import (
     PARTITIONS_MAX,
     PartitionInfo,
@@ -38,13 +38,13 @@ from headwater.model.config import (
     validate_queue_name,
 )
 from headwater.model.delay import DELAYED_PARTITION_BIT, DelayStats, peek_deliver_at
+from headwater.model.filtering import TagMaskFilter, filter_batches, select_batches
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary, Membership
+from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo, KeyedGroupState, KeyHashFilter, parse_key_spec
 from headwater.model.producer_state import ProducerStateTable
 from headwater.model.service import FetchResult, ProduceResult
-from headwater.model.shared_groups import SharedGroupsCore
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
-from headwater.model.filtering import TagMaskFilter, filter_batches, select_batches
-from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo, KeyedGroupState, KeyHashFilter, parse_key_spec
+from headwater.model.shared_groups import SharedGroupsCore
 from headwater.model.subscription import (
     SubscriberInfo,
     check_checkpoint,
@@ -136,10 +136,14 @@ class MemoryBroker:
 
     def _info(self, q: _Q) -> QueueInfo:
         now = self._now()
-        return QueueInfo(name=q.name, queue_id=q.qid, config=q.config, enabled=q.enabled,
-                         created_ms=q.created_ms,
-                         partitions=[PartitionInfo(i, self._start(q, p, now), p.end)
-                                     for i, p in enumerate(q.parts)])
+        return QueueInfo(
+            name=q.name,
+            queue_id=q.qid,
+            config=q.config,
+            enabled=q.enabled,
+            created_ms=q.created_ms,
+            partitions=[PartitionInfo(i, self._start(q, p, now), p.end) for i, p in enumerate(q.parts)],
+        )
 
     # admin
     def create_queue(self, name: str, config: QueueConfig) -> QueueInfo:
@@ -239,8 +243,17 @@ class MemoryBroker:
                     fn(queue, partition, end)
             self._shared.notify(queue)
 
-    def fetch(self, queue: str, partition: int, offset: int, *, max_bytes: int, tag_mask: int = 0,
-              end_offset: int | None = None, max_wait_ms: int = 0) -> FetchResult:
+    def fetch(
+        self,
+        queue: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        tag_mask: int = 0,
+        end_offset: int | None = None,
+        max_wait_ms: int = 0,
+    ) -> FetchResult:
         check_user_queue(queue)
         check_int_arg(offset, "an offset")
         deadline = time.monotonic() + max_wait_ms / 1000
@@ -254,8 +267,9 @@ class MemoryBroker:
                 if self._q(queue).parts[partition].end <= offset:
                     self._appended.wait(remaining)
 
-    def _fetch_now(self, queue: str, partition: int, offset: int, max_bytes: int, tag_mask: int,
-                   end_offset: int | None) -> FetchResult:
+    def _fetch_now(
+        self, queue: str, partition: int, offset: int, max_bytes: int, tag_mask: int, end_offset: int | None
+    ) -> FetchResult:
         with self._lock:
             q = self._q(queue, usable=True)
             p = self._p(q, partition)
@@ -277,8 +291,9 @@ class MemoryBroker:
                 out.append(b)
                 total += len(b)
             if tag_mask and out:  # whole batches were skipped above; drop the rest of the misses
-                out = filter_batches(out, TagMaskFilter(tag_mask), start_offset=max(offset, start),
-                                     end_offset=end_offset)
+                out = filter_batches(
+                    out, TagMaskFilter(tag_mask), start_offset=max(offset, start), end_offset=end_offset
+                )
             return FetchResult(out, cur, start, p.end)
 
     def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
@@ -293,15 +308,14 @@ class MemoryBroker:
             start = self._start(q, p, self._now())
             if not start <= offset < p.end:
                 raise MessageNotFoundError(
-                    f"offset {offset} of {q.name}[{partition}] is not retained (retained: "
-                    f"{start}..{p.end - 1})" if start < p.end else
-                    f"offset {offset} of {q.name}[{partition}] is not retained (the partition is empty)"
+                    f"offset {offset} of {q.name}[{partition}] is not retained (retained: {start}..{p.end - 1})"
+                    if start < p.end
+                    else f"offset {offset} of {q.name}[{partition}] is not retained (the partition is empty)"
                 )
             i = bisect_right(p.bases, offset) - 1
             return q.name, p.batches[i]
 
-    def lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None,
-                   limit: int) -> list[bytes]:
+    def lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None, limit: int) -> list[bytes]:
         check_user_queue(queue)
         if not isinstance(key, bytes):
             raise InvalidArgumentError(f"a key is bytes, got {type(key).__name__}")
@@ -312,8 +326,10 @@ class MemoryBroker:
             for p in q.parts:
                 start = self._start(q, p, now)
                 for base, count, ts, b in zip(p.bases, p.counts, p.timestamps, p.batches):
-                    if base + count <= start or (start_ms is not None and ts < start_ms) or (
-                        end_ms is not None and ts >= end_ms
+                    if (
+                        base + count <= start
+                        or (start_ms is not None and ts < start_ms)
+                        or (end_ms is not None and ts >= end_ms)
                     ):
                         continue
                     if any(r.key == key for r in decode_records(b, queue, start_offset=start)):
@@ -329,8 +345,14 @@ class MemoryBroker:
             found = p.bases[i] if i < len(p.bases) else p.end
             return max(found, self._start(q, p, self._now()))
 
-    def commit_offsets(self, group: str, queue: str, offsets: dict[int, int],
-                       member_id: str | None = None, generation: int | None = None) -> None:
+    def commit_offsets(
+        self,
+        group: str,
+        queue: str,
+        offsets: dict[int, int],
+        member_id: str | None = None,
+        generation: int | None = None,
+    ) -> None:
         # the checks in the broker's order (Broker, GroupCoordinator, OffsetStore.commit)
         check_user_queue(queue)
         _check_group(group)
@@ -348,11 +370,14 @@ class MemoryBroker:
                 p = q.parts[part]
                 check_int_arg(off, "an offset")
                 if off > p.end:
-                    raise InvalidArgumentError(f"cannot commit offset {off} for {queue}[{part}]: beyond the log end {p.end}")
+                    raise InvalidArgumentError(
+                        f"cannot commit offset {off} for {queue}[{part}]: beyond the log end {p.end}"
+                    )
                 start = self._start(q, p, now)
                 if off < start:
                     raise InvalidArgumentError(
-                        f"cannot commit offset {off} for {queue}[{part}]: before the log start {start}")
+                        f"cannot commit offset {off} for {queue}[{part}]: before the log start {start}"
+                    )
             for part, off in offsets.items():
                 self._offsets[(group, q.qid, part)] = off
 
@@ -361,8 +386,9 @@ class MemoryBroker:
         _check_group(group)
         with self._lock:
             q = self._q(queue)
-            return {p: self._offsets[(group, q.qid, p)] for p in range(len(q.parts))
-                    if (group, q.qid, p) in self._offsets}
+            return {
+                p: self._offsets[(group, q.qid, p)] for p in range(len(q.parts)) if (group, q.qid, p) in self._offsets
+            }
 
     # consumer groups: the same state machine as the broker's coordinator
     def _group_now(self) -> float:
@@ -380,13 +406,28 @@ class MemoryBroker:
                 out.setdefault(q.name, {})[part] = off
         return dict(sorted(out.items()))
 
-    def join_group(self, group: str, member_id: str | None, client_id: str, queues: list[str], mode: str,
-                   strategy: str, session_timeout_ms: int) -> GroupAssignment:
+    def join_group(
+        self,
+        group: str,
+        member_id: str | None,
+        client_id: str,
+        queues: list[str],
+        mode: str,
+        strategy: str,
+        session_timeout_ms: int,
+    ) -> GroupAssignment:
         with self._lock:
             self._q_open()
-            return self._groups.join(group, member_id=member_id, client_id=client_id, queues=queues, mode=mode,
-                                     strategy=strategy, session_timeout_ms=session_timeout_ms,
-                                     now_ms=self._group_now())
+            return self._groups.join(
+                group,
+                member_id=member_id,
+                client_id=client_id,
+                queues=queues,
+                mode=mode,
+                strategy=strategy,
+                session_timeout_ms=session_timeout_ms,
+                now_ms=self._group_now(),
+            )
 
     def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
         with self._lock:
@@ -408,11 +449,13 @@ class MemoryBroker:
         with self._lock:
             self._q_open()
             queues: dict[str, set[str]] = {}
-            for (g, qid, _) in self._offsets:
+            for g, qid, _ in self._offsets:
                 if qid in self._by_id:
                     queues.setdefault(g, set()).add(self._by_id[qid].name)
-            keyed = sorted((info.summary() for (qid, _), info in self._keyed.items() if qid in self._by_id),
-                           key=lambda g: (g.group, g.queues))
+            keyed = sorted(
+                (info.summary() for (qid, _), info in self._keyed.items() if qid in self._by_id),
+                key=lambda g: (g.group, g.queues),
+            )
             live = [self._info(q) for q in self._queues.values()]
             listed = self._groups.summaries(self._group_now(), queues) + keyed
         return listed + self._shared.summaries(live)  # (shared groups take their own lock, never inside ours)
@@ -422,24 +465,35 @@ class MemoryBroker:
             raise ClosedError("the in-memory broker is closed")
 
     # shared groups: the same operations and state machine as the broker (not durable)
-    def shared_receive(self, group: str, queue: str, member: str, max_messages: int = 32,
-                       visibility_timeout_ms: int = 30_000, at_most_once: bool = False,
-                       settings: dict[str, int | float] | None = None, max_wait_ms: int = 0) -> SharedDeliveries:
+    def shared_receive(
+        self,
+        group: str,
+        queue: str,
+        member: str,
+        max_messages: int = 32,
+        visibility_timeout_ms: int = 30_000,
+        at_most_once: bool = False,
+        settings: dict[str, int | float] | None = None,
+        max_wait_ms: int = 0,
+    ) -> SharedDeliveries:
         check_user_queue(queue)
-        return self._shared.receive(group, queue, member, max_messages, visibility_timeout_ms, at_most_once,
-                                    settings, max_wait_ms)
+        return self._shared.receive(
+            group, queue, member, max_messages, visibility_timeout_ms, at_most_once, settings, max_wait_ms
+        )
 
     def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
         check_user_queue(queue)
         return self._shared.ack(group, queue, member, lease_ids)
 
-    def shared_nack(self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "",
-                    delay_ms: int | None = None) -> list[LeaseRefusal]:
+    def shared_nack(
+        self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "", delay_ms: int | None = None
+    ) -> list[LeaseRefusal]:
         check_user_queue(queue)
         return self._shared.nack(group, queue, member, lease_ids, reason, delay_ms)
 
-    def shared_extend(self, group: str, queue: str, member: str, lease_ids: list[str],
-                      visibility_timeout_ms: int) -> list[LeaseRefusal]:
+    def shared_extend(
+        self, group: str, queue: str, member: str, lease_ids: list[str], visibility_timeout_ms: int
+    ) -> list[LeaseRefusal]:
         check_user_queue(queue)
         return self._shared.extend(group, queue, member, lease_ids, visibility_timeout_ms)
 
@@ -460,8 +514,9 @@ class MemoryBroker:
     def _ranges(self, q: _Q) -> dict[int, tuple[int, int]]:
         return {pi.partition: (pi.start_offset, pi.end_offset) for pi in self._info(q).partitions}
 
-    def keyed_group(self, queue: str, group: str, key: str | None = None, size: int | None = None,
-                    start: str = "earliest") -> KeyedGroupInfo:
+    def keyed_group(
+        self, queue: str, group: str, key: str | None = None, size: int | None = None, start: str = "earliest"
+    ) -> KeyedGroupInfo:
         check_user_queue(queue)
         _check_group(group)
         if (key is None) != (size is None):
@@ -480,8 +535,18 @@ class MemoryBroker:
             self._keyed[(q.qid, group)] = st.info
             return st.info
 
-    def keyed_fetch(self, queue: str, group: str, member: int, generation: int, partition: int,
-                    offset: int, *, max_bytes: int, max_wait_ms: int = 0) -> KeyedFetchResult:
+    def keyed_fetch(
+        self,
+        queue: str,
+        group: str,
+        member: int,
+        generation: int,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        max_wait_ms: int = 0,
+    ) -> KeyedFetchResult:
         check_user_queue(queue)
         _check_group(group)
         deadline = time.monotonic() + max_wait_ms / 1000
@@ -492,18 +557,21 @@ class MemoryBroker:
                 stop = st.stop_offset(partition)
                 res = self._fetch_now(queue, partition, offset, max_bytes, 0, stop)
             flt = KeyHashFilter(parse_key_spec(st.info.key), st.info.size, member)
-            batches, selections = select_batches(res.batches, flt, start_offset=max(offset, res.start_offset),
-                                                 end_offset=stop)
+            batches, selections = select_batches(
+                res.batches, flt, start_offset=max(offset, res.start_offset), end_offset=stop
+            )
             remaining = deadline - time.monotonic()
             if batches or res.next_offset != offset or remaining <= 0 or (stop is not None and offset >= stop):
-                return KeyedFetchResult(batches, res.next_offset, res.start_offset, res.end_offset,
-                                        st.info.generation, stop, selections)
+                return KeyedFetchResult(
+                    batches, res.next_offset, res.start_offset, res.end_offset, st.info.generation, stop, selections
+                )
             with self._appended:
                 if self._q(queue).parts[partition].end <= offset:
                     self._appended.wait(remaining)
 
-    def keyed_commit(self, queue: str, group: str, member: int, generation: int,
-                     offsets: dict[int, int]) -> KeyedGroupInfo:
+    def keyed_commit(
+        self, queue: str, group: str, member: int, generation: int, offsets: dict[int, int]
+    ) -> KeyedGroupInfo:
         check_user_queue(queue)
         _check_group(group)
         with self._lock:
@@ -533,13 +601,18 @@ class MemoryBroker:
         info = self._subscribers.get((q.qid, name))
         if info is None:
             raise SubscriberNotFoundError(
-                f"queue {q.name!r} has no subscriber {name!r}; add it with "
-                f"'headwater subscriber add {q.name} {name}'"
+                f"queue {q.name!r} has no subscriber {name!r}; add it with 'headwater subscriber add {q.name} {name}'"
             )
         return info
 
-    def add_subscriber(self, queue: str, name: str, partitions: list[int] | None = None,
-                       tags: list[str] | None = None, start: str = "latest") -> SubscriberInfo:
+    def add_subscriber(
+        self,
+        queue: str,
+        name: str,
+        partitions: list[int] | None = None,
+        tags: list[str] | None = None,
+        start: str = "latest",
+    ) -> SubscriberInfo:
         check_user_queue(queue)  # first, as the broker does
         validate_subscriber_name(name)
         tag_list = normalize_tags(tags)
@@ -553,10 +626,10 @@ class MemoryBroker:
                     f"delete it first to start over, or pick another name"
                 )
             following = parts if parts is not None else list(range(len(q.parts)))
-            checkpoints = resolve_start(start, qi, following,
-                                        lambda p, ms: self.offset_for_time(queue, p, ms))
-            info = SubscriberInfo(queue=queue, name=name, partitions=parts, tags=tag_list,
-                                  created_ms=self._now(), checkpoints=checkpoints)
+            checkpoints = resolve_start(start, qi, following, lambda p, ms: self.offset_for_time(queue, p, ms))
+            info = SubscriberInfo(
+                queue=queue, name=name, partitions=parts, tags=tag_list, created_ms=self._now(), checkpoints=checkpoints
+            )
             self._subscribers[(q.qid, name)] = info
             return info
 
@@ -569,8 +642,9 @@ class MemoryBroker:
     def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
         with self._lock:
             qids = {self._q(queue).qid} if queue is not None else set(self._by_id)
-            return sorted((s for (qid, _), s in self._subscribers.items() if qid in qids),
-                          key=lambda s: (s.queue, s.name))
+            return sorted(
+                (s for (qid, _), s in self._subscribers.items() if qid in qids), key=lambda s: (s.queue, s.name)
+            )
 
     def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo:
         with self._lock:
@@ -611,10 +685,14 @@ class MemoryBroker:
 
     def status(self) -> dict[str, object]:
         with self._lock:
-            return {"version": "memory", "mode": "memory", "queues": len(self._queues),
-                    "partitions": sum(len(q.parts) for q in self._queues.values()),
-                    "bytes": sum(len(b) for q in self._queues.values() for p in q.parts for b in p.batches),
-                    "recovery": []}
+            return {
+                "version": "memory",
+                "mode": "memory",
+                "queues": len(self._queues),
+                "partitions": sum(len(q.parts) for q in self._queues.values()),
+                "bytes": sum(len(b) for q in self._queues.values() for p in q.parts for b in p.batches),
+                "recovery": [],
+            }
 
     def close(self) -> None:
         self._delay.close()

@@ -47,8 +47,18 @@ _PENDING, _DELIVERED, _CANCELLED, _DROPPED = "pending", "delivered", "cancelled"
 
 
 class _Item:
-    __slots__ = ("queue_id", "partition", "batch", "count", "due_ms", "accepted_ms", "state",
-                 "cancelled", "delivered_offset", "attempt_ms")
+    __slots__ = (
+        "queue_id",
+        "partition",
+        "batch",
+        "count",
+        "due_ms",
+        "accepted_ms",
+        "state",
+        "cancelled",
+        "delivered_offset",
+        "attempt_ms",
+    )
 
     def __init__(self, queue_id: int, partition: int, batch: bytes, count: int, due_ms: int, now: int) -> None:
         self.queue_id, self.partition, self.batch, self.count = queue_id, partition, batch, count
@@ -156,8 +166,11 @@ class MemoryDelay:
         nums = self._numbers.get(start, [])
         i = bisect.bisect_right(nums, number) - 1
         it = self._items.get((start, nums[i])) if i >= 0 else None
-        if it is None or number >= nums[i] + it.count or it.queue_id != queue_id or (
-            it.partition != partition & ~DELAYED_PARTITION_BIT
+        if (
+            it is None
+            or number >= nums[i] + it.count
+            or it.queue_id != queue_id
+            or (it.partition != partition & ~DELAYED_PARTITION_BIT)
         ):
             raise MessageNotFoundError(f"no delayed message has id {mid}")
         return it, number - nums[i]
@@ -179,8 +192,9 @@ class MemoryDelay:
                     f"(its id in the queue is {MessageId(queue_id, it.partition, off)})"
                 )
             if it.state == _DROPPED:
-                raise MessageNotFoundError(f"delayed message {mid} was dropped when it came due "
-                                           f"(its queue had been deleted)")
+                raise MessageNotFoundError(
+                    f"delayed message {mid} was dropped when it came due (its queue had been deleted)"
+                )
             if index in it.cancelled:
                 return
             it.cancelled.add(index)
@@ -217,15 +231,27 @@ class MemoryDelay:
                 if it.state == _PENDING:
                     per[start] = per.get(start, 0) + it.count - len(it.cancelled)
                     batches += 1
-            due = [at for at, s, n in self._heap
-                   if self._items[(s, n)].state == _PENDING and self._items[(s, n)].attempt_ms == at]
+            due = [
+                at
+                for at, s, n in self._heap
+                if self._items[(s, n)].state == _PENDING and self._items[(s, n)].attempt_ms == at
+            ]
             p50, p99, mx = self.counters.lateness()
             c = self.counters
             return DelayStats(
-                now_ms=now, pending_messages=sum(per.values()), pending_batches=batches,
-                next_due_ms=min(due) if due else None, accepted_total=c.accepted,
-                delivered_total=c.delivered, cancelled_total=c.cancelled, dropped_total=c.dropped,
-                delivered_per_s=c.rate_per_s(), lateness_p50_ms=p50, lateness_p99_ms=p99, lateness_max_ms=mx,
-                loaded_batches=batches, bucket_ms=self.bucket_ms,
+                now_ms=now,
+                pending_messages=sum(per.values()),
+                pending_batches=batches,
+                next_due_ms=min(due) if due else None,
+                accepted_total=c.accepted,
+                delivered_total=c.delivered,
+                cancelled_total=c.cancelled,
+                dropped_total=c.dropped,
+                delivered_per_s=c.rate_per_s(),
+                lateness_p50_ms=p50,
+                lateness_p99_ms=p99,
+                lateness_max_ms=mx,
+                loaded_batches=batches,
+                bucket_ms=self.bucket_ms,
                 buckets=[DelayBucketStats(s, s + self.bucket_ms, m, True) for s, m in sorted(per.items())],
             )

@@ -19,8 +19,9 @@ import threading
 import time
 import traceback
 
-import headwater
 from crashdata import message_for
+
+import headwater
 
 RUN_S_MAX = 60  # a safety net: the parent kills us long before this
 

@@ -17,8 +17,7 @@ from typing import NamedTuple
 from headwater.model.batch import decode_header
 from headwater.model.message import Message
 
-__all__ = ["BODY_BYTES_MAX", "message_for", "expected_tuple", "record_tuple", "BatchLoc",
-           "read_layout", "parse_acks"]
+__all__ = ["BODY_BYTES_MAX", "message_for", "expected_tuple", "record_tuple", "BatchLoc", "read_layout", "parse_acks"]
 
 BODY_BYTES_MAX = 2000
 SEGMENT_HEADER_SIZE = 64
@@ -31,7 +30,7 @@ def message_for(partition: int, offset: int, generation: int = 0) -> Message | b
     n = int.from_bytes(d[:2], "little") % (BODY_BYTES_MAX + 1)
     body = (d * (n // 32 + 1))[:n]
     key = b"key-%d" % (d[3] % 8) if d[2] % 4 == 0 else None
-    tag = "tag-%d" % (d[5] % 4) if d[4] % 3 == 0 else None
+    tag = f"tag-{d[5] % 4}" if d[4] % 3 == 0 else None
     if key is None and tag is None:
         return body
     return Message(body, key=key, tag=tag)

@@ -34,9 +34,20 @@ class BrokerProcess:
     def start(self, timeout_s: float = 20.0) -> BrokerProcess:
         with open(self.log, "ab") as logf:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
-                [HEADWATER, "serve", "--data", str(self.data), "--host", "127.0.0.1", "--port", str(self.port),
-                 *self.args],
-                stdout=subprocess.PIPE, stderr=logf, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                [
+                    HEADWATER,
+                    "serve",
+                    "--data",
+                    str(self.data),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    *self.args,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=logf,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         deadline = time.monotonic() + timeout_s
         assert self.proc.stdout is not None

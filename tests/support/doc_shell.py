@@ -118,10 +118,18 @@ def command_lines(text: str) -> list[tuple[int, str]]:
     >>> command_lines("```console\\n$ headwater queue list\\nname\\n```\\n")
     [(2, 'headwater queue list')]
     """
-    found = [(first + i, command) for first, lines in shell_blocks(text)
-             for i, line in enumerate(lines) if (command := command_of(line)) is not None]
-    found += [(first + i, command) for first, lines in shell_blocks(text, _TRANSCRIPT_LANGS)
-              for i, line in enumerate(lines) if line.startswith("$ ") and (command := command_of(line[2:]))]
+    found = [
+        (first + i, command)
+        for first, lines in shell_blocks(text)
+        for i, line in enumerate(lines)
+        if (command := command_of(line)) is not None
+    ]
+    found += [
+        (first + i, command)
+        for first, lines in shell_blocks(text, _TRANSCRIPT_LANGS)
+        for i, line in enumerate(lines)
+        if line.startswith("$ ") and (command := command_of(line[2:]))
+    ]
     return sorted(found)
 
 
@@ -141,8 +149,11 @@ def follows(line: str) -> bool:
     if command is None or line.rstrip().split("#")[0].rstrip().endswith("&"):
         return False
     words = shlex.split(command)
-    return (("consume" in words and "--timeout" not in words) or "--watch" in words
-            or ("serve" in words and not {"--settings", "--help"} & set(words)))
+    return (
+        ("consume" in words and "--timeout" not in words)
+        or "--watch" in words
+        or ("serve" in words and not {"--settings", "--help"} & set(words))
+    )
 
 
 def expected_failures(lines: list[str]) -> dict[int, str]:
@@ -153,7 +164,7 @@ def expected_failures(lines: list[str]) -> dict[int, str]:
         if command_of(line) is None:
             continue
         said = []
-        for nxt in lines[i + 1:]:
+        for nxt in lines[i + 1 :]:
             m = re.match(r"#\s((?:error|hint): .*)$", nxt.strip())
             if not m:
                 break

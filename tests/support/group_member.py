@@ -40,10 +40,19 @@ def main() -> None:
     def note(kind: str, tps) -> None:
         log.write(f"{time.monotonic():.6f} {kind} {' '.join(f'{q}:{p}' for q, p in tps)}\n")
 
-    c = hw.consumer(group=args.group, subscribe=args.queue, mode=args.mode, strategy=args.strategy,
-                    session_timeout_ms=args.session_ms, heartbeat_interval_ms=args.heartbeat_ms,
-                    offsets_path=args.offsets, client_id=f"proc-{os.getpid()}", max_poll_messages=args.max_poll,
-                    on_assign=lambda tps: note("A", tps), on_revoke=lambda tps: note("V", tps))
+    c = hw.consumer(
+        group=args.group,
+        subscribe=args.queue,
+        mode=args.mode,
+        strategy=args.strategy,
+        session_timeout_ms=args.session_ms,
+        heartbeat_interval_ms=args.heartbeat_ms,
+        offsets_path=args.offsets,
+        client_id=f"proc-{os.getpid()}",
+        max_poll_messages=args.max_poll,
+        on_assign=lambda tps: note("A", tps),
+        on_revoke=lambda tps: note("V", tps),
+    )
     log.write(f"{time.monotonic():.6f} M {c.member_id}\n")
     while not (args.stop and os.path.exists(args.stop)):
         recs = c.poll(timeout_ms=100)

@@ -36,9 +36,14 @@ def main() -> None:
     batch = opts.get("max_messages", 16)
     out = open(out_path, "a", buffering=1)  # noqa: SIM115 - line-buffered, flushed per event
     hw = _connect(address, deadline)
-    c = hw.shared_consumer(group, queue, visibility_timeout_ms=opts.get("visibility_timeout_ms", 30_000),
-                           max_attempts=opts.get("max_attempts", 5), backoff_ms=opts.get("backoff_ms", 100),
-                           at_most_once=opts.get("at_most_once", False))
+    c = hw.shared_consumer(
+        group,
+        queue,
+        visibility_timeout_ms=opts.get("visibility_timeout_ms", 30_000),
+        max_attempts=opts.get("max_attempts", 5),
+        backoff_ms=opts.get("backoff_ms", 100),
+        at_most_once=opts.get("at_most_once", False),
+    )
     last_got = time.monotonic()
     while time.monotonic() < deadline:
         try:
@@ -58,7 +63,7 @@ def main() -> None:
             if work_s:
                 time.sleep(work_s)
             if kind == b"poison" or (kind == b"nack1" and m.attempt == 1):
-                _settle(out, "N", [m], lambda ms: c.nack(ms, "poison pill" if kind == b"poison" else "try again"))
+                _settle(out, "N", [m], lambda ms: c.nack(ms, "poison pill" if kind == b"poison" else "try again"))  # noqa: B023 (called at once, within this iteration)
             elif kind == b"timeout1" and m.attempt == 1:
                 pass  # let the lease run out
             else:

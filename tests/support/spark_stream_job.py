@@ -19,8 +19,9 @@ ROW_SLEEP_S = 0.012
 SINK_BATCH_BYTES = 1024
 
 
-def start_query(spark, servers: str, source: str, sink: str, checkpoint: str, *,
-                row_sleep_s: float, available_now: bool):
+def start_query(
+    spark, servers: str, source: str, sink: str, checkpoint: str, *, row_sleep_s: float, available_now: bool
+):
     from pyspark.sql.functions import col, udf
 
     @udf(returnType="binary", useArrow=False)
@@ -29,18 +30,22 @@ def start_query(spark, servers: str, source: str, sink: str, checkpoint: str, *,
             time.sleep(row_sleep_s)
         return value
 
-    df = (spark.readStream.format("headwater")
-          .option("servers", servers)
-          .option("queue", source)
-          .option("startingOffsets", "earliest")
-          .option("maxOffsetsPerTrigger", str(ROWS_PER_TRIGGER))
-          .load())
-    writer = (df.select(col("key"), slow(col("value")).alias("value"), col("tag"), col("properties"))
-              .writeStream.format("headwater")
-              .option("servers", servers)
-              .option("queue", sink)
-              .option("maxBatchBytes", str(SINK_BATCH_BYTES))
-              .option("checkpointLocation", checkpoint))
+    df = (
+        spark.readStream.format("headwater")
+        .option("servers", servers)
+        .option("queue", source)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(ROWS_PER_TRIGGER))
+        .load()
+    )
+    writer = (
+        df.select(col("key"), slow(col("value")).alias("value"), col("tag"), col("properties"))
+        .writeStream.format("headwater")
+        .option("servers", servers)
+        .option("queue", sink)
+        .option("maxBatchBytes", str(SINK_BATCH_BYTES))
+        .option("checkpointLocation", checkpoint)
+    )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime="0 seconds")
     return writer.start()
 
@@ -50,12 +55,14 @@ def main() -> None:
     from tests.support.spark_session import shared_spark
 
     # Arrow batches of a few rows, so the sink gets (and sends) rows as the map makes them
-    spark = shared_spark("headwater-crash-job", **{
-        "spark.sql.execution.arrow.maxRecordsPerBatch": "8",
-        "spark.sql.execution.python.udf.maxRecordsPerBatch": "8",
-    })
-    query = start_query(spark, servers, source, sink, checkpoint, row_sleep_s=ROW_SLEEP_S,
-                        available_now=False)
+    spark = shared_spark(
+        "headwater-crash-job",
+        **{
+            "spark.sql.execution.arrow.maxRecordsPerBatch": "8",
+            "spark.sql.execution.python.udf.maxRecordsPerBatch": "8",
+        },
+    )
+    query = start_query(spark, servers, source, sink, checkpoint, row_sleep_s=ROW_SLEEP_S, available_now=False)
     print("started", query.id, flush=True)
     query.awaitTermination()
 

@@ -30,12 +30,12 @@ def main() -> None:
         return
     hw = headwater.connect(address, connect_timeout_s=30)
     with open(log_file, "a") as log:
+
         def record(r) -> None:
             log.write(f"{r.partition} {r.offset} {r.body.decode()}\n")
             log.flush()
 
-        sub = hw.subscribe(queue, name, listeners=[record], credit_messages=50,
-                           checkpoint_interval_ms=interval)
+        sub = hw.subscribe(queue, name, listeners=[record], credit_messages=50, checkpoint_interval_ms=interval)
         print("subscribed", flush=True)
         while sub.running:
             time.sleep(0.05)
@@ -47,6 +47,7 @@ async def main_asyncio(address: str, queue: str, name: str, log_file: str, inter
 
     hw = await headwater.aio.connect(address, connect_timeout_s=30)
     with open(log_file, "a") as log:
+
         async def record(r) -> None:
             await asyncio.sleep(0)  # a coroutine listener, awaited before the next record
             log.write(f"{r.partition} {r.offset} {r.body.decode()}\n")

@@ -9,8 +9,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_for(cond: Callable[[], T], timeout_s: float = 10.0, what: str = "condition",
-             interval_s: float = 0.005) -> T:
+def wait_for(cond: Callable[[], T], timeout_s: float = 10.0, what: str = "condition", interval_s: float = 0.005) -> T:
     """Call ``cond`` every ``interval_s`` until it returns something truthy, and return that;
     raise AssertionError naming ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

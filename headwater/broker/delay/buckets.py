@@ -43,8 +43,20 @@ class Run:
 class Entry:
     """One accepted batch: where its record lies, its runs and what became of them."""
 
-    __slots__ = ("number", "count", "queue_id", "partition", "accepted_ms", "position", "size",
-                 "runs", "cancelled", "accept_seq", "producer", "open_runs")
+    __slots__ = (
+        "number",
+        "count",
+        "queue_id",
+        "partition",
+        "accepted_ms",
+        "position",
+        "size",
+        "runs",
+        "cancelled",
+        "accept_seq",
+        "producer",
+        "open_runs",
+    )
 
     def __init__(self, r: ScheduleRecord) -> None:
         self.number = r.number
@@ -108,8 +120,19 @@ class Entry:
 class Bucket:
     """One bucket file: its span, its counters, and (when loaded) its batches."""
 
-    __slots__ = ("start_ms", "end_ms", "file", "next_number", "pending_messages", "pending_batches",
-                 "loaded", "loading", "entries", "numbers", "in_flight")
+    __slots__ = (
+        "start_ms",
+        "end_ms",
+        "file",
+        "next_number",
+        "pending_messages",
+        "pending_batches",
+        "loaded",
+        "loading",
+        "entries",
+        "numbers",
+        "in_flight",
+    )
 
     def __init__(self, file: ScheduleFile) -> None:
         self.start_ms = file.bucket_start_ms

@@ -104,8 +104,12 @@ class Dispatcher(threading.Thread):
             except QueueDisabledError:
                 retry.append((b, e, g))
             except QueueNotFoundError:
-                log.warning("dropping delayed batch %d of bucket %d: queue id %d no longer exists",
-                            e.number, b.start_ms, e.queue_id)
+                log.warning(
+                    "dropping delayed batch %d of bucket %d: queue id %d no longer exists",
+                    e.number,
+                    b.start_ms,
+                    e.queue_id,
+                )
                 dropped.append((b, e, g))
             except UsageError as ex:
                 log.error("dropping delayed batch %d of bucket %d: %s", e.number, b.start_ms, ex)

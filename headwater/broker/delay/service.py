@@ -102,8 +102,14 @@ class _Idem(NamedTuple):  # the fields ProducerStateTable.record reads from a he
 class DelayService:
     """The delay service of one store. Thread-safe; :meth:`close` before the store."""
 
-    def __init__(self, store: LogStore, *, clock: Callable[[], float] = time.time,
-                 limits: DelayLimits | None = None, report: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        store: LogStore,
+        *,
+        clock: Callable[[], float] = time.time,
+        limits: DelayLimits | None = None,
+        report: list[str] | None = None,
+    ) -> None:
         cfg = store.config
         self._store = store
         self._clock = clock
@@ -170,8 +176,9 @@ class DelayService:
         if ckpt is None:
             ckpt = DispatchCheckpoint(0, now, 0, b"")
         elif ckpt.producers:
-            self._producers = ProducerStateTable.from_bytes(ckpt.producers, store.config.producer_expiry_ms,
-                                                            "the delay producer table")
+            self._producers = ProducerStateTable.from_bytes(
+                ckpt.producers, store.config.producer_expiry_ms, "the delay producer table"
+            )
         self._floor_ms = ckpt.floor_ms
         self._accept_seq = ckpt.accept_seq
         stamps = {h.broker_reserved: h for h in store.stamped_batches(min(ckpt.log_position, store.end_position))}
@@ -194,8 +201,11 @@ class DelayService:
                 for g in e.runs:
                     h = stamps.get(delay_offset(f.bucket_start_ms, e.number + g.first))
                     if h is not None and g.state in OPEN:
-                        f.append(encode_record(DELIVERED, e.queue_id, e.partition, g.first, e.number,
-                                               h.timestamp_ms, h.base_offset))
+                        f.append(
+                            encode_record(
+                                DELIVERED, e.queue_id, e.partition, g.first, e.number, h.timestamp_ms, h.base_offset
+                            )
+                        )
                         e.close_run(g, State.DELIVERED)
                         g.delivered_offset = h.base_offset
                         redone += 1
@@ -211,9 +221,13 @@ class DelayService:
         for _, start, e in later:  # the idempotence table, up to the last acceptance
             if e.producer is not None and e.producer[0] >= 0:
                 pid, seq, epoch = e.producer
-                self._producers.record(_Idem(pid, seq, epoch, e.count), e.queue_id,
-                                       e.partition | DELAYED_PARTITION_BIT, delay_offset(start, e.number),
-                                       e.accepted_ms)
+                self._producers.record(
+                    _Idem(pid, seq, epoch, e.count),
+                    e.queue_id,
+                    e.partition | DELAYED_PARTITION_BIT,
+                    delay_offset(start, e.number),
+                    e.accepted_ms,
+                )
         self._write_checkpoint(store.end_position)
 
     def _write_checkpoint(self, log_position: int) -> None:
@@ -301,15 +315,32 @@ class DelayService:
             if n + h.count > NUMBER_LIMIT:
                 raise InvalidArgumentError(f"the schedule bucket starting at {start} is full; send later")
             self._accept_seq += 1
-            pos = self._write_locked(b, encode_record(SCHEDULE, qid, partition, h.count, n, h.deliver_at_ms,
-                                                      now, self._accept_seq, batch))
+            pos = self._write_locked(
+                b, encode_record(SCHEDULE, qid, partition, h.count, n, h.deliver_at_ms, now, self._accept_seq, batch)
+            )
             b.next_number = n + h.count
             b.pending_messages += h.count
             b.pending_batches += 1
             if b.loaded:
-                self._add_entry_locked(b, Entry(ScheduleRecord(
-                    SCHEDULE, qid, partition, h.count, n, h.deliver_at_ms, now, self._accept_seq, pos,
-                    len(batch), None, offsets)))
+                self._add_entry_locked(
+                    b,
+                    Entry(
+                        ScheduleRecord(
+                            SCHEDULE,
+                            qid,
+                            partition,
+                            h.count,
+                            n,
+                            h.deliver_at_ms,
+                            now,
+                            self._accept_seq,
+                            pos,
+                            len(batch),
+                            None,
+                            offsets,
+                        )
+                    ),
+                )
             result = ProduceResult(qid, key_partition, delay_offset(start, n), h.count, now)
             self._producers.record(h, qid, key_partition, result.base_offset, now)
             self.counters.accepted += h.count
@@ -408,8 +439,13 @@ class DelayService:
         while heap and self._item_locked(heap[0]) is None:
             heapq.heappop(heap)
 
-    def settle(self, delivered: list[tuple[Bucket, Entry, Run, ProduceResult, int]],
-               dropped: list[tuple[Bucket, Entry, Run]], retry: list[tuple[Bucket, Entry, Run]], now: int) -> None:
+    def settle(
+        self,
+        delivered: list[tuple[Bucket, Entry, Run, ProduceResult, int]],
+        dropped: list[tuple[Bucket, Entry, Run]],
+        retry: list[tuple[Bucket, Entry, Run]],
+        now: int,
+    ) -> None:
         """Record what a round did: DELIVERED and DROPPED records, and retries."""
         with self._lock:
             parts: dict[int, list] = {}
@@ -417,14 +453,17 @@ class DelayService:
                 e.close_run(g, move(g.state, "delivered"))
                 g.delivered_offset = res.base_offset
                 parts.setdefault(b.start_ms, []).extend(
-                    encode_record(DELIVERED, e.queue_id, e.partition, g.first, e.number, res.timestamp_ms,
-                                  res.base_offset))
+                    encode_record(
+                        DELIVERED, e.queue_id, e.partition, g.first, e.number, res.timestamp_ms, res.base_offset
+                    )
+                )
                 self._done_locked(b, e, g)
                 self.counters.on_delivered(res.count, appended_ms - g.due_ms)
             for b, e, g in dropped:
                 e.close_run(g, move(g.state, "dropped"))
                 parts.setdefault(b.start_ms, []).extend(
-                    encode_record(DROPPED, e.queue_id, e.partition, g.first, e.number, now))
+                    encode_record(DROPPED, e.queue_id, e.partition, g.first, e.number, now)
+                )
                 self._done_locked(b, e, g)
                 self.counters.dropped += e.live(g)
             for b, e, g in retry:
@@ -555,8 +594,9 @@ class DelayService:
         if state == State.DELIVERED:
             name, stored = self._store.lookup_id(queue_id, e.partition, log_offset)
             h = decode_header(stored)
-            return name, single_message_batch(stored, log_offset - h.base_offset, queue_id, e.partition,
-                                              log_offset, h.timestamp_ms)
+            return name, single_message_batch(
+                stored, log_offset - h.base_offset, queue_id, e.partition, log_offset, h.timestamp_ms
+            )
         data = b.file.read(e.position, e.size)
         return name, single_message_batch(data, index, queue_id, partition, offset, e.accepted_ms)
 
@@ -566,18 +606,29 @@ class DelayService:
         now = self.now_ms()
         with self._lock:
             self._clean_heap_top_locked()
-            buckets = [DelayBucketStats(b.start_ms, b.end_ms, b.pending_messages, b.loaded)
-                       for b in (self._buckets[s] for s in self._order)]
+            buckets = [
+                DelayBucketStats(b.start_ms, b.end_ms, b.pending_messages, b.loaded)
+                for b in (self._buckets[s] for s in self._order)
+            ]
             nxt = self._next_due_locked()
             p50, p99, mx = self.counters.lateness()
             c = self.counters
             return DelayStats(
-                now_ms=now, pending_messages=sum(x.pending_messages for x in buckets),
+                now_ms=now,
+                pending_messages=sum(x.pending_messages for x in buckets),
                 pending_batches=sum(self._buckets[s].pending_batches for s in self._order),
-                next_due_ms=nxt, accepted_total=c.accepted, delivered_total=c.delivered,
-                cancelled_total=c.cancelled, dropped_total=c.dropped, delivered_per_s=c.rate_per_s(),
-                lateness_p50_ms=p50, lateness_p99_ms=p99, lateness_max_ms=mx,
-                loaded_batches=self._loaded_batches, bucket_ms=self.bucket_ms, buckets=buckets,
+                next_due_ms=nxt,
+                accepted_total=c.accepted,
+                delivered_total=c.delivered,
+                cancelled_total=c.cancelled,
+                dropped_total=c.dropped,
+                delivered_per_s=c.rate_per_s(),
+                lateness_p50_ms=p50,
+                lateness_p99_ms=p99,
+                lateness_max_ms=mx,
+                loaded_batches=self._loaded_batches,
+                bucket_ms=self.bucket_ms,
+                buckets=buckets,
             )
 
     def _next_due_locked(self) -> int | None:
@@ -596,8 +647,9 @@ class DelayService:
             self._touch_locked(b)
             entries: dict[int, Entry] = {}
             replay(b.file.scan(cut=False), entries, [])
-            due = min((g.attempt_ms for e in entries.values() for g in e.runs if g.state == State.PENDING),
-                      default=None)
+            due = min(
+                (g.attempt_ms for e in entries.values() for g in e.runs if g.state == State.PENDING), default=None
+            )
             if due is not None:
                 return due if nxt is None else min(due, nxt)
         return nxt
@@ -605,8 +657,12 @@ class DelayService:
     def summary(self) -> dict[str, object]:
         """The figures ``status`` shows."""
         s = self.stats()
-        return {"delay_pending": s.pending_messages, "delay_next_due_ms": s.next_due_ms,
-                "delay_buckets": len(s.buckets), "delay_delivered_total": s.delivered_total}
+        return {
+            "delay_pending": s.pending_messages,
+            "delay_next_due_ms": s.next_due_ms,
+            "delay_buckets": len(s.buckets),
+            "delay_delivered_total": s.delivered_total,
+        }
 
     def close(self) -> None:
         """Stop the dispatcher after its round, checkpoint, close the files."""
