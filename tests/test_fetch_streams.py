@@ -207,7 +207,7 @@ def test_a_peer_that_stops_reading_holds_about_one_push_on_the_broker(server, re
             produce(remote, 0, *[bytes(1024)] * 256)
 
         def buffered() -> int:
-            return max(c.transport.get_write_buffer_size() for c in server.server._conns)
+            return max(c.transport.get_write_buffer_size() for c in server.server.connections)
 
         time.sleep(0.3)
         assert buffered() < 2 << 20  # not the 10 MiB the credit allows
