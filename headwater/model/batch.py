@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import crc32c as _crc32c
 import msgspec
@@ -126,13 +126,9 @@ class BatchPayload(msgspec.Struct, array_like=True, gc=False):
     properties: list[dict[str, str] | None] | None = None
 
 
-class _TimedPayload(msgspec.Struct, array_like=True, gc=False):
+class _TimedPayload(BatchPayload, array_like=True, gc=False):
     """The payload of a batch with ``FLAG_DELIVER_TIMES``: the four columns and the offsets."""
 
-    bodies: list[bytes]
-    keys: list[bytes | None] | None = None
-    tags: list[str | None] | None = None
-    properties: list[dict[str, str] | None] | None = None
     deliver_offsets: list[int] | None = None
 
 
@@ -154,7 +150,7 @@ class BatchHeader(NamedTuple):
     magic: int
     flags: int
     header_size: int
-    count: int
+    count: int  # type: ignore[assignment]  # the field's name on the wire; it shadows tuple.count
     payload_size: int
     deliver_at_ms: int
     producer_id: int
@@ -194,7 +190,7 @@ def _compress(codec: int, data: bytes) -> bytes:
     if codec == COMPRESSION_LZ4:
         import lz4.frame
 
-        return lz4.frame.compress(data)
+        return cast(bytes, lz4.frame.compress(data))
     return data
 
 
@@ -219,12 +215,12 @@ def _decompress(codec: int, data: bytes | memoryview) -> bytes | memoryview:
             if stated > BATCH_BYTES_MAX:
                 raise InvalidBatchError(f"the batch payload expands beyond {BATCH_BYTES_MAX} bytes")
             if stated:
-                return lz4.frame.decompress(raw)
+                return cast(bytes, lz4.frame.decompress(raw))
             d = lz4.frame.LZ4FrameDecompressor()
             out = d.decompress(raw, max_length=BATCH_BYTES_MAX + 1)
             if len(out) > BATCH_BYTES_MAX or not d.eof:
                 raise InvalidBatchError(f"the batch payload expands beyond {BATCH_BYTES_MAX} bytes or is cut short")
-            return out
+            return cast(bytes, out)
     except ImportError as e:
         raise InvalidBatchError(
             f"the batch is compressed with a codec whose library is missing ({e.name}); install headwater[compression]"
@@ -274,8 +270,9 @@ def encode_batch(
         if deliver_times[-1] != deliver_at_ms:
             offsets = [t - deliver_at_ms for t in deliver_times]
             flags |= FLAG_DELIVER_TIMES
+    bodies: list[bytes]
     if set(map(type, messages)) == {bytes}:  # the fast path: plain bodies, checked in C
-        bodies = list(messages)
+        bodies = cast(list[bytes], list(messages))
     else:
         bodies = []
         for m in messages:
@@ -355,7 +352,9 @@ def encode_batch(
     return buf
 
 
-def _check_types(bodies: list, keys: list | None, tags: list | None, props: list | None) -> None:
+def _check_types(
+    bodies: list[bytes], keys: list[bytes | None] | None, tags: list[str | None] | None, props: list[Any] | None
+) -> None:
     for b in bodies:
         if type(b) is not bytes:
             raise InvalidArgumentError(
@@ -446,7 +445,7 @@ def decode_deliver_offsets(
     if not h.flags & FLAG_DELIVER_TIMES:
         return None
     p = payload if payload is not None else decode_payload(buf, h, pos)
-    offsets = getattr(p, "deliver_offsets", None)
+    offsets = p.deliver_offsets if isinstance(p, _TimedPayload) else None
     if offsets is None or len(offsets) != h.count or h.deliver_at_ms <= 0:
         raise InvalidBatchError("a batch flagged with deliver times needs deliver_at_ms and one offset per message")
     if offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])):
