@@ -270,34 +270,11 @@ def encode_batch(
         if deliver_times[-1] != deliver_at_ms:
             offsets = [t - deliver_at_ms for t in deliver_times]
             flags |= FLAG_DELIVER_TIMES
-    bodies: list[bytes]
     if set(map(type, messages)) == {bytes}:  # the fast path: plain bodies, checked in C
         bodies = cast(list[bytes], list(messages))
     else:
-        bodies = []
-        for m in messages:
-            if type(m) is bytes:
-                bodies.append(m)
-            elif isinstance(m, Message):
-                bodies.append(m.body)
-            elif isinstance(m, (bytearray, memoryview)):
-                bodies.append(bytes(m))
-            else:
-                raise InvalidArgumentError(
-                    f"a message is a Message or bytes, got {type(m).__name__}"
-                    + (" (encode text first, e.g. 'text'.encode())" if isinstance(m, str) else "")
-                )
-        msgs = [m for m in messages if isinstance(m, Message)]
-        if any(m.key is not None for m in msgs):
-            keys = [m.key if isinstance(m, Message) else None for m in messages]
-            flags |= FLAG_HAS_KEYS
-        if any(m.tag is not None for m in msgs):
-            tags = [m.tag if isinstance(m, Message) else None for m in messages]
-            flags |= FLAG_HAS_TAGS
-        if any(m.properties for m in msgs):
-            props = [(m.properties or None) if isinstance(m, Message) else None for m in messages]
-            flags |= FLAG_HAS_PROPERTIES
-        _check_types(bodies, keys, tags, props)
+        bodies, keys, tags, props, column_flags = _columns(messages)
+        flags |= column_flags
     if message_bytes_max is not None:
         biggest = max(map(len, bodies))
         if biggest > message_bytes_max:
@@ -320,36 +297,54 @@ def encode_batch(
     else:  # encode straight after the header: one buffer, no copies of the payload
         buf = bytearray(HEADER_SIZE)
         _encoder.encode_into(columns, buf, HEADER_SIZE)
-    payload_size = len(buf) - HEADER_SIZE
     if len(buf) > BATCH_BYTES_MAX:
         raise batch_too_large(len(buf), n)
+    payload_size = len(buf) - HEADER_SIZE
+    # header crc, queue id, partition, base offset, timestamp and reserved are the broker's,
+    # patched when it appends; the crc, 0 here, is written last, over all that follows it
+    broker_part = (0,) * 7
+    producer_part = (producer_id, base_sequence, producer_epoch, 0, mask, transaction_id)
     HEADER.pack_into(
-        buf,
-        0,
-        HEADER_SIZE - 4 + payload_size,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        MAGIC,
-        flags,
-        HEADER_SIZE,
-        n,
-        payload_size,
-        deliver_at_ms,
-        producer_id,
-        base_sequence,
-        producer_epoch,
-        0,
-        mask,
-        transaction_id,
-    )
+        buf, 0, HEADER_SIZE - 4 + payload_size, *broker_part, MAGIC, flags, HEADER_SIZE, n, payload_size,
+        deliver_at_ms, *producer_part,
+    )  # fmt: skip
     with memoryview(buf) as mv:
         _U32.pack_into(buf, 40, crc32c(mv[44:]))
     return buf
+
+
+def _columns(
+    messages: Sequence[Message | bytes],
+) -> tuple[list[bytes], list[bytes | None] | None, list[str | None] | None, list[Any] | None, int]:
+    """The columns of messages that are not all plain ``bytes`` (bodies, and keys, tags and
+    properties where any message has one), checked, and the flags saying which are there."""
+    bodies: list[bytes] = []
+    for m in messages:
+        if type(m) is bytes:
+            bodies.append(m)
+        elif isinstance(m, Message):
+            bodies.append(m.body)
+        elif isinstance(m, (bytearray, memoryview)):
+            bodies.append(bytes(m))
+        else:
+            raise InvalidArgumentError(
+                f"a message is a Message or bytes, got {type(m).__name__}"
+                + (" (encode text first, e.g. 'text'.encode())" if isinstance(m, str) else "")
+            )
+    keys = tags = props = None
+    flags = 0
+    msgs = [m for m in messages if isinstance(m, Message)]
+    if any(m.key is not None for m in msgs):
+        keys = [m.key if isinstance(m, Message) else None for m in messages]
+        flags |= FLAG_HAS_KEYS
+    if any(m.tag is not None for m in msgs):
+        tags = [m.tag if isinstance(m, Message) else None for m in messages]
+        flags |= FLAG_HAS_TAGS
+    if any(m.properties for m in msgs):
+        props = [(m.properties or None) if isinstance(m, Message) else None for m in messages]
+        flags |= FLAG_HAS_PROPERTIES
+    _check_types(bodies, keys, tags, props)
+    return bodies, keys, tags, props, flags
 
 
 def _check_types(
