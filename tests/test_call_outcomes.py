@@ -471,3 +471,52 @@ def test_the_services_have_every_operation_with_the_broker_services_signature():
         n for n in vars(AsyncBrokerService) if not n.startswith("_") and callable(getattr(AsyncBrokerService, n))
     }
     assert async_names == names | {"ping"}
+
+
+def test_optional_capabilities_are_the_protocols_next_to_broker_service(server, tmp_path):
+    """What a service can do beyond BrokerService is a typed Protocol of
+    headwater.model.service, checked with isinstance (not an attribute looked up by name):
+    the network services have the futures, leading and streams; the embedded broker shares
+    its clock."""
+    from headwater.model import service as s
+
+    sync_network = {
+        s.Leads,
+        s.DescribesAsync,
+        s.ProducesAsync,
+        s.FetchesAsync,
+        s.KeyedFetchesAsync,
+        s.StartsSharedReceive,
+        s.OpensPushStreams,
+        s.OpensFetchStreams,
+        s.HasTransport,
+    }
+    aio_network = {s.ProducesNowait, s.AsyncStartsSharedReceive, s.AsyncOpensPushStreams, s.OpensFetchStreams}
+    capabilities = sync_network | aio_network | {s.HasClock}
+
+    def has(service) -> set:
+        return {p for p in capabilities if isinstance(service, p)}
+
+    network = headwater.connect(server.address)
+    embedded = headwater.open(tmp_path / "embedded")
+    try:
+        assert has(network.service) >= sync_network and s.HasClock not in has(network.service)
+        # Broker.produce_nowait is a namesake (an append that does not wait for its fsync), so
+        # ProducesNowait, an asyncio service's capability, is only asked of those
+        assert has(embedded.service) - {s.ProducesNowait} == {s.HasClock}
+    finally:
+        network.close()
+        embedded.close()
+
+    async def main() -> tuple[set, set]:
+        a_network = await headwater.aio.connect(server.address)
+        a_embedded = await headwater.aio.open(tmp_path / "aio")
+        try:
+            return has(a_network.service), has(a_embedded.service)
+        finally:
+            await a_network.close()
+            await a_embedded.close()
+
+    a_network, a_embedded = asyncio.run(main())
+    assert a_network >= aio_network and not a_network & {s.ProducesAsync, s.FetchesAsync, s.Leads}
+    assert a_embedded == set()  # ThreadedService: the asyncio producer's clock is its service's

@@ -26,7 +26,7 @@ from headwater.client.positions import POLL_MESSAGES_DEFAULT, TP, ConsumerPositi
 from headwater.client.scanner import partitions_named
 from headwater.client.send_future import LazyFuture
 from headwater.model.message import Record
-from headwater.model.service import BrokerService, FetchResult
+from headwater.model.service import BrokerService, FetchesAsync, FetchResult, Leads
 
 __all__ = ["Consumer", "POLL_MESSAGES_DEFAULT"]
 
@@ -72,8 +72,9 @@ class Consumer(ConsumerPositions):
             on_push=self._push_arrived,
         )
         self._rotation = itertools.count()
-        self._fetch_async = getattr(service, "fetch_async", None)
-        self._lead = getattr(service, "lead", None)  # over the network: read answers on this thread
+        self._fetch_async = service.fetch_async if isinstance(service, FetchesAsync) else None
+        # over the network: read answers on this thread
+        self._lead = service.lead if isinstance(service, Leads) else None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._fetch_threads_max = fetch_threads_max
         self._arrived: concurrent.futures.Future | None = None  # done by the next push (fetch streams)
