@@ -56,7 +56,8 @@ class AsyncSharedConsumer(SharedConsumerBase):
         timeout_s = args[-1] / 1000
         submitted_at = time.monotonic()
         service = cast(AsyncStartsSharedReceive, self._service)
-        fut = service.start_shared_receive(*args)
+        # an asyncio.Future (model, which imports no asyncio, calls it an Awaitable)
+        fut = cast("asyncio.Future[Any]", service.start_shared_receive(*args))
         try:
             done, _ = await asyncio.wait([fut], timeout=timeout_s)
             if not done and service.withdraw(fut):

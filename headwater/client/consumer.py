@@ -19,6 +19,7 @@ import itertools
 import time
 from collections.abc import Iterable, Iterator
 from datetime import datetime
+from typing import Any
 
 from headwater.client.fetch_stream import STREAM_WINDOW_BYTES
 from headwater.client.polling import drain_buffers, take_batches, wait_any
@@ -156,7 +157,7 @@ class Consumer(ConsumerPositions):
             if tp in self._inflight or len(self._buffers[tp]) >= self.max_poll_messages:
                 continue
             pos = self._fetch_pos[tp]
-            kwargs = dict(max_bytes=self._fetch_bytes, tag_mask=self._mask, max_wait_ms=wait_ms)
+            kwargs: dict[str, Any] = dict(max_bytes=self._fetch_bytes, tag_mask=self._mask, max_wait_ms=wait_ms)
             if self._fetch_async is not None:
                 if self._lead is not None:
                     kwargs["lead"] = True  # this thread reads the answer (polling.wait_any)

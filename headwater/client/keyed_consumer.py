@@ -387,7 +387,7 @@ class KeyedConsumer(KeyedConsumerBase):
             wait_ms = min(wait_ms, 50)  # let the threads cycle over many partitions
         for p, pos in self._to_fetch():
             args = self._fetch_args(p, pos)
-            kw = dict(max_bytes=self._fetch_bytes, max_wait_ms=wait_ms)
+            kw: dict[str, Any] = dict(max_bytes=self._fetch_bytes, max_wait_ms=wait_ms)
             if self._fetch_async is not None:
                 if self._lead is not None:
                     kw["lead"] = True  # this thread reads the answer (polling.wait_any)

@@ -194,7 +194,8 @@ def _compile_call(cls: type, spec: m.ApiSpec, template: str, is_async: bool) -> 
         else:
             namespace[f"_default_{name}"] = p.default
             params.append(f"{name}=_default_{name}")
-        copied = {dict: f"_mapping_copy({name})", list: f"_list_copy({name})"}.get(_container_of(field.type), name)
+        container = _container_of(field.type)
+        copied = name if container is None else f"{'_mapping_copy' if container is dict else '_list_copy'}({name})"
         args.append(f"{name}={copied}" if p.kind is p.KEYWORD_ONLY else copied)
         unset = _unset_value(field) if p.default is None else None
         if unset is not None:  # None means "not given" here, and the field has a default

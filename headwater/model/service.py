@@ -457,9 +457,12 @@ class OpensFetchStreams(Protocol):
 
 
 class Reconnects(Protocol):
-    """A connection that is made again after it is lost, for ``connect_timeout_s``."""
+    """A connection that is made again after it is lost, for ``connect_timeout_s``;
+    ``connect_failure``: why the last attempt gave up (None if none did)."""
 
+    address: str
     connect_timeout_s: float
+    connect_failure: BaseException | None
 
     def gave_up_connecting_since(self, t: float) -> bool:
         """Whether an attempt to connect begun after ``t`` (``time.monotonic()``) gave up."""
