@@ -183,13 +183,18 @@ class AsyncService(AsyncBrokerService):
                 if error is not None:
                     raise error from e
 
+    def _submit(self, body: m.RequestBody, timeout_s: float | None = None) -> asyncio.Future[Any]:
+        """Send ``body`` now, after everything submitted before it, without waiting (and never
+        again): the future of its answer."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.transport.submit(body, fut, timeout_s)
+        return fut
+
     # the calls that do not wait, for the producer and consumers that keep several in flight
     def produce_nowait(self, queue: str, partition: int, batch: bytes) -> asyncio.Future[ProduceResult]:
         """Send a batch now, after everything submitted before it, without waiting; the
         future holds the ProduceResult (the asyncio producer pipelines with it)."""
-        fut: asyncio.Future[ProduceResult] = asyncio.get_running_loop().create_future()
-        self.transport.submit(m.ProduceRequest(queue, partition, batch), fut)
-        return fut
+        return self._submit(m.ProduceRequest(queue, partition, batch))
 
     # fetch streams (the asyncio consumer drives them; see headwater.client.fetch_stream)
     def open_fetch_stream(
@@ -216,17 +221,14 @@ class AsyncService(AsyncBrokerService):
 
     def credit_fetch_stream(self, stream_id: int, credit_bytes: int) -> asyncio.Future[None]:
         """Let a fetch stream push ``credit_bytes`` more, without waiting."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.transport.submit(m.StreamCreditRequest(stream_id, credit_bytes), fut)
-        return fut
+        return self._submit(m.StreamCreditRequest(stream_id, credit_bytes))
 
     def close_fetch_stream(self, stream_id: int) -> None:
         """Stop routing the stream's pushes here and ask the broker to end it, without waiting."""
         self.transport.unregister_push(stream_id)
         if self._closed:
             return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.transport.submit(m.CloseStreamRequest(stream_id), fut)
+        fut = self._submit(m.CloseStreamRequest(stream_id))
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nothing worth waiting for
 
     # push streams (headwater.client.aio_subscriber drives them)
@@ -250,9 +252,7 @@ class AsyncService(AsyncBrokerService):
         self, stream_id: int, offsets: dict[int, int], credit_messages: int, credit_bytes: int
     ) -> asyncio.Future[None]:
         """Grant a stream more credit and checkpoint ``offsets`` (if any), without waiting."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.transport.submit(m.SubscriptionAckRequest(stream_id, dict(offsets), credit_messages, credit_bytes), fut)
-        return fut
+        return self._submit(m.SubscriptionAckRequest(stream_id, dict(offsets), credit_messages, credit_bytes))
 
     async def close_push_stream(self, stream_id: int) -> None:
         """Stop routing the stream's pushes here and ask the broker to end it."""
@@ -276,8 +276,7 @@ class AsyncService(AsyncBrokerService):
     ) -> asyncio.Future[SharedDeliveries]:
         """Send SHARED_RECEIVE without waiting: the future of its answer; :meth:`withdraw`
         takes it back while it is not written yet (see ``RemoteService.start_shared_receive``)."""
-        fut: asyncio.Future[SharedDeliveries] = asyncio.get_running_loop().create_future()
-        self.transport.submit(
+        return self._submit(
             m.SharedReceiveRequest(
                 group,
                 queue,
@@ -288,10 +287,8 @@ class AsyncService(AsyncBrokerService):
                 dict(settings or {}),
                 max_wait_ms,
             ),
-            fut,
             self.transport.request_timeout_s + max_wait_ms / 1000,
         )
-        return fut
 
     def withdraw(self, fut: asyncio.Future) -> bool:
         """Take back a request sent with a ``start_`` call if it is not written yet (True)."""
