@@ -23,14 +23,14 @@ What is sent again, and when (``docs/design/client.md``, "What a blocking call s
   is False), whose message says how to look.
 - Appends are not sent again here: the producer retries them, and its idempotent batches
   make that safe.
+- Nothing is sent again once an attempt to connect for it has given up (nothing answered
+  for ``connect_timeout_s``): a broker that is down costs a caller one
+  ``connect_timeout_s``, not one per retry.
 
 Which rule a request follows is its operation's, written once in ``API_SPECS``
 (``ApiSpec.resend``; ``ApiSpec.waits`` for a long poll's longer deadline), not at each
 call: the methods of :class:`RemoteService` and of the asyncio services that just send a
 request and wait for its answer are made from that table by :func:`define_calls`.
-- Nothing is sent again once an attempt to connect for it has given up (nothing answered
-  for ``connect_timeout_s``): a broker that is down costs a caller one
-  ``connect_timeout_s``, not one per retry.
 """
 
 from __future__ import annotations
@@ -178,6 +178,7 @@ def _unset_value(field: msgspec.structs.FieldInfo) -> Callable[[], Any] | None:
 
 
 def _compile_call(cls: type, spec: m.ApiSpec, template: str, is_async: bool) -> Callable[..., Any]:
+    """``cls``'s method for ``spec`` (see :func:`define_calls`)."""
     assert spec.method is not None
     proto = getattr(BrokerService, spec.method)
     fields = {f.name: f for f in msgspec.structs.fields(spec.request)}
