@@ -10,6 +10,7 @@ import threading
 import pytest
 
 import headwater
+from headwater.testing import FakeClock
 
 # A suite started as a background job (`make test &`) inherits SIGINT ignored, and so would
 # every process it starts; the tests that press Ctrl-C on a child (the shell, `status
@@ -18,21 +19,9 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-class FakeClock:
-    """Seconds since the epoch that tests move by hand (like Kafka's MockTime)."""
-
-    def __init__(self, now: float = 1_800_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture
 def clock() -> FakeClock:
+    """The clock of the broker under test, moved by hand (``clock.advance(seconds)``)."""
     return FakeClock()
 
 
