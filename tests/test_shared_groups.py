@@ -896,7 +896,7 @@ def test_asyncio_shared_consumer(aio_target):
     client; in memory, one by one, as nothing outlives the client there)."""
     import asyncio
 
-    from test_aio import run
+    from tests.support.aio_target import run
 
     async def test(hw) -> None:
         await hw.admin.create_queue("q", partitions=2)
