@@ -8,7 +8,6 @@ import threading
 import time
 
 import pytest
-from conftest import ServerThread
 
 import headwater
 from headwater.client.consumer import Consumer
@@ -24,6 +23,7 @@ from headwater.model.batch import encode_batch
 from headwater.model.config import QueueConfig
 from headwater.protocol import messages as m
 from tests.support.broker_process import BrokerProcess, Restart, free_port
+from tests.support.server_thread import ServerThread
 from tests.support.waiting import wait_for
 
 

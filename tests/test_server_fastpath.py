@@ -6,7 +6,6 @@ import socket
 import time
 
 import pytest
-from conftest import ServerThread
 
 from headwater.model.batch import encode_batch
 from headwater.model.config import QueueConfig
@@ -30,6 +29,7 @@ from headwater.protocol.messages import (
     ProduceRequest,
 )
 from tests.support.broker_process import BrokerProcess
+from tests.support.server_thread import ServerThread
 
 
 class InProcessServer(ServerThread):
@@ -181,7 +181,7 @@ def test_pings_from_a_peer_that_never_reads_are_bounded(tmp_path):
         c = RawClient(s.port, rcvbuf=4096)
         # inline answers leave nothing in flight, so any number may be pipelined; the frames
         # are built by hand (the client side would refuse more than 256 in flight)
-        from tests.test_protocol import raw
+        from tests.support.frames import raw
 
         frames = b"".join(raw(FrameType.REQUEST, ApiKey.PING, rid, PingRequest()) for rid in range(1, 20_001))
         c.sock.setblocking(False)
@@ -442,7 +442,7 @@ def test_tasks_cut_off_before_they_start_leave_no_warning(tmp_path):
     import gc
     import warnings
 
-    from tests.test_protocol import raw
+    from tests.support.frames import raw
 
     s = InProcessServer(tmp_path / "data")
     try:

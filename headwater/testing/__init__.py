@@ -18,12 +18,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from headwater.client import Client
+from headwater.testing.clock import FakeClock
 from headwater.testing.memory import MemoryBroker
 
 if TYPE_CHECKING:
     from headwater.client.aio import AsyncClient
 
-__all__ = ["MemoryBroker", "open_memory", "open_memory_async"]
+__all__ = ["FakeClock", "MemoryBroker", "open_memory", "open_memory_async"]
 
 
 def open_memory(*, clock: Callable[[], float] = time.time) -> Client:
