@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import itertools
 import logging
 import random
 import threading
@@ -61,37 +60,30 @@ from datetime import datetime, timedelta
 from headwater.client.batching import (
     MESSAGE_OVERHEAD_BYTES,
     BatchReceipt,
-    RetryPolicy,
     RetrySettings,
     check_compression,
     check_message,
     check_messages,
-    closed_unsent,
     deliver_at_ms,
-    give_back_sequence,
     int_setting,
-    may_be_appended,
-    new_identity,
-    next_epoch,
     store_refreshed,
-    take_sequence,
     too_large,
 )
+from headwater.client.core.outcomes import RetryPolicy, Step, closed_unsent
+from headwater.client.core.producer import Batch, PartitionState, ProducerCore
 from headwater.client.partitioner import Partitioner, PartitionFn
 from headwater.client.send_future import SendFuture
 from headwater.errors import (
     ClosedError,
     InvalidArgumentError,
     MessageTooLargeError,
-    OutOfOrderSequenceError,
     PartitionOutOfRangeError,
     QueueNotFoundError,
     UnavailableError,
     UsageError,
 )
-from headwater.model.batch import BATCH_BYTES_MAX, encode_batch
+from headwater.model.batch import BATCH_BYTES_MAX
 from headwater.model.config import QueueInfo
-from headwater.model.delay import DELAYED_PARTITION_BIT, joins_batch
 from headwater.model.message import Message, MessageId
 from headwater.model.producer_state import RECENT_BATCHES
 from headwater.model.service import BrokerService, ProduceResult
@@ -106,99 +98,24 @@ SendCallback = Callable[[MessageId | None, BaseException | None], None]
 SENDER_IDLE_EXIT_S = 5.0  # an idle sender thread ends; the next send() starts another
 
 
-class _Partition:
-    """The accumulator's state of one (queue, partition): the open batch, sealed batches
-    waiting, the batches in flight (in sequence order), the batches waiting to be sent
-    again, and the idempotence sequence.
-
-    ``recovering``: a batch failed and will be sent again; until every batch of the
-    partition is through, nothing new is sent and the retries go one at a time, in their
-    original order, so the broker still appends them in sequence. ``exclusive``: a blocking
-    call's batch is in flight, retried from the caller's thread; nothing else is sent
-    meanwhile.
-
-    Delayed messages of a partition have a state of their own, keyed
-    ``(queue, 0x80000000 | partition)``: the broker counts their sequences apart (it
-    schedules them instead of appending them), and they do not wait behind plain batches."""
-
-    __slots__ = (
-        "queue",
-        "partition",
-        "key",
-        "open",
-        "ready",
-        "in_flight",
-        "retry",
-        "recovering",
-        "exclusive",
-        "identity",
-        "next_sequence",
-    )
-
-    def __init__(self, queue: str, partition: int, delayed: bool = False) -> None:
-        self.queue, self.partition = queue, partition
-        self.key = (queue, partition | DELAYED_PARTITION_BIT if delayed else partition)
-        self.open: _Batch | None = None
-        self.ready: deque[_Batch] = deque()
-        self.in_flight: deque[_Batch] = deque()
-        self.retry: deque[_Batch] = deque()  # failed, to be sent again: in their original order
-        self.recovering = False
-        self.exclusive = False
-        self.identity: tuple[int, int] | None = None  # (producer id, epoch) of next_sequence
-        self.next_sequence = 0
-
-
-class _Batch:
-    """Messages bound for one partition and the futures waiting for them.
+class _Batch(Batch):
+    """A core batch with the futures waiting for it.
 
     ``futures`` runs beside ``messages``: the future of each ``send()``, None for messages
     of a blocking call, whose one future is in ``groups`` as ``(index, count, future)`` and
     gets the ProduceResult of their range. ``callbacks`` are ``(index, callback)``."""
 
-    __slots__ = (
-        "part",
-        "messages",
-        "futures",
-        "groups",
-        "callbacks",
-        "size_bytes",
-        "buffered_bytes",
-        "created_s",
-        "urgent",
-        "encoded",
-        "identity",
-        "base_sequence",
-        "attempts",
-        "is_async",
-        "done",
-        "deliver_times",
-        "order",
-        "retry_at",
-        "send_identity",
-    )
+    __slots__ = ("futures", "groups", "callbacks")
 
-    def __init__(self, part: _Partition, created_s: float, messages: list | Sequence | None = None) -> None:
-        self.part = part
-        self.messages = [] if messages is None else messages
+    def __init__(self, part: PartitionState, created_ms: float) -> None:
+        super().__init__(part, created_ms)
         self.futures: list[SendFuture | None] = []
         self.groups: list[tuple[int, int, SendFuture]] | None = None
         self.callbacks: list[tuple[int, SendCallback]] | None = None
-        self.size_bytes = 0
-        self.buffered_bytes = 0  # the part of size_bytes that counts against buffer_bytes_max
-        self.created_s = created_s
-        self.urgent = False  # a blocking caller waits: do not linger
-        self.encoded: bytearray | None = None
-        self.identity: tuple[int, int] | None = None
-        self.base_sequence = -1
-        self.attempts = 0
-        self.is_async = False  # sent without waiting (by the sender or send()), not by a blocking call
-        self.done = False
-        # delayed batches: each message's deliver time (rising, within PRODUCER_SPAN_MS)
-        self.deliver_times: list[int] | None = None
-        self.order = 0  # when it first left: retries of a partition go in this order
-        self.retry_at = 0.0  # monotonic time of its next attempt, while in its partition's retry
-        # the (producer id, epoch) to encode it under: the producer's when it went into flight
-        self.send_identity: tuple[int, int] | None = None
+
+
+def _now_ms() -> float:
+    return time.monotonic() * 1000
 
 
 class Producer(RetrySettings):
@@ -304,16 +221,24 @@ class Producer(RetrySettings):
         self._metadata_max_age_s = metadata_max_age_ms / 1000
         self._describe_async = getattr(service, "describe_queue_async", None)
         self._refreshing: set[str] = set()  # queues whose metadata is being asked for in the background
-        self._linger_s = linger_ms / 1000
-        self._identity = new_identity(idempotent)  # (producer id, epoch)
         self._produce_async = getattr(service, "produce_async", None)
         self.max_in_flight = (
             (RECENT_BATCHES if idempotent else 1)
             if max_in_flight is None
             else int_setting("max_in_flight", max_in_flight, 1, RECENT_BATCHES)
         )
-        # embedded: batches go through a thread pool, which keeps no order, so one at a time
-        self._pipeline = self.max_in_flight if self._produce_async is not None else 1
+        self._core = ProducerCore(
+            new_batch=_Batch,
+            batch_sent=self._partitioner.batch_sent,
+            retry=self._retry,
+            linger_ms=self.linger_ms,
+            batch_bytes_max=self.batch_bytes_max,
+            # embedded: batches go through a thread pool, which keeps no order, so one at a time
+            pipeline=self.max_in_flight if self._produce_async is not None else 1,
+            idempotent=idempotent,
+            compression=compression,
+        )
+        self._parts = self._core.parts
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
         self._lock = threading.Lock()
@@ -321,31 +246,27 @@ class Producer(RetrySettings):
         self._wakeup = threading.Condition(self._lock)  # the sender waits on it
         self._space = threading.Condition(self._lock)  # send() waits on it for buffer room
         self._finished = threading.Condition(self._lock)  # flush() waits on it
-        self._parts: dict[tuple[str, int], _Partition] = {}
-        self._sendable: dict[tuple[str, int], _Partition] = {}  # have batches and room in flight
-        self._recovering: dict[tuple[str, int], _Partition] = {}  # have batches to send again
         self._completions: deque[tuple[_Batch, concurrent.futures.Future]] = deque()
-        self._order = itertools.count(1)
-        self._async_in_flight = 0  # batches dispatched without waiting and not finished
         self._buffered_bytes = 0
         self._space_waiters = 0
         self._flushing = 0
         self._sender: threading.Thread | None = None
         self._calling_back = threading.local()  # .active: this thread runs one of our send callbacks
         self._closed = False
-        self._aborting = False
 
     # -- public API -----------------------------------------------------------------------
 
     @property
     def producer_id(self) -> int | None:
         """The id batches carry (None unless idempotent); changes only after 32767 epochs."""
-        return None if self._identity is None else self._identity[0]
+        identity = self._core.identity
+        return None if identity is None else identity[0]
 
     @property
     def producer_epoch(self) -> int | None:
         """The epoch batches carry; bumped when a batch fails after it may have been stored."""
-        return None if self._identity is None else self._identity[1]
+        identity = self._core.identity
+        return None if identity is None else identity[1]
 
     def send(
         self,
@@ -464,12 +385,7 @@ class Producer(RetrySettings):
         self._refuse_in_sender("flush()")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
-            pending = [
-                b
-                for ps in self._parts.values()
-                for b in (*ps.in_flight, *ps.retry, *ps.ready, ps.open)
-                if b is not None
-            ]
+            pending = self._core.pending()
             if not pending:
                 return
             self._flushing += 1
@@ -503,16 +419,12 @@ class Producer(RetrySettings):
         unsent: list[tuple[_Batch, BaseException]] = []
         with self._lock:
             if aborted:
-                self._aborting = True
-                for ps in self._parts.values():
-                    unsent.extend((b, closed_unsent()) for b in (*ps.ready, ps.open) if b is not None)
-                    ps.ready.clear()
-                    ps.open = None
-                    unsent.extend(
-                        (b, UnavailableError("the producer was closed while this batch waited to be retried"))
-                        for b in ps.retry
-                    )  # they leave the retry list when failed below
-                self._sendable.clear()
+                never_sent, waiting = self._core.abort()
+                unsent = [(b, closed_unsent()) for b in never_sent]
+                unsent.extend(
+                    (b, UnavailableError("the producer was closed while this batch waited to be retried"))
+                    for b in waiting
+                )  # they leave the retry list when failed below
             sender = self._sender
             self._wake_locked(start=False)
         for b, exc in unsent:
@@ -558,39 +470,28 @@ class Producer(RetrySettings):
             self._check_open()
             if self._buffered_bytes + size > self.buffer_bytes_max:
                 self._wait_for_space_locked(size)
+            core = self._core
             if p is None:
                 p = self._partitioner.sticky(queue, len(info.partitions))
-            ps = self._part_locked(queue, p, deliver_at_ms)
-            lingers = bool(self._linger_s) and not urgent
-            b = ps.open
-            if (
-                b is None
-                or b.size_bytes + size > self.batch_bytes_max
-                or not joins_batch(b.deliver_times, deliver_at_ms)
-            ):
-                b = self._new_batch_locked(ps, notify=lingers)
-            if deliver_at_ms:
-                if b.deliver_times is None:
-                    b.deliver_times = []
-                b.deliver_times.append(deliver_at_ms)
+            ps = core.partition(queue, p, deliver_at_ms)
+            now_ms = _now_ms()
+            b, opened = core.batch_for(ps, size, now_ms, deliver_at_ms)
+            lingers = bool(self.linger_ms) and not urgent
+            if opened and lingers and core.mark_sendable(ps):
+                self._wake_locked()  # the sender times its linger
             if callback is not None:
                 if b.callbacks is None:
                     b.callbacks = []
                 b.callbacks.append((len(b.messages), callback))
             b.messages.append(msg)
             b.futures.append(fut)
-            b.size_bytes += size
-            b.buffered_bytes += size
+            core.added(b, 1, size, deliver_at_ms, buffered=True, urgent=urgent)
             self._buffered_bytes += size
-            if urgent:
-                b.urgent = True
-            if b.size_bytes >= self.batch_bytes_max:
-                self._seal_locked(ps)
-            elif lingers:
+            if lingers and ps.open is b:
                 return fut  # the sender sends it when its linger ends
-            if not self._can_send_locked(ps):
+            if not core.can_send(ps):
                 return fut  # it leaves when a batch in flight is through
-            batches = self._take_locked(ps, time.monotonic(), True)  # sent from this thread: no hand-off
+            batches = core.take(ps, now_ms, True)  # sent from this thread: no hand-off
             if batches:
                 self._wire.acquire()
         if batches:
@@ -676,7 +577,7 @@ class Producer(RetrySettings):
             return partition
         return self._partitioner.for_message(msg, len(info.partitions))
 
-    # -- the accumulator ------------------------------------------------------------------
+    # -- the accumulator (the core's, under _lock) -------------------------------------------
 
     def _check_open(self) -> None:
         if self._closed:
@@ -695,16 +596,6 @@ class Producer(RetrySettings):
                 f"producer's sender thread, or deadlock on the thread that reads the answers "
                 f"(use send() there)"
             )
-
-    def _new_partition_locked(self, queue: str, partition: int, delayed: bool = False) -> _Partition:
-        ps = _Partition(queue, partition, delayed)
-        self._parts[ps.key] = ps
-        return ps
-
-    def _part_locked(self, queue: str, partition: int, deliver_at_ms: int) -> _Partition:
-        """The state of the partition, or of its delayed messages."""
-        key = (queue, partition | DELAYED_PARTITION_BIT) if deliver_at_ms else (queue, partition)
-        return self._parts.get(key) or self._new_partition_locked(queue, partition, bool(deliver_at_ms))
 
     def _deliver_at(self, deliver_at: object, delay: object) -> int:
         return deliver_at_ms(self._clock, deliver_at, delay)
@@ -733,97 +624,30 @@ class Producer(RetrySettings):
         finally:
             self._space_waiters -= 1
 
-    def _new_batch_locked(self, ps: _Partition, *, notify: bool = True) -> _Batch:
-        """Open a batch for ``ps``, sealing the open one (it is full); with ``notify``, tell
-        the sender (which times lingering batches)."""
-        if ps.open is not None:
-            self._seal_locked(ps)
-        b = ps.open = _Batch(ps, time.monotonic())
-        if notify and self._can_send_locked(ps):
-            self._sendable[ps.key] = ps
-            self._wake_locked()
-        return b
-
-    def _can_send_locked(self, ps: _Partition) -> bool:
-        """Whether another batch of ``ps`` may leave now."""
-        if ps.recovering or ps.exclusive or len(ps.in_flight) >= self._pipeline:
-            return False
-        # after an epoch bump, batches under the new epoch wait until the old epoch's are
-        # through: one of those may still fail and need a retry, which must land first
-        return not ps.in_flight or ps.in_flight[-1].send_identity == self._identity
-
-    def _take_locked(self, ps: _Partition, now: float, hurry: bool) -> list[_Batch]:
-        """Move the batches of ``ps`` due now into flight, as many as there is room for, in
-        order: sealed ones first, then the open one unless it lingers (``hurry``: it does not)."""
-        taken: list[_Batch] = []
-        while self._can_send_locked(ps):
-            if ps.ready:
-                b = ps.ready.popleft()
-            elif ps.open is not None and (hurry or ps.open.urgent or ps.open.created_s + self._linger_s <= now):
-                b = ps.open
-                ps.open = None
-                self._partitioner.batch_sent(ps.queue, ps.partition)
-            else:
-                break
-            b.order = next(self._order)
-            self._fly_locked(b)
-            taken.append(b)
-        return taken
-
-    def _fly_locked(self, b: _Batch) -> None:
-        if b.encoded is None:
-            b.send_identity = self._identity
-        b.part.in_flight.append(b)
-        b.is_async = True
-        self._async_in_flight += 1
-
-    def _land_locked(self, b: _Batch) -> None:
-        """``b`` is no longer in flight (answered, failed, or never sent)."""
-        ps = b.part
-        if b.is_async:
-            if b in ps.in_flight:
-                ps.in_flight.remove(b)
-                self._async_in_flight -= 1
-        elif ps.in_flight and ps.in_flight[0] is b:  # a blocking call's batch, alone in flight
-            ps.in_flight.popleft()
-            ps.exclusive = False
-
     def _append_group_locked(
-        self, ps: _Partition, msgs: Sequence[Message | bytes], size: int, fut: SendFuture, deliver_at_ms: int = 0
+        self, ps: PartitionState, msgs: Sequence[Message | bytes], size: int, fut: SendFuture, deliver_at_ms: int = 0
     ) -> None:
         """Add a blocking call's messages to the open batch of ``ps``; it leaves without
         lingering, as soon as the partition's slot is free."""
-        b = ps.open
-        if (
-            b is None
-            or (b.messages and b.size_bytes + size > self.batch_bytes_max)
-            or (b.messages and not joins_batch(b.deliver_times, deliver_at_ms))
-        ):
-            b = self._new_batch_locked(ps)
-        if deliver_at_ms:
-            b.deliver_times = (b.deliver_times or []) + [deliver_at_ms] * len(msgs)
+        core = self._core
+        b, _ = core.batch_for(ps, size, _now_ms(), deliver_at_ms)
         if b.groups is None:
             b.groups = []
         b.groups.append((len(b.messages), len(msgs), fut))
         b.messages.extend(msgs)
         b.futures.extend([None] * len(msgs))
-        b.size_bytes += size
-        b.urgent = True
-        if b.size_bytes >= self.batch_bytes_max:
-            self._seal_locked(ps)
-        if self._can_send_locked(ps):
-            self._sendable[ps.key] = ps
+        core.added(b, len(msgs), size, deliver_at_ms, buffered=False, urgent=True)
+        if core.mark_sendable(ps):
             self._wake_locked()
 
-    def _seal_locked(self, ps: _Partition) -> None:
-        ps.ready.append(ps.open)  # type: ignore[arg-type]
-        ps.open = None
-        self._partitioner.batch_sent(ps.queue, ps.partition)
+    def _hurry_locked(self) -> bool:
+        """Whether open batches leave now rather than when their linger ends."""
+        return bool(not self.linger_ms or self._flushing or self._space_waiters or self._closed)
 
     def _wake_locked(self, start: bool = True) -> None:
         if self._sender is not None:
             self._wakeup.notify()
-        elif start and (self._sendable or self._completions or self._recovering):
+        elif start and (self._core.sendable or self._completions or self._core.recovering):
             self._sender = threading.Thread(target=self._run_sender, name="headwater-producer", daemon=True)
             self._sender.start()
 
@@ -844,23 +668,13 @@ class Producer(RetrySettings):
         with self._lock:
             self._check_open()
             p = partition if partition is not None else self._partitioner.sticky(queue, len(info.partitions))
-            ps = self._part_locked(queue, p, deliver_at_ms)
-            if not ps.in_flight and not ps.recovering and not ps.exclusive and ps.open is None and not ps.ready:
-                b = _Batch(ps, time.monotonic(), messages)
-                b.order = next(self._order)
-                b.send_identity = self._identity
-                ps.in_flight.append(b)
-                ps.exclusive = True
-                if deliver_at_ms:
-                    b.deliver_times = [deliver_at_ms] * len(messages)
-                self._partitioner.batch_sent(queue, p)
-            else:
-                b = None
+            ps = self._core.partition(queue, p, deliver_at_ms)
+            b = self._core.exclusive(ps, messages, _now_ms(), deliver_at_ms)
         if b is not None:
-            return self._send_inline(b, cap)
+            return self._send_inline(b, cap)  # type: ignore[arg-type]  # the core made it with _Batch
         self._refuse_in_sender("a blocking send")
         if size is None:
-            size = self._check_all(messages, cap)
+            size = check_messages(messages, cap)
         fut = SendFuture()
         with self._lock:
             self._check_open()
@@ -873,45 +687,46 @@ class Producer(RetrySettings):
         """Send each group to its partition (None: the sticky one) in parallel; wait for all."""
         self._refuse_in_sender("a blocking send")
         cap = info.config.message_bytes_max
-        sizes = {p: self._check_all(msgs, cap) for p, msgs in groups.items()}  # all valid, or none sent
+        sizes = {p: check_messages(msgs, cap) for p, msgs in groups.items()}  # all valid, or none sent
         futs: dict[int | None, concurrent.futures.Future] = {}
         with self._lock:
             self._check_open()
             for p, msgs in groups.items():
                 q = p if p is not None else self._partitioner.sticky(queue, len(info.partitions))
-                ps = self._part_locked(queue, q, deliver_at_ms)
                 futs[p] = SendFuture()
-                self._append_group_locked(ps, msgs, sizes[p], futs[p], deliver_at_ms)
+                self._append_group_locked(
+                    self._core.partition(queue, q, deliver_at_ms), msgs, sizes[p], futs[p], deliver_at_ms
+                )
         concurrent.futures.wait(futs.values())
         for f in futs.values():
             if f.exception() is not None:
                 raise f.exception()  # type: ignore[misc]
         return {p: f.result() for p, f in futs.items()}
 
-    _check_all = staticmethod(check_messages)  # the asyncio producer calls it by this name
-
     def _send_inline(self, b: _Batch, cap: int) -> ProduceResult:
-        """Encode and send a batch that holds its partition's slot, from the caller's thread."""
+        """Encode and send a batch that holds its partition exclusively, from the caller's
+        thread, retrying as the core says."""
+        core = self._core
         try:
-            self._encode(b, cap)
+            core.encode(b, cap)
         except BaseException as e:
             self._finish(b, None, e)
             raise
         ps = b.part
         while True:
             if b.encoded is None:  # to be sent under a new epoch
-                b.send_identity = self._identity
-                self._encode(b, None)
+                b.send_identity = core.identity
+                core.encode(b)
             b.attempts += 1
             try:
                 result = self._service.produce(ps.queue, ps.partition, b.encoded)  # type: ignore[arg-type]
             except BaseException as e:
-                delay = self._retry_delay(b, e)
-                if delay is None:
-                    exc = self._final_error(b, e)
-                    self._finish(b, None, exc)
-                    raise exc  # noqa: B904 - e itself, or an error whose __cause__ is e
-                time.sleep(delay)
+                with self._lock:
+                    verdict = core.judge(b, e, _now_ms())
+                if verdict.error is not None:
+                    self._finish(b, None, verdict.error)
+                    raise verdict.error  # noqa: B904 - e itself, or an error whose __cause__ is e
+                time.sleep(verdict.delay_ms / 1000)
                 continue
             self._finish(b, result, None)
             return result
@@ -939,10 +754,10 @@ class Producer(RetrySettings):
             completions = list(self._completions)
             self._completions.clear()
             now = time.monotonic()
-            batches, wake_at = self._collect_locked(now)
+            batches, wake_at_ms = self._core.collect(now * 1000, self._hurry_locked())
             if completions or batches:
                 return completions, batches
-            if not (self._sendable or self._async_in_flight or self._recovering):
+            if not self._core.busy():
                 if self._closed or (idle_since is not None and now - idle_since >= SENDER_IDLE_EXIT_S):
                     self._sender = None
                     return None
@@ -950,50 +765,8 @@ class Producer(RetrySettings):
                 timeout: float | None = SENDER_IDLE_EXIT_S
             else:
                 idle_since = None
-                timeout = None if wake_at is None else max(wake_at - now, 0.0)
+                timeout = None if wake_at_ms is None else max(wake_at_ms / 1000 - now, 0.0)
             self._wakeup.wait(timeout)
-
-    def _collect_locked(self, now: float) -> tuple[list[_Batch], float | None]:
-        """Take the batches due now into flight; and the time of the next one due (a
-        lingering batch or a retry)."""
-        batches: list[_Batch] = []
-        wake_at: float | None = None
-        for key, ps in list(self._recovering.items()):
-            if ps.in_flight:
-                continue  # a retry waits until everything in flight before it is through
-            if not ps.retry:
-                ps.recovering = False
-                del self._recovering[key]
-                if ps.open is not None or ps.ready:
-                    self._sendable[key] = ps
-                continue
-            b = ps.retry[0]
-            if b.retry_at <= now:
-                ps.retry.popleft()
-                if b.identity is not None and ps.identity != b.identity:
-                    # a batch before it went again under a new epoch, the broker having refused
-                    # it as out of order; so the broker stored nothing after it under the old
-                    # epoch, this one included, and would now refuse that epoch as fenced:
-                    # encode this one anew too, after that batch
-                    b.encoded = None
-                self._fly_locked(b)
-                batches.append(b)
-            else:
-                wake_at = b.retry_at if wake_at is None else min(wake_at, b.retry_at)
-        if self._sendable:
-            hurry = self._hurry_locked()
-            for key, ps in list(self._sendable.items()):
-                batches.extend(self._take_locked(ps, now, hurry))
-                if ps.open is not None and not ps.ready and self._can_send_locked(ps):
-                    due = ps.open.created_s + self._linger_s  # it lingers
-                    wake_at = due if wake_at is None else min(wake_at, due)
-                else:
-                    del self._sendable[key]  # nothing left, or no room: _finish puts it back
-        return batches, wake_at
-
-    def _hurry_locked(self) -> bool:
-        """Whether open batches leave now rather than when their linger ends."""
-        return bool(not self._linger_s or self._flushing or self._space_waiters or self._closed)
 
     def _send_all(self, batches: list[_Batch]) -> None:
         """Encode and hand ``batches`` to the connection, in order; the caller holds
@@ -1014,11 +787,11 @@ class Producer(RetrySettings):
         finishes nothing itself (that takes ``_lock``)."""
         ps = b.part
         if b.encoded is None:
-            refused = self._retry.refuse_first_send(b.created_s, time.monotonic(), self._aborting)
+            refused = self._core.refuse_first(b, _now_ms())
             if refused is not None:
                 return None, refused
             try:
-                self._encode(b, None)  # messages were checked when queued
+                self._core.encode(b)  # messages were checked when queued
             except Exception as e:  # noqa: BLE001 - it belongs to the batch's futures
                 return None, e
         b.attempts += 1
@@ -1054,94 +827,38 @@ class Producer(RetrySettings):
     def _on_completed(self, b: _Batch, f: concurrent.futures.Future) -> None:
         try:
             result = f.result()
-        except BaseException as e:  # noqa: BLE001 - the request's error, judged below
-            delay = self._retry_delay(b, e)
-            if delay is None:
-                self._finish(b, None, self._final_error(b, e))
-            else:  # its partition recovers: the batches in flight finish, then retries go in order
-                with self._lock:
-                    ps = b.part
-                    self._land_locked(b)
-                    b.retry_at = time.monotonic() + delay
-                    i = len(ps.retry)
-                    while i and ps.retry[i - 1].order > b.order:
-                        i -= 1
-                    ps.retry.insert(i, b)
-                    ps.recovering = True
-                    self._recovering[ps.key] = ps
-                    self._sendable.pop(ps.key, None)
+        except BaseException as e:  # noqa: BLE001 - the request's error, judged by the core
+            with self._lock:
+                now_ms = _now_ms()
+                verdict = self._core.judge(b, e, now_ms)
+                if verdict.step is Step.RESEND or verdict.step is Step.REENCODE:
+                    # its partition recovers: the batches in flight finish, then retries go in order
+                    self._core.retry_later(b, verdict.delay_ms, now_ms)
                     self._wake_locked()
+                    return
+            self._finish(b, None, verdict.error)
             return
         self._finish(b, result, None)
 
-    # -- encoding, retries, outcomes ------------------------------------------------------
-
-    def _encode(self, b: _Batch, cap: int | None) -> None:
-        """Encode under the batch's send identity; its sequence follows the partition's
-        batch sent before it (encodes run in sending order, under ``_wire``)."""
-        ident = b.send_identity
-        pid, seq, epoch = take_sequence(b.part, ident, len(b.messages))
-        b.encoded = encode_batch(
-            b.messages,
-            compression=self.compression,
-            producer_id=pid,
-            base_sequence=seq,
-            producer_epoch=epoch,
-            message_bytes_max=cap,
-            deliver_times=b.deliver_times,
-        )
-        b.identity, b.base_sequence = ident, seq
-
-    def _retry_delay(self, b: _Batch, exc: BaseException) -> float | None:
-        """Seconds to wait before sending ``b`` again, or None if ``exc`` is final."""
-        if self._retry.gives_up(b.attempts, self._aborting):
-            return None
-        if isinstance(exc, OutOfOrderSequenceError) and b.identity is not None:
-            # The broker refused the batch (it stores nothing out of order): it has lost our
-            # earlier batches, as a crash under async flush can make it. Nothing of this one is
-            # stored, so send it again, encoded under a new epoch whose sequences start afresh.
-            with self._lock:
-                if b.identity == self._identity:
-                    self._bump_epoch_locked()
-            b.encoded = None
-            return 0.0
-        if not getattr(exc, "retriable", False):
-            return None
-        return self._retry.backoff_s(b.attempts, b.created_s, time.monotonic())
-
-    def _final_error(self, b: _Batch, exc: BaseException) -> BaseException:
-        return self._retry.final_error(exc, b.attempts, self._aborting)
+    # -- outcomes -------------------------------------------------------------------------
 
     def _finish(self, b: _Batch, result: ProduceResult | None, exc: BaseException | None) -> None:
         """Take the batch out of flight, release its buffer room, then resolve its futures
-        and callbacks."""
-        ps = b.part
-        batches: list[_Batch] = []
+        and callbacks. What waited for its slot leaves from this thread, as send() sends: no
+        hand-off to the sender, which only times what still lingers."""
+        core = self._core
         with self._lock:
             if result is None:
                 assert exc is not None
-                if b.attempts and b.identity is not None and b.identity == self._identity and may_be_appended(exc):
-                    self._bump_epoch_locked()
-                elif b.identity is not None:
-                    with self._wire:  # not stored: give its sequence back, if nothing took the next one
-                        give_back_sequence(ps, b.identity, b.base_sequence, len(b.messages))
+                with self._wire:  # the sequences: a new epoch, or this batch's given back
+                    core.fail(b, exc)
                 if isinstance(exc, (QueueNotFoundError, PartitionOutOfRangeError)):
-                    self._metadata.pop(ps.queue, None)
-            self._land_locked(b)
-            if ps.retry and b in ps.retry:
-                ps.retry.remove(b)
-            if ps.recovering:
-                if not ps.in_flight:
-                    self._wake_locked()  # the next retry, or the end of recovery
-            elif (ps.open is not None or ps.ready) and self._can_send_locked(ps):
-                # what waited for this slot leaves from this thread, as send() sends: no
-                # hand-off to the sender, which only times what still lingers
-                batches = self._take_locked(ps, time.monotonic(), self._hurry_locked())
-                if batches:
-                    self._wire.acquire()
-                if (ps.open is not None or ps.ready) and self._can_send_locked(ps):
-                    self._sendable[ps.key] = ps
-                    self._wake_locked()
+                    self._metadata.pop(b.part.queue, None)
+            batches, wake = core.finish(b, _now_ms(), self._hurry_locked())
+            if batches:
+                self._wire.acquire()
+            if wake:
+                self._wake_locked()
             if b.buffered_bytes:
                 self._buffered_bytes -= b.buffered_bytes
                 if self._space_waiters:
@@ -1156,9 +873,6 @@ class Producer(RetrySettings):
         if self._flushing:
             with self._lock:
                 self._finished.notify_all()
-
-    def _bump_epoch_locked(self) -> None:
-        self._identity = next_epoch(self._identity)  # type: ignore[arg-type]
 
     def _resolve(self, b: _Batch, r: ProduceResult) -> None:
         qid, part, base = r.queue_id, r.partition, r.base_offset
