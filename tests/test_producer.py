@@ -549,7 +549,7 @@ def test_over_the_network_the_refresh_is_a_request_nobody_waits_for(server):
 
 
 def test_a_failed_refresh_keeps_the_old_copy_and_is_tried_again_later(hw):
-    from headwater.client.batching import METADATA_RETRY_S
+    from headwater.client.core.metadata import METADATA_RETRY_MS
 
     hw.admin.create_queue("q", partitions=2)
     svc = HeldDescribe(hw.service)
@@ -562,7 +562,7 @@ def test_a_failed_refresh_keeps_the_old_copy_and_is_tried_again_later(hw):
     for _ in range(5):  # not asked for again at every send
         p.send("q", b"b").result(timeout=10)
     assert svc.held == []
-    time.sleep(METADATA_RETRY_S + 0.1)
+    time.sleep(METADATA_RETRY_MS / 1000 + 0.1)
     p.send("q", b"c").result(timeout=10)
     assert len(svc.held) == 1 and svc.waited_for == 1
     svc.answer()

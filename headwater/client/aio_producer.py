@@ -35,28 +35,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import random
 import sys
-import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.batching import (
-    BatchReceipt,
-    RetrySettings,
-    check_compression,
+    ProducerBase,
+    as_message,
     check_message,
     check_messages,
-    deliver_at_ms,
-    int_setting,
-    store_refreshed,
+    no_partition,
+    receipt,
     too_large,
 )
-from headwater.client.core.outcomes import RetryPolicy, closed_unsent
-from headwater.client.core.producer import Batch, PartitionState, ProducerCore
-from headwater.client.partitioner import Partitioner, PartitionFn
+from headwater.client.core.outcomes import closed_unsent
+from headwater.client.core.producer import Batch, PartitionState
 from headwater.client.send_future import AsyncSendFuture
 from headwater.errors import (
     ClosedError,
@@ -66,10 +61,8 @@ from headwater.errors import (
     QueueNotFoundError,
     UnavailableError,
 )
-from headwater.model.batch import BATCH_BYTES_MAX
 from headwater.model.config import QueueInfo
 from headwater.model.message import Message, MessageId
-from headwater.model.producer_state import RECENT_BATCHES
 from headwater.model.service import ProduceResult
 
 __all__ = ["AsyncProducer"]
@@ -101,105 +94,42 @@ class _Parked(NamedTuple):
     deliver_at_ms: int = 0
 
 
-class AsyncProducer(RetrySettings):
+class AsyncProducer(ProducerBase):
     """Sends messages to queues from asyncio code. One producer can serve a whole application.
 
     Get one from a client: ``hw.producer(...)``. ``await send()`` returns a message's id once
     it is stored; ``send_nowait()`` returns a future at once, for many messages in flight;
     ``await flush()`` waits for everything sent so far; ``await close()`` flushes and stops.
 
-    Options are the sync :class:`~headwater.client.producer.Producer`'s: ``partitioner``,
-    ``compression``, ``linger_ms``, ``batch_bytes_max``, ``retries``, ``retry_backoff_ms``,
-    ``retry_backoff_max_ms``, ``delivery_timeout_ms``, ``idempotent``, ``buffer_bytes_max``
-    (the bytes ``send_nowait`` messages may hold unacknowledged; past it ``send_nowait``
-    raises :class:`UnavailableError` instead of blocking), ``metadata_max_age_ms``,
-    ``max_in_flight``, ``rng`` and ``clock``. Every send takes ``deliver_at=`` or ``delay=`` for a delayed message, as
-    the sync producer's do.
+    Options are :class:`~headwater.client.batching.ProducerBase`'s; past ``buffer_bytes_max``
+    ``send_nowait`` raises :class:`UnavailableError` instead of blocking. Every send takes
+    ``deliver_at=`` or ``delay=`` for a delayed message, as the sync producer's do.
     """
 
     def __init__(
-        self,
-        service: AsyncBrokerService,
-        *,
-        partitioner: str | PartitionFn = "default",
-        compression: str | None = None,
-        linger_ms: int = 0,
-        batch_bytes_max: int = 1 << 20,
-        retries: int = 5,
-        retry_backoff_ms: int = 100,
-        retry_backoff_max_ms: int = 1000,
-        delivery_timeout_ms: int = 120_000,
-        idempotent: bool = True,
-        buffer_bytes_max: int = 32 << 20,
-        metadata_max_age_ms: int = 5000,
-        max_in_flight: int | None = None,
-        rng: random.Random | None = None,
-        clock: Callable[[], float] | None = None,
+        self, service: AsyncBrokerService, *, clock: Callable[[], float] | None = None, **settings: Any
     ) -> None:
-        check_compression(compression)
-        if not isinstance(idempotent, bool):
-            raise InvalidArgumentError(f"idempotent is True or False, got {idempotent!r}")
-        self._rng = rng or random.Random()
-        # turns delay= into a deliver time; an embedded broker's own (injected) clock by default
-        self._clock = clock or getattr(getattr(service, "service", service), "clock", None) or time.time
-        self._partitioner = Partitioner(partitioner, rng=self._rng)
-        self._service = service
-        self.compression = compression
-        self.linger_ms = int_setting("linger_ms", linger_ms, 0, 3_600_000)
-        self.batch_bytes_max = int_setting("batch_bytes_max", batch_bytes_max, 1, BATCH_BYTES_MAX // 2)
-        self._retry = RetryPolicy(
-            retries=retries,
-            backoff_ms=retry_backoff_ms,
-            backoff_max_ms=retry_backoff_max_ms,
-            delivery_timeout_ms=delivery_timeout_ms,
-            rng=self._rng,
-        )
-        self.idempotent = idempotent
-        self.buffer_bytes_max = int_setting("buffer_bytes_max", buffer_bytes_max, 1, 1 << 40)
-        self._metadata_max_age_s = int_setting("metadata_max_age_ms", metadata_max_age_ms, 0, 86_400_000) / 1000
-        self.max_in_flight = (
-            (RECENT_BATCHES if idempotent else 1)
-            if max_in_flight is None
-            else int_setting("max_in_flight", max_in_flight, 1, RECENT_BATCHES)
-        )
         self._pipelined = hasattr(service, "produce_nowait")
-        self._core = ProducerCore(
+        super().__init__(
+            service,
             new_batch=_Batch,
-            batch_sent=self._partitioner.batch_sent,
-            retry=self._retry,
-            linger_ms=self.linger_ms,
-            batch_bytes_max=self.batch_bytes_max,
             # only a connection keeps the sending order (an embedded broker's calls run on threads)
-            pipeline=self.max_in_flight if self._pipelined else 1,
-            idempotent=idempotent,
-            compression=compression,
+            pipelined=self._pipelined,
+            # an embedded broker's own (injected) clock by default
+            clock=clock or getattr(getattr(service, "service", service), "clock", None),
+            **settings,
         )
+        self._service: AsyncBrokerService = service
         self._pump_soon: asyncio.Handle | None = None  # _pump, scheduled for this turn of the loop
         self._timer: asyncio.TimerHandle | None = None  # _pump, when a linger or a backoff ends
         self._timer_at_ms: float | None = None
-        self._metadata: dict[str, tuple[float, QueueInfo]] = {}
         self._parked: dict[str, list[_Parked]] = {}  # by queue, in send order
         self._metadata_tasks: dict[str, asyncio.Task[None]] = {}
         self._refreshes: dict[str, asyncio.Task[None]] = {}  # background refreshes of stale metadata
         self._tasks: set[asyncio.Task[Any]] = set()  # metadata tasks and embedded sends, for close()
         self._batch_done = asyncio.Event()  # set whenever a batch finishes (flush waits on it)
-        self._buffered_bytes = 0
-        self._flushing = 0
-        self._closed = False
 
     # -- public API -----------------------------------------------------------------------
-
-    @property
-    def producer_id(self) -> int | None:
-        """The id batches carry (None unless idempotent); changes only after 32767 epochs."""
-        identity = self._core.identity
-        return None if identity is None else identity[0]
-
-    @property
-    def producer_epoch(self) -> int | None:
-        """The epoch batches carry; bumped when a batch fails after it may have been stored."""
-        identity = self._core.identity
-        return None if identity is None else identity[1]
 
     @property
     def closed(self) -> bool:
@@ -232,7 +162,7 @@ class AsyncProducer(RetrySettings):
         its wait (see :class:`~headwater.client.send_future.AsyncSendFuture`).
         """
         self._check_open()
-        msg = _as_message(body, key, tag, properties)
+        msg = as_message(body, key, tag, properties)
         size = check_message(msg, _NO_CAP)
         _check_partition_type(partition)
         at = self._deliver_at(deliver_at, delay)
@@ -269,7 +199,7 @@ class AsyncProducer(RetrySettings):
         """Send one message and return its id once it is stored (a delayed one: scheduled).
         It does not linger."""
         self._check_open()
-        msg = _as_message(body, key, tag, properties)
+        msg = as_message(body, key, tag, properties)
         size = check_message(msg, _NO_CAP)
         at = self._deliver_at(deliver_at, delay)
         info = await self._info_for(queue, partition)
@@ -302,39 +232,20 @@ class AsyncProducer(RetrySettings):
         self._check_open()
         at = self._deliver_at(deliver_at, delay)
         info = await self._info_for(queue, partition)
-        n = len(info.partitions)
-        part = self._partitioner
-        groups: dict[int | None, list[int]]
-        if partition is not None:
-            groups = {partition: list(range(len(messages)))}
-        elif not callable(part.strategy) and not (
-            part.per_message and any(isinstance(m, Message) and m.key is not None for m in messages)
-        ):
-            if part.strategy == "key":
-                part.for_message(messages[0], n)  # raises: a key is required
-            groups = {None: list(range(len(messages)))}
-        else:
-            groups = {}
-            for i, m in enumerate(messages):
-                groups.setdefault(part.for_message(m, n), []).append(i)
+        groups = self._split(info, messages, partition)
         cap = info.config.message_bytes_max
         msgs = {p: [messages[i] for i in idxs] for p, idxs in groups.items()}
         sizes = {p: check_messages(ms, cap) for p, ms in msgs.items()}  # all valid, or none sent
         self._check_open()
         loop = asyncio.get_running_loop()
         futs: dict[int | None, asyncio.Future[ProduceResult]] = {}
+        n = len(info.partitions)
         for p, ms in msgs.items():
-            ps = self._core.partition(queue, p if p is not None else part.sticky(queue, n), at)
+            ps = self._core.partition(queue, p if p is not None else self._partitioner.sticky(queue, n), at)
             futs[p] = loop.create_future()
             self._enqueue(ps, ms, sizes[p], (len(ms), futs[p]), urgent=True, deliver_at_ms=at)
         results = await asyncio.shield(asyncio.gather(*futs.values()))
-        if len(groups) == 1:
-            return BatchReceipt(results[0])
-        ids: list[MessageId | None] = [None] * len(messages)
-        for idxs, result in zip(groups.values(), results):
-            for i, mid in zip(idxs, BatchReceipt(result)):
-                ids[i] = mid
-        return ids  # type: ignore[return-value]
+        return receipt(len(messages), groups, results)
 
     async def flush(self, timeout_s: float | None = None) -> None:
         """Send what is queued now, without lingering, and wait until every message sent so
@@ -399,54 +310,48 @@ class AsyncProducer(RetrySettings):
     # -- metadata and routing -------------------------------------------------------------
 
     async def _queue_info(self, queue: str, *, refresh: bool = False) -> QueueInfo:
-        """The queue's metadata: asked for, and awaited, when unknown or ``refresh``; a
-        copy older than ``metadata_max_age_ms`` is still used while a refresh task asks for a
-        fresh one (as in the sync producer)."""
-        now = asyncio.get_running_loop().time()
-        got = self._metadata.get(queue)
-        if refresh or got is None:
+        """The queue's metadata: asked for, and awaited, when unknown or ``refresh``; a stale
+        copy is still used while a refresh task asks for a fresh one (as in the sync producer)."""
+        now_ms = self._now_ms()
+        info, stale = self._metadata.lookup(queue, now_ms)
+        if refresh or info is None:
             info = await self._service.describe_queue(queue)
-            self._metadata[queue] = (now, info)
-            return info
-        self._refresh_if_stale(queue, got[0], now)
-        return got[1]
+            self._metadata.put(queue, info, now_ms)
+        elif stale:
+            self._refresh(queue, now_ms)
+        return info
 
     def _cached_info(self, queue: str, partition: int | None) -> QueueInfo | None:
         """The queue's metadata if ``send_nowait`` may route with it now; None if the message
         must wait (unknown, an explicit partition beyond it, or earlier messages of the
         queue still waiting)."""
-        got = self._metadata.get(queue)
-        if got is None or queue in self._parked:
+        now_ms = self._now_ms()
+        info, stale = self._metadata.lookup(queue, now_ms)
+        if info is None or queue in self._parked:
             return None
-        at, info = got
-        self._refresh_if_stale(queue, at, asyncio.get_running_loop().time())
+        if stale:
+            self._refresh(queue, now_ms)
         if partition is not None and partition >= len(info.partitions):
             return None  # the queue may have grown: refresh before refusing
         return info
 
-    def _refresh_if_stale(self, queue: str, at: float, now: float) -> None:
-        if now - at > self._metadata_max_age_s and queue not in self._refreshes:
-            task = asyncio.get_running_loop().create_task(
-                self._refresh(queue, now), name=f"headwater-producer-refresh-{queue}"
-            )
-            self._refreshes[queue] = task
-            self._track(task)
+    def _refresh(self, queue: str, asked_at_ms: float) -> None:
+        """Ask for a stale copy's replacement in a task, unless one does already."""
+        if not self._metadata.start_refresh(queue):
+            return
 
-    async def _refresh(self, queue: str, asked_at: float) -> None:
-        try:
-            outcome: QueueInfo | BaseException = await self._service.describe_queue(queue)
-        except Exception as e:  # noqa: BLE001 - kept by store_refreshed
-            outcome = e
-        finally:
-            self._refreshes.pop(queue, None)
-        store_refreshed(
-            self._metadata,
-            queue,
-            asked_at,
-            outcome,
-            max_age_s=self._metadata_max_age_s,
-            now=asyncio.get_running_loop().time(),
-        )
+        async def refresh() -> None:
+            try:
+                outcome: QueueInfo | BaseException = await self._service.describe_queue(queue)
+            except Exception as e:  # noqa: BLE001 - kept by the cache
+                outcome = e
+            finally:
+                self._refreshes.pop(queue, None)
+            self._metadata.refreshed(queue, asked_at_ms, outcome, self._now_ms())
+
+        task = asyncio.get_running_loop().create_task(refresh(), name=f"headwater-producer-refresh-{queue}")
+        self._refreshes[queue] = task
+        self._track(task)
 
     async def _info_for(self, queue: str, partition: int | None) -> QueueInfo:
         """Metadata for a waiting send, after earlier ``send_nowait`` messages took their places."""
@@ -459,9 +364,7 @@ class AsyncProducer(RetrySettings):
             info = await self._queue_info(queue, refresh=True)  # it may have grown
             n = len(info.partitions)
             if not 0 <= partition < n:
-                raise PartitionOutOfRangeError(
-                    f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {partition}"
-                )
+                raise no_partition(queue, n, partition)
         return info
 
     def _park(self, queue: str, item: _Parked) -> None:
@@ -525,9 +428,7 @@ class AsyncProducer(RetrySettings):
         n = len(info.partitions)
         if partition is not None:
             if not 0 <= partition < n:
-                raise PartitionOutOfRangeError(
-                    f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {partition}"
-                )
+                raise no_partition(queue, n, partition)
             p = partition
         else:
             chosen = self._partitioner.for_message(msg, n)
@@ -537,14 +438,7 @@ class AsyncProducer(RetrySettings):
             ps, msg, size, (0, fut), urgent=urgent, buffered=size if buffered else 0, deliver_at_ms=deliver_at_ms
         )
 
-    def _deliver_at(self, deliver_at: object, delay: object) -> int:
-        return deliver_at_ms(self._clock, deliver_at, delay)
-
     # -- the accumulator (the core's) and sending ---------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError("the producer is closed")
 
     def _now_ms(self) -> float:
         return asyncio.get_running_loop().time() * 1000
@@ -677,7 +571,7 @@ class AsyncProducer(RetrySettings):
             assert exc is not None
             core.fail(b, exc)
             if isinstance(exc, (QueueNotFoundError, PartitionOutOfRangeError)):
-                self._metadata.pop(ps.queue, None)
+                self._metadata.forget(ps.queue)
             for _, _, fut in b.entries:
                 _fail(fut, exc)
         self._buffered_bytes -= b.buffered_bytes
@@ -706,20 +600,6 @@ class AsyncProducer(RetrySettings):
                 self._finish(b, None, gone)  # type: ignore[arg-type]
         for task in self._tasks:
             task.cancel()
-
-
-def _as_message(body: object, key: object, tag: object, properties: object) -> Message | bytes:
-    if isinstance(body, Message):
-        if key is not None or tag is not None or properties is not None:
-            raise InvalidArgumentError("pass key, tag and properties inside the Message, not beside it")
-        return body
-    if isinstance(body, (bytearray, memoryview)):
-        body = bytes(body)
-    if type(body) is bytes and key is None and tag is None and not properties:
-        return body
-    if type(body) is bytes:
-        return Message(body, key, tag, properties or None)  # type: ignore[arg-type]
-    return body  # type: ignore[return-value]  # check_message names the problem
 
 
 def _check_partition_type(partition: object) -> None:

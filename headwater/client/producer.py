@@ -1,47 +1,32 @@
-"""Producer: turns messages into record batches and sends them to partitions.
+"""Producer: the thread-based driver of the producer core (:mod:`headwater.client.core`).
 
-Encoding happens here, in the caller's process, so a broker only validates and appends.
-
-How a message travels (the user guide is ``docs/producing.md``):
+The core keeps the batches, decides what leaves when and what follows each answer; this
+module owns the threads, the waiting, the futures and the callbacks, and encodes in the
+caller's process, so a broker only validates and appends (the user guide is
+``docs/producing.md``, the design ``docs/design/client.md``). Hops between a caller and
+the socket are few, by design:
 
 - ``send()`` validates the message, picks its partition and appends it to that partition's
-  *open batch* in the accumulator, then returns a future. A background thread, the sender
-  ("headwater-producer"), seals a partition's open batch when it reaches
-  ``batch_bytes_max``, when ``linger_ms`` has passed since its first message, or at once
-  with ``linger_ms=0``, and sends it. With ``linger_ms=0`` over the network, ``send()``
-  sends the batch itself when the partition has room in flight (no thread hand-off); a
-  batch that waited for room leaves from the thread that settles the answer making it
-  (the client's I/O thread over the network), again without waking the sender.
-- Pipelining: up to ``max_in_flight`` batches of a partition are in flight at once (5, the
-  broker's window of remembered batches, by default for an idempotent producer over the
-  network). Order holds because every batch is encoded and handed to the connection under
-  one lock, in sequence order, and the broker appends a connection's batches in the order
-  they arrive. When a batch fails and will be retried, its partition *recovers*: nothing new
-  is sent until the batches in flight are through, then the failed ones are sent again one
-  at a time, in their original order. In embedded mode (no connection to keep the order)
-  one batch is in flight per partition.
+  *open batch*, then returns a future. With ``linger_ms=0`` it sends the batch itself when
+  the partition has room in flight; a batch that waited for room leaves from the thread
+  that settles the answer making it (the client's I/O thread over the network). The
+  sender thread ("headwater-producer") only sends what lingered, retries, and runs send
+  callbacks and failures.
 - ``send_batch()`` and ``send_and_wait()`` block. When their partition is idle they encode
-  and send in the caller's thread (the fast path: no thread hand-off), alone in flight;
-  otherwise their messages join the partition's open batch and the caller waits for it.
-- Idempotence: the producer has a random id and an epoch; each batch carries the sequence
-  number of its first message, counted per (queue, partition) and assigned when the batch
-  is encoded. A retry re-sends the same bytes, so the broker recognises it (it remembers a
-  producer's last five batches per partition) and answers with the original offsets. When
-  a batch fails for good after it may have reached the broker, the epoch is bumped, so the
-  broker accepts later batches from sequence 0 instead of refusing them as out of order;
-  a batch refused as out of order (the broker lost earlier ones) is re-encoded under a new
-  epoch and sent again, and so are the batches of its partition waiting behind it to be
-  sent again.
+  and send in the caller's thread, alone in flight; otherwise their messages join the
+  partition's open batch and the caller waits for it.
+- Over the network up to ``max_in_flight`` batches of a partition are pipelined; order holds
+  because every batch is encoded and handed to the connection under one lock, in sequence
+  order. Embedded (a thread pool keeps no order) one batch is in flight per partition.
 
-Thread-safety: every method may be called from any thread. One lock guards the accumulator
-(open batches, batches in flight, the buffer count); a second one, taken while holding the
-first, orders encoding and hand-off to the connection, so the first is not held while a
-batch is encoded. Send
-callbacks run in the sender thread, one at a time, in send order within a partition: keep
-them quick. The blocking methods (``send_and_wait``, ``send_batch``, ``flush``, ``close``)
-raise :class:`UsageError` there, always, rather than work only while a partition is idle:
-over the network a callback can also run on the client's I/O thread (a batch refused
-before it left, settled there), where a wait for an answer would never end.
+Thread-safety: every method may be called from any thread. One lock guards the core and
+the buffer count; a second one, taken while holding the first, orders encoding and hand-off
+to the connection, so the first is not held while a batch is encoded. Send callbacks run in
+the sender thread, one at a time, in send order within a partition: keep them quick. The
+blocking methods (``send_and_wait``, ``send_batch``, ``flush``, ``close``) raise
+:class:`UsageError` there, always, rather than work only while a partition is idle: over the
+network a callback can also run on the client's I/O thread (a batch refused before it left,
+settled there), where a wait for an answer would never end.
 """
 
 from __future__ import annotations
@@ -49,32 +34,30 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
-import random
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from headwater.client.batching import (
     MESSAGE_OVERHEAD_BYTES,
     BatchReceipt,
-    RetrySettings,
-    check_compression,
+    ProducerBase,
+    as_message,
     check_message,
     check_messages,
-    deliver_at_ms,
     int_setting,
-    store_refreshed,
+    no_partition,
+    receipt,
     too_large,
 )
-from headwater.client.core.outcomes import RetryPolicy, Step, closed_unsent
-from headwater.client.core.producer import Batch, PartitionState, ProducerCore
-from headwater.client.partitioner import Partitioner, PartitionFn
-from headwater.client.send_future import SendFuture
+from headwater.client.core.outcomes import Step, closed_unsent
+from headwater.client.core.producer import Batch, PartitionState
+from headwater.client.send_future import SendFuture, fail_sends, listened, settle_sends
 from headwater.errors import (
-    ClosedError,
     InvalidArgumentError,
     MessageTooLargeError,
     PartitionOutOfRangeError,
@@ -82,16 +65,13 @@ from headwater.errors import (
     UnavailableError,
     UsageError,
 )
-from headwater.model.batch import BATCH_BYTES_MAX
 from headwater.model.config import QueueInfo
 from headwater.model.message import Message, MessageId
-from headwater.model.producer_state import RECENT_BATCHES
 from headwater.model.service import BrokerService, ProduceResult
 
 __all__ = ["Producer", "BatchReceipt", "SendCallback"]
 
 log = logging.getLogger("headwater.producer")
-_new_tuple = tuple.__new__  # a namedtuple from a tuple, without its Python-level call
 
 SendCallback = Callable[[MessageId | None, BaseException | None], None]
 
@@ -118,7 +98,7 @@ def _now_ms() -> float:
     return time.monotonic() * 1000
 
 
-class Producer(RetrySettings):
+class Producer(ProducerBase):
     """Sends messages to queues. Thread-safe; one producer can serve a whole application.
 
     Get one from a client: ``hw.producer(...)`` (embedded or over the network, the same).
@@ -144,101 +124,36 @@ class Producer(RetrySettings):
     >>> p.close()
     >>> hw.close()
 
-    Options (all keyword-only; ``docs/producing.md`` explains each with an example):
+    Options (all keyword-only) are :class:`~headwater.client.batching.ProducerBase`'s, and:
 
-    - ``partitioner``: ``"default"``, ``"key"``, ``"round_robin"``, ``"random"`` or a function
-      ``(message, partition_count) -> partition`` (see :mod:`headwater.client.partitioner`).
-    - ``compression``: ``None``, ``"zstd"`` or ``"lz4"`` (the ``compression`` extra).
-    - ``linger_ms``: how long a partition's batch waits for more messages; 0 sends at once
-      while the partition has room in flight (messages arriving meanwhile form the next one).
-    - ``max_in_flight``: batches of one partition in flight at once, 1 to 5 (default 5 for
-      an idempotent producer, whose retries keep their order; 1 otherwise). Embedded
-      producers always use 1.
-    - ``batch_bytes_max``: a batch is sent when its messages reach this size.
-    - ``retries``, ``retry_backoff_ms``, ``retry_backoff_max_ms``: a batch failing with a
-      retriable error is sent again up to ``retries`` times, after
-      ``retry_backoff_ms * 2**n`` (capped, with jitter).
-    - ``delivery_timeout_ms``: the longest a message may take from ``send()`` to its outcome
-      (lingering, waiting for its partition, retries); then its future fails.
-    - ``idempotent``: stamp batches with a producer id and sequence, so retries are stored
-      once.
-    - ``buffer_bytes_max``, ``max_block_ms``: the memory queued messages may use; ``send()``
-      blocks up to ``max_block_ms`` for room, then raises ``UnavailableError``.
+    - ``max_block_ms``: ``send()`` blocks up to this long for room in ``buffer_bytes_max``,
+      then raises ``UnavailableError``.
     - ``send_threads``: threads that call an in-process broker (embedded mode only; over the
       network, batches of several partitions are pipelined on one connection).
-    - ``metadata_max_age_ms``: how long a queue's partition count and limits are cached;
-      an older copy is refreshed in the background while sends go on with it.
-    - ``rng``: the randomness of the backoff jitter and of the ``"random"`` partitioner.
-    - ``clock``: seconds since the epoch, for ``delay=`` (default: the embedded broker's
-      clock, else ``time.time``).
     """
 
     def __init__(
         self,
         service: BrokerService,
         *,
-        partitioner: str | PartitionFn = "default",
-        compression: str | None = None,
-        linger_ms: int = 0,
-        batch_bytes_max: int = 1 << 20,
-        retries: int = 5,
-        retry_backoff_ms: int = 100,
-        retry_backoff_max_ms: int = 1000,
-        delivery_timeout_ms: int = 120_000,
-        idempotent: bool = True,
-        buffer_bytes_max: int = 32 << 20,
         max_block_ms: int = 60_000,
         send_threads: int = 4,
-        metadata_max_age_ms: int = 5000,
-        max_in_flight: int | None = None,
-        rng: random.Random | None = None,
         clock: Callable[[], float] | None = None,
+        **settings: Any,
     ) -> None:
-        check_compression(compression)
-        if not isinstance(idempotent, bool):
-            raise InvalidArgumentError(f"idempotent is True or False, got {idempotent!r}")
-        self._rng = rng or random.Random()
-        # turns delay= into a deliver time; an embedded broker's own (injected) clock by default
-        self._clock = clock or getattr(service, "clock", None) or time.time
-        self._partitioner = Partitioner(partitioner, rng=self._rng)
-        self._service = service
-        self.compression = compression
-        self.linger_ms = int_setting("linger_ms", linger_ms, 0, 3_600_000)
-        self.batch_bytes_max = int_setting("batch_bytes_max", batch_bytes_max, 1, BATCH_BYTES_MAX // 2)
-        self._retry = RetryPolicy(
-            retries=retries,
-            backoff_ms=retry_backoff_ms,
-            backoff_max_ms=retry_backoff_max_ms,
-            delivery_timeout_ms=delivery_timeout_ms,
-            rng=self._rng,
+        self._produce_async = getattr(service, "produce_async", None)
+        super().__init__(
+            service,
+            new_batch=_Batch,
+            # embedded: batches go through a thread pool, which keeps no order, so one at a time
+            pipelined=self._produce_async is not None,
+            clock=clock or getattr(service, "clock", None),  # an embedded broker's own (injected) clock
+            **settings,
         )
-        self.idempotent = idempotent
-        self.buffer_bytes_max = int_setting("buffer_bytes_max", buffer_bytes_max, 1, 1 << 40)
+        self._service: BrokerService = service
         self.max_block_ms = int_setting("max_block_ms", max_block_ms, 0, 86_400_000)
         self.send_threads = int_setting("send_threads", send_threads, 1, 256)
-        int_setting("metadata_max_age_ms", metadata_max_age_ms, 0, 86_400_000)
-        self._metadata: dict[str, tuple[float, QueueInfo]] = {}
-        self._metadata_max_age_s = metadata_max_age_ms / 1000
         self._describe_async = getattr(service, "describe_queue_async", None)
-        self._refreshing: set[str] = set()  # queues whose metadata is being asked for in the background
-        self._produce_async = getattr(service, "produce_async", None)
-        self.max_in_flight = (
-            (RECENT_BATCHES if idempotent else 1)
-            if max_in_flight is None
-            else int_setting("max_in_flight", max_in_flight, 1, RECENT_BATCHES)
-        )
-        self._core = ProducerCore(
-            new_batch=_Batch,
-            batch_sent=self._partitioner.batch_sent,
-            retry=self._retry,
-            linger_ms=self.linger_ms,
-            batch_bytes_max=self.batch_bytes_max,
-            # embedded: batches go through a thread pool, which keeps no order, so one at a time
-            pipeline=self.max_in_flight if self._produce_async is not None else 1,
-            idempotent=idempotent,
-            compression=compression,
-        )
-        self._parts = self._core.parts
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
         self._lock = threading.Lock()
@@ -247,26 +162,11 @@ class Producer(RetrySettings):
         self._space = threading.Condition(self._lock)  # send() waits on it for buffer room
         self._finished = threading.Condition(self._lock)  # flush() waits on it
         self._completions: deque[tuple[_Batch, concurrent.futures.Future]] = deque()
-        self._buffered_bytes = 0
         self._space_waiters = 0
-        self._flushing = 0
         self._sender: threading.Thread | None = None
         self._calling_back = threading.local()  # .active: this thread runs one of our send callbacks
-        self._closed = False
 
     # -- public API -----------------------------------------------------------------------
-
-    @property
-    def producer_id(self) -> int | None:
-        """The id batches carry (None unless idempotent); changes only after 32767 epochs."""
-        identity = self._core.identity
-        return None if identity is None else identity[0]
-
-    @property
-    def producer_epoch(self) -> int | None:
-        """The epoch batches carry; bumped when a batch fails after it may have been stored."""
-        identity = self._core.identity
-        return None if identity is None else identity[1]
 
     def send(
         self,
@@ -356,25 +256,11 @@ class Producer(RetrySettings):
         info = self._queue_info(queue)
         if partition is not None:
             info = self._check_partition(queue, info, partition)
-            return BatchReceipt(self._send_sync(queue, partition, info, messages, None, at))
-        part = self._partitioner
-        keyed = part.per_message and any(isinstance(m, Message) and m.key is not None for m in messages)
-        if not keyed and not callable(part.strategy):
-            if part.strategy == "key":
-                part.for_message(messages[0], 1)  # raises: a key is required
-            return BatchReceipt(self._send_sync(queue, None, info, messages, None, at))
-        n = len(info.partitions)
-        groups: dict[int | None, list[int]] = {}
-        for i, m in enumerate(messages):
-            groups.setdefault(part.for_message(m, n), []).append(i)
+        groups = self._split(info, messages, partition)
         if len(groups) == 1:
             return BatchReceipt(self._send_sync(queue, next(iter(groups)), info, messages, None, at))
         results = self._send_groups(queue, info, {p: [messages[i] for i in idxs] for p, idxs in groups.items()}, at)
-        ids: list[MessageId | None] = [None] * len(messages)
-        for p, idxs in groups.items():
-            for i, mid in zip(idxs, BatchReceipt(results[p]), strict=True):
-                ids[i] = mid
-        return ids  # type: ignore[return-value]
+        return receipt(len(messages), groups, list(results.values()))
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Send what is queued now, without lingering, and wait until every message sent so
@@ -502,58 +388,35 @@ class Producer(RetrySettings):
 
     def _queue_info(self, queue: str, *, refresh: bool = False) -> QueueInfo:
         """The queue's metadata: asked for, and waited for, when unknown or ``refresh``.
-        A copy older than ``metadata_max_age_ms`` is still used while a fresh one is asked
-        for in the background, over the network, so that no send waits for that round trip
-        (in process, asking costs no round trip: it is asked for at once)."""
-        now = time.monotonic()
-        got = self._metadata.get(queue)
-        stale = got is not None and now - got[0] > self._metadata_max_age_s
-        if refresh or got is None or (stale and self._describe_async is None):
+        A stale copy is used while a fresh one is asked for in the background, over the
+        network (in process, asking costs no round trip: it is asked for at once)."""
+        now_ms = _now_ms()
+        info, stale = self._metadata.lookup(queue, now_ms)
+        if refresh or info is None or (stale and self._describe_async is None):
             info = self._service.describe_queue(queue)
-            self._metadata[queue] = (now, info)
-            return info
-        if stale and queue not in self._refreshing:
-            self._refresh_later(queue, now)
-        return got[1]
+            self._metadata.put(queue, info, now_ms)
+        elif stale and self._metadata.start_refresh(queue):
+            self._refresh_later(queue, now_ms)
+        return info
 
-    def _refresh_later(self, queue: str, now: float) -> None:
-        self._refreshing.add(queue)
+    def _refresh_later(self, queue: str, asked_at_ms: float) -> None:
+        def refreshed(fut: concurrent.futures.Future) -> None:
+            try:
+                outcome: QueueInfo | BaseException = fut.result()
+            except BaseException as e:  # noqa: BLE001 - kept by the cache
+                outcome = e
+            self._metadata.refreshed(queue, asked_at_ms, outcome, _now_ms())
+
         try:
-            fut = self._describe_async(queue)  # type: ignore[misc]
+            self._describe_async(queue).add_done_callback(refreshed)  # type: ignore[misc]
         except Exception as e:  # noqa: BLE001 - a closed client: the send finds out itself
-            self._refreshed(queue, now, e)
-            return
-        fut.add_done_callback(functools.partial(self._on_refresh, queue, now))
-
-    def _on_refresh(self, queue: str, asked_at: float, fut: concurrent.futures.Future) -> None:
-        try:
-            outcome: QueueInfo | BaseException = fut.result()
-        except BaseException as e:  # noqa: BLE001 - kept by _refreshed
-            outcome = e
-        self._refreshed(queue, asked_at, outcome)
-
-    def _refreshed(self, queue: str, asked_at: float, outcome: QueueInfo | BaseException) -> None:
-        store_refreshed(
-            self._metadata, queue, asked_at, outcome, max_age_s=self._metadata_max_age_s, now=time.monotonic()
-        )
-        self._refreshing.discard(queue)
+            self._metadata.refreshed(queue, asked_at_ms, e, _now_ms())
 
     def _prepare(
         self, queue: str, body: object, key: object, tag: object, properties: object
     ) -> tuple[QueueInfo, Message | bytes, int]:
-        if isinstance(body, Message):
-            if key is not None or tag is not None or properties is not None:
-                raise InvalidArgumentError("pass key, tag and properties inside the Message, not beside it")
-            msg: Message | bytes = body
-        elif isinstance(body, (bytearray, memoryview)):
-            body = bytes(body)
-        if type(body) is bytes:
-            plain = key is None and tag is None and not properties
-            msg = body if plain else Message(body, key, tag, properties or None)  # type: ignore[arg-type]
-        elif not isinstance(body, Message):
-            msg = body  # type: ignore[assignment]  # check_message names the problem
-        if self._closed:
-            raise ClosedError("the producer is closed")
+        msg = as_message(body, key, tag, properties)
+        self._check_open()
         info = self._queue_info(queue)
         return info, msg, check_message(msg, info.config.message_bytes_max)
 
@@ -565,9 +428,7 @@ class Producer(RetrySettings):
             info = self._queue_info(queue, refresh=True)  # it may have grown
             n = len(info.partitions)
             if not 0 <= partition < n:
-                raise PartitionOutOfRangeError(
-                    f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {partition}"
-                )
+                raise no_partition(queue, n, partition)
         return info
 
     def _choose_partition(self, queue: str, info: QueueInfo, msg: Message | bytes, partition: int | None) -> int | None:
@@ -578,10 +439,6 @@ class Producer(RetrySettings):
         return self._partitioner.for_message(msg, len(info.partitions))
 
     # -- the accumulator (the core's, under _lock) -------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError("the producer is closed")
 
     def _in_sender(self) -> bool:
         """Whether this thread is the sender, or runs one of this producer's send callbacks
@@ -596,9 +453,6 @@ class Producer(RetrySettings):
                 f"producer's sender thread, or deadlock on the thread that reads the answers "
                 f"(use send() there)"
             )
-
-    def _deliver_at(self, deliver_at: object, delay: object) -> int:
-        return deliver_at_ms(self._clock, deliver_at, delay)
 
     def _wait_for_space_locked(self, size: int) -> None:
         if size > self.buffer_bytes_max:
@@ -672,22 +526,22 @@ class Producer(RetrySettings):
             b = self._core.exclusive(ps, messages, _now_ms(), deliver_at_ms)
         if b is not None:
             return self._send_inline(b, cap)  # type: ignore[arg-type]  # the core made it with _Batch
-        self._refuse_in_sender("a blocking send")
-        if size is None:
-            size = check_messages(messages, cap)
-        fut = SendFuture()
-        with self._lock:
-            self._check_open()
-            self._append_group_locked(ps, messages, size, fut, deliver_at_ms)
-        return fut.result()
+        return self._send_groups(queue, info, {p: messages}, deliver_at_ms, None if size is None else {p: size})[p]
 
     def _send_groups(
-        self, queue: str, info: QueueInfo, groups: dict[int | None, list[Message | bytes]], deliver_at_ms: int = 0
+        self,
+        queue: str,
+        info: QueueInfo,
+        groups: dict[int | None, Sequence[Message | bytes]],
+        deliver_at_ms: int = 0,
+        sizes: dict[int | None, int] | None = None,
     ) -> dict[int | None, ProduceResult]:
-        """Send each group to its partition (None: the sticky one) in parallel; wait for all."""
+        """Send each group to its partition (None: the sticky one) in parallel, in the next
+        batches; wait for all. ``sizes``: None when the messages are not validated yet."""
         self._refuse_in_sender("a blocking send")
         cap = info.config.message_bytes_max
-        sizes = {p: check_messages(msgs, cap) for p, msgs in groups.items()}  # all valid, or none sent
+        if sizes is None:
+            sizes = {p: check_messages(msgs, cap) for p, msgs in groups.items()}  # all valid, or none sent
         futs: dict[int | None, concurrent.futures.Future] = {}
         with self._lock:
             self._check_open()
@@ -817,7 +671,7 @@ class Producer(RetrySettings):
         network). A batch stored, with no send callbacks and nobody's done-callbacks on its
         futures, is settled right here, which spares a thread hand-off per request; the rest
         (callbacks, errors, retries) goes to the sender thread."""
-        if not b.callbacks and f.exception() is None and not _listened(b.futures):
+        if not b.callbacks and f.exception() is None and not listened(b.futures):
             self._finish(b, f.result(), None)
             return
         with self._lock:
@@ -853,7 +707,7 @@ class Producer(RetrySettings):
                 with self._wire:  # the sequences: a new epoch, or this batch's given back
                     core.fail(b, exc)
                 if isinstance(exc, (QueueNotFoundError, PartitionOutOfRangeError)):
-                    self._metadata.pop(b.part.queue, None)
+                    self._metadata.forget(b.part.queue)
             batches, wake = core.finish(b, _now_ms(), self._hurry_locked())
             if batches:
                 self._wire.acquire()
@@ -866,32 +720,17 @@ class Producer(RetrySettings):
         if batches:
             self._send_all(batches)
         if result is not None:
-            self._resolve(b, result)
+            settle_sends(b.futures, b.groups or (), result)
+            for i, callback in b.callbacks or ():
+                self._call_back(callback, MessageId(result.queue_id, result.partition, result.base_offset + i), None)
         else:
-            self._reject(b, exc)  # type: ignore[arg-type]
+            fail_sends(b.futures, b.groups or (), exc)  # type: ignore[arg-type]
+            for _, callback in b.callbacks or ():
+                self._call_back(callback, None, exc)
         b.done = True
         if self._flushing:
             with self._lock:
                 self._finished.notify_all()
-
-    def _resolve(self, b: _Batch, r: ProduceResult) -> None:
-        qid, part, base = r.queue_id, r.partition, r.base_offset
-        for i, fut in enumerate(b.futures):
-            if fut is not None:
-                fut.set_result(_new_tuple(MessageId, (qid, part, base + i)))  # MessageId(...), without a call
-        for i, count, fut in b.groups or ():
-            fut.set_result(ProduceResult(qid, part, base + i, count, r.timestamp_ms))
-        for i, callback in b.callbacks or ():
-            self._call_back(callback, MessageId(qid, part, base + i), None)
-
-    def _reject(self, b: _Batch, exc: BaseException) -> None:
-        for fut in b.futures:
-            if fut is not None:
-                fut.set_exception(exc)
-        for _, _, fut in b.groups or ():
-            fut.set_exception(exc)
-        for _, callback in b.callbacks or ():
-            self._call_back(callback, None, exc)
 
     def _call_back(self, callback: SendCallback, mid: MessageId | None, exc: BaseException | None) -> None:
         state = self._calling_back
@@ -903,11 +742,3 @@ class Producer(RetrySettings):
             log.exception("a send callback raised")
         finally:
             state.active = outer
-
-
-def _listened(futures: list[SendFuture | None]) -> bool:
-    """Whether anyone added a done-callback to one of a batch's futures."""
-    for fut in futures:
-        if fut is not None and fut.has_done_callbacks():
-            return True
-    return False
