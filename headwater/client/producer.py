@@ -1,42 +1,27 @@
 """Producer: the thread-based driver of the producer core (:mod:`headwater.client.core`).
 
-The core keeps the batches, decides what leaves when and what follows each answer; this
+The core keeps the batches and decides what leaves when and what follows each answer; this
 module owns the threads, the waiting, the futures and the callbacks, and encodes in the
-caller's process, so a broker only validates and appends (the user guide is
-``docs/producing.md``, the design ``docs/design/client.md``). Hops between a caller and
-the socket are few, by design:
-
-- ``send()`` validates the message, picks its partition and appends it to that partition's
-  *open batch*, then returns a future. With ``linger_ms=0`` it sends the batch itself when
-  the partition has room in flight; a batch that waited for room leaves from the thread
-  that settles the answer making it (the client's I/O thread over the network). The
-  sender thread ("headwater-producer") only sends what lingered, retries, and runs send
-  callbacks and failures.
-- ``send_batch()`` and ``send_and_wait()`` block. When their partition is idle they encode
-  and send in the caller's thread, alone in flight; otherwise their messages join the
-  partition's open batch and the caller waits for it.
-- Over the network up to ``max_in_flight`` batches of a partition are pipelined; order holds
-  because every batch is encoded and handed to the connection under one lock, in sequence
-  order. Embedded (a thread pool keeps no order) one batch is in flight per partition.
+caller's process, so a broker only validates and appends. How few thread hops lie between a
+caller and the socket, and why, is ``docs/design/client.md``; the user guide is
+``docs/producing.md``.
 
 Thread-safety: every method may be called from any thread. One lock guards the core and
 the buffer count; a second one, taken while holding the first, orders encoding and hand-off
-to the connection, so the first is not held while a batch is encoded. Send callbacks run in
-the sender thread, one at a time, in send order within a partition: keep them quick. The
-blocking methods (``send_and_wait``, ``send_batch``, ``flush``, ``close``) raise
-:class:`UsageError` there, always, rather than work only while a partition is idle: over the
-network a callback can also run on the client's I/O thread (a batch refused before it left,
-settled there), where a wait for an answer would never end.
+to the connection (batches of a partition reach it in sequence order), so the first is not
+held while a batch is encoded. Send callbacks run in the sender thread ("headwater-producer"),
+one at a time, in send order within a partition: keep them quick. The blocking methods
+(``send_and_wait``, ``send_batch``, ``flush``, ``close``) raise :class:`UsageError` there,
+always: over the network a callback can also run on the client's I/O thread (a batch
+refused before it left, settled there), where a wait for an answer would never end.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import logging
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -54,9 +39,10 @@ from headwater.client.batching import (
     receipt,
     too_large,
 )
-from headwater.client.core.outcomes import Step, closed_unsent
+from headwater.client.core.outcomes import closed_unsent
 from headwater.client.core.producer import Batch, PartitionState
-from headwater.client.send_future import SendFuture, fail_sends, listened, settle_sends
+from headwater.client.producer_sender import ProducerSender
+from headwater.client.send_future import SendFuture, fail_sends, settle_sends
 from headwater.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
@@ -75,15 +61,11 @@ log = logging.getLogger("headwater.producer")
 
 SendCallback = Callable[[MessageId | None, BaseException | None], None]
 
-SENDER_IDLE_EXIT_S = 5.0  # an idle sender thread ends; the next send() starts another
-
 
 class _Batch(Batch):
-    """A core batch with the futures waiting for it.
-
-    ``futures`` runs beside ``messages``: the future of each ``send()``, None for messages
-    of a blocking call, whose one future is in ``groups`` as ``(index, count, future)`` and
-    gets the ProduceResult of their range. ``callbacks`` are ``(index, callback)``."""
+    """A core batch with its futures: ``futures`` runs beside ``messages`` (None for those of
+    a blocking call, whose future is in ``groups`` as ``(index, count, future)``);
+    ``callbacks`` are ``(index, callback)``."""
 
     __slots__ = ("futures", "groups", "callbacks")
 
@@ -98,7 +80,7 @@ def _now_ms() -> float:
     return time.monotonic() * 1000
 
 
-class Producer(ProducerBase):
+class Producer(ProducerBase, ProducerSender):
     """Sends messages to queues. Thread-safe; one producer can serve a whole application.
 
     Get one from a client: ``hw.producer(...)`` (embedded or over the network, the same).
@@ -261,6 +243,44 @@ class Producer(ProducerBase):
             return BatchReceipt(self._send_sync(queue, next(iter(groups)), info, messages, None, at))
         results = self._send_groups(queue, info, {p: [messages[i] for i in idxs] for p, idxs in groups.items()}, at)
         return receipt(len(messages), groups, list(results.values()))
+
+    def send_identified(
+        self,
+        queue: str,
+        partition: int,
+        messages: Sequence[Message | bytes],
+        *,
+        identity: tuple[int, int],
+        base_sequence: int = 0,
+        deliver_at_ms: int = 0,
+    ) -> concurrent.futures.Future[ProduceResult]:
+        """Send ``messages`` as one batch to ``partition`` under an identity the caller names,
+        ``(producer id, epoch)``, from sequence ``base_sequence``; return a future of its
+        :class:`~headwater.model.service.ProduceResult`. For connectors whose retries must
+        find the batches of their earlier attempts (the Spark writer derives ids from its
+        task). The batch is retried as any other, with the same bytes, and never encoded
+        anew: an out-of-order or fenced refusal comes back through the future. A body over
+        the queue's ``message_bytes_max`` raises here."""
+        info = self._queue_info(queue)
+        cap = info.config.message_bytes_max
+        b = self._core.identified(
+            queue,
+            partition,
+            messages,
+            identity,
+            _now_ms(),
+            base_sequence=base_sequence,
+            deliver_at_ms=deliver_at_ms,
+            cap=cap,
+        )  # encoded in the caller's thread, without the lock: the batch's state is its own
+        fut = SendFuture()
+        b.groups = [(0, len(b.messages), fut)]
+        with self._lock:
+            self._check_open()
+            self._core.fly(b)
+            self._wire.acquire()
+        self._send_all([b])
+        return fut
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Send what is queued now, without lingering, and wait until every message sent so
@@ -498,13 +518,6 @@ class Producer(ProducerBase):
         """Whether open batches leave now rather than when their linger ends."""
         return bool(not self.linger_ms or self._flushing or self._space_waiters or self._closed)
 
-    def _wake_locked(self, start: bool = True) -> None:
-        if self._sender is not None:
-            self._wakeup.notify()
-        elif start and (self._core.sendable or self._completions or self._core.recovering):
-            self._sender = threading.Thread(target=self._run_sender, name="headwater-producer", daemon=True)
-            self._sender.start()
-
     # -- blocking sends -------------------------------------------------------------------
 
     def _send_sync(
@@ -584,115 +597,6 @@ class Producer(ProducerBase):
                 continue
             self._finish(b, result, None)
             return result
-
-    # -- the sender thread ----------------------------------------------------------------
-
-    def _run_sender(self) -> None:
-        while True:
-            with self._lock:
-                work = self._await_work_locked()
-                if work is None:
-                    return
-                completions, batches = work
-                if batches:
-                    self._wire.acquire()
-            if batches:
-                self._send_all(batches)
-            for b, f in completions:
-                self._on_completed(b, f)
-
-    def _await_work_locked(self) -> tuple[list, list[_Batch]] | None:
-        """Wait for completions or batches to send; None when the thread should end."""
-        idle_since: float | None = None
-        while True:
-            completions = list(self._completions)
-            self._completions.clear()
-            now = time.monotonic()
-            batches, wake_at_ms = self._core.collect(now * 1000, self._hurry_locked())
-            if completions or batches:
-                return completions, batches
-            if not self._core.busy():
-                if self._closed or (idle_since is not None and now - idle_since >= SENDER_IDLE_EXIT_S):
-                    self._sender = None
-                    return None
-                idle_since = idle_since or now
-                timeout: float | None = SENDER_IDLE_EXIT_S
-            else:
-                idle_since = None
-                timeout = None if wake_at_ms is None else max(wake_at_ms / 1000 - now, 0.0)
-            self._wakeup.wait(timeout)
-
-    def _send_all(self, batches: list[_Batch]) -> None:
-        """Encode and hand ``batches`` to the connection, in order; the caller holds
-        ``_wire`` (taken under ``_lock`` when the batches went into flight), released here."""
-        try:
-            sent = [(b, *self._dispatch(b)) for b in batches]
-        finally:
-            self._wire.release()
-        for b, fut, exc in sent:
-            if fut is None:
-                self._finish(b, None, exc)
-            else:
-                fut.add_done_callback(functools.partial(self._on_response, b))
-
-    def _dispatch(self, b: _Batch) -> tuple[concurrent.futures.Future | None, BaseException | None]:
-        """Send a batch in flight (first attempt or retry) without waiting: its response's
-        future, or the error that stopped it before it left. Runs under ``_wire`` only, so it
-        finishes nothing itself (that takes ``_lock``)."""
-        ps = b.part
-        if b.encoded is None:
-            refused = self._core.refuse_first(b, _now_ms())
-            if refused is not None:
-                return None, refused
-            try:
-                self._core.encode(b)  # messages were checked when queued
-            except Exception as e:  # noqa: BLE001 - it belongs to the batch's futures
-                return None, e
-        b.attempts += 1
-        try:
-            if self._produce_async is not None:
-                return self._produce_async(ps.queue, ps.partition, b.encoded), None
-            return self._embedded_pool().submit(self._service.produce, ps.queue, ps.partition, b.encoded), None
-        except Exception as e:  # noqa: BLE001 - a closed service, a stopped pool
-            fut: concurrent.futures.Future = concurrent.futures.Future()
-            fut.set_exception(e)  # judged like a failed request: retried if retriable
-            return fut, None
-
-    def _embedded_pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                self.send_threads, thread_name_prefix="headwater-producer-send"
-            )
-            weakref.finalize(self, self._pool.shutdown, wait=False)
-        return self._pool
-
-    def _on_response(self, b: _Batch, f: concurrent.futures.Future) -> None:
-        """Runs in whichever thread finished the request (the client's I/O thread over the
-        network). A batch stored, with no send callbacks and nobody's done-callbacks on its
-        futures, is settled right here, which spares a thread hand-off per request; the rest
-        (callbacks, errors, retries) goes to the sender thread."""
-        if not b.callbacks and f.exception() is None and not listened(b.futures):
-            self._finish(b, f.result(), None)
-            return
-        with self._lock:
-            self._completions.append((b, f))
-            self._wake_locked()
-
-    def _on_completed(self, b: _Batch, f: concurrent.futures.Future) -> None:
-        try:
-            result = f.result()
-        except BaseException as e:  # noqa: BLE001 - the request's error, judged by the core
-            with self._lock:
-                now_ms = _now_ms()
-                verdict = self._core.judge(b, e, now_ms)
-                if verdict.step is Step.RESEND or verdict.step is Step.REENCODE:
-                    # its partition recovers: the batches in flight finish, then retries go in order
-                    self._core.retry_later(b, verdict.delay_ms, now_ms)
-                    self._wake_locked()
-                    return
-            self._finish(b, None, verdict.error)
-            return
-        self._finish(b, result, None)
 
     # -- outcomes -------------------------------------------------------------------------
 

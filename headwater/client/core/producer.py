@@ -19,6 +19,9 @@ Rules it keeps (``docs/design/client.md`` says why):
 - Delayed messages of a partition have a state of their own, keyed
   ``(queue, 0x80000000 | partition)``: the broker counts their sequences apart.
 - A blocking caller may hold an idle partition *exclusively*: its one batch goes alone.
+- A connector may name a batch's identity itself (:meth:`ProducerCore.identified`, the
+  Spark writer's deterministic ids): such a batch has a partition state of its own, is
+  never encoded anew, and an out-of-order refusal is final, for the caller to judge.
 
 Thread-safety: none; the sync producer calls it under its state lock, and :meth:`encode`
 (the sequences) under its wire lock, which orders encoding and sending.
@@ -97,6 +100,7 @@ class Batch:
         "order",
         "retry_at_ms",
         "send_identity",
+        "fixed",
     )
 
     def __init__(self, part: PartitionState, created_ms: float, messages: Sequence[Message | bytes] | None = None):
@@ -116,6 +120,7 @@ class Batch:
         self.order = 0  # when it first left: retries of a partition go in this order
         self.retry_at_ms = 0.0  # when it goes again, while in its partition's retry
         self.send_identity: Identity | None = None  # the producer's identity when it went into flight
+        self.fixed = False  # its identity is the caller's: see ProducerCore.identified
 
 
 class ProducerCore:
@@ -232,7 +237,7 @@ class ProducerCore:
             else:
                 break
             b.order = next(self._order)
-            self._fly(b)
+            self.fly(b)
             taken.append(b)
         return taken
 
@@ -259,7 +264,7 @@ class ProducerCore:
                     # epoch, this one included, and would now refuse that epoch as fenced:
                     # encode this one anew too, after that batch
                     b.encoded = None
-                self._fly(b)
+                self.fly(b)
                 batches.append(b)
             else:
                 wake_at_ms = b.retry_at_ms if wake_at_ms is None else min(wake_at_ms, b.retry_at_ms)
@@ -290,8 +295,38 @@ class ProducerCore:
         self._batch_sent(ps.queue, ps.partition)
         return b
 
-    def _fly(self, b: Batch) -> None:
-        if b.encoded is None:
+    def identified(
+        self,
+        queue: str,
+        partition: int,
+        messages: Sequence[Message | bytes],
+        identity: Identity,
+        now_ms: float,
+        *,
+        base_sequence: int = 0,
+        deliver_at_ms: int = 0,
+        cap: int | None = None,
+    ) -> Batch:
+        """A batch of ``messages`` under a caller's ``identity`` from ``base_sequence``,
+        encoded (checked against ``cap``); :meth:`fly` puts it in flight. Its state is its
+        own, so it may be made without the driver's lock."""
+        ps = PartitionState(queue, partition, bool(deliver_at_ms))
+        ps.key = (queue, -next(self._order))  # not the partition's own state: a key of its own
+        ps.identity, ps.next_sequence = identity, base_sequence
+        b = self._new_batch(ps, now_ms)
+        b.messages = list(messages)
+        b.fixed = True
+        b.send_identity = identity
+        if deliver_at_ms:
+            b.deliver_times = [deliver_at_ms] * len(b.messages)
+        self.encode(b, cap)
+        return b
+
+    def fly(self, b: Batch) -> None:
+        """Put ``b`` in flight: the driver sends it and reports its answer."""
+        if not b.order:
+            b.order = next(self._order)
+        if b.encoded is None and not b.fixed:
             b.send_identity = self.identity
         b.part.in_flight.append(b)
         b.pipelined = True
@@ -333,7 +368,7 @@ class ProducerCore:
             self.retry,
             exc,
             attempts=b.attempts,
-            sequenced=b.identity is not None,
+            sequenced=b.identity is not None and not b.fixed,
             created_ms=b.created_ms,
             now_ms=now_ms,
             aborting=self.aborting,
