@@ -44,6 +44,7 @@ from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.batching import (
     ProducerBase,
     as_message,
+    check_batch_arg,
     check_message,
     check_messages,
     no_partition,
@@ -56,7 +57,6 @@ from headwater.client.send_future import AsyncSendFuture
 from headwater.errors import (
     ClosedError,
     InvalidArgumentError,
-    MessageTooLargeError,
     PartitionOutOfRangeError,
     QueueNotFoundError,
     UnavailableError,
@@ -167,10 +167,7 @@ class AsyncProducer(ProducerBase):
         _check_partition_type(partition)
         at = self._deliver_at(deliver_at, delay)
         if self._buffered_bytes + size > self.buffer_bytes_max:
-            if size > self.buffer_bytes_max:
-                raise MessageTooLargeError(
-                    f"a message of {size} bytes does not fit in the producer's buffer_bytes_max={self.buffer_bytes_max}"
-                )
+            self._check_room(size)
             raise UnavailableError(
                 f"producer buffer full: {self._buffered_bytes} bytes wait for acknowledgement "
                 f"(buffer_bytes_max={self.buffer_bytes_max}); await flush() or send() to wait for room"
@@ -225,10 +222,7 @@ class AsyncProducer(ProducerBase):
         Every message is checked before any is queued. When messages go to several
         partitions and one fails, the others may be stored.
         """
-        if isinstance(messages, (bytes, Message)):
-            raise InvalidArgumentError("send_batch takes a list of messages; use send() for one")
-        if len(messages) == 0:
-            raise InvalidArgumentError("send_batch needs at least one message")
+        check_batch_arg(messages)
         self._check_open()
         at = self._deliver_at(deliver_at, delay)
         info = await self._info_for(queue, partition)

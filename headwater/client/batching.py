@@ -43,6 +43,7 @@ __all__ = [
     "no_partition",
     "check_compression",
     "receipt",
+    "check_batch_arg",
     "deliver_at_ms",
     "int_setting",
     "too_large",
@@ -297,6 +298,13 @@ class ProducerBase:
     def _deliver_at(self, deliver_at: object, delay: object) -> int:
         return deliver_at_ms(self._clock, deliver_at, delay)
 
+    def _check_room(self, size: int) -> None:
+        """Refuse a message that could never fit in ``buffer_bytes_max``."""
+        if size > self.buffer_bytes_max:
+            raise MessageTooLargeError(
+                f"a message of {size} bytes does not fit in the producer's buffer_bytes_max={self.buffer_bytes_max}"
+            )
+
     def _split(
         self, info: QueueInfo, messages: Sequence[Message | bytes], partition: int | None
     ) -> dict[int | None, list[int]]:
@@ -314,6 +322,14 @@ class ProducerBase:
         for i, m in enumerate(messages):
             groups.setdefault(part.for_message(m, n), []).append(i)
         return groups
+
+
+def check_batch_arg(messages: object) -> None:
+    """Refuse a ``send_batch`` argument that is not a non-empty list of messages."""
+    if isinstance(messages, (bytes, Message)):
+        raise InvalidArgumentError("send_batch takes a list of messages; use send() for one")
+    if len(messages) == 0:  # type: ignore[arg-type]
+        raise InvalidArgumentError("send_batch needs at least one message")
 
 
 def receipt(count: int, groups: dict[int | None, list[int]], results: list[ProduceResult]) -> Sequence[MessageId]:

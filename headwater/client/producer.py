@@ -32,6 +32,7 @@ from headwater.client.batching import (
     BatchReceipt,
     ProducerBase,
     as_message,
+    check_batch_arg,
     check_message,
     check_messages,
     int_setting,
@@ -45,7 +46,6 @@ from headwater.client.producer_sender import ProducerSender
 from headwater.client.send_future import SendFuture, fail_sends, settle_sends
 from headwater.errors import (
     InvalidArgumentError,
-    MessageTooLargeError,
     PartitionOutOfRangeError,
     QueueNotFoundError,
     UnavailableError,
@@ -229,10 +229,7 @@ class Producer(ProducerBase, ProducerSender):
         ``deliver_at`` or ``delay`` (as for :meth:`send`) delay every message of the call.
         A send callback cannot call it (:class:`UsageError`): it waits.
         """
-        if isinstance(messages, (bytes, Message)):
-            raise InvalidArgumentError("send_batch takes a list of messages; use send() for one")
-        if len(messages) == 0:
-            raise InvalidArgumentError("send_batch needs at least one message")
+        check_batch_arg(messages)
         self._refuse_in_sender("send_batch()")
         at = self._deliver_at(deliver_at, delay)
         info = self._queue_info(queue)
@@ -475,10 +472,7 @@ class Producer(ProducerBase, ProducerSender):
             )
 
     def _wait_for_space_locked(self, size: int) -> None:
-        if size > self.buffer_bytes_max:
-            raise MessageTooLargeError(
-                f"a message of {size} bytes does not fit in the producer's buffer_bytes_max={self.buffer_bytes_max}"
-            )
+        self._check_room(size)
         if self._in_sender():  # only the sender (or the I/O thread) makes room: never wait
             raise UnavailableError("producer buffer full (a send callback cannot wait for room)")
         deadline = time.monotonic() + self.max_block_ms / 1000

@@ -1,36 +1,14 @@
-"""What the producer does after each attempt at sending a batch: one table, read by both
-producers, and the retry policy whose settings feed it. No I/O; times are the caller's
-monotonic milliseconds.
+"""What the producer does after each attempt at sending a batch: one table (:data:`OUTCOMES`),
+read by both producers, and the retry policy whose settings feed it. No I/O; times are the
+caller's monotonic milliseconds.
 
-An attempt ends in one of five ways (:class:`Attempt`), and whether the batch may go again
-(retries left, the delivery timeout not reached, the producer not closing) picks the row:
-
-=============  ===================  =========================================
-attempt        may go again         step
-=============  ===================  =========================================
-STORED         either               SETTLE: the futures get their ids
-REFUSED        either               FAIL: nothing stored, the sequence is free
-OUT_OF_ORDER   yes                  REENCODE: at once, under a new epoch
-OUT_OF_ORDER   no                   FAIL_FENCED: fail, then a new epoch
-RETRIABLE      yes                  RESEND: the same bytes, after a backoff
-RETRIABLE      no                   FAIL_FENCED
-UNKNOWN        either               FAIL_FENCED
-=============  ===================  =========================================
-
+An attempt ends in one of five ways (:class:`Attempt`); whether the batch may go again
+(retries left, the delivery timeout not reached, the producer not closing) picks the row.
 OUT_OF_ORDER: the broker stored nothing of the batch and lost (or forgot) the producer's
 earlier ones, as a crash under async flush can make it; the batch goes again from sequence 0
 of a new epoch. RETRIABLE (the broker is unavailable, the answer was lost): it may be stored;
 the same bytes go again, which the broker recognises as a retry. FAIL_FENCED: the batch may be
 stored, so the epoch is bumped, or the broker would refuse the next batches as out of order.
-
->>> policy = RetryPolicy(retries=1, backoff_ms=100, backoff_max_ms=100, delivery_timeout_ms=5000,
-...                      rng=random.Random(7))
->>> judge(policy, UnavailableError("down"), attempts=1, sequenced=True, created_ms=0, now_ms=0).step
-<Step.RESEND: 'resend'>
->>> judge(policy, UnavailableError("down"), attempts=2, sequenced=True, created_ms=0, now_ms=0).step
-<Step.FAIL_FENCED: 'fail_fenced'>
->>> judge(policy, InvalidArgumentError("bad"), attempts=1, sequenced=True, created_ms=0, now_ms=0).step
-<Step.FAIL: 'fail'>
 """
 
 from __future__ import annotations
@@ -84,13 +62,13 @@ class Step(Enum):
 
 # (how the attempt ended, whether the batch may go again) -> the next step
 OUTCOMES: dict[tuple[Attempt, bool], Step] = {
-    (Attempt.STORED, True): Step.SETTLE,
+    (Attempt.STORED, True): Step.SETTLE,  # the futures get their ids
     (Attempt.STORED, False): Step.SETTLE,
-    (Attempt.REFUSED, True): Step.FAIL,
+    (Attempt.REFUSED, True): Step.FAIL,  # nothing stored: the batch's sequences are free again
     (Attempt.REFUSED, False): Step.FAIL,
-    (Attempt.OUT_OF_ORDER, True): Step.REENCODE,
+    (Attempt.OUT_OF_ORDER, True): Step.REENCODE,  # at once, under a new epoch
     (Attempt.OUT_OF_ORDER, False): Step.FAIL_FENCED,
-    (Attempt.RETRIABLE, True): Step.RESEND,
+    (Attempt.RETRIABLE, True): Step.RESEND,  # the same bytes, after a backoff
     (Attempt.RETRIABLE, False): Step.FAIL_FENCED,
     (Attempt.UNKNOWN, True): Step.FAIL_FENCED,
     (Attempt.UNKNOWN, False): Step.FAIL_FENCED,
