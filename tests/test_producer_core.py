@@ -58,9 +58,7 @@ def core(*, linger_ms=0, batch_bytes_max=1000, pipeline=3, retries=3) -> Produce
 
 def add(c: ProducerCore, body: bytes, now_ms: float, partition: int = 0) -> Batch:
     ps = c.partition("q", partition)
-    b, opened = c.batch_for(ps, len(body), now_ms)
-    b.messages.append(body)
-    c.added(b, 1, len(body), buffered=True, urgent=False)
+    b, opened = c.append(ps, body, len(body), now_ms, 0, False)
     if opened:
         c.mark_sendable(ps)
     return b

@@ -173,11 +173,14 @@ class AsyncProducer(ProducerBase):
                 f"(buffer_bytes_max={self.buffer_bytes_max}); await flush() or send() to wait for room"
             )
         fut: asyncio.Future[MessageId] = AsyncSendFuture(loop=asyncio.get_running_loop())
-        info = self._cached_info(queue, partition)
+        now_ms = asyncio.get_running_loop().time() * 1000
+        info = self._cached_info(queue, partition, now_ms)
         if info is None:
             self._park(queue, _Parked(msg, size, partition, fut, at))
         else:
-            self._route(queue, info, msg, size, partition, fut, urgent=False, buffered=True, deliver_at_ms=at)
+            self._route(
+                queue, info, msg, size, partition, fut, urgent=False, buffered=True, deliver_at_ms=at, now_ms=now_ms
+            )
         self._buffered_bytes += size
         return fut
 
@@ -315,15 +318,15 @@ class AsyncProducer(ProducerBase):
             self._refresh(queue, now_ms)
         return info
 
-    def _cached_info(self, queue: str, partition: int | None) -> QueueInfo | None:
+    def _cached_info(self, queue: str, partition: int | None, now_ms: float) -> QueueInfo | None:
         """The queue's metadata if ``send_nowait`` may route with it now; None if the message
         must wait (unknown, an explicit partition beyond it, or earlier messages of the
         queue still waiting)."""
-        now_ms = self._now_ms()
-        info, stale = self._metadata.lookup(queue, now_ms)
-        if info is None or queue in self._parked:
+        got = self._metadata.entries.get(queue)
+        if got is None or queue in self._parked:
             return None
-        if stale:
+        at_ms, info = got
+        if now_ms - at_ms > self._metadata.max_age_ms:
             self._refresh(queue, now_ms)
         if partition is not None and partition >= len(info.partitions):
             return None  # the queue may have grown: refresh before refusing
@@ -413,6 +416,7 @@ class AsyncProducer(ProducerBase):
         urgent: bool,
         buffered: bool,
         deliver_at_ms: int = 0,
+        now_ms: float | None = None,
     ) -> None:
         """Check the message against the queue and append it to its partition's open batch."""
         cap = info.config.message_bytes_max
@@ -429,7 +433,14 @@ class AsyncProducer(ProducerBase):
             p = chosen if chosen is not None else self._partitioner.sticky(queue, n)
         ps = self._core.partition(queue, p, deliver_at_ms)
         self._enqueue(
-            ps, msg, size, (0, fut), urgent=urgent, buffered=size if buffered else 0, deliver_at_ms=deliver_at_ms
+            ps,
+            msg,
+            size,
+            (0, fut),
+            urgent=urgent,
+            buffered=size if buffered else 0,
+            deliver_at_ms=deliver_at_ms,
+            now_ms=now_ms,
         )
 
     # -- the accumulator (the core's) and sending ---------------------------------------------
@@ -451,18 +462,22 @@ class AsyncProducer(ProducerBase):
         urgent: bool,
         buffered: int = 0,
         deliver_at_ms: int = 0,
+        now_ms: float | None = None,
     ) -> None:
         """Add one message (``entry[0] == 0``) or a ``send_batch`` group to the open batch of
         ``ps``; when something is due, have it sent in this turn of the loop."""
         core = self._core
-        b, opened = core.batch_for(ps, size, self._now_ms(), deliver_at_ms)
         count, fut = entry
-        b.entries.append((len(b.messages), count, fut))
+        if now_ms is None:
+            now_ms = self._now_ms()
         if count:
+            b, opened = core.batch_for(ps, size, now_ms, deliver_at_ms)
+            b.entries.append((len(b.messages), count, fut))
             b.messages.extend(msgs)  # type: ignore[arg-type]
+            core.added(b, count, size, deliver_at_ms, bool(buffered), urgent)
         else:
-            b.messages.append(msgs)  # type: ignore[arg-type]
-        core.added(b, count or 1, size, deliver_at_ms, buffered=bool(buffered), urgent=urgent)
+            b, opened = core.append(ps, msgs, size, now_ms, deliver_at_ms, urgent, bool(buffered))  # type: ignore[arg-type]
+            b.entries.append((len(b.messages) - 1, 0, fut))
         if (opened or urgent or ps.open is not b) and core.mark_sendable(ps):
             self._schedule_pump()
 

@@ -357,8 +357,9 @@ class Producer(ProducerBase, ProducerSender):
     ) -> SendFuture:
         """send(): check, pick the partition, append to its open batch (``urgent``: it must
         not linger). A delayed message joins an open batch only of its own deliver time."""
+        now_ms = time.monotonic() * 1000  # when it was sent: its batch's linger and delivery time count from here
         if type(body) is bytes and key is None and tag is None and properties is None:  # the common case
-            info = self._queue_info(queue)
+            info = self._queue_info(queue, now_ms=now_ms)
             if len(body) > info.config.message_bytes_max:
                 raise too_large(len(body), info.config.message_bytes_max)
             msg: Message | bytes = body
@@ -377,19 +378,16 @@ class Producer(ProducerBase, ProducerSender):
             if p is None:
                 p = self._partitioner.sticky(queue, len(info.partitions))
             ps = core.partition(queue, p, deliver_at_ms)
-            now_ms = _now_ms()
-            b, opened = core.batch_for(ps, size, now_ms, deliver_at_ms)
-            lingers = bool(self.linger_ms) and not urgent
-            if opened and lingers and core.mark_sendable(ps):
-                self._wake_locked()  # the sender times its linger
+            b, opened = core.append(ps, msg, size, now_ms, deliver_at_ms, urgent)
+            b.futures.append(fut)
             if callback is not None:
                 if b.callbacks is None:
                     b.callbacks = []
-                b.callbacks.append((len(b.messages), callback))
-            b.messages.append(msg)
-            b.futures.append(fut)
-            core.added(b, 1, size, deliver_at_ms, buffered=True, urgent=urgent)
+                b.callbacks.append((len(b.futures) - 1, callback))
             self._buffered_bytes += size
+            lingers = self.linger_ms and not urgent
+            if opened and lingers and core.mark_sendable(ps):
+                self._wake_locked()  # the sender times its linger
             if lingers and ps.open is b:
                 return fut  # the sender sends it when its linger ends
             if not core.can_send(ps):
@@ -403,11 +401,15 @@ class Producer(ProducerBase, ProducerSender):
 
     # -- validation and partitions --------------------------------------------------------
 
-    def _queue_info(self, queue: str, *, refresh: bool = False) -> QueueInfo:
+    def _queue_info(self, queue: str, *, refresh: bool = False, now_ms: float | None = None) -> QueueInfo:
         """The queue's metadata: asked for, and waited for, when unknown or ``refresh``.
         A stale copy is used while a fresh one is asked for in the background, over the
         network (in process, asking costs no round trip: it is asked for at once)."""
-        now_ms = _now_ms()
+        if now_ms is None:
+            now_ms = time.monotonic() * 1000
+        got = self._metadata.entries.get(queue)
+        if got is not None and not refresh and now_ms - got[0] <= self._metadata.max_age_ms:
+            return got[1]  # the common case: a fresh copy
         info, stale = self._metadata.lookup(queue, now_ms)
         if refresh or info is None or (stale and self._describe_async is None):
             info = self._service.describe_queue(queue)
@@ -504,7 +506,7 @@ class Producer(ProducerBase, ProducerSender):
         b.groups.append((len(b.messages), len(msgs), fut))
         b.messages.extend(msgs)
         b.futures.extend([None] * len(msgs))
-        core.added(b, len(msgs), size, deliver_at_ms, buffered=False, urgent=True)
+        core.added(b, len(msgs), size, deliver_at_ms, False, True)
         if core.mark_sendable(ps):
             self._wake_locked()
 

@@ -34,16 +34,16 @@ METADATA_RETRY_MS = 500  # a background refresh of a queue's metadata that faile
 class MetadataCache:
     """Queue name -> (when it was asked for, its metadata); the queues being refreshed."""
 
-    __slots__ = ("max_age_ms", "_entries", "_refreshing")
+    __slots__ = ("max_age_ms", "entries", "_refreshing")
 
     def __init__(self, max_age_ms: float) -> None:
         self.max_age_ms = max_age_ms
-        self._entries: dict[str, tuple[float, QueueInfo]] = {}
+        self.entries: dict[str, tuple[float, QueueInfo]] = {}  # read directly by a send's hot path
         self._refreshing: set[str] = set()
 
     def lookup(self, queue: str, now_ms: float) -> tuple[QueueInfo | None, bool]:
         """The copy of ``queue``'s metadata (None: unknown), and whether it is stale."""
-        got = self._entries.get(queue)
+        got = self.entries.get(queue)
         if got is None:
             return None, False
         return got[1], now_ms - got[0] > self.max_age_ms
@@ -57,22 +57,22 @@ class MetadataCache:
 
     def put(self, queue: str, info: QueueInfo, asked_at_ms: float) -> None:
         """Keep metadata the caller waited for."""
-        self._entries[queue] = (asked_at_ms, info)
+        self.entries[queue] = (asked_at_ms, info)
 
     def forget(self, queue: str) -> None:
         """Drop the copy (a send found the queue gone, or without the partition)."""
-        self._entries.pop(queue, None)
+        self.entries.pop(queue, None)
 
     def refreshed(self, queue: str, asked_at_ms: float, outcome: QueueInfo | BaseException, now_ms: float) -> None:
         """Keep what a background refresh asked at ``asked_at_ms`` brought: new metadata,
         unless a newer copy arrived meanwhile; after a failure, the old copy, stale again in
         ``METADATA_RETRY_MS``."""
         self._refreshing.discard(queue)
-        got = self._entries.get(queue)
+        got = self.entries.get(queue)
         if isinstance(outcome, QueueNotFoundError):
-            self._entries.pop(queue, None)
+            self.entries.pop(queue, None)
         elif isinstance(outcome, BaseException):
             if got is not None:
-                self._entries[queue] = (max(got[0], now_ms - self.max_age_ms + METADATA_RETRY_MS), got[1])
+                self.entries[queue] = (max(got[0], now_ms - self.max_age_ms + METADATA_RETRY_MS), got[1])
         elif got is None or got[0] <= asked_at_ms:
-            self._entries[queue] = (asked_at_ms, outcome)
+            self.entries[queue] = (asked_at_ms, outcome)

@@ -181,11 +181,44 @@ class ProducerCore:
         b = ps.open = self._new_batch(ps, now_ms)
         return b, True
 
-    def added(self, b: Batch, count: int, size: int, deliver_at_ms: int = 0, *, buffered: bool, urgent: bool) -> None:
+    def append(
+        self,
+        ps: PartitionState,
+        msg: Message | bytes,
+        size: int,
+        now_ms: float,
+        deliver_at_ms: int,
+        urgent: bool,
+        buffered: bool = True,
+    ) -> tuple[Batch, bool]:
+        """Add one message of ``size`` bytes (``buffered``: counted against the driver's
+        buffer) to the open batch of ``ps``; its batch, and whether it opened one (the hot
+        path of a send)."""
+        b = ps.open
+        opened = False
+        if b is None or b.size_bytes + size > self.batch_bytes_max or not joins_batch(b.deliver_times, deliver_at_ms):
+            b, opened = self.batch_for(ps, size, now_ms, deliver_at_ms)
+        b.messages.append(msg)  # what added() does, inline: this runs once per message sent
+        if deliver_at_ms:
+            if b.deliver_times is None:
+                b.deliver_times = []
+            b.deliver_times.append(deliver_at_ms)
+        b.size_bytes += size
+        if buffered:
+            b.buffered_bytes += size
+        if urgent:
+            b.urgent = True
+        if b.size_bytes >= self.batch_bytes_max:
+            self.seal(ps)
+        return b, opened
+
+    def added(self, b: Batch, count: int, size: int, deliver_at_ms: int, buffered: bool, urgent: bool) -> None:
         """``count`` messages of ``size`` bytes were appended to ``b``, the open batch; seal
         it once full."""
         if deliver_at_ms:
-            b.deliver_times = (b.deliver_times or []) + [deliver_at_ms] * count
+            if b.deliver_times is None:
+                b.deliver_times = []
+            b.deliver_times.extend([deliver_at_ms] * count)
         b.size_bytes += size
         if buffered:
             b.buffered_bytes += size
@@ -219,10 +252,6 @@ class ProducerCore:
         # through: one of those may still fail and need a retry, which must land first
         return not ps.in_flight or ps.in_flight[-1].send_identity == self.identity
 
-    def lingers(self, b: Batch, now_ms: float, hurry: bool) -> bool:
-        """Whether the open batch ``b`` still waits for more messages."""
-        return not (hurry or b.urgent or not self.linger_ms or b.created_ms + self.linger_ms <= now_ms)
-
     def take(self, ps: PartitionState, now_ms: float, hurry: bool) -> list[Batch]:
         """Move the batches of ``ps`` due now into flight, as many as there is room for, in
         order: sealed ones first, then the open one unless it lingers."""
@@ -230,7 +259,9 @@ class ProducerCore:
         while self.can_send(ps):
             if ps.ready:
                 b = ps.ready.popleft()
-            elif ps.open is not None and not self.lingers(ps.open, now_ms, hurry):
+            elif ps.open is not None and (
+                hurry or ps.open.urgent or not self.linger_ms or ps.open.created_ms + self.linger_ms <= now_ms
+            ):
                 b = ps.open
                 ps.open = None
                 self._batch_sent(ps.queue, ps.partition)
@@ -424,7 +455,7 @@ class ProducerCore:
         timer must look again (a retry or the end of a recovery is due, or batches linger)."""
         ps = b.part
         self.land(b)
-        if b in ps.retry:
+        if ps.retry and b in ps.retry:
             ps.retry.remove(b)
         if ps.recovering:
             return [], not ps.in_flight
