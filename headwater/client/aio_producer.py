@@ -7,10 +7,11 @@ The same batching, routing and idempotence, on the event loop instead of a sende
   analogue of the sync ``send()``; like that one's, the future cannot be cancelled: the
   message is not taken back, and the future keeps its id). A partition's open batch is
   sent when it reaches ``batch_bytes_max``, when ``linger_ms`` has passed since its first
-  message, or, with ``linger_ms=0``, as soon as the partition has no batch in flight
-  (messages arriving meanwhile form the next batch). When the queue's metadata is not cached, the message
-  waits for it (in send order) and errors that need the metadata go to the future; a
-  cached copy past ``metadata_max_age_ms`` is used while a task refreshes it.
+  message, or, with ``linger_ms=0``, at the end of the loop's turn while the partition has
+  room in flight (messages arriving meanwhile form the next batch). When the queue's
+  metadata is not cached, the message waits for it (in send order) and errors that need
+  the metadata go to the future; a cached copy past ``metadata_max_age_ms`` is used while
+  a task refreshes it.
 - ``await send()`` and ``await send_batch()`` do the same without lingering and return once
   the broker acknowledged. Cancelling the caller does not take the messages back.
 - Sending is the core's (:mod:`headwater.client.core.producer`), as in the sync
@@ -487,7 +488,9 @@ class AsyncProducer(ProducerBase):
 
     def _pump(self) -> None:
         """Send every batch due now; set the timer for the next one due."""
-        self._pump_soon = None
+        if self._pump_soon is not None:  # called directly (a flush): the scheduled call is not needed
+            self._pump_soon.cancel()
+            self._pump_soon = None
         batches, wake_at_ms = self._core.collect(self._now_ms(), self._hurry())
         for b in batches:
             self._dispatch(b)  # type: ignore[arg-type]  # the core made it with _Batch
