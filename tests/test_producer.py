@@ -549,7 +549,7 @@ def test_over_the_network_the_refresh_is_a_request_nobody_waits_for(server):
 
 
 def test_a_failed_refresh_keeps_the_old_copy_and_is_tried_again_later(hw):
-    from headwater.client.batching import METADATA_RETRY_S
+    from headwater.client.core.metadata import METADATA_RETRY_MS
 
     hw.admin.create_queue("q", partitions=2)
     svc = HeldDescribe(hw.service)
@@ -562,7 +562,7 @@ def test_a_failed_refresh_keeps_the_old_copy_and_is_tried_again_later(hw):
     for _ in range(5):  # not asked for again at every send
         p.send("q", b"b").result(timeout=10)
     assert svc.held == []
-    time.sleep(METADATA_RETRY_S + 0.1)
+    time.sleep(METADATA_RETRY_MS / 1000 + 0.1)
     p.send("q", b"c").result(timeout=10)
     assert len(svc.held) == 1 and svc.waited_for == 1
     svc.answer()
@@ -988,3 +988,19 @@ def test_the_key_hash_spreads_families_of_keys_like_random_choices():
     used = [len({key_partition(k, 8) for k in keys}) for keys in families]
     assert 4.9 < sum(used) / len(used) < 5.6
     assert min(used) >= 3
+
+
+def test_a_batch_sent_under_a_named_identity_is_stored_once_and_keeps_its_refusals(hw):
+    """``send_identified`` (the Spark writer's path): the caller names the batch's producer
+    id and epoch; sent again, it is recognised; out of order, the caller hears of it."""
+    hw.admin.create_queue("q", partitions=2)
+    p = hw.producer()
+    first = p.send_identified("q", 1, [b"a", b"b"], identity=(4242, 7)).result(timeout=10)
+    again = p.send_identified("q", 1, [b"a", b"b"], identity=(4242, 7)).result(timeout=10)
+    assert (first.partition, first.base_offset, first.count) == (1, 0, 2) and again == first
+    with pytest.raises(OutOfOrderSequenceError):  # sequence 5, where the broker expects 2
+        p.send_identified("q", 1, [b"c"], identity=(4242, 7), base_sequence=5).result(timeout=10)
+    rest = p.send_identified("q", 1, [b"c"], identity=(4242, 7), base_sequence=2).result(timeout=10)
+    assert rest.base_offset == 2 and p.producer_epoch == 0  # the producer's own epoch is untouched
+    assert [r.body for r in hw.scanner("q", partitions=[1])] == [b"a", b"b", b"c"]
+    p.close()

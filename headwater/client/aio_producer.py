@@ -7,77 +7,63 @@ The same batching, routing and idempotence, on the event loop instead of a sende
   analogue of the sync ``send()``; like that one's, the future cannot be cancelled: the
   message is not taken back, and the future keeps its id). A partition's open batch is
   sent when it reaches ``batch_bytes_max``, when ``linger_ms`` has passed since its first
-  message, or, with ``linger_ms=0``, as soon as the partition has no batch in flight
-  (messages arriving meanwhile form the next batch). When the queue's metadata is not cached, the message
-  waits for it (in send order) and errors that need the metadata go to the future; a
-  cached copy past ``metadata_max_age_ms`` is used while a task refreshes it.
+  message, or, with ``linger_ms=0``, at the end of the loop's turn while the partition has
+  room in flight (messages arriving meanwhile form the next batch). When the queue's
+  metadata is not cached, the message waits for it (in send order) and errors that need
+  the metadata go to the future; a cached copy past ``metadata_max_age_ms`` is used while
+  a task refreshes it.
 - ``await send()`` and ``await send_batch()`` do the same without lingering and return once
   the broker acknowledged. Cancelling the caller does not take the messages back.
-- One *drainer* task per partition sends its batches, holding the partition's slot (an
-  ``asyncio.Lock``). Over the network it pipelines up to ``max_in_flight`` batches (5 for
-  an idempotent producer, as the sync producer does): it sends them in order and settles
-  their answers in that order; after a failure to retry, the partition sends nothing new
-  until what is in flight is settled, then sends the failed batches again one at a time, in
-  order. Embedded (calls on threads keep no order) it sends one batch at a time.
-- Idempotence as in the sync producer: a random 62-bit producer id and an epoch; each batch
-  carries the sequence of its first message, counted per (queue, partition) and assigned
-  when the batch is encoded, in the slot. A retriable error re-sends the same bytes after a
-  backoff, so the broker recognises a retry and answers with the original offsets. When a
-  batch fails for good after it may have reached the broker, the epoch is bumped; a batch
-  refused as out of order (the broker lost earlier ones) is sent again under a new epoch.
+- Sending is the core's (:mod:`headwater.client.core.producer`), as in the sync
+  producer: what is due leaves from a callback scheduled once per turn of the event loop
+  (so the messages sent in one turn form one batch), from a timer when a linger or a retry
+  backoff ends, and from the callback of the answer that frees a partition's slot; no task
+  per partition. Over the network up to ``max_in_flight`` batches of a partition are in
+  flight (5 for an idempotent producer, as the sync producer does); after a failure to
+  retry, the partition sends nothing new until what is in flight is settled, then sends the
+  failed batches again one at a time, in order. Embedded (calls on threads keep no order)
+  it sends one batch at a time.
+- Idempotence and retries as in the sync producer, by the same table
+  (:mod:`headwater.client.core.outcomes`).
 
-Use from one event loop. Nothing here blocks; the pure helpers (message checks, the
-partitioner, receipts) are shared with the sync producer
-(:mod:`headwater.client.batching`, :mod:`headwater.client.partitioner`).
+Use from one event loop. Nothing here blocks; what does no I/O is shared with the sync
+producer (:mod:`headwater.client.core`, :mod:`headwater.client.batching`,
+:mod:`headwater.client.partitioner`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import random
 import sys
-import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.batching import (
-    BatchReceipt,
-    RetryPolicy,
-    RetrySettings,
-    check_compression,
+    ProducerBase,
+    as_message,
+    check_batch_arg,
     check_message,
     check_messages,
-    closed_unsent,
-    deliver_at_ms,
-    give_back_sequence,
-    int_setting,
-    may_be_appended,
-    new_identity,
-    next_epoch,
-    store_refreshed,
-    take_sequence,
+    no_partition,
+    receipt,
     too_large,
 )
-from headwater.client.partitioner import Partitioner, PartitionFn
+from headwater.client.core.outcomes import closed_unsent
+from headwater.client.core.producer import Batch, PartitionState
 from headwater.client.send_future import AsyncSendFuture
 from headwater.errors import (
     ClosedError,
     InvalidArgumentError,
-    MessageTooLargeError,
-    OutOfOrderSequenceError,
     PartitionOutOfRangeError,
     QueueNotFoundError,
     UnavailableError,
 )
-from headwater.model.batch import BATCH_BYTES_MAX, encode_batch
 from headwater.model.config import QueueInfo
-from headwater.model.delay import DELAYED_PARTITION_BIT, joins_batch
 from headwater.model.message import Message, MessageId
-from headwater.model.producer_state import RECENT_BATCHES
 from headwater.model.service import ProduceResult
 
 __all__ = ["AsyncProducer"]
@@ -87,79 +73,16 @@ log = logging.getLogger("headwater.producer")
 _NO_CAP = sys.maxsize  # checking types before the queue's message_bytes_max is known
 
 
-class _Partition:
-    """One (queue, partition): its open batch, sealed batches waiting, the slot and the
-    drainer that holds it, the linger timer, and the idempotence sequence."""
+class _Batch(Batch):
+    """A core batch with the futures waiting for it: ``entries`` are ``(index, count,
+    future)``; ``count == 0`` is one message (its future gets a MessageId), ``count > 0`` a
+    ``send_batch`` group (its future gets the ProduceResult of that range)."""
 
-    __slots__ = (
-        "queue",
-        "partition",
-        "delayed",
-        "open",
-        "ready",
-        "in_flight",
-        "flying",
-        "retry",
-        "slot",
-        "drainer",
-        "timer",
-        "identity",
-        "next_sequence",
-    )
+    __slots__ = ("entries",)
 
-    def __init__(self, queue: str, partition: int, delayed: bool = False) -> None:
-        # delayed messages of a partition have a state of their own (see the sync producer)
-        self.queue, self.partition, self.delayed = queue, partition, delayed
-        self.open: _Batch | None = None
-        self.ready: deque[_Batch] = deque()
-        self.in_flight: list[_Batch] = []  # sent and not settled, in sending order (retries too)
-        self.flying: deque[tuple[_Batch, asyncio.Future[ProduceResult]]] = deque()  # pipelined, answer awaited
-        self.retry: list[tuple[_Batch, float]] = []  # failed while pipelined: (batch, backoff), in order
-        self.slot = asyncio.Lock()  # held while batches are in flight
-        self.drainer: asyncio.Task[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.identity: tuple[int, int] | None = None  # (producer id, epoch) of next_sequence
-        self.next_sequence = 0
-
-
-class _Batch:
-    """Messages bound for one partition and the futures waiting for them.
-
-    ``entries`` are ``(index, count, future)``: ``count == 0`` is one message (its future
-    gets a MessageId), ``count > 0`` a ``send_batch`` group (its future gets the
-    ProduceResult of that range)."""
-
-    __slots__ = (
-        "part",
-        "messages",
-        "entries",
-        "size_bytes",
-        "buffered_bytes",
-        "created_s",
-        "urgent",
-        "encoded",
-        "identity",
-        "base_sequence",
-        "attempts",
-        "done",
-        "deliver_times",
-    )
-
-    def __init__(self, part: _Partition, created_s: float) -> None:
-        self.part = part
-        self.messages: list[Message | bytes] = []
+    def __init__(self, part: PartitionState, created_ms: float) -> None:
+        super().__init__(part, created_ms)
         self.entries: list[tuple[int, int, asyncio.Future[Any]]] = []
-        self.size_bytes = 0
-        self.buffered_bytes = 0  # the part of size_bytes that counts against buffer_bytes_max
-        self.created_s = created_s
-        self.urgent = False  # someone awaits it: do not linger
-        self.encoded: bytearray | None = None
-        self.identity: tuple[int, int] | None = None
-        self.base_sequence = -1
-        self.attempts = 0
-        self.done = False
-        # delayed batches: each message's deliver time (rising, within PRODUCER_SPAN_MS)
-        self.deliver_times: list[int] | None = None
 
 
 class _Parked(NamedTuple):
@@ -172,94 +95,42 @@ class _Parked(NamedTuple):
     deliver_at_ms: int = 0
 
 
-class AsyncProducer(RetrySettings):
+class AsyncProducer(ProducerBase):
     """Sends messages to queues from asyncio code. One producer can serve a whole application.
 
     Get one from a client: ``hw.producer(...)``. ``await send()`` returns a message's id once
     it is stored; ``send_nowait()`` returns a future at once, for many messages in flight;
     ``await flush()`` waits for everything sent so far; ``await close()`` flushes and stops.
 
-    Options are the sync :class:`~headwater.client.producer.Producer`'s: ``partitioner``,
-    ``compression``, ``linger_ms``, ``batch_bytes_max``, ``retries``, ``retry_backoff_ms``,
-    ``retry_backoff_max_ms``, ``delivery_timeout_ms``, ``idempotent``, ``buffer_bytes_max``
-    (the bytes ``send_nowait`` messages may hold unacknowledged; past it ``send_nowait``
-    raises :class:`UnavailableError` instead of blocking), ``metadata_max_age_ms``,
-    ``max_in_flight``, ``rng`` and ``clock``. Every send takes ``deliver_at=`` or ``delay=`` for a delayed message, as
-    the sync producer's do.
+    Options are :class:`~headwater.client.batching.ProducerBase`'s; past ``buffer_bytes_max``
+    ``send_nowait`` raises :class:`UnavailableError` instead of blocking. Every send takes
+    ``deliver_at=`` or ``delay=`` for a delayed message, as the sync producer's do.
     """
 
     def __init__(
-        self,
-        service: AsyncBrokerService,
-        *,
-        partitioner: str | PartitionFn = "default",
-        compression: str | None = None,
-        linger_ms: int = 0,
-        batch_bytes_max: int = 1 << 20,
-        retries: int = 5,
-        retry_backoff_ms: int = 100,
-        retry_backoff_max_ms: int = 1000,
-        delivery_timeout_ms: int = 120_000,
-        idempotent: bool = True,
-        buffer_bytes_max: int = 32 << 20,
-        metadata_max_age_ms: int = 5000,
-        max_in_flight: int | None = None,
-        rng: random.Random | None = None,
-        clock: Callable[[], float] | None = None,
+        self, service: AsyncBrokerService, *, clock: Callable[[], float] | None = None, **settings: Any
     ) -> None:
-        check_compression(compression)
-        if not isinstance(idempotent, bool):
-            raise InvalidArgumentError(f"idempotent is True or False, got {idempotent!r}")
-        self._rng = rng or random.Random()
-        # turns delay= into a deliver time; an embedded broker's own (injected) clock by default
-        self._clock = clock or getattr(getattr(service, "service", service), "clock", None) or time.time
-        self._partitioner = Partitioner(partitioner, rng=self._rng)
-        self._service = service
-        self.compression = compression
-        self.linger_ms = int_setting("linger_ms", linger_ms, 0, 3_600_000)
-        self.batch_bytes_max = int_setting("batch_bytes_max", batch_bytes_max, 1, BATCH_BYTES_MAX // 2)
-        self._retry = RetryPolicy(
-            retries=retries,
-            backoff_ms=retry_backoff_ms,
-            backoff_max_ms=retry_backoff_max_ms,
-            delivery_timeout_ms=delivery_timeout_ms,
-            rng=self._rng,
+        self._pipelined = hasattr(service, "produce_nowait")
+        super().__init__(
+            service,
+            new_batch=_Batch,
+            # only a connection keeps the sending order (an embedded broker's calls run on threads)
+            pipelined=self._pipelined,
+            # an embedded broker's own (injected) clock by default
+            clock=clock or getattr(getattr(service, "service", service), "clock", None),
+            **settings,
         )
-        self.idempotent = idempotent
-        self.buffer_bytes_max = int_setting("buffer_bytes_max", buffer_bytes_max, 1, 1 << 40)
-        self._metadata_max_age_s = int_setting("metadata_max_age_ms", metadata_max_age_ms, 0, 86_400_000) / 1000
-        self._linger_s = linger_ms / 1000
-        self._identity = new_identity(idempotent)  # (producer id, epoch)
-        self.max_in_flight = (
-            (RECENT_BATCHES if idempotent else 1)
-            if max_in_flight is None
-            else int_setting("max_in_flight", max_in_flight, 1, RECENT_BATCHES)
-        )
-        # only a connection keeps the sending order (an embedded broker's calls run on threads)
-        self._pipeline = self.max_in_flight if hasattr(service, "produce_nowait") else 1
-        self._metadata: dict[str, tuple[float, QueueInfo]] = {}
-        self._parts: dict[tuple[str, int], _Partition] = {}
+        self._service: AsyncBrokerService = service
+        self._pump_soon: asyncio.Handle | None = None  # _pump, scheduled for this turn of the loop
+        self._timer: asyncio.TimerHandle | None = None  # _pump, when a linger or a backoff ends
+        self._timer_at_ms: float | None = None
         self._parked: dict[str, list[_Parked]] = {}  # by queue, in send order
         self._metadata_tasks: dict[str, asyncio.Task[None]] = {}
         self._refreshes: dict[str, asyncio.Task[None]] = {}  # background refreshes of stale metadata
-        self._tasks: set[asyncio.Task[None]] = set()  # drainers and metadata tasks, for close()
+        self._tasks: set[asyncio.Task[Any]] = set()  # metadata tasks and embedded sends, for close()
         self._batch_done = asyncio.Event()  # set whenever a batch finishes (flush waits on it)
-        self._buffered_bytes = 0
-        self._flushing = 0
-        self._closed = False
-        self._aborting = False
 
     # -- public API -----------------------------------------------------------------------
-
-    @property
-    def producer_id(self) -> int | None:
-        """The id batches carry (None unless idempotent); changes only after 32767 epochs."""
-        return None if self._identity is None else self._identity[0]
-
-    @property
-    def producer_epoch(self) -> int | None:
-        """The epoch batches carry; bumped when a batch fails after it may have been stored."""
-        return None if self._identity is None else self._identity[1]
 
     @property
     def closed(self) -> bool:
@@ -292,25 +163,25 @@ class AsyncProducer(RetrySettings):
         its wait (see :class:`~headwater.client.send_future.AsyncSendFuture`).
         """
         self._check_open()
-        msg = _as_message(body, key, tag, properties)
+        msg = as_message(body, key, tag, properties)
         size = check_message(msg, _NO_CAP)
         _check_partition_type(partition)
         at = self._deliver_at(deliver_at, delay)
         if self._buffered_bytes + size > self.buffer_bytes_max:
-            if size > self.buffer_bytes_max:
-                raise MessageTooLargeError(
-                    f"a message of {size} bytes does not fit in the producer's buffer_bytes_max={self.buffer_bytes_max}"
-                )
+            self._check_room(size)
             raise UnavailableError(
                 f"producer buffer full: {self._buffered_bytes} bytes wait for acknowledgement "
                 f"(buffer_bytes_max={self.buffer_bytes_max}); await flush() or send() to wait for room"
             )
         fut: asyncio.Future[MessageId] = AsyncSendFuture(loop=asyncio.get_running_loop())
-        info = self._cached_info(queue, partition)
+        now_ms = asyncio.get_running_loop().time() * 1000
+        info = self._cached_info(queue, partition, now_ms)
         if info is None:
             self._park(queue, _Parked(msg, size, partition, fut, at))
         else:
-            self._route(queue, info, msg, size, partition, fut, urgent=False, buffered=True, deliver_at_ms=at)
+            self._route(
+                queue, info, msg, size, partition, fut, urgent=False, buffered=True, deliver_at_ms=at, now_ms=now_ms
+            )
         self._buffered_bytes += size
         return fut
 
@@ -329,7 +200,7 @@ class AsyncProducer(RetrySettings):
         """Send one message and return its id once it is stored (a delayed one: scheduled).
         It does not linger."""
         self._check_open()
-        msg = _as_message(body, key, tag, properties)
+        msg = as_message(body, key, tag, properties)
         size = check_message(msg, _NO_CAP)
         at = self._deliver_at(deliver_at, delay)
         info = await self._info_for(queue, partition)
@@ -355,46 +226,24 @@ class AsyncProducer(RetrySettings):
         Every message is checked before any is queued. When messages go to several
         partitions and one fails, the others may be stored.
         """
-        if isinstance(messages, (bytes, Message)):
-            raise InvalidArgumentError("send_batch takes a list of messages; use send() for one")
-        if len(messages) == 0:
-            raise InvalidArgumentError("send_batch needs at least one message")
+        check_batch_arg(messages)
         self._check_open()
         at = self._deliver_at(deliver_at, delay)
         info = await self._info_for(queue, partition)
-        n = len(info.partitions)
-        part = self._partitioner
-        groups: dict[int | None, list[int]]
-        if partition is not None:
-            groups = {partition: list(range(len(messages)))}
-        elif not callable(part.strategy) and not (
-            part.per_message and any(isinstance(m, Message) and m.key is not None for m in messages)
-        ):
-            if part.strategy == "key":
-                part.for_message(messages[0], n)  # raises: a key is required
-            groups = {None: list(range(len(messages)))}
-        else:
-            groups = {}
-            for i, m in enumerate(messages):
-                groups.setdefault(part.for_message(m, n), []).append(i)
+        groups = self._split(info, messages, partition)
         cap = info.config.message_bytes_max
         msgs = {p: [messages[i] for i in idxs] for p, idxs in groups.items()}
         sizes = {p: check_messages(ms, cap) for p, ms in msgs.items()}  # all valid, or none sent
         self._check_open()
         loop = asyncio.get_running_loop()
         futs: dict[int | None, asyncio.Future[ProduceResult]] = {}
+        n = len(info.partitions)
         for p, ms in msgs.items():
-            ps = self._partition_state(queue, p if p is not None else part.sticky(queue, n), at)
+            ps = self._core.partition(queue, p if p is not None else self._partitioner.sticky(queue, n), at)
             futs[p] = loop.create_future()
             self._enqueue(ps, ms, sizes[p], (len(ms), futs[p]), urgent=True, deliver_at_ms=at)
         results = await asyncio.shield(asyncio.gather(*futs.values()))
-        if len(groups) == 1:
-            return BatchReceipt(results[0])
-        ids: list[MessageId | None] = [None] * len(messages)
-        for idxs, result in zip(groups.values(), results):
-            for i, mid in zip(idxs, BatchReceipt(result)):
-                ids[i] = mid
-        return ids  # type: ignore[return-value]
+        return receipt(len(messages), groups, results)
 
     async def flush(self, timeout_s: float | None = None) -> None:
         """Send what is queued now, without lingering, and wait until every message sent so
@@ -409,14 +258,12 @@ class AsyncProducer(RetrySettings):
             _, late = await asyncio.wait(tasks, timeout=_left(loop, deadline))
             if late:
                 raise UnavailableError(f"flush: queue metadata still unknown after {timeout_s} s")
-        pending = [b for ps in self._parts.values() for b in (*ps.in_flight, *ps.ready, ps.open) if b is not None]
+        pending = self._core.pending()
         if not pending:
             return
         self._flushing += 1
         try:
-            for ps in self._parts.values():
-                if ps.open is not None or ps.ready:
-                    self._kick(ps)
+            self._pump()  # what lingers leaves now
             for b in pending:
                 while not b.done:
                     remaining = _left(loop, deadline)
@@ -444,10 +291,10 @@ class AsyncProducer(RetrySettings):
             await self.flush(timeout_s)
         except UnavailableError:
             self._abort()
-        for ps in self._parts.values():
-            if ps.timer is not None:
-                ps.timer.cancel()
-                ps.timer = None
+        for handle in (self._timer, self._pump_soon):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._pump_soon = None
         for task in list(self._refreshes.values()):  # nobody needs them now
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -461,54 +308,48 @@ class AsyncProducer(RetrySettings):
     # -- metadata and routing -------------------------------------------------------------
 
     async def _queue_info(self, queue: str, *, refresh: bool = False) -> QueueInfo:
-        """The queue's metadata: asked for, and awaited, when unknown or ``refresh``; a
-        copy older than ``metadata_max_age_ms`` is still used while a refresh task asks for a
-        fresh one (as in the sync producer)."""
-        now = asyncio.get_running_loop().time()
-        got = self._metadata.get(queue)
-        if refresh or got is None:
+        """The queue's metadata: asked for, and awaited, when unknown or ``refresh``; a stale
+        copy is still used while a refresh task asks for a fresh one (as in the sync producer)."""
+        now_ms = self._now_ms()
+        info, stale = self._metadata.lookup(queue, now_ms)
+        if refresh or info is None:
             info = await self._service.describe_queue(queue)
-            self._metadata[queue] = (now, info)
-            return info
-        self._refresh_if_stale(queue, got[0], now)
-        return got[1]
+            self._metadata.put(queue, info, now_ms)
+        elif stale:
+            self._refresh(queue, now_ms)
+        return info
 
-    def _cached_info(self, queue: str, partition: int | None) -> QueueInfo | None:
+    def _cached_info(self, queue: str, partition: int | None, now_ms: float) -> QueueInfo | None:
         """The queue's metadata if ``send_nowait`` may route with it now; None if the message
         must wait (unknown, an explicit partition beyond it, or earlier messages of the
         queue still waiting)."""
-        got = self._metadata.get(queue)
+        got = self._metadata.entries.get(queue)
         if got is None or queue in self._parked:
             return None
-        at, info = got
-        self._refresh_if_stale(queue, at, asyncio.get_running_loop().time())
+        at_ms, info = got
+        if now_ms - at_ms > self._metadata.max_age_ms:
+            self._refresh(queue, now_ms)
         if partition is not None and partition >= len(info.partitions):
             return None  # the queue may have grown: refresh before refusing
         return info
 
-    def _refresh_if_stale(self, queue: str, at: float, now: float) -> None:
-        if now - at > self._metadata_max_age_s and queue not in self._refreshes:
-            task = asyncio.get_running_loop().create_task(
-                self._refresh(queue, now), name=f"headwater-producer-refresh-{queue}"
-            )
-            self._refreshes[queue] = task
-            self._track(task)
+    def _refresh(self, queue: str, asked_at_ms: float) -> None:
+        """Ask for a stale copy's replacement in a task, unless one does already."""
+        if not self._metadata.start_refresh(queue):
+            return
 
-    async def _refresh(self, queue: str, asked_at: float) -> None:
-        try:
-            outcome: QueueInfo | BaseException = await self._service.describe_queue(queue)
-        except Exception as e:  # noqa: BLE001 - kept by store_refreshed
-            outcome = e
-        finally:
-            self._refreshes.pop(queue, None)
-        store_refreshed(
-            self._metadata,
-            queue,
-            asked_at,
-            outcome,
-            max_age_s=self._metadata_max_age_s,
-            now=asyncio.get_running_loop().time(),
-        )
+        async def refresh() -> None:
+            try:
+                outcome: QueueInfo | BaseException = await self._service.describe_queue(queue)
+            except Exception as e:  # noqa: BLE001 - kept by the cache
+                outcome = e
+            finally:
+                self._refreshes.pop(queue, None)
+            self._metadata.refreshed(queue, asked_at_ms, outcome, self._now_ms())
+
+        task = asyncio.get_running_loop().create_task(refresh(), name=f"headwater-producer-refresh-{queue}")
+        self._refreshes[queue] = task
+        self._track(task)
 
     async def _info_for(self, queue: str, partition: int | None) -> QueueInfo:
         """Metadata for a waiting send, after earlier ``send_nowait`` messages took their places."""
@@ -521,9 +362,7 @@ class AsyncProducer(RetrySettings):
             info = await self._queue_info(queue, refresh=True)  # it may have grown
             n = len(info.partitions)
             if not 0 <= partition < n:
-                raise PartitionOutOfRangeError(
-                    f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {partition}"
-                )
+                raise no_partition(queue, n, partition)
         return info
 
     def _park(self, queue: str, item: _Parked) -> None:
@@ -578,6 +417,7 @@ class AsyncProducer(RetrySettings):
         urgent: bool,
         buffered: bool,
         deliver_at_ms: int = 0,
+        now_ms: float | None = None,
     ) -> None:
         """Check the message against the queue and append it to its partition's open batch."""
         cap = info.config.message_bytes_max
@@ -587,37 +427,35 @@ class AsyncProducer(RetrySettings):
         n = len(info.partitions)
         if partition is not None:
             if not 0 <= partition < n:
-                raise PartitionOutOfRangeError(
-                    f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {partition}"
-                )
+                raise no_partition(queue, n, partition)
             p = partition
         else:
             chosen = self._partitioner.for_message(msg, n)
             p = chosen if chosen is not None else self._partitioner.sticky(queue, n)
-        ps = self._partition_state(queue, p, deliver_at_ms)
+        ps = self._core.partition(queue, p, deliver_at_ms)
         self._enqueue(
-            ps, msg, size, (0, fut), urgent=urgent, buffered=size if buffered else 0, deliver_at_ms=deliver_at_ms
+            ps,
+            msg,
+            size,
+            (0, fut),
+            urgent=urgent,
+            buffered=size if buffered else 0,
+            deliver_at_ms=deliver_at_ms,
+            now_ms=now_ms,
         )
 
-    def _partition_state(self, queue: str, partition: int, deliver_at_ms: int = 0) -> _Partition:
-        key = (queue, partition | DELAYED_PARTITION_BIT) if deliver_at_ms else (queue, partition)
-        ps = self._parts.get(key)
-        if ps is None:
-            ps = self._parts[key] = _Partition(queue, partition, bool(deliver_at_ms))
-        return ps
+    # -- the accumulator (the core's) and sending ---------------------------------------------
 
-    def _deliver_at(self, deliver_at: object, delay: object) -> int:
-        return deliver_at_ms(self._clock, deliver_at, delay)
+    def _now_ms(self) -> float:
+        return asyncio.get_running_loop().time() * 1000
 
-    # -- the accumulator ------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError("the producer is closed")
+    def _hurry(self) -> bool:
+        """Whether open batches leave now rather than when their linger ends."""
+        return bool(not self.linger_ms or self._flushing or self._closed)
 
     def _enqueue(
         self,
-        ps: _Partition,
+        ps: PartitionState,
         msgs: Message | bytes | list[Message | bytes],
         size: int,
         entry: tuple[int, asyncio.Future[Any]],
@@ -625,246 +463,113 @@ class AsyncProducer(RetrySettings):
         urgent: bool,
         buffered: int = 0,
         deliver_at_ms: int = 0,
+        now_ms: float | None = None,
     ) -> None:
         """Add one message (``entry[0] == 0``) or a ``send_batch`` group to the open batch of
-        ``ps``; seal it when full; start the drainer when there is something to send."""
-        b = ps.open
-        if b is not None and (
-            b.size_bytes + size > self.batch_bytes_max or not joins_batch(b.deliver_times, deliver_at_ms)
-        ):
-            self._seal(ps)  # would overflow, or an earlier deliver time: the newcomer starts the next batch
-            b = None
-        new = b is None
-        if b is None:
-            b = ps.open = _Batch(ps, asyncio.get_running_loop().time())
+        ``ps``; when something is due, have it sent in this turn of the loop."""
+        core = self._core
         count, fut = entry
-        if deliver_at_ms:
-            b.deliver_times = (b.deliver_times or []) + [deliver_at_ms] * (count or 1)
-        b.entries.append((len(b.messages), count, fut))
+        if now_ms is None:
+            now_ms = self._now_ms()
         if count:
+            b, opened = core.batch_for(ps, size, now_ms, deliver_at_ms)
+            b.entries.append((len(b.messages), count, fut))
             b.messages.extend(msgs)  # type: ignore[arg-type]
+            core.added(b, count, size, deliver_at_ms, bool(buffered), urgent)
         else:
-            b.messages.append(msgs)  # type: ignore[arg-type]
-        b.size_bytes += size
-        b.buffered_bytes += buffered
-        if urgent:
-            b.urgent = True
-        sealed = b.size_bytes >= self.batch_bytes_max
-        if sealed:
-            self._seal(ps)
-        if new or sealed or urgent:
-            self._kick(ps)
+            b, opened = core.append(ps, msgs, size, now_ms, deliver_at_ms, urgent, bool(buffered))  # type: ignore[arg-type]
+            b.entries.append((len(b.messages) - 1, 0, fut))
+        if (opened or urgent or ps.open is not b) and core.mark_sendable(ps):
+            self._schedule_pump()
 
-    def _seal(self, ps: _Partition) -> None:
-        ps.ready.append(ps.open)  # type: ignore[arg-type]
-        ps.open = None
-        self._partitioner.batch_sent(ps.queue, ps.partition)
+    def _schedule_pump(self) -> None:
+        if self._pump_soon is None:
+            self._pump_soon = asyncio.get_running_loop().call_soon(self._pump)
 
-    def _kick(self, ps: _Partition) -> None:
-        """Make sure the partition's drainer runs (it sends what is due, then ends); a
-        pipelining drainer that is waiting for an answer sends what is due now, from here."""
-        if ps.drainer is not None and ps.flying:
-            self._pump(ps)
-        elif ps.drainer is None:
-            ps.drainer = asyncio.get_running_loop().create_task(
-                self._drain(ps), name=f"headwater-producer-{ps.queue}-{ps.partition}"
-            )
-            self._track(ps.drainer)
+    def _pump(self) -> None:
+        """Send every batch due now; set the timer for the next one due."""
+        if self._pump_soon is not None:  # called directly (a flush): the scheduled call is not needed
+            self._pump_soon.cancel()
+            self._pump_soon = None
+        batches, wake_at_ms = self._core.collect(self._now_ms(), self._hurry())
+        for b in batches:
+            self._dispatch(b)  # type: ignore[arg-type]  # the core made it with _Batch
+        if wake_at_ms != self._timer_at_ms or self._timer is None:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._timer_at_ms = None
+            if wake_at_ms is not None:
+                self._timer = asyncio.get_running_loop().call_at(wake_at_ms / 1000, self._on_timer)
+                self._timer_at_ms = wake_at_ms
 
-    def _linger_ended(self, ps: _Partition) -> None:
-        ps.timer = None
-        self._kick(ps)
+    def _on_timer(self) -> None:
+        self._timer = self._timer_at_ms = None
+        self._pump()
 
-    def _track(self, task: asyncio.Task[None]) -> None:
+    def _dispatch(self, b: _Batch) -> None:
+        """Encode (unless a retry of the same bytes) and send a batch the core put in flight,
+        without waiting: the answer's callback settles it."""
+        core, ps = self._core, b.part
+        if b.encoded is None:
+            refused = core.refuse_first(b, self._now_ms())
+            if refused is not None:
+                self._finish(b, None, refused)
+                return
+            try:
+                core.encode(b)  # messages were checked against the queue's limit when queued
+            except Exception as e:  # noqa: BLE001 - it belongs to the batch's futures
+                self._finish(b, None, e)
+                return
+        b.attempts += 1
+        try:
+            if self._pipelined:
+                fut: asyncio.Future[ProduceResult] = self._service.produce_nowait(  # type: ignore[attr-defined]
+                    ps.queue, ps.partition, b.encoded
+                )
+            else:
+                call = self._service.produce(ps.queue, ps.partition, b.encoded)  # type: ignore[arg-type]
+                fut = task = asyncio.get_running_loop().create_task(call)
+                self._track(task, quiet=True)  # its error is the batch's, judged in _on_answer
+        except Exception as e:  # noqa: BLE001 - a closed service: judged like a failed request
+            self._answered(b, None, e)
+            return
+        fut.add_done_callback(functools.partial(self._on_answer, b))
+
+    def _on_answer(self, b: _Batch, fut: asyncio.Future[ProduceResult]) -> None:
+        if b.done:  # close() gave up on it
+            return
+        if fut.cancelled():
+            self._finish(b, None, ClosedError("the producer was closed before this batch was acknowledged"))
+            return
+        exc = fut.exception()
+        self._answered(b, None if exc is not None else fut.result(), exc)
+
+    def _answered(self, b: _Batch, result: ProduceResult | None, exc: BaseException | None) -> None:
+        """Settle a batch's attempt, or put it to be sent again, as the core's table says."""
+        if exc is None:
+            self._finish(b, result, None)
+            return
+        now_ms = self._now_ms()
+        verdict = self._core.judge(b, exc, now_ms)
+        if verdict.error is not None:
+            self._finish(b, None, verdict.error)
+            return
+        self._core.retry_later(b, verdict.delay_ms, now_ms)
+        self._schedule_pump()
+
+    def _track(self, task: asyncio.Task[Any], *, quiet: bool = False) -> None:
         self._tasks.add(task)
-        task.add_done_callback(self._task_ended)
+        task.add_done_callback(self._tasks.discard if quiet else self._task_ended)
 
-    def _task_ended(self, task: asyncio.Task[None]) -> None:
+    def _task_ended(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("a producer task failed", exc_info=task.exception())
 
-    async def _drain(self, ps: _Partition) -> None:
-        """Send the partition's due batches, holding the slot: one at a time, or pipelined."""
-        try:
-            async with ps.slot:
-                if self._pipeline > 1:
-                    await self._drain_pipelined(ps)
-                    return
-                while (b := self._take_due(ps)) is not None:
-                    ps.in_flight.append(b)
-                    try:
-                        await self._deliver(b)
-                    finally:
-                        ps.in_flight.remove(b)
-        finally:
-            ps.drainer = None
-
-    async def _drain_pipelined(self, ps: _Partition) -> None:
-        """Up to ``max_in_flight`` batches in flight, sent in order and settled in that order,
-        so a failure is seen before any answer to a batch sent after it. Then the partition
-        recovers: nothing new leaves, the batches still in flight are settled, and those to
-        retry are sent again one at a time, in their order."""
-        flying, retry = ps.flying, ps.retry
-        try:
-            while True:
-                self._pump(ps)
-                if not flying:
-                    if not retry:
-                        return
-                    for b, delay in retry:
-                        await asyncio.sleep(delay)
-                        await self._deliver(b)
-                        ps.in_flight.remove(b)
-                    retry.clear()
-                    continue
-                b, fut = flying[0]
-                try:
-                    result = await fut
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # noqa: BLE001 - judged below: retry or settle
-                    flying.popleft()
-                    delay = self._retry_delay(b, e)
-                    if delay is None:
-                        ps.in_flight.remove(b)
-                        self._finish(b, None, self._final_error(b, e))
-                    else:
-                        retry.append((b, delay))
-                    continue
-                flying.popleft()
-                ps.in_flight.remove(b)
-                self._finish(b, result, None)
-        except asyncio.CancelledError:  # close() gave up waiting
-            for b in ps.in_flight:
-                if not b.done:
-                    self._finish(b, None, ClosedError("the producer was closed before this batch was acknowledged"))
-            ps.in_flight.clear()
-            flying.clear()
-            retry.clear()
-            raise
-
-    def _pump(self, ps: _Partition) -> None:
-        """Send the partition's due batches while there is room in flight, in order."""
-        flying = ps.flying
-        while (
-            not ps.retry
-            and len(flying) < self._pipeline
-            and (
-                not flying or flying[-1][0].identity == self._identity  # an old epoch's go first
-            )
-        ):
-            b = self._take_due(ps)
-            if b is None:
-                break
-            fut = self._start(b)
-            if fut is not None:
-                ps.in_flight.append(b)
-                flying.append((b, fut))
-
-    def _start(self, b: _Batch) -> asyncio.Future[ProduceResult] | None:
-        """Encode (first attempt) and send a batch without waiting; None if it was settled
-        instead (the producer is closing, the batch waited too long, it does not encode)."""
-        if b.encoded is None and not self._encode_first(b):
-            return None
-        b.attempts += 1
-        return self._service.produce_nowait(b.part.queue, b.part.partition, b.encoded)  # type: ignore[attr-defined]
-
-    def _take_due(self, ps: _Partition) -> _Batch | None:
-        """The next batch to send now; None if there is none, or the open one still lingers
-        (then a timer restarts the drainer when it is due)."""
-        if ps.ready:
-            return ps.ready.popleft()
-        b = ps.open
-        if b is None:
-            return None
-        if not (b.urgent or not self._linger_s or self._flushing or self._closed):
-            loop = asyncio.get_running_loop()
-            due = b.created_s + self._linger_s
-            if due > loop.time():
-                if ps.timer is None:
-                    ps.timer = loop.call_at(due, self._linger_ended, ps)
-                return None
-        ps.open = None
-        self._partitioner.batch_sent(ps.queue, ps.partition)
-        return b
-
-    async def _deliver(self, b: _Batch) -> None:
-        """Encode (first attempt) and send a batch, retrying retriable errors; settle it."""
-        ps = b.part
-        try:
-            if b.encoded is None and not self._encode_first(b):
-                return
-            while True:
-                if b.encoded is None:  # refused as out of order: sent again under a new epoch
-                    self._encode(b)
-                b.attempts += 1
-                try:
-                    result = await self._service.produce(ps.queue, ps.partition, b.encoded)  # type: ignore[arg-type]
-                except Exception as e:  # noqa: BLE001 - judged below: retry or settle
-                    delay = self._retry_delay(b, e)
-                    if delay is None:
-                        self._finish(b, None, self._final_error(b, e))
-                        return
-                    await asyncio.sleep(delay)
-                    continue
-                self._finish(b, result, None)
-                return
-        except asyncio.CancelledError:  # close() gave up waiting
-            if not b.done:
-                self._finish(b, None, ClosedError("the producer was closed before this batch was acknowledged"))
-            raise
-
-    def _encode_first(self, b: _Batch) -> bool:
-        """Encode a batch for its first attempt; False if it was settled instead (the
-        producer is closing, the batch waited too long to be sent, it does not encode)."""
-        refused = self._retry.refuse_first_send(b.created_s, asyncio.get_running_loop().time(), self._aborting)
-        if refused is not None:
-            self._finish(b, None, refused)
-            return False
-        try:
-            self._encode(b)
-        except Exception as e:  # noqa: BLE001 - it belongs to the batch's futures
-            self._finish(b, None, e)
-            return False
-        return True
-
-    def _encode(self, b: _Batch) -> None:
-        """Encode in the slot: the batch's sequence follows what its partition acknowledged."""
-        ident = self._identity
-        pid, seq, epoch = take_sequence(b.part, ident, len(b.messages))
-        # messages were checked against the queue's limit when queued
-        b.encoded = encode_batch(
-            b.messages,
-            compression=self.compression,
-            producer_id=pid,
-            base_sequence=seq,
-            producer_epoch=epoch,
-            deliver_times=b.deliver_times,
-        )
-        b.identity, b.base_sequence = ident, seq
-
-    def _retry_delay(self, b: _Batch, exc: BaseException) -> float | None:
-        """Seconds to wait before sending ``b`` again, or None if ``exc`` is final."""
-        if self._retry.gives_up(b.attempts, self._aborting):
-            return None
-        if isinstance(exc, OutOfOrderSequenceError) and b.identity is not None:
-            # the broker stored nothing of it and lost (or forgot) our earlier batches, as a
-            # crash under async flush can make it: send it again under a new epoch, from 0
-            if b.identity == self._identity:
-                self._bump_epoch()
-            b.encoded = None
-            return 0.0
-        if not getattr(exc, "retriable", False):
-            return None
-        return self._retry.backoff_s(b.attempts, b.created_s, asyncio.get_running_loop().time())
-
-    def _final_error(self, b: _Batch, exc: BaseException) -> BaseException:
-        return self._retry.final_error(exc, b.attempts, self._aborting)
-
     def _finish(self, b: _Batch, result: ProduceResult | None, exc: BaseException | None) -> None:
-        """Settle a batch: advance or reset the sequence, free its buffer room, resolve its futures."""
-        ps = b.part
+        """Settle a batch: resolve its futures, free its buffer room, advance or reset the
+        sequences; then send what waited for its slot."""
+        core, ps = self._core, b.part
         if result is not None:
             qid, part, base = result.queue_id, result.partition, result.base_offset
             for index, count, fut in b.entries:
@@ -876,52 +581,37 @@ class AsyncProducer(RetrySettings):
                     )
         else:
             assert exc is not None
-            if b.attempts and b.identity is not None and b.identity == self._identity and may_be_appended(exc):
-                self._bump_epoch()
-            else:  # not stored: give its sequence back, if nothing took the next one
-                give_back_sequence(ps, b.identity, b.base_sequence, len(b.messages))
+            core.fail(b, exc)
             if isinstance(exc, (QueueNotFoundError, PartitionOutOfRangeError)):
-                self._metadata.pop(ps.queue, None)
+                self._metadata.forget(ps.queue)
             for _, _, fut in b.entries:
                 _fail(fut, exc)
         self._buffered_bytes -= b.buffered_bytes
         b.buffered_bytes = 0
         b.done = True
         self._batch_done.set()
-
-    def _bump_epoch(self) -> None:
-        self._identity = next_epoch(self._identity)  # type: ignore[arg-type]
+        batches, wake = core.finish(b, self._now_ms(), self._hurry())
+        for nb in batches:
+            self._dispatch(nb)  # type: ignore[arg-type]  # the core made it with _Batch
+        if wake:
+            self._schedule_pump()
 
     def _abort(self) -> None:
-        """close() gave up on the flush: fail what is unsent, stop what is in flight."""
-        self._aborting = True
+        """close() gave up on the flush: fail what is unsent, and what is in flight."""
+        unsent, waiting = self._core.abort()
         closed = closed_unsent()
         for queue in list(self._parked):
             for item in self._parked.pop(queue):
                 self._buffered_bytes -= item.size
                 _fail(item.fut, closed)
-        for ps in self._parts.values():
-            for b in (*ps.ready, ps.open):
-                if b is not None:
-                    self._finish(b, None, closed)
-            ps.ready.clear()
-            ps.open = None
+        for b in unsent:
+            self._finish(b, None, closed)  # type: ignore[arg-type]
+        gone = ClosedError("the producer was closed before this batch was acknowledged")
+        for b in [*waiting, *(b for ps in self._core.parts.values() for b in ps.in_flight)]:
+            if not b.done:
+                self._finish(b, None, gone)  # type: ignore[arg-type]
         for task in self._tasks:
             task.cancel()
-
-
-def _as_message(body: object, key: object, tag: object, properties: object) -> Message | bytes:
-    if isinstance(body, Message):
-        if key is not None or tag is not None or properties is not None:
-            raise InvalidArgumentError("pass key, tag and properties inside the Message, not beside it")
-        return body
-    if isinstance(body, (bytearray, memoryview)):
-        body = bytes(body)
-    if type(body) is bytes and key is None and tag is None and not properties:
-        return body
-    if type(body) is bytes:
-        return Message(body, key, tag, properties or None)  # type: ignore[arg-type]
-    return body  # type: ignore[return-value]  # check_message names the problem
 
 
 def _check_partition_type(partition: object) -> None:

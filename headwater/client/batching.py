@@ -1,6 +1,7 @@
-"""What the thread-based and the asyncio producers share, and that does no I/O: the limits
-of the idempotence fields and the sequences batches take, the retry policy, checks of
-settings and messages, size estimates, deliver times, the receipt of a batch.
+"""What the thread-based and the asyncio producers share above their core
+(:mod:`headwater.client.core`), as httpx's clients share a base: :class:`ProducerBase` (the
+settings, checked, the core, the split of a ``send_batch``), checks of messages, size
+estimates, deliver times, the receipt of a batch.
 
 >>> check_message(Message(b"body", key=b"k", tag="t"), 1000)  # 4 + 1 + 1 + overhead
 22
@@ -12,62 +13,48 @@ settings and messages, size estimates, deliver times, the receipt of a batch.
 from __future__ import annotations
 
 import importlib
-import logging
 import random
-import secrets
+import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
 
+from headwater.client.core.metadata import MetadataCache
+from headwater.client.core.outcomes import RetryPolicy, int_setting
+from headwater.client.core.producer import Batch, PartitionState, ProducerCore
+from headwater.client.partitioner import Partitioner, PartitionFn
 from headwater.errors import (
     ClosedError,
     InvalidArgumentError,
     MessageTooLargeError,
-    OutOfOrderSequenceError,
-    ProducerFencedError,
-    QueueNotFoundError,
-    UnavailableError,
-    UsageError,
+    PartitionOutOfRangeError,
 )
 from headwater.model.batch import BATCH_BYTES_MAX, HEADER_SIZE, batch_too_large
 from headwater.model.config import QueueInfo
 from headwater.model.delay import resolve_deliver_at
 from headwater.model.message import Message, MessageId
+from headwater.model.producer_state import RECENT_BATCHES
 from headwater.model.service import ProduceResult
 
 __all__ = [
-    "SEQUENCE_MOD",
-    "EPOCH_MAX",
     "MESSAGE_OVERHEAD_BYTES",
-    "METADATA_RETRY_S",
     "COMPRESSIONS",
     "BatchReceipt",
+    "ProducerBase",
+    "as_message",
+    "no_partition",
     "check_compression",
-    "RetryPolicy",
-    "RetrySettings",
-    "Sequenced",
-    "closed_unsent",
-    "store_refreshed",
-    "new_identity",
-    "next_epoch",
-    "take_sequence",
-    "give_back_sequence",
+    "receipt",
+    "check_batch_arg",
     "deliver_at_ms",
     "int_setting",
     "too_large",
     "check_message",
     "check_messages",
-    "may_be_appended",
 ]
 
-SEQUENCE_MOD = 2**31  # the broker counts sequences modulo this (a signed 32-bit field)
-EPOCH_MAX = 2**15 - 1  # the epoch is a signed 16-bit field; past it, a new producer id
 MESSAGE_OVERHEAD_BYTES = 16  # added to a message's size in the buffer and batch estimates
 _ALONE_BYTES_MAX = BATCH_BYTES_MAX - HEADER_SIZE  # the estimate of a message that fills a batch alone
-METADATA_RETRY_S = 0.5  # a background refresh of a queue's metadata that failed is tried again after this
 COMPRESSIONS = (None, "zstd", "lz4")
 _CODEC_MODULES = {"zstd": "zstandard", "lz4": "lz4.frame"}
-
-log = logging.getLogger("headwater.producer")
 
 
 def check_compression(compression: object) -> None:
@@ -116,12 +103,6 @@ class BatchReceipt(Sequence[MessageId]):
     def __repr__(self) -> str:
         r = self.result
         return f"<BatchReceipt partition={r.partition} offsets={r.base_offset}..{r.base_offset + r.count - 1}>"
-
-
-def int_setting(name: str, value: object, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise InvalidArgumentError(f"{name} must be an int from {lo} to {hi}, got {value!r}")
-    return value
 
 
 def too_large(size: int, cap: int) -> MessageTooLargeError:
@@ -175,13 +156,6 @@ def check_message(m: Message | bytes, cap: int) -> int:
     return size
 
 
-def may_be_appended(exc: BaseException) -> bool:
-    """Could the broker have appended a batch whose request ended with ``exc``? A usage
-    error is a refusal before appending, except the sequence errors (our state disagrees
-    with the broker's)."""
-    return not isinstance(exc, UsageError) or isinstance(exc, (OutOfOrderSequenceError, ProducerFencedError))
-
-
 def check_messages(messages: Sequence[Message | bytes], cap: int) -> int:
     """Validate messages bound for one batch; return their size estimate."""
     if set(map(type, messages)) == {bytes}:  # plain bodies: checked in C
@@ -196,76 +170,110 @@ def check_messages(messages: Sequence[Message | bytes], cap: int) -> int:
     return size
 
 
-class RetryPolicy:
-    """When a producer sends a failed batch again, and what the batch's futures get when it
-    does not: the ``retries``, ``retry_backoff_ms``, ``retry_backoff_max_ms`` and
-    ``delivery_timeout_ms`` settings, checked. Times are the caller's monotonic seconds.
+class ProducerBase:
+    """The settings both producers take, checked, and what they do with them without I/O:
+    the core that keeps their batches, the partitioner, the producer's ids, deliver times,
+    how a ``send_batch`` splits over partitions. ``pipelined``: the service keeps the order
+    of requests (a connection), so batches of a partition may be pipelined.
 
-    >>> p = RetryPolicy(retries=3, backoff_ms=100, backoff_max_ms=300, delivery_timeout_ms=5000,
-    ...                 rng=random.Random(7))
-    >>> waits = [p.backoff_s(n, created_s=0.0, now_s=0.0) for n in (1, 2, 3, 4)]
-    >>> all(0.8 * b <= w <= 1.2 * b for w, b in zip(waits, (0.1, 0.2, 0.3, 0.3)))  # doubling, capped, +-20 %
-    True
-    >>> p.backoff_s(1, created_s=0.0, now_s=4.99) is None  # it would end past delivery_timeout_ms
-    True
-    >>> p.gives_up(attempts=4, aborting=False), p.gives_up(attempts=3, aborting=False)
-    (True, False)
+    Options (all keyword-only; ``docs/producing.md`` explains each with an example):
+
+    - ``partitioner``: ``"default"``, ``"key"``, ``"round_robin"``, ``"random"`` or a function
+      ``(message, partition_count) -> partition`` (see :mod:`headwater.client.partitioner`).
+    - ``compression``: ``None``, ``"zstd"`` or ``"lz4"`` (the ``compression`` extra).
+    - ``linger_ms``: how long a partition's batch waits for more messages; 0 sends at once
+      while the partition has room in flight (messages arriving meanwhile form the next one).
+    - ``max_in_flight``: batches of one partition in flight at once, 1 to 5 (default 5 for
+      an idempotent producer, whose retries keep their order; 1 otherwise). Embedded
+      producers always use 1.
+    - ``batch_bytes_max``: a batch is sent when its messages reach this size.
+    - ``retries``, ``retry_backoff_ms``, ``retry_backoff_max_ms``: a batch failing with a
+      retriable error is sent again up to ``retries`` times, after
+      ``retry_backoff_ms * 2**n`` (capped, with jitter).
+    - ``delivery_timeout_ms``: the longest a message may take from ``send()`` to its outcome
+      (lingering, waiting for its partition, retries); then its future fails.
+    - ``idempotent``: stamp batches with a producer id and sequence, so retries are stored
+      once.
+    - ``buffer_bytes_max``: the memory messages sent without waiting may hold.
+    - ``metadata_max_age_ms``: how long a queue's partition count and limits are cached;
+      an older copy is refreshed in the background while sends go on with it.
+    - ``rng``: the randomness of the backoff jitter and of the ``"random"`` partitioner.
+    - ``clock``: seconds since the epoch, for ``delay=`` (default: the embedded broker's
+      clock, else ``time.time``).
     """
 
-    __slots__ = ("retries", "backoff_ms", "backoff_max_ms", "delivery_timeout_ms", "_timeout_s", "_rng")
-
     def __init__(
-        self, *, retries: int, backoff_ms: int, backoff_max_ms: int, delivery_timeout_ms: int, rng: random.Random
+        self,
+        service: object,
+        *,
+        new_batch: Callable[[PartitionState, float], Batch],
+        pipelined: bool,
+        partitioner: str | PartitionFn = "default",
+        compression: str | None = None,
+        linger_ms: int = 0,
+        batch_bytes_max: int = 1 << 20,
+        retries: int = 5,
+        retry_backoff_ms: int = 100,
+        retry_backoff_max_ms: int = 1000,
+        delivery_timeout_ms: int = 120_000,
+        idempotent: bool = True,
+        buffer_bytes_max: int = 32 << 20,
+        metadata_max_age_ms: int = 5000,
+        max_in_flight: int | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
-        self.retries = int_setting("retries", retries, 0, 1_000_000)
-        self.backoff_ms = int_setting("retry_backoff_ms", backoff_ms, 0, 3_600_000)
-        self.backoff_max_ms = int_setting("retry_backoff_max_ms", backoff_max_ms, self.backoff_ms, 3_600_000)
-        self.delivery_timeout_ms = int_setting("delivery_timeout_ms", delivery_timeout_ms, 1, 86_400_000)
-        self._timeout_s = delivery_timeout_ms / 1000
-        self._rng = rng
+        check_compression(compression)
+        if not isinstance(idempotent, bool):
+            raise InvalidArgumentError(f"idempotent is True or False, got {idempotent!r}")
+        self._rng = rng or random.Random()
+        self._clock = clock or time.time  # turns delay= into a deliver time
+        self._partitioner = Partitioner(partitioner, rng=self._rng)
+        self._service = service
+        self.compression = compression
+        self.linger_ms = int_setting("linger_ms", linger_ms, 0, 3_600_000)
+        self.batch_bytes_max = int_setting("batch_bytes_max", batch_bytes_max, 1, BATCH_BYTES_MAX // 2)
+        self._retry = RetryPolicy(
+            retries=retries,
+            backoff_ms=retry_backoff_ms,
+            backoff_max_ms=retry_backoff_max_ms,
+            delivery_timeout_ms=delivery_timeout_ms,
+            rng=self._rng,
+        )
+        self.idempotent = idempotent
+        self.buffer_bytes_max = int_setting("buffer_bytes_max", buffer_bytes_max, 1, 1 << 40)
+        self._metadata = MetadataCache(int_setting("metadata_max_age_ms", metadata_max_age_ms, 0, 86_400_000))
+        self.max_in_flight = (
+            (RECENT_BATCHES if idempotent else 1)
+            if max_in_flight is None
+            else int_setting("max_in_flight", max_in_flight, 1, RECENT_BATCHES)
+        )
+        self._core = ProducerCore(
+            new_batch=new_batch,
+            batch_sent=self._partitioner.batch_sent,
+            retry=self._retry,
+            linger_ms=self.linger_ms,
+            batch_bytes_max=self.batch_bytes_max,
+            pipeline=self.max_in_flight if pipelined else 1,
+            idempotent=idempotent,
+            compression=compression,
+        )
+        self._parts = self._core.parts
+        self._buffered_bytes = 0  # of messages sent without waiting, not settled yet
+        self._flushing = 0
+        self._closed = False
 
-    def gives_up(self, attempts: int, aborting: bool) -> bool:
-        """No more attempts: ``attempts`` used up the retries, or the producer is closing."""
-        return attempts > self.retries or aborting
+    @property
+    def producer_id(self) -> int | None:
+        """The id batches carry (None unless idempotent); changes only after 32767 epochs."""
+        identity = self._core.identity
+        return None if identity is None else identity[0]
 
-    def backoff_s(self, attempts: int, created_s: float, now_s: float) -> float | None:
-        """Seconds to wait before attempt ``attempts + 1`` of a batch made at ``created_s``;
-        None when that would end past the delivery timeout."""
-        backoff_ms = min(self.backoff_ms * 2 ** min(attempts - 1, 30), self.backoff_max_ms)
-        delay = backoff_ms / 1000 * (0.8 + 0.4 * self._rng.random())  # +-20% jitter
-        if now_s + delay - created_s > self._timeout_s:
-            return None
-        return delay
-
-    def refuse_first_send(self, created_s: float, now_s: float, aborting: bool) -> BaseException | None:
-        """Why a batch made at ``created_s`` must not go out for its first attempt (the
-        producer is closing, or the batch waited past the delivery timeout); None when it may."""
-        if aborting:
-            return closed_unsent()
-        if now_s - created_s > self._timeout_s:
-            return UnavailableError(
-                f"the batch waited longer than delivery_timeout_ms={self.delivery_timeout_ms} to be sent"
-            )
-        return None
-
-    def final_error(self, exc: BaseException, attempts: int, aborting: bool) -> BaseException:
-        """What a batch failing with ``exc`` after ``attempts`` fails with: a retriable error
-        that ran out of time says so (the error is its cause); any other is itself."""
-        if getattr(exc, "retriable", False) and not self.gives_up(attempts, aborting):
-            err = UnavailableError(
-                f"not acknowledged within delivery_timeout_ms={self.delivery_timeout_ms} "
-                f"({attempts} attempts); last error: {exc}"
-            )
-            err.__cause__ = exc
-            return err
-        return exc
-
-
-class RetrySettings:
-    """A producer's retry settings, read-only, as its :class:`RetryPolicy` (``_retry``) holds them."""
-
-    __slots__ = ()
-    _retry: RetryPolicy
+    @property
+    def producer_epoch(self) -> int | None:
+        """The epoch batches carry; bumped when a batch fails after it may have been stored."""
+        identity = self._core.identity
+        return None if identity is None else identity[1]
 
     @property
     def retries(self) -> int:
@@ -273,7 +281,7 @@ class RetrySettings:
 
     @property
     def retry_backoff_ms(self) -> int:
-        return self._retry.backoff_ms
+        return self._retry.base_backoff_ms
 
     @property
     def retry_backoff_max_ms(self) -> int:
@@ -283,100 +291,78 @@ class RetrySettings:
     def delivery_timeout_ms(self) -> int:
         return self._retry.delivery_timeout_ms
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the producer is closed")
 
-class Sequenced(Protocol):
-    """A partition's sequence state, in either producer: the (producer id, epoch) its
-    ``next_sequence`` counts under."""
+    def _deliver_at(self, deliver_at: object, delay: object) -> int:
+        return deliver_at_ms(self._clock, deliver_at, delay)
 
-    identity: tuple[int, int] | None
-    next_sequence: int
+    def _check_room(self, size: int) -> None:
+        """Refuse a message that could never fit in ``buffer_bytes_max``."""
+        if size > self.buffer_bytes_max:
+            raise MessageTooLargeError(
+                f"a message of {size} bytes does not fit in the producer's buffer_bytes_max={self.buffer_bytes_max}"
+            )
 
-
-def store_refreshed(
-    cache: dict[str, tuple[float, QueueInfo]],
-    queue: str,
-    asked_at: float,
-    outcome: QueueInfo | BaseException,
-    *,
-    max_age_s: float,
-    now: float,
-) -> None:
-    """Keep what a background refresh of ``queue``'s metadata brought, in ``cache`` (queue:
-    (when asked, metadata)): new metadata, stamped when it was asked for, unless a newer copy
-    arrived meanwhile; for a queue that no longer exists, nothing (the next send asks again
-    and fails with the broker's error); after any other failure, the old copy, stale again
-    in ``METADATA_RETRY_S``.
-
-    >>> cache = {"q": (0.0, "old")}
-    >>> store_refreshed(cache, "q", 10.0, UnavailableError("down"), max_age_s=5.0, now=12.0)
-    >>> cache["q"]  # due again at 12.5
-    (7.5, 'old')
-    >>> store_refreshed(cache, "q", 13.0, "new", max_age_s=5.0, now=13.1)
-    >>> cache["q"]
-    (13.0, 'new')
-    >>> store_refreshed(cache, "q", 14.0, QueueNotFoundError("gone"), max_age_s=5.0, now=14.1)
-    >>> cache
-    {}
-    """
-    got = cache.get(queue)
-    if isinstance(outcome, QueueNotFoundError):
-        cache.pop(queue, None)
-    elif isinstance(outcome, BaseException):
-        if got is not None:
-            cache[queue] = (max(got[0], now - max_age_s + METADATA_RETRY_S), got[1])
-    elif got is None or got[0] <= asked_at:
-        cache[queue] = (asked_at, outcome)
+    def _split(
+        self, info: QueueInfo, messages: Sequence[Message | bytes], partition: int | None
+    ) -> dict[int | None, list[int]]:
+        """The indexes of a ``send_batch``'s messages per partition (None: the sticky one)."""
+        part, n = self._partitioner, len(info.partitions)
+        if partition is not None:
+            return {partition: list(range(len(messages)))}
+        if not callable(part.strategy) and not (
+            part.per_message and any(isinstance(m, Message) and m.key is not None for m in messages)
+        ):
+            if part.strategy == "key":
+                part.for_message(messages[0], n)  # raises: a key is required
+            return {None: list(range(len(messages)))}
+        groups: dict[int | None, list[int]] = {}
+        for i, m in enumerate(messages):
+            groups.setdefault(part.for_message(m, n), []).append(i)
+        return groups
 
 
-def closed_unsent() -> ClosedError:
-    """What a message still unsent when its producer closed fails with."""
-    return ClosedError("the producer was closed before this message was sent")
+def check_batch_arg(messages: object) -> None:
+    """Refuse a ``send_batch`` argument that is not a non-empty list of messages."""
+    if isinstance(messages, (bytes, Message)):
+        raise InvalidArgumentError("send_batch takes a list of messages; use send() for one")
+    if len(messages) == 0:  # type: ignore[arg-type]
+        raise InvalidArgumentError("send_batch needs at least one message")
 
 
-def new_identity(idempotent: bool) -> tuple[int, int] | None:
-    """A fresh (producer id, epoch): a random 62-bit id, so two producers never share one."""
-    return (secrets.randbits(62), 0) if idempotent else None
+def receipt(count: int, groups: dict[int | None, list[int]], results: list[ProduceResult]) -> Sequence[MessageId]:
+    """The ids of a ``send_batch`` of ``count`` messages, in their order, from each group's result."""
+    if len(groups) == 1:
+        return BatchReceipt(results[0])
+    ids: list[MessageId | None] = [None] * count
+    for idxs, result in zip(groups.values(), results):
+        for i, mid in zip(idxs, BatchReceipt(result)):
+            ids[i] = mid
+    return ids  # type: ignore[return-value]  # every index is in one group
 
 
-def next_epoch(identity: tuple[int, int]) -> tuple[int, int]:
-    """The identity after a batch failed once it may have been stored: the next epoch, whose
-    sequences start afresh (a new id past ``EPOCH_MAX``).
-
-    >>> next_epoch((5, 0)), next_epoch((5, EPOCH_MAX))[0] != 5
-    ((5, 1), True)
-    """
-    pid, epoch = identity
-    log.info("producer %d: epoch bumped to %d after a failed batch", pid, epoch + 1)
-    return (secrets.randbits(62), 0) if epoch >= EPOCH_MAX else (pid, epoch + 1)
-
-
-def take_sequence(part: Sequenced, identity: tuple[int, int] | None, count: int) -> tuple[int, int, int]:
-    """(producer id, base sequence, epoch) to encode a batch of ``count`` messages with; the
-    partition's next batch follows it, before this one's answer. ``-1``s when not idempotent.
-
-    >>> class P: identity, next_sequence = None, 0
-    >>> part = P()
-    >>> take_sequence(part, (9, 0), 3), take_sequence(part, (9, 0), 2), take_sequence(part, (9, 1), 1)
-    ((9, 0, 0), (9, 3, 0), (9, 0, 1))
-    """
-    if identity is None:
-        return -1, -1, -1
-    if part.identity != identity:  # first batch, or a new epoch: sequences start afresh
-        part.identity, part.next_sequence = identity, 0
-    seq = part.next_sequence
-    part.next_sequence = (seq + count) % SEQUENCE_MOD
-    return identity[0], seq, identity[1]
+def as_message(body: object, key: object, tag: object, properties: object) -> Message | bytes:
+    """A send's arguments as one message: plain bytes when there is nothing but a body."""
+    if isinstance(body, Message):
+        if key is not None or tag is not None or properties is not None:
+            raise InvalidArgumentError("pass key, tag and properties inside the Message, not beside it")
+        return body
+    if isinstance(body, (bytearray, memoryview)):
+        body = bytes(body)
+    if type(body) is bytes and key is None and tag is None and not properties:
+        return body
+    if type(body) is bytes:
+        return Message(body, key, tag, properties or None)  # type: ignore[arg-type]
+    return body  # type: ignore[return-value]  # check_message names the problem
 
 
-def give_back_sequence(part: Sequenced, identity: tuple[int, int] | None, base_sequence: int, count: int) -> None:
-    """A batch encoded at ``base_sequence`` was not stored: its range is free again, unless a
-    later batch already took the next one (then the broker will say what is missing)."""
-    if (
-        identity is not None
-        and part.identity == identity
-        and part.next_sequence == (base_sequence + count) % SEQUENCE_MOD
-    ):
-        part.next_sequence = base_sequence
+def no_partition(queue: str, partitions: int, partition: int) -> PartitionOutOfRangeError:
+    """The error of a send to a partition the queue does not have."""
+    return PartitionOutOfRangeError(
+        f"queue {queue!r} has partitions 0..{partitions - 1}; there is no partition {partition}"
+    )
 
 
 def deliver_at_ms(clock: Callable[[], float], deliver_at: object, delay: object) -> int:

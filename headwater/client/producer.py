@@ -1,207 +1,86 @@
-"""Producer: turns messages into record batches and sends them to partitions.
+"""Producer: the thread-based driver of the producer core (:mod:`headwater.client.core`).
 
-Encoding happens here, in the caller's process, so a broker only validates and appends.
+The core keeps the batches and decides what leaves when and what follows each answer; this
+module owns the threads, the waiting, the futures and the callbacks, and encodes in the
+caller's process, so a broker only validates and appends. How few thread hops lie between a
+caller and the socket, and why, is ``docs/design/client.md``; the user guide is
+``docs/producing.md``.
 
-How a message travels (the user guide is ``docs/producing.md``):
-
-- ``send()`` validates the message, picks its partition and appends it to that partition's
-  *open batch* in the accumulator, then returns a future. A background thread, the sender
-  ("headwater-producer"), seals a partition's open batch when it reaches
-  ``batch_bytes_max``, when ``linger_ms`` has passed since its first message, or at once
-  with ``linger_ms=0``, and sends it. With ``linger_ms=0`` over the network, ``send()``
-  sends the batch itself when the partition has room in flight (no thread hand-off); a
-  batch that waited for room leaves from the thread that settles the answer making it
-  (the client's I/O thread over the network), again without waking the sender.
-- Pipelining: up to ``max_in_flight`` batches of a partition are in flight at once (5, the
-  broker's window of remembered batches, by default for an idempotent producer over the
-  network). Order holds because every batch is encoded and handed to the connection under
-  one lock, in sequence order, and the broker appends a connection's batches in the order
-  they arrive. When a batch fails and will be retried, its partition *recovers*: nothing new
-  is sent until the batches in flight are through, then the failed ones are sent again one
-  at a time, in their original order. In embedded mode (no connection to keep the order)
-  one batch is in flight per partition.
-- ``send_batch()`` and ``send_and_wait()`` block. When their partition is idle they encode
-  and send in the caller's thread (the fast path: no thread hand-off), alone in flight;
-  otherwise their messages join the partition's open batch and the caller waits for it.
-- Idempotence: the producer has a random id and an epoch; each batch carries the sequence
-  number of its first message, counted per (queue, partition) and assigned when the batch
-  is encoded. A retry re-sends the same bytes, so the broker recognises it (it remembers a
-  producer's last five batches per partition) and answers with the original offsets. When
-  a batch fails for good after it may have reached the broker, the epoch is bumped, so the
-  broker accepts later batches from sequence 0 instead of refusing them as out of order;
-  a batch refused as out of order (the broker lost earlier ones) is re-encoded under a new
-  epoch and sent again, and so are the batches of its partition waiting behind it to be
-  sent again.
-
-Thread-safety: every method may be called from any thread. One lock guards the accumulator
-(open batches, batches in flight, the buffer count); a second one, taken while holding the
-first, orders encoding and hand-off to the connection, so the first is not held while a
-batch is encoded. Send
-callbacks run in the sender thread, one at a time, in send order within a partition: keep
-them quick. The blocking methods (``send_and_wait``, ``send_batch``, ``flush``, ``close``)
-raise :class:`UsageError` there, always, rather than work only while a partition is idle:
-over the network a callback can also run on the client's I/O thread (a batch refused
-before it left, settled there), where a wait for an answer would never end.
+Thread-safety: every method may be called from any thread. One lock guards the core and
+the buffer count; a second one, taken while holding the first, orders encoding and hand-off
+to the connection (batches of a partition reach it in sequence order), so the first is not
+held while a batch is encoded. Send callbacks run in the sender thread ("headwater-producer"),
+one at a time, in send order within a partition: keep them quick. The blocking methods
+(``send_and_wait``, ``send_batch``, ``flush``, ``close``) raise :class:`UsageError` there,
+always: over the network a callback can also run on the client's I/O thread (a batch
+refused before it left, settled there), where a wait for an answer would never end.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import functools
-import itertools
 import logging
-import random
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from headwater.client.batching import (
     MESSAGE_OVERHEAD_BYTES,
     BatchReceipt,
-    RetryPolicy,
-    RetrySettings,
-    check_compression,
+    ProducerBase,
+    as_message,
+    check_batch_arg,
     check_message,
     check_messages,
-    closed_unsent,
-    deliver_at_ms,
-    give_back_sequence,
     int_setting,
-    may_be_appended,
-    new_identity,
-    next_epoch,
-    store_refreshed,
-    take_sequence,
+    no_partition,
+    receipt,
     too_large,
 )
-from headwater.client.partitioner import Partitioner, PartitionFn
-from headwater.client.send_future import SendFuture
+from headwater.client.core.outcomes import closed_unsent
+from headwater.client.core.producer import Batch, PartitionState
+from headwater.client.producer_sender import ProducerSender
+from headwater.client.send_future import SendFuture, fail_sends, settle_sends
 from headwater.errors import (
-    ClosedError,
     InvalidArgumentError,
-    MessageTooLargeError,
-    OutOfOrderSequenceError,
     PartitionOutOfRangeError,
     QueueNotFoundError,
     UnavailableError,
     UsageError,
 )
-from headwater.model.batch import BATCH_BYTES_MAX, encode_batch
 from headwater.model.config import QueueInfo
-from headwater.model.delay import DELAYED_PARTITION_BIT, joins_batch
 from headwater.model.message import Message, MessageId
-from headwater.model.producer_state import RECENT_BATCHES
 from headwater.model.service import BrokerService, ProduceResult
 
 __all__ = ["Producer", "BatchReceipt", "SendCallback"]
 
 log = logging.getLogger("headwater.producer")
-_new_tuple = tuple.__new__  # a namedtuple from a tuple, without its Python-level call
 
 SendCallback = Callable[[MessageId | None, BaseException | None], None]
 
-SENDER_IDLE_EXIT_S = 5.0  # an idle sender thread ends; the next send() starts another
 
+class _Batch(Batch):
+    """A core batch with its futures: ``futures`` runs beside ``messages`` (None for those of
+    a blocking call, whose future is in ``groups`` as ``(index, count, future)``);
+    ``callbacks`` are ``(index, callback)``."""
 
-class _Partition:
-    """The accumulator's state of one (queue, partition): the open batch, sealed batches
-    waiting, the batches in flight (in sequence order), the batches waiting to be sent
-    again, and the idempotence sequence.
+    __slots__ = ("futures", "groups", "callbacks")
 
-    ``recovering``: a batch failed and will be sent again; until every batch of the
-    partition is through, nothing new is sent and the retries go one at a time, in their
-    original order, so the broker still appends them in sequence. ``exclusive``: a blocking
-    call's batch is in flight, retried from the caller's thread; nothing else is sent
-    meanwhile.
-
-    Delayed messages of a partition have a state of their own, keyed
-    ``(queue, 0x80000000 | partition)``: the broker counts their sequences apart (it
-    schedules them instead of appending them), and they do not wait behind plain batches."""
-
-    __slots__ = (
-        "queue",
-        "partition",
-        "key",
-        "open",
-        "ready",
-        "in_flight",
-        "retry",
-        "recovering",
-        "exclusive",
-        "identity",
-        "next_sequence",
-    )
-
-    def __init__(self, queue: str, partition: int, delayed: bool = False) -> None:
-        self.queue, self.partition = queue, partition
-        self.key = (queue, partition | DELAYED_PARTITION_BIT if delayed else partition)
-        self.open: _Batch | None = None
-        self.ready: deque[_Batch] = deque()
-        self.in_flight: deque[_Batch] = deque()
-        self.retry: deque[_Batch] = deque()  # failed, to be sent again: in their original order
-        self.recovering = False
-        self.exclusive = False
-        self.identity: tuple[int, int] | None = None  # (producer id, epoch) of next_sequence
-        self.next_sequence = 0
-
-
-class _Batch:
-    """Messages bound for one partition and the futures waiting for them.
-
-    ``futures`` runs beside ``messages``: the future of each ``send()``, None for messages
-    of a blocking call, whose one future is in ``groups`` as ``(index, count, future)`` and
-    gets the ProduceResult of their range. ``callbacks`` are ``(index, callback)``."""
-
-    __slots__ = (
-        "part",
-        "messages",
-        "futures",
-        "groups",
-        "callbacks",
-        "size_bytes",
-        "buffered_bytes",
-        "created_s",
-        "urgent",
-        "encoded",
-        "identity",
-        "base_sequence",
-        "attempts",
-        "is_async",
-        "done",
-        "deliver_times",
-        "order",
-        "retry_at",
-        "send_identity",
-    )
-
-    def __init__(self, part: _Partition, created_s: float, messages: list | Sequence | None = None) -> None:
-        self.part = part
-        self.messages = [] if messages is None else messages
+    def __init__(self, part: PartitionState, created_ms: float) -> None:
+        super().__init__(part, created_ms)
         self.futures: list[SendFuture | None] = []
         self.groups: list[tuple[int, int, SendFuture]] | None = None
         self.callbacks: list[tuple[int, SendCallback]] | None = None
-        self.size_bytes = 0
-        self.buffered_bytes = 0  # the part of size_bytes that counts against buffer_bytes_max
-        self.created_s = created_s
-        self.urgent = False  # a blocking caller waits: do not linger
-        self.encoded: bytearray | None = None
-        self.identity: tuple[int, int] | None = None
-        self.base_sequence = -1
-        self.attempts = 0
-        self.is_async = False  # sent without waiting (by the sender or send()), not by a blocking call
-        self.done = False
-        # delayed batches: each message's deliver time (rising, within PRODUCER_SPAN_MS)
-        self.deliver_times: list[int] | None = None
-        self.order = 0  # when it first left: retries of a partition go in this order
-        self.retry_at = 0.0  # monotonic time of its next attempt, while in its partition's retry
-        # the (producer id, epoch) to encode it under: the producer's when it went into flight
-        self.send_identity: tuple[int, int] | None = None
 
 
-class Producer(RetrySettings):
+def _now_ms() -> float:
+    return time.monotonic() * 1000
+
+
+class Producer(ProducerBase, ProducerSender):
     """Sends messages to queues. Thread-safe; one producer can serve a whole application.
 
     Get one from a client: ``hw.producer(...)`` (embedded or over the network, the same).
@@ -227,93 +106,36 @@ class Producer(RetrySettings):
     >>> p.close()
     >>> hw.close()
 
-    Options (all keyword-only; ``docs/producing.md`` explains each with an example):
+    Options (all keyword-only) are :class:`~headwater.client.batching.ProducerBase`'s, and:
 
-    - ``partitioner``: ``"default"``, ``"key"``, ``"round_robin"``, ``"random"`` or a function
-      ``(message, partition_count) -> partition`` (see :mod:`headwater.client.partitioner`).
-    - ``compression``: ``None``, ``"zstd"`` or ``"lz4"`` (the ``compression`` extra).
-    - ``linger_ms``: how long a partition's batch waits for more messages; 0 sends at once
-      while the partition has room in flight (messages arriving meanwhile form the next one).
-    - ``max_in_flight``: batches of one partition in flight at once, 1 to 5 (default 5 for
-      an idempotent producer, whose retries keep their order; 1 otherwise). Embedded
-      producers always use 1.
-    - ``batch_bytes_max``: a batch is sent when its messages reach this size.
-    - ``retries``, ``retry_backoff_ms``, ``retry_backoff_max_ms``: a batch failing with a
-      retriable error is sent again up to ``retries`` times, after
-      ``retry_backoff_ms * 2**n`` (capped, with jitter).
-    - ``delivery_timeout_ms``: the longest a message may take from ``send()`` to its outcome
-      (lingering, waiting for its partition, retries); then its future fails.
-    - ``idempotent``: stamp batches with a producer id and sequence, so retries are stored
-      once.
-    - ``buffer_bytes_max``, ``max_block_ms``: the memory queued messages may use; ``send()``
-      blocks up to ``max_block_ms`` for room, then raises ``UnavailableError``.
+    - ``max_block_ms``: ``send()`` blocks up to this long for room in ``buffer_bytes_max``,
+      then raises ``UnavailableError``.
     - ``send_threads``: threads that call an in-process broker (embedded mode only; over the
       network, batches of several partitions are pipelined on one connection).
-    - ``metadata_max_age_ms``: how long a queue's partition count and limits are cached;
-      an older copy is refreshed in the background while sends go on with it.
-    - ``rng``: the randomness of the backoff jitter and of the ``"random"`` partitioner.
-    - ``clock``: seconds since the epoch, for ``delay=`` (default: the embedded broker's
-      clock, else ``time.time``).
     """
 
     def __init__(
         self,
         service: BrokerService,
         *,
-        partitioner: str | PartitionFn = "default",
-        compression: str | None = None,
-        linger_ms: int = 0,
-        batch_bytes_max: int = 1 << 20,
-        retries: int = 5,
-        retry_backoff_ms: int = 100,
-        retry_backoff_max_ms: int = 1000,
-        delivery_timeout_ms: int = 120_000,
-        idempotent: bool = True,
-        buffer_bytes_max: int = 32 << 20,
         max_block_ms: int = 60_000,
         send_threads: int = 4,
-        metadata_max_age_ms: int = 5000,
-        max_in_flight: int | None = None,
-        rng: random.Random | None = None,
         clock: Callable[[], float] | None = None,
+        **settings: Any,
     ) -> None:
-        check_compression(compression)
-        if not isinstance(idempotent, bool):
-            raise InvalidArgumentError(f"idempotent is True or False, got {idempotent!r}")
-        self._rng = rng or random.Random()
-        # turns delay= into a deliver time; an embedded broker's own (injected) clock by default
-        self._clock = clock or getattr(service, "clock", None) or time.time
-        self._partitioner = Partitioner(partitioner, rng=self._rng)
-        self._service = service
-        self.compression = compression
-        self.linger_ms = int_setting("linger_ms", linger_ms, 0, 3_600_000)
-        self.batch_bytes_max = int_setting("batch_bytes_max", batch_bytes_max, 1, BATCH_BYTES_MAX // 2)
-        self._retry = RetryPolicy(
-            retries=retries,
-            backoff_ms=retry_backoff_ms,
-            backoff_max_ms=retry_backoff_max_ms,
-            delivery_timeout_ms=delivery_timeout_ms,
-            rng=self._rng,
+        self._produce_async = getattr(service, "produce_async", None)
+        super().__init__(
+            service,
+            new_batch=_Batch,
+            # embedded: batches go through a thread pool, which keeps no order, so one at a time
+            pipelined=self._produce_async is not None,
+            clock=clock or getattr(service, "clock", None),  # an embedded broker's own (injected) clock
+            **settings,
         )
-        self.idempotent = idempotent
-        self.buffer_bytes_max = int_setting("buffer_bytes_max", buffer_bytes_max, 1, 1 << 40)
+        self._service: BrokerService = service
         self.max_block_ms = int_setting("max_block_ms", max_block_ms, 0, 86_400_000)
         self.send_threads = int_setting("send_threads", send_threads, 1, 256)
-        int_setting("metadata_max_age_ms", metadata_max_age_ms, 0, 86_400_000)
-        self._metadata: dict[str, tuple[float, QueueInfo]] = {}
-        self._metadata_max_age_s = metadata_max_age_ms / 1000
         self._describe_async = getattr(service, "describe_queue_async", None)
-        self._refreshing: set[str] = set()  # queues whose metadata is being asked for in the background
-        self._linger_s = linger_ms / 1000
-        self._identity = new_identity(idempotent)  # (producer id, epoch)
-        self._produce_async = getattr(service, "produce_async", None)
-        self.max_in_flight = (
-            (RECENT_BATCHES if idempotent else 1)
-            if max_in_flight is None
-            else int_setting("max_in_flight", max_in_flight, 1, RECENT_BATCHES)
-        )
-        # embedded: batches go through a thread pool, which keeps no order, so one at a time
-        self._pipeline = self.max_in_flight if self._produce_async is not None else 1
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
         self._lock = threading.Lock()
@@ -321,31 +143,12 @@ class Producer(RetrySettings):
         self._wakeup = threading.Condition(self._lock)  # the sender waits on it
         self._space = threading.Condition(self._lock)  # send() waits on it for buffer room
         self._finished = threading.Condition(self._lock)  # flush() waits on it
-        self._parts: dict[tuple[str, int], _Partition] = {}
-        self._sendable: dict[tuple[str, int], _Partition] = {}  # have batches and room in flight
-        self._recovering: dict[tuple[str, int], _Partition] = {}  # have batches to send again
         self._completions: deque[tuple[_Batch, concurrent.futures.Future]] = deque()
-        self._order = itertools.count(1)
-        self._async_in_flight = 0  # batches dispatched without waiting and not finished
-        self._buffered_bytes = 0
         self._space_waiters = 0
-        self._flushing = 0
         self._sender: threading.Thread | None = None
         self._calling_back = threading.local()  # .active: this thread runs one of our send callbacks
-        self._closed = False
-        self._aborting = False
 
     # -- public API -----------------------------------------------------------------------
-
-    @property
-    def producer_id(self) -> int | None:
-        """The id batches carry (None unless idempotent); changes only after 32767 epochs."""
-        return None if self._identity is None else self._identity[0]
-
-    @property
-    def producer_epoch(self) -> int | None:
-        """The epoch batches carry; bumped when a batch fails after it may have been stored."""
-        return None if self._identity is None else self._identity[1]
 
     def send(
         self,
@@ -426,34 +229,55 @@ class Producer(RetrySettings):
         ``deliver_at`` or ``delay`` (as for :meth:`send`) delay every message of the call.
         A send callback cannot call it (:class:`UsageError`): it waits.
         """
-        if isinstance(messages, (bytes, Message)):
-            raise InvalidArgumentError("send_batch takes a list of messages; use send() for one")
-        if len(messages) == 0:
-            raise InvalidArgumentError("send_batch needs at least one message")
+        check_batch_arg(messages)
         self._refuse_in_sender("send_batch()")
         at = self._deliver_at(deliver_at, delay)
         info = self._queue_info(queue)
         if partition is not None:
             info = self._check_partition(queue, info, partition)
-            return BatchReceipt(self._send_sync(queue, partition, info, messages, None, at))
-        part = self._partitioner
-        keyed = part.per_message and any(isinstance(m, Message) and m.key is not None for m in messages)
-        if not keyed and not callable(part.strategy):
-            if part.strategy == "key":
-                part.for_message(messages[0], 1)  # raises: a key is required
-            return BatchReceipt(self._send_sync(queue, None, info, messages, None, at))
-        n = len(info.partitions)
-        groups: dict[int | None, list[int]] = {}
-        for i, m in enumerate(messages):
-            groups.setdefault(part.for_message(m, n), []).append(i)
+        groups = self._split(info, messages, partition)
         if len(groups) == 1:
             return BatchReceipt(self._send_sync(queue, next(iter(groups)), info, messages, None, at))
         results = self._send_groups(queue, info, {p: [messages[i] for i in idxs] for p, idxs in groups.items()}, at)
-        ids: list[MessageId | None] = [None] * len(messages)
-        for p, idxs in groups.items():
-            for i, mid in zip(idxs, BatchReceipt(results[p]), strict=True):
-                ids[i] = mid
-        return ids  # type: ignore[return-value]
+        return receipt(len(messages), groups, list(results.values()))
+
+    def send_identified(
+        self,
+        queue: str,
+        partition: int,
+        messages: Sequence[Message | bytes],
+        *,
+        identity: tuple[int, int],
+        base_sequence: int = 0,
+        deliver_at_ms: int = 0,
+    ) -> concurrent.futures.Future[ProduceResult]:
+        """Send ``messages`` as one batch to ``partition`` under an identity the caller names,
+        ``(producer id, epoch)``, from sequence ``base_sequence``; return a future of its
+        :class:`~headwater.model.service.ProduceResult`. For connectors whose retries must
+        find the batches of their earlier attempts (the Spark writer derives ids from its
+        task). The batch is retried as any other, with the same bytes, and never encoded
+        anew: an out-of-order or fenced refusal comes back through the future. A body over
+        the queue's ``message_bytes_max`` raises here."""
+        info = self._queue_info(queue)
+        cap = info.config.message_bytes_max
+        b = self._core.identified(
+            queue,
+            partition,
+            messages,
+            identity,
+            _now_ms(),
+            base_sequence=base_sequence,
+            deliver_at_ms=deliver_at_ms,
+            cap=cap,
+        )  # encoded in the caller's thread, without the lock: the batch's state is its own
+        fut = SendFuture()
+        b.groups = [(0, len(b.messages), fut)]
+        with self._lock:
+            self._check_open()
+            self._core.fly(b)
+            self._wire.acquire()
+        self._send_all([b])
+        return fut
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Send what is queued now, without lingering, and wait until every message sent so
@@ -464,12 +288,7 @@ class Producer(RetrySettings):
         self._refuse_in_sender("flush()")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
-            pending = [
-                b
-                for ps in self._parts.values()
-                for b in (*ps.in_flight, *ps.retry, *ps.ready, ps.open)
-                if b is not None
-            ]
+            pending = self._core.pending()
             if not pending:
                 return
             self._flushing += 1
@@ -503,16 +322,12 @@ class Producer(RetrySettings):
         unsent: list[tuple[_Batch, BaseException]] = []
         with self._lock:
             if aborted:
-                self._aborting = True
-                for ps in self._parts.values():
-                    unsent.extend((b, closed_unsent()) for b in (*ps.ready, ps.open) if b is not None)
-                    ps.ready.clear()
-                    ps.open = None
-                    unsent.extend(
-                        (b, UnavailableError("the producer was closed while this batch waited to be retried"))
-                        for b in ps.retry
-                    )  # they leave the retry list when failed below
-                self._sendable.clear()
+                never_sent, waiting = self._core.abort()
+                unsent = [(b, closed_unsent()) for b in never_sent]
+                unsent.extend(
+                    (b, UnavailableError("the producer was closed while this batch waited to be retried"))
+                    for b in waiting
+                )  # they leave the retry list when failed below
             sender = self._sender
             self._wake_locked(start=False)
         for b, exc in unsent:
@@ -542,8 +357,9 @@ class Producer(RetrySettings):
     ) -> SendFuture:
         """send(): check, pick the partition, append to its open batch (``urgent``: it must
         not linger). A delayed message joins an open batch only of its own deliver time."""
+        now_ms = time.monotonic() * 1000  # when it was sent: its batch's linger and delivery time count from here
         if type(body) is bytes and key is None and tag is None and properties is None:  # the common case
-            info = self._queue_info(queue)
+            info = self._queue_info(queue, now_ms=now_ms)
             if len(body) > info.config.message_bytes_max:
                 raise too_large(len(body), info.config.message_bytes_max)
             msg: Message | bytes = body
@@ -558,39 +374,25 @@ class Producer(RetrySettings):
             self._check_open()
             if self._buffered_bytes + size > self.buffer_bytes_max:
                 self._wait_for_space_locked(size)
+            core = self._core
             if p is None:
                 p = self._partitioner.sticky(queue, len(info.partitions))
-            ps = self._part_locked(queue, p, deliver_at_ms)
-            lingers = bool(self._linger_s) and not urgent
-            b = ps.open
-            if (
-                b is None
-                or b.size_bytes + size > self.batch_bytes_max
-                or not joins_batch(b.deliver_times, deliver_at_ms)
-            ):
-                b = self._new_batch_locked(ps, notify=lingers)
-            if deliver_at_ms:
-                if b.deliver_times is None:
-                    b.deliver_times = []
-                b.deliver_times.append(deliver_at_ms)
+            ps = core.partition(queue, p, deliver_at_ms)
+            b, opened = core.append(ps, msg, size, now_ms, deliver_at_ms, urgent)
+            b.futures.append(fut)
             if callback is not None:
                 if b.callbacks is None:
                     b.callbacks = []
-                b.callbacks.append((len(b.messages), callback))
-            b.messages.append(msg)
-            b.futures.append(fut)
-            b.size_bytes += size
-            b.buffered_bytes += size
+                b.callbacks.append((len(b.futures) - 1, callback))
             self._buffered_bytes += size
-            if urgent:
-                b.urgent = True
-            if b.size_bytes >= self.batch_bytes_max:
-                self._seal_locked(ps)
-            elif lingers:
+            lingers = self.linger_ms and not urgent
+            if opened and lingers and core.mark_sendable(ps):
+                self._wake_locked()  # the sender times its linger
+            if lingers and ps.open is b:
                 return fut  # the sender sends it when its linger ends
-            if not self._can_send_locked(ps):
+            if not core.can_send(ps):
                 return fut  # it leaves when a batch in flight is through
-            batches = self._take_locked(ps, time.monotonic(), True)  # sent from this thread: no hand-off
+            batches = core.take(ps, now_ms, True)  # sent from this thread: no hand-off
             if batches:
                 self._wire.acquire()
         if batches:
@@ -599,60 +401,41 @@ class Producer(RetrySettings):
 
     # -- validation and partitions --------------------------------------------------------
 
-    def _queue_info(self, queue: str, *, refresh: bool = False) -> QueueInfo:
+    def _queue_info(self, queue: str, *, refresh: bool = False, now_ms: float | None = None) -> QueueInfo:
         """The queue's metadata: asked for, and waited for, when unknown or ``refresh``.
-        A copy older than ``metadata_max_age_ms`` is still used while a fresh one is asked
-        for in the background, over the network, so that no send waits for that round trip
-        (in process, asking costs no round trip: it is asked for at once)."""
-        now = time.monotonic()
-        got = self._metadata.get(queue)
-        stale = got is not None and now - got[0] > self._metadata_max_age_s
-        if refresh or got is None or (stale and self._describe_async is None):
+        A stale copy is used while a fresh one is asked for in the background, over the
+        network (in process, asking costs no round trip: it is asked for at once)."""
+        if now_ms is None:
+            now_ms = time.monotonic() * 1000
+        got = self._metadata.entries.get(queue)
+        if got is not None and not refresh and now_ms - got[0] <= self._metadata.max_age_ms:
+            return got[1]  # the common case: a fresh copy
+        info, stale = self._metadata.lookup(queue, now_ms)
+        if refresh or info is None or (stale and self._describe_async is None):
             info = self._service.describe_queue(queue)
-            self._metadata[queue] = (now, info)
-            return info
-        if stale and queue not in self._refreshing:
-            self._refresh_later(queue, now)
-        return got[1]
+            self._metadata.put(queue, info, now_ms)
+        elif stale and self._metadata.start_refresh(queue):
+            self._refresh_later(queue, now_ms)
+        return info
 
-    def _refresh_later(self, queue: str, now: float) -> None:
-        self._refreshing.add(queue)
+    def _refresh_later(self, queue: str, asked_at_ms: float) -> None:
+        def refreshed(fut: concurrent.futures.Future) -> None:
+            try:
+                outcome: QueueInfo | BaseException = fut.result()
+            except BaseException as e:  # noqa: BLE001 - kept by the cache
+                outcome = e
+            self._metadata.refreshed(queue, asked_at_ms, outcome, _now_ms())
+
         try:
-            fut = self._describe_async(queue)  # type: ignore[misc]
+            self._describe_async(queue).add_done_callback(refreshed)  # type: ignore[misc]
         except Exception as e:  # noqa: BLE001 - a closed client: the send finds out itself
-            self._refreshed(queue, now, e)
-            return
-        fut.add_done_callback(functools.partial(self._on_refresh, queue, now))
-
-    def _on_refresh(self, queue: str, asked_at: float, fut: concurrent.futures.Future) -> None:
-        try:
-            outcome: QueueInfo | BaseException = fut.result()
-        except BaseException as e:  # noqa: BLE001 - kept by _refreshed
-            outcome = e
-        self._refreshed(queue, asked_at, outcome)
-
-    def _refreshed(self, queue: str, asked_at: float, outcome: QueueInfo | BaseException) -> None:
-        store_refreshed(
-            self._metadata, queue, asked_at, outcome, max_age_s=self._metadata_max_age_s, now=time.monotonic()
-        )
-        self._refreshing.discard(queue)
+            self._metadata.refreshed(queue, asked_at_ms, e, _now_ms())
 
     def _prepare(
         self, queue: str, body: object, key: object, tag: object, properties: object
     ) -> tuple[QueueInfo, Message | bytes, int]:
-        if isinstance(body, Message):
-            if key is not None or tag is not None or properties is not None:
-                raise InvalidArgumentError("pass key, tag and properties inside the Message, not beside it")
-            msg: Message | bytes = body
-        elif isinstance(body, (bytearray, memoryview)):
-            body = bytes(body)
-        if type(body) is bytes:
-            plain = key is None and tag is None and not properties
-            msg = body if plain else Message(body, key, tag, properties or None)  # type: ignore[arg-type]
-        elif not isinstance(body, Message):
-            msg = body  # type: ignore[assignment]  # check_message names the problem
-        if self._closed:
-            raise ClosedError("the producer is closed")
+        msg = as_message(body, key, tag, properties)
+        self._check_open()
         info = self._queue_info(queue)
         return info, msg, check_message(msg, info.config.message_bytes_max)
 
@@ -664,9 +447,7 @@ class Producer(RetrySettings):
             info = self._queue_info(queue, refresh=True)  # it may have grown
             n = len(info.partitions)
             if not 0 <= partition < n:
-                raise PartitionOutOfRangeError(
-                    f"queue {queue!r} has partitions 0..{n - 1}; there is no partition {partition}"
-                )
+                raise no_partition(queue, n, partition)
         return info
 
     def _choose_partition(self, queue: str, info: QueueInfo, msg: Message | bytes, partition: int | None) -> int | None:
@@ -676,11 +457,7 @@ class Producer(RetrySettings):
             return partition
         return self._partitioner.for_message(msg, len(info.partitions))
 
-    # -- the accumulator ------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError("the producer is closed")
+    # -- the accumulator (the core's, under _lock) -------------------------------------------
 
     def _in_sender(self) -> bool:
         """Whether this thread is the sender, or runs one of this producer's send callbacks
@@ -696,24 +473,8 @@ class Producer(RetrySettings):
                 f"(use send() there)"
             )
 
-    def _new_partition_locked(self, queue: str, partition: int, delayed: bool = False) -> _Partition:
-        ps = _Partition(queue, partition, delayed)
-        self._parts[ps.key] = ps
-        return ps
-
-    def _part_locked(self, queue: str, partition: int, deliver_at_ms: int) -> _Partition:
-        """The state of the partition, or of its delayed messages."""
-        key = (queue, partition | DELAYED_PARTITION_BIT) if deliver_at_ms else (queue, partition)
-        return self._parts.get(key) or self._new_partition_locked(queue, partition, bool(deliver_at_ms))
-
-    def _deliver_at(self, deliver_at: object, delay: object) -> int:
-        return deliver_at_ms(self._clock, deliver_at, delay)
-
     def _wait_for_space_locked(self, size: int) -> None:
-        if size > self.buffer_bytes_max:
-            raise MessageTooLargeError(
-                f"a message of {size} bytes does not fit in the producer's buffer_bytes_max={self.buffer_bytes_max}"
-            )
+        self._check_room(size)
         if self._in_sender():  # only the sender (or the I/O thread) makes room: never wait
             raise UnavailableError("producer buffer full (a send callback cannot wait for room)")
         deadline = time.monotonic() + self.max_block_ms / 1000
@@ -733,99 +494,25 @@ class Producer(RetrySettings):
         finally:
             self._space_waiters -= 1
 
-    def _new_batch_locked(self, ps: _Partition, *, notify: bool = True) -> _Batch:
-        """Open a batch for ``ps``, sealing the open one (it is full); with ``notify``, tell
-        the sender (which times lingering batches)."""
-        if ps.open is not None:
-            self._seal_locked(ps)
-        b = ps.open = _Batch(ps, time.monotonic())
-        if notify and self._can_send_locked(ps):
-            self._sendable[ps.key] = ps
-            self._wake_locked()
-        return b
-
-    def _can_send_locked(self, ps: _Partition) -> bool:
-        """Whether another batch of ``ps`` may leave now."""
-        if ps.recovering or ps.exclusive or len(ps.in_flight) >= self._pipeline:
-            return False
-        # after an epoch bump, batches under the new epoch wait until the old epoch's are
-        # through: one of those may still fail and need a retry, which must land first
-        return not ps.in_flight or ps.in_flight[-1].send_identity == self._identity
-
-    def _take_locked(self, ps: _Partition, now: float, hurry: bool) -> list[_Batch]:
-        """Move the batches of ``ps`` due now into flight, as many as there is room for, in
-        order: sealed ones first, then the open one unless it lingers (``hurry``: it does not)."""
-        taken: list[_Batch] = []
-        while self._can_send_locked(ps):
-            if ps.ready:
-                b = ps.ready.popleft()
-            elif ps.open is not None and (hurry or ps.open.urgent or ps.open.created_s + self._linger_s <= now):
-                b = ps.open
-                ps.open = None
-                self._partitioner.batch_sent(ps.queue, ps.partition)
-            else:
-                break
-            b.order = next(self._order)
-            self._fly_locked(b)
-            taken.append(b)
-        return taken
-
-    def _fly_locked(self, b: _Batch) -> None:
-        if b.encoded is None:
-            b.send_identity = self._identity
-        b.part.in_flight.append(b)
-        b.is_async = True
-        self._async_in_flight += 1
-
-    def _land_locked(self, b: _Batch) -> None:
-        """``b`` is no longer in flight (answered, failed, or never sent)."""
-        ps = b.part
-        if b.is_async:
-            if b in ps.in_flight:
-                ps.in_flight.remove(b)
-                self._async_in_flight -= 1
-        elif ps.in_flight and ps.in_flight[0] is b:  # a blocking call's batch, alone in flight
-            ps.in_flight.popleft()
-            ps.exclusive = False
-
     def _append_group_locked(
-        self, ps: _Partition, msgs: Sequence[Message | bytes], size: int, fut: SendFuture, deliver_at_ms: int = 0
+        self, ps: PartitionState, msgs: Sequence[Message | bytes], size: int, fut: SendFuture, deliver_at_ms: int = 0
     ) -> None:
         """Add a blocking call's messages to the open batch of ``ps``; it leaves without
         lingering, as soon as the partition's slot is free."""
-        b = ps.open
-        if (
-            b is None
-            or (b.messages and b.size_bytes + size > self.batch_bytes_max)
-            or (b.messages and not joins_batch(b.deliver_times, deliver_at_ms))
-        ):
-            b = self._new_batch_locked(ps)
-        if deliver_at_ms:
-            b.deliver_times = (b.deliver_times or []) + [deliver_at_ms] * len(msgs)
+        core = self._core
+        b, _ = core.batch_for(ps, size, _now_ms(), deliver_at_ms)
         if b.groups is None:
             b.groups = []
         b.groups.append((len(b.messages), len(msgs), fut))
         b.messages.extend(msgs)
         b.futures.extend([None] * len(msgs))
-        b.size_bytes += size
-        b.urgent = True
-        if b.size_bytes >= self.batch_bytes_max:
-            self._seal_locked(ps)
-        if self._can_send_locked(ps):
-            self._sendable[ps.key] = ps
+        core.added(b, len(msgs), size, deliver_at_ms, False, True)
+        if core.mark_sendable(ps):
             self._wake_locked()
 
-    def _seal_locked(self, ps: _Partition) -> None:
-        ps.ready.append(ps.open)  # type: ignore[arg-type]
-        ps.open = None
-        self._partitioner.batch_sent(ps.queue, ps.partition)
-
-    def _wake_locked(self, start: bool = True) -> None:
-        if self._sender is not None:
-            self._wakeup.notify()
-        elif start and (self._sendable or self._completions or self._recovering):
-            self._sender = threading.Thread(target=self._run_sender, name="headwater-producer", daemon=True)
-            self._sender.start()
+    def _hurry_locked(self) -> bool:
+        """Whether open batches leave now rather than when their linger ends."""
+        return bool(not self.linger_ms or self._flushing or self._space_waiters or self._closed)
 
     # -- blocking sends -------------------------------------------------------------------
 
@@ -844,304 +531,88 @@ class Producer(RetrySettings):
         with self._lock:
             self._check_open()
             p = partition if partition is not None else self._partitioner.sticky(queue, len(info.partitions))
-            ps = self._part_locked(queue, p, deliver_at_ms)
-            if not ps.in_flight and not ps.recovering and not ps.exclusive and ps.open is None and not ps.ready:
-                b = _Batch(ps, time.monotonic(), messages)
-                b.order = next(self._order)
-                b.send_identity = self._identity
-                ps.in_flight.append(b)
-                ps.exclusive = True
-                if deliver_at_ms:
-                    b.deliver_times = [deliver_at_ms] * len(messages)
-                self._partitioner.batch_sent(queue, p)
-            else:
-                b = None
+            ps = self._core.partition(queue, p, deliver_at_ms)
+            b = self._core.exclusive(ps, messages, _now_ms(), deliver_at_ms)
         if b is not None:
-            return self._send_inline(b, cap)
-        self._refuse_in_sender("a blocking send")
-        if size is None:
-            size = self._check_all(messages, cap)
-        fut = SendFuture()
-        with self._lock:
-            self._check_open()
-            self._append_group_locked(ps, messages, size, fut, deliver_at_ms)
-        return fut.result()
+            return self._send_inline(b, cap)  # type: ignore[arg-type]  # the core made it with _Batch
+        return self._send_groups(queue, info, {p: messages}, deliver_at_ms, None if size is None else {p: size})[p]
 
     def _send_groups(
-        self, queue: str, info: QueueInfo, groups: dict[int | None, list[Message | bytes]], deliver_at_ms: int = 0
+        self,
+        queue: str,
+        info: QueueInfo,
+        groups: dict[int | None, Sequence[Message | bytes]],
+        deliver_at_ms: int = 0,
+        sizes: dict[int | None, int] | None = None,
     ) -> dict[int | None, ProduceResult]:
-        """Send each group to its partition (None: the sticky one) in parallel; wait for all."""
+        """Send each group to its partition (None: the sticky one) in parallel, in the next
+        batches; wait for all. ``sizes``: None when the messages are not validated yet."""
         self._refuse_in_sender("a blocking send")
         cap = info.config.message_bytes_max
-        sizes = {p: self._check_all(msgs, cap) for p, msgs in groups.items()}  # all valid, or none sent
+        if sizes is None:
+            sizes = {p: check_messages(msgs, cap) for p, msgs in groups.items()}  # all valid, or none sent
         futs: dict[int | None, concurrent.futures.Future] = {}
         with self._lock:
             self._check_open()
             for p, msgs in groups.items():
                 q = p if p is not None else self._partitioner.sticky(queue, len(info.partitions))
-                ps = self._part_locked(queue, q, deliver_at_ms)
                 futs[p] = SendFuture()
-                self._append_group_locked(ps, msgs, sizes[p], futs[p], deliver_at_ms)
+                self._append_group_locked(
+                    self._core.partition(queue, q, deliver_at_ms), msgs, sizes[p], futs[p], deliver_at_ms
+                )
         concurrent.futures.wait(futs.values())
         for f in futs.values():
             if f.exception() is not None:
                 raise f.exception()  # type: ignore[misc]
         return {p: f.result() for p, f in futs.items()}
 
-    _check_all = staticmethod(check_messages)  # the asyncio producer calls it by this name
-
     def _send_inline(self, b: _Batch, cap: int) -> ProduceResult:
-        """Encode and send a batch that holds its partition's slot, from the caller's thread."""
+        """Encode and send a batch that holds its partition exclusively, from the caller's
+        thread, retrying as the core says."""
+        core = self._core
         try:
-            self._encode(b, cap)
+            core.encode(b, cap)
         except BaseException as e:
             self._finish(b, None, e)
             raise
         ps = b.part
         while True:
             if b.encoded is None:  # to be sent under a new epoch
-                b.send_identity = self._identity
-                self._encode(b, None)
+                b.send_identity = core.identity
+                core.encode(b)
             b.attempts += 1
             try:
                 result = self._service.produce(ps.queue, ps.partition, b.encoded)  # type: ignore[arg-type]
             except BaseException as e:
-                delay = self._retry_delay(b, e)
-                if delay is None:
-                    exc = self._final_error(b, e)
-                    self._finish(b, None, exc)
-                    raise exc  # noqa: B904 - e itself, or an error whose __cause__ is e
-                time.sleep(delay)
+                with self._lock:
+                    verdict = core.judge(b, e, _now_ms())
+                if verdict.error is not None:
+                    self._finish(b, None, verdict.error)
+                    raise verdict.error  # noqa: B904 - e itself, or an error whose __cause__ is e
+                time.sleep(verdict.delay_ms / 1000)
                 continue
             self._finish(b, result, None)
             return result
 
-    # -- the sender thread ----------------------------------------------------------------
-
-    def _run_sender(self) -> None:
-        while True:
-            with self._lock:
-                work = self._await_work_locked()
-                if work is None:
-                    return
-                completions, batches = work
-                if batches:
-                    self._wire.acquire()
-            if batches:
-                self._send_all(batches)
-            for b, f in completions:
-                self._on_completed(b, f)
-
-    def _await_work_locked(self) -> tuple[list, list[_Batch]] | None:
-        """Wait for completions or batches to send; None when the thread should end."""
-        idle_since: float | None = None
-        while True:
-            completions = list(self._completions)
-            self._completions.clear()
-            now = time.monotonic()
-            batches, wake_at = self._collect_locked(now)
-            if completions or batches:
-                return completions, batches
-            if not (self._sendable or self._async_in_flight or self._recovering):
-                if self._closed or (idle_since is not None and now - idle_since >= SENDER_IDLE_EXIT_S):
-                    self._sender = None
-                    return None
-                idle_since = idle_since or now
-                timeout: float | None = SENDER_IDLE_EXIT_S
-            else:
-                idle_since = None
-                timeout = None if wake_at is None else max(wake_at - now, 0.0)
-            self._wakeup.wait(timeout)
-
-    def _collect_locked(self, now: float) -> tuple[list[_Batch], float | None]:
-        """Take the batches due now into flight; and the time of the next one due (a
-        lingering batch or a retry)."""
-        batches: list[_Batch] = []
-        wake_at: float | None = None
-        for key, ps in list(self._recovering.items()):
-            if ps.in_flight:
-                continue  # a retry waits until everything in flight before it is through
-            if not ps.retry:
-                ps.recovering = False
-                del self._recovering[key]
-                if ps.open is not None or ps.ready:
-                    self._sendable[key] = ps
-                continue
-            b = ps.retry[0]
-            if b.retry_at <= now:
-                ps.retry.popleft()
-                if b.identity is not None and ps.identity != b.identity:
-                    # a batch before it went again under a new epoch, the broker having refused
-                    # it as out of order; so the broker stored nothing after it under the old
-                    # epoch, this one included, and would now refuse that epoch as fenced:
-                    # encode this one anew too, after that batch
-                    b.encoded = None
-                self._fly_locked(b)
-                batches.append(b)
-            else:
-                wake_at = b.retry_at if wake_at is None else min(wake_at, b.retry_at)
-        if self._sendable:
-            hurry = self._hurry_locked()
-            for key, ps in list(self._sendable.items()):
-                batches.extend(self._take_locked(ps, now, hurry))
-                if ps.open is not None and not ps.ready and self._can_send_locked(ps):
-                    due = ps.open.created_s + self._linger_s  # it lingers
-                    wake_at = due if wake_at is None else min(wake_at, due)
-                else:
-                    del self._sendable[key]  # nothing left, or no room: _finish puts it back
-        return batches, wake_at
-
-    def _hurry_locked(self) -> bool:
-        """Whether open batches leave now rather than when their linger ends."""
-        return bool(not self._linger_s or self._flushing or self._space_waiters or self._closed)
-
-    def _send_all(self, batches: list[_Batch]) -> None:
-        """Encode and hand ``batches`` to the connection, in order; the caller holds
-        ``_wire`` (taken under ``_lock`` when the batches went into flight), released here."""
-        try:
-            sent = [(b, *self._dispatch(b)) for b in batches]
-        finally:
-            self._wire.release()
-        for b, fut, exc in sent:
-            if fut is None:
-                self._finish(b, None, exc)
-            else:
-                fut.add_done_callback(functools.partial(self._on_response, b))
-
-    def _dispatch(self, b: _Batch) -> tuple[concurrent.futures.Future | None, BaseException | None]:
-        """Send a batch in flight (first attempt or retry) without waiting: its response's
-        future, or the error that stopped it before it left. Runs under ``_wire`` only, so it
-        finishes nothing itself (that takes ``_lock``)."""
-        ps = b.part
-        if b.encoded is None:
-            refused = self._retry.refuse_first_send(b.created_s, time.monotonic(), self._aborting)
-            if refused is not None:
-                return None, refused
-            try:
-                self._encode(b, None)  # messages were checked when queued
-            except Exception as e:  # noqa: BLE001 - it belongs to the batch's futures
-                return None, e
-        b.attempts += 1
-        try:
-            if self._produce_async is not None:
-                return self._produce_async(ps.queue, ps.partition, b.encoded), None
-            return self._embedded_pool().submit(self._service.produce, ps.queue, ps.partition, b.encoded), None
-        except Exception as e:  # noqa: BLE001 - a closed service, a stopped pool
-            fut: concurrent.futures.Future = concurrent.futures.Future()
-            fut.set_exception(e)  # judged like a failed request: retried if retriable
-            return fut, None
-
-    def _embedded_pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                self.send_threads, thread_name_prefix="headwater-producer-send"
-            )
-            weakref.finalize(self, self._pool.shutdown, wait=False)
-        return self._pool
-
-    def _on_response(self, b: _Batch, f: concurrent.futures.Future) -> None:
-        """Runs in whichever thread finished the request (the client's I/O thread over the
-        network). A batch stored, with no send callbacks and nobody's done-callbacks on its
-        futures, is settled right here, which spares a thread hand-off per request; the rest
-        (callbacks, errors, retries) goes to the sender thread."""
-        if not b.callbacks and f.exception() is None and not _listened(b.futures):
-            self._finish(b, f.result(), None)
-            return
-        with self._lock:
-            self._completions.append((b, f))
-            self._wake_locked()
-
-    def _on_completed(self, b: _Batch, f: concurrent.futures.Future) -> None:
-        try:
-            result = f.result()
-        except BaseException as e:  # noqa: BLE001 - the request's error, judged below
-            delay = self._retry_delay(b, e)
-            if delay is None:
-                self._finish(b, None, self._final_error(b, e))
-            else:  # its partition recovers: the batches in flight finish, then retries go in order
-                with self._lock:
-                    ps = b.part
-                    self._land_locked(b)
-                    b.retry_at = time.monotonic() + delay
-                    i = len(ps.retry)
-                    while i and ps.retry[i - 1].order > b.order:
-                        i -= 1
-                    ps.retry.insert(i, b)
-                    ps.recovering = True
-                    self._recovering[ps.key] = ps
-                    self._sendable.pop(ps.key, None)
-                    self._wake_locked()
-            return
-        self._finish(b, result, None)
-
-    # -- encoding, retries, outcomes ------------------------------------------------------
-
-    def _encode(self, b: _Batch, cap: int | None) -> None:
-        """Encode under the batch's send identity; its sequence follows the partition's
-        batch sent before it (encodes run in sending order, under ``_wire``)."""
-        ident = b.send_identity
-        pid, seq, epoch = take_sequence(b.part, ident, len(b.messages))
-        b.encoded = encode_batch(
-            b.messages,
-            compression=self.compression,
-            producer_id=pid,
-            base_sequence=seq,
-            producer_epoch=epoch,
-            message_bytes_max=cap,
-            deliver_times=b.deliver_times,
-        )
-        b.identity, b.base_sequence = ident, seq
-
-    def _retry_delay(self, b: _Batch, exc: BaseException) -> float | None:
-        """Seconds to wait before sending ``b`` again, or None if ``exc`` is final."""
-        if self._retry.gives_up(b.attempts, self._aborting):
-            return None
-        if isinstance(exc, OutOfOrderSequenceError) and b.identity is not None:
-            # The broker refused the batch (it stores nothing out of order): it has lost our
-            # earlier batches, as a crash under async flush can make it. Nothing of this one is
-            # stored, so send it again, encoded under a new epoch whose sequences start afresh.
-            with self._lock:
-                if b.identity == self._identity:
-                    self._bump_epoch_locked()
-            b.encoded = None
-            return 0.0
-        if not getattr(exc, "retriable", False):
-            return None
-        return self._retry.backoff_s(b.attempts, b.created_s, time.monotonic())
-
-    def _final_error(self, b: _Batch, exc: BaseException) -> BaseException:
-        return self._retry.final_error(exc, b.attempts, self._aborting)
+    # -- outcomes -------------------------------------------------------------------------
 
     def _finish(self, b: _Batch, result: ProduceResult | None, exc: BaseException | None) -> None:
         """Take the batch out of flight, release its buffer room, then resolve its futures
-        and callbacks."""
-        ps = b.part
-        batches: list[_Batch] = []
+        and callbacks. What waited for its slot leaves from this thread, as send() sends: no
+        hand-off to the sender, which only times what still lingers."""
+        core = self._core
         with self._lock:
             if result is None:
                 assert exc is not None
-                if b.attempts and b.identity is not None and b.identity == self._identity and may_be_appended(exc):
-                    self._bump_epoch_locked()
-                elif b.identity is not None:
-                    with self._wire:  # not stored: give its sequence back, if nothing took the next one
-                        give_back_sequence(ps, b.identity, b.base_sequence, len(b.messages))
+                with self._wire:  # the sequences: a new epoch, or this batch's given back
+                    core.fail(b, exc)
                 if isinstance(exc, (QueueNotFoundError, PartitionOutOfRangeError)):
-                    self._metadata.pop(ps.queue, None)
-            self._land_locked(b)
-            if ps.retry and b in ps.retry:
-                ps.retry.remove(b)
-            if ps.recovering:
-                if not ps.in_flight:
-                    self._wake_locked()  # the next retry, or the end of recovery
-            elif (ps.open is not None or ps.ready) and self._can_send_locked(ps):
-                # what waited for this slot leaves from this thread, as send() sends: no
-                # hand-off to the sender, which only times what still lingers
-                batches = self._take_locked(ps, time.monotonic(), self._hurry_locked())
-                if batches:
-                    self._wire.acquire()
-                if (ps.open is not None or ps.ready) and self._can_send_locked(ps):
-                    self._sendable[ps.key] = ps
-                    self._wake_locked()
+                    self._metadata.forget(b.part.queue)
+            batches, wake = core.finish(b, _now_ms(), self._hurry_locked())
+            if batches:
+                self._wire.acquire()
+            if wake:
+                self._wake_locked()
             if b.buffered_bytes:
                 self._buffered_bytes -= b.buffered_bytes
                 if self._space_waiters:
@@ -1149,35 +620,17 @@ class Producer(RetrySettings):
         if batches:
             self._send_all(batches)
         if result is not None:
-            self._resolve(b, result)
+            settle_sends(b.futures, b.groups or (), result)
+            for i, callback in b.callbacks or ():
+                self._call_back(callback, MessageId(result.queue_id, result.partition, result.base_offset + i), None)
         else:
-            self._reject(b, exc)  # type: ignore[arg-type]
+            fail_sends(b.futures, b.groups or (), exc)  # type: ignore[arg-type]
+            for _, callback in b.callbacks or ():
+                self._call_back(callback, None, exc)
         b.done = True
         if self._flushing:
             with self._lock:
                 self._finished.notify_all()
-
-    def _bump_epoch_locked(self) -> None:
-        self._identity = next_epoch(self._identity)  # type: ignore[arg-type]
-
-    def _resolve(self, b: _Batch, r: ProduceResult) -> None:
-        qid, part, base = r.queue_id, r.partition, r.base_offset
-        for i, fut in enumerate(b.futures):
-            if fut is not None:
-                fut.set_result(_new_tuple(MessageId, (qid, part, base + i)))  # MessageId(...), without a call
-        for i, count, fut in b.groups or ():
-            fut.set_result(ProduceResult(qid, part, base + i, count, r.timestamp_ms))
-        for i, callback in b.callbacks or ():
-            self._call_back(callback, MessageId(qid, part, base + i), None)
-
-    def _reject(self, b: _Batch, exc: BaseException) -> None:
-        for fut in b.futures:
-            if fut is not None:
-                fut.set_exception(exc)
-        for _, _, fut in b.groups or ():
-            fut.set_exception(exc)
-        for _, callback in b.callbacks or ():
-            self._call_back(callback, None, exc)
 
     def _call_back(self, callback: SendCallback, mid: MessageId | None, exc: BaseException | None) -> None:
         state = self._calling_back
@@ -1189,11 +642,3 @@ class Producer(RetrySettings):
             log.exception("a send callback raised")
         finally:
             state.active = outer
-
-
-def _listened(futures: list[SendFuture | None]) -> bool:
-    """Whether anyone added a done-callback to one of a batch's futures."""
-    for fut in futures:
-        if fut is not None and fut.has_done_callbacks():
-            return True
-    return False

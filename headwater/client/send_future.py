@@ -1,6 +1,6 @@
 """SendFuture, the future ``Producer.send()`` returns, AsyncSendFuture, the one
-``AsyncProducer.send_nowait()`` returns, and LazyFuture, the client's future of a produce
-request.
+``AsyncProducer.send_nowait()`` returns, LazyFuture, the client's future of a produce
+request, and how the sync producer settles the futures of a batch.
 
 Thread-safety: as ``concurrent.futures.Future``; its lazy parts are made under one module
 lock, which also orders a first waiter against the result being set. AsyncSendFuture: as
@@ -13,7 +13,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures._base import (
     CANCELLED as _CANCELLED,
 )
@@ -27,7 +27,10 @@ from concurrent.futures._base import (
     PENDING as _PENDING,
 )
 
-__all__ = ["AsyncSendFuture", "LazyFuture", "SendFuture"]
+from headwater.model.message import MessageId
+from headwater.model.service import ProduceResult
+
+__all__ = ["AsyncSendFuture", "LazyFuture", "SendFuture", "settle_sends", "fail_sends", "listened"]
 
 log = logging.getLogger("headwater.producer")
 
@@ -203,3 +206,38 @@ class AsyncSendFuture(asyncio.Future):
         return asyncio.shield(self).__await__()  # a cancelled waiter cancels only the shield
 
     __iter__ = __await__
+
+
+_new_tuple = tuple.__new__  # a namedtuple from a tuple, without its Python-level call
+
+
+def settle_sends(
+    futures: Sequence[SendFuture | None], groups: Sequence[tuple[int, int, SendFuture]], r: ProduceResult
+) -> None:
+    """A batch was stored as ``r``: ``futures`` (one per message, None for a group's) get
+    their ids, each group ``(index, count, future)`` the ProduceResult of its range."""
+    qid, part, base = r.queue_id, r.partition, r.base_offset
+    for i, fut in enumerate(futures):
+        if fut is not None:
+            fut.set_result(_new_tuple(MessageId, (qid, part, base + i)))  # MessageId(...), without a call
+    for i, count, fut in groups:
+        fut.set_result(ProduceResult(qid, part, base + i, count, r.timestamp_ms))
+
+
+def fail_sends(
+    futures: Sequence[SendFuture | None], groups: Sequence[tuple[int, int, SendFuture]], exc: BaseException
+) -> None:
+    """A batch failed with ``exc``: so do its futures."""
+    for fut in futures:
+        if fut is not None:
+            fut.set_exception(exc)
+    for _, _, fut in groups:
+        fut.set_exception(exc)
+
+
+def listened(futures: Sequence[SendFuture | None]) -> bool:
+    """Whether anyone added a done-callback to one of a batch's futures."""
+    for fut in futures:
+        if fut is not None and fut.has_done_callbacks():
+            return True
+    return False

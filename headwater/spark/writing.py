@@ -2,7 +2,9 @@
 
 Rows are routed to a partition (the ``partition`` column, else the key's hash, else a
 sticky partition per batch, as the producer does), gathered per partition, and sent as
-record batches of up to ``maxBatchBytes``.
+record batches of up to ``maxBatchBytes``, through the client's producer
+(:meth:`~headwater.client.producer.Producer.send_identified`: each batch under an identity
+this module derives, retried by the producer while the broker is unavailable).
 
 Exactly once. Every record batch a task sends is an idempotent batch whose producer id,
 epoch and sequence are derived from what identifies that piece of output::
@@ -57,20 +59,21 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
+from headwater.client.producer import Producer
 from headwater.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
     OutOfOrderSequenceError,
     PartitionOutOfRangeError,
     ProducerFencedError,
-    UnavailableError,
 )
-from headwater.model.batch import crc32c, encode_batch
+from headwater.model.batch import crc32c
 from headwater.model.config import QueueInfo
 from headwater.model.delay import DELAYED_PARTITION_BIT
 from headwater.model.hashing import key_hash
 from headwater.model.message import Message, to_epoch_ms
-from headwater.spark.connection import connect, describe, unavailable_means, with_retries
+from headwater.model.service import ProduceResult
+from headwater.spark.connection import connect, describe, unavailable_means
 from headwater.spark.options import WriteOptions
 from headwater.spark.schema import WriteColumns
 
@@ -79,6 +82,8 @@ __all__ = ["TaskWriter", "WriteSummary", "producer_id_for", "EPOCHS", "PENDING_B
 PENDING_BYTES_MAX = 64 * 1024 * 1024  # all partitions' unsent rows of one task, together
 MESSAGE_OVERHEAD = 8  # bytes a message costs in a batch besides its contents (msgpack headers)
 IN_FLIGHT_MAX = 4  # batches of one task sent and not yet answered
+SEND_RETRIES = 3  # a batch is sent again this often while the broker is unavailable (a restart)
+SEND_BACKOFF_MS = 200  # before the first of them; doubling
 EPOCHS = 2**15  # a producer epoch is a signed 16-bit number
 _PID_MASK = (1 << 62) - 1  # producer ids are 62-bit, like the producer's random ones
 
@@ -116,10 +121,9 @@ class _Sent(NamedTuple):
     """A batch on its way to the broker, with what it takes to send a part of it again."""
 
     key: tuple[str, int]
-    batch: bytes
     count: int
     chunk: int
-    future: Future | None
+    future: Future[ProduceResult]
     messages: list
     producer_id: int
     deliver_ms: int
@@ -157,6 +161,12 @@ class TaskWriter:
         self.summary = WriteSummary()
         self._client = connect(
             opts.servers, connect_timeout_s=opts.connect_timeout_s, request_timeout_s=opts.request_timeout_s
+        )
+        self._producer: Producer = self._client.producer(
+            compression=opts.compression,
+            retries=SEND_RETRIES,
+            retry_backoff_ms=SEND_BACKOFF_MS,
+            retry_backoff_max_ms=SEND_BACKOFF_MS << SEND_RETRIES,
         )
         self._queues: dict[str, _Queue] = {}
         self._pending: dict[tuple[str, int], _Pending] = {}
@@ -337,38 +347,14 @@ class TaskWriter:
         q = self._queues[name]
         deliver_ms = pending.deliver_ms if partition & DELAYED_PARTITION_BIT else 0
         pid = producer_id_for(self.write_id, self.task, q.info.queue_id, partition, pending.chunks)
-        limit = q.info.config.message_bytes_max
-        try:
-            batch = bytes(
-                encode_batch(
-                    pending.messages,
-                    compression=self.opts.compression,
-                    producer_id=pid,
-                    producer_epoch=self.epoch,
-                    base_sequence=0,
-                    deliver_at_ms=deliver_ms,
-                    message_bytes_max=limit,
-                )
-            )
-        except MessageTooLargeError as e:
-            if max(len(m if type(m) is bytes else m.body) for m in pending.messages) <= limit:
-                raise MessageTooLargeError(f"{e}; lower the option maxBatchBytes") from e
-            raise MessageTooLargeError(
-                f"a row's value is too large for queue {name!r} ({e}); rows before it may be "
-                f"written already. Filter such rows out first, e.g. df.where(length('value') <= "
-                f"{limit}), or write to a queue created with a larger message_bytes_max "
-                f"('headwater queue create NAME --message-bytes-max BYTES', up to 64 MiB)"
-            ) from e
         earlier = self._in_flight.pop(key, None)
         if earlier is not None:
             self._settle(earlier)
         while len(self._in_flight) >= IN_FLIGHT_MAX:
             self._settle(self._in_flight.pop(next(iter(self._in_flight))))
-        send_async = getattr(self._client.service, "produce_async", None)
-        target = partition & ~DELAYED_PARTITION_BIT  # the delayed bit only names the stream
-        future = send_async(name, target, batch) if send_async is not None else None
+        future = self._send_part(name, partition, pending.messages, pid, 0, deliver_ms)
         self._in_flight[key] = _Sent(
-            key, batch, len(pending.messages), pending.chunks, future, pending.messages, pid, deliver_ms
+            key, len(pending.messages), pending.chunks, future, pending.messages, pid, deliver_ms
         )
         self._pending_bytes -= pending.bytes
         pending.messages = []
@@ -377,21 +363,48 @@ class TaskWriter:
         if q.sticky == partition:
             self._sticky_moved(q)
 
+    def _send_part(
+        self, name: str, partition: int, messages: list, pid: int, base_sequence: int, deliver_ms: int
+    ) -> Future[ProduceResult]:
+        """Send ``messages`` as one batch of producer id ``pid`` from ``base_sequence``,
+        without waiting; ``partition`` may carry the delayed bit (it names the stream)."""
+        target = partition & ~DELAYED_PARTITION_BIT
+        try:
+            with unavailable_means(f"asking {self.opts.servers} about queue {name!r}"):
+                return self._producer.send_identified(
+                    name,
+                    target,
+                    messages,
+                    identity=(pid, self.epoch),
+                    base_sequence=base_sequence,
+                    deliver_at_ms=deliver_ms,
+                )
+        except MessageTooLargeError as e:
+            limit = self._queues[name].info.config.message_bytes_max
+            if max(len(m if type(m) is bytes else m.body) for m in messages) <= limit:
+                raise MessageTooLargeError(f"{e}; lower the option maxBatchBytes") from e
+            raise MessageTooLargeError(
+                f"a row's value is too large for queue {name!r} ({e}); rows before it may be "
+                f"written already. Filter such rows out first, e.g. df.where(length('value') <= "
+                f"{limit}), or write to a queue created with a larger message_bytes_max "
+                f"('headwater queue create NAME --message-bytes-max BYTES', up to 64 MiB)"
+            ) from e
+
+    def _wait(self, name: str, partition: int, future: Future[ProduceResult]) -> None:
+        """Wait for a batch's answer; the producer sent it again while the broker was
+        unavailable (an idempotent batch lands once however often it is sent)."""
+        with unavailable_means(f"writing to partition {partition} of queue {name!r} at {self.opts.servers}"):
+            future.result()
+
     def _settle(self, sent: _Sent) -> None:
-        """Wait for a sent batch's answer; send it again while the broker is unavailable
-        (an idempotent batch lands once however often it is sent)."""
+        """Wait for a sent batch's answer and count its rows; say what a refusal means."""
         name, partition = sent.key
         partition &= ~DELAYED_PARTITION_BIT
         try:
             try:
-                try:
-                    if sent.future is None:
-                        raise UnavailableError("not sent yet")
-                    sent.future.result()
-                except UnavailableError:
-                    self._produce(name, partition, sent.batch)
+                self._wait(name, partition, sent.future)
             except OutOfOrderSequenceError as e:
-                if not self._continue(name, partition, sent, e):
+                if not self._continue(name, sent, e):
                     raise
         except OutOfOrderSequenceError as e:
             raise InvalidArgumentError(
@@ -410,13 +423,7 @@ class TaskWriter:
             ) from e
         self.summary.messages[sent.key] = self.summary.messages.get(sent.key, 0) + sent.count
 
-    def _produce(self, name: str, partition: int, batch: bytes) -> None:
-        with_retries(
-            lambda: self._client.service.produce(name, partition, batch),
-            what=f"writing to partition {partition} of queue {name!r} at {self.opts.servers}",
-        )
-
-    def _continue(self, name: str, partition: int, sent: _Sent, refusal: OutOfOrderSequenceError) -> bool:
+    def _continue(self, name: str, sent: _Sent, refusal: OutOfOrderSequenceError) -> bool:
         """Whether the refused batch was written, in part or whole, by an attempt of this task
         that was cut short; if so, send what the broker lacks and say True.
 
@@ -432,17 +439,9 @@ class TaskWriter:
         if held is None or not 0 < held <= sent.count:
             return False
         if held < sent.count:
-            q = self._queues[name]
-            rest = encode_batch(
-                sent.messages[held:],
-                compression=self.opts.compression,
-                producer_id=sent.producer_id,
-                producer_epoch=self.epoch,
-                base_sequence=held,
-                deliver_at_ms=sent.deliver_ms,
-                message_bytes_max=q.info.config.message_bytes_max,
-            )
-            self._produce(name, partition, bytes(rest))
+            partition = sent.key[1]
+            rest = self._send_part(name, partition, sent.messages[held:], sent.producer_id, held, sent.deliver_ms)
+            self._wait(name, partition & ~DELAYED_PARTITION_BIT, rest)
         return True
 
     def finish(self) -> WriteSummary:
