@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from headwater.client.aio_service import AsyncBrokerService
+from headwater.client.aio_service import AsyncBrokerService, ThreadedService
 from headwater.client.batching import (
     ProducerBase,
     as_message,
@@ -64,7 +64,7 @@ from headwater.errors import (
 )
 from headwater.model.config import QueueInfo
 from headwater.model.message import Message, MessageId
-from headwater.model.service import ProduceResult
+from headwater.model.service import HasClock, ProduceResult, ProducesNowait
 
 __all__ = ["AsyncProducer"]
 
@@ -110,14 +110,14 @@ class AsyncProducer(ProducerBase):
     def __init__(
         self, service: AsyncBrokerService, *, clock: Callable[[], float] | None = None, **settings: Any
     ) -> None:
-        self._pipelined = hasattr(service, "produce_nowait")
+        self._pipelined = isinstance(service, ProducesNowait)  # an asyncio service's: a connection
         super().__init__(
             service,
             new_batch=_Batch,
             # only a connection keeps the sending order (an embedded broker's calls run on threads)
             pipelined=self._pipelined,
             # an embedded broker's own (injected) clock by default
-            clock=clock or getattr(getattr(service, "service", service), "clock", None),
+            clock=clock or _clock_of(service),
             **settings,
         )
         self._service: AsyncBrokerService = service
@@ -628,3 +628,9 @@ def _fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
 
 def _left(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - loop.time())
+
+
+def _clock_of(service: AsyncBrokerService) -> Callable[[], float] | None:
+    """The clock of the embedded broker behind an asyncio service, if it is one."""
+    inner = service.service if isinstance(service, ThreadedService) else service
+    return inner.clock if isinstance(inner, HasClock) else None

@@ -53,7 +53,7 @@ from headwater.errors import (
 )
 from headwater.model.config import QueueInfo
 from headwater.model.message import Message, MessageId
-from headwater.model.service import BrokerService, ProduceResult
+from headwater.model.service import BrokerService, DescribesAsync, HasClock, ProduceResult, ProducesAsync
 
 __all__ = ["Producer", "BatchReceipt", "SendCallback"]
 
@@ -123,19 +123,20 @@ class Producer(ProducerBase, ProducerSender):
         clock: Callable[[], float] | None = None,
         **settings: Any,
     ) -> None:
-        self._produce_async = getattr(service, "produce_async", None)
+        self._produce_async = service.produce_async if isinstance(service, ProducesAsync) else None
         super().__init__(
             service,
             new_batch=_Batch,
             # embedded: batches go through a thread pool, which keeps no order, so one at a time
             pipelined=self._produce_async is not None,
-            clock=clock or getattr(service, "clock", None),  # an embedded broker's own (injected) clock
+            # an embedded broker's own (injected) clock
+            clock=clock or (service.clock if isinstance(service, HasClock) else None),
             **settings,
         )
         self._service: BrokerService = service
         self.max_block_ms = int_setting("max_block_ms", max_block_ms, 0, 86_400_000)
         self.send_threads = int_setting("send_threads", send_threads, 1, 256)
-        self._describe_async = getattr(service, "describe_queue_async", None)
+        self._describe_async = service.describe_queue_async if isinstance(service, DescribesAsync) else None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
         self._lock = threading.Lock()

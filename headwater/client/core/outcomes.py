@@ -77,15 +77,16 @@ OUTCOMES: dict[tuple[Attempt, bool], Step] = {
 
 def classify(exc: BaseException | None, sequenced: bool) -> Attempt:
     """How an attempt that ended with ``exc`` (None: stored) ended, for a batch that carries
-    a sequence (``sequenced``) or not. Usage errors are refusals before anything is stored,
-    except the sequence errors: those say the producer's state disagrees with the broker's."""
+    a sequence (``sequenced``) or not. Usage errors, and a closed broker or client, are
+    refusals before anything is stored; a fenced producer's or an out-of-order sequence's
+    are not: those say the producer's state disagrees with the broker's."""
     if exc is None:
         return Attempt.STORED
     if isinstance(exc, OutOfOrderSequenceError) and sequenced:
         return Attempt.OUT_OF_ORDER
     if getattr(exc, "retriable", False):
         return Attempt.RETRIABLE
-    if isinstance(exc, UsageError) and not isinstance(exc, (OutOfOrderSequenceError, ProducerFencedError)):
+    if isinstance(exc, (UsageError, ClosedError)) and not isinstance(exc, ProducerFencedError):
         return Attempt.REFUSED
     return Attempt.UNKNOWN
 
