@@ -1,7 +1,9 @@
 """Broker: the :class:`~headwater.model.service.BrokerService` over one store.
 
 Embedded mode is this object used in-process (``headwater.open``); the network server puts
-the same object behind a socket (``headwater.broker.server``). Consumer offsets, groups,
+the same object behind a socket (``headwater.broker.server``); the test fake
+(``headwater.testing.open_memory``) is this object over a
+:class:`~headwater.storage.memory.MemoryStore`. Consumer offsets, groups,
 delay and transactions compose here, above storage, so the store stays a log engine.
 """
 
@@ -28,17 +30,18 @@ from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
 from headwater.model.service import FetchResult, ProduceResult
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.model.subscription import SubscriberInfo
+from headwater.storage.api import Store
 from headwater.storage.store import LogStore, StoreConfig
 
 __all__ = ["Broker"]
 
 
 class Broker:
-    """Serves one data directory. Thread-safe."""
+    """Serves one store (a data directory, or memory). Thread-safe."""
 
     def __init__(
         self,
-        store: LogStore,
+        store: Store,
         *,
         group_clock: Callable[[], float] = time.monotonic,
         shared_clock: Callable[[], float] = time.time,
@@ -362,10 +365,12 @@ class Broker:
 
     # operations
     def status(self) -> dict[str, object]:
+        where = (
+            {"mode": "memory"} if self.store.path is None else {"mode": "embedded", "data_dir": str(self.store.path)}
+        )
         return {
             "version": __version__,
-            "mode": "embedded",
-            "data_dir": str(self.store.path),
+            **where,
             "uptime_s": round(time.monotonic() - self._started, 3),
             **self.store.stats(),
             **self.delay.summary(),

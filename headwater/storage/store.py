@@ -33,8 +33,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-import msgspec
-
 from headwater.errors import (
     ClosedError,
     CorruptDataError,
@@ -66,8 +64,10 @@ from headwater.storage.flusher import Flusher, GroupCommit
 from headwater.storage.last_batches import LastBatches, Tail
 from headwater.storage.loader import FSYNC_FAILED_FILE, key_hashes, load_segments, walk_headers
 from headwater.storage.producer_state import ProducerStateTable, read_snapshot, write_snapshot
+from headwater.storage.schedule import ScheduleDirectory
 from headwater.storage.segment import SEGMENT_HEADER_SIZE, LogSegment, segment_name
 from headwater.storage.segment_index import SegmentIndex
+from headwater.storage.settings import StoreConfig
 
 _new_tuple = tuple.__new__  # a namedtuple from a tuple, without its Python-level calls
 # _append_locked builds the stored header by position: the broker's fields are 2 to 6
@@ -78,48 +78,6 @@ __all__ = ["LogStore", "StoreConfig"]
 log = logging.getLogger("headwater.storage")
 
 _TS_MAX = 2**63 - 1  # later than any timestamp
-
-
-class StoreConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """Settings of a store (one data directory)."""
-
-    flush: str = "async"  # default flush policy of queues that name none
-    flush_interval_ms: int = 200  # async: the longest a write waits for its fsync
-    flush_bytes: int = 8 * 1024 * 1024  # async: fsync sooner once this much is written since the last
-    page_cache_keep_bytes: int = 256 * 1024 * 1024  # the newest log left in the OS page cache (0: all of it)
-    segment_bytes_max: int = 128 * 1024 * 1024
-    open_segments_max: int = 64  # sealed segments kept open for reading
-    index_cache_segments: int = 16  # sealed segment indexes kept in memory
-    retention_interval_ms: int = 10_000
-    verify: str = "tail"  # "tail": check the last segment on open; "all": every segment
-    producer_expiry_ms: int = 7 * 86_400_000  # idempotence state of an idle producer is dropped
-    delay_max_s: int = 2 * 366 * 86_400  # a delayed message may be due at most this far ahead
-    delay_bucket_s: int = 3600  # span of one schedule file of delayed messages (whole minutes)
-
-    def validated(self) -> StoreConfig:
-        if self.flush not in ("sync", "async"):
-            raise InvalidArgumentError(f"flush must be 'sync' or 'async', got {self.flush!r}")
-        if self.verify not in ("tail", "all"):
-            raise InvalidArgumentError(f"verify must be 'tail' or 'all', got {self.verify!r}")
-        if not 1 <= self.flush_interval_ms <= 3_600_000:
-            raise InvalidArgumentError("flush_interval_ms must be from 1 to 3600000")
-        if not 64 * 1024 <= self.flush_bytes <= 2**40:
-            raise InvalidArgumentError("flush_bytes must be from 64 KiB to 1 TiB")
-        if not (self.page_cache_keep_bytes == 0 or 1024 * 1024 <= self.page_cache_keep_bytes <= 2**40):
-            raise InvalidArgumentError("page_cache_keep_bytes must be 0 (keep all) or from 1 MiB to 1 TiB")
-        if not 64 * 1024 <= self.segment_bytes_max <= 2**31:
-            raise InvalidArgumentError("segment_bytes_max must be from 64 KiB to 2 GiB")
-        if self.open_segments_max < 1 or self.index_cache_segments < 1:
-            raise InvalidArgumentError("open_segments_max and index_cache_segments must be >= 1")
-        d = self.delay_max_s
-        if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 100 * 366 * 86_400:
-            raise InvalidArgumentError(f"delay_max_s must be whole seconds from 1 to 100 years, got {d!r}")
-        b = self.delay_bucket_s
-        if isinstance(b, bool) or not isinstance(b, int) or not 60 <= b <= 86_400 or b % 60:
-            raise InvalidArgumentError(
-                f"delay_bucket_s must be a whole number of minutes from 60 to 86400 seconds, got {b!r}"
-            )
-        return self
 
 
 class _Span:
@@ -174,7 +132,8 @@ class _Queue:
 
 
 class LogStore:
-    """The storage engine of one data directory. Use :meth:`open`; close when done."""
+    """The storage engine of one data directory (a :class:`~headwater.storage.api.Store`);
+    close when done."""
 
     def __init__(
         self, path: str | Path, config: StoreConfig | None = None, *, clock: Callable[[], float] = time.time
@@ -723,6 +682,15 @@ class LogStore:
         for fn in self._append_listeners:
             fn(name, partition, result.base_offset + result.count)
         return result, end_pos
+
+    @property
+    def kind(self) -> str:
+        """``"file"``: this store keeps a data directory (the other kind: ``"memory"``)."""
+        return "file"
+
+    def schedule_store(self) -> ScheduleDirectory:
+        """Where the delay service keeps its schedule: ``DATA/delay/``."""
+        return ScheduleDirectory(self.path / "delay")
 
     @property
     def clock(self) -> Callable[[], float]:
