@@ -23,6 +23,7 @@ import pytest
 
 import headwater
 from headwater import Message
+from headwater.broker.shared_state import TRANSITIONS, DeliveryEvent, DeliveryState
 from headwater.client.shared_consumer import raise_refused
 from headwater.errors import (
     ClosedError,
@@ -33,7 +34,6 @@ from headwater.errors import (
     QueueNotFoundError,
 )
 from headwater.model.shared import LeaseId, SharedGroupSettings
-from headwater.model.shared_state import TRANSITIONS, DeliveryEvent, DeliveryState
 
 SUPPORT = Path(__file__).parent / "support"
 

@@ -385,7 +385,7 @@ class MemoryStore:
             raise QueueNotFoundError(f"no queue has id {queue_id} (was it deleted?)")
         q = self._usable_queue(q.name)
         self._partition(q, partition)
-        h, payload = validate_batch(batch, message_bytes_max=q.config.message_bytes_max)
+        h, payload = validate_batch(memoryview(batch), message_bytes_max=q.config.message_bytes_max)
         if h.producer_id >= 0:
             raise InvalidArgumentError("a batch the broker appends itself carries no producer id")
         with self._lock:
