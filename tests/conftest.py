@@ -1,5 +1,6 @@
 """Shared fixtures: a controllable clock, and a client that every queue test gets three ways:
-the embedded broker, the in-memory fake, and the network client over loopback TCP."""
+the embedded broker, the same broker over a store in memory (``headwater.testing``), and the
+network client over loopback TCP."""
 
 from __future__ import annotations
 

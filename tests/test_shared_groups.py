@@ -637,7 +637,9 @@ def test_seeded_simulation(seed, tmp_path):
 
 
 def test_the_fake_behaves_like_the_broker(tmp_path):
-    """The same sequence of calls on the broker and the in-memory fake gives the same answers."""
+    """The same sequence of calls on the broker over a data directory and over a store in
+    memory (the fake) gives the same answers: the shared groups' state lives in the store's
+    ``__shared`` queue either way."""
     from headwater.testing import open_memory
 
     now = [1_800_000_000.0]
