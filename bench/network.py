@@ -204,7 +204,7 @@ def cpu_note(cpu: dict[str, float | None], rate: float | None = None) -> str:
     tail more than on a lighter one's.
 
     >>> note = cpu_note({"server": 190, "consumer": 120, "producer": 230, "producer_spin": 50}, rate=2000)
-    >>> print(note.replace("; ", ";\n"))
+    >>> print(note.replace("; ", ";\\n"))
     CPU µs/msg: server 190, consumer 120, producer 230 (of it the benchmark's spin 50);
     in all 540, 1.08 CPUs at 2,000/s
     """

@@ -2,7 +2,10 @@
 
 Every error Headwater raises on purpose derives from :class:`HeadwaterError`. The tree
 separates "you used it wrong" (:class:`UsageError`: fix the call, retrying will not help)
-from "something outside misbehaved" (:class:`StorageError`, :class:`UnavailableError`)::
+from "the state the call assumed has moved on" (:class:`StateConflictError`: a rebalance,
+an expired lease, a producer's sequence, a close; learn the new state, and a call made
+from it may succeed) and from "something outside misbehaved" (:class:`StorageError`,
+:class:`UnavailableError`)::
 
     HeadwaterError                      code  retriable
     ├── UsageError                        1   no    the caller must change the call
@@ -16,11 +19,12 @@ from "something outside misbehaved" (:class:`StorageError`, :class:`UnavailableE
     │   ├── QueueDisabledError            9   no    enable the queue first
     │   ├── InvalidBatchError            10   no    a record batch failed validation
     │   ├── MessageNotFoundError         11   no    the id names nothing retained
-    │   ├── ClosedError                  12   no    the broker or client was closed
-    │   ├── OutOfOrderSequenceError      13   no    an idempotent producer skipped or replayed
     │   ├── ProducerFencedError          14   no    a newer instance of the producer took over
     │   ├── SubscriberNotFoundError      18   no    no subscriber of that name on the queue
-    │   ├── SubscriberExistsError        19   no    a subscriber of that name is already there
+    │   └── SubscriberExistsError        19   no    a subscriber of that name is already there
+    ├── StateConflictError               15   no    the state the call assumed has moved on
+    │   ├── ClosedError                  12   no    the broker or client was closed
+    │   ├── OutOfOrderSequenceError      13   no    an idempotent producer skipped or replayed
     │   └── GroupError                   60   no    a consumer group refused a member's call
     │       ├── UnknownMemberError       61   no    not a member (left, or missed heartbeats): join again
     │       ├── StaleGenerationError     62   no    the group rebalanced since: heartbeat, then retry
@@ -39,6 +43,13 @@ from "something outside misbehaved" (:class:`StorageError`, :class:`UnavailableE
     └── UnavailableError                 40   yes   try again later (timeouts, restarts)
         └── OutcomeUnknownError          41   no    sent, then no answer: it may or may not have been applied
 
+The whole group branch is a state conflict: every refusal of a group (a stale generation,
+an expired lease, a member removed after missed heartbeats, a partition moved to another
+member) names group state that changed under the caller, and ``except GroupError`` /
+``except LeaseError`` keep catching all of it. ``retriable`` stays False on this branch:
+sending the *same* call again fails the same way; the caller learns the new state first
+(heartbeat, join again, receive again, restart the sequence, open a new client).
+
 Each class carries a stable numeric ``code`` and a ``retriable`` flag; :func:`error_for_code`
 maps a code back to its class, which is how errors cross the wire.
 """
@@ -48,6 +59,7 @@ from __future__ import annotations
 __all__ = [
     "HeadwaterError",
     "UsageError",
+    "StateConflictError",
     "InvalidArgumentError",
     "InvalidQueueNameError",
     "PartitionOutOfRangeError",
@@ -97,6 +109,15 @@ class UsageError(HeadwaterError):
     code = 1
 
 
+class StateConflictError(HeadwaterError):
+    """The call was well formed, but the state it assumed has moved on: a group rebalanced,
+    a lease expired, a producer's sequence and the broker's disagree, the client or broker
+    was closed. Sending the same call again fails the same way; learn the new state first
+    (heartbeat or join again, receive again, open a new client), then call."""
+
+    code = 15
+
+
 class InvalidArgumentError(UsageError, ValueError):
     """A value is of the wrong type or out of its range."""
 
@@ -139,11 +160,13 @@ class MessageNotFoundError(UsageError, LookupError):
     code = 11
 
 
-class ClosedError(UsageError):
+class ClosedError(StateConflictError):
+    """The broker or the client was closed; open a new one."""
+
     code = 12
 
 
-class OutOfOrderSequenceError(UsageError):
+class OutOfOrderSequenceError(StateConflictError):
     """An idempotent producer's batch is not the next in its sequence (a gap, or a stale retry)."""
 
     code = 13
@@ -167,7 +190,7 @@ class SubscriberExistsError(UsageError):
     code = 19
 
 
-class GroupError(UsageError):
+class GroupError(StateConflictError):
     """A consumer group's coordinator refused a member's call; the group is unchanged."""
 
     code = 60

@@ -1,6 +1,6 @@
 """headwater.aio: the asyncio client, against a real server over TCP and the embedded broker.
 
-Every test runs its coroutine with :func:`run`, which also checks that closing was clean: no
+Every test runs its coroutine with ``run`` (tests/support/aio_target.py), which also checks that closing was clean: no
 task left running, no "Task was destroyed but it is pending" or "exception was never
 retrieved", no unclosed transport or socket.
 """
@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import doctest
-import gc
 import random
 import time
-import warnings
-from collections.abc import Awaitable, Callable
 
 import pytest
-from conftest import ServerThread
 
 import headwater
 import headwater.aio
@@ -35,83 +31,13 @@ from headwater.errors import (
     UnavailableError,
 )
 from headwater.model.batch import decode_header
-
-Test = Callable[[headwater.aio.AsyncClient], Awaitable[None]]
-
-
-class Target:
-    """Where a test's client connects: a real server in a thread, or an embedded broker."""
-
-    def __init__(self, kind: str, tmp_path, clock) -> None:
-        self.kind, self.clock = kind, clock
-        self.server = (
-            ServerThread(tmp_path / "data", clock, segment_bytes_max=256 * 1024) if kind == "network" else None
-        )
-        self.path = tmp_path / "data"
-
-    async def open(self) -> headwater.aio.AsyncClient:
-        if self.server is not None:
-            return await headwater.aio.connect(self.server.address)
-        if self.kind == "memory":
-            from headwater.testing import open_memory_async
-
-            return open_memory_async(clock=self.clock)
-        return await headwater.aio.open(self.path, clock=self.clock, segment_bytes_max=256 * 1024)
+from tests.support.aio_target import Target, run, scan
 
 
-@pytest.fixture(params=["network", "embedded", "memory"])
-def target(request, tmp_path, clock):
-    t = Target(request.param, tmp_path, clock)
-    yield t
-    if t.server is not None:
-        t.server.stop()
-        if not t.server.thread.is_alive():
-            t.server.loop.close()  # ServerThread leaves its loop open; close it here
-
-
-def run(target: Target, test: Test) -> None:
-    """Run ``test(client)`` in a fresh event loop; fail on anything left unclean."""
-    problems: list[str] = []
-
-    async def main() -> None:
-        hw = await target.open()
-        try:
-            await test(hw)
-        finally:
-            link = getattr(getattr(hw.service, "transport", None), "_link", None)
-            await hw.close()
-        assert link is None or link.sock.fileno() == -1  # the socket is closed
-        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        assert not left, f"tasks still running after close: {left}"
-
-    def on_error(loop, ctx) -> None:
-        problems.append(f"{ctx['message']}: {ctx.get('future') or ctx.get('exception')!r}")
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()  # earlier tests' garbage is not this test's problem
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ResourceWarning)
-        with asyncio.Runner() as runner:
-            loop = runner.get_loop()
-            loop.set_exception_handler(on_error)
-            runner.run(main())
-        gc.collect()
-    # ours: the loop, its transports, and client sockets (the test server's own leaks are not)
-    client_ports = {target.server.server.port} if target.server is not None else set()
-    for w in caught:
-        if issubclass(w.category, ResourceWarning) and (
-            w.source is loop
-            or getattr(w.source, "_loop", None) is loop
-            or str(w.message).startswith("unclosed <StreamWriter")
-            or any(f", {port})>" in str(w.message) for port in client_ports)  # raddr=(host, port)
-        ):
-            problems.append(str(w.message))
-    assert not problems
-
-
-async def scan(hw, queue: str, **kw) -> list:
-    return [r async for r in hw.scanner(queue, **kw)]
+@pytest.fixture
+def target(aio_target):
+    """The client kinds of tests/conftest.py's ``aio_target``: network, embedded, memory."""
+    return aio_target
 
 
 async def drain(c, expect: int, timeout_s: float = 5.0) -> list:

@@ -6,10 +6,10 @@ deep inside, nor the wire encoder's wording. Each case here once differed on som
 from __future__ import annotations
 
 import pytest
-from test_aio import run
 
 import headwater
 from headwater.errors import InvalidArgumentError
+from tests.support.aio_target import run
 
 SUBSCRIBER_NAME = (
     "invalid subscriber name 5: use 1-200 letters, digits, '.', '_' and '-', starting with a letter or digit"

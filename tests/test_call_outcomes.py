@@ -207,6 +207,8 @@ def test_asyncio_truncate_whose_answer_is_late_is_not_sent_again(server, proxy, 
 
 
 def test_only_a_request_that_never_left_or_is_idempotent_is_sent_again():
+    """What may be sent again is its operation's, written once in API_SPECS (ApiSpec.resend)."""
+
     class Transport:
         address = "127.0.0.1:1"
         request_timeout_s = 30.0
@@ -215,25 +217,49 @@ def test_only_a_request_that_never_left_or_is_idempotent_is_sent_again():
             return False
 
     lost = UnavailableError("the connection to 127.0.0.1:1 was lost")
-    truncate = m.TruncateQueueRequest("t")
 
-    def tries(body: m.RequestBody, idempotent: bool) -> Tries:
-        t = Tries(
-            Transport(),
-            body,
-            retries=3,
-            idempotent=idempotent,
-            retry=True,  # type: ignore[arg-type]
-            timeout_s=None,
-        )
+    def tries(body: m.RequestBody) -> Tries:
+        t = Tries(Transport(), body, retries=3)  # type: ignore[arg-type] # a stand-in transport
         t.next_timeout_s()
         return t
 
-    assert tries(truncate, False).after(lost, written=False, closed=False) is None  # never left: safe
-    assert "may or may not" in str(tries(truncate, False).after(lost, written=True, closed=False))
+    truncate = m.TruncateQueueRequest("t")
+    assert tries(truncate).after(lost, written=False, closed=False) is None  # never left: safe
+    assert "may or may not" in str(tries(truncate).after(lost, written=True, closed=False))
     describe = m.DescribeQueueRequest("t")
-    assert tries(describe, True).after(lost, written=True, closed=False) is None
-    assert tries(describe, True).after(lost, written=True, closed=True) is lost
+    assert tries(describe).after(lost, written=True, closed=False) is None
+    assert tries(describe).after(lost, written=True, closed=True) is lost
+    produce = m.ProduceRequest("t", 0, b"")  # the producer retries its appends itself
+    assert tries(produce).after(lost, written=False, closed=False) is lost
+    at_least_once = m.SharedReceiveRequest("g", "t", "m", 1, 1000)
+    at_most_once = m.SharedReceiveRequest("g", "t", "m", 1, 1000, at_most_once=True)
+    assert tries(at_least_once).after(lost, written=True, closed=False) is None
+    assert "may or may not" in str(tries(at_most_once).after(lost, written=True, closed=False))
+    # a long poll may take its max_wait_ms longer than any other request
+    assert tries(m.FetchRequest("t", 0, 0, 1, max_wait_ms=5000)).timeout_s == 35.0
+    assert tries(m.FetchRequest("t", 0, 0, 1)).timeout_s == 30.0
+
+
+def test_every_operation_says_whether_it_may_be_sent_again():
+    """The rule is each spec's: the calls that change state in a way a second one would not
+    repeat (create, delete, truncate, add partitions, join, ack/nack/extend, add/delete a
+    subscriber) are sent again only if they never left; appends and the stream requests never."""
+    once = {k.name for k, s in m.API_SPECS.items() if s.resend is m.Resend.IF_UNSENT}
+    assert once == {
+        "CREATE_QUEUE",
+        "DELETE_QUEUE",
+        "TRUNCATE_QUEUE",
+        "ADD_PARTITIONS",
+        "JOIN_GROUP",
+        "SHARED_ACK",
+        "SHARED_NACK",
+        "SHARED_EXTEND",
+        "ADD_SUBSCRIBER",
+        "DELETE_SUBSCRIBER",
+    }
+    never = {k for k, s in m.API_SPECS.items() if s.resend is m.Resend.NEVER}
+    assert never == {m.ApiKey.PRODUCE} | m.STREAM_APIS
+    assert {k.name for k, s in m.API_SPECS.items() if s.waits} == {"FETCH", "KEYED_FETCH", "SHARED_RECEIVE"}
 
 
 # 2. request_timeout_s bounds a whole call, its tries together ------------------------------
@@ -420,3 +446,77 @@ def test_the_network_services_check_offsets_before_encoding(server, tmp_path):
             embedded.service.commit_offsets("g", "c", {0: "3"})
     finally:
         embedded.close()
+
+
+def test_the_services_have_every_operation_with_the_broker_services_signature():
+    """RemoteService, AsyncService and ThreadedService make their calls from API_SPECS: each
+    BrokerService method is there, on the class itself (not the Protocol's empty stub), with
+    BrokerService's parameters and defaults, and a coroutine in the asyncio services."""
+    import inspect
+
+    from headwater.client.aio_service import AsyncBrokerService, AsyncService, ThreadedService
+    from headwater.client.remote import RemoteService
+    from headwater.model.service import BrokerService
+
+    names = {n for n in vars(BrokerService) if not n.startswith("_") and callable(getattr(BrokerService, n))}
+    assert {s.method for s in m.API_SPECS.values() if s.method} == names - {"close"}
+    for cls in (RemoteService, AsyncService, ThreadedService):
+        for name in names:
+            fn = vars(cls).get(name)
+            assert fn is not None, f"{cls.__name__}.{name} is missing"
+            want = inspect.signature(getattr(BrokerService, name))
+            assert list(inspect.signature(fn).parameters.values()) == list(want.parameters.values()), (cls, name)
+            assert inspect.iscoroutinefunction(fn) is (cls is not RemoteService), (cls, name)
+    async_names = {
+        n for n in vars(AsyncBrokerService) if not n.startswith("_") and callable(getattr(AsyncBrokerService, n))
+    }
+    assert async_names == names | {"ping"}
+
+
+def test_optional_capabilities_are_the_protocols_next_to_broker_service(server, tmp_path):
+    """What a service can do beyond BrokerService is a typed Protocol of
+    headwater.model.service, checked with isinstance (not an attribute looked up by name):
+    the network services have the futures, leading and streams; the embedded broker shares
+    its clock."""
+    from headwater.model import service as s
+
+    sync_network = {
+        s.Leads,
+        s.DescribesAsync,
+        s.ProducesAsync,
+        s.FetchesAsync,
+        s.KeyedFetchesAsync,
+        s.StartsSharedReceive,
+        s.OpensPushStreams,
+        s.OpensFetchStreams,
+        s.HasTransport,
+    }
+    aio_network = {s.ProducesNowait, s.AsyncStartsSharedReceive, s.AsyncOpensPushStreams, s.OpensFetchStreams}
+    capabilities = sync_network | aio_network | {s.HasClock}
+
+    def has(service) -> set:
+        return {p for p in capabilities if isinstance(service, p)}
+
+    network = headwater.connect(server.address)
+    embedded = headwater.open(tmp_path / "embedded")
+    try:
+        assert has(network.service) >= sync_network and s.HasClock not in has(network.service)
+        # Broker.produce_nowait is a namesake (an append that does not wait for its fsync), so
+        # ProducesNowait, an asyncio service's capability, is only asked of those
+        assert has(embedded.service) - {s.ProducesNowait} == {s.HasClock}
+    finally:
+        network.close()
+        embedded.close()
+
+    async def main() -> tuple[set, set]:
+        a_network = await headwater.aio.connect(server.address)
+        a_embedded = await headwater.aio.open(tmp_path / "aio")
+        try:
+            return has(a_network.service), has(a_embedded.service)
+        finally:
+            await a_network.close()
+            await a_embedded.close()
+
+    a_network, a_embedded = asyncio.run(main())
+    assert a_network >= aio_network and not a_network & {s.ProducesAsync, s.FetchesAsync, s.Leads}
+    assert a_embedded == set()  # ThreadedService: the asyncio producer's clock is its service's

@@ -14,12 +14,12 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from support.broker_process import HEADWATER, BrokerProcess
-from test_cli_network import Cli, Follower, subprocess_env
 
 import headwater
 from headwater.cli.output import iso_utc
 from headwater.errors import GroupNotFoundError
+from tests.support.broker_process import HEADWATER, BrokerProcess
+from tests.support.command_line import Cli, Follower, subprocess_env
 
 HUGE = "99999999999999999999999"
 

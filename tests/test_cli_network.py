@@ -13,34 +13,22 @@ import contextlib
 import json
 import os
 import platform
-import queue
 import re
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support.broker_process import BrokerProcess
-from typer.testing import CliRunner
 
 import headwater
-from headwater.cli.main import app
 from headwater.cli.status import OWN_REQUESTS_PER_SAMPLE, Sample, measure_rates
+from tests.support.broker_process import HEADWATER, BrokerProcess
+from tests.support.command_line import Cli, Follower, subprocess_env
 
-HEADWATER = str(Path(sys.executable).with_name("headwater"))
-ENV = {
-    # a wide, colourless, predictable console whatever the developer's shell exports
-    "COLUMNS": "200",
-    "FORCE_COLOR": None,
-    "TTY_COMPATIBLE": None,
-    "HEADWATER_DATA": None,
-    "HEADWATER_SERVER": None,
-}
 TIMESTAMP_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
 
@@ -49,87 +37,6 @@ def broker(tmp_path) -> Iterator[BrokerProcess]:
     b = BrokerProcess(tmp_path / "served").start()
     yield b
     assert b.terminate() == 0, b.log.read_text()[-2000:]
-
-
-class Cli:
-    """``headwater <global options> ...`` in-process; returns (exit code, stdout, stderr)."""
-
-    def __init__(self, *global_options: str) -> None:
-        self.global_options = list(global_options)
-        self.runner = CliRunner(env=ENV)
-
-    def run(self, *args: str, input: str | None = None) -> tuple[int, str, str]:
-        result = self.runner.invoke(app, [*self.global_options, *args], input=input)
-        if result.exception is not None and not isinstance(result.exception, SystemExit):
-            raise result.exception
-        assert "Traceback" not in result.output
-        return result.exit_code, result.stdout, result.stderr
-
-    def __call__(self, *args: str, input: str | None = None) -> str:
-        code, out, err = self.run(*args, input=input)
-        assert code == 0, (args, code, out, err)
-        return out
-
-    def error(self, *args: str) -> str:
-        code, _, err = self.run(*args)
-        assert code == 1 and err.startswith("error: "), (args, code, err)
-        return err
-
-    def records(self, *args: str) -> list[dict]:
-        return [json.loads(line) for line in self(*args, "--json").splitlines()]
-
-
-def subprocess_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HEADWATER_") and k != "FORCE_COLOR"}
-    return {**env, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
-
-
-class Follower:
-    """``headwater ... consume`` as a subprocess whose JSON lines are read as they come."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [HEADWATER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env()
-        )
-        self.records: list[dict] = []
-        self._lines: queue.Queue[bytes] = queue.Queue()
-        self._reader = threading.Thread(target=self._read_lines, daemon=True)
-        self._reader.start()
-
-    def _read_lines(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
-        self._lines.put(b"")  # the end
-
-    def read(self, n: int, timeout_s: float = 10.0) -> list[dict]:
-        """Wait for ``n`` more records."""
-        want = len(self.records) + n
-        deadline = time.monotonic() + timeout_s
-        while len(self.records) < want:
-            try:
-                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self.proc.kill()
-                raise AssertionError(
-                    f"only {len(self.records)} record(s) after {timeout_s} s; stderr: {self.finish()[1]}"
-                ) from None
-            if not line:
-                raise AssertionError(f"consume ended early: {self.finish()}")
-            self.records.append(json.loads(line))
-        return self.records[want - n :]
-
-    def finish(self, timeout_s: float = 10.0) -> tuple[int, str]:
-        """Wait for the end; return the exit code and stderr."""
-        try:
-            code = self.proc.wait(timeout_s)
-        finally:
-            self.proc.kill()
-        self._reader.join(timeout_s)
-        while line := self._lines.get_nowait() if not self._lines.empty() else b"":
-            self.records.append(json.loads(line))
-        assert self.proc.stderr is not None
-        return code, self.proc.stderr.read().decode()
 
 
 def normalized(text: str) -> str:

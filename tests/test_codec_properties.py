@@ -47,6 +47,7 @@ from headwater.model.batch import (
 from headwater.storage import StoreConfig
 from headwater.storage.memory import MemoryStore
 from headwater.storage.store import LogStore
+from headwater.testing import FakeClock
 
 # -- strategies ------------------------------------------------------------------------------
 
@@ -297,14 +298,6 @@ TTL_S = 60
 PARTITIONS_CAP = 6
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class _QueueModel:
     def __init__(self, ttl_s: int | None, partitions: int) -> None:
         self.ttl_s = ttl_s
@@ -326,7 +319,7 @@ class LogVersusModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="hw-model-"))
-        self.clock = _Clock()
+        self.clock = FakeClock()
         self.counter = 0
         self.queues: dict[str, _QueueModel] = {}
         self.store = self._open("tail")
@@ -415,7 +408,7 @@ class LogVersusModel(RuleBasedStateMachine):
 
     @rule(seconds=st.integers(1, 45))
     def advance_clock(self, seconds):
-        self.clock.now += seconds
+        self.clock.advance(seconds)
 
     @rule()
     def enforce_retention(self):

@@ -208,7 +208,7 @@ def test_seek_to_a_delayed_id_says_what_to_do(hw):
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "fetch"])
 def test_asyncio_consumer_edges(aio_target, stream):
-    from test_aio import run
+    from tests.support.aio_target import run
 
     async def read_all(c, n):
         got: list[bytes] = []

@@ -41,7 +41,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import FakeClock, ServerThread
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
@@ -49,7 +48,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 import headwater
 from headwater import Message, MessageId
 from headwater.errors import HeadwaterError
-from headwater.testing import open_memory
+from headwater.testing import FakeClock, open_memory
+from tests.support.server_thread import ServerThread
 
 TARGETS = ("embedded", "memory", "network")
 SEGMENT_BYTES = 64 * 1024  # small segments: a long example rolls some

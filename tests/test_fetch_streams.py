@@ -8,7 +8,6 @@ import threading
 import time
 
 import pytest
-from conftest import ServerThread
 
 import headwater
 from headwater.client.consumer import Consumer
@@ -24,6 +23,7 @@ from headwater.model.batch import encode_batch
 from headwater.model.config import QueueConfig
 from headwater.protocol import messages as m
 from tests.support.broker_process import BrokerProcess, Restart, free_port
+from tests.support.server_thread import ServerThread
 from tests.support.waiting import wait_for
 
 
@@ -144,7 +144,7 @@ def test_a_closed_stream_pushes_no_more(server, remote):
 )
 def test_bad_requests_are_refused_and_the_connection_keeps_serving(remote, body, error, match):
     with pytest.raises(error, match=match):
-        remote._call(body, retry=False)
+        remote._call(body)  # a stream request: never sent again (its spec)
     assert remote._call(m.CloseStreamRequest(12345)) is None  # closing what is not open is fine
     assert remote.describe_queue("q").name == "q"
 
@@ -152,17 +152,17 @@ def test_bad_requests_are_refused_and_the_connection_keeps_serving(remote, body,
 def test_a_stream_id_in_use_is_refused(remote):
     sid = open_stream(remote, "q", {0: 0}, Pushes(), credit_bytes=100)
     with pytest.raises(InvalidArgumentError, match=f"stream {sid} is already open"):
-        remote._call(m.FetchStreamRequest(sid, "q", {1: 0}, 100), retry=False)
+        remote._call(m.FetchStreamRequest(sid, "q", {1: 0}, 100))
 
 
 def test_stream_ids_are_unique_among_subscriptions_and_fetch_streams(remote):
     remote.add_subscriber("q", "audit")
     sub_id, _ = remote.open_push_stream("q", "audit", Pushes(), credit_messages=10, credit_bytes=1000)
     with pytest.raises(InvalidArgumentError, match=f"stream {sub_id} is already open"):
-        remote._call(m.FetchStreamRequest(sub_id, "q", {0: 0}, 100), retry=False)
+        remote._call(m.FetchStreamRequest(sub_id, "q", {0: 0}, 100))
     sid = open_stream(remote, "q", {0: 0}, Pushes(), credit_bytes=100)
     with pytest.raises(InvalidArgumentError, match=f"stream {sid} is already open"):
-        remote._call(m.SubscribeRequest(sid, "q", "other", 10, 100), retry=False)
+        remote._call(m.SubscribeRequest(sid, "q", "other", 10, 100))
 
 
 def test_deleting_the_queue_ends_its_streams(remote):
@@ -207,7 +207,7 @@ def test_a_peer_that_stops_reading_holds_about_one_push_on_the_broker(server, re
             produce(remote, 0, *[bytes(1024)] * 256)
 
         def buffered() -> int:
-            return max(c.transport.get_write_buffer_size() for c in server.server._conns)
+            return max(c.transport.get_write_buffer_size() for c in server.server.connections)
 
         time.sleep(0.3)
         assert buffered() < 2 << 20  # not the 10 MiB the credit allows

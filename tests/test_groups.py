@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.broker_process import BrokerProcess, free_port, kill_all
 
 import headwater
 from headwater.broker.membership import Membership
@@ -32,6 +31,7 @@ from headwater.errors import (
 )
 from headwater.model.assignment import assign_average, assign_sticky, sticky_moves_lower_bound
 from headwater.model.groups import TRANSITIONS, Event, GroupState
+from tests.support.broker_process import BrokerProcess, free_port, kill_all
 
 # strategies --------------------------------------------------------------------------------
 
@@ -817,7 +817,7 @@ def cli(*args, code=0):
 
 
 def test_cli_group_list_describe_reset_and_queue_lag(tmp_path, clock):
-    from conftest import ServerThread
+    from tests.support.server_thread import ServerThread
 
     server = ServerThread(tmp_path / "data", clock)
     srv = ["--server", server.address]
@@ -1106,7 +1106,7 @@ def test_a_broker_restart_makes_members_join_again_and_keeps_offsets(tmp_path):
 def test_asyncio_members_share_the_work(aio_target):
     import asyncio
 
-    from test_aio import run
+    from tests.support.aio_target import run
 
     async def test(hw):
         await hw.admin.create_queue("q", partitions=4)
@@ -1153,7 +1153,7 @@ def test_asyncio_members_share_the_work(aio_target):
 
 
 def test_asyncio_broadcast_members_keep_local_offsets(aio_target, tmp_path):
-    from test_aio import run
+    from tests.support.aio_target import run
 
     async def test(hw):
         await hw.admin.create_queue("q", partitions=2)

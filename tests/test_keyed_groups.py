@@ -404,9 +404,8 @@ async def adrain(consumers, expect: int, timeout_s: float = 10.0) -> dict[int, l
 def test_asyncio_members_get_their_keys_in_order_through_a_resize(aio_target, monkeypatch):
     """The asyncio member (AsyncKeyedConsumer): its keys only, in order per key, positions
     committed and resumed, a resize 2 -> 3 followed without restarts, and the admin calls."""
-    from test_aio import run
-
     import headwater.client.keyed_consumer as keyed_consumer
+    from tests.support.aio_target import run
 
     monkeypatch.setattr(keyed_consumer, "_PARTITIONS_CHECK_S", 0.05)
 

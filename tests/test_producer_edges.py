@@ -11,11 +11,11 @@ import asyncio
 import threading
 
 import pytest
-from test_aio import run, scan
 
 from headwater import Message
 from headwater.errors import InvalidArgumentError, MessageTooLargeError, UsageError
 from headwater.model.batch import BATCH_BYTES_MAX, encode_batch, validate_batch
+from tests.support.aio_target import run, scan
 
 # -- cancelling an asyncio send future ----------------------------------------------------
 

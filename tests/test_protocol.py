@@ -95,7 +95,7 @@ from headwater.protocol import (
 )
 from headwater.protocol._state import TRANSITIONS, Direction, Kind
 from headwater.protocol.events import Push
-from headwater.protocol.frames import HEADER, encode_frame
+from headwater.protocol.frames import HEADER
 from headwater.protocol.messages import (
     AddSubscriberRequest,
     AddSubscriberResponse,
@@ -157,8 +157,8 @@ from headwater.protocol.messages import (
     SubscriptionPush,
     UnsubscribeRequest,
     UnsubscribeResponse,
-    encode_body,
 )
+from tests.support.frames import raw
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 
@@ -396,12 +396,6 @@ def pair(**server_settings) -> tuple[Connection, Connection]:
     [acc] = feed(client, server.send(HandshakeAccepted(choose_version(hs), "test-server")))
     assert isinstance(acc, HandshakeAccepted)
     return client, server
-
-
-def raw(frame_type: int, api: int, rid: int, body: msgspec.Struct | bytes, data=()) -> bytes:
-    """A frame built by hand, bypassing the connection's checks (to play a bad peer)."""
-    head = body if isinstance(body, bytes) else encode_body(body)[0]
-    return b"".join(encode_frame(frame_type, api, rid, head, list(data)))
 
 
 def raises_remote(conn: Connection, data: bytes, match: str, exc=RemoteProtocolError) -> None:

@@ -50,6 +50,75 @@ def test_error_codes_are_unique_and_stable():
     assert error_for_code(9999) is HeadwaterError
 
 
+#: Every error class's code, retriable flag and parent: the codes and flags are what crosses
+#: the wire (stable forever); the parents are the tree drawn in headwater/errors.py.
+ERROR_TREE = {
+    "HeadwaterError": (0, False, None),
+    "UsageError": (1, False, "HeadwaterError"),
+    "InvalidArgumentError": (2, False, "UsageError"),
+    "InvalidQueueNameError": (3, False, "InvalidArgumentError"),
+    "PartitionOutOfRangeError": (4, False, "InvalidArgumentError"),
+    "MessageTooLargeError": (5, False, "InvalidArgumentError"),
+    "InvalidMessageIdError": (6, False, "InvalidArgumentError"),
+    "QueueNotFoundError": (7, False, "UsageError"),
+    "QueueExistsError": (8, False, "UsageError"),
+    "QueueDisabledError": (9, False, "UsageError"),
+    "InvalidBatchError": (10, False, "UsageError"),
+    "MessageNotFoundError": (11, False, "UsageError"),
+    "ProducerFencedError": (14, False, "UsageError"),
+    "SubscriberNotFoundError": (18, False, "UsageError"),
+    "SubscriberExistsError": (19, False, "UsageError"),
+    "StateConflictError": (15, False, "HeadwaterError"),
+    "ClosedError": (12, False, "StateConflictError"),
+    "OutOfOrderSequenceError": (13, False, "StateConflictError"),
+    "GroupError": (60, False, "StateConflictError"),
+    "UnknownMemberError": (61, False, "GroupError"),
+    "StaleGenerationError": (62, False, "GroupError"),
+    "PartitionNotAssignedError": (63, False, "GroupError"),
+    "GroupNotEmptyError": (64, False, "GroupError"),
+    "GroupNotFoundError": (65, False, "GroupError"),
+    "LeaseError": (70, False, "GroupError"),
+    "LeaseExpiredError": (71, False, "LeaseError"),
+    "LeaseNotOwnedError": (72, False, "LeaseError"),
+    "DataDirectoryError": (20, False, "HeadwaterError"),
+    "NotADataDirectoryError": (21, False, "DataDirectoryError"),
+    "DataDirectoryLockedError": (22, False, "DataDirectoryError"),
+    "UnsupportedFormatError": (23, False, "DataDirectoryError"),
+    "StorageError": (30, False, "HeadwaterError"),
+    "CorruptDataError": (31, False, "StorageError"),
+    "UnavailableError": (40, True, "HeadwaterError"),
+    "OutcomeUnknownError": (41, False, "UnavailableError"),
+}
+
+
+def test_the_error_tree_codes_and_retriable_flags_are_pinned():
+    classes = {n: getattr(headwater.errors, n) for n in headwater.errors.__all__ if n.endswith("Error")}
+    assert set(classes) == set(ERROR_TREE)
+    for name, (code, retriable, parent) in ERROR_TREE.items():
+        cls = classes[name]
+        assert (cls.code, cls.retriable) == (code, retriable), name
+        headwater_bases = [b.__name__ for b in cls.__bases__ if issubclass(b, headwater.errors.HeadwaterError)]
+        assert headwater_bases == ([parent] if parent else []), name
+        assert f"{name} " in headwater.errors.__doc__, f"{name} is not drawn in the tree"
+
+
+def test_state_conflicts_are_not_usage_errors():
+    """Retrying the same call fails the same way for both, but a state conflict is cured by
+    learning the new state (heartbeat, join, receive, reopen), not by changing the call: an
+    ``except UsageError`` must not catch one."""
+    from headwater.errors import (
+        ClosedError,
+        LeaseExpiredError,
+        OutOfOrderSequenceError,
+        StaleGenerationError,
+        StateConflictError,
+        UsageError,
+    )
+
+    for cls in (StaleGenerationError, LeaseExpiredError, OutOfOrderSequenceError, ClosedError):
+        assert issubclass(cls, StateConflictError) and not issubclass(cls, UsageError), cls
+
+
 def test_every_public_name_has_a_docstring():
     for name in headwater.__all__:
         obj = getattr(headwater, name)

@@ -8,7 +8,6 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from conftest import FakeClock
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +28,7 @@ from headwater.errors import (
     QueueExistsError,
     QueueNotFoundError,
 )
+from headwater.testing import FakeClock
 
 
 def bodies(n: int, prefix: str = "m") -> list[bytes]:

@@ -25,7 +25,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from helpers.crashdata import (
+
+import headwater
+from headwater import MessageId
+from headwater.errors import CorruptDataError, DataDirectoryLockedError, MessageNotFoundError
+from headwater.storage.segment_index import SegmentIndex
+from tests.support.crashdata import (
     BatchLoc,
     expected_tuple,
     message_for,
@@ -34,13 +39,8 @@ from helpers.crashdata import (
     record_tuple,
 )
 
-import headwater
-from headwater import MessageId
-from headwater.errors import CorruptDataError, DataDirectoryLockedError, MessageNotFoundError
-from headwater.storage.segment_index import SegmentIndex
-
 SEED = int(os.environ.get("HEADWATER_SEED") or random.randrange(2**32))
-HELPERS = Path(__file__).parent / "helpers"
+SUPPORT = Path(__file__).parent / "support"
 SEGMENT_BYTES = 64 * 1024  # the smallest allowed: every test crosses many segment rolls
 HEADER = 64  # bytes of a segment file's header
 
@@ -139,7 +139,7 @@ class KillRig:
             child = subprocess.Popen(
                 [
                     sys.executable,
-                    str(HELPERS / "appender.py"),
+                    str(SUPPORT / "appender.py"),
                     str(self.data),
                     str(acks),
                     f"{self.seed}:{r}",
@@ -565,7 +565,7 @@ def test_second_process_is_locked_out_until_the_owner_dies(tmp_path):
     data, ready = tmp_path / "data", tmp_path / "ready"
     with (tmp_path / "child.err").open("wb") as err:
         child = subprocess.Popen(
-            [sys.executable, str(HELPERS / "holder.py"), str(data), str(ready)], stdout=err, stderr=err
+            [sys.executable, str(SUPPORT / "holder.py"), str(data), str(ready)], stdout=err, stderr=err
         )
     try:
         deadline = time.monotonic() + 30

@@ -6,7 +6,6 @@ import socket
 import time
 
 import pytest
-from conftest import ServerThread
 
 from headwater.model.batch import encode_batch
 from headwater.model.config import QueueConfig
@@ -30,6 +29,7 @@ from headwater.protocol.messages import (
     ProduceRequest,
 )
 from tests.support.broker_process import BrokerProcess
+from tests.support.server_thread import ServerThread
 
 
 class InProcessServer(ServerThread):
@@ -156,8 +156,8 @@ def test_a_peer_that_does_not_read_is_paused_not_buffered(tmp_path):
         time.sleep(0.5)
 
         def held() -> tuple[int, int, int]:
-            (st,) = s.server._conns
-            return st.transport.get_write_buffer_size(), st.budget.used, s.server._budget.used
+            (st,) = s.server.connections
+            return st.transport.get_write_buffer_size(), st.budget.used, s.server.budget.total.used
 
         buffered, conn_used, all_used = s.call(held)
         assert buffered < 16 * 1024 + 256 * 1024  # the bound, plus at most one fetch answer
@@ -167,9 +167,9 @@ def test_a_peer_that_does_not_read_is_paused_not_buffered(tmp_path):
         assert produced == list(range(50 * 64, 50 * 64 + 120))
         assert all(len(got[rid].body.batches) > 0 for kind, rid in sent if kind == "fetch")
         deadline = time.monotonic() + 2
-        while s.call(lambda: s.server._budget.used) and time.monotonic() < deadline:
+        while s.call(lambda: s.server.budget.total.used) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert s.call(lambda: s.server._budget.used) == 0  # everything went out: nothing held
+        assert s.call(lambda: s.server.budget.total.used) == 0  # everything went out: nothing held
         c.close()
     finally:
         s.stop()
@@ -181,7 +181,7 @@ def test_pings_from_a_peer_that_never_reads_are_bounded(tmp_path):
         c = RawClient(s.port, rcvbuf=4096)
         # inline answers leave nothing in flight, so any number may be pipelined; the frames
         # are built by hand (the client side would refuse more than 256 in flight)
-        from tests.test_protocol import raw
+        from tests.support.frames import raw
 
         frames = b"".join(raw(FrameType.REQUEST, ApiKey.PING, rid, PingRequest()) for rid in range(1, 20_001))
         c.sock.setblocking(False)
@@ -192,7 +192,7 @@ def test_pings_from_a_peer_that_never_reads_are_bounded(tmp_path):
                 sent += c.sock.send(frames[sent:])
             except BlockingIOError:
                 time.sleep(0.01)
-        (buffered,) = s.call(lambda: [st.transport.get_write_buffer_size() for st in s.server._conns])
+        (buffered,) = s.call(lambda: [st.transport.get_write_buffer_size() for st in s.server.connections])
         assert buffered < 8 * 1024 + 512 * 1024  # the bound plus the answers of one read
         c.sock.setblocking(True)
         c.sock.settimeout(10)
@@ -288,7 +288,7 @@ def test_a_parked_fetch_woken_while_the_budget_is_short_waits_for_it(tmp_path):
         r = RawClient(s.port)
         rid = r.send(FetchRequest("q", 0, 0, 1 << 20, 0, None, 10_000))
         deadline = time.monotonic() + 5
-        while not (parked := s.call(lambda: [st for st in s.server._conns if st.parked])):
+        while not (parked := s.call(lambda: [st for st in s.server.connections if st.parked])):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         reader = parked[0]
@@ -304,7 +304,7 @@ def test_a_parked_fetch_woken_while_the_budget_is_short_waits_for_it(tmp_path):
 
 
 def _buffered_by_server(s) -> list[int]:
-    return s.call(lambda: sorted(st.conn._reader.buffered_bytes for st in s.server._conns))
+    return s.call(lambda: sorted(st.conn._reader.buffered_bytes for st in s.server.connections))
 
 
 def test_big_frames_half_sent_hold_the_byte_budget_not_unbounded_memory(tmp_path):
@@ -334,7 +334,7 @@ def test_big_frames_half_sent_hold_the_byte_budget_not_unbounded_memory(tmp_path
             c.sent = sent
         time.sleep(0.5)
         buffered = _buffered_by_server(s)
-        reserved = s.call(lambda: s.server._receiving)
+        reserved = s.call(lambda: s.server.budget.receiving)
         assert reserved == len(senders[0].frame)  # one frame of 3 MiB fits in half of 8 MiB; a second does not
         assert buffered[-1] > mib and sum(buffered[:-1]) <= 4 * 256 * 1024  # the others: one read each at most
         t0 = time.monotonic()
@@ -346,7 +346,7 @@ def test_big_frames_half_sent_hold_the_byte_budget_not_unbounded_memory(tmp_path
             c.sock.sendall(c.frame[c.sent :])
         offsets = sorted(c.answers(1).popitem()[1].body.base_offset for c in senders)
         assert offsets == [1, 2, 3, 4, 5]
-        assert s.call(lambda: (s.server._receiving, s.server._budget.used)) == (0, 0)
+        assert s.call(lambda: (s.server.budget.receiving, s.server.budget.total.used)) == (0, 0)
         for c in [healthy, *senders]:
             c.close()
     finally:
@@ -376,9 +376,9 @@ def test_a_fetch_short_of_memory_waits_alone_and_requests_behind_it_are_answered
     try:
         healthy, hog = _a_client_and_a_hog(s.port)
         deadline = time.monotonic() + 3
-        while s.call(lambda: s.server._budget.used) < 1024 * 1024 and time.monotonic() < deadline:
+        while s.call(lambda: s.server.budget.total.used) < 1024 * 1024 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert s.call(lambda: s.server._budget.used) >= 1024 * 1024
+        assert s.call(lambda: s.server.budget.total.used) >= 1024 * 1024
         t0 = time.monotonic()
         fetch = healthy.send(FetchRequest("q", 0, 0, 1024 * 1024))
         ping = healthy.send(PingRequest())
@@ -399,9 +399,9 @@ def test_a_peer_that_takes_none_of_its_answers_is_cut_off_after_send_timeout_s(t
         with caplog.at_level("WARNING", logger="headwater.server"):
             healthy, hog = _a_client_and_a_hog(s.port)
             deadline = time.monotonic() + 5
-            while s.call(lambda: len(s.server._conns)) > 1 and time.monotonic() < deadline:
+            while s.call(lambda: len(s.server.connections)) > 1 and time.monotonic() < deadline:
                 time.sleep(0.05)
-        assert s.call(lambda: (len(s.server._conns), s.server._budget.used)) == (1, 0)
+        assert s.call(lambda: (len(s.server.connections), s.server.budget.total.used)) == (1, 0)
         assert any("took none of the" in r.getMessage() and "send_timeout_s" in r.getMessage() for r in caplog.records)
         healthy.call(PingRequest())
         healthy.close()
@@ -442,7 +442,7 @@ def test_tasks_cut_off_before_they_start_leave_no_warning(tmp_path):
     import gc
     import warnings
 
-    from tests.test_protocol import raw
+    from tests.support.frames import raw
 
     s = InProcessServer(tmp_path / "data")
     try:

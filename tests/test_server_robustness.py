@@ -89,7 +89,7 @@ def test_garbage_after_handshake_and_unknown_api(broker):
     s.sendall(b"\x10\x00\x00\x00" + b"\x00" * 16)  # a short frame with a wrong checksum
     assert closed_by_peer(s)
     from headwater.protocol import FrameType
-    from tests.test_protocol import raw
+    from tests.support.frames import raw
 
     s, conn = raw_conn(broker)
     s.sendall(raw(FrameType.REQUEST, 999, 1, PingRequest()))

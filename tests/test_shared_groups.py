@@ -34,6 +34,7 @@ from headwater.errors import (
     QueueNotFoundError,
 )
 from headwater.model.shared import LeaseId, SharedGroupSettings
+from headwater.testing import FakeClock
 
 SUPPORT = Path(__file__).parent / "support"
 
@@ -495,8 +496,7 @@ def _simulate(seed: int, tmp_path: Path, steps: int, restarts: bool) -> None:
     from headwater.model.config import QueueConfig
 
     rnd = random.Random(seed)
-    now = [1_800_000_000.0]
-    clock = lambda: now[0]  # noqa: E731
+    clock = FakeClock()
     max_attempts = rnd.randint(1, 4)
     settings = {
         "max_attempts": max_attempts,
@@ -579,7 +579,7 @@ def _simulate(seed: int, tmp_path: Path, steps: int, restarts: bool) -> None:
                 elif op == "nack":
                     o.leases.pop(lid)
         elif op == "time":
-            now[0] += rnd.choice([0.05, 0.5, 1.0, 3.0])
+            clock.advance(rnd.choice([0.05, 0.5, 1.0, 3.0]))
         elif op == "restart":
             broker.close()
             broker = Broker.open(path, clock=clock)
@@ -588,7 +588,7 @@ def _simulate(seed: int, tmp_path: Path, steps: int, restarts: bool) -> None:
 
     # drain: everything ends acked or dead-lettered, each exactly once
     for _ in range(10_000):
-        now[0] += 5.0
+        clock.advance(5.0)
         res = broker.shared_receive("g", "q", "drain", 100, 1000, False, settings)
         if not res.leases:
             if broker.shared_describe("g", "q").lag == 0:
@@ -642,8 +642,7 @@ def test_the_fake_behaves_like_the_broker(tmp_path):
     ``__shared`` queue either way."""
     from headwater.testing import open_memory
 
-    now = [1_800_000_000.0]
-    clock = lambda: now[0]  # noqa: E731
+    clock = FakeClock()
     real, fake = headwater.open(tmp_path / "d", clock=clock), open_memory(clock=clock)
     rnd = random.Random(11)
     for hw in (real, fake):
@@ -674,7 +673,7 @@ def test_the_fake_behaves_like_the_broker(tmp_path):
                 fn = svc.shared_ack if op == "ack" else lambda *a: svc.shared_nack(*a, "r", None)  # noqa: B023 (called at once, within this iteration)
                 answers.append(norm(fn("g", "q", "m", chosen), qids[i]))
             elif op == "time" and i == 0:
-                now[0] += arg * 2
+                clock.advance(arg * 2)
         if len(answers) == 2:
             assert answers[0] == answers[1], op
     assert norm(real.service.shared_describe("g", "q"), 0) == norm(fake.service.shared_describe("g", "q"), 0)
@@ -899,7 +898,7 @@ def test_asyncio_shared_consumer(aio_target):
     client; in memory, one by one, as nothing outlives the client there)."""
     import asyncio
 
-    from test_aio import run
+    from tests.support.aio_target import run
 
     async def test(hw) -> None:
         await hw.admin.create_queue("q", partitions=2)

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 import typer
-from support.broker_process import BrokerProcess
 
 import headwater
 from headwater.cli.context import CliState
 from headwater.cli.main import app
 from headwater.cli.shell import ShellSession
+from tests.support.broker_process import BrokerProcess
 
 HEADWATER = str(Path(sys.executable).with_name("headwater"))
 

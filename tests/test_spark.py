@@ -6,7 +6,6 @@ The crash test runs a streaming job in a subprocess and SIGKILLs it mid-batch.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
@@ -23,15 +22,9 @@ from headwater.errors import InvalidArgumentError
 from headwater.spark.options import parse_offsets, parse_read_options, parse_timestamp_ms, parse_write_options
 from headwater.spark.planning import OffsetRange, StreamOffset, rate_limit, split_ranges
 from tests.support.broker_process import BrokerProcess
+from tests.support.spark_fixtures import fresh, reader, run_available_now, scan, stream_reader
 
 ROOT = Path(__file__).resolve().parent.parent
-_names = itertools.count()
-
-
-def fresh(prefix: str) -> str:
-    return f"{prefix}-{next(_names)}"
-
-
 # -- options and planning: no Spark needed ------------------------------------------
 
 
@@ -130,44 +123,19 @@ def test_docstring_examples_of_the_pure_modules():
         assert result.failed == 0 and result.attempted > 0, module.__name__
 
 
-# -- fixtures -----------------------------------------------------------------------
+# -- fixtures (the shared ones are in tests/support/spark_fixtures.py) -------------------
 
 
 @pytest.fixture(scope="module")
-def spark():
-    pytest.importorskip("pyspark", reason="the Spark connector tests need pyspark: pip install 'headwater[spark]'")
-    pytest.importorskip("pyarrow", reason="the Spark connector tests need pyarrow: pip install 'headwater[spark]'")
-    from tests.support.spark_session import shared_spark
-
-    session = shared_spark()
-    yield session
-    session.stop()
+def broker(spark_broker):
+    """The module's broker process (one for every Spark test of the module)."""
+    return spark_broker
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    b = BrokerProcess(tmp_path_factory.mktemp("spark-broker") / "data").start()
-    yield b
-    if b.alive():
-        b.terminate()
-
-
-@pytest.fixture(scope="module")
-def hw(broker):
-    client = headwater.connect(broker.address)
-    yield client
-    client.close()
-
-
-def reader(spark, broker, queue, **options):
-    r = spark.read.format("headwater").option("servers", broker.address).option("queue", queue)
-    for k, v in options.items():
-        r = r.option(k, v)
-    return r.load()
-
-
-def scan(hw, queue):
-    return list(hw.scanner(queue))
+def hw(spark_client):
+    """A network client of the module's broker; not conftest's ``hw``, as Spark needs a broker it can reach."""
+    return spark_client
 
 
 # -- batch read ---------------------------------------------------------------------
@@ -451,13 +419,6 @@ def test_an_unreachable_broker_is_a_clear_error(spark):
 # -- streaming ----------------------------------------------------------------------
 
 
-def stream_reader(spark, broker, queue, **options):
-    r = spark.readStream.format("headwater").option("servers", broker.address).option("queue", queue)
-    for k, v in options.items():
-        r = r.option(k, v)
-    return r.load()
-
-
 def test_max_offsets_per_trigger_bounds_every_micro_batch(spark, broker, hw, tmp_path):
     q = fresh("limit")
     hw.admin.create_queue(q, partitions=3)
@@ -481,24 +442,6 @@ def test_max_offsets_per_trigger_bounds_every_micro_batch(spark, broker, hw, tmp
     assert sorted(bytes(r.value) for r in got) == sorted(
         f"{part}-{i}".encode() for part, n in ((0, 70), (1, 23), (2, 4)) for i in range(n)
     )
-
-
-def run_available_now(spark, broker, source, sink, checkpoint, **options):
-    query = (
-        stream_reader(spark, broker, source, startingOffsets="earliest", **options)
-        .select("key", "value", "tag", "properties")
-        .writeStream.format("headwater")
-        .option("servers", broker.address)
-        .option("queue", sink)
-        .queryName(f"to_{sink}".replace("-", "_"))  # Spark passes the name to the sink too
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination(120)
-    if query.exception() is not None:
-        raise query.exception()
-    return query
 
 
 def test_streaming_restart_from_the_checkpoint_resumes_exactly(spark, broker, hw, tmp_path):

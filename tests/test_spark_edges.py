@@ -2,7 +2,7 @@
 not cover, option values checked at load(), task retries whose input was cut short, and
 batches of rows whose size is not in their bodies.
 
-One SparkSession and one broker serve the module (the fixtures of tests/test_spark.py). The
+One SparkSession and one broker serve the module (the fixtures of tests/support/spark_fixtures.py). The
 slow test runs Spark with task retries (``local[2,3]``) in a process of its own.
 """
 
@@ -20,9 +20,21 @@ import headwater
 from headwater.errors import InvalidArgumentError
 from headwater.spark.options import parse_read_options, parse_write_options
 from tests.support.broker_process import BrokerProcess
-from tests.test_spark import broker, fresh, hw, reader, scan, spark  # noqa: F401 (fixtures)
+from tests.support.spark_fixtures import fresh, reader, run_available_now, scan
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def broker(spark_broker):
+    """The module's broker process (one for every Spark test of the module)."""
+    return spark_broker
+
+
+@pytest.fixture(scope="module")
+def hw(spark_client):
+    """A network client of the module's broker; not conftest's ``hw``, as Spark needs a broker it can reach."""
+    return spark_client
 
 
 # -- options: no Spark needed -------------------------------------------------------
@@ -245,8 +257,6 @@ def test_a_value_over_the_queue_limit_says_how_to_write_it(spark, broker, hw):
 def test_a_stream_starting_at_a_future_time_leaves_out_what_comes_before_it(spark, broker, hw, tmp_path):
     """A startingTimestamp past the last message put the stream's start at the end of the
     partition, and what was appended there before that time was read."""
-    from tests.test_spark import run_available_now
-
     src, dst = fresh("future-in"), fresh("future-out")
     hw.admin.create_queue(src, partitions=1)
     hw.admin.create_queue(dst, partitions=1)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import inspect
 
 import pytest
-from conftest import FakeClock
 
 from headwater import Message
 from headwater.errors import (
@@ -31,6 +30,7 @@ from headwater.model.config import QueueConfig
 from headwater.storage import LogStore, StoreConfig
 from headwater.storage.api import Store
 from headwater.storage.memory import MemoryStore
+from headwater.testing import FakeClock
 
 KINDS = ("file", "memory")
 

@@ -17,7 +17,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import ServerThread
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -44,6 +43,7 @@ from headwater.model.batch import (
 from headwater.model.filtering import AllOf, TagFilter, TagMaskFilter, filter_batch, message_matches
 from headwater.model.keyed import KeyHashFilter
 from tests.support.broker_process import BrokerProcess
+from tests.support.server_thread import ServerThread
 
 # tags whose bits differ, so a filter by tag hash is exact for them
 TAGS = ["a", "b", "c"]
@@ -692,9 +692,8 @@ def test_an_asyncio_subscriber(aio_target, monkeypatch):
     subscriber, and the client's close storing the checkpoint."""
     import asyncio
 
-    from test_aio import run
-
     import headwater.client.aio_subscriber as aio_subscriber
+    from tests.support.aio_target import run
 
     monkeypatch.setattr(aio_subscriber, "PARTITIONS_CHECK_S", 0.05)  # how often it looks, embedded
 
@@ -963,7 +962,7 @@ def test_deleting_a_running_subscriber_stops_it_in_every_mode(hw):
 
 
 def test_deleting_a_running_asyncio_subscriber_stops_it(aio_target):
-    from test_aio import run
+    from tests.support.aio_target import run
 
     async def test(hw):
         await hw.admin.create_queue("q")

@@ -1,10 +1,11 @@
 """One client connection of the broker's server, as an :class:`asyncio.Protocol`.
 
 Bytes read go to the sans-IO :class:`~headwater.protocol.Connection`, and its requests are
-served from ``data_received``, in arrival order, by the :class:`BrokerServer` that owns the
-connection (``BrokerServer._serve``). This module holds the transport side: bounds
-(byte budgets, answers the peer has not taken), pausing and resuming reading, timeouts and
-closing. See :mod:`headwater.broker.server` for the whole picture.
+served from ``data_received``, in arrival order, by the server that accepted the connection.
+This module holds the transport side: bounds (byte budgets, answers the peer has not taken),
+pausing and resuming reading, timeouts and closing. What it needs of the server is
+:class:`ConnectionHost`, and nothing else. See :mod:`headwater.broker.server` for the whole
+picture.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from headwater._version import __version__
+from headwater.broker.budget import ByteBudget, ServerBudget
 from headwater.errors import UnavailableError
 from headwater.protocol import (
     NEED_DATA,
@@ -32,9 +33,9 @@ from headwater.protocol import (
 )
 
 if TYPE_CHECKING:
-    from headwater.broker.server import BrokerServer
+    from headwater.broker.server import ServerConfig
 
-__all__ = ["ByteBudget", "ClientConnection", "CLOSE_LINGER_S"]
+__all__ = ["ClientConnection", "ConnectionHost", "CLOSE_LINGER_S"]
 
 log = logging.getLogger("headwater.server")
 
@@ -47,64 +48,29 @@ _REQUESTS_PER_TURN = 64  # served from one connection before other connections g
 FRAME_RESERVE_MIN_BYTES = 64 * 1024
 
 
-class ByteBudget:
-    """Bytes in flight, bounded. ``take`` takes them when they fit (one oversized request is
-    let through alone, so nothing waits forever); otherwise the caller waits for a release:
-    a connection with a callback (``wait``), a task with ``await acquire``."""
+class ConnectionHost(Protocol):
+    """What a connection needs of the server that accepted it (:class:`BrokerServer`)."""
 
-    __slots__ = ("limit", "used", "_waiters")
+    config: ServerConfig
+    loop: asyncio.AbstractEventLoop
+    budget: ServerBudget  # the server's byte budget, over each connection's own
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._waiters: list[Callable[[], None]] = []
+    def admit(self, conn: ClientConnection) -> str | None:
+        """Count ``conn`` among the server's connections; or why it is refused."""
+        ...
 
-    def fits(self, n: int) -> bool:
-        return self.used + n <= self.limit or self.used == 0
+    def serve(self, conn: ClientConnection, request: Request) -> bool:
+        """Answer ``request`` now or start a task for it; False (nothing done) when the byte
+        budgets are short: the connection serves it again once woken."""
+        ...
 
-    def take(self, n: int) -> bool:
-        used = self.used
-        if used + n <= self.limit or used == 0:  # fits(n), inline: twice per produce
-            self.used = used + n
-            return True
-        return False
+    def writable_again(self, conn: ClientConnection) -> None:
+        """The peer took all its answers: what waited for that (fetch streams) may go on."""
+        ...
 
-    def charge(self, n: int) -> None:
-        """Count bytes already held, even past the limit (takers then wait for releases)."""
-        self.used += n
-
-    def untake(self, n: int) -> None:
-        """Give back bytes just taken, before anyone could have waited for them."""
-        self.used -= n
-
-    def release(self, n: int) -> None:
-        self.used -= n
-        if self._waiters:  # everyone retries (they may fit now); who still does not waits again
-            waiters, self._waiters = self._waiters, []
-            for wake in waiters:
-                wake()
-
-    def wait(self, wake: Callable[[], None]) -> None:
-        """Call ``wake`` (once) at the next release; it must not take bytes itself."""
-        self._waiters.append(wake)
-
-    def forget(self, wake: Callable[[], None]) -> None:
-        if wake in self._waiters:
-            self._waiters = [w for w in self._waiters if w != wake]
-
-    async def acquire(self, n: int) -> None:
-        while not self.take(n):
-            fut = asyncio.get_running_loop().create_future()
-
-            def wake(fut: asyncio.Future[None] = fut) -> None:
-                if not fut.done():
-                    fut.set_result(None)
-
-            self.wait(wake)
-            try:
-                await fut
-            finally:
-                self.forget(wake)
+    def connection_gone(self, conn: ClientConnection) -> None:
+        """``conn`` is lost: forget it (its streams and subscriptions end)."""
+        ...
 
 
 class ClientConnection(asyncio.Protocol):
@@ -127,7 +93,7 @@ class ClientConnection(asyncio.Protocol):
     """
 
     __slots__ = (
-        "srv",
+        "host",
         "loop",
         "transport",
         "conn",
@@ -156,10 +122,10 @@ class ClientConnection(asyncio.Protocol):
         "stall_mark",
     )
 
-    def __init__(self, srv: BrokerServer) -> None:
-        cfg = srv.config
-        self.srv = srv
-        self.loop = srv._loop
+    def __init__(self, host: ConnectionHost) -> None:
+        cfg = host.config
+        self.host = host
+        self.loop = host.loop
         self.transport: asyncio.Transport | None = None
         self.conn = Connection(
             SERVER, frame_bytes_max=cfg.frame_bytes_max, requests_in_flight_max=cfg.requests_in_flight_max
@@ -196,28 +162,21 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport  # an asyncio.Transport (uvloop's is not a subclass)
-        srv = self.srv
-        host, port = (transport.get_extra_info("peername") or ("?", "?"))[:2]
-        self.peer = f"{host}:{port}"
-        if len(srv._conns) >= srv.config.connections_max or srv._closing:
+        address, port = (transport.get_extra_info("peername") or ("?", "?"))[:2]
+        self.peer = f"{address}:{port}"
+        why = self.host.admit(self)
+        if why is not None:
             self.closing = True
-            if srv._closing:
-                why = "the broker is stopping"
-            else:
-                why = f"the broker has {len(srv._conns)} connections open, its limit (connections_max)"
-                srv.refused(self.peer, why)
             with contextlib.suppress(ProtocolError):  # said before the handshake: the client reports it
                 transport.writelines(
                     self.conn.send_chunks(ErrorResponse.from_exception(0, UnavailableError(f"{why}; try again later")))
                 )
             transport.close()
             return
-        srv.connections_total += 1
-        srv._conns.add(self)
         self.counted = True
         transport.set_write_buffer_limits(high=0, low=0)
         self.last_data_s = self.loop.time()
-        self.timer = self.loop.call_later(srv.config.handshake_timeout_s, self._on_timer)
+        self.timer = self.loop.call_later(self.host.config.handshake_timeout_s, self._on_timer)
 
     def data_received(self, data: bytes) -> None:
         self.last_data_s = self.loop.time()
@@ -235,34 +194,30 @@ class ClientConnection(asyncio.Protocol):
         self.write_paused = True
         if self.stall_timer is None and not self.closing:
             self.stall_mark = self.transport.get_write_buffer_size()
-            self.stall_timer = self.loop.call_later(self.srv.config.send_timeout_s, self._check_stall)
+            self.stall_timer = self.loop.call_later(self.host.config.send_timeout_s, self._check_stall)
 
     def resume_writing(self) -> None:
         self.write_paused = False
         if self.stall_timer is not None:
             self.stall_timer.cancel()
             self.stall_timer = None
-        streams = self.srv._streams
-        if streams.has_streams(self):  # fetch streams held back by this peer go on (not from inside a write)
-            self.loop.call_soon(streams.resumed, self)
+        self.host.writable_again(self)
         if self.unsent:
             n, self.unsent = self.unsent, 0
-            self.srv._release(self, n)
+            self.host.budget.release(self, n)
         if self.drain_waiters:
             waiters, self.drain_waiters = self.drain_waiters, []
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
-        self._wake()  # may be called from inside a write: never serve from here directly
+        self.wake()  # may be called from inside a write: never serve from here directly
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = self.closing = True
         if not self.counted:
             return
-        srv = self.srv
-        srv._conns.discard(self)
-        srv._push.connection_closed(self)
-        srv._streams.connection_closed(self)
+        self.host.connection_gone(self)
+        budget = self.host.budget
         if self.timer is not None:
             self.timer.cancel()
         for t in self.tasks:
@@ -270,31 +225,27 @@ class ClientConnection(asyncio.Protocol):
         for pf in list(self.parked):
             pf.drop()
         self.parked.clear()
-        self.budget.forget(self._wake)
-        srv._budget.forget(self._wake)
+        budget.forget(self)
         if self.unsent:  # the bytes will never go out: their budget is free
             n, self.unsent = self.unsent, 0
-            srv._release(self, n)
+            budget.release(self, n)
         if self.reserved:  # a big frame that will never be whole
             n, self.reserved = self.reserved, 0
-            srv._receiving -= n
-            srv._release(self, n)
+            budget.drop_frame(self, n)
         self._release_frame()
         if self.stall_timer is not None:
             self.stall_timer.cancel()
             self.stall_timer = None
         self.out.clear()
         self.resume_writing()  # wakes drain() waiters, which then see the connection lost
-        if srv._all_closed is not None and not srv._conns and not srv._all_closed.done():
-            srv._all_closed.set_result(None)
 
     # -- serving -------------------------------------------------------------------------
 
     def _serve_events(self) -> None:
         """Serve the events the Connection holds, in order, until it needs data or a bound
         is reached; then write the answers served inline, in one go."""
-        conn, srv = self.conn, self.srv
-        write_max = srv.config.write_buffer_bytes_max
+        conn, host = self.conn, self.host
+        write_max = host.config.write_buffer_bytes_max
         turn = _REQUESTS_PER_TURN
         try:
             while not self.closing:
@@ -331,8 +282,8 @@ class ClientConnection(asyncio.Protocol):
                     turn -= 1
                     if self.reserved:  # the big frame reserved as it came in is this request
                         self.frame_held, self.reserved = self.reserved, 0
-                        srv._receiving -= self.frame_held
-                    if not srv._serve(self, ev):
+                        host.budget.frame_arrived(self.frame_held)
+                    if not host.serve(self, ev):
                         self._release_frame()  # it waits for budget of its own
                         self.held = ev
                         self._block()
@@ -354,26 +305,18 @@ class ClientConnection(asyncio.Protocol):
         self._flush()
 
     def _reserve_frame(self) -> bool:
-        """Reserve the announced size of the big frame being received, in the connection's
-        budget and the server's, before its body is read. Frames being received may hold at
-        most half the server's budget, so that a few peers sending huge frames slowly cannot
-        starve the requests already read. False (then the caller stops reading) when it does
-        not fit now; the connection is woken at the next release."""
+        """Reserve the announced size of the big frame being received (see
+        :meth:`ServerBudget.reserve_frame`); False: stop reading until woken."""
         n = self.conn.frame_in_progress_bytes
-        srv = self.srv
-        if srv._receiving and srv._receiving + n > srv._budget.limit // 2:
-            srv._budget.wait(self._wake)
-            return False
-        if not srv._take(self, n):
+        if not self.host.budget.reserve_frame(self, n):
             return False
         self.reserved = n
-        srv._receiving += n
         return True
 
     def _release_frame(self) -> None:
         if self.frame_held:
             n, self.frame_held = self.frame_held, 0
-            self.srv._release(self, n)
+            self.host.budget.release(self, n)
 
     def _accept(self, ev: Handshake) -> bool:
         try:
@@ -387,7 +330,7 @@ class ClientConnection(asyncio.Protocol):
         self.handshaken = True
         if self.timer is not None:  # from now on the idle timeout applies
             self.timer.cancel()
-        self.timer = self.loop.call_later(self.srv.config.idle_timeout_s, self._on_timer)
+        self.timer = self.loop.call_later(self.host.config.idle_timeout_s, self._on_timer)
         return True
 
     def _flush(self) -> None:
@@ -397,14 +340,14 @@ class ClientConnection(asyncio.Protocol):
             out.clear()
             if self.unsent and not self.write_paused:  # all went out at once
                 n, self.unsent = self.unsent, 0
-                self.srv._release(self, n)
+                self.host.budget.release(self, n)
 
     def send(self, chunks: list, charge: int = 0) -> None:
         """Write one answer from a task; ``charge`` (budget bytes it holds) is released once
         the answer is out."""
         if self.lost or self.closing:
             if charge:
-                self.srv._release(self, charge)
+                self.host.budget.release(self, charge)
             raise ConnectionResetError("the connection closed")
         self.unsent += charge
         self.out += chunks
@@ -419,7 +362,7 @@ class ClientConnection(asyncio.Protocol):
         if (
             self.write_paused
             and not self.lost
-            and (self.transport.get_write_buffer_size() > self.srv.config.write_buffer_bytes_max)
+            and (self.transport.get_write_buffer_size() > self.host.config.write_buffer_bytes_max)
         ):
             fut = self.loop.create_future()
             self.drain_waiters.append(fut)
@@ -438,7 +381,7 @@ class ClientConnection(asyncio.Protocol):
         self.blocked = True
         self.transport.pause_reading()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         """Serve again soon (a bound may have cleared); never inline, so a release made while
         serving another connection, or a write, does not recurse into serving."""
         if self.blocked and not self.wake_scheduled and not self.closing:
@@ -462,13 +405,13 @@ class ClientConnection(asyncio.Protocol):
         buffered = self.transport.get_write_buffer_size()
         if buffered < self.stall_mark or self.closing:  # it takes them, slowly; or it is closing anyway
             self.stall_mark = buffered
-            self.stall_timer = self.loop.call_later(self.srv.config.send_timeout_s, self._check_stall)
+            self.stall_timer = self.loop.call_later(self.host.config.send_timeout_s, self._check_stall)
             return
         log.warning(
             "closing %s: it took none of the %d bytes of answers waiting for it in %g s (send_timeout_s)",
             self.peer,
             buffered,
-            self.srv.config.send_timeout_s,
+            self.host.config.send_timeout_s,
         )
         self.close()
         self.transport.abort()  # what it holds is freed now, not when it reads
@@ -480,7 +423,7 @@ class ClientConnection(asyncio.Protocol):
         if self.closing:  # closed, but the peer does not take the last bytes: drop them
             self.transport.abort()
             return
-        cfg = self.srv.config
+        cfg = self.host.config
         if not self.handshaken:
             log.info("closing %s: no handshake in time", self.peer)
             self.close()

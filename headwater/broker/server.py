@@ -36,7 +36,8 @@ from headwater._version import __version__
 from headwater.broker.allocator import kept_bytes, memory_usage
 from headwater.broker.append_waiters import AppendWaiters
 from headwater.broker.broker import Broker
-from headwater.broker.connection import CLOSE_LINGER_S, ByteBudget, ClientConnection
+from headwater.broker.budget import ServerBudget
+from headwater.broker.connection import CLOSE_LINGER_S, ClientConnection
 from headwater.broker.delay import DelayTicket
 from headwater.broker.durable_acks import DurableAcks
 from headwater.broker.push import PUSH_APIS, PushService
@@ -162,7 +163,7 @@ class _ParkedFetch:
 
     def wake(self) -> None:
         if not self.done:
-            self.srv._unpark(self)
+            self.srv.unpark(self)
 
     def drop(self) -> None:
         """The connection is gone: forget the fetch, answer nothing."""
@@ -185,21 +186,20 @@ class BrokerServer:
         self._closing = False
         self._stopping: asyncio.Event | None = None
         self._all_closed: asyncio.Future[None] | None = None  # set by stop(): the last one went
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start(), before any use
         self._started = time.monotonic()
         self.requests = 0
         self.connections_total = 0
         self.port = self.config.port
-        self._receiving = 0  # budget bytes reserved for big frames being received, all connections
         self._refused = 0  # connections refused since the last line about them
         self._refused_logged_at: float | None = None
 
     async def start(self) -> int:
         """Listen; return the port (useful with port 0)."""
-        loop = self._loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self._waiters = AppendWaiters(loop)
-        self._budget = ByteBudget(self.config.bytes_in_flight_max)
+        self.budget = ServerBudget(self.config.bytes_in_flight_max)
         self._acks = DurableAcks(loop, self.broker.wait_durable)
         self.broker.add_append_listener(self._waiters.notify)
         self.broker.groups.hold_grants_after_restart()  # members from before a restart may still read
@@ -230,6 +230,35 @@ class BrokerServer:
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("headwater %s serving %s on %s:%d", __version__, self.broker.store.path, self.config.host, self.port)
         return self.port
+
+    @property
+    def connections(self) -> frozenset[ClientConnection]:
+        """The connections open now."""
+        return frozenset(self._conns)
+
+    # -- what a connection needs of its server (headwater.broker.connection.ConnectionHost)
+
+    def admit(self, conn: ClientConnection) -> str | None:
+        if self._closing:
+            return "the broker is stopping"
+        if len(self._conns) >= self.config.connections_max:
+            why = f"the broker has {len(self._conns)} connections open, its limit (connections_max)"
+            self.refused(conn.peer, why)
+            return why
+        self.connections_total += 1
+        self._conns.add(conn)
+        return None
+
+    def writable_again(self, conn: ClientConnection) -> None:
+        if self._streams.has_streams(conn):  # fetch streams held back by this peer go on (not from inside a write)
+            self.loop.call_soon(self._streams.resumed, conn)
+
+    def connection_gone(self, conn: ClientConnection) -> None:
+        self._conns.discard(conn)
+        self._push.connection_closed(conn)
+        self._streams.connection_closed(conn)
+        if self._all_closed is not None and not self._conns and not self._all_closed.done():
+            self._all_closed.set_result(None)
 
     def refused(self, peer: str, why: str) -> None:
         """Log a refused connection: the first at once, then at most a line per
@@ -289,7 +318,7 @@ class BrokerServer:
 
     # -- requests ------------------------------------------------------------------------
 
-    def _serve(self, st: ClientConnection, ev: Request) -> bool:
+    def serve(self, st: ClientConnection, ev: Request) -> bool:
         """Serve a request read from ``st``: answer it now if it needs no wait, else start a
         task. False (nothing done) when the byte budget is short: serve it again later."""
         body = ev.body
@@ -301,12 +330,12 @@ class BrokerServer:
                     st.frame_held = 0
                 else:
                     n = len(body.batch)
-                    if not self._take(st, n):
+                    if not self.budget.take(st, n):
                         return False
                 try:  # the append, inline: this is what keeps a connection's produces in order
                     result, durable_at = self.broker.produce_nowait(body.queue, body.partition, body.batch)
                 finally:
-                    self._release(st, n)  # appended: the batch is no longer held
+                    self.budget.release(st, n)  # appended: the batch is no longer held
                 if type(durable_at) is int:  # sync flush: answered once the fsync is done
                     self._acks.add(durable_at, functools.partial(self._answer_durable, st, ev, result))
                     return True
@@ -316,24 +345,24 @@ class BrokerServer:
                 answer: object = ProduceResponse.from_result(result)
             elif api is ApiKey.FETCH:
                 want = self._fetch_want(st, body)
-                if not (st.budget.fits(want) and self._budget.fits(want)):
+                if not self.budget.fits(st, want):
                     # short of memory: it waits in a task, and the requests behind it are served
-                    self._spawn(st, ev, self._fetch_in_task(st, body, self._loop.time() + self._fetch_wait_s(body)))
+                    self._spawn(st, ev, self._fetch_in_task(st, body, self.loop.time() + self._fetch_wait_s(body)))
                     return True
-                self._take(st, want)
+                self.budget.take(st, want)
                 res = self._read(st, body, want)
                 if res.batches:
                     held = self._hold_read(st, want, res)
                     try:
                         chunks = st.conn.send_chunks(Response(ev.request_id, FetchResponse.from_result(res)))
                     except BaseException:
-                        self._release(st, held)
+                        self.budget.release(st, held)
                         raise
                     self.requests += 1
                     st.out += chunks
                     st.unsent += held  # released once the answer is out
                     return True
-                self._release(st, want)
+                self.budget.release(st, want)
                 if self._fetch_parks(body, res):
                     self._park(st, ev)
                     return True
@@ -353,7 +382,7 @@ class BrokerServer:
         return True
 
     def _spawn(self, st: ClientConnection, ev: Request, work: Coroutine[object, object, object]) -> None:
-        task = self._loop.create_task(self._serve_task(st, ev, work))
+        task = self.loop.create_task(self._serve_task(st, ev, work))
         st.tasks.add(task)
         task.add_done_callback(st.task_done)
         # a task cancelled before its first step (its connection closed at once) never ran
@@ -379,7 +408,7 @@ class BrokerServer:
         finally:
             work.close()  # a task cancelled before its first step never started it
             if charge:
-                self._release(st, charge)
+                self.budget.release(st, charge)
 
     def _error_chunks(self, st: ClientConnection, ev: Request, e: Exception) -> list:
         if not isinstance(e, HeadwaterError):
@@ -398,7 +427,7 @@ class BrokerServer:
             return await self._keyed_fetch(body)
         if api in PUSH_APIS:
             return await self._push.handle(st, body)
-        return await self._loop.run_in_executor(self._pool, invoke, self.broker, body)
+        return await self.loop.run_in_executor(self._pool, invoke, self.broker, body)
 
     def _answer_durable(self, st: ClientConnection, ev: Request, result: object, error: BaseException | None) -> None:
         """A sync-flush produce's fsync is done (or failed): answer it."""
@@ -417,32 +446,8 @@ class BrokerServer:
     async def _wait_durable(self, result: object, durable_at: DelayTicket) -> ProduceResponse:
         """A delayed batch under sync flush: wait on a worker thread until its schedule is
         durable."""
-        await self._loop.run_in_executor(self._pool, self.broker.wait_durable, durable_at)
+        await self.loop.run_in_executor(self._pool, self.broker.wait_durable, durable_at)
         return ProduceResponse.from_result(result)
-
-    def _take(self, st: ClientConnection, n: int) -> bool:
-        """Take ``n`` bytes of the connection's budget and the server's, or neither (then
-        ``st`` is woken when bytes are released)."""
-        if not st.budget.take(n):
-            st.budget.wait(st._wake)
-            return False
-        if not self._budget.take(n):
-            st.budget.untake(n)
-            self._budget.wait(st._wake)
-            return False
-        return True
-
-    async def _acquire(self, st: ClientConnection, n: int) -> None:
-        await st.budget.acquire(n)
-        try:
-            await self._budget.acquire(n)
-        except BaseException:
-            st.budget.release(n)
-            raise
-
-    def _release(self, st: ClientConnection, n: int) -> None:
-        st.budget.release(n)
-        self._budget.release(n)
 
     def _read(self, st: ClientConnection, req: FetchRequest, want: int) -> FetchResult:
         """Read for a fetch whose ``want`` bytes of budget are taken (given back if it fails)."""
@@ -451,7 +456,7 @@ class BrokerServer:
                 req.queue, req.partition, req.offset, max_bytes=want, tag_mask=req.tag_mask, end_offset=req.end_offset
             )
         except BaseException:
-            self._release(st, want)
+            self.budget.release(st, want)
             raise
 
     def _fetch_want(self, st: ClientConnection, req: FetchRequest) -> int:
@@ -459,7 +464,7 @@ class BrokerServer:
         and when the byte budgets are short, what they have left (at least
         ``FETCH_BYTES_FLOOR``): a fetch reads less rather than wait while there is room."""
         want = max(1, min(req.max_bytes, self.config.fetch_bytes_max, st.conn.peer_frame_bytes_max - 4096))
-        room = min(st.budget.limit - st.budget.used, self._budget.limit - self._budget.used)
+        room = self.budget.room(st)
         if room < want:
             want = max(room, min(want, FETCH_BYTES_FLOOR))
         return want
@@ -475,10 +480,9 @@ class BrokerServer:
         request waits)."""
         size = sum(len(b) for b in res.batches)
         if size < want:
-            self._release(st, want - size)
+            self.budget.release(st, want - size)
         elif size > want:
-            st.budget.charge(size - want)
-            self._budget.charge(size - want)
+            self.budget.charge(st, size - want)
         return size
 
     def _fetch_parks(self, req: FetchRequest, res: object) -> bool:
@@ -492,7 +496,7 @@ class BrokerServer:
     def _park(self, st: ClientConnection, ev: Request, pf: _ParkedFetch | None = None) -> None:
         """Park a fetch that found nothing until an append to its partition or its deadline."""
         req = ev.body
-        loop = self._loop
+        loop = self.loop
         if pf is None:
             wait_s = min(req.max_wait_ms, self.config.fetch_wait_ms_max) / 1000
             pf = _ParkedFetch(self, st, ev, loop.time() + wait_s)
@@ -504,7 +508,7 @@ class BrokerServer:
         if self.broker.store.end_offset(req.queue, req.partition) > req.offset:
             pf.wake()
 
-    def _unpark(self, pf: _ParkedFetch) -> None:
+    def unpark(self, pf: _ParkedFetch) -> None:
         """An append (or the deadline) woke a parked fetch: read and answer, or park again."""
         st, ev = pf.st, pf.ev
         req = ev.body
@@ -513,18 +517,18 @@ class BrokerServer:
         if st.lost or st.closing:
             return
         want = self._fetch_want(st, req)
-        if not (st.budget.fits(want) and self._budget.fits(want)):
+        if not self.budget.fits(st, want):
             self._spawn(st, ev, self._fetch_in_task(st, req, pf.deadline))  # waits for budget
             return
-        self._take(st, want)
+        self.budget.take(st, want)
         try:
             res = self._read(st, req, want)
             held = 0
             if res.batches:
                 held = self._hold_read(st, want, res)
             else:
-                self._release(st, want)
-                if self._loop.time() < pf.deadline and self._fetch_parks(req, res):
+                self.budget.release(st, want)
+                if self.loop.time() < pf.deadline and self._fetch_parks(req, res):
                     pf.done = False
                     st.parked.add(pf)
                     self._park(st, ev, pf)
@@ -533,7 +537,7 @@ class BrokerServer:
                 chunks = st.conn.send_chunks(Response(ev.request_id, FetchResponse.from_result(res)))
             except BaseException:
                 if held:
-                    self._release(st, held)
+                    self.budget.release(st, held)
                 raise
         except Exception as e:  # noqa: BLE001 - answer, log, keep serving
             held, chunks = 0, self._error_chunks(st, ev, e)
@@ -555,8 +559,8 @@ class BrokerServer:
         while True:
             want = self._fetch_want(st, req)
             try:
-                async with asyncio.timeout_at(max(deadline, self._loop.time() + FETCH_BUDGET_WAIT_S)):
-                    await self._acquire(st, want)
+                async with asyncio.timeout_at(max(deadline, self.loop.time() + FETCH_BUDGET_WAIT_S)):
+                    await self.budget.acquire(st, want)
             except TimeoutError:  # no room all that time: an empty answer (read up to where it
                 # starts, so nothing), with the partition's range; the client asks again
                 return FetchResponse.from_result(
@@ -567,8 +571,8 @@ class BrokerServer:
             res = self._read(st, req, want)
             if res.batches:
                 return FetchResponse.from_result(res), self._hold_read(st, want, res)
-            self._release(st, want)  # nothing read: hold nothing while parked
-            if self._loop.time() >= deadline or not self._fetch_parks(req, res):
+            self.budget.release(st, want)  # nothing read: hold nothing while parked
+            if self.loop.time() >= deadline or not self._fetch_parks(req, res):
                 return FetchResponse.from_result(res)
             fut = self._waiters.wait(req.queue, req.partition, req.offset)
             try:

@@ -152,25 +152,9 @@ def render_status(sample: Sample, rates: dict[str, Any] | None, *, now_ms: int |
         f"({st.get('open_segments', 0):,} open), {_count(st.get('fsyncs', 0), 'fsync')}",
     )
     if "page_cache_keep_bytes" in st:
-        keep = int(st["page_cache_keep_bytes"])
-        head.add_row(
-            "page cache",
-            (
-                f"the newest {_bytes(keep)} of the log kept, "
-                f"{_bytes(int(st.get('uncached_bytes', 0)))} let go since start"
-            )
-            if keep
-            else "all of the log left to the kernel (page_cache_keep_bytes=0)",
-        )
+        head.add_row("page cache", _page_cache(st))
     if "memory_peak_bytes" in st:
-        memory = f"peak {_bytes(int(st['memory_peak_bytes']))}"
-        if "memory_rss_bytes" in st:
-            memory = f"{_bytes(int(st['memory_rss_bytes']))} resident, {memory}"
-        kept = int(st.get("allocator_cache_bytes", 0))
-        memory += (
-            f"; the allocator keeps up to {_bytes(kept)} freed for reuse" if kept else "; the allocator's own defaults"
-        )
-        head.add_row("memory", memory)
+        head.add_row("memory", _memory(st))
     if "delay_pending" in st:
         head.add_row("delayed", _delayed(st, now_ms))
     if "push_streams" in st:
@@ -191,8 +175,28 @@ def render_status(sample: Sample, rates: dict[str, Any] | None, *, now_ms: int |
     recovery = st.get("recovery") or []
     head.add_row("recovery", "\n".join(recovery) if recovery else Text("nothing repaired", "dim"))
     busiest = sorted((rates or {}).get("queues_in_per_s", {}).items(), key=lambda kv: -kv[1])
-    if not busiest:
-        return head
+    return Group(head, Text(""), _busiest_table(busiest)) if busiest else head
+
+
+def _page_cache(st: dict[str, Any]) -> str:
+    keep = int(st["page_cache_keep_bytes"])
+    if not keep:
+        return "all of the log left to the kernel (page_cache_keep_bytes=0)"
+    return f"the newest {_bytes(keep)} of the log kept, {_bytes(int(st.get('uncached_bytes', 0)))} let go since start"
+
+
+def _memory(st: dict[str, Any]) -> str:
+    memory = f"peak {_bytes(int(st['memory_peak_bytes']))}"
+    if "memory_rss_bytes" in st:
+        memory = f"{_bytes(int(st['memory_rss_bytes']))} resident, {memory}"
+    kept = int(st.get("allocator_cache_bytes", 0))
+    return memory + (
+        f"; the allocator keeps up to {_bytes(kept)} freed for reuse" if kept else "; the allocator's own defaults"
+    )
+
+
+def _busiest_table(busiest: list[tuple[str, float]]) -> Table:
+    """The busiest queues by messages in per second, busiest first."""
     table = Table(show_edge=False, header_style="bold")
     table.add_column("queue")
     table.add_column("messages in/s", justify="right")
@@ -200,7 +204,7 @@ def render_status(sample: Sample, rates: dict[str, Any] | None, *, now_ms: int |
         table.add_row(name, f"{rate:,.1f}")
     if len(busiest) > BUSIEST_QUEUES_SHOWN:
         table.caption = f"and {len(busiest) - BUSIEST_QUEUES_SHOWN} more (--json shows all)"
-    return Group(head, Text(""), table)
+    return table
 
 
 def _json_doc(sample: Sample, rates: dict[str, Any] | None) -> dict[str, Any]:

@@ -24,10 +24,9 @@ import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from headwater.client.remote import Tries, check_arguments
+from headwater.client.remote import Tries, check_arguments, define_calls
 from headwater.client.transport import AsyncTransport
 from headwater.errors import ClosedError, UnavailableError
-from headwater.model.checks import mapping_copy
 from headwater.model.config import QueueConfig, QueueInfo
 from headwater.model.delay import DelayStats
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
@@ -150,10 +149,14 @@ class AsyncBrokerService(Protocol):
     async def close(self) -> None: ...
 
 
-class AsyncService:
+@define_calls("return await self._call({request})", is_async=True)
+class AsyncService(AsyncBrokerService):
     """A broker over TCP, awaitable. ``retries``: how often a call that lost its connection
     may be sent again within its ``request_timeout_s`` (the transport reconnects, with
-    backoff); see :mod:`headwater.client.remote` for which calls, and when."""
+    backoff); see :mod:`headwater.client.remote` for which calls, and when.
+
+    Each AsyncBrokerService method not written out here is made from its operation's entry
+    in ``API_SPECS`` (:func:`~headwater.client.remote.define_calls`)."""
 
     def __init__(self, transport: AsyncTransport, *, retries: int = 3) -> None:
         self.transport = transport
@@ -161,16 +164,12 @@ class AsyncService:
         self._retries = retries
         self._closed = False
 
-    async def _call(
-        self, body: m.RequestBody, *, idempotent: bool = True, retry: bool = True, timeout_s: float | None = None
-    ) -> Any:
-        """Send ``body`` and await its answer, within ``timeout_s`` (default
-        ``request_timeout_s``) in all, sending it again as
+    async def _call(self, body: m.RequestBody) -> Any:
+        """Send ``body`` and await its answer, within ``request_timeout_s`` (a long poll: plus
+        its ``max_wait_ms``) in all, sending it again as
         :class:`~headwater.client.remote.Tries` allows (as ``RemoteService`` does)."""
         check_arguments(body)
-        tries = Tries(
-            self.transport, body, retries=self._retries, idempotent=idempotent, retry=retry, timeout_s=timeout_s
-        )
+        tries = Tries(self.transport, body, retries=self._retries)
         loop = asyncio.get_running_loop()
         while True:
             fut = loop.create_future()
@@ -184,58 +183,18 @@ class AsyncService:
                 if error is not None:
                     raise error from e
 
-    # admin
-    async def create_queue(self, name: str, config: QueueConfig) -> QueueInfo:
-        return await self._call(m.CreateQueueRequest(name, config), idempotent=False)
+    def _submit(self, body: m.RequestBody, timeout_s: float | None = None) -> asyncio.Future[Any]:
+        """Send ``body`` now, after everything submitted before it, without waiting (and never
+        again): the future of its answer."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.transport.submit(body, fut, timeout_s)
+        return fut
 
-    async def describe_queue(self, name: str) -> QueueInfo:
-        return await self._call(m.DescribeQueueRequest(name))
-
-    async def list_queues(self) -> list[QueueInfo]:
-        return await self._call(m.ListQueuesRequest())
-
-    async def delete_queue(self, name: str) -> None:
-        await self._call(m.DeleteQueueRequest(name), idempotent=False)
-
-    async def truncate_queue(self, name: str) -> QueueInfo:
-        return await self._call(m.TruncateQueueRequest(name), idempotent=False)
-
-    async def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo:
-        return await self._call(m.SetQueueEnabledRequest(name, enabled))
-
-    async def add_partitions(self, name: str, partitions: int) -> QueueInfo:
-        return await self._call(m.AddPartitionsRequest(name, partitions), idempotent=False)
-
-    # data
-    async def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
-        return await self._call(m.ProduceRequest(queue, partition, batch), retry=False)
-
+    # the calls that do not wait, for the producer and consumers that keep several in flight
     def produce_nowait(self, queue: str, partition: int, batch: bytes) -> asyncio.Future[ProduceResult]:
         """Send a batch now, after everything submitted before it, without waiting; the
         future holds the ProduceResult (the asyncio producer pipelines with it)."""
-        fut: asyncio.Future[ProduceResult] = asyncio.get_running_loop().create_future()
-        self.transport.submit(m.ProduceRequest(queue, partition, batch), fut)
-        return fut
-
-    async def fetch(
-        self,
-        queue: str,
-        partition: int,
-        offset: int,
-        *,
-        max_bytes: int,
-        tag_mask: int = 0,
-        end_offset: int | None = None,
-        max_wait_ms: int = 0,
-    ) -> FetchResult:
-        # a long poll may rightly take max_wait_ms longer than any other request
-        timeout = None if not max_wait_ms else self.transport.request_timeout_s + max_wait_ms / 1000
-        return await self._call(
-            m.FetchRequest(queue, partition, offset, max_bytes, tag_mask, end_offset, max_wait_ms), timeout_s=timeout
-        )
-
-    async def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
-        return await self._call(m.LookupIdRequest(queue_id, partition, offset))
+        return self._submit(m.ProduceRequest(queue, partition, batch))
 
     # fetch streams (the asyncio consumer drives them; see headwater.client.fetch_stream)
     def open_fetch_stream(
@@ -262,17 +221,14 @@ class AsyncService:
 
     def credit_fetch_stream(self, stream_id: int, credit_bytes: int) -> asyncio.Future[None]:
         """Let a fetch stream push ``credit_bytes`` more, without waiting."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.transport.submit(m.StreamCreditRequest(stream_id, credit_bytes), fut)
-        return fut
+        return self._submit(m.StreamCreditRequest(stream_id, credit_bytes))
 
     def close_fetch_stream(self, stream_id: int) -> None:
         """Stop routing the stream's pushes here and ask the broker to end it, without waiting."""
         self.transport.unregister_push(stream_id)
         if self._closed:
             return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.transport.submit(m.CloseStreamRequest(stream_id), fut)
+        fut = self._submit(m.CloseStreamRequest(stream_id))
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nothing worth waiting for
 
     # push streams (headwater.client.aio_subscriber drives them)
@@ -296,9 +252,7 @@ class AsyncService:
         self, stream_id: int, offsets: dict[int, int], credit_messages: int, credit_bytes: int
     ) -> asyncio.Future[None]:
         """Grant a stream more credit and checkpoint ``offsets`` (if any), without waiting."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.transport.submit(m.SubscriptionAckRequest(stream_id, dict(offsets), credit_messages, credit_bytes), fut)
-        return fut
+        return self._submit(m.SubscriptionAckRequest(stream_id, dict(offsets), credit_messages, credit_bytes))
 
     async def close_push_stream(self, stream_id: int) -> None:
         """Stop routing the stream's pushes here and ask the broker to end it."""
@@ -308,83 +262,6 @@ class AsyncService:
                 await self.transport.call(m.UnsubscribeRequest(stream_id))
             except (UnavailableError, ClosedError):
                 pass  # the connection is gone, and the stream with it
-
-    async def lookup_key(
-        self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None, limit: int
-    ) -> list[bytes]:
-        return await self._call(m.LookupKeyRequest(queue, key, start_ms, end_ms, limit))
-
-    async def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
-        return await self._call(m.OffsetForTimeRequest(queue, partition, timestamp_ms))
-
-    async def commit_offsets(
-        self,
-        group: str,
-        queue: str,
-        offsets: dict[int, int],
-        member_id: str | None = None,
-        generation: int | None = None,
-    ) -> None:
-        await self._call(m.CommitOffsetsRequest(group, queue, mapping_copy(offsets), member_id, generation))
-
-    async def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
-        return await self._call(m.FetchOffsetsRequest(group, queue))
-
-    async def join_group(
-        self,
-        group: str,
-        member_id: str | None,
-        client_id: str,
-        queues: list[str],
-        mode: str,
-        strategy: str,
-        session_timeout_ms: int,
-    ) -> GroupAssignment:
-        return await self._call(
-            m.JoinGroupRequest(group, member_id, client_id, list(queues), mode, strategy, session_timeout_ms),
-            idempotent=False,
-        )
-
-    async def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
-        return await self._call(m.HeartbeatGroupRequest(group, member_id, generation))
-
-    async def leave_group(self, group: str, member_id: str) -> None:
-        await self._call(m.LeaveGroupRequest(group, member_id))
-
-    async def describe_group(self, group: str) -> GroupDescription:
-        return await self._call(m.DescribeGroupRequest(group))
-
-    async def list_groups(self) -> list[GroupSummary]:
-        return await self._call(m.ListGroupsRequest())
-
-    # shared groups: a receive may be sent twice unless at most once; acks, nacks and extends
-    # not (see RemoteService)
-    async def shared_receive(
-        self,
-        group: str,
-        queue: str,
-        member: str,
-        max_messages: int = 32,
-        visibility_timeout_ms: int = 30_000,
-        at_most_once: bool = False,
-        settings: dict[str, int | float] | None = None,
-        max_wait_ms: int = 0,
-    ) -> SharedDeliveries:
-        timeout = None if not max_wait_ms else self.transport.request_timeout_s + max_wait_ms / 1000
-        return await self._call(
-            m.SharedReceiveRequest(
-                group,
-                queue,
-                member,
-                max_messages,
-                visibility_timeout_ms,
-                at_most_once,
-                dict(settings or {}),
-                max_wait_ms,
-            ),
-            idempotent=not at_most_once,
-            timeout_s=timeout,
-        )
 
     def start_shared_receive(
         self,
@@ -399,8 +276,7 @@ class AsyncService:
     ) -> asyncio.Future[SharedDeliveries]:
         """Send SHARED_RECEIVE without waiting: the future of its answer; :meth:`withdraw`
         takes it back while it is not written yet (see ``RemoteService.start_shared_receive``)."""
-        fut: asyncio.Future[SharedDeliveries] = asyncio.get_running_loop().create_future()
-        self.transport.submit(
+        return self._submit(
             m.SharedReceiveRequest(
                 group,
                 queue,
@@ -411,106 +287,12 @@ class AsyncService:
                 dict(settings or {}),
                 max_wait_ms,
             ),
-            fut,
             self.transport.request_timeout_s + max_wait_ms / 1000,
         )
-        return fut
 
     def withdraw(self, fut: asyncio.Future) -> bool:
         """Take back a request sent with a ``start_`` call if it is not written yet (True)."""
         return self.transport.withdraw(fut)
-
-    async def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
-        return await self._call(m.SharedAckRequest(group, queue, member, list(lease_ids)), idempotent=False)
-
-    async def shared_nack(
-        self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "", delay_ms: int | None = None
-    ) -> list[LeaseRefusal]:
-        return await self._call(
-            m.SharedNackRequest(group, queue, member, list(lease_ids), reason, delay_ms), idempotent=False
-        )
-
-    async def shared_extend(
-        self, group: str, queue: str, member: str, lease_ids: list[str], visibility_timeout_ms: int
-    ) -> list[LeaseRefusal]:
-        return await self._call(
-            m.SharedExtendRequest(group, queue, member, list(lease_ids), visibility_timeout_ms), idempotent=False
-        )
-
-    async def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
-        return await self._call(m.SharedDescribeRequest(group, queue))
-
-    async def cancel_delayed(self, queue_id: int, partition: int, offset: int) -> None:
-        await self._call(m.CancelDelayedRequest(queue_id, partition, offset))  # idempotent: retried
-
-    async def delay_stats(self) -> DelayStats:
-        return await self._call(m.DelayStatsRequest())
-
-    # keyed groups and push subscribers (see RemoteService for what is sent twice)
-    async def keyed_group(
-        self, queue: str, group: str, key: str | None = None, size: int | None = None, start: str = "earliest"
-    ) -> KeyedGroupInfo:
-        return await self._call(m.KeyedGroupRequest(queue, group, key, size, start))
-
-    async def keyed_fetch(
-        self,
-        queue: str,
-        group: str,
-        member: int,
-        generation: int,
-        partition: int,
-        offset: int,
-        *,
-        max_bytes: int,
-        max_wait_ms: int = 0,
-    ) -> KeyedFetchResult:
-        timeout = None if not max_wait_ms else self.transport.request_timeout_s + max_wait_ms / 1000
-        return await self._call(
-            m.KeyedFetchRequest(queue, group, member, generation, partition, offset, max_bytes, max_wait_ms),
-            timeout_s=timeout,
-        )
-
-    async def keyed_commit(
-        self, queue: str, group: str, member: int, generation: int, offsets: dict[int, int]
-    ) -> KeyedGroupInfo:
-        return await self._call(m.KeyedCommitRequest(queue, group, member, generation, mapping_copy(offsets)))
-
-    async def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
-        return await self._call(m.KeyedResizeRequest(queue, group, size))
-
-    async def add_subscriber(
-        self,
-        queue: str,
-        name: str,
-        partitions: list[int] | None = None,
-        tags: list[str] | None = None,
-        start: str = "latest",
-    ) -> SubscriberInfo:
-        return await self._call(
-            m.AddSubscriberRequest(
-                queue,
-                name,
-                None if partitions is None else list(partitions),
-                None if tags is None else list(tags),
-                start,
-            ),
-            idempotent=False,
-        )
-
-    async def delete_subscriber(self, queue: str, name: str) -> None:
-        await self._call(m.DeleteSubscriberRequest(queue, name), idempotent=False)
-
-    async def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
-        return await self._call(m.ListSubscribersRequest(queue))
-
-    async def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo:
-        return await self._call(m.DescribeSubscriberRequest(queue, name))
-
-    async def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int]) -> None:
-        await self._call(m.CheckpointSubscriberRequest(queue, name, mapping_copy(offsets)))
-
-    async def status(self) -> dict[str, object]:
-        return await self._call(m.StatusRequest())
 
     async def ping(self) -> None:
         await self._call(m.PingRequest())
@@ -565,8 +347,12 @@ class _AppendWaiters:
                     fut.set_result(None)
 
 
-class ThreadedService:
-    """A synchronous BrokerService in this process, awaitable: each call runs in a thread.
+@define_calls("return await self._run(self.service.{method}, {args})", is_async=True)
+class ThreadedService(AsyncBrokerService):
+    """A synchronous BrokerService in this process, awaitable: each call runs in a thread
+    (the methods not written out here are made from ``API_SPECS`` by
+    :func:`~headwater.client.remote.define_calls`; a caller's lists and mappings are
+    copied, since other tasks run while the thread reads them).
 
     ``subscribe_appends(fn)``, when given, registers ``fn(queue, partition, end_offset)`` to
     be called after every append; long-polling fetches then wait on the event loop. Without
@@ -589,82 +375,7 @@ class ThreadedService:
             raise ClosedError("this client is closed")
         return await asyncio.to_thread(fn, *args, **kw)
 
-    # admin
-    async def create_queue(self, name: str, config: QueueConfig) -> QueueInfo:
-        return await self._run(self.service.create_queue, name, config)
-
-    async def describe_queue(self, name: str) -> QueueInfo:
-        return await self._run(self.service.describe_queue, name)
-
-    async def list_queues(self) -> list[QueueInfo]:
-        return await self._run(self.service.list_queues)
-
-    async def delete_queue(self, name: str) -> None:
-        await self._run(self.service.delete_queue, name)
-
-    async def truncate_queue(self, name: str) -> QueueInfo:
-        return await self._run(self.service.truncate_queue, name)
-
-    async def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo:
-        return await self._run(self.service.set_queue_enabled, name, enabled)
-
-    async def add_partitions(self, name: str, partitions: int) -> QueueInfo:
-        return await self._run(self.service.add_partitions, name, partitions)
-
-    # data
-    async def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
-        return await self._run(self.service.produce, queue, partition, batch)
-
-    async def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
-        return await self._run(self.service.lookup_id, queue_id, partition, offset)
-
-    async def lookup_key(
-        self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None, limit: int
-    ) -> list[bytes]:
-        return await self._run(self.service.lookup_key, queue, key, start_ms, end_ms, limit)
-
-    async def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
-        return await self._run(self.service.offset_for_time, queue, partition, timestamp_ms)
-
-    async def commit_offsets(
-        self,
-        group: str,
-        queue: str,
-        offsets: dict[int, int],
-        member_id: str | None = None,
-        generation: int | None = None,
-    ) -> None:
-        await self._run(self.service.commit_offsets, group, queue, mapping_copy(offsets), member_id, generation)
-
-    async def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
-        return await self._run(self.service.fetch_offsets, group, queue)
-
-    async def join_group(
-        self,
-        group: str,
-        member_id: str | None,
-        client_id: str,
-        queues: list[str],
-        mode: str,
-        strategy: str,
-        session_timeout_ms: int,
-    ) -> GroupAssignment:
-        return await self._run(
-            self.service.join_group, group, member_id, client_id, list(queues), mode, strategy, session_timeout_ms
-        )
-
-    async def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
-        return await self._run(self.service.heartbeat_group, group, member_id, generation)
-
-    async def leave_group(self, group: str, member_id: str) -> None:
-        await self._run(self.service.leave_group, group, member_id)
-
-    async def describe_group(self, group: str) -> GroupDescription:
-        return await self._run(self.service.describe_group, group)
-
-    async def list_groups(self) -> list[GroupSummary]:
-        return await self._run(self.service.list_groups)
-
+    # the long polls: each holds a thread a slice at a time, or waits on the loop
     async def shared_receive(
         self,
         group: str,
@@ -695,34 +406,6 @@ class ThreadedService:
             )
             if res.leases or remaining_ms <= FETCH_WAIT_SLICE_MS:
                 return res
-
-    async def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
-        return await self._run(self.service.shared_ack, group, queue, member, list(lease_ids))
-
-    async def shared_nack(
-        self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "", delay_ms: int | None = None
-    ) -> list[LeaseRefusal]:
-        return await self._run(self.service.shared_nack, group, queue, member, list(lease_ids), reason, delay_ms)
-
-    async def shared_extend(
-        self, group: str, queue: str, member: str, lease_ids: list[str], visibility_timeout_ms: int
-    ) -> list[LeaseRefusal]:
-        return await self._run(self.service.shared_extend, group, queue, member, list(lease_ids), visibility_timeout_ms)
-
-    async def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
-        return await self._run(self.service.shared_describe, group, queue)
-
-    async def cancel_delayed(self, queue_id: int, partition: int, offset: int) -> None:
-        await self._run(self.service.cancel_delayed, queue_id, partition, offset)
-
-    async def delay_stats(self) -> DelayStats:
-        return await self._run(self.service.delay_stats)
-
-    # keyed groups and push subscribers
-    async def keyed_group(
-        self, queue: str, group: str, key: str | None = None, size: int | None = None, start: str = "earliest"
-    ) -> KeyedGroupInfo:
-        return await self._run(self.service.keyed_group, queue, group, key, size, start)
 
     async def keyed_fetch(
         self,
@@ -757,39 +440,6 @@ class ThreadedService:
             stopped = res.stop_offset is not None and offset >= res.stop_offset
             if res.batches or res.next_offset != offset or stopped or remaining_ms <= FETCH_WAIT_SLICE_MS:
                 return res
-
-    async def keyed_commit(
-        self, queue: str, group: str, member: int, generation: int, offsets: dict[int, int]
-    ) -> KeyedGroupInfo:
-        return await self._run(self.service.keyed_commit, queue, group, member, generation, mapping_copy(offsets))
-
-    async def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
-        return await self._run(self.service.keyed_resize, queue, group, size)
-
-    async def add_subscriber(
-        self,
-        queue: str,
-        name: str,
-        partitions: list[int] | None = None,
-        tags: list[str] | None = None,
-        start: str = "latest",
-    ) -> SubscriberInfo:
-        return await self._run(self.service.add_subscriber, queue, name, partitions, tags, start)
-
-    async def delete_subscriber(self, queue: str, name: str) -> None:
-        await self._run(self.service.delete_subscriber, queue, name)
-
-    async def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
-        return await self._run(self.service.list_subscribers, queue)
-
-    async def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo:
-        return await self._run(self.service.describe_subscriber, queue, name)
-
-    async def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int]) -> None:
-        await self._run(self.service.checkpoint_subscriber, queue, name, mapping_copy(offsets))
-
-    async def status(self) -> dict[str, object]:
-        return await self._run(self.service.status)
 
     async def fetch(
         self,

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from typing import Any, cast
 
 from headwater.client.aio_service import AsyncBrokerService
 from headwater.client.shared_consumer import Delivery, SharedConsumerBase, deliveries_from, raise_refused
 from headwater.errors import HeadwaterError, UnavailableError
+from headwater.model.service import AsyncStartsSharedReceive
 from headwater.model.shared import SharedGroupInfo
 
 __all__ = ["AsyncDelivery", "AsyncSharedConsumer"]
@@ -47,18 +48,19 @@ class AsyncSharedConsumer(SharedConsumerBase):
         """Up to ``max_messages`` deliveries from any partition, waiting up to ``timeout_ms``
         (while the broker is away: nothing after ``timeout_ms``, as the sync ``receive``)."""
         args = self._receive_args(max_messages, timeout_ms)
-        start = getattr(self._service, "start_shared_receive", None)
-        res = await (self._service.shared_receive(*args) if start is None else self._receive_remote(start, args))
+        res = await (self._receive_remote(args) if self._starts_receive else self._service.shared_receive(*args))
         return [] if res is None else self._track(deliveries_from(res, self.queue, self, AsyncDelivery))
 
-    async def _receive_remote(self, start: Any, args: tuple) -> Any:
+    async def _receive_remote(self, args: tuple) -> Any:
         """The sync consumer's ``_receive_remote``, awaited."""
         timeout_s = args[-1] / 1000
         submitted_at = time.monotonic()
-        fut = start(*args)
+        service = cast(AsyncStartsSharedReceive, self._service)
+        # an asyncio.Future (model, which imports no asyncio, calls it an Awaitable)
+        fut = cast("asyncio.Future[Any]", service.start_shared_receive(*args))
         try:
             done, _ = await asyncio.wait([fut], timeout=timeout_s)
-            if not done and self._service.withdraw(fut):  # type: ignore[attr-defined]
+            if not done and service.withdraw(fut):
                 fut.cancel()
                 self._outage.unsent(submitted_at)
                 return None

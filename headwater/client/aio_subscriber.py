@@ -43,6 +43,7 @@ from headwater.client.subscriber import (
 )
 from headwater.errors import HeadwaterError, SubscriberNotFoundError, UnavailableError
 from headwater.model.message import Record
+from headwater.model.service import AsyncOpensPushStreams
 
 __all__ = ["AsyncSubscriber"]
 
@@ -98,7 +99,7 @@ class AsyncSubscriber(SubscriberBase):
             on_error=on_error,
         )
         self._service = service
-        self.mode = "push" if hasattr(service, "open_push_stream") else "pull"
+        self.mode = "push" if isinstance(service, AsyncOpensPushStreams) else "pull"
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()  # bounded by the credit
         self._stop_requested = asyncio.Event()  # set by stop(); binds to a loop when first awaited
         self._task: asyncio.Task[None] | None = None

@@ -19,6 +19,7 @@ import itertools
 import time
 from collections.abc import Iterable, Iterator
 from datetime import datetime
+from typing import Any
 
 from headwater.client.fetch_stream import STREAM_WINDOW_BYTES
 from headwater.client.polling import drain_buffers, take_batches, wait_any
@@ -26,7 +27,7 @@ from headwater.client.positions import POLL_MESSAGES_DEFAULT, TP, ConsumerPositi
 from headwater.client.scanner import partitions_named
 from headwater.client.send_future import LazyFuture
 from headwater.model.message import Record
-from headwater.model.service import BrokerService, FetchResult
+from headwater.model.service import BrokerService, FetchesAsync, FetchResult, Leads
 
 __all__ = ["Consumer", "POLL_MESSAGES_DEFAULT"]
 
@@ -72,8 +73,9 @@ class Consumer(ConsumerPositions):
             on_push=self._push_arrived,
         )
         self._rotation = itertools.count()
-        self._fetch_async = getattr(service, "fetch_async", None)
-        self._lead = getattr(service, "lead", None)  # over the network: read answers on this thread
+        self._fetch_async = service.fetch_async if isinstance(service, FetchesAsync) else None
+        # over the network: read answers on this thread
+        self._lead = service.lead if isinstance(service, Leads) else None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._fetch_threads_max = fetch_threads_max
         self._arrived: concurrent.futures.Future | None = None  # done by the next push (fetch streams)
@@ -155,7 +157,7 @@ class Consumer(ConsumerPositions):
             if tp in self._inflight or len(self._buffers[tp]) >= self.max_poll_messages:
                 continue
             pos = self._fetch_pos[tp]
-            kwargs = dict(max_bytes=self._fetch_bytes, tag_mask=self._mask, max_wait_ms=wait_ms)
+            kwargs: dict[str, Any] = dict(max_bytes=self._fetch_bytes, tag_mask=self._mask, max_wait_ms=wait_ms)
             if self._fetch_async is not None:
                 if self._lead is not None:
                     kwargs["lead"] = True  # this thread reads the answer (polling.wait_any)

@@ -43,7 +43,7 @@ from headwater.model.config import QueueInfo
 from headwater.model.filtering import decode_selection
 from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo, key_of, member_of, parse_key_spec
 from headwater.model.message import Record
-from headwater.model.service import BrokerService
+from headwater.model.service import BrokerService, DescribesAsync, KeyedFetchesAsync, Leads
 
 __all__ = ["KeyedConsumer", "KeyedConsumerBase"]
 
@@ -315,11 +315,12 @@ class KeyedConsumer(KeyedConsumerBase):
             max_poll_messages=max_poll_messages,
             refresh_ms=refresh_ms,
         )
-        self._fetch_async = getattr(service, "keyed_fetch_async", None)
+        self._fetch_async = service.keyed_fetch_async if isinstance(service, KeyedFetchesAsync) else None
         # over the network: this thread reads the answers to its fetches (RemoteService.lead)
-        self._lead = getattr(service, "lead", None) if self._fetch_async is not None else None
+        self._lead = service.lead if self._fetch_async is not None and isinstance(service, Leads) else None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._describe_async = getattr(service, "describe_queue_async", None)  # over the network
+        # over the network
+        self._describe_async = service.describe_queue_async if isinstance(service, DescribesAsync) else None
         self._follow(service.keyed_group(queue, group, key, size, start))
 
     def _follow(self, info: KeyedGroupInfo) -> None:
@@ -386,7 +387,7 @@ class KeyedConsumer(KeyedConsumerBase):
             wait_ms = min(wait_ms, 50)  # let the threads cycle over many partitions
         for p, pos in self._to_fetch():
             args = self._fetch_args(p, pos)
-            kw = dict(max_bytes=self._fetch_bytes, max_wait_ms=wait_ms)
+            kw: dict[str, Any] = dict(max_bytes=self._fetch_bytes, max_wait_ms=wait_ms)
             if self._fetch_async is not None:
                 if self._lead is not None:
                     kw["lead"] = True  # this thread reads the answer (polling.wait_any)

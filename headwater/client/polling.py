@@ -20,6 +20,7 @@ from typing import Any
 from headwater.client.scanner import decode_stored
 from headwater.errors import UnavailableError
 from headwater.model.message import Record
+from headwater.model.service import HasTransport
 
 __all__ = ["Lead", "Outage", "drain_buffers", "retrieve", "take_batches", "wait_any"]
 
@@ -42,7 +43,7 @@ class Outage:
     __slots__ = ("_transport", "since", "tries")
 
     def __init__(self, service: Any) -> None:
-        self._transport = getattr(service, "transport", None)
+        self._transport = service.transport if isinstance(service, HasTransport) else None
         self.since: float | None = None  # the first failure in a row
         self.tries = 0  # failures in a row
 

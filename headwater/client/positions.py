@@ -36,6 +36,7 @@ from headwater.model.batch import tags_mask
 from headwater.model.checks import tag_filter_arg
 from headwater.model.config import QueueInfo
 from headwater.model.message import MessageId, Record, required_epoch_ms
+from headwater.model.service import OpensFetchStreams
 
 __all__ = ["ConsumerPositions", "POLL_MESSAGES_DEFAULT", "TP", "check_poll", "check_read_settings"]
 
@@ -123,7 +124,7 @@ class ConsumerPositions:
         # over the network, with stream=True: the broker pushes the partitions' batches
         # (fetch streams) instead of answering a FETCH per batch; embedded, it changes nothing
         self._streams: FetchStreams | None = None
-        if stream and hasattr(service, "open_fetch_stream"):
+        if stream and isinstance(service, OpensFetchStreams):
             if (
                 isinstance(stream_window_bytes, bool)
                 or not isinstance(stream_window_bytes, int)

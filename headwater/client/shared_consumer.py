@@ -17,7 +17,7 @@ import os
 import secrets
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from headwater.client.polling import Outage, wait_any
 from headwater.client.positions import check_poll
@@ -32,7 +32,7 @@ from headwater.errors import (
 )
 from headwater.model.config import validate_queue_name
 from headwater.model.message import MessageId, Record
-from headwater.model.service import BrokerService
+from headwater.model.service import AsyncStartsSharedReceive, BrokerService, StartsSharedReceive
 from headwater.model.shared import (
     LeaseRefusal,
     SharedDeliveries,
@@ -155,6 +155,9 @@ class SharedConsumerBase:
         self._held: dict[str, Any] = {}  # leases received and not yet acked or nacked
         self._closed = False
         self._outage = Outage(service)  # receives through a broker's restart (over the network)
+        # over the network a receive is sent without waiting, and taken back while unwritten
+        # (asked once: a Protocol's isinstance costs microseconds)
+        self._starts_receive = isinstance(service, (StartsSharedReceive, AsyncStartsSharedReceive))
 
     @property
     def closed(self) -> bool:
@@ -236,22 +239,22 @@ class SharedConsumer(SharedConsumerBase):
         ``timeout_ms``, as a poll does, and the client connects again meanwhile; once it
         gave up for ``connect_timeout_s``, the receive raises :class:`UnavailableError`."""
         args = self._receive_args(max_messages, timeout_ms)
-        start = getattr(self._service, "start_shared_receive", None)
-        res = self._service.shared_receive(*args) if start is None else self._receive_remote(start, args)
+        res = self._receive_remote(args) if self._starts_receive else self._service.shared_receive(*args)
         return [] if res is None else self._track(deliveries_from(res, self.queue, self))
 
-    def _receive_remote(self, start: Any, args: tuple) -> Any:
+    def _receive_remote(self, args: tuple) -> Any:
         """A receive over the network: its answer, or None when the broker is away. A
         request not written in ``timeout_ms`` is taken back (nothing was leased for it); one
         written is waited for, as its answer holds leases."""
         timeout_s = args[-1] / 1000
         submitted_at = time.monotonic()
-        fut = start(*args)
-        lead = self._service.lead  # type: ignore[attr-defined]
+        service = cast(StartsSharedReceive, self._service)
+        fut = service.start_shared_receive(*args)
+        lead = service.lead
         try:
             wait_any([fut], timeout_s, lead=lead)  # this thread reads its answer, if nobody else reads
             if not fut.done():
-                if self._service.withdraw(fut):  # type: ignore[attr-defined]
+                if service.withdraw(fut):
                     self._outage.unsent(submitted_at)
                     return None
                 lead([fut], None)  # written: the broker answers by its long poll's end

@@ -58,7 +58,7 @@ from headwater.errors import (
 from headwater.model.config import QueueInfo
 from headwater.model.filtering import count_messages, decode_selection
 from headwater.model.message import Record
-from headwater.model.service import BrokerService
+from headwater.model.service import BrokerService, OpensPushStreams
 from headwater.model.subscription import SubscriberInfo, subscribed_partitions
 
 __all__ = ["Subscriber", "SubscriberBase", "Listener"]
@@ -335,7 +335,7 @@ class Subscriber(SubscriberBase):
             on_error=on_error,
         )
         self._service = service
-        self.mode = "push" if hasattr(service, "open_push_stream") else "pull"
+        self.mode = "push" if isinstance(service, OpensPushStreams) else "pull"
         self._inbox: queue_mod.SimpleQueue = queue_mod.SimpleQueue()  # bounded by the credit
         self._stopping = threading.Event()
         self._stopped = threading.Event()

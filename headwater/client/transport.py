@@ -105,7 +105,7 @@ from headwater.protocol import (
     Request,
     Response,
 )
-from headwater.protocol.messages import PushBody, RequestBody, StreamPush
+from headwater.protocol.messages import PushBody, RequestBody, StreamPush, SubscriptionPush
 
 __all__ = ["AsyncTransport", "Sink", "parse_address"]
 
@@ -1074,7 +1074,9 @@ class _LinkLost(NamedTuple):
 
 def _stream_of(push: PushBody) -> int:
     """The stream a PUSH body belongs to (a fetch stream's or a subscription's)."""
-    return push.stream_id if type(push) is StreamPush else getattr(push, "subscription_id", 0)
+    if type(push) is StreamPush:
+        return push.stream_id
+    return push.subscription_id if type(push) is SubscriptionPush else 0
 
 
 def _call_push_handler(handler: Callable[[PushBody | None], None], body: PushBody | None) -> None:

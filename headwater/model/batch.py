@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import crc32c as _crc32c
 import msgspec
@@ -126,13 +126,9 @@ class BatchPayload(msgspec.Struct, array_like=True, gc=False):
     properties: list[dict[str, str] | None] | None = None
 
 
-class _TimedPayload(msgspec.Struct, array_like=True, gc=False):
+class _TimedPayload(BatchPayload, array_like=True, gc=False):
     """The payload of a batch with ``FLAG_DELIVER_TIMES``: the four columns and the offsets."""
 
-    bodies: list[bytes]
-    keys: list[bytes | None] | None = None
-    tags: list[str | None] | None = None
-    properties: list[dict[str, str] | None] | None = None
     deliver_offsets: list[int] | None = None
 
 
@@ -154,7 +150,7 @@ class BatchHeader(NamedTuple):
     magic: int
     flags: int
     header_size: int
-    count: int
+    count: int  # type: ignore[assignment]  # the field's name on the wire; it shadows tuple.count
     payload_size: int
     deliver_at_ms: int
     producer_id: int
@@ -194,7 +190,7 @@ def _compress(codec: int, data: bytes) -> bytes:
     if codec == COMPRESSION_LZ4:
         import lz4.frame
 
-        return lz4.frame.compress(data)
+        return cast(bytes, lz4.frame.compress(data))
     return data
 
 
@@ -219,12 +215,12 @@ def _decompress(codec: int, data: bytes | memoryview) -> bytes | memoryview:
             if stated > BATCH_BYTES_MAX:
                 raise InvalidBatchError(f"the batch payload expands beyond {BATCH_BYTES_MAX} bytes")
             if stated:
-                return lz4.frame.decompress(raw)
+                return cast(bytes, lz4.frame.decompress(raw))
             d = lz4.frame.LZ4FrameDecompressor()
             out = d.decompress(raw, max_length=BATCH_BYTES_MAX + 1)
             if len(out) > BATCH_BYTES_MAX or not d.eof:
                 raise InvalidBatchError(f"the batch payload expands beyond {BATCH_BYTES_MAX} bytes or is cut short")
-            return out
+            return cast(bytes, out)
     except ImportError as e:
         raise InvalidBatchError(
             f"the batch is compressed with a codec whose library is missing ({e.name}); install headwater[compression]"
@@ -275,32 +271,10 @@ def encode_batch(
             offsets = [t - deliver_at_ms for t in deliver_times]
             flags |= FLAG_DELIVER_TIMES
     if set(map(type, messages)) == {bytes}:  # the fast path: plain bodies, checked in C
-        bodies = list(messages)
+        bodies = cast(list[bytes], list(messages))
     else:
-        bodies = []
-        for m in messages:
-            if type(m) is bytes:
-                bodies.append(m)
-            elif isinstance(m, Message):
-                bodies.append(m.body)
-            elif isinstance(m, (bytearray, memoryview)):
-                bodies.append(bytes(m))
-            else:
-                raise InvalidArgumentError(
-                    f"a message is a Message or bytes, got {type(m).__name__}"
-                    + (" (encode text first, e.g. 'text'.encode())" if isinstance(m, str) else "")
-                )
-        msgs = [m for m in messages if isinstance(m, Message)]
-        if any(m.key is not None for m in msgs):
-            keys = [m.key if isinstance(m, Message) else None for m in messages]
-            flags |= FLAG_HAS_KEYS
-        if any(m.tag is not None for m in msgs):
-            tags = [m.tag if isinstance(m, Message) else None for m in messages]
-            flags |= FLAG_HAS_TAGS
-        if any(m.properties for m in msgs):
-            props = [(m.properties or None) if isinstance(m, Message) else None for m in messages]
-            flags |= FLAG_HAS_PROPERTIES
-        _check_types(bodies, keys, tags, props)
+        bodies, keys, tags, props, column_flags = _columns(messages)
+        flags |= column_flags
     if message_bytes_max is not None:
         biggest = max(map(len, bodies))
         if biggest > message_bytes_max:
@@ -323,39 +297,59 @@ def encode_batch(
     else:  # encode straight after the header: one buffer, no copies of the payload
         buf = bytearray(HEADER_SIZE)
         _encoder.encode_into(columns, buf, HEADER_SIZE)
-    payload_size = len(buf) - HEADER_SIZE
     if len(buf) > BATCH_BYTES_MAX:
         raise batch_too_large(len(buf), n)
+    payload_size = len(buf) - HEADER_SIZE
+    # header crc, queue id, partition, base offset, timestamp and reserved are the broker's,
+    # patched when it appends; the crc, 0 here, is written last, over all that follows it
+    broker_part = (0,) * 7
+    producer_part = (producer_id, base_sequence, producer_epoch, 0, mask, transaction_id)
     HEADER.pack_into(
-        buf,
-        0,
-        HEADER_SIZE - 4 + payload_size,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        MAGIC,
-        flags,
-        HEADER_SIZE,
-        n,
-        payload_size,
-        deliver_at_ms,
-        producer_id,
-        base_sequence,
-        producer_epoch,
-        0,
-        mask,
-        transaction_id,
-    )
+        buf, 0, HEADER_SIZE - 4 + payload_size, *broker_part, MAGIC, flags, HEADER_SIZE, n, payload_size,
+        deliver_at_ms, *producer_part,
+    )  # fmt: skip
     with memoryview(buf) as mv:
         _U32.pack_into(buf, 40, crc32c(mv[44:]))
     return buf
 
 
-def _check_types(bodies: list, keys: list | None, tags: list | None, props: list | None) -> None:
+def _columns(
+    messages: Sequence[Message | bytes],
+) -> tuple[list[bytes], list[bytes | None] | None, list[str | None] | None, list[Any] | None, int]:
+    """The columns of messages that are not all plain ``bytes`` (bodies, and keys, tags and
+    properties where any message has one), checked, and the flags saying which are there."""
+    bodies: list[bytes] = []
+    for m in messages:
+        if type(m) is bytes:
+            bodies.append(m)
+        elif isinstance(m, Message):
+            bodies.append(m.body)
+        elif isinstance(m, (bytearray, memoryview)):
+            bodies.append(bytes(m))
+        else:
+            raise InvalidArgumentError(
+                f"a message is a Message or bytes, got {type(m).__name__}"
+                + (" (encode text first, e.g. 'text'.encode())" if isinstance(m, str) else "")
+            )
+    keys = tags = props = None
+    flags = 0
+    msgs = [m for m in messages if isinstance(m, Message)]
+    if any(m.key is not None for m in msgs):
+        keys = [m.key if isinstance(m, Message) else None for m in messages]
+        flags |= FLAG_HAS_KEYS
+    if any(m.tag is not None for m in msgs):
+        tags = [m.tag if isinstance(m, Message) else None for m in messages]
+        flags |= FLAG_HAS_TAGS
+    if any(m.properties for m in msgs):
+        props = [(m.properties or None) if isinstance(m, Message) else None for m in messages]
+        flags |= FLAG_HAS_PROPERTIES
+    _check_types(bodies, keys, tags, props)
+    return bodies, keys, tags, props, flags
+
+
+def _check_types(
+    bodies: list[bytes], keys: list[bytes | None] | None, tags: list[str | None] | None, props: list[Any] | None
+) -> None:
     for b in bodies:
         if type(b) is not bytes:
             raise InvalidArgumentError(
@@ -446,7 +440,7 @@ def decode_deliver_offsets(
     if not h.flags & FLAG_DELIVER_TIMES:
         return None
     p = payload if payload is not None else decode_payload(buf, h, pos)
-    offsets = getattr(p, "deliver_offsets", None)
+    offsets = p.deliver_offsets if isinstance(p, _TimedPayload) else None
     if offsets is None or len(offsets) != h.count or h.deliver_at_ms <= 0:
         raise InvalidBatchError("a batch flagged with deliver times needs deliver_at_ms and one offset per message")
     if offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])):

@@ -34,6 +34,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import msgspec
 
@@ -239,7 +240,7 @@ def prepare_delivery(
 def _encode_subset(p: BatchPayload, idx: list[int], deliver_at_ms: int, codec: int) -> bytearray:
     """The messages ``idx`` of a decoded payload as a batch of their own (no producer)."""
 
-    def column(col: list | None) -> list | None:
+    def column(col: list[Any] | None) -> list[Any] | None:
         if col is None:
             return None
         picked = [col[i] for i in idx]

@@ -146,7 +146,7 @@ def datetime_ms(when: datetime) -> int:
     1795348800001
     >>> datetime_ms(datetime(2026, 11, 22, 12, 0, 0, 1001))     # and 1 µs
     1795348800002
-    >>> datetime_ms(datetime(1969, 12, 31, 23, 59, 59, 999500, tzinfo=timezone.utc))
+    >>> datetime_ms(datetime(1969, 12, 31, 23, 59, 59, 999500, tzinfo=UTC))
     0
     """
     if when.tzinfo is None:

@@ -4,11 +4,21 @@ The client (``headwater.client``) speaks only to a :class:`BrokerService`. The e
 broker implements it in-process; the network transport implements it over the wire. Every
 argument and result is a plain value (numbers, strings, bytes, model structs), so the same
 calls cross a socket unchanged, and record batches travel as the bytes they are stored as.
+
+Some services can do more than BrokerService asks, and the client uses it when they can:
+the network services send without waiting and let a caller read its own answers, stream
+partitions and subscriptions; the embedded broker shares its clock. Each such capability is
+a small Protocol below (``runtime_checkable``: the client asks ``isinstance(service,
+FetchesAsync)`` once, when it is made), not an attribute looked up by name.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # (asyncio's futures are named Awaitable here: model imports no asyncio)
+    import concurrent.futures
 
 import msgspec
 
@@ -19,7 +29,26 @@ from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.model.subscription import SubscriberInfo
 
-__all__ = ["BrokerService", "ProduceResult", "FetchResult"]
+__all__ = [
+    "AsyncOpensPushStreams",
+    "AsyncStartsSharedReceive",
+    "BrokerService",
+    "DescribesAsync",
+    "FetchResult",
+    "FetchesAsync",
+    "HasClock",
+    "HasTransport",
+    "KeyedFetchesAsync",
+    "Leads",
+    "OpensFetchStreams",
+    "OpensPushStreams",
+    "ProduceResult",
+    "ProducesAsync",
+    "ProducesNowait",
+    "PushHandler",
+    "Reconnects",
+    "StartsSharedReceive",
+]
 
 
 class ProduceResult(msgspec.Struct, frozen=True, array_like=True):
@@ -247,3 +276,209 @@ class BrokerService(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+# -- optional capabilities ----------------------------------------------------------------
+# A service has one when it has these members; the client checks with isinstance (members'
+# names only: the signatures are for type checkers). The sync ones return
+# concurrent.futures.Future; the asyncio ones asyncio.Future, typed as Awaitable.
+
+
+@runtime_checkable
+class Leads(Protocol):
+    """The caller may read the connection on its own thread while it waits for its
+    answers (the network client; ``AsyncTransport.lead``)."""
+
+    def lead(
+        self,
+        futures: list[Any],
+        timeout_s: float | None,
+        *,
+        interrupt: concurrent.futures.Future[Any] | None = None,
+    ) -> concurrent.futures.Future[Any] | None: ...
+
+
+@runtime_checkable
+class DescribesAsync(Protocol):
+    """Asks for a queue's metadata without waiting."""
+
+    def describe_queue_async(self, name: str) -> concurrent.futures.Future[QueueInfo]: ...
+
+
+@runtime_checkable
+class ProducesAsync(Protocol):
+    """Sends a batch without waiting (the sync producer keeps several in flight with it)."""
+
+    def produce_async(self, queue: str, partition: int, batch: bytes) -> concurrent.futures.Future[ProduceResult]: ...
+
+
+@runtime_checkable
+class ProducesNowait(Protocol):
+    """Sends a batch now, after everything submitted before it, without waiting (the
+    asyncio producer pipelines with it). Ask it of an asyncio service only: the embedded
+    ``Broker`` has a ``produce_nowait`` of its own (an append that does not wait for its
+    fsync), and an isinstance check sees names, not signatures."""
+
+    def produce_nowait(self, queue: str, partition: int, batch: bytes) -> Awaitable[ProduceResult]: ...
+
+
+@runtime_checkable
+class FetchesAsync(Protocol):
+    """Fetches without waiting; ``lead=True``: the caller will :meth:`Leads.lead` for it."""
+
+    def fetch_async(
+        self,
+        queue: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        tag_mask: int = 0,
+        end_offset: int | None = None,
+        max_wait_ms: int = 0,
+        lead: bool = False,
+    ) -> concurrent.futures.Future[FetchResult]: ...
+
+
+@runtime_checkable
+class KeyedFetchesAsync(Protocol):
+    """A keyed fetch without waiting; ``lead=True``: the caller will lead for it."""
+
+    def keyed_fetch_async(
+        self,
+        queue: str,
+        group: str,
+        member: int,
+        generation: int,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        max_wait_ms: int = 0,
+        lead: bool = False,
+    ) -> concurrent.futures.Future[KeyedFetchResult]: ...
+
+
+@runtime_checkable
+class StartsSharedReceive(Leads, Protocol):
+    """Sends a shared receive without waiting, and takes it back while it is not written
+    (so a receive keeps its own timeout while the client connects again)."""
+
+    def start_shared_receive(
+        self,
+        group: str,
+        queue: str,
+        member: str,
+        max_messages: int,
+        visibility_timeout_ms: int,
+        at_most_once: bool,
+        settings: dict[str, int | float],
+        max_wait_ms: int,
+    ) -> concurrent.futures.Future[SharedDeliveries]: ...
+
+    def withdraw(self, fut: concurrent.futures.Future[Any]) -> bool: ...
+
+
+@runtime_checkable
+class AsyncStartsSharedReceive(Protocol):
+    """:class:`StartsSharedReceive`, for asyncio."""
+
+    def start_shared_receive(
+        self,
+        group: str,
+        queue: str,
+        member: str,
+        max_messages: int,
+        visibility_timeout_ms: int,
+        at_most_once: bool,
+        settings: dict[str, int | float],
+        max_wait_ms: int,
+    ) -> Awaitable[SharedDeliveries]: ...
+
+    def withdraw(self, fut: Awaitable[Any]) -> bool: ...
+
+
+#: What a stream's handler gets: each PUSH body (a ``headwater.protocol.messages.PushBody``),
+#: then None once if the connection is lost.
+PushHandler = Callable[[Any], None]
+
+
+@runtime_checkable
+class OpensPushStreams(Protocol):
+    """Pushes a subscriber's messages as they come (push subscriptions over the network)."""
+
+    def open_push_stream(
+        self, queue: str, name: str, handler: PushHandler, *, credit_messages: int, credit_bytes: int
+    ) -> tuple[int, SubscriberInfo]: ...
+
+    def ack_push_stream(
+        self, stream_id: int, offsets: dict[int, int], credit_messages: int, credit_bytes: int
+    ) -> concurrent.futures.Future[None]: ...
+
+    def close_push_stream(self, stream_id: int) -> None: ...
+
+
+@runtime_checkable
+class AsyncOpensPushStreams(Protocol):
+    """:class:`OpensPushStreams`, for asyncio."""
+
+    def open_push_stream(
+        self, queue: str, name: str, handler: PushHandler, *, credit_messages: int, credit_bytes: int
+    ) -> Awaitable[tuple[int, SubscriberInfo]]: ...
+
+    def ack_push_stream(
+        self, stream_id: int, offsets: dict[int, int], credit_messages: int, credit_bytes: int
+    ) -> Awaitable[None]: ...
+
+    def close_push_stream(self, stream_id: int) -> Awaitable[None]: ...
+
+
+@runtime_checkable
+class OpensFetchStreams(Protocol):
+    """Pushes partitions' batches as they grow (fetch streams), sync and asyncio alike: the
+    futures are concurrent.futures' for the sync client, asyncio's for the asyncio one."""
+
+    def open_fetch_stream(
+        self,
+        queue: str,
+        positions: dict[int, int],
+        handler: PushHandler,
+        *,
+        credit_bytes: int,
+        tag_mask: int = 0,
+        push_bytes_max: int = 1 << 20,
+    ) -> tuple[int, concurrent.futures.Future[None] | Awaitable[None]]: ...
+
+    def credit_fetch_stream(
+        self, stream_id: int, credit_bytes: int
+    ) -> concurrent.futures.Future[None] | Awaitable[None]: ...
+
+    def close_fetch_stream(self, stream_id: int) -> None: ...
+
+
+class Reconnects(Protocol):
+    """A connection that is made again after it is lost, for ``connect_timeout_s``;
+    ``connect_failure``: why the last attempt gave up (None if none did)."""
+
+    address: str
+    connect_timeout_s: float
+    connect_failure: BaseException | None
+
+    def gave_up_connecting_since(self, t: float) -> bool:
+        """Whether an attempt to connect begun after ``t`` (``time.monotonic()``) gave up."""
+        ...
+
+
+@runtime_checkable
+class HasTransport(Protocol):
+    """A service over a connection that comes back (reads ride out a broker's restart)."""
+
+    transport: Reconnects
+
+
+@runtime_checkable
+class HasClock(Protocol):
+    """A service whose clock producers in its process share (the embedded broker's: a
+    producer turns ``delay=`` into times with it, so a test's movable clock moves both)."""
+
+    clock: Callable[[], float]

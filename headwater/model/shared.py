@@ -202,7 +202,7 @@ class LeaseId(NamedTuple):
                 except ValueError:
                     nums = []
                 if len(nums) == 4 and all(n >= 0 for n in nums) and all(p.isalnum() for p in parts[:4]):
-                    return cls(*nums, parts[4])
+                    return cls(nums[0], nums[1], nums[2], nums[3], parts[4])
         raise InvalidArgumentError(
             f"{text!r} is not a lease id: expected 'queue_id:partition:offset:attempt:member' "
             f"as received with the message"

@@ -170,5 +170,5 @@ def subscriber_settings(
     return (
         None if partitions is None else partition_list_arg(partitions),
         None if tags is None else tag_list_arg(tags, empty_ok=True),
-        start,
+        start,  # type: ignore[return-value]  # a bool is passed on for the service to refuse by name
     )

@@ -369,6 +369,7 @@ class Connection:
         ftype, rid = h[2], h[5]
         kind = _KIND_OF_FRAME[ftype] or (_K_FATAL if rid == 0 else _K_ERROR)
         new_state = self._receive_next.get((self._state, kind)) or self._receive_transition(kind, ftype)
+        event: Event
         try:
             # requests and responses first: nearly every frame is one
             if kind is _K_REQUEST:
@@ -393,7 +394,9 @@ class Connection:
         """The event of a frame other than a request or a response."""
         h = frame.header
         if kind is _K_PUSH:
-            return Push(self._apis[h.api_key].push.decode(frame.head, frame.data))
+            push = self._apis[h.api_key].push
+            assert push is not None  # _check_header refused a push frame of an api without pushes
+            return Push(push.decode(frame.head, frame.data))
         if kind is _K_ERROR or kind is _K_FATAL:
             b = decode_body(ErrorBody, frame.head, frame.data)
             return ErrorResponse(h.request_id, b.code, b.retriable, b.message)
@@ -487,9 +490,10 @@ class Connection:
             return _REQUEST_T, api, rid, body
         if kind is _K_RESPONSE or kind is _K_ERROR:
             rid = event.request_id
-            api = self._in_flight.get(rid)
-            if api is None:
+            answered = self._in_flight.get(rid)
+            if answered is None:
                 raise LocalProtocolError(f"no request with id {rid!r} is waiting for an answer")
+            api = answered
             if kind is _K_ERROR:
                 return _ERROR_T, api, rid, _error_body(event)
             body = event.body
@@ -499,12 +503,14 @@ class Connection:
                 )
             return _RESPONSE_T, api, rid, body
         if kind is _K_PUSH:
-            body = event.body
+            pushed = event.body
             assert self.version is not None
-            entry = self._apis.get(body.api) if isinstance(body, PushBody) else None
-            if entry is None or entry.push is None or entry.push.type is not type(body):
-                raise LocalProtocolError(f"a push body is a PushBody of version {self.version}, got {body!r}")
-            return _PUSH_T, body.api, 0, body
+            if not isinstance(pushed, PushBody):
+                raise LocalProtocolError(f"a push body is a PushBody of version {self.version}, got {pushed!r}")
+            entry = self._apis.get(pushed.api)
+            if entry is None or entry.push is None or entry.push.type is not type(pushed):
+                raise LocalProtocolError(f"a push body is a PushBody of version {self.version}, got {pushed!r}")
+            return _PUSH_T, pushed.api, 0, pushed
         if kind is _K_FATAL:
             return _ERROR_T, 0, 0, _error_body(event)
         if kind is _K_HANDSHAKE:

@@ -7,7 +7,7 @@ immutable values; the connection fills in what only it knows (limits, version ra
 from __future__ import annotations
 
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -99,7 +99,7 @@ class Response(msgspec.Struct, frozen=True):
     def api(self) -> ApiKey:
         return self.body.api
 
-    def result(self):  # noqa: ANN201 - the BrokerService method's return type
+    def result(self) -> Any:  # the matching BrokerService method's return type
         """What the matching BrokerService method returns (e.g. a QueueInfo)."""
         return self.body.result()
 

@@ -195,7 +195,8 @@ class FrameReader:
             if len(buf) < HEADER_SIZE:
                 if len(buf) >= 4:
                     self._check_length(_LENGTH.unpack_from(buf, 0)[0])
-                return self._need(HEADER_SIZE)
+                self._need(HEADER_SIZE)
+                return None
             h = _new_tuple(FrameHeader, HEADER.unpack_from(buf, 0))
             if not _AFTER_LENGTH < h[0] <= self._length_max:
                 self._check_length(h[0])
@@ -205,7 +206,8 @@ class FrameReader:
         length, crc_expected, _, _, _, _, data_size = h
         size = 4 + length
         if len(buf) < size:
-            return self._need(size)
+            self._need(size)
+            return None
         head_end = size - data_size
         if size <= _SMALL_FRAME_BYTES:
             covered = bytes(buf[_CRC_START:size])
@@ -241,11 +243,11 @@ class FrameReader:
             )
 
     def _need(self, size: int) -> None:
+        """More bytes are needed; an error if none will come."""
         if self.eof and self._buf:
             raise RemoteProtocolError(
                 f"the connection closed in the middle of a frame ({len(self._buf)} of {size} bytes received)"
             )
-        return None
 
 
 def _check_structure(h: FrameHeader) -> None:

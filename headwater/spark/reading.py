@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from headwater.errors import CorruptDataError, InvalidBatchError, MessageNotFoundError, UnavailableError
 from headwater.model.batch import check_batch, decode_payload, tags_mask
-from headwater.model.service import FetchResult
+from headwater.model.service import FetchesAsync, FetchResult
 from headwater.spark.connection import connect, unavailable_means
 from headwater.spark.planning import data_loss_message
 
@@ -169,7 +169,7 @@ class _Fetcher:
         self._service = service
         self._task = task
         self._mask = tags_mask(task.tags) if task.tags else 0
-        self._async = getattr(service, "fetch_async", None)
+        self._async = service.fetch_async if isinstance(service, FetchesAsync) else None
         self._pending = None  # (offset, future)
 
     def _sync(self, offset: int) -> FetchResult:

@@ -21,6 +21,8 @@ can be written to another as they are.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyspark.sql.types import (
     BinaryType,
     ByteType,
@@ -84,6 +86,39 @@ def _type_name(t: DataType) -> str:
     return t.simpleString()
 
 
+def _is_string_map(t: DataType) -> bool:
+    return isinstance(t, MapType) and isinstance(t.keyType, StringType) and isinstance(t.valueType, StringType)
+
+
+# each column a dataframe may write: the types accepted, the type named in the error, the fix
+_COLUMN_TYPES: dict[str, tuple[Callable[[DataType], bool], str, str]] = {
+    "value": (
+        lambda t: isinstance(t, BinaryType),
+        "binary",
+        "cast it, e.g. col('value').cast('binary') (a string becomes its UTF-8 bytes), "
+        "or serialize structured data first, e.g. to_json(...).cast('binary')",
+    ),
+    "key": (
+        lambda t: isinstance(t, (BinaryType, StringType)),
+        "binary (or string, sent as UTF-8)",
+        "cast it, e.g. col('key').cast('binary')",
+    ),
+    "tag": (lambda t: isinstance(t, StringType), "string", "cast it, e.g. col('tag').cast('string')"),
+    "queue": (lambda t: isinstance(t, StringType), "string", "cast it, e.g. col('queue').cast('string')"),
+    "partition": (lambda t: isinstance(t, _INTEGERS), "an integer", "cast it, e.g. col('partition').cast('int')"),
+    "properties": (
+        _is_string_map,
+        "map<string,string>",
+        "build it with create_map(lit('k'), col('v').cast('string'), ...)",
+    ),
+    "deliver_at": (
+        lambda t: isinstance(t, (TimestampType, TimestampNTZType)),
+        "a timestamp",
+        "cast it, e.g. col('deliver_at').cast('timestamp')",
+    ),
+}
+
+
 def check_write_schema(schema: StructType, *, queue_option: str | None) -> WriteColumns:
     """Check the columns of a dataframe to write; raise naming the column and the fix."""
     by_name = {f.name.lower(): f for f in schema.fields}
@@ -102,62 +137,12 @@ def check_write_schema(schema: StructType, *, queue_option: str | None) -> Write
             f"(value required); drop the others or fold them into value or properties"
         )
 
-    def expect(name: str, ok: bool, want: str, fix: str) -> None:
-        if not ok:
+    for name, (ok, want, fix) in _COLUMN_TYPES.items():
+        if name in by_name and not ok(by_name[name].dataType):
             raise InvalidArgumentError(
                 f"column {name!r} is {_type_name(by_name[name].dataType)}, but Headwater writes it as {want}; {fix}"
             )
-
-    expect(
-        "value",
-        isinstance(by_name["value"].dataType, BinaryType),
-        "binary",
-        "cast it, e.g. col('value').cast('binary') (a string becomes its UTF-8 bytes), "
-        "or serialize structured data first, e.g. to_json(...).cast('binary')",
-    )
-    key_is_string = False
-    if "key" in by_name:
-        t = by_name["key"].dataType
-        key_is_string = isinstance(t, StringType)
-        expect(
-            "key",
-            isinstance(t, (BinaryType, StringType)),
-            "binary (or string, sent as UTF-8)",
-            "cast it, e.g. col('key').cast('binary')",
-        )
-    if "tag" in by_name:
-        expect(
-            "tag", isinstance(by_name["tag"].dataType, StringType), "string", "cast it, e.g. col('tag').cast('string')"
-        )
-    if "queue" in by_name:
-        expect(
-            "queue",
-            isinstance(by_name["queue"].dataType, StringType),
-            "string",
-            "cast it, e.g. col('queue').cast('string')",
-        )
-    if "partition" in by_name:
-        expect(
-            "partition",
-            isinstance(by_name["partition"].dataType, _INTEGERS),
-            "an integer",
-            "cast it, e.g. col('partition').cast('int')",
-        )
-    if "properties" in by_name:
-        t = by_name["properties"].dataType
-        expect(
-            "properties",
-            isinstance(t, MapType) and isinstance(t.keyType, StringType) and isinstance(t.valueType, StringType),
-            "map<string,string>",
-            "build it with create_map(lit('k'), col('v').cast('string'), ...)",
-        )
-    if "deliver_at" in by_name:
-        expect(
-            "deliver_at",
-            isinstance(by_name["deliver_at"].dataType, (TimestampType, TimestampNTZType)),
-            "a timestamp",
-            "cast it, e.g. col('deliver_at').cast('timestamp')",
-        )
+    key_is_string = "key" in by_name and isinstance(by_name["key"].dataType, StringType)
     if queue_option is None and "queue" not in by_name:
         raise InvalidArgumentError(
             "no queue to write to: set .option('queue', 'events'), or add a string column "

@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING
 from headwater.broker import Broker
 from headwater.client import Client
 from headwater.storage.memory import MemoryStore
+from headwater.testing.clock import FakeClock
 
 if TYPE_CHECKING:
     from headwater.client.aio import AsyncClient
 
-__all__ = ["open_memory", "open_memory_async"]
+__all__ = ["FakeClock", "open_memory", "open_memory_async"]
 
 
 def _memory_broker(clock: Callable[[], float]) -> Broker:

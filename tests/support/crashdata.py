@@ -4,7 +4,7 @@ Content is a pure function of (partition, offset, generation), so a parent proce
 recompute every byte a killed child wrote without talking to it, and a message found at
 the wrong offset (or a damaged one) can never look right.
 
-Imported by the test modules (as ``helpers.crashdata``) and by the child scripts beside it
+Imported by the test modules (as ``tests.support.crashdata``) and by the child scripts beside it
 (as ``crashdata``); keep it free of test-framework imports.
 """
 

@@ -1,0 +1,166 @@
+"""Byte budgets: the bytes of batches and answers the server holds, per connection and in all.
+
+A connection holds bytes from the moment a request's batch or a fetch's answer is counted
+until the batch is appended or the answer is out of the socket. Each byte counts twice: in
+the connection's own :class:`ByteBudget` (one peer cannot take everything) and in the
+server's (all peers together stay under ``bytes_in_flight_max``). :class:`ServerBudget`
+keeps the two in step, so no caller takes or gives back one without the other. Everything
+here runs on the server's event loop thread; nothing is locked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Protocol
+
+__all__ = ["BudgetHolder", "ByteBudget", "ServerBudget"]
+
+
+class ByteBudget:
+    """Bytes in flight, bounded. ``take`` takes them when they fit (one oversized request is
+    let through alone, so nothing waits forever); otherwise the caller waits for a release:
+    a connection with a callback (``wait``), a task with ``await acquire``."""
+
+    __slots__ = ("limit", "used", "_waiters")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiters: list[Callable[[], None]] = []
+
+    def fits(self, n: int) -> bool:
+        return self.used + n <= self.limit or self.used == 0
+
+    def take(self, n: int) -> bool:
+        used = self.used
+        if used + n <= self.limit or used == 0:  # fits(n), inline: twice per produce
+            self.used = used + n
+            return True
+        return False
+
+    def charge(self, n: int) -> None:
+        """Count bytes already held, even past the limit (takers then wait for releases)."""
+        self.used += n
+
+    def untake(self, n: int) -> None:
+        """Give back bytes just taken, before anyone could have waited for them."""
+        self.used -= n
+
+    def release(self, n: int) -> None:
+        self.used -= n
+        if self._waiters:  # everyone retries (they may fit now); who still does not waits again
+            waiters, self._waiters = self._waiters, []
+            for wake in waiters:
+                wake()
+
+    def wait(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` (once) at the next release; it must not take bytes itself."""
+        self._waiters.append(wake)
+
+    def forget(self, wake: Callable[[], None]) -> None:
+        if wake in self._waiters:
+            self._waiters = [w for w in self._waiters if w != wake]
+
+    async def acquire(self, n: int) -> None:
+        while not self.take(n):
+            fut = asyncio.get_running_loop().create_future()
+
+            def wake(fut: asyncio.Future[None] = fut) -> None:
+                if not fut.done():
+                    fut.set_result(None)
+
+            self.wait(wake)
+            try:
+                await fut
+            finally:
+                self.forget(wake)
+
+
+class BudgetHolder(Protocol):
+    """A connection, as the server's budget sees it: its own budget, and how to wake it
+    when bytes it waits for are released."""
+
+    budget: ByteBudget
+
+    def wake(self) -> None: ...
+
+
+class ServerBudget:
+    """The server's byte budget over its connections' own.
+
+    ``receiving`` is the part reserved for big frames whose length is read but whose body is
+    not yet: such frames may hold at most half the budget, so that a few peers sending huge
+    frames slowly cannot starve the requests already read.
+    """
+
+    __slots__ = ("total", "receiving")
+
+    def __init__(self, limit: int) -> None:
+        self.total = ByteBudget(limit)
+        self.receiving = 0
+
+    def fits(self, holder: BudgetHolder, n: int) -> bool:
+        return holder.budget.fits(n) and self.total.fits(n)
+
+    def room(self, holder: BudgetHolder) -> int:
+        """The bytes ``holder`` could take now (not counting the oversized-request rule)."""
+        own, total = holder.budget, self.total
+        return min(own.limit - own.used, total.limit - total.used)
+
+    def take(self, holder: BudgetHolder, n: int) -> bool:
+        """Take ``n`` bytes of the holder's budget and the server's, or neither (then the
+        holder is woken when bytes are released)."""
+        own = holder.budget
+        if not own.take(n):
+            own.wait(holder.wake)
+            return False
+        if not self.total.take(n):
+            own.untake(n)
+            self.total.wait(holder.wake)
+            return False
+        return True
+
+    async def acquire(self, holder: BudgetHolder, n: int) -> None:
+        """Wait until ``n`` bytes fit both budgets, and take them."""
+        await holder.budget.acquire(n)
+        try:
+            await self.total.acquire(n)
+        except BaseException:
+            holder.budget.release(n)
+            raise
+
+    def release(self, holder: BudgetHolder, n: int) -> None:
+        holder.budget.release(n)
+        self.total.release(n)
+
+    def charge(self, holder: BudgetHolder, n: int) -> None:
+        """Count bytes already read past what was taken, even above the limits."""
+        holder.budget.charge(n)
+        self.total.charge(n)
+
+    def reserve_frame(self, holder: BudgetHolder, n: int) -> bool:
+        """Reserve the announced size ``n`` of a big frame being received, before its body is
+        read. False (the caller then stops reading) when it does not fit now; the holder is
+        woken at the next release."""
+        if self.receiving and self.receiving + n > self.total.limit // 2:
+            self.total.wait(holder.wake)
+            return False
+        if not self.take(holder, n):
+            return False
+        self.receiving += n
+        return True
+
+    def frame_arrived(self, n: int) -> None:
+        """A reserved frame is whole: its bytes are a request's now, no longer being received."""
+        self.receiving -= n
+
+    def drop_frame(self, holder: BudgetHolder, n: int) -> None:
+        """A reserved frame will never be whole (its connection went)."""
+        self.receiving -= n
+        self.release(holder, n)
+
+    def forget(self, holder: BudgetHolder) -> None:
+        """The holder is gone: it waits for nothing any more."""
+        holder.budget.forget(holder.wake)
+        self.total.forget(holder.wake)

@@ -1,1 +1,0 @@
-"""Helpers of the crash and damage tests: child-process scripts and expected content."""
