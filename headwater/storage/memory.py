@@ -24,7 +24,7 @@ import time
 import uuid
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from headwater.errors import (
     ClosedError,
@@ -50,6 +50,9 @@ from headwater.model.producer_state import ProducerStateTable
 from headwater.model.service import FetchResult, ProduceResult
 from headwater.storage.memory_schedule import MemorySchedule
 from headwater.storage.settings import StoreConfig
+
+if TYPE_CHECKING:
+    from headwater.storage.api import Store
 
 __all__ = ["MemoryStore"]
 
@@ -561,3 +564,9 @@ class MemoryStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+if TYPE_CHECKING:  # mypy checks here that a MemoryStore is a Store
+
+    def _is_a_store(store: MemoryStore) -> Store:
+        return store

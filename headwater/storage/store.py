@@ -34,6 +34,7 @@ from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from headwater.errors import (
     CorruptDataError,
@@ -67,6 +68,9 @@ _UNCACHE_CHUNK_BYTES = 8 * 1024 * 1024  # the page cache is let go of this much 
 _new_tuple = tuple.__new__  # a namedtuple from a tuple, without its Python-level calls
 # _append_locked builds the stored header by position: the broker's fields are 2 to 6
 assert BatchHeader._fields[2:7] == ("queue_id", "partition", "base_offset", "timestamp_ms", "broker_reserved")
+
+if TYPE_CHECKING:
+    from headwater.storage.api import Store
 
 __all__ = ["LogStore", "StoreConfig"]
 
@@ -504,3 +508,9 @@ class LogStore(LogAdmin, LogReads, LogRetention):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+if TYPE_CHECKING:  # mypy checks here that a LogStore is a Store
+
+    def _is_a_store(store: LogStore) -> Store:
+        return store
