@@ -1,5 +1,6 @@
 """Shared fixtures: a controllable clock, and a client that every queue test gets three ways:
-the embedded broker, the in-memory fake, and the network client over loopback TCP.
+the embedded broker, the same broker over a store in memory (``headwater.testing``), and the
+network client over loopback TCP.
 
 What tests share besides fixtures lives in ``tests/support`` (no test module imports another);
 fixtures that only some modules use are plugins there, registered in ``pytest_plugins``."""

@@ -464,8 +464,9 @@ def test_long_polls_on_many_partitions_do_not_starve_other_calls(target):
 
 
 def test_threaded_service_without_append_notifications_still_long_polls(clock):
-    """Any sync BrokerService can back the asyncio client (here the in-memory fake, which
-    cannot notify appends): long polls then poll it in short slices."""
+    """Any sync BrokerService can back the asyncio client, even one that cannot notify appends
+    (here the fake's broker, its notifications not passed on): long polls then poll it in
+    short slices."""
     from headwater.client.aio_service import ThreadedService
     from headwater.testing import open_memory
 

@@ -6,7 +6,8 @@ that are not a batch are refused with :class:`InvalidBatchError` and nothing els
 
 Log: random sequences of appends, reopens, truncations, partition additions, deletions,
 clock moves (TTL) and retention runs against a :class:`LogStore` with small segments,
-checked after every step against a dict of lists.
+checked after every step against a dict of lists; and the same against a
+:class:`MemoryStore` (without the reopens).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from headwater.model.batch import (
     validate_batch,
 )
 from headwater.storage import StoreConfig
+from headwater.storage.memory import MemoryStore
 from headwater.storage.store import LogStore
 from headwater.testing import FakeClock
 
@@ -439,6 +441,23 @@ LogVersusModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_log_matches_model = LogVersusModel.TestCase
+
+
+class MemoryVersusModel(LogVersusModel):
+    """The same rules and invariant against a :class:`MemoryStore` (the store of
+    ``headwater.testing``), except reopening: nothing survives closing it."""
+
+    def _open(self, verify: str) -> MemoryStore:
+        store = MemoryStore(StoreConfig(retention_interval_ms=3_600_000), clock=self.clock)
+        self.client = Client(Broker(store))
+        return store
+
+    def reopen(self, verify):  # not a rule here (no @rule): a store in memory is never reopened
+        raise AssertionError("a store in memory is never reopened")
+
+
+MemoryVersusModel.TestCase.settings = LogVersusModel.TestCase.settings
+test_memory_store_matches_model = MemoryVersusModel.TestCase
 
 
 @pytest.mark.slow

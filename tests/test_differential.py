@@ -1,5 +1,5 @@
-"""Differential test: the embedded store, the network client and the in-memory fake run the
-same random sequence of operations, and every result and every error (class and message)
+"""Differential test: the embedded store, the network client and the broker over a store in
+memory (the test fake) run the same random sequence of operations, and every result and every error (class and message)
 must be the same on all three.
 
 One hypothesis state machine drives three targets in lockstep:
@@ -9,7 +9,8 @@ One hypothesis state machine drives three targets in lockstep:
   the whole module (``ServerThread`` of conftest: the server ``headwater serve`` runs, in a
   thread of this process so that it shares the test's clock); each example deletes the
   queues it made;
-- ``memory``: ``headwater.testing.open_memory()``, a fresh one per example.
+- ``memory``: ``headwater.testing.open_memory()``, a fresh one per example: the same broker
+  over a :class:`~headwater.storage.memory.MemoryStore`.
 
 All three share one hand-moved clock, so append times and creation times are compared
 exactly. What legitimately differs is normalised, and nothing else: queue ids (the store
@@ -18,8 +19,10 @@ are replaced by the order the queues were created in, wherever they appear (queu
 records, message ids, and ids printed in error messages).
 
 Disagreements of the embedded store or the network broker that are not fixed yet are
-listed in ``KNOWN_DIFFERENCES`` (each with its reason); a difference of the fake is fixed in
-headwater/testing and has a focused test at the end of this file.
+listed in ``KNOWN_DIFFERENCES`` (each with its reason); a difference of the store in memory
+is fixed in headwater/storage/memory.py (the contract tests of tests/test_store_contract.py
+then cover it), and the focused tests at the end of this file keep what the fake once got
+wrong.
 """
 
 from __future__ import annotations
@@ -738,8 +741,9 @@ def test_the_three_targets_agree_long() -> None:
 
 
 # -- focused tests of what the differential test found in the fake ------------------------------
-# Each failed against the fake before its fix (headwater/testing/memory.py); each runs on the
-# store and the fake alike (the network client is covered by the differential test above).
+# Each failed against the fake before its fix (when it was a second broker, MemoryBroker); each
+# runs on the store and the fake alike (the network client is covered by the differential test
+# above).
 
 
 @pytest.fixture(params=["embedded", "memory"])

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import headwater
+from headwater.broker.membership import Membership
 from headwater.errors import (
     GroupNotEmptyError,
     GroupNotFoundError,
@@ -29,7 +30,7 @@ from headwater.errors import (
     UnknownMemberError,
 )
 from headwater.model.assignment import assign_average, assign_sticky, sticky_moves_lower_bound
-from headwater.model.groups import TRANSITIONS, Event, GroupState, Membership
+from headwater.model.groups import TRANSITIONS, Event, GroupState
 from tests.support.broker_process import BrokerProcess, free_port, kill_all
 
 # strategies --------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 
 import headwater
 from headwater import Message
+from headwater.broker.keyed import KeyedGroupState
 from headwater.errors import (
     GroupNotFoundError,
     InvalidArgumentError,
@@ -23,7 +24,7 @@ from headwater.errors import (
     UsageError,
 )
 from headwater.model.batch import decode_records
-from headwater.model.keyed import KeyedGroupState, key_of, member_of
+from headwater.model.keyed import key_of, member_of
 from tests.support.broker_process import BrokerProcess, kill_all
 
 KEYS = [f"user-{i}".encode() for i in range(24)]

@@ -455,16 +455,23 @@ def test_ttl_hides_expired_messages_on_every_read_path(hw, clock):
     )
 )
 @example(ops=[("append", 1), ("advance", 61_000), ("advance", -30_000)])  # the clock steps back
-def test_the_first_unexpired_offset_follows_the_clock_appends_and_truncation(tmp_path_factory, ops):
+@pytest.mark.parametrize("kind", ["file", "memory"])
+def test_the_first_unexpired_offset_follows_the_clock_appends_and_truncation(tmp_path_factory, kind, ops):
     """The store remembers a partition's first unexpired offset between reads: whatever
     happens in between (appends, time passing or going back, a truncation), every read
-    sees what a search of the whole partition would find."""
+    sees what a search of the whole partition would find. Both stores."""
     from headwater.model.batch import encode_batch
     from headwater.model.config import QueueConfig
     from headwater.storage import LogStore, StoreConfig
+    from headwater.storage.memory import MemoryStore
 
     clock = FakeClock()
-    store = LogStore(tmp_path_factory.mktemp("d"), StoreConfig(segment_bytes_max=64 * 1024), clock=clock)
+    config = StoreConfig(segment_bytes_max=64 * 1024)
+    store = (
+        MemoryStore(config, clock=clock)
+        if kind == "memory"
+        else LogStore(tmp_path_factory.mktemp("d"), config, clock=clock)
+    )
     try:
         store.create_queue("q", QueueConfig(partitions=1, ttl_s=60))
         batches: list[tuple[int, int, int]] = []  # (base offset, end offset, timestamp ms)

@@ -23,6 +23,7 @@ import pytest
 
 import headwater
 from headwater import Message
+from headwater.broker.shared_state import TRANSITIONS, DeliveryEvent, DeliveryState
 from headwater.client.shared_consumer import raise_refused
 from headwater.errors import (
     ClosedError,
@@ -33,7 +34,6 @@ from headwater.errors import (
     QueueNotFoundError,
 )
 from headwater.model.shared import LeaseId, SharedGroupSettings
-from headwater.model.shared_state import TRANSITIONS, DeliveryEvent, DeliveryState
 from headwater.testing import FakeClock
 
 SUPPORT = Path(__file__).parent / "support"
@@ -637,7 +637,9 @@ def test_seeded_simulation(seed, tmp_path):
 
 
 def test_the_fake_behaves_like_the_broker(tmp_path):
-    """The same sequence of calls on the broker and the in-memory fake gives the same answers."""
+    """The same sequence of calls on the broker over a data directory and over a store in
+    memory (the fake) gives the same answers: the shared groups' state lives in the store's
+    ``__shared`` queue either way."""
     from headwater.testing import open_memory
 
     clock = FakeClock()

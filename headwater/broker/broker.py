@@ -1,18 +1,20 @@
 """Broker: the :class:`~headwater.model.service.BrokerService` over one store.
 
 Embedded mode is this object used in-process (``headwater.open``); the network server puts
-the same object behind a socket (``headwater.broker.server``). Consumer offsets, groups,
+the same object behind a socket (``headwater.broker.server``); the test fake
+(``headwater.testing.open_memory``) is this object over a
+:class:`~headwater.storage.memory.MemoryStore`. Consumer offsets, groups,
 delay and transactions compose here, above storage, so the store stays a log engine.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from headwater._version import __version__
+from headwater.broker.append_waiters import AppendWaiters
 from headwater.broker.delay import DelayService, DelayTicket
 from headwater.broker.groups import GroupCoordinator
 from headwater.broker.keyed import KeyedGroups
@@ -28,17 +30,18 @@ from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
 from headwater.model.service import FetchResult, ProduceResult
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.model.subscription import SubscriberInfo
+from headwater.storage.api import Store
 from headwater.storage.store import LogStore, StoreConfig
 
 __all__ = ["Broker"]
 
 
 class Broker:
-    """Serves one data directory. Thread-safe."""
+    """Serves one store (a data directory, or memory). Thread-safe."""
 
     def __init__(
         self,
-        store: LogStore,
+        store: Store,
         *,
         group_clock: Callable[[], float] = time.monotonic,
         shared_clock: Callable[[], float] = time.time,
@@ -53,10 +56,9 @@ class Broker:
         # keyed groups (durable in __keyed) and push subscribers (durable in __subscribers)
         self.keyed = KeyedGroups(store)
         self.subscribers = SubscriberRegistry(store, clock=shared_clock)
-        # long polling in-process: fetchers wait on this until an append wakes them
-        self._appended = threading.Condition()
-        self._waiting = 0
-        store.add_append_listener(self._on_append)
+        # long polling in-process: fetchers wait in their thread until an append wakes them
+        self.appends = AppendWaiters()
+        store.add_append_listener(self.appends.notify)
         # delayed messages (headwater.broker.delay): schedule files, dispatcher thread
         self.clock = store.clock  # producers in this process turn delay= into times with it
         self.delay = DelayService(store, clock=store.clock, report=store.recovery_report)
@@ -77,11 +79,6 @@ class Broker:
         """Call ``fn(queue, partition, end_offset)`` after every append, from the appending
         thread (keep it quick: hand work to another thread or loop)."""
         self.store.add_append_listener(fn)
-
-    def _on_append(self, queue: str, partition: int, end_offset: int) -> None:
-        if self._waiting:  # appends nobody waits for cost one attribute read
-            with self._appended:
-                self._appended.notify_all()
 
     # admin
     def create_queue(self, name: str, config: QueueConfig) -> QueueInfo:
@@ -171,13 +168,7 @@ class Broker:
     def _wait_for_append(self, queue: str, partition: int, offset: int, timeout_s: float) -> None:
         """Block until the partition grows past ``offset`` or ``timeout_s`` passes (a long
         poll of the embedded broker)."""
-        with self._appended:
-            self._waiting += 1
-            try:
-                if self.store.end_offset(queue, partition) <= offset:
-                    self._appended.wait(timeout_s)
-            finally:
-                self._waiting -= 1
+        self.appends.wait_blocking(offset, timeout_s, lambda: self.store.end_offset(queue, partition))
 
     def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
         if isinstance(partition, int) and partition & DELAYED_PARTITION_BIT:
@@ -362,10 +353,12 @@ class Broker:
 
     # operations
     def status(self) -> dict[str, object]:
+        where = (
+            {"mode": "memory"} if self.store.path is None else {"mode": "embedded", "data_dir": str(self.store.path)}
+        )
         return {
             "version": __version__,
-            "mode": "embedded",
-            "data_dir": str(self.store.path),
+            **where,
             "uptime_s": round(time.monotonic() - self._started, 3),
             **self.store.stats(),
             **self.delay.summary(),

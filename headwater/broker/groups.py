@@ -1,9 +1,9 @@
-"""GroupCoordinator: consumer group membership on the broker, over the model's state machine.
+"""GroupCoordinator: consumer group membership on the broker, over its state machine.
 
 The rules (joins, heartbeats, generations, who holds which partition, which commits are
-refused) are :class:`headwater.model.groups.Membership`, shared with the in-memory fake;
-this module adds what the broker has and the model must not: a clock, locks, the partition
-counts of the store, and the committed offsets of :class:`~headwater.broker.offsets.OffsetStore`.
+refused) are :class:`headwater.broker.membership.Membership`, which does no I/O; this
+module adds a clock, locks, the partition counts of the store, and the committed offsets
+of :class:`~headwater.broker.offsets.OffsetStore`.
 
 Membership is kept in memory (a broker restart makes members join again, with new ids);
 committed offsets are durable. Members whose session ran out are removed lazily, by the
@@ -25,16 +25,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from headwater.broker.membership import Membership
 from headwater.broker.offsets import OffsetStore
 from headwater.errors import QueueNotFoundError
 from headwater.model.groups import (
     GroupAssignment,
     GroupDescription,
     GroupSummary,
-    Membership,
     validate_group_name,
 )
-from headwater.storage.store import LogStore
+from headwater.storage.api import Store
 
 __all__ = ["GroupCoordinator"]
 
@@ -54,7 +54,7 @@ class GroupCoordinator:
 
     def __init__(
         self,
-        store: LogStore,
+        store: Store,
         offsets: OffsetStore,
         *,
         clock: Callable[[], float] = time.monotonic,

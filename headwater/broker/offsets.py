@@ -22,7 +22,7 @@ from headwater.model.batch import decode_records, encode_batch
 from headwater.model.checks import check_int_arg, check_offsets_given
 from headwater.model.config import QueueConfig
 from headwater.model.message import Message
-from headwater.storage.store import LogStore
+from headwater.storage.api import Store
 
 __all__ = ["OffsetStore", "OFFSETS_QUEUE", "validate_group"]
 
@@ -47,7 +47,7 @@ def _key(group: str, queue_id: int, partition: int) -> bytes:
 class OffsetStore:
     """Committed offsets per (group, queue, partition). Thread-safe."""
 
-    def __init__(self, store: LogStore, *, compact_ratio: int = 4, compact_min: int = 10_000) -> None:
+    def __init__(self, store: Store, *, compact_ratio: int = 4, compact_min: int = 10_000) -> None:
         self._store = store
         self._lock = threading.Lock()
         self._offsets: dict[bytes, int] = {}

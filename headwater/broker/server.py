@@ -26,16 +26,15 @@ import contextlib
 import functools
 import logging
 import resource
-import threading
 import time
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import msgspec
 
 from headwater._version import __version__
 from headwater.broker.allocator import kept_bytes, memory_usage
+from headwater.broker.append_waiters import AppendWaiters
 from headwater.broker.broker import Broker
 from headwater.broker.budget import ServerBudget
 from headwater.broker.connection import CLOSE_LINGER_S, ClientConnection
@@ -149,74 +148,6 @@ _SECONDS_RANGES = (
 )
 
 
-class _PartitionWaiters:
-    """Fetches parked until their partition grows past an offset (long polling).
-
-    ``notify`` is called from the threads that append; it only crosses into the event loop
-    when someone waits on that partition, so appends nobody waits for cost a dict lookup.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._loop_thread = threading.get_ident()  # created on the loop's thread
-        self._waiting: dict[tuple[str, int], list[tuple[int, asyncio.Future[None]]]] = {}
-
-    def wait(self, queue: str, partition: int, offset: int) -> asyncio.Future[None]:
-        fut = self._loop.create_future()
-        self._waiting.setdefault((queue, partition), []).append((offset, fut))
-        return fut
-
-    def discard(self, queue: str, partition: int, fut: asyncio.Future[None]) -> None:
-        lst = self._waiting.get((queue, partition))
-        if lst:
-            lst[:] = [(o, f) for o, f in lst if f is not fut]
-            if not lst:
-                del self._waiting[(queue, partition)]
-
-    def park(self, queue: str, partition: int, offset: int, parked: Any) -> None:
-        """Like :meth:`wait`, without a future: ``parked.wake()`` is called (a parked fetch,
-        a fetch stream's partition)."""
-        self._waiting.setdefault((queue, partition), []).append((offset, parked))
-
-    def wake_all(self) -> None:
-        """Answer every parked fetch now (the server is stopping)."""
-        waiting, self._waiting = self._waiting, {}
-        for lst in waiting.values():
-            for _, w in lst:
-                if not isinstance(w, asyncio.Future):  # a parked fetch, a fetch stream's partition
-                    w.wake()
-                elif not w.done():
-                    w.set_result(None)
-
-    def notify(self, queue: str, partition: int, end_offset: int) -> None:
-        if (queue, partition) in self._waiting:
-            if threading.get_ident() == self._loop_thread:  # appended on the loop: wake now
-                self._wake(queue, partition, end_offset)
-            else:
-                self._loop.call_soon_threadsafe(self._wake, queue, partition, end_offset)
-
-    def _wake(self, queue: str, partition: int, end_offset: int) -> None:
-        lst = self._waiting.get((queue, partition))
-        if not lst:
-            return
-        keep = []
-        woken = []
-        for offset, w in lst:
-            if end_offset > offset:
-                if not isinstance(w, asyncio.Future):  # a parked fetch, a fetch stream's partition
-                    woken.append(w)
-                elif not w.done():
-                    w.set_result(None)
-            else:
-                keep.append((offset, w))
-        if keep:
-            lst[:] = keep
-        else:
-            del self._waiting[(queue, partition)]
-        for w in woken:  # after the list is settled: a wake may park again
-            w.wake()
-
-
 class _ParkedFetch:
     """A fetch that found nothing, waiting without a task: an append to its partition (or
     its deadline) calls :meth:`wake`, which reads and answers right there, on the loop (the
@@ -267,7 +198,7 @@ class BrokerServer:
         """Listen; return the port (useful with port 0)."""
         loop = self.loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
-        self._waiters = _PartitionWaiters(loop)
+        self._waiters = AppendWaiters(loop)
         self.budget = ServerBudget(self.config.bytes_in_flight_max)
         self._acks = DurableAcks(loop, self.broker.wait_durable)
         self.broker.add_append_listener(self._waiters.notify)

@@ -1,6 +1,6 @@
 """SharedGroups: shared groups' delivery state, kept durably in the store itself.
 
-The operations are :class:`~headwater.model.shared_groups.SharedGroupsCore`'s; this class
+The operations are :class:`~headwater.broker.shared_core.SharedGroupsCore`'s; this class
 supplies the storage. Every operation that changes a group's state appends one record to
 the internal queue ``__shared`` (one partition, no TTL, sync flush) before it answers::
 
@@ -34,15 +34,15 @@ from collections.abc import Callable
 
 import msgspec
 
+from headwater.broker.shared_core import SharedGroupsCore
+from headwater.broker.shared_state import Changes, PartitionImage, SharedQueueState
 from headwater.errors import QueueExistsError, QueueNotFoundError
 from headwater.model.batch import decode_records, encode_batch
 from headwater.model.config import QueueConfig, QueueInfo, is_internal_queue
 from headwater.model.message import Message
 from headwater.model.service import FetchResult
 from headwater.model.shared import SharedGroupSettings
-from headwater.model.shared_groups import SharedGroupsCore
-from headwater.model.shared_state import Changes, PartitionImage, SharedQueueState
-from headwater.storage.store import LogStore
+from headwater.storage.api import Store
 
 __all__ = ["SharedGroups", "SharedWaiters", "SHARED_QUEUE"]
 
@@ -67,10 +67,10 @@ def _key(group: str, queue_id: int) -> bytes:
 
 
 class SharedGroups(SharedGroupsCore):
-    """Shared groups over a :class:`LogStore`. Thread-safe."""
+    """Shared groups over a :class:`Store`. Thread-safe."""
 
     def __init__(
-        self, store: LogStore, clock: Callable[[], float], *, compact_ratio: int = 4, compact_min: int = 10_000
+        self, store: Store, clock: Callable[[], float], *, compact_ratio: int = 4, compact_min: int = 10_000
     ) -> None:
         super().__init__(clock)
         self._store = store

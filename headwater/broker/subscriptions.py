@@ -29,7 +29,7 @@ from headwater.model.subscription import (
     resolve_start,
     validate_subscriber_name,
 )
-from headwater.storage.store import LogStore
+from headwater.storage.api import Store
 
 __all__ = ["SubscriberRegistry", "SUBSCRIBERS_QUEUE"]
 
@@ -42,7 +42,7 @@ class SubscriberRegistry:
     """Every subscriber of one store. Thread-safe. ``on_change(queue, name)`` listeners hear
     of deletions (the push service ends the subscriber's stream)."""
 
-    def __init__(self, store: LogStore, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: Store, *, clock: Callable[[], float] = time.time) -> None:
         self._store = store
         self._clock = clock
         self._lock = threading.Lock()

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from headwater.model.batch import decode_records, encode_batch
 from headwater.model.config import QueueConfig
 from headwater.model.message import Message
-from headwater.storage.store import LogStore
+from headwater.storage.api import Store
 
 __all__ = ["DurableTable"]
 
@@ -39,7 +39,7 @@ class DurableTable:
 
     def __init__(
         self,
-        store: LogStore,
+        store: Store,
         queue: str,
         *,
         keep: Callable[[], Callable[[bytes], bool]] | None = None,

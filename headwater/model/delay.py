@@ -1,8 +1,7 @@
 """Delayed messages: ids, deliver times, and what the broker does to a batch it delivers.
 
 Pure values and functions, shared by the broker's delay service
-(:mod:`headwater.broker.delay`), the in-memory broker (:mod:`headwater.testing`) and the
-clients. No I/O.
+(:mod:`headwater.broker.delay`) and the clients. No I/O.
 
 **Ids.** A delayed batch accepted by the broker is kept in a *bucket* of the schedule (the
 messages due in one span of time, ``delay_bucket_s`` long) and numbered there: message

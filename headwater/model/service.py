@@ -221,7 +221,7 @@ class BrokerService(Protocol):
         """Store ``{partition: next offset to deliver}`` (durably)."""
         ...
 
-    # shared groups (the state machine is headwater.model.shared_state)
+    # shared groups (the state machine is headwater.broker.shared_state)
     def shared_receive(
         self,
         group: str,

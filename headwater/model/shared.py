@@ -4,7 +4,7 @@ Settings of a group (:class:`SharedGroupSettings`), lease ids (:class:`LeaseId`)
 receive returns (:class:`SharedDeliveries` of :class:`SharedLease`), what an ack, nack or
 extend refuses (:class:`LeaseRefusal`), what describe tells (:class:`SharedGroupInfo`), and
 the dead-letter copy of a message. The delivery state machine is
-:mod:`headwater.model.shared_state`; the guide is ``docs/shared-groups.md``.
+:mod:`headwater.broker.shared_state`; the guide is ``docs/shared-groups.md``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ registry durably; a subscriber process connects under that name, the broker push
 follows the checkpoints, and the checkpoints advance as the process's listeners finish.
 
 This module validates names, tags and start positions and resolves a start to offsets, for
-the broker and the in-memory fake alike. Thread-safety: pure functions and frozen values.
+the broker and the clients alike. Thread-safety: pure functions and frozen values.
 """
 
 from __future__ import annotations

@@ -104,6 +104,22 @@ def _cut(seg: LogSegment, idx: SegmentIndex, problem: str, report: list[str]) ->
     seg.truncate(seg.base_position + idx.segment_size)
 
 
+def _read_sealed_index(seg: LogSegment, idx_path: Path, report: list[str]) -> SegmentIndex | None:
+    """The index written when ``seg`` was sealed, or None (reported) if it is damaged or
+    does not match the segment: the caller rebuilds it by scanning."""
+    try:
+        idx = SegmentIndex.read(idx_path)
+    except CorruptDataError as e:
+        log.warning("index %s is damaged (%s); rebuilding", idx_path.name, e)
+        report.append(f"rebuilt {idx_path.name}: {e}")
+        return None
+    if idx.segment_size != seg.size or idx.segment_base != seg.base_position:
+        log.warning("index %s does not match its segment; rebuilding", idx_path.name)
+        report.append(f"rebuilt {idx_path.name}: it did not match its segment")
+        return None
+    return idx
+
+
 def load_segments(
     log_dir: Path, store_id: bytes, *, verify_all: bool = False, report: list[str] | None = None
 ) -> list[tuple[LogSegment, SegmentIndex]]:
@@ -145,16 +161,7 @@ def load_segments(
             idx_path = log_dir / segment_name(seg.base_position, ".idx")
             idx = None
             if not last and not verify_all and idx_path.exists():
-                try:
-                    idx = SegmentIndex.read(idx_path)
-                    if idx.segment_size != seg.size or idx.segment_base != seg.base_position:
-                        log.warning("index %s does not match its segment; rebuilding", idx_path.name)
-                        report.append(f"rebuilt {idx_path.name}: it did not match its segment")
-                        idx = None
-                except CorruptDataError as e:
-                    log.warning("index %s is damaged (%s); rebuilding", idx_path.name, e)
-                    report.append(f"rebuilt {idx_path.name}: {e}")
-                    idx = None
+                idx = _read_sealed_index(seg, idx_path, report)
                 if idx is not None:
                     for key, pe in idx.partitions.items():
                         ends[key] = max(ends.get(key, 0), pe.end_offset)

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import struct
 import threading
@@ -66,6 +67,7 @@ from headwater.storage.segment import fsync_dir, write_atomically
 
 __all__ = [
     "ScheduleFile",
+    "ScheduleDirectory",
     "ScheduleRecord",
     "DispatchCheckpoint",
     "SCHEDULE",
@@ -73,6 +75,7 @@ __all__ = [
     "CANCELLED",
     "DROPPED",
     "bucket_file_name",
+    "encode_file_header",
     "encode_record",
     "read_checkpoint",
     "write_checkpoint",
@@ -97,6 +100,8 @@ _RECORD_BYTES_MAX = 80 << 20  # a batch is at most 64 MiB
 CHECKPOINT_FILE = "dispatch.ckpt"
 _CKPT = struct.Struct("<8sqqqI")
 _CKPT_MAGIC = b"HWDCKPT1"
+
+log = logging.getLogger("headwater.delay")
 
 
 def bucket_file_name(bucket_start_ms: int) -> str:
@@ -159,6 +164,13 @@ def encode_record(
     return [head, batch] if batch else [head]
 
 
+def encode_file_header(bucket_start_ms: int, bucket_end_ms: int, store_id: bytes, created_ms: int) -> bytes:
+    """The 64 bytes a bucket file opens with."""
+    head = bytearray(_FILE_HEADER.pack(_MAGIC, 1, b"", bucket_start_ms, bucket_end_ms, store_id, created_ms, b"", 0))
+    struct.pack_into("<I", head, 60, crc32c(head[:60]))
+    return bytes(head)
+
+
 class ScheduleFile:
     """One bucket file: appends go to its end, reads go anywhere."""
 
@@ -177,10 +189,7 @@ class ScheduleFile:
         cls, directory: Path, bucket_start_ms: int, bucket_end_ms: int, store_id: bytes, created_ms: int
     ) -> ScheduleFile:
         path = directory / bucket_file_name(bucket_start_ms)
-        head = bytearray(
-            _FILE_HEADER.pack(_MAGIC, 1, b"", bucket_start_ms, bucket_end_ms, store_id, created_ms, b"", 0)
-        )
-        struct.pack_into("<I", head, 60, crc32c(head[:60]))
+        head = encode_file_header(bucket_start_ms, bucket_end_ms, store_id, created_ms)
         tmp = path.with_name(path.name + ".tmp")
         fd = None
         try:
@@ -367,13 +376,17 @@ class ScheduleFile:
             pos += total
         if problem is not None and cut:
             lost = self.size - pos
-            with self._lock:
-                fd = self._fd_locked()
-                os.ftruncate(fd, pos)
-                os.fsync(fd)
-                self.size = pos
+            self._cut(pos)
             if problems is not None:
                 problems.append(f"cut {lost} bytes from {self.path.name}: {problem}")
+
+    def _cut(self, size: int) -> None:
+        """Cut the file to ``size`` bytes, durably (a torn tail found by :meth:`scan`)."""
+        with self._lock:
+            fd = self._fd_locked()
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+            self.size = size
 
     def _refill(self, buf: bytes, buf_at: int, pos: int, need: int, end: int) -> tuple[bytes, int]:
         """A buffer starting at ``pos`` holding at least ``need`` bytes (or up to ``end``)."""
@@ -382,6 +395,46 @@ class ScheduleFile:
         if want > 0:
             keep = keep + self.read(pos + len(keep), want)
         return keep, pos
+
+
+class ScheduleDirectory:
+    """The delay schedule of a data directory: ``DATA/delay/`` (a
+    :class:`~headwater.storage.api.ScheduleStore`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def prepare(self) -> None:
+        self.path.mkdir(exist_ok=True)
+        fsync_dir(self.path.parent)
+
+    def open_buckets(self, store_id: bytes, report: list[str]) -> Iterator[ScheduleFile]:
+        for stray in self.path.glob("*.tmp"):  # a bucket or checkpoint a crash left half made
+            stray.unlink()
+        for path in sorted(self.path.glob("*.sched")):
+            try:
+                f = ScheduleFile.open(path, store_id)
+            except CorruptDataError as e:
+                path.rename(path.with_name(path.name + ".damaged"))
+                report.append(f"set aside {path.name}: {e}")
+                log.error("set aside %s: %s", path.name, e)
+                continue
+            yield f
+
+    def create_bucket(self, start_ms: int, end_ms: int, store_id: bytes, created_ms: int) -> ScheduleFile:
+        return ScheduleFile.create(self.path, start_ms, end_ms, store_id, created_ms)
+
+    def read_checkpoint(self) -> DispatchCheckpoint | None:
+        return read_checkpoint(self.path / CHECKPOINT_FILE)
+
+    def write_checkpoint(self, ckpt: DispatchCheckpoint) -> None:
+        write_checkpoint(self.path / CHECKPOINT_FILE, ckpt)
+
+    def sync_deletes(self) -> None:
+        fsync_dir(self.path)
 
 
 # -- the dispatch checkpoint ------------------------------------------------------------

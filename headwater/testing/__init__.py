@@ -5,10 +5,12 @@
 >>> _ = hw.admin.create_queue("jobs", partitions=2)
 >>> hw.send("jobs", b"work", key=b"a").offset
 0
+>>> hw.close()
 
-The in-memory broker passes the same contract tests as the real one (tests/test_queues.py
-runs against both), so code tested against it behaves the same against a real broker,
-except for durability: nothing survives ``close()``.
+The client is the same as ``headwater.open(path)``'s, over the same broker: only its store
+keeps the queues in memory (:class:`~headwater.storage.memory.MemoryStore`, which passes
+the same store tests as the data directory's). So code tested against it behaves the same
+against a real broker, except for durability: nothing survives ``close()``.
 """
 
 from __future__ import annotations
@@ -17,24 +19,36 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from headwater.broker import Broker
 from headwater.client import Client
+from headwater.storage.memory import MemoryStore
 from headwater.testing.clock import FakeClock
-from headwater.testing.memory import MemoryBroker
 
 if TYPE_CHECKING:
     from headwater.client.aio import AsyncClient
 
-__all__ = ["FakeClock", "MemoryBroker", "open_memory", "open_memory_async"]
+__all__ = ["FakeClock", "open_memory", "open_memory_async"]
+
+
+def _memory_broker(clock: Callable[[], float]) -> Broker:
+    """The real broker over a fresh store in memory, timed by ``clock``."""
+    # group sessions on a monotonic clock unless a test passed its own, as Broker.open does
+    return Broker(
+        MemoryStore(clock=clock), group_clock=time.monotonic if clock is time.time else clock, shared_clock=clock
+    )
 
 
 def open_memory(*, clock: Callable[[], float] = time.time) -> Client:
-    """A client over a fresh in-memory broker (see :class:`MemoryBroker`)."""
-    return Client(MemoryBroker(clock=clock))
+    """A client over a fresh broker that keeps its queues in memory; close it when done.
+
+    ``clock`` is the broker's wall clock (seconds since the epoch): pass a movable one to
+    test TTL, delays and leases without waiting."""
+    return Client(_memory_broker(clock))
 
 
 def open_memory_async(*, clock: Callable[[], float] = time.time) -> AsyncClient:
     """An asyncio client (the :class:`~headwater.client.aio.AsyncClient` of
-    ``headwater.aio``) over a fresh in-memory broker: for testing asyncio code. A plain
+    ``headwater.aio``) over a fresh broker in memory: for testing asyncio code. A plain
     call, as nothing waits; close it with ``await hw.close()`` or ``async with``.
 
     >>> import asyncio
@@ -49,5 +63,5 @@ def open_memory_async(*, clock: Callable[[], float] = time.time) -> AsyncClient:
     from headwater.client.aio import AsyncClient  # here: sync tests need not import the asyncio client
     from headwater.client.aio_service import ThreadedService
 
-    broker = MemoryBroker(clock=clock)
+    broker = _memory_broker(clock)
     return AsyncClient(ThreadedService(broker, subscribe_appends=broker.add_append_listener))

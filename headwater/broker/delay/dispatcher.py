@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from headwater.errors import QueueDisabledError, QueueNotFoundError, UsageError
 from headwater.model.batch import decode_header, decode_payload
 from headwater.model.delay import delay_offset, prepare_delivery
-from headwater.storage.store import LogStore
+from headwater.storage.api import Store
 
 if TYPE_CHECKING:
     from headwater.broker.delay.service import DelayService
@@ -36,7 +36,7 @@ ROUND_S = 0.05  # a round appends what comes due for at most this long before it
 
 
 class Dispatcher(threading.Thread):
-    def __init__(self, service: DelayService, store: LogStore) -> None:
+    def __init__(self, service: DelayService, store: Store) -> None:
         super().__init__(name="headwater-delay", daemon=True)
         self._svc = service
         self._store = store

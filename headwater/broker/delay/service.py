@@ -29,7 +29,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from pathlib import Path
 from typing import NamedTuple
 
 from headwater.broker.delay.buckets import OPEN, Bucket, Entry, Run, find_entry, replay
@@ -50,10 +49,10 @@ from headwater.model.delay import (
 from headwater.model.message import MessageId
 from headwater.model.producer_state import ProducerStateTable
 from headwater.model.service import ProduceResult
+from headwater.storage.api import Store
 from headwater.storage.flusher import Flusher, GroupCommit
 from headwater.storage.schedule import (
     CANCELLED,
-    CHECKPOINT_FILE,
     DELIVERED,
     DROPPED,
     SCHEDULE,
@@ -61,11 +60,7 @@ from headwater.storage.schedule import (
     ScheduleFile,
     ScheduleRecord,
     encode_record,
-    read_checkpoint,
-    write_checkpoint,
 )
-from headwater.storage.segment import fsync_dir
-from headwater.storage.store import LogStore
 
 __all__ = ["DelayService", "DelayTicket", "DelayLimits"]
 
@@ -104,7 +99,7 @@ class DelayService:
 
     def __init__(
         self,
-        store: LogStore,
+        store: Store,
         *,
         clock: Callable[[], float] = time.time,
         limits: DelayLimits | None = None,
@@ -117,7 +112,7 @@ class DelayService:
         self.bucket_ms = cfg.delay_bucket_s * 1000
         self.lookahead_ms = self.bucket_ms
         self.delay_max_s = cfg.delay_max_s
-        self.dir = Path(store.path) / "delay"
+        self._schedule = store.schedule_store()  # bucket files and checkpoint: a folder, or memory
         self.report = report if report is not None else []
         self._lock = threading.Lock()
         self.wakeup = threading.Condition(self._lock)  # the dispatcher waits on it
@@ -162,13 +157,11 @@ class DelayService:
         """Read the checkpoint and every bucket file; record deliveries the log shows that
         the files do not (a crash between the two)."""
         store = self._store
-        if not self.dir.exists():  # never used: nothing was ever stamped
+        if not self._schedule.exists():  # never used: nothing was ever stamped
             return
-        for stray in self.dir.glob("*.tmp"):
-            stray.unlink()
         now = self.now_ms()
         try:
-            ckpt = read_checkpoint(self.dir / CHECKPOINT_FILE)
+            ckpt = self._schedule.read_checkpoint()
         except CorruptDataError as e:
             self.report.append(f"{e}; reading the whole log for deliveries")
             log.warning("%s; reading the whole log for deliveries", e)
@@ -183,14 +176,7 @@ class DelayService:
         self._accept_seq = ckpt.accept_seq
         stamps = {h.broker_reserved: h for h in store.stamped_batches(min(ckpt.log_position, store.end_position))}
         later: list[tuple[int, int, Entry]] = []  # acceptances after the checkpoint's table
-        for path in sorted(self.dir.glob("*.sched")):
-            try:
-                f = ScheduleFile.open(path, store.store_id)
-            except CorruptDataError as e:
-                path.rename(path.with_name(path.name + ".damaged"))
-                self.report.append(f"set aside {path.name}: {e}")
-                log.error("set aside %s: %s", path.name, e)
-                continue
+        for f in self._schedule.open_buckets(store.store_id, self.report):
             entries: dict[int, Entry] = {}
             replay(f.scan(problems=self.report), entries, [])
             redone = 0
@@ -211,7 +197,7 @@ class DelayService:
                         redone += 1
             if redone:
                 f.sync()
-                self.report.append(f"{path.name}: recorded {redone} deliveries found in the log")
+                self.report.append(f"{f.path.name}: recorded {redone} deliveries found in the log")
             b = Bucket(f)
             b.set_summary(entries.values())
             f.close()
@@ -233,20 +219,19 @@ class DelayService:
     def _write_checkpoint(self, log_position: int) -> None:
         ck = DispatchCheckpoint(log_position, self._floor_ms, self._accept_seq, self._producers.to_bytes())
         if ck != self._last_ckpt:
-            write_checkpoint(self.dir / CHECKPOINT_FILE, ck)
+            self._schedule.write_checkpoint(ck)
             self._last_ckpt = ck
 
     def _ensure_dir_locked(self) -> None:
         if self._last_ckpt is None:  # first delayed message of this store
-            self.dir.mkdir(exist_ok=True)
-            fsync_dir(self.dir.parent)
+            self._schedule.prepare()
             self._write_checkpoint(self._store.end_position)
 
     # -- buckets and files ------------------------------------------------------------
 
     def _new_bucket_locked(self, start: int, now: int) -> Bucket:
         self._ensure_dir_locked()
-        f = ScheduleFile.create(self.dir, start, start + self.bucket_ms, self._store.store_id, now)
+        f = self._schedule.create_bucket(start, start + self.bucket_ms, self._store.store_id, now)
         b = Bucket(f)
         i = bisect.bisect_left(self._order, start)
         prev_loaded = i == 0 or self._buckets[self._order[i - 1]].loaded
@@ -507,7 +492,7 @@ class DelayService:
             ck = DispatchCheckpoint(position, self._floor_ms, self._accept_seq, self._producers.to_bytes())
         self._commit.wait_durable(writes)
         if ck != self._last_ckpt:  # only the dispatcher (or close, after it) gets here
-            write_checkpoint(self.dir / CHECKPOINT_FILE, ck)
+            self._schedule.write_checkpoint(ck)
             self._last_ckpt = ck
         with self._lock:
             deleted = 0
@@ -522,7 +507,7 @@ class DelayService:
                 b.file.delete()
                 deleted += 1
         if deleted:
-            fsync_dir(self.dir)
+            self._schedule.sync_deletes()
             log.info("delay: deleted %d delivered bucket(s)", deleted)
 
     # -- cancel and lookup --------------------------------------------------------------

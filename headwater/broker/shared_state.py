@@ -16,9 +16,9 @@ when it is full, receivers wait until its bottom finishes. That bound is what ke
 state of a group small whatever the backlog.
 
 What may happen to one offset is the table :data:`TRANSITIONS` below, and nothing else:
-every change goes through :func:`next_state`. The broker (``headwater.broker.shared``)
-makes changes durable and writes dead letters; the in-memory fake
-(``headwater.testing.memory``) runs the very same state, so both behave alike.
+every change goes through :func:`next_state`. The shared-group operations
+(``headwater.broker.shared_core``) run it, and ``headwater.broker.shared`` makes its changes
+durable and writes dead letters.
 
 Thread-safety: none; the owner holds a lock around every call.
 """

@@ -1,10 +1,10 @@
 """SharedGroupsCore: the shared-group operations, over storage hooks a subclass supplies.
 
-The broker (``headwater.broker.shared.SharedGroups``: durable, over the log store) and the
-in-memory fake (``headwater.testing.memory``) both subclass this, so validation, the order
-of steps, the errors and the results are the same code. Each operation runs under one
+``headwater.broker.shared.SharedGroups`` (durable, in the store's ``__shared`` queue)
+subclasses this: the operations (validation, the order of steps, the errors, the results)
+stay apart from how their changes are kept. Each operation runs under one
 lock: the partitions' retained ranges are applied, expired leases end, the operation runs
-on :class:`~headwater.model.shared_state.SharedQueueState`, dead letters are written, and
+on :class:`~headwater.broker.shared_state.SharedQueueState`, dead letters are written, and
 the changes are handed to :meth:`_persist`. The caller is answered only after
 :meth:`_wait_durable`, so an acknowledged change survives a crash. Message data is read
 outside the lock.
@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from headwater.broker.shared_state import Changes, SharedQueueState
 from headwater.errors import (
     GroupNotFoundError,
     HeadwaterError,
@@ -50,7 +51,6 @@ from headwater.model.shared import (
     validate_member,
     validate_receive,
 )
-from headwater.model.shared_state import Changes, SharedQueueState
 
 __all__ = ["SharedGroupsCore"]
 

@@ -1,0 +1,145 @@
+"""Store: what the broker and its services use of a store, whichever kind it is.
+
+Two stores implement it: :class:`~headwater.storage.store.LogStore` keeps a data directory
+(a commit log, indexes, a catalog; it survives crashes) and
+:class:`~headwater.storage.memory.MemoryStore` keeps the same queues in memory (nothing
+survives ``close``). Both validate batches with the same codec, raise the same errors with
+the same words, and pass the same contract tests (tests/test_store_contract.py, and every
+test of the ``hw`` fixture, which runs the broker over both), as NATS runs every store test
+on its memstore and its filestore. The broker never asks which kind it has, except to
+choose where the delay service keeps its schedule (:meth:`Store.schedule_store`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Protocol
+
+from headwater.model.batch import BatchHeader
+from headwater.model.config import QueueConfig, QueueInfo
+from headwater.model.service import FetchResult, ProduceResult
+from headwater.storage.schedule import DispatchCheckpoint, ScheduleFile
+from headwater.storage.settings import StoreConfig
+
+__all__ = ["Store", "ScheduleStore"]
+
+
+class ScheduleStore(Protocol):
+    """Where the delay service keeps its bucket files and its dispatch checkpoint
+    (:mod:`headwater.storage.schedule` has their format): a folder of the data directory,
+    or memory."""
+
+    def exists(self) -> bool:
+        """Whether anything was ever kept here (a store that never saw a delayed message)."""
+        ...
+
+    def prepare(self) -> None:
+        """Make room for the first bucket (create the folder, durably)."""
+        ...
+
+    def open_buckets(self, store_id: bytes, report: list[str]) -> Iterator[ScheduleFile]:
+        """Every bucket kept, in start order; damaged ones are set aside and reported."""
+        ...
+
+    def create_bucket(self, start_ms: int, end_ms: int, store_id: bytes, created_ms: int) -> ScheduleFile:
+        """A new, empty bucket file for ``[start_ms, end_ms)``."""
+        ...
+
+    def read_checkpoint(self) -> DispatchCheckpoint | None:
+        """The dispatch checkpoint, or None if none was written yet."""
+        ...
+
+    def write_checkpoint(self, ckpt: DispatchCheckpoint) -> None:
+        """Replace the dispatch checkpoint (atomically)."""
+        ...
+
+    def sync_deletes(self) -> None:
+        """Make the deletion of bucket files durable."""
+        ...
+
+
+class Store(Protocol):
+    """The queues of one store, and the services the broker builds on them. Thread-safe."""
+
+    config: StoreConfig
+    recovery_report: list[str]  # what opening had to repair (empty for a store in memory)
+
+    @property
+    def kind(self) -> str:
+        """``"file"`` or ``"memory"``: for status and the delay schedule, nothing else."""
+        ...
+
+    @property
+    def path(self) -> Path | None:
+        """The data directory; None for a store in memory."""
+        ...
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The wall clock this store times appends, TTL and retention with."""
+        ...
+
+    @property
+    def fsync_failed(self) -> bool:
+        """An fsync failed: the store appends and acknowledges nothing more until reopened."""
+        ...
+
+    @property
+    def store_id(self) -> bytes:
+        """The 16 bytes that tie the store's files (its delay schedule's too) to it."""
+        ...
+
+    @property
+    def end_position(self) -> int:
+        """The log position the next append will take (every batch so far lies before it)."""
+        ...
+
+    # admin
+    def create_queue(self, name: str, config: QueueConfig, *, internal: bool = False) -> QueueInfo: ...
+    def describe_queue(self, name: str) -> QueueInfo: ...
+    def list_queues(self, *, include_internal: bool = False) -> list[QueueInfo]: ...
+    def delete_queue(self, name: str) -> None: ...
+    def truncate_queue(self, name: str) -> QueueInfo: ...
+    def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo: ...
+    def add_partitions(self, name: str, partitions: int) -> QueueInfo: ...
+    def delete_before(self, queue: str, partition: int, offset: int) -> None: ...
+
+    # appending
+    def add_append_listener(self, fn: Callable[[str, int, int], None]) -> None: ...
+    def append(self, queue: str, partition: int, batch: bytes) -> ProduceResult: ...
+    def append_nowait(self, queue: str, partition: int, batch: bytes) -> tuple[ProduceResult, int | None]: ...
+    def wait_durable(self, position: int) -> None: ...
+    def flush(self) -> None: ...
+
+    # for the delay service
+    def produce_target(self, queue: str, partition: int) -> tuple[int, int, bool]: ...
+    def queue_name(self, queue_id: int) -> str | None: ...
+    def append_stamped(
+        self, queue_id: int, partition: int, batch: bytes | bytearray, broker_reserved: int
+    ) -> tuple[ProduceResult, int]: ...
+    def stamped_batches(self, since_position: int) -> list[BatchHeader]: ...
+    def schedule_store(self) -> ScheduleStore: ...
+
+    # reading
+    def fetch(
+        self,
+        queue: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int = 1024 * 1024,
+        tag_mask: int = 0,
+        end_offset: int | None = None,
+    ) -> FetchResult: ...
+    def end_offset(self, queue: str, partition: int) -> int: ...
+    def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int: ...
+    def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]: ...
+    def lookup_key(
+        self, queue: str, key: bytes, start_ms: int | None = None, end_ms: int | None = None, limit: int = 1000
+    ) -> list[bytes]: ...
+
+    # retention, stats, closing
+    def enforce_retention(self) -> int: ...
+    def stats(self) -> dict[str, int]: ...
+    def close(self) -> None: ...

@@ -1,0 +1,159 @@
+"""LogAdmin: create, describe, list, delete, truncate, disable and grow the queues of a
+:class:`~headwater.storage.store.LogStore`; every change is saved in the catalog before it
+counts (or undone in memory if the save fails)."""
+
+from __future__ import annotations
+
+import logging
+
+from headwater.errors import (
+    InvalidArgumentError,
+    QueueExistsError,
+)
+from headwater.model.config import (
+    INTERNAL_PREFIX,
+    PARTITIONS_MAX,
+    QueueConfig,
+    QueueInfo,
+    is_internal_queue,
+    validate_queue_name,
+)
+from headwater.storage.catalog import QueueEntry
+from headwater.storage.log_state import LogStoreBase, PartitionState, QueueState
+
+__all__ = ["LogAdmin"]
+
+log = logging.getLogger("headwater.storage")
+
+
+class LogAdmin(LogStoreBase):
+    """The admin part of :class:`~headwater.storage.store.LogStore`."""
+
+    def create_queue(self, name: str, config: QueueConfig, *, internal: bool = False) -> QueueInfo:
+        """Create a queue. ``internal`` queues (the broker's own, named ``__...``) are hidden
+        from :meth:`list_queues`."""
+        if internal:
+            if not is_internal_queue(name):
+                raise InvalidArgumentError(f"internal queue names start with {INTERNAL_PREFIX!r}, got {name!r}")
+            validate_queue_name(name[len(INTERNAL_PREFIX) :])
+        else:
+            validate_queue_name(name)
+        if not isinstance(config, QueueConfig):
+            raise InvalidArgumentError(f"config must be a QueueConfig, got {type(config).__name__}")
+        config.validated()
+        with self._lock:
+            self._check_open()
+            if name in self._queues:
+                raise QueueExistsError(f"queue {name!r} already exists")
+            now = self._now_ms()
+            entry = QueueEntry(
+                name=name,
+                queue_id=self._catalog.next_queue_id,
+                config=config,
+                created_ms=now,
+                start_offsets=[0] * config.partitions,
+            )
+            self._catalog.next_queue_id += 1
+            self._catalog.queues[name] = entry
+            q = QueueState(entry)
+            self._queues[name] = q
+            self._by_id[entry.queue_id] = q
+
+            def undo() -> None:
+                del self._queues[name], self._by_id[entry.queue_id], self._catalog.queues[name]
+
+            self._save_catalog_or_undo(undo)
+            log.info("created queue %s (id %d, %d partitions)", name, entry.queue_id, config.partitions)
+            return self._info(q, now)
+
+    def describe_queue(self, name: str) -> QueueInfo:
+        with self._lock:
+            self._check_open()
+            return self._info(self._queue(name), self._now_ms())
+
+    def list_queues(self, *, include_internal: bool = False) -> list[QueueInfo]:
+        with self._lock:
+            self._check_open()
+            now = self._now_ms()
+            return [
+                self._info(q, now)
+                for name, q in sorted(self._queues.items())
+                if include_internal or not is_internal_queue(name)
+            ]
+
+    def delete_before(self, queue: str, partition: int, offset: int) -> None:
+        """Move the partition's start to ``offset`` (Kafka's DeleteRecords): the records
+        before it are no longer served and their space comes back with retention."""
+        with self._lock:
+            self._check_open()
+            q = self._queue(queue)
+            pl = self._partition(q, partition)
+            if not pl.start_offset <= offset <= pl.end_offset:
+                raise InvalidArgumentError(
+                    f"offset {offset} is outside {queue}[{partition}] ({pl.start_offset}..{pl.end_offset})"
+                )
+            old, pl.start_offset = pl.start_offset, offset
+            self._save_catalog_or_undo(lambda: setattr(pl, "start_offset", old))
+
+    def delete_queue(self, name: str) -> None:
+        with self._lock:
+            self._check_open()
+            q = self._queue(name)
+            del self._queues[name]
+            del self._by_id[q.entry.queue_id]
+            del self._catalog.queues[name]
+
+            def undo() -> None:
+                self._queues[name] = self._by_id[q.entry.queue_id] = q
+                self._catalog.queues[name] = q.entry
+
+            self._save_catalog_or_undo(undo)
+            log.info("deleted queue %s (id %d)", name, q.entry.queue_id)
+
+    def truncate_queue(self, name: str) -> QueueInfo:
+        with self._lock:
+            self._check_open()
+            q = self._queue(name)
+            starts = [pl.start_offset for pl in q.partitions]
+            for pl in q.partitions:
+                pl.start_offset = pl.end_offset
+
+            def undo() -> None:
+                for pl, start in zip(q.partitions, starts):
+                    pl.start_offset = start
+
+            self._save_catalog_or_undo(undo)
+            return self._info(q, self._now_ms())
+
+    def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo:
+        with self._lock:
+            self._check_open()
+            q = self._queue(name)
+            was, q.entry.enabled = q.entry.enabled, bool(enabled)
+            self._save_catalog_or_undo(lambda: setattr(q.entry, "enabled", was))
+            return self._info(q, self._now_ms())
+
+    def add_partitions(self, name: str, partitions: int) -> QueueInfo:
+        """Grow the queue to ``partitions`` partitions (never shrink: keys would move)."""
+        with self._lock:
+            self._check_open()
+            q = self._queue(name)
+            now_n = len(q.partitions)
+            if (
+                isinstance(partitions, bool)
+                or not isinstance(partitions, int)
+                or not (now_n < partitions <= PARTITIONS_MAX)
+            ):
+                raise InvalidArgumentError(
+                    f"queue {name!r} has {now_n} partitions; the new count must be larger "
+                    f"(up to {PARTITIONS_MAX}), got {partitions!r}"
+                )
+            config, q.entry.config = q.entry.config, q.entry.config.replace(partitions=partitions)
+            q.partitions.extend(PartitionState(0) for _ in range(partitions - now_n))
+
+            def undo() -> None:
+                q.entry.config = config
+                del q.partitions[now_n:]
+
+            self._save_catalog_or_undo(undo)
+            return self._info(q, self._now_ms())
