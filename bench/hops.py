@@ -135,7 +135,7 @@ def _broker(data: str, flush: str, ready: Any, out: Any, cpus: set[int] | None =
         return wrapper
 
     _wrap(ClientConnection, "data_received", data_received)
-    _wrap(BrokerServer, "_serve", serve)
+    _wrap(BrokerServer, "serve", serve)
     _wrap(LogStore, "_append_locked", append_locked)
     _wrap(ClientConnection, "send", send)
     run_server(data, StoreConfig(flush=flush), ServerConfig(host="127.0.0.1", port=0), on_ready=ready.put)
