@@ -372,14 +372,14 @@ def _check_types(
                 raise InvalidArgumentError("message properties map str to str")
 
 
-def decode_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
+def decode_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
     """The header of the batch at ``pos``; raises :class:`InvalidBatchError` if too short."""
     if len(buf) - pos < HEADER_SIZE:
         raise InvalidBatchError(f"a batch header is {HEADER_SIZE} bytes, got {len(buf) - pos}")
     return _new_tuple(BatchHeader, HEADER.unpack_from(buf, pos))  # _make, without its Python-level call
 
 
-def check_batch(buf: bytes | memoryview, pos: int = 0, *, broker_fields: bool = True) -> BatchHeader:
+def check_batch(buf: bytes | bytearray | memoryview, pos: int = 0, *, broker_fields: bool = True) -> BatchHeader:
     """Verify the layout and checksums of the batch at ``pos``; return its header.
 
     Raises :class:`InvalidBatchError` naming what is wrong. ``broker_fields=False`` skips
@@ -407,7 +407,7 @@ def check_batch(buf: bytes | memoryview, pos: int = 0, *, broker_fields: bool = 
     return h
 
 
-def decode_payload(buf: bytes | memoryview, h: BatchHeader, pos: int = 0) -> BatchPayload:
+def decode_payload(buf: bytes | bytearray | memoryview, h: BatchHeader, pos: int = 0) -> BatchPayload:
     start = pos + HEADER_SIZE
     with memoryview(buf) as mv:
         raw = _decompress(h.flags & COMPRESSION_MASK, mv[start : start + h.payload_size])
@@ -432,7 +432,7 @@ def decode_payload(buf: bytes | memoryview, h: BatchHeader, pos: int = 0) -> Bat
 
 
 def decode_deliver_offsets(
-    buf: bytes | memoryview, h: BatchHeader, pos: int = 0, payload: BatchPayload | None = None
+    buf: bytes | bytearray | memoryview, h: BatchHeader, pos: int = 0, payload: BatchPayload | None = None
 ) -> list[int] | None:
     """The per-message deliver offsets of a batch with ``FLAG_DELIVER_TIMES`` (None for any
     other batch), checked: one per message, starting at 0, never decreasing, within
@@ -469,7 +469,7 @@ def batch_too_large(size: int, count: int) -> MessageTooLargeError:
 
 
 def validate_batch(
-    buf: bytes | memoryview, *, message_bytes_max: int | None = None
+    buf: bytes | bytearray | memoryview, *, message_bytes_max: int | None = None
 ) -> tuple[BatchHeader, BatchPayload]:
     """Everything the broker checks of a producer's batch before appending it."""
     if len(buf) > BATCH_BYTES_MAX:  # as encode_batch refuses, in process and over the network

@@ -128,6 +128,6 @@ class ProducerStateTable:
         except msgspec.DecodeError as e:
             raise CorruptDataError(f"{what} is damaged: {e}") from e
         t = cls(expiry_ms)
-        for pid, qid, part, e in snap.entries:
-            t._entries[(pid, qid, part)] = e
+        for pid, qid, part, entry in snap.entries:
+            t._entries[(pid, qid, part)] = entry
         return t

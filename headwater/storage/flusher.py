@@ -119,7 +119,7 @@ class Flusher:
     """A daemon thread calling ``tick()`` every ``interval_ms``, and at once when kicked,
     until stopped."""
 
-    def __init__(self, name: str, interval_ms: int, tick: Callable[[], None]) -> None:
+    def __init__(self, name: str, interval_ms: int, tick: Callable[[], object]) -> None:
         self._interval_s = interval_ms / 1000
         self._tick = tick
         self._wake = threading.Event()

@@ -42,7 +42,7 @@ class MemoryScheduleFile(ScheduleFile):
             self.deleted = True
             self._data = bytearray()
 
-    def append(self, parts: list[bytes]) -> int:
+    def append(self, parts: list[bytes | bytearray | memoryview]) -> int:
         with self._lock:
             if self.deleted:
                 raise StorageError(f"schedule bucket {self.path} was deleted")

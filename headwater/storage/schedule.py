@@ -114,7 +114,7 @@ class ScheduleRecord(NamedTuple):
     kind: int
     queue_id: int
     partition: int
-    count: int
+    count: int  # type: ignore[assignment]  # the record field's name; it shadows tuple.count
     number: int
     time_ms: int
     value: int
@@ -139,7 +139,7 @@ def encode_record(
     value: int = 0,
     accept_seq: int = 0,
     batch: bytes | bytearray | memoryview = b"",
-) -> list:
+) -> list[bytes | bytearray | memoryview]:
     """The parts of one record, ready for :meth:`ScheduleFile.append` (``batch`` is not copied)."""
     head = bytearray(REC_HEAD_SIZE)
     _REC.pack_into(
@@ -274,7 +274,7 @@ class ScheduleFile:
 
     # -- I/O --------------------------------------------------------------------------
 
-    def append(self, parts: list) -> int:
+    def append(self, parts: list[bytes | bytearray | memoryview]) -> int:
         """Write the parts at the end; return the position where they start."""
         with self._lock:
             fd = self._fd_locked()

@@ -69,7 +69,7 @@ class PartitionEntries:
         self.timestamps = array("q")
         self.tag_masks = array("Q")
 
-    def columns(self) -> tuple[array, ...]:
+    def columns(self) -> tuple[array[int], ...]:
         return (self.offsets, self.counts, self.positions, self.sizes, self.timestamps, self.tag_masks)
 
     def add(self, base_offset: int, count: int, position: int, size: int, ts: int, tag_mask: int) -> None:
@@ -162,7 +162,7 @@ class SegmentIndex:
 
     def to_bytes(self) -> bytes:
         table = []
-        cols: list[array] = [array("q") for _ in range(5)] + [array("Q")]
+        cols: list[array[int]] = [array("q") for _ in range(5)] + [array("Q")]
         start = 0
         for (qid, part), pe in self.partitions.items():
             n = len(pe)

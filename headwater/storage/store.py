@@ -267,7 +267,7 @@ class LogStore(LogAdmin, LogReads, LogRetention):
         q: QueueState,
         partition: int,
         h: BatchHeader,
-        batch: bytes,
+        batch: bytes | bytearray,
         hashes: list[int] | None,
         broker_reserved: int = 0,
     ) -> tuple[ProduceResult, int]:

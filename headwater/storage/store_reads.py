@@ -87,7 +87,9 @@ class LogReads(LogStoreBase):
         max_bytes: int,
         tag_mask: int,
         end_offset: int | None,
-    ):
+    ) -> tuple[list[tuple[LogSegment, list[tuple[int, int]]]], int, int, int]:
+        """What to read for a fetch: each segment's byte ranges, the next offset, and the
+        partition's retained start and end."""
         key = (q.entry.queue_id, partition)
         plan: list[tuple[LogSegment, list[tuple[int, int]]]] = []
         with self._lock:
@@ -148,7 +150,8 @@ class LogReads(LogStoreBase):
                     else:
                         mv = memoryview(data)
                         for p, s in ranges[i:j]:
-                            out.append(mv[p - pos : p - pos + s])
+                            # a view of the one read, not a copy: encoded as bytes like the rest
+                            out.append(mv[p - pos : p - pos + s])  # type: ignore[arg-type]
                     i = j
         return out
 
