@@ -64,7 +64,7 @@ class Counter:
 
     def uninstall(self) -> None:
         sys.setprofile(None)
-        threading.setprofile(None)  # type: ignore[arg-type]
+        threading.setprofile(None)  # type: ignore[arg-type]  # None removes the profiler; typeshed wants a function
 
     def start(self) -> None:
         self.counts.clear()

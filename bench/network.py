@@ -218,7 +218,7 @@ def cpu_note(cpu: dict[str, float | None], rate: float | None = None) -> str:
     )
     busy = cpus_busy(cpu, rate)
     if busy is not None:
-        out += f"; in all {busy * 1e6 / rate:,.0f}, {busy:.2f} CPUs at {rate:,.0f}/s"  # type: ignore[operator]
+        out += f"; in all {busy * 1e6 / rate:,.0f}, {busy:.2f} CPUs at {rate:,.0f}/s"  # type: ignore[operator]  # rate is a number whenever busy is
     return out
 
 
@@ -228,7 +228,7 @@ def cpus_busy(cpu: dict[str, float | None], rate: float | None) -> float | None:
     parts = [cpu.get("server"), cpu.get("consumer"), cpu.get("producer")]
     if not rate or any(x is None for x in parts):
         return None
-    return sum(parts) * rate / 1e6  # type: ignore[arg-type]
+    return sum(parts) * rate / 1e6  # type: ignore[arg-type]  # no part is None past the check above
 
 
 def latency_note(res: dict[str, Any]) -> str:

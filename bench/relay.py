@@ -79,7 +79,7 @@ class _Peer(asyncio.Protocol):
         self.held = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a TCP connection's transport is an asyncio.Transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.relay.subscribers.discard(self)

@@ -38,14 +38,14 @@ def broker(servers: str | None) -> Iterator[str]:
         [str(exe), "--data", str(data / "data"), "serve", "--port", "0"], stdout=subprocess.PIPE, text=True
     )
     try:
-        for line in proc.stdout:  # type: ignore[union-attr]
+        for line in proc.stdout:  # type: ignore[union-attr]  # started with stdout=PIPE
             if line.startswith("listening "):
                 port = line.split()[1].rsplit(":", 1)[1]
                 break
         else:
             raise RuntimeError("the broker did not start")
         # keep reading what the broker prints, so a full pipe never blocks it
-        threading.Thread(target=proc.stdout.read, daemon=True).start()  # type: ignore[union-attr]
+        threading.Thread(target=proc.stdout.read, daemon=True).start()  # type: ignore[union-attr]  # started with stdout=PIPE
         yield f"127.0.0.1:{port}"
     finally:
         proc.terminate()

@@ -169,7 +169,7 @@ def test_send_nowait_reports_metadata_errors_through_the_future(target):
         with pytest.raises(MessageTooLargeError):
             p.send_nowait("q", b"x" * 11)
         with pytest.raises(InvalidArgumentError, match="encode"):
-            p.send_nowait("q", "text")  # type: ignore[arg-type]
+            p.send_nowait("q", "text")  # type: ignore[arg-type]  # the wrong type is what the test checks
         with pytest.raises(PartitionOutOfRangeError):
             p.send_nowait("q", b"x", partition=-1)
         small = hw.producer(buffer_bytes_max=200)
@@ -412,7 +412,7 @@ def test_get_and_find(target):
         assert [r.body for r in found] == [b"x1", b"x3", b"x5"]
         assert len(await hw.find("q", b"user-0", limit=2)) == 2
         with pytest.raises(InvalidArgumentError, match="encode"):
-            await hw.find("q", "user-1")  # type: ignore[arg-type]
+            await hw.find("q", "user-1")  # type: ignore[arg-type]  # the wrong type is what the test checks
         with pytest.raises(QueueNotFoundError):
             await hw.find("nope", b"k")
         assert await hw.offset_for_time("q", ids[0].partition, 0) == 0
@@ -574,7 +574,7 @@ def test_errors_are_the_sync_clients_classes(target):
         with pytest.raises(InvalidArgumentError):
             await hw.send_batch("q", [])
         with pytest.raises(InvalidArgumentError):
-            await hw.send("q", b"x", key="str")  # type: ignore[arg-type]
+            await hw.send("q", b"x", key="str")  # type: ignore[arg-type]  # the wrong type is what the test checks
         with pytest.raises(InvalidArgumentError, match="key"):
             await hw.producer(partitioner="key").send("q", b"no key")
         with pytest.raises(InvalidArgumentError):

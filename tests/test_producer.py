@@ -417,22 +417,22 @@ def test_invalid_input_raises_before_anything_is_queued(hw):
     p = hw.producer()
     keyed = hw.producer(partitioner="key")
     bad = [
-        (InvalidArgumentError, lambda: p.send("q", "text")),  # type: ignore[arg-type]
-        (InvalidArgumentError, lambda: p.send("q", b"x", key="k")),  # type: ignore[arg-type]
+        (InvalidArgumentError, lambda: p.send("q", "text")),  # type: ignore[arg-type]  # the wrong type is what the test checks
+        (InvalidArgumentError, lambda: p.send("q", b"x", key="k")),  # type: ignore[arg-type]  # the wrong type is what the test checks
         (InvalidArgumentError, lambda: p.send("q", b"x", tag="")),
-        (InvalidArgumentError, lambda: p.send("q", b"x", properties={"a": 1})),  # type: ignore[dict-item]
+        (InvalidArgumentError, lambda: p.send("q", b"x", properties={"a": 1})),  # type: ignore[dict-item]  # the wrong type is what the test checks
         (InvalidArgumentError, lambda: p.send("q", Message(b"x"), key=b"k")),
-        (InvalidArgumentError, lambda: p.send("q", Message("text"))),  # type: ignore[arg-type]
-        (InvalidArgumentError, lambda: p.send("q", b"x", callback=42)),  # type: ignore[arg-type]
-        (InvalidArgumentError, lambda: p.send("q", b"x", partition="0")),  # type: ignore[arg-type]
+        (InvalidArgumentError, lambda: p.send("q", Message("text"))),  # type: ignore[arg-type]  # the wrong type is what the test checks
+        (InvalidArgumentError, lambda: p.send("q", b"x", callback=42)),  # type: ignore[arg-type]  # the wrong type is what the test checks
+        (InvalidArgumentError, lambda: p.send("q", b"x", partition="0")),  # type: ignore[arg-type]  # the wrong type is what the test checks
         (MessageTooLargeError, lambda: p.send("q", b"x" * 101)),
         (MessageTooLargeError, lambda: p.send("q", Message(b"x" * 101, key=b"k"))),
         (PartitionOutOfRangeError, lambda: p.send("q", b"x", partition=2)),
         (QueueNotFoundError, lambda: p.send("nope", b"x")),
         (InvalidArgumentError, lambda: keyed.send("q", b"no key")),
         (InvalidArgumentError, lambda: keyed.send_and_wait("q", b"no key")),
-        (InvalidArgumentError, lambda: p.send_batch("q", [b"ok", 3])),  # type: ignore[list-item]
-        (InvalidArgumentError, lambda: p.send_batch("q", [Message(b"a", key=b"k"), Message(b"b", key=3)])),  # type: ignore[arg-type]
+        (InvalidArgumentError, lambda: p.send_batch("q", [b"ok", 3])),  # type: ignore[list-item]  # the wrong type is what the test checks
+        (InvalidArgumentError, lambda: p.send_batch("q", [Message(b"a", key=b"k"), Message(b"b", key=3)])),  # type: ignore[arg-type]  # the wrong type is what the test checks
     ]
     for err, call in bad:
         with pytest.raises(err):

@@ -1058,7 +1058,7 @@ def test_bad_push_frames():
     )
     _, server = pair()
     with pytest.raises(LocalProtocolError, match="a push body is a PushBody"):
-        server.send(Push(PingRequest()))  # type: ignore[arg-type]
+        server.send(Push(PingRequest()))  # type: ignore[arg-type]  # the wrong type is what the test checks
     assert server.state is State.READY
 
 
@@ -1077,11 +1077,11 @@ def test_server_handled_apis_are_not_invoked_on_a_service():
 def test_send_is_all_or_nothing():
     client, server = pair()
     with pytest.raises(LocalProtocolError, match="cannot encode"):
-        client.send(Request(1, DescribeQueueRequest(42)))  # type: ignore[arg-type]
+        client.send(Request(1, DescribeQueueRequest(42)))  # type: ignore[arg-type]  # the wrong type is what the test checks
     with pytest.raises(LocalProtocolError, match="cannot encode"):
-        client.send(Request(1, ProduceRequest("q", 0, "text")))  # type: ignore[arg-type]
+        client.send(Request(1, ProduceRequest("q", 0, "text")))  # type: ignore[arg-type]  # the wrong type is what the test checks
     with pytest.raises(LocalProtocolError, match="not a protocol event"):
-        client.send("ping")  # type: ignore[arg-type]
+        client.send("ping")  # type: ignore[arg-type]  # the wrong type is what the test checks
     assert client.state is State.READY and not client.in_flight
     rid = client.next_request_id()
     feed(server, client.send(Request(rid, PingRequest())))
@@ -1104,7 +1104,7 @@ def test_a_server_sends_its_own_bodies_unchecked_and_a_client_refuses_a_wrong_on
     client, server = pair()
     rid = client.next_request_id()
     feed(server, client.send(Request(rid, DescribeQueueRequest("q"))))
-    wrong = server.send(Response(rid, DescribeQueueResponse("not a queue info")))  # type: ignore[arg-type]
+    wrong = server.send(Response(rid, DescribeQueueResponse("not a queue info")))  # type: ignore[arg-type]  # the wrong type is what the test checks
     assert server.state is State.READY and not server.in_flight
     raises_remote(client, wrong, "malformed body .frame type RESPONSE")
 
@@ -1191,7 +1191,7 @@ def test_settings_are_validated():
         with pytest.raises(InvalidArgumentError):
             Connection(SERVER, **bad)
     with pytest.raises(InvalidArgumentError):
-        Connection("client")  # type: ignore[arg-type]
+        Connection("client")  # type: ignore[arg-type]  # the wrong type is what the test checks
 
 
 # the state table ---------------------------------------------------------------------------

@@ -53,7 +53,7 @@ def test_queue_names_and_settings_are_checked(hw):
         with pytest.raises(InvalidQueueNameError):
             hw.admin.create_queue(bad)
     with pytest.raises(InvalidQueueNameError):
-        hw.admin.create_queue(42)  # type: ignore[arg-type]
+        hw.admin.create_queue(42)  # type: ignore[arg-type]  # the wrong type is what the test checks
     for kw in [
         {"partitions": 0},
         {"partitions": "2"},
@@ -228,13 +228,13 @@ def test_bad_messages_are_refused_and_nothing_is_stored(hw):
     with pytest.raises(MessageTooLargeError, match="100"):
         hw.send("q", b"x" * 101)
     with pytest.raises(InvalidArgumentError, match="encode"):
-        hw.send("q", "text")  # type: ignore[arg-type]
+        hw.send("q", "text")  # type: ignore[arg-type]  # the wrong type is what the test checks
     with pytest.raises(InvalidArgumentError):
-        hw.send_batch("q", [b"a", 3])  # type: ignore[list-item]
+        hw.send_batch("q", [b"a", 3])  # type: ignore[list-item]  # the wrong type is what the test checks
     with pytest.raises(InvalidArgumentError):
-        hw.send("q", b"x", properties={"a": 1})  # type: ignore[dict-item]
+        hw.send("q", b"x", properties={"a": 1})  # type: ignore[dict-item]  # the wrong type is what the test checks
     with pytest.raises(InvalidArgumentError):
-        hw.send("q", b"x", key="str-key")  # type: ignore[arg-type]
+        hw.send("q", b"x", key="str-key")  # type: ignore[arg-type]  # the wrong type is what the test checks
     with pytest.raises(InvalidArgumentError):
         hw.send_batch("q", [])
     with pytest.raises(PartitionOutOfRangeError, match="0..1"):
@@ -383,7 +383,7 @@ def test_lookups_by_id_and_key(filled, clock):
     assert hw.find("q", b"unknown-key") == []
     assert len(hw.find("q", b"k1", limit=3)) == 3
     with pytest.raises(InvalidArgumentError):
-        hw.find("q", "str")  # type: ignore[arg-type]
+        hw.find("q", "str")  # type: ignore[arg-type]  # the wrong type is what the test checks
     with pytest.raises(InvalidArgumentError, match="limit"):
         hw.find("q", b"k1", limit=True)  # a bool is not a count (the sync and async clients agree)
 
@@ -392,7 +392,7 @@ def test_bad_ids(filled):
     hw = filled
     for bad in ("", "xyz", "0000002a-00000003", 42):
         with pytest.raises(InvalidMessageIdError):
-            hw.get(bad)  # type: ignore[arg-type]
+            hw.get(bad)  # type: ignore[arg-type]  # the wrong type is what the test checks
     with pytest.raises(
         InvalidMessageIdError, match=r"got SendFuture: .*\(\.result\(\), or await it; or use send_and_wait\)"
     ):

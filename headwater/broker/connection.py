@@ -160,7 +160,7 @@ class ClientConnection(asyncio.Protocol):
 
     # -- transport callbacks -------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvloop's transport is not an asyncio.Transport subclass
         self.transport = transport  # an asyncio.Transport (uvloop's is not a subclass)
         address, port = (transport.get_extra_info("peername") or ("?", "?"))[:2]
         self.peer = f"{address}:{port}"

@@ -259,7 +259,7 @@ class KeyedGroups:
             if info is None:
                 if key is None:
                     self._existing(qi, group)  # raises GroupNotFoundError
-                st = KeyedGroupState.create(queue, group, key, size, start, _ranges(qi))  # type: ignore[arg-type]
+                st = KeyedGroupState.create(queue, group, key, size, start, _ranges(qi))  # type: ignore[arg-type]  # key is not None here: _existing raised otherwise
                 self._save(k, st.info)
                 return st.info
             st = KeyedGroupState(info)

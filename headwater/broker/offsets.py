@@ -100,7 +100,7 @@ class OffsetStore:
         with self._lock:
             self._store.append(OFFSETS_QUEUE, 0, encode_batch(msgs))
             for m in msgs:
-                self._offsets[m.key] = _VALUE.unpack(m.body)[0]  # type: ignore[index]
+                self._offsets[m.key] = _VALUE.unpack(m.body)[0]  # type: ignore[index]  # an offsets record always has a key
             self._appended += len(msgs)
             if self._appended > max(self._compact_min, self._compact_ratio * len(self._offsets)):
                 self._compact()

@@ -101,7 +101,7 @@ def _grid() -> Table:
 
 def _columns(table: Table, columns: tuple[tuple[str, str], ...]) -> Table:
     for name, justify in columns:
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]  # rich types justify as a Literal; ours is one of its values
     return table
 
 
@@ -657,7 +657,7 @@ def queue_lag(
         ("end offset", "right"),
         ("lag", "right"),
     ):
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]  # rich types justify as a Literal; ours is one of its values
     for g in groups:
         mine = [r for r in rows if r["group"] == g]
         for r in mine:

@@ -78,7 +78,7 @@ def report_error(message: str, hint: str | None = None) -> None:
 class HeadwaterGroup(TyperGroup):
     """The root group: turns expected errors into one readable line and exit code 1."""
 
-    def invoke(self, ctx: typer.Context):  # type: ignore[override]
+    def invoke(self, ctx: typer.Context):  # type: ignore[override]  # click's invoke returns Any; typer's stub narrows it
         try:
             return super().invoke(ctx)
         except HeadwaterError as e:

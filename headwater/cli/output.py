@@ -255,7 +255,7 @@ def queues_table(infos: list[QueueInfo]) -> Table:
         ("flush", "left"),
         ("enabled", "left"),
     ):
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]  # rich types justify as a Literal; ours is one of its values
     for q in infos:
         enabled = Text("yes", "green") if q.enabled else Text("no", "red")
         table.add_row(

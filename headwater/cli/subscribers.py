@@ -187,7 +187,7 @@ def list_(
         ("lag", "right"),
         ("created", "left"),
     ):
-        table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]  # rich types justify as a Literal; ours is one of its values
     for s in subs:
         lag = sum(x[2] for x in _lag(s, queues[s.queue]).values())
         parts = "all" if s.partitions is None else ",".join(map(str, s.partitions))

@@ -104,7 +104,7 @@ class LocalBroker:
         found: list[str] = []
 
         def read() -> None:  # keeps reading, so a full pipe never blocks the broker
-            for raw in self.proc.stdout:  # type: ignore[union-attr]
+            for raw in self.proc.stdout:  # type: ignore[union-attr]  # started with stdout=PIPE
                 line = raw.decode(errors="replace")
                 if line.startswith("listening ") and not found:
                     found.append(line.split()[1])

@@ -189,7 +189,7 @@ def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 def _timeout_s(opts: Mapping[str, str], name: str, default_ms: int) -> float:
-    return _int(opts, name, default_ms, minimum=1) / 1000  # type: ignore[operator]
+    return _int(opts, name, default_ms, minimum=1) / 1000  # type: ignore[operator]  # _int returns an int when it has a default
 
 
 # -- read options ---------------------------------------------------------------------
@@ -364,7 +364,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool | None) ->
         min_partitions=_int(o, "minPartitions", None, minimum=1),
         max_offsets_per_trigger=_int(o, "maxOffsetsPerTrigger", None, minimum=1),
         fail_on_data_loss=_bool(o, "failOnDataLoss", True),
-        fetch_bytes=_int(o, "fetchBytes", FETCH_BYTES_DEFAULT, minimum=1024),  # type: ignore[arg-type]
+        fetch_bytes=_int(o, "fetchBytes", FETCH_BYTES_DEFAULT, minimum=1024),  # type: ignore[arg-type]  # _int returns an int when it has a default
         connect_timeout_s=_timeout_s(o, "connectTimeoutMs", CONNECT_TIMEOUT_MS_DEFAULT),
         request_timeout_s=_timeout_s(o, "requestTimeoutMs", REQUEST_TIMEOUT_MS_DEFAULT),
     )
@@ -390,13 +390,13 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool) -> Write
     if compression not in ("none", "zstd", "lz4"):
         raise InvalidArgumentError(f"option 'compression' is none, zstd or lz4, got {o['compression']!r}")
     batch_bytes = _int(o, "maxBatchBytes", BATCH_BYTES_MAX_DEFAULT, minimum=1024)
-    if batch_bytes > BATCH_BYTES_LIMIT:  # type: ignore[operator]
+    if batch_bytes > BATCH_BYTES_LIMIT:  # type: ignore[operator]  # _int returns an int when it has a default
         raise InvalidArgumentError(f"option 'maxBatchBytes' can be at most {BATCH_BYTES_LIMIT}, got {batch_bytes}")
     return WriteOptions(
         servers=_servers(o),
         queue=queue,
         partitioner=partitioner,
-        batch_bytes_max=batch_bytes,  # type: ignore[arg-type]
+        batch_bytes_max=batch_bytes,  # type: ignore[arg-type]  # _int returns an int when it has a default
         compression=None if compression == "none" else compression,
         connect_timeout_s=_timeout_s(o, "connectTimeoutMs", CONNECT_TIMEOUT_MS_DEFAULT),
         request_timeout_s=_timeout_s(o, "requestTimeoutMs", REQUEST_TIMEOUT_MS_DEFAULT),

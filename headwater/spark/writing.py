@@ -239,17 +239,17 @@ class TaskWriter:
                 "partitioner 'default' to send keyless rows round robin)"
             )
         if queues is None and keys is None and tags is None and props is None and parts is None and delays is None:
-            self._add_bodies(self.opts.queue, bodies)  # type: ignore[arg-type]
+            self._add_bodies(self.opts.queue, bodies)  # type: ignore[arg-type]  # opts.queue is set when no row names a queue (checked at load)
             return
         messages = _messages(bodies, keys, tags, props)
         sizes = _sizes(bodies, keys, tags, props)
         times = None if delays is None else [None if d is None else to_epoch_ms(d) for d in delays]
         if queues is None and times is None:
-            q = self._queue(self.opts.queue)  # type: ignore[arg-type]
+            q = self._queue(self.opts.queue)  # type: ignore[arg-type]  # opts.queue is set when no row names a queue (checked at load)
             self._add_rows(q, messages, sizes, self._destinations(q, n, keys, parts))
             return
         for i in range(n):  # rows for several queues, or delayed rows: one at a time
-            q = self._queue(self.opts.queue if queues is None else queues[i])  # type: ignore[arg-type]
+            q = self._queue(self.opts.queue if queues is None else queues[i])  # type: ignore[arg-type]  # opts.queue is set when no row names a queue (checked at load)
             dest = self._destinations(
                 q, 1, None if keys is None else keys[i : i + 1], None if parts is None else parts[i : i + 1]
             )

@@ -150,8 +150,8 @@ class LogReads(LogStoreBase):
                     else:
                         mv = memoryview(data)
                         for p, s in ranges[i:j]:
-                            # a view of the one read, not a copy: encoded as bytes like the rest
-                            out.append(mv[p - pos : p - pos + s])  # type: ignore[arg-type]
+                            # a view of the one read, not a copy
+                            out.append(mv[p - pos : p - pos + s])  # type: ignore[arg-type]  # encoded as bytes
                     i = j
         return out
 
