@@ -197,6 +197,54 @@ def test_a_damaged_catalog_is_refused_with_an_error_naming_it(tmp_path, damage):
     shutil.rmtree(data)
 
 
+@pytest.mark.parametrize("checksum", ["kept", "dropped"])
+def test_a_queue_id_swapped_for_another_queues_is_refused(tmp_path, checksum):
+    """Issue 30, finding 8: queue a given queue b's id opened fine, and a's partitions were
+    served as empty (its batches are b's now). The checksum catches the edit; a catalog with
+    no checksum (as written before it existed) still has two queues with one id refused."""
+    data = tmp_path / "data"
+    with headwater.open(data) as hw:
+        hw.admin.create_queue("a")
+        hw.admin.create_queue("b")
+        hw.send("a", b"kept")
+    path = data / "headwater.json"
+    cat = json.loads(path.read_bytes())
+    cat["queues"]["a"]["queue_id"] = cat["queues"]["b"]["queue_id"]
+    if checksum == "dropped":
+        del cat["checksum"]
+    path.write_text(json.dumps(cat, indent=2))
+    want = "checksum does not match" if checksum == "kept" else "'a' and 'b' both have id"
+    with pytest.raises(CorruptDataError, match=want):
+        headwater.open(data)
+
+
+def test_one_changed_byte_that_stays_valid_json_is_refused(tmp_path):
+    data = tmp_path / "data"
+    _store_with_data(data)
+    path = data / "headwater.json"
+    raw = path.read_bytes()
+    at = raw.index(b'"created_ms": ') + len(b'"created_ms": ')
+    digit = raw[at : at + 1]
+    path.write_bytes(raw[:at] + (b"1" if digit != b"1" else b"2") + raw[at + 1 :])
+    with pytest.raises(CorruptDataError, match="headwater.json is damaged: its checksum"):
+        headwater.open(data)
+
+
+def test_a_catalog_written_before_checksums_opens_and_gets_one(tmp_path):
+    data = tmp_path / "data"
+    _store_with_data(data)
+    path = data / "headwater.json"
+    cat = json.loads(path.read_bytes())
+    del cat["checksum"]
+    path.write_text(json.dumps(cat, indent=2))
+    with headwater.open(data) as hw:
+        assert [r.body for r in hw.scanner("q", partitions=[0])] == [b"m0", b"m2"]
+        hw.admin.create_queue("later")  # a save
+    assert json.loads(path.read_bytes())["checksum"]
+    with headwater.open(data) as hw:
+        assert "later" in {q.name for q in hw.admin.list_queues()}
+
+
 # -- the data directory ----------------------------------------------------------------------
 
 

@@ -4,6 +4,12 @@ The file doubles as the marker that a directory is a Headwater store. It is smal
 changes only on admin operations and retention, so it is rewritten whole: temp file, fsync,
 rename, fsync the folder. A crash leaves either the old or the new version, never a mix.
 
+Its last field, ``checksum``, is the CRC32C (hex) of the file as written with that field
+empty: a byte changed by a disk or an edit by hand (a queue id swapped for another's, which
+would silently serve that queue's partitions as empty) is refused when the store opens,
+naming the file. A catalog written before the field existed has it empty and is accepted;
+the next save adds it.
+
 Thread-safety: mutated only under the store's lock.
 """
 
@@ -13,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import msgspec
+from crc32c import crc32c
 
 from headwater.errors import CorruptDataError, NotADataDirectoryError, UnsupportedFormatError
 from headwater.model.config import QueueConfig
@@ -42,6 +49,7 @@ class Catalog(msgspec.Struct, kw_only=True):
     created_ms: int
     next_queue_id: int = 1
     queues: dict[str, QueueEntry] = {}
+    checksum: str = ""  # see the module's docstring; last, so the rest reads as before
 
     @property
     def store_id_bytes(self) -> bytes:
@@ -71,6 +79,11 @@ class Catalog(msgspec.Struct, kw_only=True):
             cat = msgspec.json.decode(raw, type=cls)
         except msgspec.ValidationError as e:
             raise UnsupportedFormatError(f"{path} does not match the catalog format: {e}") from e
+        if cat.checksum and cat.checksum != cat._sum():
+            raise CorruptDataError(
+                f"{path} is damaged: its checksum does not match its content (a disk error, or an "
+                f"edit by hand); restore the file from a backup"
+            )
         cat._check(path)
         return cat
 
@@ -82,7 +95,14 @@ class Catalog(msgspec.Struct, kw_only=True):
             uuid.UUID(self.store_id)
         except ValueError:
             raise CorruptDataError(f"{path} is damaged: store_id {self.store_id!r} is not a UUID") from None
+        owners: dict[int, str] = {}
         for name, e in self.queues.items():
+            other = owners.setdefault(e.queue_id, name)
+            if other != name:
+                raise CorruptDataError(
+                    f"{path} is damaged: queues {other!r} and {name!r} both have id {e.queue_id}; "
+                    f"restore the file from a backup"
+                )
             if e.name != name or len(e.start_offsets) != e.config.partitions or min(e.start_offsets, default=0) < 0:
                 raise CorruptDataError(
                     f"{path} is damaged: queue {name!r} disagrees with itself (name, partitions "
@@ -94,8 +114,15 @@ class Catalog(msgspec.Struct, kw_only=True):
                     f"next_queue_id {self.next_queue_id}; restore the file from a backup"
                 )
 
+    def _encoded(self, checksum: str) -> bytes:
+        return msgspec.json.format(msgspec.json.encode(msgspec.structs.replace(self, checksum=checksum)), indent=2)
+
+    def _sum(self) -> str:
+        return f"{crc32c(self._encoded('')):08x}"
+
     def to_bytes(self) -> bytes:
-        return msgspec.json.format(msgspec.json.encode(self), indent=2)
+        """The file's bytes, with the checksum of what they say."""
+        return self._encoded(self._sum())
 
     def save(self, path: Path) -> None:
         write_atomically(path, self.to_bytes())
