@@ -23,6 +23,7 @@ from headwater.errors import (
     QueueNotFoundError,
     StorageError,
 )
+from tests.support.broker_process import BrokerProcess
 
 PAGE = 4096
 
@@ -365,3 +366,35 @@ def test_lookups_racing_retention_say_not_retained_or_look_again(tmp_path, clock
             hw.get(first)
     finally:
         hw.close()
+
+
+def test_a_broker_killed_with_its_disk_full_starts_again_and_serves(small_disk):
+    """Issue 30, finding 5: after delayed sends failed on a full disk, SIGKILL and restart
+    were refused ('cannot write .../delay/dispatch.ckpt: No space left on device'). The
+    broker now starts, serves what it holds, refuses delayed sends while the disk is full
+    (naming it), and takes them again once there is room."""
+    data = small_disk / "data"
+    broker = BrokerProcess(data).start()
+    try:
+        with headwater.connect(broker.address) as hw:
+            hw.admin.create_queue("q")
+            hw.send("q", b"before")
+            p = hw.producer(retries=0)
+            pending = p.send_and_wait("q", b"later", delay=3600)
+            filler = fill(small_disk)
+            with pytest.raises(StorageError, match="No space left"):
+                for i in range(50):  # until a bucket write meets the full disk
+                    p.send_and_wait("q", b"x" * 4096, delay=3600 + i)
+        broker.kill()
+        broker.start()
+        with headwater.connect(broker.address) as hw:
+            assert [r.body for r in hw.scanner("q")] == [b"before"]
+            assert hw.get(pending).body == b"later"  # still pending, still known
+            assert any("dispatch checkpoint could not be moved" in line for line in hw.status()["recovery"])
+            with pytest.raises(StorageError, match="No space left"):
+                hw.producer(retries=0).send_and_wait("q", b"y" * 4096, delay=60)
+            filler.unlink()
+            again = hw.producer().send_and_wait("q", b"room again", delay=60)
+            assert hw.get(again).body == b"room again"
+    finally:
+        broker.kill()

@@ -28,13 +28,13 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from headwater.broker.delay.buckets import OPEN, Bucket, Entry, Run, find_entry, replay
 from headwater.broker.delay.lifecycle import CANCEL, State, move
-from headwater.errors import ClosedError, CorruptDataError, InvalidArgumentError, MessageNotFoundError
-from headwater.model.batch import decode_deliver_offsets, decode_header, validate_batch
+from headwater.errors import ClosedError, CorruptDataError, InvalidArgumentError, MessageNotFoundError, StorageError
+from headwater.model.batch import BatchHeader, decode_deliver_offsets, decode_header, validate_batch
 from headwater.model.delay import (
     DELAYED_PARTITION_BIT,
     NUMBER_LIMIT,
@@ -128,6 +128,7 @@ class DelayService:
         self._floor_ms = 0
         self._last_ckpt: DispatchCheckpoint | None = None
         self.limbo = False  # a round's fsync failed: do not move the checkpoint past it
+        self._checkpoint_failing: str | None = None  # why the last checkpoint write failed
         self.wake_at_ms: int | None = None
         self.counters = DelayCounters()
         self.closed = False
@@ -168,7 +169,9 @@ class DelayService:
             ckpt = None
         if ckpt is None:
             ckpt = DispatchCheckpoint(0, now, 0, b"")
-        elif ckpt.producers:
+        else:
+            self._last_ckpt = ckpt  # until a newer one is written, this one stands
+        if ckpt.producers:
             self._producers = ProducerStateTable.from_bytes(
                 ckpt.producers, store.config.producer_expiry_ms, "the delay producer table"
             )
@@ -179,25 +182,11 @@ class DelayService:
         for f in self._schedule.open_buckets(store.store_id, self.report):
             entries: dict[int, Entry] = {}
             replay(f.scan(problems=self.report), entries, [])
-            redone = 0
             for e in entries.values():
                 if e.accept_seq > ckpt.accept_seq:
                     later.append((e.accept_seq, f.bucket_start_ms, e))
                 self._accept_seq = max(self._accept_seq, e.accept_seq)
-                for g in e.runs:
-                    h = stamps.get(delay_offset(f.bucket_start_ms, e.number + g.first))
-                    if h is not None and g.state in OPEN:
-                        f.append(
-                            encode_record(
-                                DELIVERED, e.queue_id, e.partition, g.first, e.number, h.timestamp_ms, h.base_offset
-                            )
-                        )
-                        e.close_run(g, State.DELIVERED)
-                        g.delivered_offset = h.base_offset
-                        redone += 1
-            if redone:
-                f.sync()
-                self.report.append(f"{f.path.name}: recorded {redone} deliveries found in the log")
+            self._redo_deliveries(f, entries.values(), stamps)
             b = Bucket(f)
             b.set_summary(entries.values())
             f.close()
@@ -214,7 +203,61 @@ class DelayService:
                     delay_offset(start, e.number),
                     e.accepted_ms,
                 )
-        self._write_checkpoint(store.end_position)
+        try:
+            self._write_checkpoint(store.end_position)
+        except StorageError as e:  # a full disk: the previous checkpoint stands (it is older, not wrong)
+            self._cannot_write(f"the dispatch checkpoint could not be moved ({e})")
+
+    def _redo_deliveries(self, f: ScheduleFile, entries: Iterable[Entry], stamps: dict[int, BatchHeader]) -> None:
+        """Mark delivered the runs of ``f`` whose stamped batches the log holds (the broker
+        stopped between appending them and recording it), in memory and, where the disk
+        has room, in the file."""
+        redone: list[bytes | bytearray | memoryview] = []
+        count = 0
+        for e in entries:
+            for g in e.runs:
+                h = stamps.get(delay_offset(f.bucket_start_ms, e.number + g.first))
+                if h is not None and g.state in OPEN:
+                    redone += encode_record(
+                        DELIVERED, e.queue_id, e.partition, g.first, e.number, h.timestamp_ms, h.base_offset
+                    )
+                    e.close_run(g, State.DELIVERED)
+                    g.delivered_offset = h.base_offset
+                    count += 1
+        if not count:
+            return
+        try:
+            f.append(redone)
+            f.sync()
+        except StorageError as e:  # known in memory; the next start finds them in the log again
+            self._cannot_write(f"deliveries found in the log could not be recorded in {f.path.name} ({e})")
+            return
+        self.report.append(f"{f.path.name}: recorded {count} deliveries found in the log")
+
+    def _checkpoint_written(self, ck: DispatchCheckpoint) -> bool:
+        """Write ``ck`` (only the dispatcher, or close after it, gets here). A full disk is
+        said once, not at every turn, and when it has room again: the previous checkpoint
+        stands meanwhile (older, so the next start reads more of the log, never wrong)."""
+        try:
+            self._schedule.write_checkpoint(ck)
+        except StorageError as e:
+            if self._checkpoint_failing is None:
+                log.warning("delay: the dispatch checkpoint could not be moved (%s); retrying each turn", e)
+            self._checkpoint_failing = str(e)
+            return False
+        if self._checkpoint_failing is not None:
+            log.info("delay: the dispatch checkpoint is written again")
+            self._checkpoint_failing = None
+        self._last_ckpt = ck
+        return True
+
+    def _cannot_write(self, what: str) -> None:
+        """Opening goes on without a write the schedule could not take (a full disk): reads
+        and deliveries work, and a delayed send fails with the disk's error until there is
+        room again."""
+        message = f"delay: {what}; starting anyway"
+        self.report.append(message)
+        log.warning("%s", message)
 
     def _write_checkpoint(self, log_position: int) -> None:
         ck = DispatchCheckpoint(log_position, self._floor_ms, self._accept_seq, self._producers.to_bytes())
@@ -491,9 +534,8 @@ class DelayService:
             # makes durable: it never names an acceptance a power loss could take back
             ck = DispatchCheckpoint(position, self._floor_ms, self._accept_seq, self._producers.to_bytes())
         self._commit.wait_durable(writes)
-        if ck != self._last_ckpt:  # only the dispatcher (or close, after it) gets here
-            self._schedule.write_checkpoint(ck)
-            self._last_ckpt = ck
+        if ck != self._last_ckpt and not self._checkpoint_written(ck):
+            return  # nothing is deleted while the checkpoint that covers it is not written
         with self._lock:
             deleted = 0
             for b in doomed:
