@@ -55,6 +55,9 @@ MEANINGS: dict[str, str] = {
     "producer_expiry_ms": "idempotence state of a producer idle this long is dropped",
     "delay_max_s": "a delayed message may be due at most this far ahead",
     "delay_bucket_s": "span of one schedule file of delayed messages (whole minutes)",
+    "queue_partitions_max": "partitions of one queue; creating or growing one past it is refused",
+    "partitions_max": "partitions of all queues together (the broker's own included); past it, creating "
+    "or growing a queue is refused",
 }
 
 

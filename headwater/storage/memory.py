@@ -39,7 +39,6 @@ from headwater.model.batch import BatchHeader, broker_prefix, crc32c, decode_hea
 from headwater.model.checks import check_int_arg, check_queue_arg
 from headwater.model.config import (
     INTERNAL_PREFIX,
-    PARTITIONS_MAX,
     PartitionInfo,
     QueueConfig,
     QueueInfo,
@@ -49,6 +48,7 @@ from headwater.model.config import (
 from headwater.model.producer_state import ProducerStateTable
 from headwater.model.service import FetchResult, ProduceResult
 from headwater.storage.memory_schedule import MemorySchedule
+from headwater.storage.quotas import check_added_partitions, check_new_queue
 from headwater.storage.settings import StoreConfig
 
 if TYPE_CHECKING:
@@ -227,12 +227,16 @@ class MemoryStore:
             self._check_open()
             if name in self._queues:
                 raise QueueExistsError(f"queue {name!r} already exists")
+            check_new_queue(self.config, name, config.partitions, self._partitions_held())
             now = self._now_ms()
             q = _Queue(name, self._next_queue_id, config, now)
             self._next_queue_id += 1
             self._queues[name] = self._by_id[q.queue_id] = q
             log.info("created queue %s (id %d, %d partitions)", name, q.queue_id, config.partitions)
             return self._info(q, now)
+
+    def _partitions_held(self) -> int:
+        return sum(len(q.partitions) for q in self._queues.values())
 
     def describe_queue(self, name: str) -> QueueInfo:
         with self._lock:
@@ -289,15 +293,7 @@ class MemoryStore:
             self._check_open()
             q = self._queue(name)
             now_n = len(q.partitions)
-            if (
-                isinstance(partitions, bool)
-                or not isinstance(partitions, int)
-                or not (now_n < partitions <= PARTITIONS_MAX)
-            ):
-                raise InvalidArgumentError(
-                    f"queue {name!r} has {now_n} partitions; the new count must be larger "
-                    f"(up to {PARTITIONS_MAX}), got {partitions!r}"
-                )
+            check_added_partitions(self.config, name, now_n, partitions, self._partitions_held())
             q.config = q.config.replace(partitions=partitions)
             q.partitions.extend(_Partition() for _ in range(partitions - now_n))
             return self._info(q, self._now_ms())

@@ -24,6 +24,8 @@ class StoreConfig(msgspec.Struct, frozen=True, kw_only=True):
     producer_expiry_ms: int = 7 * 86_400_000  # idempotence state of an idle producer is dropped
     delay_max_s: int = 2 * 366 * 86_400  # a delayed message may be due at most this far ahead
     delay_bucket_s: int = 3600  # span of one schedule file of delayed messages (whole minutes)
+    queue_partitions_max: int = 100_000  # partitions of one queue (headwater.storage.quotas)
+    partitions_max: int = 100_000  # partitions of all queues together, the broker's own included
 
     def validated(self) -> StoreConfig:
         if self.flush not in ("sync", "async"):
@@ -43,6 +45,10 @@ class StoreConfig(msgspec.Struct, frozen=True, kw_only=True):
         d = self.delay_max_s
         if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 100 * 366 * 86_400:
             raise InvalidArgumentError(f"delay_max_s must be whole seconds from 1 to 100 years, got {d!r}")
+        for name in ("queue_partitions_max", "partitions_max"):
+            n = getattr(self, name)
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 10_000_000:
+                raise InvalidArgumentError(f"{name} must be a whole number from 1 to 10000000, got {n!r}")
         b = self.delay_bucket_s
         if isinstance(b, bool) or not isinstance(b, int) or not 60 <= b <= 86_400 or b % 60:
             raise InvalidArgumentError(

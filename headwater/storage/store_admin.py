@@ -12,7 +12,6 @@ from headwater.errors import (
 )
 from headwater.model.config import (
     INTERNAL_PREFIX,
-    PARTITIONS_MAX,
     QueueConfig,
     QueueInfo,
     is_internal_queue,
@@ -20,6 +19,7 @@ from headwater.model.config import (
 )
 from headwater.storage.catalog import QueueEntry
 from headwater.storage.log_state import LogStoreBase, PartitionState, QueueState
+from headwater.storage.quotas import check_added_partitions, check_new_queue
 
 __all__ = ["LogAdmin"]
 
@@ -45,6 +45,7 @@ class LogAdmin(LogStoreBase):
             self._check_open()
             if name in self._queues:
                 raise QueueExistsError(f"queue {name!r} already exists")
+            check_new_queue(self.config, name, config.partitions, self._partitions_held())
             now = self._now_ms()
             entry = QueueEntry(
                 name=name,
@@ -65,6 +66,9 @@ class LogAdmin(LogStoreBase):
             self._save_catalog_or_undo(undo)
             log.info("created queue %s (id %d, %d partitions)", name, entry.queue_id, config.partitions)
             return self._info(q, now)
+
+    def _partitions_held(self) -> int:
+        return sum(len(q.partitions) for q in self._queues.values())
 
     def describe_queue(self, name: str) -> QueueInfo:
         with self._lock:
@@ -139,15 +143,7 @@ class LogAdmin(LogStoreBase):
             self._check_open()
             q = self._queue(name)
             now_n = len(q.partitions)
-            if (
-                isinstance(partitions, bool)
-                or not isinstance(partitions, int)
-                or not (now_n < partitions <= PARTITIONS_MAX)
-            ):
-                raise InvalidArgumentError(
-                    f"queue {name!r} has {now_n} partitions; the new count must be larger "
-                    f"(up to {PARTITIONS_MAX}), got {partitions!r}"
-                )
+            check_added_partitions(self.config, name, now_n, partitions, self._partitions_held())
             config, q.entry.config = q.entry.config, q.entry.config.replace(partitions=partitions)
             q.partitions.extend(PartitionState(0) for _ in range(partitions - now_n))
 
