@@ -31,7 +31,7 @@ class BodyCodec(NamedTuple):
     """How one body type goes to and from a head (msgpack) plus data buffers."""
 
     type: type[msgspec.Struct]
-    decoder: msgspec.msgpack.Decoder
+    decoder: msgspec.msgpack.Decoder[Any]
     data: tuple[tuple[int, bool], ...]  # (field position, is a list) of data fields
 
     def split(self, body: msgspec.Struct) -> tuple[list[Any] | msgspec.Struct, list[Any]]:
@@ -57,7 +57,7 @@ class BodyCodec(NamedTuple):
         """The body from a frame's head and data; raises msgspec.DecodeError or ValueError."""
         return self.join(self.decoder.decode(head), data)
 
-    def join(self, head: Any, data: bytes) -> msgspec.Struct:
+    def join(self, head: msgspec.Struct, data: bytes) -> msgspec.Struct:
         """The body from a decoded head and the frame's data (raises ValueError)."""
         if not self.data:
             if data:
@@ -93,7 +93,7 @@ def _codec(body_type: type[msgspec.Struct]) -> BodyCodec:
     names = body_type.__struct_fields__
     if not data:
         return BodyCodec(body_type, msgspec.msgpack.Decoder(body_type), ())
-    fields = []
+    fields: list[tuple[Any, ...]] = []
     for name, info in zip(names, msgspec.structs.fields(body_type)):
         if name in data:
             fields.append((name, list[Size] if data[name] else Size))
@@ -108,17 +108,15 @@ def _codec(body_type: type[msgspec.Struct]) -> BodyCodec:
     return BodyCodec(body_type, msgspec.msgpack.Decoder(head_type), positions)
 
 
-_CODECS: dict[type[msgspec.Struct], BodyCodec] = {
-    t: _codec(t)
-    for t in (
-        HandshakeBody,
-        HandshakeAcceptedBody,
-        ErrorBody,
-        *(s.request for s in API_SPECS.values()),
-        *(s.response for s in API_SPECS.values()),
-        *PUSH_SPECS.values(),
-    )
-}
+_BODY_TYPES: tuple[type[msgspec.Struct], ...] = (
+    HandshakeBody,
+    HandshakeAcceptedBody,
+    ErrorBody,
+    *(s.request for s in API_SPECS.values()),
+    *(s.response for s in API_SPECS.values()),
+    *PUSH_SPECS.values(),
+)
+_CODECS: dict[type[msgspec.Struct], BodyCodec] = {t: _codec(t) for t in _BODY_TYPES}
 _encoder = msgspec.msgpack.Encoder()
 
 
