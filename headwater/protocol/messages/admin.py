@@ -1,0 +1,119 @@
+"""Bodies of ping, queue administration (create, describe, list, delete, truncate, enable,
+add partitions) and the broker's status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from headwater.model.config import QueueConfig, QueueInfo
+from headwater.protocol.messages.base import ApiKey, RequestBody, ResponseBody, _NoResult
+
+
+class _QueueInfoResult(ResponseBody, frozen=True, array_like=True):
+    queue: QueueInfo
+
+    def result(self) -> QueueInfo:
+        return self.queue
+
+    @classmethod
+    def from_result(cls, value: QueueInfo) -> ResponseBody:
+        return cls(value)
+
+
+class PingRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.PING
+
+
+class PingResponse(_NoResult, frozen=True, array_like=True):
+    api = ApiKey.PING
+
+
+class CreateQueueRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.CREATE_QUEUE
+    name: str
+    config: QueueConfig
+
+
+class CreateQueueResponse(_QueueInfoResult, frozen=True, array_like=True):
+    api = ApiKey.CREATE_QUEUE
+
+
+class DescribeQueueRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.DESCRIBE_QUEUE
+    name: str
+
+
+class DescribeQueueResponse(_QueueInfoResult, frozen=True, array_like=True):
+    api = ApiKey.DESCRIBE_QUEUE
+
+
+class ListQueuesRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.LIST_QUEUES
+
+
+class ListQueuesResponse(ResponseBody, frozen=True, array_like=True):
+    api = ApiKey.LIST_QUEUES
+    queues: list[QueueInfo]
+
+    def result(self) -> list[QueueInfo]:
+        return list(self.queues)
+
+    @classmethod
+    def from_result(cls, value: list[QueueInfo]) -> ResponseBody:
+        return cls(list(value))
+
+
+class DeleteQueueRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.DELETE_QUEUE
+    name: str
+
+
+class DeleteQueueResponse(_NoResult, frozen=True, array_like=True):
+    api = ApiKey.DELETE_QUEUE
+
+
+class TruncateQueueRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.TRUNCATE_QUEUE
+    name: str
+
+
+class TruncateQueueResponse(_QueueInfoResult, frozen=True, array_like=True):
+    api = ApiKey.TRUNCATE_QUEUE
+
+
+class SetQueueEnabledRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.SET_QUEUE_ENABLED
+    name: str
+    enabled: bool
+
+
+class SetQueueEnabledResponse(_QueueInfoResult, frozen=True, array_like=True):
+    api = ApiKey.SET_QUEUE_ENABLED
+
+
+class AddPartitionsRequest(RequestBody, frozen=True, array_like=True):
+    api = ApiKey.ADD_PARTITIONS
+    name: str
+    partitions: int
+
+
+class AddPartitionsResponse(_QueueInfoResult, frozen=True, array_like=True):
+    api = ApiKey.ADD_PARTITIONS
+
+
+class StatusRequest(RequestBody, frozen=True, array_like=True):
+    """Facts about the broker for operators (``headwater status``)."""
+
+    api = ApiKey.STATUS
+
+
+class StatusResponse(ResponseBody, frozen=True, array_like=True):
+    api = ApiKey.STATUS
+    status: dict[str, Any]
+
+    def result(self) -> dict[str, Any]:
+        return dict(self.status)
+
+    @classmethod
+    def from_result(cls, value: dict[str, Any]) -> ResponseBody:
+        return cls(dict(value))
