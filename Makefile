@@ -49,11 +49,13 @@ bench-latency: bytecode
 bench-spark: bytecode
 	$(PY) -m bench.spark
 
-# the layer contracts, then ruff's lint rules and its formatting (run 'make format' to apply it)
+# the layer contracts, ruff's lint rules and its formatting (run 'make format' to apply it),
+# then mypy over the strictly typed layers (the files pyproject.toml's [tool.mypy] lists)
 lint: venv
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/ruff check --quiet headwater tests bench examples
 	$(VENV)/bin/ruff format --check --quiet headwater tests bench examples
+	$(VENV)/bin/mypy
 
 format: venv
 	$(VENV)/bin/ruff format --quiet headwater tests bench examples
