@@ -180,3 +180,29 @@ def test_client_that_stops_reading_does_not_stall_others(broker):
     assert grown < 400 * 1024 * 1024, f"broker grew {grown / 1e6:.0f} MB for one slow reader"
     s.close()
     healthy(broker)
+
+
+def test_a_deeply_nested_body_is_a_protocol_error_logged_once(broker):
+    """Issue 30, finding 6: a PING whose body nests 1,000 levels raised an uncaught
+    RecursionError in the decoder: a full traceback in the log and a close without an error
+    frame, for each such request (2,000 requests: 2,015 tracebacks, 1.7 MB of log)."""
+    from headwater.protocol import ApiKey, ErrorResponse, FrameType
+    from tests.support.frames import raw
+
+    log_before = broker.log.stat().st_size
+    for i in range(200):
+        s, conn = raw_conn(broker)
+        s.sendall(raw(FrameType.REQUEST, ApiKey.PING, 1, b"\x91" * 1000 + b"\x90"))
+        s.settimeout(5)
+        answer = None
+        while answer is None:
+            data = s.recv(65536)
+            assert data, f"request {i}: closed without an error frame"
+            conn.receive_data(data)
+            answer = conn.next_event()
+        assert type(answer) is ErrorResponse and "malformed" in answer.message
+        assert closed_by_peer(s)
+    healthy(broker)
+    logged = broker.log.read_bytes()[log_before:].decode()
+    assert "Traceback" not in logged
+    assert logged.count("malformed") <= 2, logged[-2000:]

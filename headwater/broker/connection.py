@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from headwater._version import __version__
 from headwater.broker.budget import ByteBudget, ServerBudget
+from headwater.broker.log_limit import limited
 from headwater.errors import UnavailableError
 from headwater.protocol import (
     NEED_DATA,
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
 __all__ = ["ClientConnection", "ConnectionHost", "CLOSE_LINGER_S"]
 
 log = logging.getLogger("headwater.server")
+# a peer that breaks the protocol is answered and closed; the line about it is limited, as
+# a fuzzer or a client of another protocol retrying in a loop sends thousands of them
+_protocol_errors = limited(log, logging.WARNING, every_s=10.0)
 
 _SERVER_NAME = f"headwater/{__version__}"
 _EOF_LINGER_S = 1.0  # after the peer's EOF, how long its unfinished requests may still answer
@@ -264,7 +268,7 @@ class ClientConnection(asyncio.Protocol):
                     try:
                         ev = conn.next_event()
                     except ProtocolError as e:
-                        log.warning("closing %s: %s", self.peer, e)
+                        _protocol_errors("closing %s: %s", self.peer, e)
                         with contextlib.suppress(ProtocolError):
                             self.out += conn.send_chunks(ErrorResponse.from_exception(0, e))
                         self.close()
@@ -323,7 +327,7 @@ class ClientConnection(asyncio.Protocol):
             version = choose_version(ev)
         except UnsupportedVersionError as e:
             self.out += self.conn.send_chunks(ErrorResponse.from_exception(0, e))
-            log.warning("closing %s: %s", self.peer, e)
+            _protocol_errors("closing %s: %s", self.peer, e)
             self.close()
             return False
         self.out += self.conn.send_chunks(HandshakeAccepted(version, _SERVER_NAME))

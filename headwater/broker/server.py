@@ -40,6 +40,7 @@ from headwater.broker.budget import ServerBudget
 from headwater.broker.connection import CLOSE_LINGER_S, ClientConnection
 from headwater.broker.delay import DelayTicket
 from headwater.broker.durable_acks import DurableAcks
+from headwater.broker.log_limit import limited
 from headwater.broker.push import PUSH_APIS, PushService
 from headwater.broker.shared import SharedWaiters
 from headwater.broker.streams import FETCH_STREAM_APIS, FetchStreams
@@ -191,8 +192,7 @@ class BrokerServer:
         self.requests = 0
         self.connections_total = 0
         self.port = self.config.port
-        self._refused = 0  # connections refused since the last line about them
-        self._refused_logged_at: float | None = None
+        self._refusals = limited(log, logging.WARNING, _REFUSALS_LOG_EVERY_S)
 
     async def start(self) -> int:
         """Listen; return the port (useful with port 0)."""
@@ -264,13 +264,7 @@ class BrokerServer:
         """Log a refused connection: the first at once, then at most a line per
         ``_REFUSALS_LOG_EVERY_S`` with how many were refused meanwhile (a client retrying
         in a loop must not flood the log)."""
-        self._refused += 1
-        now = time.monotonic()
-        if self._refused_logged_at is None or now - self._refused_logged_at >= _REFUSALS_LOG_EVERY_S:
-            more = f" ({self._refused - 1} more refused since the last report)" if self._refused > 1 else ""
-            log.warning("refusing %s: %s%s", peer, why, more)
-            self._refused_logged_at = now
-            self._refused = 0
+        self._refusals("refusing %s: %s", peer, why)
 
     def request_stop(self) -> None:
         """Begin a graceful stop (safe to call from a signal handler in the loop)."""

@@ -151,7 +151,8 @@ _KIND_OF_EVENT = {
     ConnectionClosed: Kind.CLOSE,
 }
 # msgspec raises DecodeError/ValidationError (ValueErrors); the rest guard odd corners
-_DECODE_ERRORS = (msgspec.MsgspecError, ValueError, TypeError, OverflowError, UnicodeError)
+# what decoding a malformed body can raise (RecursionError: a body nested thousands deep)
+_DECODE_ERRORS = (msgspec.MsgspecError, ValueError, TypeError, OverflowError, UnicodeError, RecursionError)
 
 
 class _Api(NamedTuple):
