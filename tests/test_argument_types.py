@@ -73,6 +73,15 @@ CASES = {
         lambda hw: hw.offset_for_time("q", 0, "x"),
         "when must be a datetime or epoch milliseconds, got str",
     ),
+    # issue 30, finding 7: the embedded broker took these, the network client refused them
+    "offset_for_time 2**64": (
+        lambda hw: hw.offset_for_time("q", 0, 2**64),
+        f"when is out of range: epoch milliseconds fit in 64 bits, got {2**64}",
+    ),
+    "scanner start_time 2**70": (
+        lambda hw: list(hw.scanner("q", start_time=2**70)),
+        f"start_time is out of range: epoch milliseconds fit in 64 bits, got {2**70}",
+    ),
 }
 
 

@@ -169,6 +169,9 @@ def warn_if_local_naive(when: datetime, what: str) -> None:
         )
 
 
+_EPOCH_MS_MIN, _EPOCH_MS_MAX = -(2**63), 2**63 - 1
+
+
 def to_epoch_ms(value: datetime | int | float | None, what: str = "time") -> int | None:
     """A point in time as epoch milliseconds: datetimes (naive means UTC; see
     :func:`datetime_ms`), or a number of ms (a fraction rounded up, as for datetimes).
@@ -191,8 +194,12 @@ def to_epoch_ms(value: datetime | int | float | None, what: str = "time") -> int
     if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidArgumentError(f"{what} must be a datetime or epoch milliseconds, got {value}")
-        return math.ceil(value)
-    return int(value)
+        ms = math.ceil(value)
+    else:
+        ms = int(value)
+    if not _EPOCH_MS_MIN <= ms <= _EPOCH_MS_MAX:  # what the wire carries: embedded refuses it alike
+        raise InvalidArgumentError(f"{what} is out of range: epoch milliseconds fit in 64 bits, got {value}")
+    return ms
 
 
 def required_epoch_ms(value: datetime | int | float, what: str = "time") -> int:
