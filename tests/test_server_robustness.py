@@ -10,7 +10,7 @@ import time
 import pytest
 
 import headwater
-from headwater.protocol import CLIENT, Connection, Handshake, Request
+from headwater.protocol import CLIENT, ApiKey, Connection, Handshake, Request
 from headwater.protocol.messages import FetchRequest, PingRequest
 from tests.support.broker_process import BrokerProcess
 
@@ -186,7 +186,7 @@ def test_a_deeply_nested_body_is_a_protocol_error_logged_once(broker):
     """Issue 30, finding 6: a PING whose body nests 1,000 levels raised an uncaught
     RecursionError in the decoder: a full traceback in the log and a close without an error
     frame, for each such request (2,000 requests: 2,015 tracebacks, 1.7 MB of log)."""
-    from headwater.protocol import ApiKey, ErrorResponse, FrameType
+    from headwater.protocol import ErrorResponse, FrameType
     from tests.support.frames import raw
 
     log_before = broker.log.stat().st_size
@@ -206,3 +206,35 @@ def test_a_deeply_nested_body_is_a_protocol_error_logged_once(broker):
     logged = broker.log.read_bytes()[log_before:].decode()
     assert "Traceback" not in logged
     assert logged.count("malformed") <= 2, logged[-2000:]
+
+
+def test_a_frame_trickled_a_byte_at_a_time_is_cut_off_at_its_deadline(tmp_path):
+    """Issue 30, finding 9: a request sent at 1 byte/s after the handshake kept its connection
+    open for 45 s and counting, since every byte put the idle timeout off again. A frame
+    begun must now be whole within frame_timeout_s; the peer hears why."""
+    from headwater.protocol import ErrorResponse, FrameType
+    from tests.support.frames import raw
+
+    b = BrokerProcess(tmp_path / "data", "--set", "frame_timeout_s=1.5").start()
+    try:
+        s, conn = raw_conn(b)
+        frame = raw(FrameType.REQUEST, ApiKey.PING, 1, PingRequest())
+        t0 = time.monotonic()
+        answer = None
+        s.settimeout(0.2)
+        for byte in frame[:-1]:  # never the last one
+            s.sendall(bytes([byte]))
+            try:
+                data = s.recv(65536)
+            except TimeoutError:
+                continue
+            if data:
+                conn.receive_data(data)
+                answer = conn.next_event()
+            break
+        assert type(answer) is ErrorResponse and "frame_timeout_s" in answer.message, answer
+        assert 1.4 <= time.monotonic() - t0 < 10  # cut off at its deadline, not before
+        assert closed_by_peer(s)
+        healthy(b)
+    finally:
+        b.kill()

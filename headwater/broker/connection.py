@@ -124,6 +124,7 @@ class ClientConnection(asyncio.Protocol):
         "frame_held",
         "stall_timer",
         "stall_mark",
+        "frame_since",
     )
 
     def __init__(self, host: ConnectionHost) -> None:
@@ -157,6 +158,7 @@ class ClientConnection(asyncio.Protocol):
         self.frame_held = 0  # the same, once that frame is a request being served (a produce takes it)
         self.stall_timer: asyncio.TimerHandle | None = None  # checks that a paused peer takes its answers
         self.stall_mark = 0  # the answers buffered for it when last checked
+        self.frame_since: float | None = None  # loop time the first byte of a frame not yet whole came
 
     @property
     def writer(self) -> ClientConnection:
@@ -274,6 +276,7 @@ class ClientConnection(asyncio.Protocol):
                         self.close()
                         break
                     if ev is NEED_DATA:
+                        self._frame_pending()
                         if (
                             not self.reserved
                             and conn.frame_in_progress_bytes > FRAME_RESERVE_MIN_BYTES
@@ -281,6 +284,7 @@ class ClientConnection(asyncio.Protocol):
                         ):
                             self._block()  # its body stays in the kernel until the budget has room
                         break
+                self.frame_since = None
                 kind = type(ev)
                 if kind is Request:
                     turn -= 1
@@ -307,6 +311,22 @@ class ClientConnection(asyncio.Protocol):
             log.exception("connection %s failed", self.peer)
             self.close()
         self._flush()
+
+    def _frame_pending(self) -> None:
+        """A frame that has begun must be whole within ``frame_timeout_s``: a peer that
+        trickles its bytes keeps the idle timeout from firing, and a big frame's reservation
+        of the byte budget from going back. Start that clock, and the timer that checks it."""
+        if not self.conn.receiving_frame:
+            self.frame_since = None
+            return
+        if self.frame_since is not None or not self.handshaken:  # before: the handshake's timeout
+            return
+        self.frame_since = now = self.loop.time()
+        due = now + self.host.config.frame_timeout_s
+        if self.timer is None or self.timer.when() > due:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = self.loop.call_at(due, self._on_timer)
 
     def _reserve_frame(self) -> bool:
         """Reserve the announced size of the big frame being received (see
@@ -432,7 +452,15 @@ class ClientConnection(asyncio.Protocol):
             log.info("closing %s: no handshake in time", self.peer)
             self.close()
             return
-        left = self.last_data_s + cfg.idle_timeout_s - self.loop.time()
+        now = self.loop.time()
+        if self.frame_since is not None and now - self.frame_since >= cfg.frame_timeout_s:
+            why = f"a frame was not whole {cfg.frame_timeout_s:g} s after its first byte (frame_timeout_s)"
+            _protocol_errors("closing %s: %s", self.peer, why)
+            self.close(why)
+            return
+        left = self.last_data_s + cfg.idle_timeout_s - now
+        if self.frame_since is not None:
+            left = min(left, self.frame_since + cfg.frame_timeout_s - now)
         if left > 0:
             self.timer = self.loop.call_later(left, self._on_timer)
         elif self.held is not None and not self.write_paused:

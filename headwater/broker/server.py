@@ -99,6 +99,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     push_streams_max: int = 64  # subscription streams per connection; fetch streams likewise
     allocator_cache_bytes: int = 128 * 1024 * 1024  # freed memory kept for reuse (headwater.broker.allocator); 0: off
     send_timeout_s: float = 30.0  # a peer that takes none of its waiting answers for this long is cut off
+    frame_timeout_s: float = 30.0  # a frame begun must be whole this long after its first byte
 
     def validated(self) -> ServerConfig:
         """This config, or :class:`InvalidArgumentError` naming the first setting out of range."""
@@ -146,6 +147,7 @@ _SECONDS_RANGES = (
     ("idle_timeout_s", 0.001, 365 * 86400.0),
     ("shutdown_grace_s", 0.0, 86400.0),
     ("send_timeout_s", 0.001, 86400.0),
+    ("frame_timeout_s", 0.001, 86400.0),
 )
 
 

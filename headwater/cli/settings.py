@@ -41,6 +41,8 @@ MEANINGS: dict[str, str] = {
     "(0: its defaults)",
     "send_timeout_s": "a client that takes none of the answers waiting for it for this long is cut off "
     "(it holds the server's memory)",
+    "frame_timeout_s": "a frame must arrive whole within this long of its first byte; a client that "
+    "trickles one is cut off (it holds the server's memory and byte budget)",
     # [store]
     "flush": "default flush policy of queues that name none: sync (fsync before acknowledging) or async",
     "flush_interval_ms": "async: the longest a write waits for its fsync",

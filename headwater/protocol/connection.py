@@ -265,6 +265,12 @@ class Connection:
         is whole (0 otherwise); ask after :meth:`next_event` returned :data:`NEED_DATA`."""
         return self._reader.frame_in_progress_bytes
 
+    @property
+    def receiving_frame(self) -> bool:
+        """Whether part of a frame is in and the rest is not (ask after :meth:`next_event`
+        returned :data:`NEED_DATA`)."""
+        return self._reader.buffered_bytes > 0
+
     def request_room(self) -> int:
         """How many more requests this end may send before a response comes (client side)."""
         return self._in_flight_max - len(self._in_flight)
