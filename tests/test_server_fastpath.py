@@ -368,17 +368,19 @@ def _a_client_and_a_hog(port: int) -> tuple[RawClient, RawClient]:
 
 
 def test_a_fetch_short_of_memory_waits_alone_and_requests_behind_it_are_answered(tmp_path):
-    """A peer that reads none of its answers holds the whole server budget. Another client's
-    fetch then waits for memory in a task of its own (and gets an empty answer after a
-    second); a PING pipelined behind it is answered at once. Before, the fetch blocked its
-    whole connection until the budget came back (minutes: until the idle timeout)."""
+    """A peer that reads none of its answers holds all the server budget answers may take
+    (half of it: the rest stays for requests). Another client's fetch then waits for memory
+    in a task of its own (and gets an empty answer after a second); a PING pipelined behind
+    it is answered at once. Before, the fetch blocked its whole connection until the budget
+    came back (minutes: until the idle timeout)."""
     s = InProcessServer(tmp_path / "data", bytes_in_flight_max=1024 * 1024, write_buffer_bytes_max=8 * 1024)
     try:
         healthy, hog = _a_client_and_a_hog(s.port)
         deadline = time.monotonic() + 3
-        while s.call(lambda: s.server.budget.total.used) < 1024 * 1024 and time.monotonic() < deadline:
+        answers = s.server.budget.answers
+        while s.call(lambda: answers.used) < answers.limit and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert s.call(lambda: s.server.budget.total.used) >= 1024 * 1024
+        assert s.call(lambda: answers.used) >= answers.limit == 512 * 1024
         t0 = time.monotonic()
         fetch = healthy.send(FetchRequest("q", 0, 0, 1024 * 1024))
         ping = healthy.send(PingRequest())

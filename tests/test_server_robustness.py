@@ -238,3 +238,48 @@ def test_a_frame_trickled_a_byte_at_a_time_is_cut_off_at_its_deadline(tmp_path):
         healthy(b)
     finally:
         b.kill()
+
+
+def test_answers_nobody_reads_leave_room_for_others_produces(tmp_path):
+    """Issue 30, finding 1: 40 connections pipelining 16 MiB FETCHes and never reading their
+    answers filled the server's byte budget with those answers; a well-behaved client's 1 MB
+    send_batch then waited 28.6 s, until send_timeout_s cut the readers off. Answers may now
+    hold at most half of the server's budget: a produce always finds room."""
+    b = BrokerProcess(
+        tmp_path / "data",
+        "--set",
+        "bytes_in_flight_max=67108864",  # 64 MiB, so a few peers fill it
+        "--set",
+        "connection_bytes_in_flight_max=33554432",
+        "--set",
+        "fetch_bytes_max=16777216",
+        "--set",
+        "send_timeout_s=60",
+    ).start()
+    socks = []
+    try:
+        with headwater.connect(b.address) as hw:
+            hw.admin.create_queue("big", partitions=1, ttl_s=None)
+            for _ in range(40):
+                hw.send_batch("big", [b"y" * 100_000] * 10, partition=0)
+        for _ in range(6):
+            s, conn = raw_conn(b)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.setblocking(False)
+            socks.append(s)
+            try:
+                for _ in range(40):  # never read
+                    s.send(conn.send(Request(conn.next_request_id(), FetchRequest("big", 0, 0, 16 << 20))))
+            except (BlockingIOError, ValueError, headwater.HeadwaterError):
+                pass
+        time.sleep(1)  # their answers are read from the log and wait in the broker
+        with headwater.connect(b.address, request_timeout_s=20) as hw:
+            hw.admin.create_queue("work", partitions=1)
+            t0 = time.monotonic()
+            hw.send_batch("work", [b"z" * 1000] * 1000)  # 1 MB
+            waited = time.monotonic() - t0
+        assert waited < 10, f"a 1 MB send waited {waited:.1f} s behind answers nobody reads"
+    finally:
+        for s in socks:
+            s.close()
+        b.kill()

@@ -89,24 +89,63 @@ class BudgetHolder(Protocol):
 class ServerBudget:
     """The server's byte budget over its connections' own.
 
-    ``receiving`` is the part reserved for big frames whose length is read but whose body is
-    not yet: such frames may hold at most half the budget, so that a few peers sending huge
-    frames slowly cannot starve the requests already read.
+    Requests (a produce's batch) and answers (a fetch's batches, until they are out of the
+    socket) take from it alike, with two shares bounded so neither kind can starve the
+    other. ``answers`` holds what answers take, at most half the budget: answers a peer
+    never reads stay in the server until ``send_timeout_s`` cuts it off, and without the
+    bound a few such peers filled the budget and every produce waited for them. ``receiving``
+    is the part reserved for big frames whose length is read but whose body is not yet, at
+    most half too, so that a few peers sending huge frames slowly cannot starve the
+    requests already read.
     """
 
-    __slots__ = ("total", "receiving")
+    __slots__ = ("total", "answers", "receiving")
 
     def __init__(self, limit: int) -> None:
         self.total = ByteBudget(limit)
+        self.answers = ByteBudget(max(1, limit // 2))
         self.receiving = 0
 
-    def fits(self, holder: BudgetHolder, n: int) -> bool:
-        return holder.budget.fits(n) and self.total.fits(n)
+    # -- answers: each method takes from the holder's budget, the answers' share and the total
 
-    def room(self, holder: BudgetHolder) -> int:
-        """The bytes ``holder`` could take now (not counting the oversized-request rule)."""
-        own, total = holder.budget, self.total
-        return min(own.limit - own.used, total.limit - total.used)
+    def answer_fits(self, holder: BudgetHolder, n: int) -> bool:
+        """Whether an answer of ``n`` bytes fits now."""
+        return holder.budget.fits(n) and self.answers.fits(n) and self.total.fits(n)
+
+    def answer_room(self, holder: BudgetHolder) -> int:
+        """The bytes an answer for ``holder`` could take now (not counting the oversized rule)."""
+        own, answers, total = holder.budget, self.answers, self.total
+        return min(own.limit - own.used, answers.limit - answers.used, total.limit - total.used)
+
+    def take_answer(self, holder: BudgetHolder, n: int) -> bool:
+        """Take ``n`` bytes for an answer, or nothing (then the holder is woken at a release)."""
+        if not self.answers.take(n):
+            self.answers.wait(holder.wake)
+            return False
+        if not self.take(holder, n):
+            self.answers.untake(n)
+            return False
+        return True
+
+    async def acquire_answer(self, holder: BudgetHolder, n: int) -> None:
+        """Wait until an answer of ``n`` bytes fits, and take them."""
+        await self.answers.acquire(n)
+        try:
+            await self.acquire(holder, n)
+        except BaseException:
+            self.answers.release(n)
+            raise
+
+    def release_answer(self, holder: BudgetHolder, n: int) -> None:
+        self.answers.release(n)
+        self.release(holder, n)
+
+    def charge_answer(self, holder: BudgetHolder, n: int) -> None:
+        """Count answer bytes read past what was taken, even above the limits."""
+        self.answers.charge(n)
+        self.charge(holder, n)
+
+    # -- requests, and the parts answers share with them
 
     def take(self, holder: BudgetHolder, n: int) -> bool:
         """Take ``n`` bytes of the holder's budget and the server's, or neither (then the
@@ -163,4 +202,5 @@ class ServerBudget:
     def forget(self, holder: BudgetHolder) -> None:
         """The holder is gone: it waits for nothing any more."""
         holder.budget.forget(holder.wake)
+        self.answers.forget(holder.wake)
         self.total.forget(holder.wake)

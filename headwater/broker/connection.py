@@ -210,7 +210,7 @@ class ClientConnection(asyncio.Protocol):
         self.host.writable_again(self)
         if self.unsent:
             n, self.unsent = self.unsent, 0
-            self.host.budget.release(self, n)
+            self.host.budget.release_answer(self, n)
         if self.drain_waiters:
             waiters, self.drain_waiters = self.drain_waiters, []
             for fut in waiters:
@@ -234,7 +234,7 @@ class ClientConnection(asyncio.Protocol):
         budget.forget(self)
         if self.unsent:  # the bytes will never go out: their budget is free
             n, self.unsent = self.unsent, 0
-            budget.release(self, n)
+            budget.release_answer(self, n)
         if self.reserved:  # a big frame that will never be whole
             n, self.reserved = self.reserved, 0
             budget.drop_frame(self, n)
@@ -364,14 +364,14 @@ class ClientConnection(asyncio.Protocol):
             out.clear()
             if self.unsent and not self.write_paused:  # all went out at once
                 n, self.unsent = self.unsent, 0
-                self.host.budget.release(self, n)
+                self.host.budget.release_answer(self, n)
 
     def send(self, chunks: list, charge: int = 0) -> None:
         """Write one answer from a task; ``charge`` (budget bytes it holds) is released once
         the answer is out."""
         if self.lost or self.closing:
             if charge:
-                self.host.budget.release(self, charge)
+                self.host.budget.release_answer(self, charge)
             raise ConnectionResetError("the connection closed")
         self.unsent += charge
         self.out += chunks

@@ -341,24 +341,24 @@ class BrokerServer:
                 answer: object = ProduceResponse.from_result(result)
             elif api is ApiKey.FETCH:
                 want = self._fetch_want(st, body)
-                if not self.budget.fits(st, want):
+                if not self.budget.answer_fits(st, want):
                     # short of memory: it waits in a task, and the requests behind it are served
                     self._spawn(st, ev, self._fetch_in_task(st, body, self.loop.time() + self._fetch_wait_s(body)))
                     return True
-                self.budget.take(st, want)
+                self.budget.take_answer(st, want)
                 res = self._read(st, body, want)
                 if res.batches:
                     held = self._hold_read(st, want, res)
                     try:
                         chunks = st.conn.send_chunks(Response(ev.request_id, FetchResponse.from_result(res)))
                     except BaseException:
-                        self.budget.release(st, held)
+                        self.budget.release_answer(st, held)
                         raise
                     self.requests += 1
                     st.out += chunks
                     st.unsent += held  # released once the answer is out
                     return True
-                self.budget.release(st, want)
+                self.budget.release_answer(st, want)
                 if self._fetch_parks(body, res):
                     self._park(st, ev)
                     return True
@@ -404,7 +404,7 @@ class BrokerServer:
         finally:
             work.close()  # a task cancelled before its first step never started it
             if charge:
-                self.budget.release(st, charge)
+                self.budget.release_answer(st, charge)
 
     def _error_chunks(self, st: ClientConnection, ev: Request, e: Exception) -> list:
         if not isinstance(e, HeadwaterError):
@@ -452,7 +452,7 @@ class BrokerServer:
                 req.queue, req.partition, req.offset, max_bytes=want, tag_mask=req.tag_mask, end_offset=req.end_offset
             )
         except BaseException:
-            self.budget.release(st, want)
+            self.budget.release_answer(st, want)
             raise
 
     def _fetch_want(self, st: ClientConnection, req: FetchRequest) -> int:
@@ -460,7 +460,7 @@ class BrokerServer:
         and when the byte budgets are short, what they have left (at least
         ``FETCH_BYTES_FLOOR``): a fetch reads less rather than wait while there is room."""
         want = max(1, min(req.max_bytes, self.config.fetch_bytes_max, st.conn.peer_frame_bytes_max - 4096))
-        room = self.budget.room(st)
+        room = self.budget.answer_room(st)
         if room < want:
             want = max(room, min(want, FETCH_BYTES_FLOOR))
         return want
@@ -476,9 +476,9 @@ class BrokerServer:
         request waits)."""
         size = sum(len(b) for b in res.batches)
         if size < want:
-            self.budget.release(st, want - size)
+            self.budget.release_answer(st, want - size)
         elif size > want:
-            self.budget.charge(st, size - want)
+            self.budget.charge_answer(st, size - want)
         return size
 
     def _fetch_parks(self, req: FetchRequest, res: object) -> bool:
@@ -513,17 +513,17 @@ class BrokerServer:
         if st.lost or st.closing:
             return
         want = self._fetch_want(st, req)
-        if not self.budget.fits(st, want):
+        if not self.budget.answer_fits(st, want):
             self._spawn(st, ev, self._fetch_in_task(st, req, pf.deadline))  # waits for budget
             return
-        self.budget.take(st, want)
+        self.budget.take_answer(st, want)
         try:
             res = self._read(st, req, want)
             held = 0
             if res.batches:
                 held = self._hold_read(st, want, res)
             else:
-                self.budget.release(st, want)
+                self.budget.release_answer(st, want)
                 if self.loop.time() < pf.deadline and self._fetch_parks(req, res):
                     pf.done = False
                     st.parked.add(pf)
@@ -533,7 +533,7 @@ class BrokerServer:
                 chunks = st.conn.send_chunks(Response(ev.request_id, FetchResponse.from_result(res)))
             except BaseException:
                 if held:
-                    self.budget.release(st, held)
+                    self.budget.release_answer(st, held)
                 raise
         except Exception as e:  # noqa: BLE001 - answer, log, keep serving
             held, chunks = 0, self._error_chunks(st, ev, e)
@@ -556,7 +556,7 @@ class BrokerServer:
             want = self._fetch_want(st, req)
             try:
                 async with asyncio.timeout_at(max(deadline, self.loop.time() + FETCH_BUDGET_WAIT_S)):
-                    await self.budget.acquire(st, want)
+                    await self.budget.acquire_answer(st, want)
             except TimeoutError:  # no room all that time: an empty answer (read up to where it
                 # starts, so nothing), with the partition's range; the client asks again
                 return FetchResponse.from_result(
@@ -567,7 +567,7 @@ class BrokerServer:
             res = self._read(st, req, want)
             if res.batches:
                 return FetchResponse.from_result(res), self._hold_read(st, want, res)
-            self.budget.release(st, want)  # nothing read: hold nothing while parked
+            self.budget.release_answer(st, want)  # nothing read: hold nothing while parked
             if self.loop.time() >= deadline or not self._fetch_parks(req, res):
                 return FetchResponse.from_result(res)
             fut = self._waiters.wait(req.queue, req.partition, req.offset)
