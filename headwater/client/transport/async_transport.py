@@ -31,7 +31,7 @@ written to it or waiting for it with :class:`~headwater.errors.UnavailableError`
 (retriable): nothing submitted before the loss is carried over to the next connection,
 where it could overtake a retry. The next call reconnects, with backoff, until
 ``connect_timeout_s`` passes. Whether a failed request may be sent again is the caller's
-to decide (``headwater.client.remote.Tries``); :meth:`AsyncTransport.submit` tells it
+to decide (``headwater.client.transport.remote.Tries``); :meth:`AsyncTransport.submit` tells it
 whether the request was written, and so may have reached the broker.
 
 Reading. The loop reads the socket, except while a blocking caller reads it for itself:

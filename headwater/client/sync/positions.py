@@ -5,8 +5,8 @@ the application has consumed (``_consumed``, the offset after the last record ``
 handed out: what a commit stores) and the records read and not yet handed out
 (``_buffers``). Assigning, seeking to an offset or a message id, forgetting partitions and
 checking the arguments of all of these move only that state, so they live here once, and
-:class:`~headwater.client.consumer.Consumer` and
-:class:`~headwater.client.aio_consumer.AsyncConsumer` add the reads: a blocking call or a
+:class:`~headwater.client.sync.consumer.Consumer` and
+:class:`~headwater.client.aio.consumer.AsyncConsumer` add the reads: a blocking call or a
 coroutine around the same steps. Each names how it drops a read in flight for a partition
 that moved (:meth:`_drop_fetch`).
 
@@ -28,9 +28,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from headwater.client.fetch_stream import FetchStreams
-from headwater.client.membership import TP, by_queue
-from headwater.client.polling import Outage
+from headwater.client.core.membership import TP, by_queue
+from headwater.client.transport.fetch_stream import FetchStreams
+from headwater.client.transport.polling import Outage
 from headwater.errors import ClosedError, InvalidArgumentError, InvalidMessageIdError
 from headwater.model.batch import tags_mask
 from headwater.model.checks import tag_filter_arg

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 
-from headwater.errors import CorruptDataError, InvalidArgumentError, InvalidBatchError, QueueDisabledError
-from headwater.model.batch import check_batch, decode_records, tags_mask
+from headwater.client.core.lookups import decode_stored
+from headwater.errors import InvalidArgumentError, QueueDisabledError
+from headwater.model.batch import tags_mask
 from headwater.model.checks import partitions_of_queue, tag_filter_arg
 from headwater.model.config import QueueInfo
 from headwater.model.message import MessageId, Record, to_epoch_ms
@@ -24,18 +25,6 @@ __all__ = ["Scanner", "Bound", "partitions_named"]
 Bound = int | MessageId | str | Mapping[int, int] | None
 
 FETCH_BYTES_DEFAULT = 1024 * 1024
-
-
-def decode_stored(batch: bytes | memoryview, queue: str, **kw) -> list[Record]:
-    """Records of a fetched batch after checking both checksums (damage is never served)."""
-    try:
-        h = check_batch(batch)
-    except InvalidBatchError as e:
-        raise CorruptDataError(
-            f"a stored batch of queue {queue!r} failed its checks ({e}); run "
-            f"'headwater check --data DIR' to cut the damaged part"
-        ) from e
-    return decode_records(batch, queue, header=h, **kw)
 
 
 def partitions_named(info: QueueInfo, partitions: int | Iterable[int] | None) -> list[int]:

@@ -1,4 +1,4 @@
-"""AsyncScanner: the :class:`~headwater.client.scanner.Scanner` for asyncio.
+"""AsyncScanner: the :class:`~headwater.client.sync.scanner.Scanner` for asyncio.
 
 The same ranges, bounds and tag filters, read with ``async for``. Bounds are checked by the
 sync scanner's own helpers; what needs the broker (the queue's partitions, time bounds)
@@ -11,8 +11,9 @@ from collections import deque
 from collections.abc import Iterable
 from datetime import datetime
 
-from headwater.client.aio_service import AsyncBrokerService
-from headwater.client.scanner import FETCH_BYTES_DEFAULT, Bound, Scanner, _as_id, _bound, decode_stored
+from headwater.client.aio.service import AsyncBrokerService
+from headwater.client.core.lookups import decode_stored
+from headwater.client.sync.scanner import FETCH_BYTES_DEFAULT, Bound, Scanner, _as_id, _bound
 from headwater.errors import InvalidArgumentError, QueueDisabledError
 from headwater.model.batch import tags_mask
 from headwater.model.checks import tag_filter_arg
