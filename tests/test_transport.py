@@ -639,9 +639,9 @@ def test_closing_the_client_ends_a_leading_poll_at_once(server):
 
 
 def test_an_interrupt_from_another_thread_ends_a_lead_at_once(remote, monkeypatch):
-    import headwater.client.transport.async_transport as transport
+    import headwater.client.transport.leading as leading
 
-    monkeypatch.setattr(transport, "LEAD_SLICE_S", 30.0)  # only a poke can end the wait early
+    monkeypatch.setattr(leading, "LEAD_SLICE_S", 30.0)  # only a poke can end the wait early
     end = remote.describe_queue("q").partitions[0].end_offset
     fetch = remote.fetch_async("q", 0, end, max_bytes=1024, max_wait_ms=20_000, lead=True)
     interrupt: concurrent.futures.Future = concurrent.futures.Future()
@@ -653,9 +653,9 @@ def test_an_interrupt_from_another_thread_ends_a_lead_at_once(remote, monkeypatc
 
 
 def test_a_deadline_ends_a_leading_call_at_once(fake, monkeypatch):
-    import headwater.client.transport.async_transport as transport
+    import headwater.client.transport.leading as leading
 
-    monkeypatch.setattr(transport, "LEAD_SLICE_S", 30.0)  # only a poke can end the wait early
+    monkeypatch.setattr(leading, "LEAD_SLICE_S", 30.0)  # only a poke can end the wait early
     broker = fake()  # answers pings only
     svc = RemoteService(broker.address, request_timeout_s=0.3)
     try:
