@@ -22,8 +22,7 @@ from headwater.client.aio.shared_consumer import AsyncSharedConsumer
 from headwater.client.aio.subscriber import AsyncSubscriber
 from headwater.client.core.lookups import find_bounds, record_for_id, records_with_key
 from headwater.client.core.partitioner import PartitionFn
-from headwater.client.sync.positions import POLL_MESSAGES_DEFAULT
-from headwater.client.sync.scanner import Bound
+from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, Bound
 from headwater.client.sync.subscriber import Listener
 from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
 from headwater.model.checks import check_int_arg

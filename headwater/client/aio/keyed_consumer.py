@@ -15,8 +15,8 @@ import time
 from typing import Any
 
 from headwater.client.aio.service import AsyncBrokerService
+from headwater.client.core.reads import check_poll
 from headwater.client.sync.keyed_consumer import KeyedConsumerBase
-from headwater.client.sync.positions import check_poll
 from headwater.client.transport.polling import drain_buffers, retrieve
 from headwater.errors import StaleGenerationError
 from headwater.model.keyed import KeyedGroupInfo

@@ -14,6 +14,7 @@ own the sockets, the waiting and the futures (h11's and httpx's split).
 - :mod:`.partitioner`: the partition of a message (key hash, round robin, random, custom).
 - :mod:`.membership`: a group member's rules (settings, assignment, what it owns).
 - :mod:`.lookups`: decoding fetched batches, and what ``get`` and ``find`` make of them.
+- :mod:`.reads`: the rules of a read: a scan's bounds, the partitions named, a poll's arguments.
 
 Rule: a module here imports only this package, the model, the protocol and the errors;
 never :mod:`headwater.client.sync`, :mod:`headwater.client.aio`,

@@ -8,11 +8,12 @@ from datetime import datetime
 
 from headwater.client.core.lookups import find_bounds, record_for_id, records_with_key
 from headwater.client.core.partitioner import PartitionFn
-from headwater.client.sync.consumer import POLL_MESSAGES_DEFAULT, Consumer
+from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, Bound
+from headwater.client.sync.consumer import Consumer
 from headwater.client.sync.group_consumer import GroupConsumer
 from headwater.client.sync.keyed_consumer import KeyedConsumer
 from headwater.client.sync.producer import Producer
-from headwater.client.sync.scanner import Bound, Scanner
+from headwater.client.sync.scanner import Scanner
 from headwater.client.sync.shared_consumer import SharedConsumer
 from headwater.client.sync.subscriber import Listener, Subscriber
 from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError

@@ -35,8 +35,7 @@ import time
 from collections import deque
 from typing import Any
 
-from headwater.client.sync.consumer import POLL_MESSAGES_DEFAULT
-from headwater.client.sync.positions import check_poll, check_read_settings
+from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_poll, check_read_settings
 from headwater.client.transport.polling import Outage, drain_buffers, wait_any
 from headwater.errors import ClosedError, InvalidArgumentError, StaleGenerationError
 from headwater.model.config import QueueInfo

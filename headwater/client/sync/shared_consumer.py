@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
 from headwater.client.core.lookups import decode_stored
-from headwater.client.sync.positions import check_poll
+from headwater.client.core.reads import check_poll
 from headwater.client.transport.polling import Outage, wait_any
 from headwater.errors import (
     ClosedError,
