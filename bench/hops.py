@@ -144,7 +144,7 @@ def _broker(data: str, flush: str, ready: Any, out: Any, cpus: set[int] | None =
 
 def _stamp_writes(stamps: Stamps) -> None:
     """Stamp "written" in this process's client when a request's bytes go to the socket."""
-    from headwater.client.transport import AsyncTransport
+    from headwater.client.transport.async_transport import AsyncTransport
 
     def write_locked(orig):
         def wrapper(self, link, chunks):
@@ -160,7 +160,7 @@ def _stamp_writes(stamps: Stamps) -> None:
 
 def _stamp_reads(stamps: Stamps) -> None:
     """Stamp "received" in this process's client when bytes read from the socket are parsed."""
-    from headwater.client.transport import AsyncTransport
+    from headwater.client.transport.async_transport import AsyncTransport
 
     def parse_locked(orig):
         def wrapper(self, link, data, outcomes):

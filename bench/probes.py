@@ -74,7 +74,7 @@ __all__ = ["main"]
 
 
 def codec(n: int = 20_000) -> None:
-    from headwater.client.scanner import decode_stored
+    from headwater.client.core.lookups import decode_stored
     from headwater.model.batch import encode_batch
     from headwater.model.config import QueueConfig
     from headwater.protocol import CLIENT, Connection, Request, Response

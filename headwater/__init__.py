@@ -68,7 +68,7 @@ def connect(address: str, *, connect_timeout_s: float = 10.0, request_timeout_s:
     call is sent again only if that is safe (docs/design/client.md, "What a blocking call
     sends again").
     """
-    from headwater.client.remote import RemoteService
+    from headwater.client.transport.remote import RemoteService
 
     return Client(RemoteService(address, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s))
 

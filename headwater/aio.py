@@ -25,16 +25,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from headwater.client.aio import AsyncAdmin, AsyncClient
-from headwater.client.aio_consumer import AsyncConsumer
-from headwater.client.aio_group_consumer import AsyncGroupConsumer
-from headwater.client.aio_keyed_consumer import AsyncKeyedConsumer
-from headwater.client.aio_producer import AsyncProducer
-from headwater.client.aio_scanner import AsyncScanner
-from headwater.client.aio_service import AsyncService, ThreadedService
-from headwater.client.aio_shared_consumer import AsyncSharedConsumer
-from headwater.client.aio_subscriber import AsyncSubscriber
-from headwater.client.transport import AsyncTransport
+from headwater.client.aio.client import AsyncAdmin, AsyncClient
+from headwater.client.aio.consumer import AsyncConsumer
+from headwater.client.aio.group_consumer import AsyncGroupConsumer
+from headwater.client.aio.keyed_consumer import AsyncKeyedConsumer
+from headwater.client.aio.producer import AsyncProducer
+from headwater.client.aio.scanner import AsyncScanner
+from headwater.client.aio.service import AsyncService, ThreadedService
+from headwater.client.aio.shared_consumer import AsyncSharedConsumer
+from headwater.client.aio.subscriber import AsyncSubscriber
+from headwater.client.transport.async_transport import AsyncTransport
 from headwater.storage import StoreConfig
 
 __all__ = [

@@ -467,7 +467,7 @@ def test_threaded_service_without_append_notifications_still_long_polls(clock):
     """Any sync BrokerService can back the asyncio client, even one that cannot notify appends
     (here the fake's broker, its notifications not passed on): long polls then poll it in
     short slices."""
-    from headwater.client.aio_service import ThreadedService
+    from headwater.client.aio.service import ThreadedService
     from headwater.testing import open_memory
 
     async def main() -> None:

@@ -1,5 +1,5 @@
 """What a network call does when its answer is late, lost or never comes, and how it
-tells a wrong argument, sync and asyncio alike (headwater.client.remote.Tries, check_arguments).
+tells a wrong argument, sync and asyncio alike (headwater.client.transport.remote.Tries, check_arguments).
 
 - A call that is not idempotent (a truncate) is never sent twice once it may have reached
   the broker: its caller hears that the outcome is unknown, and a message another client
@@ -25,7 +25,7 @@ import pytest
 
 import headwater
 import headwater.aio
-from headwater.client.remote import CLOSE_TIMEOUT_S, Tries
+from headwater.client.transport.remote import CLOSE_TIMEOUT_S, Tries
 from headwater.errors import InvalidArgumentError, OutcomeUnknownError, UnavailableError
 from headwater.protocol import messages as m
 
@@ -454,8 +454,8 @@ def test_the_services_have_every_operation_with_the_broker_services_signature():
     BrokerService's parameters and defaults, and a coroutine in the asyncio services."""
     import inspect
 
-    from headwater.client.aio_service import AsyncBrokerService, AsyncService, ThreadedService
-    from headwater.client.remote import RemoteService
+    from headwater.client.aio.service import AsyncBrokerService, AsyncService, ThreadedService
+    from headwater.client.transport.remote import RemoteService
     from headwater.model.service import BrokerService
 
     names = {n for n in vars(BrokerService) if not n.startswith("_") and callable(getattr(BrokerService, n))}

@@ -147,8 +147,8 @@ def test_the_sync_and_asyncio_consumers_refuse_the_same_arguments_alike(hw):
     """Both keep their positions in one ConsumerPositions, so they check alike: the sync
     consumer once took ``max_poll_messages=True`` for 1 and had no ``closed``, and asked the
     broker where a queue begins before finding the partitions were not assigned."""
-    from headwater.client.aio_consumer import AsyncConsumer
-    from headwater.client.consumer import Consumer
+    from headwater.client.aio.consumer import AsyncConsumer
+    from headwater.client.sync.consumer import Consumer
 
     hw.admin.create_queue("q", partitions=2)
     for kind in (Consumer, AsyncConsumer):

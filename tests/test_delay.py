@@ -100,7 +100,7 @@ def test_delays_from_zero_to_hours_arrive_once_in_due_order_in_their_partition(h
     recs = scan_all(hw, "jobs")
     assert Counter(r.body for r in recs) == Counter(expect.keys()), "each message exactly once"
     n = len(hw.admin.describe_queue("jobs").partitions)
-    from headwater.client.partitioner import key_partition
+    from headwater.client.core.partitioner import key_partition
 
     for r in recs:
         at, key = expect[r.body]

@@ -28,7 +28,12 @@ MODULES = _modules_with_examples()
 
 
 def test_the_modules_with_examples_are_found():
-    for name in ("headwater", "headwater.client.producer", "headwater.client.batching", "headwater.model.batch"):
+    for name in (
+        "headwater",
+        "headwater.client.sync.producer",
+        "headwater.client.core.batching",
+        "headwater.model.batch",
+    ):
         assert name in MODULES
 
 

@@ -10,8 +10,8 @@ import time
 import pytest
 
 import headwater
-from headwater.client.consumer import Consumer
-from headwater.client.remote import RemoteService
+from headwater.client.sync.consumer import Consumer
+from headwater.client.transport.remote import RemoteService
 from headwater.errors import (
     InvalidArgumentError,
     PartitionOutOfRangeError,
@@ -39,7 +39,7 @@ class Pushes:
             self.got.append(push)
 
     def bodies(self, partition: int | None = None) -> list[bytes]:
-        from headwater.client.scanner import decode_stored
+        from headwater.client.core.lookups import decode_stored
 
         out = []
         with self.lock:

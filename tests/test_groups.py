@@ -121,7 +121,7 @@ def test_both_strategies_cover_and_balance_and_sticky_is_minimal(subs, counts, c
         prev = sticky
 
 
-@pytest.mark.parametrize("name", ["headwater.model.assignment", "headwater.client.group_consumer"])
+@pytest.mark.parametrize("name", ["headwater.model.assignment", "headwater.client.sync.group_consumer"])
 def test_docstring_examples(name):
     import doctest
     import importlib

@@ -13,8 +13,8 @@ import pytest
 import headwater
 from headwater import Message, MessageId
 from headwater.client import key_partition
-from headwater.client.producer import Producer
-from headwater.client.send_future import LazyFuture, SendFuture
+from headwater.client.sync.producer import Producer
+from headwater.client.transport.send_future import LazyFuture, SendFuture
 from headwater.errors import (
     ClosedError,
     InvalidArgumentError,

@@ -24,7 +24,7 @@ import pytest
 import headwater
 from headwater import Message
 from headwater.broker.shared_state import TRANSITIONS, DeliveryEvent, DeliveryState
-from headwater.client.shared_consumer import raise_refused
+from headwater.client.sync.shared_consumer import raise_refused
 from headwater.errors import (
     ClosedError,
     GroupNotFoundError,
@@ -883,7 +883,7 @@ def test_broker_sigkill_neither_loses_nor_redelivers_acknowledged_messages(broke
         restarted.terminate()
 
 
-@pytest.mark.parametrize("name", ["headwater.model.shared", "headwater.client.shared_consumer"])
+@pytest.mark.parametrize("name", ["headwater.model.shared", "headwater.client.sync.shared_consumer"])
 def test_docstring_examples(name):
     import doctest
     import importlib

@@ -1,4 +1,4 @@
-"""The network transport (headwater.client.transport) and the sync RemoteService over it.
+"""The network transport (headwater.client.transport.async_transport) and the sync RemoteService over it.
 
 Against a real server: requests reach the wire in submission order (the producer's
 pipelining relies on it), with back-to-back calls, big batches that overflow the socket's
@@ -18,8 +18,8 @@ import time
 import pytest
 
 import headwater.aio
-from headwater.client.remote import RemoteService
-from headwater.client.transport import AsyncTransport, parse_address
+from headwater.client.transport.async_transport import AsyncTransport, parse_address
+from headwater.client.transport.remote import RemoteService
 from headwater.errors import ClosedError, InvalidArgumentError, UnavailableError
 from headwater.model.batch import encode_batch
 from headwater.model.config import QueueConfig
@@ -588,7 +588,7 @@ def test_a_connection_left_unread_is_checked_before_it_is_written_to(fake):
 def test_a_connection_read_a_moment_ago_is_written_to_without_reading_it_again(fake, monkeypatch):
     """The check above costs a recv() per request; a caller that read the socket within
     UNREAD_CHECK_S (a polling consumer, calls one after another) is spared it."""
-    import headwater.client.transport as transport
+    import headwater.client.transport.async_transport as transport
 
     broker = fake(lambda body: produced(7))
     svc = RemoteService(broker.address)
@@ -639,9 +639,9 @@ def test_closing_the_client_ends_a_leading_poll_at_once(server):
 
 
 def test_an_interrupt_from_another_thread_ends_a_lead_at_once(remote, monkeypatch):
-    import headwater.client.transport as transport
+    import headwater.client.transport.leading as leading
 
-    monkeypatch.setattr(transport, "LEAD_SLICE_S", 30.0)  # only a poke can end the wait early
+    monkeypatch.setattr(leading, "LEAD_SLICE_S", 30.0)  # only a poke can end the wait early
     end = remote.describe_queue("q").partitions[0].end_offset
     fetch = remote.fetch_async("q", 0, end, max_bytes=1024, max_wait_ms=20_000, lead=True)
     interrupt: concurrent.futures.Future = concurrent.futures.Future()
@@ -653,9 +653,9 @@ def test_an_interrupt_from_another_thread_ends_a_lead_at_once(remote, monkeypatc
 
 
 def test_a_deadline_ends_a_leading_call_at_once(fake, monkeypatch):
-    import headwater.client.transport as transport
+    import headwater.client.transport.leading as leading
 
-    monkeypatch.setattr(transport, "LEAD_SLICE_S", 30.0)  # only a poke can end the wait early
+    monkeypatch.setattr(leading, "LEAD_SLICE_S", 30.0)  # only a poke can end the wait early
     broker = fake()  # answers pings only
     svc = RemoteService(broker.address, request_timeout_s=0.3)
     try:

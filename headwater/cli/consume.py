@@ -32,7 +32,7 @@ from headwater.cli.context import err_console, on_ctrl_c, open_client, out_conso
 from headwater.cli.output import records_table, write_json_lines
 from headwater.cli.parse import COUNT_MAX, Seconds, parse_partitions, parse_start
 from headwater.client import Client, Consumer
-from headwater.client.group_consumer import GroupConsumer
+from headwater.client.sync.group_consumer import GroupConsumer
 from headwater.errors import GroupError, GroupNotEmptyError, QueueDisabledError, UsageError
 from headwater.model.config import QueueInfo
 from headwater.model.message import Record

@@ -3,7 +3,7 @@
 Rows are routed to a partition (the ``partition`` column, else the key's hash, else a
 sticky partition per batch, as the producer does), gathered per partition, and sent as
 record batches of up to ``maxBatchBytes``, through the client's producer
-(:meth:`~headwater.client.producer.Producer.send_identified`: each batch under an identity
+(:meth:`~headwater.client.sync.producer.Producer.send_identified`: each batch under an identity
 this module derives, retried by the producer while the broker is unavailable).
 
 Exactly once. Every record batch a task sends is an idempotent batch whose producer id,
@@ -59,7 +59,7 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
-from headwater.client.producer import Producer
+from headwater.client.sync.producer import Producer
 from headwater.errors import (
     InvalidArgumentError,
     MessageTooLargeError,

@@ -25,7 +25,7 @@ from headwater.storage.memory import MemoryStore
 from headwater.testing.clock import FakeClock
 
 if TYPE_CHECKING:
-    from headwater.client.aio import AsyncClient
+    from headwater.client.aio.client import AsyncClient
 
 __all__ = ["FakeClock", "open_memory", "open_memory_async"]
 
@@ -47,7 +47,7 @@ def open_memory(*, clock: Callable[[], float] = time.time) -> Client:
 
 
 def open_memory_async(*, clock: Callable[[], float] = time.time) -> AsyncClient:
-    """An asyncio client (the :class:`~headwater.client.aio.AsyncClient` of
+    """An asyncio client (the :class:`~headwater.client.aio.client.AsyncClient` of
     ``headwater.aio``) over a fresh broker in memory: for testing asyncio code. A plain
     call, as nothing waits; close it with ``await hw.close()`` or ``async with``.
 
@@ -60,8 +60,8 @@ def open_memory_async(*, clock: Callable[[], float] = time.time) -> AsyncClient:
     >>> asyncio.run(main())
     0
     """
-    from headwater.client.aio import AsyncClient  # here: sync tests need not import the asyncio client
-    from headwater.client.aio_service import ThreadedService
+    from headwater.client.aio.client import AsyncClient  # here: sync tests need not import the asyncio client
+    from headwater.client.aio.service import ThreadedService
 
     broker = _memory_broker(clock)
     return AsyncClient(ThreadedService(broker, subscribe_appends=broker.add_append_listener))

@@ -1,7 +1,7 @@
 """The producer's state, without I/O: partitions and their batches, lingering and sealing,
 what is in flight, what goes again after a failure and in which order, and the sequences
-batches are encoded under. The thread-based :class:`~headwater.client.producer.Producer`
-and the :class:`~headwater.client.aio_producer.AsyncProducer` drive it: they call it when a
+batches are encoded under. The thread-based :class:`~headwater.client.sync.producer.Producer`
+and the :class:`~headwater.client.aio.producer.AsyncProducer` drive it: they call it when a
 message arrives, when a deadline passes and when an answer comes back, and do what it
 returns (send these batches, wake me at this time, settle this batch).
 

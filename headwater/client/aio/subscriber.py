@@ -1,6 +1,6 @@
-"""AsyncSubscriber: the :class:`~headwater.client.subscriber.Subscriber` for asyncio.
+"""AsyncSubscriber: the :class:`~headwater.client.sync.subscriber.Subscriber` for asyncio.
 
-The same push subscription (see :mod:`headwater.client.subscriber` and
+The same push subscription (see :mod:`headwater.client.sync.subscriber` and
 docs/subscriptions.md): attach to a subscriber registered on the broker, and each record goes
 through the listeners in order, one after the other, in offset order per partition; the
 checkpoint passes only records whose listeners all returned, and is stored every
@@ -32,10 +32,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from headwater.client import subscriber
-from headwater.client.aio_consumer import AsyncConsumer
-from headwater.client.aio_service import AsyncBrokerService
-from headwater.client.subscriber import (
+from headwater.client.aio.consumer import AsyncConsumer
+from headwater.client.aio.service import AsyncBrokerService
+from headwater.client.sync import subscriber
+from headwater.client.sync.subscriber import (
     PARTITIONS_CHECK_S,
     RECONNECT_BACKOFF_S_MAX,
     Listener,

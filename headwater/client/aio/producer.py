@@ -1,4 +1,4 @@
-"""AsyncProducer: the :class:`~headwater.client.producer.Producer` for asyncio.
+"""AsyncProducer: the :class:`~headwater.client.sync.producer.Producer` for asyncio.
 
 The same batching, routing and idempotence, on the event loop instead of a sender thread:
 
@@ -27,8 +27,8 @@ The same batching, routing and idempotence, on the event loop instead of a sende
   (:mod:`headwater.client.core.outcomes`).
 
 Use from one event loop. Nothing here blocks; what does no I/O is shared with the sync
-producer (:mod:`headwater.client.core`, :mod:`headwater.client.batching`,
-:mod:`headwater.client.partitioner`).
+producer (:mod:`headwater.client.core`, :mod:`headwater.client.core.batching`,
+:mod:`headwater.client.core.partitioner`).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from headwater.client.aio_service import AsyncBrokerService, ThreadedService
-from headwater.client.batching import (
+from headwater.client.aio.service import AsyncBrokerService, ThreadedService
+from headwater.client.core.batching import (
     ProducerBase,
     as_message,
     check_batch_arg,
@@ -54,7 +54,7 @@ from headwater.client.batching import (
 )
 from headwater.client.core.outcomes import closed_unsent
 from headwater.client.core.producer import Batch, PartitionState
-from headwater.client.send_future import AsyncSendFuture
+from headwater.client.transport.send_future import AsyncSendFuture
 from headwater.errors import (
     ClosedError,
     InvalidArgumentError,
@@ -102,7 +102,7 @@ class AsyncProducer(ProducerBase):
     it is stored; ``send_nowait()`` returns a future at once, for many messages in flight;
     ``await flush()`` waits for everything sent so far; ``await close()`` flushes and stops.
 
-    Options are :class:`~headwater.client.batching.ProducerBase`'s; past ``buffer_bytes_max``
+    Options are :class:`~headwater.client.core.batching.ProducerBase`'s; past ``buffer_bytes_max``
     ``send_nowait`` raises :class:`UnavailableError` instead of blocking. Every send takes
     ``deliver_at=`` or ``delay=`` for a delayed message, as the sync producer's do.
     """
@@ -160,7 +160,7 @@ class AsyncProducer(ProducerBase):
         The future cannot be cancelled, as the sync producer's: a queued message is not
         taken back, so ``cancel()`` returns False and the future still gets its id. A task
         awaiting it can be cancelled (or time out with ``asyncio.timeout``): that ends only
-        its wait (see :class:`~headwater.client.send_future.AsyncSendFuture`).
+        its wait (see :class:`~headwater.client.transport.send_future.AsyncSendFuture`).
         """
         self._check_open()
         msg = as_message(body, key, tag, properties)

@@ -21,11 +21,11 @@ from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
-from headwater.client.fetch_stream import STREAM_WINDOW_BYTES
-from headwater.client.polling import drain_buffers, take_batches, wait_any
-from headwater.client.positions import POLL_MESSAGES_DEFAULT, TP, ConsumerPositions
-from headwater.client.scanner import partitions_named
-from headwater.client.send_future import LazyFuture
+from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, partitions_named
+from headwater.client.sync.positions import TP, ConsumerPositions
+from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES
+from headwater.client.transport.polling import drain_buffers, take_batches, wait_any
+from headwater.client.transport.send_future import LazyFuture
 from headwater.model.message import Record
 from headwater.model.service import BrokerService, FetchesAsync, FetchResult, Leads
 

@@ -4,9 +4,9 @@
 method a coroutine (same names, same arguments, same results). Two implementations:
 
 - :class:`AsyncService`: a broker across the network, over one pipelined
-  :class:`~headwater.client.transport.AsyncTransport` (``headwater.aio.connect``). It mirrors
-  :class:`~headwater.client.remote.RemoteService` method by method, and sends a call again
-  by the same rules (:class:`~headwater.client.remote.Tries`): within one deadline, a
+  :class:`~headwater.client.transport.async_transport.AsyncTransport` (``headwater.aio.connect``). It mirrors
+  :class:`~headwater.client.transport.remote.RemoteService` method by method, and sends a call again
+  by the same rules (:class:`~headwater.client.transport.remote.Tries`): within one deadline, a
   request that never left is sent again, one written before its connection was lost only
   if doing it twice is the same as once, and one that got no answer in time never.
 - :class:`ThreadedService`: a synchronous service in this process (the embedded broker of
@@ -24,8 +24,8 @@ import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from headwater.client.remote import Tries, check_arguments, define_calls
-from headwater.client.transport import AsyncTransport
+from headwater.client.transport.async_transport import AsyncTransport
+from headwater.client.transport.remote import Tries, check_arguments, define_calls
 from headwater.errors import ClosedError, UnavailableError
 from headwater.model.config import QueueConfig, QueueInfo
 from headwater.model.delay import DelayStats
@@ -153,10 +153,10 @@ class AsyncBrokerService(Protocol):
 class AsyncService(AsyncBrokerService):
     """A broker over TCP, awaitable. ``retries``: how often a call that lost its connection
     may be sent again within its ``request_timeout_s`` (the transport reconnects, with
-    backoff); see :mod:`headwater.client.remote` for which calls, and when.
+    backoff); see :mod:`headwater.client.transport.remote` for which calls, and when.
 
     Each AsyncBrokerService method not written out here is made from its operation's entry
-    in ``API_SPECS`` (:func:`~headwater.client.remote.define_calls`)."""
+    in ``API_SPECS`` (:func:`~headwater.client.transport.remote.define_calls`)."""
 
     def __init__(self, transport: AsyncTransport, *, retries: int = 3) -> None:
         self.transport = transport
@@ -167,7 +167,7 @@ class AsyncService(AsyncBrokerService):
     async def _call(self, body: m.RequestBody) -> Any:
         """Send ``body`` and await its answer, within ``request_timeout_s`` (a long poll: plus
         its ``max_wait_ms``) in all, sending it again as
-        :class:`~headwater.client.remote.Tries` allows (as ``RemoteService`` does)."""
+        :class:`~headwater.client.transport.remote.Tries` allows (as ``RemoteService`` does)."""
         check_arguments(body)
         tries = Tries(self.transport, body, retries=self._retries)
         loop = asyncio.get_running_loop()
@@ -196,7 +196,7 @@ class AsyncService(AsyncBrokerService):
         future holds the ProduceResult (the asyncio producer pipelines with it)."""
         return self._submit(m.ProduceRequest(queue, partition, batch))
 
-    # fetch streams (the asyncio consumer drives them; see headwater.client.fetch_stream)
+    # fetch streams (the asyncio consumer drives them; see headwater.client.transport.fetch_stream)
     def open_fetch_stream(
         self,
         queue: str,
@@ -231,7 +231,7 @@ class AsyncService(AsyncBrokerService):
         fut = self._submit(m.CloseStreamRequest(stream_id))
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nothing worth waiting for
 
-    # push streams (headwater.client.aio_subscriber drives them)
+    # push streams (headwater.client.aio.subscriber drives them)
     async def open_push_stream(
         self,
         queue: str,
@@ -351,7 +351,7 @@ class _AppendWaiters:
 class ThreadedService(AsyncBrokerService):
     """A synchronous BrokerService in this process, awaitable: each call runs in a thread
     (the methods not written out here are made from ``API_SPECS`` by
-    :func:`~headwater.client.remote.define_calls`; a caller's lists and mappings are
+    :func:`~headwater.client.transport.remote.define_calls`; a caller's lists and mappings are
     copied, since other tasks run while the thread reads them).
 
     ``subscribe_appends(fn)``, when given, registers ``fn(queue, partition, end_offset)`` to

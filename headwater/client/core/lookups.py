@@ -1,6 +1,6 @@
 """What ``get`` and ``find`` do with the broker's answers, without I/O.
 
-The sync :class:`~headwater.client.client.Client` and the asyncio one make the same calls
+The sync :class:`~headwater.client.sync.client.Client` and the asyncio one make the same calls
 and then share these functions, so the two cannot drift apart.
 """
 
@@ -8,12 +8,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
-from headwater.client.scanner import decode_stored
-from headwater.errors import InvalidArgumentError, MessageNotFoundError
+from headwater.errors import CorruptDataError, InvalidArgumentError, InvalidBatchError, MessageNotFoundError
+from headwater.model.batch import check_batch, decode_records
 from headwater.model.message import MessageId, Record, to_epoch_ms
 
 __all__ = ["record_for_id", "find_bounds", "records_with_key"]
+
+
+def decode_stored(batch: bytes | memoryview, queue: str, **kw: Any) -> list[Record]:
+    """Records of a fetched batch after checking both checksums (damage is never served)."""
+    try:
+        h = check_batch(batch)
+    except InvalidBatchError as e:
+        raise CorruptDataError(
+            f"a stored batch of queue {queue!r} failed its checks ({e}); run "
+            f"'headwater check --data DIR' to cut the damaged part"
+        ) from e
+    return decode_records(batch, queue, header=h, **kw)
 
 
 def record_for_id(mid: MessageId, queue: str, batch: bytes) -> Record:

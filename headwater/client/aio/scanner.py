@@ -1,4 +1,4 @@
-"""AsyncScanner: the :class:`~headwater.client.scanner.Scanner` for asyncio.
+"""AsyncScanner: the :class:`~headwater.client.sync.scanner.Scanner` for asyncio.
 
 The same ranges, bounds and tag filters, read with ``async for``. Bounds are checked by the
 sync scanner's own helpers; what needs the broker (the queue's partitions, time bounds)
@@ -11,8 +11,10 @@ from collections import deque
 from collections.abc import Iterable
 from datetime import datetime
 
-from headwater.client.aio_service import AsyncBrokerService
-from headwater.client.scanner import FETCH_BYTES_DEFAULT, Bound, Scanner, _as_id, _bound, decode_stored
+from headwater.client.aio.service import AsyncBrokerService
+from headwater.client.core.lookups import decode_stored
+from headwater.client.core.reads import FETCH_BYTES_DEFAULT, Bound, bound_id, bound_offset
+from headwater.client.sync.scanner import Scanner
 from headwater.errors import InvalidArgumentError, QueueDisabledError
 from headwater.model.batch import tags_mask
 from headwater.model.checks import tag_filter_arg
@@ -46,7 +48,7 @@ class AsyncScanner:
         self._service = service
         self.queue = queue
         # what can be checked without the broker is checked now
-        self._start_id, self._stop_id = _as_id(start, "start"), _as_id(stop, "stop")
+        self._start_id, self._stop_id = bound_id(start, "start"), bound_id(stop, "stop")
         if (
             self._start_id is not None
             and self._stop_id is not None
@@ -83,8 +85,8 @@ class AsyncScanner:
         ranges = []
         for p in parts:
             pi = info.partitions[p]
-            lo = _bound(self._start_id or self._start, p, pi.start_offset)
-            hi = _bound(self._stop_id or self._stop, p, pi.end_offset)
+            lo = bound_offset(self._start_id or self._start, p, pi.start_offset)
+            hi = bound_offset(self._stop_id or self._stop, p, pi.end_offset)
             if self._start_ms is not None:
                 lo = max(lo, await svc.offset_for_time(queue, p, self._start_ms))
             if self._end_ms is not None:

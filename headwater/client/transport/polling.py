@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from headwater.client.scanner import decode_stored
+from headwater.client.core.lookups import decode_stored
 from headwater.errors import UnavailableError
 from headwater.model.message import Record
 from headwater.model.service import HasTransport

@@ -23,7 +23,7 @@ reaching it holds the resize until it is run again.
 Delivery is at least once: after a crash a member resumes from its last commit.
 
 :class:`KeyedConsumerBase` holds what the blocking member and the asyncio one
-(:class:`~headwater.client.aio_keyed_consumer.AsyncKeyedConsumer`) share, without I/O: the
+(:class:`~headwater.client.aio.keyed_consumer.AsyncKeyedConsumer`) share, without I/O: the
 group as last seen, positions, buffers, and the decoding of a fetch's answer.
 """
 
@@ -35,9 +35,8 @@ import time
 from collections import deque
 from typing import Any
 
-from headwater.client.consumer import POLL_MESSAGES_DEFAULT
-from headwater.client.polling import Outage, drain_buffers, wait_any
-from headwater.client.positions import check_poll, check_read_settings
+from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_poll, check_read_settings
+from headwater.client.transport.polling import Outage, drain_buffers, wait_any
 from headwater.errors import ClosedError, InvalidArgumentError, StaleGenerationError
 from headwater.model.config import QueueInfo
 from headwater.model.filtering import decode_selection

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from headwater.client.batching import (
+from headwater.client.core.batching import (
     MESSAGE_OVERHEAD_BYTES,
     BatchReceipt,
     ProducerBase,
@@ -42,8 +42,8 @@ from headwater.client.batching import (
 )
 from headwater.client.core.outcomes import closed_unsent
 from headwater.client.core.producer import Batch, PartitionState
-from headwater.client.producer_sender import ProducerSender
-from headwater.client.send_future import SendFuture, fail_sends, settle_sends
+from headwater.client.sync.producer_sender import ProducerSender
+from headwater.client.transport.send_future import SendFuture, fail_sends, settle_sends
 from headwater.errors import (
     InvalidArgumentError,
     PartitionOutOfRangeError,
@@ -106,7 +106,7 @@ class Producer(ProducerBase, ProducerSender):
     >>> p.close()
     >>> hw.close()
 
-    Options (all keyword-only) are :class:`~headwater.client.batching.ProducerBase`'s, and:
+    Options (all keyword-only) are :class:`~headwater.client.core.batching.ProducerBase`'s, and:
 
     - ``max_block_ms``: ``send()`` blocks up to this long for room in ``buffer_bytes_max``,
       then raises ``UnavailableError``.
@@ -225,7 +225,7 @@ class Producer(ProducerBase, ProducerSender):
         """Send messages as one batch per partition; return their ids in the given order.
 
         Blocks until they are stored. With ``partition`` every message goes there; otherwise
-        the producer's partitioner decides (see :mod:`headwater.client.partitioner`). When
+        the producer's partitioner decides (see :mod:`headwater.client.core.partitioner`). When
         messages go to several partitions and one fails, the others may be stored.
         ``deliver_at`` or ``delay`` (as for :meth:`send`) delay every message of the call.
         A send callback cannot call it (:class:`UsageError`): it waits.

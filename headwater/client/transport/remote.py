@@ -47,8 +47,8 @@ from typing import Any
 
 import msgspec
 
-from headwater.client.send_future import LazyFuture
-from headwater.client.transport import AsyncTransport
+from headwater.client.transport.async_transport import AsyncTransport
+from headwater.client.transport.send_future import LazyFuture
 from headwater.errors import ClosedError, OutcomeUnknownError, UnavailableError
 from headwater.model.checks import check_int_arg, check_offsets_arg, check_queue_arg, mapping_copy
 from headwater.model.service import BrokerService
@@ -92,7 +92,7 @@ _SUBSCRIBER: tuple[tuple[str, Callable[[Any], None]], ...] = (
 
 
 #: The fields of a request that callers pass straight through, and their checks (see
-#: ``headwater.client.client``): run before encoding, so a value of the wrong type is told
+#: ``headwater.client.sync.client``): run before encoding, so a value of the wrong type is told
 #: in the embedded broker's words, not the encoder's.
 _ARGUMENT_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], None]], ...]] = {
     m.DescribeQueueRequest: (("name", check_queue_arg),),
@@ -247,7 +247,7 @@ _HOW_TO_LOOK: dict[type, Callable[[Any], str]] = {
 
 class Tries:
     """The tries of one blocking call (:class:`RemoteService` and the asyncio
-    :class:`~headwater.client.aio_service.AsyncService` alike): the time each may take,
+    :class:`~headwater.client.aio.service.AsyncService` alike): the time each may take,
     and after a failure whether to send it again, or what to raise (see the module's
     docstring for the rules).
 
@@ -490,7 +490,7 @@ class RemoteService(BrokerService):
             lead=lead,
         )
 
-    # push streams (headwater.client.subscriber drives them)
+    # push streams (headwater.client.sync.subscriber drives them)
     def open_push_stream(
         self,
         queue: str,
@@ -529,7 +529,7 @@ class RemoteService(BrokerService):
             except UnavailableError:
                 pass  # the connection is gone, and the stream with it
 
-    # fetch streams (headwater.client.fetch_stream drives them)
+    # fetch streams (headwater.client.transport.fetch_stream drives them)
     def open_fetch_stream(
         self,
         queue: str,

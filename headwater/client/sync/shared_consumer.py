@@ -19,9 +19,9 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
-from headwater.client.polling import Outage, wait_any
-from headwater.client.positions import check_poll
-from headwater.client.scanner import decode_stored
+from headwater.client.core.lookups import decode_stored
+from headwater.client.core.reads import check_poll
+from headwater.client.transport.polling import Outage, wait_any
 from headwater.errors import (
     ClosedError,
     HeadwaterError,

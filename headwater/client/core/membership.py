@@ -1,6 +1,6 @@
 """What a group member knows about its membership, and the settings both group consumers
-check: the no-I/O core under :class:`~headwater.client.group_consumer.GroupConsumer` (threads)
-and :class:`~headwater.client.aio_group_consumer.AsyncGroupConsumer` (asyncio).
+check: the no-I/O core under :class:`~headwater.client.sync.group_consumer.GroupConsumer` (threads)
+and :class:`~headwater.client.aio.group_consumer.AsyncGroupConsumer` (asyncio).
 
 Two parties update it: whoever heartbeats (a thread, or a task) records the broker's answers
 with :meth:`MemberView.heard`; the application, at the start of ``poll``, takes what changed

@@ -1,4 +1,4 @@
-"""The sending half of the thread-based :class:`~headwater.client.producer.Producer`: how
+"""The sending half of the thread-based :class:`~headwater.client.sync.producer.Producer`: how
 the batches its core puts in flight leave, and how their answers come back. One class in
 two files (:class:`ProducerSender` is a mixin of ``Producer`` and works on its state, under
 its locks; ``producer.py`` says which lock guards what).
@@ -21,7 +21,7 @@ from typing import Any
 
 from headwater.client.core.outcomes import Step
 from headwater.client.core.producer import Batch
-from headwater.client.send_future import listened
+from headwater.client.transport.send_future import listened
 
 __all__ = ["ProducerSender", "SENDER_IDLE_EXIT_S"]
 

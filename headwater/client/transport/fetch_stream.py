@@ -21,7 +21,7 @@ the queue's stream (:meth:`close`), and the next poll opens another where the co
 stream the broker refuses or ends for good (the queue was deleted) raises its reason from
 :meth:`take`. One it ends with a retriable error (the broker is stopping for a restart), or
 whose connection is lost, is opened again, after a backoff, while the broker cannot be
-reached (:class:`~headwater.client.polling.Outage`: within the client's
+reached (:class:`~headwater.client.transport.polling.Outage`: within the client's
 ``connect_timeout_s``, like any call), so a consumer goes on across a broker's restart.
 """
 
@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from headwater.client.polling import Outage, take_batches
+from headwater.client.transport.polling import Outage, take_batches
 from headwater.errors import UnavailableError, error_for_code
 
 __all__ = ["FetchStreams", "STREAM_WINDOW_BYTES"]

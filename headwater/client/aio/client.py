@@ -1,4 +1,4 @@
-"""AsyncClient and AsyncAdmin: the :class:`~headwater.client.client.Client` shape for asyncio.
+"""AsyncClient and AsyncAdmin: the :class:`~headwater.client.sync.client.Client` shape for asyncio.
 
 Every name of the sync client is here with the same arguments; what waits for the broker is
 a coroutine, what only builds an object (``producer()``, ``consumer()``, ``scanner()``) is a
@@ -12,21 +12,20 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from headwater.client.aio_consumer import AsyncConsumer
-from headwater.client.aio_group_consumer import AsyncGroupConsumer
-from headwater.client.aio_keyed_consumer import AsyncKeyedConsumer
-from headwater.client.aio_producer import AsyncProducer
-from headwater.client.aio_scanner import AsyncScanner
-from headwater.client.aio_service import AsyncBrokerService
-from headwater.client.aio_shared_consumer import AsyncSharedConsumer
-from headwater.client.aio_subscriber import AsyncSubscriber
-from headwater.client.client import check_int_arg
-from headwater.client.consumer import POLL_MESSAGES_DEFAULT
-from headwater.client.lookups import find_bounds, record_for_id, records_with_key
-from headwater.client.partitioner import PartitionFn
-from headwater.client.scanner import Bound
-from headwater.client.subscriber import Listener
+from headwater.client.aio.consumer import AsyncConsumer
+from headwater.client.aio.group_consumer import AsyncGroupConsumer
+from headwater.client.aio.keyed_consumer import AsyncKeyedConsumer
+from headwater.client.aio.producer import AsyncProducer
+from headwater.client.aio.scanner import AsyncScanner
+from headwater.client.aio.service import AsyncBrokerService
+from headwater.client.aio.shared_consumer import AsyncSharedConsumer
+from headwater.client.aio.subscriber import AsyncSubscriber
+from headwater.client.core.lookups import find_bounds, record_for_id, records_with_key
+from headwater.client.core.partitioner import PartitionFn
+from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, Bound
+from headwater.client.sync.subscriber import Listener
 from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
+from headwater.model.checks import check_int_arg
 from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
 from headwater.model.delay import DelayStats
 from headwater.model.keyed import KeyedGroupInfo
@@ -106,7 +105,7 @@ class AsyncAdmin:
         check_int_arg(partitions, "a partition count")
         return await self._service.add_partitions(name, partitions)
 
-    # keyed groups (headwater.client.aio_keyed_consumer)
+    # keyed groups (headwater.client.aio.keyed_consumer)
     async def describe_keyed_group(self, group: str, queue: str) -> KeyedGroupInfo:
         """A keyed group's size, key, generation, positions and any resize under way."""
         return await self._service.keyed_group(queue, group)
@@ -173,7 +172,7 @@ class AsyncClient:
         idempotent: bool = True,
         **settings,
     ) -> AsyncProducer:
-        """A producer; see :class:`~headwater.client.aio_producer.AsyncProducer` for every
+        """A producer; see :class:`~headwater.client.aio.producer.AsyncProducer` for every
         setting (``settings`` takes the rest: ``buffer_bytes_max``, ``metadata_max_age_ms``, ...).
 
         Closing the client closes its producers first, which sends what they hold.
@@ -205,9 +204,9 @@ class AsyncClient:
         stream: bool = True,
         **group_settings,
     ) -> AsyncConsumer:
-        """A consumer of partitions you assign (:class:`~headwater.client.aio_consumer.AsyncConsumer`),
+        """A consumer of partitions you assign (:class:`~headwater.client.aio.consumer.AsyncConsumer`),
         or with ``subscribe`` a member of consumer group ``group``
-        (:class:`~headwater.client.aio_group_consumer.AsyncGroupConsumer`, joining on its first
+        (:class:`~headwater.client.aio.group_consumer.AsyncGroupConsumer`, joining on its first
         ``poll``, ``start()`` or ``async with``); ``stream`` and ``group_settings`` as for the
         sync client."""
         if subscribe is None:
@@ -254,7 +253,7 @@ class AsyncClient:
         **settings,
     ) -> AsyncSharedConsumer:
         """A member of shared group ``group`` on ``queue``
-        (:class:`~headwater.client.aio_shared_consumer.AsyncSharedConsumer`); the arguments
+        (:class:`~headwater.client.aio.shared_consumer.AsyncSharedConsumer`); the arguments
         are the sync client's ``shared_consumer``."""
         c = AsyncSharedConsumer(
             self._service,
@@ -273,7 +272,7 @@ class AsyncClient:
         self, group: str, queue: str, *, member: int, size: int, key: str = "key", start: str = "earliest", **settings
     ) -> AsyncKeyedConsumer:
         """Member ``member`` of keyed group ``group`` of ``size`` members on ``queue``
-        (:class:`~headwater.client.aio_keyed_consumer.AsyncKeyedConsumer`, joining on its first
+        (:class:`~headwater.client.aio.keyed_consumer.AsyncKeyedConsumer`, joining on its first
         ``poll``, ``start()`` or ``async with``); the arguments are the sync client's
         ``keyed_consumer``."""
         c = AsyncKeyedConsumer(self._service, group, queue, member=member, size=size, key=key, start=start, **settings)
@@ -284,7 +283,7 @@ class AsyncClient:
         """Attach to subscriber ``name`` of ``queue`` (added with ``admin.add_subscriber`` or
         ``headwater subscriber add``) and start calling ``listeners`` (plain functions or
         coroutine functions, awaited), in order, for each record, in a task on the running
-        loop. See :class:`~headwater.client.aio_subscriber.AsyncSubscriber` (``settings`` as
+        loop. See :class:`~headwater.client.aio.subscriber.AsyncSubscriber` (``settings`` as
         for the sync client's ``subscribe``) and docs/subscriptions.md. Closing the client
         stops it, storing its checkpoint."""
         sub = AsyncSubscriber(self._service, queue, name, listeners, **settings)

@@ -1,4 +1,4 @@
-"""AsyncConsumer: the :class:`~headwater.client.consumer.Consumer` for asyncio.
+"""AsyncConsumer: the :class:`~headwater.client.sync.consumer.Consumer` for asyncio.
 
 The same positions and the same reading: two positions per partition (where the next
 fetch starts, and what the application has consumed); over the network a fetch stream per
@@ -20,11 +20,11 @@ import itertools
 from collections.abc import Iterable
 from datetime import datetime
 
-from headwater.client.aio_service import AsyncBrokerService
-from headwater.client.fetch_stream import STREAM_WINDOW_BYTES
-from headwater.client.polling import drain_buffers, retrieve, take_batches
-from headwater.client.positions import POLL_MESSAGES_DEFAULT, TP, ConsumerPositions
-from headwater.client.scanner import partitions_named
+from headwater.client.aio.service import AsyncBrokerService
+from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, partitions_named
+from headwater.client.sync.positions import TP, ConsumerPositions
+from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES
+from headwater.client.transport.polling import drain_buffers, retrieve, take_batches
 from headwater.model.message import Record
 from headwater.model.service import FetchResult
 

@@ -5,8 +5,8 @@ the application has consumed (``_consumed``, the offset after the last record ``
 handed out: what a commit stores) and the records read and not yet handed out
 (``_buffers``). Assigning, seeking to an offset or a message id, forgetting partitions and
 checking the arguments of all of these move only that state, so they live here once, and
-:class:`~headwater.client.consumer.Consumer` and
-:class:`~headwater.client.aio_consumer.AsyncConsumer` add the reads: a blocking call or a
+:class:`~headwater.client.sync.consumer.Consumer` and
+:class:`~headwater.client.aio.consumer.AsyncConsumer` add the reads: a blocking call or a
 coroutine around the same steps. Each names how it drops a read in flight for a partition
 that moved (:meth:`_drop_fetch`).
 
@@ -23,14 +23,14 @@ OffsetOutOfRange: reading on from there would skip every record up to it, silent
 from __future__ import annotations
 
 import logging
-import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from headwater.client.fetch_stream import FetchStreams
-from headwater.client.membership import TP, by_queue
-from headwater.client.polling import Outage
+from headwater.client.core.membership import TP, by_queue
+from headwater.client.core.reads import check_poll, check_read_settings
+from headwater.client.transport.fetch_stream import FetchStreams
+from headwater.client.transport.polling import Outage
 from headwater.errors import ClosedError, InvalidArgumentError, InvalidMessageIdError
 from headwater.model.batch import tags_mask
 from headwater.model.checks import tag_filter_arg
@@ -38,50 +38,9 @@ from headwater.model.config import QueueInfo
 from headwater.model.message import MessageId, Record, required_epoch_ms
 from headwater.model.service import OpensFetchStreams
 
-__all__ = ["ConsumerPositions", "POLL_MESSAGES_DEFAULT", "TP", "check_poll", "check_read_settings"]
+__all__ = ["ConsumerPositions", "TP"]
 
 log = logging.getLogger("headwater.consumer")
-
-#: Records one poll returns at most, unless told otherwise: 32, as EQueue's batch pull.
-POLL_MESSAGES_DEFAULT = 32
-
-
-def _positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def check_read_settings(*, fetch_bytes: object, max_poll_messages: object) -> None:
-    """Check the read settings every consumer kind takes (plain, group, keyed), before
-    anything is sent: a bad one would otherwise fail only at the first poll, as the
-    protocol's encoder's complaint (over the network) or not at all (embedded)."""
-    if not _positive_int(fetch_bytes):
-        raise InvalidArgumentError(f"fetch_bytes (the most one read returns) is an int >= 1, got {fetch_bytes!r}")
-    if not _positive_int(max_poll_messages):
-        raise InvalidArgumentError(f"max_poll_messages must be a positive int, got {max_poll_messages!r}")
-
-
-def check_poll(max_messages: object, timeout_ms: object, default_messages: int, *, call: str = "poll") -> int:
-    """The records a ``poll(max_messages, timeout_ms)`` returns at most (``default_messages``
-    when ``max_messages`` is None); raises InvalidArgumentError for arguments that are not
-    a positive int and a finite number of milliseconds >= 0. Like Kafka's ``poll(Duration)``,
-    a poll always has a bound: there is no "wait forever" (iterate the consumer for that).
-    ``call``: the method's name in the errors (a shared consumer's ``receive``)."""
-    if max_messages is None:
-        limit = default_messages
-    elif _positive_int(max_messages):
-        limit = max_messages  # type: ignore[assignment]
-    else:
-        default = "max_poll_messages" if call == "poll" else default_messages
-        raise InvalidArgumentError(
-            f"{call}(): max_messages is a positive int (or None: {default}), got {max_messages!r}"
-        )
-    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not 0 <= timeout_ms < math.inf:
-        more = "; to read without end, iterate the consumer" if call == "poll" else ""
-        raise InvalidArgumentError(
-            f"{call}(): timeout_ms is how long it waits for messages, in milliseconds: a number >= 0 "
-            f"(0: return what has come), got {timeout_ms!r}{more}"
-        )
-    return limit
 
 
 class ConsumerPositions:

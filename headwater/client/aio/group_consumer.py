@@ -1,6 +1,6 @@
-"""AsyncGroupConsumer: :class:`~headwater.client.group_consumer.GroupConsumer` for asyncio.
+"""AsyncGroupConsumer: :class:`~headwater.client.sync.group_consumer.GroupConsumer` for asyncio.
 
-The same membership (over the same no-I/O core, :mod:`headwater.client.membership`), the
+The same membership (over the same no-I/O core, :mod:`headwater.client.core.membership`), the
 same rules and guarantees (see docs/consumer-groups.md); heartbeats come from a task instead
 of a thread. So processing is decoupled from liveness as long as handlers await: a handler
 that blocks the event loop (CPU work, blocking I/O) stops the heartbeats too; run such work
@@ -20,10 +20,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from headwater.client.aio_consumer import AsyncConsumer
-from headwater.client.aio_service import AsyncBrokerService
-from headwater.client.local_offsets import LocalOffsets
-from headwater.client.membership import (
+from headwater.client.aio.consumer import AsyncConsumer
+from headwater.client.aio.service import AsyncBrokerService
+from headwater.client.core.membership import (
     COMMIT_ATTEMPTS,
     HEARTBEAT_WAITING_MS,
     TP,
@@ -31,6 +30,7 @@ from headwater.client.membership import (
     MemberView,
     by_queue,
 )
+from headwater.client.sync.local_offsets import LocalOffsets
 from headwater.errors import (
     ClosedError,
     GroupError,
@@ -54,7 +54,7 @@ class AsyncGroupConsumer(AsyncConsumer):
     """A member of consumer group ``group``, for asyncio. Use from one task at a time.
 
     Get one with ``hw.consumer(group="billing", subscribe=["orders"])`` on an
-    :class:`~headwater.client.aio.AsyncClient`::
+    :class:`~headwater.client.aio.client.AsyncClient`::
 
         async with hw.consumer(group="billing", subscribe="orders") as c:
             async for record in c:
@@ -163,7 +163,7 @@ class AsyncGroupConsumer(AsyncConsumer):
             self._last_poll = loop.time()
 
     async def commit(self, offsets: dict[TP, int] | None = None) -> None:
-        """As :meth:`GroupConsumer.commit <headwater.client.group_consumer.GroupConsumer.commit>`."""
+        """As :meth:`GroupConsumer.commit <headwater.client.sync.group_consumer.GroupConsumer.commit>`."""
         self._check_open()
         if offsets is not None:
             by_queue(offsets)  # the shape checked, the same for both modes

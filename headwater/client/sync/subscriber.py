@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from headwater.client.consumer import Consumer
+from headwater.client.sync.consumer import Consumer
 from headwater.errors import (
     ClosedError,
     HeadwaterError,
@@ -83,7 +83,7 @@ class SubscriberBase:
     """What a subscriber process is, without I/O: its settings and listeners, its positions
     and stored checkpoints, the credit its listeners used, and the decisions on them. The
     sync :class:`Subscriber` (a thread) and the asyncio
-    :class:`~headwater.client.aio_subscriber.AsyncSubscriber` (a task) drive it."""
+    :class:`~headwater.client.aio.subscriber.AsyncSubscriber` (a task) drive it."""
 
     def __init__(
         self,

@@ -16,11 +16,12 @@ import importlib
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from headwater.client.core.metadata import MetadataCache
 from headwater.client.core.outcomes import RetryPolicy, int_setting
+from headwater.client.core.partitioner import Partitioner, PartitionFn
 from headwater.client.core.producer import Batch, PartitionState, ProducerCore
-from headwater.client.partitioner import Partitioner, PartitionFn
 from headwater.errors import (
     ClosedError,
     InvalidArgumentError,
@@ -85,7 +86,7 @@ class BatchReceipt(Sequence[MessageId]):
     def __len__(self) -> int:
         return self.result.count
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i: int | slice) -> Any:  # MessageId, or a list of them for a slice
         r = self.result
         if isinstance(i, slice):
             return [MessageId(r.queue_id, r.partition, r.base_offset + j) for j in range(r.count)[i]]
@@ -179,7 +180,7 @@ class ProducerBase:
     Options (all keyword-only; ``docs/producing.md`` explains each with an example):
 
     - ``partitioner``: ``"default"``, ``"key"``, ``"round_robin"``, ``"random"`` or a function
-      ``(message, partition_count) -> partition`` (see :mod:`headwater.client.partitioner`).
+      ``(message, partition_count) -> partition`` (see :mod:`headwater.client.core.partitioner`).
     - ``compression``: ``None``, ``"zstd"`` or ``"lz4"`` (the ``compression`` extra).
     - ``linger_ms``: how long a partition's batch waits for more messages; 0 sends at once
       while the partition has room in flight (messages arriving meanwhile form the next one).

@@ -1,6 +1,6 @@
 """GroupConsumer: a member of a consumer group, in clustering or broadcast mode.
 
-It is the simple :class:`~headwater.client.consumer.Consumer` (same fetching, positions,
+It is the simple :class:`~headwater.client.sync.consumer.Consumer` (same fetching, positions,
 long polling, ``poll``/``commit``/``position``/``close``) whose partitions come from the
 group instead of from ``assign()``:
 
@@ -40,9 +40,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from headwater.client.consumer import Consumer
-from headwater.client.local_offsets import LocalOffsets
-from headwater.client.membership import (
+from headwater.client.core.membership import (
     COMMIT_ATTEMPTS,
     HEARTBEAT_WAITING_MS,
     TP,
@@ -50,6 +48,8 @@ from headwater.client.membership import (
     MemberView,
     by_queue,
 )
+from headwater.client.sync.consumer import Consumer
+from headwater.client.sync.local_offsets import LocalOffsets
 from headwater.errors import (
     ClosedError,
     GroupError,

@@ -1,10 +1,10 @@
 """AsyncSharedConsumer: a member of a shared group, for asyncio.
 
-The names and behaviour of :class:`~headwater.client.shared_consumer.SharedConsumer`; what
+The names and behaviour of :class:`~headwater.client.sync.shared_consumer.SharedConsumer`; what
 talks to the broker is a coroutine (``receive``, ``ack``, ``nack``, ``extend``,
 ``describe``, ``close``), and so are :class:`AsyncDelivery`'s ``ack``, ``nack`` and
 ``extend``. Get one with ``hw.shared_consumer(group, queue, ...)`` on an
-:class:`~headwater.client.aio.AsyncClient`.
+:class:`~headwater.client.aio.client.AsyncClient`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, cast
 
-from headwater.client.aio_service import AsyncBrokerService
-from headwater.client.shared_consumer import Delivery, SharedConsumerBase, deliveries_from, raise_refused
+from headwater.client.aio.service import AsyncBrokerService
+from headwater.client.sync.shared_consumer import Delivery, SharedConsumerBase, deliveries_from, raise_refused
 from headwater.errors import HeadwaterError, UnavailableError
 from headwater.model.service import AsyncStartsSharedReceive
 from headwater.model.shared import SharedGroupInfo
@@ -24,7 +24,7 @@ __all__ = ["AsyncDelivery", "AsyncSharedConsumer"]
 
 
 class AsyncDelivery(Delivery):
-    """A leased message (see :class:`~headwater.client.shared_consumer.Delivery`), settled
+    """A leased message (see :class:`~headwater.client.sync.shared_consumer.Delivery`), settled
     with coroutines."""
 
     __slots__ = ()

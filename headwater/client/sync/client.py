@@ -6,15 +6,16 @@ import weakref
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from headwater.client.consumer import POLL_MESSAGES_DEFAULT, Consumer
-from headwater.client.group_consumer import GroupConsumer
-from headwater.client.keyed_consumer import KeyedConsumer
-from headwater.client.lookups import find_bounds, record_for_id, records_with_key
-from headwater.client.partitioner import PartitionFn
-from headwater.client.producer import Producer
-from headwater.client.scanner import Bound, Scanner
-from headwater.client.shared_consumer import SharedConsumer
-from headwater.client.subscriber import Listener, Subscriber
+from headwater.client.core.lookups import find_bounds, record_for_id, records_with_key
+from headwater.client.core.partitioner import PartitionFn
+from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, Bound
+from headwater.client.sync.consumer import Consumer
+from headwater.client.sync.group_consumer import GroupConsumer
+from headwater.client.sync.keyed_consumer import KeyedConsumer
+from headwater.client.sync.producer import Producer
+from headwater.client.sync.scanner import Scanner
+from headwater.client.sync.shared_consumer import SharedConsumer
+from headwater.client.sync.subscriber import Listener, Subscriber
 from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
 from headwater.model.checks import check_int_arg
 from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
@@ -97,7 +98,7 @@ class Admin:
         check_int_arg(partitions, "a partition count")
         return self._service.add_partitions(name, partitions)
 
-    # keyed groups (headwater.client.keyed_consumer)
+    # keyed groups (headwater.client.sync.keyed_consumer)
     def describe_keyed_group(self, group: str, queue: str) -> KeyedGroupInfo:
         """A keyed group's size, key, generation, positions and any resize under way."""
         return self._service.keyed_group(queue, group)
@@ -109,7 +110,7 @@ class Admin:
         Resizing to 0 is an error; to the current size, nothing."""
         return self._service.keyed_resize(queue, group, size)
 
-    # push subscribers (headwater.client.subscriber)
+    # push subscribers (headwater.client.sync.subscriber)
     def add_subscriber(
         self,
         queue: str,
@@ -174,7 +175,7 @@ class Client:
         idempotent: bool = True,
         **settings,
     ) -> Producer:
-        """A producer; see :class:`~headwater.client.producer.Producer` for every setting
+        """A producer; see :class:`~headwater.client.sync.producer.Producer` for every setting
         (``settings`` takes the rest: ``buffer_bytes_max``, ``max_block_ms``, ...).
 
         Closing the client closes its producers first, which sends what they hold.
@@ -209,7 +210,7 @@ class Client:
         """A consumer.
 
         Without ``subscribe``: the simple form, reading the partitions you ``assign()``
-        (:class:`~headwater.client.consumer.Consumer`); ``group`` only names where ``commit``
+        (:class:`~headwater.client.sync.consumer.Consumer`); ``group`` only names where ``commit``
         stores positions. ``stream`` (True, for both forms; over the network): the broker
         pushes the partitions' new batches as they are appended (a fetch stream) instead of
         answering a FETCH per batch: less work per message on both sides and the lowest
@@ -217,7 +218,7 @@ class Client:
         nothing.
 
         With ``subscribe`` (a queue or a list): a member of consumer group ``group``
-        (:class:`~headwater.client.group_consumer.GroupConsumer`) whose partitions come from
+        (:class:`~headwater.client.sync.group_consumer.GroupConsumer`) whose partitions come from
         the group. ``group_settings``: ``mode`` (``"clustering"``, the default, or
         ``"broadcast"``), ``strategy`` (``"average"`` or ``"sticky"``),
         ``session_timeout_ms`` (10000), ``heartbeat_interval_ms``, ``max_poll_interval_ms``,
@@ -269,7 +270,7 @@ class Client:
         """A member of shared group ``group`` on ``queue``: messages from any partition,
         each leased for ``visibility_timeout_ms``, acked or nacked one by one, dead-lettered
         to ``<queue>.dlq`` after ``max_attempts``; see
-        :class:`~headwater.client.shared_consumer.SharedConsumer` (``settings`` takes
+        :class:`~headwater.client.sync.shared_consumer.SharedConsumer` (``settings`` takes
         ``backoff_multiplier``, ``backoff_max_ms``, ``in_flight_max``, ``member``)."""
         return SharedConsumer(
             self._service,
@@ -287,7 +288,7 @@ class Client:
     ) -> KeyedConsumer:
         """Member ``member`` of keyed group ``group`` of ``size`` members on ``queue``: it
         receives exactly the messages whose ``key`` (``"key"``, or ``"property:NAME"``)
-        hashes to it, in order per key; see :class:`~headwater.client.keyed_consumer.KeyedConsumer`
+        hashes to it, in order per key; see :class:`~headwater.client.sync.keyed_consumer.KeyedConsumer`
         (``settings``: ``fetch_bytes``, ``max_poll_messages``, ``refresh_ms``) and
         docs/keyed-groups.md."""
         return KeyedConsumer(self._service, group, queue, member=member, size=size, key=key, start=start, **settings)
@@ -296,7 +297,7 @@ class Client:
         """Attach to subscriber ``name`` of ``queue`` (added with ``admin.add_subscriber`` or
         ``headwater subscriber add``) and start calling ``listeners``, in order, for each
         record; the broker pushes new messages as they arrive. See
-        :class:`~headwater.client.subscriber.Subscriber` (``settings``: ``credit_messages``,
+        :class:`~headwater.client.sync.subscriber.Subscriber` (``settings``: ``credit_messages``,
         ``credit_bytes``, ``checkpoint_interval_ms``, ``on_error``, ``start``) and
         docs/subscriptions.md."""
         sub = Subscriber(self._service, queue, name, listeners, **settings)
@@ -332,7 +333,7 @@ class Client:
         end_time: datetime | int | None = None,
         tags: str | Iterable[str] | None = None,
     ) -> Scanner:
-        """Scan a queue, one partition or several; see :class:`~headwater.client.scanner.Scanner`.
+        """Scan a queue, one partition or several; see :class:`~headwater.client.sync.scanner.Scanner`.
 
         ``start`` is inclusive and ``stop`` exclusive; each is an offset for every partition,
         ``{partition: offset}``, or a message id (which pins the scan to its partition).

@@ -1,9 +1,9 @@
 """AsyncKeyedConsumer: a member of a keyed group, for asyncio.
 
-The names and behaviour of :class:`~headwater.client.keyed_consumer.KeyedConsumer`; what
+The names and behaviour of :class:`~headwater.client.sync.keyed_consumer.KeyedConsumer`; what
 talks to the broker is a coroutine (``poll``, ``commit``, ``refresh``, ``close``). Get one
 with ``hw.keyed_consumer(group, queue, member=..., size=...)`` on an
-:class:`~headwater.client.aio.AsyncClient`: making it does not wait, and the member joins
+:class:`~headwater.client.aio.client.AsyncClient`: making it does not wait, and the member joins
 its group on its first ``poll()`` (or ``start()``, or ``async with``), which is where a
 declaration that disagrees with the group's is reported.
 """
@@ -14,10 +14,10 @@ import asyncio
 import time
 from typing import Any
 
-from headwater.client.aio_service import AsyncBrokerService
-from headwater.client.keyed_consumer import KeyedConsumerBase
-from headwater.client.polling import drain_buffers, retrieve
-from headwater.client.positions import check_poll
+from headwater.client.aio.service import AsyncBrokerService
+from headwater.client.core.reads import check_poll
+from headwater.client.sync.keyed_consumer import KeyedConsumerBase
+from headwater.client.transport.polling import drain_buffers, retrieve
 from headwater.errors import StaleGenerationError
 from headwater.model.keyed import KeyedGroupInfo
 from headwater.model.message import Record

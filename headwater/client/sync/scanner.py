@@ -9,52 +9,19 @@ courtesy, and a scanner that runs to the end closes itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 
-from headwater.errors import CorruptDataError, InvalidArgumentError, InvalidBatchError, QueueDisabledError
-from headwater.model.batch import check_batch, decode_records, tags_mask
-from headwater.model.checks import partitions_of_queue, tag_filter_arg
+from headwater.client.core.lookups import decode_stored
+from headwater.client.core.reads import FETCH_BYTES_DEFAULT, Bound, bound_id, bound_offset, partitions_named
+from headwater.errors import InvalidArgumentError, QueueDisabledError
+from headwater.model.batch import tags_mask
+from headwater.model.checks import tag_filter_arg
 from headwater.model.config import QueueInfo
 from headwater.model.message import MessageId, Record, to_epoch_ms
 from headwater.model.service import BrokerService
 
-__all__ = ["Scanner", "Bound", "partitions_named"]
-
-Bound = int | MessageId | str | Mapping[int, int] | None
-
-FETCH_BYTES_DEFAULT = 1024 * 1024
-
-
-def decode_stored(batch: bytes | memoryview, queue: str, **kw) -> list[Record]:
-    """Records of a fetched batch after checking both checksums (damage is never served)."""
-    try:
-        h = check_batch(batch)
-    except InvalidBatchError as e:
-        raise CorruptDataError(
-            f"a stored batch of queue {queue!r} failed its checks ({e}); run "
-            f"'headwater check --data DIR' to cut the damaged part"
-        ) from e
-    return decode_records(batch, queue, header=h, **kw)
-
-
-def partitions_named(info: QueueInfo, partitions: int | Iterable[int] | None) -> list[int]:
-    """The partitions of queue ``info`` that ``partitions`` names (one, several, or all when
-    None), in order, each checked to exist.
-
-    >>> from headwater.model.config import PartitionInfo, QueueConfig
-    >>> info = QueueInfo(name="q", queue_id=1, config=QueueConfig(partitions=3), enabled=True, created_ms=0,
-    ...                  partitions=[PartitionInfo(p, 0, 0) for p in range(3)])
-    >>> partitions_named(info, None), partitions_named(info, 2), partitions_named(info, [2, 0, 2])
-    ([0, 1, 2], [2], [0, 2])
-    >>> partitions_named(info, [3])
-    Traceback (most recent call last):
-    headwater.errors.PartitionOutOfRangeError: queue 'q' has partitions 0..2; there is no partition 3
-    """
-    n = len(info.partitions)
-    if partitions is None:
-        return list(range(n))
-    return partitions_of_queue(partitions, n, info.name)
+__all__ = ["Scanner"]
 
 
 class Scanner(Iterator[Record]):
@@ -79,7 +46,7 @@ class Scanner(Iterator[Record]):
         if not info.enabled:
             raise QueueDisabledError(f"queue {queue!r} is disabled; enable it to read or write")
         self._info = info
-        start_id, stop_id = _as_id(start, "start"), _as_id(stop, "stop")
+        start_id, stop_id = bound_id(start, "start"), bound_id(stop, "stop")
         if start_id is not None and stop_id is not None and start_id.partition != stop_id.partition:
             raise InvalidArgumentError(
                 f"start id {start_id} and stop id {stop_id} are in different partitions "
@@ -97,8 +64,8 @@ class Scanner(Iterator[Record]):
         self._ranges: list[tuple[int, int, int]] = []
         for p in parts:
             pi = info.partitions[p]
-            lo = _bound(start_id or start, p, pi.start_offset)
-            hi = _bound(stop_id or stop, p, pi.end_offset)
+            lo = bound_offset(start_id or start, p, pi.start_offset)
+            hi = bound_offset(stop_id or stop, p, pi.end_offset)
             if start_ms is not None:
                 lo = max(lo, service.offset_for_time(queue, p, start_ms))
             if end_ms is not None:
@@ -157,34 +124,3 @@ class Scanner(Iterator[Record]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _as_id(bound: Bound, what: str) -> MessageId | None:
-    if isinstance(bound, MessageId):
-        return bound
-    if isinstance(bound, str):
-        return MessageId.parse(bound)
-    return None
-
-
-def _bound(bound: Bound, partition: int, default: int) -> int:
-    if bound is None:
-        return default
-    if isinstance(bound, MessageId):
-        return bound.offset
-    if isinstance(bound, str):
-        return MessageId.parse(bound).offset
-    if isinstance(bound, bool):
-        raise InvalidArgumentError("an offset bound is an int, a message id or {partition: offset}")
-    if isinstance(bound, int):
-        if bound < 0:
-            raise InvalidArgumentError(f"an offset cannot be negative, got {bound}")
-        return bound
-    if isinstance(bound, Mapping):
-        v = bound.get(partition, default)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise InvalidArgumentError(f"offset for partition {partition} must be an int >= 0, got {v!r}")
-        return v
-    raise InvalidArgumentError(
-        f"an offset bound is an int, a message id or {{partition: offset}}, got {type(bound).__name__}"
-    )

@@ -1,0 +1,115 @@
+"""The lead/thread hand-off of :class:`~headwater.client.transport.async_transport.AsyncTransport`:
+a blocking caller about to wait for its own answers reads the connection on its own thread
+(``lead``), one thread at a time, so its answer costs no wake-up of the loop and no hand-off
+back to it. See the module docstring of ``async_transport`` ("Reading") for the rules."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import select
+import socket
+import threading
+import time
+
+from headwater.client.transport.link import _Link
+
+__all__ = ["LEAD_SLICE_S", "Leading"]
+
+#: The longest a leading caller blocks in poll() before it looks at its answers again. The
+#: loop wakes a leader when it fails a call (a deadline, a lost connection), and so does a
+#: caller's ``interrupt``; this bounds the wait for anything else that settles an answer.
+LEAD_SLICE_S = 0.25
+
+
+class Leading:
+    """A thread reading for itself, a part of ``AsyncTransport`` (its state is set up in
+    ``AsyncTransport.__init__``)."""
+
+    def lead(
+        self, sinks: list, timeout_s: float | None = None, *, interrupt: concurrent.futures.Future | None = None
+    ) -> concurrent.futures.Future | None:
+        """Read the connection on this thread until one of ``sinks`` is done or ``timeout_s``
+        passes (None: no limit; 0: read what is there, without blocking), if nobody else
+        reads it; return at once otherwise. Either way the caller then waits on its sinks
+        as usual: what this thread did not read, the loop or the current leader does.
+
+        Returns None, or, when another thread leads, a future done once that thread stops
+        leading: a caller whose sinks nobody else reads for (a fetch stream's pushes) waits
+        on it too, and leads then (see ``polling.wait_any``).
+
+        ``interrupt``: a future another thread completes to end the wait at once (a group
+        consumer's new assignment); it is one of ``sinks`` too."""
+        me = threading.get_ident()
+        with self._lock:
+            link = self._link
+            if link is None or self._closed or me == self._loop_thread or self._leader == me:
+                return None
+            if self._leader is not None:  # another thread reads: the caller may lead once it stops
+                if self._lead_free is None:
+                    self._lead_free = concurrent.futures.Future()
+                return self._lead_free
+            if link.lost or link.broken:
+                return None
+            self._leader = me
+            if self._wake_pair is None:
+                self._wake_pair = socket.socketpair()
+                for end in self._wake_pair:
+                    end.setblocking(False)
+        if interrupt is not None:
+            interrupt.add_done_callback(self._poke_leader)
+        try:
+            self._lead(link, sinks, timeout_s)
+        finally:
+            with self._lock:
+                self._leader = None
+                free, self._lead_free = self._lead_free, None
+                if link.paused and not link.lost and self._loop_needed_locked(link):
+                    self._resume_reading_locked(link)  # others wait for answers: the loop reads
+            if free is not None:
+                free.set_result(None)  # callers waiting to lead may now
+        return None
+
+    def _lead(self, link: _Link, sinks: list, timeout_s: float | None) -> None:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        assert self._wake_pair is not None
+        wake = self._wake_pair[0]
+        poller = link.poller  # made once per connection: leaders take turns, one at a time
+        if poller is None:
+            poller = link.poller = select.poll()
+            poller.register(link.fd, select.POLLIN)
+            poller.register(wake.fileno(), select.POLLIN)
+        while True:
+            for sink in sinks:
+                if sink.done():
+                    return
+            wait_s = LEAD_SLICE_S
+            if deadline is not None:
+                wait_s = min(wait_s, deadline - time.monotonic())
+            for fd, _ in poller.poll(max(0, int(wait_s * 1000 + 0.999))):  # ms, rounded up
+                if fd != link.fd:  # poked: look at the sinks again
+                    with contextlib.suppress(OSError):
+                        while wake.recv(64):
+                            pass
+                    continue
+                outcomes: list = []
+                with self._lock:
+                    if link.lost or self._link is not link:
+                        return
+                    why = self._read_locked(link, outcomes)
+                    if why is not None:
+                        self._lose_locked(link, why)
+                if outcomes:  # answers of callers who do not lead, PUSH frames: the loop's
+                    assert self._loop is not None
+                    self._loop.call_soon_threadsafe(self._deliver_read, outcomes)
+                if why is not None:
+                    return
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+
+    def _poke_leader(self, _: object = None) -> None:
+        """Wake the leading caller from poll(), to look at its sinks (any thread)."""
+        pair = self._wake_pair
+        if pair is not None and self._leader is not None:
+            with contextlib.suppress(OSError):  # full (a poke is pending) or closed
+                pair[1].send(b"\0")
