@@ -73,6 +73,11 @@ CASES = {
         lambda hw: hw.offset_for_time("q", 0, "x"),
         "when must be a datetime or epoch milliseconds, got str",
     ),
+    # issue 30, finding 7: a bare ValueError from dict() in both modes
+    "create_queue settings 'x'": (
+        lambda hw: hw.admin.create_queue("q2", settings="x"),
+        "settings must map strings to strings, got str",
+    ),
     # issue 30, finding 7: the embedded broker took these, the network client refused them
     "offset_for_time 2**64": (
         lambda hw: hw.offset_for_time("q", 0, 2**64),

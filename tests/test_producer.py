@@ -27,6 +27,7 @@ from headwater.errors import (
     UsageError,
 )
 from headwater.model.batch import COMPRESSION_LZ4, COMPRESSION_MASK, COMPRESSION_ZSTD, decode_header
+from tests.support.aio_target import run
 from tests.support.waiting import wait_for
 
 
@@ -1005,3 +1006,19 @@ def test_a_batch_sent_under_a_named_identity_is_stored_once_and_keeps_its_refusa
     assert rest.base_offset == 2 and p.producer_epoch == 0  # the producer's own epoch is untouched
     assert [r.body for r in hw.scanner("q", partitions=[1])] == [b"a", b"b", b"c"]
     p.close()
+
+
+def test_the_asyncio_producer_sends_under_a_named_identity_alike(aio_target):
+    async def test(hw) -> None:
+        await hw.admin.create_queue("q", partitions=2)
+        p = hw.producer()
+        first = await p.send_identified("q", 1, [b"a", b"b"], identity=(4242, 7))
+        assert await p.send_identified("q", 1, [b"a", b"b"], identity=(4242, 7)) == first
+        assert (first.partition, first.base_offset, first.count) == (1, 0, 2)
+        with pytest.raises(OutOfOrderSequenceError):
+            await p.send_identified("q", 1, [b"c"], identity=(4242, 7), base_sequence=5)
+        rest = await p.send_identified("q", 1, [b"c"], identity=(4242, 7), base_sequence=2)
+        assert rest.base_offset == 2
+        await p.close()
+
+    run(aio_target, test)

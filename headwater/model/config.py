@@ -119,7 +119,8 @@ class QueueConfig(msgspec.Struct, frozen=True, kw_only=True):
         if not isinstance(self.settings, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.settings.items()
         ):
-            raise InvalidArgumentError("settings must map strings to strings")
+            got = type(self.settings).__name__ if not isinstance(self.settings, dict) else "other types"
+            raise InvalidArgumentError(f"settings must map strings to strings, got {got}")
         return self
 
     def replace(self, **changes: Any) -> QueueConfig:

@@ -25,7 +25,7 @@ from headwater.client.core.partitioner import PartitionFn
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, Bound
 from headwater.client.sync.subscriber import Listener
 from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
-from headwater.model.checks import check_int_arg
+from headwater.model.checks import check_int_arg, mapping_copy
 from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
 from headwater.model.delay import DelayStats
 from headwater.model.keyed import KeyedGroupInfo
@@ -65,7 +65,11 @@ class AsyncAdmin:
         validate_queue_name(name)
         kw = {} if ttl_s is _UNSET else {"ttl_s": ttl_s}
         config = QueueConfig(
-            partitions=partitions, flush=flush, message_bytes_max=message_bytes_max, settings=dict(settings or {}), **kw
+            partitions=partitions,
+            flush=flush,
+            message_bytes_max=message_bytes_max,
+            settings=mapping_copy(settings or {}),
+            **kw,
         ).validated()
         try:
             return await self._service.create_queue(name, config)

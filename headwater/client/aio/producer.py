@@ -245,6 +245,39 @@ class AsyncProducer(ProducerBase):
         results = await asyncio.shield(asyncio.gather(*futs.values()))
         return receipt(len(messages), groups, results)
 
+    async def send_identified(
+        self,
+        queue: str,
+        partition: int,
+        messages: Sequence[Message | bytes],
+        *,
+        identity: tuple[int, int],
+        base_sequence: int = 0,
+        deliver_at_ms: int = 0,
+    ) -> ProduceResult:
+        """Send ``messages`` as one batch to ``partition`` under an identity the caller names,
+        ``(producer id, epoch)``, from sequence ``base_sequence``, and return where it was
+        stored; see :meth:`Producer.send_identified <headwater.client.sync.producer.Producer.send_identified>`
+        (for connectors whose retries must find their earlier attempts' batches)."""
+        self._check_open()
+        info = await self._queue_info(queue)
+        self._check_open()
+        b = self._core.identified(
+            queue,
+            partition,
+            messages,
+            identity,
+            self._now_ms(),
+            base_sequence=base_sequence,
+            deliver_at_ms=deliver_at_ms,
+            cap=info.config.message_bytes_max,
+        )
+        fut: asyncio.Future[ProduceResult] = asyncio.get_running_loop().create_future()
+        b.entries.append((0, len(b.messages), fut))  # type: ignore[attr-defined]  # the core made a _Batch
+        self._core.fly(b)
+        self._dispatch(b)  # type: ignore[arg-type]  # the core made it with _Batch
+        return await asyncio.shield(fut)
+
     async def flush(self, timeout_s: float | None = None) -> None:
         """Send what is queued now, without lingering, and wait until every message sent so
         far is acknowledged or has failed (see the futures for which).

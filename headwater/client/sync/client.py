@@ -17,7 +17,7 @@ from headwater.client.sync.scanner import Scanner
 from headwater.client.sync.shared_consumer import SharedConsumer
 from headwater.client.sync.subscriber import Listener, Subscriber
 from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
-from headwater.model.checks import check_int_arg
+from headwater.model.checks import check_int_arg, mapping_copy
 from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
 from headwater.model.delay import DelayStats
 from headwater.model.keyed import KeyedGroupInfo
@@ -58,7 +58,11 @@ class Admin:
         validate_queue_name(name)
         kw = {} if ttl_s is _UNSET else {"ttl_s": ttl_s}
         config = QueueConfig(
-            partitions=partitions, flush=flush, message_bytes_max=message_bytes_max, settings=dict(settings or {}), **kw
+            partitions=partitions,
+            flush=flush,
+            message_bytes_max=message_bytes_max,
+            settings=mapping_copy(settings or {}),
+            **kw,
         ).validated()
         try:
             return self._service.create_queue(name, config)
