@@ -269,7 +269,7 @@ class AsyncClient:
             at_most_once=at_most_once,
             **settings,
         )
-        self._adopt(c)  # type: ignore[arg-type]
+        self._adopt(c)  # type: ignore[arg-type]  # _adopt takes anything the client closes with it
         return c
 
     def keyed_consumer(
@@ -280,7 +280,7 @@ class AsyncClient:
         ``poll``, ``start()`` or ``async with``); the arguments are the sync client's
         ``keyed_consumer``."""
         c = AsyncKeyedConsumer(self._service, group, queue, member=member, size=size, key=key, start=start, **settings)
-        self._adopt(c)  # type: ignore[arg-type]
+        self._adopt(c)  # type: ignore[arg-type]  # _adopt takes anything the client closes with it
         return c
 
     def subscribe(self, queue: str, name: str, listeners: Iterable[Listener] = (), **settings) -> AsyncSubscriber:
@@ -291,7 +291,7 @@ class AsyncClient:
         for the sync client's ``subscribe``) and docs/subscriptions.md. Closing the client
         stops it, storing its checkpoint."""
         sub = AsyncSubscriber(self._service, queue, name, listeners, **settings)
-        self._adopt(sub)  # type: ignore[arg-type]
+        self._adopt(sub)  # type: ignore[arg-type]  # _adopt takes anything the client closes with it
         return sub
 
     def _adopt(self, child: AsyncProducer | AsyncConsumer) -> None:
@@ -361,7 +361,7 @@ class AsyncClient:
 
     async def offset_for_time(self, queue: str, partition: int, when: datetime | int) -> int:
         """The first offset of ``partition`` appended at or after ``when``."""
-        return await self._service.offset_for_time(queue, partition, required_epoch_ms(when, "when"))  # type: ignore[arg-type]
+        return await self._service.offset_for_time(queue, partition, required_epoch_ms(when, "when"))  # type: ignore[arg-type]  # required_epoch_ms checks what it is given
 
     async def cancel(self, message_id: MessageId | str) -> None:
         """Cancel a delayed message not delivered yet (see :meth:`Client.cancel`)."""

@@ -454,7 +454,7 @@ class AsyncProducer(ProducerBase):
     ) -> None:
         """Check the message against the queue and append it to its partition's open batch."""
         cap = info.config.message_bytes_max
-        body_len = len(msg) if type(msg) is bytes else len(msg.body)  # type: ignore[union-attr,arg-type]
+        body_len = len(msg) if type(msg) is bytes else len(msg.body)  # type: ignore[union-attr,arg-type]  # not bytes: a Message
         if body_len > cap:
             raise too_large(body_len, cap)
         n = len(info.partitions)
@@ -507,10 +507,10 @@ class AsyncProducer(ProducerBase):
         if count:
             b, opened = core.batch_for(ps, size, now_ms, deliver_at_ms)
             b.entries.append((len(b.messages), count, fut))
-            b.messages.extend(msgs)  # type: ignore[arg-type]
+            b.messages.extend(msgs)  # type: ignore[arg-type]  # a send_batch group is a list
             core.added(b, count, size, deliver_at_ms, bool(buffered), urgent)
         else:
-            b, opened = core.append(ps, msgs, size, now_ms, deliver_at_ms, urgent, bool(buffered))  # type: ignore[arg-type]
+            b, opened = core.append(ps, msgs, size, now_ms, deliver_at_ms, urgent, bool(buffered))  # type: ignore[arg-type]  # one message, not a list
             b.entries.append((len(b.messages) - 1, 0, fut))
         if (opened or urgent or ps.open is not b) and core.mark_sendable(ps):
             self._schedule_pump()
@@ -556,11 +556,11 @@ class AsyncProducer(ProducerBase):
         b.attempts += 1
         try:
             if self._pipelined:
-                fut: asyncio.Future[ProduceResult] = self._service.produce_nowait(  # type: ignore[attr-defined]
+                fut: asyncio.Future[ProduceResult] = self._service.produce_nowait(  # type: ignore[attr-defined]  # pipelined: the service ProducesNowait
                     ps.queue, ps.partition, b.encoded
                 )
             else:
-                call = self._service.produce(ps.queue, ps.partition, b.encoded)  # type: ignore[arg-type]
+                call = self._service.produce(ps.queue, ps.partition, b.encoded)  # type: ignore[arg-type]  # encoded before it is sent
                 fut = task = asyncio.get_running_loop().create_task(call)
                 self._track(task, quiet=True)  # its error is the batch's, judged in _on_answer
         except Exception as e:  # noqa: BLE001 - a closed service: judged like a failed request
@@ -638,11 +638,11 @@ class AsyncProducer(ProducerBase):
                 self._buffered_bytes -= item.size
                 _fail(item.fut, closed)
         for b in unsent:
-            self._finish(b, None, closed)  # type: ignore[arg-type]
+            self._finish(b, None, closed)  # type: ignore[arg-type]  # the core made it with _Batch
         gone = ClosedError("the producer was closed before this batch was acknowledged")
         for b in [*waiting, *(b for ps in self._core.parts.values() for b in ps.in_flight)]:
             if not b.done:
-                self._finish(b, None, gone)  # type: ignore[arg-type]
+                self._finish(b, None, gone)  # type: ignore[arg-type]  # the core made it with _Batch
         for task in self._tasks:
             task.cancel()
 

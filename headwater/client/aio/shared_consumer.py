@@ -29,13 +29,13 @@ class AsyncDelivery(Delivery):
 
     __slots__ = ()
 
-    async def ack(self) -> None:  # type: ignore[override]
+    async def ack(self) -> None:  # type: ignore[override]  # the asyncio twin of Delivery's method
         await self._consumer.ack([self])
 
-    async def nack(self, reason: str = "", delay_ms: int | None = None) -> None:  # type: ignore[override]
+    async def nack(self, reason: str = "", delay_ms: int | None = None) -> None:  # type: ignore[override]  # the asyncio twin of Delivery's method
         await self._consumer.nack([self], reason, delay_ms)
 
-    async def extend(self, visibility_timeout_ms: int | None = None) -> None:  # type: ignore[override]
+    async def extend(self, visibility_timeout_ms: int | None = None) -> None:  # type: ignore[override]  # the asyncio twin of Delivery's method
         await self._consumer.extend([self], visibility_timeout_ms)
 
 

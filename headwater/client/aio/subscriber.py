@@ -269,7 +269,7 @@ class AsyncSubscriber(SubscriberBase):
         while not self._stopping:
             token = object()
             try:
-                sid, info = await self._service.open_push_stream(  # type: ignore[attr-defined]
+                sid, info = await self._service.open_push_stream(  # type: ignore[attr-defined]  # push mode: the service OpensPushStreams
                     self.queue,
                     self.name,
                     lambda body, t=token: self._inbox.put_nowait((t, body)),
@@ -323,7 +323,7 @@ class AsyncSubscriber(SubscriberBase):
         if not offsets and not self._owed_messages and not self._owed_bytes:
             return
         messages, size = self._take_owed()
-        fut = self._service.ack_push_stream(stream[0], offsets, messages, size)  # type: ignore[attr-defined]
+        fut = self._service.ack_push_stream(stream[0], offsets, messages, size)  # type: ignore[attr-defined]  # push mode: the service OpensPushStreams
         if wait:
             await asyncio.wait_for(fut, subscriber.FINAL_ACK_TIMEOUT_S)
         else:
@@ -333,6 +333,6 @@ class AsyncSubscriber(SubscriberBase):
         stream, self._stream = self._stream, None
         if stream is not None:
             try:
-                await self._service.close_push_stream(stream[0])  # type: ignore[attr-defined]
+                await self._service.close_push_stream(stream[0])  # type: ignore[attr-defined]  # push mode: the service OpensPushStreams
             except HeadwaterError:
                 pass

@@ -160,10 +160,10 @@ def check_message(m: Message | bytes, cap: int) -> int:
 def check_messages(messages: Sequence[Message | bytes], cap: int) -> int:
     """Validate messages bound for one batch; return their size estimate."""
     if set(map(type, messages)) == {bytes}:  # plain bodies: checked in C
-        biggest = max(map(len, messages))  # type: ignore[arg-type]
+        biggest = max(map(len, messages))  # type: ignore[arg-type]  # checked to be bytes or Messages: sized
         if biggest > cap:
             raise too_large(biggest, cap)
-        size = sum(map(len, messages)) + MESSAGE_OVERHEAD_BYTES * len(messages)  # type: ignore[arg-type]
+        size = sum(map(len, messages)) + MESSAGE_OVERHEAD_BYTES * len(messages)  # type: ignore[arg-type]  # checked to be bytes or Messages: sized
     else:
         size = sum(check_message(m, cap) for m in messages)
     if size > _ALONE_BYTES_MAX:
@@ -329,7 +329,7 @@ def check_batch_arg(messages: object) -> None:
     """Refuse a ``send_batch`` argument that is not a non-empty list of messages."""
     if isinstance(messages, (bytes, Message)):
         raise InvalidArgumentError("send_batch takes a list of messages; use send() for one")
-    if len(messages) == 0:  # type: ignore[arg-type]
+    if len(messages) == 0:  # type: ignore[arg-type]  # a Sequence by contract; checked just below
         raise InvalidArgumentError("send_batch needs at least one message")
 
 
@@ -355,7 +355,7 @@ def as_message(body: object, key: object, tag: object, properties: object) -> Me
     if type(body) is bytes and key is None and tag is None and not properties:
         return body
     if type(body) is bytes:
-        return Message(body, key, tag, properties or None)  # type: ignore[arg-type]
+        return Message(body, key, tag, properties or None)  # type: ignore[arg-type]  # checked by check_message first
     return body  # type: ignore[return-value]  # check_message names the problem
 
 

@@ -74,7 +74,7 @@ def check_poll(max_messages: object, timeout_ms: object, default_messages: int, 
     if max_messages is None:
         limit = default_messages
     elif _positive_int(max_messages):
-        limit = max_messages  # type: ignore[assignment]
+        limit = max_messages  # type: ignore[assignment]  # None means no limit, narrowed just below
     else:
         default = "max_poll_messages" if call == "poll" else default_messages
         raise InvalidArgumentError(

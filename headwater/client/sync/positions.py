@@ -176,7 +176,7 @@ class ConsumerPositions:
     @staticmethod
     def _when_ms(when: object) -> int:
         """A seek_to_time's ``when`` in epoch ms (a datetime or a number; None is refused)."""
-        return required_epoch_ms(when, "when")  # type: ignore[arg-type]
+        return required_epoch_ms(when, "when")  # type: ignore[arg-type]  # required_epoch_ms checks what it is given
 
     def _tp(self, queue: str, partition: int) -> TP:
         tp = (queue, partition)

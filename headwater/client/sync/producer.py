@@ -428,7 +428,7 @@ class Producer(ProducerBase, ProducerSender):
             self._metadata.refreshed(queue, asked_at_ms, outcome, _now_ms())
 
         try:
-            self._describe_async(queue).add_done_callback(refreshed)  # type: ignore[misc]
+            self._describe_async(queue).add_done_callback(refreshed)  # type: ignore[misc]  # set only when the service DescribesAsync
         except Exception as e:  # noqa: BLE001 - a closed client: the send finds out itself
             self._metadata.refreshed(queue, asked_at_ms, e, _now_ms())
 
@@ -564,7 +564,7 @@ class Producer(ProducerBase, ProducerSender):
         concurrent.futures.wait(futs.values())
         for f in futs.values():
             if f.exception() is not None:
-                raise f.exception()  # type: ignore[misc]
+                raise f.exception()  # type: ignore[misc]  # a failed future's exception is not None
         return {p: f.result() for p, f in futs.items()}
 
     def _send_inline(self, b: _Batch, cap: int) -> ProduceResult:
@@ -583,7 +583,7 @@ class Producer(ProducerBase, ProducerSender):
                 core.encode(b)
             b.attempts += 1
             try:
-                result = self._service.produce(ps.queue, ps.partition, b.encoded)  # type: ignore[arg-type]
+                result = self._service.produce(ps.queue, ps.partition, b.encoded)  # type: ignore[arg-type]  # encoded before it is sent
             except BaseException as e:
                 with self._lock:
                     verdict = core.judge(b, e, _now_ms())
@@ -625,7 +625,7 @@ class Producer(ProducerBase, ProducerSender):
             for i, callback in b.callbacks or ():
                 self._call_back(callback, MessageId(result.queue_id, result.partition, result.base_offset + i), None)
         else:
-            fail_sends(b.futures, b.groups or (), exc)  # type: ignore[arg-type]
+            fail_sends(b.futures, b.groups or (), exc)  # type: ignore[arg-type]  # this driver's groups: (index, count, future)
             for _, callback in b.callbacks or ():
                 self._call_back(callback, None, exc)
         b.done = True

@@ -116,7 +116,7 @@ class Scanner(Iterator[Record]):
 
     def close(self) -> None:
         if self._gen is not None:
-            self._gen.close()  # type: ignore[attr-defined]
+            self._gen.close()  # type: ignore[attr-defined]  # a generator, typed as the iterator it is
             self._gen = None
 
     def __enter__(self) -> Scanner:

@@ -116,7 +116,7 @@ def raise_refused(refused: list[LeaseRefusal], what: str) -> None:
         cls = LeaseError
     more = f" ({len(refused) - 1} more lease(s) refused too; see .refused)" if len(refused) > 1 else ""
     err = cls(f"{what}: {first.message}{more}")
-    err.refused = list(refused)  # type: ignore[attr-defined]
+    err.refused = list(refused)  # type: ignore[attr-defined]  # the refusals ride on the error for the caller
     raise err
 
 

@@ -477,7 +477,7 @@ class Subscriber(SubscriberBase):
         while not self._stopping.is_set():
             token = object()
             try:
-                sid, info = self._service.open_push_stream(  # type: ignore[attr-defined]
+                sid, info = self._service.open_push_stream(  # type: ignore[attr-defined]  # push mode: the service OpensPushStreams
                     self.queue,
                     self.name,
                     lambda body, t=token: self._inbox.put((t, body)),
@@ -526,7 +526,7 @@ class Subscriber(SubscriberBase):
         if not offsets and not self._owed_messages and not self._owed_bytes:
             return
         messages, size = self._take_owed()
-        fut = self._service.ack_push_stream(stream[0], offsets, messages, size)  # type: ignore[attr-defined]
+        fut = self._service.ack_push_stream(stream[0], offsets, messages, size)  # type: ignore[attr-defined]  # push mode: the service OpensPushStreams
         if wait:
             fut.result(timeout=FINAL_ACK_TIMEOUT_S)
         else:
@@ -536,6 +536,6 @@ class Subscriber(SubscriberBase):
         stream, self._stream = self._stream, None
         if stream is not None:
             try:
-                self._service.close_push_stream(stream[0])  # type: ignore[attr-defined]
+                self._service.close_push_stream(stream[0])  # type: ignore[attr-defined]  # push mode: the service OpensPushStreams
             except HeadwaterError:
                 pass

@@ -92,7 +92,7 @@ class LazyFuture(concurrent.futures.Future):
     def done(self) -> bool:
         return self._state in _DONE
 
-    def result(self, timeout: float | None = None):  # type: ignore[no-untyped-def]
+    def result(self, timeout: float | None = None):  # type: ignore[no-untyped-def]  # concurrent.futures.Future's own signature
         if self._state == _FINISHED:  # set once, result before state: no lock needed
             exc = self._exception
             if exc is None:
@@ -200,7 +200,7 @@ class AsyncSendFuture(asyncio.Future):
     def cancel(self, msg: object = None) -> bool:
         return False
 
-    def __await__(self):  # type: ignore[no-untyped-def]
+    def __await__(self):  # type: ignore[no-untyped-def]  # asyncio.Future's own signature
         if self.done():
             return super().__await__()
         return asyncio.shield(self).__await__()  # a cancelled waiter cancels only the shield
