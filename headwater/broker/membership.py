@@ -371,9 +371,6 @@ class Membership:
             )
         return out
 
-    def has_members(self, group: str, now_ms: float) -> bool:
-        return self._live_group(group, now_ms, missing_ok=True) is not None
-
     # -- internals -------------------------------------------------------------------------
 
     @staticmethod

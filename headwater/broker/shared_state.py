@@ -505,9 +505,6 @@ class SharedQueueState:
         dues = [d for c in self.cursors.values() if (d := c.next_due_ms()) is not None]
         return min(dues) if dues else None
 
-    def window_full(self) -> bool:
-        return any(c.next - c.floor >= self.settings.in_flight_max for c in self.cursors.values())
-
     def lease_holders(self, now_ms: int) -> set[str]:
         """The members holding a lease that has not run out by ``now_ms`` (without expiring
         the others: a look, not an operation)."""

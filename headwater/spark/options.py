@@ -298,11 +298,6 @@ def parse_timestamp_ms(raw: str, name: str) -> int:
     return datetime_ms(when)  # naive means UTC; a fraction of a ms rounds up
 
 
-def check_read_names(options: Mapping[str, str]) -> None:
-    """Only the names: what the data source can check before it knows batch from streaming."""
-    _canonical(options, READ_OPTIONS, "reading with")
-
-
 def check_read_options(options: Mapping[str, str]) -> None:
     """Names and values, all but which ones belong to batch or streaming: what the data
     source checks when ``load()`` is called, before it knows which it is. (A streaming
