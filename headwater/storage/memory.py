@@ -32,23 +32,21 @@ from headwater.errors import (
     MessageNotFoundError,
     PartitionOutOfRangeError,
     QueueDisabledError,
-    QueueExistsError,
     QueueNotFoundError,
 )
 from headwater.model.batch import BatchHeader, broker_prefix, crc32c, decode_header, validate_batch
 from headwater.model.checks import check_int_arg, check_queue_arg
 from headwater.model.config import (
-    INTERNAL_PREFIX,
     PartitionInfo,
     QueueConfig,
     QueueInfo,
     is_internal_queue,
-    validate_queue_name,
 )
 from headwater.model.producer_state import ProducerStateTable
 from headwater.model.service import FetchResult, ProduceResult
 from headwater.storage.memory_schedule import MemorySchedule
-from headwater.storage.quotas import check_added_partitions, check_new_queue
+from headwater.storage.queue_table import QueueTable
+from headwater.storage.quotas import check_added_partitions
 from headwater.storage.settings import StoreConfig
 
 if TYPE_CHECKING:
@@ -97,7 +95,7 @@ def _time(b: _Stored) -> int:
     return b.timestamp_ms
 
 
-class MemoryStore:
+class MemoryStore(QueueTable):
     """A store in memory (a :class:`~headwater.storage.api.Store`); close when done."""
 
     def __init__(self, config: StoreConfig | None = None, *, clock: Callable[[], float] = time.time) -> None:
@@ -214,44 +212,15 @@ class MemoryStore:
     def create_queue(self, name: str, config: QueueConfig, *, internal: bool = False) -> QueueInfo:
         """Create a queue. ``internal`` queues (the broker's own, named ``__...``) are hidden
         from :meth:`list_queues`."""
-        if internal:
-            if not is_internal_queue(name):
-                raise InvalidArgumentError(f"internal queue names start with {INTERNAL_PREFIX!r}, got {name!r}")
-            validate_queue_name(name[len(INTERNAL_PREFIX) :])
-        else:
-            validate_queue_name(name)
-        if not isinstance(config, QueueConfig):
-            raise InvalidArgumentError(f"config must be a QueueConfig, got {type(config).__name__}")
-        config.validated()
+        self._check_new_queue(name, config, internal)
         with self._lock:
-            self._check_open()
-            if name in self._queues:
-                raise QueueExistsError(f"queue {name!r} already exists")
-            check_new_queue(self.config, name, config.partitions, self._partitions_held())
+            self._check_room_locked(name, config)
             now = self._now_ms()
             q = _Queue(name, self._next_queue_id, config, now)
             self._next_queue_id += 1
             self._queues[name] = self._by_id[q.queue_id] = q
             log.info("created queue %s (id %d, %d partitions)", name, q.queue_id, config.partitions)
             return self._info(q, now)
-
-    def _partitions_held(self) -> int:
-        return sum(len(q.partitions) for q in self._queues.values())
-
-    def describe_queue(self, name: str) -> QueueInfo:
-        with self._lock:
-            self._check_open()
-            return self._info(self._queue(name), self._now_ms())
-
-    def list_queues(self, *, include_internal: bool = False) -> list[QueueInfo]:
-        with self._lock:
-            self._check_open()
-            now = self._now_ms()
-            return [
-                self._info(q, now)
-                for name, q in sorted(self._queues.items())
-                if include_internal or not is_internal_queue(name)
-            ]
 
     def delete_before(self, queue: str, partition: int, offset: int) -> None:
         """Move the partition's start to ``offset``: the records before it are no longer

@@ -8,44 +8,30 @@ import logging
 
 from headwater.errors import (
     InvalidArgumentError,
-    QueueExistsError,
 )
 from headwater.model.config import (
-    INTERNAL_PREFIX,
     QueueConfig,
     QueueInfo,
-    is_internal_queue,
-    validate_queue_name,
 )
 from headwater.storage.catalog import QueueEntry
 from headwater.storage.log_state import LogStoreBase, PartitionState, QueueState
-from headwater.storage.quotas import check_added_partitions, check_new_queue
+from headwater.storage.queue_table import QueueTable
+from headwater.storage.quotas import check_added_partitions
 
 __all__ = ["LogAdmin"]
 
 log = logging.getLogger("headwater.storage")
 
 
-class LogAdmin(LogStoreBase):
+class LogAdmin(QueueTable, LogStoreBase):
     """The admin part of :class:`~headwater.storage.store.LogStore`."""
 
     def create_queue(self, name: str, config: QueueConfig, *, internal: bool = False) -> QueueInfo:
         """Create a queue. ``internal`` queues (the broker's own, named ``__...``) are hidden
         from :meth:`list_queues`."""
-        if internal:
-            if not is_internal_queue(name):
-                raise InvalidArgumentError(f"internal queue names start with {INTERNAL_PREFIX!r}, got {name!r}")
-            validate_queue_name(name[len(INTERNAL_PREFIX) :])
-        else:
-            validate_queue_name(name)
-        if not isinstance(config, QueueConfig):
-            raise InvalidArgumentError(f"config must be a QueueConfig, got {type(config).__name__}")
-        config.validated()
+        self._check_new_queue(name, config, internal)
         with self._lock:
-            self._check_open()
-            if name in self._queues:
-                raise QueueExistsError(f"queue {name!r} already exists")
-            check_new_queue(self.config, name, config.partitions, self._partitions_held())
+            self._check_room_locked(name, config)
             now = self._now_ms()
             entry = QueueEntry(
                 name=name,
@@ -66,24 +52,6 @@ class LogAdmin(LogStoreBase):
             self._save_catalog_or_undo(undo)
             log.info("created queue %s (id %d, %d partitions)", name, entry.queue_id, config.partitions)
             return self._info(q, now)
-
-    def _partitions_held(self) -> int:
-        return sum(len(q.partitions) for q in self._queues.values())
-
-    def describe_queue(self, name: str) -> QueueInfo:
-        with self._lock:
-            self._check_open()
-            return self._info(self._queue(name), self._now_ms())
-
-    def list_queues(self, *, include_internal: bool = False) -> list[QueueInfo]:
-        with self._lock:
-            self._check_open()
-            now = self._now_ms()
-            return [
-                self._info(q, now)
-                for name, q in sorted(self._queues.items())
-                if include_internal or not is_internal_queue(name)
-            ]
 
     def delete_before(self, queue: str, partition: int, offset: int) -> None:
         """Move the partition's start to ``offset`` (Kafka's DeleteRecords): the records
