@@ -43,9 +43,16 @@ class Broker:
         self,
         store: Store,
         *,
-        group_clock: Callable[[], float] = time.monotonic,
-        shared_clock: Callable[[], float] = time.time,
+        group_clock: Callable[[], float] | None = None,
+        shared_clock: Callable[[], float] | None = None,
     ) -> None:
+        """``shared_clock`` (leases, subscriptions) defaults to the store's wall clock, so a
+        test's movable clock moves them with TTL and delays; ``group_clock`` (sessions) to a
+        monotonic one, unless the store's clock is a test's own."""
+        if shared_clock is None:
+            shared_clock = store.clock
+        if group_clock is None:
+            group_clock = time.monotonic if store.clock is time.time else store.clock
         self.store = store
         self._started = time.monotonic()
         self.offsets = OffsetStore(store)
@@ -69,8 +76,7 @@ class Broker:
     ) -> Broker:
         store = LogStore(path, config, clock=clock)
         try:
-            # sessions use a monotonic clock, unless a test passed its own clock
-            return cls(store, group_clock=time.monotonic if clock is time.time else clock, shared_clock=clock)
+            return cls(store)
         except BaseException:
             store.close()
             raise

@@ -32,10 +32,7 @@ __all__ = ["FakeClock", "open_memory", "open_memory_async"]
 
 def _memory_broker(clock: Callable[[], float]) -> Broker:
     """The real broker over a fresh store in memory, timed by ``clock``."""
-    # group sessions on a monotonic clock unless a test passed its own, as Broker.open does
-    return Broker(
-        MemoryStore(clock=clock), group_clock=time.monotonic if clock is time.time else clock, shared_clock=clock
-    )
+    return Broker(MemoryStore(clock=clock))
 
 
 def open_memory(*, clock: Callable[[], float] = time.time) -> Client:
