@@ -1,0 +1,1 @@
+"""What the blocking and the asyncio client share, written once (see :mod:`.twins`)."""
