@@ -235,6 +235,25 @@ def _decompress(codec: int, data: bytes | memoryview) -> bytes | memoryview:
 _CODECS = {None: COMPRESSION_NONE, "none": COMPRESSION_NONE, "zstd": COMPRESSION_ZSTD, "lz4": COMPRESSION_LZ4}
 
 
+def _due_offsets(deliver_times: Sequence[int], n: int) -> tuple[int, list[int] | None]:
+    """The batch's due time and each message's offset from it (None when all are due at once)."""
+    if len(deliver_times) != n:
+        raise InvalidArgumentError("deliver_times needs one time per message")
+    first = deliver_times[0]
+    if deliver_times[-1] == first:
+        return first, None
+    return first, [t - first for t in deliver_times]
+
+
+def _check_body_bytes(bodies: list[bytes], message_bytes_max: int) -> None:
+    biggest = max(map(len, bodies))
+    if biggest > message_bytes_max:
+        raise MessageTooLargeError(
+            f"a message body is {biggest} bytes; this queue's limit is {message_bytes_max} "
+            f"(setting message_bytes_max)"
+        )
+
+
 def encode_batch(
     messages: Sequence[Message | bytes],
     *,
@@ -264,11 +283,8 @@ def encode_batch(
     flags = extra_flags
     offsets = None
     if deliver_times is not None:
-        if len(deliver_times) != n:
-            raise InvalidArgumentError("deliver_times needs one time per message")
-        deliver_at_ms = deliver_times[0]
-        if deliver_times[-1] != deliver_at_ms:
-            offsets = [t - deliver_at_ms for t in deliver_times]
+        deliver_at_ms, offsets = _due_offsets(deliver_times, n)
+        if offsets is not None:
             flags |= FLAG_DELIVER_TIMES
     if set(map(type, messages)) == {bytes}:  # the fast path: plain bodies, checked in C
         bodies = cast(list[bytes], list(messages))
@@ -276,12 +292,7 @@ def encode_batch(
         bodies, keys, tags, props, column_flags = _columns(messages)
         flags |= column_flags
     if message_bytes_max is not None:
-        biggest = max(map(len, bodies))
-        if biggest > message_bytes_max:
-            raise MessageTooLargeError(
-                f"a message body is {biggest} bytes; this queue's limit is {message_bytes_max} "
-                f"(setting message_bytes_max)"
-            )
+        _check_body_bytes(bodies, message_bytes_max)
     mask = tags_mask({t for t in tags if t is not None}) if tags is not None else 0
     codec = _CODECS.get(compression)
     if codec is None:
