@@ -1,4 +1,4 @@
-"""``headwater check``: verify every segment of a data directory and cut what is damaged."""
+"""``headwater check``: verify every segment of a data directory and report what is damaged."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ __all__ = ["check"]
 def check(ctx: typer.Context, data: LocalData = None) -> None:
     """Verify every batch of every segment (both checksums, offsets) and repair the store.
 
-    Damaged bytes are cut at the first bad batch of their segment and indexes that do not
-    match are rebuilt; everything before the damage stays. Run it with the broker stopped:
-    it needs the data directory to itself.
+    Damage inside flushed data is skipped and reported with the offsets it held; every
+    other message stays readable. A torn tail (bytes written after the last fsync before a
+    crash) is cut, and indexes that do not match are rebuilt. Run it with the broker
+    stopped: it needs the data directory to itself.
 
     Example:
 
@@ -35,8 +36,8 @@ def check(ctx: typer.Context, data: LocalData = None) -> None:
     table = Table(title=f"check {state.data_dir}", show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    for k in ("segments", "bytes", "queues", "partitions"):
-        table.add_row(k, f"{st[k]:,}")
+    for k in ("segments", "bytes", "queues", "partitions", "damaged_ranges", "damaged_bytes"):
+        table.add_row(k.replace("_", " "), f"{st.get(k, 0):,}")
     repairs = st["recovery"]
     table.add_row("repairs", "\n".join(repairs) if repairs else "none: every batch is intact")
     out_console().print(table)

@@ -1,17 +1,21 @@
 """LogLoader: open a store's segments after a clean stop, a crash or a power loss.
 
-Crash policy:
+Crash policy (docs/design/storage.md, "Crash policy"):
 
 * Sealed segments were fsynced before their index was written, so a sealed segment whose
   ``.idx`` passes its checksums and matches the segment's size is trusted as is
   (``verify="all"`` re-reads them anyway).
 * The last segment is always read batch by batch, checking both checksums and that
-  offsets never go backwards. At the first bad batch it is cut: a torn write or damage ends
-  the log there, and the bytes after it are removed, never served. The cut is logged with
-  its position and reason.
-* A sealed segment without a valid index is read the same way, cut where damaged, and
-  gets a fresh index. Later segments are kept: they hold acknowledged data of their own,
-  so a partition may show a gap where the damaged bytes were.
+  offsets never go backwards. Beyond the recovery point (:mod:`.recovery_point`: how far
+  the log was known flushed) the first bad batch is a torn write: the segment is cut
+  there, and the bytes after it are removed, never served. The cut is logged with its
+  position and reason.
+* Before the recovery point, and anywhere in a sealed segment, the data was flushed: a bad
+  batch there is damage, not a torn write, and is never cut. It is skipped, reading
+  resumes at the next valid batch (found by its header and both checksums), and the
+  damaged range and the offsets it held are reported (:class:`Damage`, :class:`Lost`).
+  Readers skip those offsets; every other message stays readable.
+* A sealed segment without a valid index is read that way and gets a fresh index.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 from headwater.errors import CorruptDataError, DataDirectoryError, InvalidBatchError
 from headwater.model.batch import (
@@ -33,7 +38,7 @@ from headwater.model.batch import (
 from headwater.storage.segment import SEGMENT_HEADER_SIZE, LogSegment, segment_name
 from headwater.storage.segment_index import SegmentIndex
 
-__all__ = ["load_segments", "scan_segment", "key_hashes", "walk_headers", "FSYNC_FAILED_FILE"]
+__all__ = ["Damage", "FSYNC_FAILED_FILE", "Lost", "Scan", "key_hashes", "load_segments", "scan_segment", "walk_headers"]
 
 #: Left in ``log/`` by a store whose fsync failed (see GroupCommit): the next open reads the
 #: last segment from the disk, not from the page cache, whose pages of it may never have
@@ -49,18 +54,83 @@ def key_hashes(keys: list[bytes | None]) -> list[int]:
     return [crc32c(k) if k is not None else 0 for k in keys]
 
 
-def scan_segment(seg: LogSegment, ends: dict[tuple[int, int], int]) -> tuple[SegmentIndex, str | None]:
-    """Index a segment by reading every batch; stop at the first damaged one.
+class Damage(NamedTuple):
+    """Bytes of flushed data that failed their checks: skipped, reported, never cut."""
 
-    Returns the index (``segment_size`` = bytes of good data) and what stopped it, if
-    anything. ``ends`` carries each partition's next offset across segments.
+    segment: str  # the segment file's name
+    first_byte: int  # positions in the file
+    end_byte: int
+    reason: str
+
+    def describe(self) -> str:
+        return (
+            f"skipped {self.end_byte - self.first_byte} damaged bytes of flushed data in {self.segment} "
+            f"(bytes {self.first_byte}-{self.end_byte}): {self.reason}"
+        )
+
+
+class Lost(NamedTuple):
+    """Offsets of a partition that were in damaged bytes: readers skip from ``first`` to ``end``."""
+
+    queue_id: int
+    partition: int
+    first: int
+    end: int
+
+
+class Scan:
+    """What one open learns across segments: each partition's next offset, the damaged
+    ranges skipped, and the offsets they held."""
+
+    def __init__(self) -> None:
+        self.ends: dict[tuple[int, int], int] = {}
+        self.damage: list[Damage] = []
+        self.lost: list[Lost] = []
+
+
+# a batch header: magic 1 at byte 44, header size 96 (little endian) at byte 46
+_HEADER_MARK = re.compile(rb"\x01[\x00-\xff]\x60\x00")
+_MARK_AT = 44
+
+
+def _resync(data: memoryview, pos: int, ends: dict[tuple[int, int], int]) -> int | None:
+    """The position of the first valid batch after ``pos`` (both checksums pass and its
+    offsets do not go back), or None."""
+    raw = data.obj if isinstance(data.obj, bytes | bytearray) else bytes(data)
+    for m in _HEADER_MARK.finditer(raw, pos + 1 + _MARK_AT):
+        at = m.start() - _MARK_AT
+        try:
+            h = check_batch(data, at)
+        except InvalidBatchError:
+            continue
+        if h.base_offset >= ends.get((h.queue_id, h.partition), 0):
+            return at
+    return None
+
+
+def scan_segment(
+    seg: LogSegment, scan: Scan | dict[tuple[int, int], int], trusted_end: int = 0
+) -> tuple[SegmentIndex, str | None]:
+    """Index a segment by reading every batch.
+
+    Before ``trusted_end`` (a log position known flushed) a damaged batch is skipped:
+    reading resumes at the next valid batch and the damage is added to ``scan``. From
+    ``trusted_end`` on, the first damaged batch stops the scan (a torn tail). Returns the
+    index (``segment_size`` = bytes read as good or damaged) and what stopped it, if
+    anything. ``scan`` carries each partition's next offset across segments (a plain dict
+    of them for a scan that only needs that).
     """
+    if isinstance(scan, dict):
+        plain, scan = scan, Scan()
+        scan.ends = plain
+    ends = scan.ends
     idx = SegmentIndex(seg.base_position)
     problem = None
     with seg.reading():
         data = memoryview(seg.read(seg.base_position, seg.size))
     pos = SEGMENT_HEADER_SIZE
     size = len(data)
+    trusted = min(max(trusted_end - seg.base_position, 0), size)
     while pos < size:
         try:
             h = check_batch(data, pos)
@@ -73,8 +143,17 @@ def scan_segment(seg: LogSegment, ends: dict[tuple[int, int], int]) -> tuple[Seg
                 if payload.keys is not None:
                     hashes = key_hashes(payload.keys)
         except InvalidBatchError as e:
-            problem = f"{e} (at byte {pos} of {size})"
-            break
+            found = None if pos >= trusted else _resync(data, pos, ends)
+            if found is None:  # a torn tail, or damage that nothing valid follows: cut
+                problem = f"{e} (at byte {pos} of {size})"
+                break
+            resume = min(found, trusted)  # what lies beyond the recovery point is a tail
+            scan.damage.append(Damage(seg.path.name, pos, resume, str(e)))
+            log.error("%s", scan.damage[-1].describe())
+            pos = resume
+            continue
+        if scan.damage and h.base_offset > ends.get(key, h.base_offset):
+            scan.lost.append(Lost(h.queue_id, h.partition, ends[key], h.base_offset))
         idx.add_batch(h, seg.base_position + pos, hashes)
         ends[key] = h.base_offset + h.count
         pos += h.size
@@ -121,13 +200,22 @@ def _read_sealed_index(seg: LogSegment, idx_path: Path, report: list[str]) -> Se
 
 
 def load_segments(
-    log_dir: Path, store_id: bytes, *, verify_all: bool = False, report: list[str] | None = None
+    log_dir: Path,
+    store_id: bytes,
+    *,
+    verify_all: bool = False,
+    report: list[str] | None = None,
+    recovery_point: int = 0,
+    scan: Scan | None = None,
 ) -> list[tuple[LogSegment, SegmentIndex]]:
     """Open every segment in order, recovering as the crash policy above says.
 
-    What recovery had to do (cuts, rebuilt indexes) is appended to ``report``.
+    ``recovery_point`` is the log position known flushed (:mod:`.recovery_point`). What
+    recovery had to do (cuts, rebuilt indexes, damage skipped) is appended to ``report``;
+    the damaged ranges and the offsets they held, to ``scan``.
     """
     report = [] if report is None else report
+    scan = Scan() if scan is None else scan
     for stray in log_dir.glob("*.tmp"):
         stray.unlink()
     paths = sorted(log_dir.glob("*.log"))
@@ -152,7 +240,7 @@ def load_segments(
         )
         report.append(f"read {paths[-1].name} from the disk: an fsync failed in the last run")
     out: list[tuple[LogSegment, SegmentIndex]] = []
-    ends: dict[tuple[int, int], int] = {}
+    ends = scan.ends
     seg: LogSegment | None = None
     try:
         for n, path in enumerate(paths):
@@ -168,7 +256,13 @@ def load_segments(
             if idx is None:
                 if last and reread_last:  # its pages a failed write-back left marked clean go too
                     seg.drop_cached(seg.base_position, seg.end_position)
-                idx, problem = scan_segment(seg, ends)
+                # a sealed segment was fsynced whole before the next one began
+                trusted = recovery_point if last else seg.end_position
+                if last and recovery_point > seg.end_position:
+                    _flushed_data_missing(seg, recovery_point, report)
+                damage_before = len(scan.damage)
+                idx, problem = scan_segment(seg, scan, trusted)
+                report.extend(d.describe() for d in scan.damage[damage_before:])
                 if problem is not None:
                     _cut(seg, idx, problem, report)
                 if not last:
@@ -187,3 +281,15 @@ def load_segments(
         raise
     note.unlink(missing_ok=True)
     return out
+
+
+def _flushed_data_missing(seg: LogSegment, recovery_point: int, report: list[str]) -> None:
+    """The last segment ends before the recovery point: the disk lost bytes it had
+    confirmed (or the file was cut by hand). Nothing can bring them back; say so loudly."""
+    missing = recovery_point - seg.end_position
+    message = (
+        f"{seg.path.name} ends {missing} bytes before the recovery point: flushed data is "
+        f"missing from the disk (the file was cut, or the disk lost writes it had confirmed)"
+    )
+    log.error("%s", message)
+    report.append(message)

@@ -53,9 +53,10 @@ from headwater.storage.catalog import CATALOG_FILE, Catalog
 from headwater.storage.dirlock import DirectoryLock
 from headwater.storage.flusher import Flusher, GroupCommit
 from headwater.storage.last_batches import LastBatches
-from headwater.storage.loader import key_hashes, load_segments, walk_headers
+from headwater.storage.loader import Scan, key_hashes, load_segments, walk_headers
 from headwater.storage.log_state import QueueState, Span
 from headwater.storage.producer_state import ProducerStateTable, read_snapshot, write_snapshot
+from headwater.storage.recovery_point import read_recovery_point, write_recovery_point
 from headwater.storage.retention import LogRetention, _summary
 from headwater.storage.schedule import ScheduleDirectory
 from headwater.storage.segment import SEGMENT_HEADER_SIZE, LogSegment, segment_name
@@ -64,6 +65,7 @@ from headwater.storage.settings import StoreConfig
 from headwater.storage.store_admin import LogAdmin
 from headwater.storage.store_reads import LogReads
 
+_RECOVERY_POINT_INTERVAL_S = 1.0  # the recovery point moves at most this often (besides close)
 _UNCACHE_CHUNK_BYTES = 8 * 1024 * 1024  # the page cache is let go of this much at a time, or more
 _new_tuple = tuple.__new__  # a namedtuple from a tuple, without its Python-level calls
 # _append_locked builds the stored header by position: the broker's fields are 2 to 6
@@ -158,8 +160,14 @@ class LogStore(LogAdmin, LogReads, LogRetention):
             self._queues[entry.name] = q
             self._by_id[entry.queue_id] = q
         self.recovery_report: list[str] = []  # what opening had to repair, for `headwater check`
+        self.damage = Scan()  # flushed data found damaged: skipped, never cut
         loaded = load_segments(
-            self._log_dir, self._store_id, verify_all=self.config.verify == "all", report=self.recovery_report
+            self._log_dir,
+            self._store_id,
+            verify_all=self.config.verify == "all",
+            report=self.recovery_report,
+            recovery_point=read_recovery_point(self._log_dir, self._store_id, self.recovery_report),
+            scan=self.damage,
         )
         self._segments: dict[int, LogSegment] = {}
         self._index_cache: OrderedDict[int, SegmentIndex] = OrderedDict()
@@ -187,6 +195,33 @@ class LogStore(LogAdmin, LogReads, LogRetention):
             for pl in q.partitions:
                 if pl.spans:
                     pl.end_offset = max(pl.end_offset, pl.spans[-1].end_offset)
+        for lost in self.damage.lost:
+            owner = self._by_id.get(lost.queue_id)
+            name = owner.entry.name if owner is not None else f"(deleted queue {lost.queue_id})"
+            self.recovery_report.append(
+                f"queue {name!r} partition {lost.partition}: offsets {lost.first}-{lost.end - 1} were in "
+                f"damaged bytes; readers skip them"
+            )
+        # what recovery kept is on the disk from here on (a crash of the process alone left
+        # the tail in the page cache): the recovery point may cover it
+        self._recovery_point = 0
+        try:
+            self._active.sync()
+        except StorageError as e:
+            log.warning("the recovery point stays where it was: %s", e)
+            self._recovery_point_at = time.monotonic()
+        else:
+            self._write_recovery_point(self._active.end_position)
+
+    def _write_recovery_point(self, position: int) -> None:
+        """Record ``position`` as flushed; a failure (a full disk) only keeps the older point."""
+        self._recovery_point_at = time.monotonic()
+        try:
+            write_recovery_point(self._log_dir, self._store_id, position)
+        except StorageError as e:
+            log.warning("the recovery point could not be moved (%s); the older one stands", e)
+            return
+        self._recovery_point = position
 
     def _load_producer_state(self) -> ProducerStateTable:
         """The newest snapshot of a sealed segment, then every later batch replayed."""
@@ -444,7 +479,10 @@ class LogStore(LogAdmin, LogReads, LogRetention):
         cache behind it, here rather than in the fsync so that sync-flush acknowledgements
         never wait for the kernel to free pages."""
         self._commit.sync_now()
-        self._uncache_behind(self._commit.durable)
+        durable = self._commit.durable
+        if durable > self._recovery_point and time.monotonic() - self._recovery_point_at >= _RECOVERY_POINT_INTERVAL_S:
+            self._write_recovery_point(durable)
+        self._uncache_behind(durable)
 
     def _uncache_behind(self, durable: int) -> None:
         """Let the OS page cache drop the fsynced log more than ``page_cache_keep_bytes``
@@ -484,6 +522,9 @@ class LogStore(LogAdmin, LogReads, LogRetention):
                 "fsyncs": self._commit.fsyncs,
                 "page_cache_keep_bytes": self.config.page_cache_keep_bytes,
                 "uncached_bytes": self._uncached_upto - self._uncached_from,
+                # flushed data found damaged when the store opened: skipped, never cut
+                "damaged_ranges": len(self.damage.damage),
+                "damaged_bytes": sum(d.end_byte - d.first_byte for d in self.damage.damage),
             }
 
     def close(self) -> None:
@@ -496,6 +537,7 @@ class LogStore(LogAdmin, LogReads, LogRetention):
         self._retention.stop()
         try:
             self._commit.wait_durable(self._active.end_position)
+            self._write_recovery_point(self._commit.durable)
         finally:
             with self._lock:
                 self._files_closed = True
