@@ -249,8 +249,7 @@ def _check_body_bytes(bodies: list[bytes], message_bytes_max: int) -> None:
     biggest = max(map(len, bodies))
     if biggest > message_bytes_max:
         raise MessageTooLargeError(
-            f"a message body is {biggest} bytes; this queue's limit is {message_bytes_max} "
-            f"(setting message_bytes_max)"
+            f"a message body is {biggest} bytes; this queue's limit is {message_bytes_max} (setting message_bytes_max)"
         )
 
 
