@@ -82,7 +82,11 @@ def open(
 ) -> Client:
     """Open (or create) a data directory and return a client bound to an in-process broker.
 
-    ``settings`` are :class:`StoreConfig` fields, e.g. ``flush="sync"``.
+    ``settings`` are :class:`StoreConfig` fields, e.g. ``flush="sync"``. With
+    ``read_only=True`` the directory must hold a store already, and nothing in it changes:
+    no recovery cut, no index or file rewritten, no delayed message delivered; what a
+    repair would do is in ``status()["recovery"]`` (``headwater check --repair`` does it),
+    and every write raises :class:`~headwater.errors.ReadOnlyStoreError`.
     """
     from headwater.broker import Broker
 

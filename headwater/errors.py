@@ -37,7 +37,8 @@ from it may succeed) and from "something outside misbehaved" (:class:`StorageErr
     ├── DataDirectoryError               20   no    the data directory cannot be used
     │   ├── NotADataDirectoryError       21   no    the directory holds something else
     │   ├── DataDirectoryLockedError     22   no    another process has it open
-    │   └── UnsupportedFormatError       23   no    written by an incompatible version
+    │   ├── UnsupportedFormatError       23   no    written by an incompatible version
+    │   └── ReadOnlyStoreError           24   no    the store was opened read-only
     ├── StorageError                     30   no    the disk or the files misbehaved
     │   └── CorruptDataError             31   no    a checksum or layout check failed
     └── UnavailableError                 40   yes   try again later (timeouts, restarts)
@@ -88,6 +89,7 @@ __all__ = [
     "NotADataDirectoryError",
     "DataDirectoryLockedError",
     "UnsupportedFormatError",
+    "ReadOnlyStoreError",
     "StorageError",
     "CorruptDataError",
     "UnavailableError",
@@ -266,6 +268,12 @@ class DataDirectoryLockedError(DataDirectoryError):
 
 class UnsupportedFormatError(DataDirectoryError):
     code = 23
+
+
+class ReadOnlyStoreError(DataDirectoryError):
+    """The store was opened read-only (``read_only=True``): it serves reads, never writes."""
+
+    code = 24
 
 
 class StorageError(HeadwaterError):

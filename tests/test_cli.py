@@ -314,14 +314,18 @@ def test_get(cli, q):
 
 
 def _delivered(cli: Cli, q: str, value: str, timeout_s: float = 10.0) -> dict:
-    """The JSON line of the delayed message ``value`` once a run of the CLI delivered it (a
-    data directory delivers what came due when it is opened)."""
+    """The JSON line of the delayed message ``value`` once it was delivered. A data
+    directory delivers what came due when a process opens it read-write (a broker, a
+    program, a writing command); ``scan`` opens it read-only and changes nothing, so the
+    loop opens it the way a program would."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = [r for r in cli.json_lines("scan", q) if r["value"] == value]
         if found:
             return found[0]
         time.sleep(0.05)
+        with headwater.open(cli.data):
+            pass  # opening delivers what is due (closing waits for the dispatcher's round)
     raise AssertionError(f"{value!r} was not delivered in {timeout_s} s")
 
 

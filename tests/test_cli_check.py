@@ -1,4 +1,5 @@
-"""``headwater check`` verifies every segment and reports what it repaired."""
+"""``headwater check`` verifies every segment and reports what is damaged, changing nothing;
+``check --repair`` repairs, keeping what it cuts in quarantine."""
 
 import os
 import subprocess
@@ -14,7 +15,11 @@ def run(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_check_reports_intact_then_cuts_damage(tmp_path):
+def _files(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_check_reports_intact_then_repairs_damage_only_when_asked(tmp_path):
     d = str(tmp_path / "d")
     assert run("--data", d, "queue", "create", "q").returncode == 0
     assert run("--data", d, "produce", "q", "a", "b", "c").returncode == 0
@@ -23,8 +28,23 @@ def test_check_reports_intact_then_cuts_damage(tmp_path):
     seg = next((tmp_path / "d" / "log").glob("*.log"))
     with open(seg, "ab") as f:
         f.write(b"torn write")
-    cut = run("--data", d, "check")
-    assert cut.returncode == 0 and "cut 10 bytes" in cut.stdout
+    before = _files(tmp_path / "d")
+    # read-only commands and check without --repair change no file, and say what repairs
+    for args in (["check"], ["queue", "list"], ["scan", "q", "--json"], ["status"]):
+        r = run("--data", d, *args)
+        assert r.returncode == 0, r.stderr
+        said = r.stdout + r.stderr
+        assert "10 bytes at the end of" in said and "headwater check --repair" in said, (args, said)
+        assert _files(tmp_path / "d") == before, args
+    scan = run("--data", d, "scan", "q", "--json")
+    assert [line.count('"value"') for line in scan.stdout.splitlines()] == [1, 1, 1]
+    fixed = run("--data", d, "check", "--repair")
+    assert fixed.returncode == 0 and "cut 10 bytes" in fixed.stdout, fixed.stdout
+    assert f"copied to quarantine/{seg.stem}." in fixed.stdout
+    (kept,) = (tmp_path / "d" / "quarantine").iterdir()
+    assert kept.read_bytes() == b"torn write"
+    again = run("--data", d, "check")
+    assert again.returncode == 0 and "every batch is intact" in again.stdout
     scan = run("--data", d, "scan", "q", "--json")
     assert [line.count('"value"') for line in scan.stdout.splitlines()] == [1, 1, 1]
 
@@ -41,7 +61,7 @@ def test_check_takes_data_after_the_command_as_its_error_messages_say(tmp_path):
     assert run("--data", d, "queue", "create", "q").returncode == 0
     with open(next((tmp_path / "d" / "log").glob("*.log")), "ab") as f:
         f.write(b"torn write")
-    cut = run("check", "--data", d)  # it checks that directory, not ./headwater-data
+    cut = run("check", "--data", d, "--repair")  # it checks that directory, not ./headwater-data
     assert cut.returncode == 0 and "cut 10 bytes" in cut.stdout
     assert run("--data", d, "check", "-d", d).returncode == 0  # the same directory twice is fine
     both = run("--data", str(tmp_path / "other"), "check", "--data", d)

@@ -30,7 +30,7 @@ import pytest
 
 import headwater
 from headwater import MessageId
-from headwater.errors import CorruptDataError, DataDirectoryLockedError, MessageNotFoundError
+from headwater.errors import CorruptDataError, DataDirectoryLockedError, MessageNotFoundError, ReadOnlyStoreError
 from headwater.storage.recovery_point import RECOVERY_POINT_FILE
 from headwater.storage.segment_index import SegmentIndex
 from tests.support.crashdata import (
@@ -530,6 +530,60 @@ def test_the_recovery_point_follows_the_flushed_log(tmp_path):
     assert read_recovery_point(log_dir, store_id, report) == 0 and "another store" in report[-1]
     path.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
     assert read_recovery_point(log_dir, store_id, report) == 0 and "damaged" in report[-1]
+
+
+def _tree(d: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file below ``d`` but the lock file (a copied store has none; the open makes
+    an empty one to lock): its bytes and modification time."""
+    files = [p for p in sorted(d.rglob("*")) if p.is_file() and p.name != ".lock"]
+    return {str(p.relative_to(d)): (p.read_bytes(), p.stat().st_mtime_ns) for p in files}
+
+
+def test_a_read_only_open_changes_no_file_and_names_the_repair(tmp_path, pristine):
+    """A torn tail, a half-made segment, a lost index and a stray temp file: opened
+    read-only, the store serves what is intact, says what a repair would do and which
+    command does it, refuses writes, and leaves every byte and every file where it was."""
+    last = len(pristine.segments) - 1
+    in_last = [b for b in pristine.batches if b.segment == last]
+    data = _unflushed(_copy(pristine, tmp_path / "data"))
+    log_dir = data / "log"
+    os.truncate(log_dir / pristine.segments[last], in_last[-1].end - 7)  # a torn last batch
+    (log_dir / pristine.segments[0]).with_suffix(".idx").unlink()  # rebuilt in memory only
+    (log_dir / "00000000000999999999.log").write_bytes(b"")  # created, never written
+    (log_dir / "headwater.json.tmp").write_bytes(b"half")
+    before = _tree(data)
+    with storage_warnings() as warns:
+        hw = headwater.open(data, segment_bytes_max=SEGMENT_BYTES, read_only=True)
+    try:
+        said = [w.getMessage() for w in warns]
+        report = hw.status()["recovery"]
+        assert any("are damaged" in m and "headwater check --repair" in m for m in report), report
+        assert any("never written" in m and "headwater check --repair" in m for m in report), report
+        assert said, "the repair a read-only open could not make is logged"
+        _assert_store(hw, _expected(pristine.batches[:-1]), "read-only")
+        for write in (
+            lambda: hw.send("q", b"x"),
+            lambda: hw.admin.create_queue("other"),
+            lambda: hw.admin.truncate_queue("q"),
+            lambda: hw.send("q", b"later", delay=3600),
+        ):
+            with pytest.raises(ReadOnlyStoreError, match="read-only"):
+                write()
+        with headwater.open(data, read_only=True) as second:  # readers share the directory
+            assert second.admin.describe_queue("q").queue_id == pristine.queue_id
+        with pytest.raises(DataDirectoryLockedError):
+            headwater.open(data)  # a writer waits for the readers
+    finally:
+        hw.close()
+    assert _tree(data) == before
+    # the repair is the read-write open, which copies what it cuts to quarantine/ first
+    with headwater.open(data, segment_bytes_max=SEGMENT_BYTES) as hw:
+        report = hw.status()["recovery"]
+    assert any(m.startswith("cut ") and "copied to quarantine/" in m for m in report), report
+    (kept,) = (data / "quarantine").iterdir()
+    torn = in_last[-1]
+    original = (pristine.data / "log" / pristine.segments[last]).read_bytes()
+    assert kept.read_bytes() == original[torn.start : torn.end - 7]
 
 
 def _damage_index(tmp_path: Path, pristine: Pristine, cases: int) -> None:

@@ -1,6 +1,8 @@
-"""``headwater check``: verify every segment of a data directory and report what is damaged."""
+"""``headwater check``: verify every segment of a data directory; ``--repair`` mends it."""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -11,19 +13,31 @@ from headwater.errors import NotADataDirectoryError, UsageError
 
 __all__ = ["check"]
 
+RepairOpt = Annotated[
+    bool,
+    typer.Option(
+        "--repair",
+        help="Cut torn tails (copying what is cut to DATA/quarantine/ first), remove half-made "
+        "files and rebuild indexes. Without it, check changes nothing.",
+    ),
+]
 
-def check(ctx: typer.Context, data: LocalData = None) -> None:
-    """Verify every batch of every segment (both checksums, offsets) and repair the store.
 
-    Damage inside flushed data is skipped and reported with the offsets it held; every
-    other message stays readable. A torn tail (bytes written after the last fsync before a
-    crash) is cut, and indexes that do not match are rebuilt. Run it with the broker
-    stopped: it needs the data directory to itself.
+def check(ctx: typer.Context, data: LocalData = None, repair: RepairOpt = False) -> None:
+    """Verify every batch of every segment (both checksums, offsets); report, or repair.
+
+    Without ``--repair`` the directory is opened read-only and nothing changes: the table
+    lists what is damaged and what a repair would do. Damage inside flushed data is never
+    cut: it is skipped and reported with the offsets it held, and every other message stays
+    readable. ``--repair`` cuts a torn tail (bytes written after the last fsync before a
+    crash), copying what it cuts into ``DATA/quarantine/`` first, and rewrites indexes that
+    do not match. Run it with the broker stopped: it needs the data directory to itself.
 
     Example:
 
     ```
     headwater check --data /var/lib/headwater
+    headwater check --data /var/lib/headwater --repair
     ```
     """
     state = local_data_state(ctx, data)
@@ -31,13 +45,16 @@ def check(ctx: typer.Context, data: LocalData = None) -> None:
         raise UsageError("check works on a data directory; run it where the data is, with --data DIR")
     if not state.data_dir.exists():
         raise NotADataDirectoryError(f"there is no data directory at {str(state.data_dir)!r}")
-    with headwater.open(state.data_dir, verify="all") as hw:
+    with headwater.open(state.data_dir, verify="all", read_only=not repair) as hw:
         st = hw.status()
-    table = Table(title=f"check {state.data_dir}", show_header=False)
+    table = Table(title=f"check {state.data_dir}" + (" --repair" if repair else ""), show_header=False)
     table.add_column(style="bold")
     table.add_column()
     for k in ("segments", "bytes", "queues", "partitions", "damaged_ranges", "damaged_bytes"):
         table.add_row(k.replace("_", " "), f"{st.get(k, 0):,}")
-    repairs = st["recovery"]
-    table.add_row("repairs", "\n".join(repairs) if repairs else "none: every batch is intact")
+    found = st["recovery"]
+    if found:
+        table.add_row("repairs" if repair else "found", "\n".join(found))
+    else:
+        table.add_row("found", "nothing: every batch is intact")
     out_console().print(table)

@@ -81,25 +81,28 @@ def local_data_state(ctx: typer.Context, data: str | None) -> CliState:
     return state
 
 
-def open_client(ctx: typer.Context, *, create: bool = False) -> Client:
+def open_client(ctx: typer.Context, *, create: bool = False, read_only: bool = False) -> Client:
     """The Client for this invocation, opened on first use and closed when the command ends
     (in the shell, where ``state.keep_open`` is set, when the session ends).
 
     ``create``: make the data directory if it does not exist (only ``queue create`` does;
     every other command reports a missing directory instead of silently making an empty one,
-    which is what a mistyped ``--data`` would otherwise do).
+    which is what a mistyped ``--data`` would otherwise do). ``read_only``: a command that
+    only reads opens a data directory read-only, so it never changes a file (no recovery
+    cut, no index rewritten); what would need repairing is said on stderr. The shell opens
+    one store for every command it runs, read-write.
     """
     state = _state(ctx)
     if state.client is not None:
         return state.client
-    client = _open(state, create=create)
+    client = _open(state, create=create, read_only=read_only and not state.keep_open)
     state.client = client
     if not state.keep_open:
         ctx.find_root().call_on_close(_closer(state))
     return client
 
 
-def _open(state: CliState, *, create: bool) -> Client:
+def _open(state: CliState, *, create: bool, read_only: bool) -> Client:
     if state.server is not None:
         return headwater.connect(state.server, connect_timeout_s=_connect_timeout_s())
     path = state.data_dir
@@ -108,7 +111,13 @@ def _open(state: CliState, *, create: bool) -> Client:
             f"there is no data directory at {str(path)!r}; pass --data DIR or set HEADWATER_DATA "
             f"to an existing one, or create a queue there first with 'headwater queue create NAME'"
         )
-    return headwater.open(path)
+    if not read_only or not any(path.iterdir()):  # an empty directory holds nothing to protect
+        return headwater.open(path)
+    client = headwater.open(path, read_only=True)
+    for line in client.status()["recovery"]:
+        if "headwater check --repair" in line:  # what a read-only open left for a repair to do
+            err_console().print(f"[yellow]warning:[/] {line}", markup=True, highlight=False)
+    return client
 
 
 def _connect_timeout_s() -> float:

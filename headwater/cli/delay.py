@@ -160,7 +160,7 @@ def stats(
     headwater --server 127.0.0.1:7070 delay stats --json
     ```
     """
-    s = open_client(ctx).delay_stats()
+    s = open_client(ctx, read_only=True).delay_stats()
     if as_json:
         print_json(msgspec.to_builtins(s))
     else:

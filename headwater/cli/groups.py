@@ -129,7 +129,7 @@ def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     headwater group list --json
     ```
     """
-    groups = open_client(ctx).service.list_groups()
+    groups = open_client(ctx, read_only=True).service.list_groups()
     if as_json:
         print_json(
             [
@@ -475,7 +475,7 @@ def describe(
     headwater group describe mailers --queue jobs
     ```
     """
-    hw = open_client(ctx)
+    hw = open_client(ctx, read_only=True)
     found = _find(hw, group, queue)
     if not found:
         where = f"queue {queue!r}" if queue is not None else "any queue"
@@ -622,7 +622,7 @@ def queue_lag(
     headwater queue lag orders --group billing --json
     ```
     """
-    hw = open_client(ctx)
+    hw = open_client(ctx, read_only=True)
     info = hw.admin.describe_queue(queue)
     groups = (
         [group]

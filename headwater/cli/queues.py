@@ -148,7 +148,7 @@ def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     headwater queue list --json
     ```
     """
-    infos = sorted(open_client(ctx).admin.list_queues(), key=lambda q: q.name)
+    infos = sorted(open_client(ctx, read_only=True).admin.list_queues(), key=lambda q: q.name)
     if as_json:
         print_json([queue_json(q) for q in infos])
     elif not infos:
@@ -168,7 +168,7 @@ def describe(ctx: typer.Context, name: NameArg, as_json: JsonOpt = False) -> Non
     headwater queue describe orders --json
     ```
     """
-    info = open_client(ctx).admin.describe_queue(name)
+    info = open_client(ctx, read_only=True).admin.describe_queue(name)
     if as_json:
         print_json(queue_json(info))
     else:

@@ -416,7 +416,7 @@ def scan(
     headwater scan orders --from 00000001-00000002-0000000000000064 --limit 10
     ```
     """
-    hw = open_client(ctx)
+    hw = open_client(ctx, read_only=True)
     bounds = _scan_bounds(from_, to)
     _require_enabled(hw, queue)
     with hw.scanner(queue, partitions=parse_partitions(partitions), tags=tags, **bounds) as scanner:
@@ -447,7 +447,7 @@ def get(
     headwater get 00000001-00000002-0000000000000064 --json
     ```
     """
-    rec = open_client(ctx).get(parse_message_id(message_id))
+    rec = open_client(ctx, read_only=True).get(parse_message_id(message_id))
     if as_json:
         write_json_lines([rec])
     else:
@@ -507,7 +507,7 @@ def find(
     headwater find orders --key order-17 --from -1d --json
     ```
     """
-    hw = open_client(ctx)
+    hw = open_client(ctx, read_only=True)
     start = None if from_ is None else parse_time(from_, "--from")
     end = None if to is None else parse_time(to, "--to")
     records = hw.find(queue, _arg_bytes(key), start_time=start, end_time=end, limit=limit)

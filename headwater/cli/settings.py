@@ -54,6 +54,8 @@ MEANINGS: dict[str, str] = {
     "index_cache_segments": "sealed segments whose index is kept in memory",
     "retention_interval_ms": "how often TTL and retention are enforced",
     "verify": "on open, check the last segment (tail) or every segment (all)",
+    "read_only": "serve reads only: no recovery cut, no file changed, every write refused "
+    "(to inspect a copy or a backup)",
     "producer_expiry_ms": "idempotence state of a producer idle this long is dropped",
     "delay_max_s": "a delayed message may be due at most this far ahead",
     "delay_bucket_s": "span of one schedule file of delayed messages (whole minutes)",

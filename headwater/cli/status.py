@@ -260,7 +260,7 @@ def status(
     """
     if watch and interval <= 0:
         raise InvalidArgumentError("--watch needs an --interval greater than 0")
-    hw = open_client(ctx)
+    hw = open_client(ctx, read_only=True)
     before = take_sample(hw)
     if interval <= 0:
         _show(before, None, as_json=as_json)

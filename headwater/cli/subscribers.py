@@ -168,7 +168,7 @@ def list_(
     headwater subscriber list orders --json
     ```
     """
-    client = open_client(ctx)
+    client = open_client(ctx, read_only=True)
     subs = client.admin.list_subscribers(queue)
     queues = {q: client.admin.describe_queue(q) for q in {s.queue for s in subs}}
     if as_json:
@@ -207,7 +207,7 @@ def describe(ctx: typer.Context, queue: QueueArg, name: NameArg, as_json: JsonOp
     headwater subscriber describe orders audit
     ```
     """
-    client = open_client(ctx)
+    client = open_client(ctx, read_only=True)
     info = client.admin.describe_subscriber(queue, name)
     qi = client.admin.describe_queue(queue)
     if as_json:

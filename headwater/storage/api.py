@@ -38,8 +38,9 @@ class ScheduleStore(Protocol):
         """Make room for the first bucket (create the folder, durably)."""
         ...
 
-    def open_buckets(self, store_id: bytes, report: list[str]) -> Iterator[ScheduleFile]:
-        """Every bucket kept, in start order; damaged ones are set aside and reported."""
+    def open_buckets(self, store_id: bytes, report: list[str], *, read_only: bool = False) -> Iterator[ScheduleFile]:
+        """Every bucket kept, in start order; damaged ones are set aside (``read_only``:
+        skipped) and reported."""
         ...
 
     def create_bucket(self, start_ms: int, end_ms: int, store_id: bytes, created_ms: int) -> ScheduleFile:
@@ -64,6 +65,7 @@ class Store(Protocol):
 
     config: StoreConfig
     recovery_report: list[str]  # what opening had to repair (empty for a store in memory)
+    read_only: bool  # opened to read only: every write raises ReadOnlyStoreError
 
     @property
     def kind(self) -> str:

@@ -1,7 +1,8 @@
-"""An exclusive lock on a data directory, so two processes never write one store.
+"""A lock on a data directory, so two processes never write one store.
 
 ``flock`` on ``<dir>/.lock``: the kernel drops it when the process dies, even by SIGKILL,
-so a crashed owner never leaves a stale lock behind.
+so a crashed owner never leaves a stale lock behind. A store opened read-only takes a
+shared lock: readers do not exclude each other, and a writer excludes them all.
 """
 
 from __future__ import annotations
@@ -16,20 +17,27 @@ __all__ = ["DirectoryLock"]
 
 
 class DirectoryLock:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, shared: bool = False) -> None:
         self.path = directory / ".lock"
+        self.shared = shared
         self._fd: int | None = None
 
     def acquire(self) -> None:
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if self.shared:
+                try:
+                    fd = os.open(self.path, os.O_RDONLY)
+                except FileNotFoundError:  # a copied store: an empty lock file changes no data
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            else:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:  # a read-only file system or folder
             raise DataDirectoryError(
                 f"cannot lock {self.path.parent} ({e.strerror}: {self.path}); a data directory "
                 f"must be writable, even to read it"
             ) from e
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
@@ -37,8 +45,9 @@ class DirectoryLock:
                 f"{self.path.parent} is in use by another process (pid {owner}); stop it "
                 f"first (one process owns a data directory at a time)"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        if not self.shared:  # the owner's pid, for the message above
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
 
     def release(self) -> None:

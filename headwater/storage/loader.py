@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-from headwater.errors import CorruptDataError, DataDirectoryError, InvalidBatchError
+from headwater.errors import CorruptDataError, DataDirectoryError, InvalidBatchError, StorageError
 from headwater.model.batch import (
     FLAG_HAS_KEYS,
     HEADER_SIZE,
@@ -35,10 +35,21 @@ from headwater.model.batch import (
     decode_header,
     decode_payload,
 )
-from headwater.storage.segment import SEGMENT_HEADER_SIZE, LogSegment, segment_name
+from headwater.storage.segment import SEGMENT_HEADER_SIZE, LogSegment, segment_name, write_atomically
 from headwater.storage.segment_index import SegmentIndex
 
-__all__ = ["Damage", "FSYNC_FAILED_FILE", "Lost", "Scan", "key_hashes", "load_segments", "scan_segment", "walk_headers"]
+__all__ = [
+    "Damage",
+    "FSYNC_FAILED_FILE",
+    "Lost",
+    "QUARANTINE_DIR",
+    "REPAIR_HINT",
+    "Scan",
+    "key_hashes",
+    "load_segments",
+    "scan_segment",
+    "walk_headers",
+]
 
 #: Left in ``log/`` by a store whose fsync failed (see GroupCommit): the next open reads the
 #: last segment from the disk, not from the page cache, whose pages of it may never have
@@ -176,11 +187,29 @@ def walk_headers(seg: LogSegment) -> list[BatchHeader]:
     return out
 
 
+#: Beside ``log/``: what recovery cut, kept for whoever wants to look at it.
+QUARANTINE_DIR = "quarantine"
+
+
 def _cut(seg: LogSegment, idx: SegmentIndex, problem: str, report: list[str]) -> None:
-    lost = seg.size - idx.segment_size
-    log.warning("cutting %d bytes from %s: %s", lost, seg.path.name, problem)
-    report.append(f"cut {lost} bytes from {seg.path.name}: {problem}")
-    seg.truncate(seg.base_position + idx.segment_size)
+    """Cut the segment after its last good batch, copying what is cut to the quarantine
+    folder first (when the disk has no room for the copy, the cut goes ahead: the store
+    must open, and the bytes are a tail no reader could use)."""
+    keep, size = idx.segment_size, seg.size
+    lost = size - keep
+    kept_in = ""
+    folder = seg.path.parent.parent / QUARANTINE_DIR
+    copy = folder / f"{seg.path.stem}.{keep}-{size}.cut"
+    try:
+        folder.mkdir(exist_ok=True)
+        with seg.reading():
+            write_atomically(copy, seg.read(seg.base_position + keep, lost))
+        kept_in = f", copied to {QUARANTINE_DIR}/{copy.name}"
+    except (OSError, StorageError) as e:
+        log.error("could not copy the %d bytes cut from %s to %s: %s", lost, seg.path.name, folder, e)
+    log.warning("cutting %d bytes from %s%s: %s", lost, seg.path.name, kept_in, problem)
+    report.append(f"cut {lost} bytes from {seg.path.name}{kept_in}: {problem}")
+    seg.truncate(seg.base_position + keep)
 
 
 def _read_sealed_index(seg: LogSegment, idx_path: Path, report: list[str]) -> SegmentIndex | None:
@@ -207,16 +236,19 @@ def load_segments(
     report: list[str] | None = None,
     recovery_point: int = 0,
     scan: Scan | None = None,
+    read_only: bool = False,
 ) -> list[tuple[LogSegment, SegmentIndex]]:
     """Open every segment in order, recovering as the crash policy above says.
 
     ``recovery_point`` is the log position known flushed (:mod:`.recovery_point`). What
     recovery had to do (cuts, rebuilt indexes, damage skipped) is appended to ``report``;
-    the damaged ranges and the offsets they held, to ``scan``.
+    the damaged ranges and the offsets they held, to ``scan``. ``read_only`` changes no
+    file: what recovery would cut or remove is reported (with the command that repairs)
+    and left out of what is served, and rebuilt indexes stay in memory.
     """
     report = [] if report is None else report
     scan = Scan() if scan is None else scan
-    for stray in log_dir.glob("*.tmp"):
+    for stray in [] if read_only else log_dir.glob("*.tmp"):
         stray.unlink()
     paths = sorted(log_dir.glob("*.log"))
     # Only our own names: a foreign or copied file ("... (copy).log") failed with a bare
@@ -229,9 +261,13 @@ def load_segments(
         )
     # a crash while creating the newest segment can leave it shorter than its header
     if paths and paths[-1].stat().st_size < SEGMENT_HEADER_SIZE:
-        log.warning("removing %s: created but never written (crash during roll)", paths[-1].name)
-        report.append(f"removed {paths[-1].name}: created but never written")
-        paths.pop().unlink()
+        empty = paths.pop()
+        if read_only:
+            _needs_repair(f"{empty.name} was created but never written (a crash during a roll)", report)
+        else:
+            log.warning("removing %s: created but never written (crash during roll)", empty.name)
+            report.append(f"removed {empty.name}: created but never written")
+            empty.unlink()
     note = log_dir / FSYNC_FAILED_FILE
     reread_last = note.exists() and bool(paths)
     if reread_last:
@@ -244,7 +280,7 @@ def load_segments(
     seg: LogSegment | None = None
     try:
         for n, path in enumerate(paths):
-            seg = LogSegment.open(path, store_id)
+            seg = LogSegment.open(path, store_id, writable=not read_only)
             last = n == len(paths) - 1
             idx_path = log_dir / segment_name(seg.base_position, ".idx")
             idx = None
@@ -263,9 +299,12 @@ def load_segments(
                 damage_before = len(scan.damage)
                 idx, problem = scan_segment(seg, scan, trusted)
                 report.extend(d.describe() for d in scan.damage[damage_before:])
-                if problem is not None:
+                if problem is not None and read_only:
+                    lost = seg.size - idx.segment_size
+                    _needs_repair(f"{lost} bytes at the end of {seg.path.name} are damaged ({problem})", report)
+                elif problem is not None:
                     _cut(seg, idx, problem, report)
-                if not last:
+                if not last and not read_only:
                     idx.write(idx_path)
             elif last:  # pragma: no cover - the last segment is always scanned
                 raise AssertionError
@@ -279,8 +318,19 @@ def load_segments(
         if seg is not None:
             seg.close()
         raise
-    note.unlink(missing_ok=True)
+    if not read_only:
+        note.unlink(missing_ok=True)
     return out
+
+
+#: What a read-only open says when the store needs a repair it may not make.
+REPAIR_HINT = "run `headwater check --repair` with the broker stopped to repair it"
+
+
+def _needs_repair(what: str, report: list[str]) -> None:
+    message = f"{what}; opened read-only, nothing was changed: {REPAIR_HINT}"
+    log.warning("%s", message)
+    report.append(message)
 
 
 def _flushed_data_missing(seg: LogSegment, recovery_point: int, report: list[str]) -> None:

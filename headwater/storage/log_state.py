@@ -23,6 +23,7 @@ from headwater.errors import (
     PartitionOutOfRangeError,
     QueueDisabledError,
     QueueNotFoundError,
+    ReadOnlyStoreError,
     StorageError,
 )
 from headwater.model.checks import check_int_arg, check_queue_arg
@@ -90,6 +91,12 @@ class QueueState:
         self.partitions = [PartitionState(s) for s in entry.start_offsets]
 
 
+def read_only_refusal(path: Path) -> ReadOnlyStoreError:
+    return ReadOnlyStoreError(
+        f"the store at {path} was opened read-only: it serves reads, never writes; open it without read_only to write"
+    )
+
+
 class LogStoreBase:
     """The fields and helpers the parts of :class:`~headwater.storage.store.LogStore` share;
     :meth:`LogStore.__init__ <headwater.storage.store.LogStore>` sets every field."""
@@ -97,6 +104,7 @@ class LogStoreBase:
     path: Path
     config: StoreConfig
     recovery_report: list[str]
+    read_only: bool
     _clock: Callable[[], float]
     _lock: threading.RLock
     _closed: bool
@@ -127,7 +135,10 @@ class LogStoreBase:
             raise ClosedError(f"the store at {self.path} is closed")
 
     def _check_writable(self) -> None:
-        """Under the lock, before an append: nothing is appended after a failed fsync."""
+        """Under the lock, before an append: nothing is appended to a store opened
+        read-only, nor after a failed fsync."""
+        if self.read_only:
+            raise read_only_refusal(self.path)
         if self._commit.failed is not None:
             raise self._commit.refusal()
 
@@ -233,6 +244,8 @@ class LogStoreBase:
         return pl.end_offset, None
 
     def _save_catalog(self) -> None:
+        if self.read_only:
+            raise read_only_refusal(self.path)
         for q in self._queues.values():
             q.entry.start_offsets = [pl.start_offset for pl in q.partitions]
         self._catalog.save(self.path / CATALOG_FILE)

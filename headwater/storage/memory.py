@@ -101,6 +101,7 @@ class MemoryStore(QueueTable):
     def __init__(self, config: StoreConfig | None = None, *, clock: Callable[[], float] = time.time) -> None:
         self.config = (config or StoreConfig()).validated()
         self.recovery_report: list[str] = []  # nothing is ever recovered: nothing was kept
+        self.read_only = False  # a store in memory starts empty: reading only would be pointless
         self._clock = clock
         self._lock = threading.RLock()
         self._closed = False

@@ -83,7 +83,7 @@ class MemorySchedule:
     def prepare(self) -> None:
         self._prepared = True
 
-    def open_buckets(self, store_id: bytes, report: list[str]) -> Iterator[ScheduleFile]:
+    def open_buckets(self, store_id: bytes, report: list[str], *, read_only: bool = False) -> Iterator[ScheduleFile]:
         for start in sorted(self._buckets):
             f = self._buckets[start]
             if not f.deleted:

@@ -24,7 +24,7 @@ class LogRetention(LogStoreBase):
         """Delete sealed segments that hold nothing live any more; return how many."""
         deleted = 0
         with self._lock:
-            if self._closed:
+            if self._closed or self.read_only:  # a read-only store deletes nothing
                 return 0
             now = self._now_ms()
             # decided from the in-memory summaries: no index is read while the lock is held

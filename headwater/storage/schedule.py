@@ -182,6 +182,7 @@ class ScheduleFile:
         self.unsynced = False
         self.deleted = False
         self._fd: int | None = None
+        self._open_flags = os.O_RDWR  # O_RDONLY in a store opened read-only
         self._lock = threading.Lock()
 
     @classmethod
@@ -210,10 +211,12 @@ class ScheduleFile:
         return f
 
     @classmethod
-    def open(cls, path: Path, store_id: bytes) -> ScheduleFile:
-        """Open an existing file and check its header (records are checked by :meth:`scan`)."""
+    def open(cls, path: Path, store_id: bytes, *, writable: bool = True) -> ScheduleFile:
+        """Open an existing file and check its header (records are checked by :meth:`scan`);
+        ``writable=False``: a read-only descriptor, so nothing can write through it."""
+        flags = os.O_RDWR if writable else os.O_RDONLY
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, flags)
         except OSError as e:
             raise StorageError(f"cannot open schedule file {path}: {e}") from e
         try:
@@ -235,6 +238,7 @@ class ScheduleFile:
             raise
         f = cls(path, start, end, size)
         f._fd = fd
+        f._open_flags = flags
         return f
 
     # -- descriptor ---------------------------------------------------------------------
@@ -244,7 +248,7 @@ class ScheduleFile:
             if self.deleted:
                 raise StorageError(f"schedule file {self.path} was deleted")
             try:
-                self._fd = os.open(self.path, os.O_RDWR)
+                self._fd = os.open(self.path, self._open_flags)
             except OSError as e:
                 raise StorageError(f"cannot open schedule file {self.path}: {e}") from e
         return self._fd
@@ -411,13 +415,18 @@ class ScheduleDirectory:
         self.path.mkdir(exist_ok=True)
         fsync_dir(self.path.parent)
 
-    def open_buckets(self, store_id: bytes, report: list[str]) -> Iterator[ScheduleFile]:
-        for stray in self.path.glob("*.tmp"):  # a bucket or checkpoint a crash left half made
+    def open_buckets(self, store_id: bytes, report: list[str], *, read_only: bool = False) -> Iterator[ScheduleFile]:
+        """Every bucket file, checked; ``read_only`` changes no file (a damaged one is
+        reported and skipped, not set aside)."""
+        for stray in [] if read_only else self.path.glob("*.tmp"):  # a bucket or checkpoint a crash left half made
             stray.unlink()
         for path in sorted(self.path.glob("*.sched")):
             try:
-                f = ScheduleFile.open(path, store_id)
+                f = ScheduleFile.open(path, store_id, writable=not read_only)
             except CorruptDataError as e:
+                if read_only:
+                    report.append(f"skipped {path.name}: {e}; opened read-only, nothing was changed")
+                    continue
                 path.rename(path.with_name(path.name + ".damaged"))
                 report.append(f"set aside {path.name}: {e}")
                 log.error("set aside %s: %s", path.name, e)

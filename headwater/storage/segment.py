@@ -120,6 +120,7 @@ class LogSegment:
         self.base_position = base_position
         self.size = size  # bytes in the file, header included
         self._fd: int | None = None
+        self._open_flags = os.O_RDWR  # O_RDONLY for a store opened read-only
         self._readers = 0
         self._lock = threading.Lock()
         self.deleted = False
@@ -151,10 +152,12 @@ class LogSegment:
         return seg
 
     @classmethod
-    def open(cls, path: Path, store_id: bytes) -> LogSegment:
-        """Open an existing segment and check its header."""
+    def open(cls, path: Path, store_id: bytes, *, writable: bool = True) -> LogSegment:
+        """Open an existing segment and check its header (``writable=False``: a read-only
+        descriptor, so that nothing can write through it)."""
+        flags = os.O_RDWR if writable else os.O_RDONLY
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, flags)
         except OSError as e:
             raise StorageError(f"cannot open segment {path}: {e}") from e
         size = os.fstat(fd).st_size
@@ -178,6 +181,7 @@ class LogSegment:
             raise CorruptDataError(f"segment {path} says its base is {base}, its name {expected}")
         seg = cls(path, base, size)
         seg._fd = fd
+        seg._open_flags = flags
         return seg
 
     @property
@@ -192,7 +196,7 @@ class LogSegment:
         if self._fd is None:
             if self.deleted:
                 raise StorageError(f"segment {self.path} was deleted")
-            self._fd = os.open(self.path, os.O_RDWR)
+            self._fd = os.open(self.path, self._open_flags)
         return self._fd
 
     @property

@@ -26,6 +26,8 @@ class StoreConfig(msgspec.Struct, frozen=True, kw_only=True):
     delay_bucket_s: int = 3600  # span of one schedule file of delayed messages (whole minutes)
     queue_partitions_max: int = 100_000  # partitions of one queue (headwater.storage.quotas)
     partitions_max: int = 100_000  # partitions of all queues together, the broker's own included
+    # read, never write: no recovery cut, no index or file rewritten, no append (ReadOnlyStoreError)
+    read_only: bool = False
 
     def validated(self) -> StoreConfig:
         if self.flush not in ("sync", "async"):

@@ -93,7 +93,8 @@ class LogStore(LogAdmin, LogReads, LogRetention):
         self._closed = False
         self._files_closed = False
         self._last = LastBatches()  # copies of partitions' last batches, for readers at the end
-        self._dir_lock = DirectoryLock(self._prepare_directory())
+        self.read_only = self.config.read_only
+        self._dir_lock = DirectoryLock(self._prepare_directory(), shared=self.read_only)
         self._dir_lock.acquire()
         try:
             self._open()
@@ -109,8 +110,9 @@ class LogStore(LogAdmin, LogReads, LogRetention):
         self._flush_kick_at = self._active.end_position + self.config.flush_bytes
         self._flusher = Flusher("headwater-flush", self.config.flush_interval_ms, self._flush_tick)
         self._retention = Flusher("headwater-retention", self.config.retention_interval_ms, self.enforce_retention)
-        self._flusher.start()
-        self._retention.start()
+        if not self.read_only:
+            self._flusher.start()
+            self._retention.start()
 
     # -- opening ----------------------------------------------------------------------
 
@@ -118,6 +120,10 @@ class LogStore(LogAdmin, LogReads, LogRetention):
         p = self.path
         if p.exists() and not p.is_dir():
             raise NotADataDirectoryError(f"{p} is a file; a data directory must be a directory")
+        if self.read_only:  # nothing is made: the directory must be a store already
+            if not (p / CATALOG_FILE).exists():
+                raise NotADataDirectoryError(f"there is no Headwater data directory at {str(p)!r}")
+            return p
         try:
             p.mkdir(parents=True, exist_ok=True)
         except OSError as e:  # a file on the way, a read-only file system, no permission
@@ -168,6 +174,7 @@ class LogStore(LogAdmin, LogReads, LogRetention):
             report=self.recovery_report,
             recovery_point=read_recovery_point(self._log_dir, self._store_id, self.recovery_report),
             scan=self.damage,
+            read_only=self.read_only,
         )
         self._segments: dict[int, LogSegment] = {}
         self._index_cache: OrderedDict[int, SegmentIndex] = OrderedDict()
@@ -185,6 +192,8 @@ class LogStore(LogAdmin, LogReads, LogRetention):
             self._cache_index(idx)
         if loaded:
             self._active, self._active_index = loaded[-1]
+        elif self.read_only:
+            raise DataDirectoryError(f"{self._log_dir} holds no log segment; open the store read-write once")
         else:
             self._active = LogSegment.create(self._log_dir / segment_name(0, ".log"), 0, self._store_id, self._now_ms())
             self._segments[0] = self._active
@@ -205,11 +214,13 @@ class LogStore(LogAdmin, LogReads, LogRetention):
         # what recovery kept is on the disk from here on (a crash of the process alone left
         # the tail in the page cache): the recovery point may cover it
         self._recovery_point = 0
+        self._recovery_point_at = time.monotonic()
+        if self.read_only:
+            return
         try:
             self._active.sync()
         except StorageError as e:
             log.warning("the recovery point stays where it was: %s", e)
-            self._recovery_point_at = time.monotonic()
         else:
             self._write_recovery_point(self._active.end_position)
 
@@ -536,8 +547,9 @@ class LogStore(LogAdmin, LogReads, LogRetention):
         self._flusher.stop()
         self._retention.stop()
         try:
-            self._commit.wait_durable(self._active.end_position)
-            self._write_recovery_point(self._commit.durable)
+            if not self.read_only:
+                self._commit.wait_durable(self._active.end_position)
+                self._write_recovery_point(self._commit.durable)
         finally:
             with self._lock:
                 self._files_closed = True

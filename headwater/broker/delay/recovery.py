@@ -57,9 +57,9 @@ class DelayRecovery:
         self._accept_seq = ckpt.accept_seq
         stamps = {h.broker_reserved: h for h in store.stamped_batches(min(ckpt.log_position, store.end_position))}
         later: list[tuple[int, int, Entry]] = []  # acceptances after the checkpoint's table
-        for f in self._schedule.open_buckets(store.store_id, self.report):
+        for f in self._schedule.open_buckets(store.store_id, self.report, read_only=self.read_only):
             entries: dict[int, Entry] = {}
-            replay(f.scan(problems=self.report), entries, [])
+            replay(f.scan(cut=not self.read_only, problems=self.report), entries, [])
             for e in entries.values():
                 if e.accept_seq > ckpt.accept_seq:
                     later.append((e.accept_seq, f.bucket_start_ms, e))
@@ -102,7 +102,7 @@ class DelayRecovery:
                     e.close_run(g, State.DELIVERED)
                     g.delivered_offset = h.base_offset
                     count += 1
-        if not count:
+        if not count or self.read_only:  # read-only: known in memory, the file stays as it is
             return
         try:
             f.append(redone)

@@ -34,7 +34,7 @@ from typing import NamedTuple
 from headwater.broker.delay.buckets import Bucket, Entry, Run, find_entry, replay
 from headwater.broker.delay.lifecycle import CANCEL, State, move
 from headwater.broker.delay.recovery import DelayRecovery
-from headwater.errors import ClosedError, InvalidArgumentError, MessageNotFoundError, StorageError
+from headwater.errors import ClosedError, InvalidArgumentError, MessageNotFoundError, ReadOnlyStoreError, StorageError
 from headwater.model.batch import decode_deliver_offsets, decode_header, validate_batch
 from headwater.model.delay import (
     DELAYED_PARTITION_BIT,
@@ -126,14 +126,16 @@ class DelayService(DelayRecovery):
         self.wake_at_ms: int | None = None
         self.counters = DelayCounters()
         self.closed = False
+        self.read_only = store.read_only  # recovery in memory only; no dispatcher, no writes
         self._recover()
         self._commit = GroupCommit(self._sync_files)
         self._flusher = Flusher("headwater-delay-flush", cfg.flush_interval_ms, self._commit.sync_now)
-        self._flusher.start()
         from headwater.broker.delay.dispatcher import Dispatcher
 
         self._dispatcher = Dispatcher(self, store)
-        self._dispatcher.start()
+        if not self.read_only:
+            self._flusher.start()
+            self._dispatcher.start()
 
     # -- time and places ----------------------------------------------------------------
 
@@ -165,7 +167,13 @@ class DelayService(DelayRecovery):
         self._last_ckpt = ck
         return True
 
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise _read_only_refusal()
+
     def _write_checkpoint(self, log_position: int) -> None:
+        if self.read_only:  # what recovery found stays in memory
+            return
         ck = DispatchCheckpoint(log_position, self._floor_ms, self._accept_seq, self._producers.to_bytes())
         if ck != self._last_ckpt:
             self._schedule.write_checkpoint(ck)
@@ -231,6 +239,7 @@ class DelayService(DelayRecovery):
     def accept(self, queue: str, partition: int, batch: bytes) -> tuple[ProduceResult, DelayTicket | None]:
         """Schedule a producer's batch whose ``deliver_at_ms`` is in the future; the
         placement (a delayed id) and, under sync flush, the ticket to wait for."""
+        self._check_writable()
         qid, cap, sync = self._store.produce_target(queue, partition)
         h, payload = validate_batch(batch, message_bytes_max=cap)
         offsets = decode_deliver_offsets(batch, h, payload=payload)
@@ -484,6 +493,7 @@ class DelayService(DelayRecovery):
 
     def cancel(self, queue_id: int, partition: int, offset: int) -> None:
         """Cancel one delayed message that is not delivered yet (cancelling twice is fine)."""
+        self._check_writable()
         mid = MessageId(queue_id, partition, offset)
         if not partition & DELAYED_PARTITION_BIT:
             raise MessageNotFoundError(
@@ -604,6 +614,11 @@ class DelayService(DelayRecovery):
                 return
             self.closed = True
             self.wakeup.notify_all()
+        if self.read_only:
+            with self._lock:
+                for b in self._buckets.values():
+                    b.file.close()
+            return
         self._dispatcher.join()
         try:
             self.checkpoint(self.now_ms())
@@ -613,6 +628,10 @@ class DelayService(DelayRecovery):
             with self._lock:
                 for b in self._buckets.values():
                     b.file.close()
+
+
+def _read_only_refusal() -> ReadOnlyStoreError:
+    return ReadOnlyStoreError("the store was opened read-only: delayed messages can be read, not sent or cancelled")
 
 
 def _reclaimable(b: Bucket, now: int) -> bool:
