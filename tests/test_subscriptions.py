@@ -57,9 +57,10 @@ def tagged(n: int, start: int = 0) -> list[Message]:
 
 def test_docstrings():
     import headwater.cli.subscribers
+    import headwater.client.common.subscriber
     import headwater.client.sync.subscriber
 
-    for mod in (headwater.client.sync.subscriber, headwater.cli.subscribers):
+    for mod in (headwater.client.sync.subscriber, headwater.client.common.subscriber, headwater.cli.subscribers):
         assert doctest.testmod(mod).failed == 0
 
 
@@ -692,10 +693,10 @@ def test_an_asyncio_subscriber(aio_target, monkeypatch):
     subscriber, and the client's close storing the checkpoint."""
     import asyncio
 
-    import headwater.client.aio.subscriber as aio_subscriber
+    import headwater.client.common.subscriber as common_subscriber
     from tests.support.aio_target import run
 
-    monkeypatch.setattr(aio_subscriber, "PARTITIONS_CHECK_S", 0.05)  # how often it looks, embedded
+    monkeypatch.setattr(common_subscriber, "PARTITIONS_CHECK_S", 0.05)  # how often it looks, embedded
 
     async def test(hw):
         await hw.admin.create_queue("q", partitions=2)
@@ -876,7 +877,7 @@ def test_a_last_checkpoint_never_answered_still_stops_the_subscriber(monkeypatch
     import asyncio
     import concurrent.futures
 
-    import headwater.client.sync.subscriber as subscriber
+    import headwater.client.common.subscriber as subscriber
     from headwater.client.aio.subscriber import AsyncSubscriber
     from headwater.client.sync.subscriber import Subscriber
     from headwater.model.subscription import SubscriberInfo
