@@ -942,6 +942,43 @@ def test_a_last_checkpoint_never_answered_still_stops_the_subscriber(monkeypatch
     asyncio.run(main())
 
 
+def test_the_two_subscribers_are_one_body_driven_two_ways():
+    """Subscriber and AsyncSubscriber run the delivery of headwater.client.common.subscriber:
+    what waits is a plain method of the one and a coroutine of the other, with one signature
+    and one docstring; what does not wait is plain on both. ``Listener`` is still importable
+    from the sync module."""
+    import asyncio
+    import inspect
+
+    from headwater.client.aio.subscriber import AsyncSubscriber
+    from headwater.client.common import subscriber as common
+    from headwater.client.sync.subscriber import Listener, Subscriber
+
+    assert Listener is common.Listener
+    for name in ("stop", "close", "wait", "wait_for"):
+        sync_method, aio_method = getattr(Subscriber, name), getattr(AsyncSubscriber, name)
+        assert not inspect.iscoroutinefunction(sync_method) and inspect.iscoroutinefunction(aio_method), name
+        assert inspect.signature(sync_method) == inspect.signature(aio_method), name
+        assert sync_method.__doc__ == aio_method.__doc__ and sync_method.__doc__, name
+    for name in ("start", "add_listener"):
+        assert not inspect.iscoroutinefunction(getattr(AsyncSubscriber, name)), name
+    assert inspect.signature(Subscriber) == inspect.signature(AsyncSubscriber)
+
+    class Idle:
+        """A service no subscriber is started on."""
+
+    sub = Subscriber(Idle(), "q", "s", start=False)
+    sub.stop()  # never started: stopping is a no-op, and nothing waits
+    assert not sub.running and not sub.wait(0)
+
+    async def main() -> None:
+        sub = AsyncSubscriber(Idle(), "q", "s", start=False)
+        await sub.stop()
+        assert sub.closed and not sub.running and await sub.wait(0)
+
+    asyncio.run(main())
+
+
 def test_deleting_a_running_subscriber_stops_it_in_every_mode(hw):
     """Embedded (pull) the subscriber looked only at its queue: deleted, it went on
     delivering new messages. Now it stops before delivering another, with the same error
