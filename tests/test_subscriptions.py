@@ -57,9 +57,10 @@ def tagged(n: int, start: int = 0) -> list[Message]:
 
 def test_docstrings():
     import headwater.cli.subscribers
+    import headwater.client.common.subscriber
     import headwater.client.sync.subscriber
 
-    for mod in (headwater.client.sync.subscriber, headwater.cli.subscribers):
+    for mod in (headwater.client.sync.subscriber, headwater.client.common.subscriber, headwater.cli.subscribers):
         assert doctest.testmod(mod).failed == 0
 
 
@@ -692,10 +693,10 @@ def test_an_asyncio_subscriber(aio_target, monkeypatch):
     subscriber, and the client's close storing the checkpoint."""
     import asyncio
 
-    import headwater.client.aio.subscriber as aio_subscriber
+    import headwater.client.common.subscriber as common_subscriber
     from tests.support.aio_target import run
 
-    monkeypatch.setattr(aio_subscriber, "PARTITIONS_CHECK_S", 0.05)  # how often it looks, embedded
+    monkeypatch.setattr(common_subscriber, "PARTITIONS_CHECK_S", 0.05)  # how often it looks, embedded
 
     async def test(hw):
         await hw.admin.create_queue("q", partitions=2)
@@ -876,7 +877,7 @@ def test_a_last_checkpoint_never_answered_still_stops_the_subscriber(monkeypatch
     import asyncio
     import concurrent.futures
 
-    import headwater.client.sync.subscriber as subscriber
+    import headwater.client.common.subscriber as subscriber
     from headwater.client.aio.subscriber import AsyncSubscriber
     from headwater.client.sync.subscriber import Subscriber
     from headwater.model.subscription import SubscriberInfo
@@ -937,6 +938,43 @@ def test_a_last_checkpoint_never_answered_still_stops_the_subscriber(monkeypatch
         assert await sub.wait_for(lambda: seen)
         await sub.stop()
         assert await sub.wait(5) and svc.closed == [7]
+
+    asyncio.run(main())
+
+
+def test_the_two_subscribers_are_one_body_driven_two_ways():
+    """Subscriber and AsyncSubscriber run the delivery of headwater.client.common.subscriber:
+    what waits is a plain method of the one and a coroutine of the other, with one signature
+    and one docstring; what does not wait is plain on both. ``Listener`` is still importable
+    from the sync module."""
+    import asyncio
+    import inspect
+
+    from headwater.client.aio.subscriber import AsyncSubscriber
+    from headwater.client.common import subscriber as common
+    from headwater.client.sync.subscriber import Listener, Subscriber
+
+    assert Listener is common.Listener
+    for name in ("stop", "close", "wait", "wait_for"):
+        sync_method, aio_method = getattr(Subscriber, name), getattr(AsyncSubscriber, name)
+        assert not inspect.iscoroutinefunction(sync_method) and inspect.iscoroutinefunction(aio_method), name
+        assert inspect.signature(sync_method) == inspect.signature(aio_method), name
+        assert sync_method.__doc__ == aio_method.__doc__ and sync_method.__doc__, name
+    for name in ("start", "add_listener"):
+        assert not inspect.iscoroutinefunction(getattr(AsyncSubscriber, name)), name
+    assert inspect.signature(Subscriber) == inspect.signature(AsyncSubscriber)
+
+    class Idle:
+        """A service no subscriber is started on."""
+
+    sub = Subscriber(Idle(), "q", "s", start=False)
+    sub.stop()  # never started: stopping is a no-op, and nothing waits
+    assert not sub.running and not sub.wait(0)
+
+    async def main() -> None:
+        sub = AsyncSubscriber(Idle(), "q", "s", start=False)
+        await sub.stop()
+        assert sub.closed and not sub.running and await sub.wait(0)
 
     asyncio.run(main())
 
