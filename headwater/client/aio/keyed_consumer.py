@@ -19,6 +19,7 @@ from headwater.client.common.keyed_consumer import KeyedConsumerBase
 from headwater.client.common.twins import ASYNCIO
 from headwater.client.transport.polling import retrieve
 from headwater.model.keyed import KeyedGroupInfo
+from headwater.model.message import Record
 
 __all__ = ["AsyncKeyedConsumer"]
 
@@ -49,6 +50,11 @@ class AsyncKeyedConsumer(KeyedConsumerBase, driver=ASYNCIO):
         if self._info is None:
             await self.refresh()
         return self.info
+
+    async def poll(self, max_messages: int | None = None, timeout_ms: int = 1000) -> list[Record]:
+        return self._buffered(max_messages, timeout_ms) or await self._poll(max_messages, timeout_ms)
+
+    poll.__doc__ = KeyedConsumerBase._poll.__doc__  # one docstring, on the body
 
     def _ask_partitions(self) -> None:
         self._asked_partitions(asyncio.ensure_future(self._service.describe_queue(self.queue)))

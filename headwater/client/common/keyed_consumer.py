@@ -233,9 +233,6 @@ class KeyedConsumerBase(Twins):
             out.append((p, pos))
         return out
 
-    def _fetch_args(self, partition: int, pos: int) -> tuple:
-        return (self.queue, self.group, self.member, self.info.generation, partition, pos)
-
     def _collect(self) -> tuple[int, bool]:
         """Take the answers of the fetches that are done into the buffers: the records taken,
         and whether the group moved on (then refresh)."""
@@ -272,8 +269,16 @@ class KeyedConsumerBase(Twins):
                 self._consumed[p] = nxt
         return got, stale
 
+    def _buffered(self, max_messages: int | None, timeout_ms: int) -> list[Record]:
+        """What ``poll`` returns at once, without waiting: records already buffered. Each
+        kind's ``poll`` calls :meth:`_poll` only when there are none, so a poll loop served
+        from the buffers pays no generator step (~0.5 us) per poll."""
+        self._check_open()
+        limit = check_poll(max_messages, timeout_ms, self.max_poll_messages)
+        return drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit)
+
     @waits
-    def poll(self, max_messages: int | None = None, timeout_ms: int = 1000) -> Generator[Any, Any, list[Record]]:
+    def _poll(self, max_messages: int | None, timeout_ms: int) -> Generator[Any, Any, list[Record]]:
         """Up to ``max_messages`` of this member's records, waiting up to ``timeout_ms``.
 
         Calling it again means the records it returned before are processed: a draining
@@ -313,8 +318,10 @@ class KeyedConsumerBase(Twins):
                 return []
 
     def _launch_fetches(self, wait_ms: int) -> None:
+        generation = self.info.generation
         for p, pos in self._to_fetch():
-            self._inflight[p] = (pos, self._start_fetch(self._fetch_args(p, pos), wait_ms))
+            args = (self.queue, self.group, self.member, generation, p, pos)
+            self._inflight[p] = (pos, self._start_fetch(args, wait_ms))
 
     # -- positions --------------------------------------------------------------------------
 
@@ -324,22 +331,16 @@ class KeyedConsumerBase(Twins):
             raise InvalidArgumentError(f"member {self.member} reads no partition {partition} now ({self.role})")
         return self._consumed[partition]
 
-    def _to_commit(self) -> dict[int, int] | None:
-        """The positions a commit stores now, or None when there is nothing to store."""
-        self._check_open()
-        if self._info is None or self.role not in ("active", "draining") or not self._consumed:
-            return None
-        return dict(self._consumed)
-
     @waits
     def commit(self) -> Generator[Any, Any, None]:
         """Store the positions of what :meth:`poll` returned, on the broker, durably."""
         yield from self._committing()
 
     def _committing(self) -> Generator[Any, Any, None]:
-        positions = self._to_commit()
-        if positions is None:
-            return
+        self._check_open()
+        if self._info is None or self.role not in ("active", "draining") or not self._consumed:
+            return  # nothing to store
+        positions = dict(self._consumed)
         try:
             info = yield self._service.keyed_commit(
                 self.queue, self.group, self.member, self.info.generation, positions

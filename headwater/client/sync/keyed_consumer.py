@@ -10,6 +10,7 @@ from typing import Any
 from headwater.client.common.keyed_consumer import KeyedConsumerBase
 from headwater.client.common.twins import BLOCKING
 from headwater.client.transport.polling import wait_any
+from headwater.model.message import Record
 from headwater.model.service import BrokerService, DescribesAsync, KeyedFetchesAsync, Leads
 
 __all__ = ["KeyedConsumer"]
@@ -46,6 +47,11 @@ class KeyedConsumer(KeyedConsumerBase, driver=BLOCKING):
         # over the network
         self._describe_async = service.describe_queue_async if isinstance(service, DescribesAsync) else None
         self.refresh()  # join
+
+    def poll(self, max_messages: int | None = None, timeout_ms: int = 1000) -> list[Record]:
+        return self._buffered(max_messages, timeout_ms) or self._poll(max_messages, timeout_ms)
+
+    poll.__doc__ = KeyedConsumerBase._poll.__doc__  # one docstring, on the body
 
     def _ask_partitions(self) -> None:
         if self._describe_async is None:
