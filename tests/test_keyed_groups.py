@@ -261,7 +261,7 @@ def test_a_member_that_does_not_run_holds_the_resize(hw):
 def test_members_read_partitions_added_while_they_run(hw, monkeypatch):
     """An active member looks for new partitions every _PARTITIONS_CHECK_S (over the network
     without waiting: the answer is taken on a later poll) and reads them from their start."""
-    import headwater.client.sync.keyed_consumer as keyed_consumer
+    import headwater.client.common.keyed_consumer as keyed_consumer
 
     monkeypatch.setattr(keyed_consumer, "_PARTITIONS_CHECK_S", 0.05)
     hw.admin.create_queue("q", partitions=1)
@@ -404,7 +404,7 @@ async def adrain(consumers, expect: int, timeout_s: float = 10.0) -> dict[int, l
 def test_asyncio_members_get_their_keys_in_order_through_a_resize(aio_target, monkeypatch):
     """The asyncio member (AsyncKeyedConsumer): its keys only, in order per key, positions
     committed and resumed, a resize 2 -> 3 followed without restarts, and the admin calls."""
-    import headwater.client.sync.keyed_consumer as keyed_consumer
+    import headwater.client.common.keyed_consumer as keyed_consumer
     from tests.support.aio_target import run
 
     monkeypatch.setattr(keyed_consumer, "_PARTITIONS_CHECK_S", 0.05)

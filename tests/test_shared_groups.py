@@ -24,7 +24,7 @@ import pytest
 import headwater
 from headwater import Message
 from headwater.broker.shared_state import TRANSITIONS, DeliveryEvent, DeliveryState
-from headwater.client.sync.shared_consumer import raise_refused
+from headwater.client.common.shared_consumer import raise_refused
 from headwater.errors import (
     ClosedError,
     GroupNotFoundError,

@@ -1,4 +1,5 @@
-"""AsyncKeyedConsumer: a member of a keyed group, for asyncio.
+"""AsyncKeyedConsumer: a member of a keyed group, for asyncio (what it does:
+:mod:`headwater.client.common.keyed_consumer`).
 
 The names and behaviour of :class:`~headwater.client.sync.keyed_consumer.KeyedConsumer`; what
 talks to the broker is a coroutine (``poll``, ``commit``, ``refresh``, ``close``). Get one
@@ -11,21 +12,19 @@ declaration that disagrees with the group's is reported.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from headwater.client.aio.service import AsyncBrokerService
-from headwater.client.core.reads import check_poll
-from headwater.client.sync.keyed_consumer import KeyedConsumerBase
-from headwater.client.transport.polling import drain_buffers, retrieve
-from headwater.errors import StaleGenerationError
+from headwater.client.common.keyed_consumer import KeyedConsumerBase
+from headwater.client.common.twins import ASYNCIO
+from headwater.client.transport.polling import retrieve
 from headwater.model.keyed import KeyedGroupInfo
 from headwater.model.message import Record
 
 __all__ = ["AsyncKeyedConsumer"]
 
 
-class AsyncKeyedConsumer(KeyedConsumerBase):
+class AsyncKeyedConsumer(KeyedConsumerBase, driver=ASYNCIO):
     """Member ``member`` of keyed group ``group`` on ``queue``, for asyncio. Use from one task.
 
     >>> import asyncio, headwater, headwater.aio, tempfile
@@ -43,104 +42,36 @@ class AsyncKeyedConsumer(KeyedConsumerBase):
     """
 
     _service: AsyncBrokerService
-
-    # -- the group ------------------------------------------------------------------------
+    _sleep = staticmethod(asyncio.sleep)
 
     async def start(self) -> KeyedGroupInfo:
         """Join the group now (``poll()`` does when it has not yet); the group as it stands."""
         self._check_open()
         if self._info is None:
-            key, size, start = self._declared
-            await self._follow(await self._service.keyed_group(self.queue, self.group, key, size, start))
+            await self.refresh()
         return self.info
 
-    async def _follow(self, info: KeyedGroupInfo) -> None:
-        if self._adopt(info):
-            self._add_partitions(await self._service.describe_queue(self.queue))
+    async def poll(self, max_messages: int | None = None, timeout_ms: int = 1000) -> list[Record]:
+        return self._buffered(max_messages, timeout_ms) or await self._poll(max_messages, timeout_ms)
 
-    async def refresh(self) -> KeyedGroupInfo:
-        """Ask the broker where the group stands now (and follow it)."""
-        if self._info is None:
-            return await self.start()
-        await self._follow(await self._service.keyed_group(self.queue, self.group))
-        return self.info
+    poll.__doc__ = KeyedConsumerBase._poll.__doc__  # one docstring, on the body
 
-    def _check_partitions(self) -> None:
-        """Every ``_PARTITIONS_CHECK_S``, look for partitions added to the queue, without
-        waiting: the answer is taken on a later poll."""
-        if self._checked_partitions():
-            self._asked_partitions(asyncio.ensure_future(self._service.describe_queue(self.queue)))
+    def _ask_partitions(self) -> None:
+        self._asked_partitions(asyncio.ensure_future(self._service.describe_queue(self.queue)))
+
+    def _start_fetch(self, args: tuple, wait_ms: int) -> Any:
+        return asyncio.ensure_future(self._service.keyed_fetch(*args, max_bytes=self._fetch_bytes, max_wait_ms=wait_ms))
+
+    async def _wait_fetches(self, timeout_s: float) -> None:
+        tasks = [t for _, t in self._inflight.values()]
+        if tasks and timeout_s > 0:
+            await asyncio.wait(tasks, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
 
     def _drop_inflight(self) -> None:
         for _, task in self._inflight.values():
             task.cancel()
             task.add_done_callback(retrieve)
         self._inflight.clear()
-
-    # -- polling ----------------------------------------------------------------------------
-
-    async def poll(self, max_messages: int | None = None, timeout_ms: int = 1000) -> list[Record]:
-        """Up to ``max_messages`` of this member's records, waiting up to ``timeout_ms``.
-
-        Calling it again means the records it returned before are processed: a draining
-        member commits at the barrier then, by itself."""
-        self._check_open()
-        limit = check_poll(max_messages, timeout_ms, self.max_poll_messages)
-        if self._info is None:
-            await self.start()
-        deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            out = drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit)
-            if out:
-                return out
-            remaining = deadline - time.monotonic()
-            step = self._step()
-            if step == "stop":
-                return []
-            if step == "commit":
-                await self.commit()
-                continue
-            if step == "wait":
-                if remaining <= 0:
-                    return []
-                await asyncio.sleep(min(self._refresh_s, remaining))
-                await self.refresh()
-                continue
-            if self.role == "active":
-                self._check_partitions()
-            wait_ms = max(0, int(remaining * 1000))
-            for p, pos in self._to_fetch():
-                task = asyncio.ensure_future(
-                    self._service.keyed_fetch(
-                        *self._fetch_args(p, pos), max_bytes=self._fetch_bytes, max_wait_ms=wait_ms
-                    )
-                )
-                self._inflight[p] = (pos, task)
-            tasks = [t for _, t in self._inflight.values()]
-            if tasks and remaining > 0:
-                await asyncio.wait(tasks, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            got, stale = self._collect()
-            if stale:
-                await self.refresh()
-            if not got and remaining <= 0:
-                return []
-
-    # -- positions --------------------------------------------------------------------------
-
-    async def commit(self) -> None:
-        """Store the positions of what :meth:`poll` returned, on the broker, durably."""
-        positions = self._to_commit()
-        if positions is None:
-            return
-        try:
-            info = await self._service.keyed_commit(
-                self.queue, self.group, self.member, self.info.generation, positions
-            )
-        except StaleGenerationError:
-            await self.refresh()  # the group moved on without these positions: they no longer count
-            return
-        self._committed = positions
-        await self._follow(info)
 
     async def close(self) -> None:
         """Stop (positions not committed are not stored)."""
