@@ -20,127 +20,23 @@ from headwater.client.aio.scanner import AsyncScanner
 from headwater.client.aio.service import AsyncBrokerService
 from headwater.client.aio.shared_consumer import AsyncSharedConsumer
 from headwater.client.aio.subscriber import AsyncSubscriber
+from headwater.client.common.client import AdminBase
+from headwater.client.common.twins import ASYNCIO
 from headwater.client.core.lookups import find_bounds, record_for_id, records_with_key
 from headwater.client.core.partitioner import PartitionFn
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, Bound
 from headwater.client.sync.subscriber import Listener
-from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
-from headwater.model.checks import check_int_arg, mapping_copy
-from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
+from headwater.errors import InvalidArgumentError
 from headwater.model.delay import DelayStats
-from headwater.model.keyed import KeyedGroupInfo
 from headwater.model.message import Message, MessageId, Record, required_epoch_ms
-from headwater.model.subscription import SubscriberInfo, subscriber_settings
 
 __all__ = ["AsyncAdmin", "AsyncClient"]
 
 _UNSET = object()
 
 
-class AsyncAdmin:
+class AsyncAdmin(AdminBase, driver=ASYNCIO):
     """Create, inspect and change queues; the methods of :class:`~headwater.Admin`, awaitable."""
-
-    def __init__(self, service: AsyncBrokerService) -> None:
-        self._service = service
-
-    async def create_queue(
-        self,
-        name: str,
-        *,
-        partitions: int = 1,
-        ttl_s: int | None | object = _UNSET,
-        flush: str | None = None,
-        message_bytes_max: int = 1024 * 1024,
-        settings: dict[str, str] | None = None,
-        exist_ok: bool = False,
-    ) -> QueueInfo:
-        """Create a queue.
-
-        ``ttl_s``: seconds a message is kept (default 7 days; ``None`` keeps forever).
-        ``flush``: ``"sync"`` or ``"async"`` (default: the broker's policy).
-        ``exist_ok``: if a queue of that name is there already, return it as it is (its
-        partitions and settings may differ from these) instead of raising
-        :class:`~headwater.errors.QueueExistsError`; Kafka's ``--if-not-exists``.
-        """
-        validate_queue_name(name)
-        kw = {} if ttl_s is _UNSET else {"ttl_s": ttl_s}
-        config = QueueConfig(
-            partitions=partitions,
-            flush=flush,
-            message_bytes_max=message_bytes_max,
-            settings=mapping_copy(settings or {}),
-            **kw,
-        ).validated()
-        try:
-            return await self._service.create_queue(name, config)
-        except QueueExistsError:
-            if not exist_ok:
-                raise
-            return await self._service.describe_queue(name)
-
-    async def describe_queue(self, name: str) -> QueueInfo:
-        return await self._service.describe_queue(name)
-
-    async def list_queues(self) -> list[QueueInfo]:
-        return await self._service.list_queues()
-
-    async def delete_queue(self, name: str, *, missing_ok: bool = False) -> None:
-        """Delete a queue and all its messages. ``missing_ok``: a queue that is not there is
-        not an error (:class:`~headwater.errors.QueueNotFoundError` otherwise)."""
-        try:
-            await self._service.delete_queue(name)
-        except QueueNotFoundError:
-            if not missing_ok:
-                raise
-
-    async def truncate_queue(self, name: str) -> QueueInfo:
-        """Drop every message, keep the queue and its settings. Offsets keep counting up."""
-        return await self._service.truncate_queue(name)
-
-    async def disable_queue(self, name: str) -> QueueInfo:
-        """Refuse reads and writes (with QueueDisabledError) until enabled again."""
-        return await self._service.set_queue_enabled(name, False)
-
-    async def enable_queue(self, name: str) -> QueueInfo:
-        return await self._service.set_queue_enabled(name, True)
-
-    async def add_partitions(self, name: str, partitions: int) -> QueueInfo:
-        """Grow the queue to ``partitions`` partitions in total."""
-        check_int_arg(partitions, "a partition count")
-        return await self._service.add_partitions(name, partitions)
-
-    # keyed groups (headwater.client.aio.keyed_consumer)
-    async def describe_keyed_group(self, group: str, queue: str) -> KeyedGroupInfo:
-        """A keyed group's size, key, generation, positions and any resize under way."""
-        return await self._service.keyed_group(queue, group)
-
-    async def resize_keyed_group(self, group: str, queue: str, size: int) -> KeyedGroupInfo:
-        """Change a keyed group's number of members (see ``Admin.resize_keyed_group``)."""
-        return await self._service.keyed_resize(queue, group, size)
-
-    # push subscribers (attach to one with ``AsyncClient.subscribe``)
-    async def add_subscriber(
-        self,
-        queue: str,
-        name: str,
-        *,
-        partitions: int | Iterable[int] | None = None,
-        tags: str | Iterable[str] | None = None,
-        start: str | datetime | int = "latest",
-    ) -> SubscriberInfo:
-        """Register subscriber ``name`` on ``queue`` (the arguments of ``Admin.add_subscriber``)."""
-        return await self._service.add_subscriber(queue, name, *subscriber_settings(partitions, tags, start))
-
-    async def delete_subscriber(self, queue: str, name: str) -> None:
-        """Remove a subscriber and its checkpoint; a process attached to it stops."""
-        await self._service.delete_subscriber(queue, name)
-
-    async def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
-        """The subscribers of ``queue``, or of every queue."""
-        return await self._service.list_subscribers(queue)
-
-    async def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo:
-        return await self._service.describe_subscriber(queue, name)
 
 
 class AsyncClient:

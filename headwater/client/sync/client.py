@@ -6,6 +6,8 @@ import weakref
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from headwater.client.common.client import AdminBase
+from headwater.client.common.twins import BLOCKING
 from headwater.client.core.lookups import find_bounds, record_for_id, records_with_key
 from headwater.client.core.partitioner import PartitionFn
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, Bound
@@ -16,135 +18,18 @@ from headwater.client.sync.producer import Producer
 from headwater.client.sync.scanner import Scanner
 from headwater.client.sync.shared_consumer import SharedConsumer
 from headwater.client.sync.subscriber import Listener, Subscriber
-from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
-from headwater.model.checks import check_int_arg, mapping_copy
-from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
+from headwater.errors import InvalidArgumentError
 from headwater.model.delay import DelayStats
-from headwater.model.keyed import KeyedGroupInfo
 from headwater.model.message import Message, MessageId, Record, required_epoch_ms
 from headwater.model.service import BrokerService
-from headwater.model.subscription import SubscriberInfo, subscriber_settings
 
 __all__ = ["Admin", "Client"]
 
 _UNSET = object()
 
 
-class Admin:
+class Admin(AdminBase, driver=BLOCKING):
     """Create, inspect and change queues."""
-
-    def __init__(self, service: BrokerService) -> None:
-        self._service = service
-
-    def create_queue(
-        self,
-        name: str,
-        *,
-        partitions: int = 1,
-        ttl_s: int | None | object = _UNSET,
-        flush: str | None = None,
-        message_bytes_max: int = 1024 * 1024,
-        settings: dict[str, str] | None = None,
-        exist_ok: bool = False,
-    ) -> QueueInfo:
-        """Create a queue.
-
-        ``ttl_s``: seconds a message is kept (default 7 days; ``None`` keeps forever).
-        ``flush``: ``"sync"`` or ``"async"`` (default: the broker's policy).
-        ``exist_ok``: if a queue of that name is there already, return it as it is (its
-        partitions and settings may differ from these) instead of raising
-        :class:`~headwater.errors.QueueExistsError`; Kafka's ``--if-not-exists``.
-        """
-        validate_queue_name(name)
-        kw = {} if ttl_s is _UNSET else {"ttl_s": ttl_s}
-        config = QueueConfig(
-            partitions=partitions,
-            flush=flush,
-            message_bytes_max=message_bytes_max,
-            settings=mapping_copy(settings or {}),
-            **kw,
-        ).validated()
-        try:
-            return self._service.create_queue(name, config)
-        except QueueExistsError:
-            if not exist_ok:
-                raise
-            return self._service.describe_queue(name)
-
-    def describe_queue(self, name: str) -> QueueInfo:
-        return self._service.describe_queue(name)
-
-    def list_queues(self) -> list[QueueInfo]:
-        return self._service.list_queues()
-
-    def delete_queue(self, name: str, *, missing_ok: bool = False) -> None:
-        """Delete a queue and all its messages. ``missing_ok``: a queue that is not there is
-        not an error (:class:`~headwater.errors.QueueNotFoundError` otherwise)."""
-        try:
-            self._service.delete_queue(name)
-        except QueueNotFoundError:
-            if not missing_ok:
-                raise
-
-    def truncate_queue(self, name: str) -> QueueInfo:
-        """Drop every message, keep the queue and its settings. Offsets keep counting up."""
-        return self._service.truncate_queue(name)
-
-    def disable_queue(self, name: str) -> QueueInfo:
-        """Refuse reads and writes (with QueueDisabledError) until enabled again."""
-        return self._service.set_queue_enabled(name, False)
-
-    def enable_queue(self, name: str) -> QueueInfo:
-        return self._service.set_queue_enabled(name, True)
-
-    def add_partitions(self, name: str, partitions: int) -> QueueInfo:
-        """Grow the queue to ``partitions`` partitions in total."""
-        check_int_arg(partitions, "a partition count")
-        return self._service.add_partitions(name, partitions)
-
-    # keyed groups (headwater.client.sync.keyed_consumer)
-    def describe_keyed_group(self, group: str, queue: str) -> KeyedGroupInfo:
-        """A keyed group's size, key, generation, positions and any resize under way."""
-        return self._service.keyed_group(queue, group)
-
-    def resize_keyed_group(self, group: str, queue: str, size: int) -> KeyedGroupInfo:
-        """Change a keyed group's number of members, safely for per-key order: members of
-        the current size drain up to a barrier (the end offsets now), then the new size
-        applies from it. Returns at once; ``describe_keyed_group`` shows the progress.
-        Resizing to 0 is an error; to the current size, nothing."""
-        return self._service.keyed_resize(queue, group, size)
-
-    # push subscribers (headwater.client.sync.subscriber)
-    def add_subscriber(
-        self,
-        queue: str,
-        name: str,
-        *,
-        partitions: int | Iterable[int] | None = None,
-        tags: str | Iterable[str] | None = None,
-        start: str | datetime | int = "latest",
-    ) -> SubscriberInfo:
-        """Register subscriber ``name`` on ``queue``; processes attach with ``client.subscribe``.
-
-        ``partitions``: the ones followed (all, and those added later, by default).
-        ``tags``: the ones delivered (every message by default, or ``"*"``).
-        ``start``: ``"latest"`` (what is appended from now on), ``"earliest"``, a time
-        (datetime or epoch ms: the first message appended at or after it), or
-        ``"offset:N"`` (that offset in each partition, kept within what it holds).
-        :class:`SubscriberExistsError` if the name is taken.
-        """
-        return self._service.add_subscriber(queue, name, *subscriber_settings(partitions, tags, start))
-
-    def delete_subscriber(self, queue: str, name: str) -> None:
-        """Remove a subscriber and its checkpoint; a process attached to it stops."""
-        self._service.delete_subscriber(queue, name)
-
-    def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
-        """The subscribers of ``queue``, or of every queue."""
-        return self._service.list_subscribers(queue)
-
-    def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo:
-        return self._service.describe_subscriber(queue, name)
 
 
 class Client:
