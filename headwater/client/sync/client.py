@@ -1,419 +1,67 @@
-"""Client: the handle a user holds, the same whether the broker is embedded or remote."""
+"""Client and Admin: the handle a user holds, the same whether the broker is embedded or remote.
+
+Their methods are written once in :mod:`headwater.client.common.client`; here they block
+until the broker answers, and ``close()`` closes what must act while the connection is up.
+"""
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Sequence
-from datetime import datetime
+from typing import Any
 
-from headwater.client.core.lookups import find_bounds, record_for_id, records_with_key
-from headwater.client.core.partitioner import PartitionFn
-from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, Bound
+from headwater.client.common.client import AdminBase, ClientBase
+from headwater.client.common.twins import BLOCKING
 from headwater.client.sync.consumer import Consumer
 from headwater.client.sync.group_consumer import GroupConsumer
 from headwater.client.sync.keyed_consumer import KeyedConsumer
 from headwater.client.sync.producer import Producer
 from headwater.client.sync.scanner import Scanner
 from headwater.client.sync.shared_consumer import SharedConsumer
-from headwater.client.sync.subscriber import Listener, Subscriber
-from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
-from headwater.model.checks import check_int_arg, mapping_copy
-from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
-from headwater.model.delay import DelayStats
-from headwater.model.keyed import KeyedGroupInfo
-from headwater.model.message import Message, MessageId, Record, required_epoch_ms
+from headwater.client.sync.subscriber import Subscriber
 from headwater.model.service import BrokerService
-from headwater.model.subscription import SubscriberInfo, subscriber_settings
 
 __all__ = ["Admin", "Client"]
 
-_UNSET = object()
 
-
-class Admin:
+class Admin(AdminBase, driver=BLOCKING):
     """Create, inspect and change queues."""
 
-    def __init__(self, service: BrokerService) -> None:
-        self._service = service
 
-    def create_queue(
-        self,
-        name: str,
-        *,
-        partitions: int = 1,
-        ttl_s: int | None | object = _UNSET,
-        flush: str | None = None,
-        message_bytes_max: int = 1024 * 1024,
-        settings: dict[str, str] | None = None,
-        exist_ok: bool = False,
-    ) -> QueueInfo:
-        """Create a queue.
-
-        ``ttl_s``: seconds a message is kept (default 7 days; ``None`` keeps forever).
-        ``flush``: ``"sync"`` or ``"async"`` (default: the broker's policy).
-        ``exist_ok``: if a queue of that name is there already, return it as it is (its
-        partitions and settings may differ from these) instead of raising
-        :class:`~headwater.errors.QueueExistsError`; Kafka's ``--if-not-exists``.
-        """
-        validate_queue_name(name)
-        kw = {} if ttl_s is _UNSET else {"ttl_s": ttl_s}
-        config = QueueConfig(
-            partitions=partitions,
-            flush=flush,
-            message_bytes_max=message_bytes_max,
-            settings=mapping_copy(settings or {}),
-            **kw,
-        ).validated()
-        try:
-            return self._service.create_queue(name, config)
-        except QueueExistsError:
-            if not exist_ok:
-                raise
-            return self._service.describe_queue(name)
-
-    def describe_queue(self, name: str) -> QueueInfo:
-        return self._service.describe_queue(name)
-
-    def list_queues(self) -> list[QueueInfo]:
-        return self._service.list_queues()
-
-    def delete_queue(self, name: str, *, missing_ok: bool = False) -> None:
-        """Delete a queue and all its messages. ``missing_ok``: a queue that is not there is
-        not an error (:class:`~headwater.errors.QueueNotFoundError` otherwise)."""
-        try:
-            self._service.delete_queue(name)
-        except QueueNotFoundError:
-            if not missing_ok:
-                raise
-
-    def truncate_queue(self, name: str) -> QueueInfo:
-        """Drop every message, keep the queue and its settings. Offsets keep counting up."""
-        return self._service.truncate_queue(name)
-
-    def disable_queue(self, name: str) -> QueueInfo:
-        """Refuse reads and writes (with QueueDisabledError) until enabled again."""
-        return self._service.set_queue_enabled(name, False)
-
-    def enable_queue(self, name: str) -> QueueInfo:
-        return self._service.set_queue_enabled(name, True)
-
-    def add_partitions(self, name: str, partitions: int) -> QueueInfo:
-        """Grow the queue to ``partitions`` partitions in total."""
-        check_int_arg(partitions, "a partition count")
-        return self._service.add_partitions(name, partitions)
-
-    # keyed groups (headwater.client.sync.keyed_consumer)
-    def describe_keyed_group(self, group: str, queue: str) -> KeyedGroupInfo:
-        """A keyed group's size, key, generation, positions and any resize under way."""
-        return self._service.keyed_group(queue, group)
-
-    def resize_keyed_group(self, group: str, queue: str, size: int) -> KeyedGroupInfo:
-        """Change a keyed group's number of members, safely for per-key order: members of
-        the current size drain up to a barrier (the end offsets now), then the new size
-        applies from it. Returns at once; ``describe_keyed_group`` shows the progress.
-        Resizing to 0 is an error; to the current size, nothing."""
-        return self._service.keyed_resize(queue, group, size)
-
-    # push subscribers (headwater.client.sync.subscriber)
-    def add_subscriber(
-        self,
-        queue: str,
-        name: str,
-        *,
-        partitions: int | Iterable[int] | None = None,
-        tags: str | Iterable[str] | None = None,
-        start: str | datetime | int = "latest",
-    ) -> SubscriberInfo:
-        """Register subscriber ``name`` on ``queue``; processes attach with ``client.subscribe``.
-
-        ``partitions``: the ones followed (all, and those added later, by default).
-        ``tags``: the ones delivered (every message by default, or ``"*"``).
-        ``start``: ``"latest"`` (what is appended from now on), ``"earliest"``, a time
-        (datetime or epoch ms: the first message appended at or after it), or
-        ``"offset:N"`` (that offset in each partition, kept within what it holds).
-        :class:`SubscriberExistsError` if the name is taken.
-        """
-        return self._service.add_subscriber(queue, name, *subscriber_settings(partitions, tags, start))
-
-    def delete_subscriber(self, queue: str, name: str) -> None:
-        """Remove a subscriber and its checkpoint; a process attached to it stops."""
-        self._service.delete_subscriber(queue, name)
-
-    def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
-        """The subscribers of ``queue``, or of every queue."""
-        return self._service.list_subscribers(queue)
-
-    def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo:
-        return self._service.describe_subscriber(queue, name)
-
-
-class Client:
+class Client(ClientBase, driver=BLOCKING):
     """Admin, producing, scanning and lookups over one broker.
 
-    Get one with ``headwater.open(path)`` (embedded) or, once the network client lands,
-    ``headwater.connect("host:port")``: both return this shape.
+    Get one with ``headwater.open(path)`` (embedded) or ``headwater.connect("host:port")``:
+    both return this shape.
     """
 
+    _admin_class = Admin
+    _producer_class = Producer
+    _consumer_class = Consumer
+    _group_consumer_class = GroupConsumer
+    _shared_consumer_class = SharedConsumer
+    _keyed_consumer_class = KeyedConsumer
+    _subscriber_class = Subscriber
+    _scanner_class = Scanner
+    _send_and_wait = staticmethod(Producer.send_and_wait)  # Producer.send only returns a future
+
     def __init__(self, service: BrokerService) -> None:
-        self._service = service
-        self.admin = Admin(service)
-        self._default_producer: Producer | None = None
+        super().__init__(service)
         self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()  # flushed by close()
         self._members: weakref.WeakSet[GroupConsumer] = weakref.WeakSet()  # leave their groups on close()
         self._subscribers: weakref.WeakSet[Subscriber] = weakref.WeakSet()  # stopped by close()
 
-    @property
-    def service(self) -> BrokerService:
-        return self._service
-
-    def producer(
-        self,
-        *,
-        partitioner: str | PartitionFn = "default",
-        compression: str | None = None,
-        linger_ms: int = 0,
-        batch_bytes_max: int = 1 << 20,
-        retries: int = 5,
-        retry_backoff_ms: int = 100,
-        delivery_timeout_ms: int = 120_000,
-        idempotent: bool = True,
-        **settings,
-    ) -> Producer:
-        """A producer; see :class:`~headwater.client.sync.producer.Producer` for every setting
-        (``settings`` takes the rest: ``buffer_bytes_max``, ``max_block_ms``, ...).
-
-        Closing the client closes its producers first, which sends what they hold.
-        """
-        p = Producer(
-            self._service,
-            partitioner=partitioner,
-            compression=compression,
-            linger_ms=linger_ms,
-            batch_bytes_max=batch_bytes_max,
-            retries=retries,
-            retry_backoff_ms=retry_backoff_ms,
-            delivery_timeout_ms=delivery_timeout_ms,
-            idempotent=idempotent,
-            **settings,
-        )
-        self._producers.add(p)
-        return p
-
-    def consumer(
-        self,
-        *,
-        group: str | None = None,
-        subscribe: str | Iterable[str] | None = None,
-        auto_offset_reset: str = "earliest",
-        fetch_bytes: int = 1024 * 1024,
-        max_poll_messages: int = POLL_MESSAGES_DEFAULT,
-        tags: str | Iterable[str] | None = None,
-        stream: bool = True,
-        **group_settings,
-    ) -> Consumer:
-        """A consumer.
-
-        Without ``subscribe``: the simple form, reading the partitions you ``assign()``
-        (:class:`~headwater.client.sync.consumer.Consumer`); ``group`` only names where ``commit``
-        stores positions. ``stream`` (True, for both forms; over the network): the broker
-        pushes the partitions' new batches as they are appended (a fetch stream) instead of
-        answering a FETCH per batch: less work per message on both sides and the lowest
-        latency; ``stream=False`` fetches. See docs/design/client.md. Embedded, it changes
-        nothing.
-
-        With ``subscribe`` (a queue or a list): a member of consumer group ``group``
-        (:class:`~headwater.client.sync.group_consumer.GroupConsumer`) whose partitions come from
-        the group. ``group_settings``: ``mode`` (``"clustering"``, the default, or
-        ``"broadcast"``), ``strategy`` (``"average"`` or ``"sticky"``),
-        ``session_timeout_ms`` (10000), ``heartbeat_interval_ms``, ``max_poll_interval_ms``,
-        ``on_assign``, ``on_revoke``, ``commit_on_revoke``, ``offsets_path`` (broadcast),
-        ``client_id``. See docs/consumer-groups.md.
-        """
-        if subscribe is None:
-            if group_settings:
-                raise InvalidArgumentError(
-                    f"{', '.join(sorted(group_settings))} need subscribe=[queues]: they configure a "
-                    f"group member, not a consumer of assigned partitions"
-                )
-            return Consumer(
-                self._service,
-                group=group,
-                auto_offset_reset=auto_offset_reset,
-                fetch_bytes=fetch_bytes,
-                max_poll_messages=max_poll_messages,
-                tags=tags,
-                stream=stream,
-            )
-        if group is None:
-            raise InvalidArgumentError("subscribe= makes a group member: name its group with group='name'")
-        member = GroupConsumer(
-            self._service,
-            group=group,
-            subscribe=subscribe,
-            auto_offset_reset=auto_offset_reset,
-            fetch_bytes=fetch_bytes,
-            max_poll_messages=max_poll_messages,
-            tags=tags,
-            stream=stream,
-            **group_settings,
-        )
-        self._members.add(member)
-        return member
-
-    def shared_consumer(
-        self,
-        group: str,
-        queue: str,
-        *,
-        visibility_timeout_ms: int = 30_000,
-        max_attempts: int = 5,
-        backoff_ms: int = 1_000,
-        at_most_once: bool = False,
-        **settings,
-    ) -> SharedConsumer:
-        """A member of shared group ``group`` on ``queue``: messages from any partition,
-        each leased for ``visibility_timeout_ms``, acked or nacked one by one, dead-lettered
-        to ``<queue>.dlq`` after ``max_attempts``; see
-        :class:`~headwater.client.sync.shared_consumer.SharedConsumer` (``settings`` takes
-        ``backoff_multiplier``, ``backoff_max_ms``, ``in_flight_max``, ``member``)."""
-        return SharedConsumer(
-            self._service,
-            group,
-            queue,
-            visibility_timeout_ms=visibility_timeout_ms,
-            max_attempts=max_attempts,
-            backoff_ms=backoff_ms,
-            at_most_once=at_most_once,
-            **settings,
-        )
-
-    def keyed_consumer(
-        self, group: str, queue: str, *, member: int, size: int, key: str = "key", start: str = "earliest", **settings
-    ) -> KeyedConsumer:
-        """Member ``member`` of keyed group ``group`` of ``size`` members on ``queue``: it
-        receives exactly the messages whose ``key`` (``"key"``, or ``"property:NAME"``)
-        hashes to it, in order per key; see :class:`~headwater.client.sync.keyed_consumer.KeyedConsumer`
-        (``settings``: ``fetch_bytes``, ``max_poll_messages``, ``refresh_ms``) and
-        docs/keyed-groups.md."""
-        return KeyedConsumer(self._service, group, queue, member=member, size=size, key=key, start=start, **settings)
-
-    def subscribe(self, queue: str, name: str, listeners: Iterable[Listener] = (), **settings) -> Subscriber:
-        """Attach to subscriber ``name`` of ``queue`` (added with ``admin.add_subscriber`` or
-        ``headwater subscriber add``) and start calling ``listeners``, in order, for each
-        record; the broker pushes new messages as they arrive. See
-        :class:`~headwater.client.sync.subscriber.Subscriber` (``settings``: ``credit_messages``,
-        ``credit_bytes``, ``checkpoint_interval_ms``, ``on_error``, ``start``) and
-        docs/subscriptions.md."""
-        sub = Subscriber(self._service, queue, name, listeners, **settings)
-        self._subscribers.add(sub)
-        return sub
-
-    def _producer(self) -> Producer:
-        if self._default_producer is None:
-            self._default_producer = self.producer()
-        return self._default_producer
-
-    def send(self, queue: str, body: bytes | Message, **kw) -> MessageId:
-        """Send one message with the default producer (key hash, else round robin) and
-        return its id once stored: :meth:`Producer.send_and_wait`. For many messages,
-        ``send_batch`` or a producer's ``send()`` is much faster.
-
-        ``deliver_at=`` (datetime or epoch ms) or ``delay=`` (timedelta or seconds) delay
-        the message; the id returned is then its delayed id, good for :meth:`cancel` and
-        :meth:`get` (docs/producing.md, "Delayed messages")."""
-        return self._producer().send_and_wait(queue, body, **kw)
-
-    def send_batch(self, queue: str, messages: Sequence[Message | bytes], **kw) -> Sequence[MessageId]:
-        return self._producer().send_batch(queue, messages, **kw)
-
-    def scanner(
-        self,
-        queue: str,
-        *,
-        partitions: int | Iterable[int] | None = None,
-        start: Bound = None,
-        stop: Bound = None,
-        start_time: datetime | int | None = None,
-        end_time: datetime | int | None = None,
-        tags: str | Iterable[str] | None = None,
-    ) -> Scanner:
-        """Scan a queue, one partition or several; see :class:`~headwater.client.sync.scanner.Scanner`.
-
-        ``start`` is inclusive and ``stop`` exclusive; each is an offset for every partition,
-        ``{partition: offset}``, or a message id (which pins the scan to its partition).
-        ``start_time``/``end_time`` bound by append time, ``end_time`` exclusive.
-        """
-        return Scanner(
-            self._service,
-            queue,
-            partitions=partitions,
-            start=start,
-            stop=stop,
-            start_time=start_time,
-            end_time=end_time,
-            tags=tags,
-        )
-
-    def get(self, message_id: MessageId | str) -> Record:
-        """The message with this id; :class:`MessageNotFoundError` if it is not retained.
-
-        For a delayed id: the message while it waits (its ``partition`` has the delayed
-        bit, ``timestamp_ms`` is when it was accepted), and once delivered, the message as
-        stored in its partition (with its own id there), while the broker keeps its
-        schedule (until the bucket of its deliver time is reclaimed)."""
-        mid = MessageId.parse(message_id)
-        name, batch = self._service.lookup_id(mid.queue_id, mid.partition, mid.offset)
-        return record_for_id(mid, name, batch)
-
-    def find(
-        self,
-        queue: str,
-        key: bytes,
-        *,
-        start_time: datetime | int | None = None,
-        end_time: datetime | int | None = None,
-        limit: int = 1000,
-    ) -> list[Record]:
-        """Messages of ``queue`` whose key is ``key``, appended in [start_time, end_time),
-        oldest first."""
-        lo, hi = find_bounds(key, limit, start_time, end_time)
-        return records_with_key(self._service.lookup_key(queue, key, lo, hi, limit), queue, key, limit)
-
-    def offset_for_time(self, queue: str, partition: int, when: datetime | int) -> int:
-        """The first offset of ``partition`` appended at or after ``when``."""
-        return self._service.offset_for_time(queue, partition, required_epoch_ms(when, "when"))
-
-    def cancel(self, message_id: MessageId | str) -> None:
-        """Cancel a delayed message that is not delivered yet, by the id its send returned.
-
-        Cancelling it again is fine. Raises :class:`MessageNotFoundError` if no delayed
-        message has that id or it was already delivered (the error names its id in the
-        queue); an id of a message in a partition's log cannot be cancelled.
-
-        >>> import headwater, tempfile
-        >>> hw = headwater.open(tempfile.mkdtemp())
-        >>> _ = hw.admin.create_queue("reminders")
-        >>> mid = hw.send("reminders", b"call back", delay=3600)
-        >>> mid.is_delayed
-        True
-        >>> hw.cancel(mid)
-        >>> hw.delay_stats().pending_messages
-        0
-        >>> hw.close()
-        """
-        mid = MessageId.parse(message_id)
-        self._service.cancel_delayed(mid.queue_id, mid.partition, mid.offset)
-
-    def delay_stats(self) -> DelayStats:
-        """The broker's schedule of delayed messages: pending per bucket, next due time,
-        deliveries per second and their lateness (``headwater delay stats``)."""
-        return self._service.delay_stats()
-
-    def status(self) -> dict[str, object]:
-        """Facts about the broker: version, uptime, storage figures, recovery repairs."""
-        return self._service.status()
+    def _adopt(self, child: Any) -> None:
+        # only what close() must finish while the connection is up; a plain, shared or
+        # keyed consumer is not held (the client never closed them)
+        if isinstance(child, Producer):
+            self._producers.add(child)
+        elif isinstance(child, GroupConsumer):
+            self._members.add(child)
+        elif isinstance(child, Subscriber):
+            self._subscribers.add(child)
 
     def close(self) -> None:
+        """Close the group members, subscribers and producers made here, then the service."""
         for c in list(self._members):
             c.close()  # commits (commit_on_revoke) and leaves while the connection is up
         for s in list(self._subscribers):
