@@ -8,11 +8,11 @@ the classes each kind names (``_producer_class``, ...). ``close()`` stays in the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
-from headwater.client.common.twins import Twins, waits
+from headwater.client.common.twins import Twins, Waits, waits
 from headwater.client.core.lookups import find_bounds, record_for_id, records_with_key
 from headwater.client.core.partitioner import PartitionFn
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, Bound
@@ -27,10 +27,6 @@ from headwater.model.subscription import SubscriberInfo, subscriber_settings
 __all__ = ["AdminBase", "ClientBase"]
 
 _UNSET = object()
-
-T = TypeVar("T")
-#: a ``@waits`` body: it yields service calls and returns the driven method's result
-Waits = Generator[Any, Any, T]
 
 
 class AdminBase(Twins):

@@ -30,12 +30,32 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
+import re
 from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
-__all__ = ["ASYNCIO", "BLOCKING", "Driver", "Twins", "waits"]
+__all__ = ["ASYNCIO", "BLOCKING", "Driver", "Twins", "Waits", "waits"]
 
 F = TypeVar("F", bound=Callable[..., Generator[Any, Any, Any]])
+T = TypeVar("T")
+
+#: What a ``@waits`` body returns: ``Waits[QueueInfo]`` is a body whose driven method
+#: returns (or, asyncio, resolves to) a ``QueueInfo``; that is what ``help()`` shows.
+Waits = Generator[Any, Any, T]
+
+_BODY_RESULT = re.compile(r"^(?:Waits\[|Generator\[Any, Any, )(.*)\]$")
+
+
+def _present(method: Callable[..., Any], body: Callable[..., Any]) -> Callable[..., Any]:
+    """Give the driven method the body's signature with the body's result as its own
+    (``Waits[QueueInfo]`` is shown as ``QueueInfo``)."""
+    result = body.__annotations__.get("return")
+    if isinstance(result, str) and (m := _BODY_RESULT.match(result)):
+        method.__annotations__ = {**body.__annotations__, "return": m.group(1)}
+        method.__signature__ = inspect.signature(body).replace(  # type: ignore[attr-defined]  # read by inspect
+            return_annotation=m.group(1)
+        )
+    return method
 
 
 class Driver(enum.Enum):
@@ -66,7 +86,7 @@ def _blocking(body: Callable[..., Generator[Any, Any, Any]]) -> Callable[..., An
         except StopIteration as done:
             return done.value
 
-    return method
+    return _present(method, body)
 
 
 def _asyncio(body: Callable[..., Generator[Any, Any, Any]]) -> Callable[..., Any]:
@@ -85,7 +105,7 @@ def _asyncio(body: Callable[..., Generator[Any, Any, Any]]) -> Callable[..., Any
         except StopIteration as done:
             return done.value
 
-    return method
+    return _present(method, body)
 
 
 class Twins:
