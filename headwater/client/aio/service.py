@@ -90,11 +90,7 @@ class AsyncService(AsyncBrokerService):
             try:
                 return await fut
             except UnavailableError as e:
-                error = tries.after(e, sent.written, self._closed)
-                if error is e:
-                    raise
-                if error is not None:
-                    raise error from e
+                tries.again(e, sent.written, self._closed)
 
     def _submit(self, body: m.RequestBody, timeout_s: float | None = None) -> asyncio.Future[Any]:
         """Send ``body`` now, after everything submitted before it, without waiting (and never

@@ -391,6 +391,15 @@ class Tries:
         self.left -= 1
         return None
 
+    def again(self, error: UnavailableError, written: bool, closed: bool) -> None:
+        """After a failed try (see :meth:`after`): return to send it again, else raise
+        ``error`` itself or the error that says why it is not sent again."""
+        final = self.after(error, written, closed)
+        if final is error:
+            raise error
+        if final is not None:
+            raise final from error
+
     def _outcome_unknown(self, error: UnavailableError, late: bool) -> OutcomeUnknownError:
         body = self.body
         why = f"got no answer in {self.timeout_s} s" if late else f"then {error}"
@@ -492,11 +501,7 @@ class RemoteService(BrokerService):
                 self.transport.lead([waiter])  # read the answer on this thread when nobody else reads
                 return waiter.wait()
             except UnavailableError as e:
-                error = tries.after(e, sent.written, self._closed)
-                if error is e:
-                    raise
-                if error is not None:
-                    raise error from e
+                tries.again(e, sent.written, self._closed)
 
     # the calls that do not wait, for the producers and consumers that keep several in flight
     def describe_queue_async(self, name: str) -> concurrent.futures.Future:
