@@ -42,7 +42,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from headwater.client.aio.service import AsyncBrokerService, ThreadedService
-from headwater.client.common.producer import Groups, Messages, ProducerBase, check_partition_type
+from headwater.client.common.producer import Groups, Messages, ProducerBase
 from headwater.client.common.twins import ASYNCIO
 from headwater.client.core.batching import as_message, check_message, check_messages, no_partition, too_large
 from headwater.client.core.outcomes import closed_unsent
@@ -50,6 +50,7 @@ from headwater.client.core.producer import Batch, PartitionState
 from headwater.client.transport.send_future import AsyncSendFuture
 from headwater.errors import (
     ClosedError,
+    InvalidArgumentError,
     PartitionOutOfRangeError,
     QueueNotFoundError,
     UnavailableError,
@@ -602,7 +603,8 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
 
 
 def _check_partition_type(partition: object) -> None:
-    check_partition_type(partition)
+    if partition is not None and (isinstance(partition, bool) or not isinstance(partition, int)):
+        raise InvalidArgumentError(f"a partition is an int, got {type(partition).__name__}")
     if isinstance(partition, int) and partition < 0:
         raise PartitionOutOfRangeError(f"there is no partition {partition}: partitions count from 0")
 

@@ -22,21 +22,14 @@ from headwater.client.common.twins import Twins, waits
 from headwater.client.core import batching
 from headwater.client.core.batching import check_batch_arg, receipt
 from headwater.client.core.producer import Batch
-from headwater.errors import InvalidArgumentError
 from headwater.model.message import Message, MessageId
 
-__all__ = ["Groups", "Messages", "ProducerBase", "check_partition_type"]
+__all__ = ["Groups", "Messages", "ProducerBase"]
 
 #: the messages of one call that sends several
 Messages = Sequence[Message | bytes]
 #: a ``send_batch``'s messages by partition (None: the sticky one), as indexes into its list
 Groups = dict[int | None, list[int]]
-
-
-def check_partition_type(partition: object) -> None:
-    """Refuse a ``partition`` argument that is not an int (None means "the partitioner's")."""
-    if partition is not None and (isinstance(partition, bool) or not isinstance(partition, int)):
-        raise InvalidArgumentError(f"a partition is an int, got {type(partition).__name__}")
 
 
 class ProducerBase(batching.ProducerBase, Twins):

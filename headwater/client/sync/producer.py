@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from headwater.client.common.producer import Groups, Messages, ProducerBase, check_partition_type
+from headwater.client.common.producer import Groups, Messages, ProducerBase
 from headwater.client.common.twins import BLOCKING
 from headwater.client.core.batching import (
     MESSAGE_OVERHEAD_BYTES,
@@ -373,8 +373,9 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
         info = self._queue_info(queue)
         return info, msg, check_message(msg, info.config.message_bytes_max)
 
-    def _check_partition(self, queue: str, info: QueueInfo, partition: int) -> QueueInfo:
-        check_partition_type(partition)
+    def _check_partition(self, queue: str, info: QueueInfo, partition: object) -> QueueInfo:
+        if isinstance(partition, bool) or not isinstance(partition, int):
+            raise InvalidArgumentError(f"a partition is an int, got {type(partition).__name__}")
         n = len(info.partitions)
         if not 0 <= partition < n:
             info = self._queue_info(queue, refresh=True)  # it may have grown
