@@ -328,8 +328,8 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
 
     # -- what the shared bodies yield (common.producer): awaitables ---------------------------
 
-    def _before_wait(self, what: str) -> None:
-        self._check_open()
+    def _before_sending(self, what: str) -> None:
+        self._check_open()  # one event loop and no sender thread: nowhere it may not wait
 
     async def _open_info(self, queue: str) -> QueueInfo:
         self._check_open()

@@ -45,8 +45,8 @@ class ProducerBase(batching.ProducerBase, Twins):
       groups' ProduceResults in order;
     - ``_fly(batch)``: put an identified batch in flight; what ``send_identified`` returns;
 
-    and, not waiting, ``_now_ms()`` (its monotonic clock) and ``_before_wait(what)`` (refuse
-    a call that waits where it may not).
+    and, not waiting, ``_now_ms()`` (its monotonic clock) and ``_before_sending(what)``
+    (refuse a send that waits where it may not, or on a closed producer).
     """
 
     # -- the sends both drivers have alike --------------------------------------------------
@@ -72,7 +72,7 @@ class ProducerBase(batching.ProducerBase, Twins):
         it (:class:`UsageError`): it waits.
         """
         check_batch_arg(messages)
-        self._before_wait("send_batch()")
+        self._before_sending("send_batch()")
         at = self._deliver_at(deliver_at, delay)
         info = yield self._info_for(queue, partition)
         groups = self._split(info, messages, partition)

@@ -436,7 +436,7 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
                 f"(use send() there)"
             )
 
-    _before_wait = _refuse_in_sender
+    _before_sending = _refuse_in_sender  # a closed producer is refused under the lock, later
 
     def _wait_for_space_locked(self, size: int) -> None:
         self._check_room(size)
