@@ -14,15 +14,19 @@ message), and their twins' parameters differ (the thread-based ones take a ``cal
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING
 
 from headwater.client.common.twins import Twins, waits
 from headwater.client.core import batching
 from headwater.client.core.batching import check_batch_arg, receipt
 from headwater.client.core.producer import Batch
 from headwater.model.message import Message, MessageId
+from headwater.model.service import ProduceResult
+
+if TYPE_CHECKING:
+    import concurrent.futures
 
 __all__ = ["Groups", "Messages", "ProducerBase"]
 
@@ -47,6 +51,10 @@ class ProducerBase(batching.ProducerBase, Twins):
 
     and, not waiting, ``_now_ms()`` (its monotonic clock) and ``_before_sending(what)``
     (refuse a send that waits where it may not, or on a closed producer).
+
+    A ``@waits`` body is annotated with what its driven method returns, not as the
+    generator it is: the drivers keep the body's signature (``functools.wraps``), and that
+    is what users see.
     """
 
     # -- the sends both drivers have alike --------------------------------------------------
@@ -60,7 +68,7 @@ class ProducerBase(batching.ProducerBase, Twins):
         partition: int | None = None,
         deliver_at: datetime | int | None = None,
         delay: timedelta | float | None = None,
-    ) -> Generator[Any, Any, Sequence[MessageId]]:
+    ) -> Sequence[MessageId]:  # the driven method's result, which help() shows: see the class docstring
         """Send messages as one batch per partition; return their ids in the given order.
 
         Waits until they are stored (``await`` it on the asyncio producer). With
@@ -89,7 +97,7 @@ class ProducerBase(batching.ProducerBase, Twins):
         identity: tuple[int, int],
         base_sequence: int = 0,
         deliver_at_ms: int = 0,
-    ) -> Generator[Any, Any, Any]:
+    ) -> concurrent.futures.Future[ProduceResult] | ProduceResult:  # the driven method's, as above
         """Send ``messages`` as one batch to ``partition`` under an identity the caller names,
         ``(producer id, epoch)``, from sequence ``base_sequence``. The thread-based producer
         returns a future of its :class:`~headwater.model.service.ProduceResult` at once; the
