@@ -37,21 +37,14 @@ import asyncio
 import functools
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from headwater.client.aio.service import AsyncBrokerService, ThreadedService
-from headwater.client.core.batching import (
-    ProducerBase,
-    as_message,
-    check_batch_arg,
-    check_message,
-    check_messages,
-    no_partition,
-    receipt,
-    too_large,
-)
+from headwater.client.common.producer import Groups, Messages, ProducerBase
+from headwater.client.common.twins import ASYNCIO
+from headwater.client.core.batching import as_message, check_message, check_messages, no_partition, too_large
 from headwater.client.core.outcomes import closed_unsent
 from headwater.client.core.producer import Batch, PartitionState
 from headwater.client.transport.send_future import AsyncSendFuture
@@ -95,14 +88,16 @@ class _Parked(NamedTuple):
     deliver_at_ms: int = 0
 
 
-class AsyncProducer(ProducerBase):
+class AsyncProducer(ProducerBase, driver=ASYNCIO):
     """Sends messages to queues from asyncio code. One producer can serve a whole application.
 
     Get one from a client: ``hw.producer(...)``. ``await send()`` returns a message's id once
     it is stored; ``send_nowait()`` returns a future at once, for many messages in flight;
     ``await flush()`` waits for everything sent so far; ``await close()`` flushes and stops.
 
-    Options are :class:`~headwater.client.core.batching.ProducerBase`'s; past ``buffer_bytes_max``
+    ``await send_batch()`` and ``await send_identified()`` are
+    :class:`~headwater.client.common.producer.ProducerBase`'s. Options are
+    :class:`~headwater.client.core.batching.ProducerBase`'s; past ``buffer_bytes_max``
     ``send_nowait`` raises :class:`UnavailableError` instead of blocking. Every send takes
     ``deliver_at=`` or ``delay=`` for a delayed message, as the sync producer's do.
     """
@@ -210,73 +205,6 @@ class AsyncProducer(ProducerBase):
         return await asyncio.shield(fut)
 
     send_and_wait = send  # the sync producer's name for a send that waits
-
-    async def send_batch(
-        self,
-        queue: str,
-        messages: Sequence[Message | bytes],
-        *,
-        partition: int | None = None,
-        deliver_at: datetime | int | None = None,
-        delay: timedelta | float | None = None,
-    ) -> Sequence[MessageId]:
-        """Send messages as one batch per partition; return their ids in the given order.
-
-        With ``partition`` every message goes there; otherwise the partitioner decides.
-        Every message is checked before any is queued. When messages go to several
-        partitions and one fails, the others may be stored.
-        """
-        check_batch_arg(messages)
-        self._check_open()
-        at = self._deliver_at(deliver_at, delay)
-        info = await self._info_for(queue, partition)
-        groups = self._split(info, messages, partition)
-        cap = info.config.message_bytes_max
-        msgs = {p: [messages[i] for i in idxs] for p, idxs in groups.items()}
-        sizes = {p: check_messages(ms, cap) for p, ms in msgs.items()}  # all valid, or none sent
-        self._check_open()
-        loop = asyncio.get_running_loop()
-        futs: dict[int | None, asyncio.Future[ProduceResult]] = {}
-        n = len(info.partitions)
-        for p, ms in msgs.items():
-            ps = self._core.partition(queue, p if p is not None else self._partitioner.sticky(queue, n), at)
-            futs[p] = loop.create_future()
-            self._enqueue(ps, ms, sizes[p], (len(ms), futs[p]), urgent=True, deliver_at_ms=at)
-        results = await asyncio.shield(asyncio.gather(*futs.values()))
-        return receipt(len(messages), groups, results)
-
-    async def send_identified(
-        self,
-        queue: str,
-        partition: int,
-        messages: Sequence[Message | bytes],
-        *,
-        identity: tuple[int, int],
-        base_sequence: int = 0,
-        deliver_at_ms: int = 0,
-    ) -> ProduceResult:
-        """Send ``messages`` as one batch to ``partition`` under an identity the caller names,
-        ``(producer id, epoch)``, from sequence ``base_sequence``, and return where it was
-        stored; see :meth:`Producer.send_identified <headwater.client.sync.producer.Producer.send_identified>`
-        (for connectors whose retries must find their earlier attempts' batches)."""
-        self._check_open()
-        info = await self._queue_info(queue)
-        self._check_open()
-        b = self._core.identified(
-            queue,
-            partition,
-            messages,
-            identity,
-            self._now_ms(),
-            base_sequence=base_sequence,
-            deliver_at_ms=deliver_at_ms,
-            cap=info.config.message_bytes_max,
-        )
-        fut: asyncio.Future[ProduceResult] = asyncio.get_running_loop().create_future()
-        b.entries.append((0, len(b.messages), fut))  # type: ignore[attr-defined]  # the core made a _Batch
-        self._core.fly(b)
-        self._dispatch(b)  # type: ignore[arg-type]  # the core made it with _Batch
-        return await asyncio.shield(fut)
 
     async def flush(self, timeout_s: float | None = None) -> None:
         """Send what is queued now, without lingering, and wait until every message sent so
@@ -397,6 +325,40 @@ class AsyncProducer(ProducerBase):
             if not 0 <= partition < n:
                 raise no_partition(queue, n, partition)
         return info
+
+    # -- what the shared bodies yield (common.producer): awaitables ---------------------------
+
+    def _before_sending(self, what: str) -> None:
+        self._check_open()  # one event loop and no sender thread: nowhere it may not wait
+
+    async def _open_info(self, queue: str) -> QueueInfo:
+        self._check_open()
+        info = await self._queue_info(queue)
+        self._check_open()
+        return info
+
+    def _send_groups_of(
+        self, queue: str, info: QueueInfo, messages: Messages, groups: Groups, deliver_at_ms: int
+    ) -> Awaitable[list[ProduceResult]]:
+        cap = info.config.message_bytes_max
+        msgs = {p: [messages[i] for i in idxs] for p, idxs in groups.items()}
+        sizes = {p: check_messages(ms, cap) for p, ms in msgs.items()}  # all valid, or none sent
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        futs: list[asyncio.Future[ProduceResult]] = []
+        n = len(info.partitions)
+        for p, ms in msgs.items():
+            ps = self._core.partition(queue, p if p is not None else self._partitioner.sticky(queue, n), deliver_at_ms)
+            futs.append(loop.create_future())
+            self._enqueue(ps, ms, sizes[p], (len(ms), futs[-1]), urgent=True, deliver_at_ms=deliver_at_ms)
+        return asyncio.shield(asyncio.gather(*futs))
+
+    def _fly(self, b: _Batch) -> Awaitable[ProduceResult]:
+        fut: asyncio.Future[ProduceResult] = asyncio.get_running_loop().create_future()
+        b.entries.append((0, len(b.messages), fut))
+        self._core.fly(b)
+        self._dispatch(b)
+        return asyncio.shield(fut)
 
     def _park(self, queue: str, item: _Parked) -> None:
         self._parked.setdefault(queue, []).append(item)
@@ -542,18 +504,11 @@ class AsyncProducer(ProducerBase):
     def _dispatch(self, b: _Batch) -> None:
         """Encode (unless a retry of the same bytes) and send a batch the core put in flight,
         without waiting: the answer's callback settles it."""
-        core, ps = self._core, b.part
-        if b.encoded is None:
-            refused = core.refuse_first(b, self._now_ms())
-            if refused is not None:
-                self._finish(b, None, refused)
-                return
-            try:
-                core.encode(b)  # messages were checked against the queue's limit when queued
-            except Exception as e:  # noqa: BLE001 - it belongs to the batch's futures
-                self._finish(b, None, e)
-                return
-        b.attempts += 1
+        ps = b.part
+        refused = self._encode_for_send(b)
+        if refused is not None:
+            self._finish(b, None, refused)
+            return
         try:
             if self._pipelined:
                 fut: asyncio.Future[ProduceResult] = self._service.produce_nowait(  # type: ignore[attr-defined]  # pipelined: the service ProducesNowait

@@ -21,18 +21,24 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
 
 from headwater.client.transport.async_transport import AsyncTransport
-from headwater.client.transport.remote import Tries, check_arguments, define_calls
+from headwater.client.transport.remote import (
+    Tries,
+    answer_timeout_s,
+    call_arguments,
+    check_arguments,
+    define_calls,
+    takes_request,
+)
 from headwater.errors import ClosedError, UnavailableError
-from headwater.model.config import QueueConfig, QueueInfo
-from headwater.model.delay import DelayStats
-from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
-from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
-from headwater.model.service import BrokerService, FetchResult, ProduceResult
-from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
+from headwater.model.keyed import KeyedFetchResult
+from headwater.model.service import BrokerService, FetchResult, ProduceResult, PushHandler
+from headwater.model.shared import SharedDeliveries
 from headwater.model.subscription import SubscriberInfo
 from headwater.protocol import messages as m
 
@@ -43,110 +49,17 @@ FETCH_WAIT_SLICE_MS = 100
 
 
 class AsyncBrokerService(Protocol):
-    """:class:`~headwater.model.service.BrokerService`, awaitable."""
+    """:class:`~headwater.model.service.BrokerService`, awaitable: every one of its methods,
+    with the same name, arguments and result, is a coroutine here (and ``ping()`` besides).
 
-    async def create_queue(self, name: str, config: QueueConfig) -> QueueInfo: ...
-    async def describe_queue(self, name: str) -> QueueInfo: ...
-    async def list_queues(self) -> list[QueueInfo]: ...
-    async def delete_queue(self, name: str) -> None: ...
-    async def truncate_queue(self, name: str) -> QueueInfo: ...
-    async def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo: ...
-    async def add_partitions(self, name: str, partitions: int) -> QueueInfo: ...
-    async def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult: ...
-    async def fetch(
-        self,
-        queue: str,
-        partition: int,
-        offset: int,
-        *,
-        max_bytes: int,
-        tag_mask: int = 0,
-        end_offset: int | None = None,
-        max_wait_ms: int = 0,
-    ) -> FetchResult: ...
-    async def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]: ...
-    async def lookup_key(
-        self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None, limit: int
-    ) -> list[bytes]: ...
-    async def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int: ...
-    async def commit_offsets(
-        self,
-        group: str,
-        queue: str,
-        offsets: dict[int, int],
-        member_id: str | None = None,
-        generation: int | None = None,
-    ) -> None: ...
-    async def fetch_offsets(self, group: str, queue: str) -> dict[int, int]: ...
-    async def join_group(
-        self,
-        group: str,
-        member_id: str | None,
-        client_id: str,
-        queues: list[str],
-        mode: str,
-        strategy: str,
-        session_timeout_ms: int,
-    ) -> GroupAssignment: ...
-    async def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment: ...
-    async def leave_group(self, group: str, member_id: str) -> None: ...
-    async def describe_group(self, group: str) -> GroupDescription: ...
-    async def list_groups(self) -> list[GroupSummary]: ...
-    async def shared_receive(
-        self,
-        group: str,
-        queue: str,
-        member: str,
-        max_messages: int = 32,
-        visibility_timeout_ms: int = 30_000,
-        at_most_once: bool = False,
-        settings: dict[str, int | float] | None = None,
-        max_wait_ms: int = 0,
-    ) -> SharedDeliveries: ...
-    async def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]: ...
-    async def shared_nack(
-        self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "", delay_ms: int | None = None
-    ) -> list[LeaseRefusal]: ...
-    async def shared_extend(
-        self, group: str, queue: str, member: str, lease_ids: list[str], visibility_timeout_ms: int
-    ) -> list[LeaseRefusal]: ...
-    async def shared_describe(self, group: str, queue: str) -> SharedGroupInfo: ...
-    async def cancel_delayed(self, queue_id: int, partition: int, offset: int) -> None: ...
-    async def delay_stats(self) -> DelayStats: ...
-    async def keyed_group(
-        self, queue: str, group: str, key: str | None = None, size: int | None = None, start: str = "earliest"
-    ) -> KeyedGroupInfo: ...
-    async def keyed_fetch(
-        self,
-        queue: str,
-        group: str,
-        member: int,
-        generation: int,
-        partition: int,
-        offset: int,
-        *,
-        max_bytes: int,
-        max_wait_ms: int = 0,
-    ) -> KeyedFetchResult: ...
-    async def keyed_commit(
-        self, queue: str, group: str, member: int, generation: int, offsets: dict[int, int]
-    ) -> KeyedGroupInfo: ...
-    async def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo: ...
-    async def add_subscriber(
-        self,
-        queue: str,
-        name: str,
-        partitions: list[int] | None = None,
-        tags: list[str] | None = None,
-        start: str = "latest",
-    ) -> SubscriberInfo: ...
-    async def delete_subscriber(self, queue: str, name: str) -> None: ...
-    async def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]: ...
-    async def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo: ...
-    async def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int]) -> None: ...
-    async def status(self) -> dict[str, object]: ...
-    async def ping(self) -> None: ...
-    async def close(self) -> None: ...
+    Declared by reference rather than signature by signature: a second copy of some 40
+    signatures would drift from the one the broker implements. Both implementations take
+    theirs from BrokerService (:func:`~headwater.client.transport.remote.define_calls`), and
+    a test holds them to it. To a type checker, each attribute is an awaitable callable."""
+
+    if TYPE_CHECKING:  # only for type checkers: at run time a missing name must stay missing
+
+        def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]: ...
 
 
 @define_calls("return await self._call({request})", is_async=True)
@@ -177,11 +90,7 @@ class AsyncService(AsyncBrokerService):
             try:
                 return await fut
             except UnavailableError as e:
-                error = tries.after(e, sent.written, self._closed)
-                if error is e:
-                    raise
-                if error is not None:
-                    raise error from e
+                tries.again(e, sent.written, self._closed)
 
     def _submit(self, body: m.RequestBody, timeout_s: float | None = None) -> asyncio.Future[Any]:
         """Send ``body`` now, after everything submitted before it, without waiting (and never
@@ -233,13 +142,7 @@ class AsyncService(AsyncBrokerService):
 
     # push streams (headwater.client.aio.subscriber drives them)
     async def open_push_stream(
-        self,
-        queue: str,
-        name: str,
-        handler: Callable[[m.PushBody | None], None],
-        *,
-        credit_messages: int,
-        credit_bytes: int,
+        self, queue: str, name: str, handler: PushHandler, *, credit_messages: int, credit_bytes: int
     ) -> tuple[int, SubscriberInfo]:
         """Open a push stream of subscriber ``name``: its id and the subscriber as it starts.
         ``handler`` gets each PUSH body on the event loop, and None once if the connection is
@@ -263,32 +166,12 @@ class AsyncService(AsyncBrokerService):
             except (UnavailableError, ClosedError):
                 pass  # the connection is gone, and the stream with it
 
-    def start_shared_receive(
-        self,
-        group: str,
-        queue: str,
-        member: str,
-        max_messages: int,
-        visibility_timeout_ms: int,
-        at_most_once: bool,
-        settings: dict[str, int | float],
-        max_wait_ms: int,
-    ) -> asyncio.Future[SharedDeliveries]:
-        """Send SHARED_RECEIVE without waiting: the future of its answer; :meth:`withdraw`
-        takes it back while it is not written yet (see ``RemoteService.start_shared_receive``)."""
-        return self._submit(
-            m.SharedReceiveRequest(
-                group,
-                queue,
-                member,
-                max_messages,
-                visibility_timeout_ms,
-                at_most_once,
-                dict(settings or {}),
-                max_wait_ms,
-            ),
-            self.transport.request_timeout_s + max_wait_ms / 1000,
-        )
+    @takes_request("shared_receive")
+    def start_shared_receive(self, request: m.SharedReceiveRequest) -> asyncio.Future[SharedDeliveries]:
+        """Send SHARED_RECEIVE (BrokerService.shared_receive's arguments) without waiting:
+        the future of its answer; :meth:`withdraw` takes it back while it is not written yet
+        (see ``RemoteService.start_shared_receive``)."""
+        return self._submit(request, answer_timeout_s(self.transport, request))
 
     def withdraw(self, fut: asyncio.Future) -> bool:
         """Take back a request sent with a ``start_`` call if it is not written yet (True)."""
@@ -375,96 +258,29 @@ class ThreadedService(AsyncBrokerService):
             raise ClosedError("this client is closed")
         return await asyncio.to_thread(fn, *args, **kw)
 
-    # the long polls: each holds a thread a slice at a time, or waits on the loop
-    async def shared_receive(
-        self,
-        group: str,
-        queue: str,
-        member: str,
-        max_messages: int = 32,
-        visibility_timeout_ms: int = 30_000,
-        at_most_once: bool = False,
-        settings: dict[str, int | float] | None = None,
-        max_wait_ms: int = 0,
-    ) -> SharedDeliveries:
-        # a long poll holds a thread at most FETCH_WAIT_SLICE_MS at a time, like fetch without
-        # append notifications: the default executor has few threads
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max_wait_ms / 1000
-        while True:
-            remaining_ms = max(0, int((deadline - loop.time()) * 1000))
-            res = await self._run(
-                self.service.shared_receive,
-                group,
-                queue,
-                member,
-                max_messages,
-                visibility_timeout_ms,
-                at_most_once,
-                settings,
-                min(remaining_ms, FETCH_WAIT_SLICE_MS),
-            )
-            if res.leases or remaining_ms <= FETCH_WAIT_SLICE_MS:
-                return res
+    # the long polls: each holds a thread a slice at a time, or waits on the loop; each takes
+    # BrokerService's arguments (takes_request) and reads them from the request they make
+    @takes_request("shared_receive")
+    async def shared_receive(self, r: m.SharedReceiveRequest) -> SharedDeliveries:
+        return await self._in_slices(self.service.shared_receive, r, lambda res: bool(res.leases))
 
-    async def keyed_fetch(
-        self,
-        queue: str,
-        group: str,
-        member: int,
-        generation: int,
-        partition: int,
-        offset: int,
-        *,
-        max_bytes: int,
-        max_wait_ms: int = 0,
-    ) -> KeyedFetchResult:
-        # a long poll holds a thread at most FETCH_WAIT_SLICE_MS at a time
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max_wait_ms / 1000
-        while True:
-            remaining_ms = int((deadline - loop.time()) * 1000)
-            res = await self._run(
-                functools.partial(
-                    self.service.keyed_fetch,
-                    queue,
-                    group,
-                    member,
-                    generation,
-                    partition,
-                    offset,
-                    max_bytes=max_bytes,
-                    max_wait_ms=max(0, min(remaining_ms, FETCH_WAIT_SLICE_MS)),
-                )
-            )
-            stopped = res.stop_offset is not None and offset >= res.stop_offset
-            if res.batches or res.next_offset != offset or stopped or remaining_ms <= FETCH_WAIT_SLICE_MS:
-                return res
+    @takes_request("keyed_fetch")
+    async def keyed_fetch(self, r: m.KeyedFetchRequest) -> KeyedFetchResult:
+        def answers(res: KeyedFetchResult) -> bool:
+            stopped = res.stop_offset is not None and r.offset >= res.stop_offset
+            return bool(res.batches) or res.next_offset != r.offset or stopped
 
-    async def fetch(
-        self,
-        queue: str,
-        partition: int,
-        offset: int,
-        *,
-        max_bytes: int,
-        tag_mask: int = 0,
-        end_offset: int | None = None,
-        max_wait_ms: int = 0,
-    ) -> FetchResult:
-        fetch = functools.partial(
-            self.service.fetch, queue, partition, offset, max_bytes=max_bytes, tag_mask=tag_mask, end_offset=end_offset
-        )
-        if not max_wait_ms:
-            return await self._run(fetch)
+        return await self._in_slices(self.service.keyed_fetch, r, answers)
+
+    @takes_request("fetch")
+    async def fetch(self, r: m.FetchRequest) -> FetchResult:
+        queue, partition, offset, end_offset = r.queue, r.partition, r.offset, r.end_offset
+        if not r.max_wait_ms or self._subscribe is None:
+            return await self._in_slices(self.service.fetch, r, lambda res: _answers(res, offset, end_offset))
+        args, kwargs = call_arguments(msgspec.structs.replace(r, max_wait_ms=0))
+        fetch = functools.partial(self.service.fetch, *args, **kwargs)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + max_wait_ms / 1000
-        if self._subscribe is None:
-            while True:
-                remaining_ms = int((deadline - loop.time()) * 1000)
-                res = await self._run(fetch, max_wait_ms=max(0, min(remaining_ms, FETCH_WAIT_SLICE_MS)))
-                if _answers(res, offset, end_offset) or remaining_ms <= FETCH_WAIT_SLICE_MS:
-                    return res
+        deadline = loop.time() + r.max_wait_ms / 1000
         waiters = self._append_waiters(loop)
         while True:
             # register before fetching, so an append landing in between is not missed
@@ -481,6 +297,21 @@ class ThreadedService(AsyncBrokerService):
                     pass
             finally:
                 waiters.discard(queue, partition, woken)
+
+    async def _in_slices(self, fn: Callable[..., Any], r: Any, answers: Callable[[Any], bool]) -> Any:
+        """Call ``fn`` with the arguments of request ``r``, a long poll, holding a thread at
+        most FETCH_WAIT_SLICE_MS at a time (the default executor has few threads), until a
+        result ``answers`` or ``r.max_wait_ms`` has passed (a poll without a wait: once)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + r.max_wait_ms / 1000
+        while True:
+            remaining_ms = max(0, int((deadline - loop.time()) * 1000))
+            args, kwargs = call_arguments(
+                msgspec.structs.replace(r, max_wait_ms=min(remaining_ms, FETCH_WAIT_SLICE_MS))
+            )
+            res = await self._run(fn, *args, **kwargs)
+            if answers(res) or remaining_ms <= FETCH_WAIT_SLICE_MS:
+                return res
 
     def _append_waiters(self, loop: asyncio.AbstractEventLoop) -> _AppendWaiters:
         if self._waiters is None:

@@ -27,17 +27,16 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from headwater.client.common.producer import Groups, Messages, ProducerBase
+from headwater.client.common.twins import BLOCKING
 from headwater.client.core.batching import (
     MESSAGE_OVERHEAD_BYTES,
     BatchReceipt,
-    ProducerBase,
     as_message,
-    check_batch_arg,
     check_message,
     check_messages,
     int_setting,
     no_partition,
-    receipt,
     too_large,
 )
 from headwater.client.core.outcomes import closed_unsent
@@ -80,7 +79,7 @@ def _now_ms() -> float:
     return time.monotonic() * 1000
 
 
-class Producer(ProducerBase, ProducerSender):
+class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
     """Sends messages to queues. Thread-safe; one producer can serve a whole application.
 
     Get one from a client: ``hw.producer(...)`` (embedded or over the network, the same).
@@ -106,6 +105,7 @@ class Producer(ProducerBase, ProducerSender):
     >>> p.close()
     >>> hw.close()
 
+    ``send_batch`` and ``send_identified`` are :class:`~headwater.client.common.producer.ProducerBase`'s.
     Options (all keyword-only) are :class:`~headwater.client.core.batching.ProducerBase`'s, and:
 
     - ``max_block_ms``: ``send()`` blocks up to this long for room in ``buffer_bytes_max``,
@@ -212,73 +212,6 @@ class Producer(ProducerBase, ProducerSender):
         p = self._choose_partition(queue, info, msg, partition)
         r = self._send_sync(queue, p, info, [msg], size, at)
         return MessageId(r.queue_id, r.partition, r.base_offset)
-
-    def send_batch(
-        self,
-        queue: str,
-        messages: Sequence[Message | bytes],
-        *,
-        partition: int | None = None,
-        deliver_at: datetime | int | None = None,
-        delay: timedelta | float | None = None,
-    ) -> Sequence[MessageId]:
-        """Send messages as one batch per partition; return their ids in the given order.
-
-        Blocks until they are stored. With ``partition`` every message goes there; otherwise
-        the producer's partitioner decides (see :mod:`headwater.client.core.partitioner`). When
-        messages go to several partitions and one fails, the others may be stored.
-        ``deliver_at`` or ``delay`` (as for :meth:`send`) delay every message of the call.
-        A send callback cannot call it (:class:`UsageError`): it waits.
-        """
-        check_batch_arg(messages)
-        self._refuse_in_sender("send_batch()")
-        at = self._deliver_at(deliver_at, delay)
-        info = self._queue_info(queue)
-        if partition is not None:
-            info = self._check_partition(queue, info, partition)
-        groups = self._split(info, messages, partition)
-        if len(groups) == 1:
-            return BatchReceipt(self._send_sync(queue, next(iter(groups)), info, messages, None, at))
-        results = self._send_groups(queue, info, {p: [messages[i] for i in idxs] for p, idxs in groups.items()}, at)
-        return receipt(len(messages), groups, list(results.values()))
-
-    def send_identified(
-        self,
-        queue: str,
-        partition: int,
-        messages: Sequence[Message | bytes],
-        *,
-        identity: tuple[int, int],
-        base_sequence: int = 0,
-        deliver_at_ms: int = 0,
-    ) -> concurrent.futures.Future[ProduceResult]:
-        """Send ``messages`` as one batch to ``partition`` under an identity the caller names,
-        ``(producer id, epoch)``, from sequence ``base_sequence``; return a future of its
-        :class:`~headwater.model.service.ProduceResult`. For connectors whose retries must
-        find the batches of their earlier attempts (the Spark writer derives ids from its
-        task). The batch is retried as any other, with the same bytes, and never encoded
-        anew: an out-of-order or fenced refusal comes back through the future. A body over
-        the queue's ``message_bytes_max`` raises here."""
-        info = self._queue_info(queue)
-        cap = info.config.message_bytes_max
-        b = self._core.identified(
-            queue,
-            partition,
-            messages,
-            identity,
-            _now_ms(),
-            base_sequence=base_sequence,
-            deliver_at_ms=deliver_at_ms,
-            cap=cap,
-        )  # encoded in the caller's thread, without the lock: the batch's state is its own
-        fut = SendFuture()
-        b.groups = [(0, len(b.messages), fut)]
-        with self._lock:
-            self._check_open()
-            self._core.fly(b)
-            self._wire.acquire()
-        self._send_all([b])
-        return fut
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Send what is queued now, without lingering, and wait until every message sent so
@@ -458,6 +391,35 @@ class Producer(ProducerBase, ProducerSender):
             return partition
         return self._partitioner.for_message(msg, len(info.partitions))
 
+    # -- what the shared bodies yield (common.producer): answers, as this driver waits --------
+
+    _now_ms = staticmethod(_now_ms)
+
+    def _info_for(self, queue: str, partition: int | None) -> QueueInfo:
+        info = self._queue_info(queue)
+        return info if partition is None else self._check_partition(queue, info, partition)
+
+    def _open_info(self, queue: str) -> QueueInfo:
+        return self._queue_info(queue)  # whether the producer is open is checked under the lock
+
+    def _send_groups_of(
+        self, queue: str, info: QueueInfo, messages: Messages, groups: Groups, deliver_at_ms: int
+    ) -> list[ProduceResult]:
+        if len(groups) == 1:  # sent inline when its partition is idle; checked as it is encoded
+            return [self._send_sync(queue, next(iter(groups)), info, messages, None, deliver_at_ms)]
+        by_partition = {p: [messages[i] for i in idxs] for p, idxs in groups.items()}
+        return list(self._send_groups(queue, info, by_partition, deliver_at_ms).values())
+
+    def _fly(self, b: _Batch) -> concurrent.futures.Future[ProduceResult]:
+        fut = SendFuture()
+        b.groups = [(0, len(b.messages), fut)]
+        with self._lock:
+            self._check_open()
+            self._core.fly(b)
+            self._wire.acquire()
+        self._send_all([b])
+        return fut
+
     # -- the accumulator (the core's, under _lock) -------------------------------------------
 
     def _in_sender(self) -> bool:
@@ -473,6 +435,8 @@ class Producer(ProducerBase, ProducerSender):
                 f"producer's sender thread, or deadlock on the thread that reads the answers "
                 f"(use send() there)"
             )
+
+    _before_sending = _refuse_in_sender  # a closed producer is refused under the lock, later
 
     def _wait_for_space_locked(self, size: int) -> None:
         self._check_room(size)

@@ -41,6 +41,7 @@ class ProducerSender:
     _sender: threading.Thread | None
     _pool: concurrent.futures.ThreadPoolExecutor | None
     _finish: Any  # Producer._finish(batch, result, error)
+    _encode_for_send: Any  # common.producer.ProducerBase._encode_for_send(batch)
     _hurry_locked: Any  # Producer._hurry_locked()
 
     def _wake_locked(self, start: bool = True) -> None:
@@ -103,15 +104,9 @@ class ProducerSender:
         future, or the error that stopped it before it left. Runs under ``_wire`` only, so it
         finishes nothing itself (that takes ``_lock``)."""
         ps = b.part
-        if b.encoded is None:
-            refused = self._core.refuse_first(b, _now_ms())
-            if refused is not None:
-                return None, refused
-            try:
-                self._core.encode(b)  # messages were checked when queued
-            except Exception as e:  # noqa: BLE001 - it belongs to the batch's futures
-                return None, e
-        b.attempts += 1
+        refused = self._encode_for_send(b)
+        if refused is not None:
+            return None, refused
         try:
             if self._produce_async is not None:
                 return self._produce_async(ps.queue, ps.partition, b.encoded), None

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import inspect
 import threading
 import time
@@ -51,11 +52,21 @@ from headwater.client.transport.async_transport import AsyncTransport
 from headwater.client.transport.send_future import LazyFuture
 from headwater.errors import ClosedError, OutcomeUnknownError, UnavailableError
 from headwater.model.checks import check_int_arg, check_offsets_arg, check_queue_arg, mapping_copy
-from headwater.model.service import BrokerService
+from headwater.model.service import BrokerService, PushHandler
 from headwater.model.subscription import SubscriberInfo, validate_subscriber_name
 from headwater.protocol import messages as m
 
-__all__ = ["CLOSE_TIMEOUT_S", "RemoteService", "Tries", "check_arguments", "define_calls", "new_event_loop"]
+__all__ = [
+    "CLOSE_TIMEOUT_S",
+    "RemoteService",
+    "Tries",
+    "answer_timeout_s",
+    "call_arguments",
+    "check_arguments",
+    "define_calls",
+    "new_event_loop",
+    "takes_request",
+]
 
 #: The longest close() waits for the client's event loop to shut the connection down.
 CLOSE_TIMEOUT_S = 5.0
@@ -177,12 +188,13 @@ def _unset_value(field: msgspec.structs.FieldInfo) -> Callable[[], Any] | None:
     return lambda: default
 
 
-def _compile_call(cls: type, spec: m.ApiSpec, template: str, is_async: bool) -> Callable[..., Any]:
-    """``cls``'s method for ``spec`` (see :func:`define_calls`)."""
+def _parameters(spec: m.ApiSpec, namespace: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
+    """BrokerService's parameters of ``spec``'s method, as source: the parameter list (with
+    ``self``), the request's fields from them (a caller's lists and mappings copied), and the
+    arguments as BrokerService takes them. Their defaults go into ``namespace``."""
     assert spec.method is not None
     proto = getattr(BrokerService, spec.method)
     fields = {f.name: f for f in msgspec.structs.fields(spec.request)}
-    namespace: dict[str, Any] = {"_request": spec.request, "_list_copy": _list_copy, "_mapping_copy": mapping_copy}
     params, fields_given, args = ["self"], [], []
     star = False
     for p in list(inspect.signature(proto).parameters.values())[1:]:
@@ -203,16 +215,96 @@ def _compile_call(cls: type, spec: m.ApiSpec, template: str, is_async: bool) -> 
             namespace[f"_unset_{name}"] = unset
             copied = f"({copied} if {name} is not None else _unset_{name}())"
         fields_given.append(f"{name}={copied}")
+    return params, fields_given, args
+
+
+def _compile(name: str, params: list[str], body: str, is_async: bool, namespace: dict[str, Any]) -> Any:
+    source = f"{'async ' if is_async else ''}def {name}({', '.join(params)}):\n    {body}\n"
+    # the source is built from API_SPECS and BrokerService alone, as dataclasses does
+    exec(compile(source, f"<{name} from API_SPECS>", "exec"), namespace)
+    return namespace[name]
+
+
+def _namespace(spec: m.ApiSpec) -> dict[str, Any]:
+    return {"_request": spec.request, "_list_copy": _list_copy, "_mapping_copy": mapping_copy}
+
+
+def _compile_call(cls: type, spec: m.ApiSpec, template: str, is_async: bool) -> Callable[..., Any]:
+    """``cls``'s method for ``spec`` (see :func:`define_calls`)."""
+    assert spec.method is not None
+    proto = getattr(BrokerService, spec.method)
+    namespace = _namespace(spec)
+    params, fields_given, args = _parameters(spec, namespace)
     body = template.format(request=f"_request({', '.join(fields_given)})", method=spec.method, args=", ".join(args))
-    source = f"{'async ' if is_async else ''}def {spec.method}({', '.join(params)}):\n    {body}\n"
-    # the source is built above from API_SPECS and BrokerService alone, as dataclasses does
-    exec(compile(source, f"<{cls.__name__}.{spec.method} from API_SPECS>", "exec"), namespace)
-    fn = namespace[spec.method]
+    fn = _compile(spec.method, params, body, is_async, namespace)
     fn.__qualname__ = f"{cls.__name__}.{spec.method}"
     fn.__module__ = cls.__module__
     fn.__doc__ = proto.__doc__
     fn.__annotations__ = dict(proto.__annotations__)
     return fn
+
+
+def takes_request(method: str, **extra: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A method decorator: the method ``fn(self, request, **extra)`` is called with the
+    request of BrokerService's ``method`` built from BrokerService's arguments (lists and
+    mappings copied, as :func:`define_calls` builds them), and is seen by its callers with
+    those parameters, ``extra``'s keyword-only ones after them (with their defaults). So a
+    service that sends a request in its own way, or reads its fields, keeps one copy of the
+    signature and of the request's building: BrokerService's and ``API_SPECS``'s. A
+    coroutine stays a coroutine; a call costs one more function call than ``fn`` itself.
+
+    >>> class Service:
+    ...     @takes_request("describe_queue")
+    ...     def ask(self, request):
+    ...         return request
+    >>> Service().ask("orders")
+    DescribeQueueRequest(name='orders')
+    """
+    spec = next(s for s in m.API_SPECS.values() if s.method == method)
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        namespace = _namespace(spec)
+        namespace["_fn"] = fn
+        params, fields_given, _ = _parameters(spec, namespace)
+        if extra and "*" not in params:
+            params.append("*")
+        for name, default in extra.items():
+            namespace[f"_default_{name}"] = default
+            params.append(f"{name}=_default_{name}")
+        forwarded = "".join(f", {name}={name}" for name in extra)
+        is_async = inspect.iscoroutinefunction(fn)
+        call = f"_fn(self, _request({', '.join(fields_given)}){forwarded})"
+        front = _compile(fn.__name__, params, f"return {'await ' if is_async else ''}{call}", is_async, namespace)
+        front.__qualname__, front.__module__, front.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
+        proto = getattr(BrokerService, method)
+        front.__annotations__ = {**proto.__annotations__, **{k: type(v).__name__ for k, v in extra.items()}}
+        front.__annotations__["return"] = fn.__annotations__.get("return", proto.__annotations__.get("return"))
+        return front
+
+    return decorate
+
+
+@functools.cache
+def _argument_names(request_type: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    spec = next(s for s in m.API_SPECS.values() if s.request is request_type)
+    assert spec.method is not None
+    params = list(inspect.signature(getattr(BrokerService, spec.method)).parameters.values())[1:]
+    keyword = tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY)
+    return tuple(p.name for p in params if p.kind is not p.KEYWORD_ONLY), keyword
+
+
+def call_arguments(request: m.RequestBody) -> tuple[list[Any], dict[str, Any]]:
+    """The positional and keyword arguments of the BrokerService call that ``request`` is
+    (the inverse of :func:`takes_request`'s building), for a service that passes a request on
+    to an in-process BrokerService."""
+    positional, keyword = _argument_names(type(request))
+    return [getattr(request, n) for n in positional], {n: getattr(request, n) for n in keyword}
+
+
+def answer_timeout_s(transport: AsyncTransport, body: m.RequestBody) -> float:
+    """How long a request may wait for its answer: ``request_timeout_s``, and a long poll's
+    ``max_wait_ms`` besides (its operation's ``ApiSpec.waits``)."""
+    return transport.request_timeout_s + m.API_SPECS[body.api].wait_s(body)
 
 
 #: For the calls not sent twice once they may have reached the broker: why, and how to
@@ -298,6 +390,15 @@ class Tries:
             return error
         self.left -= 1
         return None
+
+    def again(self, error: UnavailableError, written: bool, closed: bool) -> None:
+        """After a failed try (see :meth:`after`): return to send it again, else raise
+        ``error`` itself or the error that says why it is not sent again."""
+        final = self.after(error, written, closed)
+        if final is error:
+            raise error
+        if final is not None:
+            raise final from error
 
     def _outcome_unknown(self, error: UnavailableError, late: bool) -> OutcomeUnknownError:
         body = self.body
@@ -400,11 +501,7 @@ class RemoteService(BrokerService):
                 self.transport.lead([waiter])  # read the answer on this thread when nobody else reads
                 return waiter.wait()
             except UnavailableError as e:
-                error = tries.after(e, sent.written, self._closed)
-                if error is e:
-                    raise
-                if error is not None:
-                    raise error from e
+                tries.again(e, sent.written, self._closed)
 
     # the calls that do not wait, for the producers and consumers that keep several in flight
     def describe_queue_async(self, name: str) -> concurrent.futures.Future:
@@ -415,90 +512,37 @@ class RemoteService(BrokerService):
         """Send a batch without waiting; the future holds the ProduceResult."""
         return self._submit(m.ProduceRequest(queue, partition, batch))
 
-    def fetch_async(
-        self,
-        queue: str,
-        partition: int,
-        offset: int,
-        *,
-        max_bytes: int,
-        tag_mask: int = 0,
-        end_offset: int | None = None,
-        max_wait_ms: int = 0,
-        lead: bool = False,
-    ) -> concurrent.futures.Future:
-        """Fetch without waiting; the future holds the FetchResult. ``lead=True``: the caller
-        will call :meth:`lead` for it (a consumer's poll does)."""
-        timeout = self.transport.request_timeout_s + max_wait_ms / 1000
-        return self._submit(
-            m.FetchRequest(queue, partition, offset, max_bytes, tag_mask, end_offset, max_wait_ms), timeout, lead=lead
-        )
+    @takes_request("fetch", lead=False)
+    def fetch_async(self, request: m.FetchRequest, lead: bool) -> concurrent.futures.Future:
+        """Fetch without waiting (BrokerService.fetch's arguments); the future holds the
+        FetchResult. ``lead=True``: the caller will call :meth:`lead` for it (a consumer's
+        poll does)."""
+        # a long poll: its wait on top of the deadline (answer_timeout_s, inlined on this hot path)
+        return self._submit(request, self.transport.request_timeout_s + request.max_wait_ms / 1000, lead=lead)
 
-    def start_shared_receive(
-        self,
-        group: str,
-        queue: str,
-        member: str,
-        max_messages: int,
-        visibility_timeout_ms: int,
-        at_most_once: bool,
-        settings: dict[str, int | float],
-        max_wait_ms: int,
-    ) -> concurrent.futures.Future:
-        """Send SHARED_RECEIVE without waiting (at once, or when connected): the future of
-        its answer, for the caller to :meth:`lead` on next. While it is not written yet,
-        :meth:`withdraw` takes it back, so a consumer's receive keeps its own timeout while
-        the client connects again."""
-        return self._submit(
-            m.SharedReceiveRequest(
-                group,
-                queue,
-                member,
-                max_messages,
-                visibility_timeout_ms,
-                at_most_once,
-                dict(settings or {}),
-                max_wait_ms,
-            ),
-            self.transport.request_timeout_s + max_wait_ms / 1000,
-            lead=True,
-        )
+    @takes_request("shared_receive")
+    def start_shared_receive(self, request: m.SharedReceiveRequest) -> concurrent.futures.Future:
+        """Send SHARED_RECEIVE (BrokerService.shared_receive's arguments) without waiting (at
+        once, or when connected): the future of its answer, for the caller to :meth:`lead` on
+        next. While it is not written yet, :meth:`withdraw` takes it back, so a consumer's
+        receive keeps its own timeout while the client connects again."""
+        return self._submit(request, answer_timeout_s(self.transport, request), lead=True)
 
     def withdraw(self, fut: concurrent.futures.Future) -> bool:
         """Take back a request sent with a ``start_`` call if it is not written yet (True)."""
         return self.transport.withdraw(fut)
 
-    def keyed_fetch_async(
-        self,
-        queue: str,
-        group: str,
-        member: int,
-        generation: int,
-        partition: int,
-        offset: int,
-        *,
-        max_bytes: int,
-        max_wait_ms: int = 0,
-        lead: bool = False,
-    ) -> concurrent.futures.Future:
-        """A keyed fetch without waiting; the future holds the KeyedFetchResult. ``lead=True``:
-        the caller will call :meth:`lead` for it (a keyed consumer's poll does)."""
-        timeout = self.transport.request_timeout_s + max_wait_ms / 1000
-        return self._submit(
-            m.KeyedFetchRequest(queue, group, member, generation, partition, offset, max_bytes, max_wait_ms),
-            timeout,
-            lead=lead,
-        )
+    @takes_request("keyed_fetch", lead=False)
+    def keyed_fetch_async(self, request: m.KeyedFetchRequest, lead: bool) -> concurrent.futures.Future:
+        """A keyed fetch without waiting (BrokerService.keyed_fetch's arguments); the future
+        holds the KeyedFetchResult. ``lead=True``: the caller will call :meth:`lead` for it
+        (a keyed consumer's poll does)."""
+        # a long poll: its wait on top of the deadline (answer_timeout_s, inlined on this hot path)
+        return self._submit(request, self.transport.request_timeout_s + request.max_wait_ms / 1000, lead=lead)
 
     # push streams (headwater.client.sync.subscriber drives them)
     def open_push_stream(
-        self,
-        queue: str,
-        name: str,
-        handler: Callable[[m.PushBody | None], None],
-        *,
-        credit_messages: int,
-        credit_bytes: int,
+        self, queue: str, name: str, handler: PushHandler, *, credit_messages: int, credit_bytes: int
     ) -> tuple[int, SubscriberInfo]:
         """Open a push stream of subscriber ``name``: its id and the subscriber as it starts.
 
