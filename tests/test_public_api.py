@@ -84,6 +84,7 @@ ERROR_TREE = {
     "NotADataDirectoryError": (21, False, "DataDirectoryError"),
     "DataDirectoryLockedError": (22, False, "DataDirectoryError"),
     "UnsupportedFormatError": (23, False, "DataDirectoryError"),
+    "ReadOnlyStoreError": (24, False, "DataDirectoryError"),
     "StorageError": (30, False, "HeadwaterError"),
     "CorruptDataError": (31, False, "StorageError"),
     "UnavailableError": (40, True, "HeadwaterError"),
@@ -169,3 +170,18 @@ def test_the_asyncio_client_has_every_name_of_the_sync_one():
     for sync_name, aio_name in twins.items():
         sync_cls, aio_cls = getattr(headwater, sync_name), getattr(headwater.aio, aio_name)
         assert names(sync_cls) - names(aio_cls) == set(), f"{aio_name} lacks what {sync_name} has"
+
+
+def test_the_producers_agree_on_the_names_of_their_two_sends():
+    """``send_nowait`` returns a future at once and ``send_and_wait`` waits for the id, in
+    both kinds (``send`` keeps each kind's habit: a future in sync code, awaited in asyncio)."""
+    import inspect
+
+    import headwater.aio
+
+    sync, aio = headwater.Producer, headwater.aio.AsyncProducer
+    assert sync.send_nowait is sync.send and aio.send_and_wait is aio.send
+    assert not inspect.iscoroutinefunction(sync.send_and_wait) and not inspect.iscoroutinefunction(aio.send_nowait)
+    assert inspect.iscoroutinefunction(aio.send_and_wait)
+    assert "Future" in str(inspect.signature(sync.send_nowait).return_annotation)
+    assert "Future" in str(inspect.signature(aio.send_nowait).return_annotation)

@@ -213,6 +213,8 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
         r = self._send_sync(queue, p, info, [msg], size, at)
         return MessageId(r.queue_id, r.partition, r.base_offset)
 
+    send_nowait = send  # the asyncio producer's name for a send that returns a future
+
     def flush(self, timeout_s: float | None = None) -> None:
         """Send what is queued now, without lingering, and wait until every message sent so
         far is acknowledged or has failed (see the futures for which).
