@@ -228,26 +228,9 @@ def _read_sealed_index(seg: LogSegment, idx_path: Path, report: list[str]) -> Se
     return idx
 
 
-def load_segments(
-    log_dir: Path,
-    store_id: bytes,
-    *,
-    verify_all: bool = False,
-    report: list[str] | None = None,
-    recovery_point: int = 0,
-    scan: Scan | None = None,
-    read_only: bool = False,
-) -> list[tuple[LogSegment, SegmentIndex]]:
-    """Open every segment in order, recovering as the crash policy above says.
-
-    ``recovery_point`` is the log position known flushed (:mod:`.recovery_point`). What
-    recovery had to do (cuts, rebuilt indexes, damage skipped) is appended to ``report``;
-    the damaged ranges and the offsets they held, to ``scan``. ``read_only`` changes no
-    file: what recovery would cut or remove is reported (with the command that repairs)
-    and left out of what is served, and rebuilt indexes stay in memory.
-    """
-    report = [] if report is None else report
-    scan = Scan() if scan is None else scan
+def _segment_paths(log_dir: Path, report: list[str], read_only: bool) -> list[Path]:
+    """The segment files in order, after the leftovers of a crash are dealt with (stray
+    temp files and a newest segment never written: removed, or reported when read-only)."""
     for stray in [] if read_only else log_dir.glob("*.tmp"):
         stray.unlink()
     paths = sorted(log_dir.glob("*.log"))
@@ -268,6 +251,46 @@ def load_segments(
             log.warning("removing %s: created but never written (crash during roll)", empty.name)
             report.append(f"removed {empty.name}: created but never written")
             empty.unlink()
+    return paths
+
+
+def _recover_segment(seg: LogSegment, scan: Scan, trusted_end: int, report: list[str], read_only: bool) -> SegmentIndex:
+    """Index ``seg`` by reading it: damage before ``trusted_end`` skipped, a torn tail
+    after it cut (or, read-only, reported and left out)."""
+    if trusted_end > seg.end_position:
+        _flushed_data_missing(seg, trusted_end, report)
+    damage_before = len(scan.damage)
+    idx, problem = scan_segment(seg, scan, trusted_end)
+    report.extend(d.describe() for d in scan.damage[damage_before:])
+    if problem is not None and read_only:
+        lost = seg.size - idx.segment_size
+        _needs_repair(f"{lost} bytes at the end of {seg.path.name} are damaged ({problem})", report)
+    elif problem is not None:
+        _cut(seg, idx, problem, report)
+    return idx
+
+
+def load_segments(
+    log_dir: Path,
+    store_id: bytes,
+    *,
+    verify_all: bool = False,
+    report: list[str] | None = None,
+    recovery_point: int = 0,
+    scan: Scan | None = None,
+    read_only: bool = False,
+) -> list[tuple[LogSegment, SegmentIndex]]:
+    """Open every segment in order, recovering as the crash policy above says.
+
+    ``recovery_point`` is the log position known flushed (:mod:`.recovery_point`). What
+    recovery had to do (cuts, rebuilt indexes, damage skipped) is appended to ``report``;
+    the damaged ranges and the offsets they held, to ``scan``. ``read_only`` changes no
+    file: what recovery would cut or remove is reported (with the command that repairs)
+    and left out of what is served, and rebuilt indexes stay in memory.
+    """
+    report = [] if report is None else report
+    scan = Scan() if scan is None else scan
+    paths = _segment_paths(log_dir, report, read_only)
     note = log_dir / FSYNC_FAILED_FILE
     reread_last = note.exists() and bool(paths)
     if reread_last:
@@ -293,17 +316,7 @@ def load_segments(
                 if last and reread_last:  # its pages a failed write-back left marked clean go too
                     seg.drop_cached(seg.base_position, seg.end_position)
                 # a sealed segment was fsynced whole before the next one began
-                trusted = recovery_point if last else seg.end_position
-                if last and recovery_point > seg.end_position:
-                    _flushed_data_missing(seg, recovery_point, report)
-                damage_before = len(scan.damage)
-                idx, problem = scan_segment(seg, scan, trusted)
-                report.extend(d.describe() for d in scan.damage[damage_before:])
-                if problem is not None and read_only:
-                    lost = seg.size - idx.segment_size
-                    _needs_repair(f"{lost} bytes at the end of {seg.path.name} are damaged ({problem})", report)
-                elif problem is not None:
-                    _cut(seg, idx, problem, report)
+                idx = _recover_segment(seg, scan, recovery_point if last else seg.end_position, report, read_only)
                 if not last and not read_only:
                     idx.write(idx_path)
             elif last:  # pragma: no cover - the last segment is always scanned

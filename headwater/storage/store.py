@@ -141,11 +141,11 @@ class LogStore(LogAdmin, LogReads, LogRetention):
                 )
         return p
 
-    def _open(self) -> None:
+    def _load_catalog(self) -> Catalog:
+        """The catalog on disk, or a new one for a new store (written before any segment)."""
         cat_path = self.path / CATALOG_FILE
-        self._log_dir = self.path / "log"
         if cat_path.exists():
-            self._catalog = Catalog.load(cat_path)
+            catalog = Catalog.load(cat_path)
         elif any(self._log_dir.glob("*.log")):
             # A new catalog would carry a new store id that no segment matches, and would be
             # written before that was found out: refuse, and touch nothing.
@@ -154,10 +154,16 @@ class LogStore(LogAdmin, LogReads, LogRetention):
                 f"{CATALOG_FILE} (from a backup) or move the directory aside"
             )
         else:
-            self._catalog = Catalog.new(self._now_ms())
+            catalog = Catalog.new(self._now_ms())
             self._log_dir.mkdir(exist_ok=True)
-            self._catalog.save(cat_path)
-        self._log_dir.mkdir(exist_ok=True)
+            catalog.save(cat_path)
+        if not self.read_only:
+            self._log_dir.mkdir(exist_ok=True)
+        return catalog
+
+    def _open(self) -> None:
+        self._log_dir = self.path / "log"
+        self._catalog = self._load_catalog()
         self._store_id = self._catalog.store_id_bytes
         self._queues: dict[str, QueueState] = {}
         self._by_id: dict[int, QueueState] = {}
@@ -204,6 +210,10 @@ class LogStore(LogAdmin, LogReads, LogRetention):
             for pl in q.partitions:
                 if pl.spans:
                     pl.end_offset = max(pl.end_offset, pl.spans[-1].end_offset)
+        self._report_lost_offsets()
+        self._start_recovery_point()
+
+    def _report_lost_offsets(self) -> None:
         for lost in self.damage.lost:
             owner = self._by_id.get(lost.queue_id)
             name = owner.entry.name if owner is not None else f"(deleted queue {lost.queue_id})"
@@ -211,8 +221,10 @@ class LogStore(LogAdmin, LogReads, LogRetention):
                 f"queue {name!r} partition {lost.partition}: offsets {lost.first}-{lost.end - 1} were in "
                 f"damaged bytes; readers skip them"
             )
-        # what recovery kept is on the disk from here on (a crash of the process alone left
-        # the tail in the page cache): the recovery point may cover it
+
+    def _start_recovery_point(self) -> None:
+        """What recovery kept is made durable (a crash of the process alone left the tail
+        in the page cache) and the recovery point covers it."""
         self._recovery_point = 0
         self._recovery_point_at = time.monotonic()
         if self.read_only:
