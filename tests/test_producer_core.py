@@ -12,6 +12,7 @@ import pytest
 from headwater.client.core.outcomes import OUTCOMES, Attempt, RetryPolicy, Step, classify
 from headwater.client.core.producer import Batch, ProducerCore
 from headwater.errors import (
+    CorruptDataError,
     InvalidArgumentError,
     OutOfOrderSequenceError,
     ProducerFencedError,
@@ -37,7 +38,9 @@ def test_every_outcome_has_one_step():
     assert classify(UnavailableError("down"), True) is Attempt.RETRIABLE
     assert classify(InvalidArgumentError("bad"), True) is Attempt.REFUSED
     assert classify(ProducerFencedError("old"), True) is Attempt.UNKNOWN
-    assert classify(StorageError("disk"), True) is Attempt.UNKNOWN
+    assert classify(StorageError("disk"), True) is Attempt.RETRIABLE  # the same bytes again: no epoch storm
+    assert classify(StorageError("disk"), False) is Attempt.UNKNOWN  # without a sequence a resend may double it
+    assert classify(CorruptDataError("damaged"), True) is Attempt.UNKNOWN
 
 
 def core(*, linger_ms=0, batch_bytes_max=1000, pipeline=3, retries=3) -> ProducerCore:

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -271,6 +272,37 @@ def test_a_data_directory_that_cannot_be_created_says_so(tmp_path):
         headwater.open(tmp_path / "file" / "data")
 
 
+def test_a_full_disk_does_not_set_off_an_epoch_storm(small_disk):
+    """Issue 30, finding 5: appends refused by a full disk failed their batches at once and
+    fenced the producer; every batch in flight behind them then failed as out of order under
+    a new epoch (epochs climbed to 731). They are now sent again, the same bytes, until the
+    delivery timeout: once there is room every message is stored once, in order, under the
+    producer's first epoch."""
+    data = small_disk / "data"
+    broker = BrokerProcess(data).start()
+    try:
+        with headwater.connect(broker.address) as hw:
+            hw.admin.create_queue("q")
+            p = hw.producer(
+                linger_ms=1, retries=1000, delivery_timeout_ms=60_000, retry_backoff_ms=20, retry_backoff_max_ms=200
+            )
+            p.send_and_wait("q", b"first")
+            epoch = p.producer_epoch
+            filler = fill(small_disk)
+            futures = [p.send("q", b"%d:" % i + b"x" * 2048) for i in range(200)]
+            time.sleep(1.5)  # a few rounds of refusals and resends
+            failed = [f.exception() for f in futures if f.done() and f.exception()]
+            assert not failed, f"batches failed on the full disk: {failed[:3]}"
+            assert not all(f.done() for f in futures), "the disk was never full"
+            filler.unlink()
+            ids = [f.result(timeout=60) for f in futures]
+            assert p.producer_epoch == epoch
+            assert [m.offset for m in ids] == list(range(1, 201))
+            assert bodies(hw, "q") == [b"first"] + [b"%d:" % i + b"x" * 2048 for i in range(200)]
+    finally:
+        broker.kill()
+
+
 def test_a_read_only_data_directory_says_so(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("a read-only bind mount needs root")
@@ -284,6 +316,8 @@ def test_a_read_only_data_directory_says_so(tmp_path):
             pytest.skip("cannot remount read-only")
         with pytest.raises(DataDirectoryError, match="must be writable"):
             headwater.open(ro)
+        with headwater.open(ro, read_only=True) as hw:  # reading it needs no write
+            assert sorted(bodies(hw, "q")) == [b"m0", b"m1", b"m2", b"m3"]
     finally:
         subprocess.run(["umount", "-l", str(ro)], check=True)
 

@@ -34,7 +34,7 @@ class DirectoryLock:
         except OSError as e:  # a read-only file system or folder
             raise DataDirectoryError(
                 f"cannot lock {self.path.parent} ({e.strerror}: {self.path}); a data directory "
-                f"must be writable, even to read it"
+                f"must be writable, unless opened read-only (read_only=True)"
             ) from e
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)

@@ -7,7 +7,8 @@ An attempt ends in one of five ways (:class:`Attempt`); whether the batch may go
 OUT_OF_ORDER: the broker stored nothing of the batch and lost (or forgot) the producer's
 earlier ones, as a crash under async flush can make it; the batch goes again from sequence 0
 of a new epoch. RETRIABLE (the broker is unavailable, the answer was lost): it may be stored;
-the same bytes go again, which the broker recognises as a retry. FAIL_FENCED: the batch may be
+the same bytes go again, which the broker recognises as a retry (an append the broker's disk
+refused, a StorageError, too). FAIL_FENCED: the batch may be
 stored, so the epoch is bumped, or the broker would refuse the next batches as out of order.
 """
 
@@ -22,6 +23,7 @@ from headwater.errors import (
     InvalidArgumentError,
     OutOfOrderSequenceError,
     ProducerFencedError,
+    StorageError,
     UnavailableError,
     UsageError,
 )
@@ -85,6 +87,13 @@ def classify(exc: BaseException | None, sequenced: bool) -> Attempt:
     if isinstance(exc, OutOfOrderSequenceError) and sequenced:
         return Attempt.OUT_OF_ORDER
     if getattr(exc, "retriable", False):
+        return Attempt.RETRIABLE
+    if type(exc) is StorageError and sequenced:
+        # The broker's disk refused the append (full, or an fsync failed): a write that
+        # failed stored nothing, and one that may be stored is recognised when the same
+        # bytes come again. Sent again until the delivery timeout, as Kafka retries its
+        # storage errors; failing it at once fenced the producer, and every batch in
+        # flight behind it then failed as out of order under a new epoch (issue 30).
         return Attempt.RETRIABLE
     if isinstance(exc, (UsageError, ClosedError)) and not isinstance(exc, ProducerFencedError):
         return Attempt.REFUSED
