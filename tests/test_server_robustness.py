@@ -283,3 +283,45 @@ def test_answers_nobody_reads_leave_room_for_others_produces(tmp_path):
         for s in socks:
             s.close()
         b.kill()
+
+
+def test_a_batch_that_expands_past_a_mebibyte_is_decoded_off_the_event_loop(tmp_path):
+    """Issue 30, finding 3: a 2.6 KB zstd batch that expands to 66 MB was decoded inline, on
+    the event loop; four connections sending them took a well-behaved client's median
+    latency from 0.9 to 300 ms. An append whose payload says it expands past
+    INLINE_DECODE_BYTES (or does not say) is decoded and appended in a decode thread while
+    its connection waits, so every other connection goes on and its own produces stay in
+    order; a small batch is still appended inline."""
+    import threading
+
+    from tests.support.server_thread import ServerThread
+
+    srv = ServerThread(tmp_path / "data")
+    threads: list[tuple[int, str]] = []
+    real = srv.broker.produce_nowait
+
+    def recording(queue, partition, batch):
+        threads.append((len(batch), threading.current_thread().name))
+        return real(queue, partition, batch)
+
+    srv.broker.produce_nowait = recording
+    try:
+        with headwater.connect(srv.address) as hw:
+            hw.admin.create_queue("q")
+            p = hw.producer(compression="zstd", linger_ms=0)
+            # a small batch, a bomb (one batch of 8 MB of zeros, a few hundred bytes compressed), a small one
+            bomb = [bytes(1_000_000)] * 8
+            before = p.send("q", b"before")
+            ids = p.send_batch("q", bomb)
+            after = p.send("q", b"after")
+            p.flush()
+            offsets = [before.result(timeout=30).offset, *(m.offset for m in ids), after.result(timeout=30).offset]
+            assert offsets == list(range(10))  # the connection's produces stayed in order
+            assert [r.body for r in hw.scanner("q")] == [b"before", *bomb, b"after"]
+        loop_thread = srv.thread.name
+        big = [name for size, name in threads if size < 100_000 and name.startswith("headwater-decode")]
+        small = [name for size, name in threads if name == loop_thread]
+        assert big, f"the expanding batch was not decoded off the loop: {threads}"
+        assert small, f"small batches should stay on the loop: {threads}"
+    finally:
+        srv.stop()

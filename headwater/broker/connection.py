@@ -125,6 +125,7 @@ class ClientConnection(asyncio.Protocol):
         "stall_timer",
         "stall_mark",
         "frame_since",
+        "off_loop",
     )
 
     def __init__(self, host: ConnectionHost) -> None:
@@ -156,6 +157,7 @@ class ClientConnection(asyncio.Protocol):
         self.counted = False  # in the server's connections (not refused)
         self.reserved = 0  # budget bytes reserved for the big frame being received
         self.frame_held = 0  # the same, once that frame is a request being served (a produce takes it)
+        self.off_loop: tuple[object, asyncio.Future] | None = None  # a produce appended in a decode thread
         self.stall_timer: asyncio.TimerHandle | None = None  # checks that a paused peer takes its answers
         self.stall_mark = 0  # the answers buffered for it when last checked
         self.frame_since: float | None = None  # loop time the first byte of a frame not yet whole came

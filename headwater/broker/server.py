@@ -45,6 +45,7 @@ from headwater.broker.push import PUSH_APIS, PushService
 from headwater.broker.shared import SharedWaiters
 from headwater.broker.streams import FETCH_STREAM_APIS, FetchStreams
 from headwater.errors import HeadwaterError, InvalidArgumentError
+from headwater.model.batch import stated_payload_bytes
 from headwater.model.config import DEFAULT_PORT
 from headwater.model.service import FetchResult
 from headwater.protocol import (
@@ -75,6 +76,7 @@ log = logging.getLogger("headwater.server")
 _PING = PingResponse()
 FETCH_BYTES_FLOOR = 64 * 1024  # a fetch short of memory reads what there is room for, but not less than this
 _REFUSALS_LOG_EVERY_S = 10.0  # refused connections are logged at most once per this, with a count
+INLINE_DECODE_BYTES = 1024 * 1024  # an append whose payload expands past this is decoded off the loop
 FETCH_BUDGET_WAIT_S = 1.0  # the least a fetch waits for memory before an empty answer
 
 
@@ -184,6 +186,8 @@ class BrokerServer:
         self.broker = broker
         self.config = (config or ServerConfig()).validated()
         self._pool = ThreadPoolExecutor(self.config.worker_threads, thread_name_prefix="headwater-worker")
+        # appends whose payload expands past INLINE_DECODE_BYTES: decoded off the event loop, two at a time
+        self._decode_pool = ThreadPoolExecutor(2, thread_name_prefix="headwater-decode")
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[ClientConnection] = set()
         self._closing = False
@@ -309,6 +313,7 @@ class BrokerServer:
         if stuck:  # cancelled by close(); wait for them to unwind
             await asyncio.gather(*stuck, return_exceptions=True)
         await loop.run_in_executor(None, self._pool.shutdown, True)
+        await loop.run_in_executor(None, self._decode_pool.shutdown, True)
         await loop.run_in_executor(None, self.broker.close)
         log.info("headwater stopped cleanly")
 
@@ -321,17 +326,26 @@ class BrokerServer:
         api = body.api
         try:
             if api is ApiKey.PRODUCE:
-                n = st.frame_held  # a big frame's bytes, reserved as it was read: the batch's now
-                if n:
-                    st.frame_held = 0
+                if st.off_loop is not None and st.off_loop[0] is ev:  # appended by a decode thread
+                    if not st.off_loop[1].done():
+                        return False  # still decoding: the connection stays paused
+                    done, st.off_loop = st.off_loop[1], None
+                    result, durable_at = done.result()
+                elif not self._decodes_inline(body.batch):
+                    self._append_off_loop(st, ev)
+                    return False  # held, the connection paused: its later requests wait, in order
                 else:
-                    n = len(body.batch)
-                    if not self.budget.take(st, n):
-                        return False
-                try:  # the append, inline: this is what keeps a connection's produces in order
-                    result, durable_at = self.broker.produce_nowait(body.queue, body.partition, body.batch)
-                finally:
-                    self.budget.release(st, n)  # appended: the batch is no longer held
+                    n = st.frame_held  # a big frame's bytes, reserved as it was read: the batch's now
+                    if n:
+                        st.frame_held = 0
+                    else:
+                        n = len(body.batch)
+                        if not self.budget.take(st, n):
+                            return False
+                    try:  # the append, inline: this is what keeps a connection's produces in order
+                        result, durable_at = self.broker.produce_nowait(body.queue, body.partition, body.batch)
+                    finally:
+                        self.budget.release(st, n)  # appended: the batch is no longer held
                 if type(durable_at) is int:  # sync flush: answered once the fsync is done
                     self._acks.add(durable_at, functools.partial(self._answer_durable, st, ev, result))
                     return True
@@ -376,6 +390,25 @@ class BrokerServer:
         self.requests += 1
         st.out += chunks
         return True
+
+    @staticmethod
+    def _decodes_inline(batch: bytes) -> bool:
+        """Whether an append's batch is cheap enough to decode on the event loop: its payload
+        is stored as it came, or says it expands to at most INLINE_DECODE_BYTES. A small
+        compressed batch may expand to 64 MiB (a compression bomb): decoding that inline
+        stalled every connection for a third of a second."""
+        stated = stated_payload_bytes(batch)
+        return stated is not None and (stated <= INLINE_DECODE_BYTES or stated <= len(batch))
+
+    def _append_off_loop(self, st: ClientConnection, ev: Request) -> None:
+        """Append ``ev``'s batch in a decode thread; the connection serves nothing else
+        until it is done (its produces stay in order), every other connection goes on."""
+        body = ev.body
+        fut = self.loop.run_in_executor(
+            self._decode_pool, self.broker.produce_nowait, body.queue, body.partition, body.batch
+        )
+        st.off_loop = (ev, fut)
+        fut.add_done_callback(lambda _f: st.wake())
 
     def _spawn(self, st: ClientConnection, ev: Request, work: Coroutine[object, object, object]) -> None:
         task = self.loop.create_task(self._serve_task(st, ev, work))

@@ -232,6 +232,31 @@ def _decompress(codec: int, data: bytes | memoryview) -> bytes | memoryview:
     return data
 
 
+def stated_payload_bytes(buf: bytes | bytearray | memoryview) -> int | None:
+    """How many bytes the compressed payload of the producer batch ``buf`` says it expands
+    to, read from the codec's frame header without decompressing; the payload's own size
+    for an uncompressed batch, None when a compressed frame does not say (or ``buf`` is not
+    a batch: the full check will say why)."""
+    if len(buf) < HEADER_SIZE:
+        return None
+    codec = buf[45] & COMPRESSION_MASK
+    if codec == COMPRESSION_NONE:
+        return len(buf) - HEADER_SIZE
+    try:
+        head = bytes(buf[HEADER_SIZE : HEADER_SIZE + 32])  # both frame headers fit
+        if codec == COMPRESSION_ZSTD:
+            import zstandard
+
+            stated = zstandard.frame_content_size(head)
+        else:
+            import lz4.frame
+
+            stated = lz4.frame.get_frame_info(head)["content_size"] or -1
+    except Exception:  # noqa: BLE001 - a damaged or unknown frame: the full check names it
+        return None
+    return int(stated) if stated >= 0 else None
+
+
 _CODECS = {None: COMPRESSION_NONE, "none": COMPRESSION_NONE, "zstd": COMPRESSION_ZSTD, "lz4": COMPRESSION_LZ4}
 
 
