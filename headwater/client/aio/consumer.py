@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from headwater.client.aio.service import AsyncBrokerService
+from headwater.client.common.positions import TP, ConsumerPositions
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, partitions_named
-from headwater.client.sync.positions import TP, ConsumerPositions
 from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES
 from headwater.client.transport.polling import drain_buffers, retrieve, take_batches
 from headwater.model.message import Record

@@ -22,6 +22,7 @@ from typing import Any
 
 from headwater.client.aio.consumer import AsyncConsumer
 from headwater.client.aio.service import AsyncBrokerService
+from headwater.client.common.local_offsets import LocalOffsets
 from headwater.client.core.membership import (
     COMMIT_ATTEMPTS,
     HEARTBEAT_WAITING_MS,
@@ -30,7 +31,6 @@ from headwater.client.core.membership import (
     MemberView,
     by_queue,
 )
-from headwater.client.sync.local_offsets import LocalOffsets
 from headwater.errors import (
     ClosedError,
     GroupError,

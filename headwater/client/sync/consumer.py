@@ -21,8 +21,8 @@ from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
+from headwater.client.common.positions import TP, ConsumerPositions
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, partitions_named
-from headwater.client.sync.positions import TP, ConsumerPositions
 from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES
 from headwater.client.transport.polling import drain_buffers, take_batches, wait_any
 from headwater.client.transport.send_future import LazyFuture

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from headwater.client.common.local_offsets import LocalOffsets
 from headwater.client.core.membership import (
     COMMIT_ATTEMPTS,
     HEARTBEAT_WAITING_MS,
@@ -49,7 +50,6 @@ from headwater.client.core.membership import (
     by_queue,
 )
 from headwater.client.sync.consumer import Consumer
-from headwater.client.sync.local_offsets import LocalOffsets
 from headwater.errors import (
     ClosedError,
     GroupError,

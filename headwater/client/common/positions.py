@@ -8,7 +8,7 @@ checking the arguments of all of these move only that state, so they live here o
 :class:`~headwater.client.sync.consumer.Consumer` and
 :class:`~headwater.client.aio.consumer.AsyncConsumer` add the reads: a blocking call or a
 coroutine around the same steps. Each names how it drops a read in flight for a partition
-that moved (:meth:`_drop_fetch`).
+that moved (:meth:`_drop_fetch`). Both kinds share it, so it lives in ``common``.
 
 Positions past a partition's end. ``seek`` only moves local state, so a seek past the end
 is found by the next ``poll``, which asks the broker where the partitions it was told to
