@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from headwater.client.aio.consumer import AsyncConsumer
 from headwater.client.common.group_consumer import GroupConsumerBase
-from headwater.client.common.local_offsets import LocalOffsets
-from headwater.client.common.positions import TP
 from headwater.client.common.twins import ASYNCIO
 
 __all__ = ["AsyncGroupConsumer"]
+
+T = TypeVar("T")
 
 
 class AsyncGroupConsumer(GroupConsumerBase, AsyncConsumer, driver=ASYNCIO):
@@ -62,11 +61,8 @@ class AsyncGroupConsumer(GroupConsumerBase, AsyncConsumer, driver=ASYNCIO):
     async def __aexit__(self, exc_type: object, *exc: object) -> None:
         await self.close(commit=exc_type is None)
 
-    def _load_local(self, path: Path) -> Coroutine[Any, Any, LocalOffsets]:
-        return asyncio.to_thread(LocalOffsets, path, self.group)
-
-    async def _write_local(self, local: LocalOffsets, offsets: dict[TP, int]) -> None:
-        await asyncio.to_thread(local.save, dict(offsets), dict(self._queue_ids))
+    def _blocking_io(self, fn: Callable[..., T], *args: Any) -> Coroutine[Any, Any, T]:
+        return asyncio.to_thread(fn, *args)
 
     async def _heartbeat_loop(self) -> None:
         while not self._closed and not self._stopping:

@@ -36,12 +36,11 @@ commits are refused), so nothing it does later moves the group's progress.
 
 Each kind says how it begins (:meth:`_begin`: the blocking member joins when made, the
 asyncio one on ``start()``), stops its heartbeats (:meth:`_stop_heartbeats`), reads and
-writes the offsets file (:meth:`_load_local`, :meth:`_write_local`).
+writes the offsets file (:meth:`_blocking_io`).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import inspect
 import logging
@@ -49,7 +48,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from headwater.client.common.consumer import ConsumerBase, Waits
 from headwater.client.common.local_offsets import LocalOffsets
@@ -77,6 +76,8 @@ from headwater.model.message import Record
 __all__ = ["Callback", "GroupConsumerBase"]
 
 log = logging.getLogger("headwater.consumer")
+
+T = TypeVar("T")
 
 Callback = Callable[[list[TP]], Any]  # the asyncio member awaits what a callback returns
 
@@ -259,7 +260,7 @@ class GroupConsumerBase(ConsumerBase):
     def _join_group(self) -> Waits[None]:
         """Load the offsets file (broadcast), join: the member has started."""
         if self._offsets_path is not None:
-            self._local = yield self._load_local(self._offsets_path)
+            self._local = yield self._blocking_io(LocalOffsets, self._offsets_path, self.group)
         yield from self._join()
         self._started = True
 
@@ -376,7 +377,7 @@ class GroupConsumerBase(ConsumerBase):
         unknown = sorted(tp for tp in offsets if tp[0] not in self._queue_ids)
         if unknown:
             raise InvalidArgumentError(f"{unknown} are not partitions of the subscribed queues")
-        return self._write_local(self._local, offsets)
+        return self._blocking_io(self._local.save, dict(offsets), dict(self._queue_ids))
 
     def _commit_member(self, offsets: dict[TP, int]) -> Waits[None]:
         with self._lock:
@@ -462,9 +463,7 @@ class GroupConsumerBase(ConsumerBase):
     def _wake_poll(self) -> None:
         with self._lock:
             fut = self._wakeup
-        if fut is not None and not fut.done():
-            with contextlib.suppress(concurrent.futures.InvalidStateError):  # done meanwhile, on another thread
-                fut.set_result(None)
+        self._settle(fut)
 
     # -- what each kind says -------------------------------------------------------------
 
@@ -478,10 +477,7 @@ class GroupConsumerBase(ConsumerBase):
         """End the heartbeat (a blocking call, or the coroutine that waits for it to end)."""
         raise NotImplementedError
 
-    def _load_local(self, path: Path) -> Any:
-        """The :class:`LocalOffsets` of ``path`` (or the coroutine that reads it)."""
-        raise NotImplementedError
-
-    def _write_local(self, local: LocalOffsets, offsets: dict[TP, int]) -> Any:
-        """Save ``offsets`` in the offsets file (a blocking call, or the coroutine that saves)."""
+    def _blocking_io(self, fn: Callable[..., T], *args: Any) -> Any:
+        """``fn(*args)``, file I/O: called now (blocking), or the coroutine that calls it in a
+        thread (asyncio: the loop must not wait on the disk)."""
         raise NotImplementedError

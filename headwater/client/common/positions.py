@@ -263,9 +263,13 @@ class ConsumerPositions:
 
     def _push_arrived(self) -> None:
         """A push came (on any thread, or on the loop): end the wait for one."""
-        waiter = self._push_waiter
+        self._settle(self._push_waiter)
+
+    @staticmethod
+    def _settle(waiter: Any) -> None:
+        """End a wait on ``waiter`` (None: nobody waits), unless another thread or task did."""
         if waiter is not None and not waiter.done():
-            with contextlib.suppress(concurrent.futures.InvalidStateError):  # another thread's push came first
+            with contextlib.suppress(concurrent.futures.InvalidStateError):  # done meanwhile, on another thread
                 waiter.set_result(None)
 
     # -- polling and committing -----------------------------------------------------------

@@ -8,15 +8,16 @@ heartbeats; it shares the member's view with the application's thread under a lo
 from __future__ import annotations
 
 import threading
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from headwater.client.common.group_consumer import GroupConsumerBase
-from headwater.client.common.local_offsets import LocalOffsets
-from headwater.client.common.positions import TP
 from headwater.client.common.twins import BLOCKING
 from headwater.client.sync.consumer import Consumer
 
 __all__ = ["GroupConsumer"]
+
+T = TypeVar("T")
 
 
 class GroupConsumer(GroupConsumerBase, Consumer, driver=BLOCKING):
@@ -57,12 +58,8 @@ class GroupConsumer(GroupConsumerBase, Consumer, driver=BLOCKING):
     def __exit__(self, exc_type: object, *exc: object) -> None:
         self.close(commit=exc_type is None)
 
-    def _load_local(self, path: Path) -> LocalOffsets:
-        assert self.group is not None
-        return LocalOffsets(path, self.group)
-
-    def _write_local(self, local: LocalOffsets, offsets: dict[TP, int]) -> None:
-        local.save(offsets, self._queue_ids)
+    def _blocking_io(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(*args)
 
     def _heartbeat_loop(self) -> None:
         while not self._stopping.is_set():
