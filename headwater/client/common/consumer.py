@@ -124,12 +124,13 @@ class ConsumerBase(ConsumerPositions, Twins):
             if not got and self._gives_up(remaining):
                 return []
 
-    def _ready(self) -> list[Record]:
-        """The next record, when ``poll(max_messages=1)`` would hand it out at once (else
-        nothing): ``async for`` takes it so, without a coroutine and a body per record."""
+    def _ready(self, max_messages: int | None = 1, timeout_ms: int = 1000) -> list[Record]:
+        """What ``poll(max_messages, timeout_ms)`` would hand out at once, from the buffers
+        (else nothing): a poll loop takes it so, without driving a body per call."""
         if self._closed or self._seeked:
             return []  # poll raises, or checks the seeks first
-        return drain_buffers(self._buffers, self._fetch_pos, self._consumed, 1)
+        limit = self._poll_limit(max_messages, timeout_ms)
+        return drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit)
 
     def _with_wakeup(self, futures: list[Any]) -> list[Any]:
         """``futures`` and the future that ends a waiting poll early, if any (``_wakeup``)."""

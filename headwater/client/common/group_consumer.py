@@ -187,12 +187,12 @@ class GroupConsumerBase(ConsumerBase):
         finally:
             self._last_poll = time.monotonic()
 
-    def _ready(self) -> list[Record]:
+    def _ready(self, max_messages: int | None = 1, timeout_ms: int = 1000) -> list[Record]:
         view = self._view
         if not self._started or view.rejoin or view.update is not None:
             return []  # poll joins, or applies what the heartbeat learned, first
         self._last_poll = time.monotonic()
-        return super()._ready()
+        return super()._ready(max_messages, timeout_ms)
 
     @waits
     def commit(self, offsets: dict[TP, int] | None = None) -> Waits[None]:

@@ -9,6 +9,7 @@ call on a pool of threads (embedded), and ``poll`` waits on those futures.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -72,6 +73,13 @@ class Consumer(ConsumerBase, driver=BLOCKING):
         self._lead = service.lead if isinstance(service, Leads) else None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._fetch_threads_max = fetch_threads_max
+
+    @functools.wraps(ConsumerBase.poll, updated=())
+    def poll(self, max_messages: int | None = None, timeout_ms: int = 1000) -> list[Record]:
+        # buffered records are handed out without driving the body: no generator a call
+        return self._ready(max_messages, timeout_ms) or self._poll_waiting(max_messages, timeout_ms)
+
+    _poll_waiting = ConsumerBase.poll  # the body, driven as a blocking method like the others
 
     def _launch_fetches(self, wait_ms: int) -> None:
         if self._fetch_async is None and len(self._fetch_pos) > self._fetch_threads_max:
