@@ -22,14 +22,17 @@ OffsetOutOfRange: reading on from there would skip every record up to it, silent
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import itertools
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from headwater.client.core.membership import TP, by_queue
-from headwater.client.core.reads import check_poll, check_read_settings
-from headwater.client.transport.fetch_stream import FetchStreams
+from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_poll, check_read_settings
+from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams
 from headwater.client.transport.polling import Outage
 from headwater.errors import ClosedError, InvalidArgumentError, InvalidMessageIdError
 from headwater.model.batch import tags_mask
@@ -44,20 +47,28 @@ log = logging.getLogger("headwater.consumer")
 
 
 class ConsumerPositions:
-    """The positions, buffers and settings of a consumer (see the module's docstring)."""
+    """The positions, buffers and settings of a consumer (see the module's docstring).
+
+    ``group`` names where ``commit`` stores positions, so the next consumer of the group
+    resumes there. ``auto_offset_reset`` (``"earliest"`` or ``"latest"``) is where a
+    partition without a committed position starts. ``fetch_bytes`` bounds one fetch;
+    ``max_poll_messages`` bounds one ``poll`` and the records buffered per partition.
+    ``tags`` filters on the broker. Over the network, ``stream`` has the broker push new
+    batches (fetch streams, up to ``stream_window_bytes`` unread) instead of answering a
+    fetch per batch.
+    """
 
     def __init__(
         self,
         service: Any,
         *,
-        group: str | None,
-        auto_offset_reset: str,
-        fetch_bytes: int,
-        max_poll_messages: int,
-        tags: str | Iterable[str] | None,
-        stream: bool,
-        stream_window_bytes: int,
-        on_push: Callable[[], None],
+        group: str | None = None,
+        auto_offset_reset: str = "earliest",
+        fetch_bytes: int = 1024 * 1024,
+        max_poll_messages: int = POLL_MESSAGES_DEFAULT,
+        tags: str | Iterable[str] | None = None,
+        stream: bool = True,
+        stream_window_bytes: int = STREAM_WINDOW_BYTES,
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest"):
             raise InvalidArgumentError(f"auto_offset_reset is 'earliest' or 'latest', got {auto_offset_reset!r}")
@@ -74,12 +85,15 @@ class ConsumerPositions:
         self._seeked: set[TP] = set()  # positions seek() set and poll() has not checked yet
         self._buffers: dict[TP, deque[Record]] = {}
         self._inflight: dict[TP, tuple[int, Any]] = {}  # a read per partition: (its position, future or task)
+        self._dropped: set[Any] = set()  # reads a seek dropped, not yet ended (the asyncio kind awaits them)
+        self._rotation = itertools.count()  # which partition's read is launched first, turn by turn
         self._outage = Outage(service)  # reads that failed while the broker restarts are tried again
         self._queue_ids: dict[str, int] = {}
         self._closed = False
         # a future a subclass may complete to end a waiting poll early (the group consumers
         # do, when their assignment changes)
         self._wakeup: Any = None
+        self._push_waiter: Any = None  # a future the next push completes (fetch streams)
         # over the network, with stream=True: the broker pushes the partitions' batches
         # (fetch streams) instead of answering a FETCH per batch; embedded, it changes nothing
         self._streams: FetchStreams | None = None
@@ -95,7 +109,7 @@ class ConsumerPositions:
                 window_bytes=stream_window_bytes,
                 tag_mask=self._mask,
                 push_bytes_max=fetch_bytes,
-                notify=on_push,
+                notify=self._push_arrived,
                 outage=self._outage,
             )
 
@@ -246,6 +260,17 @@ class ConsumerPositions:
     def _drop_fetch(self, tp: TP) -> None:
         """Forget the partition's read in flight: its answer is for an old position."""
         self._inflight.pop(tp, None)
+
+    def _push_arrived(self) -> None:
+        """A push came (on any thread, or on the loop): end the wait for one."""
+        self._settle(self._push_waiter)
+
+    @staticmethod
+    def _settle(waiter: Any) -> None:
+        """End a wait on ``waiter`` (None: nobody waits), unless another thread or task did."""
+        if waiter is not None and not waiter.done():
+            with contextlib.suppress(concurrent.futures.InvalidStateError):  # done meanwhile, on another thread
+                waiter.set_result(None)
 
     # -- polling and committing -----------------------------------------------------------
 
