@@ -27,21 +27,18 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Generator, Iterable
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from headwater.client.common.positions import TP, ConsumerPositions
-from headwater.client.common.twins import Twins, waits
+from headwater.client.common.twins import Twins, Waits, waits
 from headwater.client.core.reads import partitions_named
 from headwater.client.transport.polling import drain_buffers, take_batches
 from headwater.model.message import Record
 from headwater.model.service import FetchResult
 
-__all__ = ["ConsumerBase", "Waits"]
-
-T = TypeVar("T")
-Waits = Generator[Any, Any, T]  # a body (or a helper) that yields the broker's calls and returns a T
+__all__ = ["ConsumerBase"]
 
 
 class ConsumerBase(ConsumerPositions, Twins):

@@ -50,9 +50,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from headwater.client.common.consumer import ConsumerBase, Waits
+from headwater.client.common.consumer import ConsumerBase
 from headwater.client.common.local_offsets import LocalOffsets
-from headwater.client.common.twins import waits
+from headwater.client.common.twins import Waits, waits
 from headwater.client.core.membership import (
     COMMIT_ATTEMPTS,
     HEARTBEAT_WAITING_MS,

@@ -9,7 +9,6 @@ call on a pool of threads (embedded), and ``poll`` waits on those futures.
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -74,10 +73,11 @@ class Consumer(ConsumerBase, driver=BLOCKING):
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._fetch_threads_max = fetch_threads_max
 
-    @functools.wraps(ConsumerBase.poll, updated=())
     def poll(self, max_messages: int | None = None, timeout_ms: int = 1000) -> list[Record]:
         # buffered records are handed out without driving the body: no generator a call
         return self._ready(max_messages, timeout_ms) or self._poll_waiting(max_messages, timeout_ms)
+
+    poll.__doc__ = ConsumerBase.poll.__doc__
 
     _poll_waiting = ConsumerBase.poll  # the body, driven as a blocking method like the others
 
