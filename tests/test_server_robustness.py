@@ -325,3 +325,43 @@ def test_a_batch_that_expands_past_a_mebibyte_is_decoded_off_the_event_loop(tmp_
         assert small, f"small batches should stay on the loop: {threads}"
     finally:
         srv.stop()
+
+
+def test_frames_trickled_slowly_do_not_hold_the_budget_others_need(tmp_path):
+    """Issue 30, finding 2: five connections announcing big frames and sending them at a
+    byte a second reserved the server's receive budget for their announced sizes; a
+    well-behaved client's 1 MB send_batch waited until they were cut off (122 s then).
+    A big frame now reserves the budget as its bytes arrive, a step ahead of them, so a
+    trickler holds about one step, and the others' frames find room."""
+    from headwater.protocol import FrameType
+    from tests.support.frames import raw
+
+    b = BrokerProcess(
+        tmp_path / "data",
+        "--set",
+        "bytes_in_flight_max=67108864",  # 64 MiB: half of it (32 MiB) for frames being received
+        "--set",
+        "connection_bytes_in_flight_max=33554432",
+        "--set",
+        "frame_timeout_s=60",
+    ).start()
+    socks = []
+    try:
+        with headwater.connect(b.address) as hw:
+            hw.admin.create_queue("work", partitions=1)
+        head = raw(FrameType.REQUEST, ApiKey.PING, 1, PingRequest())[4:]
+        for _ in range(5):  # two of them announce the whole receive budget
+            s, _conn = raw_conn(b)
+            s.sendall(struct.pack("<I", (16 << 20) - 4) + head)  # a 16 MiB frame; a few bytes of it sent
+            socks.append(s)
+        time.sleep(0.5)
+        with headwater.connect(b.address, request_timeout_s=30) as hw:
+            t0 = time.monotonic()
+            hw.send_batch("work", [b"z" * 1000] * 1000)  # 1 MB: a big frame itself
+            waited = time.monotonic() - t0
+        assert waited < 5, f"a 1 MB send waited {waited:.1f} s behind frames trickled by others"
+        healthy(b)
+    finally:
+        for s in socks:
+            s.close()
+        b.kill()

@@ -32,9 +32,11 @@ class ByteBudget:
     def fits(self, n: int) -> bool:
         return self.used + n <= self.limit or self.used == 0
 
-    def take(self, n: int) -> bool:
+    def take(self, n: int, held: int = 0) -> bool:
+        """Take ``n`` bytes if they fit, or if nothing but the caller's own ``held`` bytes
+        is taken (one oversized request goes through alone)."""
         used = self.used
-        if used + n <= self.limit or used == 0:  # fits(n), inline: twice per produce
+        if used + n <= self.limit or used == held:  # fits(n), inline: twice per produce
             self.used = used + n
             return True
         return False
@@ -96,15 +98,19 @@ class ServerBudget:
     bound a few such peers filled the budget and every produce waited for them. ``receiving``
     is the part reserved for big frames whose length is read but whose body is not yet, at
     most half too, so that a few peers sending huge frames slowly cannot starve the
-    requests already read.
+    requests already read. A frame reserves as its bytes arrive, a step ahead of them, so a
+    peer trickling a huge frame holds about one step; the frame that began receiving first
+    may always take its next step, so frames that each hold part of the share never wait
+    on each other for good.
     """
 
-    __slots__ = ("total", "answers", "receiving")
+    __slots__ = ("total", "answers", "receiving", "_receivers")
 
     def __init__(self, limit: int) -> None:
         self.total = ByteBudget(limit)
         self.answers = ByteBudget(max(1, limit // 2))
         self.receiving = 0
+        self._receivers: dict[BudgetHolder, None] = {}  # holders of a frame's reservation, oldest first
 
     # -- answers: each method takes from the holder's budget, the answers' share and the total
 
@@ -178,25 +184,40 @@ class ServerBudget:
         holder.budget.charge(n)
         self.total.charge(n)
 
-    def reserve_frame(self, holder: BudgetHolder, n: int) -> bool:
-        """Reserve the announced size ``n`` of a big frame being received, before its body is
-        read. False (the caller then stops reading) when it does not fit now; the holder is
-        woken at the next release."""
-        if self.receiving and self.receiving + n > self.total.limit // 2:
+    def reserve_frame(self, holder: BudgetHolder, n: int, held: int = 0) -> bool:
+        """Reserve ``n`` more bytes for the big frame being received, which holds ``held``
+        already: a step ahead of its bytes as they arrive, so a peer trickling a huge frame
+        holds about one step, not the size it announced. False (the caller then stops
+        reading) when it does not fit now; the holder is woken at the next release. A frame
+        alone in the receiving share, or in the budgets, may grow past their bounds, as one
+        oversized request may."""
+        oldest = next(iter(self._receivers), holder)
+        if oldest is not holder and self.receiving + n > self.total.limit // 2:
             self.total.wait(holder.wake)
             return False
-        if not self.take(holder, n):
+        own = holder.budget
+        if not own.take(n, held):
+            own.wait(holder.wake)
+            return False
+        if not self.total.take(n, held):
+            own.untake(n)
+            self.total.wait(holder.wake)
             return False
         self.receiving += n
+        self._receivers.setdefault(holder, None)  # a frame keeps its place as it grows
         return True
 
-    def frame_arrived(self, n: int) -> None:
-        """A reserved frame is whole: its bytes are a request's now, no longer being received."""
+    def frame_arrived(self, holder: BudgetHolder, n: int) -> None:
+        """A reserved frame is whole: its bytes are a request's now, no longer being received
+        (the next oldest frame may now grow past the share: it retries)."""
         self.receiving -= n
+        self._receivers.pop(holder, None)
+        self.total.release(0)
 
     def drop_frame(self, holder: BudgetHolder, n: int) -> None:
         """A reserved frame will never be whole (its connection went)."""
         self.receiving -= n
+        self._receivers.pop(holder, None)
         self.release(holder, n)
 
     def forget(self, holder: BudgetHolder) -> None:

@@ -50,6 +50,7 @@ _REQUESTS_PER_TURN = 64  # served from one connection before other connections g
 # A frame bigger than this reserves its announced size of the byte budgets as soon as its length
 # is read, before its body is (smaller ones are bounded by one read per connection)
 FRAME_RESERVE_MIN_BYTES = 64 * 1024
+FRAME_RESERVE_STEP_BYTES = 1024 * 1024  # a big frame reserves this far ahead of its bytes in
 
 
 class ConnectionHost(Protocol):
@@ -279,11 +280,7 @@ class ClientConnection(asyncio.Protocol):
                         break
                     if ev is NEED_DATA:
                         self._frame_pending()
-                        if (
-                            not self.reserved
-                            and conn.frame_in_progress_bytes > FRAME_RESERVE_MIN_BYTES
-                            and not self._reserve_frame()
-                        ):
+                        if conn.frame_in_progress_bytes > FRAME_RESERVE_MIN_BYTES and not self._reserve_frame():
                             self._block()  # its body stays in the kernel until the budget has room
                         break
                 self.frame_since = None
@@ -292,7 +289,7 @@ class ClientConnection(asyncio.Protocol):
                     turn -= 1
                     if self.reserved:  # the big frame reserved as it came in is this request
                         self.frame_held, self.reserved = self.reserved, 0
-                        host.budget.frame_arrived(self.frame_held)
+                        host.budget.frame_arrived(self, self.frame_held)
                     if not host.serve(self, ev):
                         self._release_frame()  # it waits for budget of its own
                         self.held = ev
@@ -331,12 +328,15 @@ class ClientConnection(asyncio.Protocol):
             self.timer = self.loop.call_at(due, self._on_timer)
 
     def _reserve_frame(self) -> bool:
-        """Reserve the announced size of the big frame being received (see
+        """Keep the big frame being received reserved a step ahead of its bytes (see
         :meth:`ServerBudget.reserve_frame`); False: stop reading until woken."""
-        n = self.conn.frame_in_progress_bytes
-        if not self.host.budget.reserve_frame(self, n):
+        conn = self.conn
+        want = min(conn.frame_in_progress_bytes, conn.frame_received_bytes + FRAME_RESERVE_STEP_BYTES)
+        if want <= self.reserved:
+            return True
+        if not self.host.budget.reserve_frame(self, want - self.reserved, self.reserved):
             return False
-        self.reserved = n
+        self.reserved = want
         return True
 
     def _release_frame(self) -> None:

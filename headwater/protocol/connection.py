@@ -266,6 +266,11 @@ class Connection:
         return self._reader.frame_in_progress_bytes
 
     @property
+    def frame_received_bytes(self) -> int:
+        """How much of the frame being received is in (0 when none is begun)."""
+        return self._reader.buffered_bytes
+
+    @property
     def receiving_frame(self) -> bool:
         """Whether part of a frame is in and the rest is not (ask after :meth:`next_event`
         returned :data:`NEED_DATA`)."""
