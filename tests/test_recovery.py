@@ -445,22 +445,26 @@ def test_flipped_bytes_in_sealed_segment(tmp_path, pristine):
 
 def _damage_flushed_last(tmp_path: Path, pristine: Pristine, cases: int) -> None:
     """The probe of issue 30: 64 bytes of 0xff written into the middle of a flushed last
-    segment. Opening skips the batches hit, reports them and the offsets they held, cuts
-    nothing, and every other message stays readable."""
+    segment; and a page the disk gave back as zeros. Opening skips the batches hit, reports
+    them and the offsets they held, cuts nothing, and every other message stays readable."""
     rng = random.Random(SEED + 5)
     last = len(pristine.segments) - 1
     in_last = [b for b in pristine.batches if b.segment == last]
     for case in range(cases):
         # never the final batch: damage that nothing valid follows is a tail (cut)
         first = rng.choice(in_last[:-1])
-        at = rng.randrange(first.start, first.end)
-        end = min(at + 64, in_last[-1].start)  # the damage stops before the final batch
+        if case % 2:  # a zeroed page (4 KiB, aligned in the file)
+            fill, at = b"\0", max(HEADER, rng.randrange(first.start, first.end) // 4096 * 4096)
+            end = min(at + 4096, in_last[-1].start)
+        else:
+            fill, at = b"\xff", rng.randrange(first.start, first.end)
+            end = min(at + 64, in_last[-1].start)  # the damage stops before the final batch
         hit = [b for b in in_last if b.start < end and at < b.end]
-        ctx = _ctx(case=case, damage=f"0xff over bytes {at}-{end} of the flushed last segment")
+        ctx = _ctx(case=case, damage=f"{fill!r} over bytes {at}-{end} of the flushed last segment")
         data = _copy(pristine, tmp_path / f"case{case}")
         with (data / "log" / pristine.segments[last]).open("r+b") as f:
             f.seek(at)
-            f.write(b"\xff" * (end - at))
+            f.write(fill * (end - at))
         with storage_warnings() as warns:
             hw = headwater.open(data, segment_bytes_max=SEGMENT_BYTES)
         try:
