@@ -119,21 +119,15 @@ def _resync(data: memoryview, pos: int, ends: dict[tuple[int, int], int]) -> int
     return None
 
 
-def scan_segment(
-    seg: LogSegment, scan: Scan | dict[tuple[int, int], int], trusted_end: int = 0
-) -> tuple[SegmentIndex, str | None]:
+def scan_segment(seg: LogSegment, scan: Scan, trusted_end: int = 0) -> tuple[SegmentIndex, str | None]:
     """Index a segment by reading every batch.
 
     Before ``trusted_end`` (a log position known flushed) a damaged batch is skipped:
     reading resumes at the next valid batch and the damage is added to ``scan``. From
     ``trusted_end`` on, the first damaged batch stops the scan (a torn tail). Returns the
     index (``segment_size`` = bytes read as good or damaged) and what stopped it, if
-    anything. ``scan`` carries each partition's next offset across segments (a plain dict
-    of them for a scan that only needs that).
+    anything. ``scan`` carries each partition's next offset across segments.
     """
-    if isinstance(scan, dict):
-        plain, scan = scan, Scan()
-        scan.ends = plain
     ends = scan.ends
     idx = SegmentIndex(seg.base_position)
     problem = None

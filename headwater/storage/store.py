@@ -178,7 +178,7 @@ class LogStore(LogAdmin, LogReads, LogRetention):
             self._store_id,
             verify_all=self.config.verify == "all",
             report=self.recovery_report,
-            recovery_point=read_recovery_point(self._log_dir, self._store_id, self.recovery_report),
+            recovery_point=(point := read_recovery_point(self._log_dir, self._store_id, self.recovery_report)),
             scan=self.damage,
             read_only=self.read_only,
         )
@@ -211,7 +211,7 @@ class LogStore(LogAdmin, LogReads, LogRetention):
                 if pl.spans:
                     pl.end_offset = max(pl.end_offset, pl.spans[-1].end_offset)
         self._report_lost_offsets()
-        self._start_recovery_point()
+        self._start_recovery_point(point)
 
     def _report_lost_offsets(self) -> None:
         for lost in self.damage.lost:
@@ -222,12 +222,13 @@ class LogStore(LogAdmin, LogReads, LogRetention):
                 f"damaged bytes; readers skip them"
             )
 
-    def _start_recovery_point(self) -> None:
+    def _start_recovery_point(self, point: int) -> None:
         """What recovery kept is made durable (a crash of the process alone left the tail
-        in the page cache) and the recovery point covers it."""
-        self._recovery_point = 0
+        in the page cache) and the recovery point covers it; after a clean close it does
+        already, and opening writes nothing."""
+        self._recovery_point = point
         self._recovery_point_at = time.monotonic()
-        if self.read_only:
+        if self.read_only or point == self._active.end_position:
             return
         try:
             self._active.sync()
@@ -561,7 +562,8 @@ class LogStore(LogAdmin, LogReads, LogRetention):
         try:
             if not self.read_only:
                 self._commit.wait_durable(self._active.end_position)
-                self._write_recovery_point(self._commit.durable)
+                if self._commit.durable != self._recovery_point:
+                    self._write_recovery_point(self._commit.durable)
         finally:
             with self._lock:
                 self._files_closed = True

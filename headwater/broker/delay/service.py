@@ -169,7 +169,9 @@ class DelayService(DelayRecovery):
 
     def _check_writable(self) -> None:
         if self.read_only:
-            raise _read_only_refusal()
+            raise ReadOnlyStoreError(
+                "the store was opened read-only: delayed messages can be read, not sent or cancelled"
+            )
 
     def _write_checkpoint(self, log_position: int) -> None:
         if self.read_only:  # what recovery found stays in memory
@@ -628,10 +630,6 @@ class DelayService(DelayRecovery):
             with self._lock:
                 for b in self._buckets.values():
                     b.file.close()
-
-
-def _read_only_refusal() -> ReadOnlyStoreError:
-    return ReadOnlyStoreError("the store was opened read-only: delayed messages can be read, not sent or cancelled")
 
 
 def _reclaimable(b: Bucket, now: int) -> bool:
