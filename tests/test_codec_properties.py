@@ -27,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from headwater import Message, QueueConfig
 from headwater.broker import Broker
 from headwater.client import Client
-from headwater.errors import InvalidBatchError
+from headwater.errors import InvalidBatchError, MessageTooLargeError
 from headwater.model.batch import (
     BATCH_BYTES_MAX,
     COMPRESSION_LZ4,
@@ -254,41 +254,68 @@ def test_checksummed_garbage_is_refused(buf):
 def test_compressed_payload_cannot_expand_past_the_batch_limit():
     """A decompression bomb: a few KiB of zstd or lz4 that expand past BATCH_BYTES_MAX must
     be refused before the expansion is held in memory."""
-    import lz4.frame
-    import zstandard
+    from tests.support.frames import bomb_batch
 
-    big = bytes(BATCH_BYTES_MAX + 1)
-    for codec, payload in [
-        (COMPRESSION_ZSTD, zstandard.ZstdCompressor().compress(big)),
-        (COMPRESSION_LZ4, lz4.frame.compress(big)),
-        (COMPRESSION_LZ4, lz4.frame.compress(big, store_size=False)),
-    ]:
-        head = HEADER.pack(
-            HEADER_SIZE - 4 + len(payload),
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-            MAGIC,
-            codec,
-            HEADER_SIZE,
-            1,
-            len(payload),
-            0,
-            -1,
-            -1,
-            -1,
-            0,
-            0,
-            0,
-        )
-        body = head[44:] + payload
-        batch = head[:40] + struct.pack("<I", crc32c(body)) + body
-        with pytest.raises(InvalidBatchError, match="expands beyond"):
-            validate_batch(batch)
+    for codec, state_size in [("zstd", True), ("lz4", True), ("lz4", False)]:
+        with pytest.raises((InvalidBatchError, MessageTooLargeError), match="expands beyond"):
+            validate_batch(bomb_batch(BATCH_BYTES_MAX + 1, codec=codec, state_size=state_size))
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+@pytest.mark.parametrize("state_size", [True, False])
+def test_a_bomb_costs_no_more_than_its_messages_may_hold(codec, state_size):
+    """Issue 30, finding 3: a one-message batch of 2 KB that expands to 66 MB was decoded in
+    full (66 MB, then a 66 MB copy of the body) before its body was found too large. Now a
+    batch decompresses to at most what its messages may hold: each a body of at most the
+    queue's message_bytes_max and MESSAGE_ROOM_BYTES for its key, tag and properties."""
+    import tracemalloc
+
+    from tests.support.frames import bomb_batch
+
+    bomb = bomb_batch(66_000_000, codec=codec, state_size=state_size)
+    tracemalloc.start()
+    try:
+        with pytest.raises((InvalidBatchError, MessageTooLargeError), match=r"message_bytes_max=1048576"):
+            validate_batch(bomb, message_bytes_max=1 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * (1 << 20), f"refusing the bomb took {peak / 1e6:.0f} MB"
+
+
+def test_a_message_may_keep_its_room_beside_the_largest_body():
+    """What a batch may hold beside its bodies: up to MESSAGE_ROOM_BYTES per message for its
+    key, tag and properties, compressed or not; beyond it the batch is refused, the same
+    way whether compressed or not, naming the setting."""
+    body = b"b" * 1000
+    fits = Message(body, key=b"k" * 30_000, properties={"p": "v" * 30_000})
+    beyond = Message(body, key=b"k" * 40_000, properties={"p": "v" * 40_000})
+    for compression in (None, "zstd", "lz4"):
+        validate_batch(encode_batch([fits], compression=compression), message_bytes_max=1000)
+        with pytest.raises(MessageTooLargeError, match=r"message_bytes_max=1000 bytes, and 65536 bytes for each"):
+            validate_batch(encode_batch([beyond], compression=compression), message_bytes_max=1000)
+        validate_batch(encode_batch([beyond] * 2, compression=compression), message_bytes_max=100_000)
+
+
+def test_a_refused_batch_leaves_no_payload_alive_in_its_error():
+    """The error of a refused batch held, through its traceback's frames, the decompressed
+    payload: errors kept for their answers (or in a reference cycle until a full collection)
+    kept 1.8 GiB alive in a broker under a stream of compression bombs."""
+    import tracemalloc
+
+    from tests.support.frames import bomb_batch
+
+    limit = 20 << 20
+    bomb = bomb_batch(limit + 10_000)  # within the batch's room, so decoded; its body is too large
+    tracemalloc.start()
+    try:
+        with pytest.raises(MessageTooLargeError, match="a message body is") as caught:
+            validate_batch(bomb, message_bytes_max=limit)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert caught.value.__traceback__ is not None  # still held, as an answer would hold it
+    assert held < 2 * (1 << 20), f"the error keeps {held / 1e6:.0f} MB alive"
 
 
 # -- the log against a model -----------------------------------------------------------------

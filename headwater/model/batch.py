@@ -52,7 +52,7 @@ from typing import Any, NamedTuple, cast
 import crc32c as _crc32c
 import msgspec
 
-from headwater.errors import InvalidArgumentError, InvalidBatchError, MessageTooLargeError
+from headwater.errors import HeadwaterError, InvalidArgumentError, InvalidBatchError, MessageTooLargeError
 from headwater.model.message import Message, Record
 
 __all__ = [
@@ -61,6 +61,7 @@ __all__ = [
     "MAGIC",
     "BatchHeader",
     "BatchPayload",
+    "CheckedPayload",
     "encode_batch",
     "decode_header",
     "decode_payload",
@@ -132,9 +133,23 @@ class _TimedPayload(BatchPayload, array_like=True, gc=False):
     deliver_offsets: list[int] | None = None
 
 
+class CheckedPayload(msgspec.Struct, array_like=True, gc=False):
+    """A compressed payload as :func:`validate_batch` decodes it: the bodies are views of
+    the decompressed bytes, not copies. Only their sizes are checked (the batch is stored as
+    it came), and copying a body that expands to 64 MiB held the interpreter lock for tens
+    of milliseconds, stalling every connection of the broker (a compression bomb)."""
+
+    bodies: list[memoryview]
+    keys: list[bytes | None] | None = None
+    tags: list[str | None] | None = None
+    properties: list[dict[str, str] | None] | None = None
+    deliver_offsets: list[int] | None = None
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(BatchPayload)
 _timed_decoder = msgspec.msgpack.Decoder(_TimedPayload)
+_checking_decoder = msgspec.msgpack.Decoder(CheckedPayload)
 _new_tuple = tuple.__new__  # a namedtuple from a tuple, without its Python-level call
 
 
@@ -194,41 +209,46 @@ def _compress(codec: int, data: bytes) -> bytes:
     return data
 
 
-def _decompress(codec: int, data: bytes | memoryview) -> bytes | memoryview:
+def _decompress(
+    codec: int, data: bytes | memoryview, limit: int = BATCH_BYTES_MAX, why: str = ""
+) -> bytes | memoryview:
+    """The payload ``data`` decompressed, refused when it expands beyond ``limit`` bytes
+    (``why`` says where the limit comes from)."""
+    too_big = f"the batch payload expands beyond {limit} bytes{why}"
     try:
-        # Bound the output by BATCH_BYTES_MAX, so a small batch cannot make the broker
-        # allocate gigabytes (a decompression bomb). Both libraries trust a size the frame
-        # states (zstd ignores max_output_size then; lz4 has no limit), and check that the
-        # content matches it, so refuse a stated size over the limit and cap the unstated.
+        # Bound the output, so a small batch cannot make the broker allocate gigabytes (a
+        # decompression bomb). Both libraries trust a size the frame states (zstd ignores
+        # max_output_size then; lz4 has no limit), and check that the content matches it,
+        # so refuse a stated size over the limit and cap the unstated.
         if codec == COMPRESSION_ZSTD:
             import zstandard
 
             raw = bytes(data)
-            if zstandard.frame_content_size(raw) > BATCH_BYTES_MAX:
-                raise InvalidBatchError(f"the batch payload expands beyond {BATCH_BYTES_MAX} bytes")
-            return zstandard.ZstdDecompressor().decompress(raw, max_output_size=BATCH_BYTES_MAX)
+            if zstandard.frame_content_size(raw) > limit:
+                raise MessageTooLargeError(too_big)
+            return zstandard.ZstdDecompressor().decompress(raw, max_output_size=limit)
         if codec == COMPRESSION_LZ4:
             import lz4.frame
 
             raw = bytes(data)
             stated = lz4.frame.get_frame_info(raw)["content_size"]  # 0: not stated
-            if stated > BATCH_BYTES_MAX:
-                raise InvalidBatchError(f"the batch payload expands beyond {BATCH_BYTES_MAX} bytes")
+            if stated > limit:
+                raise MessageTooLargeError(too_big)
             if stated:
                 return cast(bytes, lz4.frame.decompress(raw))
             d = lz4.frame.LZ4FrameDecompressor()
-            out = d.decompress(raw, max_length=BATCH_BYTES_MAX + 1)
-            if len(out) > BATCH_BYTES_MAX or not d.eof:
-                raise InvalidBatchError(f"the batch payload expands beyond {BATCH_BYTES_MAX} bytes or is cut short")
+            out = d.decompress(raw, max_length=limit + 1)
+            if len(out) > limit or not d.eof:
+                raise InvalidBatchError(f"{too_big}, or is cut short")
             return cast(bytes, out)
     except ImportError as e:
         raise InvalidBatchError(
             f"the batch is compressed with a codec whose library is missing ({e.name}); install headwater[compression]"
         ) from e
-    except InvalidBatchError:
+    except (InvalidBatchError, MessageTooLargeError):
         raise
     except Exception as e:  # noqa: BLE001 - any codec failure means a damaged batch
-        raise InvalidBatchError(f"the batch payload does not decompress: {e}") from e
+        raise InvalidBatchError(f"the batch payload does not decompress within {limit} bytes{why}: {e}") from e
     return data
 
 
@@ -454,6 +474,42 @@ def decode_payload(buf: bytes | bytearray | memoryview, h: BatchHeader, pos: int
         finally:
             if isinstance(raw, memoryview):
                 raw.release()
+    _check_columns(p, h)
+    return p
+
+
+def _decode_for_checking(
+    buf: bytes | bytearray | memoryview, h: BatchHeader, message_bytes_max: int | None
+) -> BatchPayload | CheckedPayload:
+    """The payload of a producer's batch, decoded to be checked: a compressed one with its
+    bodies as views of the decompressed bytes (:class:`CheckedPayload`), and never beyond
+    what its messages may hold: each a body of at most ``message_bytes_max`` and
+    MESSAGE_ROOM_BYTES for its key, tag, properties and framing. A compression bomb costs
+    the broker no more than the batch could honestly hold."""
+    limit, why = BATCH_BYTES_MAX, ""
+    if message_bytes_max is not None and h.count * (message_bytes_max + MESSAGE_ROOM_BYTES) < limit:
+        limit = h.count * (message_bytes_max + MESSAGE_ROOM_BYTES)
+        why = (
+            f" ({h.count} message(s) of at most message_bytes_max={message_bytes_max} bytes, and "
+            f"{MESSAGE_ROOM_BYTES} bytes for each one's key, tag and properties)"
+        )
+    if not h.flags & COMPRESSION_MASK:
+        if h.payload_size > limit:  # the same bound as a compressed batch's, before decoding
+            raise MessageTooLargeError(f"the batch payload is {h.payload_size} bytes, beyond {limit}{why}")
+        return decode_payload(buf, h)  # its bodies came over the wire as they are: no bomb
+    with memoryview(buf) as mv:
+        raw = _decompress(h.flags & COMPRESSION_MASK, mv[HEADER_SIZE : HEADER_SIZE + h.payload_size], limit, why)
+    try:
+        p = _checking_decoder.decode(raw)
+    except msgspec.DecodeError as e:
+        raise InvalidBatchError(f"batch payload is malformed: {e}") from e
+    if p.deliver_offsets is not None and not h.flags & FLAG_DELIVER_TIMES:
+        raise InvalidBatchError("batch payload is malformed: deliver offsets in a batch not flagged with deliver times")
+    _check_columns(p, h)
+    return p
+
+
+def _check_columns(p: BatchPayload | CheckedPayload, h: BatchHeader) -> None:
     n = len(p.bodies)
     keys, tags, props = p.keys, p.tags, p.properties
     if (
@@ -463,11 +519,13 @@ def decode_payload(buf: bytes | bytearray | memoryview, h: BatchHeader, pos: int
         or (props is not None and len(props) != n)
     ):
         raise InvalidBatchError(f"batch payload columns disagree with count {h.count}")
-    return p
 
 
 def decode_deliver_offsets(
-    buf: bytes | bytearray | memoryview, h: BatchHeader, pos: int = 0, payload: BatchPayload | None = None
+    buf: bytes | bytearray | memoryview,
+    h: BatchHeader,
+    pos: int = 0,
+    payload: BatchPayload | CheckedPayload | None = None,
 ) -> list[int] | None:
     """The per-message deliver offsets of a batch with ``FLAG_DELIVER_TIMES`` (None for any
     other batch), checked: one per message, starting at 0, never decreasing, within
@@ -475,7 +533,7 @@ def decode_deliver_offsets(
     if not h.flags & FLAG_DELIVER_TIMES:
         return None
     p = payload if payload is not None else decode_payload(buf, h, pos)
-    offsets = p.deliver_offsets if isinstance(p, _TimedPayload) else None
+    offsets = p.deliver_offsets if isinstance(p, (_TimedPayload, CheckedPayload)) else None
     if offsets is None or len(offsets) != h.count or h.deliver_at_ms <= 0:
         raise InvalidBatchError("a batch flagged with deliver times needs deliver_at_ms and one offset per message")
     if offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])):
@@ -505,8 +563,22 @@ def batch_too_large(size: int, count: int) -> MessageTooLargeError:
 
 def validate_batch(
     buf: bytes | bytearray | memoryview, *, message_bytes_max: int | None = None
-) -> tuple[BatchHeader, BatchPayload]:
+) -> tuple[BatchHeader, BatchPayload | CheckedPayload]:
     """Everything the broker checks of a producer's batch before appending it."""
+    try:
+        return _validate(buf, message_bytes_max)
+    except HeadwaterError as e:
+        # The traceback holds the frames that decoded the payload, and through their locals
+        # the decompressed bytes (up to 64 MiB). An error kept for its answer, or caught in a
+        # reference cycle until a full collection, kept them all alive: a stream of
+        # compression bombs grew a broker by 1.8 GiB. The message says what went wrong.
+        e.__cause__ = e.__context__ = None
+        raise e.with_traceback(None)  # noqa: B904 - the cause was cleared on purpose, above
+
+
+def _validate(
+    buf: bytes | bytearray | memoryview, message_bytes_max: int | None
+) -> tuple[BatchHeader, BatchPayload | CheckedPayload]:
     if len(buf) > BATCH_BYTES_MAX:  # as encode_batch refuses, in process and over the network
         raise MessageTooLargeError(f"the batch is {len(buf)} bytes; the limit is {BATCH_BYTES_MAX}")
     h = check_batch(buf, 0, broker_fields=False)
@@ -518,7 +590,7 @@ def validate_batch(
             f"batch flags {h.flags:#x}: 0x20 (transactional) and 0x40 (control) are reserved for "
             f"transactions, which this broker does not offer"
         )
-    p = decode_payload(buf, h)
+    p = _decode_for_checking(buf, h, message_bytes_max)
     for flag, column, name in (
         (FLAG_HAS_KEYS, p.keys, "keys"),
         (FLAG_HAS_TAGS, p.tags, "tags"),
