@@ -31,6 +31,7 @@ import pytest
 import headwater
 from headwater import MessageId
 from headwater.errors import CorruptDataError, DataDirectoryLockedError, MessageNotFoundError, ReadOnlyStoreError
+from headwater.storage.loader import REPAIR_HINT
 from headwater.storage.recovery_point import RECOVERY_POINT_FILE
 from headwater.storage.segment_index import SegmentIndex
 from tests.support.crashdata import (
@@ -291,7 +292,22 @@ def _assert_store(hw, want: dict[int, list[tuple]], ctx: str) -> None:
 
 
 def check_recovered(data: Path, survivors, ctx: str, *, warned: bool, verify: str = "tail") -> dict:
-    """Open a damaged copy and check the promise; then append, close, reopen, check again."""
+    """Open a damaged copy and check the promise (issue 30's acceptance, for every case):
+
+    - read-only first: it serves exactly the survivors (nothing outside the damage lost,
+      nothing damaged served as good) and leaves every file byte-identical;
+    - then the repair (a read-write open, as ``check --repair`` does): the same survivors;
+      append, close, reopen: everything is there;
+    - then ``check`` (a read-only open verifying every segment) finds nothing left to repair.
+    """
+    before = _tree(data)
+    with storage_warnings():
+        ro = headwater.open(data, segment_bytes_max=SEGMENT_BYTES, verify=verify, read_only=True)
+    try:
+        _assert_store(ro, _expected(survivors), ctx + " (read-only)")
+    finally:
+        ro.close()
+    assert _tree(data) == before, f"a read-only open changed files; {ctx}"
     with storage_warnings() as warns:
         hw = headwater.open(data, segment_bytes_max=SEGMENT_BYTES, verify=verify)
     try:
@@ -317,6 +333,9 @@ def check_recovered(data: Path, survivors, ctx: str, *, warned: bool, verify: st
         _assert_store(hw, want, ctx + " after reopening")
     finally:
         hw.close()
+    with storage_warnings(), headwater.open(data, verify="all", read_only=True) as checked:  # `headwater check`
+        left = [m for m in checked.status()["recovery"] if REPAIR_HINT in m]  # skipped damage stays reported
+    assert not left, f"check still finds work for a repair: {left}; {ctx}"
     return want
 
 
