@@ -22,14 +22,8 @@ __all__ = ["AsyncConsumer"]
 
 
 class AsyncConsumer(ConsumerBase, driver=ASYNCIO):
-    """Poll records from assigned partitions. Use from one task at a time.
-
-    ``group`` names where ``commit`` stores positions, so the next consumer of the group
-    resumes there. ``auto_offset_reset`` (``"earliest"`` or ``"latest"``) is where a
-    partition without a committed position starts. ``fetch_bytes`` bounds one fetch;
-    ``max_poll_messages`` bounds one ``poll`` and the records buffered per partition.
-    ``tags`` filters on the broker.
-    """
+    """Poll records from assigned partitions. Use from one task at a time. The settings are
+    :class:`~headwater.client.common.positions.ConsumerPositions`'."""
 
     _inflight: dict[TP, tuple[int, asyncio.Task[FetchResult]]]
 

@@ -35,7 +35,7 @@ from headwater.client.common.positions import TP, ConsumerPositions
 from headwater.client.common.twins import Twins, Waits, waits
 from headwater.client.core.reads import partitions_named
 from headwater.client.transport.polling import drain_buffers, take_batches
-from headwater.model.message import Record
+from headwater.model.message import Record, required_epoch_ms
 from headwater.model.service import FetchResult
 
 __all__ = ["ConsumerBase"]
@@ -86,7 +86,7 @@ class ConsumerBase(ConsumerPositions, Twins):
         self, queue: str, when: datetime | int, partitions: int | Iterable[int] | None = None
     ) -> Waits[None]:
         """Continue from the first record appended at or after ``when``."""
-        ms = self._when_ms(when)
+        ms = required_epoch_ms(when, "when")  # a datetime or a number; None is refused
         for tp in self._parts(queue, partitions):
             self._set_position(tp, (yield self._service.offset_for_time(queue, tp[1], ms)))
 

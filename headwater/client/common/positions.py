@@ -38,7 +38,7 @@ from headwater.errors import ClosedError, InvalidArgumentError, InvalidMessageId
 from headwater.model.batch import tags_mask
 from headwater.model.checks import tag_filter_arg
 from headwater.model.config import QueueInfo
-from headwater.model.message import MessageId, Record, required_epoch_ms
+from headwater.model.message import MessageId, Record
 from headwater.model.service import OpensFetchStreams
 
 __all__ = ["ConsumerPositions", "TP"]
@@ -186,11 +186,6 @@ class ConsumerPositions:
                 self.seek(queue, mid.partition, mid.offset)
                 return
         raise InvalidArgumentError(f"message id {mid} is not of an assigned queue")
-
-    @staticmethod
-    def _when_ms(when: object) -> int:
-        """A seek_to_time's ``when`` in epoch ms (a datetime or a number; None is refused)."""
-        return required_epoch_ms(when, "when")  # type: ignore[arg-type]  # required_epoch_ms checks what it is given
 
     def _tp(self, queue: str, partition: int) -> TP:
         tp = (queue, partition)

@@ -307,6 +307,10 @@ def answer_timeout_s(transport: AsyncTransport, body: m.RequestBody) -> float:
     return transport.request_timeout_s + m.API_SPECS[body.api].wait_s(body)
 
 
+_LEASE_SETTLED = (
+    "a lease it finished would be refused a second time; a lease left unacked expires and its message comes again"
+)
+
 #: For the calls not sent twice once they may have reached the broker: why, and how to
 #: find out whether the one sent was applied.
 _HOW_TO_LOOK: dict[type, Callable[[Any], str]] = {
@@ -325,12 +329,8 @@ _HOW_TO_LOOK: dict[type, Callable[[Any], str]] = {
     ),
     m.AddPartitionsRequest: lambda b: f"admin.describe_queue({b.name!r}) tells how many partitions the queue has",
     m.JoinGroupRequest: lambda b: "a member it added without telling expires after its session timeout; join again",
-    m.SharedAckRequest: lambda b: (
-        "a lease it finished would be refused a second time; a lease left unacked expires and its message comes again"
-    ),
-    m.SharedNackRequest: lambda b: (
-        "a lease it finished would be refused a second time; a lease left unacked expires and its message comes again"
-    ),
+    m.SharedAckRequest: lambda b: _LEASE_SETTLED,
+    m.SharedNackRequest: lambda b: _LEASE_SETTLED,
     m.SharedReceiveRequest: lambda b: "at most once, messages it leased are not delivered again",
     m.AddSubscriberRequest: lambda b: f"admin.describe_subscriber({b.queue!r}, {b.name!r}) tells whether it exists",
     m.DeleteSubscriberRequest: lambda b: f"admin.list_subscribers({b.queue!r}) tells whether {b.name!r} is still there",
