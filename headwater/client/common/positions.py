@@ -30,11 +30,12 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from headwater.client.common.closing import Closable
 from headwater.client.core.membership import TP, by_queue
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_poll, check_read_settings
 from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams
 from headwater.client.transport.polling import Outage
-from headwater.errors import ClosedError, InvalidArgumentError, InvalidMessageIdError
+from headwater.errors import InvalidArgumentError, InvalidMessageIdError
 from headwater.model.batch import tags_mask
 from headwater.model.checks import tag_filter_arg
 from headwater.model.config import QueueInfo
@@ -46,7 +47,7 @@ __all__ = ["ConsumerPositions", "TP"]
 log = logging.getLogger("headwater.consumer")
 
 
-class ConsumerPositions:
+class ConsumerPositions(Closable):
     """The positions, buffers and settings of a consumer (see the module's docstring).
 
     ``group`` names where ``commit`` stores positions, so the next consumer of the group
@@ -57,6 +58,8 @@ class ConsumerPositions:
     batches (fetch streams, up to ``stream_window_bytes`` unread) instead of answering a
     fetch per batch.
     """
+
+    _kind = "consumer"
 
     def __init__(
         self,
@@ -290,11 +293,3 @@ class ConsumerPositions:
     def _need_group(self, what: str) -> None:
         if not self.group:
             raise InvalidArgumentError(f"{what} needs a group: create the consumer with group='name'")
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError("this consumer is closed")
