@@ -101,7 +101,7 @@ class AsyncService(StreamCalls, AsyncBrokerService):
     def _submit(self, body: m.RequestBody, timeout_s: float | None = None) -> asyncio.Future[Any]:
         """Send ``body`` now, after everything submitted before it, without waiting (and never
         again): the future of its answer."""
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut = self._new_future()
         self.transport.submit(body, fut, timeout_s)
         return fut
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from headwater.client.common.closing import Closable
 from headwater.client.core.membership import TP, by_queue
-from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_poll, check_read_settings
+from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_read_settings
 from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams
 from headwater.client.transport.polling import Outage
 from headwater.errors import InvalidArgumentError, InvalidMessageIdError
@@ -285,10 +285,6 @@ class ConsumerPositions(Closable):
         self._check_open()
         self._need_group("commit")
         return by_queue(self._consumed if offsets is None else offsets)
-
-    def _poll_limit(self, max_messages: int | None, timeout_ms: int) -> int:
-        """The records this poll returns at most (its arguments checked: :func:`check_poll`)."""
-        return check_poll(max_messages, timeout_ms, self.max_poll_messages)
 
     def _need_group(self, what: str) -> None:
         if not self.group:
