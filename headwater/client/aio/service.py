@@ -4,11 +4,10 @@
 method a coroutine (same names, same arguments, same results). Two implementations:
 
 - :class:`AsyncService`: a broker across the network, over one pipelined
-  :class:`~headwater.client.transport.async_transport.AsyncTransport` (``headwater.aio.connect``). It mirrors
-  :class:`~headwater.client.transport.remote.RemoteService` method by method, and sends a call again
-  by the same rules (:class:`~headwater.client.transport.remote.Tries`): within one deadline, a
-  request that never left is sent again, one written before its connection was lost only
-  if doing it twice is the same as once, and one that got no answer in time never.
+  :class:`~headwater.client.transport.async_transport.AsyncTransport` (``headwater.aio.connect``). It is
+  :class:`~headwater.client.transport.remote.RemoteService`, awaitable: the same generated methods
+  and stream calls, and a call is sent again by the same rules
+  (:class:`~headwater.client.transport.remote.Tries`, told in that module).
 - :class:`ThreadedService`: a synchronous service in this process (the embedded broker of
   ``headwater.aio.open``). Its calls may block on fsync, so each runs in a thread
   (``asyncio.to_thread``); the event loop never blocks. A long-polling fetch does not park a
