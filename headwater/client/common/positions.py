@@ -32,7 +32,7 @@ from typing import Any
 
 from headwater.client.common.closing import Closable
 from headwater.client.core.membership import TP, by_queue
-from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_read_settings
+from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_read_settings, positive_int
 from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams
 from headwater.client.transport.polling import Outage
 from headwater.errors import InvalidArgumentError, InvalidMessageIdError
@@ -101,11 +101,7 @@ class ConsumerPositions(Closable):
         # (fetch streams) instead of answering a FETCH per batch; embedded, it changes nothing
         self._streams: FetchStreams | None = None
         if stream and isinstance(service, OpensFetchStreams):
-            if (
-                isinstance(stream_window_bytes, bool)
-                or not isinstance(stream_window_bytes, int)
-                or stream_window_bytes < 1
-            ):
+            if not positive_int(stream_window_bytes):
                 raise InvalidArgumentError("stream_window_bytes must be a positive int")
             self._streams = FetchStreams(
                 service,
