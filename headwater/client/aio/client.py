@@ -21,6 +21,7 @@ from headwater.client.aio.service import AsyncBrokerService
 from headwater.client.aio.shared_consumer import AsyncSharedConsumer
 from headwater.client.aio.subscriber import AsyncSubscriber
 from headwater.client.common.client import AdminBase, ClientBase
+from headwater.client.common.closing import AsyncClosesOnExit
 from headwater.client.common.twins import ASYNCIO
 
 __all__ = ["AsyncAdmin", "AsyncClient"]
@@ -30,7 +31,7 @@ class AsyncAdmin(AdminBase, driver=ASYNCIO):
     """Create, inspect and change queues; the methods of :class:`~headwater.Admin`, awaitable."""
 
 
-class AsyncClient(ClientBase, driver=ASYNCIO):
+class AsyncClient(ClientBase, AsyncClosesOnExit, driver=ASYNCIO):
     """Admin, producing, consuming, scanning and lookups over one broker, for asyncio.
 
     ``async with`` (or ``await close()``) closes the producers and consumers it made, then
@@ -68,9 +69,3 @@ class AsyncClient(ClientBase, driver=ASYNCIO):
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
-
-    async def __aenter__(self) -> AsyncClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from headwater.client.common.closing import AsyncClosesOnExit
 from headwater.client.common.consumer import ConsumerBase
 from headwater.client.common.positions import TP
 from headwater.client.common.twins import ASYNCIO
@@ -21,15 +22,9 @@ from headwater.model.service import FetchResult
 __all__ = ["AsyncConsumer"]
 
 
-class AsyncConsumer(ConsumerBase, driver=ASYNCIO):
-    """Poll records from assigned partitions. Use from one task at a time.
-
-    ``group`` names where ``commit`` stores positions, so the next consumer of the group
-    resumes there. ``auto_offset_reset`` (``"earliest"`` or ``"latest"``) is where a
-    partition without a committed position starts. ``fetch_bytes`` bounds one fetch;
-    ``max_poll_messages`` bounds one ``poll`` and the records buffered per partition.
-    ``tags`` filters on the broker.
-    """
+class AsyncConsumer(ConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
+    """Poll records from assigned partitions. Use from one task at a time. The settings are
+    :class:`~headwater.client.common.positions.ConsumerPositions`'."""
 
     _inflight: dict[TP, tuple[int, asyncio.Task[FetchResult]]]
 
@@ -80,9 +75,3 @@ class AsyncConsumer(ConsumerBase, driver=ASYNCIO):
             if got:
                 return got[0]
         raise StopAsyncIteration
-
-    async def __aenter__(self) -> AsyncConsumer:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()

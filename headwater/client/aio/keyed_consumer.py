@@ -15,6 +15,7 @@ import asyncio
 from typing import Any
 
 from headwater.client.aio.service import AsyncBrokerService
+from headwater.client.common.closing import AsyncClosesOnExit
 from headwater.client.common.keyed_consumer import KeyedConsumerBase
 from headwater.client.common.twins import ASYNCIO
 from headwater.client.transport.polling import retrieve
@@ -24,7 +25,7 @@ from headwater.model.message import Record
 __all__ = ["AsyncKeyedConsumer"]
 
 
-class AsyncKeyedConsumer(KeyedConsumerBase, driver=ASYNCIO):
+class AsyncKeyedConsumer(KeyedConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
     """Member ``member`` of keyed group ``group`` on ``queue``, for asyncio. Use from one task.
 
     >>> import asyncio, headwater, headwater.aio, tempfile
@@ -85,6 +86,3 @@ class AsyncKeyedConsumer(KeyedConsumerBase, driver=ASYNCIO):
     async def __aenter__(self) -> AsyncKeyedConsumer:
         await self.start()
         return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.close()

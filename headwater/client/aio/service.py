@@ -4,11 +4,10 @@
 method a coroutine (same names, same arguments, same results). Two implementations:
 
 - :class:`AsyncService`: a broker across the network, over one pipelined
-  :class:`~headwater.client.transport.async_transport.AsyncTransport` (``headwater.aio.connect``). It mirrors
-  :class:`~headwater.client.transport.remote.RemoteService` method by method, and sends a call again
-  by the same rules (:class:`~headwater.client.transport.remote.Tries`): within one deadline, a
-  request that never left is sent again, one written before its connection was lost only
-  if doing it twice is the same as once, and one that got no answer in time never.
+  :class:`~headwater.client.transport.async_transport.AsyncTransport` (``headwater.aio.connect``). It is
+  :class:`~headwater.client.transport.remote.RemoteService`, awaitable: the same generated methods
+  and stream calls, and a call is sent again by the same rules
+  (:class:`~headwater.client.transport.remote.Tries`, told in that module).
 - :class:`ThreadedService`: a synchronous service in this process (the embedded broker of
   ``headwater.aio.open``). Its calls may block on fsync, so each runs in a thread
   (``asyncio.to_thread``); the event loop never blocks. A long-polling fetch does not park a
@@ -28,6 +27,7 @@ import msgspec
 
 from headwater.client.transport.async_transport import AsyncTransport
 from headwater.client.transport.remote import (
+    StreamCalls,
     Tries,
     answer_timeout_s,
     call_arguments,
@@ -62,8 +62,8 @@ class AsyncBrokerService(Protocol):
         def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]: ...
 
 
-@define_calls("return await self._call({request})", is_async=True)
-class AsyncService(AsyncBrokerService):
+@define_calls("_call")
+class AsyncService(StreamCalls, AsyncBrokerService):
     """A broker over TCP, awaitable. ``retries``: how often a call that lost its connection
     may be sent again within its ``request_timeout_s`` (the transport reconnects, with
     backoff); see :mod:`headwater.client.transport.remote` for which calls, and when.
@@ -76,6 +76,11 @@ class AsyncService(AsyncBrokerService):
         self.address = transport.address
         self._retries = retries
         self._closed = False
+
+    _pushes_any_thread = False
+
+    def _new_future(self) -> asyncio.Future[Any]:
+        return asyncio.get_running_loop().create_future()
 
     async def _call(self, body: m.RequestBody) -> Any:
         """Send ``body`` and await its answer, within ``request_timeout_s`` (a long poll: plus
@@ -95,7 +100,7 @@ class AsyncService(AsyncBrokerService):
     def _submit(self, body: m.RequestBody, timeout_s: float | None = None) -> asyncio.Future[Any]:
         """Send ``body`` now, after everything submitted before it, without waiting (and never
         again): the future of its answer."""
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut = self._new_future()
         self.transport.submit(body, fut, timeout_s)
         return fut
 
@@ -104,41 +109,6 @@ class AsyncService(AsyncBrokerService):
         """Send a batch now, after everything submitted before it, without waiting; the
         future holds the ProduceResult (the asyncio producer pipelines with it)."""
         return self._submit(m.ProduceRequest(queue, partition, batch))
-
-    # fetch streams (the asyncio consumer drives them; see headwater.client.transport.fetch_stream)
-    def open_fetch_stream(
-        self,
-        queue: str,
-        positions: dict[int, int],
-        handler: Any,
-        *,
-        credit_bytes: int,
-        tag_mask: int = 0,
-        push_bytes_max: int = 1 << 20,
-    ) -> tuple[int, asyncio.Future[None]]:
-        """Start opening a fetch stream over ``positions`` (``{partition: offset}``) of
-        ``queue``, without waiting: the stream's id and the future of the broker's answer.
-        ``handler`` gets each PUSH body on the event loop, and None once if the connection is
-        lost."""
-        answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        sid = self.transport.start_stream(
-            lambda sid: m.FetchStreamRequest(sid, queue, dict(positions), credit_bytes, tag_mask, push_bytes_max),
-            handler,
-            answer,
-        )
-        return sid, answer
-
-    def credit_fetch_stream(self, stream_id: int, credit_bytes: int) -> asyncio.Future[None]:
-        """Let a fetch stream push ``credit_bytes`` more, without waiting."""
-        return self._submit(m.StreamCreditRequest(stream_id, credit_bytes))
-
-    def close_fetch_stream(self, stream_id: int) -> None:
-        """Stop routing the stream's pushes here and ask the broker to end it, without waiting."""
-        self.transport.unregister_push(stream_id)
-        if self._closed:
-            return
-        fut = self._submit(m.CloseStreamRequest(stream_id))
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nothing worth waiting for
 
     # push streams (headwater.client.aio.subscriber drives them)
     async def open_push_stream(
@@ -150,12 +120,6 @@ class AsyncService(AsyncBrokerService):
         return await self.transport.open_stream(
             lambda sid: m.SubscribeRequest(sid, queue, name, credit_messages, credit_bytes), handler
         )
-
-    def ack_push_stream(
-        self, stream_id: int, offsets: dict[int, int], credit_messages: int, credit_bytes: int
-    ) -> asyncio.Future[None]:
-        """Grant a stream more credit and checkpoint ``offsets`` (if any), without waiting."""
-        return self._submit(m.SubscriptionAckRequest(stream_id, dict(offsets), credit_messages, credit_bytes))
 
     async def close_push_stream(self, stream_id: int) -> None:
         """Stop routing the stream's pushes here and ask the broker to end it."""
@@ -172,10 +136,6 @@ class AsyncService(AsyncBrokerService):
         the future of its answer; :meth:`withdraw` takes it back while it is not written yet
         (see ``RemoteService.start_shared_receive``)."""
         return self._submit(request, answer_timeout_s(self.transport, request))
-
-    def withdraw(self, fut: asyncio.Future) -> bool:
-        """Take back a request sent with a ``start_`` call if it is not written yet (True)."""
-        return self.transport.withdraw(fut)
 
     async def ping(self) -> None:
         await self._call(m.PingRequest())
@@ -230,7 +190,7 @@ class _AppendWaiters:
                     fut.set_result(None)
 
 
-@define_calls("return await self._run(self.service.{method}, {args})", is_async=True)
+@define_calls("_run_request")
 class ThreadedService(AsyncBrokerService):
     """A synchronous BrokerService in this process, awaitable: each call runs in a thread
     (the methods not written out here are made from ``API_SPECS`` by
@@ -257,6 +217,11 @@ class ThreadedService(AsyncBrokerService):
         if self._closed:
             raise ClosedError("this client is closed")
         return await asyncio.to_thread(fn, *args, **kw)
+
+    async def _run_request(self, request: m.RequestBody) -> Any:
+        """The service's method of ``request``'s operation, called with its fields, in a thread."""
+        args, kwargs = call_arguments(request)
+        return await self._run(getattr(self.service, m.API_SPECS[request.api].method), *args, **kwargs)
 
     # the long polls: each holds a thread a slice at a time, or waits on the loop; each takes
     # BrokerService's arguments (takes_request) and reads them from the request they make

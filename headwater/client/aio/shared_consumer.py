@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any, cast
 
 from headwater.client.aio.service import AsyncBrokerService
+from headwater.client.common.closing import AsyncClosesOnExit
 from headwater.client.common.shared_consumer import Delivery, SharedConsumerBase
 from headwater.client.common.twins import ASYNCIO
 from headwater.model.service import AsyncStartsSharedReceive
@@ -38,7 +39,7 @@ class AsyncDelivery(Delivery):
         await self._consumer.extend([self], visibility_timeout_ms)
 
 
-class AsyncSharedConsumer(SharedConsumerBase, driver=ASYNCIO):
+class AsyncSharedConsumer(SharedConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
     """A member of shared group ``group`` on ``queue``, for asyncio. Use from one task."""
 
     _service: AsyncBrokerService
@@ -59,9 +60,3 @@ class AsyncSharedConsumer(SharedConsumerBase, driver=ASYNCIO):
         while not self._closed:
             for d in await self.receive():
                 yield d
-
-    async def __aenter__(self) -> AsyncSharedConsumer:
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.close()

@@ -22,6 +22,7 @@ import asyncio
 from typing import Any
 
 from headwater.client.aio.consumer import AsyncConsumer
+from headwater.client.common.closing import AsyncClosesOnExit
 from headwater.client.common.subscriber import SubscriberBase, log
 from headwater.client.common.twins import ASYNCIO
 from headwater.model.service import AsyncOpensPushStreams
@@ -29,7 +30,7 @@ from headwater.model.service import AsyncOpensPushStreams
 __all__ = ["AsyncSubscriber"]
 
 
-class AsyncSubscriber(SubscriberBase, driver=ASYNCIO):
+class AsyncSubscriber(SubscriberBase, AsyncClosesOnExit, driver=ASYNCIO):
     """One process attached to a registered subscriber, as a task. Listeners run on the
     event loop, in the subscriber's task; make one with ``AsyncClient.subscribe``.
 
@@ -67,9 +68,6 @@ class AsyncSubscriber(SubscriberBase, driver=ASYNCIO):
     async def __aenter__(self) -> AsyncSubscriber:
         self.start()
         return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     def _launch(self) -> None:
         self._runner = asyncio.get_running_loop().create_task(self._run(), name=f"headwater-subscriber-{self.name}")

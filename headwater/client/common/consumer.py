@@ -33,9 +33,9 @@ from typing import Any
 
 from headwater.client.common.positions import TP, ConsumerPositions
 from headwater.client.common.twins import Twins, Waits, waits
-from headwater.client.core.reads import partitions_named
+from headwater.client.core.reads import check_poll, partitions_named
 from headwater.client.transport.polling import drain_buffers, take_batches
-from headwater.model.message import Record
+from headwater.model.message import Record, required_epoch_ms
 from headwater.model.service import FetchResult
 
 __all__ = ["ConsumerBase"]
@@ -86,7 +86,7 @@ class ConsumerBase(ConsumerPositions, Twins):
         self, queue: str, when: datetime | int, partitions: int | Iterable[int] | None = None
     ) -> Waits[None]:
         """Continue from the first record appended at or after ``when``."""
-        ms = self._when_ms(when)
+        ms = required_epoch_ms(when, "when")  # a datetime or a number; None is refused
         for tp in self._parts(queue, partitions):
             self._set_position(tp, (yield self._service.offset_for_time(queue, tp[1], ms)))
 
@@ -103,7 +103,7 @@ class ConsumerBase(ConsumerPositions, Twins):
         disabled queue; see docs/consumer-groups.md ("Positions").
         """
         self._check_open()
-        limit = self._poll_limit(max_messages, timeout_ms)
+        limit = check_poll(max_messages, timeout_ms, self.max_poll_messages)
         deadline = time.monotonic() + timeout_ms / 1000  # the event loop's clock too
         for queue in self._seeks_to_check():
             self._check_seeks(queue, (yield self._service.describe_queue(queue)))
@@ -126,7 +126,7 @@ class ConsumerBase(ConsumerPositions, Twins):
         (else nothing): a poll loop takes it so, without driving a body per call."""
         if self._closed or self._seeked:
             return []  # poll raises, or checks the seeks first
-        limit = self._poll_limit(max_messages, timeout_ms)
+        limit = check_poll(max_messages, timeout_ms, self.max_poll_messages)
         return drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit)
 
     def _with_wakeup(self, futures: list[Any]) -> list[Any]:

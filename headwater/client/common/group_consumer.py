@@ -61,6 +61,7 @@ from headwater.client.core.membership import (
     MemberView,
     by_queue,
 )
+from headwater.client.core.reads import check_poll
 from headwater.errors import (
     ClosedError,
     GroupError,
@@ -164,7 +165,7 @@ class GroupConsumerBase(ConsumerBase):
         to ``timeout_ms``; applies assignment changes first (see the class docs). The
         asyncio member joins first if it has not yet (``start``)."""
         self._check_open()
-        self._poll_limit(max_messages, timeout_ms)  # the arguments checked before anything waits
+        check_poll(max_messages, timeout_ms, self.max_poll_messages)  # the arguments, before anything waits
         if not self._started:  # only an asyncio member can be unstarted: it joins in its start()
             yield self.start()
         deadline = time.monotonic() + timeout_ms / 1000

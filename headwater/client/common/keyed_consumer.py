@@ -41,10 +41,11 @@ from collections import deque
 from collections.abc import Generator
 from typing import Any
 
+from headwater.client.common.closing import Closable
 from headwater.client.common.twins import Twins, waits
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_poll, check_read_settings
 from headwater.client.transport.polling import Outage, drain_buffers
-from headwater.errors import ClosedError, InvalidArgumentError, StaleGenerationError
+from headwater.errors import InvalidArgumentError, StaleGenerationError
 from headwater.model.config import QueueInfo
 from headwater.model.filtering import decode_selection
 from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo, key_of, member_of, parse_key_spec
@@ -55,13 +56,15 @@ __all__ = ["KeyedConsumerBase"]
 _PARTITIONS_CHECK_S = 5.0  # how often an active member looks for partitions added to the queue
 
 
-class KeyedConsumerBase(Twins):
+class KeyedConsumerBase(Twins, Closable):
     """Member ``member`` of keyed group ``group`` on ``queue`` (see the module's docstring).
     Use from one thread or task.
 
     ``size`` and ``key`` declare the group: the first member creates it (its members start
     at the queue's ``start``, ``"earliest"`` or ``"latest"``); later members must agree
     (``size`` may also be the size a resize is heading to)."""
+
+    _kind = "keyed consumer"
 
     def __init__(
         self,
@@ -350,11 +353,3 @@ class KeyedConsumerBase(Twins):
             return
         self._committed = positions
         yield from self._follow(info)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError("this keyed consumer is closed")

@@ -30,15 +30,16 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from headwater.client.common.closing import Closable
 from headwater.client.core.membership import TP, by_queue
-from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_poll, check_read_settings
+from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_read_settings, positive_int
 from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams
 from headwater.client.transport.polling import Outage
-from headwater.errors import ClosedError, InvalidArgumentError, InvalidMessageIdError
+from headwater.errors import InvalidArgumentError, InvalidMessageIdError
 from headwater.model.batch import tags_mask
 from headwater.model.checks import tag_filter_arg
 from headwater.model.config import QueueInfo
-from headwater.model.message import MessageId, Record, required_epoch_ms
+from headwater.model.message import MessageId, Record
 from headwater.model.service import OpensFetchStreams
 
 __all__ = ["ConsumerPositions", "TP"]
@@ -46,7 +47,7 @@ __all__ = ["ConsumerPositions", "TP"]
 log = logging.getLogger("headwater.consumer")
 
 
-class ConsumerPositions:
+class ConsumerPositions(Closable):
     """The positions, buffers and settings of a consumer (see the module's docstring).
 
     ``group`` names where ``commit`` stores positions, so the next consumer of the group
@@ -57,6 +58,8 @@ class ConsumerPositions:
     batches (fetch streams, up to ``stream_window_bytes`` unread) instead of answering a
     fetch per batch.
     """
+
+    _kind = "consumer"
 
     def __init__(
         self,
@@ -98,11 +101,7 @@ class ConsumerPositions:
         # (fetch streams) instead of answering a FETCH per batch; embedded, it changes nothing
         self._streams: FetchStreams | None = None
         if stream and isinstance(service, OpensFetchStreams):
-            if (
-                isinstance(stream_window_bytes, bool)
-                or not isinstance(stream_window_bytes, int)
-                or stream_window_bytes < 1
-            ):
+            if not positive_int(stream_window_bytes):
                 raise InvalidArgumentError("stream_window_bytes must be a positive int")
             self._streams = FetchStreams(
                 service,
@@ -186,11 +185,6 @@ class ConsumerPositions:
                 self.seek(queue, mid.partition, mid.offset)
                 return
         raise InvalidArgumentError(f"message id {mid} is not of an assigned queue")
-
-    @staticmethod
-    def _when_ms(when: object) -> int:
-        """A seek_to_time's ``when`` in epoch ms (a datetime or a number; None is refused)."""
-        return required_epoch_ms(when, "when")  # type: ignore[arg-type]  # required_epoch_ms checks what it is given
 
     def _tp(self, queue: str, partition: int) -> TP:
         tp = (queue, partition)
@@ -288,18 +282,6 @@ class ConsumerPositions:
         self._need_group("commit")
         return by_queue(self._consumed if offsets is None else offsets)
 
-    def _poll_limit(self, max_messages: int | None, timeout_ms: int) -> int:
-        """The records this poll returns at most (its arguments checked: :func:`check_poll`)."""
-        return check_poll(max_messages, timeout_ms, self.max_poll_messages)
-
     def _need_group(self, what: str) -> None:
         if not self.group:
             raise InvalidArgumentError(f"{what} needs a group: create the consumer with group='name'")
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError("this consumer is closed")

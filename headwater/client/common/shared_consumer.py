@@ -26,12 +26,12 @@ import time
 from collections.abc import Generator, Iterable
 from typing import Any
 
+from headwater.client.common.closing import Closable
 from headwater.client.common.twins import Twins, waits
 from headwater.client.core.lookups import decode_stored
 from headwater.client.core.reads import check_poll
 from headwater.client.transport.polling import Outage
 from headwater.errors import (
-    ClosedError,
     HeadwaterError,
     InvalidArgumentError,
     LeaseError,
@@ -128,7 +128,7 @@ def raise_refused(refused: list[LeaseRefusal], what: str) -> None:
     raise err
 
 
-class SharedConsumerBase(Twins):
+class SharedConsumerBase(Twins, Closable):
     """A member of shared group ``group`` on ``queue``: settings checked up front, the
     member id, the leases received and not yet settled, and the calls to the broker. Its
     subclasses say how they wait (:mod:`.twins`); each is used from one thread or task.
@@ -138,6 +138,7 @@ class SharedConsumerBase(Twins):
     and become the group's: give every member the same."""
 
     _delivery: type[Delivery] = Delivery  # what receive() hands out
+    _kind = "shared consumer"
 
     def __init__(
         self,
@@ -173,10 +174,6 @@ class SharedConsumerBase(Twins):
         # over the network a receive is sent without waiting, and taken back while unwritten
         # (asked once: a Protocol's isinstance costs microseconds)
         self._starts_receive = isinstance(service, (StartsSharedReceive, AsyncStartsSharedReceive))
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def _receive_args(self, max_messages: int, timeout_ms: int) -> tuple:
         self._check_open()
@@ -220,10 +217,6 @@ class SharedConsumerBase(Twins):
     def _settle(self, ids: list[str]) -> None:
         for i in ids:
             self._held.pop(i, None)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError("this shared consumer is closed")
 
     # -- what asks the broker (driven as blocking methods or coroutines) ----------------------
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from headwater.client.core.reads import positive_int
 from headwater.errors import CorruptDataError, InvalidArgumentError, InvalidBatchError, MessageNotFoundError
 from headwater.model.batch import check_batch, decode_records
 from headwater.model.message import MessageId, Record, to_epoch_ms
@@ -48,7 +49,7 @@ def find_bounds(
         raise InvalidArgumentError(
             "a key is bytes" + ("; encode it first, e.g. key.encode()" if isinstance(key, str) else "")
         )
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+    if not positive_int(limit):
         raise InvalidArgumentError(f"limit must be a positive int, got {limit!r}")
     return to_epoch_ms(start_time, "start_time"), to_epoch_ms(end_time, "end_time")
 

@@ -21,6 +21,7 @@ __all__ = [
     "check_poll",
     "check_read_settings",
     "partitions_named",
+    "positive_int",
 ]
 
 Bound = int | MessageId | str | Mapping[int, int] | None
@@ -51,7 +52,8 @@ def partitions_named(info: QueueInfo, partitions: int | Iterable[int] | None) ->
 POLL_MESSAGES_DEFAULT = 32
 
 
-def _positive_int(value: object) -> bool:
+def positive_int(value: object) -> bool:
+    """Whether ``value`` is an int above 0 (a bool is not)."""
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
@@ -59,9 +61,9 @@ def check_read_settings(*, fetch_bytes: object, max_poll_messages: object) -> No
     """Check the read settings every consumer kind takes (plain, group, keyed), before
     anything is sent: a bad one would otherwise fail only at the first poll, as the
     protocol's encoder's complaint (over the network) or not at all (embedded)."""
-    if not _positive_int(fetch_bytes):
+    if not positive_int(fetch_bytes):
         raise InvalidArgumentError(f"fetch_bytes (the most one read returns) is an int >= 1, got {fetch_bytes!r}")
-    if not _positive_int(max_poll_messages):
+    if not positive_int(max_poll_messages):
         raise InvalidArgumentError(f"max_poll_messages must be a positive int, got {max_poll_messages!r}")
 
 
@@ -73,7 +75,7 @@ def check_poll(max_messages: object, timeout_ms: object, default_messages: int, 
     ``call``: the method's name in the errors (a shared consumer's ``receive``)."""
     if max_messages is None:
         limit = default_messages
-    elif _positive_int(max_messages):
+    elif positive_int(max_messages):
         limit = max_messages  # type: ignore[assignment]  # None means no limit, narrowed just below
     else:
         default = "max_poll_messages" if call == "poll" else default_messages

@@ -10,6 +10,7 @@ import weakref
 from typing import Any
 
 from headwater.client.common.client import AdminBase, ClientBase
+from headwater.client.common.closing import ClosesOnExit
 from headwater.client.common.twins import BLOCKING
 from headwater.client.sync.consumer import Consumer
 from headwater.client.sync.group_consumer import GroupConsumer
@@ -27,7 +28,7 @@ class Admin(AdminBase, driver=BLOCKING):
     """Create, inspect and change queues."""
 
 
-class Client(ClientBase, driver=BLOCKING):
+class Client(ClientBase, ClosesOnExit, driver=BLOCKING):
     """Admin, producing, scanning and lookups over one broker.
 
     Get one with ``headwater.open(path)`` (embedded) or ``headwater.connect("host:port")``:
@@ -69,9 +70,3 @@ class Client(ClientBase, driver=BLOCKING):
         for p in list(self._producers):
             p.close()
         self._service.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

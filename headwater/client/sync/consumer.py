@@ -12,6 +12,7 @@ import concurrent.futures
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from headwater.client.common.closing import ClosesOnExit
 from headwater.client.common.consumer import ConsumerBase
 from headwater.client.common.positions import TP
 from headwater.client.common.twins import BLOCKING
@@ -25,7 +26,7 @@ from headwater.model.service import BrokerService, FetchesAsync, Leads
 __all__ = ["Consumer", "POLL_MESSAGES_DEFAULT"]
 
 
-class Consumer(ConsumerBase, driver=BLOCKING):
+class Consumer(ConsumerBase, ClosesOnExit, driver=BLOCKING):
     """Poll records from assigned partitions. Use from one thread.
 
     >>> import headwater, tempfile
@@ -112,9 +113,3 @@ class Consumer(ConsumerBase, driver=BLOCKING):
         """Records forever (until :meth:`close`), polling as needed."""
         while not self._closed:
             yield from self.poll()
-
-    def __enter__(self) -> Consumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

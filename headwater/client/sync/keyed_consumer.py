@@ -7,6 +7,7 @@ import concurrent.futures
 import time
 from typing import Any
 
+from headwater.client.common.closing import ClosesOnExit
 from headwater.client.common.keyed_consumer import KeyedConsumerBase
 from headwater.client.common.twins import BLOCKING
 from headwater.client.transport.polling import wait_any
@@ -18,7 +19,7 @@ __all__ = ["KeyedConsumer"]
 _FETCH_THREADS_MAX = 16  # threads fetching at once when the service has no asynchronous fetch
 
 
-class KeyedConsumer(KeyedConsumerBase, driver=BLOCKING):
+class KeyedConsumer(KeyedConsumerBase, ClosesOnExit, driver=BLOCKING):
     """Member ``member`` of keyed group ``group`` on ``queue``. Use from one thread. It
     joins the group when made; the settings are
     :class:`~headwater.client.common.keyed_consumer.KeyedConsumerBase`'s.
@@ -81,9 +82,3 @@ class KeyedConsumer(KeyedConsumerBase, driver=BLOCKING):
         self._inflight.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def __enter__(self) -> KeyedConsumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

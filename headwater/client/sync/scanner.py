@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from headwater.client.common.closing import ClosesOnExit
 from headwater.client.common.scanner import ScannerBase
 from headwater.client.common.twins import BLOCKING
 from headwater.model.message import Record
@@ -13,7 +14,7 @@ from headwater.model.service import BrokerService
 __all__ = ["Scanner"]
 
 
-class Scanner(ScannerBase, Iterator[Record], driver=BLOCKING):
+class Scanner(ScannerBase, Iterator[Record], ClosesOnExit, driver=BLOCKING):
     """Iterate records of a queue in a range. Use as an iterator and a context manager.
 
     Errors about the queue itself (:class:`QueueNotFoundError`, :class:`QueueDisabledError`,
@@ -28,12 +29,3 @@ class Scanner(ScannerBase, Iterator[Record], driver=BLOCKING):
         if not self._buffer and (self._closed or (self._fill() or self._exhausted())):
             raise StopIteration
         return self._buffer.popleft()
-
-    def __iter__(self) -> Scanner:
-        return self
-
-    def __enter__(self) -> Scanner:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, cast
 
+from headwater.client.common.closing import ClosesOnExit
 from headwater.client.common.shared_consumer import Delivery, SharedConsumerBase
 from headwater.client.common.twins import BLOCKING
 from headwater.client.transport.polling import wait_any
@@ -15,7 +16,7 @@ from headwater.model.service import BrokerService, StartsSharedReceive
 __all__ = ["Delivery", "SharedConsumer"]
 
 
-class SharedConsumer(SharedConsumerBase, driver=BLOCKING):
+class SharedConsumer(SharedConsumerBase, ClosesOnExit, driver=BLOCKING):
     """A member of shared group ``group`` on ``queue``. Use from one thread. The settings
     are :class:`~headwater.client.common.shared_consumer.SharedConsumerBase`'s.
 
@@ -48,9 +49,3 @@ class SharedConsumer(SharedConsumerBase, driver=BLOCKING):
         """Deliveries forever (until :meth:`close`), receiving as needed."""
         while not self._closed:
             yield from self.receive()
-
-    def __enter__(self) -> SharedConsumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

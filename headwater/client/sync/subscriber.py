@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+from headwater.client.common.closing import ClosesOnExit
 from headwater.client.common.subscriber import Listener, SubscriberBase
 from headwater.client.common.twins import BLOCKING
 from headwater.client.sync.consumer import Consumer
@@ -16,7 +17,7 @@ from headwater.model.service import OpensPushStreams
 __all__ = ["Subscriber", "SubscriberBase", "Listener"]
 
 
-class Subscriber(SubscriberBase, driver=BLOCKING):
+class Subscriber(SubscriberBase, ClosesOnExit, driver=BLOCKING):
     """One process attached to a registered subscriber. Thread-safe; listeners run on the
     subscriber's thread.
 
@@ -39,12 +40,6 @@ class Subscriber(SubscriberBase, driver=BLOCKING):
     _Consumer = Consumer
     _push_streams = OpensPushStreams
     _sleep = staticmethod(time.sleep)
-
-    def __enter__(self) -> Subscriber:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def _launch(self) -> None:
         self._runner = threading.Thread(target=self._run, name=f"headwater-subscriber-{self.name}", daemon=True)

@@ -49,6 +49,7 @@ from typing import Any
 import msgspec
 
 from headwater.client.transport.async_transport import AsyncTransport
+from headwater.client.transport.polling import retrieve
 from headwater.client.transport.send_future import LazyFuture
 from headwater.errors import ClosedError, OutcomeUnknownError, UnavailableError
 from headwater.model.checks import check_int_arg, check_offsets_arg, check_queue_arg, mapping_copy
@@ -59,6 +60,7 @@ from headwater.protocol import messages as m
 __all__ = [
     "CLOSE_TIMEOUT_S",
     "RemoteService",
+    "StreamCalls",
     "Tries",
     "answer_timeout_s",
     "call_arguments",
@@ -155,23 +157,23 @@ def _container_of(tp: Any) -> type | None:
     return origin if origin in (dict, list) else None
 
 
-def define_calls(template: str, *, is_async: bool = False) -> Callable[[type], type]:
+def define_calls(send: str) -> Callable[[type], type]:
     """A class decorator: give the class a method for each operation of ``API_SPECS`` that
     names a :class:`~headwater.model.service.BrokerService` method and that the class does
-    not define itself: same name, parameters, defaults and docstring; its body ``template``
-    formatted with ``{request}`` (the request built from the arguments, a caller's lists
-    and mappings copied, since it is encoded later, maybe on another thread), ``{method}``
-    and ``{args}`` (the arguments as BrokerService takes them). So a new operation needs no
-    code in the network and asyncio services: its spec and its BrokerService method say it.
-
-    The methods are compiled from source, as :mod:`dataclasses` does, so a call costs what a
-    hand-written one does (binding arguments with :mod:`inspect` would add about 5 µs to
-    every call, a fetch's included)."""
+    not define itself: same name, parameters, defaults and docstring, that builds the
+    operation's request from its arguments (as :func:`takes_request` does) and returns
+    ``self.<send>(request)`` (awaited, if ``send`` is a coroutine function). So a new
+    operation needs no code in the network and asyncio services: its spec and its
+    BrokerService method say it."""
 
     def define(cls: type) -> type:
+        fn = getattr(cls, send)
         for spec in m.API_SPECS.values():
             if spec.method is not None and spec.method not in cls.__dict__:
-                setattr(cls, spec.method, _compile_call(cls, spec, template, is_async))
+                proto = getattr(BrokerService, spec.method)
+                method = _front(spec, fn, {}, f"{cls.__name__}.{spec.method}", cls.__module__, proto.__doc__)
+                method.__annotations__ = dict(proto.__annotations__)
+                setattr(cls, spec.method, method)
         return cls
 
     return define
@@ -188,14 +190,14 @@ def _unset_value(field: msgspec.structs.FieldInfo) -> Callable[[], Any] | None:
     return lambda: default
 
 
-def _parameters(spec: m.ApiSpec, namespace: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
+def _parameters(spec: m.ApiSpec, namespace: dict[str, Any]) -> tuple[list[str], list[str]]:
     """BrokerService's parameters of ``spec``'s method, as source: the parameter list (with
-    ``self``), the request's fields from them (a caller's lists and mappings copied), and the
-    arguments as BrokerService takes them. Their defaults go into ``namespace``."""
+    ``self``), and the request's fields from them (a caller's lists and mappings copied).
+    Their defaults go into ``namespace``."""
     assert spec.method is not None
     proto = getattr(BrokerService, spec.method)
     fields = {f.name: f for f in msgspec.structs.fields(spec.request)}
-    params, fields_given, args = ["self"], [], []
+    params, fields_given = ["self"], []
     star = False
     for p in list(inspect.signature(proto).parameters.values())[1:]:
         name, field = p.name, fields[p.name]
@@ -209,49 +211,54 @@ def _parameters(spec: m.ApiSpec, namespace: dict[str, Any]) -> tuple[list[str], 
             params.append(f"{name}=_default_{name}")
         container = _container_of(field.type)
         copied = name if container is None else f"{'_mapping_copy' if container is dict else '_list_copy'}({name})"
-        args.append(f"{name}={copied}" if p.kind is p.KEYWORD_ONLY else copied)
         unset = _unset_value(field) if p.default is None else None
         if unset is not None:  # None means "not given" here, and the field has a default
             namespace[f"_unset_{name}"] = unset
             copied = f"({copied} if {name} is not None else _unset_{name}())"
         fields_given.append(f"{name}={copied}")
-    return params, fields_given, args
+    return params, fields_given
 
 
-def _compile(name: str, params: list[str], body: str, is_async: bool, namespace: dict[str, Any]) -> Any:
-    source = f"{'async ' if is_async else ''}def {name}({', '.join(params)}):\n    {body}\n"
+def _front(
+    spec: m.ApiSpec, fn: Callable[..., Any], extra: dict[str, Any], qualname: str, module: str, doc: str | None
+) -> Callable[..., Any]:
+    """A method with BrokerService's parameters of ``spec``'s method (and ``extra``'s
+    keyword-only ones after them, with their defaults) that calls ``fn(self, request,
+    **extra)`` with the request built from them: compiled from source, as :mod:`dataclasses`
+    does, so a call costs what a hand-written one does (binding arguments with
+    :mod:`inspect` would add about 5 µs to every call, a fetch's included)."""
+    assert spec.method is not None
+    namespace = {"_request": spec.request, "_list_copy": _list_copy, "_mapping_copy": mapping_copy, "_fn": fn}
+    params, fields_given = _parameters(spec, namespace)
+    if extra and "*" not in params:
+        params.append("*")
+    for name, default in extra.items():
+        namespace[f"_default_{name}"] = default
+        params.append(f"{name}=_default_{name}")
+    forwarded = "".join(f", {name}={name}" for name in extra)
+    is_async = inspect.iscoroutinefunction(fn)
+    call = f"{'await ' if is_async else ''}_fn(self, _request({', '.join(fields_given)}){forwarded})"
+    name = qualname.rpartition(".")[2]
+    source = f"{'async ' if is_async else ''}def {name}({', '.join(params)}):\n    return {call}\n"
     # the source is built from API_SPECS and BrokerService alone, as dataclasses does
     exec(compile(source, f"<{name} from API_SPECS>", "exec"), namespace)
-    return namespace[name]
-
-
-def _namespace(spec: m.ApiSpec) -> dict[str, Any]:
-    return {"_request": spec.request, "_list_copy": _list_copy, "_mapping_copy": mapping_copy}
-
-
-def _compile_call(cls: type, spec: m.ApiSpec, template: str, is_async: bool) -> Callable[..., Any]:
-    """``cls``'s method for ``spec`` (see :func:`define_calls`)."""
-    assert spec.method is not None
+    front = namespace[name]
+    front.__qualname__, front.__module__, front.__doc__ = qualname, module, doc
     proto = getattr(BrokerService, spec.method)
-    namespace = _namespace(spec)
-    params, fields_given, args = _parameters(spec, namespace)
-    body = template.format(request=f"_request({', '.join(fields_given)})", method=spec.method, args=", ".join(args))
-    fn = _compile(spec.method, params, body, is_async, namespace)
-    fn.__qualname__ = f"{cls.__name__}.{spec.method}"
-    fn.__module__ = cls.__module__
-    fn.__doc__ = proto.__doc__
-    fn.__annotations__ = dict(proto.__annotations__)
-    return fn
+    front.__annotations__ = {**proto.__annotations__, **{k: type(v).__name__ for k, v in extra.items()}}
+    front.__annotations__["return"] = fn.__annotations__.get("return", proto.__annotations__.get("return"))
+    return front
 
 
 def takes_request(method: str, **extra: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A method decorator: the method ``fn(self, request, **extra)`` is called with the
     request of BrokerService's ``method`` built from BrokerService's arguments (lists and
-    mappings copied, as :func:`define_calls` builds them), and is seen by its callers with
-    those parameters, ``extra``'s keyword-only ones after them (with their defaults). So a
-    service that sends a request in its own way, or reads its fields, keeps one copy of the
-    signature and of the request's building: BrokerService's and ``API_SPECS``'s. A
-    coroutine stays a coroutine; a call costs one more function call than ``fn`` itself.
+    mappings copied, since it is encoded later, maybe on another thread), and is seen by its
+    callers with those parameters, ``extra``'s keyword-only ones after them (with their
+    defaults). So a service that sends a request in its own way, or reads its fields, keeps
+    one copy of the signature and of the request's building: BrokerService's and
+    ``API_SPECS``'s. A coroutine stays a coroutine; a call costs one more function call than
+    ``fn`` itself.
 
     >>> class Service:
     ...     @takes_request("describe_queue")
@@ -261,27 +268,7 @@ def takes_request(method: str, **extra: Any) -> Callable[[Callable[..., Any]], C
     DescribeQueueRequest(name='orders')
     """
     spec = next(s for s in m.API_SPECS.values() if s.method == method)
-
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        namespace = _namespace(spec)
-        namespace["_fn"] = fn
-        params, fields_given, _ = _parameters(spec, namespace)
-        if extra and "*" not in params:
-            params.append("*")
-        for name, default in extra.items():
-            namespace[f"_default_{name}"] = default
-            params.append(f"{name}=_default_{name}")
-        forwarded = "".join(f", {name}={name}" for name in extra)
-        is_async = inspect.iscoroutinefunction(fn)
-        call = f"_fn(self, _request({', '.join(fields_given)}){forwarded})"
-        front = _compile(fn.__name__, params, f"return {'await ' if is_async else ''}{call}", is_async, namespace)
-        front.__qualname__, front.__module__, front.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
-        proto = getattr(BrokerService, method)
-        front.__annotations__ = {**proto.__annotations__, **{k: type(v).__name__ for k, v in extra.items()}}
-        front.__annotations__["return"] = fn.__annotations__.get("return", proto.__annotations__.get("return"))
-        return front
-
-    return decorate
+    return lambda fn: _front(spec, fn, extra, fn.__qualname__, fn.__module__, fn.__doc__)
 
 
 @functools.cache
@@ -307,6 +294,10 @@ def answer_timeout_s(transport: AsyncTransport, body: m.RequestBody) -> float:
     return transport.request_timeout_s + m.API_SPECS[body.api].wait_s(body)
 
 
+_LEASE_SETTLED = (
+    "a lease it finished would be refused a second time; a lease left unacked expires and its message comes again"
+)
+
 #: For the calls not sent twice once they may have reached the broker: why, and how to
 #: find out whether the one sent was applied.
 _HOW_TO_LOOK: dict[type, Callable[[Any], str]] = {
@@ -325,12 +316,8 @@ _HOW_TO_LOOK: dict[type, Callable[[Any], str]] = {
     ),
     m.AddPartitionsRequest: lambda b: f"admin.describe_queue({b.name!r}) tells how many partitions the queue has",
     m.JoinGroupRequest: lambda b: "a member it added without telling expires after its session timeout; join again",
-    m.SharedAckRequest: lambda b: (
-        "a lease it finished would be refused a second time; a lease left unacked expires and its message comes again"
-    ),
-    m.SharedNackRequest: lambda b: (
-        "a lease it finished would be refused a second time; a lease left unacked expires and its message comes again"
-    ),
+    m.SharedAckRequest: lambda b: _LEASE_SETTLED,
+    m.SharedNackRequest: lambda b: _LEASE_SETTLED,
     m.SharedReceiveRequest: lambda b: "at most once, messages it leased are not delivered again",
     m.AddSubscriberRequest: lambda b: f"admin.describe_subscriber({b.queue!r}, {b.name!r}) tells whether it exists",
     m.DeleteSubscriberRequest: lambda b: f"admin.list_subscribers({b.queue!r}) tells whether {b.name!r} is still there",
@@ -444,13 +431,73 @@ class _Waiter:
         return self._result
 
 
-@define_calls("return self._call({request})")
-class RemoteService(BrokerService):
+class StreamCalls:
+    """The calls :class:`RemoteService` and the asyncio ``AsyncService`` send alike, without
+    waiting: each kind's ``_submit(body)`` sends a request and returns the future of its
+    answer (a ``concurrent.futures`` or an ``asyncio`` one)."""
+
+    transport: AsyncTransport
+    _closed: bool
+    _submit: Callable[[m.RequestBody], Any]
+    _new_future: Callable[[], Any]  # a future the transport settles
+    _pushes_any_thread: bool  # fetch streams' pushes are handled on whichever thread reads them
+
+    def open_fetch_stream(
+        self,
+        queue: str,
+        positions: dict[int, int],
+        handler: Callable[[m.PushBody | None], None],
+        *,
+        credit_bytes: int,
+        tag_mask: int = 0,
+        push_bytes_max: int = 1 << 20,
+    ) -> tuple[int, Any]:
+        """Start opening a fetch stream over ``positions`` (``{partition: offset}``) of
+        ``queue``, without waiting (while the broker is away, the request waits for the next
+        connection): the stream's id and the future of the broker's answer (None, or the
+        reason it refused).
+
+        ``handler`` gets each PUSH body, and None once if the connection is lost: on the
+        event loop (asyncio), or on the thread that reads the connection (sync: the client's
+        event loop, or a caller that leads; keep it quick and thread-safe)."""
+        if self._closed:
+            raise ClosedError(f"the client of {self.transport.address} is closed")
+
+        def request(sid: int) -> m.RequestBody:
+            return m.FetchStreamRequest(sid, queue, dict(positions), credit_bytes, tag_mask, push_bytes_max)
+
+        answer = self._new_future()
+        return self.transport.start_stream(request, handler, answer, any_thread=self._pushes_any_thread), answer
+
+    def withdraw(self, fut: Any) -> bool:
+        """Take back a request sent with a ``start_`` call if it is not written yet (True)."""
+        return self.transport.withdraw(fut)
+
+    def credit_fetch_stream(self, stream_id: int, credit_bytes: int) -> Any:
+        """Let a fetch stream push ``credit_bytes`` more, without waiting."""
+        return self._submit(m.StreamCreditRequest(stream_id, credit_bytes))
+
+    def close_fetch_stream(self, stream_id: int) -> None:
+        """Stop routing the stream's pushes here and ask the broker to end it, without waiting."""
+        self.transport.unregister_push(stream_id)
+        if not self._closed:  # the answer says nothing worth waiting for
+            self._submit(m.CloseStreamRequest(stream_id)).add_done_callback(retrieve)
+
+    def ack_push_stream(self, stream_id: int, offsets: dict[int, int], credit_messages: int, credit_bytes: int) -> Any:
+        """Grant a stream more credit and checkpoint ``offsets`` (if any), without waiting."""
+        return self._submit(m.SubscriptionAckRequest(stream_id, dict(offsets), credit_messages, credit_bytes))
+
+
+@define_calls("_call")
+class RemoteService(StreamCalls, BrokerService):
     """A BrokerService over TCP. Thread-safe.
 
     Each BrokerService method not written out here is made from its operation's entry in
     ``API_SPECS`` (:func:`define_calls`): it sends the request and waits for the answer,
     sending it again as the spec's ``resend`` allows."""
+
+    _new_future = LazyFuture
+    _pushes_any_thread = True  # a consumer's poll reads them
 
     def __init__(
         self, address: str, *, connect_timeout_s: float = 10.0, request_timeout_s: float = 60.0, retries: int = 3
@@ -528,10 +575,6 @@ class RemoteService(BrokerService):
         receive keeps its own timeout while the client connects again."""
         return self._submit(request, answer_timeout_s(self.transport, request), lead=True)
 
-    def withdraw(self, fut: concurrent.futures.Future) -> bool:
-        """Take back a request sent with a ``start_`` call if it is not written yet (True)."""
-        return self.transport.withdraw(fut)
-
     @takes_request("keyed_fetch", lead=False)
     def keyed_fetch_async(self, request: m.KeyedFetchRequest, lead: bool) -> concurrent.futures.Future:
         """A keyed fetch without waiting (BrokerService.keyed_fetch's arguments); the future
@@ -554,12 +597,6 @@ class RemoteService(BrokerService):
 
         return asyncio.run_coroutine_threadsafe(self.transport.open_stream(request, handler), self._loop).result()
 
-    def ack_push_stream(
-        self, stream_id: int, offsets: dict[int, int], credit_messages: int, credit_bytes: int
-    ) -> concurrent.futures.Future:
-        """Grant a stream more credit and checkpoint ``offsets`` (if any), without waiting."""
-        return self._submit(m.SubscriptionAckRequest(stream_id, dict(offsets), credit_messages, credit_bytes))
-
     def close_push_stream(self, stream_id: int) -> None:
         """Stop routing the stream's pushes here and ask the broker to end it."""
 
@@ -572,45 +609,6 @@ class RemoteService(BrokerService):
                 asyncio.run_coroutine_threadsafe(close_(), self._loop).result(timeout=10)
             except UnavailableError:
                 pass  # the connection is gone, and the stream with it
-
-    # fetch streams (headwater.client.transport.fetch_stream drives them)
-    def open_fetch_stream(
-        self,
-        queue: str,
-        positions: dict[int, int],
-        handler: Callable[[m.PushBody | None], None],
-        *,
-        credit_bytes: int,
-        tag_mask: int = 0,
-        push_bytes_max: int = 1 << 20,
-    ) -> tuple[int, concurrent.futures.Future]:
-        """Start opening a fetch stream over ``positions`` (``{partition: offset}``) of
-        ``queue``, without waiting (while the broker is away, the request waits for the next
-        connection): the stream's id and the future of the broker's answer (None, or the
-        reason it refused).
-
-        ``handler`` gets each PUSH body, on the thread that reads the connection (the client's
-        event loop, or a caller that leads: keep it quick and thread-safe), and None once if
-        the connection is lost."""
-        if self._closed:
-            raise ClosedError(f"the client of {self.address} is closed")
-
-        def request(sid: int) -> m.RequestBody:
-            return m.FetchStreamRequest(sid, queue, dict(positions), credit_bytes, tag_mask, push_bytes_max)
-
-        answer = LazyFuture()
-        return self.transport.start_stream(request, handler, answer, any_thread=True), answer
-
-    def credit_fetch_stream(self, stream_id: int, credit_bytes: int) -> concurrent.futures.Future:
-        """Let a fetch stream push ``credit_bytes`` more, without waiting."""
-        return self._submit(m.StreamCreditRequest(stream_id, credit_bytes))
-
-    def close_fetch_stream(self, stream_id: int) -> None:
-        """Stop routing the stream's pushes here and ask the broker to end it, without waiting."""
-        if self._closed:
-            return
-        self.transport.unregister_push(stream_id)
-        self._submit(m.CloseStreamRequest(stream_id))  # the answer says nothing worth waiting for
 
     def ping(self) -> None:
         self._call(m.PingRequest())

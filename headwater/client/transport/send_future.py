@@ -14,18 +14,10 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures._base import (
-    CANCELLED as _CANCELLED,
-)
-from concurrent.futures._base import (
-    CANCELLED_AND_NOTIFIED as _CANCELLED_AND_NOTIFIED,
-)
-from concurrent.futures._base import (
-    FINISHED as _FINISHED,
-)
-from concurrent.futures._base import (
-    PENDING as _PENDING,
-)
+from concurrent.futures._base import CANCELLED as _CANCELLED
+from concurrent.futures._base import CANCELLED_AND_NOTIFIED as _CANCELLED_AND_NOTIFIED
+from concurrent.futures._base import FINISHED as _FINISHED
+from concurrent.futures._base import PENDING as _PENDING
 
 from headwater.model.message import MessageId
 from headwater.model.service import ProduceResult
