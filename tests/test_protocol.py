@@ -20,7 +20,7 @@ from headwater.errors import (
     UnavailableError,
 )
 from headwater.model.batch import encode_batch, patch_batch
-from headwater.model.config import PartitionInfo, QueueConfig, QueueInfo
+from headwater.model.config import PartitionInfo, QueueConfig, QueueInfo, QueuePage
 from headwater.model.delay import DelayBucketStats, DelayStats
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary, MemberDescription
 from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
@@ -493,7 +493,7 @@ class FakeService:
         results = {
             "create_queue": INFO,
             "describe_queue": INFO,
-            "list_queues": [INFO],
+            "list_queues": QueuePage([INFO], "orders"),
             "delete_queue": None,
             "truncate_queue": INFO,
             "set_queue_enabled": INFO,
@@ -572,7 +572,7 @@ def test_every_service_method_crosses_the_wire():
     cases = [
         (CreateQueueRequest("orders", CONFIG), lambda s: s.create_queue("orders", CONFIG)),
         (DescribeQueueRequest("orders"), lambda s: s.describe_queue("orders")),
-        (ListQueuesRequest(), lambda s: s.list_queues()),
+        (ListQueuesRequest("a", 10), lambda s: s.list_queues("a", 10)),
         (DeleteQueueRequest("orders"), lambda s: s.delete_queue("orders")),
         (TruncateQueueRequest("orders"), lambda s: s.truncate_queue("orders")),
         (SetQueueEnabledRequest("orders", True), lambda s: s.set_queue_enabled("orders", True)),
@@ -680,7 +680,7 @@ def test_against_a_real_broker(tmp_path):
         with pytest.raises(errors_mod.QueueDisabledError):
             remote.call(FetchRequest("orders", 1, 0, 100))
         assert len(remote.call(AddPartitionsRequest("orders", 3)).partitions) == 3
-        assert [q.name for q in remote.call(ListQueuesRequest())] == ["orders"]
+        assert [q.name for q in remote.call(ListQueuesRequest()).queues] == ["orders"]
         remote.call(TruncateQueueRequest("orders"))
         assert remote.call(DeleteQueueRequest("orders")) is None
         with pytest.raises(QueueNotFoundError):

@@ -716,3 +716,34 @@ def test_the_copies_of_last_batches_stay_within_their_bound(tmp_path, clock):
     store.create_queue("q", QueueConfig(partitions=1))  # a new queue id: nothing of the old one matches
     assert store.fetch("q", 0, 0).batches == []
     store.close()
+
+
+def test_a_listing_of_many_partitions_comes_a_page_at_a_time(hw):
+    """Issue 30, finding 4: with 3 M partitions, every listing failed (a 122 MB answer over
+    the frame limit). A listing now pages: queues in name order, at most
+    LIST_PAGE_PARTITIONS partitions a page (a bigger queue comes alone), and
+    ``list_queues()`` asks for the pages one after the other."""
+    from headwater.model.config import LIST_PAGE_PARTITIONS
+
+    big = LIST_PAGE_PARTITIONS * 3 // 4
+    for name in ("c", "a", "b"):
+        hw.admin.create_queue(name, partitions=big)
+    hw.admin.create_queue("d", partitions=2)
+    hw.admin.create_queue("e", partitions=LIST_PAGE_PARTITIONS + 1)  # bigger than a page: alone
+    assert [q.name for q in hw.admin.list_queues()] == ["a", "b", "c", "d", "e"]
+    assert sum(len(q.partitions) for q in hw.admin.list_queues()) == 3 * big + 2 + LIST_PAGE_PARTITIONS + 1
+    service = hw._service
+    pages, after = [], None
+    while True:
+        page = service.list_queues(after)
+        pages.append([q.name for q in page.queues])
+        if page.next_after is None:
+            break
+        after = page.next_after
+    assert pages == [["a"], ["b"], ["c", "d"], ["e"]]
+    assert [q.name for q in service.list_queues(None, 2).queues] == ["a"]  # a small page: one queue
+    assert [q.name for q in service.list_queues("c", 2).queues] == ["d"]
+    assert service.list_queues("e").queues == []  # nothing after the last name
+    for bad in (-1, 1.5, True):
+        with pytest.raises(InvalidArgumentError, match="partitions_max"):
+            service.list_queues(None, bad)

@@ -606,7 +606,7 @@ def _simulate(seed: int, tmp_path: Path, steps: int, restarts: bool) -> None:
     dead = Counter()
     from headwater.model.batch import decode_records
 
-    if "q.dlq" in {q.name for q in broker.list_queues()}:
+    if "q.dlq" in {q.name for q in broker.list_queues().queues}:
         for p in range(len(broker.describe_queue("q.dlq").partitions)):
             for b in broker.fetch("q.dlq", p, 0, max_bytes=1 << 30).batches:
                 for r in decode_records(b, "q.dlq"):

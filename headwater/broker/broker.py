@@ -21,8 +21,15 @@ from headwater.broker.keyed import KeyedGroups
 from headwater.broker.offsets import OffsetStore
 from headwater.broker.shared import SharedGroups
 from headwater.broker.subscriptions import SubscriberRegistry
-from headwater.errors import MessageNotFoundError
-from headwater.model.config import QueueConfig, QueueInfo, check_user_queue, is_internal_queue
+from headwater.errors import InvalidArgumentError, MessageNotFoundError
+from headwater.model.config import (
+    LIST_PAGE_PARTITIONS,
+    QueueConfig,
+    QueueInfo,
+    QueuePage,
+    check_user_queue,
+    is_internal_queue,
+)
 from headwater.model.delay import DELAYED_PARTITION_BIT, DelayStats, peek_deliver_at
 from headwater.model.filtering import TagMaskFilter, filter_batches
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
@@ -93,8 +100,23 @@ class Broker:
     def describe_queue(self, name: str) -> QueueInfo:
         return self.store.describe_queue(check_user_queue(name))
 
-    def list_queues(self) -> list[QueueInfo]:
-        return self.store.list_queues()
+    def list_queues(self, after: str | None = None, partitions_max: int = 0) -> QueuePage:
+        if after is not None and not isinstance(after, str):
+            raise InvalidArgumentError(f"after must be a queue name (str) or None, got {after!r}")
+        if isinstance(partitions_max, bool) or not isinstance(partitions_max, int) or partitions_max < 0:
+            raise InvalidArgumentError(f"partitions_max must be an int >= 0 (0: the page size), got {partitions_max!r}")
+        room = min(partitions_max or LIST_PAGE_PARTITIONS, LIST_PAGE_PARTITIONS)
+        queues = sorted(self.store.list_queues(), key=lambda q: q.name)
+        page: list[QueueInfo] = []
+        for q in queues:
+            if after is not None and q.name <= after:
+                continue
+            n = len(q.partitions)
+            if page and n > room:
+                return QueuePage(page, page[-1].name)
+            page.append(q)
+            room -= n
+        return QueuePage(page)
 
     def delete_queue(self, name: str) -> None:
         self.store.delete_queue(check_user_queue(name))

@@ -19,6 +19,8 @@ __all__ = [
     "FlushPolicy",
     "QueueConfig",
     "QueueInfo",
+    "QueuePage",
+    "LIST_PAGE_PARTITIONS",
     "PartitionInfo",
     "validate_queue_name",
     "QUEUE_NAME_MAX",
@@ -149,3 +151,17 @@ class QueueInfo(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def message_count(self) -> int:
         return sum(p.end_offset - p.start_offset for p in self.partitions)
+
+
+class QueuePage(msgspec.Struct, frozen=True):
+    """One page of a queue listing: queues in name order, and ``next_after``, the name to
+    list after for the next page (None on the last). A listing pages so that its answer
+    stays a small frame however many partitions a broker holds."""
+
+    queues: list[QueueInfo]
+    next_after: str | None = None
+
+
+#: How many partitions one page of a queue listing describes at the most, unless the
+#: caller asks for fewer; a queue bigger than that comes alone on its page.
+LIST_PAGE_PARTITIONS = 20_000

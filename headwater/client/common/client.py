@@ -79,8 +79,16 @@ class AdminBase(Twins):
 
     @waits
     def list_queues(self) -> Waits[list[QueueInfo]]:
-        """Every queue, described."""
-        return (yield self._service.list_queues())
+        """Every queue, described, in name order (asked for a page at a time: a broker of
+        many partitions answers in several requests)."""
+        queues: list[QueueInfo] = []
+        after = None
+        while True:
+            page = yield self._service.list_queues(after)
+            queues += page.queues
+            if page.next_after is None:
+                return queues
+            after = page.next_after
 
     @waits
     def delete_queue(self, name: str, *, missing_ok: bool = False) -> Waits[None]:

@@ -109,6 +109,7 @@ _SUBSCRIBER: tuple[tuple[str, Callable[[Any], None]], ...] = (
 #: in the embedded broker's words, not the encoder's.
 _ARGUMENT_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], None]], ...]] = {
     m.DescribeQueueRequest: (("name", check_queue_arg),),
+    m.ListQueuesRequest: (("partitions_max", _an_int("partitions_max (the most partitions on a page)")),),
     m.DeleteQueueRequest: (("name", check_queue_arg),),
     m.TruncateQueueRequest: (("name", check_queue_arg),),
     m.SetQueueEnabledRequest: (("name", check_queue_arg),),

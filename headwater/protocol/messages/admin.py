@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from headwater.model.config import QueueConfig, QueueInfo
+from headwater.model.config import QueueConfig, QueueInfo, QueuePage
 from headwater.protocol.messages.base import ApiKey, RequestBody, ResponseBody, _NoResult
 
 
@@ -49,18 +49,21 @@ class DescribeQueueResponse(_QueueInfoResult, frozen=True, array_like=True):
 
 class ListQueuesRequest(RequestBody, frozen=True, array_like=True):
     api = ApiKey.LIST_QUEUES
+    after: str | None = None  # list the queues named after this one (the last page's next_after)
+    partitions_max: int = 0  # partitions on one page at the most; 0: the server's page size
 
 
 class ListQueuesResponse(ResponseBody, frozen=True, array_like=True):
     api = ApiKey.LIST_QUEUES
     queues: list[QueueInfo]
+    next_after: str | None = None  # None: the last page
 
-    def result(self) -> list[QueueInfo]:
-        return list(self.queues)
+    def result(self) -> QueuePage:
+        return QueuePage(list(self.queues), self.next_after)
 
     @classmethod
-    def from_result(cls, value: list[QueueInfo]) -> ResponseBody:
-        return cls(list(value))
+    def from_result(cls, value: QueuePage) -> ResponseBody:
+        return cls(list(value.queues), value.next_after)
 
 
 class DeleteQueueRequest(RequestBody, frozen=True, array_like=True):
