@@ -578,7 +578,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         b.buffered_bytes = 0
         b.done = True
         self._batch_done.set()
-        batches, wake = core.finish(b, self._now_ms(), self._hurry())
+        batches, wake = core.finish(b, self._now_ms, self._hurry)
         for nb in batches:
             self._dispatch(nb)  # type: ignore[arg-type]  # the core made it with _Batch
         if wake:

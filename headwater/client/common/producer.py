@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from headwater.client.common.twins import Twins, waits
 from headwater.client.core import batching
-from headwater.client.core.batching import check_batch_arg, receipt
+from headwater.client.core.batching import Groups, check_batch_arg, receipt
 from headwater.client.core.producer import Batch
 from headwater.model.message import Message, MessageId
 from headwater.model.service import ProduceResult
@@ -32,8 +32,6 @@ __all__ = ["Groups", "Messages", "ProducerBase"]
 
 #: the messages of one call that sends several
 Messages = Sequence[Message | bytes]
-#: a ``send_batch``'s messages by partition (None: the sticky one), as indexes into its list
-Groups = dict[int | None, list[int]]
 
 
 class ProducerBase(batching.ProducerBase, Twins):

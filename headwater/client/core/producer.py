@@ -449,10 +449,12 @@ class ProducerCore:
             ps.in_flight.popleft()
             ps.exclusive = False
 
-    def finish(self, b: Batch, now_ms: float, hurry: bool) -> tuple[list[Batch], bool]:
+    def finish(self, b: Batch, now_ms: Callable[[], float], hurry: Callable[[], bool]) -> tuple[list[Batch], bool]:
         """``b`` is settled: take it out of flight. Returns the batches of its partition that
         waited for its slot, now in flight (the caller sends them), and whether the driver's
-        timer must look again (a retry or the end of a recovery is due, or batches linger)."""
+        timer must look again (a retry or the end of a recovery is due, or batches linger).
+        The driver's clock and whether it hurries (as for :meth:`take`) are asked only when
+        batches waited: most often none did."""
         ps = b.part
         self.land(b)
         if ps.retry and b in ps.retry:
@@ -461,7 +463,7 @@ class ProducerCore:
             return [], not ps.in_flight
         if not (ps.has_batches() and self.can_send(ps)):
             return [], False
-        batches = self.take(ps, now_ms, hurry)
+        batches = self.take(ps, now_ms(), hurry())
         return batches, ps.has_batches() and self.mark_sendable(ps)
 
     def abort(self) -> tuple[list[Batch], list[Batch]]:
