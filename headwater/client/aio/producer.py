@@ -202,7 +202,9 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         self._check_open()
         fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         self._route(queue, info, msg, size, partition, fut, urgent=True, buffered=False, deliver_at_ms=at)
-        return await asyncio.shield(fut)
+        # fut is this call's own, so no shield (a turn of the loop less): a cancelled wait
+        # cancels only it, which _finish then leaves alone; the message is sent all the same
+        return await fut
 
     send_and_wait = send  # the sync producer's name for a send that waits
 
@@ -337,9 +339,9 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         self._check_open()
         return info
 
-    def _send_groups_of(
+    async def _send_groups_of(
         self, queue: str, info: QueueInfo, messages: Messages, groups: Groups, deliver_at_ms: int
-    ) -> Awaitable[list[ProduceResult]]:
+    ) -> list[ProduceResult]:
         cap = info.config.message_bytes_max
         msgs = {p: [messages[i] for i in idxs] for p, idxs in groups.items()}
         sizes = {p: check_messages(ms, cap) for p, ms in msgs.items()}  # all valid, or none sent
@@ -351,7 +353,9 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
             ps = self._core.partition(queue, p if p is not None else self._partitioner.sticky(queue, n), deliver_at_ms)
             futs.append(loop.create_future())
             self._enqueue(ps, ms, sizes[p], (len(ms), futs[-1]), urgent=True, deliver_at_ms=deliver_at_ms)
-        return asyncio.shield(asyncio.gather(*futs))
+        if len(futs) == 1:  # neither gather nor shield, as in send(): two turns of the loop less
+            return [await futs[0]]
+        return await asyncio.shield(asyncio.gather(*futs))
 
     def _fly(self, b: _Batch) -> Awaitable[ProduceResult]:
         fut: asyncio.Future[ProduceResult] = asyncio.get_running_loop().create_future()
@@ -509,19 +513,35 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         if refused is not None:
             self._finish(b, None, refused)
             return
+        if not self._pipelined:
+            task = asyncio.get_running_loop().create_task(self._produce_in_thread(b))
+            self._track(task)
+            return
         try:
-            if self._pipelined:
-                fut: asyncio.Future[ProduceResult] = self._service.produce_nowait(  # type: ignore[attr-defined]  # pipelined: the service ProducesNowait
-                    ps.queue, ps.partition, b.encoded
-                )
-            else:
-                call = self._service.produce(ps.queue, ps.partition, b.encoded)  # type: ignore[arg-type]  # encoded before it is sent
-                fut = task = asyncio.get_running_loop().create_task(call)
-                self._track(task, quiet=True)  # its error is the batch's, judged in _on_answer
+            fut: asyncio.Future[ProduceResult] = self._service.produce_nowait(  # type: ignore[attr-defined]  # pipelined: the service ProducesNowait
+                ps.queue, ps.partition, b.encoded
+            )
         except Exception as e:  # noqa: BLE001 - a closed service: judged like a failed request
             self._answered(b, None, e)
             return
         fut.add_done_callback(functools.partial(self._on_answer, b))
+
+    async def _produce_in_thread(self, b: _Batch) -> None:
+        """Send a batch to the embedded broker (its calls run on threads) and judge the answer
+        in this task, not in a done-callback: a turn of the loop less per batch."""
+        ps = b.part
+        try:
+            result = await self._service.produce(ps.queue, ps.partition, b.encoded)  # type: ignore[arg-type]  # encoded before it is sent
+        except asyncio.CancelledError:
+            if not b.done:  # else close() gave up on it already
+                self._finish(b, None, ClosedError("the producer was closed before this batch was acknowledged"))
+            raise
+        except Exception as e:  # noqa: BLE001 - the batch's error, judged by the core
+            if not b.done:
+                self._answered(b, None, e)
+            return
+        if not b.done:
+            self._answered(b, result, None)
 
     def _on_answer(self, b: _Batch, fut: asyncio.Future[ProduceResult]) -> None:
         if b.done:  # close() gave up on it
@@ -545,9 +565,9 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         self._core.retry_later(b, verdict.delay_ms, now_ms)
         self._schedule_pump()
 
-    def _track(self, task: asyncio.Task[Any], *, quiet: bool = False) -> None:
+    def _track(self, task: asyncio.Task[Any]) -> None:
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard if quiet else self._task_ended)
+        task.add_done_callback(self._task_ended)
 
     def _task_ended(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
