@@ -48,13 +48,7 @@ from headwater.client.core.batching import as_message, check_message, check_mess
 from headwater.client.core.outcomes import closed_unsent
 from headwater.client.core.producer import Batch, PartitionState
 from headwater.client.transport.send_future import AsyncSendFuture
-from headwater.errors import (
-    ClosedError,
-    InvalidArgumentError,
-    PartitionOutOfRangeError,
-    QueueNotFoundError,
-    UnavailableError,
-)
+from headwater.errors import ClosedError, InvalidArgumentError, PartitionOutOfRangeError, UnavailableError
 from headwater.model.config import QueueInfo
 from headwater.model.message import Message, MessageId
 from headwater.model.service import HasClock, ProduceResult, ProducesNowait
@@ -577,7 +571,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
     def _finish(self, b: _Batch, result: ProduceResult | None, exc: BaseException | None) -> None:
         """Settle a batch: resolve its futures, free its buffer room, advance or reset the
         sequences; then send what waited for its slot."""
-        core, ps = self._core, b.part
+        core = self._core
         if result is not None:
             qid, part, base = result.queue_id, result.partition, result.base_offset
             for index, count, fut in b.entries:
@@ -589,9 +583,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
                     )
         else:
             assert exc is not None
-            core.fail(b, exc)
-            if isinstance(exc, (QueueNotFoundError, PartitionOutOfRangeError)):
-                self._metadata.forget(ps.queue)
+            self._give_up(b, exc)
             for _, _, fut in b.entries:
                 _fail(fut, exc)
         self._buffered_bytes -= b.buffered_bytes

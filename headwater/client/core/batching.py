@@ -27,6 +27,7 @@ from headwater.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
     PartitionOutOfRangeError,
+    QueueNotFoundError,
 )
 from headwater.model.batch import BATCH_BYTES_MAX, HEADER_SIZE, batch_too_large
 from headwater.model.config import QueueInfo
@@ -309,6 +310,13 @@ class ProducerBase:
             raise MessageTooLargeError(
                 f"a message of {size} bytes does not fit in the producer's buffer_bytes_max={self.buffer_bytes_max}"
             )
+
+    def _give_up(self, b: Batch, exc: BaseException) -> None:
+        """``b`` fails for good with ``exc``: the core's bookkeeping (a new epoch, or its
+        sequences given back), and the queue's metadata forgotten if ``exc`` says it changed."""
+        self._core.fail(b, exc)
+        if isinstance(exc, (QueueNotFoundError, PartitionOutOfRangeError)):
+            self._metadata.forget(b.part.queue)
 
     def _split(self, info: QueueInfo, messages: Sequence[Message | bytes], partition: int | None) -> Groups:
         """The indexes of a ``send_batch``'s messages per partition (None: the sticky one)."""

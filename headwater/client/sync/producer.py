@@ -46,8 +46,6 @@ from headwater.client.sync.producer_sender import ProducerSender
 from headwater.client.transport.send_future import SendFuture, fail_sends, settle_sends
 from headwater.errors import (
     InvalidArgumentError,
-    PartitionOutOfRangeError,
-    QueueNotFoundError,
     UnavailableError,
     UsageError,
 )
@@ -603,9 +601,7 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
             if result is None:
                 assert exc is not None
                 with self._wire:  # the sequences: a new epoch, or this batch's given back
-                    core.fail(b, exc)
-                if isinstance(exc, (QueueNotFoundError, PartitionOutOfRangeError)):
-                    self._metadata.forget(b.part.queue)
+                    self._give_up(b, exc)
             batches, wake = core.finish(b, _now_ms, self._hurry_locked)
             if batches:
                 self._wire.acquire()
