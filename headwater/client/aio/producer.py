@@ -72,14 +72,14 @@ class _Batch(Batch):
         self.entries: list[tuple[int, int, asyncio.Future[Any]]] = []
 
 
-class _Parked(NamedTuple):
-    """A ``send_nowait`` message waiting for its queue's metadata."""
+class _Send(NamedTuple):
+    """One message of ``send_nowait`` or ``send``, checked, on its way to a partition."""
 
     msg: Message | bytes
     size: int
     partition: int | None
     fut: asyncio.Future[MessageId]
-    deliver_at_ms: int = 0
+    deliver_at_ms: int
 
 
 class AsyncProducer(ProducerBase, driver=ASYNCIO):
@@ -113,7 +113,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         self._pump_soon: asyncio.Handle | None = None  # _pump, scheduled for this turn of the loop
         self._timer: asyncio.TimerHandle | None = None  # _pump, when a linger or a backoff ends
         self._timer_at_ms: float | None = None
-        self._parked: dict[str, list[_Parked]] = {}  # by queue, in send order
+        self._parked: dict[str, list[_Send]] = {}  # waiting for their queue's metadata, in send order
         self._metadata_tasks: dict[str, asyncio.Task[None]] = {}
         self._refreshes: dict[str, asyncio.Task[None]] = {}  # background refreshes of stale metadata
         self._tasks: set[asyncio.Task[Any]] = set()  # metadata tasks and embedded sends, for close()
@@ -162,17 +162,16 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
                 f"producer buffer full: {self._buffered_bytes} bytes wait for acknowledgement "
                 f"(buffer_bytes_max={self.buffer_bytes_max}); await flush() or send() to wait for room"
             )
-        fut: asyncio.Future[MessageId] = AsyncSendFuture(loop=asyncio.get_running_loop())
-        now_ms = asyncio.get_running_loop().time() * 1000
+        loop = asyncio.get_running_loop()
+        item = _Send(msg, size, partition, AsyncSendFuture(loop=loop), at)
+        now_ms = loop.time() * 1000
         info = self._cached_info(queue, partition, now_ms)
         if info is None:
-            self._park(queue, _Parked(msg, size, partition, fut, at))
+            self._park(queue, item)
         else:
-            self._route(
-                queue, info, msg, size, partition, fut, urgent=False, buffered=True, deliver_at_ms=at, now_ms=now_ms
-            )
+            self._route(queue, info, item, urgent=False, now_ms=now_ms)
         self._buffered_bytes += size
-        return fut
+        return item.fut
 
     async def send(
         self,
@@ -194,11 +193,11 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         at = self._deliver_at(deliver_at, delay)
         info = await self._info_for(queue, partition)
         self._check_open()
-        fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        self._route(queue, info, msg, size, partition, fut, urgent=True, buffered=False, deliver_at_ms=at)
-        # fut is this call's own, so no shield (a turn of the loop less): a cancelled wait
-        # cancels only it, which _finish then leaves alone; the message is sent all the same
-        return await fut
+        item = _Send(msg, size, partition, asyncio.get_running_loop().create_future(), at)
+        self._route(queue, info, item, urgent=True)
+        # the future is this call's own, so no shield (a turn of the loop less): a cancelled
+        # wait cancels only it, which _finish then leaves alone; the message is sent anyway
+        return await item.fut
 
     send_and_wait = send  # the sync producer's name for a send that waits
 
@@ -346,7 +345,9 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         for p, ms in msgs.items():
             ps = self._core.partition(queue, p if p is not None else self._partitioner.sticky(queue, n), deliver_at_ms)
             futs.append(loop.create_future())
-            self._enqueue(ps, ms, sizes[p], (len(ms), futs[-1]), urgent=True, deliver_at_ms=deliver_at_ms)
+            b, opened, index = self._core.append_group(ps, ms, sizes[p], self._now_ms(), deliver_at_ms)
+            b.entries.append((index, len(ms), futs[-1]))
+            self._due(ps, b, opened, urgent=True)
         if len(futs) == 1:  # neither gather nor shield, as in send(): two turns of the loop less
             return [await futs[0]]
         return await asyncio.shield(asyncio.gather(*futs))
@@ -358,7 +359,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         self._dispatch(b)
         return asyncio.shield(fut)
 
-    def _park(self, queue: str, item: _Parked) -> None:
+    def _park(self, queue: str, item: _Send) -> None:
         self._parked.setdefault(queue, []).append(item)
         if queue not in self._metadata_tasks:
             task = asyncio.get_running_loop().create_task(
@@ -379,17 +380,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
                 failure = error
                 if info is not None:
                     try:
-                        self._route(
-                            queue,
-                            info,
-                            item.msg,
-                            item.size,
-                            item.partition,
-                            item.fut,
-                            urgent=False,
-                            buffered=True,
-                            deliver_at_ms=item.deliver_at_ms,
-                        )
+                        self._route(queue, info, item, urgent=False)
                     except Exception as e:  # noqa: BLE001 - this message's own failure
                         failure = e
                 if failure is not None:
@@ -398,44 +389,26 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         finally:
             self._metadata_tasks.pop(queue, None)
 
-    def _route(
-        self,
-        queue: str,
-        info: QueueInfo,
-        msg: Message | bytes,
-        size: int,
-        partition: int | None,
-        fut: asyncio.Future[MessageId],
-        *,
-        urgent: bool,
-        buffered: bool,
-        deliver_at_ms: int = 0,
-        now_ms: float | None = None,
-    ) -> None:
-        """Check the message against the queue and append it to its partition's open batch."""
-        cap = info.config.message_bytes_max
+    def _route(self, queue: str, info: QueueInfo, item: _Send, *, urgent: bool, now_ms: float | None = None) -> None:
+        """Check a message against the queue and append it to its partition's open batch;
+        ``urgent``: its sender waits for it, so it neither lingers nor counts against the
+        buffer."""
+        msg, cap, n = item.msg, info.config.message_bytes_max, len(info.partitions)
         body_len = len(msg) if type(msg) is bytes else len(msg.body)  # type: ignore[union-attr,arg-type]  # not bytes: a Message
         if body_len > cap:
             raise too_large(body_len, cap)
-        n = len(info.partitions)
-        if partition is not None:
-            if not 0 <= partition < n:
-                raise no_partition(queue, n, partition)
-            p = partition
-        else:
-            chosen = self._partitioner.for_message(msg, n)
-            p = chosen if chosen is not None else self._partitioner.sticky(queue, n)
-        ps = self._core.partition(queue, p, deliver_at_ms)
-        self._enqueue(
-            ps,
-            msg,
-            size,
-            (0, fut),
-            urgent=urgent,
-            buffered=size if buffered else 0,
-            deliver_at_ms=deliver_at_ms,
-            now_ms=now_ms,
-        )
+        p = item.partition
+        if p is None:
+            p = self._partitioner.for_message(msg, n)
+            if p is None:
+                p = self._partitioner.sticky(queue, n)
+        elif not 0 <= p < n:
+            raise no_partition(queue, n, p)
+        ps = self._core.partition(queue, p, item.deliver_at_ms)
+        now_ms = self._now_ms() if now_ms is None else now_ms
+        b, opened = self._core.append(ps, msg, item.size, now_ms, item.deliver_at_ms, urgent, not urgent)
+        b.entries.append((len(b.messages) - 1, 0, item.fut))
+        self._due(ps, b, opened, urgent)
 
     # -- the accumulator (the core's) and sending ---------------------------------------------
 
@@ -446,33 +419,10 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         """Whether open batches leave now rather than when their linger ends."""
         return bool(not self.linger_ms or self._flushing or self._closed)
 
-    def _enqueue(
-        self,
-        ps: PartitionState,
-        msgs: Message | bytes | list[Message | bytes],
-        size: int,
-        entry: tuple[int, asyncio.Future[Any]],
-        *,
-        urgent: bool,
-        buffered: int = 0,
-        deliver_at_ms: int = 0,
-        now_ms: float | None = None,
-    ) -> None:
-        """Add one message (``entry[0] == 0``) or a ``send_batch`` group to the open batch of
-        ``ps``; when something is due, have it sent in this turn of the loop."""
-        core = self._core
-        count, fut = entry
-        if now_ms is None:
-            now_ms = self._now_ms()
-        if count:
-            b, opened = core.batch_for(ps, size, now_ms, deliver_at_ms)
-            b.entries.append((len(b.messages), count, fut))
-            b.messages.extend(msgs)  # type: ignore[arg-type]  # a send_batch group is a list
-            core.added(b, count, size, deliver_at_ms, bool(buffered), urgent)
-        else:
-            b, opened = core.append(ps, msgs, size, now_ms, deliver_at_ms, urgent, bool(buffered))  # type: ignore[arg-type]  # one message, not a list
-            b.entries.append((len(b.messages) - 1, 0, fut))
-        if (opened or urgent or ps.open is not b) and core.mark_sendable(ps):
+    def _due(self, ps: PartitionState, b: Batch, opened: bool, urgent: bool) -> None:
+        """Messages joined ``b``, the open batch of ``ps`` (``opened``: a new one): when it
+        is due, or has a linger to time, have the pump see to it in this turn of the loop."""
+        if (opened or urgent or ps.open is not b) and self._core.mark_sendable(ps):
             self._schedule_pump()
 
     def _schedule_pump(self) -> None:

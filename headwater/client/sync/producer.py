@@ -492,15 +492,12 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
     ) -> None:
         """Add a blocking call's messages to the open batch of ``ps``; it leaves without
         lingering, as soon as the partition's slot is free."""
-        core = self._core
-        b, _ = core.batch_for(ps, size, _now_ms(), deliver_at_ms)
+        b, _, index = self._core.append_group(ps, msgs, size, _now_ms(), deliver_at_ms)
         if b.groups is None:
             b.groups = []
-        b.groups.append((len(b.messages), len(msgs), fut))
-        b.messages.extend(msgs)
+        b.groups.append((index, len(msgs), fut))
         b.futures.extend([None] * len(msgs))
-        core.added(b, len(msgs), size, deliver_at_ms, False, True)
-        if core.mark_sendable(ps):
+        if self._core.mark_sendable(ps):
             self._wake_locked()
 
     def _hurry_locked(self) -> bool:
