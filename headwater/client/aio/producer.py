@@ -14,17 +14,15 @@ The same batching, routing and idempotence, on the event loop instead of a sende
   a task refreshes it.
 - ``await send()`` and ``await send_batch()`` do the same without lingering and return once
   the broker acknowledged. Cancelling the caller does not take the messages back.
-- Sending is the core's (:mod:`headwater.client.core.producer`), as in the sync
-  producer: what is due leaves from a callback scheduled once per turn of the event loop
-  (so the messages sent in one turn form one batch), from a timer when a linger or a retry
-  backoff ends, and from the callback of the answer that frees a partition's slot; no task
-  per partition. Over the network up to ``max_in_flight`` batches of a partition are in
-  flight (5 for an idempotent producer, as the sync producer does); after a failure to
-  retry, the partition sends nothing new until what is in flight is settled, then sends the
-  failed batches again one at a time, in order. Embedded (calls on threads keep no order)
-  it sends one batch at a time.
-- Idempotence and retries as in the sync producer, by the same table
-  (:mod:`headwater.client.core.outcomes`).
+- What leaves when, and what follows each answer, is the core's, as in the sync producer
+  (:mod:`headwater.client.core.producer` says its rules; idempotence and retries follow
+  the table in :mod:`headwater.client.core.outcomes`). What is due leaves from a callback
+  scheduled once per turn of the event loop (so the messages sent in one turn form one
+  batch), from a timer when a linger or a retry backoff ends, and from where the answer
+  that frees a partition's slot is taken: its done-callback over the network, where up to
+  ``max_in_flight`` batches of a partition are in flight, or embedded, where calls on
+  threads keep no order and one batch at a time goes, the task that awaited it. There is
+  no task per partition.
 
 Use from one event loop. Nothing here blocks; what does no I/O is shared with the sync
 producer (:mod:`headwater.client.core`, :mod:`headwater.client.core.batching`,
