@@ -71,7 +71,8 @@ class _Batch(Batch):
 
 
 class _Send(NamedTuple):
-    """One message of ``send_nowait`` or ``send``, checked, on its way to a partition."""
+    """A ``send_nowait`` message waiting for its queue's metadata: :meth:`AsyncProducer._route`'s
+    arguments."""
 
     msg: Message | bytes
     size: int
@@ -149,11 +150,13 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         awaiting it can be cancelled (or time out with ``asyncio.timeout``): that ends only
         its wait (see :class:`~headwater.client.transport.send_future.AsyncSendFuture`).
         """
-        self._check_open()
+        if self._closed:  # checked here, not by a call: this runs once per message
+            self._check_open()
         msg = as_message(body, key, tag, properties)
         size = check_message(msg, _NO_CAP)
-        _check_partition_type(partition)
-        at = self._deliver_at(deliver_at, delay)
+        if partition is not None:
+            _check_partition_type(partition)
+        at = 0 if deliver_at is None and delay is None else self._deliver_at(deliver_at, delay)
         if self._buffered_bytes + size > self.buffer_bytes_max:
             self._check_room(size)
             raise UnavailableError(
@@ -161,15 +164,15 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
                 f"(buffer_bytes_max={self.buffer_bytes_max}); await flush() or send() to wait for room"
             )
         loop = asyncio.get_running_loop()
-        item = _Send(msg, size, partition, AsyncSendFuture(loop=loop), at)
+        fut: asyncio.Future[MessageId] = AsyncSendFuture(loop=loop)
         now_ms = loop.time() * 1000
         info = self._cached_info(queue, partition, now_ms)
         if info is None:
-            self._park(queue, item)
+            self._park(queue, _Send(msg, size, partition, fut, at))
         else:
-            self._route(queue, info, item, urgent=False, now_ms=now_ms)
+            self._route(queue, info, msg, size, partition, fut, at, urgent=False, now_ms=now_ms)
         self._buffered_bytes += size
-        return item.fut
+        return fut
 
     async def send(
         self,
@@ -191,11 +194,11 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         at = self._deliver_at(deliver_at, delay)
         info = await self._info_for(queue, partition)
         self._check_open()
-        item = _Send(msg, size, partition, asyncio.get_running_loop().create_future(), at)
-        self._route(queue, info, item, urgent=True)
-        # the future is this call's own, so no shield (a turn of the loop less): a cancelled
-        # wait cancels only it, which _finish then leaves alone; the message is sent anyway
-        return await item.fut
+        fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        self._route(queue, info, msg, size, partition, fut, at, urgent=True)
+        # fut is this call's own, so no shield (a turn of the loop less): a cancelled wait
+        # cancels only it, which _finish then leaves alone; the message is sent all the same
+        return await fut
 
     send_and_wait = send  # the sync producer's name for a send that waits
 
@@ -378,7 +381,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
                 failure = error
                 if info is not None:
                     try:
-                        self._route(queue, info, item, urgent=False)
+                        self._route(queue, info, *item, urgent=False)
                     except Exception as e:  # noqa: BLE001 - this message's own failure
                         failure = e
                 if failure is not None:
@@ -387,25 +390,37 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         finally:
             self._metadata_tasks.pop(queue, None)
 
-    def _route(self, queue: str, info: QueueInfo, item: _Send, *, urgent: bool, now_ms: float | None = None) -> None:
+    def _route(
+        self,
+        queue: str,
+        info: QueueInfo,
+        msg: Message | bytes,
+        size: int,
+        partition: int | None,
+        fut: asyncio.Future[MessageId],
+        deliver_at_ms: int,
+        *,
+        urgent: bool,
+        now_ms: float | None = None,
+    ) -> None:
         """Check a message against the queue and append it to its partition's open batch;
         ``urgent``: its sender waits for it, so it neither lingers nor counts against the
         buffer."""
-        msg, cap, n = item.msg, info.config.message_bytes_max, len(info.partitions)
+        cap, n = info.config.message_bytes_max, len(info.partitions)
         body_len = len(msg) if type(msg) is bytes else len(msg.body)  # type: ignore[union-attr,arg-type]  # not bytes: a Message
         if body_len > cap:
             raise too_large(body_len, cap)
-        p = item.partition
+        p = partition
         if p is None:
             p = self._partitioner.for_message(msg, n)
             if p is None:
                 p = self._partitioner.sticky(queue, n)
         elif not 0 <= p < n:
             raise no_partition(queue, n, p)
-        ps = self._core.partition(queue, p, item.deliver_at_ms)
+        ps = self._core.partition(queue, p, deliver_at_ms)
         now_ms = self._now_ms() if now_ms is None else now_ms
-        b, opened = self._core.append(ps, msg, item.size, now_ms, item.deliver_at_ms, urgent, not urgent)
-        b.entries.append((len(b.messages) - 1, 0, item.fut))
+        b, opened = self._core.append(ps, msg, size, now_ms, deliver_at_ms, urgent, not urgent)
+        b.entries.append((len(b.messages) - 1, 0, fut))
         self._due(ps, b, opened, urgent)
 
     # -- the accumulator (the core's) and sending ---------------------------------------------

@@ -196,7 +196,12 @@ class ProducerCore:
         path of a send)."""
         b = ps.open
         opened = False
-        if b is None or b.size_bytes + size > self.batch_bytes_max or not joins_batch(b.deliver_times, deliver_at_ms):
+        if (
+            b is None
+            or b.size_bytes + size > self.batch_bytes_max
+            # without a deliver time on either side it joins: no call per message then
+            or ((deliver_at_ms or b.deliver_times is not None) and not joins_batch(b.deliver_times, deliver_at_ms))
+        ):
             b, opened = self.batch_for(ps, size, now_ms, deliver_at_ms)
         b.messages.append(msg)  # this runs once per message sent: kept short
         if deliver_at_ms:
