@@ -10,6 +10,8 @@ itself; for the asyncio one an awaitable of it.
 
 The single-message sends stay in each driver: they are the hot paths (no generator per
 message), and their twins' parameters differ (the thread-based ones take a ``callback``).
+For the same reason the thread-based ``send_batch`` sends unkeyed messages for the sticky
+partition itself and drives this body for the rest.
 """
 
 from __future__ import annotations

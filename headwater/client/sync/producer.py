@@ -234,7 +234,8 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
         ):
             return self._send_batch(queue, messages, partition=partition, deliver_at=deliver_at, delay=delay)
         # the common case, unkeyed messages for the sticky partition, without the shared
-        # body's generator and groups: they cost an embedded send of one message 5 %
+        # body's generator and groups: they cost an embedded send_batch of one message
+        # about 3.5 us of 23 (sb.py, issue 29)
         self._refuse_in_sender("send_batch()")
         return BatchReceipt(self._send_sync(queue, None, self._queue_info(queue), messages, None))
 
