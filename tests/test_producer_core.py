@@ -102,7 +102,7 @@ def test_at_most_pipeline_batches_fly_and_a_landing_one_frees_a_slot():
     flying, _ = c.collect(now_ms=0, hurry=True)
     assert [b.messages for b in flying] == [[b"a"], [b"b"]]
     assert send(c, flying) == [0, 1]  # sequences follow each other, before any answer
-    nxt, _ = c.finish(flying[0], now_ms=1, hurry=True)
+    nxt, _ = c.finish(flying[0], now_ms=lambda: 1, hurry=lambda: True)
     assert [b.messages for b in nxt] == [[b"c"]] and send(c, nxt) == [2]
 
 
@@ -118,11 +118,11 @@ def test_a_failed_batch_goes_again_first_in_its_order_once_the_flight_is_through
         c.retry_later(batch, verdict.delay_ms, now_ms=now)
     add(c, b"d", now_ms=3)
     assert c.collect(now_ms=500, hurry=True)[0] == []  # c is still in flight: nothing leaves
-    c.finish(cc, now_ms=501, hurry=True)
+    c.finish(cc, now_ms=lambda: 501, hurry=lambda: True)
     assert c.collect(now_ms=502, hurry=True)[0] == [a]  # one at a time, in their first order
-    c.finish(a, now_ms=503, hurry=True)
+    c.finish(a, now_ms=lambda: 503, hurry=lambda: True)
     assert c.collect(now_ms=504, hurry=True)[0] == [b]
-    c.finish(b, now_ms=505, hurry=True)
+    c.finish(b, now_ms=lambda: 505, hurry=lambda: True)
     assert [x.messages for x in c.collect(now_ms=506, hurry=True)[0]] == [[b"d"]]  # recovered
 
 
@@ -146,7 +146,7 @@ def test_a_failure_that_may_have_stored_the_batch_bumps_the_epoch_else_frees_its
     c.fail(a, InvalidArgumentError("refused"))
     assert c.identity[1] == 0 and c.partition("q", 0).next_sequence == 0  # given back
     add(c, b"b", now_ms=0)
-    (b,) = c.finish(a, now_ms=0, hurry=True)[0]  # what waited leaves as the slot frees
+    (b,) = c.finish(a, now_ms=lambda: 0, hurry=lambda: True)[0]  # what waited leaves as the slot frees
     send(c, [b])
     c.fail(b, UnavailableError("gave up"))
     assert c.identity[1] == 1  # it may be stored: the next batches start a new epoch

@@ -14,17 +14,15 @@ The same batching, routing and idempotence, on the event loop instead of a sende
   a task refreshes it.
 - ``await send()`` and ``await send_batch()`` do the same without lingering and return once
   the broker acknowledged. Cancelling the caller does not take the messages back.
-- Sending is the core's (:mod:`headwater.client.core.producer`), as in the sync
-  producer: what is due leaves from a callback scheduled once per turn of the event loop
-  (so the messages sent in one turn form one batch), from a timer when a linger or a retry
-  backoff ends, and from the callback of the answer that frees a partition's slot; no task
-  per partition. Over the network up to ``max_in_flight`` batches of a partition are in
-  flight (5 for an idempotent producer, as the sync producer does); after a failure to
-  retry, the partition sends nothing new until what is in flight is settled, then sends the
-  failed batches again one at a time, in order. Embedded (calls on threads keep no order)
-  it sends one batch at a time.
-- Idempotence and retries as in the sync producer, by the same table
-  (:mod:`headwater.client.core.outcomes`).
+- What leaves when, and what follows each answer, is the core's, as in the sync producer
+  (:mod:`headwater.client.core.producer` says its rules; idempotence and retries follow
+  the table in :mod:`headwater.client.core.outcomes`). What is due leaves from a callback
+  scheduled once per turn of the event loop (so the messages sent in one turn form one
+  batch), from a timer when a linger or a retry backoff ends, and from where the answer
+  that frees a partition's slot is taken: its done-callback over the network, where up to
+  ``max_in_flight`` batches of a partition are in flight, or embedded, where calls on
+  threads keep no order and one batch at a time goes, the task that awaited it. There is
+  no task per partition.
 
 Use from one event loop. Nothing here blocks; what does no I/O is shared with the sync
 producer (:mod:`headwater.client.core`, :mod:`headwater.client.core.batching`,
@@ -48,13 +46,7 @@ from headwater.client.core.batching import as_message, check_message, check_mess
 from headwater.client.core.outcomes import closed_unsent
 from headwater.client.core.producer import Batch, PartitionState
 from headwater.client.transport.send_future import AsyncSendFuture
-from headwater.errors import (
-    ClosedError,
-    InvalidArgumentError,
-    PartitionOutOfRangeError,
-    QueueNotFoundError,
-    UnavailableError,
-)
+from headwater.errors import ClosedError, InvalidArgumentError, PartitionOutOfRangeError, UnavailableError
 from headwater.model.config import QueueInfo
 from headwater.model.message import Message, MessageId
 from headwater.model.service import HasClock, ProduceResult, ProducesNowait
@@ -78,14 +70,15 @@ class _Batch(Batch):
         self.entries: list[tuple[int, int, asyncio.Future[Any]]] = []
 
 
-class _Parked(NamedTuple):
-    """A ``send_nowait`` message waiting for its queue's metadata."""
+class _Send(NamedTuple):
+    """A ``send_nowait`` message waiting for its queue's metadata: :meth:`AsyncProducer._route`'s
+    arguments."""
 
     msg: Message | bytes
     size: int
     partition: int | None
     fut: asyncio.Future[MessageId]
-    deliver_at_ms: int = 0
+    deliver_at_ms: int
 
 
 class AsyncProducer(ProducerBase, driver=ASYNCIO):
@@ -119,7 +112,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         self._pump_soon: asyncio.Handle | None = None  # _pump, scheduled for this turn of the loop
         self._timer: asyncio.TimerHandle | None = None  # _pump, when a linger or a backoff ends
         self._timer_at_ms: float | None = None
-        self._parked: dict[str, list[_Parked]] = {}  # by queue, in send order
+        self._parked: dict[str, list[_Send]] = {}  # waiting for their queue's metadata, in send order
         self._metadata_tasks: dict[str, asyncio.Task[None]] = {}
         self._refreshes: dict[str, asyncio.Task[None]] = {}  # background refreshes of stale metadata
         self._tasks: set[asyncio.Task[Any]] = set()  # metadata tasks and embedded sends, for close()
@@ -157,26 +150,27 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         awaiting it can be cancelled (or time out with ``asyncio.timeout``): that ends only
         its wait (see :class:`~headwater.client.transport.send_future.AsyncSendFuture`).
         """
-        self._check_open()
+        if self._closed:  # checked here, not by a call: this runs once per message
+            self._check_open()
         msg = as_message(body, key, tag, properties)
         size = check_message(msg, _NO_CAP)
-        _check_partition_type(partition)
-        at = self._deliver_at(deliver_at, delay)
+        if partition is not None:
+            _check_partition_type(partition)
+        at = 0 if deliver_at is None and delay is None else self._deliver_at(deliver_at, delay)
         if self._buffered_bytes + size > self.buffer_bytes_max:
             self._check_room(size)
             raise UnavailableError(
                 f"producer buffer full: {self._buffered_bytes} bytes wait for acknowledgement "
                 f"(buffer_bytes_max={self.buffer_bytes_max}); await flush() or send() to wait for room"
             )
-        fut: asyncio.Future[MessageId] = AsyncSendFuture(loop=asyncio.get_running_loop())
-        now_ms = asyncio.get_running_loop().time() * 1000
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[MessageId] = AsyncSendFuture(loop=loop)
+        now_ms = loop.time() * 1000
         info = self._cached_info(queue, partition, now_ms)
         if info is None:
-            self._park(queue, _Parked(msg, size, partition, fut, at))
+            self._park(queue, _Send(msg, size, partition, fut, at))
         else:
-            self._route(
-                queue, info, msg, size, partition, fut, urgent=False, buffered=True, deliver_at_ms=at, now_ms=now_ms
-            )
+            self._route(queue, info, msg, size, partition, fut, at, urgent=False, now_ms=now_ms)
         self._buffered_bytes += size
         return fut
 
@@ -201,8 +195,10 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         info = await self._info_for(queue, partition)
         self._check_open()
         fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        self._route(queue, info, msg, size, partition, fut, urgent=True, buffered=False, deliver_at_ms=at)
-        return await asyncio.shield(fut)
+        self._route(queue, info, msg, size, partition, fut, at, urgent=True)
+        # fut is this call's own, so no shield (a turn of the loop less): a cancelled wait
+        # cancels only it, which _finish then leaves alone; the message is sent all the same
+        return await fut
 
     send_and_wait = send  # the sync producer's name for a send that waits
 
@@ -337,9 +333,9 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         self._check_open()
         return info
 
-    def _send_groups_of(
+    async def _send_groups_of(
         self, queue: str, info: QueueInfo, messages: Messages, groups: Groups, deliver_at_ms: int
-    ) -> Awaitable[list[ProduceResult]]:
+    ) -> list[ProduceResult]:
         cap = info.config.message_bytes_max
         msgs = {p: [messages[i] for i in idxs] for p, idxs in groups.items()}
         sizes = {p: check_messages(ms, cap) for p, ms in msgs.items()}  # all valid, or none sent
@@ -350,8 +346,12 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         for p, ms in msgs.items():
             ps = self._core.partition(queue, p if p is not None else self._partitioner.sticky(queue, n), deliver_at_ms)
             futs.append(loop.create_future())
-            self._enqueue(ps, ms, sizes[p], (len(ms), futs[-1]), urgent=True, deliver_at_ms=deliver_at_ms)
-        return asyncio.shield(asyncio.gather(*futs))
+            b, opened, index = self._core.append_group(ps, ms, sizes[p], self._now_ms(), deliver_at_ms)
+            b.entries.append((index, len(ms), futs[-1]))
+            self._due(ps, b, opened, urgent=True)
+        if len(futs) == 1:  # neither gather nor shield, as in send(): two turns of the loop less
+            return [await futs[0]]
+        return await asyncio.shield(asyncio.gather(*futs))
 
     def _fly(self, b: _Batch) -> Awaitable[ProduceResult]:
         fut: asyncio.Future[ProduceResult] = asyncio.get_running_loop().create_future()
@@ -360,7 +360,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         self._dispatch(b)
         return asyncio.shield(fut)
 
-    def _park(self, queue: str, item: _Parked) -> None:
+    def _park(self, queue: str, item: _Send) -> None:
         self._parked.setdefault(queue, []).append(item)
         if queue not in self._metadata_tasks:
             task = asyncio.get_running_loop().create_task(
@@ -381,17 +381,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
                 failure = error
                 if info is not None:
                     try:
-                        self._route(
-                            queue,
-                            info,
-                            item.msg,
-                            item.size,
-                            item.partition,
-                            item.fut,
-                            urgent=False,
-                            buffered=True,
-                            deliver_at_ms=item.deliver_at_ms,
-                        )
+                        self._route(queue, info, *item, urgent=False)
                     except Exception as e:  # noqa: BLE001 - this message's own failure
                         failure = e
                 if failure is not None:
@@ -408,36 +398,30 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         size: int,
         partition: int | None,
         fut: asyncio.Future[MessageId],
+        deliver_at_ms: int,
         *,
         urgent: bool,
-        buffered: bool,
-        deliver_at_ms: int = 0,
         now_ms: float | None = None,
     ) -> None:
-        """Check the message against the queue and append it to its partition's open batch."""
-        cap = info.config.message_bytes_max
+        """Check a message against the queue and append it to its partition's open batch;
+        ``urgent``: its sender waits for it, so it neither lingers nor counts against the
+        buffer."""
+        cap, n = info.config.message_bytes_max, len(info.partitions)
         body_len = len(msg) if type(msg) is bytes else len(msg.body)  # type: ignore[union-attr,arg-type]  # not bytes: a Message
         if body_len > cap:
             raise too_large(body_len, cap)
-        n = len(info.partitions)
-        if partition is not None:
-            if not 0 <= partition < n:
-                raise no_partition(queue, n, partition)
-            p = partition
-        else:
-            chosen = self._partitioner.for_message(msg, n)
-            p = chosen if chosen is not None else self._partitioner.sticky(queue, n)
+        p = partition
+        if p is None:
+            p = self._partitioner.for_message(msg, n)
+            if p is None:
+                p = self._partitioner.sticky(queue, n)
+        elif not 0 <= p < n:
+            raise no_partition(queue, n, p)
         ps = self._core.partition(queue, p, deliver_at_ms)
-        self._enqueue(
-            ps,
-            msg,
-            size,
-            (0, fut),
-            urgent=urgent,
-            buffered=size if buffered else 0,
-            deliver_at_ms=deliver_at_ms,
-            now_ms=now_ms,
-        )
+        now_ms = self._now_ms() if now_ms is None else now_ms
+        b, opened = self._core.append(ps, msg, size, now_ms, deliver_at_ms, urgent, not urgent)
+        b.entries.append((len(b.messages) - 1, 0, fut))
+        self._due(ps, b, opened, urgent)
 
     # -- the accumulator (the core's) and sending ---------------------------------------------
 
@@ -448,33 +432,10 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         """Whether open batches leave now rather than when their linger ends."""
         return bool(not self.linger_ms or self._flushing or self._closed)
 
-    def _enqueue(
-        self,
-        ps: PartitionState,
-        msgs: Message | bytes | list[Message | bytes],
-        size: int,
-        entry: tuple[int, asyncio.Future[Any]],
-        *,
-        urgent: bool,
-        buffered: int = 0,
-        deliver_at_ms: int = 0,
-        now_ms: float | None = None,
-    ) -> None:
-        """Add one message (``entry[0] == 0``) or a ``send_batch`` group to the open batch of
-        ``ps``; when something is due, have it sent in this turn of the loop."""
-        core = self._core
-        count, fut = entry
-        if now_ms is None:
-            now_ms = self._now_ms()
-        if count:
-            b, opened = core.batch_for(ps, size, now_ms, deliver_at_ms)
-            b.entries.append((len(b.messages), count, fut))
-            b.messages.extend(msgs)  # type: ignore[arg-type]  # a send_batch group is a list
-            core.added(b, count, size, deliver_at_ms, bool(buffered), urgent)
-        else:
-            b, opened = core.append(ps, msgs, size, now_ms, deliver_at_ms, urgent, bool(buffered))  # type: ignore[arg-type]  # one message, not a list
-            b.entries.append((len(b.messages) - 1, 0, fut))
-        if (opened or urgent or ps.open is not b) and core.mark_sendable(ps):
+    def _due(self, ps: PartitionState, b: Batch, opened: bool, urgent: bool) -> None:
+        """Messages joined ``b``, the open batch of ``ps`` (``opened``: a new one): when it
+        is due, or has a linger to time, have the pump see to it in this turn of the loop."""
+        if (opened or urgent or ps.open is not b) and self._core.mark_sendable(ps):
             self._schedule_pump()
 
     def _schedule_pump(self) -> None:
@@ -509,19 +470,35 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         if refused is not None:
             self._finish(b, None, refused)
             return
+        if not self._pipelined:
+            task = asyncio.get_running_loop().create_task(self._produce_in_thread(b))
+            self._track(task)
+            return
         try:
-            if self._pipelined:
-                fut: asyncio.Future[ProduceResult] = self._service.produce_nowait(  # type: ignore[attr-defined]  # pipelined: the service ProducesNowait
-                    ps.queue, ps.partition, b.encoded
-                )
-            else:
-                call = self._service.produce(ps.queue, ps.partition, b.encoded)  # type: ignore[arg-type]  # encoded before it is sent
-                fut = task = asyncio.get_running_loop().create_task(call)
-                self._track(task, quiet=True)  # its error is the batch's, judged in _on_answer
+            fut: asyncio.Future[ProduceResult] = self._service.produce_nowait(  # type: ignore[attr-defined]  # pipelined: the service ProducesNowait
+                ps.queue, ps.partition, b.encoded
+            )
         except Exception as e:  # noqa: BLE001 - a closed service: judged like a failed request
             self._answered(b, None, e)
             return
         fut.add_done_callback(functools.partial(self._on_answer, b))
+
+    async def _produce_in_thread(self, b: _Batch) -> None:
+        """Send a batch to the embedded broker (its calls run on threads) and judge the answer
+        in this task, not in a done-callback: a turn of the loop less per batch."""
+        ps = b.part
+        try:
+            result = await self._service.produce(ps.queue, ps.partition, b.encoded)  # type: ignore[arg-type]  # encoded before it is sent
+        except asyncio.CancelledError:
+            if not b.done:  # else close() gave up on it already
+                self._finish(b, None, ClosedError("the producer was closed before this batch was acknowledged"))
+            raise
+        except Exception as e:  # noqa: BLE001 - the batch's error, judged by the core
+            if not b.done:
+                self._answered(b, None, e)
+            return
+        if not b.done:
+            self._answered(b, result, None)
 
     def _on_answer(self, b: _Batch, fut: asyncio.Future[ProduceResult]) -> None:
         if b.done:  # close() gave up on it
@@ -545,9 +522,9 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         self._core.retry_later(b, verdict.delay_ms, now_ms)
         self._schedule_pump()
 
-    def _track(self, task: asyncio.Task[Any], *, quiet: bool = False) -> None:
+    def _track(self, task: asyncio.Task[Any]) -> None:
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard if quiet else self._task_ended)
+        task.add_done_callback(self._task_ended)
 
     def _task_ended(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -557,7 +534,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
     def _finish(self, b: _Batch, result: ProduceResult | None, exc: BaseException | None) -> None:
         """Settle a batch: resolve its futures, free its buffer room, advance or reset the
         sequences; then send what waited for its slot."""
-        core, ps = self._core, b.part
+        core = self._core
         if result is not None:
             qid, part, base = result.queue_id, result.partition, result.base_offset
             for index, count, fut in b.entries:
@@ -569,16 +546,14 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
                     )
         else:
             assert exc is not None
-            core.fail(b, exc)
-            if isinstance(exc, (QueueNotFoundError, PartitionOutOfRangeError)):
-                self._metadata.forget(ps.queue)
+            self._give_up(b, exc)
             for _, _, fut in b.entries:
                 _fail(fut, exc)
         self._buffered_bytes -= b.buffered_bytes
         b.buffered_bytes = 0
         b.done = True
         self._batch_done.set()
-        batches, wake = core.finish(b, self._now_ms(), self._hurry())
+        batches, wake = core.finish(b, self._now_ms, self._hurry)
         for nb in batches:
             self._dispatch(nb)  # type: ignore[arg-type]  # the core made it with _Batch
         if wake:

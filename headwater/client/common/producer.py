@@ -10,6 +10,8 @@ itself; for the asyncio one an awaitable of it.
 
 The single-message sends stay in each driver: they are the hot paths (no generator per
 message), and their twins' parameters differ (the thread-based ones take a ``callback``).
+For the same reason the thread-based ``send_batch`` sends unkeyed messages for the sticky
+partition itself and drives this body for the rest.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from headwater.client.common.twins import Twins, waits
 from headwater.client.core import batching
-from headwater.client.core.batching import check_batch_arg, receipt
+from headwater.client.core.batching import Groups, check_batch_arg, receipt
 from headwater.client.core.producer import Batch
 from headwater.model.message import Message, MessageId
 from headwater.model.service import ProduceResult
@@ -32,8 +34,6 @@ __all__ = ["Groups", "Messages", "ProducerBase"]
 
 #: the messages of one call that sends several
 Messages = Sequence[Message | bytes]
-#: a ``send_batch``'s messages by partition (None: the sticky one), as indexes into its list
-Groups = dict[int | None, list[int]]
 
 
 class ProducerBase(batching.ProducerBase, Twins):

@@ -27,6 +27,7 @@ from headwater.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
     PartitionOutOfRangeError,
+    QueueNotFoundError,
 )
 from headwater.model.batch import BATCH_BYTES_MAX, HEADER_SIZE, batch_too_large
 from headwater.model.config import QueueInfo
@@ -39,6 +40,7 @@ __all__ = [
     "MESSAGE_OVERHEAD_BYTES",
     "COMPRESSIONS",
     "BatchReceipt",
+    "Groups",
     "ProducerBase",
     "as_message",
     "no_partition",
@@ -51,6 +53,9 @@ __all__ = [
     "check_message",
     "check_messages",
 ]
+
+#: a ``send_batch``'s messages by partition (None: the sticky one), as indexes into its list
+Groups = dict[int | None, Sequence[int]]
 
 MESSAGE_OVERHEAD_BYTES = 16  # added to a message's size in the buffer and batch estimates
 _ALONE_BYTES_MAX = BATCH_BYTES_MAX - HEADER_SIZE  # the estimate of a message that fills a batch alone
@@ -306,23 +311,25 @@ class ProducerBase:
                 f"a message of {size} bytes does not fit in the producer's buffer_bytes_max={self.buffer_bytes_max}"
             )
 
-    def _split(
-        self, info: QueueInfo, messages: Sequence[Message | bytes], partition: int | None
-    ) -> dict[int | None, list[int]]:
+    def _give_up(self, b: Batch, exc: BaseException) -> None:
+        """``b`` fails for good with ``exc``: the core's bookkeeping (a new epoch, or its
+        sequences given back), and the queue's metadata forgotten if ``exc`` says it changed."""
+        self._core.fail(b, exc)
+        if isinstance(exc, (QueueNotFoundError, PartitionOutOfRangeError)):
+            self._metadata.forget(b.part.queue)
+
+    def _split(self, info: QueueInfo, messages: Sequence[Message | bytes], partition: int | None) -> Groups:
         """The indexes of a ``send_batch``'s messages per partition (None: the sticky one)."""
-        part, n = self._partitioner, len(info.partitions)
         if partition is not None:
-            return {partition: list(range(len(messages)))}
-        if not callable(part.strategy) and not (
-            part.per_message and any(isinstance(m, Message) and m.key is not None for m in messages)
-        ):
-            if part.strategy == "key":
-                part.for_message(messages[0], n)  # raises: a key is required
-            return {None: list(range(len(messages)))}
+            return {partition: range(len(messages))}
+        part = self._partitioner
+        if part.sticky_batch(messages):
+            return {None: range(len(messages))}
         groups: dict[int | None, list[int]] = {}
+        n = len(info.partitions)
         for i, m in enumerate(messages):
-            groups.setdefault(part.for_message(m, n), []).append(i)
-        return groups
+            groups.setdefault(part.for_message(m, n), []).append(i)  # raises for a "key" without a key
+        return groups  # type: ignore[return-value]  # lists are Sequences: dict is invariant
 
 
 def check_batch_arg(messages: object) -> None:
@@ -333,7 +340,7 @@ def check_batch_arg(messages: object) -> None:
         raise InvalidArgumentError("send_batch needs at least one message")
 
 
-def receipt(count: int, groups: dict[int | None, list[int]], results: list[ProduceResult]) -> Sequence[MessageId]:
+def receipt(count: int, groups: Groups, results: list[ProduceResult]) -> Sequence[MessageId]:
     """The ids of a ``send_batch`` of ``count`` messages, in their order, from each group's result."""
     if len(groups) == 1:
         return BatchReceipt(results[0])

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from headwater.errors import InvalidArgumentError
 from headwater.model.hashing import key_hash
@@ -71,6 +71,14 @@ class Partitioner:
     def per_message(self) -> bool:
         """True when messages of one batch may go to different partitions."""
         return callable(self.strategy) or self.strategy in ("default", "key")
+
+    def sticky_batch(self, messages: Sequence[Message | bytes]) -> bool:
+        """True when every one of ``messages`` goes to the sticky partition (no strategy
+        needs to look at them one by one)."""
+        s = self.strategy
+        if callable(s) or s == "key":
+            return False
+        return s != "default" or not any(isinstance(m, Message) and m.key is not None for m in messages)
 
     def for_batch(self, partitions: int) -> int:
         """A fresh partition for a batch of unkeyed messages: the next one, or a random one."""

@@ -196,9 +196,14 @@ class ProducerCore:
         path of a send)."""
         b = ps.open
         opened = False
-        if b is None or b.size_bytes + size > self.batch_bytes_max or not joins_batch(b.deliver_times, deliver_at_ms):
+        if (
+            b is None
+            or b.size_bytes + size > self.batch_bytes_max
+            # without a deliver time on either side it joins: no call per message then
+            or ((deliver_at_ms or b.deliver_times is not None) and not joins_batch(b.deliver_times, deliver_at_ms))
+        ):
             b, opened = self.batch_for(ps, size, now_ms, deliver_at_ms)
-        b.messages.append(msg)  # what added() does, inline: this runs once per message sent
+        b.messages.append(msg)  # this runs once per message sent: kept short
         if deliver_at_ms:
             if b.deliver_times is None:
                 b.deliver_times = []
@@ -212,20 +217,24 @@ class ProducerCore:
             self.seal(ps)
         return b, opened
 
-    def added(self, b: Batch, count: int, size: int, deliver_at_ms: int, buffered: bool, urgent: bool) -> None:
-        """``count`` messages of ``size`` bytes were appended to ``b``, the open batch; seal
-        it once full."""
+    def append_group(
+        self, ps: PartitionState, msgs: Sequence[Message | bytes], size: int, now_ms: float, deliver_at_ms: int
+    ) -> tuple[Batch, bool, int]:
+        """Add a waiting caller's ``msgs`` of ``size`` bytes (not counted against the
+        driver's buffer; they do not linger) to the open batch of ``ps``; their batch,
+        whether it is new, and the index of the first of them in it."""
+        b, opened = self.batch_for(ps, size, now_ms, deliver_at_ms)
+        index = len(b.messages)
+        b.messages.extend(msgs)
         if deliver_at_ms:
             if b.deliver_times is None:
                 b.deliver_times = []
-            b.deliver_times.extend([deliver_at_ms] * count)
+            b.deliver_times.extend([deliver_at_ms] * len(msgs))
         b.size_bytes += size
-        if buffered:
-            b.buffered_bytes += size
-        if urgent:
-            b.urgent = True
+        b.urgent = True
         if b.size_bytes >= self.batch_bytes_max:
-            self.seal(b.part)
+            self.seal(ps)
+        return b, opened, index
 
     def seal(self, ps: PartitionState) -> None:
         """The open batch takes no more messages."""
@@ -449,10 +458,12 @@ class ProducerCore:
             ps.in_flight.popleft()
             ps.exclusive = False
 
-    def finish(self, b: Batch, now_ms: float, hurry: bool) -> tuple[list[Batch], bool]:
+    def finish(self, b: Batch, now_ms: Callable[[], float], hurry: Callable[[], bool]) -> tuple[list[Batch], bool]:
         """``b`` is settled: take it out of flight. Returns the batches of its partition that
         waited for its slot, now in flight (the caller sends them), and whether the driver's
-        timer must look again (a retry or the end of a recovery is due, or batches linger)."""
+        timer must look again (a retry or the end of a recovery is due, or batches linger).
+        The driver's clock and whether it hurries (as for :meth:`take`) are asked only when
+        batches waited: most often none did."""
         ps = b.part
         self.land(b)
         if ps.retry and b in ps.retry:
@@ -461,7 +472,7 @@ class ProducerCore:
             return [], not ps.in_flight
         if not (ps.has_batches() and self.can_send(ps)):
             return [], False
-        batches = self.take(ps, now_ms, hurry)
+        batches = self.take(ps, now_ms(), hurry())
         return batches, ps.has_batches() and self.mark_sendable(ps)
 
     def abort(self) -> tuple[list[Batch], list[Batch]]:
