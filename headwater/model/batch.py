@@ -214,7 +214,8 @@ def _decompress(
 ) -> bytes | memoryview:
     """The payload ``data`` decompressed, refused when it expands beyond ``limit`` bytes
     (``why`` says where the limit comes from)."""
-    too_big = f"the batch payload expands beyond {limit} bytes{why}"
+    if not codec:
+        return data
     try:
         # Bound the output, so a small batch cannot make the broker allocate gigabytes (a
         # decompression bomb). Both libraries trust a size the frame states (zstd ignores
@@ -225,7 +226,7 @@ def _decompress(
 
             raw = bytes(data)
             if zstandard.frame_content_size(raw) > limit:
-                raise MessageTooLargeError(too_big)
+                raise MessageTooLargeError(f"the batch payload expands beyond {limit} bytes{why}")
             return zstandard.ZstdDecompressor().decompress(raw, max_output_size=limit)
         if codec == COMPRESSION_LZ4:
             import lz4.frame
@@ -233,13 +234,13 @@ def _decompress(
             raw = bytes(data)
             stated = lz4.frame.get_frame_info(raw)["content_size"]  # 0: not stated
             if stated > limit:
-                raise MessageTooLargeError(too_big)
+                raise MessageTooLargeError(f"the batch payload expands beyond {limit} bytes{why}")
             if stated:
                 return cast(bytes, lz4.frame.decompress(raw))
             d = lz4.frame.LZ4FrameDecompressor()
             out = d.decompress(raw, max_length=limit + 1)
             if len(out) > limit or not d.eof:
-                raise InvalidBatchError(f"{too_big}, or is cut short")
+                raise InvalidBatchError(f"the batch payload expands beyond {limit} bytes{why}, or is cut short")
             return cast(bytes, out)
     except ImportError as e:
         raise InvalidBatchError(
@@ -474,42 +475,6 @@ def decode_payload(buf: bytes | bytearray | memoryview, h: BatchHeader, pos: int
         finally:
             if isinstance(raw, memoryview):
                 raw.release()
-    _check_columns(p, h)
-    return p
-
-
-def _decode_for_checking(
-    buf: bytes | bytearray | memoryview, h: BatchHeader, message_bytes_max: int | None
-) -> BatchPayload | CheckedPayload:
-    """The payload of a producer's batch, decoded to be checked: a compressed one with its
-    bodies as views of the decompressed bytes (:class:`CheckedPayload`), and never beyond
-    what its messages may hold: each a body of at most ``message_bytes_max`` and
-    MESSAGE_ROOM_BYTES for its key, tag, properties and framing. A compression bomb costs
-    the broker no more than the batch could honestly hold."""
-    limit, why = BATCH_BYTES_MAX, ""
-    if message_bytes_max is not None and h.count * (message_bytes_max + MESSAGE_ROOM_BYTES) < limit:
-        limit = h.count * (message_bytes_max + MESSAGE_ROOM_BYTES)
-        why = (
-            f" ({h.count} message(s) of at most message_bytes_max={message_bytes_max} bytes, and "
-            f"{MESSAGE_ROOM_BYTES} bytes for each one's key, tag and properties)"
-        )
-    if not h.flags & COMPRESSION_MASK:
-        if h.payload_size > limit:  # the same bound as a compressed batch's, before decoding
-            raise MessageTooLargeError(f"the batch payload is {h.payload_size} bytes, beyond {limit}{why}")
-        return decode_payload(buf, h)  # its bodies came over the wire as they are: no bomb
-    with memoryview(buf) as mv:
-        raw = _decompress(h.flags & COMPRESSION_MASK, mv[HEADER_SIZE : HEADER_SIZE + h.payload_size], limit, why)
-    try:
-        p = _checking_decoder.decode(raw)
-    except msgspec.DecodeError as e:
-        raise InvalidBatchError(f"batch payload is malformed: {e}") from e
-    if p.deliver_offsets is not None and not h.flags & FLAG_DELIVER_TIMES:
-        raise InvalidBatchError("batch payload is malformed: deliver offsets in a batch not flagged with deliver times")
-    _check_columns(p, h)
-    return p
-
-
-def _check_columns(p: BatchPayload | CheckedPayload, h: BatchHeader) -> None:
     n = len(p.bodies)
     keys, tags, props = p.keys, p.tags, p.properties
     if (
@@ -519,6 +484,56 @@ def _check_columns(p: BatchPayload | CheckedPayload, h: BatchHeader) -> None:
         or (props is not None and len(props) != n)
     ):
         raise InvalidBatchError(f"batch payload columns disagree with count {h.count}")
+    return p
+
+
+def _decode_compressed(
+    buf: bytes | bytearray | memoryview, h: BatchHeader, message_bytes_max: int | None
+) -> CheckedPayload:
+    """The compressed payload of a producer's batch, decoded to be checked: its bodies as
+    views of the decompressed bytes (:class:`CheckedPayload`), decompressed no further than
+    its messages may hold (:func:`_payload_limit`). A compression bomb costs the broker no
+    more than the batch could honestly hold."""
+    limit = _payload_limit(h.count, message_bytes_max)
+    why = _room(h.count, message_bytes_max, limit)
+    with memoryview(buf) as mv:
+        raw = _decompress(h.flags & COMPRESSION_MASK, mv[HEADER_SIZE : HEADER_SIZE + h.payload_size], limit, why)
+    try:
+        p = _checking_decoder.decode(raw)
+    except msgspec.DecodeError as e:
+        raise InvalidBatchError(f"batch payload is malformed: {e}") from e
+    if p.deliver_offsets is not None and not h.flags & FLAG_DELIVER_TIMES:
+        raise InvalidBatchError("batch payload is malformed: deliver offsets in a batch not flagged with deliver times")
+    n = len(p.bodies)
+    keys, tags, props = p.keys, p.tags, p.properties
+    if (
+        n != h.count
+        or (keys is not None and len(keys) != n)
+        or (tags is not None and len(tags) != n)
+        or (props is not None and len(props) != n)
+    ):
+        raise InvalidBatchError(f"batch payload columns disagree with count {h.count}")
+    return p
+
+
+def _payload_limit(count: int, message_bytes_max: int | None) -> int:
+    """What a payload of ``count`` messages may hold: each a body of at most
+    ``message_bytes_max`` and MESSAGE_ROOM_BYTES for its key, tag, properties and framing
+    (never more than a batch)."""
+    if message_bytes_max is None:
+        return BATCH_BYTES_MAX
+    return min(BATCH_BYTES_MAX, count * (message_bytes_max + MESSAGE_ROOM_BYTES))
+
+
+def _room(count: int, message_bytes_max: int | None, limit: int) -> str:
+    """Where a payload limit comes from, for its error (formatted only when needed: an
+    f-string per append cost the hot path a third of a microsecond)."""
+    if limit == BATCH_BYTES_MAX or message_bytes_max is None:
+        return ""
+    return (
+        f" ({count} message(s) of at most message_bytes_max={message_bytes_max} bytes, and "
+        f"{MESSAGE_ROOM_BYTES} bytes for each one's key, tag and properties)"
+    )
 
 
 def decode_deliver_offsets(
@@ -565,56 +580,62 @@ def validate_batch(
     buf: bytes | bytearray | memoryview, *, message_bytes_max: int | None = None
 ) -> tuple[BatchHeader, BatchPayload | CheckedPayload]:
     """Everything the broker checks of a producer's batch before appending it."""
+    p: BatchPayload | CheckedPayload | None = None
     try:
-        return _validate(buf, message_bytes_max)
+        if len(buf) > BATCH_BYTES_MAX:  # as encode_batch refuses, in process and over the network
+            raise MessageTooLargeError(f"the batch is {len(buf)} bytes; the limit is {BATCH_BYTES_MAX}")
+        h = check_batch(buf, 0, broker_fields=False)
+        size = 4 + h.length  # h.size
+        if size != len(buf):
+            raise InvalidBatchError(f"{len(buf) - size} stray bytes after the batch")
+        if h.flags & (FLAG_TRANSACTIONAL | FLAG_CONTROL):
+            raise InvalidBatchError(
+                f"batch flags {h.flags:#x}: 0x20 (transactional) and 0x40 (control) are reserved for "
+                f"transactions, which this broker does not offer"
+            )
+        if h.flags & COMPRESSION_MASK:
+            p = _decode_compressed(buf, h, message_bytes_max)
+        else:  # its bodies came as they are (no bomb); the same bound as a compressed one's
+            room = MESSAGE_ROOM_BYTES if message_bytes_max is None else message_bytes_max + MESSAGE_ROOM_BYTES
+            if h.payload_size > room and h.payload_size > (limit := _payload_limit(h.count, message_bytes_max)):
+                why = _room(h.count, message_bytes_max, limit)
+                raise MessageTooLargeError(f"the batch payload is {h.payload_size} bytes, beyond {limit}{why}")
+            p = decode_payload(buf, h)
+        for flag, column, name in (
+            (FLAG_HAS_KEYS, p.keys, "keys"),
+            (FLAG_HAS_TAGS, p.tags, "tags"),
+            (FLAG_HAS_PROPERTIES, p.properties, "properties"),
+        ):
+            if bool(h.flags & flag) != (column is not None):
+                raise InvalidBatchError(
+                    f"batch flag {flag:#x} ({name}) is {'set' if h.flags & flag else 'clear'} but the {name} "
+                    f"column is {'nil' if column is None else 'present'}: they must agree"
+                )
+        if message_bytes_max is not None:
+            biggest = max(map(len, p.bodies))
+            if biggest > message_bytes_max:
+                raise MessageTooLargeError(
+                    f"a message body is {biggest} bytes; this queue's limit is {message_bytes_max}"
+                )
+        want = 0
+        if p.tags is not None:
+            if any(t == "" for t in p.tags):
+                raise InvalidBatchError("a message tag cannot be empty")
+            want = tags_mask({t for t in p.tags if t is not None})
+        if want != h.tag_mask:
+            raise InvalidBatchError("batch tag_mask does not match the tags inside")
+        if h.flags & FLAG_DELIVER_TIMES:
+            decode_deliver_offsets(buf, h, payload=p)
+        return h, p
     except HeadwaterError as e:
         # The traceback holds the frames that decoded the payload, and through their locals
         # the decompressed bytes (up to 64 MiB). An error kept for its answer, or caught in a
         # reference cycle until a full collection, kept them all alive: a stream of
-        # compression bombs grew a broker by 1.8 GiB. The message says what went wrong.
+        # compression bombs grew a broker by 1.8 GiB. So the error leaves with no frame but
+        # this one, and this one's payload let go; its message says what went wrong.
+        p = None
         e.__cause__ = e.__context__ = None
         raise e.with_traceback(None)  # noqa: B904 - the cause was cleared on purpose, above
-
-
-def _validate(
-    buf: bytes | bytearray | memoryview, message_bytes_max: int | None
-) -> tuple[BatchHeader, BatchPayload | CheckedPayload]:
-    if len(buf) > BATCH_BYTES_MAX:  # as encode_batch refuses, in process and over the network
-        raise MessageTooLargeError(f"the batch is {len(buf)} bytes; the limit is {BATCH_BYTES_MAX}")
-    h = check_batch(buf, 0, broker_fields=False)
-    size = 4 + h.length  # h.size
-    if size != len(buf):
-        raise InvalidBatchError(f"{len(buf) - size} stray bytes after the batch")
-    if h.flags & (FLAG_TRANSACTIONAL | FLAG_CONTROL):
-        raise InvalidBatchError(
-            f"batch flags {h.flags:#x}: 0x20 (transactional) and 0x40 (control) are reserved for "
-            f"transactions, which this broker does not offer"
-        )
-    p = _decode_for_checking(buf, h, message_bytes_max)
-    for flag, column, name in (
-        (FLAG_HAS_KEYS, p.keys, "keys"),
-        (FLAG_HAS_TAGS, p.tags, "tags"),
-        (FLAG_HAS_PROPERTIES, p.properties, "properties"),
-    ):
-        if bool(h.flags & flag) != (column is not None):
-            raise InvalidBatchError(
-                f"batch flag {flag:#x} ({name}) is {'set' if h.flags & flag else 'clear'} but the {name} "
-                f"column is {'nil' if column is None else 'present'}: they must agree"
-            )
-    if message_bytes_max is not None:
-        biggest = max(map(len, p.bodies))
-        if biggest > message_bytes_max:
-            raise MessageTooLargeError(f"a message body is {biggest} bytes; this queue's limit is {message_bytes_max}")
-    want = 0
-    if p.tags is not None:
-        if any(t == "" for t in p.tags):
-            raise InvalidBatchError("a message tag cannot be empty")
-        want = tags_mask({t for t in p.tags if t is not None})
-    if want != h.tag_mask:
-        raise InvalidBatchError("batch tag_mask does not match the tags inside")
-    if h.flags & FLAG_DELIVER_TIMES:
-        decode_deliver_offsets(buf, h, payload=p)
-    return h, p
 
 
 def patch_batch(
