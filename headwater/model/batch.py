@@ -475,15 +475,7 @@ def decode_payload(buf: bytes | bytearray | memoryview, h: BatchHeader, pos: int
         finally:
             if isinstance(raw, memoryview):
                 raw.release()
-    n = len(p.bodies)
-    keys, tags, props = p.keys, p.tags, p.properties
-    if (
-        n != h.count
-        or (keys is not None and len(keys) != n)
-        or (tags is not None and len(tags) != n)
-        or (props is not None and len(props) != n)
-    ):
-        raise InvalidBatchError(f"batch payload columns disagree with count {h.count}")
+    _check_columns(p, h)
     return p
 
 
@@ -504,6 +496,12 @@ def _decode_compressed(
         raise InvalidBatchError(f"batch payload is malformed: {e}") from e
     if p.deliver_offsets is not None and not h.flags & FLAG_DELIVER_TIMES:
         raise InvalidBatchError("batch payload is malformed: deliver offsets in a batch not flagged with deliver times")
+    _check_columns(p, h)
+    return p
+
+
+def _check_columns(p: BatchPayload | CheckedPayload, h: BatchHeader) -> None:
+    """Each column holds one value per message, as many as the header counts."""
     n = len(p.bodies)
     keys, tags, props = p.keys, p.tags, p.properties
     if (
@@ -513,7 +511,6 @@ def _decode_compressed(
         or (props is not None and len(props) != n)
     ):
         raise InvalidBatchError(f"batch payload columns disagree with count {h.count}")
-    return p
 
 
 def _payload_limit(count: int, message_bytes_max: int | None) -> int:
