@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo tour test test-all bench bench-storage bench-network bench-latency bench-spark lint format clean venv bytecode
+.PHONY: demo tour test test-all zookeeper bench bench-storage bench-network bench-latency bench-spark lint format clean venv bytecode
 
 venv: $(STAMP)
 
@@ -17,7 +17,7 @@ bytecode: venv
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,compression,server,spark]'
+	$(PY) -m pip install --quiet -e '.[dev,compression,server,spark,cluster]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -27,11 +27,16 @@ demo: bytecode
 tour: bytecode
 	$(PY) -m headwater.demo.tour
 
-test: lint bytecode
+test: lint bytecode zookeeper
 	$(PY) -m pytest -q
 
-test-all: lint bytecode
+test-all: lint bytecode zookeeper
 	$(PY) -m pytest -q -m ''
+
+# the cluster's tests run a real ZooKeeper: Debian's package, run by the Java the Spark
+# tests use (needs root the first time; nothing is started here)
+zookeeper:
+	@test -f /usr/share/java/zookeeper.jar || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q zookeeper)
 
 bench: bench-storage bench-network bench-latency bench-spark
 

@@ -1,0 +1,1 @@
+"""Brokers as a cluster, coordinated by ZooKeeper (``docs/design/cluster.md``)."""
