@@ -232,6 +232,7 @@ class GroupConsumerBase(ConsumerBase):
         ``commit`` is False), leave the group, stop."""
         if self._closed:
             return
+        self._leaving = True  # a heartbeat answer that comes now is not applied
         yield self._stop_heartbeats()
         try:
             with self._lock:
@@ -439,7 +440,8 @@ class GroupConsumerBase(ConsumerBase):
         except UnknownMemberError:
             log.warning("group %s: member %s is no longer in the group; poll() joins again", self.group, member)
         except (UnavailableError, ClosedError) as e:
-            log.info("group %s: heartbeat failed (%s); trying again", self.group, e)
+            if not self._leaving:
+                log.info("group %s: heartbeat failed (%s); trying again", self.group, e)
         except Exception:  # noqa: BLE001 - the thread or task must outlive surprises
             log.exception("group %s: heartbeat failed", self.group)
 
@@ -452,10 +454,14 @@ class GroupConsumerBase(ConsumerBase):
         try:
             a = yield self._service.heartbeat_group(self.group, member, applied)
         except UnknownMemberError:
+            if self._leaving:
+                return
             with self._lock:
                 self._view.lost(member)
             self._wake_poll()
             raise
+        if self._leaving:  # close() did not wait for this answer and is leaving the group
+            return
         with self._lock:
             changed = self._view.heard(a)
         if changed:
@@ -469,6 +475,7 @@ class GroupConsumerBase(ConsumerBase):
     # -- what each kind says -------------------------------------------------------------
 
     _beat: Any  # set() makes the heartbeat beat now (a threading or an asyncio Event)
+    _leaving = False  # close() has begun
 
     def _begin(self) -> None:
         """What the kind does when made, after the settings are checked."""
