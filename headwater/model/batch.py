@@ -209,11 +209,9 @@ def _compress(codec: int, data: bytes) -> bytes:
     return data
 
 
-def _decompress(
-    codec: int, data: bytes | memoryview, limit: int = BATCH_BYTES_MAX, why: str = ""
-) -> bytes | memoryview:
+def _decompress(codec: int, data: bytes | memoryview, limit: int = BATCH_BYTES_MAX) -> bytes | memoryview:
     """The payload ``data`` decompressed, refused when it expands beyond ``limit`` bytes
-    (``why`` says where the limit comes from)."""
+    (the caller adds where the limit comes from)."""
     if not codec:
         return data
     try:
@@ -226,7 +224,7 @@ def _decompress(
 
             raw = bytes(data)
             if zstandard.frame_content_size(raw) > limit:
-                raise MessageTooLargeError(f"the batch payload expands beyond {limit} bytes{why}")
+                raise MessageTooLargeError(f"the batch payload expands beyond {limit} bytes")
             return zstandard.ZstdDecompressor().decompress(raw, max_output_size=limit)
         if codec == COMPRESSION_LZ4:
             import lz4.frame
@@ -234,13 +232,13 @@ def _decompress(
             raw = bytes(data)
             stated = lz4.frame.get_frame_info(raw)["content_size"]  # 0: not stated
             if stated > limit:
-                raise MessageTooLargeError(f"the batch payload expands beyond {limit} bytes{why}")
+                raise MessageTooLargeError(f"the batch payload expands beyond {limit} bytes")
             if stated:
                 return cast(bytes, lz4.frame.decompress(raw))
             d = lz4.frame.LZ4FrameDecompressor()
             out = d.decompress(raw, max_length=limit + 1)
             if len(out) > limit or not d.eof:
-                raise InvalidBatchError(f"the batch payload expands beyond {limit} bytes{why}, or is cut short")
+                raise InvalidBatchError(f"the batch payload expands beyond {limit} bytes, or is cut short")
             return cast(bytes, out)
     except ImportError as e:
         raise InvalidBatchError(
@@ -249,7 +247,7 @@ def _decompress(
     except (InvalidBatchError, MessageTooLargeError):
         raise
     except Exception as e:  # noqa: BLE001 - any codec failure means a damaged batch
-        raise InvalidBatchError(f"the batch payload does not decompress within {limit} bytes{why}: {e}") from e
+        raise InvalidBatchError(f"the batch payload does not decompress within {limit} bytes: {e}") from e
     return data
 
 
@@ -487,9 +485,11 @@ def _decode_compressed(
     its messages may hold (:func:`_payload_limit`). A compression bomb costs the broker no
     more than the batch could honestly hold."""
     limit = _payload_limit(h.count, message_bytes_max)
-    why = _room(h.count, message_bytes_max, limit)
-    with memoryview(buf) as mv:
-        raw = _decompress(h.flags & COMPRESSION_MASK, mv[HEADER_SIZE : HEADER_SIZE + h.payload_size], limit, why)
+    try:
+        with memoryview(buf) as mv:
+            raw = _decompress(h.flags & COMPRESSION_MASK, mv[HEADER_SIZE : HEADER_SIZE + h.payload_size], limit)
+    except (InvalidBatchError, MessageTooLargeError) as e:  # say where the limit comes from, only now
+        raise type(e)(f"{e}{_room(h.count, message_bytes_max, limit)}") from None
     try:
         p = _checking_decoder.decode(raw)
     except msgspec.DecodeError as e:
