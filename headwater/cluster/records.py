@@ -1,0 +1,150 @@
+"""What the cluster keeps in ZooKeeper: the znode paths and the record each one holds.
+
+Every record is JSON (msgspec), so that an operator reading the tree with ``zkCli.sh`` sees
+what a broker sees. The layout and who writes what are in ``docs/design/cluster.md``; the
+epochs that fence each writer are fields here, so a receiver can refuse a stale decision.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import msgspec
+
+from headwater.cluster.coordination import CoordinationError
+
+__all__ = [
+    "BrokerRecord",
+    "ClusterRecord",
+    "ControllerRecord",
+    "DEFAULT_CHROOT",
+    "FORMAT_VERSION",
+    "MoveRecord",
+    "PartitionRecord",
+    "QueueRecord",
+    "RecordError",
+    "decode",
+    "encode",
+    "paths",
+]
+
+DEFAULT_CHROOT = "/headwater"  # where a cluster lives when --zookeeper names no chroot
+FORMAT_VERSION = 1  # of the tree below the chroot; a broker refuses a cluster of a newer one
+
+
+class RecordError(CoordinationError):
+    """A znode holds something that is not the record its path should hold."""
+
+
+class ClusterRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """``/cluster``: made once, by the first broker; every broker's data directory remembers
+    the id, so a broker pointed at another cluster (a wrong chroot) refuses to start."""
+
+    cluster_id: str
+    format_version: int = FORMAT_VERSION
+    created_ms: int = 0
+
+
+class BrokerRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """``/brokers/<id>`` (ephemeral). The broker epoch is the node's creation zxid, known
+    only once it exists, so it is not in the data: :meth:`Stat.created_zxid` gives it.
+    ``store_id`` names the data directory, so a restarted broker recognises the registration
+    its previous process left (it waits for that session to expire) and tells it from
+    another broker's with the same id (it refuses)."""
+
+    broker_id: int
+    host: str
+    port: int
+    version: str
+    started_ms: int
+    store_id: str
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class ControllerRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """``/controller`` (ephemeral): who controls, at which controller epoch."""
+
+    broker_id: int
+    epoch: int
+
+
+class QueueRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """``/queues/<name>``: the queue as the controller created it. ``config`` is a
+    :class:`~headwater.model.config.QueueConfig` as its builtins (``msgspec.to_builtins``)."""
+
+    queue_id: int
+    config: dict[str, object]
+    created_ms: int
+    controller_epoch: int
+
+
+class PartitionRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """``/queues/<name>/p/<n>``: the brokers that hold the partition (one until replication
+    comes), the one that leads it, and the leader epoch, incremented at every change of
+    leader; ``controller_epoch`` is the epoch of the controller that wrote it."""
+
+    replicas: list[int]
+    leader: int
+    leader_epoch: int
+    controller_epoch: int
+
+
+class MoveRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """``/moves/<name>/<n>``: a partition on its way from ``source`` to ``target``;
+    ``phase`` is ``copy``, then ``fence`` (the source refuses produces) before the switch."""
+
+    source: int
+    target: int
+    phase: str
+    started_ms: int
+    controller_epoch: int
+
+
+R = TypeVar("R", bound=msgspec.Struct)
+
+
+def encode(record: msgspec.Struct) -> bytes:
+    return msgspec.json.encode(record)
+
+
+def decode(data: bytes, kind: type[R], path: str) -> R:
+    """``data`` as a ``kind``, or :class:`RecordError` naming the node and what is wrong."""
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except msgspec.DecodeError as e:
+        raise RecordError(f"{path} does not hold a {kind.__name__}: {e}", path) from None
+
+
+class paths:
+    """The znode paths, relative to the chroot (a namespace, read as ``paths.broker(3)``)."""
+
+    CLUSTER = "/cluster"
+    BROKERS = "/brokers"
+    CONTROLLER = "/controller"
+    CONTROLLER_EPOCH = "/controller_epoch"
+    QUEUES = "/queues"
+    MOVES = "/moves"
+    REQUESTS = "/requests"
+
+    @staticmethod
+    def broker(broker_id: int) -> str:
+        return f"/brokers/{broker_id}"
+
+    @staticmethod
+    def queue(name: str) -> str:
+        return f"/queues/{name}"
+
+    @staticmethod
+    def partitions(name: str) -> str:
+        return f"/queues/{name}/p"
+
+    @staticmethod
+    def partition(name: str, partition: int) -> str:
+        return f"/queues/{name}/p/{partition}"
+
+    @staticmethod
+    def move(name: str, partition: int) -> str:
+        return f"/moves/{name}/{partition}"
