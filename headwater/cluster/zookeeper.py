@@ -6,7 +6,9 @@ without ``--zookeeper`` never imports it.
 
 from __future__ import annotations
 
+import queue
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -54,16 +56,36 @@ class ZooKeeperCoordination:
         self.hosts = hosts
         self._client = kazoo.client.KazooClient(hosts=hosts, timeout=session_timeout_s)
         self._session_callbacks: list[Callable[[SessionState], None]] = []
+        # session states reach the callbacks in the order they happened, on one thread of
+        # ours (kazoo's spawn would start a thread each, and LOST could overtake CONNECTED)
+        self._states: queue.SimpleQueue[SessionState | None] = queue.SimpleQueue()
+        self._state_thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._client.add_listener(self._on_state)
         try:
-            self._client.start(timeout=connect_timeout_s)
+            with warnings.catch_warnings():  # kazoo warns of a missing chroot, which we make below
+                warnings.simplefilter("ignore")
+                self._client.start(timeout=connect_timeout_s)
+            if self._client.chroot and self._client.exists("/") is None:
+                self._make_chroot(connect_timeout_s)
         except kazoo.handlers.threading.KazooTimeoutError as e:
             self._client.close()
             raise CoordinationUnavailableError(
                 f"no ZooKeeper session with {hosts} within {connect_timeout_s:g} s: is ZooKeeper running "
                 f"there, and is the address (--zookeeper) right?"
             ) from e
+
+    def _make_chroot(self, connect_timeout_s: float) -> None:
+        """Create the chroot, through a short session without it (a session inside a chroot
+        cannot reach the chroot's parents)."""
+        servers = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self._client.hosts)
+        root = self._k.client.KazooClient(hosts=servers)
+        root.start(timeout=connect_timeout_s)
+        try:
+            root.ensure_path(self._client.chroot)
+        finally:
+            root.stop()
+            root.close()
 
     @property
     def session_id(self) -> int:
@@ -77,10 +99,14 @@ class ZooKeeperCoordination:
             states.SUSPENDED: SessionState.SUSPENDED,
             states.LOST: SessionState.LOST,
         }[state]
-        with self._lock:
-            callbacks = list(self._session_callbacks)
-        for fn in callbacks:  # kazoo's listener must not block: hand the state over, as is
-            self._client.handler.spawn(fn, mapped)
+        self._states.put(mapped)  # kazoo's listener must not block: hand the state over
+
+    def _deliver_states(self) -> None:
+        while (state := self._states.get()) is not None:
+            with self._lock:
+                callbacks = list(self._session_callbacks)
+            for fn in callbacks:
+                fn(state)
 
     @contextmanager
     def _mapped(self, path: str | None) -> Iterator[None]:
@@ -169,10 +195,16 @@ class ZooKeeperCoordination:
     def on_session(self, callback: Callable[[SessionState], None]) -> None:
         with self._lock:
             self._session_callbacks.append(callback)
+            if self._state_thread is None:
+                self._state_thread = threading.Thread(
+                    target=self._deliver_states, name="headwater-zookeeper-session", daemon=True
+                )
+                self._state_thread.start()
 
     def close(self) -> None:
         self._client.stop()
         self._client.close()
+        self._states.put(None)
 
 
 class _ChildrenFollower:
