@@ -41,8 +41,9 @@ from it may succeed) and from "something outside misbehaved" (:class:`StorageErr
     │   └── ReadOnlyStoreError           24   no    the store was opened read-only
     ├── StorageError                     30   no    the disk or the files misbehaved
     │   └── CorruptDataError             31   no    a checksum or layout check failed
-    └── UnavailableError                 40   yes   try again later (timeouts, restarts)
-        └── OutcomeUnknownError          41   no    sent, then no answer: it may or may not have been applied
+    ├── UnavailableError                 40   yes   try again later (timeouts, restarts)
+    │   └── OutcomeUnknownError          41   no    sent, then no answer: it may or may not have been applied
+    └── ClusterError                     80   no    a broker cannot join or act in its cluster as configured
 
 The whole group branch is a state conflict: every refusal of a group (a stale generation,
 an expired lease, a member removed after missed heartbeats, a partition moved to another
@@ -94,6 +95,7 @@ __all__ = [
     "CorruptDataError",
     "UnavailableError",
     "OutcomeUnknownError",
+    "ClusterError",
     "error_for_code",
 ]
 
@@ -301,6 +303,15 @@ class OutcomeUnknownError(UnavailableError):
 
     code = 41
     retriable = False
+
+
+class ClusterError(HeadwaterError):
+    """A broker cannot join or act in its cluster as configured (its data directory, broker
+    id and ZooKeeper path do not belong together); the cluster's own errors
+    (:mod:`headwater.cluster`) are its kinds, codes 82-89 (81, ZooKeeper out of reach, is an
+    :class:`UnavailableError`)."""
+
+    code = 80
 
 
 def _all_error_classes() -> dict[int, type[HeadwaterError]]:

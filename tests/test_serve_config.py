@@ -19,6 +19,25 @@ def test_precedence(tmp_path):
     assert server.port == 7070 and store.flush == "async"  # other HEADWATER_ variables are not settings
 
 
+def test_cluster_settings_come_from_the_file_the_environment_and_flags(tmp_path):
+    f = tmp_path / "headwater.toml"
+    f.write_text('[server]\nzookeeper = "zk1:2181,zk2:2181/prod"\nbroker_id = 3\n')
+    server, _ = load_settings(f, {}, {})
+    assert (server.zookeeper, server.broker_id) == ("zk1:2181,zk2:2181/prod", 3)
+    server, _ = load_settings(None, {"HEADWATER_ZOOKEEPER": "zk:2181", "HEADWATER_BROKER_ID": "4"}, {})
+    assert (server.zookeeper, server.broker_id) == ("zk:2181", 4)
+    server, _ = load_settings(f, {"HEADWATER_BROKER_ID": "4"}, {"broker_id": 5})
+    assert server.broker_id == 5
+    alone, _ = load_settings(None, {}, {})
+    assert (alone.zookeeper, alone.broker_id) == ("", -1)  # no cluster: the broker runs alone
+    with pytest.raises(InvalidArgumentError, match="HEADWATER_BROKER_ID: broker_id must be a whole number"):
+        load_settings(None, {"HEADWATER_ZOOKEEPER": "zk:2181", "HEADWATER_BROKER_ID": "three"}, {})
+    with pytest.raises(InvalidArgumentError, match="broker_id must be a whole number from 0"):
+        load_settings(None, {"HEADWATER_ZOOKEEPER": "zk:2181", "HEADWATER_BROKER_ID": "-5"}, {})
+    with pytest.raises(InvalidArgumentError, match="needs an id"):
+        load_settings(f, {}, {"broker_id": -1})
+
+
 @pytest.mark.parametrize(
     "text, match",
     [

@@ -21,6 +21,7 @@ from headwater.broker.keyed import KeyedGroups
 from headwater.broker.offsets import OffsetStore
 from headwater.broker.shared import SharedGroups
 from headwater.broker.subscriptions import SubscriberRegistry
+from headwater.cluster.membership import Membership
 from headwater.errors import InvalidArgumentError, MessageNotFoundError
 from headwater.model.config import (
     LIST_PAGE_PARTITIONS,
@@ -62,6 +63,7 @@ class Broker:
             group_clock = time.monotonic if store.clock is time.time else store.clock
         self.store = store
         self._started = time.monotonic()
+        self.membership: Membership | None = None  # set while this broker is a cluster's member
         self.offsets = OffsetStore(store)
         # consumer group membership (in memory) over the durable offsets; group_clock times sessions
         self.groups = GroupCoordinator(store, self.offsets, clock=group_clock)
@@ -391,6 +393,7 @@ class Broker:
             **self.store.stats(),
             **self.delay.summary(),
             "recovery": list(self.store.recovery_report),
+            **({"cluster": self.membership.status()} if self.membership is not None else {}),
         }
 
     def flush(self) -> None:

@@ -26,6 +26,7 @@ import contextlib
 import functools
 import logging
 import resource
+import socket
 import time
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +45,7 @@ from headwater.broker.log_limit import limited
 from headwater.broker.push import PUSH_APIS, PushService
 from headwater.broker.shared import SharedWaiters
 from headwater.broker.streams import FETCH_STREAM_APIS, FetchStreams
+from headwater.cluster.membership import BROKER_ID_MAX, ZooKeeperAddress
 from headwater.errors import HeadwaterError, InvalidArgumentError
 from headwater.model.batch import stated_payload_bytes
 from headwater.model.config import DEFAULT_PORT
@@ -102,6 +104,12 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     allocator_cache_bytes: int = 128 * 1024 * 1024  # freed memory kept for reuse (headwater.broker.allocator); 0: off
     send_timeout_s: float = 30.0  # a peer that takes none of its waiting answers for this long is cut off
     frame_timeout_s: float = 30.0  # a frame begun must be whole this long after its first byte
+    # a cluster (docs/cluster.md): without zookeeper the broker runs alone
+    zookeeper: str = ""  # HOST:PORT[,HOST:PORT...][/chroot]
+    broker_id: int = -1  # this broker's id in the cluster; -1: none (alone)
+    advertised_host: str = ""  # the host other brokers and clients reach this one by; "": host
+    zookeeper_session_timeout_s: float = 10.0
+    zookeeper_connect_timeout_s: float = 30.0
 
     def validated(self) -> ServerConfig:
         """This config, or :class:`InvalidArgumentError` naming the first setting out of range."""
@@ -118,12 +126,42 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
                 f"fetch_bytes_max ({self.fetch_bytes_max:,}) must leave room in a frame: at most "
                 f"frame_bytes_max - 4096 ({self.frame_bytes_max - 4096:,})"
             )
+        self._validate_cluster()
         if self.push_bytes_max > self.frame_bytes_max - 4096:
             raise InvalidArgumentError(
                 f"push_bytes_max ({self.push_bytes_max:,}) must leave room in a frame: at most "
                 f"frame_bytes_max - 4096 ({self.frame_bytes_max - 4096:,})"
             )
         return self
+
+    def _validate_cluster(self) -> None:
+        if not self.zookeeper:
+            if self.broker_id != -1:
+                raise InvalidArgumentError(
+                    f"broker_id {self.broker_id!r} is given without zookeeper: a broker id names a broker of "
+                    f"a cluster; give --zookeeper HOST:PORT too, or no broker id to run alone"
+                )
+            return
+        ZooKeeperAddress.parse(self.zookeeper)
+        b = self.broker_id
+        if b == -1:
+            raise InvalidArgumentError(
+                "zookeeper is given, so this broker needs an id, unique in the cluster: --broker-id N "
+                "(or broker_id in the config, HEADWATER_BROKER_ID)"
+            )
+        if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b <= BROKER_ID_MAX:
+            raise InvalidArgumentError(
+                f"broker_id must be a whole number from 0 to {BROKER_ID_MAX:,}, unique in the cluster, when "
+                f"zookeeper is given (--broker-id N), got {b!r}"
+            )
+
+    @property
+    def advertised_address(self) -> str:
+        """The host others reach this broker by: ``advertised_host``, else ``host`` unless that
+        is a wildcard (every address), which names no one: then this machine's name."""
+        if self.advertised_host:
+            return self.advertised_host
+        return socket.getfqdn() if self.host in ("", "0.0.0.0", "::") else self.host
 
 
 _U32 = 2**32 - 1
@@ -150,6 +188,8 @@ _SECONDS_RANGES = (
     ("shutdown_grace_s", 0.0, 86400.0),
     ("send_timeout_s", 0.001, 86400.0),
     ("frame_timeout_s", 0.001, 86400.0),
+    ("zookeeper_session_timeout_s", 0.4, 600.0),
+    ("zookeeper_connect_timeout_s", 0.1, 86400.0),
 )
 
 

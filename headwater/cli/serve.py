@@ -152,6 +152,16 @@ def serve(
     flush: Annotated[
         str | None, typer.Option(help="Default flush policy: sync or async.", show_default="async")
     ] = None,
+    zookeeper: Annotated[
+        str | None,
+        typer.Option(
+            help="Join a cluster: ZooKeeper's HOST:PORT[,HOST:PORT...][/chroot] (chroot /headwater when none).",
+            show_default="none: run alone",
+        ),
+    ] = None,
+    broker_id: Annotated[
+        int | None, typer.Option(help="This broker's id in the cluster (with --zookeeper), unique, 0 or more.")
+    ] = None,
     config: Annotated[
         Path | None, typer.Option("--config", help="A TOML file with [server] and [store] tables.")
     ] = None,
@@ -176,6 +186,7 @@ def serve(
     headwater serve --data /var/lib/headwater --host 127.0.0.1 --port 7070
     headwater --data ./data serve --flush sync --set flush_interval_ms=50
     HEADWATER_PORT=7171 headwater --data ./data serve --config headwater.toml
+    headwater --data ./b1 serve --port 7071 --zookeeper 127.0.0.1:2181/headwater --broker-id 1
     headwater serve --settings
     ```
     """
@@ -186,7 +197,10 @@ def serve(
     logging.basicConfig(
         level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    overrides = _settings_from_flags({"host": host, "port": port, "flush": flush}, parse_pairs(settings or [], "--set"))
+    overrides = _settings_from_flags(
+        {"host": host, "port": port, "flush": flush, "zookeeper": zookeeper, "broker_id": broker_id},
+        parse_pairs(settings or [], "--set"),
+    )
     server_cfg, store_cfg = load_settings(config, dict(os.environ), overrides)
 
     started = False

@@ -43,6 +43,14 @@ MEANINGS: dict[str, str] = {
     "(it holds the server's memory)",
     "frame_timeout_s": "a frame must arrive whole within this long of its first byte; a client that "
     "trickles one is cut off (it holds the server's memory and byte budget)",
+    "zookeeper": "join a cluster: ZooKeeper's HOST:PORT[,HOST:PORT...][/chroot] (chroot /headwater when none); "
+    "empty: run alone",
+    "broker_id": "this broker's id in the cluster, unique, 0 or more (with zookeeper); -1: none",
+    "advertised_host": "the host other brokers and clients reach this broker by (empty: host, or this "
+    "machine's name when host is a wildcard)",
+    "zookeeper_session_timeout_s": "a broker ZooKeeper has not heard from for this long leaves the cluster "
+    "(its registration and what it led go to others)",
+    "zookeeper_connect_timeout_s": "at start, how long to keep trying to reach ZooKeeper before giving up",
     # [store]
     "flush": "default flush policy of queues that name none: sync (fsync before acknowledging) or async",
     "flush_interval_ms": "async: the longest a write waits for its fsync",

@@ -88,6 +88,18 @@ def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
+def _cluster(c: dict[str, Any]) -> Text:
+    line = Text(
+        f"broker {c.get('broker_id')} of cluster {str(c.get('cluster_id', '?'))[:12]}, epoch {c.get('broker_epoch')}, "
+        f"ZooKeeper {c.get('zookeeper')}; "
+    )
+    if c.get("active"):
+        line.append("active")
+    else:
+        line.append("not acting on cluster state: no ZooKeeper session", "bold red")
+    return line
+
+
 def _duration(seconds: float) -> str:
     """``3d 04h 05m``, ``2h 03m 10s``, ``42s``: the largest units, at most three."""
     s = int(seconds)
@@ -138,6 +150,9 @@ def render_status(sample: Sample, rates: dict[str, Any] | None, *, now_ms: int |
     head.add_row("mode", f"{st.get('mode', '?')} {where}")
     head.add_row("data directory", str(st.get("data_dir", "?")))
     head.add_row("uptime", _duration(float(st.get("uptime_s", 0))))
+    cluster = st.get("cluster")
+    if isinstance(cluster, dict):
+        head.add_row("cluster", _cluster(cluster))
     if "connections" in st:
         head.add_row("connections", f"{st['connections']:,} open, {st.get('connections_total', 0):,} since start")
     if "requests_total" in st:

@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import NamedTuple, Protocol
 
+from headwater.errors import UnavailableError
+
 __all__ = [
     "ANY_VERSION",
     "BadVersionError",
@@ -44,7 +46,9 @@ ANY_VERSION = -1  # a set or delete that does not check the version
 
 
 class CoordinationError(Exception):
-    """A coordination operation failed; ``path`` names the node when there is one."""
+    """A coordination operation failed; ``path`` names the node when there is one. These are
+    the cluster's own workings, handled inside the broker; what reaches a user is a
+    :class:`~headwater.errors.ClusterError` or :class:`CoordinationUnavailableError`."""
 
     def __init__(self, message: str, path: str | None = None) -> None:
         super().__init__(message)
@@ -71,8 +75,10 @@ class SessionLostError(CoordinationError):
     """The session is gone or not connected now: nothing may be assumed about what holds."""
 
 
-class CoordinationUnavailableError(CoordinationError):
+class CoordinationUnavailableError(CoordinationError, UnavailableError):
     """The coordination service could not be reached (at start, within its timeout)."""
+
+    code = 81
 
 
 class TransactionFailedError(CoordinationError):

@@ -12,6 +12,7 @@ from typing import TypeVar
 import msgspec
 
 from headwater.cluster.coordination import CoordinationError
+from headwater.errors import ClusterError
 
 __all__ = [
     "BrokerRecord",
@@ -32,8 +33,10 @@ DEFAULT_CHROOT = "/headwater"  # where a cluster lives when --zookeeper names no
 FORMAT_VERSION = 1  # of the tree below the chroot; a broker refuses a cluster of a newer one
 
 
-class RecordError(CoordinationError):
+class RecordError(CoordinationError, ClusterError):
     """A znode holds something that is not the record its path should hold."""
+
+    code = 84
 
 
 class ClusterRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -94,6 +94,13 @@ class BrokerProcess:
         if self.proc is not None and self.proc.stdout is not None:
             self.proc.stdout.close()
 
+    def pause(self) -> None:
+        """SIGSTOP: the broker neither answers nor heartbeats until :meth:`resume`."""
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
