@@ -59,6 +59,18 @@ def patch_produce(hw, fn) -> None:
         hw.service.produce_nowait = lambda queue, partition, batch: asyncio.ensure_future(fn(queue, partition, batch))
 
 
+def test_a_broker_alone_names_itself_for_every_partition(target):
+    async def test(hw):
+        await hw.admin.create_queue("orders", partitions=2)
+        md = await hw.admin.cluster_metadata(["orders"])
+        assert [b.broker_id for b in md.brokers] == [-1] and md.queue("orders").queue_id > 0
+        assert await hw.admin.queue_locations("orders") == {0: md.brokers[0], 1: md.brokers[0]}
+        with pytest.raises(QueueNotFoundError):
+            await hw.admin.queue_locations("nope")
+
+    run(target, test)
+
+
 def test_admin_round_trip(target):
     async def test(hw):
         a = hw.admin

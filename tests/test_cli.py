@@ -105,6 +105,16 @@ def test_create_list_describe(cli):
     assert "setting owner" in text and "start offset" in text and "1h (3600 s)" in text
 
 
+def test_queue_locations_names_each_partitions_broker(cli, q):
+    rows = json.loads(cli("queue", "locations", q, "--json").stdout)
+    assert rows == [
+        {"partition": p, "leader": -1, "address": None, "leader_epoch": 0, "replicas": [-1]} for p in range(3)
+    ]
+    table = cli("queue", "locations", q).stdout
+    assert "this broker (alone)" in table and "this process (embedded)" in table and table.count("alone") == 3
+    assert "queue 'nope' does not exist" in cli.error("queue", "locations", "nope")
+
+
 def test_create_if_not_exists_leaves_the_queue_there_as_it_is(cli):
     cli("queue", "create", "orders", "-p", "4")
     err = cli.error("queue", "create", "orders", "-p", "8")

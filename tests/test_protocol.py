@@ -20,6 +20,7 @@ from headwater.errors import (
     UnavailableError,
 )
 from headwater.model.batch import encode_batch, patch_batch
+from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionLocation, QueueLocations
 from headwater.model.config import PartitionInfo, QueueConfig, QueueInfo, QueuePage
 from headwater.model.delay import DelayBucketStats, DelayStats
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary, MemberDescription
@@ -135,6 +136,8 @@ from headwater.protocol.messages import (
     ListGroupsResponse,
     ListSubscribersRequest,
     ListSubscribersResponse,
+    MetadataRequest,
+    MetadataResponse,
     SharedAckRequest,
     SharedAckResponse,
     SharedDescribeRequest,
@@ -290,6 +293,24 @@ SAMPLES = [
     (LookupKeyRequest("orders", b"k1", None, 1_900_000_000_000, 10), LookupKeyResponse([STORED, STORED2])),
     (OffsetForTimeRequest("orders", 1, 1_800_000_000_000), OffsetForTimeResponse(1000)),
     (StatusRequest(), StatusResponse({"version": "0.1.0", "uptime_s": 1.5, "recovery": []})),
+    (
+        MetadataRequest(["orders"]),
+        MetadataResponse(
+            ClusterMetadata(
+                cluster_id="c1",
+                controller=2,
+                brokers=[BrokerAddress(broker_id=2, host="10.0.0.2", port=7070, epoch=41)],
+                queues=[
+                    QueueLocations(
+                        name="orders",
+                        queue_id=5,
+                        partitions=[PartitionLocation(partition=0, leader=2, leader_epoch=3, replicas=[2])],
+                    )
+                ],
+            )
+        ),
+    ),
+    (MetadataRequest(None), MetadataResponse(ClusterMetadata(cluster_id="", controller=-1, brokers=[], queues=[]))),
     (CommitOffsetsRequest("billing", "orders", {0: 17, 3: 2}), CommitOffsetsResponse()),
     (FetchOffsetsRequest("billing", "orders"), FetchOffsetsResponse({0: 17, 3: 2})),
     (CommitOffsetsRequest("billing", "orders", {0: 17}, "m-1", 4), CommitOffsetsResponse()),
@@ -504,6 +525,12 @@ class FakeService:
             "lookup_key": [STORED, STORED2],
             "offset_for_time": 42,
             "status": {"version": "x"},
+            "metadata": ClusterMetadata(
+                cluster_id="c",
+                controller=1,
+                brokers=[BrokerAddress(broker_id=1, host="h", port=1, epoch=9)],
+                queues=[QueueLocations(name="orders", queue_id=7, partitions=[])],
+            ),
             "commit_offsets": None,
             "fetch_offsets": {1: 5},
             "join_group": GROUP_ASSIGNMENT,
@@ -586,6 +613,7 @@ def test_every_service_method_crosses_the_wire():
         (LookupKeyRequest("orders", b"k", 1, None, 5), lambda s: s.lookup_key("orders", b"k", 1, None, 5)),
         (OffsetForTimeRequest("orders", 1, 99), lambda s: s.offset_for_time("orders", 1, 99)),
         (StatusRequest(), lambda s: s.status()),
+        (MetadataRequest(["orders"]), lambda s: s.metadata(["orders"])),
         (CommitOffsetsRequest("g", "orders", {1: 5}), lambda s: s.commit_offsets("g", "orders", {1: 5})),
         (FetchOffsetsRequest("g", "orders"), lambda s: s.fetch_offsets("g", "orders")),
         (

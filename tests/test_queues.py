@@ -48,6 +48,39 @@ def test_create_describe_list(hw):
     assert hw.admin.describe_queue("audit").config.ttl_s == 7 * 86400
 
 
+def test_a_broker_alone_leads_every_partition_itself(hw, request):
+    """METADATA of a broker that is in no cluster: a cluster of one, broker -1, at the address
+    it listens on (an embedded broker has none), leading every partition at epoch 0."""
+    hw.admin.create_queue("orders", partitions=3)
+    hw.admin.create_queue("audit")
+    md = hw.admin.cluster_metadata()
+    assert (md.cluster_id, md.controller) == ("", -1) and [b.broker_id for b in md.brokers] == [-1]
+    me = md.brokers[0]
+    if request.node.callspec.params["hw"] == "network":
+        assert me.host == "127.0.0.1" and me.port > 0
+    else:
+        assert (me.host, me.port) == ("", 0)
+    assert [q.name for q in md.queues] == ["audit", "orders"]  # internal queues only when named
+    orders = md.queue("orders")
+    assert orders.queue_id == hw.admin.describe_queue("orders").queue_id
+    assert [(p.partition, p.leader, p.leader_epoch, p.replicas) for p in orders.partitions] == [
+        (n, -1, 0, [-1]) for n in range(3)
+    ]
+    assert hw.admin.queue_locations("orders") == {0: me, 1: me, 2: me}
+    assert [q.name for q in hw.admin.cluster_metadata(["orders", "__offsets", "orders"]).queues] == [
+        "orders",
+        "__offsets",
+    ]
+    with pytest.raises(QueueNotFoundError, match="nope"):
+        hw.admin.queue_locations("nope")
+    with pytest.raises(QueueNotFoundError, match="nope"):
+        hw.admin.cluster_metadata(["orders", "nope"])
+    with pytest.raises(InvalidArgumentError, match="not one name"):
+        hw.admin.cluster_metadata("orders")  # type: ignore[arg-type]  # the wrong type is what the test checks
+    with pytest.raises(InvalidQueueNameError):
+        hw.admin.queue_locations("a b")
+
+
 def test_queue_names_and_settings_are_checked(hw):
     for bad in ["", "-x", "a b", "x/y", "é", "a" * 201]:
         with pytest.raises(InvalidQueueNameError):

@@ -23,6 +23,7 @@ from headwater.broker.shared import SharedGroups
 from headwater.broker.subscriptions import SubscriberRegistry
 from headwater.cluster.membership import Membership
 from headwater.errors import InvalidArgumentError, MessageNotFoundError
+from headwater.model.cluster import ALONE, BrokerAddress, ClusterMetadata, PartitionLocation, QueueLocations
 from headwater.model.config import (
     LIST_PAGE_PARTITIONS,
     QueueConfig,
@@ -64,6 +65,7 @@ class Broker:
         self.store = store
         self._started = time.monotonic()
         self.membership: Membership | None = None  # set while this broker is a cluster's member
+        self.advertised: tuple[str, int] = ("", 0)  # (host, port) clients reach it by; set by its server
         self.offsets = OffsetStore(store)
         # consumer group membership (in memory) over the durable offsets; group_clock times sessions
         self.groups = GroupCoordinator(store, self.offsets, clock=group_clock)
@@ -119,6 +121,34 @@ class Broker:
             page.append(q)
             room -= n
         return QueuePage(page)
+
+    def metadata(self, queues: list[str] | None = None) -> ClusterMetadata:
+        if queues is not None and (not isinstance(queues, list) or not all(isinstance(q, str) for q in queues)):
+            raise InvalidArgumentError(f"queues must be a list of queue names or None, got {queues!r}")
+        infos = (
+            sorted(self.store.list_queues(), key=lambda q: q.name)
+            if queues is None
+            else [self.store.describe_queue(name) for name in dict.fromkeys(queues)]
+        )
+        # alone, this broker leads every partition: a cluster of one
+        host, port = self.advertised
+        here = [ALONE]
+        return ClusterMetadata(
+            cluster_id="",
+            controller=ALONE,
+            brokers=[BrokerAddress(broker_id=ALONE, host=host, port=port, epoch=0)],
+            queues=[
+                QueueLocations(
+                    name=q.name,
+                    queue_id=q.queue_id,
+                    partitions=[
+                        PartitionLocation(partition=p.partition, leader=ALONE, leader_epoch=0, replicas=here)
+                        for p in q.partitions
+                    ],
+                )
+                for q in infos
+            ],
+        )
 
     def delete_queue(self, name: str) -> None:
         self.store.delete_queue(check_user_queue(name))

@@ -274,6 +274,7 @@ class BrokerServer:
             backlog=4096,
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        self.broker.advertised = (self.config.advertised_address, self.port)
         log.info("headwater %s serving %s on %s:%d", __version__, self.broker.store.path, self.config.host, self.port)
         return self.port
 

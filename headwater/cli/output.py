@@ -33,6 +33,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from headwater.model.cluster import ALONE, ClusterMetadata
 from headwater.model.config import QueueInfo
 from headwater.model.message import Record
 
@@ -260,6 +261,29 @@ def queues_table(infos: list[QueueInfo]) -> Table:
         enabled = Text("yes", "green") if q.enabled else Text("no", "red")
         table.add_row(
             q.name, str(len(q.partitions)), f"{q.message_count:,}", format_ttl(q.config.ttl_s), _flush(q), enabled
+        )
+    return table
+
+
+def locations_table(md: ClusterMetadata, queue: str) -> Table:
+    """One row per partition of ``queue``: its leader, the leader's address, the leader epoch
+    and the brokers holding a copy."""
+    table = Table(show_edge=False, header_style="bold")
+    for name in ("partition", "leader", "address", "leader epoch", "replicas"):
+        table.add_column(name, justify="left" if name == "address" else "right", no_wrap=True)
+    for p in md.queue(queue).partitions:
+        b = md.broker(p.leader)
+        if b is None:
+            where = Text("no leader now", "red")
+        else:
+            where = Text(b.address) if b.host else Text("this process (embedded)", "dim")
+        leader = "this broker (alone)" if p.leader == ALONE else str(p.leader)
+        table.add_row(
+            str(p.partition),
+            leader,
+            where,
+            str(p.leader_epoch),
+            ", ".join("this broker" if r == ALONE else str(r) for r in p.replicas),
         )
     return table
 

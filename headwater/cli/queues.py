@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from headwater.cli.context import err_console, open_client, out_console, stdin_is_tty
-from headwater.cli.output import format_ttl, print_json, queue_detail, queue_json, queues_table
+from headwater.cli.output import format_ttl, locations_table, print_json, queue_detail, queue_json, queues_table
 from headwater.cli.parse import parse_pairs, parse_ttl
 from headwater.errors import QueueExistsError, QueueNotFoundError, UsageError
 from headwater.model.config import MESSAGE_BYTES_MAX, PARTITIONS_MAX
@@ -299,3 +299,36 @@ def add_partitions(
     """
     info = open_client(ctx).admin.add_partitions(name, to)
     _done(f"queue {info.name!r} now has {len(info.partitions)} partitions")
+
+
+@queue_app.command("locations")
+def locations(ctx: typer.Context, name: NameArg, as_json: JsonOpt = False) -> None:
+    """Show which broker leads each partition of a queue, and its address.
+
+    A broker running alone leads every partition itself (broker -1); in a cluster each
+    partition has one leader, which takes its sends and serves its reads.
+
+    Examples:
+
+    ```
+    headwater queue locations orders
+    headwater queue locations orders --json
+    ```
+    """
+    md = open_client(ctx, read_only=True).admin.cluster_metadata([name])
+    parts = md.queue(name).partitions
+    if as_json:
+        print_json(
+            [
+                {
+                    "partition": p.partition,
+                    "leader": p.leader,
+                    "address": (b.address if (b := md.broker(p.leader)) is not None and b.host else None),
+                    "leader_epoch": p.leader_epoch,
+                    "replicas": p.replicas,
+                }
+                for p in parts
+            ]
+        )
+        return
+    out_console().print(locations_table(md, name))

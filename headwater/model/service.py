@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # (asyncio's futures are named Awaitable here: model imports 
 
 import msgspec
 
+from headwater.model.cluster import ClusterMetadata
 from headwater.model.config import QueueConfig, QueueInfo, QueuePage
 from headwater.model.delay import DelayStats
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
@@ -277,6 +278,11 @@ class BrokerService(Protocol):
 
     def status(self) -> dict[str, object]:
         """Broker facts for operators: version, uptime, storage figures, what recovery repaired."""
+        ...
+
+    def metadata(self, queues: list[str] | None = None) -> ClusterMetadata:
+        """The brokers, the controller and where each partition of ``queues`` is (``None``:
+        every user queue); a broker alone names itself (:mod:`headwater.model.cluster`)."""
         ...
 
     def close(self) -> None: ...

@@ -18,7 +18,8 @@ from headwater.client.core.partitioner import PartitionFn
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, Bound
 from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
 from headwater.model.checks import check_int_arg, mapping_copy
-from headwater.model.config import QueueConfig, QueueInfo, validate_queue_name
+from headwater.model.cluster import BrokerAddress, ClusterMetadata
+from headwater.model.config import QueueConfig, QueueInfo, is_internal_queue, validate_queue_name
 from headwater.model.delay import DelayStats
 from headwater.model.keyed import KeyedGroupInfo
 from headwater.model.message import Message, MessageId, Record, required_epoch_ms
@@ -120,6 +121,27 @@ class AdminBase(Twins):
         """Grow the queue to ``partitions`` partitions in total."""
         check_int_arg(partitions, "a partition count")
         return (yield self._service.add_partitions(name, partitions))
+
+    # where things are (a broker alone is a cluster of one, naming itself)
+    @waits
+    def cluster_metadata(self, queues: Sequence[str] | None = None) -> Waits[ClusterMetadata]:
+        """The cluster's brokers, its controller, and each partition's leader of ``queues``
+        (default: every queue). A broker running alone answers naming itself (broker id -1)."""
+        if queues is not None:
+            if isinstance(queues, str):
+                raise InvalidArgumentError(f"queues must be a list of queue names, not one name: [{queues!r}]")
+            for name in queues:
+                if not is_internal_queue(name):  # the broker's own queues may be asked about too
+                    validate_queue_name(name)
+        return (yield self._service.metadata(None if queues is None else list(queues)))
+
+    @waits
+    def queue_locations(self, name: str) -> Waits[dict[int, BrokerAddress | None]]:
+        """Each partition of the queue and the broker that leads it (``None`` while it has
+        no leader), as HQueue's ``getQueueLocations``: to run work near the data."""
+        validate_queue_name(name)
+        md = yield self._service.metadata([name])
+        return {p.partition: md.broker(p.leader) for p in md.queue(name).partitions}
 
     # keyed groups (headwater.client.sync.keyed_consumer, headwater.client.aio.keyed_consumer)
     @waits

@@ -1,10 +1,11 @@
 """Bodies of ping, queue administration (create, describe, list, delete, truncate, enable,
-add partitions) and the broker's status."""
+add partitions), the broker's status and the cluster's metadata (where each partition is)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from headwater.model.cluster import ClusterMetadata
 from headwater.model.config import QueueConfig, QueueInfo, QueuePage
 from headwater.protocol.messages.base import ApiKey, RequestBody, ResponseBody, _NoResult
 
@@ -120,3 +121,23 @@ class StatusResponse(ResponseBody, frozen=True, array_like=True):
     @classmethod
     def from_result(cls, value: dict[str, Any]) -> ResponseBody:
         return cls(dict(value))
+
+
+class MetadataRequest(RequestBody, frozen=True, array_like=True):
+    """Where things are: the brokers, the controller, and each partition's leader of the
+    queues named (``None``: every queue; internal queues are named only when asked for)."""
+
+    api = ApiKey.METADATA
+    queues: list[str] | None = None
+
+
+class MetadataResponse(ResponseBody, frozen=True, array_like=True):
+    api = ApiKey.METADATA
+    metadata: ClusterMetadata
+
+    def result(self) -> ClusterMetadata:
+        return self.metadata
+
+    @classmethod
+    def from_result(cls, value: ClusterMetadata) -> ResponseBody:
+        return cls(value)

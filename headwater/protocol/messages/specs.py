@@ -23,6 +23,8 @@ from headwater.protocol.messages.admin import (
     DescribeQueueResponse,
     ListQueuesRequest,
     ListQueuesResponse,
+    MetadataRequest,
+    MetadataResponse,
     PingRequest,
     PingResponse,
     SetQueueEnabledRequest,
@@ -242,6 +244,7 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
         ApiSpec(ApiKey.CANCEL_DELAYED, CancelDelayedRequest, CancelDelayedResponse, "cancel_delayed"),
         ApiSpec(ApiKey.DELAY_STATS, DelayStatsRequest, DelayStatsResponse, "delay_stats"),
         ApiSpec(ApiKey.STATUS, StatusRequest, StatusResponse, "status"),
+        ApiSpec(ApiKey.METADATA, MetadataRequest, MetadataResponse, "metadata"),
     )
 }
 

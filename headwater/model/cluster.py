@@ -1,0 +1,74 @@
+"""Where things are: the brokers of a cluster and the broker that leads each partition.
+
+What a METADATA request answers (``docs/protocol.md``), ``admin.cluster_metadata()`` returns
+and ``headwater queue locations`` shows. A broker running alone is a cluster of one: it
+answers naming itself (broker id ``-1``, no cluster id) for every partition, so a client has
+one way to find where to send, whichever it talks to. Pure values; no I/O.
+
+>>> me = BrokerAddress(broker_id=-1, host="127.0.0.1", port=7070, epoch=0)
+>>> md = ClusterMetadata(cluster_id="", controller=-1, brokers=[me], queues=[
+...     QueueLocations(name="orders", queue_id=5, partitions=[
+...         PartitionLocation(partition=0, leader=-1, leader_epoch=0, replicas=[-1])])])
+>>> md.broker(md.queue("orders").partitions[0].leader).address
+'127.0.0.1:7070'
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from headwater.errors import QueueNotFoundError
+
+__all__ = ["ALONE", "BrokerAddress", "ClusterMetadata", "PartitionLocation", "QueueLocations"]
+
+ALONE = -1  # the broker id of a broker that is in no cluster
+
+
+class BrokerAddress(msgspec.Struct, frozen=True, kw_only=True):
+    """A broker: its id, the address clients reach it by, and its broker epoch (the
+    creation id of its registration in ZooKeeper; 0 for a broker running alone)."""
+
+    broker_id: int
+    host: str
+    port: int
+    epoch: int
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+class PartitionLocation(msgspec.Struct, frozen=True, kw_only=True):
+    """A partition's leader (the broker that takes its produces and serves its reads; -1
+    when it has none now), the leader epoch (one more at every change of leader), and the
+    brokers holding a copy, the leader first."""
+
+    partition: int
+    leader: int
+    leader_epoch: int
+    replicas: list[int]
+
+
+class QueueLocations(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    queue_id: int
+    partitions: list[PartitionLocation]
+
+
+class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
+    """The brokers, the controller (-1: none now, or a broker alone), and the locations of
+    the queues asked for."""
+
+    cluster_id: str
+    controller: int
+    brokers: list[BrokerAddress]
+    queues: list[QueueLocations]
+
+    def broker(self, broker_id: int) -> BrokerAddress | None:
+        return next((b for b in self.brokers if b.broker_id == broker_id), None)
+
+    def queue(self, name: str) -> QueueLocations:
+        found = next((q for q in self.queues if q.name == name), None)
+        if found is None:
+            raise QueueNotFoundError(f"queue {name!r} does not exist")
+        return found
