@@ -176,6 +176,7 @@ class MetadataCache:
         self._wanted: dict[_Target, _Target | None] = {}  # what the tree as read names, and its listing
         self._watched: set[_Target] = set()
         self._bad: dict[str, object] = {}  # path -> the bad content logged for it
+        self._decoded: dict[str, tuple[tuple[bytes, Stat], msgspec.Struct]] = {}  # path -> a read, its record
         self._view = ClusterView()
         self._delivered: ClusterView | None = None
         self._callbacks: list[Callable[[ClusterView], None]] = []
@@ -360,6 +361,7 @@ class MetadataCache:
         self._data = {p: v for p, v in self._data.items() if ("data", p) in wanted}
         self._children = {p: v for p, v in self._children.items() if ("children", p) in wanted}
         self._bad = {p: v for p, v in self._bad.items() if p in self._data or p in self._children}
+        self._decoded = {p: v for p, v in self._decoded.items() if self._data.get(p) is v[0]}
         view = self._make_view()
         if view != self._view:
             self._view = view
@@ -376,8 +378,13 @@ class MetadataCache:
         entry = self._data.get(path)
         if entry is None:
             return None
+        known = self._decoded.get(path)
+        if known is not None and known[0] is entry and isinstance(known[1], kind):
+            return known[1], entry[1]  # a view is made at every change: decode each read once
         try:
-            return decode(entry[0], kind, path), entry[1]
+            record = decode(entry[0], kind, path)
+            self._decoded[path] = (entry, record)
+            return record, entry[1]
         except RecordError as e:
             self._complain(path, entry, str(e))
             return None
