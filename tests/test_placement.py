@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from headwater.cluster.placement import (
@@ -131,6 +131,8 @@ def test_loads_count_replicas_bytes_and_leaders():
 
 # -- properties ----------------------------------------------------------------------------
 
+# never a speed assertion: a loaded machine is slow, not wrong
+RELAXED = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 broker_ids = st.lists(st.integers(0, 40), min_size=1, max_size=8, unique=True)
 
 
@@ -148,6 +150,7 @@ def placements(draw):
 
 
 @given(placements())
+@RELAXED
 def test_every_partition_gets_factor_distinct_live_brokers(case):
     partitions, brokers, load, factor, first = case
     placed = place_partitions(partitions, brokers, load, factor, first)
@@ -159,6 +162,7 @@ def test_every_partition_gets_factor_distinct_live_brokers(case):
 
 
 @given(broker_ids, st.integers(1, 80), st.data())
+@RELAXED
 def test_placement_into_an_empty_cluster_is_balanced_within_one(brokers, partitions, data):
     factor = data.draw(st.integers(1, len(brokers)))
     placed = place_partitions(partitions, brokers, {}, factor)
@@ -194,7 +198,7 @@ def _counts(assignment, live):
 
 
 @given(clusters(factor_max=1))
-@settings(max_examples=300)
+@settings(RELAXED, max_examples=300)
 def test_a_rebalance_balances_with_the_fewest_moves(cluster):
     assignment, live, sizes = cluster
     moves = plan_rebalance(assignment, live, sizes)
@@ -216,6 +220,7 @@ def test_a_rebalance_balances_with_the_fewest_moves(cluster):
 
 
 @given(clusters())
+@RELAXED
 def test_a_rebalance_with_replicas_keeps_them_distinct_and_live(cluster):
     assignment, live, sizes = cluster
     moves = plan_rebalance(assignment, live, sizes)
@@ -227,6 +232,7 @@ def test_a_rebalance_with_replicas_keeps_them_distinct_and_live(cluster):
 
 
 @given(clusters(), st.data())
+@RELAXED
 def test_a_decommission_empties_the_leaving_broker_and_nothing_else_moves(cluster, data):
     assignment, live, sizes = cluster
     leaving = data.draw(st.sampled_from(live))
