@@ -227,6 +227,8 @@ def test_a_controller_whose_session_expired_changes_nothing(service):
     eventually(lambda: first.coord.session_id not in (0, old_session), what="broker 1's new session")
     assert newer.leading.epoch == old.epoch + 1
     assert first.told[:2] == [("elected", old.epoch), ("resigned", old.epoch)] and old.fenced
+    with pytest.raises(ControllerFencedError):  # it heard of the expiry: refused at once
+        old.commit([Set(COUNTER, f"{old.epoch}:2".encode())])
     # a paused controller that heard nothing yet: the same context, unfenced, on the live session
     sent = CountingCoordination(first.coord.inner)
     paused = ControllerContext(sent, old.epoch, old._epoch_version, first.coord.session_id)

@@ -81,7 +81,7 @@ class ControllerContext:
         self._epoch_version = epoch_version  # /controller_epoch's version after our election's set
         self.session_id = session_id  # the session that won; /controller is ours only if it holds it
         self._fenced = False  # a bool flips atomically; a commit in flight is fenced by ZooKeeper
-        self.on_fenced: Callable[[], None] = lambda: None
+        self._on_fenced: Callable[[], None] = lambda: None  # tells the election, to resign
 
     @property
     def fenced(self) -> bool:
@@ -112,7 +112,7 @@ class ControllerContext:
         except TransactionFailedError as e:
             if e.index == 0:
                 self._fence()
-                self.on_fenced()
+                self._on_fenced()
                 raise self._refusal() from e
             raise TransactionFailedError(e.index - 1, e.cause) from e
 
@@ -130,7 +130,12 @@ class ControllerElection:
     so a slow callback delays no watch; each ``on_elected`` is followed by exactly one
     ``on_resigned``, and an election lost before its ``on_elected`` ran is told to neither.
     Epochs only grow, so ``on_elected`` is never called for an epoch older than one already
-    resigned. The callbacks may call :meth:`close`.
+    resigned. The callbacks may call :meth:`close`. The same thread then reads the tree again,
+    so a slow callback delays this broker's next candidacy, never its fence: a lost session or
+    a newer controller fences the context on the coordination's thread at once.
+
+    ``/controller_epoch`` must never be deleted while a cluster runs: made again from "0", its
+    versions would repeat, and an old controller's check could pass again.
 
     After a lost session and a new one, the broker is a candidate again. One election per
     session, ever: two elections on one session would each take the other's ``/controller``
@@ -341,7 +346,7 @@ class ControllerElection:
                     self._kick_locked()
             return
         ctx = ControllerContext(self._coord, epoch + 1, version + 1, session_id)
-        ctx.on_fenced = self._on_fenced
+        ctx._on_fenced = self._kick
         with self._cond:
             if not self._closed:
                 log.info("broker %d is the controller at epoch %d", self.broker_id, ctx.epoch)
@@ -352,7 +357,7 @@ class ControllerElection:
         ctx._fence()  # closed while we stood: let the others elect at once
         self._release(ctx)
 
-    def _on_fenced(self) -> None:
+    def _kick(self) -> None:
         with self._cond:
             self._kick_locked()
 
