@@ -7,7 +7,7 @@ and ephemeral nodes (gone when their session closes or ``ensemble.expire(session
 ends it), persistent watches delivered in order on each session's own thread. It runs the
 same contract suite as ZooKeeper (``tests/test_coordination_contract.py``), so a seeded
 simulation of the controller can run against it in milliseconds, with sessions expired and
-paused at chosen moments.
+paused at chosen moments (``session.hold_events()`` holds back what a session hears).
 """
 
 from __future__ import annotations
@@ -189,6 +189,8 @@ class MemoryCoordination:
         self._children_watches: dict[str, list[Callable[[list[str]], None]]] = {}
         self._session_callbacks: list[Callable[[SessionState], None]] = []
         self._events: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._delivering = threading.Event()  # cleared while events are held back
+        self._delivering.set()
         self._thread = threading.Thread(target=self._run, name=f"memory-coordination-{session_id:x}", daemon=True)
         self._thread.start()
 
@@ -198,7 +200,19 @@ class MemoryCoordination:
 
     def _run(self) -> None:
         while (event := self._events.get()) is not None:
+            self._delivering.wait()
             event()
+
+    def hold_events(self) -> None:
+        """Deliver no watch or session event until :meth:`release_events`, as a client
+        whose process is paused: the service goes on without it (its session may expire, its
+        nodes change), and it learns what happened only when it resumes. Its operations still
+        work meanwhile, as those of a process that woke and wrote before reading its events."""
+        self._delivering.clear()
+
+    def release_events(self) -> None:
+        """Deliver the events held back, in order, and those that follow."""
+        self._delivering.set()
 
     def _live(self) -> MemoryEnsemble:
         if self._closed:
@@ -270,6 +284,7 @@ class MemoryCoordination:
             self._closed = True
             self._ensemble.expire(self._id)
             self._events.put(None)
+            self._delivering.set()  # a held session's thread ends too
 
     # -- events, queued under the ensemble's lock, run on this session's thread -----------
 
