@@ -15,6 +15,8 @@ from headwater.cluster.coordination import CoordinationError
 from headwater.errors import ClusterError
 
 __all__ = [
+    "AdminRequest",
+    "AdminResult",
     "BrokerRecord",
     "ClusterRecord",
     "ControllerRecord",
@@ -82,6 +84,7 @@ class QueueRecord(msgspec.Struct, frozen=True, kw_only=True):
     config: dict[str, object]
     created_ms: int
     controller_epoch: int
+    replication_factor: int = 1
 
 
 class PartitionRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,6 +107,30 @@ class MoveRecord(msgspec.Struct, frozen=True, kw_only=True):
     phase: str
     started_ms: int
     controller_epoch: int
+
+
+class AdminResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The controller's answer to an :class:`AdminRequest`: ``code`` 0 when done, else the
+    error's code (``headwater.errors``) and its message, raised again where it was asked."""
+
+    code: int = 0
+    message: str = ""
+    queue_id: int = 0
+    controller_epoch: int = 0
+
+
+class AdminRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """``/requests/r-<seq>``: a change only the controller makes (create, delete, grow a
+    queue), asked by the broker a client called. The controller writes ``result`` into the
+    node; the asker reads it and deletes the node."""
+
+    op: str  # create_queue, delete_queue, add_partitions
+    queue: str
+    asked_by: int
+    asked_ms: int
+    config: dict[str, object] | None = None  # create_queue: a QueueConfig as builtins
+    partitions: int = 0  # add_partitions: the new total
+    result: AdminResult | None = None
 
 
 R = TypeVar("R", bound=msgspec.Struct)
@@ -131,6 +158,11 @@ class paths:
     QUEUES = "/queues"
     MOVES = "/moves"
     REQUESTS = "/requests"
+    QUEUE_IDS = "/queue_ids"  # the next cluster queue id (a decimal integer), set by the controller
+
+    @staticmethod
+    def request(name: str) -> str:
+        return f"/requests/{name}"
 
     @staticmethod
     def broker(broker_id: int) -> str:
