@@ -42,7 +42,8 @@ from it may succeed) and from "something outside misbehaved" (:class:`StorageErr
     ├── StorageError                     30   no    the disk or the files misbehaved
     │   └── CorruptDataError             31   no    a checksum or layout check failed
     ├── UnavailableError                 40   yes   try again later (timeouts, restarts)
-    │   └── OutcomeUnknownError          41   no    sent, then no answer: it may or may not have been applied
+    │   ├── OutcomeUnknownError          41   no    sent, then no answer: it may or may not have been applied
+    │   └── NotLeaderError               42   yes   another broker leads that partition now: ask where, then send
     └── ClusterError                     80   no    a broker cannot join or act in its cluster as configured
 
 The whole group branch is a state conflict: every refusal of a group (a stale generation,
@@ -95,6 +96,7 @@ __all__ = [
     "CorruptDataError",
     "UnavailableError",
     "OutcomeUnknownError",
+    "NotLeaderError",
     "ClusterError",
     "error_for_code",
 ]
@@ -303,6 +305,14 @@ class OutcomeUnknownError(UnavailableError):
 
     code = 41
     retriable = False
+
+
+class NotLeaderError(UnavailableError):
+    """The broker asked does not lead that partition now (it moved, or the broker is cut off
+    from its cluster): refresh the cluster's metadata (METADATA) and send to its leader. A
+    client of a cluster does so by itself; the message names the leader when it is known."""
+
+    code = 42
 
 
 class ClusterError(HeadwaterError):

@@ -89,6 +89,7 @@ ERROR_TREE = {
     "CorruptDataError": (31, False, "StorageError"),
     "UnavailableError": (40, True, "HeadwaterError"),
     "OutcomeUnknownError": (41, False, "UnavailableError"),
+    "NotLeaderError": (42, True, "UnavailableError"),
     "ClusterError": (80, False, "HeadwaterError"),
 }
 
