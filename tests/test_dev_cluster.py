@@ -188,6 +188,20 @@ def test_a_second_dev_cluster_on_a_running_directory_is_refused(data):
         assert run.interrupt() == 0
 
 
+def test_the_children_of_a_killed_dev_cluster_are_named_by_the_next_run(data):
+    run = DevCluster(data, "--zookeeper-port", "0").wait_ready()
+    run.proc.kill()  # SIGKILL: it cannot stop its children, which run on
+    run.proc.wait()
+    left = sorted(_children_of(data))
+    assert len(left) == 4
+    again = DevCluster(data, "--zookeeper-port", "0", name="again")
+    assert again.finish() == 1
+    error = again.stderr()
+    assert f"a dev-cluster over {data} was killed and left zookeeper (pid " in error
+    assert sorted(int(p) for p in re.search(r"'kill ([\d ]+)'", error).group(1).split()) == left
+    assert sorted(_children_of(data)) == left  # nothing more started, nothing stopped
+
+
 def test_a_broker_killed_while_the_cluster_runs_is_reported_and_the_others_keep_running(data):
     run = DevCluster(data, "--zookeeper-port", "0").wait_ready()
     try:
@@ -204,8 +218,9 @@ def test_a_broker_killed_while_the_cluster_runs_is_reported_and_the_others_keep_
             with headwater.connect(address) as hw:
                 assert hw.status()["cluster"]["active"]
     finally:
-        assert run.interrupt() == 0
-    assert _children_of(data) == []
+        run.proc.send_signal(signal.SIGTERM)  # as a supervisor stops it
+        assert run.finish() == 0
+    assert "dev-cluster stopped" in run.stderr() and _children_of(data) == []
 
 
 def test_a_broker_that_cannot_start_stops_everything_and_shows_its_log(data):

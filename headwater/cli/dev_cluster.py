@@ -11,6 +11,7 @@ ZooKeeper still runs) and ZooKeeper last.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -19,8 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -45,6 +44,7 @@ LOCK_FILE = "dev-cluster.lock"
 BROKER_START_TIMEOUT_S = 60.0  # a broker waits up to its session timeout for a stale registration
 STOP_GRACE_S = 20.0  # after SIGTERM, before SIGKILL
 WATCH_INTERVAL_S = 0.2
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # besides Ctrl-C
 # what dev-cluster sets on each broker itself; a --set of one of them would contradict it
 OWN_SETTINGS = {"host", "port", "zookeeper", "broker_id"}
 
@@ -137,21 +137,24 @@ def dev_cluster(
     extra = _checked_settings(settings or [])
     where = str(ZooKeeperAddress.parse(zookeeper)) if zookeeper is not None else None
     data.mkdir(parents=True, exist_ok=True)
-    # SIGTERM while starting stops what started, as Ctrl-C does (the children, in process
-    # groups of their own, would otherwise outlive us)
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # SIGTERM (or the terminal closing: SIGHUP) while starting stops what started, as Ctrl-C
+    # does (the children, in process groups of their own, would otherwise outlive us)
+    previous = {signum: signal.signal(signum, signal.default_int_handler) for signum in STOP_SIGNALS}
+    lock = _LockFile(data)
     try:
-        with _locked(data):
-            running = Running()
-            try:
-                _start(running, data, brokers, port, where, zookeeper_port, zookeeper_tick_ms, extra)
-                _announce(running, data)
-                _watch_until_stopped(running)
-            finally:
-                _stop(running)
+        lock.acquire()
+        running = Running()
+        try:
+            _start(running, data, brokers, port, where, zookeeper_port, zookeeper_tick_ms, extra, lock)
+            _announce(running, data)
+            _watch_until_stopped(running)
+        finally:
+            _stop(running)
     finally:
-        signal.signal(signal.SIGTERM, previous)
-    err_console().print("dev-cluster stopped")
+        lock.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    _say("dev-cluster stopped")
 
 
 def _data_dir(ctx: typer.Context, data: Path | None) -> Path:
@@ -183,24 +186,60 @@ def _checked_settings(pairs: list[str]) -> list[str]:
     return args
 
 
-@contextmanager
-def _locked(data: Path) -> Iterator[None]:
-    """Hold ``DATA/dev-cluster.lock`` for this run, or say which process holds it. The lock
-    goes with the process, however it ends: a SIGKILLed run leaves no stale lock."""
-    with open(data / LOCK_FILE, "a+") as f:
+class _LockFile:
+    """``DATA/dev-cluster.lock``, held (flock) while a run lasts: it names this process and
+    the children it started, so that the next run can tell a second dev-cluster (the lock
+    is held) from one that was SIGKILLed and left its children running (the lock is free,
+    and processes it names still run over DATA)."""
+
+    def __init__(self, data: Path) -> None:
+        self.data = data
+        self.f = open(data / LOCK_FILE, "a+")  # closed by close(), when the run ends
+
+    def acquire(self) -> None:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
+            holder = self._read().get("pid", "another process")
+            self.close()
             raise ClusterError(
-                f"{data} is in use by another dev-cluster ({holder}); stop it (Ctrl-C in its terminal, or "
-                f"kill {holder.removeprefix('pid ')}), or give another --data"
+                f"{self.data} is in use by another dev-cluster (pid {holder}); stop it (Ctrl-C in its "
+                f"terminal, or kill {holder}), or give another --data"
             ) from None
-        f.truncate(0)
-        f.write(f"pid {os.getpid()}\n")
-        f.flush()
-        yield
+        left = {name: pid for name, pid in self._read().items() if name != "pid" and self._runs_here(pid)}
+        if left:
+            self.close()
+            raise ClusterError(
+                f"a dev-cluster over {self.data} was killed and left "
+                f"{', '.join(f'{name} (pid {pid})' for name, pid in left.items())} running; "
+                f"stop them with 'kill {' '.join(left.values())}', then start again"
+            )
+        self.record(Running())
+
+    def _read(self) -> dict[str, str]:
+        self.f.seek(0)
+        lines = (line.rsplit(" ", 1) for line in self.f.read().splitlines())
+        return {parts[0]: parts[1] for parts in lines if len(parts) == 2 and parts[1].isdigit()}
+
+    def _runs_here(self, pid: str) -> bool:
+        """Whether process ``pid`` runs over this DATA (not a later process given its id)."""
+        try:
+            return str(self.data.absolute()).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+
+    def record(self, running: Running) -> None:
+        lines = [f"pid {os.getpid()}"]
+        if running.zookeeper is not None and running.zookeeper.pid is not None:
+            lines.append(f"zookeeper {running.zookeeper.pid}")
+        lines += [f"broker-{b.broker_id} {b.proc.pid}" for b in running.brokers if b.proc is not None]
+        self.f.seek(0)
+        self.f.truncate()
+        self.f.write("\n".join(lines) + "\n")
+        self.f.flush()
+
+    def close(self) -> None:
+        self.f.close()  # and the lock with it
 
 
 def _start(
@@ -212,6 +251,7 @@ def _start(
     zookeeper_port: int,
     tick_ms: int,
     extra: list[str],
+    lock: _LockFile,
 ) -> None:
     console = err_console()
     planned = [
@@ -226,11 +266,13 @@ def _start(
         on = f"{HOST}:{zookeeper_port}" if zookeeper_port else f"a free port of {HOST}"
         console.print(f"starting ZooKeeper on {on} (state in {data / 'zookeeper'})", markup=False)
         running.zookeeper.start()
+        lock.record(running)
         zookeeper = running.zookeeper.hosts + DEFAULT_CHROOT
     console.print(f"starting {count} broker{'s' if count > 1 else ''} in {zookeeper}")
     for b in planned:  # all at once: each start waits on ZooKeeper more than on the machine
         _spawn(b, zookeeper, extra)
         running.brokers.append(b)
+    lock.record(running)
     deadline = time.monotonic() + BROKER_START_TIMEOUT_S
     for b in running.brokers:
         _wait_listening(b, deadline)
@@ -258,7 +300,7 @@ def _spawn(b: Broker, zookeeper: str, extra: list[str]) -> None:
         "headwater",
         "serve",
         "--data",
-        str(b.data_dir),
+        str(b.data_dir.absolute()),  # the next run finds the brokers a killed run left by it
         "--host",
         HOST,
         "--port",
@@ -333,13 +375,14 @@ def _announce(running: Running, data: Path) -> None:
 def _watch_until_stopped(running: Running) -> None:
     """Wait for Ctrl-C or SIGTERM, saying so when a broker exits meanwhile."""
     stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    previous = {signum: signal.signal(signum, lambda *_: stop.set()) for signum in STOP_SIGNALS}
     try:
         with on_ctrl_c(lambda *_: stop.set()):
             while not stop.wait(WATCH_INTERVAL_S):
                 _check_children(running)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _check_children(running: Running) -> None:
@@ -366,22 +409,30 @@ def _report_exit(b: Broker) -> None:
 
 
 def _stop(running: Running) -> None:
-    """SIGTERM every broker, wait (SIGKILL after a grace), then stop ZooKeeper. Ctrl-C and
-    SIGTERM are ignored meanwhile: the stop is bounded by the grace."""
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """SIGTERM every broker, wait (SIGKILL after a grace), then stop ZooKeeper. Ctrl-C,
+    SIGTERM and SIGHUP are ignored meanwhile: the stop is bounded by the grace."""
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in STOP_SIGNALS}
     try:
         with on_ctrl_c(lambda *_: None):
             _stop_brokers([b for b in running.brokers if b.alive()])
             if running.zookeeper is not None:
-                err_console().print("stopping ZooKeeper")
+                _say("stopping ZooKeeper")
                 running.zookeeper.stop()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _say(text: str) -> None:
+    """A line on stderr while stopping, which goes on if nobody can read it any more (the
+    terminal was closed: SIGHUP)."""
+    with contextlib.suppress(OSError):
+        err_console().print(text, markup=False)
 
 
 def _stop_brokers(live: list[Broker]) -> None:
     if live:
-        err_console().print(f"stopping {len(live)} broker{'s' if len(live) > 1 else ''}")
+        _say(f"stopping {len(live)} broker{'s' if len(live) > 1 else ''}")
     for b in live:
         assert b.proc is not None
         os.kill(b.proc.pid, signal.SIGCONT)  # a paused broker could not act on the SIGTERM
@@ -392,6 +443,6 @@ def _stop_brokers(live: list[Broker]) -> None:
         try:
             b.proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            err_console().print(f"broker {b.broker_id} did not stop within {STOP_GRACE_S:g} s: killing it")
+            _say(f"broker {b.broker_id} did not stop within {STOP_GRACE_S:g} s: killing it")
             b.proc.kill()
             b.proc.wait()

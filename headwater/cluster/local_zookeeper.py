@@ -126,7 +126,7 @@ class LocalZooKeeper:
         return self
 
     def _command(self, java: str) -> list[str]:
-        cfg = self.data_dir / "zoo.cfg"
+        cfg = self.data_dir.absolute() / "zoo.cfg"  # its command line names the whole path
         cfg.write_text(
             f"tickTime={self.tick_ms}\n"
             f"dataDir={self.data_dir.resolve() / 'state'}\n"
