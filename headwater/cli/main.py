@@ -23,6 +23,7 @@ from headwater.cli.check import check
 from headwater.cli.consume import consume
 from headwater.cli.context import DATA_DIR_DEFAULT, CliState, err_console, ignore_ctrl_c_repeats_at_exit
 from headwater.cli.delay import delay_app
+from headwater.cli.dev_cluster import dev_cluster
 from headwater.cli.groups import group_app, queue_lag
 from headwater.cli.queues import queue_app
 from headwater.cli.serve import serve
@@ -182,6 +183,7 @@ app.command("status")(status)
 app.command("check")(check)
 app.command("serve")(serve)
 app.command("shell")(shell)
+app.command("dev-cluster")(dev_cluster)
 
 
 def main() -> None:
