@@ -115,6 +115,19 @@ def test_queue_locations_names_each_partitions_broker(cli, q):
     assert "queue 'nope' does not exist" in cli.error("queue", "locations", "nope")
 
 
+def test_cluster_status_of_a_broker_alone_says_so(cli, q):
+    assert "this broker runs alone (no cluster)" in cli("cluster", "status").stdout
+    doc = json.loads(cli("cluster", "status", "--json").stdout)
+    assert doc == {
+        "cluster_id": None,
+        "controller": -1,
+        "brokers": [{"broker_id": -1, "address": None, "epoch": 0, "leads": 3}],
+        "queues": 1,
+        "partitions": 3,
+        "leaderless": 0,
+    }
+
+
 def test_create_if_not_exists_leaves_the_queue_there_as_it_is(cli):
     cli("queue", "create", "orders", "-p", "4")
     err = cli.error("queue", "create", "orders", "-p", "8")

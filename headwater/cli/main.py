@@ -20,6 +20,7 @@ from typer.core import TyperGroup
 import headwater
 from headwater.cli import records
 from headwater.cli.check import check
+from headwater.cli.cluster import cluster_app
 from headwater.cli.consume import consume
 from headwater.cli.context import DATA_DIR_DEFAULT, CliState, err_console, ignore_ctrl_c_repeats_at_exit
 from headwater.cli.delay import delay_app
@@ -174,6 +175,7 @@ app.add_typer(queue_app, name="queue")
 app.add_typer(group_app, name="group")
 app.add_typer(subscriber_app, name="subscriber")
 app.add_typer(delay_app, name="delay")
+app.add_typer(cluster_app, name="cluster")
 app.command("produce")(records.produce)
 app.command("scan")(records.scan)
 app.command("get")(records.get)
