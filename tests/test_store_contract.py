@@ -25,8 +25,9 @@ from headwater.errors import (
     QueueExistsError,
     QueueNotFoundError,
 )
-from headwater.model.batch import decode_header, decode_records, encode_batch, tags_mask
+from headwater.model.batch import decode_header, decode_records, encode_batch, patch_batch, tags_mask
 from headwater.model.config import QueueConfig
+from headwater.model.service import ProduceResult
 from headwater.storage import LogStore, StoreConfig
 from headwater.storage.api import Store
 from headwater.storage.memory import MemoryStore
@@ -247,6 +248,14 @@ def test_stats_and_closing(store):
         lambda s: s.offset_for_time("q", 4, 0),
         lambda s: s.lookup_id(1, 0, 0),
         lambda s: s.append("q", 0, encode_batch([b"x" * 2000], producer_id=3, base_sequence=4, producer_epoch=0)),
+        lambda s: s.create_queue("x", QueueConfig(), queue_id=1),
+        lambda s: s.create_queue("x", QueueConfig(), queue_id=2**32),
+        lambda s: (s.append("q", 0, encode_batch([b"a"])), s.reset_partition("q", 0, 5)),
+        lambda s: (s.reset_partition("q", 0, 5), s.reset_partition("q", 0, 4)),
+        lambda s: s.reset_partition("q", 1, "5"),
+        lambda s: s.append_copy("q", 0, bytes(patch_batch(encode_batch([b"x"]), 1, 0, 3, 5)), 3),
+        lambda s: s.append_copy("q", 0, bytes(patch_batch(encode_batch([b"x"]), 2, 0, 0, 5)), 0),
+        lambda s: s.append_copy("q", 0, bytes(encode_batch([b"x"])), 0),
     ],
 )
 def test_both_stores_refuse_alike(call, tmp_path):
@@ -288,3 +297,225 @@ def test_partitions_are_bounded_per_queue_and_in_all(kind, tmp_path, clock):
             StoreConfig(queue_partitions_max=0).validated()
     finally:
         store.close()
+
+
+# -- what a cluster needs: queue ids it allocates, partitions copied between brokers -------
+
+
+def test_a_queue_takes_the_id_it_is_given(store):
+    """A cluster's controller allocates queue ids; every broker creates the queue under it."""
+    assert store.create_queue("a", QueueConfig(), queue_id=100).queue_id == 100
+    assert store.create_queue("b", QueueConfig()).queue_id == 101  # later automatic ids stay past it
+    assert store.create_queue("c", QueueConfig(), queue_id=5).queue_id == 5  # below the next: free, so fine
+    assert store.create_queue("__i", QueueConfig(), internal=True, queue_id=7).queue_id == 7
+    assert store.create_queue("d", QueueConfig()).queue_id == 102
+    assert store.describe_queue("a").queue_id == 100 and store.queue_name(5) == "c"
+    with pytest.raises(InvalidArgumentError, match=r"cannot create queue 'e' with id 100: queue 'a' of this store"):
+        store.create_queue("e", QueueConfig(), queue_id=100)
+    with pytest.raises(InvalidArgumentError, match=r"queue 'e' with id 7: queue '__i' of this store has that id"):
+        store.create_queue("e", QueueConfig(), queue_id=7)  # internal ones hold their ids too
+    with pytest.raises(QueueExistsError, match="queue 'a' already exists"):
+        store.create_queue("a", QueueConfig(), queue_id=100)
+    assert "e" not in {i.name for i in store.list_queues()}
+    store.append("a", 0, encode_batch([b"x"]))
+    h = decode_header(bytes(store.fetch("a", 0, 0).batches[0]))
+    assert h.queue_id == 100  # message ids carry it
+    assert store.lookup_id(100, 0, 0)[0] == "a"
+
+
+@pytest.mark.parametrize("bad", [True, 0, -1, 2**32, "7", 7.0])
+def test_a_bad_queue_id_is_refused(store, bad):
+    with pytest.raises(InvalidArgumentError, match="a queue id is"):
+        store.create_queue("a", QueueConfig(), queue_id=bad)
+    assert store.list_queues() == []
+    assert store.create_queue("a", QueueConfig()).queue_id == 1  # nothing was taken
+
+
+def test_the_last_queue_id_leaves_no_automatic_one(store):
+    assert store.create_queue("top", QueueConfig(), queue_id=2**32 - 1).queue_id == 2**32 - 1
+    with pytest.raises(InvalidArgumentError, match=r"every queue id up to 4294967295; create it with a free"):
+        store.create_queue("next", QueueConfig())
+    assert store.create_queue("next", QueueConfig(), queue_id=1).queue_id == 1
+
+
+def test_an_empty_partition_is_reset_forward(store, clock):
+    store.create_queue("q", QueueConfig(partitions=2, ttl_s=60))
+    store.reset_partition("q", 0, 1000)
+    info = store.describe_queue("q").partitions
+    assert (info[0].start_offset, info[0].end_offset, info[1].end_offset) == (1000, 1000, 0)
+    res = store.fetch("q", 0, 0)
+    assert (res.batches, res.start_offset, res.end_offset) == ([], 1000, 1000)
+    assert store.append("q", 0, encode_batch([b"a", b"b"])).base_offset == 1000
+    assert store.end_offset("q", 0) == 1002 and store.offset_for_time("q", 0, 0) == 1000
+    with pytest.raises(InvalidArgumentError, match=r"cannot reset q\[0\]: it holds offsets 1000..1001.*needs an empty"):
+        store.reset_partition("q", 0, 5000)
+    store.delete_before("q", 0, 1002)  # emptied: a reset may go on from there
+    with pytest.raises(InvalidArgumentError, match=r"to offset 1001: offsets are never reused.*end offset 1002"):
+        store.reset_partition("q", 0, 1001)
+    store.reset_partition("q", 0, 1002)  # to its own end: allowed, changes nothing
+    store.reset_partition("q", 0, 2000)
+    assert store.append("q", 0, encode_batch([b"c"])).base_offset == 2000
+    assert bodies(store.fetch("q", 0, 0).batches) == [b"c"]
+    clock.advance(61)  # everything expired: empty to readers, so it may be reset
+    store.reset_partition("q", 0, 3000)
+    assert store.fetch("q", 0, 0).start_offset == 3000
+    assert store.append("q", 0, encode_batch([b"d"])).base_offset == 3000
+    assert store.enforce_retention() >= 0  # what the reset left behind goes, the rest stays
+    assert bodies(store.fetch("q", 0, 0).batches) == [b"d"]
+    assert store.truncate_queue("q").partitions[0].start_offset == 3001
+    store.reset_partition("q", 0, 3001)
+
+
+@pytest.mark.parametrize(
+    "args, error, words",
+    [
+        (("q", 0, "5"), InvalidArgumentError, "an offset is an int, got str"),
+        (("q", 0, True), InvalidArgumentError, "an offset is an int, got bool"),
+        (("q", 0, -1), InvalidArgumentError, "offsets are never reused"),
+        (("q", 0, 2**62 + 1), InvalidArgumentError, "at most 4611686018427387904"),
+        (("q", 2, 5), PartitionOutOfRangeError, "there is no partition 2"),
+        (("nope", 0, 5), QueueNotFoundError, "queue 'nope' does not exist"),
+    ],
+)
+def test_a_bad_reset_is_refused(store, args, error, words):
+    store.create_queue("q", QueueConfig(partitions=2))
+    with pytest.raises(error, match=words):
+        store.reset_partition(*args)
+    assert store.describe_queue("q").partitions[0].end_offset == 0
+
+
+def _source(clock) -> tuple[MemoryStore, list[ProduceResult]]:
+    """A store in memory with a queue of id 7 whose partition 0 holds every kind of batch
+    (a copy reads the same from either kind: one stored format)."""
+    src = MemoryStore(clock=clock)
+    src.create_queue("q", QueueConfig(partitions=2), queue_id=7)
+    idem = dict(producer_id=77, producer_epoch=3)
+    made = [
+        src.append("q", 0, encode_batch([b"a", Message(b"b", key=b"k")])),
+        src.append("q", 0, encode_batch([Message(b"c", tag="t")], base_sequence=0, **idem)),
+    ]
+    clock.advance(2)
+    made.append(src.append_stamped(7, 0, encode_batch([b"due"]), 4242)[0])
+    made.append(src.append("q", 0, encode_batch([b"d", b"e"], base_sequence=1, compression="zstd", **idem)))
+    clock.advance(3)
+    made.append(src.append("q", 0, encode_batch([Message(b"f", key=b"k")], base_sequence=3, **idem)))
+    return src, made
+
+
+def _stored(src, queue: str = "q", partition: int = 0) -> list[bytes]:
+    return [bytes(b) for b in src.fetch(queue, partition, 0, max_bytes=1 << 30).batches]
+
+
+def test_a_copy_keeps_offsets_bytes_and_producer_state(store, clock):
+    src, made = _source(clock)
+    heard = []
+    store.add_append_listener(lambda *a: heard.append(a))
+    store.create_queue("q", QueueConfig(partitions=2), queue_id=7)
+    clock.advance(-60)  # the copying store's clock is behind: times are the source's anyway
+    for raw in _stored(src):
+        h = decode_header(raw)
+        got = store.append_copy("q", 0, raw, h.base_offset)
+        assert got == ProduceResult(7, 0, h.base_offset, h.count, h.timestamp_ms)
+    assert [r.base_offset for r in made] == [0, 2, 3, 4, 6]
+    assert _stored(store) == _stored(src)  # byte for byte, broker_reserved and times included
+    assert store.end_offset("q", 0) == 7 and heard[-1] == ("q", 0, 7)
+    assert [h.broker_reserved for h in store.stamped_batches(0)] == [4242]
+    for offset in range(7):
+        assert store.lookup_id(7, 0, offset) == src.lookup_id(7, 0, offset)
+    assert store.lookup_key("q", b"k") == src.lookup_key("q", b"k")
+    for ts in (0, made[1].timestamp_ms, made[1].timestamp_ms + 1, made[-1].timestamp_ms, 2**62):
+        assert store.offset_for_time("q", 0, ts) == src.offset_for_time("q", 0, ts)
+    # a producer retrying what the source acknowledged finds it here: nothing twice
+    retry = encode_batch([b"d", b"e"], producer_id=77, producer_epoch=3, base_sequence=1, compression="zstd")
+    assert store.append("q", 0, retry) == made[3]
+    assert store.end_offset("q", 0) == 7
+    nxt = store.append("q", 0, encode_batch([b"g"], producer_id=77, producer_epoch=3, base_sequence=4))
+    assert nxt.base_offset == 7 and nxt.timestamp_ms >= made[-1].timestamp_ms  # never before the copies
+    with pytest.raises(OutOfOrderSequenceError, match="expected 5"):
+        store.append("q", 0, encode_batch([b"h"], producer_id=77, producer_epoch=3, base_sequence=9))
+    src.close()
+
+
+def test_a_copy_begins_where_a_reset_put_the_partition(store, clock):
+    src, _ = _source(clock)
+    src.delete_before("q", 0, 3)  # its log begins at 3 now
+    store.create_queue("q", QueueConfig(partitions=2), queue_id=7)
+    store.reset_partition("q", 0, 3)
+    for raw in _stored(src):
+        store.append_copy("q", 0, raw, decode_header(raw).base_offset)
+    assert _stored(store) == _stored(src) and store.fetch("q", 0, 0).start_offset == 3
+    # the producer's first batches went with the source's deleted part: its retry of a
+    # later one is still recognised
+    retry = encode_batch([Message(b"f", key=b"k")], producer_id=77, producer_epoch=3, base_sequence=3)
+    assert store.append("q", 0, retry).base_offset == 6 and store.end_offset("q", 0) == 7
+    src.close()
+
+
+def test_a_copy_into_a_disabled_queue_is_taken(store, clock):
+    src, _ = _source(clock)
+    store.create_queue("q", QueueConfig(partitions=2), queue_id=7)
+    store.set_queue_enabled("q", False)  # moving a queue is no use of it
+    raw = _stored(src)[0]
+    assert store.append_copy("q", 0, raw, 0).count == 2
+    store.set_queue_enabled("q", True)
+    assert _stored(store) == [raw]
+    src.close()
+
+
+def _damaged(raw: bytes, at: int) -> bytes:
+    out = bytearray(raw)
+    out[at] ^= 0x10
+    return bytes(out)
+
+
+def test_a_bad_copy_is_refused_and_nothing_is_stored(store, clock):
+    src, _ = _source(clock)
+    store.create_queue("q", QueueConfig(partitions=2), queue_id=7)
+    store.create_queue("other", QueueConfig(partitions=2))
+    batches = _stored(src)
+    store.append_copy("q", 0, batches[0], 0)
+    with pytest.raises(InvalidArgumentError, match=r"must begin at its end offset 2, got base_offset 3 \(a gap\)"):
+        store.append_copy("q", 0, batches[2], 3)
+    with pytest.raises(InvalidArgumentError, match=r"end offset 2, got base_offset 0 \(an overlap\)"):
+        store.append_copy("q", 0, batches[0], 0)
+    with pytest.raises(InvalidBatchError, match=r"stored as queue id 7 partition 0 offset 3, not as q\[0\] \(queue"):
+        store.append_copy("q", 0, batches[2], 2)  # the offset the caller says is not the batch's
+    store.reset_partition("q", 1, 2)
+    with pytest.raises(InvalidBatchError, match=r"partition 0 offset 2, not as q\[1\]"):
+        store.append_copy("q", 1, batches[1], 2)  # another partition's batch
+    with pytest.raises(InvalidBatchError, match=r"stored as queue id 7 .*not as other\[0\]"):
+        store.append_copy("other", 0, batches[0], 0)
+    with pytest.raises(InvalidBatchError, match="batch checksum mismatch"):
+        store.append_copy("q", 0, _damaged(batches[1], 100), 2)  # the producer's bytes
+    with pytest.raises(InvalidBatchError, match="batch header checksum mismatch"):
+        store.append_copy("q", 0, _damaged(batches[1], 25), 2)  # the append time
+    with pytest.raises(InvalidBatchError):
+        store.append_copy("q", 0, batches[1][:-1], 2)
+    with pytest.raises(InvalidArgumentError, match="a base offset is an int, got str"):
+        store.append_copy("q", 0, batches[1], "2")
+    with pytest.raises(QueueNotFoundError, match="queue 'nope' does not exist"):
+        store.append_copy("nope", 0, batches[1], 2)
+    with pytest.raises(PartitionOutOfRangeError, match="there is no partition 5"):
+        store.append_copy("q", 5, batches[1], 2)
+    assert _stored(store) == batches[:1] and store.end_offset("q", 0) == 2
+    store.append_copy("q", 0, batches[1], 2)  # the right one still goes in
+    assert _stored(store) == batches[:2]
+    src.close()
+
+
+def test_a_copy_never_goes_back_in_time(store, clock):
+    src = MemoryStore(clock=clock)
+    src.create_queue("q", QueueConfig(), queue_id=7)
+    src.append("q", 0, encode_batch([b"late"]))
+    clock.advance(-10)
+    early = MemoryStore(clock=clock)
+    early.create_queue("q", QueueConfig(), queue_id=7)
+    early.reset_partition("q", 0, 1)
+    early.append("q", 0, encode_batch([b"early"]))  # offset 1, appended 10 s before offset 0
+    store.create_queue("q", QueueConfig(), queue_id=7)
+    store.append_copy("q", 0, _stored(src)[0], 0)
+    with pytest.raises(InvalidBatchError, match=r"append times never go back along a partition"):
+        store.append_copy("q", 0, _stored(early)[0], 1)
+    assert store.end_offset("q", 0) == 1
+    src.close()
+    early.close()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -232,14 +232,18 @@ class LogStoreBase:
         batch); (the end offset, None) when there is none."""
         pl = q.partitions[part]
         spans = pl.spans
-        i = bisect_left(spans, ts, key=lambda s: s.last_ts)
+        start = pl.start_offset
+        # Only what is retained is searched: append times never decrease from the start
+        # offset on, but a partition reset for a copy (reset_partition) may keep older
+        # batches below it, appended later than the copies by another broker's clock.
+        live = bisect_right(spans, start, key=lambda s: s.end_offset)
+        i = bisect_left(spans, ts, lo=live, key=lambda s: s.last_ts)
         while i < len(spans):
             sp = spans[i]
-            if sp.end_offset > pl.start_offset:
-                pe = self._index(sp.segment_base).partitions[(q.entry.queue_id, part)]
-                j = pe.index_of_time(ts)
-                if j < len(pe):
-                    return max(pe.offsets[j], pl.start_offset), pe.timestamps[j]
+            pe = self._index(sp.segment_base).partitions[(q.entry.queue_id, part)]
+            j = bisect_left(pe.timestamps, ts, lo=pe.index_of_offset(start))
+            if j < len(pe):
+                return max(pe.offsets[j], start), pe.timestamps[j]
             i += 1
         return pl.end_offset, None
 

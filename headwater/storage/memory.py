@@ -210,15 +210,19 @@ class MemoryStore(QueueTable):
 
     # -- admin ------------------------------------------------------------------------
 
-    def create_queue(self, name: str, config: QueueConfig, *, internal: bool = False) -> QueueInfo:
+    def create_queue(
+        self, name: str, config: QueueConfig, *, internal: bool = False, queue_id: int | None = None
+    ) -> QueueInfo:
         """Create a queue. ``internal`` queues (the broker's own, named ``__...``) are hidden
-        from :meth:`list_queues`."""
+        from :meth:`list_queues`. ``queue_id``: the id a cluster's controller allocated (it
+        must be free; later automatic ids stay past it)."""
         self._check_new_queue(name, config, internal)
+        self._check_queue_id_arg(queue_id)
         with self._lock:
             self._check_room_locked(name, config)
             now = self._now_ms()
-            q = _Queue(name, self._next_queue_id, config, now)
-            self._next_queue_id += 1
+            qid, self._next_queue_id = self._take_queue_id_locked(name, queue_id, self._next_queue_id)
+            q = _Queue(name, qid, config, now)
             self._queues[name] = self._by_id[q.queue_id] = q
             log.info("created queue %s (id %d, %d partitions)", name, q.queue_id, config.partitions)
             return self._info(q, now)
@@ -234,6 +238,17 @@ class MemoryStore(QueueTable):
                     f"offset {offset} is outside {queue}[{partition}] ({pl.start_offset}..{pl.end_offset})"
                 )
             pl.start_offset = offset
+
+    def reset_partition(self, queue: str, partition: int, offset: int) -> None:
+        """Make an empty partition begin at ``offset``, not below its end offset, so that a
+        copy keeps its source's offsets (:meth:`append_copy`)."""
+        with self._lock:
+            self._check_open()
+            q = self._queue(queue)
+            pl = self._partition(q, partition)
+            self._check_reset(queue, partition, self._effective_start(q, pl, self._now_ms()), pl.end_offset, offset)
+            pl.start_offset = pl.end_offset = offset
+            pl.batches.clear()  # none is retained: each ends at or before the new start
 
     def delete_queue(self, name: str) -> None:
         with self._lock:
@@ -311,10 +326,14 @@ class MemoryStore(QueueTable):
         batch: bytes | bytearray,
         keys: list[bytes | None] | None,
         broker_reserved: int = 0,
+        timestamp_ms: int | None = None,
     ) -> ProduceResult:
         pl = q.partitions[partition]
         now = self._now_ms()
-        ts = self._last_ts = max(now, self._last_ts)  # append times never go back, as in the log
+        if timestamp_ms is None:
+            ts = self._last_ts = max(now, self._last_ts)  # append times never go back, as in the log
+        else:  # a copy keeps its source's time; later appends come after it
+            ts, self._last_ts = timestamp_ms, max(timestamp_ms, self._last_ts)
         base = pl.end_offset
         data = broker_prefix(h.length, q.queue_id, partition, base, ts, broker_reserved) + bytes(batch[40:])
         hashes = frozenset(crc32c(k) for k in keys if k is not None) if keys else frozenset()
@@ -329,6 +348,26 @@ class MemoryStore(QueueTable):
             self._retention_at_ms = now + self.config.retention_interval_ms
             self._enforce_retention_locked(now, expired=False)
         return ProduceResult(q.queue_id, partition, base, h.count, ts)
+
+    def append_copy(self, queue: str, partition: int, batch: bytes, base_offset: int) -> ProduceResult:
+        """Append a batch as another store keeps it at its original offset, which must be
+        the partition's end offset, byte for byte (LogStore.append_copy says more)."""
+        check_int_arg(base_offset, "a base offset")
+        q = self._queue(queue)
+        self._partition(q, partition)
+        h, payload = validate_batch(batch, message_bytes_max=q.config.message_bytes_max)
+        self._check_copied_header(batch, h)
+        with self._lock:
+            self._check_open()
+            q = self._queue(queue)  # deleted (or re-created) meanwhile?
+            pl = self._partition(q, partition)
+            last = pl.batches[-1] if pl.batches and pl.batches[-1].end_offset > pl.start_offset else None
+            last_ts = None if last is None else last.timestamp_ms
+            self._check_copy(queue, partition, h, q.queue_id, pl.end_offset, base_offset, last_ts)
+            result = self._append_locked(q, partition, h, batch, payload.keys, h.broker_reserved, h.timestamp_ms)
+        for fn in self._append_listeners:
+            fn(queue, partition, result.base_offset + result.count)
+        return result
 
     # -- for the broker's delay service ------------------------------------------------
 

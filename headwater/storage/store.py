@@ -45,6 +45,7 @@ from headwater.errors import (
     StorageError,
 )
 from headwater.model.batch import HEADER_SIZE, BatchHeader, broker_prefix, decode_header, validate_batch
+from headwater.model.checks import check_int_arg
 from headwater.model.config import (
     is_internal_queue,
 )
@@ -329,12 +330,20 @@ class LogStore(LogAdmin, LogReads, LogRetention):
         batch: bytes | bytearray,
         hashes: list[int] | None,
         broker_reserved: int = 0,
+        timestamp_ms: int | None = None,
     ) -> tuple[ProduceResult, int]:
+        """Append ``batch`` at the partition's end, stamped with the broker's fields: the
+        append time is now (never before the last one), or for a copy ``timestamp_ms``."""
         pl = q.partitions[partition]
         qid = q.entry.queue_id
-        now = self._now_ms()
-        ts = now if now > self._last_ts else self._last_ts
-        self._last_ts = ts
+        if timestamp_ms is None:
+            now = self._now_ms()
+            ts = now if now > self._last_ts else self._last_ts
+            self._last_ts = ts
+        else:  # a copy keeps its source's time; later appends come after it
+            ts = timestamp_ms
+            if ts > self._last_ts:
+                self._last_ts = ts
         seg = self._active
         size = 4 + h.length  # the batch's bytes (BatchHeader.size)
         if seg.data_bytes > 0 and seg.size + size > self.config.segment_bytes_max:
@@ -363,6 +372,39 @@ class LogStore(LogAdmin, LogReads, LogRetention):
             self._flush_kick_at = end_pos + self.config.flush_bytes
             self._flusher.kick()
         return ProduceResult(qid, partition, base, h.count, ts), end_pos
+
+    def append_copy(self, queue: str, partition: int, batch: bytes, base_offset: int) -> ProduceResult:
+        """Append a batch read from another store's log (the bytes its fetch returned for
+        one batch) at its original offset, ``base_offset``, which must be the partition's
+        end offset (:meth:`reset_partition` moves an empty partition's end to where the
+        source's log begins). The batch is checked as :meth:`append` checks a producer's,
+        and its broker fields too (their checksum); the broker fields the format keeps in
+        the batch (queue id, partition, base offset) must already be this partition's. It
+        is stored byte for byte: append time, ``broker_reserved`` and the producer's header
+        as the source had them. The idempotent-producer state is rebuilt from it as an
+        append's would be (without a sequence check: the copy may begin after a producer's
+        first batch), so a retry the source had acknowledged is a duplicate here too.
+        Returns once durable under the queue's flush policy. A disabled queue takes copies:
+        moving it is no use of it."""
+        check_int_arg(base_offset, "a base offset")
+        q = self._queue(queue)
+        self._partition(q, partition)
+        h, payload = validate_batch(batch, message_bytes_max=q.entry.config.message_bytes_max)
+        self._check_copied_header(batch, h)
+        hashes = key_hashes(payload.keys) if payload.keys is not None else None
+        with self._lock:
+            self._check_open()
+            self._check_writable()
+            q = self._queue(queue)  # deleted (or re-created) meanwhile?
+            pl = self._partition(q, partition)
+            last_ts = pl.spans[-1].last_ts if pl.spans and pl.spans[-1].end_offset > pl.start_offset else None
+            self._check_copy(queue, partition, h, q.entry.queue_id, pl.end_offset, base_offset, last_ts)
+            result, end_pos = self._append_locked(q, partition, h, batch, hashes, h.broker_reserved, h.timestamp_ms)
+        for fn in self._append_listeners:
+            fn(queue, partition, result.base_offset + result.count)
+        if (q.entry.config.flush or self.config.flush) == "sync":
+            self._commit.wait_durable(end_pos)
+        return result
 
     # -- for the broker's delay service ------------------------------------------------
 

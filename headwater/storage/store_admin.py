@@ -1,6 +1,6 @@
 """LogAdmin: create, describe, list, delete, truncate, disable and grow the queues of a
-:class:`~headwater.storage.store.LogStore`; every change is saved in the catalog before it
-counts (or undone in memory if the save fails)."""
+:class:`~headwater.storage.store.LogStore`, and reset an empty partition's offsets; every
+change is saved in the catalog before it counts (or undone in memory if the save fails)."""
 
 from __future__ import annotations
 
@@ -26,21 +26,30 @@ log = logging.getLogger("headwater.storage")
 class LogAdmin(QueueTable, LogStoreBase):
     """The admin part of :class:`~headwater.storage.store.LogStore`."""
 
-    def create_queue(self, name: str, config: QueueConfig, *, internal: bool = False) -> QueueInfo:
+    def create_queue(
+        self, name: str, config: QueueConfig, *, internal: bool = False, queue_id: int | None = None
+    ) -> QueueInfo:
         """Create a queue. ``internal`` queues (the broker's own, named ``__...``) are hidden
-        from :meth:`list_queues`."""
+        from :meth:`list_queues`. ``queue_id`` is the id a cluster's controller allocated
+        (every broker creates the queue under it): it must be free, here and in the log (a
+        deleted queue's batches that retention has not reclaimed yet keep theirs); without
+        it the queue takes the store's next id, which always stays past every id given."""
         self._check_new_queue(name, config, internal)
+        self._check_queue_id_arg(queue_id)
         with self._lock:
             self._check_room_locked(name, config)
+            next_id = self._catalog.next_queue_id
+            qid, self._catalog.next_queue_id = self._take_queue_id_locked(name, queue_id, next_id)
+            if queue_id is not None and self._id_in_log(qid):
+                self._catalog.next_queue_id = next_id
+                raise InvalidArgumentError(
+                    f"cannot create queue {name!r} with id {qid}: the log still holds batches of a deleted "
+                    f"queue with that id (until retention reclaims their segments); choose another id"
+                )
             now = self._now_ms()
             entry = QueueEntry(
-                name=name,
-                queue_id=self._catalog.next_queue_id,
-                config=config,
-                created_ms=now,
-                start_offsets=[0] * config.partitions,
+                name=name, queue_id=qid, config=config, created_ms=now, start_offsets=[0] * config.partitions
             )
-            self._catalog.next_queue_id += 1
             self._catalog.queues[name] = entry
             q = QueueState(entry)
             self._queues[name] = q
@@ -48,10 +57,38 @@ class LogAdmin(QueueTable, LogStoreBase):
 
             def undo() -> None:
                 del self._queues[name], self._by_id[entry.queue_id], self._catalog.queues[name]
+                self._catalog.next_queue_id = next_id
 
             self._save_catalog_or_undo(undo)
             log.info("created queue %s (id %d, %d partitions)", name, entry.queue_id, config.partitions)
             return self._info(q, now)
+
+    def _id_in_log(self, queue_id: int) -> bool:
+        """Whether a segment holds batches with this queue id (of a deleted queue: a new
+        queue with its id would take them for its own, and their offsets for its)."""
+        if any(qid == queue_id for qid, _ in self._active_index.partitions):
+            return True
+        return any(key[0] == queue_id for summary in self._summaries.values() for key, _end, _ts in summary)
+
+    def reset_partition(self, queue: str, partition: int, offset: int) -> None:
+        """Make an empty partition (nothing retained: start == end) begin at ``offset``, not
+        below its end offset (offsets are never reused), so that a copy from a store whose
+        log begins there keeps its offsets (:meth:`append_copy`). Saved in the catalog
+        before it counts: after a crash the partition's end offset is still ``offset``."""
+        with self._lock:
+            self._check_open()
+            q = self._queue(queue)
+            pl = self._partition(q, partition)
+            start = self._effective_start(q, partition, self._now_ms())
+            self._check_reset(queue, partition, start, pl.end_offset, offset)
+            old = (pl.start_offset, pl.end_offset)
+            pl.start_offset = pl.end_offset = offset
+            pl.expiry = None
+
+            def undo() -> None:
+                pl.start_offset, pl.end_offset = old
+
+            self._save_catalog_or_undo(undo)
 
     def delete_before(self, queue: str, partition: int, offset: int) -> None:
         """Move the partition's start to ``offset`` (Kafka's DeleteRecords): the records
