@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from headwater._version import __version__
 from headwater.broker.append_waiters import AppendWaiters
@@ -21,7 +22,6 @@ from headwater.broker.keyed import KeyedGroups
 from headwater.broker.offsets import OffsetStore
 from headwater.broker.shared import SharedGroups
 from headwater.broker.subscriptions import SubscriberRegistry
-from headwater.cluster.membership import Membership
 from headwater.errors import InvalidArgumentError, MessageNotFoundError
 from headwater.model.cluster import ALONE, BrokerAddress, ClusterMetadata, PartitionLocation, QueueLocations
 from headwater.model.config import (
@@ -45,6 +45,23 @@ from headwater.storage.store import LogStore, StoreConfig
 __all__ = ["Broker"]
 
 
+class ClusterRole(Protocol):
+    """What a broker in a cluster asks of its part in it (:mod:`headwater.broker.cluster_node`)."""
+
+    def check_leader(self, queue: str, partition: int) -> None: ...
+    def create_queue(self, name: str, config: QueueConfig) -> QueueInfo: ...
+    def delete_queue(self, name: str) -> None: ...
+    def add_partitions(self, name: str, partitions: int) -> QueueInfo: ...
+    def metadata(self, queues: list[str] | None) -> ClusterMetadata: ...
+    def status(self) -> dict[str, object]: ...
+
+
+def _not_on_a_cluster_yet(what: str) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"{what} is not available on a cluster yet (docs/cluster.md lists what is); on a broker running alone it is"
+    )
+
+
 class Broker:
     """Serves one store (a data directory, or memory). Thread-safe."""
 
@@ -64,7 +81,7 @@ class Broker:
             group_clock = time.monotonic if store.clock is time.time else store.clock
         self.store = store
         self._started = time.monotonic()
-        self.membership: Membership | None = None  # set while this broker is a cluster's member
+        self.cluster: ClusterRole | None = None  # set while this broker is a cluster's member
         self.advertised: tuple[str, int] = ("", 0)  # (host, port) clients reach it by; set by its server
         self.offsets = OffsetStore(store)
         # consumer group membership (in memory) over the durable offsets; group_clock times sessions
@@ -99,6 +116,8 @@ class Broker:
 
     # admin
     def create_queue(self, name: str, config: QueueConfig) -> QueueInfo:
+        if self.cluster is not None:
+            return self.cluster.create_queue(check_user_queue(name), config)
         return self.store.create_queue(check_user_queue(name), config)
 
     def describe_queue(self, name: str) -> QueueInfo:
@@ -125,6 +144,8 @@ class Broker:
     def metadata(self, queues: list[str] | None = None) -> ClusterMetadata:
         if queues is not None and (not isinstance(queues, list) or not all(isinstance(q, str) for q in queues)):
             raise InvalidArgumentError(f"queues must be a list of queue names or None, got {queues!r}")
+        if self.cluster is not None:
+            return self.cluster.metadata(queues)
         infos = (
             sorted(self.store.list_queues(), key=lambda q: q.name)
             if queues is None
@@ -151,17 +172,25 @@ class Broker:
         )
 
     def delete_queue(self, name: str) -> None:
+        if self.cluster is not None:
+            return self.cluster.delete_queue(check_user_queue(name))
         self.store.delete_queue(check_user_queue(name))
 
     def truncate_queue(self, name: str) -> QueueInfo:
+        if self.cluster is not None:
+            raise _not_on_a_cluster_yet("truncate_queue")
         info = self.store.truncate_queue(check_user_queue(name))
         self.store.enforce_retention()
         return info
 
     def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo:
+        if self.cluster is not None:
+            raise _not_on_a_cluster_yet("disabling and enabling a queue")
         return self.store.set_queue_enabled(check_user_queue(name), enabled)
 
     def add_partitions(self, name: str, partitions: int) -> QueueInfo:
+        if self.cluster is not None:
+            return self.cluster.add_partitions(check_user_queue(name), partitions)
         return self.store.add_partitions(check_user_queue(name), partitions)
 
     # data
@@ -180,6 +209,8 @@ class Broker:
         whatever the clocks say); its answer holds a delayed id, and the token to wait for
         is a :class:`DelayTicket`."""
         check_user_queue(queue)
+        if self.cluster is not None:
+            self.cluster.check_leader(queue, partition)
         if peek_deliver_at(batch):
             return self.delay.accept(queue, partition, batch)
         return self.store.append_nowait(queue, partition, batch)
@@ -203,6 +234,8 @@ class Broker:
     ) -> FetchResult:
         """Batches from ``offset`` on; with ``max_wait_ms`` wait that long for data to arrive."""
         check_user_queue(queue)
+        if self.cluster is not None:
+            self.cluster.check_leader(queue, partition)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
             res = self.store.fetch(
@@ -236,12 +269,16 @@ class Broker:
         name = self.store.queue_name(queue_id)
         if is_internal_queue(name):  # the broker's own: not for users to name or see
             raise MessageNotFoundError(f"no queue has id {queue_id} (was it deleted?)")
+        if self.cluster is not None and name is not None:
+            self.cluster.check_leader(name, partition)
         return self.store.lookup_id(queue_id, partition, offset)
 
     def lookup_key(self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None, limit: int) -> list[bytes]:
         return self.store.lookup_key(check_user_queue(queue), key, start_ms, end_ms, limit)
 
     def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
+        if self.cluster is not None:
+            self.cluster.check_leader(check_user_queue(queue), partition)
         return self.store.offset_for_time(check_user_queue(queue), partition, timestamp_ms)
 
     # consumer offsets
@@ -423,7 +460,7 @@ class Broker:
             **self.store.stats(),
             **self.delay.summary(),
             "recovery": list(self.store.recovery_report),
-            **({"cluster": self.membership.status()} if self.membership is not None else {}),
+            **({"cluster": self.cluster.status()} if self.cluster is not None else {}),
         }
 
     def flush(self) -> None:

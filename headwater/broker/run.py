@@ -12,6 +12,7 @@ from pathlib import Path
 from headwater._version import __version__
 from headwater.broker.allocator import keep_freed_memory
 from headwater.broker.broker import Broker
+from headwater.broker.cluster_node import ClusterNode
 from headwater.broker.server import BrokerServer, ServerConfig
 from headwater.cluster.coordination import Coordination, CoordinationError, CoordinationUnavailableError
 from headwater.cluster.membership import Membership, ZooKeeperAddress
@@ -45,10 +46,10 @@ def run_server(
     async def main() -> None:
         srv = BrokerServer(broker, server)
         port = await srv.start()
-        membership = None
+        node = None
         try:
             if server.zookeeper:
-                membership = await asyncio.to_thread(join_cluster, broker, server, Path(data), port)
+                node = await asyncio.to_thread(join_cluster, broker, server, Path(data), port)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, srv.request_stop)
             if on_ready is not None:
@@ -58,8 +59,8 @@ def run_server(
             await srv.stop()
             raise
         finally:
-            if membership is not None:
-                await asyncio.to_thread(_leave, membership)
+            if node is not None:
+                await asyncio.to_thread(_leave, node)
 
     try:
         loop.run_until_complete(main())
@@ -94,9 +95,9 @@ def connect_zookeeper(server: ServerConfig) -> Coordination:
             log.warning("ZooKeeper at %s does not answer yet; trying for %.0f s more", where, left)
 
 
-def join_cluster(broker: Broker, server: ServerConfig, data_dir: Path, port: int) -> Membership:
-    """Register this broker (listening on ``port``) in its cluster; the broker's status
-    shows the membership from then on."""
+def join_cluster(broker: Broker, server: ServerConfig, data_dir: Path, port: int) -> ClusterNode:
+    """Register this broker (listening on ``port``) in its cluster and take its part in it:
+    follow the metadata, stand for controller, serve the partitions it leads."""
     coord = connect_zookeeper(server)
     record = BrokerRecord(
         broker_id=server.broker_id,
@@ -117,6 +118,8 @@ def join_cluster(broker: Broker, server: ServerConfig, data_dir: Path, port: int
     )
     try:
         membership.join()
+        node = ClusterNode(broker, membership)
+        node.start()
     except CoordinationError as e:
         coord.close()
         if isinstance(e, HeadwaterError):
@@ -125,12 +128,12 @@ def join_cluster(broker: Broker, server: ServerConfig, data_dir: Path, port: int
     except BaseException:
         coord.close()
         raise
-    broker.membership = membership
-    return membership
+    return node
 
 
-def _leave(membership: Membership) -> None:
+def _leave(node: ClusterNode) -> None:
     try:
-        membership.leave()
+        node.close()
+        node.membership.leave()
     finally:
-        membership.coordination.close()
+        node.coord.close()

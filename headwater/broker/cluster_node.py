@@ -1,0 +1,260 @@
+"""A broker's part in a cluster (``docs/design/cluster.md``): its membership, its cache of the
+cluster's metadata, its candidacy for controller and, while elected, the controller's work;
+and what the broker does with the metadata: it creates the queues the cluster has (under the
+cluster's queue ids), serves only the partitions it leads, and sends changes to queues
+through the controller.
+
+One session with ZooKeeper carries all of it. The work the watches start (the controller's
+answers, creating and deleting local queues) runs on one thread of the node's, in order, so
+a watch's thread never blocks on the store or on ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from headwater.broker.broker import Broker
+from headwater.cluster.admin import AdminHandler, ask
+from headwater.cluster.controller import ControllerContext, ControllerElection, ControllerFencedError
+from headwater.cluster.coordination import Coordination, CoordinationError
+from headwater.cluster.membership import Membership
+from headwater.cluster.metadata import ClusterView, MetadataCache
+from headwater.cluster.records import AdminRequest, paths
+from headwater.errors import (
+    HeadwaterError,
+    NotLeaderError,
+    PartitionOutOfRangeError,
+    QueueNotFoundError,
+    UnavailableError,
+)
+from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionLocation, QueueLocations
+from headwater.model.config import QueueConfig, QueueInfo, is_internal_queue
+
+__all__ = ["ClusterNode"]
+
+log = logging.getLogger("headwater.cluster")
+
+REQUEST_TIMEOUT_S = 30.0  # how long a broker waits for the controller to answer a change
+
+
+class ClusterNode:
+    """Everything a broker does as a member of a cluster; :meth:`start` once it is registered."""
+
+    def __init__(self, broker: Broker, membership: Membership, *, request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+        self.broker = broker
+        self.membership = membership
+        self.coord: Coordination = membership.coordination
+        self.broker_id = membership.broker_id
+        self._request_timeout_s = request_timeout_s
+        self.cache = MetadataCache(self.coord)
+        self._admin = AdminHandler(self.coord, lambda: self.cache.view)
+        self._election = ControllerElection(
+            self.coord, self.broker_id, on_elected=self._elected, on_resigned=self._resigned
+        )
+        self._ctx: ControllerContext | None = None
+        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._worker = threading.Thread(target=self._run, name="headwater-cluster", daemon=True)
+        self._seen: set[str] = set()  # cluster queues this broker has made: gone from the view, deleted here
+        self._local_ready = threading.Condition()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._worker.start()
+        self.cache.on_change(lambda view: self._work.put(lambda: self._follow(view)))
+        self.cache.start()
+        self._work.put(lambda: self._follow(self.cache.view))
+        try:
+            self.coord.create(paths.REQUESTS)
+        except CoordinationError:
+            pass  # there already (or the session is down: the controller makes it when asked)
+        self.coord.watch_children(paths.REQUESTS, lambda names: self._work.put(self._answer))
+        self._election.start()
+        self.broker.cluster = self
+
+    def close(self) -> None:
+        self.broker.cluster = None
+        try:
+            self._election.close()  # first: another broker takes over at once
+        finally:
+            self.cache.close()
+            self._work.put(None)
+            self._worker.join(10)
+
+    def _run(self) -> None:
+        while (task := self._work.get()) is not None:
+            try:
+                task()
+            except ControllerFencedError as e:
+                log.warning("no longer the controller: %s", e)
+            except (CoordinationError, HeadwaterError) as e:
+                log.warning("cluster work failed, to be tried again at the next change: %s", e)
+            except Exception:  # a bug: log it, keep the broker serving
+                log.exception("cluster work failed")
+
+    # -- the controller --------------------------------------------------------------------
+
+    def _elected(self, ctx: ControllerContext) -> None:
+        log.info("broker %d is the controller (epoch %d)", self.broker_id, ctx.epoch)
+        self._ctx = ctx
+        self._work.put(self._answer)
+
+    def _resigned(self) -> None:
+        if self._ctx is not None:
+            log.info("broker %d is no longer the controller (epoch %d)", self.broker_id, self._ctx.epoch)
+        self._ctx = None
+
+    def _answer(self) -> None:
+        ctx = self._ctx
+        if ctx is not None and not ctx.fenced:
+            self._admin.handle_all(ctx)
+
+    # -- following the view ----------------------------------------------------------------
+
+    def _follow(self, view: ClusterView) -> None:
+        """Make the local store hold every queue of the cluster, with the cluster's ids and
+        partition counts; delete here what the cluster deleted."""
+        store = self.broker.store
+        local = {q.name: q for q in store.list_queues()}
+        for name, qv in view.queues.items():
+            config = msgspec.convert(qv.record.config, QueueConfig)
+            have = local.get(name)
+            if have is None:
+                store.create_queue(name, config, queue_id=qv.record.queue_id)
+            elif have.queue_id != qv.record.queue_id:
+                log.error(
+                    "queue %s here has id %d, the cluster's has id %d: this broker does not serve it; "
+                    "delete it here (it was made outside the cluster) to take the cluster's",
+                    name,
+                    have.queue_id,
+                    qv.record.queue_id,
+                )
+                continue
+            elif len(have.partitions) < config.partitions:
+                store.add_partitions(name, config.partitions)
+            self._seen.add(name)
+        for name in sorted(self._seen - set(view.queues)):
+            if name in local:
+                store.delete_queue(name)
+                log.info("deleted queue %s here: the cluster deleted it", name)
+            self._seen.discard(name)
+        with self._local_ready:
+            self._local_ready.notify_all()
+
+    def _await_local(self, done: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + self._request_timeout_s
+        with self._local_ready:
+            while not done():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise UnavailableError(f"the change was made, but {what} did not reach this broker in time")
+                self._local_ready.wait(min(left, 0.5))
+
+    # -- serving ---------------------------------------------------------------------------
+
+    def check_leader(self, queue: str, partition: int) -> None:
+        """Refuse (NotLeaderError, retriable) a partition this broker does not lead now."""
+        if is_internal_queue(queue):
+            return  # the broker's own queues are its own
+        if not self.membership.active:
+            raise NotLeaderError(
+                f"broker {self.broker_id} is cut off from its cluster's ZooKeeper and serves no partition now; "
+                f"another broker may lead {queue}[{partition}]"
+            )
+        view = self.cache.view
+        qv = view.queues.get(queue)
+        if qv is None:
+            raise QueueNotFoundError(f"queue {queue!r} does not exist")
+        rec = qv.partitions.get(partition)
+        if rec is None:
+            n = len(qv.partitions)
+            raise PartitionOutOfRangeError(f"partition {partition} is out of range for {queue!r} (0..{n - 1})")
+        if rec.leader != self.broker_id:
+            where = view.broker_address(rec.leader)
+            raise NotLeaderError(
+                f"broker {self.broker_id} does not lead {queue}[{partition}]; broker {rec.leader}"
+                + (f" at {where}" if where else " (not registered now)")
+                + f" does, at leader epoch {rec.leader_epoch}"
+            )
+
+    def _ask(self, op: str, name: str, **fields: Any) -> int:
+        req = AdminRequest(op=op, queue=name, asked_by=self.broker_id, asked_ms=int(time.time() * 1000), **fields)
+        return ask(self.coord, req, self._request_timeout_s).queue_id
+
+    def create_queue(self, name: str, config: QueueConfig) -> QueueInfo:
+        queue_id = self._ask("create_queue", name, config=msgspec.to_builtins(config))
+        self._await_local(lambda: self._local_id(name) == queue_id, f"queue {name!r}")
+        return self.broker.store.describe_queue(name)
+
+    def delete_queue(self, name: str) -> None:
+        queue_id = self._ask("delete_queue", name)
+        self._await_local(lambda: self._local_id(name) != queue_id, f"the deletion of {name!r}")
+
+    def add_partitions(self, name: str, partitions: int) -> QueueInfo:
+        self._ask("add_partitions", name, partitions=partitions)
+        self._await_local(
+            lambda: len(self.broker.store.describe_queue(name).partitions) >= partitions, f"{name!r}'s new partitions"
+        )
+        return self.broker.store.describe_queue(name)
+
+    def _local_id(self, name: str) -> int | None:
+        try:
+            return self.broker.store.describe_queue(name).queue_id
+        except QueueNotFoundError:
+            return None
+
+    def metadata(self, queues: list[str] | None) -> ClusterMetadata:
+        view = self.cache.view
+        if queues is None:
+            names = sorted(view.queues)
+        else:
+            missing = [q for q in dict.fromkeys(queues) if q not in view.queues and not is_internal_queue(q)]
+            if missing:
+                raise QueueNotFoundError(f"queue {missing[0]!r} does not exist")
+            names = list(dict.fromkeys(queues))
+        located: list[QueueLocations] = []
+        for name in names:
+            qv = view.queues.get(name)
+            if qv is None:  # an internal queue: this broker's own
+                info = self.broker.store.describe_queue(name)
+                parts = [
+                    PartitionLocation(
+                        partition=p.partition, leader=self.broker_id, leader_epoch=0, replicas=[self.broker_id]
+                    )
+                    for p in info.partitions
+                ]
+                located.append(QueueLocations(name=name, queue_id=info.queue_id, partitions=parts))
+                continue
+            parts = [
+                PartitionLocation(partition=n, leader=r.leader, leader_epoch=r.leader_epoch, replicas=list(r.replicas))
+                for n, r in sorted(qv.partitions.items())
+            ]
+            located.append(QueueLocations(name=name, queue_id=qv.record.queue_id, partitions=parts))
+        return ClusterMetadata(
+            cluster_id=self.membership.cluster_id,
+            controller=view.controller.broker_id if view.controller is not None else -1,
+            brokers=[
+                BrokerAddress(broker_id=i, host=b.record.host, port=b.record.port, epoch=b.epoch)
+                for i, b in sorted(view.brokers.items())
+            ],
+            queues=located,
+        )
+
+    def status(self) -> dict[str, object]:
+        view = self.cache.view
+        return {
+            **self.membership.status(),
+            "controller": view.controller.broker_id if view.controller is not None else -1,
+            "controller_epoch": view.controller.epoch if view.controller is not None else 0,
+            "brokers": sorted(view.brokers),
+            "leads": len(
+                [1 for qv in view.queues.values() for r in qv.partitions.values() if r.leader == self.broker_id]
+            ),
+        }
