@@ -13,7 +13,9 @@ import pytest
 
 import headwater
 from headwater.testing import FakeClock
+from tests.support import zookeeper
 from tests.support.aio_target import Target
+from tests.support.coordination import Service, service_of
 from tests.support.server_thread import ServerThread
 
 pytest_plugins = ["tests.support.spark_fixtures"]
@@ -69,3 +71,23 @@ def aio_target(request, tmp_path, clock):
         t.server.stop()
         if not t.server.thread.is_alive():
             t.server.loop.close()
+
+
+@pytest.fixture(scope="session")
+def zk_server(tmp_path_factory):
+    """One real ZooKeeper (Debian's package) for the whole run; each test works under a chroot
+    of its own. A test that pauses it resumes it before it ends."""
+    if not zookeeper.installed():
+        pytest.fail("ZooKeeper is not installed: `make test` installs Debian's zookeeper package")
+    server = zookeeper.ZooKeeperProcess(tmp_path_factory.mktemp("zk")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["zookeeper", "memory"])
+def service(request) -> Service:
+    """Sessions with a coordination service, on a real ZooKeeper and on the in-memory
+    ensemble: a test using it runs on both (tests/support/coordination.py)."""
+    zk = request.getfixturevalue("zk_server") if request.param == "zookeeper" else None
+    with service_of(request.param, zk) as s:
+        yield s

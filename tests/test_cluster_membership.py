@@ -26,7 +26,6 @@ from headwater.cluster.membership import (
 from headwater.cluster.records import BrokerRecord, ClusterRecord, decode, encode, paths
 from headwater.errors import InvalidArgumentError
 from headwater.testing.coordination import MemoryEnsemble
-from tests.support import zookeeper
 from tests.support.broker_process import HEADWATER, BrokerProcess, free_port
 
 
@@ -168,15 +167,6 @@ def test_a_lost_session_stops_the_broker_acting_until_it_registers_again(tmp_pat
 
 
 # -- real brokers, real ZooKeeper ---------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def zk_server(tmp_path_factory) -> Iterator[zookeeper.ZooKeeperProcess]:
-    if not zookeeper.installed():
-        pytest.fail("ZooKeeper is not installed: `make test` installs Debian's zookeeper package")
-    server = zookeeper.ZooKeeperProcess(tmp_path_factory.mktemp("zk")).start()
-    yield server
-    server.stop()
 
 
 _chroots = iter(range(1_000_000))

@@ -5,12 +5,10 @@ change, bad records are left out, and a new session reads everything again."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import pytest
 
@@ -26,69 +24,9 @@ from headwater.cluster.records import (
     paths,
 )
 from headwater.testing.coordination import MemoryEnsemble
-from tests.support import zookeeper
 from tests.support.waiting import wait_for as eventually
 
 WAIT_S = 20.0  # generous: a slow machine is slow, not wrong
-_chroots = itertools.count()
-
-
-@dataclass
-class Service:
-    connect: Callable[[], Coordination]
-    expire: Callable[[Coordination], None]  # end a session as the service does when it times out
-
-
-@pytest.fixture(scope="module")
-def zk_server(tmp_path_factory) -> Iterator[zookeeper.ZooKeeperProcess]:
-    if not zookeeper.installed():
-        pytest.fail("ZooKeeper is not installed: `make test` installs Debian's zookeeper package")
-    server = zookeeper.ZooKeeperProcess(tmp_path_factory.mktemp("zk")).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(params=["zookeeper", "memory"])
-def service(request) -> Iterator[Service]:
-    sessions: list[Coordination] = []
-    if request.param == "memory":
-        ensemble = MemoryEnsemble()
-
-        def connect() -> Coordination:
-            sessions.append(ensemble.connect())
-            return sessions[-1]
-
-        def expire(c: Coordination) -> None:
-            ensemble.expire(c.session_id)
-
-    else:
-        from kazoo.client import KazooClient
-
-        from headwater.cluster.zookeeper import ZooKeeperCoordination
-
-        server = request.getfixturevalue("zk_server")
-        chroot = f"/metadata{next(_chroots)}"  # each test its own cluster, under its own chroot
-        root = ZooKeeperCoordination(server.hosts)
-        root.create(chroot)
-        root.close()
-
-        def connect() -> Coordination:
-            sessions.append(ZooKeeperCoordination(server.hosts + chroot, session_timeout_s=2.0))
-            return sessions[-1]
-
-        def expire(c: Coordination) -> None:
-            # ZooKeeper's own way to end a session from outside: another client takes it over
-            # with its id and password, then closes it
-            other = KazooClient(hosts=server.hosts, client_id=c._client.client_id)  # type: ignore[attr-defined]  # the kazoo client inside
-            other.start(timeout=10)
-            other.stop()
-            other.close()
-
-    try:
-        yield Service(connect, expire)
-    finally:
-        for s in sessions:
-            s.close()
 
 
 @pytest.fixture

@@ -15,18 +15,8 @@ import pytest
 
 from headwater.errors import NotLeaderError, QueueExistsError, QueueNotFoundError
 from headwater.model.batch import encode_batch
-from tests.support import zookeeper
 from tests.support.broker_process import HEADWATER
 from tests.support.cluster import Cluster, eventually
-
-
-@pytest.fixture(scope="module")
-def zk_server(tmp_path_factory) -> Iterator[zookeeper.ZooKeeperProcess]:
-    if not zookeeper.installed():
-        pytest.fail("ZooKeeper is not installed: `make test` installs Debian's zookeeper package")
-    server = zookeeper.ZooKeeperProcess(tmp_path_factory.mktemp("zk")).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

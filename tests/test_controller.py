@@ -4,11 +4,10 @@ A session is expired for real on ZooKeeper (another client takes it over and clo
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,70 +16,8 @@ import pytest
 from headwater.cluster.controller import ControllerContext, ControllerElection, ControllerFencedError
 from headwater.cluster.coordination import Coordination, Create, SessionLostError, Set
 from headwater.cluster.records import ControllerRecord, RecordError, decode, encode, paths
-from headwater.testing.coordination import MemoryEnsemble
-from tests.support import zookeeper
 
-# each ZooKeeper test's chroot is made by the election itself: kazoo warns it is absent at first
-pytestmark = pytest.mark.filterwarnings("ignore:No chroot path exists")
-_roots = itertools.count()
 COUNTER = "/counter"
-
-
-@dataclass
-class Service:
-    connect: Callable[[], Coordination]
-    expire: Callable[[Coordination], None]  # end a session as the service does when it times out
-
-
-@pytest.fixture(scope="module")
-def zk_server(tmp_path_factory) -> Iterator[zookeeper.ZooKeeperProcess]:
-    if not zookeeper.installed():
-        pytest.fail("ZooKeeper is not installed: `make test` installs Debian's zookeeper package")
-    server = zookeeper.ZooKeeperProcess(tmp_path_factory.mktemp("zk")).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(params=["zookeeper", "memory"])
-def service(request) -> Iterator[Service]:
-    """Sessions in a namespace of their own: a fresh ensemble, or a fresh chroot that nobody
-    creates beforehand (the election makes the parents it needs)."""
-    sessions: list[Coordination] = []
-    if request.param == "memory":
-        ensemble = MemoryEnsemble()
-
-        def connect() -> Coordination:
-            sessions.append(ensemble.connect())
-            return sessions[-1]
-
-        def expire(c: Coordination) -> None:
-            ensemble.expire(c.session_id)
-
-    else:
-        from kazoo.client import KazooClient
-
-        from headwater.cluster.zookeeper import ZooKeeperCoordination
-
-        server = request.getfixturevalue("zk_server")
-        hosts = f"{server.hosts}/controller{next(_roots)}"
-
-        def connect() -> Coordination:
-            sessions.append(ZooKeeperCoordination(hosts, session_timeout_s=4.0))
-            return sessions[-1]
-
-        def expire(c: Coordination) -> None:
-            # ZooKeeper's own way to end a session from outside: another client takes it over
-            # with its id and password, then closes it
-            other = KazooClient(hosts=server.hosts, client_id=c._client.client_id)  # type: ignore[attr-defined]  # the kazoo client inside ZooKeeperCoordination
-            other.start(timeout=10)
-            other.stop()
-            other.close()
-
-    try:
-        yield Service(connect, expire)
-    finally:
-        for s in sessions:
-            s.close()
 
 
 def eventually(check: Callable[[], bool], timeout_s: float = 20.0, what: str = "the condition") -> None:

@@ -4,18 +4,15 @@ so that what the cluster's simulation tests learn on the fake holds on ZooKeeper
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import pytest
 
 from headwater.cluster.coordination import (
     BadVersionError,
     Check,
-    Coordination,
     CoordinationUnavailableError,
     Create,
     Delete,
@@ -26,69 +23,7 @@ from headwater.cluster.coordination import (
     Set,
     TransactionFailedError,
 )
-from headwater.testing.coordination import MemoryEnsemble
-from tests.support import zookeeper
 from tests.support.broker_process import free_port
-
-_roots = itertools.count()
-
-
-@dataclass
-class Service:
-    connect: Callable[[], Coordination]
-    expire: Callable[[Coordination], None]  # end a session as the service does when it times out
-    root: str  # a fresh node for this test to work under
-
-
-@pytest.fixture(scope="module")
-def zk_server(tmp_path_factory) -> Iterator[zookeeper.ZooKeeperProcess]:
-    if not zookeeper.installed():
-        pytest.fail("ZooKeeper is not installed: `make test` installs Debian's zookeeper package")
-    server = zookeeper.ZooKeeperProcess(tmp_path_factory.mktemp("zk")).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(params=["zookeeper", "memory"])
-def service(request) -> Iterator[Service]:
-    sessions: list[Coordination] = []
-    if request.param == "memory":
-        ensemble = MemoryEnsemble()
-
-        def connect() -> Coordination:
-            sessions.append(ensemble.connect())
-            return sessions[-1]
-
-        def expire(c: Coordination) -> None:
-            ensemble.expire(c.session_id)
-
-    else:
-        from kazoo.client import KazooClient
-
-        from headwater.cluster.zookeeper import ZooKeeperCoordination
-
-        server = request.getfixturevalue("zk_server")
-
-        def connect() -> Coordination:
-            sessions.append(ZooKeeperCoordination(server.hosts, session_timeout_s=2.0))
-            return sessions[-1]
-
-        def expire(c: Coordination) -> None:
-            # ZooKeeper's own way to end a session from outside: another client takes it over
-            # with its id and password, then closes it
-            other = KazooClient(hosts=server.hosts, client_id=c._client.client_id)  # type: ignore[attr-defined]  # the kazoo client inside ZooKeeperCoordination
-            other.start(timeout=10)
-            other.stop()
-            other.close()
-
-    root = f"/contract{next(_roots)}"
-    first = connect()
-    first.create(root)
-    try:
-        yield Service(connect, expire, root)
-    finally:
-        for s in sessions:
-            s.close()
 
 
 def eventually(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
