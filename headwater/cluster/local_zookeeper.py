@@ -66,12 +66,11 @@ def free_port(host: str) -> int:
 class LocalZooKeeper:
     """A standalone ZooKeeper on ``host:port`` (``port`` 0: a free one, chosen when
     started), its state and log in ``data_dir``. ``tick_ms`` is ZooKeeper's tickTime:
-    sessions may be as short as 2 ticks and as long as 20.
+    sessions may be as short as 2 ticks and as long as 20. For example::
 
-    >>> zk = LocalZooKeeper(Path("dev-cluster/zookeeper"), port=0).start()  # doctest: +SKIP
-    >>> zk.hosts  # doctest: +SKIP
-    '127.0.0.1:40417'
-    >>> zk.stop()  # doctest: +SKIP
+        zk = LocalZooKeeper(Path("dev-cluster/zookeeper"), port=0).start()
+        zk.hosts  # '127.0.0.1:40417'
+        zk.stop()
     """
 
     def __init__(
