@@ -349,3 +349,27 @@ def test_a_deleted_queues_id_waits_for_its_batches_to_go(tmp_path, clock):
         assert store.create_queue("auto", QueueConfig()).queue_id == 11  # the next id survived too
     finally:
         store.close()
+
+
+def test_a_reset_jump_is_not_reported_as_lost_with_damage_elsewhere(tmp_path, clock):
+    """Recovery names the offsets a partition lost to damaged bytes by the jumps in its
+    offsets once damage was seen; a reset's jump is none of those."""
+    data = tmp_path / "data"
+    with LogStore(data, clock=clock) as store:
+        store.create_queue("other", QueueConfig())
+        store.create_queue(QUEUE, QueueConfig())
+        store.append("other", 0, encode_batch([b"o" * 500]))  # the log's first batch: damaged below
+        store.append("other", 0, encode_batch([b"p" * 500]))
+        store.append(QUEUE, 0, encode_batch([b"x"] * 10))
+        store.delete_before(QUEUE, 0, 10)
+        store.reset_partition(QUEUE, 0, 100)
+        store.append(QUEUE, 0, encode_batch([b"y"]))
+        assert store.stats()["segments"] == 1
+    with (data / "log" / segment_name(0, ".log")).open("r+b") as f:
+        f.seek(64 + 300)  # inside the first batch, flushed (the recovery point covers it)
+        f.write(b"\xff" * 16)
+    with LogStore(data, clock=clock) as store:
+        assert any(m.startswith("skipped ") for m in store.recovery_report)
+        assert not any(f"{QUEUE!r} partition 0" in m for m in store.recovery_report), store.recovery_report
+        assert len(store.fetch("other", 0, 0).batches) == 1  # the undamaged one
+        assert store.append(QUEUE, 0, encode_batch([b"z"])).base_offset == 101

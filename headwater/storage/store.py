@@ -217,6 +217,9 @@ class LogStore(LogAdmin, LogReads, LogRetention):
     def _report_lost_offsets(self) -> None:
         for lost in self.damage.lost:
             owner = self._by_id.get(lost.queue_id)
+            if owner is not None and lost.partition < len(owner.partitions):
+                if lost.end <= owner.partitions[lost.partition].start_offset:
+                    continue  # below the start (a reset jumps there): no reader misses them
             name = owner.entry.name if owner is not None else f"(deleted queue {lost.queue_id})"
             self.recovery_report.append(
                 f"queue {name!r} partition {lost.partition}: offsets {lost.first}-{lost.end - 1} were in "
