@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from headwater import Message
-from headwater.errors import InvalidArgumentError
+from headwater.errors import InvalidArgumentError, ReadOnlyStoreError
 from headwater.model.batch import decode_header, encode_batch
 from headwater.model.config import QueueConfig
 from headwater.model.service import ProduceResult
@@ -349,3 +349,58 @@ def test_a_deleted_queues_id_waits_for_its_batches_to_go(tmp_path, clock):
         assert store.create_queue("auto", QueueConfig()).queue_id == 11  # the next id survived too
     finally:
         store.close()
+
+
+def test_a_reset_jump_is_not_reported_as_lost_with_damage_elsewhere(tmp_path, clock):
+    """Recovery names the offsets a partition lost to damaged bytes by the jumps in its
+    offsets once damage was seen; a reset's jump is none of those."""
+    data = tmp_path / "data"
+    with LogStore(data, clock=clock) as store:
+        store.create_queue("other", QueueConfig())
+        store.create_queue(QUEUE, QueueConfig())
+        store.append("other", 0, encode_batch([b"o" * 500]))  # the log's first batch: damaged below
+        store.append("other", 0, encode_batch([b"p" * 500]))
+        store.append(QUEUE, 0, encode_batch([b"x"] * 10))
+        store.delete_before(QUEUE, 0, 10)
+        store.reset_partition(QUEUE, 0, 100)
+        store.append(QUEUE, 0, encode_batch([b"y"]))
+        assert store.stats()["segments"] == 1
+    with (data / "log" / segment_name(0, ".log")).open("r+b") as f:
+        f.seek(64 + 300)  # inside the first batch, flushed (the recovery point covers it)
+        f.write(b"\xff" * 16)
+    with LogStore(data, clock=clock) as store:
+        assert any(m.startswith("skipped ") for m in store.recovery_report)
+        assert not any(f"{QUEUE!r} partition 0" in m for m in store.recovery_report), store.recovery_report
+        assert len(store.fetch("other", 0, 0).batches) == 1  # the undamaged one
+        assert store.append(QUEUE, 0, encode_batch([b"z"])).base_offset == 101
+
+
+def test_a_copy_is_durable_as_its_queue_says_and_never_into_a_read_only_store(tmp_path, clock):
+    src = MemoryStore(clock=clock)
+    src.create_queue("sync", QueueConfig(), queue_id=7)
+    src.create_queue("lazy", QueueConfig(), queue_id=8)
+    for q in ("sync", "lazy"):
+        src.append(q, 0, encode_batch([b"x"]))
+    batches = {q: bytes(src.fetch(q, 0, 0).batches[0]) for q in ("sync", "lazy")}
+    config = StoreConfig(flush_interval_ms=3_600_000)  # no flush but the ones asked for
+    data = tmp_path / "data"
+    with LogStore(data, config, clock=clock) as store:
+        store.create_queue("sync", QueueConfig(flush="sync"), queue_id=7)
+        store.create_queue("lazy", QueueConfig(), queue_id=8)
+        store.create_queue("empty", QueueConfig())
+        before = store.stats()["fsyncs"]
+        store.append_copy("lazy", 0, batches["lazy"], 0)
+        assert store.stats()["fsyncs"] == before  # async: the flusher's business
+        store.append_copy("sync", 0, batches["sync"], 0)
+        assert store.stats()["fsyncs"] > before  # on the disk before it returned
+    with LogStore(data, StoreConfig(read_only=True), clock=clock) as ro:
+        for call in (
+            lambda: ro.append_copy("sync", 0, batches["sync"], 1),
+            lambda: ro.reset_partition("empty", 0, 5),
+            lambda: ro.create_queue("new", QueueConfig(), queue_id=99),
+        ):
+            with pytest.raises(ReadOnlyStoreError, match="opened read-only"):
+                call()
+        assert ro.describe_queue("sync").partitions[0].end_offset == 1 and ro.queue_name(99) is None
+        assert ro.describe_queue("empty").partitions[0].end_offset == 0  # undone in memory too
+    src.close()

@@ -8,6 +8,13 @@ the same words, and pass the same contract tests (tests/test_store_contract.py, 
 test of the ``hw`` fixture, which runs the broker over both), as NATS runs every store test
 on its memstore and its filestore. The broker never asks which kind it has, except to
 choose where the delay service keeps its schedule (:meth:`Store.schedule_store`).
+
+For a cluster (docs/design/cluster.md, "Moving a partition"), a queue is created under the
+id the controller allocated (``create_queue(..., queue_id=)``), and a partition another
+broker holds is copied in: ``reset_partition`` to the base offset of the first batch a fetch
+from the source's start offset returns, ``append_copy`` of every batch in order, then
+``delete_before`` the source's start offset if it lies inside that first batch. The copy
+serves the same bytes at the same offsets and knows the same producers' retries.
 """
 
 from __future__ import annotations

@@ -259,6 +259,9 @@ class LogStoreBase:
         the change in memory and raise. Otherwise the store would act on a catalog the disk
         does not hold: a queue created only in memory takes acknowledged messages and
         vanishes with them at the next open, and a retry says it already exists."""
+        if self.read_only:  # undone before the check below, which a catalog unchanged on disk fools
+            undo()
+            raise read_only_refusal(self.path)
         try:
             self._save_catalog()
         except BaseException:

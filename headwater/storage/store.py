@@ -217,6 +217,9 @@ class LogStore(LogAdmin, LogReads, LogRetention):
     def _report_lost_offsets(self) -> None:
         for lost in self.damage.lost:
             owner = self._by_id.get(lost.queue_id)
+            if owner is not None and lost.partition < len(owner.partitions):
+                if lost.end <= owner.partitions[lost.partition].start_offset:
+                    continue  # below the start (a reset jumps there): no reader misses them
             name = owner.entry.name if owner is not None else f"(deleted queue {lost.queue_id})"
             self.recovery_report.append(
                 f"queue {name!r} partition {lost.partition}: offsets {lost.first}-{lost.end - 1} were in "
@@ -374,18 +377,14 @@ class LogStore(LogAdmin, LogReads, LogRetention):
         return ProduceResult(qid, partition, base, h.count, ts), end_pos
 
     def append_copy(self, queue: str, partition: int, batch: bytes, base_offset: int) -> ProduceResult:
-        """Append a batch read from another store's log (the bytes its fetch returned for
-        one batch) at its original offset, ``base_offset``, which must be the partition's
-        end offset (:meth:`reset_partition` moves an empty partition's end to where the
-        source's log begins). The batch is checked as :meth:`append` checks a producer's,
-        and its broker fields too (their checksum); the broker fields the format keeps in
-        the batch (queue id, partition, base offset) must already be this partition's. It
-        is stored byte for byte: append time, ``broker_reserved`` and the producer's header
-        as the source had them. The idempotent-producer state is rebuilt from it as an
-        append's would be (without a sequence check: the copy may begin after a producer's
-        first batch), so a retry the source had acknowledged is a duplicate here too.
-        Returns once durable under the queue's flush policy. A disabled queue takes copies:
-        moving it is no use of it."""
+        """Append a batch read from another store's log (the bytes its fetch returned) at
+        its original offset, ``base_offset``, which must be the partition's end offset.
+        Checked as :meth:`append` checks a producer's batch, and its broker fields' checksum;
+        the queue id, partition and base offset those fields hold must be this partition's
+        already, and the batch is stored byte for byte (append time and ``broker_reserved``
+        included). Producer state is recorded as an append records it, without the sequence
+        check (a copy may begin after a producer's first batch). Durable on return under the
+        queue's flush policy. A disabled queue takes copies: moving it is no use of it."""
         check_int_arg(base_offset, "a base offset")
         q = self._queue(queue)
         self._partition(q, partition)
