@@ -314,11 +314,12 @@ def test_completion_of_commands_subcommands_options_and_queues(session):
             "delay",
             "subscriber",
             "group",
+            "cluster",
             "exit",
             "quit",
             "help",
         ]
-    )  # shell, serve and check are not offered
+    )  # shell, serve, dev-cluster and check are not offered
     assert c("", "q") == ["queue", "quit"]
     assert c("queue ", "d") == ["delete", "describe", "disable"]
     assert c("queue ", "add") == ["add-partitions"]

@@ -36,6 +36,9 @@ FOLLOW_S = 4  # how long a command that follows runs before its Ctrl-C (it start
 _FENCE = re.compile(r"^```\s*([\w+-]*)\s*$")
 _SCRIPT_LANGS = {"sh", "bash", "shell", ""}  # blocks of commands, run as they are
 _TRANSCRIPT_LANGS = {"console"}  # a session: '$ ' before each command, its output after
+# transcripts only shown (they need what a guide's test cannot give, e.g. a ZooKeeper at a
+# fixed port): their commands are still parsed, their output is not compared
+_SHOWN_LANGS = {"text"}
 _GUIDE_PORT = re.compile(r"(127\.0\.0\.1:|--port )(707\d)\b")
 _GUIDE_DIRS = re.compile(r"(/var/lib/headwater|/tmp/headwater-[\w.-]+)")
 
@@ -112,8 +115,8 @@ def shell_blocks(text: str, langs: frozenset[str] | set[str] = _SCRIPT_LANGS) ->
 
 def command_lines(text: str) -> list[tuple[int, str]]:
     """``(line, command)`` for each ``headwater ...`` command in a Markdown text's shell
-    blocks (see :func:`command_of`), and in its ``console`` transcripts (the lines after a
-    ``$`` prompt).
+    blocks (see :func:`command_of`), and in its ``console`` transcripts and ``text`` blocks
+    (the lines after a ``$`` prompt).
 
     >>> command_lines("```console\\n$ headwater queue list\\nname\\n```\\n")
     [(2, 'headwater queue list')]
@@ -126,7 +129,7 @@ def command_lines(text: str) -> list[tuple[int, str]]:
     ]
     found += [
         (first + i, command)
-        for first, lines in shell_blocks(text, _TRANSCRIPT_LANGS)
+        for first, lines in shell_blocks(text, _TRANSCRIPT_LANGS | _SHOWN_LANGS)
         for i, line in enumerate(lines)
         if line.startswith("$ ") and (command := command_of(line[2:]))
     ]
