@@ -62,6 +62,7 @@ class ClusterNode:
         self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._worker = threading.Thread(target=self._run, name="headwater-cluster", daemon=True)
         self._seen: set[str] = set()  # cluster queues this broker has made: gone from the view, deleted here
+        self._foreign: set[str] = set()  # local queues named as a cluster queue, but not it
         self._local_ready = threading.Condition()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -129,6 +130,9 @@ class ClusterNode:
             if have is None:
                 store.create_queue(name, config, queue_id=qv.record.queue_id)
             elif have.queue_id != qv.record.queue_id:
+                if name in self._foreign:
+                    continue
+                self._foreign.add(name)  # said once: every change of the view would repeat it
                 log.error(
                     "queue %s here has id %d, the cluster's has id %d: this broker does not serve it; "
                     "delete it here (it was made outside the cluster) to take the cluster's",
