@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
@@ -49,6 +50,7 @@ class ClusterRole(Protocol):
     """What a broker in a cluster asks of its part in it (:mod:`headwater.broker.cluster_node`)."""
 
     def check_leader(self, queue: str, partition: int) -> None: ...
+    def producing(self, queue: str, partition: int) -> AbstractContextManager[None]: ...
     def create_queue(self, name: str, config: QueueConfig) -> QueueInfo: ...
     def delete_queue(self, name: str) -> None: ...
     def add_partitions(self, name: str, partitions: int) -> QueueInfo: ...
@@ -210,7 +212,14 @@ class Broker:
         is a :class:`DelayTicket`."""
         check_user_queue(queue)
         if self.cluster is not None:
-            self.cluster.check_leader(queue, partition)
+            # a move's fence waits for the appends begun inside, then refuses new ones
+            with self.cluster.producing(queue, partition):
+                return self._append_nowait(queue, partition, batch)
+        return self._append_nowait(queue, partition, batch)
+
+    def _append_nowait(
+        self, queue: str, partition: int, batch: bytes
+    ) -> tuple[ProduceResult, int | DelayTicket | None]:
         if peek_deliver_at(batch):
             return self.delay.accept(queue, partition, batch)
         return self.store.append_nowait(queue, partition, batch)

@@ -15,17 +15,20 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import msgspec
 
 from headwater.broker.broker import Broker
+from headwater.broker.mover import Mover
 from headwater.cluster.admin import AdminHandler, ask
 from headwater.cluster.controller import ControllerContext, ControllerElection, ControllerFencedError
 from headwater.cluster.coordination import Coordination, CoordinationError
 from headwater.cluster.membership import Membership
 from headwater.cluster.metadata import ClusterView, MetadataCache
+from headwater.cluster.moves import MoveDriver
 from headwater.cluster.records import AdminRequest, paths
 from headwater.errors import (
     HeadwaterError,
@@ -42,6 +45,7 @@ __all__ = ["ClusterNode"]
 log = logging.getLogger("headwater.cluster")
 
 REQUEST_TIMEOUT_S = 30.0  # how long a broker waits for the controller to answer a change
+MOVES_POLL_S = 0.2  # the controller looks at the moves this often (progress is not watched)
 
 
 class ClusterNode:
@@ -59,6 +63,10 @@ class ClusterNode:
             self.coord, self.broker_id, on_elected=self._elected, on_resigned=self._resigned
         )
         self._ctx: ControllerContext | None = None
+        self._moves = MoveDriver(self.coord, lambda: self.cache.view)
+        self.mover = Mover(
+            broker.store, self.coord, self.broker_id, lambda: self.cache.view, lambda: membership.active, self._work_put
+        )
         self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._worker = threading.Thread(target=self._run, name="headwater-cluster", daemon=True)
         self._seen: set[str] = set()  # cluster queues this broker has made: gone from the view, deleted here
@@ -77,13 +85,18 @@ class ClusterNode:
             pass  # there already (or the session is down: the controller makes it when asked)
         self.coord.watch_children(paths.REQUESTS, lambda names: self._work.put(self._answer))
         self._election.start()
+        self.mover.start()
         self.broker.cluster = self
+
+    def _work_put(self, task: Callable[[], None]) -> None:
+        self._work.put(task)
 
     def close(self) -> None:
         self.broker.cluster = None
         try:
             self._election.close()  # first: another broker takes over at once
         finally:
+            self.mover.close()
             self.cache.close()
             self._work.put(None)
             self._worker.join(10)
@@ -105,6 +118,21 @@ class ClusterNode:
         log.info("broker %d is the controller (epoch %d)", self.broker_id, ctx.epoch)
         self._ctx = ctx
         self._work.put(self._answer)
+        threading.Thread(target=self._drive_moves, args=(ctx,), name="headwater-moves", daemon=True).start()
+
+    def _drive_moves(self, ctx: ControllerContext) -> None:
+        """The controller's move thread: one step of every move, every MOVES_POLL_S, while
+        ``ctx`` leads (a new election starts a new thread)."""
+        while self._ctx is ctx and not ctx.fenced:
+            try:
+                self._moves.tick(ctx)
+            except ControllerFencedError:
+                return
+            except (CoordinationError, HeadwaterError) as e:
+                log.info("driving the moves: %s; trying again", e)
+            except Exception:
+                log.exception("driving the moves failed")
+            time.sleep(MOVES_POLL_S)
 
     def _resigned(self) -> None:
         if self._ctx is not None:
@@ -147,6 +175,7 @@ class ClusterNode:
             self._seen.discard(name)
         with self._local_ready:
             self._local_ready.notify_all()
+        self.mover.follow(view)
 
     def _await_local(self, done: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + self._request_timeout_s
@@ -183,6 +212,17 @@ class ClusterNode:
                 + (f" at {where}" if where else " (not registered now)")
                 + f" does, at leader epoch {rec.leader_epoch}"
             )
+
+    @contextmanager
+    def producing(self, queue: str, partition: int) -> Iterator[None]:
+        """Around a send's append: refused unless this broker leads the partition and no
+        move has fenced it here; a fence waits for the appends inside."""
+        self.check_leader(queue, partition)
+        if is_internal_queue(queue):
+            yield
+            return
+        with self.mover.producing(queue, partition):
+            yield
 
     def _ask(self, op: str, name: str, **fields: Any) -> int:
         req = AdminRequest(op=op, queue=name, asked_by=self.broker_id, asked_ms=int(time.time() * 1000), **fields)
