@@ -218,7 +218,8 @@ class MoveDriver:
         elif rec.phase == "fence":
             f, p = m.fenced, m.progress
             if (
-                f is not None
+                target_live
+                and f is not None
                 and p is not None
                 and p.copied_offset >= f.end_offset
                 and f.leader_epoch == part.leader_epoch
