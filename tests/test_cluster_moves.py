@@ -182,3 +182,89 @@ def test_a_rebalance_moves_partitions_to_a_new_broker_while_a_producer_sends(clu
     eventually(lambda: moves_left(cluster) == 0, timeout_s=60, what="the decommission finishing")
     assert 1 not in leaders(cluster, 2).values()
     sender.check()
+
+
+def move_phases(cluster: Cluster) -> dict[int, tuple[str, int]]:
+    """The moves of the queue now: partition -> (phase, target)."""
+    from headwater.cluster.records import MoveRecord, decode
+
+    out = {}
+    try:
+        names = cluster.session.children(paths.moves_of(QUEUE))
+    except Exception:
+        return {}
+    for name in names:
+        try:
+            rec = decode(cluster.session.get(paths.move(QUEUE, int(name)))[0], MoveRecord, "move")
+        except Exception:
+            continue
+        out[int(name)] = (rec.phase, rec.target)
+    return out
+
+
+def one_server_each(cluster: Cluster) -> None:
+    """Every partition is served by exactly one live broker: the one all agree leads it."""
+    live = [i for i, b in cluster.brokers.items() if b.alive()]
+    seen = {via: leaders(cluster, via) for via in live}
+    agreed = seen[live[0]]
+    assert all(s == agreed for s in seen.values()), seen
+    for p, leader in agreed.items():
+        serving = []
+        for i in live:
+            with cluster.connect(i) as hw:
+                try:
+                    hw.service.fetch(QUEUE, p, 0, max_bytes=64)
+                    serving.append(i)
+                except NotLeaderError:
+                    pass
+        assert serving == [leader], f"partition {p} is served by {serving}, led by {leader}"
+
+
+def test_the_controller_killed_mid_move_each_move_finishes_or_rolls_back(cluster):
+    sender = start_queue(cluster, messages=400)
+    cluster.start(3)
+    eventually(lambda: cluster.status(1)["brokers"] == [1, 2, 3], what="broker 3 joining")
+    ctrl = cluster.controller()
+    assert ctrl in (1, 2)
+    other = 3 - ctrl
+    cluster.brokers[3].pause()  # its copies wait: the moves to it are mid-copy when the controller dies
+    background = threading.Thread(target=sender.run_until_stopped)
+    background.start()
+    try:
+        planned = plan(cluster, "decommission", broker_id=other).moves
+        assert planned and {m.source for m in planned} == {other}
+        eventually(lambda: any(ph == ("copy", 3) for ph in move_phases(cluster).values()), what="a copy to broker 3")
+        cluster.brokers[ctrl].kill()
+        cluster.brokers[3].resume()
+        eventually(lambda: moves_left(cluster) == 0, timeout_s=60, what="every move finished or rolled back")
+        cluster.start(ctrl)
+        eventually(lambda: cluster.status(3)["brokers"] == [1, 2, 3], what=f"broker {ctrl} back")
+        time.sleep(0.5)
+    finally:
+        sender.stop.set()
+        background.join(120)
+    final = leaders(cluster, 3)
+    assert any(final[m.partition] == 3 for m in planned if m.target == 3)  # continued by the new controller
+    one_server_each(cluster)
+    sender.check()
+
+
+def test_the_target_killed_mid_copy_the_move_rolls_back_and_the_source_serves(cluster):
+    sender = start_queue(cluster, messages=400)
+    cluster.start(3)
+    eventually(lambda: cluster.status(1)["brokers"] == [1, 2, 3], what="broker 3 joining")
+    cluster.brokers[3].pause()
+    (move,) = plan(cluster, "rebalance").moves
+    eventually(lambda: move_phases(cluster).get(move.partition) == ("copy", 3), what="the copy starting")
+    cluster.brokers[3].kill()
+    eventually(lambda: moves_left(cluster) == 0, timeout_s=30, what="the rollback")
+    assert leaders(cluster, 1)[move.partition] == move.source
+    for _ in range(5):
+        sender.send_one(move.partition)  # the source takes sends again
+    cluster.start(3)
+    eventually(lambda: cluster.status(1)["brokers"] == [1, 2, 3], what="broker 3 back")
+    (again,) = plan(cluster, "rebalance").moves
+    eventually(lambda: moves_left(cluster) == 0, timeout_s=30, what="the move done")
+    assert leaders(cluster, 1)[again.partition] == 3
+    one_server_each(cluster)
+    sender.check()
