@@ -37,7 +37,7 @@ from headwater.errors import (
     QueueNotFoundError,
     UnavailableError,
 )
-from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionLocation, QueueLocations
+from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionLocation, PartitionMove, QueueLocations
 from headwater.model.config import QueueConfig, QueueInfo, is_internal_queue
 
 __all__ = ["ClusterNode"]
@@ -244,6 +244,24 @@ class ClusterNode:
         )
         return self.broker.store.describe_queue(name)
 
+    def rebalance(self, dry_run: bool) -> list[PartitionMove]:
+        return self._plan("rebalance", 0, dry_run)
+
+    def decommission(self, broker_id: int, dry_run: bool) -> list[PartitionMove]:
+        return self._plan("decommission", broker_id, dry_run)
+
+    def _plan(self, op: str, broker_id: int, dry_run: bool) -> list[PartitionMove]:
+        req = AdminRequest(
+            op=op,
+            queue="",
+            asked_by=self.broker_id,
+            asked_ms=int(time.time() * 1000),
+            broker_id=broker_id,
+            dry_run=dry_run,
+        )
+        planned = ask(self.coord, req, self._request_timeout_s).moves
+        return [PartitionMove(queue=m.queue, partition=m.partition, source=m.source, target=m.target) for m in planned]
+
     def _local_id(self, name: str) -> int | None:
         try:
             return self.broker.store.describe_queue(name).queue_id
@@ -285,6 +303,10 @@ class ClusterNode:
                 for i, b in sorted(view.brokers.items())
             ],
             queues=located,
+            moves=[
+                PartitionMove(queue=q, partition=n, source=m.source, target=m.target, phase=m.phase)
+                for (q, n), m in sorted(view.moves.items())
+            ],
         )
 
     def status(self) -> dict[str, object]:
