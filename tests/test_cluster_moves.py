@@ -8,17 +8,20 @@ back and the partition always has one leader."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from headwater.cluster.admin import ask
-from headwater.cluster.records import AdminRequest, AdminResult, paths
+from headwater.cluster.records import paths
 from headwater.errors import HeadwaterError, InvalidArgumentError, NotLeaderError, UnavailableError
 from headwater.model.batch import encode_batch
+from headwater.model.cluster import PartitionMove
 from tests.support import zookeeper
+from tests.support.broker_process import HEADWATER
 from tests.support.cluster import Cluster, eventually
 
 QUEUE = "orders"
@@ -43,11 +46,19 @@ def cluster(zk_server, tmp_path) -> Iterator[Cluster]:
         c.stop()
 
 
-def plan(cluster: Cluster, op: str, *, broker_id: int = 0, dry_run: bool = False) -> AdminResult:
-    req = AdminRequest(
-        op=op, queue="", asked_by=0, asked_ms=int(time.time() * 1000), broker_id=broker_id, dry_run=dry_run
+def plan(cluster: Cluster, op: str, *, broker_id: int = 0, dry_run: bool = False) -> list[PartitionMove]:
+    with cluster.connect(1) as hw:
+        if op == "rebalance":
+            return hw.admin.rebalance(dry_run=dry_run)
+        return hw.admin.decommission(broker_id, dry_run=dry_run)
+
+
+def cli(cluster: Cluster, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [HEADWATER, "--server", cluster.address(2), "cluster", *args], capture_output=True, text=True, timeout=120
     )
-    return ask(cluster.session, req, 30)
+    assert (done.returncode == 0) == ok, done.stderr
+    return done
 
 
 def leaders(cluster: Cluster, via: int) -> dict[int, int]:
@@ -150,15 +161,15 @@ def test_a_rebalance_moves_partitions_to_a_new_broker_while_a_producer_sends(clu
     eventually(lambda: cluster.status(1)["brokers"] == [1, 2, 3], what="broker 3 joining")
 
     dry = plan(cluster, "rebalance", dry_run=True)
-    assert dry.moves and {m.target for m in dry.moves} == {3}
+    assert dry and {m.target for m in dry} == {3}
     assert moves_left(cluster) == 0 and leaders(cluster, 1) == before  # a dry run changes nothing
 
     background = threading.Thread(target=sender.run_until_stopped)
     background.start()
     try:
         done = plan(cluster, "rebalance")
-        assert [(m.queue, m.partition, m.source, m.target) for m in done.moves] == [
-            (m.queue, m.partition, m.source, m.target) for m in dry.moves
+        assert [(m.queue, m.partition, m.source, m.target) for m in done] == [
+            (m.queue, m.partition, m.source, m.target) for m in dry
         ]
         eventually(lambda: moves_left(cluster) == 0, timeout_s=60, what="the moves finishing")
         time.sleep(0.5)  # the producer sends to the new leaders for a while
@@ -166,21 +177,26 @@ def test_a_rebalance_moves_partitions_to_a_new_broker_while_a_producer_sends(clu
         sender.stop.set()
         background.join(60)
     after = leaders(cluster, 2)
-    moved = {m.partition: m for m in done.moves}
+    moved = {m.partition: m for m in done}
     for p, m in moved.items():
         assert after[p] == m.target == 3
         eventually(lambda p=p, m=m: dropped(cluster, m.source, p), what=f"broker {m.source} dropping {p}")
         with cluster.connect(m.source) as hw, pytest.raises(NotLeaderError):
             hw.service.fetch(QUEUE, p, 0, max_bytes=1024)
     sender.check()
-    print("moves", done.moves, "resends", sender.resends, "sent", sender.next_seq)
-    assert plan(cluster, "rebalance").moves == []  # balanced now
+    assert plan(cluster, "rebalance") == []  # balanced now
+    assert json.loads(cli(cluster, "rebalance", "--json").stdout) == {"dry_run": False, "moves": []}
+    assert "rebalance: nothing to move" in cli(cluster, "rebalance", "--dry-run").stdout
 
     with pytest.raises(InvalidArgumentError, match="broker 9 is not a broker of this cluster"):
         plan(cluster, "decommission", broker_id=9)
-    plan(cluster, "decommission", broker_id=1)
-    eventually(lambda: moves_left(cluster) == 0, timeout_s=60, what="the decommission finishing")
-    assert 1 not in leaders(cluster, 2).values()
+    assert "broker 9 is not a broker of this cluster" in cli(cluster, "decommission", "9", ok=False).stderr
+    on_1 = list(leaders(cluster, 2).values()).count(1)
+    shown = cli(cluster, "decommission", "1", "--dry-run").stdout
+    assert f"decommission: would move {on_1} partition(s)" in shown and moves_left(cluster) == 0
+    doc = json.loads(cli(cluster, "decommission", "1", "--json").stdout)  # waits for the moves
+    assert len(doc["moves"]) == on_1 > 0 and all(o["outcome"] == "moved" for o in doc["outcome"])
+    assert moves_left(cluster) == 0 and 1 not in leaders(cluster, 2).values()
     sender.check()
 
 
@@ -231,7 +247,7 @@ def test_the_controller_killed_mid_move_each_move_finishes_or_rolls_back(cluster
     background = threading.Thread(target=sender.run_until_stopped)
     background.start()
     try:
-        planned = plan(cluster, "decommission", broker_id=other).moves
+        planned = plan(cluster, "decommission", broker_id=other)
         assert planned and {m.source for m in planned} == {other}
         eventually(lambda: any(ph == ("copy", 3) for ph in move_phases(cluster).values()), what="a copy to broker 3")
         cluster.brokers[ctrl].kill()
@@ -254,7 +270,7 @@ def test_the_target_killed_mid_copy_the_move_rolls_back_and_the_source_serves(cl
     cluster.start(3)
     eventually(lambda: cluster.status(1)["brokers"] == [1, 2, 3], what="broker 3 joining")
     cluster.brokers[3].pause()
-    (move,) = plan(cluster, "rebalance").moves
+    (move,) = plan(cluster, "rebalance")
     eventually(lambda: move_phases(cluster).get(move.partition) == ("copy", 3), what="the copy starting")
     cluster.brokers[3].kill()
     eventually(lambda: moves_left(cluster) == 0, timeout_s=30, what="the rollback")
@@ -263,7 +279,7 @@ def test_the_target_killed_mid_copy_the_move_rolls_back_and_the_source_serves(cl
         sender.send_one(move.partition)  # the source takes sends again
     cluster.start(3)
     eventually(lambda: cluster.status(1)["brokers"] == [1, 2, 3], what="broker 3 back")
-    (again,) = plan(cluster, "rebalance").moves
+    (again,) = plan(cluster, "rebalance")
     eventually(lambda: moves_left(cluster) == 0, timeout_s=30, what="the move done")
     assert leaders(cluster, 1)[again.partition] == 3
     one_server_each(cluster)
