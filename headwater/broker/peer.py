@@ -5,7 +5,7 @@ a follower will copy its leader so) and to describe a queue.
 The broker does not use :mod:`headwater.client` (a layer above it): this is the sans-IO
 :class:`~headwater.protocol.Connection` over one plain socket, one request at a time. Every
 call has a deadline (``timeout_s``); a peer that does not answer in time, closes the
-connection or breaks the protocol raises :class:`PeerError` (retriable: connect again), and
+connection or breaks the protocol raises :class:`PeerError` (connect again), and
 an error the peer answered is raised as the error it names (``NotLeaderError``, ...). After
 a :class:`PeerError` the connection is closed: make a new :class:`PeerClient`.
 
@@ -18,7 +18,6 @@ import socket
 import time
 from typing import Any
 
-from headwater.errors import UnavailableError
 from headwater.model.config import QueueInfo
 from headwater.model.service import FetchResult
 from headwater.protocol import (
@@ -42,9 +41,11 @@ REQUEST_TIMEOUT_S = 30.0  # for one answer beyond the wait the request asked the
 RECEIVE_BYTES = 256 * 1024
 
 
-class PeerError(UnavailableError):
+class PeerError(ConnectionError):
     """The peer broker could not be reached, did not answer in time, or broke the protocol;
-    the connection is closed. Retriable: connect again (the peer may have moved or died)."""
+    the connection is closed: connect again (the peer may have moved or died). A broker's own
+    trouble, never sent over the wire: not a :class:`~headwater.errors.HeadwaterError`,
+    whose codes each name one class."""
 
 
 class PeerClient:
