@@ -8,6 +8,7 @@ back and the partition always has one leader."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import threading
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+import headwater.aio
 from headwater.cluster.records import paths
 from headwater.errors import HeadwaterError, InvalidArgumentError, NotLeaderError, UnavailableError
 from headwater.model.batch import encode_batch
@@ -279,7 +281,13 @@ def test_the_target_killed_mid_copy_the_move_rolls_back_and_the_source_serves(cl
         sender.send_one(move.partition)  # the source takes sends again
     cluster.start(3)
     eventually(lambda: cluster.status(1)["brokers"] == [1, 2, 3], what="broker 3 back")
-    (again,) = plan(cluster, "rebalance")
+
+    async def rebalance_async() -> list[PartitionMove]:  # the asyncio client's twin
+        async with await headwater.aio.connect(cluster.address(2)) as hw:
+            assert await hw.admin.rebalance(dry_run=True) == [move]
+            return await hw.admin.rebalance()
+
+    (again,) = asyncio.run(rebalance_async())
     eventually(lambda: moves_left(cluster) == 0, timeout_s=30, what="the move done")
     assert leaders(cluster, 1)[again.partition] == 3
     one_server_each(cluster)
