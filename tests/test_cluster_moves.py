@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+import headwater
 import headwater.aio
 from headwater.cluster.records import paths
 from headwater.errors import HeadwaterError, InvalidArgumentError, NotLeaderError, UnavailableError
@@ -63,8 +64,13 @@ def cli(cluster: Cluster, *args: str, ok: bool = True) -> subprocess.CompletedPr
     return done
 
 
+def connect(cluster: Cluster, broker_id: int) -> headwater.Client:
+    """A client that gives up soon on a broker that does not answer (a paused one)."""
+    return headwater.connect(cluster.address(broker_id), connect_timeout_s=3, request_timeout_s=3)
+
+
 def leaders(cluster: Cluster, via: int) -> dict[int, int]:
-    with cluster.connect(via) as hw:
+    with connect(cluster, via) as hw:
         return {p.partition: p.leader for p in hw.admin.cluster_metadata([QUEUE]).queue(QUEUE).partitions}
 
 
@@ -108,7 +114,7 @@ class Sender:
         refresh = False
         for _ in range(600):
             try:
-                with self.cluster.connect(self._leader(p, refresh)) as hw:
+                with connect(self.cluster, self._leader(p, refresh)) as hw:
                     res = hw.service.produce(QUEUE, p, raw)
                 break
             except (NotLeaderError, UnavailableError, OSError, ConnectionError):
@@ -290,5 +296,36 @@ def test_the_target_killed_mid_copy_the_move_rolls_back_and_the_source_serves(cl
     (again,) = asyncio.run(rebalance_async())
     eventually(lambda: moves_left(cluster) == 0, timeout_s=30, what="the move done")
     assert leaders(cluster, 1)[again.partition] == 3
+    one_server_each(cluster)
+    sender.check()
+
+
+def test_the_controller_paused_past_its_session_mid_move_changes_nothing_when_it_wakes(cluster):
+    sender = start_queue(cluster, messages=400)
+    cluster.start(3)
+    eventually(lambda: cluster.status(1)["brokers"] == [1, 2, 3], what="broker 3 joining")
+    ctrl = cluster.controller()
+    epoch = cluster.status(ctrl)["controller_epoch"]
+    other = 3 - ctrl
+    cluster.brokers[3].pause()
+    background = threading.Thread(target=sender.run_until_stopped)
+    background.start()
+    try:
+        planned = plan(cluster, "decommission", broker_id=other)
+        eventually(lambda: any(ph == ("copy", 3) for ph in move_phases(cluster).values()), what="a copy to broker 3")
+        cluster.brokers[ctrl].pause()  # SIGSTOP: its session expires while it sleeps
+        cluster.brokers[3].resume()
+        eventually(lambda: (c := cluster.status(other)["controller"]) not in (-1, ctrl) and c, what="a new controller")
+        eventually(lambda: moves_left(cluster) == 0, timeout_s=60, what="every move finished or rolled back")
+        cluster.brokers[ctrl].resume()  # it wakes believing it controls: its writes are fenced
+        eventually(lambda: cluster.status(ctrl)["brokers"] == [1, 2, 3], what=f"broker {ctrl} registered again")
+        time.sleep(1)
+    finally:
+        sender.stop.set()
+        background.join(120)
+    assert cluster.status(other)["controller_epoch"] > epoch
+    final = leaders(cluster, 3)
+    assert any(final[m.partition] == 3 for m in planned if m.target == 3)
+    assert moves_left(cluster) == 0
     one_server_each(cluster)
     sender.check()
