@@ -42,7 +42,7 @@ def zk_server(tmp_path_factory) -> Iterator[zookeeper.ZooKeeperProcess]:
 
 @pytest.fixture
 def cluster(zk_server, tmp_path) -> Iterator[Cluster]:
-    c = Cluster(zk_server, tmp_path, 2)
+    c = Cluster(zk_server, tmp_path, 2, "--set", "moves_running_max=2")  # a bad setting fails the start
     try:
         yield c
     finally:

@@ -28,7 +28,7 @@ from headwater.cluster.controller import ControllerContext, ControllerElection, 
 from headwater.cluster.coordination import Coordination, CoordinationError
 from headwater.cluster.membership import Membership
 from headwater.cluster.metadata import ClusterView, MetadataCache
-from headwater.cluster.moves import MoveDriver
+from headwater.cluster.moves import MOVES_RUNNING_MAX, MoveDriver
 from headwater.cluster.records import AdminRequest, paths
 from headwater.errors import (
     HeadwaterError,
@@ -51,7 +51,14 @@ MOVES_POLL_S = 0.2  # the controller looks at the moves this often (progress is 
 class ClusterNode:
     """Everything a broker does as a member of a cluster; :meth:`start` once it is registered."""
 
-    def __init__(self, broker: Broker, membership: Membership, *, request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        membership: Membership,
+        *,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        moves_running_max: int = MOVES_RUNNING_MAX,
+    ) -> None:
         self.broker = broker
         self.membership = membership
         self.coord: Coordination = membership.coordination
@@ -63,7 +70,7 @@ class ClusterNode:
             self.coord, self.broker_id, on_elected=self._elected, on_resigned=self._resigned
         )
         self._ctx: ControllerContext | None = None
-        self._moves = MoveDriver(self.coord, lambda: self.cache.view)
+        self._moves = MoveDriver(self.coord, lambda: self.cache.view, running_max=moves_running_max)
         self.mover = Mover(
             broker.store, self.coord, self.broker_id, lambda: self.cache.view, lambda: membership.active, self._work_put
         )
