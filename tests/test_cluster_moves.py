@@ -280,6 +280,9 @@ def test_the_target_killed_mid_copy_the_move_rolls_back_and_the_source_serves(cl
     cluster.brokers[3].pause()
     (move,) = plan(cluster, "rebalance")
     eventually(lambda: move_phases(cluster).get(move.partition) == ("copy", 3), what="the copy starting")
+    moving = {"queue": QUEUE, "partition": move.partition, "source": move.source, "target": 3, "phase": "copy"}
+    eventually(lambda: json.loads(cli(cluster, "status", "--json").stdout)["moves"] == [moving], what="status")
+    assert "1 partition move(s) not finished" in cli(cluster, "status").stdout
     cluster.brokers[3].kill()
     eventually(lambda: moves_left(cluster) == 0, timeout_s=30, what="the rollback")
     assert leaders(cluster, 1)[move.partition] == move.source
