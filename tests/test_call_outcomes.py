@@ -243,7 +243,8 @@ def test_only_a_request_that_never_left_or_is_idempotent_is_sent_again():
 def test_every_operation_says_whether_it_may_be_sent_again():
     """The rule is each spec's: the calls that change state in a way a second one would not
     repeat (create, delete, truncate, add partitions, join, ack/nack/extend, add/delete a
-    subscriber) are sent again only if they never left; appends and the stream requests never."""
+    subscriber, plan partition moves) are sent again only if they never left; appends and the
+    stream requests never."""
     once = {k.name for k, s in m.API_SPECS.items() if s.resend is m.Resend.IF_UNSENT}
     assert once == {
         "CREATE_QUEUE",
@@ -256,6 +257,8 @@ def test_every_operation_says_whether_it_may_be_sent_again():
         "SHARED_EXTEND",
         "ADD_SUBSCRIBER",
         "DELETE_SUBSCRIBER",
+        "REBALANCE",
+        "DECOMMISSION",
     }
     never = {k for k, s in m.API_SPECS.items() if s.resend is m.Resend.NEVER}
     assert never == {m.ApiKey.PRODUCE} | m.STREAM_APIS

@@ -125,7 +125,10 @@ def test_cluster_status_of_a_broker_alone_says_so(cli, q):
         "queues": 1,
         "partitions": 3,
         "leaderless": 0,
+        "moves": [],
     }
+    for args in (("rebalance",), ("rebalance", "--dry-run"), ("decommission", "1")):
+        assert "this broker runs alone" in cli.error("cluster", *args)
 
 
 def test_create_if_not_exists_leaves_the_queue_there_as_it_is(cli):

@@ -20,7 +20,7 @@ from headwater.errors import (
     UnavailableError,
 )
 from headwater.model.batch import encode_batch, patch_batch
-from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionLocation, QueueLocations
+from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionLocation, PartitionMove, QueueLocations
 from headwater.model.config import PartitionInfo, QueueConfig, QueueInfo, QueuePage
 from headwater.model.delay import DelayBucketStats, DelayStats
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary, MemberDescription
@@ -106,6 +106,8 @@ from headwater.protocol.messages import (
     CloseStreamResponse,
     CommitOffsetsRequest,
     CommitOffsetsResponse,
+    DecommissionRequest,
+    DecommissionResponse,
     DeleteSubscriberRequest,
     DeleteSubscriberResponse,
     DescribeGroupRequest,
@@ -138,6 +140,8 @@ from headwater.protocol.messages import (
     ListSubscribersResponse,
     MetadataRequest,
     MetadataResponse,
+    RebalanceRequest,
+    RebalanceResponse,
     SharedAckRequest,
     SharedAckResponse,
     SharedDescribeRequest,
@@ -307,8 +311,15 @@ SAMPLES = [
                         partitions=[PartitionLocation(partition=0, leader=2, leader_epoch=3, replicas=[2])],
                     )
                 ],
+                moves=[PartitionMove(queue="orders", partition=0, source=2, target=3, phase="copy")],
             )
         ),
+    ),
+    (RebalanceRequest(), RebalanceResponse([PartitionMove(queue="orders", partition=1, source=1, target=3)])),
+    (RebalanceRequest(True), RebalanceResponse([])),
+    (
+        DecommissionRequest(2, False),
+        DecommissionResponse([PartitionMove(queue="orders", partition=0, source=2, target=1, phase="planned")]),
     ),
     (MetadataRequest(None), MetadataResponse(ClusterMetadata(cluster_id="", controller=-1, brokers=[], queues=[]))),
     (CommitOffsetsRequest("billing", "orders", {0: 17, 3: 2}), CommitOffsetsResponse()),
@@ -531,6 +542,8 @@ class FakeService:
                 brokers=[BrokerAddress(broker_id=1, host="h", port=1, epoch=9)],
                 queues=[QueueLocations(name="orders", queue_id=7, partitions=[])],
             ),
+            "rebalance": [PartitionMove(queue="orders", partition=1, source=1, target=3)],
+            "decommission": [],
             "commit_offsets": None,
             "fetch_offsets": {1: 5},
             "join_group": GROUP_ASSIGNMENT,
@@ -614,6 +627,8 @@ def test_every_service_method_crosses_the_wire():
         (OffsetForTimeRequest("orders", 1, 99), lambda s: s.offset_for_time("orders", 1, 99)),
         (StatusRequest(), lambda s: s.status()),
         (MetadataRequest(["orders"]), lambda s: s.metadata(["orders"])),
+        (RebalanceRequest(True), lambda s: s.rebalance(dry_run=True)),
+        (DecommissionRequest(3, False), lambda s: s.decommission(3, dry_run=False)),
         (CommitOffsetsRequest("g", "orders", {1: 5}), lambda s: s.commit_offsets("g", "orders", {1: 5})),
         (FetchOffsetsRequest("g", "orders"), lambda s: s.fetch_offsets("g", "orders")),
         (

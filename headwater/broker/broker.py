@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
@@ -23,7 +24,14 @@ from headwater.broker.offsets import OffsetStore
 from headwater.broker.shared import SharedGroups
 from headwater.broker.subscriptions import SubscriberRegistry
 from headwater.errors import InvalidArgumentError, MessageNotFoundError
-from headwater.model.cluster import ALONE, BrokerAddress, ClusterMetadata, PartitionLocation, QueueLocations
+from headwater.model.cluster import (
+    ALONE,
+    BrokerAddress,
+    ClusterMetadata,
+    PartitionLocation,
+    PartitionMove,
+    QueueLocations,
+)
 from headwater.model.config import (
     LIST_PAGE_PARTITIONS,
     QueueConfig,
@@ -49,16 +57,26 @@ class ClusterRole(Protocol):
     """What a broker in a cluster asks of its part in it (:mod:`headwater.broker.cluster_node`)."""
 
     def check_leader(self, queue: str, partition: int) -> None: ...
+    def producing(self, queue: str, partition: int) -> AbstractContextManager[None]: ...
     def create_queue(self, name: str, config: QueueConfig) -> QueueInfo: ...
     def delete_queue(self, name: str) -> None: ...
     def add_partitions(self, name: str, partitions: int) -> QueueInfo: ...
     def metadata(self, queues: list[str] | None) -> ClusterMetadata: ...
+    def rebalance(self, dry_run: bool) -> list[PartitionMove]: ...
+    def decommission(self, broker_id: int, dry_run: bool) -> list[PartitionMove]: ...
     def status(self) -> dict[str, object]: ...
 
 
 def _not_on_a_cluster_yet(what: str) -> InvalidArgumentError:
     return InvalidArgumentError(
         f"{what} is not available on a cluster yet (docs/cluster.md lists what is); on a broker running alone it is"
+    )
+
+
+def _not_a_cluster(what: str) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"{what} moves partitions between the brokers of a cluster; this broker runs alone "
+        f"(start brokers with --zookeeper to make a cluster: docs/cluster.md)"
     )
 
 
@@ -141,6 +159,18 @@ class Broker:
             room -= n
         return QueuePage(page)
 
+    def rebalance(self, dry_run: bool = False) -> list[PartitionMove]:
+        """The moves that balance the cluster's live brokers, started unless ``dry_run``."""
+        if self.cluster is None:
+            raise _not_a_cluster("rebalance")
+        return self.cluster.rebalance(bool(dry_run))
+
+    def decommission(self, broker_id: int, dry_run: bool = False) -> list[PartitionMove]:
+        """The moves of every partition off ``broker_id``, started unless ``dry_run``."""
+        if self.cluster is None:
+            raise _not_a_cluster("decommission")
+        return self.cluster.decommission(broker_id, bool(dry_run))
+
     def metadata(self, queues: list[str] | None = None) -> ClusterMetadata:
         if queues is not None and (not isinstance(queues, list) or not all(isinstance(q, str) for q in queues)):
             raise InvalidArgumentError(f"queues must be a list of queue names or None, got {queues!r}")
@@ -210,7 +240,14 @@ class Broker:
         is a :class:`DelayTicket`."""
         check_user_queue(queue)
         if self.cluster is not None:
-            self.cluster.check_leader(queue, partition)
+            # a move's fence waits for the appends begun inside, then refuses new ones
+            with self.cluster.producing(queue, partition):
+                return self._append_nowait(queue, partition, batch)
+        return self._append_nowait(queue, partition, batch)
+
+    def _append_nowait(
+        self, queue: str, partition: int, batch: bytes
+    ) -> tuple[ProduceResult, int | DelayTicket | None]:
         if peek_deliver_at(batch):
             return self.delay.accept(queue, partition, batch)
         return self.store.append_nowait(queue, partition, batch)

@@ -15,17 +15,20 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import msgspec
 
 from headwater.broker.broker import Broker
+from headwater.broker.mover import Mover
 from headwater.cluster.admin import AdminHandler, ask
 from headwater.cluster.controller import ControllerContext, ControllerElection, ControllerFencedError
 from headwater.cluster.coordination import Coordination, CoordinationError
 from headwater.cluster.membership import Membership
 from headwater.cluster.metadata import ClusterView, MetadataCache
+from headwater.cluster.moves import MOVES_RUNNING_MAX, MoveDriver
 from headwater.cluster.records import AdminRequest, paths
 from headwater.errors import (
     HeadwaterError,
@@ -34,7 +37,7 @@ from headwater.errors import (
     QueueNotFoundError,
     UnavailableError,
 )
-from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionLocation, QueueLocations
+from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionLocation, PartitionMove, QueueLocations
 from headwater.model.config import QueueConfig, QueueInfo, is_internal_queue
 
 __all__ = ["ClusterNode"]
@@ -42,12 +45,20 @@ __all__ = ["ClusterNode"]
 log = logging.getLogger("headwater.cluster")
 
 REQUEST_TIMEOUT_S = 30.0  # how long a broker waits for the controller to answer a change
+MOVES_POLL_S = 0.2  # the controller looks at the moves this often (progress is not watched)
 
 
 class ClusterNode:
     """Everything a broker does as a member of a cluster; :meth:`start` once it is registered."""
 
-    def __init__(self, broker: Broker, membership: Membership, *, request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        membership: Membership,
+        *,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        moves_running_max: int = MOVES_RUNNING_MAX,
+    ) -> None:
         self.broker = broker
         self.membership = membership
         self.coord: Coordination = membership.coordination
@@ -59,6 +70,10 @@ class ClusterNode:
             self.coord, self.broker_id, on_elected=self._elected, on_resigned=self._resigned
         )
         self._ctx: ControllerContext | None = None
+        self._moves = MoveDriver(self.coord, lambda: self.cache.view, running_max=moves_running_max)
+        self.mover = Mover(
+            broker.store, self.coord, self.broker_id, lambda: self.cache.view, lambda: membership.active, self._work_put
+        )
         self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._worker = threading.Thread(target=self._run, name="headwater-cluster", daemon=True)
         self._seen: set[str] = set()  # cluster queues this broker has made: gone from the view, deleted here
@@ -78,13 +93,18 @@ class ClusterNode:
             pass  # there already (or the session is down: the controller makes it when asked)
         self.coord.watch_children(paths.REQUESTS, lambda names: self._work.put(self._answer))
         self._election.start()
+        self.mover.start()
         self.broker.cluster = self
+
+    def _work_put(self, task: Callable[[], None]) -> None:
+        self._work.put(task)
 
     def close(self) -> None:
         self.broker.cluster = None
         try:
             self._election.close()  # first: another broker takes over at once
         finally:
+            self.mover.close()
             self.cache.close()
             self._work.put(None)
             self._worker.join(10)
@@ -106,6 +126,21 @@ class ClusterNode:
         log.info("broker %d is the controller (epoch %d)", self.broker_id, ctx.epoch)
         self._ctx = ctx
         self._work.put(self._answer)
+        threading.Thread(target=self._drive_moves, args=(ctx,), name="headwater-moves", daemon=True).start()
+
+    def _drive_moves(self, ctx: ControllerContext) -> None:
+        """The controller's move thread: one step of every move, every MOVES_POLL_S, while
+        ``ctx`` leads (a new election starts a new thread)."""
+        while self._ctx is ctx and not ctx.fenced:
+            try:
+                self._moves.tick(ctx)
+            except ControllerFencedError:
+                return
+            except (CoordinationError, HeadwaterError) as e:
+                log.info("driving the moves: %s; trying again", e)
+            except Exception:
+                log.exception("driving the moves failed")
+            time.sleep(MOVES_POLL_S)
 
     def _resigned(self) -> None:
         if self._ctx is not None:
@@ -151,6 +186,7 @@ class ClusterNode:
             self._seen.discard(name)
         with self._local_ready:
             self._local_ready.notify_all()
+        self.mover.follow(view)
 
     def _await_local(self, done: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + self._request_timeout_s
@@ -188,6 +224,17 @@ class ClusterNode:
                 + f" does, at leader epoch {rec.leader_epoch}"
             )
 
+    @contextmanager
+    def producing(self, queue: str, partition: int) -> Iterator[None]:
+        """Around a send's append: refused unless this broker leads the partition and no
+        move has fenced it here; a fence waits for the appends inside."""
+        self.check_leader(queue, partition)
+        if is_internal_queue(queue):
+            yield
+            return
+        with self.mover.producing(queue, partition):
+            yield
+
     def _ask(self, op: str, name: str, **fields: Any) -> int:
         req = AdminRequest(op=op, queue=name, asked_by=self.broker_id, asked_ms=int(time.time() * 1000), **fields)
         return ask(self.coord, req, self._request_timeout_s).queue_id
@@ -207,6 +254,24 @@ class ClusterNode:
             lambda: len(self.broker.store.describe_queue(name).partitions) >= partitions, f"{name!r}'s new partitions"
         )
         return self.broker.store.describe_queue(name)
+
+    def rebalance(self, dry_run: bool) -> list[PartitionMove]:
+        return self._plan("rebalance", 0, dry_run)
+
+    def decommission(self, broker_id: int, dry_run: bool) -> list[PartitionMove]:
+        return self._plan("decommission", broker_id, dry_run)
+
+    def _plan(self, op: str, broker_id: int, dry_run: bool) -> list[PartitionMove]:
+        req = AdminRequest(
+            op=op,
+            queue="",
+            asked_by=self.broker_id,
+            asked_ms=int(time.time() * 1000),
+            broker_id=broker_id,
+            dry_run=dry_run,
+        )
+        planned = ask(self.coord, req, self._request_timeout_s).moves
+        return [PartitionMove(queue=m.queue, partition=m.partition, source=m.source, target=m.target) for m in planned]
 
     def _local_id(self, name: str) -> int | None:
         try:
@@ -249,6 +314,10 @@ class ClusterNode:
                 for i, b in sorted(view.brokers.items())
             ],
             queues=located,
+            moves=[
+                PartitionMove(queue=q, partition=n, source=m.source, target=m.target, phase=m.phase)
+                for (q, n), m in sorted(view.moves.items())
+            ],
         )
 
     def status(self) -> dict[str, object]:

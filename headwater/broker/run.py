@@ -118,7 +118,7 @@ def join_cluster(broker: Broker, server: ServerConfig, data_dir: Path, port: int
     )
     try:
         membership.join()
-        node = ClusterNode(broker, membership)
+        node = ClusterNode(broker, membership, moves_running_max=server.moves_running_max)
         node.start()
     except CoordinationError as e:
         coord.close()

@@ -110,6 +110,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     advertised_host: str = ""  # the host other brokers and clients reach this one by; "": host
     zookeeper_session_timeout_s: float = 10.0
     zookeeper_connect_timeout_s: float = 30.0
+    moves_running_max: int = 4  # partition moves running at once while this broker is the controller
 
     def validated(self) -> ServerConfig:
         """This config, or :class:`InvalidArgumentError` naming the first setting out of range."""
@@ -181,6 +182,7 @@ _WHOLE_RANGES = (
     ("push_bytes_max", 1024, _U32),
     ("push_streams_max", 1, 1_000_000),
     ("allocator_cache_bytes", 0, 2**31 - 1),
+    ("moves_running_max", 1, 1000),
 )
 _SECONDS_RANGES = (
     ("handshake_timeout_s", 0.001, 86400.0),

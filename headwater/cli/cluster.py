@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Annotated
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from headwater.cli.context import open_client, out_console
+from headwater.cli.context import err_console, open_client, out_console
 from headwater.cli.output import print_json
-from headwater.model.cluster import ALONE, ClusterMetadata
+from headwater.client import Client
+from headwater.model.cluster import ALONE, ClusterMetadata, PartitionMove
 
 __all__ = ["cluster_app"]
 
 cluster_app = typer.Typer(
     name="cluster",
-    help="The brokers of a cluster, its controller, and which broker leads which partitions.",
+    help="The brokers of a cluster, its controller, which broker leads which partitions; moving them.",
     no_args_is_help=True,
     rich_markup_mode="markdown",
 )
@@ -40,7 +43,27 @@ def status_json(md: ClusterMetadata) -> dict[str, object]:
         "queues": len(md.queues),
         "partitions": sum(leads.values()),
         "leaderless": leads[-1] if md.cluster_id else 0,
+        "moves": [move_json(m) for m in md.moves],
     }
+
+
+def move_json(m: PartitionMove) -> dict[str, object]:
+    return {"queue": m.queue, "partition": m.partition, "source": m.source, "target": m.target, "phase": m.phase}
+
+
+def moves_table(moves: list[PartitionMove]) -> Table:
+    table = Table(show_edge=False, header_style="bold")
+    for name, justify in (
+        ("queue", "left"),
+        ("partition", "right"),
+        ("from", "right"),
+        ("to", "right"),
+        ("phase", "left"),
+    ):
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]  # rich types justify as a Literal; ours is one of its values
+    for m in moves:
+        table.add_row(m.queue, str(m.partition), str(m.source), str(m.target), m.phase)
+    return table
 
 
 @cluster_app.command("status")
@@ -88,3 +111,116 @@ def status(
     console.print(table)
     if doc["leaderless"]:
         console.print(Text(f"{doc['leaderless']} partition(s) have no live leader now", "bold red"))
+    if md.moves:
+        console.print(f"{len(md.moves)} partition move(s) not finished:")
+        console.print(moves_table(md.moves))
+
+
+_DRY_RUN = typer.Option("--dry-run", help="Show the plan; move nothing.")
+_NO_WAIT = typer.Option("--no-wait", help="Start the moves and return; `cluster status` shows them.")
+_JSON = typer.Option("--json", help="Print JSON instead of a table.")
+WAIT_POLL_S = 0.5  # how often the progress asks where the moves are
+
+
+@cluster_app.command("rebalance")
+def rebalance(
+    ctx: typer.Context,
+    dry_run: Annotated[bool, _DRY_RUN] = False,
+    no_wait: Annotated[bool, _NO_WAIT] = False,
+    as_json: Annotated[bool, _JSON] = False,
+) -> None:
+    """Move partitions so that every live broker leads within one partition of the others
+    (a new broker takes its share; partitions leave brokers that are gone when they can).
+    Sends and reads go on while a partition moves: a short pause on it, nothing lost.
+
+    Examples:
+
+    ```
+    headwater --server 127.0.0.1:7071 cluster rebalance --dry-run
+    headwater --server 127.0.0.1:7071 cluster rebalance
+    ```
+    """
+    hw = open_client(ctx)
+    _run_plan(hw, hw.admin.rebalance(dry_run=dry_run), "rebalance", dry_run, no_wait, as_json)
+
+
+@cluster_app.command("decommission")
+def decommission(
+    ctx: typer.Context,
+    broker: Annotated[int, typer.Argument(help="The id of the broker to empty.")],
+    dry_run: Annotated[bool, _DRY_RUN] = False,
+    no_wait: Annotated[bool, _NO_WAIT] = False,
+    as_json: Annotated[bool, _JSON] = False,
+) -> None:
+    """Move every partition off broker BROKER, each to the least loaded other live broker;
+    once done, BROKER can be stopped without leaving a partition without its leader.
+
+    Examples:
+
+    ```
+    headwater --server 127.0.0.1:7071 cluster decommission 3 --dry-run
+    headwater --server 127.0.0.1:7071 cluster decommission 3
+    ```
+    """
+    hw = open_client(ctx)
+    _run_plan(hw, hw.admin.decommission(broker, dry_run=dry_run), "decommission", dry_run, no_wait, as_json)
+
+
+def _run_plan(hw: Client, planned: list[PartitionMove], what: str, dry_run: bool, no_wait: bool, as_json: bool) -> None:
+    """Show the plan; then, unless told not to, the moves' progress until they are done."""
+    wait = not (dry_run or no_wait) and bool(planned)
+    if not as_json:
+        console = out_console()
+        if not planned:
+            console.print(f"{what}: nothing to move")
+            return
+        verb = "would move" if dry_run else "moving"
+        console.print(f"{what}: {verb} {len(planned)} partition(s)")
+        console.print(moves_table(planned))
+    finished = _wait_for(hw, planned, progress=not as_json) if wait else None
+    if as_json:
+        doc: dict[str, object] = {"dry_run": dry_run, "moves": [move_json(m) for m in planned]}
+        if finished is not None:
+            doc["outcome"] = finished
+        print_json(doc)
+        return
+    if finished is not None:
+        moved = sum(1 for o in finished if o["outcome"] == "moved")
+        out_console().print(f"{what}: {moved} of {len(planned)} partition(s) moved")
+        for o in finished:
+            if o["outcome"] != "moved":
+                err_console().print(
+                    f"{o['queue']}[{o['partition']}] did not move to broker {o['target']}: its move was rolled back "
+                    f"(the target went, or it took too long); it stays on broker {o['leader']}"
+                )
+
+
+def _wait_for(hw: Client, planned: list[PartitionMove], *, progress: bool) -> list[dict[str, object]]:
+    """Poll the metadata until none of ``planned`` is unfinished; each move's outcome."""
+    keys = {(m.queue, m.partition) for m in planned}
+    with Progress(
+        TextColumn("moving"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console(),
+        disable=not progress,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("moves", total=len(planned))
+        while True:
+            md = hw.admin.cluster_metadata(sorted({m.queue for m in planned}))
+            left = [m for m in md.moves if (m.queue, m.partition) in keys]
+            bar.update(task, completed=len(planned) - len(left))
+            if not left:
+                break
+            time.sleep(WAIT_POLL_S)
+    leaders = {(q.name, p.partition): p.leader for q in md.queues for p in q.partitions}
+    return [
+        {
+            **move_json(m),
+            "leader": leaders.get((m.queue, m.partition), -1),
+            "outcome": "moved" if leaders.get((m.queue, m.partition)) == m.target else "rolled back",
+        }
+        for m in planned
+    ]

@@ -39,10 +39,18 @@ from headwater.cluster.coordination import (
     TransactionFailedError,
 )
 from headwater.cluster.metadata import ClusterView
-from headwater.cluster.placement import PlacementError, broker_loads, place_partitions
+from headwater.cluster.moves import plan_ops
+from headwater.cluster.placement import (
+    PlacementError,
+    broker_loads,
+    place_partitions,
+    plan_decommission,
+    plan_rebalance,
+)
 from headwater.cluster.records import (
     AdminRequest,
     AdminResult,
+    MovePlan,
     PartitionRecord,
     QueueRecord,
     decode,
@@ -170,6 +178,8 @@ class AdminHandler:
             return self._delete(ctx, req)
         if req.op == "add_partitions":
             return self._grow(ctx, req)
+        if req.op in ("rebalance", "decommission"):
+            return self._plan_moves(ctx, req)
         raise InvalidArgumentError(f"unknown cluster request {req.op!r}")
 
     def _create(self, ctx: ControllerContext, req: AdminRequest) -> tuple[list[Op], AdminResult]:
@@ -228,6 +238,38 @@ class AdminHandler:
         ]
         return ops, AdminResult(queue_id=record.queue_id, controller_epoch=ctx.epoch)
 
+    def _plan_moves(self, ctx: ControllerContext, req: AdminRequest) -> tuple[list[Op], AdminResult]:
+        """A rebalance or a decommission: the moves planned, queued unless ``dry_run``.
+        Partitions on brokers that are not live stay out of the plan: nothing can copy them."""
+        view = self._view()
+        if view.moves:
+            raise InvalidArgumentError(
+                f"{len(view.moves)} partition move(s) are not finished yet: wait for them "
+                f"(`headwater cluster status` shows them), then plan again"
+            )
+        live = sorted(view.brokers)
+        assignment = {k: r for k, r in view.assignment().items() if all(b in view.brokers for b in r)}
+        try:
+            if req.op == "rebalance":
+                moves = plan_rebalance(assignment, live, {})
+            else:
+                if req.broker_id not in view.brokers:
+                    held = any(req.broker_id in r for r in view.assignment().values())
+                    raise InvalidArgumentError(
+                        f"broker {req.broker_id} is not live: start it again to move its partitions off it"
+                        if held
+                        else f"broker {req.broker_id} is not a broker of this cluster (live brokers: "
+                        f"{', '.join(map(str, live)) or 'none'})"
+                    )
+                moves = plan_decommission(assignment, live, {}, req.broker_id)
+        except PlacementError as e:
+            raise InvalidArgumentError(str(e)) from None
+        planned = [MovePlan(queue=m.queue, partition=m.partition, source=m.source, target=m.target) for m in moves]
+        result = AdminResult(controller_epoch=ctx.epoch, moves=planned)
+        if req.dry_run or not moves:
+            return [], result
+        return plan_ops(self._coord, ctx, view, moves, int(self._clock() * 1000)), result
+
     @staticmethod
     def _place(view: ClusterView, partitions: int, first: int) -> list[list[int]]:
         try:
@@ -260,6 +302,8 @@ class AdminHandler:
 
 def _refusal(req: AdminRequest, e: TransactionFailedError) -> HeadwaterError:
     """What a change that ZooKeeper refused means to the asker."""
+    if req.op in ("rebalance", "decommission"):
+        return UnavailableError(f"the cluster changed while the {req.op} was planned; nothing was changed: ask again")
     if req.op == "create_queue" and isinstance(e.cause, NodeExistsError) and e.cause.path == paths.queue(req.queue):
         return QueueExistsError(f"queue {req.queue!r} already exists")
     if isinstance(e.cause, NoNodeError | BadVersionError) and req.op != "create_queue":

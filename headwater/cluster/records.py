@@ -22,6 +22,9 @@ __all__ = [
     "ControllerRecord",
     "DEFAULT_CHROOT",
     "FORMAT_VERSION",
+    "MoveFenced",
+    "MovePlan",
+    "MoveProgress",
     "MoveRecord",
     "PartitionRecord",
     "QueueRecord",
@@ -100,13 +103,46 @@ class PartitionRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 class MoveRecord(msgspec.Struct, frozen=True, kw_only=True):
     """``/moves/<name>/<n>``: a partition on its way from ``source`` to ``target``;
-    ``phase`` is ``copy``, then ``fence`` (the source refuses produces) before the switch."""
+    ``phase`` is ``queued`` (planned, waiting for a free slot: ``order`` says when), ``copy``
+    (the target copies), then ``fence`` (the source refuses produces) before the switch.
+    ``leader_epoch`` is the partition's when the move was planned: a move made for another
+    owner than the partition has now is void. ``started_ms`` is when the phase began."""
 
     source: int
     target: int
     phase: str
     started_ms: int
     controller_epoch: int
+    leader_epoch: int = 0
+    order: int = 0
+
+
+class MoveProgress(msgspec.Struct, frozen=True, kw_only=True):
+    """``/moves/<name>/<n>/progress``, written by the target: it holds the partition up to
+    ``copied_offset`` (durably), and the source's end offset was ``source_end_offset`` at
+    its last fetch."""
+
+    copied_offset: int
+    source_end_offset: int
+    updated_ms: int
+
+
+class MoveFenced(msgspec.Struct, frozen=True, kw_only=True):
+    """``/moves/<name>/<n>/fenced``, written by the source once it refuses produces for the
+    partition and has flushed: its log ends at ``end_offset`` for good (at ``leader_epoch``)."""
+
+    end_offset: int
+    leader_epoch: int
+    broker_id: int
+
+
+class MovePlan(msgspec.Struct, frozen=True, kw_only=True):
+    """One planned move, as an :class:`AdminResult` answers it."""
+
+    queue: str
+    partition: int
+    source: int
+    target: int
 
 
 class AdminResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -117,6 +153,7 @@ class AdminResult(msgspec.Struct, frozen=True, kw_only=True):
     message: str = ""
     queue_id: int = 0
     controller_epoch: int = 0
+    moves: list[MovePlan] = msgspec.field(default_factory=list)  # rebalance, decommission: the plan
 
 
 class AdminRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -124,12 +161,14 @@ class AdminRequest(msgspec.Struct, frozen=True, kw_only=True):
     queue), asked by the broker a client called. The controller writes ``result`` into the
     node; the asker reads it and deletes the node."""
 
-    op: str  # create_queue, delete_queue, add_partitions
-    queue: str
+    op: str  # create_queue, delete_queue, add_partitions, rebalance, decommission
+    queue: str  # "" for rebalance and decommission
     asked_by: int
     asked_ms: int
     config: dict[str, object] | None = None  # create_queue: a QueueConfig as builtins
     partitions: int = 0  # add_partitions: the new total
+    broker_id: int = 0  # decommission: the broker to empty
+    dry_run: bool = False  # rebalance, decommission: answer the plan, move nothing
     result: AdminResult | None = None
 
 
@@ -181,5 +220,19 @@ class paths:
         return f"/queues/{name}/p/{partition}"
 
     @staticmethod
+    def moves_of(name: str) -> str:
+        return f"/moves/{name}"
+
+    @staticmethod
     def move(name: str, partition: int) -> str:
         return f"/moves/{name}/{partition}"
+
+    @staticmethod
+    def move_progress(name: str, partition: int) -> str:
+        """Written by a move's target: :class:`MoveProgress`."""
+        return f"/moves/{name}/{partition}/progress"
+
+    @staticmethod
+    def move_fenced(name: str, partition: int) -> str:
+        """Written by a move's source: :class:`MoveFenced`."""
+        return f"/moves/{name}/{partition}/fenced"

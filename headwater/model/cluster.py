@@ -19,7 +19,7 @@ import msgspec
 
 from headwater.errors import QueueNotFoundError
 
-__all__ = ["ALONE", "BrokerAddress", "ClusterMetadata", "PartitionLocation", "QueueLocations"]
+__all__ = ["ALONE", "BrokerAddress", "ClusterMetadata", "PartitionLocation", "PartitionMove", "QueueLocations"]
 
 ALONE = -1  # the broker id of a broker that is in no cluster
 
@@ -55,14 +55,27 @@ class QueueLocations(msgspec.Struct, frozen=True, kw_only=True):
     partitions: list[PartitionLocation]
 
 
+class PartitionMove(msgspec.Struct, frozen=True, kw_only=True):
+    """A partition on its way from broker ``source`` to broker ``target``. ``phase`` is
+    ``planned`` in a plan's answer; in the metadata, ``queued`` (waiting for a free slot),
+    ``copy`` (the target copies) or ``fence`` (the source refuses sends until the switch)."""
+
+    queue: str
+    partition: int
+    source: int
+    target: int
+    phase: str = "planned"
+
+
 class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
-    """The brokers, the controller (-1: none now, or a broker alone), and the locations of
-    the queues asked for."""
+    """The brokers, the controller (-1: none now, or a broker alone), the locations of the
+    queues asked for, and the partition moves not finished yet (of every queue)."""
 
     cluster_id: str
     controller: int
     brokers: list[BrokerAddress]
     queues: list[QueueLocations]
+    moves: list[PartitionMove] = msgspec.field(default_factory=list)
 
     def broker(self, broker_id: int) -> BrokerAddress | None:
         return next((b for b in self.brokers if b.broker_id == broker_id), None)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # (asyncio's futures are named Awaitable here: model imports 
 
 import msgspec
 
-from headwater.model.cluster import ClusterMetadata
+from headwater.model.cluster import ClusterMetadata, PartitionMove
 from headwater.model.config import QueueConfig, QueueInfo, QueuePage
 from headwater.model.delay import DelayStats
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
@@ -283,6 +283,16 @@ class BrokerService(Protocol):
     def metadata(self, queues: list[str] | None = None) -> ClusterMetadata:
         """The brokers, the controller and where each partition of ``queues`` is (``None``:
         every user queue); a broker alone names itself (:mod:`headwater.model.cluster`)."""
+        ...
+
+    def rebalance(self, dry_run: bool = False) -> list[PartitionMove]:
+        """Plan (and unless ``dry_run``, start) the moves that balance the cluster's live
+        brokers; the moves planned, in the order they run."""
+        ...
+
+    def decommission(self, broker_id: int, dry_run: bool = False) -> list[PartitionMove]:
+        """Plan (and unless ``dry_run``, start) the moves of every partition off broker
+        ``broker_id``; the moves planned."""
         ...
 
     def close(self) -> None: ...

@@ -18,7 +18,7 @@ from headwater.client.core.partitioner import PartitionFn
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, Bound
 from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
 from headwater.model.checks import check_int_arg, mapping_copy
-from headwater.model.cluster import BrokerAddress, ClusterMetadata
+from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionMove
 from headwater.model.config import QueueConfig, QueueInfo, is_internal_queue, validate_queue_name
 from headwater.model.delay import DelayStats
 from headwater.model.keyed import KeyedGroupInfo
@@ -142,6 +142,23 @@ class AdminBase(Twins):
         validate_queue_name(name)
         md = yield self._service.metadata([name])
         return {p.partition: md.broker(p.leader) for p in md.queue(name).partitions}
+
+    # moving partitions between a cluster's brokers (docs/cluster.md)
+    @waits
+    def rebalance(self, dry_run: bool = False) -> Waits[list[PartitionMove]]:
+        """Plan the fewest partition moves that balance the cluster's live brokers and, unless
+        ``dry_run``, start them (they run in the background: ``cluster_metadata().moves``
+        shows those not finished); the moves planned. Not sent again once it may have
+        reached the broker (a second would plan over the first's moves)."""
+        return (yield self._service.rebalance(bool(dry_run)))
+
+    @waits
+    def decommission(self, broker_id: int, dry_run: bool = False) -> Waits[list[PartitionMove]]:
+        """Plan the moves of every partition off broker ``broker_id`` and, unless
+        ``dry_run``, start them; the moves planned. An unknown broker is
+        :class:`~headwater.errors.InvalidArgumentError`."""
+        check_int_arg(broker_id, "a broker id")
+        return (yield self._service.decommission(broker_id, bool(dry_run)))
 
     # keyed groups (headwater.client.sync.keyed_consumer, headwater.client.aio.keyed_consumer)
     @waits

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from headwater.model.cluster import ClusterMetadata
+from headwater.model.cluster import ClusterMetadata, PartitionMove
 from headwater.model.config import QueueConfig, QueueInfo, QueuePage
 from headwater.protocol.messages.base import ApiKey, RequestBody, ResponseBody, _NoResult
 
@@ -141,3 +141,37 @@ class MetadataResponse(ResponseBody, frozen=True, array_like=True):
     @classmethod
     def from_result(cls, value: ClusterMetadata) -> ResponseBody:
         return cls(value)
+
+
+class RebalanceRequest(RequestBody, frozen=True, array_like=True):
+    """Plan the moves that balance the live brokers; start them unless ``dry_run``."""
+
+    api = ApiKey.REBALANCE
+    dry_run: bool = False
+
+
+class _MovesResult(ResponseBody, frozen=True, array_like=True):
+    moves: list[PartitionMove]
+
+    def result(self) -> list[PartitionMove]:
+        return list(self.moves)
+
+    @classmethod
+    def from_result(cls, value: list[PartitionMove]) -> ResponseBody:
+        return cls(list(value))
+
+
+class RebalanceResponse(_MovesResult, frozen=True, array_like=True):
+    api = ApiKey.REBALANCE
+
+
+class DecommissionRequest(RequestBody, frozen=True, array_like=True):
+    """Plan the moves of every partition off ``broker_id``; start them unless ``dry_run``."""
+
+    api = ApiKey.DECOMMISSION
+    broker_id: int
+    dry_run: bool = False
+
+
+class DecommissionResponse(_MovesResult, frozen=True, array_like=True):
+    api = ApiKey.DECOMMISSION

@@ -74,6 +74,8 @@ class ApiKey(IntEnum):
     STATUS = 90
     # cluster
     METADATA = 100
+    REBALANCE = 101
+    DECOMMISSION = 102
 
 
 #: Key ranges held for later features, so their numbers never collide.
@@ -88,7 +90,7 @@ RESERVED_API_KEYS: dict[range, str] = {
     range(72, 80): "more delayed messages",
     range(80, 90): "transactions: prepare, commit, roll back, check back",
     range(91, 100): "more status and metrics",
-    range(101, 200): "more cluster: brokers, partition moves, replication",
+    range(103, 200): "more cluster: brokers, partition moves, replication",
     range(0x8000, 0x10000): "private extensions, never assigned by Headwater",
 }
 

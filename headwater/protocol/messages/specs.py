@@ -17,6 +17,8 @@ from headwater.protocol.messages.admin import (
     AddPartitionsResponse,
     CreateQueueRequest,
     CreateQueueResponse,
+    DecommissionRequest,
+    DecommissionResponse,
     DeleteQueueRequest,
     DeleteQueueResponse,
     DescribeQueueRequest,
@@ -27,6 +29,8 @@ from headwater.protocol.messages.admin import (
     MetadataResponse,
     PingRequest,
     PingResponse,
+    RebalanceRequest,
+    RebalanceResponse,
     SetQueueEnabledRequest,
     SetQueueEnabledResponse,
     StatusRequest,
@@ -245,6 +249,9 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
         ApiSpec(ApiKey.DELAY_STATS, DelayStatsRequest, DelayStatsResponse, "delay_stats"),
         ApiSpec(ApiKey.STATUS, StatusRequest, StatusResponse, "status"),
         ApiSpec(ApiKey.METADATA, MetadataRequest, MetadataResponse, "metadata"),
+        # a second plan would plan again over the moves the first started
+        ApiSpec(ApiKey.REBALANCE, RebalanceRequest, RebalanceResponse, "rebalance", resend=_ONCE),
+        ApiSpec(ApiKey.DECOMMISSION, DecommissionRequest, DecommissionResponse, "decommission", resend=_ONCE),
     )
 }
 
