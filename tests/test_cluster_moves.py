@@ -24,21 +24,11 @@ from headwater.cluster.records import MoveRecord, decode, paths
 from headwater.errors import HeadwaterError, InvalidArgumentError, NotLeaderError, UnavailableError
 from headwater.model.batch import encode_batch
 from headwater.model.cluster import PartitionMove
-from tests.support import zookeeper
 from tests.support.broker_process import HEADWATER
 from tests.support.cluster import Cluster, eventually
 
 QUEUE = "orders"
 PRODUCER_ID = 7001
-
-
-@pytest.fixture(scope="module")
-def zk_server(tmp_path_factory) -> Iterator[zookeeper.ZooKeeperProcess]:
-    if not zookeeper.installed():
-        pytest.fail("ZooKeeper is not installed: `make test` installs Debian's zookeeper package")
-    server = zookeeper.ZooKeeperProcess(tmp_path_factory.mktemp("zk")).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
