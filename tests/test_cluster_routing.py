@@ -16,14 +16,17 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 
 import headwater
 import headwater.aio
 from headwater.client.aio.service import AsyncService
+from headwater.client.core.routing import RoutingTable
 from headwater.client.transport.remote import RemoteService
 from headwater.client.transport.routing import RoutedService
 from headwater.errors import MessageNotFoundError, QueueNotFoundError, UnavailableError
+from headwater.model.cluster import ClusterMetadata
 from tests.support import zookeeper
 from tests.support.broker_process import HEADWATER, BrokerProcess, free_port
 from tests.support.cluster import Cluster, eventually
@@ -161,6 +164,86 @@ def test_the_asyncio_client_bootstrapped_past_a_dead_address_routes_too(cluster)
     with headwater.connect(f"{_dead_address()},{cluster.address(1)}") as hw:
         assert isinstance(hw.service, RoutedService)
         _check_reads(hw, "routed-aio", ids)
+
+
+def _misrouted(md: ClusterMetadata, queue: str) -> ClusterMetadata:
+    """``md`` with each partition of ``queue`` said to be led by the next broker: a table as
+    stale as one from before a move of every partition."""
+    ids = [b.broker_id for b in md.brokers]
+    queues = [
+        msgspec.structs.replace(
+            q,
+            partitions=[
+                msgspec.structs.replace(p, leader=ids[(ids.index(p.leader) + 1) % len(ids)]) for p in q.partitions
+            ],
+        )
+        if q.name == queue
+        else q
+        for q in md.queues
+    ]
+    return msgspec.structs.replace(md, queues=queues)
+
+
+def _in_order_once(cluster: Cluster, queue: str, sent: dict[int, list[bytes]]) -> None:
+    """Each partition holds what was sent to it, once each, in the order sent (asked of
+    its leader directly)."""
+    for partition, leader in _leaders(cluster, queue, via=1).items():
+        with cluster.connect(leader) as hw:
+            assert [r.body for r in hw.scanner(queue, partitions=[partition])] == sent.get(partition, [])
+
+
+def test_a_stale_table_is_refused_refreshed_and_the_producer_sends_again_in_order(cluster):
+    """Every partition's leader wrong in the client's table: the first batches are refused
+    (NotLeaderError), the table is asked for again, and the producer's retries (sync and
+    asyncio, idempotent, several batches in flight) land each message once, in order."""
+    with headwater.connect(cluster.address(1)) as hw:
+        service = hw.service
+        assert isinstance(service, RoutedService)
+        hw.admin.create_queue("stale", partitions=6)
+        service.refresh()
+        service._install(_misrouted(service.table.metadata, "stale"), time.monotonic())  # as stale as can be
+        sent: dict[int, list[bytes]] = {}
+        with hw.producer(idempotent=True, linger_ms=2, batch_bytes_max=2048) as p:
+            futures = []
+            for i in range(600):
+                body = f"s{i:04}".encode()
+                futures.append(p.send("stale", body, key=_key(i)))
+            ids = [f.result(timeout=30) for f in futures]
+        for i, mid in enumerate(ids):
+            sent.setdefault(mid.partition, []).append(f"s{i:04}".encode())
+        assert service.table.partition_leaders("stale") == _leaders(cluster, "stale", via=2)  # refused, so refreshed
+
+    real = _leaders(cluster, "stale", via=3)
+    with headwater.connect(cluster.address(3)) as hw:  # a consumer's reads refused: it reads on
+        service = hw.service
+        service._install(_misrouted(service.table.metadata, "stale"), time.monotonic())
+        c = hw.consumer()
+        c.assign("stale")
+        got: list[headwater.Record] = []
+        deadline = time.monotonic() + 30
+        while len(got) < len(ids) and time.monotonic() < deadline:
+            got.extend(c.poll(timeout_ms=500))
+        c.close()
+        assert sorted(r.message_id for r in got) == sorted(ids)
+        assert service.table.partition_leaders("stale") == real
+
+    async def main() -> list[headwater.MessageId]:
+        hw = await headwater.aio.connect(cluster.address(2))
+        try:
+            service = hw.service
+            await service.refresh()
+            service._table = RoutingTable(_misrouted(service.table.metadata, "stale"))  # as stale as can be
+            async with hw.producer(idempotent=True, linger_ms=2, batch_bytes_max=2048) as p:
+                futures = [p.send_nowait("stale", f"a{i:04}".encode(), key=_key(i)) for i in range(600)]
+                ids = [await f for f in futures]
+            assert service.table.partition_leaders("stale") == real  # refused, so refreshed
+            return ids
+        finally:
+            await hw.close()
+
+    for i, mid in enumerate(asyncio.run(main())):
+        sent.setdefault(mid.partition, []).append(f"a{i:04}".encode())
+    _in_order_once(cluster, "stale", sent)
 
 
 def test_a_bootstrap_list_of_dead_addresses_names_each(cluster):
