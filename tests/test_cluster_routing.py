@@ -284,6 +284,24 @@ def test_a_delayed_message_is_kept_and_cancelled_by_its_partitions_leader(cluste
         assert delivered == [b"soon"]
 
 
+def test_a_group_consumer_is_coordinated_by_the_bootstrap_broker_and_reads_every_leader(cluster):
+    """(Its commits are checked against the bootstrap broker's own log, which holds only the
+    partitions it leads: cluster-wide coordinators, the next step, commit the rest.)"""
+    with headwater.connect(cluster.address(2)) as hw:
+        hw.admin.create_queue("grouped", partitions=6)
+        ids = list(hw.send_batch("grouped", [b"g%d" % i for i in range(120)]))
+        ids += [hw.send("grouped", b"to %d" % p, partition=p) for p in range(6)]
+        c = hw.consumer(group="readers", subscribe="grouped", commit_on_revoke=False)
+        got: list[headwater.Record] = []
+        deadline = time.monotonic() + 30
+        while len(got) < len(ids) and time.monotonic() < deadline:
+            got.extend(c.poll(timeout_ms=500))
+        assert sorted(r.message_id for r in got) == sorted(ids)
+        with cluster.connect(2) as home:  # the bootstrap broker coordinates the group
+            assert home.service.describe_group("readers").members[0].assignment == {"grouped": list(range(6))}
+        c.close(commit=False)
+
+
 def test_the_cli_takes_a_list_of_brokers(cluster):
     servers = f"{_dead_address()},{cluster.address(1)},{cluster.address(2)},{cluster.address(3)}"
 

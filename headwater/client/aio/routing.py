@@ -173,6 +173,7 @@ class AsyncRoutedService(AsyncBrokerService):
         resend = m.API_SPECS[api].resend
         deadline = time.monotonic() + self.request_timeout_s + wait_s
         refreshed = False
+        unreachable: str | None = None  # the leader whose broker was out of reach
         while True:
             table = self._table
             if self._gate.stale or not table.knows(queue, partition):
@@ -203,8 +204,9 @@ class AsyncRoutedService(AsyncBrokerService):
                 raise
             except UnavailableError as e:
                 self._gate.mark_stale()
-                if resend is not m.Resend.SAFE:
-                    raise
+                if resend is not m.Resend.SAFE or unreachable == leader.address:
+                    raise  # not to be sent again, or still led by the broker out of reach
+                unreachable = leader.address
                 error = e
             self._gate.mark_stale()
             if time.monotonic() >= deadline:

@@ -244,6 +244,7 @@ class RoutedService(BrokerService):
         resend = m.API_SPECS[api].resend
         deadline = time.monotonic() + self.request_timeout_s + wait_s
         refreshed = False
+        unreachable: str | None = None  # the leader whose broker was out of reach
         while True:
             table = self._table
             if self._gate.stale or not table.knows(queue, partition):
@@ -273,9 +274,10 @@ class RoutedService(BrokerService):
             except OutcomeUnknownError:
                 raise
             except UnavailableError as e:
-                if resend is not m.Resend.SAFE:
-                    self._gate.mark_stale()
-                    raise
+                self._gate.mark_stale()
+                if resend is not m.Resend.SAFE or unreachable == leader.address:
+                    raise  # not to be sent again, or still led by the broker out of reach
+                unreachable = leader.address
                 error = e
             self._gate.mark_stale()
             if time.monotonic() >= deadline:
