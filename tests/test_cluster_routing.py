@@ -93,6 +93,7 @@ def _check_reads(hw: headwater.Client, queue: str, ids: list[headwater.MessageId
     ]
     listed = next(q for q in hw.admin.list_queues() if q.name == queue)
     assert listed.partitions == info.partitions
+    assert hw.service.describe_queue_async(queue).result(timeout=30) == info  # the producer's refresh
     c = hw.consumer()
     try:
         c.assign(queue, range(6))
@@ -123,7 +124,7 @@ def test_a_client_bootstrapped_from_one_broker_sends_each_partition_to_its_leade
     with headwater.connect(cluster.address(2)) as hw:
         assert isinstance(hw.service, RoutedService)
         hw.admin.create_queue("routed", partitions=6)
-        with hw.producer(idempotent=True, linger_ms=5) as p:
+        with hw.producer(idempotent=True, linger_ms=5, metadata_max_age_ms=20) as p:  # refreshed as it sends
             futures = [p.send("routed", f"m{i}".encode(), key=_key(i)) for i in range(MESSAGES)]
             p.flush()
         ids = [f.result(timeout=30) for f in futures]

@@ -455,6 +455,43 @@ class RoutedService(BrokerService):
         base = answers[min(answers)]
         return merge_describe(base, answers, self._table.partition_leaders(name))
 
+    def describe_queue_async(self, name: str) -> concurrent.futures.Future[QueueInfo]:
+        """:meth:`describe_queue` without waiting (the producer refreshes its copy of a
+        queue's partition count with it). A queue the table does not know yet: the
+        bootstrap broker's answer, the table refreshed meanwhile."""
+        leaders = self._table.leaders_of(name)
+        if not leaders:
+            self._gate.mark_stale()
+            self._refresh_soon()
+            return self._home.describe_queue_async(name)
+        asked = self._ask_leaders(sorted(leaders), m.DescribeQueueRequest(name))
+        partition_leaders = self._table.partition_leaders(name)
+        out: concurrent.futures.Future[QueueInfo] = LazyFuture()
+        left = [len(asked)]
+        lock = threading.Lock()
+
+        def answered(_: concurrent.futures.Future[Any]) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            answers: dict[int, QueueInfo] = {}
+            failure: BaseException | None = None
+            for broker_id, fut in asked.items():
+                error = fut.exception()
+                if error is None:
+                    answers[broker_id] = fut.result()
+                elif failure is None or not isinstance(error, UnavailableError):
+                    failure = error  # a broker's refusal (the queue is gone) before one out of reach
+            if failure is not None and (not answers or not isinstance(failure, UnavailableError)):
+                out.set_exception(failure)
+            else:
+                out.set_result(merge_describe(answers[min(answers)], answers, partition_leaders))
+
+        for fut in asked.values():
+            fut.add_done_callback(answered)
+        return out
+
     def list_queues(self, after: str | None = None, partitions_max: int = 0) -> QueuePage:
         page = self._home.list_queues(after, partitions_max)
         if any(not self._table.knows(q.name) for q in page.queues):
