@@ -21,6 +21,7 @@ import pytest
 
 import headwater
 import headwater.aio
+from headwater.client.aio.routing import AsyncRoutedService
 from headwater.client.aio.service import AsyncService
 from headwater.client.core.routing import RoutingTable
 from headwater.client.transport.remote import RemoteService
@@ -122,7 +123,8 @@ def _check_reads(hw: headwater.Client, queue: str, ids: list[headwater.MessageId
 
 def test_a_client_bootstrapped_from_one_broker_sends_each_partition_to_its_leader(cluster):
     with headwater.connect(cluster.address(2)) as hw:
-        assert isinstance(hw.service, RoutedService)
+        service = hw.service
+        assert isinstance(service, RoutedService)
         hw.admin.create_queue("routed", partitions=6)
         with hw.producer(idempotent=True, linger_ms=5, metadata_max_age_ms=20) as p:  # refreshed as it sends
             futures = [p.send("routed", f"m{i}".encode(), key=_key(i)) for i in range(MESSAGES)]
@@ -139,13 +141,16 @@ def test_a_client_bootstrapped_from_one_broker_sends_each_partition_to_its_leade
         ids += [one, *batch]
         _check_placement(cluster, "routed", ids)
         _check_reads(hw, "routed", ids)
+        links = service.links()
+        assert sorted(link.address for link in links) == sorted(cluster.address(i) for i in (1, 2, 3))
+    assert all(link._closed for link in links)  # closing the client closed every connection
 
 
 def test_the_asyncio_client_bootstrapped_past_a_dead_address_routes_too(cluster):
     async def main() -> list[headwater.MessageId]:
         hw = await headwater.aio.connect(f"{_dead_address()},{cluster.address(3)}")
         try:
-            assert not isinstance(hw.service, AsyncService)  # the routed twin
+            assert isinstance(hw.service, AsyncRoutedService)
             await hw.admin.create_queue("routed-aio", partitions=6)
             async with hw.producer(idempotent=True) as p:
                 futures = [p.send_nowait("routed-aio", f"a{i}".encode(), key=_key(i)) for i in range(MESSAGES)]
