@@ -357,6 +357,9 @@ def test_a_leader_killed_its_partitions_fail_after_the_delivery_timeout_the_othe
         timeout_ms = 3000
         with hw.producer(idempotent=True, delivery_timeout_ms=timeout_ms, retries=10**6, retry_backoff_ms=50) as p:
             assert all(p.send_and_wait("victim", b"before", partition=q).partition == q for q in range(6))
+            orphan = headwater.connect(cluster.address(3), connect_timeout_s=1)  # bootstrapped from the victim
+            orphan_producer = orphan.producer(delivery_timeout_ms=timeout_ms, retries=10**6, retry_backoff_ms=50)
+            assert orphan_producer.send_and_wait("victim", b"orphan", partition=0).partition == 0
             cluster.brokers[3].kill()
             dead = [q for q, b in leaders.items() if b == 3]
             alive = [q for q, b in leaders.items() if b != 3]
@@ -373,8 +376,18 @@ def test_a_leader_killed_its_partitions_fail_after_the_delivery_timeout_the_othe
             for q in dead:
                 with pytest.raises(UnavailableError, match=rf"victim\[{q}\]|{cluster.address(3)}"):
                     sent[q].result(timeout=30)
+            # a client whose bootstrap broker died asks the live ones where things are
+            with pytest.raises(UnavailableError):
+                orphan_producer.send_and_wait("victim", b"lost", partition=dead[0])
+            eventually(  # asked of a live broker: the bootstrap one is gone
+                lambda: orphan.service.refresh().leaders_of("victim").keys() <= {1, 2}, what="a refresh"
+            )
+            eventually(lambda: [b.broker_id for b in orphan.admin.cluster_metadata().brokers] == [1, 2])
+            for q in alive:
+                assert orphan_producer.send_and_wait("victim", b"orphan", partition=q).partition == q
+            orphan.close()
         info = eventually(lambda: _describe_alive(hw), what="a describe")
-        assert [info.partitions[q].end_offset for q in alive] == [3] * len(alive)
+        assert [info.partitions[q].end_offset for q in alive] == [4 + (q == 0) for q in alive]
 
 
 def _describe_alive(hw: headwater.Client):
