@@ -26,7 +26,7 @@ from headwater.client.aio.service import AsyncService
 from headwater.client.core.routing import RoutingTable
 from headwater.client.transport.remote import RemoteService
 from headwater.client.transport.routing import RoutedService
-from headwater.errors import MessageNotFoundError, QueueNotFoundError, UnavailableError
+from headwater.errors import MessageNotFoundError, NotLeaderError, QueueNotFoundError, UnavailableError
 from headwater.model.cluster import ClusterMetadata
 from tests.support import zookeeper
 from tests.support.broker_process import HEADWATER, BrokerProcess, free_port
@@ -306,6 +306,18 @@ def test_a_group_consumer_is_coordinated_by_the_bootstrap_broker_and_reads_every
         with cluster.connect(2) as home:  # the bootstrap broker coordinates the group
             assert home.service.describe_group("readers").members[0].assignment == {"grouped": list(range(6))}
         c.close(commit=False)
+
+
+def test_a_refusal_is_not_sent_again_to_the_broker_that_refused_it(cluster):
+    """A read is sent again after a lost connection (its Resend is SAFE), but a
+    NotLeaderError is the broker's answer: asking it again would be refused again."""
+    leaders = _leaders(cluster, "routed", via=1)
+    partition = next(p for p, b in leaders.items() if b != 1)
+    with cluster.connect(1) as hw:  # broker 1 alone, no routing
+        before = hw.status()["requests_total"]
+        with pytest.raises(NotLeaderError, match=f"broker {leaders[partition]}"):
+            hw.service.fetch("routed", partition, 0, max_bytes=1024)
+        assert hw.status()["requests_total"] - before == 2  # the fetch once, and this status
 
 
 def test_the_cli_takes_a_list_of_brokers(cluster):
