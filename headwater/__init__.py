@@ -74,7 +74,7 @@ def connect(address: str, *, connect_timeout_s: float = 10.0, request_timeout_s:
     connection included; a call is sent again only if that is safe (docs/design/client.md,
     "What a blocking call sends again").
     """
-    from headwater.client.transport.routing import open_service
+    from headwater.client.transport.bootstrap import open_service
 
     return Client(open_service(address, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s))
 

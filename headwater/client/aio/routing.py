@@ -414,7 +414,7 @@ for _spec in m.API_SPECS.values():
 async def open_async_service(
     addresses: str | list[str], *, connect_timeout_s: float = 10.0, request_timeout_s: float = 60.0, retries: int = 3
 ) -> AsyncBrokerService:
-    """:func:`headwater.client.transport.routing.open_service` for asyncio: the plain
+    """:func:`headwater.client.transport.bootstrap.open_service` for asyncio: the plain
     :class:`AsyncService` of a broker running alone, an :class:`AsyncRoutedService` of a
     cluster."""
     bootstrap = parse_bootstrap(addresses)
