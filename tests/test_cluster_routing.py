@@ -161,6 +161,15 @@ def test_the_asyncio_client_bootstrapped_past_a_dead_address_routes_too(cluster)
             scanned = [r.message_id async for r in hw.scanner("routed-aio")]
             assert sorted(scanned) == sorted(ids)
             assert (await hw.get(ids[7])).message_id == ids[7]
+            c = hw.consumer()
+            await c.assign("routed-aio")
+            got: list[headwater.Record] = []
+            deadline = time.monotonic() + 30
+            while len(got) < len(ids) and time.monotonic() < deadline:
+                got.extend(await c.poll(timeout_ms=500))
+            got.extend(await c.poll(timeout_ms=200))  # nothing more comes: each exactly once
+            await c.close()
+            assert sorted(r.message_id for r in got) == sorted(ids)
             return ids
         finally:
             await hw.close()
