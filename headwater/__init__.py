@@ -60,17 +60,23 @@ __all__ = [
 
 
 def connect(address: str, *, connect_timeout_s: float = 10.0, request_timeout_s: float = 60.0) -> Client:
-    """Connect to a broker (``headwater serve``) at ``"host:port"``; the same Client as
-    :func:`open` returns, over the network.
+    """Connect to a broker (``headwater serve``) at ``"host:port"``, or to a cluster through
+    a bootstrap list ``"host1:port1,host2:port2,..."``; the same Client as :func:`open`
+    returns, over the network.
 
-    Raises :class:`UnavailableError` if nothing answers within ``connect_timeout_s``.
-    ``request_timeout_s`` bounds each call, the tries after a lost connection included; a
-    call is sent again only if that is safe (docs/design/client.md, "What a blocking call
-    sends again").
+    The first address that answers says where things are (METADATA; the next is tried when
+    one cannot be reached). A broker running alone gives a client of that one connection; a
+    broker of a cluster gives a client that sends each partition's requests to its leader
+    (docs/cluster.md, "Clients").
+
+    Raises :class:`UnavailableError` if nothing answers within ``connect_timeout_s`` (each
+    address in turn). ``request_timeout_s`` bounds each call, the tries after a lost
+    connection included; a call is sent again only if that is safe (docs/design/client.md,
+    "What a blocking call sends again").
     """
-    from headwater.client.transport.remote import RemoteService
+    from headwater.client.transport.bootstrap import open_service
 
-    return Client(RemoteService(address, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s))
+    return Client(open_service(address, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s))
 
 
 def open(

@@ -30,11 +30,11 @@ from headwater.client.aio.consumer import AsyncConsumer
 from headwater.client.aio.group_consumer import AsyncGroupConsumer
 from headwater.client.aio.keyed_consumer import AsyncKeyedConsumer
 from headwater.client.aio.producer import AsyncProducer
+from headwater.client.aio.routing import open_async_service
 from headwater.client.aio.scanner import AsyncScanner
-from headwater.client.aio.service import AsyncService, ThreadedService
+from headwater.client.aio.service import ThreadedService
 from headwater.client.aio.shared_consumer import AsyncSharedConsumer
 from headwater.client.aio.subscriber import AsyncSubscriber
-from headwater.client.transport.async_transport import AsyncTransport
 from headwater.storage import StoreConfig
 
 __all__ = [
@@ -55,7 +55,9 @@ __all__ = [
 async def connect(
     address: str, *, connect_timeout_s: float = 10.0, request_timeout_s: float = 60.0, retries: int = 3
 ) -> AsyncClient:
-    """Connect to a broker (``headwater serve``) at ``"host:port"``.
+    """Connect to a broker (``headwater serve``) at ``"host:port"``, or to a cluster through
+    a bootstrap list ``"host1:port1,host2:port2,..."`` (the first that answers says where
+    each partition's leader is; docs/cluster.md, "Clients").
 
     Raises :class:`~headwater.errors.UnavailableError` if nothing answers within
     ``connect_timeout_s``. ``request_timeout_s`` bounds each call, its tries included.
@@ -63,13 +65,9 @@ async def connect(
     if that is safe (it never left, or repeating it changes nothing: docs/design/client.md,
     "What a blocking call sends again").
     """
-    transport = AsyncTransport(address, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s)
-    service = AsyncService(transport, retries=retries)
-    try:
-        await service.ping()  # fail fast, with a clear error, if nobody is there
-    except BaseException:
-        await service.close()
-        raise
+    service = await open_async_service(
+        address, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s, retries=retries
+    )
     return AsyncClient(service)
 
 

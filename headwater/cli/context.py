@@ -1,7 +1,8 @@
 """What every command shares: the global options, the one way to get a Client, the consoles.
 
 Commands never call :func:`headwater.open` themselves; they call :func:`open_client`, so
-the day the network client lands, ``--server`` is handled here and nowhere else.
+``--server`` is handled here and nowhere else: one broker's ``HOST:PORT``, or a cluster's
+bootstrap list ``HOST:PORT,HOST:PORT,...`` (:func:`headwater.connect` takes either).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def open_client(ctx: typer.Context, *, create: bool = False, read_only: bool = F
 
 
 def _open(state: CliState, *, create: bool, read_only: bool) -> Client:
-    if state.server is not None:
+    if state.server is not None:  # one address, or a cluster's bootstrap list "a:1,b:2"
         return headwater.connect(state.server, connect_timeout_s=_connect_timeout_s())
     path = state.data_dir
     if not create and not path.exists():

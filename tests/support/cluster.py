@@ -65,7 +65,11 @@ class Cluster:
         return self.brokers[broker_id].address
 
     def connect(self, broker_id: int) -> headwater.Client:
-        return headwater.connect(self.address(broker_id))
+        """A client of broker ``broker_id`` alone (no routing: it sees what that broker
+        answers, refusals included)."""
+        from headwater.client.transport.remote import RemoteService
+
+        return headwater.Client(RemoteService(self.address(broker_id)))
 
     def status(self, broker_id: int) -> dict:
         with self.connect(broker_id) as hw:

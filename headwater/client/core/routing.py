@@ -1,0 +1,243 @@
+"""Where a client of a cluster sends each request, without I/O (docs/design/cluster.md,
+"Clients"): the routing table made from a METADATA answer, when a refresh of it is due,
+and how the answers of several leaders make one.
+
+A partition's requests (produce, fetch, offset_for_time, lookup_id) go to its leader; a
+queue-wide read goes to every broker that leads a partition of the queue, and their answers
+are merged (:func:`merge_describe`, :func:`merge_pages`, :func:`merge_key_lookups`). The
+drivers (``headwater.client.transport.routing`` and ``headwater.client.aio.routing``) own
+the connections and the waiting. Times are the caller's monotonic seconds.
+
+>>> from headwater.model.cluster import BrokerAddress, PartitionLocation, QueueLocations
+>>> md = ClusterMetadata(cluster_id="c1", controller=1, queues=[
+...     QueueLocations(name="orders", queue_id=1000, partitions=[
+...         PartitionLocation(partition=p, leader=1 + p % 2, leader_epoch=0, replicas=[1 + p % 2])
+...         for p in range(3)])],
+...     brokers=[BrokerAddress(broker_id=i, host="127.0.0.1", port=7070 + i, epoch=0) for i in (1, 2)])
+>>> table = RoutingTable(md)
+>>> table.leader("orders", 1).address, table.queue_of(1000)
+('127.0.0.1:7072', 'orders')
+>>> table.leaders_of("orders")
+{1: [0, 2], 2: [1]}
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+
+from headwater.errors import InvalidArgumentError, NotLeaderError
+from headwater.model.batch import decode_header
+from headwater.model.cluster import ALONE, BrokerAddress, ClusterMetadata
+from headwater.model.config import PartitionInfo, QueueInfo, QueuePage
+
+__all__ = [
+    "BOOTSTRAP_PROBE_S",
+    "DELAYED_BIT",
+    "REFRESH_INTERVAL_S",
+    "RefreshGate",
+    "RoutingTable",
+    "merge_describe",
+    "merge_key_lookups",
+    "merge_pages",
+    "parse_bootstrap",
+]
+
+#: The shortest time between two METADATA requests of one client: a burst of refusals
+#: (every in-flight batch of a moved partition) costs one refresh, not one each.
+REFRESH_INTERVAL_S = 0.1
+
+#: How long a bootstrap address of a list may take to accept a connection before the next
+#: is tried (a refused one moves on at once).
+BOOTSTRAP_PROBE_S = 1.0
+
+#: A delayed id's partition has this bit set (docs/protocol.md, 7.4): delayed messages stay
+#: on the bootstrap broker for now.
+DELAYED_BIT = 1 << 31
+
+
+def parse_bootstrap(addresses: str | Iterable[str]) -> list[str]:
+    """The bootstrap list: ``"h1:p1,h2:p2"`` (or a list of addresses), in order, blanks and
+    repeats dropped.
+
+    >>> parse_bootstrap(" a:1, b:2,a:1 ,")
+    ['a:1', 'b:2']
+    """
+    parts = addresses.split(",") if isinstance(addresses, str) else list(addresses)
+    out: list[str] = []
+    for part in parts:
+        if not isinstance(part, str):
+            raise InvalidArgumentError(f"a broker address is a str 'host:port', got {type(part).__name__}")
+        part = part.strip()
+        if part and part not in out:
+            out.append(part)
+    if not out:
+        raise InvalidArgumentError(
+            f"no broker address in {addresses!r}; give 'host:port', or several: 'host1:port1,host2:port2'"
+        )
+    return out
+
+
+class RoutingTable:
+    """One METADATA answer, indexed: each partition's leader, each queue id's name."""
+
+    __slots__ = ("brokers", "cluster_id", "metadata", "_leaders", "_names")
+
+    def __init__(self, metadata: ClusterMetadata) -> None:
+        self.metadata = metadata
+        self.cluster_id = metadata.cluster_id
+        self.brokers: dict[int, BrokerAddress] = {b.broker_id: b for b in metadata.brokers}
+        self._leaders: dict[str, list[int]] = {}
+        self._names: dict[int, str] = {}
+        for q in metadata.queues:
+            leaders = [ALONE] * len(q.partitions)
+            for p in q.partitions:
+                if 0 <= p.partition < len(leaders):
+                    leaders[p.partition] = p.leader
+            self._leaders[q.name] = leaders
+            self._names[q.queue_id] = q.name
+
+    def knows(self, queue: str, partition: int | None = None) -> bool:
+        """Whether the table has ``queue`` (and its ``partition``): a refusal for one it does
+        not know may mean only that the table is older than the queue."""
+        leaders = self._leaders.get(queue)
+        return leaders is not None and (partition is None or 0 <= partition < len(leaders))
+
+    def queue_of(self, queue_id: int) -> str | None:
+        """The name of the queue of ``queue_id`` (a message id names its queue by id)."""
+        return self._names.get(queue_id)
+
+    def leader(self, queue: str, partition: int) -> BrokerAddress:
+        """The broker that leads ``queue[partition]``. :class:`NotLeaderError` (retriable)
+        when the table does not know it or it has no live leader now: refresh and ask again.
+
+        >>> md = ClusterMetadata(cluster_id="c", controller=-1, brokers=[], queues=[])
+        >>> RoutingTable(md).leader("q", 0)
+        Traceback (most recent call last):
+        ...
+        headwater.errors.NotLeaderError: the cluster's metadata names no leader of q[0] now ...
+        """
+        leaders = self._leaders.get(queue)
+        found = None
+        if leaders is not None and 0 <= partition < len(leaders):
+            found = self.brokers.get(leaders[partition])
+        if found is None:
+            raise NotLeaderError(
+                f"the cluster's metadata names no leader of {queue}[{partition}] now (its broker is out of "
+                f"reach, or it is moving); it is served again once a broker leads it"
+            )
+        return found
+
+    def leaders_of(self, queue: str) -> dict[int, list[int]]:
+        """``{broker id: [partitions of queue it leads]}``, the partitions with no leader
+        left out (an unknown queue: ``{}``)."""
+        out: dict[int, list[int]] = {}
+        for partition, leader in enumerate(self._leaders.get(queue, ())):
+            if leader in self.brokers:
+                out.setdefault(leader, []).append(partition)
+        return out
+
+    def partition_leaders(self, queue: str) -> dict[int, int]:
+        """``{partition: leader's broker id}`` of ``queue`` (partitions with no leader left out)."""
+        return {p: b for b, parts in self.leaders_of(queue).items() for p in parts}
+
+
+class RefreshGate:
+    """When the routing table is to be asked for again: after a refusal or a failure marks
+    it stale, at most once every ``interval_s`` (so a burst of refusals costs one METADATA).
+
+    >>> gate = RefreshGate(interval_s=0.1)
+    >>> gate.refreshed(now_s=10.0); gate.due(10.05)
+    False
+    >>> gate.mark_stale(); gate.due(10.05), gate.wait_s(10.05), gate.due(10.1)
+    (False, 0.05, True)
+    >>> gate.refreshed(now_s=10.1); gate.due(10.5)
+    False
+    """
+
+    __slots__ = ("interval_s", "last_s", "stale")
+
+    def __init__(self, interval_s: float = REFRESH_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self.last_s: float | None = None  # when the table in use was asked for
+        self.stale = False
+
+    def mark_stale(self) -> None:
+        """A leader refused, a queue was unknown, a broker was out of reach, or an admin
+        change was made: the next request asks for the metadata again (when allowed)."""
+        self.stale = True
+
+    def wait_s(self, now_s: float) -> float:
+        """How long until a refresh is allowed (0: now)."""
+        if self.last_s is None:
+            return 0.0
+        return max(0.0, round(self.last_s + self.interval_s - now_s, 9))
+
+    def due(self, now_s: float) -> bool:
+        """Whether to refresh now: stale, and the last refresh is ``interval_s`` old."""
+        return self.stale and self.wait_s(now_s) <= 0
+
+    def refreshed(self, now_s: float) -> None:
+        """A METADATA request was sent at ``now_s`` and its answer is the table now."""
+        self.last_s = now_s
+        self.stale = False
+
+
+def merge_describe(base: QueueInfo, answers: Mapping[int, QueueInfo], leaders: Mapping[int, int]) -> QueueInfo:
+    """A queue as one broker would describe it if it led every partition: ``base`` (any
+    broker's answer: the config) with each partition's offsets from its leader's answer
+    (``answers``: broker id -> its QueueInfo; ``leaders``: partition -> broker id). A
+    partition whose leader did not answer keeps ``base``'s offsets.
+
+    >>> def info(*ends):
+    ...     return QueueInfo(name="q", queue_id=1000, config=None, enabled=True, created_ms=0,
+    ...                      partitions=[PartitionInfo(p, 0, e) for p, e in enumerate(ends)])
+    >>> merged = merge_describe(info(0, 0), {1: info(5, 0), 2: info(0, 7)}, {0: 1, 1: 2})
+    >>> [(p.partition, p.end_offset) for p in merged.partitions]
+    [(0, 5), (1, 7)]
+    """
+    partitions: list[PartitionInfo] = []
+    for p in base.partitions:
+        answer = answers.get(leaders.get(p.partition, ALONE))
+        if answer is not None and p.partition < len(answer.partitions):
+            partitions.append(answer.partitions[p.partition])
+        else:
+            partitions.append(p)
+    return QueueInfo(
+        name=base.name,
+        queue_id=base.queue_id,
+        config=base.config,
+        enabled=base.enabled,
+        created_ms=base.created_ms,
+        partitions=partitions,
+    )
+
+
+def merge_pages(base: QueuePage, pages: Mapping[int, QueuePage], leaders: Mapping[str, Mapping[int, int]]) -> QueuePage:
+    """A page of queues (``base``, any broker's) with each partition's offsets from its
+    leader's page of the same listing (``pages``: broker id -> its page; ``leaders``:
+    queue -> partition -> broker id)."""
+    by_broker = {b: {q.name: q for q in page.queues} for b, page in pages.items()}
+    queues = []
+    for q in base.queues:
+        answers = {b: found for b, named in by_broker.items() if (found := named.get(q.name)) is not None}
+        queues.append(merge_describe(q, answers, leaders.get(q.name, {})))
+    return QueuePage(queues=queues, next_after=base.next_after)
+
+
+def merge_key_lookups(answers: Mapping[int, list[bytes]], leaders: Mapping[int, int], limit: int) -> list[bytes]:
+    """Several leaders' LOOKUP_KEY answers (``answers``: broker id -> its batches) as one
+    broker gives them: oldest first (by each batch's timestamp; a broker's own order kept),
+    at most ``limit``. A batch of a partition the answering broker does not lead
+    (``leaders``: partition -> broker id) is left out: its leader has the partition's own."""
+
+    def timed(broker_id: int, batches: list[bytes]) -> list[tuple[int, int, bytes]]:
+        out = []
+        for i, b in enumerate(batches):
+            header = decode_header(b)
+            if leaders.get(header.partition) == broker_id:
+                out.append((header.timestamp_ms, i, b))
+        return out
+
+    merged = heapq.merge(*(timed(b, a) for b, a in sorted(answers.items())), key=lambda t: t[:2])
+    return [b for _, _, b in merged][: max(0, limit)]

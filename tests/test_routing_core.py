@@ -1,0 +1,142 @@
+"""The client's routing core without a broker (headwater/client/core/routing.py): the table
+made from a METADATA answer, the refresh's rate limit, and how several leaders' answers
+make one."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+import headwater.client.core.routing as routing
+from headwater.client.core.routing import (
+    RefreshGate,
+    RoutingTable,
+    merge_describe,
+    merge_key_lookups,
+    merge_pages,
+    parse_bootstrap,
+)
+from headwater.errors import InvalidArgumentError, NotLeaderError
+from headwater.model.batch import broker_prefix, decode_header, encode_batch
+from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionLocation, QueueLocations
+from headwater.model.config import PartitionInfo, QueueConfig, QueueInfo, QueuePage
+
+
+def _metadata(leaders: dict[str, list[int]], brokers=(1, 2, 3)) -> ClusterMetadata:
+    return ClusterMetadata(
+        cluster_id="c1",
+        controller=1,
+        brokers=[BrokerAddress(broker_id=b, host="127.0.0.1", port=7070 + b, epoch=b) for b in brokers],
+        queues=[
+            QueueLocations(
+                name=name,
+                queue_id=1000 + i,
+                partitions=[
+                    PartitionLocation(partition=p, leader=b, leader_epoch=0, replicas=[b]) for p, b in enumerate(ls)
+                ],
+            )
+            for i, (name, ls) in enumerate(leaders.items())
+        ],
+    )
+
+
+def test_the_doctests_hold():
+    assert doctest.testmod(routing, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+def test_the_table_names_each_partitions_leader_and_each_queue_id():
+    table = RoutingTable(_metadata({"orders": [1, 2, 3, 1, 2, 3], "audit": [2]}))
+    assert [table.leader("orders", p).address for p in range(6)] == [f"127.0.0.1:{7070 + b}" for b in (1, 2, 3) * 2]
+    assert table.leaders_of("orders") == {1: [0, 3], 2: [1, 4], 3: [2, 5]}
+    assert table.partition_leaders("audit") == {0: 2}
+    assert (table.queue_of(1000), table.queue_of(1001), table.queue_of(5)) == ("orders", "audit", None)
+    assert table.knows("orders") and table.knows("orders", 5)
+    assert not table.knows("orders", 6) and not table.knows("orders", -1) and not table.knows("nope")
+    assert table.leaders_of("nope") == {}
+
+
+def test_a_partition_without_a_leader_or_unknown_is_a_retriable_refusal():
+    table = RoutingTable(_metadata({"q": [1, -1, 9]}))  # 9: a broker the answer does not list
+    assert table.leader("q", 0).broker_id == 1
+    for partition in (1, 2, 3):
+        with pytest.raises(NotLeaderError, match=rf"no leader of q\[{partition}\]") as caught:
+            table.leader("q", partition)
+        assert caught.value.retriable
+    with pytest.raises(NotLeaderError, match=r"no leader of other\[0\]"):
+        table.leader("other", 0)
+    assert table.leaders_of("q") == {1: [0]}  # the leaderless are nobody's
+
+
+def test_a_refresh_is_due_when_stale_and_at_most_once_per_interval():
+    gate = RefreshGate(interval_s=0.1)
+    assert not gate.due(0.0) and gate.wait_s(0.0) == 0  # fresh: no need; never asked: no wait
+    gate.mark_stale()
+    assert gate.due(0.0)
+    gate.refreshed(now_s=1.0)
+    assert not gate.stale and not gate.due(5.0)
+    for _ in range(100):  # a burst of refusals is one refresh
+        gate.mark_stale()
+    assert not gate.due(1.05) and gate.wait_s(1.05) == pytest.approx(0.05)
+    assert gate.due(1.1)
+    gate.refreshed(now_s=1.1)
+    gate.mark_stale()
+    assert gate.wait_s(1.15) == pytest.approx(0.05) and gate.wait_s(3.0) == 0
+
+
+def _info(name: str, ends: list[int], starts: list[int] | None = None, created_ms: int = 0) -> QueueInfo:
+    starts = starts or [0] * len(ends)
+    return QueueInfo(
+        name=name,
+        queue_id=1000,
+        config=QueueConfig(),
+        enabled=True,
+        created_ms=created_ms,
+        partitions=[PartitionInfo(p, s, e) for p, (s, e) in enumerate(zip(starts, ends, strict=True))],
+    )
+
+
+def test_describe_takes_each_partition_from_its_leader_and_the_rest_from_the_base():
+    base = _info("q", [0, 0, 0, 0], created_ms=7)
+    answers = {1: _info("q", [5, 0, 0, 9]), 2: _info("q", [0, 6, 0, 0], starts=[0, 2, 0, 0])}
+    leaders = {0: 1, 1: 2, 2: 3, 3: 1}  # broker 3 did not answer: partition 2 keeps the base's
+    merged = merge_describe(base, answers, leaders)
+    assert [(p.start_offset, p.end_offset) for p in merged.partitions] == [(0, 5), (2, 6), (0, 0), (0, 9)]
+    assert (merged.name, merged.created_ms, merged.config) == ("q", 7, base.config)
+
+
+def test_pages_merge_queue_by_queue():
+    base = QueuePage(queues=[_info("a", [0, 0]), _info("b", [0])], next_after="b")
+    pages = {1: QueuePage(queues=[_info("a", [3, 0]), _info("b", [0])]), 2: QueuePage(queues=[_info("a", [0, 4])])}
+    merged = merge_pages(base, pages, {"a": {0: 1, 1: 2}, "b": {0: 2}})
+    assert [[p.end_offset for p in q.partitions] for q in merged.queues] == [[3, 4], [0]]
+    assert merged.next_after == "b"
+
+
+def _batch(partition: int, timestamp_ms: int, body: bytes) -> bytes:
+    """A batch as a broker stores it: the broker's prefix (partition, append time), then the
+    producer's bytes."""
+    raw = bytes(encode_batch([body]))
+    return broker_prefix(len(raw) - 4, 1000, partition, 0, timestamp_ms) + raw[40:]
+
+
+def test_key_lookups_merge_oldest_first_up_to_the_limit_dropping_partitions_led_elsewhere():
+    b1 = [_batch(0, 100, b"a"), _batch(0, 300, b"c")]
+    b2 = [_batch(1, 200, b"b"), _batch(1, 400, b"d"), _batch(0, 50, b"stale copy of 0")]
+    assert [decode_header(b).partition for b in b2] == [1, 1, 0]
+    leaders = {0: 1, 1: 2}
+    merged = merge_key_lookups({1: b1, 2: b2}, leaders, limit=10)
+    assert merged == [b1[0], b2[0], b1[1], b2[1]]
+    assert merge_key_lookups({1: b1, 2: b2}, leaders, limit=3) == merged[:3]
+    assert merge_key_lookups({}, leaders, limit=3) == []
+
+
+def test_the_bootstrap_list():
+    assert parse_bootstrap("h1:1") == ["h1:1"]
+    assert parse_bootstrap(" h1:1 , h2:2,,h1:1") == ["h1:1", "h2:2"]
+    assert parse_bootstrap(["h1:1", "h2:2"]) == ["h1:1", "h2:2"]
+    for bad in ("", " , ", []):
+        with pytest.raises(InvalidArgumentError, match="no broker address"):
+            parse_bootstrap(bad)
+    with pytest.raises(InvalidArgumentError, match="is a str"):
+        parse_bootstrap([7070])  # type: ignore[list-item]  # the wrong type on purpose
