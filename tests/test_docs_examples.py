@@ -30,6 +30,7 @@ import pytest
 
 from tests.support import doc_shell
 from tests.support.broker_process import BrokerProcess, free_port
+from tests.support.cluster import Cluster
 from tests.support.doc_examples import examples
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +42,7 @@ GUIDES = sorted(p for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")] i
 #: in particular, but still run every block).
 SHOWS: dict[str, list[str]] = {
     "README.md": ['b\'{"id": 17, "total": 42.5}\'', "event 999"],
+    "cluster.md": ["1000 orders kept", "20 orders of customer-7", "1000 read, from 6 partitions"],
     "asyncio.md": ["[b'late']", "charged 3 orders; checkpoint stored: True"],
     "consumer-groups.md": ["now reading", "charged 300 orders", "cache-invalidation read 3"],
     "keyed-groups.md": ["user-3 clicked 4 times", "'resizing_to': 4", "shared by two members: 0"],
@@ -80,16 +82,21 @@ def _spark_env() -> dict[str, str]:
 
 
 @pytest.mark.parametrize("guide", GUIDES, ids=lambda p: p.name)
-def test_the_guide_examples_run(guide: Path, tmp_path: Path):
+def test_the_guide_examples_run(guide: Path, tmp_path: Path, request):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     if guide.name == "spark.md":
         env |= _spark_env()
     work = tmp_path / "work"
     work.mkdir()
-    broker = BrokerProcess(tmp_path / "broker").start()
+    if guide.name == "cluster.md":  # its examples talk to a cluster of three
+        cluster = Cluster(request.getfixturevalue("zk_server"), tmp_path, 3)
+        address, stop = ",".join(cluster.address(i) for i in (1, 2, 3)), cluster.stop
+    else:
+        broker = BrokerProcess(tmp_path / "broker").start()
+        address, stop = broker.address, broker.terminate
     try:
         run = subprocess.run(
-            [sys.executable, str(RUNNER), str(guide), broker.address],
+            [sys.executable, str(RUNNER), str(guide), address],
             cwd=work,
             env=env,
             capture_output=True,
@@ -97,7 +104,7 @@ def test_the_guide_examples_run(guide: Path, tmp_path: Path):
             timeout=400,
         )
     finally:
-        broker.terminate()
+        stop()
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-6000:]
     assert out.count(f"[example at {guide.name}:") == len(examples(guide.read_text())), out[-6000:]

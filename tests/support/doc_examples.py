@@ -3,8 +3,9 @@ one interpreter: ``python tests/support/doc_examples.py GUIDE.md [ADDRESS]``.
 
 Every ```` ```python ```` block of the guide runs, top to bottom, in one namespace, in the
 current directory (the test gives each guide an empty one). The guides talk to a broker at
-``127.0.0.1:7070``; with ADDRESS that string is replaced by it, so the test can start its own
-broker on a free port. A line ``[example at GUIDE:LINE ran]`` follows each block; the first
+``127.0.0.1:7070`` (the cluster guide to brokers at ``127.0.0.1:7071,127.0.0.1:7072,
+127.0.0.1:7073``); with ADDRESS that string is replaced by it, so the test can start its own
+broker (or cluster) on free ports. A line ``[example at GUIDE:LINE ran]`` follows each block; the first
 block that raises prints its traceback, with the guide's own line numbers, and ends the run
 with exit status 1.
 """
@@ -17,6 +18,7 @@ import traceback
 from pathlib import Path
 
 GUIDE_ADDRESS = "127.0.0.1:7070"
+GUIDE_CLUSTER = "127.0.0.1:7071,127.0.0.1:7072,127.0.0.1:7073"
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 
@@ -34,7 +36,7 @@ def run(guide: Path, address: str | None = None) -> int:
     namespace: dict = {"__name__": "__main__"}
     for line, source in examples(guide.read_text()):
         if address is not None:
-            source = source.replace(GUIDE_ADDRESS, address)
+            source = source.replace(GUIDE_CLUSTER, address).replace(GUIDE_ADDRESS, address)
         try:
             # the padding makes a traceback give the guide's line numbers
             exec(compile("\n" * (line - 1) + source, str(guide), "exec"), namespace)
