@@ -320,3 +320,25 @@ def test_the_controller_paused_past_its_session_mid_move_changes_nothing_when_it
     assert moves_left(cluster) == 0
     one_server_each(cluster)
     sender.check()
+
+
+def test_a_partition_is_not_moved_back_to_a_broker_whose_old_offsets_would_hide_messages(cluster):
+    """Broker 1 held partitions and dropped them when they moved to 2; its offsets never go
+    back, so it cannot take them again while broker 2 keeps messages from before: the move
+    back rolls back (saying why), and every message stays served by broker 2."""
+    sender = start_queue(cluster, messages=400)
+    on_1 = [p for p, b in leaders(cluster, 2).items() if b == 1]
+    assert on_1 and plan(cluster, "decommission", broker_id=1)
+    eventually(lambda: moves_left(cluster) == 0, timeout_s=60, what="the moves to broker 2")
+    assert set(leaders(cluster, 2).values()) == {2}
+    for p in on_1:
+        eventually(lambda p=p: dropped(cluster, 1, p), what=f"broker 1 dropping {p}")
+    planned = plan(cluster, "decommission", broker_id=2)  # everything back to broker 1
+    assert {m.partition for m in planned} >= set(on_1)
+    eventually(lambda: moves_left(cluster) == 0, timeout_s=60, what="the moves back ending")
+    after = leaders(cluster, 2)
+    for p in on_1:
+        assert after[p] == 2  # rolled back: still served where every message is
+    log = cluster.brokers[1].log.read_text()
+    assert "cannot take the messages from 0" in log or "cannot copy" in log
+    sender.check()  # nothing acknowledged was lost

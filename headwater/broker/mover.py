@@ -52,6 +52,10 @@ FENCE_DRAIN_TIMEOUT_S = 30.0  # sends accepted before the fence must be appended
 RETRY_S = 0.5  # after a failed fetch
 
 
+class CannotCopyError(PeerError):
+    """This broker cannot take the partition at the source's offsets: the move must roll back."""
+
+
 class Mover:
     """The moves of broker ``broker_id``: ``view`` gives the latest cluster view, ``active``
     whether its session lives, ``schedule`` runs a task on the node's work thread."""
@@ -239,6 +243,10 @@ class Mover:
                         self._prepare(peer, key)
                     if not self._copy_some(peer, key):
                         return
+                except CannotCopyError as e:
+                    log.warning("cannot copy %s[%d] from broker %d: %s", *key, move.source, e)
+                    self._report(key, 0, 0, error=str(e))  # the controller rolls the move back
+                    return
                 except (HeadwaterError, CoordinationError, OSError) as e:
                     log.info("copying %s[%d] from broker %d: %s; trying again", *key, move.source, e)
                     if peer is not None:
@@ -277,6 +285,15 @@ class Mover:
             )
         if begin > local.end_offset:
             self.store.reset_partition(queue, n, begin)
+        elif begin < local.end_offset:
+            # this broker held the partition before, up to local.end_offset, and dropped it:
+            # its offsets never go back, so the source's messages before that could not be
+            # copied here, and the switch would lose them
+            raise CannotCopyError(
+                f"it held {queue}[{n}] before, up to offset {local.end_offset}, and cannot take the messages "
+                f"from {begin} that broker {peer.address} still keeps; move it to another broker, or here "
+                f"once the source's log starts at {local.end_offset} or later (retention)"
+            )
 
     def _copy_some(self, peer: PeerClient, key: Key) -> bool:
         """One fetch from the source, appended here and reported; False once the move is gone."""
@@ -297,15 +314,19 @@ class Mover:
             self.store.flush()  # what is reported copied must survive a crash of this broker
         return self._report(key, offset, res.end_offset)
 
-    def _report(self, key: Key, copied: int, source_end: int) -> bool:
+    def _report(self, key: Key, copied: int, source_end: int, *, error: str = "") -> bool:
         now = time.monotonic()
         last = self._reported.get(key)
-        if last is not None and (
-            last[:2] == (copied, source_end) or (copied < source_end and now - last[2] < PROGRESS_EVERY_S)
+        if (
+            not error
+            and last is not None
+            and (last[:2] == (copied, source_end) or (copied < source_end and now - last[2] < PROGRESS_EVERY_S))
         ):
             return True
         data = encode(
-            MoveProgress(copied_offset=copied, source_end_offset=source_end, updated_ms=int(time.time() * 1000))
+            MoveProgress(
+                copied_offset=copied, source_end_offset=source_end, updated_ms=int(time.time() * 1000), error=error
+            )
         )
         path = paths.move_progress(*key)
         try:

@@ -213,6 +213,9 @@ class MoveDriver:
                 self._roll_back(ctx, m, why)
                 return False, True
             p = m.progress
+            if p is not None and p.error:
+                self._roll_back(ctx, m, f"broker {rec.target} cannot take it: {p.error}")
+                return False, True
             if p is not None and p.source_end_offset - p.copied_offset <= self.fence_lag:
                 self._set_phase(ctx, m, "fence", now)
         elif rec.phase == "fence":

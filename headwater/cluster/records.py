@@ -125,6 +125,7 @@ class MoveProgress(msgspec.Struct, frozen=True, kw_only=True):
     copied_offset: int
     source_end_offset: int
     updated_ms: int
+    error: str = ""  # the target cannot take the partition (why): the controller rolls the move back
 
 
 class MoveFenced(msgspec.Struct, frozen=True, kw_only=True):
