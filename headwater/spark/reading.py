@@ -57,6 +57,9 @@ class ReadTask:
     # in the future when the query started puts its start at the end of every partition,
     # and what is appended there before that time must not be read)
     not_before_ms: int | None = None
+    # the broker that leads the partition (host:port), when the driver knew it: the task asks
+    # it first, and it is what a preferred location would name (see docs/spark.md, Locality)
+    broker: str | None = None
 
 
 class _Columns:
@@ -201,7 +204,8 @@ class _Fetcher:
 
 def read_arrow(task: ReadTask, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The rows of ``task`` as Arrow record batches matching ``schema`` (the read schema)."""
-    client = connect(task.servers, connect_timeout_s=task.connect_timeout_s, request_timeout_s=task.request_timeout_s)
+    servers = task.servers if task.broker is None else f"{task.broker},{task.servers}"
+    client = connect(servers, connect_timeout_s=task.connect_timeout_s, request_timeout_s=task.request_timeout_s)
     try:
         yield from _read(client.service, task, schema)
     finally:

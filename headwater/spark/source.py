@@ -34,6 +34,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from headwater.client import Client
 from headwater.errors import InvalidArgumentError, MessageNotFoundError
 from headwater.model.config import QueueInfo
 from headwater.spark.connection import connect, describe, unavailable_means
@@ -74,8 +75,28 @@ def _check_schema(schema: StructType) -> None:
         )
 
 
+def _brokers(client: Client, queue: str) -> dict[int, str]:
+    """Each partition's leader (host:port), for the tasks to ask first; on a broker running
+    alone there is nothing to prefer (and an embedded or unknown address is left out)."""
+    md = client.admin.cluster_metadata([queue])
+    if not md.cluster_id:
+        return {}
+    out = {}
+    for p in md.queue(queue).partitions:
+        b = md.broker(p.leader)
+        if b is not None and b.host:
+            out[p.partition] = b.address
+    return out
+
+
 def _tasks(
-    opts: ReadOptions, queue: str, queue_id: int, ranges: list[OffsetRange], *, streaming: bool = False
+    opts: ReadOptions,
+    queue: str,
+    queue_id: int,
+    ranges: list[OffsetRange],
+    *,
+    streaming: bool = False,
+    brokers: dict[int, str] | None = None,
 ) -> list[HeadwaterPartition]:
     return [
         HeadwaterPartition(
@@ -93,6 +114,7 @@ def _tasks(
                 request_timeout_s=opts.request_timeout_s,
                 # a batch read's ranges start at the time already; a stream's may not (a future time)
                 not_before_ms=opts.starting_timestamp_ms if streaming else None,
+                broker=(brokers or {}).get(r.partition),
             )
         )
         for r in split_ranges(ranges, opts.min_partitions)
@@ -128,9 +150,10 @@ class HeadwaterBatchReader(DataSourceReader):
         try:
             info = describe(client, opts.queue, opts.servers)
             ranges = batch_ranges(opts, info, lambda p, ms: client.offset_for_time(opts.queue, p, ms))
+            brokers = _brokers(client, info.name)
         finally:
             client.close()
-        return list(_tasks(opts, info.name, info.queue_id, ranges))
+        return list(_tasks(opts, info.name, info.queue_id, ranges, brokers=brokers))
 
     def read(self, partition: InputPartition) -> Iterator:
         return _read(partition, self.schema)
@@ -240,7 +263,9 @@ class HeadwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 f"with a new checkpointLocation"
             )
         ranges = [OffsetRange(p, s.offsets.get(p, 0), hi) for p, hi in e.offsets.items() if hi > s.offsets.get(p, 0)]
-        return list(_tasks(self.opts, e.queue, e.queue_id, ranges, streaming=True))
+        self._info()  # the client, connected
+        brokers = _brokers(self._client, e.queue) if self._client is not None else {}
+        return list(_tasks(self.opts, e.queue, e.queue_id, ranges, streaming=True, brokers=brokers))
 
     def commit(self, end: dict) -> None:
         pass  # nothing to release: the broker keeps no state for a scan

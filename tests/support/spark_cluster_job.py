@@ -50,7 +50,7 @@ def main(servers: str, queue: str, rows: int) -> None:
         read = spark.read.format("headwater").option("servers", servers).option("queue", queue).load()
         per_partition = {str(r["partition"]): r["count"] for r in read.groupBy("partition").count().collect()}
         keys = read.select("key").distinct().count()
-        pids = sorted({r[0] for r in read.rdd.mapPartitions(lambda _: [os.getpid()]).collect()})
+        pids = sorted(set(read.rdd.mapPartitions(lambda _: [os.getpid()]).collect()))
         tasks = read.select(spark_partition_id().alias("task")).distinct().count()
         print(
             json.dumps(
