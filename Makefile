@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo tour test test-all zookeeper bench bench-storage bench-network bench-latency bench-spark lint format clean venv bytecode
+.PHONY: demo tour test test-all zookeeper bench bench-storage bench-network bench-latency bench-spark bench-cluster lint format clean venv bytecode
 
 venv: $(STAMP)
 
@@ -53,6 +53,9 @@ bench-latency: bytecode
 
 bench-spark: bytecode
 	$(PY) -m bench.spark
+
+bench-cluster: bytecode zookeeper
+	$(PY) -m bench.cluster
 
 # the layer contracts, ruff's lint rules and its formatting (run 'make format' to apply it),
 # then mypy over the strictly typed layers (the files pyproject.toml's [tool.mypy] lists)
