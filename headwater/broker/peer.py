@@ -50,10 +50,10 @@ class PeerError(ConnectionError):
 
 class PeerClient:
     """A blocking connection to the broker at ``address`` (``host:port``), named ``name``
-    in its handshake.
+    in its handshake. For example (it needs a broker there)::
 
-    >>> peer = PeerClient("127.0.0.1:7071", name="broker-2")  # doctest: +SKIP
-    >>> peer.fetch("orders", 0, 0, max_bytes=1 << 20, max_wait_ms=200).end_offset  # doctest: +SKIP
+        peer = PeerClient("127.0.0.1:7071", name="broker-2")
+        peer.fetch("orders", 0, 0, max_bytes=1 << 20, max_wait_ms=200).end_offset
     """
 
     def __init__(
