@@ -13,6 +13,7 @@ import json
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -342,3 +343,24 @@ def test_a_partition_is_not_moved_back_to_a_broker_whose_old_offsets_would_hide_
     log = cluster.brokers[1].log.read_text()
     assert "cannot take the messages from 0" in log or "cannot copy" in log
     sender.check()  # nothing acknowledged was lost
+
+
+def test_with_auto_rebalance_a_joining_broker_gets_partitions_by_itself(zk_server, tmp_path):
+    """auto_rebalance_after_s (off by default): once the live brokers have been the same that
+    long, the controller plans the rebalance itself."""
+    auto = Cluster(zk_server, tmp_path, 2, "--set", "auto_rebalance_after_s=1")
+    try:
+        auto.controller()
+        with auto.connect(1) as hw:
+            hw.admin.create_queue(QUEUE, partitions=4)
+        auto.start(3)
+        eventually(lambda: 3 in _leaders_of(auto).values(), timeout_s=60, what="partitions moving to broker 3")
+        eventually(lambda: moves_left(auto) == 0, timeout_s=60, what="the moves finishing")
+        assert sorted(Counter(_leaders_of(auto).values()).values()) == [1, 1, 2]  # balanced over three
+    finally:
+        auto.stop()
+
+
+def _leaders_of(c: Cluster) -> dict[int, int]:
+    with c.connect(1) as hw:
+        return {p.partition: p.leader for p in hw.admin.cluster_metadata([QUEUE]).queue(QUEUE).partitions}

@@ -58,6 +58,7 @@ class ClusterNode:
         *,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         moves_running_max: int = MOVES_RUNNING_MAX,
+        auto_rebalance_after_s: float = 0.0,
     ) -> None:
         self.broker = broker
         self.membership = membership
@@ -71,6 +72,8 @@ class ClusterNode:
         )
         self._ctx: ControllerContext | None = None
         self._moves = MoveDriver(self.coord, lambda: self.cache.view, running_max=moves_running_max)
+        self._auto_after_s = auto_rebalance_after_s
+        self._brokers_since: tuple[frozenset[int], float] = (frozenset(), 0.0)  # as last seen, and since when
         self.mover = Mover(
             broker.store, self.coord, self.broker_id, lambda: self.cache.view, lambda: membership.active, self._work_put
         )
@@ -134,6 +137,8 @@ class ClusterNode:
         while self._ctx is ctx and not ctx.fenced:
             try:
                 self._moves.tick(ctx)
+                if self._auto_after_s > 0:
+                    self._auto_rebalance(ctx)
             except ControllerFencedError:
                 return
             except (CoordinationError, HeadwaterError) as e:
@@ -141,6 +146,21 @@ class ClusterNode:
             except Exception:
                 log.exception("driving the moves failed")
             time.sleep(MOVES_POLL_S)
+
+    def _auto_rebalance(self, ctx: ControllerContext) -> None:
+        """Rebalance once the live brokers have been the same for ``auto_rebalance_after_s``
+        (a broker that restarts does not set partitions moving) and no move is under way."""
+        view = self.cache.view
+        brokers, now = frozenset(view.brokers), time.monotonic()
+        if brokers != self._brokers_since[0]:
+            self._brokers_since = (brokers, now)
+            return
+        if view.moves or now - self._brokers_since[1] < self._auto_after_s:
+            return
+        planned = self._admin.rebalance_now(ctx)
+        self._brokers_since = (brokers, now)  # planned or balanced: look again after another while
+        if planned:
+            log.info("rebalancing by itself (auto_rebalance_after_s): %d partition move(s) planned", len(planned))
 
     def _resigned(self) -> None:
         if self._ctx is not None:

@@ -118,7 +118,12 @@ def join_cluster(broker: Broker, server: ServerConfig, data_dir: Path, port: int
     )
     try:
         membership.join()
-        node = ClusterNode(broker, membership, moves_running_max=server.moves_running_max)
+        node = ClusterNode(
+            broker,
+            membership,
+            moves_running_max=server.moves_running_max,
+            auto_rebalance_after_s=server.auto_rebalance_after_s,
+        )
         node.start()
     except CoordinationError as e:
         coord.close()

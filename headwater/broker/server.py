@@ -111,6 +111,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     zookeeper_session_timeout_s: float = 10.0
     zookeeper_connect_timeout_s: float = 30.0
     moves_running_max: int = 4  # partition moves running at once while this broker is the controller
+    auto_rebalance_after_s: float = 0.0  # rebalance by itself once the brokers are unchanged this long; 0: off
 
     def validated(self) -> ServerConfig:
         """This config, or :class:`InvalidArgumentError` naming the first setting out of range."""
@@ -192,6 +193,7 @@ _SECONDS_RANGES = (
     ("frame_timeout_s", 0.001, 86400.0),
     ("zookeeper_session_timeout_s", 0.4, 600.0),
     ("zookeeper_connect_timeout_s", 0.1, 86400.0),
+    ("auto_rebalance_after_s", 0.0, 7 * 86400.0),
 )
 
 

@@ -51,6 +51,8 @@ MEANINGS: dict[str, str] = {
     "zookeeper_session_timeout_s": "a broker ZooKeeper has not heard from for this long leaves the cluster "
     "(its registration and what it led go to others)",
     "zookeeper_connect_timeout_s": "at start, how long to keep trying to reach ZooKeeper before giving up",
+    "auto_rebalance_after_s": "while this broker is the controller: rebalance by itself (cluster rebalance) once "
+    "the live brokers have been the same this long, e.g. after one joined; 0: off, rebalance by hand",
     "moves_running_max": "while this broker is the controller: the partition moves that run at once "
     "(the others of a rebalance or decommission wait their turn)",
     # [store]

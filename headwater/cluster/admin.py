@@ -238,6 +238,15 @@ class AdminHandler:
         ]
         return ops, AdminResult(queue_id=record.queue_id, controller_epoch=ctx.epoch)
 
+    def rebalance_now(self, ctx: ControllerContext) -> list[MovePlan]:
+        """Plan a rebalance and queue its moves, as controller ``ctx``, with no request (the
+        automatic mode); the moves planned (none on a balanced cluster)."""
+        req = AdminRequest(op="rebalance", queue="", asked_by=-1, asked_ms=int(self._clock() * 1000))
+        ops, result = self._plan_moves(ctx, req)
+        if ops:
+            ctx.commit(ops)
+        return result.moves
+
     def _plan_moves(self, ctx: ControllerContext, req: AdminRequest) -> tuple[list[Op], AdminResult]:
         """A rebalance or a decommission: the moves planned, queued unless ``dry_run``.
         Partitions on brokers that are not live stay out of the plan: nothing can copy them."""
