@@ -28,21 +28,11 @@ from headwater.client.transport.remote import RemoteService
 from headwater.client.transport.routing import RoutedService
 from headwater.errors import MessageNotFoundError, NotLeaderError, QueueNotFoundError, UnavailableError
 from headwater.model.cluster import ClusterMetadata
-from tests.support import zookeeper
 from tests.support.broker_process import HEADWATER, BrokerProcess, free_port
 from tests.support.cluster import Cluster, eventually
 
 MESSAGES = 3000
 KEYS = 97
-
-
-@pytest.fixture(scope="module")
-def zk_server(tmp_path_factory) -> Iterator[zookeeper.ZooKeeperProcess]:
-    if not zookeeper.installed():
-        pytest.fail("ZooKeeper is not installed: `make test` installs Debian's zookeeper package")
-    server = zookeeper.ZooKeeperProcess(tmp_path_factory.mktemp("zk")).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
