@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo tour test test-all zookeeper bench bench-storage bench-network bench-latency bench-spark bench-cluster lint format clean venv bytecode
+.PHONY: demo tour dev-cluster test test-all zookeeper bench bench-storage bench-network bench-latency bench-spark bench-cluster lint format clean venv bytecode
 
 venv: $(STAMP)
 
@@ -26,6 +26,10 @@ demo: bytecode
 
 tour: bytecode
 	$(PY) -m headwater.demo.tour
+
+# ZooKeeper and three brokers on this machine until Ctrl-C (docs/cluster.md)
+dev-cluster: bytecode zookeeper
+	$(VENV)/bin/headwater dev-cluster --brokers 3
 
 test: lint bytecode zookeeper
 	$(PY) -m pytest -q
