@@ -100,7 +100,7 @@ app = typer.Typer(
     help=(
         "Headwater: a persistent, partitioned message queue.\n\n"
         "Works on a local data directory (--data, or HEADWATER_DATA; default "
-        f"{DATA_DIR_DEFAULT}) or on a running broker (--server HOST:PORT, or "
+        f"{DATA_DIR_DEFAULT}) or on a running broker or cluster (--server HOST:PORT[,...], or "
         "HEADWATER_SERVER). Global options go before the command.\n\n"
         "Examples:\n\n"
         "```\n"
@@ -142,8 +142,9 @@ def root(
         typer.Option(
             "--server",
             envvar="HEADWATER_SERVER",
-            metavar="HOST:PORT",
-            help="Talk to a running broker (headwater serve) instead of a data directory.",
+            metavar="HOST:PORT[,HOST:PORT...]",
+            help="Talk to a running broker (headwater serve) instead of a data directory; for a "
+            "cluster, any of its brokers (a list: the first that answers).",
             show_default=False,
         ),
     ] = None,
