@@ -4,11 +4,13 @@
 The brokers are simulated here, not run: each holds a prefix of every partition's one log
 (the model of its data), a producer appends to a partition's leader while it is not fenced,
 a move's target copies from its source and reports ``progress`` (sometimes an ``error``),
-and a source in phase ``fence`` publishes ``fenced`` at its end offset. Each step draws one
-of: plan a rebalance or a decommission (skipped while moves are unfinished, as the admin
-path does), a copy, a fence, a produce, a broker's death or return, a new controller (the
-old context kept, and sometimes used: it must change nothing), the clock's advance, or a
-tick of the move driver. After every step:
+and a source in phase ``fence`` publishes ``fenced`` at its end offset and takes no sends
+until its move is gone. Each step draws one of: plan a rebalance or a decommission (skipped
+while moves are unfinished, as the admin path does), a copy, a fence, a fence of an earlier
+move published late (at an older leader epoch: the broker writes ``fenced`` unconditionally),
+a produce, a broker's death or return, a new controller (the old context kept, and sometimes
+used: it must change nothing), the clock's advance, or a tick of the move driver. After
+every step:
 
 - every partition has exactly one leader, a broker id, its only replica;
 - a leader epoch only grows, by exactly one at a change of leader, and only when the move
@@ -88,6 +90,8 @@ class Simulation:
         self.stale: list[ControllerContext] = []
         self.end: dict[Key, int] = {}  # the log's end: every offset below was acknowledged
         self.held: dict[tuple[int, Key], int] = {}  # (broker, partition): the prefix it holds
+        self.latched: set[Key] = set()  # partitions whose source fenced for the move there now
+        self.fences: list[tuple[Key, MoveFenced]] = []  # every fence published, for late ones
         for q in range(self.rng.randint(1, 3)):
             name = f"q{q}"
             self.coord.create(
@@ -161,7 +165,7 @@ class Simulation:
     def produce(self, key: Key) -> None:
         s = self.seen[key]
         leader = s.part.leader
-        if leader not in self.live or s.fenced is not None:
+        if leader not in self.live or key in self.latched:
             return  # a dead leader takes nothing; a fenced source refuses until its move is gone
         if self.held.get((leader, key), 0) != self.end[key]:
             raise AssertionError(f"{key}: leader {leader} does not hold the log's end {self.end[key]}")
@@ -187,12 +191,22 @@ class Simulation:
     def fence(self, key: Key) -> None:
         s = self.seen[key]
         m = s.move
-        if m is None or m.phase != "fence" or s.fenced is not None or m.source not in self.live:
+        if m is None or m.phase != "fence" or key in self.latched or m.source not in self.live:
             return
+        self.latched.add(key)  # the source refuses sends from now until its move is gone
         rec = MoveFenced(
             end_offset=self.held.get((m.source, key), 0), leader_epoch=s.part.leader_epoch, broker_id=m.source
         )
         self._put(paths.move_fenced(*key), rec)
+        self.fences.append((key, rec))
+
+    def late_fence(self, key: Key) -> None:
+        """A fence of an earlier move of ``key`` (at an older leader epoch), published late
+        into the move there now: the broker creates or sets ``fenced`` unconditionally."""
+        m = self.seen[key].move
+        old = [rec for k, rec in self.fences if k == key and rec.leader_epoch < self.seen[key].part.leader_epoch]
+        if m is not None and m.phase in ("copy", "fence") and old:
+            self._put(paths.move_fenced(*key), self.rng.choice(old))
 
     def _put(self, path: str, rec: msgspec.Struct) -> None:
         data = encode(rec)
@@ -252,9 +266,12 @@ class Simulation:
         elif r < 0.25:
             self.steps.append(f"copy {key}")
             self.copy(key)
-        elif r < 0.35:
+        elif r < 0.34:
             self.steps.append(f"fence {key}")
             self.fence(key)
+        elif r < 0.35:
+            self.steps.append(f"late fence {key}")
+            self.late_fence(key)
         elif r < 0.50:
             self.steps.append(f"produce {key}")
             self.produce(key)
@@ -299,6 +316,8 @@ class Simulation:
             elif before.move is not None and s.move is None:
                 # rolled back: the partition stays on its source at the same epoch (checked above)
                 assert p.leader == before.move.source
+            if s.move is None:
+                self.latched.discard(key)  # rolled back, the source takes sends again; switched, it leads no more
         self.seen = now
 
     def _check_switch(self, key: Key, before: Seen, s: Seen) -> None:
