@@ -48,9 +48,9 @@ def test_a_queue_made_on_any_broker_is_placed_over_all_and_led_by_one_each(clust
     assert info.queue_id >= 1000 and len(info.partitions) == 6
     leaders = _leaders(cluster, "orders")
     assert Counter(leaders.values()) == {1: 2, 2: 2, 3: 2}
-    for i in (1, 2, 3):  # every broker answers the same, and made the queue under the cluster's id
-        assert _leaders(cluster, "orders", via=i) == leaders
+    for i in (1, 2, 3):  # every broker answers the same (once its view has the queue), under the cluster's id
         eventually(lambda i=i: _local_id(cluster, i, "orders") == info.queue_id, what=f"orders on broker {i}")
+        assert _leaders(cluster, "orders", via=i) == leaders
     shown = subprocess.run(
         [HEADWATER, "--server", cluster.address(1), "cluster", "status", "--json"],
         capture_output=True,
