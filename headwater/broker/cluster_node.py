@@ -244,6 +244,23 @@ class ClusterNode:
                 + f" does, at leader epoch {rec.leader_epoch}"
             )
 
+    def leads(self, queue: str, partition: int) -> bool:
+        """Whether this broker leads ``queue[partition]`` now (its session live, and its
+        view naming it leader): what a shared group's partition state follows."""
+        if is_internal_queue(queue):
+            return True
+        qv = self.cache.view.queues.get(queue)
+        rec = None if qv is None else qv.partitions.get(partition)
+        return rec is not None and rec.leader == self.broker_id and self.membership.active
+
+    def leader_address(self, queue: str, partition: int) -> str | None:
+        """``host:port`` of the broker leading ``queue[partition]`` in this broker's view,
+        or None when the queue, the partition or a live leader is unknown."""
+        view = self.cache.view
+        qv = view.queues.get(queue)
+        rec = None if qv is None else qv.partitions.get(partition)
+        return None if rec is None else view.broker_address(rec.leader)
+
     @contextmanager
     def producing(self, queue: str, partition: int) -> Iterator[None]:
         """Around a send's append: refused unless this broker leads the partition and no

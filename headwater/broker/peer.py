@@ -1,6 +1,7 @@
 """A broker's client of another broker: a small blocking connection over the binary protocol,
 to FETCH a partition's batches as they are stored (a move's target copies its source so, and
-a follower will copy its leader so) and to describe a queue.
+a follower will copy its leader so), to describe a queue, and to PRODUCE a batch (a shared
+group's dead letters for a partition another broker leads).
 
 The broker does not use :mod:`headwater.client` (a layer above it): this is the sans-IO
 :class:`~headwater.protocol.Connection` over one plain socket, one request at a time. Every
@@ -19,7 +20,7 @@ import time
 from typing import Any
 
 from headwater.model.config import QueueInfo
-from headwater.model.service import FetchResult
+from headwater.model.service import FetchResult, ProduceResult
 from headwater.protocol import (
     CLIENT,
     NEED_DATA,
@@ -32,7 +33,7 @@ from headwater.protocol import (
     Request,
     Response,
 )
-from headwater.protocol.messages import DescribeQueueRequest, FetchRequest
+from headwater.protocol.messages import DescribeQueueRequest, FetchRequest, ProduceRequest
 
 __all__ = ["PeerClient", "PeerError"]
 
@@ -107,6 +108,13 @@ class PeerClient:
         """The peer's own view of ``queue``: its partitions' start and end offsets there."""
         info: QueueInfo = self._call(DescribeQueueRequest(queue), 0.0)
         return info
+
+    def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
+        """Append one record batch to ``queue``'s ``partition`` at the peer (its leader),
+        answered once the peer's flush policy made it durable (a shared group's dead
+        letters for a dead-letter partition another broker leads)."""
+        result: ProduceResult = self._call(ProduceRequest(queue, partition, batch), 0.0)
+        return result
 
     def _call(self, body: Any, held_s: float) -> Any:
         if self._sock is None:
