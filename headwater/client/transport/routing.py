@@ -15,8 +15,9 @@ needed at the address METADATA gives; each request goes where
   producer's retries (and the consumer's next read) go by the new table.
 - a queue-wide read (describe_queue, list_queues, lookup_key) to every leader of the queue,
   the answers merged; admin changes to the bootstrap broker, the table refreshed after each.
-- the rest (consumer groups, shared and keyed groups, subscriptions, delayed messages,
-  status) to the bootstrap broker: cluster-wide coordinators are the next step.
+- shared groups to each partition's leader (:mod:`headwater.client.transport.shared_routing`).
+- the rest (consumer groups, keyed groups, subscriptions, delayed messages, status) to the
+  bootstrap broker: cluster-wide coordinators are the next step.
 
 Thread-safe. Its threads are its connections' (one ``headwater-client`` thread each).
 """
@@ -38,8 +39,9 @@ from headwater.client.core.routing import (
     merge_key_lookups,
     merge_pages,
 )
-from headwater.client.transport.remote import RemoteService, check_arguments
+from headwater.client.transport.remote import RemoteService, check_arguments, takes_request
 from headwater.client.transport.send_future import LazyFuture
+from headwater.client.transport.shared_routing import SharedRouter
 from headwater.errors import (
     ClosedError,
     NotLeaderError,
@@ -109,6 +111,7 @@ class RoutedService(BrokerService):
         self._asking: concurrent.futures.Future[Any] | None = None  # a refresh that does not wait
         self._closed = False
         self.transport = _Links(self)
+        self._shared = SharedRouter(self)
 
     # -- connections and the table ---------------------------------------------------------
 
@@ -538,6 +541,50 @@ class RoutedService(BrokerService):
 
     def ping(self) -> None:
         self._home.ping()
+
+    # -- shared groups: each partition's state on its leader (SharedRouter) ---------------
+
+    @takes_request("shared_receive")
+    def start_shared_receive(self, request: m.SharedReceiveRequest) -> concurrent.futures.Future[Any]:
+        """A shared receive sent to every leader of the queue, without waiting (see
+        ``StartsSharedReceive``); :meth:`withdraw` takes it back while unanswered."""
+        return self._shared.start_receive(request)
+
+    def withdraw(self, fut: concurrent.futures.Future[Any]) -> bool:
+        return self._shared.withdraw(fut)
+
+    def lead(
+        self, futures: list[Any], timeout_s: float | None, *, interrupt: concurrent.futures.Future[Any] | None = None
+    ) -> concurrent.futures.Future[Any] | None:
+        """Nobody leads here: each connection's thread reads its answers (the caller waits)."""
+        return None
+
+    @takes_request("shared_receive")
+    def shared_receive(self, request: m.SharedReceiveRequest) -> Any:
+        return self._shared.receive(request)
+
+    def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> Any:
+        return self._shared.lease_call(queue, lease_ids, lambda ids: m.SharedAckRequest(group, queue, member, ids))
+
+    def shared_nack(
+        self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "", delay_ms: int | None = None
+    ) -> Any:
+        return self._shared.lease_call(
+            queue, lease_ids, lambda ids: m.SharedNackRequest(group, queue, member, ids, reason, delay_ms)
+        )
+
+    def shared_extend(
+        self, group: str, queue: str, member: str, lease_ids: list[str], visibility_timeout_ms: int
+    ) -> Any:
+        return self._shared.lease_call(
+            queue, lease_ids, lambda ids: m.SharedExtendRequest(group, queue, member, ids, visibility_timeout_ms)
+        )
+
+    def shared_describe(self, group: str, queue: str) -> Any:
+        return self._shared.describe(group, queue)
+
+    def list_groups(self) -> Any:
+        return self._shared.list_groups()
 
     def close(self) -> None:
         """Close every connection (the bootstrap broker's too)."""

@@ -1,0 +1,271 @@
+"""Shared groups on a cluster, without I/O (docs/shared-groups.md, "On a cluster"): which
+broker each lease goes to, how the leaders' answers make one, and the deliveries a receive
+got after it was answered.
+
+A shared group's state for partition *p* lives on *p*'s leader. So a receive asks every
+broker that leads a partition of the queue at once and is answered by the first answer
+holding deliveries; the answers that come after it (those brokers' long polls end later)
+are kept, per (group, queue, member), for that member's next receive (:class:`SharedReceives`)
+and never dropped. An ack, nack or extend splits its lease ids by their partition's leader
+(:func:`split_leases`), one request per broker; a broker that refuses with
+``NotLeaderError`` no longer leads the partition, and its new leader does not know the
+lease: it is refused as expired (:func:`refused_as`), and the message is delivered again
+(at least once). Describe merges each leader's partitions (:func:`merge_shared_describe`);
+listing groups names each shared group once (:func:`merge_group_summaries`).
+
+The drivers (``headwater.client.transport.shared_routing``, ``headwater.client.aio.
+shared_routing``) own the connections, the futures and the locking.
+
+>>> receives = SharedReceives()
+>>> key = ("g", "q", "m1")
+>>> r, send = receives.start(key, 10, ["b1", "b2"])
+>>> send, r.done
+(['b1', 'b2'], False)
+>>> got = SharedDeliveries([b"x"], [SharedLease(0, 5, 1, "3e8:0:5:1:m1", 0)])
+>>> receives.answered(key, "b1", got) is r, len(r.answer.leases)
+(True, 1)
+>>> receives.answered(key, "b2", got), receives.held(key)  # late: kept for the next receive
+(None, 1)
+>>> r2, send = receives.start(key, 10, ["b1", "b2"])
+>>> send, len(r2.answer.leases)
+([], 1)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Any
+
+from headwater.errors import HeadwaterError, LeaseExpiredError, NotLeaderError, UnavailableError
+from headwater.model.groups import GroupState, GroupSummary
+from headwater.model.shared import LeaseId, LeaseRefusal, SharedDeliveries, SharedGroupInfo, SharedLease
+
+__all__ = [
+    "ReceiveRound",
+    "SharedReceives",
+    "merge_group_summaries",
+    "merge_shared_describe",
+    "refused_as",
+    "split_leases",
+]
+
+#: (group, queue, member): whose late deliveries a receive may take
+Key = tuple[str, str, str]
+
+_EMPTY = SharedDeliveries([], [])
+
+
+def split_leases(lease_ids: list[str], leaders: Mapping[int, Hashable]) -> tuple[dict[Any, list[str]], list[str]]:
+    """The lease ids by the broker leading their partition (``leaders``: partition ->
+    broker), in their order, and those whose partition has no leader now. A malformed id
+    raises ``InvalidArgumentError`` as the broker would.
+
+    >>> split_leases(["3e8:0:5:1:m", "3e8:1:6:1:m", "3e8:2:7:1:m", "3e8:0:8:1:m"], {0: "a", 1: "b"})
+    ({'a': ['3e8:0:5:1:m', '3e8:0:8:1:m'], 'b': ['3e8:1:6:1:m']}, ['3e8:2:7:1:m'])
+    """
+    by_broker: dict[Any, list[str]] = {}
+    leaderless: list[str] = []
+    for text in lease_ids:
+        lease = LeaseId.parse(text)
+        broker = leaders.get(lease.partition)
+        if broker is None:
+            leaderless.append(text)
+        else:
+            by_broker.setdefault(broker, []).append(text)
+    return by_broker, leaderless
+
+
+def refused_as(lease_ids: Iterable[str], error: BaseException) -> list[LeaseRefusal]:
+    """Refusals of leases a broker could not act on. ``NotLeaderError`` (and a partition
+    with no leader): the partition moved, its new leader does not know the lease, so it is
+    refused as expired (the message comes again: at least once). A broker out of reach: its
+    error's code (retriable), the lease's state unknown until its visibility timeout."""
+    if isinstance(error, UnavailableError) and not isinstance(error, NotLeaderError):
+        code = error.code
+        why = f"its partition's leader did not answer ({error}); unless acted on, it expires and comes again"
+    else:
+        code = LeaseExpiredError.code
+        why = (
+            f"its partition moved to another broker, which does not know the lease ({error}); "
+            f"the message will be delivered again"
+        )
+    return [LeaseRefusal(x, code, f"lease {x}: {why}") for x in lease_ids]
+
+
+def merge_shared_describe(answers: Mapping[Any, SharedGroupInfo], leaders: Mapping[int, Hashable]) -> SharedGroupInfo:
+    """One group's describe from its leaders' answers (``answers``: broker -> its answer;
+    ``leaders``: partition -> broker): each partition from its leader's answer (from any
+    answer holding it when its leader's does not), in partition order; the settings from
+    the first broker's answer (the members send theirs with every receive)."""
+    assert answers, "merge at least one answer"
+    first = answers[min(answers, key=str)]
+    found: dict[int, Any] = {}
+    for broker, info in answers.items():
+        for p in info.partitions:
+            if p.partition not in found or leaders.get(p.partition) == broker:
+                found[p.partition] = p
+    return SharedGroupInfo(
+        group=first.group,
+        queue=first.queue,
+        settings=first.settings,
+        dead_letter_queue=first.dead_letter_queue,
+        partitions=[found[p] for p in sorted(found)],
+    )
+
+
+def merge_group_summaries(answers: Iterable[list[GroupSummary]]) -> list[GroupSummary]:
+    """Several brokers' LIST_GROUPS answers as one: a group (same name, mode and queues)
+    listed by several brokers once. A shared group holds state on each leader of its queue:
+    its members are the most any broker counts (a member leasing from two counts once
+    there), and it is ``stable`` if any broker says so. Order: first seen."""
+    merged: dict[tuple[str, str | None, tuple[str, ...]], GroupSummary] = {}
+    for summaries in answers:
+        for s in summaries:
+            key = (s.group, s.mode, tuple(s.queues))
+            have = merged.get(key)
+            if have is None:
+                merged[key] = s
+            elif s.mode == "shared":
+                stable = GroupState.STABLE.value in (have.state, s.state)
+                merged[key] = GroupSummary(
+                    group=s.group,
+                    state=GroupState.STABLE.value if stable else have.state,
+                    mode=s.mode,
+                    members=max(have.members, s.members),
+                    queues=list(s.queues),
+                )
+    return list(merged.values())
+
+
+class ReceiveRound:
+    """One receive of one member: the brokers whose answer it waits for, then its answer
+    (or error), or withdrawn (taken back by its caller: its deliveries go to the next)."""
+
+    __slots__ = ("key", "max_messages", "waiting", "answer", "error", "failures", "answers", "withdrawn")
+
+    def __init__(self, key: Key, max_messages: int) -> None:
+        self.key = key
+        self.max_messages = max_messages
+        self.waiting: set[Hashable] = set()
+        self.answer: SharedDeliveries | None = None
+        self.error: BaseException | None = None
+        self.failures: list[BaseException] = []  # brokers out of reach (the others' answers count)
+        self.answers = 0  # brokers that answered
+        self.withdrawn = False
+
+    @property
+    def done(self) -> bool:
+        return self.answer is not None or self.error is not None or self.withdrawn
+
+
+class SharedReceives:
+    """The receives of one client's shared consumers on a cluster (not thread-safe: the
+    driver locks). Per (group, queue, member): the brokers a receive is outstanding at (a
+    member never has two at one broker), the deliveries that came after their receive was
+    answered, and the receive waiting now.
+
+    Bound: a broker answers at most ``max_messages``, a receive is sent to a broker only
+    when none is outstanding there, and a receive takes what is held before sending: so
+    what is held never exceeds (brokers x ``max_messages``) per member. Their leases run
+    from when the broker gave them: a member that stops receiving lets them time out, and
+    the broker delivers them again (at least once)."""
+
+    def __init__(self) -> None:
+        self._held: dict[Key, list[SharedDeliveries]] = {}
+        self._pending: dict[Key, set[Hashable]] = {}
+        self._rounds: dict[Key, ReceiveRound] = {}
+
+    def held(self, key: Key) -> int:
+        """How many deliveries are kept for ``key``'s next receive."""
+        return sum(len(d.leases) for d in self._held.get(key, ()))
+
+    def start(self, key: Key, max_messages: int, brokers: Iterable[Hashable]) -> tuple[ReceiveRound, list[Hashable]]:
+        """A new receive of ``key`` from ``brokers`` (the queue's leaders): the round, and
+        the brokers to send it to now (those with none of this member's outstanding). Kept
+        deliveries answer it at once, and nothing is sent; a round left waiting by the
+        member before is replaced (its caller gave up on it)."""
+        r = ReceiveRound(key, max_messages)
+        old = self._rounds.pop(key, None)
+        if old is not None and not old.done:
+            old.withdrawn = True
+        taken = self._take(key, max_messages)
+        if taken is not None:
+            r.answer = taken
+            return r, []
+        pending = self._pending.setdefault(key, set())
+        send = [b for b in dict.fromkeys(brokers) if b not in pending]
+        pending.update(send)
+        r.waiting = set(pending)
+        if not r.waiting:
+            r.answer = _EMPTY  # no broker leads a partition of the queue now
+            self._forget(key)
+            return r, []
+        self._rounds[key] = r
+        return r, send
+
+    def answered(
+        self, key: Key, broker: Hashable, result: SharedDeliveries | None, error: BaseException | None = None
+    ) -> ReceiveRound | None:
+        """``broker``'s answer to ``key``'s receive (``result``, or ``error``): kept, and
+        the round it completes returned (the driver settles its future), or None."""
+        self._pending.get(key, set()).discard(broker)
+        if result is not None and result.leases:
+            self._held.setdefault(key, []).append(result)
+        r = self._rounds.get(key)
+        if r is None or r.done:
+            self._forget(key)
+            return None
+        r.waiting.discard(broker)
+        if error is None:
+            r.answers += 1
+        else:
+            if isinstance(error, UnavailableError) or not isinstance(error, HeadwaterError):
+                r.failures.append(error)
+            else:  # the broker's refusal (a bad argument, the queue is gone): every broker's
+                r.error = error
+        if r.error is None:
+            r.answer = self._take(key, r.max_messages)
+            if r.answer is None and not r.waiting:
+                if r.failures and not r.answers:
+                    r.error = r.failures[0]  # nobody answered: the consumer rides out the outage
+                else:
+                    r.answer = _EMPTY
+        if not r.done:
+            return None
+        del self._rounds[key]
+        self._forget(key)
+        return r
+
+    def withdraw(self, r: ReceiveRound) -> bool:
+        """Take back a receive not answered yet (True: nothing was handed to it; what its
+        brokers give later is kept for the next receive); False when it has its answer."""
+        if r.done:
+            return False
+        r.withdrawn = True
+        if self._rounds.get(r.key) is r:
+            del self._rounds[r.key]
+        self._forget(r.key)
+        return True
+
+    def _take(self, key: Key, max_messages: int) -> SharedDeliveries | None:
+        held = self._held.get(key)
+        if not held:
+            return None
+        batches: list[bytes] = []
+        leases: list[SharedLease] = []
+        while held and len(leases) < max_messages:
+            d = held.pop(0)
+            room = max_messages - len(leases)
+            if len(d.leases) > room:  # the rest stays, with the same batches (the reader picks)
+                held.insert(0, SharedDeliveries(d.batches, d.leases[room:]))
+            batches.extend(d.batches)
+            leases.extend(d.leases[:room])
+        self._forget(key)
+        return SharedDeliveries(batches, leases)
+
+    def _forget(self, key: Key) -> None:
+        """Drop ``key``'s empty entries (the maps hold only members with something going on)."""
+        if not self._held.get(key, True):
+            del self._held[key]
+        if not self._pending.get(key, True):
+            del self._pending[key]

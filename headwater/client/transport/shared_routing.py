@@ -1,0 +1,204 @@
+"""SharedRouter: shared groups on a cluster, for :class:`~headwater.client.transport.routing.
+RoutedService` (the rules: :mod:`headwater.client.core.shared_routing`).
+
+A receive is sent to every leader of the queue at once, each answer read by its
+connection's thread; the receive's future is settled by the first answer holding
+deliveries, and later ones are kept for the member's next receive. Acks, nacks and extends
+go to each lease's partition leader, one request per broker at once.
+
+Thread-safe: one lock around the receives' state; futures are settled outside it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
+
+from headwater.client.core.shared_routing import (
+    ReceiveRound,
+    SharedReceives,
+    merge_group_summaries,
+    merge_shared_describe,
+    refused_as,
+    split_leases,
+)
+from headwater.client.transport.remote import answer_timeout_s, check_arguments
+from headwater.client.transport.send_future import LazyFuture
+from headwater.errors import GroupNotFoundError, NotLeaderError, UnavailableError
+from headwater.model.groups import GroupSummary
+from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
+from headwater.protocol import messages as m
+
+if TYPE_CHECKING:
+    from headwater.client.transport.routing import RoutedService
+
+__all__ = ["SharedRouter"]
+
+log = logging.getLogger(__name__)
+
+
+class SharedRouter:
+    """The shared-group calls of one :class:`RoutedService`."""
+
+    def __init__(self, service: RoutedService) -> None:
+        self._service = service
+        self._lock = threading.Lock()
+        self._receives = SharedReceives()
+        self._rounds: dict[concurrent.futures.Future[Any], ReceiveRound] = {}
+
+    # -- where to send ----------------------------------------------------------------------
+
+    def _leader_addresses(self, queue: str) -> dict[int, str]:
+        """``{partition: leader's address}``; the table refreshed once if it does not know
+        ``queue`` (an unknown queue: ``{}``)."""
+        s = self._service
+        s._leaders(queue)
+        table = s.table
+        return {p: table.brokers[b].address for p, b in table.partition_leaders(queue).items()}
+
+    def _submit(self, address: str, body: m.RequestBody) -> concurrent.futures.Future[Any]:
+        """``body`` to the broker at ``address`` without waiting (its connection's thread
+        reads the answer); a broker out of reach: a future holding its error."""
+        fut: concurrent.futures.Future[Any] = LazyFuture()
+        try:
+            link = self._service._link(address)
+            link.transport.submit(body, fut, answer_timeout_s(link.transport, body))
+        except UnavailableError as e:
+            fut.set_exception(e)
+        return fut
+
+    # -- receive ----------------------------------------------------------------------------
+
+    def start_receive(self, body: m.SharedReceiveRequest) -> concurrent.futures.Future[SharedDeliveries]:
+        """Send the receive to every leader of its queue without waiting: the future of
+        its answer (the first holding deliveries, or empty once all answered)."""
+        check_arguments(body)
+        addresses = sorted(set(self._leader_addresses(body.queue).values())) or [self._service.address]
+        key = (body.group, body.queue, body.member)
+        max_messages = body.max_messages
+        out: concurrent.futures.Future[SharedDeliveries] = LazyFuture()
+        with self._lock:
+            r, send = self._receives.start(key, max_messages, addresses)
+            if not r.done:
+                self._rounds[out] = r
+        if r.done:
+            self._settle(out, r)
+            return out
+        for address in send:
+            self._submit(str(address), body).add_done_callback(
+                lambda f, a=address: self._answered(key, a, f)  # type: ignore[misc]  # a bound default names the broker
+            )
+        return out
+
+    def _answered(self, key: tuple[str, str, str], address: Hashable, fut: concurrent.futures.Future[Any]) -> None:
+        error = fut.exception()
+        if isinstance(error, UnavailableError):
+            self._service._gate.mark_stale()  # a refusal, a lost connection: ask METADATA again
+        result = None if error is not None else fut.result()
+        with self._lock:
+            r = self._receives.answered(key, address, result, error)
+            done = [f for f, x in self._rounds.items() if x is r] if r is not None else []
+            for f in done:
+                del self._rounds[f]
+        for f in done:
+            assert r is not None
+            self._settle(f, r)
+
+    @staticmethod
+    def _settle(fut: concurrent.futures.Future[SharedDeliveries], r: ReceiveRound) -> None:
+        if r.error is not None:
+            fut.set_exception(r.error)
+        else:
+            assert r.answer is not None
+            fut.set_result(r.answer)
+
+    def withdraw(self, fut: concurrent.futures.Future[Any]) -> bool:
+        """Take back a receive not answered yet: True, and nothing was leased for it (what
+        its brokers give later goes to the member's next receive)."""
+        with self._lock:
+            r = self._rounds.pop(fut, None)
+            return r is not None and self._receives.withdraw(r)
+
+    def receive(self, body: m.SharedReceiveRequest) -> SharedDeliveries:
+        """A blocking receive."""
+        fut = self.start_receive(body)
+        try:
+            return fut.result(timeout=self._service.request_timeout_s + body.max_wait_ms / 1000)
+        except concurrent.futures.TimeoutError:
+            if self.withdraw(fut):
+                return SharedDeliveries([], [])
+            return fut.result()
+
+    # -- ack, nack, extend ----------------------------------------------------------------
+
+    def lease_call(self, queue: str, lease_ids: list[str], make: Any) -> list[LeaseRefusal]:
+        """``make(lease_ids)`` (a request body) to each lease's partition leader at once;
+        their refusals merged (see :func:`~headwater.client.core.shared_routing.refused_as`)."""
+        leaders = self._leader_addresses(queue)
+        by_broker, leaderless = split_leases(list(lease_ids), leaders)
+        if not by_broker and not leaderless:
+            return list(self._service._home._call(make(list(lease_ids))))  # no table: the broker's answer
+        asked = {address: self._submit(address, make(ids)) for address, ids in by_broker.items()}
+        refused = refused_as(leaderless, NotLeaderError("no broker leads the partition now"))
+        failure: BaseException | None = None
+        for address, fut in asked.items():
+            try:
+                refused.extend(fut.result(timeout=self._service.request_timeout_s + 1))
+            except UnavailableError as e:
+                self._service._gate.mark_stale()
+                refused.extend(refused_as(by_broker[address], e))
+            except concurrent.futures.TimeoutError:
+                e = UnavailableError(f"broker {address} got no answer in {self._service.request_timeout_s} s")
+                refused.extend(refused_as(by_broker[address], e))
+            except Exception as e:  # noqa: BLE001 - raised once the others' answers are in
+                failure = failure or e
+        if failure is not None:
+            raise failure
+        order = {x: i for i, x in enumerate(lease_ids)}
+        return sorted(refused, key=lambda x: order.get(x.lease_id, 0))
+
+    # -- describe, list ---------------------------------------------------------------------
+
+    def describe(self, group: str, queue: str) -> SharedGroupInfo:
+        """Each leader's partitions of the group, merged; GroupNotFoundError when no leader
+        knows it."""
+        leaders = self._leader_addresses(queue)
+        if not leaders:
+            return self._service._home.shared_describe(group, queue)  # the queue unknown: its error
+        asked = {a: self._submit(a, m.SharedDescribeRequest(group, queue)) for a in sorted(set(leaders.values()))}
+        answers: dict[str, SharedGroupInfo] = {}
+        missing: BaseException | None = None
+        for address, fut in asked.items():
+            try:
+                answers[address] = fut.result(timeout=self._service.request_timeout_s + 1)
+            except GroupNotFoundError as e:
+                missing = e  # that leader has not served the group yet
+            except UnavailableError as e:
+                self._service._gate.mark_stale()
+                log.warning(
+                    "broker %s did not describe shared group %s (%s): its partitions are left out", address, group, e
+                )
+                missing = missing or e
+        if not answers:
+            assert missing is not None
+            raise missing
+        return merge_shared_describe(answers, leaders)
+
+    def list_groups(self) -> list[GroupSummary]:
+        """Every broker's groups, each once."""
+        s = self._service
+        addresses = sorted({b.address for b in s.table.brokers.values()} | {s.address})
+        asked = {a: self._submit(a, m.ListGroupsRequest()) for a in addresses}
+        answers: list[list[GroupSummary]] = []
+        for address, fut in asked.items():
+            try:
+                answers.append(fut.result(timeout=s.request_timeout_s + 1))
+            except UnavailableError as e:
+                s._gate.mark_stale()
+                log.warning("broker %s did not list its groups (%s)", address, e)
+        if not answers:
+            return s._home.list_groups()
+        return merge_group_summaries(answers)
