@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from headwater.client.aio.service import AsyncBrokerService, AsyncService
+from headwater.client.aio.shared_routing import AsyncSharedRouter
 from headwater.client.core.routing import (
     BOOTSTRAP_PROBE_S,
     DELAYED_BIT,
@@ -26,6 +27,7 @@ from headwater.client.core.routing import (
 )
 from headwater.client.transport.async_transport import AsyncTransport
 from headwater.client.transport.link import parse_address
+from headwater.client.transport.remote import takes_request
 from headwater.errors import (
     ClosedError,
     InvalidArgumentError,
@@ -73,6 +75,7 @@ class AsyncRoutedService(AsyncBrokerService):
         self._gate.refreshed(time.monotonic())
         self._refreshing: asyncio.Lock | None = None  # made on the loop, when first needed
         self._closed = False
+        self._shared = AsyncSharedRouter(self)
 
     @property
     def table(self) -> RoutingTable:
@@ -384,6 +387,44 @@ class AsyncRoutedService(AsyncBrokerService):
 
     async def ping(self) -> None:
         await self._home.ping()
+
+    # -- shared groups: each partition's state on its leader (AsyncSharedRouter) ----------
+
+    @takes_request("shared_receive")
+    def start_shared_receive(self, request: m.SharedReceiveRequest) -> asyncio.Future[Any]:
+        """A shared receive sent to every leader of the queue, without waiting (see
+        ``AsyncStartsSharedReceive``); :meth:`withdraw` takes it back while unanswered."""
+        return self._shared.start_receive(request)
+
+    def withdraw(self, fut: asyncio.Future[Any]) -> bool:
+        return self._shared.withdraw(fut)
+
+    @takes_request("shared_receive")
+    async def shared_receive(self, request: m.SharedReceiveRequest) -> Any:
+        return await self._shared.receive(request)
+
+    async def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> Any:
+        return await self._shared.lease_call(queue, lease_ids, lambda s, ids: s.shared_ack(group, queue, member, ids))
+
+    async def shared_nack(
+        self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "", delay_ms: int | None = None
+    ) -> Any:
+        return await self._shared.lease_call(
+            queue, lease_ids, lambda s, ids: s.shared_nack(group, queue, member, ids, reason, delay_ms)
+        )
+
+    async def shared_extend(
+        self, group: str, queue: str, member: str, lease_ids: list[str], visibility_timeout_ms: int
+    ) -> Any:
+        return await self._shared.lease_call(
+            queue, lease_ids, lambda s, ids: s.shared_extend(group, queue, member, ids, visibility_timeout_ms)
+        )
+
+    async def shared_describe(self, group: str, queue: str) -> Any:
+        return await self._shared.describe(group, queue)
+
+    async def list_groups(self) -> Any:
+        return await self._shared.list_groups()
 
     async def close(self) -> None:
         """Close every connection (the bootstrap broker's too)."""

@@ -44,6 +44,7 @@ __all__ = [
     "ReceiveRound",
     "SharedReceives",
     "merge_group_summaries",
+    "merge_lease_answers",
     "merge_shared_describe",
     "refused_as",
     "split_leases",
@@ -90,6 +91,38 @@ def refused_as(lease_ids: Iterable[str], error: BaseException) -> list[LeaseRefu
             f"the message will be delivered again"
         )
     return [LeaseRefusal(x, code, f"lease {x}: {why}") for x in lease_ids]
+
+
+def merge_lease_answers(
+    lease_ids: list[str],
+    by_broker: Mapping[Any, list[str]],
+    leaderless: list[str],
+    answers: Mapping[Any, list[LeaseRefusal] | BaseException],
+) -> list[LeaseRefusal]:
+    """One ack's (nack's, extend's) refusals from its brokers' ``answers`` (broker -> its
+    refusals, or the error it raised), in the order of ``lease_ids``: a broker's refusal
+    and a moved or unreachable partition's leases (:func:`refused_as`). Any other error
+    (the queue is gone, a bad argument) is raised, once every broker was heard.
+
+    >>> from headwater.errors import NotLeaderError
+    >>> out = merge_lease_answers(["1:0:0:1:m", "1:1:0:1:m"], {"a": ["1:0:0:1:m"], "b": ["1:1:0:1:m"]}, [],
+    ...                           {"a": [], "b": NotLeaderError("moved")})
+    >>> [(r.lease_id, r.code == LeaseExpiredError.code) for r in out]
+    [('1:1:0:1:m', True)]
+    """
+    refused = refused_as(leaderless, NotLeaderError("no broker leads the partition now"))
+    failure: BaseException | None = None
+    for broker, answer in answers.items():
+        if isinstance(answer, UnavailableError):
+            refused.extend(refused_as(by_broker[broker], answer))
+        elif isinstance(answer, BaseException):
+            failure = failure or answer
+        else:
+            refused.extend(answer)
+    if failure is not None:
+        raise failure
+    order = {x: i for i, x in enumerate(lease_ids)}
+    return sorted(refused, key=lambda x: order.get(x.lease_id, len(order)))
 
 
 def merge_shared_describe(answers: Mapping[Any, SharedGroupInfo], leaders: Mapping[int, Hashable]) -> SharedGroupInfo:
@@ -236,12 +269,19 @@ class SharedReceives:
         self._forget(key)
         return r
 
+    def keep(self, key: Key, deliveries: SharedDeliveries) -> None:
+        """Give back an answer its caller could not take (its wait was cancelled): the
+        member's next receive gets it first."""
+        if deliveries.leases:
+            self._held.setdefault(key, []).insert(0, deliveries)
+
     def withdraw(self, r: ReceiveRound) -> bool:
-        """Take back a receive not answered yet (True: nothing was handed to it; what its
-        brokers give later is kept for the next receive); False when it has its answer."""
+        """End a receive its caller stops waiting for: True if it had no answer yet; it is
+        answered empty now (nothing was handed to it; what its brokers give later is kept
+        for the next receive). False when it had its answer already."""
         if r.done:
             return False
-        r.withdrawn = True
+        r.answer = _EMPTY
         if self._rounds.get(r.key) is r:
             del self._rounds[r.key]
         self._forget(r.key)

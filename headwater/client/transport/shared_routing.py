@@ -21,13 +21,13 @@ from headwater.client.core.shared_routing import (
     ReceiveRound,
     SharedReceives,
     merge_group_summaries,
+    merge_lease_answers,
     merge_shared_describe,
-    refused_as,
     split_leases,
 )
 from headwater.client.transport.remote import answer_timeout_s, check_arguments
 from headwater.client.transport.send_future import LazyFuture
-from headwater.errors import GroupNotFoundError, NotLeaderError, UnavailableError
+from headwater.errors import GroupNotFoundError, UnavailableError
 from headwater.model.groups import GroupSummary
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.protocol import messages as m
@@ -82,6 +82,8 @@ class SharedRouter:
         out: concurrent.futures.Future[SharedDeliveries] = LazyFuture()
         with self._lock:
             r, send = self._receives.start(key, max_messages, addresses)
+            # a round its caller left unanswered (never withdrawn) was replaced by this one: forget its future
+            self._rounds = {f: x for f, x in self._rounds.items() if not x.done}
             if not r.done:
                 self._rounds[out] = r
         if r.done:
@@ -107,20 +109,31 @@ class SharedRouter:
             assert r is not None
             self._settle(f, r)
 
-    @staticmethod
-    def _settle(fut: concurrent.futures.Future[SharedDeliveries], r: ReceiveRound) -> None:
-        if r.error is not None:
-            fut.set_exception(r.error)
-        else:
-            assert r.answer is not None
-            fut.set_result(r.answer)
+    def _settle(self, fut: concurrent.futures.Future[SharedDeliveries], r: ReceiveRound) -> None:
+        try:
+            if r.error is not None:
+                fut.set_exception(r.error)
+            else:
+                assert r.answer is not None
+                fut.set_result(r.answer)
+        except concurrent.futures.InvalidStateError:  # its caller cancelled it: keep what it got
+            if r.answer is not None:
+                with self._lock:
+                    self._receives.keep(r.key, r.answer)
 
     def withdraw(self, fut: concurrent.futures.Future[Any]) -> bool:
-        """Take back a receive not answered yet: True, and nothing was leased for it (what
-        its brokers give later goes to the member's next receive)."""
+        """A receive whose caller stops waiting: answered empty now, if it had no answer
+        (nothing was leased for it; what its brokers give later goes to the member's next
+        receive). Always False: its requests were written, and the caller takes the answer
+        at once. (True would tell the consumer the client is reconnecting, and after a
+        broker's outage it would raise.)"""
         with self._lock:
             r = self._rounds.pop(fut, None)
-            return r is not None and self._receives.withdraw(r)
+            ended = r is not None and self._receives.withdraw(r)
+        if ended:
+            assert r is not None
+            self._settle(fut, r)
+        return False
 
     def receive(self, body: m.SharedReceiveRequest) -> SharedDeliveries:
         """A blocking receive."""
@@ -128,8 +141,7 @@ class SharedRouter:
         try:
             return fut.result(timeout=self._service.request_timeout_s + body.max_wait_ms / 1000)
         except concurrent.futures.TimeoutError:
-            if self.withdraw(fut):
-                return SharedDeliveries([], [])
+            self.withdraw(fut)  # answered empty, unless its answer came meanwhile
             return fut.result()
 
     # -- ack, nack, extend ----------------------------------------------------------------
@@ -142,23 +154,19 @@ class SharedRouter:
         if not by_broker and not leaderless:
             return list(self._service._home._call(make(list(lease_ids))))  # no table: the broker's answer
         asked = {address: self._submit(address, make(ids)) for address, ids in by_broker.items()}
-        refused = refused_as(leaderless, NotLeaderError("no broker leads the partition now"))
-        failure: BaseException | None = None
+        answers: dict[Any, Any] = {}
         for address, fut in asked.items():
             try:
-                refused.extend(fut.result(timeout=self._service.request_timeout_s + 1))
-            except UnavailableError as e:
-                self._service._gate.mark_stale()
-                refused.extend(refused_as(by_broker[address], e))
+                answers[address] = fut.result(timeout=self._service.request_timeout_s + 1)
             except concurrent.futures.TimeoutError:
-                e = UnavailableError(f"broker {address} got no answer in {self._service.request_timeout_s} s")
-                refused.extend(refused_as(by_broker[address], e))
-            except Exception as e:  # noqa: BLE001 - raised once the others' answers are in
-                failure = failure or e
-        if failure is not None:
-            raise failure
-        order = {x: i for i, x in enumerate(lease_ids)}
-        return sorted(refused, key=lambda x: order.get(x.lease_id, 0))
+                answers[address] = UnavailableError(
+                    f"broker {address} got no answer in {self._service.request_timeout_s} s"
+                )
+            except Exception as e:  # noqa: BLE001 - merged: a moved or lost broker's leases refused, others raised
+                answers[address] = e
+            if isinstance(answers[address], UnavailableError):
+                self._service._gate.mark_stale()
+        return merge_lease_answers(list(lease_ids), by_broker, leaderless, answers)
 
     # -- describe, list ---------------------------------------------------------------------
 
