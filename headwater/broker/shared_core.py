@@ -221,7 +221,7 @@ class SharedGroupsCore:
             token = self._commit(group, info, st, changes, dead + spent)
             hint = None
             if not leases:
-                due = st.next_due_ms()
+                due = st.next_due_ms(led)  # another's partition's old leases would wake it for nothing
                 hint = None if due is None else max(1, due - now)
         batches = self._read_leased(queue, leases) if leases else []
         self._wait_durable(token)

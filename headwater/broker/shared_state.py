@@ -519,9 +519,12 @@ class SharedQueueState:
 
     # -- reading the state --------------------------------------------------------------
 
-    def next_due_ms(self) -> int | None:
-        """The soonest a lease expires or a backoff ends (something may become deliverable)."""
-        dues = [d for c in self.cursors.values() if (d := c.next_due_ms()) is not None]
+    def next_due_ms(self, only: Container[int] | None = None) -> int | None:
+        """The soonest a lease expires or a backoff ends (something may become deliverable),
+        in the partitions ``only`` (None: all)."""
+        dues = [
+            d for p, c in self.cursors.items() if (only is None or p in only) and (d := c.next_due_ms()) is not None
+        ]
         return min(dues) if dues else None
 
     def lease_holders(self, now_ms: int) -> set[str]:
