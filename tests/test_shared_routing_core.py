@@ -198,3 +198,38 @@ def test_what_is_kept_stays_bounded_by_brokers_times_max_messages():
         for b in send:
             rs.answered(KEY, b, _got(brokers.index(b), *range(round_no * 10, round_no * 10 + 4)))
         assert rs.held(KEY) <= len(brokers) * 4
+
+
+def test_a_round_that_does_not_wait_gathers_every_broker_it_asked():
+    rs = SharedReceives()
+    r, send = rs.start(KEY, 10, ["a", "b"], wait_all=True)
+    assert rs.answered(KEY, "a", _got(0, 1)) is None  # b answers at once too: wait for it
+    assert rs.answered(KEY, "b", _got(1, 2)) is r
+    assert sorted(_offsets(r.answer)) == [(0, 1), (1, 2)]  # what one broker would give
+    long_r, send = rs.start(KEY, 10, ["a", "b"])
+    assert send == ["a", "b"]
+    rs.answered(KEY, "a", _got(0, 3))
+    assert long_r.done  # a long poll: the first with deliveries answers
+    quick, send = rs.start(KEY, 10, ["a", "b"], wait_all=True)
+    assert send == ["a"] and rs.answered(KEY, "a", SharedDeliveries([], [])) is quick  # b was asked before
+    assert quick.answer == SharedDeliveries([], [])
+    quick, send = rs.start(KEY, 10, ["b"], wait_all=True)
+    assert send == [] and quick.answer == SharedDeliveries([], [])  # b polls already: nothing quick to wait for
+
+
+def test_a_receive_asks_without_waiting_before_its_long_poll():
+    from headwater.client.core.shared_routing import phases
+    from headwater.protocol import messages as m
+
+    body = m.SharedReceiveRequest("g", "q", "m", 10, 30_000, max_wait_ms=5_000)
+    quick, long = phases(body)
+    assert quick.max_wait_ms == 0 and long == body
+    assert phases(quick) == (quick, None)
+
+
+def test_the_kept_deliveries_are_drained_for_release_when_the_client_closes():
+    rs = SharedReceives()
+    r, _ = rs.start(KEY, 1, ["a"])
+    rs.answered(KEY, "a", _got(0, 1, 2, 3))
+    assert rs.drain() == {KEY: [_lease(0, 2), _lease(0, 3)]}
+    assert rs.held(KEY) == 0 and rs.drain() == {}

@@ -427,9 +427,11 @@ class AsyncRoutedService(AsyncBrokerService):
         return await self._shared.list_groups()
 
     async def close(self) -> None:
-        """Close every connection (the bootstrap broker's too)."""
+        """Give back the shared deliveries kept for receives that will not come, then
+        close every connection (the bootstrap broker's too)."""
         if self._closed:
             return
+        await self._shared.release_held()
         self._closed = True
         for opening in list(self._opening.values()):
             opening.cancel()

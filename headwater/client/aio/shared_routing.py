@@ -17,10 +17,11 @@ from headwater.client.core.shared_routing import (
     merge_group_summaries,
     merge_lease_answers,
     merge_shared_describe,
+    phases,
     split_leases,
 )
 from headwater.client.transport.remote import call_arguments, check_arguments
-from headwater.errors import GroupNotFoundError, UnavailableError
+from headwater.errors import GroupNotFoundError, HeadwaterError, UnavailableError
 from headwater.model.groups import GroupSummary
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.protocol import messages as m
@@ -43,6 +44,8 @@ class AsyncSharedRouter:
         self._service = service
         self._receives = SharedReceives()
         self._rounds: dict[asyncio.Future[Any], ReceiveRound] = {}
+        # receives whose quick round is under way: their long poll, and where to send it
+        self._then: dict[asyncio.Future[Any], tuple[m.SharedReceiveRequest, list[str]]] = {}
         self._tasks: set[asyncio.Future[Any]] = set()  # the receives and refreshes under way
 
     def _spawn(self, aw: Awaitable[Any]) -> asyncio.Future[Any]:
@@ -62,7 +65,7 @@ class AsyncSharedRouter:
     def start_receive(self, body: m.SharedReceiveRequest) -> asyncio.Future[SharedDeliveries]:
         """Send the receive to every leader of its queue by the table in use (one it does
         not know yet: to the bootstrap broker, the table refreshed meanwhile): the future of
-        its answer."""
+        its answer. Without waiting first, then with its long poll (``phases``)."""
         check_arguments(body)
         s = self._service
         table = s.table
@@ -70,20 +73,26 @@ class AsyncSharedRouter:
             s._gate.mark_stale()
             self._spawn(s.refresh(time.monotonic() + s.request_timeout_s))
         addresses = sorted({table.brokers[b].address for b in table.leaders_of(body.queue)}) or [s.address]
-        key = (body.group, body.queue, body.member)
         out: asyncio.Future[SharedDeliveries] = asyncio.get_running_loop().create_future()
-        r, send = self._receives.start(key, body.max_messages, addresses)
+        first, then = phases(body)
+        if then is not None:
+            self._then[out] = (then, addresses)
+        self._begin(out, first, addresses)
+        return out
+
+    def _begin(self, out: asyncio.Future[SharedDeliveries], body: m.SharedReceiveRequest, addresses: list[str]) -> None:
+        key = (body.group, body.queue, body.member)
+        r, send = self._receives.start(key, body.max_messages, addresses, wait_all=body.max_wait_ms == 0)
         # a round its caller left unanswered (never withdrawn) was replaced by this one: forget its future
         self._rounds = {f: x for f, x in self._rounds.items() if not x.done}
         if r.done:
-            self._settle(out, r)
-            return out
+            self._finish([out], r)
+            return
         self._rounds[out] = r
         for address in send:
             self._spawn(self._ask(str(address), body)).add_done_callback(
                 lambda t, a=address: self._answered(key, a, t)  # type: ignore[misc]  # a bound default names the broker
             )
-        return out
 
     async def _ask(self, address: str, body: m.SharedReceiveRequest) -> SharedDeliveries:
         link = await self._service._link(address)
@@ -101,9 +110,20 @@ class AsyncSharedRouter:
         r = self._receives.answered(key, address, None if error is not None else task.result(), error)
         if r is None:
             return
-        for fut in [f for f, x in self._rounds.items() if x is r]:
+        done = [f for f, x in self._rounds.items() if x is r]
+        for fut in done:
             del self._rounds[fut]
-            self._settle(fut, r)
+        self._finish(done, r)
+
+    def _finish(self, futures: list[asyncio.Future[SharedDeliveries]], r: ReceiveRound) -> None:
+        """``r`` is answered: settle ``futures``, or start their long poll when their quick
+        round found nothing."""
+        for out in futures:
+            then = self._then.pop(out, None)
+            if then is not None and r.error is None and r.answer is not None and not r.answer.leases and not out.done():
+                self._begin(out, *then)
+            else:
+                self._settle(out, r)
 
     def _settle(self, fut: asyncio.Future[SharedDeliveries], r: ReceiveRound) -> None:
         if fut.done():  # its caller cancelled it: keep what it got for the next receive
@@ -118,6 +138,7 @@ class AsyncSharedRouter:
     def withdraw(self, fut: asyncio.Future[Any]) -> bool:
         """A receive whose caller stops waiting: answered empty now, if it had no answer
         (see ``SharedRouter.withdraw``). Always False: the caller takes the answer."""
+        self._then.pop(fut, None)
         r = self._rounds.pop(fut, None)
         if r is not None and self._receives.withdraw(r):
             self._settle(fut, r)
@@ -131,6 +152,15 @@ class AsyncSharedRouter:
         if not done:
             self.withdraw(fut)  # answered empty, unless its answer came meanwhile
         return await fut
+
+    async def release_held(self) -> None:
+        """Give back the deliveries kept for receives that will not come (the client
+        closes; see ``SharedRouter.release_held``)."""
+        for (group, queue, member), ids in self._receives.drain().items():
+            try:
+                await self._service.shared_nack(group, queue, member, ids, "released: client closed", 0)
+            except HeadwaterError as e:
+                log.info("%d kept lease(s) of %s on %s not given back (%s): they time out", len(ids), member, queue, e)
 
     # -- ack, nack, extend, describe, list -----------------------------------------------
 

@@ -36,9 +36,12 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
+import msgspec
+
 from headwater.errors import HeadwaterError, LeaseExpiredError, NotLeaderError, UnavailableError
 from headwater.model.groups import GroupState, GroupSummary
 from headwater.model.shared import LeaseId, LeaseRefusal, SharedDeliveries, SharedGroupInfo, SharedLease
+from headwater.protocol import messages as m
 
 __all__ = [
     "ReceiveRound",
@@ -46,6 +49,7 @@ __all__ = [
     "merge_group_summaries",
     "merge_lease_answers",
     "merge_shared_describe",
+    "phases",
     "refused_as",
     "split_leases",
 ]
@@ -54,6 +58,24 @@ __all__ = [
 Key = tuple[str, str, str]
 
 _EMPTY = SharedDeliveries([], [])
+
+
+def phases(body: m.SharedReceiveRequest) -> tuple[m.SharedReceiveRequest, m.SharedReceiveRequest | None]:
+    """A receive's two rounds: every leader asked without waiting first, then, when none
+    had anything, every leader asked with the receive's long poll (None: it has none).
+
+    Why: a round answered by one leader leaves the others' long polls parked, and what
+    they lease later is this member's (kept for its next receive). Asking without waiting
+    first leaves nothing parked whenever messages are there already; only messages that
+    arrive during a long poll can come to a parked one.
+
+    >>> quick, long = phases(m.SharedReceiveRequest("g", "q", "m", 10, 30_000, max_wait_ms=5_000))
+    >>> quick.max_wait_ms, long.max_wait_ms
+    (0, 5000)
+    """
+    if body.max_wait_ms <= 0:
+        return body, None
+    return msgspec.structs.replace(body, max_wait_ms=0), body
 
 
 def split_leases(lease_ids: list[str], leaders: Mapping[int, Hashable]) -> tuple[dict[Any, list[str]], list[str]]:
@@ -174,12 +196,25 @@ class ReceiveRound:
     """One receive of one member: the brokers whose answer it waits for, then its answer
     (or error), or withdrawn (taken back by its caller: its deliveries go to the next)."""
 
-    __slots__ = ("key", "max_messages", "waiting", "answer", "error", "failures", "answers", "withdrawn")
+    __slots__ = (
+        "key",
+        "max_messages",
+        "waiting",
+        "sent",
+        "wait_all",
+        "answer",
+        "error",
+        "failures",
+        "answers",
+        "withdrawn",
+    )
 
-    def __init__(self, key: Key, max_messages: int) -> None:
+    def __init__(self, key: Key, max_messages: int, wait_all: bool = False) -> None:
         self.key = key
         self.max_messages = max_messages
         self.waiting: set[Hashable] = set()
+        self.sent: set[Hashable] = set()  # the brokers asked by this round (the others were asked before)
+        self.wait_all = wait_all  # answered once every broker it asked answered (a round that does not wait)
         self.answer: SharedDeliveries | None = None
         self.error: BaseException | None = None
         self.failures: list[BaseException] = []  # brokers out of reach (the others' answers count)
@@ -212,12 +247,16 @@ class SharedReceives:
         """How many deliveries are kept for ``key``'s next receive."""
         return sum(len(d.leases) for d in self._held.get(key, ()))
 
-    def start(self, key: Key, max_messages: int, brokers: Iterable[Hashable]) -> tuple[ReceiveRound, list[Hashable]]:
+    def start(
+        self, key: Key, max_messages: int, brokers: Iterable[Hashable], *, wait_all: bool = False
+    ) -> tuple[ReceiveRound, list[Hashable]]:
         """A new receive of ``key`` from ``brokers`` (the queue's leaders): the round, and
         the brokers to send it to now (those with none of this member's outstanding). Kept
         deliveries answer it at once, and nothing is sent; a round left waiting by the
-        member before is replaced (its caller gave up on it)."""
-        r = ReceiveRound(key, max_messages)
+        member before is replaced (its caller gave up on it). ``wait_all``: answered once
+        every broker sent to answered (a round that does not wait: each answers at once, and
+        together they give what one broker would), else by the first answer with deliveries."""
+        r = ReceiveRound(key, max_messages, wait_all)
         old = self._rounds.pop(key, None)
         if old is not None and not old.done:
             old.withdrawn = True
@@ -229,8 +268,9 @@ class SharedReceives:
         send = [b for b in dict.fromkeys(brokers) if b not in pending]
         pending.update(send)
         r.waiting = set(pending)
-        if not r.waiting:
-            r.answer = _EMPTY  # no broker leads a partition of the queue now
+        r.sent = set(send)
+        if not r.waiting or (wait_all and not send):  # nobody to ask at once: no answer to wait for
+            r.answer = _EMPTY  # (and with nobody asked: no broker leads a partition of the queue now)
             self._forget(key)
             return r, []
         self._rounds[key] = r
@@ -256,9 +296,12 @@ class SharedReceives:
                 r.failures.append(error)
             else:  # the broker's refusal (a bad argument, the queue is gone): every broker's
                 r.error = error
+        if r.error is None and r.wait_all and r.sent & r.waiting:
+            return None  # a broker asked by this round has not answered yet
         if r.error is None:
             r.answer = self._take(key, r.max_messages)
-            if r.answer is None and not r.waiting:
+            # a round that does not wait is over once those it asked answered (the rest poll on)
+            if r.answer is None and (r.wait_all or not r.waiting):
                 if r.failures and not r.answers:
                     r.error = r.failures[0]  # nobody answered: the consumer rides out the outage
                 else:
@@ -274,6 +317,13 @@ class SharedReceives:
         member's next receive gets it first."""
         if deliveries.leases:
             self._held.setdefault(key, []).insert(0, deliveries)
+
+    def drain(self) -> dict[Key, list[str]]:
+        """Every kept delivery's lease id, by member, forgotten here (the client closes:
+        it gives them back so that others get them at once, not after their leases)."""
+        out = {key: [x.lease_id for d in held for x in d.leases if x.lease_id] for key, held in self._held.items()}
+        self._held.clear()
+        return {key: ids for key, ids in out.items() if ids}
 
     def withdraw(self, r: ReceiveRound) -> bool:
         """End a receive its caller stops waiting for: True if it had no answer yet; it is

@@ -587,7 +587,10 @@ class RoutedService(BrokerService):
         return self._shared.list_groups()
 
     def close(self) -> None:
-        """Close every connection (the bootstrap broker's too)."""
+        """Give back the shared deliveries kept for receives that will not come, then
+        close every connection (the bootstrap broker's too)."""
+        if not self._closed:
+            self._shared.release_held()
         with self._lock:
             if self._closed:
                 return

@@ -23,11 +23,12 @@ from headwater.client.core.shared_routing import (
     merge_group_summaries,
     merge_lease_answers,
     merge_shared_describe,
+    phases,
     split_leases,
 )
 from headwater.client.transport.remote import answer_timeout_s, check_arguments
 from headwater.client.transport.send_future import LazyFuture
-from headwater.errors import GroupNotFoundError, UnavailableError
+from headwater.errors import GroupNotFoundError, HeadwaterError, UnavailableError
 from headwater.model.groups import GroupSummary
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.protocol import messages as m
@@ -48,6 +49,8 @@ class SharedRouter:
         self._lock = threading.Lock()
         self._receives = SharedReceives()
         self._rounds: dict[concurrent.futures.Future[Any], ReceiveRound] = {}
+        # receives whose quick round is under way: their long poll, and where to send it
+        self._then: dict[concurrent.futures.Future[Any], tuple[m.SharedReceiveRequest, list[str]]] = {}
 
     # -- where to send ----------------------------------------------------------------------
 
@@ -74,26 +77,39 @@ class SharedRouter:
 
     def start_receive(self, body: m.SharedReceiveRequest) -> concurrent.futures.Future[SharedDeliveries]:
         """Send the receive to every leader of its queue without waiting: the future of
-        its answer (the first holding deliveries, or empty once all answered)."""
+        its answer (the first holding deliveries, or empty once all answered). It asks
+        without waiting first, then (all empty) with its long poll: see
+        :func:`~headwater.client.core.shared_routing.phases`."""
         check_arguments(body)
         addresses = sorted(set(self._leader_addresses(body.queue).values())) or [self._service.address]
-        key = (body.group, body.queue, body.member)
-        max_messages = body.max_messages
         out: concurrent.futures.Future[SharedDeliveries] = LazyFuture()
+        first, then = phases(body)
+        if then is not None:
+            with self._lock:
+                self._then[out] = (then, addresses)
+        self._begin(out, first, addresses)
+        return out
+
+    def _begin(
+        self, out: concurrent.futures.Future[SharedDeliveries], body: m.SharedReceiveRequest, addresses: list[str]
+    ) -> None:
+        """One round of ``out``'s receive: ``body`` to ``addresses`` (those with no receive
+        of the member outstanding). Never blocks on a refresh: it may run on a connection's
+        thread."""
+        key = (body.group, body.queue, body.member)
         with self._lock:
-            r, send = self._receives.start(key, max_messages, addresses)
+            r, send = self._receives.start(key, body.max_messages, addresses, wait_all=body.max_wait_ms == 0)
             # a round its caller left unanswered (never withdrawn) was replaced by this one: forget its future
             self._rounds = {f: x for f, x in self._rounds.items() if not x.done}
             if not r.done:
                 self._rounds[out] = r
         if r.done:
-            self._settle(out, r)
-            return out
+            self._finish([out], r)
+            return
         for address in send:
             self._submit(str(address), body).add_done_callback(
                 lambda f, a=address: self._answered(key, a, f)  # type: ignore[misc]  # a bound default names the broker
             )
-        return out
 
     def _answered(self, key: tuple[str, str, str], address: Hashable, fut: concurrent.futures.Future[Any]) -> None:
         error = fut.exception()
@@ -105,9 +121,19 @@ class SharedRouter:
             done = [f for f, x in self._rounds.items() if x is r] if r is not None else []
             for f in done:
                 del self._rounds[f]
-        for f in done:
-            assert r is not None
-            self._settle(f, r)
+        if r is not None:
+            self._finish(done, r)
+
+    def _finish(self, futures: list[concurrent.futures.Future[SharedDeliveries]], r: ReceiveRound) -> None:
+        """``r`` is answered: settle ``futures`` with it, or start their long poll when
+        their quick round found nothing."""
+        for out in futures:
+            with self._lock:
+                then = self._then.pop(out, None)
+            if then is not None and r.error is None and r.answer is not None and not r.answer.leases:
+                self._begin(out, *then)
+            else:
+                self._settle(out, r)
 
     def _settle(self, fut: concurrent.futures.Future[SharedDeliveries], r: ReceiveRound) -> None:
         try:
@@ -128,6 +154,7 @@ class SharedRouter:
         at once. (True would tell the consumer the client is reconnecting, and after a
         broker's outage it would raise.)"""
         with self._lock:
+            self._then.pop(fut, None)
             r = self._rounds.pop(fut, None)
             ended = r is not None and self._receives.withdraw(r)
         if ended:
@@ -143,6 +170,18 @@ class SharedRouter:
         except concurrent.futures.TimeoutError:
             self.withdraw(fut)  # answered empty, unless its answer came meanwhile
             return fut.result()
+
+    def release_held(self) -> None:
+        """Give back the deliveries kept for receives that will not come (the client
+        closes): nacked at once, so other members get them now rather than after their
+        leases. Best effort: a broker out of reach lets them time out."""
+        with self._lock:
+            held = self._receives.drain()
+        for (group, queue, member), ids in held.items():
+            try:
+                self._service.shared_nack(group, queue, member, ids, "released: client closed", 0)
+            except HeadwaterError as e:
+                log.info("%d kept lease(s) of %s on %s not given back (%s): they time out", len(ids), member, queue, e)
 
     # -- ack, nack, extend ----------------------------------------------------------------
 
