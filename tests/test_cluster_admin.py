@@ -139,6 +139,20 @@ def test_a_queue_grows_and_is_deleted_whole(cluster):
     assert coord.exists(paths.queue("orders")) is None
 
 
+def test_a_queue_is_disabled_and_enabled_in_its_record(cluster):
+    ensemble, ctl = cluster
+    _ask_answered(ensemble, ctl, _request("create_queue", "orders", config=_config(2)))
+    coord = ensemble.connect()
+    assert decode(coord.get(paths.queue("orders"))[0], QueueRecord, "").enabled
+    _ask_answered(ensemble, ctl, _request("set_enabled", "orders", enabled=False))
+    _ask_answered(ensemble, ctl, _request("set_enabled", "orders", enabled=False))  # again: no change
+    assert not decode(coord.get(paths.queue("orders"))[0], QueueRecord, "").enabled
+    _ask_answered(ensemble, ctl, _request("set_enabled", "orders", enabled=True))
+    assert decode(coord.get(paths.queue("orders"))[0], QueueRecord, "").enabled
+    with pytest.raises(QueueNotFoundError, match="'nope' does not exist"):
+        _ask_answered(ensemble, ctl, _request("set_enabled", "nope", enabled=False))
+
+
 def test_without_a_controller_a_request_is_withdrawn_and_nothing_changes():
     ensemble = MemoryEnsemble()
     coord = ensemble.connect()

@@ -178,6 +178,8 @@ class AdminHandler:
             return self._delete(ctx, req)
         if req.op == "add_partitions":
             return self._grow(ctx, req)
+        if req.op == "set_enabled":
+            return self._set_enabled(ctx, req)
         if req.op in ("rebalance", "decommission"):
             return self._plan_moves(ctx, req)
         raise InvalidArgumentError(f"unknown cluster request {req.op!r}")
@@ -236,6 +238,19 @@ class AdminHandler:
             Set(paths.queue(req.queue), encode(new_record), stat.version),
             *self._partition_nodes(ctx, req.queue, replicas, now),
         ]
+        return ops, AdminResult(queue_id=record.queue_id, controller_epoch=ctx.epoch)
+
+    def _set_enabled(self, ctx: ControllerContext, req: AdminRequest) -> tuple[list[Op], AdminResult]:
+        """Disable or enable a queue: its record says so, and every broker follows it."""
+        try:
+            raw, stat = self._coord.get(paths.queue(req.queue))
+        except NoNodeError:
+            raise QueueNotFoundError(f"queue {req.queue!r} does not exist") from None
+        record = decode(raw, QueueRecord, paths.queue(req.queue))
+        ops: list[Op] = []
+        if record.enabled != req.enabled:
+            changed = msgspec.structs.replace(record, enabled=req.enabled, controller_epoch=ctx.epoch)
+            ops.append(Set(paths.queue(req.queue), encode(changed), stat.version))
         return ops, AdminResult(queue_id=record.queue_id, controller_epoch=ctx.epoch)
 
     def rebalance_now(self, ctx: ControllerContext) -> list[MovePlan]:
