@@ -34,7 +34,7 @@ def clock(request) -> FakeClock | WallClock:
     """The clock of the broker under test, moved by hand (``clock.advance(seconds)``); on the
     cluster, the brokers' wall clock, and a test that moves it is skipped there."""
     callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.params.get("hw") == "cluster":
+    if callspec is not None and "cluster" in (callspec.params.get("hw"), callspec.params.get("aio_target")):
         return WallClock()
     return FakeClock()
 
@@ -87,11 +87,19 @@ def hw(request, tmp_path, clock):
         server.stop()
 
 
-@pytest.fixture(params=["network", "embedded", "memory"])
+@pytest.fixture(params=["network", "embedded", "memory", "cluster"])
 def aio_target(request, tmp_path, clock):
     """Where an asyncio test's client connects (``tests.support.aio_target.Target``): a real
-    server in a thread, an embedded broker, or the in-memory one (``headwater.testing``); run
-    the test with ``tests.support.aio_target.run``."""
+    server in a thread, an embedded broker, the in-memory one (``headwater.testing``), or a
+    cluster of three brokers; run the test with ``tests.support.aio_target.run``."""
+    if request.param == "cluster":
+        alone = request.node.get_closest_marker("alone")
+        if alone is not None:
+            pytest.skip(f"a broker running alone: {alone.args[0]}")
+        cluster = request.getfixturevalue("contract_cluster")
+        yield Target("cluster", tmp_path, clock, ",".join(cluster.address(i) for i in sorted(cluster.brokers)))
+        cluster_contract.empty_cluster(cluster)
+        return
     t = Target(request.param, tmp_path, clock)
     yield t
     if t.server is not None:
