@@ -13,8 +13,10 @@ import pytest
 
 import headwater
 from headwater.testing import FakeClock
-from tests.support import zookeeper
+from tests.support import cluster_contract, zookeeper
 from tests.support.aio_target import Target
+from tests.support.cluster import Cluster
+from tests.support.cluster_contract import WallClock
 from tests.support.coordination import Service, service_of
 from tests.support.server_thread import ServerThread
 
@@ -28,8 +30,12 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    """The clock of the broker under test, moved by hand (``clock.advance(seconds)``)."""
+def clock(request) -> FakeClock | WallClock:
+    """The clock of the broker under test, moved by hand (``clock.advance(seconds)``); on the
+    cluster, the brokers' wall clock, and a test that moves it is skipped there."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and "cluster" in (callspec.params.get("hw"), callspec.params.get("aio_target")):
+        return WallClock()
     return FakeClock()
 
 
@@ -41,10 +47,31 @@ def server(tmp_path, clock):
     s.stop()
 
 
-@pytest.fixture(params=["embedded", "memory", "network"])
+@pytest.fixture(scope="session")
+def contract_cluster(zk_server, tmp_path_factory):
+    """Three brokers on the run's ZooKeeper, shared by every contract test that runs on the
+    cluster (tests/support/cluster_contract.py)."""
+    cluster = Cluster(zk_server, tmp_path_factory.mktemp("contract-cluster"), cluster_contract.BROKERS)
+    cluster.controller()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(params=["embedded", "memory", "network", "cluster"])
 def hw(request, tmp_path, clock):
-    """A client; every test using it runs against the store, the fake and the network."""
+    """A client; every test using it runs against the store, the fake, the network, and a
+    cluster of three brokers."""
     server = None
+    if request.param == "cluster":
+        alone = request.node.get_closest_marker("alone")
+        if alone is not None:
+            pytest.skip(f"a broker running alone: {alone.args[0]}")
+        cluster = request.getfixturevalue("contract_cluster")
+        client = cluster_contract.cluster_client(cluster)
+        yield client
+        client.close()
+        cluster_contract.empty_cluster(cluster)
+        return
     if request.param == "memory":
         from headwater.testing import open_memory
 
@@ -60,11 +87,19 @@ def hw(request, tmp_path, clock):
         server.stop()
 
 
-@pytest.fixture(params=["network", "embedded", "memory"])
+@pytest.fixture(params=["network", "embedded", "memory", "cluster"])
 def aio_target(request, tmp_path, clock):
     """Where an asyncio test's client connects (``tests.support.aio_target.Target``): a real
-    server in a thread, an embedded broker, or the in-memory one (``headwater.testing``); run
-    the test with ``tests.support.aio_target.run``."""
+    server in a thread, an embedded broker, the in-memory one (``headwater.testing``), or a
+    cluster of three brokers; run the test with ``tests.support.aio_target.run``."""
+    if request.param == "cluster":
+        alone = request.node.get_closest_marker("alone")
+        if alone is not None:
+            pytest.skip(f"a broker running alone: {alone.args[0]}")
+        cluster = request.getfixturevalue("contract_cluster")
+        yield Target("cluster", tmp_path, clock, ",".join(cluster.address(i) for i in sorted(cluster.brokers)))
+        cluster_contract.empty_cluster(cluster)
+        return
     t = Target(request.param, tmp_path, clock)
     yield t
     if t.server is not None:

@@ -36,7 +36,7 @@ from tests.support.aio_target import Target, run, scan
 
 @pytest.fixture
 def target(aio_target):
-    """The client kinds of tests/conftest.py's ``aio_target``: network, embedded, memory."""
+    """The client kinds of tests/conftest.py's ``aio_target``: network, embedded, memory, cluster."""
     return aio_target
 
 
@@ -59,6 +59,7 @@ def patch_produce(hw, fn) -> None:
         hw.service.produce_nowait = lambda queue, partition, batch: asyncio.ensure_future(fn(queue, partition, batch))
 
 
+@pytest.mark.alone("a cluster names its brokers and controller; tests/test_cluster_routing.py checks its METADATA")
 def test_a_broker_alone_names_itself_for_every_partition(target):
     async def test(hw):
         await hw.admin.create_queue("orders", partitions=2)
@@ -113,7 +114,8 @@ def test_admin_round_trip(target):
             with pytest.raises(QueueNotFoundError, match="audit"):
                 await call
         status = await hw.status()
-        assert status["mode"] == {"network": "server", "embedded": "embedded", "memory": "memory"}[target.kind]
+        modes = {"network": "server", "embedded": "embedded", "memory": "memory", "cluster": "server"}
+        assert status["mode"] == modes[target.kind]
 
     run(target, test)
 

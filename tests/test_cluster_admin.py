@@ -139,6 +139,38 @@ def test_a_queue_grows_and_is_deleted_whole(cluster):
     assert coord.exists(paths.queue("orders")) is None
 
 
+def test_a_queue_is_disabled_and_enabled_in_its_record(cluster):
+    ensemble, ctl = cluster
+    _ask_answered(ensemble, ctl, _request("create_queue", "orders", config=_config(2)))
+    coord = ensemble.connect()
+    assert decode(coord.get(paths.queue("orders"))[0], QueueRecord, "").enabled
+    _ask_answered(ensemble, ctl, _request("set_enabled", "orders", enabled=False))
+    _ask_answered(ensemble, ctl, _request("set_enabled", "orders", enabled=False))  # again: no change
+    assert not decode(coord.get(paths.queue("orders"))[0], QueueRecord, "").enabled
+    _ask_answered(ensemble, ctl, _request("set_enabled", "orders", enabled=True))
+    assert decode(coord.get(paths.queue("orders"))[0], QueueRecord, "").enabled
+    with pytest.raises(QueueNotFoundError, match="'nope' does not exist"):
+        _ask_answered(ensemble, ctl, _request("set_enabled", "nope", enabled=False))
+
+
+def test_a_change_too_big_for_one_transaction_is_refused_with_what_fits(cluster):
+    """20,000 partitions are about 2 MB of nodes: ZooKeeper refuses a request over 1 MiB by
+    dropping the connection, so the controller refuses it first and says what fits."""
+    ensemble, ctl = cluster
+    with pytest.raises(
+        InvalidArgumentError, match=r"too big for one change .* create it with at most about \d+ partitions"
+    ):
+        _ask_answered(ensemble, ctl, _request("create_queue", "huge", config=_config(20_000)))
+    assert ensemble.connect().exists(paths.queue("huge")) is None
+    _ask_answered(ensemble, ctl, _request("create_queue", "big", config=_config(1_000)))
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"adding 20000 partitions to queue 'big' is too big .* grow it by at most about \d+ partitions",
+    ):
+        _ask_answered(ensemble, ctl, _request("add_partitions", "big", partitions=21_000))
+    _ask_answered(ensemble, ctl, _request("add_partitions", "big", partitions=2_000))
+
+
 def test_without_a_controller_a_request_is_withdrawn_and_nothing_changes():
     ensemble = MemoryEnsemble()
     coord = ensemble.connect()

@@ -24,6 +24,10 @@ from headwater.model.message import Message, MessageId
 from tests.support.broker_process import BrokerProcess
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.alone(
+    "delayed messages' hand-off in moves and summed stats on a cluster (issue 31, being built)"
+)
+
 
 def now_ms(clock) -> int:
     return int(clock() * 1000)

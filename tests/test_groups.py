@@ -33,6 +33,10 @@ from headwater.model.assignment import assign_average, assign_sticky, sticky_mov
 from headwater.model.groups import TRANSITIONS, Event, GroupState
 from tests.support.broker_process import BrokerProcess, free_port, kill_all
 
+pytestmark = pytest.mark.alone(
+    "consumer groups on a cluster need coordinators that follow partitions (issue 31, being built)"
+)
+
 # strategies --------------------------------------------------------------------------------
 
 

@@ -48,6 +48,7 @@ def test_create_describe_list(hw):
     assert hw.admin.describe_queue("audit").config.ttl_s == 7 * 86400
 
 
+@pytest.mark.alone("a cluster names its brokers and controller; tests/test_cluster_queues.py checks its METADATA")
 def test_a_broker_alone_leads_every_partition_itself(hw, request):
     """METADATA of a broker that is in no cluster: a cluster of one, broker -1, at the address
     it listens on (an embedded broker has none), leading every partition at epoch 0."""
@@ -364,6 +365,7 @@ def test_scan_bounds_by_offset_id_and_time(filled, clock):
     assert hw.offset_for_time("q", 1, when) == 12  # batches 1,4,7 hold 0..11; batch 10 starts at 12
 
 
+@pytest.mark.alone("it needs the broker's clock to stand still between the send and the bound")
 def test_a_time_bound_finer_than_a_millisecond_rounds_up(hw, clock):
     """Append times are whole ms: a datetime bound with a fraction of one is rounded up, so
     a range that ends "now" (with microseconds) takes the message appended in that ms, and
@@ -751,6 +753,7 @@ def test_the_copies_of_last_batches_stay_within_their_bound(tmp_path, clock):
     store.close()
 
 
+@pytest.mark.alone("65,000 partitions: a cluster makes at most a few thousand in one change (test_cluster_admin.py)")
 def test_a_listing_of_many_partitions_comes_a_page_at_a_time(hw):
     """Issue 30, finding 4: with 3 M partitions, every listing failed (a 122 MB answer over
     the frame limit). A listing now pages: queues in name order, at most

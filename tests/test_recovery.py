@@ -339,9 +339,16 @@ def check_recovered(data: Path, survivors, ctx: str, *, warned: bool, verify: st
     return want
 
 
-def _copy(pristine: Pristine, dest: Path) -> Path:
+def _copy(pristine: Pristine, dest: Path, *, closed_cleanly: bool = False) -> Path:
+    """A copy of the pristine store. Unless ``closed_cleanly``, as a crash after the last
+    fsync leaves it: without the index and producer snapshot a clean close writes for the
+    last segment, so opening reads that segment (what these tests damage and cut)."""
     shutil.copytree(pristine.data, dest)
     (dest / ".lock").unlink(missing_ok=True)
+    if not closed_cleanly:
+        last = Path(pristine.segments[-1])
+        for suffix in (".idx", ".producers"):
+            (dest / "log" / last.with_suffix(suffix)).unlink()
     return dest
 
 
@@ -457,6 +464,42 @@ def _flip_sealed(tmp_path: Path, pristine: Pristine, cases: int) -> None:
             assert below == [t for t in want[bad.partition] if t[0] < o], ctx
 
 
+def test_after_a_clean_close_the_last_segment_is_trusted_like_a_sealed_one(tmp_path, pristine, monkeypatch):
+    """Issue 32, target 5: opening read the whole last segment even after a clean close
+    (0.5 s for 77 MB). The close writes its index and producer snapshot; opening uses them
+    and reads no segment. Damage there is then found by the reader, as in a sealed
+    segment, and by verify="all" at open; a crash (no such index) reads it as before."""
+    from headwater.storage import loader
+
+    scanned: list[str] = []
+    real_scan = loader.scan_segment
+    monkeypatch.setattr(
+        loader, "scan_segment", lambda seg, *a, **k: scanned.append(seg.path.name) or real_scan(seg, *a, **k)
+    )
+    data = _copy(pristine, tmp_path / "clean", closed_cleanly=True)
+    with headwater.open(data, segment_bytes_max=SEGMENT_BYTES) as hw:
+        assert scanned == []
+        _assert_store(hw, _expected(pristine.batches), "clean")
+        hw.send_batch("q", [b"after"], partition=0)  # the segment grows past its index
+    assert scanned == []
+    with headwater.open(data, segment_bytes_max=SEGMENT_BYTES) as hw:  # closed cleanly again: trusted
+        assert scanned == [] and [r.body for r in hw.scanner("q", partitions=0)][-1] == b"after"
+    crashed = _copy(pristine, tmp_path / "crashed")
+    with headwater.open(crashed, segment_bytes_max=SEGMENT_BYTES) as hw:
+        assert scanned == [pristine.segments[-1]]
+        _assert_store(hw, _expected(pristine.batches), "crashed")
+    # the last run appended after the clean close's index, then died: the index is stale
+    running = _copy(pristine, tmp_path / "running", closed_cleanly=True)
+    with headwater.open(running, segment_bytes_max=SEGMENT_BYTES) as hw:
+        hw.send_batch("q", [b"after"], partition=1)
+        hw.service.flush()
+        stale = _copy(Pristine(running, 0, [], []), tmp_path / "stale", closed_cleanly=True)  # the disk now
+    scanned.clear()
+    with headwater.open(stale, segment_bytes_max=SEGMENT_BYTES) as hw:
+        assert scanned == [pristine.segments[-1]]
+        assert [r.body for r in hw.scanner("q", partitions=1)][-1] == b"after"
+
+
 @pytest.mark.timeout(30)  # a hang here is the bug this test found
 def test_flipped_bytes_in_sealed_segment(tmp_path, pristine):
     _flip_sealed(tmp_path, pristine, CASES)
@@ -499,7 +542,8 @@ def _damage_flushed_last(tmp_path: Path, pristine: Pristine, cases: int) -> None
         finally:
             hw.close()
         survivors = [b for b in pristine.batches if b not in hit]
-        check_recovered(data, survivors, ctx, warned=True)
+        # reported once: the clean close after it wrote the index that leaves the damage out
+        check_recovered(data, survivors, ctx, warned=False)
 
 
 def test_damage_inside_flushed_data_costs_only_itself(tmp_path, pristine):

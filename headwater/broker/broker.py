@@ -63,16 +63,11 @@ class ClusterRole(Protocol):
     def create_queue(self, name: str, config: QueueConfig) -> QueueInfo: ...
     def delete_queue(self, name: str) -> None: ...
     def add_partitions(self, name: str, partitions: int) -> QueueInfo: ...
+    def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo: ...
     def metadata(self, queues: list[str] | None) -> ClusterMetadata: ...
     def rebalance(self, dry_run: bool) -> list[PartitionMove]: ...
     def decommission(self, broker_id: int, dry_run: bool) -> list[PartitionMove]: ...
     def status(self) -> dict[str, object]: ...
-
-
-def _not_on_a_cluster_yet(what: str) -> InvalidArgumentError:
-    return InvalidArgumentError(
-        f"{what} is not available on a cluster yet (docs/cluster.md lists what is); on a broker running alone it is"
-    )
 
 
 def _not_a_cluster(what: str) -> InvalidArgumentError:
@@ -209,15 +204,15 @@ class Broker:
         self.store.delete_queue(check_user_queue(name))
 
     def truncate_queue(self, name: str) -> QueueInfo:
-        if self.cluster is not None:
-            raise _not_on_a_cluster_yet("truncate_queue")
+        """Drop every message of the queue here. On a cluster, each broker drops its own
+        copies: a client asks every broker (``headwater.client`` does)."""
         info = self.store.truncate_queue(check_user_queue(name))
         self.store.enforce_retention()
         return info
 
     def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo:
         if self.cluster is not None:
-            raise _not_on_a_cluster_yet("disabling and enabling a queue")
+            return self.cluster.set_queue_enabled(check_user_queue(name), enabled)
         return self.store.set_queue_enabled(check_user_queue(name), enabled)
 
     def add_partitions(self, name: str, partitions: int) -> QueueInfo:

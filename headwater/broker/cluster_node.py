@@ -198,6 +198,8 @@ class ClusterNode:
                 continue
             elif len(have.partitions) < config.partitions:
                 store.add_partitions(name, config.partitions)
+            if (have.enabled if have is not None else True) != qv.record.enabled:
+                store.set_queue_enabled(name, qv.record.enabled)  # disabled or enabled by the cluster
             self._seen.add(name)
         for name in sorted(self._seen - set(view.queues)):
             if name in local:
@@ -289,6 +291,14 @@ class ClusterNode:
         self._ask("add_partitions", name, partitions=partitions)
         self._await_local(
             lambda: len(self.broker.store.describe_queue(name).partitions) >= partitions, f"{name!r}'s new partitions"
+        )
+        return self.broker.store.describe_queue(name)
+
+    def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo:
+        self._ask("set_enabled", name, enabled=bool(enabled))
+        self._await_local(
+            lambda: self.broker.store.describe_queue(name).enabled == bool(enabled),
+            f"the {'enabling' if enabled else 'disabling'} of {name!r}",
         )
         return self.broker.store.describe_queue(name)
 

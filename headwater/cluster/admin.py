@@ -69,6 +69,11 @@ from headwater.model.config import QueueConfig
 
 __all__ = ["FIRST_QUEUE_ID", "AdminHandler", "ask"]
 
+#: One change's ZooKeeper transaction is kept under this, half of ZooKeeper's default
+#: largest request (jute.maxbuffer, 1 MiB): the chroot prefixes every path on the wire.
+TRANSACTION_BYTES_MAX = 512 * 1024
+OP_OVERHEAD_BYTES = 32  # an op's type, lengths and flags in the request
+
 log = logging.getLogger("headwater.controller")
 
 FIRST_QUEUE_ID = 1000
@@ -178,6 +183,8 @@ class AdminHandler:
             return self._delete(ctx, req)
         if req.op == "add_partitions":
             return self._grow(ctx, req)
+        if req.op == "set_enabled":
+            return self._set_enabled(ctx, req)
         if req.op in ("rebalance", "decommission"):
             return self._plan_moves(ctx, req)
         raise InvalidArgumentError(f"unknown cluster request {req.op!r}")
@@ -204,6 +211,12 @@ class AdminHandler:
             Create(paths.partitions(req.queue)),
             *self._partition_nodes(ctx, req.queue, replicas, 0),
         ]
+        _check_size(
+            ops,
+            config.partitions,
+            f"queue {req.queue!r} with {config.partitions} partitions",
+            "create it with at most about {fits} partitions, then grow it with add_partitions by as many at a time",
+        )
         return ops, AdminResult(queue_id=queue_id, controller_epoch=ctx.epoch)
 
     def _delete(self, ctx: ControllerContext, req: AdminRequest) -> tuple[list[Op], AdminResult]:
@@ -236,6 +249,26 @@ class AdminHandler:
             Set(paths.queue(req.queue), encode(new_record), stat.version),
             *self._partition_nodes(ctx, req.queue, replicas, now),
         ]
+        added = req.partitions - now
+        _check_size(
+            ops,
+            added,
+            f"adding {added} partitions to queue {req.queue!r}",
+            "grow it by at most about {fits} partitions at a time",
+        )
+        return ops, AdminResult(queue_id=record.queue_id, controller_epoch=ctx.epoch)
+
+    def _set_enabled(self, ctx: ControllerContext, req: AdminRequest) -> tuple[list[Op], AdminResult]:
+        """Disable or enable a queue: its record says so, and every broker follows it."""
+        try:
+            raw, stat = self._coord.get(paths.queue(req.queue))
+        except NoNodeError:
+            raise QueueNotFoundError(f"queue {req.queue!r} does not exist") from None
+        record = decode(raw, QueueRecord, paths.queue(req.queue))
+        ops: list[Op] = []
+        if record.enabled != req.enabled:
+            changed = msgspec.structs.replace(record, enabled=req.enabled, controller_epoch=ctx.epoch)
+            ops.append(Set(paths.queue(req.queue), encode(changed), stat.version))
         return ops, AdminResult(queue_id=record.queue_id, controller_epoch=ctx.epoch)
 
     def rebalance_now(self, ctx: ControllerContext) -> list[MovePlan]:
@@ -307,6 +340,19 @@ class AdminHandler:
         if not raw.isdigit():
             raise InvalidArgumentError(f"{paths.QUEUE_IDS} holds {raw[:40]!r}, not a queue id: repair it (zkCli.sh)")
         return int(raw), [Check(paths.QUEUE_IDS, stat.version), Set(paths.QUEUE_IDS, str(int(raw) + 1).encode())]
+
+
+def _check_size(ops: list[Op], partitions: int, what: str, advice: str) -> None:
+    """Refuse a change too big for one ZooKeeper transaction (a node per partition), which
+    ZooKeeper would refuse by dropping the controller's connection."""
+    size = sum(len(op.path) + len(getattr(op, "data", b"")) + OP_OVERHEAD_BYTES for op in ops)
+    if size <= TRANSACTION_BYTES_MAX:
+        return
+    fits = max(1, partitions * TRANSACTION_BYTES_MAX // size)
+    raise InvalidArgumentError(
+        f"{what} is too big for one change of the cluster (about {size // 1024} KiB of ZooKeeper nodes, at most "
+        f"{TRANSACTION_BYTES_MAX // 1024} KiB): " + advice.format(fits=fits)
+    )
 
 
 def _refusal(req: AdminRequest, e: TransactionFailedError) -> HeadwaterError:

@@ -88,6 +88,7 @@ class QueueRecord(msgspec.Struct, frozen=True, kw_only=True):
     created_ms: int
     controller_epoch: int
     replication_factor: int = 1
+    enabled: bool = True  # False: disabled (every broker refuses its reads and writes)
 
 
 class PartitionRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -162,7 +163,7 @@ class AdminRequest(msgspec.Struct, frozen=True, kw_only=True):
     queue), asked by the broker a client called. The controller writes ``result`` into the
     node; the asker reads it and deletes the node."""
 
-    op: str  # create_queue, delete_queue, add_partitions, rebalance, decommission
+    op: str  # create_queue, delete_queue, add_partitions, set_enabled, rebalance, decommission
     queue: str  # "" for rebalance and decommission
     asked_by: int
     asked_ms: int
@@ -170,6 +171,7 @@ class AdminRequest(msgspec.Struct, frozen=True, kw_only=True):
     partitions: int = 0  # add_partitions: the new total
     broker_id: int = 0  # decommission: the broker to empty
     dry_run: bool = False  # rebalance, decommission: answer the plan, move nothing
+    enabled: bool = True  # set_enabled: the queue's new state
     result: AdminResult | None = None
 
 

@@ -5,10 +5,15 @@ Crash policy (docs/design/storage.md, "Crash policy"):
 * Sealed segments were fsynced before their index was written, so a sealed segment whose
   ``.idx`` passes its checksums and matches the segment's size is trusted as is
   (``verify="all"`` re-reads them anyway).
-* The last segment is always read batch by batch, checking both checksums and that
-  offsets never go backwards. Beyond the recovery point (:mod:`.recovery_point`: how far
-  the log was known flushed) the first bad batch is a torn write: the segment is cut
-  there, and the bytes after it are removed, never served. The cut is logged with its
+* The last segment is read batch by batch, checking both checksums and that offsets never
+  go backwards, unless the store was closed cleanly: a clean close writes its index (and
+  the producers' snapshot) after the last fsync, and an index whose size is the segment's
+  and which the recovery point covers whole is trusted as a sealed one's is, so opening
+  after a clean stop reads no segment, whatever its size. Any append after that open grows
+  the segment past the index, and a crash then makes the next open read it again.
+  Beyond the recovery point (:mod:`.recovery_point`: how far the log was known flushed)
+  the first bad batch is a torn write: the segment is cut there, and the bytes after it
+  are removed, never served. The cut is logged with its
   position and reason.
 * Before the recovery point, and anywhere in a sealed segment, the data was flushed: a bad
   batch there is damage, not a torn write, and is never cut. It is skipped, reading
@@ -97,6 +102,7 @@ class Scan:
         self.ends: dict[tuple[int, int], int] = {}
         self.damage: list[Damage] = []
         self.lost: list[Lost] = []
+        self.last_from_close = False  # the last segment's index was the one a clean close wrote
 
 
 # a batch header: magic 1 at byte 44, header size 96 (little endian) at byte 46
@@ -222,6 +228,21 @@ def _read_sealed_index(seg: LogSegment, idx_path: Path, report: list[str]) -> Se
     return idx
 
 
+def _read_closed_index(seg: LogSegment, idx_path: Path) -> SegmentIndex | None:
+    """The index a clean close wrote for the last segment, if it covers the segment as it
+    is now; None (the segment is read instead) if there is none, it is damaged, or the
+    segment grew since (appends after the open that read it): no repair, nothing reported."""
+    try:
+        idx = SegmentIndex.read(idx_path)
+    except (CorruptDataError, StorageError) as e:
+        if idx_path.exists():
+            log.info("reading %s: the index of its clean close is unusable (%s)", seg.path.name, e)
+        return None
+    if idx.segment_size != seg.size or idx.segment_base != seg.base_position:
+        return None
+    return idx
+
+
 def _segment_paths(log_dir: Path, report: list[str], read_only: bool) -> list[Path]:
     """The segment files in order, after the leftovers of a crash are dealt with (stray
     temp files and a newest segment never written: removed, or reported when read-only)."""
@@ -303,18 +324,19 @@ def load_segments(
             idx = None
             if not last and not verify_all and idx_path.exists():
                 idx = _read_sealed_index(seg, idx_path, report)
-                if idx is not None:
-                    for key, pe in idx.partitions.items():
-                        ends[key] = max(ends.get(key, 0), pe.end_offset)
-            if idx is None:
+            elif last and not verify_all and not reread_last and recovery_point >= seg.end_position:
+                idx = _read_closed_index(seg, idx_path)
+                scan.last_from_close = idx is not None
+            if idx is not None:
+                for key, pe in idx.partitions.items():
+                    ends[key] = max(ends.get(key, 0), pe.end_offset)
+            else:
                 if last and reread_last:  # its pages a failed write-back left marked clean go too
                     seg.drop_cached(seg.base_position, seg.end_position)
                 # a sealed segment was fsynced whole before the next one began
                 idx = _recover_segment(seg, scan, recovery_point if last else seg.end_position, report, read_only)
                 if not last and not read_only:
                     idx.write(idx_path)
-            elif last:  # pragma: no cover - the last segment is always scanned
-                raise AssertionError
             if out and out[-1][0].end_position > seg.base_position:
                 raise CorruptDataError(f"segments overlap at {path.name}")
             out.append((seg, idx))

@@ -255,7 +255,9 @@ class LogStore(LogAdmin, LogReads, LogRetention):
         """The newest snapshot of a sealed segment, then every later batch replayed."""
         expiry = self.config.producer_expiry_ms
         table, after = ProducerStateTable(expiry), -1
-        for base in reversed(self._bases[:-1]):
+        # after a clean close the last segment has a snapshot too, written with its index
+        candidates = self._bases if self.damage.last_from_close else self._bases[:-1]
+        for base in reversed(candidates):
             path = self._log_dir / segment_name(base, ".producers")
             if path.exists():
                 try:
@@ -605,12 +607,29 @@ class LogStore(LogAdmin, LogReads, LogRetention):
                 self._commit.wait_durable(self._active.end_position)
                 if self._commit.durable != self._recovery_point:
                     self._write_recovery_point(self._commit.durable)
+                self._save_active_index()
         finally:
             with self._lock:
                 self._files_closed = True
                 for seg in self._segments.values():
                     seg.close()
             self._dir_lock.release()
+
+    def _save_active_index(self) -> None:
+        """At a clean close, once the recovery point covers the active segment: its producer
+        snapshot, then its index, so the next open reads neither (loader: crash policy). A
+        failure only makes that open read the segment, as after a crash."""
+        with self._lock:
+            seg, idx = self._active, self._active_index
+            if self._recovery_point != seg.end_position:
+                return  # not all on the disk (or not recorded so): the next open checks it
+            try:
+                self._producers.expire(self._now_ms())
+                write_snapshot(self._producers, self._log_dir / segment_name(seg.base_position, ".producers"))
+                idx.segment_size = seg.size
+                idx.write(self._log_dir / segment_name(seg.base_position, ".idx"))
+            except StorageError as e:
+                log.warning("the next open reads %s again: %s", seg.path.name, e)
 
     def __enter__(self) -> LogStore:
         return self

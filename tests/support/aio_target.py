@@ -20,16 +20,19 @@ Test = Callable[[headwater.aio.AsyncClient], Awaitable[None]]
 
 
 class Target:
-    """Where a test's client connects: a real server in a thread, or an embedded broker."""
+    """Where a test's client connects: a real server in a thread, an embedded broker, the
+    in-memory one, or the three brokers of a cluster (``addresses``: their bootstrap list)."""
 
-    def __init__(self, kind: str, tmp_path, clock) -> None:
-        self.kind, self.clock = kind, clock
+    def __init__(self, kind: str, tmp_path, clock, addresses: str = "") -> None:
+        self.kind, self.clock, self.addresses = kind, clock, addresses
         self.server = (
             ServerThread(tmp_path / "data", clock, segment_bytes_max=256 * 1024) if kind == "network" else None
         )
         self.path = tmp_path / "data"
 
     async def open(self) -> headwater.aio.AsyncClient:
+        if self.kind == "cluster":
+            return await headwater.aio.connect(self.addresses)
         if self.server is not None:
             return await headwater.aio.connect(self.server.address)
         if self.kind == "memory":

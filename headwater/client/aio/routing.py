@@ -18,6 +18,7 @@ from headwater.client.aio.shared_routing import AsyncSharedRouter
 from headwater.client.core.routing import (
     BOOTSTRAP_PROBE_S,
     DELAYED_BIT,
+    ENABLED_POLL_S,
     RefreshGate,
     RoutingTable,
     merge_describe,
@@ -381,6 +382,32 @@ class AsyncRoutedService(AsyncBrokerService):
             return await self._home.add_partitions(name, partitions)
         finally:
             self._gate.mark_stale()
+
+    async def truncate_queue(self, name: str) -> QueueInfo:
+        """Every broker drops its copies of the queue's messages; a broker out of reach
+        raises (truncate again once it is back: it is safe to repeat)."""
+        if not await self._leaders(name):
+            return await self._home.truncate_queue(name)  # unknown, in the broker's words
+        brokers = sorted(self._table.brokers)
+        answers = await self._ask_leaders(brokers, lambda s: s.truncate_queue(name), strict=True)
+        return merge_describe(answers[min(answers)], answers, self._table.partition_leaders(name))
+
+    async def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo:
+        """Through the controller; answered once every broker that answers has it."""
+        try:
+            info = await self._home.set_queue_enabled(name, enabled)
+        finally:
+            self._gate.mark_stale()
+        deadline = time.monotonic() + self.request_timeout_s
+        while True:
+            answers = await self._ask_leaders(
+                sorted(self._table.brokers), lambda s: s.describe_queue(name), strict=False
+            )
+            if all(q.enabled == bool(enabled) for q in answers.values()):
+                return info
+            if time.monotonic() >= deadline:
+                raise UnavailableError(f"the queue {name!r} was changed, but not every broker follows it yet")
+            await asyncio.sleep(ENABLED_POLL_S)
 
     async def metadata(self, queues: list[str] | None = None) -> ClusterMetadata:
         return await self._ask_metadata(queues)

@@ -34,6 +34,7 @@ from headwater.model.config import PartitionInfo, QueueInfo, QueuePage
 __all__ = [
     "BOOTSTRAP_PROBE_S",
     "DELAYED_BIT",
+    "ENABLED_POLL_S",
     "REFRESH_INTERVAL_S",
     "RefreshGate",
     "RoutingTable",
@@ -50,6 +51,10 @@ REFRESH_INTERVAL_S = 0.1
 #: How long a bootstrap address of a list may take to accept a connection before the next
 #: is tried (a refused one moves on at once).
 BOOTSTRAP_PROBE_S = 1.0
+
+#: How often a client asks the brokers whether each follows a queue it disabled or enabled
+#: (the controller changed it; every broker applies it from ZooKeeper within moments).
+ENABLED_POLL_S = 0.01
 
 #: A delayed id's partition has this bit set (docs/protocol.md, 7.4): delayed messages stay
 #: on the bootstrap broker for now.

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from headwater.client.core.routing import (
     DELAYED_BIT,
+    ENABLED_POLL_S,
     RefreshGate,
     RoutingTable,
     merge_describe,
@@ -527,6 +528,29 @@ class RoutedService(BrokerService):
 
     def add_partitions(self, name: str, partitions: int) -> QueueInfo:
         return self._changed(self._home.add_partitions(name, partitions))
+
+    def truncate_queue(self, name: str) -> QueueInfo:
+        """Every broker drops its copies of the queue's messages; a broker out of reach
+        raises (truncate again once it is back: it is safe to repeat)."""
+        if not self._leaders(name):
+            return self._home.truncate_queue(name)  # unknown, in the broker's words
+        answers = self._answers(
+            self._ask_leaders(sorted(self._table.brokers), m.TruncateQueueRequest(name)), strict=True
+        )
+        return merge_describe(answers[min(answers)], answers, self._table.partition_leaders(name))
+
+    def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo:
+        """Through the controller; answered once every broker that answers has it (each
+        follows the cluster's record of the queue within moments)."""
+        info = self._changed(self._home.set_queue_enabled(name, enabled))
+        deadline = time.monotonic() + self.request_timeout_s
+        while True:
+            asked = self._ask_leaders(sorted(self._table.brokers), m.DescribeQueueRequest(name))
+            if all(q.enabled == bool(enabled) for q in self._answers(asked, strict=False).values()):
+                return info
+            if time.monotonic() >= deadline:
+                raise UnavailableError(f"the queue {name!r} was changed, but not every broker follows it yet")
+            time.sleep(ENABLED_POLL_S)
 
     def metadata(self, queues: list[str] | None = None) -> ClusterMetadata:
         """Any live broker's answer (the open connections first)."""
