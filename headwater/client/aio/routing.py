@@ -40,7 +40,9 @@ from headwater.errors import (
 )
 from headwater.model.cluster import ClusterMetadata
 from headwater.model.config import QueueConfig, QueueInfo, QueuePage
+from headwater.model.groups import GroupSummary
 from headwater.model.service import BrokerService, FetchResult, ProduceResult
+from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.protocol import messages as m
 
 __all__ = ["AsyncRoutedService", "open_async_service"]
@@ -427,30 +429,30 @@ class AsyncRoutedService(AsyncBrokerService):
         return self._shared.withdraw(fut)
 
     @takes_request("shared_receive")
-    async def shared_receive(self, request: m.SharedReceiveRequest) -> Any:
+    async def shared_receive(self, request: m.SharedReceiveRequest) -> SharedDeliveries:
         return await self._shared.receive(request)
 
-    async def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> Any:
+    async def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
         return await self._shared.lease_call(queue, lease_ids, lambda s, ids: s.shared_ack(group, queue, member, ids))
 
     async def shared_nack(
         self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "", delay_ms: int | None = None
-    ) -> Any:
+    ) -> list[LeaseRefusal]:
         return await self._shared.lease_call(
             queue, lease_ids, lambda s, ids: s.shared_nack(group, queue, member, ids, reason, delay_ms)
         )
 
     async def shared_extend(
         self, group: str, queue: str, member: str, lease_ids: list[str], visibility_timeout_ms: int
-    ) -> Any:
+    ) -> list[LeaseRefusal]:
         return await self._shared.lease_call(
             queue, lease_ids, lambda s, ids: s.shared_extend(group, queue, member, ids, visibility_timeout_ms)
         )
 
-    async def shared_describe(self, group: str, queue: str) -> Any:
+    async def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
         return await self._shared.describe(group, queue)
 
-    async def list_groups(self) -> Any:
+    async def list_groups(self) -> list[GroupSummary]:
         return await self._shared.list_groups()
 
     async def close(self) -> None:

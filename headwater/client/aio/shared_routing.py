@@ -83,12 +83,14 @@ class AsyncSharedRouter:
     def _begin(self, out: asyncio.Future[SharedDeliveries], body: m.SharedReceiveRequest, addresses: list[str]) -> None:
         key = (body.group, body.queue, body.member)
         r, send = self._receives.start(key, body.max_messages, addresses, wait_all=body.max_wait_ms == 0)
+        if not r.done:
+            self._rounds[out] = r
         # a round its caller left unanswered (never withdrawn) was replaced by this one: forget its future
         self._rounds = {f: x for f, x in self._rounds.items() if not x.done}
+        self._then = {f: v for f, v in self._then.items() if f in self._rounds or f is out}
         if r.done:
             self._finish([out], r)
             return
-        self._rounds[out] = r
         for address in send:
             self._spawn(self._ask(str(address), body)).add_done_callback(
                 lambda t, a=address: self._answered(key, a, t)  # type: ignore[misc]  # a bound default names the broker

@@ -53,7 +53,9 @@ from headwater.errors import (
 )
 from headwater.model.cluster import ClusterMetadata
 from headwater.model.config import QueueConfig, QueueInfo, QueuePage
+from headwater.model.groups import GroupSummary
 from headwater.model.service import BrokerService, FetchResult, ProduceResult
+from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.protocol import messages as m
 
 __all__ = ["RoutedService"]
@@ -584,30 +586,30 @@ class RoutedService(BrokerService):
         return None
 
     @takes_request("shared_receive")
-    def shared_receive(self, request: m.SharedReceiveRequest) -> Any:
+    def shared_receive(self, request: m.SharedReceiveRequest) -> SharedDeliveries:
         return self._shared.receive(request)
 
-    def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> Any:
+    def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
         return self._shared.lease_call(queue, lease_ids, lambda ids: m.SharedAckRequest(group, queue, member, ids))
 
     def shared_nack(
         self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "", delay_ms: int | None = None
-    ) -> Any:
+    ) -> list[LeaseRefusal]:
         return self._shared.lease_call(
             queue, lease_ids, lambda ids: m.SharedNackRequest(group, queue, member, ids, reason, delay_ms)
         )
 
     def shared_extend(
         self, group: str, queue: str, member: str, lease_ids: list[str], visibility_timeout_ms: int
-    ) -> Any:
+    ) -> list[LeaseRefusal]:
         return self._shared.lease_call(
             queue, lease_ids, lambda ids: m.SharedExtendRequest(group, queue, member, ids, visibility_timeout_ms)
         )
 
-    def shared_describe(self, group: str, queue: str) -> Any:
+    def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
         return self._shared.describe(group, queue)
 
-    def list_groups(self) -> Any:
+    def list_groups(self) -> list[GroupSummary]:
         return self._shared.list_groups()
 
     def close(self) -> None:

@@ -99,10 +99,11 @@ class SharedRouter:
         key = (body.group, body.queue, body.member)
         with self._lock:
             r, send = self._receives.start(key, body.max_messages, addresses, wait_all=body.max_wait_ms == 0)
-            # a round its caller left unanswered (never withdrawn) was replaced by this one: forget its future
-            self._rounds = {f: x for f, x in self._rounds.items() if not x.done}
             if not r.done:
                 self._rounds[out] = r
+            # a round its caller left unanswered (never withdrawn) was replaced by this one: forget its future
+            self._rounds = {f: x for f, x in self._rounds.items() if not x.done}
+            self._then = {f: v for f, v in self._then.items() if f in self._rounds or f is out}
         if r.done:
             self._finish([out], r)
             return
