@@ -136,6 +136,8 @@ def test_an_asyncio_member_receives_acks_and_describes_every_partition(cluster):
             assert await c.receive(max_messages=50, timeout_ms=300) == []
             info = await c.describe()
             assert [p.committed_offset for p in info.partitions] == [PER_PARTITION] * PARTITIONS
+            listed = [g for g in await hw.service.list_groups() if g.group == "workers" and g.queues == ["aio-jobs"]]
+            assert [g.mode for g in listed] == ["shared"]  # once, though three brokers keep it
             await c.close()
         finally:
             await hw.close()

@@ -57,7 +57,9 @@ __all__ = [
 #: (group, queue, member): whose late deliveries a receive may take
 Key = tuple[str, str, str]
 
-_EMPTY = SharedDeliveries([], [])
+
+def _empty() -> SharedDeliveries:
+    return SharedDeliveries([], [])  # a new one each time: its lists are the caller's
 
 
 def phases(body: m.SharedReceiveRequest) -> tuple[m.SharedReceiveRequest, m.SharedReceiveRequest | None]:
@@ -270,7 +272,7 @@ class SharedReceives:
         r.waiting = set(pending)
         r.sent = set(send)
         if not r.waiting or (wait_all and not send):  # nobody to ask at once: no answer to wait for
-            r.answer = _EMPTY  # (and with nobody asked: no broker leads a partition of the queue now)
+            r.answer = _empty()  # (and with nobody asked: no broker leads a partition of the queue now)
             self._forget(key)
             return r, []
         self._rounds[key] = r
@@ -305,7 +307,7 @@ class SharedReceives:
                 if r.failures and not r.answers:
                     r.error = r.failures[0]  # nobody answered: the consumer rides out the outage
                 else:
-                    r.answer = _EMPTY
+                    r.answer = _empty()
         if not r.done:
             return None
         del self._rounds[key]
@@ -331,7 +333,7 @@ class SharedReceives:
         for the next receive). False when it had its answer already."""
         if r.done:
             return False
-        r.answer = _EMPTY
+        r.answer = _empty()
         if self._rounds.get(r.key) is r:
             del self._rounds[r.key]
         self._forget(r.key)
