@@ -17,6 +17,7 @@ import headwater
 import headwater.aio
 from headwater.client.transport.routing import RoutedService
 from headwater.errors import NotLeaderError
+from headwater.model.shared import LeaseId
 from tests.support.cluster import Cluster, eventually
 
 PARTITIONS = 6
@@ -167,7 +168,7 @@ def test_a_moved_partition_starts_over_on_its_new_leader_and_skips_nothing(clust
     """Not handed over yet (docs/design/cluster.md, "Coordinators follow partitions"): the
     group's state of a moved partition stays on the old leader, so the new one delivers the
     partition again from its start, acknowledged messages included, and refuses the old
-    leases as expired. The last test of the module: it leaves broker 3 leading nothing."""
+    leases as expired. It leaves broker 3 leading nothing."""
     with headwater.connect(cluster.address(1)) as hw:
         ids = _queue(hw, "moving")
         c = hw.shared_consumer("g", "moving", visibility_timeout_ms=120_000)
@@ -191,4 +192,30 @@ def test_a_moved_partition_starts_over_on_its_new_leader_and_skips_nothing(clust
         assert {d.attempt for d in again} == {1}  # the new leader's window starts at the start offset
         c.ack(again)
         assert c.receive(max_messages=50, timeout_ms=300) == []
+        c.close()
+
+
+def test_a_leader_killed_its_leases_are_refused_and_the_others_partitions_go_on(cluster):
+    """The last test of the module: it kills broker 2 (after the move above, queue "jobs"
+    is led by brokers 1 and 2)."""
+    with headwater.connect(cluster.address(1)) as hw:
+        leaders = {p.partition: p.leader for p in hw.admin.cluster_metadata(["jobs"]).queue("jobs").partitions}
+        on_2 = {p for p, b in leaders.items() if b == 2}
+        assert on_2 and set(leaders.values()) == {1, 2}
+        c = hw.shared_consumer("fresh", "jobs", visibility_timeout_ms=120_000)
+        got = _receive_all(c, PARTITIONS * PER_PARTITION)
+        assert Counter(d.message_id.partition for d in got) == {p: PER_PARTITION for p in range(PARTITIONS)}
+        cluster.brokers[2].kill()
+        with pytest.raises(headwater.UnavailableError) as refused:
+            c.ack(got)  # the others' leases are acked; broker 2's refused as out of reach
+        assert Counter(LeaseId.parse(r.lease_id).partition for r in refused.value.refused) == {
+            p: PER_PARTITION for p in on_2
+        }
+        live = sorted(set(range(PARTITIONS)) - on_2)
+        sent = [hw.send("jobs", b"after", partition=p) for p in live]
+        again = _receive_all(c, len(sent))  # the partitions led by live brokers go on
+        assert sorted(d.message_id for d in again) == sorted(sent)
+        c.ack(again)
+        info = c.describe()
+        assert [p.partition for p in info.partitions] == live  # what the live leaders answer
         c.close()
