@@ -258,3 +258,19 @@ def test_a_moved_coordinator_keeps_the_offsets_and_its_members_join_again(zk_ser
             assert not errors, errors
     finally:
         cluster.stop()
+
+
+def test_the_coordinator_queue_is_made_at_the_first_group_call_with_the_set_partitions(zk_server, tmp_path):
+    cluster = Cluster(zk_server, tmp_path, 2, "--set", "coordinator_partitions=4")
+    try:
+        cluster.controller()
+        with headwater.connect(_bootstrap(cluster)) as hw:
+            hw.admin.create_queue("few", partitions=2)
+            assert hw.admin.cluster_metadata().coordinators == []  # not made before a group needs it
+            assert hw.service.fetch_offsets("first", "few") == {}
+            coordinators = eventually(lambda: hw.admin.cluster_metadata().coordinators, what="the coordinators")
+            assert len(coordinators) == 4 and set(coordinators) == {1, 2}  # placed over both brokers
+            hw.service.commit_offsets("first", "few", {0: 0, 1: 0})
+            assert hw.service.fetch_offsets("first", "few") == {0: 0, 1: 0}
+    finally:
+        cluster.stop()
