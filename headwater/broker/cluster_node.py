@@ -307,6 +307,8 @@ class ClusterNode:
             )
         qv = self.cache.view.queues.get(COORDINATOR_QUEUE)
         if qv is None:
+            if threading.current_thread() is self._worker:  # it makes the queue here: it cannot wait for it
+                raise NotCoordinatorError(f"the cluster has no coordinator queue yet: nobody coordinates {group!r}")
             self._make_coordinator_queue()
             qv = self.cache.view.queues[COORDINATOR_QUEUE]
         k = coordinator_partition(group, msgspec.convert(qv.record.config, QueueConfig).partitions)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 
 from headwater.broker.membership import Membership
 from headwater.broker.offsets import OffsetStore
-from headwater.errors import NotCoordinatorError, QueueNotFoundError
+from headwater.errors import HeadwaterError, QueueNotFoundError
 from headwater.model.groups import (
     GroupAssignment,
     GroupDescription,
@@ -103,7 +103,7 @@ class GroupCoordinator:
     def _not_here(self, group: str) -> bool:
         try:
             self._offsets.partition_of(group)
-        except NotCoordinatorError:
+        except HeadwaterError:  # NotCoordinatorError, or the cluster could not say: not ours now
             return True
         return False
 

@@ -13,15 +13,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from headwater.client.aio.routed_groups import AsyncRoutedGroupCalls
 from headwater.client.aio.service import AsyncBrokerService, AsyncService
 from headwater.client.core.routing import (
     BOOTSTRAP_PROBE_S,
     DELAYED_BIT,
-    CoordinatorCall,
     RefreshGate,
     RoutingTable,
     merge_describe,
-    merge_groups,
     merge_key_lookups,
     merge_pages,
     parse_bootstrap,
@@ -39,7 +38,6 @@ from headwater.errors import (
 )
 from headwater.model.cluster import ClusterMetadata
 from headwater.model.config import QueueConfig, QueueInfo, QueuePage
-from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
 from headwater.model.service import BrokerService, FetchResult, ProduceResult
 from headwater.protocol import messages as m
 
@@ -48,7 +46,7 @@ __all__ = ["AsyncRoutedService", "open_async_service"]
 T = TypeVar("T")
 
 
-class AsyncRoutedService(AsyncBrokerService):
+class AsyncRoutedService(AsyncRoutedGroupCalls, AsyncBrokerService):
     """An AsyncBrokerService over the brokers of a cluster; ``home``: the bootstrap
     broker's service, which answered ``metadata``."""
 
@@ -362,81 +360,6 @@ class AsyncRoutedService(AsyncBrokerService):
         )
         return merge_key_lookups(answers, self._table.partition_leaders(queue), limit)
 
-    # -- consumer groups: at the group's coordinator ----------------------------------------
-
-    async def _coordinated(self, api: m.ApiKey, group: str, call: Callable[[AsyncService], Awaitable[T]]) -> T:
-        """``call`` on the service of ``group``'s coordinator, sent again as
-        ``RoutedService._coordinated`` sends it (a refresh waits out the rate limit)."""
-        deadline = time.monotonic() + self.request_timeout_s
-        decide = CoordinatorCall(m.API_SPECS[api].resend is m.Resend.SAFE)
-        while True:
-            table = await self.refresh(deadline) if self._gate.stale else self._table
-            address: str | None = None
-            try:
-                where = table.coordinator(group)
-                address = None if where is None else where.address
-                return await call(self._home if address is None else await self._link(address))
-            except OutcomeUnknownError:
-                raise
-            except UnavailableError as e:
-                self._gate.mark_stale()
-                if not decide.again(e, address, late=time.monotonic() >= deadline):
-                    raise
-
-    async def join_group(
-        self,
-        group: str,
-        member_id: str | None,
-        client_id: str,
-        queues: list[str],
-        mode: str,
-        strategy: str,
-        session_timeout_ms: int,
-    ) -> GroupAssignment:
-        return await self._coordinated(
-            m.ApiKey.JOIN_GROUP,
-            group,
-            lambda s: s.join_group(group, member_id, client_id, queues, mode, strategy, session_timeout_ms),
-        )
-
-    async def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
-        return await self._coordinated(
-            m.ApiKey.HEARTBEAT_GROUP, group, lambda s: s.heartbeat_group(group, member_id, generation)
-        )
-
-    async def leave_group(self, group: str, member_id: str) -> None:
-        return await self._coordinated(m.ApiKey.LEAVE_GROUP, group, lambda s: s.leave_group(group, member_id))
-
-    async def describe_group(self, group: str) -> GroupDescription:
-        return await self._coordinated(m.ApiKey.DESCRIBE_GROUP, group, lambda s: s.describe_group(group))
-
-    async def commit_offsets(
-        self,
-        group: str,
-        queue: str,
-        offsets: dict[int, int],
-        member_id: str | None = None,
-        generation: int | None = None,
-    ) -> None:
-        return await self._coordinated(
-            m.ApiKey.COMMIT_OFFSETS,
-            group,
-            lambda s: s.commit_offsets(group, queue, offsets, member_id, generation),
-        )
-
-    async def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
-        return await self._coordinated(m.ApiKey.FETCH_OFFSETS, group, lambda s: s.fetch_offsets(group, queue))
-
-    async def list_groups(self) -> list[GroupSummary]:
-        """Every broker's groups, each once (a consumer group as its coordinator lists it)."""
-        if self._gate.stale:
-            await self.refresh(time.monotonic() + self.request_timeout_s)
-        table = self._table
-        answers = await self._ask_leaders(sorted(table.brokers), lambda s: s.list_groups(), strict=False)
-        if not answers:
-            return await self._home.list_groups()
-        return merge_groups(answers, table.metadata.coordinator)
-
     # -- admin and the rest -----------------------------------------------------------------
 
     async def create_queue(self, name: str, config: QueueConfig) -> QueueInfo:
@@ -485,7 +408,10 @@ def _on_home(name: str) -> Callable[..., Any]:
 
 # what stays on the bootstrap broker for now (docs/cluster.md, "Clients")
 for _spec in m.API_SPECS.values():
-    if _spec.method is not None and _spec.method not in AsyncRoutedService.__dict__:
+    if _spec.method is not None and _spec.method not in {
+        **AsyncRoutedGroupCalls.__dict__,
+        **AsyncRoutedService.__dict__,
+    }:
         setattr(AsyncRoutedService, _spec.method, _on_home(_spec.method))
 
 

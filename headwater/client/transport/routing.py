@@ -16,11 +16,8 @@ needed at the address METADATA gives; each request goes where
 - a queue-wide read (describe_queue, list_queues, lookup_key) to every leader of the queue,
   the answers merged; admin changes to the bootstrap broker, the table refreshed after each.
 - a consumer group's (join, heartbeat, leave, describe, commit_offsets, fetch_offsets) to
-  the group's coordinator; on a :class:`~headwater.errors.NotCoordinatorError` or the
-  coordinator out of reach, the table is asked for again and the call sent again within its
-  deadline as :class:`~headwater.client.core.routing.CoordinatorCall` decides. A table that
-  names no coordinators (an older broker) sends them to the bootstrap broker.
-  list_groups asks every broker and merges their answers, each group once.
+  the group's coordinator, sent again after a NotCoordinatorError; list_groups to every
+  broker, the answers merged (:mod:`~headwater.client.transport.routed_groups`).
 - the rest (shared and keyed groups, subscriptions, delayed messages, status) to the
   bootstrap broker.
 
@@ -38,15 +35,14 @@ from typing import Any, TypeVar
 
 from headwater.client.core.routing import (
     DELAYED_BIT,
-    CoordinatorCall,
     RefreshGate,
     RoutingTable,
     merge_describe,
-    merge_groups,
     merge_key_lookups,
     merge_pages,
 )
 from headwater.client.transport.remote import RemoteService, check_arguments
+from headwater.client.transport.routed_groups import RoutedGroupCalls
 from headwater.client.transport.send_future import LazyFuture
 from headwater.errors import (
     ClosedError,
@@ -58,7 +54,6 @@ from headwater.errors import (
 )
 from headwater.model.cluster import ClusterMetadata
 from headwater.model.config import QueueConfig, QueueInfo, QueuePage
-from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
 from headwater.model.service import BrokerService, FetchResult, ProduceResult
 from headwater.protocol import messages as m
 
@@ -88,7 +83,7 @@ class _Links:
         return any(link.transport.gave_up_connecting_since(t) for link in self._service.links())
 
 
-class RoutedService(BrokerService):
+class RoutedService(RoutedGroupCalls, BrokerService):
     """A BrokerService over the brokers of a cluster (see the module's docstring).
     ``home``: the bootstrap broker's connection, which answered ``metadata``."""
 
@@ -516,82 +511,6 @@ class RoutedService(BrokerService):
         answers = self._answers(self._ask_leaders(sorted(leaders), body), strict=True)
         return merge_key_lookups(answers, self._table.partition_leaders(queue), limit)
 
-    # -- consumer groups: at the group's coordinator ----------------------------------------
-
-    def _coordinated(self, api: m.ApiKey, group: str, call: Callable[[RemoteService], T]) -> T:
-        """``call`` on the connection of ``group``'s coordinator, sent again (within the
-        call's deadline, the table asked for again first) as :class:`CoordinatorCall` says."""
-        deadline = time.monotonic() + self.request_timeout_s
-        decide = CoordinatorCall(m.API_SPECS[api].resend is m.Resend.SAFE)
-        while True:
-            table = self.refresh(deadline) if self._gate.stale else self._table
-            address: str | None = None
-            try:
-                where = table.coordinator(group)
-                address = None if where is None else where.address
-                return call(self._home if address is None else self._link(address))
-            except OutcomeUnknownError:
-                raise
-            except UnavailableError as e:
-                self._gate.mark_stale()
-                if not decide.again(e, address, late=time.monotonic() >= deadline):
-                    raise
-            time.sleep(min(self._gate.wait_s(time.monotonic()), max(0.0, deadline - time.monotonic())))
-
-    def join_group(
-        self,
-        group: str,
-        member_id: str | None,
-        client_id: str,
-        queues: list[str],
-        mode: str,
-        strategy: str,
-        session_timeout_ms: int,
-    ) -> GroupAssignment:
-        return self._coordinated(
-            m.ApiKey.JOIN_GROUP,
-            group,
-            lambda s: s.join_group(group, member_id, client_id, queues, mode, strategy, session_timeout_ms),
-        )
-
-    def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
-        return self._coordinated(
-            m.ApiKey.HEARTBEAT_GROUP, group, lambda s: s.heartbeat_group(group, member_id, generation)
-        )
-
-    def leave_group(self, group: str, member_id: str) -> None:
-        return self._coordinated(m.ApiKey.LEAVE_GROUP, group, lambda s: s.leave_group(group, member_id))
-
-    def describe_group(self, group: str) -> GroupDescription:
-        return self._coordinated(m.ApiKey.DESCRIBE_GROUP, group, lambda s: s.describe_group(group))
-
-    def commit_offsets(
-        self,
-        group: str,
-        queue: str,
-        offsets: dict[int, int],
-        member_id: str | None = None,
-        generation: int | None = None,
-    ) -> None:
-        return self._coordinated(
-            m.ApiKey.COMMIT_OFFSETS,
-            group,
-            lambda s: s.commit_offsets(group, queue, offsets, member_id, generation),
-        )
-
-    def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
-        return self._coordinated(m.ApiKey.FETCH_OFFSETS, group, lambda s: s.fetch_offsets(group, queue))
-
-    def list_groups(self) -> list[GroupSummary]:
-        """Every broker's groups, each once (a consumer group as its coordinator lists it)."""
-        if self._gate.stale:
-            self.refresh(time.monotonic() + self.request_timeout_s)
-        table = self._table
-        answers = self._answers(self._ask_leaders(sorted(table.brokers), m.ListGroupsRequest()), strict=False)
-        if not answers:
-            return self._home.list_groups()
-        return merge_groups(answers, table.metadata.coordinator)
-
     # -- admin: any broker; the table refreshed after each change ---------------------------
 
     def _changed(self, result: T) -> T:
@@ -647,5 +566,5 @@ def _on_home(name: str) -> Callable[..., Any]:
 # what stays on the bootstrap broker for now (docs/cluster.md, "Clients"): every other
 # BrokerService operation, sent as its RemoteService sends it
 for _spec in m.API_SPECS.values():
-    if _spec.method is not None and _spec.method not in RoutedService.__dict__:
+    if _spec.method is not None and _spec.method not in {**RoutedGroupCalls.__dict__, **RoutedService.__dict__}:
         setattr(RoutedService, _spec.method, _on_home(_spec.method))
