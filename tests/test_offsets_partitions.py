@@ -1,17 +1,22 @@
 """The OffsetStore and GroupCoordinator of a broker in a cluster, without a cluster: the
 coordinator queue's partitions loaded and unloaded as a fake cluster node says, the commit
-checks a cluster can make, the fence of a move, and compaction per partition; on the
-MemoryStore. (A broker alone: tests/test_groups.py and tests/test_consumer.py.)"""
+checks a cluster can make, the fence of a move (the real Mover, on the in-memory ensemble),
+and compaction per partition; on the MemoryStore. (A broker alone: tests/test_groups.py and tests/test_consumer.py.)"""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import MappingProxyType
 
 import pytest
 
 from headwater.broker.groups import GroupCoordinator
+from headwater.broker.mover import Mover
 from headwater.broker.offsets import OFFSETS_QUEUE, OffsetStore
+from headwater.cluster.metadata import ClusterView, QueueView
+from headwater.cluster.records import MoveFenced, MoveRecord, PartitionRecord, QueueRecord, decode, encode, paths
 from headwater.errors import (
     InvalidArgumentError,
     NotCoordinatorError,
@@ -24,6 +29,7 @@ from headwater.model.cluster import COORDINATOR_QUEUE, coordinator_partition
 from headwater.model.config import QueueConfig
 from headwater.model.message import Message
 from headwater.storage.memory import MemoryStore
+from headwater.testing.coordination import MemoryEnsemble
 
 PARTITIONS = 4
 
@@ -181,3 +187,72 @@ def test_the_coordinator_drops_members_of_a_partition_it_gave_up_and_holds_grant
     now[0] += 5
     assert groups.heartbeat_group(g, again.member_id, again.generation).assignment == {"orders": [0, 1, 2]}
     assert offsets.fetch(g, "orders") == {0: 1}
+
+
+def test_a_moves_fence_waits_for_a_commit_under_way_then_refuses_the_next():
+    """The real Mover as the commit's ``producing``: the commit accepted before the fence
+    is in the end offset the source publishes (so the target copies it); the next one is
+    refused as NotCoordinator, and nothing more is written."""
+    coord = MemoryEnsemble().connect()
+    store = MemoryStore()
+    config = QueueConfig(partitions=2, ttl_s=None, flush="sync")
+    store.create_queue(COORDINATOR_QUEUE, config, internal=True, queue_id=1000)
+    store.create_queue("orders", QueueConfig(partitions=1))
+    q = COORDINATOR_QUEUE
+    for path in (paths.QUEUES, paths.queue(q), paths.partitions(q), paths.MOVES, paths.moves_of(q)):
+        coord.create(path)
+    led = PartitionRecord(replicas=[1], leader=1, leader_epoch=0, controller_epoch=1)
+    move = MoveRecord(source=1, target=2, phase="fence", started_ms=0, controller_epoch=1)
+    coord.create(paths.partition(q, 0), encode(led))
+    coord.create(paths.move(q, 0), encode(move))
+
+    def view(with_move: bool) -> ClusterView:
+        qv = QueueView(QueueRecord(queue_id=1000, config={}, created_ms=0, controller_epoch=1), {0: led})
+        return ClusterView(
+            queues=MappingProxyType({q: qv}), moves=MappingProxyType({(q, 0): move} if with_move else {})
+        )
+
+    current = [view(False)]
+    mover = Mover(store, coord, 1, lambda: current[0], lambda: True, lambda task: None)
+
+    class Place:
+        def coordinator_partition(self, group: str) -> int:
+            return coordinator_partition(group, 2)
+
+        def leads(self, queue: str, partition: int) -> bool:
+            return False
+
+        def producing(self, queue: str, partition: int):
+            return mover.producing(queue, partition)
+
+    offsets = OffsetStore(store)
+    offsets.join_cluster(Place())
+    offsets.load(0)
+    g = next(g for i in range(100) if coordinator_partition(g := f"g{i}", 2) == 0)
+    inside, release = threading.Event(), threading.Event()
+    append = store.append
+
+    def slow_append(queue, partition, batch):
+        if queue == q:
+            inside.set()
+            release.wait(10)
+        return append(queue, partition, batch)
+
+    store.append = slow_append
+    committer = threading.Thread(target=offsets.commit, args=(g, "orders", {0: 7}))
+    committer.start()
+    assert inside.wait(10)
+    current[0] = view(True)
+    fencer = threading.Thread(target=mover.follow, args=(current[0],))
+    fencer.start()
+    fencer.join(0.3)
+    assert fencer.is_alive() and coord.exists(paths.move_fenced(q, 0)) is None  # waits for the commit
+    release.set()
+    committer.join(10)
+    fencer.join(10)
+    fenced = decode(coord.get(paths.move_fenced(q, 0))[0], MoveFenced, "fenced")
+    assert fenced.end_offset == 1 == store.end_offset(q, 0)  # the commit is in what the target copies
+    with pytest.raises(NotCoordinatorError, match="moving from broker 1 to broker 2"):
+        offsets.commit(g, "orders", {0: 8})
+    assert store.end_offset(q, 0) == 1 and offsets.fetch(g, "orders") == {0: 7}
+    store.close()
