@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from headwater.client.aio.routed_groups import AsyncRoutedGroupCalls
 from headwater.client.aio.service import AsyncBrokerService, AsyncService
 from headwater.client.core.routing import (
     BOOTSTRAP_PROBE_S,
@@ -46,7 +47,7 @@ __all__ = ["AsyncRoutedService", "open_async_service"]
 T = TypeVar("T")
 
 
-class AsyncRoutedService(AsyncBrokerService):
+class AsyncRoutedService(AsyncRoutedGroupCalls, AsyncBrokerService):
     """An AsyncBrokerService over the brokers of a cluster; ``home``: the bootstrap
     broker's service, which answered ``metadata``."""
 
@@ -434,7 +435,10 @@ def _on_home(name: str) -> Callable[..., Any]:
 
 # what stays on the bootstrap broker for now (docs/cluster.md, "Clients")
 for _spec in m.API_SPECS.values():
-    if _spec.method is not None and _spec.method not in AsyncRoutedService.__dict__:
+    if _spec.method is not None and _spec.method not in {
+        **AsyncRoutedGroupCalls.__dict__,
+        **AsyncRoutedService.__dict__,
+    }:
         setattr(AsyncRoutedService, _spec.method, _on_home(_spec.method))
 
 
