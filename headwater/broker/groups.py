@@ -69,7 +69,7 @@ class GroupCoordinator:
         self._clock = clock
         self._lock = threading.Lock()
         self._stripes = [threading.Lock() for _ in range(COMMIT_LOCK_STRIPES)]
-        self._counts: dict[str, tuple[int, float]] = {}
+        self._counts: dict[str, tuple[int, float, int]] = {}  # queue -> (partitions, until, queue id)
         self._membership = Membership(self._partitions_of, incarnation=secrets.token_hex(3), members_max=members_max)
 
     def hold_grants_after_restart(self, grace_ms: float = RESTART_GRACE_MS) -> None:
@@ -118,14 +118,16 @@ class GroupCoordinator:
         so heartbeats do not describe every subscribed queue each time."""
         now = time.monotonic()
         hit = self._counts.get(queue)
-        if hit is not None and hit[1] > now:
+        # a queue deleted and made again has a new id: its old count is no use
+        if hit is not None and hit[1] > now and self._store.queue_name(hit[2]) == queue:
             return hit[0]
         try:
-            n = len(self._store.describe_queue(queue).partitions)
+            info = self._store.describe_queue(queue)
         except QueueNotFoundError:
             self._counts.pop(queue, None)
             return 0
-        self._counts[queue] = (n, now + PARTITION_COUNTS_TTL_S)
+        n = len(info.partitions)
+        self._counts[queue] = (n, now + PARTITION_COUNTS_TTL_S, info.queue_id)
         return n
 
     # -- membership ----------------------------------------------------------------------
