@@ -43,7 +43,8 @@ from it may succeed) and from "something outside misbehaved" (:class:`StorageErr
     │   └── CorruptDataError             31   no    a checksum or layout check failed
     ├── UnavailableError                 40   yes   try again later (timeouts, restarts)
     │   ├── OutcomeUnknownError          41   no    sent, then no answer: it may or may not have been applied
-    │   └── NotLeaderError               42   yes   another broker leads that partition now: ask where, then send
+    │   ├── NotLeaderError               42   yes   another broker leads that partition now: ask where, then send
+    │   └── NotCoordinatorError          43   yes   another broker coordinates that group now: ask where, then send
     └── ClusterError                     80   no    a broker cannot join or act in its cluster as configured
 
 The whole group branch is a state conflict: every refusal of a group (a stale generation,
@@ -97,6 +98,7 @@ __all__ = [
     "UnavailableError",
     "OutcomeUnknownError",
     "NotLeaderError",
+    "NotCoordinatorError",
     "ClusterError",
     "error_for_code",
 ]
@@ -313,6 +315,16 @@ class NotLeaderError(UnavailableError):
     client of a cluster does so by itself; the message names the leader when it is known."""
 
     code = 42
+
+
+class NotCoordinatorError(UnavailableError):
+    """The broker asked does not coordinate that consumer group now (the coordinator
+    queue's partition of the group moved, or the broker is cut off from its cluster): the
+    call was not applied. Refresh the cluster's metadata (METADATA names each group's
+    coordinator) and send it there; a client of a cluster does so by itself. The message
+    names the coordinator when it is known."""
+
+    code = 43
 
 
 class ClusterError(HeadwaterError):

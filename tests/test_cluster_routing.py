@@ -293,9 +293,9 @@ def test_a_delayed_message_is_kept_and_cancelled_by_its_partitions_leader(cluste
         assert delivered == [b"soon"]
 
 
-def test_a_group_consumer_is_coordinated_by_the_bootstrap_broker_and_reads_every_leader(cluster):
-    """(Its commits are checked against the bootstrap broker's own log, which holds only the
-    partitions it leads: cluster-wide coordinators, the next step, commit the rest.)"""
+def test_a_group_consumer_is_coordinated_by_its_coordinator_and_reads_every_leader(cluster):
+    """The group's calls go to its coordinator (METADATA's ``coordinators``), whichever
+    broker the client bootstrapped from; its reads go to each partition's leader."""
     with headwater.connect(cluster.address(2)) as hw:
         hw.admin.create_queue("grouped", partitions=6)
         ids = list(hw.send_batch("grouped", [b"g%d" % i for i in range(120)]))
@@ -306,7 +306,9 @@ def test_a_group_consumer_is_coordinated_by_the_bootstrap_broker_and_reads_every
         while len(got) < len(ids) and time.monotonic() < deadline:
             got.extend(c.poll(timeout_ms=500))
         assert sorted(r.message_id for r in got) == sorted(ids)
-        with cluster.connect(2) as home:  # the bootstrap broker coordinates the group
+        coordinator = hw.admin.cluster_metadata().coordinator("readers")
+        assert coordinator in (1, 2, 3)
+        with cluster.connect(coordinator) as home:  # the coordinator holds the group
             assert home.service.describe_group("readers").members[0].assignment == {"grouped": list(range(6))}
         c.close(commit=False)
 

@@ -42,7 +42,13 @@ GUIDES = sorted(p for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")] i
 #: in particular, but still run every block).
 SHOWS: dict[str, list[str]] = {
     "README.md": ['b\'{"id": 17, "total": 42.5}\'', "event 999"],
-    "cluster.md": ["1000 orders kept", "20 orders of customer-7", "1000 read, from 6 partitions"],
+    "cluster.md": [
+        "1000 orders kept",
+        "20 orders of customer-7",
+        "1000 read, from 6 partitions",
+        "billing is coordinated by broker",
+        "billing committed True",
+    ],
     "asyncio.md": ["[b'late']", "charged 3 orders; checkpoint stored: True"],
     "consumer-groups.md": ["now reading", "charged 300 orders", "cache-invalidation read 3"],
     "keyed-groups.md": ["user-3 clicked 4 times", "'resizing_to': 4", "shared by two members: 0"],

@@ -90,6 +90,7 @@ ERROR_TREE = {
     "UnavailableError": (40, True, "HeadwaterError"),
     "OutcomeUnknownError": (41, False, "UnavailableError"),
     "NotLeaderError": (42, True, "UnavailableError"),
+    "NotCoordinatorError": (43, True, "UnavailableError"),
     "ClusterError": (80, False, "HeadwaterError"),
 }
 

@@ -10,17 +10,26 @@ import pytest
 
 import headwater.client.core.routing as routing
 from headwater.client.core.routing import (
+    CoordinatorCall,
     RefreshGate,
     RoutingTable,
     merge_describe,
+    merge_groups,
     merge_key_lookups,
     merge_pages,
     parse_bootstrap,
 )
-from headwater.errors import InvalidArgumentError, NotLeaderError
+from headwater.errors import InvalidArgumentError, NotCoordinatorError, NotLeaderError, UnavailableError
 from headwater.model.batch import broker_prefix, decode_header, encode_batch
-from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionLocation, QueueLocations
+from headwater.model.cluster import (
+    BrokerAddress,
+    ClusterMetadata,
+    PartitionLocation,
+    QueueLocations,
+    coordinator_partition,
+)
 from headwater.model.config import PartitionInfo, QueueConfig, QueueInfo, QueuePage
+from headwater.model.groups import GroupSummary
 
 
 def _metadata(leaders: dict[str, list[int]], brokers=(1, 2, 3)) -> ClusterMetadata:
@@ -140,3 +149,64 @@ def test_the_bootstrap_list():
             parse_bootstrap(bad)
     with pytest.raises(InvalidArgumentError, match="is a str"):
         parse_bootstrap([7070])  # type: ignore[list-item]  # the wrong type on purpose
+
+
+def _with_coordinators(coordinators: list[int], brokers=(1, 2, 3)) -> ClusterMetadata:
+    md = _metadata({}, brokers)
+    return ClusterMetadata(
+        cluster_id=md.cluster_id, controller=md.controller, brokers=md.brokers, queues=[], coordinators=coordinators
+    )
+
+
+def test_a_group_goes_to_the_leader_of_its_coordinator_partition():
+    table = RoutingTable(_with_coordinators([1, 2, 3, 1]))
+    groups = [f"g{i}" for i in range(40)]
+    for g in groups:
+        expected = [1, 2, 3, 1][coordinator_partition(g, 4)]
+        assert table.coordinator(g).address == f"127.0.0.1:{7070 + expected}"
+    assert {table.coordinator(g).broker_id for g in groups} == {1, 2, 3}
+
+
+def test_no_coordinators_means_the_bootstrap_broker_and_a_dead_one_a_retriable_refusal():
+    assert RoutingTable(_metadata({})).coordinator("g") is None  # an older broker: no coordinators
+    table = RoutingTable(_with_coordinators([-1, 9]))  # none now, and a broker not listed
+    for g in [f"g{i}" for i in range(10)]:
+        with pytest.raises(NotCoordinatorError, match=f"no live coordinator of group '{g}'"):
+            table.coordinator(g)
+
+
+def test_a_group_call_is_sent_again_after_a_refusal_and_once_after_an_outage():
+    call = CoordinatorCall(resend_safe=True)
+    assert call.again(NotCoordinatorError("moved"), "a:1", late=False)
+    assert call.again(NotCoordinatorError("moved"), "a:1", late=False)  # refusals: while time is left
+    assert not call.again(NotCoordinatorError("moved"), "a:1", late=True)
+    assert call.again(UnavailableError("down"), "a:1", late=False)
+    assert call.again(UnavailableError("down"), "b:2", late=False)  # the table named another since
+    assert not call.again(UnavailableError("down"), "b:2", late=False)  # the same one out of reach twice
+    once = CoordinatorCall(resend_safe=False)  # a join: not sent twice after it may have arrived
+    assert once.again(NotCoordinatorError("moved"), None, late=False)
+    assert not once.again(UnavailableError("down"), None, late=False)
+    bootstrap = CoordinatorCall(resend_safe=True)
+    assert bootstrap.again(UnavailableError("down"), None, late=False)
+    assert not bootstrap.again(UnavailableError("down"), None, late=False)
+
+
+def test_list_groups_merge_each_group_once_the_coordinators_answer_first():
+    def s(group, members=0, mode=None, queues=()):
+        return GroupSummary(group=group, state="stable", mode=mode, members=members, queues=list(queues))
+
+    answers = {
+        1: [s("a", 1, "clustering"), s("k", 2, "keyed", ["q"]), s("sh", 0, "shared", ["q"])],
+        2: [s("a", 3, "clustering"), s("b", 1, "broadcast"), s("k", 2, "keyed", ["q"])],
+        3: [s("k", 5, "keyed", ["r"]), s("sh", 0, "shared", ["q"])],
+    }
+    coordinators = {"a": 2, "b": 2}
+    merged = merge_groups(answers, coordinators.get)
+    assert [(g.group, g.mode, g.members, tuple(g.queues)) for g in merged] == [
+        ("a", "clustering", 3, ()),  # broker 1 gave it up lately: broker 2 coordinates it
+        ("b", "broadcast", 1, ()),
+        ("k", "keyed", 2, ("q",)),  # one keyed group per (name, queues)
+        ("k", "keyed", 5, ("r",)),
+        ("sh", "shared", 0, ("q",)),
+    ]
+    assert merge_groups({1: [s("a", 1)], 3: [s("a", 2)]}, lambda g: None)[0].members == 1  # no coordinator: lowest id

@@ -8,7 +8,6 @@ import pytest
 
 from headwater.client.core.shared_routing import (
     SharedReceives,
-    merge_group_summaries,
     merge_lease_answers,
     merge_shared_describe,
     refused_as,
@@ -21,7 +20,6 @@ from headwater.errors import (
     QueueNotFoundError,
     UnavailableError,
 )
-from headwater.model.groups import GroupSummary
 from headwater.model.shared import (
     LeaseId,
     LeaseRefusal,
@@ -108,15 +106,6 @@ def test_describe_takes_each_partition_from_its_leader():
     merged = merge_shared_describe(answers, {0: "a", 1: "b", 2: "a"})
     assert [(p.partition, p.end_offset) for p in merged.partitions] == [(0, 5), (1, 6), (2, 7)]
     assert merged.dead_letter_queue == "q.dlq"
-
-
-def test_list_groups_names_a_shared_group_once():
-    def shared(state: str, members: int) -> GroupSummary:
-        return GroupSummary(group="w", state=state, mode="shared", members=members, queues=["q"])
-
-    other = GroupSummary(group="c", state="stable", mode="clustering", members=2, queues=["q"])
-    merged = merge_group_summaries([[other, shared("empty", 0)], [shared("stable", 2)], [shared("stable", 1), other]])
-    assert merged == [other, shared("stable", 2)]
 
 
 # -- the receives ------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from headwater.broker.subscriptions import SubscriberRegistry
 from headwater.errors import InvalidArgumentError, MessageNotFoundError
 from headwater.model.cluster import (
     ALONE,
+    COORDINATOR_QUEUE,
     BrokerAddress,
     ClusterMetadata,
     PartitionLocation,
@@ -136,7 +137,14 @@ class Broker:
         return self.store.create_queue(check_user_queue(name), config)
 
     def describe_queue(self, name: str) -> QueueInfo:
-        return self.store.describe_queue(check_user_queue(name))
+        return self.store.describe_queue(self._readable(name))
+
+    def _readable(self, queue: str) -> str:
+        """``queue`` if a client may read it: a user's queue, or on a cluster the coordinator
+        queue, which the brokers copy from each other when one of its partitions moves."""
+        if queue == COORDINATOR_QUEUE and self.cluster is not None:
+            return queue
+        return check_user_queue(queue)
 
     def list_queues(self, after: str | None = None, partitions_max: int = 0) -> QueuePage:
         if after is not None and not isinstance(after, str):
@@ -196,6 +204,7 @@ class Broker:
                 )
                 for q in infos
             ],
+            coordinators=[ALONE],  # one coordinator partition, always this broker's
         )
 
     def delete_queue(self, name: str) -> None:
@@ -267,7 +276,7 @@ class Broker:
         max_wait_ms: int = 0,
     ) -> FetchResult:
         """Batches from ``offset`` on; with ``max_wait_ms`` wait that long for data to arrive."""
-        check_user_queue(queue)
+        self._readable(queue)
         if self.cluster is not None:
             self.cluster.check_leader(queue, partition)
         deadline = time.monotonic() + max_wait_ms / 1000

@@ -1,8 +1,9 @@
 """A broker's part in a cluster (``docs/design/cluster.md``): its membership, its cache of the
 cluster's metadata, its candidacy for controller and, while elected, the controller's work;
 and what the broker does with the metadata: it creates the queues the cluster has (under the
-cluster's queue ids), serves only the partitions it leads, and sends changes to queues
-through the controller.
+cluster's queue ids), serves only the partitions it leads, coordinates the consumer
+groups of the coordinator queue's partitions it leads, and sends changes to queues through
+the controller.
 
 One session with ZooKeeper carries all of it. The work the watches start (the controller's
 answers, creating and deleting local queues) runs on one thread of the node's, in order, so
@@ -32,12 +33,23 @@ from headwater.cluster.moves import MOVES_RUNNING_MAX, MoveDriver
 from headwater.cluster.records import AdminRequest, paths
 from headwater.errors import (
     HeadwaterError,
+    NotCoordinatorError,
     NotLeaderError,
     PartitionOutOfRangeError,
+    QueueExistsError,
     QueueNotFoundError,
     UnavailableError,
 )
-from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionLocation, PartitionMove, QueueLocations
+from headwater.model.cluster import (
+    COORDINATOR_PARTITIONS,
+    COORDINATOR_QUEUE,
+    BrokerAddress,
+    ClusterMetadata,
+    PartitionLocation,
+    PartitionMove,
+    QueueLocations,
+    coordinator_partition,
+)
 from headwater.model.config import QueueConfig, QueueInfo, is_internal_queue
 
 __all__ = ["ClusterNode"]
@@ -59,6 +71,7 @@ class ClusterNode:
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         moves_running_max: int = MOVES_RUNNING_MAX,
         auto_rebalance_after_s: float = 0.0,
+        coordinator_partitions: int = COORDINATOR_PARTITIONS,
     ) -> None:
         self.broker = broker
         self.membership = membership
@@ -82,10 +95,13 @@ class ClusterNode:
         self._seen: set[str] = set()  # cluster queues this broker has made: gone from the view, deleted here
         self._foreign: set[str] = set()  # local queues named as a cluster queue, but not it
         self._local_ready = threading.Condition()
+        self._coordinator_partitions = coordinator_partitions  # when this broker is the one to create the queue
+        self._coordinating: dict[int, int] = {}  # coordinator partition loaded here -> its leader epoch then
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.broker.offsets.join_cluster(self)
         self._worker.start()
         self.cache.on_change(lambda view: self._work.put(lambda: self._follow(view)))
         self.cache.start()
@@ -178,12 +194,12 @@ class ClusterNode:
         """Make the local store hold every queue of the cluster, with the cluster's ids and
         partition counts; delete here what the cluster deleted."""
         store = self.broker.store
-        local = {q.name: q for q in store.list_queues()}
+        local = {q.name: q for q in store.list_queues(include_internal=True)}
         for name, qv in view.queues.items():
             config = msgspec.convert(qv.record.config, QueueConfig)
             have = local.get(name)
             if have is None:
-                store.create_queue(name, config, queue_id=qv.record.queue_id)
+                store.create_queue(name, config, internal=is_internal_queue(name), queue_id=qv.record.queue_id)
             elif have.queue_id != qv.record.queue_id:
                 if name in self._foreign:
                     continue
@@ -206,9 +222,30 @@ class ClusterNode:
                 store.delete_queue(name)
                 log.info("deleted queue %s here: the cluster deleted it", name)
             self._seen.discard(name)
+        self._follow_coordinators(view)
         with self._local_ready:
             self._local_ready.notify_all()
         self.mover.follow(view)
+
+    def _follow_coordinators(self, view: ClusterView) -> None:
+        """Load the groups of the coordinator partitions this broker has come to lead (at
+        start, after a move's switch, after a new session), unload those it no longer
+        leads; one led at another leader epoch than when loaded is loaded again."""
+        qv = view.queues.get(COORDINATOR_QUEUE)
+        leading: dict[int, int] = {}
+        if qv is not None and self._local_id(COORDINATOR_QUEUE) == qv.record.queue_id:
+            leading = {n: r.leader_epoch for n, r in qv.partitions.items() if r.leader == self.broker_id}
+        groups = self.broker.groups
+        for n, epoch in sorted(self._coordinating.items()):
+            if leading.get(n) != epoch:
+                groups.unload_partition(n)
+                del self._coordinating[n]
+                log.info("no longer coordinates the groups of %s[%d]", COORDINATOR_QUEUE, n)
+        for n, epoch in sorted(leading.items()):
+            if n not in self._coordinating:
+                groups.load_partition(n)
+                self._coordinating[n] = epoch
+                log.info("coordinates the groups of %s[%d] (leader epoch %d)", COORDINATOR_QUEUE, n, epoch)
 
     def _await_local(self, done: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + self._request_timeout_s
@@ -223,7 +260,7 @@ class ClusterNode:
 
     def check_leader(self, queue: str, partition: int) -> None:
         """Refuse (NotLeaderError, retriable) a partition this broker does not lead now."""
-        if is_internal_queue(queue):
+        if is_internal_queue(queue) and queue != COORDINATOR_QUEUE:
             return  # the broker's own queues are its own
         if not self.membership.active:
             raise NotLeaderError(
@@ -246,33 +283,66 @@ class ClusterNode:
                 + f" does, at leader epoch {rec.leader_epoch}"
             )
 
-    def leads(self, queue: str, partition: int) -> bool:
-        """Whether this broker leads ``queue[partition]`` now (its session live, and its
-        view naming it leader): what a shared group's partition state follows."""
-        if is_internal_queue(queue):
-            return True
-        qv = self.cache.view.queues.get(queue)
-        rec = None if qv is None else qv.partitions.get(partition)
-        return rec is not None and rec.leader == self.broker_id and self.membership.active
-
     def leader_address(self, queue: str, partition: int) -> str | None:
         """``host:port`` of the broker leading ``queue[partition]`` in this broker's view,
-        or None when the queue, the partition or a live leader is unknown."""
+        or None when the queue, the partition or a live leader is unknown (where a shared
+        group's dead letters for a partition another broker leads go)."""
         view = self.cache.view
-        qv = view.queues.get(queue)
-        rec = None if qv is None else qv.partitions.get(partition)
-        return None if rec is None else view.broker_address(rec.leader)
+        leader = view.leader(queue, partition)
+        return None if leader is None else view.broker_address(leader)
 
     @contextmanager
     def producing(self, queue: str, partition: int) -> Iterator[None]:
         """Around a send's append: refused unless this broker leads the partition and no
         move has fenced it here; a fence waits for the appends inside."""
         self.check_leader(queue, partition)
-        if is_internal_queue(queue):
+        if is_internal_queue(queue) and queue != COORDINATOR_QUEUE:
             yield
             return
         with self.mover.producing(queue, partition):
             yield
+
+    def leads(self, queue: str, partition: int) -> bool:
+        """Whether this broker leads ``queue[partition]`` now (and is not cut off)."""
+        return self.membership.active and self.cache.view.leader(queue, partition) == self.broker_id
+
+    def coordinator_partition(self, group: str) -> int:
+        """The coordinator queue's partition of ``group``, if this broker coordinates the
+        group now; else NotCoordinatorError naming the coordinator. The first group call of
+        a cluster has the controller create the queue (placed over the brokers live then)."""
+        if not self.membership.active:
+            raise NotCoordinatorError(
+                f"broker {self.broker_id} is cut off from its cluster's ZooKeeper and coordinates no group now; "
+                f"another broker may coordinate {group!r}"
+            )
+        qv = self.cache.view.queues.get(COORDINATOR_QUEUE)
+        if qv is None:
+            if threading.current_thread() is self._worker:  # it makes the queue here: it cannot wait for it
+                raise NotCoordinatorError(f"the cluster has no coordinator queue yet: nobody coordinates {group!r}")
+            self._make_coordinator_queue()
+            qv = self.cache.view.queues[COORDINATOR_QUEUE]
+        k = coordinator_partition(group, msgspec.convert(qv.record.config, QueueConfig).partitions)
+        rec = qv.partitions.get(k)
+        if rec is None or rec.leader != self.broker_id:
+            leader = -1 if rec is None else rec.leader
+            where = self.cache.view.broker_address(leader)
+            raise NotCoordinatorError(
+                f"broker {self.broker_id} does not coordinate group {group!r}; broker {leader}"
+                + (f" at {where}" if where else " (not registered now)")
+                + f" does (it leads {COORDINATOR_QUEUE}[{k}])"
+            )
+        return k
+
+    def _make_coordinator_queue(self) -> None:
+        config = QueueConfig(partitions=self._coordinator_partitions, ttl_s=None, flush="sync")
+        try:
+            self._ask("create_queue", COORDINATOR_QUEUE, config=msgspec.to_builtins(config))
+        except QueueExistsError:
+            pass  # another broker's group call made it first
+        self._await_local(
+            lambda: COORDINATOR_QUEUE in self.cache.view.queues and self._local_id(COORDINATOR_QUEUE) is not None,
+            "the coordinator queue",
+        )
 
     def _ask(self, op: str, name: str, **fields: Any) -> int:
         req = AdminRequest(op=op, queue=name, asked_by=self.broker_id, asked_ms=int(time.time() * 1000), **fields)
@@ -329,7 +399,7 @@ class ClusterNode:
     def metadata(self, queues: list[str] | None) -> ClusterMetadata:
         view = self.cache.view
         if queues is None:
-            names = sorted(view.queues)
+            names = sorted(q for q in view.queues if not is_internal_queue(q))
         else:
             missing = [q for q in dict.fromkeys(queues) if q not in view.queues and not is_internal_queue(q)]
             if missing:
@@ -365,7 +435,17 @@ class ClusterNode:
                 PartitionMove(queue=q, partition=n, source=m.source, target=m.target, phase=m.phase)
                 for (q, n), m in sorted(view.moves.items())
             ],
+            coordinators=self._coordinators(view),
         )
+
+    @staticmethod
+    def _coordinators(view: ClusterView) -> list[int]:
+        """Each coordinator partition's leader (-1: none known); [] before the queue is made."""
+        qv = view.queues.get(COORDINATOR_QUEUE)
+        if qv is None:
+            return []
+        n = msgspec.convert(qv.record.config, QueueConfig).partitions
+        return [(r.leader if (r := qv.partitions.get(k)) is not None else -1) for k in range(n)]
 
     def status(self) -> dict[str, object]:
         view = self.cache.view

@@ -6,7 +6,11 @@ module adds a clock, locks, the partition counts of the store, and the committed
 of :class:`~headwater.broker.offsets.OffsetStore`.
 
 Membership is kept in memory (a broker restart makes members join again, with new ids);
-committed offsets are durable. Members whose session ran out are removed lazily, by the
+committed offsets are durable. On a cluster this broker coordinates the groups of the
+coordinator queue's partitions it leads: every call first asks the offsets whether it
+coordinates the group now (NotCoordinatorError otherwise), and the cluster node calls
+:meth:`GroupCoordinator.load_partition` and :meth:`GroupCoordinator.unload_partition` as
+partitions come and go. Members whose session ran out are removed lazily, by the
 next call that touches their group (a survivor's heartbeat, a describe, a commit), never by
 a timer: nobody can observe a group without such a call, and survivors only learn of a
 rebalance through their own heartbeats anyway.
@@ -27,7 +31,7 @@ from collections.abc import Callable, Iterable
 
 from headwater.broker.membership import Membership
 from headwater.broker.offsets import OffsetStore
-from headwater.errors import QueueNotFoundError
+from headwater.errors import HeadwaterError, QueueNotFoundError
 from headwater.model.groups import (
     GroupAssignment,
     GroupDescription,
@@ -65,7 +69,7 @@ class GroupCoordinator:
         self._clock = clock
         self._lock = threading.Lock()
         self._stripes = [threading.Lock() for _ in range(COMMIT_LOCK_STRIPES)]
-        self._counts: dict[str, tuple[int, float]] = {}
+        self._counts: dict[str, tuple[int, float, int]] = {}  # queue -> (partitions, until, queue id)
         self._membership = Membership(self._partitions_of, incarnation=secrets.token_hex(3), members_max=members_max)
 
     def hold_grants_after_restart(self, grace_ms: float = RESTART_GRACE_MS) -> None:
@@ -74,6 +78,34 @@ class GroupCoordinator:
         groups = self._offsets.group_queues()
         with self._lock:
             self._membership.hold_grants(groups, self._now_ms() + grace_ms)
+
+    def load_partition(self, partition: int, grace_ms: float = RESTART_GRACE_MS) -> None:
+        """Take over the groups of the offsets' ``partition`` (this broker came to lead it):
+        load their offsets, and hold their grants as after a restart, since the members of
+        the previous coordinator may still be reading."""
+        self._offsets.load(partition)
+        groups = self._offsets.group_queues(partition)
+        with self._lock:
+            self._membership.hold_grants(groups, self._now_ms() + grace_ms)
+
+    def unload_partition(self, partition: int) -> None:
+        """Give up the groups of the offsets' ``partition`` (another broker leads it now):
+        their offsets and members are forgotten here."""
+        gone = set(self._offsets.group_queues(partition))
+        self._offsets.unload(partition)
+        with self._lock:
+            names = self._membership.groups()
+        for name in names:
+            if name in gone or self._not_here(name):
+                with self._stripe(name), self._lock:
+                    self._membership.forget(name)
+
+    def _not_here(self, group: str) -> bool:
+        try:
+            self._offsets.partition_of(group)
+        except HeadwaterError:  # NotCoordinatorError, or the cluster could not say: not ours now
+            return True
+        return False
 
     def _now_ms(self) -> float:
         return self._clock() * 1000.0
@@ -86,14 +118,16 @@ class GroupCoordinator:
         so heartbeats do not describe every subscribed queue each time."""
         now = time.monotonic()
         hit = self._counts.get(queue)
-        if hit is not None and hit[1] > now:
+        # a queue deleted and made again has a new id: its old count is no use
+        if hit is not None and hit[1] > now and self._store.queue_name(hit[2]) == queue:
             return hit[0]
         try:
-            n = len(self._store.describe_queue(queue).partitions)
+            info = self._store.describe_queue(queue)
         except QueueNotFoundError:
             self._counts.pop(queue, None)
             return 0
-        self._counts[queue] = (n, now + PARTITION_COUNTS_TTL_S)
+        n = len(info.partitions)
+        self._counts[queue] = (n, now + PARTITION_COUNTS_TTL_S, info.queue_id)
         return n
 
     # -- membership ----------------------------------------------------------------------
@@ -109,6 +143,7 @@ class GroupCoordinator:
         session_timeout_ms: int,
     ) -> GroupAssignment:
         validate_group_name(group)
+        self._offsets.partition_of(group)  # NotCoordinatorError unless this broker coordinates it
         with self._stripe(group), self._lock:
             return self._membership.join(
                 group,
@@ -123,11 +158,13 @@ class GroupCoordinator:
 
     def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
         validate_group_name(group)
+        self._offsets.partition_of(group)  # NotCoordinatorError unless this broker coordinates it
         with self._stripe(group), self._lock:
             return self._membership.heartbeat(group, member_id, generation, self._now_ms())
 
     def leave_group(self, group: str, member_id: str) -> None:
         validate_group_name(group)
+        self._offsets.partition_of(group)  # NotCoordinatorError unless this broker coordinates it
         with self._stripe(group), self._lock:
             self._membership.leave(group, member_id, self._now_ms())
 
@@ -160,6 +197,7 @@ class GroupCoordinator:
         """Check the commit against the group's membership, then write it, with no
         rebalance of the group in between."""
         validate_group_name(group)
+        self._offsets.partition_of(group)  # NotCoordinatorError unless this broker coordinates it
         parts: Iterable[int] = offsets.keys() if isinstance(offsets, dict) else ()
         with self._stripe(group):
             with self._lock:

@@ -295,6 +295,12 @@ class Membership:
         for group in groups:
             self._grants_held[group] = until_ms
 
+    def forget(self, group: str) -> None:
+        """Drop the group's members and held grants: another broker coordinates it now (its
+        members hear NotCoordinator here, UnknownMember there, and join again)."""
+        self._groups.pop(group, None)
+        self._grants_held.pop(group, None)
+
     def expire(self, now_ms: float, group: str | None = None) -> list[str]:
         """Remove the members whose session ran out (of one group, or of all); their ids."""
         gone: list[str] = []

@@ -36,6 +36,7 @@ from headwater.cluster.metadata import ClusterView
 from headwater.cluster.records import MoveFenced, MoveProgress, MoveRecord, PartitionRecord, decode, encode, paths
 from headwater.errors import HeadwaterError, NotLeaderError
 from headwater.model.batch import decode_header
+from headwater.model.cluster import COORDINATOR_QUEUE
 from headwater.model.config import is_internal_queue
 from headwater.storage.api import Store
 
@@ -189,7 +190,7 @@ class Mover:
     def _drop_strays(self, view: ClusterView) -> None:
         """Drop the data of partitions that another broker leads and no move copies here."""
         for name, qv in view.queues.items():
-            if is_internal_queue(name):
+            if is_internal_queue(name) and name != COORDINATOR_QUEUE:
                 continue
             strays = [
                 n

@@ -1,11 +1,31 @@
 """OffsetStore: consumer groups' committed offsets, kept in the store itself.
 
-Commits are appended to the internal queue ``__offsets`` (one partition, no TTL, sync
-flush), one message per (group, queue id, partition) with the offset as its body, and the
-latest value of each key is kept in memory. On open the queue is read back to rebuild the
-table. When the log holds many more commits than live keys, the whole table is appended as
-one batch and the queue's start is moved to it, so the log stays a small multiple of the
-table and a crash at any point leaves either the old or the new table readable.
+Commits are appended to an internal queue (no TTL, sync flush), one message per (group,
+queue id, partition) with the offset as its body, and the latest value of each key is kept
+in memory, one table per partition of that queue. A partition's records are read back to
+rebuild its table when it is loaded. When a partition's log holds many more commits than
+live keys, its whole table is appended as one batch and the partition's start is moved to
+it, so each log stays a small multiple of its table and a crash at any point leaves either
+the old or the new table readable.
+
+Which queue, and which of its partitions this broker serves:
+
+- A broker running alone keeps ``__offsets`` (one partition), loaded at once and for good:
+  every group is its own.
+- A broker of a cluster (:meth:`OffsetStore.join_cluster`) keeps the cluster's coordinator
+  queue (:data:`~headwater.model.cluster.COORDINATOR_QUEUE`): group ``g``'s commits go to
+  partition ``coordinator_partition(g, n)``, whose leader is ``g``'s coordinator. The
+  cluster node loads a partition when this broker comes to lead it and unloads it when it
+  stops (``docs/design/cluster.md``, "Coordinators follow partitions"). Every group call
+  asks the node first whether this broker coordinates the group now
+  (:meth:`CoordinatorPlace.coordinator_partition`, else NotCoordinatorError), and a
+  commit's append runs inside the node's ``producing`` of the partition, so a move's fence
+  waits for it and refuses the next.
+
+Commit checks: the partition must exist and the offset must be an int from 0. Alone, it
+must also lie within the partition's log (start to end). On a cluster every broker has
+every queue but only a partition's leader knows its log, so the log start and end are
+checked only for partitions this broker leads (Kafka checks neither).
 
 Keys use the queue's id, not its name: a queue deleted and created again starts with no
 committed offsets.
@@ -16,19 +36,23 @@ from __future__ import annotations
 import re
 import struct
 import threading
+from contextlib import AbstractContextManager, nullcontext
+from typing import Protocol
 
-from headwater.errors import InvalidArgumentError
+from headwater.errors import InvalidArgumentError, NotCoordinatorError, NotLeaderError, PartitionOutOfRangeError
 from headwater.model.batch import decode_records, encode_batch
 from headwater.model.checks import check_int_arg, check_offsets_given
-from headwater.model.config import QueueConfig
+from headwater.model.cluster import COORDINATOR_QUEUE
+from headwater.model.config import QueueConfig, QueueInfo
 from headwater.model.message import Message
 from headwater.storage.api import Store
 
-__all__ = ["OffsetStore", "OFFSETS_QUEUE", "validate_group"]
+__all__ = ["CoordinatorPlace", "OffsetStore", "OFFSETS_QUEUE", "validate_group"]
 
 OFFSETS_QUEUE = "__offsets"
 _GROUP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _VALUE = struct.Struct("<q")
+_CHUNK = 10_000  # records per batch when a table is written whole
 
 
 def validate_group(group: object) -> str:
@@ -44,75 +68,164 @@ def _key(group: str, queue_id: int, partition: int) -> bytes:
     return f"{group}\x00{queue_id}\x00{partition}".encode()
 
 
+class CoordinatorPlace(Protocol):
+    """What the offsets of a broker in a cluster ask of its cluster node."""
+
+    def coordinator_partition(self, group: str) -> int:
+        """The coordinator queue's partition of ``group``, if this broker coordinates the
+        group now; else NotCoordinatorError naming the coordinator it knows."""
+        ...
+
+    def leads(self, queue: str, partition: int) -> bool:
+        """Whether this broker leads ``queue[partition]`` now (it knows its log)."""
+        ...
+
+    def producing(self, queue: str, partition: int) -> AbstractContextManager[None]:
+        """Around an append to ``queue[partition]``: refused unless this broker leads it
+        and no move fences it; a fence waits for the appends inside."""
+        ...
+
+
 class OffsetStore:
     """Committed offsets per (group, queue, partition). Thread-safe."""
 
     def __init__(self, store: Store, *, compact_ratio: int = 4, compact_min: int = 10_000) -> None:
         self._store = store
         self._lock = threading.Lock()
-        self._offsets: dict[bytes, int] = {}
+        self._queue = OFFSETS_QUEUE
+        self._place: CoordinatorPlace | None = None  # None: a broker alone
+        self._tables: dict[int, dict[bytes, int]] = {}  # loaded partition -> key -> offset
+        self._appended: dict[int, int] = {}  # loaded partition -> records in its log
         self._compact_ratio = compact_ratio
         self._compact_min = compact_min
         try:
             store.describe_queue(OFFSETS_QUEUE)
         except Exception:  # noqa: BLE001 - first start of this store
             store.create_queue(OFFSETS_QUEUE, QueueConfig(partitions=1, ttl_s=None, flush="sync"), internal=True)
-        self._load()
+        self.load(0)
 
-    def _load(self) -> None:
-        offset = self._store.describe_queue(OFFSETS_QUEUE).partitions[0].start_offset
+    @property
+    def queue(self) -> str:
+        """The internal queue the commits go to: ``__offsets`` alone, the coordinator queue
+        on a cluster."""
+        return self._queue
+
+    def join_cluster(self, place: CoordinatorPlace) -> None:
+        """From now on keep the cluster's coordinator queue, of which no partition is
+        loaded until the cluster node :meth:`load`\\ s it; ``__offsets`` stays on disk for
+        a broker alone."""
+        with self._lock:
+            self._queue = COORDINATOR_QUEUE
+            self._place = place
+            self._tables = {}
+            self._appended = {}
+
+    # -- partitions --------------------------------------------------------------------------
+
+    def loaded(self) -> set[int]:
+        """The partitions whose groups this broker serves now."""
+        with self._lock:
+            return set(self._tables)
+
+    def load(self, partition: int) -> None:
+        """Read ``partition``'s records back from the local log into its table (again, if
+        loaded: the log may have changed while another broker led it)."""
+        queue = self._queue
+        offset = self._store.describe_queue(queue).partitions[partition].start_offset
+        table: dict[bytes, int] = {}
         while True:
-            res = self._store.fetch(OFFSETS_QUEUE, 0, offset, max_bytes=4 << 20)
+            res = self._store.fetch(queue, partition, offset, max_bytes=4 << 20)
             for b in res.batches:
-                for r in decode_records(b, OFFSETS_QUEUE, start_offset=offset):
+                for r in decode_records(b, queue, start_offset=offset):
                     if r.key is not None:
-                        self._offsets[r.key] = _VALUE.unpack(r.body)[0]
+                        table[r.key] = _VALUE.unpack(r.body)[0]
             if res.next_offset <= offset:
                 break
             offset = res.next_offset
-        self._appended = self._store.end_offset(OFFSETS_QUEUE, 0) - offset
+        appended = self._store.end_offset(queue, partition) - offset
+        with self._lock:
+            if self._queue == queue:
+                self._tables[partition] = table
+                self._appended[partition] = appended
+
+    def unload(self, partition: int) -> None:
+        """Forget ``partition``'s table: another broker coordinates its groups now."""
+        with self._lock:
+            self._tables.pop(partition, None)
+            self._appended.pop(partition, None)
+
+    def partition_of(self, group: str) -> int:
+        """The partition of ``group``'s commits, if this broker coordinates the group now
+        (and has loaded it); else NotCoordinatorError."""
+        validate_group(group)
+        k = 0 if self._place is None else self._place.coordinator_partition(group)
+        with self._lock:
+            if k not in self._tables:
+                raise NotCoordinatorError(
+                    f"this broker is taking over as coordinator of group {group!r} (partition {k} of "
+                    f"{self._queue} is being loaded): ask again in a moment"
+                )
+        return k
+
+    # -- commits and reads --------------------------------------------------------------------
 
     def commit(self, group: str, queue: str, offsets: dict[int, int]) -> None:
-        """Commit ``{partition: offset}``; each offset must lie within what the partition
-        holds (start to end, end meaning: everything consumed)."""
-        validate_group(group)
+        """Commit ``{partition: offset}``; see the module's docstring for the checks."""
+        k = self.partition_of(group)
         check_offsets_given(offsets)
         info = self._store.describe_queue(queue)
-        msgs = []
+        msgs = [
+            Message(_VALUE.pack(off), key=_key(group, info.queue_id, part))
+            for part, off in self._checked(info, offsets)
+        ]
+        place = self._place
+        try:
+            with place.producing(self._queue, k) if place is not None else nullcontext():
+                with self._lock:
+                    table = self._tables.get(k)
+                    if table is None:  # unloaded since partition_of: the node saw the partition go
+                        raise NotCoordinatorError(f"this broker stopped coordinating group {group!r}: ask again")
+                    self._store.append(self._queue, k, encode_batch(msgs))
+                    for m in msgs:
+                        table[m.key] = _VALUE.unpack(m.body)[0]  # type: ignore[index]  # an offsets record always has a key
+                    self._appended[k] += len(msgs)
+                    if self._appended[k] > max(self._compact_min, self._compact_ratio * len(table)):
+                        self._compact(k)
+        except NotLeaderError as e:  # the partition moved, or is fenced for its move
+            raise NotCoordinatorError(f"this broker does not coordinate group {group!r} now: {e}") from None
+
+    def _checked(self, info: QueueInfo, offsets: dict[int, int]) -> list[tuple[int, int]]:
+        out = []
         for part, off in offsets.items():
             if isinstance(part, bool) or not isinstance(part, int) or not 0 <= part < len(info.partitions):
-                from headwater.errors import PartitionOutOfRangeError
-
                 raise PartitionOutOfRangeError(
-                    f"queue {queue!r} has partitions 0..{len(info.partitions) - 1}; there is no partition {part!r}"
+                    f"queue {info.name!r} has partitions 0..{len(info.partitions) - 1}; there is no partition {part!r}"
                 )
-            pi = info.partitions[part]
             check_int_arg(off, "an offset")
-            if off > pi.end_offset:
-                raise InvalidArgumentError(
-                    f"cannot commit offset {off} for {queue}[{part}]: beyond the log end {pi.end_offset}"
-                )
-            if off < pi.start_offset:
-                raise InvalidArgumentError(
-                    f"cannot commit offset {off} for {queue}[{part}]: before the log start {pi.start_offset}"
-                )
-            msgs.append(Message(_VALUE.pack(off), key=_key(group, info.queue_id, part)))
-        with self._lock:
-            self._store.append(OFFSETS_QUEUE, 0, encode_batch(msgs))
-            for m in msgs:
-                self._offsets[m.key] = _VALUE.unpack(m.body)[0]  # type: ignore[index]  # an offsets record always has a key
-            self._appended += len(msgs)
-            if self._appended > max(self._compact_min, self._compact_ratio * len(self._offsets)):
-                self._compact()
+            if off < 0:
+                raise InvalidArgumentError(f"cannot commit offset {off} for {info.name}[{part}]: offsets start at 0")
+            if self._place is None or self._place.leads(info.name, part):
+                pi = info.partitions[part]
+                if off > pi.end_offset:
+                    raise InvalidArgumentError(
+                        f"cannot commit offset {off} for {info.name}[{part}]: beyond the log end {pi.end_offset}"
+                    )
+                if off < pi.start_offset:
+                    raise InvalidArgumentError(
+                        f"cannot commit offset {off} for {info.name}[{part}]: before the log start {pi.start_offset}"
+                    )
+            out.append((part, off))
+        return out
 
     def fetch(self, group: str, queue: str) -> dict[int, int]:
         """The committed offsets of ``group`` on ``queue``: ``{partition: offset}``."""
-        validate_group(group)
+        k = self.partition_of(group)
         info = self._store.describe_queue(queue)
         out = {}
         with self._lock:
+            table = self._tables.get(k, {})
             for part in range(len(info.partitions)):
-                off = self._offsets.get(_key(group, info.queue_id, part))
+                off = table.get(_key(group, info.queue_id, part))
                 if off is not None:
                     out[part] = off
         return out
@@ -120,25 +233,27 @@ class OffsetStore:
     def fetch_group(self, group: str) -> dict[str, dict[int, int]]:
         """Every committed offset of ``group``: ``{queue name: {partition: offset}}`` (queues
         deleted since are left out)."""
-        validate_group(group)
+        k = self.partition_of(group)
         prefix = f"{group}\x00".encode()
         names = {q.queue_id: q.name for q in self._store.list_queues()}
         out: dict[str, dict[int, int]] = {}
         with self._lock:
-            items = [(k, v) for k, v in self._offsets.items() if k.startswith(prefix)]
-        for k, v in items:
-            _, qid, part = k.split(b"\x00")
+            items = [(key, v) for key, v in self._tables.get(k, {}).items() if key.startswith(prefix)]
+        for key, v in items:
+            _, qid, part = key.split(b"\x00")
             name = names.get(int(qid))
             if name is not None:
                 out.setdefault(name, {})[int(part)] = v
         return {q: dict(sorted(o.items())) for q, o in sorted(out.items())}
 
-    def group_queues(self) -> dict[str, set[str]]:
-        """``{group: names of the queues it has committed offsets on}``, for every group."""
+    def group_queues(self, partition: int | None = None) -> dict[str, set[str]]:
+        """``{group: names of the queues it has committed offsets on}``, for every group of
+        the loaded partitions (or of ``partition`` alone)."""
         names = {q.queue_id: q.name for q in self._store.list_queues()}
         out: dict[str, set[str]] = {}
         with self._lock:
-            keys = list(self._offsets)
+            tables = [self._tables.get(partition, {})] if partition is not None else list(self._tables.values())
+            keys = [k for t in tables for k in t]
         for k in keys:
             group, qid, _ = k.split(b"\x00")
             name = names.get(int(qid))
@@ -146,14 +261,16 @@ class OffsetStore:
                 out.setdefault(group.decode(), set()).add(name)
         return out
 
-    def _compact(self) -> None:
+    def _compact(self, partition: int) -> None:
+        """Write ``partition``'s live table whole and start its log there (under the lock)."""
         live = {q.queue_id for q in self._store.list_queues()}
-        table = {k: v for k, v in self._offsets.items() if int(k.split(b"\x00")[1]) in live}
-        self._offsets = table
-        snapshot_at = self._store.end_offset(OFFSETS_QUEUE, 0)
+        table = {k: v for k, v in self._tables[partition].items() if int(k.split(b"\x00")[1]) in live}
+        self._tables[partition] = table
+        snapshot_at = self._store.end_offset(self._queue, partition)
         items = list(table.items())
-        for i in range(0, len(items), 10_000):
-            chunk = items[i : i + 10_000]
-            self._store.append(OFFSETS_QUEUE, 0, encode_batch([Message(_VALUE.pack(v), key=k) for k, v in chunk]))
-        self._store.delete_before(OFFSETS_QUEUE, 0, snapshot_at)
-        self._appended = len(items)
+        for i in range(0, len(items), _CHUNK):
+            chunk = items[i : i + _CHUNK]
+            batch = encode_batch([Message(_VALUE.pack(v), key=k) for k, v in chunk])
+            self._store.append(self._queue, partition, batch)
+        self._store.delete_before(self._queue, partition, snapshot_at)
+        self._appended[partition] = len(items)

@@ -123,6 +123,7 @@ def join_cluster(broker: Broker, server: ServerConfig, data_dir: Path, port: int
             membership,
             moves_running_max=server.moves_running_max,
             auto_rebalance_after_s=server.auto_rebalance_after_s,
+            coordinator_partitions=server.coordinator_partitions,
         )
         node.start()
     except CoordinationError as e:

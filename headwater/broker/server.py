@@ -113,6 +113,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     zookeeper_connect_timeout_s: float = 30.0
     moves_running_max: int = 4  # partition moves running at once while this broker is the controller
     auto_rebalance_after_s: float = 0.0  # rebalance by itself once the brokers are unchanged this long; 0: off
+    coordinator_partitions: int = 16  # the coordinator queue's partitions, if this broker is the one to make it
 
     def validated(self) -> ServerConfig:
         """This config, or :class:`InvalidArgumentError` naming the first setting out of range."""
@@ -185,6 +186,7 @@ _WHOLE_RANGES = (
     ("push_streams_max", 1, 1_000_000),
     ("allocator_cache_bytes", 0, 2**31 - 1),
     ("moves_running_max", 1, 1000),
+    ("coordinator_partitions", 1, 1000),
 )
 _SECONDS_RANGES = (
     ("handshake_timeout_s", 0.001, 86400.0),

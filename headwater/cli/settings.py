@@ -55,6 +55,8 @@ MEANINGS: dict[str, str] = {
     "the live brokers have been the same this long, e.g. after one joined; 0: off, rebalance by hand",
     "moves_running_max": "while this broker is the controller: the partition moves that run at once "
     "(the others of a rebalance or decommission wait their turn)",
+    "coordinator_partitions": "the partitions of a cluster's consumer-group coordinator queue, fixed by the "
+    "broker whose group call makes it (the cluster's first): each is a unit of coordinators that moves",
     # [store]
     "flush": "default flush policy of queues that name none: sync (fsync before acknowledging) or async",
     "flush_interval_ms": "async: the longest a write waits for its fsync",

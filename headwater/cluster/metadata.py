@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -54,6 +53,7 @@ from headwater.cluster.records import (
     decode,
     paths,
 )
+from headwater.model.cluster import coordinator_partition
 
 __all__ = ["BrokerInfo", "ClusterView", "MetadataCache", "QueueView"]
 
@@ -133,15 +133,8 @@ class ClusterView:
 
     @staticmethod
     def coordinator_partition(group: str, partitions: int) -> int:
-        """The ``__offsets`` partition whose owner coordinates ``group``: its name's CRC-32
-        modulo the partition count, the same in every process (unlike ``hash``).
-
-        >>> ClusterView.coordinator_partition("billing", 50)
-        26
-        """
-        if partitions < 1:
-            raise ValueError(f"the offsets queue needs at least 1 partition, not {partitions}")
-        return zlib.crc32(group.encode("utf-8")) % partitions
+        """:func:`headwater.model.cluster.coordinator_partition` (clients use the same)."""
+        return coordinator_partition(group, partitions)
 
     def summary(self) -> str:
         """A line for messages and logs."""

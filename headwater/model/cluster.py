@@ -15,13 +15,45 @@ one way to find where to send, whichever it talks to. Pure values; no I/O.
 
 from __future__ import annotations
 
+import zlib
+
 import msgspec
 
 from headwater.errors import QueueNotFoundError
 
-__all__ = ["ALONE", "BrokerAddress", "ClusterMetadata", "PartitionLocation", "PartitionMove", "QueueLocations"]
+__all__ = [
+    "ALONE",
+    "COORDINATOR_PARTITIONS",
+    "COORDINATOR_QUEUE",
+    "BrokerAddress",
+    "ClusterMetadata",
+    "PartitionLocation",
+    "PartitionMove",
+    "QueueLocations",
+    "coordinator_partition",
+]
 
 ALONE = -1  # the broker id of a broker that is in no cluster
+
+#: The cluster's internal queue of consumer groups' committed offsets: the leader of its
+#: partition ``coordinator_partition(group, n)`` coordinates the group (a broker alone
+#: keeps its own ``__offsets`` instead). Internal: users neither name nor see it.
+COORDINATOR_QUEUE = "__cluster_offsets"
+#: Its partition count when the controller creates it (fixed for the cluster's life:
+#: changing it would move every group's coordinator).
+COORDINATOR_PARTITIONS = 16
+
+
+def coordinator_partition(group: str, partitions: int) -> int:
+    """The coordinator queue's partition whose leader coordinates ``group``: its name's
+    CRC-32 modulo the partition count, the same in every process (unlike ``hash``).
+
+    >>> coordinator_partition("billing", 50)
+    26
+    """
+    if partitions < 1:
+        raise ValueError(f"the coordinator queue needs at least 1 partition, not {partitions}")
+    return zlib.crc32(group.encode("utf-8")) % partitions
 
 
 class BrokerAddress(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,13 +101,24 @@ class PartitionMove(msgspec.Struct, frozen=True, kw_only=True):
 
 class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
     """The brokers, the controller (-1: none now, or a broker alone), the locations of the
-    queues asked for, and the partition moves not finished yet (of every queue)."""
+    queues asked for, the partition moves not finished yet (of every queue), and the
+    leader of each partition of the coordinator queue (``coordinators``: a broker alone
+    answers ``[ALONE]``; empty from a broker that predates it)."""
 
     cluster_id: str
     controller: int
     brokers: list[BrokerAddress]
     queues: list[QueueLocations]
     moves: list[PartitionMove] = msgspec.field(default_factory=list)
+    coordinators: list[int] = msgspec.field(default_factory=list)
+
+    def coordinator(self, group: str) -> int | None:
+        """The broker id of ``group``'s coordinator (it may have none now: not in
+        :attr:`brokers`), or None when the answer names no coordinators (an older broker:
+        any broker coordinates every group it is asked about)."""
+        if not self.coordinators:
+            return None
+        return self.coordinators[coordinator_partition(group, len(self.coordinators))]
 
     def broker(self, broker_id: int) -> BrokerAddress | None:
         return next((b for b in self.brokers if b.broker_id == broker_id), None)

@@ -18,6 +18,7 @@ from tests.support.cluster import Cluster, eventually
 __all__ = ["WallClock", "cluster_client", "empty_cluster"]
 
 BROKERS = 3
+MEMBERS_GONE_S = 40.0  # longer than any session timeout a contract test sets
 
 
 class WallClock:
@@ -37,13 +38,19 @@ class WallClock:
 
 def empty_cluster(cluster: Cluster) -> None:
     """Delete every queue of the cluster (a test's leftovers), and wait until each broker's
-    view has none, so the next test may create the same names."""
+    view has none and no group has members left (a member a test left behind leaves at its
+    session's end), so the next test may use the same names."""
     with headwater.connect(",".join(cluster.address(i) for i in sorted(cluster.brokers))) as hw:
         for q in hw.admin.list_queues():
             try:
                 hw.admin.delete_queue(q.name)
             except headwater.QueueNotFoundError:
                 pass
+        eventually(
+            lambda: not [g for g in hw.service.list_groups() if g.members],
+            timeout_s=MEMBERS_GONE_S,
+            what="every group's members gone",
+        )
 
     def none_left() -> bool:
         for i in sorted(cluster.brokers):

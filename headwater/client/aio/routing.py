@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from headwater.client.aio.routed_groups import AsyncRoutedGroupCalls
 from headwater.client.aio.service import AsyncBrokerService, AsyncService
 from headwater.client.aio.shared_routing import AsyncSharedRouter
 from headwater.client.core.routing import (
@@ -40,7 +41,6 @@ from headwater.errors import (
 )
 from headwater.model.cluster import ClusterMetadata
 from headwater.model.config import QueueConfig, QueueInfo, QueuePage
-from headwater.model.groups import GroupSummary
 from headwater.model.service import BrokerService, FetchResult, ProduceResult
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.protocol import messages as m
@@ -50,7 +50,7 @@ __all__ = ["AsyncRoutedService", "open_async_service"]
 T = TypeVar("T")
 
 
-class AsyncRoutedService(AsyncBrokerService):
+class AsyncRoutedService(AsyncRoutedGroupCalls, AsyncBrokerService):
     """An AsyncBrokerService over the brokers of a cluster; ``home``: the bootstrap
     broker's service, which answered ``metadata``."""
 
@@ -452,9 +452,6 @@ class AsyncRoutedService(AsyncBrokerService):
     async def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
         return await self._shared.describe(group, queue)
 
-    async def list_groups(self) -> list[GroupSummary]:
-        return await self._shared.list_groups()
-
     async def close(self) -> None:
         """Give back the shared deliveries kept for receives that will not come, then
         close every connection (the bootstrap broker's too)."""
@@ -479,7 +476,10 @@ def _on_home(name: str) -> Callable[..., Any]:
 
 # what stays on the bootstrap broker for now (docs/cluster.md, "Clients")
 for _spec in m.API_SPECS.values():
-    if _spec.method is not None and _spec.method not in AsyncRoutedService.__dict__:
+    if _spec.method is not None and _spec.method not in {
+        **AsyncRoutedGroupCalls.__dict__,
+        **AsyncRoutedService.__dict__,
+    }:
         setattr(AsyncRoutedService, _spec.method, _on_home(_spec.method))
 
 

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from headwater.client.core.shared_routing import (
     ReceiveRound,
     SharedReceives,
-    merge_group_summaries,
     merge_lease_answers,
     merge_shared_describe,
     phases,
@@ -22,7 +21,6 @@ from headwater.client.core.shared_routing import (
 )
 from headwater.client.transport.remote import call_arguments, check_arguments
 from headwater.errors import GroupNotFoundError, HeadwaterError, UnavailableError
-from headwater.model.groups import GroupSummary
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.protocol import messages as m
 
@@ -210,20 +208,3 @@ class AsyncSharedRouter:
             assert missing is not None
             raise missing
         return merge_shared_describe(answers, leaders)
-
-    async def list_groups(self) -> list[GroupSummary]:
-        """Every broker's groups, each once."""
-        s = self._service
-        addresses = sorted({b.address for b in s.table.brokers.values()} | {s.address})
-
-        async def one(address: str) -> list[GroupSummary]:
-            return await (await s._link(address)).list_groups()
-
-        got = await asyncio.gather(*(one(a) for a in addresses), return_exceptions=True)
-        answers = [a for a in got if not isinstance(a, BaseException)]
-        for a in got:
-            if isinstance(a, BaseException) and not isinstance(a, UnavailableError):
-                raise a
-        if not answers:
-            return await s._home.list_groups()
-        return merge_group_summaries(answers)

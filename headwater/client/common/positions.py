@@ -116,12 +116,15 @@ class ConsumerPositions(Closable):
 
     def _start(self, queue: str, info: QueueInfo, parts: list[int], committed: dict[int, int]) -> None:
         """Read ``parts`` of ``queue`` from the group's ``committed`` offsets, else from the
-        start or the end (``auto_offset_reset``)."""
+        start or the end (``auto_offset_reset``). A committed offset before the log's start
+        is kept: the first read, at the partition's leader, skips what expired. (``info`` may
+        come from a broker that led the partition before a move and dropped its copy: its
+        start would skip messages the leader still has.)"""
         self._queue_ids[queue] = info.queue_id
         for p in parts:
             pi = info.partitions[p]
             if p in committed and committed[p] <= pi.end_offset:
-                pos = max(committed[p], pi.start_offset)
+                pos = committed[p]
             else:
                 pos = pi.start_offset if self.auto_offset_reset == "earliest" else pi.end_offset
                 if p in committed:  # past the end: the queue was deleted and created again, say

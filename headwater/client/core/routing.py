@@ -4,7 +4,10 @@ and how the answers of several leaders make one.
 
 A partition's requests (produce, fetch, offset_for_time, lookup_id) go to its leader; a
 queue-wide read goes to every broker that leads a partition of the queue, and their answers
-are merged (:func:`merge_describe`, :func:`merge_pages`, :func:`merge_key_lookups`). The
+are merged (:func:`merge_describe`, :func:`merge_pages`, :func:`merge_key_lookups`). A
+consumer group's calls go to its coordinator (:meth:`RoutingTable.coordinator`), sent again
+as :class:`CoordinatorCall` decides; LIST_GROUPS goes to every broker
+(:func:`merge_groups`). The
 drivers (``headwater.client.transport.routing`` and ``headwater.client.aio.routing``) own
 the connections and the waiting. Times are the caller's monotonic seconds.
 
@@ -24,21 +27,24 @@ the connections and the waiting. Times are the caller's monotonic seconds.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
-from headwater.errors import InvalidArgumentError, NotLeaderError
+from headwater.errors import InvalidArgumentError, NotCoordinatorError, NotLeaderError, UnavailableError
 from headwater.model.batch import decode_header
 from headwater.model.cluster import ALONE, BrokerAddress, ClusterMetadata
 from headwater.model.config import PartitionInfo, QueueInfo, QueuePage
+from headwater.model.groups import GroupSummary
 
 __all__ = [
     "BOOTSTRAP_PROBE_S",
+    "CoordinatorCall",
     "DELAYED_BIT",
     "ENABLED_POLL_S",
     "REFRESH_INTERVAL_S",
     "RefreshGate",
     "RoutingTable",
     "merge_describe",
+    "merge_groups",
     "merge_key_lookups",
     "merge_pages",
     "parse_bootstrap",
@@ -133,6 +139,28 @@ class RoutingTable:
             )
         return found
 
+    def coordinator(self, group: str) -> BrokerAddress | None:
+        """The broker that coordinates consumer group ``group``; None when the answer names
+        no coordinators (a broker from before them: any broker serves every group, so send
+        to the bootstrap broker). :class:`NotCoordinatorError` (retriable) when it names none
+        live now: refresh and ask again.
+
+        >>> md = ClusterMetadata(cluster_id="c", controller=1, queues=[], coordinators=[2, 1],
+        ...     brokers=[BrokerAddress(broker_id=2, host="h", port=2, epoch=0)])
+        >>> RoutingTable(md).coordinator("billing").address  # crc32("billing") % 2 == 0: broker 2
+        'h:2'
+        """
+        broker_id = self.metadata.coordinator(group)
+        if broker_id is None:
+            return None
+        found = self.brokers.get(broker_id)
+        if found is None:
+            raise NotCoordinatorError(
+                f"the cluster's metadata names no live coordinator of group {group!r} now (its broker is out "
+                f"of reach, or its partition is moving); it is served again once a broker leads it"
+            )
+        return found
+
     def leaders_of(self, queue: str) -> dict[int, list[int]]:
         """``{broker id: [partitions of queue it leads]}``, the partitions with no leader
         left out (an unknown queue: ``{}``)."""
@@ -186,6 +214,63 @@ class RefreshGate:
         """A METADATA request was sent at ``now_s`` and its answer is the table now."""
         self.last_s = now_s
         self.stale = False
+
+
+class CoordinatorCall:
+    """Whether one group call, refused or unanswered at its coordinator, is sent again
+    (after a refresh of the table): a :class:`NotCoordinatorError` is a refusal, never
+    applied, so always while time is left; a broker out of reach once, and only for an
+    operation that may be sent twice (``resend_safe``), since another broker may
+    coordinate the group by the next table.
+
+    >>> call = CoordinatorCall(resend_safe=True)
+    >>> call.again(NotCoordinatorError("moved"), "a:1", late=False)
+    True
+    >>> call.again(UnavailableError("down"), "a:1", late=False), call.again(UnavailableError("down"), "a:1", late=False)
+    (True, False)
+    >>> CoordinatorCall(resend_safe=False).again(UnavailableError("down"), "a:1", late=False)
+    False
+    """
+
+    __slots__ = ("resend_safe", "unreachable")
+
+    def __init__(self, resend_safe: bool) -> None:
+        self.resend_safe = resend_safe
+        self.unreachable: str | None = None  # the coordinator found out of reach
+
+    def again(self, error: UnavailableError, address: str | None, *, late: bool) -> bool:
+        """Send again after ``error`` from the coordinator at ``address`` (None: the table
+        named none); ``late``: the call's deadline has passed."""
+        if late:
+            return False
+        if isinstance(error, NotCoordinatorError):
+            return True
+        where = address or "the bootstrap broker"
+        if not self.resend_safe or where == self.unreachable:
+            return False  # not to be sent twice, or still coordinated by the broker out of reach
+        self.unreachable = where
+        return True
+
+
+def merge_groups(
+    answers: Mapping[int, list[GroupSummary]], coordinator_of: Callable[[str], int | None]
+) -> list[GroupSummary]:
+    """Every broker's LIST_GROUPS answer (``answers``: broker id -> its summaries) as one:
+    each group once, by name and then mode. A consumer group (not keyed, not shared) is
+    taken from its coordinator's answer (``coordinator_of(name)``: its broker id, None if
+    unknown) when it has one, since a broker that just gave it up may still list it; a
+    keyed or shared group, or one whose coordinator did not answer, from the lowest broker
+    id that lists it."""
+    chosen: dict[tuple[str, str | None, tuple[str, ...]], tuple[bool, int, GroupSummary]] = {}
+    for broker_id, summaries in sorted(answers.items()):
+        for g in summaries:
+            coordinated = g.mode not in ("keyed", "shared")
+            key = (g.group, None, ()) if coordinated else (g.group, g.mode, tuple(g.queues))
+            rank = (coordinated and coordinator_of(g.group) == broker_id, -broker_id)
+            held = chosen.get(key)
+            if held is None or rank > held[:2]:
+                chosen[key] = (*rank, g)
+    return [g for _, (_, _, g) in sorted(chosen.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2]))]
 
 
 def merge_describe(base: QueueInfo, answers: Mapping[int, QueueInfo], leaders: Mapping[int, int]) -> QueueInfo:

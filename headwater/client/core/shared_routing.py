@@ -11,7 +11,8 @@ and never dropped. An ack, nack or extend splits its lease ids by their partitio
 ``NotLeaderError`` no longer leads the partition, and its new leader does not know the
 lease: it is refused as expired (:func:`refused_as`), and the message is delivered again
 (at least once). Describe merges each leader's partitions (:func:`merge_shared_describe`);
-listing groups names each shared group once (:func:`merge_group_summaries`).
+listing groups (every broker's, merged by ``headwater.client.core.routing.merge_groups``)
+names each shared group once.
 
 The drivers (``headwater.client.transport.shared_routing``, ``headwater.client.aio.
 shared_routing``) own the connections, the futures and the locking.
@@ -39,14 +40,12 @@ from typing import Any
 import msgspec
 
 from headwater.errors import HeadwaterError, LeaseExpiredError, NotLeaderError, UnavailableError
-from headwater.model.groups import GroupState, GroupSummary
 from headwater.model.shared import LeaseId, LeaseRefusal, SharedDeliveries, SharedGroupInfo, SharedLease
 from headwater.protocol import messages as m
 
 __all__ = [
     "ReceiveRound",
     "SharedReceives",
-    "merge_group_summaries",
     "merge_lease_answers",
     "merge_shared_describe",
     "phases",
@@ -168,30 +167,6 @@ def merge_shared_describe(answers: Mapping[Any, SharedGroupInfo], leaders: Mappi
         dead_letter_queue=first.dead_letter_queue,
         partitions=[found[p] for p in sorted(found)],
     )
-
-
-def merge_group_summaries(answers: Iterable[list[GroupSummary]]) -> list[GroupSummary]:
-    """Several brokers' LIST_GROUPS answers as one: a group (same name, mode and queues)
-    listed by several brokers once. A shared group holds state on each leader of its queue:
-    its members are the most any broker counts (a member leasing from two counts once
-    there), and it is ``stable`` if any broker says so. Order: first seen."""
-    merged: dict[tuple[str, str | None, tuple[str, ...]], GroupSummary] = {}
-    for summaries in answers:
-        for s in summaries:
-            key = (s.group, s.mode, tuple(s.queues))
-            have = merged.get(key)
-            if have is None:
-                merged[key] = s
-            elif s.mode == "shared":
-                stable = GroupState.STABLE.value in (have.state, s.state)
-                merged[key] = GroupSummary(
-                    group=s.group,
-                    state=GroupState.STABLE.value if stable else have.state,
-                    mode=s.mode,
-                    members=max(have.members, s.members),
-                    queues=list(s.queues),
-                )
-    return list(merged.values())
 
 
 class ReceiveRound:

@@ -51,7 +51,7 @@ import msgspec
 from headwater.client.transport.async_transport import AsyncTransport
 from headwater.client.transport.polling import retrieve
 from headwater.client.transport.send_future import LazyFuture
-from headwater.errors import ClosedError, NotLeaderError, OutcomeUnknownError, UnavailableError
+from headwater.errors import ClosedError, NotCoordinatorError, NotLeaderError, OutcomeUnknownError, UnavailableError
 from headwater.model.checks import check_int_arg, check_offsets_arg, check_queue_arg, mapping_copy
 from headwater.model.service import BrokerService, PushHandler
 from headwater.model.subscription import SubscriberInfo, validate_subscriber_name
@@ -363,7 +363,7 @@ class Tries:
     def after(self, error: UnavailableError, written: bool, closed: bool) -> UnavailableError | None:
         """The try failed with ``error``: None to send it again, else the error to raise.
         ``written``: the failed try may have reached the broker."""
-        if self.resend is m.Resend.NEVER or isinstance(error, NotLeaderError):
+        if self.resend is m.Resend.NEVER or isinstance(error, NotLeaderError | NotCoordinatorError):
             return error  # a refusal is the broker's answer: the same broker refuses again
         late = time.monotonic() >= self.deadline
         if written and self.resend is m.Resend.IF_UNSENT:

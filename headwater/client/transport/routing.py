@@ -15,9 +15,11 @@ needed at the address METADATA gives; each request goes where
   producer's retries (and the consumer's next read) go by the new table.
 - a queue-wide read (describe_queue, list_queues, lookup_key) to every leader of the queue,
   the answers merged; admin changes to the bootstrap broker, the table refreshed after each.
+- a consumer group's (join, heartbeat, leave, describe, commit_offsets, fetch_offsets) to
+  the group's coordinator, sent again after a NotCoordinatorError; list_groups to every
+  broker, the answers merged (:mod:`~headwater.client.transport.routed_groups`).
 - shared groups to each partition's leader (:mod:`headwater.client.transport.shared_routing`).
-- the rest (consumer groups, keyed groups, subscriptions, delayed messages, status) to the
-  bootstrap broker: cluster-wide coordinators are the next step.
+- the rest (keyed groups, subscriptions, delayed messages, status) to the bootstrap broker.
 
 Thread-safe. Its threads are its connections' (one ``headwater-client`` thread each).
 """
@@ -41,6 +43,7 @@ from headwater.client.core.routing import (
     merge_pages,
 )
 from headwater.client.transport.remote import RemoteService, check_arguments, takes_request
+from headwater.client.transport.routed_groups import RoutedGroupCalls
 from headwater.client.transport.send_future import LazyFuture
 from headwater.client.transport.shared_routing import SharedRouter
 from headwater.errors import (
@@ -53,7 +56,6 @@ from headwater.errors import (
 )
 from headwater.model.cluster import ClusterMetadata
 from headwater.model.config import QueueConfig, QueueInfo, QueuePage
-from headwater.model.groups import GroupSummary
 from headwater.model.service import BrokerService, FetchResult, ProduceResult
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.protocol import messages as m
@@ -84,7 +86,7 @@ class _Links:
         return any(link.transport.gave_up_connecting_since(t) for link in self._service.links())
 
 
-class RoutedService(BrokerService):
+class RoutedService(RoutedGroupCalls, BrokerService):
     """A BrokerService over the brokers of a cluster (see the module's docstring).
     ``home``: the bootstrap broker's connection, which answered ``metadata``."""
 
@@ -609,9 +611,6 @@ class RoutedService(BrokerService):
     def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
         return self._shared.describe(group, queue)
 
-    def list_groups(self) -> list[GroupSummary]:
-        return self._shared.list_groups()
-
     def close(self) -> None:
         """Give back the shared deliveries kept for receives that will not come, then
         close every connection (the bootstrap broker's too)."""
@@ -638,5 +637,5 @@ def _on_home(name: str) -> Callable[..., Any]:
 # what stays on the bootstrap broker for now (docs/cluster.md, "Clients"): every other
 # BrokerService operation, sent as its RemoteService sends it
 for _spec in m.API_SPECS.values():
-    if _spec.method is not None and _spec.method not in RoutedService.__dict__:
+    if _spec.method is not None and _spec.method not in {**RoutedGroupCalls.__dict__, **RoutedService.__dict__}:
         setattr(RoutedService, _spec.method, _on_home(_spec.method))

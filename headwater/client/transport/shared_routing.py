@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from headwater.client.core.shared_routing import (
     ReceiveRound,
     SharedReceives,
-    merge_group_summaries,
     merge_lease_answers,
     merge_shared_describe,
     phases,
@@ -29,7 +28,6 @@ from headwater.client.core.shared_routing import (
 from headwater.client.transport.remote import answer_timeout_s, check_arguments
 from headwater.client.transport.send_future import LazyFuture
 from headwater.errors import GroupNotFoundError, HeadwaterError, UnavailableError
-from headwater.model.groups import GroupSummary
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.protocol import messages as m
 
@@ -234,19 +232,3 @@ class SharedRouter:
             assert missing is not None
             raise missing
         return merge_shared_describe(answers, leaders)
-
-    def list_groups(self) -> list[GroupSummary]:
-        """Every broker's groups, each once."""
-        s = self._service
-        addresses = sorted({b.address for b in s.table.brokers.values()} | {s.address})
-        asked = {a: self._submit(a, m.ListGroupsRequest()) for a in addresses}
-        answers: list[list[GroupSummary]] = []
-        for address, fut in asked.items():
-            try:
-                answers.append(fut.result(timeout=s.request_timeout_s + 1))
-            except UnavailableError as e:
-                s._gate.mark_stale()
-                log.warning("broker %s did not list its groups (%s)", address, e)
-        if not answers:
-            return s._home.list_groups()
-        return merge_group_summaries(answers)
