@@ -15,8 +15,10 @@ needed at the address METADATA gives; each request goes where
   producer's retries (and the consumer's next read) go by the new table.
 - a queue-wide read (describe_queue, list_queues, lookup_key) to every leader of the queue,
   the answers merged; admin changes to the bootstrap broker, the table refreshed after each.
-- the rest (consumer groups, shared and keyed groups, subscriptions, delayed messages,
-  status) to the bootstrap broker: cluster-wide coordinators are the next step.
+- a delayed id's (lookup_id, cancel_delayed) to its partition's leader, which keeps its
+  delayed messages; delay_stats to every broker, the answers added up.
+- the rest (consumer groups, shared and keyed groups, subscriptions, status) to the
+  bootstrap broker: cluster-wide coordinators are the next step.
 
 Thread-safe. Its threads are its connections' (one ``headwater-client`` thread each).
 """
@@ -34,6 +36,7 @@ from headwater.client.core.routing import (
     DELAYED_BIT,
     RefreshGate,
     RoutingTable,
+    merge_delay_stats,
     merge_describe,
     merge_key_lookups,
     merge_pages,
@@ -50,6 +53,7 @@ from headwater.errors import (
 )
 from headwater.model.cluster import ClusterMetadata
 from headwater.model.config import QueueConfig, QueueInfo, QueuePage
+from headwater.model.delay import DelayStats
 from headwater.model.service import BrokerService, FetchResult, ProduceResult
 from headwater.protocol import messages as m
 
@@ -508,6 +512,16 @@ class RoutedService(BrokerService):
         return merge_key_lookups(answers, self._table.partition_leaders(queue), limit)
 
     # -- admin: any broker; the table refreshed after each change ---------------------------
+
+    def delay_stats(self) -> DelayStats:
+        """Every broker's schedule of delayed messages, added up (``merge_delay_stats``): each
+        keeps those of the partitions it leads. A broker out of reach is left out."""
+        self._gate.mark_stale()  # a broker that joined since the last table has a schedule too
+        brokers = sorted(self.refresh(time.monotonic() + self.request_timeout_s).brokers)
+        if len(brokers) <= 1:
+            return self._home.delay_stats()
+        answers = self._answers(self._ask_leaders(brokers, m.DelayStatsRequest()), strict=False)
+        return merge_delay_stats(answers) if answers else self._home.delay_stats()
 
     def _changed(self, result: T) -> T:
         self._gate.mark_stale()
