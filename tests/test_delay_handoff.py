@@ -63,7 +63,7 @@ def hand_over(src, dst, queue_id: int, gate: int, *, page_bytes: int = 1 << 20) 
         taken += len(page.batches)
         if not page.more:
             return taken
-        after = page.batches[-1].origin
+        after = page.batches[-1].accept_seq
 
 
 @pytest.fixture
@@ -198,3 +198,27 @@ def test_an_adopted_batch_is_filed_in_its_origins_bucket_past_its_number(pair, c
         split_delay_offset(m.offset)[1] for m in [*theirs, local]
     )
     assert [b.get(m).body for m in theirs] == [b"a0", b"a1", b"a2"] and b.get(later).body == b"b-later"
+
+
+def test_an_idempotent_producers_sequences_move_in_order_and_its_retries_keep_their_ids(pair, clock, tmp_path):
+    a, b = pair
+    t0 = now_ms(clock)
+
+    def batch(body: bytes, seq: int, due_ms: int) -> bytes:
+        return bytes(encode_batch([body], deliver_at_ms=due_ms, producer_id=9, base_sequence=seq, producer_epoch=0))
+
+    # accepted as 0, 1; their origins the other way round (the later bucket first)
+    late = a.service.produce("q", 0, batch(b"late", 0, t0 + 3 * 3_600_000))
+    soon = a.service.produce("q", 0, batch(b"soon", 1, t0 + 5_000))
+    assert late.base_offset > soon.base_offset
+    a.service.delay.gate.epoch = None
+    hand_over(a, b, qid(a, "q"), gate=4)
+    for _ in range(2):  # the table as adopted, then as rebuilt on open
+        assert b.service.produce("q", 0, batch(b"soon", 1, t0 + 5_000)) == soon  # a retry after the move
+        assert b.service.produce("q", 0, batch(b"late", 0, t0 + 3 * 3_600_000)) == late
+        b.close()
+        b = pair[1] = opened(tmp_path / "b", clock, 4)
+    nxt = b.service.produce("q", 0, batch(b"next", 2, t0 + 5_000))  # in order: no new epoch needed
+    assert nxt.base_offset not in (late.base_offset, soon.base_offset)
+    clock.advance(6)
+    wait_for(lambda: sorted(bodies(b, "q")) == [b"next", b"soon"], what="delivery on the target")

@@ -381,7 +381,7 @@ SAMPLES = [
     (
         HandoffDelayedRequest("orders", 1, 4, -1, 1 << 20),
         HandoffDelayedResponse(
-            HandoffPage([HandedOffBatch(DELAYED_OFFSET, 1_700_000_000_000, bytes(BATCH), [1], [(0, 17)])], True)
+            HandoffPage([HandedOffBatch(DELAYED_OFFSET, 12, 1_700_000_000_000, bytes(BATCH), [1], [(0, 17)])], True)
         ),
     ),
     (HandoffDelayedRequest("orders", 1, 4, DELAYED_OFFSET, 1), HandoffDelayedResponse(HandoffPage([], False))),

@@ -137,7 +137,7 @@ class DelayedMoves:
             taken += len(page.batches)
             if not page.more or not page.batches:
                 break
-            after = page.batches[-1].origin
+            after = page.batches[-1].accept_seq
         log.info("took %d delayed batch(es) of %s[%d] from broker %s", taken, queue, partition, peer.address)
 
     # -- strays (the mover's follow, on the node's work thread) ---------------------------------

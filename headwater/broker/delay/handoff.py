@@ -8,7 +8,10 @@ cluster"; docs/design/cluster.md, "Moving a partition").
   PENDING and looked at again after ``hold_ms``. The append itself runs inside the gate's
   ``delivering`` (the cluster's ``producing``), so a fence waits for it, or refuses it.
 - **Handing off** (the source, fenced): :meth:`DelayHandoff.hand_off` pages through the
-  partition's open batches by the delayed offset their producer was given (``origin``).
+  partition's batches in the order it accepted them (``accept_seq``; an adopted batch took
+  its place when adopted, in the same order), each with the delayed offset its producer was
+  given (``origin``). Adopting in that order keeps each producer's sequences in order in the
+  target's idempotence table, as recovery replays them.
 - **Adopting** (the target): :meth:`DelayHandoff.adopt` writes each as an ADOPTED record and
   its SCHEDULE record (with its cancels and delivered runs) into the bucket of its origin
   when it can, numbered at or after the origin's number, so a later id of this broker never
@@ -133,7 +136,8 @@ class DelayHandoff:
     # -- the source ----------------------------------------------------------------------------
 
     def hand_off(self, queue_id: int, partition: int, after: int, max_bytes: int) -> HandoffPage:
-        """The partition's batches whose origin is past ``after`` (-1: from the first), about
+        """The partition's batches accepted here after ``after`` (an ``accept_seq``; -1: from
+        the first), about
         ``max_bytes`` of them: the open ones, and those delivered or cancelled whose bucket is
         still kept (so their ids still answer on the new leader). The caller checked that the
         partition is fenced here, so nothing is accepted, cancelled or delivered for it
@@ -143,7 +147,7 @@ class DelayHandoff:
         while True:
             with self._lock:
                 found = sorted(
-                    ((_origin(b, e), b, e) for b, e in self._entries_of_locked(queue_id, partition, closed=True)),
+                    ((e.accept_seq, b, e) for b, e in self._entries_of_locked(queue_id, partition, closed=True)),
                     key=lambda t: t[0],
                 )
                 if not any(g.state == State.DISPATCHING for _, _, e in found for g in e.runs):
@@ -157,7 +161,7 @@ class DelayHandoff:
     def _page_locked(self, found: list[tuple[int, Bucket, Entry]], max_bytes: int) -> HandoffPage:
         out: list[HandedOffBatch] = []
         size = 0
-        for origin, b, e in found:
+        for accept_seq, b, e in found:
             if out and size + e.size > max_bytes:
                 return HandoffPage(out, True)
             gone = set(e.cancelled or ())
@@ -165,7 +169,8 @@ class DelayHandoff:
                 if g.state in (State.DROPPED, State.MOVED):
                     gone.update(range(g.first, g.end))
             delivered = [(g.first, g.delivered_offset) for g in e.runs if g.state == State.DELIVERED]
-            out.append(HandedOffBatch(origin, e.accepted_ms, b.file.read(e.position, e.size), sorted(gone), delivered))
+            batch = b.file.read(e.position, e.size)
+            out.append(HandedOffBatch(_origin(b, e), accept_seq, e.accepted_ms, batch, sorted(gone), delivered))
             size += e.size
         return HandoffPage(out, False)
 

@@ -42,8 +42,8 @@ class DelayStatsResponse(ResponseBody, frozen=True, array_like=True):
 
 class HandoffDelayedRequest(RequestBody, frozen=True, array_like=True):
     """Broker to broker (a move's target to its source, docs/design/delay.md "On a
-    cluster"): the delayed batches of ``queue``'s ``partition`` whose origin is past
-    ``after`` (-1: from the first), about ``max_bytes`` of them. The source answers only
+    cluster"): the delayed batches of ``queue``'s ``partition`` the source accepted after
+    ``after`` (an ``accept_seq``; -1: from the first), about ``max_bytes`` of them. The source answers only
     once it has fenced the partition for the move planned at ``leader_epoch``; before,
     ``NotLeaderError`` (ask again). Clients never send it."""
 
