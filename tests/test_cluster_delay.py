@@ -9,12 +9,14 @@ tests/test_delay_handoff.py."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
 import pytest
 
 import headwater
+import headwater.aio
 from headwater.errors import MessageNotFoundError, NotLeaderError
 from headwater.model.message import MessageId
 from tests.support.cluster import Cluster, eventually
@@ -127,6 +129,12 @@ def test_delayed_messages_move_with_a_rebalance_and_keep_their_ids(cluster):
             hw.get(ids[1])
         # the source forgets what it handed off once ZooKeeper shows the new owner
         eventually(lambda: hw.delay_stats().pending_messages == len(sent) - 1, what="the summed stats")
+
+    async def stats_async() -> int:  # the asyncio client's twin adds them up too
+        async with await headwater.aio.connect(bootstrap(cluster)) as hw:
+            return (await hw.delay_stats()).pending_messages
+
+    assert asyncio.run(stats_async()) == len(sent) - 1
     with cluster.connect(3) as on_3:
         assert on_3.delay_stats().pending_messages == PER_PARTITION * len(moved) - 1
         assert on_3.get(ids[2]).body == sent[ids[2]][1]
