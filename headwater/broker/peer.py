@@ -1,6 +1,7 @@
 """A broker's client of another broker: a small blocking connection over the binary protocol,
 to FETCH a partition's batches as they are stored (a move's target copies its source so, and
-a follower will copy its leader so) and to describe a queue.
+a follower will copy its leader so), to describe a queue, and to take a moving partition's
+delayed messages (HANDOFF_DELAYED).
 
 The broker does not use :mod:`headwater.client` (a layer above it): this is the sans-IO
 :class:`~headwater.protocol.Connection` over one plain socket, one request at a time. Every
@@ -19,6 +20,7 @@ import time
 from typing import Any
 
 from headwater.model.config import QueueInfo
+from headwater.model.delay import HandoffPage
 from headwater.model.service import FetchResult
 from headwater.protocol import (
     CLIENT,
@@ -32,7 +34,7 @@ from headwater.protocol import (
     Request,
     Response,
 )
-from headwater.protocol.messages import DescribeQueueRequest, FetchRequest
+from headwater.protocol.messages import DescribeQueueRequest, FetchRequest, HandoffDelayedRequest
 
 __all__ = ["PeerClient", "PeerError"]
 
@@ -107,6 +109,14 @@ class PeerClient:
         """The peer's own view of ``queue``: its partitions' start and end offsets there."""
         info: QueueInfo = self._call(DescribeQueueRequest(queue), 0.0)
         return info
+
+    def hand_off_delayed(
+        self, queue: str, partition: int, leader_epoch: int, after: int, max_bytes: int
+    ) -> HandoffPage:
+        """A page of the peer's delayed batches of a partition it fenced for the move planned
+        at ``leader_epoch`` (HANDOFF_DELAYED; ``NotLeaderError`` until it has fenced)."""
+        page: HandoffPage = self._call(HandoffDelayedRequest(queue, partition, leader_epoch, after, max_bytes), 0.0)
+        return page
 
     def _call(self, body: Any, held_s: float) -> Any:
         if self._sock is None:
