@@ -66,8 +66,10 @@ class World:
     def partition(self, n: int) -> PartitionRecord:
         return decode(self.coord.get(paths.partition(Q, n))[0], PartitionRecord, paths.partition(Q, n))
 
-    def progress(self, n: int, copied: int, source_end: int) -> None:
-        data = encode(MoveProgress(copied_offset=copied, source_end_offset=source_end, updated_ms=0))
+    def progress(self, n: int, copied: int, source_end: int, *, delayed_taken: bool = True) -> None:
+        data = encode(
+            MoveProgress(copied_offset=copied, source_end_offset=source_end, updated_ms=0, delayed_taken=delayed_taken)
+        )
         if self.coord.exists(paths.move_progress(Q, n)) is None:
             self.coord.create(paths.move_progress(Q, n), data)
         else:
@@ -105,6 +107,20 @@ def test_a_copy_is_fenced_within_the_lag_and_switched_once_copied_to_the_fenced_
     assert w.driver.tick(w.ctx) == 0
     assert w.move(0) is None and w.coord.children(paths.MOVES) == []  # the move and its queue's node gone
     assert w.partition(0) == PartitionRecord(replicas=[2], leader=2, leader_epoch=1, controller_epoch=1)
+
+
+def test_a_copied_move_waits_for_its_delayed_messages_to_be_taken_before_the_switch():
+    w = World()
+    w.plan(Move(Q, 0, 1, 2))
+    w.driver.tick(w.ctx)
+    w.progress(0, copied=10, source_end=10, delayed_taken=False)
+    w.driver.tick(w.ctx)
+    w.fenced(0, end=10)
+    w.driver.tick(w.ctx)
+    assert w.phase(0) == "fence" and w.partition(0).leader == 1  # copied, but the schedule is not taken
+    w.progress(0, copied=10, source_end=10, delayed_taken=True)
+    w.driver.tick(w.ctx)
+    assert w.move(0) is None and w.partition(0).leader == 2
 
 
 @pytest.mark.parametrize("phase", ["queued", "copy", "fence"])

@@ -24,10 +24,6 @@ from headwater.model.message import Message, MessageId
 from tests.support.broker_process import BrokerProcess
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.alone(
-    "delayed messages' hand-off in moves and summed stats on a cluster (issue 31, being built)"
-)
-
 
 def now_ms(clock) -> int:
     return int(clock() * 1000)
@@ -45,6 +41,9 @@ def count_is(hw, queue: str, n: int):
 # -- arriving once, at the right time, in the right partition ---------------------------
 
 
+@pytest.mark.alone(
+    "deliver times hours ahead, made due by moving the broker's clock (test_cluster_delay.py: on a cluster)"
+)
 def test_delays_from_zero_to_hours_arrive_once_in_due_order_in_their_partition(hw, clock):
     hw.admin.create_queue("jobs", partitions=4, ttl_s=None)
     t0 = now_ms(clock)
@@ -121,6 +120,9 @@ def test_delays_from_zero_to_hours_arrive_once_in_due_order_in_their_partition(h
     wait_for(lambda: hw.delay_stats().pending_messages == 0, what="the last deliveries to be recorded")
 
 
+@pytest.mark.alone(
+    "it checks timestamps against a broker clock that stands still (test_cluster_delay.py: on a cluster)"
+)
 def test_send_forms_take_deliver_at_and_delay(hw, clock):
     hw.admin.create_queue("forms", partitions=2, ttl_s=None)
     t0 = now_ms(clock)
@@ -162,6 +164,7 @@ def test_relative_delay_uses_the_producers_clock(tmp_path, clock):
         assert not hw.send("rel", b"z", delay=0).is_delayed
 
 
+@pytest.mark.alone("it sets the broker's clock (test_cluster_delay.py: on a cluster)")
 def test_one_batch_of_several_deliver_times_delivers_each_run_at_its_time(hw, clock):
     hw.admin.create_queue("runs", ttl_s=None)
     t0 = now_ms(clock)
@@ -209,6 +212,7 @@ def test_runs_of_a_batch_survive_a_restart_between_them(tmp_path, clock):
         assert [r.body for r in scan_all(hw, "q")] == [f"m{i}".encode() for i in range(10)]
 
 
+@pytest.mark.alone("it counts a fresh broker's whole schedule (delay_stats) (test_cluster_delay.py: on a cluster)")
 def test_batches_with_bad_deliver_times_are_refused(hw, clock):
     from headwater.errors import InvalidBatchError
     from headwater.model.batch import encode_batch
@@ -225,6 +229,7 @@ def test_batches_with_bad_deliver_times_are_refused(hw, clock):
 # -- cancel ----------------------------------------------------------------------------
 
 
+@pytest.mark.alone("it counts a fresh broker's whole schedule (delay_stats) (test_cluster_delay.py: on a cluster)")
 def test_a_cancelled_message_never_arrives(hw, clock):
     hw.admin.create_queue("c", partitions=2, ttl_s=None)
     t0 = now_ms(clock)
@@ -276,6 +281,7 @@ def test_cancel_refuses_unknown_and_log_ids(hw, clock):
 # -- bad input -------------------------------------------------------------------------
 
 
+@pytest.mark.alone("it counts a fresh broker's whole schedule (delay_stats) (test_cluster_delay.py: on a cluster)")
 def test_bad_deliver_times(hw, clock):
     hw.admin.create_queue("bad")
     t0 = now_ms(clock)
@@ -508,6 +514,7 @@ def test_a_deleted_queue_drops_its_delayed_messages(tmp_path, clock):
             hw.get(mid)
 
 
+@pytest.mark.alone("it counts a fresh broker's whole schedule (delay_stats) (test_cluster_delay.py: on a cluster)")
 def test_stats_show_buckets_next_due_and_lateness(hw, clock):
     hw.admin.create_queue("s", ttl_s=None)
     t0 = now_ms(clock)

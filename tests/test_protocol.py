@@ -22,7 +22,7 @@ from headwater.errors import (
 from headwater.model.batch import encode_batch, patch_batch
 from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionLocation, PartitionMove, QueueLocations
 from headwater.model.config import PartitionInfo, QueueConfig, QueueInfo, QueuePage
-from headwater.model.delay import DelayBucketStats, DelayStats
+from headwater.model.delay import DelayBucketStats, DelayStats, HandedOffBatch, HandoffPage
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary, MemberDescription
 from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
 from headwater.model.message import Message
@@ -65,6 +65,8 @@ from headwater.protocol import (
     FetchResponse,
     FrameTooLargeError,
     FrameType,
+    HandoffDelayedRequest,
+    HandoffDelayedResponse,
     Handshake,
     HandshakeAccepted,
     ListQueuesRequest,
@@ -376,6 +378,13 @@ SAMPLES = [
     (SharedExtendRequest("workers", "orders", "m-1", ["7:1:3ea:3:m-1"], 60_000), SharedExtendResponse(REFUSED)),
     (SharedDescribeRequest("workers", "orders"), SharedDescribeResponse(SHARED_INFO)),
     (CancelDelayedRequest(7, 0x80000001, DELAYED_OFFSET), CancelDelayedResponse()),
+    (
+        HandoffDelayedRequest("orders", 1, 4, -1, 1 << 20),
+        HandoffDelayedResponse(
+            HandoffPage([HandedOffBatch(DELAYED_OFFSET, 12, 1_700_000_000_000, bytes(BATCH), [1], [(0, 17)])], True)
+        ),
+    ),
+    (HandoffDelayedRequest("orders", 1, 4, DELAYED_OFFSET, 1), HandoffDelayedResponse(HandoffPage([], False))),
     (DelayStatsRequest(), DelayStatsResponse(DELAY_STATS)),
     (
         DelayStatsRequest(),

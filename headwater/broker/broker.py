@@ -13,11 +13,12 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from headwater._version import __version__
 from headwater.broker.append_waiters import AppendWaiters
 from headwater.broker.delay import DelayService, DelayTicket
+from headwater.broker.delay.handoff import HOLD_ALL
 from headwater.broker.groups import GroupCoordinator
 from headwater.broker.keyed import KeyedGroups
 from headwater.broker.offsets import OffsetStore
@@ -41,7 +42,7 @@ from headwater.model.config import (
     check_user_queue,
     is_internal_queue,
 )
-from headwater.model.delay import DELAYED_PARTITION_BIT, DelayStats, peek_deliver_at
+from headwater.model.delay import DELAYED_PARTITION_BIT, DelayStats, HandoffPage, peek_deliver_at
 from headwater.model.filtering import TagMaskFilter, filter_batches
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
 from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
@@ -50,6 +51,9 @@ from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupIn
 from headwater.model.subscription import SubscriberInfo
 from headwater.storage.api import Store
 from headwater.storage.store import LogStore, StoreConfig
+
+if TYPE_CHECKING:
+    from headwater.broker.delay_moves import DelayedMoves
 
 __all__ = ["Broker"]
 
@@ -87,10 +91,13 @@ class Broker:
         *,
         group_clock: Callable[[], float] | None = None,
         shared_clock: Callable[[], float] | None = None,
+        clustered: bool = False,
     ) -> None:
         """``shared_clock`` (leases, subscriptions) defaults to the store's wall clock, so a
         test's movable clock moves them with TTL and delays; ``group_clock`` (sessions) to a
-        monotonic one, unless the store's clock is a test's own."""
+        monotonic one, unless the store's clock is a test's own. ``clustered``: it is about to
+        join a cluster, so its delayed messages wait for the cluster to say which partitions
+        it leads (headwater.broker.delay_moves) instead of going to every partition."""
         if shared_clock is None:
             shared_clock = store.clock
         if group_clock is None:
@@ -112,15 +119,23 @@ class Broker:
         store.add_append_listener(self.appends.notify)
         # delayed messages (headwater.broker.delay): schedule files, dispatcher thread
         self.clock = store.clock  # producers in this process turn delay= into times with it
-        self.delay = DelayService(store, clock=store.clock, report=store.recovery_report)
+        self.delay = DelayService(
+            store, clock=store.clock, report=store.recovery_report, gate=HOLD_ALL if clustered else None
+        )
+        self.delayed_moves: DelayedMoves | None = None  # set while a cluster's member
 
     @classmethod
     def open(
-        cls, path: str | Path, config: StoreConfig | None = None, *, clock: Callable[[], float] = time.time
+        cls,
+        path: str | Path,
+        config: StoreConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        clustered: bool = False,
     ) -> Broker:
         store = LogStore(path, config, clock=clock)
         try:
-            return cls(store)
+            return cls(store, clustered=clustered)
         except BaseException:
             store.close()
             raise
@@ -308,6 +323,7 @@ class Broker:
 
     def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
         if isinstance(partition, int) and partition & DELAYED_PARTITION_BIT:
+            self._check_delayed_leader(queue_id, partition)
             return self.delay.lookup(queue_id, partition, offset)
         name = self.store.queue_name(queue_id)
         if is_internal_queue(name):  # the broker's own: not for users to name or see
@@ -486,7 +502,28 @@ class Broker:
 
     # delayed messages (headwater.broker.delay)
     def cancel_delayed(self, queue_id: int, partition: int, offset: int) -> None:
-        self.delay.cancel(queue_id, partition, offset)
+        name = self.store.queue_name(queue_id) if self.cluster is not None else None
+        if self.cluster is None or name is None or not isinstance(partition, int):
+            self.delay.cancel(queue_id, partition, offset)
+            return
+        # on a cluster: refused while a move has fenced the partition (its delayed messages
+        # are being handed off), so no cancel is lost on the way to the new leader
+        with self.cluster.producing(name, partition & ~DELAYED_PARTITION_BIT):
+            self.delay.cancel(queue_id, partition, offset)
+
+    def _check_delayed_leader(self, queue_id: int, partition: int) -> None:
+        name = self.store.queue_name(queue_id) if self.cluster is not None else None
+        if self.cluster is not None and name is not None:
+            self.cluster.check_leader(name, partition & ~DELAYED_PARTITION_BIT)
+
+    def hand_off_delayed(
+        self, queue: str, partition: int, leader_epoch: int, after: int, max_bytes: int
+    ) -> HandoffPage:
+        """HANDOFF_DELAYED, broker to broker: a page of a partition's delayed messages for its
+        move's target (headwater.broker.delay_moves)."""
+        if self.delayed_moves is None:
+            raise _not_a_cluster("handing off delayed messages")
+        return self.delayed_moves.hand_off(queue, partition, leader_epoch, after, max_bytes)
 
     def delay_stats(self) -> DelayStats:
         return self.delay.stats()

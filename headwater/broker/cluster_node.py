@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from headwater.broker.broker import Broker
+from headwater.broker.delay_moves import DelayedMoves
 from headwater.broker.mover import Mover
 from headwater.cluster.admin import AdminHandler, ask
 from headwater.cluster.controller import ControllerContext, ControllerElection, ControllerFencedError
@@ -90,6 +91,11 @@ class ClusterNode:
         self.mover = Mover(
             broker.store, self.coord, self.broker_id, lambda: self.cache.view, lambda: membership.active, self._work_put
         )
+        # delayed messages go only to partitions led here, and move with them
+        self.delayed = DelayedMoves(
+            broker.delay, broker.store, self.coord, self.broker_id, lambda: self.cache.view,
+            lambda: membership.active, self.mover, self.producing,
+        )  # fmt: skip
         self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._worker = threading.Thread(target=self._run, name="headwater-cluster", daemon=True)
         self._seen: set[str] = set()  # cluster queues this broker has made: gone from the view, deleted here
@@ -114,12 +120,16 @@ class ClusterNode:
         self._election.start()
         self.mover.start()
         self.broker.cluster = self
+        self.delayed.start()
+        self.broker.delayed_moves = self.delayed
 
     def _work_put(self, task: Callable[[], None]) -> None:
         self._work.put(task)
 
     def close(self) -> None:
         self.broker.cluster = None
+        self.broker.delayed_moves = None
+        self.delayed.close()
         try:
             self._election.close()  # first: another broker takes over at once
         finally:

@@ -16,6 +16,10 @@ on the controller).
 - A partition this broker holds data of but neither leads nor copies (a move switched it
   away, or a copy was rolled back) has its data dropped (``delete_before`` its end), once
   ZooKeeper confirms it; the queue stays.
+- Delayed messages (``delayed``, :mod:`headwater.broker.delay_moves`): a target copied up to
+  the source's fenced end takes the source's delayed batches of the partition before it
+  reports ``delayed_taken``, which the switch waits for; stray partitions' batches are
+  forgotten as their data is dropped.
 
 :meth:`Mover.follow` runs on the cluster node's work thread (never a watch's), at each
 change of the view and every ``TICK_S``; copies run on their own threads.
@@ -29,6 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from headwater.broker.peer import PeerClient, PeerError
 from headwater.cluster.coordination import Coordination, CoordinationError, NodeExistsError, NoNodeError
@@ -39,6 +44,9 @@ from headwater.model.batch import decode_header
 from headwater.model.cluster import COORDINATOR_QUEUE
 from headwater.model.config import is_internal_queue
 from headwater.storage.api import Store
+
+if TYPE_CHECKING:
+    from headwater.broker.delay_moves import DelayedMoves
 
 __all__ = ["Mover"]
 
@@ -80,7 +88,9 @@ class Mover:
         self._fences: dict[Key, int] = {}  # partition -> the leader epoch it was fenced at
         self._sending: Counter[Key] = Counter()  # sends accepted, not yet appended
         self._copies: dict[Key, threading.Thread] = {}
-        self._reported: dict[Key, tuple[int, int, float]] = {}  # copied, source end, when (monotonic)
+        self._reported: dict[Key, tuple[int, int, bool, float]] = {}  # copied, source end, taken, when
+        self.delayed: DelayedMoves | None = None  # set by the cluster node: delayed messages move too
+        self._taken: set[Key] = set()  # copies whose source's delayed messages are adopted here
         self._closed = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name=f"headwater-mover-{broker_id}", daemon=True)
 
@@ -115,6 +125,10 @@ class Mover:
                     del self._sending[key]
                     self._cond.notify_all()
 
+    def fenced_epoch(self, queue: str, partition: int) -> int | None:
+        """The leader epoch at which this broker fenced the partition for a move, or None."""
+        return self._fences.get((queue, partition))  # one dict read: no lock (a watch may hold it)
+
     def _refuse_if_fenced(self, key: Key, view: ClusterView) -> None:
         epoch = self._fences.get(key)
         now = view.leader_epoch(*key)
@@ -141,6 +155,8 @@ class Mover:
             if key not in view.moves:
                 self._maybe_unfence(key)
         self._drop_strays(view)
+        if self.delayed is not None:
+            self.delayed.forget_strays(view)
 
     def _fence(self, key: Key, move: MoveRecord) -> None:
         """Refuse sends, wait for those accepted, flush, publish the end offset (once)."""
@@ -261,6 +277,7 @@ class Mover:
                 peer.close()
             me = threading.current_thread()
             self._reported.pop(key, None)
+            self._taken.discard(key)
             self._schedule(lambda: self._forget_copy(key, me))
 
     def _forget_copy(self, key: Key, thread: threading.Thread) -> None:
@@ -313,20 +330,44 @@ class Mover:
             offset = res.next_offset
         if res.batches:
             self.store.flush()  # what is reported copied must survive a crash of this broker
-        return self._report(key, offset, res.end_offset)
+        return self._report(key, offset, res.end_offset, taken=self._delayed_taken(peer, key, offset))
 
-    def _report(self, key: Key, copied: int, source_end: int, *, error: str = "") -> bool:
+    def _delayed_taken(self, peer: PeerClient, key: Key, copied: int) -> bool:
+        """Whether the source's delayed messages of the partition are adopted here: taken
+        once the source has fenced and this copy reached its fenced end (nothing changes
+        there after that), and again by a target that restarted."""
+        if self.delayed is None or key in self._taken:
+            return True
+        move = self._current(key)
+        if move is None or move.phase != "fence":
+            return False
+        try:
+            raw, _ = self.coord.get(paths.move_fenced(*key))
+        except NoNodeError:
+            return False
+        fenced = decode(raw, MoveFenced, paths.move_fenced(*key))
+        if copied < fenced.end_offset or fenced.leader_epoch != move.leader_epoch:
+            return False
+        self.delayed.take(peer, key[0], key[1], move.leader_epoch)
+        self._taken.add(key)
+        return True
+
+    def _report(self, key: Key, copied: int, source_end: int, *, taken: bool = False, error: str = "") -> bool:
         now = time.monotonic()
         last = self._reported.get(key)
         if (
             not error
             and last is not None
-            and (last[:2] == (copied, source_end) or (copied < source_end and now - last[2] < PROGRESS_EVERY_S))
+            and (last[:3] == (copied, source_end, taken) or (copied < source_end and now - last[3] < PROGRESS_EVERY_S))
         ):
             return True
         data = encode(
             MoveProgress(
-                copied_offset=copied, source_end_offset=source_end, updated_ms=int(time.time() * 1000), error=error
+                copied_offset=copied,
+                source_end_offset=source_end,
+                updated_ms=int(time.time() * 1000),
+                error=error,
+                delayed_taken=taken,
             )
         )
         path = paths.move_progress(*key)
@@ -337,5 +378,5 @@ class Mover:
                 self.coord.create(path, data)  # never makepath: a move that is gone stays gone
         except NoNodeError:
             return False
-        self._reported[key] = (copied, source_end, now)
+        self._reported[key] = (copied, source_end, taken, now)
         return True

@@ -1,7 +1,8 @@
 """A broker's client of another broker: a small blocking connection over the binary protocol,
 to FETCH a partition's batches as they are stored (a move's target copies its source so, and
-a follower will copy its leader so), to describe a queue, and to PRODUCE a batch (a shared
-group's dead letters for a partition another broker leads).
+a follower will copy its leader so), to describe a queue, to take a moving partition's
+delayed messages (HANDOFF_DELAYED), and to PRODUCE a batch (a shared group's dead letters
+for a partition another broker leads).
 
 The broker does not use :mod:`headwater.client` (a layer above it): this is the sans-IO
 :class:`~headwater.protocol.Connection` over one plain socket, one request at a time. Every
@@ -20,6 +21,7 @@ import time
 from typing import Any
 
 from headwater.model.config import QueueInfo
+from headwater.model.delay import HandoffPage
 from headwater.model.service import FetchResult, ProduceResult
 from headwater.protocol import (
     CLIENT,
@@ -33,7 +35,7 @@ from headwater.protocol import (
     Request,
     Response,
 )
-from headwater.protocol.messages import DescribeQueueRequest, FetchRequest, ProduceRequest
+from headwater.protocol.messages import DescribeQueueRequest, FetchRequest, HandoffDelayedRequest, ProduceRequest
 
 __all__ = ["PeerClient", "PeerError"]
 
@@ -108,6 +110,14 @@ class PeerClient:
         """The peer's own view of ``queue``: its partitions' start and end offsets there."""
         info: QueueInfo = self._call(DescribeQueueRequest(queue), 0.0)
         return info
+
+    def hand_off_delayed(
+        self, queue: str, partition: int, leader_epoch: int, after: int, max_bytes: int
+    ) -> HandoffPage:
+        """A page of the peer's delayed batches of a partition it fenced for the move planned
+        at ``leader_epoch`` (HANDOFF_DELAYED; ``NotLeaderError`` until it has fenced)."""
+        page: HandoffPage = self._call(HandoffDelayedRequest(queue, partition, leader_epoch, after, max_bytes), 0.0)
+        return page
 
     def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
         """Append one record batch to ``queue``'s ``partition`` at the peer (its leader),

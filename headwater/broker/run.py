@@ -41,7 +41,7 @@ def run_server(
     except ImportError:
         loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    broker = Broker.open(data, store)
+    broker = Broker.open(data, store, clustered=bool(server.zookeeper))
 
     async def main() -> None:
         srv = BrokerServer(broker, server)

@@ -57,6 +57,7 @@ from headwater.protocol import (
     ErrorResponse,
     FetchRequest,
     FetchResponse,
+    HandoffDelayedResponse,
     ProduceResponse,
     ProtocolError,
     Request,
@@ -504,6 +505,17 @@ class BrokerServer:
             return await self._keyed_fetch(body)
         if api in PUSH_APIS:
             return await self._push.handle(st, body)
+        if api is ApiKey.HANDOFF_DELAYED:  # broker to broker: no client service has it
+            page = await self.loop.run_in_executor(
+                self._pool,
+                self.broker.hand_off_delayed,
+                body.queue,
+                body.partition,
+                body.leader_epoch,
+                body.after,
+                body.max_bytes,
+            )
+            return HandoffDelayedResponse(page)
         return await self.loop.run_in_executor(self._pool, invoke, self.broker, body)
 
     def _answer_durable(self, st: ClientConnection, ev: Request, result: object, error: BaseException | None) -> None:

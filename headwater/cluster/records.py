@@ -121,12 +121,15 @@ class MoveRecord(msgspec.Struct, frozen=True, kw_only=True):
 class MoveProgress(msgspec.Struct, frozen=True, kw_only=True):
     """``/moves/<name>/<n>/progress``, written by the target: it holds the partition up to
     ``copied_offset`` (durably), and the source's end offset was ``source_end_offset`` at
-    its last fetch."""
+    its last fetch. ``delayed_taken``: the source's pending delayed messages of the partition
+    are adopted here (durably, once the source fenced): the switch waits for it. A target
+    that knows nothing of delayed messages writes no such field, and is taken at its word."""
 
     copied_offset: int
     source_end_offset: int
     updated_ms: int
     error: str = ""  # the target cannot take the partition (why): the controller rolls the move back
+    delayed_taken: bool = True
 
 
 class MoveFenced(msgspec.Struct, frozen=True, kw_only=True):

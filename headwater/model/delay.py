@@ -81,6 +81,8 @@ __all__ = [
     "DelayBucketStats",
     "DelayStats",
     "DelayCounters",
+    "HandedOffBatch",
+    "HandoffPage",
 ]
 
 DELAYED_PARTITION_BIT = 0x80000000
@@ -315,6 +317,32 @@ class DelayBucketStats(msgspec.Struct, frozen=True, array_like=True):
     end_ms: int
     pending_messages: int
     loaded: bool  # held in memory (due soon), not only on disk
+
+
+class HandedOffBatch(msgspec.Struct, frozen=True, array_like=True):
+    """A pending delayed batch handed from a partition's old leader to its new one when the
+    partition moves (docs/design/delay.md, "On a cluster"): the batch as its producer sent
+    it, the delayed offset its producer was given for its first message (``origin``: the id
+    keeps working on the new leader), its place in the old leader's acceptance order
+    (``accept_seq``: the new leader adopts in that order, so each producer's sequences stay
+    in order in its idempotence table), its acceptance time, and what became of it so far:
+    ``cancelled`` message indexes, and ``delivered`` runs as (index of the run's first
+    message, its base offset in the partition, which the new leader copied)."""
+
+    origin: int
+    accept_seq: int
+    accepted_ms: int
+    batch: bytes
+    cancelled: list[int] = []
+    delivered: list[tuple[int, int]] = []
+
+
+class HandoffPage(msgspec.Struct, frozen=True, array_like=True):
+    """Some of a partition's delayed batches, by ascending ``accept_seq``; ``more``: ask
+    again after the last one's."""
+
+    batches: list[HandedOffBatch]
+    more: bool
 
 
 class DelayStats(msgspec.Struct, frozen=True, kw_only=True):

@@ -25,22 +25,31 @@ then records, back to back::
     offset size field
      0      4   length           bytes after this field (52, plus the batch of a SCHEDULE)
      4      4   crc              CRC32C of bytes [8, 4 + length)
-     8      1   kind             1 SCHEDULE, 2 DELIVERED, 3 CANCELLED, 4 DROPPED
+     8      1   kind             1 SCHEDULE, 2 DELIVERED, 3 CANCELLED, 4 DROPPED, 5 MOVED,
+                                 6 ADOPTED
      9      3   reserved
     12      4   queue_id
     16      4   partition
     20      4   count            SCHEDULE: messages in the batch; CANCELLED: the index of the
                                  cancelled message in its batch; DELIVERED, DROPPED: the index
                                  of the first message of the run they are about (a batch whose
-                                 messages are due at several times is delivered run by run)
+                                 messages are due at several times is delivered run by run);
+                                 MOVED, ADOPTED: 0
     24      8   number           number of the batch's first message in this bucket
-    32      8   time_ms          SCHEDULE: deliver_at_ms; others: when it happened
+    32      8   time_ms          SCHEDULE: deliver_at_ms; ADOPTED: the leader epoch from which
+                                 it may be delivered; others: when it happened
     40      8   value            SCHEDULE: accepted_ms; DELIVERED: base offset in the partition
-    48      8   accept_seq       SCHEDULE: the broker-wide acceptance sequence; others 0
+    48      8   accept_seq       SCHEDULE: the broker-wide acceptance sequence; ADOPTED: the
+                                 delayed offset its producer was given (unsigned); others 0
     56      -   batch            SCHEDULE only: the producer's batch as it arrived
 
 A message number identifies a batch within its bucket (its first message's number); every
-later record about the batch (DELIVERED, CANCELLED, DROPPED) names it by that number.
+later record about the batch (DELIVERED, CANCELLED, DROPPED, MOVED) names it by that number.
+On a cluster (docs/design/delay.md, "On a cluster"): MOVED closes every open run of a batch
+whose partition moved to another broker, which took the batch; ADOPTED comes right before
+the SCHEDULE record of a batch taken from another broker (in the same write, so a SCHEDULE
+of an adopted batch never survives without it) and says which id it keeps and from which
+leader epoch on it may be delivered.
 
 Thread-safety: a per-file lock guards the descriptor, so ``append``, ``read``, ``sync`` and
 ``close`` may be called from any thread; the owner serialises appends. Crash policy: the
@@ -74,6 +83,8 @@ __all__ = [
     "DELIVERED",
     "CANCELLED",
     "DROPPED",
+    "MOVED",
+    "ADOPTED",
     "bucket_file_name",
     "encode_file_header",
     "encode_record",
@@ -82,8 +93,8 @@ __all__ = [
     "CHECKPOINT_FILE",
 ]
 
-SCHEDULE, DELIVERED, CANCELLED, DROPPED = 1, 2, 3, 4
-_KINDS = (SCHEDULE, DELIVERED, CANCELLED, DROPPED)
+SCHEDULE, DELIVERED, CANCELLED, DROPPED, MOVED, ADOPTED = 1, 2, 3, 4, 5, 6
+_KINDS = (SCHEDULE, DELIVERED, CANCELLED, DROPPED, MOVED, ADOPTED)
 
 _FILE_HEADER = struct.Struct("<8sH6sqq16sq4sI")
 FILE_HEADER_SIZE = _FILE_HEADER.size

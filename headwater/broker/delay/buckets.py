@@ -19,7 +19,16 @@ from collections.abc import Iterable
 
 from headwater.broker.delay.lifecycle import State, move
 from headwater.model.delay import delivery_groups
-from headwater.storage.schedule import CANCELLED, DELIVERED, DROPPED, SCHEDULE, ScheduleFile, ScheduleRecord
+from headwater.storage.schedule import (
+    ADOPTED,
+    CANCELLED,
+    DELIVERED,
+    DROPPED,
+    MOVED,
+    SCHEDULE,
+    ScheduleFile,
+    ScheduleRecord,
+)
 
 __all__ = ["Bucket", "Entry", "Run", "replay", "OPEN"]
 
@@ -56,6 +65,8 @@ class Entry:
         "accept_seq",
         "producer",
         "open_runs",
+        "origin",
+        "gate",
     )
 
     def __init__(self, r: ScheduleRecord) -> None:
@@ -71,6 +82,10 @@ class Entry:
         self.cancelled: set[int] | None = None  # indexes of cancelled messages
         self.accept_seq = r.accept_seq
         self.producer = r.producer
+        # taken from another broker with its partition (an ADOPTED record): the delayed offset
+        # its producer was given, and the leader epoch from which it may be delivered here
+        self.origin: int | None = None
+        self.gate = 0
 
     def run_of(self, index: int) -> Run:
         runs = self.runs
@@ -108,6 +123,12 @@ class Entry:
         g = self.run_of(index)
         if g.state == State.PENDING and self.live(g) == 0:
             self.close_run(g, move(g.state, "cancel_all"))
+
+    def move_away(self) -> None:
+        """Close every PENDING run: the batch went with its partition to another broker."""
+        for g in self.runs:
+            if g.state == State.PENDING:
+                self.close_run(g, move(g.state, "moved"))
 
     def log_offset(self, index: int) -> int:
         """The offset message ``index`` got in its partition (its run DELIVERED; cancelled
@@ -171,14 +192,23 @@ def find_entry(entries: dict[int, Entry], numbers: list[int], number: int) -> En
 
 def replay(records: Iterable[ScheduleRecord], entries: dict[int, Entry], numbers: list[int]) -> None:
     """Apply a file's records, in file order, to ``entries`` (and their ascending keys)."""
+    adopted: dict[int, tuple[int, int]] = {}  # number -> (origin, gate), for the SCHEDULE next
     for r in records:
         if r.kind == SCHEDULE:
-            entries[r.number] = Entry(r)
+            e = entries[r.number] = Entry(r)
             numbers.append(r.number)
+            if (a := adopted.pop(r.number, None)) is not None:
+                e.origin, e.gate = a
+            continue
+        if r.kind == ADOPTED:
+            adopted[r.number] = (r.accept_seq, r.time_ms)
             continue
         e = entries.get(r.number)
         if e is None:
             continue  # names a batch cut away with a damaged tail before it: nothing to do
+        if r.kind == MOVED:
+            e.move_away()
+            continue
         if r.kind == CANCELLED:
             if 0 <= r.count < e.count and e.run_of(r.count).state in (State.PENDING, State.CANCELLED):
                 e.cancel(r.count)

@@ -8,7 +8,8 @@ Between turns it sleeps until the next due time, the next bucket to load or the 
 checkpoint, at most ``poll_ms``: an arrival due sooner wakes it, and a clock that jumps is
 noticed within ``poll_ms``. A jump forward delivers what became due at once; a jump back
 holds deliveries until the clock reaches their time again. Nothing is taken twice: a batch
-leaves PENDING only here, and only once it is recorded does it leave DISPATCHING.
+leaves PENDING only here, and only once it is recorded does it leave DISPATCHING. On a
+cluster a batch is appended only inside the gate's ``delivering`` (:mod:`.handoff`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from headwater.errors import QueueDisabledError, QueueNotFoundError, UsageError
+from headwater.errors import NotLeaderError, QueueDisabledError, QueueNotFoundError, UsageError
 from headwater.model.batch import decode_header, decode_payload
 from headwater.model.delay import delay_offset, prepare_delivery
 from headwater.storage.api import Store
@@ -100,8 +101,12 @@ class Dispatcher(threading.Thread):
                     dropped.append((b, e, g))
                     continue
                 stamp = delay_offset(b.start_ms, e.number + g.first)  # names the run: its first message
-                res, end = store.append_stamped(e.queue_id, e.partition, batch, stamp)
-            except QueueDisabledError:
+                if svc.gate is None:
+                    res, end = store.append_stamped(e.queue_id, e.partition, batch, stamp)
+                else:  # on a cluster: a move's fence waits for this append, or refuses it
+                    with svc.gate.delivering(e.queue_id, e.partition):
+                        res, end = store.append_stamped(e.queue_id, e.partition, batch, stamp)
+            except (QueueDisabledError, NotLeaderError):  # NotLeaderError: held until this broker leads it
                 retry.append((b, e, g))
             except QueueNotFoundError:
                 log.warning(

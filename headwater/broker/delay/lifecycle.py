@@ -6,7 +6,8 @@
        │  ▲                             │
        │  └──────── retry (queue disabled, storage error) ──┘
        ├──cancel (every message)──▶ CANCELLED
-       └──due, queue deleted──────▶ DROPPED    (DISPATCHING → DROPPED as well)
+       ├──due, queue deleted──────▶ DROPPED    (DISPATCHING → DROPPED as well)
+       └──partition moved away────▶ MOVED      (its new leader took the batch)
 
 A cancel of some of a batch's messages keeps it PENDING: they are left out when it is
 delivered. Only the dispatcher thread takes a batch out of PENDING; cancels come from any
@@ -26,6 +27,7 @@ class State(IntEnum):
     DELIVERED = 3
     CANCELLED = 4
     DROPPED = 5
+    MOVED = 6
 
 
 #: event -> {from state: to state}
@@ -35,6 +37,7 @@ TRANSITIONS: dict[str, dict[State, State]] = {
     "delivered": {State.DISPATCHING: State.DELIVERED},
     "dropped": {State.DISPATCHING: State.DROPPED, State.PENDING: State.DROPPED},
     "cancel_all": {State.PENDING: State.CANCELLED},
+    "moved": {State.PENDING: State.MOVED},
 }
 
 #: what cancelling a message answers, by the state of its batch: None = it is cancelled
@@ -45,6 +48,7 @@ CANCEL: dict[State, str | None] = {
     State.DISPATCHING: "is being delivered right now; too late to cancel",
     State.DELIVERED: "was already delivered; too late to cancel",
     State.DROPPED: "was dropped when it came due (its queue had been deleted)",
+    State.MOVED: "moved to another broker with its partition; ask the partition's leader",
 }
 
 

@@ -61,6 +61,9 @@ class DelayRecovery:
             entries: dict[int, Entry] = {}
             replay(f.scan(cut=not self.read_only, problems=self.report), entries, [])
             for e in entries.values():
+                self._note_adopted_locked(e, f.bucket_start_ms)
+                if e.is_open:
+                    self._partitions.add((e.queue_id, e.partition))
                 if e.accept_seq > ckpt.accept_seq:
                     later.append((e.accept_seq, f.bucket_start_ms, e))
                 self._accept_seq = max(self._accept_seq, e.accept_seq)
@@ -78,7 +81,7 @@ class DelayRecovery:
                     _Idem(pid, seq, epoch, e.count),
                     e.queue_id,
                     e.partition | DELAYED_PARTITION_BIT,
-                    delay_offset(start, e.number),
+                    e.origin if e.origin is not None else delay_offset(start, e.number),
                     e.accepted_ms,
                 )
         try:

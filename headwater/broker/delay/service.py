@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from headwater.broker.delay.buckets import Bucket, Entry, Run, find_entry, replay
+from headwater.broker.delay.handoff import DelayHandoff, DeliveryGate
 from headwater.broker.delay.lifecycle import CANCEL, State, move
 from headwater.broker.delay.recovery import DelayRecovery
 from headwater.errors import ClosedError, InvalidArgumentError, MessageNotFoundError, ReadOnlyStoreError, StorageError
@@ -77,6 +78,7 @@ class DelayLimits(NamedTuple):
     poll_ms: int = 100  # the dispatcher looks at the clock at least this often
     checkpoint_interval_ms: int = 1_000
     retry_ms: int = 1_000  # a batch whose queue is disabled is tried again after this
+    hold_ms: int = 200  # a batch of a partition another broker leads is looked at again after this
 
 
 class DelayTicket:
@@ -88,8 +90,11 @@ class DelayTicket:
         self.writes = writes
 
 
-class DelayService(DelayRecovery):
-    """The delay service of one store. Thread-safe; :meth:`close` before the store."""
+class DelayService(DelayRecovery, DelayHandoff):
+    """The delay service of one store. Thread-safe; :meth:`close` before the store.
+
+    ``gate``: on a cluster, what says which partitions this broker may deliver to
+    (:mod:`.handoff`); None for a broker alone, which delivers to every partition."""
 
     def __init__(
         self,
@@ -98,6 +103,7 @@ class DelayService(DelayRecovery):
         clock: Callable[[], float] = time.time,
         limits: DelayLimits | None = None,
         report: list[str] | None = None,
+        gate: DeliveryGate | None = None,
     ) -> None:
         cfg = store.config
         self._store = store
@@ -127,6 +133,11 @@ class DelayService(DelayRecovery):
         self.counters = DelayCounters()
         self.closed = False
         self.read_only = store.read_only  # recovery in memory only; no dispatcher, no writes
+        self.gate = gate
+        # adopted batches by origin: (queue id, partition, origin bucket) -> origin number ->
+        # (messages, bucket here, number here); and the partitions that may have open batches
+        self._aliases: dict[tuple[int, int, int], dict[int, tuple[int, int, int]]] = {}
+        self._partitions: set[tuple[int, int]] = set()
         self._recover()
         self._commit = GroupCommit(self._sync_files)
         self._flusher = Flusher("headwater-delay-flush", cfg.flush_interval_ms, self._commit.sync_now)
@@ -264,6 +275,7 @@ class DelayService(DelayRecovery):
                 b, encode_record(SCHEDULE, qid, partition, h.count, n, h.deliver_at_ms, now, self._accept_seq, batch)
             )
             b.next_number = n + h.count
+            self._partitions.add((qid, partition))
             b.pending_messages += h.count
             b.pending_batches += 1
             if b.loaded:
@@ -349,6 +361,9 @@ class DelayService(DelayRecovery):
                 if found is None:
                     continue  # cancelled, or an older heap item of a retried run
                 b, e, g = found
+                if self.gate is not None and not self.deliverable_locked(e):
+                    self.hold_locked(b, e, item[3], now)  # another broker's partition, for now
+                    continue
                 g.state = move(g.state, "take")
                 b.in_flight += 1
                 out.append((b, e, g))
@@ -463,6 +478,7 @@ class DelayService(DelayRecovery):
                 self._open_lru.pop(b.start_ms, None)
                 if b.entries is not None:
                     self._loaded_batches -= len(b.entries)
+                self._forget_aliases_of_locked(b)
                 b.file.delete()
                 deleted += 1
         if deleted:
@@ -473,6 +489,12 @@ class DelayService(DelayRecovery):
 
     def _find_locked(self, queue_id: int, partition: int, offset: int) -> tuple[Bucket, Entry, int]:
         mid = MessageId(queue_id, partition, offset)
+        alias = self._alias_locked(queue_id, partition & ~DELAYED_PARTITION_BIT, offset)
+        if alias is not None:  # adopted with its partition: found by the id its producer got
+            b = self._buckets[alias[0]]
+            e = b.find(alias[1]) if b.loaded else self._read_entry_locked(b, alias[1])
+            if e is not None:
+                return b, e, alias[2]
         start, number = split_delay_offset(offset)
         b = self._buckets.get(start)
         if b is None:
@@ -481,17 +503,19 @@ class DelayService(DelayRecovery):
                     f"delayed message {mid} was delivered or cancelled, and its schedule was reclaimed"
                 )
             raise MessageNotFoundError(f"no delayed message has id {mid}")
-        if b.loaded:
-            e = b.find(number)
-        else:  # read the file (a rare call: a cancel or lookup of a message due later)
-            entries: dict[int, Entry] = {}
-            tmp: list[int] = []
-            replay(b.file.scan(cut=False), entries, tmp)
-            self._touch_locked(b)
-            e = find_entry(entries, tmp, number)
+        e = b.find(number) if b.loaded else self._read_entry_locked(b, number)
         if e is None or e.queue_id != queue_id or e.partition != partition & ~DELAYED_PARTITION_BIT:
             raise MessageNotFoundError(f"no delayed message has id {mid}")
         return b, e, number - e.number
+
+    def _read_entry_locked(self, b: Bucket, number: int) -> Entry | None:
+        """The entry holding message ``number`` of a bucket not loaded, read from its file (a
+        rare call: a cancel or lookup of a message due later)."""
+        entries: dict[int, Entry] = {}
+        tmp: list[int] = []
+        replay(b.file.scan(cut=False), entries, tmp)
+        self._touch_locked(b)
+        return find_entry(entries, tmp, number)
 
     def cancel(self, queue_id: int, partition: int, offset: int) -> None:
         """Cancel one delayed message that is not delivered yet (cancelling twice is fine)."""
@@ -534,6 +558,8 @@ class DelayService(DelayRecovery):
         name = self._store.queue_name(queue_id)
         if cancelled or state == State.CANCELLED:
             raise MessageNotFoundError(f"delayed message {mid} was cancelled")
+        if state == State.MOVED:
+            raise MessageNotFoundError(f"delayed message {mid} {CANCEL[State.MOVED]}")
         if state == State.DROPPED or name is None:
             raise MessageNotFoundError(f"delayed message {mid}: its queue was deleted")
         if state == State.DELIVERED:

@@ -22,6 +22,7 @@ from headwater.client.core.routing import (
     ENABLED_POLL_S,
     RefreshGate,
     RoutingTable,
+    merge_delay_stats,
     merge_describe,
     merge_key_lookups,
     merge_pages,
@@ -41,6 +42,7 @@ from headwater.errors import (
 )
 from headwater.model.cluster import ClusterMetadata
 from headwater.model.config import QueueConfig, QueueInfo, QueuePage
+from headwater.model.delay import DelayStats
 from headwater.model.service import BrokerService, FetchResult, ProduceResult
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.protocol import messages as m
@@ -364,6 +366,16 @@ class AsyncRoutedService(AsyncRoutedGroupCalls, AsyncBrokerService):
             sorted(leaders), lambda s: s.lookup_key(queue, key, start_ms, end_ms, limit), strict=True
         )
         return merge_key_lookups(answers, self._table.partition_leaders(queue), limit)
+
+    async def delay_stats(self) -> DelayStats:
+        """Every broker's schedule of delayed messages, added up (``merge_delay_stats``)."""
+        self._gate.mark_stale()  # a broker that joined since the last table has a schedule too
+        await self.refresh(time.monotonic() + self.request_timeout_s)
+        brokers = sorted(self._table.brokers)
+        if len(brokers) <= 1:
+            return await self._home.delay_stats()
+        answers = await self._ask_leaders(brokers, lambda s: s.delay_stats(), strict=False)
+        return merge_delay_stats(answers) if answers else await self._home.delay_stats()
 
     # -- admin and the rest -----------------------------------------------------------------
 

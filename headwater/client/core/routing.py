@@ -33,6 +33,7 @@ from headwater.errors import InvalidArgumentError, NotCoordinatorError, NotLeade
 from headwater.model.batch import decode_header
 from headwater.model.cluster import ALONE, BrokerAddress, ClusterMetadata
 from headwater.model.config import PartitionInfo, QueueInfo, QueuePage
+from headwater.model.delay import DelayBucketStats, DelayStats
 from headwater.model.groups import GroupSummary
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "REFRESH_INTERVAL_S",
     "RefreshGate",
     "RoutingTable",
+    "merge_delay_stats",
     "merge_describe",
     "merge_groups",
     "merge_key_lookups",
@@ -331,3 +333,60 @@ def merge_key_lookups(answers: Mapping[int, list[bytes]], leaders: Mapping[int, 
 
     merged = heapq.merge(*(timed(b, a) for b, a in sorted(answers.items())), key=lambda t: t[:2])
     return [b for _, _, b in merged][: max(0, limit)]
+
+
+def merge_delay_stats(answers: Mapping[int, DelayStats]) -> DelayStats:
+    """Every broker's DELAY_STATS (``answers``: broker id -> its stats) as the cluster's: each
+    broker schedules the delayed messages of the partitions it leads, so counts and rates
+    add up, the next due time is the earliest, buckets of one span add their pending
+    messages (loaded if loaded anywhere). Lateness percentiles cannot be merged without the
+    samples: the worst broker's are given (an upper bound), as is the worst maximum.
+
+    >>> from headwater.model.delay import DelayBucketStats as B
+    >>> def stats(pending, due, p99, buckets):
+    ...     return DelayStats(now_ms=10, pending_messages=pending, pending_batches=pending, next_due_ms=due,
+    ...         accepted_total=pending, delivered_total=1, cancelled_total=0, dropped_total=0,
+    ...         delivered_per_s=0.5, lateness_p50_ms=p99, lateness_p99_ms=p99, lateness_max_ms=None,
+    ...         loaded_batches=0, bucket_ms=60_000, buckets=buckets)
+    >>> s = merge_delay_stats({1: stats(2, 500, 3.0, [B(0, 60_000, 2, True)]),
+    ...                        2: stats(5, None, None, [B(0, 60_000, 4, False), B(60_000, 120_000, 1, False)])})
+    >>> s.pending_messages, s.next_due_ms, s.delivered_total, s.delivered_per_s, s.lateness_p99_ms
+    (7, 500, 2, 1.0, 3.0)
+    >>> s.buckets
+    [DelayBucketStats(start_ms=0, end_ms=60000, pending_messages=6, loaded=True), \
+DelayBucketStats(start_ms=60000, end_ms=120000, pending_messages=1, loaded=False)]
+    """
+    got = [answers[b] for b in sorted(answers)]
+    if len(got) == 1:
+        return got[0]
+    if not got:
+        raise InvalidArgumentError("no broker answered DELAY_STATS: there is nothing to add up")
+
+    def worst(values: Iterable[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return max(present) if present else None
+
+    buckets: dict[tuple[int, int], tuple[int, bool]] = {}
+    for s in got:
+        for b in s.buckets:
+            pending, loaded = buckets.get((b.start_ms, b.end_ms), (0, False))
+            buckets[(b.start_ms, b.end_ms)] = (pending + b.pending_messages, loaded or b.loaded)
+    dues = [s.next_due_ms for s in got if s.next_due_ms is not None]
+    worst_max = worst(s.lateness_max_ms for s in got)
+    return DelayStats(
+        now_ms=max(s.now_ms for s in got),
+        pending_messages=sum(s.pending_messages for s in got),
+        pending_batches=sum(s.pending_batches for s in got),
+        next_due_ms=min(dues) if dues else None,
+        accepted_total=sum(s.accepted_total for s in got),
+        delivered_total=sum(s.delivered_total for s in got),
+        cancelled_total=sum(s.cancelled_total for s in got),
+        dropped_total=sum(s.dropped_total for s in got),
+        delivered_per_s=sum(s.delivered_per_s for s in got),
+        lateness_p50_ms=worst(s.lateness_p50_ms for s in got),
+        lateness_p99_ms=worst(s.lateness_p99_ms for s in got),
+        lateness_max_ms=None if worst_max is None else int(worst_max),
+        loaded_batches=sum(s.loaded_batches for s in got),
+        bucket_ms=max(s.bucket_ms for s in got),
+        buckets=[DelayBucketStats(k[0], k[1], v[0], v[1]) for k, v in sorted(buckets.items())],
+    )

@@ -18,8 +18,10 @@ needed at the address METADATA gives; each request goes where
 - a consumer group's (join, heartbeat, leave, describe, commit_offsets, fetch_offsets) to
   the group's coordinator, sent again after a NotCoordinatorError; list_groups to every
   broker, the answers merged (:mod:`~headwater.client.transport.routed_groups`).
+- a delayed id's (lookup_id, cancel_delayed) to its partition's leader, which keeps its
+  delayed messages; delay_stats to every broker, the answers added up.
 - shared groups to each partition's leader (:mod:`headwater.client.transport.shared_routing`).
-- the rest (keyed groups, subscriptions, delayed messages, status) to the bootstrap broker.
+- the rest (keyed groups, subscriptions, status) to the bootstrap broker.
 
 Thread-safe. Its threads are its connections' (one ``headwater-client`` thread each).
 """
@@ -38,6 +40,7 @@ from headwater.client.core.routing import (
     ENABLED_POLL_S,
     RefreshGate,
     RoutingTable,
+    merge_delay_stats,
     merge_describe,
     merge_key_lookups,
     merge_pages,
@@ -56,6 +59,7 @@ from headwater.errors import (
 )
 from headwater.model.cluster import ClusterMetadata
 from headwater.model.config import QueueConfig, QueueInfo, QueuePage
+from headwater.model.delay import DelayStats
 from headwater.model.service import BrokerService, FetchResult, ProduceResult
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.protocol import messages as m
@@ -516,6 +520,16 @@ class RoutedService(RoutedGroupCalls, BrokerService):
         return merge_key_lookups(answers, self._table.partition_leaders(queue), limit)
 
     # -- admin: any broker; the table refreshed after each change ---------------------------
+
+    def delay_stats(self) -> DelayStats:
+        """Every broker's schedule of delayed messages, added up (``merge_delay_stats``): each
+        keeps those of the partitions it leads. A broker out of reach is left out."""
+        self._gate.mark_stale()  # a broker that joined since the last table has a schedule too
+        brokers = sorted(self.refresh(time.monotonic() + self.request_timeout_s).brokers)
+        if len(brokers) <= 1:
+            return self._home.delay_stats()
+        answers = self._answers(self._ask_leaders(brokers, m.DelayStatsRequest()), strict=False)
+        return merge_delay_stats(answers) if answers else self._home.delay_stats()
 
     def _changed(self, result: T) -> T:
         self._gate.mark_stale()

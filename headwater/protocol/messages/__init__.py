@@ -109,6 +109,8 @@ from headwater.protocol.messages.delay import (
     CancelDelayedResponse,
     DelayStatsRequest,
     DelayStatsResponse,
+    HandoffDelayedRequest,
+    HandoffDelayedResponse,
 )
 from headwater.protocol.messages.groups import (
     CommitOffsetsRequest,
@@ -150,6 +152,7 @@ from headwater.protocol.messages.shared import (
 )
 from headwater.protocol.messages.specs import (
     API_SPECS,
+    INTERNAL_APIS,
     PUSH_SPECS,
     STREAM_APIS,
     ApiSpec,
@@ -281,6 +284,7 @@ __all__ = [
     "CloseStreamRequest",
     "CloseStreamResponse",
     "STREAM_APIS",
+    "INTERNAL_APIS",
     "PUSH_SPECS",
     "push_spec_for",
     "SharedReceiveRequest",
@@ -297,6 +301,8 @@ __all__ = [
     "CancelDelayedResponse",
     "DelayStatsRequest",
     "DelayStatsResponse",
+    "HandoffDelayedRequest",
+    "HandoffDelayedResponse",
     "spec_for",
     "invoke",
 ]

@@ -70,6 +70,7 @@ class ApiKey(IntEnum):
     # delayed messages
     CANCEL_DELAYED = 70
     DELAY_STATS = 71
+    HANDOFF_DELAYED = 72  # broker to broker: a moving partition's delayed messages
     # status and metrics
     STATUS = 90
     # cluster
@@ -87,7 +88,7 @@ RESERVED_API_KEYS: dict[range, str] = {
     range(45, 46): "more consumer group membership",
     range(55, 60): "more shared delivery",
     range(68, 70): "more push subscriptions",
-    range(72, 80): "more delayed messages",
+    range(73, 80): "more delayed messages",
     range(80, 90): "transactions: prepare, commit, roll back, check back",
     range(91, 100): "more status and metrics",
     range(103, 200): "more cluster: brokers, partition moves, replication",

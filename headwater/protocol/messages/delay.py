@@ -1,8 +1,9 @@
-"""Bodies of delayed messages: cancel one, the schedule's statistics."""
+"""Bodies of delayed messages: cancel one, the schedule's statistics; and, between the
+brokers of a cluster, the hand-off of a moving partition's delayed messages."""
 
 from __future__ import annotations
 
-from headwater.model.delay import DelayStats
+from headwater.model.delay import DelayStats, HandoffPage
 from headwater.protocol.messages.base import ApiKey, RequestBody, ResponseBody, _NoResult
 
 
@@ -36,4 +37,31 @@ class DelayStatsResponse(ResponseBody, frozen=True, array_like=True):
 
     @classmethod
     def from_result(cls, value: DelayStats) -> ResponseBody:
+        return cls(value)
+
+
+class HandoffDelayedRequest(RequestBody, frozen=True, array_like=True):
+    """Broker to broker (a move's target to its source, docs/design/delay.md "On a
+    cluster"): the delayed batches of ``queue``'s ``partition`` the source accepted after
+    ``after`` (an ``accept_seq``; -1: from the first), about ``max_bytes`` of them. The source answers only
+    once it has fenced the partition for the move planned at ``leader_epoch``; before,
+    ``NotLeaderError`` (ask again). Clients never send it."""
+
+    api = ApiKey.HANDOFF_DELAYED
+    queue: str
+    partition: int
+    leader_epoch: int
+    after: int
+    max_bytes: int
+
+
+class HandoffDelayedResponse(ResponseBody, frozen=True, array_like=True):
+    api = ApiKey.HANDOFF_DELAYED
+    page: HandoffPage
+
+    def result(self) -> HandoffPage:
+        return self.page
+
+    @classmethod
+    def from_result(cls, value: HandoffPage) -> ResponseBody:
         return cls(value)

@@ -56,6 +56,8 @@ from headwater.protocol.messages.delay import (
     CancelDelayedResponse,
     DelayStatsRequest,
     DelayStatsResponse,
+    HandoffDelayedRequest,
+    HandoffDelayedResponse,
 )
 from headwater.protocol.messages.groups import (
     CommitOffsetsRequest,
@@ -247,6 +249,8 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
         # cancelling twice is fine (the second finds it cancelled)
         ApiSpec(ApiKey.CANCEL_DELAYED, CancelDelayedRequest, CancelDelayedResponse, "cancel_delayed"),
         ApiSpec(ApiKey.DELAY_STATS, DelayStatsRequest, DelayStatsResponse, "delay_stats"),
+        # broker to broker (INTERNAL_APIS): a page of a moving partition's delayed messages
+        ApiSpec(ApiKey.HANDOFF_DELAYED, HandoffDelayedRequest, HandoffDelayedResponse, None),
         ApiSpec(ApiKey.STATUS, StatusRequest, StatusResponse, "status"),
         ApiSpec(ApiKey.METADATA, MetadataRequest, MetadataResponse, "metadata"),
         # a second plan would plan again over the moves the first started
@@ -267,6 +271,10 @@ STREAM_APIS = frozenset(
         ApiKey.SUBSCRIPTION_ACK,
     }
 )
+
+#: The requests one broker of a cluster sends another: only a server serves them, and no
+#: client service has them.
+INTERNAL_APIS = frozenset({ApiKey.HANDOFF_DELAYED})
 
 for _s in API_SPECS.values():
     assert _s.request.api is _s.key and _s.response.api is _s.key, _s
@@ -305,10 +313,11 @@ def invoke(service: BrokerService, request: RequestBody) -> ResponseBody:
     """
     spec = API_SPECS[request.api]
     if spec.method is None:
-        if spec.key in STREAM_APIS:
+        if spec.key in STREAM_APIS or spec.key in INTERNAL_APIS:
             from headwater.errors import UsageError
 
-            raise UsageError(f"{spec.key.name} acts on a connection's push streams: only a server serves it")
+            what = "acts on a connection's push streams" if spec.key in STREAM_APIS else "is broker to broker"
+            raise UsageError(f"{spec.key.name} {what}: only a server serves it")
         return spec.response.from_result(None)
     args = msgspec.structs.asdict(request)
     if spec.key is ApiKey.FETCH or spec.key is ApiKey.KEYED_FETCH:

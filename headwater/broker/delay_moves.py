@@ -1,0 +1,175 @@
+"""Delayed messages move with their partition (docs/design/delay.md, "On a cluster"): a
+cluster member's side of it, between the delay service (:mod:`headwater.broker.delay`) and
+the moves (:mod:`headwater.broker.mover`).
+
+- **The gate** of the delay service: a batch is delivered only to a partition this broker
+  leads now (its session lives, the view names it leader, no move has fenced it here), at a
+  leader epoch at least the batch's own (an adopted batch's is its move's switch), and its
+  append runs inside the cluster's ``producing``, so a fence waits for it or refuses it.
+- **The source**, fenced for a move, answers the target's HANDOFF_DELAYED pages.
+- **The target**, copied to the source's fenced end, forgets whatever batches of the
+  partition it still had (a hand-off asked again replaces the last one whole), then adopts
+  every page, durably, gated at the move's leader epoch + 1; only then does the mover report
+  ``delayed_taken``, which the controller's switch waits for.
+- **Strays**: the batches of a partition another broker leads, with no move of it to or from
+  here, are forgotten (MOVED) once ZooKeeper itself shows that, as the mover drops the data:
+  the source's after the switch, a target's after a rollback.
+
+Thread-safety: the gate is called by the dispatcher under the delay service's lock (it reads
+the view and the fences, takes no lock); the rest runs on the mover's threads and the
+server's worker threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+
+from headwater.broker.delay import DelayService
+from headwater.broker.delay.handoff import HOLD_ALL
+from headwater.broker.mover import Mover
+from headwater.broker.peer import PeerClient
+from headwater.cluster.coordination import Coordination, NoNodeError
+from headwater.cluster.metadata import ClusterView
+from headwater.cluster.records import PartitionRecord, decode, paths
+from headwater.errors import NotLeaderError, UnavailableError
+from headwater.model.config import is_internal_queue
+from headwater.model.delay import HandoffPage
+from headwater.storage.api import Store
+
+__all__ = ["DelayedMoves", "HANDOFF_BYTES_MAX"]
+
+log = logging.getLogger("headwater.cluster")
+
+HANDOFF_BYTES_MAX = 4 * 1024 * 1024  # one page of a hand-off
+FORGET_TRIES = 100  # a target waits this many times FORGET_WAIT_S for runs being appended
+FORGET_WAIT_S = 0.05
+
+
+class DelayedMoves:
+    """The delayed messages of broker ``broker_id`` on a cluster; :meth:`start` makes them
+    follow it, :meth:`close` holds them all again."""
+
+    def __init__(
+        self,
+        delay: DelayService,
+        store: Store,
+        coord: Coordination,
+        broker_id: int,
+        view: Callable[[], ClusterView],
+        active: Callable[[], bool],
+        mover: Mover,
+        producing: Callable[[str, int], AbstractContextManager[None]],
+    ) -> None:
+        self.delay = delay
+        self.store = store
+        self.coord = coord
+        self.broker_id = broker_id
+        self._view = view
+        self._active = active
+        self._mover = mover
+        self._producing = producing
+
+    def start(self) -> None:
+        self._mover.delayed = self
+        self.delay.gate = self
+
+    def close(self) -> None:
+        self.delay.gate = HOLD_ALL  # still a cluster's member: deliver nothing until it joins again
+        self._mover.delayed = None
+
+    # -- the gate (the dispatcher, under the delay service's lock) ----------------------------
+
+    def leader_epoch(self, queue_id: int, partition: int) -> int | None:
+        name = self.store.queue_name(queue_id)
+        if name is None or is_internal_queue(name):
+            return sys.maxsize  # deleted (the append drops it), or this broker's own
+        if not self._active():
+            return None
+        view = self._view()
+        qv = view.queues.get(name)
+        rec = qv.partitions.get(partition) if qv is not None else None
+        if rec is None or rec.leader != self.broker_id or self._mover.fenced_epoch(name, partition) is not None:
+            return None
+        move = view.moves.get((name, partition))
+        if move is not None and move.phase == "fence" and move.source == self.broker_id:
+            return None
+        return rec.leader_epoch
+
+    def delivering(self, queue_id: int, partition: int) -> AbstractContextManager[None]:
+        name = self.store.queue_name(queue_id)
+        if name is None or is_internal_queue(name):
+            return nullcontext()
+        return self._producing(name, partition)
+
+    # -- the source ---------------------------------------------------------------------------
+
+    def hand_off(self, queue: str, partition: int, leader_epoch: int, after: int, max_bytes: int) -> HandoffPage:
+        """A page of the partition's delayed batches for the move planned at ``leader_epoch``
+        (HANDOFF_DELAYED), once this broker has fenced the partition for it."""
+        if self._mover.fenced_epoch(queue, partition) != leader_epoch:
+            raise NotLeaderError(
+                f"broker {self.broker_id} has not fenced {queue}[{partition}] for its move at leader epoch "
+                f"{leader_epoch}: its delayed messages are handed off once it has; ask again"
+            )
+        queue_id = self.store.describe_queue(queue).queue_id
+        return self.delay.hand_off(queue_id, partition, after, max(1, min(max_bytes, HANDOFF_BYTES_MAX)))
+
+    # -- the target ---------------------------------------------------------------------------
+
+    def take(self, peer: PeerClient, queue: str, partition: int, leader_epoch: int) -> None:
+        """Adopt the source's delayed batches of the partition, durably, delivered here from
+        leader epoch ``leader_epoch + 1`` on (the switch's)."""
+        queue_id = self.store.describe_queue(queue).queue_id
+        for _ in range(FORGET_TRIES):
+            if not self.delay.forget(queue_id, partition):
+                break
+            time.sleep(FORGET_WAIT_S)
+        else:
+            raise UnavailableError(f"delayed messages of {queue}[{partition}] are still being appended here")
+        after, taken = -1, 0
+        while True:
+            page = peer.hand_off_delayed(queue, partition, leader_epoch, after, HANDOFF_BYTES_MAX)
+            self.delay.adopt(queue_id, partition, page.batches, leader_epoch + 1)
+            taken += len(page.batches)
+            if not page.more or not page.batches:
+                break
+            after = page.batches[-1].accept_seq
+        log.info("took %d delayed batch(es) of %s[%d] from broker %s", taken, queue, partition, peer.address)
+
+    # -- strays (the mover's follow, on the node's work thread) ---------------------------------
+
+    def forget_strays(self, view: ClusterView) -> None:
+        """Forget the batches of partitions that ZooKeeper shows another broker leading, with
+        no move of them to or from here."""
+        for queue_id, partition in sorted(self.delay.partitions_with_batches()):
+            name = self.store.queue_name(queue_id)
+            qv = view.queues.get(name) if name is not None else None
+            rec = qv.partitions.get(partition) if qv is not None else None
+            if name is None or rec is None or rec.leader == self.broker_id:
+                continue
+            move = view.moves.get((name, partition))
+            if move is not None and self.broker_id in (move.source, move.target):
+                continue
+            if not self._led_elsewhere(name, partition):
+                continue
+            busy = self.delay.forget(queue_id, partition)
+            log.info(
+                "forgot the delayed messages of %s[%d] here: broker %d leads it%s",
+                name,
+                partition,
+                rec.leader,
+                f" ({busy} batch(es) being appended: later)" if busy else "",
+            )
+
+    def _led_elsewhere(self, queue: str, partition: int) -> bool:
+        """ZooKeeper itself (the cache may lag) names another leader, and no move."""
+        try:
+            raw, _ = self.coord.get(paths.partition(queue, partition))
+        except NoNodeError:
+            return False
+        part = decode(raw, PartitionRecord, paths.partition(queue, partition))
+        return part.leader != self.broker_id and self.coord.exists(paths.move(queue, partition)) is None
