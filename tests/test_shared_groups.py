@@ -36,10 +36,6 @@ from headwater.errors import (
 from headwater.model.shared import LeaseId, SharedGroupSettings
 from headwater.testing import FakeClock
 
-pytestmark = pytest.mark.alone(
-    "shared groups on a cluster are served by each partition's leader (issue 31, being built)"
-)
-
 SUPPORT = Path(__file__).parent / "support"
 
 
@@ -896,6 +892,11 @@ def test_docstring_examples(name):
     assert result.failed == 0 and result.attempted > 0
 
 
+@pytest.mark.alone(
+    "on a cluster a member's receive stays parked at the other leaders once one answers; a lease given "
+    "back while it is parked goes to it, and waits out its visibility timeout when the client closes "
+    "(docs/shared-groups.md, 'On a cluster'); tests/test_cluster_shared.py runs the asyncio consumer on three brokers"
+)
 def test_asyncio_shared_consumer(aio_target):
     """AsyncSharedConsumer: receive, ack, nack, extend, a lease another member cannot ack, a
     long poll woken by a send, and the leases given back when the consumers close (with the

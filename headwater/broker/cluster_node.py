@@ -293,6 +293,14 @@ class ClusterNode:
                 + f" does, at leader epoch {rec.leader_epoch}"
             )
 
+    def leader_address(self, queue: str, partition: int) -> str | None:
+        """``host:port`` of the broker leading ``queue[partition]`` in this broker's view,
+        or None when the queue, the partition or a live leader is unknown (where a shared
+        group's dead letters for a partition another broker leads go)."""
+        view = self.cache.view
+        leader = view.leader(queue, partition)
+        return None if leader is None else view.broker_address(leader)
+
     @contextmanager
     def producing(self, queue: str, partition: int) -> Iterator[None]:
         """Around a send's append: refused unless this broker leads the partition and no

@@ -1,7 +1,8 @@
 """A broker's client of another broker: a small blocking connection over the binary protocol,
 to FETCH a partition's batches as they are stored (a move's target copies its source so, and
-a follower will copy its leader so), to describe a queue, and to take a moving partition's
-delayed messages (HANDOFF_DELAYED).
+a follower will copy its leader so), to describe a queue, to take a moving partition's
+delayed messages (HANDOFF_DELAYED), and to PRODUCE a batch (a shared group's dead letters
+for a partition another broker leads).
 
 The broker does not use :mod:`headwater.client` (a layer above it): this is the sans-IO
 :class:`~headwater.protocol.Connection` over one plain socket, one request at a time. Every
@@ -21,7 +22,7 @@ from typing import Any
 
 from headwater.model.config import QueueInfo
 from headwater.model.delay import HandoffPage
-from headwater.model.service import FetchResult
+from headwater.model.service import FetchResult, ProduceResult
 from headwater.protocol import (
     CLIENT,
     NEED_DATA,
@@ -34,7 +35,7 @@ from headwater.protocol import (
     Request,
     Response,
 )
-from headwater.protocol.messages import DescribeQueueRequest, FetchRequest, HandoffDelayedRequest
+from headwater.protocol.messages import DescribeQueueRequest, FetchRequest, HandoffDelayedRequest, ProduceRequest
 
 __all__ = ["PeerClient", "PeerError"]
 
@@ -117,6 +118,13 @@ class PeerClient:
         at ``leader_epoch`` (HANDOFF_DELAYED; ``NotLeaderError`` until it has fenced)."""
         page: HandoffPage = self._call(HandoffDelayedRequest(queue, partition, leader_epoch, after, max_bytes), 0.0)
         return page
+
+    def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
+        """Append one record batch to ``queue``'s ``partition`` at the peer (its leader),
+        answered once the peer's flush policy made it durable (a shared group's dead
+        letters for a dead-letter partition another broker leads)."""
+        result: ProduceResult = self._call(ProduceRequest(queue, partition, batch), 0.0)
+        return result
 
     def _call(self, body: Any, held_s: float) -> Any:
         if self._sock is None:

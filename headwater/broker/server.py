@@ -50,6 +50,7 @@ from headwater.errors import HeadwaterError, InvalidArgumentError
 from headwater.model.batch import stated_payload_bytes
 from headwater.model.config import DEFAULT_PORT
 from headwater.model.service import FetchResult
+from headwater.model.shared import SharedDeliveries
 from headwater.protocol import (
     FRAME_BYTES_MIN,
     ApiKey,
@@ -499,7 +500,7 @@ class BrokerServer:
         if api is ApiKey.STATUS:
             return StatusResponse.from_result(await self._status())
         if api is ApiKey.SHARED_RECEIVE:
-            return await self._shared_receive(body)
+            return await self._shared_receive(body, st)
         if api is ApiKey.KEYED_FETCH:
             return await self._keyed_fetch(body)
         if api in PUSH_APIS:
@@ -711,13 +712,17 @@ class BrokerServer:
             finally:
                 self._waiters.discard(req.queue, req.partition, fut)
 
-    async def _shared_receive(self, req: SharedReceiveRequest) -> SharedReceiveResponse:
+    async def _shared_receive(self, req: SharedReceiveRequest, st: ClientConnection) -> SharedReceiveResponse:
         """A shared receive; when nothing can be leased, park on the loop (no thread held)
         until an append or an ack on the queue, a lease expiry or backoff end, or
-        ``max_wait_ms``."""
+        ``max_wait_ms``. Once its peer has closed the connection it leases nothing more:
+        nobody would read the answer, and its messages would wait out their leases (a
+        client of a cluster leaves a receive parked at every leader when one answers)."""
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + min(max(req.max_wait_ms, 0), self.config.fetch_wait_ms_max) / 1000
         while True:
+            if st.eof or st.closing:
+                return SharedReceiveResponse.from_result(SharedDeliveries([], []))
             woken = self._shared_waiters.wait(req.queue)  # before trying: a change in between wakes it
             try:
                 res, hint_ms = await loop.run_in_executor(

@@ -34,7 +34,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from headwater.broker.shared_core import SharedGroupsCore
+from headwater.broker.shared_cluster import SharedCluster, append_dead_letters
+from headwater.broker.shared_core import LeaderGate, SharedGroupsCore
 from headwater.broker.shared_state import Changes, PartitionImage, SharedQueueState
 from headwater.errors import QueueExistsError, QueueNotFoundError
 from headwater.model.batch import decode_records, encode_batch
@@ -70,10 +71,18 @@ class SharedGroups(SharedGroupsCore):
     """Shared groups over a :class:`Store`. Thread-safe."""
 
     def __init__(
-        self, store: Store, clock: Callable[[], float], *, compact_ratio: int = 4, compact_min: int = 10_000
+        self,
+        store: Store,
+        clock: Callable[[], float],
+        *,
+        compact_ratio: int = 4,
+        compact_min: int = 10_000,
+        cluster: Callable[[], SharedCluster | None] = lambda: None,
     ) -> None:
+        """``cluster``: the broker's part in its cluster now (None while it runs alone)."""
         super().__init__(clock)
         self._store = store
+        self._cluster = cluster
         self._compact_ratio = compact_ratio
         self._compact_min = compact_min
         try:
@@ -130,7 +139,14 @@ class SharedGroups(SharedGroupsCore):
     def _read(self, queue: str, partition: int, offset: int, end_offset: int) -> FetchResult:
         return self._store.fetch(queue, partition, offset, max_bytes=16 << 20, end_offset=end_offset)
 
+    def _gate(self) -> LeaderGate | None:
+        return self._cluster()
+
     def _append_dead_letters(self, dlq: str, like: QueueConfig, partition: int, batch: bytes) -> None:
+        cluster = self._cluster()
+        if cluster is not None:
+            append_dead_letters(self._store, cluster, dlq, like, partition, batch)
+            return
         try:
             info = self._store.describe_queue(dlq)
         except QueueNotFoundError:

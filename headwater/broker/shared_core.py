@@ -12,6 +12,14 @@ outside the lock.
 Hooks (storage): :meth:`_queue_info`, :meth:`_fetch`, :meth:`_append_dead_letters`,
 :meth:`_persist`, :meth:`_wait_durable`. Appends to the queue must call :meth:`notify` so
 receivers waiting for messages wake up.
+
+On a cluster (:meth:`_gate` returns the broker's part in it), a group's state for a
+partition lives on the partition's leader (docs/design/cluster.md, "Coordinators follow
+partitions"): a receive leases, expires and bounds only the partitions this broker leads
+now, describe answers those, and an ack, nack or extend of a lease on another partition is
+refused whole with ``NotLeaderError`` (retriable, nothing applied), so the client sends each
+lease to its partition's leader. The state of a partition the broker no longer leads is
+left as it was (a later step hands it over in the move).
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from headwater.broker.shared_state import Changes, SharedQueueState
 from headwater.errors import (
@@ -52,11 +60,19 @@ from headwater.model.shared import (
     validate_receive,
 )
 
-__all__ = ["SharedGroupsCore"]
+__all__ = ["LeaderGate", "SharedGroupsCore"]
 
 log = logging.getLogger("headwater.shared")
 
 RECEIVE_WAIT_MS_MAX = 300_000
+DEAD_LETTER_RETRY_MS = 5_000  # a dead letter whose copy failed is tried again after this
+
+
+class LeaderGate(Protocol):
+    """Which partitions a broker of a cluster leads now (``ClusterNode``)."""
+
+    def leads(self, queue: str, partition: int) -> bool: ...
+    def check_leader(self, queue: str, partition: int) -> None: ...
 
 
 class SharedGroupsCore:
@@ -103,6 +119,17 @@ class SharedGroupsCore:
 
     def _wait_durable(self, token: Any) -> None:
         return None
+
+    def _gate(self) -> LeaderGate | None:
+        """The broker's part in its cluster; None when it runs alone (it leads everything)."""
+        return None
+
+    def _led(self, info: QueueInfo) -> set[int] | None:
+        """The partitions of ``info`` this broker leads now; None: all (a broker alone)."""
+        gate = self._gate()
+        if gate is None:
+            return None
+        return {p.partition for p in info.partitions if gate.leads(info.name, p.partition)}
 
     # -- waking receivers --------------------------------------------------------------
 
@@ -181,19 +208,20 @@ class SharedGroupsCore:
             raise InvalidArgumentError(f"at_most_once is a bool, got {type(at_most_once).__name__}")
         SharedGroupSettings.from_mapping(settings)  # unknown names and bad values fail here, first
         info = self._usable(queue)
+        led = self._led(info)
         with self._lock:
             st = self._state(group, info.queue_id)
             changes = Changes()
             if settings:
                 st.set_settings(SharedGroupSettings.from_mapping(settings, st.settings), changes)
             now = self._now_ms()
-            self._bound(st, info, changes)
-            dead = st.expire(now, changes)
-            leases, spent = st.receive(member, max_messages, visibility_timeout_ms, at_most_once, now, changes)
+            self._bound(st, info, changes, led)
+            dead = st.expire(now, changes, led)
+            leases, spent = st.receive(member, max_messages, visibility_timeout_ms, at_most_once, now, changes, led)
             token = self._commit(group, info, st, changes, dead + spent)
             hint = None
             if not leases:
-                due = st.next_due_ms()
+                due = st.next_due_ms(led)  # another's partition's old leases would wake it for nothing
                 hint = None if due is None else max(1, due - now)
         batches = self._read_leased(queue, leases) if leases else []
         self._wait_durable(token)
@@ -241,17 +269,18 @@ class SharedGroupsCore:
         offset, leases (per member), messages awaiting a retry, dead letters."""
         validate_group(group)
         info = self._queue_info(queue)
+        led = self._led(info)
+        shown = [p for p in info.partitions if led is None or p.partition in led]
         with self._lock:
             st = self._groups.get((group, info.queue_id))
             if st is None:
                 raise GroupNotFoundError(f"shared group {group!r} has received nothing from queue {queue!r}")
             changes = Changes()
-            self._bound(st, info, changes)
-            dead = st.expire(self._now_ms(), changes)
+            self._bound(st, info, changes, led)
+            dead = st.expire(self._now_ms(), changes, led)
             token = self._commit(group, info, st, changes, dead)
             parts = st.describe(
-                {p.partition: p.start_offset for p in info.partitions},
-                {p.partition: p.end_offset for p in info.partitions},
+                {p.partition: p.start_offset for p in shown}, {p.partition: p.end_offset for p in shown}
             )
             settings = st.settings
         self._wait_durable(token)
@@ -300,9 +329,12 @@ class SharedGroupsCore:
         return st
 
     @staticmethod
-    def _bound(st: SharedQueueState, info: QueueInfo, changes: Changes) -> None:
+    def _bound(st: SharedQueueState, info: QueueInfo, changes: Changes, led: set[int] | None = None) -> None:
+        # only the partitions led: a copy this broker no longer serves (emptied after a move)
+        # must not move the group's floor past messages its leader still holds
         for p in info.partitions:
-            st.bound(p.partition, p.start_offset, p.end_offset, changes)
+            if led is None or p.partition in led:
+                st.bound(p.partition, p.start_offset, p.end_offset, changes)
 
     def _lease_op(
         self,
@@ -316,6 +348,12 @@ class SharedGroupsCore:
         validate_member(member)
         leases = parse_lease_ids(lease_ids)
         info = self._queue_info(queue)
+        gate = self._gate()
+        led = None
+        if gate is not None:  # every lease's partition led here, or nothing is applied
+            for p in sorted({x.partition for x in leases}):
+                gate.check_leader(queue, p)
+            led = self._led(info)
         with self._lock:
             st = self._groups.get((group, info.queue_id))
             if st is None:
@@ -329,7 +367,7 @@ class SharedGroupsCore:
                 ]
             changes = Changes()
             now = self._now_ms()
-            dead = st.expire(now, changes)
+            dead = st.expire(now, changes, led)
             refused, spent = op(st, leases, now, changes)
             token = self._commit(group, info, st, changes, dead + spent)
         self._wait_durable(token)
@@ -343,10 +381,13 @@ class SharedGroupsCore:
         """Write dead letters, then the changes (in this order: a crash in between copies a
         message to the dead-letter queue twice rather than losing it)."""
         if dead:
-            self._dead_letter(group, info, dead)
+            for d in self._dead_letter(group, info, dead):
+                st.revive(d, self._now_ms() + DEAD_LETTER_RETRY_MS, changes)
         return self._persist(st, changes) if changes else None
 
-    def _dead_letter(self, group: str, info: QueueInfo, dead: list[DeadLetter]) -> None:
+    def _dead_letter(self, group: str, info: QueueInfo, dead: list[DeadLetter]) -> list[DeadLetter]:
+        """Copy ``dead`` to the dead-letter queue; returns those whose copy failed (on a
+        cluster its partition's leader may be out of reach), to be tried again."""
         by_part: dict[int, list[Message]] = {}
         for d in dead:
             rec = self._record(info.name, d.partition, d.offset)
@@ -362,8 +403,25 @@ class SharedGroupsCore:
                 continue
             by_part.setdefault(d.partition, []).append(dead_letter_message(rec, group, d.attempts, d.reason))
         dlq = dead_letter_queue_name(info.name)
+        failed: list[DeadLetter] = []
         for p, msgs in by_part.items():
-            self._append_dead_letters(dlq, info.config, p, bytes(encode_batch(msgs)))
+            try:
+                self._append_dead_letters(dlq, info.config, p, bytes(encode_batch(msgs)))
+            except HeadwaterError as e:
+                if self._gate() is None:
+                    raise  # alone: the store's own failure, as before
+                log.warning(
+                    "dead letters of %s[%d] (shared group %s) could not be written to %s (%s); "
+                    "they are tried again in %d ms",
+                    info.name,
+                    p,
+                    group,
+                    dlq,
+                    e,
+                    DEAD_LETTER_RETRY_MS,
+                )
+                failed.extend(d for d in dead if d.partition == p)
+        return failed
 
     def _record(self, queue: str, partition: int, offset: int) -> Record | None:
         try:

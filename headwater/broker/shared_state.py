@@ -26,7 +26,7 @@ Thread-safety: none; the owner holds a lock around every call.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from enum import Enum, IntEnum
 from typing import NamedTuple
 
@@ -319,11 +319,14 @@ class SharedQueueState:
 
     # -- the operations ---------------------------------------------------------------
 
-    def expire(self, now_ms: int, changes: Changes) -> list[DeadLetter]:
+    def expire(self, now_ms: int, changes: Changes, only: Container[int] | None = None) -> list[DeadLetter]:
         """End every lease whose deadline has passed: back to AVAILABLE after a backoff, or
-        dead when its attempts are used up."""
+        dead when its attempts are used up. ``only``: the partitions to look at (on a
+        cluster, those the broker leads: another's state is left as it is)."""
         dead: list[DeadLetter] = []
         for p, c in self.cursors.items():
+            if only is not None and p not in only:
+                continue
             while (off := c.expired_lease(now_ms)) is not None:
                 d = self._fail(
                     p, c, off, DeliveryEvent.EXPIRE, "lease expired (visibility timeout)", None, now_ms, changes
@@ -341,12 +344,14 @@ class SharedQueueState:
         at_most_once: bool,
         now_ms: int,
         changes: Changes,
+        only: Container[int] | None = None,
     ) -> tuple[list[SharedLease], list[DeadLetter]]:
         """Lease up to ``max_messages``: redeliveries whose backoff is over first, then new
-        messages, from any partition (starting from a different one each call)."""
+        messages, from any partition (starting from a different one each call); ``only``:
+        from these partitions alone (on a cluster, those the broker leads)."""
         out: list[SharedLease] = []
         dead: list[DeadLetter] = []
-        parts = sorted(self._ends)
+        parts = sorted(p for p in self._ends if only is None or p in only)
         if not parts:
             return out, dead
         self._rotation = (self._rotation + 1) % len(parts)
@@ -428,6 +433,20 @@ class SharedQueueState:
             changes.touch(lease.partition, lease.offset)
         return refused
 
+    def revive(self, d: DeadLetter, due_ms: int, changes: Changes) -> None:
+        """Undo a dead-lettering whose copy could not be written (the dead-letter queue's
+        partition was out of reach): the message is AVAILABLE again from ``due_ms``, its
+        attempts still used up, so its next delivery dead-letters it again. At least once:
+        a message is never marked dead without its copy."""
+        c = self.cursor(d.partition)
+        e = c.entries.get(d.offset)
+        if e is not None and e.state is not DEAD:
+            return
+        c.dead_lettered = max(0, c.dead_lettered - 1)
+        c.floor = min(c.floor, d.offset)  # the floor may have passed it: offsets missing below count as finished
+        c.set(d.offset, AVAILABLE, d.attempts, due_ms, "", d.reason)
+        changes.touch(d.partition, d.offset)
+
     def release_all(self, reason: str) -> int:
         """The broker restarted: every lease it had given is void, its message available
         again at once (the delivery counted as an attempt). Returns how many."""
@@ -500,9 +519,12 @@ class SharedQueueState:
 
     # -- reading the state --------------------------------------------------------------
 
-    def next_due_ms(self) -> int | None:
-        """The soonest a lease expires or a backoff ends (something may become deliverable)."""
-        dues = [d for c in self.cursors.values() if (d := c.next_due_ms()) is not None]
+    def next_due_ms(self, only: Container[int] | None = None) -> int | None:
+        """The soonest a lease expires or a backoff ends (something may become deliverable),
+        in the partitions ``only`` (None: all)."""
+        dues = [
+            d for p, c in self.cursors.items() if (only is None or p in only) and (d := c.next_due_ms()) is not None
+        ]
         return min(dues) if dues else None
 
     def lease_holders(self, now_ms: int) -> set[str]:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from headwater.client.aio.routed_groups import AsyncRoutedGroupCalls
 from headwater.client.aio.service import AsyncBrokerService, AsyncService
+from headwater.client.aio.shared_routing import AsyncSharedRouter
 from headwater.client.core.routing import (
     BOOTSTRAP_PROBE_S,
     DELAYED_BIT,
@@ -29,6 +30,7 @@ from headwater.client.core.routing import (
 )
 from headwater.client.transport.async_transport import AsyncTransport
 from headwater.client.transport.link import parse_address
+from headwater.client.transport.remote import takes_request
 from headwater.errors import (
     ClosedError,
     InvalidArgumentError,
@@ -42,6 +44,7 @@ from headwater.model.cluster import ClusterMetadata
 from headwater.model.config import QueueConfig, QueueInfo, QueuePage
 from headwater.model.delay import DelayStats
 from headwater.model.service import BrokerService, FetchResult, ProduceResult
+from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.protocol import messages as m
 
 __all__ = ["AsyncRoutedService", "open_async_service"]
@@ -77,6 +80,7 @@ class AsyncRoutedService(AsyncRoutedGroupCalls, AsyncBrokerService):
         self._gate.refreshed(time.monotonic())
         self._refreshing: asyncio.Lock | None = None  # made on the loop, when first needed
         self._closed = False
+        self._shared = AsyncSharedRouter(self)
 
     @property
     def table(self) -> RoutingTable:
@@ -425,10 +429,47 @@ class AsyncRoutedService(AsyncRoutedGroupCalls, AsyncBrokerService):
     async def ping(self) -> None:
         await self._home.ping()
 
+    # -- shared groups: each partition's state on its leader (AsyncSharedRouter) ----------
+
+    @takes_request("shared_receive")
+    def start_shared_receive(self, request: m.SharedReceiveRequest) -> asyncio.Future[Any]:
+        """A shared receive sent to every leader of the queue, without waiting (see
+        ``AsyncStartsSharedReceive``); :meth:`withdraw` takes it back while unanswered."""
+        return self._shared.start_receive(request)
+
+    def withdraw(self, fut: asyncio.Future[Any]) -> bool:
+        return self._shared.withdraw(fut)
+
+    @takes_request("shared_receive")
+    async def shared_receive(self, request: m.SharedReceiveRequest) -> SharedDeliveries:
+        return await self._shared.receive(request)
+
+    async def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
+        return await self._shared.lease_call(queue, lease_ids, lambda s, ids: s.shared_ack(group, queue, member, ids))
+
+    async def shared_nack(
+        self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "", delay_ms: int | None = None
+    ) -> list[LeaseRefusal]:
+        return await self._shared.lease_call(
+            queue, lease_ids, lambda s, ids: s.shared_nack(group, queue, member, ids, reason, delay_ms)
+        )
+
+    async def shared_extend(
+        self, group: str, queue: str, member: str, lease_ids: list[str], visibility_timeout_ms: int
+    ) -> list[LeaseRefusal]:
+        return await self._shared.lease_call(
+            queue, lease_ids, lambda s, ids: s.shared_extend(group, queue, member, ids, visibility_timeout_ms)
+        )
+
+    async def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
+        return await self._shared.describe(group, queue)
+
     async def close(self) -> None:
-        """Close every connection (the bootstrap broker's too)."""
+        """Give back the shared deliveries kept for receives that will not come, then
+        close every connection (the bootstrap broker's too)."""
         if self._closed:
             return
+        await self._shared.release_held()
         self._closed = True
         for opening in list(self._opening.values()):
             opening.cancel()

@@ -20,7 +20,8 @@ needed at the address METADATA gives; each request goes where
   broker, the answers merged (:mod:`~headwater.client.transport.routed_groups`).
 - a delayed id's (lookup_id, cancel_delayed) to its partition's leader, which keeps its
   delayed messages; delay_stats to every broker, the answers added up.
-- the rest (shared and keyed groups, subscriptions, status) to the bootstrap broker.
+- shared groups to each partition's leader (:mod:`headwater.client.transport.shared_routing`).
+- the rest (keyed groups, subscriptions, status) to the bootstrap broker.
 
 Thread-safe. Its threads are its connections' (one ``headwater-client`` thread each).
 """
@@ -44,9 +45,10 @@ from headwater.client.core.routing import (
     merge_key_lookups,
     merge_pages,
 )
-from headwater.client.transport.remote import RemoteService, check_arguments
+from headwater.client.transport.remote import RemoteService, check_arguments, takes_request
 from headwater.client.transport.routed_groups import RoutedGroupCalls
 from headwater.client.transport.send_future import LazyFuture
+from headwater.client.transport.shared_routing import SharedRouter
 from headwater.errors import (
     ClosedError,
     NotLeaderError,
@@ -59,6 +61,7 @@ from headwater.model.cluster import ClusterMetadata
 from headwater.model.config import QueueConfig, QueueInfo, QueuePage
 from headwater.model.delay import DelayStats
 from headwater.model.service import BrokerService, FetchResult, ProduceResult
+from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.protocol import messages as m
 
 __all__ = ["RoutedService"]
@@ -117,6 +120,7 @@ class RoutedService(RoutedGroupCalls, BrokerService):
         self._asking: concurrent.futures.Future[Any] | None = None  # a refresh that does not wait
         self._closed = False
         self.transport = _Links(self)
+        self._shared = SharedRouter(self)
 
     # -- connections and the table ---------------------------------------------------------
 
@@ -580,8 +584,52 @@ class RoutedService(RoutedGroupCalls, BrokerService):
     def ping(self) -> None:
         self._home.ping()
 
+    # -- shared groups: each partition's state on its leader (SharedRouter) ---------------
+
+    @takes_request("shared_receive")
+    def start_shared_receive(self, request: m.SharedReceiveRequest) -> concurrent.futures.Future[Any]:
+        """A shared receive sent to every leader of the queue, without waiting (see
+        ``StartsSharedReceive``); :meth:`withdraw` takes it back while unanswered."""
+        return self._shared.start_receive(request)
+
+    def withdraw(self, fut: concurrent.futures.Future[Any]) -> bool:
+        return self._shared.withdraw(fut)
+
+    def lead(
+        self, futures: list[Any], timeout_s: float | None, *, interrupt: concurrent.futures.Future[Any] | None = None
+    ) -> concurrent.futures.Future[Any] | None:
+        """Nobody leads here: each connection's thread reads its answers (the caller waits)."""
+        return None
+
+    @takes_request("shared_receive")
+    def shared_receive(self, request: m.SharedReceiveRequest) -> SharedDeliveries:
+        return self._shared.receive(request)
+
+    def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
+        return self._shared.lease_call(queue, lease_ids, lambda ids: m.SharedAckRequest(group, queue, member, ids))
+
+    def shared_nack(
+        self, group: str, queue: str, member: str, lease_ids: list[str], reason: str = "", delay_ms: int | None = None
+    ) -> list[LeaseRefusal]:
+        return self._shared.lease_call(
+            queue, lease_ids, lambda ids: m.SharedNackRequest(group, queue, member, ids, reason, delay_ms)
+        )
+
+    def shared_extend(
+        self, group: str, queue: str, member: str, lease_ids: list[str], visibility_timeout_ms: int
+    ) -> list[LeaseRefusal]:
+        return self._shared.lease_call(
+            queue, lease_ids, lambda ids: m.SharedExtendRequest(group, queue, member, ids, visibility_timeout_ms)
+        )
+
+    def shared_describe(self, group: str, queue: str) -> SharedGroupInfo:
+        return self._shared.describe(group, queue)
+
     def close(self) -> None:
-        """Close every connection (the bootstrap broker's too)."""
+        """Give back the shared deliveries kept for receives that will not come, then
+        close every connection (the bootstrap broker's too)."""
+        if not self._closed:
+            self._shared.release_held()
         with self._lock:
             if self._closed:
                 return
