@@ -10,8 +10,10 @@ import pytest
 
 import headwater.client.core.routing as routing
 from headwater.client.core.routing import (
-    CoordinatorCall,
+    HOME,
+    REFRESH,
     RefreshGate,
+    RoutedCall,
     RoutingTable,
     merge_describe,
     merge_groups,
@@ -19,7 +21,14 @@ from headwater.client.core.routing import (
     merge_pages,
     parse_bootstrap,
 )
-from headwater.errors import InvalidArgumentError, NotCoordinatorError, NotLeaderError, UnavailableError
+from headwater.errors import (
+    InvalidArgumentError,
+    NotCoordinatorError,
+    NotLeaderError,
+    OutcomeUnknownError,
+    QueueNotFoundError,
+    UnavailableError,
+)
 from headwater.model.batch import broker_prefix, decode_header, encode_batch
 from headwater.model.cluster import (
     BrokerAddress,
@@ -176,19 +185,49 @@ def test_no_coordinators_means_the_bootstrap_broker_and_a_dead_one_a_retriable_r
 
 
 def test_a_group_call_is_sent_again_after_a_refusal_and_once_after_an_outage():
-    call = CoordinatorCall(resend_safe=True)
+    call = RoutedCall(resend_safe=True)
     assert call.again(NotCoordinatorError("moved"), "a:1", late=False)
     assert call.again(NotCoordinatorError("moved"), "a:1", late=False)  # refusals: while time is left
     assert not call.again(NotCoordinatorError("moved"), "a:1", late=True)
     assert call.again(UnavailableError("down"), "a:1", late=False)
     assert call.again(UnavailableError("down"), "b:2", late=False)  # the table named another since
     assert not call.again(UnavailableError("down"), "b:2", late=False)  # the same one out of reach twice
-    once = CoordinatorCall(resend_safe=False)  # a join: not sent twice after it may have arrived
-    assert once.again(NotCoordinatorError("moved"), None, late=False)
-    assert not once.again(UnavailableError("down"), None, late=False)
-    bootstrap = CoordinatorCall(resend_safe=True)
-    assert bootstrap.again(UnavailableError("down"), None, late=False)
-    assert not bootstrap.again(UnavailableError("down"), None, late=False)
+    once = RoutedCall(resend_safe=False)  # a join: not sent twice after it may have arrived
+    assert once.again(NotCoordinatorError("moved"), HOME, late=False)
+    assert not once.again(UnavailableError("down"), HOME, late=False)
+    bootstrap = RoutedCall(resend_safe=True)
+    assert bootstrap.again(UnavailableError("down"), HOME, late=False)
+    assert not bootstrap.again(UnavailableError("down"), HOME, late=False)
+    assert not bootstrap.again(OutcomeUnknownError("sent, no answer"), "a:1", late=False)
+    assert not bootstrap.again(InvalidArgumentError("bad"), "a:1", late=False)  # an answer, not a routing matter
+
+
+def test_a_partition_call_refreshes_once_for_what_the_table_does_not_know():
+    table = RoutingTable(_metadata({}))  # knows no queue
+    call = RoutedCall(resend_safe=True)
+    assert call.leader(table, False, "q", 0) is REFRESH
+    assert call.leader(table, False, "q", 0) is HOME  # asked anew, still unknown: the broker's own words
+    known = RoutingTable(_metadata({"orders": [1, 2]}))
+    name = "orders"
+    fresh = RoutedCall(resend_safe=True)
+    assert fresh.leader(known, True, name, 0) is REFRESH  # stale: ask first
+    assert fresh.leader(known, False, name, 0) == known.leader(name, 0).address
+    assert not fresh.again(QueueNotFoundError("gone"), "a:1", late=False)  # asked anew already: it is gone
+    old = RoutedCall(resend_safe=True)
+    assert old.leader(known, False, name, 1) == known.leader(name, 1).address
+    assert old.again(QueueNotFoundError("gone?"), "a:1", late=False)  # once: the table may be old
+    assert not old.again(QueueNotFoundError("gone"), "a:1", late=False)
+    assert fresh.again(NotLeaderError("moved"), "a:1", late=False) and RoutedCall.stales(NotLeaderError("moved"))
+    assert not RoutedCall.stales(OutcomeUnknownError("?")) and not RoutedCall.stales(InvalidArgumentError("bad"))
+
+
+def test_a_group_call_waits_for_a_coordinator_until_its_deadline():
+    table = RoutingTable(_with_coordinators([-1]))  # no live coordinator now
+    call = RoutedCall(resend_safe=True)
+    assert call.coordinator(table, False, "g", late=False) is REFRESH
+    with pytest.raises(NotCoordinatorError):
+        call.coordinator(table, False, "g", late=True)
+    assert RoutedCall(resend_safe=True).coordinator(RoutingTable(_metadata({})), False, "g", late=False) is HOME
 
 
 def test_list_groups_merge_each_group_once_the_coordinators_answer_first():

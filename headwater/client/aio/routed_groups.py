@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from headwater.client.aio.service import AsyncService
-from headwater.client.core.routing import CoordinatorCall, RefreshGate, RoutingTable, merge_groups
-from headwater.errors import OutcomeUnknownError, UnavailableError
+from headwater.client.core.routing import HOME, REFRESH, RefreshGate, RoutedCall, RoutingTable, merge_groups
+from headwater.errors import HeadwaterError
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
 from headwater.protocol import messages as m
 
@@ -38,19 +38,19 @@ class AsyncRoutedGroupCalls:
         """``call`` on the service of ``group``'s coordinator, sent again as
         ``RoutedService._coordinated`` sends it (a refresh waits out the rate limit)."""
         deadline = time.monotonic() + self.request_timeout_s
-        decide = CoordinatorCall(m.API_SPECS[api].resend is m.Resend.SAFE)
+        decide = RoutedCall(m.API_SPECS[api].resend is m.Resend.SAFE)
         while True:
-            table = await self.refresh(deadline) if self._gate.stale else self._table
-            address: str | None = None
-            try:
-                where = table.coordinator(group)
-                address = None if where is None else where.address
-                return await call(self._home if address is None else await self._link(address))
-            except OutcomeUnknownError:
-                raise
-            except UnavailableError as e:
+            where = decide.coordinator(self._table, self._gate.stale, group, late=time.monotonic() >= deadline)
+            if where is REFRESH:
                 self._gate.mark_stale()
-                if not decide.again(e, address, late=time.monotonic() >= deadline):
+                await self.refresh(deadline)
+                continue
+            try:
+                return await call(self._home if where is HOME else await self._link(where))
+            except HeadwaterError as e:
+                if decide.stales(e):
+                    self._gate.mark_stale()
+                if not decide.again(e, where, late=time.monotonic() >= deadline):
                     raise
 
     async def join_group(

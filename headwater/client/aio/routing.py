@@ -20,7 +20,10 @@ from headwater.client.core.routing import (
     BOOTSTRAP_PROBE_S,
     DELAYED_BIT,
     ENABLED_POLL_S,
+    HOME,
+    REFRESH,
     RefreshGate,
+    RoutedCall,
     RoutingTable,
     merge_delay_stats,
     merge_describe,
@@ -33,11 +36,9 @@ from headwater.client.transport.link import parse_address
 from headwater.client.transport.remote import takes_request
 from headwater.errors import (
     ClosedError,
+    HeadwaterError,
     InvalidArgumentError,
     NotLeaderError,
-    OutcomeUnknownError,
-    PartitionOutOfRangeError,
-    QueueNotFoundError,
     UnavailableError,
 )
 from headwater.model.cluster import ClusterMetadata
@@ -176,49 +177,25 @@ class AsyncRoutedService(AsyncRoutedGroupCalls, AsyncBrokerService):
         call: Callable[[AsyncService], Awaitable[T]],
         wait_s: float = 0.0,
     ) -> T:
-        """``call`` on the service of ``queue[partition]``'s leader, sent again as
-        ``RoutedService._routed`` sends it."""
-        resend = m.API_SPECS[api].resend
+        """``call`` on the service of ``queue[partition]``'s leader, sent again (within the
+        call's deadline) as :class:`~headwater.client.core.routing.RoutedCall` says."""
         deadline = time.monotonic() + self.request_timeout_s + wait_s
-        refreshed = False
-        unreachable: str | None = None  # the leader whose broker was out of reach
+        decide = RoutedCall(m.API_SPECS[api].resend is m.Resend.SAFE)
         while True:
-            table = self._table
-            if self._gate.stale or not table.knows(queue, partition):
-                if refreshed and not self._gate.stale:
-                    return await call(self._home)
-                table = await self.refresh(deadline)
-                refreshed = True
-                if not table.knows(queue, partition):
-                    return await call(self._home)  # the broker's own error, in its words
-            try:
-                leader = table.leader(queue, partition)
-            except NotLeaderError:
-                if refreshed:
-                    raise
+            where = decide.leader(self._table, self._gate.stale, queue, partition)
+            if where is REFRESH:
                 self._gate.mark_stale()
+                await self.refresh(deadline)
                 continue
+            if where is HOME:
+                return await call(self._home)  # the broker's own error, in its words
             try:
-                return await call(await self._link(leader.address))
-            except NotLeaderError as e:
-                error: UnavailableError = e
-            except (QueueNotFoundError, PartitionOutOfRangeError):
-                if refreshed:
+                return await call(await self._link(where))
+            except HeadwaterError as e:
+                if decide.stales(e):
+                    self._gate.mark_stale()
+                if not decide.again(e, where, late=time.monotonic() >= deadline):
                     raise
-                self._gate.mark_stale()
-                refreshed = True
-                continue
-            except OutcomeUnknownError:
-                raise
-            except UnavailableError as e:
-                self._gate.mark_stale()
-                if resend is not m.Resend.SAFE or unreachable == leader.address:
-                    raise  # not to be sent again, or still led by the broker out of reach
-                unreachable = leader.address
-                error = e
-            self._gate.mark_stale()
-            if time.monotonic() >= deadline:
-                raise error
 
     async def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
         return await self._routed(m.ApiKey.PRODUCE, queue, partition, lambda s: s.produce(queue, partition, batch))

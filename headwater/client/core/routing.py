@@ -5,9 +5,9 @@ and how the answers of several leaders make one.
 A partition's requests (produce, fetch, offset_for_time, lookup_id) go to its leader; a
 queue-wide read goes to every broker that leads a partition of the queue, and their answers
 are merged (:func:`merge_describe`, :func:`merge_pages`, :func:`merge_key_lookups`). A
-consumer group's calls go to its coordinator (:meth:`RoutingTable.coordinator`), sent again
-as :class:`CoordinatorCall` decides; LIST_GROUPS goes to every broker
-(:func:`merge_groups`). The
+consumer group's calls go to its coordinator (:meth:`RoutingTable.coordinator`); where a
+call goes and whether it goes again is :class:`RoutedCall`'s to say. LIST_GROUPS goes to
+every broker (:func:`merge_groups`). The
 drivers (``headwater.client.transport.routing`` and ``headwater.client.aio.routing``) own
 the connections and the waiting. Times are the caller's monotonic seconds.
 
@@ -29,7 +29,15 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Mapping
 
-from headwater.errors import InvalidArgumentError, NotCoordinatorError, NotLeaderError, UnavailableError
+from headwater.errors import (
+    InvalidArgumentError,
+    NotCoordinatorError,
+    NotLeaderError,
+    OutcomeUnknownError,
+    PartitionOutOfRangeError,
+    QueueNotFoundError,
+    UnavailableError,
+)
 from headwater.model.batch import decode_header
 from headwater.model.cluster import ALONE, BrokerAddress, ClusterMetadata
 from headwater.model.config import PartitionInfo, QueueInfo, QueuePage
@@ -38,7 +46,9 @@ from headwater.model.groups import GroupSummary
 
 __all__ = [
     "BOOTSTRAP_PROBE_S",
-    "CoordinatorCall",
+    "HOME",
+    "REFRESH",
+    "RoutedCall",
     "DELAYED_BIT",
     "ENABLED_POLL_S",
     "REFRESH_INTERVAL_S",
@@ -218,40 +228,101 @@ class RefreshGate:
         self.stale = False
 
 
-class CoordinatorCall:
-    """Whether one group call, refused or unanswered at its coordinator, is sent again
-    (after a refresh of the table): a :class:`NotCoordinatorError` is a refusal, never
-    applied, so always while time is left; a broker out of reach once, and only for an
-    operation that may be sent twice (``resend_safe``), since another broker may
-    coordinate the group by the next table.
+#: What :meth:`RoutedCall.leader` and :meth:`RoutedCall.coordinator` answer when the call is
+#: not to go to an address of the table: ask for the table first (then ask again), or send it
+#: to the bootstrap broker (an unknown queue, in the broker's own words; a cluster whose
+#: METADATA names no coordinators, an older broker's).
+REFRESH = "refresh"
+HOME = "home"
 
-    >>> call = CoordinatorCall(resend_safe=True)
+
+class RoutedCall:
+    """One call's way to the broker that owns it, without I/O: where to send it next, and
+    whether it goes again after an error. Both routed services drive it: ask where (an
+    address, :data:`REFRESH` or :data:`HOME`), refresh or send, and on an error ask
+    :meth:`again`. The rules:
+
+    - a refusal (:class:`NotLeaderError`, :class:`NotCoordinatorError`: never applied) goes
+      again, after a refresh, while the call's deadline allows;
+    - an unknown queue or partition goes again once, after a refresh (the table may be older
+      than the queue); then the broker's own error stands;
+    - a broker out of reach: again once per address, and only for an operation that may be
+      sent twice (``resend_safe``), since the next table may name another broker; an
+      :class:`OutcomeUnknownError` never.
+
+    >>> call = RoutedCall(resend_safe=True)
     >>> call.again(NotCoordinatorError("moved"), "a:1", late=False)
     True
     >>> call.again(UnavailableError("down"), "a:1", late=False), call.again(UnavailableError("down"), "a:1", late=False)
     (True, False)
-    >>> CoordinatorCall(resend_safe=False).again(UnavailableError("down"), "a:1", late=False)
+    >>> RoutedCall(resend_safe=False).again(UnavailableError("down"), "a:1", late=False)
     False
     """
 
-    __slots__ = ("resend_safe", "unreachable")
+    __slots__ = ("refreshed", "resend_safe", "unreachable")
 
     def __init__(self, resend_safe: bool) -> None:
         self.resend_safe = resend_safe
-        self.unreachable: str | None = None  # the coordinator found out of reach
+        self.refreshed = False  # the table was (or is about to be) asked for again
+        self.unreachable: str | None = None  # the broker found out of reach
 
-    def again(self, error: UnavailableError, address: str | None, *, late: bool) -> bool:
-        """Send again after ``error`` from the coordinator at ``address`` (None: the table
-        named none); ``late``: the call's deadline has passed."""
-        if late:
+    def leader(self, table: RoutingTable, stale: bool, queue: str, partition: int) -> str:
+        """Where ``queue[partition]``'s call goes: its leader's address, :data:`REFRESH`, or
+        :data:`HOME` (a table asked for anew that still does not know it). A partition
+        with no leader in a fresh table raises :class:`NotLeaderError`."""
+        if stale or not table.knows(queue, partition):
+            if self.refreshed and not stale:
+                return HOME
+            self.refreshed = True
+            return REFRESH
+        try:
+            return table.leader(queue, partition).address
+        except NotLeaderError:
+            if self.refreshed:
+                raise  # no leader now, says a fresh table: nobody to send to
+            self.refreshed = True
+            return REFRESH
+
+    def coordinator(self, table: RoutingTable, stale: bool, group: str, *, late: bool) -> str:
+        """Where consumer group ``group``'s call goes: its coordinator's address,
+        :data:`REFRESH` (also while no broker coordinates it, until ``late``), or
+        :data:`HOME` (the table names no coordinators)."""
+        if stale:
+            self.refreshed = True
+            return REFRESH
+        try:
+            where = table.coordinator(group)
+        except NotCoordinatorError:
+            if late:
+                raise
+            self.refreshed = True
+            return REFRESH
+        return HOME if where is None else where.address
+
+    def again(self, error: BaseException, address: str, *, late: bool) -> bool:
+        """Send again after ``error`` from ``address`` (:data:`HOME`: the bootstrap broker);
+        ``late``: the call's deadline has passed. Any other error is the answer."""
+        if late or isinstance(error, OutcomeUnknownError):
             return False
-        if isinstance(error, NotCoordinatorError):
+        if isinstance(error, NotLeaderError | NotCoordinatorError):
             return True
-        where = address or "the bootstrap broker"
-        if not self.resend_safe or where == self.unreachable:
-            return False  # not to be sent twice, or still coordinated by the broker out of reach
-        self.unreachable = where
+        if isinstance(error, QueueNotFoundError | PartitionOutOfRangeError):
+            if self.refreshed:
+                return False
+            self.refreshed = True
+            return True
+        if not isinstance(error, UnavailableError) or not self.resend_safe or address == self.unreachable:
+            return False  # not to be sent twice, or still owned by the broker out of reach
+        self.unreachable = address
         return True
+
+    @staticmethod
+    def stales(error: BaseException) -> bool:
+        """Whether ``error`` makes the routing table stale: a refusal, an unknown queue or
+        partition, or a broker out of reach (not an answer whose outcome is unknown)."""
+        return isinstance(error, UnavailableError | QueueNotFoundError | PartitionOutOfRangeError) and not isinstance(
+            error, OutcomeUnknownError
+        )
 
 
 def merge_groups(

@@ -3,7 +3,7 @@
 leave, describe, commit_offsets and fetch_offsets go to its coordinator, found in the
 routing table; after a :class:`~headwater.errors.NotCoordinatorError`, or the coordinator
 out of reach for a call safe to send twice, the table is asked for again and the call sent
-again within its deadline, as :class:`~headwater.client.core.routing.CoordinatorCall`
+again within its deadline, as :class:`~headwater.client.core.routing.RoutedCall`
 decides. A table that names no coordinators (an older broker) sends them to the bootstrap
 broker. list_groups asks every broker and merges the answers, each group once.
 """
@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from headwater.client.core.routing import CoordinatorCall, RefreshGate, RoutingTable, merge_groups
+from headwater.client.core.routing import HOME, REFRESH, RefreshGate, RoutedCall, RoutingTable, merge_groups
 from headwater.client.transport.remote import RemoteService
-from headwater.errors import OutcomeUnknownError, UnavailableError
+from headwater.errors import HeadwaterError
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
 from headwater.protocol import messages as m
 
@@ -45,23 +45,22 @@ class RoutedGroupCalls:
 
     def _coordinated(self, api: m.ApiKey, group: str, call: Callable[[RemoteService], T]) -> T:
         """``call`` on the connection of ``group``'s coordinator, sent again (within the
-        call's deadline, the table asked for again first) as :class:`CoordinatorCall` says."""
+        call's deadline, the table asked for again first) as :class:`RoutedCall` says."""
         deadline = time.monotonic() + self.request_timeout_s
-        decide = CoordinatorCall(m.API_SPECS[api].resend is m.Resend.SAFE)
+        decide = RoutedCall(m.API_SPECS[api].resend is m.Resend.SAFE)
         while True:
-            table = self.refresh(deadline) if self._gate.stale else self._table
-            address: str | None = None
-            try:
-                where = table.coordinator(group)
-                address = None if where is None else where.address
-                return call(self._home if address is None else self._link(address))
-            except OutcomeUnknownError:
-                raise
-            except UnavailableError as e:
+            where = decide.coordinator(self._table, self._gate.stale, group, late=time.monotonic() >= deadline)
+            if where is REFRESH:
                 self._gate.mark_stale()
-                if not decide.again(e, address, late=time.monotonic() >= deadline):
+                self.refresh(deadline)
+                continue
+            try:
+                return call(self._home if where is HOME else self._link(where))
+            except HeadwaterError as e:
+                if decide.stales(e):
+                    self._gate.mark_stale()
+                if not decide.again(e, where, late=time.monotonic() >= deadline):
                     raise
-            time.sleep(min(self._gate.wait_s(time.monotonic()), max(0.0, deadline - time.monotonic())))
 
     def join_group(
         self,

@@ -38,7 +38,10 @@ from typing import Any, TypeVar
 from headwater.client.core.routing import (
     DELAYED_BIT,
     ENABLED_POLL_S,
+    HOME,
+    REFRESH,
     RefreshGate,
+    RoutedCall,
     RoutingTable,
     merge_delay_stats,
     merge_describe,
@@ -51,10 +54,8 @@ from headwater.client.transport.send_future import LazyFuture
 from headwater.client.transport.shared_routing import SharedRouter
 from headwater.errors import (
     ClosedError,
-    NotLeaderError,
+    HeadwaterError,
     OutcomeUnknownError,
-    PartitionOutOfRangeError,
-    QueueNotFoundError,
     UnavailableError,
 )
 from headwater.model.cluster import ClusterMetadata
@@ -246,50 +247,24 @@ class RoutedService(RoutedGroupCalls, BrokerService):
         self, api: m.ApiKey, queue: str, partition: int, call: Callable[[RemoteService], T], wait_s: float = 0.0
     ) -> T:
         """``call`` on the connection of ``queue[partition]``'s leader, sent again (within
-        the call's deadline) after a refusal, an unknown queue the table did not know, or a
-        broker out of reach, when the operation may be sent again."""
-        resend = m.API_SPECS[api].resend
+        the call's deadline) as :class:`~headwater.client.core.routing.RoutedCall` says."""
         deadline = time.monotonic() + self.request_timeout_s + wait_s
-        refreshed = False
-        unreachable: str | None = None  # the leader whose broker was out of reach
+        decide = RoutedCall(m.API_SPECS[api].resend is m.Resend.SAFE)
         while True:
-            table = self._table
-            if self._gate.stale or not table.knows(queue, partition):
-                if refreshed and not self._gate.stale:  # asked already: the broker's own error
-                    return call(self._home)
-                table = self.refresh(deadline)
-                refreshed = True
-                if not table.knows(queue, partition):
-                    return call(self._home)  # QueueNotFoundError or PartitionOutOfRangeError, in its words
-            try:
-                leader = table.leader(queue, partition)
-            except NotLeaderError:
-                if refreshed:  # no leader now, says a fresh table: nobody to send to
-                    raise
+            where = decide.leader(self._table, self._gate.stale, queue, partition)
+            if where is REFRESH:
                 self._gate.mark_stale()
+                self.refresh(deadline)
                 continue
+            if where is HOME:
+                return call(self._home)  # QueueNotFoundError or PartitionOutOfRangeError, in its words
             try:
-                return call(self._link(leader.address))
-            except NotLeaderError as e:
-                error: UnavailableError = e
-            except (QueueNotFoundError, PartitionOutOfRangeError):
-                if refreshed:
+                return call(self._link(where))
+            except HeadwaterError as e:
+                if decide.stales(e):
+                    self._gate.mark_stale()
+                if not decide.again(e, where, late=time.monotonic() >= deadline):
                     raise
-                self._gate.mark_stale()
-                refreshed = True
-                continue
-            except OutcomeUnknownError:
-                raise
-            except UnavailableError as e:
-                self._gate.mark_stale()
-                if resend is not m.Resend.SAFE or unreachable == leader.address:
-                    raise  # not to be sent again, or still led by the broker out of reach
-                unreachable = leader.address
-                error = e
-            self._gate.mark_stale()
-            if time.monotonic() >= deadline:
-                raise error
-            time.sleep(min(self._gate.wait_s(time.monotonic()), max(0.0, deadline - time.monotonic())))
 
     def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
         return self._routed(m.ApiKey.PRODUCE, queue, partition, lambda s: s.produce(queue, partition, batch))
