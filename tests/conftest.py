@@ -47,6 +47,18 @@ def server(tmp_path, clock):
     s.stop()
 
 
+@pytest.fixture(scope="module")
+def cluster(zk_server, tmp_path_factory):
+    """Three brokers on the run's ZooKeeper, with a controller elected, one set per test
+    module (tests/support/cluster.py); a module that needs another shape defines its own."""
+    c = Cluster(zk_server, tmp_path_factory.mktemp("cluster"), 3)
+    try:
+        c.controller()
+        yield c
+    finally:
+        c.stop()
+
+
 @pytest.fixture(scope="session")
 def contract_cluster(zk_server, tmp_path_factory):
     """Three brokers on the run's ZooKeeper, shared by every contract test that runs on the

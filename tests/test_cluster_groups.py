@@ -12,7 +12,6 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 
@@ -24,16 +23,6 @@ from tests.support.broker_process import HEADWATER
 from tests.support.cluster import Cluster, eventually
 
 QUEUE, GROUP, PARTITIONS = "events", "eaters", 6
-
-
-@pytest.fixture(scope="module")
-def cluster(zk_server, tmp_path_factory) -> Iterator[Cluster]:
-    c = Cluster(zk_server, tmp_path_factory.mktemp("groups"), 3)
-    try:
-        c.controller()
-        yield c
-    finally:
-        c.stop()
 
 
 def _bootstrap(cluster: Cluster, *ids: int) -> str:

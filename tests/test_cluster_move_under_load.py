@@ -20,6 +20,24 @@ QUEUE = "steady"
 PARTITIONS = 4
 
 
+def send_steadily(hw: headwater.Client, acked: list[bytes], stop: threading.Event, errors: list) -> None:
+    """Send keyed messages with an idempotent producer until ``stop``; each acknowledged
+    body is added to ``acked``, an error of the sender to ``errors``."""
+    try:
+        with hw.producer(linger_ms=2, delivery_timeout_ms=60_000) as producer:
+            n = 0
+            while not stop.is_set():
+                body = f"m-{n}".encode()
+                f = producer.send(QUEUE, body, key=f"k-{n % 31}".encode())
+                f.add_done_callback(lambda f, body=body: f.exception() or acked.append(body))
+                n += 1
+                if n % 50 == 0:
+                    time.sleep(0.005)
+            producer.flush()
+    except BaseException as e:  # noqa: BLE001 - the test reports it
+        errors.append(e)
+
+
 def test_a_rebalance_under_steady_produce_and_consume_loses_and_doubles_nothing(zk_server, tmp_path):
     cluster = Cluster(zk_server, tmp_path, 2)
     try:
@@ -32,21 +50,6 @@ def test_a_rebalance_under_steady_produce_and_consume_loses_and_doubles_nothing(
         with headwater.connect(bootstrap) as hw:
             hw.admin.create_queue(QUEUE, partitions=PARTITIONS)
 
-            def send() -> None:
-                try:
-                    with hw.producer(linger_ms=2, delivery_timeout_ms=60_000) as producer:
-                        n = 0
-                        while not stop_sending.is_set():
-                            body = f"m-{n}".encode()
-                            f = producer.send(QUEUE, body, key=f"k-{n % 31}".encode())
-                            f.add_done_callback(lambda f, body=body: f.exception() or acked.append(body))
-                            n += 1
-                            if n % 50 == 0:
-                                time.sleep(0.005)
-                        producer.flush()
-                except BaseException as e:  # noqa: BLE001 - the test reports it
-                    errors.append(e)
-
             def consume() -> None:
                 try:
                     with headwater.connect(bootstrap) as reader:
@@ -58,7 +61,8 @@ def test_a_rebalance_under_steady_produce_and_consume_loses_and_doubles_nothing(
                 except BaseException as e:  # noqa: BLE001 - the test reports it
                     errors.append(e)
 
-            sender, reader_thread = threading.Thread(target=send), threading.Thread(target=consume)
+            sender = threading.Thread(target=send_steadily, args=(hw, acked, stop_sending, errors))
+            reader_thread = threading.Thread(target=consume)
             sender.start()
             reader_thread.start()
             try:
@@ -101,21 +105,6 @@ def test_a_rebalance_under_a_group_consuming_with_commits_loses_nothing(zk_serve
         with headwater.connect(bootstrap) as hw:
             hw.admin.create_queue(QUEUE, partitions=PARTITIONS)
 
-            def send() -> None:
-                try:
-                    with hw.producer(linger_ms=2, delivery_timeout_ms=60_000) as producer:
-                        n = 0
-                        while not stop_sending.is_set():
-                            body = f"m-{n}".encode()
-                            f = producer.send(QUEUE, body, key=f"k-{n % 31}".encode())
-                            f.add_done_callback(lambda f, body=body: f.exception() or acked.append(body))
-                            n += 1
-                            if n % 50 == 0:
-                                time.sleep(0.005)
-                        producer.flush()
-                except BaseException as e:  # noqa: BLE001 - the test reports it
-                    errors.append(e)
-
             def member(name: str) -> None:
                 try:
                     with headwater.connect(bootstrap) as reader:
@@ -132,7 +121,9 @@ def test_a_rebalance_under_a_group_consuming_with_commits_loses_nothing(zk_serve
                 except BaseException as e:  # noqa: BLE001 - the test reports it
                     errors.append(e)
 
-            threads = [threading.Thread(target=send)] + [threading.Thread(target=member, args=(n,)) for n in "ab"]
+            threads = [threading.Thread(target=send_steadily, args=(hw, acked, stop_sending, errors))] + [
+                threading.Thread(target=member, args=(n,)) for n in "ab"
+            ]
             for t in threads:
                 t.start()
             try:

@@ -14,7 +14,6 @@ import json
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import msgspec
 import pytest
@@ -33,16 +32,6 @@ from tests.support.cluster import Cluster, eventually
 
 MESSAGES = 3000
 KEYS = 97
-
-
-@pytest.fixture(scope="module")
-def cluster(zk_server, tmp_path_factory) -> Iterator[Cluster]:
-    c = Cluster(zk_server, tmp_path_factory.mktemp("cluster"), 3)
-    try:
-        c.controller()
-        yield c
-    finally:
-        c.stop()
 
 
 def _dead_address() -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,20 +17,10 @@ import headwater.aio
 from headwater.client.transport.routing import RoutedService
 from headwater.errors import NotLeaderError
 from headwater.model.shared import LeaseId
-from tests.support.cluster import Cluster, eventually
+from tests.support.cluster import eventually
 
 PARTITIONS = 6
 PER_PARTITION = 20
-
-
-@pytest.fixture(scope="module")
-def cluster(zk_server, tmp_path_factory) -> Iterator[Cluster]:
-    c = Cluster(zk_server, tmp_path_factory.mktemp("cluster"), 3)
-    try:
-        c.controller()
-        yield c
-    finally:
-        c.stop()
 
 
 def _queue(hw: headwater.Client, name: str) -> list[headwater.MessageId]:
