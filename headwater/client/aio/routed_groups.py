@@ -8,9 +8,18 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from headwater.client.aio.service import AsyncService
-from headwater.client.core.routing import HOME, REFRESH, RefreshGate, RoutedCall, RoutingTable, merge_groups
+from headwater.client.core.routing import (
+    GROUP_CALLS,
+    HOME,
+    REFRESH,
+    RefreshGate,
+    RoutedCall,
+    RoutingTable,
+    merge_groups,
+)
 from headwater.errors import HeadwaterError
-from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
+from headwater.model.groups import GroupSummary
+from headwater.model.service import BrokerService
 from headwater.protocol import messages as m
 
 __all__ = ["AsyncRoutedGroupCalls"]
@@ -53,50 +62,6 @@ class AsyncRoutedGroupCalls:
                 if not decide.again(e, where, late=time.monotonic() >= deadline):
                     raise
 
-    async def join_group(
-        self,
-        group: str,
-        member_id: str | None,
-        client_id: str,
-        queues: list[str],
-        mode: str,
-        strategy: str,
-        session_timeout_ms: int,
-    ) -> GroupAssignment:
-        return await self._coordinated(
-            m.ApiKey.JOIN_GROUP,
-            group,
-            lambda s: s.join_group(group, member_id, client_id, queues, mode, strategy, session_timeout_ms),
-        )
-
-    async def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
-        return await self._coordinated(
-            m.ApiKey.HEARTBEAT_GROUP, group, lambda s: s.heartbeat_group(group, member_id, generation)
-        )
-
-    async def leave_group(self, group: str, member_id: str) -> None:
-        return await self._coordinated(m.ApiKey.LEAVE_GROUP, group, lambda s: s.leave_group(group, member_id))
-
-    async def describe_group(self, group: str) -> GroupDescription:
-        return await self._coordinated(m.ApiKey.DESCRIBE_GROUP, group, lambda s: s.describe_group(group))
-
-    async def commit_offsets(
-        self,
-        group: str,
-        queue: str,
-        offsets: dict[int, int],
-        member_id: str | None = None,
-        generation: int | None = None,
-    ) -> None:
-        return await self._coordinated(
-            m.ApiKey.COMMIT_OFFSETS,
-            group,
-            lambda s: s.commit_offsets(group, queue, offsets, member_id, generation),
-        )
-
-    async def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
-        return await self._coordinated(m.ApiKey.FETCH_OFFSETS, group, lambda s: s.fetch_offsets(group, queue))
-
     async def list_groups(self) -> list[GroupSummary]:
         """Every broker's groups, each once (a consumer group as its coordinator lists it)."""
         if self._gate.stale:
@@ -106,3 +71,21 @@ class AsyncRoutedGroupCalls:
         if not answers:
             return await self._home.list_groups()
         return merge_groups(answers, table.metadata.coordinator)
+
+
+def _to_coordinator(api: m.ApiKey) -> Callable[..., Any]:
+    """The routed method of a consumer-group call (the group is its first argument)."""
+    name = m.API_SPECS[api].method
+    assert name is not None
+
+    async def call(self: AsyncRoutedGroupCalls, *args: Any, **kwargs: Any) -> Any:
+        group = args[0] if args else kwargs["group"]
+        return await self._coordinated(api, group, lambda s: getattr(s, name)(*args, **kwargs))
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = getattr(BrokerService, name).__doc__
+    return call
+
+
+for _api in GROUP_CALLS:
+    setattr(AsyncRoutedGroupCalls, m.API_SPECS[_api].method or "", _to_coordinator(_api))

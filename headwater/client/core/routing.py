@@ -43,6 +43,7 @@ from headwater.model.cluster import ALONE, BrokerAddress, ClusterMetadata
 from headwater.model.config import PartitionInfo, QueueInfo, QueuePage
 from headwater.model.delay import DelayBucketStats, DelayStats
 from headwater.model.groups import GroupSummary
+from headwater.protocol.messages import ApiKey
 
 __all__ = [
     "BOOTSTRAP_PROBE_S",
@@ -51,6 +52,7 @@ __all__ = [
     "RoutedCall",
     "DELAYED_BIT",
     "ENABLED_POLL_S",
+    "GROUP_CALLS",
     "REFRESH_INTERVAL_S",
     "RefreshGate",
     "RoutingTable",
@@ -227,6 +229,16 @@ class RefreshGate:
         self.last_s = now_s
         self.stale = False
 
+
+#: The calls that go to a consumer group's coordinator (each names the group first).
+GROUP_CALLS = (
+    ApiKey.JOIN_GROUP,
+    ApiKey.HEARTBEAT_GROUP,
+    ApiKey.LEAVE_GROUP,
+    ApiKey.DESCRIBE_GROUP,
+    ApiKey.COMMIT_OFFSETS,
+    ApiKey.FETCH_OFFSETS,
+)
 
 #: What :meth:`RoutedCall.leader` and :meth:`RoutedCall.coordinator` answer when the call is
 #: not to go to an address of the table: ask for the table first (then ask again), or send it

@@ -15,10 +15,19 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from headwater.client.core.routing import HOME, REFRESH, RefreshGate, RoutedCall, RoutingTable, merge_groups
+from headwater.client.core.routing import (
+    GROUP_CALLS,
+    HOME,
+    REFRESH,
+    RefreshGate,
+    RoutedCall,
+    RoutingTable,
+    merge_groups,
+)
 from headwater.client.transport.remote import RemoteService
 from headwater.errors import HeadwaterError
-from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
+from headwater.model.groups import GroupSummary
+from headwater.model.service import BrokerService
 from headwater.protocol import messages as m
 
 __all__ = ["RoutedGroupCalls"]
@@ -62,50 +71,6 @@ class RoutedGroupCalls:
                 if not decide.again(e, where, late=time.monotonic() >= deadline):
                     raise
 
-    def join_group(
-        self,
-        group: str,
-        member_id: str | None,
-        client_id: str,
-        queues: list[str],
-        mode: str,
-        strategy: str,
-        session_timeout_ms: int,
-    ) -> GroupAssignment:
-        return self._coordinated(
-            m.ApiKey.JOIN_GROUP,
-            group,
-            lambda s: s.join_group(group, member_id, client_id, queues, mode, strategy, session_timeout_ms),
-        )
-
-    def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
-        return self._coordinated(
-            m.ApiKey.HEARTBEAT_GROUP, group, lambda s: s.heartbeat_group(group, member_id, generation)
-        )
-
-    def leave_group(self, group: str, member_id: str) -> None:
-        return self._coordinated(m.ApiKey.LEAVE_GROUP, group, lambda s: s.leave_group(group, member_id))
-
-    def describe_group(self, group: str) -> GroupDescription:
-        return self._coordinated(m.ApiKey.DESCRIBE_GROUP, group, lambda s: s.describe_group(group))
-
-    def commit_offsets(
-        self,
-        group: str,
-        queue: str,
-        offsets: dict[int, int],
-        member_id: str | None = None,
-        generation: int | None = None,
-    ) -> None:
-        return self._coordinated(
-            m.ApiKey.COMMIT_OFFSETS,
-            group,
-            lambda s: s.commit_offsets(group, queue, offsets, member_id, generation),
-        )
-
-    def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
-        return self._coordinated(m.ApiKey.FETCH_OFFSETS, group, lambda s: s.fetch_offsets(group, queue))
-
     def list_groups(self) -> list[GroupSummary]:
         """Every broker's groups, each once (a consumer group as its coordinator lists it)."""
         if self._gate.stale:
@@ -115,3 +80,21 @@ class RoutedGroupCalls:
         if not answers:
             return self._home.list_groups()
         return merge_groups(answers, table.metadata.coordinator)
+
+
+def _to_coordinator(api: m.ApiKey) -> Callable[..., Any]:
+    """The routed method of a consumer-group call (the group is its first argument)."""
+    name = m.API_SPECS[api].method
+    assert name is not None
+
+    def call(self: RoutedGroupCalls, *args: Any, **kwargs: Any) -> Any:
+        group = args[0] if args else kwargs["group"]
+        return self._coordinated(api, group, lambda s: getattr(s, name)(*args, **kwargs))
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = getattr(BrokerService, name).__doc__
+    return call
+
+
+for _api in GROUP_CALLS:
+    setattr(RoutedGroupCalls, m.API_SPECS[_api].method or "", _to_coordinator(_api))
