@@ -1,7 +1,7 @@
 """A broker's client of another broker: a small blocking connection over the binary protocol,
 to FETCH a partition's batches as they are stored (a move's target copies its source so, and
-a follower will copy its leader so), to describe a queue, and to take a moving partition's
-delayed messages (HANDOFF_DELAYED).
+a follower will copy its leader so), to describe a queue, to take a moving partition's
+delayed messages (HANDOFF_DELAYED), and to ask a keyed group's coordinator for its state.
 
 The broker does not use :mod:`headwater.client` (a layer above it): this is the sans-IO
 :class:`~headwater.protocol.Connection` over one plain socket, one request at a time. Every
@@ -21,6 +21,7 @@ from typing import Any
 
 from headwater.model.config import QueueInfo
 from headwater.model.delay import HandoffPage
+from headwater.model.keyed import KeyedGroupInfo
 from headwater.model.service import FetchResult
 from headwater.protocol import (
     CLIENT,
@@ -34,7 +35,7 @@ from headwater.protocol import (
     Request,
     Response,
 )
-from headwater.protocol.messages import DescribeQueueRequest, FetchRequest, HandoffDelayedRequest
+from headwater.protocol.messages import DescribeQueueRequest, FetchRequest, HandoffDelayedRequest, KeyedGroupRequest
 
 __all__ = ["PeerClient", "PeerError"]
 
@@ -108,6 +109,12 @@ class PeerClient:
     def describe_queue(self, queue: str) -> QueueInfo:
         """The peer's own view of ``queue``: its partitions' start and end offsets there."""
         info: QueueInfo = self._call(DescribeQueueRequest(queue), 0.0)
+        return info
+
+    def keyed_group(self, queue: str, group: str) -> KeyedGroupInfo:
+        """Keyed group (``queue``, ``group``)'s state, from its coordinator (KEYED_GROUP,
+        a lookup: ``NotCoordinatorError`` from another broker)."""
+        info: KeyedGroupInfo = self._call(KeyedGroupRequest(queue, group), 0.0)
         return info
 
     def hand_off_delayed(
