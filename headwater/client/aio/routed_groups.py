@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from headwater.client.aio.service import AsyncService
 from headwater.client.core.routing import CoordinatorCall, RefreshGate, RoutingTable, merge_groups
 from headwater.errors import OutcomeUnknownError, UnavailableError
+from headwater.model.cluster import BrokerAddress
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
 from headwater.protocol import messages as m
 
@@ -34,7 +35,13 @@ class AsyncRoutedGroupCalls:
             self, brokers: list[int], ask: Callable[[AsyncService], Awaitable[Any]], *, strict: bool
         ) -> dict[int, Any]: ...
 
-    async def _coordinated(self, api: m.ApiKey, group: str, call: Callable[[AsyncService], Awaitable[T]]) -> T:
+    async def _coordinated(
+        self,
+        api: m.ApiKey,
+        group: str,
+        call: Callable[[AsyncService], Awaitable[T]],
+        locate: Callable[[RoutingTable], BrokerAddress | None] | None = None,
+    ) -> T:
         """``call`` on the service of ``group``'s coordinator, sent again as
         ``RoutedService._coordinated`` sends it (a refresh waits out the rate limit)."""
         deadline = time.monotonic() + self.request_timeout_s
@@ -43,7 +50,7 @@ class AsyncRoutedGroupCalls:
             table = await self.refresh(deadline) if self._gate.stale else self._table
             address: str | None = None
             try:
-                where = table.coordinator(group)
+                where = table.coordinator(group) if locate is None else locate(table)
                 address = None if where is None else where.address
                 return await call(self._home if address is None else await self._link(address))
             except OutcomeUnknownError:
@@ -105,4 +112,4 @@ class AsyncRoutedGroupCalls:
         answers = await self._ask_leaders(sorted(table.brokers), lambda s: s.list_groups(), strict=False)
         if not answers:
             return await self._home.list_groups()
-        return merge_groups(answers, table.metadata.coordinator)
+        return merge_groups(answers, table.metadata.coordinator, table.metadata.keyed_coordinator)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from headwater.client.core.routing import CoordinatorCall, RefreshGate, RoutingTable, merge_groups
 from headwater.client.transport.remote import RemoteService
 from headwater.errors import OutcomeUnknownError, UnavailableError
+from headwater.model.cluster import BrokerAddress
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
 from headwater.protocol import messages as m
 
@@ -43,7 +44,13 @@ class RoutedGroupCalls:
         ) -> dict[int, concurrent.futures.Future[Any]]: ...
         def _answers(self, asked: dict[int, concurrent.futures.Future[Any]], *, strict: bool) -> dict[int, Any]: ...
 
-    def _coordinated(self, api: m.ApiKey, group: str, call: Callable[[RemoteService], T]) -> T:
+    def _coordinated(
+        self,
+        api: m.ApiKey,
+        group: str,
+        call: Callable[[RemoteService], T],
+        locate: Callable[[RoutingTable], BrokerAddress | None] | None = None,
+    ) -> T:
         """``call`` on the connection of ``group``'s coordinator, sent again (within the
         call's deadline, the table asked for again first) as :class:`CoordinatorCall` says."""
         deadline = time.monotonic() + self.request_timeout_s
@@ -52,7 +59,7 @@ class RoutedGroupCalls:
             table = self.refresh(deadline) if self._gate.stale else self._table
             address: str | None = None
             try:
-                where = table.coordinator(group)
+                where = table.coordinator(group) if locate is None else locate(table)
                 address = None if where is None else where.address
                 return call(self._home if address is None else self._link(address))
             except OutcomeUnknownError:
@@ -115,4 +122,4 @@ class RoutedGroupCalls:
         answers = self._answers(self._ask_leaders(sorted(table.brokers), m.ListGroupsRequest()), strict=False)
         if not answers:
             return self._home.list_groups()
-        return merge_groups(answers, table.metadata.coordinator)
+        return merge_groups(answers, table.metadata.coordinator, table.metadata.keyed_coordinator)
