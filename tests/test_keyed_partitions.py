@@ -244,3 +244,16 @@ def test_the_leader_caches_the_state_a_second_by_queue_id_and_asks_for_a_newer_g
     assert peers.calls == 5  # another queue of the same name: not its cache
     with pytest.raises(GroupNotFoundError):
         _Peers(ClusterView(), lambda: state[0], lambda: now[0]).keyed_state(q, "g", 1)
+
+
+def test_while_a_resize_drains_a_commit_asks_the_leaders_so_an_expired_barrier_completes_it(setup):
+    store, keyed, node = setup
+    g = _group_of(0)
+    node.leading.add(0)
+    keyed.load(0)
+    keyed.group("orders", g, "key", 2)
+    assert keyed.resize("orders", g, 3).barrier == {0: 12, 1: 0}  # orders[0] is another broker's
+    store.append("orders", 0, encode_batch([Message(b"late", key=b"k0")] * 4))
+    store.delete_before("orders", 0, 15)  # expired past the barrier, on its leader
+    info = keyed.commit("orders", g, 0, 1, {0: 15})  # at the log start its leader gives
+    assert info.generation == 2 and info.size == 3 and info.base == {0: 12, 1: 0}

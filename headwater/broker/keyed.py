@@ -433,7 +433,9 @@ class KeyedGroups:
             qi = self._store.describe_queue(queue)
             k, info = self._existing(qi, group, part)
             st = KeyedGroupState(info)
-            ranges = self._ranges(qi, ask_leaders=False)  # on a cluster: the logs led here
+            # on a cluster the logs led here; while a resize drains, every leader's (a log
+            # start past the barrier lets a member commit there, and completes the resize)
+            ranges = self._ranges(qi, ask_leaders=info.resizing_to is not None)
             st.commit(member, generation, offsets, ranges)
             st.try_complete(_starts(ranges))
             self._save(n, part, k, st.info)

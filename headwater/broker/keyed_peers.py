@@ -3,8 +3,9 @@
 
 - The coordinator of a keyed group asks each partition's leader for its log's start and
   end (DESCRIBE_QUEUE) when it needs them all: the base of a new group and the barrier of a
-  resize. A commit asks nobody: it is checked against the logs led here and, elsewhere,
-  against the partition count and the barrier only (:meth:`KeyedPeers.log_ranges`).
+  resize, and a commit while a resize drains (the log starts it completes by). Another
+  commit asks nobody: it is checked against the logs led here and, elsewhere, against the
+  partition count only (:meth:`KeyedPeers.log_ranges`).
 - A partition's leader serves a member's KEYED_FETCH with the group's state (key, size,
   generation, barrier) asked of the coordinator (KEYED_GROUP) and cached a moment
   (``state_max_age_s``), asked again at once when a member names a newer generation
