@@ -23,7 +23,8 @@ from their leaders (:class:`KeyedPlace`), and a fetch at a partition's leader th
 coordinate the group reads with the coordinator's state.
 
 Thread-safety: one lock serialises changes (each waits for its fsync, like a commit of
-offsets; on a cluster a new group or a resize also waits for the other leaders' answers);
+offsets; on a cluster a new group also waits for the other leaders' answers, which a
+resize and a commit ask for before taking it);
 fetches read an immutable snapshot of the state and then the store, unlocked.
 """
 
@@ -428,14 +429,18 @@ class KeyedGroups:
 
     def commit(self, queue: str, group: str, member: int, generation: int, offsets: dict[int, int]) -> KeyedGroupInfo:
         validate_group(group)
+        qi = self._store.describe_queue(queue)
+        # on a cluster the logs led here; while a resize drains, every leader's (a log start
+        # past the barrier lets a member commit there, and completes the resize): asked
+        # before the lock, so a slow leader holds up no other group's change
+        draining = self._draining(qi, group)
+        ranges = self._ranges(qi, ask_leaders=draining)
         with self._lock:
             n, part = self._part_of(queue, group)
-            qi = self._store.describe_queue(queue)
             k, info = self._existing(qi, group, part)
+            if info.resizing_to is not None and not draining:  # the resize began meanwhile
+                ranges = self._ranges(qi, ask_leaders=True)
             st = KeyedGroupState(info)
-            # on a cluster the logs led here; while a resize drains, every leader's (a log
-            # start past the barrier lets a member commit there, and completes the resize)
-            ranges = self._ranges(qi, ask_leaders=info.resizing_to is not None)
             st.commit(member, generation, offsets, ranges)
             st.try_complete(_starts(ranges))
             self._save(n, part, k, st.info)
@@ -443,14 +448,20 @@ class KeyedGroups:
 
     def resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
         validate_group(group)
+        qi = self._store.describe_queue(queue)
+        self._draining(qi, group)  # NotCoordinatorError or GroupNotFoundError before asking the leaders
+        ranges = self._ranges(qi, ask_leaders=True)  # the barrier: every partition's end now (before the lock)
         with self._lock:
             n, part = self._part_of(queue, group)
-            qi = self._store.describe_queue(queue)
             k, info = self._existing(qi, group, part)
             st = KeyedGroupState(info)
-            ranges = self._ranges(qi, ask_leaders=True)  # the barrier: every partition's end now
             st.resize(size, ranges)
             st.try_complete(_starts(ranges))
             if st.info != info:
                 self._save(n, part, k, st.info)
             return st.info
+
+    def _draining(self, qi: QueueInfo, group: str) -> bool:
+        """Whether the group is resizing now (a snapshot, unlocked)."""
+        _, part = self._part_of(qi.name, group)
+        return self._existing(qi, group, part)[1].resizing_to is not None

@@ -42,6 +42,8 @@ __all__ = ["KEYED_STATE_MAX_AGE_S", "KeyedPeers"]
 KEYED_STATE_MAX_AGE_S = 1.0
 #: The most keyed groups' states one broker keeps (the oldest forgotten first).
 KEYED_STATES_MAX = 10_000
+#: How long a peer may take to answer a keyed call: a fetch or a commit waits for it.
+KEYED_PEER_TIMEOUT_S = 10.0
 T = TypeVar("T")
 
 
@@ -142,7 +144,8 @@ class KeyedPeers:
         with lock:
             try:
                 if not held:
-                    held.append(PeerClient(address, name=f"headwater-broker-{self._broker_id}-keyed"))
+                    name = f"headwater-broker-{self._broker_id}-keyed"
+                    held.append(PeerClient(address, name=name, request_timeout_s=KEYED_PEER_TIMEOUT_S))
                 return call(held[0])
             except PeerError as e:
                 for peer in held:
