@@ -36,6 +36,7 @@ from headwater.model.cluster import (
     PartitionLocation,
     QueueLocations,
     coordinator_partition,
+    keyed_coordinator_name,
 )
 from headwater.model.config import PartitionInfo, QueueConfig, QueueInfo, QueuePage
 from headwater.model.groups import GroupSummary
@@ -249,3 +250,31 @@ def test_list_groups_merge_each_group_once_the_coordinators_answer_first():
         ("sh", "shared", 0, ("q",)),
     ]
     assert merge_groups({1: [s("a", 1)], 3: [s("a", 2)]}, lambda g: None)[0].members == 1  # no coordinator: lowest id
+
+
+def test_a_keyed_group_goes_to_the_leader_of_its_keyed_coordinator_partition():
+    md = _with_coordinators([3, 3, 3, 3])
+    keyed = ClusterMetadata(
+        cluster_id=md.cluster_id, controller=1, brokers=md.brokers, queues=[], keyed_coordinators=[1, 2, 3, 1]
+    )
+    table = RoutingTable(keyed)
+    for g in [f"g{i}" for i in range(40)]:
+        expected = [1, 2, 3, 1][coordinator_partition(keyed_coordinator_name("orders", g), 4)]
+        assert table.keyed_coordinator("orders", g).broker_id == expected
+    # by queue and group: one group name on two queues is two groups, placed apart
+    assert len({table.keyed_coordinator(q, "g").broker_id for q in ("a", "b", "c", "d", "e", "f")}) > 1
+    assert RoutingTable(md).keyed_coordinator("orders", "g") is None  # none made yet, or an older broker
+    dead = ClusterMetadata(cluster_id="c", controller=1, brokers=md.brokers, queues=[], keyed_coordinators=[9])
+    with pytest.raises(NotCoordinatorError, match="no live coordinator of keyed group 'g' of 'orders'"):
+        RoutingTable(dead).keyed_coordinator("orders", "g")
+
+
+def test_list_groups_takes_a_keyed_group_from_its_coordinator():
+    def k(members, queue="q"):
+        return GroupSummary(group="k", state="active", mode="keyed", members=members, queues=[queue])
+
+    answers = {1: [k(2)], 2: [k(3), k(4, "r")], 3: [k(5, "r")]}
+    where = {("q", "k"): 2, ("r", "k"): 3}
+    merged = merge_groups(answers, lambda g: None, lambda q, g: where.get((q, g)))
+    assert [(g.queues, g.members) for g in merged] == [(["q"], 3), (["r"], 5)]
+    assert [g.members for g in merge_groups(answers, lambda g: None)] == [2, 4]  # no coordinators: lowest id

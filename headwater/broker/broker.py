@@ -27,7 +27,7 @@ from headwater.broker.subscriptions import SubscriberRegistry
 from headwater.errors import InvalidArgumentError, MessageNotFoundError
 from headwater.model.cluster import (
     ALONE,
-    COORDINATOR_QUEUE,
+    CLUSTER_INTERNAL_QUEUES,
     BrokerAddress,
     ClusterMetadata,
     PartitionLocation,
@@ -155,9 +155,9 @@ class Broker:
         return self.store.describe_queue(self._readable(name))
 
     def _readable(self, queue: str) -> str:
-        """``queue`` if a client may read it: a user's queue, or on a cluster the coordinator
+        """``queue`` if a client may read it: a user's queue, or on a cluster a coordinator
         queue, which the brokers copy from each other when one of its partitions moves."""
-        if queue == COORDINATOR_QUEUE and self.cluster is not None:
+        if queue in CLUSTER_INTERNAL_QUEUES and self.cluster is not None:
             return queue
         return check_user_queue(queue)
 
@@ -220,6 +220,7 @@ class Broker:
                 for q in infos
             ],
             coordinators=[ALONE],  # one coordinator partition, always this broker's
+            keyed_coordinators=[ALONE],  # likewise for keyed groups
         )
 
     def delete_queue(self, name: str) -> None:
@@ -454,8 +455,11 @@ class Broker:
         max_bytes: int,
         max_wait_ms: int = 0,
     ) -> KeyedFetchResult:
-        """The member's messages from ``offset`` on; with ``max_wait_ms`` wait for some."""
+        """The member's messages from ``offset`` on; with ``max_wait_ms`` wait for some. On
+        a cluster, served by the partition's leader (NotLeaderError elsewhere)."""
         check_user_queue(queue)
+        if self.cluster is not None:
+            self.cluster.check_leader(queue, partition)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
             res = self.keyed.fetch_now(queue, group, member, generation, partition, offset, max_bytes)

@@ -2,8 +2,8 @@
 cluster's metadata, its candidacy for controller and, while elected, the controller's work;
 and what the broker does with the metadata: it creates the queues the cluster has (under the
 cluster's queue ids), serves only the partitions it leads, coordinates the consumer
-groups of the coordinator queue's partitions it leads, and sends changes to queues through
-the controller.
+groups and keyed groups of the coordinator queues' partitions it leads, and sends changes
+to queues through the controller.
 
 One session with ZooKeeper carries all of it. The work the watches start (the controller's
 answers, creating and deleting local queues) runs on one thread of the node's, in order, so
@@ -24,6 +24,7 @@ import msgspec
 
 from headwater.broker.broker import Broker
 from headwater.broker.delay_moves import DelayedMoves
+from headwater.broker.keyed_peers import KeyedPeers
 from headwater.broker.mover import Mover
 from headwater.cluster.admin import AdminHandler, ask
 from headwater.cluster.controller import ControllerContext, ControllerElection, ControllerFencedError
@@ -42,8 +43,10 @@ from headwater.errors import (
     UnavailableError,
 )
 from headwater.model.cluster import (
+    CLUSTER_INTERNAL_QUEUES,
     COORDINATOR_PARTITIONS,
     COORDINATOR_QUEUE,
+    KEYED_COORDINATOR_QUEUE,
     BrokerAddress,
     ClusterMetadata,
     PartitionLocation,
@@ -52,6 +55,7 @@ from headwater.model.cluster import (
     coordinator_partition,
 )
 from headwater.model.config import QueueConfig, QueueInfo, is_internal_queue
+from headwater.model.keyed import KeyedGroupInfo
 
 __all__ = ["ClusterNode"]
 
@@ -102,12 +106,15 @@ class ClusterNode:
         self._foreign: set[str] = set()  # local queues named as a cluster queue, but not it
         self._local_ready = threading.Condition()
         self._coordinator_partitions = coordinator_partitions  # when this broker is the one to create the queue
-        self._coordinating: dict[int, int] = {}  # coordinator partition loaded here -> its leader epoch then
+        # (coordinator queue, partition) loaded here -> its leader epoch then
+        self._coordinating: dict[tuple[str, int], int] = {}
+        self.keyed_peers = KeyedPeers(broker.store, self.broker_id, lambda: self.cache.view)
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
         self.broker.offsets.join_cluster(self)
+        self.broker.keyed.join_cluster(self)
         self._worker.start()
         self.cache.on_change(lambda view: self._work.put(lambda: self._follow(view)))
         self.cache.start()
@@ -134,6 +141,7 @@ class ClusterNode:
             self._election.close()  # first: another broker takes over at once
         finally:
             self.mover.close()
+            self.keyed_peers.close()
             self.cache.close()
             self._work.put(None)
             self._worker.join(10)
@@ -238,24 +246,31 @@ class ClusterNode:
         self.mover.follow(view)
 
     def _follow_coordinators(self, view: ClusterView) -> None:
-        """Load the groups of the coordinator partitions this broker has come to lead (at
-        start, after a move's switch, after a new session), unload those it no longer
-        leads; one led at another leader epoch than when loaded is loaded again."""
-        qv = view.queues.get(COORDINATOR_QUEUE)
-        leading: dict[int, int] = {}
-        if qv is not None and self._local_id(COORDINATOR_QUEUE) == qv.record.queue_id:
-            leading = {n: r.leader_epoch for n, r in qv.partitions.items() if r.leader == self.broker_id}
-        groups = self.broker.groups
-        for n, epoch in sorted(self._coordinating.items()):
-            if leading.get(n) != epoch:
-                groups.unload_partition(n)
-                del self._coordinating[n]
-                log.info("no longer coordinates the groups of %s[%d]", COORDINATOR_QUEUE, n)
-        for n, epoch in sorted(leading.items()):
-            if n not in self._coordinating:
-                groups.load_partition(n)
-                self._coordinating[n] = epoch
-                log.info("coordinates the groups of %s[%d] (leader epoch %d)", COORDINATOR_QUEUE, n, epoch)
+        """Load the groups of the coordinator partitions (of consumer groups and of keyed
+        groups) this broker has come to lead (at start, after a move's switch, after a new
+        session), unload those it no longer leads; one led at another leader epoch than
+        when loaded is loaded again."""
+        kinds = {
+            COORDINATOR_QUEUE: (self.broker.groups.load_partition, self.broker.groups.unload_partition),
+            KEYED_COORDINATOR_QUEUE: (self.broker.keyed.load, self.broker.keyed.unload),
+        }
+        leading: dict[tuple[str, int], int] = {}
+        for name in kinds:
+            qv = view.queues.get(name)
+            if qv is not None and self._local_id(name) == qv.record.queue_id:
+                leading.update(
+                    {(name, n): r.leader_epoch for n, r in qv.partitions.items() if r.leader == self.broker_id}
+                )
+        for (name, n), epoch in sorted(self._coordinating.items()):
+            if leading.get((name, n)) != epoch:
+                kinds[name][1](n)
+                del self._coordinating[(name, n)]
+                log.info("no longer coordinates the groups of %s[%d]", name, n)
+        for (name, n), epoch in sorted(leading.items()):
+            if (name, n) not in self._coordinating:
+                kinds[name][0](n)
+                self._coordinating[(name, n)] = epoch
+                log.info("coordinates the groups of %s[%d] (leader epoch %d)", name, n, epoch)
 
     def _await_local(self, done: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + self._request_timeout_s
@@ -270,7 +285,7 @@ class ClusterNode:
 
     def check_leader(self, queue: str, partition: int) -> None:
         """Refuse (NotLeaderError, retriable) a partition this broker does not lead now."""
-        if is_internal_queue(queue) and queue != COORDINATOR_QUEUE:
+        if is_internal_queue(queue) and queue not in CLUSTER_INTERNAL_QUEUES:
             return  # the broker's own queues are its own
         if not self.membership.active:
             raise NotLeaderError(
@@ -306,7 +321,7 @@ class ClusterNode:
         """Around a send's append: refused unless this broker leads the partition and no
         move has fenced it here; a fence waits for the appends inside."""
         self.check_leader(queue, partition)
-        if is_internal_queue(queue) and queue != COORDINATOR_QUEUE:
+        if is_internal_queue(queue) and queue not in CLUSTER_INTERNAL_QUEUES:
             yield
             return
         with self.mover.producing(queue, partition):
@@ -316,21 +331,22 @@ class ClusterNode:
         """Whether this broker leads ``queue[partition]`` now (and is not cut off)."""
         return self.membership.active and self.cache.view.leader(queue, partition) == self.broker_id
 
-    def coordinator_partition(self, group: str) -> int:
-        """The coordinator queue's partition of ``group``, if this broker coordinates the
-        group now; else NotCoordinatorError naming the coordinator. The first group call of
-        a cluster has the controller create the queue (placed over the brokers live then)."""
+    def coordinator_partition(self, group: str, of: str = COORDINATOR_QUEUE) -> int:
+        """The partition of coordinator queue ``of`` of ``group`` (a keyed group's
+        ``keyed_coordinator_name``), if this broker coordinates the group now; else
+        NotCoordinatorError naming the coordinator. The first group call of a cluster has
+        the controller create the queue (placed over the brokers live then)."""
         if not self.membership.active:
             raise NotCoordinatorError(
                 f"broker {self.broker_id} is cut off from its cluster's ZooKeeper and coordinates no group now; "
                 f"another broker may coordinate {group!r}"
             )
-        qv = self.cache.view.queues.get(COORDINATOR_QUEUE)
+        qv = self.cache.view.queues.get(of)
         if qv is None:
             if threading.current_thread() is self._worker:  # it makes the queue here: it cannot wait for it
-                raise NotCoordinatorError(f"the cluster has no coordinator queue yet: nobody coordinates {group!r}")
-            self._make_coordinator_queue()
-            qv = self.cache.view.queues[COORDINATOR_QUEUE]
+                raise NotCoordinatorError(f"the cluster has no {of} queue yet: nobody coordinates {group!r}")
+            self._make_coordinator_queue(of)
+            qv = self.cache.view.queues[of]
         k = coordinator_partition(group, msgspec.convert(qv.record.config, QueueConfig).partitions)
         rec = qv.partitions.get(k)
         if rec is None or rec.leader != self.broker_id:
@@ -339,20 +355,28 @@ class ClusterNode:
             raise NotCoordinatorError(
                 f"broker {self.broker_id} does not coordinate group {group!r}; broker {leader}"
                 + (f" at {where}" if where else " (not registered now)")
-                + f" does (it leads {COORDINATOR_QUEUE}[{k}])"
+                + f" does (it leads {of}[{k}])"
             )
         return k
 
-    def _make_coordinator_queue(self) -> None:
+    def _make_coordinator_queue(self, name: str) -> None:
         config = QueueConfig(partitions=self._coordinator_partitions, ttl_s=None, flush="sync")
         try:
-            self._ask("create_queue", COORDINATOR_QUEUE, config=msgspec.to_builtins(config))
+            self._ask("create_queue", name, config=msgspec.to_builtins(config))
         except QueueExistsError:
             pass  # another broker's group call made it first
         self._await_local(
-            lambda: COORDINATOR_QUEUE in self.cache.view.queues and self._local_id(COORDINATOR_QUEUE) is not None,
-            "the coordinator queue",
+            lambda: name in self.cache.view.queues and self._local_id(name) is not None,
+            f"the coordinator queue {name}",
         )
+
+    def log_ranges(self, queue: QueueInfo, ask_leaders: bool) -> dict[int, tuple[int, int]]:
+        """See :meth:`KeyedPeers.log_ranges`."""
+        return self.keyed_peers.log_ranges(queue, ask_leaders)
+
+    def keyed_state(self, queue: QueueInfo, group: str, generation: int, fresh: bool = False) -> KeyedGroupInfo:
+        """See :meth:`KeyedPeers.keyed_state`."""
+        return self.keyed_peers.keyed_state(queue, group, generation, fresh)
 
     def _ask(self, op: str, name: str, **fields: Any) -> int:
         req = AdminRequest(op=op, queue=name, asked_by=self.broker_id, asked_ms=int(time.time() * 1000), **fields)
@@ -445,13 +469,15 @@ class ClusterNode:
                 PartitionMove(queue=q, partition=n, source=m.source, target=m.target, phase=m.phase)
                 for (q, n), m in sorted(view.moves.items())
             ],
-            coordinators=self._coordinators(view),
+            coordinators=self._coordinators(view, COORDINATOR_QUEUE),
+            keyed_coordinators=self._coordinators(view, KEYED_COORDINATOR_QUEUE),
         )
 
     @staticmethod
-    def _coordinators(view: ClusterView) -> list[int]:
-        """Each coordinator partition's leader (-1: none known); [] before the queue is made."""
-        qv = view.queues.get(COORDINATOR_QUEUE)
+    def _coordinators(view: ClusterView, name: str) -> list[int]:
+        """Each partition's leader of coordinator queue ``name`` (-1: none known); [] before
+        the queue is made."""
+        qv = view.queues.get(name)
         if qv is None:
             return []
         n = msgspec.convert(qv.record.config, QueueConfig).partitions

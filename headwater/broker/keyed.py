@@ -12,14 +12,28 @@ A member's fetch reads the partition from the store, stops at the barrier while 
 drains, and keeps only the member's messages (:class:`~headwater.model.keyed.KeyHashFilter`):
 other members' messages never leave the broker.
 
+On a cluster (:meth:`KeyedGroups.join_cluster`; docs/design/cluster.md, "Keyed groups
+(built)") the records live in the cluster's queue ``__cluster_keyed``, one table per
+partition: group (q, g)'s in partition ``coordinator_partition("q/g", n)``, whose leader
+coordinates the group. The cluster node loads a partition when this broker comes to lead
+it and unloads it when it stops, as it does the consumer groups' partitions; a change is
+appended inside the node's ``producing`` of the partition, so a move's fence waits for it
+and refuses the next (``NotCoordinatorError``). The logs of partitions led elsewhere come
+from their leaders (:class:`KeyedPlace`), and a fetch at a partition's leader that does not
+coordinate the group reads with the coordinator's state.
+
 Thread-safety: one lock serialises changes (each waits for its fsync, like a commit of
-offsets); fetches read an immutable snapshot of the state and then the store, unlocked.
+offsets; on a cluster a new group also waits for the other leaders' answers, which a
+resize and a commit ask for before taking it);
+fetches read an immutable snapshot of the state and then the store, unlocked.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from typing import Protocol
 
 import msgspec
 
@@ -28,11 +42,14 @@ from headwater.broker.table import DurableTable
 from headwater.errors import (
     GroupNotFoundError,
     InvalidArgumentError,
+    NotCoordinatorError,
+    NotLeaderError,
     PartitionOutOfRangeError,
     StaleGenerationError,
     UsageError,
 )
 from headwater.model.checks import check_int_arg, check_offsets_given
+from headwater.model.cluster import KEYED_COORDINATOR_QUEUE, keyed_coordinator_name
 from headwater.model.config import QueueInfo
 from headwater.model.filtering import select_batches
 from headwater.model.groups import GroupSummary
@@ -46,19 +63,23 @@ from headwater.model.keyed import (
 )
 from headwater.storage.api import Store
 
-__all__ = ["KeyedGroups", "KeyedGroupState", "KEYED_QUEUE"]
+__all__ = ["KeyedGroups", "KeyedGroupState", "KeyedPlace", "KEYED_QUEUE", "LOG_END_UNKNOWN"]
 
 KEYED_QUEUE = "__keyed"
+#: A log end a cluster's coordinator does not know (the partition's leader is another
+#: broker): a commit there is checked against the barrier alone.
+LOG_END_UNKNOWN = (1 << 63) - 1
 _decoder = msgspec.msgpack.Decoder(KeyedGroupInfo)
 _encoder = msgspec.msgpack.Encoder()
 
 
-def _ranges(info: QueueInfo) -> dict[int, tuple[int, int]]:
-    return {p.partition: (p.start_offset, p.end_offset) for p in info.partitions}
+def _serving(info: KeyedGroupInfo) -> tuple[object, ...]:
+    """What a fetch is served by: the fields of the state a member's messages depend on."""
+    return (info.key, info.size, info.generation, info.resizing_to, info.barrier)
 
 
-def _starts(info: QueueInfo) -> dict[int, int]:
-    return {p.partition: p.start_offset for p in info.partitions}
+def _starts(ranges: Mapping[int, tuple[int, int]]) -> dict[int, int]:
+    return {p: lo for p, (lo, _) in ranges.items()}
 
 
 class KeyedGroupState:
@@ -190,14 +211,86 @@ class KeyedGroupState:
         return True
 
 
+class KeyedPlace(Protocol):
+    """What the keyed groups of a broker in a cluster ask of its cluster node."""
+
+    def coordinator_partition(self, group: str, of: str = ...) -> int:
+        """The partition of queue ``of`` whose leader coordinates ``group`` (here a keyed
+        group's :func:`keyed_coordinator_name`), if this broker does now; else
+        NotCoordinatorError naming the coordinator it knows."""
+        ...
+
+    def producing(self, queue: str, partition: int) -> AbstractContextManager[None]:
+        """Around an append: refused unless this broker leads it and no move fences it."""
+        ...
+
+    def check_leader(self, queue: str, partition: int) -> None:
+        """NotLeaderError unless this broker leads ``queue[partition]`` now."""
+        ...
+
+    def log_ranges(self, queue: QueueInfo, ask_leaders: bool) -> dict[int, tuple[int, int]]:
+        """Each partition's (start, end) offsets: from the local log where this broker leads
+        it; from its leader when ``ask_leaders`` (UnavailableError if it cannot answer),
+        else ``(0, LOG_END_UNKNOWN)``."""
+        ...
+
+    def keyed_state(self, queue: QueueInfo, group: str, generation: int, fresh: bool = False) -> KeyedGroupInfo:
+        """The group's state as its coordinator has it (cached a moment; asked again when
+        ``generation`` is newer than the cached one's, or ``fresh``)."""
+        ...
+
+
+class _Part:
+    """One table of groups (the broker's ``__keyed``, or a loaded partition of the
+    cluster's keyed coordinator queue) and its decoded records."""
+
+    def __init__(self, table: DurableTable) -> None:
+        self.table = table
+        self.cache: dict[bytes, KeyedGroupInfo] = {}
+
+    def get(self, key: bytes) -> KeyedGroupInfo | None:
+        info = self.cache.get(key)
+        if info is None:
+            raw = self.table.get(key)
+            if raw is None:
+                return None
+            info = self.cache[key] = _decoder.decode(raw)
+        return info
+
+
 class KeyedGroups:
-    """Every keyed group of one store. Thread-safe."""
+    """Every keyed group of one store (alone), or of the keyed coordinator partitions this
+    broker leads (on a cluster, :meth:`join_cluster`). Thread-safe."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
         self._lock = threading.Lock()
-        self._table = DurableTable(store, KEYED_QUEUE, keep=self._live_keys)
-        self._cache: dict[bytes, KeyedGroupInfo] = {}
+        self._alone = _Part(DurableTable(store, KEYED_QUEUE, keep=self._live_keys))
+        self._place: KeyedPlace | None = None  # None: a broker alone
+        self._parts: dict[int, _Part] = {}  # on a cluster: loaded partition -> its groups
+
+    def join_cluster(self, place: KeyedPlace) -> None:
+        """From now on keep the cluster's keyed coordinator queue, of which no partition is
+        loaded until the cluster node :meth:`load`\\ s it; ``__keyed`` stays on disk."""
+        with self._lock:
+            self._place = place
+            self._parts = {}
+
+    def load(self, partition: int) -> None:
+        """Read ``partition``'s records back from the local log (again, if loaded)."""
+        part = _Part(DurableTable(self._store, KEYED_COORDINATOR_QUEUE, partition, keep=self._live_keys))
+        with self._lock:
+            if self._place is not None:
+                self._parts[partition] = part
+
+    def unload(self, partition: int) -> None:
+        """Forget ``partition``'s groups: another broker coordinates them now."""
+        with self._lock:
+            self._parts.pop(partition, None)
+
+    def loaded(self) -> set[int]:
+        with self._lock:
+            return set(self._parts)
 
     def _live_keys(self, queues: Iterable[QueueInfo] | None = None):  # noqa: ANN202 - the DurableTable compaction hook
         """Whether a record's key is of one of ``queues`` (the store's now, when None)."""
@@ -208,22 +301,39 @@ class KeyedGroups:
     def _key(info: QueueInfo, group: str) -> bytes:
         return b"g\x00%d\x00%s" % (info.queue_id, group.encode())
 
-    def _get(self, key: bytes) -> KeyedGroupInfo | None:
-        info = self._cache.get(key)
-        if info is None:
-            raw = self._table.get(key)
-            if raw is None:
-                return None
-            info = self._cache[key] = _decoder.decode(raw)
-        return info
+    def _part_of(self, queue: str, group: str) -> tuple[int, _Part]:
+        """The table of the group (on a cluster NotCoordinatorError unless coordinated here)."""
+        place = self._place
+        if place is None:
+            return 0, self._alone
+        k = place.coordinator_partition(keyed_coordinator_name(queue, group), of=KEYED_COORDINATOR_QUEUE)
+        part = self._parts.get(k)
+        if part is None:
+            raise NotCoordinatorError(
+                f"this broker is taking over as coordinator of keyed group {group!r} of {queue!r} (partition "
+                f"{k} of {KEYED_COORDINATOR_QUEUE} is being loaded): ask again in a moment"
+            )
+        return k, part
 
-    def _save(self, key: bytes, info: KeyedGroupInfo) -> None:
-        self._table.put({key: _encoder.encode(info)})
-        self._cache[key] = info
+    def _save(self, k: int, part: _Part, key: bytes, info: KeyedGroupInfo) -> None:
+        place = self._place
+        try:
+            with place.producing(KEYED_COORDINATOR_QUEUE, k) if place is not None else nullcontext():
+                if place is not None and self._parts.get(k) is not part:
+                    raise NotCoordinatorError("this broker stopped coordinating the keyed group: ask again")
+                part.table.put({key: _encoder.encode(info)})
+        except NotLeaderError as e:  # the partition moved, or is fenced for its move
+            raise NotCoordinatorError(f"this broker does not coordinate keyed group {info.group!r} now: {e}") from None
+        part.cache[key] = info
 
-    def _existing(self, qi: QueueInfo, group: str) -> tuple[bytes, KeyedGroupInfo]:
+    def _ranges(self, qi: QueueInfo, ask_leaders: bool) -> dict[int, tuple[int, int]]:
+        if self._place is None:
+            return {p.partition: (p.start_offset, p.end_offset) for p in qi.partitions}
+        return self._place.log_ranges(qi, ask_leaders)
+
+    def _existing(self, qi: QueueInfo, group: str, part: _Part) -> tuple[bytes, KeyedGroupInfo]:
         key = self._key(qi, group)
-        info = self._get(key)
+        info = part.get(key)
         if info is None:
             raise GroupNotFoundError(
                 f"queue {qi.name!r} has no keyed group {group!r}; a member creates it "
@@ -235,14 +345,16 @@ class KeyedGroups:
 
     def summaries(self, queues: Iterable[QueueInfo]) -> list[GroupSummary]:
         """A line per keyed group of ``queues`` (the store's now: a deleted queue's groups are
-        not listed; see ``KeyedGroupInfo.summary``)."""
+        not listed; see ``KeyedGroupInfo.summary``); on a cluster, those coordinated here."""
         live = self._live_keys(queues)
         out = []
         with self._lock:
-            for key, _ in self._table.items(b"g\x00"):
-                info = self._get(key) if live(key) else None
-                if info is not None:
-                    out.append(info.summary())
+            parts = [self._alone] if self._place is None else list(self._parts.values())
+            for part in parts:
+                for key, _ in part.table.items(b"g\x00"):
+                    info = part.get(key) if live(key) else None
+                    if info is not None:
+                        out.append(info.summary())
         return sorted(out, key=lambda g: (g.group, g.queues))
 
     def group(
@@ -252,33 +364,50 @@ class KeyedGroups:
         validate_group(group)
         if (key is None) != (size is None):
             raise InvalidArgumentError("declare a keyed group with both key and size, or neither to look it up")
+        self._part_of(queue, group)  # first: the first keyed call of a cluster makes its queue, unlocked
         with self._lock:
+            n, part = self._part_of(queue, group)
             qi = self._store.describe_queue(queue)
             k = self._key(qi, group)
-            info = self._get(k)
+            info = part.get(k)
             if info is None:
                 if key is None:
-                    self._existing(qi, group)  # raises GroupNotFoundError
-                st = KeyedGroupState.create(queue, group, key, size, start, _ranges(qi))  # type: ignore[arg-type]  # key is not None here: _existing raised otherwise
-                self._save(k, st.info)
+                    self._existing(qi, group, part)  # raises GroupNotFoundError
+                ranges = self._ranges(qi, ask_leaders=True)
+                st = KeyedGroupState.create(queue, group, key, size, start, ranges)  # type: ignore[arg-type]  # key is not None here: _existing raised otherwise
+                self._save(n, part, k, st.info)
                 return st.info
             st = KeyedGroupState(info)
             st.check_declared(key, size)
-            if st.try_complete(_starts(qi)):  # what a resize waited for may have expired
-                self._save(k, st.info)
+            # what a resize waited for may have expired (a lookup asks no other broker)
+            if info.resizing_to is not None and st.try_complete(_starts(self._ranges(qi, key is not None))):
+                self._save(n, part, k, st.info)
             return st.info
 
     def fetch_now(
         self, queue: str, group: str, member: int, generation: int, partition: int, offset: int, max_bytes: int
     ) -> KeyedFetchResult:
-        """The member's messages from ``offset`` on (never waits)."""
+        """The member's messages from ``offset`` on (never waits). On a cluster this broker
+        leads the partition and may not coordinate the group: it reads with the state it
+        has from the coordinator (a moment old), and before it answers with messages asks
+        again, so a member the group has left behind (a resize) gets none."""
         validate_group(group)
         qi = self._store.describe_queue(queue)
-        _, info = self._existing(qi, group)  # unlocked: a snapshot, never held up by a commit's fsync
+        info, remote = self._state(qi, group, generation)  # unlocked: a snapshot, never held up by a commit's fsync
+        res = self._read(info, member, generation, partition, offset, max_bytes)
+        if remote and res.batches:
+            fresh, _ = self._state(qi, group, generation, fresh=True)
+            if _serving(fresh) != _serving(info):
+                res = self._read(fresh, member, generation, partition, offset, max_bytes)
+        return res
+
+    def _read(
+        self, info: KeyedGroupInfo, member: int, generation: int, partition: int, offset: int, max_bytes: int
+    ) -> KeyedFetchResult:
         st = KeyedGroupState(info)
         st.check_member(member, generation)
         stop = st.stop_offset(partition)
-        res = self._store.fetch(queue, partition, offset, max_bytes=max_bytes, end_offset=stop)
+        res = self._store.fetch(info.queue, partition, offset, max_bytes=max_bytes, end_offset=stop)
         flt = KeyHashFilter(parse_key_spec(info.key), info.size, member)
         batches, selections = select_batches(
             res.batches, flt, start_offset=max(offset, res.start_offset), end_offset=stop
@@ -287,25 +416,52 @@ class KeyedGroups:
             batches, res.next_offset, res.start_offset, res.end_offset, info.generation, stop, selections
         )
 
+    def _state(self, qi: QueueInfo, group: str, generation: int, fresh: bool = False) -> tuple[KeyedGroupInfo, bool]:
+        """The group's state, and whether it came from another broker (the coordinator)."""
+        place = self._place
+        if place is not None:
+            try:
+                self._part_of(qi.name, group)
+            except NotCoordinatorError:
+                return place.keyed_state(qi, group, generation, fresh), True
+        _, part = self._part_of(qi.name, group)
+        return self._existing(qi, group, part)[1], False
+
     def commit(self, queue: str, group: str, member: int, generation: int, offsets: dict[int, int]) -> KeyedGroupInfo:
         validate_group(group)
+        qi = self._store.describe_queue(queue)
+        # on a cluster the logs led here; while a resize drains, every leader's (a log start
+        # past the barrier lets a member commit there, and completes the resize): asked
+        # before the lock, so a slow leader holds up no other group's change
+        draining = self._draining(qi, group)
+        ranges = self._ranges(qi, ask_leaders=draining)
         with self._lock:
-            qi = self._store.describe_queue(queue)
-            k, info = self._existing(qi, group)
+            n, part = self._part_of(queue, group)
+            k, info = self._existing(qi, group, part)
+            if info.resizing_to is not None and not draining:  # the resize began meanwhile
+                ranges = self._ranges(qi, ask_leaders=True)
             st = KeyedGroupState(info)
-            st.commit(member, generation, offsets, _ranges(qi))
-            st.try_complete(_starts(qi))
-            self._save(k, st.info)
+            st.commit(member, generation, offsets, ranges)
+            st.try_complete(_starts(ranges))
+            self._save(n, part, k, st.info)
             return st.info
 
     def resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
         validate_group(group)
+        qi = self._store.describe_queue(queue)
+        self._draining(qi, group)  # NotCoordinatorError or GroupNotFoundError before asking the leaders
+        ranges = self._ranges(qi, ask_leaders=True)  # the barrier: every partition's end now (before the lock)
         with self._lock:
-            qi = self._store.describe_queue(queue)
-            k, info = self._existing(qi, group)
+            n, part = self._part_of(queue, group)
+            k, info = self._existing(qi, group, part)
             st = KeyedGroupState(info)
-            st.resize(size, _ranges(qi))
-            st.try_complete(_starts(qi))
+            st.resize(size, ranges)
+            st.try_complete(_starts(ranges))
             if st.info != info:
-                self._save(k, st.info)
+                self._save(n, part, k, st.info)
             return st.info
+
+    def _draining(self, qi: QueueInfo, group: str) -> bool:
+        """Whether the group is resizing now (a snapshot, unlocked)."""
+        _, part = self._part_of(qi.name, group)
+        return self._existing(qi, group, part)[1].resizing_to is not None

@@ -41,7 +41,7 @@ from headwater.cluster.metadata import ClusterView
 from headwater.cluster.records import MoveFenced, MoveProgress, MoveRecord, PartitionRecord, decode, encode, paths
 from headwater.errors import HeadwaterError, NotLeaderError
 from headwater.model.batch import decode_header
-from headwater.model.cluster import COORDINATOR_QUEUE
+from headwater.model.cluster import CLUSTER_INTERNAL_QUEUES
 from headwater.model.config import is_internal_queue
 from headwater.storage.api import Store
 
@@ -206,7 +206,7 @@ class Mover:
     def _drop_strays(self, view: ClusterView) -> None:
         """Drop the data of partitions that another broker leads and no move copies here."""
         for name, qv in view.queues.items():
-            if is_internal_queue(name) and name != COORDINATOR_QUEUE:
+            if is_internal_queue(name) and name not in CLUSTER_INTERNAL_QUEUES:
                 continue
             strays = [
                 n

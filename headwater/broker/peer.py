@@ -1,8 +1,8 @@
 """A broker's client of another broker: a small blocking connection over the binary protocol,
 to FETCH a partition's batches as they are stored (a move's target copies its source so, and
 a follower will copy its leader so), to describe a queue, to take a moving partition's
-delayed messages (HANDOFF_DELAYED), and to PRODUCE a batch (a shared group's dead letters
-for a partition another broker leads).
+delayed messages (HANDOFF_DELAYED), to PRODUCE a batch (a shared group's dead letters
+for a partition another broker leads), and to ask a keyed group's coordinator for its state.
 
 The broker does not use :mod:`headwater.client` (a layer above it): this is the sans-IO
 :class:`~headwater.protocol.Connection` over one plain socket, one request at a time. Every
@@ -22,6 +22,7 @@ from typing import Any
 
 from headwater.model.config import QueueInfo
 from headwater.model.delay import HandoffPage
+from headwater.model.keyed import KeyedGroupInfo
 from headwater.model.service import FetchResult, ProduceResult
 from headwater.protocol import (
     CLIENT,
@@ -35,7 +36,13 @@ from headwater.protocol import (
     Request,
     Response,
 )
-from headwater.protocol.messages import DescribeQueueRequest, FetchRequest, HandoffDelayedRequest, ProduceRequest
+from headwater.protocol.messages import (
+    DescribeQueueRequest,
+    FetchRequest,
+    HandoffDelayedRequest,
+    KeyedGroupRequest,
+    ProduceRequest,
+)
 
 __all__ = ["PeerClient", "PeerError"]
 
@@ -109,6 +116,12 @@ class PeerClient:
     def describe_queue(self, queue: str) -> QueueInfo:
         """The peer's own view of ``queue``: its partitions' start and end offsets there."""
         info: QueueInfo = self._call(DescribeQueueRequest(queue), 0.0)
+        return info
+
+    def keyed_group(self, queue: str, group: str) -> KeyedGroupInfo:
+        """Keyed group (``queue``, ``group``)'s state, from its coordinator (KEYED_GROUP,
+        a lookup: ``NotCoordinatorError`` from another broker)."""
+        info: KeyedGroupInfo = self._call(KeyedGroupRequest(queue, group), 0.0)
         return info
 
     def hand_off_delayed(

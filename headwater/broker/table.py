@@ -35,12 +35,16 @@ _CHUNK = 5_000  # keys per batch when the table is written out whole
 
 class DurableTable:
     """key bytes -> value bytes, durable. ``keep``, when given, is called at each compaction
-    and returns the test of whether a key still matters (e.g. its queue still exists)."""
+    and returns the test of whether a key still matters (e.g. its queue still exists).
+    ``partition``: the table is that partition of ``queue``, which must exist then (a
+    cluster's internal queue keeps one table per partition); the default makes ``queue``
+    with one partition at the first start of the store."""
 
     def __init__(
         self,
         store: Store,
         queue: str,
+        partition: int | None = None,
         *,
         keep: Callable[[], Callable[[bytes], bool]] | None = None,
         compact_ratio: int = 4,
@@ -48,6 +52,7 @@ class DurableTable:
     ) -> None:
         self._store = store
         self._queue = queue
+        self._partition = 0 if partition is None else partition
         self._keep = keep
         self._lock = threading.Lock()
         self._table: dict[bytes, bytes] = {}
@@ -56,13 +61,15 @@ class DurableTable:
         try:
             store.describe_queue(queue)
         except Exception:  # noqa: BLE001 - first start of this store
+            if partition is not None:
+                raise
             store.create_queue(queue, QueueConfig(partitions=1, ttl_s=None, flush="sync"), internal=True)
         self._appended = self._load()
 
     def _load(self) -> int:
-        start = offset = self._store.describe_queue(self._queue).partitions[0].start_offset
+        start = offset = self._store.describe_queue(self._queue).partitions[self._partition].start_offset
         while True:
-            res = self._store.fetch(self._queue, 0, offset, max_bytes=4 << 20)
+            res = self._store.fetch(self._queue, self._partition, offset, max_bytes=4 << 20)
             for b in res.batches:
                 for r in decode_records(b, self._queue, start_offset=offset):
                     if r.key is None:
@@ -95,7 +102,7 @@ class DurableTable:
             assert v is None or (isinstance(v, bytes) and v), "values are non-empty bytes or None"
             msgs.append(Message(v or b"", key=k))
         with self._lock:
-            self._store.append(self._queue, 0, encode_batch(msgs))
+            self._store.append(self._queue, self._partition, encode_batch(msgs))
             for k, v in changes.items():
                 if v is None:
                     self._table.pop(k, None)
@@ -109,10 +116,10 @@ class DurableTable:
         if self._keep is not None:
             wanted = self._keep()
             self._table = {k: v for k, v in self._table.items() if wanted(k)}
-        snapshot_at = self._store.end_offset(self._queue, 0)
+        snapshot_at = self._store.end_offset(self._queue, self._partition)
         items = list(self._table.items())
         for i in range(0, len(items), _CHUNK):
             chunk = items[i : i + _CHUNK]
-            self._store.append(self._queue, 0, encode_batch([Message(v, key=k) for k, v in chunk]))
-        self._store.delete_before(self._queue, 0, snapshot_at)
+            self._store.append(self._queue, self._partition, encode_batch([Message(v, key=k) for k, v in chunk]))
+        self._store.delete_before(self._queue, self._partition, snapshot_at)
         self._appended = len(items)

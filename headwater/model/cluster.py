@@ -23,14 +23,17 @@ from headwater.errors import QueueNotFoundError
 
 __all__ = [
     "ALONE",
+    "CLUSTER_INTERNAL_QUEUES",
     "COORDINATOR_PARTITIONS",
     "COORDINATOR_QUEUE",
+    "KEYED_COORDINATOR_QUEUE",
     "BrokerAddress",
     "ClusterMetadata",
     "PartitionLocation",
     "PartitionMove",
     "QueueLocations",
     "coordinator_partition",
+    "keyed_coordinator_name",
 ]
 
 ALONE = -1  # the broker id of a broker that is in no cluster
@@ -42,6 +45,26 @@ COORDINATOR_QUEUE = "__cluster_offsets"
 #: Its partition count when the controller creates it (fixed for the cluster's life:
 #: changing it would move every group's coordinator).
 COORDINATOR_PARTITIONS = 16
+
+#: The cluster's internal queue of keyed groups' state (a broker alone keeps its own
+#: ``__keyed``): the leader of its partition ``coordinator_partition(
+#: keyed_coordinator_name(queue, group), n)`` coordinates keyed group (queue, group). Made,
+#: placed and moved as :data:`COORDINATOR_QUEUE` is, with the same partition count setting.
+KEYED_COORDINATOR_QUEUE = "__cluster_keyed"
+
+#: The internal queues of the cluster (not of one broker): placed, led and moved like a
+#: user's queue, their partitions copied between brokers.
+CLUSTER_INTERNAL_QUEUES = frozenset({COORDINATOR_QUEUE, KEYED_COORDINATOR_QUEUE})
+
+
+def keyed_coordinator_name(queue: str, group: str) -> str:
+    """The name a keyed group is placed by: a keyed group belongs to one queue, and two
+    queues' groups of one name are two groups, coordinated apart.
+
+    >>> keyed_coordinator_name("orders", "billing")
+    'orders/billing'
+    """
+    return f"{queue}/{group}"
 
 
 def coordinator_partition(group: str, partitions: int) -> int:
@@ -103,7 +126,9 @@ class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
     """The brokers, the controller (-1: none now, or a broker alone), the locations of the
     queues asked for, the partition moves not finished yet (of every queue), and the
     leader of each partition of the coordinator queue (``coordinators``: a broker alone
-    answers ``[ALONE]``; empty from a broker that predates it)."""
+    answers ``[ALONE]``; empty from a broker that predates it), and of the keyed
+    coordinator queue (``keyed_coordinators``: likewise; empty also before the cluster's
+    first keyed call made it)."""
 
     cluster_id: str
     controller: int
@@ -111,6 +136,7 @@ class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
     queues: list[QueueLocations]
     moves: list[PartitionMove] = msgspec.field(default_factory=list)
     coordinators: list[int] = msgspec.field(default_factory=list)
+    keyed_coordinators: list[int] = msgspec.field(default_factory=list)
 
     def coordinator(self, group: str) -> int | None:
         """The broker id of ``group``'s coordinator (it may have none now: not in
@@ -119,6 +145,15 @@ class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
         if not self.coordinators:
             return None
         return self.coordinators[coordinator_partition(group, len(self.coordinators))]
+
+    def keyed_coordinator(self, queue: str, group: str) -> int | None:
+        """The broker id of keyed group (``queue``, ``group``)'s coordinator, or None when
+        the answer names none (an older broker, or no keyed call made the queue yet: send
+        to the bootstrap broker, which makes it)."""
+        if not self.keyed_coordinators:
+            return None
+        k = coordinator_partition(keyed_coordinator_name(queue, group), len(self.keyed_coordinators))
+        return self.keyed_coordinators[k]
 
     def broker(self, broker_id: int) -> BrokerAddress | None:
         return next((b for b in self.brokers if b.broker_id == broker_id), None)

@@ -18,6 +18,7 @@ from headwater.client.core.routing import (
     merge_groups,
 )
 from headwater.errors import HeadwaterError
+from headwater.model.cluster import BrokerAddress
 from headwater.model.groups import GroupSummary
 from headwater.model.service import BrokerService
 from headwater.protocol import messages as m
@@ -43,13 +44,19 @@ class AsyncRoutedGroupCalls:
             self, brokers: list[int], ask: Callable[[AsyncService], Awaitable[Any]], *, strict: bool
         ) -> dict[int, Any]: ...
 
-    async def _coordinated(self, api: m.ApiKey, group: str, call: Callable[[AsyncService], Awaitable[T]]) -> T:
+    async def _coordinated(
+        self,
+        api: m.ApiKey,
+        group: str,
+        call: Callable[[AsyncService], Awaitable[T]],
+        locate: Callable[[RoutingTable], BrokerAddress | None] | None = None,
+    ) -> T:
         """``call`` on the service of ``group``'s coordinator, sent again as
         ``RoutedService._coordinated`` sends it (a refresh waits out the rate limit)."""
         deadline = time.monotonic() + self.request_timeout_s
         decide = RoutedCall(m.API_SPECS[api].resend is m.Resend.SAFE)
         while True:
-            where = decide.coordinator(self._table, self._gate.stale, group, late=time.monotonic() >= deadline)
+            where = decide.coordinator(self._table, self._gate.stale, group, locate, late=time.monotonic() >= deadline)
             if where is REFRESH:
                 self._gate.mark_stale()
                 await self.refresh(deadline)
@@ -70,7 +77,7 @@ class AsyncRoutedGroupCalls:
         answers = await self._ask_leaders(sorted(table.brokers), lambda s: s.list_groups(), strict=False)
         if not answers:
             return await self._home.list_groups()
-        return merge_groups(answers, table.metadata.coordinator)
+        return merge_groups(answers, table.metadata.coordinator, table.metadata.keyed_coordinator)
 
 
 def _to_coordinator(api: m.ApiKey) -> Callable[..., Any]:

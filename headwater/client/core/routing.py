@@ -2,12 +2,13 @@
 "Clients"): the routing table made from a METADATA answer, when a refresh of it is due,
 and how the answers of several leaders make one.
 
-A partition's requests (produce, fetch, offset_for_time, lookup_id) go to its leader; a
+A partition's requests (produce, fetch, offset_for_time, lookup_id, keyed_fetch) go to its leader; a
 queue-wide read goes to every broker that leads a partition of the queue, and their answers
 are merged (:func:`merge_describe`, :func:`merge_pages`, :func:`merge_key_lookups`). A
-consumer group's calls go to its coordinator (:meth:`RoutingTable.coordinator`); where a
-call goes and whether it goes again is :class:`RoutedCall`'s to say. LIST_GROUPS goes to
-every broker (:func:`merge_groups`). The
+consumer group's calls go to its coordinator (:meth:`RoutingTable.coordinator`), and so do a
+keyed group's keyed_group, keyed_commit and keyed_resize
+(:meth:`RoutingTable.keyed_coordinator`); where a call goes and whether it goes again is
+:class:`RoutedCall`'s to say. LIST_GROUPS goes to every broker (:func:`merge_groups`). The
 drivers (``headwater.client.transport.routing`` and ``headwater.client.aio.routing``) own
 the connections and the waiting. Times are the caller's monotonic seconds.
 
@@ -164,13 +165,28 @@ class RoutingTable:
         >>> RoutingTable(md).coordinator("billing").address  # crc32("billing") % 2 == 0: broker 2
         'h:2'
         """
-        broker_id = self.metadata.coordinator(group)
+        return self._live(self.metadata.coordinator(group), f"group {group!r}")
+
+    def keyed_coordinator(self, queue: str, group: str) -> BrokerAddress | None:
+        """The broker that coordinates keyed group ``group`` of ``queue``; None when the
+        answer names no keyed coordinators (an older broker, or no keyed call has made the
+        cluster's keyed coordinator queue yet: send to the bootstrap broker, which makes it
+        and refuses with NotCoordinatorError if another broker coordinates the group).
+
+        >>> md = ClusterMetadata(cluster_id="c", controller=1, queues=[], keyed_coordinators=[2, 1],
+        ...     brokers=[BrokerAddress(broker_id=i, host="h", port=i, epoch=0) for i in (1, 2)])
+        >>> RoutingTable(md).keyed_coordinator("orders", "billing").address  # crc32("orders/billing") % 2 == 1
+        'h:1'
+        """
+        return self._live(self.metadata.keyed_coordinator(queue, group), f"keyed group {group!r} of {queue!r}")
+
+    def _live(self, broker_id: int | None, what: str) -> BrokerAddress | None:
         if broker_id is None:
             return None
         found = self.brokers.get(broker_id)
         if found is None:
             raise NotCoordinatorError(
-                f"the cluster's metadata names no live coordinator of group {group!r} now (its broker is out "
+                f"the cluster's metadata names no live coordinator of {what} now (its broker is out "
                 f"of reach, or its partition is moving); it is served again once a broker leads it"
             )
         return found
@@ -295,15 +311,24 @@ class RoutedCall:
             self.refreshed = True
             return REFRESH
 
-    def coordinator(self, table: RoutingTable, stale: bool, group: str, *, late: bool) -> str:
-        """Where consumer group ``group``'s call goes: its coordinator's address,
+    def coordinator(
+        self,
+        table: RoutingTable,
+        stale: bool,
+        group: str,
+        locate: Callable[[RoutingTable], BrokerAddress | None] | None = None,
+        *,
+        late: bool,
+    ) -> str:
+        """Where consumer group ``group``'s call goes (or, with ``locate``, the call of the
+        coordinator it finds in the table: a keyed group's): its coordinator's address,
         :data:`REFRESH` (also while no broker coordinates it, until ``late``), or
         :data:`HOME` (the table names no coordinators)."""
         if stale:
             self.refreshed = True
             return REFRESH
         try:
-            where = table.coordinator(group)
+            where = table.coordinator(group) if locate is None else locate(table)
         except NotCoordinatorError:
             if late:
                 raise
@@ -338,20 +363,38 @@ class RoutedCall:
 
 
 def merge_groups(
-    answers: Mapping[int, list[GroupSummary]], coordinator_of: Callable[[str], int | None]
+    answers: Mapping[int, list[GroupSummary]],
+    coordinator_of: Callable[[str], int | None],
+    keyed_coordinator_of: Callable[[str, str], int | None] | None = None,
 ) -> list[GroupSummary]:
     """Every broker's LIST_GROUPS answer (``answers``: broker id -> its summaries) as one:
     each group once, by name and then mode. A consumer group (not keyed, not shared) is
     taken from its coordinator's answer (``coordinator_of(name)``: its broker id, None if
     unknown) when it has one, since a broker that just gave it up may still list it; a
-    keyed or shared group, or one whose coordinator did not answer, from the lowest broker
-    id that lists it."""
+    keyed group likewise from its coordinator's (``keyed_coordinator_of(queue, name)``);
+    a shared group, or one whose coordinator did not answer, from the lowest broker id that
+    lists it.
+
+    >>> k = GroupSummary(group="g", mode="keyed", queues=["q"], members=2, state="active")
+    >>> old = GroupSummary(group="g", mode="keyed", queues=["q"], members=1, state="active")
+    >>> [s.members for s in merge_groups({1: [old], 2: [k]}, lambda g: None, lambda q, g: 2)]
+    [2]
+    """
     chosen: dict[tuple[str, str | None, tuple[str, ...]], tuple[bool, int, GroupSummary]] = {}
     for broker_id, summaries in sorted(answers.items()):
         for g in summaries:
             coordinated = g.mode not in ("keyed", "shared")
             key = (g.group, None, ()) if coordinated else (g.group, g.mode, tuple(g.queues))
-            rank = (coordinated and coordinator_of(g.group) == broker_id, -broker_id)
+            if coordinated:
+                ours = coordinator_of(g.group) == broker_id
+            else:
+                ours = (
+                    g.mode == "keyed"
+                    and keyed_coordinator_of is not None
+                    and len(g.queues) == 1
+                    and keyed_coordinator_of(g.queues[0], g.group) == broker_id
+                )
+            rank = (ours, -broker_id)
             held = chosen.get(key)
             if held is None or rank > held[:2]:
                 chosen[key] = (*rank, g)

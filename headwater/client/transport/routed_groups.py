@@ -26,6 +26,7 @@ from headwater.client.core.routing import (
 )
 from headwater.client.transport.remote import RemoteService
 from headwater.errors import HeadwaterError
+from headwater.model.cluster import BrokerAddress
 from headwater.model.groups import GroupSummary
 from headwater.model.service import BrokerService
 from headwater.protocol import messages as m
@@ -52,13 +53,19 @@ class RoutedGroupCalls:
         ) -> dict[int, concurrent.futures.Future[Any]]: ...
         def _answers(self, asked: dict[int, concurrent.futures.Future[Any]], *, strict: bool) -> dict[int, Any]: ...
 
-    def _coordinated(self, api: m.ApiKey, group: str, call: Callable[[RemoteService], T]) -> T:
+    def _coordinated(
+        self,
+        api: m.ApiKey,
+        group: str,
+        call: Callable[[RemoteService], T],
+        locate: Callable[[RoutingTable], BrokerAddress | None] | None = None,
+    ) -> T:
         """``call`` on the connection of ``group``'s coordinator, sent again (within the
         call's deadline, the table asked for again first) as :class:`RoutedCall` says."""
         deadline = time.monotonic() + self.request_timeout_s
         decide = RoutedCall(m.API_SPECS[api].resend is m.Resend.SAFE)
         while True:
-            where = decide.coordinator(self._table, self._gate.stale, group, late=time.monotonic() >= deadline)
+            where = decide.coordinator(self._table, self._gate.stale, group, locate, late=time.monotonic() >= deadline)
             if where is REFRESH:
                 self._gate.mark_stale()
                 self.refresh(deadline)
@@ -79,7 +86,7 @@ class RoutedGroupCalls:
         answers = self._answers(self._ask_leaders(sorted(table.brokers), m.ListGroupsRequest()), strict=False)
         if not answers:
             return self._home.list_groups()
-        return merge_groups(answers, table.metadata.coordinator)
+        return merge_groups(answers, table.metadata.coordinator, table.metadata.keyed_coordinator)
 
 
 def _to_coordinator(api: m.ApiKey) -> Callable[..., Any]:

@@ -21,7 +21,9 @@ needed at the address METADATA gives; each request goes where
 - a delayed id's (lookup_id, cancel_delayed) to its partition's leader, which keeps its
   delayed messages; delay_stats to every broker, the answers added up.
 - shared groups to each partition's leader (:mod:`headwater.client.transport.shared_routing`).
-- the rest (keyed groups, subscriptions, status) to the bootstrap broker.
+- a keyed group's (keyed_group, keyed_commit, keyed_resize) to its coordinator, keyed_fetch
+  to the partition's leader (:mod:`~headwater.client.transport.routed_keyed`).
+- the rest (subscriptions, status) to the bootstrap broker.
 
 Thread-safe. Its threads are its connections' (one ``headwater-client`` thread each).
 """
@@ -50,6 +52,7 @@ from headwater.client.core.routing import (
 )
 from headwater.client.transport.remote import RemoteService, check_arguments, takes_request
 from headwater.client.transport.routed_groups import RoutedGroupCalls
+from headwater.client.transport.routed_keyed import RoutedKeyedCalls
 from headwater.client.transport.send_future import LazyFuture
 from headwater.client.transport.shared_routing import SharedRouter
 from headwater.errors import (
@@ -91,7 +94,7 @@ class _Links:
         return any(link.transport.gave_up_connecting_since(t) for link in self._service.links())
 
 
-class RoutedService(RoutedGroupCalls, BrokerService):
+class RoutedService(RoutedGroupCalls, RoutedKeyedCalls, BrokerService):
     """A BrokerService over the brokers of a cluster (see the module's docstring).
     ``home``: the bootstrap broker's connection, which answered ``metadata``."""
 
@@ -626,5 +629,9 @@ def _on_home(name: str) -> Callable[..., Any]:
 # what stays on the bootstrap broker for now (docs/cluster.md, "Clients"): every other
 # BrokerService operation, sent as its RemoteService sends it
 for _spec in m.API_SPECS.values():
-    if _spec.method is not None and _spec.method not in {**RoutedGroupCalls.__dict__, **RoutedService.__dict__}:
+    if _spec.method is not None and _spec.method not in {
+        **RoutedGroupCalls.__dict__,
+        **RoutedKeyedCalls.__dict__,
+        **RoutedService.__dict__,
+    }:
         setattr(RoutedService, _spec.method, _on_home(_spec.method))

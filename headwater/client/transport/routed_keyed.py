@@ -1,0 +1,121 @@
+"""The keyed-group calls of :class:`~headwater.client.transport.routing.RoutedService`
+(docs/design/cluster.md, "Keyed groups (built)"): keyed_group, keyed_commit and keyed_resize
+go to the group's coordinator (:meth:`~headwater.client.core.routing.RoutingTable.keyed_coordinator`),
+sent again after a :class:`~headwater.errors.NotCoordinatorError` as a consumer group's calls
+are; keyed_fetch goes to the partition's leader, as fetch does, which filters the member's
+messages there. A table that names no keyed coordinators sends the group's calls to the
+bootstrap broker (an older broker; or the cluster's first keyed call, which makes the keyed
+coordinator queue).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from headwater.client.core.routing import RefreshGate, RoutingTable
+from headwater.client.transport.remote import RemoteService
+from headwater.client.transport.send_future import LazyFuture
+from headwater.errors import UnavailableError
+from headwater.model.cluster import BrokerAddress
+from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
+from headwater.protocol import messages as m
+
+__all__ = ["RoutedKeyedCalls"]
+
+T = TypeVar("T")
+
+
+class RoutedKeyedCalls:
+    """A mixin of :class:`~headwater.client.transport.routing.RoutedService`, which gives
+    what is declared below."""
+
+    if TYPE_CHECKING:
+        _gate: RefreshGate
+        _table: RoutingTable
+
+        def _link(self, address: str) -> RemoteService: ...
+        def _refresh_soon(self) -> None: ...
+        def _watch(self, fut: concurrent.futures.Future[Any]) -> None: ...
+        def _routed(
+            self, api: m.ApiKey, queue: str, partition: int, call: Callable[[RemoteService], T], wait_s: float = 0.0
+        ) -> T: ...
+        def _coordinated(
+            self,
+            api: m.ApiKey,
+            group: str,
+            call: Callable[[RemoteService], T],
+            locate: Callable[[RoutingTable], BrokerAddress | None] | None = None,
+        ) -> T: ...
+
+    def _keyed(self, api: m.ApiKey, queue: str, group: str, call: Callable[[RemoteService], T]) -> T:
+        return self._coordinated(api, group, call, lambda table: table.keyed_coordinator(queue, group))
+
+    def keyed_group(
+        self, queue: str, group: str, key: str | None = None, size: int | None = None, start: str = "earliest"
+    ) -> KeyedGroupInfo:
+        return self._keyed(m.ApiKey.KEYED_GROUP, queue, group, lambda s: s.keyed_group(queue, group, key, size, start))
+
+    def keyed_commit(
+        self, queue: str, group: str, member: int, generation: int, offsets: dict[int, int]
+    ) -> KeyedGroupInfo:
+        return self._keyed(
+            m.ApiKey.KEYED_COMMIT, queue, group, lambda s: s.keyed_commit(queue, group, member, generation, offsets)
+        )
+
+    def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
+        return self._keyed(m.ApiKey.KEYED_RESIZE, queue, group, lambda s: s.keyed_resize(queue, group, size))
+
+    def keyed_fetch(
+        self,
+        queue: str,
+        group: str,
+        member: int,
+        generation: int,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        max_wait_ms: int = 0,
+    ) -> KeyedFetchResult:
+        return self._routed(
+            m.ApiKey.KEYED_FETCH,
+            queue,
+            partition,
+            lambda s: s.keyed_fetch(
+                queue, group, member, generation, partition, offset, max_bytes=max_bytes, max_wait_ms=max_wait_ms
+            ),
+            max_wait_ms / 1000,
+        )
+
+    def keyed_fetch_async(
+        self,
+        queue: str,
+        group: str,
+        member: int,
+        generation: int,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        max_wait_ms: int = 0,
+        lead: bool = False,
+    ) -> concurrent.futures.Future[KeyedFetchResult]:
+        """A keyed fetch from the partition's leader without waiting (never ``lead``, as
+        ``RoutedService.fetch_async``); a refusal marks the table stale and is the answer."""
+        if self._gate.stale:
+            self._refresh_soon()
+        try:
+            link = self._link(self._table.leader(queue, partition).address)
+        except UnavailableError as e:
+            self._gate.mark_stale()
+            self._refresh_soon()
+            failed: concurrent.futures.Future[KeyedFetchResult] = LazyFuture()
+            failed.set_exception(e)  # a read's error, ridden out as a lost connection's
+            return failed
+        fut = link.keyed_fetch_async(
+            queue, group, member, generation, partition, offset, max_bytes=max_bytes, max_wait_ms=max_wait_ms
+        )
+        fut.add_done_callback(self._watch)
+        return fut
