@@ -14,7 +14,7 @@ import concurrent.futures
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from headwater.client.core.routing import RefreshGate, RoutingTable
+from headwater.client.core.routing import RoutingTable
 from headwater.client.transport.remote import RemoteService
 from headwater.client.transport.send_future import LazyFuture
 from headwater.errors import UnavailableError
@@ -32,11 +32,8 @@ class RoutedKeyedCalls:
     what is declared below."""
 
     if TYPE_CHECKING:
-        _gate: RefreshGate
-        _table: RoutingTable
 
-        def _link(self, address: str) -> RemoteService: ...
-        def _refresh_soon(self) -> None: ...
+        def leader_link_nowait(self, queue: str, partition: int) -> RemoteService: ...
         def _watch(self, fut: concurrent.futures.Future[Any]) -> None: ...
         def _routed(
             self, api: m.ApiKey, queue: str, partition: int, call: Callable[[RemoteService], T], wait_s: float = 0.0
@@ -104,13 +101,9 @@ class RoutedKeyedCalls:
     ) -> concurrent.futures.Future[KeyedFetchResult]:
         """A keyed fetch from the partition's leader without waiting (never ``lead``, as
         ``RoutedService.fetch_async``); a refusal marks the table stale and is the answer."""
-        if self._gate.stale:
-            self._refresh_soon()
         try:
-            link = self._link(self._table.leader(queue, partition).address)
+            link = self.leader_link_nowait(queue, partition)
         except UnavailableError as e:
-            self._gate.mark_stale()
-            self._refresh_soon()
             failed: concurrent.futures.Future[KeyedFetchResult] = LazyFuture()
             failed.set_exception(e)  # a read's error, ridden out as a lost connection's
             return failed

@@ -269,21 +269,26 @@ class RoutedService(RoutedGroupCalls, RoutedKeyedCalls, BrokerService):
                 if not decide.again(e, where, late=time.monotonic() >= deadline):
                     raise
 
+    def leader_link_nowait(self, queue: str, partition: int) -> RemoteService:
+        """The connection of ``queue[partition]``'s leader by the table as it is (a stale
+        table starts a refresh nobody waits for), for a call that does not wait; a leader
+        the table does not name, or out of reach, raises UnavailableError and starts one."""
+        if self._gate.stale:
+            self._refresh_soon()
+        try:
+            return self._link(self._table.leader(queue, partition).address)
+        except UnavailableError:
+            self._gate.mark_stale()
+            self._refresh_soon()
+            raise
+
     def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
         return self._routed(m.ApiKey.PRODUCE, queue, partition, lambda s: s.produce(queue, partition, batch))
 
     def produce_async(self, queue: str, partition: int, batch: bytes) -> concurrent.futures.Future[ProduceResult]:
         """Send a batch to its partition's leader without waiting (the producer keeps
         several in flight, and sends again after a refusal, by the table then)."""
-        if self._gate.stale:
-            self._refresh_soon()
-        try:
-            link = self._link(self._table.leader(queue, partition).address)
-        except UnavailableError:
-            self._gate.mark_stale()
-            self._refresh_soon()
-            raise
-        fut = link.produce_async(queue, partition, batch)
+        fut = self.leader_link_nowait(queue, partition).produce_async(queue, partition, batch)
         fut.add_done_callback(self._watch)
         return fut
 
@@ -328,13 +333,9 @@ class RoutedService(RoutedGroupCalls, RoutedKeyedCalls, BrokerService):
     ) -> concurrent.futures.Future[FetchResult]:
         """Fetch from the partition's leader without waiting (never ``lead``: its answer
         may come on any of several connections, so the connection's thread reads it)."""
-        if self._gate.stale:
-            self._refresh_soon()
         try:
-            link = self._link(self._table.leader(queue, partition).address)
+            link = self.leader_link_nowait(queue, partition)
         except UnavailableError as e:
-            self._gate.mark_stale()
-            self._refresh_soon()
             failed: concurrent.futures.Future[FetchResult] = LazyFuture()
             failed.set_exception(e)  # a read's error, ridden out as a lost connection's
             return failed
