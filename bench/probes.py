@@ -27,6 +27,9 @@ Run ``python -m bench.probes PROBE`` from the repository root; each prints its f
   alternately, three times each: a 1 KiB x 500 producer for 10 s against each, its MB/s, the
   broker's user and system CPU seconds per GB written, its peak resident memory, and how much
   the machine's page cache grew meanwhile.
+- ``open``: a store whose one segment holds about 64 MB (``OPEN_BYTES``) opened again three
+  times after a clean close, and three times as a crash leaves it (the clean close's index of
+  the last segment removed, so the segment is read batch by batch): the median of each, ms.
 - ``follow``: in one process, without sockets (the transports only collect the bytes), a
   broker's server answering one-message produces while one fetch stream follows the
   partition: the server's CPU per produce, which covers parsing the request, the append, the
@@ -60,6 +63,7 @@ import asyncio
 import multiprocessing as mp
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -661,8 +665,51 @@ def calls() -> None:
     run_calls()
 
 
+OPEN_BYTES = 64 << 20
+
+
+def open_store(size_bytes: int = OPEN_BYTES) -> None:
+    """Print how long opening takes after a clean close and as after a crash (docstring)."""
+    import headwater
+    from headwater.storage.segment import segment_name
+
+    with tempfile.TemporaryDirectory(prefix="hw-probe-") as d:
+        data = os.path.join(d, "data")
+        with headwater.open(data, segment_bytes_max=1 << 30) as hw:
+            hw.admin.create_queue("q", partitions=4, ttl_s=None)
+            producer = hw.producer()
+            body = os.urandom(100)
+            for _ in range(max(1, size_bytes // 10_500)):  # 100 messages of about 105 bytes stored each
+                producer.send_batch("q", [body] * 100)
+            producer.flush()
+        last = sorted(os.listdir(os.path.join(data, "log")))
+        log_bytes = sum(os.path.getsize(os.path.join(data, "log", f)) for f in last if f.endswith(".log"))
+
+        def timed(crashed: bool) -> float:
+            took = []
+            for _ in range(3):
+                if crashed:  # a crash leaves no index of the last segment that matches it
+                    segs = sorted(f for f in os.listdir(os.path.join(data, "log")) if f.endswith(".log"))
+                    idx = os.path.join(data, "log", segment_name(int(segs[-1][:-4]), ".idx"))
+                    if os.path.exists(idx):
+                        os.unlink(idx)
+                t0 = time.perf_counter()
+                hw = headwater.open(data)
+                took.append(time.perf_counter() - t0)
+                hw.close()
+            return statistics.median(took) * 1000
+
+        clean = timed(False)
+        crashed = timed(True)
+        print(
+            f"open: a store of {log_bytes / 1e6:.0f} MB in one segment: {clean:.0f} ms after a clean close, "
+            f"{crashed:.0f} ms as after a crash (the last segment read); median of 3 each"
+        )
+
+
 PROBES = {
     "codec": codec,
+    "open": open_store,
     "follow": follow,
     "ping": ping,
     "send": send,

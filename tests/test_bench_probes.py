@@ -122,3 +122,15 @@ def test_the_calls_probe_counts_each_process_and_its_threads():
     assert per["broker"]["MainThread"] > 30
     assert per["consumer"]["MainThread"] > 10
     assert all(sum(t.values()) < 1000 for t in per.values()), per  # per message, not in all
+
+
+def test_the_open_probe_times_a_clean_open_and_one_after_a_crash(capsys):
+    probes.open_store(2 << 20)
+    [line] = capsys.readouterr().out.splitlines()
+    m = re.fullmatch(
+        r"open: a store of (\d+) MB in one segment: (\d+) ms after a clean close, (\d+) ms as after a crash "
+        r"\(the last segment read\); median of 3 each",
+        line,
+    )
+    assert m, line
+    assert int(m[1]) >= 1
