@@ -29,7 +29,8 @@ PARTITIONS = 4
 class FakeNode:
     """A cluster node as the subscriber registry sees it."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
         self.leading: set[int] = set()  # subscriber coordinator partitions
         self.fenced: set[int] = set()
         self.remote: dict[int, tuple[int, int]] = {}  # user partition -> (start, end) at its leader
@@ -58,8 +59,10 @@ class FakeNode:
         local = {p.partition: (p.start_offset, p.end_offset) for p in queue.partitions}
         return {**local, **self.remote}
 
-    def leads(self, queue: str, partition: int) -> bool:
-        return partition not in self.remote
+    def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
+        if partition in self.remote:  # its leader's answer: its log's start, for this test
+            return self.remote[partition][0]
+        return self.store.offset_for_time(queue, partition, timestamp_ms)
 
 
 def _name_of(partition: int, queue: str = "orders") -> str:
@@ -74,7 +77,7 @@ def _name_of(partition: int, queue: str = "orders") -> str:
 def setup():
     store = MemoryStore()
     registry = SubscriberRegistry(store)
-    node = FakeNode()
+    node = FakeNode(store)
     registry.join_cluster(node)
     store.create_queue(SUBSCRIBER_COORDINATOR_QUEUE, QueueConfig(partitions=PARTITIONS, flush="sync"), internal=True)
     store.create_queue("orders", QueueConfig(partitions=2))
@@ -120,14 +123,12 @@ def test_starts_and_checkpoints_are_checked_against_each_leaders_log(setup):
     assert registry.describe("orders", "first").checkpoints == {0: 0, 1: 30}
 
 
-def test_a_time_start_needs_the_partitions_led_here(setup):
+def test_a_time_start_is_resolved_by_each_partitions_leader(setup):
     _, registry, node = setup
     node.leading.update(range(PARTITIONS))
     for k in range(PARTITIONS):
         registry.load(k)
-    with pytest.raises(InvalidArgumentError, match="another broker leads"):
-        registry.add("orders", "by-time", start="time:0")
-    assert registry.add("orders", "by-time", partitions=[0], start="time:0").checkpoints == {0: 0}
+    assert registry.add("orders", "by-time", start="time:0").checkpoints == {0: 0, 1: 3}
 
 
 def test_a_fenced_or_lost_partition_refuses_changes_as_not_coordinator(setup):

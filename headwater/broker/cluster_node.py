@@ -377,6 +377,10 @@ class ClusterNode:
         """See :meth:`KeyedPeers.log_ranges`."""
         return self.keyed_peers.log_ranges(queue, ask_leaders)
 
+    def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
+        """See :meth:`KeyedPeers.offset_for_time`."""
+        return self.keyed_peers.offset_for_time(queue, partition, timestamp_ms)
+
     def keyed_state(self, queue: QueueInfo, group: str, generation: int, fresh: bool = False) -> KeyedGroupInfo:
         """See :meth:`KeyedPeers.keyed_state`."""
         return self.keyed_peers.keyed_state(queue, group, generation, fresh)

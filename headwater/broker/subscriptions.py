@@ -29,7 +29,6 @@ import msgspec
 
 from headwater.broker.table import DurableTable
 from headwater.errors import (
-    InvalidArgumentError,
     NotCoordinatorError,
     NotLeaderError,
     SubscriberExistsError,
@@ -70,8 +69,8 @@ class SubscriberPlace(Protocol):
         """Each partition's (start, end) offsets, from its leader when ``ask_leaders``."""
         ...
 
-    def leads(self, queue: str, partition: int) -> bool:
-        """Whether this broker leads ``queue[partition]`` now."""
+    def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
+        """The first offset of ``queue[partition]`` at or after ``timestamp_ms``, from its leader."""
         ...
 
 
@@ -152,16 +151,9 @@ class SubscriberRegistry:
 
     def _offset_for_time(self, qi: QueueInfo) -> Callable[[int, int], int]:
         place = self._place
-
-        def offset(partition: int, ms: int) -> int:
-            if place is not None and not place.leads(qi.name, partition):
-                raise InvalidArgumentError(
-                    f"start 'time:{ms}' on a cluster needs the log of {qi.name}[{partition}], which another "
-                    f"broker leads; start at 'earliest', 'latest' or 'offset:N' instead"
-                )
-            return self._store.offset_for_time(qi.name, partition, ms)
-
-        return offset
+        if place is None:
+            return lambda partition, ms: self._store.offset_for_time(qi.name, partition, ms)
+        return lambda partition, ms: place.offset_for_time(qi.name, partition, ms)
 
     # -- records --------------------------------------------------------------------------
 
@@ -197,8 +189,9 @@ class SubscriberRegistry:
         self._table_of(queue, name)  # first: the first subscriber call of a cluster makes its queue, unlocked
         qi = self._store.describe_queue(queue)
         parts = normalize_partitions(partitions, len(qi.partitions), queue)
-        if start in ("earliest", "latest") or start.startswith("offset:"):
-            qi = self._located(qi)  # the leaders' logs, asked before the lock
+        following = parts if parts is not None else list(range(len(qi.partitions)))
+        # on a cluster the leaders are asked (before the lock: a slow one holds up no other subscriber)
+        checkpoints = resolve_start(start, self._located(qi), following, self._offset_for_time(qi))
         with self._lock:
             n, table = self._table_of(queue, name)
             k = self._key(qi, name)
@@ -207,8 +200,6 @@ class SubscriberRegistry:
                     f"queue {queue!r} already has a subscriber {name!r} (its checkpoint is kept); "
                     f"delete it first to start over, or pick another name"
                 )
-            following = parts if parts is not None else list(range(len(qi.partitions)))
-            checkpoints = resolve_start(start, qi, following, self._offset_for_time(qi))
             info = SubscriberInfo(
                 queue=queue,
                 name=name,
