@@ -6,6 +6,7 @@ coordinator's partition moves, the record moves with it."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import defaultdict
@@ -13,8 +14,9 @@ from collections import defaultdict
 import pytest
 
 import headwater
+import headwater.aio
 from headwater import Message
-from headwater.errors import NotCoordinatorError
+from headwater.errors import NotCoordinatorError, UsageError
 from headwater.model.cluster import SUBSCRIBER_COORDINATOR_QUEUE
 from tests.support.cluster import Cluster, eventually
 
@@ -185,3 +187,28 @@ def test_a_moved_coordinator_keeps_the_checkpoint_and_loses_nothing(zk_server, t
             assert hw.admin.describe_subscriber("moving", "mover").checkpoints == ends
     finally:
         cluster.stop()
+
+
+def test_a_broker_in_a_cluster_opens_no_push_stream(cluster):
+    """A push stream of one broker would carry only the partitions it leads: refused, so
+    no subscriber silently misses the others'."""
+    with headwater.connect(_bootstrap(cluster)) as hw:
+        coordinator = hw.admin.cluster_metadata().subscriber_coordinator(QUEUE, NAME)
+    with cluster.connect(coordinator) as raw:  # no routing: its own push stream
+        sub = raw.subscribe(QUEUE, NAME, listeners=[lambda r: None])
+        assert sub.mode == "push"
+        with pytest.raises(UsageError, match="opens no push stream"):
+            sub.wait(timeout_s=20)
+        assert raw.admin.describe_subscriber(QUEUE, NAME).name == NAME  # its coordinator, still
+
+
+def test_an_asyncio_client_finds_the_subscriber_through_any_broker(cluster):
+    async def check(address: str) -> None:
+        async with await headwater.aio.connect(address) as hw:
+            info = await hw.admin.describe_subscriber(QUEUE, NAME)
+            listed = [s for s in await hw.admin.list_subscribers(QUEUE) if s.name == NAME]
+            assert listed == [info]  # asked of all three, listed once
+            await hw.service.checkpoint_subscriber(QUEUE, NAME, info.checkpoints)
+
+    for i in (1, 2, 3):
+        asyncio.run(check(cluster.address(i)))
