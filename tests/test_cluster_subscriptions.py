@@ -173,6 +173,9 @@ def test_a_moved_coordinator_keeps_the_checkpoint_and_loses_nothing(zk_server, t
                 with cluster.connect(now) as raw:  # the new coordinator has the checkpoint from before
                     after = raw.admin.describe_subscriber("moving", "mover").checkpoints
                 assert all(after[p] >= o for p, o in before.items()), (before, after)
+                with cluster.connect(coordinator) as raw:  # the subscriber's checkpoints are refused there now
+                    with pytest.raises(NotCoordinatorError):
+                        raw.service.checkpoint_subscriber("moving", "mover", after)
                 count = sent[0]
                 eventually(lambda: sent[0] > count + 300, what="sends after the move")
             finally:
