@@ -21,6 +21,7 @@ from headwater.client.core.routing import (
     merge_pages,
     parse_bootstrap,
 )
+from headwater.client.core.subscribers import merge_subscribers
 from headwater.errors import (
     InvalidArgumentError,
     NotCoordinatorError,
@@ -40,6 +41,7 @@ from headwater.model.cluster import (
 )
 from headwater.model.config import PartitionInfo, QueueConfig, QueueInfo, QueuePage
 from headwater.model.groups import GroupSummary
+from headwater.model.subscription import SubscriberInfo
 
 
 def _metadata(leaders: dict[str, list[int]], brokers=(1, 2, 3)) -> ClusterMetadata:
@@ -278,3 +280,31 @@ def test_list_groups_takes_a_keyed_group_from_its_coordinator():
     merged = merge_groups(answers, lambda g: None, lambda q, g: where.get((q, g)))
     assert [(g.queues, g.members) for g in merged] == [(["q"], 3), (["r"], 5)]
     assert [g.members for g in merge_groups(answers, lambda g: None)] == [2, 4]  # no coordinators: lowest id
+
+
+def test_a_subscriber_goes_to_the_leader_of_its_subscriber_coordinator_partition():
+    md = _with_coordinators([3, 3, 3, 3])
+    subs = ClusterMetadata(
+        cluster_id=md.cluster_id, controller=1, brokers=md.brokers, queues=[], subscriber_coordinators=[1, 2, 3, 1]
+    )
+    table = RoutingTable(subs)
+    for s in [f"s{i}" for i in range(40)]:
+        expected = [1, 2, 3, 1][coordinator_partition(keyed_coordinator_name("orders", s), 4)]
+        assert table.subscriber_coordinator("orders", s).broker_id == expected
+    assert table.keyed_coordinator("orders", "s0") is None  # the kinds' lists are apart
+    assert RoutingTable(md).subscriber_coordinator("orders", "s") is None  # none made yet, or an older broker
+    dead = ClusterMetadata(cluster_id="c", controller=1, brokers=md.brokers, queues=[], subscriber_coordinators=[9])
+    with pytest.raises(NotCoordinatorError, match="no live coordinator of subscriber 's' of 'orders'"):
+        RoutingTable(dead).subscriber_coordinator("orders", "s")
+
+
+def test_list_subscribers_takes_each_from_its_coordinator():
+    def s(queue, name, at):
+        return SubscriberInfo(queue=queue, name=name, checkpoints={0: at})
+
+    answers = {1: [s("q", "a", 1), s("r", "a", 7)], 2: [s("q", "a", 2), s("q", "b", 3)], 3: [s("q", "b", 4)]}
+    where = {("q", "a"): 2, ("q", "b"): 3}
+    merged = merge_subscribers(answers, lambda q, n: where.get((q, n)))
+    assert [(i.queue, i.name, i.checkpoints[0]) for i in merged] == [("q", "a", 2), ("q", "b", 4), ("r", "a", 7)]
+    lowest = merge_subscribers(answers, lambda q, n: None)  # no coordinators: the lowest id's answer
+    assert [i.checkpoints[0] for i in lowest] == [1, 3, 7]

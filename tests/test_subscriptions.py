@@ -45,10 +45,6 @@ from headwater.model.keyed import KeyHashFilter
 from tests.support.broker_process import BrokerProcess
 from tests.support.server_thread import ServerThread
 
-pytestmark = pytest.mark.alone(
-    "push subscriptions are served by the bootstrap broker alone on a cluster so far (issue 31)"
-)
-
 # tags whose bits differ, so a filter by tag hash is exact for them
 TAGS = ["a", "b", "c"]
 assert len({tag_bit(t) for t in TAGS}) == 3
@@ -817,7 +813,9 @@ def test_an_asyncio_subscriber(aio_target, monkeypatch):
     assert not kept[0].running
     if aio_target.kind != "memory":  # (nothing is kept of an in-memory broker)
         with (
-            headwater.open(aio_target.path)
+            headwater.connect(aio_target.addresses)
+            if aio_target.kind == "cluster"
+            else headwater.open(aio_target.path)
             if aio_target.server is None
             else headwater.connect(aio_target.server.address) as hw
         ):

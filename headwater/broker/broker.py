@@ -221,6 +221,7 @@ class Broker:
             ],
             coordinators=[ALONE],  # one coordinator partition, always this broker's
             keyed_coordinators=[ALONE],  # likewise for keyed groups
+            subscriber_coordinators=[ALONE],  # and for subscribers
         )
 
     def delete_queue(self, name: str) -> None:

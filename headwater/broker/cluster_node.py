@@ -47,6 +47,7 @@ from headwater.model.cluster import (
     COORDINATOR_PARTITIONS,
     COORDINATOR_QUEUE,
     KEYED_COORDINATOR_QUEUE,
+    SUBSCRIBER_COORDINATOR_QUEUE,
     BrokerAddress,
     ClusterMetadata,
     PartitionLocation,
@@ -115,6 +116,7 @@ class ClusterNode:
     def start(self) -> None:
         self.broker.offsets.join_cluster(self)
         self.broker.keyed.join_cluster(self)
+        self.broker.subscribers.join_cluster(self)
         self._worker.start()
         self.cache.on_change(lambda view: self._work.put(lambda: self._follow(view)))
         self.cache.start()
@@ -246,13 +248,14 @@ class ClusterNode:
         self.mover.follow(view)
 
     def _follow_coordinators(self, view: ClusterView) -> None:
-        """Load the groups of the coordinator partitions (of consumer groups and of keyed
-        groups) this broker has come to lead (at start, after a move's switch, after a new
+        """Load the groups of the coordinator partitions (of consumer groups, keyed groups
+        and subscribers) this broker has come to lead (at start, after a move's switch, after a new
         session), unload those it no longer leads; one led at another leader epoch than
         when loaded is loaded again."""
         kinds = {
             COORDINATOR_QUEUE: (self.broker.groups.load_partition, self.broker.groups.unload_partition),
             KEYED_COORDINATOR_QUEUE: (self.broker.keyed.load, self.broker.keyed.unload),
+            SUBSCRIBER_COORDINATOR_QUEUE: (self.broker.subscribers.load, self.broker.subscribers.unload),
         }
         leading: dict[tuple[str, int], int] = {}
         for name in kinds:
@@ -374,6 +377,10 @@ class ClusterNode:
         """See :meth:`KeyedPeers.log_ranges`."""
         return self.keyed_peers.log_ranges(queue, ask_leaders)
 
+    def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
+        """See :meth:`KeyedPeers.offset_for_time`."""
+        return self.keyed_peers.offset_for_time(queue, partition, timestamp_ms)
+
     def keyed_state(self, queue: QueueInfo, group: str, generation: int, fresh: bool = False) -> KeyedGroupInfo:
         """See :meth:`KeyedPeers.keyed_state`."""
         return self.keyed_peers.keyed_state(queue, group, generation, fresh)
@@ -471,6 +478,7 @@ class ClusterNode:
             ],
             coordinators=self._coordinators(view, COORDINATOR_QUEUE),
             keyed_coordinators=self._coordinators(view, KEYED_COORDINATOR_QUEUE),
+            subscriber_coordinators=self._coordinators(view, SUBSCRIBER_COORDINATOR_QUEUE),
         )
 
     @staticmethod

@@ -102,6 +102,19 @@ class KeyedPeers:
                 ranges[n] = (info.partitions[n].start_offset, info.partitions[n].end_offset)
         return ranges
 
+    def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
+        """The first offset of ``queue[partition]`` at or after ``timestamp_ms``: from the
+        local store where this broker leads it, else from its leader (UnavailableError when
+        it cannot answer)."""
+        view = self._view()
+        leader = view.leader(queue, partition)
+        if leader == self._broker_id:
+            return self._store.offset_for_time(queue, partition, timestamp_ms)
+        return self._ask(
+            view, -1 if leader is None else leader, f"the leader of {queue}[{partition}]",
+            lambda c: c.offset_for_time(queue, partition, timestamp_ms),
+        )  # fmt: skip
+
     # -- the partition leader's side ---------------------------------------------------------
 
     def keyed_state(self, queue: QueueInfo, group: str, generation: int, fresh: bool = False) -> KeyedGroupInfo:

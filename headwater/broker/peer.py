@@ -41,6 +41,7 @@ from headwater.protocol.messages import (
     FetchRequest,
     HandoffDelayedRequest,
     KeyedGroupRequest,
+    OffsetForTimeRequest,
     ProduceRequest,
 )
 
@@ -117,6 +118,12 @@ class PeerClient:
         """The peer's own view of ``queue``: its partitions' start and end offsets there."""
         info: QueueInfo = self._call(DescribeQueueRequest(queue), 0.0)
         return info
+
+    def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
+        """The first offset of ``queue[partition]`` appended at or after ``timestamp_ms``,
+        in the peer's log (its end when none is)."""
+        offset: int = self._call(OffsetForTimeRequest(queue, partition, timestamp_ms), 0.0)
+        return offset
 
     def keyed_group(self, queue: str, group: str) -> KeyedGroupInfo:
         """Keyed group (``queue``, ``group``)'s state, from its coordinator (KEYED_GROUP,

@@ -166,6 +166,11 @@ class PushService:
         return UnsubscribeResponse()
 
     async def _subscribe(self, st: Any, req: SubscribeRequest) -> ResponseBody:
+        if self._broker.cluster is not None:  # it would push only the partitions led here
+            raise UsageError(
+                f"a broker in a cluster opens no push stream yet (subscriber {req.name!r}): connect with "
+                f"headwater.connect(<the cluster's brokers>), whose subscriber reads each partition's leader"
+            )
         streams = self._by_conn.get(st, {})
         if req.subscription_id in streams or self._taken(st, req.subscription_id):
             raise InvalidArgumentError(f"stream {req.subscription_id} is already open on this connection")

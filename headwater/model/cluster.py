@@ -27,6 +27,7 @@ __all__ = [
     "COORDINATOR_PARTITIONS",
     "COORDINATOR_QUEUE",
     "KEYED_COORDINATOR_QUEUE",
+    "SUBSCRIBER_COORDINATOR_QUEUE",
     "BrokerAddress",
     "ClusterMetadata",
     "PartitionLocation",
@@ -52,14 +53,20 @@ COORDINATOR_PARTITIONS = 16
 #: placed and moved as :data:`COORDINATOR_QUEUE` is, with the same partition count setting.
 KEYED_COORDINATOR_QUEUE = "__cluster_keyed"
 
+#: The cluster's internal queue of push subscribers and their checkpoints (a broker alone
+#: keeps its own ``__subscribers``): the leader of its partition ``coordinator_partition(
+#: keyed_coordinator_name(queue, name), n)`` coordinates subscriber (queue, name). Made,
+#: placed and moved as :data:`COORDINATOR_QUEUE` is, with the same partition count setting.
+SUBSCRIBER_COORDINATOR_QUEUE = "__cluster_subscribers"
+
 #: The internal queues of the cluster (not of one broker): placed, led and moved like a
 #: user's queue, their partitions copied between brokers.
-CLUSTER_INTERNAL_QUEUES = frozenset({COORDINATOR_QUEUE, KEYED_COORDINATOR_QUEUE})
+CLUSTER_INTERNAL_QUEUES = frozenset({COORDINATOR_QUEUE, KEYED_COORDINATOR_QUEUE, SUBSCRIBER_COORDINATOR_QUEUE})
 
 
 def keyed_coordinator_name(queue: str, group: str) -> str:
-    """The name a keyed group is placed by: a keyed group belongs to one queue, and two
-    queues' groups of one name are two groups, coordinated apart.
+    """The name a keyed group (or a subscriber) is placed by: a keyed group belongs to one
+    queue, and two queues' groups of one name are two groups, coordinated apart.
 
     >>> keyed_coordinator_name("orders", "billing")
     'orders/billing'
@@ -128,7 +135,8 @@ class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
     leader of each partition of the coordinator queue (``coordinators``: a broker alone
     answers ``[ALONE]``; empty from a broker that predates it), and of the keyed
     coordinator queue (``keyed_coordinators``: likewise; empty also before the cluster's
-    first keyed call made it)."""
+    first keyed call made it), and of the subscriber coordinator queue
+    (``subscriber_coordinators``: likewise, made by the first subscriber call)."""
 
     cluster_id: str
     controller: int
@@ -137,6 +145,7 @@ class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
     moves: list[PartitionMove] = msgspec.field(default_factory=list)
     coordinators: list[int] = msgspec.field(default_factory=list)
     keyed_coordinators: list[int] = msgspec.field(default_factory=list)
+    subscriber_coordinators: list[int] = msgspec.field(default_factory=list)
 
     def coordinator(self, group: str) -> int | None:
         """The broker id of ``group``'s coordinator (it may have none now: not in
@@ -154,6 +163,14 @@ class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
             return None
         k = coordinator_partition(keyed_coordinator_name(queue, group), len(self.keyed_coordinators))
         return self.keyed_coordinators[k]
+
+    def subscriber_coordinator(self, queue: str, name: str) -> int | None:
+        """The broker id of subscriber (``queue``, ``name``)'s coordinator, or None when the
+        answer names none (as :meth:`keyed_coordinator`)."""
+        if not self.subscriber_coordinators:
+            return None
+        k = coordinator_partition(keyed_coordinator_name(queue, name), len(self.subscriber_coordinators))
+        return self.subscriber_coordinators[k]
 
     def broker(self, broker_id: int) -> BrokerAddress | None:
         return next((b for b in self.brokers if b.broker_id == broker_id), None)

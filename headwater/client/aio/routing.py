@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from headwater.client.aio.routed_groups import AsyncRoutedGroupCalls
 from headwater.client.aio.routed_keyed import AsyncRoutedKeyedCalls
+from headwater.client.aio.routed_subscribers import AsyncRoutedSubscriberCalls
 from headwater.client.aio.service import AsyncBrokerService, AsyncService
 from headwater.client.aio.shared_routing import AsyncSharedRouter
 from headwater.client.core.routing import (
@@ -54,7 +55,7 @@ __all__ = ["AsyncRoutedService", "open_async_service"]
 T = TypeVar("T")
 
 
-class AsyncRoutedService(AsyncRoutedGroupCalls, AsyncRoutedKeyedCalls, AsyncBrokerService):
+class AsyncRoutedService(AsyncRoutedGroupCalls, AsyncRoutedKeyedCalls, AsyncRoutedSubscriberCalls, AsyncBrokerService):
     """An AsyncBrokerService over the brokers of a cluster; ``home``: the bootstrap
     broker's service, which answered ``metadata``."""
 
@@ -469,6 +470,7 @@ for _spec in m.API_SPECS.values():
     if _spec.method is not None and _spec.method not in {
         **AsyncRoutedGroupCalls.__dict__,
         **AsyncRoutedKeyedCalls.__dict__,
+        **AsyncRoutedSubscriberCalls.__dict__,
         **AsyncRoutedService.__dict__,
     }:
         setattr(AsyncRoutedService, _spec.method, _on_home(_spec.method))

@@ -180,6 +180,11 @@ class RoutingTable:
         """
         return self._live(self.metadata.keyed_coordinator(queue, group), f"keyed group {group!r} of {queue!r}")
 
+    def subscriber_coordinator(self, queue: str, name: str) -> BrokerAddress | None:
+        """The broker that coordinates subscriber ``name`` of ``queue``; None as
+        :meth:`keyed_coordinator` (the first subscriber call makes the queue)."""
+        return self._live(self.metadata.subscriber_coordinator(queue, name), f"subscriber {name!r} of {queue!r}")
+
     def _live(self, broker_id: int | None, what: str) -> BrokerAddress | None:
         if broker_id is None:
             return None

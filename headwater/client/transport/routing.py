@@ -53,6 +53,7 @@ from headwater.client.core.routing import (
 from headwater.client.transport.remote import RemoteService, check_arguments, takes_request
 from headwater.client.transport.routed_groups import RoutedGroupCalls
 from headwater.client.transport.routed_keyed import RoutedKeyedCalls
+from headwater.client.transport.routed_subscribers import RoutedSubscriberCalls
 from headwater.client.transport.send_future import LazyFuture
 from headwater.client.transport.shared_routing import SharedRouter
 from headwater.errors import (
@@ -94,7 +95,7 @@ class _Links:
         return any(link.transport.gave_up_connecting_since(t) for link in self._service.links())
 
 
-class RoutedService(RoutedGroupCalls, RoutedKeyedCalls, BrokerService):
+class RoutedService(RoutedGroupCalls, RoutedKeyedCalls, RoutedSubscriberCalls, BrokerService):
     """A BrokerService over the brokers of a cluster (see the module's docstring).
     ``home``: the bootstrap broker's connection, which answered ``metadata``."""
 
@@ -633,6 +634,7 @@ for _spec in m.API_SPECS.values():
     if _spec.method is not None and _spec.method not in {
         **RoutedGroupCalls.__dict__,
         **RoutedKeyedCalls.__dict__,
+        **RoutedSubscriberCalls.__dict__,
         **RoutedService.__dict__,
     }:
         setattr(RoutedService, _spec.method, _on_home(_spec.method))

@@ -1,0 +1,217 @@
+"""Push subscribers on a cluster (docs/design/cluster.md, "Subscriptions (built)"): three
+real brokers and a real ZooKeeper. Each subscriber has one coordinator, the leader of its
+partition of the internal queue ``__cluster_subscribers``, which keeps its record and
+checkpoints; a subscriber process pulls from each partition's leader. When the
+coordinator's partition moves, the record moves with it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+import headwater
+import headwater.aio
+from headwater import Message
+from headwater.errors import NotCoordinatorError, UsageError
+from headwater.model.cluster import SUBSCRIBER_COORDINATOR_QUEUE
+from tests.support.cluster import Cluster, eventually
+
+QUEUE, NAME, PARTITIONS = "payments", "ledger", 6
+
+
+def _bootstrap(cluster: Cluster) -> str:
+    return ",".join(cluster.address(i) for i in sorted(cluster.brokers))
+
+
+def _send(hw: headwater.Client, queue: str, count: int, first: int = 0) -> int:
+    """``count`` messages spread over every partition, bodies ``seq``."""
+    msgs = [Message(b"%d" % i, key=b"k%d" % (i % 60)) for i in range(first, first + count)]
+    for i in range(0, len(msgs), 100):
+        hw.send_batch(queue, msgs[i : i + 100])
+    return count
+
+
+class Seen:
+    """What a subscriber's listeners were given, per partition, thread-safe."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_partition: dict[int, list[int]] = defaultdict(list)
+
+    def __call__(self, r: headwater.Record) -> None:
+        with self.lock:
+            self.by_partition[r.partition].append(r.offset)
+
+    def total(self) -> int:
+        with self.lock:
+            return sum(len(v) for v in self.by_partition.values())
+
+    def positions(self) -> set[tuple[int, int]]:
+        with self.lock:
+            return {(p, o) for p, offs in self.by_partition.items() for o in offs}
+
+    def check_in_order(self) -> None:
+        with self.lock:
+            for p, offs in self.by_partition.items():
+                assert offs == sorted(offs), f"partition {p} out of order"
+
+
+def test_the_subscriber_coordinator_queue_is_made_at_the_first_subscriber_call(cluster):
+    with headwater.connect(_bootstrap(cluster)) as hw:
+        hw.admin.create_queue(QUEUE, partitions=PARTITIONS)
+        md = hw.admin.cluster_metadata([QUEUE])
+        assert set(p.leader for p in md.queue(QUEUE).partitions) == {1, 2, 3}  # reads go to every broker
+        assert md.subscriber_coordinators == []
+        assert hw.admin.list_subscribers() == []
+        _send(hw, QUEUE, 120)  # every partition holds some: "latest" is not 0 anywhere
+        ends = {p.partition: p.end_offset for p in hw.admin.describe_queue(QUEUE).partitions}
+        assert all(ends.values())
+        info = hw.admin.add_subscriber(QUEUE, NAME, start="latest")
+        assert info.checkpoints == ends  # resolved by each partition's leader, not the coordinator's copy
+        coordinators = eventually(lambda: hw.admin.cluster_metadata().subscriber_coordinators, what="coordinators")
+        assert len(coordinators) == 16 and set(coordinators) == {1, 2, 3}
+        early = hw.admin.add_subscriber(QUEUE, "from-start", start="earliest")
+        assert early.checkpoints == {p: 0 for p in range(PARTITIONS)}
+        for i in (1, 2, 3):
+            with cluster.connect(i) as one:
+                assert SUBSCRIBER_COORDINATOR_QUEUE not in {q.name for q in one.admin.list_queues()}
+
+
+def test_a_subscriber_gets_every_message_in_order_and_resumes_from_its_checkpoint(cluster):
+    bootstrap = _bootstrap(cluster)
+    with headwater.connect(bootstrap) as hw:
+        start = {p: o for p, o in hw.admin.describe_subscriber(QUEUE, NAME).checkpoints.items()}
+        seen = Seen()
+        sub = hw.subscribe(QUEUE, NAME, listeners=[seen])
+        assert sub.mode == "pull"  # no push streams on a cluster yet
+        sent = _send(hw, QUEUE, 300, first=1000)
+        assert sub.wait_for(lambda: seen.total() >= sent, timeout_s=30), sub.error
+        sub.stop()
+        assert sub.error is None
+        seen.check_in_order()
+        assert all(o >= start[p] for p, o in seen.positions())  # nothing from before "latest"
+        assert seen.total() == sent and len(seen.positions()) == sent  # each once
+        ends = {p.partition: p.end_offset for p in hw.admin.describe_queue(QUEUE).partitions}
+    for i in (1, 2, 3):  # the checkpoint through each bootstrap broker: routed to the coordinator
+        with headwater.connect(cluster.address(i)) as other:
+            assert other.admin.describe_subscriber(QUEUE, NAME).checkpoints == ends
+            listed = [s for s in other.admin.list_subscribers(QUEUE) if s.name == NAME]
+            assert len(listed) == 1 and listed[0].checkpoints == ends  # asked of all three, listed once
+    with headwater.connect(cluster.address(1)) as hw:  # a restarted subscriber, from another broker
+        more = _send(hw, QUEUE, 60, first=2000)
+        again = Seen()
+        sub = hw.subscribe(QUEUE, NAME, listeners=[again])
+        assert sub.wait_for(lambda: again.total() >= more, timeout_s=30), sub.error
+        sub.stop()
+        assert again.total() == more and all(o >= ends[p] for p, o in again.positions())  # from the checkpoint
+
+
+def test_a_broker_that_is_not_the_coordinator_refuses_naming_it(cluster):
+    with headwater.connect(_bootstrap(cluster)) as hw:
+        coordinator = hw.admin.cluster_metadata().subscriber_coordinator(QUEUE, NAME)
+    assert coordinator in (1, 2, 3)
+    for other in {1, 2, 3} - {coordinator}:
+        with cluster.connect(other) as raw:  # no routing: that broker's own answer
+            where = f"broker {coordinator} at {cluster.address(coordinator)} does"
+            with pytest.raises(NotCoordinatorError, match=where):
+                raw.admin.describe_subscriber(QUEUE, NAME)
+            with pytest.raises(NotCoordinatorError, match=where):
+                raw.service.checkpoint_subscriber(QUEUE, NAME, {0: 0})
+            with pytest.raises(NotCoordinatorError, match=where):
+                raw.admin.add_subscriber(QUEUE, NAME)
+            with pytest.raises(NotCoordinatorError, match=where):
+                raw.admin.delete_subscriber(QUEUE, NAME)
+            assert NAME not in {s.name for s in raw.admin.list_subscribers(QUEUE)}  # only its coordinator lists it
+    with cluster.connect(coordinator) as raw:
+        assert raw.admin.describe_subscriber(QUEUE, NAME).name == NAME
+
+
+def test_a_deleted_subscriber_is_gone_from_every_broker(cluster):
+    with headwater.connect(_bootstrap(cluster)) as hw:
+        hw.admin.add_subscriber(QUEUE, "short-lived", start="earliest")
+        hw.admin.delete_subscriber(QUEUE, "short-lived")
+        for i in (1, 2, 3):
+            with headwater.connect(cluster.address(i)) as other:
+                assert "short-lived" not in {s.name for s in other.admin.list_subscribers()}
+
+
+def test_a_moved_coordinator_keeps_the_checkpoint_and_loses_nothing(zk_server, tmp_path):
+    """The subscriber's coordinator broker is decommissioned while a producer sends and the
+    subscriber delivers: ``__cluster_subscribers``'s partition moves with the rest, the
+    checkpoint is at the new coordinator, and every message is delivered, in order."""
+    cluster = Cluster(zk_server, tmp_path, 3)
+    try:
+        cluster.controller()
+        with headwater.connect(_bootstrap(cluster)) as hw:
+            hw.admin.create_queue("moving", partitions=PARTITIONS)
+            hw.admin.add_subscriber("moving", "mover", start="earliest")
+            seen = Seen()
+            sub = hw.subscribe("moving", "mover", listeners=[seen])
+            sent = [0]
+            stop_sending = threading.Event()
+
+            def send() -> None:
+                while not stop_sending.is_set():
+                    sent[0] += _send(hw, "moving", 30, first=sent[0])
+                    time.sleep(0.02)
+
+            sender = threading.Thread(target=send, daemon=True)
+            sender.start()
+            try:
+                eventually(lambda: seen.total() > 300, what="delivery under way")
+                coordinator = hw.admin.cluster_metadata().subscriber_coordinator("moving", "mover")
+                before = eventually(lambda: hw.admin.describe_subscriber("moving", "mover").checkpoints or None)
+                moves = hw.admin.decommission(coordinator)
+                assert any(m.queue == SUBSCRIBER_COORDINATOR_QUEUE for m in moves)
+                eventually(lambda: not hw.admin.cluster_metadata([]).moves, timeout_s=90, what="the moves finishing")
+                now = hw.admin.cluster_metadata().subscriber_coordinator("moving", "mover")
+                assert now != coordinator and now in (1, 2, 3)
+                with cluster.connect(now) as raw:  # the new coordinator has the checkpoint from before
+                    after = raw.admin.describe_subscriber("moving", "mover").checkpoints
+                assert all(after[p] >= o for p, o in before.items()), (before, after)
+                with cluster.connect(coordinator) as raw:  # the subscriber's checkpoints are refused there now
+                    with pytest.raises(NotCoordinatorError):
+                        raw.service.checkpoint_subscriber("moving", "mover", after)
+                count = sent[0]
+                eventually(lambda: sent[0] > count + 300, what="sends after the move")
+            finally:
+                stop_sending.set()
+                sender.join(60)
+            assert sub.wait_for(lambda: seen.total() >= sent[0], timeout_s=60), sub.error
+            sub.stop()
+            assert sub.error is None
+            seen.check_in_order()
+            assert len(seen.positions()) == sent[0] == seen.total()  # each once
+            ends = {p.partition: p.end_offset for p in hw.admin.describe_queue("moving").partitions}
+            assert hw.admin.describe_subscriber("moving", "mover").checkpoints == ends
+    finally:
+        cluster.stop()
+
+
+def test_a_broker_in_a_cluster_opens_no_push_stream(cluster):
+    """A push stream of one broker would carry only the partitions it leads: refused, so
+    no subscriber silently misses the others'."""
+    with headwater.connect(_bootstrap(cluster)) as hw:
+        coordinator = hw.admin.cluster_metadata().subscriber_coordinator(QUEUE, NAME)
+    with cluster.connect(coordinator) as raw:  # no routing: its own push stream
+        sub = raw.subscribe(QUEUE, NAME, listeners=[lambda r: None])
+        assert sub.mode == "push"
+        with pytest.raises(UsageError, match="opens no push stream"):
+            sub.wait(timeout_s=20)
+        assert raw.admin.describe_subscriber(QUEUE, NAME).name == NAME  # its coordinator, still
+
+
+def test_an_asyncio_client_finds_the_subscriber_through_any_broker(cluster):
+    async def check(address: str) -> None:
+        async with await headwater.aio.connect(address) as hw:
+            info = await hw.admin.describe_subscriber(QUEUE, NAME)
+            listed = [s for s in await hw.admin.list_subscribers(QUEUE) if s.name == NAME]
+            assert listed == [info]  # asked of all three, listed once
+            await hw.service.checkpoint_subscriber(QUEUE, NAME, info.checkpoints)
+
+    for i in (1, 2, 3):
+        asyncio.run(check(cluster.address(i)))
