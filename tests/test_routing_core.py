@@ -227,10 +227,14 @@ def test_a_partition_call_refreshes_once_for_what_the_table_does_not_know():
 def test_a_group_call_waits_for_a_coordinator_until_its_deadline():
     table = RoutingTable(_with_coordinators([-1]))  # no live coordinator now
     call = RoutedCall(resend_safe=True)
-    assert call.coordinator(table, False, "g", late=False) is REFRESH
+
+    def locate(t):
+        return t.coordinator("g")
+
+    assert call.coordinator(table, False, locate, late=False) is REFRESH
     with pytest.raises(NotCoordinatorError):
-        call.coordinator(table, False, "g", late=True)
-    assert RoutedCall(resend_safe=True).coordinator(RoutingTable(_metadata({})), False, "g", late=False) is HOME
+        call.coordinator(table, False, locate, late=True)
+    assert RoutedCall(resend_safe=True).coordinator(RoutingTable(_metadata({})), False, locate, late=False) is HOME
 
 
 def test_list_groups_merge_each_group_once_the_coordinators_answer_first():

@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from headwater.client.aio.service import AsyncService
 from headwater.client.core.routing import (
-    GROUP_CALLS,
+    COORDINATED_CALLS,
     HOME,
     REFRESH,
     RefreshGate,
     RoutedCall,
     RoutingTable,
+    coordinated_by,
     merge_groups,
 )
 from headwater.errors import HeadwaterError
@@ -47,16 +48,15 @@ class AsyncRoutedGroupCalls:
     async def _coordinated(
         self,
         api: m.ApiKey,
-        group: str,
+        locate: Callable[[RoutingTable], BrokerAddress | None],
         call: Callable[[AsyncService], Awaitable[T]],
-        locate: Callable[[RoutingTable], BrokerAddress | None] | None = None,
     ) -> T:
-        """``call`` on the service of ``group``'s coordinator, sent again as
+        """``call`` on the service of the coordinator ``locate`` finds, sent again as
         ``RoutedService._coordinated`` sends it (a refresh waits out the rate limit)."""
         deadline = time.monotonic() + self.request_timeout_s
         decide = RoutedCall(m.API_SPECS[api].resend is m.Resend.SAFE)
         while True:
-            where = decide.coordinator(self._table, self._gate.stale, group, locate, late=time.monotonic() >= deadline)
+            where = decide.coordinator(self._table, self._gate.stale, locate, late=time.monotonic() >= deadline)
             if where is REFRESH:
                 self._gate.mark_stale()
                 await self.refresh(deadline)
@@ -81,18 +81,18 @@ class AsyncRoutedGroupCalls:
 
 
 def _to_coordinator(api: m.ApiKey) -> Callable[..., Any]:
-    """The routed method of a consumer-group call (the group is its first argument)."""
+    """The routed method of a coordinated call (see ``coordinated_by``)."""
     name = m.API_SPECS[api].method
     assert name is not None
 
     async def call(self: AsyncRoutedGroupCalls, *args: Any, **kwargs: Any) -> Any:
-        group = args[0] if args else kwargs["group"]
-        return await self._coordinated(api, group, lambda s: getattr(s, name)(*args, **kwargs))
+        _, locate = coordinated_by(api, args, kwargs)
+        return await self._coordinated(api, locate, lambda s: getattr(s, name)(*args, **kwargs))
 
     call.__name__ = call.__qualname__ = name
     call.__doc__ = getattr(BrokerService, name).__doc__
     return call
 
 
-for _api in GROUP_CALLS:
+for _api in COORDINATED_CALLS:
     setattr(AsyncRoutedGroupCalls, m.API_SPECS[_api].method or "", _to_coordinator(_api))

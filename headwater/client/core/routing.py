@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from headwater.errors import (
     InvalidArgumentError,
@@ -53,10 +54,11 @@ __all__ = [
     "RoutedCall",
     "DELAYED_BIT",
     "ENABLED_POLL_S",
-    "GROUP_CALLS",
+    "COORDINATED_CALLS",
     "REFRESH_INTERVAL_S",
     "RefreshGate",
     "RoutingTable",
+    "coordinated_by",
     "merge_delay_stats",
     "merge_describe",
     "merge_groups",
@@ -251,15 +253,46 @@ class RefreshGate:
         self.stale = False
 
 
-#: The calls that go to a consumer group's coordinator (each names the group first).
-GROUP_CALLS = (
-    ApiKey.JOIN_GROUP,
-    ApiKey.HEARTBEAT_GROUP,
-    ApiKey.LEAVE_GROUP,
-    ApiKey.DESCRIBE_GROUP,
-    ApiKey.COMMIT_OFFSETS,
-    ApiKey.FETCH_OFFSETS,
-)
+#: The calls that go to a coordinator, by how they name what it coordinates: a consumer
+#: group by its name (the first argument); a keyed group and a subscriber by their queue and
+#: name (the first two).
+COORDINATED_CALLS: dict[ApiKey, str] = {
+    ApiKey.JOIN_GROUP: "group",
+    ApiKey.HEARTBEAT_GROUP: "group",
+    ApiKey.LEAVE_GROUP: "group",
+    ApiKey.DESCRIBE_GROUP: "group",
+    ApiKey.COMMIT_OFFSETS: "group",
+    ApiKey.FETCH_OFFSETS: "group",
+    ApiKey.KEYED_GROUP: "keyed",
+    ApiKey.KEYED_COMMIT: "keyed",
+    ApiKey.KEYED_RESIZE: "keyed",
+    ApiKey.ADD_SUBSCRIBER: "subscriber",
+    ApiKey.DELETE_SUBSCRIBER: "subscriber",
+    ApiKey.DESCRIBE_SUBSCRIBER: "subscriber",
+    ApiKey.CHECKPOINT_SUBSCRIBER: "subscriber",
+}
+
+
+def coordinated_by(
+    api: ApiKey, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> tuple[str, Callable[[RoutingTable], BrokerAddress | None]]:
+    """What a call of ``api`` (one of :data:`COORDINATED_CALLS`) with these arguments is
+    about (a name for messages) and how to find its coordinator in a routing table.
+
+    >>> name, locate = coordinated_by(ApiKey.KEYED_COMMIT, ("orders", "by-customer", 0, 1, {}), {})
+    >>> name
+    'orders/by-customer'
+    """
+    kind = COORDINATED_CALLS[api]
+    if kind == "group":
+        group = args[0] if args else kwargs["group"]
+        return group, lambda table: table.coordinator(group)
+    queue = args[0] if args else kwargs["queue"]
+    name = args[1] if len(args) > 1 else kwargs["group" if kind == "keyed" else "name"]
+    if kind == "keyed":
+        return f"{queue}/{name}", lambda table: table.keyed_coordinator(queue, name)
+    return f"{queue}/{name}", lambda table: table.subscriber_coordinator(queue, name)
+
 
 #: What :meth:`RoutedCall.leader` and :meth:`RoutedCall.coordinator` answer when the call is
 #: not to go to an address of the table: ask for the table first (then ask again), or send it
@@ -317,23 +350,17 @@ class RoutedCall:
             return REFRESH
 
     def coordinator(
-        self,
-        table: RoutingTable,
-        stale: bool,
-        group: str,
-        locate: Callable[[RoutingTable], BrokerAddress | None] | None = None,
-        *,
-        late: bool,
+        self, table: RoutingTable, stale: bool, locate: Callable[[RoutingTable], BrokerAddress | None], *, late: bool
     ) -> str:
-        """Where consumer group ``group``'s call goes (or, with ``locate``, the call of the
-        coordinator it finds in the table: a keyed group's): its coordinator's address,
-        :data:`REFRESH` (also while no broker coordinates it, until ``late``), or
-        :data:`HOME` (the table names no coordinators)."""
+        """Where a coordinated call goes (``locate`` finds its coordinator in a table: see
+        :func:`coordinated_by`): the coordinator's address, :data:`REFRESH` (also while no
+        live broker coordinates it, until ``late``), or :data:`HOME` (the table names no
+        coordinators: an older broker)."""
         if stale:
             self.refreshed = True
             return REFRESH
         try:
-            where = table.coordinator(group) if locate is None else locate(table)
+            where = locate(table)
         except NotCoordinatorError:
             if late:
                 raise
@@ -385,7 +412,7 @@ def merge_groups(
     >>> [s.members for s in merge_groups({1: [old], 2: [k]}, lambda g: None, lambda q, g: 2)]
     [2]
     """
-    chosen: dict[tuple[str, str | None, tuple[str, ...]], tuple[bool, int, GroupSummary]] = {}
+    chosen: dict[tuple[str, str | None, tuple[str, ...]], tuple[bool, int, int, GroupSummary]] = {}
     for broker_id, summaries in sorted(answers.items()):
         for g in summaries:
             coordinated = g.mode not in ("keyed", "shared")
@@ -399,11 +426,11 @@ def merge_groups(
                     and len(g.queues) == 1
                     and keyed_coordinator_of(g.queues[0], g.group) == broker_id
                 )
-            rank = (ours, -broker_id)
+            rank = (ours, 0, -broker_id)
             held = chosen.get(key)
-            if held is None or rank > held[:2]:
+            if held is None or rank > held[:3]:
                 chosen[key] = (*rank, g)
-    return [g for _, (_, _, g) in sorted(chosen.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2]))]
+    return [g for _, (*_, g) in sorted(chosen.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2]))]
 
 
 def merge_describe(base: QueueInfo, answers: Mapping[int, QueueInfo], leaders: Mapping[int, int]) -> QueueInfo:

@@ -1,11 +1,14 @@
-"""The consumer-group calls of :class:`~headwater.client.transport.routing.RoutedService`
-(docs/design/cluster.md, "Coordinators follow partitions"): a group's join, heartbeat,
-leave, describe, commit_offsets and fetch_offsets go to its coordinator, found in the
-routing table; after a :class:`~headwater.errors.NotCoordinatorError`, or the coordinator
-out of reach for a call safe to send twice, the table is asked for again and the call sent
-again within its deadline, as :class:`~headwater.client.core.routing.RoutedCall`
-decides. A table that names no coordinators (an older broker) sends them to the bootstrap
-broker. list_groups asks every broker and merges the answers, each group once.
+"""The coordinated calls of :class:`~headwater.client.transport.routing.RoutedService`
+(docs/design/cluster.md, "Coordinators follow partitions"): a consumer group's join,
+heartbeat, leave, describe, commit_offsets and fetch_offsets, a keyed group's keyed_group,
+keyed_commit and keyed_resize, and a subscriber's add, delete, describe and checkpoint go to
+its coordinator, found in the routing table (``COORDINATED_CALLS`` and ``coordinated_by`` in
+:mod:`headwater.client.core.routing`). After a :class:`~headwater.errors.NotCoordinatorError`,
+or the coordinator out of reach for a call safe to send twice, the table is asked for again
+and the call sent again within its deadline, as
+:class:`~headwater.client.core.routing.RoutedCall` decides. A table that names no
+coordinators (an older broker) sends them to the bootstrap broker. list_groups asks every
+broker and merges the answers, each group once.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from headwater.client.core.routing import (
-    GROUP_CALLS,
+    COORDINATED_CALLS,
     HOME,
     REFRESH,
     RefreshGate,
     RoutedCall,
     RoutingTable,
+    coordinated_by,
     merge_groups,
 )
 from headwater.client.transport.remote import RemoteService
@@ -56,16 +60,15 @@ class RoutedGroupCalls:
     def _coordinated(
         self,
         api: m.ApiKey,
-        group: str,
+        locate: Callable[[RoutingTable], BrokerAddress | None],
         call: Callable[[RemoteService], T],
-        locate: Callable[[RoutingTable], BrokerAddress | None] | None = None,
     ) -> T:
-        """``call`` on the connection of ``group``'s coordinator, sent again (within the
+        """``call`` on the connection of the coordinator ``locate`` finds, sent again (within the
         call's deadline, the table asked for again first) as :class:`RoutedCall` says."""
         deadline = time.monotonic() + self.request_timeout_s
         decide = RoutedCall(m.API_SPECS[api].resend is m.Resend.SAFE)
         while True:
-            where = decide.coordinator(self._table, self._gate.stale, group, locate, late=time.monotonic() >= deadline)
+            where = decide.coordinator(self._table, self._gate.stale, locate, late=time.monotonic() >= deadline)
             if where is REFRESH:
                 self._gate.mark_stale()
                 self.refresh(deadline)
@@ -90,18 +93,18 @@ class RoutedGroupCalls:
 
 
 def _to_coordinator(api: m.ApiKey) -> Callable[..., Any]:
-    """The routed method of a consumer-group call (the group is its first argument)."""
+    """The routed method of a coordinated call (see ``coordinated_by``)."""
     name = m.API_SPECS[api].method
     assert name is not None
 
     def call(self: RoutedGroupCalls, *args: Any, **kwargs: Any) -> Any:
-        group = args[0] if args else kwargs["group"]
-        return self._coordinated(api, group, lambda s: getattr(s, name)(*args, **kwargs))
+        _, locate = coordinated_by(api, args, kwargs)
+        return self._coordinated(api, locate, lambda s: getattr(s, name)(*args, **kwargs))
 
     call.__name__ = call.__qualname__ = name
     call.__doc__ = getattr(BrokerService, name).__doc__
     return call
 
 
-for _api in GROUP_CALLS:
+for _api in COORDINATED_CALLS:
     setattr(RoutedGroupCalls, m.API_SPECS[_api].method or "", _to_coordinator(_api))

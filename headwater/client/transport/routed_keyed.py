@@ -1,11 +1,8 @@
-"""The keyed-group calls of :class:`~headwater.client.transport.routing.RoutedService`
-(docs/design/cluster.md, "Keyed groups (built)"): keyed_group, keyed_commit and keyed_resize
-go to the group's coordinator (:meth:`~headwater.client.core.routing.RoutingTable.keyed_coordinator`),
-sent again after a :class:`~headwater.errors.NotCoordinatorError` as a consumer group's calls
-are; keyed_fetch goes to the partition's leader, as fetch does, which filters the member's
-messages there. A table that names no keyed coordinators sends the group's calls to the
-bootstrap broker (an older broker; or the cluster's first keyed call, which makes the keyed
-coordinator queue).
+"""The keyed reads of :class:`~headwater.client.transport.routing.RoutedService`
+(docs/design/cluster.md, "Keyed groups (built)"): keyed_fetch goes to the partition's
+leader, as fetch does, which filters the member's messages there. A keyed group's
+keyed_group, keyed_commit and keyed_resize go to its coordinator
+(:mod:`~headwater.client.transport.routed_groups`).
 """
 
 from __future__ import annotations
@@ -14,12 +11,10 @@ import concurrent.futures
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from headwater.client.core.routing import RoutingTable
 from headwater.client.transport.remote import RemoteService
 from headwater.client.transport.send_future import LazyFuture
 from headwater.errors import UnavailableError
-from headwater.model.cluster import BrokerAddress
-from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
+from headwater.model.keyed import KeyedFetchResult
 from headwater.protocol import messages as m
 
 __all__ = ["RoutedKeyedCalls"]
@@ -38,31 +33,6 @@ class RoutedKeyedCalls:
         def _routed(
             self, api: m.ApiKey, queue: str, partition: int, call: Callable[[RemoteService], T], wait_s: float = 0.0
         ) -> T: ...
-        def _coordinated(
-            self,
-            api: m.ApiKey,
-            group: str,
-            call: Callable[[RemoteService], T],
-            locate: Callable[[RoutingTable], BrokerAddress | None] | None = None,
-        ) -> T: ...
-
-    def _keyed(self, api: m.ApiKey, queue: str, group: str, call: Callable[[RemoteService], T]) -> T:
-        return self._coordinated(api, group, call, lambda table: table.keyed_coordinator(queue, group))
-
-    def keyed_group(
-        self, queue: str, group: str, key: str | None = None, size: int | None = None, start: str = "earliest"
-    ) -> KeyedGroupInfo:
-        return self._keyed(m.ApiKey.KEYED_GROUP, queue, group, lambda s: s.keyed_group(queue, group, key, size, start))
-
-    def keyed_commit(
-        self, queue: str, group: str, member: int, generation: int, offsets: dict[int, int]
-    ) -> KeyedGroupInfo:
-        return self._keyed(
-            m.ApiKey.KEYED_COMMIT, queue, group, lambda s: s.keyed_commit(queue, group, member, generation, offsets)
-        )
-
-    def keyed_resize(self, queue: str, group: str, size: int) -> KeyedGroupInfo:
-        return self._keyed(m.ApiKey.KEYED_RESIZE, queue, group, lambda s: s.keyed_resize(queue, group, size))
 
     def keyed_fetch(
         self,
