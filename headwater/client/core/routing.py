@@ -404,13 +404,19 @@ def merge_groups(
     taken from its coordinator's answer (``coordinator_of(name)``: its broker id, None if
     unknown) when it has one, since a broker that just gave it up may still list it; a
     keyed group likewise from its coordinator's (``keyed_coordinator_of(queue, name)``);
-    a shared group, or one whose coordinator did not answer, from the lowest broker id that
+    a shared group (each leader serves its own partitions) from the broker whose members
+    are the most (the members of the others are at most as many, maybe the same ones); any
+    other tie, or a group whose coordinator did not answer, from the lowest broker id that
     lists it.
 
     >>> k = GroupSummary(group="g", mode="keyed", queues=["q"], members=2, state="active")
     >>> old = GroupSummary(group="g", mode="keyed", queues=["q"], members=1, state="active")
     >>> [s.members for s in merge_groups({1: [old], 2: [k]}, lambda g: None, lambda q, g: 2)]
     [2]
+    >>> idle = GroupSummary(group="w", mode="shared", queues=["q"], members=0, state="empty")
+    >>> busy = GroupSummary(group="w", mode="shared", queues=["q"], members=1, state="stable")
+    >>> [s.state for s in merge_groups({1: [idle], 2: [busy]}, lambda g: None)]
+    ['stable']
     """
     chosen: dict[tuple[str, str | None, tuple[str, ...]], tuple[bool, int, int, GroupSummary]] = {}
     for broker_id, summaries in sorted(answers.items()):
@@ -426,7 +432,7 @@ def merge_groups(
                     and len(g.queues) == 1
                     and keyed_coordinator_of(g.queues[0], g.group) == broker_id
                 )
-            rank = (ours, 0, -broker_id)
+            rank = (ours, g.members if g.mode == "shared" else 0, -broker_id)
             held = chosen.get(key)
             if held is None or rank > held[:3]:
                 chosen[key] = (*rank, g)
