@@ -32,18 +32,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import msgspec
 
+from headwater.broker.coordinated import CoordinatedTables
 from headwater.broker.offsets import validate_group
 from headwater.broker.table import DurableTable
 from headwater.errors import (
     GroupNotFoundError,
     InvalidArgumentError,
     NotCoordinatorError,
-    NotLeaderError,
     PartitionOutOfRangeError,
     StaleGenerationError,
     UsageError,
@@ -265,32 +265,30 @@ class KeyedGroups:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._lock = threading.Lock()
-        self._alone = _Part(DurableTable(store, KEYED_QUEUE, keep=self._live_keys))
+        self._tables: CoordinatedTables[_Part] = CoordinatedTables(
+            _Part(DurableTable(store, KEYED_QUEUE, keep=self._live_keys)),
+            lambda n: _Part(DurableTable(store, KEYED_COORDINATOR_QUEUE, n, keep=self._live_keys)),
+            KEYED_COORDINATOR_QUEUE,
+            "keyed group",
+        )
         self._place: KeyedPlace | None = None  # None: a broker alone
-        self._parts: dict[int, _Part] = {}  # on a cluster: loaded partition -> its groups
 
     def join_cluster(self, place: KeyedPlace) -> None:
         """From now on keep the cluster's keyed coordinator queue, of which no partition is
         loaded until the cluster node :meth:`load`\\ s it; ``__keyed`` stays on disk."""
-        with self._lock:
-            self._place = place
-            self._parts = {}
+        self._place = place
+        self._tables.join_cluster(place)
 
     def load(self, partition: int) -> None:
         """Read ``partition``'s records back from the local log (again, if loaded)."""
-        part = _Part(DurableTable(self._store, KEYED_COORDINATOR_QUEUE, partition, keep=self._live_keys))
-        with self._lock:
-            if self._place is not None:
-                self._parts[partition] = part
+        self._tables.load(partition)
 
     def unload(self, partition: int) -> None:
         """Forget ``partition``'s groups: another broker coordinates them now."""
-        with self._lock:
-            self._parts.pop(partition, None)
+        self._tables.unload(partition)
 
     def loaded(self) -> set[int]:
-        with self._lock:
-            return set(self._parts)
+        return self._tables.loaded()
 
     def _live_keys(self, queues: Iterable[QueueInfo] | None = None):  # noqa: ANN202 - the DurableTable compaction hook
         """Whether a record's key is of one of ``queues`` (the store's now, when None)."""
@@ -303,27 +301,11 @@ class KeyedGroups:
 
     def _part_of(self, queue: str, group: str) -> tuple[int, _Part]:
         """The table of the group (on a cluster NotCoordinatorError unless coordinated here)."""
-        place = self._place
-        if place is None:
-            return 0, self._alone
-        k = place.coordinator_partition(keyed_coordinator_name(queue, group), of=KEYED_COORDINATOR_QUEUE)
-        part = self._parts.get(k)
-        if part is None:
-            raise NotCoordinatorError(
-                f"this broker is taking over as coordinator of keyed group {group!r} of {queue!r} (partition "
-                f"{k} of {KEYED_COORDINATOR_QUEUE} is being loaded): ask again in a moment"
-            )
-        return k, part
+        return self._tables.of(keyed_coordinator_name(queue, group), f"{group!r} of {queue!r}")
 
     def _save(self, k: int, part: _Part, key: bytes, info: KeyedGroupInfo) -> None:
-        place = self._place
-        try:
-            with place.producing(KEYED_COORDINATOR_QUEUE, k) if place is not None else nullcontext():
-                if place is not None and self._parts.get(k) is not part:
-                    raise NotCoordinatorError("this broker stopped coordinating the keyed group: ask again")
-                part.table.put({key: _encoder.encode(info)})
-        except NotLeaderError as e:  # the partition moved, or is fenced for its move
-            raise NotCoordinatorError(f"this broker does not coordinate keyed group {info.group!r} now: {e}") from None
+        with self._tables.writing(k, part, f"{info.group!r} of {info.queue!r}"):
+            part.table.put({key: _encoder.encode(info)})
         part.cache[key] = info
 
     def _ranges(self, qi: QueueInfo, ask_leaders: bool) -> dict[int, tuple[int, int]]:
@@ -349,7 +331,7 @@ class KeyedGroups:
         live = self._live_keys(queues)
         out = []
         with self._lock:
-            parts = [self._alone] if self._place is None else list(self._parts.values())
+            parts = self._tables.all()
             for part in parts:
                 for key, _ in part.table.items(b"g\x00"):
                     info = part.get(key) if live(key) else None

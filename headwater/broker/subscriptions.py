@@ -22,15 +22,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import msgspec
 
+from headwater.broker.coordinated import CoordinatedTables
 from headwater.broker.table import DurableTable
 from headwater.errors import (
-    NotCoordinatorError,
-    NotLeaderError,
     SubscriberExistsError,
     SubscriberNotFoundError,
 )
@@ -83,9 +82,13 @@ class SubscriberRegistry:
         self._store = store
         self._clock = clock
         self._lock = threading.Lock()
-        self._alone = DurableTable(store, SUBSCRIBERS_QUEUE, keep=self._live_keys)
+        self._tables: CoordinatedTables[DurableTable] = CoordinatedTables(
+            DurableTable(store, SUBSCRIBERS_QUEUE, keep=self._live_keys),
+            lambda n: DurableTable(store, SUBSCRIBER_COORDINATOR_QUEUE, n, keep=self._live_keys),
+            SUBSCRIBER_COORDINATOR_QUEUE,
+            "subscriber",
+        )
         self._place: SubscriberPlace | None = None  # None: a broker alone
-        self._parts: dict[int, DurableTable] = {}  # on a cluster: loaded partition -> its table
         self._listeners: list[Callable[[str, str], None]] = []
 
     def add_delete_listener(self, fn: Callable[[str, str], None]) -> None:
@@ -97,49 +100,27 @@ class SubscriberRegistry:
         """From now on keep the cluster's subscriber coordinator queue, of which no
         partition is loaded until the cluster node :meth:`load`\\ s it; ``__subscribers``
         stays on disk, unused."""
-        with self._lock:
-            self._place = place
-            self._parts = {}
+        self._place = place
+        self._tables.join_cluster(place)
 
     def load(self, partition: int) -> None:
         """Read ``partition``'s records back from the local log (again, if loaded)."""
-        table = DurableTable(self._store, SUBSCRIBER_COORDINATOR_QUEUE, partition, keep=self._live_keys)
-        with self._lock:
-            if self._place is not None:
-                self._parts[partition] = table
+        self._tables.load(partition)
 
     def unload(self, partition: int) -> None:
         """Forget ``partition``'s subscribers: another broker coordinates them now."""
-        with self._lock:
-            self._parts.pop(partition, None)
+        self._tables.unload(partition)
 
     def loaded(self) -> set[int]:
-        with self._lock:
-            return set(self._parts)
+        return self._tables.loaded()
 
     def _table_of(self, queue: str, name: str) -> tuple[int, DurableTable]:
         """The table of the subscriber (on a cluster NotCoordinatorError unless coordinated here)."""
-        place = self._place
-        if place is None:
-            return 0, self._alone
-        k = place.coordinator_partition(keyed_coordinator_name(queue, name), of=SUBSCRIBER_COORDINATOR_QUEUE)
-        table = self._parts.get(k)
-        if table is None:
-            raise NotCoordinatorError(
-                f"this broker is taking over as coordinator of subscriber {name!r} of {queue!r} (partition "
-                f"{k} of {SUBSCRIBER_COORDINATOR_QUEUE} is being loaded): ask again in a moment"
-            )
-        return k, table
+        return self._tables.of(keyed_coordinator_name(queue, name), f"{name!r} of {queue!r}")
 
     def _save(self, k: int, table: DurableTable, key: bytes, info: SubscriberInfo | None, name: str) -> None:
-        place = self._place
-        try:
-            with place.producing(SUBSCRIBER_COORDINATOR_QUEUE, k) if place is not None else nullcontext():
-                if place is not None and self._parts.get(k) is not table:
-                    raise NotCoordinatorError(f"this broker stopped coordinating subscriber {name!r}: ask again")
-                table.put({key: None if info is None else _encoder.encode(info)})
-        except NotLeaderError as e:  # the partition moved, or is fenced for its move
-            raise NotCoordinatorError(f"this broker does not coordinate subscriber {name!r} now: {e}") from None
+        with self._tables.writing(k, table, repr(name)):
+            table.put({key: None if info is None else _encoder.encode(info)})
 
     def _located(self, qi: QueueInfo) -> QueueInfo:
         """``qi`` with each partition's log range as its leader has it (alone: as it is)."""
@@ -231,7 +212,7 @@ class SubscriberRegistry:
         coordinated here (a client asks every broker and merges)."""
         queues = [self._store.describe_queue(queue)] if queue is not None else self._store.list_queues()
         with self._lock:
-            tables = [self._alone] if self._place is None else list(self._parts.values())
+            tables = self._tables.all()
         out = []
         for qi in queues:
             prefix = b"s\x00%d\x00" % qi.queue_id
