@@ -18,6 +18,7 @@ from types import MappingProxyType
 import pytest
 
 from headwater.broker.delay_moves import DelayedMoves
+from headwater.broker.mover import Mover
 from headwater.broker.shared import SharedGroups
 from headwater.broker.shared_handoff import MOVE_REASON
 from headwater.broker.shared_state import DeliveryState
@@ -243,6 +244,62 @@ def test_a_rolled_back_adoption_is_forgotten_and_the_source_goes_on_from_its_own
     assert [x.offset for x in again.leases] == list(range(4, 10))  # nothing acked comes again
 
 
+class Ensemble:
+    """The tree of a cluster where broker 1 leads both partitions of ``q`` at leader epoch 3,
+    a move of partition 0 to broker 2 in phase fence, and the view a broker's cache gives."""
+
+    def __init__(self) -> None:
+        self.coord = MemoryEnsemble().connect()
+        for path in (paths.QUEUES, paths.queue(Q), paths.partitions(Q), paths.MOVES, paths.moves_of(Q)):
+            self.coord.create(path)
+        self.led = PartitionRecord(replicas=[1], leader=1, leader_epoch=3, controller_epoch=1)
+        self.move = MoveRecord(source=1, target=2, phase="fence", started_ms=0, controller_epoch=1, leader_epoch=3)
+        for n in (0, 1):
+            self.coord.create(paths.partition(Q, n), encode(self.led))
+        self.coord.create(paths.move(Q, 0), encode(self.move))
+
+    def view(self, moves: dict) -> ClusterView:
+        qv = QueueView(
+            QueueRecord(queue_id=QID, config={}, created_ms=0, controller_epoch=1), {0: self.led, 1: self.led}
+        )
+        return ClusterView(queues=MappingProxyType({Q: qv}), moves=MappingProxyType(moves))
+
+
+def test_the_source_hands_over_only_once_fenced_at_the_moves_epoch_and_goes_on_after_a_rollback(sides):
+    """Broker 1 (a) with its real mover: before its fence the hand-off is refused, after it
+    the partition's shared calls are; a rolled-back move lifts the fence, and a's members go
+    on with their leases, nothing acked delivered again."""
+    a, b = sides
+    zk = Ensemble()
+    a.gate = Gate(a.store, {0, 1})
+    current = zk.view({})
+    mover = Mover(a.store, zk.coord, 1, lambda: current, lambda: True, lambda task: None)
+    moves = DelayedMoves(NoDelay(), a.store, zk.coord, 1, lambda: current, lambda: True, mover, None, shared=a.sg)
+    moves.start()
+    res = a.sg.receive("g", Q, "m", max_messages=6, visibility_timeout_ms=30_000)
+    a.sg.ack("g", Q, "m", [x.lease_id for x in res.leases[:2]])
+    with pytest.raises(NotLeaderError, match="has not fenced"):
+        moves.hand_off(Q, 0, 3, -1, 1 << 20, shared=True)
+    current = zk.view({(Q, 0): zk.move})
+    mover.follow(current)  # the fence
+    with pytest.raises(NotLeaderError, match="moving"):
+        a.sg.ack("g", Q, "m", [res.leases[2].lease_id])
+    with pytest.raises(NotLeaderError, match="has not fenced"):
+        moves.hand_off(Q, 0, 2, -1, 1 << 20, shared=True)  # an older move's epoch
+    page = moves.hand_off(Q, 0, 3, -1, 1 << 20, shared=True)
+    assert [(x.group, x.floor, x.next) for x in page.shared] == [("g", 2, 6)] and not page.more
+    b.sg.adopt(QID, 0, page.shared)
+    zk.coord.delete(paths.move_fenced(Q, 0))
+    zk.coord.delete(paths.move(Q, 0))  # rolled back: broker 1 still leads at epoch 3
+    current = zk.view({})
+    mover.follow(current)
+    assert a.sg.ack("g", Q, "m", [x.lease_id for x in res.leases[2:]]) == []  # a goes on from its own state
+    again = a.sg.receive("g", Q, "m", max_messages=100, visibility_timeout_ms=30_000)
+    assert [x.offset for x in again.leases] == list(range(6, 10))
+    moves.close()
+    assert a.sg.moving is None
+
+
 class NoDelay:
     """The delay service as the stray check sees it: no delayed batches anywhere."""
 
@@ -261,27 +318,34 @@ def test_a_target_forgets_adopted_state_once_zookeeper_shows_the_move_rolled_bac
     a, b = sides
     busy_window(a)
     hand_over(a, b)
-    coord = MemoryEnsemble().connect()
-    for path in (paths.QUEUES, paths.queue(Q), paths.partitions(Q), paths.MOVES, paths.moves_of(Q)):
-        coord.create(path)
-    led = PartitionRecord(replicas=[1], leader=1, leader_epoch=3, controller_epoch=1)
-    move = MoveRecord(source=1, target=2, phase="fence", started_ms=0, controller_epoch=1, leader_epoch=3)
-    coord.create(paths.partition(Q, 0), encode(led))
-    coord.create(paths.partition(Q, 1), encode(led))
-    coord.create(paths.move(Q, 0), encode(move))
-
-    def view(moves: dict) -> ClusterView:
-        qv = QueueView(QueueRecord(queue_id=QID, config={}, created_ms=0, controller_epoch=1), {0: led, 1: led})
-        return ClusterView(queues=MappingProxyType({Q: qv}), moves=MappingProxyType(moves))
-
+    zk = Ensemble()
     # the delay service, the mover and the producing gate are stand-ins: the check reads no more of them
-    moves = DelayedMoves(NoDelay(), b.store, coord, 2, lambda: view({}), lambda: True, NotFenced(), None, shared=b.sg)
-    moves.forget_strays(view({(Q, 0): move}))
+    moves = DelayedMoves(
+        NoDelay(), b.store, zk.coord, 2, lambda: zk.view({}), lambda: True, NotFenced(), None, shared=b.sg
+    )
+    moves.forget_strays(zk.view({(Q, 0): zk.move}))
     assert b.sg.partitions_with_state() == {(QID, 0)}  # the move is on: kept
-    moves.forget_strays(view({}))  # the cache shows the move gone, ZooKeeper does not yet
+    moves.forget_strays(zk.view({}))  # the cache shows the move gone, ZooKeeper does not yet
     assert b.sg.partitions_with_state() == {(QID, 0)}
-    coord.delete(paths.move(Q, 0))  # rolled back
-    moves.forget_strays(view({}))
+    zk.coord.delete(paths.move(Q, 0))  # rolled back
+    moves.forget_strays(zk.view({}))
     assert b.sg.partitions_with_state() == set()
     b.reopen()
     assert b.sg.partitions_with_state() == set()
+
+
+def test_the_source_forgets_its_state_once_zookeeper_shows_the_new_leader(sides):
+    a, _b = sides
+    busy_window(a)
+    zk = Ensemble()
+    moves = DelayedMoves(
+        NoDelay(), a.store, zk.coord, 1, lambda: zk.view({}), lambda: True, NotFenced(), None, shared=a.sg
+    )
+    moved = PartitionRecord(replicas=[2], leader=2, leader_epoch=4, controller_epoch=1)
+    zk.coord.set(paths.partition(Q, 0), encode(moved))
+    moves.forget_strays(zk.view({(Q, 0): zk.move}))  # the cache still shows the move: kept
+    assert a.sg.partitions_with_state() == {(QID, 0), (QID, 1)}
+    zk.coord.delete(paths.move(Q, 0))  # switched
+    zk.led = moved  # the cache shows broker 2 leading both partitions, ZooKeeper partition 0 only
+    moves.forget_strays(zk.view({}))
+    assert a.sg.partitions_with_state() == {(QID, 1)}
