@@ -58,6 +58,7 @@ log = logging.getLogger("headwater.shared")
 
 SHARED_QUEUE = "__shared"
 RESTART_REASON = "lease lost in a broker restart"
+RECORDS_PER_BATCH = 1000  # records of one append (a snapshot, a hand-off adopted)
 
 
 class _Record(msgspec.Struct, array_like=True):
@@ -177,8 +178,11 @@ class SharedGroups(SharedGroupsCore):
         return self._append([Message(_encoder.encode(rec), key=_key(st.group, st.queue_id))])
 
     def _append(self, msgs: list[Message]) -> int | None:
-        """Append records (under the lock); the token to wait on for their fsync."""
-        _, durable_at = self._store.append_nowait(SHARED_QUEUE, 0, encode_batch(msgs))
+        """Append records (under the lock), ``RECORDS_PER_BATCH`` a batch; the token to wait
+        on for their fsync (the last batch's covers the others)."""
+        assert msgs, "nothing to append"
+        for i in range(0, len(msgs), RECORDS_PER_BATCH):
+            _, durable_at = self._store.append_nowait(SHARED_QUEUE, 0, encode_batch(msgs[i : i + RECORDS_PER_BATCH]))
         self._appended += len(msgs)
         if self._appended > max(self._compact_min, self._compact_ratio * len(self._groups)):
             self._compact()
@@ -193,17 +197,21 @@ class SharedGroups(SharedGroupsCore):
         The caller checked that a move has fenced the partition here: from then on nothing
         changes it (every shared call on it is refused, under the lock taken here), so the
         pages of one hand-off agree and an ack answered here before it is in them."""
-        with self._lock:
-            states = sorted((st for (_, qid), st in self._groups.items() if qid == queue_id), key=lambda s: s.group)
-            items = [x for st in states if (x := export_partition(st, partition)) is not None]
         out: list[HandedOffShared] = []
         size = 0
-        for item in items[after + 1 :]:
-            n = len(_encoder.encode(item))
-            if out and size + n > max_bytes:
-                return HandoffPage([], True, out)
-            out.append(item)
-            size += n
+        with self._lock:
+            states = sorted(
+                (st for (_, qid), st in self._groups.items() if qid == queue_id and partition in st.cursors),
+                key=lambda s: s.group,
+            )
+            for st in states[after + 1 :]:  # only this page's groups are exported
+                item = export_partition(st, partition)
+                assert item is not None  # it has a cursor of the partition
+                n = len(_encoder.encode(item))
+                if out and size + n > max_bytes:
+                    return HandoffPage([], True, out)
+                out.append(item)
+                size += n
         return HandoffPage([], False, out)
 
     def adopt(self, queue_id: int, partition: int, items: list[HandedOffShared]) -> None:
@@ -262,8 +270,8 @@ class SharedGroups(SharedGroupsCore):
             Message(_encoder.encode(_Record(True, st.settings, st.images())), key=_key(st.group, st.queue_id))
             for st in self._groups.values()
         ]
-        for i in range(0, len(msgs), 1000):
-            self._store.append(SHARED_QUEUE, 0, encode_batch(msgs[i : i + 1000]))  # waits for the fsync
+        for i in range(0, len(msgs), RECORDS_PER_BATCH):
+            self._store.append(SHARED_QUEUE, 0, encode_batch(msgs[i : i + RECORDS_PER_BATCH]))  # waits for the fsync
         self._store.delete_before(SHARED_QUEUE, 0, snapshot_at)
         self._appended = len(msgs)
 
