@@ -153,20 +153,44 @@ def test_a_receive_returns_when_one_broker_has_messages_not_after_the_slowest_po
         c.close()
 
 
-def test_a_moved_partition_starts_over_on_its_new_leader_and_skips_nothing(cluster):
-    """Not handed over yet (docs/design/cluster.md, "Coordinators follow partitions"): the
-    group's state of a moved partition stays on the old leader, so the new one delivers the
-    partition again from its start, acknowledged messages included, and refuses the old
-    leases as expired. It leaves broker 3 leading nothing."""
+def _ack(c, deliveries: list, acked: Counter) -> set:
+    """Ack ``deliveries``, counting the messages acked in ``acked``; returns the message ids
+    whose lease was refused as expired."""
+    refused: list = []
+    try:
+        c.ack(deliveries)
+    except headwater.LeaseExpiredError as e:
+        refused = [LeaseId.parse(r.lease_id) for r in e.refused]
+    void = {(x.partition, x.offset, x.attempt) for x in refused}
+    gone = {d.message_id for d in deliveries if (d.message_id.partition, d.message_id.offset, d.attempt) in void}
+    acked.update(d.message_id for d in deliveries if d.message_id not in gone)
+    return gone
+
+
+def test_a_moved_partition_hands_its_state_over_and_only_leases_in_flight_come_again(cluster):
+    """docs/design/cluster.md, "Shared groups", "Moves": two members of a group have taken
+    part of a queue, acked some and hold the rest when broker 3's partitions move away. The
+    new leaders take the group's state in the move: nothing acked is delivered again, the
+    leases in flight at the fence come again (their delivery counted), the messages never
+    delivered follow: each message acked once, none lost. It leaves broker 3 leading nothing."""
     with headwater.connect(cluster.address(1)) as hw:
         ids = _queue(hw, "moving")
-        c = hw.shared_consumer("g", "moving", visibility_timeout_ms=120_000)
-        got = _receive_all(c, len(ids))
-        assert len(got) == len(ids)
-        before = {p.partition: p.leader for p in hw.admin.cluster_metadata(["moving"]).queue("moving").partitions}
-        moved = sorted(p for p, b in before.items() if b == 3)
-        c.ack([d for d in got if d.message_id.partition not in moved or d.message_id.offset % 2 == 0])
-        kept = [d for d in got if d.message_id.partition in moved and d.message_id.offset % 2 == 1]
+        members = [hw.shared_consumer("g", "moving", visibility_timeout_ms=120_000) for _ in range(2)]
+        held: dict[str, list] = {c.member: [] for c in members}
+        deadline = time.monotonic() + 30
+        while sum(map(len, held.values())) < len(ids) // 3 and time.monotonic() < deadline:
+            for c in members:
+                held[c.member].extend(c.receive(max_messages=5, timeout_ms=200))
+        acked: Counter = Counter()
+        for c in members:
+            assert not _ack(c, [d for d in held[c.member] if d.message_id.offset % 2 == 0], acked)
+        acked_before = set(acked)
+        leaders = {p.partition: p.leader for p in hw.admin.cluster_metadata(["moving"]).queue("moving").partitions}
+        moved = {p for p, b in leaders.items() if b == 3}
+        in_flight = {
+            d.message_id for c in members for d in held[c.member] if d.message_id.partition in moved
+        } - acked_before
+        assert in_flight and acked_before & {i for i in ids if i.partition in moved}  # part of each kind on 3
         assert hw.admin.decommission(3)
 
         def moved_off() -> bool:
@@ -174,14 +198,27 @@ def test_a_moved_partition_starts_over_on_its_new_leader_and_skips_nothing(clust
             return not md.moves and all(p.leader != 3 for p in md.queue("moving").partitions)
 
         eventually(moved_off, timeout_s=60, what="broker 3's partitions moved")
-        with pytest.raises(headwater.LeaseExpiredError):
-            c.ack(kept)  # given by broker 3: their new leader does not know them
-        again = _receive_all(c, len(moved) * PER_PARTITION)
-        assert sorted(d.message_id for d in again) == sorted(i for i in ids if i.partition in moved)
-        assert {d.attempt for d in again} == {1}  # the new leader's window starts at the start offset
-        c.ack(again)
-        assert c.receive(max_messages=50, timeout_ms=300) == []
-        c.close()
+        void: set = set()
+        for c in members:
+            void |= _ack(c, [d for d in held[c.member] if d.message_id not in acked], acked)
+        assert void == in_flight  # given by broker 3 before the fence: refused, they come again
+        after: list = []
+        deadline = time.monotonic() + 30
+        while set(acked) != set(ids) and time.monotonic() < deadline:
+            for c in members:
+                got = c.receive(max_messages=50, timeout_ms=200)
+                after.extend(got)
+                void |= _ack(c, got, acked)  # leases kept by the client from before the move are refused too
+        assert acked == Counter(set(ids))  # each message acked once: none lost, none twice
+        assert not acked_before & {d.message_id for d in after}  # nothing acked is delivered again
+        again = {d.message_id for d in after if d.attempt == 2}
+        assert in_flight <= again <= void and {d.attempt for d in after} <= {1, 2}  # only leases in flight again
+        for c in members:
+            assert c.receive(max_messages=50, timeout_ms=300) == []
+        info = members[0].describe()
+        assert all(p.committed_offset == p.end_offset == PER_PARTITION for p in info.partitions)
+        for c in members:
+            c.close()
 
 
 def test_a_leader_killed_its_leases_are_refused_and_the_others_partitions_go_on(cluster):

@@ -96,10 +96,10 @@ class ClusterNode:
         self.mover = Mover(
             broker.store, self.coord, self.broker_id, lambda: self.cache.view, lambda: membership.active, self._work_put
         )
-        # delayed messages go only to partitions led here, and move with them
+        # delayed messages go only to partitions led here, and move with them, as shared state does
         self.delayed = DelayedMoves(
             broker.delay, broker.store, self.coord, self.broker_id, lambda: self.cache.view,
-            lambda: membership.active, self.mover, self.producing,
+            lambda: membership.active, self.mover, self.producing, shared=broker.shared,
         )  # fmt: skip
         self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._worker = threading.Thread(target=self._run, name="headwater-cluster", daemon=True)

@@ -1,19 +1,26 @@
-"""Delayed messages move with their partition (docs/design/delay.md, "On a cluster"): a
-cluster member's side of it, between the delay service (:mod:`headwater.broker.delay`) and
-the moves (:mod:`headwater.broker.mover`).
+"""Delayed messages and shared groups' state move with their partition (docs/design/delay.md,
+"On a cluster"; docs/design/cluster.md, "Shared groups"): a cluster member's side of it,
+between the delay service (:mod:`headwater.broker.delay`), the shared groups
+(:mod:`headwater.broker.shared`) and the moves (:mod:`headwater.broker.mover`). One hand-off
+carries both: HANDOFF_DELAYED, its pages of delayed batches, then (``shared``) its pages of
+the groups' windows, under the same fence and epoch rule.
 
 - **The gate** of the delay service: a batch is delivered only to a partition this broker
   leads now (its session lives, the view names it leader, no move has fenced it here), at a
   leader epoch at least the batch's own (an adopted batch's is its move's switch), and its
   append runs inside the cluster's ``producing``, so a fence waits for it or refuses it.
-- **The source**, fenced for a move, answers the target's HANDOFF_DELAYED pages.
+- **The source**, fenced for a move, answers the target's HANDOFF_DELAYED pages. From the
+  fence on its shared groups act on nothing of the partition (``SharedGroups.moving``).
 - **The target**, copied to the source's fenced end, forgets whatever batches of the
   partition it still had (a hand-off asked again replaces the last one whole), then adopts
-  every page, durably, gated at the move's leader epoch + 1; only then does the mover report
-  ``delayed_taken``, which the controller's switch waits for.
-- **Strays**: the batches of a partition another broker leads, with no move of it to or from
-  here, are forgotten (MOVED) once ZooKeeper itself shows that, as the mover drops the data:
-  the source's after the switch, a target's after a rollback.
+  every page, durably, gated at the move's leader epoch + 1; then it takes every group's
+  state of the partition, replacing whatever it had of it, durably (acted on only once it
+  leads the partition, which is at that epoch); only then does the mover report
+  ``delayed_taken`` (both taken), which the controller's switch waits for.
+- **Strays**: the batches and the shared state of a partition another broker leads, with no
+  move of it to or from here, are forgotten (MOVED) once ZooKeeper itself shows that, as the
+  mover drops the data: the source's after the switch, a target's after a rollback (it never
+  acted on them: it never led at their epoch).
 
 Thread-safety: the gate is called by the dispatcher under the delay service's lock (it reads
 the view and the fences, takes no lock); the rest runs on the mover's threads and the
@@ -32,12 +39,14 @@ from headwater.broker.delay import DelayService
 from headwater.broker.delay.handoff import HOLD_ALL
 from headwater.broker.mover import Mover
 from headwater.broker.peer import PeerClient
+from headwater.broker.shared import SharedGroups
 from headwater.cluster.coordination import Coordination, NoNodeError
 from headwater.cluster.metadata import ClusterView
 from headwater.cluster.records import PartitionRecord, decode, paths
 from headwater.errors import NotLeaderError, UnavailableError
 from headwater.model.config import is_internal_queue
 from headwater.model.delay import HandoffPage
+from headwater.model.shared import HandedOffShared
 from headwater.storage.api import Store
 
 __all__ = ["DelayedMoves", "HANDOFF_BYTES_MAX"]
@@ -63,8 +72,10 @@ class DelayedMoves:
         active: Callable[[], bool],
         mover: Mover,
         producing: Callable[[str, int], AbstractContextManager[None]],
+        shared: SharedGroups | None = None,
     ) -> None:
         self.delay = delay
+        self.shared = shared
         self.store = store
         self.coord = coord
         self.broker_id = broker_id
@@ -76,10 +87,14 @@ class DelayedMoves:
     def start(self) -> None:
         self._mover.delayed = self
         self.delay.gate = self
+        if self.shared is not None:
+            self.shared.moving = self._mover.moving
 
     def close(self) -> None:
         self.delay.gate = HOLD_ALL  # still a cluster's member: deliver nothing until it joins again
         self._mover.delayed = None
+        if self.shared is not None:
+            self.shared.moving = None
 
     # -- the gate (the dispatcher, under the delay service's lock) ----------------------------
 
@@ -107,16 +122,24 @@ class DelayedMoves:
 
     # -- the source ---------------------------------------------------------------------------
 
-    def hand_off(self, queue: str, partition: int, leader_epoch: int, after: int, max_bytes: int) -> HandoffPage:
-        """A page of the partition's delayed batches for the move planned at ``leader_epoch``
-        (HANDOFF_DELAYED), once this broker has fenced the partition for it."""
+    def hand_off(
+        self, queue: str, partition: int, leader_epoch: int, after: int, max_bytes: int, shared: bool = False
+    ) -> HandoffPage:
+        """A page of the partition's delayed batches (``shared``: of its shared groups'
+        state) for the move planned at ``leader_epoch`` (HANDOFF_DELAYED), once this broker
+        has fenced the partition for it."""
         if self._mover.fenced_epoch(queue, partition) != leader_epoch:
             raise NotLeaderError(
                 f"broker {self.broker_id} has not fenced {queue}[{partition}] for its move at leader epoch "
-                f"{leader_epoch}: its delayed messages are handed off once it has; ask again"
+                f"{leader_epoch}: its delayed messages and shared state are handed off once it has; ask again"
             )
         queue_id = self.store.describe_queue(queue).queue_id
-        return self.delay.hand_off(queue_id, partition, after, max(1, min(max_bytes, HANDOFF_BYTES_MAX)))
+        max_bytes = max(1, min(max_bytes, HANDOFF_BYTES_MAX))
+        if shared:
+            if self.shared is None:
+                return HandoffPage([], False)
+            return self.shared.hand_off(queue_id, partition, after, max_bytes)
+        return self.delay.hand_off(queue_id, partition, after, max_bytes)
 
     # -- the target ---------------------------------------------------------------------------
 
@@ -139,6 +162,21 @@ class DelayedMoves:
                 break
             after = page.batches[-1].accept_seq
         log.info("took %d delayed batch(es) of %s[%d] from broker %s", taken, queue, partition, peer.address)
+        if self.shared is not None:
+            self._take_shared(peer, queue, queue_id, partition, leader_epoch)
+
+    def _take_shared(self, peer: PeerClient, queue: str, queue_id: int, partition: int, leader_epoch: int) -> None:
+        """Adopt every shared group's state of the partition, all pages at once (so what was
+        here of it is replaced by the whole hand-off, never by part of it)."""
+        assert self.shared is not None
+        items: list[HandedOffShared] = []
+        while True:
+            page = peer.hand_off_shared(queue, partition, leader_epoch, len(items) - 1, HANDOFF_BYTES_MAX)
+            items.extend(page.shared)
+            if not page.more or not page.shared:
+                break
+        self.shared.adopt(queue_id, partition, items)
+        log.info("took %d shared group(s)' state of %s[%d] from broker %s", len(items), queue, partition, peer.address)
 
     # -- strays (the mover's follow, on the node's work thread) ---------------------------------
 
@@ -163,6 +201,30 @@ class DelayedMoves:
                 partition,
                 rec.leader,
                 f" ({busy} batch(es) being appended: later)" if busy else "",
+            )
+        if self.shared is not None:
+            self._forget_shared_strays(view)
+
+    def _forget_shared_strays(self, view: ClusterView) -> None:
+        assert self.shared is not None
+        for queue_id, partition in sorted(self.shared.partitions_with_state()):
+            name = self.store.queue_name(queue_id)
+            qv = view.queues.get(name) if name is not None else None
+            rec = qv.partitions.get(partition) if qv is not None else None
+            if name is None or rec is None or rec.leader == self.broker_id:
+                continue
+            move = view.moves.get((name, partition))
+            if move is not None and self.broker_id in (move.source, move.target):
+                continue
+            if self._mover.fenced_epoch(name, partition) is not None or not self._led_elsewhere(name, partition):
+                continue  # a source that fenced forgets once the view shows the new owner
+            groups = self.shared.forget(queue_id, partition)
+            log.info(
+                "forgot %d shared group(s)' state of %s[%d] here: broker %d leads it",
+                groups,
+                name,
+                partition,
+                rec.leader,
             )
 
     def _led_elsewhere(self, queue: str, partition: int) -> bool:

@@ -16,10 +16,11 @@ on the controller).
 - A partition this broker holds data of but neither leads nor copies (a move switched it
   away, or a copy was rolled back) has its data dropped (``delete_before`` its end), once
   ZooKeeper confirms it; the queue stays.
-- Delayed messages (``delayed``, :mod:`headwater.broker.delay_moves`): a target copied up to
-  the source's fenced end takes the source's delayed batches of the partition before it
-  reports ``delayed_taken``, which the switch waits for; stray partitions' batches are
-  forgotten as their data is dropped.
+- The partition's state beside its log (``delayed``, :mod:`headwater.broker.delay_moves`): a
+  target copied up to the source's fenced end takes the source's delayed batches and shared
+  groups' state of the partition before it reports ``delayed_taken`` (which covers both),
+  which the switch waits for; stray partitions' batches and shared state are forgotten as
+  their data is dropped.
 
 :meth:`Mover.follow` runs on the cluster node's work thread (never a watch's), at each
 change of the view and every ``TICK_S``; copies run on their own threads.
@@ -90,7 +91,7 @@ class Mover:
         self._copies: dict[Key, threading.Thread] = {}
         self._reported: dict[Key, tuple[int, int, bool, float]] = {}  # copied, source end, taken, when
         self.delayed: DelayedMoves | None = None  # set by the cluster node: delayed messages move too
-        self._taken: set[Key] = set()  # copies whose source's delayed messages are adopted here
+        self._taken: set[Key] = set()  # copies whose source's delayed messages and shared state are adopted here
         self._closed = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name=f"headwater-mover-{broker_id}", daemon=True)
 
@@ -124,6 +125,15 @@ class Mover:
                 if self._sending[key] <= 0:
                     del self._sending[key]
                     self._cond.notify_all()
+
+    def moving(self, queue: str, partition: int) -> bool:
+        """Whether a move of the partition away from this broker has fenced it here (or the
+        view says it is fencing): its shared groups' state is handed over, not acted on."""
+        key = (queue, partition)
+        if key in self._fences:  # one dict read: no lock (called under the shared groups' lock)
+            return True
+        move = self._view().moves.get(key)
+        return move is not None and move.phase == "fence" and move.source == self.broker_id
 
     def fenced_epoch(self, queue: str, partition: int) -> int | None:
         """The leader epoch at which this broker fenced the partition for a move, or None."""
@@ -330,12 +340,12 @@ class Mover:
             offset = res.next_offset
         if res.batches:
             self.store.flush()  # what is reported copied must survive a crash of this broker
-        return self._report(key, offset, res.end_offset, taken=self._delayed_taken(peer, key, offset))
+        return self._report(key, offset, res.end_offset, taken=self._state_taken(peer, key, offset))
 
-    def _delayed_taken(self, peer: PeerClient, key: Key, copied: int) -> bool:
-        """Whether the source's delayed messages of the partition are adopted here: taken
-        once the source has fenced and this copy reached its fenced end (nothing changes
-        there after that), and again by a target that restarted."""
+    def _state_taken(self, peer: PeerClient, key: Key, copied: int) -> bool:
+        """Whether the source's delayed messages and shared groups' state of the partition
+        are adopted here: taken once the source has fenced and this copy reached its fenced
+        end (nothing changes there after that), and again by a target that restarted."""
         if self.delayed is None or key in self._taken:
             return True
         move = self._current(key)

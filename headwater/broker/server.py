@@ -514,6 +514,7 @@ class BrokerServer:
                 body.leader_epoch,
                 body.after,
                 body.max_bytes,
+                body.shared,
             )
             return HandoffDelayedResponse(page)
         return await self.loop.run_in_executor(self._pool, invoke, self.broker, body)

@@ -6,10 +6,15 @@ the internal queue ``__shared`` (one partition, no TTL, sync flush) before it an
 
     key   "<group>\\0<queue id>"
     body  msgpack [replace: bool, settings: SharedGroupSettings map or nil,
-                   parts: {partition: [floor, next, dead_lettered, {offset: [state, attempts, due_ms, reason]}]}]
+                   parts: {partition: [floor, next, dead_lettered, {offset: [state, attempts, due_ms, reason]}]},
+                   reset: [partition, ...]]
 
 A change record (``replace`` false) holds the offsets the operation changed and the
 partition's new floor and next; a snapshot (``replace`` true) holds a group's whole window.
+A record may also name partitions to ``reset`` (a trailing field, empty in older records):
+their window is dropped before ``parts`` apply. That is how a partition's state handed over
+in a move is adopted whole (reset, then its window), and how a partition led elsewhere now
+is forgotten (docs/design/cluster.md, "Shared groups", "Moves").
 On open the queue is replayed in order into the in-memory state; then every lease that was
 running is void (its member cannot know whether the broker kept it) and its message is
 available again at once, its delivery counted as an attempt. Acknowledged offsets are never
@@ -36,13 +41,15 @@ import msgspec
 
 from headwater.broker.shared_cluster import SharedCluster, append_dead_letters
 from headwater.broker.shared_core import LeaderGate, SharedGroupsCore
+from headwater.broker.shared_handoff import export_partition, image_of
 from headwater.broker.shared_state import Changes, PartitionImage, SharedQueueState
 from headwater.errors import QueueExistsError, QueueNotFoundError
 from headwater.model.batch import decode_records, encode_batch
 from headwater.model.config import QueueConfig, QueueInfo, is_internal_queue
+from headwater.model.delay import HandoffPage
 from headwater.model.message import Message
 from headwater.model.service import FetchResult
-from headwater.model.shared import SharedGroupSettings
+from headwater.model.shared import HandedOffShared, SharedGroupSettings
 from headwater.storage.api import Store
 
 __all__ = ["SharedGroups", "SharedWaiters", "SHARED_QUEUE"]
@@ -51,12 +58,14 @@ log = logging.getLogger("headwater.shared")
 
 SHARED_QUEUE = "__shared"
 RESTART_REASON = "lease lost in a broker restart"
+RECORDS_PER_BATCH = 1000  # records of one append (a snapshot, a hand-off adopted)
 
 
 class _Record(msgspec.Struct, array_like=True):
     replace: bool
     settings: SharedGroupSettings | None
     parts: dict[int, PartitionImage]
+    reset: list[int] = []  # partitions whose window is dropped before ``parts`` apply
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -125,10 +134,14 @@ class SharedGroups(SharedGroupsCore):
         if key is None:
             return
         group, _, qid = key.decode().rpartition("\x00")
-        rec = _decoder.decode(body)
-        st = self._state(group, int(qid))
+        self._apply(self._state(group, int(qid)), _decoder.decode(body))
+
+    @staticmethod
+    def _apply(st: SharedQueueState, rec: _Record) -> None:
         if rec.settings is not None:
             st.settings = rec.settings
+        for p in rec.reset:
+            st.cursors.pop(p, None)
         st.load(rec.parts, rec.replace)
 
     # -- hooks ----------------------------------------------------------------------------
@@ -162,13 +175,85 @@ class SharedGroups(SharedGroupsCore):
 
     def _persist(self, st: SharedQueueState, changes: Changes) -> int | None:
         rec = _Record(False, st.settings if changes.settings_changed else None, st.images(changes))
-        msg = Message(_encoder.encode(rec), key=_key(st.group, st.queue_id))
-        _, durable_at = self._store.append_nowait(SHARED_QUEUE, 0, encode_batch([msg]))
-        self._appended += 1
+        return self._append([Message(_encoder.encode(rec), key=_key(st.group, st.queue_id))])
+
+    def _append(self, msgs: list[Message]) -> int | None:
+        """Append records (under the lock), ``RECORDS_PER_BATCH`` a batch; the token to wait
+        on for their fsync (the last batch's covers the others)."""
+        assert msgs, "nothing to append"
+        for i in range(0, len(msgs), RECORDS_PER_BATCH):
+            _, durable_at = self._store.append_nowait(SHARED_QUEUE, 0, encode_batch(msgs[i : i + RECORDS_PER_BATCH]))
+        self._appended += len(msgs)
         if self._appended > max(self._compact_min, self._compact_ratio * len(self._groups)):
             self._compact()
             return None  # compaction waited for everything appended so far
         return durable_at
+
+    # -- moves (headwater.broker.delay_moves) ----------------------------------------------
+
+    def hand_off(self, queue_id: int, partition: int, after: int, max_bytes: int) -> HandoffPage:
+        """A page of every group's state of the partition, by group name, from the one after
+        index ``after`` (-1: the first), about ``max_bytes`` of it (at least one group).
+        The caller checked that a move has fenced the partition here: from then on nothing
+        changes it (every shared call on it is refused, under the lock taken here), so the
+        pages of one hand-off agree and an ack answered here before it is in them."""
+        out: list[HandedOffShared] = []
+        size = 0
+        with self._lock:
+            states = sorted(
+                (st for (_, qid), st in self._groups.items() if qid == queue_id and partition in st.cursors),
+                key=lambda s: s.group,
+            )
+            for st in states[after + 1 :]:  # only this page's groups are exported
+                item = export_partition(st, partition)
+                assert item is not None  # it has a cursor of the partition
+                n = len(_encoder.encode(item))
+                if out and size + n > max_bytes:
+                    return HandoffPage([], True, out)
+                out.append(item)
+                size += n
+        return HandoffPage([], False, out)
+
+    def adopt(self, queue_id: int, partition: int, items: list[HandedOffShared]) -> None:
+        """Make ``items`` every group's state of the partition here, durably (returns once
+        fsynced): what this broker had of it before is dropped, a group it never saw takes
+        the handed settings. Acted on only once this broker leads the partition."""
+        handed = {x.group: x for x in items}
+        with self._lock:
+            msgs: list[Message] = []
+            for (group, qid), st in list(self._groups.items()):
+                if qid == queue_id and partition in st.cursors and group not in handed:
+                    msgs.append(self._applied(st, _Record(False, None, {}, [partition])))
+            for x in items:
+                new = (x.group, queue_id) not in self._groups
+                st = self._state(x.group, queue_id)
+                rec = _Record(False, x.settings if new else None, {partition: image_of(x)}, [partition])
+                msgs.append(self._applied(st, rec))
+            token = self._append(msgs) if msgs else None
+        self._wait_durable(token)
+
+    def forget(self, queue_id: int, partition: int) -> int:
+        """Drop every group's state of the partition, durably (another broker leads it: it
+        was handed over, or a rolled-back move's adoption). Returns how many groups had it."""
+        with self._lock:
+            msgs = [
+                self._applied(st, _Record(False, None, {}, [partition]))
+                for (_, qid), st in list(self._groups.items())
+                if qid == queue_id and partition in st.cursors
+            ]
+            token = self._append(msgs) if msgs else None
+        self._wait_durable(token)
+        return len(msgs)
+
+    def partitions_with_state(self) -> set[tuple[int, int]]:
+        """(queue id, partition) of every partition some group keeps state of here."""
+        with self._lock:
+            return {(qid, p) for (_, qid), st in self._groups.items() for p in st.cursors}
+
+    def _applied(self, st: SharedQueueState, rec: _Record) -> Message:
+        """Apply ``rec`` to ``st`` as a replay would, and the message recording it."""
+        self._apply(st, rec)
+        return Message(_encoder.encode(rec), key=_key(st.group, st.queue_id))
 
     def _wait_durable(self, token: int | None) -> None:
         if token is not None:
@@ -185,8 +270,8 @@ class SharedGroups(SharedGroupsCore):
             Message(_encoder.encode(_Record(True, st.settings, st.images())), key=_key(st.group, st.queue_id))
             for st in self._groups.values()
         ]
-        for i in range(0, len(msgs), 1000):
-            self._store.append(SHARED_QUEUE, 0, encode_batch(msgs[i : i + 1000]))  # waits for the fsync
+        for i in range(0, len(msgs), RECORDS_PER_BATCH):
+            self._store.append(SHARED_QUEUE, 0, encode_batch(msgs[i : i + RECORDS_PER_BATCH]))  # waits for the fsync
         self._store.delete_before(SHARED_QUEUE, 0, snapshot_at)
         self._appended = len(msgs)
 

@@ -19,7 +19,10 @@ partitions"): a receive leases, expires and bounds only the partitions this brok
 now, describe answers those, and an ack, nack or extend of a lease on another partition is
 refused whole with ``NotLeaderError`` (retriable, nothing applied), so the client sends each
 lease to its partition's leader. The state of a partition the broker no longer leads is
-left as it was (a later step hands it over in the move).
+left as it was until it is forgotten. A partition a move has fenced here (``moving``) is
+treated as not led from then on, checked under the lock: its state is handed to the move's
+target under that lock (``headwater.broker.shared.SharedGroups.hand_off``), so an ack
+applied here is in what is handed over, and one that comes after is refused.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from headwater.errors import (
     HeadwaterError,
     InvalidArgumentError,
     LeaseExpiredError,
+    NotLeaderError,
     QueueDisabledError,
 )
 from headwater.model.batch import decode_records, encode_batch
@@ -87,6 +91,9 @@ class SharedGroupsCore:
         self._version = 0
         self._waiting = 0
         self._listeners: list[Callable[[str], None]] = []
+        #: set on a cluster (``headwater.broker.delay_moves``): whether a move has fenced
+        #: ``(queue, partition)`` here, so its state is being or was handed over
+        self.moving: Callable[[str, int], bool] | None = None
 
     # -- hooks --------------------------------------------------------------------------
 
@@ -125,11 +132,20 @@ class SharedGroupsCore:
         return None
 
     def _led(self, info: QueueInfo) -> set[int] | None:
-        """The partitions of ``info`` this broker leads now; None: all (a broker alone)."""
+        """The partitions of ``info`` this broker leads now and no move has fenced here
+        (call it under the lock); None: all (a broker alone)."""
         gate = self._gate()
         if gate is None:
             return None
-        return {p.partition for p in info.partitions if gate.leads(info.name, p.partition)}
+        return {
+            p.partition
+            for p in info.partitions
+            if gate.leads(info.name, p.partition) and not self._frozen(info.name, p.partition)
+        }
+
+    def _frozen(self, queue: str, partition: int) -> bool:
+        moving = self.moving
+        return moving is not None and moving(queue, partition)
 
     # -- waking receivers --------------------------------------------------------------
 
@@ -208,8 +224,8 @@ class SharedGroupsCore:
             raise InvalidArgumentError(f"at_most_once is a bool, got {type(at_most_once).__name__}")
         SharedGroupSettings.from_mapping(settings)  # unknown names and bad values fail here, first
         info = self._usable(queue)
-        led = self._led(info)
         with self._lock:
+            led = self._led(info)
             st = self._state(group, info.queue_id)
             changes = Changes()
             if settings:
@@ -269,9 +285,9 @@ class SharedGroupsCore:
         offset, leases (per member), messages awaiting a retry, dead letters."""
         validate_group(group)
         info = self._queue_info(queue)
-        led = self._led(info)
-        shown = [p for p in info.partitions if led is None or p.partition in led]
         with self._lock:
+            led = self._led(info)
+            shown = [p for p in info.partitions if led is None or p.partition in led]
             st = self._groups.get((group, info.queue_id))
             if st is None:
                 raise GroupNotFoundError(f"shared group {group!r} has received nothing from queue {queue!r}")
@@ -349,12 +365,18 @@ class SharedGroupsCore:
         leases = parse_lease_ids(lease_ids)
         info = self._queue_info(queue)
         gate = self._gate()
-        led = None
+        parts = sorted({x.partition for x in leases})
         if gate is not None:  # every lease's partition led here, or nothing is applied
-            for p in sorted({x.partition for x in leases}):
+            for p in parts:
                 gate.check_leader(queue, p)
-            led = self._led(info)
         with self._lock:
+            led = self._led(info)
+            for p in parts:  # under the lock: a hand-off of the partition's state takes it too
+                if self._frozen(queue, p):
+                    raise NotLeaderError(
+                        f"{queue}[{p}] is moving to another broker, which takes its shared groups' state "
+                        f"from here: its leases given here are void; the message comes again from its new leader"
+                    )
             st = self._groups.get((group, info.queue_id))
             if st is None:
                 return [

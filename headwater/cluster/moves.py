@@ -12,7 +12,7 @@ phase    waits for                                                  then
 queued   fewer than ``running_max`` moves in copy or fence          copy
 copy     the target's ``progress`` within ``fence_lag`` of the end  fence
 fence    the source's ``fenced`` end offset, copied by the target   switch (the move is gone)
-         and its pending delayed messages taken (``delayed_taken``)
+         and its delayed and shared state taken (``delayed_taken``)
 ======== ========================================================== ==========================
 
 The switch is one transaction, fenced by the controller epoch: the partition's record (at
@@ -226,7 +226,7 @@ class MoveDriver:
                 and f is not None
                 and p is not None
                 and p.copied_offset >= f.end_offset
-                and p.delayed_taken  # the target holds the partition's pending delayed messages
+                and p.delayed_taken  # the target holds the partition's delayed messages and shared state
                 and f.leader_epoch == part.leader_epoch
             ):
                 assert pstat is not None

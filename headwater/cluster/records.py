@@ -122,8 +122,9 @@ class MoveProgress(msgspec.Struct, frozen=True, kw_only=True):
     """``/moves/<name>/<n>/progress``, written by the target: it holds the partition up to
     ``copied_offset`` (durably), and the source's end offset was ``source_end_offset`` at
     its last fetch. ``delayed_taken``: the source's pending delayed messages of the partition
-    are adopted here (durably, once the source fenced): the switch waits for it. A target
-    that knows nothing of delayed messages writes no such field, and is taken at its word."""
+    and its shared groups' state of it are adopted here (durably, once the source fenced):
+    the switch waits for it. A target that knows nothing of delayed messages writes no such
+    field, and is taken at its word."""
 
     copied_offset: int
     source_end_offset: int

@@ -61,6 +61,7 @@ from headwater.model.batch import (
     tags_mask,
 )
 from headwater.model.message import Message, datetime_ms, warn_if_local_naive
+from headwater.model.shared import HandedOffShared
 
 __all__ = [
     "DELAYED_PARTITION_BIT",
@@ -339,10 +340,13 @@ class HandedOffBatch(msgspec.Struct, frozen=True, array_like=True):
 
 class HandoffPage(msgspec.Struct, frozen=True, array_like=True):
     """Some of a partition's delayed batches, by ascending ``accept_seq``; ``more``: ask
-    again after the last one's."""
+    again after the last one's. A page of the partition's shared-group state instead (the
+    request's ``shared``) holds no batches but ``shared``, by group name; ``more``: ask
+    again after the index of the last group handed."""
 
     batches: list[HandedOffBatch]
     more: bool
+    shared: list[HandedOffShared] = []
 
 
 class DelayStats(msgspec.Struct, frozen=True, kw_only=True):

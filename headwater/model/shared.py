@@ -28,6 +28,7 @@ __all__ = [
     "SharedPartitionInfo",
     "SharedGroupInfo",
     "DeadLetter",
+    "HandedOffShared",
     "dead_letter_queue_name",
     "dead_letter_message",
     "validate_group",
@@ -291,3 +292,19 @@ class DeadLetter(NamedTuple):
     offset: int
     attempts: int
     reason: str
+
+
+class HandedOffShared(msgspec.Struct, frozen=True, array_like=True):
+    """One shared group's state of a moving partition, handed from its old leader to its new
+    one (docs/design/cluster.md, "Shared groups", "Moves"): the group's ``settings``, the
+    window's ``floor`` and ``next``, how many were dead-lettered, and ``entries``
+    ``{offset: (state, attempts, due_ms, reason)}`` (``headwater.broker.shared_state``'s
+    states). The old leader hands its leases over as AVAILABLE again (due at once, their
+    delivery counted in ``attempts``): their holders' acks are refused on the new leader."""
+
+    group: str
+    settings: SharedGroupSettings
+    floor: int
+    next: int
+    dead_lettered: int
+    entries: dict[int, tuple[int, int, int, str]]

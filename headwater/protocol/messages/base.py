@@ -70,7 +70,7 @@ class ApiKey(IntEnum):
     # delayed messages
     CANCEL_DELAYED = 70
     DELAY_STATS = 71
-    HANDOFF_DELAYED = 72  # broker to broker: a moving partition's delayed messages
+    HANDOFF_DELAYED = 72  # broker to broker: a moving partition's delayed messages and shared state
     # status and metrics
     STATUS = 90
     # cluster

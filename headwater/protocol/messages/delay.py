@@ -45,7 +45,13 @@ class HandoffDelayedRequest(RequestBody, frozen=True, array_like=True):
     cluster"): the delayed batches of ``queue``'s ``partition`` the source accepted after
     ``after`` (an ``accept_seq``; -1: from the first), about ``max_bytes`` of them. The source answers only
     once it has fenced the partition for the move planned at ``leader_epoch``; before,
-    ``NotLeaderError`` (ask again). Clients never send it."""
+    ``NotLeaderError`` (ask again). Clients never send it.
+
+    ``shared``: the shared groups' state of the partition instead (docs/design/cluster.md,
+    "Moves"), one :class:`~headwater.model.shared.HandedOffShared` per group, by group name,
+    from the one after index ``after`` (-1: from the first); same fence, same epoch rule.
+    One request for both kinds of a partition's state, not a second key: the two differ
+    only in what the page holds."""
 
     api = ApiKey.HANDOFF_DELAYED
     queue: str
@@ -53,6 +59,7 @@ class HandoffDelayedRequest(RequestBody, frozen=True, array_like=True):
     leader_epoch: int
     after: int
     max_bytes: int
+    shared: bool = False
 
 
 class HandoffDelayedResponse(ResponseBody, frozen=True, array_like=True):
