@@ -175,6 +175,12 @@ async def cancel_delayed(request: Request) -> Response:
     return Response(status_code=204)
 
 
+async def cluster(request: Request) -> Response:
+    queues_raw = str_param(request, "queues")
+    queues = None if queues_raw is None else [q for q in queues_raw.split(",") if q]
+    return json_response(plain(await gateway_of(request).client.admin.cluster_metadata(queues)))
+
+
 async def status(request: Request) -> Response:
     return json_response(plain(await gateway_of(request).client.status()))
 
@@ -259,6 +265,14 @@ OPERATIONS = [
         "admin",
         status=204,
         responses={404: "no delayed message with that id waits"},
+    ),
+    Operation(
+        "GET",
+        "/cluster",
+        cluster,
+        "The brokers, the controller and each partition's leader (a broker alone names itself)",
+        "admin",
+        params=(Param("queues", "string", "only these queues (comma-separated; default all)"),),
     ),
     Operation("GET", "/status", status, "The broker's version, uptime and storage figures", "admin"),
 ]
