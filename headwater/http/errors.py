@@ -57,7 +57,9 @@ def error_response(status: int, code: int, name: str, message: str, retriable: b
     """The JSON error answer (see the module docstring)."""
     body = {"error": {"code": code, "name": name, "message": message, "retriable": retriable}}
     headers = {"Retry-After": "1"} if status == 503 else None
-    return Response(msgspec.json.encode(body), status_code=status, media_type="application/json", headers=headers)
+    return Response(
+        msgspec.json.encode(body) + b"\n", status_code=status, media_type="application/json", headers=headers
+    )
 
 
 async def handle_error(request: Request, exc: Exception) -> Response:

@@ -47,7 +47,8 @@ class Operation:
 
 def json_response(doc: Any, status: int = 200) -> Response:
     """``doc`` as a JSON answer (msgspec encodes it: fast, and plain types only)."""
-    return Response(msgspec.json.encode(doc), status_code=status, media_type="application/json")
+    # a line end, so that answers printed by curl one after another stay one per line
+    return Response(msgspec.json.encode(doc) + b"\n", status_code=status, media_type="application/json")
 
 
 def str_param(request: Request, name: str, default: str | None = None) -> str | None:
