@@ -211,3 +211,42 @@ def test_openapi_lists_every_route_and_the_docs_page_lists_them(api):
     for _, path in operations:  # each operation the schema names is on the page, and served
         assert path in page.text
     assert "http://" not in page.text.replace("http://127.0.0.1", "")  # nothing fetched from elsewhere
+
+
+def test_serve_without_the_http_extra_says_what_to_install(tmp_path):
+    import subprocess
+    import sys
+
+    hide = "import sys; sys.modules['starlette'] = None; from headwater.cli.main import main; sys.exit(main())"
+    out = subprocess.run(
+        [sys.executable, "-c", hide, "serve", "--data", str(tmp_path / "d"), "--port", "0", "--http-port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0
+    assert "pip install 'headwater[http]'" in out.stderr and "starlette" in out.stderr, out.stderr
+    assert not (tmp_path / "d").exists()  # nothing was made for a start that could not happen
+
+
+def test_the_gateway_runs_alone_in_front_of_a_broker(broker):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "headwater.http", "--server", f"127.0.0.1:{broker.port}", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        line = proc.stdout.readline().decode()
+        assert line.startswith("http listening 127.0.0.1:"), proc.stderr.read().decode() if not line else line
+        with httpx.Client(base_url=f"http://127.0.0.1:{int(line.rsplit(':', 1)[1])}") as api:
+            names = {q["name"] for q in api.get("/v1/queues").json()["queues"]}
+            assert names == {q["name"] for q in httpx.get(f"{broker.url}/v1/queues").json()["queues"]}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
