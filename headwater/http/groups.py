@@ -119,7 +119,10 @@ async def commit(request: Request) -> Response:
     offsets = None if req.offsets is None else {(o.queue, o.partition): o.offset for o in req.offsets}
     async with gw.sessions.using(session) as c:
         await c.commit(offsets)
-    done = session.positions if offsets is None else offsets
+        held = set(c.assignment())
+    # without offsets, what commit() committed: the positions after the records polled of the
+    # partitions still held (one lost in a rebalance is another member's to commit now)
+    done = {tp: o for tp, o in session.positions.items() if tp in held} if offsets is None else offsets
     return json_response(
         {"committed": [{"queue": q, "partition": p, "offset": o} for (q, p), o in sorted(done.items())]}
     )

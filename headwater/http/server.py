@@ -23,10 +23,8 @@ log = logging.getLogger("headwater.http")
 
 class HttpServer:
     """The HTTP API of the broker at ``broker_address``, served on ``host:port`` (0: any
-    free port; :attr:`port` is the bound one once :meth:`wait_started` returned).
-
-    >>> server = HttpServer("127.0.0.1:7070", port=0)   # doctest: +SKIP
-    >>> server.start(); server.wait_started(); server.port  # doctest: +SKIP
+    free port; :attr:`port` is the bound one once :meth:`wait_started` returned): ``start()``,
+    then ``wait_started()`` (the port), and ``stop()`` at the end.
     """
 
     def __init__(
