@@ -48,7 +48,8 @@ async def _timed_senders(send, senders: int, seconds: float) -> dict[str, float]
     async def loop(i: int) -> None:
         while time.perf_counter() < deadline:
             t = time.perf_counter()
-            count[0] += await send(i)
+            sent = await send(i)  # not `count[0] += await ...`: that reads count[0] before waiting
+            count[0] += sent
             lat_ms.append((time.perf_counter() - t) * 1000)
 
     t0 = time.perf_counter()
