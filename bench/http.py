@@ -14,8 +14,10 @@ and ``redis-server`` (AOF, ``appendfsync everysec``) under a temporary directory
   for Headwater, XADD for Redis), the send time in the body; the p99 from the send to the
   reader: the SSE stream, the asyncio consumer, XREAD BLOCK.
 
-Ratios are HTTP over binary and HTTP over Redis. The clients run in this process, on the
-same cores as the servers: figures are indicative; rerun on a quiet machine.
+``http`` is the gateway inside the broker's process (``serve --http-port``), ``http-alone`` the
+same gateway run apart (``python -m headwater.http``). Ratios are HTTP over each of the others.
+The clients run in this process, on the same cores as the servers: figures are indicative;
+rerun on a quiet machine.
 """
 
 from __future__ import annotations
@@ -61,9 +63,9 @@ async def _timed_senders(send, senders: int, seconds: float) -> dict[str, float]
 
 async def produce_round(sys_: str, env: dict[str, Any], a: argparse.Namespace) -> dict[str, float]:
     bodies = _bodies(a.batch, a.size)
-    if sys_ == "http":
+    if sys_.startswith("http"):
         payload = json.dumps({"messages": [{"value": b.decode()} for b in bodies]}).encode()
-        http = env["http"]
+        http = env[sys_]
 
         async def send(i: int) -> int:
             r = await http.post("/v1/queues/bench/messages", content=payload)
@@ -94,9 +96,9 @@ async def produce_round(sys_: str, env: dict[str, Any], a: argparse.Namespace) -
 async def consume_round(sys_: str, env: dict[str, Any], a: argparse.Namespace) -> dict[str, float]:
     n, got = a.messages, 0
     t0 = time.perf_counter()
-    if sys_ == "http":
+    if sys_.startswith("http"):
         url = f"/v1/queues/fill/events?from=earliest&max_events={n}"
-        async with env["http"].stream("GET", url) as r:
+        async with env[sys_].stream("GET", url) as r:
             async for line in r.aiter_lines():
                 got += line.startswith("data: ")
     elif sys_ == "binary":
@@ -123,8 +125,8 @@ async def latency_round(sys_: str, env: dict[str, Any], a: argparse.Namespace) -
         await env["hw"].admin.create_queue(queue)
 
     async def reader() -> None:
-        if sys_ == "http":
-            async with env["http"].stream("GET", f"/v1/queues/{queue}/events?from=earliest&max_events={total}") as r:
+        if sys_.startswith("http"):
+            async with env[sys_].stream("GET", f"/v1/queues/{queue}/events?from=earliest&max_events={total}") as r:
                 async for line in r.aiter_lines():
                     if line.startswith("data: "):
                         body = json.loads(line[6:])["value"]
@@ -162,7 +164,7 @@ async def latency_round(sys_: str, env: dict[str, Any], a: argparse.Namespace) -
 
 
 def start_servers(work: Path) -> tuple[list[ServerProcess], dict[str, int]]:
-    ports = {"hw": free_port(), "http": free_port(), "redis": free_port()}
+    ports = {"hw": free_port(), "http": free_port(), "http-alone": free_port(), "redis": free_port()}
     servers = [
         ServerProcess(
             "headwater",
@@ -183,7 +185,20 @@ def start_servers(work: Path) -> tuple[list[ServerProcess], dict[str, int]]:
                 "warning",
             ],
             log_path=work / "headwater.log",
-        )
+        ),
+        ServerProcess(  # the same gateway in a process of its own, in front of the same broker
+            "headwater-http",
+            [
+                sys.executable,
+                "-m",
+                "headwater.http",
+                "--server",
+                f"{HOST}:{ports['hw']}",
+                "--port",
+                str(ports["http-alone"]),
+            ],
+            log_path=work / "headwater-http.log",
+        ),
     ]
     if shutil.which("redis-server"):
         servers.append(
@@ -209,7 +224,7 @@ def start_servers(work: Path) -> tuple[list[ServerProcess], dict[str, int]]:
                 log_path=work / "redis.log",
             )
         )
-    for name in ("hw", "http", "redis")[: 1 + len(servers)]:
+    for name in ("hw", "http", "http-alone", "redis")[: 1 + len(servers)]:
         wait_until(lambda p=ports[name]: port_open(p), timeout_s=30, what=name)
     return servers, ports
 
@@ -220,8 +235,9 @@ async def run(a: argparse.Namespace, ports: dict[str, int], with_redis: bool) ->
     import headwater.aio
 
     env: dict[str, Any] = {"hw": await headwater.aio.connect(f"{HOST}:{ports['hw']}")}
-    env["http"] = httpx.AsyncClient(base_url=f"http://{HOST}:{ports['http']}", timeout=60)
-    systems = ["http", "binary"]
+    for name in ("http", "http-alone"):
+        env[name] = httpx.AsyncClient(base_url=f"http://{HOST}:{ports[name]}", timeout=60)
+    systems = ["http", "http-alone", "binary"]
     if with_redis:
         import redis.asyncio
 
@@ -248,6 +264,7 @@ async def run(a: argparse.Namespace, ports: dict[str, int], with_redis: bool) ->
             results["consume"][s].append(await consume_round(s, env, a))
             results["latency"][s].append(await latency_round(s, env, a))
     await env["http"].aclose()
+    await env["http-alone"].aclose()
     await env["hw"].close()
     return results
 
@@ -263,8 +280,8 @@ def report(results: dict[str, dict[str, list]], a: argparse.Namespace) -> None:
         rows = {s: {k: _median(v, k) for k in keys} for s, v in results[kind].items()}
         for s, row in rows.items():
             figures = "  ".join(f"{k} {v:,.2f}" if k.endswith("ms") else f"{k} {v:,.0f}" for k, v in row.items())
-            print(f"  {kind:8} {s:7} {figures}")
-        for peer in ("binary", "redis"):
+            print(f"  {kind:8} {s:10} {figures}")
+        for peer in ("http-alone", "binary", "redis"):
             if peer in rows:
                 ratios = "  ".join(f"{k} {rows['http'][k] / rows[peer][k]:.2f}x" for k in keys)
                 print(f"  {kind:8} http / {peer}: {ratios}")
