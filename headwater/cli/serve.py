@@ -170,6 +170,15 @@ def serve(
         typer.Option("--set", metavar="NAME=VALUE", help="Any server or store setting, repeatable."),
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    http_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Also serve the HTTP/JSON API on this port (0: any free port); docs/http.md.", min=0, max=65535
+        ),
+    ] = None,
+    http_host: Annotated[
+        str | None, typer.Option(help="Address the HTTP API listens on.", show_default="--host")
+    ] = None,
     list_settings: Annotated[
         bool, typer.Option("--settings", help="List every setting (meaning, default, environment variable) and exit.")
     ] = False,
@@ -187,6 +196,7 @@ def serve(
     headwater --data ./data serve --flush sync --set flush_interval_ms=50
     HEADWATER_PORT=7171 headwater --data ./data serve --config headwater.toml
     headwater --data ./b1 serve --port 7071 --zookeeper 127.0.0.1:2181/headwater --broker-id 1
+    headwater --data ./data serve --http-port 8080
     headwater serve --settings
     ```
     """
@@ -204,16 +214,21 @@ def serve(
     server_cfg, store_cfg = load_settings(config, dict(os.environ), overrides)
 
     started = False
+    http = _http_server(http_host or server_cfg.host, http_port) if http_port is not None else None
 
     def ready(bound: int) -> None:
         nonlocal started
         started = True
         err_console().print(f"headwater serving {state.data_dir} on {server_cfg.host}:{bound}")
         print(f"listening {server_cfg.host}:{bound}", flush=True)
+        if http is not None:
+            http(server_cfg.host, bound)
 
     new_directory = not state.data_dir.exists()
     try:
         _check_listen(server_cfg.host, server_cfg.port)  # before the data directory is opened
+        if http_port:
+            _check_listen(http_host or server_cfg.host, http_port)
         run_server(state.data_dir, store_cfg, server_cfg, on_ready=ready)
     except OSError as e:
         where = f"{server_cfg.host}:{server_cfg.port}"
@@ -232,6 +247,29 @@ def serve(
             # serve makes a missing data directory, as queue create does; one that never
             # served (it could not listen) is removed again, so a failed start leaves nothing
             shutil.rmtree(state.data_dir, ignore_errors=True)
+
+
+def _http_server(host: str, port: int) -> Any:
+    """A function that starts the HTTP API (headwater.http) once the broker listens, in a
+    thread of its own, as a client of the broker's address; checked now that the ``http``
+    extra is installed, so that a missing one stops the start with the pip command to run."""
+    from headwater.http import require_extra
+
+    require_extra()
+    from headwater.http.server import HttpServer
+
+    def start(broker_host: str, broker_port: int) -> None:
+        target = "127.0.0.1" if broker_host in ("0.0.0.0", "::", "") else broker_host  # a wildcard is not dialable
+        target = f"[{target}]" if ":" in target else target
+        server = HttpServer(
+            f"{target}:{broker_port}",
+            host=host,
+            port=port,
+            on_ready=lambda bound: print(f"http listening {host}:{bound}", flush=True),
+        )
+        server.start()
+
+    return start
 
 
 def _check_listen(host: str, port: int) -> None:

@@ -1,0 +1,54 @@
+"""``python -m headwater.http --server HOST:PORT --port 8080``: the HTTP API alone, in front
+of a broker or a cluster (a bootstrap list ``h1:p1,h2:p2``), until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from headwater.errors import UsageError
+from headwater.http import require_extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m headwater.http", description=__doc__)
+    parser.add_argument("--server", default="127.0.0.1:7070", help="the broker (or bootstrap list) to serve")
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    parser.add_argument("--port", type=int, default=8080, help="the port to listen on (0: any free port)")
+    parser.add_argument("--idle-timeout-ms", type=int, default=300_000, help="close group members idle this long")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level="INFO", stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        require_extra()
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from headwater.http.app import GatewaySettings
+    from headwater.http.server import HttpServer
+
+    def ready(port: int) -> None:
+        print(f"http listening {args.host}:{port}", flush=True)
+
+    server = HttpServer(
+        args.server,
+        host=args.host,
+        port=args.port,
+        settings=GatewaySettings(idle_timeout_ms=args.idle_timeout_ms),
+        on_ready=ready,
+    )
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, server.stop_soon)
+        await server.serve()
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""Admin over HTTP: queues (create, describe, list, delete, truncate, grow, enable/disable),
+consumer groups (list, describe, committed offsets, reset), subscribers, delayed messages,
+and the broker's status: what the client's admin offers, as JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from headwater.errors import InvalidArgumentError
+from headwater.http.codec import decode_body, plain
+from headwater.http.routes import Operation, Param, flag_param, gateway_of, json_response, str_param
+
+__all__ = ["OPERATIONS", "CreateQueue", "AddPartitions", "ResetOffsets", "AddSubscriber"]
+
+
+class CreateQueue(msgspec.Struct, forbid_unknown_fields=True):
+    """A queue to create; ``ttl_s`` null keeps messages forever (default 7 days)."""
+
+    name: str
+    partitions: int = 1
+    ttl_s: int | None = 7 * 24 * 3600
+    flush: str | None = None
+    message_bytes_max: int = 1024 * 1024
+    settings: dict[str, str] | None = None
+    exist_ok: bool = False
+
+
+class AddPartitions(msgspec.Struct, forbid_unknown_fields=True):
+    partitions: int
+
+
+class ResetOffsets(msgspec.Struct, forbid_unknown_fields=True):
+    """Reset a group's committed offsets on ``queue`` (the group must have no members) to
+    ``to``: ``earliest``, ``latest``, a time (epoch ms), or ``offsets`` per partition.
+    ``dry_run``: answer the plan without committing it."""
+
+    queue: str
+    to: str | int | None = None
+    offsets: dict[int, int] | None = None
+    dry_run: bool = False
+
+
+class AddSubscriber(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    partitions: list[int] | None = None
+    tags: list[str] | None = None
+    start: str | int = "latest"
+
+
+def _q(request: Request) -> str:
+    return request.path_params["queue"]
+
+
+async def list_queues(request: Request) -> Response:
+    return json_response({"queues": plain(await gateway_of(request).client.admin.list_queues())})
+
+
+async def create_queue(request: Request) -> Response:
+    req = decode_body(await request.body(), CreateQueue)
+    info = await gateway_of(request).client.admin.create_queue(
+        req.name,
+        partitions=req.partitions,
+        ttl_s=req.ttl_s,
+        flush=req.flush,
+        message_bytes_max=req.message_bytes_max,
+        settings=req.settings,
+        exist_ok=req.exist_ok,
+    )
+    return json_response(plain(info), 201)
+
+
+async def describe_queue(request: Request) -> Response:
+    return json_response(plain(await gateway_of(request).client.admin.describe_queue(_q(request))))
+
+
+async def delete_queue(request: Request) -> Response:
+    await gateway_of(request).client.admin.delete_queue(_q(request), missing_ok=flag_param(request, "missing_ok"))
+    return Response(status_code=204)
+
+
+async def truncate_queue(request: Request) -> Response:
+    return json_response(plain(await gateway_of(request).client.admin.truncate_queue(_q(request))))
+
+
+async def add_partitions(request: Request) -> Response:
+    req = decode_body(await request.body(), AddPartitions)
+    return json_response(plain(await gateway_of(request).client.admin.add_partitions(_q(request), req.partitions)))
+
+
+async def enable_queue(request: Request) -> Response:
+    return json_response(plain(await gateway_of(request).client.admin.enable_queue(_q(request))))
+
+
+async def disable_queue(request: Request) -> Response:
+    return json_response(plain(await gateway_of(request).client.admin.disable_queue(_q(request))))
+
+
+async def list_groups(request: Request) -> Response:
+    return json_response({"groups": plain(await gateway_of(request).client.service.list_groups())})
+
+
+async def describe_group(request: Request) -> Response:
+    return json_response(plain(await gateway_of(request).client.service.describe_group(request.path_params["group"])))
+
+
+async def group_offsets(request: Request) -> Response:
+    queue = str_param(request, "queue")
+    if not queue:
+        raise InvalidArgumentError("query parameter queue is required: the queue whose offsets to show")
+    committed = await gateway_of(request).client.service.fetch_offsets(request.path_params["group"], queue)
+    return json_response({"queue": queue, "offsets": {str(p): o for p, o in sorted(committed.items())}})
+
+
+async def _reset_plan(client: Any, req: ResetOffsets) -> dict[int, int]:
+    info = await client.admin.describe_queue(req.queue)
+    if (req.to is None) == (req.offsets is None):
+        raise InvalidArgumentError("give to (earliest, latest or a time in epoch ms) or offsets, one of them")
+    if req.offsets is not None:
+        return dict(req.offsets)
+    if req.to == "earliest":
+        return {p.partition: p.start_offset for p in info.partitions}
+    if req.to == "latest":
+        return {p.partition: p.end_offset for p in info.partitions}
+    if isinstance(req.to, int) or (isinstance(req.to, str) and req.to.isdigit()):
+        return {p.partition: await client.offset_for_time(req.queue, p.partition, int(req.to)) for p in info.partitions}
+    raise InvalidArgumentError(f"to must be earliest, latest or a time in epoch ms, got {req.to!r}")
+
+
+async def reset_group(request: Request) -> Response:
+    client = gateway_of(request).client
+    group = request.path_params["group"]
+    req = decode_body(await request.body(), ResetOffsets)
+    plan = await _reset_plan(client, req)
+    before = await client.service.fetch_offsets(group, req.queue)
+    if not req.dry_run:
+        await client.service.commit_offsets(group, req.queue, plan)
+    rows = [{"partition": p, "before": before.get(p), "after": o} for p, o in sorted(plan.items())]
+    return json_response({"group": group, "queue": req.queue, "dry_run": req.dry_run, "offsets": rows})
+
+
+async def list_subscribers(request: Request) -> Response:
+    found = await gateway_of(request).client.admin.list_subscribers(str_param(request, "queue"))
+    return json_response({"subscribers": plain(found)})
+
+
+async def add_subscriber(request: Request) -> Response:
+    req = decode_body(await request.body(), AddSubscriber)
+    start: Any = req.start
+    info = await gateway_of(request).client.admin.add_subscriber(
+        _q(request), req.name, partitions=req.partitions, tags=req.tags, start=start
+    )
+    return json_response(plain(info), 201)
+
+
+async def describe_subscriber(request: Request) -> Response:
+    admin = gateway_of(request).client.admin
+    return json_response(plain(await admin.describe_subscriber(_q(request), request.path_params["name"])))
+
+
+async def delete_subscriber(request: Request) -> Response:
+    await gateway_of(request).client.admin.delete_subscriber(_q(request), request.path_params["name"])
+    return Response(status_code=204)
+
+
+async def delay_stats(request: Request) -> Response:
+    return json_response(plain(await gateway_of(request).client.delay_stats()))
+
+
+async def cancel_delayed(request: Request) -> Response:
+    await gateway_of(request).client.cancel(request.path_params["id"])
+    return Response(status_code=204)
+
+
+async def cluster(request: Request) -> Response:
+    queues_raw = str_param(request, "queues")
+    queues = None if queues_raw is None else [q for q in queues_raw.split(",") if q]
+    return json_response(plain(await gateway_of(request).client.admin.cluster_metadata(queues)))
+
+
+async def status(request: Request) -> Response:
+    return json_response(plain(await gateway_of(request).client.status()))
+
+
+_QUEUE, _GROUP, _SUB = "/queues/{queue}", "/groups/{group}", "/queues/{queue}/subscribers"
+_NOQ = {404: "no such queue"}
+OPERATIONS = [
+    Operation("GET", "/queues", list_queues, "List every queue, described", "admin"),
+    Operation(
+        "POST",
+        "/queues",
+        create_queue,
+        "Create a queue",
+        "admin",
+        request=CreateQueue,
+        status=201,
+        responses={409: "a queue of that name exists (unless exist_ok)"},
+    ),
+    Operation(
+        "GET", _QUEUE, describe_queue, "Describe a queue: settings, partitions, offsets", "admin", responses=_NOQ
+    ),
+    Operation(
+        "DELETE",
+        _QUEUE,
+        delete_queue,
+        "Delete a queue and its messages",
+        "admin",
+        status=204,
+        params=(Param("missing_ok", "boolean", "a queue that is not there is not an error"),),
+        responses=_NOQ,
+    ),
+    Operation(
+        "POST", _QUEUE + "/truncate", truncate_queue, "Drop every message, keep the queue", "admin", responses=_NOQ
+    ),
+    Operation(
+        "POST",
+        _QUEUE + "/partitions",
+        add_partitions,
+        "Grow the queue to this many partitions",
+        "admin",
+        request=AddPartitions,
+        responses=_NOQ,
+    ),
+    Operation("POST", _QUEUE + "/enable", enable_queue, "Accept reads and writes again", "admin", responses=_NOQ),
+    Operation("POST", _QUEUE + "/disable", disable_queue, "Refuse reads and writes", "admin", responses=_NOQ),
+    Operation("GET", "/groups", list_groups, "List consumer groups", "admin"),
+    Operation("GET", _GROUP, describe_group, "Describe a consumer group: members, partitions, offsets", "admin"),
+    Operation(
+        "GET",
+        _GROUP + "/offsets",
+        group_offsets,
+        "A group's committed offsets on a queue",
+        "admin",
+        params=(Param("queue", "string", "the queue", required=True),),
+    ),
+    Operation(
+        "POST",
+        _GROUP + "/reset",
+        reset_group,
+        "Reset a group's offsets on a queue (dry_run: only the plan)",
+        "admin",
+        request=ResetOffsets,
+        responses={409: "the group has members: stop them first"},
+    ),
+    Operation(
+        "GET",
+        "/subscribers",
+        list_subscribers,
+        "List push subscribers",
+        "admin",
+        params=(Param("queue", "string", "only this queue's"),),
+    ),
+    Operation("POST", _SUB, add_subscriber, "Add a push subscriber", "admin", request=AddSubscriber, status=201),
+    Operation("GET", _SUB + "/{name}", describe_subscriber, "Describe a subscriber and its checkpoint", "admin"),
+    Operation("DELETE", _SUB + "/{name}", delete_subscriber, "Delete a subscriber", "admin", status=204),
+    Operation("GET", "/delays/stats", delay_stats, "The schedule of delayed messages", "admin"),
+    Operation(
+        "DELETE",
+        "/delays/{id}",
+        cancel_delayed,
+        "Cancel a delayed message by its id",
+        "admin",
+        status=204,
+        responses={404: "no delayed message with that id waits"},
+    ),
+    Operation(
+        "GET",
+        "/cluster",
+        cluster,
+        "The brokers, the controller and each partition's leader (a broker alone names itself)",
+        "admin",
+        params=(Param("queues", "string", "only these queues (comma-separated; default all)"),),
+    ),
+    Operation("GET", "/status", status, "The broker's version, uptime and storage figures", "admin"),
+]

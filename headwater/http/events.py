@@ -1,0 +1,150 @@
+"""``GET /v1/queues/{queue}/events``: a queue's records as Server-Sent Events.
+
+Each record is one event (``event: record``, ``data:`` its JSON). Its ``id`` is the position
+after it in every partition streamed, ``0:12,1:40`` (partition:next offset, comma-separated),
+so a client that reconnects with ``Last-Event-ID`` (browsers' EventSource do it by
+themselves) resumes exactly after the last event it got: no gap, no repeat. Without it,
+``from`` says where to start: ``earliest`` (default), ``latest``, a time in epoch ms, or
+positions ``p:offset,...`` (partitions not named start at ``earliest``). While nothing
+arrives, a comment line is sent every ``keepalive_ms`` so proxies keep the stream open.
+``max_events`` ends the stream after that many records (for scripts and tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from headwater.errors import InvalidArgumentError
+from headwater.http.codec import record_json
+from headwater.http.routes import Operation, Param, gateway_of, int_param, str_param
+
+__all__ = ["OPERATIONS", "parse_positions", "event_id"]
+
+POLL_MESSAGES = 500
+
+
+def parse_positions(text: str, what: str) -> dict[int, int]:
+    """``"0:12,1:40"`` as ``{0: 12, 1: 40}``; InvalidArgumentError naming ``what``.
+
+    >>> parse_positions("0:12, 1:40", "from")
+    {0: 12, 1: 40}
+    """
+    out: dict[int, int] = {}
+    for part in text.split(","):
+        p, sep, off = part.strip().partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(p)] = int(off)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"{what}: {text!r} is not a list of partition:offset pairs like 0:12,1:40"
+            ) from None
+    return out
+
+
+def event_id(positions: dict[int, int]) -> str:
+    """The id of an event: every partition's next offset.
+
+    >>> event_id({1: 40, 0: 12})
+    '0:12,1:40'
+    """
+    return ",".join(f"{p}:{o}" for p, o in sorted(positions.items()))
+
+
+async def _start_positions(client: Any, queue: str, parts: list[int] | None, start: str) -> dict[int, int]:
+    info = await client.admin.describe_queue(queue)
+    edges = {p.partition: (p.start_offset, p.end_offset) for p in info.partitions}
+    chosen = sorted(edges) if parts is None else parts
+    for p in chosen:
+        if p not in edges:
+            raise InvalidArgumentError(f"partition {p} out of range: {queue!r} has {len(edges)} partitions")
+    named: dict[int, int] = {}
+    if start == "earliest":
+        return {p: edges[p][0] for p in chosen}
+    if start == "latest":
+        return {p: edges[p][1] for p in chosen}
+    if start.isdigit():
+        return {p: await client.offset_for_time(queue, p, int(start)) for p in chosen}
+    named = parse_positions(start, "from")
+    return {p: max(edges[p][0], named[p]) if p in named else edges[p][0] for p in chosen}
+
+
+async def events(request: Request) -> Response:
+    gw = gateway_of(request)
+    queue = request.path_params["queue"]
+    parts_raw = str_param(request, "partitions")
+    try:
+        parts = None if parts_raw is None else [int(p) for p in parts_raw.split(",") if p]
+    except ValueError:
+        raise InvalidArgumentError(f"partitions must be numbers separated by commas, got {parts_raw!r}") from None
+    resume = request.headers.get("last-event-id") or str_param(request, "last_event_id")
+    start = resume or str_param(request, "from", "earliest") or "earliest"
+    positions = await _start_positions(gw.client, queue, parts, start)
+    keepalive_ms = int_param(request, "keepalive_ms", 15_000, low=100, high=300_000)
+    max_events = int_param(request, "max_events", None, low=1)
+    tags_raw = str_param(request, "tags")
+    tags = None if tags_raw is None else [t for t in tags_raw.split(",") if t]
+    b64 = str_param(request, "encoding") == "base64"
+    consumer = gw.client.consumer(tags=tags)
+    try:
+        await consumer.assign(queue, list(positions))
+        for p, off in positions.items():
+            consumer.seek(queue, p, off)
+    except BaseException:
+        await consumer.close()
+        raise
+    stream = _stream(consumer, positions, keepalive_ms, max_events, b64)
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+
+
+async def _stream(
+    consumer: Any, positions: dict[int, int], keepalive_ms: int, max_events: int | None, b64: bool
+) -> AsyncIterator[bytes]:
+    sent = 0
+    encode = msgspec.json.encode
+    try:
+        yield f"retry: 1000\nid: {event_id(positions)}\n\n".encode()
+        while max_events is None or sent < max_events:
+            want = POLL_MESSAGES if max_events is None else min(POLL_MESSAGES, max_events - sent)
+            got = await consumer.poll(max_messages=want, timeout_ms=keepalive_ms)
+            if not got:
+                yield b": keepalive\n\n"
+                continue
+            chunks = []
+            for r in got:
+                positions[r.partition] = r.offset + 1
+                chunks.append(
+                    b"id: %s\nevent: record\ndata: %s\n\n" % (event_id(positions).encode(), encode(record_json(r, b64)))
+                )
+            sent += len(got)
+            yield b"".join(chunks)
+    finally:
+        await consumer.close()
+
+
+OPERATIONS = [
+    Operation(
+        "GET",
+        "/queues/{queue}/events",
+        events,
+        "Stream a queue's records as Server-Sent Events; the event id resumes (Last-Event-ID)",
+        "consume",
+        params=(
+            Param("from", "string", "earliest (default), latest, a time (epoch ms), or p:offset,..."),
+            Param("partitions", "string", "only these partitions (comma-separated)"),
+            Param("tags", "string", "only messages with one of these tags (comma-separated)"),
+            Param("max_events", "integer", "end the stream after this many records"),
+            Param("keepalive_ms", "integer", "a comment this often while nothing arrives (default 15000)"),
+            Param("last_event_id", "string", "as the Last-Event-ID header, for clients that cannot set it"),
+            Param("encoding", "string", "base64: every value and key as base64"),
+        ),
+        streams=True,
+    )
+]
