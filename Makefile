@@ -17,7 +17,7 @@ bytecode: venv
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,compression,server,spark,cluster]'
+	$(PY) -m pip install --quiet -e '.[dev,compression,server,spark,cluster,http]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
