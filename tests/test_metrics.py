@@ -69,6 +69,10 @@ def test_produce_and_consume_are_counted_per_queue(broker):
     assert value(fams, latency, latency + "_count", api="produce") == 3
     assert value(fams, latency, latency + "_count", api="fetch") >= 2
     assert value(fams, latency, latency + "_bucket", api="produce", le="+Inf") == 3
+    buckets = [s for s in fams[latency].samples if s.name == latency + "_bucket" and s.labels["api"] == "produce"]
+    counts = [s.value for s in sorted(buckets, key=lambda s: float(s.labels["le"]))]
+    assert counts == sorted(counts) and len(counts) > 10  # cumulative, le ascending to +Inf
+    assert 0 < value(fams, latency, latency + "_sum", api="produce") < 60
     assert value(fams, "headwater_connections") >= 1
     assert value(fams, "headwater_build_info", version=headwater.__version__) == 1
 

@@ -23,14 +23,17 @@ every metric.
 from __future__ import annotations
 
 import logging
-import time
+import threading
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from headwater._version import __version__
 from headwater.errors import HeadwaterError
@@ -76,39 +79,48 @@ FLUSH_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
 _UNSEEN: Any = object()
 
 
+class _Histogram:
+    """One histogram series the hot path observes into: a bucket search outside the lock,
+    one add under it (prometheus-client's takes a lock per bucket, sum and count)."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last: above every bound (+Inf)
+        self.sum = 0.0
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative ``(le, count)`` pairs, +Inf last, as a histogram family takes them."""
+        out, total = [], 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts):
+            total += n
+            out.append((floatToGoString(bound), total))
+        return out
+
+
 class BrokerMetrics:
     """The metrics of one :class:`~headwater.broker.broker.Broker` (thread-safe).
 
     The broker counts produces and reads into it; its server adds request latency, errors
     and connections (:meth:`watch_connections`); :meth:`exposition` renders everything in
-    the Prometheus text format."""
+    the Prometheus text format.
+
+    What the request path counts (messages and bytes per queue, latency per operation) is
+    kept in plain lists under one lock and exported by :class:`_ScrapeCollector`: a produce
+    pays two list adds and a bucket search, about a third of prometheus-client's own
+    counters and histogram, which lock every field. The rarer figures (errors, fsyncs) use
+    prometheus-client's types."""
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
+        self._lock = threading.Lock()
+        # [messages, bytes] by queue, made on first use; None for the broker's own queues
+        self._in: dict[str, list[int] | None] = {}
+        self._out: dict[str, list[int] | None] = {}
+        self._latency: dict[int, _Histogram] = {}  # by api key
+        self.connections: Callable[[], tuple[int, int]] | None = None
         r = self.registry = CollectorRegistry(auto_describe=False)
-        self._messages_in = Counter(
-            "headwater_messages_in", "Messages appended (produced) per queue.", ["queue"], registry=r
-        )
-        self._bytes_in = Counter(
-            "headwater_bytes_in", "Bytes of record batches appended per queue.", ["queue"], registry=r
-        )
-        self._messages_out = Counter(
-            "headwater_messages_out",
-            "Messages sent to readers per queue: fetched, streamed, pushed to subscribers, leased by shared "
-            "groups, read by keyed members.",
-            ["queue"],
-            registry=r,
-        )
-        self._bytes_out = Counter(
-            "headwater_bytes_out", "Bytes of record batches sent to readers per queue.", ["queue"], registry=r
-        )
-        self._latency = Histogram(
-            "headwater_request_duration_seconds",
-            "Time from a request read to its answer written, per operation (long polls included).",
-            ["api"],
-            buckets=REQUEST_BUCKETS_S,
-            registry=r,
-        )
         self._errors = Counter(
             "headwater_request_errors",
             "Requests answered with an error, per operation and error code (docs/protocol.md).",
@@ -121,43 +133,33 @@ class BrokerMetrics:
             buckets=FLUSH_BUCKETS_S,
             registry=r,
         )
-        # children by label value, made once: the hot path looks one up in a dict
-        self._in: dict[str, tuple[Any, Any] | None] = {}
-        self._out: dict[str, tuple[Any, Any] | None] = {}
-        self._by_api: dict[int, Any] = {}
-        self.connections: Callable[[], tuple[int, int]] | None = None
         r.register(_ScrapeCollector(self))
 
     # -- counted as it happens ----------------------------------------------------------------
 
-    def _children(self, table: dict[str, tuple[Any, Any] | None], queue: str) -> tuple[Any, Any] | None:
-        """The (messages, bytes) counters of ``queue`` (None: an internal queue, not counted)."""
-        if is_internal_queue(queue):
-            pair = None
-        elif table is self._in:
-            pair = (self._messages_in.labels(queue), self._bytes_in.labels(queue))
-        else:
-            pair = (self._messages_out.labels(queue), self._bytes_out.labels(queue))
-        table[queue] = pair
-        return pair
+    def _tally(self, table: dict[str, list[int] | None], queue: str) -> list[int] | None:
+        with self._lock:
+            return table.setdefault(queue, None if is_internal_queue(queue) else [0, 0])
 
     def produced(self, queue: str, messages: int, size: int) -> None:
         """A batch of ``messages`` (``size`` bytes) was appended to ``queue``."""
-        pair = self._in.get(queue, _UNSEEN)
-        if pair is _UNSEEN:
-            pair = self._children(self._in, queue)
-        if pair is not None:
-            pair[0].inc(messages)
-            pair[1].inc(size)
+        tally = self._in.get(queue, _UNSEEN)
+        if tally is _UNSEEN:
+            tally = self._tally(self._in, queue)
+        if tally is not None:
+            with self._lock:
+                tally[0] += messages
+                tally[1] += size
 
     def sent(self, queue: str, messages: int, size: int) -> None:
         """``messages`` of ``queue`` (``size`` bytes of batches) went to a reader."""
-        pair = self._out.get(queue, _UNSEEN)
-        if pair is _UNSEEN:
-            pair = self._children(self._out, queue)
-        if pair is not None and messages:
-            pair[0].inc(messages)
-            pair[1].inc(size)
+        tally = self._out.get(queue, _UNSEEN)
+        if tally is _UNSEEN:
+            tally = self._tally(self._out, queue)
+        if tally is not None and messages:
+            with self._lock:
+                tally[0] += messages
+                tally[1] += size
 
     def sent_batches(
         self, queue: str, batches: Sequence[bytes], lo: int, hi: int, selections: Sequence[Sequence[int]] = ()
@@ -170,14 +172,28 @@ class BrokerMetrics:
 
     def request_done(self, api: int, started_s: float) -> None:
         """A request of operation ``api`` read at ``started_s`` (``time.perf_counter``) is answered."""
-        child = self._by_api.get(api)
-        if child is None:
-            child = self._by_api[api] = self._latency.labels(_api_name(api))
-        child.observe(time.perf_counter() - started_s)
+        took = perf_counter() - started_s
+        h = self._latency.get(api)
+        if h is None:
+            with self._lock:
+                h = self._latency.setdefault(api, _Histogram(REQUEST_BUCKETS_S))
+        i = bisect_left(h.bounds, took)  # le: the first bound at or above it
+        with self._lock:
+            h.counts[i] += 1
+            h.sum += took
 
     def request_failed(self, api: int, code: int) -> None:
         """A request of operation ``api`` was answered with error ``code``."""
         self._errors.labels(_api_name(api), str(code)).inc()
+
+    def snapshot(self) -> tuple[dict[str, list[int]], dict[str, list[int]], dict[int, tuple[list[int], float]]]:
+        """Copies of what the request path counted: in and out per queue, latency per api."""
+        with self._lock:
+            return (
+                {q: list(t) for q, t in self._in.items() if t is not None},
+                {q: list(t) for q, t in self._out.items() if t is not None},
+                {api: (list(h.counts), h.sum) for api, h in self._latency.items()},
+            )
 
     def flushed(self, seconds: float) -> None:
         """The store fsynced its log in ``seconds`` (the store's flush listener)."""
@@ -218,11 +234,45 @@ class _ScrapeCollector(Collector):
             yield CounterMetricFamily(
                 "headwater_connections_accepted", "Client connections accepted since the broker started.", accepted
             )
+        yield from _request_path(self._m)
         for part in (_group_lag, _shared_groups, _delayed, _cluster):
             try:
                 yield from part(broker)
             except Exception:  # a scrape reports what it can; one broken part must not hide the rest
                 log.exception("metrics: %s failed", part.__name__)
+
+
+def _request_path(m: BrokerMetrics) -> Iterator[Metric]:
+    """What the request path counted: messages and bytes per queue, latency per operation."""
+    into, out, latency = m.snapshot()
+    for direction, table, what in (("in", into, "appended (produced)"), ("out", out, "sent to readers")):
+        messages = CounterMetricFamily(
+            f"headwater_messages_{direction}",
+            f"Messages {what} per queue"
+            + (
+                ": fetched, streamed, pushed to subscribers, leased by shared groups, read by keyed members."
+                if direction == "out"
+                else "."
+            ),
+            labels=["queue"],
+        )
+        size = CounterMetricFamily(
+            f"headwater_bytes_{direction}", f"Bytes of record batches {what} per queue.", labels=["queue"]
+        )
+        for queue, (n, b) in sorted(table.items()):
+            messages.add_metric([queue], n)
+            size.add_metric([queue], b)
+        yield from (messages, size)
+    hist = HistogramMetricFamily(
+        "headwater_request_duration_seconds",
+        "Time from a request read to its answer written, per operation (long polls included).",
+        labels=["api"],
+    )
+    for api, (counts, total) in sorted(latency.items()):
+        h = _Histogram(REQUEST_BUCKETS_S)
+        h.counts = counts
+        hist.add_metric([_api_name(api)], h.buckets(), total)
+    yield hist
 
 
 def _leads(broker: Broker) -> Callable[[str, int], bool]:
