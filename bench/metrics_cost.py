@@ -10,7 +10,8 @@ seconds a round.
 
 Printed: each side's median messages per second over its rounds, the ratio on ÷ off (target
 ≥ 0.97), the median of the per-pair ratios, and each broker's CPU per message (its own
-/proc figures: the cost itself, less blurred by the client's share of the machine), then the
+/proc figures: the cost itself, less blurred by the client's share of the machine; their
+ratio off ÷ on reads like the throughput ratio), then the
 time of one METRICS request with the queues and groups the run made. ``--json`` prints the
 figures as JSON too.
 """
@@ -92,8 +93,8 @@ def run(rounds: int, round_s: float, batch: int = BATCH, console: Any = print) -
     import headwater
 
     with tempfile.TemporaryDirectory(prefix="hw-metrics-cost-") as tmp:
-        on_proc, on_addr = _start(Path(tmp) / "on")
         off_proc, off_addr = _start(Path(tmp) / "off", "--set", "metrics=false")
+        on_proc, on_addr = _start(Path(tmp) / "on")
         try:
             with headwater.connect(on_addr) as on, headwater.connect(off_addr) as off:
                 sides = {"on": (on, on_proc.pid), "off": (off, off_proc.pid)}
@@ -125,6 +126,7 @@ def run(rounds: int, round_s: float, batch: int = BATCH, console: Any = print) -
         "pair_ratio_median": round(statistics.median(a / b for a, b in zip(rates["on"], rates["off"])), 4),
         "broker_cpu_us_per_msg_on": round(statistics.median(cpus["on"]), 3),
         "broker_cpu_us_per_msg_off": round(statistics.median(cpus["off"]), 3),
+        "cpu_ratio": round(statistics.median(cpus["off"]) / statistics.median(cpus["on"]), 4),
         "scrape_ms": round(scrape, 2),
     }
 
@@ -152,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"broker CPU per message: on {res['broker_cpu_us_per_msg_on']:.3f} us, "
-        f"off {res['broker_cpu_us_per_msg_off']:.3f} us; one METRICS request {res['scrape_ms']:.2f} ms"
+        f"off {res['broker_cpu_us_per_msg_off']:.3f} us (off/on {res['cpu_ratio']:.3f}); "
+        f"one METRICS request {res['scrape_ms']:.2f} ms"
     )
     if args.json:
         print(json.dumps(res))
