@@ -207,3 +207,53 @@ def test_each_broker_of_a_cluster_reports_the_partitions_it_leads(cluster):
         fams = reported(b)
         assert value(fams, "headwater_partitions_offline", queue="spread") == 0
         assert value(fams, "headwater_partitions_under_replicated", queue="spread") == 0
+
+
+def test_asyncio_client_reads_them_too(broker):
+    import asyncio
+
+    import headwater.aio
+
+    async def read() -> str:
+        async with await headwater.aio.connect(broker.address) as hw:
+            return await hw.admin.metrics()
+
+    assert "headwater_build_info" in families(asyncio.run(read()))
+
+
+def test_offline_and_under_replicated_partitions_as_the_controller_sees_them():
+    """Broker 2 is the controller; broker 3 is gone: its partition is offline (counted by the
+    controller alone), and a partition broker 2 leads with a copy on 3 is under-replicated."""
+    from types import SimpleNamespace
+
+    from headwater.broker.metrics import _cluster
+    from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionLocation, QueueLocations
+
+    def md(controller: int) -> ClusterMetadata:
+        parts = [
+            PartitionLocation(partition=0, leader=2, leader_epoch=1, replicas=[2]),
+            PartitionLocation(partition=1, leader=2, leader_epoch=1, replicas=[2, 3]),
+            PartitionLocation(partition=2, leader=3, leader_epoch=1, replicas=[3]),
+            PartitionLocation(partition=3, leader=-1, leader_epoch=1, replicas=[1]),
+        ]
+        return ClusterMetadata(
+            cluster_id="c",
+            controller=controller,
+            brokers=[BrokerAddress(broker_id=b, host="h", port=b, epoch=1) for b in (1, 2)],
+            queues=[QueueLocations(name="q", queue_id=1, partitions=parts)],
+        )
+
+    def figures(me: int, controller: int) -> dict[str, float]:
+        broker = SimpleNamespace(cluster=SimpleNamespace(broker_id=me), metadata=lambda _q: md(controller))
+        return {f.name: f.samples[0].value for f in _cluster(broker)}
+
+    assert figures(2, 2) == {
+        "headwater_partitions_led": 2,
+        "headwater_partitions_offline": 2,
+        "headwater_partitions_under_replicated": 1,
+    }
+    assert figures(1, 2) == {
+        "headwater_partitions_led": 0,
+        "headwater_partitions_offline": 0,
+        "headwater_partitions_under_replicated": 0,
+    }
