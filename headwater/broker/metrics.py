@@ -235,11 +235,22 @@ class _ScrapeCollector(Collector):
                 "headwater_connections_accepted", "Client connections accepted since the broker started.", accepted
             )
         yield from _request_path(self._m)
-        for part in (_group_lag, _shared_groups, _delayed, _cluster):
+        try:  # described once per scrape: for their lag and for their leases
+            shared = list(_shared_infos(broker))
+        except Exception:  # a scrape reports what it can
+            log.exception("metrics: listing the shared groups failed")
+            shared = []
+        parts: dict[str, Callable[[], Iterator[Metric]]] = {
+            "consumer lag": lambda: _group_lag(broker, shared),
+            "shared groups": lambda: _shared_groups(shared),
+            "delayed messages": lambda: _delayed(broker),
+            "partitions": lambda: _cluster(broker),
+        }
+        for what, part in parts.items():
             try:
-                yield from part(broker)
+                yield from part()
             except Exception:  # a scrape reports what it can; one broken part must not hide the rest
-                log.exception("metrics: %s failed", part.__name__)
+                log.exception("metrics: %s failed", what)
 
 
 def _request_path(m: BrokerMetrics) -> Iterator[Metric]:
@@ -281,7 +292,7 @@ def _leads(broker: Broker) -> Callable[[str, int], bool]:
     return (lambda q, p: True) if cluster is None else cluster.leads
 
 
-def _group_lag(broker: Broker) -> Iterator[Metric]:
+def _group_lag(broker: Broker, shared: list[tuple[str, str, Any]]) -> Iterator[Metric]:
     """Lag of the clustering groups this broker coordinates, on the partitions it leads."""
     lag = GaugeMetricFamily(
         "headwater_consumer_lag",
@@ -305,8 +316,8 @@ def _group_lag(broker: Broker) -> Iterator[Metric]:
                 n = partition_lag(offsets.get(pi.partition), pi.start_offset, pi.end_offset)
                 if n is not None and leads(queue, pi.partition):
                     lag.add_metric([group, queue, str(pi.partition), "clustering"], n)
-    for group, queue, shared in _shared_infos(broker):
-        for sp in shared.partitions:
+    for group, queue, info in shared:
+        for sp in info.partitions:
             lag.add_metric([group, queue, str(sp.partition), "shared"], sp.lag)
     yield lag
 
@@ -320,7 +331,7 @@ def _shared_infos(broker: Broker) -> Iterator[tuple[str, str, Any]]:
                 continue
 
 
-def _shared_groups(broker: Broker) -> Iterator[Metric]:
+def _shared_groups(shared: list[tuple[str, str, Any]]) -> Iterator[Metric]:
     leased = GaugeMetricFamily(
         "headwater_shared_leased_messages",
         "Messages of a shared group leased now (in flight: delivered, not yet acked), per group and queue.",
@@ -336,7 +347,7 @@ def _shared_groups(broker: Broker) -> Iterator[Metric]:
         "Messages of a shared group moved to its dead-letter queue since the group began.",
         labels=["group", "queue"],
     )
-    for group, queue, info in _shared_infos(broker):
+    for group, queue, info in shared:
         leased.add_metric([group, queue], info.leased)
         retry.add_metric([group, queue], sum(p.awaiting_retry for p in info.partitions))
         dead.add_metric([group, queue], sum(p.dead_lettered for p in info.partitions))
