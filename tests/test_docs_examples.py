@@ -52,6 +52,7 @@ SHOWS: dict[str, list[str]] = {
     "asyncio.md": ["[b'late']", "charged 3 orders; checkpoint stored: True"],
     "consumer-groups.md": ["now reading", "charged 300 orders", "cache-invalidation read 3"],
     "keyed-groups.md": ["user-3 clicked 4 times", "'resizing_to': 4", "shared by two members: 0"],
+    "metrics.md": ["billing lag on orders[0]: 40"],
     "producing.md": ["10000 ids, the last 0000", "True\n", "µs from send() to poll()"],
     "shared-groups.md": ["sent 18 emails, 2 in the dead-letter queue: no such mailbox, yet"],
     "spark.md": ["rows in the ranges: 4000", "paid orders in the hour: 3", "events counted: 1000", "clicks written: 3"],
@@ -156,6 +157,7 @@ SHELL_SHOWS: dict[str, list[str]] = {
         "fetch streams",
         "messages           100,008",
     ],
+    "metrics.md": ['headwater_messages_in_total{queue="invoices"} 2.0', '"message":"ready"'],
     "subscriptions.md": [
         "added subscriber 'billing' to queue 'orders', starting at 0:0, 1:0, 2:0, 3:0",
         "deleted subscriber 'replay' of queue 'orders'",

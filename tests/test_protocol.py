@@ -26,7 +26,7 @@ from headwater.model.delay import DelayBucketStats, DelayStats, HandedOffBatch, 
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary, MemberDescription
 from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
 from headwater.model.message import Message
-from headwater.model.service import BrokerService, FetchResult, ProduceResult
+from headwater.model.service import BrokerService, FetchResult, MetricsExposition, ProduceResult
 from headwater.model.shared import (
     LeaseRefusal,
     SharedDeliveries,
@@ -142,6 +142,8 @@ from headwater.protocol.messages import (
     ListSubscribersResponse,
     MetadataRequest,
     MetadataResponse,
+    MetricsRequest,
+    MetricsResponse,
     RebalanceRequest,
     RebalanceResponse,
     SharedAckRequest,
@@ -299,6 +301,7 @@ SAMPLES = [
     (LookupKeyRequest("orders", b"k1", None, 1_900_000_000_000, 10), LookupKeyResponse([STORED, STORED2])),
     (OffsetForTimeRequest("orders", 1, 1_800_000_000_000), OffsetForTimeResponse(1000)),
     (StatusRequest(), StatusResponse({"version": "0.1.0", "uptime_s": 1.5, "recovery": []})),
+    (MetricsRequest(), MetricsResponse("headwater_connections 3.0\n", "text/plain; version=0.0.4; charset=utf-8")),
     (
         MetadataRequest(["orders"]),
         MetadataResponse(
@@ -545,6 +548,7 @@ class FakeService:
             "lookup_key": [STORED, STORED2],
             "offset_for_time": 42,
             "status": {"version": "x"},
+            "metrics": MetricsExposition("headwater_connections 1.0\n", "text/plain"),
             "metadata": ClusterMetadata(
                 cluster_id="c",
                 controller=1,
@@ -635,6 +639,7 @@ def test_every_service_method_crosses_the_wire():
         (LookupKeyRequest("orders", b"k", 1, None, 5), lambda s: s.lookup_key("orders", b"k", 1, None, 5)),
         (OffsetForTimeRequest("orders", 1, 99), lambda s: s.offset_for_time("orders", 1, 99)),
         (StatusRequest(), lambda s: s.status()),
+        (MetricsRequest(), lambda s: s.metrics()),
         (MetadataRequest(["orders"]), lambda s: s.metadata(["orders"])),
         (RebalanceRequest(True), lambda s: s.rebalance(dry_run=True)),
         (DecommissionRequest(3, False), lambda s: s.decommission(3, dry_run=False)),

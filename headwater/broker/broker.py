@@ -24,7 +24,7 @@ from headwater.broker.keyed import KeyedGroups
 from headwater.broker.offsets import OffsetStore
 from headwater.broker.shared import SharedGroups
 from headwater.broker.subscriptions import SubscriberRegistry
-from headwater.errors import InvalidArgumentError, MessageNotFoundError
+from headwater.errors import InvalidArgumentError, MessageNotFoundError, UsageError
 from headwater.model.cluster import (
     ALONE,
     CLUSTER_INTERNAL_QUEUES,
@@ -46,7 +46,7 @@ from headwater.model.delay import DELAYED_PARTITION_BIT, DelayStats, HandoffPage
 from headwater.model.filtering import TagMaskFilter, filter_batches
 from headwater.model.groups import GroupAssignment, GroupDescription, GroupSummary
 from headwater.model.keyed import KeyedFetchResult, KeyedGroupInfo
-from headwater.model.service import FetchResult, ProduceResult
+from headwater.model.service import FetchResult, MetricsExposition, ProduceResult
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.model.subscription import SubscriberInfo
 from headwater.storage.api import Store
@@ -54,6 +54,13 @@ from headwater.storage.store import LogStore, StoreConfig
 
 if TYPE_CHECKING:
     from headwater.broker.delay_moves import DelayedMoves
+    from headwater.broker.metrics import BrokerMetrics
+
+#: Why a broker answers METRICS with an error until :meth:`Broker.enable_metrics` is called.
+METRICS_NOT_SERVED = (
+    "this broker keeps no metrics: they are kept by a broker server (headwater serve), or by an embedded "
+    "broker after broker.enable_metrics()"
+)
 
 __all__ = ["Broker"]
 
@@ -123,6 +130,9 @@ class Broker:
             store, clock=store.clock, report=store.recovery_report, gate=HOLD_ALL if clustered else None
         )
         self.delayed_moves: DelayedMoves | None = None  # set while a cluster's member
+        # Prometheus metrics (headwater.broker.metrics), once enable_metrics() made them
+        self.telemetry: BrokerMetrics | None = None
+        self.metrics_off_why = METRICS_NOT_SERVED
 
     @classmethod
     def open(
@@ -144,6 +154,30 @@ class Broker:
         """Call ``fn(queue, partition, end_offset)`` after every append, from the appending
         thread (keep it quick: hand work to another thread or loop)."""
         self.store.add_append_listener(fn)
+
+    def enable_metrics(self) -> BrokerMetrics:
+        """Keep Prometheus metrics from now on (:mod:`headwater.broker.metrics`) and return
+        them; again: the same ones. Needs prometheus-client (``pip install
+        'headwater[server]'``): without it, :class:`UsageError` saying so."""
+        if self.telemetry is None:
+            try:
+                from headwater.broker.metrics import BrokerMetrics
+            except ImportError as e:
+                self.metrics_off_why = (
+                    f"this broker keeps no metrics: prometheus-client is not installed ({e}); "
+                    f"pip install 'headwater[server]' and restart it"
+                )
+                raise UsageError(self.metrics_off_why) from e
+            self.telemetry = BrokerMetrics(self)
+            self.store.add_flush_listener(self.telemetry.flushed)
+        return self.telemetry
+
+    def metrics(self) -> MetricsExposition:
+        """The broker's metrics in the Prometheus text format (docs/metrics.md); UsageError
+        saying why when it keeps none."""
+        if self.telemetry is None:
+            raise UsageError(self.metrics_off_why)
+        return self.telemetry.exposition()
 
     # admin
     def create_queue(self, name: str, config: QueueConfig) -> QueueInfo:
@@ -265,8 +299,12 @@ class Broker:
         if self.cluster is not None:
             # a move's fence waits for the appends begun inside, then refuses new ones
             with self.cluster.producing(queue, partition):
-                return self._append_nowait(queue, partition, batch)
-        return self._append_nowait(queue, partition, batch)
+                done = self._append_nowait(queue, partition, batch)
+        else:
+            done = self._append_nowait(queue, partition, batch)
+        if self.telemetry is not None:
+            self.telemetry.produced(queue, done[0].count, len(batch))
+        return done
 
     def _append_nowait(
         self, queue: str, partition: int, batch: bytes
@@ -315,6 +353,8 @@ class Broker:
                 )
             remaining = deadline - time.monotonic()
             if remaining <= 0 or res.settles(offset, end_offset):
+                if self.telemetry is not None:
+                    self.telemetry.sent_batches(queue, res.batches, offset, res.next_offset)
                 return res
             self._wait_for_append(queue, partition, offset, remaining)
 
@@ -396,7 +436,7 @@ class Broker:
         settings: dict[str, int | float] | None = None,
         max_wait_ms: int = 0,
     ) -> SharedDeliveries:
-        return self.shared.receive(
+        res = self.shared.receive(
             group,
             check_user_queue(queue),
             member,
@@ -406,6 +446,9 @@ class Broker:
             settings,
             max_wait_ms,
         )
+        if self.telemetry is not None:
+            self.telemetry.sent(queue, len(res.leases), sum(map(len, res.batches)))
+        return res
 
     def shared_receive_now(
         self,
@@ -418,9 +461,12 @@ class Broker:
         settings: dict[str, int | float] | None,
     ) -> tuple[SharedDeliveries, int | None]:
         """A receive that never waits, plus when to try again (the server's long polling)."""
-        return self.shared.receive_now(
+        res, hint_ms = self.shared.receive_now(
             group, check_user_queue(queue), member, max_messages, visibility_timeout_ms, at_most_once, settings
         )
+        if self.telemetry is not None:
+            self.telemetry.sent(queue, len(res.leases), sum(map(len, res.batches)))
+        return res, hint_ms
 
     def shared_ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
         return self.shared.ack(group, check_user_queue(queue), member, lease_ids)
@@ -471,6 +517,8 @@ class Broker:
                 or remaining <= 0
                 or (res.stop_offset is not None and offset >= res.stop_offset)
             ):
+                if self.telemetry is not None:
+                    self.telemetry.sent_batches(queue, res.batches, offset, res.next_offset, res.selections)
                 return res
             self._wait_for_append(queue, partition, offset, remaining)
 

@@ -357,6 +357,8 @@ class PushService:
                 continue
             messages, size = count_messages(batches, selections, start, nxt)
             await self._send(s, SubscriptionPush(s.sub_id, p, batches, nxt, res.end_offset, selections=selections))
+            if self._broker.telemetry is not None:  # (the broker's metrics: messages out)
+                self._broker.telemetry.sent(s.queue, messages, size)
             s.positions[p] = nxt
             s.credit_messages -= max(messages, 1)
             s.credit_bytes -= size

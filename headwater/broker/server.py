@@ -30,6 +30,8 @@ import socket
 import time
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from time import perf_counter
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -46,7 +48,7 @@ from headwater.broker.push import PUSH_APIS, PushService
 from headwater.broker.shared import SharedWaiters
 from headwater.broker.streams import FETCH_STREAM_APIS, FetchStreams
 from headwater.cluster.membership import BROKER_ID_MAX, ZooKeeperAddress
-from headwater.errors import HeadwaterError, InvalidArgumentError
+from headwater.errors import HeadwaterError, InvalidArgumentError, UsageError
 from headwater.model.batch import stated_payload_bytes
 from headwater.model.config import DEFAULT_PORT
 from headwater.model.service import FetchResult
@@ -72,6 +74,9 @@ from headwater.protocol.messages import (
     SharedReceiveResponse,
     StatusResponse,
 )
+
+if TYPE_CHECKING:  # (prometheus-client is imported only when metrics are on)
+    from headwater.broker.metrics import BrokerMetrics
 
 __all__ = ["BrokerServer", "ServerConfig"]
 
@@ -115,6 +120,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     moves_running_max: int = 4  # partition moves running at once while this broker is the controller
     auto_rebalance_after_s: float = 0.0  # rebalance by itself once the brokers are unchanged this long; 0: off
     coordinator_partitions: int = 16  # the coordinator queue's partitions, if this broker is the one to make it
+    metrics: bool = True  # keep Prometheus metrics (headwater.broker.metrics; needs prometheus-client)
 
     def validated(self) -> ServerConfig:
         """This config, or :class:`InvalidArgumentError` naming the first setting out of range."""
@@ -207,10 +213,13 @@ class _ParkedFetch:
     appending connection's turn), or parks it again. When the byte budget is short it
     falls back to a task that waits for it."""
 
-    __slots__ = ("srv", "st", "ev", "deadline", "timer", "done")
+    __slots__ = ("srv", "st", "ev", "deadline", "timer", "done", "started_s")
 
-    def __init__(self, srv: BrokerServer, st: ClientConnection, ev: Request, deadline: float) -> None:
+    def __init__(
+        self, srv: BrokerServer, st: ClientConnection, ev: Request, deadline: float, started_s: float = 0.0
+    ) -> None:
         self.srv, self.st, self.ev, self.deadline = srv, st, ev, deadline
+        self.started_s = started_s  # perf_counter when the request was read (0: metrics off)
         self.timer: asyncio.TimerHandle | None = None
         self.done = False
 
@@ -247,6 +256,25 @@ class BrokerServer:
         self.connections_total = 0
         self.port = self.config.port
         self._refusals = limited(log, logging.WARNING, _REFUSALS_LOG_EVERY_S)
+        self._metrics = self._enable_metrics()
+
+    def _enable_metrics(self) -> BrokerMetrics | None:
+        """The broker's metrics, fed by this server too (request latency and errors,
+        connections); None when the ``metrics`` setting is off or prometheus-client is missing
+        (METRICS then answers why, and the hot path pays nothing)."""
+        if not self.config.metrics:
+            self.broker.metrics_off_why = (
+                "metrics are off on this broker (it runs with the setting metrics=false): restart it "
+                "without --set metrics=false (or HEADWATER_METRICS=false) to keep them"
+            )
+            return None
+        try:
+            m = self.broker.enable_metrics()
+        except UsageError as e:
+            log.warning("%s", e)
+            return None
+        m.watch_connections(lambda: (len(self._conns), self.connections_total))
+        return m
 
     async def start(self) -> int:
         """Listen; return the port (useful with port 0)."""
@@ -274,6 +302,8 @@ class BrokerServer:
             streams_per_connection_max=self.config.push_streams_max,
             taken=self._push.has_stream,
         )
+        if self._metrics is not None:
+            self._streams.on_pushed = self._metrics.sent_batches
         _raise_fd_limit(self.config.connections_max + 256)
         self._server = await loop.create_server(
             lambda: ClientConnection(self),
@@ -373,6 +403,8 @@ class BrokerServer:
         task. False (nothing done) when the byte budget is short: serve it again later."""
         body = ev.body
         api = body.api
+        m = self._metrics
+        t0 = perf_counter() if m is not None else 0.0  # one pair per request: its latency
         try:
             if api is ApiKey.PRODUCE:
                 if st.off_loop is not None and st.off_loop[0] is ev:  # appended by a decode thread
@@ -396,17 +428,17 @@ class BrokerServer:
                     finally:
                         self.budget.release(st, n)  # appended: the batch is no longer held
                 if type(durable_at) is int:  # sync flush: answered once the fsync is done
-                    self._acks.add(durable_at, functools.partial(self._answer_durable, st, ev, result))
+                    self._acks.add(durable_at, functools.partial(self._answer_durable, st, ev, result, started_s=t0))
                     return True
                 if durable_at is not None:  # a delayed batch: once its schedule is durable
-                    self._spawn(st, ev, self._wait_durable(result, durable_at))
+                    self._spawn(st, ev, self._wait_durable(result, durable_at), t0)
                     return True
                 answer: object = ProduceResponse.from_result(result)
             elif api is ApiKey.FETCH:
                 want = self._fetch_want(st, body)
                 if not self.budget.answer_fits(st, want):
                     # short of memory: it waits in a task, and the requests behind it are served
-                    self._spawn(st, ev, self._fetch_in_task(st, body, self.loop.time() + self._fetch_wait_s(body)))
+                    self._spawn(st, ev, self._fetch_in_task(st, body, self.loop.time() + self._fetch_wait_s(body)), t0)
                     return True
                 self.budget.take_answer(st, want)
                 res = self._read(st, body, want)
@@ -420,10 +452,12 @@ class BrokerServer:
                     self.requests += 1
                     st.out += chunks
                     st.unsent += held  # released once the answer is out
+                    if m is not None:
+                        m.request_done(api, t0)
                     return True
                 self.budget.release_answer(st, want)
                 if self._fetch_parks(body, res):
-                    self._park(st, ev)
+                    self._park(st, ev, started_s=t0)
                     return True
                 answer = FetchResponse.from_result(res)
             elif api is ApiKey.PING:
@@ -431,13 +465,15 @@ class BrokerServer:
             elif api in FETCH_STREAM_APIS:
                 answer = self._streams.serve(st, body)
             else:
-                self._spawn(st, ev, self._serve_waiting(st, body))
+                self._spawn(st, ev, self._serve_waiting(st, body), t0)
                 return True
             chunks = st.conn.send_chunks(Response(ev.request_id, answer))
         except Exception as e:  # noqa: BLE001 - answer, log, keep serving
             chunks = self._error_chunks(st, ev, e)
         self.requests += 1
         st.out += chunks
+        if m is not None:
+            m.request_done(api, t0)
         return True
 
     @staticmethod
@@ -459,16 +495,21 @@ class BrokerServer:
         st.off_loop = (ev, fut)
         fut.add_done_callback(lambda _f: st.wake())
 
-    def _spawn(self, st: ClientConnection, ev: Request, work: Coroutine[object, object, object]) -> None:
-        task = self.loop.create_task(self._serve_task(st, ev, work))
+    def _spawn(
+        self, st: ClientConnection, ev: Request, work: Coroutine[object, object, object], started_s: float = 0.0
+    ) -> None:
+        task = self.loop.create_task(self._serve_task(st, ev, work, started_s))
         st.tasks.add(task)
         task.add_done_callback(st.task_done)
         # a task cancelled before its first step (its connection closed at once) never ran
         # _serve_task's finally: close the work there, or it is reported as never awaited
         task.add_done_callback(lambda _t: work.close())
 
-    async def _serve_task(self, st: ClientConnection, ev: Request, work: Coroutine[object, object, object]) -> None:
-        """Await ``work`` (a response body, or a fetch's (body, budget bytes held)), answer."""
+    async def _serve_task(
+        self, st: ClientConnection, ev: Request, work: Coroutine[object, object, object], started_s: float = 0.0
+    ) -> None:
+        """Await ``work`` (a response body, or a fetch's (body, budget bytes held)), answer;
+        ``started_s``: when the request was read (perf_counter; 0: metrics off)."""
         self.requests += 1
         charge = 0
         try:
@@ -481,6 +522,8 @@ class BrokerServer:
                 chunks = self._error_chunks(st, ev, e)
             charge, held = 0, charge
             st.send(chunks, held)  # the budget held goes with the answer
+            if started_s and self._metrics is not None:
+                self._metrics.request_done(ev.body.api, started_s)
         except (ConnectionError, ProtocolError):
             pass
         finally:
@@ -492,6 +535,8 @@ class BrokerServer:
         if not isinstance(e, HeadwaterError):
             log.error("request %s from %s failed", ev.body.api.name, st.peer, exc_info=e)
             e = HeadwaterError(f"internal error in {ev.body.api.name}: {e}")
+        if self._metrics is not None:
+            self._metrics.request_failed(ev.body.api, e.code)
         return st.conn.send_chunks(ErrorResponse.from_exception(ev.request_id, e))
 
     async def _serve_waiting(self, st: ClientConnection, body: object) -> object:
@@ -519,8 +564,11 @@ class BrokerServer:
             return HandoffDelayedResponse(page)
         return await self.loop.run_in_executor(self._pool, invoke, self.broker, body)
 
-    def _answer_durable(self, st: ClientConnection, ev: Request, result: object, error: BaseException | None) -> None:
-        """A sync-flush produce's fsync is done (or failed): answer it."""
+    def _answer_durable(
+        self, st: ClientConnection, ev: Request, result: object, error: BaseException | None, started_s: float = 0.0
+    ) -> None:
+        """A sync-flush produce's fsync is done (or failed): answer it (``started_s``: when
+        it was read, perf_counter; 0: metrics off)."""
         self.requests += 1
         try:
             if error is None:
@@ -530,6 +578,8 @@ class BrokerServer:
                     st, ev, error if isinstance(error, Exception) else HeadwaterError(f"fsync failed: {error!r}")
                 )
             st.send(chunks)
+            if started_s and self._metrics is not None:
+                self._metrics.request_done(ApiKey.PRODUCE, started_s)
         except (ConnectionError, ProtocolError):
             pass  # the client is gone; the message is stored all the same
 
@@ -583,13 +633,13 @@ class BrokerServer:
             or self._closing
         )
 
-    def _park(self, st: ClientConnection, ev: Request, pf: _ParkedFetch | None = None) -> None:
+    def _park(self, st: ClientConnection, ev: Request, pf: _ParkedFetch | None = None, started_s: float = 0.0) -> None:
         """Park a fetch that found nothing until an append to its partition or its deadline."""
         req = ev.body
         loop = self.loop
         if pf is None:
             wait_s = min(req.max_wait_ms, self.config.fetch_wait_ms_max) / 1000
-            pf = _ParkedFetch(self, st, ev, loop.time() + wait_s)
+            pf = _ParkedFetch(self, st, ev, loop.time() + wait_s, started_s)
             st.parked.add(pf)
         pf.timer = loop.call_at(pf.deadline, pf.wake)
         self._waiters.park(req.queue, req.partition, req.offset, pf)
@@ -608,7 +658,7 @@ class BrokerServer:
             return
         want = self._fetch_want(st, req)
         if not self.budget.answer_fits(st, want):
-            self._spawn(st, ev, self._fetch_in_task(st, req, pf.deadline))  # waits for budget
+            self._spawn(st, ev, self._fetch_in_task(st, req, pf.deadline), pf.started_s)  # waits for budget
             return
         self.budget.take_answer(st, want)
         try:
@@ -634,6 +684,8 @@ class BrokerServer:
         self.requests += 1
         try:
             st.send(chunks, held)  # the budget held goes with the answer
+            if pf.started_s and self._metrics is not None:
+                self._metrics.request_done(req.api, pf.started_s)
         except (ConnectionError, ProtocolError):
             pass
 

@@ -153,6 +153,9 @@ class FetchStreams:
         self._check: asyncio.TimerHandle | None = None
         self._stopping = False
         self.pushes = 0
+        # on_pushed(queue, batches, lo, hi): batches pushed whose messages [lo, hi) the reader
+        # takes (the broker's metrics count them); None: not counted
+        self.on_pushed: Any = None
 
     def has_streams(self, st: Any) -> bool:
         return st in self._by_conn
@@ -286,6 +289,8 @@ class FetchStreams:
                 self._forget(s)
                 return
             self.pushes += 1
+            if self.on_pushed is not None:
+                self.on_pushed(s.queue, res.batches, p.offset, nxt)
             p.offset = nxt
             s.credit -= sum(map(len, res.batches))
         if moved and nxt < res.end_offset:  # more to read: after the others had their turn

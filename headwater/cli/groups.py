@@ -36,7 +36,7 @@ from headwater.cli.parse import parse_partitions, parse_start
 from headwater.client import Client
 from headwater.errors import GroupNotEmptyError, GroupNotFoundError, InvalidArgumentError, QueueNotFoundError
 from headwater.model.config import QueueInfo
-from headwater.model.groups import GroupDescription, GroupSummary
+from headwater.model.groups import GroupDescription, GroupSummary, partition_lag
 from headwater.model.keyed import KeyedGroupInfo
 from headwater.model.shared import SharedGroupInfo
 
@@ -81,7 +81,7 @@ def _partition_rows(hw: Client, d: GroupDescription) -> list[dict[str, Any]]:
                     "member": holders.get((q, pi.partition)),
                     "committed": c,
                     "end_offset": pi.end_offset,
-                    "lag": None if c is None else max(0, pi.end_offset - max(c, pi.start_offset)),
+                    "lag": partition_lag(c, pi.start_offset, pi.end_offset),
                     "pending_leases": None,  # only shared groups lease messages (see _shared_doc)
                 }
             )
@@ -640,7 +640,7 @@ def queue_lag(
                     "partition": pi.partition,
                     "committed": c,
                     "end_offset": pi.end_offset,
-                    "lag": None if c is None else max(0, pi.end_offset - max(c, pi.start_offset)),
+                    "lag": partition_lag(c, pi.start_offset, pi.end_offset),
                 }
             )
     if as_json:

@@ -26,6 +26,7 @@ from headwater.cli.context import DATA_DIR_DEFAULT, CliState, err_console, ignor
 from headwater.cli.delay import delay_app
 from headwater.cli.dev_cluster import dev_cluster
 from headwater.cli.groups import group_app, queue_lag
+from headwater.cli.metrics import metrics
 from headwater.cli.queues import queue_app
 from headwater.cli.serve import serve
 from headwater.cli.shell import shell
@@ -183,6 +184,7 @@ app.command("get")(records.get)
 app.command("find")(records.find)
 app.command("consume")(consume)
 app.command("status")(status)
+app.command("metrics")(metrics)
 app.command("check")(check)
 app.command("serve")(serve)
 app.command("shell")(shell)

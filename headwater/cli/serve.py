@@ -25,6 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from headwater import StoreConfig
+from headwater.broker.logs import LOG_FORMATS, configure_logging
 from headwater.broker.run import run_server
 from headwater.broker.server import ServerConfig
 from headwater.cli.context import LocalData, err_console, local_data_state, out_console
@@ -54,8 +55,16 @@ def _retired(name: str, where: str) -> bool:
 CLI_VARIABLES = frozenset({"HEADWATER_DATA", "HEADWATER_SERVER", "HEADWATER_CONNECT_TIMEOUT_S", "HEADWATER_HISTORY"})
 
 
+_BOOLS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+
 def _coerce(cls: type[msgspec.Struct], name: str, raw: Any, where: str) -> Any:
     typ = cls.__annotations__[name]
+    if isinstance(raw, str) and typ in ("bool", bool):
+        try:
+            return _BOOLS[raw.strip().lower()]
+        except KeyError:
+            raise InvalidArgumentError(f"{where}: {name} must be true or false, got {raw!r}") from None
     if isinstance(raw, str) and typ in ("int", "float", int, float):
         whole = typ in ("int", int)
         try:
@@ -179,6 +188,13 @@ def serve(
     http_host: Annotated[
         str | None, typer.Option(help="Address the HTTP API listens on.", show_default="--host")
     ] = None,
+    log_format: Annotated[
+        str,
+        typer.Option(
+            help="text, or json: one JSON object per line (ts, level, logger, message and extra fields; "
+            "docs/metrics.md)."
+        ),
+    ] = "text",
     list_settings: Annotated[
         bool, typer.Option("--settings", help="List every setting (meaning, default, environment variable) and exit.")
     ] = False,
@@ -197,6 +213,7 @@ def serve(
     HEADWATER_PORT=7171 headwater --data ./data serve --config headwater.toml
     headwater --data ./b1 serve --port 7071 --zookeeper 127.0.0.1:2181/headwater --broker-id 1
     headwater --data ./data serve --http-port 8080
+    headwater serve --log-format json --set metrics=false
     headwater serve --settings
     ```
     """
@@ -204,9 +221,9 @@ def serve(
         _print_settings()
         return
     state = local_data_state(ctx, data)
-    logging.basicConfig(
-        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    if log_format not in LOG_FORMATS:
+        raise InvalidArgumentError(f"--log-format {log_format!r}: use one of {', '.join(LOG_FORMATS)}")
+    configure_logging(log_level, log_format, sys.stderr)
     overrides = _settings_from_flags(
         {"host": host, "port": port, "flush": flush, "zookeeper": zookeeper, "broker_id": broker_id},
         parse_pairs(settings or [], "--set"),
@@ -219,7 +236,10 @@ def serve(
     def ready(bound: int) -> None:
         nonlocal started
         started = True
-        err_console().print(f"headwater serving {state.data_dir} on {server_cfg.host}:{bound}")
+        if log_format == "json":  # every line of stderr is a JSON object
+            log.info("ready", extra={"data_dir": str(state.data_dir), "address": f"{server_cfg.host}:{bound}"})
+        else:
+            err_console().print(f"headwater serving {state.data_dir} on {server_cfg.host}:{bound}")
         print(f"listening {server_cfg.host}:{bound}", flush=True)
         if http is not None:
             http(server_cfg.host, bound)

@@ -57,6 +57,8 @@ MEANINGS: dict[str, str] = {
     "(the others of a rebalance or decommission wait their turn)",
     "coordinator_partitions": "the partitions of a cluster's consumer-group coordinator queue, fixed by the "
     "broker whose group call makes it (the cluster's first): each is a unit of coordinators that moves",
+    "metrics": "keep Prometheus metrics, served by the METRICS request (headwater metrics, docs/metrics.md); "
+    "false: none, and the request path pays nothing for them",
     # [store]
     "flush": "default flush policy of queues that name none: sync (fsync before acknowledging) or async",
     "flush_interval_ms": "async: the longest a write waits for its fsync",

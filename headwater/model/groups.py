@@ -22,6 +22,7 @@ from headwater.errors import (
 )
 
 __all__ = [
+    "partition_lag",
     "GroupMode",
     "GroupState",
     "MemberState",
@@ -45,6 +46,21 @@ SESSION_TIMEOUT_MS_MAX = 3_600_000
 CLIENT_ID_CHARS_MAX = 64
 _GROUP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 CLIENT_ID_BAD = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def partition_lag(committed: int | None, start_offset: int, end_offset: int) -> int | None:
+    """Messages of a partition a group has not consumed: its end offset minus the committed
+    offset (a commit older than the retained start counts from the start), never below 0;
+    None when the group has committed nothing there. The one rule ``headwater group
+    describe``, ``headwater queue lag`` and the broker's ``headwater_consumer_lag`` metric
+    share, so they cannot disagree.
+
+    >>> partition_lag(40, 0, 100), partition_lag(5, 20, 100), partition_lag(None, 0, 100)
+    (60, 80, None)
+    """
+    if committed is None:
+        return None
+    return max(0, end_offset - max(committed, start_offset))
 
 
 def validate_group_name(group: object) -> str:

@@ -41,6 +41,7 @@ __all__ = [
     "HasTransport",
     "KeyedFetchesAsync",
     "Leads",
+    "MetricsExposition",
     "OpensFetchStreams",
     "OpensPushStreams",
     "ProduceResult",
@@ -92,6 +93,14 @@ class FetchResult(msgspec.Struct, frozen=True, array_like=True):
             or offset > self.end_offset
             or (end_offset is not None and offset >= end_offset)
         )
+
+
+class MetricsExposition(msgspec.Struct, frozen=True, array_like=True):
+    """A broker's metrics as a scrape returns them: ``text`` in the Prometheus text
+    exposition format, and the HTTP ``content_type`` to serve it with."""
+
+    text: str
+    content_type: str
 
 
 class BrokerService(Protocol):
@@ -278,6 +287,12 @@ class BrokerService(Protocol):
 
     def status(self) -> dict[str, object]:
         """Broker facts for operators: version, uptime, storage figures, what recovery repaired."""
+        ...
+
+    def metrics(self) -> MetricsExposition:
+        """The broker's metrics in the Prometheus text format (docs/metrics.md); a broker
+        whose metrics are off, or without prometheus-client, raises
+        :class:`~headwater.errors.UsageError` saying how to turn them on."""
         ...
 
     def metadata(self, queues: list[str] | None = None) -> ClusterMetadata:

@@ -285,6 +285,9 @@ class MemoryStore(QueueTable):
 
     # -- appending --------------------------------------------------------------------
 
+    def add_flush_listener(self, fn: Callable[[float], None]) -> None:
+        """Nothing is ever fsynced in memory: ``fn`` is never called."""
+
     def add_append_listener(self, fn: Callable[[str, int, int], None]) -> None:
         """Call ``fn(queue, partition, end_offset)`` after every append (keep it quick)."""
         self._append_listeners.append(fn)

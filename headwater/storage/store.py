@@ -103,6 +103,7 @@ class LogStore(LogAdmin, LogReads, LogRetention):
             self._dir_lock.release()
             raise
         self._append_listeners: list[Callable[[str, int, int], None]] = []
+        self._flush_listeners: list[Callable[[float], None]] = []
         # the page cache below _uncached_upto was let go of (what an earlier run wrote is left to the kernel)
         self._uncached_from = self._uncached_upto = self._active.end_position
         self._commit = GroupCommit(
@@ -287,6 +288,11 @@ class LogStore(LogAdmin, LogReads, LogRetention):
     def add_append_listener(self, fn: Callable[[str, int, int], None]) -> None:
         """Call ``fn(queue, partition, end_offset)`` after every append (keep it quick)."""
         self._append_listeners.append(fn)
+
+    def add_flush_listener(self, fn: Callable[[float], None]) -> None:
+        """Call ``fn(seconds)`` after every fsync of the log, with the time it took, from the
+        thread that made it (keep it quick: the broker's metrics count it)."""
+        self._flush_listeners.append(fn)
 
     def append(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
         """Validate a producer's batch, append it, and return where it landed.
@@ -537,8 +543,11 @@ class LogStore(LogAdmin, LogReads, LogRetention):
                 return covered
         if seg.deleted:
             return covered
+        started = time.perf_counter()
         with seg.reading():
             seg.sync()
+        for fn in self._flush_listeners:
+            fn(time.perf_counter() - started)
         return covered
 
     def _flush_tick(self) -> None:

@@ -23,6 +23,7 @@ from headwater.model.config import QueueConfig, QueueInfo, is_internal_queue, va
 from headwater.model.delay import DelayStats
 from headwater.model.keyed import KeyedGroupInfo
 from headwater.model.message import Message, MessageId, Record, required_epoch_ms
+from headwater.model.service import MetricsExposition
 from headwater.model.subscription import SubscriberInfo, subscriber_settings
 
 __all__ = ["AdminBase", "ClientBase"]
@@ -142,6 +143,21 @@ class AdminBase(Twins):
         validate_queue_name(name)
         md = yield self._service.metadata([name])
         return {p.partition: md.broker(p.leader) for p in md.queue(name).partitions}
+
+    # metrics (docs/metrics.md)
+    @waits
+    def metrics(self) -> Waits[str]:
+        """The broker's Prometheus metrics, in the text exposition format (what a scrape of
+        ``/metrics`` returns; ``headwater metrics``). On a cluster: the broker this client
+        was started with; scrape each broker for all of them. A broker whose metrics are off
+        raises :class:`~headwater.errors.UsageError` saying how to turn them on."""
+        return (yield self._service.metrics()).text
+
+    @waits
+    def metrics_exposition(self) -> Waits[MetricsExposition]:
+        """:meth:`metrics` with the HTTP content type to serve it with (an HTTP gateway's
+        ``/metrics``)."""
+        return (yield self._service.metrics())
 
     # moving partitions between a cluster's brokers (docs/cluster.md)
     @waits

@@ -1,5 +1,5 @@
 """Bodies of ping, queue administration (create, describe, list, delete, truncate, enable,
-add partitions), the broker's status and the cluster's metadata (where each partition is)."""
+add partitions), the broker's status and metrics, and the cluster's metadata (where each partition is)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 from headwater.model.cluster import ClusterMetadata, PartitionMove
 from headwater.model.config import QueueConfig, QueueInfo, QueuePage
+from headwater.model.service import MetricsExposition
 from headwater.protocol.messages.base import ApiKey, RequestBody, ResponseBody, _NoResult
 
 
@@ -121,6 +122,25 @@ class StatusResponse(ResponseBody, frozen=True, array_like=True):
     @classmethod
     def from_result(cls, value: dict[str, Any]) -> ResponseBody:
         return cls(dict(value))
+
+
+class MetricsRequest(RequestBody, frozen=True, array_like=True):
+    """The broker's metrics in the Prometheus text exposition format (``headwater metrics``)."""
+
+    api = ApiKey.METRICS
+
+
+class MetricsResponse(ResponseBody, frozen=True, array_like=True):
+    api = ApiKey.METRICS
+    text: str
+    content_type: str  # the HTTP Content-Type a scrape endpoint serves ``text`` with
+
+    def result(self) -> MetricsExposition:
+        return MetricsExposition(self.text, self.content_type)
+
+    @classmethod
+    def from_result(cls, value: MetricsExposition) -> ResponseBody:
+        return cls(value.text, value.content_type)
 
 
 class MetadataRequest(RequestBody, frozen=True, array_like=True):

@@ -73,6 +73,7 @@ class ApiKey(IntEnum):
     HANDOFF_DELAYED = 72  # broker to broker: a moving partition's delayed messages and shared state
     # status and metrics
     STATUS = 90
+    METRICS = 91
     # cluster
     METADATA = 100
     REBALANCE = 101
@@ -90,7 +91,7 @@ RESERVED_API_KEYS: dict[range, str] = {
     range(68, 70): "more push subscriptions",
     range(73, 80): "more delayed messages",
     range(80, 90): "transactions: prepare, commit, roll back, check back",
-    range(91, 100): "more status and metrics",
+    range(92, 100): "more status and metrics",
     range(103, 200): "more cluster: brokers, partition moves, replication",
     range(0x8000, 0x10000): "private extensions, never assigned by Headwater",
 }

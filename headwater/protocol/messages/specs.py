@@ -27,6 +27,8 @@ from headwater.protocol.messages.admin import (
     ListQueuesResponse,
     MetadataRequest,
     MetadataResponse,
+    MetricsRequest,
+    MetricsResponse,
     PingRequest,
     PingResponse,
     RebalanceRequest,
@@ -252,6 +254,7 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
         # broker to broker (INTERNAL_APIS): a page of a moving partition's delayed messages
         ApiSpec(ApiKey.HANDOFF_DELAYED, HandoffDelayedRequest, HandoffDelayedResponse, None),
         ApiSpec(ApiKey.STATUS, StatusRequest, StatusResponse, "status"),
+        ApiSpec(ApiKey.METRICS, MetricsRequest, MetricsResponse, "metrics"),
         ApiSpec(ApiKey.METADATA, MetadataRequest, MetadataResponse, "metadata"),
         # a second plan would plan again over the moves the first started
         ApiSpec(ApiKey.REBALANCE, RebalanceRequest, RebalanceResponse, "rebalance", resend=_ONCE),
