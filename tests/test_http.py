@@ -250,3 +250,16 @@ def test_the_gateway_runs_alone_in_front_of_a_broker(broker):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
+
+
+def test_metrics_are_served_at_slash_metrics_for_prometheus(api, queue):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    batch = [{"value": f"m{i}", "partition": 0} for i in range(7)]
+    assert api.post(f"/v1/queues/{queue}/messages", json={"messages": batch}).status_code == 200
+    r = api.get("/metrics")
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    produced = [s.value for s in families["headwater_messages_in"].samples if s.labels.get("queue") == queue]
+    assert produced == [7.0]

@@ -16,6 +16,8 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 
 import headwater.aio
@@ -88,6 +90,13 @@ class Gateway:
                 await asyncio.wait_for(self.client.close(), 10)
 
 
+async def _metrics(request: Request) -> Response:
+    """The Prometheus metrics of the broker this gateway was started with (docs/metrics.md);
+    on a cluster each broker's gateway serves its own broker's, as each broker is scraped."""
+    exposition = await request.app.state.gateway.client.admin.metrics_exposition()
+    return Response(exposition.text, media_type=exposition.content_type)
+
+
 def create_app(broker_address: str, settings: GatewaySettings | None = None) -> Starlette:
     """The HTTP API of the broker (or cluster) at ``broker_address`` (``"host:port"``, or a
     bootstrap list ``"h1:p1,h2:p2"``) as an ASGI app; it connects when the server starts
@@ -103,6 +112,8 @@ def create_app(broker_address: str, settings: GatewaySettings | None = None) -> 
             await gateway.close()
 
     routes = [Route("/v1" + op.path, op.handler, methods=[op.method]) for op in OPERATIONS]
+    # where Prometheus looks by default, outside /v1: the broker's own exposition, unchanged
+    routes.append(Route("/metrics", _metrics, methods=["GET"]))
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
