@@ -51,6 +51,10 @@ Run ``python -m bench.probes PROBE`` from the repository root; each prints its f
   Python function calls each process (and each of its threads) makes per message, async then
   sync flush, twice. A count, not a time: it moves only when the code does. See
   ``bench/calls.py``.
+- ``rtt``: ``Producer.send_and_wait`` of one 100 B message beside redis-py ``XADD``
+  (appendfsync everysec), alternating in one process, three rounds: each one's calls a
+  second, client and server CPU per call, the ratio, then the time of each phase of one
+  Headwater call. See ``bench/rtt.py`` (``python -m bench.rtt`` for the options).
 - ``consume``: one broker holding 1.5 million messages of 100 B; a fresh consumer reads them
   all, through a fetch stream and then with a FETCH per batch (``stream=False``), three
   times each, alternating: what the fetch streams change for reading a backlog.
@@ -665,6 +669,12 @@ def calls() -> None:
     run_calls()
 
 
+def rtt() -> None:
+    from bench.rtt import main as run_rtt
+
+    run_rtt(["--rounds", "3", "--hops"])
+
+
 OPEN_BYTES = 64 << 20
 
 
@@ -720,6 +730,7 @@ PROBES = {
     "hops": hops,
     "awake": awake,
     "calls": calls,
+    "rtt": rtt,
 }
 
 

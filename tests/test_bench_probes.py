@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 
 import pytest
 
@@ -134,3 +135,17 @@ def test_the_open_probe_times_a_clean_open_and_one_after_a_crash(capsys):
     )
     assert m, line
     assert int(m[1]) >= 1
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_the_rtt_bench_alternates_send_and_wait_with_redis_xadd_and_times_each_phase(capsys):
+    """A short real run: both sides answer every call, each round gives both rates and
+    their ratio, and the phases of a Headwater call are all timed."""
+    from bench import rtt
+
+    res = rtt.run(rounds=2, calls=50, hops=True, log=print)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all("headwater send_and_wait" in x and "redis xadd" in x for x in lines)
+    assert [r["ratio"] > 0 for r in res["rounds"]] == [True, True]
+    assert set(res["hops"]) == {name for name, _, _ in rtt.PHASES}
+    assert all(v > 0 for v in res["hops"].values())

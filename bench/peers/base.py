@@ -485,7 +485,7 @@ def process_group_cpu_s(pgid: int) -> float:
 
 def latency_figures(stamps: Sequence[tuple[int, int, int, int]]) -> dict[str, Any] | None:
     """From a latency run's (scheduled, sequence, received, send began) stamps, in ns, of the
-    messages past the warm-up: end-to-end latency (from the scheduled time) p50 / p99 / max /
+    messages past the warm-up: end-to-end latency (from the scheduled time) p50 / p99 / p99.9 / max /
     mean, and p50 / p99 of the transit from the send call on, in ms; None if none arrived.
 
     >>> f = latency_figures([(0, 200, 3_000_000, 2_000_000), (0, 201, 1_000_000, 0)])
@@ -501,6 +501,7 @@ def latency_figures(stamps: Sequence[tuple[int, int, int, int]]) -> dict[str, An
         "counted": len(lat_ms),
         "p50_ms": percentile(lat_ms, 50),
         "p99_ms": percentile(lat_ms, 99),
+        "p999_ms": percentile(lat_ms, 99.9),
         "max_ms": lat_ms[-1],
         "mean_ms": sum(lat_ms) / len(lat_ms),
         "transit_p50_ms": percentile(transit_ms, 50),

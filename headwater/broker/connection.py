@@ -279,6 +279,9 @@ class ClientConnection(asyncio.Protocol):
                         self.close()
                         break
                     if ev is NEED_DATA:
+                        if not conn.receiving_frame:  # the usual case: every frame read was whole
+                            self.frame_since = None
+                            break
                         self._frame_pending()
                         if conn.frame_in_progress_bytes > FRAME_RESERVE_MIN_BYTES and not self._reserve_frame():
                             self._block()  # its body stays in the kernel until the budget has room

@@ -415,18 +415,17 @@ class BrokerServer:
                 elif not self._decodes_inline(body.batch):
                     self._append_off_loop(st, ev)
                     return False  # held, the connection paused: its later requests wait, in order
-                else:
-                    n = st.frame_held  # a big frame's bytes, reserved as it was read: the batch's now
-                    if n:
-                        st.frame_held = 0
-                    else:
-                        n = len(body.batch)
-                        if not self.budget.take(st, n):
-                            return False
+                elif st.frame_held:  # a big frame's bytes, reserved as it was read: the batch's now
+                    n, st.frame_held = st.frame_held, 0
                     try:  # the append, inline: this is what keeps a connection's produces in order
                         result, durable_at = self.broker.produce_nowait(body.queue, body.partition, body.batch)
                     finally:
                         self.budget.release(st, n)  # appended: the batch is no longer held
+                else:
+                    # held only while it is appended, inline: it must fit the budgets, as if taken
+                    if not self.budget.fits(st, len(body.batch)):
+                        return False
+                    result, durable_at = self.broker.produce_nowait(body.queue, body.partition, body.batch)
                 if type(durable_at) is int:  # sync flush: answered once the fsync is done
                     self._acks.add(durable_at, functools.partial(self._answer_durable, st, ev, result, started_s=t0))
                     return True

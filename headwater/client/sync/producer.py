@@ -204,6 +204,15 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
         call it (:class:`UsageError`): it waits.
         """
         self._refuse_in_sender("send_and_wait()")
+        if type(body) is bytes and key is None and tag is None and properties is None and partition is None:
+            if callback is None and deliver_at is None and delay is None:  # the common first program
+                # _prepare's and _choose_partition's checks, without their calls (issue 32)
+                self._check_open()
+                info = self._queue_info(queue)
+                size = check_message(body, info.config.message_bytes_max)
+                p = self._partitioner.for_message(body, len(info.partitions))
+                r = self._send_sync(queue, p, info, [body], size)
+                return MessageId(r.queue_id, r.partition, r.base_offset)
         at = self._deliver_at(deliver_at, delay)
         if callback is not None:  # the callback runs in the sender thread, as for send()
             return self._enqueue(queue, body, key, tag, properties, partition, callback, True, at).result()

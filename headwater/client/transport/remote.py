@@ -53,7 +53,7 @@ from headwater.client.transport.polling import retrieve
 from headwater.client.transport.send_future import LazyFuture
 from headwater.errors import ClosedError, NotCoordinatorError, NotLeaderError, OutcomeUnknownError, UnavailableError
 from headwater.model.checks import check_int_arg, check_offsets_arg, check_queue_arg, mapping_copy
-from headwater.model.service import BrokerService, PushHandler
+from headwater.model.service import BrokerService, ProduceResult, PushHandler
 from headwater.model.subscription import SubscriberInfo, validate_subscriber_name
 from headwater.protocol import messages as m
 
@@ -550,6 +550,22 @@ class RemoteService(StreamCalls, BrokerService):
                 return waiter.wait()
             except UnavailableError as e:
                 tries.again(e, sent.written, self._closed)
+
+    def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
+        """Append one encoded batch and wait for its ProduceResult (BrokerService.produce).
+
+        Written out rather than made from ``API_SPECS``: a sync producer's ``send_and_wait``
+        comes here once per message, and an append is never sent again by the service (its
+        producer retries it, idempotently), so it needs no :class:`Tries`, only the one
+        deadline, ``request_timeout_s``. The request is written and its answer read on this
+        thread (unless another thread reads the connection already)."""
+        if self._closed:
+            raise ClosedError(f"the client of {self.address} is closed")
+        waiter = _Waiter()
+        transport = self.transport
+        transport.submit(m.ProduceRequest(queue, partition, batch), waiter, None, lead=True)
+        transport.lead([waiter])
+        return waiter.wait()
 
     # the calls that do not wait, for the producers and consumers that keep several in flight
     def describe_queue_async(self, name: str) -> concurrent.futures.Future:

@@ -1,0 +1,220 @@
+"""The one-message round trip: ``Producer.send_and_wait`` beside redis-py ``XADD``, alternating
+in one run (``python -m bench.rtt``; also ``python -m bench.probes rtt``).
+
+A ``headwater serve`` broker (its own process, flush async by default) and a ``redis-server``
+(appendonly, ``appendfsync everysec``), both on 127.0.0.1, are driven from this one process, one
+100 B message per call, each call waiting for its answer: ``--calls`` Headwater calls, then as
+many ``XADD``, for ``--rounds`` rounds (the order turns each round, so neither always runs
+first). Each round prints both rates, the client's and the server's CPU per call (user and
+system, from /proc) and the ratio; the end prints the median ratio against the target (issue 32
+target 4: at least 1.0) as PASS or MISS. Exit status 0 either way: a benchmark reports.
+
+``--hops`` adds the breakdown of one Headwater call on the caller's thread, timed with
+``time.perf_counter_ns`` around the methods it goes through (the wrappers cost a few µs, so
+those calls are a little slower than the unwrapped ones): build and encode (from the call to
+the socket write), the write (``sendmsg``), the wait for the answer (the broker's whole share,
+its CPU and both wake-ups), reading and settling the answer, and the return to the caller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench import machine
+from bench.peers.base import ensure_debian_packages, wait_until
+
+__all__ = ["main", "run", "TARGET_RATIO"]
+
+TARGET_RATIO = 1.0  # issue 32, target 4: send_and_wait at least redis-py's XADD rate
+QUEUE = "rtt"
+BODY = b"x" * 100
+WARMUP_CALLS = 500
+
+
+def _broker(data: str, flush: str, ready: Any) -> None:
+    from headwater.broker.run import run_server
+    from headwater.broker.server import ServerConfig
+    from headwater.storage.store import StoreConfig
+
+    run_server(data, StoreConfig(flush=flush), ServerConfig(host="127.0.0.1", port=0), on_ready=ready.put)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_redis(workdir: str, fsync: str) -> tuple[subprocess.Popen, Any]:
+    ensure_debian_packages({"redis-server": "redis-server"})
+    import redis
+
+    port = _free_port()
+    args = ["--bind", "127.0.0.1", "--port", str(port), "--dir", workdir, "--appendonly", "yes"]
+    args += ["--appendfsync", fsync, "--save", "", "--logfile", "", "--daemonize", "no"]
+    proc = subprocess.Popen([shutil.which("redis-server") or "redis-server", *args], stdout=subprocess.DEVNULL)
+    client = redis.Redis(host="127.0.0.1", port=port)
+    wait_until(client.ping, timeout_s=20, what="redis-server", alive=lambda: proc.poll() is None)
+    return proc, client
+
+
+def _timed(calls: int, one: Callable[[], object], server_pid: int) -> dict[str, float]:
+    """Run ``one`` ``calls`` times: calls a second, and CPU µs per call of this process and
+    of the server (user, system)."""
+    me = os.getpid()
+    cu0, cs0 = machine.process_cpu_times(me)
+    su0, ss0 = machine.process_cpu_times(server_pid)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        one()
+    took = time.perf_counter() - t0
+    cu1, cs1 = machine.process_cpu_times(me)
+    su1, ss1 = machine.process_cpu_times(server_pid)
+    per = 1e6 / calls
+    return {
+        "rate": calls / took,
+        "us": took * per,
+        "client_user_us": (cu1 - cu0) * per,
+        "client_sys_us": (cs1 - cs0) * per,
+        "server_user_us": (su1 - su0) * per,
+        "server_sys_us": (ss1 - ss0) * per,
+    }
+
+
+def _line(label: str, r: dict[str, float]) -> str:
+    return (
+        f"{label} {r['rate']:,.0f}/s ({r['us']:.0f} µs a call; client CPU {r['client_user_us']:.0f}+"
+        f"{r['client_sys_us']:.0f} µs, server {r['server_user_us']:.0f}+{r['server_sys_us']:.0f} µs user+sys)"
+    )
+
+
+def run(
+    *, rounds: int = 5, calls: int = 5000, flush: str = "async", fsync: str = "everysec", hops: bool = False, log=print
+) -> dict[str, Any]:
+    """Alternate the two in ``rounds`` rounds of ``calls`` each: every round's figures, the
+    ratios (Headwater's rate over Redis's) and, with ``hops``, the per-phase breakdown."""
+    import headwater
+
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="hw-rtt-") as d:
+        os.mkdir(os.path.join(d, "hw"))
+        os.mkdir(os.path.join(d, "redis"))
+        ready = ctx.Queue()
+        broker = ctx.Process(target=_broker, args=(os.path.join(d, "hw"), flush, ready), daemon=True)
+        broker.start()
+        rproc, rclient = _start_redis(os.path.join(d, "redis"), fsync)
+        hw = None
+        try:
+            hw = headwater.connect(f"127.0.0.1:{ready.get(timeout=60)}")
+            hw.admin.create_queue(QUEUE, partitions=1, ttl_s=None)
+            producer = hw.producer()
+            sides: dict[str, tuple[Callable[[], object], int]] = {
+                "headwater": (lambda: producer.send_and_wait(QUEUE, BODY), broker.pid),
+                "redis": (lambda: rclient.xadd(QUEUE, {"b": BODY}), rproc.pid),
+            }
+            for one, _ in sides.values():
+                for _ in range(WARMUP_CALLS):
+                    one()
+            out = []
+            for r in range(rounds):
+                order = list(sides) if r % 2 == 0 else list(sides)[::-1]
+                got = {name: _timed(calls, *sides[name]) for name in order}
+                ratio = got["headwater"]["rate"] / got["redis"]["rate"]
+                log(
+                    f"round {r + 1}: {_line('headwater send_and_wait', got['headwater'])}; "
+                    f"{_line(f'redis xadd ({fsync})', got['redis'])}; ratio {ratio:.2f}"
+                )
+                out.append({**got, "ratio": ratio})
+            breakdown = _hops(producer, calls) if hops else None
+            producer.close()
+        finally:
+            if hw is not None:
+                hw.close()
+            rproc.terminate()
+            rproc.wait(timeout=10)
+            broker.terminate()
+            broker.join(timeout=10)
+    ratios = [r["ratio"] for r in out]
+    return {"rounds": out, "ratio_median": statistics.median(ratios), "hops": breakdown}
+
+
+#: The phases of one send_and_wait on the caller's thread, and the stamps that bound them.
+PHASES = (
+    ("build and encode", "call", "write"),
+    ("socket write (sendmsg)", "write", "written"),
+    ("wait for the answer", "written", "readable"),
+    ("read, parse, settle", "readable", "read"),
+    ("back to the caller", "read", "return"),
+)
+
+
+def _hops(producer: Any, calls: int) -> dict[str, float]:
+    """p50 µs of each phase of ``calls`` send_and_wait calls (see PHASES), by wrapping the
+    transport's write and read for the time of the run."""
+    from headwater.client.transport.async_transport import AsyncTransport
+
+    clock = time.perf_counter_ns
+    stamp: dict[str, int] = {}
+    write, read = AsyncTransport._write_locked, AsyncTransport._read_locked
+
+    def timed_write(self: Any, link: Any, chunks: list) -> None:
+        stamp["write"] = clock()
+        write(self, link, chunks)
+        stamp["written"] = clock()
+
+    def timed_read(self: Any, link: Any, outcomes: list) -> Any:
+        stamp.setdefault("readable", clock())
+        why = read(self, link, outcomes)
+        stamp["read"] = clock()
+        return why
+
+    samples: dict[str, list[int]] = {name: [] for name, _, _ in PHASES}
+    AsyncTransport._write_locked, AsyncTransport._read_locked = timed_write, timed_read  # type: ignore[method-assign]  # a probe's wrappers, removed below
+    try:
+        for _ in range(calls):
+            stamp.clear()
+            stamp["call"] = clock()
+            producer.send_and_wait(QUEUE, BODY)
+            stamp["return"] = clock()
+            if len(stamp) == 6:  # every phase seen (a call answered another way is left out)
+                for name, a, b in PHASES:
+                    samples[name].append(stamp[b] - stamp[a])
+    finally:
+        AsyncTransport._write_locked, AsyncTransport._read_locked = write, read  # type: ignore[method-assign]  # restored
+    return {name: statistics.median(v) / 1000 for name, v in samples.items() if v}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.rtt", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    parser.add_argument("--calls", type=int, default=5000, help="calls per system per round (default 5000)")
+    parser.add_argument("--flush", choices=("async", "sync"), default="async", help="the broker's flush policy")
+    parser.add_argument("--fsync", choices=("everysec", "always"), default="everysec", help="Redis's appendfsync")
+    parser.add_argument("--hops", action="store_true", help="then time each phase of a Headwater call")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.calls < 1:
+        parser.error("--rounds and --calls must be at least 1")
+    res = run(rounds=args.rounds, calls=args.calls, flush=args.flush, fsync=args.fsync, hops=args.hops)
+    verdict = "PASS" if res["ratio_median"] >= TARGET_RATIO else "MISS"
+    print(
+        f"send_and_wait over redis xadd ({args.fsync}), median of {args.rounds} rounds: "
+        f"{res['ratio_median']:.2f} (target >= {TARGET_RATIO}): {verdict}"
+    )
+    if res["hops"]:
+        print("one send_and_wait, p50 µs per phase: " + "; ".join(f"{k} {v:.1f}" for k, v in res["hops"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
