@@ -87,7 +87,12 @@ def test_a_subscriber_gets_every_message_in_order_and_resumes_from_its_checkpoin
         start = {p: o for p, o in hw.admin.describe_subscriber(QUEUE, NAME).checkpoints.items()}
         seen = Seen()
         sub = hw.subscribe(QUEUE, NAME, listeners=[seen])
-        assert sub.mode == "pull"  # no push streams on a cluster yet
+        assert sub.mode == "push"
+        # one stream per leader, each pushing the partitions it leads: every partition once
+        eventually(lambda: sorted(p for ps in sub.streams.values() for p in ps) == list(range(PARTITIONS)) or None)
+        leaders = hw.admin.cluster_metadata([QUEUE]).queue(QUEUE).partitions
+        assert sub.streams == {b: sorted(p.partition for p in leaders if p.leader == b) for b in sub.streams}
+        assert set(sub.streams) == {1, 2, 3}
         sent = _send(hw, QUEUE, 300, first=1000)
         assert sub.wait_for(lambda: seen.total() >= sent, timeout_s=30), sub.error
         sub.stop()

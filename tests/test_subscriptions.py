@@ -712,7 +712,7 @@ def test_an_asyncio_subscriber(aio_target, monkeypatch):
         sub = hw.subscribe(
             "q", "s", listeners=[lambda r: calls.append(("f", r.body)), later], checkpoint_interval_ms=10
         )
-        assert sub.mode == ("push" if aio_target.kind == "network" else "pull")
+        assert sub.mode == ("push" if aio_target.kind in ("network", "cluster") else "pull")
         assert await sub.wait_for(lambda: len(calls) == 80)
         for i in range(0, 80, 2):  # each record: f, then g awaited, before the next record
             assert calls[i][0] == "f" and calls[i + 1] == ("g", calls[i][1])
