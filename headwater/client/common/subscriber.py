@@ -319,6 +319,14 @@ class SubscriberBase(ClusterPush, Twins):
                     raise SubscriberNotFoundError(
                         f"subscriber {self.name!r} of queue {self.queue!r} was deleted"  # as its streams say
                     ) from None
+                except UnavailableError as e:
+                    if final:
+                        raise
+                    # a leader the coordinator checks it against is down, or the coordinator
+                    # moves: delivery goes on, and the next checkpoint stores these positions
+                    log.info("subscriber %s/%s: checkpoint not stored yet (%s)", self.queue, self.name, e)
+                    self._last_checkpoint = time.monotonic()
+                    return
         elif self.mode == "push":
             yield from self._ack(changed, wait=final)
         elif changed:
