@@ -26,6 +26,15 @@ over (the old stream gets a last PUSH saying so and ends), so a restarted proces
 locked out by the half-open connection of its dead predecessor. Deleting the subscriber or
 its queue ends its stream the same way.
 
+On a cluster (docs/design/cluster.md, "Subscriptions (built)") a subscriber process opens
+one stream on each leader of its partitions: SUBSCRIBE then names the partitions this
+broker is to push and where each starts, the tags, and the subscription epoch the
+coordinator gave the process. Such a stream pushes only those partitions, each of which
+must be led here (else NotLeaderError), ends with NotLeaderError once one moves away, and
+checkpoints nothing (the coordinator keeps checkpoints). Of two streams of one subscriber
+here, the older epoch's is refused or ended as replaced; the coordinator also ends it from
+afar after a claim or a delete (END_SUBSCRIBER_STREAMS, :meth:`PushService.end_streams`).
+
 Thread-safety: everything runs on the server's event loop; listeners registered with the
 broker (appends, deletions) cross into it with ``call_soon_threadsafe``.
 """

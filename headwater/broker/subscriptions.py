@@ -4,7 +4,8 @@ One record per subscriber, keyed by (queue id, name): a deleted queue takes its 
 with it. The record holds what ``headwater subscriber add`` set (partitions, tags) and the
 checkpoints, rewritten durably by each checkpoint. The rules (names, start positions, what
 a checkpoint may say) are :mod:`headwater.model.subscription`; delivery is
-:mod:`headwater.broker.push` (network) or the client's pull loop (embedded, or a cluster).
+:mod:`headwater.broker.push` (over the network, a broker alone or each leader of a
+cluster) or the client's pull loop (embedded).
 
 Alone, the records are in the internal table ``__subscribers``
 (:class:`~headwater.broker.table.DurableTable`). On a cluster (:meth:`join_cluster`;
@@ -12,7 +13,9 @@ docs/design/cluster.md, "Subscriptions (built)") subscriber (queue, name) is coo
 by the leader of its partition of ``__cluster_subscribers``, which alone keeps its record,
 in a table of that partition appended inside ``producing(...)`` (a move's fence covers it);
 elsewhere its calls are refused with ``NotCoordinatorError``. A start and a checkpoint are
-checked against every partition's log as its leader has it.
+checked against every partition's log as its leader has it. The record's ``epoch`` is
+bumped by each claim (:meth:`SubscriberRegistry.claim`, a process about to push on a
+cluster); a checkpoint naming an older epoch is refused.
 
 Thread-safety: one lock; every change returns once durable.
 """

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from headwater.client.core.subscribers import plan_streams
 from headwater.errors import HeadwaterError, SubscriberNotFoundError, UnavailableError, UsageError
+from headwater.model.cluster import ALONE
 from headwater.model.filtering import count_messages
 from headwater.model.subscription import replaced_message
 
@@ -90,6 +91,8 @@ class ClusterPush:
         _stopping: bool
         _epoch: int
         _legs: dict[int, _Leg]
+        _stream: tuple[int, object] | None
+        _stream_pos: dict[int, int]
 
         def _set_info(self, info: SubscriberInfo) -> None: ...
         def _next_push(self, timeout_s: float) -> Any: ...
@@ -101,8 +104,13 @@ class ClusterPush:
 
     @property
     def streams(self) -> dict[int, list[int]]:
-        """On a cluster, the push streams open now: broker id -> the partitions it pushes."""
-        return {b: list(leg.partitions) for b, leg in self._legs.items()}
+        """The push streams open now: broker id -> the partitions its stream carries (a
+        broker alone is ``-1``, as METADATA names it; pulling, none)."""
+        if self._legs:
+            return {b: list(leg.partitions) for b, leg in self._legs.items()}
+        if self._stream is not None:
+            return {ALONE: sorted(self._stream_pos)}
+        return {}
 
     def _run_cluster_push(self, stop_item: object) -> Generator[Any, Any, None]:
         info = yield self._service.claim_subscriber(self.queue, self.name)
