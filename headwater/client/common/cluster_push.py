@@ -149,6 +149,27 @@ class ClusterPush:
                 self._give_credit(leg)
             yield from self._checkpoint()
 
+    def _checkpoint_at_coordinator(self, changed: dict[int, int], final: bool) -> Generator[Any, Any, bool]:
+        """Store ``changed`` at the coordinator, fenced by the epoch; whether it was stored
+        (a refusal for a passing reason is logged, and a later checkpoint stores them)."""
+        if not changed:
+            return True
+        try:
+            yield self._service.checkpoint_subscriber(self.queue, self.name, changed, self._epoch)
+        except SubscriberNotFoundError:
+            raise SubscriberNotFoundError(
+                f"subscriber {self.name!r} of queue {self.queue!r} was deleted"  # as its streams say
+            ) from None
+        except UnavailableError as e:
+            if final:
+                raise
+            # a leader the coordinator checks them against is down, or the coordinator moves:
+            # delivery goes on, and the next checkpoint stores these positions
+            log.info("subscriber %s/%s: checkpoint not stored yet (%s)", self.queue, self.name, e)
+            self._last_checkpoint = time.monotonic()
+            return False
+        return True
+
     def _check_claim(self) -> Generator[Any, Any, None]:
         """Ask the coordinator whether this process still owns the name (raises if not)."""
         try:

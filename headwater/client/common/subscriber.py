@@ -312,21 +312,8 @@ class SubscriberBase(ClusterPush, Twins):
             return
         changed = {p: o for p, o in self._positions.items() if self._stored.get(p) != o}
         if self._routed:
-            if changed:  # to the coordinator, fenced by the epoch
-                try:
-                    yield self._service.checkpoint_subscriber(self.queue, self.name, changed, self._epoch)
-                except SubscriberNotFoundError:
-                    raise SubscriberNotFoundError(
-                        f"subscriber {self.name!r} of queue {self.queue!r} was deleted"  # as its streams say
-                    ) from None
-                except UnavailableError as e:
-                    if final:
-                        raise
-                    # a leader the coordinator checks it against is down, or the coordinator
-                    # moves: delivery goes on, and the next checkpoint stores these positions
-                    log.info("subscriber %s/%s: checkpoint not stored yet (%s)", self.queue, self.name, e)
-                    self._last_checkpoint = time.monotonic()
-                    return
+            if not (yield from self._checkpoint_at_coordinator(changed, final)):
+                return
         elif self.mode == "push":
             yield from self._ack(changed, wait=final)
         elif changed:
