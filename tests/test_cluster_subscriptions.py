@@ -1,8 +1,9 @@
 """Push subscribers on a cluster (docs/design/cluster.md, "Subscriptions (built)"): three
 real brokers and a real ZooKeeper. Each subscriber has one coordinator, the leader of its
 partition of the internal queue ``__cluster_subscribers``, which keeps its record and
-checkpoints; a subscriber process pulls from each partition's leader. When the
-coordinator's partition moves, the record moves with it."""
+checkpoints; a subscriber process claims the name there (its epoch) and opens one push
+stream per partition leader. When the coordinator's partition moves, the record moves with
+it; when a data partition moves, the stream moves to its new leader."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 import headwater
 import headwater.aio
 from headwater import Message
-from headwater.errors import NotCoordinatorError, UsageError
+from headwater.errors import InvalidArgumentError, NotCoordinatorError, NotLeaderError, UsageError
 from headwater.model.cluster import SUBSCRIBER_COORDINATOR_QUEUE
 from tests.support.cluster import Cluster, eventually
 
@@ -87,7 +88,12 @@ def test_a_subscriber_gets_every_message_in_order_and_resumes_from_its_checkpoin
         start = {p: o for p, o in hw.admin.describe_subscriber(QUEUE, NAME).checkpoints.items()}
         seen = Seen()
         sub = hw.subscribe(QUEUE, NAME, listeners=[seen])
-        assert sub.mode == "pull"  # no push streams on a cluster yet
+        assert sub.mode == "push"
+        # one stream per leader, each pushing the partitions it leads: every partition once
+        eventually(lambda: sorted(p for ps in sub.streams.values() for p in ps) == list(range(PARTITIONS)) or None)
+        leaders = hw.admin.cluster_metadata([QUEUE]).queue(QUEUE).partitions
+        assert sub.streams == {b: sorted(p.partition for p in leaders if p.leader == b) for b in sub.streams}
+        assert set(sub.streams) == {1, 2, 3}
         sent = _send(hw, QUEUE, 300, first=1000)
         assert sub.wait_for(lambda: seen.total() >= sent, timeout_s=30), sub.error
         sub.stop()
@@ -167,7 +173,14 @@ def test_a_moved_coordinator_keeps_the_checkpoint_and_loses_nothing(zk_server, t
                 before = eventually(lambda: hw.admin.describe_subscriber("moving", "mover").checkpoints or None)
                 moves = hw.admin.decommission(coordinator)
                 assert any(m.queue == SUBSCRIBER_COORDINATOR_QUEUE for m in moves)
-                eventually(lambda: not hw.admin.cluster_metadata([]).moves, timeout_s=90, what="the moves finishing")
+                eventually(  # (a broker's metadata may show the planned moves a moment late)
+                    lambda: (
+                        not hw.admin.cluster_metadata([]).moves
+                        and hw.admin.cluster_metadata().subscriber_coordinator("moving", "mover") != coordinator
+                    ),
+                    timeout_s=90,
+                    what="the moves finishing",
+                )
                 now = hw.admin.cluster_metadata().subscriber_coordinator("moving", "mover")
                 assert now != coordinator and now in (1, 2, 3)
                 with cluster.connect(now) as raw:  # the new coordinator has the checkpoint from before
@@ -215,3 +228,153 @@ def test_an_asyncio_client_finds_the_subscriber_through_any_broker(cluster):
 
     for i in (1, 2, 3):
         asyncio.run(check(cluster.address(i)))
+
+
+def _leaders(hw: headwater.Client, queue: str) -> dict[int, list[int]]:
+    """broker id -> the partitions of ``queue`` it leads, by the cluster's metadata."""
+    out: dict[int, list[int]] = {}
+    for p in hw.admin.cluster_metadata([queue]).queue(queue).partitions:
+        out.setdefault(p.leader, []).append(p.partition)
+    return out
+
+
+def test_a_second_process_takes_the_subscriber_over_on_every_leader(cluster):
+    """A second process claims the name at the coordinator: every leader ends the first
+    one's stream with the single broker's "took the stream over", the first's checkpoints
+    are refused from then on, and the second gets what is sent next."""
+    queue, name = "takeover", "one-at-a-time"
+    with headwater.connect(_bootstrap(cluster)) as hw:
+        hw.admin.create_queue(queue, partitions=PARTITIONS)
+        hw.admin.add_subscriber(queue, name, start="earliest")
+        first_seen = Seen()
+        first = hw.subscribe(queue, name, listeners=[first_seen])
+        sent = _send(hw, queue, 120)
+        assert first.wait_for(lambda: first_seen.total() >= sent, timeout_s=30), first.error
+        assert set(first.streams) == {1, 2, 3}
+        ends = {p.partition: p.end_offset for p in hw.admin.describe_queue(queue).partitions}
+        # the first's checkpoint is stored: the second starts there (at least once, else)
+        eventually(lambda: hw.admin.describe_subscriber(queue, name).checkpoints == ends, what="the checkpoint")
+        epoch = hw.admin.describe_subscriber(queue, name).epoch
+        with headwater.connect(cluster.address(3)) as other:  # another process, through another broker
+            second_seen = Seen()
+            second = other.subscribe(queue, name, listeners=[second_seen])
+            with pytest.raises(UsageError, match="took the stream over"):
+                first.wait(timeout_s=20)
+            assert not first.running and first.streams == {}
+            assert other.admin.describe_subscriber(queue, name).epoch == epoch + 1
+            assert second.wait_for(lambda: set(second.streams) == {1, 2, 3}, timeout_s=20)
+            more = _send(hw, queue, 60, first=sent)
+            assert second.wait_for(lambda: second_seen.total() >= more, timeout_s=30), second.error
+            with pytest.raises(UsageError, match="took the stream over"):  # the first's checkpoints are fenced
+                hw.service.checkpoint_subscriber(queue, name, {0: 0}, epoch)
+            second.stop()
+            assert second.error is None
+            assert first_seen.total() == sent and second_seen.total() == more  # nothing twice: the checkpoint held
+            ends = {p.partition: p.end_offset for p in hw.admin.describe_queue(queue).partitions}
+            assert hw.admin.describe_subscriber(queue, name).checkpoints == ends
+
+
+def test_a_leader_pushes_only_the_partitions_it_leads(cluster):
+    """A raw stream (no routing) naming a partition another broker leads is refused with
+    NotLeaderError naming the leader; one of the partitions it leads pushes them from the
+    positions given, and refuses a checkpoint (the coordinator keeps them)."""
+    queue, name = "raw-streams", "raw"
+    with headwater.connect(_bootstrap(cluster)) as hw:
+        hw.admin.create_queue(queue, partitions=PARTITIONS)
+        hw.admin.add_subscriber(queue, name, start="earliest")
+        _send(hw, queue, 60)
+        epoch = hw.service.claim_subscriber(queue, name).epoch
+        leaders = _leaders(hw, queue)
+    broker = min(leaders)
+    mine, theirs = leaders[broker], next(p for b, ps in leaders.items() if b != broker for p in ps)
+    with cluster.connect(broker) as raw:
+        with pytest.raises(NotLeaderError, match=f"does not lead {queue}\\[{theirs}\\]"):
+            raw.service.open_push_stream(
+                queue,
+                name,
+                lambda body: None,
+                credit_messages=10,
+                credit_bytes=1 << 20,
+                epoch=epoch,
+                positions={theirs: 0},
+            )
+        pushed: list = []
+        sid, started = raw.service.open_push_stream(
+            queue,
+            name,
+            pushed.append,
+            credit_messages=1000,
+            credit_bytes=1 << 20,
+            epoch=epoch,
+            positions={p: 1 for p in mine},
+        )
+        assert started.checkpoints == {p: 1 for p in mine} and started.epoch == epoch
+        eventually(lambda: {b.partition for b in pushed if b is not None and b.batches} == set(mine) or None)
+        assert all(b.partition in mine for b in pushed)
+        with pytest.raises(InvalidArgumentError, match="coordinator"):
+            raw.service.ack_push_stream(sid, {mine[0]: 2}, 1, 1).result(10)
+        raw.service.close_push_stream(sid)
+
+
+def test_partitions_moved_to_a_new_broker_while_pushing_lose_nothing(zk_server, tmp_path):
+    """A fourth broker joins and a decommission moves partitions to it while a producer sends
+    and the subscriber delivers: its streams follow the leaders (one at the new broker),
+    every message is delivered once, in order per partition, and a leader restarted
+    meanwhile is streamed from again once it is back."""
+    cluster = Cluster(zk_server, tmp_path, 3)
+    try:
+        cluster.controller()
+        with headwater.connect(_bootstrap(cluster)) as hw:
+            hw.admin.create_queue("growing", partitions=PARTITIONS)
+            hw.admin.add_subscriber("growing", "follower", start="earliest")
+            seen = Seen()
+            sub = hw.subscribe("growing", "follower", listeners=[seen])
+            sent = [0]
+            stop_sending = threading.Event()
+
+            def send() -> None:
+                while not stop_sending.is_set():
+                    sent[0] += _send(hw, "growing", 30, first=sent[0])
+                    time.sleep(0.02)
+
+            sender = threading.Thread(target=send, daemon=True)
+            sender.start()
+            try:
+                eventually(lambda: seen.total() > 200, what="delivery under way")
+                assert set(sub.streams) == {1, 2, 3}
+                cluster.start(4)
+                eventually(lambda: 4 in {b.broker_id for b in hw.admin.cluster_metadata([]).brokers}, what="broker 4")
+                leaving = min(_leaders(hw, "growing"))
+                moves = hw.admin.decommission(leaving)  # its partitions go to the others, the new one first
+                assert any(m.queue == "growing" and m.target == 4 for m in moves), moves
+                eventually(
+                    lambda: not hw.admin.cluster_metadata([]).moves and leaving not in _leaders(hw, "growing"),
+                    timeout_s=90,
+                    what="the moves finishing",
+                )
+                leaders = _leaders(hw, "growing")
+                assert 4 in leaders and leaving not in leaders
+                assert sub.wait_for(lambda: sub.streams == leaders, timeout_s=30), (sub.streams, leaders)
+                count = sent[0]
+                eventually(lambda: sent[0] > count + 200, what="sends after the moves")
+            finally:
+                stop_sending.set()
+                sender.join(60)
+            assert sub.wait_for(lambda: seen.total() >= sent[0], timeout_s=60), (sub.error, seen.total(), sent[0])
+            seen.check_in_order()
+            assert len(seen.positions()) == sent[0] == seen.total()  # each once
+
+            cluster.brokers[4].terminate()  # a leader stops: its stream is lost, the others go on
+            cluster.start(4)
+            more = _send(hw, "growing", 120, first=sent[0])
+            total = sent[0] + more
+            assert sub.wait_for(lambda: seen.total() >= total, timeout_s=60), (sub.error, seen.total(), total)
+            assert sub.wait_for(lambda: sub.streams == _leaders(hw, "growing"), timeout_s=30)
+            sub.stop()
+            assert sub.error is None
+            seen.check_in_order()
+            assert len(seen.positions()) == total == seen.total()
+            ends = {p.partition: p.end_offset for p in hw.admin.describe_queue("growing").partitions}
+            assert hw.admin.describe_subscriber("growing", "follower").checkpoints == ends
+    finally:
+        cluster.stop()

@@ -56,7 +56,7 @@ SHOWS: dict[str, list[str]] = {
     "producing.md": ["10000 ids, the last 0000", "True\n", "µs from send() to poll()"],
     "shared-groups.md": ["sent 18 emails, 2 in the dead-letter queue: no such mailbox, yet"],
     "spark.md": ["rows in the ranges: 4000", "paid orders in the hour: 3", "events counted: 1000", "clicks written: 3"],
-    "subscriptions.md": ["stored 5 orders"],
+    "subscriptions.md": ["stored 5 orders", "push {-1: [0, 1, 2, 3]}"],
     "testing.md": ["billing: ok", "retention: ok", "delay: ok", "asyncio: ok"],
 }
 

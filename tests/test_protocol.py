@@ -60,6 +60,8 @@ from headwater.protocol import (
     DeleteQueueResponse,
     DescribeQueueRequest,
     DescribeQueueResponse,
+    EndSubscriberStreamsRequest,
+    EndSubscriberStreamsResponse,
     ErrorResponse,
     FetchRequest,
     FetchResponse,
@@ -104,6 +106,8 @@ from headwater.protocol.messages import (
     AddSubscriberResponse,
     CheckpointSubscriberRequest,
     CheckpointSubscriberResponse,
+    ClaimSubscriberRequest,
+    ClaimSubscriberResponse,
     CloseStreamRequest,
     CloseStreamResponse,
     CommitOffsetsRequest,
@@ -355,6 +359,7 @@ SAMPLES = [
     (StreamCreditRequest(4, 1 << 21), StreamCreditResponse()),
     (CloseStreamRequest(4), CloseStreamResponse()),
     (SubscribeRequest(3, "orders", "audit", 1000, 1 << 22), SubscribeResponse(SUBSCRIBER)),
+    (SubscribeRequest(3, "orders", "audit", 1000, 1 << 22, 4, {0: 17, 2: 0}, ["paid"]), SubscribeResponse(SUBSCRIBER)),
     (UnsubscribeRequest(3), UnsubscribeResponse()),
     (SubscriptionAckRequest(3, {0: 5}, 10, 4096), SubscriptionAckResponse()),
     (SubscriptionAckRequest(3, {}, 1, 0), SubscriptionAckResponse()),
@@ -368,6 +373,10 @@ SAMPLES = [
     (ListSubscribersRequest(), ListSubscribersResponse([])),
     (DescribeSubscriberRequest("orders", "audit"), DescribeSubscriberResponse(SUBSCRIBER)),
     (CheckpointSubscriberRequest("orders", "audit", {1: 1003}), CheckpointSubscriberResponse()),
+    (CheckpointSubscriberRequest("orders", "audit", {1: 1003}, 4), CheckpointSubscriberResponse()),
+    (ClaimSubscriberRequest("orders", "audit"), ClaimSubscriberResponse(SUBSCRIBER)),
+    (EndSubscriberStreamsRequest("orders", "audit", 4), EndSubscriberStreamsResponse()),
+    (EndSubscriberStreamsRequest("orders", "audit", 0, True), EndSubscriberStreamsResponse()),
     (
         SharedReceiveRequest(
             "workers", "orders", "m-1", 32, 30_000, False, {"max_attempts": 3, "backoff_multiplier": 2.0}, 1000
@@ -573,6 +582,7 @@ class FakeService:
             "list_subscribers": [SUBSCRIBER],
             "describe_subscriber": SUBSCRIBER,
             "checkpoint_subscriber": None,
+            "claim_subscriber": SUBSCRIBER,
             "shared_receive": SharedDeliveries([STORED], SHARED_LEASES),
             "shared_ack": REFUSED,
             "shared_nack": [],
@@ -676,6 +686,11 @@ def test_every_service_method_crosses_the_wire():
             CheckpointSubscriberRequest("orders", "audit", {0: 3}),
             lambda s: s.checkpoint_subscriber("orders", "audit", {0: 3}),
         ),
+        (
+            CheckpointSubscriberRequest("orders", "audit", {0: 3}, 2),
+            lambda s: s.checkpoint_subscriber("orders", "audit", {0: 3}, epoch=2),
+        ),
+        (ClaimSubscriberRequest("orders", "audit"), lambda s: s.claim_subscriber("orders", "audit")),
         (
             SharedReceiveRequest("g", "orders", "m-1", 8, 500, False, {"max_attempts": 2}, 250),
             lambda s: s.shared_receive("g", "orders", "m-1", 8, 500, False, {"max_attempts": 2}, 250),

@@ -374,6 +374,26 @@ def test_a_second_process_takes_the_subscriber_over(net):
         other.close()
 
 
+def test_a_claim_bumps_a_durable_epoch_that_fences_older_checkpoints(tmp_path):
+    """The epoch a cluster's coordinator keeps, on one broker's registry: each claim adds
+    one, durably (it is in the record that moves with a coordinator), and a checkpoint
+    naming an older epoch is refused while one naming none (a broker alone) is not."""
+    with headwater.open(tmp_path) as hw:
+        hw.admin.create_queue("q", partitions=2)
+        assert hw.admin.add_subscriber("q", "s", start="earliest").epoch == 0
+        hw.send_batch("q", [b"x"] * 4, partition=0)
+        assert [hw.service.claim_subscriber("q", "s").epoch for _ in range(2)] == [1, 2]
+        with pytest.raises(UsageError, match="took the stream over"):
+            hw.service.checkpoint_subscriber("q", "s", {0: 3}, 1)
+        hw.service.checkpoint_subscriber("q", "s", {0: 2}, 2)
+        hw.service.checkpoint_subscriber("q", "s", {0: 3})
+        with pytest.raises(SubscriberNotFoundError):
+            hw.service.claim_subscriber("q", "nobody")
+    with headwater.open(tmp_path) as hw:
+        info = hw.admin.describe_subscriber("q", "s")
+        assert (info.epoch, info.checkpoints) == (2, {0: 3, 1: 0})
+
+
 def test_stream_requests_are_checked(net):
     hw, _ = net
     hw.admin.create_queue("q")
@@ -384,6 +404,16 @@ def test_stream_requests_are_checked(net):
         hw.service.open_push_stream("q", "s", lambda b: None, credit_messages=0, credit_bytes=1)
     with pytest.raises(SubscriberNotFoundError, match="no push stream 77"):
         hw.service.ack_push_stream(77, {}, 1, 1).result(5)
+    # a stream of some partitions (a cluster's kind) needs an epoch and partitions that exist
+    some = {"credit_messages": 1, "credit_bytes": 1}
+    with pytest.raises(InvalidArgumentError, match="epoch"):
+        hw.service.open_push_stream("q", "s", lambda b: None, **some, positions={0: 0})
+    with pytest.raises(InvalidArgumentError, match="names at least one partition"):
+        hw.service.open_push_stream("q", "s", lambda b: None, **some, epoch=1, positions={})
+    with pytest.raises(PartitionOutOfRangeError):
+        hw.service.open_push_stream("q", "s", lambda b: None, **some, epoch=1, positions={5: 0})
+    with pytest.raises(InvalidArgumentError, match="0 or more"):
+        hw.service.open_push_stream("q", "s", lambda b: None, **some, epoch=1, positions={0: -1})
     assert hw.status()["push_streams"] == 0
 
 
@@ -712,7 +742,7 @@ def test_an_asyncio_subscriber(aio_target, monkeypatch):
         sub = hw.subscribe(
             "q", "s", listeners=[lambda r: calls.append(("f", r.body)), later], checkpoint_interval_ms=10
         )
-        assert sub.mode == ("push" if aio_target.kind == "network" else "pull")
+        assert sub.mode == ("push" if aio_target.kind in ("network", "cluster") else "pull")
         assert await sub.wait_for(lambda: len(calls) == 80)
         for i in range(0, 80, 2):  # each record: f, then g awaited, before the next record
             assert calls[i][0] == "f" and calls[i + 1] == ("g", calls[i][1])

@@ -80,6 +80,7 @@ class ClusterRole(Protocol):
     def rebalance(self, dry_run: bool) -> list[PartitionMove]: ...
     def decommission(self, broker_id: int, dry_run: bool) -> list[PartitionMove]: ...
     def status(self) -> dict[str, object]: ...
+    def end_subscriber_streams(self, queue: str, name: str, epoch: int, deleted: bool) -> None: ...
 
 
 def _not_a_cluster(what: str) -> InvalidArgumentError:
@@ -543,6 +544,8 @@ class Broker:
 
     def delete_subscriber(self, queue: str, name: str) -> None:
         self.subscribers.delete(check_user_queue(queue), name)
+        if self.cluster is not None:  # the coordinator tells the leaders, which hold its streams
+            self.cluster.end_subscriber_streams(queue, name, 0, True)
 
     def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
         return self.subscribers.list(None if queue is None else check_user_queue(queue))
@@ -550,8 +553,14 @@ class Broker:
     def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo:
         return self.subscribers.describe(check_user_queue(queue), name)
 
-    def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int]) -> None:
-        self.subscribers.checkpoint(check_user_queue(queue), name, offsets)
+    def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int], epoch: int = 0) -> None:
+        self.subscribers.checkpoint(check_user_queue(queue), name, offsets, epoch)
+
+    def claim_subscriber(self, queue: str, name: str) -> SubscriberInfo:
+        info = self.subscribers.claim(check_user_queue(queue), name)
+        if self.cluster is not None:  # the older process's streams end now, on every leader
+            self.cluster.end_subscriber_streams(queue, name, info.epoch, False)
+        return info
 
     # delayed messages (headwater.broker.delay)
     def cancel_delayed(self, queue_id: int, partition: int, offset: int) -> None:

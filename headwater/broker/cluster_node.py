@@ -26,6 +26,7 @@ from headwater.broker.broker import Broker
 from headwater.broker.delay_moves import DelayedMoves
 from headwater.broker.keyed_peers import KeyedPeers
 from headwater.broker.mover import Mover
+from headwater.broker.subscriber_peers import end_streams_everywhere
 from headwater.cluster.admin import AdminHandler, ask
 from headwater.cluster.controller import ControllerContext, ControllerElection, ControllerFencedError
 from headwater.cluster.coordination import Coordination, CoordinationError
@@ -380,6 +381,10 @@ class ClusterNode:
     def offset_for_time(self, queue: str, partition: int, timestamp_ms: int) -> int:
         """See :meth:`KeyedPeers.offset_for_time`."""
         return self.keyed_peers.offset_for_time(queue, partition, timestamp_ms)
+
+    def end_subscriber_streams(self, queue: str, name: str, epoch: int, deleted: bool) -> None:
+        """See :func:`~headwater.broker.subscriber_peers.end_streams_everywhere`."""
+        end_streams_everywhere(self.cache.view, self.broker_id, queue, name, epoch, deleted)
 
     def keyed_state(self, queue: QueueInfo, group: str, generation: int, fresh: bool = False) -> KeyedGroupInfo:
         """See :meth:`KeyedPeers.keyed_state`."""

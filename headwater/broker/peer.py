@@ -38,6 +38,7 @@ from headwater.protocol import (
 )
 from headwater.protocol.messages import (
     DescribeQueueRequest,
+    EndSubscriberStreamsRequest,
     FetchRequest,
     HandoffDelayedRequest,
     KeyedGroupRequest,
@@ -153,6 +154,12 @@ class PeerClient:
         letters for a dead-letter partition another broker leads)."""
         result: ProduceResult = self._call(ProduceRequest(queue, partition, batch), 0.0)
         return result
+
+    def end_subscriber_streams(self, queue: str, name: str, epoch: int, deleted: bool) -> None:
+        """End the peer's push stream of subscriber (``queue``, ``name``) if older than
+        ``epoch``, or in any case when ``deleted`` (END_SUBSCRIBER_STREAMS, from its
+        coordinator)."""
+        self._call(EndSubscriberStreamsRequest(queue, name, epoch, deleted), 0.0)
 
     def _call(self, body: Any, held_s: float) -> Any:
         if self._sock is None:

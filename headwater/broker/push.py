@@ -26,6 +26,15 @@ over (the old stream gets a last PUSH saying so and ends), so a restarted proces
 locked out by the half-open connection of its dead predecessor. Deleting the subscriber or
 its queue ends its stream the same way.
 
+On a cluster (docs/design/cluster.md, "Subscriptions (built)") a subscriber process opens
+one stream on each leader of its partitions: SUBSCRIBE then names the partitions this
+broker is to push and where each starts, the tags, and the subscription epoch the
+coordinator gave the process. Such a stream pushes only those partitions, each of which
+must be led here (else NotLeaderError), ends with NotLeaderError once one moves away, and
+checkpoints nothing (the coordinator keeps checkpoints). Of two streams of one subscriber
+here, the older epoch's is refused or ended as replaced; the coordinator also ends it from
+afar after a claim or a delete (END_SUBSCRIBER_STREAMS, :meth:`PushService.end_streams`).
+
 Thread-safety: everything runs on the server's event loop; listeners registered with the
 broker (appends, deletions) cross into it with ``call_soon_threadsafe``.
 """
@@ -43,17 +52,28 @@ from typing import Any
 from headwater.errors import (
     HeadwaterError,
     InvalidArgumentError,
+    NotLeaderError,
+    PartitionOutOfRangeError,
     QueueDisabledError,
     SubscriberNotFoundError,
     UnavailableError,
     UsageError,
 )
 from headwater.model.batch import decode_header
+from headwater.model.config import check_user_queue
 from headwater.model.filtering import TagFilter, count_messages, select_batches
-from headwater.model.subscription import SubscriberInfo, subscribed_partitions
+from headwater.model.subscription import (
+    SubscriberInfo,
+    normalize_tags,
+    replaced_message,
+    subscribed_partitions,
+    validate_subscriber_name,
+)
 from headwater.protocol import ProtocolError, Push
 from headwater.protocol.messages import (
     ApiKey,
+    EndSubscriberStreamsRequest,
+    EndSubscriberStreamsResponse,
     RequestBody,
     ResponseBody,
     SubscribeRequest,
@@ -70,13 +90,14 @@ __all__ = ["PushService", "PUSH_APIS"]
 log = logging.getLogger("headwater.push")
 
 #: The requests :meth:`PushService.handle` serves.
-PUSH_APIS = frozenset({ApiKey.SUBSCRIBE, ApiKey.UNSUBSCRIBE, ApiKey.SUBSCRIPTION_ACK})
+PUSH_APIS = frozenset({ApiKey.SUBSCRIBE, ApiKey.UNSUBSCRIBE, ApiKey.SUBSCRIPTION_ACK, ApiKey.END_SUBSCRIBER_STREAMS})
 #: Bounds on what a client may grant, so credit arithmetic stays small and meaningful.
 CREDIT_MESSAGES_MAX = 1_000_000
 CREDIT_BYTES_MAX = 1 << 30
 _PARTITIONS_CHECK_S = 1.0  # how often a stream of every partition looks for new ones
 _DISABLED_RETRY_S = 1.0  # a stream of a disabled queue looks again this often
 _END_NOTICE_TIMEOUT_S = 1.0  # the longest the last PUSH of an ended stream may take to go out
+_LEADERSHIP_CHECK_S = 1.0  # how often an idle cluster stream checks it still leads its partitions
 
 
 class _Stream:
@@ -95,6 +116,8 @@ class _Stream:
         "ended",
         "next_partitions_check",
         "rotation",
+        "epoch",
+        "led_here",
     )
 
     def __init__(
@@ -105,6 +128,8 @@ class _Stream:
         positions: dict[int, int],
         credit_messages: int,
         credit_bytes: int,
+        epoch: int = 0,
+        led_here: bool = False,
     ) -> None:
         self.sub_id = sub_id
         self.conn = conn  # the server's per-connection state: conn, writer, write_lock
@@ -120,6 +145,8 @@ class _Stream:
         self.ended = False
         self.next_partitions_check = 0.0
         self.rotation = 0
+        self.epoch = epoch  # the coordinator's subscription epoch of the process (cluster)
+        self.led_here = led_here  # a cluster stream: only partitions this broker leads
 
 
 class PushService:
@@ -159,6 +186,9 @@ class PushService:
             return await self._subscribe(st, body)
         if isinstance(body, SubscriptionAckRequest):
             return await self._ack(st, body)
+        if isinstance(body, EndSubscriberStreamsRequest):
+            await self.end_streams(body.queue, body.name, body.epoch, body.deleted)
+            return EndSubscriberStreamsResponse()
         assert isinstance(body, UnsubscribeRequest)
         s = self._by_conn.get(st, {}).get(body.subscription_id)
         if s is not None:
@@ -166,10 +196,11 @@ class PushService:
         return UnsubscribeResponse()
 
     async def _subscribe(self, st: Any, req: SubscribeRequest) -> ResponseBody:
-        if self._broker.cluster is not None:  # it would push only the partitions led here
+        if self._broker.cluster is not None and req.positions is None:  # an older client
             raise UsageError(
-                f"a broker in a cluster opens no push stream yet (subscriber {req.name!r}): connect with "
-                f"headwater.connect(<the cluster's brokers>), whose subscriber reads each partition's leader"
+                f"a broker in a cluster opens no push stream of a whole subscriber (subscriber {req.name!r}): "
+                f"connect with headwater.connect(<the cluster's brokers>), whose subscriber opens one stream "
+                f"per partition leader"
             )
         streams = self._by_conn.get(st, {})
         if req.subscription_id in streams or self._taken(st, req.subscription_id):
@@ -181,20 +212,24 @@ class PushService:
             )
         if not req.credit_messages or not req.credit_bytes:
             raise InvalidArgumentError("a stream needs some credit: credit_messages and credit_bytes > 0")
-        info = await self._loop.run_in_executor(self._pool, self._broker.describe_subscriber, req.queue, req.name)
+        if req.positions is not None:
+            info, positions = self._leader_part(req)
+        else:
+            info = await self._loop.run_in_executor(self._pool, self._broker.describe_subscriber, req.queue, req.name)
+            qi = self._store.describe_queue(info.queue)
+            positions = {
+                p: info.checkpoint(p, qi.partitions[p].start_offset)
+                for p in subscribed_partitions(info, len(qi.partitions))
+            }
         while (old := self._by_name.get((info.queue, info.name))) is not None:  # another may come meanwhile
-            await self._end(
-                old,
-                UsageError(
-                    f"another connection subscribed as {info.name!r} on queue {info.queue!r} and took the "
-                    f"stream over (one process per subscriber name)"
-                ),
-            )
-        qi = self._store.describe_queue(info.queue)
-        positions = {
-            p: info.checkpoint(p, qi.partitions[p].start_offset)
-            for p in subscribed_partitions(info, len(qi.partitions))
-        }
+            # a cluster stream's epoch is compared with the live stream's only: a leader keeps
+            # no memory of ended ones (the subscriber may be deleted and added again at its
+            # coordinator meanwhile, unseen here); a process of an older epoch that gets a
+            # stream where the newer has none yet learns it from the coordinator within seconds
+            if old.epoch > req.epoch:
+                raise UsageError(replaced_message(info.queue, info.name))
+            # the same epoch: the same process, whose plan of streams changed (it closes the old one)
+            await self._end(old, UsageError(replaced_message(info.queue, info.name)))
         s = _Stream(
             req.subscription_id,
             st,
@@ -202,6 +237,8 @@ class PushService:
             positions,
             min(req.credit_messages, CREDIT_MESSAGES_MAX),
             min(req.credit_bytes, CREDIT_BYTES_MAX),
+            req.epoch,
+            req.positions is not None,
         )
         self._by_conn.setdefault(st, {})[s.sub_id] = s
         self._by_name[(s.queue, s.name)] = s
@@ -209,6 +246,41 @@ class PushService:
         s.next_partitions_check = time.monotonic() + _PARTITIONS_CHECK_S
         s.task = asyncio.create_task(self._run(s), name=f"push {s.queue}/{s.name}")
         return SubscribeResponse(info)
+
+    def _leader_part(self, req: SubscribeRequest) -> tuple[SubscriberInfo, dict[int, int]]:
+        """A cluster stream's subscriber and start positions: the partitions the client
+        names, each led here (else NotLeaderError: its table is stale), from where it says
+        (never before the retained start). The client passes them rather than this broker
+        asking the coordinator: it knows what its listeners finished, the coordinator only
+        the last checkpoint, so a moved partition resumes with nothing sent twice."""
+        validate_subscriber_name(req.name)
+        if req.epoch < 1:
+            raise InvalidArgumentError(
+                "a stream of some partitions needs the subscription epoch CLAIM_SUBSCRIBER answered (epoch >= 1)"
+            )
+        if not req.positions:
+            raise InvalidArgumentError("a stream of some partitions names at least one partition in positions")
+        qi = self._store.describe_queue(check_user_queue(req.queue))
+        positions: dict[int, int] = {}
+        for p, offset in sorted(req.positions.items()):
+            if self._broker.cluster is not None:
+                self._broker.cluster.check_leader(req.queue, p)  # NotLeaderError names the leader
+            if not 0 <= p < len(qi.partitions):
+                raise PartitionOutOfRangeError(
+                    f"partition {p} is out of range for {req.queue!r} (0..{len(qi.partitions) - 1})"
+                )
+            if offset < 0:
+                raise InvalidArgumentError(f"a stream's position is an offset, 0 or more; got {offset} for {p}")
+            positions[p] = max(offset, qi.partitions[p].start_offset)
+        info = SubscriberInfo(
+            queue=req.queue,
+            name=req.name,
+            partitions=list(positions),
+            tags=normalize_tags(req.tags),
+            checkpoints=dict(positions),
+            epoch=req.epoch,
+        )
+        return info, positions
 
     async def _ack(self, st: Any, req: SubscriptionAckRequest) -> ResponseBody:
         s = self._by_conn.get(st, {}).get(req.subscription_id)
@@ -220,6 +292,10 @@ class PushService:
         s.credit_messages = min(s.credit_messages + req.credit_messages, CREDIT_MESSAGES_MAX)
         s.credit_bytes = min(s.credit_bytes + req.credit_bytes, CREDIT_BYTES_MAX)
         s.wake.set()
+        if req.offsets and s.led_here:
+            raise InvalidArgumentError(
+                "a cluster stream checkpoints nothing: send CHECKPOINT_SUBSCRIBER to the subscriber's coordinator"
+            )
         if req.offsets:
             await self._loop.run_in_executor(
                 self._pool, self._broker.checkpoint_subscriber, s.queue, s.name, dict(req.offsets)
@@ -261,6 +337,17 @@ class PushService:
             with contextlib.suppress(ConnectionError, ProtocolError, RuntimeError, TimeoutError):
                 async with asyncio.timeout(_END_NOTICE_TIMEOUT_S):
                     await self._send(s, last)
+
+    async def end_streams(self, queue: str, name: str, epoch: int, deleted: bool) -> None:
+        """End the subscriber's stream here if its epoch is older than ``epoch`` (a newer
+        process claimed it at its coordinator) or, when ``deleted``, whatever its epoch."""
+        s = self._by_name.get((queue, name))
+        if s is None or not (deleted or s.epoch < epoch):
+            return
+        if deleted:
+            await self._end(s, SubscriberNotFoundError(f"subscriber {name!r} of queue {queue!r} was deleted"))
+        else:
+            await self._end(s, UsageError(replaced_message(queue, name)))
 
     def connection_closed(self, st: Any) -> None:
         """The connection is gone: its streams end (nobody is left to tell)."""
@@ -312,17 +399,36 @@ class PushService:
                 except QueueDisabledError:
                     await asyncio.sleep(_DISABLED_RETRY_S)
                     continue
-                if not pushed:
+                if not pushed and s.led_here:  # wakes to notice a partition that moved away
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(_LEADERSHIP_CHECK_S):
+                            await s.wake.wait()
+                elif not pushed:
                     await s.wake.wait()
         except asyncio.CancelledError:
             raise
         except (ConnectionError, ProtocolError):
             self._forget(s)
         except HeadwaterError as e:  # the queue was deleted, ...: tell the client, stop
-            await self._end(s, e)
+            await self._end(s, self._moved_away(s) or e)
         except Exception:  # noqa: BLE001 - a bug ends this stream, not the server
             log.exception("push stream %s/%s failed", s.queue, s.name)
             await self._end(s, UnavailableError("internal error in the broker's push stream; subscribe again"))
+
+    def _moved_away(self, s: _Stream) -> NotLeaderError | None:
+        """For a cluster stream, the refusal of a partition it pushes that this broker no
+        longer leads (the client refreshes its table and opens a stream at the new leader)."""
+        cluster = self._broker.cluster
+        if not s.led_here or cluster is None:
+            return None
+        for p in s.positions:
+            try:
+                cluster.check_leader(s.queue, p)
+            except NotLeaderError as e:
+                return e
+            except HeadwaterError:  # the queue or the partition is gone: the read says so
+                return None
+        return None
 
     def _check_partitions(self, s: _Stream) -> None:
         now = time.monotonic()
@@ -336,6 +442,9 @@ class PushService:
     async def _push_round(self, s: _Stream) -> bool:
         """One read of each partition with something new, pushed; whether anything went."""
         self._check_partitions(s)
+        moved = self._moved_away(s)
+        if moved is not None:
+            raise moved
         parts = list(s.positions)
         if not parts:
             return False

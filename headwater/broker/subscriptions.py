@@ -4,7 +4,8 @@ One record per subscriber, keyed by (queue id, name): a deleted queue takes its 
 with it. The record holds what ``headwater subscriber add`` set (partitions, tags) and the
 checkpoints, rewritten durably by each checkpoint. The rules (names, start positions, what
 a checkpoint may say) are :mod:`headwater.model.subscription`; delivery is
-:mod:`headwater.broker.push` (network) or the client's pull loop (embedded, or a cluster).
+:mod:`headwater.broker.push` (over the network, a broker alone or each leader of a
+cluster) or the client's pull loop (embedded).
 
 Alone, the records are in the internal table ``__subscribers``
 (:class:`~headwater.broker.table.DurableTable`). On a cluster (:meth:`join_cluster`;
@@ -12,7 +13,9 @@ docs/design/cluster.md, "Subscriptions (built)") subscriber (queue, name) is coo
 by the leader of its partition of ``__cluster_subscribers``, which alone keeps its record,
 in a table of that partition appended inside ``producing(...)`` (a move's fence covers it);
 elsewhere its calls are refused with ``NotCoordinatorError``. A start and a checkpoint are
-checked against every partition's log as its leader has it.
+checked against every partition's log as its leader has it. The record's ``epoch`` is
+bumped by each claim (:meth:`SubscriberRegistry.claim`, a process about to push on a
+cluster); a checkpoint naming an older epoch is refused.
 
 Thread-safety: one lock; every change returns once durable.
 """
@@ -32,6 +35,7 @@ from headwater.broker.table import DurableTable
 from headwater.errors import (
     SubscriberExistsError,
     SubscriberNotFoundError,
+    UsageError,
 )
 from headwater.model.cluster import SUBSCRIBER_COORDINATOR_QUEUE, keyed_coordinator_name
 from headwater.model.config import PartitionInfo, QueueInfo
@@ -40,6 +44,7 @@ from headwater.model.subscription import (
     check_checkpoint,
     normalize_partitions,
     normalize_tags,
+    replaced_message,
     resolve_start,
     validate_subscriber_name,
 )
@@ -220,8 +225,22 @@ class SubscriberRegistry:
                 out.extend(_decoder.decode(v) for _, v in table.items(prefix))
         return sorted(out, key=lambda s: (s.queue, s.name))
 
-    def checkpoint(self, queue: str, name: str, offsets: dict[int, int]) -> SubscriberInfo:
-        """Store ``{partition: next offset to deliver}`` durably; the subscriber after it."""
+    def claim(self, queue: str, name: str) -> SubscriberInfo:
+        """Bump the subscriber's epoch, durably (it moves with the record, so a new
+        coordinator never hands out an epoch an older process already holds); the
+        subscriber with it."""
+        validate_subscriber_name(name)
+        qi = self._store.describe_queue(queue)
+        with self._lock:
+            n, table = self._table_of(queue, name)
+            k, info = self._existing(qi, name, table)
+            info = msgspec.structs.replace(info, epoch=info.epoch + 1)
+            self._save(n, table, k, info, name)
+            return info
+
+    def checkpoint(self, queue: str, name: str, offsets: dict[int, int], epoch: int = 0) -> SubscriberInfo:
+        """Store ``{partition: next offset to deliver}`` durably; the subscriber after it.
+        With an ``epoch`` older than the subscriber's, refused: a newer process claimed it."""
         validate_subscriber_name(name)
         qi = self._store.describe_queue(queue)
         self._table_of(queue, name)  # NotCoordinatorError before asking the leaders
@@ -229,6 +248,8 @@ class SubscriberRegistry:
         with self._lock:
             n, table = self._table_of(queue, name)
             k, info = self._existing(qi, name, table)
+            if epoch and epoch < info.epoch:
+                raise UsageError(replaced_message(queue, name))
             checkpoints = check_checkpoint(info, offsets, {p.partition: (p.start_offset, p.end_offset) for p in ranges})
             if checkpoints == info.checkpoints:
                 return info

@@ -44,6 +44,8 @@ __all__ = [
     "MetricsExposition",
     "OpensFetchStreams",
     "OpensPushStreams",
+    "RoutesPushStreams",
+    "AsyncRoutesPushStreams",
     "ProduceResult",
     "ProducesAsync",
     "ProducesNowait",
@@ -231,8 +233,14 @@ class BrokerService(Protocol):
     def delete_subscriber(self, queue: str, name: str) -> None: ...
     def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]: ...
     def describe_subscriber(self, queue: str, name: str) -> SubscriberInfo: ...
-    def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int]) -> None:
-        """Store ``{partition: next offset to deliver}`` (durably)."""
+    def checkpoint_subscriber(self, queue: str, name: str, offsets: dict[int, int], epoch: int = 0) -> None:
+        """Store ``{partition: next offset to deliver}`` (durably); with an ``epoch``, refused
+        (UsageError) once a newer process claimed the subscriber."""
+        ...
+
+    def claim_subscriber(self, queue: str, name: str) -> SubscriberInfo:
+        """Bump the subscriber's epoch (durably, at its coordinator) and return it: the
+        process that claims last owns the name; the streams of older epochs are ended."""
         ...
 
     # shared groups (the state machine is headwater.broker.shared_state)
@@ -443,7 +451,16 @@ class OpensPushStreams(Protocol):
     """Pushes a subscriber's messages as they come (push subscriptions over the network)."""
 
     def open_push_stream(
-        self, queue: str, name: str, handler: PushHandler, *, credit_messages: int, credit_bytes: int
+        self,
+        queue: str,
+        name: str,
+        handler: PushHandler,
+        *,
+        credit_messages: int,
+        credit_bytes: int,
+        epoch: int = 0,
+        positions: dict[int, int] | None = None,
+        tags: list[str] | None = None,
     ) -> tuple[int, SubscriberInfo]: ...
 
     def ack_push_stream(
@@ -458,7 +475,16 @@ class AsyncOpensPushStreams(Protocol):
     """:class:`OpensPushStreams`, for asyncio."""
 
     def open_push_stream(
-        self, queue: str, name: str, handler: PushHandler, *, credit_messages: int, credit_bytes: int
+        self,
+        queue: str,
+        name: str,
+        handler: PushHandler,
+        *,
+        credit_messages: int,
+        credit_bytes: int,
+        epoch: int = 0,
+        positions: dict[int, int] | None = None,
+        tags: list[str] | None = None,
     ) -> Awaitable[tuple[int, SubscriberInfo]]: ...
 
     def ack_push_stream(
@@ -466,6 +492,27 @@ class AsyncOpensPushStreams(Protocol):
     ) -> Awaitable[None]: ...
 
     def close_push_stream(self, stream_id: int) -> Awaitable[None]: ...
+
+
+@runtime_checkable
+class RoutesPushStreams(Protocol):
+    """A cluster's service, on which a subscriber opens one push stream per partition leader
+    (docs/design/cluster.md, "Subscriptions (built)"): the routing table to plan them by
+    (a ``headwater.client.core.routing.RoutingTable``; asked for again when ``fresh``), and
+    the connection to one broker, which :class:`OpensPushStreams`."""
+
+    def stream_table(self, queue: str, fresh: bool = False) -> Any: ...
+
+    def broker_link(self, broker_id: int) -> OpensPushStreams: ...
+
+
+@runtime_checkable
+class AsyncRoutesPushStreams(Protocol):
+    """:class:`RoutesPushStreams`, for asyncio."""
+
+    def stream_table(self, queue: str, fresh: bool = False) -> Awaitable[Any]: ...
+
+    def broker_link(self, broker_id: int) -> Awaitable[AsyncOpensPushStreams]: ...
 
 
 @runtime_checkable

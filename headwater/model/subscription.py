@@ -38,6 +38,7 @@ __all__ = [
     "resolve_start",
     "check_checkpoint",
     "subscribed_partitions",
+    "replaced_message",
     "START_FORMS",
 ]
 
@@ -50,7 +51,9 @@ class SubscriberInfo(msgspec.Struct, frozen=True, kw_only=True):
 
     ``partitions`` None: every partition of the queue, including ones added later (they
     start at their first offset). ``tags`` None: every message. ``checkpoints``: partition ->
-    next offset to deliver.
+    next offset to deliver. ``epoch``: on a cluster, bumped by the coordinator each time a
+    process claims the subscriber (``claim_subscriber``), so the newest process's streams
+    outrank the older ones' (0: never claimed).
     """
 
     queue: str
@@ -59,10 +62,19 @@ class SubscriberInfo(msgspec.Struct, frozen=True, kw_only=True):
     tags: list[str] | None = None
     created_ms: int = 0
     checkpoints: dict[int, int] = {}
+    epoch: int = 0
 
     def checkpoint(self, partition: int, start_offset: int) -> int:
         """Where delivery continues in ``partition`` (never before the retained start)."""
         return max(self.checkpoints.get(partition, start_offset), start_offset)
+
+
+def replaced_message(queue: str, name: str) -> str:
+    """What a process is told when another took its subscriber over (one process per name)."""
+    return (
+        f"another connection subscribed as {name!r} on queue {queue!r} and took the stream over "
+        f"(one process per subscriber name)"
+    )
 
 
 def validate_subscriber_name(name: object) -> str:

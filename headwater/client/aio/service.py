@@ -112,13 +112,23 @@ class AsyncService(StreamCalls, AsyncBrokerService):
 
     # push streams (headwater.client.aio.subscriber drives them)
     async def open_push_stream(
-        self, queue: str, name: str, handler: PushHandler, *, credit_messages: int, credit_bytes: int
+        self,
+        queue: str,
+        name: str,
+        handler: PushHandler,
+        *,
+        credit_messages: int,
+        credit_bytes: int,
+        epoch: int = 0,
+        positions: dict[int, int] | None = None,
+        tags: list[str] | None = None,
     ) -> tuple[int, SubscriberInfo]:
         """Open a push stream of subscriber ``name``: its id and the subscriber as it starts.
         ``handler`` gets each PUSH body on the event loop, and None once if the connection is
-        lost."""
+        lost. ``epoch``, ``positions``, ``tags``: a cluster stream (``RemoteService``'s)."""
+        where = None if positions is None else dict(positions)
         return await self.transport.open_stream(
-            lambda sid: m.SubscribeRequest(sid, queue, name, credit_messages, credit_bytes), handler
+            lambda sid: m.SubscribeRequest(sid, queue, name, credit_messages, credit_bytes, epoch, where, tags), handler
         )
 
     async def close_push_stream(self, stream_id: int) -> None:

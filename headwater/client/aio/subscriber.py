@@ -25,7 +25,7 @@ from headwater.client.aio.consumer import AsyncConsumer
 from headwater.client.common.closing import AsyncClosesOnExit
 from headwater.client.common.subscriber import SubscriberBase, log
 from headwater.client.common.twins import ASYNCIO
-from headwater.model.service import AsyncOpensPushStreams
+from headwater.model.service import AsyncOpensPushStreams, AsyncRoutesPushStreams
 
 __all__ = ["AsyncSubscriber"]
 
@@ -58,6 +58,7 @@ class AsyncSubscriber(SubscriberBase, AsyncClosesOnExit, driver=ASYNCIO):
     _Event = asyncio.Event  # binds to a loop when first awaited
     _Consumer = AsyncConsumer
     _push_streams = AsyncOpensPushStreams
+    _routes_push = AsyncRoutesPushStreams
     _sleep = staticmethod(asyncio.sleep)
 
     @property

@@ -50,6 +50,7 @@ import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, ClassVar
 
+from headwater.client.common.cluster_push import ClusterPush
 from headwater.client.common.twins import ASYNCIO, Twins, waits
 from headwater.errors import (
     ClosedError,
@@ -81,7 +82,7 @@ class ListenerFailed(Exception):
         self.error = error
 
 
-class SubscriberBase(Twins):
+class SubscriberBase(ClusterPush, Twins):
     """What a subscriber process is and does: its settings and listeners, its positions and
     stored checkpoints, the credit its listeners used, and the delivery loops that ask the
     broker (``@waits`` bodies). A subclass gives its kind's thread or task machinery: the
@@ -97,6 +98,7 @@ class SubscriberBase(Twins):
     _Event: ClassVar[Callable[[], Any]]  # the event stop() sets
     _Consumer: ClassVar[Callable[..., Any]]  # the consumer the pull loop polls with
     _push_streams: ClassVar[type]  # the capability of a service that pushes
+    _routes_push: ClassVar[type]  # the capability of a cluster's service (a stream per leader)
     _sleep: ClassVar[Callable[[float], Any]]  # time.sleep or asyncio.sleep
 
     def __init__(
@@ -125,7 +127,8 @@ class SubscriberBase(Twins):
         self._service = service
         self.queue = queue
         self.name = name
-        self.mode = "push" if isinstance(service, self._push_streams) else "pull"
+        self._routed = isinstance(service, self._routes_push)
+        self.mode = "push" if self._routed or isinstance(service, self._push_streams) else "pull"
         self._lock = threading.Lock()
         self._listeners: tuple[Listener, ...] = ()
         for fn in listeners:
@@ -146,6 +149,8 @@ class SubscriberBase(Twins):
         self._stream_pos: dict[int, int] = {}
         self._owed_messages = 0
         self._owed_bytes = 0
+        self._epoch = 0  # on a cluster: the subscription epoch the coordinator gave this process
+        self._legs: dict[int, Any] = {}  # on a cluster: the stream of each leader (ClusterPush)
         self._inbox = self._Inbox()  # bounded by the credit
         self._stop_requested = self._Event()  # set by stop()
         self._stopped = threading.Event()  # set when the run ends; only the thread waits on it
@@ -224,7 +229,9 @@ class SubscriberBase(Twins):
     @waits
     def _run(self) -> Generator[Any, Any, None]:
         try:
-            if self.mode == "push":
+            if self._routed:
+                yield from self._run_cluster_push(_STOP)
+            elif self.mode == "push":
                 yield from self._run_push()
             else:
                 yield from self._run_pull()
@@ -304,7 +311,10 @@ class SubscriberBase(Twins):
         if not final and time.monotonic() - self._last_checkpoint < self.checkpoint_interval_s:
             return
         changed = {p: o for p, o in self._positions.items() if self._stored.get(p) != o}
-        if self.mode == "push":
+        if self._routed:
+            if not (yield from self._checkpoint_at_coordinator(changed, final)):
+                return
+        elif self.mode == "push":
             yield from self._ack(changed, wait=final)
         elif changed:
             yield self._service.checkpoint_subscriber(self.queue, self.name, changed)
@@ -474,6 +484,7 @@ class SubscriberBase(Twins):
             log.warning("subscriber %s/%s: an acknowledgement failed: %s", self.queue, self.name, e)
 
     def _close_stream(self) -> Generator[Any, Any, None]:
+        yield from self._close_legs()
         stream, self._stream = self._stream, None
         if stream is not None:
             try:

@@ -131,6 +131,11 @@ class RoutingTable:
         leaders = self._leaders.get(queue)
         return leaders is not None and (partition is None or 0 <= partition < len(leaders))
 
+    def partition_count(self, queue: str) -> int | None:
+        """How many partitions ``queue`` has in the table (None: it does not know the queue)."""
+        leaders = self._leaders.get(queue)
+        return None if leaders is None else len(leaders)
+
     def queue_of(self, queue_id: int) -> str | None:
         """The name of the queue of ``queue_id`` (a message id names its queue by id)."""
         return self._names.get(queue_id)
@@ -270,6 +275,7 @@ COORDINATED_CALLS: dict[ApiKey, str] = {
     ApiKey.DELETE_SUBSCRIBER: "subscriber",
     ApiKey.DESCRIBE_SUBSCRIBER: "subscriber",
     ApiKey.CHECKPOINT_SUBSCRIBER: "subscriber",
+    ApiKey.CLAIM_SUBSCRIBER: "subscriber",
 }
 
 

@@ -2,16 +2,49 @@
 (built)"): a subscriber's add, delete, describe and checkpoint go to its coordinator
 (:meth:`~headwater.client.core.routing.RoutingTable.subscriber_coordinator`), sent again
 after a NotCoordinatorError as :class:`~headwater.client.core.routing.RoutedCall` says;
-LIST_SUBSCRIBERS goes to every broker and the answers are merged here.
+LIST_SUBSCRIBERS goes to every broker and the answers are merged here; a subscriber process
+opens one push stream per broker that leads some of its partitions, planned here
+(:func:`plan_streams`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from headwater.model.subscription import SubscriberInfo
+from headwater.client.core.routing import RoutingTable
+from headwater.model.subscription import SubscriberInfo, subscribed_partitions
 
-__all__ = ["merge_subscribers"]
+__all__ = ["merge_subscribers", "plan_streams"]
+
+
+def plan_streams(table: RoutingTable, info: SubscriberInfo) -> tuple[dict[int, list[int]], list[int]]:
+    """Which broker is to push which of the subscriber's partitions (each by its leader,
+    so each partition by exactly one stream), and the partitions no live broker leads now
+    (moving, or their broker is down: planned again later). A queue the table does not know
+    has no partitions to plan.
+
+    >>> from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionLocation, QueueLocations
+    >>> parts = [PartitionLocation(partition=p, leader=b, leader_epoch=0, replicas=[b])
+    ...          for p, b in enumerate([1, 2, 1, 9])]
+    >>> md = ClusterMetadata(cluster_id="c", controller=1,
+    ...     queues=[QueueLocations(name="q", queue_id=1, partitions=parts)],
+    ...     brokers=[BrokerAddress(broker_id=i, host="h", port=i, epoch=0) for i in (1, 2)])
+    >>> plan_streams(RoutingTable(md), SubscriberInfo(queue="q", name="s"))
+    ({1: [0, 2], 2: [1]}, [3])
+    """
+    count = table.partition_count(info.queue)
+    if count is None:
+        return {}, []
+    leaders = table.partition_leaders(info.queue)
+    plan: dict[int, list[int]] = {}
+    leaderless: list[int] = []
+    for p in subscribed_partitions(info, count):
+        broker = leaders.get(p)
+        if broker is None:
+            leaderless.append(p)
+        else:
+            plan.setdefault(broker, []).append(p)
+    return plan, leaderless
 
 
 def merge_subscribers(

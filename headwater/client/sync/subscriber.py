@@ -12,7 +12,7 @@ from headwater.client.common.closing import ClosesOnExit
 from headwater.client.common.subscriber import Listener, SubscriberBase
 from headwater.client.common.twins import BLOCKING
 from headwater.client.sync.consumer import Consumer
-from headwater.model.service import OpensPushStreams
+from headwater.model.service import OpensPushStreams, RoutesPushStreams
 
 __all__ = ["Subscriber", "SubscriberBase", "Listener"]
 
@@ -39,6 +39,7 @@ class Subscriber(SubscriberBase, ClosesOnExit, driver=BLOCKING):
     _Event = threading.Event
     _Consumer = Consumer
     _push_streams = OpensPushStreams
+    _routes_push = RoutesPushStreams
     _sleep = staticmethod(time.sleep)
 
     def _launch(self) -> None:

@@ -602,15 +602,35 @@ class RemoteService(StreamCalls, BrokerService):
 
     # push streams (headwater.client.sync.subscriber drives them)
     def open_push_stream(
-        self, queue: str, name: str, handler: PushHandler, *, credit_messages: int, credit_bytes: int
+        self,
+        queue: str,
+        name: str,
+        handler: PushHandler,
+        *,
+        credit_messages: int,
+        credit_bytes: int,
+        epoch: int = 0,
+        positions: dict[int, int] | None = None,
+        tags: list[str] | None = None,
     ) -> tuple[int, SubscriberInfo]:
         """Open a push stream of subscriber ``name``: its id and the subscriber as it starts.
 
         ``handler`` gets each PUSH body, on the client's event loop thread (keep it quick),
-        and None once if the connection is lost."""
+        and None once if the connection is lost. On a cluster, ``epoch`` (CLAIM_SUBSCRIBER's),
+        ``positions`` (the partitions this broker leads, and where each starts) and ``tags``
+        make it a stream of those partitions only."""
 
         def request(sid: int) -> m.RequestBody:
-            return m.SubscribeRequest(sid, queue, name, credit_messages, credit_bytes)
+            return m.SubscribeRequest(
+                sid,
+                queue,
+                name,
+                credit_messages,
+                credit_bytes,
+                epoch,
+                None if positions is None else dict(positions),
+                tags,
+            )
 
         return asyncio.run_coroutine_threadsafe(self.transport.open_stream(request, handler), self._loop).result()
 

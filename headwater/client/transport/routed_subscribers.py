@@ -2,8 +2,10 @@
 (docs/design/cluster.md, "Subscriptions (built)"): it asks every broker and merges
 (:func:`~headwater.client.core.subscribers.merge_subscribers`). A subscriber's add, delete,
 describe and checkpoint go to its coordinator
-(:mod:`~headwater.client.transport.routed_groups`). A routed service opens no push stream:
-the subscriber pulls from each partition's leader.
+(:mod:`~headwater.client.transport.routed_groups`), and so does its claim (CLAIM_SUBSCRIBER,
+the epoch). A subscriber process opens one push stream per partition leader
+(:mod:`headwater.client.common.cluster_push`), on the connection :meth:`broker_link` gives,
+planned by the table :meth:`stream_table` gives.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from headwater.client.core.routing import RefreshGate, RoutingTable
 from headwater.client.core.subscribers import merge_subscribers
 from headwater.client.transport.remote import RemoteService
+from headwater.errors import UnavailableError
 from headwater.model.subscription import SubscriberInfo
 from headwater.protocol import messages as m
 
@@ -34,10 +37,28 @@ class RoutedSubscriberCalls:
         _table: RoutingTable
 
         def refresh(self, deadline: float | None = None) -> RoutingTable: ...
+        def _link(self, address: str) -> RemoteService: ...
         def _ask_leaders(
             self, brokers: list[int], body: m.RequestBody
         ) -> dict[int, concurrent.futures.Future[Any]]: ...
         def _answers(self, asked: dict[int, concurrent.futures.Future[Any]], *, strict: bool) -> dict[int, Any]: ...
+
+    def stream_table(self, queue: str, fresh: bool = False) -> RoutingTable:
+        """The table a subscriber plans its push streams by: asked for again first when
+        ``fresh`` (a stream was refused or lost), stale, or when it does not know ``queue``."""
+        if fresh or self._gate.stale or not self._table.knows(queue):
+            self._gate.mark_stale()
+            return self.refresh(time.monotonic() + self.request_timeout_s)
+        return self._table
+
+    def broker_link(self, broker_id: int) -> RemoteService:
+        """The connection to broker ``broker_id`` of the table (opened if none is), for a
+        push stream of the partitions it leads; UnavailableError if it is out of reach."""
+        broker = self._table.brokers.get(broker_id)
+        if broker is None:
+            self._gate.mark_stale()
+            raise UnavailableError(f"broker {broker_id} is not in the cluster's metadata now")
+        return self._link(broker.address)
 
     def list_subscribers(self, queue: str | None = None) -> list[SubscriberInfo]:
         """Every broker's subscribers (of ``queue``, or of every queue), each once."""

@@ -61,6 +61,8 @@ class ApiKey(IntEnum):
     LIST_SUBSCRIBERS = 65
     DESCRIBE_SUBSCRIBER = 66
     CHECKPOINT_SUBSCRIBER = 67
+    CLAIM_SUBSCRIBER = 68
+    END_SUBSCRIBER_STREAMS = 69
     # shared groups: leases, acks, redelivery, dead letters
     SHARED_RECEIVE = 50
     SHARED_ACK = 51
@@ -88,7 +90,6 @@ RESERVED_API_KEYS: dict[range, str] = {
     range(32, 40): "more consumer group offsets",
     range(45, 46): "more consumer group membership",
     range(55, 60): "more shared delivery",
-    range(68, 70): "more push subscriptions",
     range(73, 80): "more delayed messages",
     range(80, 90): "transactions: prepare, commit, roll back, check back",
     range(92, 100): "more status and metrics",

@@ -104,12 +104,16 @@ from headwater.protocol.messages.streams import (
     AddSubscriberResponse,
     CheckpointSubscriberRequest,
     CheckpointSubscriberResponse,
+    ClaimSubscriberRequest,
+    ClaimSubscriberResponse,
     CloseStreamRequest,
     CloseStreamResponse,
     DeleteSubscriberRequest,
     DeleteSubscriberResponse,
     DescribeSubscriberRequest,
     DescribeSubscriberResponse,
+    EndSubscriberStreamsRequest,
+    EndSubscriberStreamsResponse,
     FetchStreamRequest,
     FetchStreamResponse,
     ListSubscribersRequest,
@@ -248,6 +252,10 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
             CheckpointSubscriberResponse,
             "checkpoint_subscriber",
         ),
+        # each claim bumps the epoch: a second one (after a lost answer) only bumps it again
+        ApiSpec(ApiKey.CLAIM_SUBSCRIBER, ClaimSubscriberRequest, ClaimSubscriberResponse, "claim_subscriber"),
+        # broker to broker (INTERNAL_APIS): a coordinator ends the older or deleted streams
+        ApiSpec(ApiKey.END_SUBSCRIBER_STREAMS, EndSubscriberStreamsRequest, EndSubscriberStreamsResponse, None),
         # cancelling twice is fine (the second finds it cancelled)
         ApiSpec(ApiKey.CANCEL_DELAYED, CancelDelayedRequest, CancelDelayedResponse, "cancel_delayed"),
         ApiSpec(ApiKey.DELAY_STATS, DelayStatsRequest, DelayStatsResponse, "delay_stats"),
@@ -277,7 +285,7 @@ STREAM_APIS = frozenset(
 
 #: The requests one broker of a cluster sends another: only a server serves them, and no
 #: client service has them.
-INTERNAL_APIS = frozenset({ApiKey.HANDOFF_DELAYED})
+INTERNAL_APIS = frozenset({ApiKey.HANDOFF_DELAYED, ApiKey.END_SUBSCRIBER_STREAMS})
 
 for _s in API_SPECS.values():
     assert _s.request.api is _s.key and _s.response.api is _s.key, _s

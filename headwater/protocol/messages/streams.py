@@ -81,6 +81,14 @@ class SubscribeRequest(RequestBody, frozen=True, array_like=True):
     name: str
     credit_messages: U32
     credit_bytes: U32
+    # on a cluster (docs/design/cluster.md, "Subscriptions (built)"): the subscription epoch
+    # the coordinator gave this process (CLAIM_SUBSCRIBER), and the partitions this leader
+    # is to push with where each starts, and the tags: the stream pushes those partitions
+    # only and checkpoints nothing (the coordinator keeps them). None: the subscriber's own
+    # partitions from its stored checkpoints (a broker alone); an older client sends none.
+    epoch: int = 0
+    positions: dict[int, int] | None = None
+    tags: list[str] | None = None
 
 
 class SubscribeResponse(_SubscriberResult, frozen=True, array_like=True):
@@ -168,10 +176,41 @@ class CheckpointSubscriberRequest(RequestBody, frozen=True, array_like=True):
     queue: str
     name: str
     offsets: dict[int, int]
+    epoch: int = 0  # the writer's subscription epoch: refused if a newer process claimed the name (0: unchecked)
 
 
 class CheckpointSubscriberResponse(_NoResult, frozen=True, array_like=True):
     api = ApiKey.CHECKPOINT_SUBSCRIBER
+
+
+class ClaimSubscriberRequest(RequestBody, frozen=True, array_like=True):
+    """Sent to a subscriber's coordinator by a process about to subscribe on a cluster: the
+    coordinator bumps the subscriber's epoch durably and answers the subscriber with it;
+    every leader's stream carries it, and a stream of an older epoch is ended as replaced."""
+
+    api = ApiKey.CLAIM_SUBSCRIBER
+    queue: str
+    name: str
+
+
+class ClaimSubscriberResponse(_SubscriberResult, frozen=True, array_like=True):
+    api = ApiKey.CLAIM_SUBSCRIBER
+
+
+class EndSubscriberStreamsRequest(RequestBody, frozen=True, array_like=True):
+    """Broker to broker (a subscriber's coordinator to every broker, after a claim or a
+    delete): end this broker's push stream of the subscriber if its epoch is older than
+    ``epoch`` (as replaced), or whatever its epoch when ``deleted``. Clients never send it."""
+
+    api = ApiKey.END_SUBSCRIBER_STREAMS
+    queue: str
+    name: str
+    epoch: int
+    deleted: bool = False
+
+
+class EndSubscriberStreamsResponse(_NoResult, frozen=True, array_like=True):
+    api = ApiKey.END_SUBSCRIBER_STREAMS
 
 
 class SubscriptionPush(PushBody, frozen=True, array_like=True):
