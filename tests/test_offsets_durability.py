@@ -1,0 +1,85 @@
+"""The durability of consumer-group commits (the store's ``offsets_flush``): ``async``
+answers before the fsync and survives a SIGKILLed broker (the page cache outlives the
+process); ``sync`` answers after the fsync that covers the commit. Counted with the store's
+fsyncs, never timed."""
+
+from __future__ import annotations
+
+import pytest
+
+import headwater
+from headwater import StoreConfig
+from headwater.broker.broker import Broker
+from headwater.errors import InvalidArgumentError
+from headwater.model.batch import encode_batch
+from headwater.model.config import QueueConfig
+from headwater.model.message import Message
+from tests.support.broker_process import BrokerProcess
+
+NO_TICK_MS = 3_600_000  # the background fsync never runs during a test
+
+
+def _fsyncs(broker: Broker) -> int:
+    return broker.store.stats()["fsyncs"]
+
+
+def _broker(tmp_path, offsets_flush: str) -> Broker:
+    broker = Broker.open(tmp_path / "data", StoreConfig(flush_interval_ms=NO_TICK_MS, offsets_flush=offsets_flush))
+    broker.create_queue("jobs", QueueConfig(partitions=2))
+    broker.produce("jobs", 0, encode_batch([Message(b"x")] * 10))
+    return broker
+
+
+def test_async_commits_are_answered_without_an_fsync(tmp_path):
+    broker = _broker(tmp_path, "async")
+    try:
+        assert broker.offsets.flush == "async"
+        before = _fsyncs(broker)
+        for off in range(1, 6):
+            broker.commit_offsets("g", "jobs", {0: off})
+        assert _fsyncs(broker) == before  # none waited for, and the flusher did not tick
+        assert broker.fetch_offsets("g", "jobs") == {0: 5}
+    finally:
+        broker.close()
+
+
+def test_sync_commits_are_answered_after_their_fsync(tmp_path):
+    broker = _broker(tmp_path, "sync")
+    try:
+        assert broker.offsets.flush == "sync"
+        for off in range(1, 6):
+            before = _fsyncs(broker)
+            broker.commit_offsets("g", "jobs", {0: off})
+            assert _fsyncs(broker) == before + 1  # the commit's own fsync, done before the answer
+    finally:
+        broker.close()
+
+
+def test_offsets_flush_is_checked():
+    with pytest.raises(InvalidArgumentError, match="offsets_flush must be 'sync' or 'async'"):
+        StoreConfig(offsets_flush="always").validated()
+
+
+def test_async_commits_survive_a_sigkilled_broker(tmp_path):
+    data = tmp_path / "data"
+    # no background fsync: what survives the kill is what the page cache held
+    args = ("--set", f"flush_interval_ms={NO_TICK_MS}", "--set", "offsets_flush=async")
+    broker = BrokerProcess(data, *args).start()
+    try:
+        with headwater.connect(broker.address) as hw:
+            hw.admin.create_queue("jobs", partitions=2)
+            hw.send_batch("jobs", [b"a", b"b", b"c"], partition=1)
+            with hw.consumer(group="g") as c:
+                c.assign("jobs")
+                got = []
+                while len(got) < 3:
+                    got += c.poll(timeout_ms=10_000)
+                c.commit()
+            hw.service.commit_offsets("other", "jobs", {0: 0, 1: 2})
+        broker.kill()  # SIGKILL: no flush, no clean close
+        broker = BrokerProcess(data, *args, port=broker.port).start()
+        with headwater.connect(broker.address) as hw:
+            assert hw.service.fetch_offsets("g", "jobs") == {0: 0, 1: 3}
+            assert hw.service.fetch_offsets("other", "jobs") == {0: 0, 1: 2}
+    finally:
+        broker.kill()
