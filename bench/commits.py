@@ -136,11 +136,11 @@ def consume_redis(port: int, total: int) -> float:
 # -- end-to-end latency with a commit after each poll -----------------------------------
 
 
-def _latency_consumer(system: str, where: Any, total: int, ready: Any, out: Any) -> None:
+def _latency_consumer(system: str, where: Any, total: int, ready: Any, out: Any, stream: bool = True) -> None:
     ages: list[int] = []
     if system == "headwater":
         with headwater.connect(where) as hw:
-            c = hw.consumer(group=f"l-{uuid.uuid4().hex[:8]}")
+            c = hw.consumer(group=f"l-{uuid.uuid4().hex[:8]}", stream=stream)
             c.assign(QUEUE, 0)
             c.seek_to_end(QUEUE)
             ready.set()
@@ -165,12 +165,13 @@ def _latency_consumer(system: str, where: Any, total: int, ready: Any, out: Any)
     out.put(ages)
 
 
-def latency(system: str, where: Any, rate: int, seconds: float) -> dict[str, float]:
-    """p50/p99/p99.9/max ms of ``rate`` msg/s for ``seconds``, one blocking send at a time."""
+def latency(system: str, where: Any, rate: int, seconds: float, stream: bool = True) -> dict[str, float]:
+    """p50/p99/p99.9/max ms of ``rate`` msg/s for ``seconds``, one blocking send at a time
+    (``stream``: Headwater's consumer reads a fetch stream, else long-polling fetches)."""
     total = int(rate * seconds)
     ctx = mp.get_context("spawn")  # a fresh interpreter: no client state copied
     ready, out = ctx.Event(), ctx.Queue()
-    proc = ctx.Process(target=_latency_consumer, args=(system, where, total, ready, out))
+    proc = ctx.Process(target=_latency_consumer, args=(system, where, total, ready, out, stream))
     proc.start()
     ready.wait(30)
     pad = b"x" * (SIZE - _STAMP.size)
