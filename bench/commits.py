@@ -46,6 +46,8 @@ SIZE = 100
 CONSUME_TARGET = 3.0  # consume + commit: at least 3x Redis XREADGROUP + XACK
 STREAM_TARGET = 1_500_000  # plain streaming consume, msg/s
 _STAMP = struct.Struct("<q")
+# --compare-reads: (system, fetch stream?, commit after each poll) beside the default runs
+_COMPARED = [("headwater", False, "sync"), ("headwater", True, "async"), ("headwater", False, "async")]
 
 
 def start_servers(work: Path, offsets_flush: str = "async") -> tuple[list[subprocess.Popen], str, int]:
@@ -136,7 +138,9 @@ def consume_redis(port: int, total: int) -> float:
 # -- end-to-end latency with a commit after each poll -----------------------------------
 
 
-def _latency_consumer(system: str, where: Any, total: int, ready: Any, out: Any, stream: bool = True) -> None:
+def _latency_consumer(
+    system: str, where: Any, total: int, ready: Any, out: Any, stream: bool = True, commit: str = "sync"
+) -> None:
     ages: list[int] = []
     if system == "headwater":
         with headwater.connect(where) as hw:
@@ -147,7 +151,10 @@ def _latency_consumer(system: str, where: Any, total: int, ready: Any, out: Any,
             while len(ages) < total:
                 for rec in c.poll(timeout_ms=200):
                     ages.append(time.perf_counter_ns() - _STAMP.unpack_from(rec.body)[0])
-                c.commit()
+                if commit == "sync":
+                    c.commit()
+                elif commit == "async":
+                    c.commit_async()
             c.close()
     else:
         r = _redis(where)
@@ -165,13 +172,16 @@ def _latency_consumer(system: str, where: Any, total: int, ready: Any, out: Any,
     out.put(ages)
 
 
-def latency(system: str, where: Any, rate: int, seconds: float, stream: bool = True) -> dict[str, float]:
+def latency(
+    system: str, where: Any, rate: int, seconds: float, stream: bool = True, commit: str = "sync"
+) -> dict[str, float]:
     """p50/p99/p99.9/max ms of ``rate`` msg/s for ``seconds``, one blocking send at a time
-    (``stream``: Headwater's consumer reads a fetch stream, else long-polling fetches)."""
+    (``stream``: Headwater's consumer reads a fetch stream, else long-polling fetches;
+    ``commit``: after each poll, ``sync`` commit(), ``async`` commit_async(), ``none``)."""
     total = int(rate * seconds)
     ctx = mp.get_context("spawn")  # a fresh interpreter: no client state copied
     ready, out = ctx.Event(), ctx.Queue()
-    proc = ctx.Process(target=_latency_consumer, args=(system, where, total, ready, out, stream))
+    proc = ctx.Process(target=_latency_consumer, args=(system, where, total, ready, out, stream, commit))
     proc.start()
     ready.wait(30)
     pad = b"x" * (SIZE - _STAMP.size)
@@ -209,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--offsets-flush", choices=("async", "sync"), default="async", help="the broker's offsets_flush (default async)"
     )
+    ap.add_argument(
+        "--compare-reads",
+        action="store_true",
+        help="end-to-end also with stream=False and with commit_async (the fetch stream's tail, issue 32)",
+    )
     ap.add_argument("--quick", action="store_true", help="a smoke run: 1 round, 50,000 messages, 2 s")
     args = ap.parse_args(argv)
     if args.quick:
@@ -227,10 +242,18 @@ def main(argv: list[str] | None = None) -> int:
             ]
             for name, fn in cases[rnd % 4 :] + cases[: rnd % 4]:  # rotate who runs first
                 rows.setdefault(name, []).append(fn())
-            for system, where in (("headwater", address), ("redis", port))[:: 1 if rnd % 2 == 0 else -1]:
-                lat = latency(system, where, args.rate, args.seconds)
+            runs = [("headwater", address, True, "sync"), ("redis", port, True, "sync")]
+            if args.compare_reads:  # where the tail goes: the fetch stream against FETCH, commit_async
+                runs += [(system, address, stream, how) for system, stream, how in _COMPARED]
+            for system, where, stream, how in runs[:: 1 if rnd % 2 == 0 else -1]:
+                lat = latency(system, where, args.rate, args.seconds, stream=stream, commit=how)
+                name = (
+                    system
+                    + ("" if stream else " (stream=False)")
+                    + (" + commit" if how == "sync" else " + commit_async")
+                )
                 for k, v in lat.items():
-                    rows.setdefault(f"e2e {system} + commit {k} ms", []).append(v)
+                    rows.setdefault(f"e2e {name} {k} ms", []).append(v)
             print(f"round {rnd + 1} done", file=sys.stderr)
     finally:
         for p in procs:
@@ -239,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
     for k, v in rows.items():
-        print(f"{k:45s} median {med[k]:>12,.2f}   rounds " + ", ".join(f"{x:,.2f}" for x in v))
+        print(f"{k:52s} median {med[k]:>12,.2f}   rounds " + ", ".join(f"{x:,.2f}" for x in v))
     redis_rate = med["redis XREADGROUP + XACK"]
     for name in ("headwater consume + commit()", "headwater consume + commit_async()"):
         ratio = med[name] / redis_rate
