@@ -10,11 +10,15 @@ import pytest
 import headwater
 from headwater import StoreConfig
 from headwater.broker.broker import Broker
+from headwater.broker.offsets import OffsetStore
 from headwater.errors import InvalidArgumentError
 from headwater.model.batch import encode_batch
+from headwater.model.cluster import COORDINATOR_QUEUE
 from headwater.model.config import QueueConfig
 from headwater.model.message import Message
+from headwater.storage.store import LogStore
 from tests.support.broker_process import BrokerProcess
+from tests.test_offsets_partitions import PARTITIONS, FakeNode, _group_of
 
 NO_TICK_MS = 3_600_000  # the background fsync never runs during a test
 
@@ -53,6 +57,28 @@ def test_sync_commits_are_answered_after_their_fsync(tmp_path):
             assert _fsyncs(broker) == before + 1  # the commit's own fsync, done before the answer
     finally:
         broker.close()
+
+
+@pytest.mark.parametrize("offsets_flush", ["async", "sync"])
+def test_a_cluster_coordinator_follows_offsets_flush(tmp_path, offsets_flush):
+    """The coordinator queue's commits (a broker of a cluster) obey the same setting."""
+    store = LogStore(tmp_path / "data", StoreConfig(flush_interval_ms=NO_TICK_MS, offsets_flush=offsets_flush))
+    try:
+        offsets = OffsetStore(store)
+        node = FakeNode()
+        offsets.join_cluster(node)
+        config = QueueConfig(partitions=PARTITIONS, ttl_s=None, flush="sync")  # as the cluster node makes it
+        store.create_queue(COORDINATOR_QUEUE, config, internal=True)
+        store.create_queue("orders", QueueConfig(partitions=1))
+        node.leading.add(1)
+        offsets.load(1)
+        group = _group_of(1)
+        before = store.stats()["fsyncs"]
+        offsets.commit(group, "orders", {0: 0})
+        assert store.stats()["fsyncs"] == before + (offsets_flush == "sync")
+        assert offsets.fetch(group, "orders") == {0: 0}
+    finally:
+        store.close()
 
 
 def test_offsets_flush_is_checked():
