@@ -109,3 +109,27 @@ def test_async_commits_survive_a_sigkilled_broker(tmp_path):
             assert hw.service.fetch_offsets("other", "jobs") == {0: 0, 1: 2}
     finally:
         broker.kill()
+
+
+def test_which_commits_a_server_may_answer_on_its_loop(tmp_path):
+    """answers_at_once: only what waits for nothing (no fsync, no compaction, no cluster)."""
+    store = LogStore(tmp_path / "data", StoreConfig(flush_interval_ms=NO_TICK_MS))
+    try:
+        offsets = OffsetStore(store, compact_min=4, compact_ratio=2)
+        store.create_queue("orders", QueueConfig(partitions=8))
+        assert offsets.answers_at_once(1)
+        offsets.commit("g", "orders", {0: 0, 1: 0, 2: 0})
+        assert offsets.answers_at_once(3)  # 6 records in the log: no compaction yet
+        assert not offsets.answers_at_once(4)  # 7 > max(4, 2 x 3 keys): it may compact
+        with offsets._lock:  # another commit under way (maybe compacting): not on the loop
+            assert not offsets.answers_at_once(1)
+        node = FakeNode()
+        offsets.join_cluster(node)
+        assert not offsets.answers_at_once(1)  # a coordinator of a cluster may wait for a fence
+    finally:
+        store.close()
+    sync = LogStore(tmp_path / "sync", StoreConfig(offsets_flush="sync"))
+    try:
+        assert not OffsetStore(sync).answers_at_once(1)
+    finally:
+        sync.close()

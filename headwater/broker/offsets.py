@@ -209,6 +209,23 @@ class OffsetStore:
         except NotLeaderError as e:  # the partition moved, or is fenced for its move
             raise NotCoordinatorError(f"this broker does not coordinate group {group!r} now: {e}") from None
 
+    def answers_at_once(self, records: int) -> bool:
+        """Whether a commit of ``records`` records would return without waiting for anything
+        (so a server may run it on its event loop): ``offsets_flush`` async, a broker alone
+        (a cluster's coordinator may have to ask ZooKeeper, or wait for a move's fence), no
+        compaction due (it waits for an fsync) and no other commit under way (it may be
+        compacting). A compaction can still begin between this answer and the commit, if a
+        worker thread's commit slips in: then that one commit waits for its fsync."""
+        if self._sync or self._place is not None or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            table = self._tables.get(0)
+            if table is None:
+                return False
+            return self._appended[0] + records <= max(self._compact_min, self._compact_ratio * len(table))
+        finally:
+            self._lock.release()
+
     @property
     def flush(self) -> str:
         """``"async"`` or ``"sync"``: whether a commit is answered before or after its fsync
