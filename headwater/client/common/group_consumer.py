@@ -319,6 +319,8 @@ class GroupConsumerBase(ConsumerBase):
         """Commit (if ``commit``), tell ``on_revoke``, forget ``tps``; False when the broker
         could not be reached for the commit."""
         reached = True
+        if self._commits is not None:  # an older commit_async must not land after this one
+            yield self._wait_commits()
         if commit:
             positions = {tp: self._consumed[tp] for tp in tps if tp in self._consumed}
             try:
