@@ -50,7 +50,12 @@ SHOWS: dict[str, list[str]] = {
         "billing committed True",
     ],
     "asyncio.md": ["[b'late']", "charged 3 orders; checkpoint stored: True"],
-    "consumer-groups.md": ["now reading", "charged 300 orders", "cache-invalidation read 3"],
+    "consumer-groups.md": [
+        "now reading",
+        "charged 300 orders",
+        "cache-invalidation read 3",
+        "ledger read 300, committed 300, failed commits: 0",
+    ],
     "keyed-groups.md": ["user-3 clicked 4 times", "'resizing_to': 4", "shared by two members: 0"],
     "metrics.md": ["billing lag on orders[0]: 40"],
     "producing.md": ["10000 ids, the last 0000", "True\n", "µs from send() to poll()"],

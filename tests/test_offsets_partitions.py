@@ -230,7 +230,7 @@ def test_a_moves_fence_waits_for_a_commit_under_way_then_refuses_the_next():
     offsets.load(0)
     g = next(g for i in range(100) if coordinator_partition(g := f"g{i}", 2) == 0)
     inside, release = threading.Event(), threading.Event()
-    append = store.append
+    append = store.append_nowait  # how a commit appends (it waits for the fsync itself when sync)
 
     def slow_append(queue, partition, batch):
         if queue == q:
@@ -238,7 +238,7 @@ def test_a_moves_fence_waits_for_a_commit_under_way_then_refuses_the_next():
             release.wait(10)
         return append(queue, partition, batch)
 
-    store.append = slow_append
+    store.append_nowait = slow_append
     committer = threading.Thread(target=offsets.commit, args=(g, "orders", {0: 7}))
     committer.start()
     assert inside.wait(10)

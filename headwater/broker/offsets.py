@@ -1,7 +1,7 @@
 """OffsetStore: consumer groups' committed offsets, kept in the store itself.
 
-Commits are appended to an internal queue (no TTL, sync flush), one message per (group,
-queue id, partition) with the offset as its body, and the latest value of each key is kept
+Commits are appended to an internal queue (no TTL), one message per (group, queue id,
+partition) with the offset as its body, and the latest value of each key is kept
 in memory, one table per partition of that queue. A partition's records are read back to
 rebuild its table when it is loaded. When a partition's log holds many more commits than
 live keys, its whole table is appended as one batch and the partition's start is moved to
@@ -29,6 +29,17 @@ checked only for partitions this broker leads (Kafka checks neither).
 
 Keys use the queue's id, not its name: a queue deleted and created again starts with no
 committed offsets.
+
+Durability (the store's ``offsets_flush`` setting, ``docs/consumer-groups.md``): a commit is
+answered once its record is written to the log file (the page cache), not after an fsync
+(``"async"``, the default), as Kafka answers commits before any fsync. A killed broker
+process loses nothing (the page cache outlives it); a power loss or kernel crash loses at
+most the commits of the last ``flush_interval_ms`` (the store's background fsync), which
+means their messages are delivered again, never that a message is lost. ``"sync"`` answers
+after the fsync that covers the record (shared with concurrent appends: group commit). The
+internal queue itself is created with sync flush so that an append reports the position to
+wait for; whether to wait is this setting's choice. The wait is outside the table's lock,
+so commits of other groups do not queue behind one's fsync.
 """
 
 from __future__ import annotations
@@ -98,6 +109,7 @@ class OffsetStore:
         self._appended: dict[int, int] = {}  # loaded partition -> records in its log
         self._compact_ratio = compact_ratio
         self._compact_min = compact_min
+        self._sync = store.config.offsets_flush == "sync"
         try:
             store.describe_queue(OFFSETS_QUEUE)
         except Exception:  # noqa: BLE001 - first start of this store
@@ -185,14 +197,40 @@ class OffsetStore:
                     table = self._tables.get(k)
                     if table is None:  # unloaded since partition_of: the node saw the partition go
                         raise NotCoordinatorError(f"this broker stopped coordinating group {group!r}: ask again")
-                    self._store.append(self._queue, k, encode_batch(msgs))
+                    _, durable_at = self._store.append_nowait(self._queue, k, encode_batch(msgs))
                     for m in msgs:
                         table[m.key] = _VALUE.unpack(m.body)[0]  # type: ignore[index]  # an offsets record always has a key
                     self._appended[k] += len(msgs)
                     if self._appended[k] > max(self._compact_min, self._compact_ratio * len(table)):
                         self._compact(k)
+                        durable_at = None  # the compaction waited for an fsync covering this commit
+                if self._sync and durable_at is not None:  # (a memory store has no position to wait for)
+                    self._store.wait_durable(durable_at)
         except NotLeaderError as e:  # the partition moved, or is fenced for its move
             raise NotCoordinatorError(f"this broker does not coordinate group {group!r} now: {e}") from None
+
+    def answers_at_once(self, records: int) -> bool:
+        """Whether a commit of ``records`` records would return without waiting for anything
+        (so a server may run it on its event loop): ``offsets_flush`` async, a broker alone
+        (a cluster's coordinator may have to ask ZooKeeper, or wait for a move's fence), no
+        compaction due (it waits for an fsync) and no other commit under way (it may be
+        compacting). A compaction can still begin between this answer and the commit, if a
+        worker thread's commit slips in: then that one commit waits for its fsync."""
+        if self._sync or self._place is not None or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            table = self._tables.get(0)
+            if table is None:
+                return False
+            return self._appended[0] + records <= max(self._compact_min, self._compact_ratio * len(table))
+        finally:
+            self._lock.release()
+
+    @property
+    def flush(self) -> str:
+        """``"async"`` or ``"sync"``: whether a commit is answered before or after its fsync
+        (the store's ``offsets_flush``; see the module's docstring)."""
+        return "sync" if self._sync else "async"
 
     def _checked(self, info: QueueInfo, offsets: dict[int, int]) -> list[tuple[int, int]]:
         out = []
@@ -262,15 +300,20 @@ class OffsetStore:
         return out
 
     def _compact(self, partition: int) -> None:
-        """Write ``partition``'s live table whole and start its log there (under the lock)."""
+        """Write ``partition``'s live table whole and start its log there (under the lock).
+        The old records are deleted only once the new table is durable, under either policy:
+        a power loss must find one of the two whole."""
         live = {q.queue_id for q in self._store.list_queues()}
         table = {k: v for k, v in self._tables[partition].items() if int(k.split(b"\x00")[1]) in live}
         self._tables[partition] = table
         snapshot_at = self._store.end_offset(self._queue, partition)
         items = list(table.items())
+        durable_at = None
         for i in range(0, len(items), _CHUNK):
             chunk = items[i : i + _CHUNK]
             batch = encode_batch([Message(_VALUE.pack(v), key=k) for k, v in chunk])
-            self._store.append(self._queue, partition, batch)
+            _, durable_at = self._store.append_nowait(self._queue, partition, batch)
+        if durable_at is not None:
+            self._store.wait_durable(durable_at)
         self._store.delete_before(self._queue, partition, snapshot_at)
         self._appended[partition] = len(items)

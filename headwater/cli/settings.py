@@ -63,6 +63,8 @@ MEANINGS: dict[str, str] = {
     "flush": "default flush policy of queues that name none: sync (fsync before acknowledging) or async",
     "flush_interval_ms": "async: the longest a write waits for its fsync",
     "flush_bytes": "async: fsync sooner once this many bytes were written since the last fsync",
+    "offsets_flush": "consumer groups' offset commits: async (answered once written; a power loss may "
+    "redeliver the last flush_interval_ms of commits) or sync (answered after the fsync)",
     "page_cache_keep_bytes": "the newest fsynced log left in the OS page cache; older is dropped "
     "(0: leave it to the kernel)",
     "segment_bytes_max": "size of a commit log segment file",

@@ -15,6 +15,9 @@ class StoreConfig(msgspec.Struct, frozen=True, kw_only=True):
     flush: str = "async"  # default flush policy of queues that name none
     flush_interval_ms: int = 200  # async: the longest a write waits for its fsync
     flush_bytes: int = 8 * 1024 * 1024  # async: fsync sooner once this much is written since the last
+    # consumer groups' offset commits: "async" answers once written (a power loss redelivers at
+    # most flush_interval_ms of commits), "sync" after the fsync (headwater.broker.offsets)
+    offsets_flush: str = "async"
     page_cache_keep_bytes: int = 256 * 1024 * 1024  # the newest log left in the OS page cache (0: all of it)
     segment_bytes_max: int = 128 * 1024 * 1024
     open_segments_max: int = 64  # sealed segments kept open for reading
@@ -32,6 +35,8 @@ class StoreConfig(msgspec.Struct, frozen=True, kw_only=True):
     def validated(self) -> StoreConfig:
         if self.flush not in ("sync", "async"):
             raise InvalidArgumentError(f"flush must be 'sync' or 'async', got {self.flush!r}")
+        if self.offsets_flush not in ("sync", "async"):
+            raise InvalidArgumentError(f"offsets_flush must be 'sync' or 'async', got {self.offsets_flush!r}")
         if self.verify not in ("tail", "all"):
             raise InvalidArgumentError(f"verify must be 'tail' or 'all', got {self.verify!r}")
         if not 1 <= self.flush_interval_ms <= 3_600_000:

@@ -3,7 +3,8 @@ reads and commits, written once: :mod:`headwater.client.common.consumer`).
 
 What is this kind's own: a fetch is a task, ``poll`` awaits the first of them, a fetch a
 seek made stale is cancelled, and ``close`` awaits what it cancelled, so no task outlives
-the consumer.
+the consumer. ``commit_async`` hands its commits to a task (made when there are some to
+send), which sends them in order, one request at a time.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from headwater.client.common.closing import AsyncClosesOnExit
 from headwater.client.common.consumer import ConsumerBase
 from headwater.client.common.positions import TP
 from headwater.client.common.twins import ASYNCIO
+from headwater.client.core.commits import CommitCallback
 from headwater.client.transport.polling import retrieve
 from headwater.model.message import Record
 from headwater.model.service import FetchResult
@@ -27,6 +29,7 @@ class AsyncConsumer(ConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
     :class:`~headwater.client.common.positions.ConsumerPositions`'."""
 
     _inflight: dict[TP, tuple[int, asyncio.Task[FetchResult]]]
+    _commit_sender: asyncio.Task[None] | None = None
 
     def _fetch(self, tp: TP, pos: int, wait_ms: int) -> asyncio.Future[FetchResult]:
         return asyncio.ensure_future(
@@ -61,6 +64,36 @@ class AsyncConsumer(ConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
         for t in reads:
             t.cancel()
         await asyncio.gather(*reads, return_exceptions=True)
+
+    def _enqueue_commit(self, chosen: dict[TP, int], callback: CommitCallback | None) -> None:
+        assert self._commits is not None
+        self._commits.add(chosen, callback)
+        if self._commit_sender is None or self._commit_sender.done():
+            self._commit_sender = asyncio.get_running_loop().create_task(
+                self._send_commits(), name=f"headwater-commits-{self.group}"
+            )
+
+    async def _send_commits(self) -> None:
+        """The sender: one request at a time, in order (core.commits), until none is queued."""
+        commits = self._commits
+        assert commits is not None
+        while (chosen := commits.next_send()) is not None:
+            try:
+                await self._commit_now(chosen)
+            except Exception as e:  # noqa: BLE001 - any failure is the callback's to hear
+                commits.ended(e)
+            except BaseException as e:  # cancelled: nothing more is sent
+                commits.ended(e)
+                commits.fail_queued(e)
+                raise
+            else:
+                commits.ended(None)
+
+    async def _wait_commits(self, stop: bool = False) -> None:
+        # shielded: a cancelled commit() or close() does not cancel the commits it waited for
+        while (sender := self._commit_sender) is not None and not sender.done():
+            await asyncio.shield(sender)
+        self._run_commit_callbacks()
 
     def __aiter__(self) -> AsyncConsumer:
         """Records one at a time, forever (until :meth:`close`): ``async for r in consumer``.

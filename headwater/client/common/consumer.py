@@ -17,15 +17,19 @@ The steps that ask the broker are ``@waits`` bodies (:mod:`.twins`):
 coroutine there (``assign``, ``poll``, ``commit``, ``committed``, the seeks that ask the
 broker where the beginning, end or a time is, ``close``); what only moves local state is a
 plain method in both (``seek``, ``seek_to_id``, ``position``, ``assignment``,
-``unassign``). Each kind says how it starts a fetch (:meth:`_fetch`: a thread or the
-transport's future, a task), how it waits for one of several (:meth:`_wait_any`), makes a
-future to be woken by (:meth:`_new_waiter`) and cancels its reads (:meth:`_cancel_reads`).
-A ``poll`` steps its generator once per wait, never per record.
+``unassign``). ``commit_async`` is a plain method in both: it queues the commit on a
+:class:`~headwater.client.core.commits.CommitPipeline` and returns; each kind sends the
+queued commits in order (a thread, a task: :meth:`_enqueue_commit`) and ``commit`` and
+``close`` wait for them first (:meth:`_wait_commits`). Each kind says how it starts a
+fetch (:meth:`_fetch`: a thread or the transport's future, a task), how it waits for one
+of several (:meth:`_wait_any`), makes a future to be woken by (:meth:`_new_waiter`) and
+cancels its reads (:meth:`_cancel_reads`). A ``poll`` steps its generator once per wait, never per record.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterable
 from datetime import datetime
@@ -33,6 +37,8 @@ from typing import Any
 
 from headwater.client.common.positions import TP, ConsumerPositions
 from headwater.client.common.twins import Twins, Waits, waits
+from headwater.client.core.commits import CommitCallback, CommitPipeline
+from headwater.client.core.membership import by_queue
 from headwater.client.core.reads import check_poll, partitions_named
 from headwater.client.transport.polling import drain_buffers, take_batches
 from headwater.model.message import Record, required_epoch_ms
@@ -40,10 +46,16 @@ from headwater.model.service import FetchResult
 
 __all__ = ["ConsumerBase"]
 
+log = logging.getLogger("headwater.client")
+
 
 class ConsumerBase(ConsumerPositions, Twins):
     """Poll records from assigned partitions: the reads of both kinds (see the module's
     docstring); the positions and settings are :class:`ConsumerPositions`'."""
+
+    _commits: CommitPipeline | None = None  # made by the first commit_async
+    # guards _commits where a thread sends them (the blocking kind makes a condition)
+    _commit_guard: Any = contextlib.nullcontext()
 
     # -- assignment and seeks that ask the broker (the rest: ConsumerPositions) -----------
 
@@ -103,6 +115,8 @@ class ConsumerBase(ConsumerPositions, Twins):
         disabled queue; see docs/consumer-groups.md ("Positions").
         """
         self._check_open()
+        if self._commits is not None:
+            self._run_commit_callbacks()
         limit = check_poll(max_messages, timeout_ms, self.max_poll_messages)
         deadline = time.monotonic() + timeout_ms / 1000  # the event loop's clock too
         for queue in self._seeks_to_check():
@@ -126,6 +140,8 @@ class ConsumerBase(ConsumerPositions, Twins):
         (else nothing): a poll loop takes it so, without driving a body per call."""
         if self._closed or self._seeked:
             return []  # poll raises, or checks the seeks first
+        if self._commits is not None:
+            self._run_commit_callbacks()
         limit = check_poll(max_messages, timeout_ms, self.max_poll_messages)
         return drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit)
 
@@ -196,9 +212,55 @@ class ConsumerBase(ConsumerPositions, Twins):
     @waits
     def commit(self, offsets: dict[TP, int] | None = None) -> Waits[None]:
         """Store positions on the broker under the group: the consumed positions of every
+        assigned partition, or the given ``{(queue, partition): offset}``. Returns once the
+        broker has stored them (durable as its ``offsets_flush`` says: docs/consumer-groups.md),
+        after every :meth:`commit_async` made before it."""
+        chosen = self._commit_choice(offsets)
+        if self._commits is not None:
+            yield self._wait_commits()
+        yield from self._send_commit(chosen)
+
+    def commit_async(self, offsets: dict[TP, int] | None = None, callback: CommitCallback | None = None) -> None:
+        """Commit as :meth:`commit` does, without waiting for the broker: the commit is sent
+        in the background, after the ones before it, and ``callback(offsets, error)`` (if
+        given) is called with the offsets and None or the exception, from a later
+        ``poll``, ``commit``, ``commit_async`` or ``close`` of this consumer (its thread or
+        task). A failed commit is not retried (a newer one may follow it); ``commit()`` and
+        ``close()`` wait for those in flight. See :mod:`headwater.client.core.commits`."""
+        chosen = self._commit_choice(offsets)
+        if self._commits is None:
+            self._commits = CommitPipeline()
+        self._run_commit_callbacks()
+        self._enqueue_commit(chosen, callback)
+
+    def _commit_choice(self, offsets: dict[TP, int] | None) -> dict[TP, int]:
+        """What ``commit(offsets)`` stores (checked): the consumed positions of every
         assigned partition, or the given ``{(queue, partition): offset}``."""
-        for queue, offs in self._to_commit(offsets).items():
+        self._to_commit(offsets)  # the checks: open, a group, the offsets' shape
+        return dict(self._consumed) if offsets is None else dict(offsets)
+
+    def _send_commit(self, chosen: dict[TP, int]) -> Waits[None]:
+        """Ask the broker to store ``chosen`` (no wait for the queued commits)."""
+        for queue, offs in by_queue(chosen).items():
             yield self._service.commit_offsets(self.group, queue, offs)
+
+    @waits
+    def _commit_now(self, chosen: dict[TP, int]) -> Waits[None]:
+        """One request of the commit pipeline, driven by its thread or task."""
+        yield from self._send_commit(chosen)
+
+    def _run_commit_callbacks(self) -> None:
+        """Run the callbacks of the asynchronous commits that ended (the application's thread)."""
+        commits = self._commits
+        if commits is None:
+            return
+        with self._commit_guard:
+            due = commits.take_due()
+        for callback, offsets, error in due:
+            try:
+                callback(offsets, error)
+            except Exception:  # a callback's bug must not end the consumer's poll loop
+                log.exception("group %s: a commit_async callback raised", self.group)
 
     @waits
     def committed(self, queue: str, partition: int) -> Waits[int | None]:
@@ -210,6 +272,8 @@ class ConsumerBase(ConsumerPositions, Twins):
     def close(self) -> Waits[None]:
         """Stop: fetches in flight are cancelled (by the asyncio consumer, and awaited: no
         task outlives it)."""
+        if self._commits is not None and not self._closed:
+            yield self._wait_commits(stop=True)
         self._closed = True
         if self._streams is not None:
             with contextlib.suppress(Exception):  # the client may be closed already
@@ -237,4 +301,13 @@ class ConsumerBase(ConsumerPositions, Twins):
 
     def _cancel_reads(self, reads: list[Any]) -> Any:
         """Cancel the reads ``close`` dropped (a blocking call, or the coroutine that awaits them)."""
+        raise NotImplementedError
+
+    def _enqueue_commit(self, chosen: dict[TP, int], callback: CommitCallback | None) -> None:
+        """Queue a commit on ``_commits`` and make sure its sender runs."""
+        raise NotImplementedError
+
+    def _wait_commits(self, stop: bool = False) -> Any:
+        """Wait until the queued and in-flight commits ended and run their callbacks (a
+        blocking call, or the coroutine); ``stop``: the sender ends too (close)."""
         raise NotImplementedError

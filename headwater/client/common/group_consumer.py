@@ -203,12 +203,21 @@ class GroupConsumerBase(ConsumerBase):
 
         Raises :class:`~headwater.errors.UnknownMemberError` if this member was removed from
         the group (it missed heartbeats or left): its partitions may be read by others now,
-        and what it polled since its last commit will be delivered again.
+        and what it polled since its last commit will be delivered again. Returns after
+        every :meth:`commit_async` made before it.
         """
+        chosen = self._commit_choice(offsets)
+        if self._commits is not None:
+            yield self._wait_commits()
+        yield from self._send_commit(chosen)
+
+    def _commit_choice(self, offsets: dict[TP, int] | None) -> dict[TP, int]:
         self._check_open()
         if offsets is not None:
             by_queue(offsets)  # the shape checked, the same for both modes
-        chosen = dict(self._consumed) if offsets is None else dict(offsets)
+        return dict(self._consumed) if offsets is None else dict(offsets)
+
+    def _send_commit(self, chosen: dict[TP, int]) -> Waits[None]:
         if not chosen:
             return
         if self.mode == "broadcast":
@@ -232,6 +241,8 @@ class GroupConsumerBase(ConsumerBase):
         ``commit`` is False), leave the group, stop."""
         if self._closed:
             return
+        if self._commits is not None:  # before the heartbeats stop: a commit may need one
+            yield self._wait_commits(stop=True)
         self._leaving = True  # a heartbeat answer that comes now is not applied
         yield self._stop_heartbeats()
         try:
@@ -308,6 +319,8 @@ class GroupConsumerBase(ConsumerBase):
         """Commit (if ``commit``), tell ``on_revoke``, forget ``tps``; False when the broker
         could not be reached for the commit."""
         reached = True
+        if self._commits is not None:  # an older commit_async must not land after this one
+            yield self._wait_commits()
         if commit:
             positions = {tp: self._consumed[tp] for tp in tps if tp in self._consumed}
             try:

@@ -3,12 +3,15 @@ one thread (the reads and commits: :mod:`headwater.client.common.consumer`).
 
 What is this kind's own is how it waits: a fetch is the transport's future (over the
 network, where the polling thread reads the answers itself, see ``polling.wait_any``) or a
-call on a pool of threads (embedded), and ``poll`` waits on those futures.
+call on a pool of threads (embedded), and ``poll`` waits on those futures. ``commit_async``
+hands its commits to one thread per consumer (made by the first), which sends them in order,
+a blocking commit at a time; the application's thread runs their callbacks.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -16,6 +19,7 @@ from headwater.client.common.closing import ClosesOnExit
 from headwater.client.common.consumer import ConsumerBase
 from headwater.client.common.positions import TP
 from headwater.client.common.twins import BLOCKING
+from headwater.client.core.commits import CommitCallback
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT
 from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES
 from headwater.client.transport.polling import wait_any
@@ -73,6 +77,9 @@ class Consumer(ConsumerBase, ClosesOnExit, driver=BLOCKING):
         self._lead = service.lead if isinstance(service, Leads) else None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._fetch_threads_max = fetch_threads_max
+        self._commit_guard = threading.Condition()  # guards _commits: this thread and the sender's
+        self._commit_sender: threading.Thread | None = None
+        self._commit_stop = False
 
     def poll(self, max_messages: int | None = None, timeout_ms: int = 1000) -> list[Record]:
         # buffered records are handed out without driving the body: no generator a call
@@ -108,6 +115,52 @@ class Consumer(ConsumerBase, ClosesOnExit, driver=BLOCKING):
     def _cancel_reads(self, reads: list[Any]) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _enqueue_commit(self, chosen: dict[TP, int], callback: CommitCallback | None) -> None:
+        assert self._commits is not None
+        with self._commit_guard:
+            self._commits.add(chosen, callback)
+            if self._commit_sender is None:
+                self._commit_stop = False
+                self._commit_sender = threading.Thread(
+                    target=self._send_commits, name=f"headwater-commits-{self.group}", daemon=True
+                )
+                self._commit_sender.start()
+            self._commit_guard.notify_all()
+
+    def _send_commits(self) -> None:
+        """The sender's loop: one request at a time, in order (core.commits)."""
+        commits, guard = self._commits, self._commit_guard
+        assert commits is not None
+        while True:
+            with guard:
+                while (chosen := commits.next_send()) is None:
+                    if self._commit_stop:
+                        return
+                    guard.wait()
+            error: BaseException | None = None
+            try:
+                self._commit_now(chosen)
+            except Exception as e:  # noqa: BLE001 - any failure is the callback's to hear
+                error = e
+            with guard:
+                commits.ended(error)
+                guard.notify_all()
+
+    def _wait_commits(self, stop: bool = False) -> None:
+        commits, guard = self._commits, self._commit_guard
+        assert commits is not None
+        with guard:
+            while not commits.idle:
+                guard.wait()
+            sender = self._commit_sender
+            if stop and sender is not None:
+                self._commit_stop = True
+                self._commit_sender = None
+                guard.notify_all()
+        if stop and sender is not None:
+            sender.join()
+        self._run_commit_callbacks()
 
     def __iter__(self) -> Iterator[Record]:
         """Records forever (until :meth:`close`), polling as needed."""
