@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +209,11 @@ def test_browse_views_tag_filter_produce_and_escaping(console):
     assert _shown_records(c)[0][7] == BINARY_B64
     c.open("browse/orders?by=offset&p=0&offset=0&tag=new")
     assert [r[1] for r in _shown_records(c)] == ["1"]
+    second = c.api("GET", "/queues/orders/partitions/0/messages?offset=1&max=1")["records"][0]
+    c.open(f"browse/orders?by=id&id={second['id']}")
+    assert [(r[1], r[2]) for r in _shown_records(c)] == [("1", second["id"])]
+    c.open(f"browse/orders?by=time&p=0&time={second['timestamp_ms']}&max=2")
+    assert [r[7] for r in _shown_records(c)][0] in (ORDERS[0]["value"], ORDERS[1]["value"])  # same ms as the first
     markup = '<img src=x onerror="document.title=1"><b>bold</b>'
     c.fill("#produce-form [name=value]", markup)
     c.fill("#produce-form [name=key]", "k<i>")
@@ -228,6 +234,8 @@ def test_browse_views_tag_filter_produce_and_escaping(console):
     # shown as text: no element was made of it
     assert not c.driver.find_elements("css selector", "#records img, #records b, #records i")
     assert c.driver.title == "Headwater console"
+    c.open("browse/orders?by=time&time=yesterday")
+    assert c.text("#error") == 'Error: time: give epoch ms or a date such as 2026-11-28T04:00:00Z, got "yesterday"'
 
 
 def test_groups_page_shows_members_lag_and_resets_with_a_dry_run(console):
@@ -313,7 +321,17 @@ def test_brokers_page(console):
     c.shot("brokers")
 
 
-def test_the_page_and_its_files_are_served_as_package_data(console):
+def test_every_console_file_is_package_data():
+    """pip installs only what pyproject's package-data names: every file of static/ must match."""
+    root = Path(__file__).resolve().parent.parent
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    package = root / "headwater" / "http" / "console"
+    shipped = {p for g in globs["headwater.http.console"] for p in package.glob(g)}
+    on_disk = {p for p in (package / "static").rglob("*") if p.is_file()}
+    assert on_disk and on_disk == shipped, sorted(str(p.relative_to(package)) for p in on_disk ^ shipped)
+
+
+def test_the_page_and_its_files_are_served(console):
     c = console
     page = c.http.get("/")
     assert page.status_code == 200 and "script-src 'self'" in page.headers["content-security-policy"]
