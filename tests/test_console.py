@@ -338,3 +338,41 @@ def test_the_page_and_its_files_are_served(console):
     assert c.http.get("/console/app.js").headers["content-type"].startswith("text/javascript")
     assert c.http.get("/console/nope.js").status_code == 404
     assert len(list(c.shots.glob("*.png"))) >= 1
+
+
+def test_on_a_cluster_the_brokers_page_shows_every_broker_and_leader(cluster, browser, tmp_path):  # noqa: F811 - the fixture
+    """Through one broker's gateway: the three brokers, the controller, and partitions led
+    by other brokers browsed as any other."""
+    import httpx
+
+    from headwater.http.server import HttpServer
+
+    server = HttpServer(f"127.0.0.1:{cluster.brokers[1].port}", port=0)
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.wait_started()}/"
+        with httpx.Client(base_url=url, timeout=30) as api:
+            assert api.post("/v1/queues", json={"name": "spread", "partitions": 6}).status_code == 201
+            msgs = [{"value": f"v{i}", "partition": i % 6} for i in range(12)]
+            assert api.post("/v1/queues/spread/messages", json={"messages": msgs}).status_code == 200
+            md = api.get("/v1/cluster", params={"queues": "spread"}).json()
+        open_page(browser, url + "#/brokers")
+        rows = browser.find_element("css selector", "#brokers").text.splitlines()[1:]
+        assert sorted(r.split()[0] for r in rows) == sorted(str(b["broker_id"]) for b in md["brokers"])
+        assert [r for r in rows if r.endswith("controller")] == [
+            r for r in rows if r.startswith(f"{md['controller']} ")
+        ]
+        leaders = {p["partition"]: p["leader"] for p in md["queues"][0]["partitions"]}
+        shown = browser.find_element("css selector", "#leaders").text
+        for p, leader in leaders.items():
+            assert f"spread {p} {leader} " in shown
+        screenshot(browser, tmp_path, "cluster-brokers")
+        away = next(p for p, leader in leaders.items() if leader != 1)  # broker 1 serves the gateway
+        open_page(browser, url + f"#/browse/spread?by=offset&p={away}&offset=0")
+        values = [
+            r.find_elements("css selector", "td")[7].text
+            for r in browser.find_elements("css selector", "#records tbody tr")
+        ]
+        assert values == [f"v{away}", f"v{away + 6}"]
+    finally:
+        server.stop()
