@@ -42,6 +42,14 @@ export function time(ms) {
   return ms === null || ms === undefined ? "" : new Date(ms).toISOString().replace("T", " ").replace("Z", "");
 }
 
+/** epoch ms from digits or a date the browser parses (ISO 8601, "2026-11-28 04:00"). */
+export function timeMs(text) {
+  if (/^\d+$/.test(text)) return Number(text);
+  const ms = Date.parse(text);
+  if (Number.isNaN(ms)) throw new Error(`time: give epoch ms or a date such as 2026-11-28T04:00:00Z, got "${text}"`);
+  return ms;
+}
+
 export function num(n) {
   return n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US");
 }

@@ -3,18 +3,10 @@
 // of what is shown as JSON or CSV; and a form to produce a test message.
 
 import { get, post, seg, query } from "../api.js";
-import { h, table, link, field, time, act, render as showValue, propsText, parseProps, download, showNotice } from "../dom.js";
+import { h, table, link, field, time, timeMs, act, render as showValue, propsText, parseProps, download, showNotice } from "../dom.js";
 import { toJson, toCsv } from "../export.js";
 
 const MODES = ["offset", "id", "key", "time"];
-
-/** epoch ms from digits or a date the browser parses (ISO 8601, "2026-11-28 04:00"). */
-function timeMs(text) {
-  if (/^\d+$/.test(text)) return Number(text);
-  const ms = Date.parse(text);
-  if (Number.isNaN(ms)) throw new Error(`time: give epoch ms or a date such as 2026-11-28T04:00:00Z, got "${text}"`);
-  return ms;
-}
 
 async function fetchRecords(queue, p) {
   const by = p.get("by") || "offset";

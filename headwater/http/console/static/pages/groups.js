@@ -3,7 +3,7 @@
 // the offsets the dry run showed (so a queue that moved meanwhile cannot change the plan).
 
 import { get, post, seg } from "../api.js";
-import { h, table, link, field, num, act, showNotice } from "../dom.js";
+import { h, table, link, field, num, timeMs, act, showNotice } from "../dom.js";
 
 // a shared group is shown on its own page, one a queue
 function groupLink(g) {
@@ -47,14 +47,14 @@ async function lagTable(group, queue, owner) {
 function resetForm(name, queues, ctx) {
   const queue = h("select", { name: "queue" }, queues.map((q) => h("option", { value: q }, q)));
   const to = h("select", { name: "to" }, ["earliest", "latest", "time"].map((t) => h("option", { value: t }, t)));
-  const timeIn = h("input", { name: "time_ms", placeholder: "epoch ms (for time)" });
+  const timeIn = h("input", { name: "time_ms", placeholder: "epoch ms or ISO date" });
   const plan = h("div", { id: "reset-plan" });
   const execute = h("button", { id: "reset-execute", class: "danger", disabled: true }, "Execute reset");
   let planned = null;
   const dryRun = (ev) => {
     ev.preventDefault();
     act(async () => {
-      const target = to.value === "time" ? timeIn.value.trim() : to.value;
+      const target = to.value === "time" ? timeMs(timeIn.value.trim()) : to.value;
       const doc = await post(`/groups/${seg(name)}/reset`, { queue: queue.value, to: target, dry_run: true });
       planned = { queue: queue.value, offsets: Object.fromEntries(doc.offsets.map((r) => [r.partition, r.after])) };
       plan.replaceChildren(h("p", {}, `Dry run: ${name} on ${queue.value} would move to`),
