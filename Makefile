@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo tour dev-cluster test test-all zookeeper bench bench-storage bench-network bench-latency bench-spark bench-cluster lint format clean venv bytecode
+.PHONY: demo tour dev-cluster test test-all zookeeper browser bench bench-storage bench-network bench-latency bench-spark bench-cluster lint format clean venv bytecode
 
 venv: $(STAMP)
 
@@ -31,16 +31,21 @@ tour: bytecode
 dev-cluster: bytecode zookeeper
 	$(VENV)/bin/headwater dev-cluster --brokers 3
 
-test: lint bytecode zookeeper
+test: lint bytecode zookeeper browser
 	$(PY) -m pytest -q
 
-test-all: lint bytecode zookeeper
+test-all: lint bytecode zookeeper browser
 	$(PY) -m pytest -q -m ''
 
 # the cluster's tests run a real ZooKeeper: Debian's package, run by the Java the Spark
 # tests use (needs root the first time; nothing is started here)
 zookeeper:
 	@test -f /usr/share/java/zookeeper.jar || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q zookeeper)
+
+# the web console's tests drive a headless Chromium through Debian's chromedriver (root the
+# first time; tests/support/browser.py)
+browser:
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver)
 
 bench: bench-storage bench-network bench-latency bench-spark
 

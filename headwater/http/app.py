@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 import headwater.aio
 from headwater.errors import HeadwaterError
-from headwater.http import admin, events, groups, openapi, produce, reads, shared
+from headwater.http import admin, console, events, groups, openapi, produce, reads, shared
 from headwater.http.errors import handle_error, handle_http_exception
 from headwater.http.routes import Operation
 from headwater.http.sessions import Sessions
@@ -114,6 +114,8 @@ def create_app(broker_address: str, settings: GatewaySettings | None = None) -> 
     routes = [Route("/v1" + op.path, op.handler, methods=[op.method]) for op in OPERATIONS]
     # where Prometheus looks by default, outside /v1: the broker's own exposition, unchanged
     routes.append(Route("/metrics", _metrics, methods=["GET"]))
+    # the web console at / (docs/console.md): static files that drive the API above
+    routes.extend(console.routes())
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
