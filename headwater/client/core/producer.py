@@ -481,10 +481,10 @@ class ProducerCore:
         Done in C where it can: this runs once per batch of random due times."""
         times = b.deliver_times
         assert times is not None
-        ordered = sorted(times)
-        if ordered == times:  # already rising (traffic sent with a fixed delay)
+        order = sorted(range(len(times)), key=times.__getitem__)  # linear when already rising
+        ordered = list(map(times.__getitem__, order))
+        if ordered == times:  # already rising (traffic sent with a fixed delay): nothing moves
             return
-        order = sorted(range(len(times)), key=times.__getitem__)
         b.messages = list(map(b.messages.__getitem__, order))  # a new list: never the caller's, reordered
         b.deliver_times = ordered
         b.reordered(order)
