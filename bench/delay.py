@@ -81,10 +81,17 @@ def _cpu_s(pid: int) -> float:
 
 
 def _send(
-    hw, queue: str, n: int, partitions: int, times: list[int] | None, cpu: dict | None = None, broker_pid: int = 0
+    hw,
+    queue: str,
+    n: int,
+    partitions: int,
+    times: list[int] | None,
+    cpu: dict | None = None,
+    broker_pid: int = 0,
+    **settings: int,
 ) -> float:
     """Send n messages (with deliver times when given); seconds to the end of flush()."""
-    p = hw.producer(linger_ms=5, partitioner="round_robin")
+    p = hw.producer(linger_ms=5, partitioner="round_robin", **settings)
     c0, b0 = time.process_time(), _cpu_s(broker_pid) if broker_pid else 0.0
     t = time.perf_counter()
     if times is None:
@@ -102,7 +109,8 @@ def _send(
     return took
 
 
-def run(n: int, partitions: int, flush: str, spread: str, lead_s: float | None) -> dict:
+def run(n: int, partitions: int, flush: str, spread: str, lead_s: float | None, **settings: int) -> dict:
+    """One run; ``settings`` go to the delayed sends' producer (``delay_bucket_ms``, ...)."""
     tmp = Path(tempfile.mkdtemp(prefix="hw-bench-delay-"))
     proc, address = _start_broker(tmp / "data", flush)
     try:
@@ -120,7 +128,7 @@ def run(n: int, partitions: int, flush: str, spread: str, lead_s: float | None) 
                 random.Random(3).shuffle(times)
             cons = hw.consumer(fetch_bytes=4 << 20, max_poll_messages=5000)
             cons.assign("delayed")
-            delayed_s = _send(hw, "delayed", n, partitions, times, delayed_cpu, proc.pid)
+            delayed_s = _send(hw, "delayed", n, partitions, times, delayed_cpu, proc.pid, **settings)
             accepted_at = time.time()
             late_ms: list[int] = []
             seen_ms: list[float] = []
@@ -221,9 +229,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--flush", choices=("async", "sync"), default="async")
     ap.add_argument("--spread", choices=("rising", "random"), default="rising")
     ap.add_argument("--lead-s", type=float, default=None, help="seconds from the sends to the window")
+    ap.add_argument("--delay-bucket-ms", type=int, default=None, help="the delayed producer's delay_bucket_ms")
+    ap.add_argument("--delay-batches-max", type=int, default=None, help="the delayed producer's delay_batches_max")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
-    r = run(args.messages, args.partitions, args.flush, args.spread, args.lead_s)
+    settings = {
+        k: v
+        for k, v in (("delay_bucket_ms", args.delay_bucket_ms), ("delay_batches_max", args.delay_batches_max))
+        if v is not None
+    }
+    r = run(args.messages, args.partitions, args.flush, args.spread, args.lead_s, **settings)
     _print(r)
     if args.json:
         args.json.write_text(json.dumps(r, indent=2) + "\n")

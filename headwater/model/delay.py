@@ -68,8 +68,6 @@ __all__ = [
     "BUCKET_UNIT_MS",
     "NUMBER_BITS",
     "DELAY_MAX_S_DEFAULT",
-    "PRODUCER_SPAN_MS",
-    "joins_batch",
     "delay_offset",
     "split_delay_offset",
     "is_delayed_partition",
@@ -91,9 +89,6 @@ BUCKET_UNIT_MS = 60_000  # bucket starts are whole minutes
 NUMBER_BITS = 35
 NUMBER_LIMIT = 1 << NUMBER_BITS  # message numbers per bucket
 DELAY_MAX_S_DEFAULT = 2 * 366 * 86_400  # two years, as QMQ
-#: A producer puts delayed messages of one partition in one batch while their deliver times
-#: rise and stay within this span (the broker accepts up to DELIVER_SPAN_MS_MAX).
-PRODUCER_SPAN_MS = 1_000
 _DELIVER_AT = slice(56, 64)
 
 
@@ -146,14 +141,6 @@ def resolve_deliver_at(deliver_at: object = None, delay: object = None, *, now_m
     else:
         raise InvalidArgumentError(f"deliver_at is a datetime or epoch milliseconds, got {type(deliver_at).__name__}")
     return at if at > now else 0
-
-
-def joins_batch(times: list[int] | None, deliver_at_ms: int) -> bool:
-    """Whether a message due at ``deliver_at_ms`` may join a producer's open batch whose
-    messages are due at ``times`` (None: a batch of messages without a delay)."""
-    if times is None or not times:
-        return times is None and not deliver_at_ms
-    return times[-1] <= deliver_at_ms <= times[0] + PRODUCER_SPAN_MS
 
 
 def check_deliver_at(deliver_at_ms: int, now_ms: int, delay_max_s: int) -> None:

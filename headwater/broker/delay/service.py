@@ -308,12 +308,17 @@ class DelayService(DelayRecovery, DelayHandoff):
         b.entries[e.number] = e
         b.numbers.append(e.number)
         self._loaded_batches += 1
+        # One heap item per batch, not per run: its first pending run's. Runs come due in
+        # index order, so taking a run's item pushes the next run's (_pop_locked); a batch
+        # of random due times (a run per message) costs one push at acceptance, and the
+        # heap holds batches, not messages.
         for i, g in enumerate(e.runs):
             if g.state == State.PENDING:
                 heapq.heappush(self._heap, (g.attempt_ms, b.start_ms, e.number, i))
                 if self.wake_at_ms is None or g.attempt_ms < self.wake_at_ms:
                     self.wake_at_ms = g.attempt_ms
                     self.wakeup.notify()
+                break
 
     # -- loading (the dispatcher calls these) -----------------------------------------
 
@@ -356,7 +361,7 @@ class DelayService(DelayRecovery, DelayHandoff):
         heap = self._heap
         with self._lock:
             while heap and heap[0][0] <= now and len(out) < self.limits.dispatch_batches_max:
-                item = heapq.heappop(heap)
+                item = self._pop_locked()
                 found = self._item_locked(item)
                 if found is None:
                     continue  # cancelled, or an older heap item of a retried run
@@ -397,7 +402,19 @@ class DelayService(DelayRecovery, DelayHandoff):
     def _clean_heap_top_locked(self) -> None:
         heap = self._heap
         while heap and self._item_locked(heap[0]) is None:
-            heapq.heappop(heap)
+            self._pop_locked()
+
+    def _pop_locked(self) -> tuple[int, int, int, int]:
+        """The heap's top item, taken off; if it is a run's own item (due at the run's time,
+        not a retry's or a hold's), the batch's next run goes on the heap in its place."""
+        item = heapq.heappop(self._heap)
+        at, start, n, i = item
+        b = self._buckets.get(start)
+        e = b.entries.get(n) if b is not None and b.entries is not None else None
+        if e is not None and i + 1 < len(e.runs) and at == e.runs[i].due_ms:
+            nxt = e.runs[i + 1]
+            heapq.heappush(self._heap, (nxt.due_ms, start, n, i + 1))
+        return item
 
     def settle(
         self,

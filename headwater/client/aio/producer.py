@@ -44,7 +44,7 @@ from headwater.client.common.producer import Groups, Messages, ProducerBase
 from headwater.client.common.twins import ASYNCIO
 from headwater.client.core.batching import as_message, check_message, check_messages, no_partition, too_large
 from headwater.client.core.outcomes import closed_unsent
-from headwater.client.core.producer import Batch, PartitionState
+from headwater.client.core.producer import Batch, PartitionState, moved_to
 from headwater.client.transport.send_future import AsyncSendFuture
 from headwater.errors import ClosedError, InvalidArgumentError, PartitionOutOfRangeError, UnavailableError
 from headwater.model.config import QueueInfo
@@ -68,6 +68,11 @@ class _Batch(Batch):
     def __init__(self, part: PartitionState, created_ms: float) -> None:
         super().__init__(part, created_ms)
         self.entries: list[tuple[int, int, asyncio.Future[Any]]] = []
+
+    def reordered(self, order: list[int]) -> None:
+        """The core put the messages in due order (a delayed batch): move the futures along."""
+        at = moved_to(order)
+        self.entries = [(at[i], n, f) for i, n, f in self.entries]
 
 
 class _Send(NamedTuple):
@@ -435,7 +440,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
     def _due(self, ps: PartitionState, b: Batch, opened: bool, urgent: bool) -> None:
         """Messages joined ``b``, the open batch of ``ps`` (``opened``: a new one): when it
         is due, or has a linger to time, have the pump see to it in this turn of the loop."""
-        if (opened or urgent or ps.open is not b) and self._core.mark_sendable(ps):
+        if (opened or urgent or not ps.holds_open(b)) and self._core.mark_sendable(ps):
             self._schedule_pump()
 
     def _schedule_pump(self) -> None:

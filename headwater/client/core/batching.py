@@ -21,7 +21,14 @@ from typing import Any
 from headwater.client.core.metadata import MetadataCache
 from headwater.client.core.outcomes import RetryPolicy, int_setting
 from headwater.client.core.partitioner import Partitioner, PartitionFn
-from headwater.client.core.producer import Batch, PartitionState, ProducerCore
+from headwater.client.core.producer import (
+    DELAY_BATCHES_MAX_DEFAULT,
+    DELAY_BUCKET_MS_DEFAULT,
+    DELAY_BUCKET_MS_MAX,
+    Batch,
+    PartitionState,
+    ProducerCore,
+)
 from headwater.errors import (
     ClosedError,
     InvalidArgumentError,
@@ -206,6 +213,11 @@ class ProducerBase:
     - ``rng``: the randomness of the backoff jitter and of the ``"random"`` partitioner.
     - ``clock``: seconds since the epoch, for ``delay=`` (default: the embedded broker's
       clock, else ``time.time``).
+    - ``delay_bucket_ms``: delayed messages of a partition due within one such aligned span
+      share a batch, whatever the order of their times (each keeps its exact time); 1 to
+      60,000.
+    - ``delay_batches_max``: open batches of delayed messages per partition (one per
+      bucket); at the limit the oldest is sealed.
     """
 
     def __init__(
@@ -228,6 +240,8 @@ class ProducerBase:
         max_in_flight: int | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] | None = None,
+        delay_bucket_ms: int = DELAY_BUCKET_MS_DEFAULT,
+        delay_batches_max: int = DELAY_BATCHES_MAX_DEFAULT,
     ) -> None:
         check_compression(compression)
         if not isinstance(idempotent, bool):
@@ -263,6 +277,8 @@ class ProducerBase:
             pipeline=self.max_in_flight if pipelined else 1,
             idempotent=idempotent,
             compression=compression,
+            delay_bucket_ms=int_setting("delay_bucket_ms", delay_bucket_ms, 1, DELAY_BUCKET_MS_MAX),
+            delay_batches_max=int_setting("delay_batches_max", delay_batches_max, 1, 4096),
         )
         self._parts = self._core.parts
         self._buffered_bytes = 0  # of messages sent without waiting, not settled yet

@@ -8,8 +8,13 @@ returns (send these batches, wake me at this time, settle this batch).
 Rules it keeps (``docs/design/client.md`` says why):
 
 - A partition's *open batch* takes messages until it reaches ``batch_bytes_max`` (then it
-  is sealed and waits in ``ready``), a message with another deliver time arrives, or it has
-  lingered ``linger_ms``; ``hurry`` (a flush, a close, a waiting caller) ends the linger.
+  is sealed and waits in ``ready``) or it has lingered ``linger_ms``; ``hurry`` (a flush, a
+  close, a waiting caller) ends the linger.
+- Delayed messages of a partition have up to ``delay_batches_max`` open batches, one per
+  *due bucket* (``deliver_at_ms // delay_bucket_ms``): a message joins its bucket's batch
+  whatever the order of due times, and the batch is encoded sorted by due time (stably, so
+  messages due at the same time keep their order), each keeping its exact time. At the
+  limit the oldest open batch is sealed; each lingers from its own creation.
 - Up to ``pipeline`` batches of a partition are in flight, taken in order, and encoded in
   that order (their sequences follow each other). After an epoch bump, batches under the new
   epoch wait until the old epoch's are through: one of those may still need a retry.
@@ -35,11 +40,26 @@ from collections.abc import Callable, Sequence
 
 from headwater.client.core.outcomes import RetryPolicy, Step, Verdict, final_step, judge
 from headwater.client.core.sequences import Identity, give_back_sequence, new_identity, next_epoch, take_sequence
-from headwater.model.batch import encode_batch
-from headwater.model.delay import DELAYED_PARTITION_BIT, joins_batch
+from headwater.model.batch import DELIVER_SPAN_MS_MAX, encode_batch
+from headwater.model.delay import DELAYED_PARTITION_BIT
 from headwater.model.message import Message
 
-__all__ = ["Batch", "PartitionState", "ProducerCore"]
+__all__ = [
+    "Batch",
+    "PartitionState",
+    "ProducerCore",
+    "DELAY_BUCKET_MS_DEFAULT",
+    "DELAY_BATCHES_MAX_DEFAULT",
+    "DELAY_BUCKET_MS_MAX",
+    "moved_to",
+]
+
+#: delayed messages due within one such span (aligned) of a partition share a batch
+DELAY_BUCKET_MS_DEFAULT = 1_000
+#: a batch's messages must be due within the batch format's span of each other
+DELAY_BUCKET_MS_MAX = DELIVER_SPAN_MS_MAX
+#: open delayed batches per partition; at the limit the oldest is sealed
+DELAY_BATCHES_MAX_DEFAULT = 16
 
 Key = tuple[str, int]
 
@@ -61,6 +81,7 @@ class PartitionState:
         "exclusive",
         "identity",
         "next_sequence",
+        "opens",
     )
 
     def __init__(self, queue: str, partition: int, delayed: bool = False) -> None:
@@ -74,10 +95,16 @@ class PartitionState:
         self.exclusive = False  # a blocking caller's batch is alone in flight
         self.identity: Identity | None = None  # the (producer id, epoch) of next_sequence
         self.next_sequence = 0
+        # delayed: the open batches by due bucket, oldest first (``open`` stays None)
+        self.opens: dict[int, Batch] | None = {} if delayed else None
 
     def has_batches(self) -> bool:
         """Whether messages wait to be sent for the first time."""
-        return self.open is not None or bool(self.ready)
+        return self.open is not None or bool(self.ready) or bool(self.opens)
+
+    def holds_open(self, b: Batch) -> bool:
+        """Whether ``b`` is open here (it may take more messages, and may linger)."""
+        return b is self.open or (self.opens is not None and self.opens.get(b.bucket) is b)
 
 
 class Batch:
@@ -101,6 +128,7 @@ class Batch:
         "retry_at_ms",
         "send_identity",
         "fixed",
+        "bucket",
     )
 
     def __init__(self, part: PartitionState, created_ms: float, messages: Sequence[Message | bytes] | None = None):
@@ -121,6 +149,11 @@ class Batch:
         self.retry_at_ms = 0.0  # when it goes again, while in its partition's retry
         self.send_identity: Identity | None = None  # the producer's identity when it went into flight
         self.fixed = False  # its identity is the caller's: see ProducerCore.identified
+        self.bucket = -1  # delayed: the due bucket it is the open batch of, while open
+
+    def reordered(self, order: list[int]) -> None:
+        """Its messages were put in due order: the message now at ``j`` was at ``order[j]``.
+        A driver moves what it keeps per message index (futures, callbacks) along."""
 
 
 class ProducerCore:
@@ -139,6 +172,8 @@ class ProducerCore:
         pipeline: int,
         idempotent: bool,
         compression: str | None,
+        delay_bucket_ms: int = DELAY_BUCKET_MS_DEFAULT,
+        delay_batches_max: int = DELAY_BATCHES_MAX_DEFAULT,
     ) -> None:
         self.retry = retry
         self.linger_ms = linger_ms
@@ -154,6 +189,8 @@ class ProducerCore:
         self._new_batch = new_batch
         self._batch_sent = batch_sent
         self._order = itertools.count(1)
+        self.delay_bucket_ms = delay_bucket_ms
+        self.delay_batches_max = delay_batches_max
 
     # -- adding messages ----------------------------------------------------------------
 
@@ -167,18 +204,34 @@ class ProducerCore:
 
     def batch_for(self, ps: PartitionState, size: int, now_ms: float, deliver_at_ms: int = 0) -> tuple[Batch, bool]:
         """The open batch ``size`` more bytes due at ``deliver_at_ms`` join, and whether it
-        is new: the open one is sealed first when they would overflow it or are due at
-        another time."""
+        is new: the open one is sealed first when they would overflow it. A delayed message
+        goes to its due bucket's open batch (see the module's rules)."""
+        if deliver_at_ms:
+            return self._delayed_batch_for(ps, size, now_ms, deliver_at_ms)
         b = ps.open
-        if (
-            b is not None
-            and b.size_bytes + size <= self.batch_bytes_max
-            and joins_batch(b.deliver_times, deliver_at_ms)
-        ):
+        if b is not None and b.size_bytes + size <= self.batch_bytes_max:
             return b, False
         if b is not None:
             self.seal(ps)
         b = ps.open = self._new_batch(ps, now_ms)
+        return b, True
+
+    def _delayed_batch_for(
+        self, ps: PartitionState, size: int, now_ms: float, deliver_at_ms: int
+    ) -> tuple[Batch, bool]:
+        opens = ps.opens
+        assert opens is not None, "a delayed message goes to the partition's delayed state"
+        bucket = deliver_at_ms // self.delay_bucket_ms
+        b = opens.get(bucket)
+        if b is not None:
+            if b.size_bytes + size <= self.batch_bytes_max:
+                return b, False
+            self.seal_open(ps, b)
+        while len(opens) >= self.delay_batches_max:
+            self.seal_open(ps, next(iter(opens.values())))  # the oldest: dicts keep insertion order
+        b = opens[bucket] = self._new_batch(ps, now_ms)
+        b.bucket = bucket
+        b.deliver_times = []
         return b, True
 
     def append(
@@ -194,27 +247,25 @@ class ProducerCore:
         """Add one message of ``size`` bytes (``buffered``: counted against the driver's
         buffer) to the open batch of ``ps``; its batch, and whether it opened one (the hot
         path of a send)."""
-        b = ps.open
         opened = False
-        if (
-            b is None
-            or b.size_bytes + size > self.batch_bytes_max
-            # without a deliver time on either side it joins: no call per message then
-            or ((deliver_at_ms or b.deliver_times is not None) and not joins_batch(b.deliver_times, deliver_at_ms))
-        ):
-            b, opened = self.batch_for(ps, size, now_ms, deliver_at_ms)
+        if deliver_at_ms:  # its due bucket's open batch (ps.opens is there: a delayed state)
+            b = ps.opens.get(deliver_at_ms // self.delay_bucket_ms)  # type: ignore[union-attr]
+            if b is None or b.size_bytes + size > self.batch_bytes_max:
+                b, opened = self._delayed_batch_for(ps, size, now_ms, deliver_at_ms)
+        else:
+            b = ps.open
+            if b is None or b.size_bytes + size > self.batch_bytes_max:
+                b, opened = self.batch_for(ps, size, now_ms)
         b.messages.append(msg)  # this runs once per message sent: kept short
         if deliver_at_ms:
-            if b.deliver_times is None:
-                b.deliver_times = []
-            b.deliver_times.append(deliver_at_ms)
+            b.deliver_times.append(deliver_at_ms)  # type: ignore[union-attr]  # a delayed batch has its list
         b.size_bytes += size
         if buffered:
             b.buffered_bytes += size
         if urgent:
             b.urgent = True
         if b.size_bytes >= self.batch_bytes_max:
-            self.seal(ps)
+            self.seal_open(ps, b)
         return b, opened
 
     def append_group(
@@ -227,14 +278,33 @@ class ProducerCore:
         index = len(b.messages)
         b.messages.extend(msgs)
         if deliver_at_ms:
-            if b.deliver_times is None:
-                b.deliver_times = []
-            b.deliver_times.extend([deliver_at_ms] * len(msgs))
+            b.deliver_times.extend([deliver_at_ms] * len(msgs))  # type: ignore[union-attr]  # a delayed batch has its list
         b.size_bytes += size
         b.urgent = True
         if b.size_bytes >= self.batch_bytes_max:
-            self.seal(ps)
+            self.seal_open(ps, b)
         return b, opened, index
+
+    def seal_open(self, ps: PartitionState, b: Batch) -> None:
+        """The open batch ``b`` of ``ps`` takes no more messages."""
+        if b is ps.open:
+            self.seal(ps)
+            return
+        assert ps.opens is not None and ps.opens.get(b.bucket) is b
+        del ps.opens[b.bucket]
+        ps.ready.append(b)
+        self._batch_sent(ps.queue, ps.partition)
+
+    def _due_open(self, ps: PartitionState, now_ms: float, hurry: bool) -> Batch | None:
+        """The oldest delayed open batch of ``ps`` due to leave now (lingered, or someone
+        waits for it), taken out of the open ones; None if none is."""
+        assert ps.opens is not None
+        for b in ps.opens.values():
+            if hurry or b.urgent or not self.linger_ms or b.created_ms + self.linger_ms <= now_ms:
+                del ps.opens[b.bucket]
+                self._batch_sent(ps.queue, ps.partition)
+                return b
+        return None
 
     def seal(self, ps: PartitionState) -> None:
         """The open batch takes no more messages."""
@@ -274,6 +344,8 @@ class ProducerCore:
                 b = ps.open
                 ps.open = None
                 self._batch_sent(ps.queue, ps.partition)
+            elif ps.opens and (due := self._due_open(ps, now_ms, hurry)) is not None:
+                b = due
             else:
                 break
             b.order = next(self._order)
@@ -310,8 +382,9 @@ class ProducerCore:
                 wake_at_ms = b.retry_at_ms if wake_at_ms is None else min(wake_at_ms, b.retry_at_ms)
         for key, ps in list(self.sendable.items()):
             batches.extend(self.take(ps, now_ms, hurry))
-            if ps.open is not None and not ps.ready and self.can_send(ps):
-                due_ms = ps.open.created_ms + self.linger_ms  # it lingers
+            lingering = ps.open if ps.open is not None else next(iter(ps.opens.values())) if ps.opens else None
+            if lingering is not None and not ps.ready and self.can_send(ps):
+                due_ms = lingering.created_ms + self.linger_ms  # it lingers (the oldest, for delayed ones)
                 wake_at_ms = due_ms if wake_at_ms is None else min(wake_at_ms, due_ms)
             else:
                 del self.sendable[key]  # nothing left, or no room: finish() puts it back
@@ -381,6 +454,8 @@ class ProducerCore:
     def encode(self, b: Batch, cap: int | None = None) -> bytearray:
         """Encode ``b`` under its send identity, checking bodies against ``cap``; its
         sequence follows the partition's batch encoded before it."""
+        if b.deliver_times is not None:
+            self._sort_by_due(b)
         ident = b.send_identity
         pid, seq, epoch = take_sequence(b.part, ident, len(b.messages))
         try:
@@ -398,6 +473,21 @@ class ProducerCore:
             raise
         b.identity, b.base_sequence = ident, seq
         return b.encoded
+
+    @staticmethod
+    def _sort_by_due(b: Batch) -> None:
+        """Put a delayed batch's messages in due order (stable: those due at the same time
+        keep their order), as the batch format needs; the driver moves its futures along.
+        Done in C where it can: this runs once per batch of random due times."""
+        times = b.deliver_times
+        assert times is not None
+        order = sorted(range(len(times)), key=times.__getitem__)  # linear when already rising
+        ordered = list(map(times.__getitem__, order))
+        if ordered == times:  # already rising (traffic sent with a fixed delay): nothing moves
+            return
+        b.messages = list(map(b.messages.__getitem__, order))  # a new list: never the caller's, reordered
+        b.deliver_times = ordered
+        b.reordered(order)
 
     # -- outcomes -------------------------------------------------------------------------
 
@@ -485,6 +575,9 @@ class ProducerCore:
             unsent.extend(ps.ready)
             if ps.open is not None:
                 unsent.append(ps.open)
+            if ps.opens:
+                unsent.extend(ps.opens.values())
+                ps.opens.clear()
             ps.ready.clear()
             ps.open = None
             waiting.extend(ps.retry)
@@ -494,9 +587,22 @@ class ProducerCore:
     def pending(self) -> list[Batch]:
         """Every batch not settled yet."""
         return [
-            b for ps in self.parts.values() for b in (*ps.in_flight, *ps.retry, *ps.ready, ps.open) if b is not None
+            b
+            for ps in self.parts.values()
+            for b in (*ps.in_flight, *ps.retry, *ps.ready, ps.open, *(ps.opens or {}).values())
+            if b is not None
         ]
 
     def busy(self) -> bool:
         """Whether batches wait for a time or an answer."""
         return bool(self.sendable or self.in_flight_count or self.recovering)
+
+
+def moved_to(order: list[int]) -> list[int]:
+    """Where each message went when a batch was put in ``order`` (``order[j]`` is the old
+    index of the message now at ``j``): the inverse permutation.
+
+    >>> moved_to([2, 0, 1])
+    [1, 2, 0]
+    """
+    return sorted(range(len(order)), key=order.__getitem__)  # the inverse, sorted in C

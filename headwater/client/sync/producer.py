@@ -41,7 +41,7 @@ from headwater.client.core.batching import (
     too_large,
 )
 from headwater.client.core.outcomes import closed_unsent
-from headwater.client.core.producer import Batch, PartitionState
+from headwater.client.core.producer import Batch, PartitionState, moved_to
 from headwater.client.sync.producer_sender import ProducerSender
 from headwater.client.transport.send_future import SendFuture, fail_sends, settle_sends
 from headwater.errors import (
@@ -72,6 +72,16 @@ class _Batch(Batch):
         self.futures: list[SendFuture | None] = []
         self.groups: list[tuple[int, int, SendFuture]] | None = None
         self.callbacks: list[tuple[int, SendCallback]] | None = None
+
+    def reordered(self, order: list[int]) -> None:
+        """The core put the messages in due order (a delayed batch): move the futures along."""
+        self.futures = list(map(self.futures.__getitem__, order))
+        if self.groups or self.callbacks:
+            at = moved_to(order)
+            if self.groups:
+                self.groups = [(at[i], n, f) for i, n, f in self.groups]
+            if self.callbacks:
+                self.callbacks = [(at[i], c) for i, c in self.callbacks]
 
 
 def _now_ms() -> float:
@@ -359,7 +369,7 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
             lingers = self.linger_ms and not urgent
             if opened and lingers and core.mark_sendable(ps):
                 self._wake_locked()  # the sender times its linger
-            if lingers and ps.open is b:
+            if lingers and ps.holds_open(b):
                 return fut  # the sender sends it when its linger ends
             if not core.can_send(ps):
                 return fut  # it leaves when a batch in flight is through
