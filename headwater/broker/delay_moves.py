@@ -184,14 +184,10 @@ class DelayedMoves:
         """Forget the batches of partitions that ZooKeeper shows another broker leading, with
         no move of them to or from here."""
         for queue_id, partition in sorted(self.delay.partitions_with_batches()):
-            name = self.store.queue_name(queue_id)
-            qv = view.queues.get(name) if name is not None else None
-            rec = qv.partitions.get(partition) if qv is not None else None
-            if name is None or rec is None or rec.leader == self.broker_id:
+            stray = self._stray(view, queue_id, partition)
+            if stray is None:
                 continue
-            move = view.moves.get((name, partition))
-            if move is not None and self.broker_id in (move.source, move.target):
-                continue
+            name, rec = stray
             if not self._led_elsewhere(name, partition):
                 continue
             busy = self.delay.forget(queue_id, partition)
@@ -208,14 +204,10 @@ class DelayedMoves:
     def _forget_shared_strays(self, view: ClusterView) -> None:
         assert self.shared is not None
         for queue_id, partition in sorted(self.shared.partitions_with_state()):
-            name = self.store.queue_name(queue_id)
-            qv = view.queues.get(name) if name is not None else None
-            rec = qv.partitions.get(partition) if qv is not None else None
-            if name is None or rec is None or rec.leader == self.broker_id:
+            stray = self._stray(view, queue_id, partition)
+            if stray is None:
                 continue
-            move = view.moves.get((name, partition))
-            if move is not None and self.broker_id in (move.source, move.target):
-                continue
+            name, rec = stray
             if self._mover.fenced_epoch(name, partition) is not None or not self._led_elsewhere(name, partition):
                 continue  # a source that fenced forgets once the view shows the new owner
             groups = self.shared.forget(queue_id, partition)
@@ -226,6 +218,19 @@ class DelayedMoves:
                 partition,
                 rec.leader,
             )
+
+    def _stray(self, view: ClusterView, queue_id: int, partition: int) -> tuple[str, PartitionRecord] | None:
+        """The queue's name and the partition's record when the cached view names another
+        leader and no move of it to or from here (ZooKeeper is asked next, by the caller)."""
+        name = self.store.queue_name(queue_id)
+        qv = view.queues.get(name) if name is not None else None
+        rec = qv.partitions.get(partition) if qv is not None else None
+        if name is None or rec is None or rec.leader == self.broker_id:
+            return None
+        move = view.moves.get((name, partition))
+        if move is not None and self.broker_id in (move.source, move.target):
+            return None
+        return name, rec
 
     def _led_elsewhere(self, queue: str, partition: int) -> bool:
         """ZooKeeper itself (the cache may lag) names another leader, and no move."""
