@@ -26,6 +26,7 @@ from headwater.cli.context import DATA_DIR_DEFAULT, CliState, err_console, ignor
 from headwater.cli.delay import delay_app
 from headwater.cli.dev_cluster import dev_cluster
 from headwater.cli.groups import group_app, queue_lag
+from headwater.cli.produce import produce
 from headwater.cli.queues import queue_app
 from headwater.cli.serve import serve
 from headwater.cli.shell import shell
@@ -177,7 +178,7 @@ app.add_typer(group_app, name="group")
 app.add_typer(subscriber_app, name="subscriber")
 app.add_typer(delay_app, name="delay")
 app.add_typer(cluster_app, name="cluster")
-app.command("produce")(records.produce)
+app.command("produce")(produce)
 app.command("scan")(records.scan)
 app.command("get")(records.get)
 app.command("find")(records.find)

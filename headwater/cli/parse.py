@@ -30,6 +30,9 @@ __all__ = [
     "parse_pairs",
     "parse_seconds",
     "parse_start",
+    "From",
+    "parse_from",
+    "FROM_FORMS",
     "Seconds",
     "POSITION_FORMS",
     "TIME_FORMS",
@@ -168,6 +171,75 @@ def parse_start(
         return Position(offset=_offset(s, what))
     forms = f"'earliest', 'latest', {'an offset (e.g. 1200), ' if offsets else ''}or a time: {TIME_FORMS}"
     return Position(time_ms=parse_time(s, what, clock=clock, forms=forms, noun="a position"))
+
+
+FROM_FORMS = (
+    "'earliest', 'latest', -N (the last N messages of each partition, e.g. -10), an offset "
+    f"(e.g. 1200), a message id (e.g. 00000001-00000002-0000000000000064) or {TIME_FORMS}"
+)
+_LAST_N_RE = re.compile(r"^-([0-9]+)$")
+
+
+@dataclass(frozen=True)
+class From:
+    """Where ``scan --from`` and ``consume --from`` start, as the user wrote it: exactly one
+    field is set. ``edge`` is ``"earliest"`` or ``"latest"``; ``last_n`` the last N messages
+    of each partition (kcat's ``-o -N``)."""
+
+    edge: str | None = None
+    last_n: int | None = None
+    offset: int | None = None
+    message_id: MessageId | None = None
+    time_ms: int | None = None
+
+    def offsets(self, partitions: Iterable[Any]) -> dict[int, int] | None:
+        """The start offset of each partition (``PartitionInfo``-like: ``partition``,
+        ``start_offset``, ``end_offset``) for an edge, ``-N`` or an offset; None for a time
+        or a message id, which the reader resolves itself. An offset below what a partition
+        keeps starts at its first kept message; one past its end, at its end."""
+        out: dict[int, int] = {}
+        for p in partitions:
+            if self.edge == "earliest":
+                out[p.partition] = p.start_offset
+            elif self.edge == "latest":
+                out[p.partition] = p.end_offset
+            elif self.last_n is not None:
+                out[p.partition] = max(p.start_offset, p.end_offset - self.last_n)
+            elif self.offset is not None:
+                out[p.partition] = min(max(p.start_offset, self.offset), p.end_offset)
+            else:
+                return None
+        return out
+
+
+def parse_from(text: str, what: str = "--from", *, clock: Callable[[], float] = time.time) -> From:
+    """The one parser of ``--from`` for ``scan`` and ``consume``: ``earliest``, ``latest``,
+    ``-N``, an offset, a message id or a time (see :data:`FROM_FORMS`).
+
+    ``-N`` (digits alone) is the last N messages of each partition; a relative time always
+    has a unit (``-15m``), so the two never meet.
+
+    >>> parse_from("-10"), parse_from("LATEST").edge, parse_from("42").offset
+    (From(edge=None, last_n=10, offset=None, message_id=None, time_ms=None), 'latest', 42)
+    >>> parse_from("-1h", clock=lambda: 7200.0).time_ms
+    3600000
+    """
+    s = text.strip()
+    if s.lower() in ("earliest", "latest"):
+        return From(edge=s.lower())
+    m = _LAST_N_RE.match(s)
+    if m:
+        n = int(m[1])
+        if not 0 < n <= OFFSET_MAX:
+            raise InvalidArgumentError(
+                f"{what}: {text!r} asks for the last {m[1]} messages; use -N with N from 1 to {OFFSET_MAX:,}, e.g. -10"
+            )
+        return From(last_n=n)
+    if _is_int(s):
+        return From(offset=_offset(s, what))
+    if _ID_LIKE_RE.match(s):
+        return From(message_id=MessageId.parse(s))
+    return From(time_ms=parse_time(s, what, clock=clock, forms=FROM_FORMS, noun="a position"))
 
 
 def parse_message_id(text: str) -> MessageId:

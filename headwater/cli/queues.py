@@ -175,19 +175,49 @@ def describe(ctx: typer.Context, name: NameArg, as_json: JsonOpt = False) -> Non
         out_console().print(queue_detail(info))
 
 
+YesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--yes",
+        "-y",
+        help="Go ahead without asking (required when there is no terminal to ask on).",
+    ),
+]
+
+
+def _confirm(what: str, name: str, question: str) -> None:
+    """Ask before a change that cannot be undone; with no terminal to ask on, refuse and
+    name ``--yes``."""
+    if not stdin_is_tty():
+        raise UsageError(
+            f"refusing to {what} queue {name!r} without confirmation: there is no terminal to "
+            f"ask on; pass --yes to {what} it"
+        )
+    if not typer.confirm(question, default=False, err=True):
+        err_console().print(f"not {what.removesuffix('e')}ed")
+        raise typer.Exit(1)
+
+
 @queue_app.command("truncate")
-def truncate(ctx: typer.Context, name: NameArg) -> None:
-    """Drop every message of a queue; keep the queue and its settings.
+def truncate(ctx: typer.Context, name: NameArg, yes: YesOpt = False) -> None:
+    """Drop every message of a queue; keep the queue and its settings. Asks first unless
+    --yes is given, as 'queue delete' does.
 
     Offsets keep counting up from where they were, so old message ids never name new messages.
 
-    Example:
+    Examples:
 
     ```
     headwater queue truncate orders
+    headwater queue truncate orders --yes
     ```
     """
-    info = open_client(ctx).admin.truncate_queue(name)
+    hw = open_client(ctx)
+    info = hw.admin.describe_queue(name)  # a missing queue fails before any question
+    if not yes:
+        question = f"Drop all {info.message_count:,} message(s) of queue {name!r}? This cannot be undone."
+        _confirm("truncate", name, question)
+    info = hw.admin.truncate_queue(name)
     _done(f"truncated queue {info.name!r}")
 
 
@@ -230,15 +260,8 @@ def delete(
         _done(f"no queue {name!r}; nothing to delete")
         return
     if not yes:
-        if not stdin_is_tty():
-            raise UsageError(
-                f"refusing to delete queue {name!r} without confirmation: there is no terminal to "
-                f"ask on; pass --yes to delete it"
-            )
         question = f"Delete queue {name!r} and its {info.message_count:,} message(s)? This cannot be undone."
-        if not typer.confirm(question, default=False, err=True):
-            err_console().print("not deleted")
-            raise typer.Exit(1)
+        _confirm("delete", name, question)
     hw.admin.delete_queue(name, missing_ok=if_exists)  # gone meanwhile: fine with --if-exists
     _done(f"deleted queue {name!r}")
 
