@@ -31,6 +31,7 @@ __all__ = [
     "parse_seconds",
     "parse_start",
     "From",
+    "check_server",
     "parse_from",
     "FROM_FORMS",
     "Seconds",
@@ -352,3 +353,37 @@ class Seconds:
             return parse_seconds(str(value), "", max_s=self.max_s)
         except InvalidArgumentError as e:
             raise ValueError(str(e).removeprefix(": ")) from None  # typer: a usage error, exit 2
+
+
+_SCHEME_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+
+
+def check_server(text: str, what: str = "--server") -> str:
+    """A ``--server`` value as :func:`headwater.connect` takes it: ``HOST:PORT``, or a
+    cluster's list ``HOST:PORT,HOST:PORT``; an IPv6 host in brackets (``[::1]:7070``).
+    A URL (``http://h:7070``), a host without port or a port out of range is refused with
+    what to write instead.
+
+    >>> check_server("127.0.0.1:7070,b:7071")
+    '127.0.0.1:7070,b:7071'
+    """
+    form = "HOST:PORT, e.g. 127.0.0.1:7070, or for a cluster HOST:PORT,HOST:PORT"
+    addresses = [a.strip() for a in text.split(",")]
+    for address in addresses:
+        m = _SCHEME_RE.match(address)
+        if m:
+            bare = address[m.end() :].rstrip("/")
+            raise InvalidArgumentError(
+                f"{what}: {text!r} is a URL; Headwater speaks its own protocol, not {m[1]}: give {form}"
+                + (f" (here: {bare})" if bare else "")
+            )
+        host, colon, port = address.rpartition(":")
+        if not colon or not host or host.endswith(":") and not host.startswith("["):
+            raise InvalidArgumentError(
+                f"{what}: {address!r} has no port; give {form} (headwater serve listens on 7070 by default)"
+            )
+        if not (_is_int(port) and 0 < int(port) < 65536):
+            raise InvalidArgumentError(
+                f"{what}: {address!r}: the port {port!r} is not a number from 1 to 65535; give {form}"
+            )
+    return ",".join(addresses)

@@ -20,6 +20,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from headwater.cli.context import _state, err_console, on_ctrl_c, open_client, out_console, stdin_is_tty
 from headwater.cli.delay import deliver_at_option
+from headwater.cli.output import print_json
 from headwater.cli.parse import parse_pairs
 from headwater.cli.produce_input import parse_delimiter, read_whole, split_keys, split_stream
 from headwater.cli.records import QueueArg, _arg_bytes, _require_enabled
@@ -163,6 +164,14 @@ def produce(
             show_default=False,
         ),
     ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='Print one JSON line per message sent, {"message_id", "partition", "offset"}; with '
+            '--quiet, one object {"queue", "sent", "partitions"}.',
+        ),
+    ] = False,
     key_separator: Annotated[
         str | None,
         typer.Option(
@@ -229,6 +238,7 @@ def produce(
             when=when,
             quiet=quiet,
             progress_input=from_stdin,
+            as_json=as_json,
         )
 
 
@@ -278,6 +288,7 @@ def _send(
     when: dict[str, Any],
     quiet: bool,
     progress_input: bool,
+    as_json: bool = False,
 ) -> None:
     """Send in batches, printing each id (or, ``quiet``, a count at the end)."""
     chunks = _batched(items, batch_size)
@@ -305,6 +316,13 @@ def _send(
                     total += len(ids)
                     if quiet:
                         partitions_used.update(mid.partition for mid in ids)
+                    elif as_json:  # the sent shape: one object a message
+                        sys.stdout.write(
+                            "".join(
+                                f'{{"message_id": "{mid}", "partition": {mid.partition}, "offset": {mid.offset}}}\n'
+                                for mid in ids
+                            )
+                        )
                     else:
                         sys.stdout.write("".join(f"{mid}\n" for mid in ids))
                     if progress is not None and task is not None:
@@ -318,7 +336,9 @@ def _send(
         )
         raise typer.Exit(130) from None
     sys.stdout.flush()
-    if quiet:
+    if quiet and as_json:  # the count shape
+        print_json({"queue": queue, "sent": total, "partitions": sorted(partitions_used)})
+    elif quiet:
         where = ", ".join(str(p) for p in sorted(partitions_used)) or "-"
         out_console().print(f"sent {total:,} message(s) to queue {queue!r} (partitions {where})")
 

@@ -238,7 +238,7 @@ def scan(
     headwater scan orders --from 2026-11-21T10:00:00Z --to 2026-11-21T11:00:00Z --json
     headwater scan orders --from 00000001-00000002-0000000000000064 --limit 10
     headwater scan orders --from -5 --format '%p:%o %k %v\\n'
-    headwater scan orders --raw > values.txt
+    headwater scan orders --raw | wc -l
     ```
     """
     fmt = output_template(as_json, template, raw)

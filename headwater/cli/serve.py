@@ -9,6 +9,7 @@ and flags. The TOML file has a ``[server]`` table (ServerConfig) and a ``[store]
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import os
 import re
@@ -51,7 +52,10 @@ def _retired(name: str, where: str) -> bool:
 
 
 # HEADWATER_* variables the CLI itself reads (not broker settings)
-CLI_VARIABLES = frozenset({"HEADWATER_DATA", "HEADWATER_SERVER", "HEADWATER_CONNECT_TIMEOUT_S", "HEADWATER_HISTORY"})
+CLI_VARIABLES = frozenset(
+    {"HEADWATER_DATA", "HEADWATER_SERVER", "HEADWATER_CONNECT_TIMEOUT_S", "HEADWATER_HISTORY"}
+    | {"HEADWATER_PROFILE", "HEADWATER_CONFIG"}
+)
 
 
 def _coerce(cls: type[msgspec.Struct], name: str, raw: Any, where: str) -> Any:
@@ -210,6 +214,7 @@ def serve(
         started = True
         err_console().print(f"headwater serving {state.data_dir} on {server_cfg.host}:{bound}")
         print(f"listening {server_cfg.host}:{bound}", flush=True)
+        _say_how_to_connect(server_cfg.host, server_cfg.advertised_host, bound)
 
     new_directory = not state.data_dir.exists()
     try:
@@ -232,6 +237,42 @@ def serve(
             # serve makes a missing data directory, as queue create does; one that never
             # served (it could not listen) is removed again, so a failed start leaves nothing
             shutil.rmtree(state.data_dir, ignore_errors=True)
+
+
+def connect_address(host: str, advertised_host: str, port: int) -> str:
+    """The address ``--server`` takes for a broker listening on ``host``: a wildcard
+    (``0.0.0.0``, ``::``, empty) is no address to connect to, so the advertised host, else
+    loopback; an IPv6 address in brackets.
+
+    >>> connect_address("0.0.0.0", "", 7070), connect_address("::1", "", 7070)
+    ('127.0.0.1:7070', '[::1]:7070')
+    """
+    if host in ("", "0.0.0.0", "::"):
+        host = advertised_host or "127.0.0.1"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
+    except (OSError, ValueError):
+        return False
+
+
+def _say_how_to_connect(host: str, advertised_host: str, port: int) -> None:
+    """On stderr: the --server address to use, and a warning when the broker listens beyond
+    loopback, since it has no authentication: whoever reaches the port can read, write and
+    delete every queue."""
+    console = err_console()
+    address = connect_address(host, advertised_host, port)
+    console.print(f"connect with: headwater --server {address} ...", style="dim")
+    if not _is_loopback(host or "0.0.0.0"):
+        console.print(
+            f"[yellow]warning:[/] listening on {host or '0.0.0.0'}, beyond loopback, without authentication: "
+            f"anyone who can reach port {port} can read, write and delete every queue; listen on "
+            f"127.0.0.1 (--host) or keep the port behind a firewall",
+            markup=True,
+        )
 
 
 def _check_listen(host: str, port: int) -> None:
