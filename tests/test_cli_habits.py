@@ -139,3 +139,16 @@ def test_named_profiles(tmp_path):
     assert "--profile and --server do not go together" in err
     cli("profile", "delete", "far", data=False)
     assert "far" not in cli("profile", "list", data=False).stdout
+
+
+def test_a_command_does_not_import_the_broker():
+    """Start time (bench/cli_start.py): only 'serve' needs the broker, so the CLI imports it
+    when a broker starts, not for every command."""
+    code = (
+        "import sys\n"
+        "from headwater.cli.main import app\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('headwater.broker', 'headwater.cluster.controller'))))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]", run.stdout

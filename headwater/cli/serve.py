@@ -18,7 +18,7 @@ import socket
 import sys
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 import typer
@@ -26,12 +26,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from headwater import StoreConfig
-from headwater.broker.run import run_server
-from headwater.broker.server import ServerConfig
 from headwater.cli.context import LocalData, err_console, local_data_state, out_console
 from headwater.cli.parse import parse_pairs
 from headwater.cli.settings import settings_rows
 from headwater.errors import InvalidArgumentError
+
+if TYPE_CHECKING:  # the broker is imported when a broker starts: every other command starts faster
+    from headwater.broker.server import ServerConfig
 
 __all__ = ["serve", "load_settings"]
 
@@ -85,6 +86,8 @@ def load_settings(
     config_file: Path | None, env: dict[str, str], overrides: dict[str, Any]
 ) -> tuple[ServerConfig, StoreConfig]:
     """Merge defaults, the TOML file, HEADWATER_* variables and flags, in that order."""
+    from headwater.broker.server import ServerConfig
+
     values: dict[type, dict[str, Any]] = {ServerConfig: {}, StoreConfig: {}}
     origin: dict[str, str] = {}  # where each setting's value came from, for errors
     if config_file is not None:
@@ -219,6 +222,8 @@ def serve(
     new_directory = not state.data_dir.exists()
     try:
         _check_listen(server_cfg.host, server_cfg.port)  # before the data directory is opened
+        from headwater.broker.run import run_server
+
         run_server(state.data_dir, store_cfg, server_cfg, on_ready=ready)
     except OSError as e:
         where = f"{server_cfg.host}:{server_cfg.port}"
