@@ -152,3 +152,13 @@ def test_a_command_does_not_import_the_broker():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]", run.stdout
+
+
+def test_subscriber_delete_and_delay_cancel_print_json(cli):
+    cli("queue", "create", "q")
+    cli("subscriber", "add", "q", "audit")
+    doc = json.loads(cli("subscriber", "delete", "q", "audit", "--json").stdout)
+    assert doc == {"action": "deleted", "queue": "q", "subscriber": "audit"}
+    ids = cli("produce", "q", "--delay", "1h", "a", "b").stdout.split()
+    lines = [json.loads(line) for line in cli("delay", "cancel", *ids, "--json").stdout.splitlines()]
+    assert lines == [{"action": "cancelled", "message_id": i} for i in ids]
