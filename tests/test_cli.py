@@ -158,7 +158,7 @@ def test_default_ttl_is_seven_days_and_empty_list_says_how_to_start(cli):
 
 def test_truncate_disable_enable(cli, q):
     cli("produce", q, "a", "b", "c")
-    assert "truncated" in cli("queue", "truncate", q).stdout
+    assert "truncated" in cli("queue", "truncate", q, "--yes").stdout
     assert cli.json_lines("scan", q) == []
     parts = json.loads(cli("queue", "describe", q, "--json").stdout)["partitions"]
     assert all(p["start_offset"] == p["end_offset"] for p in parts)

@@ -120,10 +120,10 @@ def test_extremes_give_the_same_answer_both_ways(local, broker):
 
 
 def test_errors_list_exactly_the_forms_each_option_takes(local):
-    err = local.error("consume", "jobs", "--from", "5")
-    assert "'earliest', 'latest'" in err and "offset" not in err
-    err = local.error("group", "reset", "g", "--queue", "jobs", "--to", "bogus")
-    assert "'earliest', 'latest', an offset" in err and "a time" in err
+    err = local.error("consume", "jobs", "--from", "bogus")  # the forms of scan --from, one parser
+    assert "'earliest', 'latest', -N (the last N messages" in err and "a message id" in err
+    err = local.error("group", "reset", "g", "--queue", "jobs", "--to", "bogus")  # the forms of scan --from
+    assert "'earliest', 'latest', -N (the last N messages" in err and "a time" in err
     err = local.error("subscriber", "add", "jobs", "s", "--from", "bogus")
     assert "'earliest', 'latest', an offset" in err and "message id" not in err
     err = local.error("produce", "jobs", "--at", "+bad", "x")
@@ -220,15 +220,15 @@ def test_consume_group_is_a_member_reset_is_refused_and_members_share(broker):
     try:
         cli("produce", "jobs", "one")
         follower.read(1)
-        err = cli.error("group", "reset", "live", "--queue", "jobs", "--to", "earliest")
+        err = cli.error("group", "reset", "live", "--queue", "jobs", "--to", "earliest", "--execute")
         assert "live" in err
         err = cli.error("consume", "jobs", "--group", "live", "--from", "-1h", "--timeout", "0")
-        assert "--from TIME" in err
+        assert "--from POSITION" in err
     finally:
         follower.proc.send_signal(signal.SIGINT)
         code, err = follower.finish()
     assert code == 0, err
-    cli("group", "reset", "live", "--queue", "jobs", "--to", "earliest")  # no member now
+    cli("group", "reset", "live", "--queue", "jobs", "--to", "earliest", "--execute")  # no member now
     # two members side by side print each message once between them
     first = Follower("--server", broker.address, "consume", "jobs", "--group", "dup", "--from", "earliest", "--json")
     second = Follower("--server", broker.address, "consume", "jobs", "--group", "dup", "--from", "earliest", "--json")

@@ -83,6 +83,7 @@ SEQUENCE: list[tuple[list[str], str | None]] = [
     (["produce", "orders", "no"], None),
     (["queue", "enable", "orders"], None),
     (["queue", "truncate", "orders"], None),
+    (["queue", "truncate", "orders", "--yes"], None),
     (["scan", "orders", "--json"], None),
     (["queue", "describe", "orders", "--json"], None),
     (["queue", "delete", "audit"], None),

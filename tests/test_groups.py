@@ -865,18 +865,20 @@ def test_cli_group_list_describe_reset_and_queue_lag(tmp_path, clock):
             assert [(r["partition"], r["lag"]) for r in lag] == [(0, 6), (1, 0), (2, None)]
             assert "total" in cli(*srv, "queue", "lag", "orders").stdout
 
-            err = cli(*srv, "group", "reset", "billing", "--queue", "orders", "--to", "earliest", code=1).stderr
+            err = cli(
+                *srv, "group", "reset", "billing", "--queue", "orders", "--execute", "--to", "earliest", code=1
+            ).stderr
             assert "live member" in err and "group describe billing" in err
             assert hw.service.fetch_offsets("billing", "orders") == {0: 4, 1: 20}  # unchanged
             member.close(commit=False)
 
-            cli(*srv, "group", "reset", "billing", "--queue", "orders", "--to", "latest")
+            cli(*srv, "group", "reset", "billing", "--queue", "orders", "--execute", "--to", "latest")
             assert hw.service.fetch_offsets("billing", "orders") == {0: 10, 1: 20, 2: 30}
-            cli(*srv, "group", "reset", "billing", "--queue", "orders", "--to", "3", "--partitions", "0-1")
+            cli(*srv, "group", "reset", "billing", "--queue", "orders", "--execute", "--to", "3", "--partitions", "0-1")
             assert hw.service.fetch_offsets("billing", "orders") == {0: 3, 1: 3, 2: 30}
-            cli(*srv, "group", "reset", "billing", "--queue", "orders", "--to", "-1h")
+            cli(*srv, "group", "reset", "billing", "--queue", "orders", "--execute", "--to", "-1h")
             assert hw.service.fetch_offsets("billing", "orders") == {0: 0, 1: 0, 2: 0}
-            err = cli(*srv, "group", "reset", "billing", "--queue", "orders", "--to", "99", code=1).stderr
+            err = cli(*srv, "group", "reset", "billing", "--queue", "orders", "--execute", "--to", "99", code=1).stderr
             assert "beyond the log end" in err
             err = cli(*srv, "group", "describe", "nobody", code=1).stderr
             assert "no group 'nobody'" in err and "group list" in err

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
 
@@ -30,7 +30,9 @@ from rich.table import Table
 
 from headwater.cli.context import err_console, on_ctrl_c, open_client, out_console
 from headwater.cli.output import records_table, write_json_lines
-from headwater.cli.parse import COUNT_MAX, Seconds, parse_partitions, parse_start
+from headwater.cli.parse import COUNT_MAX, From, Seconds, parse_from, parse_partitions
+from headwater.cli.records import FormatOpt, RawOpt, output_template
+from headwater.cli.template import compile_template
 from headwater.client import Client, Consumer
 from headwater.client.sync.group_consumer import GroupConsumer
 from headwater.errors import GroupError, GroupNotEmptyError, QueueDisabledError, UsageError
@@ -94,6 +96,10 @@ class _Rows:
         console.print(table)
 
 
+#: How a batch is printed: table rows, a --format template's renderer, or None for JSON lines.
+Printer = _Rows | Callable[[Record], bytes] | None
+
+
 def consume(
     ctx: typer.Context,
     queue: Annotated[str, typer.Argument(metavar="QUEUE", help="Queue name.", show_default=False)],
@@ -112,12 +118,14 @@ def consume(
         str,
         typer.Option(
             "--from",
-            metavar="earliest|latest|TIME",
+            metavar="POSITION",
             help="earliest or latest: where to start a partition the group has not committed "
-            "(without --group: every partition). A time (ISO-8601 such as "
-            "2026-11-21T10:00:00Z, or -15m, -2h, -1d, now): start at the first message "
-            "appended then; with --group, the group's offsets are moved there first, as "
-            "'group reset' does (refused while the group has other members).",
+            "(without --group: every partition). -N (the last N messages of each partition), "
+            "an offset (of every partition), a message id (its partition only; not with "
+            "--group) or a time (ISO-8601 such as 2026-11-21T10:00:00Z, or -15m, -2h, -1d, "
+            "now: the first message appended then): the same forms as 'scan --from'; with "
+            "--group, the group's offsets are moved there first, as 'group reset' does "
+            "(refused while the group has other members).",
         ),
     ] = "latest",
     partitions: Annotated[
@@ -165,6 +173,8 @@ def consume(
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    template: FormatOpt = None,
+    raw: RawOpt = False,
 ) -> None:
     """Follow a queue: print messages as they arrive, until Ctrl-C, --limit or --timeout.
 
@@ -183,11 +193,14 @@ def consume(
     headwater consume orders --group billing --from earliest --json
     headwater consume orders --from -15m --tag paid --timeout 5
     headwater consume orders --group billing --from earliest --timeout 0
+    headwater consume orders --from -10 --timeout 0 --format '%k %v\\n'
     ```
     """
-    where = parse_start(from_, "--from", offsets=False)
-    reset = where if isinstance(where, str) else "latest"
-    start_ms = None if isinstance(where, str) else where.time_ms
+    fmt = output_template(as_json, template, raw)
+    render = None if fmt is None else compile_template(fmt)
+    where = parse_from(from_, "--from")
+    reset = where.edge or "latest"
+    start_ms = where.time_ms
     parts = parse_partitions(partitions)
     if group is not None and parts is not None:
         raise UsageError(
@@ -195,12 +208,27 @@ def consume(
             "partitions as the broker assigns them (run several 'consume --group' to divide them); "
             "leave out --group to read chosen partitions"
         )
+    if where.message_id is not None:
+        if group is not None:
+            raise UsageError(
+                "--from MESSAGE_ID and --group do not go together: an id names one partition, and a "
+                "group's members share them all; use an offset, -N or a time to move the group"
+            )
+        if parts is not None and parts != [where.message_id.partition]:
+            raise UsageError(
+                f"--from names a message of partition {where.message_id.partition}, and --partitions "
+                f"others; leave out --partitions (the id picks its own)"
+            )
+        parts = [where.message_id.partition]
     hw = open_client(ctx)
     info = hw.admin.describe_queue(queue)
     if not info.enabled:  # fail now, not at the first poll
         raise QueueDisabledError(f"queue {queue!r} is disabled; enable it to read or write")
+    seeks = _start_offsets(info, where, parts)
     if group is not None and start_ms is not None:
-        _move_group_to(hw, group, info, start_ms)
+        _move_group_to(hw, group, info, _time_offsets(hw, info, start_ms))
+    elif group is not None and seeks is not None:
+        _move_group_to(hw, group, info, seeks)
     if group is None:
         consumer: Consumer = hw.consumer(auto_offset_reset=reset, tags=tags or None)
     else:  # a member: the partitions are shared with the group's other members, and heartbeated
@@ -212,9 +240,11 @@ def consume(
             consumer.assign(queue, partitions=parts)
             if start_ms is not None:
                 consumer.seek_to_time(queue, start_ms, partitions=parts)
+            for partition, offset in (seeks or {}).items():
+                consumer.seek(queue, partition, offset)
         if err_console().is_terminal:
             err_console().print(f"following {queue!r}; Ctrl-C to stop", style="dim")
-        rows = None if as_json else _Rows()
+        rows: Printer = render if render is not None else None if as_json else _Rows()
         with _ctrl_c_stops(stop):
             if timeout == 0:
                 ends = {
@@ -237,16 +267,29 @@ def consume(
         err_console().print(f"consumed {printed:,} message(s)", style="dim")
 
 
-def _move_group_to(hw: Client, group: str, info: QueueInfo, start_ms: int) -> None:
-    """``--group G --from TIME``: commit G's offsets at that time before joining, as
-    ``group reset --to TIME`` does, and refused in the same way while G has live members
-    (moving their partitions under them would make them lose or repeat messages)."""
-    offsets = {p.partition: hw.offset_for_time(info.name, p.partition, start_ms) for p in info.partitions}
+def _start_offsets(info: QueueInfo, where: From, parts: list[int] | None) -> dict[int, int] | None:
+    """Where ``--from`` -N, an offset or a message id starts each partition read; None when
+    the consumer's reset (earliest, latest) or a time decides."""
+    if where.edge is not None:
+        return None
+    if where.message_id is not None:
+        return {where.message_id.partition: where.message_id.offset}
+    return where.offsets(p for p in info.partitions if parts is None or p.partition in parts)
+
+
+def _time_offsets(hw: Client, info: QueueInfo, start_ms: int) -> dict[int, int]:
+    return {p.partition: hw.offset_for_time(info.name, p.partition, start_ms) for p in info.partitions}
+
+
+def _move_group_to(hw: Client, group: str, info: QueueInfo, offsets: dict[int, int]) -> None:
+    """``--group G --from POSITION`` (not earliest or latest): commit G's offsets there
+    before joining, as ``group reset`` does, and refused in the same way while G has live
+    members (moving their partitions under them would make them lose or repeat messages)."""
     try:
         hw.service.commit_offsets(group, info.name, offsets)
     except GroupNotEmptyError as e:
         raise GroupNotEmptyError(
-            f"{e}; --from TIME moves the group's committed offsets, which is refused while it has "
+            f"{e}; --from POSITION moves the group's committed offsets, which is refused while it has "
             f"members: leave out --from to join them, or stop them first "
             f"(see them with 'headwater group describe {group}')"
         ) from None
@@ -262,7 +305,7 @@ def _commit(consumer: Consumer) -> None:
         err_console().print(f"warning: not committed: {e}", style="yellow")
 
 
-def _follow(consumer: Consumer, stop: _Stop, *, rows: _Rows | None, limit: int | None, idle_s_max: float | None) -> int:
+def _follow(consumer: Consumer, stop: _Stop, *, rows: Printer, limit: int | None, idle_s_max: float | None) -> int:
     """Poll and print until stopped, ``limit`` printed or ``idle_s_max`` without a message;
     commit after every printed batch when the consumer has a group. Returns how many were
     printed."""
@@ -284,7 +327,7 @@ def _follow(consumer: Consumer, stop: _Stop, *, rows: _Rows | None, limit: int |
 
 
 def _drain(
-    consumer: Consumer, stop: _Stop, *, rows: _Rows | None, limit: int | None, ends: dict[tuple[str, int], int]
+    consumer: Consumer, stop: _Stop, *, rows: Printer, limit: int | None, ends: dict[tuple[str, int], int]
 ) -> int:
     """``--timeout 0``: print what the partitions held when the command started (``ends``),
     without waiting for anything newer. Polls once even when there is nothing, and then
@@ -319,10 +362,13 @@ def _want(limit: int | None, printed: int) -> int:
     return POLL_MESSAGES_MAX if limit is None else min(POLL_MESSAGES_MAX, limit - printed)
 
 
-def _print(consumer: Consumer, batch: list[Record], rows: _Rows | None) -> int:
+def _print(consumer: Consumer, batch: list[Record], rows: Printer) -> int:
     """Print one polled batch, then commit it when the consumer has a group."""
     if rows is None:
         write_json_lines(batch)
+    elif not isinstance(rows, _Rows):  # a --format template
+        sys.stdout.buffer.write(b"".join(rows(r) for r in batch))
+        sys.stdout.buffer.flush()
     else:
         rows.print(batch)
         sys.stdout.flush()

@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 
 import headwater
-from headwater.cli.parse import parse_seconds
+from headwater.cli.parse import check_server, parse_seconds
 from headwater.client import Client
 from headwater.errors import InvalidArgumentError, NotADataDirectoryError, UsageError
 
@@ -105,7 +105,7 @@ def open_client(ctx: typer.Context, *, create: bool = False, read_only: bool = F
 
 def _open(state: CliState, *, create: bool, read_only: bool) -> Client:
     if state.server is not None:  # one address, or a cluster's bootstrap list "a:1,b:2"
-        return headwater.connect(state.server, connect_timeout_s=_connect_timeout_s())
+        return headwater.connect(check_server(state.server), connect_timeout_s=_connect_timeout_s())
     path = state.data_dir
     if not create and not path.exists():
         raise NotADataDirectoryError(

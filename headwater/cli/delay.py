@@ -176,6 +176,9 @@ def cancel(
             metavar="MESSAGE_ID...", help="Delayed ids, as produce --delay printed them.", show_default=False
         ),
     ],
+    as_json: Annotated[
+        bool, typer.Option("--json", help='Print one line {"action": "cancelled", "message_id": ID} per id.')
+    ] = False,
 ) -> None:
     """Cancel delayed messages that are not delivered yet.
 
@@ -191,4 +194,7 @@ def cancel(
             hw.cancel(parse_message_id(text))
         except MessageNotFoundError as e:  # the generic hint (ttl, truncation) would mislead
             raise MessageNotFoundError(f"{e}; 'headwater delay stats' shows what waits") from None
-        out_console().print(f"cancelled {text}", style="green")
+        if as_json:
+            print_json({"action": "cancelled", "message_id": text})
+        else:
+            out_console().print(f"cancelled {text}", style="green")

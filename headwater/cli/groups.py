@@ -32,7 +32,7 @@ from rich.text import Text
 
 from headwater.cli.context import open_client, out_console
 from headwater.cli.output import format_from_now, iso_utc, print_json
-from headwater.cli.parse import parse_partitions, parse_start
+from headwater.cli.parse import parse_from, parse_partitions
 from headwater.client import Client
 from headwater.errors import GroupNotEmptyError, GroupNotFoundError, InvalidArgumentError, QueueNotFoundError
 from headwater.model.config import QueueInfo
@@ -514,8 +514,16 @@ def describe(
 
 
 def _target_offsets(hw: Client, info: QueueInfo, to: str, partitions: list[int] | None) -> dict[int, int]:
-    where = parse_start(to, "--to")
+    """Where ``--to`` (the positions of ``scan --from``: one parser) puts each partition."""
+    where = parse_from(to, "--to")
     chosen = [p.partition for p in info.partitions] if partitions is None else partitions
+    if where.message_id is not None:
+        if partitions is not None and partitions != [where.message_id.partition]:
+            raise InvalidArgumentError(
+                f"--to names a message of partition {where.message_id.partition}, and --partitions others; "
+                f"leave out --partitions (the id picks its own)"
+            )
+        chosen = [where.message_id.partition]
     by_part = {p.partition: p for p in info.partitions}
     out = {}
     for p in chosen:
@@ -524,14 +532,14 @@ def _target_offsets(hw: Client, info: QueueInfo, to: str, partitions: list[int] 
                 f"queue {info.name!r} has partitions 0..{len(info.partitions) - 1}; there is no partition {p}"
             )
         pi = by_part[p]
-        if where == "earliest":
-            out[p] = pi.start_offset
-        elif where == "latest":
-            out[p] = pi.end_offset
-        elif where.offset is not None:
-            out[p] = where.offset
-        else:
+        if where.offset is not None:
+            out[p] = where.offset  # as given: one past the end is refused by the broker, with its range
+        elif where.message_id is not None:
+            out[p] = where.message_id.offset
+        elif where.time_ms is not None:
             out[p] = hw.offset_for_time(info.name, p, where.time_ms)
+        else:
+            out.update(where.offsets([pi]) or {})
     return out
 
 
@@ -548,7 +556,8 @@ def reset(
             "--to",
             metavar="WHERE",
             show_default=False,
-            help="earliest, latest, an offset, or a time (ISO-8601, -15m, -2h, now).",
+            help="earliest, latest, -N (N before each partition's end), an offset, a message id, "
+            "or a time (ISO-8601, -15m, -2h, now): the forms of 'scan --from'.",
         ),
     ],
     partitions: Annotated[
@@ -561,37 +570,70 @@ def reset(
             help="Only these partitions, e.g. 0,2 or 0-3 (default: all).",
         ),
     ] = None,
+    execute: Annotated[
+        bool,
+        typer.Option(
+            "--execute",
+            help="Move the offsets. Without it, only the plan is shown (kafka-consumer-groups' --dry-run).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Move a group's committed offsets on a queue. Refused while the group has members: stop
-    them first (or wait their session timeout), so no live member's progress is overwritten.
+    """Move a group's committed offsets on a queue: shows the plan (partition, current
+    offset, new offset, change of lag) and changes nothing unless --execute is given.
+    Refused while the group has members: stop them first (or wait their session timeout),
+    so no live member's progress is overwritten.
+
+    With --json: one object {"group", "queue", "executed", "partitions": [{"partition",
+    "current", "new", "lag_current", "lag_new"}]} (current and lag_current null where the
+    group has committed nothing).
 
     Examples:
 
     ```
     headwater --server localhost:7070 group reset billing --queue orders --to earliest
-    headwater group reset billing --queue orders --to 2026-11-21T10:00:00Z
-    headwater group reset billing --queue orders --to 1200 --partitions 3
+    headwater --server localhost:7070 group reset billing --queue orders --to earliest --execute
+    headwater group reset billing --queue orders --to 2026-11-21T10:00:00Z --execute
+    headwater group reset billing --queue orders --to 1200 --partitions 3 --execute
     ```
     """
     hw = open_client(ctx)
     info = hw.admin.describe_queue(queue)
     before = hw.service.fetch_offsets(group, queue)
     offsets = _target_offsets(hw, info, to, parse_partitions(partitions))
-    try:
-        hw.service.commit_offsets(group, queue, offsets)
-    except GroupNotEmptyError as e:
-        raise GroupNotEmptyError(f"{e}; see them with 'headwater group describe {group}'") from None
+    if execute:
+        try:
+            hw.service.commit_offsets(group, queue, offsets)
+        except GroupNotEmptyError as e:
+            raise GroupNotEmptyError(f"{e}; see them with 'headwater group describe {group}'") from None
+    ends = {p.partition: p.end_offset for p in info.partitions}
+    rows = [
+        {
+            "partition": p,
+            "current": before.get(p),
+            "new": off,
+            "lag_current": None if before.get(p) is None else ends[p] - before[p],
+            "lag_new": ends[p] - off,
+        }
+        for p, off in sorted(offsets.items())
+    ]
     if as_json:
-        print_json([{"partition": p, "before": before.get(p), "after": off} for p, off in sorted(offsets.items())])
+        print_json({"group": group, "queue": queue, "executed": execute, "partitions": rows})
         return
     table = Table(show_edge=False, header_style="bold")
-    for name in ("partition", "before", "after"):
+    for name in ("partition", "current", "new", "lag change"):
         table.add_column(name, justify="right", no_wrap=True)
-    for p, off in sorted(offsets.items()):
-        table.add_row(str(p), _cell(before.get(p)), f"{off:,}")
+    for r in rows:
+        change = "-" if r["lag_current"] is None else f"{r['lag_new'] - r['lag_current']:+,}"
+        change += f" (lag {r['lag_new']:,})"
+        table.add_row(str(r["partition"]), _cell(r["current"]), f"{r['new']:,}", change)
     out_console().print(table)
-    out_console().print(f"reset group {group!r} on queue {queue!r} ({len(offsets)} partition(s))", style="green")
+    if execute:
+        out_console().print(f"reset group {group!r} on queue {queue!r} ({len(offsets)} partition(s))", style="green")
+    else:
+        out_console().print(
+            f"plan only, nothing changed: pass --execute to reset group {group!r} on queue {queue!r}", style="yellow"
+        )
 
 
 def queue_lag(

@@ -19,6 +19,7 @@ from typer.core import TyperGroup
 
 import headwater
 from headwater.cli import records
+from headwater.cli.argv import reorder
 from headwater.cli.check import check
 from headwater.cli.cluster import cluster_app
 from headwater.cli.consume import consume
@@ -27,6 +28,8 @@ from headwater.cli.delay import delay_app
 from headwater.cli.dev_cluster import dev_cluster
 from headwater.cli.groups import group_app, queue_lag
 from headwater.cli.metrics import metrics
+from headwater.cli.produce import produce
+from headwater.cli.profiles import profile_app, resolve_profile
 from headwater.cli.queues import queue_app
 from headwater.cli.serve import serve
 from headwater.cli.shell import shell
@@ -79,7 +82,16 @@ def report_error(message: str, hint: str | None = None) -> None:
 
 
 class HeadwaterGroup(TyperGroup):
-    """The root group: turns expected errors into one readable line and exit code 1."""
+    """The root group: takes global options in any place (:mod:`headwater.cli.argv`), and
+    turns expected errors into one readable line and exit code 1."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]  # click's ctx type
+        try:
+            args = reorder(self, args)
+        except HeadwaterError as e:
+            report_error(str(e))
+            raise typer.Exit(2) from None
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: typer.Context):  # type: ignore[override]  # click's invoke returns Any; typer's stub narrows it
         try:
@@ -102,7 +114,7 @@ app = typer.Typer(
         "Headwater: a persistent, partitioned message queue.\n\n"
         "Works on a local data directory (--data, or HEADWATER_DATA; default "
         f"{DATA_DIR_DEFAULT}) or on a running broker or cluster (--server HOST:PORT[,...], or "
-        "HEADWATER_SERVER). Global options go before the command.\n\n"
+        "HEADWATER_SERVER). Global options may go before or after the command.\n\n"
         "Examples:\n\n"
         "```\n"
         "headwater queue create orders --partitions 4\n"
@@ -149,6 +161,17 @@ def root(
             show_default=False,
         ),
     ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            "--profile",
+            envvar="HEADWATER_PROFILE",
+            metavar="NAME",
+            help="Use this profile's --server or --data ('headwater profile list'); default: the "
+            "current profile, if any. An explicit --server or --data wins.",
+            show_default=False,
+        ),
+    ] = None,
     version: Annotated[
         bool,
         typer.Option(
@@ -169,7 +192,29 @@ def root(
                     f"another 'headwater --{name} ... shell' to change it"
                 )
         return
+    if ctx.invoked_subcommand != "profile":
+        server, data = _with_profile(ctx, profile, server, data)
     ctx.obj = CliState(data_dir=Path(data), server=server)
+
+
+def _with_profile(ctx: typer.Context, profile: str | None, server: str | None, data: str) -> tuple[str | None, str]:
+    """Where to work, in falling priority: ``--server``/``--data`` on the command line, the
+    profile ``--profile`` (or ``HEADWATER_PROFILE``) names, ``HEADWATER_SERVER`` /
+    ``HEADWATER_DATA``, the current profile, the default data directory."""
+
+    def source(name: str) -> str:
+        src = ctx.get_parameter_source(name)
+        return "DEFAULT" if src is None else src.name
+
+    typed = [n for n in ("server", "data") if source(n) == "COMMANDLINE"]
+    if typed and source("profile") == "COMMANDLINE":
+        raise UsageError(f"--profile and --{typed[0]} do not go together: the profile names where to work; give one")
+    if typed or (profile is None and any(source(n) == "ENVIRONMENT" for n in ("server", "data"))):
+        return server, data
+    fields = resolve_profile(profile)
+    if not fields:
+        return server, data
+    return fields.get("server"), fields.get("data", DATA_DIR_DEFAULT)
 
 
 queue_app.command("lag")(queue_lag)
@@ -178,7 +223,8 @@ app.add_typer(group_app, name="group")
 app.add_typer(subscriber_app, name="subscriber")
 app.add_typer(delay_app, name="delay")
 app.add_typer(cluster_app, name="cluster")
-app.command("produce")(records.produce)
+app.add_typer(profile_app, name="profile")
+app.command("produce")(produce)
 app.command("scan")(records.scan)
 app.command("get")(records.get)
 app.command("find")(records.find)

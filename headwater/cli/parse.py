@@ -30,6 +30,10 @@ __all__ = [
     "parse_pairs",
     "parse_seconds",
     "parse_start",
+    "From",
+    "check_server",
+    "parse_from",
+    "FROM_FORMS",
     "Seconds",
     "POSITION_FORMS",
     "TIME_FORMS",
@@ -170,6 +174,75 @@ def parse_start(
     return Position(time_ms=parse_time(s, what, clock=clock, forms=forms, noun="a position"))
 
 
+FROM_FORMS = (
+    "'earliest', 'latest', -N (the last N messages of each partition, e.g. -10), an offset "
+    f"(e.g. 1200), a message id (e.g. 00000001-00000002-0000000000000064) or {TIME_FORMS}"
+)
+_LAST_N_RE = re.compile(r"^-([0-9]+)$")
+
+
+@dataclass(frozen=True)
+class From:
+    """Where ``scan --from`` and ``consume --from`` start, as the user wrote it: exactly one
+    field is set. ``edge`` is ``"earliest"`` or ``"latest"``; ``last_n`` the last N messages
+    of each partition (kcat's ``-o -N``)."""
+
+    edge: str | None = None
+    last_n: int | None = None
+    offset: int | None = None
+    message_id: MessageId | None = None
+    time_ms: int | None = None
+
+    def offsets(self, partitions: Iterable[Any]) -> dict[int, int] | None:
+        """The start offset of each partition (``PartitionInfo``-like: ``partition``,
+        ``start_offset``, ``end_offset``) for an edge, ``-N`` or an offset; None for a time
+        or a message id, which the reader resolves itself. An offset below what a partition
+        keeps starts at its first kept message; one past its end, at its end."""
+        out: dict[int, int] = {}
+        for p in partitions:
+            if self.edge == "earliest":
+                out[p.partition] = p.start_offset
+            elif self.edge == "latest":
+                out[p.partition] = p.end_offset
+            elif self.last_n is not None:
+                out[p.partition] = max(p.start_offset, p.end_offset - self.last_n)
+            elif self.offset is not None:
+                out[p.partition] = min(max(p.start_offset, self.offset), p.end_offset)
+            else:
+                return None
+        return out
+
+
+def parse_from(text: str, what: str = "--from", *, clock: Callable[[], float] = time.time) -> From:
+    """The one parser of ``--from`` for ``scan`` and ``consume``: ``earliest``, ``latest``,
+    ``-N``, an offset, a message id or a time (see :data:`FROM_FORMS`).
+
+    ``-N`` (digits alone) is the last N messages of each partition; a relative time always
+    has a unit (``-15m``), so the two never meet.
+
+    >>> parse_from("-10"), parse_from("LATEST").edge, parse_from("42").offset
+    (From(edge=None, last_n=10, offset=None, message_id=None, time_ms=None), 'latest', 42)
+    >>> parse_from("-1h", clock=lambda: 7200.0).time_ms
+    3600000
+    """
+    s = text.strip()
+    if s.lower() in ("earliest", "latest"):
+        return From(edge=s.lower())
+    m = _LAST_N_RE.match(s)
+    if m:
+        n = int(m[1])
+        if not 0 < n <= OFFSET_MAX:
+            raise InvalidArgumentError(
+                f"{what}: {text!r} asks for the last {m[1]} messages; use -N with N from 1 to {OFFSET_MAX:,}, e.g. -10"
+            )
+        return From(last_n=n)
+    if _is_int(s):
+        return From(offset=_offset(s, what))
+    if _ID_LIKE_RE.match(s):
+        return From(message_id=MessageId.parse(s))
+    return From(time_ms=parse_time(s, what, clock=clock, forms=FROM_FORMS, noun="a position"))
+
+
 def parse_message_id(text: str) -> MessageId:
     """A message id, with a hint at where ids come from when it does not parse."""
     try:
@@ -280,3 +353,37 @@ class Seconds:
             return parse_seconds(str(value), "", max_s=self.max_s)
         except InvalidArgumentError as e:
             raise ValueError(str(e).removeprefix(": ")) from None  # typer: a usage error, exit 2
+
+
+_SCHEME_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+
+
+def check_server(text: str, what: str = "--server") -> str:
+    """A ``--server`` value as :func:`headwater.connect` takes it: ``HOST:PORT``, or a
+    cluster's list ``HOST:PORT,HOST:PORT``; an IPv6 host in brackets (``[::1]:7070``).
+    A URL (``http://h:7070``), a host without port or a port out of range is refused with
+    what to write instead.
+
+    >>> check_server("127.0.0.1:7070,b:7071")
+    '127.0.0.1:7070,b:7071'
+    """
+    form = "HOST:PORT, e.g. 127.0.0.1:7070, or for a cluster HOST:PORT,HOST:PORT"
+    addresses = [a.strip() for a in text.split(",")]
+    for address in addresses:
+        m = _SCHEME_RE.match(address)
+        if m:
+            bare = address[m.end() :].rstrip("/")
+            raise InvalidArgumentError(
+                f"{what}: {text!r} is a URL; Headwater speaks its own protocol, not {m[1]}: give {form}"
+                + (f" (here: {bare})" if bare else "")
+            )
+        host, colon, port = address.rpartition(":")
+        if not colon or not host or host.endswith(":") and not host.startswith("["):
+            raise InvalidArgumentError(
+                f"{what}: {address!r} has no port; give {form} (headwater serve listens on 7070 by default)"
+            )
+        if not (_is_int(port) and 0 < int(port) < 65536):
+            raise InvalidArgumentError(
+                f"{what}: {address!r}: the port {port!r} is not a number from 1 to 65535; give {form}"
+            )
+    return ",".join(addresses)

@@ -11,7 +11,7 @@ from headwater.cli.context import err_console, open_client, out_console, stdin_i
 from headwater.cli.output import format_ttl, locations_table, print_json, queue_detail, queue_json, queues_table
 from headwater.cli.parse import parse_pairs, parse_ttl
 from headwater.errors import QueueExistsError, QueueNotFoundError, UsageError
-from headwater.model.config import MESSAGE_BYTES_MAX, PARTITIONS_MAX
+from headwater.model.config import MESSAGE_BYTES_MAX, PARTITIONS_MAX, QueueInfo
 
 __all__ = ["queue_app"]
 
@@ -38,8 +38,20 @@ class Flush(str, Enum):
     async_ = "async"
 
 
-def _done(message: str) -> None:
-    out_console().print(message, style="green")
+ACTION_JSON_HELP = (
+    'Print one JSON object instead of a sentence: {"action": ..., "queue": NAME, "info": ...}, '
+    "info being what 'queue describe --json' prints (null once deleted)."
+)
+ActionJsonOpt = Annotated[bool, typer.Option("--json", help=ACTION_JSON_HELP)]
+
+
+def _done(message: str, as_json: bool = False, action: str = "", name: str = "", info: QueueInfo | None = None) -> None:
+    """Say what a change did: a green sentence, or with ``--json`` the action shape
+    ``{"action", "queue", "info"}`` (docs/cli.md, 'JSON output')."""
+    if as_json:
+        print_json({"action": action, "queue": name, "info": None if info is None else queue_json(info)})
+    else:
+        out_console().print(message, style="green")
 
 
 @queue_app.command("create")
@@ -102,6 +114,7 @@ def create(
             "and the command succeeds.",
         ),
     ] = False,
+    as_json: ActionJsonOpt = False,
 ) -> None:
     """Create a queue (and the data directory, if it does not exist yet).
 
@@ -131,10 +144,20 @@ def create(
         info = hw.admin.describe_queue(name)
         _done(
             f"queue {info.name!r} exists already, with {len(info.partitions)} partition(s), "
-            f"ttl {format_ttl(info.config.ttl_s)}; left as it is"
+            f"ttl {format_ttl(info.config.ttl_s)}; left as it is",
+            as_json,
+            "exists",
+            name,
+            info,
         )
         return
-    _done(f"created queue {info.name!r} with {len(info.partitions)} partition(s), ttl {format_ttl(info.config.ttl_s)}")
+    _done(
+        f"created queue {info.name!r} with {len(info.partitions)} partition(s), ttl {format_ttl(info.config.ttl_s)}",
+        as_json,
+        "created",
+        name,
+        info,
+    )
 
 
 @queue_app.command("list")
@@ -175,20 +198,50 @@ def describe(ctx: typer.Context, name: NameArg, as_json: JsonOpt = False) -> Non
         out_console().print(queue_detail(info))
 
 
+YesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--yes",
+        "-y",
+        help="Go ahead without asking (required when there is no terminal to ask on).",
+    ),
+]
+
+
+def _confirm(what: str, name: str, question: str) -> None:
+    """Ask before a change that cannot be undone; with no terminal to ask on, refuse and
+    name ``--yes``."""
+    if not stdin_is_tty():
+        raise UsageError(
+            f"refusing to {what} queue {name!r} without confirmation: there is no terminal to "
+            f"ask on; pass --yes to {what} it"
+        )
+    if not typer.confirm(question, default=False, err=True):
+        err_console().print(f"not {what.removesuffix('e')}ed")
+        raise typer.Exit(1)
+
+
 @queue_app.command("truncate")
-def truncate(ctx: typer.Context, name: NameArg) -> None:
-    """Drop every message of a queue; keep the queue and its settings.
+def truncate(ctx: typer.Context, name: NameArg, yes: YesOpt = False, as_json: ActionJsonOpt = False) -> None:
+    """Drop every message of a queue; keep the queue and its settings. Asks first unless
+    --yes is given, as 'queue delete' does.
 
     Offsets keep counting up from where they were, so old message ids never name new messages.
 
-    Example:
+    Examples:
 
     ```
     headwater queue truncate orders
+    headwater queue truncate orders --yes
     ```
     """
-    info = open_client(ctx).admin.truncate_queue(name)
-    _done(f"truncated queue {info.name!r}")
+    hw = open_client(ctx)
+    info = hw.admin.describe_queue(name)  # a missing queue fails before any question
+    if not yes:
+        question = f"Drop all {info.message_count:,} message(s) of queue {name!r}? This cannot be undone."
+        _confirm("truncate", name, question)
+    info = hw.admin.truncate_queue(name)
+    _done(f"truncated queue {info.name!r}", as_json, "truncated", name, info)
 
 
 @queue_app.command("delete")
@@ -210,6 +263,7 @@ def delete(
             help="A queue that is not there is not an error: say so and succeed.",
         ),
     ] = False,
+    as_json: ActionJsonOpt = False,
 ) -> None:
     """Delete a queue and all its messages. Asks first unless --yes is given.
 
@@ -227,24 +281,17 @@ def delete(
     except QueueNotFoundError:
         if not if_exists:
             raise
-        _done(f"no queue {name!r}; nothing to delete")
+        _done(f"no queue {name!r}; nothing to delete", as_json, "absent", name)
         return
     if not yes:
-        if not stdin_is_tty():
-            raise UsageError(
-                f"refusing to delete queue {name!r} without confirmation: there is no terminal to "
-                f"ask on; pass --yes to delete it"
-            )
         question = f"Delete queue {name!r} and its {info.message_count:,} message(s)? This cannot be undone."
-        if not typer.confirm(question, default=False, err=True):
-            err_console().print("not deleted")
-            raise typer.Exit(1)
+        _confirm("delete", name, question)
     hw.admin.delete_queue(name, missing_ok=if_exists)  # gone meanwhile: fine with --if-exists
-    _done(f"deleted queue {name!r}")
+    _done(f"deleted queue {name!r}", as_json, "deleted", name)
 
 
 @queue_app.command("disable")
-def disable(ctx: typer.Context, name: NameArg) -> None:
+def disable(ctx: typer.Context, name: NameArg, as_json: ActionJsonOpt = False) -> None:
     """Disable a queue: reads and writes fail until it is enabled again.
 
     Example:
@@ -253,12 +300,12 @@ def disable(ctx: typer.Context, name: NameArg) -> None:
     headwater queue disable orders
     ```
     """
-    open_client(ctx).admin.disable_queue(name)
-    _done(f"disabled queue {name!r}; enable it with 'headwater queue enable {name}'")
+    info = open_client(ctx).admin.disable_queue(name)
+    _done(f"disabled queue {name!r}; enable it with 'headwater queue enable {name}'", as_json, "disabled", name, info)
 
 
 @queue_app.command("enable")
-def enable(ctx: typer.Context, name: NameArg) -> None:
+def enable(ctx: typer.Context, name: NameArg, as_json: ActionJsonOpt = False) -> None:
     """Enable a disabled queue again.
 
     Example:
@@ -267,8 +314,8 @@ def enable(ctx: typer.Context, name: NameArg) -> None:
     headwater queue enable orders
     ```
     """
-    open_client(ctx).admin.enable_queue(name)
-    _done(f"enabled queue {name!r}")
+    info = open_client(ctx).admin.enable_queue(name)
+    _done(f"enabled queue {name!r}", as_json, "enabled", name, info)
 
 
 @queue_app.command("add-partitions")
@@ -286,6 +333,7 @@ def add_partitions(
             show_default=False,
         ),
     ],
+    as_json: ActionJsonOpt = False,
 ) -> None:
     """Grow a queue to a larger total number of partitions.
 
@@ -298,7 +346,7 @@ def add_partitions(
     ```
     """
     info = open_client(ctx).admin.add_partitions(name, to)
-    _done(f"queue {info.name!r} now has {len(info.partitions)} partitions")
+    _done(f"queue {info.name!r} now has {len(info.partitions)} partitions", as_json, "added-partitions", name, info)
 
 
 @queue_app.command("locations")

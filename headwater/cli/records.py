@@ -1,38 +1,32 @@
-"""``headwater produce | scan | get | find``: writing and reading messages."""
+"""``headwater scan | get | find``: reading messages (``produce`` is in :mod:`headwater.cli.produce`)."""
 
 from __future__ import annotations
 
 import itertools
-import os
-import stat
 import sys
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from headwater.cli.context import _state, err_console, on_ctrl_c, open_client, out_console, stdin_is_tty
-from headwater.cli.delay import deliver_at_option
+from headwater.cli.context import err_console, open_client, out_console
 from headwater.cli.output import record_detail, records_table, write_json_lines
 from headwater.cli.parse import (
     COUNT_MAX,
+    From,
+    parse_from,
     parse_message_id,
-    parse_pairs,
     parse_partitions,
     parse_position,
     parse_time,
 )
+from headwater.cli.template import RAW_TEMPLATE, compile_template
 from headwater.client import Client
-from headwater.errors import HeadwaterError, InvalidArgumentError, QueueDisabledError, UsageError
-from headwater.model.config import PARTITIONS_MAX
-from headwater.model.message import Message, Record
+from headwater.errors import InvalidArgumentError, QueueDisabledError, UsageError
+from headwater.model.message import Record
 
-__all__ = ["produce", "scan", "get", "find", "BATCH_SIZE_DEFAULT", "TABLE_ROWS_DEFAULT"]
+__all__ = ["scan", "get", "find", "TABLE_ROWS_DEFAULT", "output_template", "write_formatted"]
 
-BATCH_SIZE_DEFAULT = 500  # lines per send_batch: one record batch, one append, one fsync
-BATCH_SIZE_MAX = 100_000
 TABLE_ROWS_DEFAULT = 100  # a table is built in memory; --json streams without a cap
 
 JSON_HELP = (
@@ -50,238 +44,34 @@ def _arg_bytes(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-def _stdin_lines() -> Iterator[bytes]:
-    """Lines of stdin as bytes, without their line ending (\\n or \\r\\n)."""
-    for line in sys.stdin.buffer:
-        if line.endswith(b"\n"):
-            line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
-        yield line
+def output_template(as_json: bool, template: str | None, raw: bool) -> str | None:
+    """The ``--format`` template of a command's options (``--raw``: the values alone), or
+    None for a table or JSON; more than one of ``--json``, ``--format`` and ``--raw`` is an
+    error."""
+    given = [name for name, on in (("--json", as_json), ("--format", template is not None), ("--raw", raw)) if on]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} do not go together: each picks how records are printed; give one")
+    return RAW_TEMPLATE if raw else template
 
 
-def _progress(total_bytes: int | None) -> Progress:
-    columns: list[Any] = [SpinnerColumn(), TextColumn("{task.fields[messages]:,} messages sent")]
-    if total_bytes is not None:
-        columns += [BarColumn(), TextColumn("{task.percentage:>3.0f}%")]
-    columns.append(TimeElapsedColumn())
-    # stdout stays a plain stream: ids must reach a pipe, not the progress console
-    return Progress(*columns, console=err_console(), transient=True, redirect_stdout=False, redirect_stderr=False)
+def write_formatted(records: Iterable[Record], template: str) -> int:
+    """Write records through a ``--format`` template, as bytes, streamed; returns the count."""
+    render = compile_template(template)
+    out = sys.stdout.buffer
+    count = 0
+    for rec in records:
+        out.write(render(rec))
+        count += 1
+    out.flush()
+    return count
 
 
-def _stdin_size() -> int | None:
-    try:
-        st = os.fstat(sys.stdin.fileno())
-    except (AttributeError, OSError, ValueError):
-        return None
-    return st.st_size if stat.S_ISREG(st.st_mode) else None
-
-
-def produce(
-    ctx: typer.Context,
-    queue: QueueArg,
-    messages: Annotated[
-        list[str] | None,
-        typer.Argument(
-            metavar="[MESSAGE]...",
-            help="Message bodies. When none are given, each line of stdin is one message.",
-            show_default=False,
-        ),
-    ] = None,
-    key: Annotated[
-        str | None,
-        typer.Option(
-            "--key",
-            "-k",
-            metavar="KEY",
-            help="Key of every message (messages with one key go to one partition).",
-            show_default=False,
-        ),
-    ] = None,
-    tag: Annotated[
-        str | None,
-        typer.Option(
-            "--tag",
-            "-t",
-            metavar="TAG",
-            help="Tag of every message (scan --tag filters on it).",
-            show_default=False,
-        ),
-    ] = None,
-    partition: Annotated[
-        int | None,
-        typer.Option(
-            "--partition",
-            "-p",
-            min=0,
-            max=PARTITIONS_MAX - 1,
-            metavar="N",
-            help="Send to this partition instead of letting the key or round robin choose.",
-            show_default=False,
-        ),
-    ] = None,
-    properties: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--property",
-            "-P",
-            metavar="KEY=VALUE",
-            help="A property key=value of every message (repeatable).",
-            show_default=False,
-        ),
-    ] = None,
-    quiet: Annotated[
-        bool,
-        typer.Option(
-            "--quiet",
-            "-q",
-            help="Print only a count of messages sent, not every id.",
-        ),
-    ] = False,
-    batch_size: Annotated[
-        int,
-        typer.Option(
-            "--batch-size",
-            metavar="N",
-            min=1,
-            max=BATCH_SIZE_MAX,
-            help="Stdin lines sent per batch.",
-        ),
-    ] = BATCH_SIZE_DEFAULT,
-    delay: Annotated[
-        str | None,
-        typer.Option(
-            "--delay",
-            metavar="DURATION",
-            help="Deliver the messages this much later (e.g. 90, 15m, 1h30m, 2d); they are "
-            "kept by the broker until then and get delayed ids.",
-            show_default=False,
-        ),
-    ] = None,
-    at: Annotated[
-        str | None,
-        typer.Option(
-            "--at",
-            metavar="TIME",
-            help="Deliver the messages at this time: ISO-8601 (no zone means UTC) or +DURATION.",
-            show_default=False,
-        ),
-    ] = None,
-) -> None:
-    """Send messages to a queue and print their ids, one per line.
-
-    Messages come from the arguments, or else from stdin, one per line (every line is a
-    message, empty ones too; a trailing \\n or \\r\\n is removed). Lines are sent in batches,
-    so piping a large file is fast. A progress bar is shown on a terminal.
-
-    Examples:
-
-    ```
-    headwater produce orders 'order 17 paid' 'order 18 paid'
-    headwater produce orders --key order-17 --tag paid --property source=web 'paid'
-    seq 100000 | headwater produce orders --quiet
-    headwater produce orders --partition 3 < messages.txt
-    headwater produce reminders --delay 15m 'call the customer back'
-    headwater produce reminders --at 2026-12-24T18:00:00Z 'ring the bell'
-    ```
-    """
-    if not messages and _state(ctx).keep_open:
-        raise UsageError("in the shell, give the messages as arguments: produce QUEUE 'message' ...")
-    hw = open_client(ctx)
-    _require_enabled(hw, queue)
-    props = parse_pairs(properties or [], "--property") or None
-    when = deliver_at_option(delay, at)
-    key_b = None if key is None else _arg_bytes(key)
-    plain = key_b is None and tag is None and props is None
-    from_stdin = not messages
-    if messages:
-        chunks = _batched(iter([_arg_bytes(m) for m in messages]), batch_size)
-    else:
-        chunks = _batched(_stdin_lines(), batch_size)
-        if stdin_is_tty():
-            err_console().print("reading messages from stdin, one per line; end with Ctrl-D", style="dim")
-    # a bar for piped input only: while someone types, a spinner would just get in the way
-    show_progress = from_stdin and not stdin_is_tty() and err_console().is_terminal
-    size = _stdin_size() if show_progress else None
-    progress = _progress(size) if show_progress else None
-    producer = hw.producer()
-    total = 0
-    partitions_used: set[int] = set()
-    guard = _SendGuard()
-    try:
-        with progress or nullcontext(), guard.installed():
-            task = progress.add_task("produce", total=size, messages=0) if progress else None
-            for chunk in chunks:
-                batch = chunk if plain else [Message(b, key_b, tag, props) for b in chunk]
-                with guard.sending():  # sent, counted and printed, or not sent at all
-                    try:
-                        ids = producer.send_batch(queue, batch, partition=partition, **when)
-                    except HeadwaterError as e:
-                        if total:  # say what already went out, so a rerun does not send it twice
-                            raise type(e)(f"{e} (the {total:,} message(s) before this batch were sent)") from e
-                        raise
-                    total += len(ids)
-                    if quiet:
-                        partitions_used.update(mid.partition for mid in ids)
-                    else:
-                        sys.stdout.write("".join(f"{mid}\n" for mid in ids))
-                    if progress is not None and task is not None:
-                        progress.update(task, advance=sum(len(b) + 1 for b in chunk), messages=total)
-                guard.check()
-    except KeyboardInterrupt:
-        sys.stdout.flush()  # the ids of what was sent, every one of them
-        err_console().print(
-            f"sent {total:,} message(s) to queue {queue!r}; stopped by Ctrl-C, the rest of the input was not sent",
-            style="dim",
-        )
-        raise typer.Exit(130) from None
-    sys.stdout.flush()
-    if quiet:
-        where = ", ".join(str(p) for p in sorted(partitions_used)) or "-"
-        out_console().print(f"sent {total:,} message(s) to queue {queue!r} (partitions {where})")
-
-
-class _SendGuard:
-    """Ctrl-C during ``produce``: while a batch is being sent, the interrupt waits until the
-    broker has answered and the batch is counted and its ids printed (so every message is
-    either acknowledged and reported, or not sent at all); while reading input, it stops at
-    once. A second Ctrl-C during a send stops at once too. Either way the
-    command says how many messages were sent."""
-
-    def __init__(self) -> None:
-        self._in_send = False
-        self._deferred = False
-
-    @contextmanager
-    def installed(self) -> Iterator[None]:
-        def handler(signum: int, frame: object) -> None:
-            if self._in_send and not self._deferred:
-                self._deferred = True
-                return
-            raise KeyboardInterrupt
-
-        with on_ctrl_c(handler):
-            yield
-
-    @contextmanager
-    def sending(self) -> Iterator[None]:
-        self._in_send = True
-        try:
-            yield
-        finally:
-            self._in_send = False
-
-    def check(self) -> None:
-        """Raise the Ctrl-C that came during the send, now that it is counted."""
-        if self._deferred:
-            raise KeyboardInterrupt
-
-
-def _batched(items: Iterator[bytes], size: int) -> Iterator[list[bytes]]:
-    while chunk := list(itertools.islice(items, size)):
-        yield chunk
-
-
-def _emit(records: Iterable[Record], *, as_json: bool, limit: int | None) -> None:
-    """Print records as JSON lines (streamed) or as one table (capped when no --limit)."""
+def _emit(records: Iterable[Record], *, as_json: bool, limit: int | None, template: str | None = None) -> None:
+    """Print records as JSON lines or through a template (streamed) or as one table (capped
+    when no --limit)."""
+    if template is not None:
+        write_formatted(itertools.islice(records, limit), template)
+        return
     if as_json:
         write_json_lines(itertools.islice(records, limit))
         return
@@ -301,16 +91,31 @@ def _emit(records: Iterable[Record], *, as_json: bool, limit: int | None) -> Non
         )
 
 
+FROM_HELP = (
+    "earliest, latest, -N (the last N messages of each partition, e.g. -10), an offset "
+    "(1200), a message id, an ISO-8601 time (2026-11-21T10:00:00Z, 2026-11-21), a time "
+    "relative to now (-15m, -2h, -1d; units s m h d w) or now."
+)
 FromOpt = Annotated[
     str | None,
     typer.Option(
         "--from",
         metavar="POSITION",
         show_default=False,
-        help="Start here (inclusive): an offset (1200), a message id, an ISO-8601 time "
-        "(2026-11-21T10:00:00Z, 2026-11-21), a time relative to now (-15m, -2h, -1d; "
-        "units s m h d w) or now.",
+        help=f"Start here (inclusive): {FROM_HELP} Default: earliest.",
     ),
+]
+FORMAT_HELP = (
+    "Print each message through this template instead of a table, as bytes (kcat -f): %v value, "
+    "%k key, %p partition, %o offset, %i id, %T time (ms), %I time (ISO-8601), %t queue, %g tag, "
+    "%h properties (k=v,...), %S / %K value / key length, %% a %; \\n newline, \\t tab, \\0 NUL. "
+    "No newline is added: end with \\n. E.g. -f '%p:%o %k=%v\\n'."
+)
+FormatOpt = Annotated[
+    str | None, typer.Option("--format", "-f", metavar="TEMPLATE", show_default=False, help=FORMAT_HELP)
+]
+RawOpt = Annotated[
+    bool, typer.Option("--raw", help="Print the values alone, as bytes, one a line (= --format '%v\\n').")
 ]
 ToOpt = Annotated[
     str | None,
@@ -335,11 +140,26 @@ LimitOpt = Annotated[
 ]
 
 
-def _scan_bounds(from_: str | None, to: str | None) -> dict[str, Any]:
-    """Scanner keyword arguments for --from / --to, each an offset, a message id or a time."""
+def _scan_bounds(
+    hw: Client, queue: str, partitions: list[int] | None, start: From | None, to: str | None
+) -> dict[str, Any]:
+    """Scanner keyword arguments for --from (see :func:`~headwater.cli.parse.parse_from`)
+    and --to (an offset, a message id or a time)."""
     bounds: dict[str, Any] = {}
     pinned: list[int] = []
-    for text, what, pos_key, time_key in ((from_, "--from", "start", "start_time"), (to, "--to", "stop", "end_time")):
+    if start is not None and (start.edge == "latest" or start.last_n is not None):
+        # per partition, from where each one ends now
+        info = hw.admin.describe_queue(queue)
+        chosen = [p for p in info.partitions if partitions is None or p.partition in partitions]
+        bounds["start"] = start.offsets(chosen)
+    elif start is not None and start.message_id is not None:
+        bounds["start"] = start.message_id
+        pinned.append(start.message_id.partition)
+    elif start is not None and start.time_ms is not None:
+        bounds["start_time"] = start.time_ms
+    elif start is not None and start.offset is not None:
+        bounds["start"] = start.offset
+    for text, what, pos_key, time_key in ((to, "--to", "stop", "end_time"),):
         if text is None:
             continue
         pos = parse_position(text, what)
@@ -391,13 +211,16 @@ def scan(
     ] = None,
     limit: LimitOpt = None,
     as_json: JsonOpt = False,
+    template: FormatOpt = None,
+    raw: RawOpt = False,
 ) -> None:
     """Read messages of a queue, partition by partition, each in offset order.
 
     --from and --to each take an offset (for every partition), a message id (which
     restricts the scan to that id's partition) or a time: ISO-8601 such as
     2026-11-21T10:00:00Z (no zone means UTC), or relative to now such as -15m, -2h, -1d.
-    Times select by append time.
+    Times select by append time. --from also takes earliest (the default), latest and -N:
+    the last N messages of each partition.
 
     With --json, each message is one line of JSON with exactly the keys message_id,
     partition, offset, timestamp (ISO-8601 UTC), key, tag, properties, value and
@@ -414,13 +237,20 @@ def scan(
     headwater scan orders --from -15m --tag paid --tag refunded
     headwater scan orders --from 2026-11-21T10:00:00Z --to 2026-11-21T11:00:00Z --json
     headwater scan orders --from 00000001-00000002-0000000000000064 --limit 10
+    headwater scan orders --from -5 --format '%p:%o %k %v\\n'
+    headwater scan orders --raw | wc -l
     ```
     """
+    fmt = output_template(as_json, template, raw)
+    if fmt is not None:
+        compile_template(fmt)  # a bad template is refused before anything is opened
+    start = None if from_ is None else parse_from(from_, "--from")
     hw = open_client(ctx, read_only=True)
-    bounds = _scan_bounds(from_, to)
+    parts = parse_partitions(partitions)
+    bounds = _scan_bounds(hw, queue, parts, start, to)
     _require_enabled(hw, queue)
-    with hw.scanner(queue, partitions=parse_partitions(partitions), tags=tags, **bounds) as scanner:
-        _emit(scanner, as_json=as_json, limit=limit)
+    with hw.scanner(queue, partitions=parts, tags=tags, **bounds) as scanner:
+        _emit(scanner, as_json=as_json, limit=limit, template=fmt)
 
 
 def get(

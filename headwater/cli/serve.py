@@ -9,6 +9,7 @@ and flags. The TOML file has a ``[server]`` table (ServerConfig) and a ``[store]
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import os
 import re
@@ -17,7 +18,7 @@ import socket
 import sys
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 import typer
@@ -25,13 +26,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from headwater import StoreConfig
-from headwater.broker.logs import LOG_FORMATS, configure_logging
-from headwater.broker.run import run_server
-from headwater.broker.server import ServerConfig
 from headwater.cli.context import LocalData, err_console, local_data_state, out_console
 from headwater.cli.parse import parse_pairs
 from headwater.cli.settings import settings_rows
 from headwater.errors import InvalidArgumentError
+
+if TYPE_CHECKING:  # the broker is imported when a broker starts: every other command starts faster
+    from headwater.broker.server import ServerConfig
 
 __all__ = ["serve", "load_settings"]
 
@@ -52,7 +53,10 @@ def _retired(name: str, where: str) -> bool:
 
 
 # HEADWATER_* variables the CLI itself reads (not broker settings)
-CLI_VARIABLES = frozenset({"HEADWATER_DATA", "HEADWATER_SERVER", "HEADWATER_CONNECT_TIMEOUT_S", "HEADWATER_HISTORY"})
+CLI_VARIABLES = frozenset(
+    {"HEADWATER_DATA", "HEADWATER_SERVER", "HEADWATER_CONNECT_TIMEOUT_S", "HEADWATER_HISTORY"}
+    | {"HEADWATER_PROFILE", "HEADWATER_CONFIG"}
+)
 
 
 _BOOLS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
@@ -90,6 +94,8 @@ def load_settings(
     config_file: Path | None, env: dict[str, str], overrides: dict[str, Any]
 ) -> tuple[ServerConfig, StoreConfig]:
     """Merge defaults, the TOML file, HEADWATER_* variables and flags, in that order."""
+    from headwater.broker.server import ServerConfig
+
     values: dict[type, dict[str, Any]] = {ServerConfig: {}, StoreConfig: {}}
     origin: dict[str, str] = {}  # where each setting's value came from, for errors
     if config_file is not None:
@@ -221,6 +227,8 @@ def serve(
         _print_settings()
         return
     state = local_data_state(ctx, data)
+    from headwater.broker.logs import LOG_FORMATS, configure_logging  # the broker's modules only when one runs
+
     if log_format not in LOG_FORMATS:
         raise InvalidArgumentError(f"--log-format {log_format!r}: use one of {', '.join(LOG_FORMATS)}")
     configure_logging(log_level, log_format, sys.stderr)
@@ -243,12 +251,15 @@ def serve(
         print(f"listening {server_cfg.host}:{bound}", flush=True)
         if http is not None:
             http(server_cfg.host, bound)
+        _say_how_to_connect(server_cfg.host, server_cfg.advertised_host, bound)
 
     new_directory = not state.data_dir.exists()
     try:
         _check_listen(server_cfg.host, server_cfg.port)  # before the data directory is opened
         if http_port:
             _check_listen(http_host or server_cfg.host, http_port)
+        from headwater.broker.run import run_server
+
         run_server(state.data_dir, store_cfg, server_cfg, on_ready=ready)
     except OSError as e:
         where = f"{server_cfg.host}:{server_cfg.port}"
@@ -290,6 +301,42 @@ def _http_server(host: str, port: int) -> Any:
         server.start()
 
     return start
+
+
+def connect_address(host: str, advertised_host: str, port: int) -> str:
+    """The address ``--server`` takes for a broker listening on ``host``: a wildcard
+    (``0.0.0.0``, ``::``, empty) is no address to connect to, so the advertised host, else
+    loopback; an IPv6 address in brackets.
+
+    >>> connect_address("0.0.0.0", "", 7070), connect_address("::1", "", 7070)
+    ('127.0.0.1:7070', '[::1]:7070')
+    """
+    if host in ("", "0.0.0.0", "::"):
+        host = advertised_host or "127.0.0.1"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
+    except (OSError, ValueError):
+        return False
+
+
+def _say_how_to_connect(host: str, advertised_host: str, port: int) -> None:
+    """On stderr: the --server address to use, and a warning when the broker listens beyond
+    loopback, since it has no authentication: whoever reaches the port can read, write and
+    delete every queue."""
+    console = err_console()
+    address = connect_address(host, advertised_host, port)
+    console.print(f"connect with: headwater --server {address} ...", style="dim")
+    if not _is_loopback(host or "0.0.0.0"):
+        console.print(
+            f"[yellow]warning:[/] listening on {host or '0.0.0.0'}, beyond loopback, without authentication: "
+            f"anyone who can reach port {port} can read, write and delete every queue; listen on "
+            f"127.0.0.1 (--host) or keep the port behind a firewall",
+            markup=True,
+        )
 
 
 def _check_listen(host: str, port: int) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from headwater import StoreConfig
-from headwater.broker.server import ServerConfig
 
 __all__ = ["MEANINGS", "Row", "settings_rows"]
 
@@ -93,6 +92,8 @@ class Row(NamedTuple):
 
 def settings_rows() -> list[Row]:
     """One row per setting, the server's first, each table in declaration order."""
+    from headwater.broker.server import ServerConfig  # here: only serve --settings needs the broker
+
     rows = []
     for table, cls in (("server", ServerConfig), ("store", StoreConfig)):
         defaults = cls()

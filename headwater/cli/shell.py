@@ -49,6 +49,8 @@ NOT_IN_SHELL = {
     "shell": "you are in the shell already",
     "serve": "run a broker from your system shell: headwater --data DIR serve",
     "dev-cluster": "run it from your system shell: it runs ZooKeeper and brokers until Ctrl-C",
+    "profile": "the session works where it was started; manage profiles from your system shell, "
+    "then start 'headwater --profile NAME shell'",
     "check": "it needs the data directory to itself; run 'headwater --data DIR check' from your "
     "system shell with every broker and shell on it stopped",
 }

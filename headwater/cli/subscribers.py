@@ -138,7 +138,14 @@ def add(
 
 
 @subscriber_app.command("delete")
-def delete(ctx: typer.Context, queue: QueueArg, name: NameArg) -> None:
+def delete(
+    ctx: typer.Context,
+    queue: QueueArg,
+    name: NameArg,
+    as_json: Annotated[
+        bool, typer.Option("--json", help='Print {"action": "deleted", "queue": QUEUE, "subscriber": NAME}.')
+    ] = False,
+) -> None:
     """Delete a subscriber and its checkpoint; a process attached to it stops.
 
     Example:
@@ -148,7 +155,10 @@ def delete(ctx: typer.Context, queue: QueueArg, name: NameArg) -> None:
     ```
     """
     open_client(ctx).admin.delete_subscriber(queue, name)
-    _done(f"deleted subscriber {name!r} of queue {queue!r}")
+    if as_json:
+        print_json({"action": "deleted", "queue": queue, "subscriber": name})
+    else:
+        _done(f"deleted subscriber {name!r} of queue {queue!r}")
 
 
 @subscriber_app.command("list")

@@ -150,18 +150,25 @@ class SparkSide:
         self.error: BaseException | None = None
         self.ready = threading.Event()
         self.started_s = 0.0
+        # What the start is waiting for, shown on the stream's progress line until the query
+        # reports progress: 30-60 s of a bare spinner reads as a hang.
+        self.step = "waiting to start Spark"
+        self.start_monotonic = time.monotonic()
         self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def _start(self) -> None:
-        t0 = time.monotonic()
+        t0 = self.start_monotonic = time.monotonic()
         try:
+            self.step = "starting the JVM and the Spark session"
             self.spark = jobs.start_spark(self.work / "spark.log")
+            self.step = "Spark session ready; starting the streaming query"
             self.query = jobs.start_streaming(
                 self.spark, self.servers, str(self.work / "checkpoint"), max_offsets_per_trigger=MAX_OFFSETS_PER_TRIGGER
             )
+            self.step = "streaming query started; waiting for its first micro-batch"
         except BaseException as e:  # reported by wait()
             self.error = e
         finally:
@@ -234,11 +241,12 @@ class StreamWatch:
                 pass  # the display only; errors surface from the query itself
 
     def show(self) -> None:
-        query = self._spark_side.query
-        if query is None:
-            return
-        progress = query.lastProgress
+        side = self._spark_side
+        query = side.query
+        progress = None if query is None else query.lastProgress
         if not progress:
+            elapsed_s = time.monotonic() - side.start_monotonic
+            self._progress.update(self._task, description=f"stream: {side.step} ({elapsed_s:.0f} s)")
             return
         end = progress["sources"][0]["endOffset"] if progress["sources"] else None
         if isinstance(end, str):
@@ -293,7 +301,7 @@ class Pipeline:
                     self.spark_side,
                     self.servers,
                     progress,
-                    progress.add_task("stream: Spark starting", total=self.settings.events),
+                    progress.add_task("stream: starting Spark", total=self.settings.events),
                 )
                 watch.start()
                 try:
