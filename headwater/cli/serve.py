@@ -244,14 +244,17 @@ def serve(
     def ready(bound: int) -> None:
         nonlocal started
         started = True
+        connect = connect_address(server_cfg.host, server_cfg.advertised_host, bound)
         if log_format == "json":  # every line of stderr is a JSON object
-            log.info("ready", extra={"data_dir": str(state.data_dir), "address": f"{server_cfg.host}:{bound}"})
+            log.info("ready", extra={"data_dir": str(state.data_dir), "address": connect})
+            if not _is_loopback(server_cfg.host or "0.0.0.0"):
+                log.warning("listening beyond loopback without authentication", extra={"host": server_cfg.host})
         else:
             err_console().print(f"headwater serving {state.data_dir} on {server_cfg.host}:{bound}")
+            _say_how_to_connect(server_cfg.host, server_cfg.advertised_host, bound)
         print(f"listening {server_cfg.host}:{bound}", flush=True)
         if http is not None:
             http(server_cfg.host, bound)
-        _say_how_to_connect(server_cfg.host, server_cfg.advertised_host, bound)
 
     new_directory = not state.data_dir.exists()
     try:
