@@ -470,7 +470,7 @@ class BrokerServer:
             else:
                 self._spawn(st, ev, self._serve_waiting(st, body), t0)
                 return True
-            chunks = st.conn.send_chunks(Response(ev.request_id, answer))
+            chunks = st.conn.send_response(ev.request_id, answer)
         except Exception as e:  # noqa: BLE001 - answer, log, keep serving
             chunks = self._error_chunks(st, ev, e)
         self.requests += 1

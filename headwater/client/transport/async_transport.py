@@ -90,7 +90,7 @@ from headwater.client.transport.link import DEADLINE_SWEEP_S, Sink, _Call, _deli
 from headwater.client.transport.push import PushStreams
 from headwater.client.transport.reading import Reading
 from headwater.errors import ClosedError, HeadwaterError, InvalidArgumentError, UnavailableError
-from headwater.protocol import LocalProtocolError, Request
+from headwater.protocol import LocalProtocolError
 from headwater.protocol.messages import PushBody, RequestBody
 
 __all__ = ["AsyncTransport", "Sink", "parse_address"]
@@ -208,15 +208,17 @@ class AsyncTransport(Connecting, Reading, Leading, PushStreams):
         conn = link.conn
         rid = conn.next_request_id()
         try:
-            chunks = conn.send_chunks(Request(rid, call.body))
+            chunks = conn.send_request(rid, call.body)
         except LocalProtocolError as e:  # an argument of the wrong type: the caller's mistake
             return InvalidArgumentError(f"{call.body.api.name.lower()}: {e}")
         except HeadwaterError as e:  # e.g. a frame past the broker's frame_bytes_max
             return e
         link.pending[rid] = call
         call.written = True
-        if not call.deadline:
-            self._set_deadline_locked(call)
+        if not call.deadline:  # _set_deadline_locked's work; its call only when the timer must move
+            call.deadline = deadline = time.monotonic() + call.timeout_s
+            if deadline < self._sweep_at:
+                self._set_deadline_locked(call)
         self._write_locked(link, chunks)
         return None
 
