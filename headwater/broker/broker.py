@@ -303,8 +303,10 @@ class Broker:
             # a move's fence waits for the appends begun inside, then refuses new ones
             with self.cluster.producing(queue, partition):
                 done = self._append_nowait(queue, partition, batch)
+        elif peek_deliver_at(batch):  # _append_nowait, inline: one call fewer per produce
+            done = self.delay.accept(queue, partition, batch)
         else:
-            done = self._append_nowait(queue, partition, batch)
+            done = self.store.append_nowait(queue, partition, batch)
         if self.telemetry is not None:
             self.telemetry.produced(queue, done[0].count, len(batch))
         return done
