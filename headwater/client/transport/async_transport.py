@@ -86,7 +86,16 @@ from typing import Any
 from headwater._version import __version__
 from headwater.client.transport.connecting import Connecting
 from headwater.client.transport.leading import Leading
-from headwater.client.transport.link import DEADLINE_SWEEP_S, Sink, _Call, _deliver, _fail, _Link, parse_address
+from headwater.client.transport.link import (
+    DEADLINE_SWEEP_S,
+    WRITE_BUFFER_BYTES_MAX,
+    Sink,
+    _Call,
+    _deliver,
+    _fail,
+    _Link,
+    parse_address,
+)
 from headwater.client.transport.push import PushStreams
 from headwater.client.transport.reading import Reading
 from headwater.errors import ClosedError, HeadwaterError, InvalidArgumentError, UnavailableError
@@ -184,7 +193,13 @@ class AsyncTransport(Connecting, Reading, Leading, PushStreams):
                 link = self._check_unread_locked(link, unread)
             if self._closed:
                 error = ClosedError(f"the client of {self.address} is closed")
-            elif link is not None and not self._backlog and link.can_send():
+            elif (  # link.can_send(), inline: once per call
+                link is not None
+                and not self._backlog
+                and not link.broken
+                and link.out_bytes < WRITE_BUFFER_BYTES_MAX
+                and link.conn.request_room() > 0
+            ):
                 error = self._send_locked(link, call)
                 if link.paused and not lead:
                     self._resume_reading_locked(link)

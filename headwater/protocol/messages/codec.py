@@ -55,9 +55,16 @@ class BodyCodec(NamedTuple):
 
     def decode(self, head: bytes | memoryview, data: bytes) -> Any:
         """The body from a frame's head and data; raises msgspec.DecodeError or ValueError."""
-        if not self.data and not data:  # the usual answer: its head is the body (no join call)
+        fields = self.data
+        if not fields and not data:  # the usual answer: its head is the body (no join call)
             return self.decoder.decode(head)
-        return self.join(self.decoder.decode(head), data)
+        if len(fields) == 1 and not fields[0][1]:  # one batch (a produce): join's work, inline
+            values = list(msgspec.structs.astuple(self.decoder.decode(head)))
+            pos = fields[0][0]
+            if values[pos] == len(data):
+                values[pos] = data
+                return self.type(*values)
+        return self.join(self.decoder.decode(head), data)  # which says what is wrong, if anything
 
     def join(self, head: msgspec.Struct, data: bytes) -> msgspec.Struct:
         """The body from a decoded head and the frame's data (raises ValueError)."""
