@@ -14,6 +14,7 @@ target 4: at least 1.0) as PASS or MISS. Exit status 0 either way: a benchmark r
 those calls are a little slower than the unwrapped ones): build and encode (from the call to
 the socket write), the write (``sendmsg``), the wait for the answer (the broker's whole share,
 its CPU and both wake-ups), reading and settling the answer, and the return to the caller.
+``--count-calls`` then counts the Python calls of one call in each process (``bench.calls``).
 """
 
 from __future__ import annotations
@@ -40,12 +41,18 @@ TARGET_RATIO = 1.0  # issue 32, target 4: send_and_wait at least redis-py's XADD
 QUEUE = "rtt"
 BODY = b"x" * 100
 WARMUP_CALLS = 500
+COUNTED_CALLS = 1000  # --count-calls: calls counted, after WARMUP_CALLS
 
 
-def _broker(data: str, flush: str, ready: Any) -> None:
+def _broker(data: str, flush: str, ready: Any, count: tuple[Any, Any, Any] | None = None) -> None:
     from headwater.broker.run import run_server
     from headwater.broker.server import ServerConfig
     from headwater.storage.store import StoreConfig
+
+    if count is not None:  # --count-calls: count this process's Python calls when told (bench.calls)
+        from bench.calls import _counted
+
+        _counted("broker", *count)
 
     run_server(data, StoreConfig(flush=flush), ServerConfig(host="127.0.0.1", port=0), on_ready=ready.put)
 
@@ -100,10 +107,18 @@ def _line(label: str, r: dict[str, float]) -> str:
 
 
 def run(
-    *, rounds: int = 5, calls: int = 5000, flush: str = "async", fsync: str = "everysec", hops: bool = False, log=print
+    *,
+    rounds: int = 5,
+    calls: int = 5000,
+    flush: str = "async",
+    fsync: str = "everysec",
+    hops: bool = False,
+    count_calls: bool = False,
+    log=print,
 ) -> dict[str, Any]:
     """Alternate the two in ``rounds`` rounds of ``calls`` each: every round's figures, the
-    ratios (Headwater's rate over Redis's) and, with ``hops``, the per-phase breakdown."""
+    ratios (Headwater's rate over Redis's), with ``hops`` the per-phase breakdown and with
+    ``count_calls`` the Python calls per Headwater call in the client and in the broker."""
     import headwater
 
     ctx = mp.get_context("spawn")
@@ -137,6 +152,7 @@ def run(
                 )
                 out.append({**got, "ratio": ratio})
             breakdown = _hops(producer, calls) if hops else None
+            counted = _count_calls(ctx, os.path.join(d, "counted"), flush) if count_calls else None
             producer.close()
         finally:
             if hw is not None:
@@ -146,7 +162,45 @@ def run(
             broker.terminate()
             broker.join(timeout=10)
     ratios = [r["ratio"] for r in out]
-    return {"rounds": out, "ratio_median": statistics.median(ratios), "hops": breakdown}
+    return {"rounds": out, "ratio_median": statistics.median(ratios), "hops": breakdown, "calls": counted}
+
+
+def _count_calls(ctx: Any, data: str, flush: str) -> dict[str, float]:
+    """Python calls (``sys.setprofile`` "call" events) per send_and_wait, in this thread and
+    in every thread of a broker of its own (the counting hook slows a process several times
+    over, so the timed rounds' broker never has it): the figure that does not move with the
+    host's load."""
+    import headwater
+    from bench.calls import Counter
+
+    os.mkdir(data)
+    ready, start, stop, out = ctx.Queue(), ctx.Event(), ctx.Event(), ctx.Queue()
+    broker = ctx.Process(target=_broker, args=(data, flush, ready, (start, stop, out)), daemon=True)
+    broker.start()
+    hw = headwater.connect(f"127.0.0.1:{ready.get(timeout=60)}")
+    try:
+        hw.admin.create_queue(QUEUE, partitions=1, ttl_s=None)
+        producer = hw.producer()
+        for _ in range(WARMUP_CALLS):
+            producer.send_and_wait(QUEUE, BODY)
+        start.set()
+        time.sleep(0.5)  # the broker's watcher thread wakes and starts counting
+        counter = Counter()
+        counter.install()
+        counter.start()
+        for _ in range(COUNTED_CALLS):
+            producer.send_and_wait(QUEUE, BODY)
+        counter.stop()
+        counter.uninstall()
+        time.sleep(0.5)  # the broker has answered the last call: count nothing after it
+        stop.set()
+        _, counts = out.get(timeout=60)
+        producer.close()
+    finally:
+        hw.close()
+        broker.terminate()
+        broker.join(timeout=10)
+    return {"client": sum(counter.counts.values()) / COUNTED_CALLS, "broker": sum(counts.values()) / COUNTED_CALLS}
 
 
 #: The phases of one send_and_wait on the caller's thread, and the stamps that bound them.
@@ -202,10 +256,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flush", choices=("async", "sync"), default="async", help="the broker's flush policy")
     parser.add_argument("--fsync", choices=("everysec", "always"), default="everysec", help="Redis's appendfsync")
     parser.add_argument("--hops", action="store_true", help="then time each phase of a Headwater call")
+    parser.add_argument(
+        "--count-calls", action="store_true", help="then count Python calls per Headwater call, client and broker"
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.calls < 1:
         parser.error("--rounds and --calls must be at least 1")
-    res = run(rounds=args.rounds, calls=args.calls, flush=args.flush, fsync=args.fsync, hops=args.hops)
+    res = run(
+        rounds=args.rounds,
+        calls=args.calls,
+        flush=args.flush,
+        fsync=args.fsync,
+        hops=args.hops,
+        count_calls=args.count_calls,
+    )
     verdict = "PASS" if res["ratio_median"] >= TARGET_RATIO else "MISS"
     print(
         f"send_and_wait over redis xadd ({args.fsync}), median of {args.rounds} rounds: "
@@ -213,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if res["hops"]:
         print("one send_and_wait, p50 µs per phase: " + "; ".join(f"{k} {v:.1f}" for k, v in res["hops"].items()))
+    if res["calls"]:
+        print("Python calls per send_and_wait: client {client:.1f}, broker {broker:.1f}".format(**res["calls"]))
     return 0
 
 

@@ -35,6 +35,7 @@ from headwater.model.cluster import (
     QueueLocations,
 )
 from headwater.model.config import (
+    INTERNAL_PREFIX,
     LIST_PAGE_PARTITIONS,
     QueueConfig,
     QueueInfo,
@@ -296,13 +297,16 @@ class Broker:
         future, to be delivered at once: its producer's sequences count in the delayed space
         whatever the clocks say); its answer holds a delayed id, and the token to wait for
         is a :class:`DelayTicket`."""
-        check_user_queue(queue)
+        if type(queue) is not str or queue.startswith(INTERNAL_PREFIX):  # 2 calls fewer when not
+            check_user_queue(queue)
         if self.cluster is not None:
             # a move's fence waits for the appends begun inside, then refuses new ones
             with self.cluster.producing(queue, partition):
                 done = self._append_nowait(queue, partition, batch)
+        elif peek_deliver_at(batch):  # _append_nowait, inline: one call fewer per produce
+            done = self.delay.accept(queue, partition, batch)
         else:
-            done = self._append_nowait(queue, partition, batch)
+            done = self.store.append_nowait(queue, partition, batch)
         if self.telemetry is not None:
             self.telemetry.produced(queue, done[0].count, len(batch))
         return done

@@ -254,6 +254,7 @@ class ClientConnection(asyncio.Protocol):
         """Serve the events the Connection holds, in order, until it needs data or a bound
         is reached; then write the answers served inline, in one go."""
         conn, host = self.conn, self.host
+        unframed = conn.unframed
         write_max = host.config.write_buffer_bytes_max
         turn = _REQUESTS_PER_TURN
         try:
@@ -300,6 +301,8 @@ class ClientConnection(asyncio.Protocol):
                         break
                     if self.frame_held:  # a produce took it over; any other request is served
                         self._release_frame()
+                    if not unframed and not conn.ended:  # nothing more came: no NEED_DATA round trip
+                        break
                 elif kind is Handshake:
                     if not self._accept(ev):
                         break

@@ -412,7 +412,13 @@ class BrokerServer:
                         return False  # still decoding: the connection stays paused
                     done, st.off_loop = st.off_loop[1], None
                     result, durable_at = done.result()
-                elif not self._decodes_inline(body.batch):
+                elif (stated := stated_payload_bytes(body.batch)) is None or (
+                    stated > INLINE_DECODE_BYTES and stated > len(body.batch)
+                ):
+                    # too dear to decode on the loop: a payload not stored as it came that says
+                    # it expands past INLINE_DECODE_BYTES. A small compressed batch may expand
+                    # to 64 MiB (a compression bomb): decoding that inline stalled every
+                    # connection for a third of a second. (Tested inline: once per produce.)
                     self._append_off_loop(st, ev)
                     return False  # held, the connection paused: its later requests wait, in order
                 elif st.frame_held:  # a big frame's bytes, reserved as it was read: the batch's now
@@ -470,7 +476,7 @@ class BrokerServer:
             else:
                 self._spawn(st, ev, self._serve_waiting(st, body), t0)
                 return True
-            chunks = st.conn.send_chunks(Response(ev.request_id, answer))
+            chunks = st.conn.send_response(ev.request_id, answer)
         except Exception as e:  # noqa: BLE001 - answer, log, keep serving
             chunks = self._error_chunks(st, ev, e)
         self.requests += 1
@@ -478,15 +484,6 @@ class BrokerServer:
         if m is not None:
             m.request_done(api, t0)
         return True
-
-    @staticmethod
-    def _decodes_inline(batch: bytes) -> bool:
-        """Whether an append's batch is cheap enough to decode on the event loop: its payload
-        is stored as it came, or says it expands to at most INLINE_DECODE_BYTES. A small
-        compressed batch may expand to 64 MiB (a compression bomb): decoding that inline
-        stalled every connection for a third of a second."""
-        stated = stated_payload_bytes(batch)
-        return stated is not None and (stated <= INLINE_DECODE_BYTES or stated <= len(batch))
 
     def _append_off_loop(self, st: ClientConnection, ev: Request) -> None:
         """Append ``ev``'s batch in a decode thread; the connection serves nothing else

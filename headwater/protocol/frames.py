@@ -47,6 +47,7 @@ __all__ = [
     "encode_frame",
     "encode_frame_sized",
     "Buffer",
+    "encode_plain_frame",
 ]
 
 Buffer = bytes | bytearray | memoryview
@@ -142,6 +143,16 @@ def encode_frame_sized(
     return [header, head, *data], length + 4
 
 
+def encode_plain_frame(frame_type: int, api_key: int, request_id: int, head: bytes) -> tuple[list[Buffer], int]:
+    """:func:`encode_frame_sized` of a frame without data (one Python call, where that
+    makes two more for its data loop's generality: a one-message produce's answer)."""
+    length = _AFTER_LENGTH + len(head)
+    if length > _U32_MAX - 4:
+        raise OverflowError(f"a frame of {length + 4} bytes cannot be framed")
+    crc = _crc32c.crc32c(head, _crc32c.crc32c(_TAIL.pack(frame_type, 0, api_key, request_id, 0)))
+    return [HEADER.pack(length, crc, frame_type, 0, api_key, request_id, 0), head], length + 4
+
+
 class FrameReader:
     """Cuts a byte stream into frames, checking each header as soon as it is complete.
 
@@ -154,7 +165,10 @@ class FrameReader:
     def __init__(self, frame_bytes_max: int, check_header: Callable[[FrameHeader], None]) -> None:
         self.frame_bytes_max = frame_bytes_max
         self._check_header = check_header
-        self._buf = bytearray()
+        #: The bytes fed and not yet cut into frames. The same bytearray for the reader's
+        #: life (consumed in place), so a caller may keep it and test it for emptiness
+        #: without a call; only the reader writes it.
+        self.buffer = self._buf = bytearray()
         self._header: FrameHeader | None = None  # the checked header of the frame in progress
         self.eof = False
 

@@ -265,7 +265,7 @@ class LogSegment:
 
     def append(self, parts: list[bytes | bytearray | memoryview]) -> int:
         """Write the parts at the end; return the global position where they start."""
-        fd = self._ensure_open()
+        fd = self._fd if self._fd is not None else self._ensure_open()
         pos = self.base_position + self.size
         total = sum(map(len, parts))
         try:

@@ -86,11 +86,20 @@ from typing import Any
 from headwater._version import __version__
 from headwater.client.transport.connecting import Connecting
 from headwater.client.transport.leading import Leading
-from headwater.client.transport.link import DEADLINE_SWEEP_S, Sink, _Call, _deliver, _fail, _Link, parse_address
+from headwater.client.transport.link import (
+    DEADLINE_SWEEP_S,
+    WRITE_BUFFER_BYTES_MAX,
+    Sink,
+    _Call,
+    _deliver,
+    _fail,
+    _Link,
+    parse_address,
+)
 from headwater.client.transport.push import PushStreams
 from headwater.client.transport.reading import Reading
 from headwater.errors import ClosedError, HeadwaterError, InvalidArgumentError, UnavailableError
-from headwater.protocol import LocalProtocolError, Request
+from headwater.protocol import LocalProtocolError
 from headwater.protocol.messages import PushBody, RequestBody
 
 __all__ = ["AsyncTransport", "Sink", "parse_address"]
@@ -184,7 +193,13 @@ class AsyncTransport(Connecting, Reading, Leading, PushStreams):
                 link = self._check_unread_locked(link, unread)
             if self._closed:
                 error = ClosedError(f"the client of {self.address} is closed")
-            elif link is not None and not self._backlog and link.can_send():
+            elif (  # link.can_send(), inline: once per call
+                link is not None
+                and not self._backlog
+                and not link.broken
+                and link.out_bytes < WRITE_BUFFER_BYTES_MAX
+                and link.conn.request_room() > 0
+            ):
                 error = self._send_locked(link, call)
                 if link.paused and not lead:
                     self._resume_reading_locked(link)
@@ -208,15 +223,17 @@ class AsyncTransport(Connecting, Reading, Leading, PushStreams):
         conn = link.conn
         rid = conn.next_request_id()
         try:
-            chunks = conn.send_chunks(Request(rid, call.body))
+            chunks = conn.send_request(rid, call.body)
         except LocalProtocolError as e:  # an argument of the wrong type: the caller's mistake
             return InvalidArgumentError(f"{call.body.api.name.lower()}: {e}")
         except HeadwaterError as e:  # e.g. a frame past the broker's frame_bytes_max
             return e
         link.pending[rid] = call
         call.written = True
-        if not call.deadline:
-            self._set_deadline_locked(call)
+        if not call.deadline:  # _set_deadline_locked's work; its call only when the timer must move
+            call.deadline = deadline = time.monotonic() + call.timeout_s
+            if deadline < self._sweep_at:
+                self._set_deadline_locked(call)
         self._write_locked(link, chunks)
         return None
 

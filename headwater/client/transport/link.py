@@ -166,7 +166,7 @@ def _deliver(outcomes: list, handlers: dict[int, Callable[[PushBody | None], Non
                 _call_push_handler(handler, what)
         elif type(what) is Response:
             try:
-                result = what.result()
+                result = what.body.result()  # Response.result(), one call fewer
             except Exception as e:  # noqa: BLE001 - that call's problem, not the connection's
                 _fail(sink, e)
             else:

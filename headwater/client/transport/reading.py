@@ -79,6 +79,7 @@ class Reading:
         why: BaseException | None = None
         conn = link.conn
         pending = link.pending
+        unframed = conn.unframed
         try:
             conn.receive_data(data)
             while True:
@@ -107,6 +108,8 @@ class Reading:
                         outcomes.append((None, body))
                 else:  # ConnectionClosed
                     why = UnavailableError(f"the connection to {self.address} was lost")
+                    break
+                if not unframed and not conn.ended:  # all read: skip the call that says NEED_DATA
                     break
         except ProtocolError as e:
             why = UnavailableError(f"protocol error from {self.address}: {e}")

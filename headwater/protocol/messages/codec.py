@@ -55,7 +55,16 @@ class BodyCodec(NamedTuple):
 
     def decode(self, head: bytes | memoryview, data: bytes) -> Any:
         """The body from a frame's head and data; raises msgspec.DecodeError or ValueError."""
-        return self.join(self.decoder.decode(head), data)
+        fields = self.data
+        if not fields and not data:  # the usual answer: its head is the body (no join call)
+            return self.decoder.decode(head)
+        if len(fields) == 1 and not fields[0][1]:  # one batch (a produce): join's work, inline
+            values = list(msgspec.structs.astuple(self.decoder.decode(head)))
+            pos = fields[0][0]
+            if values[pos] == len(data):
+                values[pos] = data
+                return self.type(*values)
+        return self.join(self.decoder.decode(head), data)  # which says what is wrong, if anything
 
     def join(self, head: msgspec.Struct, data: bytes) -> msgspec.Struct:
         """The body from a decoded head and the frame's data (raises ValueError)."""
@@ -118,6 +127,14 @@ _BODY_TYPES: tuple[type[msgspec.Struct], ...] = (
 )
 _CODECS: dict[type[msgspec.Struct], BodyCodec] = {t: _codec(t) for t in _BODY_TYPES}
 _encoder = msgspec.msgpack.Encoder()
+#: The response bodies without batch data: their frame is the msgpack head alone.
+PLAIN_RESPONSE_TYPES: frozenset[type[msgspec.Struct]] = frozenset(
+    s.response for s in API_SPECS.values() if not _CODECS[s.response].data
+)
+#: The codec of each request body type (a client's send fast path looks it up directly).
+REQUEST_CODECS: dict[type[msgspec.Struct], BodyCodec] = {s.request: _CODECS[s.request] for s in API_SPECS.values()}
+#: A plain body's head (msgspec's encoder, called directly: no Python-level call).
+encode_plain_head = _encoder.encode
 
 
 def body_codec(body_type: type[msgspec.Struct]) -> BodyCodec:
@@ -130,7 +147,7 @@ def encode_body(body: msgspec.Struct, *, check: bool = True) -> tuple[bytes, lis
     against the body's own schema, so a field holding a value of the wrong type raises
     (TypeError, ValueError, msgspec.ValidationError) here rather than at the peer."""
     codec = _CODECS[type(body)]
-    head_value, data = codec.split(body)
+    head_value, data = codec.split(body) if codec.data else (body, [])
     head = _encoder.encode(head_value)
     if check:
         codec.decoder.decode(head)  # what we send must be what the peer can decode
