@@ -434,7 +434,8 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
     def _choose_partition(self, queue: str, info: QueueInfo, msg: Message | bytes, partition: int | None) -> int | None:
         """The message's partition; None for the queue's sticky partition."""
         if partition is not None:
-            self._check_partition(queue, info, partition)
+            if type(partition) is not int or not 0 <= partition < len(info.partitions):
+                self._check_partition(queue, info, partition)  # the full check, only off the common case
             return partition
         return self._partitioner.for_message(msg, len(info.partitions))
 
