@@ -150,3 +150,17 @@ def test_bad_delay_batching_settings_are_refused(setting):
 
     with headwater.testing.open_memory() as hw, pytest.raises(InvalidArgumentError, match=next(iter(setting))):
         hw.producer(**setting)
+
+
+def test_a_delayed_batch_is_held_open_only_until_sealed_taken_or_aborted():
+    c = core(linger_ms=1000, batches_max=1)
+    first = add(c, 0, T0)
+    ps = c.partition("q", 0, T0)
+    assert ps.holds_open(first)
+    second = add(c, 1, T0 + 5000)  # another bucket at the limit: the first is sealed
+    assert not ps.holds_open(first) and ps.holds_open(second)
+    assert c.take(ps, 0, hurry=True) == [first, second]  # sealed first, then the open one
+    assert not ps.holds_open(second)
+    third = add(c, 2, T0 + 9000)
+    unsent, _ = c.abort()
+    assert third in unsent and not ps.holds_open(third)

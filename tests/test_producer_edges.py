@@ -155,3 +155,26 @@ def test_send_and_wait_and_send_batch_from_a_callback_are_refused(hw):
     assert "callback" in str(outcomes[0])
     assert [r.body for r in hw.scanner("q", partitions=1)] == [b"queued"]
     p.close()
+
+
+def test_a_send_does_not_wait_while_another_thread_encodes_and_sends(server):
+    """Batches that go into flight while another thread holds the producer's wire lock wait
+    in its outbox for that thread, in order; send() itself returns at once."""
+    import headwater
+
+    with headwater.connect(server.address) as hw:
+        hw.admin.create_queue("q", partitions=1)
+        p = hw.producer(linger_ms=0)
+        p._wire.acquire()  # another thread is encoding and sending batches
+        futures: list = []
+        sender = threading.Thread(target=lambda: futures.extend(p.send("q", b"m%d" % i) for i in range(3)))
+        sender.start()
+        sender.join(10)
+        assert not sender.is_alive(), "send() waited for the wire lock"
+        assert not any(f.done() for f in futures)
+        p._wire.release()
+        p._send_queued()  # what the holder does after letting go: the outbox is its
+        ids = [f.result(timeout=10) for f in futures]
+        assert [hw.get(i).body for i in ids] == [b"m0", b"m1", b"m2"]
+        assert [i.offset for i in ids] == sorted(i.offset for i in ids)
+        p.close()

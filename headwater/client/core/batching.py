@@ -318,6 +318,10 @@ class ProducerBase:
             raise ClosedError("the producer is closed")
 
     def _deliver_at(self, deliver_at: object, delay: object) -> int:
+        """:func:`deliver_at_ms` with its common case (epoch ms as an int) inline: this runs
+        once per delayed send, and a call less is a tenth of a delayed send's cost."""
+        if type(deliver_at) is int and delay is None and -(10**15) < deliver_at < 10**15:
+            return deliver_at if deliver_at > int(self._clock() * 1000) else 0
         return deliver_at_ms(self._clock, deliver_at, delay)
 
     def _check_room(self, size: int) -> None:

@@ -103,8 +103,9 @@ class PartitionState:
         return self.open is not None or bool(self.ready) or bool(self.opens)
 
     def holds_open(self, b: Batch) -> bool:
-        """Whether ``b`` is open here (it may take more messages, and may linger)."""
-        return b is self.open or (self.opens is not None and self.opens.get(b.bucket) is b)
+        """Whether ``b`` is open here (it may take more messages, and may linger). A
+        delayed batch's ``bucket`` is set only while it is open: no dict lookup per send."""
+        return b is self.open or b.bucket >= 0
 
 
 class Batch:
@@ -149,7 +150,7 @@ class Batch:
         self.retry_at_ms = 0.0  # when it goes again, while in its partition's retry
         self.send_identity: Identity | None = None  # the producer's identity when it went into flight
         self.fixed = False  # its identity is the caller's: see ProducerCore.identified
-        self.bucket = -1  # delayed: the due bucket it is the open batch of, while open
+        self.bucket = -1  # delayed: the due bucket it is the open batch of, while open; else -1
 
     def reordered(self, order: list[int]) -> None:
         """Its messages were put in due order: the message now at ``j`` was at ``order[j]``.
@@ -292,6 +293,7 @@ class ProducerCore:
             return
         assert ps.opens is not None and ps.opens.get(b.bucket) is b
         del ps.opens[b.bucket]
+        b.bucket = -1  # no longer open (see PartitionState.holds_open)
         ps.ready.append(b)
         self._batch_sent(ps.queue, ps.partition)
 
@@ -302,6 +304,7 @@ class ProducerCore:
         for b in ps.opens.values():
             if hurry or b.urgent or not self.linger_ms or b.created_ms + self.linger_ms <= now_ms:
                 del ps.opens[b.bucket]
+                b.bucket = -1
                 self._batch_sent(ps.queue, ps.partition)
                 return b
         return None
@@ -576,7 +579,9 @@ class ProducerCore:
             if ps.open is not None:
                 unsent.append(ps.open)
             if ps.opens:
-                unsent.extend(ps.opens.values())
+                for b in ps.opens.values():
+                    b.bucket = -1
+                    unsent.append(b)
                 ps.opens.clear()
             ps.ready.clear()
             ps.open = None

@@ -7,9 +7,11 @@ caller and the socket, and why, is ``docs/design/client.md``; the user guide is
 ``docs/producing.md``.
 
 Thread-safety: every method may be called from any thread. One lock guards the core and
-the buffer count; a second one, taken while holding the first, orders encoding and hand-off
-to the connection (batches of a partition reach it in sequence order), so the first is not
-held while a batch is encoded. Send callbacks run in the sender thread ("headwater-producer"),
+the buffer count and the outbox (the batches put in flight, in order); a second one, the
+wire lock, is held by the one thread that empties the outbox, encoding and handing batches
+to the connection in that order (batches of a partition reach it in sequence order). A
+send never waits for an encode: only a batch's final failure takes the wire lock under the
+first (to give back its sequences). Send callbacks run in the sender thread ("headwater-producer"),
 one at a time, in send order within a partition: keep them quick. The blocking methods
 (``send_and_wait``, ``send_batch``, ``flush``, ``close``) raise :class:`UsageError` there,
 always: over the network a callback can also run on the client's I/O thread (a batch
@@ -149,7 +151,8 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
         self._lock = threading.Lock()
-        self._wire = threading.Lock()  # taken under _lock: batches are encoded and sent in this order
+        self._wire = threading.Lock()  # held while batches are encoded and sent (_send_queued)
+        self._outbox: deque[_Batch] = deque()  # in flight, to encode and send: filled under _lock
         self._wakeup = threading.Condition(self._lock)  # the sender waits on it
         self._space = threading.Condition(self._lock)  # send() waits on it for buffer room
         self._finished = threading.Condition(self._lock)  # flush() waits on it
@@ -374,10 +377,9 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
             if not core.can_send(ps):
                 return fut  # it leaves when a batch in flight is through
             batches = core.take(ps, now_ms, True)  # sent from this thread: no hand-off
-            if batches:
-                self._wire.acquire()
+            self._outbox.extend(batches)
         if batches:
-            self._send_all(batches)
+            self._send_queued()
         return fut
 
     # -- validation and partitions --------------------------------------------------------
@@ -434,7 +436,8 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
     def _choose_partition(self, queue: str, info: QueueInfo, msg: Message | bytes, partition: int | None) -> int | None:
         """The message's partition; None for the queue's sticky partition."""
         if partition is not None:
-            self._check_partition(queue, info, partition)
+            if type(partition) is not int or not 0 <= partition < len(info.partitions):
+                self._check_partition(queue, info, partition)  # the full check, only off the common case
             return partition
         return self._partitioner.for_message(msg, len(info.partitions))
 
@@ -463,8 +466,8 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
         with self._lock:
             self._check_open()
             self._core.fly(b)
-            self._wire.acquire()
-        self._send_all([b])
+            self._outbox.append(b)
+        self._send_queued()
         return fut
 
     # -- the accumulator (the core's, under _lock) -------------------------------------------
@@ -616,8 +619,7 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
                 with self._wire:  # the sequences: a new epoch, or this batch's given back
                     self._give_up(b, exc)
             batches, wake = core.finish(b, _now_ms, self._hurry_locked)
-            if batches:
-                self._wire.acquire()
+            self._outbox.extend(batches)
             if wake:
                 self._wake_locked()
             if b.buffered_bytes:
@@ -625,7 +627,7 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
                 if self._space_waiters:
                     self._space.notify_all()
         if batches:
-            self._send_all(batches)
+            self._send_queued()
         if result is None:
             fail_sends(b.futures, b.groups or (), exc)  # type: ignore[arg-type]  # this driver's groups: (index, count, future)
             for _, callback in b.callbacks or ():
