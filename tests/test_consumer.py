@@ -118,7 +118,8 @@ def test_tag_filter(hw):
     assert c.position("q", 0) == 4  # skipped records count as consumed
 
 
-def test_bad_input(hw):
+def test_bad_input(hw, request):
+    on_cluster = request.node.callspec.params["hw"] == "cluster"
     hw.admin.create_queue("q", partitions=2)
     hw.send("q", b"x", partition=0)
     with pytest.raises(InvalidArgumentError):
@@ -135,8 +136,12 @@ def test_bad_input(hw):
         c.seek("q", 7, 0)
     g = hw.consumer(group="g")
     g.assign("q")
-    with pytest.raises(InvalidArgumentError, match="beyond the log end"):
-        g.commit({("q", 0): 5})
+    # a cluster's coordinator checks a commit against the log only for the partitions it
+    # leads itself (Kafka checks none): which ones it leads depends on placement
+    # (docs/consumer-groups.md, "Commits and generations"; docs/design/cluster.md)
+    if not on_cluster:
+        with pytest.raises(InvalidArgumentError, match="beyond the log end"):
+            g.commit({("q", 0): 5})
     with pytest.raises(InvalidArgumentError):
         hw.consumer(group="bad name").assign("q")
     g.commit({("q", 0): 1})
