@@ -186,7 +186,9 @@ def test_a_consumer_follows_partitions_moved_while_it_reads(cluster, moving_queu
                 sent[0] += _send(hw, queue, 30, first=sent[0])
                 time.sleep(0.02)
 
-        with hw.consumer() as consumer:
+        # the consumer's own client: no producer's refusal refreshes its table, its streams'
+        # ends (NotLeaderError) do
+        with headwater.connect(_bootstrap(cluster)) as reader, reader.consumer() as consumer:
             consumer.assign(queue)
             read = Read()
             sender = threading.Thread(target=send, daemon=True)
