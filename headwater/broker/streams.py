@@ -19,7 +19,11 @@ pushed in reads of at most ``push_bytes_max``, and gives the loop back between t
 
 A stream ends with CLOSE_STREAM, with its connection, or with a last PUSH saying why: its
 queue was deleted or disabled (checked every second while streams are open), a read failed,
-or the broker is stopping. A stream over a disabled queue is refused (QueueDisabledError, as
+or the broker is stopping. On a cluster a member streams only the partitions it leads: it
+refuses to open a stream naming another (NotLeaderError, naming the leader, as a FETCH is
+refused), and ends one with NotLeaderError once a partition it carries moved away (checked
+with the queues), so the client asks for the routing table again and opens a stream at the
+new leader from its positions. A stream over a disabled queue is refused (QueueDisabledError, as
 a FETCH is). A partition whose position is past its end (the queue was created again, or
 the client asked for it) gets one empty push saying where it ends (``end_offset`` below
 ``next_offset``), so the client can move it rather than wait for offsets that would skip
@@ -38,6 +42,7 @@ from typing import Any
 from headwater.errors import (
     HeadwaterError,
     InvalidArgumentError,
+    NotLeaderError,
     PartitionOutOfRangeError,
     QueueDisabledError,
     QueueNotFoundError,
@@ -210,6 +215,10 @@ class FetchStreams:
                 )
             if offset < 0:
                 raise InvalidArgumentError(f"the position of partition {p} is {offset}: offsets are >= 0")
+        cluster = _cluster_of(st)
+        if cluster is not None:  # a member pushes only what it leads, as it answers a FETCH
+            for p in req.positions:
+                cluster.check_leader(req.queue, p)  # NotLeaderError names the leader
         push_max = max(1, min(req.push_bytes_max or self.push_bytes_max, self.push_bytes_max))
         s = _Stream(
             self,
@@ -358,7 +367,7 @@ class FetchStreams:
     def _check_queues(self) -> None:
         """End the streams whose queue was deleted or disabled (a parked partition of a
         deleted queue is never woken by an append; one of a disabled queue only by an
-        append the queue refuses)."""
+        append the queue refuses), or, on a cluster, one of whose partitions moved away."""
         self._check = None
         if not self._by_conn:
             return
@@ -378,8 +387,36 @@ class FetchStreams:
                     self._end(s, QueueNotFoundError(f"queue {s.queue!r} was deleted (and created again)"))
                 elif not got[1]:  # disabled while streamed: as a FETCH would be refused
                     self._end(s, QueueDisabledError(f"queue {s.queue!r} is disabled; enable it to read or write"))
+                else:
+                    moved = _moved_away(s)
+                    if moved is not None:  # the client asks for the table again and streams from the new leader
+                        self._end(s, moved)
         if self._by_conn and not self._stopping:
             self._check = self._loop.call_later(_QUEUE_CHECK_S, self._check_queues)
 
     def stats(self) -> dict[str, int]:
         return {"fetch_streams": sum(len(v) for v in self._by_conn.values()), "stream_pushes_total": self.pushes}
+
+
+def _cluster_of(st: Any) -> Any:
+    """The cluster role of the broker serving connection ``st``, or None for a broker alone.
+    Found through the connection's server (``st.host.broker``): the streams are made before
+    the broker joins its cluster, and a role comes and goes with ZooKeeper."""
+    broker = getattr(getattr(st, "host", None), "broker", None)
+    return getattr(broker, "cluster", None)
+
+
+def _moved_away(s: _Stream) -> NotLeaderError | None:
+    """For a stream served by a cluster's member, the refusal of a partition it pushes that
+    this broker no longer leads (a move, a decommission, a failover); else None."""
+    cluster = _cluster_of(s.st)
+    if cluster is None:
+        return None
+    for p in s.parts:
+        try:
+            cluster.check_leader(s.queue, p.partition)
+        except NotLeaderError as e:
+            return e
+        except HeadwaterError:  # the queue or the partition is gone: the queue check says so
+            return None
+    return None

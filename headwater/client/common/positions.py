@@ -33,6 +33,7 @@ from typing import Any
 from headwater.client.common.closing import Closable
 from headwater.client.core.membership import TP, by_queue
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_read_settings, positive_int
+from headwater.client.transport.cluster_fetch import ClusterFetchStreams, PlansFetchStreams
 from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams
 from headwater.client.transport.polling import Outage
 from headwater.errors import InvalidArgumentError, InvalidMessageIdError
@@ -99,11 +100,22 @@ class ConsumerPositions(Closable):
         self._push_waiter: Any = None  # a future the next push completes (fetch streams)
         # over the network, with stream=True: the broker pushes the partitions' batches
         # (fetch streams) instead of answering a FETCH per batch; embedded, it changes nothing
-        self._streams: FetchStreams | None = None
+        self._streams: FetchStreams | ClusterFetchStreams | None = None
         if stream and isinstance(service, OpensFetchStreams):
             if not positive_int(stream_window_bytes):
                 raise InvalidArgumentError("stream_window_bytes must be a positive int")
             self._streams = FetchStreams(
+                service,
+                window_bytes=stream_window_bytes,
+                tag_mask=self._mask,
+                push_bytes_max=fetch_bytes,
+                notify=self._push_arrived,
+                outage=self._outage,
+            )
+        elif stream and isinstance(service, PlansFetchStreams):  # a cluster: a stream per leader
+            if not positive_int(stream_window_bytes):
+                raise InvalidArgumentError("stream_window_bytes must be a positive int")
+            self._streams = ClusterFetchStreams(
                 service,
                 window_bytes=stream_window_bytes,
                 tag_mask=self._mask,
@@ -152,6 +164,13 @@ class ConsumerPositions(Closable):
             self._drop_fetch(tp)
             if self._streams is not None:
                 self._streams.close(tp[0])
+
+    @property
+    def streams(self) -> dict[str, dict[int, list[int]]]:
+        """The fetch streams open (or opening) now: queue -> {broker id: the partitions its
+        stream carries}; a broker alone is ``-1``, as METADATA names it; on a cluster, one
+        stream per leader. Fetching (``stream=False``, embedded): ``{}``."""
+        return self._streams.streams if self._streams is not None else {}
 
     def assignment(self) -> list[TP]:
         return sorted(self._fetch_pos)

@@ -9,15 +9,18 @@ opens one push stream per broker that leads some of its partitions, planned here
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from headwater.client.core.routing import RoutingTable
 from headwater.model.subscription import SubscriberInfo, subscribed_partitions
 
-__all__ = ["merge_subscribers", "plan_streams"]
+__all__ = ["StreamPlan", "merge_subscribers", "plan_partitions", "plan_streams"]
+
+#: ``({broker id: [partitions it is to stream]}, [partitions no live broker leads now])``
+StreamPlan = tuple[dict[int, list[int]], list[int]]
 
 
-def plan_streams(table: RoutingTable, info: SubscriberInfo) -> tuple[dict[int, list[int]], list[int]]:
+def plan_streams(table: RoutingTable, info: SubscriberInfo) -> StreamPlan:
     """Which broker is to push which of the subscriber's partitions (each by its leader,
     so each partition by exactly one stream), and the partitions no live broker leads now
     (moving, or their broker is down: planned again later). A queue the table does not know
@@ -35,10 +38,27 @@ def plan_streams(table: RoutingTable, info: SubscriberInfo) -> tuple[dict[int, l
     count = table.partition_count(info.queue)
     if count is None:
         return {}, []
-    leaders = table.partition_leaders(info.queue)
+    return plan_partitions(table, info.queue, subscribed_partitions(info, count))
+
+
+def plan_partitions(table: RoutingTable, queue: str, partitions: Iterable[int]) -> StreamPlan:
+    """Which broker is to stream which of ``partitions`` of ``queue``: each by its leader,
+    in order, and those no live broker leads now (a consumer's fetch streams and a
+    subscriber's push streams alike). A queue the table does not know has no leaders.
+
+    >>> from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionLocation, QueueLocations
+    >>> parts = [PartitionLocation(partition=p, leader=b, leader_epoch=0, replicas=[b])
+    ...          for p, b in enumerate([1, 2, 1, 9])]
+    >>> md = ClusterMetadata(cluster_id="c", controller=1,
+    ...     queues=[QueueLocations(name="q", queue_id=1, partitions=parts)],
+    ...     brokers=[BrokerAddress(broker_id=i, host="h", port=i, epoch=0) for i in (1, 2)])
+    >>> plan_partitions(RoutingTable(md), "q", [3, 2, 1])
+    ({2: [1], 1: [2]}, [3])
+    """
+    leaders = table.partition_leaders(queue)
     plan: dict[int, list[int]] = {}
     leaderless: list[int] = []
-    for p in subscribed_partitions(info, count):
+    for p in sorted(partitions):
         broker = leaders.get(p)
         if broker is None:
             leaderless.append(p)

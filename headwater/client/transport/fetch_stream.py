@@ -35,6 +35,7 @@ from typing import Any
 
 from headwater.client.transport.polling import Outage, take_batches
 from headwater.errors import UnavailableError, error_for_code
+from headwater.model.cluster import ALONE
 
 __all__ = ["FetchStreams", "STREAM_WINDOW_BYTES"]
 
@@ -49,10 +50,11 @@ PastEnd = Callable[[TP, int, int], None]  # (tp, start_offset, end_offset): a po
 
 
 class _Stream:
-    __slots__ = ("queue", "sid", "pushes", "lost", "undecoded", "opening", "retry_at")
+    __slots__ = ("queue", "partitions", "sid", "pushes", "lost", "undecoded", "opening", "retry_at")
 
-    def __init__(self, queue: str) -> None:
+    def __init__(self, queue: str, partitions: list[int]) -> None:
         self.queue = queue
+        self.partitions = partitions
         self.sid: int | None = None  # None: opening it failed, and it is tried again at retry_at
         self.pushes: deque = deque()  # StreamPush bodies as they came (any thread appends)
         self.lost = False  # the connection went: open again
@@ -83,6 +85,12 @@ class FetchStreams:
         self._streams: dict[str, _Stream] = {}
         self._outage = outage or Outage(service)  # the consumer's: opening again after the broker went away
 
+    @property
+    def streams(self) -> dict[str, dict[int, list[int]]]:
+        """The streams open or opening now: queue -> {-1 (the broker alone, as METADATA
+        names it): the partitions it carries}."""
+        return {q: {ALONE: list(s.partitions)} for q, s in sorted(self._streams.items()) if s.sid is not None}
+
     def open_missing(self, positions: dict[TP, int]) -> None:
         """Start opening a stream for each queue of ``positions`` (``{(queue, partition):
         offset}``) that has none: never opened, lost, or due to be tried again. The service
@@ -95,7 +103,7 @@ class FetchStreams:
             if s is None or (s.opening is None and (s.lost or (s.sid is None and s.retry_at <= now))):
                 want.setdefault(queue, {})[partition] = offset
         for queue, offsets in want.items():
-            s = self._streams[queue] = _Stream(queue)
+            s = self._streams[queue] = _Stream(queue, sorted(offsets))
             s.sid, s.opening = self._service.open_fetch_stream(
                 queue,
                 offsets,

@@ -452,6 +452,7 @@ class StreamCalls:
         credit_bytes: int,
         tag_mask: int = 0,
         push_bytes_max: int = 1 << 20,
+        on_loop: bool = False,
     ) -> tuple[int, Any]:
         """Start opening a fetch stream over ``positions`` (``{partition: offset}``) of
         ``queue``, without waiting (while the broker is away, the request waits for the next
@@ -460,7 +461,9 @@ class StreamCalls:
 
         ``handler`` gets each PUSH body, and None once if the connection is lost: on the
         event loop (asyncio), or on the thread that reads the connection (sync: the client's
-        event loop, or a caller that leads; keep it quick and thread-safe)."""
+        event loop, or a caller that leads; keep it quick and thread-safe). ``on_loop``: on
+        the client's event loop always (a cluster's consumer streams over several
+        connections, and leads none of them)."""
         if self._closed:
             raise ClosedError(f"the client of {self.transport.address} is closed")
 
@@ -468,7 +471,9 @@ class StreamCalls:
             return m.FetchStreamRequest(sid, queue, dict(positions), credit_bytes, tag_mask, push_bytes_max)
 
         answer = self._new_future()
-        return self.transport.start_stream(request, handler, answer, any_thread=self._pushes_any_thread), answer
+        return self.transport.start_stream(
+            request, handler, answer, any_thread=self._pushes_any_thread and not on_loop
+        ), answer
 
     def withdraw(self, fut: Any) -> bool:
         """Take back a request sent with a ``start_`` call if it is not written yet (True)."""

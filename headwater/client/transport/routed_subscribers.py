@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from headwater.client.core.routing import RefreshGate, RoutingTable
-from headwater.client.core.subscribers import merge_subscribers
+from headwater.client.core.subscribers import StreamPlan, merge_subscribers, plan_partitions
 from headwater.client.transport.remote import RemoteService
 from headwater.errors import UnavailableError
 from headwater.model.subscription import SubscriberInfo
@@ -37,6 +38,7 @@ class RoutedSubscriberCalls:
         _table: RoutingTable
 
         def refresh(self, deadline: float | None = None) -> RoutingTable: ...
+        def _refresh_soon(self) -> None: ...
         def _link(self, address: str) -> RemoteService: ...
         def _ask_leaders(
             self, brokers: list[int], body: m.RequestBody
@@ -50,6 +52,17 @@ class RoutedSubscriberCalls:
             self._gate.mark_stale()
             return self.refresh(time.monotonic() + self.request_timeout_s)
         return self._table
+
+    def fetch_stream_plan(self, queue: str, partitions: Iterable[int], fresh: bool = False) -> StreamPlan:
+        """Which broker is to stream which of ``partitions`` of ``queue`` (each by its
+        leader), and those no live broker leads now, by the table as it is: without waiting
+        (a consumer's poll keeps its timeout), a refresh nobody waits for is started when
+        ``fresh`` (a stream was refused or lost), when the table is stale, or when it does
+        not know ``queue``; the consumer plans again after it."""
+        if fresh or self._gate.stale or not self._table.knows(queue):
+            self._gate.mark_stale()
+            self._refresh_soon()
+        return plan_partitions(self._table, queue, partitions)
 
     def broker_link(self, broker_id: int) -> RemoteService:
         """The connection to broker ``broker_id`` of the table (opened if none is), for a
