@@ -29,6 +29,7 @@ SHOWS = [
     '{"id": 17}',  # looked up by id, then found by key
     '"name":"QueueNotFoundError"',
     "unknown field `valeu`",
+    '{"queue":"orders","offsets":{}}',  # the group deleted
     '"acked":',
     "event: record",
     '"value":"{\\"id\\": 17}"',  # the one event after Last-Event-ID 0:2,1:0: partition 1's first

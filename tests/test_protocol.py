@@ -114,6 +114,8 @@ from headwater.protocol.messages import (
     CommitOffsetsResponse,
     DecommissionRequest,
     DecommissionResponse,
+    DeleteGroupRequest,
+    DeleteGroupResponse,
     DeleteSubscriberRequest,
     DeleteSubscriberResponse,
     DescribeGroupRequest,
@@ -333,6 +335,7 @@ SAMPLES = [
     (MetadataRequest(None), MetadataResponse(ClusterMetadata(cluster_id="", controller=-1, brokers=[], queues=[]))),
     (CommitOffsetsRequest("billing", "orders", {0: 17, 3: 2}), CommitOffsetsResponse()),
     (FetchOffsetsRequest("billing", "orders"), FetchOffsetsResponse({0: 17, 3: 2})),
+    (DeleteGroupRequest("billing", "orders"), DeleteGroupResponse()),
     (CommitOffsetsRequest("billing", "orders", {0: 17}, "m-1", 4), CommitOffsetsResponse()),
     (
         JoinGroupRequest("billing", None, "host-1", ["orders", "refunds"], "clustering", "sticky", 10_000),
@@ -590,6 +593,7 @@ class FakeService:
             "shared_describe": SHARED_INFO,
             "cancel_delayed": None,
             "delay_stats": DELAY_STATS,
+            "delete_group": None,
         }
         if name not in results:
             raise AttributeError(name)
@@ -655,6 +659,7 @@ def test_every_service_method_crosses_the_wire():
         (DecommissionRequest(3, False), lambda s: s.decommission(3, dry_run=False)),
         (CommitOffsetsRequest("g", "orders", {1: 5}), lambda s: s.commit_offsets("g", "orders", {1: 5})),
         (FetchOffsetsRequest("g", "orders"), lambda s: s.fetch_offsets("g", "orders")),
+        (DeleteGroupRequest("g", None), lambda s: s.delete_group("g", None)),
         (
             CommitOffsetsRequest("g", "orders", {1: 5}, "m-1", 3),
             lambda s: s.commit_offsets("g", "orders", {1: 5}, member_id="m-1", generation=3),
@@ -944,7 +949,7 @@ def test_unknown_api_key():
     _, server = pair()
     raises_remote(server, raw(FrameType.REQUEST, 999, 1, PingRequest())[:HEADER_SIZE], "unknown api key 999")
     _, server = pair()
-    raises_remote(server, raw(FrameType.REQUEST, 32, 1, PingRequest()), "unknown api key 32")  # reserved
+    raises_remote(server, raw(FrameType.REQUEST, 33, 1, PingRequest()), "unknown api key 33")  # reserved
 
 
 def test_truncated_frame_needs_data_then_eof_is_an_error():

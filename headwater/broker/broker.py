@@ -394,6 +394,9 @@ class Broker:
     ) -> None:
         self.groups.commit_offsets(group, check_user_queue(queue), offsets, member_id, generation)
 
+    def delete_group(self, group: str, queue: str | None = None) -> None:
+        self.groups.delete_group(group, None if queue is None else check_user_queue(queue))
+
     def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
         return self.offsets.fetch(group, check_user_queue(queue))
 

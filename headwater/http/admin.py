@@ -1,5 +1,5 @@
 """Admin over HTTP: queues (create, describe, list, delete, truncate, grow, enable/disable),
-consumer groups (list, describe, committed offsets, reset), subscribers, delayed messages,
+consumer groups (list, describe, committed offsets, reset, delete), subscribers, delayed messages,
 and the broker's status: what the client's admin offers, as JSON."""
 
 from __future__ import annotations
@@ -105,6 +105,12 @@ async def list_groups(request: Request) -> Response:
 
 async def describe_group(request: Request) -> Response:
     return json_response(plain(await gateway_of(request).client.service.describe_group(request.path_params["group"])))
+
+
+async def delete_group(request: Request) -> Response:
+    queue = str_param(request, "queue") or None
+    await gateway_of(request).client.admin.delete_group(request.path_params["group"], queue=queue)
+    return Response(status_code=204)
 
 
 async def group_offsets(request: Request) -> Response:
@@ -228,6 +234,16 @@ OPERATIONS = [
     Operation("POST", _QUEUE + "/disable", disable_queue, "Refuse reads and writes", "admin", responses=_NOQ),
     Operation("GET", "/groups", list_groups, "List consumer groups", "admin"),
     Operation("GET", _GROUP, describe_group, "Describe a consumer group: members, partitions, offsets", "admin"),
+    Operation(
+        "DELETE",
+        _GROUP,
+        delete_group,
+        "Delete a consumer group's committed offsets (refused while it has members)",
+        "admin",
+        status=204,
+        params=(Param("queue", "string", "only the offsets on this queue"),),
+        responses={404: "the group has no committed offsets (on that queue)", 409: "the group has members"},
+    ),
     Operation(
         "GET",
         _GROUP + "/offsets",

@@ -157,6 +157,13 @@ class BrokerService(Protocol):
         commit is refused while the group has members (see ``headwater.model.groups``)."""
         ...
 
+    def delete_group(self, group: str, queue: str | None = None) -> None:
+        """Remove ``group``'s committed offsets (on ``queue`` alone, if given) for good: a
+        tombstone per offset, kept across restarts and compaction. Refused with
+        :class:`GroupNotEmptyError` while the group has live members; GroupNotFoundError if
+        it has no committed offsets (on ``queue``)."""
+        ...
+
     def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
         """The offsets ``group`` committed on ``queue`` (partitions without one are absent)."""
         ...

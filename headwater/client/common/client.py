@@ -176,6 +176,18 @@ class AdminBase(Twins):
         check_int_arg(broker_id, "a broker id")
         return (yield self._service.decommission(broker_id, bool(dry_run)))
 
+    # consumer groups
+    @waits
+    def delete_group(self, group: str, *, queue: str | None = None) -> Waits[None]:
+        """Delete a consumer group's committed offsets (on ``queue`` alone, if given), as
+        ``kafka-consumer-groups --delete`` does: afterwards a new member starts from its reset
+        policy, and ``list_groups`` no longer shows the group. Durable (survives restarts).
+
+        Raises :class:`~headwater.errors.GroupNotEmptyError` while the group has live
+        members and :class:`~headwater.errors.GroupNotFoundError` if it has no committed
+        offsets (on ``queue``)."""
+        return (yield self._service.delete_group(group, queue))
+
     # keyed groups (headwater.client.sync.keyed_consumer, headwater.client.aio.keyed_consumer)
     @waits
     def describe_keyed_group(self, group: str, queue: str) -> Waits[KeyedGroupInfo]:

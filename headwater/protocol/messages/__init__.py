@@ -117,6 +117,8 @@ from headwater.protocol.messages.delay import (
 from headwater.protocol.messages.groups import (
     CommitOffsetsRequest,
     CommitOffsetsResponse,
+    DeleteGroupRequest,
+    DeleteGroupResponse,
     DescribeGroupRequest,
     DescribeGroupResponse,
     FetchOffsetsRequest,
@@ -252,6 +254,8 @@ __all__ = [
     "JoinGroupResponse",
     "HeartbeatGroupRequest",
     "HeartbeatGroupResponse",
+    "DeleteGroupRequest",
+    "DeleteGroupResponse",
     "LeaveGroupRequest",
     "LeaveGroupResponse",
     "DescribeGroupRequest",

@@ -41,6 +41,7 @@ class ApiKey(IntEnum):
     # consumer group offsets
     COMMIT_OFFSETS = 30
     FETCH_OFFSETS = 31
+    DELETE_GROUP = 32
     # consumer group membership
     JOIN_GROUP = 40
     HEARTBEAT_GROUP = 41
@@ -87,7 +88,7 @@ RESERVED_API_KEYS: dict[range, str] = {
     range(2, 10): "connection: authentication, metadata",
     range(17, 20): "more queue administration",
     range(28, 30): "more data operations",
-    range(32, 40): "more consumer group offsets",
+    range(33, 40): "more consumer group offsets",
     range(45, 46): "more consumer group membership",
     range(55, 60): "more shared delivery",
     range(73, 80): "more delayed messages",

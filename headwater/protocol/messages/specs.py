@@ -64,6 +64,8 @@ from headwater.protocol.messages.delay import (
 from headwater.protocol.messages.groups import (
     CommitOffsetsRequest,
     CommitOffsetsResponse,
+    DeleteGroupRequest,
+    DeleteGroupResponse,
     DescribeGroupRequest,
     DescribeGroupResponse,
     FetchOffsetsRequest,
@@ -201,6 +203,8 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
         ApiSpec(ApiKey.OFFSET_FOR_TIME, OffsetForTimeRequest, OffsetForTimeResponse, "offset_for_time"),
         ApiSpec(ApiKey.COMMIT_OFFSETS, CommitOffsetsRequest, CommitOffsetsResponse, "commit_offsets"),
         ApiSpec(ApiKey.FETCH_OFFSETS, FetchOffsetsRequest, FetchOffsetsResponse, "fetch_offsets"),
+        # a second delete of a group deleted meanwhile says GroupNotFound, not done
+        ApiSpec(ApiKey.DELETE_GROUP, DeleteGroupRequest, DeleteGroupResponse, "delete_group", resend=_ONCE),
         # a join answered but lost leaves a member that expires; a second leave is refused,
         # but the member is gone either way
         ApiSpec(ApiKey.JOIN_GROUP, JoinGroupRequest, JoinGroupResponse, "join_group", resend=_ONCE),
