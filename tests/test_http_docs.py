@@ -23,6 +23,7 @@ GUIDE = Path(__file__).resolve().parent.parent / "docs" / "http.md"
 #: What the examples print when they work, in the order they print it.
 SHOWS = [
     '"name":"orders"',  # created
+    '"ttl_s":2592000,"flush":"sync"',  # altered
     '{"partition":0,"offset":0,"id":',  # the batch's first message
     '"delayed":true',
     '[1,"AAEC/w==","base64"]',  # a binary value read back as base64

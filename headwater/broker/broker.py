@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from headwater._version import __version__
 from headwater.broker.append_waiters import AppendWaiters
@@ -76,6 +76,7 @@ class ClusterRole(Protocol):
     def delete_queue(self, name: str) -> None: ...
     def add_partitions(self, name: str, partitions: int) -> QueueInfo: ...
     def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo: ...
+    def alter_queue(self, name: str, changes: dict[str, Any]) -> QueueInfo: ...
     def metadata(self, queues: list[str] | None) -> ClusterMetadata: ...
     def rebalance(self, dry_run: bool) -> list[PartitionMove]: ...
     def decommission(self, broker_id: int, dry_run: bool) -> list[PartitionMove]: ...
@@ -275,6 +276,11 @@ class Broker:
         if self.cluster is not None:
             return self.cluster.set_queue_enabled(check_user_queue(name), enabled)
         return self.store.set_queue_enabled(check_user_queue(name), enabled)
+
+    def alter_queue(self, name: str, changes: dict[str, Any]) -> QueueInfo:
+        if self.cluster is not None:
+            return self.cluster.alter_queue(check_user_queue(name), changes)
+        return self.store.alter_queue(check_user_queue(name), changes)
 
     def add_partitions(self, name: str, partitions: int) -> QueueInfo:
         if self.cluster is not None:

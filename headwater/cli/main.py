@@ -31,6 +31,7 @@ from headwater.cli.groups import group_app, queue_lag
 from headwater.cli.metrics import metrics
 from headwater.cli.produce import produce
 from headwater.cli.profiles import profile_app, resolve_profile
+from headwater.cli.queue_alter import alter
 from headwater.cli.queues import queue_app
 from headwater.cli.serve import serve
 from headwater.cli.shell import shell
@@ -219,6 +220,7 @@ def _with_profile(ctx: typer.Context, profile: str | None, server: str | None, d
 
 
 queue_app.command("lag")(queue_lag)
+queue_app.command("alter")(alter)
 app.add_typer(queue_app, name="queue")
 group_app.command("delete")(delete_group)
 app.add_typer(group_app, name="group")

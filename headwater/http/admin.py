@@ -1,5 +1,5 @@
-"""Admin over HTTP: queues (create, describe, list, delete, truncate, grow, enable/disable),
-consumer groups (list, describe, committed offsets, reset, delete), subscribers, delayed messages,
+"""Admin over HTTP: queues (create, describe, list, delete, truncate, grow, alter,
+enable/disable), consumer groups (list, describe, committed offsets, reset, delete), subscribers, delayed messages,
 and the broker's status: what the client's admin offers, as JSON."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from headwater.errors import InvalidArgumentError
 from headwater.http.codec import decode_body, plain
 from headwater.http.routes import Operation, Param, flag_param, gateway_of, json_response, str_param
 
-__all__ = ["OPERATIONS", "CreateQueue", "AddPartitions", "ResetOffsets", "AddSubscriber"]
+__all__ = ["OPERATIONS", "CreateQueue", "AddPartitions", "AlterQueue", "ResetOffsets", "AddSubscriber"]
 
 
 class CreateQueue(msgspec.Struct, forbid_unknown_fields=True):
@@ -31,6 +31,15 @@ class CreateQueue(msgspec.Struct, forbid_unknown_fields=True):
 
 class AddPartitions(msgspec.Struct, forbid_unknown_fields=True):
     partitions: int
+
+
+class AlterQueue(msgspec.Struct, forbid_unknown_fields=True):
+    """The settings to change (the others keep their values); ``ttl_s`` null keeps messages
+    forever, ``flush`` null follows the store's default."""
+
+    ttl_s: int | None | msgspec.UnsetType = msgspec.UNSET
+    message_bytes_max: int | msgspec.UnsetType = msgspec.UNSET
+    flush: str | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class ResetOffsets(msgspec.Struct, forbid_unknown_fields=True):
@@ -89,6 +98,12 @@ async def truncate_queue(request: Request) -> Response:
 async def add_partitions(request: Request) -> Response:
     req = decode_body(await request.body(), AddPartitions)
     return json_response(plain(await gateway_of(request).client.admin.add_partitions(_q(request), req.partitions)))
+
+
+async def alter_queue(request: Request) -> Response:
+    req = decode_body(await request.body(), AlterQueue)
+    changes = {k: v for k, v in msgspec.structs.asdict(req).items() if v is not msgspec.UNSET}
+    return json_response(plain(await gateway_of(request).client.admin.alter_queue(_q(request), **changes)))
 
 
 async def enable_queue(request: Request) -> Response:
@@ -216,6 +231,15 @@ OPERATIONS = [
         "admin",
         status=204,
         params=(Param("missing_ok", "boolean", "a queue that is not there is not an error"),),
+        responses=_NOQ,
+    ),
+    Operation(
+        "PATCH",
+        _QUEUE,
+        alter_queue,
+        "Change a queue's ttl_s, message_bytes_max or flush (only those given)",
+        "admin",
+        request=AlterQueue,
         responses=_NOQ,
     ),
     Operation(

@@ -35,6 +35,8 @@ from __future__ import annotations
 from headwater.protocol.messages.admin import (
     AddPartitionsRequest,
     AddPartitionsResponse,
+    AlterQueueRequest,
+    AlterQueueResponse,
     CreateQueueRequest,
     CreateQueueResponse,
     DecommissionRequest,
@@ -226,6 +228,8 @@ __all__ = [
     "SetQueueEnabledResponse",
     "AddPartitionsRequest",
     "AddPartitionsResponse",
+    "AlterQueueRequest",
+    "AlterQueueResponse",
     "ProduceRequest",
     "ProduceResponse",
     "FetchRequest",

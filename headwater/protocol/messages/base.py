@@ -28,6 +28,7 @@ class ApiKey(IntEnum):
     TRUNCATE_QUEUE = 14
     SET_QUEUE_ENABLED = 15
     ADD_PARTITIONS = 16
+    ALTER_QUEUE = 17
     # data
     PRODUCE = 20
     FETCH = 21
@@ -86,7 +87,7 @@ class ApiKey(IntEnum):
 #: Key ranges held for later features, so their numbers never collide.
 RESERVED_API_KEYS: dict[range, str] = {
     range(2, 10): "connection: authentication, metadata",
-    range(17, 20): "more queue administration",
+    range(18, 20): "more queue administration",
     range(28, 30): "more data operations",
     range(33, 40): "more consumer group offsets",
     range(45, 46): "more consumer group membership",

@@ -15,6 +15,8 @@ from headwater.model.service import BrokerService
 from headwater.protocol.messages.admin import (
     AddPartitionsRequest,
     AddPartitionsResponse,
+    AlterQueueRequest,
+    AlterQueueResponse,
     CreateQueueRequest,
     CreateQueueResponse,
     DecommissionRequest,
@@ -196,6 +198,7 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
         ApiSpec(ApiKey.TRUNCATE_QUEUE, TruncateQueueRequest, TruncateQueueResponse, "truncate_queue", resend=_ONCE),
         ApiSpec(ApiKey.SET_QUEUE_ENABLED, SetQueueEnabledRequest, SetQueueEnabledResponse, "set_queue_enabled"),
         ApiSpec(ApiKey.ADD_PARTITIONS, AddPartitionsRequest, AddPartitionsResponse, "add_partitions", resend=_ONCE),
+        ApiSpec(ApiKey.ALTER_QUEUE, AlterQueueRequest, AlterQueueResponse, "alter_queue"),
         ApiSpec(ApiKey.PRODUCE, ProduceRequest, ProduceResponse, "produce", resend=Resend.NEVER),
         ApiSpec(ApiKey.FETCH, FetchRequest, FetchResponse, "fetch", waits=True),
         ApiSpec(ApiKey.LOOKUP_ID, LookupIdRequest, LookupIdResponse, "lookup_id"),
