@@ -13,25 +13,53 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from headwater._version import __version__
-from headwater.client import (
-    Admin,
-    BatchReceipt,
-    Client,
-    Consumer,
-    Delivery,
-    GroupConsumer,
-    KeyedConsumer,
-    Producer,
-    Scanner,
-    SharedConsumer,
-    Subscriber,
-)
 from headwater.errors import *  # noqa: F403 - the error tree is public API
+from headwater.errors import InvalidArgumentError
 from headwater.errors import __all__ as _errors_all
-from headwater.model import Message, MessageId, PartitionInfo, QueueConfig, QueueInfo, Record
-from headwater.storage import StoreConfig
+
+if TYPE_CHECKING:
+    from headwater.client import (
+        Admin,
+        BatchReceipt,
+        Client,
+        Consumer,
+        Delivery,
+        GroupConsumer,
+        KeyedConsumer,
+        Producer,
+        Scanner,
+        SharedConsumer,
+        Subscriber,
+    )
+    from headwater.model import Message, MessageId, PartitionInfo, QueueConfig, QueueInfo, Record
+    from headwater.storage import StoreConfig
+
+#: Where each lazily loaded public name lives: ``import headwater`` stays cheap (the CLI's
+#: start time, issue 33) and the client, the model and the storage load on first use
+#: (PEP 562).
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(
+        [
+            "Admin",
+            "BatchReceipt",
+            "Client",
+            "Consumer",
+            "Delivery",
+            "GroupConsumer",
+            "KeyedConsumer",
+            "Producer",
+            "Scanner",
+            "SharedConsumer",
+            "Subscriber",
+        ],
+        "headwater.client",
+    ),
+    **dict.fromkeys(["Message", "MessageId", "PartitionInfo", "QueueConfig", "QueueInfo", "Record"], "headwater.model"),
+    "StoreConfig": "headwater.storage",
+}
 
 __all__ = [
     "open",
@@ -59,6 +87,22 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    """Load a public name's module on first use and keep the name here (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'headwater' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 def connect(address: str, *, connect_timeout_s: float = 10.0, request_timeout_s: float = 60.0) -> Client:
     """Connect to a broker (``headwater serve``) at ``"host:port"``, or to a cluster through
     a bootstrap list ``"host1:port1,host2:port2,..."``; the same Client as :func:`open`
@@ -74,6 +118,7 @@ def connect(address: str, *, connect_timeout_s: float = 10.0, request_timeout_s:
     connection included; a call is sent again only if that is safe (docs/design/client.md,
     "What a blocking call sends again").
     """
+    from headwater.client import Client
     from headwater.client.transport.bootstrap import open_service
 
     return Client(open_service(address, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s))
@@ -95,6 +140,8 @@ def open(
     and every write raises :class:`~headwater.errors.ReadOnlyStoreError`.
     """
     from headwater.broker import Broker
+    from headwater.client import Client
+    from headwater.storage import StoreConfig
 
     if settings:
         if config is not None:
@@ -102,5 +149,5 @@ def open(
         try:
             config = StoreConfig(**settings)
         except TypeError as e:
-            raise InvalidArgumentError(f"{e}; valid settings: {', '.join(StoreConfig.__struct_fields__)}") from None  # noqa: F405
+            raise InvalidArgumentError(f"{e}; valid settings: {', '.join(StoreConfig.__struct_fields__)}") from None
     return Client(Broker.open(path, config, clock=clock))

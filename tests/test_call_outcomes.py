@@ -243,7 +243,7 @@ def test_only_a_request_that_never_left_or_is_idempotent_is_sent_again():
 def test_every_operation_says_whether_it_may_be_sent_again():
     """The rule is each spec's: the calls that change state in a way a second one would not
     repeat (create, delete, truncate, add partitions, join, ack/nack/extend, add/delete a
-    subscriber, plan partition moves) are sent again only if they never left; appends and the
+    subscriber, delete a group, plan partition moves) are sent again only if they never left; appends and the
     stream requests never."""
     once = {k.name for k, s in m.API_SPECS.items() if s.resend is m.Resend.IF_UNSENT}
     assert once == {
@@ -251,6 +251,7 @@ def test_every_operation_says_whether_it_may_be_sent_again():
         "DELETE_QUEUE",
         "TRUNCATE_QUEUE",
         "ADD_PARTITIONS",
+        "DELETE_GROUP",
         "JOIN_GROUP",
         "SHARED_ACK",
         "SHARED_NACK",

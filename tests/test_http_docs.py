@@ -23,12 +23,14 @@ GUIDE = Path(__file__).resolve().parent.parent / "docs" / "http.md"
 #: What the examples print when they work, in the order they print it.
 SHOWS = [
     '"name":"orders"',  # created
+    '"ttl_s":2592000,"flush":"sync"',  # altered
     '{"partition":0,"offset":0,"id":',  # the batch's first message
     '"delayed":true',
     '[1,"AAEC/w==","base64"]',  # a binary value read back as base64
     '{"id": 17}',  # looked up by id, then found by key
     '"name":"QueueNotFoundError"',
     "unknown field `valeu`",
+    '{"queue":"orders","offsets":{}}',  # the group deleted
     '"acked":',
     "event: record",
     '"value":"{\\"id\\": 17}"',  # the one event after Last-Event-ID 0:2,1:0: partition 1's first

@@ -47,6 +47,8 @@ from headwater.protocol import (
     VERSION_MIN,
     AddPartitionsRequest,
     AddPartitionsResponse,
+    AlterQueueRequest,
+    AlterQueueResponse,
     ApiKey,
     CancelDelayedRequest,
     CancelDelayedResponse,
@@ -114,6 +116,8 @@ from headwater.protocol.messages import (
     CommitOffsetsResponse,
     DecommissionRequest,
     DecommissionResponse,
+    DeleteGroupRequest,
+    DeleteGroupResponse,
     DeleteSubscriberRequest,
     DeleteSubscriberResponse,
     DescribeGroupRequest,
@@ -332,7 +336,9 @@ SAMPLES = [
     ),
     (MetadataRequest(None), MetadataResponse(ClusterMetadata(cluster_id="", controller=-1, brokers=[], queues=[]))),
     (CommitOffsetsRequest("billing", "orders", {0: 17, 3: 2}), CommitOffsetsResponse()),
+    (AlterQueueRequest("orders", {"ttl_s": None, "flush": "sync"}), AlterQueueResponse(INFO)),
     (FetchOffsetsRequest("billing", "orders"), FetchOffsetsResponse({0: 17, 3: 2})),
+    (DeleteGroupRequest("billing", "orders"), DeleteGroupResponse()),
     (CommitOffsetsRequest("billing", "orders", {0: 17}, "m-1", 4), CommitOffsetsResponse()),
     (
         JoinGroupRequest("billing", None, "host-1", ["orders", "refunds"], "clustering", "sticky", 10_000),
@@ -551,6 +557,7 @@ class FakeService:
             "truncate_queue": INFO,
             "set_queue_enabled": INFO,
             "add_partitions": INFO,
+            "alter_queue": INFO,
             "produce": ProduceResult(7, 1, 1000, 2, 5),
             "fetch": FetchResult([STORED], 1003, 0, 1003),
             "lookup_id": ("orders", STORED),
@@ -590,6 +597,7 @@ class FakeService:
             "shared_describe": SHARED_INFO,
             "cancel_delayed": None,
             "delay_stats": DELAY_STATS,
+            "delete_group": None,
         }
         if name not in results:
             raise AttributeError(name)
@@ -640,6 +648,7 @@ def test_every_service_method_crosses_the_wire():
         (TruncateQueueRequest("orders"), lambda s: s.truncate_queue("orders")),
         (SetQueueEnabledRequest("orders", True), lambda s: s.set_queue_enabled("orders", True)),
         (AddPartitionsRequest("orders", 3), lambda s: s.add_partitions("orders", 3)),
+        (AlterQueueRequest("orders", {"ttl_s": 60}), lambda s: s.alter_queue("orders", {"ttl_s": 60})),
         (ProduceRequest("orders", 1, BATCH), lambda s: s.produce("orders", 1, BATCH)),
         (
             FetchRequest("orders", 1, 5, 1000, 3, None, 250),
@@ -655,6 +664,7 @@ def test_every_service_method_crosses_the_wire():
         (DecommissionRequest(3, False), lambda s: s.decommission(3, dry_run=False)),
         (CommitOffsetsRequest("g", "orders", {1: 5}), lambda s: s.commit_offsets("g", "orders", {1: 5})),
         (FetchOffsetsRequest("g", "orders"), lambda s: s.fetch_offsets("g", "orders")),
+        (DeleteGroupRequest("g", None), lambda s: s.delete_group("g", None)),
         (
             CommitOffsetsRequest("g", "orders", {1: 5}, "m-1", 3),
             lambda s: s.commit_offsets("g", "orders", {1: 5}, member_id="m-1", generation=3),
@@ -944,7 +954,7 @@ def test_unknown_api_key():
     _, server = pair()
     raises_remote(server, raw(FrameType.REQUEST, 999, 1, PingRequest())[:HEADER_SIZE], "unknown api key 999")
     _, server = pair()
-    raises_remote(server, raw(FrameType.REQUEST, 32, 1, PingRequest()), "unknown api key 32")  # reserved
+    raises_remote(server, raw(FrameType.REQUEST, 33, 1, PingRequest()), "unknown api key 33")  # reserved
 
 
 def test_truncated_frame_needs_data_then_eof_is_an_error():

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from headwater._version import __version__
 from headwater.broker.append_waiters import AppendWaiters
@@ -77,6 +77,7 @@ class ClusterRole(Protocol):
     def delete_queue(self, name: str) -> None: ...
     def add_partitions(self, name: str, partitions: int) -> QueueInfo: ...
     def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo: ...
+    def alter_queue(self, name: str, changes: dict[str, Any]) -> QueueInfo: ...
     def metadata(self, queues: list[str] | None) -> ClusterMetadata: ...
     def rebalance(self, dry_run: bool) -> list[PartitionMove]: ...
     def decommission(self, broker_id: int, dry_run: bool) -> list[PartitionMove]: ...
@@ -277,6 +278,11 @@ class Broker:
             return self.cluster.set_queue_enabled(check_user_queue(name), enabled)
         return self.store.set_queue_enabled(check_user_queue(name), enabled)
 
+    def alter_queue(self, name: str, changes: dict[str, Any]) -> QueueInfo:
+        if self.cluster is not None:
+            return self.cluster.alter_queue(check_user_queue(name), changes)
+        return self.store.alter_queue(check_user_queue(name), changes)
+
     def add_partitions(self, name: str, partitions: int) -> QueueInfo:
         if self.cluster is not None:
             return self.cluster.add_partitions(check_user_queue(name), partitions)
@@ -397,6 +403,9 @@ class Broker:
         generation: int | None = None,
     ) -> None:
         self.groups.commit_offsets(group, check_user_queue(queue), offsets, member_id, generation)
+
+    def delete_group(self, group: str, queue: str | None = None) -> None:
+        self.groups.delete_group(group, None if queue is None else check_user_queue(queue))
 
     def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:
         return self.offsets.fetch(group, check_user_queue(queue))

@@ -56,12 +56,18 @@ from headwater.model.cluster import (
     QueueLocations,
     coordinator_partition,
 )
-from headwater.model.config import QueueConfig, QueueInfo, is_internal_queue
+from headwater.model.config import ALTERABLE, QueueConfig, QueueInfo, altered_config, is_internal_queue
 from headwater.model.keyed import KeyedGroupInfo
 
 __all__ = ["ClusterNode"]
 
 log = logging.getLogger("headwater.cluster")
+
+
+def _altered(have: QueueConfig, want: QueueConfig) -> bool:
+    """Whether the settings alter_queue changes differ between the two."""
+    return any(getattr(have, k) != getattr(want, k) for k in ALTERABLE)
+
 
 REQUEST_TIMEOUT_S = 30.0  # how long a broker waits for the controller to answer a change
 MOVES_POLL_S = 0.2  # the controller looks at the moves this often (progress is not watched)
@@ -235,6 +241,8 @@ class ClusterNode:
                 continue
             elif len(have.partitions) < config.partitions:
                 store.add_partitions(name, config.partitions)
+            if have is not None and _altered(have.config, config):
+                store.alter_queue(name, {k: getattr(config, k) for k in ALTERABLE})  # altered by the cluster
             if (have.enabled if have is not None else True) != qv.record.enabled:
                 store.set_queue_enabled(name, qv.record.enabled)  # disabled or enabled by the cluster
             self._seen.add(name)
@@ -407,6 +415,14 @@ class ClusterNode:
         self._ask("add_partitions", name, partitions=partitions)
         self._await_local(
             lambda: len(self.broker.store.describe_queue(name).partitions) >= partitions, f"{name!r}'s new partitions"
+        )
+        return self.broker.store.describe_queue(name)
+
+    def alter_queue(self, name: str, changes: dict[str, Any]) -> QueueInfo:
+        want = altered_config(self.broker.store.describe_queue(name).config, changes)  # bad values: said here
+        self._ask("alter_queue", name, config=dict(changes))
+        self._await_local(
+            lambda: not _altered(self.broker.store.describe_queue(name).config, want), f"the change of {name!r}"
         )
         return self.broker.store.describe_queue(name)
 

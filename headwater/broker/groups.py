@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 
 from headwater.broker.membership import Membership
 from headwater.broker.offsets import OffsetStore
-from headwater.errors import HeadwaterError, QueueNotFoundError
+from headwater.errors import GroupNotEmptyError, GroupNotFoundError, HeadwaterError, QueueNotFoundError
 from headwater.model.groups import (
     GroupAssignment,
     GroupDescription,
@@ -183,6 +183,28 @@ class GroupCoordinator:
                 self._membership.expire(self._now_ms(), name)
         with self._lock:
             return self._membership.summaries(self._now_ms(), offset_queues, expire=False)
+
+    def delete_group(self, group: str, queue: str | None = None) -> None:
+        """Delete the group's committed offsets (on ``queue`` alone, if given), unless it
+        has live members; see :meth:`BrokerService.delete_group`."""
+        validate_group_name(group)
+        self._offsets.partition_of(group)  # NotCoordinatorError unless this broker coordinates it
+        if queue is not None:
+            self._store.describe_queue(queue)  # QueueNotFoundError names it
+        with self._stripe(group):
+            with self._lock:
+                n = self._membership.live_members(group, self._now_ms())
+                if n:
+                    raise GroupNotEmptyError(
+                        f"group {group!r} has {n} live member(s): stop them first (or wait for their "
+                        f"session timeout to pass after they stopped), then delete it"
+                    )
+            if not self._offsets.delete(group, queue):
+                on = f" on queue {queue!r}" if queue is not None else ""
+                raise GroupNotFoundError(f"group {group!r} has no committed offsets{on}: nothing to delete")
+            if queue is None:
+                with self._lock:
+                    self._membership.forget(group)
 
     # -- offsets -------------------------------------------------------------------------
 

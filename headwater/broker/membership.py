@@ -301,6 +301,14 @@ class Membership:
         self._groups.pop(group, None)
         self._grants_held.pop(group, None)
 
+    def live_members(self, group: str, now_ms: float) -> int:
+        """How many live members ``group`` has (expiring those whose session ran out)."""
+        g = self._groups.get(group)
+        if g is not None:
+            self._expire(g, now_ms)
+            g = self._groups.get(group)
+        return len(g.members) if g is not None else 0
+
     def expire(self, now_ms: float, group: str | None = None) -> list[str]:
         """Remove the members whose session ran out (of one group, or of all); their ids."""
         gone: list[str] = []

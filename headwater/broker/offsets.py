@@ -149,8 +149,12 @@ class OffsetStore:
             res = self._store.fetch(queue, partition, offset, max_bytes=4 << 20)
             for b in res.batches:
                 for r in decode_records(b, queue, start_offset=offset):
-                    if r.key is not None:
+                    if r.key is None:
+                        continue
+                    if r.body:
                         table[r.key] = _VALUE.unpack(r.body)[0]
+                    else:  # a tombstone: the group's offset was deleted (delete_group)
+                        table.pop(r.key, None)
             if res.next_offset <= offset:
                 break
             offset = res.next_offset
@@ -208,6 +212,40 @@ class OffsetStore:
                     self._store.wait_durable(durable_at)
         except NotLeaderError as e:  # the partition moved, or is fenced for its move
             raise NotCoordinatorError(f"this broker does not coordinate group {group!r} now: {e}") from None
+
+    def delete(self, group: str, queue: str | None = None) -> int:
+        """Delete ``group``'s committed offsets (on ``queue`` alone, if given): one tombstone
+        (an empty body) per key, so a reload drops it and a compaction leaves it out. How
+        many offsets went."""
+        k = self.partition_of(group)
+        names = {q.queue_id: q.name for q in self._store.list_queues()}
+        prefix = f"{group}\x00".encode()
+        place = self._place
+        try:
+            with place.producing(self._queue, k) if place is not None else nullcontext():
+                with self._lock:
+                    table = self._tables.get(k)
+                    if table is None:
+                        raise NotCoordinatorError(f"this broker stopped coordinating group {group!r}: ask again")
+                    doomed = [
+                        key
+                        for key in table
+                        if key.startswith(prefix) and (queue is None or names.get(int(key.split(b"\x00")[1])) == queue)
+                    ]
+                    if not doomed:
+                        return 0
+                    _, durable_at = self._store.append_nowait(
+                        self._queue, k, encode_batch([Message(b"", key=key) for key in doomed])
+                    )
+                    for key in doomed:
+                        del table[key]
+                    self._appended[k] += len(doomed)
+                # an operator's call: wait for its fsync whatever offsets_flush says
+                if durable_at is not None:
+                    self._store.wait_durable(durable_at)
+        except NotLeaderError as e:
+            raise NotCoordinatorError(f"this broker does not coordinate group {group!r} now: {e}") from None
+        return len(doomed)
 
     def answers_at_once(self, records: int) -> bool:
         """Whether a commit of ``records`` records would return without waiting for anything

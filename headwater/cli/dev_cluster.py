@@ -32,7 +32,6 @@ from headwater.cli.context import err_console, on_ctrl_c
 from headwater.cli.parse import parse_pairs
 from headwater.cli.serve import load_settings
 from headwater.cluster.local_zookeeper import LocalZooKeeper, log_tail
-from headwater.cluster.membership import ZooKeeperAddress
 from headwater.cluster.records import DEFAULT_CHROOT
 from headwater.errors import ClusterError, InvalidArgumentError, UsageError
 
@@ -135,6 +134,9 @@ def dev_cluster(
     if port and port + brokers - 1 > 65535:
         raise InvalidArgumentError(f"--port {port} with --brokers {brokers} runs past port 65535; choose a lower one")
     extra = _checked_settings(settings or [])
+    # here, not at the top: membership loads the storage, which other commands do not need
+    from headwater.cluster.membership import ZooKeeperAddress
+
     where = str(ZooKeeperAddress.parse(zookeeper)) if zookeeper is not None else None
     data.mkdir(parents=True, exist_ok=True)
     # SIGTERM (or the terminal closing: SIGHUP) while starting stops what started, as Ctrl-C

@@ -26,10 +26,12 @@ from headwater.cli.consume import consume
 from headwater.cli.context import DATA_DIR_DEFAULT, CliState, err_console, ignore_ctrl_c_repeats_at_exit
 from headwater.cli.delay import delay_app
 from headwater.cli.dev_cluster import dev_cluster
+from headwater.cli.group_delete import delete_group
 from headwater.cli.groups import group_app, queue_lag
 from headwater.cli.metrics import metrics
 from headwater.cli.produce import produce
 from headwater.cli.profiles import profile_app, resolve_profile
+from headwater.cli.queue_alter import alter
 from headwater.cli.queues import queue_app
 from headwater.cli.serve import serve
 from headwater.cli.shell import shell
@@ -218,7 +220,9 @@ def _with_profile(ctx: typer.Context, profile: str | None, server: str | None, d
 
 
 queue_app.command("lag")(queue_lag)
+queue_app.command("alter")(alter)
 app.add_typer(queue_app, name="queue")
+group_app.command("delete")(delete_group)
 app.add_typer(group_app, name="group")
 app.add_typer(subscriber_app, name="subscriber")
 app.add_typer(delay_app, name="delay")

@@ -25,13 +25,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from headwater import StoreConfig
 from headwater.cli.context import LocalData, err_console, local_data_state, out_console
 from headwater.cli.parse import parse_pairs
 from headwater.cli.settings import settings_rows
 from headwater.errors import InvalidArgumentError
 
 if TYPE_CHECKING:  # the broker is imported when a broker starts: every other command starts faster
+    from headwater import StoreConfig  # lazy (headwater.__getattr__): the storage loads here
     from headwater.broker.server import ServerConfig
 
 __all__ = ["serve", "load_settings"]
@@ -94,6 +94,7 @@ def load_settings(
     config_file: Path | None, env: dict[str, str], overrides: dict[str, Any]
 ) -> tuple[ServerConfig, StoreConfig]:
     """Merge defaults, the TOML file, HEADWATER_* variables and flags, in that order."""
+    from headwater import StoreConfig  # lazy (headwater.__getattr__): the storage loads here
     from headwater.broker.server import ServerConfig
 
     values: dict[type, dict[str, Any]] = {ServerConfig: {}, StoreConfig: {}}

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from headwater import StoreConfig
-
 __all__ = ["MEANINGS", "Row", "settings_rows"]
 
 MEANINGS: dict[str, str] = {
@@ -92,6 +90,7 @@ class Row(NamedTuple):
 
 def settings_rows() -> list[Row]:
     """One row per setting, the server's first, each table in declaration order."""
+    from headwater import StoreConfig  # lazy (headwater.__getattr__): the storage loads here
     from headwater.broker.server import ServerConfig  # here: only serve --settings needs the broker
 
     rows = []

@@ -65,7 +65,7 @@ from headwater.errors import (
     UnavailableError,
     error_for_code,
 )
-from headwater.model.config import QueueConfig
+from headwater.model.config import QueueConfig, altered_config
 
 __all__ = ["FIRST_QUEUE_ID", "AdminHandler", "ask"]
 
@@ -185,6 +185,8 @@ class AdminHandler:
             return self._grow(ctx, req)
         if req.op == "set_enabled":
             return self._set_enabled(ctx, req)
+        if req.op == "alter_queue":
+            return self._alter(ctx, req)
         if req.op in ("rebalance", "decommission"):
             return self._plan_moves(ctx, req)
         raise InvalidArgumentError(f"unknown cluster request {req.op!r}")
@@ -269,6 +271,19 @@ class AdminHandler:
         if record.enabled != req.enabled:
             changed = msgspec.structs.replace(record, enabled=req.enabled, controller_epoch=ctx.epoch)
             ops.append(Set(paths.queue(req.queue), encode(changed), stat.version))
+        return ops, AdminResult(queue_id=record.queue_id, controller_epoch=ctx.epoch)
+
+    def _alter(self, ctx: ControllerContext, req: AdminRequest) -> tuple[list[Op], AdminResult]:
+        """Change a queue's ttl_s, message_bytes_max or flush (``req.config``: the changes):
+        its record says so, and every broker follows it."""
+        try:
+            raw, stat = self._coord.get(paths.queue(req.queue))
+        except NoNodeError:
+            raise QueueNotFoundError(f"queue {req.queue!r} does not exist") from None
+        record = decode(raw, QueueRecord, paths.queue(req.queue))
+        config = altered_config(msgspec.convert(record.config, QueueConfig), dict(req.config or {}))
+        changed = msgspec.structs.replace(record, config=msgspec.to_builtins(config), controller_epoch=ctx.epoch)
+        ops: list[Op] = [Set(paths.queue(req.queue), encode(changed), stat.version)]
         return ops, AdminResult(queue_id=record.queue_id, controller_epoch=ctx.epoch)
 
     def rebalance_now(self, ctx: ControllerContext) -> list[MovePlan]:

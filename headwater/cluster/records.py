@@ -167,11 +167,11 @@ class AdminRequest(msgspec.Struct, frozen=True, kw_only=True):
     queue), asked by the broker a client called. The controller writes ``result`` into the
     node; the asker reads it and deletes the node."""
 
-    op: str  # create_queue, delete_queue, add_partitions, set_enabled, rebalance, decommission
+    op: str  # create_queue, delete_queue, add_partitions, set_enabled, alter_queue, rebalance, decommission
     queue: str  # "" for rebalance and decommission
     asked_by: int
     asked_ms: int
-    config: dict[str, object] | None = None  # create_queue: a QueueConfig as builtins
+    config: dict[str, object] | None = None  # create_queue: a QueueConfig as builtins; alter_queue: the changes
     partitions: int = 0  # add_partitions: the new total
     broker_id: int = 0  # decommission: the broker to empty
     dry_run: bool = False  # rebalance, decommission: answer the plan, move nothing

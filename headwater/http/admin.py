@@ -1,5 +1,5 @@
-"""Admin over HTTP: queues (create, describe, list, delete, truncate, grow, enable/disable),
-consumer groups (list, describe, committed offsets, reset), subscribers, delayed messages,
+"""Admin over HTTP: queues (create, describe, list, delete, truncate, grow, alter,
+enable/disable), consumer groups (list, describe, committed offsets, reset, delete), subscribers, delayed messages,
 and the broker's status: what the client's admin offers, as JSON."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from headwater.errors import InvalidArgumentError
 from headwater.http.codec import decode_body, plain
 from headwater.http.routes import Operation, Param, flag_param, gateway_of, json_response, str_param
 
-__all__ = ["OPERATIONS", "CreateQueue", "AddPartitions", "ResetOffsets", "AddSubscriber"]
+__all__ = ["OPERATIONS", "CreateQueue", "AddPartitions", "AlterQueue", "ResetOffsets", "AddSubscriber"]
 
 
 class CreateQueue(msgspec.Struct, forbid_unknown_fields=True):
@@ -31,6 +31,15 @@ class CreateQueue(msgspec.Struct, forbid_unknown_fields=True):
 
 class AddPartitions(msgspec.Struct, forbid_unknown_fields=True):
     partitions: int
+
+
+class AlterQueue(msgspec.Struct, forbid_unknown_fields=True):
+    """The settings to change (the others keep their values); ``ttl_s`` null keeps messages
+    forever, ``flush`` null follows the store's default."""
+
+    ttl_s: int | None | msgspec.UnsetType = msgspec.UNSET
+    message_bytes_max: int | msgspec.UnsetType = msgspec.UNSET
+    flush: str | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class ResetOffsets(msgspec.Struct, forbid_unknown_fields=True):
@@ -91,6 +100,12 @@ async def add_partitions(request: Request) -> Response:
     return json_response(plain(await gateway_of(request).client.admin.add_partitions(_q(request), req.partitions)))
 
 
+async def alter_queue(request: Request) -> Response:
+    req = decode_body(await request.body(), AlterQueue)
+    changes = {k: v for k, v in msgspec.structs.asdict(req).items() if v is not msgspec.UNSET}
+    return json_response(plain(await gateway_of(request).client.admin.alter_queue(_q(request), **changes)))
+
+
 async def enable_queue(request: Request) -> Response:
     return json_response(plain(await gateway_of(request).client.admin.enable_queue(_q(request))))
 
@@ -105,6 +120,12 @@ async def list_groups(request: Request) -> Response:
 
 async def describe_group(request: Request) -> Response:
     return json_response(plain(await gateway_of(request).client.service.describe_group(request.path_params["group"])))
+
+
+async def delete_group(request: Request) -> Response:
+    queue = str_param(request, "queue") or None
+    await gateway_of(request).client.admin.delete_group(request.path_params["group"], queue=queue)
+    return Response(status_code=204)
 
 
 async def group_offsets(request: Request) -> Response:
@@ -213,6 +234,15 @@ OPERATIONS = [
         responses=_NOQ,
     ),
     Operation(
+        "PATCH",
+        _QUEUE,
+        alter_queue,
+        "Change a queue's ttl_s, message_bytes_max or flush (only those given)",
+        "admin",
+        request=AlterQueue,
+        responses=_NOQ,
+    ),
+    Operation(
         "POST", _QUEUE + "/truncate", truncate_queue, "Drop every message, keep the queue", "admin", responses=_NOQ
     ),
     Operation(
@@ -228,6 +258,16 @@ OPERATIONS = [
     Operation("POST", _QUEUE + "/disable", disable_queue, "Refuse reads and writes", "admin", responses=_NOQ),
     Operation("GET", "/groups", list_groups, "List consumer groups", "admin"),
     Operation("GET", _GROUP, describe_group, "Describe a consumer group: members, partitions, offsets", "admin"),
+    Operation(
+        "DELETE",
+        _GROUP,
+        delete_group,
+        "Delete a consumer group's committed offsets (refused while it has members)",
+        "admin",
+        status=204,
+        params=(Param("queue", "string", "only the offsets on this queue"),),
+        responses={404: "the group has no committed offsets (on that queue)", 409: "the group has members"},
+    ),
     Operation(
         "GET",
         _GROUP + "/offsets",

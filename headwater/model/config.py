@@ -27,6 +27,8 @@ __all__ = [
     "PARTITIONS_MAX",
     "MESSAGE_BYTES_MAX",
     "TTL_S_MAX",
+    "ALTERABLE",
+    "altered_config",
 ]
 
 QUEUE_NAME_MAX = 200
@@ -127,6 +129,29 @@ class QueueConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     def replace(self, **changes: Any) -> QueueConfig:
         return msgspec.structs.replace(self, **changes)
+
+
+#: The settings ``alter_queue`` may change after creation (partitions grow with add_partitions).
+ALTERABLE = ("ttl_s", "message_bytes_max", "flush")
+
+
+def altered_config(config: QueueConfig, changes: dict[str, Any]) -> QueueConfig:
+    """``config`` with ``changes`` applied, checked as creation checks it.
+
+    >>> altered_config(QueueConfig(), {"ttl_s": None}).ttl_s is None
+    True
+    """
+    if not isinstance(changes, dict):
+        raise InvalidArgumentError(f"changes must map setting names to values, got {type(changes).__name__}")
+    unknown = sorted(set(changes) - set(ALTERABLE))
+    if unknown:
+        raise InvalidArgumentError(
+            f"cannot alter {', '.join(map(repr, unknown))}: a queue's {', '.join(ALTERABLE)} can change "
+            f"(its partitions grow with add_partitions)"
+        )
+    if not changes:
+        raise InvalidArgumentError(f"nothing to alter: give at least one of {', '.join(ALTERABLE)}")
+    return config.replace(**changes).validated()
 
 
 class PartitionInfo(msgspec.Struct, frozen=True):

@@ -118,6 +118,11 @@ class BrokerService(Protocol):
     def truncate_queue(self, name: str) -> QueueInfo: ...
     def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo: ...
     def add_partitions(self, name: str, partitions: int) -> QueueInfo: ...
+    def alter_queue(self, name: str, changes: dict[str, Any]) -> QueueInfo:
+        """Change a queue's ``ttl_s``, ``message_bytes_max`` or ``flush`` (the keys of
+        ``changes``; the others keep their values), checked as creation checks them, and
+        durably (the queue's catalog entry)."""
+        ...
 
     # data
     def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult: ...
@@ -155,6 +160,13 @@ class BrokerService(Protocol):
         A member of a clustering group passes its ``member_id`` and ``generation``: the commit
         is refused unless both are current and it holds the partitions. Without them the
         commit is refused while the group has members (see ``headwater.model.groups``)."""
+        ...
+
+    def delete_group(self, group: str, queue: str | None = None) -> None:
+        """Remove ``group``'s committed offsets (on ``queue`` alone, if given) for good: a
+        tombstone per offset, kept across restarts and compaction. Refused with
+        :class:`GroupNotEmptyError` while the group has live members; GroupNotFoundError if
+        it has no committed offsets (on ``queue``)."""
         ...
 
     def fetch_offsets(self, group: str, queue: str) -> dict[int, int]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from headwater.model.batch import BatchHeader
 from headwater.model.config import QueueConfig, QueueInfo
@@ -118,6 +118,7 @@ class Store(Protocol):
     def truncate_queue(self, name: str) -> QueueInfo: ...
     def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo: ...
     def add_partitions(self, name: str, partitions: int) -> QueueInfo: ...
+    def alter_queue(self, name: str, changes: dict[str, Any]) -> QueueInfo: ...
     def delete_before(self, queue: str, partition: int, offset: int) -> None: ...
     def reset_partition(self, queue: str, partition: int, offset: int) -> None:
         """Make an empty partition begin at ``offset`` (never below its end offset), so that a

@@ -24,7 +24,7 @@ import time
 import uuid
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from headwater.errors import (
     ClosedError,
@@ -40,6 +40,7 @@ from headwater.model.config import (
     PartitionInfo,
     QueueConfig,
     QueueInfo,
+    altered_config,
     is_internal_queue,
 )
 from headwater.model.producer_state import ProducerStateTable
@@ -270,6 +271,13 @@ class MemoryStore(QueueTable):
             self._check_open()
             q = self._queue(name)
             q.enabled = bool(enabled)
+            return self._info(q, self._now_ms())
+
+    def alter_queue(self, name: str, changes: dict[str, Any]) -> QueueInfo:
+        with self._lock:
+            self._check_open()
+            q = self._queue(name)
+            q.config = altered_config(q.config, changes)
             return self._info(q, self._now_ms())
 
     def add_partitions(self, name: str, partitions: int) -> QueueInfo:

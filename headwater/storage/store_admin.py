@@ -5,6 +5,7 @@ change is saved in the catalog before it counts (or undone in memory if the save
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from headwater.errors import (
     InvalidArgumentError,
@@ -12,6 +13,7 @@ from headwater.errors import (
 from headwater.model.config import (
     QueueConfig,
     QueueInfo,
+    altered_config,
 )
 from headwater.storage.catalog import QueueEntry
 from headwater.storage.log_state import LogStoreBase, PartitionState, QueueState
@@ -140,6 +142,16 @@ class LogAdmin(QueueTable, LogStoreBase):
             q = self._queue(name)
             was, q.entry.enabled = q.entry.enabled, bool(enabled)
             self._save_catalog_or_undo(lambda: setattr(q.entry, "enabled", was))
+            return self._info(q, self._now_ms())
+
+    def alter_queue(self, name: str, changes: dict[str, Any]) -> QueueInfo:
+        """Change the queue's ttl_s, message_bytes_max or flush (saved in the catalog)."""
+        with self._lock:
+            self._check_open()
+            q = self._queue(name)
+            config, q.entry.config = q.entry.config, altered_config(q.entry.config, changes)
+            self._save_catalog_or_undo(lambda: setattr(q.entry, "config", config))
+            log.info("altered queue %s: %s", name, changes)
             return self._info(q, self._now_ms())
 
     def add_partitions(self, name: str, partitions: int) -> QueueInfo:

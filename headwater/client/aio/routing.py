@@ -385,6 +385,23 @@ class AsyncRoutedService(AsyncRoutedGroupCalls, AsyncRoutedKeyedCalls, AsyncRout
         answers = await self._ask_leaders(brokers, lambda s: s.truncate_queue(name), strict=True)
         return merge_describe(answers[min(answers)], answers, self._table.partition_leaders(name))
 
+    async def alter_queue(self, name: str, changes: dict[str, Any]) -> QueueInfo:
+        """Through the controller; answered once every broker that answers has it."""
+        try:
+            info = await self._home.alter_queue(name, changes)
+        finally:
+            self._gate.mark_stale()
+        deadline = time.monotonic() + self.request_timeout_s
+        while True:
+            answers = await self._ask_leaders(
+                sorted(self._table.brokers), lambda s: s.describe_queue(name), strict=False
+            )
+            if all(q.config == info.config for q in answers.values()):
+                return info
+            if time.monotonic() >= deadline:
+                raise UnavailableError(f"the queue {name!r} was changed, but not every broker follows it yet")
+            await asyncio.sleep(ENABLED_POLL_S)
+
     async def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo:
         """Through the controller; answered once every broker that answers has it."""
         try:

@@ -118,6 +118,34 @@ class AdminBase(Twins):
         return (yield self._service.set_queue_enabled(name, True))
 
     @waits
+    def alter_queue(
+        self,
+        name: str,
+        *,
+        ttl_s: int | None | object = _UNSET,
+        message_bytes_max: int | object = _UNSET,
+        flush: str | None | object = _UNSET,
+    ) -> Waits[QueueInfo]:
+        """Change a queue's settings after creation (``kafka-configs --alter``): only those
+        given change. ``ttl_s`` None keeps messages forever; ``flush`` None follows the
+        store's default. Each value is checked as :meth:`create_queue` checks it, and the
+        change is durable (and, on a cluster, made by the controller and followed by every
+        broker). Retention applies a shorter ``ttl_s`` at its next pass; a smaller
+        ``message_bytes_max`` refuses bigger messages from now on, keeping those stored.
+
+        >>> import headwater, tempfile
+        >>> with headwater.open(tempfile.mkdtemp()) as hw:
+        ...     _ = hw.admin.create_queue("events")
+        ...     hw.admin.alter_queue("events", ttl_s=3600).config.ttl_s
+        3600
+        """
+        given = {"ttl_s": ttl_s, "message_bytes_max": message_bytes_max, "flush": flush}
+        changes = {k: v for k, v in given.items() if v is not _UNSET}
+        if not changes:
+            raise InvalidArgumentError("nothing to alter: give ttl_s, message_bytes_max or flush")
+        return (yield self._service.alter_queue(name, changes))
+
+    @waits
     def add_partitions(self, name: str, partitions: int) -> Waits[QueueInfo]:
         """Grow the queue to ``partitions`` partitions in total."""
         check_int_arg(partitions, "a partition count")
@@ -175,6 +203,18 @@ class AdminBase(Twins):
         :class:`~headwater.errors.InvalidArgumentError`."""
         check_int_arg(broker_id, "a broker id")
         return (yield self._service.decommission(broker_id, bool(dry_run)))
+
+    # consumer groups
+    @waits
+    def delete_group(self, group: str, *, queue: str | None = None) -> Waits[None]:
+        """Delete a consumer group's committed offsets (on ``queue`` alone, if given), as
+        ``kafka-consumer-groups --delete`` does: afterwards a new member starts from its reset
+        policy, and ``list_groups`` no longer shows the group. Durable (survives restarts).
+
+        Raises :class:`~headwater.errors.GroupNotEmptyError` while the group has live
+        members and :class:`~headwater.errors.GroupNotFoundError` if it has no committed
+        offsets (on ``queue``)."""
+        return (yield self._service.delete_group(group, queue))
 
     # keyed groups (headwater.client.sync.keyed_consumer, headwater.client.aio.keyed_consumer)
     @waits

@@ -268,6 +268,7 @@ COORDINATED_CALLS: dict[ApiKey, str] = {
     ApiKey.DESCRIBE_GROUP: "group",
     ApiKey.COMMIT_OFFSETS: "group",
     ApiKey.FETCH_OFFSETS: "group",
+    ApiKey.DELETE_GROUP: "group",
     ApiKey.KEYED_GROUP: "keyed",
     ApiKey.KEYED_COMMIT: "keyed",
     ApiKey.KEYED_RESIZE: "keyed",

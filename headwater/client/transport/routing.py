@@ -537,6 +537,18 @@ class RoutedService(RoutedGroupCalls, RoutedKeyedCalls, RoutedSubscriberCalls, B
         )
         return merge_describe(answers[min(answers)], answers, self._table.partition_leaders(name))
 
+    def alter_queue(self, name: str, changes: dict[str, Any]) -> QueueInfo:
+        """Through the controller; answered once every broker that answers has it."""
+        info = self._changed(self._home.alter_queue(name, changes))
+        deadline = time.monotonic() + self.request_timeout_s
+        while True:
+            asked = self._ask_leaders(sorted(self._table.brokers), m.DescribeQueueRequest(name))
+            if all(q.config == info.config for q in self._answers(asked, strict=False).values()):
+                return info
+            if time.monotonic() >= deadline:
+                raise UnavailableError(f"the queue {name!r} was changed, but not every broker follows it yet")
+            time.sleep(ENABLED_POLL_S)
+
     def set_queue_enabled(self, name: str, enabled: bool) -> QueueInfo:
         """Through the controller; answered once every broker that answers has it (each
         follows the cluster's record of the queue within moments)."""

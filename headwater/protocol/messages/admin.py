@@ -106,6 +106,19 @@ class AddPartitionsResponse(_QueueInfoResult, frozen=True, array_like=True):
     api = ApiKey.ADD_PARTITIONS
 
 
+class AlterQueueRequest(RequestBody, frozen=True, array_like=True):
+    """Change a queue's ``ttl_s``, ``message_bytes_max`` or ``flush``: the keys of
+    ``changes`` (``ttl_s`` None: keep forever; ``flush`` None: the store's default)."""
+
+    api = ApiKey.ALTER_QUEUE
+    name: str
+    changes: dict[str, int | str | None]
+
+
+class AlterQueueResponse(_QueueInfoResult, frozen=True, array_like=True):
+    api = ApiKey.ALTER_QUEUE
+
+
 class StatusRequest(RequestBody, frozen=True, array_like=True):
     """Facts about the broker for operators (``headwater status``)."""
 

@@ -28,6 +28,7 @@ class ApiKey(IntEnum):
     TRUNCATE_QUEUE = 14
     SET_QUEUE_ENABLED = 15
     ADD_PARTITIONS = 16
+    ALTER_QUEUE = 17
     # data
     PRODUCE = 20
     FETCH = 21
@@ -41,6 +42,7 @@ class ApiKey(IntEnum):
     # consumer group offsets
     COMMIT_OFFSETS = 30
     FETCH_OFFSETS = 31
+    DELETE_GROUP = 32
     # consumer group membership
     JOIN_GROUP = 40
     HEARTBEAT_GROUP = 41
@@ -85,9 +87,9 @@ class ApiKey(IntEnum):
 #: Key ranges held for later features, so their numbers never collide.
 RESERVED_API_KEYS: dict[range, str] = {
     range(2, 10): "connection: authentication, metadata",
-    range(17, 20): "more queue administration",
+    range(18, 20): "more queue administration",
     range(28, 30): "more data operations",
-    range(32, 40): "more consumer group offsets",
+    range(33, 40): "more consumer group offsets",
     range(45, 46): "more consumer group membership",
     range(55, 60): "more shared delivery",
     range(73, 80): "more delayed messages",

@@ -79,6 +79,19 @@ class HeartbeatGroupResponse(_GroupAssignmentResult, frozen=True, array_like=Tru
     api = ApiKey.HEARTBEAT_GROUP
 
 
+class DeleteGroupRequest(RequestBody, frozen=True, array_like=True):
+    """Remove ``group``'s committed offsets (of ``queue`` alone, if given); refused while
+    the group has live members."""
+
+    api = ApiKey.DELETE_GROUP
+    group: str
+    queue: str | None = None
+
+
+class DeleteGroupResponse(_NoResult, frozen=True, array_like=True):
+    api = ApiKey.DELETE_GROUP
+
+
 class LeaveGroupRequest(RequestBody, frozen=True, array_like=True):
     api = ApiKey.LEAVE_GROUP
     group: str

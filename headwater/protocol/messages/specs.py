@@ -15,6 +15,8 @@ from headwater.model.service import BrokerService
 from headwater.protocol.messages.admin import (
     AddPartitionsRequest,
     AddPartitionsResponse,
+    AlterQueueRequest,
+    AlterQueueResponse,
     CreateQueueRequest,
     CreateQueueResponse,
     DecommissionRequest,
@@ -64,6 +66,8 @@ from headwater.protocol.messages.delay import (
 from headwater.protocol.messages.groups import (
     CommitOffsetsRequest,
     CommitOffsetsResponse,
+    DeleteGroupRequest,
+    DeleteGroupResponse,
     DescribeGroupRequest,
     DescribeGroupResponse,
     FetchOffsetsRequest,
@@ -194,6 +198,7 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
         ApiSpec(ApiKey.TRUNCATE_QUEUE, TruncateQueueRequest, TruncateQueueResponse, "truncate_queue", resend=_ONCE),
         ApiSpec(ApiKey.SET_QUEUE_ENABLED, SetQueueEnabledRequest, SetQueueEnabledResponse, "set_queue_enabled"),
         ApiSpec(ApiKey.ADD_PARTITIONS, AddPartitionsRequest, AddPartitionsResponse, "add_partitions", resend=_ONCE),
+        ApiSpec(ApiKey.ALTER_QUEUE, AlterQueueRequest, AlterQueueResponse, "alter_queue"),
         ApiSpec(ApiKey.PRODUCE, ProduceRequest, ProduceResponse, "produce", resend=Resend.NEVER),
         ApiSpec(ApiKey.FETCH, FetchRequest, FetchResponse, "fetch", waits=True),
         ApiSpec(ApiKey.LOOKUP_ID, LookupIdRequest, LookupIdResponse, "lookup_id"),
@@ -201,6 +206,8 @@ API_SPECS: dict[ApiKey, ApiSpec] = {
         ApiSpec(ApiKey.OFFSET_FOR_TIME, OffsetForTimeRequest, OffsetForTimeResponse, "offset_for_time"),
         ApiSpec(ApiKey.COMMIT_OFFSETS, CommitOffsetsRequest, CommitOffsetsResponse, "commit_offsets"),
         ApiSpec(ApiKey.FETCH_OFFSETS, FetchOffsetsRequest, FetchOffsetsResponse, "fetch_offsets"),
+        # a second delete of a group deleted meanwhile says GroupNotFound, not done
+        ApiSpec(ApiKey.DELETE_GROUP, DeleteGroupRequest, DeleteGroupResponse, "delete_group", resend=_ONCE),
         # a join answered but lost leaves a member that expires; a second leave is refused,
         # but the member is gone either way
         ApiSpec(ApiKey.JOIN_GROUP, JoinGroupRequest, JoinGroupResponse, "join_group", resend=_ONCE),
