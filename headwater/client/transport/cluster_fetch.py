@@ -34,8 +34,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
-from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES, PastEnd
-from headwater.client.transport.polling import Outage, take_batches
+from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES, PastEnd, log_grant_failure, take_push
+from headwater.client.transport.polling import Outage
 from headwater.errors import HeadwaterError, UnavailableError, error_for_code
 
 __all__ = ["ClusterFetchStreams", "PlansFetchStreams"]
@@ -227,7 +227,7 @@ class ClusterFetchStreams:
                 self._outage.began()
                 self._again()
             elif leg.undecoded >= self.window_bytes // 2:
-                leg.link.credit_fetch_stream(leg.sid, leg.undecoded).add_done_callback(_log_grant_failure)
+                leg.link.credit_fetch_stream(leg.sid, leg.undecoded).add_done_callback(log_grant_failure)
                 leg.undecoded = 0
         return got
 
@@ -254,17 +254,10 @@ class ClusterFetchStreams:
                 log.info("the fetch stream of %s at broker %d ended (%s)", leg.queue, leg.broker_id, push.ended)
                 self._again()  # a partition moved away: the table names its new leader
                 return got
-            tp = (leg.queue, push.partition)
-            pos = fetch_pos.get(tp)
-            if pos is not None and pos > push.end_offset:
-                if past_end is not None:
-                    past_end(tp, push.start_offset, push.end_offset)
-                    if self._legs.get((leg.queue, leg.broker_id)) is not leg:
-                        return got  # it moved the position: the queue's streams were closed
-            elif pos is not None:  # else no longer assigned (its stream is being closed)
-                got += take_batches(
-                    tp, push.batches, max(pos, push.start_offset), push.next_offset, fetch_pos, consumed, buffers, tags
-                )
+            taken, moved = take_push(leg.queue, push, fetch_pos, consumed, buffers, tags, past_end)
+            got += taken
+            if moved and self._legs.get((leg.queue, leg.broker_id)) is not leg:
+                return got  # it moved the position: the queue's streams were closed
             leg.undecoded += sum(map(len, push.batches))
         return got
 
@@ -274,12 +267,3 @@ class ClusterFetchStreams:
         for leg in list(self._legs.values()):
             if queue is None or leg.queue == queue:
                 self._drop(leg, close=True)
-
-
-def _log_grant_failure(fut: Any) -> None:
-    """Done-callback of a credit grant sent without waiting."""
-    if fut.cancelled():
-        return
-    e = fut.exception()
-    if e is not None and not isinstance(e, UnavailableError):  # a lost connection ends the stream anyway
-        log.warning("granting a fetch stream more credit failed: %s", e)

@@ -192,24 +192,10 @@ class FetchStreams:
                         break
                     self._streams.pop(queue, None)
                     raise error(f"reading {queue!r}: {push.ended}")
-                tp = (queue, push.partition)
-                pos = fetch_pos.get(tp)
-                if pos is not None and pos > push.end_offset:
-                    if past_end is not None:
-                        past_end(tp, push.start_offset, push.end_offset)
-                        if self._streams.get(queue) is not s:
-                            break  # it moved the position: the stream was closed, the next poll opens another
-                elif pos is not None:  # else no longer assigned (its stream is being closed)
-                    got += take_batches(
-                        tp,
-                        push.batches,
-                        max(pos, push.start_offset),
-                        push.next_offset,
-                        fetch_pos,
-                        consumed,
-                        buffers,
-                        tags,
-                    )
+                taken, moved = take_push(queue, push, fetch_pos, consumed, buffers, tags, past_end)
+                got += taken
+                if moved and self._streams.get(queue) is not s:
+                    break  # it moved the position: the stream was closed, the next poll opens another
                 s.undecoded += sum(map(len, push.batches))
             if self._streams.get(queue) is not s:
                 continue
@@ -220,7 +206,7 @@ class FetchStreams:
                 self._outage.began()  # opening it again is tried until a connect attempt from now gives up
                 continue
             if s.undecoded >= self.window_bytes // 2:
-                self._service.credit_fetch_stream(s.sid, s.undecoded).add_done_callback(_log_grant_failure)
+                self._service.credit_fetch_stream(s.sid, s.undecoded).add_done_callback(log_grant_failure)
                 s.undecoded = 0
         return got
 
@@ -234,7 +220,33 @@ class FetchStreams:
                 self._service.close_fetch_stream(s.sid)
 
 
-def _log_grant_failure(fut: Any) -> None:
+def take_push(
+    queue: str,
+    push: Any,
+    fetch_pos: dict,
+    consumed: dict,
+    buffers: dict,
+    tags: frozenset[str] | None,
+    past_end: PastEnd | None,
+) -> tuple[int, bool]:
+    """Decode one push of ``queue``'s stream into the consumer's ``buffers`` from its
+    position (``polling.take_batches``): the records taken, and whether ``past_end`` was
+    called (it may have moved the position and closed the stream: the caller checks). A push
+    of a partition no longer assigned is skipped."""
+    tp = (queue, push.partition)
+    pos = fetch_pos.get(tp)
+    if pos is None:
+        return 0, False
+    if pos > push.end_offset:
+        if past_end is None:
+            return 0, False
+        past_end(tp, push.start_offset, push.end_offset)
+        return 0, True
+    start = max(pos, push.start_offset)
+    return take_batches(tp, push.batches, start, push.next_offset, fetch_pos, consumed, buffers, tags), False
+
+
+def log_grant_failure(fut: Any) -> None:
     """Done-callback of a credit grant sent without waiting."""
     if fut.cancelled():
         return
