@@ -257,3 +257,34 @@ def test_offline_and_under_replicated_partitions_as_the_controller_sees_them():
         "headwater_partitions_offline": 0,
         "headwater_partitions_under_replicated": 0,
     }
+
+
+def test_a_coordinator_reports_its_groups_lag_on_every_partition_of_a_cluster(cluster):
+    """The group's coordinator asks the other partitions' leaders for their log ends, so the
+    cluster's lag series are the CLI's for every partition, each reported once."""
+    with headwater.connect(cluster.address(1)) as hw:
+        hw.admin.create_queue("lag-spread", partitions=6)
+        eventually(
+            lambda: all(
+                p.leader in cluster.brokers
+                for p in hw.admin.cluster_metadata(["lag-spread"]).queue("lag-spread").partitions
+            ),
+            what="a leader for every partition",
+        )
+        for p in range(6):
+            hw.send_batch("lag-spread", [b"m"] * (10 + p), partition=p)
+        with hw.consumer(group="spread-readers") as c:
+            c.commit({("lag-spread", p): p for p in range(6)})
+    want = {str(p): float(10 + p - p) for p in range(6)}
+
+    def reported() -> dict[str, float] | None:
+        got: dict[str, float] = {}
+        for b in cluster.brokers:
+            with cluster.connect(b) as hw:
+                for s in families(hw.admin.metrics())["headwater_consumer_lag"].samples:
+                    if s.labels.get("group") == "spread-readers":
+                        assert s.labels["partition"] not in got, "a partition's lag reported twice"
+                        got[s.labels["partition"]] = s.value
+        return got if got == want else None
+
+    eventually(reported, what="the coordinator's lag on all six partitions")

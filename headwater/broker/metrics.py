@@ -286,22 +286,34 @@ def _request_path(m: BrokerMetrics) -> Iterator[Metric]:
     yield hist
 
 
-def _leads(broker: Broker) -> Callable[[str, int], bool]:
-    """Whether this broker has a partition's log (alone: every partition)."""
+def _log_ranges(broker: Broker, queue: str) -> dict[int, tuple[int, int]]:
+    """Each partition's (start, end) offsets as its leader has them: alone, the store's; on a
+    cluster, the ones this broker leads from its store and the others asked of their leaders
+    (one DESCRIBE_QUEUE each), so a coordinator reports its groups' lag on every partition.
+    When a leader cannot answer, the partitions this broker leads only (logged)."""
+    info = broker.store.describe_queue(queue)
     cluster = broker.cluster
-    return (lambda q, p: True) if cluster is None else cluster.leads
+    if cluster is None:
+        return {p.partition: (p.start_offset, p.end_offset) for p in info.partitions}
+    try:
+        return cluster.log_ranges(info, ask_leaders=True)
+    except HeadwaterError as e:
+        log.info("metrics: the lag of %s on its other leaders' partitions is left out this scrape: %s", queue, e)
+        return {
+            p.partition: (p.start_offset, p.end_offset) for p in info.partitions if cluster.leads(queue, p.partition)
+        }
 
 
 def _group_lag(broker: Broker, shared: list[tuple[str, str, Any]]) -> Iterator[Metric]:
-    """Lag of the clustering groups this broker coordinates, on the partitions it leads."""
+    """Lag of the clustering groups this broker coordinates (on every partition of their
+    queues), and of the shared groups on the partitions it leads."""
     lag = GaugeMetricFamily(
         "headwater_consumer_lag",
         "Messages a consumer group has not consumed: end offset minus committed offset (as headwater group "
         "describe shows it), per group, queue and partition; kind is clustering or shared.",
         labels=["group", "queue", "partition", "kind"],
     )
-    leads = _leads(broker)
-    infos: dict[str, Any] = {}
+    ranges: dict[str, dict[int, tuple[int, int]]] = {}
     for group in sorted(broker.offsets.group_queues()):
         try:
             committed = broker.offsets.fetch_group(group)
@@ -310,12 +322,12 @@ def _group_lag(broker: Broker, shared: list[tuple[str, str, Any]]) -> Iterator[M
         for queue, offsets in committed.items():
             if is_internal_queue(queue):
                 continue
-            if queue not in infos:
-                infos[queue] = broker.store.describe_queue(queue)
-            for pi in infos[queue].partitions:
-                n = partition_lag(offsets.get(pi.partition), pi.start_offset, pi.end_offset)
-                if n is not None and leads(queue, pi.partition):
-                    lag.add_metric([group, queue, str(pi.partition), "clustering"], n)
+            if queue not in ranges:
+                ranges[queue] = _log_ranges(broker, queue)
+            for partition, (start, end) in sorted(ranges[queue].items()):
+                n = partition_lag(offsets.get(partition), start, end)
+                if n is not None:
+                    lag.add_metric([group, queue, str(partition), "clustering"], n)
     for group, queue, info in shared:
         for sp in info.partitions:
             lag.add_metric([group, queue, str(sp.partition), "shared"], sp.lag)
