@@ -141,6 +141,7 @@ def test_the_open_probe_times_a_clean_open_and_one_after_a_crash(capsys):
 def test_the_rtt_bench_alternates_send_and_wait_with_redis_xadd_and_times_each_phase(capsys):
     """A short real run: both sides answer every call, each round gives both rates and
     their ratio, and the phases of a Headwater call are all timed."""
+    pytest.importorskip("redis", reason="redis-py comes with bench/requirements.txt, not make test")
     from bench import rtt
 
     res = rtt.run(rounds=2, calls=50, hops=True, log=print)

@@ -311,6 +311,7 @@ def test_completion_of_commands_subcommands_options_and_queues(session):
             "find",
             "consume",
             "status",
+            "metrics",
             "delay",
             "subscriber",
             "group",
