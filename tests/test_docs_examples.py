@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import doc_shell
-from tests.support.broker_process import BrokerProcess, free_port
+from tests.support.broker_process import BrokerProcess
 from tests.support.cluster import Cluster
 from tests.support.doc_examples import examples
 
@@ -180,39 +179,9 @@ def _run_shell_examples(guide: Path, tmp_path: Path) -> tuple[int, str, list[str
     work = tmp_path / "work"
     work.mkdir(parents=True)
     script, failures = doc_shell.write(guide, work)
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-        "PYTHONUNBUFFERED": "1",
-        "HW_WORK": str(work),
-        "HW_GUIDE": guide.name,
-        "HW_FOLLOW_S": str(doc_shell.FOLLOW_S),
-        "HEADWATER_PORT": str(free_port()),
-        "HEADWATER_HISTORY": str(work / ".history"),
-        "HOME": str(work),
-    }
-    for name in ("HEADWATER_DATA", "HEADWATER_SERVER", "HEADWATER_CONFIG"):
-        env.pop(name, None)
-    log = tmp_path / "terminal.txt"  # a file, not a pipe: the brokers started with '&' keep it open
-    with open(log, "w") as out_f:
-        proc = subprocess.Popen(
-            ["bash", "-e", "-o", "pipefail", str(script)],
-            cwd=work,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out_f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        proc.wait(timeout=400)
-    finally:  # the brokers the guide started with '&'
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, log.read_text(), doc_shell.check_failures(work, failures, guide.name)
+    log = tmp_path / "terminal.txt"
+    code = doc_shell.run_script(script, guide.name, work, log, 400, HEADWATER_HISTORY=str(work / ".history"))
+    return code, log.read_text(), doc_shell.check_failures(work, failures, guide.name)
 
 
 @pytest.mark.parametrize("guide", SHELL_GUIDES, ids=lambda p: p.name)
@@ -258,7 +227,6 @@ def _root_command():
 def _parse_error(args: list[str]) -> str | None:
     """What the CLI's parser says of ``headwater ARGS`` (an unknown command or option, a
     missing argument, a bad value), without running it; None when it parses."""
-    import contextlib
     import io
 
     root = _root_command()

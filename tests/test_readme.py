@@ -10,16 +10,14 @@ output must show the work done: the scanner finds the ``paid`` message of ``cust
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from tests.support import doc_shell
-from tests.support.broker_process import BrokerProcess, free_port
+from tests.support.broker_process import BrokerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -45,39 +43,9 @@ def _python_blocks(work: Path, address: str) -> str:
 
 def _shell_blocks(work: Path, log: Path) -> str:
     script, failures = doc_shell.write(README, work)
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-        "PYTHONPATH": str(ROOT),
-        "PYTHONUNBUFFERED": "1",
-        "HW_WORK": str(work),
-        "HW_GUIDE": README.name,
-        "HW_FOLLOW_S": str(doc_shell.FOLLOW_S),
-        "HEADWATER_PORT": str(free_port()),
-        "HOME": str(work),
-    }
-    for name in ("HEADWATER_DATA", "HEADWATER_SERVER", "HEADWATER_CONFIG"):
-        env.pop(name, None)
-    with open(log, "w") as out_f:  # a file: the broker started with '&' keeps it open
-        proc = subprocess.Popen(
-            ["bash", "-e", "-o", "pipefail", str(script)],
-            cwd=work,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out_f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        proc.wait(timeout=200)
-    finally:  # the broker the tour started with '&'
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    code = doc_shell.run_script(script, README.name, work, log, 200, PYTHONPATH=str(ROOT))
     out = log.read_text()
-    assert proc.returncode == 0, out[-8000:]
+    assert code == 0, out[-8000:]
     assert not doc_shell.check_failures(work, failures, README.name)
     assert "Traceback" not in out, out[-8000:]
     return out

@@ -24,8 +24,12 @@ which stops the brokers the guide started with ``&``.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shlex
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -252,3 +256,42 @@ if __name__ == "__main__":  # write the script for a look: python -m tests.suppo
     g, w = Path(sys.argv[1]), Path(sys.argv[2]).resolve()
     p, _ = write(g, w)
     print(p)
+
+
+def run_script(script: Path, guide: str, work: Path, log: Path, timeout_s: float, **env_extra: str) -> int:
+    """Run a script :func:`write` made, in ``work`` with its own HOME, a free HEADWATER_PORT and
+    no HEADWATER_* from this process, the terminal into ``log`` (a file, not a pipe: brokers
+    started with '&' keep it open); then stop what it left running (its process group). The
+    script's exit code."""
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "PYTHONUNBUFFERED": "1",
+        "HW_WORK": str(work),
+        "HW_GUIDE": guide,
+        "HW_FOLLOW_S": str(FOLLOW_S),
+        "HEADWATER_PORT": str(free_port()),
+        "HOME": str(work),
+        **env_extra,
+    }
+    for name in ("HEADWATER_DATA", "HEADWATER_SERVER", "HEADWATER_CONFIG", "HEADWATER_PROFILE"):
+        env.pop(name, None)
+    with open(log, "w") as out_f:
+        proc = subprocess.Popen(
+            ["bash", "-e", "-o", "pipefail", str(script)],
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out_f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        proc.wait(timeout=timeout_s)
+    finally:  # the brokers the script started with '&'
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
