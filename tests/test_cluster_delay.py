@@ -171,6 +171,7 @@ def cluster_pending(cluster: Cluster, broker_id: int) -> int:
         return hw.delay_stats().pending_messages
 
 
+@pytest.mark.slow  # a fault test of ~25 s; the rebalance and decommission tests run by default
 def test_a_move_rolled_back_leaves_its_delayed_messages_to_the_source_which_delivers_each_once(cluster):
     start(cluster)
     join(cluster, 3)

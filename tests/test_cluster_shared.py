@@ -221,6 +221,7 @@ def test_a_moved_partition_hands_its_state_over_and_only_leases_in_flight_come_a
             c.close()
 
 
+@pytest.mark.slow  # a fault test of ~10 s; tests/test_cluster_routing.py kills a leader by default
 def test_a_leader_killed_its_leases_are_refused_and_the_others_partitions_go_on(cluster):
     """The last test of the module: it kills broker 2 (after the move above, queue "jobs"
     is led by brokers 1 and 2)."""

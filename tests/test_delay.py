@@ -559,6 +559,7 @@ def test_async_client_sends_and_cancels(tmp_path, clock):
 # -- real broker processes -------------------------------------------------------------
 
 
+@pytest.mark.slow  # a crash test of ~10 s; the restart tests above run by default
 def test_a_broker_sigkilled_while_thousands_are_due_delivers_each_exactly_once(tmp_path):
     data = tmp_path / "data"
     broker = BrokerProcess(data, "--flush", "sync").start()

@@ -728,7 +728,7 @@ def _run(examples: int, steps: int) -> None:
 
 
 def test_the_three_targets_agree() -> None:
-    _run(examples=150, steps=40)
+    _run(examples=60, steps=40)  # a slice; the slow test below runs 1500 examples
     if os.environ.get("HW_DIFF_STATS"):
         for (op, how), n in sorted(STATS.items()):
             print(f"{op:24} {n:5} {how}")

@@ -35,6 +35,7 @@ from tests.support.doc_examples import examples
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = ROOT / "tests" / "support" / "doc_examples.py"
 SCRIPTS = sorted((ROOT / "examples").glob("spark_*.py"))
+SLOW_SCRIPTS = {"spark_batch_read.py", "spark_batch_write.py"}  # run by make test-all
 GUIDES = sorted(p for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")] if examples(p.read_text()))
 
 #: What each guide's examples print when they work (a guide not named here must print nothing
@@ -123,7 +124,16 @@ def test_the_guide_examples_run(guide: Path, tmp_path: Path, request):
         assert line in run.stdout, f"{guide.name}: expected {line!r} in\n{run.stdout[-4000:]}"
 
 
-@pytest.mark.parametrize("script", [s for s in SCRIPTS if s.name in SCRIPT_SHOWS], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "script",
+    [
+        # the batch scripts start a JVM each (~13 s) for what docs/spark.md's examples also do
+        pytest.param(s, marks=pytest.mark.slow) if s.name in SLOW_SCRIPTS else s
+        for s in SCRIPTS
+        if s.name in SCRIPT_SHOWS
+    ],
+    ids=lambda p: p.name,
+)
 def test_the_example_scripts_run(script: Path, tmp_path: Path):
     env = {**os.environ, **_spark_env(), "PYTHONUNBUFFERED": "1"}
     run = subprocess.run(

@@ -502,6 +502,7 @@ def _committed_input(checkpoint: Path) -> int:
     return sum(json.loads(last)["offsets"].values())
 
 
+@pytest.mark.slow  # a crash test of ~25 s; the checkpoint restart test runs by default
 def test_streaming_query_killed_mid_batch_restarts_exactly_once(spark, broker, hw, tmp_path):
     """SIGKILL the process group running a streaming query (driver, JVM, Python workers)
     while a micro-batch is half written, then restart from the checkpoint: every input

@@ -254,6 +254,7 @@ def test_a_value_over_the_queue_limit_says_how_to_write_it(spark, broker, hw):
         df.write.format("headwater").mode("append").option("servers", broker.address).option("queue", q).save()
 
 
+@pytest.mark.slow  # ~11 s of streaming; the time-range batch reads run by default
 def test_a_stream_starting_at_a_future_time_leaves_out_what_comes_before_it(spark, broker, hw, tmp_path):
     """A startingTimestamp past the last message put the stream's start at the end of the
     partition, and what was appended there before that time was read."""
