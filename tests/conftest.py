@@ -138,3 +138,20 @@ def service(request) -> Service:
     zk = request.getfixturevalue("zk_server") if request.param == "zookeeper" else None
     with service_of(request.param, zk) as s:
         yield s
+
+
+@pytest.fixture(scope="module")
+def http_broker(tmp_path_factory):
+    """A ``headwater serve --http-port`` process for a module of HTTP tests."""
+    from tests.support.http_gateway import HttpBroker  # imports httpx: only where HTTP is tested
+
+    b = HttpBroker(tmp_path_factory.mktemp("http") / "data")
+    yield b
+    b.stop()
+
+
+@pytest.fixture(scope="module")
+def http_api(http_broker):
+    """An httpx client on ``http_broker``."""
+    with http_broker.client() as c:
+        yield c

@@ -12,29 +12,14 @@ import pytest
 pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
 
-from tests.support.http_gateway import HttpBroker  # noqa: E402 - after the skips: it imports httpx
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    b = HttpBroker(tmp_path_factory.mktemp("http") / "data")
-    yield b
-    b.stop()
-
-
-@pytest.fixture(scope="module")
-def api(broker):
-    with broker.client() as c:
-        yield c
-
 
 _names = iter(range(10_000))
 
 
 @pytest.fixture
-def queue(api):
+def queue(http_api):
     name = f"q{next(_names)}"
-    r = api.post("/v1/queues", json={"name": name, "partitions": 2})
+    r = http_api.post("/v1/queues", json={"name": name, "partitions": 2})
     assert r.status_code == 201, r.text
     return name
 
@@ -48,11 +33,11 @@ def error_of(r, status: int, name: str) -> dict:
     return err
 
 
-def test_produce_one_and_a_batch_answer_where_each_went(api, queue):
-    one = api.post(f"/v1/queues/{queue}/messages", json={"value": "hello", "key": "user-1", "tag": "greeting"})
+def test_produce_one_and_a_batch_answer_where_each_went(http_api, queue):
+    one = http_api.post(f"/v1/queues/{queue}/messages", json={"value": "hello", "key": "user-1", "tag": "greeting"})
     assert one.status_code == 200, one.text
     [receipt] = one.json()["results"]
-    got = api.get(f"/v1/queues/{queue}/messages/{receipt['id']}").json()
+    got = http_api.get(f"/v1/queues/{queue}/messages/{receipt['id']}").json()
     assert (got["value"], got["key"], got["tag"], got["partition"], got["offset"]) == (
         "hello",
         "user-1",
@@ -61,78 +46,78 @@ def test_produce_one_and_a_batch_answer_where_each_went(api, queue):
         receipt["offset"],
     )
     batch = [{"value": f"m{i}", "partition": i % 2, "properties": {"n": str(i)}} for i in range(10)]
-    results = api.post(f"/v1/queues/{queue}/messages", json={"messages": batch}).json()["results"]
+    results = http_api.post(f"/v1/queues/{queue}/messages", json={"messages": batch}).json()["results"]
     assert [r["partition"] for r in results] == [i % 2 for i in range(10)]
     for i, r in enumerate(results):  # each receipt names its own message, in the order sent
-        rec = api.get(f"/v1/queues/{queue}/messages/{r['id']}").json()
+        rec = http_api.get(f"/v1/queues/{queue}/messages/{r['id']}").json()
         assert (rec["value"], rec["properties"], rec["offset"]) == (f"m{i}", {"n": str(i)}, r["offset"])
 
 
-def test_binary_values_and_keys_travel_as_base64(api, queue):
+def test_binary_values_and_keys_travel_as_base64(http_api, queue):
     body, key = bytes(range(256)), b"\xff\x00key"
     msg = {"value": base64.b64encode(body).decode(), "encoding": "base64", "partition": 1}
     msg |= {"key": base64.b64encode(key).decode(), "key_encoding": "base64"}
-    [r] = api.post(f"/v1/queues/{queue}/messages", json=msg).json()["results"]
-    rec = api.get(f"/v1/queues/{queue}/messages/{r['id']}").json()
+    [r] = http_api.post(f"/v1/queues/{queue}/messages", json=msg).json()["results"]
+    rec = http_api.get(f"/v1/queues/{queue}/messages/{r['id']}").json()
     assert rec["encoding"] == "base64" and base64.b64decode(rec["value"]) == body
     assert rec["key_encoding"] == "base64" and base64.b64decode(rec["key"]) == key
-    text = api.post(f"/v1/queues/{queue}/messages", json={"value": "plain", "partition": 1}).json()["results"][0]
-    forced = api.get(f"/v1/queues/{queue}/messages/{text['id']}", params={"encoding": "base64"}).json()
+    text = http_api.post(f"/v1/queues/{queue}/messages", json={"value": "plain", "partition": 1}).json()["results"][0]
+    forced = http_api.get(f"/v1/queues/{queue}/messages/{text['id']}", params={"encoding": "base64"}).json()
     assert forced["encoding"] == "base64" and base64.b64decode(forced["value"]) == b"plain"
 
 
-def test_delayed_messages_are_scheduled_then_cancelled(api, queue):
+def test_delayed_messages_are_scheduled_then_cancelled(http_api, queue):
     later = int(time.time() * 1000) + 3_600_000
     msgs = [{"value": "in an hour", "deliver_at_ms": later}, {"value": "in a minute", "delay_ms": 60_000}]
-    results = api.post(f"/v1/queues/{queue}/messages", json={"messages": msgs}).json()["results"]
+    results = http_api.post(f"/v1/queues/{queue}/messages", json={"messages": msgs}).json()["results"]
     assert all(r["delayed"] and r["offset"] is None for r in results)
-    assert api.get(f"/v1/queues/{queue}/messages/{results[0]['id']}").json()["value"] == "in an hour"
-    assert api.get("/v1/delays/stats").json()["pending_messages"] >= 2
-    assert api.delete(f"/v1/delays/{results[0]['id']}").status_code == 204
-    assert api.delete(f"/v1/delays/{results[1]['id']}").status_code == 204
-    assert api.get(f"/v1/queues/{queue}").json()["partitions"][0]["end_offset"] == 0  # nothing delivered
+    assert http_api.get(f"/v1/queues/{queue}/messages/{results[0]['id']}").json()["value"] == "in an hour"
+    assert http_api.get("/v1/delays/stats").json()["pending_messages"] >= 2
+    assert http_api.delete(f"/v1/delays/{results[0]['id']}").status_code == 204
+    assert http_api.delete(f"/v1/delays/{results[1]['id']}").status_code == 204
+    assert http_api.get(f"/v1/queues/{queue}").json()["partitions"][0]["end_offset"] == 0  # nothing delivered
 
 
-def test_scan_a_partition_by_offset_id_and_time(api, queue):
-    results = api.post(
+def test_scan_a_partition_by_offset_id_and_time(http_api, queue):
+    results = http_api.post(
         f"/v1/queues/{queue}/messages", json={"messages": [{"value": f"v{i}", "partition": 0} for i in range(20)]}
     ).json()["results"]
-    page = api.get(f"/v1/queues/{queue}/partitions/0/messages", params={"offset": 5, "max": 10}).json()
+    page = http_api.get(f"/v1/queues/{queue}/partitions/0/messages", params={"offset": 5, "max": 10}).json()
     assert [r["value"] for r in page["records"]] == [f"v{i}" for i in range(5, 15)]
     assert page["next_offset"] == 15
-    by_id = api.get(f"/v1/queues/{queue}/partitions/0/messages", params={"id": results[18]["id"]}).json()
+    by_id = http_api.get(f"/v1/queues/{queue}/partitions/0/messages", params={"id": results[18]["id"]}).json()
     assert [r["value"] for r in by_id["records"]] == ["v18", "v19"]
-    first_ms = api.get(f"/v1/queues/{queue}/messages/{results[0]['id']}").json()["timestamp_ms"]
-    by_time = api.get(f"/v1/queues/{queue}/partitions/0/messages", params={"time_ms": first_ms, "max": 3}).json()
+    first_ms = http_api.get(f"/v1/queues/{queue}/messages/{results[0]['id']}").json()["timestamp_ms"]
+    by_time = http_api.get(f"/v1/queues/{queue}/partitions/0/messages", params={"time_ms": first_ms, "max": 3}).json()
     assert [r["value"] for r in by_time["records"]] == ["v0", "v1", "v2"]
-    after = api.get(f"/v1/queues/{queue}/partitions/0/offset", params={"time_ms": first_ms + 10**9}).json()
+    after = http_api.get(f"/v1/queues/{queue}/partitions/0/offset", params={"time_ms": first_ms + 10**9}).json()
     assert after == {"partition": 0, "offset": 20}
-    everything = api.get(f"/v1/queues/{queue}/messages", params={"start_time_ms": first_ms}).json()["records"]
+    everything = http_api.get(f"/v1/queues/{queue}/messages", params={"start_time_ms": first_ms}).json()["records"]
     assert len(everything) == 20
 
 
-def test_find_by_key_and_filter_by_tag(api, queue):
+def test_find_by_key_and_filter_by_tag(http_api, queue):
     msgs = [{"value": f"o{i}", "key": f"customer-{i % 3}", "tag": "paid" if i % 2 else "new"} for i in range(12)]
-    api.post(f"/v1/queues/{queue}/messages", json={"messages": msgs}).raise_for_status()
-    found = api.get(f"/v1/queues/{queue}/messages", params={"key": "customer-1"}).json()["records"]
+    http_api.post(f"/v1/queues/{queue}/messages", json={"messages": msgs}).raise_for_status()
+    found = http_api.get(f"/v1/queues/{queue}/messages", params={"key": "customer-1"}).json()["records"]
     assert sorted(r["value"] for r in found) == sorted(f"o{i}" for i in range(12) if i % 3 == 1)
-    paid = api.get(f"/v1/queues/{queue}/messages", params={"tags": "paid"}).json()["records"]
+    paid = http_api.get(f"/v1/queues/{queue}/messages", params={"tags": "paid"}).json()["records"]
     assert sorted(r["value"] for r in paid) == sorted(f"o{i}" for i in range(12) if i % 2)
 
 
-def test_errors_have_the_binary_protocols_codes_and_fitting_statuses(api, queue):
-    assert error_of(api.get("/v1/queues/nope"), 404, "QueueNotFoundError")["code"] == 7
-    assert error_of(api.post("/v1/queues/nope/messages", json={"value": "x"}), 404, "QueueNotFoundError")
-    assert error_of(api.post("/v1/queues", json={"name": queue}), 409, "QueueExistsError")["code"] == 8
-    err = error_of(api.get(f"/v1/queues/{queue}/partitions/9/messages"), 400, "PartitionOutOfRangeError")
+def test_errors_have_the_binary_protocols_codes_and_fitting_statuses(http_api, queue):
+    assert error_of(http_api.get("/v1/queues/nope"), 404, "QueueNotFoundError")["code"] == 7
+    assert error_of(http_api.post("/v1/queues/nope/messages", json={"value": "x"}), 404, "QueueNotFoundError")
+    assert error_of(http_api.post("/v1/queues", json={"name": queue}), 409, "QueueExistsError")["code"] == 8
+    err = error_of(http_api.get(f"/v1/queues/{queue}/partitions/9/messages"), 400, "PartitionOutOfRangeError")
     assert err["code"] == 4 and err["retriable"] is False
     err = error_of(
-        api.get(f"/v1/queues/{queue}/messages/00000001-00000000-00000000000f4240"), 404, "MessageNotFoundError"
+        http_api.get(f"/v1/queues/{queue}/messages/00000001-00000000-00000000000f4240"), 404, "MessageNotFoundError"
     )
     assert err["code"] == 11
-    assert error_of(api.get(f"/v1/queues/{queue}/messages/not-an-id"), 400, "InvalidMessageIdError")["code"] == 6
+    assert error_of(http_api.get(f"/v1/queues/{queue}/messages/not-an-id"), 400, "InvalidMessageIdError")["code"] == 6
     big = {"value": "x" * (1024 * 1024 + 1)}
-    assert error_of(api.post(f"/v1/queues/{queue}/messages", json=big), 413, "MessageTooLargeError")["code"] == 5
+    assert error_of(http_api.post(f"/v1/queues/{queue}/messages", json=big), 413, "MessageTooLargeError")["code"] == 5
 
 
 @pytest.mark.parametrize(
@@ -150,55 +135,61 @@ def test_errors_have_the_binary_protocols_codes_and_fitting_statuses(api, queue)
         (b"", "not valid JSON"),
     ],
 )
-def test_bad_produce_bodies_are_400_naming_the_field(api, queue, body, names):
-    r = api.post(f"/v1/queues/{queue}/messages", content=body)
+def test_bad_produce_bodies_are_400_naming_the_field(http_api, queue, body, names):
+    r = http_api.post(f"/v1/queues/{queue}/messages", content=body)
     err = error_of(r, 400, "InvalidArgumentError")
     assert names in err["message"] and err["code"] == 2
 
 
-def test_bad_query_parameters_name_the_parameter(api, queue):
+def test_bad_query_parameters_name_the_parameter(http_api, queue):
     err = error_of(
-        api.get(f"/v1/queues/{queue}/partitions/0/messages", params={"offset": "x"}), 400, "InvalidArgumentError"
+        http_api.get(f"/v1/queues/{queue}/partitions/0/messages", params={"offset": "x"}), 400, "InvalidArgumentError"
     )
     assert "offset" in err["message"]
-    err = error_of(api.get(f"/v1/queues/{queue}/partitions/0/messages", params={"max": 0}), 400, "InvalidArgumentError")
+    err = error_of(
+        http_api.get(f"/v1/queues/{queue}/partitions/0/messages", params={"max": 0}), 400, "InvalidArgumentError"
+    )
     assert "max must be at least 1" in err["message"]
-    assert error_of(api.get("/v1/nothing-here"), 404, "NotFound")["code"] == 1
-    assert error_of(api.put("/v1/queues"), 405, "MethodNotAllowed")
+    assert error_of(http_api.get("/v1/nothing-here"), 404, "NotFound")["code"] == 1
+    assert error_of(http_api.put("/v1/queues"), 405, "MethodNotAllowed")
 
 
-def test_admin_of_queues(api):
-    r = api.post("/v1/queues", json={"name": "adm", "partitions": 1, "ttl_s": None, "settings": {"team": "billing"}})
+def test_admin_of_queues(http_api):
+    r = http_api.post(
+        "/v1/queues", json={"name": "adm", "partitions": 1, "ttl_s": None, "settings": {"team": "billing"}}
+    )
     assert r.status_code == 201 and r.json()["config"]["ttl_s"] is None
-    assert api.post("/v1/queues", json={"name": "adm", "exist_ok": True}).status_code == 201
-    assert "adm" in [q["name"] for q in api.get("/v1/queues").json()["queues"]]
-    api.post("/v1/queues/adm/messages", json={"messages": [{"value": "x"}] * 3}).raise_for_status()
-    grown = api.post("/v1/queues/adm/partitions", json={"partitions": 3}).json()
+    assert http_api.post("/v1/queues", json={"name": "adm", "exist_ok": True}).status_code == 201
+    assert "adm" in [q["name"] for q in http_api.get("/v1/queues").json()["queues"]]
+    http_api.post("/v1/queues/adm/messages", json={"messages": [{"value": "x"}] * 3}).raise_for_status()
+    grown = http_api.post("/v1/queues/adm/partitions", json={"partitions": 3}).json()
     assert len(grown["partitions"]) == 3
-    truncated = api.post("/v1/queues/adm/truncate").json()
+    truncated = http_api.post("/v1/queues/adm/truncate").json()
     assert truncated["partitions"][0]["start_offset"] == 3 and truncated["config"]["settings"] == {"team": "billing"}
-    assert api.post("/v1/queues/adm/disable").json()["enabled"] is False
-    error_of(api.post("/v1/queues/adm/messages", json={"value": "x"}), 409, "QueueDisabledError")
-    assert api.post("/v1/queues/adm/enable").json()["enabled"] is True
-    assert api.delete("/v1/queues/adm").status_code == 204
-    error_of(api.delete("/v1/queues/adm"), 404, "QueueNotFoundError")
-    assert api.delete("/v1/queues/adm", params={"missing_ok": "true"}).status_code == 204
-    error_of(api.post("/v1/queues", json={"name": "bad name!"}), 400, "InvalidQueueNameError")
-    assert api.get("/v1/status").json()["version"]
+    assert http_api.post("/v1/queues/adm/disable").json()["enabled"] is False
+    error_of(http_api.post("/v1/queues/adm/messages", json={"value": "x"}), 409, "QueueDisabledError")
+    assert http_api.post("/v1/queues/adm/enable").json()["enabled"] is True
+    assert http_api.delete("/v1/queues/adm").status_code == 204
+    error_of(http_api.delete("/v1/queues/adm"), 404, "QueueNotFoundError")
+    assert http_api.delete("/v1/queues/adm", params={"missing_ok": "true"}).status_code == 204
+    error_of(http_api.post("/v1/queues", json={"name": "bad name!"}), 400, "InvalidQueueNameError")
+    assert http_api.get("/v1/status").json()["version"]
 
 
-def test_admin_of_subscribers(api, queue):
-    r = api.post(f"/v1/queues/{queue}/subscribers", json={"name": "audit", "start": "earliest", "tags": ["paid"]})
+def test_admin_of_subscribers(http_api, queue):
+    r = http_api.post(f"/v1/queues/{queue}/subscribers", json={"name": "audit", "start": "earliest", "tags": ["paid"]})
     assert r.status_code == 201, r.text
-    assert [s["name"] for s in api.get("/v1/subscribers", params={"queue": queue}).json()["subscribers"]] == ["audit"]
-    assert api.get(f"/v1/queues/{queue}/subscribers/audit").json()["name"] == "audit"
-    error_of(api.post(f"/v1/queues/{queue}/subscribers", json={"name": "audit"}), 409, "SubscriberExistsError")
-    assert api.delete(f"/v1/queues/{queue}/subscribers/audit").status_code == 204
-    error_of(api.get(f"/v1/queues/{queue}/subscribers/audit"), 404, "SubscriberNotFoundError")
+    assert [s["name"] for s in http_api.get("/v1/subscribers", params={"queue": queue}).json()["subscribers"]] == [
+        "audit"
+    ]
+    assert http_api.get(f"/v1/queues/{queue}/subscribers/audit").json()["name"] == "audit"
+    error_of(http_api.post(f"/v1/queues/{queue}/subscribers", json={"name": "audit"}), 409, "SubscriberExistsError")
+    assert http_api.delete(f"/v1/queues/{queue}/subscribers/audit").status_code == 204
+    error_of(http_api.get(f"/v1/queues/{queue}/subscribers/audit"), 404, "SubscriberNotFoundError")
 
 
-def test_openapi_lists_every_route_and_the_docs_page_lists_them(api):
-    spec = api.get("/v1/openapi.json").json()
+def test_openapi_lists_every_route_and_the_docs_page_lists_them(http_api):
+    spec = http_api.get("/v1/openapi.json").json()
     assert spec["openapi"].startswith("3.")
     produce = spec["paths"]["/v1/queues/{queue}/messages"]["post"]
     ref = produce["requestBody"]["content"]["application/json"]["schema"]["$ref"]
@@ -206,7 +197,7 @@ def test_openapi_lists_every_route_and_the_docs_page_lists_them(api):
     assert "value" in spec["components"]["schemas"]["MessageIn"]["properties"]
     operations = {(m.upper(), p) for p, item in spec["paths"].items() for m in item}
     assert ("GET", "/v1/queues/{queue}/events") in operations and ("POST", "/v1/groups/{group}/members") in operations
-    page = api.get("/v1/docs")
+    page = http_api.get("/v1/docs")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     for _, path in operations:  # each operation the schema names is on the page, and served
         assert path in page.text
@@ -229,14 +220,14 @@ def test_serve_without_the_http_extra_says_what_to_install(tmp_path):
     assert not (tmp_path / "d").exists()  # nothing was made for a start that could not happen
 
 
-def test_the_gateway_runs_alone_in_front_of_a_broker(broker):
+def test_the_gateway_runs_alone_in_front_of_a_broker(http_broker):
     import os
     import signal
     import subprocess
     import sys
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "headwater.http", "--server", f"127.0.0.1:{broker.port}", "--port", "0"],
+        [sys.executable, "-m", "headwater.http", "--server", f"127.0.0.1:{http_broker.port}", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -244,20 +235,20 @@ def test_the_gateway_runs_alone_in_front_of_a_broker(broker):
     try:
         line = proc.stdout.readline().decode()
         assert line.startswith("http listening 127.0.0.1:"), proc.stderr.read().decode() if not line else line
-        with httpx.Client(base_url=f"http://127.0.0.1:{int(line.rsplit(':', 1)[1])}") as api:
-            names = {q["name"] for q in api.get("/v1/queues").json()["queues"]}
-            assert names == {q["name"] for q in httpx.get(f"{broker.url}/v1/queues").json()["queues"]}
+        with httpx.Client(base_url=f"http://127.0.0.1:{int(line.rsplit(':', 1)[1])}") as http_api:
+            names = {q["name"] for q in http_api.get("/v1/queues").json()["queues"]}
+            assert names == {q["name"] for q in httpx.get(f"{http_broker.url}/v1/queues").json()["queues"]}
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
 
 
-def test_metrics_are_served_at_slash_metrics_for_prometheus(api, queue):
+def test_metrics_are_served_at_slash_metrics_for_prometheus(http_api, queue):
     from prometheus_client.parser import text_string_to_metric_families
 
     batch = [{"value": f"m{i}", "partition": 0} for i in range(7)]
-    assert api.post(f"/v1/queues/{queue}/messages", json={"messages": batch}).status_code == 200
-    r = api.get("/metrics")
+    assert http_api.post(f"/v1/queues/{queue}/messages", json={"messages": batch}).status_code == 200
+    r = http_api.get("/metrics")
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
     families = {f.name: f for f in text_string_to_metric_families(r.text)}

@@ -14,40 +14,25 @@ pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
 
 from tests.support.cluster import eventually  # noqa: E402 - after the skips
-from tests.support.http_gateway import HttpBroker  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    b = HttpBroker(tmp_path_factory.mktemp("http") / "data")
-    yield b
-    b.stop()
-
-
-@pytest.fixture(scope="module")
-def api(broker):
-    with broker.client() as c:
-        yield c
-
 
 _names = iter(range(10_000))
 
 
 @pytest.fixture
-def queue(api):
+def queue(http_api):
     name = f"c{next(_names)}"
-    assert api.post("/v1/queues", json={"name": name, "partitions": 3}).status_code == 201
+    assert http_api.post("/v1/queues", json={"name": name, "partitions": 3}).status_code == 201
     return name
 
 
-def produce(api, queue: str, n: int, start: int = 0) -> None:
+def produce(http_api, queue: str, n: int, start: int = 0) -> None:
     msgs = [{"value": f"m{i}", "key": f"k{i}"} for i in range(start, start + n)]
-    api.post(f"/v1/queues/{queue}/messages", json={"messages": msgs}).raise_for_status()
+    http_api.post(f"/v1/queues/{queue}/messages", json={"messages": msgs}).raise_for_status()
 
 
-def test_a_group_member_polls_commits_and_leaves(api, queue):
-    produce(api, queue, 30)
-    r = api.post("/v1/groups/billing/members", json={"queues": [queue]})
+def test_a_group_member_polls_commits_and_leaves(http_api, queue):
+    produce(http_api, queue, 30)
+    r = http_api.post("/v1/groups/billing/members", json={"queues": [queue]})
     assert r.status_code == 201, r.text
     member = r.json()
     assert len(member["assignment"]) == 3 and member["member_id"]
@@ -55,83 +40,95 @@ def test_a_group_member_polls_commits_and_leaves(api, queue):
     got: list[str] = []
     eventually(
         lambda: (
-            got.extend(x["value"] for x in api.get(f"{base}/records", params={"timeout_ms": 500}).json()["records"])
+            got.extend(
+                x["value"] for x in http_api.get(f"{base}/records", params={"timeout_ms": 500}).json()["records"]
+            )
             or len(got) >= 30
         )
     )
     assert sorted(got) == sorted(f"m{i}" for i in range(30))
-    committed = api.post(f"{base}/offsets").json()["committed"]
+    committed = http_api.post(f"{base}/offsets").json()["committed"]
     assert sum(c["offset"] for c in committed) == 30
-    offsets = api.get("/v1/groups/billing/offsets", params={"queue": queue}).json()["offsets"]
+    offsets = http_api.get("/v1/groups/billing/offsets", params={"queue": queue}).json()["offsets"]
     assert sum(offsets.values()) == 30
     # a long poll waits for what arrives meanwhile
-    threading.Timer(0.3, produce, (api, queue, 1, 100)).start()
+    threading.Timer(0.3, produce, (http_api, queue, 1, 100)).start()
     t0 = time.monotonic()
-    waited = api.get(f"{base}/records", params={"timeout_ms": 10_000}).json()["records"]
+    waited = http_api.get(f"{base}/records", params={"timeout_ms": 10_000}).json()["records"]
     assert [x["value"] for x in waited] == ["m100"] and time.monotonic() - t0 < 9
-    assert api.get(f"{base}").json()["generation"] == member["generation"]
-    desc = api.get("/v1/groups/billing").json()
+    assert http_api.get(f"{base}").json()["generation"] == member["generation"]
+    desc = http_api.get("/v1/groups/billing").json()
     assert [m["member_id"] for m in desc["members"]] == [member["member_id"]]
-    assert "billing" in [g["group"] for g in api.get("/v1/groups").json()["groups"]]
-    assert api.delete(base).status_code == 204
-    assert api.get(f"{base}/records").status_code == 404
-    assert api.get(f"{base}/records").json()["error"]["name"] == "UnknownMemberError"
+    assert "billing" in [g["group"] for g in http_api.get("/v1/groups").json()["groups"]]
+    assert http_api.delete(base).status_code == 204
+    assert http_api.get(f"{base}/records").status_code == 404
+    assert http_api.get(f"{base}/records").json()["error"]["name"] == "UnknownMemberError"
 
 
-def test_explicit_commits_and_a_reset_with_dry_run(api, queue):
-    produce(api, queue, 9)
-    member = api.post("/v1/groups/audit/members", json={"queues": [queue]}).json()
+def test_explicit_commits_and_a_reset_with_dry_run(http_api, queue):
+    produce(http_api, queue, 9)
+    member = http_api.post("/v1/groups/audit/members", json={"queues": [queue]}).json()
     base = f"/v1/groups/audit/members/{member['member']}"
     offsets = [{"queue": queue, "partition": p, "offset": 1} for p in range(3)]
-    assert api.post(f"{base}/offsets", json={"offsets": offsets}).status_code == 200
-    assert api.get("/v1/groups/audit/offsets", params={"queue": queue}).json()["offsets"] == {"0": 1, "1": 1, "2": 1}
-    refused = api.post("/v1/groups/audit/reset", json={"queue": queue, "to": "earliest"})
+    assert http_api.post(f"{base}/offsets", json={"offsets": offsets}).status_code == 200
+    assert http_api.get("/v1/groups/audit/offsets", params={"queue": queue}).json()["offsets"] == {
+        "0": 1,
+        "1": 1,
+        "2": 1,
+    }
+    refused = http_api.post("/v1/groups/audit/reset", json={"queue": queue, "to": "earliest"})
     assert refused.status_code == 409 and refused.json()["error"]["name"] == "GroupNotEmptyError"
-    api.delete(base).raise_for_status()
-    plan = api.post("/v1/groups/audit/reset", json={"queue": queue, "to": "latest", "dry_run": True}).json()
+    http_api.delete(base).raise_for_status()
+    plan = http_api.post("/v1/groups/audit/reset", json={"queue": queue, "to": "latest", "dry_run": True}).json()
     assert [row["before"] for row in plan["offsets"]] == [1, 1, 1] and plan["dry_run"]
-    assert api.get("/v1/groups/audit/offsets", params={"queue": queue}).json()["offsets"] == {"0": 1, "1": 1, "2": 1}
-    done = api.post("/v1/groups/audit/reset", json={"queue": queue, "to": "earliest"}).json()
+    assert http_api.get("/v1/groups/audit/offsets", params={"queue": queue}).json()["offsets"] == {
+        "0": 1,
+        "1": 1,
+        "2": 1,
+    }
+    done = http_api.post("/v1/groups/audit/reset", json={"queue": queue, "to": "earliest"}).json()
     assert [row["after"] for row in done["offsets"]] == [0, 0, 0]
-    bad = api.post("/v1/groups/audit/members", json={"queues": queue})
+    bad = http_api.post("/v1/groups/audit/members", json={"queues": queue})
     assert bad.status_code == 400 and "$.queues" in bad.json()["error"]["message"]
 
 
-def test_an_idle_member_expires_and_leaves_its_group(api, queue):
-    member = api.post("/v1/groups/idle/members", json={"queues": [queue], "idle_timeout_ms": 1000}).json()
+def test_an_idle_member_expires_and_leaves_its_group(http_api, queue):
+    member = http_api.post("/v1/groups/idle/members", json={"queues": [queue], "idle_timeout_ms": 1000}).json()
 
     def gone() -> bool:  # a group left with no members and no offsets is not found at all
-        r = api.get("/v1/groups/idle")
+        r = http_api.get("/v1/groups/idle")
         return r.status_code == 404 or not r.json()["members"]
 
     eventually(gone, what="the idle member to leave")
-    r = api.get(f"/v1/groups/idle/members/{member['member']}/records")
+    r = http_api.get(f"/v1/groups/idle/members/{member['member']}/records")
     assert r.status_code == 404 and r.json()["error"]["code"] == 61
 
 
-def test_shared_group_receive_ack_nack(api, queue):
-    produce(api, queue, 6)
+def test_shared_group_receive_ack_nack(http_api, queue):
+    produce(http_api, queue, 6)
     base = f"/v1/shared/mailers/queues/{queue}"
     got: list[dict] = []
     eventually(
         lambda: (
-            got.extend(api.post(f"{base}/receive", json={"max_messages": 10, "timeout_ms": 500}).json()["deliveries"])
+            got.extend(
+                http_api.post(f"{base}/receive", json={"max_messages": 10, "timeout_ms": 500}).json()["deliveries"]
+            )
             or len(got) >= 6
         )
     )
     assert sorted(d["value"] for d in got) == sorted(f"m{i}" for i in range(6))
     assert all(d["lease_id"] and d["attempt"] == 1 for d in got)
-    acked = api.post(f"{base}/ack", json={"lease_ids": [d["lease_id"] for d in got[:5]]}).json()
+    acked = http_api.post(f"{base}/ack", json={"lease_ids": [d["lease_id"] for d in got[:5]]}).json()
     assert acked == {"acked": 5}
-    api.post(f"{base}/nack", json={"lease_ids": [got[5]["lease_id"]], "delay_ms": 0}).raise_for_status()
-    again = eventually(lambda: api.post(f"{base}/receive", json={"timeout_ms": 500}).json()["deliveries"])
+    http_api.post(f"{base}/nack", json={"lease_ids": [got[5]["lease_id"]], "delay_ms": 0}).raise_for_status()
+    again = eventually(lambda: http_api.post(f"{base}/receive", json={"timeout_ms": 500}).json()["deliveries"])
     assert [(d["value"], d["attempt"]) for d in again] == [(got[5]["value"], 2)]
-    twice = api.post(f"{base}/ack", json={"lease_ids": [got[0]["lease_id"]]})
+    twice = http_api.post(f"{base}/ack", json={"lease_ids": [got[0]["lease_id"]]})
     assert twice.status_code == 409 and twice.json()["error"]["name"] == "LeaseExpiredError"
-    api.post(f"{base}/ack", json={"lease_ids": [again[0]["lease_id"]]}).raise_for_status()
-    info = api.get(base).json()
+    http_api.post(f"{base}/ack", json={"lease_ids": [again[0]["lease_id"]]}).raise_for_status()
+    info = http_api.get(base).json()
     assert info["group"] == "mailers"
-    bad = api.post(f"{base}/ack", json={"lease": []})
+    bad = http_api.post(f"{base}/ack", json={"lease": []})
     assert bad.status_code == 400 and "lease" in bad.json()["error"]["message"]
 
 
@@ -155,13 +152,13 @@ def read_events(client, url: str, count: int, headers: dict | None = None) -> tu
     return records, last_id
 
 
-def test_sse_resumes_after_a_disconnect_with_no_gap_and_no_repeat(broker, api, queue):
-    produce(api, queue, 40)
-    with broker.client() as c:
+def test_sse_resumes_after_a_disconnect_with_no_gap_and_no_repeat(http_broker, http_api, queue):
+    produce(http_api, queue, 40)
+    with http_broker.client() as c:
         first, last_id = read_events(c, f"/v1/queues/{queue}/events?from=earliest", 15)
     assert len(first) == 15 and last_id.count(":") == 3
-    threading.Timer(0.3, produce, (api, queue, 20, 40)).start()  # more arrive while it streams
-    with broker.client() as c:
+    threading.Timer(0.3, produce, (http_api, queue, 20, 40)).start()  # more arrive while it streams
+    with http_broker.client() as c:
         rest, _ = read_events(c, f"/v1/queues/{queue}/events", 45, headers={"Last-Event-ID": last_id})
     seen = [(r["partition"], r["offset"]) for r in first + rest]
     assert len(seen) == len(set(seen)) == 60  # no repeat
@@ -171,18 +168,18 @@ def test_sse_resumes_after_a_disconnect_with_no_gap_and_no_repeat(broker, api, q
         assert offsets == sorted(offsets)
 
 
-def test_sse_starts_where_asked_and_ends_after_max_events(api, queue):
-    produce(api, queue, 6)
-    end = {str(p["partition"]): p["end_offset"] for p in api.get(f"/v1/queues/{queue}").json()["partitions"]}
-    threading.Timer(0.5, produce, (api, queue, 1, 99)).start()
-    r = api.get(f"/v1/queues/{queue}/events", params={"from": "latest", "max_events": 1})
+def test_sse_starts_where_asked_and_ends_after_max_events(http_api, queue):
+    produce(http_api, queue, 6)
+    end = {str(p["partition"]): p["end_offset"] for p in http_api.get(f"/v1/queues/{queue}").json()["partitions"]}
+    threading.Timer(0.5, produce, (http_api, queue, 1, 99)).start()
+    r = http_api.get(f"/v1/queues/{queue}/events", params={"from": "latest", "max_events": 1})
     assert [json.loads(x[6:])["value"] for x in r.text.splitlines() if x.startswith("data: ")] == ["m99"]
     positions = ",".join(f"{p}:{o}" for p, o in end.items())
-    r = api.get(f"/v1/queues/{queue}/events", params={"from": positions, "max_events": 1})
+    r = http_api.get(f"/v1/queues/{queue}/events", params={"from": positions, "max_events": 1})
     assert "m99" in r.text
-    bad = api.get(f"/v1/queues/{queue}/events", params={"from": "yesterday"})
+    bad = http_api.get(f"/v1/queues/{queue}/events", params={"from": "yesterday"})
     assert bad.status_code == 400 and "from" in bad.json()["error"]["message"]
-    assert api.get("/v1/queues/nope/events").status_code == 404
+    assert http_api.get("/v1/queues/nope/events").status_code == 404
 
 
 def test_through_one_brokers_http_every_partition_of_a_cluster(cluster, tmp_path):
@@ -195,15 +192,15 @@ def test_through_one_brokers_http_every_partition_of_a_cluster(cluster, tmp_path
     server.start()
     try:
         port = server.wait_started()
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as api:
-            assert api.post("/v1/queues", json={"name": "spread", "partitions": 6}).status_code == 201
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http_api:
+            assert http_api.post("/v1/queues", json={"name": "spread", "partitions": 6}).status_code == 201
             msgs = [{"value": f"v{i}", "partition": i % 6} for i in range(60)]
-            results = api.post("/v1/queues/spread/messages", json={"messages": msgs}).json()["results"]
+            results = http_api.post("/v1/queues/spread/messages", json={"messages": msgs}).json()["results"]
             assert sorted({r["partition"] for r in results}) == list(range(6))
             for p in range(6):
-                page = api.get(f"/v1/queues/spread/partitions/{p}/messages", params={"offset": 0}).json()
+                page = http_api.get(f"/v1/queues/spread/partitions/{p}/messages", params={"offset": 0}).json()
                 assert [r["value"] for r in page["records"]] == [f"v{i}" for i in range(p, 60, 6)]
-            md = api.get("/v1/cluster", params={"queues": "spread"}).json()
+            md = http_api.get("/v1/cluster", params={"queues": "spread"}).json()
             [q] = md["queues"]
             assert len({p["leader"] for p in q["partitions"]}) > 1, md  # not all on broker 1
     finally:
