@@ -36,6 +36,33 @@ def _send(hw: headwater.Client, queue: str, count: int, first: int = 0) -> int:
     return count
 
 
+class Sending:
+    """A producer thread sending batches of 30 (``_send``) to a queue until the block ends."""
+
+    def __init__(self, hw: headwater.Client, queue: str) -> None:
+        self.hw, self.queue, self.sent = hw, queue, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sent += _send(self.hw, self.queue, 30, first=self.sent)
+            time.sleep(0.02)
+
+    def __enter__(self) -> Sending:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def more(self, count: int, what: str) -> None:
+        """Wait until ``count`` more messages are sent from now."""
+        start = self.sent
+        eventually(lambda: self.sent > start + count, what=what)
+
+
 class Seen:
     """What a subscriber's listeners were given, per partition, thread-safe."""
 
@@ -157,17 +184,7 @@ def test_a_moved_coordinator_keeps_the_checkpoint_and_loses_nothing(zk_server, t
             hw.admin.add_subscriber("moving", "mover", start="earliest")
             seen = Seen()
             sub = hw.subscribe("moving", "mover", listeners=[seen])
-            sent = [0]
-            stop_sending = threading.Event()
-
-            def send() -> None:
-                while not stop_sending.is_set():
-                    sent[0] += _send(hw, "moving", 30, first=sent[0])
-                    time.sleep(0.02)
-
-            sender = threading.Thread(target=send, daemon=True)
-            sender.start()
-            try:
+            with Sending(hw, "moving") as sending:
                 eventually(lambda: seen.total() > 300, what="delivery under way")
                 coordinator = hw.admin.cluster_metadata().subscriber_coordinator("moving", "mover")
                 before = eventually(lambda: hw.admin.describe_subscriber("moving", "mover").checkpoints or None)
@@ -189,16 +206,13 @@ def test_a_moved_coordinator_keeps_the_checkpoint_and_loses_nothing(zk_server, t
                 with cluster.connect(coordinator) as raw:  # the subscriber's checkpoints are refused there now
                     with pytest.raises(NotCoordinatorError):
                         raw.service.checkpoint_subscriber("moving", "mover", after)
-                count = sent[0]
-                eventually(lambda: sent[0] > count + 300, what="sends after the move")
-            finally:
-                stop_sending.set()
-                sender.join(60)
-            assert sub.wait_for(lambda: seen.total() >= sent[0], timeout_s=60), sub.error
+                sending.more(300, "sends after the move")
+            sent = sending.sent
+            assert sub.wait_for(lambda: seen.total() >= sent, timeout_s=60), sub.error
             sub.stop()
             assert sub.error is None
             seen.check_in_order()
-            assert len(seen.positions()) == sent[0] == seen.total()  # each once
+            assert len(seen.positions()) == sent == seen.total()  # each once
             ends = {p.partition: p.end_offset for p in hw.admin.describe_queue("moving").partitions}
             assert hw.admin.describe_subscriber("moving", "mover").checkpoints == ends
     finally:
@@ -329,17 +343,7 @@ def test_partitions_moved_to_a_new_broker_while_pushing_lose_nothing(zk_server, 
             hw.admin.add_subscriber("growing", "follower", start="earliest")
             seen = Seen()
             sub = hw.subscribe("growing", "follower", listeners=[seen])
-            sent = [0]
-            stop_sending = threading.Event()
-
-            def send() -> None:
-                while not stop_sending.is_set():
-                    sent[0] += _send(hw, "growing", 30, first=sent[0])
-                    time.sleep(0.02)
-
-            sender = threading.Thread(target=send, daemon=True)
-            sender.start()
-            try:
+            with Sending(hw, "growing") as sending:
                 eventually(lambda: seen.total() > 200, what="delivery under way")
                 assert set(sub.streams) == {1, 2, 3}
                 cluster.start(4)
@@ -355,19 +359,16 @@ def test_partitions_moved_to_a_new_broker_while_pushing_lose_nothing(zk_server, 
                 leaders = _leaders(hw, "growing")
                 assert 4 in leaders and leaving not in leaders
                 assert sub.wait_for(lambda: sub.streams == leaders, timeout_s=30), (sub.streams, leaders)
-                count = sent[0]
-                eventually(lambda: sent[0] > count + 200, what="sends after the moves")
-            finally:
-                stop_sending.set()
-                sender.join(60)
-            assert sub.wait_for(lambda: seen.total() >= sent[0], timeout_s=60), (sub.error, seen.total(), sent[0])
+                sending.more(200, "sends after the moves")
+            sent = sending.sent
+            assert sub.wait_for(lambda: seen.total() >= sent, timeout_s=60), (sub.error, seen.total(), sent)
             seen.check_in_order()
-            assert len(seen.positions()) == sent[0] == seen.total()  # each once
+            assert len(seen.positions()) == sent == seen.total()  # each once
 
             cluster.brokers[4].terminate()  # a leader stops: its stream is lost, the others go on
             cluster.start(4)
-            more = _send(hw, "growing", 120, first=sent[0])
-            total = sent[0] + more
+            more = _send(hw, "growing", 120, first=sent)
+            total = sent + more
             assert sub.wait_for(lambda: seen.total() >= total, timeout_s=60), (sub.error, seen.total(), total)
             assert sub.wait_for(lambda: sub.streams == _leaders(hw, "growing"), timeout_s=30)
             sub.stop()
