@@ -120,9 +120,11 @@ class Leading:
                 if sink.done():
                     return
             if spin_until:  # poll without blocking, so that this vCPU does not halt
+                # no Python call in the loop: a sink is settled only by a read here or by a
+                # poke of the wake pipe, and poll() sees both
                 ready = poller.poll(0)
-                if not ready and time.perf_counter_ns() < spin_until:
-                    continue
+                while not ready and time.perf_counter_ns() < spin_until:
+                    ready = poller.poll(0)
                 spin_until = 0  # one spin per lead: then block as usual
                 if ready:
                     if not self._lead_ready(link, wake, ready):
