@@ -114,11 +114,14 @@ def run(
     fsync: str = "everysec",
     hops: bool = False,
     count_calls: bool = False,
+    spin_us: int = 0,
     log=print,
 ) -> dict[str, Any]:
     """Alternate the two in ``rounds`` rounds of ``calls`` each: every round's figures, the
     ratios (Headwater's rate over Redis's), with ``hops`` the per-phase breakdown and with
-    ``count_calls`` the Python calls per Headwater call in the client and in the broker."""
+    ``count_calls`` the Python calls per Headwater call in the client and in the broker; with
+    ``spin_us`` a third side, the same producer whose leading caller spins that long before
+    it blocks (``lead_spin_us``), beside it without the spin."""
     import headwater
 
     ctx = mp.get_context("spawn")
@@ -138,6 +141,8 @@ def run(
                 "headwater": (lambda: producer.send_and_wait(QUEUE, BODY), broker.pid),
                 "redis": (lambda: rclient.xadd(QUEUE, {"b": BODY}), rproc.pid),
             }
+            if spin_us:
+                sides.update(_spin_sides(hw, producer, spin_us, broker.pid))
             for one, _ in sides.values():
                 for _ in range(WARMUP_CALLS):
                     one()
@@ -149,6 +154,7 @@ def run(
                 log(
                     f"round {r + 1}: {_line('headwater send_and_wait', got['headwater'])}; "
                     f"{_line(f'redis xadd ({fsync})', got['redis'])}; ratio {ratio:.2f}"
+                    + (f"; {_line(f'spin {spin_us} µs', got['spin'])}" if spin_us else "")
                 )
                 out.append({**got, "ratio": ratio})
             breakdown = _hops(producer, calls) if hops else None
@@ -163,6 +169,21 @@ def run(
             broker.join(timeout=10)
     ratios = [r["ratio"] for r in out]
     return {"rounds": out, "ratio_median": statistics.median(ratios), "hops": breakdown, "calls": counted}
+
+
+def _spin_sides(hw: Any, producer: Any, spin_us: int, pid: int) -> dict[str, tuple[Callable[[], object], int]]:
+    """send_and_wait with the leading caller's spin off ("headwater") and on ("spin")."""
+    transport = hw._service.transport  # one connection: the spin is the transport's setting
+
+    def plain() -> object:
+        transport.lead_spin_us = 0
+        return producer.send_and_wait(QUEUE, BODY)
+
+    def spin() -> object:
+        transport.lead_spin_us = spin_us
+        return producer.send_and_wait(QUEUE, BODY)
+
+    return {"headwater": (plain, pid), "spin": (spin, pid)}
 
 
 def _count_calls(ctx: Any, data: str, flush: str) -> dict[str, float]:
@@ -255,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=5000, help="calls per system per round (default 5000)")
     parser.add_argument("--flush", choices=("async", "sync"), default="async", help="the broker's flush policy")
     parser.add_argument("--fsync", choices=("everysec", "always"), default="everysec", help="Redis's appendfsync")
+    parser.add_argument(
+        "--spin-us", type=int, default=0, help="also time the caller spinning this long before it blocks"
+    )
     parser.add_argument("--hops", action="store_true", help="then time each phase of a Headwater call")
     parser.add_argument(
         "--count-calls", action="store_true", help="then count Python calls per Headwater call, client and broker"
@@ -262,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.calls < 1:
         parser.error("--rounds and --calls must be at least 1")
+    if not 0 <= args.spin_us <= 10_000:
+        parser.error("--spin-us must be from 0 (no spin side) to 10000")
     res = run(
         rounds=args.rounds,
         calls=args.calls,
@@ -269,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         fsync=args.fsync,
         hops=args.hops,
         count_calls=args.count_calls,
+        spin_us=args.spin_us,
     )
     verdict = "PASS" if res["ratio_median"] >= TARGET_RATIO else "MISS"
     print(

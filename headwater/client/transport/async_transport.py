@@ -85,7 +85,7 @@ from typing import Any
 
 from headwater._version import __version__
 from headwater.client.transport.connecting import Connecting
-from headwater.client.transport.leading import Leading
+from headwater.client.transport.leading import Leading, check_lead_spin_us, default_lead_spin_us
 from headwater.client.transport.link import (
     DEADLINE_SWEEP_S,
     WRITE_BUFFER_BYTES_MAX,
@@ -126,7 +126,9 @@ class AsyncTransport(Connecting, Reading, Leading, PushStreams):
         connect_timeout_s: float = 10.0,
         request_timeout_s: float = 60.0,
         loop: asyncio.AbstractEventLoop | None = None,
+        lead_spin_us: int | None = None,
     ) -> None:
+        self.lead_spin_us = default_lead_spin_us() if lead_spin_us is None else check_lead_spin_us(lead_spin_us)
         self.host, self.port = parse_address(address)
         self.address = f"{self.host}:{self.port}"
         self.client_name = client_name

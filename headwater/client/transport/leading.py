@@ -7,19 +7,53 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import select
 import socket
 import threading
 import time
 
 from headwater.client.transport.link import _Link
+from headwater.errors import InvalidArgumentError
 
-__all__ = ["LEAD_SLICE_S", "Leading"]
+__all__ = ["LEAD_SLICE_S", "LEAD_SPIN_US_DEFAULT", "Leading", "check_lead_spin_us", "default_lead_spin_us"]
 
 #: The longest a leading caller blocks in poll() before it looks at its answers again. The
 #: loop wakes a leader when it fails a call (a deadline, a lost connection), and so does a
 #: caller's ``interrupt``; this bounds the wait for anything else that settles an answer.
 LEAD_SLICE_S = 0.25
+#: How long a leading caller polls its socket without blocking before it blocks in poll().
+#: A caller that blocks lets its vCPU halt, and on a VM without guest halt polling waking it
+#: costs tens of µs; an answer that comes within the spin costs none (see
+#: docs/design/client.md, "One message, one round trip"). 0 disables the spin. The
+#: environment variable ``HEADWATER_LEAD_SPIN_US`` overrides it for every client made after.
+LEAD_SPIN_US_DEFAULT = 50
+#: The longest spin accepted: past it a caller burns a CPU for little.
+LEAD_SPIN_US_MAX = 10_000
+
+
+def check_lead_spin_us(lead_spin_us: object) -> int:
+    """``lead_spin_us`` checked: an int from 0 (no spin) to ``LEAD_SPIN_US_MAX``."""
+    if type(lead_spin_us) is not int or not 0 <= lead_spin_us <= LEAD_SPIN_US_MAX:
+        raise InvalidArgumentError(
+            f"lead_spin_us must be a whole number of microseconds from 0 (no spin) to {LEAD_SPIN_US_MAX}, "
+            f"got {lead_spin_us!r}"
+        )
+    return lead_spin_us
+
+
+def default_lead_spin_us() -> int:
+    """``HEADWATER_LEAD_SPIN_US`` from the environment if set, else ``LEAD_SPIN_US_DEFAULT``."""
+    raw = os.environ.get("HEADWATER_LEAD_SPIN_US", "").strip()
+    if not raw:
+        return LEAD_SPIN_US_DEFAULT
+    try:
+        return check_lead_spin_us(int(raw))
+    except (ValueError, InvalidArgumentError):
+        raise InvalidArgumentError(
+            f"HEADWATER_LEAD_SPIN_US must be a whole number of microseconds from 0 (no spin) to "
+            f"{LEAD_SPIN_US_MAX}, got {raw!r}: fix or unset it"
+        ) from None
 
 
 class Leading:
@@ -79,33 +113,53 @@ class Leading:
             poller = link.poller = select.poll()
             poller.register(link.fd, select.POLLIN)
             poller.register(wake.fileno(), select.POLLIN)
+        spin_ns = self.lead_spin_us * 1000 if timeout_s != 0 else 0  # 0: do not wait at all
+        spin_until = time.perf_counter_ns() + spin_ns if spin_ns else 0
         while True:
             for sink in sinks:
                 if sink.done():
                     return
+            if spin_until:  # poll without blocking, so that this vCPU does not halt
+                # no Python call in the loop: a sink is settled only by a read here or by a
+                # poke of the wake pipe, and poll() sees both
+                ready = poller.poll(0)
+                while not ready and time.perf_counter_ns() < spin_until:
+                    ready = poller.poll(0)
+                spin_until = 0  # one spin per lead: then block as usual
+                if ready:
+                    if not self._lead_ready(link, wake, ready):
+                        return
+                    continue
             wait_s = LEAD_SLICE_S
             if deadline is not None:
                 wait_s = min(wait_s, deadline - time.monotonic())
-            for fd, _ in poller.poll(max(0, int(wait_s * 1000 + 0.999))):  # ms, rounded up
-                if fd != link.fd:  # poked: look at the sinks again
-                    with contextlib.suppress(OSError):
-                        while wake.recv(64):
-                            pass
-                    continue
-                outcomes: list = []
-                with self._lock:
-                    if link.lost or self._link is not link:
-                        return
-                    why = self._read_locked(link, outcomes)
-                    if why is not None:
-                        self._lose_locked(link, why)
-                if outcomes:  # answers of callers who do not lead, PUSH frames: the loop's
-                    assert self._loop is not None
-                    self._loop.call_soon_threadsafe(self._deliver_read, outcomes)
-                if why is not None:
-                    return
+            ready = poller.poll(max(0, int(wait_s * 1000 + 0.999)))  # ms, rounded up
+            if ready and not self._lead_ready(link, wake, ready):
+                return
             if deadline is not None and time.monotonic() >= deadline:
                 return
+
+    def _lead_ready(self, link: _Link, wake: socket.socket, ready: list) -> bool:
+        """Read what poll() found ready; False once the connection is lost."""
+        for fd, _ in ready:
+            if fd != link.fd:  # poked: look at the sinks again
+                with contextlib.suppress(OSError):
+                    while wake.recv(64):
+                        pass
+                continue
+            outcomes: list = []
+            with self._lock:
+                if link.lost or self._link is not link:
+                    return False
+                why = self._read_locked(link, outcomes)
+                if why is not None:
+                    self._lose_locked(link, why)
+            if outcomes:  # answers of callers who do not lead, PUSH frames: the loop's
+                assert self._loop is not None
+                self._loop.call_soon_threadsafe(self._deliver_read, outcomes)
+            if why is not None:
+                return False
+        return True
 
     def _poke_leader(self, _: object = None) -> None:
         """Wake the leading caller from poll(), to look at its sinks (any thread)."""

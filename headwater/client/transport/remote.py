@@ -49,6 +49,7 @@ from typing import Any
 import msgspec
 
 from headwater.client.transport.async_transport import AsyncTransport
+from headwater.client.transport.leading import check_lead_spin_us, default_lead_spin_us
 from headwater.client.transport.polling import retrieve
 from headwater.client.transport.send_future import LazyFuture
 from headwater.errors import ClosedError, NotCoordinatorError, NotLeaderError, OutcomeUnknownError, UnavailableError
@@ -506,13 +507,25 @@ class RemoteService(StreamCalls, BrokerService):
     _pushes_any_thread = True  # a consumer's poll reads them
 
     def __init__(
-        self, address: str, *, connect_timeout_s: float = 10.0, request_timeout_s: float = 60.0, retries: int = 3
+        self,
+        address: str,
+        *,
+        connect_timeout_s: float = 10.0,
+        request_timeout_s: float = 60.0,
+        retries: int = 3,
+        lead_spin_us: int | None = None,
     ) -> None:
+        # checked before the loop's thread starts; see AsyncTransport for what it does
+        lead_spin_us = default_lead_spin_us() if lead_spin_us is None else check_lead_spin_us(lead_spin_us)
         self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="headwater-client", daemon=True)
         self._thread.start()
         self.transport = AsyncTransport(
-            address, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s, loop=self._loop
+            address,
+            connect_timeout_s=connect_timeout_s,
+            request_timeout_s=request_timeout_s,
+            loop=self._loop,
+            lead_spin_us=lead_spin_us,
         )
         self.address = self.transport.address
         self._retries = retries

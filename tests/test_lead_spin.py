@@ -1,0 +1,98 @@
+"""The leading caller's bounded spin (``lead_spin_us``): its checks, 0 disables it, and a
+connection lost while a caller spins still fails its call."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from headwater.client.transport.async_transport import AsyncTransport
+from headwater.client.transport.leading import LEAD_SPIN_US_DEFAULT
+from headwater.client.transport.remote import RemoteService
+from headwater.errors import InvalidArgumentError, UnavailableError
+from headwater.model.batch import encode_batch
+from tests.test_transport import FakeBroker, produced
+
+
+@pytest.fixture
+def broker():
+    made: list[FakeBroker] = []
+
+    def make(*args, **kw) -> FakeBroker:
+        made.append(FakeBroker(*args, **kw))
+        return made[-1]
+
+    yield make
+    for b in made:
+        b.close()
+
+
+class RecordingPoller:
+    """A leader's poll() object that records each timeout it was given (ms)."""
+
+    def __init__(self, poller) -> None:
+        self.poller = poller
+        self.timeouts_ms: list[int] = []
+
+    def poll(self, timeout_ms: int):
+        self.timeouts_ms.append(timeout_ms)
+        return self.poller.poll(timeout_ms)
+
+
+@pytest.mark.parametrize("bad", [-1, 10_001, 2.5, True, "50"])
+def test_a_bad_spin_is_refused_naming_the_setting(bad):
+    with pytest.raises(InvalidArgumentError, match="lead_spin_us must be a whole number of microseconds"):
+        AsyncTransport("127.0.0.1:1", lead_spin_us=bad)
+    with pytest.raises(InvalidArgumentError, match="lead_spin_us"):  # before it starts a thread
+        RemoteService("127.0.0.1:1", lead_spin_us=bad)
+
+
+def test_the_environment_sets_the_default_and_a_bad_value_is_named(monkeypatch):
+    monkeypatch.delenv("HEADWATER_LEAD_SPIN_US", raising=False)
+    assert AsyncTransport("127.0.0.1:1").lead_spin_us == LEAD_SPIN_US_DEFAULT
+    monkeypatch.setenv("HEADWATER_LEAD_SPIN_US", "0")
+    assert AsyncTransport("127.0.0.1:1").lead_spin_us == 0
+    assert AsyncTransport("127.0.0.1:1", lead_spin_us=20).lead_spin_us == 20  # the argument wins
+    monkeypatch.setenv("HEADWATER_LEAD_SPIN_US", "fifty")
+    with pytest.raises(InvalidArgumentError, match="HEADWATER_LEAD_SPIN_US .* got 'fifty': fix or unset it"):
+        AsyncTransport("127.0.0.1:1")
+
+
+def _polls_of_one_produce(broker, spin_us: int) -> list[int]:
+    fake = broker(lambda body: produced(3), answer_delay_s=0.02)  # answers after the spin ends
+    svc = RemoteService(fake.address, lead_spin_us=spin_us)
+    try:
+        svc.produce("q", 0, encode_batch([b"x"]))  # the leader's poller exists from here
+        link = svc.transport._link
+        recording = link.poller = RecordingPoller(link.poller)
+        assert svc.produce("q", 0, encode_batch([b"y"])).base_offset == 3
+        return recording.timeouts_ms
+    finally:
+        svc.close()
+
+
+def test_zero_disables_the_spin_and_a_spin_polls_without_blocking_first(broker):
+    without = _polls_of_one_produce(broker, 0)
+    assert without and 0 not in without  # it blocked in poll() at once
+    spun = _polls_of_one_produce(broker, 1000)
+    assert spun[0] == 0 and any(t > 0 for t in spun)  # spun, then blocked: the answer came late
+
+
+def test_a_connection_lost_while_the_caller_spins_fails_its_call(broker):
+    fake = broker()
+
+    def drop(body):
+        fake.drop_connections()  # on the produce, while its caller spins
+        return None
+
+    fake.answer = drop
+    svc = RemoteService(fake.address, request_timeout_s=30, lead_spin_us=10_000)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(UnavailableError, match="lost"):
+            svc.produce("q", 0, encode_batch([b"x"]))
+        assert time.monotonic() - t0 < 10  # the loss, not the request's 30 s deadline
+        svc.ping()  # the next call reconnects
+    finally:
+        svc.close()
