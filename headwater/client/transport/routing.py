@@ -366,29 +366,23 @@ class RoutedService(RoutedGroupCalls, RoutedKeyedCalls, RoutedSubscriberCalls, B
             name = self.refresh(time.monotonic() + self.request_timeout_s).queue_of(queue_id)
         return name
 
-    def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
-        """The message of an id, from its partition's leader (a delayed id's too: the
-        leader keeps the partition's schedule)."""
+    def _by_id(self, api: m.ApiKey, queue_id: int, partition: int, call: Callable[[RemoteService], T]) -> T:
+        """``call`` at the leader of a message id's partition (a delayed id's too: the leader
+        keeps its schedule), or at the bootstrap broker, for its MessageNotFoundError, when no
+        table knows the queue."""
         name = self._queue_named(queue_id)
         if name is None:
-            return self._home.lookup_id(queue_id, partition, offset)  # its MessageNotFoundError
-        return self._routed(
-            m.ApiKey.LOOKUP_ID,
-            name,
-            partition & ~DELAYED_BIT,
-            lambda s: s.lookup_id(queue_id, partition, offset),
-        )
+            return call(self._home)
+        return self._routed(api, name, partition & ~DELAYED_BIT, call)
+
+    def lookup_id(self, queue_id: int, partition: int, offset: int) -> tuple[str, bytes]:
+        """The message of an id, from its partition's leader."""
+        return self._by_id(m.ApiKey.LOOKUP_ID, queue_id, partition, lambda s: s.lookup_id(queue_id, partition, offset))
 
     def cancel_delayed(self, queue_id: int, partition: int, offset: int) -> None:
         """Cancel a delayed message at its partition's leader, which keeps its schedule."""
-        name = self._queue_named(queue_id)
-        if name is None:
-            return self._home.cancel_delayed(queue_id, partition, offset)  # its MessageNotFoundError
-        return self._routed(
-            m.ApiKey.CANCEL_DELAYED,
-            name,
-            partition & ~DELAYED_BIT,
-            lambda s: s.cancel_delayed(queue_id, partition, offset),
+        return self._by_id(
+            m.ApiKey.CANCEL_DELAYED, queue_id, partition, lambda s: s.cancel_delayed(queue_id, partition, offset)
         )
 
     # -- queue-wide calls -----------------------------------------------------------------
