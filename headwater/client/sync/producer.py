@@ -230,7 +230,10 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
                 else:
                     info = self._queue_info(queue, now_ms=now_ms)
                 size = check_message(body, info.config.message_bytes_max)
-                p = self._partitioner.for_message(body, len(info.partitions))
+                strategy = self._partitioner.strategy
+                p = None  # for_message's answer for bytes without a key, but for these two:
+                if strategy == "key" or callable(strategy):
+                    p = self._partitioner.for_message(body, len(info.partitions))
                 r = self._send_sync(queue, p, info, [body], size)
                 return MessageId(r.queue_id, r.partition, r.base_offset)
         at = self._deliver_at(deliver_at, delay)
