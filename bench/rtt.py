@@ -241,21 +241,21 @@ def _hops(producer: Any, calls: int) -> dict[str, float]:
 
     clock = time.perf_counter_ns
     stamp: dict[str, int] = {}
-    write, read = AsyncTransport._write_locked, AsyncTransport._read_locked
+    write, read = AsyncTransport._write_locked, AsyncTransport._lead_ready  # the leader reads in _lead_ready
 
     def timed_write(self: Any, link: Any, chunks: list) -> None:
         stamp["write"] = clock()
         write(self, link, chunks)
         stamp["written"] = clock()
 
-    def timed_read(self: Any, link: Any, outcomes: list) -> Any:
+    def timed_read(self: Any, link: Any, wake: Any, ready: list) -> bool:
         stamp.setdefault("readable", clock())
-        why = read(self, link, outcomes)
+        alive = read(self, link, wake, ready)
         stamp["read"] = clock()
-        return why
+        return alive
 
     samples: dict[str, list[int]] = {name: [] for name, _, _ in PHASES}
-    AsyncTransport._write_locked, AsyncTransport._read_locked = timed_write, timed_read  # type: ignore[method-assign]  # a probe's wrappers, removed below
+    AsyncTransport._write_locked, AsyncTransport._lead_ready = timed_write, timed_read  # type: ignore[method-assign]  # a probe's wrappers, removed below
     try:
         for _ in range(calls):
             stamp.clear()
@@ -266,7 +266,7 @@ def _hops(producer: Any, calls: int) -> dict[str, float]:
                 for name, a, b in PHASES:
                     samples[name].append(stamp[b] - stamp[a])
     finally:
-        AsyncTransport._write_locked, AsyncTransport._read_locked = write, read  # type: ignore[method-assign]  # restored
+        AsyncTransport._write_locked, AsyncTransport._lead_ready = write, read  # type: ignore[method-assign]  # restored
     return {name: statistics.median(v) / 1000 for name, v in samples.items() if v}
 
 

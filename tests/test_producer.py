@@ -1022,3 +1022,17 @@ def test_the_asyncio_producer_sends_under_a_named_identity_alike(aio_target):
         await p.close()
 
     run(aio_target, test)
+
+
+def test_send_and_wait_of_plain_bytes_asks_a_partitioner_that_decides_per_message(hw):
+    """send_and_wait(queue, bytes) skips the partitioner's per-message call for the sticky
+    strategies only: a callable still picks the partition, and "key" still refuses a message
+    without a key."""
+    hw.admin.create_queue("picked", partitions=3)
+    with hw.producer(partitioner=lambda msg, n: n - 1) as p:
+        assert [p.send_and_wait("picked", b"x").partition for _ in range(3)] == [2, 2, 2]
+    with hw.producer(partitioner="key") as p:
+        with pytest.raises(InvalidArgumentError, match="needs every message to have a key"):
+            p.send_and_wait("picked", b"x")
+    with hw.producer(partitioner="round_robin") as p:
+        assert sorted(p.send_and_wait("picked", b"x").partition for _ in range(3)) == [0, 1, 2]

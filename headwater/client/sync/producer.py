@@ -216,14 +216,24 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
         calling thread; otherwise it joins the partition's next batch. A send callback cannot
         call it (:class:`UsageError`): it waits.
         """
-        self._refuse_in_sender("send_and_wait()")
+        sender, me = self._sender, threading.get_ident()  # _in_sender(), inline: once per call
+        if (sender is not None and sender.ident == me) or me in self._calling_back:
+            self._refuse_in_sender("send_and_wait()")
         if type(body) is bytes and key is None and tag is None and properties is None and partition is None:
             if callback is None and deliver_at is None and delay is None:  # the common first program
                 # _prepare's and _choose_partition's checks, without their calls (issue 32)
                 self._check_open()
-                info = self._queue_info(queue)
+                got = self._metadata.entries.get(queue)  # _queue_info's fresh copy, inline
+                now_ms = time.monotonic() * 1000
+                if got is not None and now_ms - got[0] <= self._metadata.max_age_ms:
+                    info = got[1]
+                else:
+                    info = self._queue_info(queue, now_ms=now_ms)
                 size = check_message(body, info.config.message_bytes_max)
-                p = self._partitioner.for_message(body, len(info.partitions))
+                strategy = self._partitioner.strategy
+                p = None  # for_message's answer for bytes without a key, but for these two:
+                if strategy == "key" or callable(strategy):
+                    p = self._partitioner.for_message(body, len(info.partitions))
                 r = self._send_sync(queue, p, info, [body], size)
                 return MessageId(r.queue_id, r.partition, r.base_offset)
         at = self._deliver_at(deliver_at, delay)
@@ -532,7 +542,7 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
             self._check_open()
             p = partition if partition is not None else self._partitioner.sticky(queue, len(info.partitions))
             ps = self._core.partition(queue, p, deliver_at_ms)
-            b = self._core.exclusive(ps, messages, _now_ms(), deliver_at_ms)
+            b = self._core.exclusive(ps, messages, time.monotonic() * 1000, deliver_at_ms)  # _now_ms()
         if b is not None:
             return self._send_inline(b, cap)  # type: ignore[arg-type]  # the core made it with _Batch
         return self._send_groups(queue, info, {p: messages}, deliver_at_ms, None if size is None else {p: size})[p]
