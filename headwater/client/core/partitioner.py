@@ -61,6 +61,9 @@ class Partitioner:
                 f"function (message, partition_count) -> partition"
             )
         self.strategy = strategy
+        #: True when a message of bare bytes (no key) needs ``for_message``: under the other
+        #: strategies it goes to the sticky partition, which a hot path may take as None
+        self.bytes_need_asking = callable(strategy) or strategy == "key"
         self._rng = rng or random.Random()
         # round robin from a random place: producers that send a batch or two and exit (the
         # CLI's produce, a cron job) would otherwise all fill partition 0

@@ -230,9 +230,8 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
                 else:
                     info = self._queue_info(queue, now_ms=now_ms)
                 size = check_message(body, info.config.message_bytes_max)
-                strategy = self._partitioner.strategy
-                p = None  # for_message's answer for bytes without a key, but for these two:
-                if strategy == "key" or callable(strategy):
+                p = None  # for_message's answer for bare bytes, unless the strategy must be asked
+                if self._partitioner.bytes_need_asking:
                     p = self._partitioner.for_message(body, len(info.partitions))
                 r = self._send_sync(queue, p, info, [body], size)
                 return MessageId(r.queue_id, r.partition, r.base_offset)
