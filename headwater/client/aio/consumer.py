@@ -39,8 +39,21 @@ class AsyncConsumer(ConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
         )
 
     async def _wait_any(self, futures: list[Any], timeout_s: float, *, lead: bool = True) -> None:
-        if timeout_s > 0 and futures:
-            await asyncio.wait(futures, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        if timeout_s <= 0 or not futures:
+            return
+        waiter = self._push_waiter
+        if len(futures) == 1 and futures[0] is waiter and waiter is not None:
+            # the common wait of a streaming poll: for the next push alone. asyncio.wait
+            # would make a future, a timer and callbacks of its own (about 20 Python calls a
+            # push); the waiter is this poll's own and dropped after it, so the timer may
+            # settle it itself
+            timer = asyncio.get_running_loop().call_later(timeout_s, _time_up, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+            return
+        await asyncio.wait(futures, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
 
     def _new_waiter(self) -> asyncio.Future[None]:
         return asyncio.get_running_loop().create_future()
@@ -108,3 +121,9 @@ class AsyncConsumer(ConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
             if got:
                 return got[0]
         raise StopAsyncIteration
+
+
+def _time_up(waiter: asyncio.Future[None]) -> None:
+    """A poll's wait for a push ran out of time: end it (the poll then returns what it has)."""
+    if not waiter.done():
+        waiter.set_result(None)

@@ -23,7 +23,6 @@ OffsetOutOfRange: reading on from there would skip every record up to it, silent
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import itertools
 import logging
 from collections import deque
@@ -278,15 +277,23 @@ class ConsumerPositions(Closable):
         self._inflight.pop(tp, None)
 
     def _push_arrived(self) -> None:
-        """A push came (on any thread, or on the loop): end the wait for one."""
-        self._settle(self._push_waiter)
+        """A push came (on any thread, or on the loop): end the wait for one. (``_settle``
+        inline: this runs once per push, in the thread that reads it.)"""
+        waiter = self._push_waiter
+        if waiter is not None and not waiter.done():
+            try:
+                waiter.set_result(None)
+            except concurrent.futures.InvalidStateError:  # done meanwhile, on another thread
+                pass
 
     @staticmethod
     def _settle(waiter: Any) -> None:
         """End a wait on ``waiter`` (None: nobody waits), unless another thread or task did."""
         if waiter is not None and not waiter.done():
-            with contextlib.suppress(concurrent.futures.InvalidStateError):  # done meanwhile, on another thread
+            try:  # (not contextlib.suppress: three Python calls more)
                 waiter.set_result(None)
+            except concurrent.futures.InvalidStateError:  # done meanwhile, on another thread
+                pass
 
     # -- polling and committing -----------------------------------------------------------
 

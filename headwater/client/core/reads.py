@@ -75,7 +75,8 @@ def check_poll(max_messages: object, timeout_ms: object, default_messages: int, 
     ``call``: the method's name in the errors (a shared consumer's ``receive``)."""
     if max_messages is None:
         limit = default_messages
-    elif positive_int(max_messages):
+    elif (type(max_messages) is int and max_messages > 0) or positive_int(max_messages):
+        # a plain int tested inline first: every poll() checks its arguments, twice when it waits
         limit = max_messages  # type: ignore[assignment]  # None means no limit, narrowed just below
     else:
         default = "max_poll_messages" if call == "poll" else default_messages

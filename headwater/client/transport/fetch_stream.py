@@ -125,13 +125,21 @@ class FetchStreams:
 
     def openings(self) -> list[Any]:
         """The futures of the answers still awaited (to wait on with the pushes)."""
-        return [s.opening for s in self._streams.values() if s.opening is not None and not s.opening.done()]
+        # a loop, not a comprehension: it runs before every wait, and a comprehension is a call
+        waiting = []
+        for s in self._streams.values():
+            if s.opening is not None and not s.opening.done():
+                waiting.append(s.opening)
+        return waiting
 
     def wait_s(self, remaining: float) -> float:
         """How long the consumer may wait for a push: ``remaining``, or less when a stream
         that failed to open is due to be tried again sooner."""
-        due = [s.retry_at for s in self._streams.values() if s.sid is None]
-        return min([remaining, *(t - time.monotonic() for t in due)]) if due else remaining
+        wait = remaining
+        for s in self._streams.values():  # (no comprehension: this runs before every wait)
+            if s.sid is None:
+                wait = min(wait, s.retry_at - time.monotonic())
+        return wait
 
     def pending(self) -> bool:
         """Whether something waits to be taken: a push, the news of a lost connection, the
