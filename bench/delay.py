@@ -25,6 +25,7 @@ with its data under /tmp (removed afterwards); this process produces and consume
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import shutil
@@ -92,6 +93,17 @@ def _send(
 ) -> float:
     """Send n messages (with deliver times when given); seconds to the end of flush()."""
     p = hw.producer(linger_ms=5, partitioner="round_robin", **settings)
+    gc_s = [0.0, 0.0]  # the client's time in the cyclic garbage collector, and when one began
+    gc_runs = [0, 0, 0]  # its collections by generation
+
+    def _gc_timer(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_s[1] = time.perf_counter()
+            gc_runs[info["generation"]] += 1
+        else:
+            gc_s[0] += time.perf_counter() - gc_s[1]
+
+    gc.callbacks.append(_gc_timer)
     c0, b0 = time.process_time(), _cpu_s(broker_pid) if broker_pid else 0.0
     t = time.perf_counter()
     if times is None:
@@ -102,8 +114,11 @@ def _send(
             p.send(queue, BODY, partition=i % partitions, deliver_at=times[i])
     p.flush()
     took = time.perf_counter() - t
+    gc.callbacks.remove(_gc_timer)
     if cpu is not None:
         cpu["client_cpu_s"] = round(time.process_time() - c0, 2)
+        cpu["client_gc_s"] = round(gc_s[0], 2)
+        cpu["client_gc_runs"] = gc_runs
         cpu["broker_cpu_s"] = round(_cpu_s(broker_pid) - b0, 2) if broker_pid else None
     p.close()
     return took
@@ -201,6 +216,11 @@ def _print(r: dict) -> None:
         f"  CPU seconds while sending: plain client {c['plain']['client_cpu_s']}, broker "
         f"{c['plain']['broker_cpu_s']}; delayed client {c['delayed']['client_cpu_s']}, broker "
         f"{c['delayed']['broker_cpu_s']}"
+    )
+    print(
+        f"  of which the client's garbage collector: plain {c['plain']['client_gc_s']} s, "
+        f"delayed {c['delayed']['client_gc_s']} s (collections by generation: "
+        f"{c['plain']['client_gc_runs']}, {c['delayed']['client_gc_runs']})"
     )
     print(
         f"  all accepted {r['accepted_before_window_s']} s before the window opened; delivered "
