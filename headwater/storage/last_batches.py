@@ -28,6 +28,7 @@ True
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import NamedTuple
 
 __all__ = ["LastBatches", "Tail", "BATCH_BYTES_MAX", "BYTES_MAX"]
 
@@ -37,16 +38,17 @@ BYTES_MAX = 4 * 1024 * 1024  # the copies of all partitions; past it the least r
 Key = tuple[int, int]  # (queue id, partition)
 
 
-class Tail:
+class Tail(NamedTuple):
     """A copy of a partition's last batch as stored, and the offsets it holds."""
 
-    __slots__ = ("base_offset", "end_offset", "tag_mask", "data")
+    base_offset: int
+    end_offset: int
+    tag_mask: int
+    data: bytes
 
-    def __init__(self, base_offset: int, end_offset: int, tag_mask: int, data: bytes) -> None:
-        self.base_offset = base_offset
-        self.end_offset = end_offset
-        self.tag_mask = tag_mask
-        self.data = data
+
+# a Tail from a tuple without the namedtuple's Python-level __new__: one call fewer per append
+_new_tail = tuple.__new__
 
 
 class LastBatches:
@@ -69,7 +71,7 @@ class LastBatches:
             self.bytes -= len(old.data)
         if len(head) + len(rest) > self.batch_bytes_max:
             return
-        tails[key] = Tail(base_offset, end_offset, tag_mask, head + rest)
+        tails[key] = _new_tail(Tail, (base_offset, end_offset, tag_mask, head + rest))
         self.bytes += len(head) + len(rest)
         while self.bytes > self.bytes_max:
             self.bytes -= len(tails.popitem(last=False)[1].data)

@@ -328,7 +328,8 @@ class LogStore(LogAdmin, LogReads, LogRetention):
             if self._queues.get(queue) is not q:  # deleted (or re-created) meanwhile
                 q = self._usable_queue(queue)
                 self._partition(q, partition)
-            dup = self._producers.check(h, q.entry.queue_id, partition)
+            # a plain (non-idempotent) batch has nothing to check: skip the call
+            dup = None if h.producer_id < 0 else self._producers.check(h, q.entry.queue_id, partition)
             if dup is None:
                 result, end_pos = self._append_locked(q, partition, h, batch, hashes)
             else:  # a retry: already appended, maybe not yet durable
@@ -373,7 +374,8 @@ class LogStore(LogAdmin, LogReads, LogRetention):
         # broker_reserved=broker_reserved), without its two Python-level calls
         stored = _new_tuple(BatchHeader, (*h[:2], qid, partition, base, ts, broker_reserved, *h[7:]))
         self._active_index.add_batch(stored, pos, hashes)
-        self._producers.record(h, qid, partition, base, ts)
+        if h.producer_id >= 0:  # record() ignores plain batches: skip the call
+            self._producers.record(h, qid, partition, base, ts)
         end = base + h.count
         pl.end_offset = end
         self._last.keep((qid, partition), base, end, h.tag_mask, prefix, body)
