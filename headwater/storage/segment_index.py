@@ -72,14 +72,6 @@ class PartitionEntries:
     def columns(self) -> tuple[array[int], ...]:
         return (self.offsets, self.counts, self.positions, self.sizes, self.timestamps, self.tag_masks)
 
-    def add(self, base_offset: int, count: int, position: int, size: int, ts: int, tag_mask: int) -> None:
-        self.offsets.append(base_offset)
-        self.counts.append(count)
-        self.positions.append(position)
-        self.sizes.append(size)
-        self.timestamps.append(ts)
-        self.tag_masks.append(tag_mask)
-
     def __len__(self) -> int:
         return len(self.offsets)
 
@@ -133,7 +125,7 @@ class SegmentIndex:
         pe = self.partitions.get(key)
         if pe is None:
             pe = self.partitions[key] = PartitionEntries()
-        # pe.add(...) inline: one Python call fewer per append (4 + length: h.size)
+        # the batch's row, appended here rather than by a method: once per append (4 + length: h.size)
         pe.offsets.append(h.base_offset)
         pe.counts.append(h.count)
         pe.positions.append(position)
