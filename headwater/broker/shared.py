@@ -39,17 +39,17 @@ from collections.abc import Callable
 
 import msgspec
 
-from headwater.broker.shared_cluster import SharedCluster, append_dead_letters
+from headwater.broker.shared_cluster import SharedCluster, append_dead_letters, ensure_dead_letter_queue
 from headwater.broker.shared_core import LeaderGate, SharedGroupsCore
 from headwater.broker.shared_handoff import export_partition, image_of
 from headwater.broker.shared_state import Changes, PartitionImage, SharedQueueState
-from headwater.errors import QueueExistsError, QueueNotFoundError
+from headwater.errors import HeadwaterError, QueueExistsError, QueueNotFoundError
 from headwater.model.batch import decode_records, encode_batch
 from headwater.model.config import INTERNAL_PREFIX, QueueConfig, QueueInfo
 from headwater.model.delay import HandoffPage
 from headwater.model.message import Message
 from headwater.model.service import FetchResult
-from headwater.model.shared import HandedOffShared, SharedGroupSettings
+from headwater.model.shared import HandedOffShared, SharedGroupSettings, dead_letter_queue_name
 from headwater.storage.api import Store
 
 __all__ = ["SharedGroups", "SharedWaiters", "SHARED_QUEUE"]
@@ -156,6 +156,19 @@ class SharedGroups(SharedGroupsCore):
 
     def _gate(self) -> LeaderGate | None:
         return self._cluster()
+
+    def _before_nack(self, queue: str) -> None:
+        cluster = self._cluster()
+        if cluster is None:
+            return  # alone, the store makes the dlq at once under the lock
+        dlq = dead_letter_queue_name(queue)
+        try:
+            self._store.describe_queue(dlq)
+        except QueueNotFoundError:  # a nack may use up attempts: have the dlq before the lock
+            try:
+                ensure_dead_letter_queue(self._store, cluster, dlq, self._queue_info(queue).config)
+            except HeadwaterError as e:  # its dead letters wait and are tried again, as before
+                log.info("dead-letter queue %s not made before a nack: %s", dlq, e)
 
     def _append_dead_letters(self, dlq: str, like: QueueConfig, partition: int, batch: bytes) -> None:
         cluster = self._cluster()

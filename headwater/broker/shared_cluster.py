@@ -7,11 +7,18 @@ broker leads that partition, else sent to its leader with a PRODUCE over
 :class:`~headwater.broker.peer.PeerClient`. Either way they are durable before the change
 record that marks them dead is written (the order a broker alone keeps too).
 
-Thread-safety: the callers' (the shared groups' lock).
+Thread-safety: :func:`append_dead_letters` runs under the shared groups' lock, so it never
+waits for a dead-letter queue to be made: the broker applies a new cluster queue on a thread
+that may need that lock (it adopts partitions' shared state), and a wait there held both
+until the wait timed out. A missing dlq is made on a thread of its own instead, and the dead
+letters are tried again (``DEAD_LETTER_RETRY_MS``); a nack makes sure of the dlq before it
+takes the lock (:func:`ensure_dead_letter_queue`), so its dead letters go at once.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from contextlib import AbstractContextManager
 from typing import Protocol
@@ -21,7 +28,9 @@ from headwater.errors import NotLeaderError, QueueExistsError, QueueNotFoundErro
 from headwater.model.config import QueueConfig, QueueInfo
 from headwater.storage.api import Store
 
-__all__ = ["SharedCluster", "append_dead_letters"]
+log = logging.getLogger("headwater.shared")
+
+__all__ = ["SharedCluster", "append_dead_letters", "ensure_dead_letter_queue"]
 
 DLQ_APPEAR_S = 30.0  # how long a dlq made by another broker may take to reach this one
 PEER_TIMEOUT_S = 10.0  # connect and answer, for one remote dead-letter batch
@@ -43,7 +52,7 @@ def append_dead_letters(
     """Write the dead letters of ``partition`` (one batch) to ``dlq`` on the cluster,
     creating it (settings ``like``) if needed. Raises a retriable error when the dlq
     partition's leader cannot take them now (the caller tries again later)."""
-    info = _dead_letter_queue(store, cluster, dlq, like)
+    info = _dead_letter_queue_here(store, cluster, dlq, like)
     target = partition % len(info.partitions)
     if cluster.leads(dlq, target):
         with cluster.producing(dlq, target):
@@ -61,7 +70,38 @@ def append_dead_letters(
         raise UnavailableError(f"the leader of {dlq}[{target}] at {address} did not take the dead letters: {e}") from e
 
 
-def _dead_letter_queue(store: Store, cluster: SharedCluster, dlq: str, like: QueueConfig) -> QueueInfo:
+_making: set[str] = set()  # the dlqs a thread of their own is making now
+_making_lock = threading.Lock()
+
+
+def _dead_letter_queue_here(store: Store, cluster: SharedCluster, dlq: str, like: QueueConfig) -> QueueInfo:
+    """``dlq`` if this broker has it; else start making it (once at a time) and raise a
+    retriable error, without waiting (see the module's thread-safety)."""
+    try:
+        return store.describe_queue(dlq)
+    except QueueNotFoundError:
+        pass
+    with _making_lock:
+        start = dlq not in _making
+        _making.add(dlq)
+    if start:
+
+        def make() -> None:
+            try:
+                ensure_dead_letter_queue(store, cluster, dlq, like)
+            except Exception as e:  # noqa: BLE001 - logged by the retry that follows; this thread must end
+                log.info("making dead-letter queue %s: %s; tried again with its dead letters", dlq, e)
+            finally:
+                with _making_lock:
+                    _making.discard(dlq)
+
+        threading.Thread(target=make, name=f"headwater-dlq-{dlq}", daemon=True).start()
+    raise UnavailableError(f"dead-letter queue {dlq} is being made on the cluster")
+
+
+def ensure_dead_letter_queue(store: Store, cluster: SharedCluster, dlq: str, like: QueueConfig) -> QueueInfo:
+    """``dlq`` made on the cluster (settings ``like``) if it is not yet, once it has reached
+    this broker. It waits: never call it under the shared groups' lock."""
     try:
         return store.describe_queue(dlq)
     except QueueNotFoundError:

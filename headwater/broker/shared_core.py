@@ -120,6 +120,11 @@ class SharedGroupsCore:
         """Append to the dead-letter queue ``dlq``, creating it (settings ``like``) if needed."""
         raise NotImplementedError
 
+    def _before_nack(self, queue: str) -> None:
+        """Before a nack takes the lock: what its dead letters may need (on a cluster, the
+        dead-letter queue made), so that none of it waits under the lock."""
+        return None
+
     def _persist(self, st: SharedQueueState, changes: Changes) -> Any:
         """Record the changes; return what :meth:`_wait_durable` needs (None: nothing)."""
         return None
@@ -266,6 +271,8 @@ class SharedGroupsCore:
 
         def op(st: SharedQueueState, leases: list[LeaseId], now: int, changes: Changes):
             return st.nack(member, leases, reason, delay_ms, now, changes)
+
+        self._before_nack(queue)
 
         return self._lease_op(group, queue, member, lease_ids, op)
 
