@@ -35,7 +35,7 @@ from pathlib import Path
 
 from tests.support.broker_process import free_port
 
-FOLLOW_S = 3  # how long a command that follows runs before its Ctrl-C (it starts in about 0.5 s)
+FOLLOW_S = 4  # how long a command that follows runs before its Ctrl-C (it starts in about 0.5 s)
 
 _FENCE = re.compile(r"^```\s*([\w+-]*)\s*$")
 _SCRIPT_LANGS = {"sh", "bash", "shell", ""}  # blocks of commands, run as they are
