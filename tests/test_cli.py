@@ -12,54 +12,19 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 import headwater
 from headwater.cli import queues
 from headwater.cli.main import app
 from headwater.cli.output import iso_utc
+from tests.support.command_line import ENV, DataCli
 
-ENV = {
-    # a wide, colourless, predictable console whatever the developer's shell exports
-    "COLUMNS": "200",
-    "FORCE_COLOR": None,
-    "TTY_COMPATIBLE": None,
-    "HEADWATER_DATA": None,
-    "HEADWATER_SERVER": None,
-}
 ID_LEN = len("00000001-00000000-0000000000000000")
 
 
-class Cli:
-    """Runs ``headwater --data DIR ...`` in-process and checks how it ended."""
-
-    def __init__(self, data: Path) -> None:
-        self.data = data
-        self.runner = CliRunner(env=ENV)
-
-    def __call__(self, *args: str, input: str | bytes | None = None, code: int = 0, data: bool = True):
-        argv = (["--data", str(self.data)] if data else []) + list(args)
-        result = self.runner.invoke(app, argv, input=input)
-        if result.exception is not None and not isinstance(result.exception, SystemExit):
-            raise result.exception
-        assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-        assert "Traceback" not in result.output
-        return result
-
-    def error(self, *args: str, code: int = 1, **kw) -> str:
-        """Run a command that must fail; return its stderr (one ``error: ...`` line and hints)."""
-        result = self(*args, code=code, **kw)
-        if code == 1:
-            assert result.stderr.startswith("error: "), result.stderr
-        return result.stderr
-
-    def json_lines(self, *args: str) -> list[dict]:
-        return [json.loads(line) for line in self(*args, "--json").stdout.splitlines()]
-
-
 @pytest.fixture
-def cli(tmp_path) -> Cli:
-    return Cli(tmp_path / "data")
+def cli(tmp_path) -> DataCli:
+    return DataCli(tmp_path / "data")
 
 
 @pytest.fixture
@@ -262,7 +227,7 @@ def test_scan_json_keys_and_values(cli, q):
     assert plain["key"] is None and plain["tag"] is None and plain["properties"] == {}
 
 
-def cli_record(cli: Cli, mid: str):
+def cli_record(cli: DataCli, mid: str):
     with headwater.open(cli.data) as hw:
         return hw.get(mid)
 
@@ -339,7 +304,7 @@ def test_get(cli, q):
     assert "no queue has id 255" in cli.error("get", "000000ff" + mid[8:])
 
 
-def _delivered(cli: Cli, q: str, value: str, timeout_s: float = 10.0) -> dict:
+def _delivered(cli: DataCli, q: str, value: str, timeout_s: float = 10.0) -> dict:
     """The JSON line of the delayed message ``value`` once it was delivered. A data
     directory delivers what came due when a process opens it read-write (a broker, a
     program, a writing command); ``scan`` opens it read-only and changes nothing, so the
@@ -455,7 +420,7 @@ def test_data_directory_problems(cli, tmp_path):
     other = tmp_path / "photos"
     other.mkdir()
     (other / "cat.jpg").write_bytes(b"\xff\xd8")
-    err = Cli(other).error("queue", "create", "x")
+    err = DataCli(other).error("queue", "create", "x")
     assert "not a Headwater data directory" in err and "cat.jpg" in err
     assert not (other / "headwater.json").exists()
 

@@ -13,12 +13,12 @@ import pytest
 
 from headwater.cli.main import app
 from tests.support.broker_process import free_port
-from tests.test_cli import ENV, Cli
+from tests.support.command_line import ENV, DataCli
 
 
 @pytest.fixture
-def cli(tmp_path) -> Cli:
-    return Cli(tmp_path / "data")
+def cli(tmp_path) -> DataCli:
+    return DataCli(tmp_path / "data")
 
 
 def test_global_options_after_the_command(cli):
@@ -98,7 +98,7 @@ def test_serve_prints_an_address_server_takes_and_warns_beyond_loopback(tmp_path
         line = proc.stdout.readline()  # 'listening HOST:PORT' once it is up
         assert line.startswith("listening"), line
         deadline = time.monotonic() + 20
-        cli = Cli(tmp_path / "unused")
+        cli = DataCli(tmp_path / "unused")
         while True:
             result = cli.runner.invoke(app, ["--server", f"127.0.0.1:{port}", "queue", "list", "--json"])
             if result.exit_code == 0 or time.monotonic() > deadline:
@@ -116,7 +116,7 @@ def test_named_profiles(tmp_path):
     from typer.testing import CliRunner
 
     config = tmp_path / "conf" / "profiles.toml"
-    cli = Cli(tmp_path / "data")
+    cli = DataCli(tmp_path / "data")
     cli.runner = CliRunner(env={**ENV, "HEADWATER_CONFIG": str(config), "HEADWATER_PROFILE": None})
     cli("queue", "create", "orders")
     assert "added profile 'here' (current)" in cli("profile", "add", "here", "--data", str(cli.data), "--use").stdout

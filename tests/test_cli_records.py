@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_cli import Cli
+from tests.support.command_line import DataCli
 
 
 @pytest.fixture
-def cli(tmp_path) -> Cli:
-    return Cli(tmp_path / "data")
+def cli(tmp_path) -> DataCli:
+    return DataCli(tmp_path / "data")
 
 
 @pytest.fixture

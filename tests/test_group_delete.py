@@ -12,7 +12,7 @@ import headwater
 from headwater.errors import GroupNotEmptyError, GroupNotFoundError, InvalidArgumentError, QueueNotFoundError
 from headwater.model.batch import encode_batch
 from headwater.model.message import Message
-from tests.test_cli import Cli
+from tests.support.command_line import DataCli
 
 
 def _groups(hw) -> list[str]:
@@ -100,7 +100,7 @@ def test_a_compacted_table_leaves_the_deleted_offsets_out(tmp_path):
 
 
 def test_cli_group_delete(tmp_path):
-    cli = Cli(tmp_path / "data")
+    cli = DataCli(tmp_path / "data")
     cli("queue", "create", "q", "--partitions", "2")
     with headwater.open(cli.data) as hw:
         hw.send("q", b"x", partition=1)

@@ -11,7 +11,7 @@ import pytest
 import headwater
 from headwater.errors import InvalidArgumentError, MessageTooLargeError, QueueNotFoundError
 from tests.support.aio_target import run
-from tests.test_cli import Cli
+from tests.support.command_line import DataCli
 
 
 def test_only_the_settings_given_change(hw):
@@ -60,7 +60,7 @@ def test_the_change_survives_a_restart(tmp_path):
 
 
 def test_cli_queue_alter(tmp_path):
-    cli = Cli(tmp_path / "data")
+    cli = DataCli(tmp_path / "data")
     cli("queue", "create", "q", "--ttl", "7d")
     out = cli("queue", "alter", "q", "--ttl", "none", "--flush", "sync").stdout
     assert "7d" in out and "forever" in out and "altered queue 'q'" in out

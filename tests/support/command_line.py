@@ -1,5 +1,6 @@
 """The ``headwater`` command line as tests drive it: in-process through typer's CliRunner
-(``Cli``), or as a real subprocess whose JSON lines are read as they come (``Follower``).
+(``Cli`` with any global options, ``DataCli`` on a data directory), or as a real subprocess
+whose JSON lines are read as they come (``Follower``).
 
 Both see a wide, colourless console and none of the developer's ``HEADWATER_*`` settings.
 """
@@ -12,6 +13,7 @@ import queue
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -54,6 +56,33 @@ class Cli:
 
     def records(self, *args: str) -> list[dict]:
         return [json.loads(line) for line in self(*args, "--json").splitlines()]
+
+
+class DataCli:
+    """``headwater --data DIR ...`` in-process; returns typer's result once it ended with ``code``."""
+
+    def __init__(self, data: Path) -> None:
+        self.data = data
+        self.runner = CliRunner(env=ENV)
+
+    def __call__(self, *args: str, input: str | bytes | None = None, code: int = 0, data: bool = True):
+        argv = (["--data", str(self.data)] if data else []) + list(args)
+        result = self.runner.invoke(app, argv, input=input)
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception
+        assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+        assert "Traceback" not in result.output
+        return result
+
+    def error(self, *args: str, code: int = 1, **kw) -> str:
+        """Run a command that must fail; return its stderr (one ``error: ...`` line and hints)."""
+        result = self(*args, code=code, **kw)
+        if code == 1:
+            assert result.stderr.startswith("error: "), result.stderr
+        return result.stderr
+
+    def json_lines(self, *args: str) -> list[dict]:
+        return [json.loads(line) for line in self(*args, "--json").stdout.splitlines()]
 
 
 def subprocess_env() -> dict[str, str]:
