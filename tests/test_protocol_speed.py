@@ -39,7 +39,7 @@ from headwater.protocol.messages import (
     push_spec_for,
     spec_for,
 )
-from tests.test_protocol import SAMPLES
+from tests.support.protocol_samples import SAMPLES
 
 
 def pair() -> tuple[Connection, Connection]:
