@@ -18,7 +18,7 @@ from headwater.model.config import QueueConfig
 from headwater.model.message import Message
 from headwater.storage.store import LogStore
 from tests.support.broker_process import BrokerProcess
-from tests.test_offsets_partitions import PARTITIONS, FakeNode, _group_of
+from tests.support.coordinator_node import PARTITIONS, FakeNode, group_of
 
 NO_TICK_MS = 3_600_000  # the background fsync never runs during a test
 
@@ -72,7 +72,7 @@ def test_a_cluster_coordinator_follows_offsets_flush(tmp_path, offsets_flush):
         store.create_queue("orders", QueueConfig(partitions=1))
         node.leading.add(1)
         offsets.load(1)
-        group = _group_of(1)
+        group = group_of(1)
         before = store.stats()["fsyncs"]
         offsets.commit(group, "orders", {0: 0})
         assert store.stats()["fsyncs"] == before + (offsets_flush == "sync")

@@ -6,8 +6,6 @@ and compaction per partition; on the MemoryStore. (A broker alone: tests/test_gr
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import MappingProxyType
 
 import pytest
@@ -20,7 +18,6 @@ from headwater.cluster.records import MoveFenced, MoveRecord, PartitionRecord, Q
 from headwater.errors import (
     InvalidArgumentError,
     NotCoordinatorError,
-    NotLeaderError,
     PartitionOutOfRangeError,
     UnknownMemberError,
 )
@@ -30,40 +27,7 @@ from headwater.model.config import QueueConfig
 from headwater.model.message import Message
 from headwater.storage.memory import MemoryStore
 from headwater.testing.coordination import MemoryEnsemble
-
-PARTITIONS = 4
-
-
-class FakeNode:
-    """A cluster node as the offsets see it: which coordinator partitions and which user
-    partitions this broker leads, and which are fenced for a move."""
-
-    def __init__(self) -> None:
-        self.leading: set[int] = set()  # coordinator partitions
-        self.leads_user: set[tuple[str, int]] = set()
-        self.fenced: set[int] = set()
-
-    def coordinator_partition(self, group: str) -> int:
-        k = coordinator_partition(group, PARTITIONS)
-        if k not in self.leading:
-            raise NotCoordinatorError(f"not the coordinator of {group!r}")
-        return k
-
-    def leads(self, queue: str, partition: int) -> bool:
-        return (queue, partition) in self.leads_user
-
-    @contextmanager
-    def producing(self, queue: str, partition: int) -> Iterator[None]:
-        assert queue == COORDINATOR_QUEUE
-        if partition in self.fenced or partition not in self.leading:
-            raise NotLeaderError(f"{queue}[{partition}] is moving")
-        yield
-
-
-def _group_of(partition: int, avoid: tuple[str, ...] = ()) -> str:
-    return next(
-        g for i in range(1000) if coordinator_partition(g := f"g{i}", PARTITIONS) == partition and g not in avoid
-    )
+from tests.support.coordinator_node import PARTITIONS, FakeNode, group_of
 
 
 @pytest.fixture
@@ -86,7 +50,7 @@ def _lead(offsets: OffsetStore, node: FakeNode, partition: int) -> None:
 
 def test_a_group_is_served_only_once_its_partition_is_led_and_loaded(setup):
     store, offsets, node = setup
-    g = _group_of(1)
+    g = group_of(1)
     with pytest.raises(NotCoordinatorError):
         offsets.fetch(g, "orders")  # not the coordinator
     node.leading.add(1)
@@ -104,7 +68,7 @@ def test_a_group_is_served_only_once_its_partition_is_led_and_loaded(setup):
 def test_unloading_forgets_and_loading_reads_the_partition_back(setup):
     store, offsets, node = setup
     _lead(offsets, node, 2)
-    g = _group_of(2)
+    g = group_of(2)
     offsets.commit(g, "orders", {0: 3, 2: 9})
     offsets.commit(g, "orders", {0: 4})
     offsets.unload(2)
@@ -120,7 +84,7 @@ def test_unloading_forgets_and_loading_reads_the_partition_back(setup):
 def test_a_cluster_commit_checks_the_log_only_of_partitions_led_here(setup):
     store, offsets, node = setup
     _lead(offsets, node, 0)
-    g = _group_of(0)
+    g = group_of(0)
     node.leads_user.add(("orders", 0))
     with pytest.raises(InvalidArgumentError, match="beyond the log end 5"):
         offsets.commit(g, "orders", {0: 6})  # led here: its log is known
@@ -135,7 +99,7 @@ def test_a_cluster_commit_checks_the_log_only_of_partitions_led_here(setup):
 def test_a_fenced_partition_refuses_commits_as_not_coordinator_and_writes_nothing(setup):
     store, offsets, node = setup
     _lead(offsets, node, 3)
-    g = _group_of(3)
+    g = group_of(3)
     offsets.commit(g, "orders", {1: 1})
     node.fenced.add(3)
     with pytest.raises(NotCoordinatorError, match="moving"):
@@ -147,7 +111,7 @@ def test_compaction_is_per_partition(setup):
     store, offsets, node = setup
     _lead(offsets, node, 1)
     _lead(offsets, node, 2)
-    busy, quiet = _group_of(1), _group_of(2)
+    busy, quiet = group_of(1), group_of(2)
     offsets.commit(quiet, "orders", {2: 1})
     for i in range(60):
         offsets.commit(busy, "orders", {1: i})
@@ -165,7 +129,7 @@ def test_the_coordinator_drops_members_of_a_partition_it_gave_up_and_holds_grant
     store, offsets, node = setup
     now = [100.0]
     groups = GroupCoordinator(store, offsets, clock=lambda: now[0])
-    g = _group_of(1)
+    g = group_of(1)
     node.leading.add(1)
     groups.load_partition(1)
     joined = groups.join_group(g, None, "c", ["orders"], "clustering", "average", 10_000)
