@@ -20,7 +20,7 @@ from tests.support.cluster_contract import WallClock
 from tests.support.coordination import Service, service_of
 from tests.support.server_thread import ServerThread
 
-pytest_plugins = ["tests.support.spark_fixtures"]
+pytest_plugins = ["tests.support.spark_fixtures", "tests.support.fake_broker"]
 
 # A suite started as a background job (`make test &`) inherits SIGINT ignored, and so would
 # every process it starts; the tests that press Ctrl-C on a child (the shell, `status

@@ -12,20 +12,7 @@ from headwater.client.transport.leading import LEAD_SPIN_US_DEFAULT
 from headwater.client.transport.remote import RemoteService
 from headwater.errors import InvalidArgumentError, UnavailableError
 from headwater.model.batch import encode_batch
-from tests.test_transport import FakeBroker, produced
-
-
-@pytest.fixture
-def broker():
-    made: list[FakeBroker] = []
-
-    def make(*args, **kw) -> FakeBroker:
-        made.append(FakeBroker(*args, **kw))
-        return made[-1]
-
-    yield make
-    for b in made:
-        b.close()
+from tests.support.fake_broker import produced
 
 
 class RecordingPoller:
@@ -59,8 +46,8 @@ def test_the_environment_sets_the_default_and_a_bad_value_is_named(monkeypatch):
         AsyncTransport("127.0.0.1:1")
 
 
-def _polls_of_one_produce(broker, spin_us: int) -> list[int]:
-    fake = broker(lambda body: produced(3), answer_delay_s=0.02)  # answers after the spin ends
+def _polls_of_one_produce(fake_broker, spin_us: int) -> list[int]:
+    fake = fake_broker(lambda body: produced(3), answer_delay_s=0.02)  # answers after the spin ends
     svc = RemoteService(fake.address, lead_spin_us=spin_us)
     try:
         svc.produce("q", 0, encode_batch([b"x"]))  # the leader's poller exists from here
@@ -72,15 +59,15 @@ def _polls_of_one_produce(broker, spin_us: int) -> list[int]:
         svc.close()
 
 
-def test_zero_disables_the_spin_and_a_spin_polls_without_blocking_first(broker):
-    without = _polls_of_one_produce(broker, 0)
+def test_zero_disables_the_spin_and_a_spin_polls_without_blocking_first(fake_broker):
+    without = _polls_of_one_produce(fake_broker, 0)
     assert without and 0 not in without  # it blocked in poll() at once
-    spun = _polls_of_one_produce(broker, 1000)
+    spun = _polls_of_one_produce(fake_broker, 1000)
     assert spun[0] == 0 and any(t > 0 for t in spun)  # spun, then blocked: the answer came late
 
 
-def test_a_connection_lost_while_the_caller_spins_fails_its_call(broker):
-    fake = broker()
+def test_a_connection_lost_while_the_caller_spins_fails_its_call(fake_broker):
+    fake = fake_broker()
 
     def drop(body):
         fake.drop_connections()  # on the produce, while its caller spins

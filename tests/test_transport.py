@@ -23,18 +23,8 @@ from headwater.client.transport.remote import RemoteService
 from headwater.errors import ClosedError, InvalidArgumentError, UnavailableError
 from headwater.model.batch import encode_batch
 from headwater.model.config import QueueConfig
-from headwater.protocol import (
-    NEED_DATA,
-    SERVER,
-    Connection,
-    ConnectionClosed,
-    Handshake,
-    HandshakeAccepted,
-    Request,
-    Response,
-    choose_version,
-)
 from headwater.protocol import messages as m
+from tests.support.fake_broker import FakeBroker, produced
 from tests.support.waiting import wait_for
 
 
@@ -44,95 +34,6 @@ def remote(server):
     svc.create_queue("q", QueueConfig(partitions=1))
     yield svc
     svc.close()
-
-
-class FakeBroker:
-    """A broker stand-in on 127.0.0.1, driven by hand: it accepts the handshake, then
-    answers pings and hands every other request to ``answer`` (None: no answer), which it
-    sends ``answer_delay_s`` later, one thread per connection. ``requests`` lists
-    (connection number, request body) in arrival order."""
-
-    def __init__(
-        self, answer=lambda body: None, *, requests_in_flight_max: int = 256, answer_delay_s: float = 0.0, port: int = 0
-    ) -> None:
-        self.answer = answer
-        self.requests_in_flight_max = requests_in_flight_max
-        self.answer_delay_s = answer_delay_s
-        self.requests: list[tuple[int, m.RequestBody]] = []
-        self.errors: list[BaseException] = []
-        self.conns: list[socket.socket] = []
-        self.listener = socket.create_server(("127.0.0.1", port))
-        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                s, _ = self.listener.accept()
-            except OSError:
-                return
-            self.conns.append(s)
-            threading.Thread(target=self._serve, args=(s, len(self.conns)), daemon=True).start()
-
-    def _serve(self, s: socket.socket, number: int) -> None:
-        conn = Connection(SERVER, requests_in_flight_max=self.requests_in_flight_max)
-        try:
-            while True:
-                data = s.recv(65536)
-                conn.receive_data(data)
-                while (ev := conn.next_event()) is not NEED_DATA:
-                    if isinstance(ev, Handshake):
-                        s.sendall(conn.send(HandshakeAccepted(choose_version(ev), "fake")))
-                    elif isinstance(ev, Request):
-                        self.requests.append((number, ev.body))
-                        if isinstance(ev.body, m.PingRequest):
-                            body = m.PingResponse()
-                        else:
-                            body = self.answer(ev.body)
-                            time.sleep(self.answer_delay_s)
-                        if body is not None:
-                            s.sendall(conn.send(Response(ev.request_id, body)))
-                    elif isinstance(ev, ConnectionClosed):
-                        return
-        except OSError:
-            return  # dropped by the test
-        except Exception as e:  # noqa: BLE001 - the test looks at them
-            self.errors.append(e)
-            s.close()
-
-    def drop_connections(self) -> None:
-        for s in self.conns:
-            with_suppress(s.shutdown, socket.SHUT_RDWR)
-            s.close()
-
-    def close(self) -> None:
-        with_suppress(self.listener.shutdown, socket.SHUT_RDWR)  # wakes the accept()
-        self.listener.close()
-        self.drop_connections()
-
-
-def with_suppress(fn, *args) -> None:
-    try:
-        fn(*args)
-    except OSError:
-        pass
-
-
-@pytest.fixture
-def fake():
-    brokers: list[FakeBroker] = []
-
-    def make(*args, **kw) -> FakeBroker:
-        brokers.append(FakeBroker(*args, **kw))
-        return brokers[-1]
-
-    yield make
-    for b in brokers:
-        b.close()
-
-
-def produced(offset: int) -> m.ProduceResponse:
-    return m.ProduceResponse(1, 0, offset, 1, 0)
 
 
 # order on the wire -----------------------------------------------------------------------
@@ -208,9 +109,9 @@ def test_asyncio_tasks_keep_creation_order(server):
     assert asyncio.run(main()) == list(range(1000))
 
 
-def test_the_in_flight_limit_holds_and_the_excess_waits_in_order(fake):
+def test_the_in_flight_limit_holds_and_the_excess_waits_in_order(fake_broker):
     offsets = iter(range(10**6))
-    broker = fake(lambda body: produced(next(offsets)), requests_in_flight_max=2, answer_delay_s=0.002)
+    broker = fake_broker(lambda body: produced(next(offsets)), requests_in_flight_max=2, answer_delay_s=0.002)
     svc = RemoteService(broker.address)
     try:
         futures = [svc.produce_async("q", 0, encode_batch([str(i).encode()])) for i in range(100)]
@@ -225,8 +126,8 @@ def test_the_in_flight_limit_holds_and_the_excess_waits_in_order(fake):
 # deadlines and failures --------------------------------------------------------------------
 
 
-def test_a_call_without_an_answer_fails_at_its_deadline(fake):
-    broker = fake()  # answers pings only
+def test_a_call_without_an_answer_fails_at_its_deadline(fake_broker):
+    broker = fake_broker()  # answers pings only
     svc = RemoteService(broker.address, request_timeout_s=0.3)
     try:
         t0 = time.monotonic()
@@ -242,8 +143,8 @@ def test_a_call_without_an_answer_fails_at_its_deadline(fake):
         svc.close()
 
 
-def test_a_late_answer_is_ignored(fake):
-    broker = fake(lambda body: produced(7), answer_delay_s=0.5)
+def test_a_late_answer_is_ignored(fake_broker):
+    broker = fake_broker(lambda body: produced(7), answer_delay_s=0.5)
     svc = RemoteService(broker.address, request_timeout_s=0.2)
     try:
         with pytest.raises(UnavailableError, match="got no answer in 0.2 s"):
@@ -254,8 +155,8 @@ def test_a_late_answer_is_ignored(fake):
         svc.close()
 
 
-def test_a_lost_connection_fails_every_call_in_flight_then_reconnects(fake):
-    broker = fake()  # answers pings only
+def test_a_lost_connection_fails_every_call_in_flight_then_reconnects(fake_broker):
+    broker = fake_broker()  # answers pings only
     svc = RemoteService(broker.address, request_timeout_s=60)
     try:
         futures = [svc.produce_async("q", 0, encode_batch([b"x"])) for _ in range(5)]
@@ -274,16 +175,16 @@ def test_a_lost_connection_fails_every_call_in_flight_then_reconnects(fake):
         svc.close()
 
 
-def test_a_call_made_while_the_broker_is_down_waits_for_it_to_come_back(fake):
+def test_a_call_made_while_the_broker_is_down_waits_for_it_to_come_back(fake_broker):
     """The next call reconnects, with backoff, until the broker listens again."""
-    first = fake()
+    first = fake_broker()
     svc = RemoteService(first.address, connect_timeout_s=10)
     try:
         first.close()  # down: the connection and the listener are gone
         port = int(first.address.rsplit(":", 1)[1])
         time.sleep(0.2)  # the client sees its connection end
         back: list[FakeBroker] = []
-        threading.Timer(0.5, lambda: back.append(fake(port=port))).start()
+        threading.Timer(0.5, lambda: back.append(fake_broker(port=port))).start()
         t0 = time.monotonic()
         svc.ping()
         assert 0.4 < time.monotonic() - t0 < 5
@@ -319,11 +220,11 @@ def test_nobody_listening_fails_within_connect_timeout():
     assert asyncio.run(main()) < 1.9
 
 
-def test_a_request_waiting_for_a_connection_can_be_taken_back(fake):
+def test_a_request_waiting_for_a_connection_can_be_taken_back(fake_broker):
     """withdraw(): a request not written yet (the client is connecting again) is taken back
     and never written, its future left as it was, and the give-up of that connection attempt
     is recorded with its reason; a request already written cannot be taken back."""
-    first = fake()
+    first = fake_broker()
     port = int(first.address.rsplit(":", 1)[1])
     svc = RemoteService(first.address, connect_timeout_s=1.0)
     try:
@@ -342,15 +243,15 @@ def test_a_request_waiting_for_a_connection_can_be_taken_back(fake):
             time.sleep(0.05)
         assert not waiting.done()  # not failed with the others: it was not there any more
         assert "cannot reach the broker" in str(svc.transport.connect_failure)
-        back = fake(port=port)
+        back = fake_broker(port=port)
         svc.ping()
         assert [type(b) for _, b in back.requests] == [m.PingRequest]  # the list never went out
     finally:
         svc.close()
 
 
-def test_a_broker_gone_for_good_fails_a_call_within_connect_timeout(fake):
-    first = fake()
+def test_a_broker_gone_for_good_fails_a_call_within_connect_timeout(fake_broker):
+    first = fake_broker()
     svc = RemoteService(first.address, connect_timeout_s=1.0)
     try:
         first.close()
@@ -363,8 +264,8 @@ def test_a_broker_gone_for_good_fails_a_call_within_connect_timeout(fake):
         svc.close()
 
 
-def test_close_fails_what_is_in_flight_and_refuses_what_follows(fake):
-    broker = fake()  # answers pings only
+def test_close_fails_what_is_in_flight_and_refuses_what_follows(fake_broker):
+    broker = fake_broker()  # answers pings only
     svc = RemoteService(broker.address)
     futures = [svc.produce_async("q", 0, encode_batch([b"x"])) for _ in range(3)]
     svc.close()
@@ -375,8 +276,8 @@ def test_close_fails_what_is_in_flight_and_refuses_what_follows(fake):
         svc.ping()
 
 
-def test_asyncio_call_deadline_and_close(fake):
-    broker = fake()  # answers pings only
+def test_asyncio_call_deadline_and_close(fake_broker):
+    broker = fake_broker()  # answers pings only
 
     async def main() -> None:
         transport = AsyncTransport(broker.address, request_timeout_s=0.2)
@@ -395,8 +296,8 @@ def test_asyncio_call_deadline_and_close(fake):
     asyncio.run(main())
 
 
-def test_a_cancelled_future_does_not_break_the_connection(fake):
-    broker = fake(lambda body: produced(1), answer_delay_s=0.05)
+def test_a_cancelled_future_does_not_break_the_connection(fake_broker):
+    broker = fake_broker(lambda body: produced(1), answer_delay_s=0.05)
     svc = RemoteService(broker.address)
     try:
         f = svc.produce_async("q", 0, encode_batch([b"x"]))
@@ -570,10 +471,10 @@ def test_polls_without_waiting_still_receive(server):
         hw.close()
 
 
-def test_a_connection_left_unread_is_checked_before_it_is_written_to(fake):
+def test_a_connection_left_unread_is_checked_before_it_is_written_to(fake_broker):
     """After led calls the loop stops reading; a broker that closed the connection meanwhile
     is seen before the next request is written, which then goes to a new connection."""
-    broker = fake(lambda body: produced(7))
+    broker = fake_broker(lambda body: produced(7))
     svc = RemoteService(broker.address)
     try:
         assert loop_stood_aside(svc)
@@ -585,12 +486,12 @@ def test_a_connection_left_unread_is_checked_before_it_is_written_to(fake):
         svc.close()
 
 
-def test_a_connection_read_a_moment_ago_is_written_to_without_reading_it_again(fake, monkeypatch):
+def test_a_connection_read_a_moment_ago_is_written_to_without_reading_it_again(fake_broker, monkeypatch):
     """The check above costs a recv() per request; a caller that read the socket within
     UNREAD_CHECK_S (a polling consumer, calls one after another) is spared it."""
     import headwater.client.transport.async_transport as transport
 
-    broker = fake(lambda body: produced(7))
+    broker = fake_broker(lambda body: produced(7))
     svc = RemoteService(broker.address)
     checks: list[int] = []
     check = svc.transport._check_unread_locked
@@ -652,11 +553,11 @@ def test_an_interrupt_from_another_thread_ends_a_lead_at_once(remote, monkeypatc
     assert time.monotonic() - t0 < 5
 
 
-def test_a_deadline_ends_a_leading_call_at_once(fake, monkeypatch):
+def test_a_deadline_ends_a_leading_call_at_once(fake_broker, monkeypatch):
     import headwater.client.transport.leading as leading
 
     monkeypatch.setattr(leading, "LEAD_SLICE_S", 30.0)  # only a poke can end the wait early
-    broker = fake()  # answers pings only
+    broker = fake_broker()  # answers pings only
     svc = RemoteService(broker.address, request_timeout_s=0.3)
     try:
         t0 = time.monotonic()
