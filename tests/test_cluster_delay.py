@@ -19,8 +19,7 @@ import headwater
 import headwater.aio
 from headwater.errors import MessageNotFoundError, NotLeaderError
 from headwater.model.message import MessageId
-from tests.support.cluster import Cluster, eventually
-from tests.test_cluster_moves import move_phases, moves_left
+from tests.support.cluster import Cluster, eventually, move_phases, moves_left
 
 QUEUE = "later"
 PARTITIONS = 4
@@ -182,7 +181,7 @@ def test_a_move_rolled_back_leaves_its_delayed_messages_to_the_source_which_deli
     with headwater.connect(bootstrap(cluster).rsplit(",", 1)[0]) as hw:
         (move,) = hw.admin.rebalance()
     eventually(
-        lambda: move_phases(cluster).get(move.partition, ("", 0))[1] == 3 or not moves_left(cluster),
+        lambda: move_phases(cluster, QUEUE).get(move.partition, ("", 0))[1] == 3 or not moves_left(cluster),
         what="the move to broker 3 under way (or rolled back already)",
     )
     cluster.brokers[3].kill()

@@ -20,13 +20,11 @@ import pytest
 
 import headwater
 import headwater.aio
-from headwater.cluster.coordination import NoNodeError
-from headwater.cluster.records import MoveRecord, decode, paths
 from headwater.errors import HeadwaterError, InvalidArgumentError, NotLeaderError, UnavailableError
 from headwater.model.batch import encode_batch
 from headwater.model.cluster import PartitionMove
 from tests.support.broker_process import HEADWATER
-from tests.support.cluster import Cluster, eventually
+from tests.support.cluster import Cluster, eventually, move_phases, moves_left
 
 QUEUE = "orders"
 PRODUCER_ID = 7001
@@ -64,14 +62,6 @@ def connect(cluster: Cluster, broker_id: int) -> headwater.Client:
 def leaders(cluster: Cluster, via: int) -> dict[int, int]:
     with connect(cluster, via) as hw:
         return {p.partition: p.leader for p in hw.admin.cluster_metadata([QUEUE]).queue(QUEUE).partitions}
-
-
-def moves_left(cluster: Cluster) -> int:
-    """The moves in the tree now (a queue's node goes only once it has no move left)."""
-    try:
-        return sum(len(cluster.session.children(paths.moves_of(q))) for q in cluster.session.children(paths.MOVES))
-    except NoNodeError:
-        return 0
 
 
 class Sender:
@@ -199,22 +189,6 @@ def test_a_rebalance_moves_partitions_to_a_new_broker_while_a_producer_sends(clu
     sender.check()
 
 
-def move_phases(cluster: Cluster) -> dict[int, tuple[str, int]]:
-    """The moves of the queue now: partition -> (phase, target)."""
-    out = {}
-    try:
-        names = cluster.session.children(paths.moves_of(QUEUE))
-    except NoNodeError:
-        return {}
-    for name in names:
-        try:
-            rec = decode(cluster.session.get(paths.move(QUEUE, int(name)))[0], MoveRecord, "move")
-        except NoNodeError:
-            continue  # finished meanwhile
-        out[int(name)] = (rec.phase, rec.target)
-    return out
-
-
 def one_server_each(cluster: Cluster) -> None:
     """Every partition is served by exactly one live broker: the one all agree leads it."""
     live = [i for i, b in cluster.brokers.items() if b.alive()]
@@ -246,7 +220,7 @@ def test_the_controller_killed_mid_move_each_move_finishes_or_rolls_back(cluster
     try:
         planned = plan(cluster, "decommission", broker_id=other)
         assert planned and {m.source for m in planned} == {other}
-        eventually(lambda: any(ph == ("copy", 3) for ph in move_phases(cluster).values()), what="a copy to broker 3")
+        eventually(lambda: ("copy", 3) in move_phases(cluster, QUEUE).values(), what="a copy to broker 3")
         cluster.brokers[ctrl].kill()
         cluster.brokers[3].resume()
         eventually(lambda: moves_left(cluster) == 0, timeout_s=60, what="every move finished or rolled back")
@@ -268,7 +242,7 @@ def test_the_target_killed_mid_copy_the_move_rolls_back_and_the_source_serves(cl
     eventually(lambda: cluster.status(1)["brokers"] == [1, 2, 3], what="broker 3 joining")
     cluster.brokers[3].pause()
     (move,) = plan(cluster, "rebalance")
-    eventually(lambda: move_phases(cluster).get(move.partition) == ("copy", 3), what="the copy starting")
+    eventually(lambda: move_phases(cluster, QUEUE).get(move.partition) == ("copy", 3), what="the copy starting")
     moving = {"queue": QUEUE, "partition": move.partition, "source": move.source, "target": 3, "phase": "copy"}
     eventually(lambda: json.loads(cli(cluster, "status", "--json").stdout)["moves"] == [moving], what="status")
     assert "1 partition move(s) not finished" in cli(cluster, "status").stdout
@@ -304,7 +278,7 @@ def test_the_controller_paused_past_its_session_mid_move_changes_nothing_when_it
     background.start()
     try:
         planned = plan(cluster, "decommission", broker_id=other)
-        eventually(lambda: any(ph == ("copy", 3) for ph in move_phases(cluster).values()), what="a copy to broker 3")
+        eventually(lambda: ("copy", 3) in move_phases(cluster, QUEUE).values(), what="a copy to broker 3")
         cluster.brokers[ctrl].pause()  # SIGSTOP: its session expires while it sleeps
         cluster.brokers[3].resume()
         eventually(lambda: (c := cluster.status(other)["controller"]) not in (-1, ctrl) and c, what="a new controller")

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import headwater
-from headwater.cluster.coordination import Coordination
+from headwater.cluster.coordination import Coordination, NoNodeError
+from headwater.cluster.records import MoveRecord, decode, paths
 from tests.support.broker_process import BrokerProcess
 from tests.support.zookeeper import ZooKeeperProcess
 
@@ -98,3 +99,28 @@ class Cluster:
                 b.terminate()
         if self._session is not None:
             self._session.close()
+
+
+def moves_left(cluster: Cluster) -> int:
+    """The partition moves in ZooKeeper's tree now, of every queue (a queue's node goes only
+    once it has no move left)."""
+    try:
+        return sum(len(cluster.session.children(paths.moves_of(q))) for q in cluster.session.children(paths.MOVES))
+    except NoNodeError:
+        return 0
+
+
+def move_phases(cluster: Cluster, queue: str) -> dict[int, tuple[str, int]]:
+    """The moves of ``queue`` now: partition -> (phase, target broker)."""
+    out = {}
+    try:
+        names = cluster.session.children(paths.moves_of(queue))
+    except NoNodeError:
+        return {}
+    for name in names:
+        try:
+            rec = decode(cluster.session.get(paths.move(queue, int(name)))[0], MoveRecord, "move")
+        except NoNodeError:
+            continue  # finished meanwhile
+        out[int(name)] = (rec.phase, rec.target)
+    return out
