@@ -26,14 +26,11 @@ import contextlib
 import functools
 import logging
 import resource
-import socket
 import time
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter
 from typing import TYPE_CHECKING
-
-import msgspec
 
 from headwater._version import __version__
 from headwater.broker.allocator import kept_bytes, memory_usage
@@ -45,16 +42,14 @@ from headwater.broker.delay import DelayTicket
 from headwater.broker.durable_acks import DurableAcks
 from headwater.broker.log_limit import limited
 from headwater.broker.push import PUSH_APIS, PushService
+from headwater.broker.server_config import ServerConfig
 from headwater.broker.shared import SharedWaiters
 from headwater.broker.streams import FETCH_STREAM_APIS, FetchStreams
-from headwater.cluster.membership import BROKER_ID_MAX, ZooKeeperAddress
-from headwater.errors import HeadwaterError, InvalidArgumentError, UsageError
+from headwater.errors import HeadwaterError, UsageError
 from headwater.model.batch import stated_payload_bytes
-from headwater.model.config import DEFAULT_PORT
 from headwater.model.service import FetchResult
 from headwater.model.shared import SharedDeliveries
 from headwater.protocol import (
-    FRAME_BYTES_MIN,
     ApiKey,
     ErrorResponse,
     FetchRequest,
@@ -87,124 +82,6 @@ FETCH_BYTES_FLOOR = 64 * 1024  # a fetch short of memory reads what there is roo
 _REFUSALS_LOG_EVERY_S = 10.0  # refused connections are logged at most once per this, with a count
 INLINE_DECODE_BYTES = 1024 * 1024  # an append whose payload expands past this is decoded off the loop
 FETCH_BUDGET_WAIT_S = 1.0  # the least a fetch waits for memory before an empty answer
-
-
-class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """Settings of the network server (flags, environment HEADWATER_*, or a TOML file)."""
-
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    connections_max: int = 20_000
-    requests_in_flight_max: int = 256  # per connection
-    connection_bytes_in_flight_max: int = 64 * 1024 * 1024  # requests + responses, per connection
-    bytes_in_flight_max: int = 512 * 1024 * 1024  # the same, for the whole server
-    fetch_bytes_max: int = 16 * 1024 * 1024  # one fetch response
-    fetch_wait_ms_max: int = 30_000
-    frame_bytes_max: int = 64 * 1024 * 1024 + 64 * 1024
-    handshake_timeout_s: float = 10.0
-    idle_timeout_s: float = 600.0
-    worker_threads: int = 32
-    write_buffer_bytes_max: int = 256 * 1024  # answers a peer has not taken: past this, stop reading it
-    shutdown_grace_s: float = 10.0
-    push_bytes_max: int = 1024 * 1024  # one PUSH frame of a subscription or fetch stream
-    push_streams_max: int = 64  # subscription streams per connection; fetch streams likewise
-    allocator_cache_bytes: int = 128 * 1024 * 1024  # freed memory kept for reuse (headwater.broker.allocator); 0: off
-    send_timeout_s: float = 30.0  # a peer that takes none of its waiting answers for this long is cut off
-    frame_timeout_s: float = 30.0  # a frame begun must be whole this long after its first byte
-    # a cluster (docs/cluster.md): without zookeeper the broker runs alone
-    zookeeper: str = ""  # HOST:PORT[,HOST:PORT...][/chroot]
-    broker_id: int = -1  # this broker's id in the cluster; -1: none (alone)
-    advertised_host: str = ""  # the host other brokers and clients reach this one by; "": host
-    zookeeper_session_timeout_s: float = 10.0
-    zookeeper_connect_timeout_s: float = 30.0
-    moves_running_max: int = 4  # partition moves running at once while this broker is the controller
-    auto_rebalance_after_s: float = 0.0  # rebalance by itself once the brokers are unchanged this long; 0: off
-    coordinator_partitions: int = 16  # the coordinator queue's partitions, if this broker is the one to make it
-    metrics: bool = True  # keep Prometheus metrics (headwater.broker.metrics; needs prometheus-client)
-
-    def validated(self) -> ServerConfig:
-        """This config, or :class:`InvalidArgumentError` naming the first setting out of range."""
-        for name, lo, hi in _WHOLE_RANGES:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-                raise InvalidArgumentError(f"{name} must be a whole number from {lo:,} to {hi:,}, got {value!r}")
-        for name, lo, hi in _SECONDS_RANGES:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
-                raise InvalidArgumentError(f"{name} must be a number of seconds from {lo:g} to {hi:g}, got {value!r}")
-        if self.fetch_bytes_max > self.frame_bytes_max - 4096:
-            raise InvalidArgumentError(
-                f"fetch_bytes_max ({self.fetch_bytes_max:,}) must leave room in a frame: at most "
-                f"frame_bytes_max - 4096 ({self.frame_bytes_max - 4096:,})"
-            )
-        self._validate_cluster()
-        if self.push_bytes_max > self.frame_bytes_max - 4096:
-            raise InvalidArgumentError(
-                f"push_bytes_max ({self.push_bytes_max:,}) must leave room in a frame: at most "
-                f"frame_bytes_max - 4096 ({self.frame_bytes_max - 4096:,})"
-            )
-        return self
-
-    def _validate_cluster(self) -> None:
-        if not self.zookeeper:
-            if self.broker_id != -1:
-                raise InvalidArgumentError(
-                    f"broker_id {self.broker_id!r} is given without zookeeper: a broker id names a broker of "
-                    f"a cluster; give --zookeeper HOST:PORT too, or no broker id to run alone"
-                )
-            return
-        ZooKeeperAddress.parse(self.zookeeper)
-        b = self.broker_id
-        if b == -1:
-            raise InvalidArgumentError(
-                "zookeeper is given, so this broker needs an id, unique in the cluster: --broker-id N "
-                "(or broker_id in the config, HEADWATER_BROKER_ID)"
-            )
-        if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b <= BROKER_ID_MAX:
-            raise InvalidArgumentError(
-                f"broker_id must be a whole number from 0 to {BROKER_ID_MAX:,}, unique in the cluster, when "
-                f"zookeeper is given (--broker-id N), got {b!r}"
-            )
-
-    @property
-    def advertised_address(self) -> str:
-        """The host others reach this broker by: ``advertised_host``, else ``host`` unless that
-        is a wildcard (every address), which names no one: then this machine's name."""
-        if self.advertised_host:
-            return self.advertised_host
-        return socket.getfqdn() if self.host in ("", "0.0.0.0", "::") else self.host
-
-
-_U32 = 2**32 - 1
-# (setting, lowest, highest) of the whole-number settings; the frame and in-flight bounds are
-# the protocol's own (headwater.protocol.Connection checks them again)
-_WHOLE_RANGES = (
-    ("port", 0, 65535),
-    ("connections_max", 1, 1_000_000),
-    ("requests_in_flight_max", 1, _U32),
-    ("connection_bytes_in_flight_max", 1, 2**40),
-    ("bytes_in_flight_max", 1, 2**40),
-    ("fetch_bytes_max", 1, _U32),
-    ("fetch_wait_ms_max", 0, 24 * 3600 * 1000),
-    ("frame_bytes_max", FRAME_BYTES_MIN, _U32),
-    ("worker_threads", 1, 1024),
-    ("write_buffer_bytes_max", 1, 2**40),
-    ("push_bytes_max", 1024, _U32),
-    ("push_streams_max", 1, 1_000_000),
-    ("allocator_cache_bytes", 0, 2**31 - 1),
-    ("moves_running_max", 1, 1000),
-    ("coordinator_partitions", 1, 1000),
-)
-_SECONDS_RANGES = (
-    ("handshake_timeout_s", 0.001, 86400.0),
-    ("idle_timeout_s", 0.001, 365 * 86400.0),
-    ("shutdown_grace_s", 0.0, 86400.0),
-    ("send_timeout_s", 0.001, 86400.0),
-    ("frame_timeout_s", 0.001, 86400.0),
-    ("zookeeper_session_timeout_s", 0.4, 600.0),
-    ("zookeeper_connect_timeout_s", 0.1, 86400.0),
-    ("auto_rebalance_after_s", 0.0, 7 * 86400.0),
-)
 
 
 class _ParkedFetch:
@@ -440,31 +317,8 @@ class BrokerServer:
                     return True
                 answer: object = ProduceResponse.from_result(result)
             elif api is ApiKey.FETCH:
-                want = self._fetch_want(st, body)
-                if not self.budget.answer_fits(st, want):
-                    # short of memory: it waits in a task, and the requests behind it are served
-                    self._spawn(st, ev, self._fetch_in_task(st, body, self.loop.time() + self._fetch_wait_s(body)), t0)
-                    return True
-                self.budget.take_answer(st, want)
-                res = self._read(st, body, want)
-                if res.batches:
-                    held = self._hold_read(st, want, res)
-                    try:
-                        chunks = st.conn.send_chunks(Response(ev.request_id, FetchResponse.from_result(res)))
-                    except BaseException:
-                        self.budget.release_answer(st, held)
-                        raise
-                    self.requests += 1
-                    st.out += chunks
-                    st.unsent += held  # released once the answer is out
-                    if m is not None:
-                        m.request_done(api, t0)
-                    return True
-                self.budget.release_answer(st, want)
-                if self._fetch_parks(body, res):
-                    self._park(st, ev, started_s=t0)
-                    return True
-                answer = FetchResponse.from_result(res)
+                if (answer := self._serve_fetch(st, ev, t0)) is None:
+                    return True  # answered with its batches, parked, or waiting in a task
             elif api is ApiKey.PING:
                 answer = _PING
             elif api in FETCH_STREAM_APIS:
@@ -484,6 +338,37 @@ class BrokerServer:
         if m is not None:
             m.request_done(api, t0)
         return True
+
+    def _serve_fetch(self, st: ClientConnection, ev: Request, t0: float) -> FetchResponse | None:
+        """Serve a FETCH on the loop: answer it with what it finds (its batches' bytes held
+        until they are out), park it until an append, or wait for memory in a task (None);
+        or return the empty answer for ``serve`` to send."""
+        body = ev.body
+        want = self._fetch_want(st, body)
+        if not self.budget.answer_fits(st, want):
+            # short of memory: it waits in a task, and the requests behind it are served
+            self._spawn(st, ev, self._fetch_in_task(st, body, self.loop.time() + self._fetch_wait_s(body)), t0)
+            return None
+        self.budget.take_answer(st, want)
+        res = self._read(st, body, want)
+        if res.batches:
+            held = self._hold_read(st, want, res)
+            try:
+                chunks = st.conn.send_chunks(Response(ev.request_id, FetchResponse.from_result(res)))
+            except BaseException:
+                self.budget.release_answer(st, held)
+                raise
+            self.requests += 1
+            st.out += chunks
+            st.unsent += held  # released once the answer is out
+            if self._metrics is not None:
+                self._metrics.request_done(ApiKey.FETCH, t0)
+            return None
+        self.budget.release_answer(st, want)
+        if self._fetch_parks(body, res):
+            self._park(st, ev, started_s=t0)
+            return None
+        return FetchResponse.from_result(res)
 
     def _append_off_loop(self, st: ClientConnection, ev: Request) -> None:
         """Append ``ev``'s batch in a decode thread; the connection serves nothing else
