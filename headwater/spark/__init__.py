@@ -26,7 +26,7 @@ PYSPARK_MIN = (4, 2)
 
 def _check_pyspark() -> None:
     try:
-        import pyarrow  # noqa: F401
+        import pyarrow  # noqa: F401 - imported only to check that it is installed
         import pyspark
     except ImportError as e:
         raise ImportError(

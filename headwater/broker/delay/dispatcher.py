@@ -132,7 +132,7 @@ class Dispatcher(threading.Thread):
         if ends:
             try:
                 store.wait_durable(max(ends))  # one fsync for the round, shared with producers
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - any failure: left DISPATCHING, as below
                 # Appended but maybe not durable: recording DELIVERED now could lose them on a
                 # power loss, retrying could deliver twice. Leave them DISPATCHING; on the next
                 # open the log says which made it (the checkpoint stays before them).
