@@ -17,7 +17,11 @@ to its subscriber and acknowledges it, with thin socket clients
 p99 is about the best three Python processes get here in that minute. It is no one's peer:
 the ratios leave it out.
 
-Run ``python -m bench.latency`` from the repository root (about 3 minutes with the default
+Headwater runs twice: ``headwater`` through the blocking client, ``headwater-aio`` through
+the asyncio client (``headwater.aio``; its producer and consumer each on one event loop,
+:mod:`bench.peers.latency_run`), both against the same kind of broker.
+
+Run ``python -m bench.latency`` from the repository root (about 4 minutes with the default
 systems; ``--rounds`` and ``--seconds`` change that; ``--rate`` runs another schedule, to see
 how much of the tail follows the load; ``--spin-us 0`` paces the producer by sleeping alone,
 to see how much of it follows the CPU the producer burns spinning to its send times;
@@ -49,7 +53,7 @@ from bench.peers.base import SPIN_NS, install_signal_handlers, temp_workdir
 
 __all__ = ["main", "run_rounds", "summarize"]
 
-DEFAULT_SYSTEMS = "headwater,redis,floor"
+DEFAULT_SYSTEMS = "headwater,headwater-aio,redis,floor"
 # a run is "quiet" when the hypervisor took at most this share of the machine's CPU time
 # from it (/proc/stat's steal; counted in 10 ms ticks, so 0.2% of a 5 s run on 2 CPUs is 2)
 QUIET_STEAL_SHARE = 0.002

@@ -325,3 +325,24 @@ def test_halt_polling_out_of_range_is_refused_before_anything_runs(capsys):
     with pytest.raises(SystemExit):
         main(["--halt-poll-us", "20000", "--systems", "floor"])
     assert "--halt-poll-us must be from 0 to 10000" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("system", ["headwater", "headwater-aio"])
+def test_a_short_latency_run_of_each_headwater_client_receives_every_message(system, tmp_path):
+    """The runs' plumbing (not a figure): the blocking and the asyncio client's producer and
+    consumer processes against a real ``headwater serve``, every message counted once."""
+    from bench.peers import driver_class
+    from bench.peers.base import LATENCY_WARMUP
+
+    driver = driver_class(system)(tmp_path)
+    mode = driver.modes[0]
+    try:
+        driver.setup()
+        driver.use_mode(mode)
+        driver.reset(mode, 1)
+        out = driver.latency(mode, rate=500, seconds=0.6, size=100)
+    finally:
+        driver.teardown()
+    assert "error" not in out, out
+    assert out["received"] == out["sent"] == LATENCY_WARMUP + 300  # the warm-up, then the counted sends
+    assert out["p50_ms"] > 0 and out["p99_ms"] >= out["p50_ms"]

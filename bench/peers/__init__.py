@@ -18,6 +18,7 @@ __all__ = ["SYSTEMS", "REFERENCES", "Driver", "Mode", "Unavailable", "driver_cla
 # name on the command line -> (module, class)
 SYSTEMS: dict[str, tuple[str, str]] = {
     "headwater": ("bench.peers.headwater_net", "HeadwaterNet"),
+    "headwater-aio": ("bench.peers.headwater_net", "HeadwaterAio"),
     "redis": ("bench.peers.redis_streams", "RedisStreams"),
     "nats": ("bench.peers.nats_jetstream", "NatsJetStream"),
     "rabbitmq": ("bench.peers.rabbitmq", "RabbitMQ"),

@@ -55,7 +55,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bench import machine
-from bench.machine import sleep_until_ns
 
 __all__ = [
     "Mode",
@@ -303,6 +302,9 @@ class Driver:
 
     system = ""
     modes: tuple[Mode, ...] = ()
+    # True: an asyncio client, driven through ``async_sender`` / ``async_consumer`` (async
+    # context managers) on one event loop in each latency process (bench.peers.latency_run)
+    async_client = False
 
     def __init__(self, workdir: Path, log: Callable[[str], None] = print) -> None:
         self.workdir = Path(workdir)
@@ -360,6 +362,16 @@ class Driver:
         with self.producer(mode, stream) as send_batch:
             yield BlockingSender(send_batch)
 
+    def async_sender(self, mode: Mode, stream: int) -> contextlib.AbstractAsyncContextManager[Any]:
+        """For an asyncio driver: an object whose ``await send(body)`` sends one message
+        without waiting for its ack and ``await wait_acked(timeout_s)`` waits for them all."""
+        raise NotImplementedError
+
+    def async_consumer(self, mode: Mode, stream: int) -> contextlib.AbstractAsyncContextManager[Any]:
+        """For an asyncio driver: a coroutine function returning the next bodies of
+        ``stream``, [] on timeout (``consumer``'s twin)."""
+        raise NotImplementedError
+
     # -- workloads, in the benchmark's process (each spawns its workers)
 
     def produce(self, mode: Mode, *, producers: int, size: int, batch: int, n: int, seconds: float) -> dict[str, Any]:
@@ -408,16 +420,20 @@ class Driver:
         """End-to-end latencies (ms) of ``rate`` msgs/s sent one at a time for ``seconds``. The
         producer sleeps until ``spin_ns`` before each send time, then spins; 0: it only sleeps
         (with :func:`bench.machine.exact_sleeps`), burning no CPU but sending later."""
+        from bench.peers import latency_run  # it imports this module's constants
+
+        if self.async_client:
+            consume, produce = latency_run.latency_consumer_aio, latency_run.latency_producer_aio
+        else:
+            consume, produce = latency_run.latency_consumer, latency_run.latency_producer
         ctx = mp.get_context("spawn")
         results = ctx.Queue()
         ready = ctx.Event()
         window = (ctx.Event(), ctx.Event())  # the producer's counted sends begin, end
         total = LATENCY_WARMUP + int(rate * seconds)
-        consumer = ctx.Process(
-            target=_latency_consumer, daemon=True, args=(self, mode, total, ready, seconds + 30, results)
-        )
+        consumer = ctx.Process(target=consume, daemon=True, args=(self, mode, total, ready, seconds + 30, results))
         producer = ctx.Process(
-            target=_latency_producer, daemon=True, args=(self, mode, total, rate, size, ready, window, results, spin_ns)
+            target=produce, daemon=True, args=(self, mode, total, rate, size, ready, window, results, spin_ns)
         )
         marks: list[tuple[float, tuple[int, ...]]] = []  # (servers' CPU s, host CPU ticks) at begin, end
         watcher = threading.Thread(target=self._mark_window, args=(window, marks, seconds + 90), daemon=True)
@@ -600,80 +616,6 @@ def _consume_worker(
         results.put(out)
     except BaseException as e:  # noqa: BLE001
         results.put({"error": f"{type(e).__name__}: {e}"[:300]})
-
-
-def _latency_consumer(driver: Driver, mode: Mode, total: int, ready, timeout_s: float, results) -> None:
-    try:
-        stamps: list[tuple[int, int, int, int]] = []  # (scheduled, sequence, received, send began)
-        cpu_from: tuple[float, int] | None = None  # (CPU s, messages) at the first counted one
-        cpu_to: tuple[float, int] | None = None
-        with driver.consumer(mode, 0) as poll:
-            poll(0.05)  # subscribe before the producer starts
-            ready.set()
-            clock = time.monotonic_ns
-            give_up = clock() + int(timeout_s * 1e9)
-            while len(stamps) < total and clock() < give_up:
-                bodies = poll(0.5)
-                now = clock()
-                for body in bodies:
-                    sched, seq = STAMP.unpack_from(body)
-                    stamps.append((sched, seq, now, SENT.unpack_from(body, STAMP.size)[0]))
-                if cpu_from is None and stamps and stamps[-1][1] >= LATENCY_WARMUP:
-                    cpu_from = (process_cpu_s(), len(stamps))
-                elif cpu_from is not None:
-                    cpu_to = (process_cpu_s(), len(stamps))
-        cpu_us = None
-        if cpu_from is not None and cpu_to is not None and cpu_to[1] > cpu_from[1]:
-            cpu_us = (cpu_to[0] - cpu_from[0]) * 1e6 / (cpu_to[1] - cpu_from[1])
-        results.put({"role": "consumer", "stamps": stamps, "cpu_us_per_msg": cpu_us})
-    except BaseException as e:  # noqa: BLE001
-        ready.set()
-        results.put({"role": "consumer", "error": f"{type(e).__name__}: {e}"[:300]})
-
-
-def _latency_producer(
-    driver: Driver, mode: Mode, total: int, rate: int, size: int, ready, window, results, spin_ns: int = SPIN_NS
-) -> None:
-    try:
-        if not spin_ns:
-            machine.exact_sleeps()
-        pad = os.urandom(max(0, size - STAMP.size - SENT.size))
-        interval_ns = 1_000_000_000 // rate
-        late = 0
-        spun_ns = 0  # of the counted sends: CPU this loop burns waiting, not the client's
-        with driver.sender(mode, 0) as sender:
-            if not ready.wait(timeout=60):
-                raise TimeoutError("consumer not ready within 60 s")
-            clock = time.monotonic_ns
-            t0 = clock() + 50_000_000  # 50 ms from now
-            for seq in range(total):
-                sched = t0 + seq * interval_ns
-                spun = sleep_until_ns(sched, spin_ns)  # sleeping lets the client's threads run
-                if seq == LATENCY_WARMUP:
-                    window[0].set()
-                    cpu_from = process_cpu_s()
-                elif seq > LATENCY_WARMUP:
-                    spun_ns += spun
-                if clock() - sched > 1_000_000:
-                    late += 1
-                sender.send(STAMP.pack(sched, seq) + SENT.pack(clock()) + pad)
-            end = clock()
-            cpu_to = process_cpu_s()
-            window[1].set()
-            sender.wait_acked(timeout_s=60)
-        counted = total - LATENCY_WARMUP
-        results.put(
-            {
-                "role": "producer",
-                "sent": total,
-                "late_sends": late,
-                "achieved_rate": total / ((end - t0) / 1e9),
-                "cpu_us_per_msg": (cpu_to - cpu_from) * 1e6 / counted,
-                "spin_us_per_msg": spun_ns / 1e3 / counted,
-            }
-        )
-    except BaseException as e:  # noqa: BLE001
-        results.put({"role": "producer", "error": f"{type(e).__name__}: {e}"[:300]})
 
 
 class BlockingSender:

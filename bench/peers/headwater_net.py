@@ -20,7 +20,8 @@ from __future__ import annotations
 import contextlib
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
 
 from bench.peers.base import (
     HOST,
@@ -33,8 +34,9 @@ from bench.peers.base import (
     port_open,
     wait_until,
 )
+from bench.peers.latency_run import AsyncFutureSender
 
-__all__ = ["HeadwaterNet"]
+__all__ = ["HeadwaterAio", "HeadwaterNet"]
 
 QUEUE = "bench"
 LINGER_MS = 5
@@ -155,3 +157,52 @@ def _producer(hw, *, linger_ms: int):
         return hw.producer(linger_ms=linger_ms, batch_bytes_max=BATCH_BYTES_MAX)
     except TypeError:  # a Client.producer that does not take the settings yet: its defaults
         return hw.producer()
+
+
+class HeadwaterAio(HeadwaterNet):
+    """The same broker, measured through the asyncio client (``headwater.aio``): the latency
+    run's producer calls ``AsyncProducer.send_nowait`` and its consumer awaits
+    ``AsyncConsumer.poll``, each on its own event loop. Latency only."""
+
+    system = "headwater-aio"
+    modes = tuple(
+        Mode(m.label.replace("headwater", "headwater-aio", 1), m.key, m.fsync_before_ack, m.ack_means)
+        for m in HeadwaterNet.modes
+    )
+    async_client = True
+
+    async def _connect_aio(self):
+        import headwater.aio
+
+        return await headwater.aio.connect(f"{HOST}:{self.port}")
+
+    @contextlib.asynccontextmanager
+    async def async_sender(self, mode: Mode, stream: int) -> AsyncIterator[AsyncFutureSender]:
+        hw = await self._connect_aio()
+        p = hw.producer(linger_ms=0, batch_bytes_max=BATCH_BYTES_MAX)
+        try:
+            yield AsyncFutureSender(lambda body: p.send_nowait(QUEUE, body, partition=stream))
+        finally:
+            with contextlib.suppress(Exception):
+                await p.flush()
+            await hw.close()
+
+    @contextlib.asynccontextmanager
+    async def async_consumer(self, mode: Mode, stream: int) -> AsyncIterator[Any]:
+        hw = await self._connect_aio()
+        c = hw.consumer()
+        await c.assign(QUEUE, partitions=[stream])
+
+        async def poll(timeout_s: float) -> list[bytes]:
+            return [r.body for r in await c.poll(max_messages=POLL_MESSAGES_MAX, timeout_ms=int(timeout_s * 1000))]
+
+        try:
+            yield poll
+        finally:
+            await hw.close()
+
+    def produce(self, mode: Mode, **kw: Any) -> dict[str, Any]:
+        return {"error": "headwater-aio measures latency only (python -m bench.latency)"}
+
+    def consume(self, mode: Mode, **kw: Any) -> dict[str, Any]:
+        return {"error": "headwater-aio measures latency only (python -m bench.latency)"}
