@@ -48,7 +48,7 @@ from typing import Any
 
 from bench import machine
 from bench.network import LATENCY_RATE, LATENCY_SIZE, cpu_note, cpus_busy, latency_note, parse_systems
-from bench.peers import REFERENCES, SYSTEMS, Unavailable, driver_class
+from bench.peers import LATENCY_ONLY, REFERENCES, SYSTEMS, Unavailable, driver_class
 from bench.peers.base import SPIN_NS, install_signal_handlers, temp_workdir
 
 __all__ = ["main", "run_rounds", "summarize"]
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="LIST",
         default=DEFAULT_SYSTEMS,
         help=f"comma-separated systems (default: {DEFAULT_SYSTEMS}; "
-        f"choose from {', '.join(SYSTEMS)}; and 'floor', bench.relay: the least a "
+        f"choose from {', '.join([*SYSTEMS, *LATENCY_ONLY])}; and 'floor', bench.relay: the least a "
         f"Python broker does, a yardstick of the machine and nobody's peer)",
     )
     parser.add_argument("--rounds", type=int, default=5, help="rounds to run (default: 5)")
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"cannot read {path}: {e}")
         render_pool(console, pool_by_steal(saved), [doc.get("revision", "unrecorded") for doc in saved])
         return 0
-    systems = parse_systems(parser, args.systems, [*SYSTEMS, *REFERENCES])
+    systems = parse_systems(parser, args.systems, [*SYSTEMS, *LATENCY_ONLY, *REFERENCES])
     if args.rounds < 1 or args.seconds <= 0 or args.rate < 1:
         parser.error("--rounds and --rate must be at least 1 and --seconds above 0")
     if args.spin_us is None:  # at --rate 20000 a send is due every 50 µs: spin for half of it

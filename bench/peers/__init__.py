@@ -13,15 +13,19 @@ import importlib
 
 from bench.peers.base import Driver, Mode, Unavailable
 
-__all__ = ["SYSTEMS", "REFERENCES", "Driver", "Mode", "Unavailable", "driver_class"]
+__all__ = ["SYSTEMS", "LATENCY_ONLY", "REFERENCES", "Driver", "Mode", "Unavailable", "driver_class"]
 
 # name on the command line -> (module, class)
 SYSTEMS: dict[str, tuple[str, str]] = {
     "headwater": ("bench.peers.headwater_net", "HeadwaterNet"),
-    "headwater-aio": ("bench.peers.headwater_net", "HeadwaterAio"),
     "redis": ("bench.peers.redis_streams", "RedisStreams"),
     "nats": ("bench.peers.nats_jetstream", "NatsJetStream"),
     "rabbitmq": ("bench.peers.rabbitmq", "RabbitMQ"),
+}
+
+# systems that only the latency benchmark runs (bench.latency): Headwater through its asyncio client
+LATENCY_ONLY: dict[str, tuple[str, str]] = {
+    "headwater-aio": ("bench.peers.headwater_net", "HeadwaterAio"),
 }
 
 # yardsticks, not systems: the latency benchmark runs them beside the systems to show what the
@@ -32,5 +36,5 @@ REFERENCES: dict[str, tuple[str, str]] = {
 
 
 def driver_class(name: str) -> type[Driver]:
-    module, cls = SYSTEMS.get(name) or REFERENCES[name]
+    module, cls = SYSTEMS.get(name) or LATENCY_ONLY.get(name) or REFERENCES[name]
     return getattr(importlib.import_module(module), cls)
