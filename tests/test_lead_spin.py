@@ -8,7 +8,7 @@ import time
 import pytest
 
 from headwater.client.transport.async_transport import AsyncTransport
-from headwater.client.transport.leading import LEAD_SPIN_US_DEFAULT
+from headwater.client.transport.leading import LEAD_SPIN_US_DEFAULT, SPIN_PAUSE_LEADS
 from headwater.client.transport.remote import RemoteService
 from headwater.errors import InvalidArgumentError, UnavailableError
 from headwater.model.batch import encode_batch
@@ -81,5 +81,39 @@ def test_a_connection_lost_while_the_caller_spins_fails_its_call(fake_broker):
             svc.produce("q", 0, encode_batch([b"x"]))
         assert time.monotonic() - t0 < 10  # the loss, not the request's 30 s deadline
         svc.ping()  # the next call reconnects
+    finally:
+        svc.close()
+
+
+def test_spins_that_keep_finding_nothing_pause_and_one_that_finds_its_answer_resumes_them():
+    t = AsyncTransport("127.0.0.1:1", lead_spin_us=50)
+    for _ in range(20):  # three in four found: spinning pays
+        for found in (True, True, True, False):
+            t._spun(found)
+    assert t._spin_paused == 0
+    misses = 0
+    while not t._spin_paused:  # a broker now further than a spin reaches
+        t._spun(False)
+        misses += 1
+    assert 5 <= misses <= 12 and t._spin_paused == SPIN_PAUSE_LEADS  # about the last eight spins
+    t._spin_paused = 0  # the paused leads made: a spin looks again, and finds its answer
+    t._spun(True)
+    assert t._spin_paused == 0
+
+
+def test_a_far_broker_soon_gets_leads_that_block_at_once(fake_broker):
+    fake = fake_broker(lambda body: produced(3), answer_delay_s=0.005)  # every answer after the spin
+    svc = RemoteService(fake.address, lead_spin_us=1000)
+    try:
+        svc.produce("q", 0, encode_batch([b"x"]))  # the leader's poller exists from here
+        link = svc.transport._link
+        recording = link.poller = RecordingPoller(link.poller)
+        firsts = []
+        for _ in range(30):
+            recording.timeouts_ms.clear()
+            svc.produce("q", 0, encode_batch([b"y"]))
+            firsts.append(recording.timeouts_ms[0])
+        assert firsts[0] == 0  # spun first
+        assert firsts[-1] > 0 and firsts.count(0) <= 12  # then blocked at once: no CPU burnt in spins
     finally:
         svc.close()

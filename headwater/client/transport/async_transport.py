@@ -146,6 +146,9 @@ class AsyncTransport(Connecting, Reading, Leading, PushStreams):
         self._leader: int | None = None  # the thread reading the connection for itself, if any
         self._lead_free: concurrent.futures.Future | None = None  # done when the leader stops
         self._wake_pair: tuple[socket.socket, socket.socket] | None = None  # pokes a leader's poll()
+        # the leader's only (one thread at a time): the spin's back-off (leading.Leading._spun)
+        self._spin_hit_share = 1.0  # a moving average of the spins that found their answer
+        self._spin_paused = 0  # leads still to make without a spin
         self._loop_thread: int | None = None  # set on the loop when it first connects
         # loop only:
         self._connecting: asyncio.Task[None] | None = None
