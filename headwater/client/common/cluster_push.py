@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 
 from headwater.client.core.subscribers import plan_streams
 from headwater.errors import HeadwaterError, SubscriberNotFoundError, UnavailableError, UsageError
-from headwater.model.cluster import ALONE
 from headwater.model.filtering import count_messages
 from headwater.model.subscription import replaced_message
 
@@ -45,7 +44,7 @@ if TYPE_CHECKING:
     from headwater.model.message import Record
     from headwater.model.subscription import SubscriberInfo
 
-__all__ = ["ClusterPush", "METADATA_CHECK_S", "STREAMS_CHECK_S"]
+__all__ = ["ClusterPush", "Leg", "METADATA_CHECK_S", "STREAMS_CHECK_S"]
 
 log = logging.getLogger("headwater.subscriber")
 
@@ -55,8 +54,9 @@ _BACKOFF_S_MIN = 0.05
 _BACKOFF_S_MAX = 2.0  # the longest wait before a stream that could not be opened is tried again
 
 
-class _Leg:
-    """One push stream of a cluster subscriber: to broker ``broker_id``, of ``partitions``."""
+class Leg:
+    """One push stream of a subscriber: to broker ``broker_id`` (``ALONE``: a broker alone)
+    over ``link``, of ``partitions``, with what the listeners used of its credit."""
 
     __slots__ = ("broker_id", "link", "sid", "token", "partitions", "stream_pos", "owed_messages", "owed_bytes")
 
@@ -90,14 +90,12 @@ class ClusterPush:
         _inbox: Any
         _stopping: bool
         _epoch: int
-        _legs: dict[int, _Leg]
-        _stream: tuple[int, object] | None
-        _stream_pos: dict[int, int]
+        _legs: dict[int, Leg]
 
         def _set_info(self, info: SubscriberInfo) -> None: ...
         def _next_push(self, timeout_s: float) -> Any: ...
         def _checkpoint(self, *, final: bool = False) -> Generator[Any, Any, None]: ...
-        def _push_lost(self, body: Any) -> bool: ...
+        def _push_lost(self, leg: Leg, body: Any) -> bool: ...
         def _push_records(self, body: Any) -> Iterator[Record]: ...
         def _deliver(self, partition: int, records: Iterable[Record]) -> Generator[Any, Any, bool]: ...
         def _ack_done(self, fut: Any) -> None: ...
@@ -106,11 +104,7 @@ class ClusterPush:
     def streams(self) -> dict[int, list[int]]:
         """The push streams open now: broker id -> the partitions its stream carries (a
         broker alone is ``-1``, as METADATA names it; pulling, none)."""
-        if self._legs:
-            return {b: list(leg.partitions) for b, leg in self._legs.items()}
-        if self._stream is not None:
-            return {ALONE: sorted(self._stream_pos)}
-        return {}
+        return {b: list(leg.partitions) for b, leg in self._legs.items()}
 
     def _run_cluster_push(self, stop_item: object) -> Generator[Any, Any, None]:
         info = yield self._service.claim_subscriber(self.queue, self.name)
@@ -140,12 +134,11 @@ class ClusterPush:
             leg = next((g for g in self._legs.values() if g.token is token), None)
             if leg is None:
                 continue  # from a stream closed since: what it held is pushed again by the next
-            if self._push_lost(body):  # raises what ends the subscriber (replaced, deleted)
-                del self._legs[leg.broker_id]
+            if self._push_lost(leg, body):  # raises what ends the subscriber (replaced, deleted)
                 fresh, next_check = True, min(next_check, time.monotonic() + backoff_s)
                 continue
             complete = not body.batches or (yield from self._deliver(body.partition, self._push_records(body)))
-            if self._leg_pushed(leg, body, complete):
+            if self._pushed(leg, body, complete):
                 self._give_credit(leg)
             yield from self._checkpoint()
 
@@ -218,9 +211,9 @@ class ClusterPush:
             positions={p: self._positions.get(p, 0) for p in partitions},
             tags=self.info.tags,
         )
-        self._legs[broker_id] = _Leg(broker_id, link, sid, token, partitions, dict(started.checkpoints))
+        self._legs[broker_id] = Leg(broker_id, link, sid, token, partitions, dict(started.checkpoints))
 
-    def _close_leg(self, leg: _Leg) -> Generator[Any, Any, None]:
+    def _close_leg(self, leg: Leg) -> Generator[Any, Any, None]:
         if self._legs.get(leg.broker_id) is leg:
             del self._legs[leg.broker_id]
         try:
@@ -232,19 +225,20 @@ class ClusterPush:
         for leg in list(self._legs.values()):
             yield from self._close_leg(leg)
 
-    def _leg_pushed(self, leg: _Leg, body: Any, complete: bool) -> bool:
+    def _pushed(self, leg: Leg, body: Any, complete: bool) -> bool:
         """After the listeners took a push of ``leg`` (all of it when ``complete``): move past
         what the broker skipped, count the credit it used; whether enough is owed to give."""
         p = body.partition
         if complete:
             self._positions[p] = max(self._positions.get(p, 0), body.next_offset)
+        # give back the credit the broker counted for this push (never less: a stream must not starve)
         messages, size = count_messages(body.batches, body.selections, leg.stream_pos.get(p, 0), body.next_offset)
         leg.stream_pos[p] = body.next_offset
         leg.owed_messages += max(messages, 1)
         leg.owed_bytes += size
         return leg.owed_messages * 4 >= self.credit_messages or leg.owed_bytes * 4 >= self.credit_bytes
 
-    def _give_credit(self, leg: _Leg) -> None:
+    def _give_credit(self, leg: Leg) -> None:
         """Give ``leg``'s broker back the credit the listeners used, without waiting (the
         checkpoint goes to the coordinator, not here)."""
         messages, size = leg.owed_messages, leg.owed_bytes

@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, ClassVar
 
-from headwater.client.common.cluster_push import ClusterPush
+from headwater.client.common.cluster_push import ClusterPush, Leg
 from headwater.client.common.twins import ASYNCIO, Twins, waits
 from headwater.errors import (
     ClosedError,
@@ -60,7 +60,8 @@ from headwater.errors import (
     UnavailableError,
     error_for_code,
 )
-from headwater.model.filtering import count_messages, decode_selection
+from headwater.model.cluster import ALONE
+from headwater.model.filtering import decode_selection
 from headwater.model.message import Record
 from headwater.model.subscription import SubscriberInfo, subscribed_partitions
 
@@ -144,13 +145,9 @@ class SubscriberBase(ClusterPush, Twins):
         self._stored: dict[int, int] = {}  # checkpoints known to be on the broker
         self._last_checkpoint = time.monotonic()
         self._tags: frozenset[str] | None = None
-        # push mode: the current stream, and what the listeners consumed of its credit
-        self._stream: tuple[int, object] | None = None
-        self._stream_pos: dict[int, int] = {}
-        self._owed_messages = 0
-        self._owed_bytes = 0
         self._epoch = 0  # on a cluster: the subscription epoch the coordinator gave this process
-        self._legs: dict[int, Any] = {}  # on a cluster: the stream of each leader (ClusterPush)
+        # push mode: the stream open now (broker alone: under ALONE; on a cluster: one per leader)
+        self._legs: dict[int, Leg] = {}
         self._inbox = self._Inbox()  # bounded by the credit
         self._stop_requested = self._Event()  # set by stop()
         self._stopped = threading.Event()  # set when the run ends; only the thread waits on it
@@ -243,7 +240,7 @@ class SubscriberBase(ClusterPush, Twins):
                     yield from self._checkpoint(final=True)
                 except (HeadwaterError, TimeoutError) as e:
                     log.warning("subscriber %s/%s: the last checkpoint was not stored: %s", self.queue, self.name, e)
-                yield from self._close_stream()
+                yield from self._close_legs()
             finally:
                 self._stopped.set()
 
@@ -391,15 +388,14 @@ class SubscriberBase(ClusterPush, Twins):
                 backoff = min(backoff * 2, RECONNECT_BACKOFF_S_MAX)
                 continue
             backoff = 0.05
-            self._stream = (sid, token)
-            self._owed_messages = self._owed_bytes = 0
             self._set_info(info)
-            self._stream_pos = {p: info.checkpoints.get(p, 0) for p in info.checkpoints}
-            if (yield from self._pump(token)):
+            leg = self._legs[ALONE] = Leg(
+                ALONE, self._service, sid, token, sorted(info.checkpoints), dict(info.checkpoints)
+            )
+            if (yield from self._pump(leg)):
                 return  # stopping: the stream stays open for the last checkpoint, then closes
-            self._stream = None  # lost or ended by the broker: nothing to close
 
-    def _pump(self, token: object) -> Generator[Any, Any, bool]:
+    def _pump(self, leg: Leg) -> Generator[Any, Any, bool]:
         """Deliver the stream's pushes until it is lost or ended (False), or the subscriber
         stops (True)."""
         while not self._stopping:
@@ -411,31 +407,31 @@ class SubscriberBase(ClusterPush, Twins):
             if item is _STOP:
                 return True
             t, body = item
-            if t is not token:
+            if t is not leg.token:
                 continue  # from a stream that already ended
-            if self._push_lost(body):
-                return False
+            if self._push_lost(leg, body):
+                return False  # lost or ended by the broker: nothing to close
             complete = not body.batches or (yield from self._deliver(body.partition, self._push_records(body)))
-            if self._pushed(body, complete):
-                yield from self._ack({}, wait=False)
+            if self._pushed(leg, body, complete):
+                self._give_credit(leg)
             yield from self._checkpoint()
         return True
 
-    def _push_lost(self, body: Any) -> bool:
-        """Whether a push item ends the stream so that the subscriber subscribes again (the
-        connection was lost, or the broker ended it for a passing reason); raises what the
-        broker ended it with otherwise."""
+    def _push_lost(self, leg: Leg, body: Any) -> bool:
+        """Whether a push item of ``leg`` ends it (then it is forgotten) so that the
+        subscriber subscribes again (the connection was lost, or the broker ended it for a
+        passing reason); raises what the broker ended it with otherwise."""
+        if body is not None and not body.ended:
+            return False
+        del self._legs[leg.broker_id]  # the broker closed it already, or its connection went
         if body is None:
             log.info("subscriber %s/%s: connection lost; subscribing again", self.queue, self.name)
             return True
-        if not body.ended:
-            return False
         exc = error_for_code(body.ended_code)(body.ended)
-        if exc.retriable:
-            log.info("subscriber %s/%s: %s", self.queue, self.name, body.ended)
-            return True
-        self._stream = None  # the broker closed it already
-        raise exc
+        if not exc.retriable:
+            raise exc
+        log.info("subscriber %s/%s: %s", self.queue, self.name, body.ended)
+        return True
 
     def _push_records(self, body: Any) -> Iterator[Record]:
         """The records of a push, decoded (and their tags checked again)."""
@@ -447,32 +443,19 @@ class SubscriberBase(ClusterPush, Twins):
             for r in decode_selection(b, sel[i] if sel else (), self.queue, start_offset=start, tags=self._tags)
         )
 
-    def _pushed(self, body: Any, complete: bool) -> bool:
-        """After the listeners took a push (all of it when ``complete``): move past what the
-        broker skipped, count the credit it used; whether enough is owed to give it back."""
-        p = body.partition
-        if complete:
-            self._positions[p] = max(self._positions.get(p, 0), body.next_offset)
-        # give back the credit the broker counted for this push (never less: a stream must not starve)
-        messages, size = count_messages(body.batches, body.selections, self._stream_pos.get(p, 0), body.next_offset)
-        self._stream_pos[p] = body.next_offset
-        self._owed_messages += max(messages, 1)
-        self._owed_bytes += size
-        return self._owed_messages * 4 >= self.credit_messages or self._owed_bytes * 4 >= self.credit_bytes
-
     def _ack(self, offsets: dict[int, int], *, wait: bool) -> Generator[Any, Any, None]:
         """Give back the credit owed and store ``offsets`` on the stream; ``wait`` for the
         broker to take them (the last checkpoint) or not."""
-        stream = self._stream
-        if stream is None:  # the stream was lost: store the checkpoint without it
+        leg = self._legs.get(ALONE)
+        if leg is None:  # the stream was lost: store the checkpoint without it
             if offsets:
                 yield self._service.checkpoint_subscriber(self.queue, self.name, offsets)
             return
-        if not offsets and not self._owed_messages and not self._owed_bytes:
+        if not offsets and not leg.owed_messages and not leg.owed_bytes:
             return
-        messages, size = self._owed_messages, self._owed_bytes
-        self._owed_messages = self._owed_bytes = 0
-        fut = self._service.ack_push_stream(stream[0], offsets, messages, size)
+        messages, size = leg.owed_messages, leg.owed_bytes
+        leg.owed_messages = leg.owed_bytes = 0
+        fut = leg.link.ack_push_stream(leg.sid, offsets, messages, size)
         if wait:
             yield self._settled(fut, FINAL_ACK_TIMEOUT_S)
         else:
@@ -482,12 +465,3 @@ class SubscriberBase(ClusterPush, Twins):
         e = None if fut.cancelled() else fut.exception()
         if e is not None and not isinstance(e, (UnavailableError, ClosedError, SubscriberNotFoundError)):
             log.warning("subscriber %s/%s: an acknowledgement failed: %s", self.queue, self.name, e)
-
-    def _close_stream(self) -> Generator[Any, Any, None]:
-        yield from self._close_legs()
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            try:
-                yield self._service.close_push_stream(stream[0])
-            except HeadwaterError:
-                pass
