@@ -50,7 +50,14 @@ import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, ClassVar
 
-from headwater.client.common.cluster_push import ClusterPush, Leg
+from headwater.client.common.cluster_push import (
+    BACKOFF_S_MAX,
+    BACKOFF_S_MIN,
+    METADATA_CHECK_S,
+    STREAMS_CHECK_S,
+    ClusterPush,
+    Leg,
+)
 from headwater.client.common.twins import ASYNCIO, Twins, waits
 from headwater.errors import (
     ClosedError,
@@ -71,7 +78,6 @@ log = logging.getLogger("headwater.subscriber")
 
 Listener = Callable[[Record], Any]
 _STOP = object()  # wakes the push loop when stop() is called
-RECONNECT_BACKOFF_S_MAX = 2.0
 PARTITIONS_CHECK_S = 2.0
 FINAL_ACK_TIMEOUT_S = 10.0  # how long stopping waits for the broker to take the last checkpoint
 
@@ -91,7 +97,6 @@ class SubscriberBase(ClusterPush, Twins):
     ``_launch()`` starts ``_run`` on a thread or in a task, kept in ``_runner``;
     ``_joined(timeout_s)`` waits for the run to end, unless called from the run itself;
     ``_until_stopped(timeout_s)`` waits for it too, and says whether it ended;
-    ``_pause(seconds)`` sleeps, or less if the subscriber is stopped meanwhile;
     ``_next_push(timeout_s)`` is the next item of the inbox, or None if none came in time;
     ``_settled(fut, timeout_s)`` waits for an acknowledgement's answer."""
 
@@ -226,9 +231,7 @@ class SubscriberBase(ClusterPush, Twins):
     @waits
     def _run(self) -> Generator[Any, Any, None]:
         try:
-            if self._routed:
-                yield from self._run_cluster_push(_STOP)
-            elif self.mode == "push":
+            if self.mode == "push":
                 yield from self._run_push()
             else:
                 yield from self._run_pull()
@@ -312,7 +315,8 @@ class SubscriberBase(ClusterPush, Twins):
             if not (yield from self._checkpoint_at_coordinator(changed, final)):
                 return
         elif self.mode == "push":
-            yield from self._ack(changed, wait=final)
+            if not (yield from self._ack(changed, wait=final)):
+                return
         elif changed:
             yield self._service.checkpoint_subscriber(self.queue, self.name, changed)
         self._stored.update(changed)
@@ -371,50 +375,64 @@ class SubscriberBase(ClusterPush, Twins):
     # -- push (over the network) ------------------------------------------------------------------
 
     def _run_push(self) -> Generator[Any, Any, None]:
-        backoff = 0.05
-        while not self._stopping:
-            token = object()
-            try:
-                sid, info = yield self._service.open_push_stream(
-                    self.queue,
-                    self.name,
-                    lambda body, t=token: self._inbox.put_nowait((t, body)),
-                    credit_messages=self.credit_messages,
-                    credit_bytes=self.credit_bytes,
-                )
-            except UnavailableError as e:
-                log.info("subscriber %s/%s: cannot subscribe (%s); retrying", self.queue, self.name, e)
-                yield self._pause(backoff)
-                backoff = min(backoff * 2, RECONNECT_BACKOFF_S_MAX)
-                continue
-            backoff = 0.05
+        """Deliver what the broker pushes, over one stream (a broker alone) or one per leader
+        (a cluster, whose claim it takes first): open the streams missing (again at once
+        when one is lost, with a backoff while that fails), check them every
+        ``STREAMS_CHECK_S``, store the checkpoint when due."""
+        if self._routed:
+            info = yield self._service.claim_subscriber(self.queue, self.name)
             self._set_info(info)
-            leg = self._legs[ALONE] = Leg(
-                ALONE, self._service, sid, token, sorted(info.checkpoints), dict(info.checkpoints)
-            )
-            if (yield from self._pump(leg)):
-                return  # stopping: the stream stays open for the last checkpoint, then closes
-
-    def _pump(self, leg: Leg) -> Generator[Any, Any, bool]:
-        """Deliver the stream's pushes until it is lost or ended (False), or the subscriber
-        stops (True)."""
+            self._epoch = info.epoch
+        fresh, backoff_s, next_check, next_table = False, BACKOFF_S_MIN, 0.0, time.monotonic() + METADATA_CHECK_S
         while not self._stopping:
-            due_s = self._last_checkpoint + self.checkpoint_interval_s - time.monotonic()
+            now = time.monotonic()
+            if now >= next_check:
+                if now >= next_table:
+                    fresh, next_table = True, now + METADATA_CHECK_S
+                settled = yield from (self._plan(fresh) if self._routed else self._subscribe_alone())
+                fresh = not settled
+                if settled:
+                    backoff_s, next_check = BACKOFF_S_MIN, time.monotonic() + STREAMS_CHECK_S
+                else:
+                    next_check, backoff_s = time.monotonic() + backoff_s, min(backoff_s * 2, BACKOFF_S_MAX)
+            due_s = min(self._last_checkpoint + self.checkpoint_interval_s, next_check) - time.monotonic()
             item = yield self._next_push(max(0.001, due_s))
-            if item is None:  # no push before the checkpoint was due
+            if item is None:  # nothing came before the checkpoint or the check was due
                 yield from self._checkpoint()
                 continue
             if item is _STOP:
-                return True
-            t, body = item
-            if t is not leg.token:
-                continue  # from a stream that already ended
-            if self._push_lost(leg, body):
-                return False  # lost or ended by the broker: nothing to close
+                return  # the streams stay open for the last checkpoint, then close
+            leg, body = item
+            if self._legs.get(leg.broker_id) is not leg:
+                continue  # from a stream closed since: what it held is pushed again by the next
+            if self._push_lost(leg, body):  # raises what ends the subscriber (replaced, deleted)
+                # a cluster waits a backoff for its table to name the new leader
+                fresh, next_check = True, min(next_check, time.monotonic() + (backoff_s if self._routed else 0))
+                continue
             complete = not body.batches or (yield from self._deliver(body.partition, self._push_records(body)))
             if self._pushed(leg, body, complete):
                 self._give_credit(leg)
             yield from self._checkpoint()
+
+    def _subscribe_alone(self) -> Generator[Any, Any, bool]:
+        """Open the stream of a broker alone unless it is open; whether it is."""
+        if ALONE in self._legs:
+            return True
+        leg = Leg(ALONE, self._service, [])
+        try:
+            leg.sid, info = yield self._service.open_push_stream(
+                self.queue,
+                self.name,
+                lambda body: self._inbox.put_nowait((leg, body)),
+                credit_messages=self.credit_messages,
+                credit_bytes=self.credit_bytes,
+            )
+        except UnavailableError as e:
+            log.info("subscriber %s/%s: cannot subscribe (%s); retrying", self.queue, self.name, e)
+            return False
+        self._set_info(info)
+        leg.partitions, leg.stream_pos = sorted(info.checkpoints), dict(info.checkpoints)
+        self._legs[ALONE] = leg
         return True
 
     def _push_lost(self, leg: Leg, body: Any) -> bool:
@@ -443,16 +461,19 @@ class SubscriberBase(ClusterPush, Twins):
             for r in decode_selection(b, sel[i] if sel else (), self.queue, start_offset=start, tags=self._tags)
         )
 
-    def _ack(self, offsets: dict[int, int], *, wait: bool) -> Generator[Any, Any, None]:
+    def _ack(self, offsets: dict[int, int], *, wait: bool) -> Generator[Any, Any, bool]:
         """Give back the credit owed and store ``offsets`` on the stream; ``wait`` for the
-        broker to take them (the last checkpoint) or not."""
+        broker to take them (the last checkpoint) or not. Whether they were stored (or sent)."""
         leg = self._legs.get(ALONE)
-        if leg is None:  # the stream was lost: store the checkpoint without it
+        if leg is None and not wait:  # the stream was lost: the next one stores them
+            self._last_checkpoint = time.monotonic()
+            return False
+        if leg is None:  # the last checkpoint, with the stream lost: store it without one
             if offsets:
                 yield self._service.checkpoint_subscriber(self.queue, self.name, offsets)
-            return
+            return True
         if not offsets and not leg.owed_messages and not leg.owed_bytes:
-            return
+            return True
         messages, size = leg.owed_messages, leg.owed_bytes
         leg.owed_messages = leg.owed_bytes = 0
         fut = leg.link.ack_push_stream(leg.sid, offsets, messages, size)
@@ -460,6 +481,7 @@ class SubscriberBase(ClusterPush, Twins):
             yield self._settled(fut, FINAL_ACK_TIMEOUT_S)
         else:
             fut.add_done_callback(self._ack_done)
+        return True
 
     def _ack_done(self, fut: Any) -> None:
         e = None if fut.cancelled() else fut.exception()
