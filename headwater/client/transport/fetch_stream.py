@@ -96,7 +96,7 @@ class FetchStreamsBase:
     the handlers run elsewhere, and call ``notify`` after each push."""
 
     _on_loop = False  # handle the pushes on the client's event loop always (open_fetch_stream)
-    _end_is_outage = True  # a stream ended for a retriable reason: the broker is stopping
+    _end_is_outage = True  # a retriable end starts an outage (over one broker: the broker is stopping)
 
     def __init__(
         self,
