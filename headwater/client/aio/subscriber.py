@@ -89,12 +89,6 @@ class AsyncSubscriber(SubscriberBase, AsyncClosesOnExit, driver=ASYNCIO):
         done, _ = await asyncio.wait([self._runner], timeout=timeout_s)
         return bool(done)
 
-    async def _pause(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self._stop_requested.wait(), seconds)
-        except TimeoutError:
-            pass
-
     async def _next_push(self, timeout_s: float) -> Any:
         inbox = self._inbox
         if inbox.empty():

@@ -35,47 +35,42 @@ from typing import TYPE_CHECKING, Any
 
 from headwater.client.core.subscribers import plan_streams
 from headwater.errors import HeadwaterError, SubscriberNotFoundError, UnavailableError, UsageError
-from headwater.model.cluster import ALONE
 from headwater.model.filtering import count_messages
 from headwater.model.subscription import replaced_message
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
-
-    from headwater.model.message import Record
     from headwater.model.subscription import SubscriberInfo
 
-__all__ = ["ClusterPush", "METADATA_CHECK_S", "STREAMS_CHECK_S"]
+__all__ = ["ClusterPush", "Leg", "METADATA_CHECK_S", "STREAMS_CHECK_S"]
 
 log = logging.getLogger("headwater.subscriber")
 
 METADATA_CHECK_S = 10.0  # how often a cluster subscriber asks for the routing table unprompted
 STREAMS_CHECK_S = 2.0  # how often it checks its claim and its plan of streams
-_BACKOFF_S_MIN = 0.05
-_BACKOFF_S_MAX = 2.0  # the longest wait before a stream that could not be opened is tried again
+BACKOFF_S_MIN = 0.05
+BACKOFF_S_MAX = 2.0  # the longest wait before a stream that could not be opened is tried again
 
 
-class _Leg:
-    """One push stream of a cluster subscriber: to broker ``broker_id``, of ``partitions``."""
+class Leg:
+    """One push stream of a subscriber: to broker ``broker_id`` (``ALONE``: a broker alone)
+    over ``link``, of ``partitions``, with what the listeners used of its credit."""
 
-    __slots__ = ("broker_id", "link", "sid", "token", "partitions", "stream_pos", "owed_messages", "owed_bytes")
+    __slots__ = ("broker_id", "link", "sid", "partitions", "stream_pos", "owed_messages", "owed_bytes")
 
-    def __init__(
-        self, broker_id: int, link: Any, sid: int, token: object, partitions: list[int], stream_pos: dict[int, int]
-    ) -> None:
+    def __init__(self, broker_id: int, link: Any, partitions: list[int]) -> None:
         self.broker_id = broker_id
         self.link = link
-        self.sid = sid
-        self.token = token
+        self.sid = 0  # once open
         self.partitions = partitions
-        self.stream_pos = stream_pos  # where the broker's stream is, per partition (the credit it counts)
+        self.stream_pos: dict[int, int] = {}  # where the broker's stream is, per partition (the credit it counts)
         self.owed_messages = 0
         self.owed_bytes = 0
 
 
 class ClusterPush:
-    """The cluster push loop, a part of :class:`~headwater.client.common.subscriber.SubscriberBase`
-    (which gives what is declared below)."""
+    """A subscriber's push streams (:class:`Leg`), and on a cluster its claim and its plan of
+    streams by leader: a part of :class:`~headwater.client.common.subscriber.SubscriberBase`
+    (which gives what is declared below, and runs the push loop over both)."""
 
     if TYPE_CHECKING:
         _service: Any
@@ -84,70 +79,20 @@ class ClusterPush:
         info: SubscriberInfo | None
         credit_messages: int
         credit_bytes: int
-        checkpoint_interval_s: float
         _last_checkpoint: float
         _positions: dict[int, int]
         _inbox: Any
-        _stopping: bool
         _epoch: int
-        _legs: dict[int, _Leg]
-        _stream: tuple[int, object] | None
-        _stream_pos: dict[int, int]
+        _legs: dict[int, Leg]
 
         def _set_info(self, info: SubscriberInfo) -> None: ...
-        def _next_push(self, timeout_s: float) -> Any: ...
-        def _checkpoint(self, *, final: bool = False) -> Generator[Any, Any, None]: ...
-        def _push_lost(self, body: Any) -> bool: ...
-        def _push_records(self, body: Any) -> Iterator[Record]: ...
-        def _deliver(self, partition: int, records: Iterable[Record]) -> Generator[Any, Any, bool]: ...
         def _ack_done(self, fut: Any) -> None: ...
 
     @property
     def streams(self) -> dict[int, list[int]]:
         """The push streams open now: broker id -> the partitions its stream carries (a
         broker alone is ``-1``, as METADATA names it; pulling, none)."""
-        if self._legs:
-            return {b: list(leg.partitions) for b, leg in self._legs.items()}
-        if self._stream is not None:
-            return {ALONE: sorted(self._stream_pos)}
-        return {}
-
-    def _run_cluster_push(self, stop_item: object) -> Generator[Any, Any, None]:
-        info = yield self._service.claim_subscriber(self.queue, self.name)
-        self._set_info(info)
-        self._epoch = info.epoch
-        fresh, backoff_s, next_check, next_table = False, _BACKOFF_S_MIN, 0.0, time.monotonic() + METADATA_CHECK_S
-        while not self._stopping:
-            now = time.monotonic()
-            if now >= next_check:
-                if now >= next_table:
-                    fresh, next_table = True, now + METADATA_CHECK_S
-                yield from self._check_claim()
-                settled = yield from self._plan(fresh)
-                fresh = not settled
-                if settled:
-                    backoff_s, next_check = _BACKOFF_S_MIN, time.monotonic() + STREAMS_CHECK_S
-                else:
-                    next_check, backoff_s = time.monotonic() + backoff_s, min(backoff_s * 2, _BACKOFF_S_MAX)
-            due_s = min(self._last_checkpoint + self.checkpoint_interval_s, next_check) - time.monotonic()
-            item = yield self._next_push(max(0.001, due_s))
-            if item is None:  # nothing came before the checkpoint or the check was due
-                yield from self._checkpoint()
-                continue
-            if item is stop_item:
-                return
-            token, body = item
-            leg = next((g for g in self._legs.values() if g.token is token), None)
-            if leg is None:
-                continue  # from a stream closed since: what it held is pushed again by the next
-            if self._push_lost(body):  # raises what ends the subscriber (replaced, deleted)
-                del self._legs[leg.broker_id]
-                fresh, next_check = True, min(next_check, time.monotonic() + backoff_s)
-                continue
-            complete = not body.batches or (yield from self._deliver(body.partition, self._push_records(body)))
-            if self._leg_pushed(leg, body, complete):
-                self._give_credit(leg)
-            yield from self._checkpoint()
+        return {b: list(leg.partitions) for b, leg in self._legs.items()}
 
     def _checkpoint_at_coordinator(self, changed: dict[int, int], final: bool) -> Generator[Any, Any, bool]:
         """Store ``changed`` at the coordinator, fenced by the epoch; whether it was stored
@@ -183,8 +128,9 @@ class ClusterPush:
             raise UsageError(replaced_message(self.queue, self.name))
 
     def _plan(self, fresh: bool) -> Generator[Any, Any, bool]:
-        """Close the streams whose partitions changed and open the missing ones; whether
-        every partition has its stream now."""
+        """Check the claim (raises if it is lost), close the streams whose partitions changed
+        and open the missing ones; whether every partition has its stream now."""
+        yield from self._check_claim()
         table = yield self._service.stream_table(self.queue, fresh)
         assert self.info is not None
         plan, leaderless = plan_streams(table, self.info)
@@ -205,22 +151,22 @@ class ClusterPush:
         return settled
 
     def _open_leg(self, broker_id: int, partitions: list[int]) -> Generator[Any, Any, None]:
-        link = yield self._service.broker_link(broker_id)
-        token = object()
+        leg = Leg(broker_id, (yield self._service.broker_link(broker_id)), partitions)
         assert self.info is not None
-        sid, started = yield link.open_push_stream(
+        leg.sid, started = yield leg.link.open_push_stream(
             self.queue,
             self.name,
-            lambda body, t=token: self._inbox.put_nowait((t, body)),
+            lambda body: self._inbox.put_nowait((leg, body)),
             credit_messages=self.credit_messages,
             credit_bytes=self.credit_bytes,
             epoch=self._epoch,
             positions={p: self._positions.get(p, 0) for p in partitions},
             tags=self.info.tags,
         )
-        self._legs[broker_id] = _Leg(broker_id, link, sid, token, partitions, dict(started.checkpoints))
+        leg.stream_pos = dict(started.checkpoints)
+        self._legs[broker_id] = leg
 
-    def _close_leg(self, leg: _Leg) -> Generator[Any, Any, None]:
+    def _close_leg(self, leg: Leg) -> Generator[Any, Any, None]:
         if self._legs.get(leg.broker_id) is leg:
             del self._legs[leg.broker_id]
         try:
@@ -232,19 +178,20 @@ class ClusterPush:
         for leg in list(self._legs.values()):
             yield from self._close_leg(leg)
 
-    def _leg_pushed(self, leg: _Leg, body: Any, complete: bool) -> bool:
+    def _pushed(self, leg: Leg, body: Any, complete: bool) -> bool:
         """After the listeners took a push of ``leg`` (all of it when ``complete``): move past
         what the broker skipped, count the credit it used; whether enough is owed to give."""
         p = body.partition
         if complete:
             self._positions[p] = max(self._positions.get(p, 0), body.next_offset)
+        # give back the credit the broker counted for this push (never less: a stream must not starve)
         messages, size = count_messages(body.batches, body.selections, leg.stream_pos.get(p, 0), body.next_offset)
         leg.stream_pos[p] = body.next_offset
         leg.owed_messages += max(messages, 1)
         leg.owed_bytes += size
         return leg.owed_messages * 4 >= self.credit_messages or leg.owed_bytes * 4 >= self.credit_bytes
 
-    def _give_credit(self, leg: _Leg) -> None:
+    def _give_credit(self, leg: Leg) -> None:
         """Give ``leg``'s broker back the credit the listeners used, without waiting (the
         checkpoint goes to the coordinator, not here)."""
         messages, size = leg.owed_messages, leg.owed_bytes

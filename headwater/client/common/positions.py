@@ -33,7 +33,7 @@ from headwater.client.common.closing import Closable
 from headwater.client.core.membership import TP, by_queue
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_read_settings, positive_int
 from headwater.client.transport.cluster_fetch import ClusterFetchStreams, PlansFetchStreams
-from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams
+from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams, FetchStreamsBase
 from headwater.client.transport.polling import Outage
 from headwater.errors import InvalidArgumentError, InvalidMessageIdError
 from headwater.model.batch import tags_mask
@@ -99,22 +99,12 @@ class ConsumerPositions(Closable):
         self._push_waiter: Any = None  # a future the next push completes (fetch streams)
         # over the network, with stream=True: the broker pushes the partitions' batches
         # (fetch streams) instead of answering a FETCH per batch; embedded, it changes nothing
-        self._streams: FetchStreams | ClusterFetchStreams | None = None
-        if stream and isinstance(service, OpensFetchStreams):
+        self._streams: FetchStreamsBase | None = None
+        kind = FetchStreams if isinstance(service, OpensFetchStreams) else ClusterFetchStreams  # a stream per leader
+        if stream and (kind is FetchStreams or isinstance(service, PlansFetchStreams)):
             if not positive_int(stream_window_bytes):
                 raise InvalidArgumentError("stream_window_bytes must be a positive int")
-            self._streams = FetchStreams(
-                service,
-                window_bytes=stream_window_bytes,
-                tag_mask=self._mask,
-                push_bytes_max=fetch_bytes,
-                notify=self._push_arrived,
-                outage=self._outage,
-            )
-        elif stream and isinstance(service, PlansFetchStreams):  # a cluster: a stream per leader
-            if not positive_int(stream_window_bytes):
-                raise InvalidArgumentError("stream_window_bytes must be a positive int")
-            self._streams = ClusterFetchStreams(
+            self._streams = kind(
                 service,
                 window_bytes=stream_window_bytes,
                 tag_mask=self._mask,

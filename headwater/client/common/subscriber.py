@@ -50,7 +50,14 @@ import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, ClassVar
 
-from headwater.client.common.cluster_push import ClusterPush
+from headwater.client.common.cluster_push import (
+    BACKOFF_S_MAX,
+    BACKOFF_S_MIN,
+    METADATA_CHECK_S,
+    STREAMS_CHECK_S,
+    ClusterPush,
+    Leg,
+)
 from headwater.client.common.twins import ASYNCIO, Twins, waits
 from headwater.errors import (
     ClosedError,
@@ -60,7 +67,8 @@ from headwater.errors import (
     UnavailableError,
     error_for_code,
 )
-from headwater.model.filtering import count_messages, decode_selection
+from headwater.model.cluster import ALONE
+from headwater.model.filtering import decode_selection
 from headwater.model.message import Record
 from headwater.model.subscription import SubscriberInfo, subscribed_partitions
 
@@ -70,7 +78,6 @@ log = logging.getLogger("headwater.subscriber")
 
 Listener = Callable[[Record], Any]
 _STOP = object()  # wakes the push loop when stop() is called
-RECONNECT_BACKOFF_S_MAX = 2.0
 PARTITIONS_CHECK_S = 2.0
 FINAL_ACK_TIMEOUT_S = 10.0  # how long stopping waits for the broker to take the last checkpoint
 
@@ -90,7 +97,6 @@ class SubscriberBase(ClusterPush, Twins):
     ``_launch()`` starts ``_run`` on a thread or in a task, kept in ``_runner``;
     ``_joined(timeout_s)`` waits for the run to end, unless called from the run itself;
     ``_until_stopped(timeout_s)`` waits for it too, and says whether it ended;
-    ``_pause(seconds)`` sleeps, or less if the subscriber is stopped meanwhile;
     ``_next_push(timeout_s)`` is the next item of the inbox, or None if none came in time;
     ``_settled(fut, timeout_s)`` waits for an acknowledgement's answer."""
 
@@ -144,13 +150,9 @@ class SubscriberBase(ClusterPush, Twins):
         self._stored: dict[int, int] = {}  # checkpoints known to be on the broker
         self._last_checkpoint = time.monotonic()
         self._tags: frozenset[str] | None = None
-        # push mode: the current stream, and what the listeners consumed of its credit
-        self._stream: tuple[int, object] | None = None
-        self._stream_pos: dict[int, int] = {}
-        self._owed_messages = 0
-        self._owed_bytes = 0
         self._epoch = 0  # on a cluster: the subscription epoch the coordinator gave this process
-        self._legs: dict[int, Any] = {}  # on a cluster: the stream of each leader (ClusterPush)
+        # push mode: the stream open now (broker alone: under ALONE; on a cluster: one per leader)
+        self._legs: dict[int, Leg] = {}
         self._inbox = self._Inbox()  # bounded by the credit
         self._stop_requested = self._Event()  # set by stop()
         self._stopped = threading.Event()  # set when the run ends; only the thread waits on it
@@ -229,9 +231,7 @@ class SubscriberBase(ClusterPush, Twins):
     @waits
     def _run(self) -> Generator[Any, Any, None]:
         try:
-            if self._routed:
-                yield from self._run_cluster_push(_STOP)
-            elif self.mode == "push":
+            if self.mode == "push":
                 yield from self._run_push()
             else:
                 yield from self._run_pull()
@@ -243,7 +243,7 @@ class SubscriberBase(ClusterPush, Twins):
                     yield from self._checkpoint(final=True)
                 except (HeadwaterError, TimeoutError) as e:
                     log.warning("subscriber %s/%s: the last checkpoint was not stored: %s", self.queue, self.name, e)
-                yield from self._close_stream()
+                yield from self._close_legs()
             finally:
                 self._stopped.set()
 
@@ -315,7 +315,8 @@ class SubscriberBase(ClusterPush, Twins):
             if not (yield from self._checkpoint_at_coordinator(changed, final)):
                 return
         elif self.mode == "push":
-            yield from self._ack(changed, wait=final)
+            if not (yield from self._ack(changed, wait=final)):
+                return
         elif changed:
             yield self._service.checkpoint_subscriber(self.queue, self.name, changed)
         self._stored.update(changed)
@@ -374,68 +375,81 @@ class SubscriberBase(ClusterPush, Twins):
     # -- push (over the network) ------------------------------------------------------------------
 
     def _run_push(self) -> Generator[Any, Any, None]:
-        backoff = 0.05
-        while not self._stopping:
-            token = object()
-            try:
-                sid, info = yield self._service.open_push_stream(
-                    self.queue,
-                    self.name,
-                    lambda body, t=token: self._inbox.put_nowait((t, body)),
-                    credit_messages=self.credit_messages,
-                    credit_bytes=self.credit_bytes,
-                )
-            except UnavailableError as e:
-                log.info("subscriber %s/%s: cannot subscribe (%s); retrying", self.queue, self.name, e)
-                yield self._pause(backoff)
-                backoff = min(backoff * 2, RECONNECT_BACKOFF_S_MAX)
-                continue
-            backoff = 0.05
-            self._stream = (sid, token)
-            self._owed_messages = self._owed_bytes = 0
+        """Deliver what the broker pushes, over one stream (a broker alone) or one per leader
+        (a cluster, whose claim it takes first): open the streams missing (again at once
+        when one is lost, with a backoff while that fails), check them every
+        ``STREAMS_CHECK_S``, store the checkpoint when due."""
+        if self._routed:
+            info = yield self._service.claim_subscriber(self.queue, self.name)
             self._set_info(info)
-            self._stream_pos = {p: info.checkpoints.get(p, 0) for p in info.checkpoints}
-            if (yield from self._pump(token)):
-                return  # stopping: the stream stays open for the last checkpoint, then closes
-            self._stream = None  # lost or ended by the broker: nothing to close
-
-    def _pump(self, token: object) -> Generator[Any, Any, bool]:
-        """Deliver the stream's pushes until it is lost or ended (False), or the subscriber
-        stops (True)."""
+            self._epoch = info.epoch
+        fresh, backoff_s, next_check, next_table = False, BACKOFF_S_MIN, 0.0, time.monotonic() + METADATA_CHECK_S
         while not self._stopping:
-            due_s = self._last_checkpoint + self.checkpoint_interval_s - time.monotonic()
+            now = time.monotonic()
+            if now >= next_check:
+                if now >= next_table:
+                    fresh, next_table = True, now + METADATA_CHECK_S
+                settled = yield from (self._plan(fresh) if self._routed else self._subscribe_alone())
+                fresh = not settled
+                if settled:
+                    backoff_s, next_check = BACKOFF_S_MIN, time.monotonic() + STREAMS_CHECK_S
+                else:
+                    next_check, backoff_s = time.monotonic() + backoff_s, min(backoff_s * 2, BACKOFF_S_MAX)
+            due_s = min(self._last_checkpoint + self.checkpoint_interval_s, next_check) - time.monotonic()
             item = yield self._next_push(max(0.001, due_s))
-            if item is None:  # no push before the checkpoint was due
+            if item is None:  # nothing came before the checkpoint or the check was due
                 yield from self._checkpoint()
                 continue
             if item is _STOP:
-                return True
-            t, body = item
-            if t is not token:
-                continue  # from a stream that already ended
-            if self._push_lost(body):
-                return False
+                return  # the streams stay open for the last checkpoint, then close
+            leg, body = item
+            if self._legs.get(leg.broker_id) is not leg:
+                continue  # from a stream closed since: what it held is pushed again by the next
+            if self._push_lost(leg, body):  # raises what ends the subscriber (replaced, deleted)
+                # a cluster waits a backoff for its table to name the new leader
+                fresh, next_check = True, min(next_check, time.monotonic() + (backoff_s if self._routed else 0))
+                continue
             complete = not body.batches or (yield from self._deliver(body.partition, self._push_records(body)))
-            if self._pushed(body, complete):
-                yield from self._ack({}, wait=False)
+            if self._pushed(leg, body, complete):
+                self._give_credit(leg)
             yield from self._checkpoint()
+
+    def _subscribe_alone(self) -> Generator[Any, Any, bool]:
+        """Open the stream of a broker alone unless it is open; whether it is."""
+        if ALONE in self._legs:
+            return True
+        leg = Leg(ALONE, self._service, [])
+        try:
+            leg.sid, info = yield self._service.open_push_stream(
+                self.queue,
+                self.name,
+                lambda body: self._inbox.put_nowait((leg, body)),
+                credit_messages=self.credit_messages,
+                credit_bytes=self.credit_bytes,
+            )
+        except UnavailableError as e:
+            log.info("subscriber %s/%s: cannot subscribe (%s); retrying", self.queue, self.name, e)
+            return False
+        self._set_info(info)
+        leg.partitions, leg.stream_pos = sorted(info.checkpoints), dict(info.checkpoints)
+        self._legs[ALONE] = leg
         return True
 
-    def _push_lost(self, body: Any) -> bool:
-        """Whether a push item ends the stream so that the subscriber subscribes again (the
-        connection was lost, or the broker ended it for a passing reason); raises what the
-        broker ended it with otherwise."""
+    def _push_lost(self, leg: Leg, body: Any) -> bool:
+        """Whether a push item of ``leg`` ends it (then it is forgotten) so that the
+        subscriber subscribes again (the connection was lost, or the broker ended it for a
+        passing reason); raises what the broker ended it with otherwise."""
+        if body is not None and not body.ended:
+            return False
+        del self._legs[leg.broker_id]  # the broker closed it already, or its connection went
         if body is None:
             log.info("subscriber %s/%s: connection lost; subscribing again", self.queue, self.name)
             return True
-        if not body.ended:
-            return False
         exc = error_for_code(body.ended_code)(body.ended)
-        if exc.retriable:
-            log.info("subscriber %s/%s: %s", self.queue, self.name, body.ended)
-            return True
-        self._stream = None  # the broker closed it already
-        raise exc
+        if not exc.retriable:
+            raise exc
+        log.info("subscriber %s/%s: %s", self.queue, self.name, body.ended)
+        return True
 
     def _push_records(self, body: Any) -> Iterator[Record]:
         """The records of a push, decoded (and their tags checked again)."""
@@ -447,47 +461,29 @@ class SubscriberBase(ClusterPush, Twins):
             for r in decode_selection(b, sel[i] if sel else (), self.queue, start_offset=start, tags=self._tags)
         )
 
-    def _pushed(self, body: Any, complete: bool) -> bool:
-        """After the listeners took a push (all of it when ``complete``): move past what the
-        broker skipped, count the credit it used; whether enough is owed to give it back."""
-        p = body.partition
-        if complete:
-            self._positions[p] = max(self._positions.get(p, 0), body.next_offset)
-        # give back the credit the broker counted for this push (never less: a stream must not starve)
-        messages, size = count_messages(body.batches, body.selections, self._stream_pos.get(p, 0), body.next_offset)
-        self._stream_pos[p] = body.next_offset
-        self._owed_messages += max(messages, 1)
-        self._owed_bytes += size
-        return self._owed_messages * 4 >= self.credit_messages or self._owed_bytes * 4 >= self.credit_bytes
-
-    def _ack(self, offsets: dict[int, int], *, wait: bool) -> Generator[Any, Any, None]:
+    def _ack(self, offsets: dict[int, int], *, wait: bool) -> Generator[Any, Any, bool]:
         """Give back the credit owed and store ``offsets`` on the stream; ``wait`` for the
-        broker to take them (the last checkpoint) or not."""
-        stream = self._stream
-        if stream is None:  # the stream was lost: store the checkpoint without it
+        broker to take them (the last checkpoint) or not. Whether they were stored (or sent)."""
+        leg = self._legs.get(ALONE)
+        if leg is None and not wait:  # the stream was lost: the next one stores them
+            self._last_checkpoint = time.monotonic()
+            return False
+        if leg is None:  # the last checkpoint, with the stream lost: store it without one
             if offsets:
                 yield self._service.checkpoint_subscriber(self.queue, self.name, offsets)
-            return
-        if not offsets and not self._owed_messages and not self._owed_bytes:
-            return
-        messages, size = self._owed_messages, self._owed_bytes
-        self._owed_messages = self._owed_bytes = 0
-        fut = self._service.ack_push_stream(stream[0], offsets, messages, size)
+            return True
+        if not offsets and not leg.owed_messages and not leg.owed_bytes:
+            return True
+        messages, size = leg.owed_messages, leg.owed_bytes
+        leg.owed_messages = leg.owed_bytes = 0
+        fut = leg.link.ack_push_stream(leg.sid, offsets, messages, size)
         if wait:
             yield self._settled(fut, FINAL_ACK_TIMEOUT_S)
         else:
             fut.add_done_callback(self._ack_done)
+        return True
 
     def _ack_done(self, fut: Any) -> None:
         e = None if fut.cancelled() else fut.exception()
         if e is not None and not isinstance(e, (UnavailableError, ClosedError, SubscriberNotFoundError)):
             log.warning("subscriber %s/%s: an acknowledgement failed: %s", self.queue, self.name, e)
-
-    def _close_stream(self) -> Generator[Any, Any, None]:
-        yield from self._close_legs()
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            try:
-                yield self._service.close_push_stream(stream[0])
-            except HeadwaterError:
-                pass

@@ -54,9 +54,6 @@ class Subscriber(SubscriberBase, ClosesOnExit, driver=BLOCKING):
     def _until_stopped(self, timeout_s: float | None) -> bool:
         return self._stopped.wait(timeout_s)
 
-    def _pause(self, seconds: float) -> None:
-        self._stop_requested.wait(seconds)
-
     def _next_push(self, timeout_s: float) -> Any:
         try:
             return self._inbox.get(timeout=timeout_s)

@@ -23,6 +23,12 @@ stream the broker refuses or ends for good (the queue was deleted) raises its re
 whose connection is lost, is opened again, after a backoff, while the broker cannot be
 reached (:class:`~headwater.client.transport.polling.Outage`: within the client's
 ``connect_timeout_s``, like any call), so a consumer goes on across a broker's restart.
+
+A stream's life (opening it, its handler, its pushes taken and its credit granted, closing
+it, a lost connection) is :class:`FetchStreamsBase`'s, written once for one broker and for a
+cluster (:class:`~headwater.client.transport.cluster_fetch.ClusterFetchStreams`, a stream per
+queue and leader); the two differ in how partitions are planned onto streams and in what a
+refusal means.
 """
 
 from __future__ import annotations
@@ -34,10 +40,10 @@ from collections.abc import Callable
 from typing import Any
 
 from headwater.client.transport.polling import Outage, take_batches
-from headwater.errors import UnavailableError, error_for_code
+from headwater.errors import HeadwaterError, UnavailableError, error_for_code
 from headwater.model.cluster import ALONE
 
-__all__ = ["FetchStreams", "STREAM_WINDOW_BYTES"]
+__all__ = ["FetchStreams", "FetchStreamsBase", "STREAM_WINDOW_BYTES"]
 
 log = logging.getLogger("headwater.client")
 
@@ -50,22 +56,47 @@ PastEnd = Callable[[TP, int, int], None]  # (tp, start_offset, end_offset): a po
 
 
 class _Stream:
-    __slots__ = ("queue", "partitions", "sid", "pushes", "lost", "undecoded", "opening", "retry_at")
+    """The fetch stream of ``partitions`` of ``queue`` at broker ``broker_id`` (``ALONE``
+    over one broker), over ``link``, kept under ``key`` (the queue, or (queue, broker id))."""
 
-    def __init__(self, queue: str, partitions: list[int]) -> None:
+    __slots__ = (
+        "key",
+        "queue",
+        "broker_id",
+        "link",
+        "partitions",
+        "sid",
+        "pushes",
+        "lost",
+        "undecoded",
+        "opening",
+        "retry_at",
+    )
+
+    def __init__(self, key: Any, queue: str, broker_id: int, link: Any, partitions: list[int]) -> None:
+        self.key = key
         self.queue = queue
+        self.broker_id = broker_id
+        self.link = link
         self.partitions = partitions
         self.sid: int | None = None  # None: opening it failed, and it is tried again at retry_at
-        self.pushes: deque = deque()  # StreamPush bodies as they came (any thread appends)
+        self.pushes: deque[Any] = deque()  # StreamPush bodies as they came (any thread appends)
         self.lost = False  # the connection went: open again
         self.undecoded = 0  # bytes decoded since the last credit grant
         self.opening: Any = None  # the future of the broker's answer, until take() settles it
         self.retry_at = 0.0  # when sid is None: time.monotonic() to open it again at
 
 
-class FetchStreams:
-    """The fetch streams of one consumer, one per queue it reads. Used from the consumer's
-    thread (or task); only the handlers run elsewhere, and call ``notify`` after each push."""
+class FetchStreamsBase:
+    """A consumer's fetch streams, over one broker or a cluster: each stream's life (opening
+    it, its handler, decoding its pushes and granting their credit back, closing it,
+    forgetting it when its connection is lost or the broker ends it). A subclass plans the
+    partitions onto streams (:meth:`open_missing`, opening each with :meth:`_open`) and says
+    what a refusal means (:meth:`_refused`). Used from the consumer's thread (or task); only
+    the handlers run elsewhere, and call ``notify`` after each push."""
+
+    _on_loop = False  # handle the pushes on the client's event loop always (open_fetch_stream)
+    _end_is_outage = True  # a retriable end starts an outage (over one broker: the broker is stopping)
 
     def __init__(
         self,
@@ -82,36 +113,37 @@ class FetchStreams:
         self._tag_mask = tag_mask
         self._push_bytes_max = push_bytes_max
         self._notify = notify
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[Any, _Stream] = {}
         self._outage = outage or Outage(service)  # the consumer's: opening again after the broker went away
 
     @property
     def streams(self) -> dict[str, dict[int, list[int]]]:
-        """The streams open or opening now: queue -> {-1 (the broker alone, as METADATA
-        names it): the partitions it carries}."""
-        return {q: {ALONE: list(s.partitions)} for q, s in sorted(self._streams.items()) if s.sid is not None}
+        """The streams open or opening now: queue -> {broker id (-1, ``ALONE``, over one
+        broker, as METADATA names it): the partitions it carries}."""
+        out: dict[str, dict[int, list[int]]] = {}
+        for s in sorted(self._streams.values(), key=lambda s: (s.queue, s.broker_id)):
+            if s.sid is not None:
+                out.setdefault(s.queue, {})[s.broker_id] = list(s.partitions)
+        return out
 
     def open_missing(self, positions: dict[TP, int]) -> None:
-        """Start opening a stream for each queue of ``positions`` (``{(queue, partition):
-        offset}``) that has none: never opened, lost, or due to be tried again. The service
-        sends the request without waiting (``open_fetch_stream``, sync and asyncio alike);
-        :meth:`take` settles its answer."""
-        now = time.monotonic()
-        want: dict[str, dict[int, int]] = {}
-        for (queue, partition), offset in positions.items():
-            s = self._streams.get(queue)
-            if s is None or (s.opening is None and (s.lost or (s.sid is None and s.retry_at <= now))):
-                want.setdefault(queue, {})[partition] = offset
-        for queue, offsets in want.items():
-            s = self._streams[queue] = _Stream(queue, sorted(offsets))
-            s.sid, s.opening = self._service.open_fetch_stream(
-                queue,
-                offsets,
-                self._handler(s),
-                credit_bytes=self.window_bytes,
-                tag_mask=self._tag_mask,
-                push_bytes_max=self._push_bytes_max,
-            )
+        """Start opening the streams missing for ``positions`` (``{(queue, partition):
+        offset}``), without waiting: :meth:`take` settles the answers."""
+        raise NotImplementedError
+
+    def _open(self, key: Any, queue: str, broker_id: int, link: Any, offsets: dict[int, int]) -> None:
+        """Start opening a stream of ``offsets`` (``{partition: offset}``) of ``queue`` over
+        ``link``; the link sends the request without waiting (sync and asyncio alike)."""
+        s = self._streams[key] = _Stream(key, queue, broker_id, link, sorted(offsets))
+        s.sid, s.opening = link.open_fetch_stream(
+            queue,
+            offsets,
+            self._handler(s),
+            credit_bytes=self.window_bytes,
+            tag_mask=self._tag_mask,
+            push_bytes_max=self._push_bytes_max,
+            on_loop=self._on_loop,
+        )
 
     def _handler(self, s: _Stream) -> Handler:
         def handle(push: Any) -> None:  # any thread: a push, or None when the connection is lost
@@ -151,26 +183,45 @@ class FetchStreams:
                 return True
         return False
 
-    def _settle(self, queue: str, s: _Stream) -> None:
-        """The broker answered the opening of ``queue``'s stream: it is open, or failed."""
+    def _settle(self, s: _Stream) -> None:
+        """The broker answered the opening of ``s``: it is open, or failed."""
         fut, s.opening = s.opening, None
         error = fut.exception() if not fut.cancelled() else UnavailableError("opening the stream was cancelled")
         if error is None:
             self._outage.over()
             if s.lost:  # its connection went between the handler's registration and the request
-                self._service.close_fetch_stream(s.sid)
+                s.link.close_fetch_stream(s.sid)
             return
         if not self._outage.rides_out(error):
-            self._streams.pop(queue, None)
+            self._drop(s)
             raise error
+        self._refused(s, error)
+
+    def _refused(self, s: _Stream, error: HeadwaterError) -> None:
+        """Opening ``s`` failed for ``error``, to be ridden out: open it again after a backoff."""
         s.sid, s.lost, s.retry_at = None, False, time.monotonic() + self._outage.backoff_s()
         s.pushes.clear()
 
+    def _gone(self, s: _Stream, *, outage: bool) -> None:
+        """Forget ``s``, whose connection was lost (``outage``: opening it again is tried
+        until a connect attempt from now gives up) or which the broker ended for a passing
+        reason: the next :meth:`open_missing` opens it again."""
+        self._drop(s)
+        if outage:
+            self._outage.began()
+
+    def _drop(self, s: _Stream, *, close: bool = False) -> None:
+        """Forget ``s`` and what it pushed (``close``: tell its broker)."""
+        if self._streams.get(s.key) is s:
+            del self._streams[s.key]
+        if close and not s.lost and s.sid is not None:
+            s.link.close_fetch_stream(s.sid)
+
     def take(
         self,
-        fetch_pos: dict,
-        consumed: dict,
-        buffers: dict,
+        fetch_pos: dict[TP, int],
+        consumed: dict[TP, int],
+        buffers: dict[Any, Any],
         tags: frozenset[str] | None,
         past_end: PastEnd | None = None,
     ) -> int:
@@ -182,50 +233,70 @@ class FetchStreams:
         ``past_end(tp, start_offset, end_offset)``, which moves the position (closing the
         stream: the rest of its pushes are dropped) or raises; without it, it is ignored."""
         got = 0
-        for queue, s in list(self._streams.items()):
+        streams = self._streams
+        for s in list(streams.values()):
             if s.opening is not None and s.opening.done():
-                self._settle(queue, s)
-            if s.sid is None:
+                self._settle(s)
+            if s.sid is None or streams.get(s.key) is not s:
                 continue  # opening it is tried again later
             while s.pushes:
                 push = s.pushes.popleft()
                 if push.stream_id != s.sid:
                     continue  # of an earlier stream: that one is closed
                 if push.ended:
-                    error = error_for_code(push.ended_code)
-                    if error.retriable:  # the broker is stopping, say: open it again, as after a lost connection
-                        log.info("the fetch stream of %r ended (%s); opening it again", queue, push.ended)
-                        s.lost = True
-                        s.pushes.clear()
-                        break
-                    self._streams.pop(queue, None)
-                    raise error(f"reading {queue!r}: {push.ended}")
-                taken, moved = take_push(queue, push, fetch_pos, consumed, buffers, tags, past_end)
+                    self._ended(s, push)
+                    break
+                taken, moved = take_push(s.queue, push, fetch_pos, consumed, buffers, tags, past_end)
                 got += taken
-                if moved and self._streams.get(queue) is not s:
+                if moved and streams.get(s.key) is not s:
                     break  # it moved the position: the stream was closed, the next poll opens another
                 s.undecoded += sum(map(len, push.batches))
-            if self._streams.get(queue) is not s:
+            if streams.get(s.key) is not s:
                 continue
             if s.lost:
-                if s.opening is not None:
-                    continue  # its answer (a failure) is settled when it comes
-                self._streams.pop(queue, None)
-                self._outage.began()  # opening it again is tried until a connect attempt from now gives up
-                continue
-            if s.undecoded >= self.window_bytes // 2:
-                self._service.credit_fetch_stream(s.sid, s.undecoded).add_done_callback(log_grant_failure)
+                if s.opening is None:  # else its answer (a failure) is settled when it comes
+                    self._gone(s, outage=True)
+            elif s.undecoded >= self.window_bytes // 2:
+                s.link.credit_fetch_stream(s.sid, s.undecoded).add_done_callback(log_grant_failure)
                 s.undecoded = 0
         return got
 
+    def _ended(self, s: _Stream, push: Any) -> None:
+        """The broker ended ``s``: raise its reason, or (a retriable one: the broker is
+        stopping, a partition moved) forget it, to open it again."""
+        error = error_for_code(push.ended_code)
+        if not error.retriable:
+            self._drop(s)
+            raise error(f"reading {s.queue!r}: {push.ended}")
+        log.info("the fetch stream of %r at broker %d ended (%s); opening it again", s.queue, s.broker_id, push.ended)
+        self._gone(s, outage=self._end_is_outage)
+
     def close(self, queue: str | None = None) -> None:
-        """End the stream of ``queue`` (of every queue when None) and drop what it pushed;
-        the next poll opens it again from the consumer's positions. (A stream still being
+        """End the streams of ``queue`` (of every queue when None) and drop what they pushed;
+        the next poll opens them again from the consumer's positions. (A stream still being
         opened is closed too: requests are written in the order they are sent.)"""
-        for q in [queue] if queue is not None else list(self._streams):
-            s = self._streams.pop(q, None)
-            if s is not None and not s.lost and s.sid is not None:
-                self._service.close_fetch_stream(s.sid)
+        for s in list(self._streams.values()):
+            if queue is None or s.queue == queue:
+                self._drop(s, close=True)
+
+
+class FetchStreams(FetchStreamsBase):
+    """The fetch streams of one consumer over one broker, one per queue it reads (see the
+    module's docstring)."""
+
+    def open_missing(self, positions: dict[TP, int]) -> None:
+        """Start opening a stream for each queue of ``positions`` (``{(queue, partition):
+        offset}``) that has none: never opened, lost, or due to be tried again. The service
+        sends the request without waiting (``open_fetch_stream``, sync and asyncio alike);
+        :meth:`take` settles its answer."""
+        now = time.monotonic()
+        want: dict[str, dict[int, int]] = {}
+        for (queue, partition), offset in positions.items():
+            s = self._streams.get(queue)
+            if s is None or (s.opening is None and (s.lost or (s.sid is None and s.retry_at <= now))):
+                want.setdefault(queue, {})[partition] = offset
+        for queue, offsets in want.items():
+            self._open(queue, queue, ALONE, self._service, offsets)
 
 
 def take_push(
