@@ -5,6 +5,7 @@ the batch was put in due order. Counts of objects, never speeds."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import gc
 import random
@@ -140,3 +141,40 @@ def test_waiting_delayed_messages_cost_no_tracked_object_each(tmp_path):
         p.close()
     finally:
         hw.close()
+
+
+def test_the_asyncio_producer_keeps_only_the_future_of_a_waiting_message(tmp_path):
+    """The asyncio producer's futures are ``asyncio.Future``s, which the batch must keep:
+    a waiting message costs the collector that one object, no entry tuple beside it; and
+    each future gets its own message's id after its batch was put in due order."""
+    import headwater.aio
+
+    n, partitions = 3_000, 3
+
+    async def main() -> None:
+        hw = await headwater.aio.open(tmp_path / "data")
+        try:
+            await hw.admin.create_queue("d", partitions=partitions, ttl_s=None)
+            p = hw.producer(linger_ms=600_000)
+            t0 = int(time.time() * 1000) + 3_600_000
+            await p.send("d", b"warm", partition=0, deliver_at=t0)
+            rng = random.Random(32)
+            times = [t0 + rng.randrange(10_000) for _ in range(n)]
+            before = _tracked()
+            futs = {
+                f"m{i}".encode(): p.send_nowait("d", f"m{i}".encode(), partition=i % partitions, deliver_at=times[i])
+                for i in range(n)
+            }
+            held = _tracked() - before
+            batches = p._core.pending()
+            assert sum(len(b.messages) for b in batches) == n, "all of them wait in open batches"
+            assert held < n + 12 * len(batches) + 60, f"{held} tracked for {n} messages in {len(batches)} batches"
+            await p.flush()
+            ids = {body: f.result() for body, f in futs.items()}
+            for body in list(futs)[::200]:  # each id names its own message
+                assert (await hw.get(ids[body])).body == body
+            await p.close()
+        finally:
+            await hw.close()
+
+    asyncio.run(main())
