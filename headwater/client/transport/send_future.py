@@ -175,9 +175,14 @@ class SendFuture(LazyFuture):
     """
 
     def __init__(self, outcome: BatchOutcome | None = None, index: int = 0) -> None:
+        # LazyFuture.__init__'s fields, set here: one call less, and no property setter, per send
+        self._own_state = _PENDING
+        self._result = None
+        self._exception: BaseException | None = None
+        self._lazy: tuple[threading.Condition, list] | None = None
+        self._callbacks: list | None = None
         self._outcome = outcome  # None once attached: its state is its own
         self._index = index  # the message's index in its batch when it was sent
-        super().__init__()
 
     # Every read of the state goes through here (Future's own methods, wait(), as_completed()):
     # a detached future whose batch is settled takes its outcome first.
