@@ -72,6 +72,33 @@ def test_waiters_and_callbacks_before_the_answer_are_settled_with_it():
     assert called == [100, "late"]
 
 
+def test_futures_waited_on_while_their_batch_is_settled_get_their_own_ids():
+    """Threads wait on, read, and add callbacks to the futures of a batch while another
+    settles it: each future gets its message's id once, however the two interleave."""
+
+    def read(f: SendFuture, start: threading.Barrier, got: list) -> None:
+        start.wait()
+        f.add_done_callback(lambda x: got.append(("cb", x.result().offset)))
+        got.append(("result", f.result(timeout=10).offset))
+
+    expect = sorted([("cb", 100 + 3 - i) for i in range(4)] + [("result", 100 + 3 - i) for i in range(4)])
+    for _ in range(100):
+        o = BatchOutcome()
+        futs = [SendFuture(o, i) for i in range(4)]
+        o.reordered([3, 2, 1, 0])
+        got: list = []
+        start = threading.Barrier(5)
+        threads = [threading.Thread(target=read, args=(f, start, got)) for f in futs]
+        for t in threads:
+            t.start()
+        start.wait()
+        o.settle(STORED, None)
+        for t in threads:
+            t.join(10)
+        assert sorted(got) == expect
+        assert _ids(futs) == [103, 102, 101, 100]
+
+
 def test_wait_on_detached_futures_ends_when_the_batch_is_settled():
     o = BatchOutcome()
     futs = [SendFuture(o, i) for i in range(3)]
@@ -131,6 +158,16 @@ def test_waiting_delayed_messages_cost_no_tracked_object_each(tmp_path):
         }
         held = _tracked() - before
         assert held < n * 1.02, f"{held} objects tracked for {n} kept futures"
+        called_back: dict[bytes, MessageId] = {}
+        for i in range(0, n, 10):  # a callback of its own: it must get its own message's id
+            body = f"c{i}".encode()
+            p.send(
+                "d",
+                body,
+                partition=i % partitions,
+                deliver_at=times[i],
+                callback=lambda mid, exc, body=body: called_back.__setitem__(body, mid),
+            )
 
         p.flush()
         assert callback_calls == [None] * n
@@ -138,6 +175,9 @@ def test_waiting_delayed_messages_cost_no_tracked_object_each(tmp_path):
         assert all(mid.is_delayed for mid in ids.values())
         for body in list(kept)[::250]:  # each id names its own message, though its batch was reordered
             assert hw.get(ids[body]).body == body
+        assert len(called_back) == n // 10 and len(set(called_back.values())) == n // 10
+        for body in list(called_back)[::25]:
+            assert hw.get(called_back[body]).body == body
         p.close()
     finally:
         hw.close()
