@@ -183,6 +183,28 @@ def test_waiting_delayed_messages_cost_no_tracked_object_each(tmp_path):
         hw.close()
 
 
+def test_waiting_plain_messages_cost_no_tracked_object_each(tmp_path):
+    """Plain sends share the detached future: 5,000 waiting in one open batch, their futures
+    dropped, cost the collector the batch's few objects."""
+    hw = headwater.open(tmp_path / "data")
+    try:
+        hw.admin.create_queue("q", partitions=1)
+        p = hw.producer(linger_ms=600_000)
+        p.send_and_wait("q", b"warm")
+        before = _tracked()
+        for i in range(5_000):
+            p.send("q", b"m%d" % i)
+        dropped = _tracked() - before
+        assert sum(len(b.messages) for b in p._core.pending()) == 5_000
+        assert dropped < 60, f"{dropped} tracked for 5,000 waiting messages"
+        kept = p.send("q", b"last")
+        p.flush()
+        assert hw.get(kept.result()).body == b"last" and kept.result().offset == 5_001
+        p.close()
+    finally:
+        hw.close()
+
+
 def test_the_asyncio_producer_keeps_only_the_future_of_a_waiting_message(tmp_path):
     """The asyncio producer's futures are ``asyncio.Future``s, which the batch must keep:
     a waiting message costs the collector that one object, no entry tuple beside it; and
