@@ -77,7 +77,7 @@ class _Batch(Batch):
         self.outcome: BatchOutcome | None = None
         self.groups: list[tuple[int, int, SendFuture]] | None = None
         self.callbacks: list[SendCallback] | None = None
-        self.callback_at = array("q")  # the index in the batch of each callback's message
+        self.callback_at: array[int] | None = None  # the index in the batch of each callback's message
 
     def reordered(self, order: list[int]) -> None:
         """The core put the messages in due order (a delayed batch): the futures' outcome
@@ -88,7 +88,7 @@ class _Batch(Batch):
             at = moved_to(order)
             if self.groups:
                 self.groups = [(at[i], n, f) for i, n, f in self.groups]
-            if self.callbacks:
+            if self.callback_at is not None:
                 self.callback_at = array("q", map(at.__getitem__, self.callback_at))
 
 
@@ -383,8 +383,8 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
             index = len(b.messages) - 1
             fut = SendFuture(outcome, index)  # detached: the batch keeps no reference to it
             if callback is not None:
-                if b.callbacks is None:
-                    b.callbacks = []
+                if b.callbacks is None or b.callback_at is None:
+                    b.callbacks, b.callback_at = [], array("q")
                 b.callbacks.append(callback)
                 b.callback_at.append(index)
             self._buffered_bytes += size
@@ -652,7 +652,7 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
                 self._call_back(callback, None, exc)
         elif b.outcome is not None or b.groups:  # neither when a blocking call sent it inline
             settle_sends(b.outcome, b.groups or (), result)
-            for i, callback in zip(b.callback_at, b.callbacks or ()):
+            for i, callback in zip(b.callback_at or (), b.callbacks or ()):
                 self._call_back(callback, MessageId(result.queue_id, result.partition, result.base_offset + i), None)
         b.done = True
         if self._flushing:
