@@ -89,9 +89,13 @@ def _send(
     times: list[int] | None,
     cpu: dict | None = None,
     broker_pid: int = 0,
+    count_objects: bool = False,
     **settings: int,
 ) -> float:
-    """Send n messages (with deliver times when given); seconds to the end of flush()."""
+    """Send n messages (with deliver times when given); seconds to the end of flush().
+    ``count_objects``: five times during the sends, the objects the garbage collector tracks
+    beyond those before, beside the messages waiting in the producer (into ``cpu``; the
+    counting takes time of its own)."""
     p = hw.producer(linger_ms=5, partitioner="round_robin", **settings)
     gc_s = [0.0, 0.0]  # the client's time in the cyclic garbage collector, and when one began
     gc_runs = [0, 0, 0]  # its collections by generation
@@ -103,15 +107,23 @@ def _send(
         else:
             gc_s[0] += time.perf_counter() - gc_s[1]
 
+    samples: list[tuple[int, int]] = []  # (objects tracked beyond the start, messages waiting)
+    every = max(n // 5, 1) if count_objects else n + 1
+    base = len(gc.get_objects()) if count_objects else 0
     gc.callbacks.append(_gc_timer)
     c0, b0 = time.process_time(), _cpu_s(broker_pid) if broker_pid else 0.0
     t = time.perf_counter()
-    if times is None:
-        for _ in range(n):
-            p.send(queue, BODY)
-    else:
-        for i in range(n):
-            p.send(queue, BODY, partition=i % partitions, deliver_at=times[i])
+    for start in range(0, n, every):
+        if times is None:
+            for _ in range(start, min(start + every, n)):
+                p.send(queue, BODY)
+        else:
+            for i in range(start, min(start + every, n)):
+                p.send(queue, BODY, partition=i % partitions, deliver_at=times[i])
+        if count_objects:
+            with p._lock:  # the producer's own view: what its batches hold now
+                waiting = sum(len(b.messages) for b in p._core.pending())
+            samples.append((len(gc.get_objects()) - base, waiting))
     p.flush()
     took = time.perf_counter() - t
     gc.callbacks.remove(_gc_timer)
@@ -120,11 +132,21 @@ def _send(
         cpu["client_gc_s"] = round(gc_s[0], 2)
         cpu["client_gc_runs"] = gc_runs
         cpu["broker_cpu_s"] = round(_cpu_s(broker_pid) - b0, 2) if broker_pid else None
+        if count_objects:
+            cpu["tracked_vs_waiting"] = samples
     p.close()
     return took
 
 
-def run(n: int, partitions: int, flush: str, spread: str, lead_s: float | None, **settings: int) -> dict:
+def run(
+    n: int,
+    partitions: int,
+    flush: str,
+    spread: str,
+    lead_s: float | None,
+    count_objects: bool = False,
+    **settings: int,
+) -> dict:
     """One run; ``settings`` go to the delayed sends' producer (``delay_bucket_ms``, ...)."""
     tmp = Path(tempfile.mkdtemp(prefix="hw-bench-delay-"))
     proc, address = _start_broker(tmp / "data", flush)
@@ -134,7 +156,7 @@ def run(n: int, partitions: int, flush: str, spread: str, lead_s: float | None, 
             hw.admin.create_queue("delayed", partitions=partitions, ttl_s=None)
             plain_cpu: dict = {}
             delayed_cpu: dict = {}
-            plain_s = _send(hw, "plain", n, partitions, None, plain_cpu, proc.pid)
+            plain_s = _send(hw, "plain", n, partitions, None, plain_cpu, proc.pid, count_objects)
             # the window opens once every send is surely accepted (3x the plain time, >= 5 s)
             lead = lead_s if lead_s is not None else max(5.0, 3 * plain_s + 2)
             start_ms = int((time.time() + lead) * 1000)
@@ -143,7 +165,7 @@ def run(n: int, partitions: int, flush: str, spread: str, lead_s: float | None, 
                 random.Random(3).shuffle(times)
             cons = hw.consumer(fetch_bytes=4 << 20, max_poll_messages=5000)
             cons.assign("delayed")
-            delayed_s = _send(hw, "delayed", n, partitions, times, delayed_cpu, proc.pid, **settings)
+            delayed_s = _send(hw, "delayed", n, partitions, times, delayed_cpu, proc.pid, count_objects, **settings)
             accepted_at = time.time()
             late_ms: list[int] = []
             seen_ms: list[float] = []
@@ -222,6 +244,10 @@ def _print(r: dict) -> None:
         f"delayed {c['delayed']['client_gc_s']} s (collections by generation: "
         f"{c['plain']['client_gc_runs']}, {c['delayed']['client_gc_runs']})"
     )
+    for kind in ("plain", "delayed"):
+        if "tracked_vs_waiting" in c[kind]:
+            pairs = ", ".join(f"{t:,}/{w:,}" for t, w in c[kind]["tracked_vs_waiting"])
+            print(f"  {kind}: objects the collector tracks beyond the start / messages waiting: {pairs}")
     print(
         f"  all accepted {r['accepted_before_window_s']} s before the window opened; delivered "
         f"{r['delivered']:,} of {r['messages']:,}"
@@ -251,6 +277,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lead-s", type=float, default=None, help="seconds from the sends to the window")
     ap.add_argument("--delay-bucket-ms", type=int, default=None, help="the delayed producer's delay_bucket_ms")
     ap.add_argument("--delay-batches-max", type=int, default=None, help="the delayed producer's delay_batches_max")
+    ap.add_argument(
+        "--count-objects",
+        action="store_true",
+        help="count the objects the garbage collector tracks while messages wait (slows the sends)",
+    )
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
     settings = {
@@ -258,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
         for k, v in (("delay_bucket_ms", args.delay_bucket_ms), ("delay_batches_max", args.delay_batches_max))
         if v is not None
     }
-    r = run(args.messages, args.partitions, args.flush, args.spread, args.lead_s, **settings)
+    r = run(args.messages, args.partitions, args.flush, args.spread, args.lead_s, args.count_objects, **settings)
     _print(r)
     if args.json:
         args.json.write_text(json.dumps(r, indent=2) + "\n")

@@ -35,6 +35,7 @@ import asyncio
 import functools
 import logging
 import sys
+from array import array
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -55,24 +56,31 @@ __all__ = ["AsyncProducer"]
 
 log = logging.getLogger("headwater.producer")
 
+_new_tuple = tuple.__new__  # a namedtuple from a tuple, without its Python-level call
 _NO_CAP = sys.maxsize  # checking types before the queue's message_bytes_max is known
 
 
 class _Batch(Batch):
-    """A core batch with the futures waiting for it: ``entries`` are ``(index, count,
-    future)``; ``count == 0`` is one message (its future gets a MessageId), ``count > 0`` a
-    ``send_batch`` group (its future gets the ProduceResult of that range)."""
+    """A core batch with the futures waiting for it: ``futures``, one per message sent alone
+    (each gets a MessageId), in send order, each for the message at the same place of
+    ``future_at`` (an array of ints, not a tuple per message: a waiting message costs the
+    garbage collector its future only); ``entries``, ``(index, count, future)`` of the
+    ``send_batch`` groups (each gets the ProduceResult of its range)."""
 
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "futures", "future_at")
 
     def __init__(self, part: PartitionState, created_ms: float) -> None:
         super().__init__(part, created_ms)
         self.entries: list[tuple[int, int, asyncio.Future[Any]]] = []
+        self.futures: list[asyncio.Future[Any]] = []
+        self.future_at = array("q")
 
     def reordered(self, order: list[int]) -> None:
         """The core put the messages in due order (a delayed batch): move the futures along."""
         at = moved_to(order)
-        self.entries = [(at[i], n, f) for i, n, f in self.entries]
+        self.future_at = array("q", map(at.__getitem__, self.future_at))
+        if self.entries:
+            self.entries = [(at[i], n, f) for i, n, f in self.entries]
 
 
 class _Send(NamedTuple):
@@ -425,7 +433,8 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         ps = self._core.partition(queue, p, deliver_at_ms)
         now_ms = self._now_ms() if now_ms is None else now_ms
         b, opened = self._core.append(ps, msg, size, now_ms, deliver_at_ms, urgent, not urgent)
-        b.entries.append((len(b.messages) - 1, 0, fut))
+        b.futures.append(fut)
+        b.future_at.append(len(b.messages) - 1)
         self._due(ps, b, opened, urgent)
 
     # -- the accumulator (the core's) and sending ---------------------------------------------
@@ -542,16 +551,17 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         core = self._core
         if result is not None:
             qid, part, base = result.queue_id, result.partition, result.base_offset
-            for index, count, fut in b.entries:
+            for index, fut in zip(b.future_at, b.futures):
                 if not fut.done():  # settled once, whatever happens
-                    fut.set_result(
-                        ProduceResult(qid, part, base + index, count, result.timestamp_ms)
-                        if count
-                        else MessageId(qid, part, base + index)
-                    )
+                    fut.set_result(_new_tuple(MessageId, (qid, part, base + index)))  # MessageId(...), without a call
+            for index, count, fut in b.entries:
+                if not fut.done():
+                    fut.set_result(ProduceResult(qid, part, base + index, count, result.timestamp_ms))
         else:
             assert exc is not None
             self._give_up(b, exc)
+            for fut in b.futures:
+                _fail(fut, exc)
             for _, _, fut in b.entries:
                 _fail(fut, exc)
         self._buffered_bytes -= b.buffered_bytes

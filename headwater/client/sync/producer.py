@@ -24,6 +24,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -45,7 +46,7 @@ from headwater.client.core.batching import (
 from headwater.client.core.outcomes import closed_unsent
 from headwater.client.core.producer import Batch, PartitionState, moved_to
 from headwater.client.sync.producer_sender import ProducerSender
-from headwater.client.transport.send_future import SendFuture, fail_sends, settle_sends
+from headwater.client.transport.send_future import BatchOutcome, SendFuture, fail_sends, settle_sends
 from headwater.errors import (
     InvalidArgumentError,
     UnavailableError,
@@ -63,27 +64,32 @@ SendCallback = Callable[[MessageId | None, BaseException | None], None]
 
 
 class _Batch(Batch):
-    """A core batch with its futures: ``futures`` runs beside ``messages`` (None for those of
-    a blocking call, whose future is in ``groups`` as ``(index, count, future)``);
-    ``callbacks`` are ``(index, callback)``."""
+    """A core batch and what settles its senders: ``outcome``, which the futures of
+    ``send()`` read (the batch keeps no future per message: see :class:`SendFuture`; None
+    until the first); ``groups``, a blocking call's ``(index, count, future)``;
+    ``callbacks`` in send order, each for the message at the same place of ``callback_at``
+    (an array of ints, not a tuple per message: nothing the garbage collector walks)."""
 
-    __slots__ = ("futures", "groups", "callbacks")
+    __slots__ = ("outcome", "groups", "callbacks", "callback_at")
 
     def __init__(self, part: PartitionState, created_ms: float) -> None:
         super().__init__(part, created_ms)
-        self.futures: list[SendFuture | None] = []
+        self.outcome: BatchOutcome | None = None
         self.groups: list[tuple[int, int, SendFuture]] | None = None
-        self.callbacks: list[tuple[int, SendCallback]] | None = None
+        self.callbacks: list[SendCallback] | None = None
+        self.callback_at: array[int] | None = None  # the index in the batch of each callback's message
 
     def reordered(self, order: list[int]) -> None:
-        """The core put the messages in due order (a delayed batch): move the futures along."""
-        self.futures = list(map(self.futures.__getitem__, order))
+        """The core put the messages in due order (a delayed batch): the futures' outcome
+        learns where each went, and the groups and callbacks move along."""
+        if self.outcome is not None:
+            self.outcome.reordered(order)
         if self.groups or self.callbacks:
             at = moved_to(order)
             if self.groups:
                 self.groups = [(at[i], n, f) for i, n, f in self.groups]
-            if self.callbacks:
-                self.callbacks = [(at[i], c) for i, c in self.callbacks]
+            if self.callback_at is not None:
+                self.callback_at = array("q", map(at.__getitem__, self.callback_at))
 
 
 def _now_ms() -> float:
@@ -362,7 +368,6 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
         if callback is not None and not callable(callback):
             raise InvalidArgumentError(f"callback must be callable, got {type(callback).__name__}")
         p = self._choose_partition(queue, info, msg, partition)
-        fut = SendFuture()
         with self._lock:
             self._check_open()
             if self._buffered_bytes + size > self.buffer_bytes_max:
@@ -372,11 +377,16 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
                 p = self._partitioner.sticky(queue, len(info.partitions))
             ps = core.partition(queue, p, deliver_at_ms)
             b, opened = core.append(ps, msg, size, now_ms, deliver_at_ms, urgent)
-            b.futures.append(fut)
+            outcome = b.outcome
+            if outcome is None:
+                outcome = b.outcome = BatchOutcome()
+            index = len(b.messages) - 1
+            fut = SendFuture(outcome, index)  # detached: the batch keeps no reference to it
             if callback is not None:
-                if b.callbacks is None:
-                    b.callbacks = []
-                b.callbacks.append((len(b.futures) - 1, callback))
+                if b.callbacks is None or b.callback_at is None:
+                    b.callbacks, b.callback_at = [], array("q")
+                b.callbacks.append(callback)
+                b.callback_at.append(index)
             self._buffered_bytes += size
             lingers = self.linger_ms and not urgent
             if opened and lingers and core.mark_sendable(ps):
@@ -572,7 +582,6 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
                 if b.groups is None:
                     b.groups = []
                 b.groups.append((index, len(msgs), futs[p]))
-                b.futures.extend([None] * len(msgs))
                 if self._core.mark_sendable(ps):
                     self._wake_locked()
         if len(futs) == 1:  # one group, the common case: one wait, for its result or error
@@ -638,12 +647,12 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
         if batches:
             self._send_queued()
         if result is None:
-            fail_sends(b.futures, b.groups or (), exc)  # type: ignore[arg-type]  # this driver's groups: (index, count, future)
-            for _, callback in b.callbacks or ():
+            fail_sends(b.outcome, b.groups or (), exc)  # type: ignore[arg-type]  # this driver's groups: (index, count, future)
+            for callback in b.callbacks or ():
                 self._call_back(callback, None, exc)
-        elif b.futures or b.groups:  # none when a blocking call sent it inline
-            settle_sends(b.futures, b.groups or (), result)
-            for i, callback in b.callbacks or ():
+        elif b.outcome is not None or b.groups:  # neither when a blocking call sent it inline
+            settle_sends(b.outcome, b.groups or (), result)
+            for i, callback in zip(b.callback_at or (), b.callbacks or ()):
                 self._call_back(callback, MessageId(result.queue_id, result.partition, result.base_offset + i), None)
         b.done = True
         if self._flushing:

@@ -23,7 +23,6 @@ from typing import Any
 
 from headwater.client.core.outcomes import Step
 from headwater.client.core.producer import Batch
-from headwater.client.transport.send_future import listened
 
 __all__ = ["ProducerSender", "SENDER_IDLE_EXIT_S"]
 
@@ -142,7 +141,7 @@ class ProducerSender:
         network). A batch stored, with no send callbacks and nobody's done-callbacks on its
         futures, is settled right here, which spares a thread hand-off per request; the rest
         (callbacks, errors, retries) goes to the sender thread."""
-        if not b.callbacks and f.exception() is None and not listened(b.futures):
+        if not b.callbacks and f.exception() is None and not (b.outcome is not None and b.outcome.listened()):
             self._finish(b, f.result(), None)
             return
         with self._lock:

@@ -22,7 +22,7 @@ from concurrent.futures._base import PENDING as _PENDING
 from headwater.model.message import MessageId
 from headwater.model.service import ProduceResult
 
-__all__ = ["AsyncSendFuture", "LazyFuture", "SendFuture", "settle_sends", "fail_sends", "listened"]
+__all__ = ["AsyncSendFuture", "BatchOutcome", "LazyFuture", "SendFuture", "settle_sends", "fail_sends"]
 
 log = logging.getLogger("headwater.producer")
 
@@ -163,7 +163,82 @@ class LazyFuture(concurrent.futures.Future):
 
 class SendFuture(LazyFuture):
     """The future of a send: a :class:`LazyFuture` that cannot be cancelled (a queued
-    message cannot be taken back, as in Kafka)."""
+    message cannot be taken back, as in Kafka).
+
+    Made with a :class:`BatchOutcome` and its message's index in the batch, it is *detached*:
+    the batch keeps no reference to it, only the future to the outcome, so a message waiting
+    in a batch costs no object the cyclic garbage collector walks unless its caller keeps the
+    future (``docs/design/delay.md``, "Performance"). It reads its state from the outcome
+    until it needs one of its own: a thread waits on it or a done-callback is added (then the
+    outcome settles it as it settles the batch), or it is read once the batch is settled
+    (then it copies its id from the outcome).
+    """
+
+    def __init__(self, outcome: BatchOutcome | None = None, index: int = 0) -> None:
+        # LazyFuture.__init__'s fields, set here: one call less, and no property setter, per send
+        self._own_state = _PENDING
+        self._result = None
+        self._exception: BaseException | None = None
+        self._lazy: tuple[threading.Condition, list] | None = None
+        self._callbacks: list | None = None
+        self._outcome = outcome  # None once attached: its state is its own
+        self._index = index  # the message's index in its batch when it was sent
+
+    # Every read of the state goes through here (Future's own methods, wait(), as_completed()):
+    # a detached future whose batch is settled takes its outcome first.
+    @property  # type: ignore[override]  # Future's _state is a plain attribute: a property here, read and written alike
+    def _state(self) -> str:
+        o = self._outcome
+        if o is not None and o.settled:
+            self._attach()
+        return self._own_state
+
+    @_state.setter
+    def _state(self, state: str) -> None:
+        self._own_state = state
+
+    def _attach(self) -> None:
+        """Take a state of its own: the outcome's if it is settled, else PENDING, settled by
+        the outcome with the batch (it is one of its listeners)."""
+        with _LAZY_LOCK:
+            o = self._outcome
+            if o is None:
+                return
+            self._outcome = None
+            if not o.settled:
+                if o.listeners is None:
+                    o.listeners = [self]
+                else:
+                    o.listeners.append(self)
+                return
+            if o.error is not None:
+                self._exception = o.error
+            else:
+                self._result = o.message_id(self._index)
+            self._own_state = _FINISHED  # last: readers without the lock see a result first
+
+    def _materialize(self) -> tuple[threading.Condition, list]:
+        if self._outcome is not None:
+            self._attach()
+        return super()._materialize()
+
+    def _callback_list(self) -> list:
+        if self._outcome is not None:
+            self._attach()
+        return super()._callback_list()
+
+    def add_done_callback(self, fn: Callable[[concurrent.futures.Future], object]) -> None:
+        if self._outcome is not None:  # before the module lock: _attach takes it
+            self._attach()
+        super().add_done_callback(fn)
+
+    def has_done_callbacks(self) -> bool:
+        return self._outcome is None and super().has_done_callbacks()
+
+    def _settle(self, state: str, result: object, exception: BaseException | None) -> bool:
+        if self._outcome is not None:
+            self._attach()
+        return super()._settle(state, result, exception)
 
     def cancel(self) -> bool:
         return False
@@ -173,6 +248,71 @@ class SendFuture(LazyFuture):
 
     def running(self) -> bool:
         return False
+
+
+class BatchOutcome:
+    """What the detached :class:`SendFuture` s of one batch share: the batch's answer (a
+    ProduceResult or an error), where its messages went when it was put in due order, and
+    the futures that asked for a state of their own (a waiter, a done-callback): one object
+    per batch, none per message. :meth:`settle` settles it once.
+
+    >>> o = BatchOutcome()
+    >>> futs = [SendFuture(o, i) for i in range(3)]
+    >>> o.reordered([2, 0, 1])  # the message sent third is now first
+    >>> o.settle(ProduceResult(queue_id=1, partition=0, base_offset=10, count=3, timestamp_ms=0), None)
+    >>> [f.result().offset for f in futs]
+    [11, 12, 10]
+    """
+
+    __slots__ = ("settled", "result", "error", "order", "at", "listeners")
+
+    def __init__(self) -> None:
+        self.settled = False
+        self.result: ProduceResult | None = None
+        self.error: BaseException | None = None
+        self.order: list[int] | None = None  # the batch's order: the message now at j was sent at order[j]
+        self.at: list[int] | None = None  # its inverse, made when a future first needs it
+        self.listeners: list[SendFuture] | None = None  # made for the first
+
+    def reordered(self, order: list[int]) -> None:
+        """The batch's messages were put in ``order`` (``order[j]``: the index, before, of the
+        message now at ``j``), after any order before."""
+        self.order = order if self.order is None else [self.order[i] for i in order]
+        self.at = None
+
+    def message_id(self, index: int) -> MessageId:
+        """The id of the message sent at ``index`` of the settled, stored batch."""
+        r = self.result
+        assert r is not None
+        return _new_tuple(MessageId, (r.queue_id, r.partition, r.base_offset + self.position(index)))
+
+    def position(self, index: int) -> int:
+        """Where the message sent at ``index`` is in the batch now."""
+        if self.order is None:
+            return index
+        at = self.at
+        if at is None:  # two threads may both make it: the same list
+            at = self.at = sorted(range(len(self.order)), key=self.order.__getitem__)  # the inverse, in C
+        return at[index]
+
+    def settle(self, result: ProduceResult | None, error: BaseException | None) -> None:
+        """The batch was stored as ``result``, or failed with ``error``: every future of it
+        is settled (the detached ones read it when asked; the listeners now)."""
+        with _LAZY_LOCK:
+            if self.settled:
+                return
+            self.result, self.error = result, error
+            self.settled = True
+            listeners, self.listeners = self.listeners, None
+        for fut in listeners or ():
+            if error is None:
+                fut.set_result(self.message_id(fut._index))
+            else:
+                fut.set_exception(error)
+
+    def listened(self) -> bool:
+        """Whether anyone added a done-callback to one of the batch's futures."""
+        return any(fut.has_done_callbacks() for fut in self.listeners or ())
 
 
 class AsyncSendFuture(asyncio.Future):
@@ -203,33 +343,20 @@ class AsyncSendFuture(asyncio.Future):
 _new_tuple = tuple.__new__  # a namedtuple from a tuple, without its Python-level call
 
 
-def settle_sends(
-    futures: Sequence[SendFuture | None], groups: Sequence[tuple[int, int, SendFuture]], r: ProduceResult
-) -> None:
-    """A batch was stored as ``r``: ``futures`` (one per message, None for a group's) get
-    their ids, each group ``(index, count, future)`` the ProduceResult of its range."""
+def settle_sends(outcome: BatchOutcome | None, groups: Sequence[tuple[int, int, SendFuture]], r: ProduceResult) -> None:
+    """A batch was stored as ``r``: its single sends' futures read their ids from
+    ``outcome`` (None: it has none), each group ``(index, count, future)`` gets the
+    ProduceResult of its range."""
+    if outcome is not None:
+        outcome.settle(r, None)
     qid, part, base = r.queue_id, r.partition, r.base_offset
-    for i, fut in enumerate(futures):
-        if fut is not None:
-            fut.set_result(_new_tuple(MessageId, (qid, part, base + i)))  # MessageId(...), without a call
     for i, count, fut in groups:
         fut.set_result(ProduceResult(qid, part, base + i, count, r.timestamp_ms))
 
 
-def fail_sends(
-    futures: Sequence[SendFuture | None], groups: Sequence[tuple[int, int, SendFuture]], exc: BaseException
-) -> None:
+def fail_sends(outcome: BatchOutcome | None, groups: Sequence[tuple[int, int, SendFuture]], exc: BaseException) -> None:
     """A batch failed with ``exc``: so do its futures."""
-    for fut in futures:
-        if fut is not None:
-            fut.set_exception(exc)
+    if outcome is not None:
+        outcome.settle(None, exc)
     for _, _, fut in groups:
         fut.set_exception(exc)
-
-
-def listened(futures: Sequence[SendFuture | None]) -> bool:
-    """Whether anyone added a done-callback to one of a batch's futures."""
-    for fut in futures:
-        if fut is not None and fut.has_done_callbacks():
-            return True
-    return False
