@@ -11,7 +11,6 @@ awaited) and keeps its connections and the calls that do not wait. Used from one
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
@@ -75,13 +74,9 @@ class AsyncRoutedService(RoutedState, AsyncBrokerService):
     # -- connections and the table ---------------------------------------------------------
 
     async def _link(self, address: str) -> AsyncService:
-        self._check_open()
-        link = self._links.get(address)
+        link = self._link_now(address)
         if link is not None:
             return link
-        down = self._down.get(address)
-        if down is not None and time.monotonic() - down[0] < self.connect_timeout_s:
-            raise down[1]
         opening = self._opening.get(address)
         if opening is None:
             opening = asyncio.ensure_future(self._open(address))
@@ -96,18 +91,14 @@ class AsyncRoutedService(RoutedState, AsyncBrokerService):
         try:
             await link.ping()
         except UnavailableError as e:
-            self._down[address] = (time.monotonic(), e)
-            self._gate.mark_stale()
             await link.close()
-            raise
+            self._opened(address, None, e)
         finally:
             self._opening.pop(address, None)
         if self._closed:
             await link.close()
             self._check_open()
-        self._down.pop(address, None)
-        self._links[address] = link
-        return link
+        return self._opened(address, link)
 
     def _sources(self) -> list[str]:
         links = sorted(self._links.values(), key=lambda s: s.transport.connect_failure is not None)
@@ -128,10 +119,10 @@ class AsyncRoutedService(RoutedState, AsyncBrokerService):
     # -- partition-scoped calls: the first try direct, the plan after ---------------------------
 
     async def _routed(self, api: m.ApiKey, queue: str, partition: int, call: Call, wait_s: float = 0.0) -> Any:
-        address = self._leader_now(queue, partition)
-        link = None if address is None else self._links.get(address)
-        if link is None or address is None:
+        found = self._leader_now(queue, partition)
+        if found is None:
             return await self._run(routed(self, api, queue, partition, call, wait_s))
+        address, link = found
         try:
             return await getattr(link, call.method)(*call.args, **call.kwargs)
         except HeadwaterError as e:
@@ -144,11 +135,10 @@ class AsyncRoutedService(RoutedState, AsyncBrokerService):
         """Send a batch to its partition's leader now (after everything submitted to that
         broker before it), without waiting; the asyncio producer pipelines with it. When the
         leader's connection is not open yet, or the table is stale, a task routes it."""
-        address = self._leader_now(queue, partition)
-        link = None if address is None else self._links.get(address)
-        if link is None:
+        found = self._leader_now(queue, partition)
+        if found is None:
             return asyncio.ensure_future(self.produce(queue, partition, batch))
-        fut = link.produce_nowait(queue, partition, batch)
+        fut = found[1].produce_nowait(queue, partition, batch)
         fut.add_done_callback(self._watch)
         return fut
 

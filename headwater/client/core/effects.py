@@ -211,15 +211,38 @@ class RoutedState:
         if self._closed:
             raise ClosedError(f"the client of {','.join(self.bootstrap)} is closed")
 
-    def _leader_now(self, queue: str, partition: int) -> str | None:
-        """The address of ``queue[partition]``'s leader by a fresh table that names one,
-        for a first try without a plan (None: the plan decides)."""
+    def _leader_now(self, queue: str, partition: int) -> tuple[str, Any] | None:
+        """The address and open connection of ``queue[partition]``'s leader by a fresh
+        table that names one, for a first try without a plan (None: the plan decides)."""
         if self._gate.stale:
             return None
         try:
-            return self._table.leader(queue, partition).address
+            address = self._table.leader(queue, partition).address
         except NotLeaderError:
             return None
+        link = self._links.get(address)
+        return None if link is None else (address, link)
+
+    def _link_now(self, address: str) -> Any | None:
+        """The open connection to ``address`` (None: open one); ClosedError once closed,
+        and the error of an attempt that failed lately, rather than wait a
+        ``connect_timeout_s`` again for each call."""
+        self._check_open()
+        link = self._links.get(address)
+        down = self._down.get(address)
+        if link is None and down is not None and self._clock() - down[0] < self.connect_timeout_s:
+            raise down[1]
+        return link
+
+    def _opened(self, address: str, link: Any, error: UnavailableError | None = None) -> Any:
+        """Keep ``link``, just opened to ``address`` (the one already kept if another came
+        first), or the ``error`` opening it raised (the table marked stale)."""
+        if error is not None:
+            self._down[address] = (self._clock(), error)
+            self._gate.mark_stale()
+            raise error
+        self._down.pop(address, None)
+        return self._links.setdefault(address, link)
 
     def _addresses_now(self, queue: str) -> dict[int, str] | None:
         """``{partition: leader's address}`` of ``queue`` by a fresh table that knows it

@@ -139,13 +139,9 @@ class RoutedService(RoutedState, BrokerService):
     def _link(self, address: str) -> RemoteService:
         """The connection to the broker at ``address``, opened if none is."""
         with self._lock:
-            self._check_open()
-            link = self._links.get(address)
-            down = self._down.get(address)
+            link = self._link_now(address)
         if link is not None:
             return link
-        if down is not None and time.monotonic() - down[0] < self.connect_timeout_s:
-            raise down[1]  # do not wait a connect_timeout_s again for each call
         try:
             link = RemoteService(
                 address,
@@ -155,12 +151,9 @@ class RoutedService(RoutedState, BrokerService):
             )
         except UnavailableError as e:
             with self._lock:
-                self._down[address] = (time.monotonic(), e)
-            self._gate.mark_stale()
-            raise
+                self._opened(address, None, e)
         with self._lock:
-            kept = self._links.setdefault(address, link)
-            self._down.pop(address, None)
+            kept = self._opened(address, link)
             closed = self._closed
         if kept is not link or closed:
             link.close()  # another thread opened one first, or the client closed meanwhile
@@ -216,10 +209,10 @@ class RoutedService(RoutedState, BrokerService):
     # -- partition-scoped calls: the first try direct, the plan after ---------------------------
 
     def _routed(self, api: m.ApiKey, queue: str, partition: int, call: Call, wait_s: float = 0.0) -> Any:
-        address = self._leader_now(queue, partition)
-        link = None if address is None else self._links.get(address)
-        if link is None or address is None:
+        found = self._leader_now(queue, partition)
+        if found is None:
             return self._run(routed(self, api, queue, partition, call, wait_s))
+        address, link = found
         try:
             return getattr(link, call.method)(*call.args, **call.kwargs)
         except HeadwaterError as e:
