@@ -14,8 +14,10 @@ lease: it is refused as expired (:func:`refused_as`), and the message is deliver
 listing groups (every broker's, merged by ``headwater.client.core.routing.merge_groups``)
 names each shared group once.
 
-The drivers (``headwater.client.transport.shared_routing``, ``headwater.client.aio.
-shared_routing``) own the connections, the futures and the locking.
+Ack, nack, extend and describe are plans (:func:`lease_call`, :func:`shared_describe`:
+see :mod:`headwater.client.core.effects`); the receives' drivers
+(``headwater.client.transport.shared_routing``, ``headwater.client.aio.shared_routing``)
+own the futures and the locking.
 
 >>> receives = SharedReceives()
 >>> key = ("g", "q", "m1")
@@ -34,17 +36,22 @@ shared_routing``) own the connections, the futures and the locking.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
-from typing import Any
+import logging
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import Any, cast
 
 import msgspec
 
-from headwater.errors import HeadwaterError, LeaseExpiredError, NotLeaderError, UnavailableError
+from headwater.client.core.effects import HOME, PLANS, Call, Fanout, Plan, RoutedState, addresses_of, plan
+from headwater.errors import GroupNotFoundError, HeadwaterError, LeaseExpiredError, NotLeaderError, UnavailableError
 from headwater.model.shared import LeaseId, LeaseRefusal, SharedDeliveries, SharedGroupInfo, SharedLease
 from headwater.protocol import messages as m
 
 __all__ = [
     "ReceiveRound",
+    "give_back",
+    "lease_call",
+    "shared_describe",
     "SharedReceives",
     "merge_lease_answers",
     "merge_shared_describe",
@@ -53,8 +60,12 @@ __all__ = [
     "split_leases",
 ]
 
+log = logging.getLogger(__name__)
+
 #: (group, queue, member): whose late deliveries a receive may take
 Key = tuple[str, str, str]
+
+LeaseRequest = m.SharedAckRequest | m.SharedNackRequest | m.SharedExtendRequest
 
 
 def _empty() -> SharedDeliveries:
@@ -336,3 +347,73 @@ class SharedReceives:
             del self._held[key]
         if not self._pending.get(key, True):
             del self._pending[key]
+
+
+# -- the plans of ack, nack, extend and describe (headwater.client.core.effects) ------------
+
+
+def lease_call(s: RoutedState, request: LeaseRequest) -> Plan[list[LeaseRefusal]]:
+    """``request`` (an ack, nack or extend) to each lease's partition leader at once, with
+    its share of the lease ids; their refusals merged (:func:`merge_lease_answers`: a
+    moved or lost broker's leases refused, any other error raised)."""
+    lease_ids = list(request.lease_ids)
+    by_broker, leaderless = split_leases(lease_ids, (yield from addresses_of(s, request.queue)))
+    if not by_broker and not leaderless:  # no table knows the queue: the broker's answer
+        return cast("list[LeaseRefusal]", (yield Call(HOME, "_call", (request,))))
+    asks = {a: (a, msgspec.structs.replace(request, lease_ids=ids)) for a, ids in by_broker.items()}
+    answers = yield Fanout(asks)
+    if any(isinstance(a, UnavailableError) for a in answers.values()):
+        s._gate.mark_stale()
+    return merge_lease_answers(lease_ids, by_broker, leaderless, answers)
+
+
+def _lease_plan(api: m.ApiKey) -> Callable[..., Plan[list[LeaseRefusal]]]:
+    request_type = m.API_SPECS[api].request
+
+    def lease_plan(s: RoutedState, *args: Any, **kwargs: Any) -> Plan[list[LeaseRefusal]]:
+        request = request_type(*args, **kwargs)  # BrokerService's parameters are the request's fields
+        assert isinstance(request, LeaseRequest)
+        return (yield from lease_call(s, request))
+
+    return lease_plan
+
+
+for _api in (m.ApiKey.SHARED_ACK, m.ApiKey.SHARED_NACK, m.ApiKey.SHARED_EXTEND):
+    PLANS[m.API_SPECS[_api].method or ""] = _lease_plan(_api)
+
+
+@plan
+def shared_describe(s: RoutedState, group: str, queue: str) -> Plan[SharedGroupInfo]:
+    """Each leader's partitions of the group, merged; GroupNotFoundError when no leader
+    knows it."""
+    leaders = yield from addresses_of(s, queue)
+    if not leaders:  # the queue unknown: its error
+        return cast(SharedGroupInfo, (yield Call(HOME, "shared_describe", (group, queue))))
+    got = yield Fanout({a: (a, m.SharedDescribeRequest(group, queue)) for a in sorted(set(leaders.values()))})
+    answers: dict[str, SharedGroupInfo] = {}
+    missing: BaseException | None = None
+    for address, answer in got.items():
+        if isinstance(answer, GroupNotFoundError | UnavailableError):
+            if isinstance(answer, UnavailableError):
+                s._gate.mark_stale()
+                log.warning("broker %s did not describe shared group %s (%s)", address, group, answer)
+            missing = missing or answer  # not found: that leader has not served the group yet
+        elif isinstance(answer, BaseException):
+            raise answer
+        else:
+            answers[address] = answer
+    if not answers:
+        assert missing is not None
+        raise missing
+    return merge_shared_describe(answers, leaders)
+
+
+def give_back(s: RoutedState, held: Mapping[Key, list[str]]) -> Plan[None]:
+    """Nack the deliveries kept for receives that will not come (the client closes:
+    :meth:`SharedReceives.drain`), so other members get them now rather than after their
+    leases. Best effort: a broker out of reach lets them time out."""
+    for (group, queue, member), ids in held.items():
+        try:
+            yield from lease_call(s, m.SharedNackRequest(group, queue, member, ids, "released: client closed", 0))
+        except HeadwaterError as e:
+            log.info("%d kept lease(s) of %s on %s not given back (%s): they time out", len(ids), member, queue, e)

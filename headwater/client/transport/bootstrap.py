@@ -1,19 +1,21 @@
 """Connecting to the brokers of a bootstrap list (``headwater.connect("h1:p1,h2:p2")``):
 the first that answers says, in its METADATA, whether it runs alone (the plain
 :class:`~headwater.client.transport.remote.RemoteService`, as before) or in a cluster (a
-:class:`~headwater.client.transport.routing.RoutedService` over it). docs/cluster.md,
-"Clients"."""
+:class:`~headwater.client.transport.routing.RoutedService` over it). Which address is
+tried when is :func:`~headwater.client.core.routed_plans.first_that_answers`' (the
+asyncio twin runs it too). docs/cluster.md, "Clients"."""
 
 from __future__ import annotations
 
 import socket
 import time
 
-from headwater.client.core.routing import BOOTSTRAP_PROBE_S, parse_bootstrap
+from headwater.client.core.effects import Open, Sleep, drive
+from headwater.client.core.routed_plans import first_that_answers
+from headwater.client.core.routing import parse_bootstrap
 from headwater.client.transport.link import parse_address
 from headwater.client.transport.remote import RemoteService
 from headwater.client.transport.routing import RoutedService
-from headwater.errors import InvalidArgumentError, UnavailableError
 from headwater.model.service import BrokerService
 
 __all__ = ["open_service"]
@@ -28,12 +30,21 @@ def open_service(
     :class:`RoutedService` over it. Raises one :class:`UnavailableError` naming every
     address tried when none answers within ``connect_timeout_s``."""
     bootstrap = parse_bootstrap(addresses)
-    if len(bootstrap) == 1:  # as before: the one address gets the whole connect_timeout_s
-        home = RemoteService(
-            bootstrap[0], connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s, retries=retries
+
+    def perform(effect: Open | Sleep) -> RemoteService | None:
+        if isinstance(effect, Sleep):
+            time.sleep(effect.seconds)
+            return None
+        if effect.probe_s is not None:  # does anybody take a connection there at all?
+            socket.create_connection(parse_address(effect.address), timeout=effect.probe_s).close()
+        return RemoteService(
+            effect.address,
+            connect_timeout_s=effect.connect_timeout_s,
+            request_timeout_s=request_timeout_s,
+            retries=retries,
         )
-    else:
-        home = _first_that_answers(bootstrap, connect_timeout_s, request_timeout_s, retries)
+
+    home: RemoteService = drive(first_that_answers(bootstrap, connect_timeout_s), perform)
     try:
         md = home.metadata()
     except BaseException:
@@ -41,45 +52,5 @@ def open_service(
         raise
     if not md.cluster_id:
         return home  # a broker alone: the plain client, no routing layer
-    return RoutedService(
-        home,
-        md,
-        bootstrap=bootstrap,
-        connect_timeout_s=connect_timeout_s,
-        request_timeout_s=request_timeout_s,
-        retries=retries,
-    )
-
-
-def _first_that_answers(
-    bootstrap: list[str], connect_timeout_s: float, request_timeout_s: float, retries: int
-) -> RemoteService:
-    """A connection to the first of ``bootstrap`` that takes one, trying each in turn (a
-    refused connection moves on at once) until ``connect_timeout_s`` has passed."""
-    deadline = time.monotonic() + connect_timeout_s
-    errors: dict[str, str] = {}
-    while True:
-        for address in bootstrap:
-            left_s = deadline - time.monotonic()
-            try:
-                host, port = parse_address(address)
-                socket.create_connection((host, port), timeout=max(0.05, min(left_s, BOOTSTRAP_PROBE_S))).close()
-            except (OSError, ValueError, InvalidArgumentError) as e:
-                errors[address] = str(e) or type(e).__name__
-                continue
-            try:
-                return RemoteService(
-                    address,
-                    connect_timeout_s=max(0.1, left_s),
-                    request_timeout_s=request_timeout_s,
-                    retries=retries,
-                )
-            except UnavailableError as e:
-                errors[address] = str(e)
-        if time.monotonic() >= deadline:
-            tried = "; ".join(f"{a}: {why}" for a, why in errors.items())
-            raise UnavailableError(
-                f"cannot reach any broker of {','.join(bootstrap)} within {connect_timeout_s} s ({tried}); "
-                f"are they running, and are the addresses right?"
-            )
-        time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+    settings = {"connect_timeout_s": connect_timeout_s, "request_timeout_s": request_timeout_s, "retries": retries}
+    return RoutedService(home, md, bootstrap=bootstrap, **settings)

@@ -1,86 +1,79 @@
-"""SharedRouter: shared groups on a cluster, for :class:`~headwater.client.transport.routing.
-RoutedService` (the rules: :mod:`headwater.client.core.shared_routing`).
+"""SharedRouter: the receives of shared groups on a cluster, for
+:class:`~headwater.client.transport.routing.RoutedService` and, through
+:class:`~headwater.client.aio.shared_routing.AsyncSharedRouter`, its asyncio twin (the
+rules: :mod:`headwater.client.core.shared_routing`).
 
 A receive is sent to every leader of the queue at once, each answer read by its
-connection's thread; the receive's future is settled by the first answer holding
-deliveries, and later ones are kept for the member's next receive. Acks, nacks and extends
-go to each lease's partition leader, one request per broker at once.
+connection's thread (asyncio: its task); the receive's future is settled by the first
+answer holding deliveries, and later ones are kept for the member's next receive. Acks,
+nacks, extends and describe are plans (:mod:`headwater.client.core.routed_plans`).
 
-Thread-safe: one lock around the receives' state; futures are settled outside it.
+Thread-safe: one lock around the receives' state; futures are settled outside it. A
+subclass says how a future is made, a request sent and the leaders found
+(:meth:`SharedRouter._new_future`, :meth:`SharedRouter._send`,
+:meth:`SharedRouter._addresses`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
-import logging
 import threading
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from headwater.client.core.shared_routing import (
-    ReceiveRound,
-    SharedReceives,
-    merge_lease_answers,
-    merge_shared_describe,
-    phases,
-    split_leases,
-)
-from headwater.client.transport.remote import answer_timeout_s, check_arguments
+from headwater.client.core.effects import addresses_of
+from headwater.client.core.shared_routing import ReceiveRound, SharedReceives, phases
+from headwater.client.transport.remote import check_arguments
 from headwater.client.transport.send_future import LazyFuture
-from headwater.errors import GroupNotFoundError, HeadwaterError, UnavailableError
-from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
+from headwater.errors import UnavailableError
+from headwater.model.shared import SharedDeliveries
 from headwater.protocol import messages as m
-
-if TYPE_CHECKING:
-    from headwater.client.transport.routing import RoutedService
 
 __all__ = ["SharedRouter"]
 
-log = logging.getLogger(__name__)
+#: what setting an answer on a future its caller cancelled raises, by kind of future
+_TAKEN = (concurrent.futures.InvalidStateError, asyncio.InvalidStateError)
 
 
 class SharedRouter:
-    """The shared-group calls of one :class:`RoutedService`."""
+    """The shared-group receives of one routed service (blocking: a RoutedService)."""
 
-    def __init__(self, service: RoutedService) -> None:
+    def __init__(self, service: Any) -> None:
         self._service = service
         self._lock = threading.Lock()
         self._receives = SharedReceives()
-        self._rounds: dict[concurrent.futures.Future[Any], ReceiveRound] = {}
+        self._rounds: dict[Any, ReceiveRound] = {}
         # receives whose quick round is under way: their long poll, and where to send it
-        self._then: dict[concurrent.futures.Future[Any], tuple[m.SharedReceiveRequest, list[str]]] = {}
+        self._then: dict[Any, tuple[m.SharedReceiveRequest, list[str]]] = {}
 
-    # -- where to send ----------------------------------------------------------------------
+    # -- what differs by driver -------------------------------------------------------------
 
-    def _leader_addresses(self, queue: str) -> dict[int, str]:
-        """``{partition: leader's address}``; the table refreshed once if it does not know
-        ``queue`` (an unknown queue: ``{}``)."""
+    def _new_future(self) -> Any:
+        return LazyFuture()
+
+    def _send(self, address: str, body: m.SharedReceiveRequest) -> Any:
+        """``body`` to the broker at ``address`` without waiting: the future of its answer."""
+        return self._service._submit(address, body)
+
+    def _addresses(self, queue: str) -> list[str]:
+        """The addresses of the queue's leaders (the table refreshed once, waiting, if it
+        does not know ``queue``); none: the bootstrap broker's."""
         s = self._service
-        s._leaders(queue)
-        table = s.table
-        return {p: table.brokers[b].address for p, b in table.partition_leaders(queue).items()}
-
-    def _submit(self, address: str, body: m.RequestBody) -> concurrent.futures.Future[Any]:
-        """``body`` to the broker at ``address`` without waiting (its connection's thread
-        reads the answer); a broker out of reach: a future holding its error."""
-        fut: concurrent.futures.Future[Any] = LazyFuture()
-        try:
-            link = self._service._link(address)
-            link.transport.submit(body, fut, answer_timeout_s(link.transport, body))
-        except UnavailableError as e:
-            fut.set_exception(e)
-        return fut
+        found = s._addresses_now(queue)
+        found = found if found is not None else s._run(addresses_of(s, queue))
+        return sorted(set(found.values())) or [s.address]
 
     # -- receive ----------------------------------------------------------------------------
 
-    def start_receive(self, body: m.SharedReceiveRequest) -> concurrent.futures.Future[SharedDeliveries]:
+    def start_receive(self, body: m.SharedReceiveRequest) -> Any:
         """Send the receive to every leader of its queue without waiting: the future of
         its answer (the first holding deliveries, or empty once all answered). It asks
         without waiting first, then (all empty) with its long poll: see
         :func:`~headwater.client.core.shared_routing.phases`."""
         check_arguments(body)
-        addresses = sorted(set(self._leader_addresses(body.queue).values())) or [self._service.address]
-        out: concurrent.futures.Future[SharedDeliveries] = LazyFuture()
+        addresses = self._addresses(body.queue)
+        out = self._new_future()
         first, then = phases(body)
         if then is not None:
             with self._lock:
@@ -88,9 +81,7 @@ class SharedRouter:
         self._begin(out, first, addresses)
         return out
 
-    def _begin(
-        self, out: concurrent.futures.Future[SharedDeliveries], body: m.SharedReceiveRequest, addresses: list[str]
-    ) -> None:
+    def _begin(self, out: Any, body: m.SharedReceiveRequest, addresses: list[str]) -> None:
         """One round of ``out``'s receive: ``body`` to ``addresses`` (those with no receive
         of the member outstanding). Never blocks on a refresh: it may run on a connection's
         thread."""
@@ -106,12 +97,15 @@ class SharedRouter:
             self._finish([out], r)
             return
         for address in send:
-            self._submit(str(address), body).add_done_callback(
+            self._send(str(address), body).add_done_callback(
                 lambda f, a=address: self._answered(key, a, f)  # type: ignore[misc]  # a bound default names the broker
             )
 
-    def _answered(self, key: tuple[str, str, str], address: Hashable, fut: concurrent.futures.Future[Any]) -> None:
-        error = fut.exception()
+    def _answered(self, key: tuple[str, str, str], address: Hashable, fut: Any) -> None:
+        if fut.cancelled():
+            error: BaseException | None = UnavailableError("the receive was cancelled (the client is closing)")
+        else:
+            error = fut.exception()
         if isinstance(error, UnavailableError):
             self._service._gate.mark_stale()  # a refusal, a lost connection: ask METADATA again
         result = None if error is not None else fut.result()
@@ -123,30 +117,32 @@ class SharedRouter:
         if r is not None:
             self._finish(done, r)
 
-    def _finish(self, futures: list[concurrent.futures.Future[SharedDeliveries]], r: ReceiveRound) -> None:
+    def _finish(self, futures: list[Any], r: ReceiveRound) -> None:
         """``r`` is answered: settle ``futures`` with it, or start their long poll when
         their quick round found nothing."""
         for out in futures:
             with self._lock:
                 then = self._then.pop(out, None)
-            if then is not None and r.error is None and r.answer is not None and not r.answer.leases:
+            if then is not None and r.error is None and r.answer is not None and not r.answer.leases and not out.done():
                 self._begin(out, *then)
             else:
                 self._settle(out, r)
 
-    def _settle(self, fut: concurrent.futures.Future[SharedDeliveries], r: ReceiveRound) -> None:
-        try:
-            if r.error is not None:
-                fut.set_exception(r.error)
-            else:
-                assert r.answer is not None
-                fut.set_result(r.answer)
-        except concurrent.futures.InvalidStateError:  # its caller cancelled it: keep what it got
-            if r.answer is not None:
-                with self._lock:
-                    self._receives.keep(r.key, r.answer)
+    def _settle(self, fut: Any, r: ReceiveRound) -> None:
+        if not fut.done():
+            try:
+                if r.error is not None:
+                    fut.set_exception(r.error)
+                else:
+                    fut.set_result(r.answer)
+                return
+            except _TAKEN:
+                pass
+        if r.answer is not None:  # its caller cancelled it: keep what it got for the next receive
+            with self._lock:
+                self._receives.keep(r.key, r.answer)
 
-    def withdraw(self, fut: concurrent.futures.Future[Any]) -> bool:
+    def withdraw(self, fut: Any) -> bool:
         """A receive whose caller stops waiting: answered empty now, if it had no answer
         (nothing was leased for it; what its brokers give later goes to the member's next
         receive). Always False: its requests were written, and the caller takes the answer
@@ -170,65 +166,8 @@ class SharedRouter:
             self.withdraw(fut)  # answered empty, unless its answer came meanwhile
             return fut.result()
 
-    def release_held(self) -> None:
-        """Give back the deliveries kept for receives that will not come (the client
-        closes): nacked at once, so other members get them now rather than after their
-        leases. Best effort: a broker out of reach lets them time out."""
+    def drain(self) -> dict[tuple[str, str, str], list[str]]:
+        """The lease ids kept for receives that will not come (the client closes), by
+        member, forgotten here: the service gives them back."""
         with self._lock:
-            held = self._receives.drain()
-        for (group, queue, member), ids in held.items():
-            try:
-                self._service.shared_nack(group, queue, member, ids, "released: client closed", 0)
-            except HeadwaterError as e:
-                log.info("%d kept lease(s) of %s on %s not given back (%s): they time out", len(ids), member, queue, e)
-
-    # -- ack, nack, extend ----------------------------------------------------------------
-
-    def lease_call(self, queue: str, lease_ids: list[str], make: Any) -> list[LeaseRefusal]:
-        """``make(lease_ids)`` (a request body) to each lease's partition leader at once;
-        their refusals merged (see :func:`~headwater.client.core.shared_routing.refused_as`)."""
-        leaders = self._leader_addresses(queue)
-        by_broker, leaderless = split_leases(list(lease_ids), leaders)
-        if not by_broker and not leaderless:
-            return list(self._service._home._call(make(list(lease_ids))))  # no table: the broker's answer
-        asked = {address: self._submit(address, make(ids)) for address, ids in by_broker.items()}
-        answers: dict[Any, Any] = {}
-        for address, fut in asked.items():
-            try:
-                answers[address] = fut.result(timeout=self._service.request_timeout_s + 1)
-            except concurrent.futures.TimeoutError:
-                answers[address] = UnavailableError(
-                    f"broker {address} got no answer in {self._service.request_timeout_s} s"
-                )
-            except Exception as e:  # noqa: BLE001 - merged: a moved or lost broker's leases refused, others raised
-                answers[address] = e
-            if isinstance(answers[address], UnavailableError):
-                self._service._gate.mark_stale()
-        return merge_lease_answers(list(lease_ids), by_broker, leaderless, answers)
-
-    # -- describe, list ---------------------------------------------------------------------
-
-    def describe(self, group: str, queue: str) -> SharedGroupInfo:
-        """Each leader's partitions of the group, merged; GroupNotFoundError when no leader
-        knows it."""
-        leaders = self._leader_addresses(queue)
-        if not leaders:
-            return self._service._home.shared_describe(group, queue)  # the queue unknown: its error
-        asked = {a: self._submit(a, m.SharedDescribeRequest(group, queue)) for a in sorted(set(leaders.values()))}
-        answers: dict[str, SharedGroupInfo] = {}
-        missing: BaseException | None = None
-        for address, fut in asked.items():
-            try:
-                answers[address] = fut.result(timeout=self._service.request_timeout_s + 1)
-            except GroupNotFoundError as e:
-                missing = e  # that leader has not served the group yet
-            except UnavailableError as e:
-                self._service._gate.mark_stale()
-                log.warning(
-                    "broker %s did not describe shared group %s (%s): its partitions are left out", address, group, e
-                )
-                missing = missing or e
-        if not answers:
-            assert missing is not None
-            raise missing
-        return merge_shared_describe(answers, leaders)
+            return self._receives.drain()
