@@ -5,6 +5,7 @@ asks for, in which order, and what it makes of the answers is checked in microse
 from __future__ import annotations
 
 import doctest
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -24,29 +25,13 @@ from headwater.errors import (
     QueueNotFoundError,
     UnavailableError,
 )
-from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionLocation, QueueLocations
+from headwater.model.cluster import ClusterMetadata
 from headwater.model.config import PartitionInfo, QueueConfig, QueueInfo
 from headwater.model.shared import LeaseRefusal
 from headwater.protocol import messages as m
+from tests.support.cluster_metadata import cluster_metadata
 
-
-def _metadata(leaders: dict[str, list[int]], brokers=(1, 2, 3), coordinators=()) -> ClusterMetadata:
-    return ClusterMetadata(
-        cluster_id="c1",
-        controller=1,
-        brokers=[BrokerAddress(broker_id=b, host="h", port=b, epoch=0) for b in brokers],
-        coordinators=list(coordinators),
-        queues=[
-            QueueLocations(
-                name=name,
-                queue_id=1000 + i,
-                partitions=[
-                    PartitionLocation(partition=p, leader=b, leader_epoch=0, replicas=[b]) for p, b in enumerate(ls)
-                ],
-            )
-            for i, (name, ls) in enumerate(leaders.items())
-        ],
-    )
+_metadata = functools.partial(cluster_metadata, host="h", port_base=0)  # broker b at "h:b"
 
 
 class _Home:

@@ -32,34 +32,14 @@ from headwater.errors import (
 )
 from headwater.model.batch import broker_prefix, decode_header, encode_batch
 from headwater.model.cluster import (
-    BrokerAddress,
     ClusterMetadata,
-    PartitionLocation,
-    QueueLocations,
     coordinator_partition,
     keyed_coordinator_name,
 )
 from headwater.model.config import PartitionInfo, QueueConfig, QueueInfo, QueuePage
 from headwater.model.groups import GroupSummary
 from headwater.model.subscription import SubscriberInfo
-
-
-def _metadata(leaders: dict[str, list[int]], brokers=(1, 2, 3)) -> ClusterMetadata:
-    return ClusterMetadata(
-        cluster_id="c1",
-        controller=1,
-        brokers=[BrokerAddress(broker_id=b, host="127.0.0.1", port=7070 + b, epoch=b) for b in brokers],
-        queues=[
-            QueueLocations(
-                name=name,
-                queue_id=1000 + i,
-                partitions=[
-                    PartitionLocation(partition=p, leader=b, leader_epoch=0, replicas=[b]) for p, b in enumerate(ls)
-                ],
-            )
-            for i, (name, ls) in enumerate(leaders.items())
-        ],
-    )
+from tests.support.cluster_metadata import cluster_metadata
 
 
 def test_the_doctests_hold():
@@ -67,7 +47,7 @@ def test_the_doctests_hold():
 
 
 def test_the_table_names_each_partitions_leader_and_each_queue_id():
-    table = RoutingTable(_metadata({"orders": [1, 2, 3, 1, 2, 3], "audit": [2]}))
+    table = RoutingTable(cluster_metadata({"orders": [1, 2, 3, 1, 2, 3], "audit": [2]}))
     assert [table.leader("orders", p).address for p in range(6)] == [f"127.0.0.1:{7070 + b}" for b in (1, 2, 3) * 2]
     assert table.leaders_of("orders") == {1: [0, 3], 2: [1, 4], 3: [2, 5]}
     assert table.partition_leaders("audit") == {0: 2}
@@ -78,7 +58,7 @@ def test_the_table_names_each_partitions_leader_and_each_queue_id():
 
 
 def test_a_partition_without_a_leader_or_unknown_is_a_retriable_refusal():
-    table = RoutingTable(_metadata({"q": [1, -1, 9]}))  # 9: a broker the answer does not list
+    table = RoutingTable(cluster_metadata({"q": [1, -1, 9]}))  # 9: a broker the answer does not list
     assert table.leader("q", 0).broker_id == 1
     for partition in (1, 2, 3):
         with pytest.raises(NotLeaderError, match=rf"no leader of q\[{partition}\]") as caught:
@@ -163,15 +143,8 @@ def test_the_bootstrap_list():
         parse_bootstrap([7070])  # type: ignore[list-item]  # the wrong type on purpose
 
 
-def _with_coordinators(coordinators: list[int], brokers=(1, 2, 3)) -> ClusterMetadata:
-    md = _metadata({}, brokers)
-    return ClusterMetadata(
-        cluster_id=md.cluster_id, controller=md.controller, brokers=md.brokers, queues=[], coordinators=coordinators
-    )
-
-
 def test_a_group_goes_to_the_leader_of_its_coordinator_partition():
-    table = RoutingTable(_with_coordinators([1, 2, 3, 1]))
+    table = RoutingTable(cluster_metadata({}, coordinators=[1, 2, 3, 1]))
     groups = [f"g{i}" for i in range(40)]
     for g in groups:
         expected = [1, 2, 3, 1][coordinator_partition(g, 4)]
@@ -180,8 +153,8 @@ def test_a_group_goes_to_the_leader_of_its_coordinator_partition():
 
 
 def test_no_coordinators_means_the_bootstrap_broker_and_a_dead_one_a_retriable_refusal():
-    assert RoutingTable(_metadata({})).coordinator("g") is None  # an older broker: no coordinators
-    table = RoutingTable(_with_coordinators([-1, 9]))  # none now, and a broker not listed
+    assert RoutingTable(cluster_metadata({})).coordinator("g") is None  # an older broker: no coordinators
+    table = RoutingTable(cluster_metadata({}, coordinators=[-1, 9]))  # none now, and a broker not listed
     for g in [f"g{i}" for i in range(10)]:
         with pytest.raises(NotCoordinatorError, match=f"no live coordinator of group '{g}'"):
             table.coordinator(g)
@@ -206,11 +179,11 @@ def test_a_group_call_is_sent_again_after_a_refusal_and_once_after_an_outage():
 
 
 def test_a_partition_call_refreshes_once_for_what_the_table_does_not_know():
-    table = RoutingTable(_metadata({}))  # knows no queue
+    table = RoutingTable(cluster_metadata({}))  # knows no queue
     call = RoutedCall(resend_safe=True)
     assert call.leader(table, False, "q", 0) is REFRESH
     assert call.leader(table, False, "q", 0) is HOME  # asked anew, still unknown: the broker's own words
-    known = RoutingTable(_metadata({"orders": [1, 2]}))
+    known = RoutingTable(cluster_metadata({"orders": [1, 2]}))
     name = "orders"
     fresh = RoutedCall(resend_safe=True)
     assert fresh.leader(known, True, name, 0) is REFRESH  # stale: ask first
@@ -225,7 +198,7 @@ def test_a_partition_call_refreshes_once_for_what_the_table_does_not_know():
 
 
 def test_a_group_call_waits_for_a_coordinator_until_its_deadline():
-    table = RoutingTable(_with_coordinators([-1]))  # no live coordinator now
+    table = RoutingTable(cluster_metadata({}, coordinators=[-1]))  # no live coordinator now
     call = RoutedCall(resend_safe=True)
 
     def locate(t):
@@ -234,7 +207,9 @@ def test_a_group_call_waits_for_a_coordinator_until_its_deadline():
     assert call.coordinator(table, False, locate, late=False) is REFRESH
     with pytest.raises(NotCoordinatorError):
         call.coordinator(table, False, locate, late=True)
-    assert RoutedCall(resend_safe=True).coordinator(RoutingTable(_metadata({})), False, locate, late=False) is HOME
+    assert (
+        RoutedCall(resend_safe=True).coordinator(RoutingTable(cluster_metadata({})), False, locate, late=False) is HOME
+    )
 
 
 def test_list_groups_merge_each_group_once_the_coordinators_answer_first():
@@ -259,7 +234,7 @@ def test_list_groups_merge_each_group_once_the_coordinators_answer_first():
 
 
 def test_a_keyed_group_goes_to_the_leader_of_its_keyed_coordinator_partition():
-    md = _with_coordinators([3, 3, 3, 3])
+    md = cluster_metadata({}, coordinators=[3, 3, 3, 3])
     keyed = ClusterMetadata(
         cluster_id=md.cluster_id, controller=1, brokers=md.brokers, queues=[], keyed_coordinators=[1, 2, 3, 1]
     )
@@ -287,7 +262,7 @@ def test_list_groups_takes_a_keyed_group_from_its_coordinator():
 
 
 def test_a_subscriber_goes_to_the_leader_of_its_subscriber_coordinator_partition():
-    md = _with_coordinators([3, 3, 3, 3])
+    md = cluster_metadata({}, coordinators=[3, 3, 3, 3])
     subs = ClusterMetadata(
         cluster_id=md.cluster_id, controller=1, brokers=md.brokers, queues=[], subscriber_coordinators=[1, 2, 3, 1]
     )
