@@ -9,6 +9,7 @@ either (``moving_queues``), and ask who leads."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 import time
@@ -17,6 +18,7 @@ from collections import defaultdict
 import pytest
 
 import headwater
+import headwater.aio
 from headwater.client.transport.remote import RemoteService
 from headwater.errors import NotLeaderError
 from tests.support.cluster import Cluster, eventually
@@ -115,6 +117,35 @@ def test_a_consumer_streams_from_each_leader_in_order(cluster):
             again.check_once_in_order(sent + more)
 
 
+def test_an_asyncio_consumer_streams_from_each_leader_in_order(cluster):
+    """The asyncio consumer on a cluster streams from each leader too (its connections to
+    the other brokers are opened in the background while its first polls go on)."""
+    queue = "streamed-aio"
+    with headwater.connect(_bootstrap(cluster)) as hw:
+        hw.admin.create_queue(queue, partitions=PARTITIONS)
+        sent = _send(hw, queue, 600)
+        leaders = _leaders(hw, queue)
+
+        async def read_all() -> tuple[Read, dict]:
+            async with await headwater.aio.connect(_bootstrap(cluster)) as ahw:
+                consumer = ahw.consumer()
+                await consumer.assign(queue)
+                read = Read()
+                deadline = time.monotonic() + 30
+                while read.total() < sent and time.monotonic() < deadline:
+                    read.add(await consumer.poll(500, timeout_ms=200))
+                streams = consumer.streams
+                more = _send(hw, queue, 120, first=sent)  # pushed as appended
+                while read.total() < sent + more and time.monotonic() < deadline:
+                    read.add(await consumer.poll(500, timeout_ms=200))
+                assert await consumer.poll(timeout_ms=100) == []
+                return read, streams
+
+        read, streams = asyncio.run(read_all())
+        assert streams == {queue: leaders}
+        read.check_once_in_order(sent + 120)
+
+
 def test_a_group_consumer_streams_from_each_leader(cluster):
     """A group member streams too, and commits what it read."""
     queue, group = "streamed-group", "readers"
@@ -173,13 +204,43 @@ def test_a_member_streams_only_what_it_leads_and_ends_a_stream_moved_away(cluste
             svc.close()
 
 
+class AsyncReader(threading.Thread):
+    """An asyncio consumer of ``queue`` on its own event loop, polling until ``stop`` is set
+    and then until it has ``want()`` records: what it read and its streams at the end."""
+
+    def __init__(self, bootstrap: str, queue: str, stop: threading.Event, want) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.queue, self.stop, self.want = bootstrap, queue, stop, want
+        self.read = Read()
+        self.streams: dict = {}
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._read())
+        except BaseException as e:  # noqa: BLE001 - the test raises it
+            self.error = e
+
+    async def _read(self) -> None:
+        async with await headwater.aio.connect(self.bootstrap) as hw:
+            consumer = hw.consumer()
+            await consumer.assign(self.queue)
+            deadline = time.monotonic() + 180
+            while (not self.stop.is_set() or self.read.total() < self.want()) and time.monotonic() < deadline:
+                self.read.add(await consumer.poll(500, timeout_ms=100))
+            self.streams = consumer.streams
+
+
 def test_a_consumer_follows_partitions_moved_while_it_reads(cluster, moving_queues):
-    """A decommission moves a broker's partitions while a producer sends and a consumer
-    streams: its streams follow the leaders, nothing is lost, nothing comes twice."""
+    """A decommission moves a broker's partitions while a producer sends and two consumers
+    stream, a blocking one and an asyncio one: their streams follow the leaders, nothing is
+    lost, nothing comes twice."""
     queue = moving_queues[1]
     with headwater.connect(_bootstrap(cluster)) as hw:
         sent = [_send(hw, queue, 120)]
         stop_sending = threading.Event()
+        aio_reader = AsyncReader(_bootstrap(cluster), queue, stop_sending, lambda: sent[0])
+        aio_reader.start()
 
         def send() -> None:
             while not stop_sending.is_set():
@@ -214,3 +275,7 @@ def test_a_consumer_follows_partitions_moved_while_it_reads(cluster, moving_queu
             _poll_until(consumer, read, sent[0], timeout_s=60)
             eventually(lambda: (read.add(consumer.poll(timeout_ms=100)), consumer.streams == {queue: leaders})[1])
             read.check_once_in_order(sent[0])
+            aio_reader.join(120)
+            assert aio_reader.error is None, aio_reader.error
+            aio_reader.read.check_once_in_order(sent[0])
+            assert aio_reader.streams == {queue: leaders}

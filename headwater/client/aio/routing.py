@@ -11,7 +11,8 @@ awaited) and keeps its connections and the calls that do not wait. Used from one
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Hashable, Mapping
+import logging
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from headwater.client.aio.service import AsyncBrokerService, AsyncService
@@ -19,9 +20,11 @@ from headwater.client.aio.shared_routing import AsyncSharedRouter
 from headwater.client.core.effects import HOME, Call, Fanout, Open, Plan, Refresh, RoutedState, Sleep, adrive
 from headwater.client.core.routed_plans import first_that_answers, give_back, install, refresh, routed
 from headwater.client.core.routing import RoutingTable, parse_bootstrap
+from headwater.client.core.subscribers import StreamPlan, plan_partitions
 from headwater.client.transport.async_transport import AsyncTransport
 from headwater.client.transport.link import parse_address
 from headwater.client.transport.remote import takes_request
+from headwater.client.transport.routing import Links
 from headwater.errors import HeadwaterError, UnavailableError
 from headwater.model.cluster import ClusterMetadata
 from headwater.model.keyed import KeyedFetchResult
@@ -31,7 +34,15 @@ from headwater.protocol import messages as m
 
 __all__ = ["AsyncRoutedService", "open_async_service"]
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def _quietly(fut: asyncio.Future[Any]) -> None:
+    """A done-callback that takes a background future's error (kept elsewhere), so that
+    asyncio does not log it as never retrieved."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 class AsyncRoutedService(RoutedState, AsyncBrokerService):
@@ -45,6 +56,8 @@ class AsyncRoutedService(RoutedState, AsyncBrokerService):
         self._opening: dict[str, asyncio.Future[AsyncService]] = {}
         self._refreshing: asyncio.Lock | None = None  # made on the loop, when first needed
         self._shared = AsyncSharedRouter(self)
+        self._asking: asyncio.Future[None] | None = None  # a refresh nobody waits for
+        self.transport = Links(self)  # for the consumers' rule on riding out an outage
 
     # -- running plans ---------------------------------------------------------------------
 
@@ -99,6 +112,10 @@ class AsyncRoutedService(RoutedState, AsyncBrokerService):
             await link.close()
             self._check_open()
         return self._opened(address, link)
+
+    def links(self) -> list[AsyncService]:
+        """The open connections (the bootstrap broker's first)."""
+        return list(self._links.values())
 
     def _sources(self) -> list[str]:
         links = sorted(self._links.values(), key=lambda s: s.transport.connect_failure is not None)
@@ -157,6 +174,45 @@ class AsyncRoutedService(RoutedState, AsyncBrokerService):
     async def broker_link(self, broker_id: int) -> AsyncService:
         """The connection to broker ``broker_id`` of the table (opened if none is)."""
         return await self._link(self._broker_address(broker_id))
+
+    # -- a consumer's fetch streams, one per leader (ClusterFetchStreams): nothing waits -------
+
+    def fetch_stream_plan(self, queue: str, partitions: Iterable[int], fresh: bool = False) -> StreamPlan:
+        """Which broker is to stream which of ``partitions`` of ``queue``, and those no live
+        broker leads now, by the table as it is (``RoutedService.fetch_stream_plan``'s rule:
+        a refresh nobody waits for starts when ``fresh``, stale or ``queue`` unknown)."""
+        if fresh or self._gate.stale or not self._table.knows(queue):
+            self._gate.mark_stale()
+            self._refresh_soon()
+        return plan_partitions(self._table, queue, partitions)
+
+    def stream_link(self, broker_id: int) -> AsyncService:
+        """The open connection to broker ``broker_id``, for a fetch stream; when none is open
+        yet, one is opened in the background and UnavailableError raised meanwhile (the
+        consumer plans its streams again after a backoff, within ``connect_timeout_s``)."""
+        address = self._broker_address(broker_id)
+        link = self._link_now(address)  # raises a recent failure to connect
+        if link is not None:
+            return link
+        if address not in self._opening:
+            opening = self._opening[address] = asyncio.ensure_future(self._open(address))
+            opening.add_done_callback(_quietly)  # its failure is kept (_down) for the next plan
+        raise UnavailableError(f"connecting to broker {broker_id} at {address}")
+
+    def _refresh_soon(self) -> None:
+        """Start a refresh nobody waits for, unless one is on its way or it is not due."""
+        if self._closed or (self._asking is not None and not self._asking.done()):
+            return
+        if not self._gate.due(self._clock()):
+            return
+
+        async def ask() -> None:
+            try:
+                await self.refresh()
+            except Exception as e:  # noqa: BLE001 - a call that waits asks again, and raises
+                log.debug("refreshing the cluster's metadata failed: %s", e)
+
+        self._asking = asyncio.ensure_future(ask())
 
     async def ping(self) -> None:
         await self._home.ping()

@@ -23,9 +23,10 @@ Both this class and :class:`~headwater.client.transport.fetch_stream.FetchStream
 :class:`~headwater.client.transport.fetch_stream.FetchStreamsBase`, which keeps each stream's
 life, so the consumer drives both alike; this one plans by leader and replans on a refusal.
 Pushes are handled on the client's event loop of each connection (nobody leads a cluster's
-connections) and queued here; the consumer's thread decodes them in ``take``. Only the
-blocking consumer streams on a cluster for now: the asyncio one fetches
-(``AsyncRoutedService`` has no ``fetch_stream_plan``).
+connections) and queued here; the consumer's thread (or task) decodes them in ``take``. The
+blocking and the asyncio consumer stream alike: a stream's connection is the service's
+``stream_link``, which the asyncio service never waits for (a broker not connected yet is
+connected to in the background, and its streams planned again after a backoff).
 """
 
 from __future__ import annotations
@@ -54,7 +55,10 @@ class PlansFetchStreams(Protocol):
         self, queue: str, partitions: Iterable[int], fresh: bool = False
     ) -> tuple[dict[int, list[int]], list[int]]: ...
 
-    def broker_link(self, broker_id: int) -> Any: ...
+    def stream_link(self, broker_id: int) -> Any:
+        """The connection to broker ``broker_id``, to open a fetch stream on (without
+        waiting, for the asyncio service: UnavailableError while it connects)."""
+        ...
 
 
 class ClusterFetchStreams(FetchStreamsBase):
@@ -88,7 +92,7 @@ class ClusterFetchStreams(FetchStreamsBase):
                 if (queue, broker_id) in self._streams:
                     continue
                 try:
-                    link = self._service.broker_link(broker_id)
+                    link = self._service.stream_link(broker_id)
                 except UnavailableError as e:
                     if not self._outage.rides_out(e):
                         raise

@@ -45,18 +45,18 @@ from headwater.model.service import BrokerService, FetchResult, ProduceResult
 from headwater.model.shared import SharedDeliveries
 from headwater.protocol import messages as m
 
-__all__ = ["RoutedService"]
+__all__ = ["Links", "RoutedService"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class _Links:
+class Links:
     """What a routed service knows of its cluster's connections, for the consumers' rule on
     riding out an outage (``headwater.client.transport.polling.Outage``): it has the members
-    of ``Reconnects``."""
+    of ``Reconnects``. ``service``: a routed service, blocking or asyncio (its ``links()``)."""
 
-    def __init__(self, service: RoutedService) -> None:
+    def __init__(self, service: Any) -> None:
         self._service = service
         self.address = ",".join(service.bootstrap)
         self.connect_timeout_s = service.connect_timeout_s
@@ -84,7 +84,7 @@ class RoutedService(RoutedState, BrokerService):
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()  # one blocking refresh at a time; the others use its answer
         self._asking: concurrent.futures.Future[Any] | None = None  # a refresh that does not wait
-        self.transport = _Links(self)
+        self.transport = Links(self)
         self._shared = SharedRouter(self)
 
     # -- running plans ---------------------------------------------------------------------
@@ -328,6 +328,8 @@ class RoutedService(RoutedState, BrokerService):
         """The connection to broker ``broker_id`` of the table (opened if none is), for a
         push stream of the partitions it leads; UnavailableError if it is out of reach."""
         return self._link(self._broker_address(broker_id))
+
+    stream_link = broker_link  # a fetch stream's (PlansFetchStreams): the blocking consumer may wait for it
 
     def ping(self) -> None:
         self._home.ping()
