@@ -109,6 +109,30 @@ def test_lag_is_the_clis(broker):
     assert partition_lag(25, 0, 40) == 15
 
 
+def test_keyed_lag_is_the_slowest_members_offsets_behind_as_the_cli_shows_them(broker):
+    with headwater.connect(broker.address) as hw:
+        hw.admin.create_queue("keyed-lag", partitions=2)
+        hw.send_batch("keyed-lag", [Message(b"m", key=b"k%d" % i) for i in range(30)], partition=0)
+        hw.send_batch("keyed-lag", [Message(b"m", key=b"k%d" % i) for i in range(12)], partition=1)
+        with hw.keyed_consumer("tally", "keyed-lag", member=0, size=2) as first:  # member 1 reads nothing
+            got = []
+            eventually(lambda: got.extend(first.poll(timeout_ms=200)) or first.position(0) >= 30)
+            first.commit()
+        hw.send_batch("keyed-lag", [b"late"] * 4, partition=1)
+        fams = families(hw.admin.metrics())
+    code, out, err = Cli("--server", broker.address).run("group", "describe", "tally", "--queue", "keyed-lag", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    rows = [r for d in (doc if isinstance(doc, list) else [doc]) for r in d["partitions"] if r["role"] == "active"]
+    slowest = {p: max(r["offsets_behind"] for r in rows if r["partition"] == p) for p in (0, 1)}
+    assert slowest == {0: 30, 1: 16}  # member 1 has read nothing
+    for p, behind in slowest.items():
+        assert value(fams, "headwater_consumer_lag", group="tally", queue="keyed-lag", partition=str(p)) == behind
+    assert {s.labels["kind"] for s in fams["headwater_consumer_lag"].samples if s.labels["group"] == "tally"} == {
+        "keyed"
+    }
+
+
 def test_shared_groups_leases_and_delayed_messages(broker):
     with headwater.connect(broker.address) as hw:
         hw.admin.create_queue("jobs", partitions=1)

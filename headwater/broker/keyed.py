@@ -328,16 +328,20 @@ class KeyedGroups:
     def summaries(self, queues: Iterable[QueueInfo]) -> list[GroupSummary]:
         """A line per keyed group of ``queues`` (the store's now: a deleted queue's groups are
         not listed; see ``KeyedGroupInfo.summary``); on a cluster, those coordinated here."""
+        return sorted((info.summary() for info in self.infos(queues)), key=lambda g: (g.group, g.queues))
+
+    def infos(self, queues: Iterable[QueueInfo]) -> list[KeyedGroupInfo]:
+        """The keyed groups of ``queues`` as they are stored (on a cluster, those coordinated
+        here), changing nothing: for lists and the metrics' lag."""
         live = self._live_keys(queues)
         out = []
         with self._lock:
-            parts = self._tables.all()
-            for part in parts:
+            for part in self._tables.all():
                 for key, _ in part.table.items(b"g\x00"):
                     info = part.get(key) if live(key) else None
                     if info is not None:
-                        out.append(info.summary())
-        return sorted(out, key=lambda g: (g.group, g.queues))
+                        out.append(info)
+        return out
 
     def group(
         self, queue: str, group: str, key: str | None = None, size: int | None = None, start: str = "earliest"

@@ -305,12 +305,13 @@ def _log_ranges(broker: Broker, queue: str) -> dict[int, tuple[int, int]]:
 
 
 def _group_lag(broker: Broker, shared: list[tuple[str, str, Any]]) -> Iterator[Metric]:
-    """Lag of the clustering groups this broker coordinates (on every partition of their
-    queues), and of the shared groups on the partitions it leads."""
+    """Lag of the clustering and keyed groups this broker coordinates (on every partition of
+    their queues), and of the shared groups on the partitions it leads."""
     lag = GaugeMetricFamily(
         "headwater_consumer_lag",
         "Messages a consumer group has not consumed: end offset minus committed offset (as headwater group "
-        "describe shows it), per group, queue and partition; kind is clustering or shared.",
+        "describe shows it), per group, queue and partition; kind is clustering, shared or keyed (a keyed "
+        "group's slowest member).",
         labels=["group", "queue", "partition", "kind"],
     )
     ranges: dict[str, dict[int, tuple[int, int]]] = {}
@@ -331,6 +332,11 @@ def _group_lag(broker: Broker, shared: list[tuple[str, str, Any]]) -> Iterator[M
     for group, queue, info in shared:
         for sp in info.partitions:
             lag.add_metric([group, queue, str(sp.partition), "shared"], sp.lag)
+    for keyed in sorted(broker.keyed.infos(broker.store.list_queues()), key=lambda k: (k.group, k.queue)):
+        if keyed.queue not in ranges:
+            ranges[keyed.queue] = _log_ranges(broker, keyed.queue)
+        for partition, (start, end) in sorted(ranges[keyed.queue].items()):
+            lag.add_metric([keyed.group, keyed.queue, str(partition), "keyed"], keyed.behind(partition, start, end))
     yield lag
 
 

@@ -177,6 +177,17 @@ class KeyedGroupInfo(msgspec.Struct, frozen=True, kw_only=True):
             off = self.base.get(partition, start_offset)
         return max(off, start_offset)
 
+    def behind(self, partition: int, start_offset: int, end_offset: int) -> int:
+        """The offsets of ``partition`` its slowest member of the current generation has yet
+        to read past (``end_offset`` minus that member's position; 0 when all are at the end):
+        a keyed group's lag there, counted in offsets, as ``headwater group describe`` shows
+        each member's (each member reads only its keys' messages in that range).
+
+        >>> KeyedGroupInfo(queue="q", group="g", key="key", size=2, positions={0: {0: 7}}).behind(0, 0, 10)
+        10
+        """
+        return max(max(0, end_offset - self.position(m, partition, start_offset)) for m in range(self.size))
+
     def draining(self, starts: Mapping[int, int]) -> list[int]:
         """Members of the current generation not yet at the barrier (while resizing).
 
