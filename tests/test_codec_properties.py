@@ -251,6 +251,53 @@ def test_checksummed_garbage_is_refused(buf):
     _must_refuse_or_decode(buf)
 
 
+plain_messages = st.lists(st.binary(max_size=60), min_size=1, max_size=4)  # the inline path's batches
+
+
+@st.composite
+def stored_runs(draw) -> list[bytes | bytearray]:
+    """A fetch's worth of stored batches: mostly plain ones of a few bodies, some with keys,
+    tags, properties or compression, now and then one damaged or not a batch at all."""
+    out: list[bytes | bytearray] = []
+    base = draw(st.integers(0, 40))
+    for _ in range(draw(st.integers(0, 6))):
+        kind = draw(st.sampled_from(["plain", "plain", "plain", "any", "flipped", "cut", "garbage"]))
+        if kind == "garbage":
+            out.append(draw(checksummed_garbage()))
+            continue
+        msgs = draw(plain_messages if kind != "any" else messages)
+        _, stored = _stored(msgs, None if kind != "any" else draw(compressions), (7, 1, base, 1_700_000_000_000))
+        base += len(msgs)
+        if kind == "flipped":
+            stored[draw(st.integers(0, len(stored) - 1))] ^= draw(st.integers(1, 255))
+        elif kind == "cut":
+            stored = stored[: draw(st.integers(0, len(stored) - 1))]
+        out.append(stored)
+    return out
+
+
+def _outcome(fn):
+    try:
+        return [(r.offset, r.body, r.key, r.tag, r.properties, r.queue_id, r.scheduled_ms) for r in fn()]
+    except Exception as e:  # noqa: BLE001 - the outcome compared is the error itself
+        return (type(e), str(e))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stored_runs(), st.data())
+def test_a_run_of_stored_batches_decodes_as_each_alone(batches, data):
+    """``stored_records`` (plain batches checked and decoded inline) gives the records and the
+    errors of ``decode_stored`` called batch by batch, whatever the batches hold."""
+    from headwater.client.core.lookups import decode_stored, stored_records
+
+    lo = data.draw(st.integers(0, 70))
+    hi = data.draw(st.none() | st.integers(0, 70))
+    wanted = data.draw(st.none() | st.frozensets(st.text(min_size=1, max_size=12), max_size=2))
+    kw = {"start_offset": lo, "end_offset": hi, "tags": wanted}
+    alone = _outcome(lambda: [r for b in batches for r in decode_stored(b, "q", **kw)])
+    assert _outcome(lambda: stored_records(batches, "q", **kw)) == alone
+
+
 def test_compressed_payload_cannot_expand_past_the_batch_limit():
     """A decompression bomb: a few KiB of zstd or lz4 that expand past BATCH_BYTES_MAX must
     be refused before the expansion is held in memory."""

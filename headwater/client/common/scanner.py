@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from headwater.client.common.twins import Twins, waits
-from headwater.client.core.lookups import decode_stored
+from headwater.client.core.lookups import stored_records
 from headwater.client.core.reads import FETCH_BYTES_DEFAULT, Bound, bound_id, bound_offset, partitions_named
 from headwater.errors import InvalidArgumentError, QueueDisabledError
 from headwater.model.batch import tags_mask
@@ -118,8 +118,7 @@ class ScannerBase(Twins):
                 continue
             res = yield svc.fetch(queue, p, cur, max_bytes=self._fetch_bytes, tag_mask=self._mask, end_offset=hi)
             cur = max(cur, res.start_offset)  # records before the partition's start expired
-            for b in res.batches:
-                self._buffer.extend(decode_stored(b, queue, start_offset=cur, end_offset=hi, tags=tags))
+            self._buffer.extend(stored_records(res.batches, queue, start_offset=cur, end_offset=hi, tags=tags))
             if res.next_offset <= cur and not res.batches:
                 self._next_range()  # nothing more to read here
                 continue

@@ -12,10 +12,10 @@ from typing import Any
 
 from headwater.client.core.reads import positive_int
 from headwater.errors import CorruptDataError, InvalidArgumentError, InvalidBatchError, MessageNotFoundError
-from headwater.model.batch import check_batch, decode_records
+from headwater.model.batch import check_batch, decode_plain_run, decode_records
 from headwater.model.message import MessageId, Record, to_epoch_ms
 
-__all__ = ["record_for_id", "find_bounds", "records_with_key"]
+__all__ = ["decode_stored", "find_bounds", "record_for_id", "records_with_key", "stored_records"]
 
 
 def decode_stored(batch: bytes | memoryview, queue: str, **kw: Any) -> list[Record]:
@@ -28,6 +28,29 @@ def decode_stored(batch: bytes | memoryview, queue: str, **kw: Any) -> list[Reco
             f"'headwater check --data DIR' to cut the damaged part"
         ) from e
     return decode_records(batch, queue, header=h, **kw)
+
+
+def stored_records(
+    batches: Iterable[bytes | memoryview],
+    queue: str,
+    *,
+    start_offset: int = 0,
+    end_offset: int | None = None,
+    tags: frozenset[str] | None = None,
+) -> list[Record]:
+    """:func:`decode_stored` of each of ``batches``, in order, with the same records and errors;
+    plain batches are decoded without a call each (:func:`~headwater.model.batch.decode_plain_run`)."""
+    if tags is not None:  # a plain batch has no tags: only the checks would be left to do
+        return [
+            r
+            for b in batches
+            for r in decode_stored(b, queue, start_offset=start_offset, tags=tags, end_offset=end_offset)
+        ]
+
+    def slow(b: bytes | memoryview) -> list[Record]:
+        return decode_stored(b, queue, start_offset=start_offset, end_offset=end_offset)
+
+    return decode_plain_run(batches, queue, slow, start_offset, end_offset)
 
 
 def record_for_id(mid: MessageId, queue: str, batch: bytes) -> Record:

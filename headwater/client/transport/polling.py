@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from headwater.client.core.lookups import decode_stored
+from headwater.client.core.lookups import stored_records
 from headwater.errors import UnavailableError
 from headwater.model.message import Record
 from headwater.model.service import HasTransport
@@ -155,11 +155,9 @@ def take_batches(
     from ``start`` on (and matching ``tags``) into its buffer, its read position moved to
     ``next_offset``; the records taken. ``tp`` is ``(queue, partition)``."""
     buf = buffers[tp]
-    got = 0
-    for b in batches:
-        recs = decode_stored(b, tp[0], start_offset=start, tags=tags)
-        buf.extend(recs)
-        got += len(recs)
+    recs = stored_records(batches, tp[0], start_offset=start, tags=tags)
+    buf.extend(recs)
+    got = len(recs)
     nxt = max(start, next_offset)
     fetch_pos[tp] = nxt
     if not buf:  # nothing to hand out: consumed up to where reading goes on
