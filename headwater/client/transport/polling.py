@@ -173,13 +173,17 @@ def drain_buffers(
     between were skipped: filtered out, or expired)."""
     out: list[Record] = []
     for part, buf in buffers.items():
-        while buf and len(out) < limit:
-            r = buf.popleft()
-            out.append(r)
-            consumed[part] = r.offset + 1
-        if not buf:
+        room = limit - len(out)
+        if room <= 0:
+            break
+        if len(buf) <= room:  # all of it: no step per record
+            out.extend(buf)
+            buf.clear()
             consumed[part] = fetch_pos[part]
-        if len(out) >= limit:
+        else:
+            taken = [buf.popleft() for _ in range(room)]
+            out.extend(taken)
+            consumed[part] = taken[-1].offset + 1
             break
     return out
 
