@@ -298,6 +298,30 @@ def test_a_run_of_stored_batches_decodes_as_each_alone(batches, data):
     assert _outcome(lambda: stored_records(batches, "q", **kw)) == alone
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(plain_messages, st.integers(0, 3)), max_size=6),
+    st.integers(0, 40),
+    st.integers(0, 40),
+    st.data(),
+)
+def test_count_messages_counts_what_lies_in_the_range(runs, lo, hi, data):
+    """A push's cost in credit: the messages of its batches inside ``[lo, hi)`` (or of their
+    selections) and the batches' bytes, against counting offset by offset."""
+    from headwater.model.filtering import count_messages
+
+    batches, offsets, base = [], [], data.draw(st.integers(0, 10))
+    for msgs, gap in runs:
+        _, stored = _stored(msgs, None, (1, 0, base, 0))
+        batches.append(stored)
+        offsets.append(list(range(base, base + len(msgs))))
+        base += len(msgs) + gap
+    use_selections = batches and data.draw(st.booleans())
+    selections = [data.draw(st.sampled_from([[], offs])) for offs in offsets] if use_selections else []
+    want = sum(lo <= o < hi for offs in offsets for o in offs)
+    assert count_messages(batches, selections, lo, hi) == (want, sum(len(b) for b in batches))
+
+
 def test_compressed_payload_cannot_expand_past_the_batch_limit():
     """A decompression bomb: a few KiB of zstd or lz4 that expand past BATCH_BYTES_MAX must
     be refused before the expansion is held in memory."""
