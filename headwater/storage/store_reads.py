@@ -107,21 +107,27 @@ class LogReads(LogStoreBase):
                 i = pe.index_of_offset(cur)
                 ranges: list[tuple[int, int]] = []
                 n = len(pe)
+                # the index's columns, read in place: this loop runs once per batch fetched
+                offsets, counts, positions, sizes, masks = pe.offsets, pe.counts, pe.positions, pe.sizes, pe.tag_masks
                 while i < n and total < max_bytes and skipped < _SKIP_BATCHES_MAX:
-                    bo, cnt, pos, size, _ts, mask = pe.entry(i)
+                    bo = offsets[i]
                     if bo >= stop:
                         # Nothing lies in [cur, stop): a gap left by a cut sealed segment.
                         # Without moving cur to stop this loop spun forever on the same batch
                         # (a lookup or a bounded scan of an offset inside the gap hung).
                         cur = stop
                         break
-                    cur = max(cur, bo + cnt)
-                    i += 1
-                    if tag_mask and not mask & tag_mask:
+                    end_of_batch = bo + counts[i]
+                    if end_of_batch > cur:
+                        cur = end_of_batch
+                    if tag_mask and not masks[i] & tag_mask:
+                        i += 1
                         skipped += 1  # the reader asks again from cur
                         continue
-                    ranges.append((pos, size))
+                    size = sizes[i]
+                    ranges.append((positions[i], size))
                     total += size
+                    i += 1
                 if ranges:
                     seg = self._segments[sp.segment_base]
                     self._touch_segment(seg)
