@@ -712,6 +712,7 @@ def decode_records(
 
 _unpack_header = HEADER.unpack_from
 _plain_length = HEADER_SIZE - 4  # a batch's length field less its payload
+_COLUMN_FLAGS = FLAG_HAS_KEYS | FLAG_HAS_TAGS | FLAG_HAS_PROPERTIES
 
 
 def decode_plain_run(
@@ -720,14 +721,16 @@ def decode_plain_run(
     slow: Callable[[Any], list[Record]],
     start_offset: int = 0,
     end_offset: int | None = None,
+    tags: frozenset[str] | None = None,
 ) -> list[Record]:
     """The records of stored ``batches`` (each checked as :func:`check_batch` checks it) in
-    ``[start_offset, end_offset)``, in order. A *plain* batch (no flags: uncompressed, no keys,
-    tags, properties or deliver times) is checked and decoded here, inline: a consumer reading
-    batches of one message each (a producer sending one at a time) spends its time per batch,
-    and the calls of ``check_batch`` and ``decode_records`` were most of it. Any other batch,
-    and any that fails a check here, goes to ``slow(batch)`` (``decode_stored``), which decodes
-    it or raises the error that names what is wrong: the same records, the same errors."""
+    ``[start_offset, end_offset)`` and whose tag is in ``tags`` (when given), in order. A
+    *plain* batch (uncompressed, without deliver times, with or without keys, tags and
+    properties) is checked and decoded here, inline: a consumer reading batches of one
+    message each (a producer sending one at a time) spends its time per batch, and the calls
+    of ``check_batch`` and ``decode_records`` were most of it. Any other batch, and any that
+    fails a check here, goes to ``slow(batch)`` (``decode_stored``), which decodes it or
+    raises the error that names what is wrong: the same records, the same errors."""
     out: list[Record] = []
     add = out.append
     end = end_offset
@@ -740,7 +743,7 @@ def decode_plain_run(
         length, header_crc, qid, part, base, ts, _, crc, magic, flags, header_size, count, payload_size, at = h[:14]
         size = 4 + length
         if (
-            flags
+            flags & ~_COLUMN_FLAGS
             or magic != MAGIC
             or header_size != HEADER_SIZE
             or length != _plain_length + payload_size
@@ -757,17 +760,38 @@ def decode_plain_run(
             p = _decoder.decode(mv[HEADER_SIZE:size])
         except msgspec.DecodeError:
             p = None
-        if p is None or len(p.bodies) != count or p.keys is not None or p.tags is not None or p.properties is not None:
+        if p is None or len(p.bodies) != count:
             out.extend(slow(b))
             continue
-        bodies = p.bodies
+        bodies, keys, tgs, props = p.bodies, p.keys, p.tags, p.properties
         sched = at or None
         lo = start_offset - base if start_offset > base else 0
         hi = count if end is None or end - base >= count else end - base
-        if lo == 0 and hi == 1:  # one message: no loop
-            add(Record(queue, part, base, ts, bodies[0], None, None, None, qid, sched))
-        else:
-            out.extend(
-                [Record(queue, part, base + i, ts, bodies[i], None, None, None, qid, sched) for i in range(lo, hi)]
-            )
+        if keys is None and tgs is None and props is None:
+            if tags is not None:
+                continue  # no message of it has a tag
+            if lo == 0 and hi == 1:  # one message: no loop
+                add(Record(queue, part, base, ts, bodies[0], None, None, None, qid, sched))
+            else:
+                out.extend(
+                    [Record(queue, part, base + i, ts, bodies[i], None, None, None, qid, sched) for i in range(lo, hi)]
+                )
+            continue
+        if (
+            (keys is not None and len(keys) != count)
+            or (tgs is not None and len(tgs) != count)
+            or (props is not None and len(props) != count)
+        ):
+            out.extend(slow(b))
+            continue
+        keys = keys or [None] * count
+        tgs = tgs or [None] * count
+        props = props or [None] * count
+        out.extend(
+            [
+                Record(queue, part, base + i, ts, bodies[i], keys[i], tgs[i], props[i], qid, sched)
+                for i in range(lo, hi)
+                if tags is None or tgs[i] in tags
+            ]
+        )
     return out

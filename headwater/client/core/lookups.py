@@ -39,18 +39,12 @@ def stored_records(
     tags: frozenset[str] | None = None,
 ) -> list[Record]:
     """:func:`decode_stored` of each of ``batches``, in order, with the same records and errors;
-    plain batches are decoded without a call each (:func:`~headwater.model.batch.decode_plain_run`)."""
-    if tags is not None:  # a plain batch has no tags: only the checks would be left to do
-        return [
-            r
-            for b in batches
-            for r in decode_stored(b, queue, start_offset=start_offset, tags=tags, end_offset=end_offset)
-        ]
+    uncompressed batches are decoded without a call each (:func:`~headwater.model.batch.decode_plain_run`)."""
 
     def slow(b: bytes | memoryview) -> list[Record]:
-        return decode_stored(b, queue, start_offset=start_offset, end_offset=end_offset)
+        return decode_stored(b, queue, start_offset=start_offset, end_offset=end_offset, tags=tags)
 
-    return decode_plain_run(batches, queue, slow, start_offset, end_offset)
+    return decode_plain_run(batches, queue, slow, start_offset, end_offset, tags)
 
 
 def record_for_id(mid: MessageId, queue: str, batch: bytes) -> Record:
