@@ -66,6 +66,7 @@ __all__ = [
     "decode_header",
     "decode_payload",
     "decode_plain_run",
+    "plain_batch",
     "decode_records",
     "patch_batch",
     "broker_prefix",
@@ -715,6 +716,48 @@ _plain_length = HEADER_SIZE - 4  # a batch's length field less its payload
 _COLUMN_FLAGS = FLAG_HAS_KEYS | FLAG_HAS_TAGS | FLAG_HAS_PROPERTIES
 
 
+def plain_batch(b: bytes | bytearray | memoryview) -> tuple[int, int, int, int, int, int, BatchPayload] | None:
+    """``(queue_id, partition, base_offset, timestamp_ms, deliver_at_ms, payload_size,
+    payload)`` of the stored batch ``b``, checked as :func:`check_batch` checks it and decoded
+    in this one call, when it is *plain*: uncompressed, without deliver times (keys, tags and
+    properties may be there), its columns as long as its count. None for any other batch and
+    for one that fails a check: decode that one the usual way, which says what is wrong.
+
+    Readers of batches of one message each (a producer that sends one at a time) spend their
+    time per batch, and the calls of ``check_batch`` and ``decode_payload`` were most of it."""
+    try:
+        h = _unpack_header(b)
+    except struct.error:
+        return None
+    length, header_crc, qid, part, base, ts, _, crc, magic, flags, header_size, count, payload_size, at = h[:14]
+    size = 4 + length
+    if (
+        flags & ~_COLUMN_FLAGS
+        or magic != MAGIC
+        or header_size != HEADER_SIZE
+        or length != _plain_length + payload_size
+        or count < 1
+        or len(b) < size
+    ):
+        return None
+    mv = memoryview(b)
+    if crc32c(mv[44:size]) != crc or crc32c(mv[8:40]) != header_crc:
+        return None
+    try:
+        p = _decoder.decode(mv[HEADER_SIZE:size])
+    except msgspec.DecodeError:
+        return None
+    keys, tgs, props = p.keys, p.tags, p.properties
+    if (
+        len(p.bodies) != count
+        or (keys is not None and len(keys) != count)
+        or (tgs is not None and len(tgs) != count)
+        or (props is not None and len(props) != count)
+    ):
+        return None
+    return qid, part, base, ts, at, payload_size, p
+
+
 def decode_plain_run(
     batches: Iterable[bytes | bytearray | memoryview],
     queue: str,
@@ -723,47 +766,21 @@ def decode_plain_run(
     end_offset: int | None = None,
     tags: frozenset[str] | None = None,
 ) -> list[Record]:
-    """The records of stored ``batches`` (each checked as :func:`check_batch` checks it) in
-    ``[start_offset, end_offset)`` and whose tag is in ``tags`` (when given), in order. A
-    *plain* batch (uncompressed, without deliver times, with or without keys, tags and
-    properties) is checked and decoded here, inline: a consumer reading batches of one
-    message each (a producer sending one at a time) spends its time per batch, and the calls
-    of ``check_batch`` and ``decode_records`` were most of it. Any other batch, and any that
-    fails a check here, goes to ``slow(batch)`` (``decode_stored``), which decodes it or
-    raises the error that names what is wrong: the same records, the same errors."""
+    """The records of stored ``batches`` in ``[start_offset, end_offset)`` and whose tag is
+    in ``tags`` (when given), in order: each :func:`plain_batch` made into records here, any
+    other batch by ``slow(batch)`` (``decode_stored``), which decodes it or raises the error
+    that names what is wrong. The same records and errors as ``slow`` on each batch."""
     out: list[Record] = []
     add = out.append
     end = end_offset
     for b in batches:
-        try:
-            h = _unpack_header(b)
-        except struct.error:
+        got = plain_batch(b)
+        if got is None:
             out.extend(slow(b))
             continue
-        length, header_crc, qid, part, base, ts, _, crc, magic, flags, header_size, count, payload_size, at = h[:14]
-        size = 4 + length
-        if (
-            flags & ~_COLUMN_FLAGS
-            or magic != MAGIC
-            or header_size != HEADER_SIZE
-            or length != _plain_length + payload_size
-            or count < 1
-            or len(b) < size
-        ):
-            out.extend(slow(b))
-            continue
-        mv = memoryview(b)
-        if crc32c(mv[44:size]) != crc or crc32c(mv[8:40]) != header_crc:
-            out.extend(slow(b))
-            continue
-        try:
-            p = _decoder.decode(mv[HEADER_SIZE:size])
-        except msgspec.DecodeError:
-            p = None
-        if p is None or len(p.bodies) != count:
-            out.extend(slow(b))
-            continue
+        qid, part, base, ts, at, _, p = got
         bodies, keys, tgs, props = p.bodies, p.keys, p.tags, p.properties
+        count = len(bodies)
         sched = at or None
         lo = start_offset - base if start_offset > base else 0
         hi = count if end is None or end - base >= count else end - base
@@ -776,13 +793,6 @@ def decode_plain_run(
                 out.extend(
                     [Record(queue, part, base + i, ts, bodies[i], None, None, None, qid, sched) for i in range(lo, hi)]
                 )
-            continue
-        if (
-            (keys is not None and len(keys) != count)
-            or (tgs is not None and len(tgs) != count)
-            or (props is not None and len(props) != count)
-        ):
-            out.extend(slow(b))
             continue
         keys = keys or [None] * count
         tgs = tgs or [None] * count
