@@ -302,3 +302,52 @@ def test_an_empty_tag_says_how_to_write_no_tag(spark, broker, hw):
         "servers", broker.address
     ).option("queue", q).save()
     assert [(r.body, r.tag) for r in scan(hw, q)] == [(b"x", None)]
+
+
+@pytest.mark.parametrize("per_batch", [1, 40])
+def test_a_read_task_keeps_each_rows_offset_time_and_columns(per_batch):
+    """Batches of one message, each appended at its own time (a producer sending one at a
+    time: a run of offsets and one time per row), and batches of several: every row comes
+    out with its offset, time, body and key, keyed and compressed batches among them, from
+    a start and to an end inside batches; a damaged batch is named as such."""
+    import msgspec
+
+    from headwater import Message
+    from headwater.errors import CorruptDataError
+    from headwater.model.batch import encode_batch
+    from headwater.spark.reading import ReadTask, _read
+    from headwater.spark.schema import READ_SCHEMA, arrow_schema
+    from headwater.testing import FakeClock, open_memory
+
+    clock = FakeClock()
+    hw = open_memory(clock=clock)
+    qi = hw.admin.create_queue("q", partitions=1, ttl_s=None)
+    expect = []  # (offset, time in µs, body, key)
+    for b in range(3000 // per_batch):
+        keyed = b % 3 == 1
+        msgs = [
+            Message(b"%d" % len(expect) + b"-" + bytes(i), key=b"k%d" % b) if keyed else b"%d" % (len(expect) + i)
+            for i in range(per_batch)
+        ]
+        hw.service.produce("q", 0, encode_batch(msgs, compression="zstd" if b % 7 == 5 else None))
+        t_us = int(clock() * 1000) * 1000
+        expect += [
+            (len(expect) + i, t_us, m.body if keyed else m, m.key if keyed else None) for i, m in enumerate(msgs)
+        ]
+        clock.advance(0.001 if b % 4 else 0)  # some batches share an append time
+    start, end = 5, len(expect) - 3
+    task = ReadTask("", "q", qi.queue_id, 0, start, end, None, True, 64 << 10, 10.0, 60.0)
+    schema = arrow_schema(READ_SCHEMA)
+    rows = [r for batch in _read(hw.service, task, schema) for r in batch.to_pylist()]
+    got = [(r["offset"], int(r["timestamp"].timestamp() * 1_000_000), r["value"], r["key"]) for r in rows]
+    assert got == expect[start:end]
+
+    class Damaging:  # a broker whose stored bytes were damaged: its last batch's last byte flipped
+        def fetch(self, *args, **kwargs):
+            res = hw.service.fetch(*args, **kwargs)
+            batches = [bytearray(b) for b in res.batches]
+            batches[-1][-1] ^= 0xFF
+            return msgspec.structs.replace(res, batches=batches)
+
+    with pytest.raises(CorruptDataError, match=r"a stored batch of queue 'q' failed its checks \(batch checksum"):
+        list(_read(Damaging(), task, schema))

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headwater.errors import CorruptDataError, InvalidBatchError, MessageNotFoundError, UnavailableError
-from headwater.model.batch import check_batch, decode_payload, tags_mask
+from headwater.model.batch import check_batch, decode_payload, plain_batch, tags_mask
 from headwater.model.service import FetchesAsync, FetchResult
 from headwater.spark.connection import connect, unavailable_means
 from headwater.spark.planning import data_loss_message
@@ -81,6 +81,19 @@ class _Columns:
     def add(self, base: int, ts_ms: int, payload, lo: int, hi: int, payload_bytes: int) -> None:
         """Messages ``lo..hi-1`` (indexes into the batch) of a stored batch."""
         n = hi - lo
+        runs = self.runs
+        if n == 1 and self.keys is None and self.tags is None and self.props is None:
+            bodies = payload.bodies
+            if len(bodies) == 1 and payload.keys is None and payload.tags is None and payload.properties is None:
+                # a batch of one message, as a producer sending one at a time leaves them
+                self.bodies.append(bodies[0])
+                self.body_bytes += payload_bytes
+                last = runs[-1] if runs else None
+                if last is not None and last[0] + last[1] == base and last[2] == ts_ms * 1000:
+                    runs[-1] = (last[0], last[1] + 1, last[2])
+                else:
+                    runs.append((base, 1, ts_ms * 1000))
+                return
         whole = lo == 0 and hi == len(payload.bodies)
         before = len(self.bodies)
         self.bodies += payload.bodies if whole else payload.bodies[lo:hi]
@@ -94,7 +107,6 @@ class _Columns:
                 have += col if whole else col[lo:hi]
             elif have is not None:
                 have += repeat(None, n)
-        runs = self.runs
         if runs and runs[-1][0] + runs[-1][1] == base + lo and runs[-1][2] == ts_ms * 1000:
             first, count, ts = runs[-1]
             runs[-1] = (first, count + n, ts)
@@ -104,9 +116,8 @@ class _Columns:
     def build(self, task: ReadTask, schema: pa.Schema, id_prefix: str) -> pa.RecordBatch:
         n = len(self.bodies)
         types = [f.type for f in schema]
-        runs = self.runs
-        offsets = _concat([pc.add(_iota(count), pa.scalar(first, pa.int64())) for first, count, _ in runs])
-        times = _concat([pa.repeat(pa.scalar(ts, pa.int64()), count) for _, count, ts in runs]).view(types[5])
+        offsets, times = _offsets_and_times(self.runs, n)
+        times = times.view(types[5])
         arrays = [
             pa.nulls(n, types[0]) if self.keys is None else pa.array(self.keys, types[0]),
             pa.array(self.bodies, types[1]),
@@ -134,6 +145,30 @@ def _iota(n: int) -> pa.Array:
 
 def _concat(arrays: list[pa.Array]) -> pa.Array:
     return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
+
+#: Runs shorter than this on average are expanded in Python arrays rather than one pair of
+#: Arrow calls each: batches of one message, each with its own append time, make a run apiece.
+SHORT_RUN_ROWS = 16
+
+
+def _offsets_and_times(runs: list[tuple[int, int, int]], n: int) -> tuple[pa.Array, pa.Array]:
+    """The offset and time (µs, int64) of each of ``n`` rows kept as ``runs``."""
+    if len(runs) * SHORT_RUN_ROWS <= n:
+        offsets = _concat([pc.add(_iota(count), pa.scalar(first, pa.int64())) for first, count, _ in runs])
+        return offsets, _concat([pa.repeat(pa.scalar(ts, pa.int64()), count) for _, count, ts in runs])
+    offs, tms = array("q"), array("q")
+    for first, count, ts in runs:
+        if count == 1:
+            offs.append(first)
+            tms.append(ts)
+        else:
+            offs.extend(range(first, first + count))
+            tms.extend(repeat(ts, count))
+    return (
+        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(offs)]),
+        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(tms)]),
+    )
 
 
 def _message_ids(offsets: pa.Array, prefix: str, string_type: pa.DataType) -> pa.Array:
@@ -236,14 +271,22 @@ def _read(service, task: ReadTask, schema: pa.Schema) -> Iterator[pa.RecordBatch
         if nxt < end and (res.batches or nxt > cur):
             fetcher.prefetch(nxt)
         for raw in res.batches:
-            h = _check(raw, task.queue)
-            if h.base_offset + h.count <= cur or h.base_offset >= end:
-                continue
-            payload = decode_payload(raw, h)
-            lo = max(cur - h.base_offset, 0)
-            hi = min(end - h.base_offset, h.count)
-            cols.add(h.base_offset, h.timestamp_ms, payload, lo, hi, h.payload_size)
-            if len(cols) >= ROWS_PER_BATCH or cols.body_bytes >= BODY_BYTES_PER_BATCH:
+            got = plain_batch(raw)  # checked and decoded in one call (batches of one message: most of the time)
+            if got is not None:
+                _, _, base, ts, _, payload_size, payload = got
+                count = len(payload.bodies)
+                if base + count <= cur or base >= end:
+                    continue
+            else:  # compressed, with deliver times, or damaged (_check says how)
+                h = _check(raw, task.queue)
+                base, ts, count, payload_size = h.base_offset, h.timestamp_ms, h.count, h.payload_size
+                if base + count <= cur or base >= end:
+                    continue
+                payload = decode_payload(raw, h)
+            lo = cur - base if cur > base else 0
+            hi = end - base if end - base < count else count
+            cols.add(base, ts, payload, lo, hi, payload_size)
+            if len(cols.bodies) >= ROWS_PER_BATCH or cols.body_bytes >= BODY_BYTES_PER_BATCH:
                 yield from _emit(cols, task, schema, id_prefix, wanted)
                 cols = _Columns()
         if not res.batches and res.next_offset <= cur:
