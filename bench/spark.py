@@ -153,10 +153,12 @@ def start_broker(workdir: Path) -> tuple[ServerProcess, str]:
     return server, f"127.0.0.1:{port}"
 
 
-def fill(servers: str, rows: int, repeat_bodies: bool = False) -> dict[str, Any]:
-    """``rows`` messages of SIZE random bytes into SOURCE, spread evenly over its partitions;
-    every body different, or with ``repeat_bodies`` the same FILL_BATCH bodies per
-    partition over and over (then Parquet's dictionary encoding shrinks the files ~50x)."""
+def fill(servers: str, rows: int, repeat_bodies: bool = False, per_send: int = FILL_BATCH) -> dict[str, Any]:
+    """``rows`` messages of SIZE random bytes into SOURCE, spread evenly over its partitions,
+    ``per_send`` a send (each send one stored batch; 1: a queue filled one message at a
+    time, as by a web application); every body different, or with ``repeat_bodies`` the
+    same FILL_BATCH bodies per partition over and over (then Parquet's dictionary encoding
+    shrinks the files ~50x)."""
     import headwater
 
     with headwater.connect(servers) as hw:
@@ -168,12 +170,15 @@ def fill(servers: str, rows: int, repeat_bodies: bool = False) -> dict[str, Any]
         def fill_partition(p: int) -> None:  # one thread per partition: their sends pipeline
             left = per_partition[p]
             block = os.urandom(FILL_BATCH * SIZE)
+            at = 0
             while left:
-                n = min(FILL_BATCH, left)
-                if not repeat_bodies:
+                n = min(per_send, left, FILL_BATCH - at)
+                if at == 0 and not repeat_bodies:
                     block = os.urandom(FILL_BATCH * SIZE)
-                producer.send_batch(SOURCE, [block[i : i + SIZE] for i in range(0, n * SIZE, SIZE)], partition=p)
+                bodies = [block[i : i + SIZE] for i in range(at * SIZE, (at + n) * SIZE, SIZE)]
+                producer.send_batch(SOURCE, bodies, partition=p)
                 left -= n
+                at = (at + n) % FILL_BATCH
 
         t0 = time.perf_counter()
         with ThreadPoolExecutor(PARTITIONS) as pool:
@@ -417,7 +422,8 @@ def render(result: dict[str, Any]) -> None:
     console = Console()
     b, s, py = result["batch"], result["streaming"], result["python_read_path"]
     rows = result["settings"]["rows"]
-    table = Table(title=f"Spark: {rows:,} rows of {SIZE} B, {PARTITIONS} partitions, local[2]")
+    per = result["settings"].get("fill_batch", FILL_BATCH)
+    table = Table(title=f"Spark: {rows:,} rows of {SIZE} B ({per:,} a stored batch), {PARTITIONS} partitions, local[2]")
     for col in ("case", "rows/s", "best run", "÷ Parquet", "target", ""):
         table.add_column(col, justify="left" if col in ("case", "target") else "right")
 
@@ -473,7 +479,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"{FILL_BATCH:,} different bodies per partition, repeated (default: all different)",
     )
+    ap.add_argument(
+        "--fill-batch",
+        type=int,
+        default=FILL_BATCH,
+        metavar="N",
+        help=f"messages a send while filling, each send one stored batch (default {FILL_BATCH:,}; "
+        "1: a queue filled one message at a time)",
+    )
     args = ap.parse_args(argv)
+    if not 1 <= args.fill_batch <= FILL_BATCH:
+        ap.error(f"--fill-batch must be from 1 to {FILL_BATCH:,}, got {args.fill_batch}")
     settings = QUICK if args.quick else FULL
     install_signal_handlers()
 
@@ -481,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
     result: dict[str, Any] = {
-        "settings": {**settings.__dict__, "repeat_bodies": args.repeat_bodies},
+        "settings": {**settings.__dict__, "repeat_bodies": args.repeat_bodies, "fill_batch": args.fill_batch},
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     with temp_workdir("hw-bench-spark-") as workdir:
@@ -489,8 +505,11 @@ def main(argv: list[str] | None = None) -> int:
         server, servers = start_broker(workdir)
         spark = None
         try:
-            log(f"broker {servers}; filling {SOURCE} with {settings.rows:,} messages of {SIZE} B")
-            result["fill"] = fill(servers, settings.rows, args.repeat_bodies)
+            log(
+                f"broker {servers}; filling {SOURCE} with {settings.rows:,} messages of {SIZE} B, "
+                f"{args.fill_batch:,} a send"
+            )
+            result["fill"] = fill(servers, settings.rows, args.repeat_bodies, args.fill_batch)
             log(f"filled at {result['fill']['rows_per_s']:,.0f} msgs/s")
             result["python_read_path"] = python_read_path(servers, settings.rows)
             spark = start_spark()
