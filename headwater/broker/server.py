@@ -503,7 +503,7 @@ class BrokerServer:
         """The budget a read holds: the ``want`` taken becomes the size read (the store may go
         one batch past the ask; the excess is counted even above the limit, so the next
         request waits)."""
-        size = sum(len(b) for b in res.batches)
+        size = sum(map(len, res.batches))  # memoryviews of bytes: len() is their size
         if size < want:
             self.budget.release_answer(st, want - size)
         elif size > want:

@@ -130,8 +130,11 @@ def encode_frame_sized(
     """:func:`encode_frame`, and the size of the whole frame in bytes."""
     data_size = 0
     for d in data:
-        # len() is the byte count only for bytes and bytearray
-        data_size += len(d) if type(d) is bytes or type(d) is bytearray else memoryview(d).nbytes
+        # len() is the byte count only for bytes and bytearray; a store's batches are memoryviews
+        if isinstance(d, memoryview):
+            data_size += d.nbytes
+        else:
+            data_size += len(d) if type(d) is bytes or type(d) is bytearray else memoryview(d).nbytes
     length = _AFTER_LENGTH + len(head) + data_size
     if length > _U32_MAX - 4:
         raise OverflowError(f"a frame of {length + 4} bytes cannot be framed")
