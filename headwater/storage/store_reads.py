@@ -23,6 +23,19 @@ __all__ = ["LogReads"]
 # batches a fetch skips (tag filter) before it answers with what it has and where it got to:
 # the walk holds the store's lock, so appends wait for it (300,000 skipped: 0.1 s)
 _SKIP_BATCHES_MAX = 8192
+#: The most one read of back-to-back batches takes (a run may end one batch past it).
+RUN_BYTES_MAX = 8 << 20
+
+
+class Run:
+    """Batches that lie back to back in a segment file, read at once: where the first
+    starts and each one's size."""
+
+    __slots__ = ("start", "sizes")
+
+    def __init__(self, start: int, sizes: list[int]) -> None:
+        self.start = start
+        self.sizes = sizes
 
 
 class LogReads(LogStoreBase):
@@ -87,11 +100,11 @@ class LogReads(LogStoreBase):
         max_bytes: int,
         tag_mask: int,
         end_offset: int | None,
-    ) -> tuple[list[tuple[LogSegment, list[tuple[int, int]]]], int, int, int]:
+    ) -> tuple[list[tuple[LogSegment, list[Run]]], int, int, int]:
         """What to read for a fetch: each segment's byte ranges, the next offset, and the
         partition's retained start and end."""
         key = (q.entry.queue_id, partition)
-        plan: list[tuple[LogSegment, list[tuple[int, int]]]] = []
+        plan: list[tuple[LogSegment, list[Run]]] = []
         with self._lock:
             self._check_open()
             start = self._effective_start(q, partition, self._now_ms())
@@ -105,7 +118,8 @@ class LogReads(LogStoreBase):
                 sp = spans[si]
                 pe = self._index(sp.segment_base).partitions[key]
                 i = pe.index_of_offset(cur)
-                ranges: list[tuple[int, int]] = []
+                runs: list[Run] = []
+                run_end = -1  # where the last run ends: a batch starting there joins it
                 n = len(pe)
                 # the index's columns, read in place: this loop runs once per batch fetched
                 offsets, counts, positions, sizes, masks = pe.offsets, pe.counts, pe.positions, pe.sizes, pe.tag_masks
@@ -124,41 +138,40 @@ class LogReads(LogStoreBase):
                         i += 1
                         skipped += 1  # the reader asks again from cur
                         continue
-                    size = sizes[i]
-                    ranges.append((positions[i], size))
+                    pos, size = positions[i], sizes[i]
+                    if pos == run_end and run_end - runs[-1].start < RUN_BYTES_MAX:
+                        runs[-1].sizes.append(size)  # back to back with the batch before: one read
+                    else:
+                        runs.append(Run(pos, [size]))
+                    run_end = pos + size
                     total += size
                     i += 1
-                if ranges:
+                if runs:
                     seg = self._segments[sp.segment_base]
                     self._touch_segment(seg)
-                    plan.append((seg, ranges))
+                    plan.append((seg, runs))
                 if i >= n:
                     si += 1
         return plan, cur, start, end
 
     @staticmethod
-    def _read_plan(plan: list[tuple[LogSegment, list[tuple[int, int]]]]) -> list[bytes]:
+    def _read_plan(plan: list[tuple[LogSegment, list[Run]]]) -> list[bytes]:
+        """The batches of ``plan``: one read a run, each batch a view of it, not a copy."""
         out: list[bytes] = []
-        for seg, ranges in plan:
+        add = out.append
+        for seg, runs in plan:
             with seg.reading():
-                i = 0
-                while i < len(ranges):
-                    pos, size = ranges[i]
-                    j = i + 1
-                    run_end = pos + size
-                    # coalesce batches that lie back to back into one read
-                    while j < len(ranges) and ranges[j][0] == run_end and run_end - pos < 8 << 20:
-                        run_end += ranges[j][1]
-                        j += 1
-                    data = seg.read(pos, run_end - pos)
-                    if j == i + 1:
-                        out.append(data)
-                    else:
-                        mv = memoryview(data)
-                        for p, s in ranges[i:j]:
-                            # a view of the one read, not a copy
-                            out.append(mv[p - pos : p - pos + s])  # type: ignore[arg-type]  # encoded as bytes
-                    i = j
+                for run in runs:
+                    sizes = run.sizes
+                    data = seg.read(run.start, sum(sizes))
+                    if len(sizes) == 1:
+                        add(data)
+                        continue
+                    mv = memoryview(data)
+                    at = 0
+                    for size in sizes:
+                        add(mv[at : at + size])  # type: ignore[arg-type]  # encoded as bytes
+                        at += size
         return out
 
     def end_offset(self, queue: str, partition: int) -> int:
@@ -226,13 +239,13 @@ class LogReads(LogStoreBase):
 
     def _plan_lookup_key(
         self, queue: str, key: bytes, start_ms: int | None, end_ms: int | None, limit: int
-    ) -> list[tuple[LogSegment, list[tuple[int, int]]]]:
+    ) -> list[tuple[LogSegment, list[Run]]]:
         q = self._usable_queue(queue)
         qid = q.entry.queue_id
         h = crc32c(key)
         lo = start_ms if start_ms is not None else -(2**62)
         hi = end_ms if end_ms is not None else 2**62
-        plan: list[tuple[LogSegment, list[tuple[int, int]]]] = []
+        plan: list[tuple[LogSegment, list[Run]]] = []
         with self._lock:
             self._check_open()
             now = self._now_ms()
@@ -258,7 +271,7 @@ class LogReads(LogStoreBase):
                     ranges.sort()
                     seg = self._segments[base]
                     self._touch_segment(seg)
-                    plan.append((seg, ranges[: limit - found]))
+                    plan.append((seg, [Run(pos, [size]) for pos, size in ranges[: limit - found]]))
                     found += len(ranges)
                     if found >= limit:
                         break
