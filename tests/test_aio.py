@@ -57,6 +57,24 @@ def patch_produce(hw, fn) -> None:
     hw.service.produce = fn
     if hasattr(type(hw.service), "produce_nowait"):
         hw.service.produce_nowait = lambda queue, partition, batch: asyncio.ensure_future(fn(queue, partition, batch))
+    if hasattr(type(hw.service), "produce_into"):  # the asyncio producer's pipelined sends
+        hw.service.produce_into = lambda queue, partition, batch, sink: forward(
+            hw.service.produce_nowait(queue, partition, batch), sink
+        )
+
+
+def forward(fut, sink) -> None:
+    """Hand the outcome of ``fut`` to a ``produce_into`` sink when it comes."""
+
+    def done(f) -> None:
+        if f.cancelled():
+            sink.set_exception(ClosedError("the request was cancelled"))  # as the producer judges a cancelled answer
+        elif f.exception() is not None:
+            sink.set_exception(f.exception())
+        else:
+            sink.set_result(f.result())
+
+    fut.add_done_callback(done)
 
 
 @pytest.mark.alone("a cluster names its brokers and controller; tests/test_cluster_routing.py checks its METADATA")
@@ -652,6 +670,10 @@ class HeldSends:
         self.sizes: list[int] = []
         self.held: list[tuple] = []
         hw.service.produce_nowait = self.produce_nowait
+        hw.service.produce_into = self.produce_into
+
+    def produce_into(self, queue, partition, batch, sink):
+        forward(self.produce_nowait(queue, partition, batch), sink)
 
     def produce_nowait(self, queue, partition, batch):
         fut = asyncio.get_running_loop().create_future()
