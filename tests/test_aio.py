@@ -480,6 +480,32 @@ def test_consumer_long_poll_returns_soon_after_data_arrives(target):
     run(target, test)
 
 
+def test_a_poll_keeps_its_own_timeout_after_a_longer_one_ended_early(target):
+    """The waits for a push share one timer: a short poll after a long one that a record
+    ended early still ends at its own time, and the long one was not cut short."""
+
+    async def test(hw):
+        await hw.admin.create_queue("q")
+        c = hw.consumer()
+        await c.assign("q")
+        assert await c.poll(timeout_ms=50) == []  # the timer armed for a short wait first
+
+        async def later() -> None:
+            await asyncio.sleep(0.3)
+            await hw.send("q", b"late")
+
+        task = asyncio.create_task(later())
+        got = await c.poll(timeout_ms=20_000)  # past the first wait's time, until the record
+        await task
+        assert [r.body for r in got] == [b"late"]
+        t0 = time.monotonic()
+        assert await c.poll(timeout_ms=100) == []
+        assert time.monotonic() - t0 < 10  # its own 0.1 s, not what was left of the 20 s
+        await c.close()
+
+    run(target, test)
+
+
 def test_long_polls_on_many_partitions_do_not_starve_other_calls(target):
     async def test(hw):
         await hw.admin.create_queue("wide", partitions=40)
