@@ -778,3 +778,35 @@ def test_a_lost_pipelined_batch_is_retried_before_the_ones_after_it(network, los
         await p.close()
 
     run(network, test)
+
+
+def test_a_batch_its_connection_refuses_at_once_is_judged_on_a_later_turn_and_sent_again(network):
+    """A request the transport fails inside its submit (here: at once, as a closed connection
+    does) is judged after the dispatch that sent it, not inside it: it goes again, in order."""
+
+    async def test(hw):
+        await hw.admin.create_queue("q")
+        p = hw.producer(retry_backoff_ms=1)
+        await p.send("q", b"m0", partition=0)  # metadata cached
+        real = hw.service.produce_into
+        dispatching: list[bool] = []
+        judged_inside: list[bool] = []
+
+        def refuse_first(queue, partition, batch, sink):
+            if not dispatching:
+                dispatching.append(True)
+                sink.set_exception(UnavailableError("injected: refused before it was written"))
+                judged_inside.append(bool(p._core.partition("q", 0).retry))  # put to retry yet?
+                return
+            real(queue, partition, batch, sink)
+
+        hw.service.produce_into = refuse_first
+        futs = [p.send_nowait("q", f"m{i}".encode(), partition=0) for i in range(1, 4)]
+        async with asyncio.timeout(20):
+            ids = await asyncio.gather(*futs)
+        assert judged_inside == [False]  # nothing was put to retry while the dispatch ran
+        assert [i.offset for i in ids] == [1, 2, 3]
+        assert [r.body for r in await scan(hw, "q")] == [b"m0", b"m1", b"m2", b"m3"]
+        await p.close()
+
+    run(network, test)
