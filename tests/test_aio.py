@@ -57,6 +57,24 @@ def patch_produce(hw, fn) -> None:
     hw.service.produce = fn
     if hasattr(type(hw.service), "produce_nowait"):
         hw.service.produce_nowait = lambda queue, partition, batch: asyncio.ensure_future(fn(queue, partition, batch))
+    if hasattr(type(hw.service), "produce_into"):  # the asyncio producer's pipelined sends
+        hw.service.produce_into = lambda queue, partition, batch, sink: forward(
+            hw.service.produce_nowait(queue, partition, batch), sink
+        )
+
+
+def forward(fut, sink) -> None:
+    """Hand the outcome of ``fut`` to a ``produce_into`` sink when it comes."""
+
+    def done(f) -> None:
+        if f.cancelled():
+            sink.set_exception(ClosedError("the request was cancelled"))  # as the producer judges a cancelled answer
+        elif f.exception() is not None:
+            sink.set_exception(f.exception())
+        else:
+            sink.set_result(f.result())
+
+    fut.add_done_callback(done)
 
 
 @pytest.mark.alone("a cluster names its brokers and controller; tests/test_cluster_routing.py checks its METADATA")
@@ -462,6 +480,32 @@ def test_consumer_long_poll_returns_soon_after_data_arrives(target):
     run(target, test)
 
 
+def test_a_poll_keeps_its_own_timeout_after_a_longer_one_ended_early(target):
+    """The waits for a push share one timer: a short poll after a long one that a record
+    ended early still ends at its own time, and the long one was not cut short."""
+
+    async def test(hw):
+        await hw.admin.create_queue("q")
+        c = hw.consumer()
+        await c.assign("q")
+        assert await c.poll(timeout_ms=50) == []  # the timer armed for a short wait first
+
+        async def later() -> None:
+            await asyncio.sleep(0.3)
+            await hw.send("q", b"late")
+
+        task = asyncio.create_task(later())
+        got = await c.poll(timeout_ms=20_000)  # past the first wait's time, until the record
+        await task
+        assert [r.body for r in got] == [b"late"]
+        t0 = time.monotonic()
+        assert await c.poll(timeout_ms=100) == []
+        assert time.monotonic() - t0 < 10  # its own 0.1 s, not what was left of the 20 s
+        await c.close()
+
+    run(target, test)
+
+
 def test_long_polls_on_many_partitions_do_not_starve_other_calls(target):
     async def test(hw):
         await hw.admin.create_queue("wide", partitions=40)
@@ -652,6 +696,10 @@ class HeldSends:
         self.sizes: list[int] = []
         self.held: list[tuple] = []
         hw.service.produce_nowait = self.produce_nowait
+        hw.service.produce_into = self.produce_into
+
+    def produce_into(self, queue, partition, batch, sink):
+        forward(self.produce_nowait(queue, partition, batch), sink)
 
     def produce_nowait(self, queue, partition, batch):
         fut = asyncio.get_running_loop().create_future()
@@ -727,6 +775,38 @@ def test_a_lost_pipelined_batch_is_retried_before_the_ones_after_it(network, los
                 await asyncio.sleep(0.005)
         assert [r.body for r in await scan(hw, "q")] == [f"m{i}".encode() for i in range(10)]
         assert [f.result().offset for f in futs] == list(range(1, 10))
+        await p.close()
+
+    run(network, test)
+
+
+def test_a_batch_its_connection_refuses_at_once_is_judged_on_a_later_turn_and_sent_again(network):
+    """A request the transport fails inside its submit (here: at once, as a closed connection
+    does) is judged after the dispatch that sent it, not inside it: it goes again, in order."""
+
+    async def test(hw):
+        await hw.admin.create_queue("q")
+        p = hw.producer(retry_backoff_ms=1)
+        await p.send("q", b"m0", partition=0)  # metadata cached
+        real = hw.service.produce_into
+        dispatching: list[bool] = []
+        judged_inside: list[bool] = []
+
+        def refuse_first(queue, partition, batch, sink):
+            if not dispatching:
+                dispatching.append(True)
+                sink.set_exception(UnavailableError("injected: refused before it was written"))
+                judged_inside.append(bool(p._core.partition("q", 0).retry))  # put to retry yet?
+                return
+            real(queue, partition, batch, sink)
+
+        hw.service.produce_into = refuse_first
+        futs = [p.send_nowait("q", f"m{i}".encode(), partition=0) for i in range(1, 4)]
+        async with asyncio.timeout(20):
+            ids = await asyncio.gather(*futs)
+        assert judged_inside == [False]  # nothing was put to retry while the dispatch ran
+        assert [i.offset for i in ids] == [1, 2, 3]
+        assert [r.body for r in await scan(hw, "q")] == [b"m0", b"m1", b"m2", b"m3"]
         await p.close()
 
     run(network, test)

@@ -16,7 +16,7 @@ import weakref
 import pytest
 
 import headwater
-from headwater.client.transport.send_future import BatchOutcome, SendFuture
+from headwater.client.transport.send_future import AsyncSendFuture, BatchOutcome, SendFuture
 from headwater.model.message import MessageId
 from headwater.model.service import ProduceResult
 
@@ -240,3 +240,42 @@ def test_the_asyncio_producer_keeps_only_the_future_of_a_waiting_message(tmp_pat
             await hw.close()
 
     asyncio.run(main())
+
+
+# -- the asyncio send future ------------------------------------------------------------------
+
+
+def test_every_task_awaiting_an_asyncio_send_future_gets_its_outcome_and_a_given_up_wait_logs_nothing():
+    """Awaiting waits on a waiter of the task's own: the first is settled with the future,
+    the others by a callback; a task that gives up waiting leaves the future alone, and its
+    later error is not reported as never retrieved (as with asyncio.shield)."""
+    problems: list[str] = []
+
+    async def wait(fut):
+        return await fut
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, ctx: problems.append(ctx["message"]))
+        ok = AsyncSendFuture(loop=loop)
+        waits = [asyncio.ensure_future(wait(ok)) for _ in range(3)]
+        await asyncio.sleep(0)
+        ok.set_result(MessageId(1, 0, 5))
+        assert await asyncio.gather(*waits) == [MessageId(1, 0, 5)] * 3
+        bad = AsyncSendFuture(loop=loop)
+        waits = [asyncio.ensure_future(wait(bad)) for _ in range(2)]
+        await asyncio.sleep(0)
+        bad.set_exception(KeyError("lost"))
+        assert [type(r) for r in await asyncio.gather(*waits, return_exceptions=True)] == [KeyError, KeyError]
+        given_up = AsyncSendFuture(loop=loop)
+        task = asyncio.ensure_future(wait(given_up))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not given_up.done() and not given_up.cancel()
+        given_up.set_exception(KeyError("after the wait"))
+
+    asyncio.run(main())
+    gc.collect()
+    assert problems == []

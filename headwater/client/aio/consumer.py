@@ -23,6 +23,10 @@ from headwater.model.service import FetchResult
 
 __all__ = ["AsyncConsumer"]
 
+#: A loop's timer may fire this early (its clock's resolution, and epoll's whole ms): a wait
+#: for a push with no more than this left is over.
+_TIMER_SLACK_S = 0.001
+
 
 class AsyncConsumer(ConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
     """Poll records from assigned partitions. Use from one task at a time. The settings are
@@ -30,6 +34,11 @@ class AsyncConsumer(ConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
 
     _inflight: dict[TP, tuple[int, asyncio.Task[FetchResult]]]
     _commit_sender: asyncio.Task[None] | None = None
+    # the wait for a push (see _wait_any): the waiter, when its time is up, and the timer
+    _push_wait: asyncio.Future[None] | None = None
+    _push_wait_until = 0.0
+    _push_timer: asyncio.TimerHandle | None = None
+    _push_timer_at = 0.0
 
     def _fetch(self, tp: TP, pos: int, wait_ms: int) -> asyncio.Future[FetchResult]:
         return asyncio.ensure_future(
@@ -46,14 +55,38 @@ class AsyncConsumer(ConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
             # the common wait of a streaming poll: for the next push alone. asyncio.wait
             # would make a future, a timer and callbacks of its own (about 20 Python calls a
             # push); the waiter is this poll's own and dropped after it, so the timer may
-            # settle it itself
-            timer = asyncio.get_running_loop().call_later(timeout_s, _time_up, waiter)
+            # settle it itself. One timer serves the polls one after another: a poll that
+            # ends before its time leaves it armed, and the next poll's later deadline is
+            # looked at when it fires (a timer armed and cancelled per push: 10 calls more)
+            loop = asyncio.get_running_loop()
+            until = loop.time() + timeout_s
+            self._push_wait, self._push_wait_until = waiter, until
+            if self._push_timer is None or self._push_timer_at > until:
+                self._arm_push_timer(loop, until)
             try:
                 await waiter
             finally:
-                timer.cancel()
+                self._push_wait = None
             return
         await asyncio.wait(futures, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+
+    def _arm_push_timer(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._push_timer is not None:
+            self._push_timer.cancel()
+        self._push_timer, self._push_timer_at = loop.call_at(at, self._push_time_up), at
+
+    def _push_time_up(self) -> None:
+        """The timer of the waits for a push fired: end the wait whose time is up, or look
+        again at the deadline of the one waiting now."""
+        self._push_timer = None
+        waiter = self._push_wait
+        if waiter is None or waiter.done():
+            return  # nobody waits: the next wait arms it again
+        loop = asyncio.get_running_loop()
+        if self._push_wait_until - loop.time() > _TIMER_SLACK_S:
+            self._arm_push_timer(loop, self._push_wait_until)
+        else:
+            waiter.set_result(None)
 
     def _new_waiter(self) -> asyncio.Future[None]:
         return asyncio.get_running_loop().create_future()
@@ -74,6 +107,9 @@ class AsyncConsumer(ConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
         retrieve(task)
 
     async def _cancel_reads(self, reads: list[Any]) -> None:
+        if self._push_timer is not None:  # closing: nothing waits for a push any more
+            self._push_timer.cancel()
+            self._push_timer = None
         for t in reads:
             t.cancel()
         await asyncio.gather(*reads, return_exceptions=True)
@@ -121,9 +157,3 @@ class AsyncConsumer(ConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
             if got:
                 return got[0]
         raise StopAsyncIteration
-
-
-def _time_up(waiter: asyncio.Future[None]) -> None:
-    """A poll's wait for a push ran out of time: end it (the poll then returns what it has)."""
-    if not waiter.done():
-        waiter.set_result(None)

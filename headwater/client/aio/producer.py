@@ -83,6 +83,76 @@ class _Batch(Batch):
             self.entries = [(at[i], n, f) for i, n, f in self.entries]
 
 
+class _Answer:
+    """Where the transport puts the answer to one batch's request (a
+    :class:`~headwater.client.transport.async_transport.Sink`): straight to the producer, on
+    the event loop, as the answer is read. A future would take a done-callback and a turn of
+    the loop more per batch (about 10 Python calls: ``call_soon``, a ``Handle``, the future).
+
+    Until ``armed`` (once the request is submitted) an outcome is only kept: a request the
+    transport fails inside ``submit`` is judged on the next turn of the loop, as a failed
+    future's callback was, not in the middle of the dispatch that sent it."""
+
+    __slots__ = ("_producer", "_batch", "_outcome", "_callbacks", "armed")
+
+    def __init__(self, producer: AsyncProducer, b: _Batch) -> None:
+        self._producer = producer
+        self._batch = b
+        self._outcome: tuple[ProduceResult | None, BaseException | None] | None = None
+        self._callbacks: list[Callable[[Any], object]] = []
+        self.armed = False
+
+    def done(self) -> bool:
+        return self._outcome is not None
+
+    def cancelled(self) -> bool:
+        return False
+
+    def exception(self) -> BaseException | None:
+        if self._outcome is None:
+            raise asyncio.InvalidStateError("no answer yet")
+        return self._outcome[1]
+
+    def set_result(self, result: ProduceResult) -> None:
+        if self._outcome is not None or self._callbacks:  # (the rare cases: the general way)
+            self._settle(result, None)
+            return
+        self._outcome = (result, None)
+        if self.armed:  # once per batch: _settle and AsyncProducer._answered, inline
+            b = self._batch
+            if not b.done:  # else close() gave up on it
+                try:  # the transport's reader calls this: what goes wrong here is the producer's
+                    self._producer._finish(b, result, None)
+                except Exception:
+                    log.exception("the asyncio producer failed to take a batch's answer")
+
+    def set_exception(self, exception: BaseException) -> None:
+        self._settle(None, exception)
+
+    def add_done_callback(self, fn: Callable[[Any], object]) -> None:
+        if self._outcome is not None:
+            asyncio.get_running_loop().call_soon(fn, self)
+        else:
+            self._callbacks.append(fn)
+
+    def _settle(self, result: ProduceResult | None, exc: BaseException | None) -> None:
+        if self._outcome is not None:
+            raise asyncio.InvalidStateError("the batch was answered already")  # the transport ignores it
+        self._outcome = (result, exc)
+        if self.armed:
+            try:  # the transport's reader calls this: what goes wrong here is the producer's
+                self._producer._on_outcome(self._batch, result, exc)
+            except Exception:
+                log.exception("the asyncio producer failed to take a batch's answer")
+        for fn in self._callbacks:
+            asyncio.get_running_loop().call_soon(fn, self)
+
+    def taken_early(self) -> None:
+        """``submit`` settled it already (on the next turn, the producer judges it)."""
+        assert self._outcome is not None
+        self._producer._on_outcome(self._batch, *self._outcome)
+
+
 class _Send(NamedTuple):
     """A ``send_nowait`` message waiting for its queue's metadata: :meth:`AsyncProducer._route`'s
     arguments."""
@@ -112,6 +182,8 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         self, service: AsyncBrokerService, *, clock: Callable[[], float] | None = None, **settings: Any
     ) -> None:
         self._pipelined = isinstance(service, ProducesNowait)  # an asyncio service's: a connection
+        # a connection that hands a batch's answer to a sink of ours (AsyncService.produce_into)
+        self._answers_into = self._pipelined and hasattr(service, "produce_into")
         super().__init__(
             service,
             new_batch=_Batch,
@@ -454,7 +526,11 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
 
     def _schedule_pump(self) -> None:
         if self._pump_soon is None:
-            self._pump_soon = asyncio.get_running_loop().call_soon(self._pump)
+            self._pump_soon = asyncio.get_running_loop().call_soon(self._scheduled_pump)
+
+    def _scheduled_pump(self) -> None:
+        self._pump_soon = None  # running now: nothing to cancel
+        self._pump()
 
     def _pump(self) -> None:
         """Send every batch due now; set the timer for the next one due."""
@@ -488,6 +564,18 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
             task = asyncio.get_running_loop().create_task(self._produce_in_thread(b))
             self._track(task)
             return
+        if self._answers_into:
+            answer = _Answer(self, b)
+            try:
+                self._service.produce_into(ps.queue, ps.partition, b.encoded, answer)  # type: ignore[attr-defined]  # checked in __init__
+            except Exception as e:  # noqa: BLE001 - a closed service: judged like a failed request
+                self._answered(b, None, e)
+                return
+            if answer._outcome is not None:  # failed inside submit: judged on the next turn, as before
+                asyncio.get_running_loop().call_soon(answer.taken_early)
+            else:
+                answer.armed = True
+            return
         try:
             fut: asyncio.Future[ProduceResult] = self._service.produce_nowait(  # type: ignore[attr-defined]  # pipelined: the service ProducesNowait
                 ps.queue, ps.partition, b.encoded
@@ -513,6 +601,11 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
             return
         if not b.done:
             self._answered(b, result, None)
+
+    def _on_outcome(self, b: _Batch, result: ProduceResult | None, exc: BaseException | None) -> None:
+        """A batch's answer, from its :class:`_Answer`."""
+        if not b.done:  # else close() gave up on it
+            self._answered(b, result, exc)
 
     def _on_answer(self, b: _Batch, fut: asyncio.Future[ProduceResult]) -> None:
         if b.done:  # close() gave up on it
@@ -567,7 +660,8 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         self._buffered_bytes -= b.buffered_bytes
         b.buffered_bytes = 0
         b.done = True
-        self._batch_done.set()
+        if self._flushing:  # only a flush waits on it (and clears it before it waits)
+            self._batch_done.set()
         batches, wake = core.finish(b, self._now_ms, self._hurry)
         for nb in batches:
             self._dispatch(nb)  # type: ignore[arg-type]  # the core made it with _Batch

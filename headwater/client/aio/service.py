@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from headwater.client.transport.async_transport import AsyncTransport
+from headwater.client.transport.async_transport import AsyncTransport, Sink
 from headwater.client.transport.remote import (
     StreamCalls,
     Tries,
@@ -109,6 +109,13 @@ class AsyncService(StreamCalls, AsyncBrokerService):
         """Send a batch now, after everything submitted before it, without waiting; the
         future holds the ProduceResult (the asyncio producer pipelines with it)."""
         return self._submit(m.ProduceRequest(queue, partition, batch))
+
+    def produce_into(self, queue: str, partition: int, batch: bytes, sink: Sink) -> None:
+        """Send a batch now, after everything submitted before it, without waiting, and hand
+        its outcome to ``sink`` (``set_result(ProduceResult)`` or ``set_exception``), called
+        on the event loop as the answer is read: the asyncio producer's way, without a
+        future and the turn of the loop its done-callback would take."""
+        self.transport.submit(m.ProduceRequest(queue, partition, batch), sink)
 
     # push streams (headwater.client.aio.subscriber drives them)
     async def open_push_stream(

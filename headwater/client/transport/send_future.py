@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -321,23 +322,58 @@ class AsyncSendFuture(asyncio.Future):
     id (or its error). Kafka's producer futures refuse too; aiokafka's accept a cancel but
     send the message anyway, and the id is lost.
 
-    Waiting for it can be given up without touching it: ``await fut`` waits through a shield,
-    so cancelling the awaiting task (``asyncio.timeout``, a task group, Python 3.12's
-    ``asyncio.wait_for``) ends that wait at once. Python 3.11's ``wait_for`` cancels the
-    future itself, which refuses, so it waits for the outcome instead.
+    Waiting for it can be given up without touching it: ``await fut`` waits on a future of
+    its own (a *waiter*), so cancelling the awaiting task (``asyncio.timeout``, a task group,
+    Python 3.12's ``asyncio.wait_for``) cancels only the waiter and ends that wait at once.
+    Python 3.11's ``wait_for`` cancels the future itself, which refuses, so it waits for the
+    outcome instead. The first waiter is settled together with the future (``set_result``
+    sets both), not by a done-callback as ``asyncio.shield`` would: the awaiting task wakes
+    a turn of the loop sooner, and some 25 Python calls a message fewer. Further tasks
+    awaiting the same future at once get theirs by a done-callback.
     """
 
-    __slots__ = ()
+    __slots__ = ("_waiter",)
+
+    def __init__(self, *, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(loop=loop)
+        self._waiter: asyncio.Future[MessageId] | None = None
 
     def cancel(self, msg: object = None) -> bool:
         return False
 
+    def set_result(self, result: MessageId) -> None:  # type: ignore[override]  # the id a send has
+        super().set_result(result)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():  # done: its task gave up waiting
+            waiter.set_result(result)
+
+    def set_exception(self, exception: type | BaseException) -> None:
+        super().set_exception(exception)
+        waiter = self._waiter
+        if waiter is not None:  # awaited: retrieved, as asyncio.shield has it, even if the wait ended
+            error = super().exception()
+            if not waiter.done():
+                waiter.set_exception(error)  # type: ignore[arg-type]  # just set
+
     def __await__(self):  # type: ignore[no-untyped-def]  # asyncio.Future's own signature
         if self.done():
             return super().__await__()
-        return asyncio.shield(self).__await__()  # a cancelled waiter cancels only the shield
+        waiter: asyncio.Future[MessageId] = self.get_loop().create_future()
+        if self._waiter is None or self._waiter.done():
+            self._waiter = waiter  # settled with this future (set_result)
+        else:  # another task waits already: this one hears by a callback
+            self.add_done_callback(functools.partial(_copy_outcome, waiter))
+        return waiter.__await__()
 
     __iter__ = __await__
+
+
+def _copy_outcome(waiter: asyncio.Future[MessageId], fut: asyncio.Future[MessageId]) -> None:
+    if not waiter.done():  # else its task gave up waiting
+        if fut.exception() is not None:
+            waiter.set_exception(fut.exception())  # type: ignore[arg-type]  # checked just above
+        else:
+            waiter.set_result(fut.result())
 
 
 _new_tuple = tuple.__new__  # a namedtuple from a tuple, without its Python-level call
