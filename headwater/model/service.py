@@ -48,6 +48,7 @@ __all__ = [
     "AsyncRoutesPushStreams",
     "ProduceResult",
     "ProducesAsync",
+    "ProducesInto",
     "ProducesNowait",
     "PushHandler",
     "Reconnects",
@@ -375,6 +376,17 @@ class ProducesNowait(Protocol):
     fsync), and an isinstance check sees names, not signatures."""
 
     def produce_nowait(self, queue: str, partition: int, batch: bytes) -> Awaitable[ProduceResult]: ...
+
+
+@runtime_checkable
+class ProducesInto(Protocol):
+    """:class:`ProducesNowait` without a future: the batch's outcome goes to ``sink``
+    (``set_result(ProduceResult)`` or ``set_exception``), called on the event loop as the
+    answer is read, which saves the asyncio producer a future and a turn of the loop a batch.
+    One connection's asyncio service has it; a cluster's routed one does not (it watches
+    each answer for a moved leader)."""
+
+    def produce_into(self, queue: str, partition: int, batch: bytes, sink: Any) -> None: ...
 
 
 @runtime_checkable

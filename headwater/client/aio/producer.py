@@ -50,7 +50,7 @@ from headwater.client.transport.send_future import AsyncSendFuture
 from headwater.errors import ClosedError, InvalidArgumentError, PartitionOutOfRangeError, UnavailableError
 from headwater.model.config import QueueInfo
 from headwater.model.message import Message, MessageId
-from headwater.model.service import HasClock, ProduceResult, ProducesNowait
+from headwater.model.service import HasClock, ProduceResult, ProducesInto, ProducesNowait
 
 __all__ = ["AsyncProducer"]
 
@@ -183,7 +183,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
     ) -> None:
         self._pipelined = isinstance(service, ProducesNowait)  # an asyncio service's: a connection
         # a connection that hands a batch's answer to a sink of ours (AsyncService.produce_into)
-        self._answers_into = self._pipelined and hasattr(service, "produce_into")
+        self._answers_into = self._pipelined and isinstance(service, ProducesInto)
         super().__init__(
             service,
             new_batch=_Batch,
@@ -567,7 +567,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         if self._answers_into:
             answer = _Answer(self, b)
             try:
-                self._service.produce_into(ps.queue, ps.partition, b.encoded, answer)  # type: ignore[attr-defined]  # checked in __init__
+                self._service.produce_into(ps.queue, ps.partition, b.encoded, answer)  # type: ignore[attr-defined]  # checked in __init__: ProducesInto
             except Exception as e:  # noqa: BLE001 - a closed service: judged like a failed request
                 self._answered(b, None, e)
                 return
