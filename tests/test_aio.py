@@ -55,11 +55,9 @@ def patch_produce(hw, fn) -> None:
     """Put ``fn`` in place of the service's produce, for one-at-a-time and pipelined sends
     alike (a pipelined send starts it at once, in order, as the network service does)."""
     hw.service.produce = fn
-    if hasattr(type(hw.service), "produce_nowait"):
-        hw.service.produce_nowait = lambda queue, partition, batch: asyncio.ensure_future(fn(queue, partition, batch))
     if hasattr(type(hw.service), "produce_into"):  # the asyncio producer's pipelined sends
         hw.service.produce_into = lambda queue, partition, batch, sink: forward(
-            hw.service.produce_nowait(queue, partition, batch), sink
+            asyncio.ensure_future(fn(queue, partition, batch)), sink
         )
 
 
@@ -686,7 +684,7 @@ def test_the_docstring_example():  # (the names are pinned in tests/test_public_
 
 
 class HeldSends:
-    """The network service's ``produce_nowait``, each request held until :meth:`release`
+    """The network service's ``produce_into``, each request held until :meth:`release`
     runs it against the broker in arrival order; call numbers in ``lose`` fail first."""
 
     def __init__(self, hw, lose=()) -> None:
@@ -695,13 +693,12 @@ class HeldSends:
         self.calls = 0
         self.sizes: list[int] = []
         self.held: list[tuple] = []
-        hw.service.produce_nowait = self.produce_nowait
         hw.service.produce_into = self.produce_into
 
     def produce_into(self, queue, partition, batch, sink):
-        forward(self.produce_nowait(queue, partition, batch), sink)
+        forward(self.hold(queue, partition, batch), sink)
 
-    def produce_nowait(self, queue, partition, batch):
+    def hold(self, queue, partition, batch):
         fut = asyncio.get_running_loop().create_future()
         self.calls += 1
         self.sizes.append(decode_header(batch).count)

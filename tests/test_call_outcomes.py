@@ -513,7 +513,7 @@ def test_optional_capabilities_are_the_protocols_next_to_broker_service(server, 
         s.OpensFetchStreams,
         s.HasTransport,
     }
-    aio_network = {s.ProducesNowait, s.AsyncStartsSharedReceive, s.AsyncOpensPushStreams, s.OpensFetchStreams}
+    aio_network = {s.ProducesInto, s.AsyncStartsSharedReceive, s.AsyncOpensPushStreams, s.OpensFetchStreams}
     capabilities = sync_network | aio_network | {s.HasClock}
 
     def has(service) -> set:
@@ -523,9 +523,7 @@ def test_optional_capabilities_are_the_protocols_next_to_broker_service(server, 
     embedded = headwater.open(tmp_path / "embedded")
     try:
         assert has(network.service) >= sync_network and s.HasClock not in has(network.service)
-        # Broker.produce_nowait is a namesake (an append that does not wait for its fsync), so
-        # ProducesNowait, an asyncio service's capability, is only asked of those
-        assert has(embedded.service) - {s.ProducesNowait} == {s.HasClock}
+        assert has(embedded.service) == {s.HasClock}
     finally:
         network.close()
         embedded.close()

@@ -49,7 +49,6 @@ __all__ = [
     "ProduceResult",
     "ProducesAsync",
     "ProducesInto",
-    "ProducesNowait",
     "PushHandler",
     "Reconnects",
     "StartsSharedReceive",
@@ -369,22 +368,12 @@ class ProducesAsync(Protocol):
 
 
 @runtime_checkable
-class ProducesNowait(Protocol):
-    """Sends a batch now, after everything submitted before it, without waiting (the
-    asyncio producer pipelines with it). Ask it of an asyncio service only: the embedded
-    ``Broker`` has a ``produce_nowait`` of its own (an append that does not wait for its
-    fsync), and an isinstance check sees names, not signatures."""
-
-    def produce_nowait(self, queue: str, partition: int, batch: bytes) -> Awaitable[ProduceResult]: ...
-
-
-@runtime_checkable
 class ProducesInto(Protocol):
-    """:class:`ProducesNowait` without a future: the batch's outcome goes to ``sink``
-    (``set_result(ProduceResult)`` or ``set_exception``), called on the event loop as the
-    answer is read, which saves the asyncio producer a future and a turn of the loop a batch.
-    One connection's asyncio service has it; a cluster's routed one does not (it watches
-    each answer for a moved leader)."""
+    """Sends a batch now, after everything submitted before it, without waiting, and hands
+    its outcome to ``sink`` (``set_result(ProduceResult)`` or ``set_exception``) on the event
+    loop as the answer is read: the asyncio producer pipelines with it, with no future and
+    no turn of the loop a batch. The asyncio services over the network have it (one
+    connection's, and a cluster's routed one, which watches each answer for a moved leader)."""
 
     def produce_into(self, queue: str, partition: int, batch: bytes, sink: Any) -> None: ...
 

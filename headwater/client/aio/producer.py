@@ -32,7 +32,6 @@ producer (:mod:`headwater.client.core`, :mod:`headwater.client.core.batching`,
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import sys
 from array import array
@@ -50,7 +49,7 @@ from headwater.client.transport.send_future import AsyncSendFuture
 from headwater.errors import ClosedError, InvalidArgumentError, PartitionOutOfRangeError, UnavailableError
 from headwater.model.config import QueueInfo
 from headwater.model.message import Message, MessageId
-from headwater.model.service import HasClock, ProduceResult, ProducesInto, ProducesNowait
+from headwater.model.service import HasClock, ProduceResult, ProducesInto
 
 __all__ = ["AsyncProducer"]
 
@@ -181,9 +180,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
     def __init__(
         self, service: AsyncBrokerService, *, clock: Callable[[], float] | None = None, **settings: Any
     ) -> None:
-        self._pipelined = isinstance(service, ProducesNowait)  # an asyncio service's: a connection
-        # a connection that hands a batch's answer to a sink of ours (AsyncService.produce_into)
-        self._answers_into = self._pipelined and isinstance(service, ProducesInto)
+        self._pipelined = isinstance(service, ProducesInto)  # an asyncio service's: a connection
         super().__init__(
             service,
             new_batch=_Batch,
@@ -564,26 +561,16 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
             task = asyncio.get_running_loop().create_task(self._produce_in_thread(b))
             self._track(task)
             return
-        if self._answers_into:
-            answer = _Answer(self, b)
-            try:
-                self._service.produce_into(ps.queue, ps.partition, b.encoded, answer)  # type: ignore[attr-defined]  # checked in __init__: ProducesInto
-            except Exception as e:  # noqa: BLE001 - a closed service: judged like a failed request
-                self._answered(b, None, e)
-                return
-            if answer._outcome is not None:  # failed inside submit: judged on the next turn, as before
-                asyncio.get_running_loop().call_soon(answer.taken_early)
-            else:
-                answer.armed = True
-            return
+        answer = _Answer(self, b)
         try:
-            fut: asyncio.Future[ProduceResult] = self._service.produce_nowait(  # type: ignore[attr-defined]  # pipelined: the service ProducesNowait
-                ps.queue, ps.partition, b.encoded
-            )
+            self._service.produce_into(ps.queue, ps.partition, b.encoded, answer)  # type: ignore[attr-defined]  # pipelined: the service ProducesInto
         except Exception as e:  # noqa: BLE001 - a closed service: judged like a failed request
             self._answered(b, None, e)
             return
-        fut.add_done_callback(functools.partial(self._on_answer, b))
+        if answer._outcome is not None:  # failed inside submit: judged on the next turn, as before
+            asyncio.get_running_loop().call_soon(answer.taken_early)
+        else:
+            answer.armed = True
 
     async def _produce_in_thread(self, b: _Batch) -> None:
         """Send a batch to the embedded broker (its calls run on threads) and judge the answer
@@ -606,15 +593,6 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         """A batch's answer, from its :class:`_Answer`."""
         if not b.done:  # else close() gave up on it
             self._answered(b, result, exc)
-
-    def _on_answer(self, b: _Batch, fut: asyncio.Future[ProduceResult]) -> None:
-        if b.done:  # close() gave up on it
-            return
-        if fut.cancelled():
-            self._finish(b, None, ClosedError("the producer was closed before this batch was acknowledged"))
-            return
-        exc = fut.exception()
-        self._answered(b, None if exc is not None else fut.result(), exc)
 
     def _answered(self, b: _Batch, result: ProduceResult | None, exc: BaseException | None) -> None:
         """Settle a batch's attempt, or put it to be sent again, as the core's table says."""

@@ -11,6 +11,7 @@ awaited) and keeps its connections and the calls that do not wait. Used from one
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -22,10 +23,10 @@ from headwater.client.core.routed_plans import first_that_answers, give_back, in
 from headwater.client.core.routing import RoutingTable, parse_bootstrap
 from headwater.client.core.subscribers import StreamPlan, plan_partitions
 from headwater.client.transport.async_transport import AsyncTransport
-from headwater.client.transport.link import parse_address
+from headwater.client.transport.link import Sink, parse_address
 from headwater.client.transport.remote import takes_request
 from headwater.client.transport.routing import Links
-from headwater.errors import HeadwaterError, UnavailableError
+from headwater.errors import ClosedError, HeadwaterError, UnavailableError
 from headwater.model.cluster import ClusterMetadata
 from headwater.model.keyed import KeyedFetchResult
 from headwater.model.service import FetchResult, ProduceResult
@@ -129,10 +130,6 @@ class AsyncRoutedService(RoutedState, AsyncBrokerService):
         async with self._refreshing:
             return await self._run(refresh(self, deadline))
 
-    def _watch(self, fut: asyncio.Future[Any]) -> None:
-        if not fut.cancelled() and fut.exception() is not None:
-            self._unreachable(fut.exception())
-
     # -- partition-scoped calls: the first try direct, the plan after ---------------------------
 
     async def _routed(self, api: m.ApiKey, queue: str, partition: int, call: Call, wait_s: float = 0.0) -> Any:
@@ -148,16 +145,18 @@ class AsyncRoutedService(RoutedState, AsyncBrokerService):
     async def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
         return await self._routed(m.ApiKey.PRODUCE, queue, partition, Call(HOME, "produce", (queue, partition, batch)))
 
-    def produce_nowait(self, queue: str, partition: int, batch: bytes) -> asyncio.Future[ProduceResult]:
+    def produce_into(self, queue: str, partition: int, batch: bytes, sink: Sink) -> None:
         """Send a batch to its partition's leader now (after everything submitted to that
-        broker before it), without waiting; the asyncio producer pipelines with it. When the
-        leader's connection is not open yet, or the table is stale, a task routes it."""
+        broker before it), without waiting, its outcome to ``sink`` (``ProducesInto``: the
+        asyncio producer pipelines with it). A failure there marks the leader unreachable
+        first, as a routed call's does. When the leader's connection is not open yet, or the
+        table is stale, a task routes it."""
         found = self._leader_now(queue, partition)
         if found is None:
-            return asyncio.ensure_future(self.produce(queue, partition, batch))
-        fut = found[1].produce_nowait(queue, partition, batch)
-        fut.add_done_callback(self._watch)
-        return fut
+            task = asyncio.ensure_future(self.produce(queue, partition, batch))
+            task.add_done_callback(functools.partial(_settle_sink, sink))
+            return
+        found[1].produce_into(queue, partition, batch, _Watched(sink, self._unreachable))
 
     @takes_request("fetch")
     async def fetch(self, request: m.FetchRequest) -> FetchResult:
@@ -292,3 +291,40 @@ async def open_async_service(
         return home  # a broker alone: the plain client, no routing layer
     settings = {"connect_timeout_s": connect_timeout_s, "request_timeout_s": request_timeout_s, "retries": retries}
     return AsyncRoutedService(home, md, bootstrap=bootstrap, **settings)
+
+
+class _Watched:
+    """A produce's sink on a leader's connection: a failure goes to ``failed`` (the routed
+    service's ``_unreachable``) before the sink hears it."""
+
+    __slots__ = ("_sink", "_failed")
+
+    def __init__(self, sink: Sink, failed: Callable[[BaseException], None]) -> None:
+        self._sink = sink
+        self._failed = failed
+
+    def done(self) -> bool:
+        return self._sink.done()
+
+    def cancelled(self) -> bool:
+        return self._sink.cancelled()
+
+    def exception(self) -> BaseException | None:
+        return self._sink.exception()
+
+    def set_result(self, result: Any) -> None:
+        self._sink.set_result(result)
+
+    def set_exception(self, exception: BaseException) -> None:
+        self._failed(exception)
+        self._sink.set_exception(exception)
+
+
+def _settle_sink(sink: Sink, task: asyncio.Future[ProduceResult]) -> None:
+    """The outcome of a routed produce's task, to its sink."""
+    if task.cancelled():
+        sink.set_exception(ClosedError("the producer was closed before this batch was acknowledged"))
+    elif task.exception() is not None:
+        sink.set_exception(task.exception())  # type: ignore[arg-type]  # checked just above
+    else:
+        sink.set_result(task.result())

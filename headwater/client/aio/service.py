@@ -37,7 +37,7 @@ from headwater.client.transport.remote import (
 )
 from headwater.errors import ClosedError, UnavailableError
 from headwater.model.keyed import KeyedFetchResult
-from headwater.model.service import BrokerService, FetchResult, ProduceResult, PushHandler
+from headwater.model.service import BrokerService, FetchResult, PushHandler
 from headwater.model.shared import SharedDeliveries
 from headwater.model.subscription import SubscriberInfo
 from headwater.protocol import messages as m
@@ -105,11 +105,6 @@ class AsyncService(StreamCalls, AsyncBrokerService):
         return fut
 
     # the calls that do not wait, for the producer and consumers that keep several in flight
-    def produce_nowait(self, queue: str, partition: int, batch: bytes) -> asyncio.Future[ProduceResult]:
-        """Send a batch now, after everything submitted before it, without waiting; the
-        future holds the ProduceResult (the asyncio producer pipelines with it)."""
-        return self._submit(m.ProduceRequest(queue, partition, batch))
-
     def produce_into(self, queue: str, partition: int, batch: bytes, sink: Sink) -> None:
         """Send a batch now, after everything submitted before it, without waiting, and hand
         its outcome to ``sink`` (``set_result(ProduceResult)`` or ``set_exception``), called
