@@ -101,8 +101,8 @@ class LogReads(LogStoreBase):
         tag_mask: int,
         end_offset: int | None,
     ) -> tuple[list[tuple[LogSegment, list[Run]]], int, int, int]:
-        """What to read for a fetch: each segment's byte ranges, the next offset, and the
-        partition's retained start and end."""
+        """What to read for a fetch: each segment's runs of back-to-back batches, the next
+        offset, and the partition's retained start and end."""
         key = (q.entry.queue_id, partition)
         plan: list[tuple[LogSegment, list[Run]]] = []
         with self._lock:

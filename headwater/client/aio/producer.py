@@ -19,8 +19,9 @@ The same batching, routing and idempotence, on the event loop instead of a sende
   the table in :mod:`headwater.client.core.outcomes`). What is due leaves from a callback
   scheduled once per turn of the event loop (so the messages sent in one turn form one
   batch), from a timer when a linger or a retry backoff ends, and from where the answer
-  that frees a partition's slot is taken: its done-callback over the network, where up to
-  ``max_in_flight`` batches of a partition are in flight, or embedded, where calls on
+  that frees a partition's slot is taken: over the network, where up to ``max_in_flight``
+  batches of a partition are in flight, the batch's sink (:class:`_Answer`, handed to the
+  service's ``produce_into``) as the transport reads the answer; embedded, where calls on
   threads keep no order and one batch at a time goes, the task that awaited it. There is
   no task per partition.
 
