@@ -319,6 +319,9 @@ class _Watched:
         self._failed(exception)
         self._sink.set_exception(exception)
 
+    def add_done_callback(self, fn: Callable[[Any], object]) -> None:
+        self._sink.add_done_callback(fn)
+
 
 def _settle_sink(sink: Sink, task: asyncio.Future[ProduceResult]) -> None:
     """The outcome of a routed produce's task, to its sink."""
