@@ -10,7 +10,6 @@ import time
 import pytest
 
 import headwater
-from headwater.client.sync.consumer import Consumer
 from headwater.client.transport.remote import RemoteService
 from headwater.errors import (
     InvalidArgumentError,
@@ -282,9 +281,15 @@ def test_a_seek_while_opening_and_a_refused_opening(server, net):
     d.close()
 
 
-def test_a_small_window_still_delivers_everything_in_order(net):
+def test_a_small_window_still_delivers_everything_in_order(net, tmp_path):
     net.admin.create_queue("q", partitions=1)
-    c = Consumer(net.service, stream_window_bytes=2000, fetch_bytes=500)
+    c = net.consumer(stream_window_bytes=2000, fetch_bytes=500)  # the window, set as users set it
+    assert c._streams is not None and c._streams.window_bytes == 2000
+    for bad in (0, -1, 1.5, "4MiB"):  # refused embedded as over the network
+        with headwater.open(tmp_path / "embedded") as hw:
+            for client in (net, hw):
+                with pytest.raises(InvalidArgumentError, match="stream_window_bytes must be a positive int"):
+                    client.consumer(stream_window_bytes=bad)
     c.assign("q")
     sent = [b"%05d" % i + bytes(100) for i in range(2000)]
     p = net.producer(linger_ms=1)

@@ -16,6 +16,7 @@ from headwater.client.common.twins import Twins, Waits, waits
 from headwater.client.core.lookups import find_bounds, record_for_id, records_with_key
 from headwater.client.core.partitioner import PartitionFn
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, Bound
+from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES
 from headwater.errors import InvalidArgumentError, QueueExistsError, QueueNotFoundError
 from headwater.model.checks import check_int_arg, mapping_copy
 from headwater.model.cluster import BrokerAddress, ClusterMetadata, PartitionMove
@@ -346,6 +347,7 @@ class ClientBase(Twins):
         max_poll_messages: int = POLL_MESSAGES_DEFAULT,
         tags: str | Iterable[str] | None = None,
         stream: bool = True,
+        stream_window_bytes: int = STREAM_WINDOW_BYTES,
         **group_settings: Any,
     ) -> Any:
         """A consumer.
@@ -357,7 +359,9 @@ class ClientBase(Twins):
         broker pushes the partitions' new batches as they are appended (a fetch stream)
         instead of answering a FETCH per batch: less work per message on both sides and the
         lowest latency; ``stream=False`` fetches. See docs/design/client.md. Embedded, it
-        changes nothing.
+        changes nothing. ``stream_window_bytes`` (4 MiB): the bytes of pushes a stream may
+        have unread before the broker waits for the consumer (about twice that is held at
+        most); more keeps the broker ahead of a consumer reading many small batches.
 
         With ``subscribe`` (a queue or a list): a member of consumer group ``group``
         (:class:`~headwater.client.sync.group_consumer.GroupConsumer`,
@@ -375,6 +379,7 @@ class ClientBase(Twins):
             "max_poll_messages": max_poll_messages,
             "tags": tags,
             "stream": stream,
+            "stream_window_bytes": stream_window_bytes,
         }
         if subscribe is None:
             if group_settings:

@@ -100,10 +100,10 @@ class ConsumerPositions(Closable):
         # over the network, with stream=True: the broker pushes the partitions' batches
         # (fetch streams) instead of answering a FETCH per batch; embedded, it changes nothing
         self._streams: FetchStreamsBase | None = None
+        if not positive_int(stream_window_bytes):  # checked embedded too: the same code runs on a broker later
+            raise InvalidArgumentError(f"stream_window_bytes must be a positive int, got {stream_window_bytes!r}")
         kind = FetchStreams if isinstance(service, OpensFetchStreams) else ClusterFetchStreams  # a stream per leader
         if stream and (kind is FetchStreams or isinstance(service, PlansFetchStreams)):
-            if not positive_int(stream_window_bytes):
-                raise InvalidArgumentError("stream_window_bytes must be a positive int")
             self._streams = kind(
                 service,
                 window_bytes=stream_window_bytes,
