@@ -74,11 +74,14 @@ def test_check_poll_takes_positive_ints_and_refuses_bools_and_the_rest():
         check_poll(5, -1, 500)
 
 
-class _Polling:
-    """Only what ``AsyncConsumer._wait_any`` reads."""
+def _polling(waiter):
+    """An asyncio consumer with nothing but what ``AsyncConsumer._wait_any`` reads: the poll's
+    push waiter, and the push timer (its attributes' defaults and methods, the class's)."""
+    from headwater.client.aio.consumer import AsyncConsumer
 
-    def __init__(self, waiter) -> None:
-        self._push_waiter = waiter
+    polling = AsyncConsumer.__new__(AsyncConsumer)
+    polling._push_waiter = waiter
+    return polling
 
 
 def test_the_asyncio_wait_for_a_push_ends_with_the_push_or_its_time():
@@ -87,19 +90,19 @@ def test_the_asyncio_wait_for_a_push_ends_with_the_push_or_its_time():
     async def main():
         loop = asyncio.get_running_loop()
         waiter = loop.create_future()  # no push: the wait's time settles it
-        await asyncio.wait_for(AsyncConsumer._wait_any(_Polling(waiter), [waiter], 0.01), 10)
+        await asyncio.wait_for(AsyncConsumer._wait_any(_polling(waiter), [waiter], 0.01), 10)
         assert waiter.done()
         waiter = loop.create_future()  # a push comes first
         loop.call_soon(waiter.set_result, None)
-        await asyncio.wait_for(AsyncConsumer._wait_any(_Polling(waiter), [waiter], 30.0), 10)
+        await asyncio.wait_for(AsyncConsumer._wait_any(_polling(waiter), [waiter], 30.0), 10)
         waiter = loop.create_future()  # the poll is cancelled: so is its wait
-        task = asyncio.ensure_future(AsyncConsumer._wait_any(_Polling(waiter), [waiter], 30.0))
+        task = asyncio.ensure_future(AsyncConsumer._wait_any(_polling(waiter), [waiter], 30.0))
         await asyncio.sleep(0)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         other = loop.create_future()  # not the poll's waiter: waited on, never settled by the wait
-        await AsyncConsumer._wait_any(_Polling(waiter), [other], 0.01)
+        await AsyncConsumer._wait_any(_polling(waiter), [other], 0.01)
         assert not other.done()
 
     asyncio.run(main())
