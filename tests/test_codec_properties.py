@@ -38,12 +38,12 @@ from headwater.model.batch import (
     broker_prefix,
     check_batch,
     crc32c,
-    decode_records,
     encode_batch,
     patch_batch,
     tags_mask,
     validate_batch,
 )
+from headwater.model.batch_reads import decode_records
 from headwater.storage import StoreConfig
 from headwater.storage.memory import MemoryStore
 from headwater.storage.store import LogStore

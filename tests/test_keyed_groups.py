@@ -23,7 +23,7 @@ from headwater.errors import (
     StaleGenerationError,
     UsageError,
 )
-from headwater.model.batch import decode_records
+from headwater.model.batch_reads import decode_records
 from headwater.model.keyed import key_of, member_of
 from tests.support.broker_process import BrokerProcess, kill_all
 

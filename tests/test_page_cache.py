@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from headwater.errors import InvalidArgumentError
-from headwater.model.batch import decode_records, encode_batch
+from headwater.model.batch import encode_batch
+from headwater.model.batch_reads import decode_records
 from headwater.model.config import QueueConfig
 from headwater.storage import LogStore, StoreConfig
 from headwater.storage import segment as segment_module

@@ -11,7 +11,8 @@ import pytest
 from headwater.client.core.outcomes import RetryPolicy, Step
 from headwater.client.core.producer import Batch, PartitionState, ProducerCore
 from headwater.errors import InvalidArgumentError, UnavailableError
-from headwater.model.batch import decode_deliver_offsets, decode_header, decode_records
+from headwater.model.batch import decode_deliver_offsets, decode_header
+from headwater.model.batch_reads import decode_records
 
 T0 = 1_800_000_000_000  # a due time on a whole minute
 

@@ -456,7 +456,7 @@ def test_service_errors_raise_the_same_class_on_the_client():
 
 def test_against_a_real_broker(tmp_path):
     from headwater.broker import Broker
-    from headwater.model.batch import decode_records
+    from headwater.model.batch_reads import decode_records
 
     broker = Broker.open(tmp_path / "data")
     try:

@@ -604,7 +604,7 @@ def _simulate(seed: int, tmp_path: Path, steps: int, restarts: bool) -> None:
         check()
     info = broker.shared_describe("g", "q")
     dead = Counter()
-    from headwater.model.batch import decode_records
+    from headwater.model.batch_reads import decode_records
 
     if "q.dlq" in {q.name for q in broker.list_queues().queues}:
         for p in range(len(broker.describe_queue("q.dlq").partitions)):

@@ -25,7 +25,8 @@ from headwater.errors import (
     QueueExistsError,
     QueueNotFoundError,
 )
-from headwater.model.batch import decode_header, decode_records, encode_batch, patch_batch, tags_mask
+from headwater.model.batch import decode_header, encode_batch, patch_batch, tags_mask
+from headwater.model.batch_reads import decode_records
 from headwater.model.config import QueueConfig
 from headwater.model.service import ProduceResult
 from headwater.storage import LogStore, StoreConfig

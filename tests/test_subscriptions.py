@@ -31,15 +31,8 @@ from headwater.errors import (
     SubscriberNotFoundError,
     UsageError,
 )
-from headwater.model.batch import (
-    FLAG_CONTROL,
-    check_batch,
-    decode_records,
-    encode_batch,
-    patch_batch,
-    tag_bit,
-    tags_mask,
-)
+from headwater.model.batch import FLAG_CONTROL, check_batch, encode_batch, patch_batch, tag_bit, tags_mask
+from headwater.model.batch_reads import decode_records
 from headwater.model.filtering import AllOf, TagFilter, TagMaskFilter, filter_batch, message_matches
 from headwater.model.keyed import KeyHashFilter
 from tests.support.broker_process import BrokerProcess

@@ -51,7 +51,8 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 from headwater.errors import InvalidArgumentError, NotCoordinatorError, NotLeaderError, PartitionOutOfRangeError
-from headwater.model.batch import decode_records, encode_batch
+from headwater.model.batch import encode_batch
+from headwater.model.batch_reads import decode_records
 from headwater.model.checks import check_int_arg, check_offsets_given
 from headwater.model.cluster import COORDINATOR_QUEUE
 from headwater.model.config import QueueConfig, QueueInfo

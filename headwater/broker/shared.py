@@ -44,7 +44,8 @@ from headwater.broker.shared_core import LeaderGate, SharedGroupsCore
 from headwater.broker.shared_handoff import export_partition, image_of
 from headwater.broker.shared_state import Changes, PartitionImage, SharedQueueState
 from headwater.errors import HeadwaterError, QueueExistsError, QueueNotFoundError
-from headwater.model.batch import decode_records, encode_batch
+from headwater.model.batch import encode_batch
+from headwater.model.batch_reads import decode_records
 from headwater.model.config import INTERNAL_PREFIX, QueueConfig, QueueInfo
 from headwater.model.delay import HandoffPage
 from headwater.model.message import Message

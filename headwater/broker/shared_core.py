@@ -42,7 +42,8 @@ from headwater.errors import (
     NotLeaderError,
     QueueDisabledError,
 )
-from headwater.model.batch import decode_records, encode_batch
+from headwater.model.batch import encode_batch
+from headwater.model.batch_reads import decode_records
 from headwater.model.config import QueueConfig, QueueInfo
 from headwater.model.groups import GroupState, GroupSummary
 from headwater.model.message import Message, Record

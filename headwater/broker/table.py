@@ -23,7 +23,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 
-from headwater.model.batch import decode_records, encode_batch
+from headwater.model.batch import encode_batch
+from headwater.model.batch_reads import decode_records
 from headwater.model.config import QueueConfig
 from headwater.model.message import Message
 from headwater.storage.api import Store

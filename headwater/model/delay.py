@@ -55,11 +55,11 @@ from headwater.model.batch import (
     crc32c,
     decode_header,
     decode_payload,
-    decode_records,
     encode_batch,
     patch_batch,
     tags_mask,
 )
+from headwater.model.batch_reads import decode_records
 from headwater.model.message import Message, datetime_ms, warn_if_local_naive
 from headwater.model.shared import HandedOffShared
 

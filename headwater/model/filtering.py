@@ -58,10 +58,10 @@ from headwater.model.batch import (
     crc32c,
     decode_header,
     decode_payload,
-    decode_records,
     tag_bit,
     tags_mask,
 )
+from headwater.model.batch_reads import decode_records
 from headwater.model.message import Message, Record
 
 _COUNTED = struct.Struct("<I12xq24xI")  # a batch header's length, base_offset and count

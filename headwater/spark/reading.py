@@ -26,7 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headwater.errors import CorruptDataError, InvalidBatchError, MessageNotFoundError, UnavailableError
-from headwater.model.batch import check_batch, decode_payload, plain_batch, tags_mask
+from headwater.model.batch import check_batch, decode_payload, tags_mask
+from headwater.model.batch_reads import plain_batch
 from headwater.model.service import FetchesAsync, FetchResult
 from headwater.spark.connection import connect, unavailable_means
 from headwater.spark.planning import data_loss_message

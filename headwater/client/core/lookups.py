@@ -12,7 +12,8 @@ from typing import Any
 
 from headwater.client.core.reads import positive_int
 from headwater.errors import CorruptDataError, InvalidArgumentError, InvalidBatchError, MessageNotFoundError
-from headwater.model.batch import check_batch, decode_plain_run, decode_records
+from headwater.model.batch import check_batch
+from headwater.model.batch_reads import decode_plain_run, decode_records
 from headwater.model.message import MessageId, Record, to_epoch_ms
 
 __all__ = ["decode_stored", "find_bounds", "record_for_id", "records_with_key", "stored_records"]
@@ -39,7 +40,7 @@ def stored_records(
     tags: frozenset[str] | None = None,
 ) -> list[Record]:
     """:func:`decode_stored` of each of ``batches``, in order, with the same records and errors;
-    uncompressed batches are decoded without a call each (:func:`~headwater.model.batch.decode_plain_run`)."""
+    uncompressed batches are decoded without a call each (:func:`~headwater.model.batch_reads.decode_plain_run`)."""
 
     def slow(b: bytes | memoryview) -> list[Record]:
         return decode_stored(b, queue, start_offset=start_offset, end_offset=end_offset, tags=tags)
