@@ -10,6 +10,7 @@ through the ``hw`` fixture (tests/conftest.py) and the differential test.
 from __future__ import annotations
 
 import inspect
+import random
 
 import pytest
 
@@ -120,6 +121,51 @@ def test_a_tag_filter_skips_whole_batches(store):
     assert bodies(res.batches) == [b"a", b"c"] and res.next_offset == 3
     res = store.fetch("q", 0, 0, tag_mask=tags_mask(["z"]))
     assert (res.batches, res.next_offset) == ([], 3)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_batches_of_partitions_sent_in_turn_read_back_whole_and_in_order(store, seed):
+    """Batches sent to several partitions in turn lie in a segment with other partitions'
+    batches between them, small ones near each other and large ones far apart. From any
+    offset, with any size limit and tag filter, following each fetch's next offset reads
+    every batch of the partition once, whole, in order."""
+    rnd = random.Random(seed)
+    store.create_queue("q", QueueConfig(partitions=4))
+    sent: dict[int, list[tuple[int, list[bytes], str]]] = {p: [] for p in range(4)}
+    for n in range(300):
+        p = rnd.randrange(4) if rnd.random() < 0.3 else n % 4
+        big = rnd.random() < 0.05  # far from its partition's next batch
+        msgs = [
+            rnd.randbytes(rnd.choice([20_000, 40_000]) if big else rnd.randrange(1, 300))
+            for _ in range(rnd.choice([1, 1, 1, 3]))
+        ]
+        tag = rnd.choice("xyz")
+        res = store.append("q", p, encode_batch([Message(m, tag=tag) for m in msgs]))
+        sent[p].append((res.base_offset, msgs, tag))
+    for p, batches in sent.items():
+        end = store.end_offset("q", p)
+        for _ in range(6):
+            start = rnd.randrange(end)
+            tags = rnd.choice([None, "x", "y"])
+            mask = tags_mask([tags]) if tags else 0
+            limit = rnd.choice([1, 500, 5_000, 64 * 1024, 1 << 20])
+            want = [
+                m
+                for base, msgs, tag in batches
+                if base + len(msgs) > start and (tags is None or tag == tags)
+                for m in msgs
+            ]
+            got: list[bytes] = []
+            at = start
+            while at < end:
+                res = store.fetch("q", p, at, max_bytes=limit, tag_mask=mask)
+                for b in res.batches:
+                    h = decode_header(bytes(b))
+                    assert h.partition == p and len(b) == 4 + int.from_bytes(bytes(b)[:4], "little")
+                    got.extend(r.body for r in decode_records(bytes(b), "q"))
+                assert res.next_offset > at
+                at = res.next_offset
+            assert got == want, (p, start, tags, limit)
 
 
 def test_an_idempotent_retry_returns_the_first_placement(store):
