@@ -118,7 +118,11 @@ def test_delayed_messages_move_with_a_rebalance_and_keep_their_ids(cluster):
     assert moves and {m.target for m in moves} == {3}
     eventually(lambda: moves_left(cluster) == 0, timeout_s=60, what="the moves finishing")
     moved = {m.partition for m in moves}
-    assert {p for p, b in leaders(cluster, 2).items() if b != before[p]} == moved
+    # broker 2 learns of the moves from ZooKeeper's watches, a moment after they finish
+    eventually(
+        lambda: {p for p, b in leaders(cluster, 2).items() if b != before[p]} == moved,
+        what="broker 2's metadata naming the moved partitions' new leader",
+    )
     p = min(moved)
     ids = [mid for mid, (q, _) in sent.items() if q == p]
     with headwater.connect(bootstrap(cluster)) as hw:
@@ -157,7 +161,7 @@ def test_delayed_messages_move_off_a_decommissioned_broker(cluster):
     with headwater.connect(bootstrap(cluster)) as hw:
         hw.admin.decommission(leaving)
     eventually(lambda: moves_left(cluster) == 0, timeout_s=60, what="the decommission")
-    assert leaving not in leaders(cluster, 2).values()
+    eventually(lambda: leaving not in leaders(cluster, 2).values(), what="broker 2's metadata without the leaver")
     eventually(lambda: cluster_pending(cluster, leaving) == 0, what="the leaving broker's schedule empty")
     expected: dict[int, set[bytes]] = {q: set() for q in range(PARTITIONS)}
     for q, body in sent.values():
