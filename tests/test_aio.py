@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import doctest
+import functools
 import random
 import time
 
@@ -17,6 +18,7 @@ import pytest
 import headwater
 import headwater.aio
 from headwater import Message, MessageId
+from headwater.client.transport.link import settle_from
 from headwater.errors import (
     ClosedError,
     InvalidArgumentError,
@@ -63,16 +65,7 @@ def patch_produce(hw, fn) -> None:
 
 def forward(fut, sink) -> None:
     """Hand the outcome of ``fut`` to a ``produce_into`` sink when it comes."""
-
-    def done(f) -> None:
-        if f.cancelled():
-            sink.set_exception(ClosedError("the request was cancelled"))  # as the producer judges a cancelled answer
-        elif f.exception() is not None:
-            sink.set_exception(f.exception())
-        else:
-            sink.set_result(f.result())
-
-    fut.add_done_callback(done)
+    fut.add_done_callback(functools.partial(settle_from, sink))
 
 
 @pytest.mark.alone("a cluster names its brokers and controller; tests/test_cluster_routing.py checks its METADATA")

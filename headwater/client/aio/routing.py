@@ -23,10 +23,10 @@ from headwater.client.core.routed_plans import first_that_answers, give_back, in
 from headwater.client.core.routing import RoutingTable, parse_bootstrap
 from headwater.client.core.subscribers import StreamPlan, plan_partitions
 from headwater.client.transport.async_transport import AsyncTransport
-from headwater.client.transport.link import Sink, parse_address
+from headwater.client.transport.link import Sink, parse_address, settle_from
 from headwater.client.transport.remote import takes_request
 from headwater.client.transport.routing import Links
-from headwater.errors import ClosedError, HeadwaterError, UnavailableError
+from headwater.errors import HeadwaterError, UnavailableError
 from headwater.model.cluster import ClusterMetadata
 from headwater.model.keyed import KeyedFetchResult
 from headwater.model.service import FetchResult, ProduceResult
@@ -154,7 +154,7 @@ class AsyncRoutedService(RoutedState, AsyncBrokerService):
         found = self._leader_now(queue, partition)
         if found is None:
             task = asyncio.ensure_future(self.produce(queue, partition, batch))
-            task.add_done_callback(functools.partial(_settle_sink, sink))
+            task.add_done_callback(functools.partial(settle_from, sink))
             return
         found[1].produce_into(queue, partition, batch, _Watched(sink, self._unreachable))
 
@@ -321,13 +321,3 @@ class _Watched:
 
     def add_done_callback(self, fn: Callable[[Any], object]) -> None:
         self._sink.add_done_callback(fn)
-
-
-def _settle_sink(sink: Sink, task: asyncio.Future[ProduceResult]) -> None:
-    """The outcome of a routed produce's task, to its sink."""
-    if task.cancelled():
-        sink.set_exception(ClosedError("the producer was closed before this batch was acknowledged"))
-    elif task.exception() is not None:
-        sink.set_exception(task.exception())  # type: ignore[arg-type]  # checked just above
-    else:
-        sink.set_result(task.result())

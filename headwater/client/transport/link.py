@@ -16,12 +16,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-from headwater.errors import InvalidArgumentError
+from headwater.errors import ClosedError, InvalidArgumentError
 from headwater.model.config import DEFAULT_PORT
 from headwater.protocol import CLIENT, Connection, ErrorResponse, Response
 from headwater.protocol.messages import PushBody, RequestBody, StreamPush, SubscriptionPush
 
-__all__ = ["DEADLINE_SWEEP_S", "WRITE_BUFFER_BYTES_MAX", "Sink", "parse_address"]
+__all__ = ["DEADLINE_SWEEP_S", "WRITE_BUFFER_BYTES_MAX", "Sink", "parse_address", "settle_from"]
 
 log = logging.getLogger("headwater.client")
 
@@ -91,6 +91,18 @@ def _fail(sink: Sink, exc: BaseException) -> None:
         sink.set_exception(exc)
     except _INVALID_STATE:
         pass
+
+
+def settle_from(sink: Sink, fut: Any) -> None:
+    """Hand the outcome of ``fut``, a done future, to ``sink``, unless ``sink`` is settled
+    already (a waiter given up, say); a cancelled ``fut`` is a ClosedError. Meant as its
+    done-callback: ``fut.add_done_callback(functools.partial(settle_from, sink))``."""
+    if fut.cancelled():
+        _fail(sink, ClosedError("the request was cancelled before its answer came: the client is closing"))
+    elif (exc := fut.exception()) is not None:
+        _fail(sink, exc)
+    else:
+        _settle(sink, fut.result())
 
 
 class _Call:

@@ -20,6 +20,7 @@ from concurrent.futures._base import CANCELLED_AND_NOTIFIED as _CANCELLED_AND_NO
 from concurrent.futures._base import FINISHED as _FINISHED
 from concurrent.futures._base import PENDING as _PENDING
 
+from headwater.client.transport.link import settle_from
 from headwater.model.message import MessageId
 from headwater.model.service import ProduceResult
 
@@ -362,18 +363,10 @@ class AsyncSendFuture(asyncio.Future):
         if self._waiter is None or self._waiter.done():
             self._waiter = waiter  # settled with this future (set_result)
         else:  # another task waits already: this one hears by a callback
-            self.add_done_callback(functools.partial(_copy_outcome, waiter))
+            self.add_done_callback(functools.partial(settle_from, waiter))
         return waiter.__await__()
 
     __iter__ = __await__
-
-
-def _copy_outcome(waiter: asyncio.Future[MessageId], fut: asyncio.Future[MessageId]) -> None:
-    if not waiter.done():  # else its task gave up waiting
-        if fut.exception() is not None:
-            waiter.set_exception(fut.exception())  # type: ignore[arg-type]  # checked just above
-        else:
-            waiter.set_result(fut.result())
 
 
 _new_tuple = tuple.__new__  # a namedtuple from a tuple, without its Python-level call
