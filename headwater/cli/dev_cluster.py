@@ -395,8 +395,10 @@ def _check_children(running: Running) -> None:
     zk = running.zookeeper
     if zk is not None and zk.pid is None:
         console = err_console()
-        console.print(f"ZooKeeper {zk.hosts} exited; the brokers keep trying to reach it. Its log ({zk.log}) ends:")
-        console.print(log_tail(zk.log), markup=False)
+        console.print(
+            f"ZooKeeper {escape(zk.hosts)} exited; the brokers keep trying to reach it. Its log "
+            f"({escape(str(zk.log))}) ends:\n{escape(log_tail(zk.log))}"
+        )  # one print: a reader of the output sees the report whole
         running.zookeeper = None  # said once
 
 
@@ -405,9 +407,8 @@ def _report_exit(b: Broker) -> None:
     console = err_console()
     console.print(
         f"[red]broker {b.broker_id} ({b.address}) exited ({_exit_text(code)})[/]; the others keep running. "
-        f"Its log ({escape(str(b.log))}) ends:"
-    )
-    console.print(log_tail(b.log, start=b.log_start), markup=False)
+        f"Its log ({escape(str(b.log))}) ends:\n{escape(log_tail(b.log, start=b.log_start))}"
+    )  # one print: a reader of the output sees the report whole
 
 
 def _stop(running: Running) -> None:
