@@ -31,11 +31,20 @@ tour: bytecode
 dev-cluster: bytecode zookeeper
 	$(VENV)/bin/headwater dev-cluster --brokers 3
 
+# The suite in two parts: most tests on $(TEST_WORKERS) workers (pytest-xdist, one module a
+# worker at a time), then those marked `serial` alone (Spark's JVMs take both cores; some
+# tests wait fixed times or measure latency against a baseline). Both parts always run.
+TEST_WORKERS ?= 2
+PYTEST_PARTS = rc=0; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m '$(1)not serial' || rc=$$?; \
+	$(PY) -m pytest -q -m '$(1)serial' || rc=$$?; \
+	exit $$rc
+
 test: lint bytecode zookeeper browser
-	$(PY) -m pytest -q
+	@$(call PYTEST_PARTS,not slow and )
 
 test-all: lint bytecode zookeeper browser
-	$(PY) -m pytest -q -m ''
+	@$(call PYTEST_PARTS,)
 
 # the cluster's tests run a real ZooKeeper: Debian's package, run by the Java the Spark
 # tests use (needs root the first time; nothing is started here)

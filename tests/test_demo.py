@@ -19,6 +19,9 @@ import pytest
 from headwater.demo import accesslog, report, stats
 from headwater.demo.stats import compare, parse_line, stats_of_messages, stats_of_truth, top_pages
 
+# make test runs these alone, after the rest: the demo runs Spark, whose JVM takes both cores
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -32,6 +32,9 @@ from tests.support.broker_process import BrokerProcess
 from tests.support.cluster import Cluster
 from tests.support.doc_examples import examples
 
+# make test runs these alone, after the rest: Spark's JVM; followed commands get Ctrl-C after a fixed time
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = ROOT / "tests" / "support" / "doc_examples.py"
 SCRIPTS = sorted((ROOT / "examples").glob("spark_*.py"))

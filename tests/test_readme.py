@@ -16,8 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support import doc_shell
 from tests.support.broker_process import BrokerProcess
+
+# make test runs these alone, after the rest: its shell lines follow a consume for a fixed time
+pytestmark = pytest.mark.serial
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -41,6 +41,9 @@ from headwater.protocol.messages import FetchRequest, PingRequest, ProduceReques
 from tests.support.broker_process import BrokerProcess
 from tests.support.frames import bomb_batch, raw
 
+# make test runs these alone, after the rest: measures a client's latency against its own baseline
+pytestmark = pytest.mark.serial
+
 MIB = 1 << 20
 P99_SLACK_S = 0.002
 SEND_SLACK_S = 0.010

@@ -24,6 +24,9 @@ from headwater.spark.planning import OffsetRange, StreamOffset, rate_limit, spli
 from tests.support.broker_process import BrokerProcess
 from tests.support.spark_fixtures import fresh, reader, run_available_now, scan, stream_reader
 
+# make test runs these alone, after the rest: Spark's JVM takes both cores
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parent.parent
 # -- options and planning: no Spark needed ------------------------------------------
 

@@ -17,6 +17,9 @@ import pytest
 import headwater
 from tests.support.cluster import Cluster
 
+# make test runs these alone, after the rest: Spark's JVMs take both cores
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -22,6 +22,9 @@ from headwater.spark.options import parse_read_options, parse_write_options
 from tests.support.broker_process import BrokerProcess
 from tests.support.spark_fixtures import fresh, reader, run_available_now, scan
 
+# make test runs these alone, after the rest: Spark's JVM takes both cores
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
