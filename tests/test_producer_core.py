@@ -138,6 +138,34 @@ def test_out_of_order_starts_a_new_epoch_and_later_batches_wait_for_the_old_one(
     assert again is a and send(c, [a]) == [0] and decode_header(a.encoded).producer_epoch == 1
 
 
+def test_out_of_order_behind_a_refused_batch_follows_it_with_the_same_bytes_and_epoch():
+    """The broker refused ``a`` (its disk full) and then ``b``, in flight behind it, as out of
+    order (the disk had room again for b's smaller write): the gap is ``a``'s. ``b`` goes
+    again after ``a``, the same bytes under the same epoch; a full-disk test once saw the
+    epoch bumped here."""
+    c = core(pipeline=3, batch_bytes_max=1)
+    for body in (b"a", b"b"):
+        add(c, body, now_ms=0)
+    a, b = c.collect(now_ms=0, hurry=True)[0]
+    send(c, [a, b])
+    sent = bytes(b.encoded)
+    verdict = c.judge(a, StorageError("no space left on the device"), now_ms=1)
+    assert verdict.step is Step.RESEND
+    c.retry_later(a, verdict.delay_ms, now_ms=1)
+    verdict = c.judge(b, OutOfOrderSequenceError("gap"), now_ms=2)
+    assert verdict.step is Step.RESEND and c.identity[1] == 0 and bytes(b.encoded) == sent
+    c.retry_later(b, verdict.delay_ms, now_ms=2)
+    assert c.collect(now_ms=500, hurry=True)[0] == [a]  # a first, then b: the broker's order
+    c.finish(a, now_ms=lambda: 501, hurry=lambda: True)
+    assert c.collect(now_ms=502, hurry=True)[0] == [b] and b.encoded is not None and bytes(b.encoded) == sent
+    # alone (nothing before it waits to go again), out of order still starts a new epoch
+    c.finish(b, now_ms=lambda: 503, hurry=lambda: True)
+    add(c, b"c", now_ms=504)
+    (cc,) = c.collect(now_ms=504, hurry=True)[0]
+    send(c, [cc])
+    assert c.judge(cc, OutOfOrderSequenceError("gap"), now_ms=505).step is Step.REENCODE and c.identity[1] == 1
+
+
 def test_a_failure_that_may_have_stored_the_batch_bumps_the_epoch_else_frees_its_sequence():
     c = core(batch_bytes_max=1)
     add(c, b"a", now_ms=0)

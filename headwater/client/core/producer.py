@@ -506,11 +506,24 @@ class ProducerCore:
             now_ms=now_ms,
             aborting=self.aborting,
         )
+        if verdict.step is Step.REENCODE and self._behind_a_retry(b):
+            # refused as out of order because a batch before it was refused (a full disk, a
+            # broker going away) and waits to go again: the same bytes follow it, under the
+            # same epoch. Encoding anew bumped the epoch for a gap that explains itself
+            return Verdict(Step.RESEND, 0.0, None)
         if verdict.step is Step.REENCODE:
             if b.identity == self.identity:
                 self.bump_epoch()
             b.encoded = None
         return verdict
+
+    @staticmethod
+    def _behind_a_retry(b: Batch) -> bool:
+        """Whether a batch sent before ``b`` under its epoch waits in its partition's retries
+        (so the broker has not stored it, or will know it again by its bytes)."""
+        if b.identity is None:
+            return False
+        return any(r.order < b.order and r.identity == b.identity for r in b.part.retry)
 
     def retry_later(self, b: Batch, delay_ms: float, now_ms: float) -> None:
         """Put a pipelined batch to send again, in its original order, ``delay_ms`` from now:
