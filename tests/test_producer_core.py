@@ -35,6 +35,8 @@ def test_every_outcome_has_one_step():
     assert classify(None, True) is Attempt.STORED
     assert classify(OutOfOrderSequenceError("gap"), True) is Attempt.OUT_OF_ORDER
     assert classify(OutOfOrderSequenceError("gap"), False) is Attempt.UNKNOWN  # no sequence to start afresh
+    assert classify(OutOfOrderSequenceError("gap"), True, behind_a_retry=True) is Attempt.BEHIND_A_RETRY
+    assert classify(UnavailableError("down"), True, behind_a_retry=True) is Attempt.RETRIABLE
     assert classify(UnavailableError("down"), True) is Attempt.RETRIABLE
     assert classify(InvalidArgumentError("bad"), True) is Attempt.REFUSED
     assert classify(ProducerFencedError("old"), True) is Attempt.UNKNOWN

@@ -2,14 +2,17 @@
 read by both producers, and the retry policy whose settings feed it. No I/O; times are the
 caller's monotonic milliseconds.
 
-An attempt ends in one of five ways (:class:`Attempt`); whether the batch may go again
+An attempt ends in one of six ways (:class:`Attempt`); whether the batch may go again
 (retries left, the delivery timeout not reached, the producer not closing) picks the row.
 OUT_OF_ORDER: the broker stored nothing of the batch and lost (or forgot) the producer's
 earlier ones, as a crash under async flush can make it; the batch goes again from sequence 0
-of a new epoch. RETRIABLE (the broker is unavailable, the answer was lost): it may be stored;
-the same bytes go again, which the broker recognises as a retry (an append the broker's disk
-refused, a StorageError, too). FAIL_FENCED: the batch may be
-stored, so the epoch is bumped, or the broker would refuse the next batches as out of order.
+of a new epoch. BEHIND_A_RETRY: out of order too, but a batch sent before it under its epoch
+was refused and waits to go again (a full disk had room for this one's write only): the gap
+is that batch's, so this one follows it, the same bytes under the same epoch. RETRIABLE (the
+broker is unavailable, the answer was lost): it may be stored; the same bytes go again, which
+the broker recognises as a retry (an append the broker's disk refused, a StorageError, too).
+FAIL_FENCED: the batch may be stored, so the epoch is bumped, or the broker would refuse the
+next batches as out of order.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class Attempt(Enum):
     STORED = "stored"
     REFUSED = "refused"  # a usage error: the broker checked and stored nothing
     OUT_OF_ORDER = "out_of_order"  # stored nothing; the broker lost the producer's earlier batches
+    BEHIND_A_RETRY = "behind_a_retry"  # stored nothing; a batch before it waits to go again
     RETRIABLE = "retriable"  # maybe stored; the same bytes may go again
     UNKNOWN = "unknown"  # maybe stored, and sending it again would not help
 
@@ -70,6 +74,8 @@ OUTCOMES: dict[tuple[Attempt, bool], Step] = {
     (Attempt.REFUSED, False): Step.FAIL,
     (Attempt.OUT_OF_ORDER, True): Step.REENCODE,  # at once, under a new epoch
     (Attempt.OUT_OF_ORDER, False): Step.FAIL_FENCED,
+    (Attempt.BEHIND_A_RETRY, True): Step.RESEND,  # after that batch, at once: no new epoch
+    (Attempt.BEHIND_A_RETRY, False): Step.FAIL_FENCED,
     (Attempt.RETRIABLE, True): Step.RESEND,  # the same bytes, after a backoff
     (Attempt.RETRIABLE, False): Step.FAIL_FENCED,
     (Attempt.UNKNOWN, True): Step.FAIL_FENCED,
@@ -77,15 +83,16 @@ OUTCOMES: dict[tuple[Attempt, bool], Step] = {
 }
 
 
-def classify(exc: BaseException | None, sequenced: bool) -> Attempt:
+def classify(exc: BaseException | None, sequenced: bool, behind_a_retry: bool = False) -> Attempt:
     """How an attempt that ended with ``exc`` (None: stored) ended, for a batch that carries
-    a sequence (``sequenced``) or not. Usage errors, and a closed broker or client, are
+    a sequence (``sequenced``) or not, and has a batch sent before it under its epoch waiting
+    to go again (``behind_a_retry``) or not. Usage errors, and a closed broker or client, are
     refusals before anything is stored; a fenced producer's or an out-of-order sequence's
     are not: those say the producer's state disagrees with the broker's."""
     if exc is None:
         return Attempt.STORED
     if isinstance(exc, OutOfOrderSequenceError) and sequenced:
-        return Attempt.OUT_OF_ORDER
+        return Attempt.BEHIND_A_RETRY if behind_a_retry else Attempt.OUT_OF_ORDER
     if getattr(exc, "retriable", False):
         return Attempt.RETRIABLE
     if type(exc) is StorageError and sequenced:
@@ -202,12 +209,14 @@ def judge(
     created_ms: float,
     now_ms: float,
     aborting: bool = False,
+    behind_a_retry: bool = False,
 ) -> Verdict:
-    """The step after attempt ``attempts`` of a batch made at ``created_ms`` failed with ``exc``."""
-    kind = classify(exc, sequenced)
+    """The step after attempt ``attempts`` of a batch made at ``created_ms`` failed with ``exc``
+    (``behind_a_retry``: a batch sent before it under its epoch waits to go again)."""
+    kind = classify(exc, sequenced, behind_a_retry)
     delay_ms: float | None = None
     if not policy.gives_up(attempts, aborting):
-        if kind is Attempt.OUT_OF_ORDER:
+        if kind is Attempt.OUT_OF_ORDER or kind is Attempt.BEHIND_A_RETRY:
             delay_ms = 0.0
         elif kind is Attempt.RETRIABLE:
             delay_ms = policy.backoff_ms(attempts, created_ms, now_ms)

@@ -505,12 +505,8 @@ class ProducerCore:
             created_ms=b.created_ms,
             now_ms=now_ms,
             aborting=self.aborting,
+            behind_a_retry=self._behind_a_retry(b),
         )
-        if verdict.step is Step.REENCODE and self._behind_a_retry(b):
-            # refused as out of order because a batch before it was refused (a full disk, a
-            # broker going away) and waits to go again: the same bytes follow it, under the
-            # same epoch. Encoding anew bumped the epoch for a gap that explains itself
-            return Verdict(Step.RESEND, 0.0, None)
         if verdict.step is Step.REENCODE:
             if b.identity == self.identity:
                 self.bump_epoch()
