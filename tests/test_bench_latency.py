@@ -327,7 +327,7 @@ def test_halt_polling_out_of_range_is_refused_before_anything_runs(capsys):
     assert "--halt-poll-us must be from 0 to 10000" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("system", ["headwater", "headwater-aio"])
+@pytest.mark.parametrize("system", ["headwater", "headwater-aio", "headwater-1inflight"])
 def test_a_short_latency_run_of_each_headwater_client_receives_every_message(system, tmp_path):
     """The runs' plumbing (not a figure): the blocking and the asyncio client's producer and
     consumer processes against a real ``headwater serve``, every message counted once."""

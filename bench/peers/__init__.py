@@ -23,9 +23,11 @@ SYSTEMS: dict[str, tuple[str, str]] = {
     "rabbitmq": ("bench.peers.rabbitmq", "RabbitMQ"),
 }
 
-# systems that only the latency benchmark runs (bench.latency): Headwater through its asyncio client
+# systems that only the latency benchmark runs (bench.latency): Headwater through its asyncio
+# client, and through its blocking client with one batch of a partition in flight at a time
 LATENCY_ONLY: dict[str, tuple[str, str]] = {
     "headwater-aio": ("bench.peers.headwater_net", "HeadwaterAio"),
+    "headwater-1inflight": ("bench.peers.headwater_net", "HeadwaterOneInFlight"),
 }
 
 # yardsticks, not systems: the latency benchmark runs them beside the systems to show what the

@@ -36,7 +36,7 @@ from bench.peers.base import (
 )
 from bench.peers.latency_run import AsyncFutureSender
 
-__all__ = ["HeadwaterAio", "HeadwaterNet"]
+__all__ = ["HeadwaterAio", "HeadwaterNet", "HeadwaterOneInFlight"]
 
 QUEUE = "bench"
 LINGER_MS = 5
@@ -50,6 +50,7 @@ class HeadwaterNet(Driver):
         Mode("headwater async", "async", False, "after write to the log; fsync on an interval"),
         Mode("headwater sync", "sync", True, "after the fsync covering the batch (group commit)"),
     )
+    max_in_flight: int | None = None  # the latency producer's: None, the producer's default (5)
 
     def setup(self) -> None:
         pass  # the broker is started per mode (use_mode)
@@ -129,7 +130,7 @@ class HeadwaterNet(Driver):
     @contextlib.contextmanager
     def sender(self, mode: Mode, stream: int) -> Iterator:
         hw = self._connect()
-        p = _producer(hw, linger_ms=0)
+        p = _producer(hw, linger_ms=0, max_in_flight=self.max_in_flight)
         try:
             yield FutureSender(lambda body: p.send(QUEUE, body))  # the latency queue has 1 partition
         finally:
@@ -152,11 +153,26 @@ class HeadwaterNet(Driver):
             hw.close()
 
 
-def _producer(hw, *, linger_ms: int):
+def _producer(hw, *, linger_ms: int, max_in_flight: int | None = None):
     try:
-        return hw.producer(linger_ms=linger_ms, batch_bytes_max=BATCH_BYTES_MAX)
+        return hw.producer(linger_ms=linger_ms, batch_bytes_max=BATCH_BYTES_MAX, max_in_flight=max_in_flight)
     except TypeError:  # a Client.producer that does not take the settings yet: its defaults
         return hw.producer()
+
+
+class HeadwaterOneInFlight(HeadwaterNet):
+    """The same broker and blocking client, the latency producer with ``max_in_flight=1``: one
+    batch of the partition awaits its acknowledgement at a time, and what is sent meanwhile
+    leaves as one batch when the answer comes, rather than as up to five requests of a message
+    each (docs/producing.md, ``max_in_flight``). Latency only: it shows what the setting trades
+    at a given rate, beside the default, in the same rounds."""
+
+    system = "headwater-1inflight"
+    modes = tuple(
+        Mode(m.label.replace("headwater", "headwater-1inflight", 1), m.key, m.fsync_before_ack, m.ack_means)
+        for m in HeadwaterNet.modes
+    )
+    max_in_flight = 1
 
 
 class HeadwaterAio(HeadwaterNet):
