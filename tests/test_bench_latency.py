@@ -340,6 +340,12 @@ def test_a_short_latency_run_of_each_headwater_client_receives_every_message(sys
         driver.setup()
         driver.use_mode(mode)
         driver.reset(mode, 1)
+        if not driver.async_client:  # the setting each blocking system is measured with
+            hw = driver._connect()
+            try:
+                assert driver.latency_producer(hw).max_in_flight == (1 if system == "headwater-1inflight" else 5)
+            finally:
+                hw.close()
         out = driver.latency(mode, rate=500, seconds=0.6, size=100)
     finally:
         driver.teardown()

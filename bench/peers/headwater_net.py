@@ -127,10 +127,14 @@ class HeadwaterNet(Driver):
         finally:
             hw.close()
 
+    def latency_producer(self, hw):
+        """The blocking producer the latency run sends through: no linger, ``max_in_flight``."""
+        return _producer(hw, linger_ms=0, max_in_flight=self.max_in_flight)
+
     @contextlib.contextmanager
     def sender(self, mode: Mode, stream: int) -> Iterator:
         hw = self._connect()
-        p = _producer(hw, linger_ms=0, max_in_flight=self.max_in_flight)
+        p = self.latency_producer(hw)
         try:
             yield FutureSender(lambda body: p.send(QUEUE, body))  # the latency queue has 1 partition
         finally:
