@@ -9,12 +9,13 @@ import random
 import pytest
 
 from headwater.client.core.outcomes import RetryPolicy, Step
-from headwater.client.core.producer import Batch, PartitionState, ProducerCore
+from headwater.client.core.producer import DELAY_BATCHES_MAX_DEFAULT, Batch, PartitionState, ProducerCore
 from headwater.errors import InvalidArgumentError, UnavailableError
 from headwater.model.batch import decode_deliver_offsets, decode_header
 from headwater.model.batch_reads import decode_records
 
 T0 = 1_800_000_000_000  # a due time on a whole minute
+NOW_S = T0 / 1000 - 5  # the core's clock: T0 is due in five seconds, "near" (DELAY_FAR_MS)
 
 
 class Tagged(Batch):
@@ -30,7 +31,9 @@ class Tagged(Batch):
         self.tags = [self.tags[i] for i in order]
 
 
-def core(*, linger_ms=0, bucket_ms=1000, batches_max=16, batch_bytes_max=1 << 20, pipeline=5) -> ProducerCore:
+def core(
+    *, linger_ms=0, bucket_ms=1000, batches_max=16, batch_bytes_max=1 << 20, pipeline=5, now_s=NOW_S
+) -> ProducerCore:
     retry = RetryPolicy(retries=3, backoff_ms=100, backoff_max_ms=100, delivery_timeout_ms=60_000, rng=random.Random(1))
     return ProducerCore(
         new_batch=Tagged,
@@ -43,15 +46,16 @@ def core(*, linger_ms=0, bucket_ms=1000, batches_max=16, batch_bytes_max=1 << 20
         compression=None,
         delay_bucket_ms=bucket_ms,
         delay_batches_max=batches_max,
+        clock=lambda: now_s,
     )
 
 
-def add(c: ProducerCore, tag: int, due_ms: int, now_ms: float = 0, partition: int = 0) -> Tagged:
+def add(c: ProducerCore, tag: int, due_ms: int, now_ms: float = 0, partition: int = 0, urgent: bool = False) -> Tagged:
     ps = c.partition("q", partition, due_ms)
     body = f"m{tag}".encode()
-    b, opened = c.append(ps, body, len(body), now_ms, due_ms, False)
+    b, opened = c.append(ps, body, len(body), now_ms, due_ms, urgent)
     b.tags.append(tag)  # type: ignore[attr-defined]  # a Tagged batch
-    if opened:
+    if opened or urgent:
         c.mark_sendable(ps)
     return b  # type: ignore[return-value]
 
@@ -165,3 +169,60 @@ def test_a_delayed_batch_is_held_open_only_until_sealed_taken_or_aborted():
     third = add(c, 2, T0 + 9000)
     unsent, _ = c.abort()
     assert third in unsent and not ps.holds_open(third)
+
+
+def test_times_due_hours_ahead_share_a_batch_by_the_minute():
+    c = core(pipeline=60, batches_max=DELAY_BATCHES_MAX_DEFAULT, now_s=T0 / 1000 - 3 * 3600)  # T0 is 3 h ahead: far
+    rng = random.Random(5)
+    dues = {i: T0 + rng.randrange(3_600_000) for i in range(5_000)}  # an hour: 60 minutes
+    for i, due in dues.items():
+        add(c, i, due)
+    ps = c.partition("q", 0, T0)
+    assert len(ps.opens) == 60 and not ps.ready  # type: ignore[arg-type]  # one per minute, none sealed
+    batches, _ = c.collect(now_ms=0, hurry=True)
+    assert sum(len(b.messages) for b in batches) == 5_000
+    for tags, times in encoded(c, batches):
+        assert times == sorted(times) and times == [dues[t] for t in tags]  # each keeps its exact time
+        assert len({t // 60_000 for t in times}) == 1  # within the batch format's span
+
+
+def test_by_the_second_only_within_ten_minutes_of_now():
+    c = core(now_s=T0 / 1000)
+    for i, ahead_s in enumerate([1.0, 1.5, 599.0, 599.5, 600.0, 600.5, 659.0]):
+        add(c, i, T0 + int(ahead_s * 1000))
+    ps = c.partition("q", 0, T0)
+    assert sorted(b.tags for b in ps.opens.values()) == [[0, 1], [2, 3], [4, 5, 6]]  # type: ignore[union-attr,attr-defined]
+
+
+def test_a_near_message_joins_the_far_batch_holding_its_time_so_one_time_keeps_send_order():
+    now = [T0 / 1000 - 700]  # T0 + 30 s is due in 730 s: far
+    c = ProducerCore(
+        new_batch=Tagged,
+        batch_sent=lambda queue, partition: None,
+        retry=RetryPolicy(retries=3, backoff_ms=1, backoff_max_ms=1, delivery_timeout_ms=60_000, rng=random.Random(1)),
+        linger_ms=1000,
+        batch_bytes_max=1 << 20,
+        pipeline=5,
+        idempotent=True,
+        compression=None,
+        clock=lambda: now[0],
+    )
+    first = add(c, 0, T0 + 30_000)
+    now[0] += 200  # 530 s ahead now: near, but the minute's open batch holds that time
+    second = add(c, 1, T0 + 30_000)
+    third = add(c, 2, T0 + 45_000)
+    assert first is second is third
+    ((tags, times),) = encoded(c, c.collect(now_ms=0, hurry=True)[0])
+    assert tags == [0, 1, 2] and times == [T0 + 30_000, T0 + 30_000, T0 + 45_000]
+
+
+def test_a_delayed_batch_a_caller_waits_for_leaves_before_older_lingering_ones():
+    c = core(linger_ms=10_000)
+    add(c, 0, T0 + 100)
+    add(c, 1, T0 + 2_100)
+    waited = add(c, 2, T0 + 4_100, urgent=True)  # sealed at once: nothing joins it now
+    add(c, 3, T0 + 4_200)
+    ps = c.partition("q", 0, T0)
+    assert list(ps.ready) == [waited]
+    assert [b.tags for b in c.collect(now_ms=1, hurry=False)[0]] == [[2]]  # type: ignore[attr-defined]
+    assert [b.tags for b in c.collect(now_ms=10_001, hurry=False)[0]] == [[0], [1], [3]]  # type: ignore[attr-defined]

@@ -23,6 +23,7 @@ from headwater.client.core.outcomes import RetryPolicy, int_setting
 from headwater.client.core.partitioner import Partitioner, PartitionFn
 from headwater.client.core.producer import (
     DELAY_BATCHES_MAX_DEFAULT,
+    DELAY_BATCHES_MAX_MAX,
     DELAY_BUCKET_MS_DEFAULT,
     DELAY_BUCKET_MS_MAX,
     Batch,
@@ -211,13 +212,13 @@ class ProducerBase:
     - ``metadata_max_age_ms``: how long a queue's partition count and limits are cached;
       an older copy is refreshed in the background while sends go on with it.
     - ``rng``: the randomness of the backoff jitter and of the ``"random"`` partitioner.
-    - ``clock``: seconds since the epoch, for ``delay=`` (default: the embedded broker's
-      clock, else ``time.time``).
+    - ``clock``: seconds since the epoch, for ``delay=`` and for how far ahead a delayed
+      message is due (default: the embedded broker's clock, else ``time.time``).
     - ``delay_bucket_ms``: delayed messages of a partition due within one such aligned span
       share a batch, whatever the order of their times (each keeps its exact time); 1 to
-      60,000.
+      60,000. Messages due ten minutes ahead or more share one by the minute.
     - ``delay_batches_max``: open batches of delayed messages per partition (one per
-      bucket); at the limit the oldest is sealed.
+      bucket), 1 to 65,536 (default 2,048); at the limit the oldest is sealed.
     """
 
     def __init__(
@@ -278,7 +279,8 @@ class ProducerBase:
             idempotent=idempotent,
             compression=compression,
             delay_bucket_ms=int_setting("delay_bucket_ms", delay_bucket_ms, 1, DELAY_BUCKET_MS_MAX),
-            delay_batches_max=int_setting("delay_batches_max", delay_batches_max, 1, 4096),
+            delay_batches_max=int_setting("delay_batches_max", delay_batches_max, 1, DELAY_BATCHES_MAX_MAX),
+            clock=self._clock,
         )
         self._parts = self._core.parts
         self._buffered_bytes = 0  # of messages sent without waiting, not settled yet

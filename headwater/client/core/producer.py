@@ -11,10 +11,13 @@ Rules it keeps (``docs/design/client.md`` says why):
   is sealed and waits in ``ready``) or it has lingered ``linger_ms``; ``hurry`` (a flush, a
   close, a waiting caller) ends the linger.
 - Delayed messages of a partition have up to ``delay_batches_max`` open batches, one per
-  *due bucket* (``deliver_at_ms // delay_bucket_ms``): a message joins its bucket's batch
-  whatever the order of due times, and the batch is encoded sorted by due time (stably, so
-  messages due at the same time keep their order), each keeping its exact time. At the
-  limit the oldest open batch is sealed; each lingers from its own creation.
+  *due bucket*: ``delay_bucket_ms`` wide for a time due within ``DELAY_FAR_MS`` (ten
+  minutes), a minute wide (the batch format's span) for a later one. A message joins its
+  bucket's batch whatever the order of due times, else the open batch of the other width
+  that covers its time, so messages due at one time share a batch or leave in send order.
+  A batch is encoded sorted by due time (stably, so messages due at the same time keep
+  their order), each keeping its exact time. At the limit the oldest open batch is sealed;
+  each lingers from its own creation; one a caller waits for is sealed at once.
 - Up to ``pipeline`` batches of a partition are in flight, taken in order, and encoded in
   that order (their sequences follow each other). After an epoch bump, batches under the new
   epoch wait until the old epoch's are through: one of those may still need a retry.
@@ -35,6 +38,7 @@ Thread-safety: none; the sync producer calls it under its state lock, and :meth:
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -50,7 +54,9 @@ __all__ = [
     "ProducerCore",
     "DELAY_BUCKET_MS_DEFAULT",
     "DELAY_BATCHES_MAX_DEFAULT",
+    "DELAY_BATCHES_MAX_MAX",
     "DELAY_BUCKET_MS_MAX",
+    "DELAY_FAR_MS",
     "moved_to",
 ]
 
@@ -58,8 +64,15 @@ __all__ = [
 DELAY_BUCKET_MS_DEFAULT = 1_000
 #: a batch's messages must be due within the batch format's span of each other
 DELAY_BUCKET_MS_MAX = DELIVER_SPAN_MS_MAX
-#: open delayed batches per partition; at the limit the oldest is sealed
-DELAY_BATCHES_MAX_DEFAULT = 16
+#: open delayed batches per partition; at the limit the oldest is sealed. Enough for a
+#: day of minute buckets, and those of the next ten minutes by the second
+DELAY_BATCHES_MAX_DEFAULT = 2048
+DELAY_BATCHES_MAX_MAX = 1 << 16
+#: delayed messages due at least this far ahead share a batch by the minute: times spread
+#: over hours would otherwise touch more buckets than a partition keeps open, and travel
+#: a message a batch (docs/design/delay.md, "Times spread over hours")
+DELAY_FAR_MS = 600_000
+_FAR = 1 << 62  # far buckets' keys, apart from the near ones (deliver_at_ms // delay_bucket_ms)
 
 Key = tuple[str, int]
 
@@ -160,7 +173,8 @@ class Batch:
 class ProducerCore:
     """The state of one producer; see the module's docstring. ``new_batch(part, created_ms)``
     makes the driver's kind of batch; ``batch_sent(queue, partition)`` tells the partitioner
-    a batch left (its sticky partition moves on)."""
+    a batch left (its sticky partition moves on); ``clock`` (seconds since the epoch) says
+    how far ahead a delayed message is due."""
 
     def __init__(
         self,
@@ -175,6 +189,7 @@ class ProducerCore:
         compression: str | None,
         delay_bucket_ms: int = DELAY_BUCKET_MS_DEFAULT,
         delay_batches_max: int = DELAY_BATCHES_MAX_DEFAULT,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.retry = retry
         self.linger_ms = linger_ms
@@ -192,6 +207,7 @@ class ProducerCore:
         self._order = itertools.count(1)
         self.delay_bucket_ms = delay_bucket_ms
         self.delay_batches_max = delay_batches_max
+        self._clock = clock  # seconds since the epoch: how far ahead a delayed message is due
 
     # -- adding messages ----------------------------------------------------------------
 
@@ -217,13 +233,28 @@ class ProducerCore:
         b = ps.open = self._new_batch(ps, now_ms)
         return b, True
 
+    def delay_bucket(self, deliver_at_ms: int) -> int:
+        """The key of the due bucket of a message due at ``deliver_at_ms``: by
+        ``delay_bucket_ms`` within ``DELAY_FAR_MS`` of now, else by the minute."""
+        if deliver_at_ms - self._clock() * 1000 < DELAY_FAR_MS:
+            return deliver_at_ms // self.delay_bucket_ms
+        return _FAR + deliver_at_ms // DELIVER_SPAN_MS_MAX
+
     def _delayed_batch_for(
         self, ps: PartitionState, size: int, now_ms: float, deliver_at_ms: int
     ) -> tuple[Batch, bool]:
         opens = ps.opens
         assert opens is not None, "a delayed message goes to the partition's delayed state"
-        bucket = deliver_at_ms // self.delay_bucket_ms
+        bucket = self.delay_bucket(deliver_at_ms)
         b = opens.get(bucket)
+        if b is None:  # the open batch of the other width covering this time, if any: then
+            # messages due at one time share a batch or leave in send order (oldest first)
+            other = (
+                _FAR + deliver_at_ms // DELIVER_SPAN_MS_MAX if bucket < _FAR else deliver_at_ms // self.delay_bucket_ms
+            )
+            b = opens.get(other)
+            if b is not None:
+                bucket = other
         if b is not None:
             if b.size_bytes + size <= self.batch_bytes_max:
                 return b, False
@@ -250,7 +281,7 @@ class ProducerCore:
         path of a send)."""
         opened = False
         if deliver_at_ms:  # its due bucket's open batch (ps.opens is there: a delayed state)
-            b = ps.opens.get(deliver_at_ms // self.delay_bucket_ms)  # type: ignore[union-attr]
+            b = ps.opens.get(self.delay_bucket(deliver_at_ms))  # type: ignore[union-attr]
             if b is None or b.size_bytes + size > self.batch_bytes_max:
                 b, opened = self._delayed_batch_for(ps, size, now_ms, deliver_at_ms)
         else:
@@ -265,8 +296,8 @@ class ProducerCore:
             b.buffered_bytes += size
         if urgent:
             b.urgent = True
-        if b.size_bytes >= self.batch_bytes_max:
-            self.seal_open(ps, b)
+        if b.size_bytes >= self.batch_bytes_max or (urgent and deliver_at_ms):
+            self.seal_open(ps, b)  # full; or delayed, and waited for: see _due_open
         return b, opened
 
     def append_group(
@@ -282,8 +313,8 @@ class ProducerCore:
             b.deliver_times.extend([deliver_at_ms] * len(msgs))  # type: ignore[union-attr]  # a delayed batch has its list
         b.size_bytes += size
         b.urgent = True
-        if b.size_bytes >= self.batch_bytes_max:
-            self.seal_open(ps, b)
+        if b.size_bytes >= self.batch_bytes_max or deliver_at_ms:
+            self.seal_open(ps, b)  # full; or delayed, and waited for: see _due_open
         return b, opened, index
 
     def seal_open(self, ps: PartitionState, b: Batch) -> None:
@@ -298,15 +329,17 @@ class ProducerCore:
         self._batch_sent(ps.queue, ps.partition)
 
     def _due_open(self, ps: PartitionState, now_ms: float, hurry: bool) -> Batch | None:
-        """The oldest delayed open batch of ``ps`` due to leave now (lingered, or someone
-        waits for it), taken out of the open ones; None if none is."""
+        """The oldest delayed open batch of ``ps`` if it is due to leave now (it lingered, or
+        a flush hurries it), taken out of the open ones; else None. Only the oldest is
+        looked at, however many are open: a batch someone waits for was sealed (it is in
+        ``ready``), so none behind the oldest is due before it."""
         assert ps.opens is not None
-        for b in ps.opens.values():
-            if hurry or b.urgent or not self.linger_ms or b.created_ms + self.linger_ms <= now_ms:
-                del ps.opens[b.bucket]
-                b.bucket = -1
-                self._batch_sent(ps.queue, ps.partition)
-                return b
+        b = next(iter(ps.opens.values()))
+        if hurry or not self.linger_ms or b.created_ms + self.linger_ms <= now_ms:
+            del ps.opens[b.bucket]
+            b.bucket = -1
+            self._batch_sent(ps.queue, ps.partition)
+            return b
         return None
 
     def seal(self, ps: PartitionState) -> None:
