@@ -278,6 +278,59 @@ def test_cancel_refuses_unknown_and_log_ids(hw, clock):
         hw.cancel("not-an-id")
 
 
+@pytest.mark.alone("it counts a fresh broker's whole schedule (delay_stats) (test_cluster_delay.py: on a cluster)")
+def test_messages_due_hours_ahead_are_cancelled_and_found_in_a_bucket_not_loaded(hw, clock):
+    """Their bucket is not loaded (due beyond the lookahead): cancel and get read the
+    batch's own records through the bucket's index, which follows what is appended later."""
+    hw.admin.create_queue("later", partitions=2, ttl_s=None)
+    far = now_ms(clock) + 5 * 3_600_000
+    singles = [hw.send("later", b"s%d" % i, deliver_at=far + i) for i in range(20)]
+    batch = hw.send_batch("later", [b"b0", b"b1", b"b2"], deliver_at=far + 100, partition=0)
+    assert not any(b.loaded for b in hw.delay_stats().buckets)
+    hw.cancel(singles[3])
+    hw.cancel(batch[1])
+    after = hw.send("later", b"after", deliver_at=far + 200)  # appended once the index was made
+    hw.cancel(after)
+    hw.cancel(after)  # again: fine
+    assert hw.get(batch[2]).body == b"b2" and hw.get(singles[19]).body == b"s19"
+    for gone in (singles[3], batch[1], after):
+        with pytest.raises(MessageNotFoundError, match="cancelled"):
+            hw.get(gone)
+    hw.cancel(batch[2])
+    assert hw.delay_stats().pending_messages == 20
+    clock.advance(6 * 3600)
+    wait_for(lambda: count_is(hw, "later", 20), what="delivery")
+    time.sleep(0.3)  # nothing else comes
+    bodies = sorted(r.body for r in scan_all(hw, "later"))
+    assert bodies == sorted([b"s%d" % i for i in range(20) if i != 3] + [b"b0"])
+
+
+def test_a_cancel_due_hours_ahead_reads_its_batch_not_the_bucket_file(tmp_path, clock, monkeypatch):
+    from headwater.storage.schedule import ScheduleFile
+
+    read = [0]
+    scan = ScheduleFile.scan
+
+    def counting(self, **kw):
+        for r in scan(self, **kw):
+            read[0] += 1
+            yield r
+
+    with headwater.open(tmp_path / "d", clock=clock) as hw:
+        hw.admin.create_queue("later", partitions=4, ttl_s=None)
+        far = now_ms(clock) + 5 * 3_600_000
+        ids = [hw.send("later", b"x", deliver_at=far + i) for i in range(500)]  # a batch each
+        monkeypatch.setattr(ScheduleFile, "scan", counting)
+        hw.cancel(ids[10])  # the first makes the index: one read of the whole file
+        assert read[0] >= 500
+        read[0] = 0
+        hw.cancel(ids[300])  # then: the new CANCELLED record, and the batch's own records
+        hw.cancel(ids[301])
+        assert read[0] <= 6, read[0]
+        with pytest.raises(MessageNotFoundError, match="cancelled"):
+            hw.get(ids[300])
+
+
 # -- bad input -------------------------------------------------------------------------
 
 

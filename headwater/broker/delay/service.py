@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
 
-from headwater.broker.delay.buckets import Bucket, Entry, Run, find_entry, replay
+from headwater.broker.delay.buckets import Bucket, BucketIndex, Entry, Run, replay
 from headwater.broker.delay.handoff import DelayHandoff, DeliveryGate
 from headwater.broker.delay.lifecycle import CANCEL, State, move
 from headwater.broker.delay.recovery import DelayRecovery
@@ -279,25 +279,8 @@ class DelayService(DelayRecovery, DelayHandoff):
             b.pending_messages += h.count
             b.pending_batches += 1
             if b.loaded:
-                self._add_entry_locked(
-                    b,
-                    Entry(
-                        ScheduleRecord(
-                            SCHEDULE,
-                            qid,
-                            partition,
-                            h.count,
-                            n,
-                            h.deliver_at_ms,
-                            now,
-                            self._accept_seq,
-                            pos,
-                            len(batch),
-                            None,
-                            offsets,
-                        )
-                    ),
-                )
+                fields = (SCHEDULE, qid, partition, h.count, n, h.deliver_at_ms, now, self._accept_seq, pos)
+                self._add_entry_locked(b, Entry(ScheduleRecord(*fields, len(batch), None, offsets)))
             result = ProduceResult(qid, key_partition, delay_offset(start, n), h.count, now)
             self._producers.record(h, qid, key_partition, result.base_offset, now)
             self.counters.accepted += h.count
@@ -349,7 +332,7 @@ class DelayService(DelayRecovery, DelayHandoff):
                 b.entries, b.numbers = {}, []
                 for n in numbers:
                     self._add_entry_locked(b, entries[n])
-                b.loaded = True
+                b.loaded, b.index = True, None
         finally:
             b.loading = False
 
@@ -526,13 +509,33 @@ class DelayService(DelayRecovery, DelayHandoff):
         return b, e, number - e.number
 
     def _read_entry_locked(self, b: Bucket, number: int) -> Entry | None:
-        """The entry holding message ``number`` of a bucket not loaded, read from its file (a
-        rare call: a cancel or lookup of a message due later)."""
-        entries: dict[int, Entry] = {}
-        tmp: list[int] = []
-        replay(b.file.scan(cut=False), entries, tmp)
+        """The entry holding message ``number`` of a bucket not loaded, read by the bucket's
+        index (made here unless :meth:`_index_unlocked` made it first)."""
+        if b.index is None:
+            b.index = BucketIndex()
+        b.index.catch_up(b.file)
         self._touch_locked(b)
-        return find_entry(entries, tmp, number)
+        return b.index.read_entry(b.file, number)
+
+    def _index_unlocked(self, partition: int, offset: int) -> None:
+        """Index the bucket of a delayed id, not loaded, outside the lock (as loading reads):
+        its one whole read holds up nobody; what is appended meanwhile is caught up under it."""
+        if not partition & DELAYED_PARTITION_BIT:
+            return
+        with self._lock:
+            b = self._buckets.get(split_delay_offset(offset)[0])
+            if b is None or b.loaded or b.loading or b.index is not None:
+                return
+            self._touch_locked(b)
+            size = b.file.size
+        index = BucketIndex()
+        try:
+            index.catch_up(b.file, end=size)
+        except StorageError:
+            return  # the file went meanwhile: the lookup under the lock says what is left
+        with self._lock:
+            if b.index is None and not b.loaded:
+                b.index = index
 
     def cancel(self, queue_id: int, partition: int, offset: int) -> None:
         """Cancel one delayed message that is not delivered yet (cancelling twice is fine)."""
@@ -543,6 +546,7 @@ class DelayService(DelayRecovery, DelayHandoff):
                 f"{mid} is the id of a message in its partition's log, not of a delayed message "
                 f"waiting to be delivered; only those can be cancelled"
             )
+        self._index_unlocked(partition, offset)
         with self._lock:
             if self.closed:
                 raise ClosedError("the broker is closed")
@@ -568,6 +572,7 @@ class DelayService(DelayRecovery, DelayHandoff):
         """The queue and a batch of just this message: the pending message at its delayed
         id, or once delivered, the message as stored in its partition."""
         mid = MessageId(queue_id, partition, offset)
+        self._index_unlocked(partition, offset)
         with self._lock:
             b, e, index = self._find_locked(queue_id, partition, offset)
             state, cancelled = e.run_of(index).state, bool(e.cancelled and index in e.cancelled)

@@ -1,0 +1,73 @@
+"""The bucket index (headwater.broker.delay.buckets.BucketIndex) against a replay of the whole
+bucket file: for every message number, the batch it rebuilds from that batch's own records
+is the one the whole file gives, whatever records came after (cancels, deliveries, drops,
+moves, adoptions) and however the index caught up with appends."""
+
+from __future__ import annotations
+
+import random
+
+from headwater.broker.delay.buckets import BucketIndex, Entry, find_entry, replay
+from headwater.model.batch import encode_batch
+from headwater.storage.memory_schedule import MemoryScheduleFile
+from headwater.storage.schedule import ADOPTED, CANCELLED, DELIVERED, DROPPED, MOVED, SCHEDULE, encode_record
+
+T0 = 1_800_000_000_000
+
+
+def state(e: Entry | None) -> object:
+    if e is None:
+        return None
+    runs = [(g.due_ms, g.first, g.end, g.state, g.delivered_offset) for g in e.runs]
+    return e.number, e.count, runs, sorted(e.cancelled or ()), e.origin, e.gate, e.open_runs, e.position, e.size
+
+
+def whole_file(f: MemoryScheduleFile, number: int) -> Entry | None:
+    entries: dict[int, Entry] = {}
+    numbers: list[int] = []
+    replay(f.scan(cut=False), entries, numbers)
+    return find_entry(entries, numbers, number)
+
+
+def test_each_batch_rebuilt_from_its_own_records_is_the_whole_files():
+    for seed in range(40):
+        rng = random.Random(seed)
+        f = MemoryScheduleFile(T0, T0 + 3_600_000, b"s" * 16, 0)
+        index = BucketIndex()
+        batches: list[tuple[int, int]] = []  # (first number, count)
+        nxt = 0
+        for step in range(60):
+            roll = rng.random()
+            if roll < 0.4 or not batches:
+                count = rng.randint(1, 6)
+                times = sorted(T0 + rng.randrange(5_000) for _ in range(count))
+                batch = encode_batch([b"m%d" % i for i in range(count)], deliver_times=times)
+                parts = []
+                if rng.random() < 0.15:  # taken from another broker with its partition
+                    parts += encode_record(ADOPTED, 7, 1, 0, nxt, rng.randrange(5), 0, rng.randrange(1 << 30))
+                parts += encode_record(SCHEDULE, 7, 1, count, nxt, times[0], 0, step, batch)
+                f.append(parts)
+                batches.append((nxt, count))
+                nxt += count + rng.randrange(3)  # numbers rise; adopted ones may leave gaps
+            else:
+                first, count = rng.choice(batches)
+                kind = rng.choice([CANCELLED, CANCELLED, CANCELLED, DELIVERED, DROPPED, MOVED])
+                index_in = rng.randrange(count)  # CANCELLED: a message; DELIVERED, DROPPED: a run's first
+                f.append(encode_record(kind, 7, 1, index_in, first, T0, rng.randrange(1000)))
+            if rng.random() < 0.3:
+                index.catch_up(f)  # now and then, as lookups come
+        index.catch_up(f)
+        for number in range(nxt + 2):
+            assert state(index.read_entry(f, number)) == state(whole_file(f, number)), (seed, number)
+
+
+def test_an_index_caught_up_to_a_size_then_to_the_end_sees_every_record():
+    f = MemoryScheduleFile(T0, T0 + 3_600_000, b"s" * 16, 0)
+    for n in range(0, 30, 3):
+        f.append(encode_record(SCHEDULE, 1, 0, 3, n, T0 + n, 0, n, encode_batch([b"a", b"b", b"c"], deliver_at_ms=T0)))
+    index = BucketIndex()
+    index.catch_up(f, end=f.size // 2)  # outside the lock, to the size then
+    f.append(encode_record(CANCELLED, 1, 0, 1, 27, T0))
+    index.catch_up(f)  # under it: the rest
+    assert sorted(index.read_entry(f, 28).cancelled or ()) == [1]
+    assert index.read_entry(f, 31) is None and index.read_entry(f, 0).number == 0
