@@ -23,6 +23,8 @@ with its data under /tmp (removed afterwards); this process produces and consume
    p99 <= 100 ms. *Seen lateness* adds the consumer's side: the wall clock when this process
    got it minus its due time. Both clocks are this machine's ``CLOCK_REALTIME``. The
    broker's own view (``delay stats``) is printed too.
+4. ``--cancels K`` (a wide window): then cancel K of the messages due after the watch, in
+   random order, each timed (their buckets are mostly not loaded: due beyond the lookahead).
 """
 
 from __future__ import annotations
@@ -94,9 +96,11 @@ def _send(
     cpu: dict | None = None,
     broker_pid: int = 0,
     count_objects: bool = False,
+    futures: list | None = None,
     **settings: int,
 ) -> float:
-    """Send n messages (with deliver times when given); seconds to the end of flush().
+    """Send n messages (with deliver times when given); seconds to the end of flush(). The
+    sends' futures go to ``futures`` when given.
     ``count_objects``: five times during the sends, the objects the garbage collector tracks
     beyond those before, beside the messages waiting in the producer (into ``cpu``; the
     counting takes time of its own)."""
@@ -123,7 +127,9 @@ def _send(
                 p.send(queue, BODY)
         else:
             for i in range(start, min(start + every, n)):
-                p.send(queue, BODY, partition=i % partitions, deliver_at=times[i])
+                f = p.send(queue, BODY, partition=i % partitions, deliver_at=times[i])
+                if futures is not None:
+                    futures.append(f)
         if count_objects:
             with p._lock:  # the producer's own view: what its batches hold now
                 waiting = sum(len(b.messages) for b in p._core.pending())
@@ -151,6 +157,7 @@ def run(
     count_objects: bool = False,
     window_s: float = WINDOW_S,
     watch_s: float = WATCH_S,
+    cancels: int = 0,
     **settings: int,
 ) -> dict:
     """One run; ``settings`` go to the delayed sends' producer (``delay_bucket_ms``, ...)."""
@@ -173,7 +180,10 @@ def run(
                 random.Random(3).shuffle(times)
             cons = hw.consumer(fetch_bytes=4 << 20, max_poll_messages=5000)
             cons.assign("delayed")
-            delayed_s = _send(hw, "delayed", n, partitions, times, delayed_cpu, proc.pid, count_objects, **settings)
+            sent: list = []
+            delayed_s = _send(
+                hw, "delayed", n, partitions, times, delayed_cpu, proc.pid, count_objects, sent, **settings
+            )
             accepted_at = time.time()
             late_ms: list[int] = []
             seen_ms: list[float] = []
@@ -187,6 +197,7 @@ def run(
                     seen_ms.append(now - r.scheduled_ms)
                 got += len(recs)
             cons.close()
+            cancel_ms = _cancel(hw, sent, times, start_ms + watched * 1000, cancels)
             stats = hw.delay_stats()
         return {
             "messages": n,
@@ -202,6 +213,7 @@ def run(
             "cpu_s": {"plain": plain_cpu, "delayed": delayed_cpu},
             "accepted_before_window_s": round(start_ms / 1000 - accepted_at, 2),
             "delivered": got,
+            "cancel_ms": cancel_ms,
             "lateness_ms": {
                 "p50": _pct(late_ms, 0.5),
                 "p99": _pct(late_ms, 0.99),
@@ -231,6 +243,18 @@ def run(
         except subprocess.TimeoutExpired:
             proc.kill()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _cancel(hw, sent: list, times: list[int], after_ms: int, k: int) -> list[float]:
+    """Cancel ``k`` of the messages due after the watched part of the window (those the
+    consumer does not wait for), in random order: each cancel's milliseconds."""
+    later = [f.result() for f, t in zip(sent, times) if t >= after_ms]
+    took = []
+    for mid in random.Random(5).sample(later, min(k, len(later))):
+        t = time.perf_counter()
+        hw.cancel(mid)
+        took.append((time.perf_counter() - t) * 1000)
+    return took
 
 
 def _print(r: dict) -> None:
@@ -273,6 +297,12 @@ def _print(r: dict) -> None:
             f"  seen lateness (consumer got it - due)   p50 {seen['p50']} ms  p99 {seen['p99']} ms  "
             f"max {seen['max']} ms"
         )
+    if r["cancel_ms"]:
+        c = r["cancel_ms"]
+        print(
+            f"  cancels of messages due later: {len(c)}, the first {c[0]:.1f} ms, then p50 "
+            f"{_pct(c[1:] or c, 0.5):.1f} ms, max {max(c[1:] or c):.1f} ms"
+        )
     b = r["broker_stats"]
     print(
         f"  broker's delay stats: delivered {b['delivered_total']:,}, lateness p50 {b['lateness_p50_ms']} ms, "
@@ -298,6 +328,9 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="count the objects the garbage collector tracks while messages wait (slows the sends)",
     )
+    ap.add_argument(
+        "--cancels", type=int, default=0, help="then cancel this many of the messages due after the watch, timed"
+    )
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
     settings = {
@@ -314,6 +347,7 @@ def main(argv: list[str] | None = None) -> None:
         args.count_objects,
         window_s=args.window_s,
         watch_s=args.watch_s,
+        cancels=args.cancels,
         **settings,
     )
     _print(r)
