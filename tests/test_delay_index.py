@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 from headwater.broker.delay.buckets import BucketIndex, Entry, find_entry, replay
+from headwater.broker.delay.lifecycle import State
 from headwater.model.batch import encode_batch
 from headwater.storage.memory_schedule import MemoryScheduleFile
 from headwater.storage.schedule import ADOPTED, CANCELLED, DELIVERED, DROPPED, MOVED, SCHEDULE, encode_record
@@ -27,6 +28,12 @@ def whole_file(f: MemoryScheduleFile, number: int) -> Entry | None:
     numbers: list[int] = []
     replay(f.scan(cut=False), entries, numbers)
     return find_entry(entries, numbers, number)
+
+
+def first_due(f: MemoryScheduleFile) -> int | None:
+    entries: dict[int, Entry] = {}
+    replay(f.scan(cut=False), entries, [])
+    return min((g.due_ms for e in entries.values() for g in e.runs if g.state == State.PENDING), default=None)
 
 
 def test_each_batch_rebuilt_from_its_own_records_is_the_whole_files():
@@ -56,7 +63,10 @@ def test_each_batch_rebuilt_from_its_own_records_is_the_whole_files():
                 f.append(encode_record(kind, 7, 1, index_in, first, T0, rng.randrange(1000)))
             if rng.random() < 0.3:
                 index.catch_up(f)  # now and then, as lookups come
+                if rng.random() < 0.5:  # and delay_stats: when the first pending message is due
+                    assert index.next_due(f) == first_due(f), (seed, step)
         index.catch_up(f)
+        assert index.next_due(f) == first_due(f), seed
         for number in range(nxt + 2):
             assert state(index.read_entry(f, number)) == state(whole_file(f, number)), (seed, number)
 

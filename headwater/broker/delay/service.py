@@ -492,7 +492,7 @@ class DelayService(DelayRecovery, DelayHandoff):
         alias = self._alias_locked(queue_id, partition & ~DELAYED_PARTITION_BIT, offset)
         if alias is not None:  # adopted with its partition: found by the id its producer got
             b = self._buckets[alias[0]]
-            e = b.find(alias[1]) if b.loaded else self._read_entry_locked(b, alias[1])
+            e = b.find(alias[1]) if b.loaded else self._index_locked(b).read_entry(b.file, alias[1])
             if e is not None:
                 return b, e, alias[2]
         start, number = split_delay_offset(offset)
@@ -503,19 +503,19 @@ class DelayService(DelayRecovery, DelayHandoff):
                     f"delayed message {mid} was delivered or cancelled, and its schedule was reclaimed"
                 )
             raise MessageNotFoundError(f"no delayed message has id {mid}")
-        e = b.find(number) if b.loaded else self._read_entry_locked(b, number)
+        e = b.find(number) if b.loaded else self._index_locked(b).read_entry(b.file, number)
         if e is None or e.queue_id != queue_id or e.partition != partition & ~DELAYED_PARTITION_BIT:
             raise MessageNotFoundError(f"no delayed message has id {mid}")
         return b, e, number - e.number
 
-    def _read_entry_locked(self, b: Bucket, number: int) -> Entry | None:
-        """The entry holding message ``number`` of a bucket not loaded, read by the bucket's
-        index (made here unless :meth:`_index_unlocked` made it first)."""
+    def _index_locked(self, b: Bucket) -> BucketIndex:
+        """The index of bucket ``b`` (not loaded), caught up with its file; made here unless
+        :meth:`_index_unlocked` made it first."""
         if b.index is None:
             b.index = BucketIndex()
         b.index.catch_up(b.file)
         self._touch_locked(b)
-        return b.index.read_entry(b.file, number)
+        return b.index
 
     def _index_unlocked(self, partition: int, offset: int) -> None:
         """Index the bucket of a delayed id, not loaded, outside the lock (as loading reads):
@@ -627,9 +627,10 @@ class DelayService(DelayRecovery, DelayHandoff):
     def _next_due_locked(self) -> int | None:
         """The earliest time a pending message is due: the heap's top, unless a pending
         bucket not loaded yet starts before it (the dispatcher loads buckets ahead of time,
-        but asynchronously: just after opening, the first one may still be unloaded). That
-        bucket's file is read for its earliest pending run: its start would be a time
-        already past for a message due later in it."""
+        but asynchronously: just after opening, the first one may still be unloaded; and a
+        bucket beyond the lookahead is not loaded at all). That bucket's index says when its
+        earliest pending run is due: its start would be a time already past for a message
+        due later in it."""
         nxt: int | None = self._heap[0][0] if self._heap else None
         for start in self._order:
             if nxt is not None and start >= nxt:
@@ -637,12 +638,7 @@ class DelayService(DelayRecovery, DelayHandoff):
             b = self._buckets[start]
             if b.loaded or not b.pending_messages:
                 continue
-            self._touch_locked(b)
-            entries: dict[int, Entry] = {}
-            replay(b.file.scan(cut=False), entries, [])
-            due = min(
-                (g.attempt_ms for e in entries.values() for g in e.runs if g.state == State.PENDING), default=None
-            )
+            due = self._index_locked(b).next_due(b.file)
             if due is not None:
                 return due if nxt is None else min(due, nxt)
         return nxt
