@@ -23,8 +23,9 @@ with its data under /tmp (removed afterwards); this process produces and consume
    p99 <= 100 ms. *Seen lateness* adds the consumer's side: the wall clock when this process
    got it minus its due time. Both clocks are this machine's ``CLOCK_REALTIME``. The
    broker's own view (``delay stats``) is printed too.
-4. ``--cancels K`` (a wide window): then cancel K of the messages due after the watch, in
-   random order, each timed (their buckets are mostly not loaded: due beyond the lookahead).
+4. ``--cancels K`` (a wide window): then cancel K of the messages due a minute or more after
+   the watch, in random order, each timed (their buckets are mostly not loaded: due beyond
+   the lookahead).
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ def run(
                     seen_ms.append(now - r.scheduled_ms)
                 got += len(recs)
             cons.close()
-            cancel_ms = _cancel(hw, sent, times, start_ms + watched * 1000, cancels)
+            cancel_ms = _cancel(hw, sent, times, start_ms + (watched + 60) * 1000, cancels)
             stats = hw.delay_stats()
         return {
             "messages": n,
@@ -246,8 +247,8 @@ def run(
 
 
 def _cancel(hw, sent: list, times: list[int], after_ms: int, k: int) -> list[float]:
-    """Cancel ``k`` of the messages due after the watched part of the window (those the
-    consumer does not wait for), in random order: each cancel's milliseconds."""
+    """Cancel ``k`` of the messages due after ``after_ms`` (a minute past the watched part of
+    the window: none comes due meanwhile), in random order: each cancel's milliseconds."""
     later = [f.result() for f, t in zip(sent, times) if t >= after_ms]
     took = []
     for mid in random.Random(5).sample(later, min(k, len(later))):
