@@ -224,7 +224,7 @@ class ProducerCore:
         is new: the open one is sealed first when they would overflow it. A delayed message
         goes to its due bucket's open batch (see the module's rules)."""
         if deliver_at_ms:
-            return self._delayed_batch_for(ps, size, now_ms, deliver_at_ms)
+            return self._delayed_batch_for(ps, size, now_ms, deliver_at_ms, self.delay_bucket(deliver_at_ms))
         b = ps.open
         if b is not None and b.size_bytes + size <= self.batch_bytes_max:
             return b, False
@@ -236,22 +236,20 @@ class ProducerCore:
     def delay_bucket(self, deliver_at_ms: int) -> int:
         """The key of the due bucket of a message due at ``deliver_at_ms``: by
         ``delay_bucket_ms`` within ``DELAY_FAR_MS`` of now, else by the minute."""
-        if deliver_at_ms - self._clock() * 1000 < DELAY_FAR_MS:
-            return deliver_at_ms // self.delay_bucket_ms
-        return _FAR + deliver_at_ms // DELIVER_SPAN_MS_MAX
+        return self._bucket_key(deliver_at_ms, deliver_at_ms - self._clock() * 1000 < DELAY_FAR_MS)
+
+    def _bucket_key(self, deliver_at_ms: int, near: bool) -> int:
+        return deliver_at_ms // self.delay_bucket_ms if near else _FAR + deliver_at_ms // DELIVER_SPAN_MS_MAX
 
     def _delayed_batch_for(
-        self, ps: PartitionState, size: int, now_ms: float, deliver_at_ms: int
+        self, ps: PartitionState, size: int, now_ms: float, deliver_at_ms: int, bucket: int
     ) -> tuple[Batch, bool]:
         opens = ps.opens
         assert opens is not None, "a delayed message goes to the partition's delayed state"
-        bucket = self.delay_bucket(deliver_at_ms)
         b = opens.get(bucket)
-        if b is None:  # the open batch of the other width covering this time, if any: then
+        if b is None:  # the open batch of the other width holding this time, if any: then
             # messages due at one time share a batch or leave in send order (oldest first)
-            other = (
-                _FAR + deliver_at_ms // DELIVER_SPAN_MS_MAX if bucket < _FAR else deliver_at_ms // self.delay_bucket_ms
-            )
+            other = self._bucket_key(deliver_at_ms, bucket >= _FAR)
             b = opens.get(other)
             if b is not None:
                 bucket = other
@@ -281,9 +279,10 @@ class ProducerCore:
         path of a send)."""
         opened = False
         if deliver_at_ms:  # its due bucket's open batch (ps.opens is there: a delayed state)
-            b = ps.opens.get(self.delay_bucket(deliver_at_ms))  # type: ignore[union-attr]
+            bucket = self.delay_bucket(deliver_at_ms)
+            b = ps.opens.get(bucket)  # type: ignore[union-attr]
             if b is None or b.size_bytes + size > self.batch_bytes_max:
-                b, opened = self._delayed_batch_for(ps, size, now_ms, deliver_at_ms)
+                b, opened = self._delayed_batch_for(ps, size, now_ms, deliver_at_ms, bucket)
         else:
             b = ps.open
             if b is None or b.size_bytes + size > self.batch_bytes_max:
