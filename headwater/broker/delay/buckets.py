@@ -11,7 +11,7 @@ with one run and its heap item, about 150 more per further run), delivered ones 
 until the bucket file is deleted. Only the buckets due within the lookahead are loaded, so
 entries are bounded by the batches due in about two bucket spans (docs/design/delay.md).
 A bucket not loaded in which a message was cancelled or looked up keeps a
-:class:`BucketIndex` (about 32 bytes a batch; 40 more once ``delay_stats`` asked it when
+:class:`BucketIndex` (about 32 bytes a batch; 45 more once ``delay_stats`` asked it when
 its first message is due) until it loads.
 """
 
