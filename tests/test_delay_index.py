@@ -73,11 +73,16 @@ def test_each_batch_rebuilt_from_its_own_records_is_the_whole_files():
 
 def test_an_index_caught_up_to_a_size_then_to_the_end_sees_every_record():
     f = MemoryScheduleFile(T0, T0 + 3_600_000, b"s" * 16, 0)
+    batch = encode_batch([b"a", b"b", b"c"], deliver_at_ms=T0)
+    size = 0
     for n in range(0, 30, 3):
-        f.append(encode_record(SCHEDULE, 1, 0, 3, n, T0 + n, 0, n, encode_batch([b"a", b"b", b"c"], deliver_at_ms=T0)))
-    index = BucketIndex()
-    index.catch_up(f, end=f.size // 2)  # outside the lock, to the size then
+        f.append(encode_record(SCHEDULE, 1, 0, 3, n, T0 + n, 0, n, batch))
+        if n == 12:
+            size = f.size  # what the read outside the lock covers: appends go on meanwhile
     f.append(encode_record(CANCELLED, 1, 0, 1, 27, T0))
-    index.catch_up(f)  # under it: the rest
+    index = BucketIndex()
+    index.catch_up(f, end=size)
+    assert list(index.numbers) == [0, 3, 6, 9, 12]
+    index.catch_up(f)  # under the lock: the rest
     assert sorted(index.read_entry(f, 28).cancelled or ()) == [1]
     assert index.read_entry(f, 31) is None and index.read_entry(f, 0).number == 0

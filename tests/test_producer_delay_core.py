@@ -32,7 +32,7 @@ class Tagged(Batch):
 
 
 def core(
-    *, linger_ms=0, bucket_ms=1000, batches_max=16, batch_bytes_max=1 << 20, pipeline=5, now_s=NOW_S
+    *, linger_ms=0, bucket_ms=1000, batches_max=16, batch_bytes_max=1 << 20, pipeline=5, now_s=NOW_S, clock=None
 ) -> ProducerCore:
     retry = RetryPolicy(retries=3, backoff_ms=100, backoff_max_ms=100, delivery_timeout_ms=60_000, rng=random.Random(1))
     return ProducerCore(
@@ -46,7 +46,7 @@ def core(
         compression=None,
         delay_bucket_ms=bucket_ms,
         delay_batches_max=batches_max,
-        clock=lambda: now_s,
+        clock=clock or (lambda: now_s),
     )
 
 
@@ -196,17 +196,7 @@ def test_by_the_second_only_within_ten_minutes_of_now():
 
 def test_a_near_message_joins_the_far_batch_holding_its_time_so_one_time_keeps_send_order():
     now = [T0 / 1000 - 700]  # T0 + 30 s is due in 730 s: far
-    c = ProducerCore(
-        new_batch=Tagged,
-        batch_sent=lambda queue, partition: None,
-        retry=RetryPolicy(retries=3, backoff_ms=1, backoff_max_ms=1, delivery_timeout_ms=60_000, rng=random.Random(1)),
-        linger_ms=1000,
-        batch_bytes_max=1 << 20,
-        pipeline=5,
-        idempotent=True,
-        compression=None,
-        clock=lambda: now[0],
-    )
+    c = core(linger_ms=1000, clock=lambda: now[0])
     first = add(c, 0, T0 + 30_000)
     now[0] += 200  # 530 s ahead now: near, but the minute's open batch holds that time
     second = add(c, 1, T0 + 30_000)
