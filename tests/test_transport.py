@@ -452,6 +452,51 @@ def test_a_caller_that_found_another_leading_gets_its_answer_after_that_one_is_d
     assert not b.is_alive() and 0.7 < took["b"] < 3, took
 
 
+def test_pushes_a_caller_read_reach_the_loop_s_handler_before_those_the_loop_reads_later(server, monkeypatch):
+    """A cluster's consumer has its stream's pushes handled on the client's loop, while
+    other threads' blocking calls read the connection for their answers and hand what else
+    they read to the loop. Here the loop is about to read the connection (its reader is due)
+    when a caller reads push 1 first; the loop then reads push 2. The handler must get 1
+    before 2: a push from behind the consumer's position looks like a log cut short, and
+    the consumer would go back to the start (auto_offset_reset)."""
+    from headwater.client.transport.reading import Reading
+
+    armed, at_reader, go_on = threading.Event(), threading.Event(), threading.Event()
+    readable = Reading._readable
+
+    def slow_reader(self, link):  # the loop's reader, held up once (a busy loop)
+        if armed.is_set() and self is svc.transport:
+            armed.clear()
+            at_reader.set()
+            go_on.wait(10)
+        readable(self, link)
+
+    monkeypatch.setattr(Reading, "_readable", slow_reader)
+    svc = RemoteService(server.address)
+    sender = RemoteService(server.address)
+    try:
+        svc.create_queue("q", QueueConfig(partitions=1))
+        got: list[int] = []
+        sid, answer = svc.open_fetch_stream(
+            "q", {0: 0}, lambda push: push and got.append(push.next_offset), credit_bytes=1 << 20, on_loop=True
+        )
+        assert answer.result(5) is None
+        armed.set()
+        sender.produce("q", 0, encode_batch([b"one"]))  # push 1: the loop's reader is due, and held
+        assert at_reader.wait(5)
+        svc.lead([concurrent.futures.Future()], 0.2)  # a caller reads push 1, for the loop to deliver
+        sender.produce("q", 0, encode_batch([b"two"]))  # push 2, left in the socket for the loop
+        time.sleep(0.2)
+        go_on.set()
+        wait_for(lambda: len(got) == 2, what="both pushes")
+        assert got == [1, 2]
+        svc.close_fetch_stream(sid)
+    finally:
+        go_on.set()
+        svc.close()
+        sender.close()
+
+
 def test_polls_without_waiting_still_receive(server):
     """poll(timeout_ms=0) never blocks, yet reads the answers that came meanwhile."""
     hw = headwater.connect(server.address)

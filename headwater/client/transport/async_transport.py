@@ -146,6 +146,10 @@ class AsyncTransport(Connecting, Reading, Leading, PushStreams):
         self._leader: int | None = None  # the thread reading the connection for itself, if any
         self._lead_free: concurrent.futures.Future | None = None  # done when the leader stops
         self._wake_pair: tuple[socket.socket, socket.socket] | None = None  # pokes a leader's poll()
+        # what a thread other than the loop read (answers, PUSH frames), in the order read, for
+        # the loop to deliver (Reading._deliver_read): the loop delivers what it reads itself
+        # behind it, so a stream's pushes reach its handler in the order the broker sent them
+        self._undelivered: deque[Any] = deque()
         # the leader's only (one thread at a time): the spin's back-off (leading.Leading._spun)
         self._spin_hit_share = 1.0  # a moving average of the spins that found their answer
         self._spin_paused = 0  # leads still to make without a spin
@@ -196,6 +200,7 @@ class AsyncTransport(Connecting, Reading, Leading, PushStreams):
                 and time.monotonic() - link.read_at >= UNREAD_CHECK_S
             ):
                 link = self._check_unread_locked(link, unread)
+                self._undelivered.extend(unread)
             if self._closed:
                 error = ClosedError(f"the client of {self.address} is closed")
             elif (  # link.can_send(), inline: once per call
@@ -218,7 +223,7 @@ class AsyncTransport(Connecting, Reading, Leading, PushStreams):
                     self._connect_wanted = True
                     self._loop.call_soon_threadsafe(self._start_connecting)
         if unread:
-            self._loop.call_soon_threadsafe(self._deliver_read, unread)
+            self._loop.call_soon_threadsafe(self._deliver_read)
         if error is not None:
             _fail(sink, error)
         return call

@@ -183,9 +183,10 @@ class Leading:
                     why = self._parse_locked(link, data, outcomes)
                 if why is not None:
                     self._lose_locked(link, why)
+                self._undelivered.extend(outcomes)
             if outcomes:  # answers of callers who do not lead, PUSH frames: the loop's
                 assert self._loop is not None
-                self._loop.call_soon_threadsafe(self._deliver_read, outcomes)
+                self._loop.call_soon_threadsafe(self._deliver_read)
             if why is not None:
                 return False
         return True

@@ -45,6 +45,9 @@ class Reading:
                     self._stand_aside_locked(link)
                 return
             why = got if isinstance(got, BaseException) else self._parse_locked(link, got, outcomes)
+            if self._undelivered:  # a thread read frames before these, not delivered yet: they go first
+                self._undelivered.extend(outcomes)
+                outcomes = self._take_undelivered_locked()
         _deliver(outcomes, self._push_handlers)
         if why is not None:
             self._drop(link, why)
@@ -168,5 +171,13 @@ class Reading:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._drop, link, why)
 
-    def _deliver_read(self, outcomes: list) -> None:
+    def _take_undelivered_locked(self) -> list:
+        outcomes = list(self._undelivered)
+        self._undelivered.clear()
+        return outcomes
+
+    def _deliver_read(self) -> None:
+        """Deliver, on the loop, what other threads read (in the order they read it)."""
+        with self._lock:
+            outcomes = self._take_undelivered_locked()
         _deliver(outcomes, self._push_handlers)
