@@ -222,3 +222,47 @@ def test_an_idempotent_producers_sequences_move_in_order_and_its_retries_keep_th
     assert nxt.base_offset not in (late.base_offset, soon.base_offset)
     clock.advance(6)
     wait_for(lambda: sorted(bodies(b, "q")) == [b"next", b"soon"], what="delivery on the target")
+
+
+def test_a_hand_off_of_batches_due_hours_ahead_reads_each_page_s_own_batches(pair, clock, monkeypatch):
+    """Their buckets are not loaded (due beyond the lookahead): each bucket file is indexed
+    once (here by the cancels), and every page reads only the records of its own batches,
+    not the whole files again (a large backlog made every page of a move a replay of the
+    whole schedule, under the service's lock). What moves is the same: every batch once, in
+    accept order, with its cancels."""
+    from headwater.storage.schedule import ScheduleFile
+
+    a, b = pair
+    far = now_ms(clock) + 5 * 3_600_000
+    ids = [a.send("q", f"m{i}".encode(), deliver_at=far + i * 60_000) for i in range(120)]  # a batch each
+    for i in (7, 70):
+        a.cancel(ids[i])
+    read = [0]
+    scan = ScheduleFile.scan
+
+    def counting(self, **kw):
+        for r in scan(self, **kw):
+            read[0] += 1
+            yield r
+
+    monkeypatch.setattr(ScheduleFile, "scan", counting)
+    a.service.delay.gate.epoch = None  # fenced
+    queue_id, delay = qid(a, "q"), a.service.delay
+    pages: list = []
+    counts: list[int] = []
+    while not pages or pages[-1].more:
+        read[0] = 0
+        pages.append(delay.hand_off(queue_id, 0, pages[-1].batches[-1].accept_seq if pages else -1, 1))
+        counts.append(read[0])
+    # a page's batch and the next (is there more?), a CANCELLED record, and at first the
+    # records the index catches up with; the old code read all 122 for every page
+    assert counts[0] <= 4 and max(counts[1:]) <= 3, counts
+    moved = [hb for p in pages for hb in p.batches]
+    assert [hb.origin for hb in moved] == [m.offset for m in ids]
+    assert [hb.accept_seq for hb in moved] == sorted(hb.accept_seq for hb in moved)
+    assert [i for i, hb in enumerate(moved) if hb.cancelled] == [7, 70]
+    b.service.delay.forget(queue_id, 0)
+    for p in pages:
+        b.service.delay.adopt(queue_id, 0, p.batches, 4)
+    assert b.delay_stats().pending_messages == 118
+    assert b.get(ids[119]).body == b"m119"

@@ -1,7 +1,8 @@
 """The bucket index (headwater.broker.delay.buckets.BucketIndex) against a replay of the whole
 bucket file: for every message number, the batch it rebuilds from that batch's own records
 is the one the whole file gives, whatever records came after (cancels, deliveries, drops,
-moves, adoptions) and however the index caught up with appends."""
+moves, adoptions) and however the index caught up with appends; and the batches of a
+partition it names for a hand-off are the whole file's."""
 
 from __future__ import annotations
 
@@ -41,26 +42,27 @@ def test_each_batch_rebuilt_from_its_own_records_is_the_whole_files():
         rng = random.Random(seed)
         f = MemoryScheduleFile(T0, T0 + 3_600_000, b"s" * 16, 0)
         index = BucketIndex()
-        batches: list[tuple[int, int]] = []  # (first number, count)
+        batches: list[tuple[int, int, int, int]] = []  # (first number, count, queue id, partition)
         nxt = 0
         for step in range(60):
             roll = rng.random()
             if roll < 0.4 or not batches:
                 count = rng.randint(1, 6)
+                q, p = rng.choice([(7, 1), (7, 2), (8, 1)])
                 times = sorted(T0 + rng.randrange(5_000) for _ in range(count))
                 batch = encode_batch([b"m%d" % i for i in range(count)], deliver_times=times)
                 parts = []
                 if rng.random() < 0.15:  # taken from another broker with its partition
-                    parts += encode_record(ADOPTED, 7, 1, 0, nxt, rng.randrange(5), 0, rng.randrange(1 << 30))
-                parts += encode_record(SCHEDULE, 7, 1, count, nxt, times[0], 0, step, batch)
+                    parts += encode_record(ADOPTED, q, p, 0, nxt, rng.randrange(5), 0, rng.randrange(1 << 30))
+                parts += encode_record(SCHEDULE, q, p, count, nxt, times[0], 0, step, batch)
                 f.append(parts)
-                batches.append((nxt, count))
+                batches.append((nxt, count, q, p))
                 nxt += count + rng.randrange(3)  # numbers rise; adopted ones may leave gaps
             else:
-                first, count = rng.choice(batches)
+                first, count, q, p = rng.choice(batches)
                 kind = rng.choice([CANCELLED, CANCELLED, CANCELLED, DELIVERED, DROPPED, MOVED])
                 index_in = rng.randrange(count)  # CANCELLED: a message; DELIVERED, DROPPED: a run's first
-                f.append(encode_record(kind, 7, 1, index_in, first, T0, rng.randrange(1000)))
+                f.append(encode_record(kind, q, p, index_in, first, T0, rng.randrange(1000)))
             if rng.random() < 0.3:
                 index.catch_up(f)  # now and then, as lookups come
                 if rng.random() < 0.5:  # and delay_stats: when the first pending message is due
@@ -69,6 +71,16 @@ def test_each_batch_rebuilt_from_its_own_records_is_the_whole_files():
         assert index.next_due(f) == first_due(f), seed
         for number in range(nxt + 2):
             assert state(index.read_entry(f, number)) == state(whole_file(f, number)), (seed, number)
+        entries: dict[int, Entry] = {}
+        replay(f.scan(cut=False), entries, [])
+        for q, p in [(7, 1), (7, 2), (8, 1), (9, 1)]:  # a hand-off's pages: a partition's batches after one
+            for after in (-1, rng.randrange(60)):
+                want = [
+                    e.number for e in entries.values() if (e.queue_id, e.partition) == (q, p) and e.accept_seq > after
+                ]
+                got = index.batches_of(q, p, after)
+                assert [index.numbers[i] for i in got] == want, (seed, q, p, after)
+                assert [state(index.entry_at(f, i)) for i in got] == [state(entries[n]) for n in want], seed
 
 
 def test_an_index_caught_up_to_a_size_then_to_the_end_sees_every_record():

@@ -11,7 +11,7 @@ with one run and its heap item, about 150 more per further run), delivered ones 
 until the bucket file is deleted. Only the buckets due within the lookahead are loaded, so
 entries are bounded by the batches due in about two bucket spans (docs/design/delay.md).
 A bucket not loaded in which a message was cancelled or looked up keeps a
-:class:`BucketIndex` until it loads: about 51 bytes a batch when one in ten was cancelled,
+:class:`BucketIndex` until it loads: about 67 bytes a batch when one in ten was cancelled,
 44 more once ``delay_stats`` asked it when its first message is due (tracemalloc, 100,000
 batches).
 """
@@ -208,7 +208,7 @@ class BucketIndex:
     (:meth:`next_due`). Made by one scan of the file, then caught up with what was appended
     since: every write to a bucket file is an append, so nothing else keeps it."""
 
-    __slots__ = ("end", "numbers", "starts", "ends", "times", "later", "_due")
+    __slots__ = ("end", "numbers", "starts", "ends", "times", "parts", "seqs", "later", "_due")
 
     def __init__(self) -> None:
         self.end = FILE_HEADER_SIZE  # the file is indexed up to here
@@ -216,6 +216,8 @@ class BucketIndex:
         self.starts = array("q")  # where its SCHEDULE record starts
         self.ends = array("q")  # and ends
         self.times = array("q")  # its first deliver time
+        self.parts = array("q")  # its queue id << 32 | partition
+        self.seqs = array("q")  # its accept_seq (a hand-off's order)
         self.later: dict[int, list[int]] = {}  # batch number -> where its other records start
         # made by the first next_due: ``due << 32 | i`` of each batch i, due its first time or
         # (a batch named by a later record) its earliest open run's, once looked at
@@ -232,6 +234,8 @@ class BucketIndex:
                 self.starts.append(r.position)
                 self.ends.append(stop)
                 self.times.append(r.time_ms)
+                self.parts.append(r.queue_id << 32 | r.partition)
+                self.seqs.append(r.accept_seq)
             else:
                 self.later.setdefault(r.number, []).append(r.position)
             self.end = stop
@@ -249,6 +253,18 @@ class BucketIndex:
         numbers: list[int] = []
         replay((r for start, end in spots for r in file.scan(start=start, end=end, cut=False)), entries, numbers)
         return find_entry(entries, numbers, number)
+
+    def batches_of(self, queue_id: int, partition: int, after: int = -1) -> list[int]:
+        """The batches of a partition accepted after ``after`` (an accept_seq), as indexes
+        for :meth:`entry_at`, in file order."""
+        part, seqs = queue_id << 32 | partition, self.seqs
+        return [i for i, p in enumerate(self.parts) if p == part and seqs[i] > after]
+
+    def entry_at(self, file: ScheduleFile, i: int) -> Entry:
+        """Batch ``i`` (an index of :meth:`batches_of`), rebuilt from its records."""
+        e = self.read_entry(file, self.numbers[i])
+        assert e is not None  # its SCHEDULE record is indexed
+        return e
 
     def next_due(self, file: ScheduleFile) -> int | None:
         """When the bucket's first pending message is due (None: none is). A batch no later

@@ -22,7 +22,9 @@ cluster"; docs/design/cluster.md, "Moving a partition").
 
 An adopted batch is found by its origin through ``_aliases``, in memory for every adopted
 batch until its bucket file is deleted (about 100 bytes each). Scans of bucket files not
-loaded run under the service's lock: they happen once per move of a partition.
+loaded run under the service's lock, by the bucket's index
+(:class:`~headwater.broker.delay.buckets.BucketIndex`, made by the first page): a page reads
+only its own batches, however many more the partition has.
 """
 
 from __future__ import annotations
@@ -106,26 +108,49 @@ class DelayHandoff:
 
     # -- the partitions' open batches ------------------------------------------------------
 
-    def _entries_of_locked(
-        self, queue_id: int, partition: int, *, closed: bool = False
-    ) -> Iterator[tuple[Bucket, Entry]]:
-        """Every batch of the partition with a run still open (and with ``closed``, every
-        other one its bucket still holds), in bucket order; a bucket not loaded is read from
-        its file (its entries then are copies, not the service's)."""
+    def _entries_of_locked(self, queue_id: int, partition: int) -> Iterator[tuple[Bucket, Entry]]:
+        """Every batch of the partition with a run still open, in bucket order; in a bucket
+        not loaded each is read from its file by the bucket's index (a copy, not the
+        service's entry)."""
         for start in list(self._order):
             b = self._buckets[start]
-            if not b.pending_batches and not closed:
+            if not b.pending_batches:
                 continue
             if b.loaded and b.entries is not None:
-                entries = list(b.entries.values())
-            else:
-                found: dict[int, Entry] = {}
-                replay(b.file.scan(cut=False), found, [])
-                self._touch_locked(b)
-                entries = list(found.values())
-            for e in entries:
-                if e.queue_id == queue_id and e.partition == partition and (closed or e.is_open):
+                for e in list(b.entries.values()):
+                    if e.queue_id == queue_id and e.partition == partition and e.is_open:
+                        yield b, e
+                continue
+            index = self._index_locked(b)
+            for i in index.batches_of(queue_id, partition):
+                e = index.entry_at(b.file, i)
+                if e.is_open:
                     yield b, e
+
+    def _handed_off_after_locked(
+        self, queue_id: int, partition: int, after: int
+    ) -> list[tuple[int, Bucket, Entry | int]] | None:
+        """Every batch of the partition its buckets still hold (open or not) accepted after
+        ``after``, in accept order: (accept_seq, bucket, entry), or an index of the bucket's
+        :class:`~headwater.broker.delay.buckets.BucketIndex` in place of the entry of a
+        bucket not loaded (read when a page takes it: a page reads only its own batches).
+        None while a run of the partition is being appended (only a loaded bucket has one)."""
+        found: list[tuple[int, Bucket, Entry | int]] = []
+        for start in list(self._order):
+            b = self._buckets[start]
+            if b.loaded and b.entries is not None:
+                for e in b.entries.values():
+                    if e.queue_id != queue_id or e.partition != partition:
+                        continue
+                    if any(g.state == State.DISPATCHING for g in e.runs):
+                        return None
+                    if e.accept_seq > after:
+                        found.append((e.accept_seq, b, e))
+            else:
+                index = self._index_locked(b)
+                found += ((index.seqs[i], b, i) for i in index.batches_of(queue_id, partition, after))
+        found.sort(key=lambda t: t[0])
+        return found
 
     def partitions_with_batches(self) -> set[tuple[int, int]]:
         """(queue id, partition) of every partition that may have open batches here (a
@@ -143,25 +168,29 @@ class DelayHandoff:
         partition is fenced here, so nothing is accepted, cancelled or delivered for it
         meanwhile; runs being appended when it fenced are waited for (their append was
         refused, or done before the fence)."""
+        with self._lock:
+            starts = list(self._order)
+        for start in starts:  # each bucket not loaded read once, holding up nobody (the first page)
+            self._index_bucket_unlocked(start)
         deadline = time.monotonic() + DISPATCHING_WAIT_S
         while True:
             with self._lock:
-                found = sorted(
-                    ((e.accept_seq, b, e) for b, e in self._entries_of_locked(queue_id, partition, closed=True)),
-                    key=lambda t: t[0],
-                )
-                if not any(g.state == State.DISPATCHING for _, _, e in found for g in e.runs):
-                    return self._page_locked([t for t in found if t[0] > after], max_bytes)
+                found = self._handed_off_after_locked(queue_id, partition, after)
+                if found is not None:
+                    return self._page_locked(found, max_bytes)
             if time.monotonic() > deadline:
                 raise UnavailableError(
                     f"delayed messages of partition {partition} are still being delivered here; ask again"
                 )
             time.sleep(0.02)
 
-    def _page_locked(self, found: list[tuple[int, Bucket, Entry]], max_bytes: int) -> HandoffPage:
+    def _page_locked(self, found: list[tuple[int, Bucket, Entry | int]], max_bytes: int) -> HandoffPage:
         out: list[HandedOffBatch] = []
         size = 0
         for accept_seq, b, e in found:
+            if isinstance(e, int):
+                assert b.index is not None
+                e = b.index.entry_at(b.file, e)
             if out and size + e.size > max_bytes:
                 return HandoffPage(out, True)
             gone = set(e.cancelled or ())

@@ -520,10 +520,13 @@ class DelayService(DelayRecovery, DelayHandoff):
     def _index_unlocked(self, partition: int, offset: int) -> None:
         """Index the bucket of a delayed id, not loaded, outside the lock (as loading reads):
         its one whole read holds up nobody; what is appended meanwhile is caught up under it."""
-        if not partition & DELAYED_PARTITION_BIT:
-            return
+        if partition & DELAYED_PARTITION_BIT:
+            self._index_bucket_unlocked(split_delay_offset(offset)[0])
+
+    def _index_bucket_unlocked(self, start: int) -> None:
+        """Index the bucket starting at ``start``, if it is not loaded, outside the lock."""
         with self._lock:
-            b = self._buckets.get(split_delay_offset(offset)[0])
+            b = self._buckets.get(start)
             if b is None or b.loaded or b.loading or b.index is not None:
                 return
             self._touch_locked(b)
