@@ -9,6 +9,7 @@ back and the partition always has one leader."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import subprocess
 import threading
@@ -238,14 +239,21 @@ def test_the_controller_killed_mid_move_each_move_finishes_or_rolls_back(cluster
 
 def test_the_target_killed_mid_copy_the_move_rolls_back_and_the_source_serves(cluster):
     sender = start_queue(cluster, messages=400)
-    cluster.start(3)
+    # paused, broker 3 holds its copy until its session ends (then the move rolls back): the
+    # longest session the test ZooKeeper gives leaves the status commands time to see it
+    cluster.start(3, "--set", "zookeeper_session_timeout_s=4")
     eventually(lambda: cluster.status(1)["brokers"] == [1, 2, 3], what="broker 3 joining")
     cluster.brokers[3].pause()
     (move,) = plan(cluster, "rebalance")
     eventually(lambda: move_phases(cluster, QUEUE).get(move.partition) == ("copy", 3), what="the copy starting")
     moving = {"queue": QUEUE, "partition": move.partition, "source": move.source, "target": 3, "phase": "copy"}
-    eventually(lambda: json.loads(cli(cluster, "status", "--json").stdout)["moves"] == [moving], what="status")
-    assert "1 partition move(s) not finished" in cli(cluster, "status").stdout
+
+    def statuses() -> str | None:  # both at once: the window is a few seconds
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            text, as_json = pool.map(lambda args: cli(cluster, *args).stdout, [("status",), ("status", "--json")])
+        return text if json.loads(as_json)["moves"] == [moving] else None
+
+    assert "1 partition move(s) not finished" in eventually(statuses, what="status")
     cluster.brokers[3].kill()
     eventually(lambda: moves_left(cluster) == 0, timeout_s=30, what="the rollback")
     assert leaders(cluster, 1)[move.partition] == move.source

@@ -45,8 +45,9 @@ class Cluster:
     def zookeeper(self) -> str:
         return f"{self.zk.hosts}{self.chroot}"
 
-    def start(self, broker_id: int) -> BrokerProcess:
-        """Start broker ``broker_id`` (again: on its data directory and port)."""
+    def start(self, broker_id: int, *extra: str) -> BrokerProcess:
+        """Start broker ``broker_id`` (again: on its data directory and port); ``extra``
+        arguments of ``headwater serve`` for this start only (a later ``--set`` wins)."""
         old = self.brokers.get(broker_id)
         b = BrokerProcess(
             self.root / f"b{broker_id}",
@@ -57,6 +58,7 @@ class Cluster:
             "--set",
             "zookeeper_session_timeout_s=2",
             *self.extra,
+            *extra,
             port=old.port if old is not None else 0,
         ).start(timeout_s=40)
         self.brokers[broker_id] = b
