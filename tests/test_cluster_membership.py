@@ -296,7 +296,8 @@ def test_cluster_settings_without_their_partner_are_refused(tmp_path, zk):
 
 
 def test_a_broker_killed_and_restarted_at_once_registers_when_its_old_session_ends(tmp_path, zk, zk_session):
-    b = _broker(tmp_path, zk, 1).start()
+    # the test ZooKeeper's longest session: a restart on a loaded machine takes more than 1 s
+    b = _broker(tmp_path, zk, 1, None, "--set", "zookeeper_session_timeout_s=4").start()
     first = zk_session.get(paths.broker(1))[1].created_zxid
     b.kill()  # its registration stays until ZooKeeper expires the session
     assert zk_session.exists(paths.broker(1)) is not None
