@@ -821,6 +821,32 @@ def test_commit_after_a_rebalance_is_retried_with_the_new_generation(hw):
     a.close()
 
 
+def test_a_member_closing_just_after_another_left_still_commits(hw):
+    """Members shutting down together: a left first, and b closes before a heartbeat told it
+    the new generation. b's closing commit is refused as stale; the heartbeat that follows
+    (while b is leaving, so nothing is applied) teaches it the generation, and the commit
+    lands: b's positions are stored, not read again by the next member."""
+    hw.admin.create_queue("q", partitions=2)
+    for p in (0, 1):
+        hw.send_batch("q", [b"x"] * 4, partition=p)
+    settings = dict(group="g", subscribe="q", session_timeout_ms=60_000)
+    a = hw.consumer(**settings, heartbeat_interval_ms=100)  # hears of b soon, and hands a partition over
+    a.poll(timeout_ms=200)
+    b = hw.consumer(**settings, heartbeat_interval_ms=30_000)  # once it holds one, beats every 30 s
+    deadline = time.monotonic() + 10
+    while not (a.assignment() and b.assignment()) and time.monotonic() < deadline:
+        a.poll(timeout_ms=50)
+        b.poll(timeout_ms=50)
+    (held,) = b.assignment()
+    hw.send_batch("q", [b"y"] * 3, partition=held[1])
+    while b.position(*held) < 7 and time.monotonic() < deadline:
+        b.poll(timeout_ms=50)
+    assert hw.service.fetch_offsets("g", "q")[held[1]] == 4  # a's, as it handed the partition over
+    a.close()  # a new generation; b's next heartbeat is 30 s away
+    b.close()
+    assert hw.service.fetch_offsets("g", "q")[held[1]] == 7
+
+
 # the CLI ---------------------------------------------------------------------------------------
 
 

@@ -473,7 +473,9 @@ class GroupConsumerBase(ConsumerBase):
                 self._view.lost(member)
             self._wake_poll()
             raise
-        if self._leaving:  # close() did not wait for this answer and is leaving the group
+        if self._leaving:  # close() is leaving the group: apply nothing, but its closing
+            with self._lock:  # commit, refused as stale, heartbeats to learn the generation
+                self._view.learned(a)
             return
         with self._lock:
             changed = self._view.heard(a)

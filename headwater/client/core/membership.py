@@ -149,6 +149,12 @@ class MemberView:
             self.update = a
         return changed
 
+    def learned(self, a: GroupAssignment) -> None:
+        """Record only the generation of a heartbeat's answer (a member that is leaving
+        applies nothing, but its closing commit is refused as stale without it)."""
+        if a.member_id == self.member_id and not self.rejoin and a.generation > self.known_generation:
+            self.known_generation = a.generation
+
     def lost(self, member_id: str) -> None:
         """The broker does not know ``member_id`` (any more)."""
         if self.member_id == member_id:
