@@ -21,10 +21,11 @@ cluster"; docs/design/cluster.md, "Moving a partition").
   ZooKeeper shows the partition's new owner, a target whose move rolled back likewise.
 
 An adopted batch is found by its origin through ``_aliases``, in memory for every adopted
-batch until its bucket file is deleted (about 100 bytes each). Scans of bucket files not
-loaded run under the service's lock, by the bucket's index
-(:class:`~headwater.broker.delay.buckets.BucketIndex`, made by the first page): a page reads
-only its own batches, however many more the partition has.
+batch until its bucket file is deleted (about 100 bytes each). A hand-off finds the batches
+of bucket files not loaded through each bucket's index
+(:class:`~headwater.broker.delay.buckets.BucketIndex`; the first page makes the missing ones
+outside the service's lock): under the lock a page reads only its own batches, however many
+more the partition has.
 """
 
 from __future__ import annotations
