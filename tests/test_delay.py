@@ -22,6 +22,7 @@ from headwater.errors import InvalidArgumentError, MessageNotFoundError
 from headwater.model.delay import split_delay_offset
 from headwater.model.message import Message, MessageId
 from tests.support.broker_process import BrokerProcess
+from tests.support.schedule_reads import ScheduleReads
 from tests.support.waiting import wait_for
 
 
@@ -310,30 +311,20 @@ def test_messages_due_hours_ahead_are_cancelled_and_found_in_a_bucket_not_loaded
 
 
 def test_a_cancel_due_hours_ahead_reads_its_batch_not_the_bucket_file(tmp_path, clock, monkeypatch):
-    from headwater.storage.schedule import ScheduleFile
-
-    read = [0]
-    scan = ScheduleFile.scan
-
-    def counting(self, **kw):
-        for r in scan(self, **kw):
-            read[0] += 1
-            yield r
-
     with headwater.open(tmp_path / "d", clock=clock) as hw:
         hw.admin.create_queue("later", partitions=4, ttl_s=None)
         far = now_ms(clock) + 5 * 3_600_000
         ids = [hw.send("later", b"x", deliver_at=far + i) for i in range(500)]  # a batch each
-        monkeypatch.setattr(ScheduleFile, "scan", counting)
+        reads = ScheduleReads(monkeypatch)
         hw.cancel(ids[10])  # the first makes the index: one read of the whole file
-        assert read[0] >= 500
-        read[0] = 0
+        assert reads.count >= 500
+        reads.count = 0
         hw.cancel(ids[300])  # then: the new CANCELLED record, and the batch's own records
         hw.cancel(ids[301])
-        assert read[0] <= 6, read[0]
-        read[0] = 0
+        assert reads.count <= 6, reads.count
+        reads.count = 0
         assert hw.delay_stats().next_due_ms == far and hw.delay_stats().next_due_ms == far
-        assert read[0] <= 1  # from the index: only the last cancel's record, caught up
+        assert reads.count <= 1  # from the index: only the last cancel's record, caught up
         with pytest.raises(MessageNotFoundError, match="cancelled"):
             hw.get(ids[300])
 

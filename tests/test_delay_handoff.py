@@ -16,6 +16,7 @@ import headwater
 from headwater.errors import MessageNotFoundError, NotLeaderError
 from headwater.model.batch import encode_batch
 from headwater.model.delay import split_delay_offset
+from tests.support.schedule_reads import ScheduleReads
 from tests.support.waiting import wait_for
 
 
@@ -230,30 +231,20 @@ def test_a_hand_off_of_batches_due_hours_ahead_reads_each_page_s_own_batches(pai
     not the whole files again (a large backlog made every page of a move a replay of the
     whole schedule, under the service's lock). What moves is the same: every batch once, in
     accept order, with its cancels."""
-    from headwater.storage.schedule import ScheduleFile
-
     a, b = pair
     far = now_ms(clock) + 5 * 3_600_000
     ids = [a.send("q", f"m{i}".encode(), deliver_at=far + i * 60_000) for i in range(120)]  # a batch each
     for i in (7, 70):
         a.cancel(ids[i])
-    read = [0]
-    scan = ScheduleFile.scan
-
-    def counting(self, **kw):
-        for r in scan(self, **kw):
-            read[0] += 1
-            yield r
-
-    monkeypatch.setattr(ScheduleFile, "scan", counting)
+    reads = ScheduleReads(monkeypatch)
     a.service.delay.gate.epoch = None  # fenced
     queue_id, delay = qid(a, "q"), a.service.delay
     pages: list = []
     counts: list[int] = []
     while not pages or pages[-1].more:
-        read[0] = 0
+        reads.count = 0
         pages.append(delay.hand_off(queue_id, 0, pages[-1].batches[-1].accept_seq if pages else -1, 1))
-        counts.append(read[0])
+        counts.append(reads.count)
     # a page's batch and the next (is there more?), a CANCELLED record, and at first the
     # records the index catches up with; the old code read all 122 for every page
     assert counts[0] <= 4 and max(counts[1:]) <= 3, counts
