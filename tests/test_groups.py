@@ -831,9 +831,11 @@ def test_a_member_closing_just_after_another_left_still_commits(hw):
         hw.send_batch("q", [b"x"] * 4, partition=p)
     settings = dict(group="g", subscribe="q", session_timeout_ms=60_000)
     a = hw.consumer(**settings, heartbeat_interval_ms=100)  # hears of b soon, and hands a partition over
-    a.poll(timeout_ms=200)
-    b = hw.consumer(**settings, heartbeat_interval_ms=30_000)  # once it holds one, beats every 30 s
     deadline = time.monotonic() + 10
+    read = 0
+    while read < 8 and time.monotonic() < deadline:
+        read += len(a.poll(timeout_ms=50))
+    b = hw.consumer(**settings, heartbeat_interval_ms=30_000)  # once it holds one, beats every 30 s
     while not (a.assignment() and b.assignment()) and time.monotonic() < deadline:
         a.poll(timeout_ms=50)
         b.poll(timeout_ms=50)
