@@ -82,11 +82,18 @@ def test_the_fsynced_log_beyond_the_window_leaves_the_page_cache(tmp_path):
     assert len(segs) >= 5
     end = store.end_position
     resident = {int(p.name.split(".")[0]): resident_pages(p) for p in segs}
-    for base, pages in resident.items():
-        for n, r in enumerate(pages):
-            pos = base + n * PAGE
-            if pos + PAGE <= end - 2 * MIB - CHUNK:  # behind the window and the last drop
-                assert not r, f"page at position {pos} of {end} still cached"
+    behind = [  # pages behind the window and the last drop: (position, still cached)
+        (base + n * PAGE, r)
+        for base, pages in resident.items()
+        for n, r in enumerate(pages)
+        if base + (n + 1) * PAGE <= end - 2 * MIB - CHUNK
+    ]
+    assert len(behind) > 2000, len(behind)
+    # the advice is a hint: the kernel keeps a page it cannot drop at that moment (one it
+    # still holds in another CPU's batch of new pages, say). Once, under the whole suite, one
+    # page of about 5,000 stayed; without the advice all of them do
+    stayed = [pos for pos, r in behind if r]
+    assert len(stayed) <= 4, f"pages at positions {stayed[:10]} of {end} still cached"
     newest = resident[max(resident)]
     assert all(newest[-(MIB // PAGE) :]), "the newest MiB was dropped: it is inside the window"
     # nothing read differently: every message is back, in order, from the disk this time
