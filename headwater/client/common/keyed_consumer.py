@@ -44,7 +44,7 @@ from typing import Any
 from headwater.client.common.closing import Closable
 from headwater.client.common.twins import Twins, waits
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_poll, check_read_settings
-from headwater.client.transport.polling import Outage, drain_buffers
+from headwater.client.transport.polling import Outage, RecordBuffers, drain_buffers
 from headwater.errors import InvalidArgumentError, StaleGenerationError
 from headwater.model.config import QueueInfo
 from headwater.model.filtering import decode_selection
@@ -98,7 +98,7 @@ class KeyedConsumerBase(Twins, Closable):
         self._rotation = itertools.count()
         self._fetch_pos: dict[int, int] = {}
         self._consumed: dict[int, int] = {}
-        self._buffers: dict[int, deque[Record]] = {}
+        self._buffers: RecordBuffers[int] = RecordBuffers()
         self._inflight: dict[int, tuple[int, Any]] = {}  # a fetch per partition: (its position, future or task)
         self._outage = Outage(service)  # fetches that failed while the broker restarts are tried again
         self._committed: dict[int, int] = {}
@@ -266,6 +266,7 @@ class KeyedConsumerBase(Twins, Closable):
                     if member_of(key_of(self._property, r.key, r.properties), info.size) == self.member:
                         buf.append(r)
                         got += 1
+            self._buffers.filled_up(p)
             nxt = max(start, res.next_offset)
             self._fetch_pos[p] = nxt
             if not buf:

@@ -34,12 +34,12 @@ from headwater.client.core.membership import TP, by_queue
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_read_settings, positive_int
 from headwater.client.transport.cluster_fetch import ClusterFetchStreams, PlansFetchStreams
 from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams, FetchStreamsBase
-from headwater.client.transport.polling import Outage
+from headwater.client.transport.polling import Outage, RecordBuffers
 from headwater.errors import InvalidArgumentError, InvalidMessageIdError
 from headwater.model.batch import tags_mask
 from headwater.model.checks import tag_filter_arg
 from headwater.model.config import QueueInfo
-from headwater.model.message import MessageId, Record
+from headwater.model.message import MessageId
 from headwater.model.service import OpensFetchStreams
 
 __all__ = ["ConsumerPositions", "TP"]
@@ -86,7 +86,7 @@ class ConsumerPositions(Closable):
         self._fetch_pos: dict[TP, int] = {}
         self._consumed: dict[TP, int] = {}
         self._seeked: set[TP] = set()  # positions seek() set and poll() has not checked yet
-        self._buffers: dict[TP, deque[Record]] = {}
+        self._buffers: RecordBuffers[TP] = RecordBuffers()
         self._inflight: dict[TP, tuple[int, Any]] = {}  # a read per partition: (its position, future or task)
         self._dropped: set[Any] = set()  # reads a seek dropped, not yet ended (the asyncio kind awaits them)
         self._rotation = itertools.count()  # which partition's read is launched first, turn by turn
