@@ -129,7 +129,9 @@ class _Stream:
         self.credit = credit
         self.tag_mask = tag_mask
         self.push_max = push_max
-        self.waiting: list[_Part] = []  # partitions held back by credit or a paused peer
+        # partitions held back by credit or a paused peer, in turn (a set: a stream of
+        # 10,000 partitions holds each back in constant time)
+        self.waiting: dict[_Part, None] = {}
         self.ended = False
 
 
@@ -232,7 +234,7 @@ class FetchStreams:
         )
         s.parts = [_Part(s, p, offset) for p, offset in sorted(req.positions.items())]
         self._by_conn.setdefault(st, {})[s.sid] = s
-        s.waiting = list(s.parts)
+        s.waiting = dict.fromkeys(s.parts)
         self._loop.call_soon(self._resume, s)  # pushes follow the answer
         if self._check is None:
             self._check = self._loop.call_later(_QUEUE_CHECK_S, self._check_queues)
@@ -242,7 +244,7 @@ class FetchStreams:
 
     def _resume(self, s: _Stream) -> None:
         """Push the partitions held back (credit came, the peer took its bytes, or new)."""
-        waiting, s.waiting = s.waiting, []
+        waiting, s.waiting = s.waiting, {}
         for p in waiting:
             self._pump(p)
 
@@ -264,8 +266,7 @@ class FetchStreams:
             self._forget(s)
             return
         if s.credit <= 0 or st.write_paused:
-            if p not in s.waiting:
-                s.waiting.append(p)
+            s.waiting[p] = None
             return
         store = self._store
         try:
@@ -328,7 +329,7 @@ class FetchStreams:
             if p.parked:
                 self._waiters.discard(s.queue, p.partition, p)
                 p.parked = False
-        s.waiting = []
+        s.waiting = {}
         streams = self._by_conn.get(s.st)
         if streams is not None and streams.get(s.sid) is s:
             del streams[s.sid]
