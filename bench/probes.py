@@ -58,12 +58,17 @@ Run ``python -m bench.probes PROBE`` from the repository root; each prints its f
 - ``consume``: one broker holding 1.5 million messages of 100 B; a fresh consumer reads them
   all, through a fetch stream and then with a FETCH per batch (``stream=False``), three
   times each, alternating: what the fetch streams change for reading a backlog.
+- ``wide``: 100,000 messages of 100 B, one a stored batch, over 10 partitions and over
+  10,000, read back by a fresh consumer of the whole queue, by fetch stream and by FETCH,
+  three times each: whether a poll's cost grows with the partitions assigned. See
+  :func:`wide`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import socket
@@ -72,7 +77,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from bench import machine
@@ -397,52 +402,58 @@ def produce() -> None:
     )
 
 
-def consume(n: int = 1_500_000) -> None:
+@contextlib.contextmanager
+def _broker(fill: Callable[[str], None] | None = None) -> Iterator[Any]:
+    """A ``headwater serve`` subprocess (async flush, a temporary data directory that
+    ``fill(path)`` writes first, when given) and a client of it."""
     import headwater
 
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="hw-probe-") as d:
+        if fill is not None:
+            fill(d)
         server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "headwater.cli.main",
-                "--data",
-                d,
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-            ],
+            [sys.executable, "-m", "headwater.cli.main", "--data", d, "serve", "--host", "127.0.0.1",
+             "--port", str(port), "--log-level", "warning"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
-        )
+        )  # fmt: skip
         try:
             wait_until(lambda: port_open(port), timeout_s=30, what="headwater serve")
             hw = headwater.connect(f"127.0.0.1:{port}")
-            hw.admin.create_queue("q", partitions=1)
-            p = hw.producer(linger_ms=5, batch_bytes_max=1 << 20)
-            bodies = [os.urandom(100) for _ in range(500)]
-            for _ in range(n // 500):
-                p.send_batch("q", bodies, partition=0)
-            rates: dict[bool, list[float]] = {True: [], False: []}
-            for _ in range(3):
-                for stream in (True, False):
-                    c = hw.consumer(stream=stream, max_poll_messages=500)
-                    c.assign("q", partitions=[0])
-                    got, t0 = 0, time.perf_counter()
-                    while got < n:
-                        got += len(c.poll(max_messages=500, timeout_ms=1000))
-                    rates[stream].append(n / (time.perf_counter() - t0))
-                    c.close()
-            hw.close()
+            try:
+                yield hw
+            finally:
+                hw.close()
         finally:
             server.terminate()
             server.wait(30)
+
+
+def _read_all(hw: Any, queue: str, n: int, stream: bool) -> float:
+    """A fresh consumer of every partition of ``queue`` reads its ``n`` messages: msgs/s."""
+    c = hw.consumer(stream=stream, max_poll_messages=500)
+    c.assign(queue)
+    got, t0 = 0, time.perf_counter()
+    while got < n:
+        got += len(c.poll(max_messages=500, timeout_ms=1000))
+    rate = n / (time.perf_counter() - t0)
+    c.close()
+    return rate
+
+
+def consume(n: int = 1_500_000) -> None:
+    with _broker() as hw:
+        hw.admin.create_queue("q", partitions=1)
+        p = hw.producer(linger_ms=5, batch_bytes_max=1 << 20)
+        bodies = [os.urandom(100) for _ in range(500)]
+        for _ in range(n // 500):
+            p.send_batch("q", bodies, partition=0)
+        rates: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(3):
+            for stream in (True, False):
+                rates[stream].append(_read_all(hw, "q", n, stream))
     print(
         f"consume: {n:,} x 100 B, one consumer: fetch stream "
         + ", ".join(f"{x:,.0f}" for x in rates[True])
@@ -450,6 +461,40 @@ def consume(n: int = 1_500_000) -> None:
         + ", ".join(f"{x:,.0f}" for x in rates[False])
         + " msgs/s"
     )
+
+
+def wide(n: int = 100_000, partitions: int = 10_000, rounds: int = 3) -> None:
+    """The same ``n`` messages of 100 B, one a stored batch, over ``partitions`` partitions and
+    over 10 (written embedded before the broker starts); a fresh consumer of the whole queue
+    reads them through a fetch stream, then by FETCH, ``rounds`` times each: what a poll costs
+    as the partitions assigned grow, the batches alike (issue 32: no workload falls off a
+    cliff)."""
+    import headwater
+
+    sizes = (10, partitions)
+
+    def fill(d: str) -> None:
+        with headwater.open(d) as hw:
+            for k in sizes:
+                hw.admin.create_queue(f"wide{k}", partitions=k)
+                for i in range(n):
+                    hw.send_batch(f"wide{k}", [os.urandom(100)], partition=i % k)
+
+    rates: dict[tuple[int, bool], list[float]] = {(k, stream): [] for k in sizes for stream in (True, False)}
+    with _broker(fill) as hw:
+        for _ in range(rounds):
+            for k in sizes:
+                for stream in (True, False):
+                    rates[(k, stream)].append(_read_all(hw, f"wide{k}", n, stream))
+    for stream, how in ((True, "fetch stream"), (False, "a FETCH per batch")):
+        few, many = rates[(10, stream)], rates[(partitions, stream)]
+        print(
+            f"wide, {how}: {n:,} x 100 B, one a batch, over 10 partitions "
+            + ", ".join(f"{x:,.0f}" for x in few)
+            + f" msgs/s; over {partitions:,} "
+            + ", ".join(f"{x:,.0f}" for x in many)
+            + f" msgs/s; {partitions:,} / 10: {statistics.median(many) / statistics.median(few):.2f}"
+        )
 
 
 def memory(rounds: int = 3, seconds: float = 10.0) -> None:
@@ -726,6 +771,7 @@ PROBES = {
     "disk": disk,
     "produce": produce,
     "consume": consume,
+    "wide": wide,
     "memory": memory,
     "hops": hops,
     "awake": awake,
