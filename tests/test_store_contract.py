@@ -178,6 +178,24 @@ def test_an_idempotent_retry_returns_the_first_placement(store):
         store.append("q", 0, encode_batch([b"b"], producer_id=7, base_sequence=5, producer_epoch=0))
 
 
+def test_describe_partitions_says_what_describe_queue_says_of_those_alone(store, clock):
+    store.create_queue("q", QueueConfig(partitions=5, ttl_s=60))
+    store.append("q", 1, encode_batch([b"a", b"b"]))
+    clock.advance(61)  # expired: partition 1 starts past them
+    store.append("q", 1, encode_batch([b"c"]))
+    store.append("q", 3, encode_batch([b"d"]))
+    info = store.describe_queue("q")
+
+    got = store.describe_partitions("q", [3, 1, 9, -1, True, "2"])  # those the queue has, and ints only
+
+    assert (got.name, got.queue_id, got.partition_count) == ("q", info.queue_id, 5)
+    assert got.partitions == {1: info.partitions[1], 3: info.partitions[3]}
+    assert got.partitions[1].start_offset == 2
+    assert store.describe_partitions("q", []).partitions == {}
+    with pytest.raises(QueueNotFoundError):
+        store.describe_partitions("nope", [0])
+
+
 def test_ttl_truncation_and_delete_before_follow_the_clock(store, clock):
     store.create_queue("q", QueueConfig(ttl_s=60))
     store.append("q", 0, encode_batch([b"a", b"b"]))

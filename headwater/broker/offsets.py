@@ -55,7 +55,7 @@ from headwater.model.batch import encode_batch
 from headwater.model.batch_reads import decode_records
 from headwater.model.checks import check_int_arg, check_offsets_given
 from headwater.model.cluster import COORDINATOR_QUEUE
-from headwater.model.config import QueueConfig, QueueInfo
+from headwater.model.config import PartitionBounds, QueueConfig
 from headwater.model.message import Message
 from headwater.storage.api import Store
 
@@ -190,7 +190,7 @@ class OffsetStore:
         """Commit ``{partition: offset}``; see the module's docstring for the checks."""
         k = self.partition_of(group)
         check_offsets_given(offsets)
-        info = self._store.describe_queue(queue)
+        info = self._store.describe_partitions(queue, offsets)
         msgs = [
             Message(_VALUE.pack(off), key=_key(group, info.queue_id, part))
             for part, off in self._checked(info, offsets)
@@ -271,12 +271,12 @@ class OffsetStore:
         (the store's ``offsets_flush``; see the module's docstring)."""
         return "sync" if self._sync else "async"
 
-    def _checked(self, info: QueueInfo, offsets: dict[int, int]) -> list[tuple[int, int]]:
+    def _checked(self, info: PartitionBounds, offsets: dict[int, int]) -> list[tuple[int, int]]:
         out = []
         for part, off in offsets.items():
-            if isinstance(part, bool) or not isinstance(part, int) or not 0 <= part < len(info.partitions):
+            if isinstance(part, bool) or not isinstance(part, int) or part not in info.partitions:
                 raise PartitionOutOfRangeError(
-                    f"queue {info.name!r} has partitions 0..{len(info.partitions) - 1}; there is no partition {part!r}"
+                    f"queue {info.name!r} has partitions 0..{info.partition_count - 1}; there is no partition {part!r}"
                 )
             check_int_arg(off, "an offset")
             if off < 0:

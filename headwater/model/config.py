@@ -22,6 +22,7 @@ __all__ = [
     "QueuePage",
     "LIST_PAGE_PARTITIONS",
     "PartitionInfo",
+    "PartitionBounds",
     "validate_queue_name",
     "QUEUE_NAME_MAX",
     "PARTITIONS_MAX",
@@ -161,6 +162,17 @@ class PartitionInfo(msgspec.Struct, frozen=True):
     partition: int
     start_offset: int
     end_offset: int
+
+
+class PartitionBounds(msgspec.Struct, frozen=True, kw_only=True):
+    """Some partitions of a queue (a store's ``describe_partitions``): the queue's name, id
+    and partition count, and the retained offsets of the partitions asked for that exist,
+    by partition: what ``describe_queue`` says of them, at the cost of those alone."""
+
+    name: str
+    queue_id: int
+    partition_count: int
+    partitions: dict[int, PartitionInfo]
 
 
 class QueueInfo(msgspec.Struct, frozen=True, kw_only=True):

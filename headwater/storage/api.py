@@ -19,12 +19,12 @@ serves the same bytes at the same offsets and knows the same producers' retries.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 from headwater.model.batch import BatchHeader
-from headwater.model.config import QueueConfig, QueueInfo
+from headwater.model.config import PartitionBounds, QueueConfig, QueueInfo
 from headwater.model.service import FetchResult, ProduceResult
 from headwater.storage.schedule import DispatchCheckpoint, ScheduleFile
 from headwater.storage.settings import StoreConfig
@@ -113,6 +113,10 @@ class Store(Protocol):
         ...
 
     def describe_queue(self, name: str) -> QueueInfo: ...
+    def describe_partitions(self, name: str, partitions: Iterable[int]) -> PartitionBounds:
+        """What ``describe_queue`` says of ``partitions`` alone (those the queue has)."""
+        ...
+
     def list_queues(self, *, include_internal: bool = False) -> list[QueueInfo]: ...
     def delete_queue(self, name: str) -> None: ...
     def truncate_queue(self, name: str) -> QueueInfo: ...

@@ -14,7 +14,7 @@ import logging
 import threading
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -28,6 +28,7 @@ from headwater.errors import (
 )
 from headwater.model.checks import check_int_arg, check_queue_arg
 from headwater.model.config import (
+    PartitionBounds,
     PartitionInfo,
     QueueInfo,
 )
@@ -273,6 +274,15 @@ class LogStoreBase:
             for q in self._queues.values():
                 q.entry.start_offsets = [pl.start_offset for pl in q.partitions]
             raise
+
+    def _bounds(self, q: QueueState, partitions: Iterable[int], now_ms: int) -> PartitionBounds:
+        n = len(q.partitions)
+        infos = {
+            i: PartitionInfo(i, self._effective_start(q, i, now_ms), q.partitions[i].end_offset)
+            for i in partitions
+            if type(i) is int and 0 <= i < n
+        }
+        return PartitionBounds(name=q.entry.name, queue_id=q.entry.queue_id, partition_count=n, partitions=infos)
 
     def _info(self, q: QueueState, now_ms: int) -> QueueInfo:
         e = q.entry

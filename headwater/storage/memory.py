@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from headwater.errors import (
@@ -37,6 +37,7 @@ from headwater.errors import (
 from headwater.model.batch import BatchHeader, broker_prefix, crc32c, decode_header, validate_batch
 from headwater.model.checks import check_int_arg, check_queue_arg
 from headwater.model.config import (
+    PartitionBounds,
     PartitionInfo,
     QueueConfig,
     QueueInfo,
@@ -195,6 +196,15 @@ class MemoryStore(QueueTable):
         """First offset a reader may see: past truncation, retention and TTL expiry."""
         ttl = q.config.ttl_s
         return pl.start_offset if ttl is None else self._time_position(pl, now_ms - ttl * 1000)
+
+    def _bounds(self, q: _Queue, partitions: Iterable[int], now_ms: int) -> PartitionBounds:
+        n = len(q.partitions)
+        infos = {
+            i: PartitionInfo(i, self._effective_start(q, q.partitions[i], now_ms), q.partitions[i].end_offset)
+            for i in partitions
+            if type(i) is int and 0 <= i < n
+        }
+        return PartitionBounds(name=q.name, queue_id=q.queue_id, partition_count=n, partitions=infos)
 
     def _info(self, q: _Queue, now_ms: int) -> QueueInfo:
         return QueueInfo(
