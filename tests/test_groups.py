@@ -1227,3 +1227,75 @@ def test_asyncio_broadcast_members_keep_local_offsets(aio_target, tmp_path):
             await hw.service.describe_group("bc")
 
     run(aio_target, test)
+
+
+def _sent_commits(monkeypatch, consumer) -> list[dict[int, int]]:
+    """The ``{partition: offset}`` of each COMMIT_OFFSETS sent through the consumer's service
+    (its client's: every consumer of the client) from now on."""
+    sent: list[dict[int, int]] = []
+    service = consumer._service
+    real = service.commit_offsets
+
+    def spy(group, queue, offsets, *args, **kwargs):
+        sent.append(dict(offsets))
+        return real(group, queue, offsets, *args, **kwargs)
+
+    monkeypatch.setattr(service, "commit_offsets", spy)
+    return sent
+
+
+def test_a_commit_of_everything_sends_only_the_positions_that_moved(hw, monkeypatch):
+    """A member of a queue of many partitions that read a few since its last commit stores
+    those few (the code before sent every partition it holds each time)."""
+    hw.admin.create_queue("q", partitions=6)
+    for p in range(6):
+        hw.send_batch("q", [b"%d-%d" % (p, i) for i in range(3)], partition=p)
+    with hw.consumer(group="g", subscribe=["q"]) as c:
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < 18 and time.monotonic() < deadline:
+            got += c.poll(timeout_ms=200)
+        sent = _sent_commits(monkeypatch, c)
+        c.commit()
+        assert sent == [dict.fromkeys(range(6), 3)]
+        c.commit()  # nothing new: nothing sent
+        assert len(sent) == 1
+        hw.send_batch("q", [b"more"], partition=4)
+        assert [r.body for r in c.poll(timeout_ms=2000)] == [b"more"]
+        c.commit()
+        assert sent[1:] == [{4: 4}]
+        c.seek("q", 2, 1)  # a position moved back is stored again
+        c.commit()
+        assert sent[2:] == [{2: 1}]
+        assert c.committed("q", 2) == 1
+        assert c.committed("q", 4) == 4
+
+
+def test_a_consumer_of_assigned_partitions_commits_what_moved_and_again_after_reassign(hw, monkeypatch):
+    hw.admin.create_queue("q", partitions=3)
+    for p in range(3):
+        hw.send_batch("q", [b"x", b"y"], partition=p)
+    c = hw.consumer(group="g")
+    c.assign("q")
+    got = []
+    deadline = time.monotonic() + 10
+    while len(got) < 6 and time.monotonic() < deadline:
+        got += c.poll(timeout_ms=200)
+    sent = _sent_commits(monkeypatch, c)
+    c.commit()
+    c.commit()
+    assert sent == [{0: 2, 1: 2, 2: 2}]
+    # another consumer of the group moves partition 1 on; once this one reads it again, its
+    # position is stored again even though it equals what it stored before
+    other = hw.consumer(group="g")
+    other.assign("q", [1])
+    other.seek("q", 1, 0)
+    other.commit()
+    other.close()
+    c.unassign("q")
+    c.assign("q", [1])
+    assert [r.body for r in c.poll(timeout_ms=2000)] == [b"x", b"y"]
+    c.commit()
+    assert sent[1:] == [{1: 0}, {1: 2}]  # the other's commit (one client: one service), then this one's
+    assert c.committed("q", 1) == 2
+    c.close()

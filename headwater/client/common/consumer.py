@@ -212,9 +212,10 @@ class ConsumerBase(ConsumerPositions, Twins):
     @waits
     def commit(self, offsets: dict[TP, int] | None = None) -> Waits[None]:
         """Store positions on the broker under the group: the consumed positions of every
-        assigned partition, or the given ``{(queue, partition): offset}``. Returns once the
-        broker has stored them (durable as its ``offsets_flush`` says: docs/consumer-groups.md),
-        after every :meth:`commit_async` made before it."""
+        assigned partition (those this consumer's commits have not stored as they are), or
+        the given ``{(queue, partition): offset}``. Returns once the broker has stored them
+        (durable as its ``offsets_flush`` says: docs/consumer-groups.md), after every
+        :meth:`commit_async` made before it."""
         chosen = self._commit_choice(offsets)
         if self._commits is not None:
             yield self._wait_commits()
@@ -237,12 +238,13 @@ class ConsumerBase(ConsumerPositions, Twins):
         """What ``commit(offsets)`` stores (checked): the consumed positions of every
         assigned partition, or the given ``{(queue, partition): offset}``."""
         self._to_commit(offsets)  # the checks: open, a group, the offsets' shape
-        return dict(self._consumed) if offsets is None else dict(offsets)
+        return self._moved_since_stored() if offsets is None else dict(offsets)
 
     def _send_commit(self, chosen: dict[TP, int]) -> Waits[None]:
         """Ask the broker to store ``chosen`` (no wait for the queued commits)."""
         for queue, offs in by_queue(chosen).items():
             yield self._service.commit_offsets(self.group, queue, offs)
+            self._note_stored(queue, offs)
 
     @waits
     def _commit_now(self, chosen: dict[TP, int]) -> Waits[None]:

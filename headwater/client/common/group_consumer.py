@@ -197,9 +197,10 @@ class GroupConsumerBase(ConsumerBase):
 
     @waits
     def commit(self, offsets: dict[TP, int] | None = None) -> Waits[None]:
-        """Commit the consumed position of every partition this member holds (or the given
-        ``{(queue, partition): offset}``): to the broker, as this member and generation
-        (clustering), or to the offsets file (broadcast).
+        """Commit the consumed position of every partition this member holds (those its
+        commits have not stored as they are), or the given ``{(queue, partition): offset}``:
+        to the broker, as this member and generation (clustering), or to the offsets file
+        (broadcast). With nothing new to store it sends nothing.
 
         Raises :class:`~headwater.errors.UnknownMemberError` if this member was removed from
         the group (it missed heartbeats or left): its partitions may be read by others now,
@@ -215,13 +216,15 @@ class GroupConsumerBase(ConsumerBase):
         self._check_open()
         if offsets is not None:
             by_queue(offsets)  # the shape checked, the same for both modes
-        return dict(self._consumed) if offsets is None else dict(offsets)
+        return self._moved_since_stored() if offsets is None else dict(offsets)
 
     def _send_commit(self, chosen: dict[TP, int]) -> Waits[None]:
         if not chosen:
             return
         if self.mode == "broadcast":
             yield self._save_local(chosen)
+            for queue, offs in by_queue(chosen).items():
+                self._note_stored(queue, offs)
         else:
             yield from self._commit_member(chosen)
 
@@ -408,6 +411,7 @@ class GroupConsumerBase(ConsumerBase):
                     generation = self._view.known_generation
                 try:
                     yield self._service.commit_offsets(self.group, queue, offs, member_id=member, generation=generation)
+                    self._note_stored(queue, offs)
                     break
                 except StaleGenerationError:
                     # the group rebalanced: until we acknowledge, we still hold our partitions,

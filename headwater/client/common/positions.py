@@ -85,6 +85,9 @@ class ConsumerPositions(Closable):
         self._mask = tags_mask(self._tags) if self._tags else 0
         self._fetch_pos: dict[TP, int] = {}
         self._consumed: dict[TP, int] = {}
+        # each assigned partition's position as this consumer's last commit of it stored it:
+        # a commit of everything leaves out the partitions still there
+        self._stored: dict[TP, int] = {}
         self._seeked: set[TP] = set()  # positions seek() set and poll() has not checked yet
         self._buffers: RecordBuffers[TP] = RecordBuffers()
         self._inflight: dict[TP, tuple[int, Any]] = {}  # a read per partition: (its position, future or task)
@@ -147,12 +150,25 @@ class ConsumerPositions(Closable):
 
     def _forget(self, tps: Iterable[TP]) -> None:
         for tp in tps:
-            for d in (self._fetch_pos, self._consumed, self._buffers):
+            for d in (self._fetch_pos, self._consumed, self._stored, self._buffers):
                 d.pop(tp, None)
             self._seeked.discard(tp)
             self._drop_fetch(tp)
             if self._streams is not None:
                 self._streams.close(tp[0])
+
+    def _moved_since_stored(self) -> dict[TP, int]:
+        """What a commit of every assigned partition stores: the consumed positions this
+        consumer has not stored as they are (after a poll that read 500 messages of 10,000
+        partitions, 500 at most)."""
+        stored = self._stored
+        return {tp: off for tp, off in self._consumed.items() if stored.get(tp) != off}
+
+    def _note_stored(self, queue: str, offsets: dict[int, int]) -> None:
+        """A commit of ``queue``'s ``{partition: offset}`` succeeded."""
+        for part, off in offsets.items():
+            if (queue, part) in self._consumed:  # not forgotten meanwhile
+                self._stored[(queue, part)] = off
 
     @property
     def streams(self) -> dict[str, dict[int, list[int]]]:
