@@ -56,7 +56,7 @@ from headwater.model.cluster import (
     QueueLocations,
     coordinator_partition,
 )
-from headwater.model.config import ALTERABLE, QueueConfig, QueueInfo, altered_config, is_internal_queue
+from headwater.model.config import ALTERABLE, QueueConfig, QueueIdentity, QueueInfo, altered_config, is_internal_queue
 from headwater.model.keyed import KeyedGroupInfo
 
 __all__ = ["ClusterNode"]
@@ -394,7 +394,7 @@ class ClusterNode:
         """See :func:`~headwater.broker.subscriber_peers.end_streams_everywhere`."""
         end_streams_everywhere(self.cache.view, self.broker_id, queue, name, epoch, deleted)
 
-    def keyed_state(self, queue: QueueInfo, group: str, generation: int, fresh: bool = False) -> KeyedGroupInfo:
+    def keyed_state(self, queue: QueueIdentity, group: str, generation: int, fresh: bool = False) -> KeyedGroupInfo:
         """See :meth:`KeyedPeers.keyed_state`."""
         return self.keyed_peers.keyed_state(queue, group, generation, fresh)
 

@@ -50,7 +50,7 @@ from headwater.errors import (
 )
 from headwater.model.checks import check_int_arg, check_offsets_given
 from headwater.model.cluster import KEYED_COORDINATOR_QUEUE, keyed_coordinator_name
-from headwater.model.config import QueueInfo
+from headwater.model.config import QueueIdentity, QueueInfo
 from headwater.model.filtering import select_batches
 from headwater.model.groups import GroupSummary
 from headwater.model.keyed import (
@@ -234,7 +234,7 @@ class KeyedPlace(Protocol):
         else ``(0, LOG_END_UNKNOWN)``."""
         ...
 
-    def keyed_state(self, queue: QueueInfo, group: str, generation: int, fresh: bool = False) -> KeyedGroupInfo:
+    def keyed_state(self, queue: QueueIdentity, group: str, generation: int, fresh: bool = False) -> KeyedGroupInfo:
         """The group's state as its coordinator has it (cached a moment; asked again when
         ``generation`` is newer than the cached one's, or ``fresh``)."""
         ...
@@ -296,7 +296,7 @@ class KeyedGroups:
         return lambda key: key.split(b"\x00", 2)[1] in live
 
     @staticmethod
-    def _key(info: QueueInfo, group: str) -> bytes:
+    def _key(info: QueueIdentity, group: str) -> bytes:
         return b"g\x00%d\x00%s" % (info.queue_id, group.encode())
 
     def _part_of(self, queue: str, group: str) -> tuple[int, _Part]:
@@ -313,7 +313,7 @@ class KeyedGroups:
             return {p.partition: (p.start_offset, p.end_offset) for p in qi.partitions}
         return self._place.log_ranges(qi, ask_leaders)
 
-    def _existing(self, qi: QueueInfo, group: str, part: _Part) -> tuple[bytes, KeyedGroupInfo]:
+    def _existing(self, qi: QueueIdentity, group: str, part: _Part) -> tuple[bytes, KeyedGroupInfo]:
         key = self._key(qi, group)
         info = part.get(key)
         if info is None:
@@ -378,7 +378,7 @@ class KeyedGroups:
         has from the coordinator (a moment old), and before it answers with messages asks
         again, so a member the group has left behind (a resize) gets none."""
         validate_group(group)
-        qi = self._store.describe_queue(queue)
+        qi = self._store.describe_partitions(queue, ())  # its name and id: each partition's fetch asks
         info, remote = self._state(qi, group, generation)  # unlocked: a snapshot, never held up by a commit's fsync
         res = self._read(info, member, generation, partition, offset, max_bytes)
         if remote and res.batches:
@@ -402,7 +402,9 @@ class KeyedGroups:
             batches, res.next_offset, res.start_offset, res.end_offset, info.generation, stop, selections
         )
 
-    def _state(self, qi: QueueInfo, group: str, generation: int, fresh: bool = False) -> tuple[KeyedGroupInfo, bool]:
+    def _state(
+        self, qi: QueueIdentity, group: str, generation: int, fresh: bool = False
+    ) -> tuple[KeyedGroupInfo, bool]:
         """The group's state, and whether it came from another broker (the coordinator)."""
         place = self._place
         if place is not None:

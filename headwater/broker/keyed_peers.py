@@ -31,7 +31,7 @@ from headwater.broker.peer import PeerClient, PeerError
 from headwater.cluster.metadata import ClusterView
 from headwater.errors import GroupNotFoundError, NotCoordinatorError, NotLeaderError, UnavailableError
 from headwater.model.cluster import KEYED_COORDINATOR_QUEUE, coordinator_partition, keyed_coordinator_name
-from headwater.model.config import QueueInfo
+from headwater.model.config import QueueIdentity, QueueInfo
 from headwater.model.keyed import KeyedGroupInfo
 from headwater.storage.api import Store
 
@@ -117,7 +117,7 @@ class KeyedPeers:
 
     # -- the partition leader's side ---------------------------------------------------------
 
-    def keyed_state(self, queue: QueueInfo, group: str, generation: int, fresh: bool = False) -> KeyedGroupInfo:
+    def keyed_state(self, queue: QueueIdentity, group: str, generation: int, fresh: bool = False) -> KeyedGroupInfo:
         """The group's state as its coordinator has it: the cached one if younger than
         ``state_max_age_s``, not older than ``generation`` and not ``fresh``, else asked
         again (the leader asks afresh before it answers with messages). Cached by

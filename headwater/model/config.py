@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -23,6 +23,7 @@ __all__ = [
     "LIST_PAGE_PARTITIONS",
     "PartitionInfo",
     "PartitionBounds",
+    "QueueIdentity",
     "validate_queue_name",
     "QUEUE_NAME_MAX",
     "PARTITIONS_MAX",
@@ -162,6 +163,17 @@ class PartitionInfo(msgspec.Struct, frozen=True):
     partition: int
     start_offset: int
     end_offset: int
+
+
+class QueueIdentity(Protocol):
+    """A queue's name and id, as :class:`QueueInfo` and :class:`PartitionBounds` carry them:
+    what a call that needs no partition's offsets asks for."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def queue_id(self) -> int: ...
 
 
 class PartitionBounds(msgspec.Struct, frozen=True, kw_only=True):
