@@ -59,9 +59,9 @@ Run ``python -m bench.probes PROBE`` from the repository root; each prints its f
   all, through a fetch stream and then with a FETCH per batch (``stream=False``), three
   times each, alternating: what the fetch streams change for reading a backlog.
 - ``wide``: 100,000 messages of 100 B, one a stored batch, over 10 partitions and over
-  10,000, read back by a fresh consumer of the whole queue, by fetch stream and by FETCH,
-  three times each: whether a poll's cost grows with the partitions assigned. See
-  :func:`wide`.
+  10,000, read back by a fresh consumer of the whole queue (by fetch stream, by FETCH) and
+  by the one member of a keyed group, three times each: whether a poll's cost grows with
+  the partitions read. See :func:`wide`.
 """
 
 from __future__ import annotations
@@ -431,10 +431,15 @@ def _broker(fill: Callable[[str], None] | None = None) -> Iterator[Any]:
             server.wait(30)
 
 
-def _read_all(hw: Any, queue: str, n: int, stream: bool) -> float:
-    """A fresh consumer of every partition of ``queue`` reads its ``n`` messages: msgs/s."""
-    c = hw.consumer(stream=stream, max_poll_messages=500)
-    c.assign(queue)
+def _read_all(hw: Any, queue: str, n: int, how: str) -> float:
+    """A fresh reader of every partition of ``queue`` reads its ``n`` messages: msgs/s.
+    ``how``: ``"stream"`` (a consumer's fetch stream), ``"fetch"`` (a FETCH per batch) or
+    ``"keyed"`` (the one member of a new keyed group)."""
+    if how == "keyed":
+        c = hw.keyed_consumer(f"probe-{time.monotonic_ns()}", queue, member=0, size=1, max_poll_messages=500)
+    else:
+        c = hw.consumer(stream=how == "stream", max_poll_messages=500)
+        c.assign(queue)
     got, t0 = 0, time.perf_counter()
     while got < n:
         got += len(c.poll(max_messages=500, timeout_ms=1000))
@@ -453,7 +458,7 @@ def consume(n: int = 1_500_000) -> None:
         rates: dict[bool, list[float]] = {True: [], False: []}
         for _ in range(3):
             for stream in (True, False):
-                rates[stream].append(_read_all(hw, "q", n, stream))
+                rates[stream].append(_read_all(hw, "q", n, "stream" if stream else "fetch"))
     print(
         f"consume: {n:,} x 100 B, one consumer: fetch stream "
         + ", ".join(f"{x:,.0f}" for x in rates[True])
@@ -465,13 +470,14 @@ def consume(n: int = 1_500_000) -> None:
 
 def wide(n: int = 100_000, partitions: int = 10_000, rounds: int = 3) -> None:
     """The same ``n`` messages of 100 B, one a stored batch, over ``partitions`` partitions and
-    over 10 (written embedded before the broker starts); a fresh consumer of the whole queue
-    reads them through a fetch stream, then by FETCH, ``rounds`` times each: what a poll costs
-    as the partitions assigned grow, the batches alike (issue 32: no workload falls off a
-    cliff)."""
+    over 10 (written embedded before the broker starts); a fresh reader of the whole queue
+    reads them through a fetch stream, by FETCH, and as a keyed group's one member,
+    ``rounds`` times each: what a poll costs as the partitions grow, the batches alike
+    (issue 32: no workload falls off a cliff)."""
     import headwater
 
     sizes = (10, partitions)
+    ways = {"stream": "fetch stream", "fetch": "a FETCH per batch", "keyed": "a keyed member"}
 
     def fill(d: str) -> None:
         with headwater.open(d) as hw:
@@ -480,16 +486,16 @@ def wide(n: int = 100_000, partitions: int = 10_000, rounds: int = 3) -> None:
                 for i in range(n):
                     hw.send_batch(f"wide{k}", [os.urandom(100)], partition=i % k)
 
-    rates: dict[tuple[int, bool], list[float]] = {(k, stream): [] for k in sizes for stream in (True, False)}
+    rates: dict[tuple[int, str], list[float]] = {(k, how): [] for k in sizes for how in ways}
     with _broker(fill) as hw:
         for _ in range(rounds):
             for k in sizes:
-                for stream in (True, False):
-                    rates[(k, stream)].append(_read_all(hw, f"wide{k}", n, stream))
-    for stream, how in ((True, "fetch stream"), (False, "a FETCH per batch")):
-        few, many = rates[(10, stream)], rates[(partitions, stream)]
+                for how in ways:
+                    rates[(k, how)].append(_read_all(hw, f"wide{k}", n, how))
+    for how, label in ways.items():
+        few, many = rates[(10, how)], rates[(partitions, how)]
         print(
-            f"wide, {how}: {n:,} x 100 B, one a batch, over 10 partitions "
+            f"wide, {label}: {n:,} x 100 B, one a batch, over 10 partitions "
             + ", ".join(f"{x:,.0f}" for x in few)
             + f" msgs/s; over {partitions:,} "
             + ", ".join(f"{x:,.0f}" for x in many)

@@ -153,12 +153,12 @@ def test_the_rtt_bench_alternates_send_and_wait_with_redis_xadd_and_times_each_p
 
 
 def test_the_wide_probe_reads_the_same_batches_over_few_and_many_partitions(capsys):
-    """Each read takes every message (``_read_all`` polls until it has them all), by both
-    ways of reading, and the ratio is of the two medians it prints."""
+    """Each read takes every message (``_read_all`` polls until it has them all), each of the
+    three ways, and the ratio is of the two medians it prints."""
     probes.wide(n=600, partitions=300, rounds=1)
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2
-    for line, how in zip(lines, ("fetch stream", "a FETCH per batch")):
+    assert len(lines) == 3
+    for line, how in zip(lines, ("fetch stream", "a FETCH per batch", "a keyed member")):
         m = re.fullmatch(
             rf"wide, {how}: 600 x 100 B, one a batch, over 10 partitions ([\d,]+) msgs/s; "
             r"over 300 ([\d,]+) msgs/s; 300 / 10: ([\d.]+)",
