@@ -26,7 +26,7 @@ from headwater.client.core.routing import RoutingTable
 from headwater.client.transport.remote import RemoteService
 from headwater.client.transport.routing import RoutedService
 from headwater.errors import MessageNotFoundError, NotLeaderError, QueueNotFoundError, UnavailableError
-from headwater.model.cluster import ClusterMetadata
+from headwater.model.cluster import COORDINATOR_QUEUE, ClusterMetadata, coordinator_partition
 from tests.support.broker_process import HEADWATER, BrokerProcess, free_port
 from tests.support.cluster import Cluster, eventually
 
@@ -353,16 +353,29 @@ def test_a_broker_alone_gives_the_plain_client(tmp_path):
         broker.terminate()
 
 
+def _group_coordinated_by(cluster: Cluster, hw: headwater.Client, brokers: set[int]) -> str:
+    """A group name whose coordinator is one of ``brokers`` now."""
+    md = hw.admin.cluster_metadata([COORDINATOR_QUEUE])
+    leaders = {p.partition: p.leader for p in md.queue(COORDINATOR_QUEUE).partitions}
+    return next(
+        g for g in (f"readers-{i}" for i in range(1000)) if leaders[coordinator_partition(g, len(leaders))] in brokers
+    )
+
+
 def test_a_leader_killed_its_partitions_fail_after_the_delivery_timeout_the_others_go_on(cluster):
     """Last: it kills a broker of the module's cluster. With one copy of each partition
     nobody takes a dead broker's partitions over: sends to them fail once the delivery
-    timeout has passed (not before: the producer keeps trying), the rest go on."""
+    timeout has passed (not before: the producer keeps trying), the rest go on. Describing
+    the queue says which partitions are offline (not empty), and a consumer assigned one
+    keeps its group's committed position instead of starting over."""
     with headwater.connect(cluster.address(1), connect_timeout_s=1) as hw:
         hw.admin.create_queue("victim", partitions=6)
         leaders = _leaders(cluster, "victim", via=1)
+        group = _group_coordinated_by(cluster, hw, {1, 2})
         timeout_ms = 3000
         with hw.producer(idempotent=True, delivery_timeout_ms=timeout_ms, retries=10**6, retry_backoff_ms=50) as p:
             assert all(p.send_and_wait("victim", b"before", partition=q).partition == q for q in range(6))
+            hw.service.commit_offsets(group, "victim", dict.fromkeys(range(6), 1))
             orphan = headwater.connect(cluster.address(3), connect_timeout_s=1)  # bootstrapped from the victim
             orphan_producer = orphan.producer(delivery_timeout_ms=timeout_ms, retries=10**6, retry_backoff_ms=50)
             assert orphan_producer.send_and_wait("victim", b"orphan", partition=0).partition == 0
@@ -394,6 +407,28 @@ def test_a_leader_killed_its_partitions_fail_after_the_delivery_timeout_the_othe
             orphan.close()
         info = eventually(lambda: _describe_alive(hw), what="a describe")
         assert [info.partitions[q].end_offset for q in alive] == [4 + (q == 0) for q in alive]
+        # the dead leader's partitions are offline, not empty (the code before said 0..0)
+        assert info.offline == dead
+        assert all(info.partitions[q].online for q in alive)
+        assert info.message_count == sum(4 + (q == 0) for q in alive)
+        listed = next(q for q in hw.admin.list_queues() if q.name == "victim")
+        assert listed.offline == dead
+        shown = subprocess.run(
+            [HEADWATER, "--server", cluster.address(1), "queue", "describe", "victim"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        assert "offline" in shown.stdout
+        # a consumer assigned a dead partition keeps the group's position there (before: it
+        # took the position past the "end" 0 and started over from 0, warning of a new queue)
+        c = hw.consumer(group=group, auto_offset_reset="latest")
+        try:
+            c.assign("victim", dead)
+            assert [c.position("victim", q) for q in dead] == [1] * len(dead)
+            with pytest.raises(UnavailableError, match=rf"victim\[{dead[0]}"):
+                c.seek_to_end("victim", dead[0])
+        finally:
+            c.close()
 
 
 def _describe_alive(hw: headwater.Client):

@@ -57,6 +57,34 @@ def test_a_negative_partition_in_offsets_json_is_named_as_such():
         parse_read_options({**base, "startingOffsets": '{"-1": 3}'}, streaming=False)
 
 
+def _offline_queue():
+    from headwater.model.config import PartitionInfo, QueueConfig, QueueInfo
+
+    parts = [PartitionInfo(0, 0, 10), PartitionInfo(1, 0, 0, online=False), PartitionInfo(2, 3, 8)]
+    return QueueInfo(name="q", queue_id=7, config=QueueConfig(partitions=3), enabled=True, created_ms=0, partitions=parts)
+
+
+def test_a_batch_read_over_a_partition_whose_leader_is_down_says_so_rather_than_reading_nothing():
+    from headwater.errors import UnavailableError
+    from headwater.spark.planning import batch_ranges, start_offsets
+
+    base = {"servers": "127.0.0.1:7070", "queue": "q"}
+    info = _offline_queue()
+    with pytest.raises(UnavailableError, match=r"plan a batch read of 'q'.*q\[1\].*down or out of reach"):
+        batch_ranges(parse_read_options(base, streaming=False), info, lambda p, t: 0)
+    only = parse_read_options({**base, "partitions": "0,2"}, streaming=False)
+    assert [(r.partition, r.start, r.end) for r in batch_ranges(only, info, lambda p, t: 0)] == [(0, 0, 10), (2, 3, 8)]
+    # a stream starts the offline partition at 0 or at the offset given (read once it is back);
+    # latest needs its end
+    stream = parse_read_options({**base, "startingOffsets": '{"1": 5}'}, streaming=True)
+    assert start_offsets(stream, info, lambda p, t: 0, [0, 1, 2])[1] == 5
+    earliest = parse_read_options({**base, "startingOffsets": "earliest"}, streaming=True)
+    assert start_offsets(earliest, info, lambda p, t: 0, [0, 1, 2]) == {0: 0, 1: 0, 2: 3}
+    latest = parse_read_options({**base, "startingOffsets": "latest"}, streaming=True)
+    with pytest.raises(UnavailableError, match=r"q\[1\]"):
+        start_offsets(latest, info, lambda p, t: 0, [0, 1, 2])
+
+
 # -- reading ------------------------------------------------------------------------
 
 

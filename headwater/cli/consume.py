@@ -274,7 +274,9 @@ def _start_offsets(info: QueueInfo, where: From, parts: list[int] | None) -> dic
         return None
     if where.message_id is not None:
         return {where.message_id.partition: where.message_id.offset}
-    return where.offsets(p for p in info.partitions if parts is None or p.partition in parts)
+    chosen = [p for p in info.partitions if parts is None or p.partition in parts]
+    info.require_online([p.partition for p in chosen], "start reading with --from")
+    return where.offsets(chosen)
 
 
 def _time_offsets(hw: Client, info: QueueInfo, start_ms: int) -> dict[int, int]:

@@ -80,8 +80,8 @@ def _partition_rows(hw: Client, d: GroupDescription) -> list[dict[str, Any]]:
                     "partition": pi.partition,
                     "member": holders.get((q, pi.partition)),
                     "committed": c,
-                    "end_offset": pi.end_offset,
-                    "lag": partition_lag(c, pi.start_offset, pi.end_offset),
+                    "end_offset": pi.end_offset if pi.online else None,  # None: its leader is out of reach
+                    "lag": partition_lag(c, pi.start_offset, pi.end_offset) if pi.online else None,
                     "pending_leases": None,  # only shared groups lease messages (see _shared_doc)
                 }
             )
@@ -342,8 +342,8 @@ def _keyed_rows(info: KeyedGroupInfo, qi: QueueInfo) -> list[dict[str, Any]]:
                     "role": info.role(m),
                     "committed": info.positions.get(m, {}).get(pi.partition),
                     "position": pos,
-                    "end_offset": pi.end_offset,
-                    "offsets_behind": max(0, pi.end_offset - pos),
+                    "end_offset": pi.end_offset if pi.online else None,
+                    "offsets_behind": max(0, pi.end_offset - pos) if pi.online else None,
                     "barrier": info.barrier.get(pi.partition),
                 }
             )
@@ -681,8 +681,8 @@ def queue_lag(
                     "group": g,
                     "partition": pi.partition,
                     "committed": c,
-                    "end_offset": pi.end_offset,
-                    "lag": partition_lag(c, pi.start_offset, pi.end_offset),
+                    "end_offset": pi.end_offset if pi.online else None,  # None: its leader is out of reach
+                    "lag": partition_lag(c, pi.start_offset, pi.end_offset) if pi.online else None,
                 }
             )
     if as_json:

@@ -259,9 +259,8 @@ def queues_table(infos: list[QueueInfo]) -> Table:
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]  # rich types justify as a Literal; ours is one of its values
     for q in infos:
         enabled = Text("yes", "green") if q.enabled else Text("no", "red")
-        table.add_row(
-            q.name, str(len(q.partitions)), f"{q.message_count:,}", format_ttl(q.config.ttl_s), _flush(q), enabled
-        )
+        count = Text(f"{q.message_count:,}+ ({len(q.offline)} offline)", "red") if q.offline else f"{q.message_count:,}"
+        table.add_row(q.name, str(len(q.partitions)), count, format_ttl(q.config.ttl_s), _flush(q), enabled)
     return table
 
 
@@ -300,7 +299,13 @@ def queue_detail(info: QueueInfo) -> Group:
     head.add_row("enabled", enabled)
     head.add_row("created", iso_utc(info.created_ms))
     head.add_row("partitions", str(len(info.partitions)))
-    head.add_row("messages", f"{info.message_count:,}")
+    offline = info.offline
+    head.add_row("messages", f"{info.message_count:,}" + (" (offline partitions not counted)" if offline else ""))
+    if offline:
+        head.add_row(
+            "offline",
+            Text(f"{len(offline)} partition(s): their leader is down or out of reach (cluster status)", "red"),
+        )
     head.add_row("ttl", format_ttl(c.ttl_s) + ("" if c.ttl_s is None else f" ({c.ttl_s} s)"))
     head.add_row("flush", _flush(info))
     head.add_row("message bytes max", f"{c.message_bytes_max:,}")
@@ -310,7 +315,12 @@ def queue_detail(info: QueueInfo) -> Group:
     for name in ("partition", "start offset", "end offset", "messages"):
         parts.add_column(name, justify="right", no_wrap=True)
     for p in info.partitions:
-        parts.add_row(str(p.partition), str(p.start_offset), str(p.end_offset), f"{p.end_offset - p.start_offset:,}")
+        if p.online:
+            parts.add_row(
+                str(p.partition), str(p.start_offset), str(p.end_offset), f"{p.end_offset - p.start_offset:,}"
+            )
+        else:
+            parts.add_row(str(p.partition), "-", "-", Text("offline", "red"))
     return Group(head, Text(""), parts)
 
 
@@ -328,6 +338,8 @@ def queue_json(info: QueueInfo) -> dict[str, Any]:
         "messages": info.message_count,
         "partitions": [
             {"partition": p.partition, "start_offset": p.start_offset, "end_offset": p.end_offset}
+            if p.online
+            else {"partition": p.partition, "start_offset": None, "end_offset": None, "online": False}
             for p in info.partitions
         ],
     }

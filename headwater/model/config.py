@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from enum import Enum
 from typing import Any, Protocol
 
 import msgspec
 
-from headwater.errors import InvalidArgumentError, InvalidQueueNameError
+from headwater.errors import InvalidArgumentError, InvalidQueueNameError, UnavailableError
 from headwater.model.batch import BATCH_BYTES_MAX, MESSAGE_ROOM_BYTES
 
 __all__ = [
@@ -156,13 +157,17 @@ def altered_config(config: QueueConfig, changes: dict[str, Any]) -> QueueConfig:
     return config.replace(**changes).validated()
 
 
-class PartitionInfo(msgspec.Struct, frozen=True):
+class PartitionInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     """Retained offsets of one partition: ``start_offset`` (first kept) to ``end_offset``
-    (next to be written)."""
+    (next to be written). ``online`` False: on a cluster, the partition's leader could not be
+    asked (down, or out of reach), so its offsets are not known: the two given are another
+    broker's (0 where it never led the partition), not the partition's. Encoded only when
+    False."""
 
     partition: int
     start_offset: int
     end_offset: int
+    online: bool = True
 
 
 class QueueIdentity(Protocol):
@@ -199,7 +204,24 @@ class QueueInfo(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def message_count(self) -> int:
-        return sum(p.end_offset - p.start_offset for p in self.partitions)
+        """The messages retained (the partitions not online count none: theirs are unknown)."""
+        return sum(p.end_offset - p.start_offset for p in self.partitions if p.online)
+
+    @property
+    def offline(self) -> list[int]:
+        """The partitions that are not ``online`` (their leader could not be asked)."""
+        return [p.partition for p in self.partitions if not p.online]
+
+    def require_online(self, partitions: Iterable[int], doing: str) -> None:
+        """:class:`~headwater.errors.UnavailableError` naming those of ``partitions`` that are
+        not online, for a call (``doing``) that needs their offsets."""
+        off = sorted({p for p in partitions if 0 <= p < len(self.partitions) and not self.partitions[p].online})
+        if off:
+            raise UnavailableError(
+                f"cannot {doing}: the leader of {self.name}{off} is down or out of reach, so where "
+                f"{'it begins and ends' if len(off) == 1 else 'they begin and end'} is not known; "
+                f"try again once it is back (headwater cluster status shows the brokers)"
+            )
 
 
 class QueuePage(msgspec.Struct, frozen=True):

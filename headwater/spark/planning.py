@@ -112,11 +112,19 @@ def start_offsets(
 
     An explicit offset before the retained range is data loss (an error unless
     failOnDataLoss=false, then the earliest retained offset); one past the end is an error.
+    A partition whose leader is out of reach (not ``online``: its offsets unknown) starts at
+    the offset given, or 0 for earliest, and is read once its leader is back; latest, or a
+    starting timestamp, needs its leader now.
     """
     check_named_partitions(opts.starting, "startingOffsets", info)
     out: dict[int, int] = {}
     for p in partitions:
         pi = info.partitions[p]
+        spec = opts.starting.for_partition(p)
+        if not pi.online and spec != LATEST and opts.starting_timestamp_ms is None:
+            out[p] = 0 if spec == EARLIEST else spec
+            continue
+        info.require_online([p], f"find where reading {info.name!r} starts")
         start = _resolve(opts.starting.for_partition(p), pi.start_offset, pi.end_offset)
         if start < pi.start_offset:
             if opts.fail_on_data_loss:
@@ -144,6 +152,7 @@ def batch_ranges(opts: ReadOptions, info: QueueInfo, offset_for_time: Callable[[
     """
     parts = choose_partitions(info, opts.partitions)
     check_named_partitions(opts.ending, "endingOffsets", info)
+    info.require_online(parts, f"plan a batch read of {info.name!r}")  # else it would read nothing there
     starts = start_offsets(opts, info, offset_for_time, parts)
     ranges = []
     for p in parts:

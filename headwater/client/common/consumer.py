@@ -89,6 +89,7 @@ class ConsumerBase(ConsumerPositions, Twins):
     def _seek_to_edge(self, queue: str, partitions: int | Iterable[int] | None, *, end: bool) -> Waits[None]:
         tps = self._parts(queue, partitions)  # checked before the broker is asked
         info = yield self._service.describe_queue(queue)
+        info.require_online([p for _, p in tps], f"seek to the {'end' if end else 'start'}")
         for tp in tps:
             p = info.partitions[tp[1]]
             self._set_position(tp, p.end_offset if end else p.start_offset)

@@ -123,10 +123,22 @@ class ConsumerPositions(Closable):
         start or the end (``auto_offset_reset``). A committed offset before the log's start
         is kept: the first read, at the partition's leader, skips what expired. (``info`` may
         come from a broker that led the partition before a move and dropped its copy: its
-        start would skip messages the leader still has.)"""
+        start would skip messages the leader still has.) A partition not online (its leader
+        out of reach: its offsets unknown) starts from the committed offset, else from 0,
+        and its first read at the leader moves a position before its start or past its end."""
         self._queue_ids[queue] = info.queue_id
         for p in parts:
             pi = info.partitions[p]
+            if not pi.online:
+                if p not in committed and self.auto_offset_reset == "latest":
+                    log.warning(
+                        "%s[%d]: its leader is out of reach, so its end is not known; reading it from its start "
+                        "(auto_offset_reset='latest' needs the end)",
+                        queue,
+                        p,
+                    )
+                self._set_position((queue, p), committed.get(p, 0))
+                continue
             if p in committed and committed[p] <= pi.end_offset:
                 pos = committed[p]
             else:
@@ -241,8 +253,8 @@ class ConsumerPositions(Closable):
         so does the error, until another seek), forget the others."""
         for tp in sorted(tp for tp in self._seeked if tp[0] == queue):
             self._seeked.discard(tp)
-            if tp[1] >= len(info.partitions):
-                continue  # the queue was created again, smaller: its read raises PartitionOutOfRangeError
+            if tp[1] >= len(info.partitions) or not info.partitions[tp[1]].online:
+                continue  # created again, smaller (its read raises PartitionOutOfRangeError), or its end unknown
             end = info.partitions[tp[1]].end_offset
             pos = self._fetch_pos[tp]
             if pos > end:

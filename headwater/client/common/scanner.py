@@ -86,6 +86,7 @@ class ScannerBase(Twins):
         for mid in (self._start_id, self._stop_id):
             if mid is not None and mid.queue_id != info.queue_id:
                 raise InvalidArgumentError(f"message id {mid} is not of queue {queue!r}")
+        info.require_online(parts, f"scan {queue!r}")
         ranges = []
         for p in parts:
             pi = info.partitions[p]

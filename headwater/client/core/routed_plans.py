@@ -260,11 +260,14 @@ def coordinated(s: RoutedState, api: m.ApiKey, *args: Any, **kwargs: Any) -> Pla
 @plan
 def describe_queue(s: RoutedState, name: str) -> Plan[QueueInfo]:
     """The queue (its config from any broker), each partition's offsets from its leader;
-    a leader out of reach leaves its partitions as another broker knows them."""
+    a partition whose leader is out of reach (or that has none now) is not ``online``."""
     leaders = yield from leaders_of(s, name)
     answers = gathered(s, (yield to_brokers(s, sorted(leaders), m.DescribeQueueRequest(name))), strict=False)
     if not answers:  # unknown, no leader now, or none answered: one broker's answer
-        return cast(QueueInfo, (yield Call(HOME, "describe_queue", (name,))))
+        info = cast(QueueInfo, (yield Call(HOME, "describe_queue", (name,))))
+        if not s._table.knows(name):
+            return info
+        return merge_describe(info, {}, s._table.partition_leaders(name))
     return merge_describe(answers[min(answers)], answers, s._table.partition_leaders(name))
 
 

@@ -450,14 +450,15 @@ def merge_describe(base: QueueInfo, answers: Mapping[int, QueueInfo], leaders: M
     """A queue as one broker would describe it if it led every partition: ``base`` (any
     broker's answer: the config) with each partition's offsets from its leader's answer
     (``answers``: broker id -> its QueueInfo; ``leaders``: partition -> broker id). A
-    partition whose leader did not answer keeps ``base``'s offsets.
+    partition whose leader did not answer (or that has none) is not online: its offsets are
+    unknown (``base``'s are kept, marked so).
 
     >>> def info(*ends):
     ...     return QueueInfo(name="q", queue_id=1000, config=None, enabled=True, created_ms=0,
     ...                      partitions=[PartitionInfo(p, 0, e) for p, e in enumerate(ends)])
-    >>> merged = merge_describe(info(0, 0), {1: info(5, 0), 2: info(0, 7)}, {0: 1, 1: 2})
-    >>> [(p.partition, p.end_offset) for p in merged.partitions]
-    [(0, 5), (1, 7)]
+    >>> merged = merge_describe(info(0, 0, 0), {1: info(5, 0, 0), 2: info(0, 7, 0)}, {0: 1, 1: 2, 2: 3})
+    >>> [(p.partition, p.end_offset, p.online) for p in merged.partitions]
+    [(0, 5, True), (1, 7, True), (2, 0, False)]
     """
     partitions: list[PartitionInfo] = []
     for p in base.partitions:
@@ -465,7 +466,7 @@ def merge_describe(base: QueueInfo, answers: Mapping[int, QueueInfo], leaders: M
         if answer is not None and p.partition < len(answer.partitions):
             partitions.append(answer.partitions[p.partition])
         else:
-            partitions.append(p)
+            partitions.append(PartitionInfo(p.partition, p.start_offset, p.end_offset, online=False))
     return QueueInfo(
         name=base.name,
         queue_id=base.queue_id,
