@@ -61,7 +61,8 @@ def _offline_queue():
     from headwater.model.config import PartitionInfo, QueueConfig, QueueInfo
 
     parts = [PartitionInfo(0, 0, 10), PartitionInfo(1, 0, 0, online=False), PartitionInfo(2, 3, 8)]
-    return QueueInfo(name="q", queue_id=7, config=QueueConfig(partitions=3), enabled=True, created_ms=0, partitions=parts)
+    config = QueueConfig(partitions=3)
+    return QueueInfo(name="q", queue_id=7, config=config, enabled=True, created_ms=0, partitions=parts)
 
 
 def test_a_batch_read_over_a_partition_whose_leader_is_down_says_so_rather_than_reading_nothing():
