@@ -221,6 +221,41 @@ def test_a_moved_partition_hands_its_state_over_and_only_leases_in_flight_come_a
             c.close()
 
 
+def _no_leader_for_some(table, queue: str) -> bool:
+    return len(table.partition_leaders(queue)) < table.partition_count(queue)
+
+
+def test_a_member_reads_a_leaders_partitions_again_once_it_is_back(cluster):
+    """A broker leading some of the queue's partitions is killed until the member's table
+    names no leader for them (its ZooKeeper session expired), then started again: the
+    member asks METADATA again by itself and receives what is sent there. The code before
+    never asked (no receive goes to a partition with no leader, so no error made the table
+    stale): it read the other partitions only, for good."""
+    with headwater.connect(cluster.address(1)) as hw, headwater.connect(cluster.address(1)) as sender:
+        hw.admin.create_queue("comeback", partitions=PARTITIONS)
+        for p in range(PARTITIONS):
+            hw.send_batch("comeback", [b"before"] * PER_PARTITION, partition=p)
+        leaders = {p.partition: p.leader for p in hw.admin.cluster_metadata(["comeback"]).queue("comeback").partitions}
+        victim = max(set(leaders.values()) - {1})  # not the bootstrap broker: the clients keep theirs
+        led = sorted(p for p, b in leaders.items() if b == victim)
+        c = hw.shared_consumer("back", "comeback", visibility_timeout_ms=120_000)
+        c.ack(_receive_all(c, PARTITIONS * PER_PARTITION))
+        cluster.brokers[victim].kill()
+
+        def leaderless() -> bool:
+            c.receive(max_messages=10, timeout_ms=100)  # a receive at the victim fails: the table is asked again
+            return _no_leader_for_some(hw.service.table, "comeback")
+
+        eventually(leaderless, what="a table with no leader for the victim's partitions")
+        cluster.start(victim)
+        eventually(lambda: not _no_leader_for_some(sender.service.refresh(), "comeback"), what="the victim leading")
+        sent = [sender.send("comeback", b"back", partition=p) for p in led]
+        got = _receive_all(c, len(sent), deadline_s=20)
+        assert sorted(d.message_id for d in got) == sorted(sent)
+        c.ack(got)
+        c.close()
+
+
 @pytest.mark.slow  # a fault test of ~10 s; tests/test_cluster_routing.py kills a leader by default
 def test_a_leader_killed_its_leases_are_refused_and_the_others_partitions_go_on(cluster):
     """The last test of the module: it kills broker 2 (after the move above, queue "jobs"

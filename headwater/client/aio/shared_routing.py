@@ -51,6 +51,9 @@ class AsyncSharedRouter(SharedRouter):
         if s._gate.stale or not table.knows(queue):
             s._gate.mark_stale()
             self._spawn(s.refresh(s._deadline()))
+        elif table.leaderless(queue):  # see SharedRouter._addresses: a refresh, rate limited
+            s._gate.mark_stale()
+            s._refresh_soon()
         return sorted({table.brokers[b].address for b in table.leaders_of(queue)}) or [s.address]
 
     async def receive(self, body: m.SharedReceiveRequest) -> SharedDeliveries:

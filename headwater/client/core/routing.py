@@ -136,6 +136,17 @@ class RoutingTable:
         leaders = self._leaders.get(queue)
         return None if leaders is None else len(leaders)
 
+    def leaderless(self, queue: str) -> bool:
+        """Whether some partition of ``queue`` has no live leader in the table: its broker
+        is down, or the table is older than its return (ask again, rate limited, until it
+        has one).
+
+        >>> t = RoutingTable(); t.leaderless("q")
+        False
+        """
+        leaders = self._leaders.get(queue, ())
+        return any(b not in self.brokers for b in leaders)
+
     def queue_of(self, queue_id: int) -> str | None:
         """The name of the queue of ``queue_id`` (a message id names its queue by id)."""
         return self._names.get(queue_id)

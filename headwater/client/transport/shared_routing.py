@@ -58,10 +58,16 @@ class SharedRouter:
 
     def _addresses(self, queue: str) -> list[str]:
         """The addresses of the queue's leaders (the table refreshed once, waiting, if it
-        does not know ``queue``); none: the bootstrap broker's."""
+        does not know ``queue``); none: the bootstrap broker's. A partition with no leader
+        in the table starts a refresh nobody waits for (rate limited), so that a broker back
+        from an outage is asked again: no receive reaches a partition the table has no
+        leader for, so no error would ever ask."""
         s = self._service
         found = s._addresses_now(queue)
         found = found if found is not None else s._run(addresses_of(s, queue))
+        if s.table.leaderless(queue):
+            s._gate.mark_stale()
+            s._refresh_soon()
         return sorted(set(found.values())) or [s.address]
 
     # -- receive ----------------------------------------------------------------------------
