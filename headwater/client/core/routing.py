@@ -141,8 +141,11 @@ class RoutingTable:
         is down, or the table is older than its return (ask again, rate limited, until it
         has one).
 
-        >>> t = RoutingTable(); t.leaderless("q")
-        False
+        >>> from headwater.model.cluster import PartitionLocation, QueueLocations
+        >>> q = QueueLocations(name="q", queue_id=1, partitions=[
+        ...     PartitionLocation(partition=0, leader=1, leader_epoch=0, replicas=[1])])
+        >>> RoutingTable(ClusterMetadata(cluster_id="c", controller=1, queues=[q], brokers=[])).leaderless("q")
+        True
         """
         leaders = self._leaders.get(queue, ())
         return any(b not in self.brokers for b in leaders)
