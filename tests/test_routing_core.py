@@ -103,7 +103,31 @@ def test_describe_takes_each_partition_from_its_leader_and_the_rest_from_the_bas
     leaders = {0: 1, 1: 2, 2: 3, 3: 1}  # broker 3 did not answer: partition 2 keeps the base's
     merged = merge_describe(base, answers, leaders)
     assert [(p.start_offset, p.end_offset) for p in merged.partitions] == [(0, 5), (2, 6), (0, 0), (0, 9)]
+    assert [p.online for p in merged.partitions] == [True, True, False, True]  # its offsets are not known
+    assert merged.offline == [2] and merged.message_count == 5 + 4 + 9
     assert (merged.name, merged.created_ms, merged.config) == ("q", 7, base.config)
+
+
+def test_create_queue_is_answered_once_every_broker_has_the_queue():
+    """The broker asked waits only for its own copy; a send right after to a leader that
+    had none yet was refused with QueueNotFoundError (seen on a loaded cluster)."""
+    from headwater.client.core.effects import PLANS, Call, Fanout, RoutedState, Sleep
+
+    class Home:
+        address = "127.0.0.1:7071"
+
+    s = RoutedState(Home(), cluster_metadata({}), bootstrap=[Home.address])
+    created = _info("q", [0, 0])
+    plan = PLANS["create_queue"](s, "q", QueueConfig(partitions=2))
+    assert next(plan) == Call(HOME, "create_queue", ("q", QueueConfig(partitions=2)), {})
+    asked = plan.send(created)
+    assert isinstance(asked, Fanout) and sorted(asked.asks) == [1, 2, 3]
+    # broker 3 has no copy yet: not done, asked again after a pause
+    assert isinstance(plan.send({1: created, 2: created, 3: QueueNotFoundError("no q")}), Sleep)
+    assert isinstance(plan.send(None), Fanout)
+    with pytest.raises(StopIteration) as done:
+        plan.send({1: created, 2: created, 3: created})
+    assert done.value.value == created
 
 
 def test_pages_merge_queue_by_queue():

@@ -76,7 +76,7 @@ from headwater.client.core.routing import (
 )
 from headwater.client.core.shared_routing import give_back
 from headwater.client.core.subscribers import merge_subscribers
-from headwater.errors import HeadwaterError, InvalidArgumentError, UnavailableError
+from headwater.errors import HeadwaterError, InvalidArgumentError, QueueNotFoundError, UnavailableError
 from headwater.model.cluster import ClusterMetadata
 from headwater.model.config import QueueInfo, QueuePage
 from headwater.model.delay import DelayStats
@@ -359,8 +359,23 @@ def _change_plan(method: str) -> Callable[..., Plan[Any]]:
     return change
 
 
-for _method in ("create_queue", "delete_queue", "add_partitions"):
-    PLANS[_method] = _change_plan(_method)
+PLANS["delete_queue"] = _change_plan("delete_queue")
+
+
+@plan
+def create_queue(s: RoutedState, name: str, *args: Any, **kwargs: Any) -> Plan[QueueInfo]:
+    """Through the controller; answered once every broker that answers has the queue, so
+    that a send or a read right after it finds the queue at its leader (the broker asked
+    waits only for its own copy)."""
+    info: QueueInfo = yield from _changed(s, "create_queue", name, *args, **kwargs)
+    return (yield from _followed(s, name, info, lambda q: q.queue_id == info.queue_id))
+
+
+@plan
+def add_partitions(s: RoutedState, name: str, partitions: int) -> Plan[QueueInfo]:
+    """Through the controller; answered once every broker that answers has the partitions."""
+    info: QueueInfo = yield from _changed(s, "add_partitions", name, partitions)
+    return (yield from _followed(s, name, info, lambda q: len(q.partitions) >= len(info.partitions)))
 
 
 @plan
@@ -376,11 +391,13 @@ def truncate_queue(s: RoutedState, name: str) -> Plan[QueueInfo]:
 
 def _followed(s: RoutedState, name: str, info: QueueInfo, follows: Callable[[QueueInfo], bool]) -> Plan[QueueInfo]:
     """``info`` once every broker that answers describes ``name`` as ``follows`` says
-    (each follows the cluster's record of the queue within moments)."""
+    (each follows the cluster's record of the queue within moments; one that has no queue
+    of that name yet does not)."""
     deadline = s._deadline()
     while True:
-        asked = to_brokers(s, sorted(s._table.brokers), m.DescribeQueueRequest(name))
-        if all(follows(q) for q in gathered(s, (yield asked), strict=False).values()):
+        got = yield to_brokers(s, sorted(s._table.brokers), m.DescribeQueueRequest(name))
+        has = {b: a for b, a in got.items() if not isinstance(a, QueueNotFoundError)}
+        if len(has) == len(got) and all(follows(q) for q in gathered(s, has, strict=False).values()):
             return info
         if s._clock() >= deadline:
             raise UnavailableError(f"the queue {name!r} was changed, but not every broker follows it yet")
