@@ -61,6 +61,10 @@ async def _timed_senders(send, senders: int, seconds: float) -> dict[str, float]
     return {"msgs_s": count[0] / elapsed, "p99_ms": percentile(lat_ms, 99)}
 
 
+#: the gateway takes bodies declared JSON only (docs/http.md, "Who may call it")
+JSON_TYPE = {"content-type": "application/json"}
+
+
 async def produce_round(sys_: str, env: dict[str, Any], a: argparse.Namespace) -> dict[str, float]:
     bodies = _bodies(a.batch, a.size)
     if sys_.startswith("http"):
@@ -68,7 +72,7 @@ async def produce_round(sys_: str, env: dict[str, Any], a: argparse.Namespace) -
         http = env[sys_]
 
         async def send(i: int) -> int:
-            r = await http.post("/v1/queues/bench/messages", content=payload)
+            r = await http.post("/v1/queues/bench/messages", content=payload, headers=JSON_TYPE)
             r.raise_for_status()
             return a.batch
     elif sys_ == "binary":

@@ -136,7 +136,7 @@ def test_errors_have_the_binary_protocols_codes_and_fitting_statuses(http_api, q
     ],
 )
 def test_bad_produce_bodies_are_400_naming_the_field(http_api, queue, body, names):
-    r = http_api.post(f"/v1/queues/{queue}/messages", content=body)
+    r = http_api.post(f"/v1/queues/{queue}/messages", content=body, headers={"content-type": "application/json"})
     err = error_of(r, 400, "InvalidArgumentError")
     assert names in err["message"] and err["code"] == 2
 
@@ -152,6 +152,57 @@ def test_bad_query_parameters_name_the_parameter(http_api, queue):
     assert "max must be at least 1" in err["message"]
     assert error_of(http_api.get("/v1/nothing-here"), 404, "NotFound")["code"] == 1
     assert error_of(http_api.put("/v1/queues"), 405, "MethodNotAllowed")
+
+
+EVIL = "https://evil.example"
+
+
+def test_a_web_pages_simple_requests_are_refused(http_api, queue):
+    """What any page an operator visits can make a browser send without asking first
+    (no preflight): a POST of text/plain, cross-origin, or under a rebound name."""
+    url = http_api.base_url
+    # DNS rebinding: the page's own name, re-pointed at 127.0.0.1, with a matching Origin
+    rebound = {"Host": "evil.example", "Origin": EVIL, "Content-Type": "text/plain"}
+    err = error_of(http_api.post(f"/v1/queues/{queue}/truncate", headers=rebound), 403, "HostNotAllowed")
+    assert "'evil.example'" in err["message"] and "--http-allowed-host evil.example" in err["message"]
+    # cross-origin: the gateway's own Host, another site's Origin
+    err = error_of(http_api.post(f"/v1/queues/{queue}/truncate", headers={"Origin": EVIL}), 403, "OriginNotAllowed")
+    assert EVIL in err["message"]
+    assert error_of(http_api.get("/v1/queues", headers={"Origin": "null"}), 403, "OriginNotAllowed")
+    # a body not declared JSON: what a form or a no-cors fetch sends
+    for body_type in ("text/plain", "application/x-www-form-urlencoded", None):
+        headers = {} if body_type is None else {"Content-Type": body_type}
+        r = http_api.post("/v1/queues", content=b'{"name": "made_by_a_page"}', headers=headers)
+        err = error_of(r, 415, "UnsupportedMediaType")
+        assert "Content-Type: application/json" in err["message"]
+    error_of(
+        http_api.post(f"/v1/queues/{queue}/truncate", headers={"Content-Type": "text/plain"}),
+        415,
+        "UnsupportedMediaType",
+    )
+    assert http_api.get("/v1/queues/made_by_a_page").status_code == 404
+    # none of it truncated anything, and what the gateway's own clients send passes
+    http_api.post(f"/v1/queues/{queue}/messages", json={"value": "kept", "partition": 0}).raise_for_status()
+    same_site = {"Origin": str(url).rstrip("/"), "Content-Type": "application/json; charset=utf-8"}
+    r = http_api.post(f"/v1/queues/{queue}/messages", content=b'{"value": "x", "partition": 0}', headers=same_site)
+    assert r.status_code == 200, r.text
+    for host in ("localhost", "127.0.0.1", f"localhost:{url.port}"):
+        assert http_api.get(f"/v1/queues/{queue}", headers={"Host": host}).status_code == 200
+    assert http_api.get(f"/v1/queues/{queue}").json()["partitions"][0]["end_offset"] == 2
+
+
+def test_an_allowed_host_names_the_gateway(tmp_path):
+    from tests.support.http_gateway import HttpBroker
+
+    broker = HttpBroker(tmp_path / "data", "--http-allowed-host", "hw.corp.example")
+    try:
+        with broker.client() as api:
+            headers = {"Host": "hw.corp.example:8080", "Origin": "http://hw.corp.example:8080"}
+            r = api.post("/v1/queues", json={"name": "named"}, headers=headers)
+            assert r.status_code == 201, r.text
+            error_of(api.get("/v1/queues", headers={"Host": "other.corp.example"}), 403, "HostNotAllowed")
+    finally:
+        broker.stop()
 
 
 def test_admin_of_queues(http_api):

@@ -35,6 +35,8 @@ SHOWS = [
     "event: record",
     '"value":"{\\"id\\": 17}"',  # the one event after Last-Event-ID 0:2,1:0: partition 1's first
     "audit",
+    '"name":"UnsupportedMediaType"',  # who may call it
+    '"name":"OriginNotAllowed"',
 ]
 
 

@@ -195,6 +195,15 @@ def serve(
     http_host: Annotated[
         str | None, typer.Option(help="Address the HTTP API listens on.", show_default="--host")
     ] = None,
+    http_allowed_hosts: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--http-allowed-host",
+            metavar="NAME",
+            help="A Host name the HTTP API answers to besides localhost, IP addresses and --http-host "
+            "(repeatable; .example.org: the domain and its subdomains; *: any); docs/http.md.",
+        ),
+    ] = None,
     log_format: Annotated[
         str,
         typer.Option(
@@ -240,7 +249,11 @@ def serve(
     server_cfg, store_cfg = load_settings(config, dict(os.environ), overrides)
 
     started = False
-    http = _http_server(http_host or server_cfg.host, http_port) if http_port is not None else None
+    http = (
+        _http_server(http_host or server_cfg.host, http_port, tuple(http_allowed_hosts or ()))
+        if http_port is not None
+        else None
+    )
 
     def ready(bound: int) -> None:
         nonlocal started
@@ -284,13 +297,14 @@ def serve(
             shutil.rmtree(state.data_dir, ignore_errors=True)
 
 
-def _http_server(host: str, port: int) -> Any:
+def _http_server(host: str, port: int, allowed_hosts: tuple[str, ...]) -> Any:
     """A function that starts the HTTP API (headwater.http) once the broker listens, in a
     thread of its own, as a client of the broker's address; checked now that the ``http``
     extra is installed, so that a missing one stops the start with the pip command to run."""
     from headwater.http import require_extra
 
     require_extra()
+    from headwater.http.app import GatewaySettings
     from headwater.http.server import HttpServer
 
     def start(broker_host: str, broker_port: int) -> None:
@@ -300,6 +314,7 @@ def _http_server(host: str, port: int) -> Any:
             f"{target}:{broker_port}",
             host=host,
             port=port,
+            settings=GatewaySettings(allowed_hosts=allowed_hosts),
             on_ready=lambda bound: print(f"http listening {host}:{bound}", flush=True),
         )
         server.start()

@@ -19,6 +19,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on")
     parser.add_argument("--port", type=int, default=8080, help="the port to listen on (0: any free port)")
     parser.add_argument("--idle-timeout-ms", type=int, default=300_000, help="close group members idle this long")
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name to answer to besides localhost, IP addresses and --host (repeatable; "
+        ".example.org: the domain and its subdomains; *: any); docs/http.md",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO", stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -36,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         args.server,
         host=args.host,
         port=args.port,
-        settings=GatewaySettings(idle_timeout_ms=args.idle_timeout_ms),
+        settings=GatewaySettings(idle_timeout_ms=args.idle_timeout_ms, allowed_hosts=tuple(args.allowed_host)),
         on_ready=ready,
     )
 

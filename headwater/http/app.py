@@ -16,6 +16,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -24,6 +25,7 @@ import headwater.aio
 from headwater.errors import HeadwaterError
 from headwater.http import admin, console, events, groups, openapi, produce, reads, shared
 from headwater.http.errors import handle_error, handle_http_exception
+from headwater.http.guard import RequestGuard
 from headwater.http.routes import Operation
 from headwater.http.sessions import Sessions
 
@@ -53,6 +55,7 @@ class GatewaySettings:
         idle_timeout_ms: int = 300_000,
         sessions_max: int = 1000,
         connect_timeout_s: float = 10.0,
+        allowed_hosts: tuple[str, ...] = (),
     ) -> None:
         #: the largest request body (413 beyond)
         self.body_bytes_max = body_bytes_max
@@ -61,6 +64,10 @@ class GatewaySettings:
         #: group members and shared consumers held at once (503 beyond)
         self.sessions_max = sessions_max
         self.connect_timeout_s = connect_timeout_s
+        #: Host names the gateway answers to besides localhost, IP addresses and the name it
+        #: listens on (``*``: any; ``.example.org``: that domain and its subdomains);
+        #: headwater/http/guard.py
+        self.allowed_hosts = allowed_hosts
 
 
 class Gateway:
@@ -97,10 +104,13 @@ async def _metrics(request: Request) -> Response:
     return Response(exposition.text, media_type=exposition.content_type)
 
 
-def create_app(broker_address: str, settings: GatewaySettings | None = None) -> Starlette:
+def create_app(
+    broker_address: str, settings: GatewaySettings | None = None, *, listen_host: str | None = None
+) -> Starlette:
     """The HTTP API of the broker (or cluster) at ``broker_address`` (``"host:port"``, or a
     bootstrap list ``"h1:p1,h2:p2"``) as an ASGI app; it connects when the server starts
-    (the ASGI lifespan) and closes when it stops."""
+    (the ASGI lifespan) and closes when it stops. ``listen_host``: the address it is served
+    on, a name its requests' ``Host`` may carry (headwater/http/guard.py)."""
     gateway = Gateway(broker_address, settings or GatewaySettings())
 
     @contextlib.asynccontextmanager
@@ -119,6 +129,8 @@ def create_app(broker_address: str, settings: GatewaySettings | None = None) -> 
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
+        # before any route: refuse what a web page (not the console) would send
+        middleware=[Middleware(RequestGuard, allowed_hosts=gateway.settings.allowed_hosts, listen_host=listen_host)],
         # HeadwaterError is answered as an error of the caller's or the broker's; any other
         # exception goes to ServerErrorMiddleware (Exception), which answers 500 and logs it
         exception_handlers={

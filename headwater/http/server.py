@@ -39,7 +39,7 @@ class HttpServer:
         self.broker_address = broker_address
         self.host = host
         self.port = port
-        self.app = create_app(broker_address, settings)
+        self.app = create_app(broker_address, settings, listen_host=host)
         self._on_ready = on_ready
         config = uvicorn.Config(
             self.app,
