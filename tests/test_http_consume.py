@@ -205,3 +205,41 @@ def test_through_one_brokers_http_every_partition_of_a_cluster(cluster, tmp_path
             assert len({p["leader"] for p in q["partitions"]}) > 1, md  # not all on broker 1
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    ("start", "says"),
+    [
+        ({"from": "0:999"}, "offset 999 of partition 0 is past its end (2)"),
+        ({"from": "9:0"}, "from names partition 9"),
+        ({"from": "0:-5"}, "offset -5 of partition 0 is negative"),
+        ({"last_event_id": "0:2,1:999,2:0"}, "Last-Event-ID: offset 999 of partition 1 is past its end"),
+    ],
+)
+def test_sse_refuses_a_start_the_queue_cannot_have_before_streaming(http_api, queue, start, says):
+    """A 400 before the stream starts (an EventSource does not retry it), not a 200 cut
+    short with a traceback in the broker's log."""
+    msgs = [{"value": f"v{i}", "partition": p} for p in range(3) for i in range(2)]
+    http_api.post(f"/v1/queues/{queue}/messages", json={"messages": msgs}).raise_for_status()
+    r = http_api.get(f"/v1/queues/{queue}/events", params={**start, "max_events": 1}, timeout=10)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["name"] == "InvalidArgumentError" and says in err["message"], err
+    r = http_api.get(f"/v1/queues/{queue}/events", params={"from": "0:2,1:0", "max_events": 1}, timeout=10)
+    assert r.status_code == 200 and '"value":"v0"' in r.text  # the end itself is a start
+
+
+def test_sse_of_a_queue_deleted_meanwhile_ends_with_an_error_event(http_broker, http_api, queue):
+    produce(http_api, queue, 1)
+    lines: list[str] = []
+    with http_broker.client() as c:
+        with c.stream("GET", f"/v1/queues/{queue}/events", params={"keepalive_ms": 200}, timeout=30) as r:
+            for line in r.iter_lines():  # ends when the server ends the stream
+                lines.append(line)
+                if line.startswith("data: ") and '"m0"' in line:
+                    assert http_api.delete(f"/v1/queues/{queue}").status_code == 204
+    at = lines.index("event: error")
+    error = json.loads(lines[at + 1].removeprefix("data: "))["error"]
+    assert error["name"] == "QueueNotFoundError" and queue in error["message"], error
+    assert lines[at + 2 :] == [""]  # the last event: the stream ended after it, cleanly
+    assert "response already started" not in http_broker.log.read_text()

@@ -8,10 +8,17 @@ themselves) resumes exactly after the last event it got: no gap, no repeat. With
 positions ``p:offset,...`` (partitions not named start at ``earliest``). While nothing
 arrives, a comment line is sent every ``keepalive_ms`` so proxies keep the stream open.
 ``max_events`` ends the stream after that many records (for scripts and tests).
+
+A start the queue cannot have (a partition it lacks, a negative offset, an offset past a
+partition's end, as a Last-Event-ID of a queue deleted and made again carries) is refused
+with 400 before the stream starts; a browser's EventSource does not retry a refusal. An
+error once the stream has started (the queue deleted meanwhile) is sent as ``event: error``
+with the API's error object as data, and the stream ends.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,13 +26,15 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from headwater.errors import InvalidArgumentError
+from headwater.errors import HeadwaterError, InvalidArgumentError
 from headwater.http.codec import record_json
 from headwater.http.routes import Operation, Param, gateway_of, int_param, str_param
 
 __all__ = ["OPERATIONS", "parse_positions", "event_id"]
 
 POLL_MESSAGES = 500
+
+log = logging.getLogger("headwater.http")
 
 
 def parse_positions(text: str, what: str) -> dict[int, int]:
@@ -57,7 +66,10 @@ def event_id(positions: dict[int, int]) -> str:
     return ",".join(f"{p}:{o}" for p, o in sorted(positions.items()))
 
 
-async def _start_positions(client: Any, queue: str, parts: list[int] | None, start: str) -> dict[int, int]:
+async def _start_positions(client: Any, queue: str, parts: list[int] | None, start: str, what: str) -> dict[int, int]:
+    """Where the stream starts in each partition streamed; InvalidArgumentError, before any
+    byte is sent, for positions the queue cannot have (a partition it lacks, an offset below
+    0 or past a partition's end)."""
     info = await client.admin.describe_queue(queue)
     edges = {p.partition: (p.start_offset, p.end_offset) for p in info.partitions}
     chosen = sorted(edges) if parts is None else parts
@@ -71,7 +83,22 @@ async def _start_positions(client: Any, queue: str, parts: list[int] | None, sta
         return {p: edges[p][1] for p in chosen}
     if start.isdigit():
         return {p: await client.offset_for_time(queue, p, int(start)) for p in chosen}
-    named = parse_positions(start, "from")
+    named = parse_positions(start, what)
+    for p, off in sorted(named.items()):
+        if p not in edges:
+            raise InvalidArgumentError(
+                f"{what} names partition {p}, and {queue!r} has partitions 0..{len(edges) - 1}; "
+                f"name only those (or start from earliest)"
+            )
+        if off < 0:
+            raise InvalidArgumentError(f"{what}: offset {off} of partition {p} is negative; offsets start at 0")
+        if off > edges[p][1]:
+            raise InvalidArgumentError(
+                f"{what}: offset {off} of partition {p} is past its end ({edges[p][1]}); the queue may have been "
+                f"deleted and made again since: start from earliest or latest, or from an offset up to "
+                f"{edges[p][1]}"
+            )
+    # an offset the partition no longer keeps (retention, truncate) starts at its first kept
     return {p: max(edges[p][0], named[p]) if p in named else edges[p][0] for p in chosen}
 
 
@@ -85,7 +112,8 @@ async def events(request: Request) -> Response:
         raise InvalidArgumentError(f"partitions must be numbers separated by commas, got {parts_raw!r}") from None
     resume = request.headers.get("last-event-id") or str_param(request, "last_event_id")
     start = resume or str_param(request, "from", "earliest") or "earliest"
-    positions = await _start_positions(gw.client, queue, parts, start)
+    what = "from" if not resume else "Last-Event-ID"
+    positions = await _start_positions(gw.client, queue, parts, start, what)
     keepalive_ms = int_param(request, "keepalive_ms", 15_000, low=100, high=300_000)
     max_events = int_param(request, "max_events", None, low=1)
     tags_raw = str_param(request, "tags")
@@ -99,13 +127,26 @@ async def events(request: Request) -> Response:
     except BaseException:
         await consumer.close()
         raise
-    stream = _stream(consumer, positions, keepalive_ms, max_events, b64)
+    stream = _stream(consumer, queue, positions, keepalive_ms, max_events, b64)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
 
 
+def _error_event(error: Exception, queue: str) -> bytes:
+    """An ``event: error`` whose data is the API's error object: what ends a stream that has
+    started (its status, 200, is sent already). A Headwater error (the queue deleted, say)
+    is the client's to act on; anything else is logged with its trace, as a 500 would be."""
+    if isinstance(error, HeadwaterError):
+        log.info("the events of %r end: %s", queue, error)
+        doc = {"code": error.code, "name": type(error).__name__, "message": str(error), "retriable": error.retriable}
+    else:
+        log.error("the events of %r end", queue, exc_info=error)
+        doc = {"code": 0, "name": "InternalError", "message": f"{type(error).__name__}: {error}", "retriable": False}
+    return b"event: error\ndata: %s\n\n" % msgspec.json.encode({"error": doc})
+
+
 async def _stream(
-    consumer: Any, positions: dict[int, int], keepalive_ms: int, max_events: int | None, b64: bool
+    consumer: Any, queue: str, positions: dict[int, int], keepalive_ms: int, max_events: int | None, b64: bool
 ) -> AsyncIterator[bytes]:
     sent = 0
     encode = msgspec.json.encode
@@ -113,7 +154,11 @@ async def _stream(
         yield f"retry: 1000\nid: {event_id(positions)}\n\n".encode()
         while max_events is None or sent < max_events:
             want = POLL_MESSAGES if max_events is None else min(POLL_MESSAGES, max_events - sent)
-            got = await consumer.poll(max_messages=want, timeout_ms=keepalive_ms)
+            try:
+                got = await consumer.poll(max_messages=want, timeout_ms=keepalive_ms)
+            except Exception as e:  # noqa: BLE001 - the answer has started: say it in the stream, end it
+                yield _error_event(e, queue)
+                return
             if not got:
                 yield b": keepalive\n\n"
                 continue
