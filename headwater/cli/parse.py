@@ -13,12 +13,23 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
 from typing import Any
 
 from headwater.errors import InvalidArgumentError, InvalidMessageIdError
 from headwater.model.config import PARTITIONS_MAX, TTL_S_MAX
-from headwater.model.message import MessageId, datetime_ms
+from headwater.model.message import MessageId
+from headwater.model.positions import (  # the parsers the HTTP API shares, re-exported
+    FROM_FORMS,
+    ID_LIKE_RE,
+    OFFSET_MAX,
+    TIME_FORMS,
+    UNIT_S,
+    From,
+    is_digits,
+    parse_from,
+    parse_offset,
+    parse_time,
+)
 
 __all__ = [
     "Position",
@@ -45,34 +56,12 @@ __all__ = [
 # Bounds of what a command line may say, so that a value too large for the wire (int64) or
 # for the OS (time_t) is refused here, with its range, the same way embedded and over
 # --server, instead of failing deep down (a traceback, or a codec error from the broker).
-OFFSET_MAX = 2**63 - 1  # offsets are int64 on the wire and on disk
 COUNT_MAX = 2**63 - 1  # --limit: "no limit" in practice, and still an int64
 WAIT_S_MAX = 365 * 86_400  # --timeout, --interval, HEADWATER_CONNECT_TIMEOUT_S: a year
-TIME_MS_MIN = datetime_ms(datetime(1, 1, 1, tzinfo=UTC))  # the range ISO-8601 can say
-TIME_MS_MAX = datetime_ms(datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC))
 
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_RELATIVE_RE = re.compile(r"^-(\d+(?:\.\d+)?)([smhdw])$")
 _DURATION_RE = re.compile(r"^(\d+)([smhdw]?)$")
-_ID_LIKE_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{8}-[0-9a-fA-F]{16}$")
-_ASCII_INT_RE = re.compile(r"[0-9]+")  # str.isdigit() also takes '²' and '٣', which int() refuses
 
-TIME_FORMS = (
-    "an ISO-8601 time (e.g. 2026-11-21T10:00:00Z or 2026-11-21), a time relative to now "
-    "(e.g. -15m, -2h, -1d; units s, m, h, d, w) or 'now'"
-)
 POSITION_FORMS = f"an offset (e.g. 1200), a message id (e.g. 00000001-00000000-00000000000004b0), {TIME_FORMS}"
-
-
-def _is_int(text: str) -> bool:
-    return _ASCII_INT_RE.fullmatch(text) is not None
-
-
-def _offset(text: str, what: str) -> int:
-    n = int(text)
-    if n > OFFSET_MAX:
-        raise InvalidArgumentError(f"{what}: offset {text} is out of range; offsets go from 0 to {OFFSET_MAX:,}")
-    return n
 
 
 @dataclass(frozen=True)
@@ -84,60 +73,6 @@ class Position:
     time_ms: int | None = None
 
 
-def _ms_up(seconds: float) -> int:
-    """Epoch seconds as milliseconds, a fraction of one (to the µs) rounded up."""
-    return -(-round(seconds * 1_000_000) // 1000)
-
-
-def parse_time(
-    text: str, what: str, *, clock: Callable[[], float] = time.time, forms: str = TIME_FORMS, noun: str = "a time"
-) -> int:
-    """A point in time as epoch milliseconds.
-
-    Accepts ISO-8601 (``2026-11-21T10:00:00Z``, ``2026-11-21T11:00:00+01:00``, a date alone
-    for midnight; no zone means UTC), relative to now (``-15m``, ``-2h``, ``-1d``) or
-    ``now``. A fraction of a millisecond rounds up, as append times are whole milliseconds:
-    ``--to now`` takes everything appended before it. ``noun`` and ``forms``: what the error
-    says the text is not, and lists as accepted (an option that takes more than times passes
-    its own). A time outside the years 1-9999 is refused.
-
-    >>> parse_time("2026-11-21T10:00:00Z", "--from")
-    1795255200000
-    >>> parse_time("2026-11-21T10:00:00.000001Z", "--to")
-    1795255200001
-    >>> parse_time("-1h", "--from", clock=lambda: 7200.0)
-    3600000
-    >>> parse_time("now", "--to", clock=lambda: 7200.0004)
-    7200001
-    """
-    s = text.strip()
-    if s == "now":
-        return _ms_up(clock())
-    m = _RELATIVE_RE.match(s)
-    if m:
-        seconds = clock() - float(m[1]) * _UNIT_S[m[2]]
-        if not TIME_MS_MIN / 1000 <= seconds <= TIME_MS_MAX / 1000:  # also inf, from 1e400 digits
-            raise InvalidArgumentError(
-                f"{what}: {text!r} is out of range; a time goes back at most to the year 1 (0001-01-01T00:00:00Z)"
-            )
-        return _ms_up(seconds)
-    try:
-        if len(s) == 10:  # a date alone: midnight UTC
-            d = date.fromisoformat(s)
-            dt = datetime(d.year, d.month, d.day, tzinfo=UTC)
-        else:
-            dt = datetime.fromisoformat(s)
-    except ValueError:
-        raise InvalidArgumentError(f"{what}: {text!r} is not {noun}; use {forms}") from None
-    try:
-        ms = datetime_ms(dt)
-    except OverflowError:  # 0001-01-01 in a zone east of UTC is before the year 1
-        ms = TIME_MS_MIN - 1
-    if not TIME_MS_MIN <= ms <= TIME_MS_MAX:
-        raise InvalidArgumentError(f"{what}: {text!r} is out of range; use a time from the year 1 to 9999")
-    return ms
-
-
 def parse_position(text: str, what: str, *, clock: Callable[[], float] = time.time) -> Position:
     """An offset, a message id or a time, told apart by their shape.
 
@@ -147,9 +82,9 @@ def parse_position(text: str, what: str, *, clock: Callable[[], float] = time.ti
     MessageId(queue_id=1, partition=2, offset=3)
     """
     s = text.strip()
-    if _is_int(s):
-        return Position(offset=_offset(s, what))
-    if _ID_LIKE_RE.match(s):
+    if is_digits(s):
+        return Position(offset=parse_offset(s, what))
+    if ID_LIKE_RE.match(s):
         return Position(message_id=MessageId.parse(s))
     return Position(time_ms=parse_time(s, what, clock=clock, forms=POSITION_FORMS, noun="a position"))
 
@@ -168,79 +103,10 @@ def parse_start(
     s = text.strip()
     if s.lower() in ("earliest", "latest"):
         return s.lower()
-    if offsets and _is_int(s):
-        return Position(offset=_offset(s, what))
+    if offsets and is_digits(s):
+        return Position(offset=parse_offset(s, what))
     forms = f"'earliest', 'latest', {'an offset (e.g. 1200), ' if offsets else ''}or a time: {TIME_FORMS}"
     return Position(time_ms=parse_time(s, what, clock=clock, forms=forms, noun="a position"))
-
-
-FROM_FORMS = (
-    "'earliest', 'latest', -N (the last N messages of each partition, e.g. -10), an offset "
-    f"(e.g. 1200), a message id (e.g. 00000001-00000002-0000000000000064) or {TIME_FORMS}"
-)
-_LAST_N_RE = re.compile(r"^-([0-9]+)$")
-
-
-@dataclass(frozen=True)
-class From:
-    """Where ``scan --from`` and ``consume --from`` start, as the user wrote it: exactly one
-    field is set. ``edge`` is ``"earliest"`` or ``"latest"``; ``last_n`` the last N messages
-    of each partition (kcat's ``-o -N``)."""
-
-    edge: str | None = None
-    last_n: int | None = None
-    offset: int | None = None
-    message_id: MessageId | None = None
-    time_ms: int | None = None
-
-    def offsets(self, partitions: Iterable[Any]) -> dict[int, int] | None:
-        """The start offset of each partition (``PartitionInfo``-like: ``partition``,
-        ``start_offset``, ``end_offset``) for an edge, ``-N`` or an offset; None for a time
-        or a message id, which the reader resolves itself. An offset below what a partition
-        keeps starts at its first kept message; one past its end, at its end."""
-        out: dict[int, int] = {}
-        for p in partitions:
-            if self.edge == "earliest":
-                out[p.partition] = p.start_offset
-            elif self.edge == "latest":
-                out[p.partition] = p.end_offset
-            elif self.last_n is not None:
-                out[p.partition] = max(p.start_offset, p.end_offset - self.last_n)
-            elif self.offset is not None:
-                out[p.partition] = min(max(p.start_offset, self.offset), p.end_offset)
-            else:
-                return None
-        return out
-
-
-def parse_from(text: str, what: str = "--from", *, clock: Callable[[], float] = time.time) -> From:
-    """The one parser of ``--from`` for ``scan`` and ``consume``: ``earliest``, ``latest``,
-    ``-N``, an offset, a message id or a time (see :data:`FROM_FORMS`).
-
-    ``-N`` (digits alone) is the last N messages of each partition; a relative time always
-    has a unit (``-15m``), so the two never meet.
-
-    >>> parse_from("-10"), parse_from("LATEST").edge, parse_from("42").offset
-    (From(edge=None, last_n=10, offset=None, message_id=None, time_ms=None), 'latest', 42)
-    >>> parse_from("-1h", clock=lambda: 7200.0).time_ms
-    3600000
-    """
-    s = text.strip()
-    if s.lower() in ("earliest", "latest"):
-        return From(edge=s.lower())
-    m = _LAST_N_RE.match(s)
-    if m:
-        n = int(m[1])
-        if not 0 < n <= OFFSET_MAX:
-            raise InvalidArgumentError(
-                f"{what}: {text!r} asks for the last {m[1]} messages; use -N with N from 1 to {OFFSET_MAX:,}, e.g. -10"
-            )
-        return From(last_n=n)
-    if _is_int(s):
-        return From(offset=_offset(s, what))
-    if _ID_LIKE_RE.match(s):
-        return From(message_id=MessageId.parse(s))
-    return From(time_ms=parse_time(s, what, clock=clock, forms=FROM_FORMS, noun="a position"))
 
 
 def parse_message_id(text: str) -> MessageId:
@@ -270,7 +136,7 @@ def parse_ttl(text: str) -> int | None:
             f"--ttl: {text!r} is not a duration; use seconds (e.g. 3600), a number with a unit "
             f"(e.g. 30m, 12h, 7d, 2w), or 0 / forever to keep messages forever"
         )
-    ttl_s = int(m[1]) * _UNIT_S[m[2] or "s"]
+    ttl_s = int(m[1]) * UNIT_S[m[2] or "s"]
     if ttl_s > TTL_S_MAX:
         raise InvalidArgumentError(
             f"--ttl: {text!r} is too long; a ttl is from 1 s to {TTL_S_MAX:,} s (100 years, "
@@ -291,7 +157,7 @@ def parse_partitions(text: str | None) -> list[int] | None:
     for part in text.split(","):
         part = part.strip()
         lo, dash, hi = part.partition("-")
-        if _is_int(lo) and (not dash or _is_int(hi)):
+        if is_digits(lo) and (not dash or is_digits(hi)):
             first, last = int(lo), int(hi) if dash else int(lo)
             if last >= PARTITIONS_MAX:  # before range(): 0-99999999999 would fill the memory
                 raise InvalidArgumentError(
@@ -382,7 +248,7 @@ def check_server(text: str, what: str = "--server") -> str:
             raise InvalidArgumentError(
                 f"{what}: {address!r} has no port; give {form} (headwater serve listens on 7070 by default)"
             )
-        if not (_is_int(port) and 0 < int(port) < 65536):
+        if not (is_digits(port) and 0 < int(port) < 65536):
             raise InvalidArgumentError(
                 f"{what}: {address!r}: the port {port!r} is not a number from 1 to 65535; give {form}"
             )
