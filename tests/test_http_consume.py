@@ -243,3 +243,45 @@ def test_sse_of_a_queue_deleted_meanwhile_ends_with_an_error_event(http_broker, 
     assert error["name"] == "QueueNotFoundError" and queue in error["message"], error
     assert lines[at + 2 :] == [""]  # the last event: the stream ended after it, cleanly
     assert "response already started" not in http_broker.log.read_text()
+
+
+def test_a_reset_means_what_the_clis_group_reset_means(http_broker, http_api, queue):
+    """The same spelling of ``to`` puts each partition where ``headwater group reset --to``
+    puts it: ``5`` is offset 5 (it was once taken as epoch ms 5: every partition's start)."""
+    import subprocess
+
+    from tests.support.broker_process import HEADWATER
+
+    msgs = [{"value": f"v{p}.{i}", "partition": p} for p in range(3) for i in range(10)]
+    results = http_api.post(f"/v1/queues/{queue}/messages", json={"messages": msgs}).json()["results"]
+    an_id = results[13]["id"]  # partition 1, offset 3
+    for to, partitions, expected in [
+        (5, None, {0: 5, 1: 5, 2: 5}),
+        ("7", "2", {2: 7}),
+        ("-4", None, {0: 6, 1: 6, 2: 6}),
+        ("latest", None, {0: 10, 1: 10, 2: 10}),
+        (an_id, None, {1: 3}),
+        ("2000-01-01T00:00:00Z", None, {0: 0, 1: 0, 2: 0}),
+        ("now", "0,1", {0: 10, 1: 10}),
+    ]:
+        body = {"queue": queue, "to": to, "dry_run": True}
+        if partitions is not None:
+            body["partitions"] = [int(p) for p in partitions.split(",")]
+        r = http_api.post("/v1/groups/resets/reset", json=body)
+        assert r.status_code == 200, r.text
+        over_http = {row["partition"]: row["after"] for row in r.json()["offsets"]}
+        argv = [HEADWATER, "--server", f"127.0.0.1:{http_broker.port}", "group", "reset", "resets"]
+        argv += ["--queue", queue, "--to", str(to), "--json"] + ([] if partitions is None else ["-p", partitions])
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        by_cli = {row["partition"]: row["new"] for row in json.loads(out.stdout)["partitions"]}
+        assert over_http == by_cli == expected, (to, over_http, by_cli)
+    bad = http_api.post("/v1/groups/resets/reset", json={"queue": queue, "to": "sideways"})
+    assert bad.status_code == 400 and "to: 'sideways'" in bad.json()["error"]["message"]
+    done = http_api.post("/v1/groups/resets/reset", json={"queue": queue, "to": 5})  # executes by default
+    assert [row["after"] for row in done.json()["offsets"]] == [5, 5, 5] and not done.json()["dry_run"]
+    assert http_api.get("/v1/groups/resets/offsets", params={"queue": queue}).json()["offsets"] == {
+        "0": 5,
+        "1": 5,
+        "2": 5,
+    }

@@ -13,6 +13,7 @@ from starlette.responses import Response
 from headwater.errors import InvalidArgumentError
 from headwater.http.codec import decode_body, plain
 from headwater.http.routes import Operation, Param, flag_param, gateway_of, json_response, str_param
+from headwater.model.positions import parse_from
 
 __all__ = ["OPERATIONS", "CreateQueue", "AddPartitions", "AlterQueue", "ResetOffsets", "AddSubscriber"]
 
@@ -44,12 +45,16 @@ class AlterQueue(msgspec.Struct, forbid_unknown_fields=True):
 
 class ResetOffsets(msgspec.Struct, forbid_unknown_fields=True):
     """Reset a group's committed offsets on ``queue`` (the group must have no members) to
-    ``to``: ``earliest``, ``latest``, a time (epoch ms), or ``offsets`` per partition.
-    ``dry_run``: answer the plan without committing it."""
+    ``to``, in the forms of ``headwater group reset --to`` and meaning the same: ``earliest``,
+    ``latest``, ``-N`` (N before each partition's end), an offset (``5`` or ``"5"``), a message
+    id, or a time (ISO-8601, ``-15m``, ``now``); or to ``offsets`` per partition.
+    ``partitions``: only these (default all). Executes unless ``dry_run`` is true (which
+    answers the plan and commits nothing)."""
 
     queue: str
     to: str | int | None = None
     offsets: dict[int, int] | None = None
+    partitions: list[int] | None = None
     dry_run: bool = False
 
 
@@ -137,18 +142,37 @@ async def group_offsets(request: Request) -> Response:
 
 
 async def _reset_plan(client: Any, req: ResetOffsets) -> dict[int, int]:
-    info = await client.admin.describe_queue(req.queue)
+    """Where ``to`` puts each partition, as ``headwater group reset --to`` puts it (one
+    parser: :func:`headwater.model.positions.parse_from`)."""
     if (req.to is None) == (req.offsets is None):
-        raise InvalidArgumentError("give to (earliest, latest or a time in epoch ms) or offsets, one of them")
+        raise InvalidArgumentError(
+            "give to (earliest, latest, -N, an offset, a message id or a time) or offsets, one of them"
+        )
+    info = await client.admin.describe_queue(req.queue)
     if req.offsets is not None:
         return dict(req.offsets)
-    if req.to == "earliest":
-        return {p.partition: p.start_offset for p in info.partitions}
-    if req.to == "latest":
-        return {p.partition: p.end_offset for p in info.partitions}
-    if isinstance(req.to, int) or (isinstance(req.to, str) and req.to.isdigit()):
-        return {p.partition: await client.offset_for_time(req.queue, p.partition, int(req.to)) for p in info.partitions}
-    raise InvalidArgumentError(f"to must be earliest, latest or a time in epoch ms, got {req.to!r}")
+    where = parse_from(str(req.to), "to")
+    by_part = {p.partition: p for p in info.partitions}
+    chosen = sorted(by_part) if req.partitions is None else req.partitions
+    if where.message_id is not None:
+        if req.partitions is not None and req.partitions != [where.message_id.partition]:
+            raise InvalidArgumentError(
+                f"to names a message of partition {where.message_id.partition}, and partitions others; "
+                f"leave out partitions (the id picks its own)"
+            )
+        chosen = [where.message_id.partition]
+    for p in chosen:
+        if p not in by_part:
+            raise InvalidArgumentError(
+                f"queue {req.queue!r} has partitions 0..{len(by_part) - 1}; there is no partition {p}"
+            )
+    if where.offset is not None:  # as given: one past the end is refused by the broker, with its range
+        return {p: where.offset for p in chosen}
+    if where.message_id is not None:
+        return {where.message_id.partition: where.message_id.offset}
+    if where.time_ms is not None:
+        return {p: await client.offset_for_time(req.queue, p, where.time_ms) for p in chosen}
+    return where.offsets([by_part[p] for p in chosen]) or {}
 
 
 async def reset_group(request: Request) -> Response:
@@ -280,7 +304,7 @@ OPERATIONS = [
         "POST",
         _GROUP + "/reset",
         reset_group,
-        "Reset a group's offsets on a queue (dry_run: only the plan)",
+        "Reset a group's offsets on a queue, as 'headwater group reset --to' (executes unless dry_run)",
         "admin",
         request=ResetOffsets,
         responses={409: "the group has members: stop them first"},

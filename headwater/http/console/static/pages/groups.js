@@ -54,7 +54,8 @@ function resetForm(name, queues, ctx) {
   const dryRun = (ev) => {
     ev.preventDefault();
     act(async () => {
-      const target = to.value === "time" ? timeMs(timeIn.value.trim()) : to.value;
+      // a time goes as ISO-8601: a bare number would be an offset (as in 'group reset --to')
+      const target = to.value === "time" ? new Date(timeMs(timeIn.value.trim())).toISOString() : to.value;
       const doc = await post(`/groups/${seg(name)}/reset`, { queue: queue.value, to: target, dry_run: true });
       planned = { queue: queue.value, offsets: Object.fromEntries(doc.offsets.map((r) => [r.partition, r.after])) };
       plan.replaceChildren(h("p", {}, `Dry run: ${name} on ${queue.value} would move to`),
