@@ -285,3 +285,31 @@ def test_a_reset_means_what_the_clis_group_reset_means(http_broker, http_api, qu
         "1": 5,
         "2": 5,
     }
+
+
+def test_a_shared_consumer_session_ends_by_delete_and_frees_its_place(http_broker, queue):
+    """Distinct members once filled the gateway's sessions until they expired (300 s), and
+    there was no DELETE for a shared consumer (405)."""
+    from headwater.http.app import GatewaySettings
+    from headwater.http.server import HttpServer
+
+    server = HttpServer(f"127.0.0.1:{http_broker.port}", port=0, settings=GatewaySettings(sessions_max=2))
+    server.start()
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{server.wait_started()}", timeout=30) as api:
+            base = f"/v1/shared/workers/queues/{queue}"
+            produce(api, queue, 1)
+
+            def receive(member: str) -> httpx.Response:
+                return api.post(f"{base}/receive", json={"max_messages": 1, "timeout_ms": 0, "member": member})
+
+            assert receive("a").status_code == 200 and receive("b").status_code == 200
+            full = receive("c")
+            assert full.status_code == 503, full.text
+            assert "DELETE /v1/shared/{group}/queues/{queue}/members/{member}" in full.json()["error"]["message"]
+            assert api.delete(f"{base}/members/a").status_code == 204
+            assert receive("c").status_code == 200
+            gone = api.delete(f"{base}/members/a")
+            assert gone.status_code == 404 and gone.json()["error"]["name"] == "UnknownMemberError", gone.text
+    finally:
+        server.stop()

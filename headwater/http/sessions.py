@@ -59,7 +59,10 @@ class Sessions:
     def add(self, key: tuple[str, ...], consumer: Any, idle_timeout_ms: int | None = None) -> Session:
         if len(self._by_key) >= self.sessions_max:
             raise UnavailableError(
-                f"the gateway holds {self.sessions_max} consumers already (sessions_max); delete unused ones"
+                f"the gateway holds {self.sessions_max} consumers already (sessions_max): end unused ones "
+                f"(DELETE /v1/groups/{{group}}/members/{{member}} or "
+                f"DELETE /v1/shared/{{group}}/queues/{{queue}}/members/{{member}}), reuse member names, "
+                f"or wait until idle ones expire ({self.idle_timeout_ms // 1000} s unused)"
             )
         s = Session(key, consumer, idle_timeout_ms or self.idle_timeout_ms)
         self._by_key[key] = s

@@ -4,8 +4,9 @@ lease id, describe the group.
 The gateway holds one shared consumer per (group, queue, member); ``member`` defaults to
 ``"http"``, so every HTTP client of every gateway acts as one member and a lease received
 through one gateway can be settled through another. Give distinct members to see them apart
-in ``describe``. A consumer no request used for the idle timeout is closed, giving back the
-leases it still held (:mod:`headwater.http.sessions`). The settings of a consumer
+in ``describe``. A consumer ends when deleted (``DELETE .../members/{member}``) or when no
+request used it for the idle timeout, giving back the leases it still held
+(:mod:`headwater.http.sessions`). The settings of a consumer
 (``visibility_timeout_ms``, ``max_attempts``, ``backoff_ms``) are those of the receive that
 made it.
 """
@@ -97,6 +98,18 @@ async def nack(request: Request) -> Response:
     return await _settle(request, nack=True)
 
 
+async def end_session(request: Request) -> Response:
+    """End the gateway's shared consumer of ``member``: the leases it holds go back to the
+    group (delivered again after their visibility timeout), and its place among the
+    gateway's sessions is free."""
+    gw = gateway_of(request)
+    group, queue, member = (request.path_params[k] for k in ("group", "queue", "member"))
+    key = ("shared", group, queue, member)
+    gw.sessions.require(key, f"shared consumer {member!r} of group {group!r} on queue {queue!r}")
+    await gw.sessions.remove(key)
+    return Response(status_code=204)
+
+
 async def describe(request: Request) -> Response:
     gw = gateway_of(request)
     group, queue = request.path_params["group"], request.path_params["queue"]
@@ -132,4 +145,13 @@ OPERATIONS = [
         responses={409: "a lease expired or is another member's"},
     ),
     Operation("GET", _BASE, describe, "A shared group's leases, retries and dead letters", "shared"),
+    Operation(
+        "DELETE",
+        _BASE + "/members/{member}",
+        end_session,
+        "End the gateway's shared consumer of a member (its leases go back to the group)",
+        "shared",
+        status=204,
+        responses={404: "the gateway holds no consumer of that member (deleted, expired, or never made)"},
+    ),
 ]
