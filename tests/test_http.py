@@ -205,6 +205,29 @@ def test_an_allowed_host_names_the_gateway(tmp_path):
         broker.stop()
 
 
+def test_out_of_range_numbers_unknown_encodings_and_unknown_parameters_are_400(http_api, queue):
+    """Each was ignored, and the answer looked right: 200 with no records."""
+    scan = f"/v1/queues/{queue}/partitions/0/messages"
+    for params, says in [
+        ({"offset": "99999999999999999999999"}, "query parameter offset must be at most 9223372036854775807"),
+        ({"time_ms": str(2**64)}, "query parameter time_ms must be at most"),
+        ({"offset": 0, "encoding": "rot13"}, "query parameter encoding must be base64 or utf-8, got 'rot13'"),
+        ({"offset": 0, "bogus": 1}, "unknown query parameter bogus for GET /v1/queues/{queue}/partitions"),
+        ({"ofset": 5, "colour": "red"}, "unknown query parameters colour, ofset"),
+    ]:
+        err = error_of(http_api.get(scan, params=params), 400, "InvalidArgumentError")
+        assert says in err["message"], err
+    err = error_of(http_api.get("/v1/queues", params={"prefix": "q"}), 400, "InvalidArgumentError")
+    assert "it takes none" in err["message"]
+    for path in (f"/v1/queues/{queue}/messages", f"/v1/queues/{queue}/events"):
+        err = error_of(http_api.get(path, params={"encoding": "hex"}), 400, "InvalidArgumentError")
+        assert "encoding" in err["message"]
+    # an offset past the end is no error: no records, and next_offset says where the end is
+    http_api.post(f"/v1/queues/{queue}/messages", json={"value": "x", "partition": 0}).raise_for_status()
+    page = http_api.get(scan, params={"offset": 999_999, "encoding": "utf-8"}).json()
+    assert page == {"records": [], "next_offset": 1}
+
+
 def test_admin_of_queues(http_api):
     r = http_api.post(
         "/v1/queues", json={"name": "adm", "partitions": 1, "ttl_s": None, "settings": {"team": "billing"}}

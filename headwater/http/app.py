@@ -26,7 +26,7 @@ from headwater.errors import HeadwaterError
 from headwater.http import admin, console, events, groups, openapi, produce, reads, shared
 from headwater.http.errors import handle_error, handle_http_exception
 from headwater.http.guard import RequestGuard
-from headwater.http.routes import Operation
+from headwater.http.routes import Operation, checked
 from headwater.http.sessions import Sessions
 
 __all__ = ["Gateway", "GatewaySettings", "create_app", "OPERATIONS"]
@@ -121,7 +121,7 @@ def create_app(
         finally:
             await gateway.close()
 
-    routes = [Route("/v1" + op.path, op.handler, methods=[op.method]) for op in OPERATIONS]
+    routes = [Route("/v1" + op.path, checked(op), methods=[op.method]) for op in OPERATIONS]
     # where Prometheus looks by default, outside /v1: the broker's own exposition, unchanged
     routes.append(Route("/metrics", _metrics, methods=["GET"]))
     # the web console at / (docs/console.md): static files that drive the API above

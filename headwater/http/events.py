@@ -28,7 +28,7 @@ from starlette.responses import Response, StreamingResponse
 
 from headwater.errors import HeadwaterError, InvalidArgumentError
 from headwater.http.codec import record_json
-from headwater.http.routes import Operation, Param, gateway_of, int_param, str_param
+from headwater.http.routes import Operation, Param, base64_param, gateway_of, int_param, str_param
 
 __all__ = ["OPERATIONS", "parse_positions", "event_id"]
 
@@ -118,7 +118,7 @@ async def events(request: Request) -> Response:
     max_events = int_param(request, "max_events", None, low=1)
     tags_raw = str_param(request, "tags")
     tags = None if tags_raw is None else [t for t in tags_raw.split(",") if t]
-    b64 = str_param(request, "encoding") == "base64"
+    b64 = base64_param(request)
     consumer = gw.client.consumer(tags=tags)
     try:
         await consumer.assign(queue, list(positions))

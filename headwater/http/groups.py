@@ -18,7 +18,7 @@ from starlette.responses import Response
 
 from headwater.errors import InvalidArgumentError
 from headwater.http.codec import decode_body, record_json
-from headwater.http.routes import Operation, Param, gateway_of, int_param, json_response, str_param
+from headwater.http.routes import Operation, Param, base64_param, gateway_of, int_param, json_response
 
 __all__ = ["OPERATIONS", "JoinRequest", "CommitRequest"]
 
@@ -104,7 +104,7 @@ async def records(request: Request) -> Response:
     gw, session = _session(request)
     timeout_ms = int_param(request, "timeout_ms", 1000, low=0, high=POLL_TIMEOUT_MS_MAX)
     limit = int_param(request, "max", None, low=1, high=10_000)
-    b64 = str_param(request, "encoding") == "base64"
+    b64 = base64_param(request)
     async with gw.sessions.using(session) as c:
         got = await c.poll(max_messages=limit, timeout_ms=timeout_ms)
         for r in got:  # what a commit without offsets commits, to say so in its answer

@@ -13,6 +13,7 @@ from headwater.http.codec import bytes_of, record_json
 from headwater.http.routes import (
     Operation,
     Param,
+    base64_param,
     gateway_of,
     int_param,
     json_response,
@@ -64,9 +65,13 @@ async def scan_partition(request: Request) -> Response:
         start = mid
     scanner = gw.client.scanner(queue, partitions=[partition], start=start, start_time=time_ms, tags=_tags(request))
     records = await _take(scanner, limit)
-    b64 = str_param(request, "encoding") == "base64"
+    b64 = base64_param(request)
     doc: dict[str, Any] = {"records": [record_json(r, b64) for r in records]}
-    doc["next_offset"] = records[-1].offset + 1 if records else offset
+    if records:
+        doc["next_offset"] = records[-1].offset + 1
+    else:  # read to the end and found nothing (or began past it): the end is where to ask again
+        info = await gw.client.admin.describe_queue(queue)
+        doc["next_offset"] = next((p.end_offset for p in info.partitions if p.partition == partition), offset)
     return json_response(doc)
 
 
@@ -95,7 +100,7 @@ async def scan_queue(request: Request) -> Response:
             raise InvalidArgumentError(f"partitions must be numbers separated by commas, got {parts_raw!r}") from None
         scanner = gw.client.scanner(queue, partitions=parts, start_time=start_ms, end_time=end_ms, tags=_tags(request))
         records = await _take(scanner, limit)
-    b64 = str_param(request, "encoding") == "base64"
+    b64 = base64_param(request)
     return json_response({"records": [record_json(r, b64) for r in records]})
 
 
@@ -106,7 +111,7 @@ async def get_message(request: Request) -> Response:
     record = await gw.client.get(text)
     if record.queue != queue:
         raise MessageNotFoundError(f"message {text} is not in queue {queue!r} (it is in {record.queue!r})")
-    return json_response(record_json(record, str_param(request, "encoding") == "base64"))
+    return json_response(record_json(record, base64_param(request)))
 
 
 async def offset_for_time(request: Request) -> Response:

@@ -14,7 +14,19 @@ from starlette.responses import Response
 
 from headwater.errors import InvalidArgumentError
 
-__all__ = ["Operation", "Param", "json_response", "int_param", "str_param", "flag_param", "path_int", "gateway_of"]
+__all__ = [
+    "Operation",
+    "Param",
+    "json_response",
+    "int_param",
+    "str_param",
+    "flag_param",
+    "base64_param",
+    "checked",
+    "path_int",
+    "gateway_of",
+    "INT_PARAM_MAX",
+]
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -56,8 +68,18 @@ def str_param(request: Request, name: str, default: str | None = None) -> str | 
     return request.query_params.get(name, default)
 
 
+#: The largest whole number a query parameter may carry: offsets, times and counts are int64
+#: on the wire, so a larger one is refused here, naming the parameter.
+INT_PARAM_MAX = 2**63 - 1
+
+
 def int_param(
-    request: Request, name: str, default: int | None = None, *, low: int | None = None, high: int | None = None
+    request: Request,
+    name: str,
+    default: int | None = None,
+    *,
+    low: int | None = None,
+    high: int | None = INT_PARAM_MAX,
 ) -> int | None:
     """A query parameter as an integer in [low, high]; InvalidArgumentError naming it."""
     raw = request.query_params.get(name)
@@ -72,6 +94,36 @@ def int_param(
     if high is not None and value > high:
         raise InvalidArgumentError(f"query parameter {name} must be at most {high}, got {value}")
     return value
+
+
+def base64_param(request: Request, name: str = "encoding") -> bool:
+    """Whether a read answers every value and key as base64: ``encoding=base64``; absent or
+    ``utf-8`` is text where it is text. Anything else is refused, naming the parameter."""
+    raw = request.query_params.get(name)
+    if raw in (None, "", "utf-8"):
+        return False
+    if raw == "base64":
+        return True
+    raise InvalidArgumentError(f"query parameter {name} must be base64 or utf-8, got {raw!r}")
+
+
+def checked(op: Operation) -> Handler:
+    """``op``'s handler, refusing first a query parameter ``op`` does not take (a typo such as
+    ``ofset=5`` would otherwise be ignored, and the answer look right)."""
+    known = {p.name for p in op.params}
+
+    async def handler(request: Request) -> Response:
+        unknown = sorted(set(request.query_params) - known)
+        if unknown:
+            takes = f"it takes {', '.join(sorted(known))}" if known else "it takes none"
+            raise InvalidArgumentError(
+                f"unknown query parameter{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for "
+                f"{op.method} /v1{op.path}: {takes} (see /v1/docs)"
+            )
+        return await op.handler(request)
+
+    handler.__name__ = handler.__qualname__ = getattr(op.handler, "__name__", "handler")
+    return handler
 
 
 def flag_param(request: Request, name: str) -> bool:
