@@ -317,6 +317,28 @@ def test_the_gateway_runs_alone_in_front_of_a_broker(http_broker):
         assert proc.wait(20) == 0
 
 
+def test_the_gateway_alone_says_in_one_line_that_its_broker_is_unreachable():
+    """It printed about 100 lines of uvicorn startup tracebacks and exited 3."""
+    import subprocess
+    import sys
+
+    from tests.support.broker_process import free_port
+
+    nobody = f"127.0.0.1:{free_port()}"
+    out = subprocess.run(
+        [sys.executable, "-m", "headwater.http", "--server", nobody, "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1, out
+    assert out.stderr.splitlines() == [
+        f"error: cannot reach the broker at {nobody} ([Errno 111] Connection refused); "
+        "is 'headwater serve' running there?"
+    ], out.stderr
+    assert out.stdout == ""
+
+
 def test_metrics_are_served_at_slash_metrics_for_prometheus(http_api, queue):
     from prometheus_client.parser import text_string_to_metric_families
 

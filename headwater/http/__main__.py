@@ -9,7 +9,7 @@ import logging
 import signal
 import sys
 
-from headwater.errors import UsageError
+from headwater.errors import HeadwaterError, UsageError
 from headwater.http import require_extra
 
 
@@ -34,28 +34,38 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    import headwater.aio
     from headwater.http.app import GatewaySettings
     from headwater.http.server import HttpServer
 
     def ready(port: int) -> None:
         print(f"http listening {args.host}:{port}", flush=True)
 
+    settings = GatewaySettings(idle_timeout_ms=args.idle_timeout_ms, allowed_hosts=tuple(args.allowed_host))
     server = HttpServer(
         args.server,
         host=args.host,
         port=args.port,
-        settings=GatewaySettings(idle_timeout_ms=args.idle_timeout_ms, allowed_hosts=tuple(args.allowed_host)),
+        settings=settings,
         on_ready=ready,
     )
 
-    async def run() -> None:
+    async def run() -> int:
+        # the broker first: unreachable, it is one line and exit 1, as the CLI says it, not
+        # uvicorn's startup tracebacks (the gateway connects again as the app starts)
+        try:
+            probe = await headwater.aio.connect(args.server, connect_timeout_s=settings.connect_timeout_s)
+        except HeadwaterError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        await probe.close()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.stop_soon)
         await server.serve()
+        return 0
 
-    asyncio.run(run())
-    return 0
+    return asyncio.run(run())
 
 
 if __name__ == "__main__":
