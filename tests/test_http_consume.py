@@ -313,3 +313,32 @@ def test_a_shared_consumer_session_ends_by_delete_and_frees_its_place(http_broke
             assert gone.status_code == 404 and gone.json()["error"]["name"] == "UnknownMemberError", gone.text
     finally:
         server.stop()
+
+
+def test_an_sse_start_on_a_cluster_partition_whose_leader_is_down_is_not_taken_for_past_its_end():
+    """On a cluster a partition whose leader is out of reach describes as offline (its
+    offsets unknown, given as 0..0): a resume at offset 7 there starts at 7 (its first read
+    at the leader checks it), not a 400 "past its end"; latest needs its end: 503."""
+    import asyncio
+
+    from headwater.errors import UnavailableError
+    from headwater.http.events import _start_positions
+    from headwater.model.config import PartitionInfo, QueueConfig, QueueInfo
+
+    info = QueueInfo(
+        name="q", queue_id=1, config=QueueConfig(partitions=2), enabled=True, created_ms=0,
+        partitions=[PartitionInfo(0, 2, 9), PartitionInfo(1, 0, 0, online=False)],
+    )  # fmt: skip
+
+    class Admin:
+        async def describe_queue(self, name):
+            return info
+
+    class Client:
+        admin = Admin()
+
+    got = asyncio.run(_start_positions(Client(), "q", None, "0:5,1:7", "Last-Event-ID"))
+    assert got == {0: 5, 1: 7}
+    assert asyncio.run(_start_positions(Client(), "q", None, "earliest", "from")) == {0: 2, 1: 0}
+    with pytest.raises(UnavailableError, match=r"q\[1\]"):
+        asyncio.run(_start_positions(Client(), "q", None, "latest", "from"))

@@ -170,6 +170,7 @@ async def _reset_plan(client: Any, req: ResetOffsets) -> dict[int, int]:
         return {p: where.offset for p in chosen}
     if where.message_id is not None:
         return {where.message_id.partition: where.message_id.offset}
+    info.require_online(chosen, f"reset the group's offsets of {req.queue!r} to {req.to}")
     if where.time_ms is not None:
         return {p: await client.offset_for_time(req.queue, p, where.time_ms) for p in chosen}
     return where.offsets([by_part[p] for p in chosen]) or {}

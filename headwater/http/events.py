@@ -76,6 +76,9 @@ async def _start_positions(client: Any, queue: str, parts: list[int] | None, sta
     for p in chosen:
         if p not in edges:
             raise InvalidArgumentError(f"partition {p} out of range: {queue!r} has {len(edges)} partitions")
+    offline = set(info.offline)  # on a cluster, a leader out of reach: its edges are not known
+    if start == "latest" or start.isdigit():
+        info.require_online(chosen, f"start streaming {queue!r} from {start}")
     named: dict[int, int] = {}
     if start == "earliest":
         return {p: edges[p][0] for p in chosen}
@@ -92,14 +95,15 @@ async def _start_positions(client: Any, queue: str, parts: list[int] | None, sta
             )
         if off < 0:
             raise InvalidArgumentError(f"{what}: offset {off} of partition {p} is negative; offsets start at 0")
-        if off > edges[p][1]:
+        if off > edges[p][1] and p not in offline:  # an offline one's first read at its leader checks
             raise InvalidArgumentError(
                 f"{what}: offset {off} of partition {p} is past its end ({edges[p][1]}); the queue may have been "
                 f"deleted and made again since: start from earliest or latest, or from an offset up to "
                 f"{edges[p][1]}"
             )
     # an offset the partition no longer keeps (retention, truncate) starts at its first kept
-    return {p: max(edges[p][0], named[p]) if p in named else edges[p][0] for p in chosen}
+    # (an offline partition: where named, else 0; the reads at its leader skip what it lacks)
+    return {p: named.get(p, 0) if p in offline else max(edges[p][0], named.get(p, 0)) for p in chosen}
 
 
 async def events(request: Request) -> Response:
