@@ -247,7 +247,7 @@ class SharedGroupsCore:
                 hint = None if due is None else max(1, due - now)
         batches = self._read_leased(queue, leases) if leases else []
         self._wait_durable(token)
-        return SharedDeliveries(batches, leases), hint
+        return SharedDeliveries(batches, leases, None if led is None else sorted(led)), hint
 
     def ack(self, group: str, queue: str, member: str, lease_ids: list[str]) -> list[LeaseRefusal]:
         """Finish the leased messages. Returns the leases refused (expired, not the

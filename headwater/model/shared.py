@@ -231,10 +231,13 @@ class SharedLease(msgspec.Struct, frozen=True, array_like=True):
 class SharedDeliveries(msgspec.Struct, frozen=True, array_like=True):
     """What a shared receive returns: stored batches holding the leased messages (whole, as
     stored; a batch may hold messages leased to others, which the reader skips) and the
-    leases, in the order the messages should be handed to the application."""
+    leases, in the order the messages should be handed to the application. ``led``: on a
+    cluster, the partitions of the queue the answering broker leads now (a client whose
+    table says otherwise asks for it again: a move sends it no error), else None."""
 
     batches: list[bytes]
     leases: list[SharedLease]
+    led: list[int] | None = None
 
 
 class LeaseRefusal(msgspec.Struct, frozen=True, array_like=True):

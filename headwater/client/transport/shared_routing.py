@@ -70,6 +70,11 @@ class SharedRouter:
             s._refresh_soon()
         return sorted(set(found.values())) or [s.address]
 
+    def _led_by(self, queue: str, address: Hashable) -> set[int]:
+        """The partitions of ``queue`` the table says the broker at ``address`` leads."""
+        table = self._service.table
+        return {p for p, b in table.partition_leaders(queue).items() if table.brokers[b].address == address}
+
     # -- receive ----------------------------------------------------------------------------
 
     def start_receive(self, body: m.SharedReceiveRequest) -> Any:
@@ -115,6 +120,10 @@ class SharedRouter:
         if isinstance(error, UnavailableError):
             self._service._gate.mark_stale()  # a refusal, a lost connection: ask METADATA again
         result = None if error is not None else fut.result()
+        if result is not None and result.led is not None and set(result.led) != self._led_by(key[1], address):
+            s = self._service  # a partition moved (to or from it): no error says so, its answer does
+            s._gate.mark_stale()
+            s._refresh_soon()
         with self._lock:
             r = self._receives.answered(key, address, result, error)
             done = [f for f, x in self._rounds.items() if x is r] if r is not None else []

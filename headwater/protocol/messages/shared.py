@@ -26,13 +26,14 @@ class SharedReceiveResponse(ResponseBody, frozen=True, array_like=True):
     api = ApiKey.SHARED_RECEIVE
     batches: list[bytes]  # data section: stored batches holding the leased messages
     leases: list[SharedLease]
+    led: list[int] | None = None  # on a cluster: the queue's partitions this broker leads now
 
     def result(self) -> SharedDeliveries:
-        return SharedDeliveries(list(self.batches), list(self.leases))
+        return SharedDeliveries(list(self.batches), list(self.leases), self.led)
 
     @classmethod
     def from_result(cls, value: SharedDeliveries) -> ResponseBody:
-        return cls(list(value.batches), list(value.leases))
+        return cls(list(value.batches), list(value.leases), value.led)
 
 
 class _LeaseRefusals(ResponseBody, frozen=True, array_like=True):
