@@ -174,6 +174,28 @@ def test_serve_that_cannot_listen_leaves_no_new_directory(tmp_path):
     assert not (tmp_path / "new2").exists()
 
 
+def test_serve_names_the_http_listener_that_cannot_listen_and_its_own_flags(tmp_path):
+    # the HTTP API's port in use, or its host unknown, was reported as the broker's
+    # address with --port/--host, though the broker's port was free
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = Cli("--data", str(tmp_path / "new")).run("serve", "--port", "0", "--http-port", str(port))
+    assert code == 1
+    assert (
+        f"error: the HTTP API cannot listen on 127.0.0.1:{port}: the address is in use (another broker, or "
+        f"another program); choose another with --http-port or --http-host"
+    ) in " ".join(err.split()), err
+    assert not (tmp_path / "new").exists()
+    args = ("serve", "--port", "0", "--http-port", str(port), "--http-host", "nosuchhost.invalid")
+    code, _, err = Cli("--data", str(tmp_path / "new2")).run(*args)
+    err = " ".join(err.split())
+    assert code == 1 and "the HTTP API cannot listen on nosuchhost.invalid:" in err, err
+    assert "the host 'nosuchhost.invalid' is not an address" in err and "--http-port or --http-host" in err
+    assert not (tmp_path / "new2").exists()
+
+
 # -- 6. delay stats: the real next due time --------------------------------------------
 
 

@@ -18,7 +18,7 @@ import socket
 import sys
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import msgspec
 import typer
@@ -271,25 +271,30 @@ def serve(
             http(server_cfg.host, bound)
 
     new_directory = not state.data_dir.exists()
+    # which listener a failed bind is about: its address, and the flags that choose it
+    broker_listener = listener = _Listener(server_cfg.host, server_cfg.port, "--port", "--host")
     try:
         _check_listen(server_cfg.host, server_cfg.port)  # before the data directory is opened
-        if http_port:
-            _check_listen(http_host or server_cfg.host, http_port)
+        if http_port is not None:
+            listener = _Listener(http_host or server_cfg.host, http_port, "--http-port", "--http-host", "the HTTP API ")
+            _check_listen(listener.host, listener.port)
+            listener = broker_listener  # run_server binds the broker's port again
         from headwater.broker.run import run_server
 
         run_server(state.data_dir, store_cfg, server_cfg, on_ready=ready)
     except OSError as e:
-        where = f"{server_cfg.host}:{server_cfg.port}"
         if isinstance(e, socket.gaierror):
             why = (
-                f"the host {server_cfg.host!r} is not an address of this machine nor a name it can resolve"
-                f" ({e.strerror})"
+                f"the host {listener.host!r} is not an address of this machine nor a name it can resolve ({e.strerror})"
             )
         else:
             why = _BIND_ERRORS.get(e.errno)
             if why is None:
                 raise
-        raise InvalidArgumentError(f"cannot listen on {where}: {why}; choose another with --port or --host") from None
+        raise InvalidArgumentError(
+            f"{listener.what}cannot listen on {listener.host}:{listener.port}: {why}; choose another with "
+            f"{listener.port_flag} or {listener.host_flag}"
+        ) from None
     finally:
         if new_directory and not started:
             # serve makes a missing data directory, as queue create does; one that never
@@ -368,6 +373,16 @@ def _check_listen(host: str, port: int) -> None:
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's server does
             probe.bind(address)
+
+
+class _Listener(NamedTuple):
+    """An address ``serve`` listens on, and the flags that choose it, for its errors."""
+
+    host: str
+    port: int
+    port_flag: str
+    host_flag: str
+    what: str = ""  # what listens there, when not the broker itself: "the HTTP API "
 
 
 _BIND_ERRORS = {  # errors only binding the listening socket gives
