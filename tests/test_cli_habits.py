@@ -162,3 +162,34 @@ def test_subscriber_delete_and_delay_cancel_print_json(cli):
     ids = cli("produce", "q", "--delay", "1h", "a", "b").stdout.split()
     lines = [json.loads(line) for line in cli("delay", "cancel", *ids, "--json").stdout.splitlines()]
     assert lines == [{"action": "cancelled", "message_id": i} for i in ids]
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_serve_warns_when_the_http_api_listens_beyond_loopback(tmp_path, log_format):
+    # the broker's port warned beyond loopback, the HTTP API's (no authentication either) did not
+    env = {k: v for k, v in ENV.items() if v is not None}
+    command = [sys.executable, "-m", "headwater.cli.main", "serve", "--port", "0", "--data", str(tmp_path / "d")]
+    command += ["--http-port", "0", "--http-host", "0.0.0.0", "--log-format", log_format]
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env}
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(2)]  # 'listening ...', then 'http listening 0.0.0.0:PORT'
+        assert lines[1].startswith("http listening 0.0.0.0:"), lines
+        http_port = int(lines[1].rsplit(":", 1)[1])
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    if log_format == "json":
+        warnings = [doc for doc in map(json.loads, err.splitlines()) if doc["level"] == "warning"]
+        assert [(w["message"], w["host"], w["port"]) for w in warnings] == [
+            ("HTTP API listening beyond loopback without authentication", "0.0.0.0", http_port)
+        ], err
+    else:
+        err = " ".join(err.split())
+        assert (
+            f"warning: the HTTP API listens on 0.0.0.0, beyond loopback, without authentication: anyone who can "
+            f"reach port {http_port} can read, write and delete every queue; listen on 127.0.0.1 (--http-host)"
+        ) in err, err
+        assert "warning: listening on" not in err  # the broker's own port is on loopback

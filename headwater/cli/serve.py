@@ -250,7 +250,7 @@ def serve(
 
     started = False
     http = (
-        _http_server(http_host or server_cfg.host, http_port, tuple(http_allowed_hosts or ()))
+        _http_server(http_host or server_cfg.host, http_port, tuple(http_allowed_hosts or ()), log_format)
         if http_port is not None
         else None
     )
@@ -302,15 +302,32 @@ def serve(
             shutil.rmtree(state.data_dir, ignore_errors=True)
 
 
-def _http_server(host: str, port: int, allowed_hosts: tuple[str, ...]) -> Any:
+def _http_server(host: str, port: int, allowed_hosts: tuple[str, ...], log_format: str) -> Any:
     """A function that starts the HTTP API (headwater.http) once the broker listens, in a
     thread of its own, as a client of the broker's address; checked now that the ``http``
-    extra is installed, so that a missing one stops the start with the pip command to run."""
+    extra is installed, so that a missing one stops the start with the pip command to run.
+    Once it listens it says so, and warns as the broker does when that is beyond loopback:
+    the API has no authentication either."""
     from headwater.http import require_extra
 
     require_extra()
     from headwater.http.app import GatewaySettings
     from headwater.http.server import HttpServer
+
+    def listening(bound: int) -> None:
+        if not _is_loopback(host or "0.0.0.0"):
+            if log_format == "json":
+                log.warning(
+                    "HTTP API listening beyond loopback without authentication", extra={"host": host, "port": bound}
+                )
+            else:
+                err_console().print(
+                    f"[yellow]warning:[/] the HTTP API listens on {host or '0.0.0.0'}, beyond loopback, without "
+                    f"authentication: anyone who can reach port {bound} can read, write and delete every queue; "
+                    f"listen on 127.0.0.1 (--http-host) or keep the port behind a firewall",
+                    markup=True,
+                )
+        print(f"http listening {host}:{bound}", flush=True)
 
     def start(broker_host: str, broker_port: int) -> None:
         target = "127.0.0.1" if broker_host in ("0.0.0.0", "::", "") else broker_host  # a wildcard is not dialable
@@ -320,7 +337,7 @@ def _http_server(host: str, port: int, allowed_hosts: tuple[str, ...]) -> Any:
             host=host,
             port=port,
             settings=GatewaySettings(allowed_hosts=allowed_hosts),
-            on_ready=lambda bound: print(f"http listening {host}:{bound}", flush=True),
+            on_ready=listening,
         )
         server.start()
 
