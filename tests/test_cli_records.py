@@ -180,3 +180,28 @@ def test_group_reset_shows_the_plan_unless_execute(cli, q):
     done = cli("group", "reset", "g", "--queue", q, "--to", "-1", "--execute").stdout
     assert "reset group 'g' on queue 'events'" in done
     assert sorted(cli("consume", q, "--group", "g", "--timeout", "0", "--raw").stdout.split()) == ["a9", "b3"]
+
+
+def test_group_reset_past_the_log_end_plans_the_end_and_says_so(cli):
+    # the plan used to show 'new 99 ... (lag -98)' and --execute then failed: beyond the log end
+    import json
+
+    cli("queue", "create", "gq", "--partitions", "2")
+    cli("produce", "gq", "--partition", "0", "m")
+    cli("produce", "gq", "--partition", "1", "m", "m", "m")
+    plan = " ".join(cli("group", "reset", "hg", "--queue", "gq", "--to", "2").stdout.split())
+    assert "1 (log end)" in plan and "lag -" not in plan, plan
+    assert (
+        "note: offset 2 is past the log end of partition(s) 0: each is set to its log end instead, "
+        "as kafka-consumer-groups does"
+    ) in plan
+    doc = json.loads(cli("group", "reset", "hg", "--queue", "gq", "--to", "99", "--json").stdout)
+    assert [(r["requested"], r["new"], r["lag_new"]) for r in doc["partitions"]] == [(99, 1, 0), (99, 3, 0)]
+    done = cli("group", "reset", "hg", "--queue", "gq", "--to", "2", "--execute").stdout
+    assert "reset group 'hg' on queue 'gq' (2 partition(s))" in done
+    rows = json.loads(cli("group", "describe", "hg", "--json").stdout)["partitions"]
+    assert [(r["partition"], r["committed"]) for r in rows] == [(0, 1), (1, 2)]  # what the plan showed
+    cli("queue", "truncate", "gq", "--yes")  # both logs now start at their end
+    plan = " ".join(cli("group", "reset", "hg", "--queue", "gq", "--to", "0").stdout.split())
+    assert "1 (log start)" in plan and "3 (log start)" in plan
+    assert "note: offset 0 is before the log start of partition(s) 0, 1: each is set to its log start" in plan

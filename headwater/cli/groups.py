@@ -533,7 +533,7 @@ def _target_offsets(hw: Client, info: QueueInfo, to: str, partitions: list[int] 
             )
         pi = by_part[p]
         if where.offset is not None:
-            out[p] = where.offset  # as given: one past the end is refused by the broker, with its range
+            out[p] = where.offset  # as given: reset() brings one outside the log inside it, and says so
         elif where.message_id is not None:
             out[p] = where.message_id.offset
         elif where.time_ms is not None:
@@ -584,9 +584,13 @@ def reset(
     Refused while the group has members: stop them first (or wait their session timeout),
     so no live member's progress is overwritten.
 
+    An offset past a partition's log end (or before its start) is set to the end (the
+    start) instead, as kafka-consumer-groups does; the plan marks those partitions.
+
     With --json: one object {"group", "queue", "executed", "partitions": [{"partition",
-    "current", "new", "lag_current", "lag_new"}]} (current and lag_current null where the
-    group has committed nothing).
+    "current", "new", "lag_current", "lag_new", "requested"}]} (current and lag_current null
+    where the group has committed nothing; requested is the offset --to named, which differs
+    from new where it was outside the log).
 
     Examples:
 
@@ -600,7 +604,12 @@ def reset(
     hw = open_client(ctx)
     info = hw.admin.describe_queue(queue)
     before = hw.service.fetch_offsets(group, queue)
-    offsets = _target_offsets(hw, info, to, parse_partitions(partitions))
+    asked = _target_offsets(hw, info, to, parse_partitions(partitions))
+    # an offset past a partition's log end (or before its start) is brought to the end (the
+    # start), as kafka-consumer-groups --to-offset does, and the plan says so: the broker
+    # refuses to commit one outside the log, and the plan must show what --execute does
+    bounds = {p.partition: (p.start_offset, p.end_offset) for p in info.partitions}
+    offsets = {p: min(max(off, bounds[p][0]), bounds[p][1]) for p, off in asked.items()}
     if execute:
         try:
             hw.service.commit_offsets(group, queue, offsets)
@@ -614,6 +623,7 @@ def reset(
             "new": off,
             "lag_current": None if before.get(p) is None else ends[p] - before[p],
             "lag_new": ends[p] - off,
+            "requested": asked[p],
         }
         for p, off in sorted(offsets.items())
     ]
@@ -626,14 +636,42 @@ def reset(
     for r in rows:
         change = "-" if r["lag_current"] is None else f"{r['lag_new'] - r['lag_current']:+,}"
         change += f" (lag {r['lag_new']:,})"
-        table.add_row(str(r["partition"]), _cell(r["current"]), f"{r['new']:,}", change)
+        table.add_row(str(r["partition"]), _cell(r["current"]), f"{r['new']:,}{_clamped(r)}", change)
     out_console().print(table)
+    for side, outside in (
+        ("past the log end", [r for r in rows if r["requested"] > r["new"]]),
+        ("before the log start", [r for r in rows if r["requested"] < r["new"]]),
+    ):
+        if outside:
+            out_console().print(
+                f"note: {_offsets_named(outside)} {side} of partition(s) "
+                f"{', '.join(str(r['partition']) for r in outside)}: each is set to its log "
+                f"{'end' if side.endswith('end') else 'start'} instead, as "
+                f"kafka-consumer-groups does",
+                style="yellow",
+                markup=False,
+            )
     if execute:
         out_console().print(f"reset group {group!r} on queue {queue!r} ({len(offsets)} partition(s))", style="green")
     else:
         out_console().print(
             f"plan only, nothing changed: pass --execute to reset group {group!r} on queue {queue!r}", style="yellow"
         )
+
+
+def _clamped(row: dict[str, Any]) -> str:
+    """What the plan's 'new' cell adds when --to fell outside the partition's log."""
+    if row["requested"] > row["new"]:
+        return " (log end)"
+    return " (log start)" if row["requested"] < row["new"] else ""
+
+
+def _offsets_named(rows: list[dict[str, Any]]) -> str:
+    """'offset 99 is' or 'offsets 99, 120 are': what --to asked of these partitions."""
+    asked = sorted({r["requested"] for r in rows})
+    if len(asked) == 1:
+        return f"offset {asked[0]:,} is"
+    return f"offsets {', '.join(f'{a:,}' for a in asked)} are"
 
 
 def queue_lag(
