@@ -77,6 +77,35 @@ def test_produce_and_consume_are_counted_per_queue(broker):
     assert value(fams, "headwater_build_info", version=headwater.__version__) == 1
 
 
+def _queues_named(text: str) -> set[str]:
+    """The queues the per-queue counters have a series for."""
+    fams = families(text)
+    names = ("headwater_messages_in", "headwater_bytes_in", "headwater_messages_out", "headwater_bytes_out")
+    return {s.labels["queue"] for name in names for s in fams[name].samples}
+
+
+def test_a_deleted_queues_series_go_and_a_new_one_of_its_name_counts_from_zero(broker):
+    # they stayed forever: every queue ever deleted was still named in each scrape
+    with headwater.connect(broker.address) as hw:
+        for name in ("doomed-1", "doomed-2"):
+            hw.admin.create_queue(name, partitions=2)
+            hw.send_batch(name, [b"x"] * 5, partition=0)
+        with hw.consumer(group="doomed-readers", stream=False) as c:
+            c.assign("doomed-1")
+            c.seek_to_beginning("doomed-1")
+            got = []
+            eventually(lambda: got.extend(c.poll(timeout_ms=200)) or len(got) >= 5, what="5 messages read")
+        assert {"doomed-1", "doomed-2"} <= _queues_named(hw.admin.metrics())
+        hw.admin.delete_queue("doomed-1")
+        hw.admin.delete_queue("doomed-2")
+        assert not {"doomed-1", "doomed-2"} & _queues_named(hw.admin.metrics())
+        hw.admin.create_queue("doomed-1", partitions=2)
+        hw.send("doomed-1", b"again", partition=0)
+        fams = families(hw.admin.metrics())
+    assert value(fams, "headwater_messages_in", "headwater_messages_in_total", queue="doomed-1") == 1
+    assert value(fams, "headwater_messages_out", "headwater_messages_out_total", queue="doomed-1") is None
+
+
 def test_errors_are_counted_per_operation_and_code(broker):
     with headwater.connect(broker.address) as hw:
         before = families(hw.admin.metrics())
@@ -231,6 +260,25 @@ def test_each_broker_of_a_cluster_reports_the_partitions_it_leads(cluster):
         fams = reported(b)
         assert value(fams, "headwater_partitions_offline", queue="spread") == 0
         assert value(fams, "headwater_partitions_under_replicated", queue="spread") == 0
+
+
+def test_each_broker_of_a_cluster_drops_a_deleted_queues_series(cluster):
+    # a cluster deletes a queue on every broker as it follows the cluster, not through
+    # Broker.delete_queue: each must drop the queue's series then
+    with headwater.connect(cluster.address(1)) as hw:
+        hw.admin.create_queue("fleeting", partitions=3)
+        for p in range(3):
+            hw.send("fleeting", b"x", partition=p)
+
+    def naming(broker_id: int) -> bool:
+        with cluster.connect(broker_id) as hw:
+            return "fleeting" in _queues_named(hw.admin.metrics())
+
+    leaders = [b for b in cluster.brokers if naming(b)]
+    assert leaders, "no broker counted the produces"
+    with headwater.connect(cluster.address(1)) as hw:
+        hw.admin.delete_queue("fleeting")
+    eventually(lambda: not any(naming(b) for b in cluster.brokers), what="no broker naming the deleted queue")
 
 
 def test_asyncio_client_reads_them_too(broker):

@@ -262,9 +262,16 @@ class Broker:
         )
 
     def delete_queue(self, name: str) -> None:
-        if self.cluster is not None:
+        if self.cluster is not None:  # each broker deletes its copy as it follows the cluster
             return self.cluster.delete_queue(check_user_queue(name))
         self.store.delete_queue(check_user_queue(name))
+        self.queue_deleted(name)
+
+    def queue_deleted(self, name: str) -> None:
+        """The store no longer has queue ``name`` (deleted here, or by the cluster): what was
+        kept about it alone goes too (its metrics' series)."""
+        if self.telemetry is not None:
+            self.telemetry.queue_deleted(name)
 
     def truncate_queue(self, name: str) -> QueueInfo:
         """Drop every message of the queue here. On a cluster, each broker drops its own

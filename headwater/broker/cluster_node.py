@@ -249,6 +249,7 @@ class ClusterNode:
         for name in sorted(self._seen - set(view.queues)):
             if name in local:
                 store.delete_queue(name)
+                self.broker.queue_deleted(name)
                 log.info("deleted queue %s here: the cluster deleted it", name)
             self._seen.discard(name)
         self._follow_coordinators(view)

@@ -170,6 +170,13 @@ class BrokerMetrics:
         if batches:
             self.sent(queue, *count_messages(batches, selections, lo, hi))
 
+    def queue_deleted(self, queue: str) -> None:
+        """``queue`` was deleted here: drop its series, as Kafka drops a deleted topic's, so
+        that scrapes stop naming it and a queue made again under its name counts from zero."""
+        with self._lock:
+            self._in.pop(queue, None)
+            self._out.pop(queue, None)
+
     def request_done(self, api: int, started_s: float) -> None:
         """A request of operation ``api`` read at ``started_s`` (``time.perf_counter``) is answered."""
         took = perf_counter() - started_s
