@@ -200,6 +200,28 @@ def test_cli_prints_the_exposition(broker):
     assert value(fams, "headwater_partitions_led", queue="counted") == 2
 
 
+def test_the_guides_example_output_is_what_the_broker_prints(broker):
+    # docs/metrics.md showed a headwater_messages_in_created series the broker never writes
+    import re
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
+    shown = re.search(
+        r"prints, after the `# HELP` and `# TYPE` lines of each metric:\n\n```text\n(.*?)```", guide, re.S
+    )
+    assert shown is not None, "docs/metrics.md's example output moved: update this test"
+    cli = Cli("--server", broker.address)
+    cli("queue", "create", "invoices", "--partitions", "2", "--if-not-exists")
+    cli("produce", "invoices", "--partition", "0", "invoice 1 paid", "invoice 2 paid")
+    printed = cli("metrics", "--prefix", "headwater_messages_in")
+    samples = [line for line in printed.splitlines() if 'queue="invoices"' in line]  # the module's other queues too
+    assert sorted(shown.group(1).splitlines()) == sorted(samples)
+    # and only the two metrics the guide names have a _created series
+    created = {line.split("{")[0].split(" ")[0] for line in cli("metrics").splitlines() if "_created" in line}
+    created = {name for name in created if not name.startswith("#")}
+    assert created <= {"headwater_request_errors_created", "headwater_storage_flush_duration_seconds_created"}
+
+
 def test_json_logs_parse_line_by_line(broker):
     with headwater.connect(broker.address) as hw:  # a bad frame is logged by the broker
         hw.admin.list_queues()
