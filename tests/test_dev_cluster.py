@@ -156,6 +156,60 @@ def test_three_brokers_join_one_cluster_and_ctrl_c_stops_everything(data):
         assert again.interrupt() == 0
 
 
+def _get(url: str) -> tuple[int, str]:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return answer.status, answer.read().decode()
+
+
+def test_http_port_serves_the_http_api_on_each_broker(data):
+    # a dev cluster had no HTTP API: docs/http.md and docs/metrics.md's scrape of each
+    # broker needed a 'python -m headwater.http' of one's own beside it
+    run = DevCluster(data, "--zookeeper-port", "0", "--http-port", "0").wait_ready()
+    try:
+        found = re.search(r"^http (\S+)$", run.out.read_text(), re.M)
+        assert found, run.out.read_text()
+        apis = found.group(1).split(",")
+        assert len(apis) == 3 and not set(apis) & set(run.addresses)
+        err = run.stderr()
+        for broker_id, (address, api) in enumerate(zip(run.addresses, apis), start=1):
+            assert f"broker {broker_id} {address} http {api} data " in err
+        assert f"HTTP API (docs/http.md; Prometheus scrapes /metrics on each): {' '.join(apis)}" in err
+        with headwater.connect(",".join(run.addresses)) as hw:
+            hw.admin.create_queue("seen-over-http", partitions=3)
+        for api in apis:  # each broker's own API and metrics
+            status, text = _get(f"http://{api}/metrics")
+            assert status == 200 and 'headwater_partitions_led{queue="seen-over-http"}' in text
+            status, text = _get(f"http://{api}/v1/queues")
+            assert status == 200 and "seen-over-http" in text
+    finally:
+        assert run.interrupt() == 0
+    assert _children_of(data) == [] and not any(_listening(a) for a in apis)
+
+
+def test_http_ports_follow_the_first_one_and_a_taken_one_fails_before_anything_starts(data):
+    while True:  # a port taken, with the one below it free: broker 1's HTTP API there, broker 2's taken
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        if port > 1024 and not _listening(f"127.0.0.1:{port - 1}"):
+            break
+        taken.close()
+    with taken:
+        run = DevCluster(data, "--zookeeper-port", "0", "--http-port", str(port - 1), name="taken")
+        assert run.finish() == 1
+    err = " ".join(run.stderr().split())
+    assert f"broker 2's HTTP API cannot listen on 127.0.0.1:{port}" in err and "with --http-port" in err, err
+    assert "starting" not in err and not (data / "zookeeper").exists()
+    run = DevCluster(data, "--port", "17071", "--http-port", "17072", name="overlap")
+    assert run.finish() == 1
+    err = " ".join(run.stderr().split())
+    assert "--http-port 17072 and --port 17071 with --brokers 3 give port 17072 to both a broker and an HTTP API" in err
+    assert "starting" not in err
+
+
 def test_with_zookeeper_given_it_uses_that_one_and_leaves_it_running(data, tmp_path):
     server = zookeeper.ZooKeeperProcess(tmp_path / "zk").start()
     try:

@@ -56,6 +56,7 @@ class Broker:
     data_dir: Path
     log: Path
     port: int
+    http_port: int | None = None  # its HTTP API's (serve --http-port), when it serves one
     proc: subprocess.Popen[bytes] | None = None
     log_start: int = 0  # where this run's lines begin in the (appended) log
     reported: bool = False  # its unexpected exit was said already
@@ -63,6 +64,10 @@ class Broker:
     @property
     def address(self) -> str:
         return f"{HOST}:{self.port}"
+
+    @property
+    def http_address(self) -> str | None:
+        return None if self.http_port is None else f"{HOST}:{self.http_port}"
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -95,6 +100,16 @@ def dev_cluster(
             help="The first broker's port; the others take the next ones (0: any free ports).", min=0, max=65535
         ),
     ] = 7071,
+    http_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Also serve the HTTP/JSON API (and /metrics) on each broker: broker i on this port + i - 1 "
+            "(0: any free ports); docs/http.md.",
+            min=0,
+            max=65535,
+            show_default="none",
+        ),
+    ] = None,
     zookeeper: Annotated[
         str | None,
         typer.Option(
@@ -117,7 +132,8 @@ def dev_cluster(
     """Run a whole cluster on this machine: ZooKeeper and N brokers, until Ctrl-C or SIGTERM.
 
     It prints each broker's address, data directory and log, and the --server list that
-    clients use; then a line `ready ADDRESSES` on stdout. A broker that exits while the
+    clients use; then a line `ready ADDRESSES` on stdout. With --http-port each broker also
+    serves the HTTP API, whose addresses come on the line `http ADDRESSES` just before. A broker that exits while the
     cluster runs is reported and the others keep running. Ctrl-C stops the brokers, then
     ZooKeeper; a second run over the same --data finds the same cluster.
 
@@ -127,12 +143,14 @@ def dev_cluster(
     headwater dev-cluster
     headwater dev-cluster --brokers 5 --data /tmp/hw-cluster --port 9001
     headwater dev-cluster --port 0 --zookeeper-port 0 --set flush=sync
+    headwater dev-cluster --http-port 8081
     headwater dev-cluster --zookeeper 127.0.0.1:2181
     ```
     """
     data = _data_dir(ctx, data)
     if port and port + brokers - 1 > 65535:
         raise InvalidArgumentError(f"--port {port} with --brokers {brokers} runs past port 65535; choose a lower one")
+    _check_http_ports(http_port, port, brokers)
     extra = _checked_settings(settings or [])
     # here, not at the top: membership loads the storage, which other commands do not need
     from headwater.cluster.membership import ZooKeeperAddress
@@ -147,7 +165,8 @@ def dev_cluster(
         lock.acquire()
         running = Running()
         try:
-            _start(running, data, brokers, port, where, zookeeper_port, zookeeper_tick_ms, extra, lock)
+            ports = (port, http_port)
+            _start(running, data, brokers, ports, where, zookeeper_port, zookeeper_tick_ms, extra, lock)
             _announce(running, data)
             _watch_until_stopped(running)
         finally:
@@ -170,6 +189,26 @@ def _data_dir(ctx: typer.Context, data: Path | None) -> Path:
             f"--data is given twice, {given!r} before the command and {str(data)!r} after it; give it once"
         )
     return data or (Path(given) if given is not None else Path(DATA_DEFAULT))
+
+
+def _check_http_ports(http_port: int | None, port: int, brokers: int) -> None:
+    """--http-port's range fits below 65536 and misses the brokers' own ports, and the
+    ``http`` extra the HTTP API needs is installed: all before anything starts."""
+    if http_port is None:
+        return
+    if http_port and http_port + brokers - 1 > 65535:
+        raise InvalidArgumentError(
+            f"--http-port {http_port} with --brokers {brokers} runs past port 65535; choose a lower one"
+        )
+    if http_port and port and http_port < port + brokers and port < http_port + brokers:
+        raise InvalidArgumentError(
+            f"--http-port {http_port} and --port {port} with --brokers {brokers} give port "
+            f"{max(port, http_port)} to both a broker and an HTTP API; choose ports at least {brokers} apart "
+            f"(or 0: any free ports)"
+        )
+    from headwater.http import require_extra  # here: the other commands need not load it
+
+    require_extra()
 
 
 def _checked_settings(pairs: list[str]) -> list[str]:
@@ -248,7 +287,7 @@ def _start(
     running: Running,
     data: Path,
     count: int,
-    port: int,
+    ports: tuple[int, int | None],  # the first broker's, and its HTTP API's (None: no HTTP API)
     zookeeper: str | None,  # HOSTS/chroot, or None to start one
     zookeeper_port: int,
     tick_ms: int,
@@ -256,13 +295,22 @@ def _start(
     lock: _LockFile,
 ) -> None:
     console = err_console()
+    port, http_port = ports
     planned = [
-        Broker(i, data / f"broker-{i}", data / f"broker-{i}.log", port + i - 1 if port else 0)
+        Broker(
+            i,
+            data / f"broker-{i}",
+            data / f"broker-{i}.log",
+            port + i - 1 if port else 0,
+            None if http_port is None else http_port + i - 1 if http_port else 0,
+        )
         for i in range(1, count + 1)
     ]
     for b in planned:
         if b.port:
-            _check_broker_port(b)
+            _check_broker_port(b, b.port, "--port")
+        if b.http_port:
+            _check_broker_port(b, b.http_port, "--http-port")
     if zookeeper is None:
         running.zookeeper = LocalZooKeeper(data / "zookeeper", zookeeper_port, HOST, tick_ms=tick_ms)
         on = f"{HOST}:{zookeeper_port}" if zookeeper_port else f"a free port of {HOST}"
@@ -280,17 +328,19 @@ def _start(
         _wait_listening(b, deadline)
 
 
-def _check_broker_port(b: Broker) -> None:
-    """Bind the broker's port once, so a port in use fails before anything starts (the
-    broker binds again: this catches what is wrong now, not a race)."""
+def _check_broker_port(b: Broker, port: int, flag: str) -> None:
+    """Bind one of the broker's ports (``flag`` chooses it) once, so a port in use fails
+    before anything starts (the broker binds again: this catches what is wrong now, not a
+    race)."""
     try:
         with socket.socket() as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the broker's server does
-            probe.bind((HOST, b.port))
+            probe.bind((HOST, port))
     except OSError as e:
+        what = "'s HTTP API" if flag == "--http-port" else ""
         raise InvalidArgumentError(
-            f"broker {b.broker_id} cannot listen on {b.address}: {e.strerror}; choose other ports with "
-            f"--port (0: any free ports)"
+            f"broker {b.broker_id}{what} cannot listen on {HOST}:{port}: {e.strerror}; choose other ports with "
+            f"{flag} (0: any free ports)"
         ) from None
 
 
@@ -311,6 +361,7 @@ def _spawn(b: Broker, zookeeper: str, extra: list[str]) -> None:
         zookeeper,
         "--broker-id",
         str(b.broker_id),
+        *([] if b.http_port is None else ["--http-port", str(b.http_port)]),
         *extra,
     ]
     with open(b.log, "ab") as log_f:  # the child keeps its own copy of the descriptor
@@ -326,16 +377,30 @@ def _spawn(b: Broker, zookeeper: str, extra: list[str]) -> None:
 
 def _wait_listening(b: Broker, deadline: float) -> None:
     """Wait for the broker's ``listening HOST:PORT`` line (``serve`` prints it once it
-    serves); a ClusterError with the tail of its log if it exits or takes too long."""
+    serves), and its ``http listening HOST:PORT`` when it serves the HTTP API; a
+    ClusterError with the tail of its log if it exits, its HTTP API fails, or it takes too
+    long."""
     assert b.proc is not None
     while True:
+        port = http_port = None
+        http_failed = False
         for line in log_tail(b.log, size_bytes=1 << 20, start=b.log_start).splitlines():
             if line.startswith("listening "):
-                b.port = int(line.rsplit(":", 1)[1])
-                return
+                port = int(line.rsplit(":", 1)[1])
+            elif line.startswith("http listening "):
+                http_port = int(line.rsplit(":", 1)[1])
+            elif "the HTTP API stopped:" in line:  # headwater.http.server logs it when it fails
+                http_failed = True
+        if port is not None and (b.http_port is None or http_port is not None):
+            b.port = port
+            b.http_port = http_port
+            return
         code = b.proc.poll()
-        if code is not None or time.monotonic() > deadline:
-            why = f"exited at start ({_exit_text(code)})" if code is not None else "did not start in time"
+        if code is not None or http_failed or time.monotonic() > deadline:
+            if code is not None:
+                why = f"exited at start ({_exit_text(code)})"
+            else:
+                why = "could not start its HTTP API" if http_failed else "did not start in time"
             raise ClusterError(
                 f"broker {b.broker_id} {why}; everything started was stopped. Its log ({b.log}) ends:\n"
                 f"{log_tail(b.log, start=b.log_start)}"
@@ -355,22 +420,33 @@ def _announce(running: Running, data: Path) -> None:
     """The brokers (a table on a terminal, a line each otherwise), how clients reach them,
     and the ``ready`` line on stdout that scripts wait for."""
     console = err_console()
+    http = [b.http_address for b in running.brokers if b.http_address is not None]
     if console.is_terminal:
         table = Table(title=escape(f"dev-cluster in {data}"), title_justify="left")
-        for column in ("broker", "address", "data", "log"):
-            table.add_column(column)
+        widest = max(len(a) for b in running.brokers for a in (b.address, b.http_address or ""))
+        table.add_column("broker")
+        for column in ("address", *(["http"] if http else [])):  # whole, whatever the terminal's width
+            table.add_column(column, no_wrap=True, min_width=widest)
+        for column in ("data", "log"):
+            table.add_column(column, overflow="fold")
         for b in running.brokers:
-            table.add_row(str(b.broker_id), b.address, escape(str(b.data_dir)), escape(str(b.log)))
+            cells = [str(b.broker_id), b.address, *([b.http_address or "-"] if http else [])]
+            table.add_row(*cells, escape(str(b.data_dir)), escape(str(b.log)))
         console.print(table)
     else:
         for b in running.brokers:
-            console.print(f"broker {b.broker_id} {b.address} data {b.data_dir} log {b.log}", markup=False)
+            on_http = f" http {b.http_address}" if b.http_address else ""
+            console.print(f"broker {b.broker_id} {b.address}{on_http} data {b.data_dir} log {b.log}", markup=False)
     zk = running.zookeeper
     if zk is not None:
         console.print(f"ZooKeeper {zk.hosts} (pid {zk.pid}, log {zk.log})", markup=False)
     addresses = ",".join(b.address for b in running.brokers)
     console.print(f"clients: --server {addresses}")
+    if http:
+        console.print(f"HTTP API (docs/http.md; Prometheus scrapes /metrics on each): {' '.join(http)}")
     console.print("Ctrl-C stops the cluster")
+    if http:
+        print(f"http {','.join(http)}", flush=True)
     print(f"ready {addresses}", flush=True)
 
 
