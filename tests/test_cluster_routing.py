@@ -419,6 +419,12 @@ def test_a_leader_killed_its_partitions_fail_after_the_delivery_timeout_the_othe
         )  # fmt: skip
         assert shown.returncode == 0, shown.stderr
         assert "offline" in shown.stdout
+        # a reset of the group to latest would have committed 0 there (its end, as described)
+        reset = subprocess.run(
+            [HEADWATER, "--server", cluster.address(1), "group", "reset", group, "--queue", "victim", "--to", "latest"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert reset.returncode != 0 and "down or out of reach" in reset.stderr, reset.stderr
         # a consumer assigned a dead partition keeps the group's position there (before: it
         # took the position past the "end" 0 and started over from 0, warning of a new queue)
         c = hw.consumer(group=group, auto_offset_reset="latest")

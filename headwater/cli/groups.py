@@ -605,6 +605,8 @@ def reset(
     info = hw.admin.describe_queue(queue)
     before = hw.service.fetch_offsets(group, queue)
     asked = _target_offsets(hw, info, to, parse_partitions(partitions))
+    # on a cluster, a partition whose leader is out of reach has no known log: not 0..0
+    info.require_online(asked, f"reset {group!r} on {queue!r}")
     # an offset past a partition's log end (or before its start) is brought to the end (the
     # start), as kafka-consumer-groups --to-offset does, and the plan says so: the broker
     # refuses to commit one outside the log, and the plan must show what --execute does
