@@ -32,15 +32,14 @@ from rich.text import Text
 
 from headwater.cli.context import open_client, out_console
 from headwater.cli.output import format_from_now, iso_utc, print_json
-from headwater.cli.parse import parse_from, parse_partitions
 from headwater.client import Client
-from headwater.errors import GroupNotEmptyError, GroupNotFoundError, InvalidArgumentError, QueueNotFoundError
+from headwater.errors import GroupNotFoundError, QueueNotFoundError
 from headwater.model.config import QueueInfo
 from headwater.model.groups import GroupDescription, GroupSummary, partition_lag
 from headwater.model.keyed import KeyedGroupInfo
 from headwater.model.shared import SharedGroupInfo
 
-__all__ = ["group_app", "queue_lag"]
+__all__ = ["GroupArg", "JsonOpt", "cell", "group_app", "queue_lag"]
 
 group_app = typer.Typer(
     name="group",
@@ -88,7 +87,7 @@ def _partition_rows(hw: Client, d: GroupDescription) -> list[dict[str, Any]]:
     return rows
 
 
-def _cell(v: object) -> str:
+def cell(v: object) -> str:
     return NONE if v is None else f"{v:,}" if isinstance(v, int) else str(v)
 
 
@@ -233,10 +232,10 @@ def _consumer_view(d: GroupDescription, rows: list[dict[str, Any]], *, on_server
             r["queue"],
             str(r["partition"]),
             r["member"] or NONE,
-            _cell(r["committed"]),
-            _cell(r["end_offset"]),
-            _cell(r["lag"]),
-            _cell(r["pending_leases"]),
+            cell(r["committed"]),
+            cell(r["end_offset"]),
+            cell(r["lag"]),
+            cell(r["pending_leases"]),
         )
     parts.append(table if rows else Text("no partitions: the group reads no queue and has no offsets", "dim"))
     if d.mode is None and not on_server:
@@ -311,15 +310,15 @@ def _shared_view(info: SharedGroupInfo, now_ms: int) -> list[Any]:
         ends = NONE if p.next_lease_deadline_ms is None else format_from_now(p.next_lease_deadline_ms, now_ms)
         table.add_row(
             str(p.partition),
-            _cell(p.committed_offset),
-            _cell(p.end_offset),
-            _cell(p.lag),
-            _cell(p.leased),
+            cell(p.committed_offset),
+            cell(p.end_offset),
+            cell(p.lag),
+            cell(p.leased),
             members,
             ends,
-            _cell(p.awaiting_retry),
-            _cell(p.acked_ahead),
-            _cell(p.dead_lettered),
+            cell(p.awaiting_retry),
+            cell(p.acked_ahead),
+            cell(p.dead_lettered),
         )
     table.caption = "committed: every offset below it is acknowledged"
     return [head, Text(""), table]
@@ -393,12 +392,12 @@ def _keyed_view(info: KeyedGroupInfo, qi: QueueInfo) -> list[Any]:
             str(r["member"]),
             r["role"],
             str(r["partition"]),
-            _cell(r["position"]),
-            _cell(r["end_offset"]),
-            _cell(r["offsets_behind"]),
+            cell(r["position"]),
+            cell(r["end_offset"]),
+            cell(r["offsets_behind"]),
         ]
         if info.resizing_to is not None:
-            cells.append(_cell(r["barrier"]))
+            cells.append(cell(r["barrier"]))
         table.add_row(*cells)
     table.caption = "position: its commit, else where the generation began"
     return [head, Text(""), table]
@@ -513,169 +512,6 @@ def describe(
     out_console().print(Group(*parts))
 
 
-def _target_offsets(hw: Client, info: QueueInfo, to: str, partitions: list[int] | None) -> dict[int, int]:
-    """Where ``--to`` (the positions of ``scan --from``: one parser) puts each partition."""
-    where = parse_from(to, "--to")
-    chosen = [p.partition for p in info.partitions] if partitions is None else partitions
-    if where.message_id is not None:
-        if partitions is not None and partitions != [where.message_id.partition]:
-            raise InvalidArgumentError(
-                f"--to names a message of partition {where.message_id.partition}, and --partitions others; "
-                f"leave out --partitions (the id picks its own)"
-            )
-        chosen = [where.message_id.partition]
-    by_part = {p.partition: p for p in info.partitions}
-    out = {}
-    for p in chosen:
-        if p not in by_part:
-            raise InvalidArgumentError(
-                f"queue {info.name!r} has partitions 0..{len(info.partitions) - 1}; there is no partition {p}"
-            )
-        pi = by_part[p]
-        if where.offset is not None:
-            out[p] = where.offset  # as given: reset() brings one outside the log inside it, and says so
-        elif where.message_id is not None:
-            out[p] = where.message_id.offset
-        elif where.time_ms is not None:
-            out[p] = hw.offset_for_time(info.name, p, where.time_ms)
-        else:
-            out.update(where.offsets([pi]) or {})
-    return out
-
-
-@group_app.command("reset")
-def reset(
-    ctx: typer.Context,
-    group: GroupArg,
-    queue: Annotated[
-        str, typer.Option("--queue", "-q", metavar="QUEUE", show_default=False, help="The queue whose offsets to move.")
-    ],
-    to: Annotated[
-        str,
-        typer.Option(
-            "--to",
-            metavar="WHERE",
-            show_default=False,
-            help="earliest, latest, -N (N before each partition's end), an offset, a message id, "
-            "or a time (ISO-8601, -15m, -2h, now): the forms of 'scan --from'.",
-        ),
-    ],
-    partitions: Annotated[
-        str | None,
-        typer.Option(
-            "--partitions",
-            "-p",
-            metavar="LIST",
-            show_default=False,
-            help="Only these partitions, e.g. 0,2 or 0-3 (default: all).",
-        ),
-    ] = None,
-    execute: Annotated[
-        bool,
-        typer.Option(
-            "--execute",
-            help="Move the offsets. Without it, only the plan is shown (kafka-consumer-groups' --dry-run).",
-        ),
-    ] = False,
-    as_json: JsonOpt = False,
-) -> None:
-    """Move a group's committed offsets on a queue: shows the plan (partition, current
-    offset, new offset, change of lag) and changes nothing unless --execute is given.
-    Refused while the group has members: stop them first (or wait their session timeout),
-    so no live member's progress is overwritten.
-
-    An offset past a partition's log end (or before its start) is set to the end (the
-    start) instead, as kafka-consumer-groups does; the plan marks those partitions.
-
-    With --json: one object {"group", "queue", "executed", "partitions": [{"partition",
-    "current", "new", "lag_current", "lag_new", "requested"}]} (current and lag_current null
-    where the group has committed nothing; requested is the offset --to named, which differs
-    from new where it was outside the log).
-
-    Examples:
-
-    ```
-    headwater --server localhost:7070 group reset billing --queue orders --to earliest
-    headwater --server localhost:7070 group reset billing --queue orders --to earliest --execute
-    headwater group reset billing --queue orders --to 2026-11-21T10:00:00Z --execute
-    headwater group reset billing --queue orders --to 1200 --partitions 3 --execute
-    ```
-    """
-    hw = open_client(ctx)
-    info = hw.admin.describe_queue(queue)
-    before = hw.service.fetch_offsets(group, queue)
-    asked = _target_offsets(hw, info, to, parse_partitions(partitions))
-    # on a cluster, a partition whose leader is out of reach has no known log: not 0..0
-    info.require_online(asked, f"reset {group!r} on {queue!r}")
-    # an offset past a partition's log end (or before its start) is brought to the end (the
-    # start), as kafka-consumer-groups --to-offset does, and the plan says so: the broker
-    # refuses to commit one outside the log, and the plan must show what --execute does
-    bounds = {p.partition: (p.start_offset, p.end_offset) for p in info.partitions}
-    offsets = {p: min(max(off, bounds[p][0]), bounds[p][1]) for p, off in asked.items()}
-    if execute:
-        try:
-            hw.service.commit_offsets(group, queue, offsets)
-        except GroupNotEmptyError as e:
-            raise GroupNotEmptyError(f"{e}; see them with 'headwater group describe {group}'") from None
-    ends = {p.partition: p.end_offset for p in info.partitions}
-    rows = [
-        {
-            "partition": p,
-            "current": before.get(p),
-            "new": off,
-            "lag_current": None if before.get(p) is None else ends[p] - before[p],
-            "lag_new": ends[p] - off,
-            "requested": asked[p],
-        }
-        for p, off in sorted(offsets.items())
-    ]
-    if as_json:
-        print_json({"group": group, "queue": queue, "executed": execute, "partitions": rows})
-        return
-    table = Table(show_edge=False, header_style="bold")
-    for name in ("partition", "current", "new", "lag change"):
-        table.add_column(name, justify="right", no_wrap=True)
-    for r in rows:
-        change = "-" if r["lag_current"] is None else f"{r['lag_new'] - r['lag_current']:+,}"
-        change += f" (lag {r['lag_new']:,})"
-        table.add_row(str(r["partition"]), _cell(r["current"]), f"{r['new']:,}{_clamped(r)}", change)
-    out_console().print(table)
-    for side, outside in (
-        ("past the log end", [r for r in rows if r["requested"] > r["new"]]),
-        ("before the log start", [r for r in rows if r["requested"] < r["new"]]),
-    ):
-        if outside:
-            out_console().print(
-                f"note: {_offsets_named(outside)} {side} of partition(s) "
-                f"{', '.join(str(r['partition']) for r in outside)}: each is set to its log "
-                f"{'end' if side.endswith('end') else 'start'} instead, as "
-                f"kafka-consumer-groups does",
-                style="yellow",
-                markup=False,
-            )
-    if execute:
-        out_console().print(f"reset group {group!r} on queue {queue!r} ({len(offsets)} partition(s))", style="green")
-    else:
-        out_console().print(
-            f"plan only, nothing changed: pass --execute to reset group {group!r} on queue {queue!r}", style="yellow"
-        )
-
-
-def _clamped(row: dict[str, Any]) -> str:
-    """What the plan's 'new' cell adds when --to fell outside the partition's log."""
-    if row["requested"] > row["new"]:
-        return " (log end)"
-    return " (log start)" if row["requested"] < row["new"] else ""
-
-
-def _offsets_named(rows: list[dict[str, Any]]) -> str:
-    """'offset 99 is' or 'offsets 99, 120 are': what --to asked of these partitions."""
-    asked = sorted({r["requested"] for r in rows})
-    if len(asked) == 1:
-        return f"offset {asked[0]:,} is"
-    return f"offsets {', '.join(f'{a:,}' for a in asked)} are"
-
-
 def queue_lag(
     ctx: typer.Context,
     queue: Annotated[str, typer.Argument(metavar="QUEUE", show_default=False, help="The queue.")],
@@ -743,7 +579,7 @@ def queue_lag(
     for g in groups:
         mine = [r for r in rows if r["group"] == g]
         for r in mine:
-            table.add_row(g, str(r["partition"]), _cell(r["committed"]), _cell(r["end_offset"]), _cell(r["lag"]))
+            table.add_row(g, str(r["partition"]), cell(r["committed"]), cell(r["end_offset"]), cell(r["lag"]))
         total = sum(r["lag"] for r in mine if r["lag"] is not None)
         table.add_row(Text(g, "bold"), Text("total", "bold"), "", "", Text(f"{total:,}", "bold"), end_section=True)
     out_console().print(table)

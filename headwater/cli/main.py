@@ -27,6 +27,7 @@ from headwater.cli.context import DATA_DIR_DEFAULT, CliState, err_console, ignor
 from headwater.cli.delay import delay_app
 from headwater.cli.dev_cluster import dev_cluster
 from headwater.cli.group_delete import delete_group
+from headwater.cli.group_reset import reset_group
 from headwater.cli.groups import group_app, queue_lag
 from headwater.cli.metrics import metrics
 from headwater.cli.produce import produce
@@ -222,6 +223,7 @@ def _with_profile(ctx: typer.Context, profile: str | None, server: str | None, d
 queue_app.command("lag")(queue_lag)
 queue_app.command("alter")(alter)
 app.add_typer(queue_app, name="queue")
+group_app.command("reset")(reset_group)
 group_app.command("delete")(delete_group)
 app.add_typer(group_app, name="group")
 app.add_typer(subscriber_app, name="subscriber")
