@@ -46,6 +46,8 @@ class SharedRouter:
         self._rounds: dict[Any, ReceiveRound] = {}
         # receives whose quick round is under way: their long poll, and where to send it
         self._then: dict[Any, tuple[m.SharedReceiveRequest, list[str]]] = {}
+        # queue -> (the table, each broker's partitions by it): see _led_by
+        self._led_cache: dict[str, tuple[Any, dict[Hashable, list[int]]]] = {}
 
     # -- what differs by driver -------------------------------------------------------------
 
@@ -70,10 +72,18 @@ class SharedRouter:
             s._refresh_soon()
         return sorted(set(found.values())) or [s.address]
 
-    def _led_by(self, queue: str, address: Hashable) -> set[int]:
-        """The partitions of ``queue`` the table says the broker at ``address`` leads."""
+    def _led_by(self, queue: str, address: Hashable) -> list[int]:
+        """The partitions of ``queue`` the table says the broker at ``address`` leads, in
+        order (as a broker's answer names its own). Worked out once per table and queue: a
+        queue of 10,000 partitions would cost milliseconds per answer."""
         table = self._service.table
-        return {p for p, b in table.partition_leaders(queue).items() if table.brokers[b].address == address}
+        held = self._led_cache.get(queue)
+        if held is None or held[0] is not table:  # a refresh installs a new table
+            by: dict[Hashable, list[int]] = {}
+            for p, b in sorted(table.partition_leaders(queue).items()):
+                by.setdefault(table.brokers[b].address, []).append(p)
+            held = self._led_cache[queue] = (table, by)
+        return held[1].get(address, [])
 
     # -- receive ----------------------------------------------------------------------------
 
@@ -120,7 +130,7 @@ class SharedRouter:
         if isinstance(error, UnavailableError):
             self._service._gate.mark_stale()  # a refusal, a lost connection: ask METADATA again
         result = None if error is not None else fut.result()
-        if result is not None and result.led is not None and set(result.led) != self._led_by(key[1], address):
+        if result is not None and result.led is not None and result.led != self._led_by(key[1], address):
             s = self._service  # a partition moved (to or from it): no error says so, its answer does
             s._gate.mark_stale()
             s._refresh_soon()
