@@ -257,6 +257,7 @@ def test_a_reset_means_what_the_clis_group_reset_means(http_broker, http_api, qu
     an_id = results[13]["id"]  # partition 1, offset 3
     for to, partitions, expected in [
         (5, None, {0: 5, 1: 5, 2: 5}),
+        (99, None, {0: 10, 1: 10, 2: 10}),  # past the end: the end (it was refused over HTTP alone)
         ("7", "2", {2: 7}),
         ("-4", None, {0: 6, 1: 6, 2: 6}),
         ("latest", None, {0: 10, 1: 10, 2: 10}),
@@ -276,6 +277,10 @@ def test_a_reset_means_what_the_clis_group_reset_means(http_broker, http_api, qu
         assert out.returncode == 0, out.stderr
         by_cli = {row["partition"]: row["new"] for row in json.loads(out.stdout)["partitions"]}
         assert over_http == by_cli == expected, (to, over_http, by_cli)
+        if to == 99:
+            assert {row["requested"] for row in r.json()["offsets"]} == {99}
+    exact = http_api.post("/v1/groups/resets/reset", json={"queue": queue, "offsets": {"0": 99}})
+    assert exact.status_code == 400 and "99" in exact.json()["error"]["message"], exact.text
     bad = http_api.post("/v1/groups/resets/reset", json={"queue": queue, "to": "sideways"})
     assert bad.status_code == 400 and "to: 'sideways'" in bad.json()["error"]["message"]
     done = http_api.post("/v1/groups/resets/reset", json={"queue": queue, "to": 5})  # executes by default

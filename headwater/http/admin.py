@@ -48,8 +48,9 @@ class ResetOffsets(msgspec.Struct, forbid_unknown_fields=True):
     ``to``, in the forms of ``headwater group reset --to`` and meaning the same: ``earliest``,
     ``latest``, ``-N`` (N before each partition's end), an offset (``5`` or ``"5"``), a message
     id, or a time (ISO-8601, ``-15m``, ``now``); or to ``offsets`` per partition.
-    ``partitions``: only these (default all). Executes unless ``dry_run`` is true (which
-    answers the plan and commits nothing)."""
+    ``partitions``: only these (default all). An offset ``to`` names outside a partition's
+    log goes to its end (or start), as the CLI's; ``offsets`` are committed as given.
+    Executes unless ``dry_run`` is true (which answers the plan and commits nothing)."""
 
     queue: str
     to: str | int | None = None
@@ -166,14 +167,23 @@ async def _reset_plan(client: Any, req: ResetOffsets) -> dict[int, int]:
             raise InvalidArgumentError(
                 f"queue {req.queue!r} has partitions 0..{len(by_part) - 1}; there is no partition {p}"
             )
-    if where.offset is not None:  # as given: one past the end is refused by the broker, with its range
-        return {p: where.offset for p in chosen}
     if where.message_id is not None:
         return {where.message_id.partition: where.message_id.offset}
     info.require_online(chosen, f"reset the group's offsets of {req.queue!r} to {req.to}")
+    if where.offset is not None:  # outside a partition's log: its end (or start), as the CLI's reset
+        return {p: min(max(where.offset, by_part[p].start_offset), by_part[p].end_offset) for p in chosen}
     if where.time_ms is not None:
         return {p: await client.offset_for_time(req.queue, p, where.time_ms) for p in chosen}
     return where.offsets([by_part[p] for p in chosen]) or {}
+
+
+def _requested(to: str | int | None) -> int | None:
+    """The offset ``to`` names, where it names one: a row's ``after`` differs from it where
+    the offset lay outside the partition's log (brought to its end or start)."""
+    if to is None:
+        return None
+    where = parse_from(str(to), "to")
+    return where.offset if where.message_id is None else None
 
 
 async def reset_group(request: Request) -> Response:
@@ -184,7 +194,11 @@ async def reset_group(request: Request) -> Response:
     before = await client.service.fetch_offsets(group, req.queue)
     if not req.dry_run:
         await client.service.commit_offsets(group, req.queue, plan)
-    rows = [{"partition": p, "before": before.get(p), "after": o} for p, o in sorted(plan.items())]
+    asked = _requested(req.to)
+    rows = [
+        {"partition": p, "before": before.get(p), "after": o, "requested": o if asked is None else asked}
+        for p, o in sorted(plan.items())
+    ]
     return json_response({"group": group, "queue": req.queue, "dry_run": req.dry_run, "offsets": rows})
 
 
