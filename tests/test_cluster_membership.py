@@ -5,6 +5,7 @@ SIGKILL and paused with SIGSTOP, as an operator's would be."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import threading
 import time
@@ -286,6 +287,64 @@ def test_unreachable_zookeeper_at_start_is_a_clear_error_not_a_hang(tmp_path):
     )
     assert time.monotonic() - started < 20
     assert f"ZooKeeper at {nowhere}/headwater did not answer for 2 s" in error and "--zookeeper" in error
+
+
+def test_a_broker_not_yet_in_its_cluster_serves_nothing_but_its_health(tmp_path):
+    """While a broker started with --zookeeper has not joined (ZooKeeper out of reach, or
+    slow), it answered as a broker alone: it made queues of its own and acknowledged sends
+    to partitions it may not lead, and a client listing it first took it for a broker
+    alone. Now it refuses all but PING, STATUS and METRICS, retriably, and a bootstrap list
+    moves past it to the next broker."""
+    from headwater.errors import UnavailableError
+
+    nowhere = f"127.0.0.1:{free_port()}"
+    joining = BrokerProcess(
+        tmp_path / "joining",
+        "--zookeeper",
+        nowhere,
+        "--broker-id",
+        "1",
+        "--set",
+        "zookeeper_connect_timeout_s=120",
+        port=free_port(),
+    ).start(ready=False)
+    alone = BrokerProcess(tmp_path / "alone").start()
+    try:
+        from headwater.client.transport.remote import RemoteService
+
+        svc = RemoteService(joining.address, connect_timeout_s=5, request_timeout_s=5, retries=0)
+        try:
+            svc.ping()
+            assert svc.status()
+            for call in (
+                lambda: svc.metadata(),
+                lambda: svc.list_queues(),
+                lambda: svc.create_queue("q", headwater.QueueConfig(partitions=1)),
+            ):
+                with pytest.raises(UnavailableError, match="joining its cluster"):
+                    call()
+        finally:
+            svc.close()
+        with pytest.raises(UnavailableError, match="joining its cluster"):
+            headwater.connect(joining.address, connect_timeout_s=5)
+        out = subprocess.run(
+            [HEADWATER, "--server", joining.address, "queue", "create", "q"], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode != 0 and "joining its cluster" in out.stderr, out.stderr
+        with headwater.connect(f"{joining.address},{alone.address}", connect_timeout_s=10) as hw:
+            hw.admin.create_queue("q", partitions=1)
+            hw.producer().send_and_wait("q", b"to the broker alone")
+
+        async def asyncio_client() -> int:
+            import headwater.aio
+
+            async with await headwater.aio.connect(f"{joining.address},{alone.address}", connect_timeout_s=10) as ahw:
+                return (await ahw.admin.describe_queue("q")).partitions[0].end_offset
+
+        assert asyncio.run(asyncio_client()) == 1
+    finally:
+        joining.kill()
+        alone.kill()
 
 
 def test_cluster_settings_without_their_partner_are_refused(tmp_path, zk):

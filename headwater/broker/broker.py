@@ -65,6 +65,12 @@ METRICS_NOT_SERVED = (
 
 __all__ = ["Broker"]
 
+#: what a broker started with ``--zookeeper`` answers until it has joined its cluster
+JOINING = (
+    "this broker is joining its cluster and serves nothing until it has (it cannot tell yet "
+    "which partitions it leads): ask another broker of the cluster, or this one again in a moment"
+)
+
 
 class ClusterRole(Protocol):
     """What a broker in a cluster asks of its part in it (:mod:`headwater.broker.cluster_node`)."""
@@ -115,6 +121,9 @@ class Broker:
         self.store = store
         self._started = time.monotonic()
         self.cluster: ClusterRole | None = None  # set while this broker is a cluster's member
+        # why this broker serves nothing yet (None: it serves): one started to join a cluster acts
+        # as the cluster's member or not at all; alone it would accept what it may not lead now
+        self.joining: str | None = JOINING if clustered else None
         self.advertised: tuple[str, int] = ("", 0)  # (host, port) clients reach it by; set by its server
         self.offsets = OffsetStore(store)
         # consumer group membership (in memory) over the durable offsets; group_clock times sessions

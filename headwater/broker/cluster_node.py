@@ -138,6 +138,12 @@ class ClusterNode:
         self.broker.cluster = self
         self.delayed.start()
         self.broker.delayed_moves = self.delayed
+        self._work.put(self._serving)  # after the first follow: the queues made here, the coordinators loaded
+
+    def _serving(self) -> None:
+        if self.broker.joining is not None:
+            self.broker.joining = None
+            log.info("broker %d serves as a member of cluster %s", self.broker_id, self.membership.cluster_id)
 
     def _work_put(self, task: Callable[[], None]) -> None:
         self._work.put(task)

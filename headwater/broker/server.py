@@ -45,7 +45,7 @@ from headwater.broker.push import PUSH_APIS, PushService
 from headwater.broker.server_config import ServerConfig
 from headwater.broker.shared import SharedWaiters
 from headwater.broker.streams import FETCH_STREAM_APIS, FetchStreams
-from headwater.errors import HeadwaterError, UsageError
+from headwater.errors import HeadwaterError, UnavailableError, UsageError
 from headwater.model.batch import stated_payload_bytes
 from headwater.model.service import FetchResult
 from headwater.model.shared import SharedDeliveries
@@ -78,6 +78,8 @@ __all__ = ["BrokerServer", "ServerConfig"]
 log = logging.getLogger("headwater.server")
 
 _PING = PingResponse()
+# what a broker still joining its cluster answers (Broker.joining): its health, not its data
+_WHILE_JOINING = frozenset({ApiKey.PING, ApiKey.STATUS, ApiKey.METRICS})
 FETCH_BYTES_FLOOR = 64 * 1024  # a fetch short of memory reads what there is room for, but not less than this
 _REFUSALS_LOG_EVERY_S = 10.0  # refused connections are logged at most once per this, with a count
 INLINE_DECODE_BYTES = 1024 * 1024  # an append whose payload expands past this is decoded off the loop
@@ -283,6 +285,8 @@ class BrokerServer:
         m = self._metrics
         t0 = perf_counter() if m is not None else 0.0  # one pair per request: its latency
         try:
+            if self.broker.joining is not None and api not in _WHILE_JOINING:
+                raise UnavailableError(self.broker.joining)
             if api is ApiKey.PRODUCE:
                 if st.off_loop is not None and st.off_loop[0] is ev:  # appended by a decode thread
                     if not st.off_loop[1].done():

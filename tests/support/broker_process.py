@@ -31,7 +31,9 @@ class BrokerProcess:
         self.proc: subprocess.Popen | None = None
         self.log = data.parent / f"{data.name}-broker.log"
 
-    def start(self, timeout_s: float = 20.0) -> BrokerProcess:
+    def start(self, timeout_s: float = 20.0, ready: bool = True) -> BrokerProcess:
+        """Start it and wait until it says it is ready (``listening``, printed once a broker of
+        a cluster has joined it); ``ready=False`` (a port given): until it takes connections."""
         with open(self.log, "ab") as logf:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
                 [
@@ -50,6 +52,15 @@ class BrokerProcess:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         deadline = time.monotonic() + timeout_s
+        if not ready:
+            assert self.port, "give the port to wait for"
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                    return self
+                except OSError:
+                    time.sleep(0.05)
+            raise RuntimeError(f"broker did not listen; log:\n{self.log.read_text()[-3000:]}")
         assert self.proc.stdout is not None
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline().decode()

@@ -262,7 +262,7 @@ async def open_async_service(
     cluster."""
     bootstrap = parse_bootstrap(addresses)
 
-    async def perform(effect: Open | Sleep) -> AsyncService | None:
+    async def perform(effect: Open | Sleep) -> tuple[AsyncService, ClusterMetadata] | None:
         if isinstance(effect, Sleep):
             await asyncio.sleep(effect.seconds)
             return None
@@ -274,19 +274,13 @@ async def open_async_service(
             effect.address, connect_timeout_s=effect.connect_timeout_s, request_timeout_s=request_timeout_s
         )
         service = AsyncService(transport, retries=retries)
-        try:
-            await service.ping()  # fail fast, with a clear error, if nobody is there
+        try:  # fails fast, with a clear error, if nobody is there; a broker still joining: the next
+            return service, await service.metadata()
         except BaseException:
             await service.close()
             raise
-        return service
 
-    home: AsyncService = await adrive(first_that_answers(bootstrap, connect_timeout_s), perform)
-    try:
-        md = await home.metadata()
-    except BaseException:
-        await home.close()
-        raise
+    home, md = await adrive(first_that_answers(bootstrap, connect_timeout_s), perform)
     if not md.cluster_id:
         return home  # a broker alone: the plain client, no routing layer
     settings = {"connect_timeout_s": connect_timeout_s, "request_timeout_s": request_timeout_s, "retries": retries}

@@ -101,7 +101,8 @@ def leader_addresses(table: RoutingTable, queue: str) -> dict[int, str]:
 class Open(NamedTuple):
     """Open a service of the broker at ``address`` (``probe_s``: first see, within it,
     whether it takes a connection at all, so that a dead address costs little); the
-    answer is the service. For :func:`~headwater.client.core.routed_plans.first_that_answers`."""
+    answer is the service and its broker's METADATA (a broker still joining its cluster
+    refuses it: the next address is tried). For :func:`~headwater.client.core.routed_plans.first_that_answers`."""
 
     address: str
     connect_timeout_s: float

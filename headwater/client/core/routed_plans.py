@@ -424,8 +424,9 @@ def set_queue_enabled(s: RoutedState, name: str, enabled: bool) -> Plan[QueueInf
 def first_that_answers(
     bootstrap: list[str], connect_timeout_s: float, clock: Callable[[], float] = time.monotonic
 ) -> Plan[Any]:
-    """The service of the first of ``bootstrap`` that takes a connection, trying each in
-    turn (a refused connection moves on at once) until ``connect_timeout_s`` has passed;
+    """The service (and METADATA) of the first of ``bootstrap`` that answers, trying each
+    in turn (a refused connection, or a broker still joining its cluster, moves on at once)
+    until ``connect_timeout_s`` has passed;
     then one :class:`UnavailableError` naming every address tried. One address gets the
     whole ``connect_timeout_s`` (as before lists)."""
     if len(bootstrap) == 1:

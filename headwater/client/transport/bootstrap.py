@@ -16,6 +16,7 @@ from headwater.client.core.routing import parse_bootstrap
 from headwater.client.transport.link import parse_address
 from headwater.client.transport.remote import RemoteService
 from headwater.client.transport.routing import RoutedService
+from headwater.model.cluster import ClusterMetadata
 from headwater.model.service import BrokerService
 
 __all__ = ["open_service"]
@@ -31,25 +32,25 @@ def open_service(
     address tried when none answers within ``connect_timeout_s``."""
     bootstrap = parse_bootstrap(addresses)
 
-    def perform(effect: Open | Sleep) -> RemoteService | None:
+    def perform(effect: Open | Sleep) -> tuple[RemoteService, ClusterMetadata] | None:
         if isinstance(effect, Sleep):
             time.sleep(effect.seconds)
             return None
         if effect.probe_s is not None:  # does anybody take a connection there at all?
             socket.create_connection(parse_address(effect.address), timeout=effect.probe_s).close()
-        return RemoteService(
+        service = RemoteService(
             effect.address,
             connect_timeout_s=effect.connect_timeout_s,
             request_timeout_s=request_timeout_s,
             retries=retries,
         )
+        try:
+            return service, service.metadata()  # a broker still joining its cluster: the next one
+        except BaseException:
+            service.close()
+            raise
 
-    home: RemoteService = drive(first_that_answers(bootstrap, connect_timeout_s), perform)
-    try:
-        md = home.metadata()
-    except BaseException:
-        home.close()
-        raise
+    home, md = drive(first_that_answers(bootstrap, connect_timeout_s), perform)
     if not md.cluster_id:
         return home  # a broker alone: the plain client, no routing layer
     settings = {"connect_timeout_s": connect_timeout_s, "request_timeout_s": request_timeout_s, "retries": retries}
