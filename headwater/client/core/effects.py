@@ -95,7 +95,7 @@ class Sleep(NamedTuple):
 def leader_addresses(table: RoutingTable, queue: str) -> dict[int, str]:
     """``{partition: leader's address}`` of ``queue`` in ``table`` (partitions with no
     leader left out; an unknown queue: ``{}``)."""
-    return {p: table.brokers[b].address for p, b in table.partition_leaders(queue).items()}
+    return table.partition_addresses(queue)
 
 
 class Open(NamedTuple):

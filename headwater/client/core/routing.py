@@ -109,7 +109,17 @@ def parse_bootstrap(addresses: str | Iterable[str]) -> list[str]:
 class RoutingTable:
     """One METADATA answer, indexed: each partition's leader, each queue id's name."""
 
-    __slots__ = ("brokers", "cluster_id", "metadata", "_leaders", "_leaderless", "_names")
+    __slots__ = (
+        "brokers",
+        "cluster_id",
+        "metadata",
+        "_addresses",
+        "_by_leader",
+        "_leaders",
+        "_leaderless",
+        "_names",
+        "_of_partition",
+    )
 
     def __init__(self, metadata: ClusterMetadata) -> None:
         self.metadata = metadata
@@ -117,7 +127,12 @@ class RoutingTable:
         self.brokers: dict[int, BrokerAddress] = {b.broker_id: b for b in metadata.brokers}
         self._leaders: dict[str, list[int]] = {}
         self._names: dict[int, str] = {}
-        self._leaderless: dict[str, bool] = {}  # leaderless()'s answers: the table never changes
+        # leaderless(), leaders_of() and partition_leaders() per queue, worked out once: the
+        # table never changes, and a shared receive or a describe asks each time (O(partitions))
+        self._leaderless: dict[str, bool] = {}
+        self._by_leader: dict[str, dict[int, list[int]]] = {}
+        self._of_partition: dict[str, dict[int, int]] = {}
+        self._addresses: dict[str, dict[int, str]] = {}
         for q in metadata.queues:
             leaders = [ALONE] * len(q.partitions)
             for p in q.partitions:
@@ -149,7 +164,7 @@ class RoutingTable:
         True
         """
         found = self._leaderless.get(queue)
-        if found is None:  # once per queue: a shared receive asks each time (10,000 partitions: 0.5 ms)
+        if found is None:
             brokers = self.brokers
             found = self._leaderless[queue] = any(b not in brokers for b in self._leaders.get(queue, ()))
         return found
@@ -223,16 +238,32 @@ class RoutingTable:
 
     def leaders_of(self, queue: str) -> dict[int, list[int]]:
         """``{broker id: [partitions of queue it leads]}``, the partitions with no leader
-        left out (an unknown queue: ``{}``)."""
-        out: dict[int, list[int]] = {}
-        for partition, leader in enumerate(self._leaders.get(queue, ())):
-            if leader in self.brokers:
-                out.setdefault(leader, []).append(partition)
+        left out (an unknown queue: ``{}``). The table's own: read it, do not change it."""
+        out = self._by_leader.get(queue)
+        if out is None:
+            out = {}
+            for partition, leader in enumerate(self._leaders.get(queue, ())):
+                if leader in self.brokers:
+                    out.setdefault(leader, []).append(partition)
+            self._by_leader[queue] = out
+        return out
+
+    def partition_addresses(self, queue: str) -> dict[int, str]:
+        """``{partition: its leader's address}`` of ``queue`` (partitions with no leader left
+        out). The table's own: read it, do not change it."""
+        out = self._addresses.get(queue)
+        if out is None:
+            brokers = self.brokers
+            out = self._addresses[queue] = {p: brokers[b].address for p, b in self.partition_leaders(queue).items()}
         return out
 
     def partition_leaders(self, queue: str) -> dict[int, int]:
-        """``{partition: leader's broker id}`` of ``queue`` (partitions with no leader left out)."""
-        return {p: b for b, parts in self.leaders_of(queue).items() for p in parts}
+        """``{partition: leader's broker id}`` of ``queue`` (partitions with no leader left
+        out). The table's own: read it, do not change it."""
+        out = self._of_partition.get(queue)
+        if out is None:
+            out = self._of_partition[queue] = {p: b for b, parts in self.leaders_of(queue).items() for p in parts}
+        return out
 
 
 class RefreshGate:

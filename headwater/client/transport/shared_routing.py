@@ -22,7 +22,7 @@ import threading
 from collections.abc import Hashable
 from typing import Any
 
-from headwater.client.core.effects import addresses_of
+from headwater.client.core.effects import leaders_of
 from headwater.client.core.shared_routing import ReceiveRound, SharedReceives, phases
 from headwater.client.transport.remote import check_arguments
 from headwater.client.transport.send_future import LazyFuture
@@ -65,12 +65,12 @@ class SharedRouter:
         from an outage is asked again: no receive reaches a partition the table has no
         leader for, so no error would ever ask."""
         s = self._service
-        found = s._addresses_now(queue)
-        found = found if found is not None else s._run(addresses_of(s, queue))
-        if s.table.leaderless(queue):
+        leaders = s._run(leaders_of(s, queue))  # the table's (refreshed first if stale or new to the queue)
+        table = s.table
+        if table.leaderless(queue):
             s._gate.mark_stale()
             s._refresh_soon()
-        return sorted(set(found.values())) or [s.address]
+        return sorted({table.brokers[b].address for b in leaders}) or [s.address]
 
     def _led_by(self, queue: str, address: Hashable) -> list[int]:
         """The partitions of ``queue`` the table says the broker at ``address`` leads, in
