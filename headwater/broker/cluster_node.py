@@ -113,6 +113,7 @@ class ClusterNode:
         self._seen: set[str] = set()  # cluster queues this broker has made: gone from the view, deleted here
         self._foreign: set[str] = set()  # local queues named as a cluster queue, but not it
         self._local_ready = threading.Condition()
+        self._serves = threading.Event()  # set once the first follow is done (Broker.joining cleared)
         self._coordinator_partitions = coordinator_partitions  # when this broker is the one to create the queue
         # (coordinator queue, partition) loaded here -> its leader epoch then
         self._coordinating: dict[tuple[str, int], int] = {}
@@ -144,6 +145,12 @@ class ClusterNode:
         if self.broker.joining is not None:
             self.broker.joining = None
             log.info("broker %d serves as a member of cluster %s", self.broker_id, self.membership.cluster_id)
+        self._serves.set()
+
+    def wait_serving(self, timeout_s: float) -> bool:
+        """Wait until the broker serves as the cluster's member (its first follow of the
+        view done); False if ``timeout_s`` passed first."""
+        return self._serves.wait(timeout_s)
 
     def _work_put(self, task: Callable[[], None]) -> None:
         self._work.put(task)

@@ -126,6 +126,8 @@ def join_cluster(broker: Broker, server: ServerConfig, data_dir: Path, port: int
             coordinator_partitions=server.coordinator_partitions,
         )
         node.start()
+        if not node.wait_serving(server.zookeeper_connect_timeout_s):  # "listening" once it serves
+            log.warning("broker %d: the first look at the cluster's state is taking long", server.broker_id)
     except CoordinationError as e:
         coord.close()
         if isinstance(e, HeadwaterError):
