@@ -58,6 +58,7 @@ SHOWS: dict[str, list[str]] = {
         "charged 300 orders",
         "cache-invalidation read 3",
         "ledger read 300, committed 300, failed commits: 0",
+        "[b'c', b'd'] [('orders', 0)]\n[b'a', b'b']",
     ],
     "keyed-groups.md": ["user-3 clicked 4 times", "'resizing_to': 4", "shared by two members: 0"],
     "metrics.md": ["billing lag on orders[0]: 40"],

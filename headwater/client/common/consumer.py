@@ -123,10 +123,13 @@ class ConsumerBase(ConsumerPositions, Twins):
         for queue in self._seeks_to_check():
             self._check_seeks(queue, (yield self._service.describe_queue(queue)))
         while True:
-            out = drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit)
+            out = drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit, self._paused)
             remaining = deadline - time.monotonic()
             if out or not self._fetch_pos:
                 return out
+            if self._paused and self._paused.issuperset(self._fetch_pos):  # nothing to read: wait out the poll
+                yield self._wait_any(self._with_wakeup([self._new_waiter()]), max(0.0, remaining))
+                return []
             if self._streams is not None:
                 got = yield from self._await_pushes(remaining)
             else:
@@ -144,7 +147,7 @@ class ConsumerBase(ConsumerPositions, Twins):
         if self._commits is not None:
             self._run_commit_callbacks()
         limit = check_poll(max_messages, timeout_ms, self.max_poll_messages)
-        return drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit)
+        return drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit, self._paused)
 
     def _with_wakeup(self, futures: list[Any]) -> list[Any]:
         """``futures`` and the future that ends a waiting poll early, if any (``_wakeup``)."""
@@ -153,9 +156,9 @@ class ConsumerBase(ConsumerPositions, Twins):
         return futures
 
     def _launch_fetches(self, wait_ms: int) -> None:
-        """A fetch for each partition with none in flight and room in its buffer, the
-        first one in turn, so that no partition waits behind the others every time."""
-        tps = list(self._fetch_pos)
+        """A fetch for each partition not paused with none in flight and room in its buffer,
+        the first one in turn, so that no partition waits behind the others every time."""
+        tps = list(self._reading())
         if not tps:
             return
         start = next(self._rotation) % len(tps)
@@ -196,7 +199,7 @@ class ConsumerBase(ConsumerPositions, Twins):
         got = streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags, self._reset_past_end)
         if got:
             return got
-        streams.open_missing(self._fetch_pos)
+        streams.open_missing(self._reading())
         if not streams.pending():
             self._push_waiter = self._new_waiter()
             try:

@@ -89,6 +89,7 @@ class ConsumerPositions(Closable):
         # a commit of everything leaves out the partitions still there
         self._stored: dict[TP, int] = {}
         self._seeked: set[TP] = set()  # positions seek() set and poll() has not checked yet
+        self._paused: set[TP] = set()  # pause()d: neither read nor handed out until resume()
         self._buffers: RecordBuffers[TP] = RecordBuffers()
         self._inflight: dict[TP, tuple[int, Any]] = {}  # a read per partition: (its position, future or task)
         self._dropped: set[Any] = set()  # reads a seek dropped, not yet ended (the asyncio kind awaits them)
@@ -165,9 +166,50 @@ class ConsumerPositions(Closable):
             for d in (self._fetch_pos, self._consumed, self._stored, self._buffers):
                 d.pop(tp, None)
             self._seeked.discard(tp)
+            self._paused.discard(tp)  # assigned again (a rebalance), it is read at once
             self._drop_fetch(tp)
             if self._streams is not None:
                 self._streams.close(tp[0])
+
+    # -- pausing --------------------------------------------------------------------------
+
+    def pause(self, queue: str, partitions: int | Iterable[int] | None = None) -> None:
+        """Stop reading these assigned partitions of ``queue`` (all when None) until
+        :meth:`resume`, as Kafka's ``pause``: ``poll`` hands out the others' records only,
+        and the broker sends nothing more of these. Their positions and the records already
+        read stay; a group member stays in its group (its heartbeats go on), so an
+        application that cannot keep up goes on polling without taking more. A partition
+        that leaves the assignment (a rebalance, ``unassign``) is no longer paused."""
+        tps = [tp for tp in self._parts(queue, partitions) if tp not in self._paused]
+        if tps:
+            self._paused.update(tps)
+            self._read_again(queue)
+
+    def resume(self, queue: str, partitions: int | Iterable[int] | None = None) -> None:
+        """Read paused partitions of ``queue`` again (all of its paused ones when None), from
+        where they stood."""
+        tps = [tp for tp in self._parts(queue, partitions) if tp in self._paused]
+        if tps:
+            self._paused.difference_update(tps)
+            self._read_again(queue)
+
+    def paused(self) -> list[TP]:
+        """The partitions :meth:`pause` stopped, as ``(queue, partition)``, sorted."""
+        return sorted(self._paused)
+
+    def _read_again(self, queue: str) -> None:
+        """Reads of ``queue`` start again on the next poll, over the partitions not paused
+        (a fetch stream carries its partitions from when it opened: ended here, pushes not
+        taken yet are read again from the positions)."""
+        if self._streams is not None:
+            self._streams.close(queue)
+
+    def _reading(self) -> dict[TP, int]:
+        """The positions to read from: those of the partitions not paused."""
+        if not self._paused:
+            return self._fetch_pos
+        paused = self._paused
+        return {tp: pos for tp, pos in self._fetch_pos.items() if tp not in paused}
 
     def _moved_since_stored(self) -> dict[TP, int]:
         """What a commit of every assigned partition stores: the consumed positions this

@@ -198,19 +198,26 @@ def take_batches(
 
 
 def drain_buffers(
-    buffers: RecordBuffers[Any], fetch_pos: dict[Any, int], consumed: dict[Any, int], limit: int
+    buffers: RecordBuffers[Any],
+    fetch_pos: dict[Any, int],
+    consumed: dict[Any, int],
+    limit: int,
+    paused: set[Any] | frozenset[Any] = frozenset(),
 ) -> list[Record]:
     """Up to ``limit`` buffered records, partition after partition in the order their buffers
     filled, moving ``consumed`` past each; a partition whose buffer empties is consumed up to
     its fetch position (the records between were skipped: filtered out, or expired), and
     goes to the back of the order when it fills again. An empty buffer's partition is
-    consumed up to its fetch position already (whoever moves one keeps it so)."""
+    consumed up to its fetch position already (whoever moves one keeps it so). The
+    ``paused`` partitions keep their records, and their place in the order."""
     out: list[Record] = []
     filled = buffers.filled
     for part in list(filled):
         room = limit - len(out)
         if room <= 0:
             break
+        if paused and part in paused:
+            continue
         buf = buffers.get(part)
         if not buf:  # replaced or removed since it filled (a seek, a partition forgotten)
             del filled[part]
