@@ -950,3 +950,37 @@ def test_asyncio_shared_consumer(aio_target):
     run(aio_target, test)
     if aio_target.kind != "memory":
         run(aio_target, after_close)
+
+
+# over the network; embedded, a receive cancelled while a slice of its long poll runs in a
+# thread still loses what that slice leases (docs/shared-groups.md, "Not yet")
+@pytest.mark.parametrize("aio_target", ["network", "cluster"], indirect=True)
+def test_an_asyncio_receive_cancelled_mid_wait_loses_no_delivery(aio_target):
+    """A receive cancelled (``asyncio.wait_for``) while its long poll waits on the broker:
+    what the broker leases for it later is not lost with the wait (to come back only after
+    the visibility timeout, an attempt used up) but goes to the member's next receive, and
+    no future is left with an exception nobody retrieves."""
+    import asyncio
+
+    from tests.support.aio_target import run
+
+    async def test(hw) -> None:
+        await hw.admin.create_queue("q", partitions=1)
+        c = hw.shared_consumer("g", "q", visibility_timeout_ms=600_000)
+        waiting = asyncio.ensure_future(c.receive(timeout_ms=10_000))
+        await asyncio.sleep(0.2)  # the long poll waits on the broker
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await hw.send("q", b"precious")
+        got: list = []
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            got = await c.receive(timeout_ms=200)
+        assert [(d.body, d.attempt) for d in got] == [(b"precious", 1)]
+        await c.ack(got)
+        waiting = asyncio.ensure_future(c.receive(timeout_ms=10_000))
+        await asyncio.sleep(0.2)
+        waiting.cancel()  # its answer comes when the client closes: an error nobody waits for
+
+    run(aio_target, test)

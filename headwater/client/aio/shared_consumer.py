@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from headwater.client.aio.service import AsyncBrokerService
 from headwater.client.common.closing import AsyncClosesOnExit
-from headwater.client.common.shared_consumer import Delivery, SharedConsumerBase
+from headwater.client.common.shared_consumer import Delivery, SharedConsumerBase, deliveries_from
 from headwater.client.common.twins import ASYNCIO
 from headwater.model.service import AsyncStartsSharedReceive
 
@@ -50,11 +50,33 @@ class AsyncSharedConsumer(SharedConsumerBase, AsyncClosesOnExit, driver=ASYNCIO)
         service = cast(AsyncStartsSharedReceive, self._service)
         # an asyncio.Future (model, which imports no asyncio, calls it an Awaitable)
         fut = cast("asyncio.Future[Any]", service.start_shared_receive(*args))
-        done, _ = await asyncio.wait([fut], timeout=timeout_s)
-        if not done and service.withdraw(fut):
+        try:
+            done, _ = await asyncio.wait([fut], timeout=timeout_s)
+            if not done and service.withdraw(fut):
+                fut.cancel()
+                return None
+            if not fut.done():  # written: the broker answers by its long poll's end
+                await asyncio.wait([fut])  # (not `await fut`: a cancelled wait would cancel it)
+        except asyncio.CancelledError:
+            self._orphan(service, fut)
+            raise
+        return fut.result()
+
+    def _orphan(self, service: AsyncStartsSharedReceive, fut: asyncio.Future[Any]) -> None:
+        """The caller of a receive was cancelled: take the request back if it is not written
+        (nothing is leased for it), else keep what the broker leases for it for the next
+        receive, as it comes."""
+        if not fut.done() and service.withdraw(fut):
             fut.cancel()
-            return None
-        return await fut  # written: the broker answers by its long poll's end
+        else:
+            fut.add_done_callback(self._late_answer)
+
+    def _late_answer(self, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled() or fut.exception() is not None:  # (retrieved: nothing leased for it)
+            return
+        res = fut.result()
+        if res is not None and not self._closed:  # closed: the leases run out by themselves
+            self._keep(deliveries_from(res, self.queue, self, self._delivery))
 
     async def __aiter__(self) -> AsyncIterator[AsyncDelivery]:
         while not self._closed:

@@ -169,6 +169,7 @@ class SharedConsumerBase(Twins, Closable):
         self.at_most_once = at_most_once
         self._settings_map = self.settings.as_mapping()
         self._held: dict[str, Any] = {}  # leases received and not yet acked or nacked
+        self._kept: list[Delivery] = []  # answers of cancelled receives, for the next receive
         self._closed = False
         self._outage = Outage(service)  # receives through a broker's restart (over the network)
         # over the network a receive is sent without waiting, and taken back while unwritten
@@ -188,6 +189,11 @@ class SharedConsumerBase(Twins, Closable):
             self._settings_map,
             int(timeout_ms),
         )
+
+    def _keep(self, deliveries: list[Delivery]) -> None:
+        """Deliveries the broker leased for a receive whose caller stopped waiting: held, and
+        handed out first by the next receive."""
+        self._kept.extend(self._track(deliveries))
 
     def _track(self, out: list) -> list:
         for d in out:
@@ -229,6 +235,9 @@ class SharedConsumerBase(Twins, Closable):
         ``timeout_ms``, as a poll does, and the client connects again meanwhile; once it
         gave up for ``connect_timeout_s``, the receive raises :class:`UnavailableError`."""
         args = self._receive_args(max_messages, timeout_ms)
+        if self._kept:  # a cancelled receive's answer (asyncio)
+            out, self._kept = self._kept[: args[3]], self._kept[args[3] :]
+            return out
         if self._starts_receive:
             res = yield from self._receive_remote(args)
         else:
@@ -299,6 +308,7 @@ class SharedConsumerBase(Twins, Closable):
             return
         held = list(self._held)
         self._held.clear()
+        self._kept.clear()  # (held too: given back with the rest)
         if held:
             try:
                 yield self._service.shared_nack(
