@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from headwater import Message
-from headwater.errors import InvalidArgumentError, MessageTooLargeError, UsageError
+from headwater.errors import InvalidArgumentError, MessageTooLargeError, QueueNotFoundError, UsageError
 from headwater.model.batch import BATCH_BYTES_MAX, encode_batch, validate_batch
 from tests.support.aio_target import run, scan
 
@@ -59,6 +59,28 @@ def test_a_cancelled_wait_for_a_send_nowait_future_leaves_the_future_alone(aio_t
         await p.flush()
         assert (await hw.get(f.result())).body == b"a"
         assert await f == f.result()  # awaiting a settled future gives its id
+        await p.close()
+
+    run(aio_target, test)
+
+
+def test_a_send_cancelled_before_its_queue_is_known_is_still_sent_once(aio_target):
+    """``await send()`` cancelled while the producer asks for the queue's metadata (its
+    first send there): the message is not taken back, as when it is cancelled later."""
+
+    async def test(hw):
+        await hw.admin.create_queue("cx")
+        p = hw.producer(linger_ms=10_000)  # send() does not linger, cancelled or not
+        sending = asyncio.ensure_future(p.send("cx", b"a"))
+        await asyncio.sleep(0)  # it asks for the metadata
+        sending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await sending
+        assert await p.send("cx", b"b")
+        await p.flush()
+        assert [r.body for r in await scan(hw, "cx")] == [b"a", b"b"]
+        with pytest.raises(QueueNotFoundError):  # the errors still reach a caller that waits
+            await p.send("nope", b"c")
         await p.close()
 
     run(aio_target, test)

@@ -154,14 +154,15 @@ class _Answer:
 
 
 class _Send(NamedTuple):
-    """A ``send_nowait`` message waiting for its queue's metadata: :meth:`AsyncProducer._route`'s
-    arguments."""
+    """A message waiting for its queue's metadata: :meth:`AsyncProducer._route`'s arguments
+    (``urgent``: an ``await send()``'s, neither lingering nor counted in the buffer)."""
 
     msg: Message | bytes
     size: int
     partition: int | None
     fut: asyncio.Future[MessageId]
     deliver_at_ms: int
+    urgent: bool = False
 
 
 class AsyncProducer(ProducerBase, driver=ASYNCIO):
@@ -270,15 +271,21 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         delay: timedelta | float | None = None,
     ) -> MessageId:
         """Send one message and return its id once it is stored (a delayed one: scheduled).
-        It does not linger."""
+        It does not linger. Cancelling the caller ends its wait, not the send."""
         self._check_open()
         msg = as_message(body, key, tag, properties)
         size = check_message(msg, _NO_CAP)
+        if partition is not None:
+            _check_partition_type(partition)
         at = self._deliver_at(deliver_at, delay)
-        info = await self._info_for(queue, partition)
-        self._check_open()
-        fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        self._route(queue, info, msg, size, partition, fut, at, urgent=True)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[MessageId] = loop.create_future()
+        now_ms = loop.time() * 1000
+        info = self._cached_info(queue, partition, now_ms)
+        if info is None:  # routed by the metadata task, also if this wait is cancelled meanwhile
+            self._park(queue, _Send(msg, size, partition, fut, at, urgent=True))
+        else:
+            self._route(queue, info, msg, size, partition, fut, at, urgent=True, now_ms=now_ms)
         # fut is this call's own, so no shield (a turn of the loop less): a cancelled wait
         # cancels only it, which _finish then leaves alone; the message is sent all the same
         return await fut
@@ -464,11 +471,12 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
                 failure = error
                 if info is not None:
                     try:
-                        self._route(queue, info, *item, urgent=False)
+                        self._route(queue, info, *item[:-1], urgent=item.urgent)
                     except Exception as e:  # noqa: BLE001 - this message's own failure
                         failure = e
                 if failure is not None:
-                    self._buffered_bytes -= item.size
+                    if not item.urgent:
+                        self._buffered_bytes -= item.size
                     _fail(item.fut, failure)
         finally:
             self._metadata_tasks.pop(queue, None)
