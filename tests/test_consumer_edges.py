@@ -155,6 +155,16 @@ def test_consumer_settings_are_checked_when_it_is_made(hw, settings):
         hw.consumer(group="g", subscribe="c", **settings)
 
 
+@pytest.mark.parametrize("group", ["bad group!", 5, b"g", "g" * 201])
+def test_a_consumers_group_name_is_checked_when_it_is_made(hw, group):
+    """As a shared consumer's: named at once, not as an encoding error of a later call."""
+    hw.admin.create_queue("c")
+    with pytest.raises(InvalidArgumentError, match="invalid group name"):
+        hw.consumer(group=group)
+    with pytest.raises(InvalidArgumentError, match="invalid group name"):
+        hw.consumer(group=group, subscribe="c")
+
+
 @STREAM
 def test_poll_arguments_are_checked(hw, stream):
     _filled(hw)

@@ -39,6 +39,7 @@ from headwater.errors import InvalidArgumentError, InvalidMessageIdError
 from headwater.model.batch import tags_mask
 from headwater.model.checks import tag_filter_arg
 from headwater.model.config import QueueInfo
+from headwater.model.groups import validate_group_name
 from headwater.model.message import MessageId
 from headwater.model.service import OpensFetchStreams
 
@@ -76,6 +77,8 @@ class ConsumerPositions(Closable):
         if auto_offset_reset not in ("earliest", "latest"):
             raise InvalidArgumentError(f"auto_offset_reset is 'earliest' or 'latest', got {auto_offset_reset!r}")
         check_read_settings(fetch_bytes=fetch_bytes, max_poll_messages=max_poll_messages)
+        if group is not None and group != "":  # (none: a consumer that does not commit)
+            validate_group_name(group)
         self._service = service
         self.group = group
         self.auto_offset_reset = auto_offset_reset
