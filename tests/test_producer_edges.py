@@ -200,3 +200,38 @@ def test_a_send_does_not_wait_while_another_thread_encodes_and_sends(server):
         assert [hw.get(i).body for i in ids] == [b"m0", b"m1", b"m2"]
         assert [i.offset for i in ids] == sorted(i.offset for i in ids)
         p.close()
+
+
+def test_flush_and_close_refuse_a_timeout_that_is_not_one(hw):
+    """``flush(-1)`` returned at once, as if done, with messages unsent (and raised "still
+    unacknowledged after -1 s" only when some were); ``flush("1")`` a TypeError from inside."""
+    from headwater.errors import InvalidArgumentError
+
+    hw.admin.create_queue("to", partitions=1)
+    p = hw.producer(linger_ms=10_000)
+    fut = p.send("to", b"waits for its linger")
+    for bad in (-1, "1", float("nan"), float("inf"), True):
+        with pytest.raises(InvalidArgumentError, match=r"flush\(\): timeout_s is how long it waits"):
+            p.flush(bad)
+        with pytest.raises(InvalidArgumentError, match=r"close\(\): timeout_s"):
+            p.close(bad)
+    assert not fut.done()  # nothing changed: the producer goes on
+    p.flush(30)
+    assert fut.result().offset == 0
+    p.close(0)
+
+
+def test_the_asyncio_flush_and_close_refuse_a_timeout_that_is_not_one(aio_target):
+    async def test(hw):
+        from headwater.errors import InvalidArgumentError
+
+        p = hw.producer()
+        for bad in (-1, "1", float("nan")):
+            with pytest.raises(InvalidArgumentError, match=r"flush\(\): timeout_s"):
+                await p.flush(bad)
+            with pytest.raises(InvalidArgumentError, match=r"close\(\): timeout_s"):
+                await p.close(bad)
+        assert not p.closed
+        await p.close()
+
+    run(aio_target, test)

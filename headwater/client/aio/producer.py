@@ -44,7 +44,7 @@ from headwater.client.aio.service import AsyncBrokerService, ThreadedService
 from headwater.client.common.producer import Groups, Messages, ProducerBase
 from headwater.client.common.twins import ASYNCIO
 from headwater.client.core.batching import as_message, check_message, check_messages, no_partition, too_large
-from headwater.client.core.outcomes import closed_unsent
+from headwater.client.core.outcomes import check_timeout_s, closed_unsent
 from headwater.client.core.producer import Batch, PartitionState, moved_to
 from headwater.client.transport.send_future import AsyncSendFuture
 from headwater.errors import ClosedError, InvalidArgumentError, PartitionOutOfRangeError, UnavailableError
@@ -298,6 +298,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
 
         Raises :class:`UnavailableError` if that takes longer than ``timeout_s``.
         """
+        check_timeout_s(timeout_s, "flush()")
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         if self._metadata_tasks:  # messages waiting for metadata take their places first
@@ -333,6 +334,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         :class:`ClosedError` (one in flight may still have been stored). Every task of the
         producer has ended when this returns.
         """
+        check_timeout_s(timeout_s, "close()")
         self._closed = True
         try:
             await self.flush(timeout_s)

@@ -17,6 +17,7 @@ next batches as out of order.
 
 from __future__ import annotations
 
+import math
 import random
 from enum import Enum
 from typing import NamedTuple
@@ -40,6 +41,7 @@ __all__ = [
     "classify",
     "judge",
     "final_step",
+    "check_timeout_s",
     "closed_unsent",
     "int_setting",
 ]
@@ -129,6 +131,25 @@ def int_setting(name: str, value: object, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise InvalidArgumentError(f"{name} must be an int from {lo} to {hi}, got {value!r}")
     return value
+
+
+def check_timeout_s(timeout_s: object, call: str) -> None:
+    """Refuse (InvalidArgumentError) a ``timeout_s`` of ``call`` that is neither None (no
+    bound) nor a finite number of seconds >= 0.
+
+    >>> check_timeout_s(2.5, "flush()"), check_timeout_s(None, "flush()")
+    (None, None)
+    >>> check_timeout_s(-1, "flush()")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    headwater.errors.InvalidArgumentError: flush(): timeout_s is how long it waits, ... got -1
+    """
+    if timeout_s is None:
+        return
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 <= timeout_s < math.inf:
+        raise InvalidArgumentError(
+            f"{call}: timeout_s is how long it waits, in seconds: a number >= 0 or None (no bound), got {timeout_s!r}"
+        )
 
 
 def closed_unsent() -> ClosedError:

@@ -43,7 +43,7 @@ from headwater.client.core.batching import (
     no_partition,
     too_large,
 )
-from headwater.client.core.outcomes import closed_unsent
+from headwater.client.core.outcomes import check_timeout_s, closed_unsent
 from headwater.client.core.producer import Batch, PartitionState, moved_to
 from headwater.client.sync.producer_sender import ProducerSender
 from headwater.client.transport.send_future import BatchOutcome, SendFuture, fail_sends, settle_sends
@@ -285,6 +285,7 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
         Raises :class:`UnavailableError` if that takes longer than ``timeout_s``.
         """
         self._refuse_in_sender("flush()")
+        check_timeout_s(timeout_s, "flush()")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
             pending = self._core.pending()
@@ -310,6 +311,7 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
         :class:`ClosedError` and batches in flight are left to finish on their own.
         """
         self._refuse_in_sender("close()")
+        check_timeout_s(timeout_s, "close()")
         with self._lock:
             self._closed = True
             self._space.notify_all()
