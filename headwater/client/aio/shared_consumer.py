@@ -62,6 +62,33 @@ class AsyncSharedConsumer(SharedConsumerBase, AsyncClosesOnExit, driver=ASYNCIO)
             raise
         return fut.result()
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._orphans: set[asyncio.Task[Any]] = set()  # embedded receives whose caller was cancelled
+
+    async def _local_answer(self, args: tuple) -> Any:
+        """Embedded, a long poll runs in a thread a slice at a time: a caller cancelled while
+        a slice runs must not lose what it leases, so the receive runs as a task of its own,
+        whose answer goes to the next receive (:meth:`_late_answer`) when nobody waits."""
+        task = asyncio.ensure_future(self._service.shared_receive(*args))
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            self._orphans.add(task)
+            task.add_done_callback(self._orphans.discard)
+            task.add_done_callback(self._late_answer)
+            raise
+        return task.result()
+
+    def _end_orphans(self) -> Any:
+        """Closing: the receives still running for cancelled callers end first (what one
+        leases meanwhile runs out by itself); the coroutine that waits for them, or None."""
+        if not self._orphans:
+            return None
+        for task in self._orphans:
+            task.cancel()
+        return asyncio.wait(list(self._orphans))
+
     def _orphan(self, service: AsyncStartsSharedReceive, fut: asyncio.Future[Any]) -> None:
         """The caller of a receive was cancelled: take the request back if it is not written
         (nothing is leased for it), else keep what the broker leases for it for the next

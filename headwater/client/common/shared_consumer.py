@@ -241,8 +241,18 @@ class SharedConsumerBase(Twins, Closable):
         if self._starts_receive:
             res = yield from self._receive_remote(args)
         else:
-            res = yield self._service.shared_receive(*args)
+            res = yield self._local_answer(args)
         return [] if res is None else self._track(deliveries_from(res, self.queue, self, self._delivery))
+
+    def _end_orphans(self) -> Any:
+        """What ``close`` waits for first: receives still running for callers that stopped
+        waiting (the asyncio kind's, embedded); None: nothing."""
+        return None
+
+    def _local_answer(self, args: tuple) -> Any:
+        """A receive of a service in this process (embedded, in memory): the call, or the
+        awaitable, of its answer."""
+        return self._service.shared_receive(*args)
 
     def _receive_remote(self, args: tuple) -> Generator[Any, Any, Any]:
         """A receive over the network: its answer, or None when the broker is away or the
@@ -306,6 +316,9 @@ class SharedConsumerBase(Twins, Closable):
         delivery counts as an attempt), then stop."""
         if self._closed:
             return
+        ending = self._end_orphans()
+        if ending is not None:
+            yield ending
         held = list(self._held)
         self._held.clear()
         self._kept.clear()  # (held too: given back with the rest)
