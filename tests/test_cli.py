@@ -427,7 +427,7 @@ def test_data_directory_problems(cli, tmp_path):
 
 def test_data_directory_locked(cli, q):
     with headwater.open(cli.data):
-        assert "in use by another process" in cli.error("queue", "list")
+        assert "in use in this process already" in cli.error("queue", "list")  # the CLI runs in-process here
 
 
 def test_data_from_environment_and_unreachable_server(cli, q, monkeypatch):

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -804,3 +805,40 @@ def test_second_process_is_locked_out_until_the_owner_dies(tmp_path):
     # the kernel released the flock with the process: no stale lock to clean up by hand
     with headwater.open(data) as hw:
         assert [r.body for r in hw.scanner("q")] == [b"held"]
+
+
+READER = """
+import sys, time
+import headwater
+hw = headwater.open(sys.argv[1], read_only=True)
+open(sys.argv[2], "w").write("ready\\n")
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_locked_out_open_names_the_process_holding_the_lock(tmp_path):
+    """The lock file keeps the pid of the last process that opened the store read-write;
+    readers (read-only opens, the CLI's reading commands) cannot write theirs. Refused
+    while a reader held the directory, the error named that last writer, long gone (or its
+    pid reused by another program), as the one to stop."""
+    data, ready = tmp_path / "data", tmp_path / "ready"
+    with headwater.open(data) as hw:  # the last writer: this process, whose pid stays in .lock
+        hw.admin.create_queue("q")
+    assert (data / ".lock").read_text() == f"{os.getpid()}\n"
+    child = subprocess.Popen([sys.executable, "-c", READER, str(data), str(ready)], stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not (ready.exists() and ready.read_text().endswith("\n")):
+            assert child.poll() is None, child.stderr.read() if child.stderr else ""
+            assert time.monotonic() < deadline, "the reader never became ready"
+            time.sleep(0.01)
+        with pytest.raises(DataDirectoryLockedError) as refused:
+            headwater.open(data)
+        said = str(refused.value)
+        assert re.findall(r"pid (\d+)", said) == [str(child.pid)] and "open read-only" in said, said
+    finally:
+        child.kill()
+        child.wait()
+    with headwater.open(data), pytest.raises(DataDirectoryLockedError, match="in use in this process already"):
+        headwater.open(data, read_only=True)  # a second open in one process: the holder is this one
