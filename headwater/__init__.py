@@ -134,10 +134,11 @@ def open(
     """Open (or create) a data directory and return a client bound to an in-process broker.
 
     ``settings`` are :class:`StoreConfig` fields, e.g. ``flush="sync"``. With
-    ``read_only=True`` the directory must hold a store already, and nothing in it changes:
-    no recovery cut, no index or file rewritten, no delayed message delivered; what a
-    repair would do is in ``status()["recovery"]`` (``headwater check --repair`` does it),
-    and every write raises :class:`~headwater.errors.ReadOnlyStoreError`.
+    ``read_only=True`` the directory must hold a store already (an empty one reads as a
+    store with no queues), and nothing in it changes: no recovery cut, no index or file
+    rewritten, no delayed message delivered; what a repair would do is in
+    ``status()["recovery"]`` (``headwater check --repair`` does it), and every write
+    raises :class:`~headwater.errors.ReadOnlyStoreError`.
     """
     from headwater.broker import Broker
     from headwater.client import Client

@@ -425,6 +425,25 @@ def test_data_directory_problems(cli, tmp_path):
     assert not (other / "headwater.json").exists()
 
 
+def test_reading_commands_on_an_empty_directory_leave_it_empty(tmp_path):
+    """An empty directory reads as a store with no queues, as a new broker's, and stays
+    empty: only 'queue create' and 'serve' make a store. Before, a reading command opened
+    it read-write, which wrote a new store there (catalog, log, lock and recovery point)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cli = DataCli(empty)
+    assert "no queues yet" in cli("queue", "list").stdout
+    assert json.loads(cli("queue", "list", "--json").stdout) == []
+    status = json.loads(cli("status", "--interval", "0", "--json").stdout)
+    assert status["mode"] == "embedded" and status["data_dir"] == str(empty) and status["queues"] == 0
+    cli("group", "list")
+    cli("delay", "stats")
+    assert "does not exist" in cli.error("scan", "orders")
+    assert list(empty.iterdir()) == []
+    cli("queue", "create", "orders")  # a write makes the store
+    assert (empty / "headwater.json").exists()
+
+
 def test_data_directory_locked(cli, q):
     with headwater.open(cli.data):
         assert "in use in this process already" in cli.error("queue", "list")  # the CLI runs in-process here

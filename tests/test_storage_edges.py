@@ -22,6 +22,7 @@ from headwater.errors import (
     DataDirectoryError,
     NotADataDirectoryError,
     QueueNotFoundError,
+    ReadOnlyStoreError,
     StorageError,
 )
 from tests.support.broker_process import BrokerProcess
@@ -320,6 +321,20 @@ def test_a_read_only_data_directory_says_so(tmp_path):
             assert sorted(bodies(hw, "q")) == [b"m0", b"m1", b"m2", b"m3"]
     finally:
         subprocess.run(["umount", "-l", str(ro)], check=True)
+
+
+def test_a_read_only_open_of_an_empty_directory_reads_no_queues_and_writes_nothing(tmp_path):
+    """An empty directory opened read-only is a store with no queues, as a new one is, and
+    stays empty: every write is refused as on any read-only store. (The CLI's reading
+    commands open it so; they used to open it read-write, which made a store there.)"""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with headwater.open(empty, read_only=True) as hw:
+        assert hw.admin.list_queues() == [] and hw.status()["data_dir"] == str(empty)
+        assert hw.service.list_groups() == [] and hw.delay_stats().pending_messages == 0
+        with pytest.raises(ReadOnlyStoreError, match="read-only"):
+            hw.admin.create_queue("q")
+    assert list(empty.iterdir()) == []
 
 
 # -- reading --------------------------------------------------------------------------------

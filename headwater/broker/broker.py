@@ -51,6 +51,7 @@ from headwater.model.service import FetchResult, MetricsExposition, ProduceResul
 from headwater.model.shared import LeaseRefusal, SharedDeliveries, SharedGroupInfo
 from headwater.model.subscription import SubscriberInfo
 from headwater.storage.api import Store
+from headwater.storage.memory import EmptyDirectoryStore
 from headwater.storage.store import LogStore, StoreConfig
 
 if TYPE_CHECKING:
@@ -155,7 +156,11 @@ class Broker:
         clock: Callable[[], float] = time.time,
         clustered: bool = False,
     ) -> Broker:
-        store = LogStore(path, config, clock=clock)
+        store: Store
+        if config is not None and config.read_only and Path(path).is_dir() and not any(Path(path).iterdir()):
+            store = EmptyDirectoryStore(Path(path), config, clock=clock)  # read as no queues; nothing written
+        else:
+            store = LogStore(path, config, clock=clock)
         try:
             return cls(store, clustered=clustered)
         except BaseException:

@@ -112,7 +112,7 @@ def _open(state: CliState, *, create: bool, read_only: bool) -> Client:
             f"there is no data directory at {str(path)!r}; pass --data DIR or set HEADWATER_DATA "
             f"to an existing one, or create a queue there first with 'headwater queue create NAME'"
         )
-    if not read_only or not any(path.iterdir()):  # an empty directory holds nothing to protect
+    if not read_only:
         return headwater.open(path)
     client = headwater.open(path, read_only=True)
     for line in client.status()["recovery"]:

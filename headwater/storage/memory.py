@@ -24,6 +24,7 @@ import time
 import uuid
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from headwater.errors import (
@@ -46,6 +47,7 @@ from headwater.model.config import (
 )
 from headwater.model.producer_state import ProducerStateTable
 from headwater.model.service import FetchResult, ProduceResult
+from headwater.storage.log_state import read_only_refusal
 from headwater.storage.memory_schedule import MemorySchedule
 from headwater.storage.queue_table import QueueTable
 from headwater.storage.quotas import check_added_partitions
@@ -54,7 +56,7 @@ from headwater.storage.settings import StoreConfig
 if TYPE_CHECKING:
     from headwater.storage.api import Store
 
-__all__ = ["MemoryStore"]
+__all__ = ["EmptyDirectoryStore", "MemoryStore"]
 
 log = logging.getLogger("headwater.storage")
 
@@ -126,7 +128,7 @@ class MemoryStore(QueueTable):
         return "memory"
 
     @property
-    def path(self) -> None:
+    def path(self) -> Path | None:
         """None: a store in memory has no data directory."""
         return None
 
@@ -596,3 +598,36 @@ if TYPE_CHECKING:  # mypy checks here that a MemoryStore is a Store
 
     def _is_a_store(store: MemoryStore) -> Store:
         return store
+
+
+class EmptyDirectoryStore(MemoryStore):
+    """A read-only open of an empty data directory: a store with no queues, held in memory,
+    so that reading writes nothing there (a read-write open makes a new store in it:
+    catalog, log, lock). Every write raises ReadOnlyStoreError, as a read-only LogStore's;
+    the broker's own internal queues exist, in memory, as on any new store."""
+
+    def __init__(
+        self, path: Path, config: StoreConfig | None = None, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        super().__init__(config, clock=clock)
+        self.read_only = True
+        self._path = path
+
+    @property
+    def path(self) -> Path:
+        """The empty data directory this store stands for."""
+        return self._path
+
+    def create_queue(
+        self, name: str, config: QueueConfig, *, internal: bool = False, queue_id: int | None = None
+    ) -> QueueInfo:
+        if not internal:
+            raise read_only_refusal(self._path)
+        return super().create_queue(name, config, internal=internal, queue_id=queue_id)
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise read_only_refusal(self._path)
+
+    delete_before = reset_partition = delete_queue = truncate_queue = _refuse
+    set_queue_enabled = alter_queue = add_partitions = _refuse
+    append = append_nowait = append_copy = append_stamped = _refuse
