@@ -25,7 +25,7 @@ from headwater.errors import (
     ReadOnlyStoreError,
     StorageError,
 )
-from tests.support.broker_process import BrokerProcess
+from tests.support.broker_process import HEADWATER, BrokerProcess
 
 PAGE = 4096
 
@@ -321,6 +321,33 @@ def test_a_read_only_data_directory_says_so(tmp_path):
             assert sorted(bodies(hw, "q")) == [b"m0", b"m1", b"m2", b"m3"]
     finally:
         subprocess.run(["umount", "-l", str(ro)], check=True)
+
+
+def test_a_copy_without_its_lock_file_reads_from_a_read_only_mount(tmp_path):
+    """A store copied without ``.lock`` (a backup restored, say) and mounted read-only: a
+    read-only open wanted to create the lock file and failed, "a data directory must be
+    writable, unless opened read-only" (it was); the CLI's reads and ``check`` alike."""
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    data = tmp_path / "data"
+    _store_with_data(data)
+    (data / ".lock").unlink()
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "--bind", str(data), str(ro)], check=True)
+    try:
+        if subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)]).returncode:
+            pytest.skip("cannot remount read-only")
+        with headwater.open(ro, read_only=True) as hw:
+            assert sorted(bodies(hw, "q")) == [b"m0", b"m1", b"m2", b"m3"]
+        for argv in (["queue", "list"], ["check"]):
+            out = subprocess.run([HEADWATER, "--data", str(ro), *argv], capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+        with pytest.raises(DataDirectoryError, match="must be writable"):
+            headwater.open(ro)  # a writer still cannot
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=True)
+    assert not (data / ".lock").exists()
 
 
 def test_a_read_only_open_of_an_empty_directory_reads_no_queues_and_writes_nothing(tmp_path):

@@ -2,11 +2,14 @@
 
 ``flock`` on ``<dir>/.lock``: the kernel drops it when the process dies, even by SIGKILL,
 so a crashed owner never leaves a stale lock behind. A store opened read-only takes a
-shared lock: readers do not exclude each other, and a writer excludes them all.
+shared lock: readers do not exclude each other, and a writer excludes them all. A reader
+of a store without a lock file on a read-only file system (a copy restored without it)
+takes none: no process can write there.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from pathlib import Path
@@ -28,7 +31,14 @@ class DirectoryLock:
                 try:
                     fd = os.open(self.path, os.O_RDONLY)
                 except FileNotFoundError:  # a copied store: an empty lock file changes no data
-                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                    try:
+                        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                    except OSError as e:
+                        if e.errno != errno.EROFS:
+                            raise
+                        # a read-only file system (a backup mounted read-only, say): nobody can
+                        # write the store there, so a reader has no writer to keep out
+                        return
             else:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:  # a read-only file system or folder
