@@ -1,6 +1,7 @@
 """``headwater check`` verifies every segment and reports what is damaged, changing nothing;
 ``check --repair`` repairs, keeping what it cuts in quarantine."""
 
+import json
 import os
 import subprocess
 import sys
@@ -32,7 +33,8 @@ def test_check_reports_intact_then_repairs_damage_only_when_asked(tmp_path):
     # read-only commands and check without --repair change no file, and say what repairs
     for args in (["check"], ["queue", "list"], ["scan", "q", "--json"], ["status"]):
         r = run("--data", d, *args)
-        assert r.returncode == 0, r.stderr
+        # check says so by its exit status too (3: damage found), for scripts and cron jobs
+        assert r.returncode == (3 if args == ["check"] else 0), r.stderr
         said = r.stdout + r.stderr
         assert "10 bytes at the end of" in said and "headwater check --repair" in said, (args, said)
         assert _files(tmp_path / "d") == before, args
@@ -63,8 +65,31 @@ def test_check_takes_data_after_the_command_as_its_error_messages_say(tmp_path):
         f.write(b"torn write")
     cut = run("check", "--data", d, "--repair")  # it checks that directory, not ./headwater-data
     assert cut.returncode == 0 and "cut 10 bytes" in cut.stdout
-    assert run("--data", d, "check", "-d", d).returncode == 0  # the same directory twice is fine
+    assert run("--data", d, "check", "-d", d).returncode == 0  # the same directory twice is fine (and mended)
     both = run("--data", str(tmp_path / "other"), "check", "--data", d)
     assert both.returncode != 0 and "--data is given twice" in both.stderr and "Traceback" not in both.stderr
     over_network = run("--server", "127.0.0.1:1", "check", "--data", d)
     assert over_network.returncode != 0 and "check works on a data directory" in over_network.stderr
+
+
+def test_check_exits_3_while_damage_inside_flushed_data_stays(tmp_path):
+    """Damage inside flushed data is skipped, never cut: ``check`` exits 3 before a repair
+    and after it (a cron job sees it every time until retention removes it); an intact
+    store exits 0. Before, check exited 0 whatever it found."""
+    d = str(tmp_path / "d")
+    assert run("--data", d, "queue", "create", "q").returncode == 0
+    for body in ("first", "second", "third"):
+        assert run("--data", d, "produce", "q", body).returncode == 0
+    seg = next((tmp_path / "d" / "log").glob("*.log"))
+    raw = bytearray(seg.read_bytes())
+    at = raw.find(b"second")
+    raw[at] ^= 0xFF  # a flipped bit in the middle of the log, behind an fsync
+    seg.write_bytes(bytes(raw))
+    found = run("--data", d, "check")
+    assert found.returncode == 3 and "damaged" in found.stdout, found.stdout + found.stderr
+    mended = run("--data", d, "check", "--repair")
+    assert mended.returncode == 3, mended.stdout + mended.stderr
+    scan = run("--data", d, "scan", "q", "--json")
+    assert scan.returncode == 0, scan.stderr
+    values = [json.loads(line)["value"] for line in scan.stdout.splitlines()]
+    assert values == ["first", "third"], values  # every other message stays readable

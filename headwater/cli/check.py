@@ -11,7 +11,10 @@ import headwater
 from headwater.cli.context import LocalData, local_data_state, out_console
 from headwater.errors import NotADataDirectoryError, UsageError
 
-__all__ = ["check"]
+__all__ = ["DAMAGE_FOUND", "check"]
+
+#: check's exit status when it found damage that is still there (1: it could not check)
+DAMAGE_FOUND = 3
 
 RepairOpt = Annotated[
     bool,
@@ -32,6 +35,10 @@ def check(ctx: typer.Context, data: LocalData = None, repair: RepairOpt = False)
     readable. ``--repair`` cuts a torn tail (bytes written after the last fsync before a
     crash), copying what it cuts into ``DATA/quarantine/`` first, and rewrites indexes that
     do not match. Run it with the broker stopped: it needs the data directory to itself.
+
+    Exit status: 0 when every batch is intact (or ``--repair`` mended all it found), 3 when
+    damage is found and still there (without ``--repair``; with it, damage inside flushed
+    data, which is skipped, never cut), 1 when the check could not run.
 
     Example:
 
@@ -58,3 +65,6 @@ def check(ctx: typer.Context, data: LocalData = None, repair: RepairOpt = False)
     else:
         table.add_row("found", "nothing: every batch is intact")
     out_console().print(table)
+    # a script or a cron job tells by the exit status: damage found (and not mended) is 3
+    if st.get("damaged_ranges", 0) or (found and not repair):
+        raise typer.Exit(DAMAGE_FOUND)
