@@ -46,6 +46,10 @@ class AsyncSharedConsumer(SharedConsumerBase, AsyncClosesOnExit, driver=ASYNCIO)
     _delivery = AsyncDelivery
     _sleep = staticmethod(asyncio.sleep)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._orphans: set[asyncio.Task[Any]] = set()  # embedded receives whose caller was cancelled
+
     async def _written_answer(self, args: tuple, timeout_s: float) -> Any:
         service = cast(AsyncStartsSharedReceive, self._service)
         # an asyncio.Future (model, which imports no asyncio, calls it an Awaitable)
@@ -61,10 +65,6 @@ class AsyncSharedConsumer(SharedConsumerBase, AsyncClosesOnExit, driver=ASYNCIO)
             self._orphan(service, fut)
             raise
         return fut.result()
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._orphans: set[asyncio.Task[Any]] = set()  # embedded receives whose caller was cancelled
 
     async def _local_answer(self, args: tuple) -> Any:
         """Embedded, a long poll runs in a thread a slice at a time: a caller cancelled while
