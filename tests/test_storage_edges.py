@@ -7,11 +7,13 @@ was acknowledged is there, exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -304,40 +306,40 @@ def test_a_full_disk_does_not_set_off_an_epoch_storm(small_disk):
         broker.kill()
 
 
-def test_a_read_only_data_directory_says_so(tmp_path):
+@contextlib.contextmanager
+def _read_only_mount(data: Path, tmp_path: Path) -> Iterator[Path]:
+    """``data`` bind-mounted read-only (root only; skipped otherwise), unmounted afterwards."""
     if os.geteuid() != 0:
         pytest.skip("a read-only bind mount needs root")
-    data = tmp_path / "data"
-    _store_with_data(data)
     ro = tmp_path / "ro"
     ro.mkdir()
     subprocess.run(["mount", "--bind", str(data), str(ro)], check=True)
     try:
         if subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)]).returncode:
             pytest.skip("cannot remount read-only")
+        yield ro
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=True)
+
+
+def test_a_read_only_data_directory_says_so(tmp_path):
+    data = tmp_path / "data"
+    _store_with_data(data)
+    with _read_only_mount(data, tmp_path) as ro:
         with pytest.raises(DataDirectoryError, match="must be writable"):
             headwater.open(ro)
         with headwater.open(ro, read_only=True) as hw:  # reading it needs no write
             assert sorted(bodies(hw, "q")) == [b"m0", b"m1", b"m2", b"m3"]
-    finally:
-        subprocess.run(["umount", "-l", str(ro)], check=True)
 
 
 def test_a_copy_without_its_lock_file_reads_from_a_read_only_mount(tmp_path):
     """A store copied without ``.lock`` (a backup restored, say) and mounted read-only: a
     read-only open wanted to create the lock file and failed, "a data directory must be
     writable, unless opened read-only" (it was); the CLI's reads and ``check`` alike."""
-    if os.geteuid() != 0:
-        pytest.skip("a read-only bind mount needs root")
     data = tmp_path / "data"
     _store_with_data(data)
     (data / ".lock").unlink()
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    subprocess.run(["mount", "--bind", str(data), str(ro)], check=True)
-    try:
-        if subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)]).returncode:
-            pytest.skip("cannot remount read-only")
+    with _read_only_mount(data, tmp_path) as ro:
         with headwater.open(ro, read_only=True) as hw:
             assert sorted(bodies(hw, "q")) == [b"m0", b"m1", b"m2", b"m3"]
         for argv in (["queue", "list"], ["check"]):
@@ -345,8 +347,6 @@ def test_a_copy_without_its_lock_file_reads_from_a_read_only_mount(tmp_path):
             assert out.returncode == 0, out.stderr
         with pytest.raises(DataDirectoryError, match="must be writable"):
             headwater.open(ro)  # a writer still cannot
-    finally:
-        subprocess.run(["umount", "-l", str(ro)], check=True)
     assert not (data / ".lock").exists()
 
 
