@@ -326,8 +326,9 @@ def test_a_read_only_data_directory_says_so(tmp_path):
     data = tmp_path / "data"
     _store_with_data(data)
     with _read_only_mount(data, tmp_path) as ro:
-        with pytest.raises(DataDirectoryError, match="must be writable"):
+        with pytest.raises(DataDirectoryError, match="must be writable") as refused:
             headwater.open(ro)
+        assert "read_only=True" in str(refused.value) and "serve --set read_only=true" in str(refused.value)
         with headwater.open(ro, read_only=True) as hw:  # reading it needs no write
             assert sorted(bodies(hw, "q")) == [b"m0", b"m1", b"m2", b"m3"]
 

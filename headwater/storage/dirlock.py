@@ -44,7 +44,8 @@ class DirectoryLock:
         except OSError as e:  # a read-only file system or folder
             raise DataDirectoryError(
                 f"cannot lock {self.path.parent} ({e.strerror}: {self.path}); a data directory "
-                f"must be writable, unless opened read-only (read_only=True)"
+                f"must be writable, unless opened read-only (headwater.open(DIR, read_only=True); "
+                f"'headwater serve --set read_only=true'; the CLI's reading commands do)"
             ) from e
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
