@@ -348,3 +348,43 @@ def test_a_process_ending_just_after_a_ctrl_c_ignores_its_repeats(monkeypatch):
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def test_cluster_moves_are_judged_once_the_view_has_caught_up(monkeypatch):
+    """A broker's view learns a move's end and the partition's new leader by two watches:
+    between them, `cluster decommission --json` judged a move that had switched "rolled
+    back" (seen once under load). A finished move whose leader is not yet the target is
+    asked again for a moment; one rolled back stays so."""
+    from types import SimpleNamespace
+
+    from headwater.cli import cluster as cli_cluster
+    from headwater.model.cluster import ClusterMetadata, PartitionLocation, PartitionMove, QueueLocations
+
+    monkeypatch.setattr(cli_cluster, "WAIT_POLL_S", 0.01)
+    monkeypatch.setattr(cli_cluster, "SETTLE_S", 0.5)
+
+    def md(leaders: dict[int, int], moves: list[PartitionMove]) -> ClusterMetadata:
+        parts = [PartitionLocation(partition=p, leader=b, leader_epoch=0, replicas=[b]) for p, b in leaders.items()]
+        q = QueueLocations(name="q", queue_id=1, partitions=parts)
+        return ClusterMetadata(cluster_id="c", controller=1, brokers=[], queues=[q], moves=moves)
+
+    planned = [
+        PartitionMove(queue="q", partition=0, source=1, target=2),
+        PartitionMove(queue="q", partition=1, source=1, target=3),
+    ]
+    views = iter(
+        [
+            md({0: 1, 1: 1}, [planned[0], planned[1]]),  # under way
+            md({0: 1, 1: 1}, []),  # both moves gone, the new leaders not seen yet
+            md({0: 2, 1: 1}, []),  # partition 0 switched; partition 1 was rolled back
+        ]
+    )
+    last: list[ClusterMetadata] = []
+
+    def cluster_metadata(queues: list[str]) -> ClusterMetadata:
+        last[:] = [next(views, last[0] if last else None)]
+        return last[0]
+
+    hw = SimpleNamespace(admin=SimpleNamespace(cluster_metadata=cluster_metadata))
+    outcomes = cli_cluster._wait_for(hw, planned, progress=False)  # a stand-in for the client
+    assert [(o["partition"], o["outcome"]) for o in outcomes] == [(0, "moved"), (1, "rolled back")]

@@ -120,6 +120,10 @@ _DRY_RUN = typer.Option("--dry-run", help="Show the plan; move nothing.")
 _NO_WAIT = typer.Option("--no-wait", help="Start the moves and return; `cluster status` shows them.")
 _JSON = typer.Option("--json", help="Print JSON instead of a table.")
 WAIT_POLL_S = 0.5  # how often the progress asks where the moves are
+# a broker's view learns a move's end and the partition's new leader by two watches: a
+# finished move whose partition the view still gives its source is asked again this long
+# before it counts as rolled back (a switch shows up within milliseconds; a rollback stays)
+SETTLE_S = 3.0
 
 
 @cluster_app.command("rebalance")
@@ -216,6 +220,11 @@ def _wait_for(hw: Client, planned: list[PartitionMove], *, progress: bool) -> li
                 break
             time.sleep(WAIT_POLL_S)
     leaders = {(q.name, p.partition): p.leader for q in md.queues for p in q.partitions}
+    settled_by = time.monotonic() + SETTLE_S
+    while any(leaders.get((m.queue, m.partition)) != m.target for m in planned) and time.monotonic() < settled_by:
+        time.sleep(0.1)
+        md = hw.admin.cluster_metadata(sorted({m.queue for m in planned}))
+        leaders = {(q.name, p.partition): p.leader for q in md.queues for p in q.partitions}
     return [
         {
             **move_json(m),
