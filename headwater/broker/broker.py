@@ -114,7 +114,9 @@ class Broker:
         test's movable clock moves them with TTL and delays; ``group_clock`` (sessions) to a
         monotonic one, unless the store's clock is a test's own. ``clustered``: it is about to
         join a cluster, so its delayed messages wait for the cluster to say which partitions
-        it leads (headwater.broker.delay_moves) instead of going to every partition."""
+        it leads (headwater.broker.delay_moves) instead of going to every partition, and its
+        server answers nothing but its health (``joining``) until the cluster node has
+        followed the cluster's view once."""
         if shared_clock is None:
             shared_clock = store.clock
         if group_clock is None:
