@@ -19,6 +19,7 @@ import headwater.aio
 from headwater import Message
 from headwater.errors import InvalidArgumentError, NotCoordinatorError, NotLeaderError, UsageError
 from headwater.model.cluster import SUBSCRIBER_COORDINATOR_QUEUE
+from headwater.model.service import PushStreamSpec
 from tests.support.cluster import Cluster, eventually
 
 QUEUE, NAME, PARTITIONS = "payments", "ledger", 6
@@ -304,24 +305,11 @@ def test_a_leader_pushes_only_the_partitions_it_leads(cluster):
     with cluster.connect(broker) as raw:
         with pytest.raises(NotLeaderError, match=f"does not lead {queue}\\[{theirs}\\]"):
             raw.service.open_push_stream(
-                queue,
-                name,
-                lambda body: None,
-                credit_messages=10,
-                credit_bytes=1 << 20,
-                epoch=epoch,
-                positions={theirs: 0},
+                PushStreamSpec(queue, name, 10, 1 << 20, epoch, {theirs: 0}), lambda body: None
             )
         pushed: list = []
-        sid, started = raw.service.open_push_stream(
-            queue,
-            name,
-            pushed.append,
-            credit_messages=1000,
-            credit_bytes=1 << 20,
-            epoch=epoch,
-            positions={p: 1 for p in mine},
-        )
+        spec = PushStreamSpec(queue, name, 1000, 1 << 20, epoch, {p: 1 for p in mine})
+        sid, started = raw.service.open_push_stream(spec, pushed.append)
         assert started.checkpoints == {p: 1 for p in mine} and started.epoch == epoch
         eventually(lambda: {b.partition for b in pushed if b is not None and b.batches} == set(mine) or None)
         assert all(b.partition in mine for b in pushed)

@@ -20,6 +20,7 @@ from headwater.errors import (
 )
 from headwater.model.batch import encode_batch
 from headwater.model.config import QueueConfig
+from headwater.model.service import PushStreamSpec
 from headwater.protocol import messages as m
 from tests.support.broker_process import BrokerProcess, Restart, free_port
 from tests.support.server_thread import ServerThread
@@ -156,7 +157,7 @@ def test_a_stream_id_in_use_is_refused(remote):
 
 def test_stream_ids_are_unique_among_subscriptions_and_fetch_streams(remote):
     remote.add_subscriber("q", "audit")
-    sub_id, _ = remote.open_push_stream("q", "audit", Pushes(), credit_messages=10, credit_bytes=1000)
+    sub_id, _ = remote.open_push_stream(PushStreamSpec("q", "audit", 10, 1000), Pushes())
     with pytest.raises(InvalidArgumentError, match=f"stream {sub_id} is already open"):
         remote._call(m.FetchStreamRequest(sub_id, "q", {0: 0}, 100))
     sid = open_stream(remote, "q", {0: 0}, Pushes(), credit_bytes=100)

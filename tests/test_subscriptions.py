@@ -35,6 +35,7 @@ from headwater.model.batch import FLAG_CONTROL, check_batch, encode_batch, patch
 from headwater.model.batch_reads import decode_records
 from headwater.model.filtering import AllOf, TagFilter, TagMaskFilter, filter_batch, message_matches
 from headwater.model.keyed import KeyHashFilter
+from headwater.model.service import PushStreamSpec
 from tests.support.broker_process import BrokerProcess
 from tests.support.server_thread import ServerThread
 
@@ -262,9 +263,8 @@ class Wire:
         self.bodies: list = []
         self.lock = threading.Lock()
         self.hw = hw
-        self.sid, self.info = hw.service.open_push_stream(
-            queue, name, self._got, credit_messages=credit_messages, credit_bytes=credit_bytes
-        )
+        spec = PushStreamSpec(queue, name, credit_messages, credit_bytes)
+        self.sid, self.info = hw.service.open_push_stream(spec, self._got)
 
     def _got(self, body) -> None:
         with self.lock:
@@ -391,22 +391,21 @@ def test_stream_requests_are_checked(net):
     hw, _ = net
     hw.admin.create_queue("q")
     with pytest.raises(SubscriberNotFoundError):
-        hw.service.open_push_stream("q", "nope", lambda b: None, credit_messages=1, credit_bytes=1)
+        hw.service.open_push_stream(PushStreamSpec("q", "nope", 1, 1), lambda b: None)
     hw.admin.add_subscriber("q", "s")
     with pytest.raises(InvalidArgumentError, match="needs some credit"):
-        hw.service.open_push_stream("q", "s", lambda b: None, credit_messages=0, credit_bytes=1)
+        hw.service.open_push_stream(PushStreamSpec("q", "s", 0, 1), lambda b: None)
     with pytest.raises(SubscriberNotFoundError, match="no push stream 77"):
         hw.service.ack_push_stream(77, {}, 1, 1).result(5)
     # a stream of some partitions (a cluster's kind) needs an epoch and partitions that exist
-    some = {"credit_messages": 1, "credit_bytes": 1}
     with pytest.raises(InvalidArgumentError, match="epoch"):
-        hw.service.open_push_stream("q", "s", lambda b: None, **some, positions={0: 0})
+        hw.service.open_push_stream(PushStreamSpec("q", "s", 1, 1, positions={0: 0}), lambda b: None)
     with pytest.raises(InvalidArgumentError, match="names at least one partition"):
-        hw.service.open_push_stream("q", "s", lambda b: None, **some, epoch=1, positions={})
+        hw.service.open_push_stream(PushStreamSpec("q", "s", 1, 1, 1, {}), lambda b: None)
     with pytest.raises(PartitionOutOfRangeError):
-        hw.service.open_push_stream("q", "s", lambda b: None, **some, epoch=1, positions={5: 0})
+        hw.service.open_push_stream(PushStreamSpec("q", "s", 1, 1, 1, {5: 0}), lambda b: None)
     with pytest.raises(InvalidArgumentError, match="0 or more"):
-        hw.service.open_push_stream("q", "s", lambda b: None, **some, epoch=1, positions={0: -1})
+        hw.service.open_push_stream(PushStreamSpec("q", "s", 1, 1, 1, {0: -1}), lambda b: None)
     assert hw.status()["push_streams"] == 0
 
 
@@ -916,7 +915,7 @@ def test_a_last_checkpoint_never_answered_still_stops_the_subscriber(monkeypatch
         def __init__(self, make_future) -> None:
             self.make_future, self.closed = make_future, []
 
-        def open_push_stream(self, queue, name, handler, *, credit_messages, credit_bytes):
+        def open_push_stream(self, spec, handler):
             self.handler = handler
             return 7, info
 

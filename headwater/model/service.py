@@ -50,6 +50,7 @@ __all__ = [
     "ProducesAsync",
     "ProducesInto",
     "PushHandler",
+    "PushStreamSpec",
     "Reconnects",
     "StartsSharedReceive",
 ]
@@ -459,22 +460,27 @@ class AsyncStartsSharedReceive(Protocol):
 PushHandler = Callable[[Any], None]
 
 
+class PushStreamSpec(msgspec.Struct, frozen=True):
+    """What a push stream opens (SUBSCRIBE's fields but the stream's id): subscriber ``name``
+    of ``queue`` with ``credit_messages`` and ``credit_bytes`` to begin with. On a cluster,
+    ``epoch`` (CLAIM_SUBSCRIBER's), ``positions`` (the partitions this broker leads, and where
+    each starts) and ``tags`` make it a stream of those partitions only; a broker alone
+    pushes the subscriber's own partitions from its stored checkpoints."""
+
+    queue: str
+    name: str
+    credit_messages: int
+    credit_bytes: int
+    epoch: int = 0
+    positions: dict[int, int] | None = None
+    tags: list[str] | None = None
+
+
 @runtime_checkable
 class OpensPushStreams(Protocol):
     """Pushes a subscriber's messages as they come (push subscriptions over the network)."""
 
-    def open_push_stream(
-        self,
-        queue: str,
-        name: str,
-        handler: PushHandler,
-        *,
-        credit_messages: int,
-        credit_bytes: int,
-        epoch: int = 0,
-        positions: dict[int, int] | None = None,
-        tags: list[str] | None = None,
-    ) -> tuple[int, SubscriberInfo]: ...
+    def open_push_stream(self, spec: PushStreamSpec, handler: PushHandler) -> tuple[int, SubscriberInfo]: ...
 
     def ack_push_stream(
         self, stream_id: int, offsets: dict[int, int], credit_messages: int, credit_bytes: int
@@ -487,18 +493,7 @@ class OpensPushStreams(Protocol):
 class AsyncOpensPushStreams(Protocol):
     """:class:`OpensPushStreams`, for asyncio."""
 
-    def open_push_stream(
-        self,
-        queue: str,
-        name: str,
-        handler: PushHandler,
-        *,
-        credit_messages: int,
-        credit_bytes: int,
-        epoch: int = 0,
-        positions: dict[int, int] | None = None,
-        tags: list[str] | None = None,
-    ) -> Awaitable[tuple[int, SubscriberInfo]]: ...
+    def open_push_stream(self, spec: PushStreamSpec, handler: PushHandler) -> Awaitable[tuple[int, SubscriberInfo]]: ...
 
     def ack_push_stream(
         self, stream_id: int, offsets: dict[int, int], credit_messages: int, credit_bytes: int

@@ -37,7 +37,7 @@ from headwater.client.transport.remote import (
 )
 from headwater.errors import ClosedError, UnavailableError
 from headwater.model.keyed import KeyedFetchResult
-from headwater.model.service import BrokerService, FetchResult, PushHandler
+from headwater.model.service import BrokerService, FetchResult, PushHandler, PushStreamSpec
 from headwater.model.shared import SharedDeliveries
 from headwater.model.subscription import SubscriberInfo
 from headwater.protocol import messages as m
@@ -113,25 +113,10 @@ class AsyncService(StreamCalls, AsyncBrokerService):
         self.transport.submit(m.ProduceRequest(queue, partition, batch), sink)
 
     # push streams (headwater.client.aio.subscriber drives them)
-    async def open_push_stream(
-        self,
-        queue: str,
-        name: str,
-        handler: PushHandler,
-        *,
-        credit_messages: int,
-        credit_bytes: int,
-        epoch: int = 0,
-        positions: dict[int, int] | None = None,
-        tags: list[str] | None = None,
-    ) -> tuple[int, SubscriberInfo]:
-        """Open a push stream of subscriber ``name``: its id and the subscriber as it starts.
-        ``handler`` gets each PUSH body on the event loop, and None once if the connection is
-        lost. ``epoch``, ``positions``, ``tags``: a cluster stream (``RemoteService``'s)."""
-        where = None if positions is None else dict(positions)
-        return await self.transport.open_stream(
-            lambda sid: m.SubscribeRequest(sid, queue, name, credit_messages, credit_bytes, epoch, where, tags), handler
-        )
+    async def open_push_stream(self, spec: PushStreamSpec, handler: PushHandler) -> tuple[int, SubscriberInfo]:
+        """Open a push stream: its id and the subscriber as it starts. ``handler`` gets each
+        PUSH body on the event loop, and None once if the connection is lost."""
+        return await self.transport.open_stream(lambda sid: m.SubscribeRequest.opening(sid, spec), handler)
 
     async def close_push_stream(self, stream_id: int) -> None:
         """Stop routing the stream's pushes here and ask the broker to end it."""

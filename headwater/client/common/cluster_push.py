@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from headwater.client.core.subscribers import plan_streams
 from headwater.errors import HeadwaterError, SubscriberNotFoundError, UnavailableError, UsageError
 from headwater.model.filtering import count_messages
+from headwater.model.service import PushStreamSpec
 from headwater.model.subscription import replaced_message
 
 if TYPE_CHECKING:
@@ -153,16 +154,11 @@ class ClusterPush:
     def _open_leg(self, broker_id: int, partitions: list[int]) -> Generator[Any, Any, None]:
         leg = Leg(broker_id, (yield self._service.broker_link(broker_id)), partitions)
         assert self.info is not None
-        leg.sid, started = yield leg.link.open_push_stream(
-            self.queue,
-            self.name,
-            lambda body: self._inbox.put_nowait((leg, body)),
-            credit_messages=self.credit_messages,
-            credit_bytes=self.credit_bytes,
-            epoch=self._epoch,
-            positions={p: self._positions.get(p, 0) for p in partitions},
-            tags=self.info.tags,
+        positions = {p: self._positions.get(p, 0) for p in partitions}
+        spec = PushStreamSpec(
+            self.queue, self.name, self.credit_messages, self.credit_bytes, self._epoch, positions, self.info.tags
         )
+        leg.sid, started = yield leg.link.open_push_stream(spec, lambda body: self._inbox.put_nowait((leg, body)))
         leg.stream_pos = dict(started.checkpoints)
         self._legs[broker_id] = leg
 

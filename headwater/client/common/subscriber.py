@@ -70,6 +70,7 @@ from headwater.errors import (
 from headwater.model.cluster import ALONE
 from headwater.model.filtering import decode_selection
 from headwater.model.message import Record
+from headwater.model.service import PushStreamSpec
 from headwater.model.subscription import SubscriberInfo, subscribed_partitions
 
 __all__ = ["Listener", "SubscriberBase"]
@@ -420,13 +421,8 @@ class SubscriberBase(ClusterPush, Twins):
             return True
         leg = Leg(ALONE, self._service, [])
         try:
-            leg.sid, info = yield self._service.open_push_stream(
-                self.queue,
-                self.name,
-                lambda body: self._inbox.put_nowait((leg, body)),
-                credit_messages=self.credit_messages,
-                credit_bytes=self.credit_bytes,
-            )
+            spec = PushStreamSpec(self.queue, self.name, self.credit_messages, self.credit_bytes)
+            leg.sid, info = yield self._service.open_push_stream(spec, lambda body: self._inbox.put_nowait((leg, body)))
         except UnavailableError as e:
             log.info("subscriber %s/%s: cannot subscribe (%s); retrying", self.queue, self.name, e)
             return False

@@ -54,7 +54,7 @@ from headwater.client.transport.polling import retrieve
 from headwater.client.transport.send_future import LazyFuture
 from headwater.errors import ClosedError, NotCoordinatorError, NotLeaderError, OutcomeUnknownError, UnavailableError
 from headwater.model.checks import check_int_arg, check_offsets_arg, check_queue_arg, mapping_copy
-from headwater.model.service import BrokerService, ProduceResult, PushHandler
+from headwater.model.service import BrokerService, ProduceResult, PushHandler, PushStreamSpec
 from headwater.model.subscription import SubscriberInfo, validate_subscriber_name
 from headwater.protocol import messages as m
 
@@ -619,38 +619,12 @@ class RemoteService(StreamCalls, BrokerService):
         return self._submit(request, self.transport.request_timeout_s + request.max_wait_ms / 1000, lead=lead)
 
     # push streams (headwater.client.sync.subscriber drives them)
-    def open_push_stream(
-        self,
-        queue: str,
-        name: str,
-        handler: PushHandler,
-        *,
-        credit_messages: int,
-        credit_bytes: int,
-        epoch: int = 0,
-        positions: dict[int, int] | None = None,
-        tags: list[str] | None = None,
-    ) -> tuple[int, SubscriberInfo]:
-        """Open a push stream of subscriber ``name``: its id and the subscriber as it starts.
-
-        ``handler`` gets each PUSH body, on the client's event loop thread (keep it quick),
-        and None once if the connection is lost. On a cluster, ``epoch`` (CLAIM_SUBSCRIBER's),
-        ``positions`` (the partitions this broker leads, and where each starts) and ``tags``
-        make it a stream of those partitions only."""
-
-        def request(sid: int) -> m.RequestBody:
-            return m.SubscribeRequest(
-                sid,
-                queue,
-                name,
-                credit_messages,
-                credit_bytes,
-                epoch,
-                None if positions is None else dict(positions),
-                tags,
-            )
-
-        return asyncio.run_coroutine_threadsafe(self.transport.open_stream(request, handler), self._loop).result()
+    def open_push_stream(self, spec: PushStreamSpec, handler: PushHandler) -> tuple[int, SubscriberInfo]:
+        """Open a push stream: its id and the subscriber as it starts. ``handler`` gets each
+        PUSH body, on the client's event loop thread (keep it quick), and None once if the
+        connection is lost."""
+        opening = self.transport.open_stream(lambda sid: m.SubscribeRequest.opening(sid, spec), handler)
+        return asyncio.run_coroutine_threadsafe(opening, self._loop).result()
 
     def close_push_stream(self, stream_id: int) -> None:
         """Stop routing the stream's pushes here and ask the broker to end it."""

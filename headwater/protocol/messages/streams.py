@@ -3,6 +3,7 @@ streams (open, credit, close), and the PUSH bodies both streams send."""
 
 from __future__ import annotations
 
+from headwater.model.service import PushStreamSpec
 from headwater.model.subscription import SubscriberInfo
 from headwater.protocol.messages.base import U32, ApiKey, PushBody, RequestBody, ResponseBody, _NoResult
 
@@ -89,6 +90,21 @@ class SubscribeRequest(RequestBody, frozen=True, array_like=True):
     epoch: int = 0
     positions: dict[int, int] | None = None
     tags: list[str] | None = None
+
+    @classmethod
+    def opening(cls, subscription_id: int, spec: PushStreamSpec) -> SubscribeRequest:
+        """The request that opens stream ``subscription_id`` as ``spec`` says."""
+        where = None if spec.positions is None else dict(spec.positions)
+        return cls(
+            subscription_id,
+            spec.queue,
+            spec.name,
+            spec.credit_messages,
+            spec.credit_bytes,
+            spec.epoch,
+            where,
+            spec.tags,
+        )
 
 
 class SubscribeResponse(_SubscriberResult, frozen=True, array_like=True):
