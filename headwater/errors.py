@@ -25,6 +25,7 @@ from it may succeed) and from "something outside misbehaved" (:class:`StorageErr
     ├── StateConflictError               15   no    the state the call assumed has moved on
     │   ├── ClosedError                  12   no    the broker or client was closed
     │   ├── OutOfOrderSequenceError      13   no    an idempotent producer skipped or replayed
+    │   ├── WakeupError                  16   no    another thread's wakeup() ended a consumer's poll
     │   └── GroupError                   60   no    a consumer group refused a member's call
     │       ├── UnknownMemberError       61   no    not a member (left, or missed heartbeats): join again
     │       ├── StaleGenerationError     62   no    the group rebalanced since: heartbeat, then retry
@@ -76,6 +77,7 @@ __all__ = [
     "MessageNotFoundError",
     "ClosedError",
     "OutOfOrderSequenceError",
+    "WakeupError",
     "ProducerFencedError",
     "SubscriberNotFoundError",
     "SubscriberExistsError",
@@ -178,6 +180,14 @@ class OutOfOrderSequenceError(StateConflictError):
     """An idempotent producer's batch is not the next in its sequence (a gap, or a stale retry)."""
 
     code = 13
+
+
+class WakeupError(StateConflictError):
+    """Another thread called the consumer's ``wakeup()`` (Kafka's): the poll that waited, or
+    the next one, ended with this. Raised by the client, never sent; the consumer is as it
+    was, so poll again or close it."""
+
+    code = 16
 
 
 class ProducerFencedError(UsageError):

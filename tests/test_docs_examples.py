@@ -56,6 +56,7 @@ SHOWS: dict[str, list[str]] = {
     "consumer-groups.md": [
         "now reading",
         "charged 300 orders",
+        "woken: closing",
         "cache-invalidation read 3",
         "ledger read 300, committed 300, failed commits: 0",
         "[b'c', b'd'] [('orders', 0)]\n[b'a', b'b']",

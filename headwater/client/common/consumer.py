@@ -119,6 +119,8 @@ class ConsumerBase(ConsumerPositions, Twins):
         if self._commits is not None:
             self._run_commit_callbacks()
         limit = check_poll(max_messages, timeout_ms, self.max_poll_messages)
+        self._arm_wakeup()
+        self._check_woken()
         deadline = time.monotonic() + timeout_ms / 1000  # the event loop's clock too
         for queue in self._seeks_to_check():
             self._check_seeks(queue, (yield self._service.describe_queue(queue)))
@@ -129,6 +131,7 @@ class ConsumerBase(ConsumerPositions, Twins):
                 return out
             if self._paused and self._paused.issuperset(self._fetch_pos):  # nothing to read: wait out the poll
                 yield self._wait_any(self._with_wakeup([self._new_waiter()]), max(0.0, remaining))
+                self._check_woken()
                 return []
             if self._streams is not None:
                 got = yield from self._await_pushes(remaining)
@@ -142,7 +145,7 @@ class ConsumerBase(ConsumerPositions, Twins):
     def _ready(self, max_messages: int | None = 1, timeout_ms: int = 1000) -> list[Record]:
         """What ``poll(max_messages, timeout_ms)`` would hand out at once, from the buffers
         (else nothing): a poll loop takes it so, without driving a body per call."""
-        if self._closed or self._seeked:
+        if self._closed or self._seeked or self._woken:
             return []  # poll raises, or checks the seeks first
         if self._commits is not None:
             self._run_commit_callbacks()

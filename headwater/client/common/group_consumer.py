@@ -174,6 +174,7 @@ class GroupConsumerBase(ConsumerBase):
                 self._last_poll = time.monotonic()
                 with self._lock:
                     self._wakeup = self._new_waiter()
+                self._check_woken()
                 yield from self._sync()
                 remaining = deadline - time.monotonic()
                 if not self._fetch_pos:  # nothing to read until the group gives us something
@@ -187,6 +188,9 @@ class GroupConsumerBase(ConsumerBase):
                     return out
         finally:
             self._last_poll = time.monotonic()
+
+    def _arm_wakeup(self) -> None:
+        """Nothing: :meth:`poll` arms a future of its own each turn, which both wake."""
 
     def _ready(self, max_messages: int | None = 1, timeout_ms: int = 1000) -> list[Record]:
         view = self._view

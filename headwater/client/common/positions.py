@@ -35,7 +35,7 @@ from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_read_settin
 from headwater.client.transport.cluster_fetch import ClusterFetchStreams, PlansFetchStreams
 from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams, FetchStreamsBase
 from headwater.client.transport.polling import Outage, RecordBuffers
-from headwater.errors import InvalidArgumentError, InvalidMessageIdError
+from headwater.errors import InvalidArgumentError, InvalidMessageIdError, WakeupError
 from headwater.model.batch import tags_mask
 from headwater.model.checks import tag_filter_arg
 from headwater.model.config import QueueInfo
@@ -103,6 +103,7 @@ class ConsumerPositions(Closable):
         # a future a subclass may complete to end a waiting poll early (the group consumers
         # do, when their assignment changes)
         self._wakeup: Any = None
+        self._woken = False  # wakeup() was called (the sync consumers'): a poll raises WakeupError
         self._push_waiter: Any = None  # a future the next push completes (fetch streams)
         # over the network, with stream=True: the broker pushes the partitions' batches
         # (fetch streams) instead of answering a FETCH per batch; embedded, it changes nothing
@@ -362,10 +363,24 @@ class ConsumerPositions(Closable):
 
     def _gives_up(self, remaining: float) -> bool:
         """Whether a poll whose wait took no records returns empty-handed: its time is up, or
-        a subclass woke it (``_wakeup``). (Asked only when nothing came: a poll that got
-        records goes on without the call.)"""
+        a subclass woke it (``_wakeup``); it raises instead when ``wakeup()`` did. (Asked only
+        when nothing came: a poll that got records goes on without the call.)"""
         wakeup = self._wakeup
-        return remaining <= 0 or (wakeup is not None and wakeup.done())
+        if wakeup is not None and wakeup.done():
+            self._check_woken()
+            return True
+        return remaining <= 0
+
+    def _arm_wakeup(self) -> None:
+        """Before a poll may wait: the future ``wakeup()`` settles to end it (the sync plain
+        consumer's; a group member arms one each turn of its poll, an asyncio one none)."""
+
+    def _check_woken(self) -> None:
+        """Raise :class:`WakeupError` once for each ``wakeup()`` (after arming: a wakeup in
+        between settles the new future or is seen here)."""
+        if self._woken:
+            self._woken = False
+            raise WakeupError("wakeup() ended this poll: poll again to go on, or close() the consumer")
 
     def _to_commit(self, offsets: dict[TP, int] | None) -> dict[str, dict[int, int]]:
         """What ``commit(offsets)`` stores, by queue: the consumed positions of every assigned

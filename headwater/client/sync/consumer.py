@@ -87,6 +87,20 @@ class Consumer(ConsumerBase, ClosesOnExit, driver=BLOCKING):
 
     poll.__doc__ = ConsumerBase.poll.__doc__
 
+    def wakeup(self) -> None:
+        """End the poll that waits now with :class:`~headwater.errors.WakeupError`, or the
+        next poll if none waits (Kafka's ``wakeup()``): the one method another thread may
+        call, to stop a consumer loop (``for record in consumer``) from outside. Each call
+        raises once; positions and group membership are unchanged, so poll again or
+        ``close()`` (which commits, for a group member)."""
+        self._woken = True
+        self._settle(self._wakeup)
+
+    def _arm_wakeup(self) -> None:
+        wakeup = self._wakeup
+        if wakeup is None or wakeup.done():
+            self._wakeup = self._new_waiter()
+
     _poll_waiting = ConsumerBase.poll  # the body, driven as a blocking method like the others
 
     def _launch_fetches(self, wait_ms: int) -> None:

@@ -1,0 +1,118 @@
+"""``Consumer.wakeup()`` (Kafka's): another thread ends a waiting poll, or the next one, with
+``WakeupError``; each call raises once and the consumer goes on unchanged, its positions and
+its group membership kept. Each runs embedded, in memory, over the network (fetch streams and
+fetches) and on a cluster."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from headwater.errors import StateConflictError, WakeupError
+
+STREAM = pytest.mark.parametrize("stream", [True, False], ids=["stream", "fetch"])
+
+
+def _later(seconds: float, fn) -> threading.Thread:
+    def run() -> None:
+        time.sleep(seconds)
+        fn()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _read(c, n: int, timeout_s: float = 10.0) -> list:
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < n and time.monotonic() < deadline:
+        got += c.poll(timeout_ms=200)
+    return got
+
+
+@STREAM
+def test_wakeup_ends_a_waiting_poll_and_the_consumer_goes_on(hw, stream):
+    hw.admin.create_queue("wq", partitions=2)
+    c = hw.consumer(stream=stream)
+    c.assign("wq")
+    assert c.poll(timeout_ms=100) == []  # reading has begun: the next poll waits on the broker
+    waker = _later(0.3, c.wakeup)
+    started = time.monotonic()
+    with pytest.raises(WakeupError, match=r"wakeup\(\) ended this poll"):
+        c.poll(timeout_ms=20_000)
+    assert time.monotonic() - started < 10, "the poll waited on after wakeup()"
+    waker.join()
+    assert c.poll(timeout_ms=100) == []  # once per wakeup(): the next poll waits as any does
+    hw.send_batch("wq", [b"a", b"b"], partition=1)
+    assert [r.body for r in _read(c, 2)] == [b"a", b"b"]
+    c.close()
+
+
+def test_a_wakeup_before_the_poll_ends_the_next_one_and_loses_nothing(hw):
+    hw.admin.create_queue("wq")
+    hw.send_batch("wq", [b"m%d" % i for i in range(5)])
+    c = hw.consumer(max_poll_messages=2)
+    c.assign("wq")
+    assert [r.offset for r in c.poll(timeout_ms=5000)] == [0, 1]  # three more wait in its buffer
+    c.wakeup()
+    c.wakeup()  # twice before a poll is once
+    with pytest.raises(WakeupError) as raised:
+        c.poll(timeout_ms=5000)  # buffered records are not handed out past a wakeup
+    assert isinstance(raised.value, StateConflictError) and not raised.value.retriable
+    assert c.position("wq", 0) == 2
+    assert [r.offset for r in _read(c, 3)] == [2, 3, 4]
+    c.close()
+
+
+def test_wakeup_ends_a_consumer_loop_from_another_thread(hw):
+    hw.admin.create_queue("wq")
+    c = hw.consumer(group="wakers", subscribe="wq")
+    hw.send_batch("wq", [b"x%d" % i for i in range(10)])
+    seen: list[bytes] = []
+
+    def loop() -> None:
+        try:
+            for record in c:  # iterates for good: only wakeup() (or close) ends it
+                seen.append(record.body)
+        except WakeupError:
+            c.close()  # a group member commits what it read as it leaves
+
+    reader = threading.Thread(target=loop)
+    reader.start()
+    deadline = time.monotonic() + 15
+    while len(seen) < 10 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(seen) == 10
+    c.wakeup()
+    reader.join(10)
+    assert not reader.is_alive(), "wakeup() did not end the loop"
+    assert c.closed
+    after = hw.consumer(group="wakers", subscribe="wq")
+    hw.send("wq", b"later")
+    assert [r.body for r in _read(after, 1)] == [b"later"], "the member's reads were not committed"
+    after.close()
+
+
+def test_wakeup_ends_a_group_members_wait_for_an_assignment(hw):
+    hw.admin.create_queue("wq")  # one partition: the second member of the group gets nothing
+    first = hw.consumer(group="g", subscribe="wq")
+    first.poll(timeout_ms=100)
+    second = hw.consumer(group="g", subscribe="wq")
+    deadline = time.monotonic() + 10
+    while (first.assignment() and second.assignment()) or not (first.assignment() or second.assignment()):
+        first.poll(timeout_ms=100)
+        second.poll(timeout_ms=100)
+        assert time.monotonic() < deadline, "the group did not settle"
+    idle = second if not second.assignment() else first
+    _later(0.3, idle.wakeup)
+    started = time.monotonic()
+    with pytest.raises(WakeupError):
+        idle.poll(timeout_ms=20_000)
+    assert time.monotonic() - started < 10
+    generation = idle.generation
+    assert idle.poll(timeout_ms=100) == [] and idle.generation == generation  # still in its group
+    first.close()
+    second.close()
