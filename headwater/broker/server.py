@@ -41,6 +41,7 @@ from headwater.broker.connection import CLOSE_LINGER_S, ClientConnection
 from headwater.broker.delay import DelayTicket
 from headwater.broker.durable_acks import DurableAcks
 from headwater.broker.log_limit import limited
+from headwater.broker.long_polls import GroupLongPolls
 from headwater.broker.push import PUSH_APIS, PushService
 from headwater.broker.server_config import ServerConfig
 from headwater.broker.shared import SharedWaiters
@@ -48,7 +49,6 @@ from headwater.broker.streams import FETCH_STREAM_APIS, FetchStreams
 from headwater.errors import HeadwaterError, UnavailableError, UsageError
 from headwater.model.batch import stated_payload_bytes
 from headwater.model.service import FetchResult
-from headwater.model.shared import SharedDeliveries
 from headwater.protocol import (
     ApiKey,
     ErrorResponse,
@@ -62,11 +62,7 @@ from headwater.protocol import (
     invoke,
 )
 from headwater.protocol.messages import (
-    KeyedFetchRequest,
-    KeyedFetchResponse,
     PingResponse,
-    SharedReceiveRequest,
-    SharedReceiveResponse,
     StatusResponse,
 )
 
@@ -166,6 +162,9 @@ class BrokerServer:
         self.broker.groups.hold_grants_after_restart()  # members from before a restart may still read
         self._shared_waiters = SharedWaiters(loop)
         self.broker.shared.add_listener(self._shared_waiters.notify)
+        self._long_polls = GroupLongPolls(
+            self.broker, self._pool, self._waiters, self._shared_waiters, self.config, lambda: self._closing
+        )
         # a connection's stream ids are unique among its subscriptions and fetch streams
         self._push = PushService(
             self.broker,
@@ -434,9 +433,9 @@ class BrokerServer:
         if api is ApiKey.STATUS:
             return StatusResponse.from_result(await self._status())
         if api is ApiKey.SHARED_RECEIVE:
-            return await self._shared_receive(body, st)
+            return await self._long_polls.shared_receive(body, st)
         if api is ApiKey.KEYED_FETCH:
-            return await self._keyed_fetch(body)
+            return await self._long_polls.keyed_fetch(body)
         if api in PUSH_APIS:
             return await self._push.handle(st, body)
         if api is ApiKey.HANDOFF_DELAYED:  # broker to broker: no client service has it
@@ -615,79 +614,6 @@ class BrokerServer:
                 pass
             finally:
                 self._waiters.discard(req.queue, req.partition, fut)
-
-    async def _keyed_fetch(self, req: KeyedFetchRequest) -> KeyedFetchResponse:
-        """A keyed member's fetch (filtering runs in a worker); when nothing is there, park on
-        the loop until an append to the partition or ``max_wait_ms`` passes."""
-        loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + min(max(req.max_wait_ms, 0), self.config.fetch_wait_ms_max) / 1000
-        want = max(1, min(req.max_bytes, self.config.fetch_bytes_max))
-        while True:
-            fut = self._waiters.wait(req.queue, req.partition, req.offset)  # before reading: no lost wake
-            try:
-                res = await loop.run_in_executor(
-                    self._pool,
-                    functools.partial(
-                        self.broker.keyed_fetch,
-                        req.queue,
-                        req.group,
-                        req.member,
-                        req.generation,
-                        req.partition,
-                        req.offset,
-                        max_bytes=want,
-                    ),
-                )
-                remaining = deadline - time.monotonic()
-                if (
-                    res.batches
-                    or res.next_offset != req.offset
-                    or remaining <= 0
-                    or self._closing
-                    or (res.stop_offset is not None and req.offset >= res.stop_offset)
-                ):
-                    return KeyedFetchResponse.from_result(res)
-                try:
-                    await asyncio.wait_for(fut, remaining)
-                except TimeoutError:
-                    pass
-            finally:
-                self._waiters.discard(req.queue, req.partition, fut)
-
-    async def _shared_receive(self, req: SharedReceiveRequest, st: ClientConnection) -> SharedReceiveResponse:
-        """A shared receive; when nothing can be leased, park on the loop (no thread held)
-        until an append or an ack on the queue, a lease expiry or backoff end, or
-        ``max_wait_ms``. Once its peer has closed the connection it leases nothing more:
-        nobody would read the answer, and its messages would wait out their leases (a
-        client of a cluster leaves a receive parked at every leader when one answers)."""
-        loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + min(max(req.max_wait_ms, 0), self.config.fetch_wait_ms_max) / 1000
-        while True:
-            if st.eof or st.closing:
-                return SharedReceiveResponse.from_result(SharedDeliveries([], []))
-            woken = self._shared_waiters.wait(req.queue)  # before trying: a change in between wakes it
-            try:
-                res, hint_ms = await loop.run_in_executor(
-                    self._pool,
-                    self.broker.shared_receive_now,
-                    req.group,
-                    req.queue,
-                    req.member,
-                    req.max_messages,
-                    req.visibility_timeout_ms,
-                    req.at_most_once,
-                    req.settings,
-                )
-                remaining = deadline - time.monotonic()
-                if res.leases or remaining <= 0 or self._closing:
-                    return SharedReceiveResponse.from_result(res)
-                timeout = remaining if hint_ms is None else min(remaining, hint_ms / 1000)
-                try:
-                    await asyncio.wait_for(woken, timeout)
-                except TimeoutError:
-                    pass
-            finally:
-                self._shared_waiters.discard(req.queue, woken)
 
     async def _status(self) -> dict[str, object]:
         loop = asyncio.get_running_loop()
