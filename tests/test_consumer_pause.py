@@ -11,6 +11,7 @@ import pytest
 
 from headwater.errors import InvalidArgumentError
 from tests.support.aio_target import run
+from tests.support.waiting import poll_until
 
 STREAM = pytest.mark.parametrize("stream", [True, False], ids=["stream", "fetch"])
 
@@ -19,14 +20,6 @@ def _filled(hw, queue: str = "pq", per_partition: int = 20) -> None:
     hw.admin.create_queue(queue, partitions=2)
     for p in (0, 1):
         hw.send_batch(queue, [b"p%d-%d" % (p, i) for i in range(per_partition)], partition=p)
-
-
-def _read(c, n: int, timeout_s: float = 10.0) -> list:
-    got: list = []
-    deadline = time.monotonic() + timeout_s
-    while len(got) < n and time.monotonic() < deadline:
-        got += c.poll(max_messages=7, timeout_ms=200)
-    return got
 
 
 @STREAM
@@ -39,7 +32,7 @@ def test_a_paused_partition_waits_and_resumes_where_it_stood(hw, stream):
     c.pause("pq", 0)
     assert c.paused() == [("pq", 0)]
     c.pause("pq", 0)  # twice is once
-    rest = _read(c, 40, timeout_s=3.0)
+    rest = poll_until(c, 40, timeout_s=3.0, max_messages=7)
     got = first + rest
     assert {r.partition for r in rest} <= {1}, "a paused partition was handed out"
     ones = [r.offset for r in got if r.partition == 1]
@@ -47,13 +40,13 @@ def test_a_paused_partition_waits_and_resumes_where_it_stood(hw, stream):
     stood = c.position("pq", 0)
     hw.send("pq", b"p0-new", partition=0)
     hw.send("pq", b"p1-new", partition=1)
-    assert [r.body for r in _read(c, 1, timeout_s=3.0)] == [b"p1-new"]
+    assert [r.body for r in poll_until(c, 1, timeout_s=3.0, max_messages=7)] == [b"p1-new"]
     assert c.poll(timeout_ms=200) == []  # partition 0 is still paused
     assert c.position("pq", 0) == stood
 
     c.resume("pq")
     assert c.paused() == []
-    zeros = _read(c, 21 - stood)
+    zeros = poll_until(c, 21 - stood, max_messages=7)
     assert [r.offset for r in zeros] == list(range(stood, 21)), "resumed from elsewhere than where it stood"
     assert zeros[-1].body == b"p0-new"
     c.close()
@@ -69,7 +62,7 @@ def test_pausing_everything_lets_a_poll_wait_out_its_time(hw):
     assert c.poll(timeout_ms=300) == []
     assert time.monotonic() - started >= 0.25  # it waited, as a poll with nothing to read does
     c.resume("pq", [1])
-    assert {r.partition for r in _read(c, 20)} == {1}
+    assert {r.partition for r in poll_until(c, 20, max_messages=7)} == {1}
     c.close()
 
 
@@ -85,14 +78,14 @@ def test_pause_names_only_assigned_partitions_and_unassign_forgets_it(hw):
     c.unassign("pq")
     assert c.paused() == []
     c.assign("pq", [0])  # assigned again: read at once
-    assert len(_read(c, 20)) == 20
+    assert len(poll_until(c, 20, max_messages=7)) == 20
     c.close()
 
 
 def test_a_group_member_paused_past_its_session_stays_in_its_group(hw):
     _filled(hw)
     c = hw.consumer(group="pausers", subscribe="pq", session_timeout_ms=1500, heartbeat_interval_ms=300)
-    assert len(_read(c, 40)) == 40
+    assert len(poll_until(c, 40, max_messages=7)) == 40
     generation = c.generation
     c.pause("pq")
     deadline = time.monotonic() + 3.0  # twice the session: heartbeats go on while nothing is read
@@ -101,7 +94,7 @@ def test_a_group_member_paused_past_its_session_stays_in_its_group(hw):
     assert c.generation == generation
     hw.send("pq", b"after", partition=1)
     c.resume("pq")
-    assert [r.body for r in _read(c, 1)] == [b"after"]
+    assert [r.body for r in poll_until(c, 1, max_messages=7)] == [b"after"]
     c.close()
 
 

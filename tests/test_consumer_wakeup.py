@@ -11,6 +11,7 @@ import time
 import pytest
 
 from headwater.errors import StateConflictError, WakeupError
+from tests.support.waiting import poll_until
 
 STREAM = pytest.mark.parametrize("stream", [True, False], ids=["stream", "fetch"])
 
@@ -23,14 +24,6 @@ def _later(seconds: float, fn) -> threading.Thread:
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return t
-
-
-def _read(c, n: int, timeout_s: float = 10.0) -> list:
-    got: list = []
-    deadline = time.monotonic() + timeout_s
-    while len(got) < n and time.monotonic() < deadline:
-        got += c.poll(timeout_ms=200)
-    return got
 
 
 @STREAM
@@ -47,7 +40,7 @@ def test_wakeup_ends_a_waiting_poll_and_the_consumer_goes_on(hw, stream):
     waker.join()
     assert c.poll(timeout_ms=100) == []  # once per wakeup(): the next poll waits as any does
     hw.send_batch("wq", [b"a", b"b"], partition=1)
-    assert [r.body for r in _read(c, 2)] == [b"a", b"b"]
+    assert [r.body for r in poll_until(c, 2)] == [b"a", b"b"]
     c.close()
 
 
@@ -63,7 +56,7 @@ def test_a_wakeup_before_the_poll_ends_the_next_one_and_loses_nothing(hw):
         c.poll(timeout_ms=5000)  # buffered records are not handed out past a wakeup
     assert isinstance(raised.value, StateConflictError) and not raised.value.retriable
     assert c.position("wq", 0) == 2
-    assert [r.offset for r in _read(c, 3)] == [2, 3, 4]
+    assert [r.offset for r in poll_until(c, 3)] == [2, 3, 4]
     c.close()
 
 
@@ -92,7 +85,7 @@ def test_wakeup_ends_a_consumer_loop_from_another_thread(hw):
     assert c.closed
     after = hw.consumer(group="wakers", subscribe="wq")
     hw.send("wq", b"later")
-    assert [r.body for r in _read(after, 1)] == [b"later"], "the member's reads were not committed"
+    assert [r.body for r in poll_until(after, 1)] == [b"later"], "the member's reads were not committed"
     after.close()
 
 

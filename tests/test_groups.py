@@ -32,6 +32,7 @@ from headwater.errors import (
 from headwater.model.assignment import assign_average, assign_sticky, sticky_moves_lower_bound
 from headwater.model.groups import TRANSITIONS, Event, GroupState
 from tests.support.broker_process import BrokerProcess, free_port, kill_all
+from tests.support.waiting import poll_until
 
 # strategies --------------------------------------------------------------------------------
 
@@ -1246,15 +1247,6 @@ def _sent_commits(monkeypatch, consumer) -> list[dict[int, int]]:
     return sent
 
 
-def _read(c, n: int, timeout_s: float = 10.0) -> list:
-    """Poll ``c`` (no commit) until ``n`` records came, or the time is up."""
-    got: list = []
-    deadline = time.monotonic() + timeout_s
-    while len(got) < n and time.monotonic() < deadline:
-        got += c.poll(timeout_ms=200)
-    return got
-
-
 def test_a_commit_of_everything_sends_only_the_positions_that_moved(hw, monkeypatch):
     """A member of a queue of many partitions that read a few since its last commit stores
     those few (the code before sent every partition it holds each time)."""
@@ -1262,7 +1254,7 @@ def test_a_commit_of_everything_sends_only_the_positions_that_moved(hw, monkeypa
     for p in range(6):
         hw.send_batch("q", [b"%d-%d" % (p, i) for i in range(3)], partition=p)
     with hw.consumer(group="g", subscribe=["q"]) as c:
-        assert len(_read(c, 18)) == 18
+        assert len(poll_until(c, 18)) == 18
         sent = _sent_commits(monkeypatch, c)
         c.commit()
         assert sent == [dict.fromkeys(range(6), 3)]
@@ -1285,7 +1277,7 @@ def test_a_consumer_of_assigned_partitions_commits_what_moved_and_again_after_re
         hw.send_batch("q", [b"x", b"y"], partition=p)
     c = hw.consumer(group="g")
     c.assign("q")
-    assert len(_read(c, 6)) == 6
+    assert len(poll_until(c, 6)) == 6
     sent = _sent_commits(monkeypatch, c)
     c.commit()
     c.commit()

@@ -20,3 +20,13 @@ def wait_for(cond: Callable[[], T], timeout_s: float = 10.0, what: str = "condit
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(interval_s)
+
+
+def poll_until(consumer, n: int, timeout_s: float = 10.0, max_messages: int | None = None) -> list:
+    """Poll ``consumer`` (no commit) until ``n`` records came, or ``timeout_s`` is up; the
+    records, fewer than ``n`` if the time ran out (the caller's assert says which)."""
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < n and time.monotonic() < deadline:
+        got += consumer.poll(max_messages=max_messages, timeout_ms=200)
+    return got
