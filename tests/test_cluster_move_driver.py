@@ -12,11 +12,12 @@ import pytest
 
 from headwater.cluster.controller import ControllerContext, ControllerFencedError
 from headwater.cluster.metadata import BrokerInfo, ClusterView
-from headwater.cluster.moves import MoveDriver, plan_ops
+from headwater.cluster.moves import MOVE_OUTCOMES_KEPT, MoveDriver, plan_ops
 from headwater.cluster.placement import Move
 from headwater.cluster.records import (
     BrokerRecord,
     MoveFenced,
+    MoveOutcomes,
     MoveProgress,
     MoveRecord,
     PartitionRecord,
@@ -74,6 +75,14 @@ class World:
             self.coord.create(paths.move_progress(Q, n), data)
         else:
             self.coord.set(paths.move_progress(Q, n), data)
+
+    def outcomes(self) -> list[tuple[int, int, int, str, str]]:
+        """/move_outcomes as (partition, source, target, outcome, why), oldest first."""
+        raw, _ = self.coord.get(paths.MOVE_OUTCOMES)
+        return [
+            (o.partition, o.source, o.target, o.outcome, o.why)
+            for o in decode(raw, MoveOutcomes, paths.MOVE_OUTCOMES).outcomes
+        ]
 
     def fenced(self, n: int, end: int) -> None:
         self.coord.create(paths.move_fenced(Q, n), encode(MoveFenced(end_offset=end, leader_epoch=0, broker_id=1)))
@@ -138,6 +147,8 @@ def test_a_move_whose_target_is_gone_rolls_back(phase):
     w.driver.tick(w.ctx)
     assert w.move(0) is None and w.coord.exists(paths.move_fenced(Q, 0)) is None
     assert w.partition(0).leader == 1 and w.partition(0).leader_epoch == 0
+    why = "broker 2 is not live" if phase == "queued" else "its target, broker 2, is not live"
+    assert w.outcomes() == [(0, 1, 2, "rolled back", why)]
 
 
 def test_a_fenced_source_that_dies_still_switches_once_the_target_has_its_end():
@@ -164,6 +175,10 @@ def test_a_copy_that_takes_too_long_rolls_back_and_a_stale_plan_is_void():
     w.driver.tick(w.ctx)
     assert w.move(0) is None and w.move(1) is None
     assert w.partition(0).leader == 1 and w.partition(1).leader_epoch == 4
+    assert w.outcomes() == [
+        (0, 1, 2, "rolled back", "the copy took 61 s, past its limit of 60 s"),
+        (1, 1, 3, "rolled back", "its partition is gone or changed owner since the move was planned"),
+    ]
 
 
 def test_a_fenced_controller_changes_nothing_and_a_new_one_continues():
@@ -180,3 +195,38 @@ def test_a_fenced_controller_changes_nothing_and_a_new_one_continues():
     new = ControllerContext(w.coord, 2, 1, w.coord.session_id)
     assert MoveDriver(w.coord, w.view).tick(new) == 0
     assert w.partition(0) == PartitionRecord(replicas=[2], leader=2, leader_epoch=1, controller_epoch=2)
+
+
+def test_how_each_move_ended_is_recorded_with_why_and_the_latest_are_kept():
+    """The operator's tools say what became of a move (cluster rebalance/decommission): the
+    controller records each end in the transaction that ends it, a rollback with its reason
+    (the target's own words when it cannot take the partition)."""
+    w = World()
+    w.plan(Move(Q, 0, 1, 2), Move(Q, 1, 1, 3), Move(Q, 2, 1, 2))
+    w.driver.tick(w.ctx)
+    w.progress(0, 5, 5)
+    w.driver.tick(w.ctx)
+    w.fenced(0, 5)
+    w.driver.tick(w.ctx)  # partition 0 switches
+    cannot = "it held orders[1] before, up to offset 100, and cannot take the messages from 0"
+    w.coord.create(
+        paths.move_progress(Q, 1),
+        encode(MoveProgress(copied_offset=0, source_end_offset=0, updated_ms=0, error=cannot)),
+    )
+    w.live.discard(2)  # and partition 2's target goes, before its move started
+    w.driver.tick(w.ctx)
+    assert w.outcomes() == [
+        (0, 1, 2, "moved", ""),
+        (1, 1, 3, "rolled back", f"broker 3 cannot take it: {cannot}"),
+        (2, 1, 2, "rolled back", "broker 2 is not live"),
+    ]
+    assert w.partition(1).leader == 1 and w.partition(0).leader == 2
+    w.live.add(2)
+    for _ in range(MOVE_OUTCOMES_KEPT // 2):  # many more moves: only the latest are kept
+        w.plan(Move(Q, 3, 1, 2), Move(Q, 2, 1, 3))
+        w.driver.tick(w.ctx)
+        w.live.discard(2), w.live.discard(3)
+        w.driver.tick(w.ctx)
+        w.live.update({2, 3})
+    kept = w.outcomes()
+    assert len(kept) == MOVE_OUTCOMES_KEPT and kept[-1][:4] == (2, 1, 3, "rolled back")

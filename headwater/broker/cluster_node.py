@@ -514,6 +514,7 @@ class ClusterNode:
             coordinators=self._coordinators(view, COORDINATOR_QUEUE),
             keyed_coordinators=self._coordinators(view, KEYED_COORDINATOR_QUEUE),
             subscriber_coordinators=self._coordinators(view, SUBSCRIBER_COORDINATOR_QUEUE),
+            ended_moves=list(view.ended_moves),
         )
 
     @staticmethod

@@ -46,6 +46,7 @@ from headwater.cluster.coordination import Coordination, NoNodeError, SessionLos
 from headwater.cluster.records import (
     BrokerRecord,
     ControllerRecord,
+    MoveOutcomes,
     MoveRecord,
     PartitionRecord,
     QueueRecord,
@@ -53,7 +54,7 @@ from headwater.cluster.records import (
     decode,
     paths,
 )
-from headwater.model.cluster import coordinator_partition
+from headwater.model.cluster import MoveOutcome, coordinator_partition
 
 __all__ = ["BrokerInfo", "ClusterView", "MetadataCache", "QueueView"]
 
@@ -65,6 +66,7 @@ _ROOTS: tuple[_Target, ...] = (
     ("data", paths.CONTROLLER),
     ("children", paths.QUEUES),
     ("children", paths.MOVES),
+    ("data", paths.MOVE_OUTCOMES),
 )
 R = TypeVar("R", bound=msgspec.Struct)
 K = TypeVar("K")
@@ -96,12 +98,14 @@ class QueueView:
 @dataclass(frozen=True, slots=True)
 class ClusterView:
     """The cluster's metadata at one moment: live brokers by id, the controller (None while
-    there is none), the queues by name and the unfinished moves by (queue, partition)."""
+    there is none), the queues by name, the unfinished moves by (queue, partition) and how
+    the latest moves ended."""
 
     brokers: Mapping[int, BrokerInfo] = field(default_factory=_frozen)
     controller: ControllerRecord | None = None
     queues: Mapping[str, QueueView] = field(default_factory=_frozen)
     moves: Mapping[tuple[str, int], MoveRecord] = field(default_factory=_frozen)
+    ended_moves: tuple[MoveOutcome, ...] = ()  # how the latest moves ended, oldest first
 
     def partition(self, queue: str, partition: int) -> PartitionRecord | None:
         """``queue``'s ``partition`` record, or None if the view has no such partition."""
@@ -425,8 +429,13 @@ class MetadataCache:
             for n, path in self._numbered(f"{paths.MOVES}/{name}"):
                 if (m := self._record(path, MoveRecord)) is not None:
                     moves[(name, n)] = m
+        ended = self._record(paths.MOVE_OUTCOMES, MoveOutcomes)
         return ClusterView(
-            _frozen(brokers), self._record(paths.CONTROLLER, ControllerRecord), _frozen(queues), _frozen(moves)
+            _frozen(brokers),
+            self._record(paths.CONTROLLER, ControllerRecord),
+            _frozen(queues),
+            _frozen(moves),
+            () if ended is None else tuple(ended.outcomes),
         )
 
     # -- outside the lock ------------------------------------------------------------------------

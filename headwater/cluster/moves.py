@@ -52,6 +52,7 @@ from headwater.cluster.metadata import ClusterView
 from headwater.cluster.placement import Move
 from headwater.cluster.records import (
     MoveFenced,
+    MoveOutcomes,
     MovePlan,
     MoveProgress,
     MoveRecord,
@@ -61,12 +62,14 @@ from headwater.cluster.records import (
     encode,
     paths,
 )
+from headwater.model.cluster import MoveOutcome
 
 __all__ = [
     "COPY_TIMEOUT_S",
     "FENCE_LAG_MESSAGES",
     "FENCE_TIMEOUT_S",
     "MOVES_RUNNING_MAX",
+    "MOVE_OUTCOMES_KEPT",
     "MoveDriver",
     "MoveState",
     "plan_ops",
@@ -79,6 +82,8 @@ FENCE_LAG_MESSAGES = 1000  # the target is this close to the source's end: fence
 COPY_TIMEOUT_S = 600.0  # a copy that has not come within the lag by then is rolled back
 FENCE_TIMEOUT_S = 30.0  # a fenced source refuses sends; past this, give it its partition back
 ACTIVE = ("copy", "fence")
+MOVE_OUTCOMES_KEPT = 64  # how many ended moves /move_outcomes keeps, the latest
+WHY_CHARS_MAX = 500  # a rollback's reason is kept up to this long
 R = TypeVar("R", bound=msgspec.Struct)
 
 
@@ -210,8 +215,7 @@ class MoveDriver:
                 return True, False
         elif rec.phase == "copy":
             if not (target_live and source_live) or age_s > self.copy_timeout_s:
-                why = "a broker of it went" if not (target_live and source_live) else "the copy took too long"
-                self._roll_back(ctx, m, why)
+                self._roll_back(ctx, m, _gone(rec.source, rec.target, view) or self._too_long("the copy", age_s))
                 return False, True
             p = m.progress
             if p is not None and p.error:
@@ -233,12 +237,17 @@ class MoveDriver:
                 self._switch(ctx, m, part, pstat.version)
                 return False, True
             if not target_live or (f is None and not source_live) or age_s > self.fence_timeout_s:
-                self._roll_back(ctx, m, "its target went, or the fence did not complete in time")
+                why = _gone(rec.source if f is None else None, rec.target, view)
+                self._roll_back(ctx, m, why or self._too_long("the fence", age_s))
                 return False, True
         else:
             self._roll_back(ctx, m, f"its phase {rec.phase!r} is unknown")
             return False, True
         return False, False
+
+    def _too_long(self, what: str, age_s: float) -> str:
+        limit = self.copy_timeout_s if what == "the copy" else self.fence_timeout_s
+        return f"{what} took {age_s:.0f} s, past its limit of {limit:g} s"
 
     def _set_phase(self, ctx: ControllerContext, m: MoveState, phase: str, now: float) -> None:
         rec = msgspec.structs.replace(m.record, phase=phase, started_ms=int(now * 1000), controller_epoch=ctx.epoch)
@@ -264,6 +273,7 @@ class MoveDriver:
                 Set(paths.partition(m.queue, m.partition), encode(moved), version),
                 *self._children_ops(m),
                 Delete(paths.move(m.queue, m.partition), m.version),
+                self._outcome_op(m, "moved"),
             ]
         )
         log.info(
@@ -276,7 +286,8 @@ class MoveDriver:
         )
 
     def _roll_back(self, ctx: ControllerContext, m: MoveState, why: str) -> None:
-        ctx.commit([*self._children_ops(m), Delete(paths.move(m.queue, m.partition), m.version)])
+        ended = Delete(paths.move(m.queue, m.partition), m.version)
+        ctx.commit([*self._children_ops(m), ended, self._outcome_op(m, "rolled back", why)])
         log.warning(
             "move %s/%d from broker %d to %d rolled back in phase %s: %s",
             m.queue,
@@ -286,6 +297,30 @@ class MoveDriver:
             m.record.phase,
             why,
         )
+
+    def _outcome_op(self, m: MoveState, outcome: str, why: str = "") -> Op:
+        """The write that records how ``m`` ended in ``/move_outcomes``, for the transaction
+        that ends it (conditional on the version read: the tick tries again if it moved)."""
+        ended = MoveOutcome(
+            queue=m.queue,
+            partition=m.partition,
+            source=m.record.source,
+            target=m.record.target,
+            outcome=outcome,
+            why=why[:WHY_CHARS_MAX],
+            ended_ms=int(self._clock() * 1000),
+        )
+        try:
+            raw, stat = self._coord.get(paths.MOVE_OUTCOMES)
+        except NoNodeError:
+            return Create(paths.MOVE_OUTCOMES, encode(MoveOutcomes(outcomes=[ended])))
+        try:
+            kept = decode(raw, MoveOutcomes, paths.MOVE_OUTCOMES).outcomes
+        except RecordError as e:
+            log.warning("%s; it is written anew", e)
+            kept = []
+        latest = [*kept, ended][-MOVE_OUTCOMES_KEPT:]
+        return Set(paths.MOVE_OUTCOMES, encode(MoveOutcomes(outcomes=latest)), stat.version)
 
     def _tidy(self, ctx: ControllerContext) -> None:
         """Delete each ``/moves/<q>`` left empty (ZooKeeper refuses if a move is there)."""
@@ -311,3 +346,13 @@ class MoveDriver:
         except CoordinationError as e:  # a bad record too: the move waits, then times out
             log.warning("%s: %s", path, e)
             return None
+
+
+def _gone(source: int | None, target: int, view: ClusterView) -> str:
+    """Which broker of a move is not live (``source`` None: its loss does not matter now),
+    in words; empty while both are."""
+    if target not in view.brokers:
+        return f"its target, broker {target}, is not live"
+    if source is not None and source not in view.brokers:
+        return f"its source, broker {source}, is not live"
+    return ""

@@ -13,6 +13,7 @@ import msgspec
 
 from headwater.cluster.coordination import CoordinationError
 from headwater.errors import ClusterError
+from headwater.model.cluster import MoveOutcome
 
 __all__ = [
     "AdminRequest",
@@ -23,6 +24,7 @@ __all__ = [
     "DEFAULT_CHROOT",
     "FORMAT_VERSION",
     "MoveFenced",
+    "MoveOutcomes",
     "MovePlan",
     "MoveProgress",
     "MoveRecord",
@@ -133,6 +135,14 @@ class MoveProgress(msgspec.Struct, frozen=True, kw_only=True):
     delayed_taken: bool = True
 
 
+class MoveOutcomes(msgspec.Struct, frozen=True, kw_only=True):
+    """``/move_outcomes``: how the latest moves ended, oldest first (at most
+    ``MOVE_OUTCOMES_KEPT``), written by the controller in the transaction that ends each
+    move, so the operator's tools can say what became of a move, and why one rolled back."""
+
+    outcomes: list[MoveOutcome] = msgspec.field(default_factory=list)
+
+
 class MoveFenced(msgspec.Struct, frozen=True, kw_only=True):
     """``/moves/<name>/<n>/fenced``, written by the source once it refuses produces for the
     partition and has flushed: its log ends at ``end_offset`` for good (at ``leader_epoch``)."""
@@ -203,6 +213,7 @@ class paths:
     CONTROLLER_EPOCH = "/controller_epoch"
     QUEUES = "/queues"
     MOVES = "/moves"
+    MOVE_OUTCOMES = "/move_outcomes"
     REQUESTS = "/requests"
     QUEUE_IDS = "/queue_ids"  # the next cluster queue id (a decimal integer), set by the controller
 

@@ -30,6 +30,7 @@ __all__ = [
     "SUBSCRIBER_COORDINATOR_QUEUE",
     "BrokerAddress",
     "ClusterMetadata",
+    "MoveOutcome",
     "PartitionLocation",
     "PartitionMove",
     "QueueLocations",
@@ -129,6 +130,21 @@ class PartitionMove(msgspec.Struct, frozen=True, kw_only=True):
     phase: str = "planned"
 
 
+class MoveOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """How a partition move ended: ``moved`` (its target leads the partition now) or
+    ``rolled back`` (the partition stays on its source), ``why`` (a rollback's reason, as
+    the controller judged it: the target's own words when it could not take the partition),
+    and when (``ended_ms``, epoch ms on the controller's clock)."""
+
+    queue: str
+    partition: int
+    source: int
+    target: int
+    outcome: str
+    why: str = ""
+    ended_ms: int = 0
+
+
 class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
     """The brokers, the controller (-1: none now, or a broker alone), the locations of the
     queues asked for, the partition moves not finished yet (of every queue), and the
@@ -146,6 +162,9 @@ class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
     coordinators: list[int] = msgspec.field(default_factory=list)
     keyed_coordinators: list[int] = msgspec.field(default_factory=list)
     subscriber_coordinators: list[int] = msgspec.field(default_factory=list)
+    # the latest moves that ended, oldest first (the controller keeps a few dozen): how each
+    # ended, and why a rolled back one did; empty from a broker alone or one that predates it
+    ended_moves: list[MoveOutcome] = msgspec.field(default_factory=list)
 
     def coordinator(self, group: str) -> int | None:
         """The broker id of ``group``'s coordinator (it may have none now: not in
