@@ -388,3 +388,50 @@ def test_cluster_moves_are_judged_once_the_view_has_caught_up(monkeypatch):
     hw = SimpleNamespace(admin=SimpleNamespace(cluster_metadata=cluster_metadata))
     outcomes = cli_cluster._wait_for(hw, planned, progress=False)  # a stand-in for the client
     assert [(o["partition"], o["outcome"]) for o in outcomes] == [(0, "moved"), (1, "rolled back")]
+
+
+def test_cluster_moves_are_judged_by_the_controllers_record_with_why(monkeypatch):
+    """How a move ended is the controller's record (/move_outcomes, in the metadata): a
+    rolled back move is judged at once, with its reason, not after a wait for a leader that
+    never comes; an outcome older than the plan is not taken for this one."""
+    from types import SimpleNamespace
+
+    from headwater.cli import cluster as cli_cluster
+    from headwater.model.cluster import (
+        ClusterMetadata,
+        MoveOutcome,
+        PartitionLocation,
+        PartitionMove,
+        QueueLocations,
+    )
+
+    monkeypatch.setattr(cli_cluster, "WAIT_POLL_S", 0.01)
+    monkeypatch.setattr(cli_cluster, "SETTLE_S", 30.0)  # a wait this long would fail the test
+    asked_ms = 1_700_000_000_000
+    why = "broker 1 cannot take it: it held q[1] before, up to offset 100"
+
+    def ended(p: int, outcome: str, at_ms: int, reason: str = "") -> MoveOutcome:
+        return MoveOutcome(queue="q", partition=p, source=4, target=p + 1, outcome=outcome, why=reason, ended_ms=at_ms)
+
+    q = QueueLocations(
+        name="q",
+        queue_id=1,
+        partitions=[PartitionLocation(partition=p, leader=4, leader_epoch=0, replicas=[4]) for p in (0, 1)],
+    )
+    md = ClusterMetadata(
+        cluster_id="c",
+        controller=1,
+        brokers=[],
+        queues=[q],  # the view has not learned partition 0's new leader yet
+        ended_moves=[
+            ended(1, "moved", asked_ms - 3_600_000),  # an hour before the plan: not this one
+            ended(0, "moved", asked_ms + 50),
+            ended(1, "rolled back", asked_ms + 80, why),
+        ],
+    )
+    hw = SimpleNamespace(admin=SimpleNamespace(cluster_metadata=lambda queues: md))
+    planned = [PartitionMove(queue="q", partition=p, source=4, target=p + 1) for p in (0, 1)]
+    started = time.monotonic()
+    rows = cli_cluster._wait_for(hw, planned, progress=False, asked_ms=asked_ms)
+    assert time.monotonic() - started < 5
+    assert [(r["partition"], r["outcome"], r.get("why")) for r in rows] == [(0, "moved", None), (1, "rolled back", why)]

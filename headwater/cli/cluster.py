@@ -14,7 +14,7 @@ from rich.text import Text
 from headwater.cli.context import err_console, open_client, out_console
 from headwater.cli.output import print_json
 from headwater.client import Client
-from headwater.model.cluster import ALONE, ClusterMetadata, PartitionMove
+from headwater.model.cluster import ALONE, ClusterMetadata, MoveOutcome, PartitionMove
 
 __all__ = ["cluster_app"]
 
@@ -120,10 +120,14 @@ _DRY_RUN = typer.Option("--dry-run", help="Show the plan; move nothing.")
 _NO_WAIT = typer.Option("--no-wait", help="Start the moves and return; `cluster status` shows them.")
 _JSON = typer.Option("--json", help="Print JSON instead of a table.")
 WAIT_POLL_S = 0.5  # how often the progress asks where the moves are
-# a broker's view learns a move's end and the partition's new leader by two watches: a
-# finished move whose partition the view still gives its source is asked again this long
-# before it counts as rolled back (a switch shows up within milliseconds; a rollback stays)
+# a broker's view learns a move's end, how it ended and the partition's new leader by
+# separate watches: a finished move the view does not judge yet (no outcome, its partition
+# still on its source) is asked again this long before it counts as rolled back
 SETTLE_S = 3.0
+# an outcome counts for a move planned here if it ended at most this long before the plan
+# was asked for, by this machine's clock (the controller's may differ a little)
+CLOCK_SKEW_MS = 30_000
+MOVES_ROLLED_BACK = 4  # the exit code of a rebalance or decommission that waited and left partitions where they were
 
 
 @cluster_app.command("rebalance")
@@ -136,6 +140,7 @@ def rebalance(
     """Move partitions so that every live broker leads within one partition of the others
     (a new broker takes its share; partitions leave brokers that are gone when they can).
     Sends and reads go on while a partition moves: a short pause on it, nothing lost.
+    Exit code 4 when a move rolled back (each is named, with why).
 
     Examples:
 
@@ -145,7 +150,8 @@ def rebalance(
     ```
     """
     hw = open_client(ctx)
-    _run_plan(hw, hw.admin.rebalance(dry_run=dry_run), "rebalance", dry_run, no_wait, as_json)
+    asked_ms = int(time.time() * 1000)
+    _run_plan(hw, hw.admin.rebalance(dry_run=dry_run), "rebalance", dry_run, no_wait, as_json, asked_ms)
 
 
 @cluster_app.command("decommission")
@@ -158,6 +164,7 @@ def decommission(
 ) -> None:
     """Move every partition off broker BROKER, each to the least loaded other live broker;
     once done, BROKER can be stopped without leaving a partition without its leader.
+    Exit code 4 when a move rolled back: the broker still leads those partitions.
 
     Examples:
 
@@ -167,10 +174,14 @@ def decommission(
     ```
     """
     hw = open_client(ctx)
-    _run_plan(hw, hw.admin.decommission(broker, dry_run=dry_run), "decommission", dry_run, no_wait, as_json)
+    asked_ms = int(time.time() * 1000)
+    planned = hw.admin.decommission(broker, dry_run=dry_run)
+    _run_plan(hw, planned, "decommission", dry_run, no_wait, as_json, asked_ms)
 
 
-def _run_plan(hw: Client, planned: list[PartitionMove], what: str, dry_run: bool, no_wait: bool, as_json: bool) -> None:
+def _run_plan(
+    hw: Client, planned: list[PartitionMove], what: str, dry_run: bool, no_wait: bool, as_json: bool, asked_ms: int
+) -> None:
     """Show the plan; then, unless told not to, the moves' progress until they are done."""
     wait = not (dry_run or no_wait) and bool(planned)
     if not as_json:
@@ -181,27 +192,41 @@ def _run_plan(hw: Client, planned: list[PartitionMove], what: str, dry_run: bool
         verb = "would move" if dry_run else "moving"
         console.print(f"{what}: {verb} {len(planned)} partition(s)")
         console.print(moves_table(planned))
-    finished = _wait_for(hw, planned, progress=not as_json) if wait else None
+    finished = _wait_for(hw, planned, progress=not as_json, asked_ms=asked_ms) if wait else None
     if as_json:
         doc: dict[str, object] = {"dry_run": dry_run, "moves": [move_json(m) for m in planned]}
         if finished is not None:
             doc["outcome"] = finished
         print_json(doc)
+        _exit_if_rolled_back(finished)
         return
     if finished is not None:
         moved = sum(1 for o in finished if o["outcome"] == "moved")
         out_console().print(f"{what}: {moved} of {len(planned)} partition(s) moved")
         for o in finished:
             if o["outcome"] != "moved":
+                why = o.get("why") or "the target went, or it took too long"
                 err_console().print(
                     f"{o['queue']}[{o['partition']}] did not move to broker {o['target']}: its move was rolled back "
-                    f"(the target went, or it took too long); it stays on broker {o['leader']}"
+                    f"({why}); it stays on broker {o['leader']}",
+                    markup=False,
                 )
+        _exit_if_rolled_back(finished)
 
 
-def _wait_for(hw: Client, planned: list[PartitionMove], *, progress: bool) -> list[dict[str, object]]:
-    """Poll the metadata until none of ``planned`` is unfinished; each move's outcome."""
+def _exit_if_rolled_back(finished: list[dict[str, object]] | None) -> None:
+    if finished is not None and any(o["outcome"] != "moved" for o in finished):
+        raise typer.Exit(MOVES_ROLLED_BACK)
+
+
+def _wait_for(
+    hw: Client, planned: list[PartitionMove], *, progress: bool, asked_ms: int | None = None
+) -> list[dict[str, object]]:
+    """Poll the metadata until none of ``planned`` is unfinished; each move's outcome, as
+    the controller recorded it (with why a rolled back one was), or where the partition is
+    led when the brokers predate those records. ``asked_ms``: when the plan was asked for."""
     keys = {(m.queue, m.partition) for m in planned}
+    queues = sorted({m.queue for m in planned})
     with Progress(
         TextColumn("moving"),
         BarColumn(),
@@ -213,23 +238,45 @@ def _wait_for(hw: Client, planned: list[PartitionMove], *, progress: bool) -> li
     ) as bar:
         task = bar.add_task("moves", total=len(planned))
         while True:
-            md = hw.admin.cluster_metadata(sorted({m.queue for m in planned}))
+            md = hw.admin.cluster_metadata(queues)
             left = [m for m in md.moves if (m.queue, m.partition) in keys]
             bar.update(task, completed=len(planned) - len(left))
             if not left:
                 break
             time.sleep(WAIT_POLL_S)
-    leaders = {(q.name, p.partition): p.leader for q in md.queues for p in q.partitions}
     settled_by = time.monotonic() + SETTLE_S
-    while any(leaders.get((m.queue, m.partition)) != m.target for m in planned) and time.monotonic() < settled_by:
-        time.sleep(0.1)
-        md = hw.admin.cluster_metadata(sorted({m.queue for m in planned}))
+    while True:
         leaders = {(q.name, p.partition): p.leader for q in md.queues for p in q.partitions}
-    return [
-        {
-            **move_json(m),
-            "leader": leaders.get((m.queue, m.partition), -1),
-            "outcome": "moved" if leaders.get((m.queue, m.partition)) == m.target else "rolled back",
-        }
-        for m in planned
-    ]
+        ended = _ended(md, planned, asked_ms)
+        unjudged = [m for m in planned if m not in ended and leaders.get((m.queue, m.partition)) != m.target]
+        if not unjudged or time.monotonic() >= settled_by:
+            break
+        time.sleep(0.1)
+        md = hw.admin.cluster_metadata(queues)
+    rows: list[dict[str, object]] = []
+    for m in planned:
+        row: dict[str, object] = {**move_json(m), "leader": leaders.get((m.queue, m.partition), -1)}
+        outcome = ended.get(m)
+        if outcome is not None:
+            row["outcome"] = outcome.outcome
+            if outcome.why:
+                row["why"] = outcome.why
+        else:
+            row["outcome"] = "moved" if leaders.get((m.queue, m.partition)) == m.target else "rolled back"
+        rows.append(row)
+    return rows
+
+
+def _ended(md: ClusterMetadata, planned: list[PartitionMove], asked_ms: int | None) -> dict[PartitionMove, MoveOutcome]:
+    """The recorded outcome of each planned move that has one: the latest of its partition,
+    if it went from its source to its target and ended since the plan was asked for."""
+    if asked_ms is None:
+        return {}
+    found: dict[PartitionMove, MoveOutcome] = {}
+    for m in planned:
+        for o in reversed(md.ended_moves):
+            if (o.queue, o.partition) == (m.queue, m.partition):
+                if (o.source, o.target) == (m.source, m.target) and o.ended_ms >= asked_ms - CLOCK_SKEW_MS:
+                    found[m] = o
+                break  # an earlier move of the partition is not this one's outcome
+    return found
