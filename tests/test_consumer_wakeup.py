@@ -1,16 +1,18 @@
 """``Consumer.wakeup()`` (Kafka's): another thread ends a waiting poll, or the next one, with
 ``WakeupError``; each call raises once and the consumer goes on unchanged, its positions and
 its group membership kept. Each runs embedded, in memory, over the network (fetch streams and
-fetches) and on a cluster."""
+fetches) and on a cluster; the asyncio consumers take it from another task or thread."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import pytest
 
 from headwater.errors import StateConflictError, WakeupError
+from tests.support.aio_target import run
 from tests.support.waiting import poll_until
 
 STREAM = pytest.mark.parametrize("stream", [True, False], ids=["stream", "fetch"])
@@ -109,3 +111,37 @@ def test_wakeup_ends_a_group_members_wait_for_an_assignment(hw):
     assert idle.poll(timeout_ms=100) == [] and idle.generation == generation  # still in its group
     first.close()
     second.close()
+
+
+def test_the_asyncio_consumers_are_woken_from_a_task_or_a_thread(aio_target):
+    async def test(hw):
+        await hw.admin.create_queue("wq", partitions=2)
+        c = hw.consumer()
+        await c.assign("wq")
+        assert await c.poll(timeout_ms=100) == []
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.3, c.wakeup)  # another task
+        started = time.monotonic()
+        with pytest.raises(WakeupError):
+            await c.poll(timeout_ms=20_000)
+        _later(0.3, c.wakeup)  # another thread
+        with pytest.raises(WakeupError):
+            await c.poll(timeout_ms=20_000)
+        assert time.monotonic() - started < 15, "a poll waited on after wakeup()"
+        await hw.send_batch("wq", [b"a"], partition=0)
+        got: list = []
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            got += await c.poll(timeout_ms=200)
+        assert [r.body for r in got] == [b"a"]
+        await c.close()
+
+        member = hw.consumer(group="aio-wakers", subscribe="wq")
+        await member.poll(timeout_ms=100)
+        loop.call_later(0.3, member.wakeup)
+        with pytest.raises(WakeupError):
+            while True:  # records or not, the wait ends with the wakeup
+                await member.poll(timeout_ms=20_000)
+        await member.close()
+
+    run(aio_target, test)

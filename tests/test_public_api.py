@@ -71,6 +71,7 @@ ERROR_TREE = {
     "StateConflictError": (15, False, "HeadwaterError"),
     "ClosedError": (12, False, "StateConflictError"),
     "OutOfOrderSequenceError": (13, False, "StateConflictError"),
+    "WakeupError": (16, False, "StateConflictError"),
     "GroupError": (60, False, "StateConflictError"),
     "UnknownMemberError": (61, False, "GroupError"),
     "StaleGenerationError": (62, False, "GroupError"),

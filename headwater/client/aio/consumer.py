@@ -91,6 +91,25 @@ class AsyncConsumer(ConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
     def _new_waiter(self) -> asyncio.Future[None]:
         return asyncio.get_running_loop().create_future()
 
+    def wakeup(self) -> None:
+        """End the poll that awaits now with :class:`~headwater.errors.WakeupError`, or the
+        next poll if none awaits (``Consumer.wakeup``'s twin): from another task, or from
+        another thread (a plain call: it hands the wake to the consumer's loop). Cancelling
+        the polling task ends it too, with CancelledError. Each call raises once."""
+        self._woken = True
+        waiter = self._wakeup
+        if waiter is None:
+            return
+        loop = waiter.get_loop()
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:  # no loop runs in this thread
+            here = False
+        if here:
+            self._settle(waiter)
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(self._settle, waiter)
+
     def _drop_fetch(self, tp: TP) -> None:
         got = self._inflight.pop(tp, None)
         if got is not None:

@@ -142,6 +142,13 @@ class ConsumerBase(ConsumerPositions, Twins):
             if not got and self._gives_up(remaining):
                 return []
 
+    def _arm_wakeup(self) -> None:
+        """Before a poll may wait: a fresh future for ``wakeup()`` to settle, unless one is
+        still unsettled (a group member arms its own each turn of its poll)."""
+        wakeup = self._wakeup
+        if wakeup is None or wakeup.done():
+            self._wakeup = self._new_waiter()
+
     def _ready(self, max_messages: int | None = 1, timeout_ms: int = 1000) -> list[Record]:
         """What ``poll(max_messages, timeout_ms)`` would hand out at once, from the buffers
         (else nothing): a poll loop takes it so, without driving a body per call."""

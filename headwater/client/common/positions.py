@@ -371,10 +371,6 @@ class ConsumerPositions(Closable):
             return True
         return remaining <= 0
 
-    def _arm_wakeup(self) -> None:
-        """Before a poll may wait: the future ``wakeup()`` settles to end it (the sync plain
-        consumer's; a group member arms one each turn of its poll, an asyncio one none)."""
-
     def _check_woken(self) -> None:
         """Raise :class:`WakeupError` once for each ``wakeup()`` (after arming: a wakeup in
         between settles the new future or is seen here)."""

@@ -96,11 +96,6 @@ class Consumer(ConsumerBase, ClosesOnExit, driver=BLOCKING):
         self._woken = True
         self._settle(self._wakeup)
 
-    def _arm_wakeup(self) -> None:
-        wakeup = self._wakeup
-        if wakeup is None or wakeup.done():
-            self._wakeup = self._new_waiter()
-
     _poll_waiting = ConsumerBase.poll  # the body, driven as a blocking method like the others
 
     def _launch_fetches(self, wait_ms: int) -> None:
