@@ -38,6 +38,7 @@ from headwater.model.keyed import KeyHashFilter
 from headwater.model.service import PushStreamSpec
 from tests.support.broker_process import BrokerProcess
 from tests.support.server_thread import ServerThread
+from tests.support.waiting import wait_for
 
 # tags whose bits differ, so a filter by tag hash is exact for them
 TAGS = ["a", "b", "c"]
@@ -223,6 +224,29 @@ def test_a_failing_listener_stops_before_its_record(hw):
     assert sub.wait_for(lambda: sub.positions == {0: 10})
     sub.stop()
     assert b"4" not in skipped and len(skipped) == 9 and sub.error is None
+
+
+def test_the_checkpoint_follows_slow_listeners_within_one_push(hw):
+    # one stored batch of 300 is one push (or one poll): the checkpoint must not wait for its end
+    hw.admin.create_queue("q")
+    hw.admin.add_subscriber("q", "s", start="earliest")
+    hw.send_batch("q", [b"%d" % i for i in range(300)], partition=0)
+    release = threading.Event()
+
+    def slow(r):
+        time.sleep(0.002)
+        if r.offset == 150:
+            release.wait(10)  # a listener stuck on the 151st record, as a process about to crash
+
+    sub = hw.subscribe("q", "s", listeners=[slow], checkpoint_interval_ms=10)
+    try:
+        stored = wait_for(lambda: hw.admin.describe_subscriber("q", "s").checkpoints[0], 5, "a checkpoint mid-push")
+        assert sub.delivered < 300 and 0 < stored <= 150
+    finally:
+        release.set()
+    assert sub.wait_for(lambda: sub.positions == {0: 300})
+    sub.stop()
+    assert hw.admin.describe_subscriber("q", "s").checkpoints == {0: 300}
 
 
 def test_partitions_added_later_are_followed(hw):

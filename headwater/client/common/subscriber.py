@@ -256,6 +256,7 @@ class SubscriberBase(ClusterPush, Twins):
         # the record loop is the hot path: no step of the driver per record, and a blocking
         # subscriber does not even look at what its listeners return
         stop, awaits, positions = self._stop_requested, self._driver is ASYNCIO, self._positions
+        due = time.monotonic() + self.checkpoint_interval_s  # a quick push: checkpointed after it
         for r in records:
             if stop.is_set():
                 return False
@@ -271,6 +272,11 @@ class SubscriberBase(ClusterPush, Twins):
                     break  # the listeners after it do not see it either
             positions[partition] = r.offset + 1
             self.delivered += 1
+            if time.monotonic() >= due:
+                # a push or poll holds up to the credit's records, which slow listeners take
+                # long over: the checkpoint follows them, so a crash repeats only an interval
+                yield from self._checkpoint()
+                due = self._last_checkpoint + self.checkpoint_interval_s
         return True
 
     def _listener_failed(self, fn: Listener, r: Record, e: Exception) -> None:
