@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import headwater
-from headwater.errors import InvalidArgumentError, MessageNotFoundError
+from headwater.errors import InvalidArgumentError, MessageNotFoundError, MessageTooLargeError
 from headwater.model.delay import split_delay_offset
 from headwater.model.message import Message, MessageId
 from tests.support.broker_process import BrokerProcess
@@ -563,6 +563,21 @@ def test_a_deleted_queue_drops_its_delayed_messages(tmp_path, clock):
         assert scan_all(hw, "del") == []
         with pytest.raises(MessageNotFoundError):
             hw.get(mid)
+
+
+@pytest.mark.alone("it sets the broker's clock (test_cluster_delay.py: on a cluster)")
+def test_a_lower_message_limit_after_acceptance_still_delivers(hw, clock):
+    # the limit is checked when a message is accepted, as a plain send's; lowering it later
+    # must not lose what was acknowledged (as Kafka's max.message.bytes, for new sends only)
+    hw.admin.create_queue("big", ttl_s=None, message_bytes_max=1_000)
+    mid = hw.send("big", b"x" * 900, deliver_at=now_ms(clock) + 1_000)
+    hw.admin.alter_queue("big", message_bytes_max=500)
+    with pytest.raises(MessageTooLargeError):
+        hw.send("big", b"y" * 900, deliver_at=now_ms(clock) + 1_000)
+    clock.advance(2)
+    recs = wait_for(lambda: count_is(hw, "big", 1), what="the delivery")
+    assert [r.body for r in recs] == [b"x" * 900] and hw.get(mid).body == b"x" * 900
+    assert hw.delay_stats().dropped_total == 0
 
 
 @pytest.mark.alone("it counts a fresh broker's whole schedule (delay_stats) (test_cluster_delay.py: on a cluster)")

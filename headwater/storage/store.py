@@ -449,7 +449,9 @@ class LogStore(LogAdmin, LogReads, LogRetention):
         name = q.entry.name
         q = self._usable_queue(name)
         self._partition(q, partition)
-        h, payload = validate_batch(batch, message_bytes_max=q.entry.config.message_bytes_max)
+        # no message_bytes_max: the broker checked it when it accepted the batch, and a limit
+        # lowered since applies to new sends only (an acknowledged message is never dropped)
+        h, payload = validate_batch(batch)
         if h.producer_id >= 0:
             raise InvalidArgumentError("a batch the broker appends itself carries no producer id")
         hashes = key_hashes(payload.keys) if payload.keys is not None else None
