@@ -164,6 +164,18 @@ def test_subscriber_delete_and_delay_cancel_print_json(cli):
     assert lines == [{"action": "cancelled", "message_id": i} for i in ids]
 
 
+def test_delay_cancel_tries_every_id_and_says_which_failed(cli):
+    cli("queue", "create", "q")
+    first, second = cli("produce", "q", "--delay", "1h", "a", "b").stdout.split()
+    plain = cli("produce", "q", "c").stdout.strip()
+    err = cli.error("delay", "cancel", first, plain, second)  # one failure in the middle
+    assert plain in err and "not of a delayed message" in err
+    assert json.loads(cli("delay", "stats", "--json").stdout)["pending_messages"] == 0  # both cancelled
+    third = cli("produce", "q", "--delay", "1h", "d").stdout.strip()
+    assert "not a message id" in cli.error("delay", "cancel", third, "oops")
+    assert json.loads(cli("delay", "stats", "--json").stdout)["pending_messages"] == 1  # nothing cancelled
+
+
 @pytest.mark.parametrize("log_format", ["text", "json"])
 def test_serve_warns_when_the_http_api_listens_beyond_loopback(tmp_path, log_format):
     # the broker's port warned beyond loopback, the HTTP API's (no authentication either) did not

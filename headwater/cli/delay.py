@@ -19,7 +19,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from headwater.cli.context import open_client, out_console
+from headwater.cli.context import err_console, open_client, out_console
 from headwater.cli.output import format_from_now, format_when, iso_utc, print_json
 from headwater.cli.parse import parse_message_id, parse_time
 from headwater.errors import InvalidArgumentError, MessageNotFoundError
@@ -182,19 +182,30 @@ def cancel(
 ) -> None:
     """Cancel delayed messages that are not delivered yet.
 
+    Every id is tried: one that cannot be cancelled (delivered, never existed) is reported
+    and the command exits with 1 once the others are cancelled; a malformed id cancels none.
+
     Examples:
 
     ```
     headwater delay cancel 00000005-80000001-0e4e1c0000000000
     ```
     """
+    ids = [parse_message_id(text) for text in message_ids]  # a mistyped id cancels nothing
     hw = open_client(ctx)
-    for text in message_ids:
+    failed = 0
+    for text, message_id in zip(message_ids, ids, strict=True):
         try:
-            hw.cancel(parse_message_id(text))
-        except MessageNotFoundError as e:  # the generic hint (ttl, truncation) would mislead
-            raise MessageNotFoundError(f"{e}; 'headwater delay stats' shows what waits") from None
+            hw.cancel(message_id)
+        except MessageNotFoundError as e:
+            # the others are still cancelled (as rm and kill go on), each failure said on its
+            # line; the generic hint (ttl, truncation) would mislead
+            failed += 1
+            err_console().print(Text(f"error: {e}; 'headwater delay stats' shows what waits", style="red"))
+            continue
         if as_json:
             print_json({"action": "cancelled", "message_id": text})
         else:
             out_console().print(f"cancelled {text}", style="green")
+    if failed:
+        raise typer.Exit(1)
