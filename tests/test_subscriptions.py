@@ -249,6 +249,27 @@ def test_the_checkpoint_follows_slow_listeners_within_one_push(hw):
     assert hw.admin.describe_subscriber("q", "s").checkpoints == {0: 300}
 
 
+def test_a_disabled_queue_pauses_a_subscriber_and_does_not_stop_it(hw):
+    # over the network the broker's stream waits for the queue to be enabled; embedded (and
+    # in memory) the subscriber stopped with QueueDisabledError, at start and mid-run
+    hw.admin.create_queue("q")
+    hw.admin.add_subscriber("q", "s", start="earliest")
+    hw.send("q", b"before", partition=0)
+    hw.admin.disable_queue("q")
+    got = []
+    sub = hw.subscribe("q", "s", listeners=[lambda r: got.append(r.body)])
+    assert not sub.wait(0.5) and sub.running and got == []  # subscribed while disabled: it waits
+    hw.admin.enable_queue("q")
+    assert sub.wait_for(lambda: got == [b"before"])
+    hw.admin.disable_queue("q")
+    assert not sub.wait(0.5) and sub.running  # disabled while it runs: it waits
+    hw.admin.enable_queue("q")
+    hw.send("q", b"after", partition=0)
+    assert sub.wait_for(lambda: got == [b"before", b"after"])
+    sub.stop()
+    assert sub.error is None and hw.admin.describe_subscriber("q", "s").checkpoints == {0: 2}
+
+
 def test_partitions_added_later_are_followed(hw):
     hw.admin.create_queue("q", partitions=1)
     hw.admin.add_subscriber("q", "all")

@@ -63,6 +63,7 @@ from headwater.errors import (
     ClosedError,
     HeadwaterError,
     InvalidArgumentError,
+    QueueDisabledError,
     SubscriberNotFoundError,
     UnavailableError,
     error_for_code,
@@ -80,6 +81,7 @@ log = logging.getLogger("headwater.subscriber")
 Listener = Callable[[Record], Any]
 _STOP = object()  # wakes the push loop when stop() is called
 PARTITIONS_CHECK_S = 2.0
+DISABLED_RETRY_S = 0.1  # how often the pull loop looks again at a disabled queue
 FINAL_ACK_TIMEOUT_S = 10.0  # how long stopping waits for the broker to take the last checkpoint
 
 
@@ -355,7 +357,13 @@ class SubscriberBase(ClusterPush, Twins):
                             consumer.seek(self.queue, p, offset)
                     next_check = time.monotonic() + PARTITIONS_CHECK_S
                 by_part: dict[int, list[Record]] = {}
-                for r in (yield consumer.poll(timeout_ms=min(100, int(self.checkpoint_interval_s * 1000) or 100))):
+                try:
+                    polled = yield consumer.poll(timeout_ms=min(100, int(self.checkpoint_interval_s * 1000) or 100))
+                except QueueDisabledError:
+                    # the broker's push streams wait for the queue to be enabled again: so does this
+                    yield self._sleep(DISABLED_RETRY_S)
+                    continue
+                for r in polled:
                     by_part.setdefault(r.partition, []).append(r)
                 if by_part:
                     yield from self._check_subscribed()  # not one record for a subscriber deleted meanwhile
