@@ -715,6 +715,21 @@ def test_memory_stays_bounded_with_a_million_pending_over_a_year(tmp_path):
     assert after < RSS_BOUND_BYTES and reopened < RSS_BOUND_BYTES, (base, after, reopened)
 
 
+def test_a_fraction_of_a_millisecond_rounds_up_in_every_form():
+    # time.time() * 1000 + 5000 is a float: truncating it scheduled the message up to a
+    # millisecond before the time asked for, where a datetime's fraction rounds up
+    from headwater.model.delay import resolve_deliver_at
+
+    now = 1_800_000_000_000
+    assert resolve_deliver_at(now + 5000.25, now_ms=now) == now + 5001
+    assert resolve_deliver_at(float(now + 5000), now_ms=now) == now + 5000
+    assert resolve_deliver_at(delay=1.0002, now_ms=now) == now + 1001
+    assert resolve_deliver_at(delay=timedelta(microseconds=1_000_100), now_ms=now) == now + 1001
+    assert resolve_deliver_at(datetime.fromtimestamp((now + 5000.25) / 1000, UTC), now_ms=now) == now + 5001
+    assert resolve_deliver_at(now + 0.5, now_ms=now) == now + 1  # still in the future: delayed
+    assert resolve_deliver_at(delay=0.0001, now_ms=now) == now + 1
+
+
 def test_a_naive_deliver_at_warns_where_local_time_is_not_utc(monkeypatch):
     """A naive datetime is UTC in Headwater; ``datetime.now() + 30 s`` on a machine in New
     York was then sent at once (or, east of UTC, hours late), silently."""

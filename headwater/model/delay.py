@@ -30,6 +30,7 @@ which scheduled batches were delivered (docs/design/delay.md).
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -130,14 +131,14 @@ def resolve_deliver_at(deliver_at: object = None, delay: object = None, *, now_m
             raise InvalidArgumentError(f"delay must be zero or positive, got {delay!r}")
         if ms > 1e15:
             raise InvalidArgumentError(f"delay {delay!r} is beyond any deliverable time")
-        at = now + int(ms) if ms else 0
+        at = now + math.ceil(ms) if ms else 0  # a fraction of a ms rounds up: never early
     elif isinstance(deliver_at, datetime):
         warn_if_local_naive(deliver_at, "deliver_at")
         at = datetime_ms(deliver_at)  # a fraction of a ms rounds up: never early
     elif isinstance(deliver_at, (int, float)) and not isinstance(deliver_at, bool):
         if deliver_at != deliver_at or not -1e15 < deliver_at < 1e15:
             raise InvalidArgumentError(f"deliver_at {deliver_at!r} is not a time")
-        at = int(deliver_at)
+        at = math.ceil(deliver_at)  # as a datetime's fraction of a ms: never early
     else:
         raise InvalidArgumentError(f"deliver_at is a datetime or epoch milliseconds, got {type(deliver_at).__name__}")
     return at if at > now else 0
