@@ -565,6 +565,19 @@ def test_a_deleted_queue_drops_its_delayed_messages(tmp_path, clock):
             hw.get(mid)
 
 
+def test_a_truncated_queue_still_gets_its_delayed_messages(tmp_path, clock):
+    # docs/cli.md: truncate drops what the partitions hold; what waits arrives at its time
+    with headwater.open(tmp_path / "d", clock=clock) as hw:
+        hw.admin.create_queue("t", ttl_s=None)
+        hw.send("t", b"plain", partition=0)
+        mid = hw.send("t", b"later", partition=0, deliver_at=now_ms(clock) + 1_000)
+        hw.admin.truncate_queue("t")
+        assert scan_all(hw, "t") == [] and hw.delay_stats().pending_messages == 1
+        clock.advance(2)
+        recs = wait_for(lambda: count_is(hw, "t", 1), what="the delivery after the truncation")
+        assert [(r.body, r.offset) for r in recs] == [(b"later", 1)] and hw.get(mid).offset == 1
+
+
 @pytest.mark.alone("it sets the broker's clock (test_cluster_delay.py: on a cluster)")
 def test_a_lower_message_limit_after_acceptance_still_delivers(hw, clock):
     # the limit is checked when a message is accepted, as a plain send's; lowering it later
