@@ -9,6 +9,7 @@ slow test runs Spark with task retries (``local[2,3]``) in a process of its own.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ import headwater
 from headwater.errors import InvalidArgumentError
 from headwater.spark.options import parse_read_options, parse_write_options
 from tests.support.broker_process import BrokerProcess
-from tests.support.spark_fixtures import fresh, reader, run_available_now, scan
+from tests.support.spark_fixtures import fresh, reader, run_available_now, scan, stream_reader
 
 # make test runs these alone, after the rest: Spark's JVM takes both cores
 pytestmark = pytest.mark.serial
@@ -383,3 +384,83 @@ def test_a_read_task_keeps_each_rows_offset_time_and_columns(per_batch):
 
     with pytest.raises(CorruptDataError, match=r"a stored batch of queue 'q' failed its checks \(batch checksum"):
         list(_read(Damaging(), task, schema))
+
+
+# -- a broker that lost messages a read had seen -------------------------------------
+
+
+def test_a_read_task_past_the_end_of_its_partition_fails_or_stops_as_asked(broker, hw):
+    """A task planned for offsets the partition no longer has (the broker lost its tail
+    between planning and reading, or before a micro-batch was replayed) used to stop at
+    the end as if the range were read, returning fewer rows without a word."""
+    pytest.importorskip("pyarrow")
+    from headwater.errors import MessageNotFoundError
+    from headwater.spark.reading import ReadTask, read_arrow
+    from headwater.spark.schema import READ_SCHEMA, arrow_schema
+
+    q = fresh("pastend")
+    info = hw.admin.create_queue(q, partitions=1)
+    hw.send_batch(q, [b"m%d" % i for i in range(10)], partition=0)
+
+    def rows(fail_on_data_loss: bool) -> int:
+        task = ReadTask(broker.address, q, info.queue_id, 0, 4, 25, None, fail_on_data_loss, 1 << 20, 10.0, 60.0)
+        return sum(batch.num_rows for batch in read_arrow(task, arrow_schema(READ_SCHEMA)))
+
+    with pytest.raises(MessageNotFoundError, match=r"partition 0 of queue .* ends at offset 10, but offsets up to 24"):
+        rows(True)
+    assert rows(False) == 6  # what there is, 4..9
+
+
+@pytest.mark.slow  # three broker starts and four streaming runs, ~25 s
+def test_a_stream_whose_partition_ends_below_its_position_fails_or_reads_on_from_the_end(spark, broker, hw, tmp_path):
+    """A broker that lost acknowledged messages (a power loss under the async flush policy,
+    a data directory restored from a copy) ends a partition below the position in a query's
+    checkpoint, and what is appended next takes those offsets again. The query kept its
+    position and skipped those messages without a word, even with failOnDataLoss=true;
+    Kafka's connector reports the offset that went back as data loss."""
+    data, copy = tmp_path / "data", tmp_path / "copy"
+    src, dst = "lost-in", fresh("lost-out")  # the output queue on the module's broker, which loses nothing
+    hw.admin.create_queue(dst, partitions=1)
+    b = BrokerProcess(data).start()
+    try:
+        with headwater.connect(b.address) as client:
+            client.admin.create_queue(src, partitions=1)
+            client.send_batch(src, [b"a%d" % i for i in range(5)], partition=0)
+        b.terminate()
+        shutil.copytree(data, copy)  # the state the broker will fall back to
+        b.start()
+        with headwater.connect(b.address) as client:
+            client.send_batch(src, [b"b%d" % i for i in range(5)], partition=0)  # offsets 5..9
+
+        def run(**options: str) -> None:
+            query = (
+                stream_reader(spark, b, src, startingOffsets="earliest", **options)
+                .select("value")
+                .writeStream.format("headwater")
+                .option("servers", broker.address)
+                .option("queue", dst)
+                .option("checkpointLocation", str(tmp_path / "ck"))
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination(120)
+            if query.exception() is not None:
+                raise query.exception()
+
+        run()
+        assert len(scan(hw, dst)) == 10
+        b.terminate()
+        shutil.rmtree(data)
+        shutil.copytree(copy, data)  # offsets 5..9 are gone; the next message takes offset 5
+        b.start()
+        with pytest.raises(Exception, match=r"partition 0 of queue 'lost-in' ends at offset 5, but offsets up to 9"):
+            run()
+        run(failOnDataLoss="false")  # goes back to the partition's end
+        with headwater.connect(b.address) as client:
+            client.send_batch(src, [b"c%d" % i for i in range(3)], partition=0)  # offsets 5..7 again
+        run()
+        want = [b"a%d" % i for i in range(5)] + [b"b%d" % i for i in range(5)] + [b"c%d" % i for i in range(3)]
+        assert [r.body for r in scan(hw, dst)] == want
+    finally:
+        if b.alive():
+            b.terminate()

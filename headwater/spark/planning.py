@@ -33,6 +33,7 @@ __all__ = [
     "check_named_partitions",
     "choose_partitions",
     "data_loss_message",
+    "lost_tail_message",
     "rate_limit",
     "split_ranges",
     "start_offsets",
@@ -94,6 +95,20 @@ def data_loss_message(
         f"longer retained{held}: the queue's TTL or a truncate removed them before they were "
         f"read. Set option failOnDataLoss=false to skip what is gone and go on, or start "
         f"from offsets that exist (startingOffsets='earliest')"
+    )
+
+
+def lost_tail_message(queue: str, partition: int, position: int, end: int) -> str:
+    """A partition that ends before offsets a read was planned for, or read, from it: the
+    broker lost acknowledged messages, and new ones take those offsets again."""
+    return (
+        f"partition {partition} of queue {queue!r} ends at offset {end}, but offsets up to "
+        f"{position - 1} were there when this read was planned or read: the broker lost "
+        f"messages it had acknowledged (a power loss under the async flush policy, a data "
+        f"directory restored from an older copy or made anew), and messages appended from "
+        f"now on take those offsets again, so reading on from {position} would skip them. "
+        f"Set option failOnDataLoss=false to read on from offset {end}, or start the query "
+        f"with a new checkpointLocation"
     )
 
 

@@ -30,7 +30,7 @@ from headwater.model.batch import check_batch, decode_payload, tags_mask
 from headwater.model.batch_reads import plain_batch
 from headwater.model.service import FetchesAsync, FetchResult
 from headwater.spark.connection import connect, unavailable_means
-from headwater.spark.planning import data_loss_message
+from headwater.spark.planning import data_loss_message, lost_tail_message
 
 __all__ = ["ReadTask", "read_arrow", "ROWS_PER_BATCH", "BODY_BYTES_PER_BATCH"]
 
@@ -268,6 +268,10 @@ def _read(service, task: ReadTask, schema: pa.Schema) -> Iterator[pa.RecordBatch
                     )
                 )
             cur = min(res.start_offset, end)
+        if cur >= res.end_offset:  # the partition ends before the range planned: offsets were lost
+            if task.fail_on_data_loss:
+                raise MessageNotFoundError(lost_tail_message(task.queue, task.partition, end, res.end_offset))
+            break
         nxt = max(cur, res.next_offset)
         if nxt < end and (res.batches or nxt > cur):
             fetcher.prefetch(nxt)

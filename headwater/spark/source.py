@@ -45,6 +45,7 @@ from headwater.spark.planning import (
     batch_ranges,
     choose_partitions,
     data_loss_message,
+    lost_tail_message,
     rate_limit,
     split_ranges,
     start_offsets,
@@ -215,8 +216,17 @@ class HeadwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         starts = self._start_of(pos, info)
         ends: dict[int, int] = {}
         effective: dict[int, int] = {}
+        moved_back: set[int] = set()
         for p, s in starts.items():
             pi = info.partitions[p]
+            if not pi.online:  # its offsets are not known: nothing new until its leader is back
+                effective[p] = ends[p] = s
+                continue
+            if s > pi.end_offset:  # the broker lost what the query read (Kafka: "offset was changed")
+                if self.opts.fail_on_data_loss:
+                    raise MessageNotFoundError(lost_tail_message(info.name, p, s, pi.end_offset))
+                s = pi.end_offset
+                moved_back.add(p)
             if s < pi.start_offset:
                 if self.opts.fail_on_data_loss:
                     raise MessageNotFoundError(
@@ -234,9 +244,10 @@ class HeadwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             raise InvalidArgumentError(f"format('headwater') does not support the read limit {limit!r}")
         # A partition with nothing new keeps its offset as it was (not the skipped-to one),
         # and a new partition appears only once it has data: "no new data" must compare
-        # equal to the start, or Spark runs empty micro-batches.
+        # equal to the start, or Spark runs empty micro-batches. One whose end went back
+        # below the position moves back with it, or what is appended there would be skipped.
         out = {
-            p: (ends[p] if ends[p] > effective[p] else starts[p])
+            p: (ends[p] if ends[p] > effective[p] or p in moved_back else starts[p])
             for p in starts
             if p in pos.offsets or ends[p] > effective[p]
         }
