@@ -464,3 +464,37 @@ def test_a_stream_whose_partition_ends_below_its_position_fails_or_reads_on_from
     finally:
         if b.alive():
             b.terminate()
+
+
+def test_a_micro_batch_replayed_on_a_queue_created_again_fails_rather_than_reads_it(spark, broker, hw, tmp_path):
+    """A micro-batch planned but not committed before a crash is replayed with its offsets
+    when the query restarts. If the queue was deleted and created again meanwhile, the
+    replay used to read the new queue's messages at the old queue's offsets (the queue id
+    was checked only when the next micro-batch was planned)."""
+    src = fresh("again")
+    hw.admin.create_queue(src, partitions=1)
+    seen: list[bytes] = []
+    ck = tmp_path / "ck"
+
+    def run() -> None:
+        query = (
+            stream_reader(spark, broker, src, startingOffsets="earliest", maxOffsetsPerTrigger="10")
+            .writeStream.foreachBatch(lambda df, _: seen.extend(bytes(r.value) for r in df.collect()))
+            .option("checkpointLocation", str(ck))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        if query.exception() is not None:
+            raise query.exception()
+
+    hw.send_batch(src, [b"x%d" % i for i in range(10)] + [b"y%d" % i for i in range(5)], partition=0)
+    run()  # two micro-batches: x, then y
+    for name in ("1", ".1.crc"):  # micro-batch 1 planned, not committed: as after a crash
+        (ck / "commits" / name).unlink()
+    hw.admin.delete_queue(src)
+    hw.admin.create_queue(src, partitions=1)
+    hw.send_batch(src, [b"z%d" % i for i in range(20)], partition=0)
+    with pytest.raises(Exception, match=r"queue '.*' was deleted and created again since this query's checkpoint"):
+        run()
+    assert seen == [b"x%d" % i for i in range(10)] + [b"y%d" % i for i in range(5)]  # nothing of the new queue

@@ -273,8 +273,10 @@ class HeadwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 f"queue {e.queue!r} was deleted and created again during the query; start it "
                 f"with a new checkpointLocation"
             )
+        # a micro-batch replayed after a restart comes here without latestOffset: the queue
+        # may have been deleted and created again since it was planned
+        e.check_queue(self._info())
         ranges = [OffsetRange(p, s.offsets.get(p, 0), hi) for p, hi in e.offsets.items() if hi > s.offsets.get(p, 0)]
-        self._info()  # the client, connected
         brokers = _brokers(self._client, e.queue) if self._client is not None else {}
         return list(_tasks(self.opts, e.queue, e.queue_id, ranges, streaming=True, brokers=brokers))
 
