@@ -207,6 +207,29 @@ def test_rows_whose_size_is_not_in_the_body_still_make_batches_under_the_limit(b
     assert len(scan(hw, q)) == n
 
 
+def test_a_replay_after_partitions_were_added_to_its_queue_says_so(broker, hw):
+    """Rows go to ``key_hash(key) % partitions``: partitions added to the output queue between
+    a micro-batch's first run and its replay send the replay's rows elsewhere. The broker
+    refuses the smaller batches, and the error blamed only a query that is not
+    deterministic, sending the user after rand() in a query that has none."""
+    import pyarrow as pa
+
+    q = fresh("grown")
+    hw.admin.create_queue(q, partitions=3)
+    task = _task_writer(broker, q)
+    rows = pa.record_batch(
+        [pa.array([b"v%d" % i for i in range(100)]), pa.array([b"k%d" % i for i in range(100)])], names=["value", "key"]
+    )
+    w = task({"value": "value", "key": "key"})
+    w.write_batch(rows)
+    w.finish()
+    hw.admin.add_partitions(q, 4)
+    w = task({"value": "value", "key": "key"})
+    w.write_batch(rows)
+    with pytest.raises(InvalidArgumentError, match=r"not deterministic .*, or queue .* has more partitions than"):
+        w.finish()
+
+
 # -- retries in real Spark (own process: local mode retries only with local[N,F]) --------
 
 

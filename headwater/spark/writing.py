@@ -412,7 +412,10 @@ class TaskWriter:
                 f"what an earlier attempt of the same task wrote (write {self.write_id}, epoch "
                 f"{self.epoch}, task {self.task}, batch {sent.chunk} of that partition), so "
                 f"exactly-once cannot hold: the query is not deterministic (e.g. it uses rand(), "
-                f"now() or a source that does not replay the same rows). Broker said: {e}"
+                f"now() or a source that does not replay the same rows), or queue {name!r} has more "
+                f"partitions than when that attempt ran (it has {self._queues[name].partitions} now; "
+                f"rows without a 'partition' column go by key hash or turn, so they land elsewhere). "
+                f"Broker said: {e}"
             ) from e
         except ProducerFencedError as e:
             raise InvalidArgumentError(
