@@ -58,6 +58,19 @@ def test_a_negative_partition_in_offsets_json_is_named_as_such():
         parse_read_options({**base, "startingOffsets": '{"-1": 3}'}, streaming=False)
 
 
+def test_the_kafka_connectors_option_names_point_to_headwaters():
+    """A job moved from format("kafka") keeps its kafka.bootstrap.servers and subscribe:
+    the error listed the valid names without saying which one was meant."""
+    with pytest.raises(InvalidArgumentError, match=r"'kafka.bootstrap.servers' \(Kafka's; here: 'servers'\)"):
+        parse_read_options({"kafka.bootstrap.servers": "h:1", "queue": "q"}, streaming=True)
+    with pytest.raises(InvalidArgumentError, match=r"'subscribe' \(Kafka's; here: 'queue'\)"):
+        parse_read_options({"servers": "h:1", "subscribe": "q"}, streaming=False)
+    with pytest.raises(InvalidArgumentError, match=r"'topic' \(Kafka's; here: 'queue'\)"):
+        parse_write_options({"servers": "h:1", "topic": "q"}, streaming=False)
+    with pytest.raises(InvalidArgumentError, match=r"'kafka.acks' \(Kafka's; Headwater takes no kafka.\* options\)"):
+        parse_write_options({"servers": "h:1", "queue": "q", "kafka.acks": "all"}, streaming=False)
+
+
 def _offline_queue():
     from headwater.model.config import PartitionInfo, QueueConfig, QueueInfo
 

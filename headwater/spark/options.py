@@ -47,6 +47,19 @@ REQUEST_TIMEOUT_MS_DEFAULT = 60_000
 # Spark adds these itself; they are accepted and not ours to judge.
 _SPARK_OWNED = {"checkpointlocation", "queryname"}
 
+# Spark's Kafka connector's names where Headwater's differ: a job moved from format("kafka")
+# is told what each one is called here (see docs/spark.md, Differences).
+_KAFKA_NAMES = {
+    "kafka.bootstrap.servers": "here: 'servers'",
+    "subscribe": "here: 'queue'",
+    "topic": "here: 'queue'",
+    "assign": "here: 'queue' and 'partitions'",
+    "subscribepattern": "here: one 'queue' a read",
+    "startingoffsetsbytimestamp": "here: 'startingTimestamp'",
+    "endingoffsetsbytimestamp": "here: 'endingTimestamp'",
+    "includeheaders": "here: the 'properties' column is always there",
+}
+
 _COMMON = ("servers", "queue", "connectTimeoutMs", "requestTimeoutMs")
 READ_OPTIONS = _COMMON + (
     "partitions",
@@ -135,8 +148,14 @@ def _canonical(options: Mapping[str, str], valid: tuple[str, ...], what: str) ->
     if unknown:
         hints = []
         for u in unknown:
+            kafka = _KAFKA_NAMES.get(u.lower())
+            if kafka is None and u.lower().startswith("kafka."):
+                kafka = "Headwater takes no kafka.* options"
             close = difflib.get_close_matches(u.lower(), list(by_lower), n=1, cutoff=0.6)
-            hints.append(f"{u!r}" + (f" (did you mean {by_lower[close[0]]!r}?)" if close else ""))
+            if kafka is not None:
+                hints.append(f"{u!r} (Kafka's; {kafka})")
+            else:
+                hints.append(f"{u!r}" + (f" (did you mean {by_lower[close[0]]!r}?)" if close else ""))
         raise InvalidArgumentError(
             f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(hints)} for {what} "
             f"format('headwater'); valid options: {', '.join(valid)} (names are case-insensitive)"
