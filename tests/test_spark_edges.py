@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -98,6 +99,24 @@ def test_a_batch_read_over_a_partition_whose_leader_is_down_says_so_rather_than_
     latest = parse_read_options({**base, "startingOffsets": "latest"}, streaming=True)
     with pytest.raises(UnavailableError, match=r"q\[1\]"):
         start_offsets(latest, info, lambda p, t: 0, [0, 1, 2])
+
+
+def test_servers_with_a_broker_down_goes_to_the_next_without_waiting_out_the_timeout(broker):
+    """The connector split ``servers`` and gave each address the whole connectTimeoutMs, so
+    a first broker that refuses connections cost the driver and every task that long before
+    the next was tried; the client's bootstrap list moves on at once."""
+    from headwater.spark.connection import connect
+
+    with socket.socket() as s:  # a port of 127.0.0.1 that nothing listens on: refused
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    began = time.monotonic()
+    client = connect(f"127.0.0.1:{closed},{broker.address}", connect_timeout_s=60.0, request_timeout_s=60.0)
+    try:
+        assert client.admin.list_queues() is not None
+    finally:
+        client.close()
+    assert time.monotonic() - began < 30  # not the 60 s of connectTimeoutMs spent on the refused address
 
 
 # -- reading ------------------------------------------------------------------------

@@ -25,19 +25,19 @@ T = TypeVar("T")
 
 
 def connect(servers: str, *, connect_timeout_s: float, request_timeout_s: float, where: str = "a Spark task") -> Client:
-    """A network client to the first of ``servers`` that answers."""
-    errors = []
-    for address in (a.strip() for a in servers.split(",")):
-        try:
-            return headwater.connect(address, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s)
-        except UnavailableError as e:
-            errors.append(str(e))
-    raise UnavailableError(
-        f"{where} cannot reach the Headwater broker at servers={servers!r}: {'; '.join(errors)} "
-        f"Check that the broker runs and that this address is reachable from every Spark "
-        f"worker, not only from the driver (option connectTimeoutMs sets how long to try); a "
-        f"streaming query that failed on this resumes from its checkpoint once the broker is back"
-    )
+    """A network client through the first of ``servers`` that answers. The client's bootstrap
+    list tries them: it moves on from an address that refuses at once, within one
+    ``connect_timeout_s`` for the whole list (an address given all of it in turn cost the
+    driver and every task that long for each broker down ahead of the one that answers)."""
+    try:
+        return headwater.connect(servers, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s)
+    except UnavailableError as e:
+        raise UnavailableError(
+            f"{where} cannot reach the Headwater broker at servers={servers!r}: {e} "
+            f"Check that the broker runs and that this address is reachable from every Spark "
+            f"worker, not only from the driver (option connectTimeoutMs sets how long to try); a "
+            f"streaming query that failed on this resumes from its checkpoint once the broker is back"
+        ) from e
 
 
 def describe(client: Client, queue: str, servers: str) -> QueueInfo:
