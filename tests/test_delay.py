@@ -743,6 +743,32 @@ def test_a_fraction_of_a_millisecond_rounds_up_in_every_form():
     assert resolve_deliver_at(delay=0.0001, now_ms=now) == now + 1
 
 
+def test_a_deliver_at_in_epoch_seconds_warns(tmp_path):
+    """``deliver_at=time.time() + 60`` (seconds where milliseconds are meant) is a moment in
+    January 1970: the message went at once, without a word. It still does (a time not in the
+    future sends at once, as documented), with a warning that says what was meant."""
+    import time as _time
+    import warnings
+
+    from headwater.model.delay import resolve_deliver_at
+
+    with pytest.warns(UserWarning, match=r"looks like epoch seconds.*time.time\(\) \* 1000"):
+        assert resolve_deliver_at(_time.time() + 60) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # milliseconds, and small numbers (long past), say nothing
+        assert resolve_deliver_at(_time.time() * 1000 + 60_000) > 0
+        assert resolve_deliver_at(0) == resolve_deliver_at(5) == 0
+    hw = headwater.open(tmp_path / "data")
+    hw.admin.create_queue("q")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            hw.producer().send("q", b"x", deliver_at=int(_time.time()) + 60).result()  # an int too
+        assert [w.filename for w in seen] == [__file__], "the warning names a line inside headwater"
+    finally:
+        hw.close()
+
+
 def test_a_naive_deliver_at_warns_where_local_time_is_not_utc(monkeypatch):
     """A naive datetime is UTC in Headwater; ``datetime.now() + 30 s`` on a machine in New
     York was then sent at once (or, east of UTC, hours late), silently."""

@@ -61,7 +61,7 @@ from headwater.model.batch import (
     tags_mask,
 )
 from headwater.model.batch_reads import decode_records
-from headwater.model.message import Message, datetime_ms, warn_if_local_naive
+from headwater.model.message import Message, datetime_ms, warn_caller, warn_if_local_naive
 from headwater.model.shared import HandedOffShared
 
 __all__ = [
@@ -139,9 +139,24 @@ def resolve_deliver_at(deliver_at: object = None, delay: object = None, *, now_m
         if deliver_at != deliver_at or not -1e15 < deliver_at < 1e15:
             raise InvalidArgumentError(f"deliver_at {deliver_at!r} is not a time")
         at = math.ceil(deliver_at)  # as a datetime's fraction of a ms: never early
+        if _SECONDS_LOOK[0] <= deliver_at < _SECONDS_LOOK[1]:
+            _warn_seconds(deliver_at)
     else:
         raise InvalidArgumentError(f"deliver_at is a datetime or epoch milliseconds, got {type(deliver_at).__name__}")
     return at if at > now else 0
+
+
+#: epoch times from 2001 to 2286 in seconds: as epoch milliseconds they fall in January 1970,
+#: a time nobody schedules on purpose (``time.time() + 60`` where ``* 1000`` was meant)
+_SECONDS_LOOK = (1e9, 1e10)
+
+
+def _warn_seconds(deliver_at: float) -> None:
+    warn_caller(
+        f"deliver_at={deliver_at!r} looks like epoch seconds: it is taken as epoch milliseconds, "
+        f"a moment in January 1970, so the message goes at once; pass milliseconds "
+        f"(time.time() * 1000 + ...), an aware datetime, or delay= in seconds"
+    )
 
 
 def check_deliver_at(deliver_at_ms: int, now_ms: int, delay_max_s: int) -> None:

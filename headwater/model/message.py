@@ -32,7 +32,16 @@ import msgspec
 
 from headwater.errors import InvalidArgumentError, InvalidMessageIdError
 
-__all__ = ["Message", "MessageId", "Record", "datetime_ms", "required_epoch_ms", "to_epoch_ms", "warn_if_local_naive"]
+__all__ = [
+    "Message",
+    "MessageId",
+    "Record",
+    "datetime_ms",
+    "required_epoch_ms",
+    "to_epoch_ms",
+    "warn_caller",
+    "warn_if_local_naive",
+]
 
 _ID_RE = re.compile(r"^([0-9a-f]{8})-([0-9a-f]{8})-([0-9a-f]{16})$")
 
@@ -159,14 +168,22 @@ def warn_if_local_naive(when: datetime, what: str) -> None:
     rarely what ``datetime.now() + ...`` meant (Python's own ``timestamp()`` takes naive as
     local time): say so, once per call site, with what to pass instead."""
     if when.tzinfo is None and datetime.now().astimezone().utcoffset():
-        import warnings
-
-        warnings.warn(
+        warn_caller(
             f"{what}: a naive datetime is taken as UTC, and this machine's local time is not UTC "
-            f"(datetime.now() is local time); pass an aware one, e.g. datetime.now(timezone.utc) + ...",
-            UserWarning,
-            stacklevel=4,
+            f"(datetime.now() is local time); pass an aware one, e.g. datetime.now(timezone.utc) + ..."
         )
+
+
+def warn_caller(message: str) -> None:
+    """A UserWarning pointed at the first frame outside headwater: the line of the caller's
+    program that passed what it is about, however deep inside the call it is found."""
+    import sys
+    import warnings
+
+    frame, level = sys._getframe(0), 1
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("headwater."):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, UserWarning, stacklevel=level)
 
 
 _EPOCH_MS_MIN, _EPOCH_MS_MAX = -(2**63), 2**63 - 1

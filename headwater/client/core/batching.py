@@ -323,7 +323,10 @@ class ProducerBase:
         """:func:`deliver_at_ms` with its common case (epoch ms as an int) inline: this runs
         once per delayed send, and a call less is a tenth of a delayed send's cost."""
         if type(deliver_at) is int and delay is None and -(10**15) < deliver_at < 10**15:
-            return deliver_at if deliver_at > int(self._clock() * 1000) else 0
+            if deliver_at > int(self._clock() * 1000):
+                return deliver_at
+            if deliver_at < 10**9:  # long past, and not epoch seconds by mistake (that warns)
+                return 0
         return deliver_at_ms(self._clock, deliver_at, delay)
 
     def _check_room(self, size: int) -> None:
@@ -405,5 +408,6 @@ def deliver_at_ms(clock: Callable[[], float], deliver_at: object, delay: object)
         return 0
     now_ms = int(clock() * 1000)
     if type(deliver_at) is int and delay is None and -(10**15) < deliver_at < 10**15:  # the common case
-        return deliver_at if deliver_at > now_ms else 0
+        if deliver_at > now_ms or deliver_at < 10**9:  # (past and epoch seconds by mistake: warned below)
+            return deliver_at if deliver_at > now_ms else 0
     return resolve_deliver_at(deliver_at, delay, now_ms=now_ms)
