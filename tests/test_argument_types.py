@@ -124,3 +124,27 @@ def test_the_asyncio_client_refuses_them_alike(aio_target):
                 pass
 
     run(aio_target, test)
+
+
+NAMES = {
+    "queue": lambda hw, name: hw.admin.create_queue(name),
+    "group": lambda hw, name: hw.consumer(group=name),
+    "shared group": lambda hw, name: hw.shared_consumer(name, "q"),
+    "shared member": lambda hw, name: hw.shared_consumer("g", "q", member=name),
+    "subscriber": lambda hw, name: hw.admin.add_subscriber("q", name),
+}
+
+
+@pytest.mark.parametrize("what", list(NAMES))
+def test_a_name_with_a_trailing_newline_is_refused_and_a_long_one_is_not_echoed_whole(hw, what):
+    """Names were matched by ``^...$``, whose ``$`` also matches before a final newline:
+    ``create_queue("orders\\n")`` made a queue named so. And a refused name of 10,000
+    characters came back whole in the error."""
+    hw.admin.create_queue("q")
+    with pytest.raises(InvalidArgumentError, match=r"invalid .*'orders\\n'"):
+        NAMES[what](hw, "orders\n")
+    with pytest.raises(InvalidArgumentError) as e:
+        NAMES[what](hw, "x" * 10_000 + "!")
+    message = str(e.value)
+    assert len(message) < 300 and "10001 characters" in message, message[:120]
+    assert [q.name for q in hw.admin.list_queues()] == ["q"]  # nothing made

@@ -44,7 +44,6 @@ so commits of other groups do not queue behind one's fsync.
 
 from __future__ import annotations
 
-import re
 import struct
 import threading
 from contextlib import AbstractContextManager, nullcontext
@@ -53,7 +52,7 @@ from typing import Protocol
 from headwater.errors import InvalidArgumentError, NotCoordinatorError, NotLeaderError, PartitionOutOfRangeError
 from headwater.model.batch import encode_batch
 from headwater.model.batch_reads import decode_records
-from headwater.model.checks import check_int_arg, check_offsets_given
+from headwater.model.checks import check_int_arg, check_name, check_offsets_given
 from headwater.model.cluster import COORDINATOR_QUEUE
 from headwater.model.config import PartitionBounds, QueueConfig
 from headwater.model.message import Message
@@ -62,18 +61,12 @@ from headwater.storage.api import Store
 __all__ = ["CoordinatorPlace", "OffsetStore", "OFFSETS_QUEUE", "validate_group"]
 
 OFFSETS_QUEUE = "__offsets"
-_GROUP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _VALUE = struct.Struct("<q")
 _CHUNK = 10_000  # records per batch when a table is written whole
 
 
 def validate_group(group: object) -> str:
-    if not isinstance(group, str) or not _GROUP_RE.match(group):
-        raise InvalidArgumentError(
-            f"invalid group name {group!r}: use 1-200 letters, digits, '.', '_' and '-', "
-            f"starting with a letter or digit"
-        )
-    return group
+    return check_name(group, "group name")
 
 
 def _key(group: str, queue_id: int, partition: int) -> bytes:

@@ -59,7 +59,7 @@ __all__ = [
 COUNT_MAX = 2**63 - 1  # --limit: "no limit" in practice, and still an int64
 WAIT_S_MAX = 365 * 86_400  # --timeout, --interval, HEADWATER_CONNECT_TIMEOUT_S: a year
 
-_DURATION_RE = re.compile(r"^(\d+)([smhdw]?)$")
+_DURATION_RE = re.compile(r"^(\d+)([smhdw]?)\Z")
 
 POSITION_FORMS = f"an offset (e.g. 1200), a message id (e.g. 00000001-00000000-00000000000004b0), {TIME_FORMS}"
 

@@ -33,7 +33,7 @@ from headwater.errors import InvalidArgumentError, UsageError
 
 __all__ = ["profile_app", "config_path", "load_profiles", "resolve_profile"]
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 
 profile_app = typer.Typer(
     name="profile",

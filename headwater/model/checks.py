@@ -10,11 +10,14 @@ headwater.errors.InvalidArgumentError: an offset is an int, got bool
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from headwater.errors import InvalidArgumentError, PartitionOutOfRangeError
 
 __all__ = [
+    "check_name",
+    "shown",
     "check_int_arg",
     "check_offsets_arg",
     "check_offsets_given",
@@ -134,3 +137,37 @@ def tag_filter_arg(tags: object) -> frozenset[str] | None:
         return None
     names = tag_list_arg(tags)
     return None if "*" in names else frozenset(names)
+
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+SHOWN_CHARS = 80  # how much of a bad value an error message repeats
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for an error message, cut short past :data:`SHOWN_CHARS` (saying how
+    long the string was): a 10,000-character name is not repeated whole.
+
+    >>> shown("a" * 100)[-30:]
+    'aaaaaaaaaa... (100 characters)'
+    """
+    text = repr(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    size = f" ({len(value)} characters)" if isinstance(value, str) else ""
+    return f"{text[:SHOWN_CHARS]}...{size}"
+
+
+def check_name(value: object, what: str) -> str:
+    """A group's or a subscriber's name: 1-200 letters, digits, '.', '_' and '-', starting
+    with a letter or digit (nothing after them: not even a newline); else
+    :class:`InvalidArgumentError` naming ``what``.
+
+    >>> check_name("billing\\n", "group name")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    headwater.errors.InvalidArgumentError: invalid group name 'billing\\n': use 1-200 letters, ...
+    """
+    if isinstance(value, str) and _NAME_RE.fullmatch(value):
+        return value
+    raise InvalidArgumentError(
+        f"invalid {what} {shown(value)}: use 1-200 letters, digits, '.', '_' and '-', starting with a letter or digit"
+    )

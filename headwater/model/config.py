@@ -44,7 +44,7 @@ PARTITIONS_MAX = 100_000
 #: so that a body of that size, with the batch header and a key, tag and properties of up to
 #: 64 KiB together, still fits in one batch (at most 64 MiB, which bounds a PRODUCE frame).
 MESSAGE_BYTES_MAX = BATCH_BYTES_MAX - MESSAGE_ROOM_BYTES
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
 def is_internal_queue(name: object) -> bool:

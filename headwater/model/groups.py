@@ -17,9 +17,9 @@ import msgspec
 from headwater.errors import (
     GroupError,
     GroupNotEmptyError,
-    InvalidArgumentError,
     UnknownMemberError,
 )
+from headwater.model.checks import check_name
 
 __all__ = [
     "partition_lag",
@@ -44,7 +44,6 @@ __all__ = [
 SESSION_TIMEOUT_MS_MIN = 100
 SESSION_TIMEOUT_MS_MAX = 3_600_000
 CLIENT_ID_CHARS_MAX = 64
-_GROUP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 CLIENT_ID_BAD = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -64,12 +63,7 @@ def partition_lag(committed: int | None, start_offset: int, end_offset: int) -> 
 
 
 def validate_group_name(group: object) -> str:
-    if not isinstance(group, str) or not _GROUP_RE.match(group):
-        raise InvalidArgumentError(
-            f"invalid group name {group!r}: use 1-200 letters, digits, '.', '_' and '-', "
-            f"starting with a letter or digit"
-        )
-    return group
+    return check_name(group, "group name")
 
 
 class GroupMode(str, Enum):

@@ -43,7 +43,7 @@ __all__ = [
     "warn_if_local_naive",
 ]
 
-_ID_RE = re.compile(r"^([0-9a-f]{8})-([0-9a-f]{8})-([0-9a-f]{16})$")
+_ID_RE = re.compile(r"^([0-9a-f]{8})-([0-9a-f]{8})-([0-9a-f]{16})\Z")
 
 
 class MessageId(NamedTuple):

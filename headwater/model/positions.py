@@ -42,8 +42,8 @@ TIME_MS_MIN = datetime_ms(datetime(1, 1, 1, tzinfo=UTC))  # the range ISO-8601 c
 TIME_MS_MAX = datetime_ms(datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC))
 
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_RELATIVE_RE = re.compile(r"^-(\d+(?:\.\d+)?)([smhdw])$")
-ID_LIKE_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{8}-[0-9a-fA-F]{16}$")
+_RELATIVE_RE = re.compile(r"^-(\d+(?:\.\d+)?)([smhdw])\Z")
+ID_LIKE_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{8}-[0-9a-fA-F]{16}\Z")
 _ASCII_INT_RE = re.compile(r"[0-9]+")  # str.isdigit() also takes '²' and '٣', which int() refuses
 
 TIME_FORMS = (
@@ -123,7 +123,7 @@ FROM_FORMS = (
     "'earliest', 'latest', -N (the last N messages of each partition, e.g. -10), an offset "
     f"(e.g. 1200), a message id (e.g. 00000001-00000002-0000000000000064) or {TIME_FORMS}"
 )
-_LAST_N_RE = re.compile(r"^-([0-9]+)$")
+_LAST_N_RE = re.compile(r"^-([0-9]+)\Z")
 
 
 @dataclass(frozen=True)

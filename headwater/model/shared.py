@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from headwater.errors import InvalidArgumentError
+from headwater.model.checks import check_name, shown
 from headwater.model.config import QUEUE_NAME_MAX
 from headwater.model.message import Message, Record
 
@@ -48,8 +49,7 @@ IN_FLIGHT_MAX_LIMIT = 100_000  # the largest window a group may ask for, per par
 REASON_CHARS_MAX = 1000  # a failure reason is cut to this length
 DELAY_MS_MAX = 7 * 86_400_000
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
-_MEMBER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_MEMBER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 
 # settings and names --------------------------------------------------------------------
@@ -124,18 +124,14 @@ def _int_in(name: str, value: object, lo: int, hi: int) -> int:
 
 
 def validate_group(group: object) -> str:
-    if not isinstance(group, str) or not _NAME_RE.match(group):
-        raise InvalidArgumentError(
-            f"invalid group name {group!r}: use 1-200 letters, digits, '.', '_' and '-', "
-            f"starting with a letter or digit"
-        )
-    return group
+    return check_name(group, "group name")
 
 
 def validate_member(member: object) -> str:
     if not isinstance(member, str) or not _MEMBER_RE.match(member):
         raise InvalidArgumentError(
-            f"invalid member id {member!r}: use 1-64 letters, digits, '.', '_' and '-', starting with a letter or digit"
+            f"invalid member id {shown(member)}: use 1-64 letters, digits, '.', '_' and '-', "
+            f"starting with a letter or digit"
         )
     return member
 

@@ -12,7 +12,6 @@ the broker and the clients alike. Thread-safety: pure functions and frozen value
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 
@@ -21,6 +20,7 @@ import msgspec
 from headwater.errors import InvalidArgumentError, PartitionOutOfRangeError
 from headwater.model.checks import (
     check_int_arg,
+    check_name,
     check_offsets_given,
     partition_list_arg,
     partitions_of_queue,
@@ -42,7 +42,6 @@ __all__ = [
     "START_FORMS",
 ]
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 START_FORMS = "'earliest', 'latest', 'time:EPOCH_MS' or 'offset:N'"
 
 
@@ -78,12 +77,7 @@ def replaced_message(queue: str, name: str) -> str:
 
 
 def validate_subscriber_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise InvalidArgumentError(
-            f"invalid subscriber name {name!r}: use 1-200 letters, digits, '.', '_' and '-', "
-            f"starting with a letter or digit"
-        )
-    return name
+    return check_name(name, "subscriber name")
 
 
 def normalize_tags(tags: str | Iterable[str] | None) -> list[str] | None:
