@@ -215,7 +215,9 @@ class MoveDriver:
                 return True, False
         elif rec.phase == "copy":
             if not (target_live and source_live) or age_s > self.copy_timeout_s:
-                self._roll_back(ctx, m, _gone(rec.source, rec.target, view) or self._too_long("the copy", age_s))
+                self._roll_back(
+                    ctx, m, _gone(rec.source, rec.target, view) or _too_long("the copy", age_s, self.copy_timeout_s)
+                )
                 return False, True
             p = m.progress
             if p is not None and p.error:
@@ -238,16 +240,12 @@ class MoveDriver:
                 return False, True
             if not target_live or (f is None and not source_live) or age_s > self.fence_timeout_s:
                 why = _gone(rec.source if f is None else None, rec.target, view)
-                self._roll_back(ctx, m, why or self._too_long("the fence", age_s))
+                self._roll_back(ctx, m, why or _too_long("the fence", age_s, self.fence_timeout_s))
                 return False, True
         else:
             self._roll_back(ctx, m, f"its phase {rec.phase!r} is unknown")
             return False, True
         return False, False
-
-    def _too_long(self, what: str, age_s: float) -> str:
-        limit = self.copy_timeout_s if what == "the copy" else self.fence_timeout_s
-        return f"{what} took {age_s:.0f} s, past its limit of {limit:g} s"
 
     def _set_phase(self, ctx: ControllerContext, m: MoveState, phase: str, now: float) -> None:
         rec = msgspec.structs.replace(m.record, phase=phase, started_ms=int(now * 1000), controller_epoch=ctx.epoch)
@@ -356,3 +354,7 @@ def _gone(source: int | None, target: int, view: ClusterView) -> str:
     if source is not None and source not in view.brokers:
         return f"its source, broker {source}, is not live"
     return ""
+
+
+def _too_long(what: str, age_s: float, limit_s: float) -> str:
+    return f"{what} took {age_s:.0f} s, past its limit of {limit_s:g} s"
