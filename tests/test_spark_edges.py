@@ -22,7 +22,7 @@ import headwater
 from headwater.errors import InvalidArgumentError
 from headwater.spark.options import parse_read_options, parse_write_options
 from tests.support.broker_process import BrokerProcess
-from tests.support.spark_fixtures import fresh, reader, run_available_now, scan, stream_reader
+from tests.support.spark_fixtures import finish_available_now, fresh, reader, run_available_now, scan, stream_reader
 
 # make test runs these alone, after the rest: Spark's JVM takes both cores
 pytestmark = pytest.mark.serial
@@ -488,19 +488,14 @@ def test_a_stream_whose_partition_ends_below_its_position_fails_or_reads_on_from
             client.send_batch(src, [b"b%d" % i for i in range(5)], partition=0)  # offsets 5..9
 
         def run(**options: str) -> None:
-            query = (
+            writer = (
                 stream_reader(spark, b, src, startingOffsets="earliest", **options)
                 .select("value")
                 .writeStream.format("headwater")
                 .option("servers", broker.address)
                 .option("queue", dst)
-                .option("checkpointLocation", str(tmp_path / "ck"))
-                .trigger(availableNow=True)
-                .start()
             )
-            query.awaitTermination(120)
-            if query.exception() is not None:
-                raise query.exception()
+            finish_available_now(writer, tmp_path / "ck")
 
         run()
         assert len(scan(hw, dst)) == 10
@@ -532,16 +527,10 @@ def test_a_micro_batch_replayed_on_a_queue_created_again_fails_rather_than_reads
     ck = tmp_path / "ck"
 
     def run() -> None:
-        query = (
-            stream_reader(spark, broker, src, startingOffsets="earliest", maxOffsetsPerTrigger="10")
-            .writeStream.foreachBatch(lambda df, _: seen.extend(bytes(r.value) for r in df.collect()))
-            .option("checkpointLocation", str(ck))
-            .trigger(availableNow=True)
-            .start()
+        reader = stream_reader(spark, broker, src, startingOffsets="earliest", maxOffsetsPerTrigger="10")
+        finish_available_now(
+            reader.writeStream.foreachBatch(lambda df, _: seen.extend(bytes(r.value) for r in df.collect())), ck
         )
-        query.awaitTermination(120)
-        if query.exception() is not None:
-            raise query.exception()
 
     hw.send_batch(src, [b"x%d" % i for i in range(10)] + [b"y%d" % i for i in range(5)], partition=0)
     run()  # two micro-batches: x, then y

@@ -84,10 +84,14 @@ def run_available_now(spark, broker, source, sink, checkpoint, **options):
         .option("servers", broker.address)
         .option("queue", sink)
         .queryName(f"to_{sink}".replace("-", "_"))  # Spark passes the name to the sink too
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
     )
+    return finish_available_now(query, checkpoint)
+
+
+def finish_available_now(writer, checkpoint):
+    """Start the stream ``writer`` (a DataStreamWriter) with ``checkpoint``, until caught up
+    (availableNow); the query, or what failed it, raised."""
+    query = writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
     query.awaitTermination(120)
     if query.exception() is not None:
         raise query.exception()
