@@ -516,6 +516,72 @@ def test_a_copy_begins_where_a_reset_put_the_partition(store, clock):
     src.close()
 
 
+def test_a_partition_moved_away_and_back_serves_what_it_kept(store, clock):
+    """A broker that led a partition, moved it away (a copy elsewhere, then emptied it here)
+    and takes it back rewinds to the other log's start: what it kept is served again and
+    the copy goes on from its own end, so the move back copies only what is new."""
+    src, _ = _source(clock)
+    store.create_queue("q", QueueConfig(partitions=2), queue_id=7)
+    for raw in _stored(src)[:3]:  # held here up to offset 4, then moved away
+        store.append_copy("q", 0, raw, decode_header(raw).base_offset)
+    store.delete_before("q", 0, 4)
+    theirs = src.fetch("q", 0, 3, max_bytes=1).batches[0]  # the other log's batch at offset 3
+    with pytest.raises(InvalidArgumentError, match=r"rewind q\[0\] to offset 0: .* offset 3 was not given"):
+        store.rewind_partition("q", 0, 0)
+    with pytest.raises(InvalidArgumentError, match=r"offset 3 differs from the one kept here \(the logs differ\)"):
+        store.rewind_partition("q", 0, 0, _stored(src)[1])
+    assert store.describe_queue("q").partitions[0].start_offset == 4  # refused: nothing changed
+    store.rewind_partition("q", 0, 0, bytes(theirs))
+    info = store.describe_queue("q").partitions[0]
+    assert (info.start_offset, info.end_offset) == (0, 4)
+    for raw in _stored(src):
+        if decode_header(raw).base_offset >= 4:
+            store.append_copy("q", 0, raw, decode_header(raw).base_offset)
+    assert _stored(store) == _stored(src)
+    assert store.lookup_key("q", b"k") == src.lookup_key("q", b"k")
+    store.delete_before("q", 0, 7)
+    store.rewind_partition("q", 0, 3, _stored(src)[-1])  # to the middle of a batch, as the other log's start
+    assert bodies(store.fetch("q", 0, 3).batches, start=3) == [b"due", b"d", b"e", b"f"]
+    src.close()
+
+
+def test_a_partition_that_kept_nothing_rewinds_empty(store):
+    store.create_queue("q", QueueConfig(partitions=2, ttl_s=None))
+    big = b"x" * 40_000  # a segment (64 KiB here) holds one
+    for _ in range(2):
+        store.append("q", 0, encode_batch([big]))
+    store.delete_before("q", 0, 2)
+    for _ in range(2):  # partition 0's segments are sealed: retention removes them
+        store.append("q", 1, encode_batch([big]))
+    assert store.enforce_retention() >= 0
+    store.rewind_partition("q", 0, 0)  # nothing kept: no batch to compare
+    info = store.describe_queue("q").partitions[0]
+    assert (info.start_offset, info.end_offset) == (0, 0)
+    assert store.fetch("q", 0, 0).batches == []
+    assert store.append("q", 0, encode_batch([b"again"])).base_offset == 0
+    assert bodies(store.fetch("q", 0, 0).batches) == [b"again"]
+
+
+@pytest.mark.parametrize(
+    "args, error, words",
+    [
+        (("q", 0, 0), InvalidArgumentError, r"cannot rewind q\[0\]: it holds offsets 0..1, and a rewind needs"),
+        (("q", 1, 1), InvalidArgumentError, r"to offset 1: a rewind goes back, from its end offset 0"),
+        (("q", 1, -1), InvalidArgumentError, "at least 0"),
+        (("q", 1, "0"), InvalidArgumentError, "an offset is an int, got str"),
+        (("q", 2, 0), PartitionOutOfRangeError, "there is no partition 2"),
+        (("nope", 0, 0), QueueNotFoundError, "queue 'nope' does not exist"),
+    ],
+)
+def test_a_bad_rewind_is_refused(store, args, error, words):
+    store.create_queue("q", QueueConfig(partitions=2))
+    store.append("q", 0, encode_batch([b"a", b"b"]))
+    with pytest.raises(error, match=words):
+        store.rewind_partition(*args)
+    assert [(p.start_offset, p.end_offset) for p in store.describe_queue("q").partitions] == [(0, 2), (0, 0)]
+    store.rewind_partition("q", 1, 0)  # to its own end: allowed, changes nothing
+
+
 def test_a_copy_into_a_disabled_queue_is_taken(store, clock):
     src, _ = _source(clock)
     store.create_queue("q", QueueConfig(partitions=2), queue_id=7)

@@ -376,6 +376,36 @@ def test_a_reset_jump_is_not_reported_as_lost_with_damage_elsewhere(tmp_path, cl
         assert store.append(QUEUE, 0, encode_batch([b"z"])).base_offset == 101
 
 
+def test_a_rewound_partition_keeps_its_offsets_through_a_reopen(tmp_path, clock):
+    """A rewind is saved before it counts: reopened, a partition rewound onto what it kept
+    serves it, and one rewound empty (its batches gone with their segments) still begins
+    where it was rewound to; a partition that kept only part of what it held (a segment of
+    it deleted) cannot be rewound below what it kept."""
+    data, big = tmp_path / "data", b"x" * 40_000  # a segment (64 KiB) holds one
+    with LogStore(data, SOURCE_CONFIG, clock=clock) as store:
+        store.create_queue(QUEUE, QueueConfig(partitions=3, ttl_s=None))
+        for p in (0, 1):
+            for body in (big, b"b", big):
+                store.append(QUEUE, p, encode_batch([body]))
+        last = {p: bytes(store.fetch(QUEUE, p, 2).batches[0]) for p in (0, 1)}
+        store.delete_before(QUEUE, 0, 3)
+        store.delete_before(QUEUE, 1, 2)  # the segment with offsets 0 and 1 goes, not the one with 2
+        store.append(QUEUE, 2, encode_batch([big]))  # the segments of 0 and 1 are sealed
+        store.enforce_retention()
+        store.delete_before(QUEUE, 1, 3)
+        with pytest.raises(InvalidArgumentError, match=r"it keeps 1 of offsets 0..2 from before, not all"):
+            store.rewind_partition(QUEUE, 1, 0, last[1])
+        store.rewind_partition(QUEUE, 1, 2, last[1])
+        store.rewind_partition(QUEUE, 0, 0)  # kept nothing
+        store.append(QUEUE, 0, encode_batch([b"new"]))
+    with LogStore(data, SOURCE_CONFIG, clock=clock) as store:
+        parts = store.describe_queue(QUEUE).partitions
+        assert [(p.start_offset, p.end_offset) for p in parts[:2]] == [(0, 1), (2, 3)]
+        assert [decode_header(b).base_offset for b in store.fetch(QUEUE, 0, 0).batches] == [0]
+        assert [decode_header(b).base_offset for b in store.fetch(QUEUE, 1, 0).batches] == [2]
+        assert store.append(QUEUE, 0, encode_batch([b"next"])).base_offset == 1
+
+
 def test_a_copy_is_durable_as_its_queue_says_and_never_into_a_read_only_store(tmp_path, clock):
     src = MemoryStore(clock=clock)
     src.create_queue("sync", QueueConfig(), queue_id=7)

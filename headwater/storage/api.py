@@ -129,6 +129,13 @@ class Store(Protocol):
         copy of another store's partition keeps that store's offsets."""
         ...
 
+    def rewind_partition(self, queue: str, partition: int, offset: int, last_batch: bytes | None = None) -> None:
+        """Make an emptied partition begin at ``offset``, below its end, for a copy of a log
+        that begins there: the batches kept from before are served again when they hold
+        every offset from there and end with ``last_batch`` (the other log's batch at the end
+        offset - 1); with none kept past ``offset`` it begins there empty; else refused."""
+        ...
+
     # appending
     def add_append_listener(self, fn: Callable[[str, int, int], None]) -> None: ...
     def add_flush_listener(self, fn: Callable[[float], None]) -> None:

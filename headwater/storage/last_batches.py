@@ -76,6 +76,12 @@ class LastBatches:
         while self.bytes > self.bytes_max:
             self.bytes -= len(tails.popitem(last=False)[1].data)
 
+    def drop(self, key: Key) -> None:
+        """Forget the partition's copy (its end went back: the copy is no longer its last)."""
+        old = self._tails.pop(key, None)
+        if old is not None:
+            self.bytes -= len(old.data)
+
     def get(self, key: Key) -> Tail | None:
         return self._tails.get(key)
 

@@ -263,6 +263,26 @@ class MemoryStore(QueueTable):
             pl.start_offset = pl.end_offset = offset
             pl.batches.clear()  # none is retained: each ends at or before the new start
 
+    def rewind_partition(self, queue: str, partition: int, offset: int, last_batch: bytes | None = None) -> None:
+        """Make an emptied partition begin at ``offset``, below its end: what it keeps from
+        there on is served again if it is whole and ends with ``last_batch``; with nothing
+        kept past ``offset`` it begins there empty (as :meth:`LogStore.rewind_partition`)."""
+        with self._lock:
+            self._check_open()
+            q = self._queue(queue)
+            pl = self._partition(q, partition)
+            end = pl.end_offset
+            self._check_rewind(queue, partition, self._effective_start(q, pl, self._now_ms()), end, offset)
+            if offset == end:
+                return
+            kept = [b for b in pl.batches if b.end_offset > offset]
+            if kept:
+                covered = sum(b.end_offset - max(b.base_offset, offset) for b in kept)
+                self._check_kept(queue, partition, offset, end, covered, kept[-1].data, last_batch)
+                pl.start_offset = offset
+            else:
+                pl.start_offset = pl.end_offset = offset
+
     def delete_queue(self, name: str) -> None:
         with self._lock:
             self._check_open()
@@ -630,6 +650,6 @@ class EmptyDirectoryStore(MemoryStore):
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
         raise read_only_refusal(self._path)
 
-    delete_before = reset_partition = delete_queue = truncate_queue = _refuse
+    delete_before = reset_partition = rewind_partition = delete_queue = truncate_queue = _refuse
     set_queue_enabled = alter_queue = add_partitions = _refuse
     append = append_nowait = append_copy = append_stamped = _refuse

@@ -115,6 +115,41 @@ class QueueTable:
             )
 
     @staticmethod
+    def _check_rewind(queue: str, partition: int, start: int, end: int, offset: int) -> None:
+        """Refuse to rewind ``queue[partition]`` (retained from ``start`` to ``end``) to
+        ``offset`` unless it is empty and ``offset`` is not past its end."""
+        check_int_arg(offset, "an offset")
+        if start != end:
+            raise InvalidArgumentError(
+                f"cannot rewind {queue}[{partition}]: it holds offsets {start}..{end - 1}, and a rewind "
+                f"needs an empty partition (delete_before({end}) empties it)"
+            )
+        if not 0 <= offset <= end:
+            raise InvalidArgumentError(
+                f"cannot rewind {queue}[{partition}] to offset {offset}: a rewind goes back, from its end "
+                f"offset {end} to at least 0 (reset_partition goes forward)"
+            )
+
+    @staticmethod
+    def _check_kept(
+        queue: str, partition: int, offset: int, end: int, covered: int, mine: bytes, theirs: bytes | None
+    ) -> None:
+        """Refuse to serve again the batches ``queue[partition]`` keeps from ``offset`` to
+        ``end`` (holding ``covered`` offsets of them; ``mine``, the last) unless they hold
+        every offset there and ``theirs``, the other store's batch at ``end - 1``, is the same."""
+        if covered != end - offset:
+            raise InvalidArgumentError(
+                f"cannot rewind {queue}[{partition}] to offset {offset}: it keeps {covered} of offsets "
+                f"{offset}..{end - 1} from before, not all, and offsets are never reused"
+            )
+        if theirs is None or bytes(theirs) != mine:
+            why = "was not given" if theirs is None else "differs from the one kept here"
+            raise InvalidArgumentError(
+                f"cannot rewind {queue}[{partition}] to offset {offset}: it keeps offsets {offset}..{end - 1} "
+                f"from before, and the other log's batch holding offset {end - 1} {why} (the logs differ)"
+            )
+
+    @staticmethod
     def _check_copy(
         queue: str,
         partition: int,

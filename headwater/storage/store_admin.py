@@ -92,6 +92,59 @@ class LogAdmin(QueueTable, LogStoreBase):
 
             self._save_catalog_or_undo(undo)
 
+    def rewind_partition(self, queue: str, partition: int, offset: int, last_batch: bytes | None = None) -> None:
+        """Make an emptied partition (start == end, as after a move away) begin at ``offset``,
+        below its end, for a copy from a store whose log begins there (a partition moved back
+        to a broker that held it before). When the batches kept here from before reach from
+        ``offset`` to the end without a gap and ``last_batch`` (the other store's batch at
+        the end offset - 1) is the same as the one kept, they are served again from
+        ``offset``; when none kept ends past ``offset``, the partition begins there empty.
+        Anything else is refused: offsets are never reused for other messages. Saved in the
+        catalog before it counts."""
+        with self._lock:
+            self._check_open()
+            q = self._queue(queue)
+            pl = self._partition(q, partition)
+            end = pl.end_offset
+            self._check_rewind(queue, partition, self._effective_start(q, partition, self._now_ms()), end, offset)
+            if offset == end:
+                return
+            kept = bool(pl.spans) and pl.spans[-1].end_offset > offset
+            if kept:
+                covered, mine = self._kept_since(q, partition, offset)
+                self._check_kept(queue, partition, offset, end, covered, mine, last_batch)
+            old = (pl.start_offset, pl.end_offset)
+            pl.start_offset, pl.end_offset = offset, (end if kept else offset)
+            pl.expiry = None
+            if not kept:
+                self._last.drop((q.entry.queue_id, partition))  # a copy of a batch past the new end
+
+            def undo() -> None:
+                pl.start_offset, pl.end_offset = old
+
+            self._save_catalog_or_undo(undo)
+            log.info("rewound %s[%d] from offset %d to %d", queue, partition, end, offset)
+
+    def _kept_since(self, q: QueueState, partition: int, offset: int) -> tuple[int, bytes]:
+        """(how many offsets from ``offset`` on the partition's batches hold, its last batch
+        as stored); under the lock, for a rewind: the counts add up in C, one slice a span."""
+        key = (q.entry.queue_id, partition)
+        covered = 0
+        for sp in reversed(q.partitions[partition].spans):
+            if sp.end_offset <= offset:
+                break
+            pe = self._index(sp.segment_base).partitions[key]
+            i = pe.index_of_offset(offset)
+            covered += sum(pe.counts[i:])
+            if i < len(pe) and pe.offsets[i] < offset:
+                covered -= offset - pe.offsets[i]  # the batch holding offset begins before it
+        last = q.partitions[partition].spans[-1]
+        pe = self._index(last.segment_base).partitions[key]
+        seg = self._segments[last.segment_base]
+        self._touch_segment(seg)
+        with seg.reading():
+            return covered, seg.read(pe.positions[-1], pe.sizes[-1])
+
     def delete_before(self, queue: str, partition: int, offset: int) -> None:
         """Move the partition's start to ``offset`` (Kafka's DeleteRecords): the records
         before it are no longer served and their space comes back with retention."""
