@@ -40,7 +40,7 @@ from headwater.broker.peer import PeerClient, PeerError
 from headwater.cluster.coordination import Coordination, CoordinationError, NodeExistsError, NoNodeError
 from headwater.cluster.metadata import ClusterView
 from headwater.cluster.records import MoveFenced, MoveProgress, MoveRecord, PartitionRecord, decode, encode, paths
-from headwater.errors import HeadwaterError, NotLeaderError
+from headwater.errors import HeadwaterError, InvalidArgumentError, NotLeaderError
 from headwater.model.batch import decode_header
 from headwater.model.cluster import CLUSTER_INTERNAL_QUEUES
 from headwater.model.config import is_internal_queue
@@ -315,13 +315,19 @@ class Mover:
             self.store.reset_partition(queue, n, begin)
         elif begin < local.end_offset:
             # this broker held the partition before, up to local.end_offset, and dropped it:
-            # its offsets never go back, so the source's messages before that could not be
-            # copied here, and the switch would lose them
-            raise CannotCopyError(
-                f"it held {queue}[{n}] before, up to offset {local.end_offset}, and cannot take the messages "
-                f"from {begin} that broker {peer.address} still keeps; move it to another broker, or here "
-                f"once the source's log starts at {local.end_offset} or later (retention)"
-            )
+            # what it kept of it is served again if the source's log agrees (it was copied from
+            # there, or there from here), and the copy goes on from its end; kept nothing, it
+            # begins again where the source's log does
+            held = local.end_offset
+            theirs = peer.fetch(queue, n, held - 1, max_bytes=1).batches
+            try:
+                self.store.rewind_partition(queue, n, begin, bytes(theirs[0]) if theirs else None)
+            except InvalidArgumentError as e:
+                raise CannotCopyError(
+                    f"it held {queue}[{n}] before, up to offset {held}: {e}; move it to another broker, or "
+                    f"here once the source's log starts at {held} or later (retention)"
+                ) from None
+            log.info("%s[%d]: serving again from offset %d what this broker kept of it", queue, n, begin)
 
     def _copy_some(self, peer: PeerClient, key: Key) -> bool:
         """One fetch from the source, appended here and reported; False once the move is gone."""
