@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,7 +31,7 @@ from headwater.errors import (
     UnknownMemberError,
 )
 from headwater.model.assignment import assign_average, assign_sticky, sticky_moves_lower_bound
-from headwater.model.groups import TRANSITIONS, Event, GroupState
+from headwater.model.groups import TRANSITIONS, Event, GroupState, HandedOffGroup
 from tests.support.broker_process import BrokerProcess, free_port, kill_all
 from tests.support.waiting import poll_until
 
@@ -171,6 +172,37 @@ def test_after_a_restart_groups_with_offsets_wait_before_granting():
     assert new.assignment == {"q": [0, 1]}  # a group nobody had before is not held back
 
 
+def test_a_group_handed_to_a_new_coordinator_goes_on_without_joining_again():
+    old = Membership(lambda q: 4, incarnation="old")
+    kw = dict(client_id="c", queues=["q"], mode="clustering", strategy="sticky", session_timeout_ms=10_000)
+    a = old.join("g", member_id=None, now_ms=0, **kw)
+    b = old.join("g", member_id=None, now_ms=0, **kw)
+    a = old.heartbeat("g", a.member_id, b.generation, 10)  # gives up what b is to take
+    b = old.heartbeat("g", b.member_id, b.generation, 20)
+    old.join("other", member_id=None, now_ms=0, **kw)
+    old.hold_grants(["held"], until_ms=3000)
+    old.join("held", member_id=None, now_ms=0, **kw)
+    handed = old.hand_off(["g", "held", "gone"], now_ms=1000)
+    assert [h.name for h in handed] == ["g", "held"]  # asked for, and with members
+    new = Membership(lambda q: 4, incarnation="new")
+    new.adopt(handed, now_ms=50_000)  # the new broker's clock
+    assert new.snapshot("g")["holder"] == old.snapshot("g")["holder"]
+    again = new.heartbeat("g", a.member_id, b.generation, 50_010)
+    assert (again.generation, again.assignment) == (b.generation, a.assignment) and not again.pending
+    new.check_commit("g", b.member_id, b.generation, "q", b.assignment["q"], 50_020)  # its partitions, still
+    with pytest.raises(PartitionNotAssignedError):
+        new.check_commit("g", b.member_id, b.generation, "q", a.assignment["q"], 50_020)
+    held = new.join("held", member_id=None, now_ms=51_000, **kw)
+    assert held.assignment == {} and held.pending  # its grants are held as long as they were there
+    assert new.heartbeat("held", held.member_id, held.generation, 51_999).assignment == {}
+    assert new.heartbeat("held", held.member_id, held.generation, 52_000).assignment == {"q": [2, 3]}
+    c = new.join("g", member_id=None, now_ms=50_100, **kw)
+    assert c.generation > b.generation  # a generation is never reused
+    assert new.live_members("g", 50_000 + 10_001) == 2  # b's session began at the adoption: it never beat
+    new.adopt([], now_ms=60_000)  # nothing handed: what is here stays
+    assert "other" not in new.groups() and "held" in new.groups()
+
+
 class Sim:
     """A coordinator (the model's state machine) and members that behave like the client: a
     heartbeat (the client's background thread) records the answer, a poll (the application's
@@ -187,6 +219,28 @@ class Sim:
         self.now = 0.0
         self.members: dict[str, dict] = {}  # id -> {"queues", "view", "applied", "state"}
         self.last_generation = 0
+        self.moves = 0
+
+    def move(self) -> None:
+        """The coordinator moves: the group's membership is handed off, encoded as on the wire,
+        to a new coordinator (another incarnation, its generation counter behind), which the
+        members go on with as they were; only their sessions begin again."""
+        before = self.snap()
+        wire = msgspec.msgpack.encode(self.ms.hand_off(["g", "none"], self.now))
+        self.moves += 1
+        self.ms = Membership(lambda q: self.counts.get(q, 0), incarnation=f"moved{self.moves}")
+        self.ms.adopt(msgspec.msgpack.decode(wire, type=list[HandedOffGroup]), self.now)
+        after = self.snap()
+        if before is None:  # nobody in it: nothing handed, and it begins anew there, as after a restart
+            assert after is None
+            self.last_generation = 0
+            return
+        assert after is not None
+        drop = [{k: v for k, v in s.items() if k != "members"} for s in (before, after)]
+        assert drop[0] == drop[1], "the hand-off changed the group"
+        for mid, (queues, target, held, acked, deadline) in after["members"].items():
+            assert before["members"][mid][:4] == (queues, target, held, acked)
+            assert deadline == self.now + self.TIMEOUT_MS
 
     def snap(self):
         return self.ms.snapshot("g")
@@ -381,6 +435,7 @@ def test_seeded_simulation_of_the_coordinator(seed):
         "resize",
         "settle",
         "bad",
+        "move",
     ]
     for step in range(250):
         op = rng.choice(ops)
@@ -427,6 +482,8 @@ def test_seeded_simulation_of_the_coordinator(seed):
             elif op == "settle":
                 sim.settle()
                 check_settled(sim)
+            elif op == "move":
+                sim.move()
             elif op == "bad":
                 sim.ms.expire(sim.now, "g")
                 before = sim.snap()

@@ -153,6 +153,55 @@ def test_the_coordinator_drops_members_of_a_partition_it_gave_up_and_holds_grant
     assert offsets.fetch(g, "orders") == {0: 1}
 
 
+def test_a_moving_partitions_groups_are_handed_to_the_new_coordinator_and_go_on(setup):
+    """Once a move fences the coordinator partition at the source, its groups' membership
+    calls are refused (ask again) and their membership is handed off; the target adopts it
+    and, once it leads the partition, answers the same members at the same generation,
+    holding no grants back (it knows who holds what), and takes their commits."""
+    store, offsets, node = setup
+    now = [100.0]
+    source = GroupCoordinator(store, offsets, clock=lambda: now[0])
+    g, other = group_of(1), group_of(2)
+    for k in (1, 2):
+        node.leading.add(k)
+        source.load_partition(k, grace_ms=0)
+    a = source.join_group(g, None, "c", ["orders"], "clustering", "average", 10_000)
+    b = source.join_group(g, None, "c", ["orders"], "clustering", "average", 10_000)
+    a = source.heartbeat_group(g, a.member_id, b.generation)
+    b = source.heartbeat_group(g, b.member_id, b.generation)
+    source.join_group(other, None, "c", ["orders"], "clustering", "average", 10_000)
+    source.commit_offsets(g, "orders", {p: 1 for p in b.assignment["orders"]}, b.member_id, b.generation)
+    source.moving = lambda queue, partition: (queue, partition) == (COORDINATOR_QUEUE, 1)
+    for call in (
+        lambda: source.heartbeat_group(g, a.member_id, b.generation),
+        lambda: source.join_group(g, None, "c", ["orders"], "clustering", "average", 10_000),
+        lambda: source.leave_group(g, b.member_id),
+    ):
+        with pytest.raises(NotCoordinatorError, match=f"coordinator of group '{g}' is moving to another broker"):
+            call()
+    source.heartbeat_group(other, source.describe_group(other).members[0].member_id, 0)  # partition 2 stays
+    handed = source.hand_off(1)
+    assert [h.name for h in handed] == [g] and len(handed[0].members) == 2
+
+    t_store = MemoryStore()
+    t_offsets, t_node = OffsetStore(t_store), FakeNode()
+    t_offsets.join_cluster(t_node)
+    t_store.create_queue(COORDINATOR_QUEUE, QueueConfig(partitions=PARTITIONS, ttl_s=None, flush="sync"), internal=True)
+    t_store.create_queue("orders", QueueConfig(partitions=3))
+    target = GroupCoordinator(t_store, t_offsets, clock=lambda: 5.0)  # another broker's clock
+    target.adopt(1, handed)
+    assert target.list_groups() == []  # not its own until it leads the partition
+    t_node.leading.add(1)
+    target.load_partition(1)  # no grace: who holds what came with the group
+    got = target.heartbeat_group(g, a.member_id, b.generation)
+    assert (got.generation, got.assignment, got.pending) == (b.generation, a.assignment, False)
+    target.commit_offsets(g, "orders", {p: 2 for p in b.assignment["orders"]}, b.member_id, b.generation)
+    assert {s.group: s.members for s in target.list_groups()} == {g: 2}
+    target.adopt(1, [])  # a hand-off asked again replaces the last one whole
+    with pytest.raises(UnknownMemberError):
+        target.heartbeat_group(g, a.member_id, b.generation)
+
+
 def test_a_moves_fence_waits_for_a_commit_under_way_then_refuses_the_next():
     """The real Mover as the commit's ``producing``: the commit accepted before the fence
     is in the end offset the source publishes (so the target copies it); the next one is

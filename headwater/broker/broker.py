@@ -615,14 +615,21 @@ class Broker:
             self.cluster.check_leader(name, partition & ~DELAYED_PARTITION_BIT)
 
     def hand_off_delayed(
-        self, queue: str, partition: int, leader_epoch: int, after: int, max_bytes: int, shared: bool = False
+        self,
+        queue: str,
+        partition: int,
+        leader_epoch: int,
+        after: int,
+        max_bytes: int,
+        shared: bool = False,
+        groups: bool = False,
     ) -> HandoffPage:
         """HANDOFF_DELAYED, broker to broker: a page of a partition's delayed messages (or,
-        ``shared``, of its shared groups' state) for its move's target
-        (headwater.broker.delay_moves)."""
+        ``shared``, of its shared groups' state; ``groups``, of its consumer groups'
+        membership) for its move's target (headwater.broker.delay_moves)."""
         if self.delayed_moves is None:
             raise _not_a_cluster("handing off delayed messages")
-        return self.delayed_moves.hand_off(queue, partition, leader_epoch, after, max_bytes, shared)
+        return self.delayed_moves.hand_off(queue, partition, leader_epoch, after, max_bytes, shared, groups)
 
     def delay_stats(self) -> DelayStats:
         return self.delay.stats()

@@ -106,7 +106,7 @@ class ClusterNode:
         # delayed messages go only to partitions led here, and move with them, as shared state does
         self.delayed = DelayedMoves(
             broker.delay, broker.store, self.coord, self.broker_id, lambda: self.cache.view,
-            lambda: membership.active, self.mover, self.producing, shared=broker.shared,
+            lambda: membership.active, self.mover, self.producing, shared=broker.shared, groups=broker.groups,
         )  # fmt: skip
         self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._worker = threading.Thread(target=self._run, name="headwater-cluster", daemon=True)

@@ -1,9 +1,11 @@
-"""Delayed messages and shared groups' state move with their partition (docs/design/delay.md,
-"On a cluster"; docs/design/cluster.md, "Shared groups"): a cluster member's side of it,
-between the delay service (:mod:`headwater.broker.delay`), the shared groups
-(:mod:`headwater.broker.shared`) and the moves (:mod:`headwater.broker.mover`). One hand-off
-carries both: HANDOFF_DELAYED, its pages of delayed batches, then (``shared``) its pages of
-the groups' windows, under the same fence and epoch rule.
+"""Delayed messages, shared groups' state and consumer groups' membership move with their
+partition (docs/design/delay.md, "On a cluster"; docs/design/cluster.md, "Shared groups",
+"Moving a partition"): a cluster member's side of it, between the delay service
+(:mod:`headwater.broker.delay`), the shared groups (:mod:`headwater.broker.shared`), the group
+coordinator (:mod:`headwater.broker.groups`) and the moves (:mod:`headwater.broker.mover`).
+One hand-off carries all: HANDOFF_DELAYED, its pages of delayed batches, then (``shared``)
+its pages of the groups' windows, and for a partition of the coordinator queue (``groups``)
+the membership of its consumer groups, under the same fence and epoch rule.
 
 - **The gate** of the delay service: a batch is delivered only to a partition this broker
   leads now (its session lives, the view names it leader, no move has fenced it here), at a
@@ -15,8 +17,10 @@ the groups' windows, under the same fence and epoch rule.
   partition it still had (a hand-off asked again replaces the last one whole), then adopts
   every page, durably, gated at the move's leader epoch + 1; then it takes every group's
   state of the partition, replacing whatever it had of it, durably (acted on only once it
-  leads the partition, which is at that epoch); only then does the mover report
-  ``delayed_taken`` (both taken), which the controller's switch waits for.
+  leads the partition, which is at that epoch), and of a coordinator queue's partition the
+  consumer groups' membership (in memory, as membership always is; served once it leads
+  the partition); only then does the mover report ``delayed_taken`` (all taken), which the
+  controller's switch waits for.
 - **Strays**: the batches and the shared state of a partition another broker leads, with no
   move of it to or from here, are forgotten (MOVED) once ZooKeeper itself shows that, as the
   mover drops the data: the source's after the switch, a target's after a rollback (it never
@@ -35,17 +39,22 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
+import msgspec
+
 from headwater.broker.delay import DelayService
 from headwater.broker.delay.handoff import HOLD_ALL
+from headwater.broker.groups import GroupCoordinator
 from headwater.broker.mover import Mover
 from headwater.broker.peer import PeerClient
 from headwater.broker.shared import SharedGroups
 from headwater.cluster.coordination import Coordination, NoNodeError
 from headwater.cluster.metadata import ClusterView
 from headwater.cluster.records import PartitionRecord, decode, paths
-from headwater.errors import NotLeaderError, UnavailableError
+from headwater.errors import NotLeaderError, UnavailableError, UsageError
+from headwater.model.cluster import COORDINATOR_QUEUE
 from headwater.model.config import is_internal_queue
 from headwater.model.delay import HandoffPage
+from headwater.model.groups import HandedOffGroup
 from headwater.model.shared import HandedOffShared
 from headwater.storage.api import Store
 
@@ -73,9 +82,11 @@ class DelayedMoves:
         mover: Mover,
         producing: Callable[[str, int], AbstractContextManager[None]],
         shared: SharedGroups | None = None,
+        groups: GroupCoordinator | None = None,
     ) -> None:
         self.delay = delay
         self.shared = shared
+        self.groups = groups
         self.store = store
         self.coord = coord
         self.broker_id = broker_id
@@ -89,12 +100,16 @@ class DelayedMoves:
         self.delay.gate = self
         if self.shared is not None:
             self.shared.moving = self._mover.moving
+        if self.groups is not None:
+            self.groups.moving = self._mover.moving
 
     def close(self) -> None:
         self.delay.gate = HOLD_ALL  # still a cluster's member: deliver nothing until it joins again
         self._mover.delayed = None
         if self.shared is not None:
             self.shared.moving = None
+        if self.groups is not None:
+            self.groups.moving = None
 
     # -- the gate (the dispatcher, under the delay service's lock) ----------------------------
 
@@ -123,11 +138,18 @@ class DelayedMoves:
     # -- the source ---------------------------------------------------------------------------
 
     def hand_off(
-        self, queue: str, partition: int, leader_epoch: int, after: int, max_bytes: int, shared: bool = False
+        self,
+        queue: str,
+        partition: int,
+        leader_epoch: int,
+        after: int,
+        max_bytes: int,
+        shared: bool = False,
+        groups: bool = False,
     ) -> HandoffPage:
         """A page of the partition's delayed batches (``shared``: of its shared groups'
-        state) for the move planned at ``leader_epoch`` (HANDOFF_DELAYED), once this broker
-        has fenced the partition for it."""
+        state; ``groups``: of its consumer groups' membership) for the move planned at
+        ``leader_epoch`` (HANDOFF_DELAYED), once this broker has fenced the partition for it."""
         if self._mover.fenced_epoch(queue, partition) != leader_epoch:
             raise NotLeaderError(
                 f"broker {self.broker_id} has not fenced {queue}[{partition}] for its move at leader epoch "
@@ -135,6 +157,10 @@ class DelayedMoves:
             )
         queue_id = self.store.describe_queue(queue).queue_id
         max_bytes = max(1, min(max_bytes, HANDOFF_BYTES_MAX))
+        if groups:
+            if self.groups is None or queue != COORDINATOR_QUEUE:
+                return HandoffPage([], False)
+            return _page_of_groups(self.groups.hand_off(partition), after, max_bytes)
         if shared:
             if self.shared is None:
                 return HandoffPage([], False)
@@ -164,6 +190,42 @@ class DelayedMoves:
         log.info("took %d delayed batch(es) of %s[%d] from broker %s", taken, queue, partition, peer.address)
         if self.shared is not None:
             self._take_shared(peer, queue, queue_id, partition, leader_epoch)
+        if self.groups is not None and queue == COORDINATOR_QUEUE:
+            self._take_groups(peer, partition, leader_epoch)
+
+    def _take_groups(self, peer: PeerClient, partition: int, leader_epoch: int) -> None:
+        """Adopt the membership of the consumer groups of a coordinator queue's partition,
+        all pages at once. A source that cannot hand it off (an older broker refuses the
+        request) hands off none: its groups' members join again here, as before."""
+        assert self.groups is not None
+        items: list[HandedOffGroup] = []
+        try:
+            while True:
+                page = peer.hand_off_groups(
+                    COORDINATOR_QUEUE, partition, leader_epoch, len(items) - 1, HANDOFF_BYTES_MAX
+                )
+                items.extend(page.groups)
+                if not page.more or not page.groups:
+                    break
+        except UsageError as e:
+            log.warning(
+                "broker %s did not hand off the groups of %s[%d] (%s): their members join again",
+                peer.address,
+                COORDINATOR_QUEUE,
+                partition,
+                e,
+            )
+            items = []
+        self.groups.adopt(partition, items)
+        members = sum(len(g.members) for g in items)
+        log.info(
+            "took %d consumer group(s) (%d member(s)) of %s[%d] from broker %s",
+            len(items),
+            members,
+            COORDINATOR_QUEUE,
+            partition,
+            peer.address,
+        )
 
     def _take_shared(self, peer: PeerClient, queue: str, queue_id: int, partition: int, leader_epoch: int) -> None:
         """Adopt every shared group's state of the partition, all pages at once (so what was
@@ -240,3 +302,19 @@ class DelayedMoves:
             return False
         part = decode(raw, PartitionRecord, paths.partition(queue, partition))
         return part.leader != self.broker_id and self.coord.exists(paths.move(queue, partition)) is None
+
+
+def _page_of_groups(groups: list[HandedOffGroup], after: int, max_bytes: int) -> HandoffPage:
+    """The groups from index ``after + 1`` on, as many as fit in about ``max_bytes`` (one at
+    least); ``more`` when some are left."""
+    out: list[HandedOffGroup] = []
+    size = 0
+    i = after + 1
+    while i < len(groups):
+        n = len(msgspec.msgpack.encode(groups[i]))
+        if out and size + n > max_bytes:
+            break
+        out.append(groups[i])
+        size += n
+        i += 1
+    return HandoffPage([], i < len(groups), groups=out)

@@ -10,10 +10,16 @@ committed offsets are durable. On a cluster this broker coordinates the groups o
 coordinator queue's partitions it leads: every call first asks the offsets whether it
 coordinates the group now (NotCoordinatorError otherwise), and the cluster node calls
 :meth:`GroupCoordinator.load_partition` and :meth:`GroupCoordinator.unload_partition` as
-partitions come and go. Members whose session ran out are removed lazily, by the
-next call that touches their group (a survivor's heartbeat, a describe, a commit), never by
-a timer: nobody can observe a group without such a call, and survivors only learn of a
-rebalance through their own heartbeats anyway.
+partitions come and go. When such a partition moves, its groups' membership moves with it:
+once the move has fenced the partition here (``moving``), membership calls of its groups
+are refused (NotCoordinatorError: ask again) and :meth:`GroupCoordinator.hand_off` gives the
+new coordinator the members, generations and holders, which :meth:`GroupCoordinator.adopt`
+takes, so the members go on there without joining again.
+
+Members whose session ran out are removed lazily, by the next call that touches their group
+(a survivor's heartbeat, a describe, a commit), never by a timer: nobody can observe a group
+without such a call, and survivors only learn of a rebalance through their own heartbeats
+anyway.
 
 Locking: one lock serialises the state machine (every call on it is short, no I/O). A
 member's commit is checked and written under a second lock of its group (striped), which
@@ -31,11 +37,18 @@ from collections.abc import Callable, Iterable
 
 from headwater.broker.membership import Membership
 from headwater.broker.offsets import OffsetStore
-from headwater.errors import GroupNotEmptyError, GroupNotFoundError, HeadwaterError, QueueNotFoundError
+from headwater.errors import (
+    GroupNotEmptyError,
+    GroupNotFoundError,
+    HeadwaterError,
+    NotCoordinatorError,
+    QueueNotFoundError,
+)
 from headwater.model.groups import (
     GroupAssignment,
     GroupDescription,
     GroupSummary,
+    HandedOffGroup,
     validate_group_name,
 )
 from headwater.storage.api import Store
@@ -71,6 +84,8 @@ class GroupCoordinator:
         self._stripes = [threading.Lock() for _ in range(COMMIT_LOCK_STRIPES)]
         self._counts: dict[str, tuple[int, float, int]] = {}  # queue -> (partitions, until, queue id)
         self._membership = Membership(self._partitions_of, incarnation=secrets.token_hex(3), members_max=members_max)
+        # on a cluster: whether a move has fenced (queue, partition) here (Mover.moving)
+        self.moving: Callable[[str, int], bool] | None = None
 
     def hold_grants_after_restart(self, grace_ms: float = RESTART_GRACE_MS) -> None:
         """Called when the broker starts serving the network: see :data:`RESTART_GRACE_MS`.
@@ -82,11 +97,41 @@ class GroupCoordinator:
     def load_partition(self, partition: int, grace_ms: float = RESTART_GRACE_MS) -> None:
         """Take over the groups of the offsets' ``partition`` (this broker came to lead it):
         load their offsets, and hold their grants as after a restart, since the members of
-        the previous coordinator may still be reading."""
+        the previous coordinator may still be reading; a group whose members were handed
+        over (:meth:`adopt`) is not held: who holds what came with it."""
         self._offsets.load(partition)
         groups = self._offsets.group_queues(partition)
         with self._lock:
-            self._membership.hold_grants(groups, self._now_ms() + grace_ms)
+            now = self._now_ms()
+            held = [g for g in groups if not self._membership.live_members(g, now)]
+            self._membership.hold_grants(held, now + grace_ms)
+
+    def hand_off(self, partition: int) -> list[HandedOffGroup]:
+        """The membership of the groups of the offsets' ``partition``, for the broker it
+        moves to; the caller has checked that the move fenced it here, so no call changes
+        them any more (:meth:`_check_moving`)."""
+        with self._lock:
+            names = [g for g in self._membership.groups() if self._offsets.home_partition(g) == partition]
+            return self._membership.hand_off(names, self._now_ms())
+
+    def adopt(self, partition: int, groups: list[HandedOffGroup]) -> None:
+        """Take the groups of the offsets' ``partition`` handed off by the broker it moves
+        from, in place of whatever was here of that partition's groups (a hand-off asked
+        again replaces the last one whole); served once this broker leads the partition."""
+        with self._lock:
+            for g in self._membership.groups():
+                if self._offsets.home_partition(g) == partition:
+                    self._membership.forget(g)
+            self._membership.adopt(groups, self._now_ms())
+
+    def _check_moving(self, group: str, partition: int) -> None:
+        """Under the lock: refuse a membership call of a group whose partition a move has
+        fenced here (its membership is being handed off; the new coordinator answers soon)."""
+        if self.moving is not None and self.moving(self._offsets.queue, partition):
+            raise NotCoordinatorError(
+                f"the coordinator of group {group!r} is moving to another broker (with partition {partition} of "
+                f"{self._offsets.queue}): ask again in a moment"
+            )
 
     def unload_partition(self, partition: int) -> None:
         """Give up the groups of the offsets' ``partition`` (another broker leads it now):
@@ -143,8 +188,9 @@ class GroupCoordinator:
         session_timeout_ms: int,
     ) -> GroupAssignment:
         validate_group_name(group)
-        self._offsets.partition_of(group)  # NotCoordinatorError unless this broker coordinates it
+        k = self._offsets.partition_of(group)  # NotCoordinatorError unless this broker coordinates it
         with self._stripe(group), self._lock:
+            self._check_moving(group, k)
             return self._membership.join(
                 group,
                 member_id=member_id,
@@ -158,14 +204,16 @@ class GroupCoordinator:
 
     def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
         validate_group_name(group)
-        self._offsets.partition_of(group)  # NotCoordinatorError unless this broker coordinates it
+        k = self._offsets.partition_of(group)  # NotCoordinatorError unless this broker coordinates it
         with self._stripe(group), self._lock:
+            self._check_moving(group, k)
             return self._membership.heartbeat(group, member_id, generation, self._now_ms())
 
     def leave_group(self, group: str, member_id: str) -> None:
         validate_group_name(group)
-        self._offsets.partition_of(group)  # NotCoordinatorError unless this broker coordinates it
+        k = self._offsets.partition_of(group)  # NotCoordinatorError unless this broker coordinates it
         with self._stripe(group), self._lock:
+            self._check_moving(group, k)
             self._membership.leave(group, member_id, self._now_ms())
 
     def describe_group(self, group: str) -> GroupDescription:
@@ -182,7 +230,10 @@ class GroupCoordinator:
             with self._stripe(name), self._lock:
                 self._membership.expire(self._now_ms(), name)
         with self._lock:
-            return self._membership.summaries(self._now_ms(), offset_queues, expire=False)
+            listed = self._membership.summaries(self._now_ms(), offset_queues, expire=False)
+        # a group handed over here ahead of a move's switch (or left by one rolled back) is
+        # another broker's to list
+        return [s for s in listed if s.group in offset_queues or not self._not_here(s.group)]
 
     def delete_group(self, group: str, queue: str | None = None) -> None:
         """Delete the group's committed offsets (on ``queue`` alone, if given), unless it

@@ -67,6 +67,8 @@ from headwater.model.groups import (
     GroupMode,
     GroupState,
     GroupSummary,
+    HandedOffGroup,
+    HandedOffMember,
     MemberDescription,
     MemberState,
     Transition,
@@ -300,6 +302,57 @@ class Membership:
         members hear NotCoordinator here, UnknownMember there, and join again)."""
         self._groups.pop(group, None)
         self._grants_held.pop(group, None)
+
+    def hand_off(self, groups: Iterable[str], now_ms: float) -> list[HandedOffGroup]:
+        """The membership of these groups (those with members), for their new coordinator
+        (:meth:`adopt`); session deadlines are not handed: they begin again there."""
+        out = []
+        for name in sorted(set(groups)):
+            g = self._groups.get(name)
+            if g is None or not g.members:
+                continue
+            members = [
+                HandedOffMember(
+                    m.member_id,
+                    m.client_id,
+                    sorted(m.queues),
+                    m.session_timeout_ms,
+                    sorted(m.target),
+                    sorted(m.held),
+                    m.acked_generation,
+                )
+                for m in g.members.values()
+            ]
+            held = max(0.0, self._grants_held.get(name, 0.0) - now_ms)
+            out.append(HandedOffGroup(name, g.mode.value, g.strategy, g.generation, dict(g.counts), members, held))
+        return out
+
+    def adopt(self, groups: Iterable[HandedOffGroup], now_ms: float) -> None:
+        """Take over groups handed off by their old coordinator (:meth:`hand_off`), replacing
+        whatever was here of them: the same members, generations and holders, so members go
+        on without joining again; each member's session begins now."""
+        for h in groups:
+            g = _Group(h.name, GroupMode(h.mode), h.strategy, h.generation, counts=dict(h.counts))
+            for hm in h.members:
+                m = _Member(
+                    hm.member_id,
+                    hm.client_id,
+                    frozenset(hm.queues),
+                    hm.session_timeout_ms,
+                    now_ms + hm.session_timeout_ms,
+                    now_ms,
+                    target={(q, p) for q, p in hm.target},
+                    held={(q, p) for q, p in hm.held},
+                    acked_generation=hm.acked_generation,
+                )
+                g.members[m.member_id] = m
+                if g.mode is GroupMode.CLUSTERING:
+                    g.holder.update(dict.fromkeys(m.held, m.member_id))
+            self._groups[h.name] = g
+            self._generations = max(self._generations, h.generation)  # a generation is never reused
+            self._grants_held.pop(h.name, None)
+            if h.grants_held_ms > 0:
+                self._grants_held[h.name] = now_ms + h.grants_held_ms
 
     def live_members(self, group: str, now_ms: float) -> int:
         """How many live members ``group`` has (expiring those whose session ran out)."""

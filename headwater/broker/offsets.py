@@ -53,7 +53,7 @@ from headwater.errors import InvalidArgumentError, NotCoordinatorError, NotLeade
 from headwater.model.batch import encode_batch
 from headwater.model.batch_reads import decode_records
 from headwater.model.checks import check_int_arg, check_name, check_offsets_given
-from headwater.model.cluster import COORDINATOR_QUEUE
+from headwater.model.cluster import COORDINATOR_QUEUE, coordinator_partition
 from headwater.model.config import PartitionBounds, QueueConfig
 from headwater.model.message import Message
 from headwater.storage.api import Store
@@ -163,6 +163,12 @@ class OffsetStore:
         with self._lock:
             self._tables.pop(partition, None)
             self._appended.pop(partition, None)
+
+    def home_partition(self, group: str) -> int:
+        """The partition of the commit queue ``group`` belongs to, whoever coordinates it."""
+        if self._place is None:
+            return 0
+        return coordinator_partition(group, len(self._store.describe_queue(self._queue).partitions))
 
     def partition_of(self, group: str) -> int:
         """The partition of ``group``'s commits, if this broker coordinates the group now

@@ -148,6 +148,14 @@ class PeerClient:
         page: HandoffPage = self._call(req, 0.0)
         return page
 
+    def hand_off_groups(self, queue: str, partition: int, leader_epoch: int, after: int, max_bytes: int) -> HandoffPage:
+        """A page of the membership of the consumer groups of a coordinator queue's partition
+        the peer fenced for the move planned at ``leader_epoch``, from the group after index
+        ``after`` (HANDOFF_DELAYED with ``groups``; ``NotLeaderError`` until it has fenced)."""
+        req = HandoffDelayedRequest(queue, partition, leader_epoch, after, max_bytes, groups=True)
+        page: HandoffPage = self._call(req, 0.0)
+        return page
+
     def produce(self, queue: str, partition: int, batch: bytes) -> ProduceResult:
         """Append one record batch to ``queue``'s ``partition`` at the peer (its leader),
         answered once the peer's flush policy made it durable (a shared group's dead

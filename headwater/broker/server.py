@@ -448,6 +448,7 @@ class BrokerServer:
                 body.after,
                 body.max_bytes,
                 body.shared,
+                body.groups,
             )
             return HandoffDelayedResponse(page)
         return await self.loop.run_in_executor(self._pool, invoke, self.broker, body)

@@ -61,6 +61,7 @@ from headwater.model.batch import (
     tags_mask,
 )
 from headwater.model.batch_reads import decode_records
+from headwater.model.groups import HandedOffGroup
 from headwater.model.message import Message, datetime_ms, warn_caller, warn_if_local_naive
 from headwater.model.shared import HandedOffShared
 
@@ -344,12 +345,14 @@ class HandedOffBatch(msgspec.Struct, frozen=True, array_like=True):
 class HandoffPage(msgspec.Struct, frozen=True, array_like=True):
     """Some of a partition's delayed batches, by ascending ``accept_seq``; ``more``: ask
     again after the last one's. A page of the partition's shared-group state instead (the
-    request's ``shared``) holds no batches but ``shared``, by group name; ``more``: ask
-    again after the index of the last group handed."""
+    request's ``shared``) holds no batches but ``shared``, by group name; one of a
+    coordinator queue partition's consumer groups (``groups``) holds ``groups``, by name;
+    ``more``: ask again after the index of the last group handed."""
 
     batches: list[HandedOffBatch]
     more: bool
     shared: list[HandedOffShared] = []
+    groups: list[HandedOffGroup] = []
 
 
 class DelayStats(msgspec.Struct, frozen=True, kw_only=True):

@@ -33,6 +33,8 @@ __all__ = [
     "MemberDescription",
     "GroupDescription",
     "GroupSummary",
+    "HandedOffGroup",
+    "HandedOffMember",
     "validate_group_name",
     "CLIENT_ID_CHARS_MAX",
     "CLIENT_ID_BAD",
@@ -179,3 +181,33 @@ class GroupSummary(msgspec.Struct, frozen=True, kw_only=True):
     generation: int = 0
     members: int = 0
     queues: list[str] = []  # subscribed, or with committed offsets
+
+
+class HandedOffMember(msgspec.Struct, frozen=True, array_like=True):
+    """One member of a :class:`HandedOffGroup`: who it is, what it reads, its session
+    timeout, its ``target`` and the partitions it ``held`` as ``(queue, partition)`` pairs,
+    and the generation it last acknowledged."""
+
+    member_id: str
+    client_id: str
+    queues: list[str]
+    session_timeout_ms: int
+    target: list[tuple[str, int]]
+    held: list[tuple[str, int]]
+    acked_generation: int
+
+
+class HandedOffGroup(msgspec.Struct, frozen=True, array_like=True):
+    """A consumer group's membership handed from its old coordinator to its new one when the
+    coordinator queue's partition moves (docs/design/cluster.md, "Moving a partition"), so
+    its members go on at the new one without joining again: the mode, the strategy, the
+    generation, the partition counts of its last rebalance, the members, and how long from
+    now grants of its partitions were still held (after a restart: ``grants_held_ms``)."""
+
+    name: str
+    mode: str
+    strategy: str
+    generation: int
+    counts: dict[str, int]
+    members: list[HandedOffMember]
+    grants_held_ms: float = 0.0

@@ -50,8 +50,12 @@ class HandoffDelayedRequest(RequestBody, frozen=True, array_like=True):
     ``shared``: the shared groups' state of the partition instead (docs/design/cluster.md,
     "Moves"), one :class:`~headwater.model.shared.HandedOffShared` per group, by group name,
     from the one after index ``after`` (-1: from the first); same fence, same epoch rule.
-    One request for both kinds of a partition's state, not a second key: the two differ
-    only in what the page holds."""
+    ``groups``: of a coordinator queue's partition, the membership of its consumer groups
+    (one :class:`~headwater.model.groups.HandedOffGroup` each, by name, from the one after
+    index ``after``), so their members go on at the new coordinator without joining again.
+
+    One request for every kind of a partition's state, not a key each: they differ only in
+    what the page holds."""
 
     api = ApiKey.HANDOFF_DELAYED
     queue: str
@@ -60,6 +64,7 @@ class HandoffDelayedRequest(RequestBody, frozen=True, array_like=True):
     after: int
     max_bytes: int
     shared: bool = False
+    groups: bool = False
 
 
 class HandoffDelayedResponse(ResponseBody, frozen=True, array_like=True):
