@@ -275,10 +275,24 @@ class Simulation:
         assert all(x.fenced for x in others), "a stale context is unfenced after healing"
         return leader
 
+    def _snapshot(self) -> tuple[list, list]:
+        """The observer's history and every candidate's contexts, as of one moment: an
+        election may still grant an epoch after the observer caught up (a step's expiry
+        reaching a candidate late), and a context of it read after the history is then
+        newer than the history; look again until none is."""
+        deadline = time.monotonic() + 10
+        while True:
+            eventually(self.observer.caught_up, "the observer catching up")
+            with self.observer.lock:
+                history = list(self.observer.history)
+            contexts = [ctx for c in self.candidates + self.retired for ctx in c.contexts]
+            top = max((e for kind, e, _ in history if kind == "epoch"), default=0)
+            if max((ctx.epoch for ctx in contexts), default=0) <= top or time.monotonic() > deadline:
+                return history, contexts
+            time.sleep(0.01)
+
     def check(self) -> None:
-        eventually(self.observer.caught_up, "the observer catching up")
-        with self.observer.lock:
-            history = list(self.observer.history)
+        history, contexts = self._snapshot()
         epoch, written = 0, []
         for kind, e, value in history:
             if kind == "epoch":
@@ -288,7 +302,6 @@ class Simulation:
                 assert e == epoch, f"write {value} of epoch {e} taken while epoch {epoch} was the highest"
                 written.append((e, value))
         assert sorted(written) == sorted(self.accepted), "the writes taken are not the writes told accepted"
-        contexts = [ctx for c in self.candidates + self.retired for ctx in c.contexts]
         epochs = [ctx.epoch for ctx in contexts]
         assert len(set(epochs)) == len(epochs), f"one epoch granted twice: {sorted(epochs)}"
         assert max(epochs, default=0) <= epoch
