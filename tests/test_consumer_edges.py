@@ -86,6 +86,44 @@ def test_a_queue_created_again_resets_positions_by_auto_offset_reset(hw, stream,
     c.close()
 
 
+@STREAM
+@pytest.mark.parametrize("reset", ["earliest", "latest"])
+def test_a_queue_created_again_longer_is_told_by_its_id(hw, stream, reset):
+    """Created again and already past the old positions, the new queue used to be read on from
+    them (its first messages skipped): every batch carries its queue's id, so the consumer
+    sees the new queue in what it reads and moves every partition by auto_offset_reset."""
+    hw.admin.create_queue("c", partitions=2)
+    hw.send_batch("c", [b"old%d" % i for i in range(10)], partition=0)
+    hw.send_batch("c", [b"old%d" % i for i in range(4)], partition=1)
+    c = hw.consumer(group="g", stream=stream, auto_offset_reset=reset)
+    c.assign("c")
+    c.seek_to_beginning("c")
+    assert len(_read_all(c, 14)) == 14
+    hw.admin.delete_queue("c")
+    hw.admin.create_queue("c", partitions=2)
+    new = {0: [b"new0-%d" % i for i in range(15)], 1: [b"new1-%d" % i for i in range(6)]}
+    for p, bodies in new.items():
+        hw.send_batch("c", bodies, partition=p)
+    got: list[bytes] = []
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline and (
+        len(got) < 21 if reset == "earliest" else (c.position("c", 0), c.position("c", 1)) != (15, 6)
+    ):
+        try:
+            got += [r.body for r in c.poll(timeout_ms=300)]
+        except QueueNotFoundError:  # a read in flight (or the stream) saw the queue deleted
+            pass
+    if reset == "earliest":
+        assert sorted(got) == sorted(new[0] + new[1])  # each once, none skipped
+    else:
+        assert got == [] and (c.position("c", 0), c.position("c", 1)) == (15, 6)
+        hw.send("c", b"later", partition=1)
+        assert _read_all(c, 1) == [b"later"]
+    c.commit()
+    assert c.committed("c", 0) == 15
+    c.close()
+
+
 def test_a_committed_offset_past_the_end_starts_by_auto_offset_reset(hw):
     _filled(hw)
     info = hw.admin.describe_queue("c")

@@ -181,18 +181,18 @@ class ConsumerBase(ConsumerPositions, Twins):
     def _collect(self) -> int:
         """Take the records of the fetches that ended; the records taken."""
         got = 0
-        for tp, (pos, fut) in list(self._inflight.items()):
-            if not fut.done():
-                continue
+        for tp, entry in list(self._inflight.items()):
+            pos, fut = entry
+            if not fut.done() or self._inflight.get(tp) is not entry:
+                continue  # not answered yet, or dropped meanwhile (its queue created again)
             del self._inflight[tp]
             res: FetchResult | None = self._outage.result(fut)  # a fetch's error is this poll's error...
             if res is None:
                 continue  # ... unless the broker restarts: read again on the next turn
             if self._fetch_pos.get(tp) != pos:
                 continue  # the application seeked meanwhile: this answer is stale
-            if pos > res.end_offset:
-                self._reset_past_end(tp, res.start_offset, res.end_offset)
-                continue
+            if self._off_course(tp, res.start_offset, res.end_offset, res.batches):
+                continue  # the position moved: past the end, or the queue was created again
             start = max(pos, res.start_offset)  # records before start expired: skip them
             got += take_batches(
                 tp, res.batches, start, res.next_offset, self._fetch_pos, self._consumed, self._buffers, self._tags
@@ -206,7 +206,7 @@ class ConsumerBase(ConsumerPositions, Twins):
         ``remaining`` seconds for a push (or an answer to an opening). The records taken."""
         streams = self._streams
         assert streams is not None
-        got = streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags, self._reset_past_end)
+        got = streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags, self._off_course)
         if got:
             return got
         streams.open_missing(self._reading())
@@ -219,7 +219,7 @@ class ConsumerBase(ConsumerPositions, Twins):
                 )
             finally:
                 self._push_waiter = None
-        return streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags, self._reset_past_end)
+        return streams.take(self._fetch_pos, self._consumed, self._buffers, self._tags, self._off_course)
 
     # -- offsets and closing ------------------------------------------------------------
 

@@ -17,7 +17,9 @@ seek end (:meth:`_seeks_to_check`, :meth:`_check_seeks`) and raises
 stays there. A position the consumer finds past the end while reading (the queue was
 deleted and created again, or a committed offset lies past a new queue's end) is moved by
 ``auto_offset_reset`` (:meth:`_reset_past_end`), as Kafka's consumer does on
-OffsetOutOfRange: reading on from there would skip every record up to it, silently.
+OffsetOutOfRange: reading on from there would skip every record up to it, silently. A queue
+created again already past the positions is told by the queue id every stored batch
+carries (:meth:`_off_course`): all its partitions are moved alike (:meth:`_queue_recreated`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import concurrent.futures
 import itertools
 import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from headwater.client.common.closing import Closable
@@ -36,11 +38,12 @@ from headwater.client.transport.cluster_fetch import ClusterFetchStreams, PlansF
 from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams, FetchStreamsBase
 from headwater.client.transport.polling import Outage, RecordBuffers
 from headwater.errors import InvalidArgumentError, InvalidMessageIdError, WakeupError
-from headwater.model.batch import tags_mask
+from headwater.model.batch import decode_header, tags_mask
 from headwater.model.checks import tag_filter_arg
 from headwater.model.config import QueueInfo
 from headwater.model.groups import validate_group_name
 from headwater.model.message import MessageId
+from headwater.model.positions import OFFSET_MAX
 from headwater.model.service import OpensFetchStreams
 
 __all__ = ["ConsumerPositions", "TP"]
@@ -99,6 +102,7 @@ class ConsumerPositions(Closable):
         self._rotation = itertools.count()  # which partition's read is launched first, turn by turn
         self._outage = Outage(service)  # reads that failed while the broker restarts are tried again
         self._queue_ids: dict[str, int] = {}
+        self._reset_in: set[TP] = set()  # moved past its end: into the queue created again, maybe
         self._closed = False
         # a future a subclass may complete to end a waiting poll early (the group consumers
         # do, when their assignment changes)
@@ -170,6 +174,7 @@ class ConsumerPositions(Closable):
             for d in (self._fetch_pos, self._consumed, self._stored, self._buffers):
                 d.pop(tp, None)
             self._seeked.discard(tp)
+            self._reset_in.discard(tp)
             self._paused.discard(tp)  # assigned again (a rebalance), it is read at once
             self._drop_fetch(tp)
             if self._streams is not None:
@@ -310,6 +315,50 @@ class ConsumerPositions(Closable):
                     f"next message); seek to an offset up to {end}, or seek_to_end({queue!r}, {tp[1]})"
                 )
 
+    def _off_course(self, tp: TP, start_offset: int, end_offset: int, batches: Sequence[Any]) -> bool:
+        """Whether a read of ``tp`` (the partition's bounds and the batches it returned)
+        shows that the position no longer means what it did, having moved it: past the end
+        (:meth:`_reset_past_end`), or batches of another queue id than this consumer's: the
+        queue was deleted and created again under it (:meth:`_queue_recreated`)."""
+        if self._fetch_pos[tp] > end_offset:
+            self._reset_past_end(tp, start_offset, end_offset)
+            return True
+        if not batches:
+            return False
+        known = self._queue_ids.get(tp[0])
+        queue_id = decode_header(batches[0]).queue_id
+        if known is None or queue_id == known:
+            self._reset_in.discard(tp)
+            return False
+        # a partition moved past its end already stays where that put it, in the new queue;
+        # either way this read is not taken: moving the others drops what was read with it
+        keep = tp if tp in self._reset_in else None
+        self._reset_in.discard(tp)
+        self._queue_recreated(tp[0], known, queue_id, keep=keep)
+        return True
+
+    def _queue_recreated(self, queue: str, old_id: int, new_id: int, keep: TP | None = None) -> None:
+        """A read returned the batches of a new queue of this name (every stored batch
+        carries its queue's id, and this one is another): positions in the old queue mean
+        nothing in the new one, so each partition of it (but ``keep``, whose position a read
+        past the end moved already) goes by ``auto_offset_reset``: to its start (0: a first
+        read skips what is not retained) or past its end, which its next read moves to the end."""
+        earliest = self.auto_offset_reset == "earliest"
+        log.warning(
+            "queue %r was deleted and created again (queue id %d, now %d): positions in the old one mean "
+            "nothing in the new one, so its partitions are read from their %s (auto_offset_reset=%r)",
+            queue,
+            old_id,
+            new_id,
+            "start" if earliest else "end",
+            self.auto_offset_reset,
+        )
+        self._queue_ids[queue] = new_id
+        for tp in [t for t in self._fetch_pos if t[0] == queue]:
+            # ``keep`` read again from where it is (a stream's next pushes would be past it)
+            self._set_position(tp, self._fetch_pos[tp] if tp == keep else 0 if earliest else OFFSET_MAX)
+            self._reset_in.discard(tp)
+
     def _reset_past_end(self, tp: TP, start_offset: int, end_offset: int) -> None:
         """A read found the partition's position past its end: the queue was deleted and
         created again, or lost records its broker had not flushed. Move it by
@@ -326,6 +375,7 @@ class ConsumerPositions(Closable):
             self.auto_offset_reset,
         )
         self._set_position(tp, pos)
+        self._reset_in.add(tp)  # its next batches may be of the queue created again: read on there
 
     def _set_position(self, tp: TP, offset: int) -> None:
         self._seeked.discard(tp)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from headwater.client.transport.polling import Outage, take_batches
@@ -52,7 +52,9 @@ STREAM_WINDOW_BYTES = 4 << 20
 
 TP = tuple[str, int]
 Handler = Callable[[Any], None]
-PastEnd = Callable[[TP, int, int], None]  # (tp, start_offset, end_offset): a position past the end
+# (tp, start_offset, end_offset, batches) of a read: True when its position moved (past the end, or
+# the batches are of the queue created again), so the read is not taken
+ReadCheck = Callable[[TP, int, int, Sequence[Any]], bool]
 
 
 class _Stream:
@@ -223,15 +225,16 @@ class FetchStreamsBase:
         consumed: dict[TP, int],
         buffers: dict[Any, Any],
         tags: frozenset[str] | None,
-        past_end: PastEnd | None = None,
+        check: ReadCheck | None = None,
     ) -> int:
         """Settle the answers to openings, decode each waiting push into the consumer's
         ``buffers`` (``polling.take_batches``) and grant its bytes back as they add up; the
         records taken. Raises why a stream could not be opened, or the reason of a stream the
-        broker ended; forgets a stream whose connection was lost. A push saying a partition's
-        position is past its end (the broker sends one, empty, when it finds that) goes to
-        ``past_end(tp, start_offset, end_offset)``, which moves the position (closing the
-        stream: the rest of its pushes are dropped) or raises; without it, it is ignored."""
+        broker ended; forgets a stream whose connection was lost. Each push goes to
+        ``check(tp, start_offset, end_offset, batches)`` first, which moves the position
+        (closing the stream: the rest of its pushes are dropped) and says so when the push
+        shows it past the partition's end (the broker sends one, empty, when it finds that)
+        or in the queue created again; without it, a push past the end is ignored."""
         got = 0
         streams = self._streams
         for s in list(streams.values()):
@@ -246,7 +249,7 @@ class FetchStreamsBase:
                 if push.ended:
                     self._ended(s, push)
                     break
-                taken, moved = take_push(s.queue, push, fetch_pos, consumed, buffers, tags, past_end)
+                taken, moved = take_push(s.queue, push, fetch_pos, consumed, buffers, tags, check)
                 got += taken
                 if moved and streams.get(s.key) is not s:
                     break  # it moved the position: the stream was closed, the next poll opens another
@@ -306,21 +309,20 @@ def take_push(
     consumed: dict,
     buffers: dict,
     tags: frozenset[str] | None,
-    past_end: PastEnd | None,
+    check: ReadCheck | None,
 ) -> tuple[int, bool]:
     """Decode one push of ``queue``'s stream into the consumer's ``buffers`` from its
-    position (``polling.take_batches``): the records taken, and whether ``past_end`` was
-    called (it may have moved the position and closed the stream: the caller checks). A push
-    of a partition no longer assigned is skipped."""
+    position (``polling.take_batches``): the records taken, and whether ``check`` moved the
+    position (and may have closed the stream: the caller checks). A push of a partition no
+    longer assigned is skipped."""
     tp = (queue, push.partition)
     pos = fetch_pos.get(tp)
     if pos is None:
         return 0, False
-    if pos > push.end_offset:
-        if past_end is None:
-            return 0, False
-        past_end(tp, push.start_offset, push.end_offset)
+    if check is not None and check(tp, push.start_offset, push.end_offset, push.batches):
         return 0, True
+    if pos > push.end_offset:
+        return 0, False
     start = max(pos, push.start_offset)
     return take_batches(tp, push.batches, start, push.next_offset, fetch_pos, consumed, buffers, tags), False
 
