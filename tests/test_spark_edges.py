@@ -401,7 +401,7 @@ def test_a_read_task_keeps_each_rows_offset_time_and_columns(per_batch):
     import msgspec
 
     from headwater import Message
-    from headwater.errors import CorruptDataError
+    from headwater.errors import CorruptDataError, QueueNotFoundError
     from headwater.model.batch import encode_batch
     from headwater.spark.reading import ReadTask, _read
     from headwater.spark.schema import READ_SCHEMA, arrow_schema
@@ -439,6 +439,17 @@ def test_a_read_task_keeps_each_rows_offset_time_and_columns(per_batch):
 
     with pytest.raises(CorruptDataError, match=r"a stored batch of queue 'q' failed its checks \(batch checksum"):
         list(_read(Damaging(), task, schema))
+
+    # the queue deleted and created again between planning and reading: its batches carry
+    # another queue id, and the planned offsets would name other messages
+    hw.admin.delete_queue("q")
+    hw.admin.create_queue("q", partitions=1, ttl_s=None)
+    for compression in (None, "zstd"):  # a plain batch, and one decoded the long way
+        hw.service.produce("q", 0, encode_batch([b"new"] * 5000, compression=compression))
+    for start in (5, 5003):
+        again = ReadTask("", "q", qi.queue_id, 0, start, 10_000, None, True, 64 << 10, 10.0, 60.0)
+        with pytest.raises(QueueNotFoundError, match=r"queue 'q' was deleted and created again after this read was pl"):
+            list(_read(hw.service, again, schema))
 
 
 # -- a broker that lost messages a read had seen -------------------------------------

@@ -25,7 +25,13 @@ from itertools import repeat
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from headwater.errors import CorruptDataError, InvalidBatchError, MessageNotFoundError, UnavailableError
+from headwater.errors import (
+    CorruptDataError,
+    InvalidBatchError,
+    MessageNotFoundError,
+    QueueNotFoundError,
+    UnavailableError,
+)
 from headwater.model.batch import check_batch, decode_payload, tags_mask
 from headwater.model.batch_reads import plain_batch
 from headwater.model.service import FetchesAsync, FetchResult
@@ -191,6 +197,15 @@ def _message_ids(offsets: pa.Array, prefix: str, string_type: pa.DataType) -> pa
     )
 
 
+def _recreated(task: ReadTask, queue_id: int) -> str:
+    """Why a read found the batches of another queue of the same name (every stored batch
+    carries its queue's id): its planned offsets would name other messages."""
+    return (
+        f"queue {task.queue!r} was deleted and created again after this read was planned (queue id "
+        f"{task.queue_id}, now {queue_id}): its planned offsets mean nothing in the new queue; read it again"
+    )
+
+
 def _check(batch: bytes, queue: str):
     try:
         return check_batch(batch)
@@ -278,12 +293,16 @@ def _read(service, task: ReadTask, schema: pa.Schema) -> Iterator[pa.RecordBatch
         for raw in res.batches:
             got = plain_batch(raw)  # checked and decoded in one call (batches of one message: most of the time)
             if got is not None:
-                _, _, base, ts, _, payload_size, payload = got
+                queue_id, _, base, ts, _, payload_size, payload = got
+                if queue_id != task.queue_id:
+                    raise QueueNotFoundError(_recreated(task, queue_id))
                 count = len(payload.bodies)
                 if base + count <= cur or base >= end:
                     continue
             else:  # compressed, with deliver times, or damaged (_check says how)
                 h = _check(raw, task.queue)
+                if h.queue_id != task.queue_id:
+                    raise QueueNotFoundError(_recreated(task, h.queue_id))
                 base, ts, count, payload_size = h.base_offset, h.timestamp_ms, h.count, h.payload_size
                 if base + count <= cur or base >= end:
                     continue
