@@ -55,16 +55,23 @@ def test_a_seek_past_the_end_makes_poll_raise_naming_the_end(hw, stream):
     c.close()
 
 
+def _read_then_recreate(hw, stream: bool, reset: str, n: int, *, partitions: int):
+    """A group member that read queue ``c``'s ``n`` messages, and the queue deleted and created
+    again (empty, with ``partitions``) under it."""
+    c = hw.consumer(group="g", stream=stream, auto_offset_reset=reset)
+    c.assign("c")
+    c.seek_to_beginning("c")
+    assert len(_read_all(c, n)) == n
+    hw.admin.delete_queue("c")
+    hw.admin.create_queue("c", partitions=partitions)
+    return c
+
+
 @STREAM
 @pytest.mark.parametrize("reset", ["earliest", "latest"])
 def test_a_queue_created_again_resets_positions_by_auto_offset_reset(hw, stream, reset):
     _filled(hw)
-    c = hw.consumer(group="g", stream=stream, auto_offset_reset=reset)
-    c.assign("c")
-    c.seek_to_beginning("c")
-    assert len(_read_all(c, 10)) == 10
-    hw.admin.delete_queue("c")
-    hw.admin.create_queue("c", partitions=1)
+    c = _read_then_recreate(hw, stream, reset, 10, partitions=1)
     hw.send("c", b"fresh", partition=0)
     got: list[bytes] = []
     deadline = time.monotonic() + 6
@@ -95,12 +102,7 @@ def test_a_queue_created_again_longer_is_told_by_its_id(hw, stream, reset):
     hw.admin.create_queue("c", partitions=2)
     hw.send_batch("c", [b"old%d" % i for i in range(10)], partition=0)
     hw.send_batch("c", [b"old%d" % i for i in range(4)], partition=1)
-    c = hw.consumer(group="g", stream=stream, auto_offset_reset=reset)
-    c.assign("c")
-    c.seek_to_beginning("c")
-    assert len(_read_all(c, 14)) == 14
-    hw.admin.delete_queue("c")
-    hw.admin.create_queue("c", partitions=2)
+    c = _read_then_recreate(hw, stream, reset, 14, partitions=2)
     new = {0: [b"new0-%d" % i for i in range(15)], 1: [b"new1-%d" % i for i in range(6)]}
     for p, bodies in new.items():
         hw.send_batch("c", bodies, partition=p)
