@@ -78,6 +78,18 @@ def test_delayed_messages_are_scheduled_then_cancelled(http_api, queue):
     assert http_api.get(f"/v1/queues/{queue}").json()["partitions"][0]["end_offset"] == 0  # nothing delivered
 
 
+def test_a_deliver_time_in_seconds_is_answered_with_a_warning(http_api, queue):
+    """deliver_at_ms=time.time() (seconds where milliseconds are meant) is a moment in 1970:
+    the message goes at once, as a client's does, and the answer says why (the client's
+    warning went to the gateway's own log, where the caller never sees it)."""
+    msgs = [{"value": "now-ish", "deliver_at_ms": int(time.time())}, {"value": "plain"}]
+    answer = http_api.post(f"/v1/queues/{queue}/messages", json={"messages": msgs}).json()
+    assert [r.get("delayed", False) for r in answer["results"]] == [False, False]  # both stored at once
+    [warning] = answer["warnings"]
+    assert warning.startswith("$.messages[0].deliver_at_ms=") and "looks like epoch seconds" in warning
+    assert "warnings" not in http_api.post(f"/v1/queues/{queue}/messages", json={"value": "x"}).json()
+
+
 def test_scan_a_partition_by_offset_id_and_time(http_api, queue):
     results = http_api.post(
         f"/v1/queues/{queue}/messages", json={"messages": [{"value": f"v{i}", "partition": 0} for i in range(20)]}

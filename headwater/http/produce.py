@@ -13,6 +13,7 @@ from starlette.responses import Response
 from headwater.errors import InvalidArgumentError, MessageTooLargeError
 from headwater.http.codec import MessageIn, ProduceBatch, bytes_of
 from headwater.http.routes import Operation, gateway_of, json_response
+from headwater.model.delay import SECONDS_LOOK
 from headwater.model.message import Message, MessageId
 
 __all__ = ["OPERATIONS", "BATCH_MESSAGES_MAX"]
@@ -41,14 +42,24 @@ def _messages(raw: bytes) -> list[MessageIn]:
     return batch
 
 
-def _deliver_at_ms(m: MessageIn, i: int, now_ms: int) -> int | None:
+def _deliver_at_ms(m: MessageIn, i: int, now_ms: int, warnings: list[str]) -> int | None:
     if m.delay_ms is not None and m.deliver_at_ms is not None:
         raise InvalidArgumentError(f"$.messages[{i}]: give delay_ms or deliver_at_ms, not both")
     if m.delay_ms is not None:
         if m.delay_ms < 0:
             raise InvalidArgumentError(f"$.messages[{i}].delay_ms must be 0 or more, got {m.delay_ms}")
         return now_ms + m.delay_ms if m.delay_ms else None
-    return m.deliver_at_ms
+    at = m.deliver_at_ms
+    if at is not None and SECONDS_LOOK[0] <= at < SECONDS_LOOK[1]:
+        # told to the caller, who made the mistake (the client's warning would go to this
+        # process's log), and the time taken as past, so the client warns no more
+        warnings.append(
+            f"$.messages[{i}].deliver_at_ms={at} looks like epoch seconds: it is taken as epoch "
+            f"milliseconds, a moment in January 1970, so the message went at once; send milliseconds, "
+            f"or delay_ms"
+        )
+        return None
+    return at
 
 
 def _receipt(mid: MessageId) -> dict[str, Any]:
@@ -71,12 +82,13 @@ async def produce(request: Request) -> Response:
     # record batch per partition); the groups are sent concurrently
     groups: dict[tuple[int | None, int | None], list[int]] = {}
     messages: list[Message] = []
+    warnings: list[str] = []
     for i, m in enumerate(batch):
         where = f"$.messages[{i}]" if len(batch) > 1 else "$"
         key = None if m.key is None else bytes_of(m.key, m.key_encoding, f"{where}.key")
         body = bytes_of(m.value, m.encoding, f"{where}.value")
         messages.append(Message(body, key, m.tag, m.properties))
-        groups.setdefault((m.partition, _deliver_at_ms(m, i, now_ms)), []).append(i)
+        groups.setdefault((m.partition, _deliver_at_ms(m, i, now_ms, warnings)), []).append(i)
     producer = gw.producer
     sends = [
         producer.send_batch(queue, [messages[i] for i in idx], partition=part, deliver_at=at)
@@ -87,7 +99,7 @@ async def produce(request: Request) -> Response:
     for idx, ids in zip(groups.values(), results):
         for i, mid in zip(idx, ids):
             receipts[i] = _receipt(mid)
-    return json_response({"results": receipts})
+    return json_response({"results": receipts, "warnings": warnings} if warnings else {"results": receipts})
 
 
 OPERATIONS = [

@@ -67,6 +67,7 @@ from headwater.model.shared import HandedOffShared
 
 __all__ = [
     "DELAYED_PARTITION_BIT",
+    "SECONDS_LOOK",
     "BUCKET_UNIT_MS",
     "NUMBER_BITS",
     "DELAY_MAX_S_DEFAULT",
@@ -140,7 +141,7 @@ def resolve_deliver_at(deliver_at: object = None, delay: object = None, *, now_m
         if deliver_at != deliver_at or not -1e15 < deliver_at < 1e15:
             raise InvalidArgumentError(f"deliver_at {deliver_at!r} is not a time")
         at = math.ceil(deliver_at)  # as a datetime's fraction of a ms: never early
-        if _SECONDS_LOOK[0] <= deliver_at < _SECONDS_LOOK[1]:
+        if SECONDS_LOOK[0] <= deliver_at < SECONDS_LOOK[1]:
             _warn_seconds(deliver_at)
     else:
         raise InvalidArgumentError(f"deliver_at is a datetime or epoch milliseconds, got {type(deliver_at).__name__}")
@@ -149,7 +150,7 @@ def resolve_deliver_at(deliver_at: object = None, delay: object = None, *, now_m
 
 #: epoch times from 2001 to 2286 in seconds: as epoch milliseconds they fall in January 1970,
 #: a time nobody schedules on purpose (``time.time() + 60`` where ``* 1000`` was meant)
-_SECONDS_LOOK = (1e9, 1e10)
+SECONDS_LOOK = (1e9, 1e10)
 
 
 def _warn_seconds(deliver_at: float) -> None:
