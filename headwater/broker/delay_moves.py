@@ -195,8 +195,9 @@ class DelayedMoves:
 
     def _take_groups(self, peer: PeerClient, partition: int, leader_epoch: int) -> None:
         """Adopt the membership of the consumer groups of a coordinator queue's partition,
-        all pages at once. A source that cannot hand it off (an older broker refuses the
-        request) hands off none: its groups' members join again here, as before."""
+        all pages at once. A source that does not know the request's ``groups`` (an older
+        broker: it answers a page of delayed batches, which has none) or refuses it hands
+        off none: its groups' members join again here, as before."""
         assert self.groups is not None
         items: list[HandedOffGroup] = []
         try:
