@@ -1,7 +1,8 @@
 """``Consumer.wakeup()`` (Kafka's): another thread ends a waiting poll, or the next one, with
 ``WakeupError``; each call raises once and the consumer goes on unchanged, its positions and
 its group membership kept. Each runs embedded, in memory, over the network (fetch streams and
-fetches) and on a cluster; the asyncio consumers take it from another task or thread."""
+fetches) and on a cluster; the asyncio consumers take it from another task or thread. The
+keyed members' polls have it alike."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 
 import pytest
 
+from headwater import Message
 from headwater.errors import StateConflictError, WakeupError
 from tests.support.aio_target import run
 from tests.support.waiting import poll_until
@@ -144,5 +146,69 @@ def test_the_asyncio_consumers_are_woken_from_a_task_or_a_thread(aio_target):
             while time.monotonic() - joined < 10:  # its first poll may join and return: poll again
                 await member.poll(timeout_ms=20_000)
         await member.close()
+
+    run(aio_target, test)
+
+
+def _keyed(n: int, prefix: bytes = b"m") -> list[Message]:
+    return [Message(prefix + b"%d" % i, key=b"k%d" % i) for i in range(n)]
+
+
+def test_wakeup_ends_a_keyed_members_waiting_poll_and_it_goes_on(hw):
+    hw.admin.create_queue("wq", partitions=2)
+    m = hw.keyed_consumer("kg", "wq", member=0, size=1)
+    assert m.poll(timeout_ms=100) == []  # joined, reading: the next poll waits on the broker
+    waker = _later(0.3, m.wakeup)
+    started = time.monotonic()
+    with pytest.raises(WakeupError, match=r"wakeup\(\) ended this poll"):
+        m.poll(timeout_ms=20_000)
+    assert time.monotonic() - started < 10, "the keyed poll waited on after wakeup()"
+    waker.join()
+    generation = m.generation
+    assert m.poll(timeout_ms=100) == [] and m.generation == generation  # once; still in its group
+    hw.send_batch("wq", _keyed(4), partition=1)
+    assert sorted(r.body for r in poll_until(m, 4)) == [b"m0", b"m1", b"m2", b"m3"]
+    m.close()
+
+
+def test_a_wakeup_before_a_keyed_poll_ends_it_and_keeps_the_buffered_records(hw):
+    hw.admin.create_queue("wq")
+    hw.send_batch("wq", _keyed(5))
+    m = hw.keyed_consumer("kg", "wq", member=0, size=1, max_poll_messages=2)
+    assert [r.offset for r in m.poll(timeout_ms=5000)] == [0, 1]  # three more wait in its buffer
+    m.wakeup()
+    m.wakeup()  # twice before a poll is once
+    with pytest.raises(WakeupError) as raised:
+        m.poll(timeout_ms=5000)  # buffered records are not handed out past a wakeup
+    assert isinstance(raised.value, StateConflictError) and not raised.value.retriable
+    assert m.position(0) == 2
+    assert [r.offset for r in poll_until(m, 3)] == [2, 3, 4]
+    m.commit()
+    m.close()
+
+
+def test_the_asyncio_keyed_member_is_woken_from_a_task_or_a_thread(aio_target):
+    async def test(hw):
+        await hw.admin.create_queue("wq", partitions=2)
+        m = hw.keyed_consumer("kg", "wq", member=0, size=1)
+        assert await m.poll(timeout_ms=100) == []
+        asyncio.get_running_loop().call_later(0.3, m.wakeup)  # another task
+        started = time.monotonic()
+        with pytest.raises(WakeupError):
+            await m.poll(timeout_ms=20_000)
+        _later(0.3, m.wakeup)  # another thread
+        with pytest.raises(WakeupError):
+            await m.poll(timeout_ms=20_000)
+        assert time.monotonic() - started < 15, "a keyed poll waited on after wakeup()"
+        m.wakeup()  # before the poll: the next one raises, records stay for the one after
+        await hw.send_batch("wq", _keyed(3), partition=0)
+        with pytest.raises(WakeupError):
+            await m.poll(timeout_ms=5000)
+        got: list = []
+        deadline = time.monotonic() + 10
+        while len(got) < 3 and time.monotonic() < deadline:
+            got += await m.poll(timeout_ms=200)
+        assert sorted(r.body for r in got) == [b"m0", b"m1", b"m2"]
+        await m.close()
 
     run(aio_target, test)

@@ -16,6 +16,7 @@ from headwater.client.common.closing import AsyncClosesOnExit
 from headwater.client.common.consumer import ConsumerBase
 from headwater.client.common.positions import TP
 from headwater.client.common.twins import ASYNCIO
+from headwater.client.common.waking import settle_on_loop
 from headwater.client.core.commits import CommitCallback
 from headwater.client.transport.polling import retrieve
 from headwater.model.message import Record
@@ -97,18 +98,7 @@ class AsyncConsumer(ConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
         another thread (a plain call: it hands the wake to the consumer's loop). Cancelling
         the polling task ends it too, with CancelledError. Each call raises once."""
         self._woken = True
-        waiter = self._wakeup
-        if waiter is None:
-            return
-        loop = waiter.get_loop()
-        try:
-            here = asyncio.get_running_loop() is loop
-        except RuntimeError:  # no loop runs in this thread
-            here = False
-        if here:
-            self._settle(waiter)
-        elif not loop.is_closed():
-            loop.call_soon_threadsafe(self._settle, waiter)
+        settle_on_loop(self._wakeup)
 
     def _drop_fetch(self, tp: TP) -> None:
         got = self._inflight.pop(tp, None)

@@ -43,7 +43,6 @@ class AsyncKeyedConsumer(KeyedConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
     """
 
     _service: AsyncBrokerService
-    _sleep = staticmethod(asyncio.sleep)
 
     async def start(self) -> KeyedGroupInfo:
         """Join the group now (``poll()`` does when it has not yet); the group as it stands."""
@@ -57,6 +56,14 @@ class AsyncKeyedConsumer(KeyedConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
 
     poll.__doc__ = KeyedConsumerBase._poll.__doc__  # one docstring, on the body
 
+    def wakeup(self) -> None:
+        """End the poll that awaits now with :class:`~headwater.errors.WakeupError`, or
+        the next poll if none awaits (``KeyedConsumer.wakeup``'s twin): from another task,
+        or from another thread (a plain call: it hands the wake to the consumer's loop).
+        Cancelling the polling task ends it too, with CancelledError. Each call raises
+        once; buffered records, positions and membership are kept."""
+        self._wake_asyncio()
+
     def _ask_partitions(self) -> None:
         self._asked_partitions(asyncio.ensure_future(self._service.describe_queue(self.queue)))
 
@@ -66,7 +73,13 @@ class AsyncKeyedConsumer(KeyedConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
     async def _wait_fetches(self, timeout_s: float) -> None:
         tasks = [t for _, t in self._inflight.values()]
         if tasks and timeout_s > 0:
-            await asyncio.wait(tasks, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([*tasks, self._wakeup], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+
+    async def _nap(self, timeout_s: float) -> None:
+        await asyncio.wait([self._wakeup], timeout=timeout_s)
+
+    def _new_waiter(self) -> asyncio.Future[None]:
+        return asyncio.get_running_loop().create_future()
 
     def _drop_inflight(self) -> None:
         for _, task in self._inflight.values():

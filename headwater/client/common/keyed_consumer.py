@@ -29,8 +29,13 @@ Delivery is at least once: after a crash a member resumes from its last commit.
 seen, positions, buffers, the decoding of a fetch's answer, and the poll, commit and
 membership steps as ``@waits`` bodies. Each subclass keeps how it sends a fetch without
 waiting (``_start_fetch``: a thread or a future against a task), waits for one to be answered
-(``_wait_fetches``), looks up the queue's partitions (``_ask_partitions``) and sleeps
-(``_sleep``).
+or for a wakeup (``_wait_fetches``), looks up the queue's partitions (``_ask_partitions``)
+and waits for a resize to move on (``_nap``).
+
+``wakeup()`` (:mod:`.waking`) ends the poll that waits, or the next one, with
+:class:`~headwater.errors.WakeupError`, as a plain consumer's does: its fetches in flight
+stay in flight for the next poll, records already buffered stay buffered (none is handed
+out past the wakeup), and so do the positions and the member's place in its group.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from typing import Any
 
 from headwater.client.common.closing import Closable
 from headwater.client.common.twins import Twins, waits
+from headwater.client.common.waking import Wakes
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_poll, check_read_settings
 from headwater.client.transport.polling import Outage, RecordBuffers, drain_buffers
 from headwater.errors import InvalidArgumentError, StaleGenerationError
@@ -56,7 +62,7 @@ __all__ = ["KeyedConsumerBase"]
 _PARTITIONS_CHECK_S = 5.0  # how often an active member looks for partitions added to the queue
 
 
-class KeyedConsumerBase(Twins, Closable):
+class KeyedConsumerBase(Twins, Closable, Wakes):
     """Member ``member`` of keyed group ``group`` on ``queue`` (see the module's docstring).
     Use from one thread or task.
 
@@ -276,9 +282,12 @@ class KeyedConsumerBase(Twins, Closable):
     def _buffered(self, max_messages: int | None, timeout_ms: int) -> list[Record]:
         """What ``poll`` returns at once, without waiting: records already buffered. Each
         kind's ``poll`` calls :meth:`_poll` only when there are none, so a poll loop served
-        from the buffers pays no generator step (~0.5 us) per poll."""
+        from the buffers pays no generator step (~0.5 us) per poll. None after a
+        ``wakeup()``: the poll raises first."""
         self._check_open()
         limit = check_poll(max_messages, timeout_ms, self.max_poll_messages)
+        if self._woken:
+            return []
         return drain_buffers(self._buffers, self._fetch_pos, self._consumed, limit)
 
     @waits
@@ -286,9 +295,12 @@ class KeyedConsumerBase(Twins, Closable):
         """Up to ``max_messages`` of this member's records, waiting up to ``timeout_ms``.
 
         Calling it again means the records it returned before are processed: a draining
-        member commits at the barrier then, by itself."""
+        member commits at the barrier then, by itself. ``wakeup()`` (from another thread)
+        ends the poll that waits, or the next one, with :class:`~headwater.errors.WakeupError`."""
         self._check_open()
         limit = check_poll(max_messages, timeout_ms, self.max_poll_messages)
+        self._arm_wakeup()
+        self._check_woken()
         if self._info is None:
             yield from self._refreshing()  # join
         deadline = time.monotonic() + timeout_ms / 1000
@@ -306,7 +318,8 @@ class KeyedConsumerBase(Twins, Closable):
             if step == "wait":
                 if remaining <= 0:
                     return []
-                yield self._sleep(min(self._refresh_s, remaining))
+                yield self._nap(min(self._refresh_s, remaining))
+                self._check_woken()
                 yield from self._refreshing()
                 continue
             if self.role == "active" and self._checked_partitions():
@@ -318,7 +331,7 @@ class KeyedConsumerBase(Twins, Closable):
             got, stale = self._collect()
             if stale:
                 yield from self._refreshing()
-            if not got and remaining <= 0:
+            if not got and self._gives_up(remaining):
                 return []
 
     def _launch_fetches(self, wait_ms: int) -> None:

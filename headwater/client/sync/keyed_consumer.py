@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import concurrent.futures
-import time
 from typing import Any
 
 from headwater.client.common.closing import ClosesOnExit
 from headwater.client.common.keyed_consumer import KeyedConsumerBase
 from headwater.client.common.twins import BLOCKING
 from headwater.client.transport.polling import wait_any
+from headwater.client.transport.send_future import LazyFuture
 from headwater.model.message import Record
 from headwater.model.service import BrokerService, DescribesAsync, KeyedFetchesAsync, Leads
 
@@ -37,7 +37,6 @@ class KeyedConsumer(KeyedConsumerBase, ClosesOnExit, driver=BLOCKING):
     """
 
     _service: BrokerService
-    _sleep = staticmethod(time.sleep)
 
     def __init__(self, service: BrokerService, group: str, queue: str, **settings: Any) -> None:
         super().__init__(service, group, queue, **settings)
@@ -53,6 +52,16 @@ class KeyedConsumer(KeyedConsumerBase, ClosesOnExit, driver=BLOCKING):
         return self._buffered(max_messages, timeout_ms) or self._poll(max_messages, timeout_ms)
 
     poll.__doc__ = KeyedConsumerBase._poll.__doc__  # one docstring, on the body
+
+    def wakeup(self) -> None:
+        """End the poll that waits now with :class:`~headwater.errors.WakeupError`, or the
+        next poll if none waits (Kafka's ``wakeup()``, as ``Consumer.wakeup``): the one
+        method another thread may call, to stop a poll loop from outside (a signal
+        handler, a supervisor). Each call raises once. Records already fetched are not
+        handed out past it: they stay buffered for the poll after, and the positions and
+        the member's place in its group are unchanged, so poll again, or ``commit()`` and
+        ``close()``."""
+        self._wake_blocking()
 
     def _ask_partitions(self) -> None:
         if self._describe_async is None:
@@ -74,7 +83,15 @@ class KeyedConsumer(KeyedConsumerBase, ClosesOnExit, driver=BLOCKING):
     def _wait_fetches(self, timeout_s: float) -> None:
         futures = [f for _, f in self._inflight.values()]
         if futures:
-            wait_any(futures, timeout_s, lead=self._lead)  # over the network: reads on this thread
+            # over the network: reads on this thread; a wakeup() ends the wait at once
+            wakeup = self._wakeup
+            wait_any([*futures, wakeup], timeout_s, lead=self._lead, interrupt=wakeup)
+
+    def _nap(self, timeout_s: float) -> None:
+        wait_any([self._wakeup], timeout_s)
+
+    def _new_waiter(self) -> LazyFuture:
+        return LazyFuture()
 
     def close(self) -> None:
         """Stop (positions not committed are not stored)."""
