@@ -2,7 +2,8 @@
 ``WakeupError``; each call raises once and the consumer goes on unchanged, its positions and
 its group membership kept. Each runs embedded, in memory, over the network (fetch streams and
 fetches) and on a cluster; the asyncio consumers take it from another task or thread. The
-keyed members' polls have it alike."""
+keyed members' polls have it alike, and the shared consumers' receives, which lose nothing
+leased when a request woken away from goes on waiting on the broker."""
 
 from __future__ import annotations
 
@@ -212,3 +213,129 @@ def test_the_asyncio_keyed_member_is_woken_from_a_task_or_a_thread(aio_target):
         await m.close()
 
     run(aio_target, test)
+
+
+def test_wakeup_ends_a_waiting_shared_receive_and_the_member_goes_on(hw):
+    hw.admin.create_queue("wq", partitions=2)
+    c = hw.shared_consumer("sg", "wq", visibility_timeout_ms=600_000)
+    waker = _later(0.3, c.wakeup)
+    started = time.monotonic()
+    with pytest.raises(WakeupError, match=r"wakeup\(\) ended this receive"):
+        c.receive(timeout_ms=20_000)
+    assert time.monotonic() - started < 10, "the receive waited on after wakeup()"
+    waker.join()
+    assert c.receive(timeout_ms=100) == []  # once per wakeup(): the next receive waits as any does
+    hw.send_batch("wq", [b"a", b"b"], partition=1)
+    got = _receive_until(c, 2)
+    assert sorted((d.body, d.attempt) for d in got) == [(b"a", 1), (b"b", 1)]
+    c.ack(got)
+    c.close()
+
+
+def test_a_wakeup_before_a_receive_ends_it_and_loses_nothing(hw):
+    hw.admin.create_queue("wq")
+    hw.send_batch("wq", [b"m0", b"m1", b"m2"])
+    c = hw.shared_consumer("sg", "wq", visibility_timeout_ms=600_000)
+    c.wakeup()
+    c.wakeup()  # twice before a receive is once
+    with pytest.raises(WakeupError) as raised:
+        c.receive(timeout_ms=5000)
+    assert isinstance(raised.value, StateConflictError) and not raised.value.retriable
+    got = _receive_until(c, 3)
+    assert sorted((d.body, d.attempt) for d in got) == [(b"m0", 1), (b"m1", 1), (b"m2", 1)]
+    c.ack(got)
+    c.close()
+
+
+@pytest.mark.parametrize("at_most_once", [False, True], ids=["leased", "at-most-once"])
+def test_a_shared_receive_woken_while_its_request_waits_on_the_broker_loses_nothing(hw, at_most_once):
+    """Over the network the woken receive's request goes on waiting on the broker (there is
+    no cancel): what it leases there is handed out by a later receive, at most once too."""
+    hw.admin.create_queue("wq")
+    c = hw.shared_consumer("sg", "wq", visibility_timeout_ms=600_000, at_most_once=at_most_once)
+    _later(0.3, c.wakeup)
+    with pytest.raises(WakeupError):
+        c.receive(timeout_ms=10_000)
+    hw.send("wq", b"precious")  # the woken request, still parked on the broker, may take it
+    got = _receive_until(c, 1)
+    assert [(d.body, d.attempt) for d in got] == [(b"precious", 1)]
+    c.ack(got)
+    c.close()
+
+
+def test_closing_after_a_wakeup_gives_back_what_the_request_in_flight_leased(hw, request):
+    if request.node.callspec.params["hw"] == "cluster":
+        pytest.skip("on a cluster a late answer is kept by the client until it closes (docs/shared-groups.md)")
+    hw.admin.create_queue("wq")
+    c = hw.shared_consumer("sg", "wq", visibility_timeout_ms=600_000)
+    _later(0.3, c.wakeup)
+    with pytest.raises(WakeupError):
+        c.receive(timeout_ms=3000)
+    hw.send("wq", b"second")  # over the network the woken request leases it
+    c.close()  # waits for that answer, and gives it back at once (not when its lease runs out)
+    other = hw.shared_consumer("sg", "wq")
+    got = _receive_until(other, 1)
+    assert [d.body for d in got] == [b"second"]
+    other.ack(got)
+    other.close()
+
+
+def test_a_sigterm_handler_ends_a_receive_loop(hw):
+    import os
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers run in the main thread")
+    hw.admin.create_queue("wq")
+    c = hw.shared_consumer("sg", "wq", visibility_timeout_ms=600_000)
+    hw.send_batch("wq", [b"x%d" % i for i in range(5)])
+    seen: list[bytes] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: c.wakeup())
+    try:
+        _later(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM))
+        started = time.monotonic()
+        with pytest.raises(WakeupError):
+            for d in c:  # receives for good: only the handler's wakeup() ends it
+                seen.append(d.body)
+                d.ack()
+        assert time.monotonic() - started < 10
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert sorted(seen) == [b"x%d" % i for i in range(5)]
+    c.close()
+
+
+def test_the_asyncio_shared_consumer_is_woken_and_loses_nothing(aio_target):
+    async def test(hw):
+        await hw.admin.create_queue("wq")
+        c = hw.shared_consumer("sg", "wq", visibility_timeout_ms=600_000)
+        asyncio.get_running_loop().call_later(0.3, c.wakeup)  # another task
+        started = time.monotonic()
+        with pytest.raises(WakeupError):
+            await c.receive(timeout_ms=20_000)
+        _later(0.3, c.wakeup)  # another thread
+        with pytest.raises(WakeupError):
+            await c.receive(timeout_ms=20_000)
+        assert time.monotonic() - started < 15, "a receive waited on after wakeup()"
+        await hw.send("wq", b"precious")  # a woken request parked on the broker may take it
+        got: list = []
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            got = await c.receive(timeout_ms=200)
+        assert [(d.body, d.attempt) for d in got] == [(b"precious", 1)]
+        await c.ack(got)
+        c.wakeup()  # before the receive: it raises once, the next goes on
+        with pytest.raises(WakeupError):
+            await c.receive(timeout_ms=5000)
+        assert await c.receive(timeout_ms=100) == []
+        await c.close()
+
+    run(aio_target, test)
+
+
+def _receive_until(c, n: int, timeout_s: float = 10.0) -> list:
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < n and time.monotonic() < deadline:
+        got += c.receive(timeout_ms=200)
+    return got

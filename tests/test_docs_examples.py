@@ -64,7 +64,10 @@ SHOWS: dict[str, list[str]] = {
     "keyed-groups.md": ["user-3 clicked 4 times", "'resizing_to': 4", "shared by two members: 0"],
     "metrics.md": ["billing lag on orders[0]: 40"],
     "producing.md": ["10000 ids, the last 0000", "True\n", "µs from send() to poll()"],
-    "shared-groups.md": ["sent 18 emails, 2 in the dead-letter queue: no such mailbox, yet"],
+    "shared-groups.md": [
+        "sent 18 emails, 2 in the dead-letter queue: no such mailbox, yet",
+        "woken by SIGTERM: closing",
+    ],
     "spark.md": ["rows in the ranges: 4000", "paid orders in the hour: 3", "events counted: 1000", "clicks written: 3"],
     "subscriptions.md": ["stored 5 orders", "push {-1: [0, 1, 2, 3]}"],
     "testing.md": ["billing: ok", "retention: ok", "delay: ok", "asyncio: ok"],

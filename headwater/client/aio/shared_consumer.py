@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any, cast
+from typing import Any
 
 from headwater.client.aio.service import AsyncBrokerService
 from headwater.client.common.closing import AsyncClosesOnExit
 from headwater.client.common.shared_consumer import Delivery, SharedConsumerBase, deliveries_from
 from headwater.client.common.twins import ASYNCIO
-from headwater.model.service import AsyncStartsSharedReceive
+from headwater.client.transport.polling import retrieve
 
 __all__ = ["AsyncDelivery", "AsyncSharedConsumer"]
 
@@ -44,31 +44,35 @@ class AsyncSharedConsumer(SharedConsumerBase, AsyncClosesOnExit, driver=ASYNCIO)
 
     _service: AsyncBrokerService
     _delivery = AsyncDelivery
-    _sleep = staticmethod(asyncio.sleep)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._orphans: set[asyncio.Task[Any]] = set()  # embedded receives whose caller was cancelled
 
-    async def _written_answer(self, args: tuple, timeout_s: float) -> Any:
-        service = cast(AsyncStartsSharedReceive, self._service)
-        # an asyncio.Future (model, which imports no asyncio, calls it an Awaitable)
-        fut = cast("asyncio.Future[Any]", service.start_shared_receive(*args))
-        try:
-            done, _ = await asyncio.wait([fut], timeout=timeout_s)
-            if not done and service.withdraw(fut):
-                fut.cancel()
-                return None
-            if not fut.done():  # written: the broker answers by its long poll's end
-                await asyncio.wait([fut])  # (not `await fut`: a cancelled wait would cancel it)
-        except asyncio.CancelledError:
-            self._orphan(service, fut)
-            raise
-        return fut.result()
+    def wakeup(self) -> None:
+        """End the receive that awaits now with :class:`~headwater.errors.WakeupError`, or
+        the next receive if none awaits (``SharedConsumer.wakeup``'s twin): from another
+        task, or from another thread (a plain call: it hands the wake to the consumer's
+        loop). Cancelling the receiving task ends it too, with CancelledError. Each call
+        raises once, and nothing leased is lost (see ``SharedConsumer.wakeup``)."""
+        self._wake_asyncio()
+
+    def _new_waiter(self) -> asyncio.Future[None]:
+        return asyncio.get_running_loop().create_future()
+
+    async def _wait_receive(self, futures: list[Any], timeout_s: float | None) -> None:
+        # (asyncio.wait, not `await fut`: a cancelled wait would cancel the receive's future)
+        await asyncio.wait(futures, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+
+    def _withdrawn(self, fut: Any) -> None:
+        fut.cancel()
+
+    def _left(self, fut: Any) -> None:
+        fut.add_done_callback(retrieve)  # an error nobody awaits (the client closed) is not logged
 
     async def _local_answer(self, args: tuple) -> Any:
         """Embedded, a long poll runs in a thread a slice at a time: a caller cancelled while
-        a slice runs must not lose what it leases, so the receive runs as a task of its own,
+        a slice runs must not lose what it leases, so each slice runs as a task of its own,
         whose answer goes to the next receive (:meth:`_late_answer`) when nobody waits."""
         task = asyncio.ensure_future(self._service.shared_receive(*args))
         try:
@@ -81,22 +85,12 @@ class AsyncSharedConsumer(SharedConsumerBase, AsyncClosesOnExit, driver=ASYNCIO)
         return task.result()
 
     def _end_orphans(self) -> Any:
-        """Closing: the receives still running for cancelled callers end first (what one
-        leases meanwhile runs out by itself); the coroutine that waits for them, or None."""
+        """Closing: the receives still running for cancelled callers end first (each is one
+        slice of a long poll, ``LOCAL_SLICE_MS`` at most), and what they lease is given
+        back with the rest; the coroutine that waits for them, or None."""
         if not self._orphans:
             return None
-        for task in self._orphans:
-            task.cancel()
         return asyncio.wait(list(self._orphans))
-
-    def _orphan(self, service: AsyncStartsSharedReceive, fut: asyncio.Future[Any]) -> None:
-        """The caller of a receive was cancelled: take the request back if it is not written
-        (nothing is leased for it), else keep what the broker leases for it for the next
-        receive, as it comes."""
-        if not fut.done() and service.withdraw(fut):
-            fut.cancel()
-        else:
-            fut.add_done_callback(self._late_answer)
 
     def _late_answer(self, fut: asyncio.Future[Any]) -> None:
         if fut.cancelled() or fut.exception() is not None:  # (retrieved: nothing leased for it)

@@ -13,13 +13,24 @@ lost if the member fails while handling it. The guide is ``docs/shared-groups.md
 
 :class:`~headwater.client.sync.shared_consumer.SharedConsumer` drives the bodies on the
 caller's thread, :class:`~headwater.client.aio.shared_consumer.AsyncSharedConsumer` as
-coroutines; each keeps only how it waits for a receive sent over the network
-(``_written_answer``: the answer, or None when the request was taken back unwritten after
-its timeout) and how it sleeps (``_sleep``).
+coroutines; each keeps only how it waits for receives sent over the network, or for a
+``wakeup()`` while the broker is away (``_wait_receive``).
+
+``wakeup()`` (:mod:`.waking`) ends the receive that waits, or the next one, with
+:class:`~headwater.errors.WakeupError`. What the broker answered by then is not handed out
+past it, nor dropped: it is kept (``_kept``) for the next receive. A receive request already
+written waits out its long poll on the broker (the protocol has no cancel): the consumer
+stops waiting for it and keeps its future (``_late``, as for an asyncio receive cancelled).
+The next receive waits for that answer rather than send another request (so one at most
+waits on the broker) and hands out what it leased; ``close()`` waits for it (up to the end
+of that long poll) to give back what it leased with the rest. Embedded, the long poll
+runs in slices of ``LOCAL_SLICE_MS`` on the caller's side, so a wakeup ends it within one
+and no request is left behind.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import time
@@ -28,6 +39,7 @@ from typing import Any
 
 from headwater.client.common.closing import Closable
 from headwater.client.common.twins import Twins, waits
+from headwater.client.common.waking import Wakes
 from headwater.client.core.lookups import decode_stored
 from headwater.client.core.reads import check_poll
 from headwater.client.transport.polling import Outage
@@ -51,7 +63,17 @@ from headwater.model.shared import (
     validate_receive,
 )
 
-__all__ = ["Delivery", "SharedConsumerBase", "deliveries_from", "raise_refused"]
+__all__ = ["LOCAL_SLICE_MS", "Delivery", "SharedConsumerBase", "deliveries_from", "raise_refused"]
+
+log = logging.getLogger("headwater.client")
+
+#: Embedded, the longest a receive waits in the broker at a time: a ``wakeup()`` ends a
+#: receive within it (the asyncio embedded service holds a thread no longer either).
+LOCAL_SLICE_MS = 100
+#: How long past the end of its long poll ``close()`` waits for the answer of a receive that
+#: a wakeup (or a cancellation) left in flight, for its way back over the network.
+LATE_ANSWER_GRACE_S = 1.0
+_LATER = object()  # what _written_answer returns when the answer goes to a later receive
 
 
 class Delivery:
@@ -128,7 +150,7 @@ def raise_refused(refused: list[LeaseRefusal], what: str) -> None:
     raise err
 
 
-class SharedConsumerBase(Twins, Closable):
+class SharedConsumerBase(Twins, Closable, Wakes):
     """A member of shared group ``group`` on ``queue``: settings checked up front, the
     member id, the leases received and not yet settled, and the calls to the broker. Its
     subclasses say how they wait (:mod:`.twins`); each is used from one thread or task.
@@ -139,6 +161,7 @@ class SharedConsumerBase(Twins, Closable):
 
     _delivery: type[Delivery] = Delivery  # what receive() hands out
     _kind = "shared consumer"
+    _woken_call = "receive"
 
     def __init__(
         self,
@@ -169,7 +192,10 @@ class SharedConsumerBase(Twins, Closable):
         self.at_most_once = at_most_once
         self._settings_map = self.settings.as_mapping()
         self._held: dict[str, Any] = {}  # leases received and not yet acked or nacked
-        self._kept: list[Delivery] = []  # answers of cancelled receives, for the next receive
+        self._kept: list[Delivery] = []  # answered and not handed out yet (a wakeup, a cancel, more than asked)
+        # receives written that a wakeup or a cancel stopped waiting for: (future, when close
+        # stops waiting for it); their answers are the next receives'
+        self._late: list[tuple[Any, float]] = []
         self._closed = False
         self._outage = Outage(service)  # receives through a broker's restart (over the network)
         # over the network a receive is sent without waiting, and taken back while unwritten
@@ -191,8 +217,9 @@ class SharedConsumerBase(Twins, Closable):
         )
 
     def _keep(self, deliveries: list[Delivery]) -> None:
-        """Deliveries the broker leased for a receive whose caller stopped waiting: held, and
-        handed out first by the next receive."""
+        """Deliveries the broker leased: held, and handed out by the receives from here in
+        order (all by the one that asked, unless it was woken or cancelled, or asked for
+        fewer than an earlier one did)."""
         self._kept.extend(self._track(deliveries))
 
     def _track(self, out: list) -> list:
@@ -233,16 +260,34 @@ class SharedConsumerBase(Twins, Closable):
 
         While the broker is away (restarting, say) a receive returns nothing after its
         ``timeout_ms``, as a poll does, and the client connects again meanwhile; once it
-        gave up for ``connect_timeout_s``, the receive raises :class:`UnavailableError`."""
+        gave up for ``connect_timeout_s``, the receive raises :class:`UnavailableError`.
+
+        ``wakeup()`` (from another thread) ends the receive that waits, or the next one,
+        with :class:`~headwater.errors.WakeupError`; what was leased for it is handed out by
+        a later receive (or given back by ``close()``), never dropped."""
         args = self._receive_args(max_messages, timeout_ms)
-        if self._kept:  # a cancelled receive's answer (asyncio)
-            out, self._kept = self._kept[: args[3]], self._kept[args[3] :]
-            return out
-        if self._starts_receive:
-            res = yield from self._receive_remote(args)
-        else:
-            res = yield self._local_answer(args)
-        return [] if res is None else self._track(deliveries_from(res, self.queue, self, self._delivery))
+        self._arm_wakeup()
+        self._check_woken()
+        if self._late:
+            self._take_late()
+        if not self._kept:
+            if self._starts_receive:
+                res = yield from self._receive_remote(args)
+            else:
+                res = yield from self._receive_local(args)
+            if res is not None:
+                self._keep(deliveries_from(res, self.queue, self, self._delivery))
+            if self._late:
+                self._take_late()
+            if self._wakeup.done():  # woken: what came waits for the next receive
+                self._end_woken()
+        out, self._kept = self._kept[: args[3]], self._kept[args[3] :]
+        return out
+
+    def _end_woken(self) -> None:
+        """The wait ended by ``wakeup()``: raise its WakeupError (once)."""
+        self._woken = True
+        self._check_woken()
 
     def _end_orphans(self) -> Any:
         """What ``close`` waits for first: receives still running for callers that stopped
@@ -254,24 +299,111 @@ class SharedConsumerBase(Twins, Closable):
         awaitable, of its answer."""
         return self._service.shared_receive(*args)
 
+    def _receive_local(self, args: tuple) -> Generator[Any, Any, Any]:
+        """A receive embedded: its long poll in slices of ``LOCAL_SLICE_MS``, until something
+        is leased, its time is up or ``wakeup()`` was called (seen between slices)."""
+        deadline = time.monotonic() + args[-1] / 1000
+        wakeup = self._wakeup
+        while True:
+            remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            res = yield self._local_answer((*args[:-1], min(remaining_ms, LOCAL_SLICE_MS)))
+            if res.leases or remaining_ms <= LOCAL_SLICE_MS or wakeup.done():
+                return res
+
     def _receive_remote(self, args: tuple) -> Generator[Any, Any, Any]:
-        """A receive over the network: its answer, or None when the broker is away or the
-        request was taken back unwritten (nothing was leased for it; one written is waited
-        for, as its answer holds leases)."""
+        """A receive over the network: first the answer of a receive left in flight, if
+        one is (kept: :meth:`_take_late`; no second request is sent while one waits on the
+        broker), then a request of its own for the time left. Its answer, or None."""
+        if not self._late:
+            return (yield from self._receive_sent(args))
+        deadline = time.monotonic() + args[-1] / 1000
+        wakeup = self._wakeup
+        yield self._wait_receive([*(f for f, _ in self._late), wakeup], args[-1] / 1000)
+        self._take_late()
+        if self._late or self._kept or wakeup.done() or time.monotonic() >= deadline:
+            return None
+        # it ended with nothing: ask for the time left
+        return (yield from self._receive_sent((*args[:-1], max(0, int((deadline - time.monotonic()) * 1000)))))
+
+    def _receive_sent(self, args: tuple) -> Generator[Any, Any, Any]:
+        """Send a receive: its answer, or None when the broker is away, the request was
+        taken back unwritten (nothing was leased for it; one written is waited for, as its
+        answer holds leases), or the wait was woken first (its answer goes to a later
+        receive)."""
         timeout_s = args[-1] / 1000
         submitted_at = time.monotonic()
         try:
-            res = yield self._written_answer(args, timeout_s)
+            res = yield from self._written_answer(args, timeout_s)
         except UnavailableError as e:  # the connection was lost, or the broker is stopping
             if self.at_most_once or not self._outage.rides_out(e):
                 raise  # at most once: an answer lost on the way would have lost its messages
-            yield self._sleep(max(0.0, min(self._outage.backoff_s(), submitted_at + timeout_s - time.monotonic())))
+            backoff_s = max(0.0, min(self._outage.backoff_s(), submitted_at + timeout_s - time.monotonic()))
+            yield self._wait_receive([self._wakeup], backoff_s)  # a wakeup() ends it too
+            return None
+        if res is _LATER:
             return None
         if res is None:
             self._outage.unsent(submitted_at)
             return None
         self._outage.over()
         return res
+
+    def _written_answer(self, args: tuple, timeout_s: float) -> Generator[Any, Any, Any]:
+        """Send the receive and wait for its answer or a wakeup; None if it was taken back
+        unwritten after its timeout, ``_LATER`` if a wakeup ended the wait before its answer
+        (which then goes to a later receive: :meth:`_leave`)."""
+        service = self._service
+        wakeup = self._wakeup
+        fut = service.start_shared_receive(*args)
+        try:
+            yield self._wait_receive([fut, wakeup], timeout_s)
+            if not fut.done() and not wakeup.done():  # its time is up
+                if service.withdraw(fut):
+                    self._withdrawn(fut)
+                    return None
+                if not fut.done():  # written: the broker answers by its long poll's end
+                    yield self._wait_receive([fut, wakeup], None)
+        except BaseException:  # cancelled (asyncio), interrupted: what it leases is not lost
+            self._leave(fut, timeout_s)
+            raise
+        if not fut.done():  # woken
+            self._leave(fut, timeout_s)
+            return _LATER
+        return fut.result()
+
+    def _leave(self, fut: Any, timeout_s: float) -> None:
+        """Stop waiting for the receive ``fut``: taken back if it is not written (nothing is
+        leased for it), else its answer goes to a later receive (:meth:`_take_late`)."""
+        if not fut.done() and self._service.withdraw(fut):
+            self._withdrawn(fut)
+        else:
+            self._late.append((fut, time.monotonic() + timeout_s + LATE_ANSWER_GRACE_S))
+            self._left(fut)
+
+    def _withdrawn(self, fut: Any) -> None:
+        """A request taken back unwritten: the asyncio kind cancels its future."""
+
+    def _left(self, fut: Any) -> None:
+        """A receive's future left for later: the asyncio kind marks its error as seen."""
+
+    def _take_late(self) -> None:
+        """Keep what the late receives that are answered leased (one that failed leased
+        nothing this client knows of: its leases, if any, run out)."""
+        waiting = []
+        for fut, until in self._late:
+            if not fut.done():
+                waiting.append((fut, until))
+            elif not fut.cancelled() and fut.exception() is None and fut.result() is not None:
+                self._keep(deliveries_from(fut.result(), self.queue, self, self._delivery))
+        self._late = waiting
+
+    def _wait_late(self) -> Generator[Any, Any, None]:
+        """Closing: wait for the late receives' answers, each up to its long poll's end."""
+        for fut, until in list(self._late):
+            if not fut.done():
+                yield self._wait_receive([fut], max(0.0, until - time.monotonic()))
+        self._take_late()
+        self._late.clear()  # an answer still to come: its leases run out
 
     @waits
     def ack(self, deliveries: Iterable[Delivery]) -> Generator[Any, Any, None]:
@@ -313,14 +445,27 @@ class SharedConsumerBase(Twins, Closable):
     @waits
     def close(self) -> Generator[Any, Any, None]:
         """Give back what this member still holds (redelivered to others at once; the
-        delivery counts as an attempt), then stop."""
+        delivery counts as an attempt), then stop. A receive that ``wakeup()`` left in
+        flight is waited for first, up to the end of its long poll, and what it leased is
+        given back too."""
         if self._closed:
             return
         ending = self._end_orphans()
         if ending is not None:
             yield ending
+        if self._late:  # answers a wakeup or a cancel left to come: given back with the rest
+            yield from self._wait_late()
         held = list(self._held)
         self._held.clear()
+        unleased = sum(1 for d in self._kept if not d.lease_id)
+        if unleased:  # at most once: finished on the broker when received, never handed out
+            log.warning(
+                "shared group %s on %s: %d message(s) received at most once were closed before a receive "
+                "handed them out: they are lost",
+                self.group,
+                self.queue,
+                unleased,
+            )
         self._kept.clear()  # (held too: given back with the rest)
         if held:
             try:
