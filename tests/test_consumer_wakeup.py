@@ -339,3 +339,20 @@ def _receive_until(c, n: int, timeout_s: float = 10.0) -> list:
     while len(got) < n and time.monotonic() < deadline:
         got += c.receive(timeout_ms=200)
     return got
+
+
+@STREAM
+def test_polls_over_the_network_leave_nothing_piling_up_on_the_wakeup_future(server, stream):
+    """Each poll that reads the connection hands its wakeup future to the transport, which
+    adds a done-callback to it: a future kept from poll to poll grew by a few a poll."""
+    import headwater
+
+    hw = headwater.connect(server.address)
+    hw.admin.create_queue("wq", partitions=2)
+    c = hw.consumer(stream=stream)
+    c.assign("wq")
+    for _ in range(100):
+        c.poll(timeout_ms=1)
+    assert len(c._wakeup._callbacks or ()) < 10  # LazyFuture's list, made by the first callback
+    c.close()
+    hw.close()
