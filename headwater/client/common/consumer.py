@@ -142,14 +142,6 @@ class ConsumerBase(ConsumerPositions, Twins):
             if not got and self._gives_up(remaining):
                 return []
 
-    def _arm_wakeup(self) -> None:
-        """Before a poll may wait: a fresh future for ``wakeup()`` to settle (a group member
-        arms its own each turn of its poll). Fresh each poll: a wait that reads the
-        connection (``AsyncTransport.lead``) adds a done-callback to it, which would pile up
-        on a future kept from poll to poll. ``wakeup()`` sets ``_woken`` before it looks for
-        the future, and the poll checks ``_woken`` after arming, so none is missed."""
-        self._wakeup = self._new_waiter()
-
     def _ready(self, max_messages: int | None = 1, timeout_ms: int = 1000) -> list[Record]:
         """What ``poll(max_messages, timeout_ms)`` would hand out at once, from the buffers
         (else nothing): a poll loop takes it so, without driving a body per call."""

@@ -32,12 +32,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from headwater.client.common.closing import Closable
+from headwater.client.common.waking import Wakes
 from headwater.client.core.membership import TP, by_queue
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_read_settings, positive_int
 from headwater.client.transport.cluster_fetch import ClusterFetchStreams, PlansFetchStreams
 from headwater.client.transport.fetch_stream import STREAM_WINDOW_BYTES, FetchStreams, FetchStreamsBase
 from headwater.client.transport.polling import Outage, RecordBuffers
-from headwater.errors import InvalidArgumentError, InvalidMessageIdError, WakeupError
+from headwater.errors import InvalidArgumentError, InvalidMessageIdError
 from headwater.model.batch import decode_header, tags_mask
 from headwater.model.checks import tag_filter_arg
 from headwater.model.config import QueueInfo
@@ -51,7 +52,7 @@ __all__ = ["ConsumerPositions", "TP"]
 log = logging.getLogger("headwater.consumer")
 
 
-class ConsumerPositions(Closable):
+class ConsumerPositions(Closable, Wakes):
     """The positions, buffers and settings of a consumer (see the module's docstring).
 
     ``group`` names where ``commit`` stores positions, so the next consumer of the group
@@ -410,23 +411,6 @@ class ConsumerPositions(Closable):
                 pass
 
     # -- polling and committing -----------------------------------------------------------
-
-    def _gives_up(self, remaining: float) -> bool:
-        """Whether a poll whose wait took no records returns empty-handed: its time is up, or
-        a subclass woke it (``_wakeup``); it raises instead when ``wakeup()`` did. (Asked only
-        when nothing came: a poll that got records goes on without the call.)"""
-        wakeup = self._wakeup
-        if wakeup is not None and wakeup.done():
-            self._check_woken()
-            return True
-        return remaining <= 0
-
-    def _check_woken(self) -> None:
-        """Raise :class:`WakeupError` once for each ``wakeup()`` (after arming: a wakeup in
-        between settles the new future or is seen here)."""
-        if self._woken:
-            self._woken = False
-            raise WakeupError("wakeup() ended this poll: poll again to go on, or close() the consumer")
 
     def _to_commit(self, offsets: dict[TP, int] | None) -> dict[str, dict[int, int]]:
         """What ``commit(offsets)`` stores, by queue: the consumed positions of every assigned

@@ -1,6 +1,5 @@
-"""``wakeup()`` for the keyed and shared consumers, written once (the plain and group
-consumers keep theirs in :mod:`.positions`; the asyncio hand-off, :func:`settle_on_loop`,
-serves them all).
+"""``wakeup()`` for every consumer (plain, group member, keyed, shared), written once; the
+asyncio hand-off is :func:`settle_on_loop`.
 
 Another thread (or task) calls ``wakeup()``: it sets ``_woken`` and settles ``_wakeup``, a
 future the waiting call waits on beside its answers, so the wait ends at once. The call

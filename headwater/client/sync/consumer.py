@@ -93,8 +93,7 @@ class Consumer(ConsumerBase, ClosesOnExit, driver=BLOCKING):
         call, to stop a consumer loop (``for record in consumer``) from outside. Each call
         raises once; positions and group membership are unchanged, so poll again or
         ``close()`` (which commits, for a group member)."""
-        self._woken = True
-        self._settle(self._wakeup)
+        self._wake_blocking()
 
     _poll_waiting = ConsumerBase.poll  # the body, driven as a blocking method like the others
 
