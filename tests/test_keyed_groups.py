@@ -88,6 +88,21 @@ def test_each_member_gets_exactly_its_keys_in_order(hw):
         assert c.poll(timeout_ms=50) == []
 
 
+def test_a_member_is_iterable(hw):
+    """``for record in member``, as a plain or shared consumer is (a member had only poll)."""
+    hw.admin.create_queue("q", partitions=2)
+    produce(hw, "q", 3)
+    mine = sum(member_of(k, 2) == 1 for k in KEYS) * 3
+    with hw.keyed_consumer("g", "q", member=1, size=2) as m:
+        got = []
+        for r in m:
+            got.append(r)
+            if len(got) == mine:
+                break
+    assert {member_of(r.key, 2) for r in got} == {1}
+    assert sorted(parse(r)[1] for r in got) == sorted(list(range(3)) * (mine // 3))
+
+
 def test_property_key_and_keyless_messages(hw):
     hw.admin.create_queue("q", partitions=2)
     produce(hw, "q", 2, prop=True)
@@ -430,6 +445,15 @@ def test_asyncio_members_get_their_keys_in_order_through_a_resize(aio_target, mo
         await members[0].close()
         members[0] = hw.keyed_consumer("g", "q", member=0, size=2)  # resumes from its commit
         assert await members[0].poll(timeout_ms=100) == []
+        await send(hw, 100, 1)  # one more each: ``async for`` over a member takes its own
+        mine = []
+        async for r in members[1]:
+            mine.append(r)
+            if len(mine) == sum(member_of(k, 2) == 1 for k in KEYS):
+                break
+        assert {member_of(r.key, 2) for r in mine} == {1} and {parse(r)[1] for r in mine} == {100}
+        await members[1].commit()
+        assert len((await adrain(members[:1], sum(member_of(k, 2) == 0 for k in KEYS)))[0]) > 0
 
         info = await hw.admin.resize_keyed_group("g", "q", 3)
         assert info.size == 3 and info.resizing_to is None  # every member was caught up

@@ -12,6 +12,7 @@ declaration that disagrees with the group's is reported.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 from headwater.client.aio.service import AsyncBrokerService
@@ -86,6 +87,13 @@ class AsyncKeyedConsumer(KeyedConsumerBase, AsyncClosesOnExit, driver=ASYNCIO):
             task.cancel()
             task.add_done_callback(retrieve)
         self._inflight.clear()
+
+    async def __aiter__(self) -> AsyncIterator[Record]:
+        """This member's records forever (until :meth:`close`), polling as needed: ``async
+        for record in member``; a poll comes once the loop has taken the one before's."""
+        while not self._closed:
+            for r in await self.poll():
+                yield r
 
     async def close(self) -> None:
         """Stop (positions not committed are not stored)."""

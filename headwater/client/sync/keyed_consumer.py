@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+from collections.abc import Iterator
 from typing import Any
 
 from headwater.client.common.closing import ClosesOnExit
@@ -52,6 +53,13 @@ class KeyedConsumer(KeyedConsumerBase, ClosesOnExit, driver=BLOCKING):
         return self._buffered(max_messages, timeout_ms) or self._poll(max_messages, timeout_ms)
 
     poll.__doc__ = KeyedConsumerBase._poll.__doc__  # one docstring, on the body
+
+    def __iter__(self) -> Iterator[Record]:
+        """This member's records forever (until :meth:`close`), polling as needed: ``for
+        record in member``. A poll comes once the loop has taken every record of the one
+        before, so those count as processed (as :meth:`poll` says)."""
+        while not self._closed:
+            yield from self.poll()
 
     def wakeup(self) -> None:
         """End the poll that waits now with :class:`~headwater.errors.WakeupError`, or the
