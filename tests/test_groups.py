@@ -4,6 +4,7 @@ and members in separate processes on a real broker process (slow)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -20,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import headwater
+from headwater.broker.groups import MEMBERS_FILE
 from headwater.broker.membership import Membership
 from headwater.errors import (
     GroupNotEmptyError,
@@ -33,6 +35,7 @@ from headwater.errors import (
 from headwater.model.assignment import assign_average, assign_sticky, sticky_moves_lower_bound
 from headwater.model.groups import TRANSITIONS, Event, GroupState, HandedOffGroup
 from tests.support.broker_process import BrokerProcess, free_port, kill_all
+from tests.support.cluster import eventually
 from tests.support.waiting import poll_until
 
 # strategies --------------------------------------------------------------------------------
@@ -1212,6 +1215,56 @@ def test_a_broker_restart_makes_members_join_again_and_keeps_offsets(tmp_path):
         c.commit()
         assert hw.service.fetch_offsets("g", "q") == {0: 11, 1: 0}
         c.close()
+        hw.close()
+    finally:
+        broker.kill()
+
+
+def test_members_go_on_through_a_clean_restart_of_their_broker(tmp_path):
+    """A broker stopped cleanly (SIGTERM) keeps its groups' members in its data directory and
+    takes them back when it starts again (as a coordinator's move hands them over): the
+    members go on with the same ids and generation, each keeping its partitions, with no
+    rejoin and no commit refused. The file goes once read: a crash later (SIGKILL) brings
+    nothing back (the test above: members join again)."""
+    port = free_port()
+    broker = BrokerProcess(tmp_path / "data", port=port).start()
+    try:
+        hw = headwater.connect(broker.address, request_timeout_s=5)
+        hw.admin.create_queue("q", partitions=2)
+        settings = dict(group="g", subscribe="q", session_timeout_ms=5000, heartbeat_interval_ms=100)
+        a, b = hw.consumer(**settings), hw.consumer(**settings)
+
+        def assigned() -> bool:
+            a.poll(timeout_ms=50)
+            b.poll(timeout_ms=50)
+            return len(a.assignment()) == 1 == len(b.assignment())
+
+        eventually(assigned, what="both members assigned")
+        before = hw.service.describe_group("g")
+        assert broker.terminate() == 0
+        assert (tmp_path / "data" / MEMBERS_FILE).exists()
+        broker = BrokerProcess(tmp_path / "data", port=port).start()
+        assert not (tmp_path / "data" / MEMBERS_FILE).exists()  # read once: a crash brings nothing back
+        hw.send_batch("q", [b"a0", b"a1"], partition=0)
+        hw.send_batch("q", [b"b0"], partition=1)
+        got = []
+
+        def polled() -> bool:
+            for c in (a, b):
+                with contextlib.suppress(headwater.UnavailableError):
+                    got.extend(r.body for r in c.poll(timeout_ms=50))
+            return len(got) >= 3
+
+        eventually(polled, timeout_s=20, what="the records sent after the restart")
+        assert sorted(got) == [b"a0", b"a1", b"b0"]
+        a.commit()
+        b.commit()
+        after = hw.service.describe_group("g")
+        assert {m.member_id for m in after.members} == {m.member_id for m in before.members}
+        assert after.generation == before.generation  # nobody joined again
+        assert hw.service.fetch_offsets("g", "q") == {0: 2, 1: 1}
+        a.close()
+        b.close()
         hw.close()
     finally:
         broker.kill()

@@ -5,15 +5,17 @@ refused) are :class:`headwater.broker.membership.Membership`, which does no I/O;
 module adds a clock, locks, the partition counts of the store, and the committed offsets
 of :class:`~headwater.broker.offsets.OffsetStore`.
 
-Membership is kept in memory (a broker restart makes members join again, with new ids);
-committed offsets are durable. On a cluster this broker coordinates the groups of the
-coordinator queue's partitions it leads: every call first asks the offsets whether it
-coordinates the group now (NotCoordinatorError otherwise), and the cluster node calls
-:meth:`GroupCoordinator.load_partition` and :meth:`GroupCoordinator.unload_partition` as
-partitions come and go. When such a partition moves, its groups' membership moves with it:
-once the move has fenced the partition here (``moving``), membership calls of its groups
-are refused (NotCoordinatorError: ask again) and :meth:`GroupCoordinator.hand_off` gives the
-new coordinator the members, generations and holders, which :meth:`GroupCoordinator.adopt`
+Membership is kept in memory, and across a clean stop in the data directory
+(:meth:`GroupCoordinator.save_members`, :meth:`GroupCoordinator.restore_members`; after a
+crash the members join again, with new ids); committed offsets are durable. On a cluster
+this broker coordinates the groups of the coordinator queue's partitions it leads: every
+call first asks the offsets whether it coordinates the group now (NotCoordinatorError
+otherwise), and the cluster node calls :meth:`GroupCoordinator.load_partition` and
+:meth:`GroupCoordinator.unload_partition` as partitions come and go. When such a
+partition moves, its groups' membership moves with it: once the move has fenced the
+partition here (``moving``), membership calls of its groups are refused
+(NotCoordinatorError: ask again) and :meth:`GroupCoordinator.hand_off` gives the new
+coordinator the members, generations and holders, which :meth:`GroupCoordinator.adopt`
 takes, so the members go on there without joining again.
 
 Members whose session ran out are removed lazily, by the next call that touches their group
@@ -30,10 +32,14 @@ be given the partition.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import msgspec
 
 from headwater.broker.membership import Membership
 from headwater.broker.offsets import OffsetStore
@@ -52,8 +58,14 @@ from headwater.model.groups import (
     validate_group_name,
 )
 from headwater.storage.api import Store
+from headwater.storage.segment import write_atomically
 
-__all__ = ["GroupCoordinator"]
+__all__ = ["GroupCoordinator", "MEMBERS_FILE"]
+
+log = logging.getLogger("headwater.groups")
+
+#: The groups' membership a clean stop leaves in the data directory for the next start.
+MEMBERS_FILE = "group-members"
 
 #: After a broker (re)start, groups that have committed offsets (so may have members from
 #: before, still reading until their next heartbeat) get no partitions for this long. It
@@ -89,10 +101,41 @@ class GroupCoordinator:
 
     def hold_grants_after_restart(self, grace_ms: float = RESTART_GRACE_MS) -> None:
         """Called when the broker starts serving the network: see :data:`RESTART_GRACE_MS`.
-        (An embedded broker needs no grace: its members lived in the process that stopped.)"""
+        (An embedded broker needs no grace: its members lived in the process that stopped.)
+        A group whose members came back with it (:meth:`restore_members`) is not held."""
         groups = self._offsets.group_queues()
         with self._lock:
-            self._membership.hold_grants(groups, self._now_ms() + grace_ms)
+            now = self._now_ms()
+            held = [g for g in groups if not self._membership.live_members(g, now)]
+            self._membership.hold_grants(held, now + grace_ms)
+
+    def save_members(self, path: Path) -> int:
+        """At a clean stop, once no call can change them any more: the groups' membership to
+        ``path``, which :meth:`restore_members` takes back at the next start, so that the
+        members go on without joining again (as after a coordinator's move); how many groups."""
+        with self._lock:
+            groups = self._membership.hand_off(self._membership.groups(), self._now_ms())
+        if groups:
+            write_atomically(path, msgspec.msgpack.encode(groups))
+        return len(groups)
+
+    def restore_members(self, path: Path) -> int:
+        """At a start: the membership :meth:`save_members` left at the last clean stop, if it
+        did, each member's session starting now; the file goes at once, so a crash later
+        does not bring back what changed since. How many groups; a damaged file is none."""
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return 0
+        try:
+            groups = msgspec.msgpack.decode(raw, type=list[HandedOffGroup])
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            log.warning("the group members saved at the last stop (%s) cannot be read (%s): they join again", path, e)
+            groups = []
+        path.unlink(missing_ok=True)
+        with self._lock:
+            self._membership.adopt(groups, self._now_ms())
+        return len(groups)
 
     def load_partition(self, partition: int, grace_ms: float = RESTART_GRACE_MS) -> None:
         """Take over the groups of the offsets' ``partition`` (this broker came to lead it):
