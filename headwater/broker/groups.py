@@ -103,7 +103,12 @@ class GroupCoordinator:
         """Called when the broker starts serving the network: see :data:`RESTART_GRACE_MS`.
         (An embedded broker needs no grace: its members lived in the process that stopped.)
         A group whose members came back with it (:meth:`restore_members`) is not held."""
-        groups = self._offsets.group_queues()
+        self._hold_unknown(self._offsets.group_queues(), grace_ms)
+
+    def _hold_unknown(self, groups: Iterable[str], grace_ms: float) -> None:
+        """Hold the grants of those of ``groups`` with no live member here: members of
+        theirs elsewhere (before a restart, at the old coordinator) may still be reading. A
+        group whose members are here (restored, handed over) knows who holds what."""
         with self._lock:
             now = self._now_ms()
             held = [g for g in groups if not self._membership.live_members(g, now)]
@@ -143,18 +148,14 @@ class GroupCoordinator:
         the previous coordinator may still be reading; a group whose members were handed
         over (:meth:`adopt`) is not held: who holds what came with it."""
         self._offsets.load(partition)
-        groups = self._offsets.group_queues(partition)
-        with self._lock:
-            now = self._now_ms()
-            held = [g for g in groups if not self._membership.live_members(g, now)]
-            self._membership.hold_grants(held, now + grace_ms)
+        self._hold_unknown(self._offsets.group_queues(partition), grace_ms)
 
     def hand_off(self, partition: int) -> list[HandedOffGroup]:
         """The membership of the groups of the offsets' ``partition``, for the broker it
         moves to; the caller has checked that the move fenced it here, so no call changes
         them any more (:meth:`_check_moving`)."""
         with self._lock:
-            names = [g for g in self._membership.groups() if self._offsets.home_partition(g) == partition]
+            names = self._offsets.groups_of(partition, self._membership.groups())
             return self._membership.hand_off(names, self._now_ms())
 
     def adopt(self, partition: int, groups: list[HandedOffGroup]) -> None:
@@ -162,9 +163,8 @@ class GroupCoordinator:
         from, in place of whatever was here of that partition's groups (a hand-off asked
         again replaces the last one whole); served once this broker leads the partition."""
         with self._lock:
-            for g in self._membership.groups():
-                if self._offsets.home_partition(g) == partition:
-                    self._membership.forget(g)
+            for g in self._offsets.groups_of(partition, self._membership.groups()):
+                self._membership.forget(g)
             self._membership.adopt(groups, self._now_ms())
 
     def _check_moving(self, group: str, partition: int) -> None:

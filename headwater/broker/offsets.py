@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import struct
 import threading
+from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
@@ -164,11 +165,13 @@ class OffsetStore:
             self._tables.pop(partition, None)
             self._appended.pop(partition, None)
 
-    def home_partition(self, group: str) -> int:
-        """The partition of the commit queue ``group`` belongs to, whoever coordinates it."""
+    def groups_of(self, partition: int, groups: Iterable[str]) -> list[str]:
+        """Those of ``groups`` whose commits go to ``partition`` of the commit queue, whoever
+        coordinates them (its partition count read once, not per group)."""
         if self._place is None:
-            return 0
-        return coordinator_partition(group, len(self._store.describe_queue(self._queue).partitions))
+            return list(groups) if partition == 0 else []
+        n = len(self._store.describe_queue(self._queue).partitions)
+        return [g for g in groups if coordinator_partition(g, n) == partition]
 
     def partition_of(self, group: str) -> int:
         """The partition of ``group``'s commits, if this broker coordinates the group now

@@ -288,7 +288,7 @@ class BrokerServer:
         try:
             n = step(Path(store.path) / MEMBERS_FILE)
         except (OSError, HeadwaterError) as e:
-            log.warning("the group members were not kept (%s): they join again at the next start", e)
+            log.warning("the group members' file was not %s (%s): they join again", done, e)
             return
         if n:
             log.info("%s the members of %d group(s)", done, n)
