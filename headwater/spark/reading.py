@@ -32,7 +32,7 @@ from headwater.errors import (
     QueueNotFoundError,
     UnavailableError,
 )
-from headwater.model.batch import check_batch, decode_payload, tags_mask
+from headwater.model.batch import check_batch, decode_header, decode_payload, tags_mask
 from headwater.model.batch_reads import plain_batch
 from headwater.model.service import FetchesAsync, FetchResult
 from headwater.spark.connection import connect, unavailable_means
@@ -290,19 +290,17 @@ def _read(service, task: ReadTask, schema: pa.Schema) -> Iterator[pa.RecordBatch
         nxt = max(cur, res.next_offset)
         if nxt < end and (res.batches or nxt > cur):
             fetcher.prefetch(nxt)
+        if res.batches and (queue_id := decode_header(res.batches[0]).queue_id) != task.queue_id:
+            raise QueueNotFoundError(_recreated(task, queue_id))  # one answer holds one queue's batches
         for raw in res.batches:
             got = plain_batch(raw)  # checked and decoded in one call (batches of one message: most of the time)
             if got is not None:
-                queue_id, _, base, ts, _, payload_size, payload = got
-                if queue_id != task.queue_id:
-                    raise QueueNotFoundError(_recreated(task, queue_id))
+                _, _, base, ts, _, payload_size, payload = got
                 count = len(payload.bodies)
                 if base + count <= cur or base >= end:
                     continue
             else:  # compressed, with deliver times, or damaged (_check says how)
                 h = _check(raw, task.queue)
-                if h.queue_id != task.queue_id:
-                    raise QueueNotFoundError(_recreated(task, h.queue_id))
                 base, ts, count, payload_size = h.base_offset, h.timestamp_ms, h.count, h.payload_size
                 if base + count <= cur or base >= end:
                     continue
