@@ -44,7 +44,9 @@ WARMUP_CALLS = 500
 COUNTED_CALLS = 1000  # --count-calls: calls counted, after WARMUP_CALLS
 
 
-def _broker(data: str, flush: str, ready: Any, count: tuple[Any, Any, Any] | None = None) -> None:
+def _broker(
+    data: str, flush: str, ready: Any, count: tuple[Any, Any, Any] | None = None, idle_spin_us: int | None = None
+) -> None:
     from headwater.broker.run import run_server
     from headwater.broker.server import ServerConfig
     from headwater.storage.store import StoreConfig
@@ -54,7 +56,8 @@ def _broker(data: str, flush: str, ready: Any, count: tuple[Any, Any, Any] | Non
 
         _counted("broker", *count)
 
-    run_server(data, StoreConfig(flush=flush), ServerConfig(host="127.0.0.1", port=0), on_ready=ready.put)
+    spin = {} if idle_spin_us is None else {"idle_spin_us": idle_spin_us}  # None: the broker's default
+    run_server(data, StoreConfig(flush=flush), ServerConfig(host="127.0.0.1", port=0, **spin), on_ready=ready.put)
 
 
 def _free_port() -> int:
@@ -115,13 +118,15 @@ def run(
     hops: bool = False,
     count_calls: bool = False,
     spin_us: int = 0,
+    idle_spin_us: int | None = None,
     log=print,
 ) -> dict[str, Any]:
     """Alternate the two in ``rounds`` rounds of ``calls`` each: every round's figures, the
     ratios (Headwater's rate over Redis's), with ``hops`` the per-phase breakdown and with
     ``count_calls`` the Python calls per Headwater call in the client and in the broker; with
     ``spin_us`` a third side, the same producer whose leading caller spins that long before
-    it blocks (``lead_spin_us``), beside it without the spin."""
+    it blocks (``lead_spin_us``), beside it without the spin; ``idle_spin_us`` the broker's
+    spin before its loop blocks (None: its default)."""
     import headwater
 
     ctx = mp.get_context("spawn")
@@ -129,7 +134,9 @@ def run(
         os.mkdir(os.path.join(d, "hw"))
         os.mkdir(os.path.join(d, "redis"))
         ready = ctx.Queue()
-        broker = ctx.Process(target=_broker, args=(os.path.join(d, "hw"), flush, ready), daemon=True)
+        broker = ctx.Process(
+            target=_broker, args=(os.path.join(d, "hw"), flush, ready, None, idle_spin_us), daemon=True
+        )
         broker.start()
         rproc, rclient = _start_redis(os.path.join(d, "redis"), fsync)
         hw = None
@@ -279,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--spin-us", type=int, default=0, help="also time the caller spinning this long before it blocks"
     )
+    parser.add_argument(
+        "--idle-spin-us",
+        type=int,
+        default=None,
+        help="the broker's idle_spin_us (default: its own, 100; 0: the broker blocks at once)",
+    )
     parser.add_argument("--hops", action="store_true", help="then time each phase of a Headwater call")
     parser.add_argument(
         "--count-calls", action="store_true", help="then count Python calls per Headwater call, client and broker"
@@ -288,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds and --calls must be at least 1")
     if not 0 <= args.spin_us <= 10_000:
         parser.error("--spin-us must be from 0 (no spin side) to 10000")
+    if args.idle_spin_us is not None and not 0 <= args.idle_spin_us <= 1000:
+        parser.error("--idle-spin-us must be from 0 (the broker blocks at once) to 1000")
     res = run(
         rounds=args.rounds,
         calls=args.calls,
@@ -296,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         hops=args.hops,
         count_calls=args.count_calls,
         spin_us=args.spin_us,
+        idle_spin_us=args.idle_spin_us,
     )
     verdict = "PASS" if res["ratio_median"] >= TARGET_RATIO else "MISS"
     print(
