@@ -34,6 +34,7 @@ from headwater.protocol import (
 )
 
 if TYPE_CHECKING:
+    from headwater.broker.idle_spin import IdleSpin
     from headwater.broker.server import ServerConfig
 
 __all__ = ["ClientConnection", "ConnectionHost", "CLOSE_LINGER_S"]
@@ -59,6 +60,7 @@ class ConnectionHost(Protocol):
     config: ServerConfig
     loop: asyncio.AbstractEventLoop
     budget: ServerBudget  # the server's byte budget, over each connection's own
+    idle_spin: IdleSpin  # the loop's spin before it blocks (idle_spin_us)
 
     def admit(self, conn: ClientConnection) -> str | None:
         """Count ``conn`` among the server's connections; or why it is refused."""
@@ -192,6 +194,9 @@ class ClientConnection(asyncio.Protocol):
         self.conn.receive_data(data)
         if not self.blocked and not self.closing:
             self._serve_events()
+        spin = self.host.idle_spin
+        if spin.enabled:
+            spin.after_serve(self.loop)
 
     def eof_received(self) -> bool:
         self.conn.receive_data(b"")

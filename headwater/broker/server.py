@@ -28,7 +28,6 @@ import logging
 import resource
 import time
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from time import perf_counter
 from typing import TYPE_CHECKING
@@ -42,6 +41,7 @@ from headwater.broker.connection import CLOSE_LINGER_S, ClientConnection
 from headwater.broker.delay import DelayTicket
 from headwater.broker.durable_acks import DurableAcks
 from headwater.broker.groups import MEMBERS_FILE
+from headwater.broker.idle_spin import CountedExecutor, IdleSpin, transport_fd
 from headwater.broker.log_limit import limited
 from headwater.broker.long_polls import GroupLongPolls
 from headwater.broker.push import PUSH_APIS, PushService
@@ -119,9 +119,9 @@ class BrokerServer:
     def __init__(self, broker: Broker, config: ServerConfig | None = None) -> None:
         self.broker = broker
         self.config = (config or ServerConfig()).validated()
-        self._pool = ThreadPoolExecutor(self.config.worker_threads, thread_name_prefix="headwater-worker")
+        self._pool = CountedExecutor(self.config.worker_threads, thread_name_prefix="headwater-worker")
         # appends whose payload expands past INLINE_DECODE_BYTES: decoded off the event loop, two at a time
-        self._decode_pool = ThreadPoolExecutor(2, thread_name_prefix="headwater-decode")
+        self._decode_pool = CountedExecutor(2, thread_name_prefix="headwater-decode")
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[ClientConnection] = set()
         self._closing = False
@@ -134,6 +134,11 @@ class BrokerServer:
         self.port = self.config.port
         self._refusals = limited(log, logging.WARNING, _REFUSALS_LOG_EVERY_S)
         self._metrics = self._enable_metrics()
+        self.idle_spin = IdleSpin(self.config.idle_spin_us, self._threads_busy)
+
+    def _threads_busy(self) -> bool:
+        """Whether requests' work runs on other threads now (the loop must not spin then)."""
+        return bool(self._pool.busy or self._decode_pool.busy or self._acks.pending)  # spins only once started
 
     def _enable_metrics(self) -> BrokerMetrics | None:
         """The broker's metrics, fed by this server too (request latency and errors,
@@ -213,6 +218,8 @@ class BrokerServer:
             return why
         self.connections_total += 1
         self._conns.add(conn)
+        if self.idle_spin.enabled:
+            self.idle_spin.watch(transport_fd(conn.transport), conn)
         return None
 
     def writable_again(self, conn: ClientConnection) -> None:
@@ -221,6 +228,8 @@ class BrokerServer:
 
     def connection_gone(self, conn: ClientConnection) -> None:
         self._conns.discard(conn)
+        if self.idle_spin.enabled:
+            self.idle_spin.forget(transport_fd(conn.transport), conn)
         self._push.connection_closed(conn)
         self._streams.connection_closed(conn)
         if self._all_closed is not None and not self._conns and not self._all_closed.done():
@@ -276,6 +285,7 @@ class BrokerServer:
         await loop.run_in_executor(None, self._decode_pool.shutdown, True)
         # nothing changes the groups now: their members are kept for the next start
         await loop.run_in_executor(None, self._members_file, self.broker.groups.save_members, "kept")
+        self.idle_spin.close()
         await loop.run_in_executor(None, self.broker.close)
         log.info("headwater stopped cleanly")
 

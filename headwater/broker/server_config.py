@@ -7,6 +7,7 @@ import socket
 
 import msgspec
 
+from headwater.broker.idle_spin import IDLE_SPIN_US_DEFAULT, IDLE_SPIN_US_MAX
 from headwater.cluster.membership import BROKER_ID_MAX, ZooKeeperAddress
 from headwater.errors import InvalidArgumentError
 from headwater.model.config import DEFAULT_PORT
@@ -46,6 +47,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     moves_running_max: int = 4  # partition moves running at once while this broker is the controller
     auto_rebalance_after_s: float = 0.0  # rebalance by itself once the brokers are unchanged this long; 0: off
     coordinator_partitions: int = 16  # the coordinator queue's partitions, if this broker is the one to make it
+    idle_spin_us: int = IDLE_SPIN_US_DEFAULT  # poll the clients' sockets this long before the loop blocks; 0: off
     metrics: bool = True  # keep Prometheus metrics (headwater.broker.metrics; needs prometheus-client)
 
     def validated(self) -> ServerConfig:
@@ -120,6 +122,7 @@ _WHOLE_RANGES = (
     ("allocator_cache_bytes", 0, 2**31 - 1),
     ("moves_running_max", 1, 1000),
     ("coordinator_partitions", 1, 1000),
+    ("idle_spin_us", 0, IDLE_SPIN_US_MAX),
 )
 _SECONDS_RANGES = (
     ("handshake_timeout_s", 0.001, 86400.0),

@@ -54,6 +54,8 @@ MEANINGS: dict[str, str] = {
     "(the others of a rebalance or decommission wait their turn)",
     "coordinator_partitions": "the partitions of a cluster's consumer-group coordinator queue, fixed by the "
     "broker whose group call makes it (the cluster's first): each is a unit of coordinators that moves",
+    "idle_spin_us": "after serving, poll the clients' sockets without blocking this long (µs) before waiting, "
+    "so that a request coming soon finds the CPU awake; paused while spins find nothing; 0: off",
     "metrics": "keep Prometheus metrics, served by the METRICS request (headwater metrics, docs/metrics.md); "
     "false: none, and the request path pays nothing for them",
     # [store]

@@ -28,7 +28,7 @@ LEAD_SLICE_S = 0.25
 #: costs tens of µs; an answer that comes within the spin costs none (see
 #: docs/design/client.md, "One message, one round trip"). 0 disables the spin. The
 #: environment variable ``HEADWATER_LEAD_SPIN_US`` overrides it for every client made after.
-LEAD_SPIN_US_DEFAULT = 50
+LEAD_SPIN_US_DEFAULT = 100
 #: The longest spin accepted: past it a caller burns a CPU for little.
 LEAD_SPIN_US_MAX = 10_000
 #: The share of spins that must find their answer for the leaders to go on spinning (a
