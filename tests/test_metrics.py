@@ -74,6 +74,9 @@ def test_produce_and_consume_are_counted_per_queue(broker):
     assert counts == sorted(counts) and len(counts) > 10  # cumulative, le ascending to +Inf
     assert 0 < value(fams, latency, latency + "_sum", api="produce") < 60
     assert value(fams, "headwater_connections") >= 1
+    spins = value(fams, "headwater_idle_spins", "headwater_idle_spins_total")
+    assert spins >= 1  # the first serve always spins; whether it found a request is the machine's
+    assert 0 <= value(fams, "headwater_idle_spin_hits", "headwater_idle_spin_hits_total") <= spins
     assert value(fams, "headwater_build_info", version=headwater.__version__) == 1
 
 

@@ -120,6 +120,7 @@ class BrokerMetrics:
         self._out: dict[str, list[int] | None] = {}
         self._latency: dict[int, _Histogram] = {}  # by api key
         self.connections: Callable[[], tuple[int, int]] | None = None
+        self.idle_spins: Callable[[], tuple[int, int]] | None = None
         r = self.registry = CollectorRegistry(auto_describe=False)
         self._errors = Counter(
             "headwater_request_errors",
@@ -210,6 +211,10 @@ class BrokerMetrics:
         """Report ``counts()`` -> (open now, accepted since start) when scraped (the server)."""
         self.connections = counts
 
+    def watch_idle_spin(self, counts: Callable[[], tuple[int, int]]) -> None:
+        """Report ``counts()`` -> (spins, spins that found a request) when scraped (the server)."""
+        self.idle_spins = counts
+
     # -- scraped -------------------------------------------------------------------------------
 
     def exposition(self) -> MetricsExposition:
@@ -241,6 +246,12 @@ class _ScrapeCollector(Collector):
             yield CounterMetricFamily(
                 "headwater_connections_accepted", "Client connections accepted since the broker started.", accepted
             )
+        if self._m.idle_spins is not None:
+            spins, hits = self._m.idle_spins()
+            yield CounterMetricFamily(
+                "headwater_idle_spins", "Spins of the broker's loop before it waits (idle_spin_us).", spins
+            )
+            yield CounterMetricFamily("headwater_idle_spin_hits", "Spins that found a request before they ended.", hits)
         yield from _request_path(self._m)
         try:  # described once per scrape: for their lag and for their leases
             shared = list(_shared_infos(broker))

@@ -135,6 +135,9 @@ class BrokerServer:
         self._refusals = limited(log, logging.WARNING, _REFUSALS_LOG_EVERY_S)
         self._metrics = self._enable_metrics()
         self.idle_spin = IdleSpin(self.config.idle_spin_us, self._threads_busy)
+        if self._metrics is not None:
+            spin = self.idle_spin
+            self._metrics.watch_idle_spin(lambda: (spin.spins, spin.hits))
 
     def _threads_busy(self) -> bool:
         """Whether requests' work runs on other threads now (the loop must not spin then)."""
