@@ -80,11 +80,11 @@ def test_a_socket_number_taken_again_is_forgotten_only_by_its_owner(pair):
     old, new = object(), object()
     spin.watch(b.fileno(), old)
     spin.watch(b.fileno(), new)  # the number reused before the old owner was forgotten
-    spin.forget(b.fileno(), old)
+    spin.forget(old)
     a.send(b"x")
     spin._spin()
     assert spin.hits == 1  # still watched for its new owner
-    spin.forget(b.fileno(), new)
+    spin.forget(new)
     spin._spin()
     assert spin.hits == 1  # not watched: bytes waiting on it do not end the spin
     spin.close()
@@ -154,6 +154,7 @@ def test_the_server_watches_each_client_from_admission_to_its_end(tmp_path):
         assert spin.spins + spin._paused > 0  # it spun after serving (a hit or not is the machine's)
         second.close()
         wait_for(lambda: len(st.call(lambda: dict(spin._watched))) == 1, what="the closed client forgotten")
+        assert len(st.call(lambda: dict(spin._fds))) == 1  # nothing of it kept
         consumer = first.consumer()
         consumer.assign("q")
         assert [r.body for r in poll_until(consumer, 20)] == [b"%d" % i for i in range(20)]

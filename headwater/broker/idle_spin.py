@@ -7,7 +7,7 @@ broker's answer waits for its CPU to come back. A client calling ``send_and_wait
 sends its next request some 50 µs after its answer, so the broker instead polls every client
 socket without blocking for up to ``idle_spin_us`` (default 100) first; the spin ends as soon
 as any socket has bytes, and the loop then reads them at once. See docs/design/client.md,
-"One message, one round trip".
+"The broker spins too".
 
 A spin pays only while it finds a request. Like the client's spin
 (:mod:`headwater.client.transport.leading`), the broker keeps a moving average of how many
@@ -65,6 +65,7 @@ class IdleSpin:
         self.enabled = spin_us > 0
         self._poller = select.epoll() if self.enabled else None
         self._watched: dict[int, object] = {}  # fd -> the connection it belongs to
+        self._fds: dict[object, int] = {}  # and back: a closed transport no longer tells its fd
         self._scheduled = False
         self._hit_share = 1.0  # a moving average of the spins that found a request
         self._paused = 0  # serves still to make without a spin
@@ -82,10 +83,12 @@ class IdleSpin:
         except OSError:  # closed already: nothing to watch
             return
         self._watched[fd] = owner
+        self._fds[owner] = fd
 
-    def forget(self, fd: int, owner: object) -> None:
-        """Stop watching ``fd``, if it is still ``owner``'s (numbers are reused)."""
-        if self._poller is None or self._watched.get(fd) is not owner:
+    def forget(self, owner: object) -> None:
+        """Stop watching ``owner``'s socket, unless its number is another's by now (reused)."""
+        fd = self._fds.pop(owner, None)
+        if fd is None or self._poller is None or self._watched.get(fd) is not owner:
             return
         del self._watched[fd]
         with contextlib.suppress(OSError):  # closed: the kernel forgot it already
@@ -126,6 +129,7 @@ class IdleSpin:
         poller, self._poller = self._poller, None
         self.enabled = False
         self._watched.clear()
+        self._fds.clear()
         if poller is not None:
             poller.close()
 

@@ -232,7 +232,7 @@ class BrokerServer:
     def connection_gone(self, conn: ClientConnection) -> None:
         self._conns.discard(conn)
         if self.idle_spin.enabled:
-            self.idle_spin.forget(transport_fd(conn.transport), conn)
+            self.idle_spin.forget(conn)
         self._push.connection_closed(conn)
         self._streams.connection_closed(conn)
         if self._all_closed is not None and not self._conns and not self._all_closed.done():
