@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from headwater.client.common.closing import Closable
-from headwater.client.common.waking import Wakes
+from headwater.client.common.waking import Wakes, settle
 from headwater.client.core.membership import TP, by_queue
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_read_settings, positive_int
 from headwater.client.transport.cluster_fetch import ClusterFetchStreams, PlansFetchStreams
@@ -392,7 +392,7 @@ class ConsumerPositions(Closable, Wakes):
         self._inflight.pop(tp, None)
 
     def _push_arrived(self) -> None:
-        """A push came (on any thread, or on the loop): end the wait for one. (``_settle``
+        """A push came (on any thread, or on the loop): end the wait for one. (:func:`settle`
         inline: this runs once per push, in the thread that reads it.)"""
         waiter = self._push_waiter
         if waiter is not None and not waiter.done():
@@ -401,14 +401,7 @@ class ConsumerPositions(Closable, Wakes):
             except concurrent.futures.InvalidStateError:  # done meanwhile, on another thread
                 pass
 
-    @staticmethod
-    def _settle(waiter: Any) -> None:
-        """End a wait on ``waiter`` (None: nobody waits), unless another thread or task did."""
-        if waiter is not None and not waiter.done():
-            try:  # (not contextlib.suppress: three Python calls more)
-                waiter.set_result(None)
-            except concurrent.futures.InvalidStateError:  # done meanwhile, on another thread
-                pass
+    _settle = staticmethod(settle)  # end a wait on a future, unless another thread or task did
 
     # -- polling and committing -----------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """``wakeup()`` for every consumer (plain, group member, keyed, shared), written once; the
-asyncio hand-off is :func:`settle_on_loop`.
+asyncio hand-off is :func:`settle_on_loop`, and ending any wait on a future :func:`settle`.
 
 Another thread (or task) calls ``wakeup()``: it sets ``_woken`` and settles ``_wakeup``, a
 future the waiting call waits on beside its answers, so the wait ends at once. The call
@@ -16,7 +16,7 @@ from typing import Any
 
 from headwater.errors import WakeupError
 
-__all__ = ["Wakes", "settle_on_loop"]
+__all__ = ["Wakes", "settle", "settle_on_loop"]
 
 
 class Wakes:
@@ -58,12 +58,7 @@ class Wakes:
     def _wake_blocking(self) -> None:
         """``wakeup()`` of a blocking consumer: any thread."""
         self._woken = True
-        waiter = self._wakeup
-        if waiter is not None and not waiter.done():
-            try:
-                waiter.set_result(None)
-            except concurrent.futures.InvalidStateError:  # done meanwhile, on another thread
-                pass
+        settle(self._wakeup)
 
     def _wake_asyncio(self) -> None:
         """``wakeup()`` of an asyncio consumer: a task of its loop, or any thread."""
@@ -82,11 +77,16 @@ def settle_on_loop(waiter: asyncio.Future[Any] | None) -> None:
     except RuntimeError:  # no loop runs in this thread
         here = False
     if here:
-        _settle(waiter)
+        settle(waiter)
     elif not loop.is_closed():
-        loop.call_soon_threadsafe(_settle, waiter)
+        loop.call_soon_threadsafe(settle, waiter)
 
 
-def _settle(waiter: asyncio.Future[Any]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+def settle(waiter: Any) -> None:
+    """End a wait on ``waiter``, a concurrent or an asyncio future (None: nobody waits),
+    unless another thread or task did."""
+    if waiter is not None and not waiter.done():
+        try:  # (not contextlib.suppress: three Python calls more)
+            waiter.set_result(None)
+        except concurrent.futures.InvalidStateError:  # done meanwhile, on another thread
+            pass
