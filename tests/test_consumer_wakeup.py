@@ -16,7 +16,7 @@ import pytest
 from headwater import Message
 from headwater.errors import StateConflictError, WakeupError
 from tests.support.aio_target import run
-from tests.support.waiting import poll_until
+from tests.support.waiting import agather_until, gather_until, poll_until
 
 STREAM = pytest.mark.parametrize("stream", [True, False], ids=["stream", "fetch"])
 
@@ -29,6 +29,19 @@ def _later(seconds: float, fn) -> threading.Thread:
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return t
+
+
+async def _woken_from_a_task_and_a_thread(call, wakeup, what: str) -> None:
+    """``call(timeout_ms=20_000)`` raises WakeupError when ``wakeup`` is called from another
+    task, then from another thread, each within 0.3 s, not after the call's timeout."""
+    asyncio.get_running_loop().call_later(0.3, wakeup)  # another task
+    started = time.monotonic()
+    with pytest.raises(WakeupError):
+        await call(timeout_ms=20_000)
+    _later(0.3, wakeup)  # another thread
+    with pytest.raises(WakeupError):
+        await call(timeout_ms=20_000)
+    assert time.monotonic() - started < 15, f"a {what} waited on after wakeup()"
 
 
 @STREAM
@@ -122,26 +135,14 @@ def test_the_asyncio_consumers_are_woken_from_a_task_or_a_thread(aio_target):
         c = hw.consumer()
         await c.assign("wq")
         assert await c.poll(timeout_ms=100) == []
-        loop = asyncio.get_running_loop()
-        loop.call_later(0.3, c.wakeup)  # another task
-        started = time.monotonic()
-        with pytest.raises(WakeupError):
-            await c.poll(timeout_ms=20_000)
-        _later(0.3, c.wakeup)  # another thread
-        with pytest.raises(WakeupError):
-            await c.poll(timeout_ms=20_000)
-        assert time.monotonic() - started < 15, "a poll waited on after wakeup()"
+        await _woken_from_a_task_and_a_thread(c.poll, c.wakeup, "poll")
         await hw.send_batch("wq", [b"a"], partition=0)
-        got: list = []
-        deadline = time.monotonic() + 10
-        while not got and time.monotonic() < deadline:
-            got += await c.poll(timeout_ms=200)
-        assert [r.body for r in got] == [b"a"]
+        assert [r.body for r in await agather_until(lambda: c.poll(timeout_ms=200), 1)] == [b"a"]
         await c.close()
 
         member = hw.consumer(group="aio-wakers", subscribe="wq")
         await member.poll(timeout_ms=100)
-        loop.call_later(0.3, member.wakeup)
+        asyncio.get_running_loop().call_later(0.3, member.wakeup)
         joined = time.monotonic()
         with pytest.raises(WakeupError):
             while time.monotonic() - joined < 10:  # its first poll may join and return: poll again
@@ -193,22 +194,12 @@ def test_the_asyncio_keyed_member_is_woken_from_a_task_or_a_thread(aio_target):
         await hw.admin.create_queue("wq", partitions=2)
         m = hw.keyed_consumer("kg", "wq", member=0, size=1)
         assert await m.poll(timeout_ms=100) == []
-        asyncio.get_running_loop().call_later(0.3, m.wakeup)  # another task
-        started = time.monotonic()
-        with pytest.raises(WakeupError):
-            await m.poll(timeout_ms=20_000)
-        _later(0.3, m.wakeup)  # another thread
-        with pytest.raises(WakeupError):
-            await m.poll(timeout_ms=20_000)
-        assert time.monotonic() - started < 15, "a keyed poll waited on after wakeup()"
+        await _woken_from_a_task_and_a_thread(m.poll, m.wakeup, "keyed poll")
         m.wakeup()  # before the poll: the next one raises, records stay for the one after
         await hw.send_batch("wq", _keyed(3), partition=0)
         with pytest.raises(WakeupError):
             await m.poll(timeout_ms=5000)
-        got: list = []
-        deadline = time.monotonic() + 10
-        while len(got) < 3 and time.monotonic() < deadline:
-            got += await m.poll(timeout_ms=200)
+        got = await agather_until(lambda: m.poll(timeout_ms=200), 3)
         assert sorted(r.body for r in got) == [b"m0", b"m1", b"m2"]
         await m.close()
 
@@ -309,19 +300,9 @@ def test_the_asyncio_shared_consumer_is_woken_and_loses_nothing(aio_target):
     async def test(hw):
         await hw.admin.create_queue("wq")
         c = hw.shared_consumer("sg", "wq", visibility_timeout_ms=600_000)
-        asyncio.get_running_loop().call_later(0.3, c.wakeup)  # another task
-        started = time.monotonic()
-        with pytest.raises(WakeupError):
-            await c.receive(timeout_ms=20_000)
-        _later(0.3, c.wakeup)  # another thread
-        with pytest.raises(WakeupError):
-            await c.receive(timeout_ms=20_000)
-        assert time.monotonic() - started < 15, "a receive waited on after wakeup()"
+        await _woken_from_a_task_and_a_thread(c.receive, c.wakeup, "receive")
         await hw.send("wq", b"precious")  # a woken request parked on the broker may take it
-        got: list = []
-        deadline = time.monotonic() + 10
-        while not got and time.monotonic() < deadline:
-            got = await c.receive(timeout_ms=200)
+        got = await agather_until(lambda: c.receive(timeout_ms=200), 1)
         assert [(d.body, d.attempt) for d in got] == [(b"precious", 1)]
         await c.ack(got)
         c.wakeup()  # before the receive: it raises once, the next goes on
@@ -334,11 +315,7 @@ def test_the_asyncio_shared_consumer_is_woken_and_loses_nothing(aio_target):
 
 
 def _receive_until(c, n: int, timeout_s: float = 10.0) -> list:
-    got: list = []
-    deadline = time.monotonic() + timeout_s
-    while len(got) < n and time.monotonic() < deadline:
-        got += c.receive(timeout_ms=200)
-    return got
+    return gather_until(lambda: c.receive(timeout_ms=200), n, timeout_s)
 
 
 @STREAM

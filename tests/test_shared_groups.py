@@ -35,6 +35,7 @@ from headwater.errors import (
 )
 from headwater.model.shared import LeaseId, SharedGroupSettings
 from headwater.testing import FakeClock
+from tests.support.waiting import agather_until
 
 SUPPORT = Path(__file__).parent / "support"
 
@@ -971,10 +972,7 @@ def test_an_asyncio_receive_cancelled_mid_wait_loses_no_delivery(aio_target):
         with pytest.raises(asyncio.CancelledError):
             await waiting
         await hw.send("q", b"precious")
-        got: list = []
-        deadline = time.monotonic() + 10
-        while not got and time.monotonic() < deadline:
-            got = await c.receive(timeout_ms=200)
+        got = await agather_until(lambda: c.receive(timeout_ms=200), 1)
         assert [(d.body, d.attempt) for d in got] == [(b"precious", 1)]
         await c.ack(got)
         waiting = asyncio.ensure_future(c.receive(timeout_ms=10_000))
