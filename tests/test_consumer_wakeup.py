@@ -31,6 +31,17 @@ def _later(seconds: float, fn) -> threading.Thread:
     return t
 
 
+def _woken_from_a_thread(call, wakeup, what: str) -> None:
+    """``call(timeout_ms=20_000)`` raises WakeupError naming the ``call`` when another thread
+    calls ``wakeup`` 0.3 s in, not after its timeout."""
+    waker = _later(0.3, wakeup)
+    started = time.monotonic()
+    with pytest.raises(WakeupError, match=rf"wakeup\(\) ended this {call.__name__}"):
+        call(timeout_ms=20_000)
+    assert time.monotonic() - started < 10, f"the {what} waited on after wakeup()"
+    waker.join()
+
+
 async def _woken_from_a_task_and_a_thread(call, wakeup, what: str) -> None:
     """``call(timeout_ms=20_000)`` raises WakeupError when ``wakeup`` is called from another
     task, then from another thread, each within 0.3 s, not after the call's timeout."""
@@ -50,12 +61,7 @@ def test_wakeup_ends_a_waiting_poll_and_the_consumer_goes_on(hw, stream):
     c = hw.consumer(stream=stream)
     c.assign("wq")
     assert c.poll(timeout_ms=100) == []  # reading has begun: the next poll waits on the broker
-    waker = _later(0.3, c.wakeup)
-    started = time.monotonic()
-    with pytest.raises(WakeupError, match=r"wakeup\(\) ended this poll"):
-        c.poll(timeout_ms=20_000)
-    assert time.monotonic() - started < 10, "the poll waited on after wakeup()"
-    waker.join()
+    _woken_from_a_thread(c.poll, c.wakeup, "poll")
     assert c.poll(timeout_ms=100) == []  # once per wakeup(): the next poll waits as any does
     hw.send_batch("wq", [b"a", b"b"], partition=1)
     assert [r.body for r in poll_until(c, 2)] == [b"a", b"b"]
@@ -160,12 +166,7 @@ def test_wakeup_ends_a_keyed_members_waiting_poll_and_it_goes_on(hw):
     hw.admin.create_queue("wq", partitions=2)
     m = hw.keyed_consumer("kg", "wq", member=0, size=1)
     assert m.poll(timeout_ms=100) == []  # joined, reading: the next poll waits on the broker
-    waker = _later(0.3, m.wakeup)
-    started = time.monotonic()
-    with pytest.raises(WakeupError, match=r"wakeup\(\) ended this poll"):
-        m.poll(timeout_ms=20_000)
-    assert time.monotonic() - started < 10, "the keyed poll waited on after wakeup()"
-    waker.join()
+    _woken_from_a_thread(m.poll, m.wakeup, "keyed poll")
     generation = m.generation
     assert m.poll(timeout_ms=100) == [] and m.generation == generation  # once; still in its group
     hw.send_batch("wq", _keyed(4), partition=1)
@@ -209,12 +210,7 @@ def test_the_asyncio_keyed_member_is_woken_from_a_task_or_a_thread(aio_target):
 def test_wakeup_ends_a_waiting_shared_receive_and_the_member_goes_on(hw):
     hw.admin.create_queue("wq", partitions=2)
     c = hw.shared_consumer("sg", "wq", visibility_timeout_ms=600_000)
-    waker = _later(0.3, c.wakeup)
-    started = time.monotonic()
-    with pytest.raises(WakeupError, match=r"wakeup\(\) ended this receive"):
-        c.receive(timeout_ms=20_000)
-    assert time.monotonic() - started < 10, "the receive waited on after wakeup()"
-    waker.join()
+    _woken_from_a_thread(c.receive, c.wakeup, "receive")
     assert c.receive(timeout_ms=100) == []  # once per wakeup(): the next receive waits as any does
     hw.send_batch("wq", [b"a", b"b"], partition=1)
     got = _receive_until(c, 2)
