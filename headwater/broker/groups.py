@@ -5,9 +5,13 @@ refused) are :class:`headwater.broker.membership.Membership`, which does no I/O;
 module adds a clock, locks, the partition counts of the store, and the committed offsets
 of :class:`~headwater.broker.offsets.OffsetStore`.
 
-Membership is kept in memory, and across a clean stop in the data directory
-(:meth:`GroupCoordinator.save_members`, :meth:`GroupCoordinator.restore_members`; after a
-crash the members join again, with new ids); committed offsets are durable. On a cluster
+Membership is kept in memory and, once the broker serves the network
+(:meth:`GroupCoordinator.keep_members`), in the log of the committed offsets too: every
+call that changes a group's members, generation, targets or holders writes the group's
+record before it is answered (``headwater.broker.offsets``, "Members"; a heartbeat that only
+keeps a session alive writes nothing). A broker that starts again, after a crash as after a
+clean stop, takes the members back from there, so they go on with the same ids, generation
+and partitions, as after a coordinator's move; committed offsets are durable. On a cluster
 this broker coordinates the groups of the coordinator queue's partitions it leads: every
 call first asks the offsets whether it coordinates the group now (NotCoordinatorError
 otherwise), and the cluster node calls :meth:`GroupCoordinator.load_partition` and
@@ -36,8 +40,8 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable
-from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 import msgspec
 
@@ -58,14 +62,10 @@ from headwater.model.groups import (
     validate_group_name,
 )
 from headwater.storage.api import Store
-from headwater.storage.segment import write_atomically
 
-__all__ = ["GroupCoordinator", "MEMBERS_FILE"]
+__all__ = ["GroupCoordinator"]
 
 log = logging.getLogger("headwater.groups")
-
-#: The groups' membership a clean stop leaves in the data directory for the next start.
-MEMBERS_FILE = "group-members"
 
 #: After a broker (re)start, groups that have committed offsets (so may have members from
 #: before, still reading until their next heartbeat) get no partitions for this long. It
@@ -98,11 +98,75 @@ class GroupCoordinator:
         self._membership = Membership(self._partitions_of, incarnation=secrets.token_hex(3), members_max=members_max)
         # on a cluster: whether a move has fenced (queue, partition) here (Mover.moving)
         self.moving: Callable[[str, int], bool] | None = None
+        self._keep = False  # whether membership changes are written to the offsets' log
+        self._saved: dict[str, int] = {}  # group -> Membership.version() of its last record written
+
+    def keep_members(self, *, write: bool = True) -> int:
+        """Called when the broker starts serving the network: take back the groups written
+        to the offsets' log before (the members go on, each session starting now) and, unless
+        ``write`` is false (a store opened read-only), write each group's membership there
+        from now on as it changes. An embedded broker does neither: its members lived in the
+        process that stopped. How many groups came back."""
+        self._keep = write
+        return self._adopt_saved(None)
+
+    def _adopt_saved(self, partition: int | None) -> int:
+        """Take the membership records of the loaded offsets' partitions (or of ``partition``)
+        for the groups with no live member here (a group handed over by a move knows better)."""
+        groups = []
+        for name, raw in self._offsets.saved_members(partition).items():
+            try:
+                groups.append(msgspec.msgpack.decode(raw, type=HandedOffGroup))
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                log.warning("group %r: its members in the offsets' log cannot be read (%s): they join again", name, e)
+        with self._lock:
+            now = self._now_ms()
+            fresh = [g for g in groups if not self._membership.live_members(g.name, now)]
+            self._membership.adopt(fresh, now)
+            for g in fresh:
+                self._saved[g.name] = self._membership.version(g.name)
+        if fresh:
+            log.info("took back the members of %d group(s) from the offsets' log", len(fresh))
+        return len(fresh)
+
+    @contextmanager
+    def _changing(self, group: str) -> Iterator[None]:
+        """Hold ``group``'s stripe for a call that may change its membership; before the
+        call is answered, write the group's record if the membership changed. A record that
+        cannot be written fails a call that succeeded (its answer would not survive a
+        restart); one that failed already keeps its own error."""
+        with self._stripe(group):
+            try:
+                yield
+            except BaseException:
+                try:
+                    self._save(group)
+                except HeadwaterError as e:
+                    log.warning("the members of group %r were not written to the offsets' log: %s", group, e)
+                raise
+            self._save(group)
+
+    def _save(self, group: str) -> None:
+        """Under ``group``'s stripe: its record, if it changed since the last one written."""
+        if not self._keep:
+            return
+        with self._lock:
+            version = self._membership.version(group)
+            if version == self._saved.get(group, 0):
+                return
+            handed = self._membership.hand_off([group], self._now_ms())
+        # held grants are not kept: a restart holds them anew (RESTART_GRACE_MS)
+        record = msgspec.msgpack.encode(msgspec.structs.replace(handed[0], grants_held_ms=0.0)) if handed else b""
+        self._offsets.save_members(group, record)
+        if version:
+            self._saved[group] = version
+        else:
+            self._saved.pop(group, None)
 
     def hold_grants_after_restart(self, grace_ms: float = RESTART_GRACE_MS) -> None:
         """Called when the broker starts serving the network: see :data:`RESTART_GRACE_MS`.
         (An embedded broker needs no grace: its members lived in the process that stopped.)
-        A group whose members came back with it (:meth:`restore_members`) is not held."""
+        A group whose members came back with it (:meth:`keep_members`) is not held."""
         self._hold_unknown(self._offsets.group_queues(), grace_ms)
 
     def _hold_unknown(self, groups: Iterable[str], grace_ms: float) -> None:
@@ -114,40 +178,15 @@ class GroupCoordinator:
             held = [g for g in groups if not self._membership.live_members(g, now)]
             self._membership.hold_grants(held, now + grace_ms)
 
-    def save_members(self, path: Path) -> int:
-        """At a clean stop, once no call can change them any more: the groups' membership to
-        ``path``, which :meth:`restore_members` takes back at the next start, so that the
-        members go on without joining again (as after a coordinator's move); how many groups."""
-        with self._lock:
-            groups = self._membership.hand_off(self._membership.groups(), self._now_ms())
-        if groups:
-            write_atomically(path, msgspec.msgpack.encode(groups))
-        return len(groups)
-
-    def restore_members(self, path: Path) -> int:
-        """At a start: the membership :meth:`save_members` left at the last clean stop, if it
-        did, each member's session starting now; the file goes at once, so a crash later
-        does not bring back what changed since. How many groups; a damaged file is none."""
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return 0
-        try:
-            groups = msgspec.msgpack.decode(raw, type=list[HandedOffGroup])
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            log.warning("the group members saved at the last stop (%s) cannot be read (%s): they join again", path, e)
-            groups = []
-        path.unlink(missing_ok=True)
-        with self._lock:
-            self._membership.adopt(groups, self._now_ms())
-        return len(groups)
-
     def load_partition(self, partition: int, grace_ms: float = RESTART_GRACE_MS) -> None:
         """Take over the groups of the offsets' ``partition`` (this broker came to lead it):
-        load their offsets, and hold their grants as after a restart, since the members of
-        the previous coordinator may still be reading; a group whose members were handed
-        over (:meth:`adopt`) is not held: who holds what came with it."""
+        load their offsets and the members written with them (when keeping them), and hold
+        the other groups' grants as after a restart, since the members of the previous
+        coordinator may still be reading; a group whose members were handed over
+        (:meth:`adopt`) or written down is not held: who holds what came with it."""
         self._offsets.load(partition)
+        if self._keep:  # (a read-only store has no partitions to lead)
+            self._adopt_saved(partition)
         self._hold_unknown(self._offsets.group_queues(partition), grace_ms)
 
     def hand_off(self, partition: int) -> list[HandedOffGroup]:
@@ -187,6 +226,7 @@ class GroupCoordinator:
             if name in gone or self._not_here(name):
                 with self._stripe(name), self._lock:
                     self._membership.forget(name)
+                    self._saved.pop(name, None)  # its record is the new coordinator's to write
 
     def _not_here(self, group: str) -> bool:
         try:
@@ -232,7 +272,7 @@ class GroupCoordinator:
     ) -> GroupAssignment:
         validate_group_name(group)
         k = self._offsets.partition_of(group)  # NotCoordinatorError unless this broker coordinates it
-        with self._stripe(group), self._lock:
+        with self._changing(group), self._lock:
             self._check_moving(group, k)
             return self._membership.join(
                 group,
@@ -248,21 +288,21 @@ class GroupCoordinator:
     def heartbeat_group(self, group: str, member_id: str, generation: int) -> GroupAssignment:
         validate_group_name(group)
         k = self._offsets.partition_of(group)  # NotCoordinatorError unless this broker coordinates it
-        with self._stripe(group), self._lock:
+        with self._changing(group), self._lock:
             self._check_moving(group, k)
             return self._membership.heartbeat(group, member_id, generation, self._now_ms())
 
     def leave_group(self, group: str, member_id: str) -> None:
         validate_group_name(group)
         k = self._offsets.partition_of(group)  # NotCoordinatorError unless this broker coordinates it
-        with self._stripe(group), self._lock:
+        with self._changing(group), self._lock:
             self._check_moving(group, k)
             self._membership.leave(group, member_id, self._now_ms())
 
     def describe_group(self, group: str) -> GroupDescription:
         validate_group_name(group)
         offsets = self._offsets.fetch_group(group)
-        with self._stripe(group), self._lock:
+        with self._changing(group), self._lock:  # it expires members whose session ran out
             return self._membership.describe(group, self._now_ms(), offsets)
 
     def list_groups(self) -> list[GroupSummary]:
@@ -270,7 +310,7 @@ class GroupCoordinator:
         with self._lock:
             names = self._membership.groups()
         for name in names:  # expiring changes a group: under its stripe, like every change
-            with self._stripe(name), self._lock:
+            with self._changing(name), self._lock:
                 self._membership.expire(self._now_ms(), name)
         with self._lock:
             listed = self._membership.summaries(self._now_ms(), offset_queues, expire=False)
@@ -285,7 +325,7 @@ class GroupCoordinator:
         self._offsets.partition_of(group)  # NotCoordinatorError unless this broker coordinates it
         if queue is not None:
             self._store.describe_queue(queue)  # QueueNotFoundError names it
-        with self._stripe(group):
+        with self._changing(group):
             with self._lock:
                 n = self._membership.live_members(group, self._now_ms())
                 if n:
@@ -315,7 +355,7 @@ class GroupCoordinator:
         validate_group_name(group)
         self._offsets.partition_of(group)  # NotCoordinatorError unless this broker coordinates it
         parts: Iterable[int] = offsets.keys() if isinstance(offsets, dict) else ()
-        with self._stripe(group):
+        with self._changing(group):  # the check expires members whose session ran out
             with self._lock:
                 self._membership.check_commit(group, member_id, generation, queue, list(parts), self._now_ms())
             self._offsets.commit(group, queue, offsets)

@@ -110,6 +110,7 @@ class _Group:
     members: dict[str, _Member] = field(default_factory=dict)
     holder: dict[TP, str] = field(default_factory=dict)  # clustering: who holds each partition
     counts: dict[str, int] = field(default_factory=dict)  # partition counts of the last rebalance
+    version: int = 0  # Membership's change count at this group's last change (what a save compares)
 
     def state(self) -> GroupState:
         if not self.members:
@@ -142,6 +143,7 @@ class Membership:
         self._groups: dict[str, _Group] = {}
         self._generations = 0  # one counter for every group: a generation is never reused
         self._member_ids = 0
+        self._changes = 0  # every change of a group's saved state, in all groups (version())
         self._grants_held: dict[str, float] = {}  # group -> no partition is granted before this time
         self.members_max = members_max
 
@@ -157,6 +159,17 @@ class Membership:
     @staticmethod
     def _settled(g: _Group, t: Transition) -> None:
         assert g.state() in t.next, (g.name, g.state(), t)
+
+    def _changed(self, g: _Group) -> None:
+        self._changes += 1
+        g.version = self._changes
+
+    def version(self, group: str) -> int:
+        """A number that changes whenever what :meth:`hand_off` would give of ``group``
+        changes (members, generation, targets, holders, acknowledged generations), and only
+        then; 0 while the group has no members. A session kept alive changes nothing."""
+        g = self._groups.get(group)
+        return g.version if g is not None else 0
 
     # -- events ----------------------------------------------------------------------------
 
@@ -226,7 +239,9 @@ class Membership:
         t = self._fire(g, Event.HEARTBEAT)
         self._touch(m, now_ms)
         if generation == g.generation:
-            m.acked_generation = generation
+            if m.acked_generation != generation:
+                m.acked_generation = generation
+                self._changed(g)
             self._release(g, m, m.held - m.target)
         answer = self._answer(g, m, now_ms)
         self._settled(g, t)
@@ -349,6 +364,7 @@ class Membership:
                 if g.mode is GroupMode.CLUSTERING:
                     g.holder.update(dict.fromkeys(m.held, m.member_id))
             self._groups[h.name] = g
+            self._changed(g)
             self._generations = max(self._generations, h.generation)  # a generation is never reused
             self._grants_held.pop(h.name, None)
             if h.grants_held_ms > 0:
@@ -519,6 +535,7 @@ class Membership:
     def _remove(self, g: _Group, m: _Member) -> None:
         self._release(g, m, set(m.held))
         del g.members[m.member_id]
+        self._changed(g)
 
     def _after_removal(self, g: _Group, t: Transition) -> None:
         if g.members:
@@ -528,12 +545,15 @@ class Membership:
             del self._groups[g.name]  # generations come from one counter: a new group never reuses one
 
     def _release(self, g: _Group, m: _Member, tps: set[TP]) -> None:
+        if tps:
+            self._changed(g)
         for tp in tps:
             m.held.discard(tp)
             if g.holder.get(tp) == m.member_id:
                 del g.holder[tp]
 
     def _rebalance(self, g: _Group) -> None:
+        self._changed(g)
         self._generations += 1
         g.generation = self._generations
         subs = {q for m in g.members.values() for q in m.queues}
@@ -552,7 +572,9 @@ class Membership:
 
     def _answer(self, g: _Group, m: _Member, now_ms: float) -> GroupAssignment:
         if g.mode is GroupMode.BROADCAST:
-            m.held = set(m.target)
+            if m.held != m.target:
+                m.held = set(m.target)
+                self._changed(g)
         elif now_ms < self._grants_held.get(g.name, 0.0):
             pass  # members from before a restart may still be reading: grant nothing yet
         else:
@@ -560,6 +582,7 @@ class Membership:
                 if tp not in g.holder:
                     g.holder[tp] = m.member_id
                     m.held.add(tp)
+                    self._changed(g)
         return GroupAssignment(
             member_id=m.member_id,
             generation=g.generation,

@@ -30,6 +30,13 @@ checked only for partitions this broker leads (Kafka checks neither).
 Keys use the queue's id, not its name: a queue deleted and created again starts with no
 committed offsets.
 
+Members: the same log keeps each group's membership (:meth:`OffsetStore.save_members`, a
+record per change, key ``\x00members\x00`` + the group's name, an empty body once the group
+has no members), so a broker that restarts, after a crash too, or that comes to lead the
+partition, finds the members, generation and holders its clients last heard of
+(``headwater.broker.groups``). These writes wait for their fsync whatever
+``offsets_flush`` says: a generation number handed out and then lost could be given out again.
+
 Durability (the store's ``offsets_flush`` setting, ``docs/consumer-groups.md``): a commit is
 answered once its record is written to the log file (the page cache), not after an fsync
 (``"async"``, the default), as Kafka answers commits before any fsync. A killed broker
@@ -64,6 +71,7 @@ __all__ = ["CoordinatorPlace", "OffsetStore", "OFFSETS_QUEUE", "validate_group"]
 OFFSETS_QUEUE = "__offsets"
 _VALUE = struct.Struct("<q")
 _CHUNK = 10_000  # records per batch when a table is written whole
+_MEMBERS = b"\x00members\x00"  # key prefix of a group's membership record (no group name starts with NUL)
 
 
 def validate_group(group: object) -> str:
@@ -101,6 +109,7 @@ class OffsetStore:
         self._queue = OFFSETS_QUEUE
         self._place: CoordinatorPlace | None = None  # None: a broker alone
         self._tables: dict[int, dict[bytes, int]] = {}  # loaded partition -> key -> offset
+        self._members: dict[int, dict[str, bytes]] = {}  # loaded partition -> group -> membership record
         self._appended: dict[int, int] = {}  # loaded partition -> records in its log
         self._compact_ratio = compact_ratio
         self._compact_min = compact_min
@@ -125,6 +134,7 @@ class OffsetStore:
             self._queue = COORDINATOR_QUEUE
             self._place = place
             self._tables = {}
+            self._members = {}
             self._appended = {}
 
     # -- partitions --------------------------------------------------------------------------
@@ -140,13 +150,20 @@ class OffsetStore:
         queue = self._queue
         offset = self._store.describe_queue(queue).partitions[partition].start_offset
         table: dict[bytes, int] = {}
+        members: dict[str, bytes] = {}
         while True:
             res = self._store.fetch(queue, partition, offset, max_bytes=4 << 20)
             for b in res.batches:
                 for r in decode_records(b, queue, start_offset=offset):
                     if r.key is None:
                         continue
-                    if r.body:
+                    if r.key.startswith(_MEMBERS):
+                        group = r.key[len(_MEMBERS) :].decode()
+                        if r.body:
+                            members[group] = r.body
+                        else:
+                            members.pop(group, None)
+                    elif r.body:
                         table[r.key] = _VALUE.unpack(r.body)[0]
                     else:  # a tombstone: the group's offset was deleted (delete_group)
                         table.pop(r.key, None)
@@ -157,12 +174,14 @@ class OffsetStore:
         with self._lock:
             if self._queue == queue:
                 self._tables[partition] = table
+                self._members[partition] = members
                 self._appended[partition] = appended
 
     def unload(self, partition: int) -> None:
         """Forget ``partition``'s table: another broker coordinates its groups now."""
         with self._lock:
             self._tables.pop(partition, None)
+            self._members.pop(partition, None)
             self._appended.pop(partition, None)
 
     def groups_of(self, partition: int, groups: Iterable[str]) -> list[str]:
@@ -208,7 +227,7 @@ class OffsetStore:
                     for m in msgs:
                         table[m.key] = _VALUE.unpack(m.body)[0]  # type: ignore[index]  # an offsets record always has a key
                     self._appended[k] += len(msgs)
-                    if self._appended[k] > max(self._compact_min, self._compact_ratio * len(table)):
+                    if self._compaction_due(k):
                         self._compact(k)
                         durable_at = None  # the compaction waited for an fsync covering this commit
                 if self._sync and durable_at is not None:  # (a memory store has no position to wait for)
@@ -250,6 +269,41 @@ class OffsetStore:
             raise NotCoordinatorError(f"this broker does not coordinate group {group!r} now: {e}") from None
         return len(doomed)
 
+    def save_members(self, group: str, record: bytes) -> None:
+        """Write ``group``'s membership record (``b""``: it has no members now), and wait for
+        its fsync (see the module's docstring)."""
+        k = self.partition_of(group)
+        place = self._place
+        try:
+            with place.producing(self._queue, k) if place is not None else nullcontext():
+                with self._lock:
+                    members = self._members.get(k)
+                    if members is None:
+                        raise NotCoordinatorError(f"this broker stopped coordinating group {group!r}: ask again")
+                    if not record and group not in members:
+                        return
+                    batch = encode_batch([Message(record, key=_MEMBERS + group.encode())])
+                    _, durable_at = self._store.append_nowait(self._queue, k, batch)
+                    if record:
+                        members[group] = record
+                    else:
+                        del members[group]
+                    self._appended[k] += 1
+                    if self._compaction_due(k):
+                        self._compact(k)  # it waits for the fsync that covers this record too
+                        durable_at = None
+                if durable_at is not None:
+                    self._store.wait_durable(durable_at)
+        except NotLeaderError as e:
+            raise NotCoordinatorError(f"this broker does not coordinate group {group!r} now: {e}") from None
+
+    def saved_members(self, partition: int | None = None) -> dict[str, bytes]:
+        """``{group: membership record}`` of the loaded partitions (or of ``partition``)."""
+        with self._lock:
+            if partition is not None:
+                return dict(self._members.get(partition, {}))
+            return {g: r for members in self._members.values() for g, r in members.items()}
+
     def answers_at_once(self, records: int) -> bool:
         """Whether a commit of ``records`` records would return without waiting for anything
         (so a server may run it on its event loop): ``offsets_flush`` async, a broker alone
@@ -263,7 +317,7 @@ class OffsetStore:
             table = self._tables.get(0)
             if table is None:
                 return False
-            return self._appended[0] + records <= max(self._compact_min, self._compact_ratio * len(table))
+            return not self._compaction_due(0, records)
         finally:
             self._lock.release()
 
@@ -340,6 +394,12 @@ class OffsetStore:
                 out.setdefault(group.decode(), set()).add(name)
         return out
 
+    def _compaction_due(self, partition: int, more: int = 0) -> bool:
+        """Under the lock: whether ``partition``'s log (with ``more`` records) holds enough
+        more records than its live ones for :meth:`_compact`."""
+        live = len(self._tables[partition]) + len(self._members[partition])
+        return self._appended[partition] + more > max(self._compact_min, self._compact_ratio * live)
+
     def _compact(self, partition: int) -> None:
         """Write ``partition``'s live table whole and start its log there (under the lock).
         The old records are deleted only once the new table is durable, under either policy:
@@ -348,11 +408,12 @@ class OffsetStore:
         table = {k: v for k, v in self._tables[partition].items() if int(k.split(b"\x00")[1]) in live}
         self._tables[partition] = table
         snapshot_at = self._store.end_offset(self._queue, partition)
-        items = list(table.items())
+        items = [(k, _VALUE.pack(v)) for k, v in table.items()]
+        items += [(_MEMBERS + g.encode(), r) for g, r in self._members[partition].items()]
         durable_at = None
         for i in range(0, len(items), _CHUNK):
             chunk = items[i : i + _CHUNK]
-            batch = encode_batch([Message(_VALUE.pack(v), key=k) for k, v in chunk])
+            batch = encode_batch([Message(v, key=k) for k, v in chunk])
             _, durable_at = self._store.append_nowait(self._queue, partition, batch)
         if durable_at is not None:
             self._store.wait_durable(durable_at)

@@ -27,8 +27,7 @@ import functools
 import logging
 import resource
 import time
-from collections.abc import Callable, Coroutine
-from pathlib import Path
+from collections.abc import Coroutine
 from time import perf_counter
 from typing import TYPE_CHECKING
 
@@ -40,7 +39,6 @@ from headwater.broker.budget import ServerBudget
 from headwater.broker.connection import CLOSE_LINGER_S, ClientConnection
 from headwater.broker.delay import DelayTicket
 from headwater.broker.durable_acks import DurableAcks
-from headwater.broker.groups import MEMBERS_FILE
 from headwater.broker.idle_spin import CountedExecutor, IdleSpin, transport_fd
 from headwater.broker.log_limit import limited
 from headwater.broker.long_polls import GroupLongPolls
@@ -169,7 +167,8 @@ class BrokerServer:
         self.budget = ServerBudget(self.config.bytes_in_flight_max)
         self._acks = DurableAcks(loop, self.broker.wait_durable)
         self.broker.add_append_listener(self._waiters.notify)
-        self._members_file(self.broker.groups.restore_members, "restored")  # from the last clean stop, if any
+        # the members written before a stop or a crash come back, and are written from now on
+        self.broker.groups.keep_members(write=not self.broker.store.read_only)
         self.broker.groups.hold_grants_after_restart()  # members from before a restart may still read
         self._shared_waiters = SharedWaiters(loop)
         self.broker.shared.add_listener(self._shared_waiters.notify)
@@ -286,25 +285,9 @@ class BrokerServer:
             await asyncio.gather(*stuck, return_exceptions=True)
         await loop.run_in_executor(None, self._pool.shutdown, True)
         await loop.run_in_executor(None, self._decode_pool.shutdown, True)
-        # nothing changes the groups now: their members are kept for the next start
-        await loop.run_in_executor(None, self._members_file, self.broker.groups.save_members, "kept")
         self.idle_spin.close()
         await loop.run_in_executor(None, self.broker.close)
         log.info("headwater stopped cleanly")
-
-    def _members_file(self, step: Callable[[Path], int], done: str) -> None:
-        """Save or restore the groups' membership in the data directory (a store in memory,
-        or one opened read-only, has none to keep); a failure to save costs only a rejoin."""
-        store = self.broker.store
-        if store.path is None or store.read_only:
-            return
-        try:
-            n = step(Path(store.path) / MEMBERS_FILE)
-        except (OSError, HeadwaterError) as e:
-            log.warning("the group members' file was not %s (%s): they join again", done, e)
-            return
-        if n:
-            log.info("%s the members of %d group(s)", done, n)
 
     # -- requests ------------------------------------------------------------------------
 

@@ -202,7 +202,9 @@ class HandedOffGroup(msgspec.Struct, frozen=True, array_like=True):
     coordinator queue's partition moves (docs/design/cluster.md, "Moving a partition"), so
     its members go on at the new one without joining again: the mode, the strategy, the
     generation, the partition counts of its last rebalance, the members, and how long from
-    now grants of its partitions were still held (after a restart: ``grants_held_ms``)."""
+    now grants of its partitions were still held (after a restart: ``grants_held_ms``). Also
+    the record of a group's membership in the offsets' log (``headwater.broker.offsets``,
+    "Members"), written as it changes, with ``grants_held_ms`` 0, and read back at a start."""
 
     name: str
     mode: str
