@@ -7,6 +7,7 @@ that partition moves its offsets and its members move with it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import threading
@@ -260,5 +261,40 @@ def test_the_coordinator_queue_is_made_at_the_first_group_call_with_the_set_part
             assert len(coordinators) == 4 and set(coordinators) == {1, 2}  # placed over both brokers
             hw.service.commit_offsets("first", "few", {0: 0, 1: 0})
             assert hw.service.fetch_offsets("first", "few") == {0: 0, 1: 0}
+    finally:
+        cluster.stop()
+
+
+def test_members_go_on_when_their_coordinator_crashes_and_comes_back(zk_server, tmp_path):
+    """The group's coordinator broker is killed (SIGKILL) and started again: it reads the
+    members back from its partition of the coordinator queue with the offsets, so the member
+    goes on with the same id and generation, reads what was sent meanwhile and commits."""
+    cluster = Cluster(zk_server, tmp_path, 3)
+    try:
+        cluster.controller()
+        with headwater.connect(_bootstrap(cluster), request_timeout_s=5) as hw:
+            hw.admin.create_queue("crashing", partitions=3)
+            c = hw.consumer(group="stayers", subscribe="crashing", session_timeout_ms=30_000, heartbeat_interval_ms=200)
+            eventually(lambda: c.poll(timeout_ms=50) is not None and len(c.assignment()) == 3, what="the assignment")
+            before, generation = c.member_id, c.generation
+            coordinator = hw.admin.cluster_metadata().coordinator("stayers")
+            cluster.brokers[coordinator].kill()
+            cluster.start(coordinator)
+            sent = [b"after-%d" % p for p in range(3)]
+            for p, body in enumerate(sent):
+                eventually(lambda p=p, body=body: hw.send("crashing", body, partition=p) is not None, what="a send")
+            got: list[bytes] = []
+
+            def polled() -> bool:
+                with contextlib.suppress(headwater.UnavailableError, NotCoordinatorError):
+                    got.extend(r.body for r in c.poll(timeout_ms=200))
+                return len(got) >= len(sent)
+
+            eventually(polled, timeout_s=60, what="the records sent after the restart")
+            assert sorted(got) == sorted(sent)
+            assert (c.member_id, c.generation) == (before, generation)  # nobody joined again
+            eventually(lambda: c.commit() is None, what="a commit")
+            assert hw.service.fetch_offsets("stayers", "crashing") == {0: 1, 1: 1, 2: 1}
+            c.close()
     finally:
         cluster.stop()
