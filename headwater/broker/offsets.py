@@ -53,8 +53,8 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Iterable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Protocol
 
 from headwater.errors import InvalidArgumentError, NotCoordinatorError, NotLeaderError, PartitionOutOfRangeError
@@ -80,6 +80,22 @@ def validate_group(group: object) -> str:
 
 def _key(group: str, queue_id: int, partition: int) -> bytes:
     return f"{group}\x00{queue_id}\x00{partition}".encode()
+
+
+def _apply(table: dict[bytes, int], members: dict[str, bytes], key: bytes, body: bytes) -> None:
+    """One record of a partition's log into its tables, as :meth:`OffsetStore.load` reads it
+    back and as a write takes it: an offset, a membership record, or either's tombstone (an
+    empty body)."""
+    if key.startswith(_MEMBERS):
+        group = key[len(_MEMBERS) :].decode()
+        if body:
+            members[group] = body
+        else:
+            members.pop(group, None)
+    elif body:
+        table[key] = _VALUE.unpack(body)[0]
+    else:  # a tombstone: the group's offset was deleted (delete_group)
+        table.pop(key, None)
 
 
 class CoordinatorPlace(Protocol):
@@ -155,18 +171,8 @@ class OffsetStore:
             res = self._store.fetch(queue, partition, offset, max_bytes=4 << 20)
             for b in res.batches:
                 for r in decode_records(b, queue, start_offset=offset):
-                    if r.key is None:
-                        continue
-                    if r.key.startswith(_MEMBERS):
-                        group = r.key[len(_MEMBERS) :].decode()
-                        if r.body:
-                            members[group] = r.body
-                        else:
-                            members.pop(group, None)
-                    elif r.body:
-                        table[r.key] = _VALUE.unpack(r.body)[0]
-                    else:  # a tombstone: the group's offset was deleted (delete_group)
-                        table.pop(r.key, None)
+                    if r.key is not None:
+                        _apply(table, members, r.key, r.body)
             if res.next_offset <= offset:
                 break
             offset = res.next_offset
@@ -207,95 +213,85 @@ class OffsetStore:
 
     # -- commits and reads --------------------------------------------------------------------
 
-    def commit(self, group: str, queue: str, offsets: dict[int, int]) -> None:
-        """Commit ``{partition: offset}``; see the module's docstring for the checks."""
+    @contextmanager
+    def _writing(self, group: str) -> Iterator[int]:
+        """``group``'s partition, for a write: inside the cluster node's ``producing`` of it
+        (a move's fence waits for the write and refuses the next), whose refusal is told as
+        NotCoordinatorError."""
         k = self.partition_of(group)
-        check_offsets_given(offsets)
-        info = self._store.describe_partitions(queue, offsets)
-        msgs = [
-            Message(_VALUE.pack(off), key=_key(group, info.queue_id, part))
-            for part, off in self._checked(info, offsets)
-        ]
         place = self._place
         try:
             with place.producing(self._queue, k) if place is not None else nullcontext():
-                with self._lock:
-                    table = self._tables.get(k)
-                    if table is None:  # unloaded since partition_of: the node saw the partition go
-                        raise NotCoordinatorError(f"this broker stopped coordinating group {group!r}: ask again")
-                    _, durable_at = self._store.append_nowait(self._queue, k, encode_batch(msgs))
-                    for m in msgs:
-                        table[m.key] = _VALUE.unpack(m.body)[0]  # type: ignore[index]  # an offsets record always has a key
-                    self._appended[k] += len(msgs)
-                    if self._compaction_due(k):
-                        self._compact(k)
-                        durable_at = None  # the compaction waited for an fsync covering this commit
-                if self._sync and durable_at is not None:  # (a memory store has no position to wait for)
-                    self._store.wait_durable(durable_at)
+                yield k
         except NotLeaderError as e:  # the partition moved, or is fenced for its move
             raise NotCoordinatorError(f"this broker does not coordinate group {group!r} now: {e}") from None
+
+    def _append(self, group: str, k: int, records: list[tuple[bytes, bytes]]) -> int | None:
+        """Under the lock: append ``records`` (key, body) to partition ``k`` and take them
+        into its tables, compacting it when due; the position to wait for to have them
+        durable (None: the compaction waited for an fsync that covers them)."""
+        table, members = self._table(group, k), self._members[k]
+        batch = encode_batch([Message(body, key=key) for key, body in records])
+        _, durable_at = self._store.append_nowait(self._queue, k, batch)
+        for key, body in records:
+            _apply(table, members, key, body)
+        self._appended[k] += len(records)
+        if self._compaction_due(k):
+            self._compact(k)
+            return None
+        return durable_at
+
+    def _table(self, group: str, k: int) -> dict[bytes, int]:
+        """Under the lock: partition ``k``'s table, NotCoordinatorError if it was unloaded."""
+        table = self._tables.get(k)
+        if table is None:
+            raise NotCoordinatorError(f"this broker stopped coordinating group {group!r}: ask again")
+        return table
+
+    def commit(self, group: str, queue: str, offsets: dict[int, int]) -> None:
+        """Commit ``{partition: offset}``; see the module's docstring for the checks."""
+        with self._writing(group) as k:
+            check_offsets_given(offsets)
+            info = self._store.describe_partitions(queue, offsets)
+            checked = self._checked(info, offsets)
+            records = [(_key(group, info.queue_id, part), _VALUE.pack(off)) for part, off in checked]
+            with self._lock:
+                durable_at = self._append(group, k, records)
+            if self._sync and durable_at is not None:  # (a memory store has no position to wait for)
+                self._store.wait_durable(durable_at)
 
     def delete(self, group: str, queue: str | None = None) -> int:
         """Delete ``group``'s committed offsets (on ``queue`` alone, if given): one tombstone
         (an empty body) per key, so a reload drops it and a compaction leaves it out. How
         many offsets went."""
-        k = self.partition_of(group)
         names = {q.queue_id: q.name for q in self._store.list_queues()}
         prefix = f"{group}\x00".encode()
-        place = self._place
-        try:
-            with place.producing(self._queue, k) if place is not None else nullcontext():
-                with self._lock:
-                    table = self._tables.get(k)
-                    if table is None:
-                        raise NotCoordinatorError(f"this broker stopped coordinating group {group!r}: ask again")
-                    doomed = [
-                        key
-                        for key in table
-                        if key.startswith(prefix) and (queue is None or names.get(int(key.split(b"\x00")[1])) == queue)
-                    ]
-                    if not doomed:
-                        return 0
-                    _, durable_at = self._store.append_nowait(
-                        self._queue, k, encode_batch([Message(b"", key=key) for key in doomed])
-                    )
-                    for key in doomed:
-                        del table[key]
-                    self._appended[k] += len(doomed)
-                # an operator's call: wait for its fsync whatever offsets_flush says
-                if durable_at is not None:
-                    self._store.wait_durable(durable_at)
-        except NotLeaderError as e:
-            raise NotCoordinatorError(f"this broker does not coordinate group {group!r} now: {e}") from None
+        with self._writing(group) as k:
+            with self._lock:
+                table = self._table(group, k)
+                doomed = [
+                    key
+                    for key in table
+                    if key.startswith(prefix) and (queue is None or names.get(int(key.split(b"\x00")[1])) == queue)
+                ]
+                if not doomed:
+                    return 0
+                durable_at = self._append(group, k, [(key, b"") for key in doomed])
+            if durable_at is not None:  # an operator's call: wait for its fsync whatever offsets_flush says
+                self._store.wait_durable(durable_at)
         return len(doomed)
 
     def save_members(self, group: str, record: bytes) -> None:
         """Write ``group``'s membership record (``b""``: it has no members now), and wait for
         its fsync (see the module's docstring)."""
-        k = self.partition_of(group)
-        place = self._place
-        try:
-            with place.producing(self._queue, k) if place is not None else nullcontext():
-                with self._lock:
-                    members = self._members.get(k)
-                    if members is None:
-                        raise NotCoordinatorError(f"this broker stopped coordinating group {group!r}: ask again")
-                    if not record and group not in members:
-                        return
-                    batch = encode_batch([Message(record, key=_MEMBERS + group.encode())])
-                    _, durable_at = self._store.append_nowait(self._queue, k, batch)
-                    if record:
-                        members[group] = record
-                    else:
-                        del members[group]
-                    self._appended[k] += 1
-                    if self._compaction_due(k):
-                        self._compact(k)  # it waits for the fsync that covers this record too
-                        durable_at = None
-                if durable_at is not None:
-                    self._store.wait_durable(durable_at)
-        except NotLeaderError as e:
-            raise NotCoordinatorError(f"this broker does not coordinate group {group!r} now: {e}") from None
+        with self._writing(group) as k:
+            with self._lock:
+                self._table(group, k)  # NotCoordinatorError if unloaded
+                if not record and group not in self._members[k]:
+                    return
+                durable_at = self._append(group, k, [(_MEMBERS + group.encode(), record)])
+            if durable_at is not None:
+                self._store.wait_durable(durable_at)
 
     def saved_members(self, partition: int | None = None) -> dict[str, bytes]:
         """``{group: membership record}`` of the loaded partitions (or of ``partition``)."""
