@@ -203,3 +203,26 @@ def test_a_record_that_cannot_be_read_makes_its_members_join_again(data, caplog)
     assert "cannot be read" in caplog.text
     assert _members(again, "g") == []
     store2.close()
+
+
+def test_a_read_writes_nothing_and_the_next_call_writes_what_it_expired(data):
+    """describe and list are reads: the members they find expired (and the rebalance that
+    follows) are written by the group's next call that may change it, before its answer
+    tells anyone the new generation."""
+    clock = Clock()
+    store, groups = _coordinator(data, clock)
+    a = groups.join_group("g", None, **dict(JOIN, session_timeout_ms=60_000))
+    b = groups.join_group("g", None, **JOIN)
+    groups.heartbeat_group("g", a.member_id, b.generation)
+    written = _records(store)
+    clock.now += 11  # past b's session timeout, not a's
+    assert _members(groups, "g") == [a.member_id]
+    groups.list_groups()
+    assert _records(store) == written
+    answer = groups.heartbeat_group("g", a.member_id, b.generation)
+    assert answer.generation > b.generation and _records(store) > written
+    store.close()
+    store2, again = _coordinator(data, clock)
+    assert _members(again, "g") == [a.member_id]
+    assert again.describe_group("g").generation == answer.generation
+    store2.close()

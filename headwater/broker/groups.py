@@ -132,7 +132,8 @@ class GroupCoordinator:
     @contextmanager
     def _changing(self, group: str) -> Iterator[None]:
         """Hold ``group``'s stripe for a call that may change its membership; before the
-        call is answered, write the group's record if the membership changed. A record that
+        call is answered, write the group's record if the membership changed since the last
+        one written (by this call, or by a read that expired members). A record that
         cannot be written fails a call that succeeded (its answer would not survive a
         restart); one that failed already keeps its own error."""
         with self._stripe(group):
@@ -302,7 +303,8 @@ class GroupCoordinator:
     def describe_group(self, group: str) -> GroupDescription:
         validate_group_name(group)
         offsets = self._offsets.fetch_group(group)
-        with self._changing(group), self._lock:  # it expires members whose session ran out
+        # a read: members it expires are written by the group's next call that changes it
+        with self._stripe(group), self._lock:
             return self._membership.describe(group, self._now_ms(), offsets)
 
     def list_groups(self) -> list[GroupSummary]:
@@ -310,7 +312,7 @@ class GroupCoordinator:
         with self._lock:
             names = self._membership.groups()
         for name in names:  # expiring changes a group: under its stripe, like every change
-            with self._changing(name), self._lock:
+            with self._stripe(name), self._lock:  # a read, as describe_group
                 self._membership.expire(self._now_ms(), name)
         with self._lock:
             listed = self._membership.summaries(self._now_ms(), offset_queues, expire=False)
