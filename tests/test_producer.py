@@ -992,6 +992,39 @@ def test_the_key_hash_spreads_families_of_keys_like_random_choices():
     assert min(used) >= 3
 
 
+def test_close_returns_once_an_identified_batch_in_flight_is_answered(hw):
+    """close() flushes the producer's own sends and stops its sender thread, which waits for
+    every batch in flight, a ``send_identified`` one too (its caller waits for its answer). An
+    answer settled on the thread that read it did not wake the sender, so once close() had
+    looked, the sender slept on and close() never returned: the Spark writer's finish() hung
+    when a refusal ended it while other partitions' batches were in flight."""
+    hw.admin.create_queue("q")
+    release = threading.Event()
+
+    class HoldsIdentified:  # the broker answers producer id 77 once released
+        produce_async = None
+
+        def __getattr__(self, name):
+            return getattr(hw.service, name)
+
+        def produce(self, queue, partition, batch):
+            if decode_header(batch).producer_id == 77:
+                assert release.wait(30)
+            return hw.service.produce(queue, partition, batch)
+
+    p = Producer(HoldsIdentified(), linger_ms=1)
+    assert p.send("q", b"own").result(timeout=10).offset == 0  # it lingered: the sender thread runs
+    held = p.send_identified("q", 0, [b"named"], identity=(77, 0))
+    closer = threading.Thread(target=p.close, daemon=True)
+    closer.start()
+    time.sleep(0.2)  # close() has flushed (nothing of its own left) and waits for the sender
+    assert closer.is_alive()
+    release.set()
+    assert held.result(timeout=10).base_offset == 1
+    closer.join(10)
+    assert not closer.is_alive(), "close() still waits for the sender thread"
+
+
 def test_a_batch_sent_under_a_named_identity_is_stored_once_and_keeps_its_refusals(hw):
     """``send_identified`` (the Spark writer's path): the caller names the batch's producer
     id and epoch; sent again, it is recognised; out of order, the caller hears of it."""

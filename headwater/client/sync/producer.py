@@ -642,6 +642,8 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
             self._outbox.extend(batches)
             if wake:
                 self._wake_locked()
+            elif self._closed and not core.busy():  # close() waits for the sender, which waits for this
+                self._wake_locked(start=False)
             if b.buffered_bytes:
                 self._buffered_bytes -= b.buffered_bytes
                 if self._space_waiters:
