@@ -61,7 +61,7 @@ def test_spins_that_find_nothing_pause_then_one_looks_again(pair):
     spin = IdleSpin(50)
     spin.watch(b.fileno(), object())
     misses = 0
-    while not spin._paused:
+    while not spin.gate.paused:
         spin._spin()
         misses += 1
     assert misses == 11  # the share falls below a quarter (0.875 ** 11 < 0.25 <= 0.875 ** 10)
@@ -70,7 +70,7 @@ def test_spins_that_find_nothing_pause_then_one_looks_again(pair):
     assert spin.spins == 11
     a.send(b"x")
     spin._spin()  # the one that looks again finds a request: the spins go on
-    assert (spin.spins, spin.hits, spin._paused) == (12, 1, 0)
+    assert (spin.spins, spin.hits, spin.gate.paused) == (12, 1, 0)
     spin.close()
 
 
@@ -96,7 +96,7 @@ def test_no_spin_while_the_loops_work_runs_on_other_threads(pair):
     spin = IdleSpin(50, lambda: busy[0])
     spin.watch(b.fileno(), object())
     spin._spin()
-    assert spin.spins == 0 and not spin._paused  # not a miss either: it did not look
+    assert spin.spins == 0 and not spin.gate.paused  # not a miss either: it did not look
     busy[0] = False
     spin._spin()
     assert spin.spins == 1
@@ -151,7 +151,7 @@ def test_the_server_watches_each_client_from_admission_to_its_end(tmp_path):
         assert second.admin.list_queues()
         assert len(st.call(lambda: dict(spin._watched))) == 2
         assert not st.call(st.server._threads_busy)  # nothing of the loop runs elsewhere: it may spin
-        assert spin.spins + spin._paused > 0  # it spun after serving (a hit or not is the machine's)
+        assert spin.spins + spin.gate.paused > 0  # it spun after serving (a hit or not is the machine's)
         second.close()
         wait_for(lambda: len(st.call(lambda: dict(spin._watched))) == 1, what="the closed client forgotten")
         assert len(st.call(lambda: dict(spin._fds))) == 1  # nothing of it kept

@@ -89,16 +89,16 @@ def test_spins_that_keep_finding_nothing_pause_and_one_that_finds_its_answer_res
     t = AsyncTransport("127.0.0.1:1", lead_spin_us=50)
     for _ in range(20):  # three in four found: spinning pays
         for found in (True, True, True, False):
-            t._spun(found)
-    assert t._spin_paused == 0
+            t._spin_gate.spun(found)
+    assert t._spin_gate.paused == 0
     misses = 0
-    while not t._spin_paused:  # a broker now further than a spin reaches
-        t._spun(False)
+    while not t._spin_gate.paused:  # a broker now further than a spin reaches
+        t._spin_gate.spun(False)
         misses += 1
-    assert 5 <= misses <= 12 and t._spin_paused == SPIN_PAUSE_LEADS  # about the last eight spins
-    t._spin_paused = 0  # the paused leads made: a spin looks again, and finds its answer
-    t._spun(True)
-    assert t._spin_paused == 0
+    assert 5 <= misses <= 12 and t._spin_gate.paused == SPIN_PAUSE_LEADS  # about the last eight spins
+    assert [t._spin_gate.may_spin() for _ in range(SPIN_PAUSE_LEADS + 1)] == [False] * SPIN_PAUSE_LEADS + [True]
+    t._spin_gate.spun(True)  # the one that looks again finds its answer: the spins go on
+    assert t._spin_gate.paused == 0
 
 
 def test_a_far_broker_soon_gets_leads_that_block_at_once(fake_broker):

@@ -10,14 +10,14 @@ as any socket has bytes, and the loop then reads them at once. See docs/design/c
 "The broker spins too".
 
 A spin pays only while it finds a request. Like the client's spin
-(:mod:`headwater.client.transport.leading`), the broker keeps a moving average of how many
-spins did (about the last eight); below a quarter (requests further apart than a spin, as at
-a steady 2,000 msgs/s, or a busy machine) the next ``SPIN_PAUSE_SERVES`` serves do not spin,
-and then one spin looks again. While it spins the loop runs nothing else, so a timer or a
-hand-off from another thread waits at most one spin, and the loop does not spin at all while
-its own work runs on other threads (a big batch decoded off the loop, a scan on a worker, a
-sync flush's acknowledgement): those threads need the interpreter the spin holds. Requests on
-any connection end a spin at once.
+(:mod:`headwater.client.transport.leading`), the broker's backs off by a
+:class:`~headwater.model.spinning.SpinGate`: below a quarter of spins finding a request
+(requests further apart than a spin, as at a steady 2,000 msgs/s, or a busy machine) the
+next ``SPIN_PAUSE_SERVES`` serves do not spin, and then one spin looks again. While it
+spins the loop runs nothing else, so a timer or a hand-off from another thread waits at most
+one spin, and the loop does not spin at all while its own work runs on other threads (a big
+batch decoded off the loop, a scan on a worker, a sync flush's acknowledgement): those
+threads need the interpreter the spin holds. Requests on any connection end a spin at once.
 
 >>> spin = IdleSpin(0)
 >>> spin.enabled
@@ -36,6 +36,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from headwater.model.spinning import SpinGate
+
 __all__ = [
     "IDLE_SPIN_US_DEFAULT",
     "IDLE_SPIN_US_MAX",
@@ -50,9 +52,7 @@ __all__ = [
 IDLE_SPIN_US_DEFAULT = 100
 #: The longest spin accepted: everything else the loop does may wait one spin.
 IDLE_SPIN_US_MAX = 1000
-#: Below this share of spins finding a request, stop spinning for ``SPIN_PAUSE_SERVES`` serves.
-SPIN_HIT_SHARE_MIN = 0.25
-SPIN_PAUSE_SERVES = 64
+SPIN_PAUSE_SERVES = 64  # serves without a spin once spins stop finding requests
 
 
 class IdleSpin:
@@ -67,8 +67,7 @@ class IdleSpin:
         self._watched: dict[int, object] = {}  # fd -> the connection it belongs to
         self._fds: dict[object, int] = {}  # and back: a closed transport no longer tells its fd
         self._scheduled = False
-        self._hit_share = 1.0  # a moving average of the spins that found a request
-        self._paused = 0  # serves still to make without a spin
+        self.gate = SpinGate(SPIN_PAUSE_SERVES)
         self.spins = 0
         self.hits = 0
 
@@ -102,8 +101,7 @@ class IdleSpin:
 
     def _spin(self) -> None:
         self._scheduled = False
-        if self._paused:
-            self._paused -= 1
+        if not self.gate.may_spin():
             return
         poller = self._poller
         if poller is None or self._others_busy():
@@ -117,13 +115,9 @@ class IdleSpin:
             yield_()  # another process runnable on this CPU runs first: the spin takes only idle time
             ready = poll(0)
         self.spins += 1
-        share = self._hit_share * 0.875
         if ready:
             self.hits += 1
-            share += 0.125
-        self._hit_share = share
-        if share < SPIN_HIT_SHARE_MIN:
-            self._paused = SPIN_PAUSE_SERVES
+        self.gate.spun(bool(ready))
 
     def close(self) -> None:
         poller, self._poller = self._poller, None

@@ -85,7 +85,7 @@ from typing import Any
 
 from headwater._version import __version__
 from headwater.client.transport.connecting import Connecting
-from headwater.client.transport.leading import Leading, check_lead_spin_us, default_lead_spin_us
+from headwater.client.transport.leading import SPIN_PAUSE_LEADS, Leading, check_lead_spin_us, default_lead_spin_us
 from headwater.client.transport.link import (
     DEADLINE_SWEEP_S,
     WRITE_BUFFER_BYTES_MAX,
@@ -99,6 +99,7 @@ from headwater.client.transport.link import (
 from headwater.client.transport.push import PushStreams
 from headwater.client.transport.reading import Reading
 from headwater.errors import ClosedError, HeadwaterError, InvalidArgumentError, UnavailableError
+from headwater.model.spinning import SpinGate
 from headwater.protocol import LocalProtocolError
 from headwater.protocol.messages import PushBody, RequestBody
 
@@ -150,9 +151,8 @@ class AsyncTransport(Connecting, Reading, Leading, PushStreams):
         # the loop to deliver (Reading._deliver_read): the loop delivers what it reads itself
         # behind it, so a stream's pushes reach its handler in the order the broker sent them
         self._undelivered: deque[Any] = deque()
-        # the leader's only (one thread at a time): the spin's back-off (leading.Leading._spun)
-        self._spin_hit_share = 1.0  # a moving average of the spins that found their answer
-        self._spin_paused = 0  # leads still to make without a spin
+        # the leader's only (one thread at a time): the spin's back-off
+        self._spin_gate = SpinGate(SPIN_PAUSE_LEADS)
         self._loop_thread: int | None = None  # set on the loop when it first connects
         # loop only:
         self._connecting: asyncio.Task[None] | None = None

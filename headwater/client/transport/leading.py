@@ -17,7 +17,14 @@ from headwater.client.transport.link import _Link
 from headwater.client.transport.reading import READ_BYTES
 from headwater.errors import InvalidArgumentError, UnavailableError
 
-__all__ = ["LEAD_SLICE_S", "LEAD_SPIN_US_DEFAULT", "Leading", "check_lead_spin_us", "default_lead_spin_us"]
+__all__ = [
+    "LEAD_SLICE_S",
+    "LEAD_SPIN_US_DEFAULT",
+    "SPIN_PAUSE_LEADS",
+    "Leading",
+    "check_lead_spin_us",
+    "default_lead_spin_us",
+]
 
 #: The longest a leading caller blocks in poll() before it looks at its answers again. The
 #: loop wakes a leader when it fails a call (a deadline, a lost connection), and so does a
@@ -31,12 +38,10 @@ LEAD_SLICE_S = 0.25
 LEAD_SPIN_US_DEFAULT = 100
 #: The longest spin accepted: past it a caller burns a CPU for little.
 LEAD_SPIN_US_MAX = 10_000
-#: The share of spins that must find their answer for the leaders to go on spinning (a
-#: moving average over about the last eight). Below it (a broker further away than a spin
-#: reaches, a machine too busy to answer that soon) spinning only burns CPU the broker or
-#: the application could use: the next ``SPIN_PAUSE_LEADS`` leads block at once, and a
-#: spin then looks again.
-SPIN_HIT_SHARE_MIN = 0.25
+#: Leads that block at once when spins stop finding their answers (a broker further away
+#: than a spin reaches, a machine too busy to answer that soon: spinning would only burn CPU
+#: the broker or the application could use); then a spin looks again
+#: (:class:`~headwater.model.spinning.SpinGate`).
 SPIN_PAUSE_LEADS = 64
 
 
@@ -122,8 +127,7 @@ class Leading:
             poller.register(link.fd, select.POLLIN)
             poller.register(wake.fileno(), select.POLLIN)
         spin_ns = self.lead_spin_us * 1000 if timeout_s != 0 else 0  # 0: do not wait at all
-        if spin_ns and self._spin_paused:  # the last spins found nothing: block at once
-            self._spin_paused -= 1
+        if spin_ns and not self._spin_gate.may_spin():  # the last spins found nothing: block at once
             spin_ns = 0
         spin_until = time.perf_counter_ns() + spin_ns if spin_ns else 0
         while True:
@@ -137,7 +141,7 @@ class Leading:
                 while not ready and time.perf_counter_ns() < spin_until:
                     ready = poller.poll(0)
                 spin_until = 0  # one spin per lead: then block as usual
-                self._spun(bool(ready))
+                self._spin_gate.spun(bool(ready))
                 if ready:
                     if not self._lead_ready(link, wake, ready):
                         return
@@ -150,13 +154,6 @@ class Leading:
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 return
-
-    def _spun(self, found: bool) -> None:
-        """Count a spin's outcome (by the leader: one thread at a time): below
-        ``SPIN_HIT_SHARE_MIN`` of spins finding their answer, pause the spin."""
-        share = self._spin_hit_share = self._spin_hit_share * 0.875 + (0.125 if found else 0.0)
-        if share < SPIN_HIT_SHARE_MIN:
-            self._spin_paused = SPIN_PAUSE_LEADS
 
     def _lead_ready(self, link: _Link, wake: socket.socket, ready: list) -> bool:
         """Read what poll() found ready; False once the connection is lost."""
