@@ -53,6 +53,7 @@ from typing import Any, TypeVar
 from headwater.client.common.consumer import ConsumerBase
 from headwater.client.common.local_offsets import LocalOffsets
 from headwater.client.common.twins import Waits, waits
+from headwater.client.common.waking import settle
 from headwater.client.core.membership import (
     COMMIT_ATTEMPTS,
     HEARTBEAT_WAITING_MS,
@@ -493,7 +494,7 @@ class GroupConsumerBase(ConsumerBase):
     def _wake_poll(self) -> None:
         with self._lock:
             fut = self._wakeup
-        self._settle(fut)
+        settle(fut)
 
     # -- what each kind says -------------------------------------------------------------
 

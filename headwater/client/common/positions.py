@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from headwater.client.common.closing import Closable
-from headwater.client.common.waking import Wakes, settle
+from headwater.client.common.waking import Wakes
 from headwater.client.core.membership import TP, by_queue
 from headwater.client.core.reads import POLL_MESSAGES_DEFAULT, check_read_settings, positive_int
 from headwater.client.transport.cluster_fetch import ClusterFetchStreams, PlansFetchStreams
@@ -400,8 +400,6 @@ class ConsumerPositions(Closable, Wakes):
                 waiter.set_result(None)
             except concurrent.futures.InvalidStateError:  # done meanwhile, on another thread
                 pass
-
-    _settle = staticmethod(settle)  # end a wait on a future, unless another thread or task did
 
     # -- polling and committing -----------------------------------------------------------
 
