@@ -162,7 +162,9 @@ def test_a_read_only_broker_takes_members_back_and_writes_nothing(data):
     store.close()
     store2, ro = _coordinator(data, clock, read_only=True)
     assert _members(ro, "g") == [a.member_id]
-    ro.heartbeat_group("g", a.member_id, a.generation)  # a change, kept in memory only
+    written = _records(store2)
+    ro.heartbeat_group("g", a.member_id, a.generation)  # a change (it acknowledges), kept in memory only
+    assert _records(store2) == written
     store2.close()
 
 
