@@ -90,10 +90,13 @@ def test_the_fsynced_log_beyond_the_window_leaves_the_page_cache(tmp_path):
     ]
     assert len(behind) > 2000, len(behind)
     # the advice is a hint: the kernel keeps a page it cannot drop at that moment (one it
-    # still holds in another CPU's batch of new pages, say). Once, under the whole suite, one
-    # page of about 5,000 stayed; without the advice all of them do
+    # still holds in another CPU's batch of new pages, or one a neighbour's readahead just
+    # brought back, say). Under the whole suite one page of about 5,000 stayed once, and
+    # six (a run of four and a run of two) another time; without the advice all of them do.
+    # One in a hundred tells the two apart without counting on a quiet machine (the
+    # advice's ranges are checked exactly in the next test)
     stayed = [pos for pos, r in behind if r]
-    assert len(stayed) <= 4, f"pages at positions {stayed[:10]} of {end} still cached"
+    assert len(stayed) <= len(behind) // 100, f"pages at positions {stayed[:10]} of {end} still cached"
     newest = resident[max(resident)]
     assert all(newest[-(MIB // PAGE) :]), "the newest MiB was dropped: it is inside the window"
     # nothing read differently: every message is back, in order, from the disk this time
