@@ -25,7 +25,7 @@ from headwater.errors import HeadwaterError, InvalidArgumentError, NotLeaderErro
 from headwater.model.batch import encode_batch
 from headwater.model.cluster import PartitionMove
 from tests.support.broker_process import HEADWATER
-from tests.support.cluster import Cluster, eventually, move_phases, moves_left
+from tests.support.cluster import Cluster, eventually, move_phases, moves_left, recorded_leaders
 
 QUEUE = "orders"
 PRODUCER_ID = 7001
@@ -58,6 +58,15 @@ def cli(cluster: Cluster, *args: str, ok: bool = True) -> subprocess.CompletedPr
 def connect(cluster: Cluster, broker_id: int) -> headwater.Client:
     """A client that gives up soon on a broker that does not answer (a paused one)."""
     return headwater.connect(cluster.address(broker_id), connect_timeout_s=3, request_timeout_s=3)
+
+
+def ended_moves(cluster: Cluster) -> list[str]:
+    """How the latest moves ended, for an assertion's message."""
+    with connect(cluster, 1) as hw:
+        return [
+            f"{m.partition}: {m.source}->{m.target} {m.outcome} {m.why}"
+            for m in hw.admin.cluster_metadata().ended_moves
+        ]
 
 
 def leaders(cluster: Cluster, via: int) -> dict[int, int]:
@@ -166,7 +175,7 @@ def test_a_rebalance_moves_partitions_to_a_new_broker_while_a_producer_sends(clu
     finally:
         sender.stop.set()
         background.join(60)
-    after = leaders(cluster, 2)
+    after = recorded_leaders(cluster, QUEUE)
     moved = {m.partition: m for m in done}
     for p, m in moved.items():
         assert after[p] == m.target == 3
@@ -196,11 +205,12 @@ def test_a_rebalance_moves_partitions_to_a_new_broker_while_a_producer_sends(clu
 
 
 def one_server_each(cluster: Cluster) -> None:
-    """Every partition is served by exactly one live broker: the one all agree leads it."""
+    """Every partition is served by exactly one live broker: the one ZooKeeper records as
+    its leader, which every broker's view shows once its watch has fired."""
     live = [i for i, b in cluster.brokers.items() if b.alive()]
-    seen = {via: leaders(cluster, via) for via in live}
-    agreed = seen[live[0]]
-    assert all(s == agreed for s in seen.values()), seen
+    agreed = recorded_leaders(cluster, QUEUE)
+    for via in live:
+        eventually(lambda via=via: leaders(cluster, via) == agreed, what=f"broker {via}'s view agreeing with ZooKeeper")
     for p, leader in agreed.items():
         serving = []
         for i in live:
@@ -236,7 +246,7 @@ def test_the_controller_killed_mid_move_each_move_finishes_or_rolls_back(cluster
     finally:
         sender.stop.set()
         background.join(120)
-    final = leaders(cluster, 3)
+    final = recorded_leaders(cluster, QUEUE)
     assert any(final[m.partition] == 3 for m in planned if m.target == 3)  # continued by the new controller
     one_server_each(cluster)
     sender.check()
@@ -274,7 +284,7 @@ def test_the_target_killed_mid_copy_the_move_rolls_back_and_the_source_serves(cl
 
     (again,) = asyncio.run(rebalance_async())
     eventually(lambda: moves_left(cluster) == 0, timeout_s=30, what="the move done")
-    assert leaders(cluster, 1)[again.partition] == 3
+    assert recorded_leaders(cluster, QUEUE)[again.partition] == 3, ended_moves(cluster)
     one_server_each(cluster)
     sender.check()
 
@@ -303,7 +313,7 @@ def test_the_controller_paused_past_its_session_mid_move_changes_nothing_when_it
         sender.stop.set()
         background.join(120)
     assert cluster.status(other)["controller_epoch"] > epoch
-    final = leaders(cluster, 3)
+    final = recorded_leaders(cluster, QUEUE)
     assert any(final[m.partition] == 3 for m in planned if m.target == 3)
     assert moves_left(cluster) == 0
     one_server_each(cluster)

@@ -12,7 +12,7 @@ from typing import Any
 
 import headwater
 from headwater.cluster.coordination import Coordination, NoNodeError
-from headwater.cluster.records import MoveRecord, decode, paths
+from headwater.cluster.records import MoveRecord, PartitionRecord, decode, paths
 from tests.support.broker_process import BrokerProcess
 from tests.support.zookeeper import ZooKeeperProcess
 
@@ -110,6 +110,16 @@ def moves_left(cluster: Cluster) -> int:
         return sum(len(cluster.session.children(paths.moves_of(q))) for q in cluster.session.children(paths.MOVES))
     except NoNodeError:
         return 0
+
+
+def recorded_leaders(cluster: Cluster, queue: str) -> dict[int, int]:
+    """Each partition's leader as ZooKeeper records it: what the brokers' views learn from
+    their watches, a moment later."""
+    out = {}
+    for name in cluster.session.children(paths.partitions(queue)):
+        raw = cluster.session.get(paths.partition(queue, int(name)))[0]
+        out[int(name)] = decode(raw, PartitionRecord, "partition").leader
+    return out
 
 
 def move_phases(cluster: Cluster, queue: str) -> dict[int, tuple[str, int]]:
