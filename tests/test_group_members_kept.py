@@ -20,16 +20,9 @@ from headwater.errors import GroupNotFoundError, UnknownMemberError
 from headwater.model.config import QueueConfig
 from headwater.model.groups import HandedOffGroup
 from headwater.storage.store import LogStore
+from headwater.testing import FakeClock
 
 JOIN = dict(client_id="c", queues=["q"], mode="clustering", strategy="sticky", session_timeout_ms=10_000)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -86,7 +79,7 @@ def test_the_version_changes_with_what_a_hand_off_holds_and_only_then():
 
 
 def test_members_come_back_after_a_restart_with_their_holders(data):
-    clock = Clock()
+    clock = FakeClock()
     store, groups = _coordinator(data, clock)
     a = groups.join_group("g", None, **JOIN)
     b = groups.join_group("g", None, **JOIN)
@@ -111,13 +104,13 @@ def test_members_come_back_after_a_restart_with_their_holders(data):
 
 
 def test_a_heartbeat_that_changes_nothing_writes_nothing(data):
-    clock = Clock()
+    clock = FakeClock()
     store, groups = _coordinator(data, clock)
     a = groups.join_group("g", None, **JOIN)
     groups.heartbeat_group("g", a.member_id, a.generation)
     written = _records(store)
     for _ in range(5):
-        clock.now += 1
+        clock.advance(1)
         groups.heartbeat_group("g", a.member_id, a.generation)
         groups.describe_group("g")
     assert _records(store) == written
@@ -125,12 +118,12 @@ def test_a_heartbeat_that_changes_nothing_writes_nothing(data):
 
 
 def test_a_group_whose_members_left_or_expired_does_not_come_back(data):
-    clock = Clock()
+    clock = FakeClock()
     store, groups = _coordinator(data, clock)
     a = groups.join_group("g", None, **JOIN)
     groups.leave_group("g", a.member_id)
     b = groups.join_group("h", None, **JOIN)
-    clock.now += 11  # past b's session timeout: the next call touching h removes it
+    clock.advance(11)  # past b's session timeout: the next call touching h removes it
     with pytest.raises(UnknownMemberError):
         groups.heartbeat_group("h", b.member_id, b.generation)
     store.close()
@@ -140,7 +133,7 @@ def test_a_group_whose_members_left_or_expired_does_not_come_back(data):
 
 
 def test_an_embedded_broker_neither_writes_nor_takes_back_members(data):
-    clock = Clock()
+    clock = FakeClock()
     store, served = _coordinator(data, clock)
     a = served.join_group("g", None, **JOIN)
     written = _records(store)
@@ -156,7 +149,7 @@ def test_an_embedded_broker_neither_writes_nor_takes_back_members(data):
 
 
 def test_a_read_only_broker_takes_members_back_and_writes_nothing(data):
-    clock = Clock()
+    clock = FakeClock()
     store, groups = _coordinator(data, clock)
     a = groups.join_group("g", None, **JOIN)
     store.close()
@@ -169,7 +162,7 @@ def test_a_read_only_broker_takes_members_back_and_writes_nothing(data):
 
 
 def test_a_compaction_keeps_the_members(data):
-    clock = Clock()
+    clock = FakeClock()
     store = LogStore(data, StoreConfig())
     offsets = OffsetStore(store, compact_ratio=1, compact_min=4)
     groups = GroupCoordinator(store, offsets, clock=clock)
@@ -191,7 +184,7 @@ DAMAGED = b"\x93not a group"
 def test_a_record_that_cannot_be_read_makes_its_members_join_again(data, caplog):
     with pytest.raises(msgspec.DecodeError):
         msgspec.msgpack.decode(DAMAGED, type=HandedOffGroup)
-    clock = Clock()
+    clock = FakeClock()
     store = LogStore(data, StoreConfig())
     offsets = OffsetStore(store)
     groups = GroupCoordinator(store, offsets, clock=clock)
@@ -210,13 +203,13 @@ def test_a_read_writes_nothing_and_the_next_call_writes_what_it_expired(data):
     """describe and list are reads: the members they find expired (and the rebalance that
     follows) are written by the group's next call that may change it, before its answer
     tells anyone the new generation."""
-    clock = Clock()
+    clock = FakeClock()
     store, groups = _coordinator(data, clock)
     a = groups.join_group("g", None, **dict(JOIN, session_timeout_ms=60_000))
     b = groups.join_group("g", None, **JOIN)
     groups.heartbeat_group("g", a.member_id, b.generation)
     written = _records(store)
-    clock.now += 11  # past b's session timeout, not a's
+    clock.advance(11)  # past b's session timeout, not a's
     assert _members(groups, "g") == [a.member_id]
     groups.list_groups()
     assert _records(store) == written
