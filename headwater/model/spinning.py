@@ -8,12 +8,17 @@ further away than a spin reaches, a busy machine) the next ``pause`` chances to 
 go, and then one spin looks again.
 
 >>> gate = SpinGate(pause=2)
->>> for _ in range(11):
+>>> for _ in range(11):  # 0.875 ** 11 < 0.25 <= 0.875 ** 10
 ...     gate.spun(False)
 >>> [gate.may_spin() for _ in range(3)]
 [False, False, True]
->>> gate.spun(True); gate.paused
+>>> gate.spun(True)  # the one that looks again finds it: the share is back over a quarter
+>>> gate.hit_share > SPIN_HIT_SHARE_MIN, gate.may_spin()
+(True, True)
+>>> gate.spun(False); gate.paused  # a miss: the share falls, still over a quarter
 0
+>>> gate.spun(False); gate.paused  # a second one: under it, and the spins pause again
+2
 """
 
 from __future__ import annotations
