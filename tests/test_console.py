@@ -78,10 +78,16 @@ class Console:
         for old in self.driver.downloads.iterdir():
             old.unlink()
         self.click(button_css)
-        done = wait_for(
-            f"a {suffix} download",
-            lambda: [p for p in self.driver.downloads.iterdir() if p.name.endswith(suffix)],
-        )
+
+        def saved() -> list[Path]:
+            # Chromium may show the file under its name before its bytes are in (once, under the
+            # whole suite, it was read empty): wait for them, and for no partial download left
+            names = list(self.driver.downloads.iterdir())
+            if any(p.name.endswith(".crdownload") for p in names):
+                return []
+            return [p for p in names if p.name.endswith(suffix) and p.stat().st_size > 0]
+
+        done = wait_for(f"a {suffix} download", saved)
         return done[0].read_text()
 
 
