@@ -3,7 +3,8 @@
 real ZooKeeper, shared by the module. A client bootstrapped from one broker's address (or
 from a list whose first address is dead) creates a queue, sends keyed messages (sync and
 asyncio, idempotent), and every read finds them where their leaders keep them; a leader
-SIGKILLed, its partitions fail after the delivery timeout while the others go on; the CLI
+SIGKILLed, its partitions fail after the delivery timeout while the others go on (and
+unkeyed messages go to them only); the CLI
 takes a list; a broker running alone still gives the plain client. The last test kills a
 broker: the tests before it share the cluster whole."""
 
@@ -379,9 +380,13 @@ def test_a_leader_killed_its_partitions_fail_after_the_delivery_timeout_the_othe
             orphan = headwater.connect(cluster.address(3), connect_timeout_s=1)  # bootstrapped from the victim
             orphan_producer = orphan.producer(delivery_timeout_ms=timeout_ms, retries=10**6, retry_backoff_ms=50)
             assert orphan_producer.send_and_wait("victim", b"orphan", partition=0).partition == 0
+            hw.admin.create_queue("anywhere", partitions=6)
+            spread = hw.producer(delivery_timeout_ms=timeout_ms, retries=10**6, retry_backoff_ms=50)
+            spread.send_and_wait("anywhere", b"before")  # its copy of the metadata: all online
             cluster.brokers[3].kill()
             dead = [q for q, b in leaders.items() if b == 3]
             alive = [q for q, b in leaders.items() if b != 3]
+            _unkeyed_sends_go_to_the_live_partitions(cluster, hw, spread, timeout_ms)
             for q in dead:
                 started = time.monotonic()
                 with pytest.raises(UnavailableError, match=rf"victim\[{q}\]|{cluster.address(3)}") as caught:
@@ -435,6 +440,42 @@ def test_a_leader_killed_its_partitions_fail_after_the_delivery_timeout_the_othe
                 c.seek_to_end("victim", dead[0])
         finally:
             c.close()
+
+
+def _unkeyed_sends_go_to_the_live_partitions(cluster: Cluster, hw: headwater.Client, spread, timeout_ms: int) -> None:
+    """Messages with neither key nor partition go to partitions whose leader lives (Kafka's
+    partitioner takes the available partitions): a producer that sent before the kill fails
+    at most one send per dead partition, each found out of reach once; producers started
+    after it (sync and asyncio) never try them."""
+    leaders = _leaders(cluster, "anywhere", via=1)
+    dead = {q for q, b in leaders.items() if b == 3}
+    alive = {q for q, b in leaders.items() if b != 3}
+    assert dead and alive
+    went: list[int | None] = []
+    for _ in range(40):
+        try:
+            went.append(spread.send_and_wait("anywhere", b"unkeyed").partition)
+        except UnavailableError as e:
+            assert "delivery_timeout_ms" in str(e)
+            went.append(None)
+    assert went.count(None) <= len(dead), went
+    assert set(went) - {None} == alive, went  # every live partition, and only those
+    spread.close()
+    with hw.producer(delivery_timeout_ms=timeout_ms) as fresh:
+        assert {fresh.send_and_wait("anywhere", b"unkeyed").partition for _ in range(30)} == alive
+        assert {
+            f.result(timeout=30).partition for f in [fresh.send("anywhere", b"unkeyed") for _ in range(30)]
+        } <= alive
+
+    async def asyncio_producer() -> set[int]:
+        ahw = await headwater.aio.connect(cluster.address(1))
+        try:
+            async with ahw.producer(delivery_timeout_ms=timeout_ms) as ap:
+                return {(await ap.send("anywhere", b"unkeyed")).partition for _ in range(30)}
+        finally:
+            await ahw.close()
+
+    assert asyncio.run(asyncio_producer()) == alive
 
 
 def _describe_alive(hw: headwater.Client):

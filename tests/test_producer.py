@@ -7,7 +7,9 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from collections import Counter
 
+import msgspec
 import pytest
 
 import headwater
@@ -547,6 +549,71 @@ def test_over_the_network_the_refresh_is_a_request_nobody_waits_for(server):
         p.close()
     finally:
         client.close()
+
+
+class Outage:
+    """A BrokerService in front of the real one whose partitions in ``down`` are out of
+    reach, as a cluster's are while their leader is down: their sends fail with
+    UnavailableError and a describe marks them offline (``online`` False)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.down: set[int] = set()
+        self.described = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def describe_queue(self, name):
+        self.described += 1
+        info = self.inner.describe_queue(name)
+        parts = [msgspec.structs.replace(p, online=p.partition not in self.down) for p in info.partitions]
+        return msgspec.structs.replace(info, partitions=parts)
+
+    def describe_queue_async(self, name):  # the background refresh, answered at once
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut.set_result(self.describe_queue(name))
+        return fut
+
+    def produce(self, queue, partition, batch):
+        if partition in self.down:
+            raise UnavailableError(f"cannot reach the leader of {queue}[{partition}] (a test's outage)")
+        return self.inner.produce(queue, partition, batch)
+
+
+@pytest.mark.parametrize("partitioner", ["default", "round_robin", "random"])
+def test_unkeyed_messages_go_to_the_partitions_online_while_any_is(hw, partitioner):
+    """Kafka's partitioner takes the available partitions for messages without a key; a
+    keyed message or one sent to a partition still goes there (and waits for its leader)."""
+    hw.admin.create_queue("q", partitions=4)
+    svc = Outage(hw.service)
+    svc.down = {1, 3}
+    with Producer(svc, partitioner=partitioner, delivery_timeout_ms=300, retry_backoff_ms=20) as p:
+        got = Counter(p.send_and_wait("q", b"x").partition for _ in range(40))
+        got.update(f.result(timeout=10).partition for f in [p.send("q", b"y") for _ in range(40)])
+        got.update(m.partition for m in p.send_batch("q", [b"z"] * 5))
+        assert set(got) == {0, 2}  # both of them, and only them
+        with pytest.raises(UnavailableError, match=r"q\[1\]"):
+            p.send_and_wait("q", b"there", partition=1)
+        svc.down = {0, 1, 2, 3}  # none online: the sticky partition as before, which waits
+        with pytest.raises(UnavailableError):
+            p.send_and_wait("q", b"nowhere")
+
+
+def test_a_partition_found_out_of_reach_makes_the_metadata_stale(hw):
+    """The producer's copy of the metadata is kept for metadata_max_age_ms; a send that
+    finds a broker out of reach makes it stale at once, so unkeyed messages leave the
+    partitions the next describe finds offline, without waiting for the copy to age."""
+    hw.admin.create_queue("q", partitions=2)
+    svc = Outage(hw.service)
+    with Producer(svc, partitioner="round_robin", metadata_max_age_ms=600_000, delivery_timeout_ms=300) as p:
+        assert {p.send_and_wait("q", b"x").partition for _ in range(4)} == {0, 1}
+        assert svc.described == 1
+        svc.down = {1}
+        with pytest.raises(UnavailableError):
+            p.send_and_wait("q", b"there", partition=1)
+        assert {p.send_and_wait("q", b"x").partition for _ in range(10)} == {0}
+        assert svc.described == 2  # asked once more, not per send
 
 
 def test_a_failed_refresh_keeps_the_old_copy_and_is_tried_again_later(hw):

@@ -434,9 +434,10 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         self._check_open()
         loop = asyncio.get_running_loop()
         futs: list[asyncio.Future[ProduceResult]] = []
-        n = len(info.partitions)
         for p, ms in msgs.items():
-            ps = self._core.partition(queue, p if p is not None else self._partitioner.sticky(queue, n), deliver_at_ms)
+            ps = self._core.partition(
+                queue, p if p is not None else self._partitioner.sticky(queue, info.partitions), deliver_at_ms
+            )
             futs.append(loop.create_future())
             b, opened, index = self._core.append_group(ps, ms, sizes[p], self._now_ms(), deliver_at_ms)
             b.entries.append((index, len(ms), futs[-1]))
@@ -507,7 +508,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
         if p is None:
             p = self._partitioner.for_message(msg, n)
             if p is None:
-                p = self._partitioner.sticky(queue, n)
+                p = self._partitioner.sticky(queue, info.partitions)
         elif not 0 <= p < n:
             raise no_partition(queue, n, p)
         ps = self._core.partition(queue, p, deliver_at_ms)
@@ -611,7 +612,7 @@ class AsyncProducer(ProducerBase, driver=ASYNCIO):
             self._finish(b, result, None)
             return
         now_ms = self._now_ms()
-        verdict = self._core.judge(b, exc, now_ms)
+        verdict = self._judge(b, exc, now_ms)
         if verdict.error is not None:
             self._finish(b, None, verdict.error)
             return

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from headwater.client.core.metadata import MetadataCache
-from headwater.client.core.outcomes import RetryPolicy, int_setting
+from headwater.client.core.outcomes import RetryPolicy, Verdict, int_setting
 from headwater.client.core.partitioner import Partitioner, PartitionFn
 from headwater.client.core.producer import (
     DELAY_BATCHES_MAX_DEFAULT,
@@ -36,6 +36,7 @@ from headwater.errors import (
     MessageTooLargeError,
     PartitionOutOfRangeError,
     QueueNotFoundError,
+    UnavailableError,
 )
 from headwater.model.batch import BATCH_BYTES_MAX, HEADER_SIZE, batch_too_large
 from headwater.model.config import QueueInfo
@@ -335,6 +336,19 @@ class ProducerBase:
             raise MessageTooLargeError(
                 f"a message of {size} bytes does not fit in the producer's buffer_bytes_max={self.buffer_bytes_max}"
             )
+
+    def _judge(self, b: Batch, exc: BaseException, now_ms: float) -> Verdict:
+        """The core's verdict on ``b``'s failed attempt. A broker out of reach also makes the
+        queue's metadata stale: the next send asks for it again, and unkeyed messages leave
+        the partitions it finds offline (:meth:`Partitioner.sticky`), and meanwhile the
+        others (:meth:`Partitioner.avoid`)."""
+        if isinstance(exc, UnavailableError):
+            queue = b.part.queue
+            got = self._metadata.entries.get(queue)
+            if got is not None:
+                self._partitioner.avoid(queue, b.part.partition, got[1].partitions)
+            self._metadata.expire(queue)
+        return self._core.judge(b, exc, now_ms)
 
     def _give_up(self, b: Batch, exc: BaseException) -> None:
         """``b`` fails for good with ``exc``: the core's bookkeeping (a new epoch, or its

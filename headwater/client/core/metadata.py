@@ -59,6 +59,20 @@ class MetadataCache:
         """Keep metadata the caller waited for."""
         self.entries[queue] = (asked_at_ms, info)
 
+    def expire(self, queue: str) -> None:
+        """Make the copy stale now (a send found a broker of the queue out of reach): it is
+        still used while the next send asks for a fresh one.
+
+        >>> cache = MetadataCache(max_age_ms=5000)
+        >>> cache.put("q", "old", asked_at_ms=0)
+        >>> cache.expire("q")
+        >>> cache.lookup("q", now_ms=1)
+        ('old', True)
+        """
+        got = self.entries.get(queue)
+        if got is not None:
+            self.entries[queue] = (float("-inf"), got[1])
+
     def forget(self, queue: str) -> None:
         """Drop the copy (a send found the queue gone, or without the partition)."""
         self.entries.pop(queue, None)

@@ -10,17 +10,37 @@ goes to one partition, and ``send()`` calls stick to one partition of the queue 
 batch they form there is sent; the next batch goes to the next partition (round robin,
 from a random first one, so that short-lived producers spread too) or to a random one
 (``"random"``). So a batch stays one unit on the wire and on disk, and the
-partitions still fill evenly. A keyed message goes to ``key_hash(key) % partitions``
+partitions still fill evenly. On a cluster they go only to partitions that are online
+while any is (Kafka's partitioner takes the available partitions alike): a partition whose
+leader is down or out of reach, as the producer's copy of the metadata says or a send to it
+has just found, waits for its leader (with what was sent to it), while the messages that
+could go anywhere go elsewhere. A keyed message goes to ``key_hash(key) % partitions``
 (:mod:`headwater.model.hashing`: CRC32C mixed by MurmurHash3's finalizer), stable across
 processes, machines and versions.
 
+>>> from headwater.model.config import PartitionInfo
+>>> parts = [PartitionInfo(i, 0, 0) for i in range(4)]
 >>> p = Partitioner("round_robin")
->>> first = p.sticky("orders", 4)
->>> p.sticky("orders", 4) == first     # sticks until its batch is sent
+>>> first = p.sticky("orders", parts)
+>>> p.sticky("orders", parts) == first     # sticks until its batch is sent
 True
 >>> p.batch_sent("orders", first)
->>> p.sticky("orders", 4) == (first + 1) % 4
+>>> p.sticky("orders", parts) == (first + 1) % 4
 True
+>>> def batches(n):     # where n batches of unkeyed messages go, one after another
+...     went = set()
+...     for _ in range(n):
+...         went.add(q := p.sticky("orders", parts))
+...         p.batch_sent("orders", q)
+...     return sorted(went)
+>>> batches(8)
+[0, 1, 2, 3]
+>>> p.avoid("orders", 2, parts)     # a send found partition 2's leader out of reach
+>>> batches(8)
+[0, 1, 3]
+>>> parts = [PartitionInfo(i, 0, 0, online=i != 3) for i in range(4)]  # a new copy: 3 is offline
+>>> batches(8)
+[0, 1, 2]
 """
 
 from __future__ import annotations
@@ -30,6 +50,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from headwater.errors import InvalidArgumentError
+from headwater.model.config import PartitionInfo
 from headwater.model.hashing import key_hash
 from headwater.model.message import Message
 
@@ -69,6 +90,8 @@ class Partitioner:
         # CLI's produce, a cron job) would otherwise all fill partition 0
         self._counter = itertools.count(self._rng.randrange(1 << 30))
         self._sticky: dict[str, int] = {}
+        # per queue: the copy of its partitions last seen, and which of them are online
+        self._online: dict[str, tuple[Sequence[PartitionInfo], list[int]]] = {}
 
     @property
     def per_message(self) -> bool:
@@ -89,12 +112,35 @@ class Partitioner:
             return self._rng.randrange(partitions)
         return next(self._counter) % partitions
 
-    def sticky(self, queue: str, partitions: int) -> int:
-        """The partition unkeyed messages of ``queue`` go to now."""
+    def sticky(self, queue: str, partitions: Sequence[PartitionInfo]) -> int:
+        """The partition unkeyed messages of ``queue`` go to now, of its ``partitions`` (the
+        producer's copy of the queue's metadata): one that is online, while any is."""
         p = self._sticky.get(queue)
-        if p is None or p >= partitions:
-            p = self._sticky[queue] = self.for_batch(partitions)
+        if p is None or p >= len(partitions) or not partitions[p].online:
+            p = self._sticky[queue] = self._fresh(queue, partitions)
         return p
+
+    def _fresh(self, queue: str, partitions: Sequence[PartitionInfo]) -> int:
+        """:meth:`for_batch` over the partitions that are online (all of them when none is).
+        Which ones are is worked out once per copy of the metadata, not once per batch."""
+        known = self._online.get(queue)
+        if known is None or known[0] is not partitions:
+            known = self._online[queue] = (partitions, [i for i, part in enumerate(partitions) if part.online])
+        online = known[1]
+        if len(online) == len(partitions) or not online:
+            return self.for_batch(len(partitions))
+        return online[self.for_batch(len(online))]
+
+    def avoid(self, queue: str, partition: int, partitions: Sequence[PartitionInfo]) -> None:
+        """A send to ``queue[partition]`` found its leader out of reach: unkeyed messages go
+        to the queue's other partitions until a new copy of the metadata (``partitions`` is
+        the one in use) says which are online."""
+        known = self._online.get(queue)
+        if known is None or known[0] is not partitions:
+            known = (partitions, [i for i, part in enumerate(partitions) if part.online])
+        self._online[queue] = (partitions, [i for i in known[1] if i != partition])
+        if self._sticky.get(queue) == partition:
+            self._sticky.pop(queue, None)
 
     def batch_sent(self, queue: str, partition: int) -> None:
         """A batch of ``queue`` left for ``partition``: if that was the sticky one, move on."""

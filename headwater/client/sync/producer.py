@@ -376,7 +376,7 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
                 self._wait_for_space_locked(size)
             core = self._core
             if p is None:
-                p = self._partitioner.sticky(queue, len(info.partitions))
+                p = self._partitioner.sticky(queue, info.partitions)
             ps = core.partition(queue, p, deliver_at_ms)
             b, opened = core.append(ps, msg, size, now_ms, deliver_at_ms, urgent)
             outcome = b.outcome
@@ -551,7 +551,7 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
         cap = info.config.message_bytes_max
         with self._lock:
             self._check_open()
-            p = partition if partition is not None else self._partitioner.sticky(queue, len(info.partitions))
+            p = partition if partition is not None else self._partitioner.sticky(queue, info.partitions)
             ps = self._core.partition(queue, p, deliver_at_ms)
             b = self._core.exclusive(ps, messages, time.monotonic() * 1000, deliver_at_ms)  # _now_ms()
         if b is not None:
@@ -576,7 +576,7 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
         with self._lock:
             self._check_open()
             for p, msgs in groups.items():
-                q = p if p is not None else self._partitioner.sticky(queue, len(info.partitions))
+                q = p if p is not None else self._partitioner.sticky(queue, info.partitions)
                 ps = self._core.partition(queue, q, deliver_at_ms)
                 # into the open batch, which leaves without lingering once the partition's slot is free
                 b, _, index = self._core.append_group(ps, msgs, sizes[p], _now_ms(), deliver_at_ms)
@@ -617,7 +617,7 @@ class Producer(ProducerBase, ProducerSender, driver=BLOCKING):
                 result = self._service.produce(ps.queue, ps.partition, b.encoded)  # type: ignore[arg-type]  # encoded before it is sent
             except BaseException as e:
                 with self._lock:
-                    verdict = core.judge(b, e, _now_ms())
+                    verdict = self._judge(b, e, _now_ms())
                 if verdict.error is not None:
                     self._finish(b, None, verdict.error)
                     raise verdict.error  # noqa: B904 - e itself, or an error whose __cause__ is e

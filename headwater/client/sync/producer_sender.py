@@ -154,7 +154,7 @@ class ProducerSender:
         except BaseException as e:  # noqa: BLE001 - the request's error, judged by the core
             with self._lock:
                 now_ms = _now_ms()
-                verdict = self._core.judge(b, e, now_ms)
+                verdict = self._judge(b, e, now_ms)
                 if verdict.step is Step.RESEND or verdict.step is Step.REENCODE:
                     # its partition recovers: the batches in flight finish, then retries go in order
                     self._core.retry_later(b, verdict.delay_ms, now_ms)
