@@ -3,8 +3,9 @@
 real ZooKeeper, shared by the module. A client bootstrapped from one broker's address (or
 from a list whose first address is dead) creates a queue, sends keyed messages (sync and
 asyncio, idempotent), and every read finds them where their leaders keep them; a leader
-SIGKILLed, its partitions fail after the delivery timeout while the others go on (and
-unkeyed messages go to them only); the CLI
+SIGKILLed, its partitions fail after the delivery timeout while the others go on (unkeyed
+messages go to them only, and a consumer of every partition reads them, its polls quiet once
+its table drops the dead broker); the CLI
 takes a list; a broker running alone still gives the plain client. The last test kills a
 broker: the tests before it share the cluster whole."""
 
@@ -383,10 +384,17 @@ def test_a_leader_killed_its_partitions_fail_after_the_delivery_timeout_the_othe
             hw.admin.create_queue("anywhere", partitions=6)
             spread = hw.producer(delivery_timeout_ms=timeout_ms, retries=10**6, retry_backoff_ms=50)
             spread.send_and_wait("anywhere", b"before")  # its copy of the metadata: all online
+            watching = headwater.connect(cluster.address(1), connect_timeout_s=1)  # nothing else on it
+            watcher = watching.consumer(auto_offset_reset="latest")  # every partition of the queue
+            watcher.assign("anywhere")
+            watcher.poll(timeout_ms=200)
             cluster.brokers[3].kill()
+            _polls_through_the_kill_settle(watcher)
             dead = [q for q, b in leaders.items() if b == 3]
             alive = [q for q, b in leaders.items() if b != 3]
-            _unkeyed_sends_go_to_the_live_partitions(cluster, hw, spread, timeout_ms)
+            stored = _unkeyed_sends_go_to_the_live_partitions(cluster, hw, spread, timeout_ms)
+            _a_consumer_of_every_partition_reads_the_live_ones(watcher, stored)
+            watching.close()
             for q in dead:
                 started = time.monotonic()
                 with pytest.raises(UnavailableError, match=rf"victim\[{q}\]|{cluster.address(3)}") as caught:
@@ -442,7 +450,9 @@ def test_a_leader_killed_its_partitions_fail_after_the_delivery_timeout_the_othe
             c.close()
 
 
-def _unkeyed_sends_go_to_the_live_partitions(cluster: Cluster, hw: headwater.Client, spread, timeout_ms: int) -> None:
+def _unkeyed_sends_go_to_the_live_partitions(
+    cluster: Cluster, hw: headwater.Client, spread, timeout_ms: int
+) -> set[headwater.MessageId]:
     """Messages with neither key nor partition go to partitions whose leader lives (Kafka's
     partitioner takes the available partitions): a producer that sent before the kill fails
     at most one send per dead partition, each found out of reach once; producers started
@@ -452,9 +462,11 @@ def _unkeyed_sends_go_to_the_live_partitions(cluster: Cluster, hw: headwater.Cli
     alive = {q for q, b in leaders.items() if b != 3}
     assert dead and alive
     went: list[int | None] = []
+    stored: set[headwater.MessageId] = set()
     for _ in range(40):
         try:
-            went.append(spread.send_and_wait("anywhere", b"unkeyed").partition)
+            stored.add(mid := spread.send_and_wait("anywhere", b"unkeyed"))
+            went.append(mid.partition)
         except UnavailableError as e:
             assert "delivery_timeout_ms" in str(e)
             went.append(None)
@@ -476,6 +488,32 @@ def _unkeyed_sends_go_to_the_live_partitions(cluster: Cluster, hw: headwater.Cli
             await ahw.close()
 
     assert asyncio.run(asyncio_producer()) == alive
+    return stored
+
+
+def _polls_through_the_kill_settle(watcher) -> None:
+    """A consumer assigned every partition, polling from the kill on: its polls may raise
+    UnavailableError while the dead broker is still registered, then its client's table
+    drops the broker and the dead partitions wait for a leader (the code before kept the
+    table it had and raised every connect_timeout_s, for good)."""
+    errors: list[float] = []
+    started = time.monotonic()
+    while time.monotonic() - started < 20 and time.monotonic() - (errors[-1] if errors else started) < 5:
+        try:
+            watcher.poll(timeout_ms=200)
+        except UnavailableError:
+            errors.append(time.monotonic())
+    assert time.monotonic() - (errors[-1] if errors else started) >= 5, f"polls still fail: {len(errors)} errors"
+
+
+def _a_consumer_of_every_partition_reads_the_live_ones(watcher, stored) -> None:
+    """That consumer then reads every message the live partitions stored, its polls quiet."""
+    got: set[headwater.MessageId] = set()
+    deadline = time.monotonic() + 30
+    while not stored <= got and time.monotonic() < deadline:
+        got.update(r.message_id for r in watcher.poll(timeout_ms=200))
+    assert stored <= got, f"{len(stored - got)} of {len(stored)} stored messages not read"
+    watcher.close()
 
 
 def _describe_alive(hw: headwater.Client):

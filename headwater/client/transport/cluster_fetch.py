@@ -108,6 +108,16 @@ class ClusterFetchStreams(FetchStreamsBase):
         self._fresh = self._uncovered = True
         self._plan_at = max(self._plan_at, time.monotonic() + min(self._outage.backoff_s(), _REPLAN_S_MAX))
 
+    def _settle(self, s: _Stream) -> None:
+        """As over one broker; an opening given up on (its broker stayed out of reach) also
+        has the table asked for again before the next plan: the broker may be gone for good,
+        its partitions then waiting for a leader rather than failing each poll."""
+        try:
+            super()._settle(s)
+        except UnavailableError:
+            self._again()
+            raise
+
     def _refused(self, s: _Stream, error: HeadwaterError) -> None:
         """Not opened (NotLeaderError, the broker away): plan again after a backoff."""
         self._drop(s)
