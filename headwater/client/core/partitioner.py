@@ -121,24 +121,25 @@ class Partitioner:
         return p
 
     def _fresh(self, queue: str, partitions: Sequence[PartitionInfo]) -> int:
-        """:meth:`for_batch` over the partitions that are online (all of them when none is).
-        Which ones are is worked out once per copy of the metadata, not once per batch."""
-        known = self._online.get(queue)
-        if known is None or known[0] is not partitions:
-            known = self._online[queue] = (partitions, [i for i, part in enumerate(partitions) if part.online])
-        online = known[1]
+        """:meth:`for_batch` over the partitions that are online (all of them when none is),
+        worked out once per copy of the metadata, not once per batch."""
+        online = self._online_of(queue, partitions)
         if len(online) == len(partitions) or not online:
             return self.for_batch(len(partitions))
         return online[self.for_batch(len(online))]
+
+    def _online_of(self, queue: str, partitions: Sequence[PartitionInfo]) -> list[int]:
+        """Which of ``partitions`` are online, less those avoided since this copy came."""
+        known = self._online.get(queue)
+        if known is None or known[0] is not partitions:
+            known = self._online[queue] = (partitions, [i for i, part in enumerate(partitions) if part.online])
+        return known[1]
 
     def avoid(self, queue: str, partition: int, partitions: Sequence[PartitionInfo]) -> None:
         """A send to ``queue[partition]`` found its leader out of reach: unkeyed messages go
         to the queue's other partitions until a new copy of the metadata (``partitions`` is
         the one in use) says which are online."""
-        known = self._online.get(queue)
-        if known is None or known[0] is not partitions:
-            known = (partitions, [i for i, part in enumerate(partitions) if part.online])
-        self._online[queue] = (partitions, [i for i in known[1] if i != partition])
+        self._online[queue] = (partitions, [i for i in self._online_of(queue, partitions) if i != partition])
         if self._sticky.get(queue) == partition:
             self._sticky.pop(queue, None)
 
